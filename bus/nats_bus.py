@@ -1,0 +1,157 @@
+"""The door to NATS: connection, the one JetStream stream, consumers, publishing.
+
+Publishing always sets a deterministic ``Nats-Msg-Id`` so a redelivered step that publishes again
+is dropped by JetStream's duplicate window instead of producing a second event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import nats
+import structlog
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import (
+    AckPolicy,
+    ConsumerConfig,
+    DeliverPolicy,
+    DiscardPolicy,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+)
+from nats.js.errors import BadRequestError, NotFoundError
+
+from ..schemas.events import envelope
+from . import subjects
+
+log = structlog.get_logger("aios.bus")
+
+
+@dataclass(frozen=True)
+class StreamLimits:
+    max_age_s: float = float(os.environ.get("AIOS_STREAM_MAX_AGE_S", 7 * 24 * 3600))
+    max_bytes: int = int(os.environ.get("AIOS_STREAM_MAX_BYTES", 8 * 1024**3))
+    duplicate_window_s: float = 120.0
+    replicas: int = int(os.environ.get("AIOS_STREAM_REPLICAS", 1))
+
+
+async def connect(url: str, name: str = "aios") -> Client:
+    async def error_cb(exc: Exception) -> None:
+        log.warning("nats.error", error=str(exc))
+
+    return await nats.connect(
+        servers=url.split(","),
+        name=name,
+        error_cb=error_cb,
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+        connect_timeout=5,
+        pending_size=64 * 1024 * 1024,
+    )
+
+
+class Bus:
+    """A NATS connection with its JetStream context and the project's conventions."""
+
+    def __init__(self, nc: Client, source: str = "aios-blocks"):
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream(timeout=10)
+        self.source = source
+
+    @classmethod
+    async def open(cls, url: str, source: str = "aios-blocks") -> Bus:
+        return cls(await connect(url, name=source), source)
+
+    async def close(self) -> None:
+        if not self.nc.is_closed:
+            try:
+                await self.nc.flush(timeout=5)
+            except Exception:  # closing anyway
+                pass
+            await self.nc.drain()
+
+    # -- topology --------------------------------------------------------------------------
+    async def ensure_stream(self, limits: StreamLimits | None = None) -> None:
+        """Create the ``AIOS`` stream (limits retention over ``aios.>``) if it does not exist."""
+        limits = limits or StreamLimits()
+        cfg = StreamConfig(
+            name=subjects.STREAM,
+            subjects=subjects.STREAM_SUBJECTS,
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            discard=DiscardPolicy.OLD,
+            max_age=limits.max_age_s,
+            max_bytes=limits.max_bytes,
+            duplicate_window=limits.duplicate_window_s,
+            num_replicas=limits.replicas,
+            max_msg_size=-1,
+        )
+        try:
+            await self.js.stream_info(subjects.STREAM)
+        except NotFoundError:
+            try:
+                await self.js.add_stream(cfg)
+                log.info("stream.created", stream=subjects.STREAM)
+            except BadRequestError as exc:  # created concurrently by another process
+                if "already in use" not in str(exc) and "exists" not in str(exc):
+                    raise
+
+    async def ensure_consumer(self, spec: subjects.ConsumerSpec, *, from_start: bool = True) -> None:
+        cfg = ConsumerConfig(
+            durable_name=spec.durable,
+            filter_subjects=list(spec.filters),
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
+            ack_wait=30,
+            max_deliver=-1,  # the runner counts deliveries and dead-letters (it knows the error)
+            max_ack_pending=4096,
+            max_waiting=512,
+        )
+        try:
+            info = await self.js.consumer_info(subjects.STREAM, spec.durable)
+            if sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(spec.filters):
+                await self.js.add_consumer(subjects.STREAM, cfg)  # update filters in place
+        except NotFoundError:
+            await self.js.add_consumer(subjects.STREAM, cfg)
+
+    async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = ()) -> None:
+        """Stream plus the shared consumers, so no message published before workers start is lost."""
+        await self.ensure_stream()
+        for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), *consumers):
+            await self.ensure_consumer(spec)
+
+    # -- publishing ------------------------------------------------------------------------
+    def encode(self, subject: str, kind: str, data: Any, msg_id: str) -> bytes:
+        return envelope(msg_id, self.source, subjects.event_type(kind), subject, data)
+
+    async def publish(self, subject: str, kind: str, data: Any, msg_id: str) -> Any:
+        """Publish one event and wait for the stream's ack (durable before we go on)."""
+        payload = self.encode(subject, kind, data, msg_id)
+        return await self.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id})
+
+    async def publish_many(self, items: Iterable[tuple[str, str, Any, str]]) -> None:
+        """Publish several events concurrently and wait for all acks."""
+        futs = []
+        for subject, kind, data, msg_id in items:
+            payload = self.encode(subject, kind, data, msg_id)
+            futs.append(await self.js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
+        if futs:
+            await asyncio.gather(*futs)
+
+    async def publish_raw(self, subject: str, payload: bytes, msg_id: str | None = None) -> Any:
+        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+        return await self.js.publish(subject, payload, headers=headers)
+
+    async def notify(self, subject: str, data: Any) -> None:
+        """Core-NATS publish for cache-invalidation hints (lost hints only cost a stale read)."""
+        await self.nc.publish(subject, msgspec.json.encode(data))
+
+    async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
+        return await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=1_000_000)

@@ -1,0 +1,153 @@
+"""Every NATS subject the system uses, and every durable consumer, named in one place.
+
+Entity first, event last, so one wildcard follows one block (``aios.block.B.>``) or one kind of
+event (``aios.block.*.ready``). Ids are validated (``schemas.spec.ID_RE``) before they become
+subject tokens, so a block id can never be ``*``, ``>`` or contain a dot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROOT = "aios"
+STREAM = "AIOS"
+STREAM_SUBJECTS = [f"{ROOT}.>"]
+
+# -- block lifecycle (aios.block.{bid}.*) -------------------------------------------------------
+def block_create(bid: str) -> str:
+    return f"{ROOT}.block.{bid}.create"
+
+
+def block_event(bid: str, event: str) -> str:
+    """``parsed``, ``rejected``, ``selection``, ``post_dry_run``, ``placement``, ``ready``,
+    ``failed``, ``deleted``, ``delete``, ``scale.failed``, ``reassignment.failed``, ``dry_run.result``."""
+    return f"{ROOT}.block.{bid}.{event}"
+
+
+def block_all(bid: str = "*") -> str:
+    return f"{ROOT}.block.{bid}.>"
+
+
+def instance_event(bid: str, iid: str, event: str) -> str:
+    """``added``, ``removed``, ``unhealthy``."""
+    return f"{ROOT}.block.{bid}.instance.{iid}.{event}"
+
+
+# -- cluster controller commands (aios.cluster.{cid}.*) -----------------------------------------
+def cluster_command(cid: str, command: str) -> str:
+    """``dry_run``, ``allocation``, ``scale``, ``reassignment``."""
+    return f"{ROOT}.cluster.{cid}.{command}"
+
+
+def cluster_inventory(cid: str) -> str:
+    """Inventory changed on some nodes of the cluster (reserve/release/node add): caches refresh."""
+    return f"{ROOT}.cluster.{cid}.inventory"
+
+
+# -- node agent commands (aios.node.{nid}.*) ----------------------------------------------------
+def node_command(nid: str, command: str) -> str:
+    """``instance.create``, ``instance.remove``."""
+    return f"{ROOT}.node.{nid}.{command}"
+
+
+# -- policies and dead letters ------------------------------------------------------------------
+def policy_updated(name: str) -> str:
+    return f"{ROOT}.policy.{name}.updated"
+
+
+def dead_letter(consumer: str, original_subject: str) -> str:
+    return f"{ROOT}.dlq.{consumer}.{original_subject}"
+
+
+DLQ_ALL = f"{ROOT}.dlq.>"
+INVENTORY_ALL = f"{ROOT}.cluster.*.inventory"
+POLICY_UPDATED_ALL = f"{ROOT}.policy.*.updated"
+
+# Event types (CloudEvents ``type``) are the subject with the ids removed.
+def event_type(kind: str) -> str:
+    return f"io.aios.{kind}"
+
+
+@dataclass(frozen=True)
+class ConsumerSpec:
+    """A durable pull consumer: its name and the subjects it filters on."""
+
+    durable: str
+    filters: tuple[str, ...]
+
+
+PARSER = ConsumerSpec("parser", (f"{ROOT}.block.*.create",))
+GATEWAY = ConsumerSpec(
+    "gateway",
+    (
+        f"{ROOT}.block.*.parsed",
+        f"{ROOT}.block.*.dry_run.result",
+        f"{ROOT}.block.*.dry_run.deadline",
+    ),
+)
+
+
+def controller(cluster: str | None = None) -> ConsumerSpec:
+    """All clusters (``cluster=None``, one shared durable) or one cluster's own durable.
+
+    Use one form or the other in a deployment, not both: two durables both receive a message.
+    """
+    cid = cluster or "*"
+    name = f"controller-{cluster}" if cluster else "controller"
+    return ConsumerSpec(
+        name,
+        (
+            f"{ROOT}.cluster.{cid}.dry_run",
+            f"{ROOT}.cluster.{cid}.allocation",
+            f"{ROOT}.cluster.{cid}.scale",
+            f"{ROOT}.cluster.{cid}.reassignment",
+        ),
+    )
+
+
+#: Block-scoped facts the controllers act on (readiness, deletion). Shared by all controllers.
+LIFECYCLE = ConsumerSpec(
+    "lifecycle",
+    (
+        f"{ROOT}.block.*.instance.*.added",
+        f"{ROOT}.block.*.instance.*.removed",
+        f"{ROOT}.block.*.delete",
+    ),
+)
+
+
+def agent(node: str | None = None) -> ConsumerSpec:
+    nid = node or "*"
+    name = f"agent-{node}" if node else "agent-sim"
+    return ConsumerSpec(name, (f"{ROOT}.node.{nid}.instance.create", f"{ROOT}.node.{nid}.instance.remove"))
+
+
+def catalog() -> list[tuple[str, str, str]]:
+    """(subject pattern, publisher, meaning) for docs and ``blocks subjects``."""
+    return [
+        ("aios.block.{bid}.create", "upstream / CLI", "block spec submitted (bare spec or CloudEvent)"),
+        ("aios.block.{bid}.parsed", "parser", "IR built"),
+        ("aios.block.{bid}.rejected", "parser", "invalid spec, with every error and its JSON path"),
+        ("aios.block.{bid}.selection", "gateway", "candidate clusters and why others were filtered"),
+        ("aios.cluster.{cid}.dry_run", "gateway", "feasibility request for one block"),
+        ("aios.block.{bid}.dry_run.result", "controller", "score + node_info from one cluster"),
+        ("aios.block.{bid}.dry_run.deadline", "gateway", "gather deadline timer (redelivered when due)"),
+        ("aios.block.{bid}.post_dry_run", "gateway", "cluster chosen, with every score"),
+        ("aios.cluster.{cid}.allocation", "gateway", "place minInstances (a gang)"),
+        ("aios.cluster.{cid}.scale", "CLI / autoscaler", "place one more instance"),
+        ("aios.cluster.{cid}.reassignment", "CLI / health checker", "move one instance"),
+        ("aios.block.{bid}.placement", "controller", "instances reserved: node + GPUs each"),
+        ("aios.node.{nid}.instance.create", "controller", "start an instance"),
+        ("aios.node.{nid}.instance.remove", "controller", "stop an instance"),
+        ("aios.block.{bid}.instance.{iid}.added", "node agent", "instance running"),
+        ("aios.block.{bid}.instance.{iid}.removed", "node agent", "instance stopped"),
+        ("aios.block.{bid}.ready", "controller", "minInstances are running"),
+        ("aios.block.{bid}.failed", "gateway / controller", "block cannot be placed, with the reason"),
+        ("aios.block.{bid}.scale.failed", "controller", "a scale step failed (block stays as it was)"),
+        ("aios.block.{bid}.reassignment.failed", "controller", "a reassignment step failed"),
+        ("aios.block.{bid}.delete", "CLI", "delete requested"),
+        ("aios.block.{bid}.deleted", "controller", "every instance removed and released"),
+        ("aios.cluster.{cid}.inventory", "controller / CLI", "nodes changed: caches refresh them"),
+        ("aios.policy.{name}.updated", "CLI", "policy source changed: caches drop it"),
+        ("aios.dlq.{consumer}.{subject}", "consumer runner", "message that kept failing, with the error"),
+    ]

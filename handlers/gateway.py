@@ -1,0 +1,156 @@
+"""Gateway steps: filter rule -> clusterAllocator(selection); gather -> clusterAllocator(post_dry_run).
+
+Pure: inputs are the IR, an inventory snapshot and an ``invoke`` callable that runs the block's
+clusterAllocator; outputs are decisions the worker publishes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..policies import capacity, contract
+from ..schemas.errors import PolicyFailed
+
+#: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
+Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def share_of(ir: dict[str, Any]) -> bool:
+    rule = ir["policies"].get("resourceAllocator", {})
+    return bool((rule.get("settings") or {}).get("gpuSharing", False))
+
+
+def cluster_metrics(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Totals over a cluster's nodes, plus the node views themselves under ``nodes``."""
+    healthy = [n for n in nodes.values() if n["healthy"]]
+    return {
+        "node_count": len(nodes),
+        "healthy_node_count": len(healthy),
+        "gpus": sum(len(n["gpus"]) for n in nodes.values()),
+        "gpus_free": sum(capacity.free_gpus(n) for n in healthy),
+        "gpu_memory_free": sum(g["memory_free"] for n in healthy for g in n["gpus"]),
+        "cpu_free": round(sum(n["cpu_free"] for n in healthy), 3),
+        "memory_free": sum(n["memory_free"] for n in healthy),
+        "nodes": nodes,
+    }
+
+
+def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    metrics = cluster_metrics(nodes)
+    summary = {k: v for k, v in metrics.items() if k != "nodes"}
+    return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
+
+
+def filter_rule(
+    ir: dict[str, Any], clusters: dict[str, dict[str, Any]], nodes: dict[str, dict[str, dict[str, Any]]]
+) -> tuple[list[dict[str, Any]], dict[str, str]]:
+    """The clusterAllocator's filter rule (``settings.filter``): label selector and capacity.
+
+    ``{"matchLabels": {...}, "capacity": true}``: a cluster passes when its labels match and (unless
+    ``capacity`` is false) at least one healthy node can host one instance.
+    Returns (entries that passed, cluster id -> why each other one did not).
+    """
+    rule = ir["policies"]["clusterAllocator"]
+    flt = (rule.get("settings") or {}).get("filter") or {}
+    match = flt.get("matchLabels") or {}
+    check_capacity = flt.get("capacity", True)
+    needs, share = ir["resources"], share_of(ir)
+    passed, filtered = [], {}
+    for cid in sorted(clusters):
+        cluster = clusters[cid]
+        labels = cluster.get("labels", {})
+        wrong = {k: v for k, v in match.items() if labels.get(k) != v}
+        if wrong:
+            filtered[cid] = "labels do not match " + ", ".join(f"{k}={v}" for k, v in wrong.items())
+            continue
+        cnodes = nodes.get(cid, {})
+        if check_capacity and not any(capacity.node_fits(n, needs, share) is not None for n in cnodes.values()):
+            filtered[cid] = f"no healthy node with capacity for one instance ({len(cnodes)} nodes)"
+            continue
+        passed.append(cluster_entry(cluster, cnodes))
+    return passed, filtered
+
+
+@dataclass
+class SelectionDecision:
+    candidates: list[str]
+    filtered: dict[str, str]
+    entries: dict[str, dict[str, Any]]
+    failure: str = ""
+
+
+async def select(
+    ir: dict[str, Any],
+    clusters: dict[str, dict[str, Any]],
+    nodes: dict[str, dict[str, dict[str, Any]]],
+    invoke: Invoke,
+) -> SelectionDecision:
+    passed, filtered = filter_rule(ir, clusters, nodes)
+    entries = {e["cluster_id"]: e for e in passed}
+    if not passed:
+        why = "; ".join(f"{c}: {r}" for c, r in filtered.items()) or "no clusters registered"
+        return SelectionDecision([], filtered, entries, f"no cluster passed the filter rule ({why})")
+    try:
+        result = await invoke({"action": "selection", "filter_result": passed})
+    except PolicyFailed as exc:
+        return SelectionDecision([], filtered, entries, str(exc))
+    chosen = [contract.cluster_id_of(c) for c in result["clusters"]]
+    unknown = [c for c in chosen if c not in entries]
+    if unknown:
+        return SelectionDecision([], filtered, entries, f"clusterAllocator selected unknown cluster(s) {unknown}")
+    chosen = list(dict.fromkeys(chosen))
+    for cid in entries:
+        if cid not in chosen:
+            filtered[cid] = "dropped by the clusterAllocator's selection"
+    if not chosen:
+        return SelectionDecision([], filtered, entries, "clusterAllocator selected no cluster")
+    return SelectionDecision(chosen, filtered, entries)
+
+
+@dataclass
+class FinalDecision:
+    cluster_id: str = ""
+    scores: dict[str, float] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    errors: dict[str, str] = field(default_factory=dict)
+    failure: str = ""
+
+
+async def choose(
+    expected: list[str],
+    results: dict[str, dict[str, Any]],
+    entries: dict[str, dict[str, Any]],
+    invoke: Invoke,
+) -> FinalDecision:
+    """post_dry_run: every expected cluster with its score_data (missing ones count as score 0)."""
+    clusters, scores, errors = [], {}, {}
+    missing = [c for c in expected if c not in results]
+    for cid in expected:
+        res = results.get(cid, {"score": 0.0, "node_info": {}})
+        if res.get("error"):
+            errors[cid] = res["error"]
+        scores[cid] = float(res.get("score", 0.0))
+        entry = dict(entries.get(cid) or {"cluster_id": cid, "id": cid, "labels": {}, "metrics": {}})
+        entry["score_data"] = {"score": scores[cid], "node_info": res.get("node_info", {})}
+        if cid in missing:
+            entry["missing"] = True
+        clusters.append(entry)
+    decision = FinalDecision(scores=scores, missing=missing, errors=errors)
+    try:
+        result = await invoke({"action": "post_dry_run", "clusters": clusters})
+    except PolicyFailed as exc:
+        decision.failure = str(exc)
+        return decision
+    cid = contract.cluster_id_of(result)
+    if cid not in scores:
+        decision.failure = f"clusterAllocator chose {cid!r}, which was not a candidate"
+    elif scores[cid] <= 0.0:
+        detail = "; ".join(
+            f"{c}: {errors.get(c) or ('no answer before the deadline' if c in missing else 'score 0')}" for c in expected
+        )
+        decision.failure = f"no candidate cluster can place an instance ({detail})"
+    else:
+        decision.cluster_id = cid
+    return decision

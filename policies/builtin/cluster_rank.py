@@ -1,0 +1,39 @@
+"""Built-in clusterAllocator: rank candidates by feasibility, pick the best dry_run score."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _free_gpus(entry: dict[str, Any]) -> int:
+    return int(entry.get("metrics", {}).get("gpus_free", 0))
+
+
+class ClusterRankPolicy:
+    """Seed-000 class shape.
+
+    * ``selection``: candidates sorted by free GPUs (most first); ``parameters.maxCandidates``
+      keeps only the top N.
+    * ``post_dry_run``: the highest feasibility score; ties go to more free GPUs, then the id.
+    """
+
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id = rule_id
+        self.settings = settings
+        self.parameters = parameters
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> Any:
+        params = {**self.parameters, **(parameters or {})}
+        if input_data["action"] == "selection":
+            ranked = sorted(input_data["filter_result"], key=lambda e: (-_free_gpus(e), e["cluster_id"]))
+            limit = params.get("maxCandidates")
+            return {"clusters": ranked[: int(limit)] if limit else ranked}
+        if input_data["action"] == "post_dry_run":
+            clusters = input_data["clusters"]
+            return max(clusters, key=lambda e: (e["score_data"]["score"], _free_gpus(e), _neg(e["cluster_id"])))
+        raise ValueError(f"unsupported action {input_data['action']!r}")
+
+
+def _neg(s: str) -> tuple[int, ...]:
+    # reverse lexical order, so ties pick the smallest id deterministically
+    return tuple(-ord(c) for c in s)

@@ -1,0 +1,105 @@
+"""Built-in resourceAllocators: bin-pack and spread, GPU-memory aware.
+
+Nomad-shaped: feasibility (``capacity.node_fits``) then a rank (``_rank``), then the max-score
+pick. GPU sharing happens only when the rule's settings say ``gpuSharing: true``; then each
+instance takes ``gpuMemory`` MiB of a GPU instead of the whole GPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import capacity
+
+
+class _ResourceAllocator:
+    mode = "binpack"
+
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id = rule_id
+        self.settings = settings or {}
+        self.parameters = parameters or {}
+
+    @property
+    def share(self) -> bool:
+        return bool(self.settings.get("gpuSharing", False))
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> dict[str, Any]:
+        action = input_data["action"]
+        payload = input_data["payload"]
+        needs = payload["block"]["resources"]
+        nodes = payload["cluster_metrics"]["nodes"]
+        healthy = set(payload["healthy_nodes"])
+        if action == "dry_run":
+            return self._dry_run(payload["block"], nodes, healthy, needs)
+        avoid = set()
+        if action == "reassignment":
+            current = payload["block"].get("instances", {}).get(payload["instance_id"], {})
+            if current.get("node"):
+                avoid.add(current["node"])
+        pick = self._pick(nodes, healthy, needs, avoid) or (self._pick(nodes, healthy, needs, set()) if avoid else None)
+        if pick is None:
+            raise RuntimeError(f"no healthy node can host an instance needing {_fmt(needs)}")
+        return {"node_id": pick[0], "gpus": pick[1]}
+
+    def _dry_run(self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any]) -> dict[str, Any]:
+        work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy})
+        want = max(int(block["maxInstances"]), 1)
+        first: dict[str, Any] = {}
+        placed = 0
+        for _ in range(want):
+            pick = self._pick(work, healthy, needs, set())
+            if pick is None:
+                break
+            capacity.take(work[pick[0]], pick[1], needs, self.share)
+            if not first:
+                first = {"node_id": pick[0], "gpus": pick[1]}
+            placed += 1
+        return {"selection_score_data": {"score": placed / want, "node_info": first}}
+
+    def _pick(
+        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str]
+    ) -> tuple[str, list[str]] | None:
+        best: tuple[Any, str, list[str]] | None = None
+        for nid, node in nodes.items():
+            if nid not in healthy or nid in avoid:
+                continue
+            usable = capacity.node_fits(node, needs, self.share)
+            if usable is None:
+                continue
+            gpus = self._choose_gpus(usable, int(needs.get("gpus", 0)))
+            key = (self._rank(node), nid)
+            if best is None or key < best[0]:
+                best = (key, nid, gpus)
+        return (best[1], best[2]) if best else None
+
+    def _rank(self, node: dict[str, Any]) -> tuple[float, ...]:
+        # lower is better; bin-pack prefers the fullest node that fits, spread the emptiest
+        free = capacity.free_gpus(node)
+        mem = sum(g["memory_free"] for g in node["gpus"])
+        if self.mode == "spread":
+            return (-free, -mem, -node["cpu_free"])
+        return (free, mem, node["cpu_free"])
+
+    def _choose_gpus(self, usable: list[dict[str, Any]], count: int) -> list[str]:
+        if self.mode == "spread":
+            ordered = sorted(usable, key=lambda g: (-g["memory_free"], g["id"]))
+        else:
+            ordered = sorted(usable, key=lambda g: (g["memory_free"], g["id"]))
+        return [g["id"] for g in ordered[:count]]
+
+
+class BinPackPolicy(_ResourceAllocator):
+    """Fill the fullest node that fits first (fewer, busier nodes; big gaps stay free)."""
+
+    mode = "binpack"
+
+
+class SpreadPolicy(_ResourceAllocator):
+    """Place on the emptiest node (replicas land apart; failure blast radius is smaller)."""
+
+    mode = "spread"
+
+
+def _fmt(needs: dict[str, Any]) -> str:
+    return f"{needs.get('gpus', 0)} GPU(s) x {needs.get('gpuMemory', 0)} MiB, {needs.get('cpu', 0)} CPU, {needs.get('memory', 0)} MiB"

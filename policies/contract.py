@@ -1,0 +1,60 @@
+"""The seed-000 policy contract: what each action must return. A wrong shape fails the step."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+CLUSTER_ACTIONS = ("selection", "post_dry_run")
+RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment")
+
+
+class WrongShape(ValueError):
+    pass
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def check(action: str, result: Any) -> None:
+    """Raise :class:`WrongShape` with a precise message if ``result`` breaks the contract."""
+    if action == "selection":
+        if not isinstance(result, dict) or not isinstance(result.get("clusters"), list):
+            raise WrongShape(f'selection must return {{"clusters": [...]}}, got {_short(result)}')
+        for i, c in enumerate(result["clusters"]):
+            if not (isinstance(c, str) or (isinstance(c, dict) and isinstance(c.get("cluster_id", c.get("id")), str))):
+                raise WrongShape(f"selection clusters[{i}] is neither a cluster entry nor a cluster id: {_short(c)}")
+    elif action == "post_dry_run":
+        if isinstance(result, str):
+            return
+        if not isinstance(result, dict) or not isinstance(result.get("cluster_id", result.get("id")), str):
+            raise WrongShape(f"post_dry_run must return one of the given cluster entries, got {_short(result)}")
+    elif action == "dry_run":
+        ssd = result.get("selection_score_data") if isinstance(result, dict) else None
+        if not isinstance(ssd, dict) or not _is_number(ssd.get("score")):
+            raise WrongShape(f'dry_run must return {{"selection_score_data": {{"score": 0..1, ...}}}}, got {_short(result)}')
+        if not 0.0 <= float(ssd["score"]) <= 1.0:
+            raise WrongShape(f"dry_run score must be between 0 and 1, got {ssd['score']}")
+        node_info = ssd.get("node_info", {})
+        if not isinstance(node_info, dict):
+            raise WrongShape(f"dry_run node_info must be an object, got {_short(node_info)}")
+    elif action in ("allocation", "scale", "reassignment"):
+        if not isinstance(result, dict) or not isinstance(result.get("node_id"), str) or not result["node_id"]:
+            raise WrongShape(f'{action} must return {{"node_id": str, "gpus": [...]}}, got {_short(result)}')
+        gpus = result.get("gpus", [])
+        if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
+            raise WrongShape(f"{action} gpus must be a list of GPU ids, got {_short(gpus)}")
+    else:
+        raise WrongShape(f"unknown action {action!r}")
+
+
+def cluster_id_of(entry: Any) -> str:
+    if isinstance(entry, str):
+        return entry
+    return str(entry.get("cluster_id", entry.get("id")))
+
+
+def _short(v: Any, limit: int = 200) -> str:
+    text = repr(v)
+    return text if len(text) <= limit else text[:limit] + "..."

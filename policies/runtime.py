@@ -1,0 +1,179 @@
+"""Loading and running policies in the seed-000 class shape.
+
+``policyRuleURI`` forms:
+
+* ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread`` - the built-ins;
+* ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
+* ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
+  a URI ending in ``.py`` means the registry entry named by the file's stem.
+
+Python policy sources are trusted operator input: they run in the worker's process. Each call runs
+in a worker thread with a time limit; a call that raises, overruns or returns the wrong shape raises
+:class:`PolicyFailed` for that step only. (A Python call that never returns keeps its thread busy;
+the time limit frees the step, not the thread. Untrusted tenants' policies belong in a sandbox.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import hashlib
+import importlib
+import inspect
+import os
+import types
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..schemas.errors import PolicyFailed
+from . import contract
+from .builtin.cluster_rank import ClusterRankPolicy
+from .builtin.resource import BinPackPolicy, SpreadPolicy
+
+BUILTINS: dict[str, type] = {
+    "builtin:cluster-rank": ClusterRankPolicy,
+    "builtin:binpack": BinPackPolicy,
+    "builtin:spread": SpreadPolicy,
+}
+
+#: (name, version) -> source record; the runtime asks this to fetch registry sources.
+SourceLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
+
+
+class TrackingDict(dict):
+    """The ``context`` a policy sees: a plain dict that remembers what the call changed."""
+
+    def __init__(self, data: dict[str, Any]):
+        super().__init__(data)
+        self._orig = {k: repr(v) for k, v in data.items()}
+
+    def changes(self) -> tuple[dict[str, Any], list[str]]:
+        changed = {k: v for k, v in self.items() if self._orig.get(k) != repr(v)}
+        deleted = [k for k in self._orig if k not in self]
+        return changed, deleted
+
+
+def registry_name(uri: str) -> tuple[str, int | None] | None:
+    """``registry:NAME[@V]`` or ``something/name.py`` -> (NAME, V); None for other URIs."""
+    if uri.startswith("registry:"):
+        rest = uri[len("registry:") :]
+        if "@" in rest:
+            name, _, ver = rest.partition("@")
+            return name, int(ver)
+        return rest, None
+    if uri.endswith(".py"):
+        return os.path.splitext(os.path.basename(uri))[0], None
+    return None
+
+
+def policy_class_from_source(source: str, label: str) -> type:
+    """Execute trusted Python source and return the one class defining ``eval``."""
+    module = types.ModuleType(f"aios_policy_{hashlib.sha1(label.encode()).hexdigest()[:10]}")
+    module.__file__ = label
+    exec(compile(source, label, "exec"), module.__dict__)
+    classes = [
+        obj
+        for obj in module.__dict__.values()
+        if inspect.isclass(obj) and obj.__module__ == module.__name__ and callable(getattr(obj, "eval", None))
+    ]
+    if len(classes) != 1:
+        names = ", ".join(c.__name__ for c in classes) or "none"
+        raise ValueError(f"{label}: expected exactly one class with an eval method, found {names}")
+    return classes[0]
+
+
+class PolicyRuntime:
+    def __init__(
+        self,
+        lookup: SourceLookup | None = None,
+        timeout_s: float = float(os.environ.get("AIOS_POLICY_TIMEOUT_S", 5.0)),
+        max_instances: int = 4096,
+    ):
+        self.lookup = lookup
+        self.timeout_s = timeout_s
+        self._classes: dict[tuple[str, int | None], type] = {}
+        self._instances: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._max_instances = max_instances
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="policy")
+
+    def forget(self, name: str) -> None:
+        """Drop cached classes/instances of a registry policy (on ``aios.policy.NAME.updated``)."""
+        for key in [k for k in self._classes if k[0] == f"registry:{name}"]:
+            del self._classes[key]
+        for key in [k for k in self._instances if k[1] == f"registry:{name}"]:
+            del self._instances[key]
+
+    async def resolve(self, uri: str, version: int | None = None) -> tuple[type, str, int | None]:
+        """-> (class, cache name, version) for a policyRuleURI."""
+        if uri in BUILTINS:
+            return BUILTINS[uri], uri, None
+        reg = registry_name(uri)
+        if reg is not None:
+            name, pinned = reg
+            version = pinned if pinned is not None else version
+            if self.lookup is None:
+                raise ValueError(f"{uri}: no policy registry available")
+            key = (f"registry:{name}", version)
+            if version is not None and key in self._classes:
+                return self._classes[key], key[0], version
+            record = await self.lookup(name, version)
+            if record is None:
+                raise ValueError(f"policy {name!r} (version {version or 'latest'}) is not in the registry")
+            if record.get("language", "python") != "python":
+                raise ValueError(f"policy {name!r} is {record.get('language')}, not runnable by this runtime")
+            key = (f"registry:{name}", int(record["version"]))
+            if key not in self._classes:
+                self._classes[key] = policy_class_from_source(record["source"], f"<policy {name} v{key[1]}>")
+            return self._classes[key], key[0], key[1]
+        if ":" in uri:
+            mod_name, _, cls_name = uri.partition(":")
+            key = (uri, None)
+            if key not in self._classes:
+                self._classes[key] = getattr(importlib.import_module(mod_name), cls_name)
+            return self._classes[key], uri, None
+        raise ValueError(f"unknown policyRuleURI {uri!r} (use builtin:..., module:Class, registry:NAME or NAME.py)")
+
+    async def instance(self, rule: dict[str, Any], rule_id: str) -> tuple[Any, str, int | None]:
+        cls, cname, version = await self.resolve(rule["policyRuleURI"], rule.get("version"))
+        settings, parameters = rule.get("settings") or {}, rule.get("parameters") or {}
+        key = (rule_id, cname, version, repr(settings), repr(parameters))
+        inst = self._instances.get(key)
+        if inst is None:
+            inst = cls(rule_id, settings, parameters)
+            self._instances[key] = inst
+            if len(self._instances) > self._max_instances:
+                self._instances.popitem(last=False)
+        else:
+            self._instances.move_to_end(key)
+        return inst, cname, version
+
+    async def invoke(
+        self,
+        rule: dict[str, Any],
+        rule_id: str,
+        input_data: dict[str, Any],
+        context: dict[str, Any] | None = None,
+    ) -> Any:
+        """Run one policy call with the seed's arguments. Raises PolicyFailed, never anything else."""
+        action = input_data.get("action", "?")
+        name = rule.get("name", "?")
+        try:
+            inst, _, _ = await self.instance(rule, rule_id)
+        except Exception as exc:
+            raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}")
+        params = rule.get("parameters") or {}
+        ctx = context if context is not None else {}
+        loop = asyncio.get_running_loop()
+        fut = loop.run_in_executor(self._pool, inst.eval, params, input_data, ctx)
+        try:
+            result = await asyncio.wait_for(fut, timeout=self.timeout_s)
+        except TimeoutError:
+            raise PolicyFailed(name, action, f"timed out after {self.timeout_s:g}s")
+        except Exception as exc:
+            raise PolicyFailed(name, action, f"raised {type(exc).__name__}: {exc}")
+        try:
+            contract.check(action, result)
+        except contract.WrongShape as exc:
+            raise PolicyFailed(name, action, f"wrong return shape: {exc}")
+        return result

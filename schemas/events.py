@@ -1,0 +1,191 @@
+"""Events on the wire: msgspec structs inside a CloudEvents 1.0 envelope (JSON).
+
+Every event carries the block's ``gen`` (the stream sequence of the create message it descends
+from) so that deterministic message ids stay unique when a block id is deleted and reused.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, TypeVar
+
+import msgspec
+
+from .errors import SpecError
+
+
+class Envelope(msgspec.Struct, omit_defaults=True):
+    id: str
+    source: str
+    type: str
+    subject: str
+    time: str
+    data: Any = None
+    specversion: str = "1.0"
+    datacontenttype: str = "application/json"
+
+
+class Parsed(msgspec.Struct):
+    block_id: str
+    gen: int
+    ir: dict[str, Any]
+
+
+class Rejected(msgspec.Struct):
+    block_id: str
+    gen: int
+    errors: list[SpecError]
+
+
+class Selection(msgspec.Struct):
+    block_id: str
+    gen: int
+    candidates: list[str]
+    #: cluster id -> why the filter rule or the selection policy dropped it
+    filtered: dict[str, str] = {}
+    policy: str = ""
+
+
+class DryRunRequest(msgspec.Struct):
+    block_id: str
+    gen: int
+    cluster_id: str
+    ir: dict[str, Any]
+
+
+class DryRunResult(msgspec.Struct):
+    block_id: str
+    gen: int
+    cluster_id: str
+    score: float
+    node_info: dict[str, Any] = {}
+    placeable: int = 0
+    error: str = ""
+
+
+class PostDryRun(msgspec.Struct):
+    block_id: str
+    gen: int
+    cluster_id: str
+    scores: dict[str, float]
+    #: clusters that did not answer before the deadline (counted as score 0)
+    missing: list[str] = []
+    errors: dict[str, str] = {}
+
+
+class AllocationRequest(msgspec.Struct):
+    block_id: str
+    gen: int
+    cluster_id: str
+
+
+class ScaleRequest(msgspec.Struct):
+    block_id: str
+    cluster_id: str
+    request_id: str
+    block_metrics: dict[str, Any] = {}
+
+
+class ReassignRequest(msgspec.Struct):
+    block_id: str
+    cluster_id: str
+    request_id: str
+    instance_id: str
+    reason: str = "requested"
+    block_metrics: dict[str, Any] = {}
+
+
+class Placement(msgspec.Struct):
+    instance_id: str
+    node_id: str
+    gpus: list[str]
+
+
+class PlacementMade(msgspec.Struct):
+    """Published on the block's subject when instances are reserved: the block's story stays
+    readable from ``aios.block.{bid}.>`` alone."""
+
+    block_id: str
+    gen: int
+    cluster_id: str
+    action: str
+    placements: list[Placement]
+    attempts: int = 1
+    replaces: str = ""
+
+
+class InstanceCommand(msgspec.Struct):
+    block_id: str
+    gen: int
+    cluster_id: str
+    instance_id: str
+    node_id: str
+    gpus: list[str]
+    image: str = ""
+    env: dict[str, Any] = {}
+    reason: str = ""
+
+
+class InstanceEvent(msgspec.Struct):
+    block_id: str
+    gen: int
+    instance_id: str
+    node_id: str
+    gpus: list[str] = []
+    reason: str = ""
+
+
+class BlockStatus(msgspec.Struct):
+    block_id: str
+    gen: int
+    status: str
+    reason: str = ""
+    cluster_id: str = ""
+    instances: list[str] = []
+
+
+class DeleteRequest(msgspec.Struct):
+    block_id: str
+    request_id: str = ""
+
+
+class StepFailed(msgspec.Struct):
+    """A non-fatal step of a live block failed (a scale or reassignment), with the reason."""
+
+    block_id: str
+    gen: int
+    step: str
+    reason: str
+    request_id: str = ""
+
+
+class DeadLetter(msgspec.Struct):
+    subject: str
+    consumer: str
+    error: str
+    deliveries: int
+    stream_seq: int
+    data: str
+    headers: dict[str, str] = {}
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+_encoder = msgspec.json.Encoder()
+
+
+def envelope(event_id: str, source: str, type_: str, subject: str, data: Any) -> bytes:
+    return _encoder.encode(Envelope(id=event_id, source=source, type=type_, subject=subject, time=now_iso(), data=data))
+
+
+def decode_envelope(raw: bytes) -> Envelope:
+    return msgspec.json.decode(raw, type=Envelope)
+
+
+T = TypeVar("T")
+
+
+def data_as(env: Envelope, cls: type[T]) -> T:
+    return msgspec.convert(env.data, cls)

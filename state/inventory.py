@@ -1,0 +1,65 @@
+"""An in-memory inventory snapshot per worker, refreshed by change hints.
+
+Building a policy's input must not read every node per message. The snapshot loads a cluster's
+nodes once, then re-reads only the nodes named by ``aios.cluster.{cid}.inventory`` hints (sent
+after every reservation, release and node change) or marked stale by this process's own writes.
+A lost hint costs a stale view, never a double-booking: the atomic reservation script re-checks
+everything at commit time and a conflict refreshes the nodes involved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from .store import Store
+
+
+class Inventory:
+    def __init__(self, store: Store):
+        self.store = store
+        self._clusters: dict[str, dict[str, Any]] | None = None
+        self._nodes: dict[str, dict[str, dict[str, Any]]] = {}
+        self._dirty: dict[str, set[str] | None] = {}  # None = reload the whole cluster
+        self._lock = asyncio.Lock()
+
+    def invalidate(self, cid: str, nodes: list[str] | None = None) -> None:
+        """Mark nodes (or the whole cluster, and the cluster list, when ``nodes`` is None) stale."""
+        if nodes is None:
+            self._dirty[cid] = None
+            self._clusters = None
+            return
+        cur = self._dirty.get(cid, set())
+        if cur is not None:
+            cur.update(nodes)
+            self._dirty[cid] = cur
+
+    def on_hint(self, hint: dict[str, Any]) -> None:
+        cid = hint.get("cluster")
+        if isinstance(cid, str):
+            nodes = hint.get("nodes")
+            self.invalidate(cid, list(nodes) if nodes else None)
+
+    async def clusters(self) -> dict[str, dict[str, Any]]:
+        if self._clusters is None:
+            self._clusters = await self.store.clusters()
+        return self._clusters
+
+    async def nodes(self, cid: str) -> dict[str, dict[str, Any]]:
+        """The cluster's node views (shared: copy before changing them)."""
+        async with self._lock:
+            if cid not in self._nodes or self._dirty.get(cid, set()) is None:
+                self._dirty.pop(cid, None)
+                ids = await self.store.node_ids(cid)
+                self._nodes[cid] = await self.store.read_nodes(cid, ids)
+            else:
+                stale = self._dirty.pop(cid, set())
+                if stale:
+                    fresh = await self.store.read_nodes(cid, stale)
+                    view = self._nodes[cid]
+                    for nid in stale:
+                        if nid in fresh:
+                            view[nid] = fresh[nid]
+                        else:
+                            view.pop(nid, None)
+            return self._nodes[cid]

@@ -1,0 +1,167 @@
+"""Atomic Lua scripts: the only places that change node capacity or a block's status.
+
+Every key one script touches carries the same hash tag (``{c:<cluster>}`` for capacity), so the
+scripts also run on Redis Cluster: a block lives in one cluster, so its gang is one slot.
+"""
+
+# KEYS: node1, res1, node2, res2, ...   ARGV[1]: JSON list of placements
+# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive, share}
+# Returns {1, "ok"|"exists"} or {0, reason, node}
+RESERVE_GANG = r"""
+local p = cjson.decode(ARGV[1])
+local n = #p
+local existing = 0
+for i = 1, n do
+  if redis.call('EXISTS', KEYS[2*i]) == 1 then existing = existing + 1 end
+end
+if existing == n then return {1, 'exists', ''} end
+if existing > 0 then return {0, 'some instances of this gang are already reserved', ''} end
+local want = {}
+local order = {}
+for i = 1, n do
+  local pl = p[i]
+  local nk = KEYS[2*i-1]
+  if redis.call('EXISTS', nk) == 0 then return {0, 'node ' .. pl.node .. ' does not exist', pl.node} end
+  if redis.call('HGET', nk, 'healthy') ~= '1' then return {0, 'node ' .. pl.node .. ' is not healthy', pl.node} end
+  local w = want[nk]
+  if not w then
+    w = {cpu = 0, mem = 0, gpus = {}, gorder = {}, node = pl.node}
+    want[nk] = w
+    table.insert(order, nk)
+  end
+  w.cpu = w.cpu + tonumber(pl.cpu)
+  w.mem = w.mem + tonumber(pl.mem)
+  local seen = {}
+  for _, g in ipairs(pl.gpus) do
+    if seen[g] then return {0, 'gpu ' .. g .. ' listed twice for one instance', pl.node} end
+    seen[g] = true
+    local total = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':total'))
+    if not total then return {0, 'gpu ' .. g .. ' is not on node ' .. pl.node, pl.node} end
+    local gw = w.gpus[g]
+    if not gw then
+      gw = {mem = 0, n = 0, x = 0, share = 1}
+      w.gpus[g] = gw
+      table.insert(w.gorder, g)
+    end
+    local m = tonumber(pl.gpu_mem)
+    if pl.exclusive then m = total; gw.x = 1 end
+    if not pl.share then gw.share = 0 end
+    pl['taken_' .. g] = m
+    gw.mem = gw.mem + m
+    gw.n = gw.n + 1
+  end
+end
+for _, nk in ipairs(order) do
+  local w = want[nk]
+  local cpu_cap = tonumber(redis.call('HGET', nk, 'cpu') or '0')
+  local cpu_used = tonumber(redis.call('HGET', nk, 'cpu_used') or '0')
+  if cpu_used + w.cpu > cpu_cap + 1e-9 then
+    return {0, 'node ' .. w.node .. ': cpu ' .. (cpu_cap - cpu_used) .. ' free, ' .. w.cpu .. ' asked', w.node}
+  end
+  local mem_cap = tonumber(redis.call('HGET', nk, 'memory') or '0')
+  local mem_used = tonumber(redis.call('HGET', nk, 'mem_used') or '0')
+  if mem_used + w.mem > mem_cap then
+    return {0, 'node ' .. w.node .. ': memory ' .. (mem_cap - mem_used) .. ' MiB free, ' .. w.mem .. ' asked', w.node}
+  end
+  for _, g in ipairs(w.gorder) do
+    local gw = w.gpus[g]
+    local total = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':total'))
+    local used = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':mem') or '0')
+    local cnt = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':n') or '0')
+    local x = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':x') or '0')
+    local noshare = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':ns') or '0')
+    if x == 1 then return {0, 'gpu ' .. g .. ' on ' .. w.node .. ' is held exclusively', w.node} end
+    if cnt + gw.n > 1 and (gw.x == 1 or gw.share == 0 or noshare == 1) then
+      return {0, 'gpu ' .. g .. ' on ' .. w.node .. ' is in use and sharing is not allowed', w.node}
+    end
+    if used + gw.mem > total then
+      return {0, 'gpu ' .. g .. ' on ' .. w.node .. ': ' .. (total - used) .. ' MiB free, ' .. gw.mem .. ' asked', w.node}
+    end
+  end
+end
+for i = 1, n do
+  local pl = p[i]
+  local nk = KEYS[2*i-1]
+  redis.call('HINCRBYFLOAT', nk, 'cpu_used', pl.cpu)
+  redis.call('HINCRBY', nk, 'mem_used', pl.mem)
+  local taken = {}
+  for _, g in ipairs(pl.gpus) do
+    local m = pl['taken_' .. g]
+    taken[g] = m
+    redis.call('HINCRBY', nk, 'g:' .. g .. ':mem', m)
+    redis.call('HINCRBY', nk, 'g:' .. g .. ':n', 1)
+    if pl.exclusive then redis.call('HSET', nk, 'g:' .. g .. ':x', 1) end
+    if not pl.share then redis.call('HSET', nk, 'g:' .. g .. ':ns', 1) end
+  end
+  redis.call('HSET', KEYS[2*i], 'node', pl.node, 'block', pl.block, 'cpu', pl.cpu, 'mem', pl.mem,
+    'gpus', cjson.encode(taken), 'exclusive', pl.exclusive and 1 or 0, 'share', pl.share and 1 or 0)
+end
+return {1, 'ok', ''}
+"""
+
+# KEYS: node, res.  Returns 1 if released, 0 if there was nothing to release (idempotent).
+RELEASE = r"""
+if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
+local r = redis.call('HGETALL', KEYS[2])
+local f = {}
+for i = 1, #r, 2 do f[r[i]] = r[i+1] end
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  redis.call('HINCRBYFLOAT', KEYS[1], 'cpu_used', -tonumber(f.cpu))
+  redis.call('HINCRBY', KEYS[1], 'mem_used', -tonumber(f.mem))
+  for g, m in pairs(cjson.decode(f.gpus)) do
+    redis.call('HINCRBY', KEYS[1], 'g:' .. g .. ':mem', -m)
+    local left = redis.call('HINCRBY', KEYS[1], 'g:' .. g .. ':n', -1)
+    if f.exclusive == '1' then redis.call('HSET', KEYS[1], 'g:' .. g .. ':x', 0) end
+    if left <= 0 then redis.call('HSET', KEYS[1], 'g:' .. g .. ':ns', 0) end
+  end
+end
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+# KEYS: block.  ARGV: gen, allowed statuses ("*" or comma list), new status, JSON of extra fields.
+# Compare-and-set on (gen, status); bumps version. Returns {1, version} or {0, current status}.
+TRANSITION = r"""
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'version')
+if not cur[1] then return {0, 'absent'} end
+if ARGV[1] ~= '' and cur[1] ~= ARGV[1] then return {0, 'stale-gen:' .. cur[1]} end
+if ARGV[2] ~= '*' then
+  local ok = false
+  for s in string.gmatch(ARGV[2], '([^,]+)') do if s == cur[2] then ok = true end end
+  if not ok then return {0, cur[2]} end
+end
+local v = redis.call('HINCRBY', KEYS[1], 'version', 1)
+redis.call('HSET', KEYS[1], 'status', ARGV[3])
+local extra = cjson.decode(ARGV[4])
+for k, val in pairs(extra) do redis.call('HSET', KEYS[1], k, val) end
+return {1, v}
+"""
+
+# KEYS: block.  ARGV: gen, spec digest, JSON fields.  Creates the block record unless a live one
+# exists. Returns {1, 'created'|'same'} or {0, reason}.
+CREATE_BLOCK = r"""
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'digest')
+if cur[1] then
+  if cur[1] == ARGV[1] then return {1, 'same'} end
+  if cur[2] ~= 'deleted' and cur[2] ~= 'rejected' and cur[2] ~= 'failed' then
+    return {0, 'block id already in use (status ' .. cur[2] .. ')'}
+  end
+end
+redis.call('DEL', KEYS[1])
+local extra = cjson.decode(ARGV[3])
+for k, val in pairs(extra) do redis.call('HSET', KEYS[1], k, val) end
+redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'digest', ARGV[2], 'version', 1)
+return {1, 'created'}
+"""
+
+# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered, expected}.
+GATHER_ADD = r"""
+redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], ARGV[2])
+redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
+local expected = cjson.decode(redis.call('HGET', KEYS[1], 'expected') or '[]')
+local answered = 0
+for _, c in ipairs(expected) do
+  if redis.call('HEXISTS', KEYS[1], 'r:' .. c) == 1 then answered = answered + 1 end
+end
+return {answered, #expected}
+"""

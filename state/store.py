@@ -1,0 +1,317 @@
+"""The door to Redis: current state of components, clusters, nodes, blocks, instances and gathers.
+
+Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share a slot)::
+
+    aios:component:<uri>              JSON of a registered component
+    aios:clusters                     hash cid -> JSON {id, labels}
+    aios:{c:<cid>}:nodes              set of node ids
+    aios:{c:<cid>}:node:<nid>         hash: spec (JSON), cpu, memory, healthy, cpu_used, mem_used,
+                                      g:<gpu>:total|mem|n|x   (capacity and usage per GPU)
+    aios:{c:<cid>}:res:<iid>          hash: one instance's reservation (node, cpu, mem, gpus)
+    aios:nodeindex                    hash nid -> cid
+    aios:block:<bid>                  hash: status, version, gen, cluster, ir, reason, ...
+    aios:blocks                       sorted set of block ids by creation time
+    aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
+    aios:gather:<bid>:<gen>           hash: expected, deadline, r:<cid> results, decided
+    aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
+    aios:policy:<name>                hash: source, version, language, updated (policy registry)
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+import redis.asyncio as aioredis
+
+from ..schemas.spec import Cluster, Component, Node
+from . import scripts
+
+P = "aios"
+_json = msgspec.json
+
+
+def _dumps(v: Any) -> str:
+    return _json.encode(v).decode()
+
+
+def node_key(cid: str, nid: str) -> str:
+    return f"{P}:{{c:{cid}}}:node:{nid}"
+
+
+def res_key(cid: str, iid: str) -> str:
+    return f"{P}:{{c:{cid}}}:res:{iid}"
+
+
+def block_key(bid: str) -> str:
+    return f"{P}:block:{bid}"
+
+
+def inst_key(bid: str) -> str:
+    return f"{P}:block:{bid}:inst"
+
+
+def gather_key(bid: str, gen: int) -> str:
+    return f"{P}:gather:{bid}:{gen}"
+
+
+class Store:
+    def __init__(self, r: aioredis.Redis):
+        self.r = r
+        self._reserve = r.register_script(scripts.RESERVE_GANG)
+        self._release = r.register_script(scripts.RELEASE)
+        self._transition = r.register_script(scripts.TRANSITION)
+        self._create = r.register_script(scripts.CREATE_BLOCK)
+        self._gather_add = r.register_script(scripts.GATHER_ADD)
+
+    @classmethod
+    def open(cls, url: str) -> Store:
+        return cls(aioredis.from_url(url, decode_responses=True, health_check_interval=10))
+
+    async def close(self) -> None:
+        await self.r.aclose()
+
+    # -- components ------------------------------------------------------------------------
+    async def put_component(self, comp: Component) -> None:
+        await self.r.set(f"{P}:component:{comp.componentURI}", comp.model_dump_json())
+
+    async def get_component(self, uri: str) -> dict[str, Any] | None:
+        raw = await self.r.get(f"{P}:component:{uri}")
+        return _json.decode(raw) if raw else None
+
+    # -- clusters and nodes ----------------------------------------------------------------
+    async def put_cluster(self, cluster: Cluster) -> None:
+        await self.r.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())
+
+    async def clusters(self) -> dict[str, dict[str, Any]]:
+        raw = await self.r.hgetall(f"{P}:clusters")
+        return {cid: _json.decode(v) for cid, v in raw.items()}
+
+    async def put_node(self, node: Node) -> None:
+        """Register or update a node's capacity (usage counters are kept)."""
+        key = node_key(node.cluster, node.id)
+        fields: dict[str, Any] = {
+            "spec": node.model_dump_json(),
+            "cpu": node.cpu,
+            "memory": node.memory,
+            "healthy": 1 if node.healthy else 0,
+        }
+        for g in node.gpus:
+            fields[f"g:{g.id}:total"] = g.memory
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(key, mapping=fields)
+        pipe.sadd(f"{P}:{{c:{node.cluster}}}:nodes", node.id)
+        pipe.hset(f"{P}:nodeindex", node.id, node.cluster)
+        await pipe.execute()
+
+    async def set_node_health(self, cid: str, nid: str, healthy: bool) -> None:
+        await self.r.hset(node_key(cid, nid), "healthy", 1 if healthy else 0)
+
+    async def node_ids(self, cid: str) -> list[str]:
+        return sorted(await self.r.smembers(f"{P}:{{c:{cid}}}:nodes"))
+
+    async def node_cluster(self, nid: str) -> str | None:
+        return await self.r.hget(f"{P}:nodeindex", nid)
+
+    async def read_nodes(self, cid: str, nids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Current view of some nodes: capacity, usage and health, shaped for policies."""
+        nids = list(nids)
+        pipe = self.r.pipeline(transaction=False)
+        for nid in nids:
+            pipe.hgetall(node_key(cid, nid))
+        out: dict[str, dict[str, Any]] = {}
+        for nid, h in zip(nids, await pipe.execute(), strict=True):
+            if h:
+                out[nid] = node_view(h)
+        return out
+
+    # -- reservations ----------------------------------------------------------------------
+    async def reserve_gang(self, cid: str, placements: list[dict[str, Any]]) -> tuple[bool, str, str]:
+        """All-or-nothing reservation of several instances in one cluster (one atomic script)."""
+        keys: list[str] = []
+        for p in placements:
+            keys += [node_key(cid, p["node"]), res_key(cid, p["iid"])]
+        ok, reason, node = await self._reserve(keys=keys, args=[_dumps(placements)])
+        return bool(ok), reason, node
+
+    async def release(self, cid: str, nid: str, iid: str) -> bool:
+        return bool(await self._release(keys=[node_key(cid, nid), res_key(cid, iid)]))
+
+    async def reservation(self, cid: str, iid: str) -> dict[str, Any] | None:
+        h = await self.r.hgetall(res_key(cid, iid))
+        return h or None
+
+    async def reservations(self, cid: str) -> list[dict[str, Any]]:
+        out = []
+        async for key in self.r.scan_iter(match=f"{P}:{{c:{cid}}}:res:*", count=500):
+            h = await self.r.hgetall(key)
+            if h:
+                h["iid"] = key.rsplit(":", 1)[1]
+                out.append(h)
+        return out
+
+    # -- blocks ----------------------------------------------------------------------------
+    async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
+        ok, what = await self._create(keys=[block_key(bid)], args=[str(gen), digest, _dumps(_strs(fields))])
+        if ok and what == "created":
+            await self.r.zadd(f"{P}:blocks", {bid: time.time()})
+        return bool(ok), what
+
+    async def transition(
+        self, bid: str, gen: int | None, allowed: Iterable[str] | str, to: str, **fields: Any
+    ) -> tuple[bool, str]:
+        """Compare-and-set the block's status: only from ``allowed`` (or ``"*"``), only if ``gen``
+        matches. Returns (done, new version or the status that blocked it)."""
+        allow = allowed if isinstance(allowed, str) else ",".join(allowed)
+        fields["updated"] = time.time()
+        ok, info = await self._transition(
+            keys=[block_key(bid)], args=["" if gen is None else str(gen), allow, to, _dumps(_strs(fields))]
+        )
+        return bool(ok), str(info)
+
+    async def get_block(self, bid: str) -> dict[str, Any] | None:
+        h = await self.r.hgetall(block_key(bid))
+        if not h:
+            return None
+        if "ir" in h:
+            h["ir"] = _json.decode(h["ir"])
+        for k in ("gen", "version"):
+            if k in h:
+                h[k] = int(h[k])
+        return h
+
+    async def list_blocks(self, limit: int = 1000) -> list[str]:
+        return await self.r.zrevrange(f"{P}:blocks", 0, limit - 1)
+
+    # -- instances -------------------------------------------------------------------------
+    async def put_instances(self, bid: str, instances: dict[str, dict[str, Any]]) -> None:
+        if instances:
+            await self.r.hset(inst_key(bid), mapping={iid: _dumps(v) for iid, v in instances.items()})
+
+    async def set_instance_status(self, bid: str, iid: str, status: str) -> dict[str, Any] | None:
+        raw = await self.r.hget(inst_key(bid), iid)
+        if raw is None:
+            return None
+        inst = _json.decode(raw)
+        inst["status"] = status
+        await self.r.hset(inst_key(bid), iid, _dumps(inst))
+        return inst
+
+    async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
+        raw = await self.r.hgetall(inst_key(bid))
+        return {iid: _json.decode(v) for iid, v in raw.items()}
+
+    async def drop_instance(self, bid: str, iid: str) -> None:
+        await self.r.hdel(inst_key(bid), iid)
+
+    # -- gather ----------------------------------------------------------------------------
+    async def gather_open(self, bid: str, gen: int, expected: list[str], deadline: float, ttl: int = 3600) -> None:
+        key = gather_key(bid, gen)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hsetnx(key, "expected", _dumps(expected))
+        pipe.hsetnx(key, "deadline", deadline)
+        pipe.expire(key, ttl)
+        await pipe.execute()
+
+    async def gather_add(self, bid: str, gen: int, cid: str, result: dict[str, Any], ttl: int = 3600) -> tuple[int, int]:
+        answered, expected = await self._gather_add(keys=[gather_key(bid, gen)], args=[cid, _dumps(result), ttl])
+        return int(answered), int(expected)
+
+    async def gather_read(self, bid: str, gen: int) -> dict[str, Any]:
+        h = await self.r.hgetall(gather_key(bid, gen))
+        return {
+            "expected": _json.decode(h["expected"]) if "expected" in h else [],
+            "deadline": float(h.get("deadline", 0)),
+            "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
+            "decided": h.get("decided"),
+        }
+
+    async def gather_decide(self, bid: str, gen: int, token: str) -> bool:
+        """Claim the one decision of this gather (results complete vs deadline race)."""
+        key = gather_key(bid, gen)
+        if await self.r.hsetnx(key, "decided", token):
+            return True
+        return await self.r.hget(key, "decided") == token
+
+    # -- policy context (seed 000: an external cache shared by all workers) -----------------
+    async def context_load(self, rule_id: str) -> dict[str, Any]:
+        raw = await self.r.hgetall(f"{P}:ctx:{rule_id}")
+        return {k: _json.decode(v) for k, v in raw.items()}
+
+    async def context_save(self, rule_id: str, changed: dict[str, Any], deleted: Iterable[str]) -> None:
+        key = f"{P}:ctx:{rule_id}"
+        pipe = self.r.pipeline(transaction=True)
+        if changed:
+            pipe.hset(key, mapping={k: _dumps(v) for k, v in changed.items()})
+        deleted = list(deleted)
+        if deleted:
+            pipe.hdel(key, *deleted)
+        if changed or deleted:
+            await pipe.execute()
+
+    # -- policy registry -------------------------------------------------------------------
+    async def policy_put(self, name: str, source: str, language: str) -> int:
+        key = f"{P}:policy:{name}"
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hincrby(key, "version", 1)
+        pipe.hset(key, mapping={"source": source, "language": language, "updated": time.time()})
+        pipe.sadd(f"{P}:policies", name)
+        version, _, _ = await pipe.execute()
+        await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
+        return int(version)
+
+    async def policy_get(self, name: str, version: int | None = None) -> dict[str, Any] | None:
+        key = f"{P}:policy:{name}"
+        h = await self.r.hgetall(key)
+        if not h:
+            return None
+        if version is not None and int(h["version"]) != version:
+            old = await self.r.hgetall(f"{key}:v{version}")
+            if not old:
+                return None
+            h = {**old, "version": version}
+        h["version"] = int(h["version"])
+        return h
+
+    async def policy_names(self) -> list[str]:
+        return sorted(await self.r.smembers(f"{P}:policies"))
+
+
+def _strs(fields: dict[str, Any]) -> dict[str, str]:
+    return {k: v if isinstance(v, str) else _dumps(v) for k, v in fields.items()}
+
+
+def node_view(h: dict[str, str]) -> dict[str, Any]:
+    """A node hash -> the dict policies see: capacity, usage, free figures and GPUs."""
+    spec = _json.decode(h["spec"])
+    gpus = []
+    for g in spec.get("gpus", []):
+        gid = g["id"]
+        total = int(h.get(f"g:{gid}:total", g.get("memory", 0)))
+        used = int(h.get(f"g:{gid}:mem", 0))
+        gpus.append(
+            {
+                "id": gid,
+                "model": g.get("model", ""),
+                "memory": total,
+                "memory_used": used,
+                "memory_free": total - used,
+                "instances": int(h.get(f"g:{gid}:n", 0)),
+                "exclusive": h.get(f"g:{gid}:x", "0") == "1",
+            }
+        )
+    cpu, mem = float(h.get("cpu", 0)), int(h.get("memory", 0))
+    cpu_used, mem_used = float(h.get("cpu_used", 0)), int(h.get("mem_used", 0))
+    return {
+        "node_id": spec["id"],
+        "cluster": spec["cluster"],
+        "labels": spec.get("labels", {}),
+        "healthy": h.get("healthy") == "1",
+        "cpu": cpu,
+        "cpu_free": round(cpu - cpu_used, 6),
+        "memory": mem,
+        "memory_free": mem - mem_used,
+        "gpus": gpus,
+    }
