@@ -90,7 +90,7 @@ class ConsumerRunner:
                 continue
             try:
                 msgs = await sub.fetch(min(self.options.batch, free), timeout=self.options.fetch_timeout_s)
-            except (NatsTimeout, FetchTimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, NatsTimeout, FetchTimeoutError):
                 continue  # idle path
             except Exception as exc:  # connection trouble: nats-py reconnects, we wait
                 if stop.is_set():

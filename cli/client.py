@@ -1,0 +1,176 @@
+"""An async client over the bus and the state store: what the CLI and the tests use.
+
+Upstream systems need none of this: publishing a spec to ``aios.block.{bid}.create`` with any NATS
+client is the whole API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+from nats.js.api import DeliverPolicy
+
+from ..bus import subjects
+from ..bus.nats_bus import Bus
+from ..schemas.events import DeleteRequest, ReassignRequest, ScaleRequest
+from ..schemas.spec import Cluster, Component, Gpu, Node
+from ..state.store import Store
+
+TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
+
+
+class Client:
+    def __init__(self, bus: Bus, store: Store):
+        self.bus = bus
+        self.store = store
+
+    @classmethod
+    async def open(cls, nats_url: str, redis_url: str) -> Client:
+        bus = await Bus.open(nats_url, source="aios-blocks/cli")
+        await bus.ensure_topology()
+        return cls(bus, Store.open(redis_url))
+
+    async def close(self) -> None:
+        await self.bus.close()
+        await self.store.close()
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- inventory -------------------------------------------------------------------------
+    async def add_component(self, comp: Component | dict[str, Any]) -> Component:
+        comp = comp if isinstance(comp, Component) else Component.model_validate(comp)
+        await self.store.put_component(comp)
+        return comp
+
+    async def add_cluster(self, cluster: Cluster) -> None:
+        await self.store.put_cluster(cluster)
+        await self.bus.notify(subjects.cluster_inventory(cluster.id), {"cluster": cluster.id})
+
+    async def add_node(self, node: Node) -> None:
+        await self.store.put_node(node)
+        await self.bus.notify(subjects.cluster_inventory(node.cluster), {"cluster": node.cluster, "nodes": [node.id]})
+
+    async def add_sim_cluster(
+        self, cid: str, nodes: int = 8, gpus: int = 8, gpu_memory: int = 81920, labels: dict[str, str] | None = None,
+        model: str = "sim-h100",
+    ) -> None:
+        """A simulated cluster: ``nodes`` nodes with ``gpus`` GPUs each (for demos and tests)."""
+        await self.store.put_cluster(Cluster(id=cid, labels=labels or {}))
+        for n in range(nodes):
+            nid = f"{cid}-n{n}"
+            node = Node(
+                id=nid, cluster=cid, labels={"rack": f"r{n % 4}"}, cpu=64, memory=512 * 1024,
+                gpus=[Gpu(id=f"{nid}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)],
+            )
+            await self.store.put_node(node)
+        await self.bus.notify(subjects.cluster_inventory(cid), {"cluster": cid})
+
+    # -- blocks ----------------------------------------------------------------------------
+    async def submit(self, spec: dict[str, Any]) -> str:
+        """Publish a block-create event; returns the block id (generated when absent)."""
+        bid = spec.get("blockId") or f"blk-{uuid.uuid4().hex[:12]}"
+        spec = {**spec, "blockId": bid}
+        await self.bus.publish_raw(subjects.block_create(bid), msgspec.json.encode(spec), msg_id=f"create:{bid}:{uuid.uuid4().hex}")
+        return bid
+
+    async def wait(
+        self, bid: str, timeout: float = 60.0, on_event: Callable[[str, dict[str, Any]], None] | None = None
+    ) -> tuple[str, dict[str, Any]]:
+        """Follow the block's events from the start of its stream history until a terminal one."""
+        async with asyncio.timeout(timeout):
+            async for subject, env in self.follow(bid):
+                if on_event:
+                    on_event(subject, env)
+                kind = subject.rsplit(".", 1)[1]
+                if kind in TERMINAL:
+                    return kind, env
+        raise TimeoutError(bid)  # pragma: no cover - follow() only ends by cancellation
+
+    async def follow(self, bid: str = "*", from_start: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Live events of one block (or all), through an ordered push consumer."""
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def cb(msg: Any) -> None:
+            await queue.put(msg)
+
+        sub = await self.bus.js.subscribe(
+            subjects.block_all(bid), cb=cb, ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
+        )
+        try:
+            while True:
+                msg = await queue.get()
+                yield msg.subject, _decode(msg.data)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int]]:
+        """Every stored event of a block (or all blocks), oldest first: (subject, event, seq)."""
+        out: list[tuple[str, dict[str, Any], int]] = []
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def cb(msg: Any) -> None:
+            await queue.put(msg)
+
+        sub = await self.bus.js.subscribe(subjects.block_all(bid), cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        try:
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), timeout=idle)
+                except TimeoutError:
+                    break
+                out.append((msg.subject, _decode(msg.data), msg.metadata.sequence.stream))
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        return out
+
+    async def scale(self, bid: str) -> str:
+        block = await self._live_block(bid)
+        rid = uuid.uuid4().hex[:12]
+        req = ScaleRequest(bid, block["cluster"], rid)
+        await self.bus.publish(subjects.cluster_command(block["cluster"], "scale"), "cluster.scale", req, f"{bid}:scale:{rid}")
+        return rid
+
+    async def reassign(self, bid: str, iid: str, reason: str = "requested") -> str:
+        block = await self._live_block(bid)
+        rid = uuid.uuid4().hex[:12]
+        req = ReassignRequest(bid, block["cluster"], rid, iid, reason)
+        await self.bus.publish(
+            subjects.cluster_command(block["cluster"], "reassignment"), "cluster.reassignment", req, f"{bid}:reassign:{rid}"
+        )
+        return rid
+
+    async def delete(self, bid: str) -> None:
+        if await self.store.get_block(bid) is None:
+            raise LookupError(f"no block {bid!r}")
+        rid = uuid.uuid4().hex[:12]
+        await self.bus.publish(subjects.block_event(bid, "delete"), "block.delete", DeleteRequest(bid, rid), f"{bid}:delete:{rid}")
+
+    async def _live_block(self, bid: str) -> dict[str, Any]:
+        block = await self.store.get_block(bid)
+        if block is None:
+            raise LookupError(f"no block {bid!r}")
+        if not block.get("cluster") or block["status"] not in ("ready", "placing"):
+            raise LookupError(f"block {bid!r} is {block['status']}: it must be placed first")
+        return block
+
+
+def _decode(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = msgspec.json.decode(raw)
+        return doc if isinstance(doc, dict) else {"data": doc}
+    except msgspec.DecodeError:
+        return {"data": raw.decode("utf-8", errors="replace")}

@@ -1,0 +1,140 @@
+"""Cluster controller steps: resourceAllocator dry_run / allocation / scale / reassignment.
+
+Pure: given the IR, the cluster, a snapshot of its nodes and an ``invoke`` callable for the block's
+resourceAllocator, these return scores and placement plans. The worker commits plans atomically
+(``state.Store.reserve_gang``) and retries on conflict with a refreshed snapshot.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..policies import capacity
+from ..schemas.errors import PlacementFailed, PolicyFailed
+from .gateway import cluster_metrics, share_of
+
+Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def payload(
+    ir: dict[str, Any],
+    cluster: dict[str, Any],
+    nodes: dict[str, dict[str, Any]],
+    instances: dict[str, dict[str, Any]] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """The seed's payload: ``block``, ``cluster``, ``cluster_metrics``, ``healthy_nodes`` (+ the
+    action's extras: ``block_metrics``, ``instance_id``, ``pod_name``). Node details are in
+    ``cluster_metrics["nodes"]`` so a policy can choose GPUs."""
+    block = dict(ir)
+    block["instances"] = instances or {}
+    return {
+        "block": block,
+        "cluster": cluster,
+        "cluster_metrics": cluster_metrics(nodes),
+        "healthy_nodes": sorted(nid for nid, n in nodes.items() if n["healthy"]),
+        **extra,
+    }
+
+
+@dataclass
+class DryRunOutcome:
+    score: float
+    node_info: dict[str, Any]
+    error: str = ""
+
+
+async def dry_run(ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke) -> DryRunOutcome:
+    try:
+        result = await invoke({"action": "dry_run", "payload": payload(ir, cluster, nodes)})
+    except PolicyFailed as exc:
+        return DryRunOutcome(0.0, {}, str(exc))
+    ssd = result["selection_score_data"]
+    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {})
+
+
+def instance_id(bid: str, key: str | int) -> str:
+    """Gang members are ``{bid}-{n}``; later instances take a short digest of their request id."""
+    if isinstance(key, int):
+        return f"{bid}-{key}"
+    return f"{bid}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
+
+def check_choice(node_id: str, gpus: list[str], nodes: dict[str, dict[str, Any]], needs: dict[str, Any], share: bool) -> str:
+    """Why a policy's choice cannot work on the snapshot ('' if it can)."""
+    node = nodes.get(node_id)
+    if node is None:
+        return f"node {node_id!r} is not in this cluster"
+    if len(gpus) != int(needs.get("gpus", 0)):
+        return f"{len(gpus)} GPUs chosen, block needs {needs.get('gpus', 0)}"
+    usable = capacity.node_fits(node, needs, share)
+    if usable is None:
+        return f"node {node_id} cannot host the instance: {capacity.why_not(node, needs, share)}"
+    usable_ids = {g["id"] for g in usable}
+    bad = [g for g in gpus if g not in usable_ids]
+    if bad:
+        return f"GPU(s) {bad} on {node_id} are not free for this instance"
+    if len(set(gpus)) != len(gpus):
+        return "the same GPU was chosen twice"
+    return ""
+
+
+async def plan(
+    ir: dict[str, Any],
+    cluster: dict[str, Any],
+    nodes: dict[str, dict[str, Any]],
+    action: str,
+    iids: list[str],
+    invoke: Invoke,
+    instances: dict[str, dict[str, Any]] | None = None,
+    **extra: Any,
+) -> list[dict[str, Any]]:
+    """Call the resourceAllocator once per instance, applying each choice to a working copy of the
+    snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``.
+    Raises PlacementFailed with the reason."""
+    work = capacity.copy_nodes(nodes)
+    needs, share = ir["resources"], share_of(ir)
+    out: list[dict[str, Any]] = []
+    for iid in iids:
+        try:
+            result = await invoke({"action": action, "payload": payload(ir, cluster, work, instances, **extra)})
+        except PolicyFailed as exc:
+            raise PlacementFailed(f"{exc} (instance {len(out) + 1} of {len(iids)})")
+        node_id, gpus = result["node_id"], list(result.get("gpus", []))
+        why = check_choice(node_id, gpus, work, needs, share)
+        if why:
+            raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: {why}")
+        capacity.take(work[node_id], gpus, needs, share)
+        out.append(
+            {
+                "iid": iid,
+                "block": ir["blockId"],
+                "node": node_id,
+                "gpus": gpus,
+                "cpu": needs.get("cpu", 0),
+                "mem": needs.get("memory", 0),
+                "gpu_mem": needs.get("gpuMemory", 0),
+                "exclusive": not share,
+                "share": share,
+            }
+        )
+    return out
+
+
+def ready(min_instances: int, running: int) -> bool:
+    return running >= min_instances
+
+
+def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
+    """What an instance is started with (a runtime turns this into env vars / files)."""
+    return {
+        "AIOS_BLOCK_ID": ir["blockId"],
+        "AIOS_INSTANCE_ID": iid,
+        "AIOS_GPUS": ",".join(gpus),
+        "blockInitData": ir.get("blockInitData", {}),
+        "initSettings": ir.get("initSettings", {}),
+        "parameters": ir.get("parameters", {}),
+    }

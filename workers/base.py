@@ -1,0 +1,113 @@
+"""What every worker shares: connections, the inventory snapshot, the policy runtime, and the
+plumbing that binds handlers to consumers through the one runner."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+import structlog
+
+from ..bus import subjects
+from ..bus.nats_bus import Bus
+from ..bus.runner import ConsumerRunner, Delivery, RunnerOptions
+from ..policies.runtime import PolicyRuntime, TrackingDict
+from ..schemas.events import BlockStatus
+from ..state.inventory import Inventory
+from ..state.store import Store
+
+log = structlog.get_logger("aios.worker")
+
+
+@dataclass
+class Worker:
+    bus: Bus
+    store: Store
+    inventory: Inventory
+    runtime: PolicyRuntime
+    name: str
+    _subs: list[Any] = field(default_factory=list)
+
+    @classmethod
+    async def open(cls, nats_url: str, redis_url: str, name: str) -> Worker:
+        bus = await Bus.open(nats_url, source=f"aios-blocks/{name}")
+        store = Store.open(redis_url)
+        runtime = PolicyRuntime(lookup=store.policy_get)
+        w = cls(bus, store, Inventory(store), runtime, name)
+        await bus.ensure_topology()
+        await w._watch_hints()
+        return w
+
+    async def _watch_hints(self) -> None:
+        async def on_inventory(msg: Any) -> None:
+            with contextlib.suppress(Exception):
+                self.inventory.on_hint(msgspec.json.decode(msg.data))
+
+        async def on_policy(msg: Any) -> None:
+            self.runtime.forget(msg.subject.split(".")[2])
+
+        self._subs.append(await self.bus.subscribe(subjects.INVENTORY_ALL, on_inventory))
+        self._subs.append(await self.bus.subscribe(subjects.POLICY_UPDATED_ALL, on_policy))
+
+    async def close(self) -> None:
+        await self.bus.close()
+        await self.store.close()
+
+    async def invoke(self, ir: dict[str, Any], kind: str, input_data: dict[str, Any]) -> Any:
+        """Run the block's ``kind`` policy with its Redis-backed context (raises PolicyFailed)."""
+        rule = ir["policies"][kind]
+        rule_id = f"{ir['blockId']}.{kind}"
+        ctx = TrackingDict(await self.store.context_load(rule_id))
+        result = await self.runtime.invoke(rule, rule_id, input_data, ctx)
+        changed, deleted = ctx.changes()
+        if changed or deleted:
+            await self.store.context_save(rule_id, changed, deleted)
+        return result
+
+    def invoker(self, ir: dict[str, Any], kind: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        async def call(input_data: dict[str, Any]) -> Any:
+            return await self.invoke(ir, kind, input_data)
+
+        return call
+
+    async def hint(self, cid: str, nodes: list[str]) -> None:
+        self.inventory.invalidate(cid, nodes)
+        await self.bus.notify(subjects.cluster_inventory(cid), {"cluster": cid, "nodes": nodes})
+
+    async def fail_block(self, bid: str, gen: int, reason: str, allowed: str | tuple[str, ...], cluster: str = "") -> None:
+        """Move the block to ``failed`` (CAS) and publish the failed event with the reason."""
+        ok, info = await self.store.transition(bid, gen, allowed, "failed", reason=reason)
+        if not (ok or info == "failed"):
+            return  # the block moved on (deleted, re-created): nothing to report
+        await self.bus.publish(
+            subjects.block_event(bid, "failed"),
+            "block.failed",
+            BlockStatus(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster),
+            f"{bid}:{gen}:failed",
+        )
+
+
+async def run_consumers(
+    worker: Worker,
+    bindings: list[tuple[subjects.ConsumerSpec, Callable[[Delivery], Awaitable[None]]]],
+    stop: asyncio.Event,
+    options: RunnerOptions | None = None,
+) -> None:
+    for spec, _ in bindings:
+        await worker.bus.ensure_consumer(spec)
+    runners = [ConsumerRunner(worker.bus, spec, handler, options or RunnerOptions()) for spec, handler in bindings]
+    await asyncio.gather(*(r.run(stop) for r in runners))
+
+
+def stop_on_signals() -> asyncio.Event:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(sig, stop.set)
+    return stop

@@ -1,0 +1,266 @@
+"""Cluster controller: dry_run, allocation (a gang of minInstances), scale, reassignment, and the
+block lifecycle facts (instance added/removed, delete) that make a block ready or deleted."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import msgspec
+
+from ..bus import subjects
+from ..bus.runner import Delivery
+from ..handlers import controller as h
+from ..schemas.errors import PlacementFailed
+from ..schemas.events import (
+    AllocationRequest,
+    BlockStatus,
+    DeleteRequest,
+    DryRunRequest,
+    DryRunResult,
+    InstanceCommand,
+    InstanceEvent,
+    Placement,
+    PlacementMade,
+    ReassignRequest,
+    ScaleRequest,
+    StepFailed,
+    data_as,
+    decode_envelope,
+)
+from .base import Worker
+
+COMMIT_RETRIES = int(os.environ.get("AIOS_COMMIT_RETRIES", 3))
+
+
+def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
+    async def on_dry_run(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), DryRunRequest)
+        clusters = await w.inventory.clusters()
+        cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
+        nodes = await w.inventory.nodes(ev.cluster_id)
+        out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"))
+        result = DryRunResult(ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, error=out.error)
+        await w.bus.publish(
+            subjects.block_event(ev.block_id, "dry_run.result"),
+            "block.dry_run.result",
+            result,
+            f"{ev.block_id}:{ev.gen}:dry_run.result:{ev.cluster_id}",
+        )
+
+    async def on_allocation(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), AllocationRequest)
+        block = await w.store.get_block(ev.block_id)
+        if block is None or block["gen"] != ev.gen or block["status"] not in ("allocating", "placing"):
+            return
+        ir = block["ir"]
+        iids = [h.instance_id(ev.block_id, i) for i in range(ir["minInstances"])]
+        if not iids:
+            await _mark_ready(w, ev.block_id, ev.gen, ev.cluster_id, ("allocating",))
+            return
+        try:
+            placements, attempts = await _commit(w, ir, ev.cluster_id, "allocation", iids)
+        except PlacementFailed as exc:
+            await w.fail_block(ev.block_id, ev.gen, exc.reason, ("allocating",), ev.cluster_id)
+            return
+        await w.store.transition(ev.block_id, ev.gen, ("allocating",), "placing", cluster=ev.cluster_id)
+        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang")
+
+    async def on_scale(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), ScaleRequest)
+        block = await w.store.get_block(ev.block_id)
+        if block is None or block["status"] not in ("ready", "placing"):
+            await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"block is {block['status'] if block else 'unknown'}")
+            return
+        ir, gen = block["ir"], block["gen"]
+        iid = h.instance_id(ev.block_id, ev.request_id)
+        current = await w.store.instances(ev.block_id)
+        if iid not in current and len(current) >= ir["maxInstances"]:
+            await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"already at maxInstances ({ir['maxInstances']})")
+            return
+        try:
+            placements, attempts = await _commit(
+                w, ir, ev.cluster_id, "scale", [iid], current, block_metrics=ev.block_metrics
+            )
+        except PlacementFailed as exc:
+            await _step_failed(w, ev.block_id, block, "scale", ev.request_id, exc.reason)
+            return
+        await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id)
+
+    async def on_reassignment(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), ReassignRequest)
+        block = await w.store.get_block(ev.block_id)
+        current = await w.store.instances(ev.block_id) if block else {}
+        old = current.get(ev.instance_id)
+        if block is None or block["status"] not in ("ready", "placing") or old is None:
+            why = "no such instance" if block else "unknown block"
+            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, why)
+            return
+        ir, gen = block["ir"], block["gen"]
+        iid = h.instance_id(ev.block_id, ev.request_id)
+        try:
+            placements, attempts = await _commit(
+                w, ir, ev.cluster_id, "reassignment", [iid], current,
+                block_metrics=ev.block_metrics, instance_id=ev.instance_id, pod_name=ev.instance_id,
+            )
+        except PlacementFailed as exc:
+            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason)
+            return
+        await _start(w, ir, gen, ev.cluster_id, "reassignment", placements, attempts, key=ev.request_id, replaces=ev.instance_id)
+        await w.store.set_instance_status(ev.block_id, ev.instance_id, "removing")
+        await w.bus.publish(
+            subjects.node_command(old["node"], "instance.remove"),
+            "node.instance.remove",
+            InstanceCommand(ev.block_id, gen, ev.cluster_id, ev.instance_id, old["node"], old.get("gpus", []), reason=f"reassigned to {iid}"),
+            f"{ev.block_id}:{gen}:remove:{ev.instance_id}",
+        )
+
+    table = {"dry_run": on_dry_run, "allocation": on_allocation, "scale": on_scale, "reassignment": on_reassignment}
+
+    async def route(d: Delivery) -> None:
+        await table[d.subject.rsplit(".", 1)[1]](d)
+
+    return [(subjects.controller(cluster), route)]
+
+
+def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
+    async def on_added(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), InstanceEvent)
+        inst = await w.store.set_instance_status(ev.block_id, ev.instance_id, "running")
+        block = await w.store.get_block(ev.block_id)
+        if inst is None or block is None or block["gen"] != ev.gen:
+            return
+        if block["status"] in ("deleting", "deleted"):
+            # raced with a delete: stop it again
+            await _remove(w, ev.block_id, ev.gen, inst["cluster"], ev.instance_id, inst["node"], "block deleted")
+            return
+        if block["status"] in ("placing", "ready"):
+            running = sum(1 for i in (await w.store.instances(ev.block_id)).values() if i["status"] == "running")
+            if h.ready(block["ir"]["minInstances"], running):
+                await _mark_ready(w, ev.block_id, ev.gen, block.get("cluster", ""), ("placing",))
+
+
+    async def on_removed(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), InstanceEvent)
+        insts = await w.store.instances(ev.block_id)
+        inst = insts.get(ev.instance_id)
+        if inst is not None:
+            await w.store.release(inst["cluster"], inst["node"], ev.instance_id)
+            await w.store.drop_instance(ev.block_id, ev.instance_id)
+            await w.hint(inst["cluster"], [inst["node"]])
+            insts.pop(ev.instance_id)
+        block = await w.store.get_block(ev.block_id)
+        if block is not None and block["status"] == "deleting" and not insts:
+            await _mark_deleted(w, ev.block_id, block["gen"])
+
+    async def on_delete(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), DeleteRequest)
+        block = await w.store.get_block(ev.block_id)
+        if block is None:
+            return
+        gen = block["gen"]
+        ok, _ = await w.store.transition(ev.block_id, gen, ("parsed", "selecting", "allocating", "placing", "ready", "failed", "deleting", "rejected"), "deleting")
+        if not ok:
+            return
+        insts = await w.store.instances(ev.block_id)
+        for iid, inst in insts.items():
+            await _remove(w, ev.block_id, gen, inst["cluster"], iid, inst["node"], "block deleted")
+        if not insts:
+            await _mark_deleted(w, ev.block_id, gen)
+
+    table = {"added": on_added, "removed": on_removed, "delete": on_delete}
+
+    async def route(d: Delivery) -> None:
+        await table[d.subject.rsplit(".", 1)[1]](d)
+
+    return [(subjects.LIFECYCLE, route)]
+
+
+async def _commit(
+    w: Worker, ir: dict[str, Any], cid: str, action: str, iids: list[str],
+    instances: dict[str, Any] | None = None, **extra: Any,
+) -> tuple[list[dict[str, Any]], int]:
+    """Plan from the snapshot, reserve atomically; on conflict refresh and retry (bounded).
+    A redelivered step finds its reservations already made and reuses them."""
+    existing = [await w.store.reservation(cid, iid) for iid in iids]
+    if all(existing):
+        return [
+            {"iid": iid, "node": r["node"], "gpus": list(_gpus(r["gpus"]))} for iid, r in zip(iids, existing, strict=True)
+        ], 0
+    clusters = await w.inventory.clusters()
+    cluster = clusters.get(cid, {"id": cid, "labels": {}})
+    reason = ""
+    for attempt in range(1, COMMIT_RETRIES + 1):
+        nodes = await w.inventory.nodes(cid)
+        placements = await h.plan(ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator"), instances, **extra)
+        ok, reason, node = await w.store.reserve_gang(cid, placements)
+        touched = sorted({p["node"] for p in placements})
+        if ok:
+            await w.hint(cid, touched)
+            return placements, attempt
+        w.inventory.invalidate(cid, touched + ([node] if node else []))
+    raise PlacementFailed(f"reservation conflict after {COMMIT_RETRIES} attempts: {reason}")
+
+
+def _gpus(raw: str) -> list[str]:
+    taken = msgspec.json.decode(raw)
+    return list(taken) if isinstance(taken, dict) else []
+
+
+async def _start(
+    w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: list[dict[str, Any]],
+    attempts: int, key: str, replaces: str = "",
+) -> None:
+    bid = ir["blockId"]
+    await w.store.put_instances(
+        bid,
+        {
+            p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action}
+            for p in placements
+        },
+    )
+    made = PlacementMade(
+        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces
+    )
+    out: list[tuple[str, str, Any, str]] = [
+        (subjects.block_event(bid, "placement"), "block.placement", made, f"{bid}:{gen}:placement:{key}")
+    ]
+    for p in placements:
+        cmd = InstanceCommand(bid, gen, cid, p["iid"], p["node"], p["gpus"], ir.get("image", ""), h.env_for(ir, p["iid"], p["gpus"]))
+        out.append((subjects.node_command(p["node"], "instance.create"), "node.instance.create", cmd, f"{bid}:{gen}:create:{p['iid']}"))
+    await w.bus.publish_many(out)
+
+
+async def _remove(w: Worker, bid: str, gen: int, cid: str, iid: str, node: str, reason: str) -> None:
+    await w.store.set_instance_status(bid, iid, "removing")
+    await w.bus.publish(
+        subjects.node_command(node, "instance.remove"),
+        "node.instance.remove",
+        InstanceCommand(bid, gen, cid, iid, node, [], reason=reason),
+        f"{bid}:{gen}:remove:{iid}",
+    )
+
+
+async def _mark_ready(w: Worker, bid: str, gen: int, cid: str, allowed: tuple[str, ...]) -> None:
+    ok, info = await w.store.transition(bid, gen, allowed, "ready")
+    if ok or info == "ready":  # a redelivery after the CAS re-publishes (deduplicated)
+        insts = sorted(await w.store.instances(bid))
+        await w.bus.publish(
+            subjects.block_event(bid, "ready"), "block.ready", BlockStatus(bid, gen, "ready", "", cid, insts), f"{bid}:{gen}:ready"
+        )
+
+
+async def _mark_deleted(w: Worker, bid: str, gen: int) -> None:
+    ok, info = await w.store.transition(bid, gen, ("deleting",), "deleted")
+    if ok or info == "deleted":
+        await w.bus.publish(subjects.block_event(bid, "deleted"), "block.deleted", BlockStatus(bid, gen, "deleted"), f"{bid}:{gen}:deleted")
+
+
+async def _step_failed(w: Worker, bid: str, block: dict[str, Any] | None, step: str, request_id: str, reason: str) -> None:
+    gen = block["gen"] if block else 0
+    await w.bus.publish(
+        subjects.block_event(bid, f"{step}.failed"),
+        f"block.{step}.failed",
+        StepFailed(bid, gen, step, reason, request_id),
+        f"{bid}:{gen}:{step}.failed:{request_id}",
+    )

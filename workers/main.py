@@ -1,0 +1,62 @@
+"""Worker process entry: ``python -m aios_blocks.workers.main KIND`` (or ``blocks worker KIND``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import structlog
+
+from . import agent_sim, controller, gateway, parser
+from .base import Worker, run_consumers, stop_on_signals
+
+KINDS = ("parser", "gateway", "controller", "agent-sim")
+
+
+def configure_logging() -> None:
+    level = os.environ.get("AIOS_LOG_LEVEL", "info").upper()
+    import logging
+
+    logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(message)s", stream=sys.stderr)
+    structlog.configure(
+        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"), structlog.processors.JSONRenderer()],
+        wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level, logging.INFO)),
+    )
+
+
+async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | None = None, stop: asyncio.Event | None = None) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
+    w = await Worker.open(nats_url, redis_url, kind)
+    stop = stop or stop_on_signals()
+    if kind == "parser":
+        binds = parser.bindings(w)
+    elif kind == "gateway":
+        binds = gateway.bindings(w)
+    elif kind == "controller":
+        binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w)
+    else:
+        binds = agent_sim.bindings(w)
+    try:
+        await run_consumers(w, binds, stop)
+    finally:
+        await w.close()
+
+
+def main() -> None:
+    configure_logging()
+    kind = sys.argv[1]
+    cluster = sys.argv[2] if len(sys.argv) > 2 else None
+    nats_url, redis_url = os.environ["AIOS_NATS_URL"], os.environ["AIOS_REDIS_URL"]
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(run_worker(kind, nats_url, redis_url, cluster))
+
+
+if __name__ == "__main__":
+    main()
