@@ -75,7 +75,7 @@ class Bus:
                 await self.nc.flush(timeout=5)
             except Exception:  # closing anyway
                 pass
-            await self.nc.drain()
+            await self.nc.close()  # acks were flushed above; drain() waits on idle pull subs
 
     # -- topology --------------------------------------------------------------------------
     async def ensure_stream(self, limits: StreamLimits | None = None) -> None:

@@ -136,6 +136,7 @@ def catalog() -> list[tuple[str, str, str]]:
         ("aios.cluster.{cid}.allocation", "gateway", "place minInstances (a gang)"),
         ("aios.cluster.{cid}.scale", "CLI / autoscaler", "place one more instance"),
         ("aios.cluster.{cid}.reassignment", "CLI / health checker", "move one instance"),
+        ("aios.block.{bid}.allocation.failed", "controller", "chosen cluster could not take the gang: back to selection"),
         ("aios.block.{bid}.placement", "controller", "instances reserved: node + GPUs each"),
         ("aios.node.{nid}.instance.create", "controller", "start an instance"),
         ("aios.node.{nid}.instance.remove", "controller", "stop an instance"),

@@ -90,9 +90,8 @@ class Client:
             async for subject, env in self.follow(bid):
                 if on_event:
                     on_event(subject, env)
-                kind = subject.rsplit(".", 1)[1]
-                if kind in TERMINAL:
-                    return kind, env
+                if event_kind(subject) in TERMINAL:
+                    return event_kind(subject), env
         raise TimeoutError(bid)  # pragma: no cover - follow() only ends by cancellation
 
     async def follow(self, bid: str = "*", from_start: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
@@ -166,6 +165,12 @@ class Client:
         if not block.get("cluster") or block["status"] not in ("ready", "placing"):
             raise LookupError(f"block {bid!r} is {block['status']}: it must be placed first")
         return block
+
+
+def event_kind(subject: str) -> str:
+    """``aios.block.B.dry_run.result`` -> ``dry_run.result``."""
+    parts = subject.split(".", 3)
+    return parts[3] if len(parts) == 4 else subject
 
 
 def _decode(raw: bytes) -> dict[str, Any]:

@@ -89,7 +89,10 @@ class PolicyRuntime:
         lookup: SourceLookup | None = None,
         timeout_s: float = float(os.environ.get("AIOS_POLICY_TIMEOUT_S", 5.0)),
         max_instances: int = 4096,
+        allow_files: bool = False,
     ):
+        #: read ``*.py`` URIs from the local disk (``blocks policy run`` only; workers use the registry)
+        self.allow_files = allow_files
         self.lookup = lookup
         self.timeout_s = timeout_s
         self._classes: dict[tuple[str, int | None], type] = {}
@@ -108,6 +111,12 @@ class PolicyRuntime:
         """-> (class, cache name, version) for a policyRuleURI."""
         if uri in BUILTINS:
             return BUILTINS[uri], uri, None
+        if self.allow_files and uri.endswith(".py") and os.path.exists(uri):  # noqa: ASYNC240
+            key = (uri, None)
+            if key not in self._classes:
+                with open(uri) as f:  # noqa: ASYNC230 - CLI-only, once per file
+                    self._classes[key] = policy_class_from_source(f.read(), uri)
+            return self._classes[key], uri, None
         reg = registry_name(uri)
         if reg is not None:
             name, pinned = reg

@@ -14,7 +14,7 @@ import msgspec
 from .errors import SpecError
 
 
-class Envelope(msgspec.Struct, omit_defaults=True):
+class Envelope(msgspec.Struct):
     id: str
     source: str
     type: str
@@ -29,6 +29,9 @@ class Parsed(msgspec.Struct):
     block_id: str
     gen: int
     ir: dict[str, Any]
+    #: selection round (an allocation that fails sends the block back through selection)
+    attempt: int = 0
+
 
 
 class Rejected(msgspec.Struct):
@@ -44,6 +47,9 @@ class Selection(msgspec.Struct):
     #: cluster id -> why the filter rule or the selection policy dropped it
     filtered: dict[str, str] = {}
     policy: str = ""
+    #: selection round (an allocation that fails sends the block back through selection)
+    attempt: int = 0
+
 
 
 class DryRunRequest(msgspec.Struct):
@@ -51,6 +57,9 @@ class DryRunRequest(msgspec.Struct):
     gen: int
     cluster_id: str
     ir: dict[str, Any]
+    #: selection round (an allocation that fails sends the block back through selection)
+    attempt: int = 0
+
 
 
 class DryRunResult(msgspec.Struct):
@@ -61,6 +70,9 @@ class DryRunResult(msgspec.Struct):
     node_info: dict[str, Any] = {}
     placeable: int = 0
     error: str = ""
+    #: selection round (an allocation that fails sends the block back through selection)
+    attempt: int = 0
+
 
 
 class PostDryRun(msgspec.Struct):
@@ -71,12 +83,18 @@ class PostDryRun(msgspec.Struct):
     #: clusters that did not answer before the deadline (counted as score 0)
     missing: list[str] = []
     errors: dict[str, str] = {}
+    #: selection round (an allocation that fails sends the block back through selection)
+    attempt: int = 0
+
 
 
 class AllocationRequest(msgspec.Struct):
     block_id: str
     gen: int
     cluster_id: str
+    #: selection round (an allocation that fails sends the block back through selection)
+    attempt: int = 0
+
 
 
 class ScaleRequest(msgspec.Struct):

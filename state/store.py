@@ -12,7 +12,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:block:<bid>                  hash: status, version, gen, cluster, ir, reason, ...
     aios:blocks                       sorted set of block ids by creation time
     aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
-    aios:gather:<bid>:<gen>           hash: expected, deadline, r:<cid> results, decided
+    aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
     aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
     aios:policy:<name>                hash: source, version, language, updated (policy registry)
 """
@@ -53,8 +53,8 @@ def inst_key(bid: str) -> str:
     return f"{P}:block:{bid}:inst"
 
 
-def gather_key(bid: str, gen: int) -> str:
-    return f"{P}:gather:{bid}:{gen}"
+def gather_key(bid: str, gen: int, attempt: int = 0) -> str:
+    return f"{P}:gather:{bid}:{gen}:{attempt}"
 
 
 class Store:
@@ -207,20 +207,24 @@ class Store:
         await self.r.hdel(inst_key(bid), iid)
 
     # -- gather ----------------------------------------------------------------------------
-    async def gather_open(self, bid: str, gen: int, expected: list[str], deadline: float, ttl: int = 3600) -> None:
-        key = gather_key(bid, gen)
+    async def gather_open(
+        self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600
+    ) -> None:
+        key = gather_key(bid, gen, attempt)
         pipe = self.r.pipeline(transaction=True)
         pipe.hsetnx(key, "expected", _dumps(expected))
         pipe.hsetnx(key, "deadline", deadline)
         pipe.expire(key, ttl)
         await pipe.execute()
 
-    async def gather_add(self, bid: str, gen: int, cid: str, result: dict[str, Any], ttl: int = 3600) -> tuple[int, int]:
-        answered, expected = await self._gather_add(keys=[gather_key(bid, gen)], args=[cid, _dumps(result), ttl])
+    async def gather_add(
+        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
+    ) -> tuple[int, int]:
+        answered, expected = await self._gather_add(keys=[gather_key(bid, gen, attempt)], args=[cid, _dumps(result), ttl])
         return int(answered), int(expected)
 
-    async def gather_read(self, bid: str, gen: int) -> dict[str, Any]:
-        h = await self.r.hgetall(gather_key(bid, gen))
+    async def gather_read(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
+        h = await self.r.hgetall(gather_key(bid, gen, attempt))
         return {
             "expected": _json.decode(h["expected"]) if "expected" in h else [],
             "deadline": float(h.get("deadline", 0)),
@@ -228,9 +232,9 @@ class Store:
             "decided": h.get("decided"),
         }
 
-    async def gather_decide(self, bid: str, gen: int, token: str) -> bool:
+    async def gather_decide(self, bid: str, gen: int, attempt: int, token: str) -> bool:
         """Claim the one decision of this gather (results complete vs deadline race)."""
-        key = gather_key(bid, gen)
+        key = gather_key(bid, gen, attempt)
         if await self.r.hsetnx(key, "decided", token):
             return True
         return await self.r.hget(key, "decided") == token

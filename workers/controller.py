@@ -3,7 +3,9 @@ block lifecycle facts (instance added/removed, delete) that make a block ready o
 
 from __future__ import annotations
 
+import asyncio
 import os
+import random
 from typing import Any
 
 import msgspec
@@ -20,6 +22,7 @@ from ..schemas.events import (
     DryRunResult,
     InstanceCommand,
     InstanceEvent,
+    Parsed,
     Placement,
     PlacementMade,
     ReassignRequest,
@@ -30,7 +33,8 @@ from ..schemas.events import (
 )
 from .base import Worker
 
-COMMIT_RETRIES = int(os.environ.get("AIOS_COMMIT_RETRIES", 3))
+COMMIT_RETRIES = int(os.environ.get("AIOS_COMMIT_RETRIES", 5))
+SELECTION_ROUNDS = int(os.environ.get("AIOS_SELECTION_ROUNDS", 3))
 
 
 def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
@@ -40,18 +44,20 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
         nodes = await w.inventory.nodes(ev.cluster_id)
         out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"))
-        result = DryRunResult(ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, error=out.error)
+        result = DryRunResult(ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, error=out.error, attempt=ev.attempt)
         await w.bus.publish(
             subjects.block_event(ev.block_id, "dry_run.result"),
             "block.dry_run.result",
             result,
-            f"{ev.block_id}:{ev.gen}:dry_run.result:{ev.cluster_id}",
+            f"{ev.block_id}:{ev.gen}:dry_run.result:{ev.cluster_id}:{ev.attempt}",
         )
 
     async def on_allocation(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), AllocationRequest)
         block = await w.store.get_block(ev.block_id)
         if block is None or block["gen"] != ev.gen or block["status"] not in ("allocating", "placing"):
+            return
+        if int(block.get("attempt", 0)) != ev.attempt:
             return
         ir = block["ir"]
         iids = [h.instance_id(ev.block_id, i) for i in range(ir["minInstances"])]
@@ -61,7 +67,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         try:
             placements, attempts = await _commit(w, ir, ev.cluster_id, "allocation", iids)
         except PlacementFailed as exc:
-            await w.fail_block(ev.block_id, ev.gen, exc.reason, ("allocating",), ev.cluster_id)
+            await _reselect_or_fail(w, ir, ev, exc.reason)
             return
         await w.store.transition(ev.block_id, ev.gen, ("allocating",), "placing", cluster=ev.cluster_id)
         await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang")
@@ -189,6 +195,23 @@ async def _commit(
         ], 0
     clusters = await w.inventory.clusters()
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
+    async with _cluster_lock(cid):
+        return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, **extra)
+
+
+_locks: dict[str, asyncio.Lock] = {}
+
+
+def _cluster_lock(cid: str) -> asyncio.Lock:
+    """Plans of one cluster are made one at a time inside a process, so concurrent messages do not
+    all plan from the same snapshot and collide; other processes are the atomic script's job."""
+    return _locks.setdefault(cid, asyncio.Lock())
+
+
+async def _plan_and_reserve(
+    w: Worker, ir: dict[str, Any], cid: str, cluster: dict[str, Any], action: str, iids: list[str],
+    instances: dict[str, Any] | None, **extra: Any,
+) -> tuple[list[dict[str, Any]], int]:
     reason = ""
     for attempt in range(1, COMMIT_RETRIES + 1):
         nodes = await w.inventory.nodes(cid)
@@ -199,7 +222,28 @@ async def _commit(
             await w.hint(cid, touched)
             return placements, attempt
         w.inventory.invalidate(cid, touched + ([node] if node else []))
+        await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
     raise PlacementFailed(f"reservation conflict after {COMMIT_RETRIES} attempts: {reason}")
+
+
+async def _reselect_or_fail(w: Worker, ir: dict[str, Any], ev: AllocationRequest, reason: str) -> None:
+    """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
+    failed): record why and send the block back through selection, a bounded number of rounds."""
+    bid, gen, n = ev.block_id, ev.gen, ev.attempt
+    await w.bus.publish(
+        subjects.block_event(bid, "allocation.failed"),
+        "block.allocation.failed",
+        StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)),
+        f"{bid}:{gen}:allocation.failed:{n}",
+    )
+    if n + 1 >= SELECTION_ROUNDS:
+        await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", ("allocating",), ev.cluster_id)
+        return
+    ok, info = await w.store.transition(bid, gen, ("allocating",), "parsed", attempt=str(n + 1))
+    if ok or info == "parsed":
+        await w.bus.publish(
+            subjects.block_event(bid, "parsed"), "block.parsed", Parsed(bid, gen, ir, n + 1), f"{bid}:{gen}:parsed:{n + 1}"
+        )
 
 
 def _gpus(raw: str) -> list[str]:

@@ -34,50 +34,53 @@ async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_parsed(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), Parsed)
-        bid, gen, ir = ev.block_id, ev.gen, ev.ir
+        bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
+        block = await w.store.get_block(bid)
+        if block is None or int(block.get("attempt", 0)) != n:
+            return  # superseded by a later selection round
         ok, _status = await w.store.transition(bid, gen, ("parsed", "selecting"), "selecting")
         if not ok:
             return  # superseded (deleted, re-created) or already past this step
         clusters, nodes = await _snapshot(w)
         sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator"))
         rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
-        event = Selection(bid, gen, sel.candidates, sel.filtered, rule)
+        event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n)
         if sel.failure:
-            await w.bus.publish(subjects.block_event(bid, "selection"), "block.selection", event, f"{bid}:{gen}:selection")
+            await w.bus.publish(subjects.block_event(bid, "selection"), "block.selection", event, f"{bid}:{gen}:selection:{n}")
             await w.fail_block(bid, gen, sel.failure, ("selecting",))
             return
         deadline = time.time() + DEADLINE_S
-        await w.store.gather_open(bid, gen, sel.candidates, deadline)
+        await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
         out: list[tuple[str, str, Any, str]] = [
-            (subjects.block_event(bid, "selection"), "block.selection", event, f"{bid}:{gen}:selection")
+            (subjects.block_event(bid, "selection"), "block.selection", event, f"{bid}:{gen}:selection:{n}")
         ]
         for cid in sel.candidates:
             out.append(
-                (subjects.cluster_command(cid, "dry_run"), "cluster.dry_run", DryRunRequest(bid, gen, cid, ir), f"{bid}:{gen}:dry_run:{cid}")
+                (subjects.cluster_command(cid, "dry_run"), "cluster.dry_run", DryRunRequest(bid, gen, cid, ir, n), f"{bid}:{gen}:dry_run:{cid}:{n}")
             )
         out.append(
-            (subjects.block_event(bid, "dry_run.deadline"), "block.dry_run.deadline", {"block_id": bid, "gen": gen, "deadline": deadline}, f"{bid}:{gen}:deadline")
+            (subjects.block_event(bid, "dry_run.deadline"), "block.dry_run.deadline", {"block_id": bid, "gen": gen, "attempt": n, "deadline": deadline}, f"{bid}:{gen}:deadline:{n}")
         )
         await w.bus.publish_many(out)
 
     async def on_result(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), DryRunResult)
         answered, expected = await w.store.gather_add(
-            ev.block_id, ev.gen, ev.cluster_id, {"score": ev.score, "node_info": ev.node_info, "error": ev.error}
+            ev.block_id, ev.gen, ev.attempt, ev.cluster_id, {"score": ev.score, "node_info": ev.node_info, "error": ev.error}
         )
         if expected and answered >= expected:
-            await _decide(w, ev.block_id, ev.gen, "complete")
+            await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
 
     async def on_deadline(d: Delivery) -> None:
         data = decode_envelope(d.data).data
-        bid, gen = data["block_id"], int(data["gen"])
-        g = await w.store.gather_read(bid, gen)
+        bid, gen, n = data["block_id"], int(data["gen"]), int(data.get("attempt", 0))
+        g = await w.store.gather_read(bid, gen, n)
         if g["decided"] and g["decided"] != "deadline":
             return
         remaining = g["deadline"] - time.time()
         if remaining > 0 and not g["decided"]:
             raise Defer(remaining)
-        await _decide(w, bid, gen, "deadline")
+        await _decide(w, bid, gen, n, "deadline")
 
     return [(subjects.GATEWAY, _route({"parsed": on_parsed, "result": on_result, "deadline": on_deadline}))]
 
@@ -90,19 +93,21 @@ def _route(table: dict[str, Any]) -> Any:
     return route
 
 
-async def _decide(w: Worker, bid: str, gen: int, token: str) -> None:
-    if not await w.store.gather_decide(bid, gen, token):
+async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
+    if not await w.store.gather_decide(bid, gen, n, token):
         return
     block = await w.store.get_block(bid)
     if block is None or block.get("gen") != gen or block.get("status") not in ("selecting", "allocating"):
         return
+    if int(block.get("attempt", 0)) != n:
+        return
     ir = block["ir"]
-    g = await w.store.gather_read(bid, gen)
+    g = await w.store.gather_read(bid, gen, n)
     clusters, nodes = await _snapshot(w)
     entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
     decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator"))
-    post = PostDryRun(bid, gen, decision.cluster_id, decision.scores, decision.missing, decision.errors)
-    await w.bus.publish(subjects.block_event(bid, "post_dry_run"), "block.post_dry_run", post, f"{bid}:{gen}:post_dry_run")
+    post = PostDryRun(bid, gen, decision.cluster_id, decision.scores, decision.missing, decision.errors, n)
+    await w.bus.publish(subjects.block_event(bid, "post_dry_run"), "block.post_dry_run", post, f"{bid}:{gen}:post_dry_run:{n}")
     if decision.failure:
         await w.fail_block(bid, gen, decision.failure, ("selecting",))
         return
@@ -110,5 +115,5 @@ async def _decide(w: Worker, bid: str, gen: int, token: str) -> None:
     ok, _ = await w.store.transition(bid, gen, ("selecting", "allocating"), "allocating", cluster=cid)
     if ok:
         await w.bus.publish(
-            subjects.cluster_command(cid, "allocation"), "cluster.allocation", AllocationRequest(bid, gen, cid), f"{bid}:{gen}:allocation"
+            subjects.cluster_command(cid, "allocation"), "cluster.allocation", AllocationRequest(bid, gen, cid, n), f"{bid}:{gen}:allocation:{n}"
         )

@@ -34,7 +34,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             )
             if ok:
                 await w.bus.publish(
-                    subjects.block_event(bid, "parsed"), "block.parsed", Parsed(bid, gen, outcome.ir), f"{bid}:{gen}:parsed"
+                    subjects.block_event(bid, "parsed"), "block.parsed", Parsed(bid, gen, outcome.ir), f"{bid}:{gen}:parsed:0"
                 )
                 return
             outcome.errors.append(SpecError("$.blockId", what))

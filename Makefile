@@ -1,0 +1,40 @@
+# aios-blocks: `make demo` and `make test` work on a fresh machine (they create .venv first).
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test unit integration lint bench clean up
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/blocks demo --data-dir .aios-data/demo
+
+up: $(STAMP)
+	$(BIN)/blocks up
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest -q -ra
+
+unit: $(STAMP)
+	$(BIN)/pytest -q tests/unit
+
+integration: $(STAMP)
+	$(BIN)/pytest -q -ra tests/integration
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+bench: $(STAMP)
+	$(BIN)/python bench/placement.py
+
+clean:
+	rm -rf $(VENV) .aios-data .pytest_cache

@@ -1,0 +1,553 @@
+"""The ``blocks`` command (typer + rich)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from ..schemas.spec import Cluster, Gpu, Node
+from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, resolve_urls
+from ..workers.supervisor import Supervisor
+from .client import TERMINAL, Client
+
+app = typer.Typer(
+    help="aios-blocks: place and run AI blocks on GPU clusters over NATS JetStream and Redis.\n\n"
+    "Servers: AIOS_NATS_URL / AIOS_REDIS_URL, else the embedded ones a running `blocks up` started.",
+    no_args_is_help=True,
+    rich_markup_mode="markdown",
+)
+component_app = typer.Typer(help="Register components.", no_args_is_help=True)
+cluster_app = typer.Typer(help="Register clusters (simulated inventory).", no_args_is_help=True)
+node_app = typer.Typer(help="Register nodes (simulated inventory).", no_args_is_help=True)
+policy_app = typer.Typer(help="Run and register policies.", no_args_is_help=True)
+app.add_typer(component_app, name="component")
+app.add_typer(cluster_app, name="cluster")
+app.add_typer(node_app, name="node")
+app.add_typer(policy_app, name="policy")
+
+console = Console()
+err = Console(stderr=True)
+T = TypeVar("T")
+EXAMPLES = Path(__file__).parent / "examples"
+DataDir = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Where embedded servers keep their data.")
+
+
+def _run(coro: Awaitable[T]) -> T:
+    return asyncio.run(coro)  # type: ignore[arg-type]
+
+
+def _urls(data_dir: Path) -> tuple[str, str]:
+    urls = resolve_urls(data_dir)
+    if urls is None:
+        err.print(
+            "[red]No servers.[/] Start them with [bold]blocks up[/] (in another terminal), "
+            "or set AIOS_NATS_URL and AIOS_REDIS_URL."
+        )
+        raise typer.Exit(2)
+    return urls
+
+
+async def _with_client(data_dir: Path, fn: Callable[[Client], Awaitable[T]]) -> T:
+    nats_url, redis_url = _urls(data_dir)
+    client = await Client.open(nats_url, redis_url)
+    try:
+        return await fn(client)
+    finally:
+        await client.close()
+
+
+def _load(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        err.print(f"[red]cannot read {path}: {exc}[/]")
+        raise typer.Exit(2)
+    try:
+        doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        err.print(f"[red]{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}[/]")
+        raise typer.Exit(2)
+    if not isinstance(doc, dict):
+        err.print(f"[red]{path} must hold an object[/]")
+        raise typer.Exit(2)
+    return doc
+
+
+def _line(subject: str, env: dict[str, Any]) -> str:
+    data = env.get("data") if isinstance(env.get("data"), dict) else {}
+    kind = subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
+    detail = ""
+    if kind == "selection":
+        detail = f"candidates={data.get('candidates')} filtered={data.get('filtered') or {}}"
+    elif kind == "dry_run.result":
+        detail = f"cluster={data.get('cluster_id')} score={data.get('score')}" + (f" error={data['error']}" if data.get("error") else "")
+    elif kind == "post_dry_run":
+        detail = f"chosen={data.get('cluster_id') or '-'} scores={data.get('scores')}" + (f" missing={data['missing']}" if data.get("missing") else "")
+    elif kind == "placement":
+        detail = ", ".join(f"{p['instance_id']}@{p['node_id']}{p['gpus']}" for p in data.get("placements", []))
+    elif kind in ("ready", "failed", "deleted"):
+        detail = data.get("reason") or f"instances={data.get('instances')}"
+    elif kind == "rejected":
+        detail = "; ".join(f"{e['path']}: {e['message']}" for e in data.get("errors", []))
+    elif kind.endswith("failed"):
+        detail = data.get("reason", "")
+    elif kind.startswith("instance."):
+        detail = f"node={data.get('node_id')} gpus={data.get('gpus')}" + (f" reason={data['reason']}" if data.get("reason") else "")
+    colour = {"ready": "green", "failed": "red", "rejected": "red", "deleted": "yellow"}.get(kind.rsplit(".", 1)[-1], "cyan")
+    return f"[{colour}]{kind:<32}[/] {detail}"
+
+
+# -- servers and workers ----------------------------------------------------------------------
+@app.command()
+def up(
+    data_dir: Path = DataDir,
+    parsers: int = typer.Option(1, help="Parser worker processes."),
+    gateways: int = typer.Option(1, help="Gateway worker processes."),
+    controllers: int = typer.Option(1, help="Controller worker processes."),
+    agents: int = typer.Option(1, help="Simulated node agent processes."),
+) -> None:
+    """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker; Ctrl-C stops.
+
+    Example: `blocks up --controllers 2`
+    """
+    servers, sup = _start(data_dir, {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents})
+    console.print(f"[green]up[/]: NATS {sup.nats_url}  Redis {sup.redis_url}  workers {sup.layout}")
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        console.print("stopping")
+    finally:
+        sup.stop()
+        if servers:
+            servers.stop()
+
+
+def _start(data_dir: Path, layout: dict[str, int] | None = None) -> tuple[EmbeddedServers | None, Supervisor]:
+    servers = None
+    nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
+    if not (nats_url and redis_url):
+        servers = EmbeddedServers(data_dir=data_dir).start()
+        nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
+        os.environ.setdefault("AIOS_NATS_URL", nats_url)
+        os.environ.setdefault("AIOS_REDIS_URL", redis_url)
+    sup = Supervisor(nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}, log_dir=str(data_dir / "logs"))
+    return servers, sup.start()
+
+
+@app.command()
+def worker(
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim"),
+    cluster: str = typer.Option(None, help="controller only: serve just this cluster (its own durable)."),
+) -> None:
+    """Run one worker in the foreground (needs AIOS_NATS_URL and AIOS_REDIS_URL).
+
+    Example: `AIOS_NATS_URL=nats://10.0.0.5:4222 AIOS_REDIS_URL=redis://10.0.0.6 blocks worker controller --cluster c1`
+    """
+    from ..workers.main import configure_logging, run_worker
+
+    nats_url, redis_url = _urls(DEFAULT_DATA_DIR)
+    configure_logging()
+    _run(run_worker(kind, nats_url, redis_url, cluster))
+
+
+@app.command()
+def demo(
+    data_dir: Path = DataDir,
+    timeout: float = typer.Option(120, help="Give up after this many seconds."),
+) -> None:
+    """Start everything, register an example component and 3 simulated clusters x 8 nodes x 8 GPUs,
+    submit an example block and show its lifecycle until it is ready.
+
+    On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready.
+    Example: `blocks demo`
+    """
+    servers, sup = _start(data_dir)
+    code = 1
+    try:
+        code = _run(_demo(sup, timeout))
+        if code == 0 and sys.stdout.isatty():
+            console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")
+            try:
+                while True:
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                pass
+    finally:
+        sup.stop()
+        if servers:
+            servers.stop()
+    raise typer.Exit(code)
+
+
+async def _demo(sup: Supervisor, timeout: float) -> int:
+    client = await Client.open(sup.nats_url, sup.redis_url)
+    try:
+        comp = await client.add_component(yaml.safe_load((EXAMPLES / "component.yaml").read_text()))
+        for i in range(3):
+            await client.add_sim_cluster(f"cluster-{i}", nodes=8, gpus=8, labels={"region": f"r{i}"})
+        console.print(f"registered component [bold]{comp.componentURI}[/] and 3 clusters x 8 nodes x 8 GPUs")
+        spec = yaml.safe_load((EXAMPLES / "block.yaml").read_text())
+        started = time.perf_counter()
+        bid = await client.submit(spec)
+        console.print(f"submitted block [bold]{bid}[/]")
+        try:
+            kind, _ = await client.wait(
+                bid, timeout, on_event=lambda s, e: console.print(f"{time.perf_counter() - started:7.3f}s  {_line(s, e)}")
+            )
+        except TimeoutError:
+            err.print(f"[red]block {bid} not ready after {timeout}s[/]")
+            return 1
+        await _print_block(client, bid)
+        if kind == "ready":
+            console.print(f"[green bold]block {bid} ready[/] in {time.perf_counter() - started:.3f}s")
+        return TERMINAL[kind]
+    finally:
+        await client.close()
+
+
+# -- inventory --------------------------------------------------------------------------------
+@component_app.command("add")
+def component_add(file: Path, data_dir: Path = DataDir) -> None:
+    """Register (or replace) a component from YAML/JSON.
+
+    Example: `blocks component add examples/component.yaml`
+    """
+    from pydantic import ValidationError
+
+    from ..schemas.ir import pydantic_errors
+
+    doc = _load(file)
+    try:
+        comp = _run(_with_client(data_dir, lambda c: c.add_component(doc)))
+    except ValidationError as exc:
+        for e in pydantic_errors(exc):
+            err.print(f"[red]{e.path}[/]: {e.message}")
+        raise typer.Exit(4)
+    console.print(f"component [bold]{comp.componentURI}[/] registered")
+
+
+@cluster_app.command("add")
+def cluster_add(
+    cluster_id: str,
+    label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
+    nodes: int = typer.Option(0, help="Also add this many simulated nodes."),
+    gpus: int = typer.Option(8, help="GPUs per simulated node."),
+    gpu_memory: int = typer.Option(81920, help="MiB per simulated GPU."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Register a cluster, optionally with simulated nodes.
+
+    Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8`
+    """
+    labels = dict(kv.split("=", 1) for kv in label)
+
+    async def go(c: Client) -> None:
+        if nodes:
+            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels)
+        else:
+            await c.add_cluster(Cluster(id=cluster_id, labels=labels))
+
+    _run(_with_client(data_dir, go))
+    console.print(f"cluster [bold]{cluster_id}[/] registered ({nodes} simulated nodes)")
+
+
+@node_app.command("add")
+def node_add(
+    node_id: str,
+    cluster: str = typer.Option(..., "--cluster", "-c"),
+    gpus: int = typer.Option(8),
+    gpu_memory: int = typer.Option(81920, help="MiB per GPU."),
+    gpu_model: str = typer.Option("sim-gpu"),
+    cpu: float = typer.Option(64),
+    memory: int = typer.Option(512 * 1024, help="MiB."),
+    label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Register a (simulated) node in a cluster.
+
+    Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=r2`
+    """
+    node = Node(
+        id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=dict(kv.split("=", 1) for kv in label),
+        gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)],
+    )
+    _run(_with_client(data_dir, lambda c: c.add_node(node)))
+    console.print(f"node [bold]{node_id}[/] registered in {cluster}")
+
+
+# -- blocks -----------------------------------------------------------------------------------
+@app.command()
+def submit(
+    file: Path,
+    wait: bool = typer.Option(False, "--wait", "-w", help="Follow the block until ready/failed/rejected."),
+    timeout: float = typer.Option(120, help="With --wait: give up after this many seconds (exit 5)."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout.
+
+    Example: `blocks submit examples/block.yaml --wait`
+    """
+    spec = _load(file)
+
+    async def go(c: Client) -> int:
+        bid = await c.submit(spec)
+        console.print(f"submitted [bold]{bid}[/]")
+        if not wait:
+            return 0
+        try:
+            kind, _ = await c.wait(bid, timeout, on_event=lambda s, e: console.print(_line(s, e)))
+        except TimeoutError:
+            err.print(f"[red]timed out after {timeout}s[/]")
+            return 5
+        return TERMINAL[kind]
+
+    raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
+    block = await c.store.get_block(bid)
+    if block is None:
+        return None
+    insts = await c.store.instances(bid)
+    t = Table(title=f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else ""))
+    for col in ("instance", "node", "gpus", "status"):
+        t.add_column(col)
+    for iid, i in sorted(insts.items()):
+        t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"])
+    console.print(t)
+    return block
+
+
+@app.command()
+def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """Show a block: status, cluster, instances.
+
+    Example: `blocks get blk-1234 --json`
+    """
+
+    async def go(c: Client) -> int:
+        if as_json:
+            block = await c.store.get_block(bid)
+            if block:
+                block["instances"] = await c.store.instances(bid)
+                print(json.dumps(block, indent=2, default=str))
+        else:
+            block = await _print_block(c, bid)
+        if block is None:
+            err.print(f"[red]no block {bid}[/]")
+            return 1
+        return 0
+
+    raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+@app.command("list")
+def list_blocks(limit: int = typer.Option(100), data_dir: Path = DataDir) -> None:
+    """List blocks, newest first.
+
+    Example: `blocks list --limit 20`
+    """
+
+    async def go(c: Client) -> None:
+        t = Table()
+        for col in ("block", "status", "cluster", "instances", "reason"):
+            t.add_column(col)
+        for bid in await c.store.list_blocks(limit):
+            b = await c.store.get_block(bid) or {}
+            n = len(await c.store.instances(bid))
+            t.add_row(bid, b.get("status", "?"), b.get("cluster", ""), str(n), (b.get("reason") or "")[:60])
+        console.print(t)
+
+    _run(_with_client(data_dir, go))
+
+
+def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path) -> Any:
+    try:
+        return _run(_with_client(data_dir, fn))
+    except LookupError as exc:
+        err.print(f"[red]{exc.args[0]}[/]")
+        raise typer.Exit(1)
+
+
+@app.command()
+def scale(bid: str, data_dir: Path = DataDir) -> None:
+    """Add one instance to a placed block (resourceAllocator action `scale`).
+
+    Example: `blocks scale blk-1234`
+    """
+    rid = _request(lambda c: c.scale(bid), data_dir)
+    console.print(f"scale requested ({rid}); follow with: blocks watch {bid}")
+
+
+@app.command()
+def reassign(bid: str, instance_id: str, data_dir: Path = DataDir) -> None:
+    """Move one instance elsewhere (resourceAllocator action `reassignment`).
+
+    Example: `blocks reassign blk-1234 blk-1234-0`
+    """
+    rid = _request(lambda c: c.reassign(bid, instance_id), data_dir)
+    console.print(f"reassignment requested ({rid}); follow with: blocks watch {bid}")
+
+
+@app.command()
+def delete(bid: str, data_dir: Path = DataDir) -> None:
+    """Delete a block: every instance is removed and its resources released, then `deleted`.
+
+    Example: `blocks delete blk-1234`
+    """
+    _request(lambda c: c.delete(bid), data_dir)
+    console.print(f"delete requested; follow with: blocks watch {bid}")
+
+
+@app.command()
+def watch(bid: str = typer.Argument("*", help="Block id, or all blocks."), data_dir: Path = DataDir) -> None:
+    """Print lifecycle events live as they happen (Ctrl-C stops).
+
+    Example: `blocks watch` or `blocks watch blk-1234`
+    """
+
+    async def go(c: Client) -> None:
+        async for subject, env in c.follow(bid, from_start=False):
+            console.print(f"{env.get('time', '')[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
+
+    try:
+        _run(_with_client(data_dir, go))
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def replay(
+    bid: str = typer.Argument("*", help="Block id, or every block."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON event per line."),
+    data_dir: Path = DataDir,
+) -> None:
+    """A block's whole story from JetStream, in order, as a timeline.
+
+    Example: `blocks replay blk-1234`
+    """
+
+    async def go(c: Client) -> int:
+        events = await c.history(bid)
+        if not events:
+            err.print(f"[yellow]no events for {bid}[/]")
+            return 1
+        if as_json:
+            for subject, env, seq in events:
+                print(json.dumps({"seq": seq, "subject": subject, "event": env}, default=str))
+            return 0
+        t = Table(title=f"replay {bid}: {len(events)} events")
+        for col in ("seq", "time", "block", "event"):
+            t.add_column(col)
+        for subject, env, seq in events:
+            t.add_row(str(seq), str(env.get("time", ""))[11:23], subject.split(".")[2], _line(subject, env))
+        console.print(t)
+        return 0
+
+    raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+# -- policies ---------------------------------------------------------------------------------
+@policy_app.command("run")
+def policy_run(
+    file_or_uri: str = typer.Argument(..., help="A .py file, builtin:NAME or module:Class."),
+    input_file: Path = typer.Option(..., "--input", "-i", help='JSON: {"action": ..., ...} as the seed defines.'),
+    kind: str = typer.Option("resourceAllocator", help="clusterAllocator | resourceAllocator | ..."),
+    parameters: str = typer.Option("{}", help="JSON parameters."),
+    settings: str = typer.Option("{}", help="JSON settings."),
+) -> None:
+    """Run one policy once with the seed's interface and print its result as JSON (no servers).
+
+    Example: `blocks policy run my_policy.py --kind clusterAllocator --input selection.json`
+    """
+    from ..policies.runtime import PolicyRuntime
+    from ..schemas.errors import PolicyFailed
+
+    input_data = _load(input_file)
+    rule = {"name": kind, "policyRuleURI": file_or_uri, "parameters": json.loads(parameters), "settings": json.loads(settings)}
+    runtime = PolicyRuntime(allow_files=True)
+    try:
+        result = _run(runtime.invoke(rule, f"cli.{kind}", input_data, {}))
+    except PolicyFailed as exc:
+        err.print(f"[red]{exc}[/]")
+        raise typer.Exit(1)
+    print(json.dumps(result, indent=2, default=str))
+
+
+@policy_app.command("add")
+def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
+    """Store a Python policy in the registry (new version); blocks use it as `registry:NAME`.
+
+    Example: `blocks policy add my-packer my_packer.py`
+    """
+    from ..bus import subjects
+    from ..policies.runtime import policy_class_from_source
+
+    source = file.read_text()
+    try:
+        policy_class_from_source(source, str(file))
+    except Exception as exc:
+        err.print(f"[red]{file} does not load: {type(exc).__name__}: {exc}[/]")
+        raise typer.Exit(1)
+
+    async def go(c: Client) -> int:
+        version = await c.store.policy_put(name, source, "python")
+        await c.bus.notify(subjects.policy_updated(name), {"name": name, "version": version})
+        return version
+
+    version = _run(_with_client(data_dir, go))
+    console.print(f"policy [bold]{name}[/] version {version} stored; use policyRuleURI: registry:{name}")
+
+
+@policy_app.command("list")
+def policy_list(data_dir: Path = DataDir) -> None:
+    """List registry policies. Example: `blocks policy list`"""
+
+    async def go(c: Client) -> None:
+        t = Table()
+        for col in ("name", "version", "language"):
+            t.add_column(col)
+        for name in await c.store.policy_names():
+            rec = await c.store.policy_get(name) or {}
+            t.add_row(name, str(rec.get("version", "")), rec.get("language", ""))
+        console.print(t)
+
+    _run(_with_client(data_dir, go))
+
+
+@policy_app.command("show")
+def policy_show(name: str, version: int = typer.Option(None), data_dir: Path = DataDir) -> None:
+    """Print a registry policy's source. Example: `blocks policy show my-packer --version 2`"""
+    rec = _run(_with_client(data_dir, lambda c: c.store.policy_get(name, version)))
+    if rec is None:
+        err.print(f"[red]no policy {name}[/]")
+        raise typer.Exit(1)
+    console.print(f"# {name} v{rec['version']} ({rec.get('language')})")
+    print(rec["source"])
+
+
+def subjects_() -> None:
+    """Every NATS subject the system uses. Example: `blocks subjects`"""
+    from ..bus import subjects
+
+    t = Table()
+    for col in ("subject", "published by", "meaning"):
+        t.add_column(col)
+    for row in subjects.catalog():
+        t.add_row(*row)
+    console.print(t)
+
+
+app.command("subjects")(subjects_)

@@ -1,0 +1,89 @@
+"""Integration fixtures: real nats-server (JetStream) and a real Redis-compatible server, started
+per test under its own data dir, plus the real worker processes under a supervisor."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aios_blocks.cli.client import TERMINAL, Client, event_kind
+from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.workers.supervisor import Supervisor
+
+pytestmark = pytest.mark.integration
+
+COMPONENT: dict[str, Any] = {
+    "componentURI": "aios://test/model",
+    "image": "aios/test:1",
+    "componentInitData": {"model": "m"},
+    "componentInitSettings": {"batch": 4},
+    "componentParameters": {"temperature": 0.5},
+    "componentMetadata": {"owner": "tests"},
+    "tags": ["test"],
+    "resources": {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 1024},
+    "policies": [
+        {"name": "clusterAllocator", "policyRuleURI": "builtin:cluster-rank", "parameters": {}, "settings": {}},
+        {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack", "parameters": {}, "settings": {}},
+    ],
+}
+
+
+@dataclass
+class System:
+    servers: EmbeddedServers | None
+    supervisor: Supervisor
+    client: Client
+    data_dir: Path
+
+    async def submit_and_wait(self, spec: dict[str, Any], timeout: float = 60) -> tuple[str, str, dict[str, Any]]:
+        bid = await self.client.submit(spec)
+        kind, env = await self.client.wait(bid, timeout)
+        return bid, kind, env
+
+    async def wait_all(self, bids: set[str], timeout: float = 120) -> dict[str, tuple[str, dict[str, Any]]]:
+        """Terminal event of every block in ``bids`` (one ordered consumer over all blocks)."""
+        done: dict[str, tuple[str, dict[str, Any]]] = {}
+        async with asyncio.timeout(timeout):
+            async for subject, env in self.client.follow("*"):
+                bid, kind = subject.split(".")[2], event_kind(subject)
+                if bid in bids and kind in TERMINAL and bid not in done:
+                    done[bid] = (kind, env)
+                    if len(done) == len(bids):
+                        return done
+        return done
+
+
+@pytest.fixture
+async def system(tmp_path: Path) -> AsyncIterator[System]:
+    data = tmp_path / "data"
+    servers = None
+    nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
+    if not (nats_url and redis_url):
+        servers = EmbeddedServers(data_dir=data).start()
+        nats_url, redis_url = servers.nats_url, servers.redis_url
+    sup = Supervisor(nats_url, redis_url, log_dir=str(data / "logs")).start()
+    client = await Client.open(nats_url, redis_url)
+    await client.add_component(COMPONENT)
+    try:
+        yield System(servers, sup, client, data)
+    finally:
+        await client.close()
+        sup.stop()
+        if servers:
+            servers.stop()
+
+
+async def gpu_usage(client: Client, cid: str) -> dict[str, int]:
+    """GPU id -> number of reservations holding it, from the reservation records."""
+    usage: dict[str, int] = {}
+    import msgspec
+
+    for r in await client.store.reservations(cid):
+        for g in msgspec.json.decode(r["gpus"]):
+            usage[g] = usage.get(g, 0) + 1
+    return usage

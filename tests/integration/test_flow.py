@@ -1,0 +1,244 @@
+"""The allocation flow end to end over real NATS JetStream and Redis, with real worker processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import msgspec
+import nats
+
+from .conftest import System, gpu_usage
+
+SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 2, "maxInstances": 4}
+
+
+async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> None:
+    c = system.client
+    for i in range(3):
+        await c.add_sim_cluster(f"c{i}", nodes=8, gpus=8)
+    started = time.perf_counter()
+    bid, kind, env = await system.submit_and_wait(dict(SPEC))
+    elapsed = time.perf_counter() - started
+    print(f"\ncreate->ready: {elapsed * 1000:.1f} ms")
+    assert kind == "ready", env
+    block = await c.store.get_block(bid)
+    assert block["status"] == "ready"
+    assert block["ir"]["blockInitData"] == {"model": "m"}  # inherited from the component
+    insts = await c.store.instances(bid)
+    assert len(insts) == 2 and all(i["status"] == "running" for i in insts.values())
+    assert sorted(env["data"]["instances"]) == sorted(insts)
+    # every reservation belongs to one of the block's instances, each GPU held once
+    usage = await gpu_usage(c, block["cluster"])
+    assert sum(usage.values()) == 2 and set(usage.values()) == {1}
+
+    events = [s.split(".", 3)[3] for s, _, _ in await c.history(bid)]
+    steps = ["create", "parsed", "selection", "post_dry_run", "placement", "ready"]
+    positions = [events.index(s) for s in steps]
+    assert positions == sorted(positions), events
+    assert events.count("dry_run.result") == 3
+    assert max(i for i, e in enumerate(events) if e == "dry_run.result") < events.index("post_dry_run")
+    added = [i for i, e in enumerate(events) if e.endswith(".added")]
+    assert len(added) == 2 and max(added) < events.index("ready")
+
+
+async def test_spec_from_plain_nats_client_is_placed(system: System) -> None:
+    await system.client.add_sim_cluster("c0", nodes=2, gpus=2)
+    nc = await nats.connect(system.supervisor.nats_url)  # no project code on this path
+    try:
+        ready = asyncio.get_running_loop().create_future()
+
+        async def cb(msg: nats.aio.msg.Msg) -> None:
+            if not ready.done():
+                ready.set_result(json.loads(msg.data))
+
+        await nc.subscribe("aios.block.plain-1.ready", cb=cb)
+        js = nc.jetstream()
+        spec = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1}
+        await js.publish("aios.block.plain-1.create", json.dumps(spec).encode())
+        event = await asyncio.wait_for(ready, 30)
+    finally:
+        await nc.close()
+    assert event["type"] == "io.aios.block.ready"
+    assert event["data"]["block_id"] == "plain-1" and len(event["data"]["instances"]) == 1
+    for attr in ("specversion", "id", "source", "subject", "time", "datacontenttype"):
+        assert attr in event
+
+
+async def test_malformed_spec_gets_one_rejected_event_with_every_error(system: System) -> None:
+    c = system.client
+    bad = {
+        "blockComponentURI": "aios://nope",
+        "minInstances": 5,
+        "maxInstances": 2,
+        "parameters": "not-an-object",
+        "colour": "blue",
+    }
+    bid, kind, env = await system.submit_and_wait(bad, timeout=30)
+    assert kind == "rejected"
+    errors = {(e["path"], e["message"]) for e in env["data"]["errors"]}
+    paths = {p for p, _ in errors}
+    assert {"$.minInstances", "$.parameters", "$.colour", "$.blockComponentURI"} <= paths, errors
+    assert any("greater than maxInstances" in m for _, m in errors)
+    assert any("unknown component" in m for _, m in errors)
+    assert ("$.colour", "unknown field") in errors
+    history = [s for s, _, _ in await c.history(bid)]
+    assert history.count(f"aios.block.{bid}.rejected") == 1
+    assert (await c.store.get_block(bid))["status"] == "rejected"
+
+    # not JSON at all
+    await c.bus.publish_raw("aios.block.garbage-1.create", b"\xff{not json")
+    kind, env = await c.wait("garbage-1", 30)
+    assert kind == "rejected" and env["data"]["errors"][0]["path"] == "$"
+
+
+async def test_bad_subject_id_goes_to_dead_letter(system: System) -> None:
+    c = system.client
+    letters: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def cb(msg: object) -> None:
+        await letters.put(msg.data)  # type: ignore[attr-defined]
+
+    await c.bus.subscribe("aios.dlq.>", cb)
+    # '{' is legal in a NATS token but not in a block id (it would be a Redis hash tag)
+    await c.bus.publish_raw("aios.block.{evil}.create", json.dumps(SPEC).encode())
+    letter = msgspec.json.decode(await asyncio.wait_for(letters.get(), 30))
+    assert letter["subject"] == "aios.block.{evil}.create"
+    assert "not a valid id" in letter["error"] and letter["consumer"] == "parser"
+    # the parser is alive and well
+    await c.add_sim_cluster("c0", nodes=1, gpus=2)
+    _, kind, _ = await system.submit_and_wait({**SPEC, "minInstances": 1})
+    assert kind == "ready"
+
+
+async def test_raising_policy_fails_only_that_block(system: System) -> None:
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=2, gpus=4)
+    source = (
+        "class Boom:\n"
+        "    def __init__(self, rule_id, settings, parameters):\n"
+        "        pass\n"
+        "    def eval(self, parameters, input_data, context):\n"
+        "        raise RuntimeError('policy exploded on purpose')\n"
+    )
+    await c.store.policy_put("boom", source, "python")
+    spec = {
+        **SPEC,
+        "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:boom", "parameters": {}, "settings": {}}}],
+    }
+    bid, kind, env = await system.submit_and_wait(spec)
+    assert kind == "failed"
+    assert "policy exploded on purpose" in env["data"]["reason"]
+    assert (await c.store.get_block(bid))["status"] == "failed"
+    assert await c.store.instances(bid) == {}
+    # the workers that ran the policy are still serving
+    _, kind, _ = await system.submit_and_wait(dict(SPEC))
+    assert kind == "ready"
+    assert system.supervisor.restarts == 0
+
+
+async def test_many_blocks_never_overcommit_a_gpu(system: System) -> None:
+    c = system.client
+    clusters = [f"c{i}" for i in range(3)]
+    for cid in clusters:
+        await c.add_sim_cluster(cid, nodes=8, gpus=8)
+    capacity = 3 * 8 * 8
+    n = int(os.environ.get("AIOS_TEST_BLOCKS", 200))
+    spec = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1}
+    started = time.perf_counter()
+    bids = set(await asyncio.gather(*(c.submit(dict(spec)) for _ in range(n))))
+    done = await system.wait_all(bids, timeout=240)
+    elapsed = time.perf_counter() - started
+    ready = [b for b, (k, _) in done.items() if k == "ready"]
+    failed = {b: e["data"]["reason"] for b, (k, e) in done.items() if k == "failed"}
+    print(f"\n{n} blocks: {len(ready)} ready, {len(failed)} failed in {elapsed:.2f}s = {n / elapsed:.1f} blocks/s")
+    assert len(done) == n  # none missing
+    assert all(failed.values())  # every failure says why
+    usage: dict[str, int] = {}
+    for cid in clusters:
+        usage.update(await gpu_usage(c, cid))
+    assert all(v == 1 for v in usage.values()), "a GPU is reserved twice"
+    assert sum(usage.values()) == len(ready) <= capacity
+    # node-level counters agree with the reservation records
+    for cid in clusters:
+        nodes = await c.store.read_nodes(cid, await c.store.node_ids(cid))
+        held = sum(g["instances"] for n_ in nodes.values() for g in n_["gpus"])
+        assert held == sum(1 for g, v in usage.items() if g.startswith(f"{cid}-"))
+    if n > capacity:
+        # re-selection after a lost race means capacity anywhere is used before a block fails
+        assert len(ready) == capacity and len(failed) == n - capacity
+
+
+async def test_sigkilled_controller_is_replaced_and_blocks_still_become_ready(system: System) -> None:
+    c = system.client
+    for cid in ("c0", "c1"):
+        await c.add_sim_cluster(cid, nodes=4, gpus=8)
+    spec = {"blockComponentURI": "aios://test/model", "minInstances": 3, "maxInstances": 3}
+    bids = set()
+    for i in range(20):
+        bids.add(await c.submit(dict(spec)))
+        if i == 8:
+            for pid in system.supervisor.pids("controller"):
+                os.kill(pid, signal.SIGKILL)
+    done = await system.wait_all(bids, timeout=180)
+    assert {k for k, _ in done.values()} == {"ready"}, {b: e["data"] for b, (k, e) in done.items() if k != "ready"}
+    assert system.supervisor.restarts >= 1
+    seen_gpus: set[str] = set()
+    for bid in bids:
+        insts = await c.store.instances(bid)
+        assert len(insts) == 3, (bid, insts)  # no duplicate, none missing
+        for i in insts.values():
+            assert not seen_gpus & set(i["gpus"])
+            seen_gpus |= set(i["gpus"])
+    total = len(await c.store.reservations("c0")) + len(await c.store.reservations("c1"))
+    assert total == 3 * len(bids)
+
+
+async def test_scale_reassign_delete(system: System) -> None:
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=3, gpus=2)
+    bid, kind, _ = await system.submit_and_wait({**SPEC, "minInstances": 1, "maxInstances": 2})
+    assert kind == "ready"
+
+    async def until(pred, timeout: float = 30) -> None:  # type: ignore[no-untyped-def]
+        async with asyncio.timeout(timeout):
+            while not await pred():
+                await asyncio.sleep(0.05)
+
+    await c.scale(bid)
+
+    async def two_running() -> bool:
+        insts = await c.store.instances(bid)
+        return len(insts) == 2 and all(i["status"] == "running" for i in insts.values())
+
+    await until(two_running)
+    # at maxInstances: a further scale fails that step only
+    await c.scale(bid)
+    await until(lambda: _has_event(c, bid, "scale.failed"))
+    assert (await c.store.get_block(bid))["status"] == "ready"
+
+    old_iid, old = sorted((await c.store.instances(bid)).items())[0]
+    await c.reassign(bid, old_iid)
+
+    async def moved() -> bool:
+        insts = await c.store.instances(bid)
+        return old_iid not in insts and len(insts) == 2 and all(i["status"] == "running" for i in insts.values())
+
+    await until(moved)
+    assert len(await c.store.reservations("c0")) == 2
+
+    await c.delete(bid)
+    await until(lambda: _has_event(c, bid, "deleted"))
+    assert await c.store.instances(bid) == {}
+    assert await c.store.reservations("c0") == []
+    nodes = await c.store.read_nodes("c0", await c.store.node_ids("c0"))
+    assert all(g["instances"] == 0 and g["memory_used"] == 0 for n in nodes.values() for g in n["gpus"])
+    events = [s.rsplit(".", 1)[1] for s, _, _ in await c.history(bid)]
+    assert events.count("removed") == 3  # reassigned one + two deleted
+
+
+async def _has_event(c, bid: str, tail: str) -> bool:  # type: ignore[no-untyped-def]
+    return any(s.endswith(f".{tail}") for s, _, _ in await c.history(bid, idle=0.2))
