@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from aios_blocks.cli.client import TERMINAL, Client, event_kind
 from aios_blocks.workers.embedded import EmbeddedServers
 from aios_blocks.workers.supervisor import Supervisor
