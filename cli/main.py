@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
 import typer
 import yaml
 from rich.console import Console
@@ -36,8 +37,13 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(node_app, name="node")
 app.add_typer(policy_app, name="policy")
 
-console = Console()
-err = Console(stderr=True)
+# CLI output is for people: library logs go to stderr, warnings and up only.
+structlog.configure(
+    logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+    wrapper_class=structlog.make_filtering_bound_logger(30),
+)
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 EXAMPLES = Path(__file__).parent / "examples"
 DataDir = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Where embedded servers keep their data.")

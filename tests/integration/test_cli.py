@@ -1,0 +1,76 @@
+"""The `blocks` command as a user runs it: a real process against real servers."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from .conftest import System
+
+ROOT = Path(__file__).resolve().parents[2]
+BLOCKS = [sys.executable, "-m", "aios_blocks.cli"]
+
+
+def blocks(system: System, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": system.supervisor.redis_url}
+    return subprocess.run([*BLOCKS, *args], env=env, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+
+async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: Path) -> None:
+    r = blocks(system, "cluster", "add", "c1", "--nodes", "2", "--gpus", "2")
+    assert r.returncode == 0, r.stderr
+    good = tmp_path / "good.yaml"
+    good.write_text("blockComponentURI: aios://test/model\nblockId: cli-good\nminInstances: 1\nmaxInstances: 2\n")
+    r = blocks(system, "submit", str(good), "--wait")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ready" in r.stdout
+
+    r = blocks(system, "get", "cli-good", "--json")
+    block = json.loads(r.stdout)
+    assert block["status"] == "ready" and len(block["instances"]) == 1
+
+    r = blocks(system, "replay", "cli-good", "--json")
+    kinds = [json.loads(line)["subject"].split(".", 3)[3] for line in r.stdout.splitlines()]
+    assert kinds[0] == "create" and kinds[-1] == "ready"
+    seqs = [json.loads(line)["seq"] for line in r.stdout.splitlines()]
+    assert seqs == sorted(seqs)
+
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "cli-bad", "minInstances": 3, "maxInstances": 1}))
+    r = blocks(system, "submit", str(bad), "--wait")
+    assert r.returncode == 4
+    assert "greater than maxInstances" in r.stdout
+
+    huge = tmp_path / "huge.yaml"  # 8 GPUs per instance: no node has them
+    huge.write_text(
+        "blockComponentURI: aios://test/model\nblockId: cli-huge\nminInstances: 1\nmaxInstances: 1\n"
+        "resources: {gpus: 8}\n"
+    )
+    r = blocks(system, "submit", str(huge), "--wait")
+    assert r.returncode == 3
+    assert "no cluster passed the filter rule" in r.stdout
+
+
+def test_policy_run_prints_result_and_fails_cleanly(tmp_path: Path) -> None:
+    policy = tmp_path / "first_node.py"
+    policy.write_text(
+        "class FirstNode:\n"
+        "    def __init__(self, rule_id, settings, parameters):\n"
+        "        self.settings = settings\n"
+        "    def eval(self, parameters, input_data, context):\n"
+        "        nodes = input_data['payload']['healthy_nodes']\n"
+        "        if not nodes:\n"
+        "            raise ValueError('no nodes')\n"
+        "        return {'node_id': nodes[0], 'gpus': []}\n"
+    )
+    inp = tmp_path / "in.json"
+    inp.write_text(json.dumps({"action": "allocation", "payload": {"healthy_nodes": ["n7", "n8"]}}))
+    r = subprocess.run([*BLOCKS, "policy", "run", str(policy), "--input", str(inp)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"node_id": "n7", "gpus": []}
+    inp.write_text(json.dumps({"action": "allocation", "payload": {"healthy_nodes": []}}))
+    r = subprocess.run([*BLOCKS, "policy", "run", str(policy), "--input", str(inp)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "no nodes" in r.stderr
