@@ -68,7 +68,7 @@ class Client:
         for n in range(nodes):
             nid = f"{cid}-n{n}"
             node = Node(
-                id=nid, cluster=cid, labels={"rack": f"r{n % 4}"}, cpu=64, memory=512 * 1024,
+                id=nid, cluster=cid, labels={"rack": str(n % 4)}, cpu=64, memory=512 * 1024,
                 gpus=[Gpu(id=f"{nid}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)],
             )
             await self.store.put_node(node)

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..policies import capacity
+from ..policies import affinity, capacity
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from .gateway import cluster_metrics, share_of
 
@@ -24,17 +24,27 @@ def payload(
     cluster: dict[str, Any],
     nodes: dict[str, dict[str, Any]],
     instances: dict[str, dict[str, Any]] | None = None,
+    index: affinity.Index | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The seed's payload: ``block``, ``cluster``, ``cluster_metrics``, ``healthy_nodes`` (+ the
     action's extras: ``block_metrics``, ``instance_id``, ``pod_name``). Node details are in
-    ``cluster_metrics["nodes"]`` so a policy can choose GPUs."""
+    ``cluster_metrics["nodes"]`` so a policy can choose GPUs; when the block has affinity, each
+    node view carries its pass/fail and score (``affinity.annotate``) and
+    ``cluster_metrics["affinity_index"]`` the placements its targets resolve to."""
     block = dict(ir)
     block["instances"] = instances or {}
+    entries = ir.get("affinity") or []
+    if entries:
+        nodes = capacity.copy_nodes(nodes)
+        affinity.annotate(nodes, entries, index or affinity.empty_index())
+    metrics = cluster_metrics(nodes)
+    if entries:
+        metrics["affinity_index"] = index or affinity.empty_index()
     return {
         "block": block,
         "cluster": cluster,
-        "cluster_metrics": cluster_metrics(nodes),
+        "cluster_metrics": metrics,
         "healthy_nodes": sorted(nid for nid, n in nodes.items() if n["healthy"]),
         **extra,
     }
@@ -47,9 +57,12 @@ class DryRunOutcome:
     error: str = ""
 
 
-async def dry_run(ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke) -> DryRunOutcome:
+async def dry_run(
+    ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
+    index: affinity.Index | None = None,
+) -> DryRunOutcome:
     try:
-        result = await invoke({"action": "dry_run", "payload": payload(ir, cluster, nodes)})
+        result = await invoke({"action": "dry_run", "payload": payload(ir, cluster, nodes, None, index)})
     except PolicyFailed as exc:
         return DryRunOutcome(0.0, {}, str(exc))
     ssd = result["selection_score_data"]
@@ -90,6 +103,7 @@ async def plan(
     iids: list[str],
     invoke: Invoke,
     instances: dict[str, dict[str, Any]] | None = None,
+    index: affinity.Index | None = None,
     **extra: Any,
 ) -> list[dict[str, Any]]:
     """Call the resourceAllocator once per instance, applying each choice to a working copy of the
@@ -98,15 +112,25 @@ async def plan(
     work = capacity.copy_nodes(nodes)
     needs, share = ir["resources"], share_of(ir)
     out: list[dict[str, Any]] = []
+    index = index or affinity.empty_index()
     for iid in iids:
         try:
-            result = await invoke({"action": action, "payload": payload(ir, cluster, work, instances, **extra)})
+            result = await invoke({"action": action, "payload": payload(ir, cluster, work, instances, index, **extra)})
         except PolicyFailed as exc:
             raise PlacementFailed(f"{exc} (instance {len(out) + 1} of {len(iids)})")
         node_id, gpus = result["node_id"], list(result.get("gpus", []))
         why = check_choice(node_id, gpus, work, needs, share)
         if why:
             raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: {why}")
+        if ir.get("affinity"):
+            probe = {node_id: work[node_id]}
+            affinity.annotate(probe, ir["affinity"], index)
+            if not probe[node_id]["affinity"]["pass"]:
+                raise PlacementFailed(
+                    f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: "
+                    + "; ".join(probe[node_id]["affinity"]["reasons"])
+                )
+            index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
         capacity.take(work[node_id], gpus, needs, share)
         out.append(
             {

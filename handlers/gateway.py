@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..policies import capacity, contract
+from ..policies import affinity, capacity, contract
 from ..schemas.errors import PolicyFailed
 
 #: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
@@ -44,12 +44,16 @@ def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
 
 
 def filter_rule(
-    ir: dict[str, Any], clusters: dict[str, dict[str, Any]], nodes: dict[str, dict[str, dict[str, Any]]]
+    ir: dict[str, Any],
+    clusters: dict[str, dict[str, Any]],
+    nodes: dict[str, dict[str, dict[str, Any]]],
+    index: affinity.Index | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The clusterAllocator's filter rule (``settings.filter``): label selector and capacity.
 
     ``{"matchLabels": {...}, "capacity": true}``: a cluster passes when its labels match and (unless
-    ``capacity`` is false) at least one healthy node can host one instance.
+    ``capacity`` is false) at least one healthy node can host one instance and passes the block's
+    Required affinity.
     Returns (entries that passed, cluster id -> why each other one did not).
     """
     rule = ir["policies"]["clusterAllocator"]
@@ -66,7 +70,17 @@ def filter_rule(
             filtered[cid] = "labels do not match " + ", ".join(f"{k}={v}" for k, v in wrong.items())
             continue
         cnodes = nodes.get(cid, {})
-        if check_capacity and not any(capacity.node_fits(n, needs, share) is not None for n in cnodes.values()):
+        entries = ir.get("affinity") or []
+        if entries:
+            cnodes = capacity.copy_nodes(cnodes)
+            affinity.annotate(cnodes, entries, index or affinity.empty_index())
+            if not any(n["affinity"]["pass"] for n in cnodes.values()):
+                filtered[cid] = affinity.unsatisfiable(cnodes, entries, index or affinity.empty_index())
+                continue
+        if check_capacity and not any(
+            capacity.node_fits(n, needs, share) is not None and n.get("affinity", {}).get("pass", True)
+            for n in cnodes.values()
+        ):
             filtered[cid] = f"no healthy node with capacity for one instance ({len(cnodes)} nodes)"
             continue
         passed.append(cluster_entry(cluster, cnodes))
@@ -86,8 +100,9 @@ async def select(
     clusters: dict[str, dict[str, Any]],
     nodes: dict[str, dict[str, dict[str, Any]]],
     invoke: Invoke,
+    index: affinity.Index | None = None,
 ) -> SelectionDecision:
-    passed, filtered = filter_rule(ir, clusters, nodes)
+    passed, filtered = filter_rule(ir, clusters, nodes, index)
     entries = {e["cluster_id"]: e for e in passed}
     if not passed:
         why = "; ".join(f"{c}: {r}" for c, r in filtered.items()) or "no clusters registered"

@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
+from .affinity import normalize
 from .errors import SpecError, SpecInvalid
 from .spec import ID_RE, REQUIRED_POLICIES, BlockSpec, Component
 
@@ -105,6 +106,15 @@ def block_create_IR(
                 errors.append(
                     SpecError("$.policyRulesSpec", f"no {name} policy after merging the component's policies with policyRulesSpec")
                 )
+    affinity: list[Any] = []
+    try:
+        if any(doc.get(k) is not None for k in ("affinity", "affinityWith", "antiAffinityWith", "affinityTLV")):
+            affinity = normalize(doc.get("affinity"), doc.get("affinityWith"), doc.get("antiAffinityWith"), doc.get("affinityTLV"))
+        elif comp is not None and comp.affinity:
+            affinity = normalize(comp.affinity, path="$.<component>")
+    except SpecInvalid as exc:
+        errors.extend(exc.errors)
+
     if errors or spec is None or comp is None:
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
             errors.append(SpecError("$", "invalid spec"))
@@ -124,4 +134,5 @@ def block_create_IR(
         ir[block_field] = value if value is not None else comp_data[comp_field]
     ir["resources"] = (spec.resources or comp.resources).model_dump()
     ir["policies"] = policies
+    ir["affinity"] = msgspec.to_builtins(affinity)
     return ir

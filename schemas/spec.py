@@ -69,6 +69,8 @@ class Component(_Strict):
     tags: list[str] = Field(default_factory=list)
     resources: ResourceNeeds = Field(default_factory=ResourceNeeds)
     policies: list[PolicyRule] = Field(default_factory=list)
+    #: default affinity of blocks made from this component (seed 002; see docs/affinity.md)
+    affinity: list[Any] | None = None
 
 
 class BlockSpec(_Strict):
@@ -84,6 +86,12 @@ class BlockSpec(_Strict):
     policyRulesSpec: list[PolicyRuleEntry] | None = None
     #: Per-block override of the component's resource needs (an extension; absent = inherit).
     resources: ResourceNeeds | None = None
+    #: Typed affinity (seed 002), its shorthand, or its TLV wire form as base64. Validated by
+    #: ``schemas.affinity.normalize``; absent = the component's affinity.
+    affinity: list[Any] | None = None
+    affinityWith: str | None = None
+    antiAffinityWith: str | None = None
+    affinityTLV: str | None = None
 
 
 class Cluster(_Strict):

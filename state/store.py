@@ -13,6 +13,8 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:blocks                       sorted set of block ids by creation time
     aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
     aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
+    aios:aff:svc:<block uuid>         hash iid -> [node, rack] (affinity ServiceId targets)
+    aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)
     aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
     aios:policy:<name>                hash: source, version, language, updated (policy registry)
 """
@@ -205,6 +207,31 @@ class Store:
 
     async def drop_instance(self, bid: str, iid: str) -> None:
         await self.r.hdel(inst_key(bid), iid)
+
+    # -- affinity placement index (who runs where, by 128-bit id) ------------------------------
+    async def index_add(self, svc: str, lease: str, iid: str, node: str, rack: str) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(f"{P}:aff:svc:{svc}", iid, _dumps([node, rack]))
+        pipe.hset(f"{P}:aff:lease", lease, node)
+        await pipe.execute()
+
+    async def index_remove(self, svc: str, lease: str, iid: str) -> None:
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hdel(f"{P}:aff:svc:{svc}", iid)
+        pipe.hdel(f"{P}:aff:lease", lease)
+        await pipe.execute()
+
+    async def index_read(self, svcs: list[str], leases: list[str]) -> dict[str, Any]:
+        """``{"services": {uuid: [[node, rack], ...]}, "leases": {uuid: node}}`` for these ids."""
+        pipe = self.r.pipeline(transaction=False)
+        for svc in svcs:
+            pipe.hvals(f"{P}:aff:svc:{svc}")
+        if leases:
+            pipe.hmget(f"{P}:aff:lease", leases)
+        out = await pipe.execute()
+        services = {svc: [_json.decode(v) for v in vals] for svc, vals in zip(svcs, out[: len(svcs)], strict=True)}
+        lease_nodes = dict(zip(leases, out[len(svcs)], strict=True)) if leases else {}
+        return {"services": services, "leases": {k: v for k, v in lease_nodes.items() if v}}
 
     # -- gather ----------------------------------------------------------------------------
     async def gather_open(

@@ -16,6 +16,7 @@ import structlog
 from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, Delivery, RunnerOptions
+from ..policies import affinity
 from ..policies.runtime import PolicyRuntime, TrackingDict
 from ..schemas.events import BlockStatus
 from ..state.inventory import Inventory
@@ -74,6 +75,13 @@ class Worker:
             return await self.invoke(ir, kind, input_data)
 
         return call
+
+    async def affinity_index(self, ir: dict[str, Any]) -> dict[str, Any]:
+        """Where the instances/blocks named by the block's affinity targets run now."""
+        svcs, leases = affinity.referenced(ir.get("affinity") or [])
+        if not svcs and not leases:
+            return affinity.empty_index()
+        return await self.store.index_read(svcs, leases)
 
     async def hint(self, cid: str, nodes: list[str]) -> None:
         self.inventory.invalidate(cid, nodes)

@@ -13,6 +13,7 @@ import msgspec
 from ..bus import subjects
 from ..bus.runner import Delivery
 from ..handlers import controller as h
+from ..policies.affinity import uid
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import (
     AllocationRequest,
@@ -43,7 +44,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         clusters = await w.inventory.clusters()
         cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
         nodes = await w.inventory.nodes(ev.cluster_id)
-        out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"))
+        out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"), await w.affinity_index(ev.ir))
         result = DryRunResult(ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, error=out.error, attempt=ev.attempt)
         await w.bus.publish(
             subjects.block_event(ev.block_id, "dry_run.result"),
@@ -153,6 +154,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if inst is not None:
             await w.store.release(inst["cluster"], inst["node"], ev.instance_id)
             await w.store.drop_instance(ev.block_id, ev.instance_id)
+            await w.store.index_remove(uid(ev.block_id), uid(ev.instance_id), ev.instance_id)
             await w.hint(inst["cluster"], [inst["node"]])
             insts.pop(ev.instance_id)
         block = await w.store.get_block(ev.block_id)
@@ -215,7 +217,10 @@ async def _plan_and_reserve(
     reason = ""
     for attempt in range(1, COMMIT_RETRIES + 1):
         nodes = await w.inventory.nodes(cid)
-        placements = await h.plan(ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator"), instances, **extra)
+        index = await w.affinity_index(ir)
+        placements = await h.plan(
+            ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator"), instances, index, **extra
+        )
         ok, reason, node = await w.store.reserve_gang(cid, placements)
         touched = sorted({p["node"] for p in placements})
         if ok:
@@ -256,6 +261,10 @@ async def _start(
     attempts: int, key: str, replaces: str = "",
 ) -> None:
     bid = ir["blockId"]
+    nodes = await w.inventory.nodes(cid)
+    for p in placements:
+        rack = nodes.get(p["node"], {}).get("labels", {}).get("rack", "")
+        await w.store.index_add(uid(bid), uid(p["iid"]), p["iid"], p["node"], rack)
     await w.store.put_instances(
         bid,
         {

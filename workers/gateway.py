@@ -42,7 +42,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if not ok:
             return  # superseded (deleted, re-created) or already past this step
         clusters, nodes = await _snapshot(w)
-        sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator"))
+        sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator"), await w.affinity_index(ir))
         rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
         event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n)
         if sel.failure:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import capacity
+from .. import affinity, capacity
 
 
 class _ResourceAllocator:
@@ -27,11 +27,12 @@ class _ResourceAllocator:
     def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> dict[str, Any]:
         action = input_data["action"]
         payload = input_data["payload"]
+        index = payload["cluster_metrics"].get("affinity_index") or affinity.empty_index()
         needs = payload["block"]["resources"]
         nodes = payload["cluster_metrics"]["nodes"]
         healthy = set(payload["healthy_nodes"])
         if action == "dry_run":
-            return self._dry_run(payload["block"], nodes, healthy, needs)
+            return self._dry_run(payload["block"], nodes, healthy, needs, index)
         avoid = set()
         if action == "reassignment":
             current = payload["block"].get("instances", {}).get(payload["instance_id"], {})
@@ -39,19 +40,29 @@ class _ResourceAllocator:
                 avoid.add(current["node"])
         pick = self._pick(nodes, healthy, needs, avoid) or (self._pick(nodes, healthy, needs, set()) if avoid else None)
         if pick is None:
+            entries = payload["block"].get("affinity") or []
+            if entries and not any(n.get("affinity", {}).get("pass", True) for n in nodes.values()):
+                raise RuntimeError(affinity.unsatisfiable(nodes, entries, index))
             raise RuntimeError(f"no healthy node can host an instance needing {_fmt(needs)}")
         return {"node_id": pick[0], "gpus": pick[1]}
 
-    def _dry_run(self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any]) -> dict[str, Any]:
+    def _dry_run(
+        self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], index: affinity.Index
+    ) -> dict[str, Any]:
         work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy})
         want = max(int(block["maxInstances"]), 1)
         first: dict[str, Any] = {}
         placed = 0
-        for _ in range(want):
+        entries = block.get("affinity") or []
+        for i in range(want):
             pick = self._pick(work, healthy, needs, set())
             if pick is None:
                 break
             capacity.take(work[pick[0]], pick[1], needs, self.share)
+            if entries:  # later replicas see earlier ones (a block spreading away from itself)
+                rack = work[pick[0]]["labels"].get("rack", "")
+                index = affinity.add_to_index(index, block["blockId"], f"{block['blockId']}-dry{i}", pick[0], rack)
+                affinity.annotate(work, entries, index)
             if not first:
                 first = {"node_id": pick[0], "gpus": pick[1]}
             placed += 1
@@ -64,11 +75,19 @@ class _ResourceAllocator:
         for nid, node in nodes.items():
             if nid not in healthy or nid in avoid:
                 continue
+            aff = node.get("affinity") or {}
+            if not aff.get("pass", True):
+                continue
             usable = capacity.node_fits(node, needs, self.share)
             if usable is None:
                 continue
-            gpus = self._choose_gpus(usable, int(needs.get("gpus", 0)))
-            key = (self._rank(node), nid)
+            require = set(aff.get("require_gpus", []))
+            if require and not require <= {g["id"] for g in usable}:
+                continue  # a Required GPU of this node is busy
+            gpus = self._choose_gpus(usable, int(needs.get("gpus", 0)), aff)
+            if len(gpus) < int(needs.get("gpus", 0)):
+                continue
+            key = (-float(aff.get("score", 0.0)), self._rank(node), nid)
             if best is None or key < best[0]:
                 best = (key, nid, gpus)
         return (best[1], best[2]) if best else None
@@ -81,12 +100,17 @@ class _ResourceAllocator:
             return (-free, -mem, -node["cpu_free"])
         return (free, mem, node["cpu_free"])
 
-    def _choose_gpus(self, usable: list[dict[str, Any]], count: int) -> list[str]:
-        if self.mode == "spread":
-            ordered = sorted(usable, key=lambda g: (-g["memory_free"], g["id"]))
-        else:
-            ordered = sorted(usable, key=lambda g: (g["memory_free"], g["id"]))
-        return [g["id"] for g in ordered[:count]]
+    def _choose_gpus(self, usable: list[dict[str, Any]], count: int, aff: dict[str, Any]) -> list[str]:
+        """Required GPUs first, then preferred, then by the mode; avoided GPUs last."""
+        require, prefer = set(aff.get("require_gpus", [])), set(aff.get("prefer_gpus", []))
+        avoid = set(aff.get("avoid_gpus", []))
+        sign = -1 if self.mode == "spread" else 1
+
+        def key(g: dict[str, Any]) -> tuple[Any, ...]:
+            gid = g["id"]
+            return (gid not in require, gid not in prefer, gid in avoid, sign * g["memory_free"], gid)
+
+        return [g["id"] for g in sorted(usable, key=key)[:count]]
 
 
 class BinPackPolicy(_ResourceAllocator):
