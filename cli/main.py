@@ -98,6 +98,10 @@ def _line(subject: str, env: dict[str, Any]) -> str:
         detail = f"candidates={data.get('candidates')} filtered={data.get('filtered') or {}}"
     elif kind == "dry_run.result":
         detail = f"cluster={data.get('cluster_id')} score={data.get('score')}" + (f" error={data['error']}" if data.get("error") else "")
+        for node, why in (data.get("rejected_nodes") or {}).items():
+            detail += f"\n    {node}: {why}"
+        if data.get("node_scores"):
+            detail += "\n    affinity scores: " + ", ".join(f"{n}={v:g}" for n, v in data["node_scores"].items())
     elif kind == "post_dry_run":
         detail = f"chosen={data.get('cluster_id') or '-'} scores={data.get('scores')}" + (f" missing={data['missing']}" if data.get("missing") else "")
     elif kind == "placement":
@@ -454,12 +458,9 @@ def replay(
             for subject, env, seq in events:
                 print(json.dumps({"seq": seq, "subject": subject, "event": env}, default=str))
             return 0
-        t = Table(title=f"replay {bid}: {len(events)} events")
-        for col in ("seq", "time", "block", "event"):
-            t.add_column(col)
+        console.print(f"[bold]replay {bid}[/]: {len(events)} events")
         for subject, env, seq in events:
-            t.add_row(str(seq), str(env.get("time", ""))[11:23], subject.split(".")[2], _line(subject, env))
-        console.print(t)
+            console.print(f"{seq:>7} {str(env.get('time', ''))[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
         return 0
 
     raise typer.Exit(_run(_with_client(data_dir, go)))

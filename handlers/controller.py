@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import affinity, capacity
@@ -55,18 +55,40 @@ class DryRunOutcome:
     score: float
     node_info: dict[str, Any]
     error: str = ""
+    #: node -> why Required affinity rejected it / affinity score of the others (explain)
+    rejected_nodes: dict[str, str] = field(default_factory=dict)
+    node_scores: dict[str, float] = field(default_factory=dict)
+
+
+EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts cover all of them)
+
+
+def affinity_explain(nodes: dict[str, dict[str, Any]]) -> tuple[dict[str, str], dict[str, float]]:
+    rejected, scores = {}, {}
+    for nid in sorted(nodes):
+        aff = nodes[nid].get("affinity")
+        if aff is None:
+            continue
+        if not aff["pass"]:
+            if len(rejected) < EXPLAIN_LIMIT:
+                rejected[nid] = "; ".join(aff["reasons"])
+        elif aff["score"] and len(scores) < EXPLAIN_LIMIT:
+            scores[nid] = aff["score"]
+    return rejected, scores
 
 
 async def dry_run(
     ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> DryRunOutcome:
+    data = payload(ir, cluster, nodes, None, index)
+    rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"])
     try:
-        result = await invoke({"action": "dry_run", "payload": payload(ir, cluster, nodes, None, index)})
+        result = await invoke({"action": "dry_run", "payload": data})
     except PolicyFailed as exc:
-        return DryRunOutcome(0.0, {}, str(exc))
+        return DryRunOutcome(0.0, {}, str(exc), rejected, scores)
     ssd = result["selection_score_data"]
-    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {})
+    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {}, "", rejected, scores)
 
 
 def instance_id(bid: str, key: str | int) -> str:

@@ -70,6 +70,9 @@ class DryRunResult(msgspec.Struct):
     node_info: dict[str, Any] = {}
     placeable: int = 0
     error: str = ""
+    #: node -> why Required affinity rejected it; node -> Preferred affinity score (explain)
+    rejected_nodes: dict[str, str] = {}
+    node_scores: dict[str, float] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
 

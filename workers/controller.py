@@ -45,7 +45,10 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
         nodes = await w.inventory.nodes(ev.cluster_id)
         out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"), await w.affinity_index(ev.ir))
-        result = DryRunResult(ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, error=out.error, attempt=ev.attempt)
+        result = DryRunResult(
+            ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, error=out.error,
+            rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, attempt=ev.attempt,
+        )
         await w.bus.publish(
             subjects.block_event(ev.block_id, "dry_run.result"),
             "block.dry_run.result",

@@ -76,6 +76,10 @@ async def test_trust_required_keeps_block_off_unattested_nodes(system: System) -
     assert kind == "ready", env
     nodes = {i["node"] for i in (await system.client.store.instances(bid)).values()}
     assert nodes == {"c0-n1", "c0-n4"}
+    # the block's story says, per node, why affinity rejected it
+    [result] = [e["data"] for s, e, _ in await system.client.history(bid) if s.endswith(".dry_run.result")]
+    assert set(result["rejected_nodes"]) == {"c0-n0", "c0-n2", "c0-n3", "c0-n5"}
+    assert result["rejected_nodes"]["c0-n0"] == "rejected by entry 0: Required toward trust domain attested"
 
     # a cluster with no attested node is filtered out at the gateway with the reason
     await _cluster(system, "c9", nodes=2, gpus=4)

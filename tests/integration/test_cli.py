@@ -44,6 +44,15 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     assert r.returncode == 4
     assert "greater than maxInstances" in r.stdout
 
+    away = tmp_path / "away.yaml"  # replay explains per node why affinity rejected it
+    away.write_text(
+        "blockComponentURI: aios://test/model\nblockId: cli-away\nminInstances: 1\nmaxInstances: 1\n"
+        "affinity:\n  - {category: Topology, strength: Required, anti: true, target: {type: RackId, value: 0}}\n"
+    )
+    assert blocks(system, "submit", str(away), "--wait").returncode == 0
+    r = blocks(system, "replay", "cli-away")
+    assert "c1-n0: rejected by entry 0: Required away from rack 0" in r.stdout, r.stdout
+
     huge = tmp_path / "huge.yaml"  # 8 GPUs per instance: no node has them
     huge.write_text(
         "blockComponentURI: aios://test/model\nblockId: cli-huge\nminInstances: 1\nmaxInstances: 1\n"
