@@ -50,6 +50,11 @@ def node_command(nid: str, command: str) -> str:
     return f"{ROOT}.node.{nid}.{command}"
 
 
+def decision_input(digest: str) -> str:
+    """A policy input too large to inline in its decision record, stored once by digest."""
+    return f"{ROOT}.input.{digest}"
+
+
 # -- policies and dead letters ------------------------------------------------------------------
 def policy_updated(name: str) -> str:
     return f"{ROOT}.policy.{name}.updated"
@@ -149,6 +154,8 @@ def catalog() -> list[tuple[str, str, str]]:
         ("aios.block.{bid}.delete", "CLI", "delete requested"),
         ("aios.block.{bid}.deleted", "controller", "every instance removed and released"),
         ("aios.cluster.{cid}.inventory", "controller / CLI", "nodes changed: caches refresh them"),
+        ("aios.block.{bid}.decision", "gateway / controller", "one policy call: policy, version, action, input digest, output, duration, error"),
+        ("aios.input.{digest}", "gateway / controller", "a large policy input, stored once by digest"),
         ("aios.policy.{name}.updated", "CLI", "policy source changed: caches drop it"),
         ("aios.dlq.{consumer}.{subject}", "consumer runner", "message that kept failing, with the error"),
     ]

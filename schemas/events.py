@@ -180,6 +180,24 @@ class StepFailed(msgspec.Struct):
     request_id: str = ""
 
 
+class Decision(msgspec.Struct):
+    """One policy invocation: what ran, on what (by digest), what it said, how long it took."""
+
+    block_id: str
+    kind: str
+    policy: str
+    uri: str
+    version: int | None
+    action: str
+    input_digest: str
+    output: Any = None
+    error: str = ""
+    duration_us: int = 0
+    #: the input itself when small; else it is at ``input_subject`` (stored once per digest)
+    input: Any = None
+    input_subject: str = ""
+
+
 class DeadLetter(msgspec.Struct):
     subject: str
     consumer: str

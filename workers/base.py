@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import signal
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,11 +20,15 @@ from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, Delivery, RunnerOptions
 from ..policies import affinity
 from ..policies.runtime import PolicyRuntime, TrackingDict
-from ..schemas.events import BlockStatus
+from ..schemas.errors import PolicyFailed
+from ..schemas.events import BlockStatus, Decision
 from ..state.inventory import Inventory
 from ..state.store import Store
 
 log = structlog.get_logger("aios.worker")
+
+INLINE_INPUT_BYTES = 4096  # decision inputs above this are stored once by digest
+MAX_STORED_INPUT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass
@@ -64,11 +70,41 @@ class Worker:
         rule = ir["policies"][kind]
         rule_id = f"{ir['blockId']}.{kind}"
         ctx = TrackingDict(await self.store.context_load(rule_id))
-        result = await self.runtime.invoke(rule, rule_id, input_data, ctx)
+        started = time.perf_counter()
+        result, error = None, ""
+        try:
+            result = await self.runtime.invoke(rule, rule_id, input_data, ctx)
+        except PolicyFailed as exc:
+            error = exc.reason
+            raise
+        finally:
+            await self.record(ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started)
         changed, deleted = ctx.changes()
         if changed or deleted:
             await self.store.context_save(rule_id, changed, deleted)
         return result
+
+    async def record(
+        self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float
+    ) -> None:
+        """Publish the decision record of one policy call (the block's ``decision`` subject)."""
+        raw = msgspec.json.encode(input_data)
+        digest = hashlib.sha256(raw).hexdigest()[:24]
+        inline, where = input_data, ""
+        if len(raw) > INLINE_INPUT_BYTES:
+            inline, where = None, subjects.decision_input(digest)
+            if len(raw) <= MAX_STORED_INPUT_BYTES:
+                await self.bus.publish_raw(where, raw, msg_id=f"input:{digest}")
+            else:
+                where = f"(not stored: {len(raw)} bytes)"
+        action = str(input_data.get("action", "?"))
+        decision = Decision(
+            bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
+            output, error, int(seconds * 1e6), inline, where,
+        )
+        await self.bus.publish(
+            subjects.block_event(bid, "decision"), "block.decision", decision, f"{bid}:decision:{kind}:{action}:{digest}"
+        )
 
     def invoker(self, ir: dict[str, Any], kind: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(input_data: dict[str, Any]) -> Any:

@@ -35,7 +35,18 @@ async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> 
     usage = await gpu_usage(c, block["cluster"])
     assert sum(usage.values()) == 2 and set(usage.values()) == {1}
 
-    events = [s.split(".", 3)[3] for s, _, _ in await c.history(bid)]
+    history = await c.history(bid)
+    events = [s.split(".", 3)[3] for s, _, _ in history]
+    # one decision record per policy call, with its output and duration
+    decisions = [e["data"] for s, e, _ in history if s.endswith(".decision")]
+    assert sorted(d["action"] for d in decisions) == sorted(
+        ["selection", "dry_run", "dry_run", "dry_run", "post_dry_run", "allocation", "allocation"]
+    )
+    for d in decisions:
+        assert d["error"] == "" and d["duration_us"] > 0 and d["output"] is not None
+        assert d["input"] is not None or d["input_subject"].startswith("aios.input.")
+    allocs = [d["output"] for d in decisions if d["action"] == "allocation"]
+    assert sorted(a["node_id"] for a in allocs) == sorted(i["node"] for i in insts.values())
     steps = ["create", "parsed", "selection", "post_dry_run", "placement", "ready"]
     positions = [events.index(s) for s in steps]
     assert positions == sorted(positions), events
@@ -132,6 +143,8 @@ async def test_raising_policy_fails_only_that_block(system: System) -> None:
     bid, kind, env = await system.submit_and_wait(spec)
     assert kind == "failed"
     assert "policy exploded on purpose" in env["data"]["reason"]
+    errors = [e["data"]["error"] for s, e, _ in await c.history(bid) if s.endswith(".decision") and e["data"]["error"]]
+    assert errors and all("policy exploded on purpose" in err for err in errors)
     assert (await c.store.get_block(bid))["status"] == "failed"
     assert await c.store.instances(bid) == {}
     # the workers that ran the policy are still serving
