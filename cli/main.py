@@ -466,6 +466,76 @@ def replay(
     raise typer.Exit(_run(_with_client(data_dir, go)))
 
 
+@app.command()
+def explain(
+    bid: str,
+    as_json: bool = typer.Option(False, "--json", help="The explanation as one JSON document."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Why the block is where it is, from the stream alone: candidates and filtered clusters, each
+    cluster's dry_run score and node/GPUs (and nodes rejected by affinity), why the final cluster
+    won, each instance's node and GPUs, failures with reasons, policy calls.
+
+    Example: `blocks explain blk-1234 --json`
+    """
+    from ..handlers.explain import explain as fold
+
+    async def go(c: Client) -> int:
+        events = [(s, e) for s, e, _ in await c.history(bid)]
+        if not events:
+            err.print(f"[yellow]no events for {bid}[/]")
+            return 1
+        x = fold(events)
+        if as_json:
+            print(json.dumps(x, indent=2, default=str))
+            return 0
+        _render_explain(x)
+        return 0
+
+    raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+def _render_explain(x: dict[str, Any]) -> None:
+    colour = {"ready": "green", "failed": "red", "rejected": "red"}.get(x["status"], "yellow")
+    console.print(f"[bold]block {x['block_id']}[/]: [{colour}]{x['status']}[/]" + (f" - {x['reason']}" if x["reason"] else ""))
+    for e in x["rejected_errors"]:
+        console.print(f"  [red]{e['path']}[/]: {e['message']}")
+    for r in x["rounds"]:
+        t = Table(title=f"selection round {r['round']}: " + (r["why"] or "no cluster chosen"))
+        for col in ("cluster", "outcome", "dry_run score", "node / GPUs", "notes"):
+            t.add_column(col)
+        for cid, why in sorted(r["filtered"].items()):
+            t.add_row(cid, "[red]filtered[/]", "", "", why)
+        for cid in r["candidates"]:
+            d = r["dry_run"].get(cid)
+            outcome = "[green]chosen[/]" if cid == r["chosen"] else "candidate"
+            if d is None:
+                t.add_row(cid, outcome, "0 (no answer)" if cid in r["missing"] else "-", "", "")
+                continue
+            notes = d["error"]
+            rejected = d["rejected_nodes"]
+            if rejected:
+                notes += (" " if notes else "") + f"{len(rejected)} node(s) rejected by affinity, e.g. " + "; ".join(
+                    f"{n}: {w}" for n, w in list(rejected.items())[:3]
+                )
+            t.add_row(cid, outcome, f"{d['score']:g}", f"{d['node']} {','.join(d['gpus'])}".strip(), notes)
+        console.print(t)
+    if x["instances"]:
+        t = Table(title="instances")
+        for col in ("instance", "node", "GPUs", "placed by", "status"):
+            t.add_column(col)
+        for iid, i in sorted(x["instances"].items()):
+            t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""))
+        console.print(t)
+    for f in x["failures"]:
+        console.print(f"[red]{f['step']} failed[/]: {f['reason']}")
+    d = x["decisions"]
+    if d["count"]:
+        console.print(f"{d['count']} policy calls, {d['errors']} failed, {d['total_us'] / 1000:.2f} ms in policies:")
+        for key, per in sorted(d["by_policy"].items()):
+            console.print(f"  {key}: {per['calls']} calls {per['actions']} {per['us'] / 1000:.2f} ms")
+
+
 # -- policies ---------------------------------------------------------------------------------
 @policy_app.command("run")
 def policy_run(

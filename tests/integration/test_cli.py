@@ -38,6 +38,16 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     seqs = [json.loads(line)["seq"] for line in r.stdout.splitlines()]
     assert seqs == sorted(seqs)
 
+    r = blocks(system, "explain", "cli-good", "--json")
+    x = json.loads(r.stdout)
+    assert x["status"] == "ready" and x["rounds"][0]["chosen"] == "c1"
+    assert x["rounds"][0]["dry_run"]["c1"]["score"] == 1.0
+    [(iid, inst)] = x["instances"].items()
+    assert inst["status"] == "running" and inst["node"] == block["instances"][iid]["node"]
+    assert x["decisions"]["count"] == 4 and x["decisions"]["errors"] == 0  # selection, dry_run, post_dry_run, allocation
+    r = blocks(system, "explain", "cli-good")
+    assert r.returncode == 0 and "clusterAllocator chose c1 with score 1" in r.stdout
+
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "cli-bad", "minInstances": 3, "maxInstances": 1}))
     r = blocks(system, "submit", str(bad), "--wait")
@@ -52,6 +62,8 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     assert blocks(system, "submit", str(away), "--wait").returncode == 0
     r = blocks(system, "replay", "cli-away")
     assert "c1-n0: rejected by entry 0: Required away from rack 0" in r.stdout, r.stdout
+    x = json.loads(blocks(system, "explain", "cli-away", "--json").stdout)
+    assert x["rounds"][0]["dry_run"]["c1"]["rejected_nodes"] == {"c1-n0": "rejected by entry 0: Required away from rack 0"}
 
     huge = tmp_path / "huge.yaml"  # 8 GPUs per instance: no node has them
     huge.write_text(
@@ -61,6 +73,9 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     r = blocks(system, "submit", str(huge), "--wait")
     assert r.returncode == 3
     assert "no cluster passed the filter rule" in r.stdout
+    x = json.loads(blocks(system, "explain", "cli-huge", "--json").stdout)
+    assert x["status"] == "failed" and "c1" in x["rounds"][0]["filtered"]
+    assert x["failures"][-1]["reason"].startswith("no cluster passed the filter rule")
 
 
 def test_policy_run_prints_result_and_fails_cleanly(tmp_path: Path) -> None:

@@ -1,0 +1,103 @@
+"""``blocks explain``: fold a block's recorded events (from the stream alone) into the why of its
+placement - candidates and why others were filtered, each cluster's dry_run score and node/GPUs,
+why the final cluster won, each instance's node and GPUs, every failure with its reason.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _kind(subject: str) -> str:
+    parts = subject.split(".", 3)
+    return parts[3] if len(parts) == 4 else subject
+
+
+def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "block_id": "",
+        "status": "unknown",
+        "reason": "",
+        "rounds": [],
+        "instances": {},
+        "failures": [],
+        "decisions": {"count": 0, "errors": 0, "total_us": 0, "by_policy": {}},
+        "rejected_errors": [],
+    }
+    rounds: dict[int, dict[str, Any]] = {}
+
+    def rnd(n: int) -> dict[str, Any]:
+        if n not in rounds:
+            rounds[n] = {"round": n, "candidates": [], "filtered": {}, "dry_run": {}, "chosen": "", "why": "", "missing": []}
+        return rounds[n]
+
+    for subject, env in events:
+        kind = _kind(subject)
+        data = env.get("data") if isinstance(env.get("data"), dict) else {}
+        out["block_id"] = out["block_id"] or subject.split(".")[2]
+        n = int(data.get("attempt", 0) or 0)
+        if kind == "create":
+            out["status"] = "submitted"
+        elif kind == "parsed":
+            out["status"] = "parsed"
+        elif kind == "rejected":
+            out["status"] = "rejected"
+            out["rejected_errors"] = data.get("errors", [])
+            out["reason"] = "; ".join(f"{e['path']}: {e['message']}" for e in out["rejected_errors"])
+        elif kind == "selection":
+            r = rnd(n)
+            r["candidates"] = data.get("candidates", [])
+            r["filtered"] = data.get("filtered", {})
+        elif kind == "dry_run.result":
+            rnd(n)["dry_run"][data["cluster_id"]] = {
+                "score": data.get("score", 0.0),
+                "node": (data.get("node_info") or {}).get("node_id", ""),
+                "gpus": (data.get("node_info") or {}).get("gpus", []),
+                "error": data.get("error", ""),
+                "rejected_nodes": data.get("rejected_nodes", {}),
+                "node_scores": data.get("node_scores", {}),
+            }
+        elif kind == "post_dry_run":
+            r = rnd(n)
+            r["chosen"] = data.get("cluster_id", "")
+            r["missing"] = data.get("missing", [])
+            scores = data.get("scores", {})
+            if r["chosen"]:
+                others = ", ".join(f"{c} {s:g}" for c, s in sorted(scores.items()) if c != r["chosen"])
+                r["why"] = f"clusterAllocator chose {r['chosen']} with score {scores.get(r['chosen'], 0):g}" + (
+                    f" (others: {others})" if others else ""
+                )
+        elif kind == "allocation.failed":
+            out["failures"].append({"step": "allocation", "round": int(data.get("request_id") or 0), "reason": data.get("reason", "")})
+        elif kind == "placement":
+            for p in data.get("placements", []):
+                out["instances"][p["instance_id"]] = {
+                    "node": p["node_id"], "gpus": p["gpus"], "action": data.get("action", ""), "status": "placed",
+                    "replaces": data.get("replaces", ""),
+                }
+        elif kind.startswith("instance."):
+            iid, event = kind.split(".")[1], kind.rsplit(".", 1)[1]
+            inst = out["instances"].setdefault(iid, {"node": data.get("node_id", ""), "gpus": data.get("gpus", []), "action": ""})
+            inst["status"] = {"added": "running", "removed": "removed"}.get(event, event)
+            if data.get("reason"):
+                inst["reason"] = data["reason"]
+        elif kind in ("scale.failed", "reassignment.failed"):
+            out["failures"].append({"step": data.get("step", kind.split(".")[0]), "reason": data.get("reason", "")})
+        elif kind in ("ready", "failed", "deleted"):
+            out["status"] = kind
+            if kind == "failed":
+                out["reason"] = data.get("reason", "")
+                out["failures"].append({"step": "block", "reason": out["reason"]})
+        elif kind == "decision":
+            d = out["decisions"]
+            d["count"] += 1
+            d["total_us"] += int(data.get("duration_us", 0))
+            if data.get("error"):
+                d["errors"] += 1
+            key = f"{data.get('kind')}:{data.get('policy')}@{data.get('version') or data.get('uri')}"
+            per = d["by_policy"].setdefault(key, {"calls": 0, "us": 0, "actions": {}})
+            per["calls"] += 1
+            per["us"] += int(data.get("duration_us", 0))
+            per["actions"][data.get("action", "?")] = per["actions"].get(data.get("action", "?"), 0) + 1
+    out["rounds"] = [rounds[k] for k in sorted(rounds)]
+    return out
