@@ -136,6 +136,40 @@ class Client:
                 await sub.unsubscribe()
         return out
 
+    async def decisions(self, since: float | None = None, idle: float = 0.5) -> list[dict[str, Any]]:
+        """Recorded policy decisions (oldest first), with large inputs fetched back by digest."""
+        import datetime as dt
+
+        out: list[dict[str, Any]] = []
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def cb(msg: Any) -> None:
+            await queue.put(msg)
+
+        cfg: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
+        sub = await self.bus.js.subscribe(subjects.block_all("*").replace(">", "decision"), cb=cb, ordered_consumer=True, **cfg)
+        try:
+            while True:
+                try:
+                    msg = await asyncio.wait_for(queue.get(), timeout=idle)
+                except TimeoutError:
+                    break
+                env = _decode(msg.data)
+                when = dt.datetime.fromisoformat(str(env.get("time", "1970-01-01T00:00:00Z")).replace("Z", "+00:00"))
+                if since is None or when.timestamp() >= since:
+                    out.append(env.get("data") or {})
+                if msg.metadata.num_pending == 0:
+                    break
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        for d in out:
+            if d.get("input") is None and str(d.get("input_subject", "")).startswith("aios.input."):
+                with contextlib.suppress(Exception):
+                    raw = await self.bus.js.get_last_msg(subjects.STREAM, d["input_subject"])
+                    d["input"] = msgspec.json.decode(raw.data)
+        return out
+
     async def scale(self, bid: str) -> str:
         block = await self._live_block(bid)
         rid = uuid.uuid4().hex[:12]

@@ -588,6 +588,63 @@ def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
     console.print(f"policy [bold]{name}[/] version {version} stored; use policyRuleURI: registry:{name}")
 
 
+@policy_app.command("test")
+def policy_test(
+    name: str = typer.Argument(..., help="Policy whose recorded decisions to re-run: a registry name, a policy rule name (resourceAllocator) or a policyRuleURI."),
+    file: Path = typer.Argument(..., help="Candidate version (.py)."),
+    since: str = typer.Option(None, help="Only decisions newer than this: seconds, or 30m / 2h / 1d."),
+    blocks_: int = typer.Option(0, "--blocks", help="Only the N most recent blocks (0 = all)."),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Path = DataDir,
+) -> None:
+    """Re-run recorded decisions of past blocks against a candidate policy version, offline, and
+    print what would have changed (different cluster/node, newly failing, newly feasible).
+
+    Example: `blocks policy test my-packer my_packer_v2.py --since 2h --blocks 50`
+    """
+    from ..handlers.policy_test import compare
+    from ..policies.runtime import PolicyRuntime
+
+    cutoff = None
+    if since:
+        mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+        unit = since[-1] if since[-1] in mult else "s"
+        cutoff = time.time() - float(since.rstrip("smhd")) * mult[unit]
+    runtime = PolicyRuntime(allow_files=True)
+
+    async def go(c: Client) -> dict[str, Any]:
+        recorded = [
+            d for d in await c.decisions(cutoff)
+            if name in (d.get("policy"), d.get("uri"), d.get("kind"), d.get("uri", "").removeprefix("registry:"))
+        ]
+        if blocks_:
+            keep = list(dict.fromkeys(d["block_id"] for d in reversed(recorded)))[:blocks_]
+            recorded = [d for d in recorded if d["block_id"] in set(keep)]
+
+        async def run(input_data: dict[str, Any]) -> Any:
+            rule = {"name": name, "policyRuleURI": str(file), "parameters": {}, "settings": {}}
+            return await runtime.invoke(rule, f"policy-test.{name}", input_data, {})
+
+        return await compare(recorded, run)
+
+    report = _run(_with_client(data_dir, go))
+    if as_json:
+        print(json.dumps(report, indent=2, default=str))
+        return
+    c = report["counts"]
+    console.print(
+        f"{report['total']} recorded decisions of [bold]{name}[/]: {c['same']} same, [yellow]{c['changed']} changed[/], "
+        f"[red]{c['newly_failing']} newly failing[/], [green]{c['newly_feasible']} newly feasible[/], {c['skipped']} without input"
+    )
+    if report["changes"]:
+        t = Table()
+        for col in ("block", "action", "recorded", "candidate", "verdict"):
+            t.add_column(col)
+        for row in report["changes"]:
+            t.add_row(row["block_id"], row["action"], row["before"], row["after"], row["verdict"])
+        console.print(t)
+
+
 @policy_app.command("list")
 def policy_list(data_dir: Path = DataDir) -> None:
     """List registry policies. Example: `blocks policy list`"""

@@ -1,0 +1,60 @@
+"""``blocks policy test``: what a candidate policy version would have decided differently on
+recorded traffic (like ``nomad job plan``, for policies). Pure: recorded decisions in, a report out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from ..policies import contract
+
+#: run(input_data) -> output of the candidate policy (raises on failure)
+Run = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
+def summarize(action: str, output: Any) -> str:
+    """The part of an output that matters for a placement decision."""
+    if output is None:
+        return "-"
+    if action == "selection":
+        return ",".join(contract.cluster_id_of(c) for c in output.get("clusters", []))
+    if action == "post_dry_run":
+        return contract.cluster_id_of(output)
+    if action == "dry_run":
+        ssd = output.get("selection_score_data", {})
+        node = (ssd.get("node_info") or {}).get("node_id", "")
+        return f"{ssd.get('score', 0):g}@{node}" if node else f"{ssd.get('score', 0):g}"
+    return f"{output.get('node_id')}{output.get('gpus', [])}"
+
+
+async def compare(decisions: list[dict[str, Any]], run: Run) -> dict[str, Any]:
+    """Re-run each recorded decision (whose input is available) and classify the difference."""
+    rows = []
+    counts = {"same": 0, "changed": 0, "newly_failing": 0, "newly_feasible": 0, "skipped": 0}
+    for d in decisions:
+        if d.get("input") is None:
+            counts["skipped"] += 1
+            continue
+        action = d["action"]
+        before = "error: " + d["error"] if d.get("error") else summarize(action, d.get("output"))
+        try:
+            out = await run(d["input"])
+            contract.check(action, out)
+            after = summarize(action, out)
+            failed_now = False
+        except Exception as exc:
+            after = f"error: {exc}"
+            failed_now = True
+        if after == before:
+            verdict = "same"
+        elif failed_now and not d.get("error"):
+            verdict = "newly_failing"
+        elif d.get("error") and not failed_now:
+            verdict = "newly_feasible"
+        else:
+            verdict = "changed"
+        counts[verdict] += 1
+        if verdict != "same":
+            rows.append({"block_id": d["block_id"], "action": action, "before": before, "after": after, "verdict": verdict})
+    return {"counts": counts, "changes": rows, "total": len(decisions)}
