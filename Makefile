@@ -35,6 +35,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/placement.py
+	$(BIN)/python bench/affinity.py
 
 clean:
 	rm -rf $(VENV) .aios-data .pytest_cache
