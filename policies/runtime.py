@@ -132,8 +132,10 @@ class PolicyRuntime:
             if record.get("language", "python") != "python":
                 raise ValueError(f"policy {name!r} is {record.get('language')}, not runnable by this runtime")
             key = (f"registry:{name}", int(record["version"]))
-            if key not in self._classes:
-                self._classes[key] = policy_class_from_source(record["source"], f"<policy {name} v{key[1]}>")
+            if key not in self._classes:  # trusted source, but its top level may be slow: off the loop
+                self._classes[key] = await asyncio.get_running_loop().run_in_executor(
+                    self._pool, policy_class_from_source, record["source"], f"<policy {name} v{key[1]}>"
+                )
             return self._classes[key], key[0], key[1]
         if ":" in uri:
             mod_name, _, cls_name = uri.partition(":")
@@ -149,7 +151,8 @@ class PolicyRuntime:
         key = (rule_id, cname, version, repr(settings), repr(parameters))
         inst = self._instances.get(key)
         if inst is None:
-            inst = cls(rule_id, settings, parameters)
+            # constructors are policy code too: off the event loop, under the caller's time limit
+            inst = await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, cls, rule_id, settings, parameters)
             self._instances[key] = inst
             if len(self._instances) > self._max_instances:
                 self._instances.popitem(last=False)
@@ -167,22 +170,40 @@ class PolicyRuntime:
         """Run one policy call with the seed's arguments. Raises PolicyFailed, never anything else."""
         action = input_data.get("action", "?")
         name = rule.get("name", "?")
+        loop = asyncio.get_running_loop()
         try:
-            inst, _, _ = await self.instance(rule, rule_id)
+            inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
+        except TimeoutError:
+            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s")
         except Exception as exc:
             raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}")
         params = rule.get("parameters") or {}
         ctx = context if context is not None else {}
-        loop = asyncio.get_running_loop()
-        fut = loop.run_in_executor(self._pool, inst.eval, params, input_data, ctx)
+        fut = loop.run_in_executor(self._pool, _guarded, inst.eval, params, input_data, ctx)
         try:
             result = await asyncio.wait_for(fut, timeout=self.timeout_s)
         except TimeoutError:
             raise PolicyFailed(name, action, f"timed out after {self.timeout_s:g}s")
         except Exception as exc:
+            exc = exc.__cause__ if isinstance(exc, _Escaped) and exc.__cause__ else exc
             raise PolicyFailed(name, action, f"raised {type(exc).__name__}: {exc}")
         try:
             contract.check(action, result)
         except contract.WrongShape as exc:
             raise PolicyFailed(name, action, f"wrong return shape: {exc}")
+        except Exception as exc:  # e.g. a result whose repr raises
+            raise PolicyFailed(name, action, f"unreadable result: {type(exc).__name__}: {exc}")
         return result
+
+
+class _Escaped(Exception):
+    """A BaseException (SystemExit, KeyboardInterrupt) raised by policy code, made an Exception."""
+
+
+def _guarded(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:
+        raise
+    except BaseException as exc:  # never let policy code exit the worker
+        raise _Escaped(repr(exc)) from exc

@@ -76,9 +76,10 @@ def block_create_IR(
     except ValidationError as exc:
         errors.extend(pydantic_errors(exc))
 
-    raw_min, raw_max = doc.get("minInstances"), doc.get("maxInstances")
-    if isinstance(raw_min, int) and isinstance(raw_max, int) and raw_min > raw_max:
-        errors.append(SpecError("$.minInstances", f"minInstances ({raw_min}) is greater than maxInstances ({raw_max})"))
+    # compare the validated numbers (pydantic accepts 5.0 and "5"); raw ints when validation failed
+    lo, hi = (spec.minInstances, spec.maxInstances) if spec else (doc.get("minInstances"), doc.get("maxInstances"))
+    if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool) and lo > hi:
+        errors.append(SpecError("$.minInstances", f"minInstances ({lo}) is greater than maxInstances ({hi})"))
 
     block_id = doc.get("blockId") if isinstance(doc.get("blockId"), str) else None
     if subject_block_id is not None:

@@ -30,10 +30,6 @@ class ClusterRankPolicy:
             return {"clusters": ranked[: int(limit)] if limit else ranked}
         if input_data["action"] == "post_dry_run":
             clusters = input_data["clusters"]
-            return max(clusters, key=lambda e: (e["score_data"]["score"], _free_gpus(e), _neg(e["cluster_id"])))
+            return min(clusters, key=lambda e: (-e["score_data"]["score"], -_free_gpus(e), e["cluster_id"]))
         raise ValueError(f"unsupported action {input_data['action']!r}")
 
-
-def _neg(s: str) -> tuple[int, ...]:
-    # reverse lexical order, so ties pick the smallest id deterministically
-    return tuple(-ord(c) for c in s)
