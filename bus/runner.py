@@ -128,6 +128,9 @@ class ConsumerRunner:
         except Poison as exc:
             await self._dead_letter(msg, delivery, f"poison: {exc}")
             return
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # malformed: no retry can fix it
+            await self._dead_letter(msg, delivery, f"malformed event: {exc}")
+            return
         except asyncio.CancelledError:
             raise
         except Exception as exc:
