@@ -83,7 +83,12 @@ def filter_rule(
         ):
             filtered[cid] = f"no healthy node with capacity for one instance ({len(cnodes)} nodes)"
             continue
-        passed.append(cluster_entry(cluster, cnodes))
+        entry = cluster_entry(cluster, cnodes)
+        if entries:  # Preferred affinity at cluster level: the best score a node here could get
+            entry["metrics"]["affinity_score"] = max(
+                (n["affinity"]["score"] for n in cnodes.values() if n["affinity"]["pass"]), default=0.0
+            )
+        passed.append(entry)
     return passed, filtered
 
 

@@ -9,12 +9,17 @@ def _free_gpus(entry: dict[str, Any]) -> int:
     return int(entry.get("metrics", {}).get("gpus_free", 0))
 
 
+def _affinity(entry: dict[str, Any]) -> float:
+    return float(entry.get("metrics", {}).get("affinity_score", 0.0))
+
+
 class ClusterRankPolicy:
     """Seed-000 class shape.
 
-    * ``selection``: candidates sorted by free GPUs (most first); ``parameters.maxCandidates``
-      keeps only the top N.
-    * ``post_dry_run``: the highest feasibility score; ties go to more free GPUs, then the id.
+    * ``selection``: candidates sorted by Preferred-affinity score, then free GPUs (most first);
+      ``parameters.maxCandidates`` keeps only the top N.
+    * ``post_dry_run``: the highest feasibility score; ties go to the higher affinity score, then
+      more free GPUs, then the smallest id.
     """
 
     def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
@@ -25,11 +30,13 @@ class ClusterRankPolicy:
     def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> Any:
         params = {**self.parameters, **(parameters or {})}
         if input_data["action"] == "selection":
-            ranked = sorted(input_data["filter_result"], key=lambda e: (-_free_gpus(e), e["cluster_id"]))
+            ranked = sorted(input_data["filter_result"], key=lambda e: (-_affinity(e), -_free_gpus(e), e["cluster_id"]))
             limit = params.get("maxCandidates")
             return {"clusters": ranked[: int(limit)] if limit else ranked}
         if input_data["action"] == "post_dry_run":
             clusters = input_data["clusters"]
-            return min(clusters, key=lambda e: (-e["score_data"]["score"], -_free_gpus(e), e["cluster_id"]))
+            return min(
+                clusters, key=lambda e: (-e["score_data"]["score"], -_affinity(e), -_free_gpus(e), e["cluster_id"])
+            )
         raise ValueError(f"unsupported action {input_data['action']!r}")
 

@@ -120,3 +120,15 @@ async def test_invalid_affinity_is_rejected_at_parse_time(system: System) -> Non
     assert any(p.startswith("$.affinity[0]") for p in paths)
     assert any(p.startswith("$.affinity[1]") for p in paths)
     assert any(p.startswith("$.affinity[2]") for p in paths)
+
+
+async def test_preferred_affinity_chooses_the_cluster_too(system: System) -> None:
+    # two identical clusters; cluster-rank alone would take c0 (tie -> smallest id)
+    await _cluster(system, "c0", nodes=2, gpus=2)
+    await _cluster(system, "c1", nodes=2, gpus=2)
+    _, kind, env = await system.submit_and_wait(_spec("no-pref"))
+    assert kind == "ready" and env["data"]["cluster_id"] == "c0"
+    aff = [{"category": "Topology", "strength": "Preferred", "target": {"type": "NodeId", "value": "c1-n1"}}]
+    bid, kind, env = await system.submit_and_wait(_spec("pref-c1", aff))
+    assert kind == "ready" and env["data"]["cluster_id"] == "c1"
+    assert next(iter((await system.client.store.instances(bid)).values()))["node"] == "c1-n1"
