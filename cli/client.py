@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -113,22 +114,23 @@ class Client:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int]]:
-        """Every stored event of a block (or all blocks), oldest first: (subject, event, seq)."""
-        out: list[tuple[str, dict[str, Any], int]] = []
+    async def _scan(self, subject: str, idle: float) -> list[Any]:
+        """Every stored message on ``subject``, oldest first (ordered push consumer from the start;
+        stops when none is pending or nothing came for ``idle`` seconds)."""
+        out: list[Any] = []
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
-        sub = await self.bus.js.subscribe(subjects.block_all(bid), cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
         try:
             while True:
                 try:
                     msg = await asyncio.wait_for(queue.get(), timeout=idle)
                 except TimeoutError:
                     break
-                out.append((msg.subject, _decode(msg.data), msg.metadata.sequence.stream))
+                out.append(msg)
                 if msg.metadata.num_pending == 0:
                     break
         finally:
@@ -136,33 +138,18 @@ class Client:
                 await sub.unsubscribe()
         return out
 
+    async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int]]:
+        """Every stored event of a block (or all blocks), oldest first: (subject, event, seq)."""
+        return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in await self._scan(subjects.block_all(bid), idle)]
+
     async def decisions(self, since: float | None = None, idle: float = 0.5) -> list[dict[str, Any]]:
         """Recorded policy decisions (oldest first), with large inputs fetched back by digest."""
-        import datetime as dt
-
         out: list[dict[str, Any]] = []
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-
-        async def cb(msg: Any) -> None:
-            await queue.put(msg)
-
-        cfg: dict[str, Any] = {"deliver_policy": DeliverPolicy.ALL}
-        sub = await self.bus.js.subscribe(subjects.block_all("*").replace(">", "decision"), cb=cb, ordered_consumer=True, **cfg)
-        try:
-            while True:
-                try:
-                    msg = await asyncio.wait_for(queue.get(), timeout=idle)
-                except TimeoutError:
-                    break
-                env = _decode(msg.data)
-                when = dt.datetime.fromisoformat(str(env.get("time", "1970-01-01T00:00:00Z")).replace("Z", "+00:00"))
-                if since is None or when.timestamp() >= since:
-                    out.append(env.get("data") or {})
-                if msg.metadata.num_pending == 0:
-                    break
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
+        for msg in await self._scan(subjects.block_event("*", "decision"), idle):
+            env = _decode(msg.data)
+            when = dt.datetime.fromisoformat(str(env.get("time", "1970-01-01T00:00:00Z")).replace("Z", "+00:00"))
+            if since is None or when.timestamp() >= since:
+                out.append(env.get("data") or {})
         for d in out:
             if d.get("input") is None and str(d.get("input_subject", "")).startswith("aios.input."):
                 with contextlib.suppress(Exception):
