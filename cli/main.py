@@ -15,6 +15,7 @@ import structlog
 import typer
 import yaml
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from ..schemas.spec import Cluster, Gpu, Node
@@ -112,10 +113,16 @@ def _line(subject: str, env: dict[str, Any]) -> str:
         detail = "; ".join(f"{e['path']}: {e['message']}" for e in data.get("errors", []))
     elif kind.endswith("failed"):
         detail = data.get("reason", "")
+    elif kind == "decision":
+        detail = f"{data.get('kind')}.{data.get('action')} {data.get('uri')}"
+        detail += f"@v{data['version']}" if data.get("version") else ""
+        detail += f" {data.get('duration_us', 0)}µs" + (f" error={data['error']}" if data.get("error") else "")
+        for level, text in data.get("logs") or []:
+            detail += f"\n    [{level}] {text}"
     elif kind.startswith("instance."):
         detail = f"node={data.get('node_id')} gpus={data.get('gpus')}" + (f" reason={data['reason']}" if data.get("reason") else "")
     colour = {"ready": "green", "failed": "red", "rejected": "red", "deleted": "yellow"}.get(kind.rsplit(".", 1)[-1], "cyan")
-    return f"[{colour}]{kind:<32}[/] {detail}"
+    return f"[{colour}]{kind:<32}[/] {escape(detail)}"
 
 
 # -- servers and workers ----------------------------------------------------------------------
@@ -539,20 +546,36 @@ def _render_explain(x: dict[str, Any]) -> None:
 # -- policies ---------------------------------------------------------------------------------
 @policy_app.command("run")
 def policy_run(
-    file_or_uri: str = typer.Argument(..., help="A .py file, builtin:NAME or module:Class."),
-    input_file: Path = typer.Option(..., "--input", "-i", help='JSON: {"action": ..., ...} as the seed defines.'),
-    kind: str = typer.Option("resourceAllocator", help="clusterAllocator | resourceAllocator | ..."),
+    file_or_uri: str = typer.Argument(..., help="A .py or .star file, builtin:NAME or module:Class."),
+    input_file: Path = typer.Option(..., "--input", "-i", help='JSON: {"action": ..., ...} as the seed defines; for --kind lxd, {"request", "candidate_members", ...}.'),
+    kind: str = typer.Option("resourceAllocator", help="clusterAllocator | resourceAllocator | lxd (an LXD instance_placement scriptlet)"),
     parameters: str = typer.Option("{}", help="JSON parameters."),
     settings: str = typer.Option("{}", help="JSON settings."),
 ) -> None:
     """Run one policy once with the seed's interface and print its result as JSON (no servers).
+    With `--kind lxd`, run an LXD placement scriptlet on LXD's own arguments (optionally with
+    `member_state` / `member_resources` / `instance_resources` for the helpers) and print the
+    chosen target; a rejection exits 1 with the scriptlet's message.
 
-    Example: `blocks policy run my_policy.py --kind clusterAllocator --input selection.json`
+    Example: `blocks policy run my_policy.py --kind clusterAllocator --input selection.json`,
+    `blocks policy run placement.star --kind lxd --input lxd_args.json`
     """
     from ..policies.runtime import PolicyRuntime
     from ..schemas.errors import PolicyFailed
 
     input_data = _load(input_file)
+    if kind == "lxd":
+        from ..policies.starlark_runtime import StarlarkError, run_lxd
+
+        try:
+            out = run_lxd(Path(file_or_uri).read_text(), Path(file_or_uri).stem, input_data)
+        except (OSError, StarlarkError) as exc:
+            err.print(f"[red]{exc}[/]")
+            raise typer.Exit(1)
+        for level, text in out["logs"]:
+            err.print(f"[dim][{level}][/] {text}")
+        print(json.dumps({"target": out["target"]}))
+        return
     rule = {"name": kind, "policyRuleURI": file_or_uri, "parameters": json.loads(parameters), "settings": json.loads(settings)}
     runtime = PolicyRuntime(allow_files=True)
     try:
@@ -565,22 +588,24 @@ def policy_run(
 
 @policy_app.command("add")
 def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
-    """Store a Python policy in the registry (new version); blocks use it as `registry:NAME`.
+    """Store a policy (Python `.py`, trusted; Starlark `.star`, sandboxed) in the registry as a new
+    version and tell workers; blocks use it as `registry:NAME` (their IR pins the version).
 
-    Example: `blocks policy add my-packer my_packer.py`
+    Example: `blocks policy add my-packer my_packer.py`, `blocks policy add lxd-mem most_free.star`
     """
     from ..bus import subjects
-    from ..policies.runtime import policy_class_from_source
+    from ..policies.runtime import compile_source, language_of
 
     source = file.read_text()
+    language = language_of(str(file))
     try:
-        policy_class_from_source(source, str(file))
+        compile_source(source, language, str(file))
     except Exception as exc:
         err.print(f"[red]{file} does not load: {type(exc).__name__}: {exc}[/]")
         raise typer.Exit(1)
 
     async def go(c: Client) -> int:
-        version = await c.store.policy_put(name, source, "python")
+        version = await c.store.policy_put(name, source, language)
         await c.bus.notify(subjects.policy_updated(name), {"name": name, "version": version})
         return version
 

@@ -30,6 +30,7 @@ from ..schemas.errors import PolicyFailed
 from . import contract
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
+from .starlark_runtime import compile_policy
 
 BUILTINS: dict[str, type] = {
     "builtin:cluster-rank": ClusterRankPolicy,
@@ -62,9 +63,23 @@ def registry_name(uri: str) -> tuple[str, int | None] | None:
             name, _, ver = rest.partition("@")
             return name, int(ver)
         return rest, None
-    if uri.endswith(".py"):
+    if uri.endswith((".py", ".star")):
         return os.path.splitext(os.path.basename(uri))[0], None
     return None
+
+
+def language_of(path: str) -> str:
+    return "starlark" if path.endswith(".star") else "python"
+
+
+def compile_source(source: str, language: str, label: str) -> type:
+    """Source -> a class in the seed's shape (Python: the one class with ``eval``; Starlark: a
+    sandboxed scriptlet, seed-000 ``eval`` or LXD ``instance_placement`` form)."""
+    if language == "starlark":
+        return compile_policy(source, label)
+    if language != "python":
+        raise ValueError(f"{label}: unknown policy language {language!r}")
+    return policy_class_from_source(source, label)
 
 
 def policy_class_from_source(source: str, label: str) -> type:
@@ -111,11 +126,11 @@ class PolicyRuntime:
         """-> (class, cache name, version) for a policyRuleURI."""
         if uri in BUILTINS:
             return BUILTINS[uri], uri, None
-        if self.allow_files and uri.endswith(".py") and os.path.exists(uri):  # noqa: ASYNC240
+        if self.allow_files and uri.endswith((".py", ".star")) and os.path.exists(uri):  # noqa: ASYNC240
             key = (uri, None)
             if key not in self._classes:
                 with open(uri) as f:  # noqa: ASYNC230 - CLI-only, once per file
-                    self._classes[key] = policy_class_from_source(f.read(), uri)
+                    self._classes[key] = compile_source(f.read(), language_of(uri), uri)
             return self._classes[key], uri, None
         reg = registry_name(uri)
         if reg is not None:
@@ -129,12 +144,10 @@ class PolicyRuntime:
             record = await self.lookup(name, version)
             if record is None:
                 raise ValueError(f"policy {name!r} (version {version or 'latest'}) is not in the registry")
-            if record.get("language", "python") != "python":
-                raise ValueError(f"policy {name!r} is {record.get('language')}, not runnable by this runtime")
             key = (f"registry:{name}", int(record["version"]))
-            if key not in self._classes:  # trusted source, but its top level may be slow: off the loop
+            if key not in self._classes:  # compile off the loop: a top level may be slow
                 self._classes[key] = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, policy_class_from_source, record["source"], f"<policy {name} v{key[1]}>"
+                    self._pool, compile_source, record["source"], record.get("language", "python"), f"{name}-v{key[1]}"
                 )
             return self._classes[key], key[0], key[1]
         if ":" in uri:
@@ -166,8 +179,10 @@ class PolicyRuntime:
         rule_id: str,
         input_data: dict[str, Any],
         context: dict[str, Any] | None = None,
+        trace: dict[str, Any] | None = None,
     ) -> Any:
-        """Run one policy call with the seed's arguments. Raises PolicyFailed, never anything else."""
+        """Run one policy call with the seed's arguments. Raises PolicyFailed, never anything else.
+        ``trace`` (optional) receives ``version`` and the scriptlet's ``logs`` of this call."""
         action = input_data.get("action", "?")
         name = rule.get("name", "?")
         loop = asyncio.get_running_loop()
@@ -181,7 +196,11 @@ class PolicyRuntime:
         ctx = context if context is not None else {}
         fut = loop.run_in_executor(self._pool, _guarded, inst.eval, params, input_data, ctx)
         try:
-            result = await asyncio.wait_for(fut, timeout=self.timeout_s)
+            try:
+                result = await asyncio.wait_for(fut, timeout=self.timeout_s)
+            finally:
+                if trace is not None and getattr(inst, "logs", None):
+                    trace["logs"] = [list(line) for line in inst.logs]
         except TimeoutError:
             raise PolicyFailed(name, action, f"timed out after {self.timeout_s:g}s")
         except Exception as exc:

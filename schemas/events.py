@@ -196,6 +196,8 @@ class Decision(msgspec.Struct):
     #: the input itself when small; else it is at ``input_subject`` (stored once per digest)
     input: Any = None
     input_subject: str = ""
+    #: log lines of the call (Starlark ``log_info/log_warn/log_error``): [level, text]
+    logs: list[list[str]] = []
 
 
 class DeadLetter(msgspec.Struct):

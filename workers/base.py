@@ -71,21 +71,24 @@ class Worker:
         rule_id = f"{ir['blockId']}.{kind}"
         ctx = TrackingDict(await self.store.context_load(rule_id))
         started = time.perf_counter()
-        result, error = None, ""
+        result, error, trace = None, "", {}
         try:
-            result = await self.runtime.invoke(rule, rule_id, input_data, ctx)
+            result = await self.runtime.invoke(rule, rule_id, input_data, ctx, trace)
         except PolicyFailed as exc:
             error = exc.reason
             raise
         finally:
-            await self.record(ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started)
+            await self.record(
+                ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started, trace.get("logs", [])
+            )
         changed, deleted = ctx.changes()
         if changed or deleted:
             await self.store.context_save(rule_id, changed, deleted)
         return result
 
     async def record(
-        self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float
+        self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float,
+        logs: list[list[str]] | None = None,
     ) -> None:
         """Publish the decision record of one policy call (the block's ``decision`` subject)."""
         raw = msgspec.json.encode(input_data)
@@ -100,7 +103,7 @@ class Worker:
         action = str(input_data.get("action", "?"))
         decision = Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
-            output, error, int(seconds * 1e6), inline, where,
+            output, error, int(seconds * 1e6), inline, where, logs or [],
         )
         await self.bus.publish(
             subjects.block_event(bid, "decision"), "block.decision", decision, f"{bid}:decision:{kind}:{action}:{digest}"
