@@ -36,6 +36,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python bench/placement.py
 	$(BIN)/python bench/affinity.py
+	$(BIN)/python bench/policies.py
 
 clean:
 	rm -rf $(VENV) .aios-data .pytest_cache
