@@ -30,7 +30,13 @@ from ..schemas.errors import PolicyFailed
 from . import contract
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
+from .sandbox import sandboxed_class
 from .starlark_runtime import compile_policy
+
+#: "process" (default): Starlark calls run in child processes with a memory limit (policies/sandbox.py);
+#: "inline": in the worker's process (faster, but a huge allocation aborts the worker).
+SANDBOX = os.environ.get("AIOS_STARLARK_SANDBOX", "process")
+SANDBOX_TIMEOUT_S = float(os.environ.get("AIOS_STARLARK_CALL_TIMEOUT_S", 4.0))
 
 BUILTINS: dict[str, type] = {
     "builtin:cluster-rank": ClusterRankPolicy,
@@ -76,7 +82,10 @@ def compile_source(source: str, language: str, label: str) -> type:
     """Source -> a class in the seed's shape (Python: the one class with ``eval``; Starlark: a
     sandboxed scriptlet, seed-000 ``eval`` or LXD ``instance_placement`` form)."""
     if language == "starlark":
-        return compile_policy(source, label)
+        cls = compile_policy(source, label)  # parses and resolves names without running anything
+        if SANDBOX == "inline":
+            return cls
+        return sandboxed_class(source, label, timeout_s=SANDBOX_TIMEOUT_S)
     if language != "python":
         raise ValueError(f"{label}: unknown policy language {language!r}")
     return policy_class_from_source(source, label)

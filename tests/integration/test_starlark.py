@@ -79,3 +79,25 @@ def test_policy_run_lxd_prints_target_or_rejection(tmp_path: Path) -> None:
     r = subprocess.run([*BLOCKS, "policy", "run", str(UNIT / "lxd_reject_by_name.star"), "--kind", "lxd", "--input", str(f)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "placement rejected" in r.stderr, r.stderr
+
+
+HOG = """
+def eval(parameters, input_data, context):
+    big = list(range(400000000))
+    return {"node_id": "never", "gpus": [str(len(big))]}
+"""
+
+
+async def test_memory_hog_scriptlet_fails_its_step_and_the_worker_lives(system: System, tmp_path: Path) -> None:
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=2, gpus=2)
+    hog = tmp_path / "hog.star"
+    hog.write_text(HOG)
+    assert blocks(system, "policy", "add", "hog", str(hog)).returncode == 0
+    _, kind, env = await system.submit_and_wait(_spec("hog-1", "registry:hog"), timeout=90)
+    assert kind == "failed"
+    reason = env["data"]["reason"]
+    assert "out of memory" in reason or "memory limit" in reason, reason
+    _, kind, _ = await system.submit_and_wait(_spec("after-hog", "builtin:binpack"))
+    assert kind == "ready"
+    assert system.supervisor.restarts == 0
