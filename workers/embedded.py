@@ -82,6 +82,10 @@ class EmbeddedServers:
     def redis_url(self) -> str:
         return f"redis://127.0.0.1:{self.redis_port}/0"
 
+    def __post_init__(self) -> None:
+        # absolute: redis-server chdirs into --dir, so relative paths after that would break
+        self.data_dir = Path(self.data_dir).resolve()
+
     def start(self) -> EmbeddedServers:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.start_nats()

@@ -62,3 +62,14 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
     finally:
         await bus.close()
         servers.stop()
+
+
+def test_embedded_servers_start_with_a_relative_data_dir(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.chdir(tmp_path)
+    servers = EmbeddedServers(data_dir=Path("rel/data")).start()
+    try:
+        assert servers.data_dir.is_absolute()
+        assert (tmp_path / "rel" / "data" / "endpoints.json").exists()
+        assert (tmp_path / "rel" / "data" / "redis.log").exists()
+    finally:
+        servers.stop()
