@@ -5,7 +5,8 @@ scripts also run on Redis Cluster: a block lives in one cluster, so its gang is 
 """
 
 # KEYS: node1, res1, node2, res2, ...   ARGV[1]: JSON list of placements
-# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive, share}
+# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive}
+# exclusive: the instance holds its GPUs whole; otherwise it shares them, taking gpu_mem MiB each
 # Returns {1, "ok"|"exists"} or {0, reason, node}
 RESERVE_GANG = r"""
 local p = cjson.decode(ARGV[1])
@@ -39,13 +40,12 @@ for i = 1, n do
     if not total then return {0, 'gpu ' .. g .. ' is not on node ' .. pl.node, pl.node} end
     local gw = w.gpus[g]
     if not gw then
-      gw = {mem = 0, n = 0, x = 0, share = 1}
+      gw = {mem = 0, n = 0, x = 0}
       w.gpus[g] = gw
       table.insert(w.gorder, g)
     end
     local m = tonumber(pl.gpu_mem)
     if pl.exclusive then m = total; gw.x = 1 end
-    if not pl.share then gw.share = 0 end
     pl['taken_' .. g] = m
     gw.mem = gw.mem + m
     gw.n = gw.n + 1
@@ -69,9 +69,8 @@ for _, nk in ipairs(order) do
     local used = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':mem') or '0')
     local cnt = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':n') or '0')
     local x = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':x') or '0')
-    local noshare = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':ns') or '0')
     if x == 1 then return {0, 'gpu ' .. g .. ' on ' .. w.node .. ' is held exclusively', w.node} end
-    if cnt + gw.n > 1 and (gw.x == 1 or gw.share == 0 or noshare == 1) then
+    if cnt + gw.n > 1 and gw.x == 1 then
       return {0, 'gpu ' .. g .. ' on ' .. w.node .. ' is in use and sharing is not allowed', w.node}
     end
     if used + gw.mem > total then
@@ -91,28 +90,32 @@ for i = 1, n do
     redis.call('HINCRBY', nk, 'g:' .. g .. ':mem', m)
     redis.call('HINCRBY', nk, 'g:' .. g .. ':n', 1)
     if pl.exclusive then redis.call('HSET', nk, 'g:' .. g .. ':x', 1) end
-    if not pl.share then redis.call('HSET', nk, 'g:' .. g .. ':ns', 1) end
   end
   redis.call('HSET', KEYS[2*i], 'node', pl.node, 'block', pl.block, 'cpu', pl.cpu, 'mem', pl.mem,
-    'gpus', cjson.encode(taken), 'exclusive', pl.exclusive and 1 or 0, 'share', pl.share and 1 or 0)
+    'gpus', cjson.encode(taken), 'exclusive', pl.exclusive and 1 or 0)
 end
 return {1, 'ok', ''}
 """
 
 # KEYS: node, res.  Returns 1 if released, 0 if there was nothing to release (idempotent).
 RELEASE = r"""
+-- amounts are skipped when zero: Lua renders -0 as "-0", which HINCRBY rejects
+local function give_back(key, field, amount, float)
+  amount = tonumber(amount)
+  if amount == 0 then return end
+  if float then redis.call('HINCRBYFLOAT', key, field, -amount) else redis.call('HINCRBY', key, field, -amount) end
+end
 if redis.call('EXISTS', KEYS[2]) == 0 then return 0 end
 local r = redis.call('HGETALL', KEYS[2])
 local f = {}
 for i = 1, #r, 2 do f[r[i]] = r[i+1] end
 if redis.call('EXISTS', KEYS[1]) == 1 then
-  redis.call('HINCRBYFLOAT', KEYS[1], 'cpu_used', -tonumber(f.cpu))
-  redis.call('HINCRBY', KEYS[1], 'mem_used', -tonumber(f.mem))
+  give_back(KEYS[1], 'cpu_used', f.cpu, true)
+  give_back(KEYS[1], 'mem_used', f.mem, false)
   for g, m in pairs(cjson.decode(f.gpus)) do
-    redis.call('HINCRBY', KEYS[1], 'g:' .. g .. ':mem', -m)
-    local left = redis.call('HINCRBY', KEYS[1], 'g:' .. g .. ':n', -1)
+    give_back(KEYS[1], 'g:' .. g .. ':mem', m, false)
+    redis.call('HINCRBY', KEYS[1], 'g:' .. g .. ':n', -1)
     if f.exclusive == '1' then redis.call('HSET', KEYS[1], 'g:' .. g .. ':x', 0) end
-    if left <= 0 then redis.call('HSET', KEYS[1], 'g:' .. g .. ':ns', 0) end
   end
 end
 redis.call('DEL', KEYS[2])

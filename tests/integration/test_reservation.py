@@ -1,0 +1,46 @@
+"""The atomic reservation scripts against a real Redis: sharing rules and zero-amount releases."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from aios_blocks.schemas.spec import Gpu, Node
+from aios_blocks.state.store import Store
+from aios_blocks.workers.embedded import EmbeddedServers
+
+
+def _p(iid: str, gpu_mem: int, exclusive: bool, mem: int = 0) -> dict[str, Any]:
+    return {"iid": iid, "block": "b", "node": "n", "gpus": ["g"], "cpu": 0, "mem": mem, "gpu_mem": gpu_mem,
+            "exclusive": exclusive, "share": not exclusive}
+
+
+async def test_sharing_rules_and_release_of_zero_amounts(tmp_path: Path) -> None:
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_redis()
+    st = Store.open(servers.redis_url)
+    try:
+        await st.put_node(Node(id="n", cluster="c", gpus=[Gpu(id="g", memory=100)]))
+        assert (await st.reserve_gang("c", [_p("s1", 40, False)]))[0]
+        assert (await st.reserve_gang("c", [_p("s2", 40, False)]))[0]
+        ok, reason, node = await st.reserve_gang("c", [_p("s3", 40, False)])
+        assert not ok and reason == "gpu g on n: 20 MiB free, 40 asked" and node == "n"
+        ok, reason, _ = await st.reserve_gang("c", [_p("x1", 0, True)])
+        assert not ok and "sharing is not allowed" in reason
+        assert await st.release("c", "n", "s1") and await st.release("c", "n", "s2")
+        assert not await st.release("c", "n", "s2")  # idempotent
+        assert (await st.reserve_gang("c", [_p("x2", 0, True)]))[0]
+        ok, reason, _ = await st.reserve_gang("c", [_p("s4", 10, False)])
+        assert not ok and "held exclusively" in reason
+        assert await st.release("c", "n", "x2")
+        ok, _, _ = await st.reserve_gang("c", [_p("a", 0, True), _p("b", 0, True)])  # one gang, one exclusive GPU
+        assert not ok
+        # zero CPU, memory and GPU memory (the defaults of a component) must release cleanly
+        assert (await st.reserve_gang("c", [_p("z", 0, False, mem=0)]))[0]
+        assert await st.release("c", "n", "z")
+        [view] = (await st.read_nodes("c", ["n"])).values()
+        assert view["memory_free"] == view["memory"] and view["gpus"][0]["memory_used"] == 0
+        assert view["gpus"][0]["instances"] == 0 and not view["gpus"][0]["exclusive"]
+    finally:
+        await st.close()
+        servers.stop()
