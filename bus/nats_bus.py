@@ -79,7 +79,8 @@ class Bus:
 
     # -- topology --------------------------------------------------------------------------
     async def ensure_stream(self, limits: StreamLimits | None = None) -> None:
-        """Create the ``AIOS`` stream (limits retention over ``aios.>``) if it does not exist."""
+        """Create the ``AIOS`` stream (limits retention over ``subjects.STREAM_SUBJECTS``) if it does
+        not exist; a stream made by an older version with other subjects is updated in place."""
         limits = limits or StreamLimits()
         cfg = StreamConfig(
             name=subjects.STREAM,
@@ -94,7 +95,11 @@ class Bus:
             max_msg_size=-1,
         )
         try:
-            await self.js.stream_info(subjects.STREAM)
+            info = await self.js.stream_info(subjects.STREAM)
+            if sorted(info.config.subjects or []) != sorted(cfg.subjects or []):
+                info.config.subjects = cfg.subjects
+                await self.js.update_stream(info.config)
+                log.info("stream.subjects_updated", stream=subjects.STREAM, subjects=cfg.subjects)
         except NotFoundError:
             try:
                 await self.js.add_stream(cfg)

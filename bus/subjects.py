@@ -11,7 +11,21 @@ from dataclasses import dataclass
 
 ROOT = "aios"
 STREAM = "AIOS"
-STREAM_SUBJECTS = [f"{ROOT}.>"]
+#: What the stream keeps: every fact and command of the system. Left out on purpose (core NATS
+#: only, never stored): node heartbeats (``aios.node.{nid}.heartbeat``, a liveness signal, not
+#: state) and request/reply subjects (``aios.node.{nid}.expected``): a stream capturing a request
+#: subject would answer the requester with its PubAck before the real responder does.
+STREAM_SUBJECTS = [
+    f"{ROOT}.block.>",
+    f"{ROOT}.cluster.>",
+    f"{ROOT}.component.>",
+    f"{ROOT}.node.*.instance.>",
+    f"{ROOT}.node.*.registered",
+    f"{ROOT}.node.*.health",
+    f"{ROOT}.policy.>",
+    f"{ROOT}.input.>",
+    f"{ROOT}.dlq.>",
+]
 
 # -- block lifecycle (aios.block.{bid}.*) -------------------------------------------------------
 def block_create(bid: str) -> str:
@@ -29,7 +43,7 @@ def block_all(bid: str = "*") -> str:
 
 
 def instance_event(bid: str, iid: str, event: str) -> str:
-    """``added``, ``removed``, ``unhealthy``."""
+    """``added``, ``removed``, ``failed``, ``unhealthy``."""
     return f"{ROOT}.block.{bid}.instance.{iid}.{event}"
 
 
@@ -44,10 +58,39 @@ def cluster_inventory(cid: str) -> str:
     return f"{ROOT}.cluster.{cid}.inventory"
 
 
-# -- node agent commands (aios.node.{nid}.*) ----------------------------------------------------
+# -- node agent commands and node facts (aios.node.{nid}.*) ---------------------------------------
 def node_command(nid: str, command: str) -> str:
     """``instance.create``, ``instance.remove``."""
     return f"{ROOT}.node.{nid}.{command}"
+
+
+def node_dangling(nid: str) -> str:
+    """An agent found a container/process labelled for its node that it was not told to run."""
+    return f"{ROOT}.node.{nid}.instance.dangling"
+
+
+def node_registered(nid: str) -> str:
+    """A node agent announced its node: labels, CPU, memory, GPUs (the controller records it)."""
+    return f"{ROOT}.node.{nid}.registered"
+
+
+def node_health(nid: str) -> str:
+    """The node went unhealthy (heartbeats stopped) or healthy again (they resumed)."""
+    return f"{ROOT}.node.{nid}.health"
+
+
+def node_heartbeat(nid: str) -> str:
+    """Core NATS only (not stored): free resources and load, every few seconds."""
+    return f"{ROOT}.node.{nid}.heartbeat"
+
+
+def node_expected(nid: str) -> str:
+    """Core NATS request/reply (not stored): which instances should run on this node."""
+    return f"{ROOT}.node.{nid}.expected"
+
+
+HEARTBEAT_ALL = f"{ROOT}.node.*.heartbeat"
+EXPECTED_ALL = f"{ROOT}.node.*.expected"
 
 
 def decision_input(digest: str) -> str:
@@ -110,18 +153,24 @@ def controller(cluster: str | None = None) -> ConsumerSpec:
     )
 
 
-#: Block-scoped facts the controllers act on (readiness, deletion). Shared by all controllers.
+#: Facts the controllers act on (readiness, deletion, failures, agents' nodes and leftovers).
+#: Shared by all controllers.
 LIFECYCLE = ConsumerSpec(
     "lifecycle",
     (
         f"{ROOT}.block.*.instance.*.added",
         f"{ROOT}.block.*.instance.*.removed",
+        f"{ROOT}.block.*.instance.*.failed",
+        f"{ROOT}.block.*.instance.*.unhealthy",
         f"{ROOT}.block.*.delete",
+        f"{ROOT}.node.*.instance.dangling",
+        f"{ROOT}.node.*.registered",
     ),
 )
 
 
 def agent(node: str | None = None) -> ConsumerSpec:
+    """One node agent's own durable (``node``), or the simulated fleet's shared one (``None``)."""
     nid = node or "*"
     name = f"agent-{node}" if node else "agent-sim"
     return ConsumerSpec(name, (f"{ROOT}.node.{nid}.instance.create", f"{ROOT}.node.{nid}.instance.remove"))
@@ -146,7 +195,14 @@ def catalog() -> list[tuple[str, str, str]]:
         ("aios.node.{nid}.instance.create", "controller", "start an instance"),
         ("aios.node.{nid}.instance.remove", "controller", "stop an instance"),
         ("aios.block.{bid}.instance.{iid}.added", "node agent", "instance running"),
-        ("aios.block.{bid}.instance.{iid}.removed", "node agent", "instance stopped"),
+        ("aios.block.{bid}.instance.{iid}.removed", "node agent / controller", "instance stopped (reason: removed, lost, evicted...)"),
+        ("aios.block.{bid}.instance.{iid}.failed", "node agent", "instance exited or could not start, with the reason"),
+        ("aios.block.{bid}.instance.{iid}.unhealthy", "node agent", "instance failed its health probe"),
+        ("aios.node.{nid}.instance.dangling", "node agent", "a labelled container/process nobody asked this node to run"),
+        ("aios.node.{nid}.registered", "node agent", "node capacity, labels and GPUs (controller records it)"),
+        ("aios.node.{nid}.health", "controller", "node marked unhealthy (heartbeats stopped) or healthy again"),
+        ("aios.node.{nid}.heartbeat", "node agent", "core NATS, not stored: free resources and load"),
+        ("aios.node.{nid}.expected", "controller (replies)", "core NATS request/reply, not stored: instances the node should run"),
         ("aios.block.{bid}.ready", "controller", "minInstances are running"),
         ("aios.block.{bid}.failed", "gateway / controller", "block cannot be placed, with the reason"),
         ("aios.block.{bid}.scale.failed", "controller", "a scale step failed (block stays as it was)"),

@@ -55,7 +55,8 @@ SAMPLE_SUBJECTS = [
     *(subjects.block_event("b1", e) for e in ("parsed", "rejected", "selection", "post_dry_run", "placement", "ready",
                                              "failed", "deleted", "delete", "scale.failed", "reassignment.failed",
                                              "dry_run.result", "dry_run.deadline", "allocation.failed")),
-    *(subjects.instance_event("b1", "b1-0", e) for e in ("added", "removed", "unhealthy")),
+    *(subjects.instance_event("b1", "b1-0", e) for e in ("added", "removed", "failed", "unhealthy")),
+    subjects.node_dangling("n1"), subjects.node_registered("n1"), subjects.node_health("n1"),
     *(subjects.cluster_command("c1", c) for c in ("dry_run", "allocation", "scale", "reassignment")),
     subjects.cluster_inventory("c1"),
     *(subjects.node_command("n1", c) for c in ("instance.create", "instance.remove")),
@@ -90,7 +91,16 @@ def test_pattern_constants_catalog_and_consumers_are_under_aios() -> None:
     patterns += [s for s, _, _ in subjects.catalog()]
     for p in patterns:
         assert p.startswith("aios."), p
-    assert subjects.STREAM_SUBJECTS == ["aios.>"]
+    assert all(p.startswith("aios.") for p in subjects.STREAM_SUBJECTS)
+
+
+def test_heartbeats_and_requests_are_not_stored() -> None:
+    # a stored request subject would be answered by the stream's PubAck before the responder
+    for subject in (subjects.node_heartbeat("n1"), subjects.node_expected("n1")):
+        assert not any(matches(p, subject) for p in subjects.STREAM_SUBJECTS), subject
+    for subject in (subjects.node_dangling("n1"), subjects.node_registered("n1"), subjects.node_health("n1"),
+                    subjects.instance_event("b", "i", "failed")):
+        assert any(matches(p, subject) for p in subjects.STREAM_SUBJECTS), subject
 
 
 def test_event_types_are_namespaced() -> None:
