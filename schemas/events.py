@@ -156,6 +156,54 @@ class InstanceEvent(msgspec.Struct):
     reason: str = ""
 
 
+class NodeRegistered(msgspec.Struct):
+    """A node announced by its agent (or by ``blocks node add`` / ``cluster add`` for simulated
+    inventory): ``node`` is a ``schemas.spec.Node`` as JSON. The controller records it."""
+
+    node: dict[str, Any]
+    #: who serves the node's commands: "" = the simulated fleet (``agent-sim``), else the agent's
+    #: name (``{runtime}@{host}``), whose own durable is ``agent-{nid}``
+    agent: str = ""
+    runtime: str = "sim"
+
+
+class NodeHealth(msgspec.Struct):
+    """A node's health changed: heartbeats stopped for ``timeout_s`` (unhealthy) or resumed."""
+
+    node_id: str
+    cluster_id: str
+    healthy: bool
+    reason: str = ""
+    #: instances moved off the node when it went unhealthy
+    evicted: list[str] = []
+
+
+class Heartbeat(msgspec.Struct):
+    """Core NATS, every few seconds, from each node agent (not stored in the stream)."""
+
+    node_id: str
+    cluster_id: str
+    seq: int
+    cpu_free: float
+    memory_free: int
+    gpus_free: int
+    instances: int
+    load1: float = 0.0
+    gpu_util: dict[str, float] = {}
+
+
+class Dangling(msgspec.Struct):
+    """A labelled container/process found on a node that the control plane did not ask it to run."""
+
+    node_id: str
+    instance_id: str
+    block_id: str = ""
+    gen: int = 0
+    runtime: str = ""
+    handle: str = ""
+    labels: dict[str, str] = {}
+
+
 class BlockStatus(msgspec.Struct):
     block_id: str
     gen: int
