@@ -14,7 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from .gateway import cluster_metrics, share_of
+from .gateway import cluster_metrics, sample_for, share_of
 
 Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 
@@ -31,21 +31,29 @@ def payload(
     action's extras: ``block_metrics``, ``instance_id``, ``pod_name``). Node details are in
     ``cluster_metrics["nodes"]`` so a policy can choose GPUs; when the block has affinity, each
     node view carries its pass/fail and score (``affinity.annotate``) and
-    ``cluster_metrics["affinity_index"]`` the placements its targets resolve to."""
+    ``cluster_metrics["affinity_index"]`` the placements its targets resolve to.
+
+    A cluster with more nodes than ``settings.sampleNodes`` (default 100) is sampled
+    (``policies.sampling``): ``cluster_metrics["nodes"]`` and ``healthy_nodes`` then hold only the
+    sampled nodes (enough feasible ones, or a few infeasible ones when none fits), the totals
+    still cover every node, and ``cluster_metrics["sample"]`` says so
+    (``total_nodes, visited, feasible, limit, seed`` and ``unsatisfiable`` when Required affinity
+    rejects every node)."""
     block = dict(ir)
     block["instances"] = instances or {}
     entries = ir.get("affinity") or []
-    if entries:
-        nodes = capacity.copy_nodes(nodes)
-        affinity.annotate(nodes, entries, index or affinity.empty_index())
-    metrics = cluster_metrics(nodes)
+    want = max(1, int(ir.get("maxInstances") or 1))
+    smp = sample_for(ir, nodes, index, want)
+    metrics = cluster_metrics(nodes, smp.nodes)
+    if smp.sampled:
+        metrics["sample"] = smp.info()
     if entries:
         metrics["affinity_index"] = index or affinity.empty_index()
     return {
         "block": block,
         "cluster": cluster,
         "cluster_metrics": metrics,
-        "healthy_nodes": sorted(nid for nid, n in nodes.items() if n["healthy"]),
+        "healthy_nodes": sorted(nid for nid, n in smp.nodes.items() if n["healthy"]),
         **extra,
     }
 
@@ -131,7 +139,7 @@ async def plan(
     """Call the resourceAllocator once per instance, applying each choice to a working copy of the
     snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``.
     Raises PlacementFailed with the reason."""
-    work = capacity.copy_nodes(nodes)
+    work = capacity.fork(nodes)  # copy-on-write: only the nodes taken below are copied
     needs, share = ir["resources"], share_of(ir)
     out: list[dict[str, Any]] = []
     index = index or affinity.empty_index()
@@ -145,7 +153,7 @@ async def plan(
         if why:
             raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: {why}")
         if ir.get("affinity"):
-            probe = {node_id: work[node_id]}
+            probe = {node_id: {**work[node_id]}}  # annotate a copy: views are shared
             affinity.annotate(probe, ir["affinity"], index)
             if not probe[node_id]["affinity"]["pass"]:
                 raise PlacementFailed(
@@ -153,6 +161,7 @@ async def plan(
                     + "; ".join(probe[node_id]["affinity"]["reasons"])
                 )
             index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
+        work[node_id] = capacity.copy_node(work[node_id])
         capacity.take(work[node_id], gpus, needs, share)
         out.append(
             {

@@ -10,7 +10,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..policies import affinity, capacity, contract
+from ..policies import affinity, capacity, contract, sampling
 from ..schemas.errors import PolicyFailed
 
 #: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
@@ -22,18 +22,19 @@ def share_of(ir: dict[str, Any]) -> bool:
     return bool((rule.get("settings") or {}).get("gpuSharing", False))
 
 
-def cluster_metrics(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """Totals over a cluster's nodes, plus the node views themselves under ``nodes``."""
-    healthy = [n for n in nodes.values() if n["healthy"]]
+def cluster_metrics(nodes: dict[str, dict[str, Any]], shown: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Totals over all of a cluster's nodes, plus node views under ``nodes``: all of them, or
+    ``shown`` (a sample, see ``policies.sampling``) when the cluster is large."""
+    t = capacity.totals(nodes)
     return {
         "node_count": len(nodes),
-        "healthy_node_count": len(healthy),
-        "gpus": sum(len(n["gpus"]) for n in nodes.values()),
-        "gpus_free": sum(capacity.free_gpus(n) for n in healthy),
-        "gpu_memory_free": sum(g["memory_free"] for n in healthy for g in n["gpus"]),
-        "cpu_free": round(sum(n["cpu_free"] for n in healthy), 3),
-        "memory_free": sum(n["memory_free"] for n in healthy),
-        "nodes": nodes,
+        "healthy_node_count": t["healthy_node_count"],
+        "gpus": t["gpus"],
+        "gpus_free": t["gpus_free"],
+        "gpu_memory_free": t["gpu_memory_free"],
+        "cpu_free": t["cpu_free"],
+        "memory_free": t["memory_free"],
+        "nodes": nodes if shown is None else shown,
     }
 
 
@@ -41,6 +42,16 @@ def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
     metrics = cluster_metrics(nodes)
     summary = {k: v for k, v in metrics.items() if k != "nodes"}
     return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
+
+
+def sample_for(
+    ir: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None, want: int = 1
+) -> sampling.Sample:
+    """The nodes the block's placement considers in one cluster (seeded by the block id)."""
+    return sampling.sample(
+        nodes, ir["resources"], share_of(ir), str(ir.get("blockId", "")), sampling.threshold_of(ir), want,
+        ir.get("affinity") or [], index,
+    )
 
 
 def filter_rule(
@@ -53,14 +64,14 @@ def filter_rule(
 
     ``{"matchLabels": {...}, "capacity": true}``: a cluster passes when its labels match and (unless
     ``capacity`` is false) at least one healthy node can host one instance and passes the block's
-    Required affinity.
+    Required affinity. A large cluster is judged on a seeded node sample (``policies.sampling``),
+    which scans to the end before calling a cluster infeasible.
     Returns (entries that passed, cluster id -> why each other one did not).
     """
     rule = ir["policies"]["clusterAllocator"]
     flt = (rule.get("settings") or {}).get("filter") or {}
     match = flt.get("matchLabels") or {}
     check_capacity = flt.get("capacity", True)
-    needs, share = ir["resources"], share_of(ir)
     passed, filtered = [], {}
     for cid in sorted(clusters):
         cluster = clusters[cid]
@@ -71,22 +82,17 @@ def filter_rule(
             continue
         cnodes = nodes.get(cid, {})
         entries = ir.get("affinity") or []
-        if entries:
-            cnodes = capacity.copy_nodes(cnodes)
-            affinity.annotate(cnodes, entries, index or affinity.empty_index())
-            if not any(n["affinity"]["pass"] for n in cnodes.values()):
-                filtered[cid] = affinity.unsatisfiable(cnodes, entries, index or affinity.empty_index())
-                continue
-        if check_capacity and not any(
-            capacity.node_fits(n, needs, share) is not None and n.get("affinity", {}).get("pass", True)
-            for n in cnodes.values()
-        ):
+        smp = sample_for(ir, cnodes, index)
+        if entries and smp.unsatisfiable:
+            filtered[cid] = smp.unsatisfiable
+            continue
+        if check_capacity and not smp.feasible:
             filtered[cid] = f"no healthy node with capacity for one instance ({len(cnodes)} nodes)"
             continue
         entry = cluster_entry(cluster, cnodes)
         if entries:  # Preferred affinity at cluster level: the best score a node here could get
             entry["metrics"]["affinity_score"] = max(
-                (n["affinity"]["score"] for n in cnodes.values() if n["affinity"]["pass"]), default=0.0
+                (n["affinity"]["score"] for n in smp.nodes.values() if n["affinity"]["pass"]), default=0.0
             )
         passed.append(entry)
     return passed, filtered

@@ -64,4 +64,89 @@ def free_gpus(node: dict[str, Any]) -> int:
 
 def copy_nodes(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """A copy deep enough for ``take`` (node dicts and GPU dicts)."""
-    return {nid: {**n, "gpus": [dict(g) for g in n["gpus"]]} for nid, n in nodes.items()}
+    return {nid: copy_node(n) for nid, n in nodes.items()}
+
+
+# -- cluster totals, kept incrementally ------------------------------------------------------------
+TOTAL_KEYS = ("gpus", "gpus_free", "gpu_memory_free", "cpu_free", "memory_free", "healthy_node_count")
+
+
+def node_totals(node: dict[str, Any]) -> tuple[float, ...]:
+    """One node's share of the cluster totals (free figures count only when healthy)."""
+    if not node["healthy"]:
+        return (len(node["gpus"]), 0, 0, 0.0, 0, 0)
+    mem = sum(g["memory_free"] for g in node["gpus"])
+    return (len(node["gpus"]), free_gpus(node), mem, node["cpu_free"], node["memory_free"], 1)
+
+
+class _Totals:
+    """Per nodes-dict memo: each node view's contribution, by identity, and their running sum.
+
+    Node views are replaced (never edited) when the inventory refreshes, so a view that is the
+    same object contributes the same; only replaced views are recomputed. The check is an identity
+    scan (a few tens of ns per node) instead of re-summing every GPU of every node.
+    """
+
+    def __init__(self, nodes: dict[str, dict[str, Any]]):
+        self.ref = nodes  # keeps id(nodes) from being reused while cached
+        self.parts: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {}
+        self.sum = [0.0] * len(TOTAL_KEYS)
+
+    def update(self) -> list[float]:
+        parts, total = self.parts, self.sum
+        for nid, view in self.ref.items():
+            old = parts.get(nid)
+            if old is not None and old[0] is view:
+                continue
+            new = node_totals(view)
+            parts[nid] = (view, new)
+            if old is None:
+                total[:] = [a + b for a, b in zip(total, new, strict=True)]
+            else:
+                total[:] = [a + b - c for a, b, c in zip(total, new, old[1], strict=True)]
+        if len(parts) != len(self.ref):  # nodes removed from the dict
+            for nid in [nid for nid in parts if nid not in self.ref]:
+                total[:] = [a - c for a, c in zip(total, parts.pop(nid)[1], strict=True)]
+        return total
+
+
+_TOTALS: dict[int, _Totals] = {}
+_TOTALS_MAX = 64
+
+
+def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
+
+    Memoised per dict (the inventory keeps one dict per cluster): the second call on the same dict
+    only recomputes the nodes whose view was replaced.
+    """
+    memo = _TOTALS.get(id(nodes))
+    if memo is None or memo.ref is not nodes:
+        if len(_TOTALS) >= _TOTALS_MAX:
+            _TOTALS.clear()
+        memo = _TOTALS[id(nodes)] = _Totals(nodes)
+    s = memo.update()
+    out = dict(zip(TOTAL_KEYS, s, strict=True))
+    for k in ("gpus", "gpus_free", "gpu_memory_free", "memory_free", "healthy_node_count"):
+        out[k] = int(out[k])
+    out["cpu_free"] = round(out["cpu_free"], 3)
+    return out
+
+
+def fork(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """A working copy for tentative placements: shares the node views (replace one with
+    ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy."""
+    work = dict(nodes)
+    totals(nodes)  # make sure the source has a memo to share
+    memo = _TOTALS.get(id(nodes))
+    if memo is not None and memo.ref is nodes:
+        if len(_TOTALS) >= _TOTALS_MAX:
+            _TOTALS.clear()
+        twin = _TOTALS[id(work)] = _Totals(work)
+        twin.parts, twin.sum = dict(memo.parts), list(memo.sum)
+    return work
+
+
+def copy_node(node: dict[str, Any]) -> dict[str, Any]:
+    """A copy of one node view deep enough for ``take``."""
+    return {**node, "gpus": [dict(g) for g in node["gpus"]]}

@@ -1,7 +1,8 @@
 """Built-in resourceAllocators: bin-pack and spread, GPU-memory aware.
 
 Nomad-shaped: feasibility (``capacity.node_fits``) then a rank (``_rank``), then the max-score
-pick. GPU sharing happens only when the rule's settings say ``gpuSharing: true``; then each
+pick. They rank the nodes of the payload, which for a large cluster is a seeded sample holding
+enough feasible nodes (``policies.sampling``, Nomad's limit iterator). GPU sharing happens only when the rule's settings say ``gpuSharing: true``; then each
 instance takes ``gpuMemory`` MiB of a GPU instead of the whole GPU.
 """
 
@@ -41,9 +42,13 @@ class _ResourceAllocator:
         pick = self._pick(nodes, healthy, needs, avoid) or (self._pick(nodes, healthy, needs, set()) if avoid else None)
         if pick is None:
             entries = payload["block"].get("affinity") or []
-            if entries and not any(n.get("affinity", {}).get("pass", True) for n in nodes.values()):
+            sample = payload["cluster_metrics"].get("sample") or {}
+            if entries and sample.get("unsatisfiable"):  # a large cluster: the reason covers every node
+                raise RuntimeError(sample["unsatisfiable"])
+            if entries and not sample and not any(n.get("affinity", {}).get("pass", True) for n in nodes.values()):
                 raise RuntimeError(affinity.unsatisfiable(nodes, entries, index))
-            raise RuntimeError(f"no healthy node can host an instance needing {_fmt(needs)}")
+            seen = f" (visited {sample['visited']} of {sample['total_nodes']} nodes)" if sample else ""
+            raise RuntimeError(f"no healthy node can host an instance needing {_fmt(needs)}{seen}")
         return {"node_id": pick[0], "gpus": pick[1]}
 
     def _dry_run(

@@ -1,0 +1,148 @@
+"""Which nodes a placement looks at when a cluster is large (Nomad's limit iterator).
+
+A cluster with at most ``threshold`` nodes is seen whole (``sampleNodes``; kube-scheduler's
+floor of 100 nodes). Above that, nodes are visited in a seeded pseudo-random order (the same
+block sees the same order on the same snapshot) and the visit stops after
+``max(2, ceil(log2 n), want)`` *feasible* nodes: healthy, room for one instance, passing the
+block's Required affinity. A cluster with no feasible node is therefore scanned to the end, so
+sampling never hides the only node that fits; it only bounds the work when many fit.
+
+The threshold comes from the resourceAllocator rule's ``settings.sampleNodes`` (``0`` = never
+sample), else ``AIOS_SAMPLE_NODES``, else 100.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import affinity, capacity
+
+DEFAULT_THRESHOLD = int(os.environ.get("AIOS_SAMPLE_NODES", 100))
+#: infeasible nodes kept in a sample that found no feasible one, so a policy can show why
+KEEP_INFEASIBLE = 16
+
+
+def threshold_of(ir: dict[str, Any]) -> int:
+    """``settings.sampleNodes`` of the block's resourceAllocator rule, else the default."""
+    rule = (ir.get("policies") or {}).get("resourceAllocator") or {}
+    value = (rule.get("settings") or {}).get("sampleNodes", DEFAULT_THRESHOLD)
+    try:
+        return max(0, int(value))
+    except (TypeError, ValueError):
+        return DEFAULT_THRESHOLD
+
+
+def limit(n: int) -> int:
+    """Nomad's limit iterator: how many feasible nodes are enough out of ``n``."""
+    return max(2, math.ceil(math.log2(n))) if n > 1 else 1
+
+
+def visit_order(n: int, seed: str) -> Iterator[int]:
+    """Each of ``range(n)`` exactly once, in an order fixed by ``seed``: ``start + i * stride``
+    (mod n) with a seeded start and a seeded stride coprime to n. O(1) to set up, unlike a shuffle."""
+    if n <= 0:
+        return
+    rng = random.Random(seed)  # str seeds hash with sha512: stable across processes
+    start = rng.randrange(n)
+    stride = 1
+    if n > 2:
+        stride = rng.randrange(1, n)
+        while math.gcd(stride, n) != 1:
+            stride = stride % (n - 1) + 1
+    for i in range(n):
+        yield (start + i * stride) % n
+
+
+def feasible(node: dict[str, Any], needs: capacity.Needs, share: bool) -> bool:
+    """Healthy, room for one instance, passes Required affinity (with its Required GPUs free)."""
+    aff = node.get("affinity") or {}
+    if not aff.get("pass", True):
+        return False
+    usable = capacity.node_fits(node, needs, share)
+    if usable is None:
+        return False
+    require = aff.get("require_gpus")
+    return not require or set(require) <= {g["id"] for g in usable}
+
+
+@dataclass
+class Sample:
+    """The node views a placement considers (annotated copies when the block has affinity)."""
+
+    nodes: dict[str, dict[str, Any]]
+    total: int
+    visited: int
+    feasible: int
+    affinity_pass: int
+    sampled: bool
+    seed: str = ""
+    limit: int = 0
+    #: set when no visited node passes Required affinity: each entry and what it eliminated
+    unsatisfiable: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def info(self) -> dict[str, Any]:
+        """What a policy sees under ``cluster_metrics["sample"]`` when the cluster was sampled."""
+        out: dict[str, Any] = {
+            "total_nodes": self.total, "visited": self.visited, "feasible": self.feasible,
+            "limit": self.limit, "seed": self.seed,
+        }
+        if self.unsatisfiable:
+            out["unsatisfiable"] = self.unsatisfiable
+        return out
+
+
+def sample(
+    nodes: dict[str, dict[str, Any]],
+    needs: capacity.Needs,
+    share: bool,
+    seed: str,
+    threshold: int = DEFAULT_THRESHOLD,
+    want: int = 1,
+    entries: list[dict[str, Any]] | None = None,
+    index: affinity.Index | None = None,
+) -> Sample:
+    """The nodes to consider for one placement: all of them (annotated) when the cluster is small,
+    else a seeded sample with enough feasible nodes (or every node, when fewer exist)."""
+    entries = entries or []
+    index = index or affinity.empty_index()
+    n = len(nodes)
+    if threshold <= 0 or n <= threshold:
+        work = nodes
+        if entries:
+            work = {nid: {**v} for nid, v in nodes.items()}
+            affinity.annotate(work, entries, index)
+        fits = sum(1 for v in work.values() if feasible(v, needs, share))
+        passing = sum(1 for v in work.values() if v.get("affinity", {}).get("pass", True))
+        reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
+        return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
+    k = max(limit(n), min(max(want, 1), n))
+    ids = list(nodes)
+    picked: dict[str, dict[str, Any]] = {}
+    others: dict[str, dict[str, Any]] = {}
+    visited = passing = 0
+    for i in visit_order(n, seed):
+        nid = ids[i]
+        view = nodes[nid]
+        if entries:
+            view = {**view}
+            affinity.annotate({nid: view}, entries, index)
+        visited += 1
+        if view.get("affinity", {}).get("pass", True):
+            passing += 1
+        if feasible(view, needs, share):
+            picked[nid] = view
+            if len(picked) >= k:
+                break
+        elif len(others) < KEEP_INFEASIBLE:
+            others[nid] = view
+    reason = ""
+    if entries and not passing:  # every node failed Required affinity: say which entry, over all
+        reason = affinity.unsatisfiable(nodes, entries, index)
+    chosen = picked if picked else others
+    return Sample(chosen, n, visited, len(picked), passing, True, seed, k, reason)
