@@ -39,11 +39,19 @@ def payload(
     still cover every node, and ``cluster_metrics["sample"]`` says so
     (``total_nodes, visited, feasible, limit, seed`` and ``unsatisfiable`` when Required affinity
     rejects every node)."""
+    return _payload(ir, cluster, nodes, instances, index, int(ir.get("maxInstances") or 1), **extra)
+
+
+def _payload(
+    ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]],
+    instances: dict[str, dict[str, Any]] | None, index: affinity.Index | None, want: int, **extra: Any,
+) -> dict[str, Any]:
+    """``payload`` with a sample sized for ``want`` instances (dry_run: maxInstances; each
+    allocation call places one)."""
     block = dict(ir)
     block["instances"] = instances or {}
     entries = ir.get("affinity") or []
-    want = max(1, int(ir.get("maxInstances") or 1))
-    smp = sample_for(ir, nodes, index, want)
+    smp = sample_for(ir, nodes, index, max(1, want))
     metrics = cluster_metrics(nodes, smp.nodes)
     if smp.sampled:
         metrics["sample"] = smp.info()
@@ -89,7 +97,7 @@ async def dry_run(
     ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> DryRunOutcome:
-    data = payload(ir, cluster, nodes, None, index)
+    data = _payload(ir, cluster, nodes, None, index, int(ir.get("maxInstances") or 1))
     rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"])
     try:
         result = await invoke({"action": "dry_run", "payload": data})
@@ -145,7 +153,8 @@ async def plan(
     index = index or affinity.empty_index()
     for iid in iids:
         try:
-            result = await invoke({"action": action, "payload": payload(ir, cluster, work, instances, index, **extra)})
+            data = _payload(ir, cluster, work, instances, index, 1, **extra)
+            result = await invoke({"action": action, "payload": data})
         except PolicyFailed as exc:
             raise PlacementFailed(f"{exc} (instance {len(out) + 1} of {len(iids)})")
         node_id, gpus = result["node_id"], list(result.get("gpus", []))

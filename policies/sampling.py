@@ -3,7 +3,7 @@
 A cluster with at most ``threshold`` nodes is seen whole (``sampleNodes``; kube-scheduler's
 floor of 100 nodes). Above that, nodes are visited in a seeded pseudo-random order (the same
 block sees the same order on the same snapshot) and the visit stops after
-``max(2, ceil(log2 n), want)`` *feasible* nodes: healthy, room for one instance, passing the
+``max(2, ceil(log2 n), min(want, threshold))`` *feasible* nodes: healthy, room for one instance, passing the
 block's Required affinity. A cluster with no feasible node is therefore scanned to the end, so
 sampling never hides the only node that fits; it only bounds the work when many fit.
 
@@ -121,7 +121,7 @@ def sample(
         passing = sum(1 for v in work.values() if v.get("affinity", {}).get("pass", True))
         reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
         return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
-    k = max(limit(n), min(max(want, 1), n))
+    k = max(limit(n), min(max(want, 1), n, threshold))  # want is capped at the threshold
     ids = list(nodes)
     picked: dict[str, dict[str, Any]] = {}
     others: dict[str, dict[str, Any]] = {}
