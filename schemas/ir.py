@@ -134,6 +134,7 @@ def block_create_IR(
         value = given.get(block_field)
         ir[block_field] = value if value is not None else comp_data[comp_field]
     ir["resources"] = (spec.resources or comp.resources).model_dump()
+    ir["launch"] = comp.launch.model_dump()
     ir["policies"] = policies
     ir["affinity"] = msgspec.to_builtins(affinity)
     return ir

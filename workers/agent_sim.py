@@ -1,41 +1,69 @@
-"""Simulated node agent: serves every simulated node's ``instance.create`` / ``instance.remove``.
+"""The simulated fleet: one process serving every simulated node (those registered by
+``blocks cluster add`` / ``node add``, whose ``agent`` is empty) through the shared ``agent-sim``
+durable. Each node gets a real :class:`NodeAgent` with the simulated runtime — the same lifecycle
+code as a real agent — minus what a simulated node has no use for (registration, heartbeats,
+working directories, probes).
 
-No process is started; after a configurable delay the instance is reported ``added`` (or, with a
-configured failure rate, ``removed`` with reason ``start failed``). Real runtimes are the node
-agent's job (Docker / process); this one is for the demo and scale tests.
+Commands for nodes served by their own agent (``blocks agent``) are acked and left to that agent.
+``AIOS_SIM_START_DELAY_S`` / ``AIOS_SIM_FAIL_RATE`` shape the simulated starts.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
-import random
+import time
 from typing import Any
 
 from ..bus import subjects
 from ..bus.runner import Delivery
-from ..schemas.events import InstanceCommand, InstanceEvent, data_as, decode_envelope
+from ..schemas.spec import Node
+from .agent.gpus import NoGpus
+from .agent.node_agent import AgentConfig, NodeAgent
+from .agent.runtime_sim import SimRuntime
 from .base import Worker
 
 START_DELAY_S = float(os.environ.get("AIOS_SIM_START_DELAY_S", 0.05))
 FAIL_RATE = float(os.environ.get("AIOS_SIM_FAIL_RATE", 0.0))
+OWNER_TTL_S = 5.0
+
+
+class Fleet:
+    def __init__(self, w: Worker):
+        self.w = w
+        self.runtime = SimRuntime(start_delay_s=START_DELAY_S, fail_rate=FAIL_RATE)
+        self.agents: dict[str, NodeAgent] = {}
+        self._owner: dict[str, tuple[float, str | None]] = {}
+
+    async def owner(self, nid: str) -> str | None:
+        """"" when the fleet serves the node, an agent name when a real agent does, None if unknown."""
+        now = time.monotonic()
+        hit = self._owner.get(nid)
+        if hit and now - hit[0] < OWNER_TTL_S:
+            return hit[1]
+        meta = await self.w.store.node_meta(nid)
+        owner = None if meta is None else meta["agent"]
+        self._owner[nid] = (now, owner)
+        if meta is not None and owner == "" and nid not in self.agents:
+            node = Node.model_validate(meta["spec"])
+            cfg = AgentConfig(
+                node=node, runtime_name="sim", register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False
+            )
+            self.agents[nid] = NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg)
+        return owner
+
+    async def on_command(self, d: Delivery) -> None:
+        nid = d.subject.split(".")[2]
+        owner = await self.owner(nid)
+        if owner is None:
+            # a node nobody registered: answer for it so the block's story still ends
+            node = Node(id=nid, cluster="unknown")
+            self.agents.setdefault(nid, NodeAgent(self.w.bus, self.runtime, NoGpus(), AgentConfig(
+                node=node, register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False)))
+        elif owner != "":
+            return  # served by its own agent
+        await self.agents[nid].on_command(d)
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
-    async def on_command(d: Delivery) -> None:
-        cmd = data_as(decode_envelope(d.data), InstanceCommand)
-        if d.subject.endswith(".instance.create"):
-            await asyncio.sleep(START_DELAY_S)
-            failed = FAIL_RATE > 0 and random.random() < FAIL_RATE
-            event, reason = ("removed", "start failed (simulated)") if failed else ("added", "")
-        else:
-            event, reason = "removed", cmd.reason or "removed"
-        ev = InstanceEvent(cmd.block_id, cmd.gen, cmd.instance_id, cmd.node_id, cmd.gpus, reason)
-        await w.bus.publish(
-            subjects.instance_event(cmd.block_id, cmd.instance_id, event),
-            f"block.instance.{event}",
-            ev,
-            f"{cmd.block_id}:{cmd.gen}:{event}:{cmd.instance_id}",
-        )
-
-    return [(subjects.agent(), on_command)]
+    fleet = Fleet(w)
+    return [(subjects.agent(), fleet.on_command)]

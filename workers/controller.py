@@ -9,20 +9,24 @@ import random
 from typing import Any
 
 import msgspec
+import structlog
 
 from ..bus import subjects
 from ..bus.runner import Delivery
 from ..handlers import controller as h
+from ..handlers import faults
 from ..policies.affinity import uid
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import (
     AllocationRequest,
     BlockStatus,
+    Dangling,
     DeleteRequest,
     DryRunRequest,
     DryRunResult,
     InstanceCommand,
     InstanceEvent,
+    NodeRegistered,
     Parsed,
     Placement,
     PlacementMade,
@@ -32,9 +36,14 @@ from ..schemas.events import (
     data_as,
     decode_envelope,
 )
+from ..schemas.spec import ID_RE, Cluster, Node
 from .base import Worker
 
+log = structlog.get_logger("aios.controller")
+
 COMMIT_RETRIES = int(os.environ.get("AIOS_COMMIT_RETRIES", 5))
+#: instance replacements (after failed / unhealthy / lost) per block before giving up
+MAX_REPLACEMENTS = int(os.environ.get("AIOS_MAX_REPLACEMENTS", 5))
 SELECTION_ROUNDS = int(os.environ.get("AIOS_SELECTION_ROUNDS", 3))
 
 
@@ -102,9 +111,13 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         block = await w.store.get_block(ev.block_id)
         current = await w.store.instances(ev.block_id) if block else {}
         old = current.get(ev.instance_id)
+        meta = await w.store.node_meta(old["node"]) if old else None
+        node_down = meta is not None and not meta["healthy"]
         if block is None or block["status"] not in ("ready", "placing") or old is None:
-            why = "no such instance" if block else "unknown block"
+            why = "no such instance" if block and old is None else f"block is {block['status'] if block else 'unknown'}"
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, why)
+            if block is not None and old is not None and node_down:
+                await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
             return
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
@@ -115,8 +128,13 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             )
         except PlacementFailed as exc:
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason)
+            if node_down:  # its node is gone: release it anyway, the capacity is not usable
+                await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
             return
         await _start(w, ir, gen, ev.cluster_id, "reassignment", placements, attempts, key=ev.request_id, replaces=ev.instance_id)
+        if node_down:
+            await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}; replaced by {iid}")
+            return
         await w.store.set_instance_status(ev.block_id, ev.instance_id, "removing")
         await w.bus.publish(
             subjects.node_command(old["node"], "instance.remove"),
@@ -136,9 +154,18 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
 def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_added(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), InstanceEvent)
-        inst = await w.store.set_instance_status(ev.block_id, ev.instance_id, "running")
         block = await w.store.get_block(ev.block_id)
-        if inst is None or block is None or block["gen"] != ev.gen:
+        insts = await w.store.instances(ev.block_id) if block is not None else {}
+        known = insts.get(ev.instance_id)
+        if block is None or block["gen"] != ev.gen or known is None or known["node"] != ev.node_id:
+            # nobody wants this one (late start of a replaced/deleted instance, or a duplicate on
+            # a node that came back): stop it so each instance id runs once
+            await _remove(w, ev.block_id, ev.gen, known["cluster"] if known else "", ev.instance_id, ev.node_id, "not wanted here")
+            return
+        if known["status"] == "removing":
+            return
+        inst = await w.store.set_instance_status(ev.block_id, ev.instance_id, "running")
+        if inst is None:
             return
         if block["status"] in ("deleting", "deleted"):
             # raced with a delete: stop it again
@@ -149,20 +176,75 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             if h.ready(block["ir"]["minInstances"], running):
                 await _mark_ready(w, ev.block_id, ev.gen, block.get("cluster", ""), ("placing",))
 
-
     async def on_removed(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), InstanceEvent)
+        block = await w.store.get_block(ev.block_id)
+        if block is not None and block["gen"] != ev.gen:
+            return  # a fact about an older generation of this block id
         insts = await w.store.instances(ev.block_id)
         inst = insts.get(ev.instance_id)
-        if inst is not None:
-            await w.store.release(inst["cluster"], inst["node"], ev.instance_id)
-            await w.store.drop_instance(ev.block_id, ev.instance_id)
-            await w.store.index_remove(uid(ev.block_id), uid(ev.instance_id), ev.instance_id)
-            await w.hint(inst["cluster"], [inst["node"]])
+        if inst is not None and inst["node"] == ev.node_id:
+            await _release(w, ev.block_id, ev.instance_id, inst)
             insts.pop(ev.instance_id)
-        block = await w.store.get_block(ev.block_id)
+            if ev.reason == "lost" and block is not None and block["status"] in ("placing", "ready"):
+                await _replace(w, block, ev.instance_id, inst, "lost", f"{ev.instance_id}:lost")
         if block is not None and block["status"] == "deleting" and not insts:
             await _mark_deleted(w, ev.block_id, block["gen"])
+
+    async def on_fault(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), InstanceEvent)
+        kind = d.subject.rsplit(".", 1)[1]
+        block = await w.store.get_block(ev.block_id)
+        inst = (await w.store.instances(ev.block_id)).get(ev.instance_id) if block else None
+        replacements = int(block.get("replacements", 0)) if block else 0
+        verdict = faults.on_fault(block, inst, ev.node_id, ev.gen, replacements, MAX_REPLACEMENTS)
+        log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason, action=verdict.action)
+        if block is None or inst is None:
+            return
+        why = f"instance {ev.instance_id} {kind}: {ev.reason}"
+        if verdict.action == "reassign":
+            await _replace(w, block, ev.instance_id, inst, why, f"{ev.instance_id}:{kind}")
+        elif verdict.action == "fail_block":
+            await w.fail_block(ev.block_id, ev.gen, f"{why}; {verdict.why}", ("placing",), inst["cluster"])
+        elif verdict.action == "give_up":
+            await _step_failed(w, ev.block_id, block, "reassignment", f"{ev.instance_id}:{kind}", f"{why}; {verdict.why}")
+
+    async def on_dangling(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), Dangling)
+        block = await w.store.get_block(ev.block_id) if ID_RE.match(ev.block_id or "") else None
+        inst = (await w.store.instances(ev.block_id)).get(ev.instance_id) if block else None
+        verdict = faults.on_dangling(block, inst, ev.node_id, ev.gen)
+        log.info("instance.dangling", node=ev.node_id, instance=ev.instance_id, action=verdict.action, why=verdict.why)
+        if verdict.action == "adopt" and block is not None and inst is not None:
+            # adopting = asking the node to run it: its agent finds it running and wraps it as-is
+            cmd = InstanceCommand(
+                ev.block_id, ev.gen, inst["cluster"], ev.instance_id, ev.node_id, inst.get("gpus", []),
+                block["ir"].get("image", ""), h.env_for(block["ir"], ev.instance_id, inst.get("gpus", [])),
+                reason="adopt dangling", launch=block["ir"].get("launch") or {}, resources=block["ir"].get("resources") or {},
+            )
+            await w.bus.publish(
+                subjects.node_command(ev.node_id, "instance.create"), "node.instance.create", cmd,
+                f"{ev.block_id}:{ev.gen}:adopt:{ev.instance_id}:{ev.handle}",
+            )
+        else:
+            await w.bus.publish(
+                subjects.node_command(ev.node_id, "instance.remove"), "node.instance.remove",
+                InstanceCommand(ev.block_id or "-", ev.gen, "", ev.instance_id, ev.node_id, [], reason=f"dangling: {verdict.why}"),
+                f"dangling:{ev.node_id}:{ev.instance_id}:{ev.handle}",
+            )
+
+    async def on_registered(d: Delivery) -> None:
+        ev = data_as(decode_envelope(d.data), NodeRegistered)
+        node = Node.model_validate(ev.node)
+        await w.store.ensure_cluster(Cluster(id=node.cluster))
+        await w.store.put_node(node, agent=ev.agent)
+        await w.hint(node.cluster, [node.id])
+        w.inventory.invalidate(node.cluster)
+
+    table = {
+        "added": on_added, "removed": on_removed, "failed": on_fault, "unhealthy": on_fault,
+        "dangling": on_dangling, "registered": on_registered,
+    }
 
     async def on_delete(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), DeleteRequest)
@@ -179,12 +261,42 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if not insts:
             await _mark_deleted(w, ev.block_id, gen)
 
-    table = {"added": on_added, "removed": on_removed, "delete": on_delete}
+    table["delete"] = on_delete
 
     async def route(d: Delivery) -> None:
         await table[d.subject.rsplit(".", 1)[1]](d)
 
     return [(subjects.LIFECYCLE, route)]
+
+
+async def _release(w: Worker, bid: str, iid: str, inst: dict[str, Any]) -> None:
+    """Give an instance's reservation back and forget it (idempotent)."""
+    await w.store.release(inst["cluster"], inst["node"], iid)
+    await w.store.drop_instance(bid, iid)
+    await w.store.index_remove(uid(bid), uid(iid), iid)
+    await w.hint(inst["cluster"], [inst["node"]])
+
+
+async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[str, Any], reason: str) -> None:
+    """An instance on a dead node: released now (its node cannot be used anyway), recorded as
+    removed, and a remove queued in the node's mailbox so a returning node stops it."""
+    await _release(w, bid, iid, inst)
+    await w.bus.publish_many([
+        (subjects.instance_event(bid, iid, "removed"), "block.instance.removed",
+         InstanceEvent(bid, gen, iid, inst["node"], inst.get("gpus", []), reason), f"{bid}:{gen}:removed:{iid}"),
+        (subjects.node_command(inst["node"], "instance.remove"), "node.instance.remove",
+         InstanceCommand(bid, gen, cid, iid, inst["node"], [], reason=reason), f"{bid}:{gen}:remove:{iid}"),
+    ])
+
+
+async def _replace(w: Worker, block: dict[str, Any], iid: str, inst: dict[str, Any], reason: str, request_id: str) -> None:
+    """Ask the block's resourceAllocator for a ``reassignment`` of a failed/lost instance."""
+    bid = block["ir"]["blockId"]
+    await w.store.block_bump(bid, "replacements")
+    await w.bus.publish(
+        subjects.cluster_command(inst["cluster"], "reassignment"), "cluster.reassignment",
+        ReassignRequest(bid, inst["cluster"], request_id, iid, reason), f"{bid}:{block['gen']}:reassign:{request_id}",
+    )
 
 
 async def _commit(
@@ -282,7 +394,10 @@ async def _start(
         (subjects.block_event(bid, "placement"), "block.placement", made, f"{bid}:{gen}:placement:{key}")
     ]
     for p in placements:
-        cmd = InstanceCommand(bid, gen, cid, p["iid"], p["node"], p["gpus"], ir.get("image", ""), h.env_for(ir, p["iid"], p["gpus"]))
+        cmd = InstanceCommand(
+            bid, gen, cid, p["iid"], p["node"], p["gpus"], ir.get("image", ""), h.env_for(ir, p["iid"], p["gpus"]),
+            launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
+        )
         out.append((subjects.node_command(p["node"], "instance.create"), "node.instance.create", cmd, f"{bid}:{gen}:create:{p['iid']}"))
     await w.bus.publish_many(out)
 

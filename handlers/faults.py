@@ -1,0 +1,83 @@
+"""What the controller does about instance faults and leftovers (pure rules, documented in
+docs/agents.md):
+
+* an instance ``failed`` (exited, could not start) or ``unhealthy`` (probe) -> replace it through
+  the block's resourceAllocator ``reassignment``, at most ``max_replacements`` times per block;
+  past that a block that never became ready fails, a ready one keeps running degraded;
+* a ``dangling`` instance (found on a node, labelled by us, not expected there) -> adopt it only if
+  it is exactly what the state says should run there, else remove it;
+* facts about an instance from a node that does not hold it are ignored (an agent can only speak
+  for its own instances).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+LIVE = ("placing", "ready")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    action: str  # "reassign" | "fail_block" | "give_up" | "ignore" | "adopt" | "remove"
+    why: str
+
+
+def on_fault(
+    block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int, replacements: int,
+    max_replacements: int,
+) -> Verdict:
+    """An instance ``failed`` / went ``unhealthy`` on ``node``: what to do."""
+    if block is None or int(block.get("gen", -1)) != gen:
+        return Verdict("ignore", "the block is gone or was re-created")
+    if block.get("status") not in LIVE:
+        return Verdict("ignore", f"block is {block.get('status')}")
+    if instance is None:
+        return Verdict("ignore", "instance no longer recorded (already replaced or removed)")
+    if instance.get("node") != node:
+        return Verdict("ignore", f"instance is recorded on {instance.get('node')}, not on {node}")
+    if instance.get("status") in ("removing", "replaced"):
+        return Verdict("ignore", f"instance is already {instance['status']}")
+    if replacements >= max_replacements:
+        if block.get("status") == "placing":
+            return Verdict("fail_block", f"{replacements} instance replacements failed too (limit {max_replacements})")
+        return Verdict("give_up", f"replacement limit reached ({max_replacements}); block keeps running degraded")
+    return Verdict("reassign", "replace it")
+
+
+def on_dangling(block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int) -> Verdict:
+    """A labelled instance nobody expected on ``node``: adopt it or remove it."""
+    if block is None:
+        return Verdict("remove", "unknown block")
+    if int(block.get("gen", -1)) != gen:
+        return Verdict("remove", f"belongs to an older generation of the block ({gen} != {block.get('gen')})")
+    if block.get("status") not in LIVE:
+        return Verdict("remove", f"block is {block.get('status')}")
+    if instance is None:
+        return Verdict("remove", "instance not recorded (replaced, removed or never placed)")
+    if instance.get("node") != node:
+        return Verdict("remove", f"instance runs on {instance.get('node')} now (duplicate)")
+    if instance.get("status") in ("removing", "replaced"):
+        return Verdict("remove", f"instance is {instance['status']}")
+    return Verdict("adopt", "recorded on this node for this generation")
+
+
+def reconcile(found: dict[str, dict[str, Any]], expected: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """Agent start: what the runtime has (``found``: iid -> {gen, running}) against what the state
+    says should run here (``expected``: iid -> {gen, status}).
+
+    Returns ``{"adopt": [...], "dangling": [...], "lost": [...]}``: found and expected (same gen)
+    are re-adopted as they are; found but not expected are reported dangling (the controller
+    decides); expected but not found are reported removed with reason ``lost``."""
+    adopt, dangling, lost = [], [], []
+    for iid in sorted(found):
+        exp = expected.get(iid)
+        if exp is not None and int(exp.get("gen", -1)) == int(found[iid].get("gen", -2)) and exp.get("status") not in ("removing", "replaced"):
+            adopt.append(iid)
+        else:
+            dangling.append(iid)
+    for iid in sorted(expected):
+        if iid not in found and expected[iid].get("status") not in ("removing", "replaced"):
+            lost.append(iid)
+    return {"adopt": adopt, "dangling": dangling, "lost": lost}

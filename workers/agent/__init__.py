@@ -1,0 +1,1 @@
+"""The node agent (seed 001): runtimes, the resource lifecycle, GPU inventory, heartbeats."""

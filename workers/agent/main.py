@@ -1,0 +1,104 @@
+"""``blocks agent``: one node agent process. Needs only NATS (``AIOS_NATS_URL``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import structlog
+from prometheus_client import start_http_server
+
+from ...bus import subjects
+from ...bus.nats_bus import Bus
+from ...bus.runner import ConsumerRunner, RunnerOptions
+from ...schemas.spec import Gpu, Node
+from .gpus import GpuSource, detect
+from .node_agent import AgentConfig, NodeAgent
+from .runtime import Runtime
+
+log = structlog.get_logger("aios.agent")
+
+
+@dataclass
+class AgentOptions:
+    node_id: str
+    cluster: str
+    runtime: str = "docker"
+    labels: dict[str, str] = field(default_factory=dict)
+    cpu: float | None = None
+    memory: int | None = None
+    sim_gpus: int | None = None
+    data_dir: Path = Path(".aios-data/agent")
+    heartbeat_s: float = 2.0
+    metrics_port: int = 0
+    sim_start_delay_s: float = 0.05
+
+
+def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05) -> Runtime:
+    if kind == "docker":
+        from .runtime_docker import DockerRuntime
+
+        rt = DockerRuntime()
+        rt.client()  # fail now, with the reason, if there is no engine
+        return rt
+    if kind == "process":
+        from .runtime_process import ProcessRuntime
+
+        return ProcessRuntime()
+    if kind == "sim":
+        from .runtime_sim import SimRuntime
+
+        return SimRuntime(start_delay_s=sim_delay, state_dir=data_dir / "sim-engine")
+    raise ValueError(f"unknown runtime {kind!r}: docker, process or sim")
+
+
+def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
+    """The node as its agent announces it: host figures unless given, GPUs from the source."""
+    import psutil
+
+    cpu = opts.cpu if opts.cpu is not None else float(psutil.cpu_count() or 1)
+    memory = opts.memory if opts.memory is not None else int(psutil.virtual_memory().total // (1024 * 1024))
+    return Node(
+        id=opts.node_id, cluster=opts.cluster, labels=dict(opts.labels), cpu=cpu, memory=memory,
+        gpus=[Gpu(id=g.id, model=g.model, memory=g.memory) for g in gpus.gpus()],
+    )
+
+
+async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> None:
+    gpus = detect(opts.sim_gpus, opts.node_id)
+    node = describe_node(opts, gpus)
+    data_dir = opts.data_dir / opts.node_id
+    runtime = make_runtime(opts.runtime, data_dir, opts.sim_start_delay_s)
+    if opts.metrics_port:
+        start_http_server(opts.metrics_port, addr="127.0.0.1")
+    bus = await Bus.open(nats_url, source=f"aios-blocks/agent/{opts.node_id}")
+    spec = subjects.agent(opts.node_id)
+    while True:  # the stream may not exist yet when an agent starts before the control plane
+        try:
+            await bus.ensure_consumer(spec)
+            break
+        except Exception as exc:
+            if stop.is_set():
+                await bus.close()
+                return
+            log.warning("agent.waiting_for_stream", error=repr(exc))
+            await asyncio.sleep(1.0)
+    cfg = AgentConfig(
+        node=node, agent_name=f"{opts.runtime}@{socket.gethostname()}", runtime_name=opts.runtime,
+        data_dir=data_dir, heartbeat_s=opts.heartbeat_s,
+    )
+    agent = NodeAgent(bus, runtime, gpus, cfg)
+    log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)
+    try:
+        await agent.start()
+        runner = ConsumerRunner(bus, spec, agent.on_command, RunnerOptions(batch=16, concurrency=32, fetch_timeout_s=5.0))
+        await runner.run(stop)
+    finally:
+        await agent.shutdown()  # cancel, don't reclaim: instances keep running
+        with contextlib.suppress(Exception):
+            await runtime.close()
+        await bus.close()
+        log.info("agent.stop", node=node.id)

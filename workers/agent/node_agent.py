@@ -1,0 +1,357 @@
+"""One node agent: turns ``aios.node.{nid}.instance.create`` / ``.remove`` into running (or
+stopped) instances through a runtime, and tells the world.
+
+* start: announce the node (``registered``), reconcile what the runtime runs against what the
+  state expects (adopt / dangling / lost), then serve commands and heartbeat;
+* create: idempotent — a runner that exists, or an instance the runtime already runs under this
+  id, is (re-)adopted and reported ``added`` again (the message id makes the repeat a no-op);
+* remove: closes the runner (every stage torn down in reverse) or, for an instance with no runner,
+  stops it by its labels; always answers ``removed``;
+* faults seen by the probe: ``failed`` (exited) / ``unhealthy`` (probe) — the runner stays until
+  the controller replaces the instance and removes this one (seed 001);
+* shutdown: runners are cancelled, not closed: instances keep running for the next agent.
+
+Only NATS is needed: the agent never talks to Redis; the controller records what it reports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+from prometheus_client import Counter, Gauge
+
+from ...bus import subjects
+from ...bus.nats_bus import Bus
+from ...bus.runner import Delivery
+from ...handlers import faults
+from ...schemas.events import (
+    Dangling,
+    Heartbeat,
+    InstanceCommand,
+    InstanceEvent,
+    NodeRegistered,
+    data_as,
+    decode_envelope,
+)
+from ...schemas.spec import Launch, Node
+from .gpus import GpuSource
+from .lifecycle import DerivedSpec, FixedSpec, ProvisionStage, Runner, Stage, StageFailed
+from .provisioners import (
+    ContainerProvisioner,
+    GpuAssignment,
+    GpuProvisioner,
+    GpuSpec,
+    PortProvisioner,
+    PortSpec,
+    Probe,
+    ProbeProvisioner,
+    ProbeSpec,
+    WorkdirProvisioner,
+    WorkdirSpec,
+)
+from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance, labels_to_resources
+
+log = structlog.get_logger("aios.agent")
+
+INSTANCES = Gauge("aios_agent_instances", "Instances this agent runs", ["node"])
+EVENTS = Counter("aios_agent_instance_events_total", "Instance facts published", ["node", "event"])
+HEARTBEATS = Counter("aios_agent_heartbeats_total", "Heartbeats sent", ["node"])
+
+
+@dataclass
+class AgentConfig:
+    node: Node
+    agent_name: str = ""
+    runtime_name: str = "sim"
+    data_dir: Path = Path(".aios-data/agent")
+    heartbeat_s: float = 2.0
+    register: bool = True
+    reconcile: bool = True
+    heartbeat: bool = True
+    workdirs: bool = True
+    probes: bool = True
+    #: give up waiting for the controller's expected list after this long, then serve commands
+    #: anyway (reconciling keeps retrying in the background)
+    reconcile_wait_s: float = 15.0
+
+
+@dataclass
+class NodeAgent:
+    bus: Bus
+    runtime: Runtime
+    gpus: GpuSource
+    cfg: AgentConfig
+    runners: dict[str, Runner] = field(default_factory=dict)
+    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
+    _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
+    _ports: PortProvisioner = field(default_factory=PortProvisioner)
+    _gpu_prov: GpuProvisioner | None = None
+    reconciled: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def node_id(self) -> str:
+        return self.cfg.node.id
+
+    def __post_init__(self) -> None:
+        gpus = {g.id: {"index": i, "memory": g.memory} for i, g in enumerate(self.cfg.node.gpus)}
+        self._gpu_prov = GpuProvisioner(gpus)
+
+    # -- start / stop ------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self.cfg.register:
+            await self.register()
+        if self.cfg.reconcile:
+            self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.reconciled.wait(), self.cfg.reconcile_wait_s)
+            if not self.reconciled.is_set():
+                log.warning("agent.reconcile_pending", node=self.node_id, note="serving commands; reconcile keeps retrying")
+        if self.cfg.heartbeat:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+
+    async def shutdown(self) -> None:
+        """Seed 001 graceful shutdown: runners are cancelled without reclaiming; instances stay."""
+        for t in self._tasks:
+            t.cancel()
+        for runner in self.runners.values():
+            runner.cancel()
+            with contextlib.suppress(Exception):
+                probe = runner.stage("probe")
+                if isinstance(probe, ProvisionStage) and isinstance(probe.resource, Probe) and probe.resource.task:
+                    probe.resource.task.cancel()
+        self.runners.clear()
+
+    async def register(self) -> None:
+        node = self.cfg.node
+        await self.bus.publish(
+            subjects.node_registered(node.id), "node.registered",
+            NodeRegistered(node.model_dump(mode="json"), self.cfg.agent_name, self.cfg.runtime_name),
+            f"{node.id}:registered:{int(time.time() * 1000)}",
+        )
+
+    # -- commands ----------------------------------------------------------------------------------
+    async def on_command(self, d: Delivery) -> None:
+        cmd = data_as(decode_envelope(d.data), InstanceCommand)
+        if cmd.node_id != self.node_id:
+            return  # not ours (a misrouted command): never act on another node's instance
+        if d.subject.endswith(".instance.create"):
+            await self.create(cmd)
+        else:
+            await self.remove(cmd.block_id, cmd.gen, cmd.instance_id, cmd.reason or "removed")
+
+    async def create(self, cmd: InstanceCommand) -> None:
+        iid = cmd.instance_id
+        async with self._locks[iid]:
+            if iid in self.runners:
+                await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus)
+                return
+            existing = await self.runtime.find(self.node_id, iid)
+            if existing is not None and existing.running:
+                self._adopt(existing)
+                await self._fact(cmd.block_id, cmd.gen, iid, "added", "adopted a running instance", cmd.gpus)
+                return
+            runner = self._build(cmd)
+            try:
+                await runner.start()
+            except StageFailed as exc:
+                reason = f"setup failed: {exc}"
+                if runner.teardown_errors:
+                    reason += f" (teardown errors: {'; '.join(runner.teardown_errors)})"
+                await self._fact(cmd.block_id, cmd.gen, iid, "failed", reason, cmd.gpus)
+                return
+            self.runners[iid] = runner
+            self.meta[iid] = {"block_id": cmd.block_id, "gen": cmd.gen, "resources": cmd.resources, "gpus": cmd.gpus}
+            INSTANCES.labels(self.node_id).set(len(self.runners))
+            await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus)
+
+    async def remove(self, bid: str, gen: int, iid: str, reason: str) -> None:
+        async with self._locks[iid]:
+            runner = self.runners.pop(iid, None)
+            self.meta.pop(iid, None)
+            if runner is not None:
+                await runner.close()
+            else:
+                # not ours in memory (adopted later, dangling, or after a restart): by its labels
+                found = await self.runtime.find(self.node_id, iid)
+                if found is not None:
+                    await self._adopt(found, watch=False).close()
+            INSTANCES.labels(self.node_id).set(len(self.runners))
+            await self._fact(bid, gen, iid, "removed", reason, [])
+
+    # -- building and adopting runners ---------------------------------------------------------------
+    def _build(self, cmd: InstanceCommand) -> Runner:
+        iid = cmd.instance_id
+        launch = Launch.model_validate(cmd.launch or {})
+        assert self._gpu_prov is not None
+        stages: list[tuple[Stage[Any, Any], Any]] = []
+        gpu_stage = ProvisionStage(self._gpu_prov)
+        stages.append((gpu_stage, FixedSpec(GpuSpec(iid, list(cmd.gpus)))))
+        work_stage: ProvisionStage[Any, Any] | None = None
+        if self.cfg.workdirs:
+            work_stage = ProvisionStage(WorkdirProvisioner())
+            files = {k: cmd.env.get(k, {}) for k in ("blockInitData", "initSettings", "parameters")}
+            stages.append((work_stage, FixedSpec(WorkdirSpec(self.workdir(iid), files))))
+        port_stage = ProvisionStage(self._ports)
+        stages.append((port_stage, FixedSpec(PortSpec(list(launch.ports)))))
+
+        def launch_spec(gpu: GpuAssignment, ports: dict[str, int], workdir: Path | None = None) -> LaunchSpec:
+            return LaunchSpec(
+                instance_id=iid, block_id=cmd.block_id, node_id=self.node_id, gen=cmd.gen, image=cmd.image,
+                command=list(launch.command), env=instance_env(cmd.env, gpu.env, ports), workdir=workdir,
+                ports=ports, gpus=list(cmd.gpus), gpu_devices=self.runtime.gpu_devices, resources=cmd.resources,
+                stop_grace_s=launch.stopGraceS,
+            )
+
+        deps: list[Stage[Any, Any]] = [gpu_stage, port_stage] + ([work_stage] if work_stage else [])
+        container = ProvisionStage(ContainerProvisioner(self.runtime))
+        stages.append((container, DerivedSpec(launch_spec, *deps)))
+        probe = launch.probe
+        if self.cfg.probes and probe.type != "none":
+
+            def probe_spec(inst: RuntimeInstance, ports: dict[str, int]) -> ProbeSpec:
+                kind = probe.type
+                if kind in ("http", "tcp") and probe.port not in ports:
+                    raise RuntimeError_(f"probe port {probe.port!r} is not one of the launch ports {sorted(ports)}")
+                return ProbeSpec(
+                    inst.handle, kind, ports.get(probe.port, 0), probe.path, probe.intervalS, probe.timeoutS,
+                    probe.failureThreshold, probe.startTimeoutS,
+                )
+
+            stages.append((ProvisionStage(self._probe_provisioner(cmd.block_id, cmd.gen, iid)), DerivedSpec(probe_spec, container, port_stage)))
+        return Runner(iid, stages)
+
+    def _probe_provisioner(self, bid: str, gen: int, iid: str) -> ProbeProvisioner:
+        async def on_event(kind: str, reason: str) -> None:
+            log.warning("instance.fault", node=self.node_id, instance=iid, kind=kind, reason=reason)
+            await self._fact(bid, gen, iid, kind, reason, [])
+
+        return ProbeProvisioner(self.runtime, on_event)
+
+    def _adopt(self, inst: RuntimeInstance, watch: bool = True) -> Runner:
+        """Wrap an instance that already runs (seed 001: a runner around the container as-is); its
+        resources are read back from its labels so closing it later releases them all."""
+        res = labels_to_resources(inst.labels)
+        iid = inst.instance_id
+        assert self._gpu_prov is not None
+        for g in res["gpus"]:
+            self._gpu_prov.claims.setdefault(g, set()).add(iid)
+        ports = {str(k): int(v) for k, v in res["ports"].items()}
+        self._ports.claimed.update(ports.values())
+        stages: list[Stage[Any, Any]] = [
+            ProvisionStage.adopted(self._gpu_prov, GpuAssignment(iid, res["gpus"], {})),
+        ]
+        if res["workdir"]:
+            stages.append(ProvisionStage.adopted(WorkdirProvisioner(), Path(res["workdir"])))
+        stages.append(ProvisionStage.adopted(self._ports, ports))
+        stages.append(ProvisionStage.adopted(ContainerProvisioner(self.runtime), inst))
+        if watch and self.cfg.probes:
+            prov = self._probe_provisioner(inst.block_id, inst.gen, iid)
+            spec = ProbeSpec(inst.handle, "running")
+            probe = Probe(spec, asyncio.create_task(prov._watch(spec), name=f"probe:{iid}"))
+            stages.append(ProvisionStage.adopted(prov, probe))
+        runner = Runner.adopted(iid, stages)
+        if watch:
+            self.runners[iid] = runner
+            self.meta[iid] = {"block_id": inst.block_id, "gen": inst.gen, "resources": res["resources"], "gpus": res["gpus"]}
+            INSTANCES.labels(self.node_id).set(len(self.runners))
+        return runner
+
+    def workdir(self, iid: str) -> Path:
+        return (self.cfg.data_dir / "instances" / iid).resolve()
+
+    # -- reconcile ---------------------------------------------------------------------------------
+    async def _reconcile_loop(self) -> None:
+        delay = 0.5
+        while True:
+            try:
+                await self.reconcile_once()
+                self.reconciled.set()
+                return
+            except Exception as exc:
+                log.warning("agent.reconcile_retry", node=self.node_id, error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def expected(self) -> dict[str, dict[str, Any]]:
+        """Ask the controllers (request/reply) which instances the state has on this node."""
+        msg = await self.bus.nc.request(subjects.node_expected(self.node_id), b"{}", timeout=5)
+        reply = json.loads(msg.data)
+        if not isinstance(reply, dict) or "instances" not in reply:
+            raise ValueError(f"unexpected reply: {reply!r:.200}")
+        return reply["instances"]
+
+    async def reconcile_once(self) -> dict[str, list[str]]:
+        found_list = await self.runtime.list(self.node_id)
+        expected = await self.expected()
+        found = {i.instance_id: {"gen": i.gen, "running": i.running, "inst": i} for i in found_list if i.instance_id}
+        plan = faults.reconcile(found, expected)
+        for iid in plan["adopt"]:
+            async with self._locks[iid]:
+                if iid not in self.runners:
+                    self._adopt(found[iid]["inst"])
+        for iid in plan["dangling"]:
+            inst: RuntimeInstance = found[iid]["inst"]
+            await self.bus.publish(
+                subjects.node_dangling(self.node_id), "node.instance.dangling",
+                Dangling(self.node_id, iid, inst.block_id, inst.gen, self.runtime.name, inst.handle, inst.labels),
+                f"{self.node_id}:dangling:{iid}:{inst.handle}",
+            )
+        for iid in plan["lost"]:
+            if iid in self.runners:
+                continue
+            exp = expected[iid]
+            await self._fact(exp["block_id"], int(exp["gen"]), iid, "removed", "lost", [], msg_key=f"lost:{int(time.time())}")
+        log.info("agent.reconciled", node=self.node_id, **{k: len(v) for k, v in plan.items()})
+        return plan
+
+    # -- facts and heartbeats -----------------------------------------------------------------------
+    async def _fact(self, bid: str, gen: int, iid: str, event: str, reason: str, gpus: list[str], msg_key: str = "") -> None:
+        ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason)
+        msg_id = f"{bid}:{gen}:{event}:{iid}" + (f":{msg_key}" if msg_key else "")
+        await self.bus.publish(subjects.instance_event(bid, iid, event), f"block.instance.{event}", ev, msg_id)
+        EVENTS.labels(self.node_id, event).inc()
+
+    def heartbeat_data(self, seq: int) -> Heartbeat:
+        node = self.cfg.node
+        cpu = sum(float(m["resources"].get("cpu", 0)) for m in self.meta.values())
+        mem = sum(int(m["resources"].get("memory", 0)) for m in self.meta.values())
+        used = {g for m in self.meta.values() for g in m["gpus"]}
+        load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+        return Heartbeat(
+            node.id, node.cluster, seq, round(node.cpu - cpu, 3), node.memory - mem,
+            len([g for g in node.gpus if g.id not in used]), len(self.runners), load1, self.gpus.utilization(),
+        )
+
+    async def _heartbeat_loop(self) -> None:
+        seq = 0
+        subject = subjects.node_heartbeat(self.node_id)
+        while True:
+            seq += 1
+            with contextlib.suppress(Exception):  # a missed beat is what the monitor is for
+                await self.bus.notify(subject, self.heartbeat_data(seq))
+                HEARTBEATS.labels(self.node_id).inc()
+            await asyncio.sleep(self.cfg.heartbeat_s)
+
+
+def instance_env(cmd_env: dict[str, Any], gpu_env: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
+    """The instance's environment: ids, GPUs, ports, and the seed's ``blockInitData``,
+    ``initSettings`` and ``parameters`` as JSON (they are also files in the working directory)."""
+    env: dict[str, str] = {}
+    for k, v in cmd_env.items():
+        env[k] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+    env.update(gpu_env)
+    for n, (name, port) in enumerate(ports.items()):
+        env[f"AIOS_PORT_{name.upper().replace('-', '_')}"] = str(port)
+        if n == 0:
+            env["AIOS_PORT"] = str(port)
+    return env

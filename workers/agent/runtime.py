@@ -1,0 +1,128 @@
+"""What a runtime (Docker, local process, simulated) must do for the node agent.
+
+A runtime starts an instance from a :class:`LaunchSpec`, stops it with a grace period, reports
+its status and lists every instance carrying this node's labels. The labels are the only record
+of what runs where: after an agent restart they are read back (``labels_to_resources``) to
+re-adopt an instance with all its resources, so nothing is kept in a local state file.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+LABEL_BLOCK = "aios.block"
+LABEL_INSTANCE = "aios.instance"
+LABEL_NODE = "aios.node"
+LABEL_GEN = "aios.gen"
+LABEL_VERSION = "aios.spec-version"
+LABEL_WORKDIR = "aios.workdir"
+LABEL_PORTS = "aios.ports"
+LABEL_GPUS = "aios.gpus"
+LABEL_RESOURCES = "aios.resources"
+SPEC_VERSION = "1"
+
+
+@dataclass
+class LaunchSpec:
+    instance_id: str
+    block_id: str
+    node_id: str
+    gen: int
+    image: str = ""
+    command: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    workdir: Path | None = None
+    ports: dict[str, int] = field(default_factory=dict)
+    gpus: list[str] = field(default_factory=list)
+    #: pass GPUs as device requests (real NVIDIA GPUs); simulated GPUs only travel in env
+    gpu_devices: bool = False
+    resources: dict[str, Any] = field(default_factory=dict)
+    stop_grace_s: float = 10.0
+
+    def labels(self) -> dict[str, str]:
+        return {
+            LABEL_BLOCK: self.block_id,
+            LABEL_INSTANCE: self.instance_id,
+            LABEL_NODE: self.node_id,
+            LABEL_GEN: str(self.gen),
+            LABEL_VERSION: SPEC_VERSION,
+            LABEL_WORKDIR: str(self.workdir or ""),
+            LABEL_PORTS: json.dumps(self.ports, sort_keys=True),
+            LABEL_GPUS: ",".join(self.gpus),
+            LABEL_RESOURCES: json.dumps(self.resources, sort_keys=True),
+        }
+
+
+@dataclass
+class RuntimeInstance:
+    """What a runtime knows of one instance."""
+
+    handle: str
+    labels: dict[str, str]
+    running: bool
+    exit_code: int | None = None
+    detail: str = ""
+
+    @property
+    def instance_id(self) -> str:
+        return self.labels.get(LABEL_INSTANCE, "")
+
+    @property
+    def block_id(self) -> str:
+        return self.labels.get(LABEL_BLOCK, "")
+
+    @property
+    def gen(self) -> int:
+        try:
+            return int(self.labels.get(LABEL_GEN, "0"))
+        except ValueError:
+            return 0
+
+
+def labels_to_resources(labels: dict[str, str]) -> dict[str, Any]:
+    """Resources recorded on an instance's labels (for re-adoption): workdir, ports, GPUs."""
+
+    def _json(key: str, default: Any) -> Any:
+        try:
+            return json.loads(labels.get(key, "")) if labels.get(key) else default
+        except ValueError:
+            return default
+
+    gpus = [g for g in labels.get(LABEL_GPUS, "").split(",") if g]
+    return {
+        "workdir": labels.get(LABEL_WORKDIR) or "",
+        "ports": _json(LABEL_PORTS, {}),
+        "gpus": gpus,
+        "resources": _json(LABEL_RESOURCES, {}),
+    }
+
+
+class RuntimeError_(Exception):
+    """A runtime could not do what was asked (image missing, exec failed...)."""
+
+
+class Runtime(Protocol):
+    name: str
+    #: the runtime isolates instances enough to pass real GPUs as devices
+    gpu_devices: bool
+
+    async def start(self, spec: LaunchSpec) -> RuntimeInstance: ...
+
+    async def stop(self, handle: str, grace_s: float) -> None:
+        """Stop and remove; absent is fine (idempotent)."""
+        ...
+
+    async def status(self, handle: str) -> RuntimeInstance | None:
+        """None when the instance no longer exists."""
+        ...
+
+    async def list(self, node_id: str) -> list[RuntimeInstance]:
+        """Every instance labelled for this node (running or not)."""
+        ...
+
+    async def find(self, node_id: str, instance_id: str) -> RuntimeInstance | None: ...
+
+    async def close(self) -> None: ...

@@ -1,0 +1,168 @@
+"""Local-process runtime: an instance is a subprocess in its own session (it outlives the agent).
+
+Its labels travel in its environment (``AIOS_LABELS``, JSON), so after an agent restart the agent
+finds its processes by reading ``/proc/<pid>/environ`` — the process itself is the record, as
+container labels are for Docker. The agent's own environment (which may hold credentials) is not
+inherited: an instance gets ``PATH``/``HOME``/``LANG`` and what its spec says.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from .runtime import LABEL_INSTANCE, LABEL_NODE, LaunchSpec, RuntimeError_, RuntimeInstance
+
+LABELS_ENV = "AIOS_LABELS"
+BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+def _handle(proc: psutil.Process) -> str:
+    return f"{proc.pid}-{int(proc.create_time() * 1000)}"
+
+
+def _split(handle: str) -> tuple[int, int]:
+    pid, created = handle.split("-", 1)
+    return int(pid), int(created)
+
+
+@dataclass
+class ProcessRuntime:
+    name: str = "process"
+    gpu_devices: bool = False
+    _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    async def start(self, spec: LaunchSpec) -> RuntimeInstance:
+        if not spec.command:
+            raise RuntimeError_("the process runtime needs a command (component launch.command)")
+        proc = await asyncio.to_thread(_spawn, spec)
+        handle = _handle(psutil.Process(proc.pid))
+        self._children[handle] = proc
+        return RuntimeInstance(handle, spec.labels(), True)
+
+    def _proc(self, handle: str) -> psutil.Process | None:
+        pid, created = _split(handle)
+        try:
+            p = psutil.Process(pid)
+            if int(p.create_time() * 1000) != created:
+                return None  # the pid was reused by something else
+            return p
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            return None
+
+    async def status(self, handle: str) -> RuntimeInstance | None:
+        child = self._children.get(handle)
+        if child is not None:
+            code = child.poll()
+            labels = _labels(self._proc(handle)) if code is None else {}
+            return RuntimeInstance(handle, labels, code is None, code)
+        p = self._proc(handle)
+        if p is None:
+            return None
+        try:
+            running = p.status() != psutil.STATUS_ZOMBIE
+        except psutil.NoSuchProcess:
+            return None
+        return RuntimeInstance(handle, _labels(p), running, None if running else -1)
+
+    async def stop(self, handle: str, grace_s: float) -> None:
+        pid, _ = _split(handle)
+        p = self._proc(handle)
+        child = self._children.pop(handle, None)
+        if p is None and child is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        while time.monotonic() < deadline:
+            if child is not None and child.poll() is not None:
+                break
+            if child is None and (p is None or not p.is_running() or p.status() == psutil.STATUS_ZOMBIE):
+                break
+            await asyncio.sleep(0.05)
+        else:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        if child is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                await asyncio.to_thread(child.wait, 5)
+        # whatever else is left in the instance's process group
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+
+    async def list(self, node_id: str) -> list[RuntimeInstance]:
+        return await asyncio.to_thread(self._scan, node_id, None)
+
+    async def find(self, node_id: str, instance_id: str) -> RuntimeInstance | None:
+        for handle, child in self._children.items():
+            if child.poll() is None:
+                labels = _labels(self._proc(handle))
+                if labels.get(LABEL_NODE) == node_id and labels.get(LABEL_INSTANCE) == instance_id:
+                    return RuntimeInstance(handle, labels, True)
+        found = await asyncio.to_thread(self._scan, node_id, instance_id)
+        return found[0] if found else None
+
+    def _scan(self, node_id: str, instance_id: str | None) -> list[RuntimeInstance]:
+        out = []
+        for p in psutil.process_iter():
+            labels = _labels(p)
+            if labels.get(LABEL_NODE) != node_id:
+                continue
+            if instance_id is not None and labels.get(LABEL_INSTANCE) != instance_id:
+                continue
+            try:
+                if os.getpgid(p.pid) != p.pid:
+                    continue  # a child of the instance (it inherited the labels): the leader is the instance
+
+                running = p.status() != psutil.STATUS_ZOMBIE
+                handle = _handle(p)
+            except (psutil.Error, ProcessLookupError):
+                continue
+            out.append(RuntimeInstance(handle, labels, running, None if running else -1))
+        return out
+
+    async def close(self) -> None:
+        return None
+
+
+def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
+    env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+    env.update(spec.env)
+    env[LABELS_ENV] = json.dumps(spec.labels(), sort_keys=True)
+    cwd = str(spec.workdir) if spec.workdir else None
+    log_path = (spec.workdir / "instance.log") if spec.workdir else None
+    out = open(log_path, "ab") if log_path else subprocess.DEVNULL
+    try:
+        return subprocess.Popen(
+            spec.command, env=env, cwd=cwd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        raise RuntimeError_(f"cannot exec {spec.command[0]!r}: {exc.strerror or exc}") from None
+    finally:
+        if log_path:
+            out.close()  # type: ignore[union-attr]
+
+
+def _labels(p: psutil.Process | None) -> dict[str, str]:
+    if p is None:
+        return {}
+    try:
+        raw = p.environ().get(LABELS_ENV)
+    except (psutil.Error, OSError):
+        return {}
+    if not raw:
+        return {}
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in d.items()} if isinstance(d, dict) else {}

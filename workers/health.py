@@ -1,0 +1,124 @@
+"""Node liveness, served by every controller process (many copies share the work):
+
+* heartbeats (core NATS, queue group: each beat reaches one controller) are batched into
+  ``aios:heartbeats`` once a second; a beat from a node marked unhealthy marks it healthy again;
+* a sweep finds nodes whose last beat is older than ``AIOS_NODE_TIMEOUT_S``: the controller whose
+  compare-and-set flips the node to unhealthy (exactly one) publishes ``aios.node.{nid}.health``
+  and asks for a ``reassignment`` of each instance on it; the reassignment releases the dead
+  node's reservations and queues a remove in its mailbox, so a node that returns stops the old
+  copies and each instance id runs once;
+* ``aios.node.{nid}.expected`` requests (an agent reconciling after a restart) are answered with
+  the instances the state has on that node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from typing import Any
+
+import msgspec
+import structlog
+
+from ..bus import subjects
+from ..schemas.events import Heartbeat, NodeHealth, ReassignRequest
+from .base import Worker
+
+log = structlog.get_logger("aios.health")
+
+NODE_TIMEOUT_S = float(os.environ.get("AIOS_NODE_TIMEOUT_S", 15))
+FLUSH_S = 1.0
+
+
+class HealthMonitor:
+    def __init__(self, w: Worker, timeout_s: float = NODE_TIMEOUT_S):
+        self.w = w
+        self.timeout_s = timeout_s
+        self._seen: dict[str, tuple[str, float]] = {}
+
+    async def run(self, stop: asyncio.Event) -> None:
+        nc = self.w.bus.nc
+        subs = [
+            await nc.subscribe(subjects.HEARTBEAT_ALL, queue="aios-health", cb=self._on_heartbeat, pending_msgs_limit=1_000_000),
+            await nc.subscribe(subjects.EXPECTED_ALL, queue="aios-controller", cb=self._on_expected),
+        ]
+        sweep_every = max(0.2, min(self.timeout_s / 4, 5.0))
+        next_sweep = time.monotonic() + sweep_every
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), FLUSH_S)
+                try:
+                    await self.flush()
+                    if time.monotonic() >= next_sweep:
+                        next_sweep = time.monotonic() + sweep_every
+                        await self.sweep()
+                except Exception as exc:  # Redis/NATS trouble: try again next round
+                    log.warning("health.round_failed", error=repr(exc))
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
+
+    async def _on_heartbeat(self, msg: Any) -> None:
+        try:
+            hb = msgspec.json.decode(msg.data, type=Heartbeat)
+        except msgspec.MsgspecError:
+            return
+        self._seen[hb.node_id] = (hb.cluster_id, time.time())
+
+    async def _on_expected(self, msg: Any) -> None:
+        nid = msg.subject.split(".")[2]
+        try:
+            insts = await self.w.store.node_instances(nid)
+            body = {"instances": {
+                iid: {"block_id": i["block_id"], "gen": i["gen"], "status": i.get("status", "")} for iid, i in insts.items()
+            }}
+        except Exception as exc:
+            body = {"error": repr(exc)}
+        with contextlib.suppress(Exception):
+            await msg.respond(msgspec.json.encode(body))
+
+    async def flush(self) -> None:
+        seen, self._seen = self._seen, {}
+        if not seen:
+            return
+        await self.w.store.heartbeats_record({nid: ts for nid, (_, ts) in seen.items()})
+        pairs = [(cid, nid) for nid, (cid, _) in seen.items()]
+        for (cid, nid), healthy in zip(pairs, await self.w.store.nodes_healthy(pairs), strict=True):
+            if healthy is False and await self.w.store.set_node_health_cas(cid, nid, True):
+                await self._announce(NodeHealth(nid, cid, True, "heartbeats resumed"))
+                await self.w.hint(cid, [nid])
+
+    async def sweep(self) -> None:
+        now = time.time()
+        for nid in await self.w.store.heartbeats_overdue(now - self.timeout_s):
+            meta = await self.w.store.node_meta(nid)
+            if meta is None:
+                await self.w.store.heartbeats_forget(nid)
+                continue
+            cid = meta["cluster"]
+            if not meta["healthy"] or not await self.w.store.set_node_health_cas(cid, nid, False):
+                continue
+            await self.w.hint(cid, [nid])
+            insts = await self.w.store.node_instances(nid)
+            reason = f"node {nid} unhealthy: no heartbeat for {self.timeout_s:g}s"
+            log.warning("node.unhealthy", node=nid, instances=len(insts))
+            await self._announce(NodeHealth(nid, cid, False, reason, sorted(insts)))
+            stamp = int(now)
+            for iid, inst in insts.items():
+                bid = inst["block_id"]
+                request_id = f"{iid}:evicted:{stamp}"
+                await self.w.bus.publish(
+                    subjects.cluster_command(inst["cluster"], "reassignment"), "cluster.reassignment",
+                    ReassignRequest(bid, inst["cluster"], request_id, iid, reason),
+                    f"{bid}:{inst['gen']}:reassign:{request_id}",
+                )
+
+    async def _announce(self, ev: NodeHealth) -> None:
+        state = "healthy" if ev.healthy else "unhealthy"
+        await self.w.bus.publish(
+            subjects.node_health(ev.node_id), "node.health", ev, f"{ev.node_id}:health:{state}:{int(time.time())}"
+        )
