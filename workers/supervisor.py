@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 DEFAULT_LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
@@ -22,6 +23,8 @@ class Supervisor:
     redis_url: str
     layout: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_LAYOUT))
     log_dir: str | None = None
+    #: per-kind environment overrides: each worker's role credentials (``EmbeddedServers.worker_env``)
+    role_env: Callable[[str], dict[str, str]] | None = None
     procs: dict[tuple[str, int], subprocess.Popen[bytes]] = field(default_factory=dict)
     restarts: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
@@ -29,6 +32,8 @@ class Supervisor:
 
     def _spawn(self, kind: str, idx: int) -> subprocess.Popen[bytes]:
         env = {**os.environ, "AIOS_NATS_URL": self.nats_url, "AIOS_REDIS_URL": self.redis_url}
+        if self.role_env:
+            env.update(self.role_env(kind))
         out = subprocess.DEVNULL
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)

@@ -67,7 +67,8 @@ async def system(tmp_path: Path) -> AsyncIterator[System]:
     if not (nats_url and redis_url):
         servers = EmbeddedServers(data_dir=data).start()
         nats_url, redis_url = servers.nats_url, servers.redis_url
-    sup = Supervisor(nats_url, redis_url, log_dir=str(data / "logs")).start()
+    role_env = servers.worker_env if servers else None  # each worker with its own role's credentials
+    sup = Supervisor(nats_url, redis_url, log_dir=str(data / "logs"), role_env=role_env).start()
     client = await Client.open(nats_url, redis_url)
     await client.add_component(COMPONENT)
     try:

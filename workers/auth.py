@@ -1,0 +1,423 @@
+"""Credentials and permissions of the embedded servers (see docs/security.md).
+
+One NATS user per role, each with publish/subscribe allow lists; one user per real node agent
+(``agent-<nid>``, added on demand and loaded with a config reload); Redis ACL users. Secrets are
+random, kept in ``<data dir>/auth/secrets.json`` (0600, in a 0700 directory) and reused across
+restarts; ``endpoints.json`` carries URLs without credentials.
+
+Publish permissions are derived from the one subject catalog (``bus.subjects.catalog()``: its
+"published by" column), so a subject added there with its publisher is permitted to that role
+and nothing else. Role-specific extras (JetStream API, acks, dead letters, request/reply) are
+listed here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import re
+import secrets
+import signal
+import socket
+import ssl
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from ..bus import subjects
+from ..schemas.spec import ID_RE
+
+#: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
+WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim")
+ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
+#: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
+KIND_ROLE = {k: k for k in WORKER_ROLES}
+
+#: Catalog publisher names -> roles. "CLI" is the admin (no restrictions). Block services that do
+#: not have their own process yet (autoscaler, health checker) run inside the controller.
+PUBLISHER_ROLES: dict[str, tuple[str, ...]] = {
+    "upstream": ("upstream",),
+    "CLI": (),
+    "parser": ("parser",),
+    "gateway": ("gateway",),
+    "controller": ("controller",),
+    "autoscaler": ("controller",),
+    "health checker": ("controller",),
+    "node agent": ("agent",),
+    "consumer runner": (),  # each role gets its own consumers' dead-letter subjects (below)
+}
+
+#: What a role publishes that the catalog does not list under it (tell the catalog's owner).
+CATALOG_GAPS: dict[str, tuple[str, ...]] = {
+    "controller": ("aios.block.*.parsed",),  # a gang that no longer fits goes back to selection
+}
+
+JS = "$JS.API"
+STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
+#: Redis ACL users: ``aios`` for workers (only ``aios:*`` keys, nothing @dangerous), ``admin`` for
+#: the CLI and setup (everything), ``observer`` (reads only).
+REDIS_USERS = {
+    "admin": "~* &* +@all",
+    "aios": "~aios:* &* +@all -@dangerous",
+    "observer": "~aios:* +@read +@connection -@dangerous",
+}
+#: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
+REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios", "observer": "observer"}
+
+
+def auth_enabled() -> bool:
+    """Embedded servers require credentials unless ``AIOS_AUTH=0``."""
+    return os.environ.get("AIOS_AUTH", "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def tls_enabled() -> bool:
+    return os.environ.get("AIOS_NATS_TLS", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def agent_user(nid: str) -> str:
+    if not ID_RE.match(nid):
+        raise ValueError(f"invalid node id {nid!r}: must match {ID_RE.pattern}")
+    return f"agent-{nid}"
+
+
+def inbox_prefix(user: str) -> str:
+    """Each user's private reply subjects: nobody else may subscribe to them."""
+    return f"_INBOX.{user}"
+
+
+# -- permissions ----------------------------------------------------------------------------------
+def _catalog_publishers() -> Iterator[tuple[str, str]]:
+    """(subject pattern with ``{x}`` placeholders, role) for every catalog entry's publisher."""
+    for pattern, publishers, _ in subjects.catalog():
+        for name in publishers.split("/"):
+            name = name.strip()
+            if name.endswith("(replies)"):
+                continue  # request/reply: the requester publishes; the responder uses allow_responses
+            if name not in PUBLISHER_ROLES:
+                raise ValueError(f"subject catalog: unknown publisher {name!r} of {pattern}; map it in workers/auth.py")
+            for role in PUBLISHER_ROLES[name]:
+                yield pattern, role
+
+
+def _wild(pattern: str, node: str = "*") -> str:
+    """``aios.node.{nid}.x`` -> ``aios.node.N.x``; any other ``{x}`` -> ``*``; a trailing
+    ``{subject}`` (dead letters) -> ``>``."""
+    out = pattern.replace("{nid}", node)
+    out = re.sub(r"\{subject\}$", ">", out)
+    return re.sub(r"\{[a-z_]+\}", "*", out)
+
+
+def _consumer_rights(durable: str, create: bool = True) -> list[str]:
+    st = subjects.STREAM
+    rights = [
+        f"{JS}.CONSUMER.INFO.{st}.{durable}",
+        f"{JS}.CONSUMER.MSG.NEXT.{st}.{durable}",
+        f"$JS.ACK.{st}.{durable}.>",
+        subjects.dead_letter(durable, ">"),
+    ]
+    if create:
+        rights += [f"{JS}.CONSUMER.DURABLE.CREATE.{st}.{durable}", f"{JS}.CONSUMER.CREATE.{st}.{durable}",
+                   f"{JS}.CONSUMER.CREATE.{st}.{durable}.>"]
+    return rights
+
+
+@dataclass(frozen=True)
+class Permissions:
+    publish: tuple[str, ...]
+    subscribe: tuple[str, ...]
+    allow_responses: bool = False
+
+    def conf(self) -> str:
+        q = lambda xs: ", ".join(json.dumps(x) for x in xs)  # noqa: E731
+        resp = ", allow_responses: true" if self.allow_responses else ""
+        return f"{{publish: {{allow: [{q(self.publish)}]}}, subscribe: {{allow: [{q(self.subscribe)}]}}{resp}}}"
+
+
+def permissions(role: str, node: str | None = None) -> Permissions | None:
+    """The allow lists of a role (``None`` = unrestricted: the admin). ``role="agent"`` with ``node``
+    is one real node agent; ``agent-sim`` is the simulated fleet (every node)."""
+    if role == "admin":
+        return None
+    if role == "agent" and node is None:
+        raise ValueError("a node agent's permissions need its node id")
+    user = agent_user(node) if role == "agent" and node else role
+    catalog_role = "agent" if role in ("agent", "agent-sim") else role
+    scope = node if role == "agent" and node else "*"
+    pub = sorted({_wild(p, scope) for p, r in _catalog_publishers() if r == catalog_role})
+    sub = [f"{inbox_prefix(user)}.>"]
+    hints = [subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL]
+    st = subjects.STREAM
+    read_topology = [STREAM_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
+    responses = False
+    if role == "upstream":
+        return Permissions(tuple(pub), tuple(sub))
+    if role == "observer":
+        # ordered (ephemeral) consumers only: CONSUMER.CREATE.<stream> without a name refuses durables
+        pub = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}", f"{JS}.CONSUMER.CREATE.{st}", f"{JS}.CONSUMER.INFO.{st}.*", "$JS.FC.>"]
+        return Permissions(tuple(pub), (*sub, f"{subjects.ROOT}.>"))
+    if role == "parser":
+        pub += [*read_topology, *_consumer_rights(subjects.PARSER.durable)]
+        sub += hints
+    elif role == "gateway":
+        pub += [*read_topology, *_consumer_rights(subjects.GATEWAY.durable)]
+        sub += hints
+    elif role == "controller":
+        pub += list(CATALOG_GAPS["controller"])
+        # per-cluster durables (controller-<cid>) are named at run time: any consumer may be created
+        pub += [*read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{st}.*.>"]
+        sub += [*hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL]
+        responses = True  # replies to aios.node.*.expected requests
+    elif role in ("agent", "agent-sim"):
+        durable = subjects.agent(node if role == "agent" else None).durable
+        pub += [*read_topology, *_consumer_rights(durable), subjects.node_expected(scope)]
+        if role == "agent-sim":
+            sub += hints  # the simulated fleet is a Worker like the others
+    else:
+        raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
+    return Permissions(tuple(sorted(set(pub))), tuple(sorted(set(sub))), responses)
+
+
+# -- secrets ----------------------------------------------------------------------------------------
+def _token() -> str:
+    return secrets.token_urlsafe(24)  # [A-Za-z0-9_-]: safe in URLs, nats.conf and Redis ACL files
+
+
+@dataclass
+class Secrets:
+    """Per-role passwords, persisted under ``<data dir>/auth`` (0700) in ``secrets.json`` (0600)."""
+
+    path: Path
+    nats: dict[str, str] = field(default_factory=dict)
+    redis: dict[str, str] = field(default_factory=dict)
+    agents: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, data_dir: Path, create: bool = True) -> Secrets:
+        path = Path(data_dir) / "auth" / "secrets.json"
+        s = cls(path)
+        if path.exists():
+            d = json.loads(path.read_text())
+            s.nats, s.redis, s.agents = d.get("nats", {}), d.get("redis", {}), d.get("agents", {})
+        elif not create:
+            raise FileNotFoundError(path)
+        changed = False
+        for role in ROLES:
+            if role not in s.nats:
+                s.nats[role], changed = _token(), True
+        for user in REDIS_USERS:
+            if user not in s.redis:
+                s.redis[user], changed = _token(), True
+        if changed:
+            s.save()
+        return s
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.path.parent, 0o700)
+        write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents}, indent=1))
+
+    def add_agent(self, nid: str) -> bool:
+        agent_user(nid)  # validates
+        if nid in self.agents:
+            return False
+        self.agents[nid] = _token()
+        self.save()
+        return True
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a file only its owner can read (created 0600, never world-readable in between)."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def locked(data_dir: Path) -> Iterator[None]:
+    """Serialise changes to the secrets and the server config between processes."""
+    lock = Path(data_dir) / "auth" / ".lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+# -- server config ----------------------------------------------------------------------------------
+def nats_authorization(s: Secrets) -> str:
+    """The ``authorization`` block of nats.conf: every role's user and permissions."""
+    lines = []
+    for role in ROLES:
+        perms = permissions(role)
+        p = f", permissions: {perms.conf()}" if perms else ""
+        lines.append(f"    {{user: {json.dumps(role)}, password: {json.dumps(s.nats[role])}{p}}}")
+    for nid, pw in sorted(s.agents.items()):
+        perms = permissions("agent", nid)
+        assert perms is not None
+        lines.append(f"    {{user: {json.dumps(agent_user(nid))}, password: {json.dumps(pw)}, permissions: {perms.conf()}}}")
+    return "authorization {\n  users: [\n" + "\n".join(lines) + "\n  ]\n}\n"
+
+
+def redis_acl(s: Secrets) -> str:
+    """An ACL file: the default (passwordless) user is off; one line per user."""
+    lines = ["user default off"]
+    lines += [f"user {user} on >{s.redis[user]} {rules}" for user, rules in REDIS_USERS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def redis_supports_acl(binary: str) -> bool:
+    """Redis >= 6 has ACL users; older servers only ``requirepass`` (one password for all)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
+    m = re.search(r"v=(\d+)\.", out)
+    return bool(m) and int(m.group(1)) >= 6
+
+
+def tls_files(data_dir: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for 127.0.0.1/localhost (created once with the openssl CLI)."""
+    d = Path(data_dir) / "tls"
+    cert, key = d / "cert.pem", d / "key.pem"
+    if cert.exists() and key.exists():
+        return cert, key
+    d.mkdir(parents=True, exist_ok=True)
+    os.chmod(d, 0o700)
+    try:
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+             "-days", "825", "-subj", "/CN=aios-blocks embedded", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
+             "-keyout", str(key), "-out", str(cert)],
+            check=True, capture_output=True,
+        )
+    except FileNotFoundError:
+        raise RuntimeError("AIOS_NATS_TLS=1 needs the openssl command to create a certificate")
+    os.chmod(key, 0o600)
+    return cert, key
+
+
+# -- URLs ---------------------------------------------------------------------------------------------
+def with_userinfo(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, parts.query, parts.fragment))
+
+
+_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/\s]*)(?::[^@/\s]*)?@", re.I)
+
+
+def mask(text: str) -> str:
+    """Hide the password of every URL in ``text`` (``nats://u:secret@h`` -> ``nats://u:***@h``)."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
+
+
+def url_user(url: str) -> str | None:
+    """The user name of the first URL of a (comma-separated) server list, if any."""
+    first = url.split(",")[0].strip()
+    return urlsplit(first).username if "://" in first else None
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    """Bare URLs of embedded servers plus where their secrets are (``endpoints.json``)."""
+
+    nats: str
+    redis: str
+    auth: bool
+    data_dir: Path
+    nats_ca: str | None = None
+
+    def nats_url(self, role: str = "admin", node: str | None = None) -> str:
+        if not self.auth:
+            return self.nats
+        s = Secrets.load(self.data_dir, create=False)
+        if role == "agent":
+            if node is None or node not in s.agents:
+                raise LookupError(f"no credentials for node {node!r}: run ensure_agent first")
+            return with_userinfo(self.nats, agent_user(node), s.agents[node])
+        return with_userinfo(self.nats, role, s.nats[role])
+
+    def redis_url(self, role: str = "admin") -> str | None:
+        """``None`` for roles with no Redis access (node agents, upstream publishers)."""
+        if not self.auth:
+            return self.redis
+        user = REDIS_ROLE.get(role)
+        if user is None:
+            return None
+        s = Secrets.load(self.data_dir, create=False)
+        return with_userinfo(self.redis, user, s.redis[user])
+
+    def env(self, kind: str) -> dict[str, str]:
+        """Environment of one worker process of ``kind``: its role's URLs (and the TLS CA)."""
+        env = {"AIOS_NATS_CA": self.nats_ca} if self.nats_ca else {}
+        role = KIND_ROLE.get(kind)
+        if role is None or not self.auth:
+            return env
+        redis = self.redis_url(role)
+        return {**env, "AIOS_NATS_URL": self.nats_url(role), **({"AIOS_REDIS_URL": redis} if redis else {})}
+
+    def public(self) -> dict[str, object]:
+        return {"nats": self.nats, "redis": self.redis, "auth": self.auth, "nats_ca": self.nats_ca}
+
+
+def read_endpoints(data_dir: Path) -> Endpoints | None:
+    ep = Path(data_dir) / "endpoints.json"
+    if not ep.exists():
+        return None
+    d = json.loads(ep.read_text())
+    return Endpoints(d["nats"], d["redis"], bool(d.get("auth")), Path(data_dir).resolve(), d.get("nats_ca"))
+
+
+# -- node agents ------------------------------------------------------------------------------------
+def ensure_agent(data_dir: Path, nid: str, timeout: float = 10.0) -> str:
+    """NATS URL (with credentials) of node ``nid``'s agent: adds the user ``agent-<nid>`` to the
+    running embedded server (config rewrite + reload signal) when it does not exist yet."""
+    data_dir = Path(data_dir).resolve()
+    ep = read_endpoints(data_dir)
+    if ep is None:
+        raise RuntimeError(f"no embedded servers running in {data_dir}")
+    if not ep.auth:
+        return ep.nats
+    with locked(data_dir):
+        s = Secrets.load(data_dir, create=False)
+        if s.add_agent(nid):
+            conf = data_dir / "nats.conf"
+            text = conf.read_text()
+            start = text.index("authorization {")
+            write_private(conf, text[:start] + nats_authorization(s))
+            pid = int((data_dir / "nats.pid").read_text().strip())
+            os.kill(pid, signal.SIGHUP)  # = nats-server --signal reload=<pid>
+    url = ep.nats_url("agent", nid)
+    wait_nats_user(url, ep.nats_ca, timeout)
+    return url
+
+
+def nats_login(url: str, ca: str | None = None) -> bool:
+    """One synchronous CONNECT/PING with the URL's credentials: True when the server accepts them."""
+    parts = urlsplit(url)
+    with socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 4222), timeout=2) as raw:
+        f = raw.makefile("rb")
+        info = json.loads(f.readline().split(b" ", 1)[1])
+        sock: socket.socket = raw
+        if info.get("tls_required"):
+            ctx = ssl.create_default_context(cafile=ca)
+            sock = ctx.wrap_socket(raw, server_hostname=parts.hostname)
+            f = sock.makefile("rb")
+        opts = {"user": parts.username, "pass": parts.password, "verbose": False, "pedantic": False}
+        sock.sendall(b"CONNECT " + json.dumps(opts).encode() + b"\r\nPING\r\n")
+        return f.readline().startswith(b"PONG")
+
+
+def wait_nats_user(url: str, ca: str | None, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not nats_login(url, ca):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nats-server did not accept the new user {url_user(url)!r} within {timeout}s")
+        time.sleep(0.05)
