@@ -100,6 +100,8 @@ def decision_input(digest: str) -> str:
 
 # -- policies and dead letters ------------------------------------------------------------------
 def policy_updated(name: str) -> str:
+    """Carries the whole registry record (name, version, source, language): ``blocks recover``
+    rebuilds the registry from these."""
     return f"{ROOT}.policy.{name}.updated"
 
 
@@ -176,6 +178,20 @@ def agent(node: str | None = None) -> ConsumerSpec:
     return ConsumerSpec(name, (f"{ROOT}.node.{nid}.instance.create", f"{ROOT}.node.{nid}.instance.remove"))
 
 
+# -- inventory registration (event-sourced: ``blocks recover`` rebuilds Redis from these) -----------
+def component_registered(uri: str) -> str:
+    """A component (full record) was registered. The token is a digest of the URI, which may
+    hold dots and slashes; the URI itself is in the event."""
+    import hashlib
+
+    return f"{ROOT}.component.{hashlib.sha256(uri.encode()).hexdigest()[:20]}.registered"
+
+
+def cluster_registered(cid: str) -> str:
+    """A cluster (id, labels) was registered."""
+    return f"{ROOT}.cluster.{cid}.registered"
+
+
 def catalog() -> list[tuple[str, str, str]]:
     """(subject pattern, publisher, meaning) for docs and ``blocks subjects``."""
     return [
@@ -212,6 +228,8 @@ def catalog() -> list[tuple[str, str, str]]:
         ("aios.cluster.{cid}.inventory", "controller / CLI", "nodes changed: caches refresh them"),
         ("aios.block.{bid}.decision", "gateway / controller", "one policy call: policy, version, action, input digest, output, duration, error"),
         ("aios.input.{digest}", "gateway / controller", "a large policy input, stored once by digest"),
-        ("aios.policy.{name}.updated", "CLI", "policy source changed: caches drop it"),
+        ("aios.policy.{name}.updated", "CLI", "policy stored: name, version, source, language (caches drop it)"),
+        ("aios.component.{digest}.registered", "CLI", "component registered: the full record (digest of its URI)"),
+        ("aios.cluster.{cid}.registered", "CLI", "cluster registered: id and labels"),
         ("aios.dlq.{consumer}.{subject}", "consumer runner", "message that kept failing, with the error"),
     ]

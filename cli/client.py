@@ -18,8 +18,17 @@ from nats.js.api import DeliverPolicy
 
 from ..bus import subjects
 from ..bus.nats_bus import Bus
-from ..schemas.events import DeleteRequest, ReassignRequest, ScaleRequest
+from ..schemas.events import (
+    ClusterRegistered,
+    ComponentRegistered,
+    DeleteRequest,
+    NodeRegistered,
+    PolicyUpdated,
+    ReassignRequest,
+    ScaleRequest,
+)
 from ..schemas.spec import Cluster, Component, Gpu, Node
+from ..state.rebuild import ensure_epoch
 from ..state.store import Store
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
@@ -34,7 +43,9 @@ class Client:
     async def open(cls, nats_url: str, redis_url: str) -> Client:
         bus = await Bus.open(nats_url, source="aios-blocks/cli")
         await bus.ensure_topology()
-        return cls(bus, Store.open(redis_url))
+        store = Store.open(redis_url)
+        await ensure_epoch(bus, store)  # a fresh system starts its state epoch (state.rebuild)
+        return cls(bus, store)
 
     async def close(self) -> None:
         await self.bus.close()
@@ -47,16 +58,24 @@ class Client:
         await self.close()
 
     # -- inventory -------------------------------------------------------------------------
+    # Every registration is an event first (the stream is the record ``blocks recover`` rebuilds
+    # Redis from), then a direct write to Redis so the caller can use it at once. Message ids are
+    # unique per call: a re-registration of the same record is a new fact, not a duplicate.
     async def add_component(self, comp: Component | dict[str, Any]) -> Component:
         comp = comp if isinstance(comp, Component) else Component.model_validate(comp)
+        subject = subjects.component_registered(comp.componentURI)
+        event = ComponentRegistered(comp.componentURI, comp.model_dump(mode="json"))
+        await self.bus.publish(subject, "component.registered", event, f"component:{_op_id()}")
         await self.store.put_component(comp)
         return comp
 
     async def add_cluster(self, cluster: Cluster) -> None:
+        await self._publish_cluster(cluster)
         await self.store.put_cluster(cluster)
         await self.bus.notify(subjects.cluster_inventory(cluster.id), {"cluster": cluster.id})
 
     async def add_node(self, node: Node) -> None:
+        await self._publish_nodes([node])
         await self.store.put_node(node)
         await self.bus.notify(subjects.cluster_inventory(node.cluster), {"cluster": node.cluster, "nodes": [node.id]})
 
@@ -65,15 +84,46 @@ class Client:
         model: str = "sim-h100",
     ) -> None:
         """A simulated cluster: ``nodes`` nodes with ``gpus`` GPUs each (for demos and tests)."""
-        await self.store.put_cluster(Cluster(id=cid, labels=labels or {}))
-        for n in range(nodes):
-            nid = f"{cid}-n{n}"
-            node = Node(
-                id=nid, cluster=cid, labels={"rack": str(n % 4)}, cpu=64, memory=512 * 1024,
-                gpus=[Gpu(id=f"{nid}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)],
+        cluster = Cluster(id=cid, labels=labels or {})
+        made = [
+            Node(
+                id=f"{cid}-n{n}", cluster=cid, labels={"rack": str(n % 4)}, cpu=64, memory=512 * 1024,
+                gpus=[Gpu(id=f"{cid}-n{n}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)],
             )
+            for n in range(nodes)
+        ]
+        await self._publish_cluster(cluster)
+        await self._publish_nodes(made)
+        await self.store.put_cluster(cluster)
+        for node in made:
             await self.store.put_node(node)
         await self.bus.notify(subjects.cluster_inventory(cid), {"cluster": cid})
+
+    async def _publish_cluster(self, cluster: Cluster) -> None:
+        event = ClusterRegistered(cluster.model_dump(mode="json"))
+        await self.bus.publish(subjects.cluster_registered(cluster.id), "cluster.registered", event, f"cluster:{_op_id()}")
+
+    async def _publish_nodes(self, nodes: list[Node]) -> None:
+        op = _op_id()
+        await self.bus.publish_many(
+            (subjects.node_registered(n.id), "node.registered", NodeRegistered(n.model_dump(mode="json")), f"node:{n.id}:{op}")
+            for n in nodes
+        )
+
+    async def policy_put(self, name: str, source: str, language: str) -> int:
+        """Store a new version of a registry policy: the ``policy.updated`` event (with the source)
+        first, then Redis. The message id ``policy:NAME:vN`` makes JetStream's duplicate window a
+        compare-and-set on the version: a concurrent writer of the same version retries with N+1."""
+        for _ in range(10):
+            current = await self.store.policy_get(name)
+            version = (current["version"] if current else 0) + 1
+            event = PolicyUpdated(name, version, source, language)
+            ack = await self.bus.publish(subjects.policy_updated(name), "policy.updated", event, f"policy:{name}:v{version}")
+            if not ack.duplicate:
+                await self.store.policy_store(name, version, source, language)
+                return version
+            await asyncio.sleep(0.05)
+        raise RuntimeError(f"policy {name}: could not take a new version (concurrent writers)")
 
     # -- blocks ----------------------------------------------------------------------------
     async def submit(self, spec: dict[str, Any]) -> str:
@@ -186,6 +236,10 @@ class Client:
         if not block.get("cluster") or block["status"] not in ("ready", "placing"):
             raise LookupError(f"block {bid!r} is {block['status']}: it must be placed first")
         return block
+
+
+def _op_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 def event_kind(subject: str) -> str:

@@ -601,7 +601,6 @@ def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
 
     Example: `blocks policy add my-packer my_packer.py`, `blocks policy add lxd-mem most_free.star`
     """
-    from ..bus import subjects
     from ..policies.runtime import compile_source, language_of
 
     source = file.read_text()
@@ -613,9 +612,7 @@ def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
         raise typer.Exit(1)
 
     async def go(c: Client) -> int:
-        version = await c.store.policy_put(name, source, language)
-        await c.bus.notify(subjects.policy_updated(name), {"name": name, "version": version})
-        return version
+        return await c.policy_put(name, source, language)  # the policy.updated event tells workers
 
     version = _run(_with_client(data_dir, go))
     console.print(f"policy [bold]{name}[/] version {version} stored; use policyRuleURI: registry:{name}")
@@ -718,3 +715,94 @@ def subjects_() -> None:
 
 
 app.command("subjects")(subjects_)
+
+
+# -- recovery and invariants (docs/reliability.md) ----------------------------------------------
+state_app = typer.Typer(help="Inspect the Redis state (digest, diff against the stream).", no_args_is_help=True)
+app.add_typer(state_app, name="state")
+
+
+@app.command()
+def recover(
+    force: bool = typer.Option(False, "--force", help="Replace the project's aios:* keys if Redis is not empty."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Rebuild the Redis state from the JetStream stream `AIOS` (components, clusters, nodes, blocks,
+    instances, reservations and usage, affinity index, policy registry). Workers pause while the
+    state epoch is absent and resume when it is back. Only keys this project owns are touched.
+
+    Example: `blocks recover` (empty Redis) or `blocks recover --force`
+    """
+    from ..state.rebuild import RecoverRefused
+    from ..state.rebuild import recover as rebuild
+
+    async def go(c: Client) -> int:
+        try:
+            rep = await rebuild(c.bus, c.store, force=force)
+        except RecoverRefused as exc:
+            err.print(f"[red]{exc}[/]")
+            return 1
+        console.print(
+            f"[green]recovered[/] {rep.keys} keys from {rep.events} events "
+            f"(read+fold {rep.seconds_read:.2f}s, write {rep.seconds_write:.2f}s, {rep.dropped} old keys dropped)"
+        )
+        console.print(f"digest {rep.digest}")
+        for a in rep.anomalies[:20]:
+            err.print(f"[yellow]anomaly[/] {escape(a)}")
+        return 0
+
+    raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+@app.command()
+def check(
+    settled: bool = typer.Option(True, "--settled/--live", help="--live: blocks in flight and a digest mismatch are warnings."),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Path = DataDir,
+) -> None:
+    """Check the invariants: every block ready/failed/rejected/deleted with a reason, no GPU over
+    capacity and usage equal to the reservations, no instance twice, Redis == state rebuilt from
+    the stream. Exit 0 when they hold, 1 when not.
+
+    Example: `blocks check --live`
+    """
+    from ..state.invariants import check as run_check
+
+    rep = _run(_with_client(data_dir, lambda c: run_check(c.bus, c.store, settled=settled)))
+    if as_json:
+        print(json.dumps(rep.as_dict(), indent=2))
+    else:
+        for v in rep.violations:
+            console.print(f"[red]violation[/] {escape(v)}")
+        for w in rep.warnings:
+            console.print(f"[yellow]warning[/] {escape(w)}")
+        for d in rep.diff:
+            console.print(f"  [dim]{escape(d)}[/]")
+        console.print(f"counts {rep.counts}")
+        console.print(f"redis digest  {rep.redis_digest}\nstream digest {rep.stream_digest}")
+        console.print("[green]invariants hold[/]" if rep.ok else f"[red]{len(rep.violations)} violation(s)[/]")
+    raise typer.Exit(0 if rep.ok else 1)
+
+
+@state_app.command("digest")
+def state_digest(
+    stream: bool = typer.Option(False, "--stream", help="Also the digest of the state rebuilt from the stream."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Canonical digest of the project's Redis state (volatile fields left out; see docs/reliability.md).
+
+    Example: `blocks state digest --stream`
+    """
+    from ..handlers import image as im
+    from ..state.rebuild import fold_stream, read_image
+
+    async def go(c: Client) -> tuple[str, str]:
+        redis_digest = im.digest(await read_image(c.store.r))
+        stream_digest = im.digest((await fold_stream(c.bus)).image(include_gathers=False)) if stream else ""
+        return redis_digest, stream_digest
+
+    redis_digest, stream_digest = _run(_with_client(data_dir, go))
+    print(f"redis  {redis_digest}")
+    if stream:
+        print(f"stream {stream_digest}")
+        raise typer.Exit(0 if redis_digest == stream_digest else 1)

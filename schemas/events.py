@@ -145,6 +145,9 @@ class InstanceCommand(msgspec.Struct):
     image: str = ""
     env: dict[str, Any] = {}
     reason: str = ""
+    #: how to run it (``schemas.spec.Launch`` JSON) and what it was reserved (cpu, memory, gpus...)
+    launch: dict[str, Any] = {}
+    resources: dict[str, Any] = {}
 
 
 class InstanceEvent(msgspec.Struct):
@@ -278,3 +281,26 @@ T = TypeVar("T")
 
 def data_as(env: Envelope, cls: type[T]) -> T:
     return msgspec.convert(env.data, cls)
+
+
+class ComponentRegistered(msgspec.Struct):
+    """A component registered (or replaced): the full record, as ``schemas.spec.Component`` JSON."""
+
+    uri: str
+    component: dict[str, Any]
+
+
+class ClusterRegistered(msgspec.Struct):
+    """A cluster registered (or its labels replaced): ``schemas.spec.Cluster`` JSON."""
+
+    cluster: dict[str, Any]
+
+
+class PolicyUpdated(msgspec.Struct):
+    """A policy stored in the registry as ``version``: the whole record, so the registry can be
+    rebuilt from the stream (``blocks recover``)."""
+
+    name: str
+    version: int
+    source: str = ""
+    language: str = "python"

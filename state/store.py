@@ -17,6 +17,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)
     aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
     aios:policy:<name>                hash: source, version, language, updated (policy registry)
+    aios:meta:epoch                   state epoch: present while Redis holds valid state
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..schemas.spec import Cluster, Component, Node
 from . import scripts
 
 P = "aios"
+EPOCH_KEY = f"{P}:meta:epoch"
 _json = msgspec.json
 
 
@@ -308,6 +310,28 @@ class Store:
 
     async def policy_names(self) -> list[str]:
         return sorted(await self.r.smembers(f"{P}:policies"))
+
+    # -- recovery support (event-sourced registry, epoch guard) -----------------------------------
+    async def policy_store(self, name: str, version: int, source: str, language: str) -> None:
+        """Record registry version ``version`` (already published as ``policy.updated``); the
+        head moves only forward, so replays and late writers never roll it back."""
+        key = f"{P}:policy:{name}"
+        await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
+        await self._policy_head(
+            keys=[key, f"{P}:policies"], args=[name, str(version), source, language, str(time.time())]
+        )
+
+    @property
+    def _policy_head(self) -> Any:
+        return self.r.register_script(scripts.POLICY_HEAD)
+
+    async def epoch(self) -> str | None:
+        """The state epoch: set when Redis holds valid state (fresh system, or after ``blocks
+        recover``). Absent = Redis lost its state: workers wait instead of acting on emptiness."""
+        return await self.r.get(EPOCH_KEY)
+
+    async def set_epoch(self, value: str, only_if_absent: bool = False) -> bool:
+        return bool(await self.r.set(EPOCH_KEY, value, nx=only_if_absent))
 
 
 def _strs(fields: dict[str, Any]) -> dict[str, str]:

@@ -17,7 +17,7 @@ import structlog
 
 from ..bus import subjects
 from ..bus.nats_bus import Bus
-from ..bus.runner import ConsumerRunner, Delivery, RunnerOptions
+from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
 from ..policies import affinity
 from ..policies.runtime import PolicyRuntime, TrackingDict
 from ..schemas.errors import PolicyFailed
@@ -47,6 +47,9 @@ class Worker:
         runtime = PolicyRuntime(lookup=store.policy_get)
         w = cls(bus, store, Inventory(store), runtime, name)
         await bus.ensure_topology()
+        from ..state.rebuild import ensure_epoch
+
+        await ensure_epoch(bus, store)
         await w._watch_hints()
         return w
 
@@ -147,8 +150,48 @@ async def run_consumers(
 ) -> None:
     for spec, _ in bindings:
         await worker.bus.ensure_consumer(spec)
-    runners = [ConsumerRunner(worker.bus, spec, handler, options or RunnerOptions()) for spec, handler in bindings]
+    guard = EpochGuard(worker)
+    runners = [
+        ConsumerRunner(worker.bus, spec, guard.wrap(handler), options or RunnerOptions()) for spec, handler in bindings
+    ]
     await asyncio.gather(*(r.run(stop) for r in runners))
+
+
+class EpochGuard:
+    """Handlers act only while Redis holds valid state (``state.rebuild``): with the epoch key
+    gone (Redis flushed, or ``blocks recover`` under way) a message is deferred, not handled, so
+    nothing is acked on the strength of an empty Redis; a message whose handling overlapped an
+    epoch change is redone. A new epoch drops the worker's inventory cache."""
+
+    def __init__(self, worker: Worker, pause_s: float = 1.0):
+        self.worker = worker
+        self.pause_s = pause_s
+        self.seen: str | None = None
+
+    async def current(self) -> str:
+        epoch = await self.worker.store.epoch()
+        if epoch is None:
+            from ..state.rebuild import ensure_epoch
+
+            epoch = await ensure_epoch(self.worker.bus, self.worker.store)
+            if epoch is None:
+                log.warning("state.no_epoch", worker=self.worker.name, hint="Redis lost its state: run blocks recover")
+                raise Defer(self.pause_s)
+        if epoch != self.seen:
+            if self.seen is not None:
+                log.info("state.new_epoch", worker=self.worker.name, epoch=epoch)
+                self.worker.inventory = Inventory(self.worker.store)
+            self.seen = epoch
+        return epoch
+
+    def wrap(self, handler: Callable[[Delivery], Awaitable[None]]) -> Callable[[Delivery], Awaitable[None]]:
+        async def guarded(d: Delivery) -> None:
+            before = await self.current()
+            await handler(d)
+            if await self.worker.store.epoch() != before:
+                raise Defer(self.pause_s)  # state was replaced while we worked: do it again
+
+        return guarded
 
 
 def stop_on_signals() -> asyncio.Event:

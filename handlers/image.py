@@ -1,0 +1,180 @@
+"""A Redis state as plain values, and its canonical digest.
+
+An *image* maps each ``aios:*`` key to its value: ``str`` (string), ``dict`` (hash), ``set`` (set)
+or :class:`ZSet` (sorted set, member -> score). The fold (``handlers.recovery``) renders one from
+the stream; ``state.rebuild`` reads one from Redis and writes one back. Two images describe the
+same state when their :func:`digest` is equal.
+
+What the digest leaves out, and why:
+
+* ``aios:ctx:*`` - policies' shared context: a cache whose writes are not events, so it cannot
+  be rebuilt (policies must treat an empty context as a cold cache);
+* ``aios:gather:*`` - scratch state of a dry_run gather; its ``decided`` token and TTL are not
+  in the stream (recover rebuilds the open gathers of blocks still selecting);
+* ``aios:meta:*`` - the state epoch (changes on every recover by design);
+* ``aios:heartbeats`` - last heartbeat per node: liveness, sent on core NATS, never stored;
+* block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
+  retried ones that publish nothing new); the block list's scores (creation times);
+* a policy head's ``updated`` time;
+* usage counters that are zero (``cpu_used``, ``g:*:n``...): Redis keeps a field at "0" after a
+  reserve+release where the fold may never have created it; both mean "nothing used".
+
+Numbers are compared as numbers (Lua and Python print floats differently) and JSON fields as
+decoded JSON (key order and spacing differ between msgspec, pydantic and cjson). GPU lists of an
+instance are compared as sets: a reused reservation lists its GPUs in Lua table order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+
+_json = msgspec.json
+
+
+class ZSet(dict):  # type: ignore[type-arg]
+    """A sorted set in an image: member -> score."""
+
+
+Image = dict[str, Any]
+
+#: prefixes of keys the digest leaves out (see the module docstring)
+VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats")
+#: prefixes of keys the stream rebuilds
+REBUILT = (
+    "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
+    "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:",
+)
+
+
+def node_key(cid: str, nid: str) -> str:
+    return f"aios:{{c:{cid}}}:node:{nid}"
+
+
+def res_key(cid: str, iid: str) -> str:
+    return f"aios:{{c:{cid}}}:res:{iid}"
+
+
+def classify(key: str) -> str:
+    """``volatile``, ``rebuilt`` or ``unknown`` (a key this version does not know: reported)."""
+    if key.startswith(VOLATILE):
+        return "volatile"
+    if key.startswith(REBUILT):
+        return "rebuilt"
+    return "unknown"
+
+
+def _j(raw: str) -> Any:
+    try:
+        return _json.decode(raw)
+    except msgspec.DecodeError:
+        return raw
+
+
+def _f(raw: str | None) -> float:
+    try:
+        return round(float(raw or 0), 6)
+    except ValueError:
+        return float("nan")
+
+
+_USAGE = ("cpu_used", "mem_used")
+
+
+def _node(h: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in h.items():
+        if k == "spec":
+            out[k] = _j(v)
+        elif k == "healthy":
+            out[k] = v
+        elif k == "agent":
+            if v:  # "" (the simulated fleet) is what an absent field means too
+                out[k] = v
+        elif k in ("cpu", "memory") or k.endswith(":total"):
+            out[k] = _f(v)
+        elif k in _USAGE or k.startswith("g:"):
+            if _f(v) != 0:
+                out[k] = _f(v)
+        else:
+            out[k] = v
+    return out
+
+
+def _reservation(h: dict[str, str]) -> dict[str, Any]:
+    gpus = _j(h.get("gpus", "{}"))
+    gpus = {g: _f(str(m)) for g, m in gpus.items()} if isinstance(gpus, dict) else {}
+    return {
+        "node": h.get("node"), "block": h.get("block"), "cpu": _f(h.get("cpu")), "mem": _f(h.get("mem")),
+        "gpus": gpus, "exclusive": _f(h.get("exclusive")),
+    }
+
+
+def _instances(h: dict[str, str]) -> dict[str, Any]:
+    out = {}
+    for iid, raw in h.items():
+        v = _j(raw)
+        if isinstance(v, dict) and isinstance(v.get("gpus"), list):
+            v = {**v, "gpus": sorted(v["gpus"])}
+        out[iid] = v
+    return out
+
+
+def normalise(key: str, value: Any) -> Any:
+    """The comparable form of one key's value."""
+    if isinstance(value, ZSet):
+        return sorted(value)
+    if isinstance(value, set):
+        return sorted(value)
+    if not isinstance(value, dict):
+        return _j(value) if key.startswith("aios:component:") else value
+    if key.startswith("aios:block:"):
+        if key.endswith(":inst"):
+            return _instances(value)
+        out = {k: v for k, v in value.items() if k not in ("updated", "version")}
+        if "ir" in out:
+            out["ir"] = _j(out["ir"])
+        return out
+    if key.startswith("aios:{c:"):
+        return _reservation(value) if ":res:" in key else _node(value)
+    if key in ("aios:clusters",) or key.startswith("aios:aff:svc:"):
+        return {k: _j(v) for k, v in value.items()}
+    if key.startswith("aios:policy:"):
+        return {k: v for k, v in value.items() if k != "updated"}
+    return dict(value)
+
+
+def canonical(img: Image) -> dict[str, Any]:
+    """Keys the digest covers, normalised."""
+    return {k: normalise(k, v) for k, v in img.items() if classify(k) == "rebuilt"}
+
+
+def digest(img: Image) -> str:
+    doc = sorted(canonical(img).items())
+    return hashlib.sha256(_json.encode(doc, order="sorted")).hexdigest()
+
+
+def diff(a: Image, b: Image, limit: int = 20) -> list[str]:
+    """Human-readable differences between two images (first ``limit``)."""
+    ca, cb = canonical(a), canonical(b)
+    out = []
+    for key in sorted(set(ca) | set(cb)):
+        va, vb = ca.get(key), cb.get(key)
+        if va == vb:
+            continue
+        if isinstance(va, dict) and isinstance(vb, dict):
+            fields = sorted(f for f in set(va) | set(vb) if va.get(f) != vb.get(f))
+            detail = "; ".join(f"{f}: {_short(va.get(f))} != {_short(vb.get(f))}" for f in fields[:6])
+        else:
+            detail = f"{_short(va)} != {_short(vb)}"
+        out.append(f"{key}: {detail}")
+        if len(out) >= limit:
+            break
+    return out
+
+
+def _short(v: Any, n: int = 160) -> str:
+    s = "-" if v is None else _json.encode(v, order="sorted").decode()
+    return s if len(s) <= n else s[:n] + "..."

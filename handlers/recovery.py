@@ -1,0 +1,461 @@
+"""The fold: the stream's events, in order, -> the Redis state the workers would have left.
+
+Pure (no I/O): ``Fold.apply`` takes one stored message at a time (subject, body, stream sequence,
+timestamp); ``Fold.image()`` renders the state as Redis keys (``handlers.image``), which
+``state.rebuild`` writes and ``handlers.image.digest`` hashes. Each rule mirrors the handler or
+Lua script that wrote Redis when the event was published, including its compare-and-set guards,
+so a stray or duplicate event changes nothing, exactly as it did live:
+
+* block status follows the CAS of ``state.scripts.TRANSITION`` / ``CREATE_BLOCK`` (gen, allowed
+  statuses);
+* reservations and per-node/GPU usage follow ``RESERVE_GANG`` / ``RELEASE`` (amounts derived from
+  the block's IR, exclusive GPUs taking their whole memory);
+* instances, the affinity index and the policy registry follow ``state.store``.
+
+New event kinds are one entry in ``Fold.rules`` (block tails) or ``Fold.node_rules`` (node tails).
+Alongside the state, the fold records ``anomalies``: facts that should never happen (an instance
+running on two nodes at once, a placement on a node that does not exist).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from pydantic import ValidationError
+
+from ..policies.affinity import uid
+from ..schemas.spec import Node
+from .gateway import share_of
+from .image import Image, ZSet, node_key, res_key
+
+_json = msgspec.json
+_enc = msgspec.json.Encoder()
+
+#: statuses a delete request moves to ``deleting`` from (workers/controller.py on_delete)
+DELETABLE = ("parsed", "selecting", "allocating", "placing", "ready", "failed", "deleting", "rejected")
+#: a block id can be reused once its block is in one of these (CREATE_BLOCK)
+REUSABLE = ("deleted", "rejected", "failed")
+
+
+def dumps(v: Any) -> str:
+    return _enc.encode(v).decode()
+
+
+@dataclass
+class NodeState:
+    cluster: str
+    spec: str
+    cpu: float
+    memory: int
+    healthy: bool
+    gpu_total: dict[str, int]
+    #: who serves the node's commands ("" = the simulated fleet)
+    agent: str = ""
+    cpu_used: float | None = None
+    mem_used: int | None = None
+    #: gpu -> [mem, n, x] (None until first touched, as HINCRBY creates fields)
+    gpu_use: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class Fold:
+    components: dict[str, str] = field(default_factory=dict)
+    clusters: dict[str, str] = field(default_factory=dict)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    blocks: dict[str, dict[str, str]] = field(default_factory=dict)
+    block_order: dict[str, float] = field(default_factory=dict)
+    instances: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+    reservations: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    aff_svc: dict[str, dict[str, str]] = field(default_factory=dict)
+    aff_lease: dict[str, str] = field(default_factory=dict)
+    #: node -> {iid: bid} (Store.put_instances: what an agent reconciles against)
+    node_insts: dict[str, dict[str, str]] = field(default_factory=dict)
+    policies: dict[str, dict[str, str]] = field(default_factory=dict)
+    policy_versions: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
+    #: open gathers: (bid, gen, attempt) -> {expected, deadline, results, decided}
+    gathers: dict[tuple[str, int, int], dict[str, Any]] = field(default_factory=dict)
+    #: create message sequence -> digest of its body (the parser stores it on the block)
+    creates: dict[int, str] = field(default_factory=dict)
+    #: (bid, gen, iid) -> nodes where it was reported added and not yet removed
+    running_on: dict[tuple[str, int, str], set[str]] = field(default_factory=dict)
+    anomalies: list[str] = field(default_factory=list)
+    events: int = 0
+    last_seq: int = 0
+
+    # -- entry point -----------------------------------------------------------------------------
+    def apply(self, subject: str, raw: bytes, seq: int = 0, ts: float = 0.0) -> None:
+        """Fold one stored message. Messages the state does not depend on are skipped cheaply."""
+        self.events += 1
+        self.last_seq = max(self.last_seq, seq)
+        parts = subject.split(".")
+        if len(parts) < 4 or parts[0] != "aios":
+            return
+        entity, key, tail = parts[1], parts[2], ".".join(parts[3:])
+        if entity == "block":
+            if tail == "create":
+                self.creates[seq] = _digest(raw)
+                self.block_order.setdefault(key, ts)
+                return
+            rule = self.rules.get(tail) or (self.instance_rules.get(parts[-1]) if tail.startswith("instance.") else None)
+            if rule is not None:
+                rule(self, key, _data(raw), seq, ts)
+        elif entity == "node":
+            node_rule = self.node_rules.get(tail)
+            if node_rule is not None:
+                node_rule(self, key, _data(raw), seq, ts)
+        elif entity == "cluster" and tail == "registered":
+            c = _data(raw).get("cluster") or {}
+            if c.get("id"):
+                self.clusters[c["id"]] = dumps({"id": c["id"], "labels": c.get("labels", {})})
+        elif entity == "component" and tail == "registered":
+            d = _data(raw)
+            if d.get("uri"):
+                self.components[d["uri"]] = dumps(d.get("component") or {})
+        elif entity == "policy" and tail == "updated":
+            self._policy(_data(raw))
+
+    # -- blocks ----------------------------------------------------------------------------------
+    def _block(self, bid: str, gen: Any) -> dict[str, str] | None:
+        b = self.blocks.get(bid)
+        if b is None or (gen is not None and b.get("gen") != str(gen)):
+            return None
+        return b
+
+    def _transition(self, bid: str, gen: Any, allowed: tuple[str, ...] | None, to: str, **fields: str) -> bool:
+        b = self._block(bid, gen)
+        if b is None or (allowed is not None and b.get("status") not in allowed):
+            return False
+        b["version"] = str(int(b.get("version", "0")) + 1)
+        b["status"] = to
+        b.update(fields)
+        return True
+
+    def _create(self, bid: str, gen: int, fields: dict[str, str]) -> bool:
+        cur = self.blocks.get(bid)
+        if cur is not None:
+            if cur.get("gen") == str(gen):
+                return False
+            if cur.get("status") not in REUSABLE:
+                return False
+        self.blocks[bid] = {**fields, "gen": str(gen), "digest": self.creates.get(gen, ""), "version": "1"}
+        self.block_order.setdefault(bid, 0.0)
+        return True
+
+    def on_parsed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        gen, attempt = int(d.get("gen", 0)), int(d.get("attempt", 0))
+        if attempt == 0:
+            self._create(bid, gen, {"status": "parsed", "ir": dumps(d.get("ir") or {}), "created": str(gen)})
+        else:  # back through selection after a failed allocation
+            b = self._block(bid, gen)
+            if b is not None and b.get("status") == "parsed":
+                b["attempt"] = str(attempt)
+            else:
+                self._transition(bid, gen, ("allocating",), "parsed", attempt=str(attempt))
+
+    def on_rejected(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        reason = dumps(d.get("errors") or [])[:2000]
+        self._create(bid, int(d.get("gen", 0)), {"status": "rejected", "reason": reason})
+
+    def on_selection(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        gen, attempt = d.get("gen"), int(d.get("attempt", 0))
+        b = self._block(bid, gen)
+        if b is None or int(b.get("attempt", "0")) != attempt:
+            return
+        self._transition(bid, gen, ("parsed", "selecting"), "selecting")
+        if d.get("candidates"):
+            g = self._gather(bid, int(gen), attempt)
+            g["expected"] = g["expected"] or list(d["candidates"])
+
+    def on_deadline(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))
+        g["deadline"] = g["deadline"] or float(d.get("deadline", 0))
+
+    def on_result(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))
+        g["results"][d.get("cluster_id", "")] = {
+            "score": d.get("score", 0.0), "node_info": d.get("node_info") or {}, "error": d.get("error", "")
+        }
+
+    def on_post_dry_run(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        gen, attempt = d.get("gen"), int(d.get("attempt", 0))
+        g = self._gather(bid, int(gen or 0), attempt)
+        g["decided"] = g["decided"] or "recovered"
+        b = self._block(bid, gen)
+        if b is None or int(b.get("attempt", "0")) != attempt or not d.get("cluster_id"):
+            return
+        self._transition(bid, gen, ("selecting", "allocating"), "allocating", cluster=d["cluster_id"])
+
+    def on_placement(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        gen, cid, action = d.get("gen"), d.get("cluster_id", ""), d.get("action", "")
+        b = self._block(bid, gen)
+        if b is None:
+            self.anomalies.append(f"seq {seq}: placement for {bid} gen {gen}, which has no such block")
+            return
+        ir = _json.decode(b.get("ir", "{}"))
+        if action == "allocation":
+            self._transition(bid, gen, ("allocating",), "placing", cluster=cid)
+        insts = self.instances.setdefault(bid, {})
+        for p in d.get("placements") or []:
+            iid, nid, gpus = p["instance_id"], p["node_id"], list(p.get("gpus") or [])
+            self._reserve(cid, iid, bid, nid, gpus, ir, seq)
+            node = self.nodes.get(nid)
+            rack = _json.decode(node.spec).get("labels", {}).get("rack", "") if node else ""
+            self.aff_svc.setdefault(uid(bid), {})[iid] = dumps([nid, rack])
+            self.aff_lease[uid(iid)] = nid
+            insts[iid] = {"node": nid, "gpus": gpus, "cluster": cid, "status": "starting", "action": action}
+            self.node_insts.setdefault(nid, {})[iid] = bid
+
+    def on_added(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        iid = d.get("instance_id", "")
+        inst = self.instances.get(bid, {}).get(iid)
+        if inst is not None:
+            inst["status"] = "running"
+        where = self.running_on.setdefault((bid, int(d.get("gen", 0)), iid), set())
+        where.add(d.get("node_id", ""))
+        if len(where) > 1:
+            self.anomalies.append(f"seq {seq}: instance {iid} of {bid} runs on {sorted(where)} at once")
+
+    def on_removed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """Removed for any reason (stopped, start failed, lost, evicted): release and forget it.
+        Idempotent: a second ``removed`` finds nothing to release."""
+        iid = d.get("instance_id", "")
+        self.running_on.get((bid, int(d.get("gen", 0)), iid), set()).discard(d.get("node_id", ""))
+        inst = self.instances.get(bid, {}).pop(iid, None)
+        if inst is None:
+            return
+        self._release(inst["cluster"], inst["node"], iid)
+        self.node_insts.get(inst["node"], {}).pop(iid, None)
+        svc = self.aff_svc.get(uid(bid))
+        if svc is not None:
+            svc.pop(iid, None)
+        self.aff_lease.pop(uid(iid), None)
+
+    def on_ready(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        self._transition(bid, d.get("gen"), ("placing", "allocating", "ready"), "ready")
+
+    def on_failed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        b = self._block(bid, d.get("gen"))
+        if b is not None and b.get("status") in ("parsed", "selecting", "allocating", "placing", "failed"):
+            self._transition(bid, d.get("gen"), None, "failed", reason=str(d.get("reason", "")))
+
+    def on_delete(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        self._transition(bid, None, DELETABLE, "deleting")
+
+    def on_deleted(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        self._transition(bid, d.get("gen"), ("deleting", "deleted"), "deleted")
+
+    # -- nodes -----------------------------------------------------------------------------------
+    def on_node_registered(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        try:
+            node = Node.model_validate(d.get("node") or {})
+        except ValidationError:
+            self.anomalies.append(f"seq {seq}: node {nid} registered with an invalid record")
+            return
+        spec = node.model_dump(mode="json")
+        totals = {g.id: g.memory for g in node.gpus}
+        cur = self.nodes.get(node.id)
+        if cur is None or cur.cluster != node.cluster:
+            cur = self.nodes[node.id] = NodeState(node.cluster, dumps(spec), node.cpu, node.memory, node.healthy, totals)
+        else:  # capacity replaced, usage kept (Store.put_node)
+            cur.spec, cur.cpu, cur.memory, cur.healthy = dumps(spec), node.cpu, node.memory, node.healthy
+            cur.gpu_total.update(totals)
+        cur.agent = str(d.get("agent") or "")
+
+    def on_node_health(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        node = self.nodes.get(nid)
+        if node is not None and "healthy" in d:
+            node.healthy = bool(d["healthy"])
+
+    def on_remove_command(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        inst = self.instances.get(d.get("block_id", ""), {}).get(d.get("instance_id", ""))
+        if inst is not None:
+            inst["status"] = "removing"
+
+    # -- capacity (RESERVE_GANG / RELEASE) -----------------------------------------------------------
+    def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: dict[str, Any], seq: int) -> None:
+        if (cid, iid) in self.reservations:
+            return  # a redelivered step reuses its reservation
+        node = self.nodes.get(nid)
+        if node is None or node.cluster != cid:
+            self.anomalies.append(f"seq {seq}: {iid} placed on unknown node {nid} of {cid}")
+            return
+        needs = ir.get("resources") or {}
+        exclusive = not share_of(ir) if ir.get("policies") else True
+        cpu, mem = needs.get("cpu", 0), int(needs.get("memory", 0))
+        node.cpu_used = (node.cpu_used or 0.0) + float(cpu)
+        node.mem_used = (node.mem_used or 0) + mem
+        taken: dict[str, int] = {}
+        for g in gpus:
+            m = node.gpu_total.get(g, 0) if exclusive else int(needs.get("gpuMemory", 0))
+            taken[g] = m
+            use = node.gpu_use.setdefault(g, [0, 0, 0])
+            use[0] += m
+            use[1] += 1
+            if exclusive:
+                use[2] = 1
+        self.reservations[(cid, iid)] = {
+            "node": nid, "block": bid, "cpu": cpu, "mem": mem, "gpus": taken, "exclusive": 1 if exclusive else 0,
+        }
+
+    def _release(self, cid: str, nid: str, iid: str) -> None:
+        res = self.reservations.pop((cid, iid), None)
+        node = self.nodes.get(nid)
+        if res is None or node is None:
+            return
+        if res["cpu"]:
+            node.cpu_used = (node.cpu_used or 0.0) - float(res["cpu"])
+        if res["mem"]:
+            node.mem_used = (node.mem_used or 0) - res["mem"]
+        for g, m in res["gpus"].items():
+            use = node.gpu_use.setdefault(g, [0, 0, 0])
+            use[0] -= m
+            use[1] -= 1
+            if res["exclusive"]:
+                use[2] = 0
+
+    # -- gathers and the registry ------------------------------------------------------------------
+    def _gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
+        return self.gathers.setdefault((bid, gen, attempt), {"expected": [], "deadline": 0.0, "results": {}, "decided": ""})
+
+    def _policy(self, d: dict[str, Any]) -> None:
+        name, version = d.get("name"), d.get("version")
+        if not name or not isinstance(version, int) or "source" not in d:
+            return  # an old-style notification without the source: nothing to rebuild from
+        language = str(d.get("language", "python"))
+        self.policy_versions[(name, version)] = {"source": d["source"], "language": language}
+        head = self.policies.get(name)
+        if head is None or int(head["version"]) < version:
+            self.policies[name] = {"source": d["source"], "language": language, "version": str(version)}
+
+    # -- rendering -------------------------------------------------------------------------------
+    def image(self, include_gathers: bool = True) -> Image:
+        """The state as Redis keys -> values (str, dict for hashes, set, or dict of zset scores)."""
+        img: Image = {}
+        for uri, comp in self.components.items():
+            img[f"aios:component:{uri}"] = comp
+        if self.clusters:
+            img["aios:clusters"] = dict(self.clusters)
+        index: dict[str, str] = {}
+        for nid, n in self.nodes.items():
+            index[nid] = n.cluster
+            img.setdefault(f"aios:{{c:{n.cluster}}}:nodes", set()).add(nid)  # type: ignore[union-attr]
+            h: dict[str, str] = {"spec": n.spec, "cpu": _num(n.cpu), "memory": str(n.memory), "healthy": "1" if n.healthy else "0"}
+            if n.agent:
+                h["agent"] = n.agent
+            for g, total in n.gpu_total.items():
+                h[f"g:{g}:total"] = str(total)
+            if n.cpu_used is not None:
+                h["cpu_used"] = _num(n.cpu_used)
+            if n.mem_used is not None:
+                h["mem_used"] = str(n.mem_used)
+            for g, (mem, cnt, x) in n.gpu_use.items():
+                h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
+            img[node_key(n.cluster, nid)] = h
+        if index:
+            img["aios:nodeindex"] = index
+        for (cid, iid), r in self.reservations.items():
+            img[res_key(cid, iid)] = {
+                "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
+                "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
+            }
+        for bid, b in self.blocks.items():
+            img[f"aios:block:{bid}"] = dict(b)
+        order = ZSet({bid: self.block_order.get(bid, 0.0) for bid in self.blocks})
+        if order:
+            img["aios:blocks"] = order
+        for bid, insts in self.instances.items():
+            if insts:
+                img[f"aios:block:{bid}:inst"] = {iid: dumps(i) for iid, i in insts.items()}
+        for svc, entries in self.aff_svc.items():
+            if entries:
+                img[f"aios:aff:svc:{svc}"] = dict(entries)
+        if self.aff_lease:
+            img["aios:aff:lease"] = dict(self.aff_lease)
+        for nid, on_node in self.node_insts.items():
+            if on_node:
+                img[f"aios:nodeinst:{nid}"] = dict(on_node)
+        for name, head in self.policies.items():
+            img[f"aios:policy:{name}"] = dict(head)
+        for (name, version), rec in self.policy_versions.items():
+            img[f"aios:policy:{name}:v{version}"] = dict(rec)
+        if self.policies:
+            img["aios:policies"] = set(self.policies)
+        if include_gathers:
+            for (bid, gen, attempt), g in self.gathers.items():
+                if not g["expected"]:
+                    continue
+                gh = {"expected": dumps(g["expected"]), "deadline": _num(g["deadline"])}
+                gh.update({f"r:{c}": dumps(r) for c, r in g["results"].items()})
+                if g["decided"]:
+                    gh["decided"] = g["decided"]
+                img[f"aios:gather:{bid}:{gen}:{attempt}"] = gh
+        return img
+
+    def open_gathers(self) -> list[tuple[str, int, int]]:
+        """Gathers of blocks still selecting (the only ones worth writing back)."""
+        out = []
+        for bid, gen, attempt in self.gathers:
+            b = self.blocks.get(bid)
+            if b and b.get("gen") == str(gen) and b.get("status") == "selecting" and int(b.get("attempt", "0")) == attempt:
+                out.append((bid, gen, attempt))
+        return out
+
+
+Rule = Callable[[Fold, str, dict[str, Any], int, float], None]
+
+Fold.rules: dict[str, Rule] = {  # type: ignore[misc]
+    "parsed": Fold.on_parsed,
+    "rejected": Fold.on_rejected,
+    "selection": Fold.on_selection,
+    "dry_run.deadline": Fold.on_deadline,
+    "dry_run.result": Fold.on_result,
+    "post_dry_run": Fold.on_post_dry_run,
+    "placement": Fold.on_placement,
+    "ready": Fold.on_ready,
+    "failed": Fold.on_failed,
+    "delete": Fold.on_delete,
+    "deleted": Fold.on_deleted,
+}
+#: ``aios.block.{bid}.instance.{iid}.<tail>``
+Fold.instance_rules: dict[str, Rule] = {  # type: ignore[misc]
+    "added": Fold.on_added,
+    "removed": Fold.on_removed,
+}
+#: ``aios.node.{nid}.<tail>``
+Fold.node_rules: dict[str, Rule] = {  # type: ignore[misc]
+    "registered": Fold.on_node_registered,
+    "health": Fold.on_node_health,
+    "instance.remove": Fold.on_remove_command,
+}
+
+
+def fold(messages: Any) -> Fold:
+    """Fold an iterable of (subject, body, seq, ts)."""
+    f = Fold()
+    for subject, raw, seq, ts in messages:
+        f.apply(subject, raw, seq, ts)
+    return f
+
+
+def _data(raw: bytes) -> dict[str, Any]:
+    try:
+        doc = _json.decode(raw)
+    except msgspec.DecodeError:
+        return {}
+    data = doc.get("data") if isinstance(doc, dict) else None
+    return data if isinstance(data, dict) else {}
+
+
+def _digest(raw: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def _num(v: float | int) -> str:
+    """A number as Redis prints it back: integers without a decimal point."""
+    f = float(v)
+    return str(int(f)) if f.is_integer() else repr(f)

@@ -1,0 +1,176 @@
+"""The invariants every run must end in (``blocks check``; the chaos tests end with it).
+
+1. every submitted block is accounted for: ready, failed with a reason, rejected with a reason, or
+   deleted - none missing, none stuck (when the system is *settled*: nothing in flight);
+2. no GPU holds more than its capacity, an exclusively held GPU has one holder, and every node's
+   usage counters equal the sum of its reservation records (no leak, no double release);
+3. no instance id runs twice: each reservation belongs to exactly one live instance record and
+   each instance record has its reservation; the stream never shows one instance added on two
+   nodes at once;
+4. Redis equals the state rebuilt from the stream: same canonical digest (``handlers.image``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from ..bus.nats_bus import Bus
+from ..handlers import image as im
+from ..schemas.spec import ID_RE
+from .rebuild import fold_stream, read_image
+from .store import Store
+
+TERMINAL = ("ready", "failed", "rejected", "deleted")
+IN_FLIGHT = ("parsed", "selecting", "allocating", "placing", "deleting")
+EPS = 1e-6
+
+
+@dataclass
+class Report:
+    violations: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    redis_digest: str = ""
+    stream_digest: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+    diff: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok, "violations": self.violations, "warnings": self.warnings, "counts": self.counts,
+            "redis_digest": self.redis_digest, "stream_digest": self.stream_digest, "diff": self.diff,
+        }
+
+
+def _num(v: Any) -> float:
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def check_image(
+    img: im.Image, expected: set[str] | None = None, submitted: set[str] | None = None, settled: bool = True
+) -> Report:
+    """Invariants 1-3 over one image (pure: used on Redis's image and on the fold's)."""
+    rep = Report()
+    blocks = {k.split(":", 2)[2]: v for k, v in img.items() if k.startswith("aios:block:") and not k.endswith(":inst")}
+    insts = {k.split(":")[2]: v for k, v in img.items() if k.startswith("aios:block:") and k.endswith(":inst")}
+    nodes = {k: v for k, v in img.items() if k.startswith("aios:{c:") and ":node:" in k}
+    res = {k: v for k, v in img.items() if k.startswith("aios:{c:") and ":res:" in k}
+    stuck = rep.violations if settled else rep.warnings
+
+    # 1. blocks accounted for
+    wanted = set(expected or set()) | {b for b in (submitted or set()) if ID_RE.match(b)}
+    statuses: dict[str, int] = {}
+    for bid in sorted(wanted - set(blocks)):
+        stuck.append(f"block {bid}: submitted, but has no state (missing)")
+    for bid, b in blocks.items():
+        status = b.get("status", "?")
+        statuses[status] = statuses.get(status, 0) + 1
+        if status in IN_FLIGHT:
+            stuck.append(f"block {bid}: still {status}")
+        elif status not in TERMINAL:
+            rep.violations.append(f"block {bid}: unknown status {status!r}")
+        elif status in ("failed", "rejected") and not b.get("reason"):
+            rep.violations.append(f"block {bid}: {status} without a reason")
+        elif status == "ready":
+            ir = msgspec.json.decode(b.get("ir", "{}"))
+            running = sum(1 for v in insts.get(bid, {}).values() if msgspec.json.decode(v).get("status") == "running")
+            if running < int(ir.get("minInstances", 0)):
+                stuck.append(f"block {bid}: ready with {running} running instances < minInstances {ir.get('minInstances')}")
+        elif status == "deleted" and insts.get(bid):
+            stuck.append(f"block {bid}: deleted but still has instances {sorted(insts[bid])}")
+    rep.counts.update({f"blocks_{s}": n for s, n in statuses.items()})
+
+    # 2. capacity: node counters vs reservation records vs capacity
+    want: dict[str, dict[str, float]] = {}
+    owners: dict[str, str] = {}
+    for key, r in res.items():
+        cid = key.split("{c:", 1)[1].split("}", 1)[0]
+        iid = key.rsplit(":", 1)[1]
+        if iid in owners:
+            rep.violations.append(f"instance {iid}: reserved in two clusters ({owners[iid]}, {cid})")
+        owners[iid] = cid
+        nk = im.node_key(cid, r.get("node", ""))
+        w = want.setdefault(nk, {})
+        w["cpu_used"] = w.get("cpu_used", 0.0) + _num(r.get("cpu"))
+        w["mem_used"] = w.get("mem_used", 0.0) + _num(r.get("mem"))
+        taken = msgspec.json.decode(r.get("gpus", "{}"))
+        for g, m in (taken.items() if isinstance(taken, dict) else []):
+            w[f"g:{g}:mem"] = w.get(f"g:{g}:mem", 0.0) + _num(m)
+            w[f"g:{g}:n"] = w.get(f"g:{g}:n", 0.0) + 1
+            if r.get("exclusive") == "1":
+                w[f"g:{g}:x"] = 1.0
+        if nk not in nodes:
+            rep.violations.append(f"reservation {iid}: on node {r.get('node')} which is not registered in {cid}")
+    for nk, h in nodes.items():
+        w = want.get(nk, {})
+        for field_ in sorted(set(w) | {f for f in h if f in ("cpu_used", "mem_used") or (f.startswith("g:") and not f.endswith(":total"))}):
+            have, need = _num(h.get(field_)), w.get(field_, 0.0)
+            if field_.endswith(":x"):
+                if have != need:
+                    rep.violations.append(f"{nk}: {field_}={have:g} but reservations say {need:g}")
+            elif abs(have - need) > EPS:
+                rep.violations.append(f"{nk}: {field_}={have:g} but its reservations add up to {need:g}")
+        if _num(h.get("cpu_used")) > _num(h.get("cpu")) + EPS:
+            rep.violations.append(f"{nk}: cpu over capacity ({h.get('cpu_used')} > {h.get('cpu')})")
+        if _num(h.get("mem_used")) > _num(h.get("memory")):
+            rep.violations.append(f"{nk}: memory over capacity ({h.get('mem_used')} > {h.get('memory')})")
+        for f, v in h.items():
+            if f.endswith(":total"):
+                g = f[2:-6]
+                if _num(h.get(f"g:{g}:mem")) > _num(v):
+                    rep.violations.append(f"{nk}: GPU {g} over capacity ({h.get(f'g:{g}:mem')} > {v} MiB)")
+                if h.get(f"g:{g}:x") == "1" and _num(h.get(f"g:{g}:n")) > 1:
+                    rep.violations.append(f"{nk}: GPU {g} is exclusive but has {h.get(f'g:{g}:n')} holders")
+    rep.counts["nodes"] = len(nodes)
+    rep.counts["reservations"] = len(res)
+
+    # 3. instances <-> reservations, one each
+    seen: dict[str, str] = {}
+    for bid, h in insts.items():
+        for iid, raw in h.items():
+            inst = msgspec.json.decode(raw)
+            if iid in seen:
+                rep.violations.append(f"instance {iid}: recorded under blocks {seen[iid]} and {bid}")
+            seen[iid] = bid
+            r = res.get(im.res_key(inst.get("cluster", ""), iid))
+            if r is None:
+                rep.violations.append(f"instance {iid} of {bid}: no reservation in {inst.get('cluster')}")
+            elif r.get("node") != inst.get("node"):
+                rep.violations.append(f"instance {iid} of {bid}: recorded on {inst.get('node')}, reserved on {r.get('node')}")
+    for iid in sorted(set(owners) - set(seen)):
+        rep.violations.append(f"reservation {iid} in {owners[iid]}: no instance holds it (leaked)")
+    rep.counts["instances"] = len(seen)
+    return rep
+
+
+async def check(
+    bus: Bus, store: Store, expected: set[str] | None = None, settled: bool = True
+) -> Report:
+    """All four invariants against the live servers. ``expected``: block ids that must be
+    accounted for (default: every valid id with a create message in the stream)."""
+    fold = await fold_stream(bus)
+    img = await read_image(store.r, ("rebuilt", "unknown"))
+    unknown = sorted(k for k in img if im.classify(k) == "unknown")
+    rep = check_image(img, expected, set(fold.block_order), settled)
+    if unknown:
+        rep.warnings.append(f"{len(unknown)} aios:* keys of unknown kind (not covered by the digest), e.g. {unknown[:3]}")
+    for a in fold.anomalies:
+        rep.violations.append(f"stream: {a}")
+    rebuilt = fold.image(include_gathers=False)
+    rep.redis_digest, rep.stream_digest = im.digest(img), im.digest(rebuilt)
+    if rep.redis_digest != rep.stream_digest:
+        rep.diff = im.diff(img, rebuilt)
+        (rep.violations if settled else rep.warnings).append(
+            f"Redis state differs from the state rebuilt from the stream ({len(rep.diff)} keys shown in diff)"
+        )
+    rep.counts["events"] = fold.events
+    return rep

@@ -1,0 +1,239 @@
+"""Rebuild Redis from the JetStream stream (``blocks recover``), read Redis as an image, and the
+state epoch that keeps workers from acting on a Redis that lost its state.
+
+Procedure (docs/reliability.md):
+
+1. the epoch key goes away (Redis was flushed, or ``recover --force`` deletes it first): every
+   worker's handlers stop acting (their messages are redelivered later, nothing is acked);
+2. the whole stream is read with an ordered push consumer and folded (``handlers.recovery``);
+3. the image is written; the epoch is set to a new value: workers resume, drop their inventory
+   caches, and redo any message whose handling overlapped the change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from ..bus import subjects
+from ..bus.nats_bus import Bus
+from ..handlers import image as im
+from ..handlers.recovery import Fold
+from .store import EPOCH_KEY, Store
+
+WRITE_BATCH = 2000
+
+
+def fold_filters() -> list[str]:
+    """The stream subjects the fold reads (decision records, inputs and dead letters are not
+    state): derived from the fold's rule tables, so a new rule is read without more changes."""
+    r = subjects.ROOT
+    out = [f"{r}.block.*.create"]
+    out += [f"{r}.block.*.{tail}" for tail in Fold.rules]
+    out += [f"{r}.block.*.instance.*.{tail}" for tail in Fold.instance_rules]
+    out += [f"{r}.node.*.{tail}" for tail in Fold.node_rules]
+    out += [f"{r}.cluster.*.registered", f"{r}.component.*.registered", f"{r}.policy.*.updated"]
+    return out
+
+
+async def read_stream(
+    bus: Bus, on_msg: Callable[[str, bytes, int, float], None], filters: list[str] | None = None,
+    idle_s: float = 10.0,
+) -> int:
+    """Feed every stored message matching ``filters`` (default: the fold's), oldest first, to
+    ``on_msg(subject, body, seq, ts)``, through one ordered push consumer. Returns how many.
+    Stops at the last message that was pending when it started."""
+    filters = filters or fold_filters()
+    info = await bus.js.stream_info(subjects.STREAM)
+    if info.state.messages == 0:
+        return 0
+    done = asyncio.Event()
+    count = 0
+    last = time.monotonic()
+
+    async def cb(msg: Any) -> None:
+        nonlocal count, last
+        if done.is_set():
+            return
+        meta = msg.metadata
+        on_msg(msg.subject, msg.data, meta.sequence.stream, meta.timestamp.timestamp() if meta.timestamp else 0.0)
+        count += 1
+        last = time.monotonic()
+        if meta.num_pending == 0:
+            done.set()
+
+    cfg = ConsumerConfig(filter_subjects=filters)
+    sub = await bus.js.subscribe(
+        f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
+        deliver_policy=DeliverPolicy.ALL, config=cfg, pending_msgs_limit=1_000_000,
+        pending_bytes_limit=512 * 1024 * 1024,
+    )
+    try:
+        ci = await sub.consumer_info()
+        if ci.num_pending == 0 and ci.delivered.stream_seq == 0 and count == 0:
+            return 0
+        while not done.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(done.wait(), timeout=1.0)
+            if not done.is_set() and time.monotonic() - last > idle_s:
+                raise TimeoutError(f"stream read stalled after {count} messages")
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    return count
+
+
+async def fold_stream(bus: Bus) -> Fold:
+    f = Fold()
+    await read_stream(bus, f.apply)
+    return f
+
+
+# -- Redis images ---------------------------------------------------------------------------------
+async def project_keys(r: aioredis.Redis, kinds: tuple[str, ...] = ("rebuilt", "volatile")) -> list[str]:
+    out = []
+    async for key in r.scan_iter(match="aios:*", count=2000):
+        if im.classify(key) in kinds:
+            out.append(key)
+    return out
+
+
+async def read_image(r: aioredis.Redis, kinds: tuple[str, ...] = ("rebuilt",)) -> im.Image:
+    """The project's keys of these kinds, as an image."""
+    keys = await project_keys(r, kinds)
+    img: im.Image = {}
+    for i in range(0, len(keys), 1000):
+        chunk = keys[i : i + 1000]
+        pipe = r.pipeline(transaction=False)
+        for k in chunk:
+            pipe.type(k)
+        types = await pipe.execute()
+        pipe = r.pipeline(transaction=False)
+        for k, t in zip(chunk, types, strict=True):
+            if t == "string":
+                pipe.get(k)
+            elif t == "hash":
+                pipe.hgetall(k)
+            elif t == "set":
+                pipe.smembers(k)
+            elif t == "zset":
+                pipe.zrange(k, 0, -1, withscores=True)
+            else:
+                pipe.exists(k)
+        for k, t, v in zip(chunk, types, await pipe.execute(), strict=True):
+            if t not in ("string", "hash", "set", "zset"):
+                continue  # gone between SCAN and read (or a type the project never writes)
+            img[k] = im.ZSet(v) if t == "zset" else set(v) if t == "set" else v
+    return img
+
+
+async def write_image(r: aioredis.Redis, img: im.Image) -> int:
+    pipe = r.pipeline(transaction=False)
+    n = 0
+    for key, v in img.items():
+        if isinstance(v, im.ZSet):
+            if v:
+                pipe.zadd(key, dict(v))
+        elif isinstance(v, set):
+            if v:
+                pipe.sadd(key, *v)
+        elif isinstance(v, dict):
+            if v:
+                pipe.hset(key, mapping=v)
+        else:
+            pipe.set(key, v)
+        n += 1
+        if n % WRITE_BATCH == 0:
+            await pipe.execute()
+            pipe = r.pipeline(transaction=False)
+    await pipe.execute()
+    return n
+
+
+async def drop_project_keys(r: aioredis.Redis, keep_context: bool = True) -> int:
+    """Delete the keys this project owns and can rebuild (plus gathers and the epoch); policy
+    contexts are kept unless ``keep_context`` is False. Never touches other keys, never FLUSHDB."""
+    keys = await project_keys(r)
+    if keep_context:
+        keys = [k for k in keys if not k.startswith("aios:ctx:")]
+    for i in range(0, len(keys), 1000):
+        await r.delete(*keys[i : i + 1000])
+    return len(keys)
+
+
+# -- recover ----------------------------------------------------------------------------------------
+class RecoverRefused(Exception):
+    """Redis already holds project state and ``force`` was not given."""
+
+
+@dataclass
+class RecoverReport:
+    events: int
+    keys: int
+    digest: str
+    seconds_read: float
+    seconds_write: float
+    dropped: int = 0
+    anomalies: list[str] = field(default_factory=list)
+
+
+async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
+    """Rebuild the project's Redis state from the stream. Refuses when project keys exist unless
+    ``force`` (then only the project's rebuildable keys are replaced)."""
+    r = store.r
+    present = await project_keys(r, ("rebuilt",))
+    if present and not force:
+        raise RecoverRefused(f"{len(present)} project keys already in Redis (e.g. {present[0]}); use --force to replace them")
+    dropped = 0
+    if force:
+        await r.delete(EPOCH_KEY)  # workers pause before anything changes under them
+        dropped = await drop_project_keys(r)
+    started = time.perf_counter()
+    f = await fold_stream(bus)
+    read_s = time.perf_counter() - started
+    img = f.image(include_gathers=False)
+    full = f.image(include_gathers=True)
+    for bid, gen, attempt in f.open_gathers():
+        key = f"aios:gather:{bid}:{gen}:{attempt}"
+        img[key] = full[key]
+    started = time.perf_counter()
+    if force:  # anything written while we read (a CLI registration) is replaced too
+        dropped += await drop_project_keys(r)
+    keys = await write_image(r, img)
+    for bid, gen, attempt in f.open_gathers():
+        await r.expire(f"aios:gather:{bid}:{gen}:{attempt}", 3600)
+    await store.set_epoch(uuid.uuid4().hex)
+    write_s = time.perf_counter() - started
+    for cid in f.clusters:
+        with contextlib.suppress(Exception):
+            await bus.notify(subjects.cluster_inventory(cid), {"cluster": cid})
+    return RecoverReport(f.events, keys, im.digest(img), read_s, write_s, dropped, f.anomalies)
+
+
+async def ensure_epoch(bus: Bus, store: Store) -> str | None:
+    """The current epoch; on a fresh system (empty stream, no epoch) start one. ``None`` means
+    Redis lost its state while the stream has history: run ``blocks recover``."""
+    cur = await store.epoch()
+    if cur is not None:
+        return cur
+    try:
+        info = await bus.js.stream_info(subjects.STREAM)
+        empty = info.state.messages == 0
+    except Exception:
+        return None
+    if not empty:
+        return None
+    await store.set_epoch(uuid.uuid4().hex, only_if_absent=True)
+    return await store.epoch()
+
+
+async def state_digest(store: Store) -> str:
+    return im.digest(await read_image(store.r))

@@ -1,0 +1,65 @@
+"""Chaos fixtures: the integration system (real servers, real worker processes) plus helpers that
+end every scenario in the invariant check (``state.invariants``) instead of a sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aios_blocks.cli.client import Client
+from aios_blocks.state.invariants import Report, check
+from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.workers.supervisor import Supervisor
+
+from ..integration.conftest import COMPONENT, System
+
+pytestmark = pytest.mark.integration
+
+#: ``make chaos`` sets AIOS_CHAOS_SCALE=large: the issue's sizes (1,000 blocks, 10,000 bad messages)
+LARGE = os.environ.get("AIOS_CHAOS_SCALE", "ci") == "large"
+
+
+def size(ci: int, large: int) -> int:
+    return large if LARGE else ci
+
+
+@pytest.fixture
+async def chaos(tmp_path: Path) -> AsyncIterator[System]:
+    """Like the integration ``system``, with two copies of each worker kind (a SIGKILLed one is
+    replaced while its sibling carries on) and the servers always embedded (they get restarted)."""
+    data = tmp_path / "data"
+    servers = EmbeddedServers(data_dir=data).start()
+    layout = {"parser": 1, "gateway": 2, "controller": 2, "agent-sim": 1}
+    sup = Supervisor(servers.nats_url, servers.redis_url, layout=layout, log_dir=str(data / "logs")).start()
+    client = await Client.open(servers.nats_url, servers.redis_url)
+    await client.add_component(COMPONENT)
+    try:
+        yield System(servers, sup, client, data)
+    finally:
+        await client.close()
+        sup.stop()
+        servers.stop()
+
+
+async def settled_check(c: Client, expected: set[str], timeout: float = 60) -> Report:
+    """The invariant check once the system has settled: retried while blocks are still in flight
+    (bounded), then the final report (which the test asserts on)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        rep = await check(c.bus, c.store, expected=expected, settled=True)
+        if rep.ok or asyncio.get_running_loop().time() > deadline:
+            return rep
+        await asyncio.sleep(1.0)
+
+
+def explain(rep: Report) -> str:
+    return "\n".join(rep.violations[:30] + ["-- diff --", *rep.diff])
+
+
+def spec(**kw: Any) -> dict[str, Any]:
+    return {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 2, **kw}
