@@ -1,142 +1,93 @@
-"""Placement benchmark: raw stack limits, warm create->ready latency, burst throughput.
+"""Placement throughput and latency end to end, through the real workers (``Supervisor``: parser,
+gateway, controller, simulated agent, one process each) on embedded NATS JetStream and Redis.
 
-Prints figures (never pass/fail) and writes bench/results/latest.json. Every loop is bounded in
-count and time; all traffic goes to 127.0.0.1 (embedded servers).
+For 10 clusters x 100 nodes x 8 GPUs and 10 x 1,000 (quick: 10 x 20 only):
 
-    .venv/bin/python bench/placement.py [--blocks 150] [--latency-samples 30] [--nodes 8]
+* create -> ready latency p50/p99/max, one block at a time (unloaded);
+* peak: a burst of 1-instance blocks submitted at once -> blocks/s until the last is ready;
+* the same latency at 80 % of that peak, blocks submitted open-loop at 0.8 x peak;
+* instance placements/s: a burst of scale calls on existing blocks.
+
+Rates are also given as a fraction of the raw JetStream publish limit, counting the stream
+messages each block or placement really costs (measured, decision records included); latencies
+as the raw floor (critical-path steps x raw step time + the simulated start) over the measured.
+
+    .venv/bin/python -m bench.placement [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
-import json
 import os
-import platform
-import tempfile
-import time
-from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
+try:
+    from . import common, harness, raw
+except ImportError:  # run as a script
+    import common  # type: ignore[no-redef]
+    import harness  # type: ignore[no-redef]
+    import raw  # type: ignore[no-redef]
 
-from aios_blocks.bus.nats_bus import Bus
-from aios_blocks.cli.client import TERMINAL, Client, event_kind
-from aios_blocks.schemas.spec import Gpu, Node
-from aios_blocks.state.store import Store
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import Supervisor
+#: consumer steps on a 1-instance block's critical path: create, parsed, dry_run, dry_run.result,
+#: allocation, instance.create, added (-> ready)
+CRITICAL_STEPS = 7
+SIM_START_S = float(os.environ.get("AIOS_SIM_START_DELAY_S", 0.05))
 
-COMPONENT = {
-    "componentURI": "aios://bench/model",
-    "resources": {"gpus": 1, "cpu": 1, "memory": 1024},
-    "policies": [
-        {"name": "clusterAllocator", "policyRuleURI": "builtin:cluster-rank"},
-        {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack"},
-    ],
-}
+#: (clusters, nodes, latency samples, burst blocks, paced blocks, scale calls) — sized so the
+#: whole `make bench` fits in a few minutes on 2 cores
+FULL = [(10, 100, 30, 150, 120, 150), (10, 1000, 20, 100, 80, 100)]
+QUICK = [(10, 20, 10, 40, 30, 30)]
 
 
-def pct(xs: list[float], p: float) -> float:
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, round(p / 100 * (len(xs) - 1)))]
-
-
-async def raw_limits(nats_url: str, redis_url: str, n: int = 2000) -> dict[str, float]:
-    """One-process ceilings of the parts: JetStream publish+ack, Redis atomic reservation."""
-    bus = await Bus.open(nats_url, "bench")
-    await bus.ensure_stream()
-    t = time.perf_counter()
-    for i in range(n):
-        await bus.publish_raw(f"aios.bench.raw.{i % 10}", b"{}", msg_id=f"raw-{i}")
-    js_rate = n / (time.perf_counter() - t)
-    await bus.close()
-    store = Store.open(redis_url)
-    node = Node(id="raw-n", cluster="rawc", cpu=1e9, memory=10**12, gpus=[Gpu(id="raw-g", memory=10**9)])
-    await store.put_node(node)
-    t = time.perf_counter()
-    for i in range(n):
-        p = {"iid": f"raw-{i}", "block": "raw", "node": "raw-n", "gpus": ["raw-g"], "cpu": 1, "mem": 1,
-             "gpu_mem": 1, "exclusive": False, "share": True}
-        await store.reserve_gang("rawc", [p])
-    redis_rate = n / (time.perf_counter() - t)
-    await store.close()
-    return {"jetstream_publish_ack_per_s": js_rate, "redis_reserve_per_s": redis_rate}
-
-
-async def run(args: argparse.Namespace) -> dict[str, object]:
-    data = Path(tempfile.mkdtemp(prefix="aios-bench-"))
-    servers = EmbeddedServers(data_dir=data).start()
-    sup = Supervisor(servers.nats_url, servers.redis_url, log_dir=str(data / "logs")).start()
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    try:
-        limits = await raw_limits(servers.nats_url, servers.redis_url)
-        await client.add_component(COMPONENT)
-        for i in range(args.clusters):
-            await client.add_sim_cluster(f"b{i}", nodes=args.nodes, gpus=8)
-        spec = {"blockComponentURI": "aios://bench/model", "minInstances": 1, "maxInstances": 1}
-        # warm-up, then sequential create -> ready latency (unloaded)
-        await client.wait(await client.submit(dict(spec)), 60)
+async def scenario(clusters: int, nodes: int, lat_n: int, burst_n: int, paced_n: int, scale_n: int) -> list[common.Row]:
+    g = f"2 placement {clusters}x{nodes}x8"
+    size = f"{clusters} clusters x {nodes} nodes x 8 GPUs"
+    rows: list[common.Row] = []
+    async with harness.stack(clusters, nodes, tag="placement") as st:
         lat = []
-        deadline = time.time() + 120
-        for _ in range(args.latency_samples):
-            if time.time() > deadline:
-                break
-            t = time.perf_counter()
-            kind, _ = await client.wait(await client.submit(dict(spec)), 60)
-            lat.append(time.perf_counter() - t)
-            assert kind == "ready", kind
-        # burst: N blocks at once
-        t = time.perf_counter()
-        bids = set(await asyncio.gather(*(client.submit(dict(spec)) for _ in range(args.blocks))))
-        done: dict[str, str] = {}
-        async with asyncio.timeout(300):
-            async for subject, _env in client.follow("*", from_start=False):
-                bid, kind = subject.split(".")[2], event_kind(subject)
-                if bid in bids and kind in TERMINAL:
-                    done[bid] = kind
-                    if len(done) == len(bids):
-                        break
-        burst_s = time.perf_counter() - t
-        ready = sum(1 for k in done.values() if k == "ready")
-    finally:
-        await client.close()
-        sup.stop()
-        servers.stop()
-    steps_per_block = 14  # messages through the stream per 1-instance block on 3 clusters
-    blocks_per_s = args.blocks / burst_s
-    return {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
-        "config": vars(args),
-        "raw": limits,
-        "latency_ms": {"p50": pct(lat, 50) * 1000, "p99": pct(lat, 99) * 1000, "max": max(lat) * 1000, "n": len(lat)},
-        "burst": {"blocks": args.blocks, "ready": ready, "seconds": burst_s, "blocks_per_s": blocks_per_s},
-        "fraction_of_raw_publish_limit": blocks_per_s * steps_per_block / limits["jetstream_publish_ack_per_s"],
-    }
+        for _ in range(lat_n):
+            kind, s = await st.submit_wait()
+            if kind == "ready":
+                lat.append(s)
+        p50 = common.pct(lat, 50)
+        floor = CRITICAL_STEPS / (common.raw(common.JS_STEP) or float("inf")) + SIM_START_S
+        for name, v in (("p50", p50), ("p99", common.pct(lat, 99)), ("max", max(lat, default=float("nan")))):
+            rows.append(common.row(g, f"create->ready {name}, unloaded", v * 1000, "ms", common.floor_fraction(v, CRITICAL_STEPS, SIM_START_S),
+                                   f"n={len(lat)} sequential; includes {SIM_START_S * 1000:.0f} ms simulated start; floor {floor * 1000:.0f} ms"))
+        before = await st.stream_messages()
+        bids, secs = await st.burst(burst_n, timeout=240)
+        per_block = (await st.stream_messages() - before) / max(1, burst_n)
+        ready = sum(1 for b in bids if st.tracker.done.get(b, ("",))[0] == "ready")
+        peak = ready / secs
+        rows.append(common.row(g, "blocks/s end to end (create->ready, 1 instance), burst", peak, "blocks/s",
+                               common.fraction(peak, common.JS_PUBLISH, per_block),
+                               f"{burst_n} at once, {ready} ready; {per_block:.1f} stream msgs/block ({size})"))
+        rate = max(0.5, 0.8 * peak)
+        paced = await st.paced(paced_n, rate, timeout=240)
+        for name, p in (("p50", 50), ("p99", 99)):
+            v = common.pct(paced, p)
+            rows.append(common.row(g, f"create->ready {name} at 80% of peak", v * 1000, "ms",
+                                   common.floor_fraction(v, CRITICAL_STEPS, SIM_START_S), f"{len(paced)} blocks open-loop at {rate:.1f}/s"))
+        rows.append(common.row(g, "create->ready max at 80% of peak", max(paced, default=float("nan")) * 1000, "ms",
+                               common.floor_fraction(max(paced, default=1.0), CRITICAL_STEPS, SIM_START_S), ""))
+        targets = [b for b in (await st.burst(10, 120, {**harness.SPEC, "maxInstances": 1000}))[0] if st.tracker.done[b][0] == "ready"]
+        before = await st.stream_messages()
+        placed, failed, secs = await st.scale_burst(targets, scale_n, timeout=240)
+        per_placement = (await st.stream_messages() - before) / max(1, scale_n)
+        rows.append(common.row(g, "instance placements/s (scale calls on existing blocks)", placed / secs, "placements/s",
+                               common.fraction(placed / secs, common.JS_PUBLISH, per_placement),
+                               f"{scale_n} at once over {len(targets)} blocks, {failed} failed; {per_placement:.1f} stream msgs/placement"))
+    return rows
+
+
+def figures(quick: bool = False) -> list[common.Row]:
+    raw.ensure_raw()
+    rows: list[common.Row] = []
+    for cfg in QUICK if quick else FULL:
+        rows += common.run(scenario(*cfg))
+    return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--blocks", type=int, default=150)
-    ap.add_argument("--latency-samples", type=int, default=30)
-    ap.add_argument("--clusters", type=int, default=3)
-    ap.add_argument("--nodes", type=int, default=8)
-    args = ap.parse_args()
-    res = asyncio.run(run(args))
-    t = Table(title="aios-blocks placement benchmark")
-    t.add_column("figure")
-    t.add_column("value", justify="right")
-    t.add_row("JetStream publish+ack (1 process, raw)", f"{res['raw']['jetstream_publish_ack_per_s']:.0f}/s")
-    t.add_row("Redis atomic reservation (1 process, raw)", f"{res['raw']['redis_reserve_per_s']:.0f}/s")
-    lat = res["latency_ms"]
-    t.add_row(f"create->ready p50 / p99 / max (n={lat['n']}, unloaded)", f"{lat['p50']:.1f} / {lat['p99']:.1f} / {lat['max']:.1f} ms")
-    b = res["burst"]
-    t.add_row(f"burst of {b['blocks']} blocks ({b['ready']} ready)", f"{b['blocks_per_s']:.1f} blocks/s")
-    t.add_row("burst stream traffic as fraction of raw publish limit", f"{res['fraction_of_raw_publish_limit']:.2f}")
-    Console().print(t)
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "latest.json").write_text(json.dumps(res, indent=2))
+    common.standalone(figures)
 
 
 if __name__ == "__main__":
