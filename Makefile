@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit integration lint bench clean up
+.PHONY: install demo test unit integration lint bench bench-quick bench-peer clean up
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -34,9 +34,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 
 bench: $(STAMP)
-	$(BIN)/python bench/placement.py
-	$(BIN)/python bench/affinity.py
-	$(BIN)/python bench/policies.py
+	$(BIN)/python -m bench.run_all
+
+bench-quick: $(STAMP)
+	$(BIN)/python -m bench.run_all --quick
+
+bench-peer: $(STAMP)
+	$(BIN)/pip install -q "ray>=2.9"
+	$(BIN)/python -m bench.run_all --only peer
 
 clean:
 	rm -rf $(VENV) .aios-data .pytest_cache

@@ -1,0 +1,70 @@
+"""Run every bench module present, raw limit first, print one table, write results/latest.json.
+
+    .venv/bin/python -m bench.run_all [--quick] [--only raw placement ...]
+
+A module that fails is reported as a row with its error; the others still run. Figures only:
+nothing here passes or fails on time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+import time
+import traceback
+
+try:
+    from . import common
+except ImportError:  # run as a script
+    import common  # type: ignore[no-redef]
+
+if str(common.HERE) not in sys.path:  # modules written as scripts (`import common`) load too
+    sys.path.append(str(common.HERE))
+
+#: in order; the raw limit first so every other figure can be put against it
+MODULES = ["raw", "placement", "scaling", "scaleout", "recovery", "peer"]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
+    ap.add_argument("--only", nargs="*", default=None, help="module names to run (raw always runs)")
+    args = ap.parse_args()
+    started = time.time()
+    rows: list[common.Row] = []
+    timing: dict[str, float] = {}
+    errors: dict[str, str] = {}
+    for name in MODULES:
+        if args.only is not None and name != "raw" and name not in args.only:
+            continue
+        if not (common.HERE / f"{name}.py").exists():
+            continue
+        t = time.time()
+        print(f"-- bench.{name} ({'quick' if args.quick else 'full'})", file=sys.stderr, flush=True)
+        try:
+            mod = importlib.import_module(f"bench.{name}")
+            out = mod.figures(quick=args.quick)
+            if name == "raw":
+                common.set_raw(out)
+            rows += out
+        except Exception as exc:  # one module's failure must not hide the others' figures
+            errors[name] = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            traceback.print_exc()
+            rows.append(common.row(name, "module failed", float("nan"), "", None, errors[name][:300]))
+        timing[name] = round(time.time() - t, 1)
+    common.print_table(rows, title=f"aios-blocks benchmarks ({'quick' if args.quick else 'full'}, `make bench{'-quick' if args.quick else ''}`)")
+    meta = {
+        "machine": common.machine_info(),
+        "quick": args.quick,
+        "command": "make bench-quick" if args.quick else "make bench",
+        "seconds": round(time.time() - started, 1),
+        "module_seconds": timing,
+        "errors": errors,
+    }
+    path = common.write_results(rows, meta)
+    print(f"wrote {path.relative_to(common.ROOT)} ({meta['seconds']} s)", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
