@@ -4,6 +4,7 @@ reported at once, each with a JSON path.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import msgspec
@@ -43,12 +44,38 @@ def pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[
     return out
 
 
+#: A spec's body is republished inside the ``parsed`` event and every dry_run request: it must stay
+#: well under the NATS max payload (1 MiB by default) once enriched and wrapped.
+MAX_SPEC_BYTES = int(os.environ.get("AIOS_MAX_SPEC_BYTES", 256 * 1024))
+#: Deeper documents are rejected (msgspec and pydantic recurse; a hostile body must not crash).
+MAX_SPEC_DEPTH = 64
+
+
+def _too_deep(doc: Any, limit: int) -> bool:
+    stack = [(doc, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if depth > limit:
+            return True
+        if isinstance(v, dict):
+            stack.extend((x, depth + 1) for x in v.values())
+        elif isinstance(v, list):
+            stack.extend((x, depth + 1) for x in v)
+    return False
+
+
 def decode_spec(raw: bytes) -> dict[str, Any]:
     """Decode a create message body: a bare spec, or a CloudEvents envelope whose ``data`` is one."""
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecInvalid([SpecError("$", f"spec is {len(raw)} bytes; the limit is {MAX_SPEC_BYTES} (AIOS_MAX_SPEC_BYTES)")])
     try:
         doc = msgspec.json.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise SpecInvalid([SpecError("$", f"body is not valid JSON: {exc}")]) from None
+    except RecursionError:
+        raise SpecInvalid([SpecError("$", f"body nests deeper than {MAX_SPEC_DEPTH} levels")]) from None
+    if _too_deep(doc, MAX_SPEC_DEPTH + 2):  # +2: a CloudEvent wraps the spec in one more object
+        raise SpecInvalid([SpecError("$", f"body nests deeper than {MAX_SPEC_DEPTH} levels")])
     if isinstance(doc, dict) and "specversion" in doc and isinstance(doc.get("data"), dict):
         doc = doc["data"]
     if not isinstance(doc, dict):
