@@ -126,7 +126,9 @@ class ConsumerSpec:
     filters: tuple[str, ...]
 
 
-PARSER = ConsumerSpec("parser", (f"{ROOT}.block.*.create",))
+#: The parser also takes create subjects whose id held dots (``aios.block.a.b.create``): they can
+#: only be dead-lettered, but they must not sit in the stream unanswered.
+PARSER = ConsumerSpec("parser", (f"{ROOT}.block.*.create", f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"))
 GATEWAY = ConsumerSpec(
     "gateway",
     (

@@ -106,6 +106,8 @@ class Fold:
             node_rule = self.node_rules.get(tail)
             if node_rule is not None:
                 node_rule(self, key, _data(raw), seq, ts)
+        elif entity == "cluster" and tail == "reassignment":
+            self.on_reassignment(key, _data(raw), seq, ts)
         elif entity == "cluster" and tail == "registered":
             c = _data(raw).get("cluster") or {}
             if c.get("id"):
@@ -209,29 +211,46 @@ class Fold:
             self.node_insts.setdefault(nid, {})[iid] = bid
 
     def on_added(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        iid = d.get("instance_id", "")
-        inst = self.instances.get(bid, {}).get(iid)
-        if inst is not None:
-            inst["status"] = "running"
-        where = self.running_on.setdefault((bid, int(d.get("gen", 0)), iid), set())
-        where.add(d.get("node_id", ""))
+        """Running, if it is the instance the block wants on that node (else the controller only
+        sends a remove, see ``on_remove_command``)."""
+        iid, gen, nid = d.get("instance_id", ""), d.get("gen"), d.get("node_id", "")
+        where = self.running_on.setdefault((bid, int(gen or 0), iid), set())
+        where.add(nid)
         if len(where) > 1:
             self.anomalies.append(f"seq {seq}: instance {iid} of {bid} runs on {sorted(where)} at once")
+        b = self._block(bid, gen)
+        inst = self.instances.get(bid, {}).get(iid)
+        if b is None or inst is None or inst["node"] != nid or inst["status"] == "removing":
+            return
+        inst["status"] = "running"
 
     def on_removed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         """Removed for any reason (stopped, start failed, lost, evicted): release and forget it.
-        Idempotent: a second ``removed`` finds nothing to release."""
-        iid = d.get("instance_id", "")
-        self.running_on.get((bid, int(d.get("gen", 0)), iid), set()).discard(d.get("node_id", ""))
-        inst = self.instances.get(bid, {}).pop(iid, None)
-        if inst is None:
+        Idempotent: a second ``removed`` finds nothing to release; a fact about an older
+        generation of the block id, or about a copy on another node, changes nothing."""
+        iid, gen, nid = d.get("instance_id", ""), d.get("gen"), d.get("node_id", "")
+        self.running_on.get((bid, int(gen or 0), iid), set()).discard(nid)
+        b = self.blocks.get(bid)
+        if b is not None and b.get("gen") != str(gen):
             return
+        inst = self.instances.get(bid, {}).get(iid)
+        if inst is None or inst["node"] != nid:
+            return
+        del self.instances[bid][iid]
         self._release(inst["cluster"], inst["node"], iid)
         self.node_insts.get(inst["node"], {}).pop(iid, None)
         svc = self.aff_svc.get(uid(bid))
         if svc is not None:
             svc.pop(iid, None)
         self.aff_lease.pop(uid(iid), None)
+
+    def on_reassignment(self, cid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """The controller's own replacement of a failed/lost instance (request ``{iid}:{why}``)
+        counts on the block (``replacements``); operators' and the health monitor's do not."""
+        rid, bid = str(d.get("request_id", "")), d.get("block_id", "")
+        if ":" in rid and ":evicted:" not in rid and bid in self.blocks:
+            b = self.blocks[bid]
+            b["replacements"] = str(int(b.get("replacements", "0")) + 1)
 
     def on_ready(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         self._transition(bid, d.get("gen"), ("placing", "allocating", "ready"), "ready")
@@ -263,6 +282,7 @@ class Fold:
             cur.spec, cur.cpu, cur.memory, cur.healthy = dumps(spec), node.cpu, node.memory, node.healthy
             cur.gpu_total.update(totals)
         cur.agent = str(d.get("agent") or "")
+        self.clusters.setdefault(node.cluster, dumps({"id": node.cluster, "labels": {}}))  # Store.ensure_cluster
 
     def on_node_health(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         node = self.nodes.get(nid)
@@ -270,6 +290,8 @@ class Fold:
             node.healthy = bool(d["healthy"])
 
     def on_remove_command(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        if str(d.get("reason", "")).startswith("dangling:"):
+            return  # a leftover the node reported: the record (if any) is not touched
         inst = self.instances.get(d.get("block_id", ""), {}).get(d.get("instance_id", ""))
         if inst is not None:
             inst["status"] = "removing"

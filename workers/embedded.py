@@ -185,6 +185,18 @@ class EmbeddedServers:
         self.procs.append(proc)
         _wait_port(self.nats_port, proc, "nats-server", log)
 
+    def restart_nats(self, kill: bool = False) -> None:
+        """Stop the NATS server (SIGTERM, or SIGKILL with ``kill``) and start it again on the same
+        port, config and data dir: clients reconnect, the file store keeps the stream (chaos tests)."""
+        for proc in [p for p in self.procs if Path(str(p.args[0])).name == "nats-server"]:
+            if kill:
+                proc.kill()
+            else:
+                proc.terminate()
+            proc.wait(timeout=10)
+            self.procs.remove(proc)
+        self.start_nats()
+
     def start_redis(self) -> None:
         self.redis_port = self.redis_port or free_port()
         rdir = self.data_dir / "redis"

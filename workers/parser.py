@@ -20,6 +20,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_create(d: Delivery) -> None:
         bid = d.subject.split(".")[2]
         gen = d.stream_seq
+        if d.subject.count(".") != 3:
+            raise Poison(f"block id {'.'.join(d.subject.split('.')[2:-1])!r} in the subject contains a dot")
         if not ID_RE.match(bid):
             raise Poison(f"block id {bid!r} in the subject is not a valid id")
         outcome = parse.read(d.data)

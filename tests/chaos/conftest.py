@@ -58,8 +58,45 @@ async def settled_check(c: Client, expected: set[str], timeout: float = 60) -> R
 
 
 def explain(rep: Report) -> str:
-    return "\n".join(rep.violations[:30] + ["-- diff --", *rep.diff])
+    return "\n".join([*rep.violations[:30], "-- diff --", *rep.diff])
 
 
 def spec(**kw: Any) -> dict[str, Any]:
     return {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 2, **kw}
+
+
+TERMINAL_STATUSES = ("ready", "failed", "rejected", "deleted")
+
+
+async def wait_terminal(c: Client, bids: set[str], timeout: float) -> dict[str, str]:
+    """Poll Redis until every block is terminal (bounded): bid -> status (missing ones absent).
+    Polling Redis, not a stream consumer, so it survives a NATS restart or a Redis flush."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    order = sorted(bids)
+    status: dict[str, str] = {}
+    while True:
+        try:
+            pipe = c.store.r.pipeline(transaction=False)
+            for bid in order:
+                pipe.hget(f"aios:block:{bid}", "status")
+            status = {b: s for b, s in zip(order, await pipe.execute(), strict=True) if s}
+        except Exception:  # Redis briefly away: poll again
+            pass
+        if all(status.get(b) in TERMINAL_STATUSES for b in order) or asyncio.get_running_loop().time() > deadline:
+            return status
+        await asyncio.sleep(0.5)
+
+
+async def publish_create(c: Client, bid: str, body: dict[str, Any], attempts: int = 40) -> None:
+    """Publish a create with a per-block message id, retrying (same id: deduplicated) while NATS
+    is unreachable."""
+    import msgspec
+
+    for n in range(attempts):
+        try:
+            await c.bus.publish_raw(f"aios.block.{bid}.create", msgspec.json.encode({**body, "blockId": bid}), msg_id=f"create:{bid}")
+            return
+        except Exception:
+            if n == attempts - 1:
+                raise
+            await asyncio.sleep(0.5)
