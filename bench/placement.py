@@ -68,7 +68,14 @@ async def scenario(clusters: int, nodes: int, lat_n: int, burst_n: int, paced_n:
                                    common.floor_fraction(v, CRITICAL_STEPS, SIM_START_S), f"{len(paced)} blocks open-loop at {rate:.1f}/s"))
         rows.append(common.row(g, "create->ready max at 80% of peak", max(paced, default=float("nan")) * 1000, "ms",
                                common.floor_fraction(max(paced, default=1.0), CRITICAL_STEPS, SIM_START_S), ""))
-        targets = [b for b in (await st.burst(10, 120, {**harness.SPEC, "maxInstances": 1000}))[0] if st.tracker.done[b][0] == "ready"]
+        # scale targets: blocks with room to grow (maxInstances 64: their dry_run simulates 64 placements)
+        tbids, _ = await st.burst(10, 120, {**harness.SPEC, "maxInstances": 64})
+        targets = [b for b in tbids if st.tracker.done.get(b, ("",))[0] == "ready"]
+        if not targets:
+            kinds = sorted({st.tracker.done.get(b, ("timeout",))[0] for b in tbids})
+            rows.append(common.row(g, "instance placements/s (scale calls on existing blocks)", float("nan"), "placements/s", None,
+                                   f"no scale target became ready ({kinds}); see {st.data / 'logs'}"))
+            return rows
         before = await st.stream_messages()
         placed, failed, secs = await st.scale_burst(targets, scale_n, timeout=240)
         per_placement = (await st.stream_messages() - before) / max(1, scale_n)
