@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit integration lint bench bench-quick bench-peer clean up
+.PHONY: install demo test unit integration lint bench bench-quick bench-peer chaos clean up
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -32,6 +32,11 @@ integration: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+
+# the reliability harness at the issue's sizes (1,000 blocks under SIGKILL, 10,000 bad messages);
+# `make test` runs the same scenarios at CI size
+chaos: $(STAMP)
+	AIOS_CHAOS_SCALE=large $(BIN)/pytest -q -ra -s --timeout 3600 tests/chaos
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

@@ -33,8 +33,9 @@ WRITE_BATCH = 2000
 
 
 def fold_filters() -> list[str]:
-    """The stream subjects the fold reads (decision records, inputs and dead letters are not
-    state): derived from the fold's rule tables, so a new rule is read without more changes."""
+    """The stream subjects the fold uses (decision records, inputs and dead letters are not
+    state), derived from the fold's rule tables. Not used as the consumer's filter: several
+    filters make the server deliver ~15x slower than reading everything (see read_stream)."""
     r = subjects.ROOT
     out = [f"{r}.block.*.create"]
     out += [f"{r}.block.*.{tail}" for tail in Fold.rules]
@@ -51,7 +52,9 @@ async def read_stream(
     """Feed every stored message matching ``filters`` (default: the fold's), oldest first, to
     ``on_msg(subject, body, seq, ts)``, through one ordered push consumer. Returns how many.
     Stops at the last message that was pending when it started."""
-    filters = filters or fold_filters()
+    # One filter reads ~15x faster than several (measured: 26k/s vs 1.7k/s delivered on
+    # nats-server 2.15): by default read everything and let the fold skip what it does not use.
+    filters = filters or [f"{subjects.ROOT}.>"]
     info = await bus.js.stream_info(subjects.STREAM)
     if info.state.messages == 0:
         return 0
@@ -70,9 +73,9 @@ async def read_stream(
         if meta.num_pending == 0:
             done.set()
 
-    cfg = ConsumerConfig(filter_subjects=filters)
+    cfg = ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None
     sub = await bus.js.subscribe(
-        f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
+        filters[0] if len(filters) == 1 else f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
         deliver_policy=DeliverPolicy.ALL, config=cfg, pending_msgs_limit=1_000_000,
         pending_bytes_limit=512 * 1024 * 1024,
     )
