@@ -1,0 +1,118 @@
+"""The fold (handlers.recovery) without servers: lifecycle events -> the Redis image, idempotent
+under duplicates, and the digest's normalisation (handlers.image)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from aios_blocks.handlers import image as im
+from aios_blocks.handlers.recovery import Fold
+from aios_blocks.state.invariants import check_image
+
+IR = {
+    "blockId": "b1", "minInstances": 1, "maxInstances": 2,
+    "resources": {"gpus": 1, "gpuMemory": 0, "cpu": 2, "memory": 100},
+    "policies": {"resourceAllocator": {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack", "settings": {}}},
+}
+
+
+def ev(data: Any) -> bytes:
+    return msgspec.json.encode({"id": "x", "source": "t", "type": "t", "subject": "s", "time": "t", "data": data})
+
+
+def run(f: Fold, events: list[tuple[str, Any]]) -> None:
+    for n, (subject, data) in enumerate(events, start=f.last_seq + 1):
+        f.apply(subject, data if isinstance(data, bytes) else ev(data), n, 0.0)
+
+
+NODE = {"id": "n1", "cluster": "c1", "labels": {"rack": "r1"}, "cpu": 8, "memory": 1000,
+        "gpus": [{"id": "g1", "model": "m", "memory": 500}, {"id": "g2", "model": "m", "memory": 500}]}
+PLACED = {"block_id": "b1", "gen": 2, "cluster_id": "c1", "action": "allocation",
+          "placements": [{"instance_id": "b1-0", "node_id": "n1", "gpus": ["g1"]}]}
+INST = {"block_id": "b1", "gen": 2, "instance_id": "b1-0", "node_id": "n1", "gpus": ["g1"]}
+
+
+def placed() -> Fold:
+    f = Fold()
+    run(f, [
+        ("aios.node.n1.registered", {"node": NODE, "agent": "", "runtime": "sim"}),
+        ("aios.block.b1.create", b'{"blockComponentURI": "x", "minInstances": 1, "maxInstances": 2}'),
+        ("aios.block.b1.parsed", {"block_id": "b1", "gen": 2, "ir": IR}),
+        ("aios.block.b1.selection", {"block_id": "b1", "gen": 2, "candidates": ["c1"]}),
+        ("aios.block.b1.post_dry_run", {"block_id": "b1", "gen": 2, "cluster_id": "c1", "scores": {"c1": 1}}),
+        ("aios.block.b1.placement", PLACED),
+        ("aios.block.b1.instance.b1-0.added", INST),
+        ("aios.block.b1.ready", {"block_id": "b1", "gen": 2, "status": "ready"}),
+    ])
+    return f
+
+
+def test_lifecycle_to_ready_reserves_exactly_like_the_lua_script() -> None:
+    img = placed().image()
+    assert img["aios:block:b1"]["status"] == "ready" and img["aios:block:b1"]["cluster"] == "c1"
+    assert img["aios:block:b1"]["digest"]  # the create body's digest, as the parser stores it
+    node = img[im.node_key("c1", "n1")]
+    assert node["cpu_used"] == "2" and node["mem_used"] == "100"
+    assert (node["g:g1:mem"], node["g:g1:n"], node["g:g1:x"]) == ("500", "1", "1")  # exclusive: whole GPU
+    res = img[im.res_key("c1", "b1-0")]
+    assert msgspec.json.decode(res["gpus"]) == {"g1": 500} and res["exclusive"] == "1"
+    assert msgspec.json.decode(img["aios:block:b1:inst"]["b1-0"])["status"] == "running"
+    assert img["aios:nodeindex"] == {"n1": "c1"} and img["aios:nodeinst:n1"] == {"b1-0": "b1"}
+    assert check_image(img, {"b1"}).ok
+
+
+def test_duplicates_change_nothing_and_delete_releases_everything() -> None:
+    f = placed()
+    before = im.digest(f.image())
+    run(f, [("aios.block.b1.placement", PLACED), ("aios.block.b1.instance.b1-0.added", INST)])
+    assert im.digest(f.image()) == before  # a redelivered step reuses its reservation
+    run(f, [
+        ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
+        ("aios.node.n1.instance.remove", {**INST, "cluster_id": "c1", "gpus": []}),
+        ("aios.block.b1.instance.b1-0.removed", INST),
+        ("aios.block.b1.instance.b1-0.removed", INST),  # twice: nothing more to release
+        ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"}),
+    ])
+    img = f.image()
+    assert img["aios:block:b1"]["status"] == "deleted"
+    assert im.res_key("c1", "b1-0") not in img and "aios:block:b1:inst" not in img
+    node = img[im.node_key("c1", "n1")]
+    assert (node["g:g1:mem"], node["g:g1:n"], node["g:g1:x"], node["cpu_used"]) == ("0", "0", "0", "0")
+    assert f.anomalies == []
+    assert check_image(img, {"b1"}).ok
+
+
+def test_stale_and_foreign_facts_are_ignored() -> None:
+    f = placed()
+    before = im.digest(f.image())
+    run(f, [
+        ("aios.block.b1.instance.b1-0.removed", {**INST, "gen": 1}),  # an older generation
+        ("aios.block.b1.instance.b1-0.removed", {**INST, "node_id": "n9"}),  # a copy elsewhere
+        ("aios.block.b1.failed", {"block_id": "b1", "gen": 1, "reason": "old"}),
+        ("aios.block.zz.ready", {"block_id": "zz", "gen": 5}),
+        ("aios.block.b1.decision", {"anything": 1}),
+        ("aios.block.b1.parsed", b"\xff not json"),
+    ])
+    assert im.digest(f.image()) == before
+
+
+def test_one_instance_added_on_two_nodes_is_an_anomaly() -> None:
+    f = placed()
+    run(f, [("aios.block.b1.instance.b1-0.added", {**INST, "node_id": "n2"})])
+    assert any("runs on" in a for a in f.anomalies)
+
+
+def test_digest_ignores_volatile_fields_and_zero_usage_but_not_state() -> None:
+    img = placed().image()
+    same = {k: (dict(v) if isinstance(v, dict) else v) for k, v in img.items()}
+    same["aios:block:b1"]["updated"] = "123.4"
+    same["aios:block:b1"]["version"] = "9"
+    same[im.node_key("c1", "n1")]["g:g2:n"] = "0"  # Redis keeps zeroed counters
+    same["aios:ctx:b1.resourceAllocator"] = {"k": "v"}
+    same["aios:blocks"] = im.ZSet({"b1": 99.0})
+    assert im.digest(same) == im.digest(img)
+    changed = {**same, "aios:block:b1": {**same["aios:block:b1"], "status": "failed"}}
+    assert im.digest(changed) != im.digest(img)
+    assert any("status" in line for line in im.diff(img, changed))
