@@ -69,7 +69,7 @@ def reconcile(found: dict[str, dict[str, Any]], expected: dict[str, dict[str, An
 
     Returns ``{"adopt": [...], "dangling": [...], "lost": [...]}``: found and expected (same gen)
     are re-adopted as they are; found but not expected are reported dangling (the controller
-    decides); expected but not found are reported removed with reason ``lost``."""
+    decides); expected, once running, but not found are reported removed with reason ``lost``."""
     adopt, dangling, lost = [], [], []
     for iid in sorted(found):
         exp = expected.get(iid)
@@ -78,6 +78,8 @@ def reconcile(found: dict[str, dict[str, Any]], expected: dict[str, dict[str, An
         else:
             dangling.append(iid)
     for iid in sorted(expected):
-        if iid not in found and expected[iid].get("status") not in ("removing", "replaced"):
+        # only a "running" instance was ever seen by this node's runtime; a "starting" one has its
+        # create command waiting in the node's mailbox (placed while the agent was down)
+        if iid not in found and expected[iid].get("status") == "running":
             lost.append(iid)
     return {"adopt": adopt, "dangling": dangling, "lost": lost}

@@ -55,6 +55,31 @@ class ResourceNeeds(_Strict):
     memory: int = Field(default=0, ge=0)
 
 
+class Probe(_Strict):
+    """How a node agent checks an instance: ``http`` GET of ``path`` on the port named ``port``,
+    ``tcp`` connect, or ``running`` (the runtime says it runs). ``none`` turns probing off."""
+
+    type: str = Field(default="running", pattern="^(http|tcp|running|none)$")
+    port: str = "http"
+    path: str = "/"
+    intervalS: float = Field(default=2.0, gt=0, le=3600)
+    timeoutS: float = Field(default=1.0, gt=0, le=600)
+    failureThreshold: int = Field(default=3, ge=1, le=100)
+    startTimeoutS: float = Field(default=60.0, gt=0, le=3600)
+
+
+class Launch(_Strict):
+    """How a node agent runs an instance (an extension of seed 000's component): the command
+    (Docker: overrides the image's CMD; process runtime: the argv), named host ports (exposed to
+    the instance as ``AIOS_PORT_<NAME>``, the first also as ``AIOS_PORT``), the health probe and
+    the stop grace period."""
+
+    command: list[str] = Field(default_factory=list)
+    ports: list[str] = Field(default_factory=list, max_length=16)
+    probe: Probe = Field(default_factory=Probe)
+    stopGraceS: float = Field(default=10.0, ge=0, le=600)
+
+
 class Component(_Strict):
     """A registered, reusable definition a block is instantiated from."""
 
@@ -69,6 +94,7 @@ class Component(_Strict):
     tags: list[str] = Field(default_factory=list)
     resources: ResourceNeeds = Field(default_factory=ResourceNeeds)
     policies: list[PolicyRule] = Field(default_factory=list)
+    launch: Launch = Field(default_factory=Launch)
     #: default affinity of blocks made from this component (seed 002; see docs/affinity.md)
     affinity: list[Any] | None = None
 

@@ -178,3 +178,11 @@ if cur >= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'source', ARGV[3], 'language', ARGV[4], 'updated', ARGV[5])
 return 1
 """
+
+# KEYS: node.  ARGV: "1" healthy / "0" unhealthy.  Returns 1 if this call changed it, else 0.
+NODE_HEALTH_CAS = r"""
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+if redis.call('HGET', KEYS[1], 'healthy') == ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'healthy', ARGV[1])
+return 1
+"""

@@ -12,6 +12,8 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:block:<bid>                  hash: status, version, gen, cluster, ir, reason, ...
     aios:blocks                       sorted set of block ids by creation time
     aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
+    aios:nodeinst:<nid>               hash iid -> bid: instances recorded on a node (agent reconcile)
+    aios:heartbeats                   sorted set nid -> last heartbeat time (agent-served nodes)
     aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
     aios:aff:svc:<block uuid>         hash iid -> [node, rack] (affinity ServiceId targets)
     aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)
@@ -57,6 +59,10 @@ def inst_key(bid: str) -> str:
     return f"{P}:block:{bid}:inst"
 
 
+def node_inst_key(nid: str) -> str:
+    return f"{P}:nodeinst:{nid}"
+
+
 def gather_key(bid: str, gen: int, attempt: int = 0) -> str:
     return f"{P}:gather:{bid}:{gen}:{attempt}"
 
@@ -69,6 +75,7 @@ class Store:
         self._transition = r.register_script(scripts.TRANSITION)
         self._create = r.register_script(scripts.CREATE_BLOCK)
         self._gather_add = r.register_script(scripts.GATHER_ADD)
+        self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
 
     @classmethod
     def open(cls, url: str) -> Store:
@@ -89,12 +96,17 @@ class Store:
     async def put_cluster(self, cluster: Cluster) -> None:
         await self.r.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())
 
+    async def ensure_cluster(self, cluster: Cluster) -> bool:
+        """Register the cluster unless it exists (a node agent may name a new cluster)."""
+        return bool(await self.r.hsetnx(f"{P}:clusters", cluster.id, cluster.model_dump_json()))
+
     async def clusters(self) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(f"{P}:clusters")
         return {cid: _json.decode(v) for cid, v in raw.items()}
 
-    async def put_node(self, node: Node) -> None:
-        """Register or update a node's capacity (usage counters are kept)."""
+    async def put_node(self, node: Node, agent: str | None = None) -> None:
+        """Register or update a node's capacity (usage counters are kept). ``agent``: who serves
+        its commands ("" = the simulated fleet; None = leave as it is)."""
         key = node_key(node.cluster, node.id)
         fields: dict[str, Any] = {
             "spec": node.model_dump_json(),
@@ -102,6 +114,8 @@ class Store:
             "memory": node.memory,
             "healthy": 1 if node.healthy else 0,
         }
+        if agent is not None:
+            fields["agent"] = agent
         for g in node.gpus:
             fields[f"g:{g.id}:total"] = g.memory
         pipe = self.r.pipeline(transaction=True)
@@ -192,7 +206,11 @@ class Store:
     # -- instances -------------------------------------------------------------------------
     async def put_instances(self, bid: str, instances: dict[str, dict[str, Any]]) -> None:
         if instances:
-            await self.r.hset(inst_key(bid), mapping={iid: _dumps(v) for iid, v in instances.items()})
+            pipe = self.r.pipeline(transaction=False)
+            pipe.hset(inst_key(bid), mapping={iid: _dumps(v) for iid, v in instances.items()})
+            for iid, v in instances.items():
+                pipe.hset(node_inst_key(v["node"]), iid, bid)
+            await pipe.execute()
 
     async def set_instance_status(self, bid: str, iid: str, status: str) -> dict[str, Any] | None:
         raw = await self.r.hget(inst_key(bid), iid)
@@ -208,7 +226,73 @@ class Store:
         return {iid: _json.decode(v) for iid, v in raw.items()}
 
     async def drop_instance(self, bid: str, iid: str) -> None:
-        await self.r.hdel(inst_key(bid), iid)
+        raw = await self.r.hget(inst_key(bid), iid)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hdel(inst_key(bid), iid)
+        if raw is not None:
+            pipe.hdel(node_inst_key(_json.decode(raw)["node"]), iid)
+        await pipe.execute()
+
+    # -- nodes served by agents: who runs what, liveness ------------------------------------------
+    async def node_instances(self, nid: str) -> dict[str, dict[str, Any]]:
+        """Instances recorded on node ``nid``: iid -> {block_id, gen, status, ...record}."""
+        index = await self.r.hgetall(node_inst_key(nid))
+        if not index:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for iid, bid in index.items():
+            pipe.hget(inst_key(bid), iid)
+            pipe.hget(block_key(bid), "gen")
+        raw = await pipe.execute()
+        out: dict[str, dict[str, Any]] = {}
+        for n, (iid, bid) in enumerate(index.items()):
+            rec, gen = raw[2 * n], raw[2 * n + 1]
+            if rec is None:
+                continue
+            d = _json.decode(rec)
+            if d.get("node") != nid:
+                continue
+            out[iid] = {**d, "block_id": bid, "gen": int(gen or 0)}
+        return out
+
+    async def node_meta(self, nid: str) -> dict[str, Any] | None:
+        """{cluster, agent, healthy, gpus} of a registered node (None if unknown)."""
+        cid = await self.node_cluster(nid)
+        if cid is None:
+            return None
+        spec, agent, healthy = await self.r.hmget(node_key(cid, nid), ["spec", "agent", "healthy"])
+        if spec is None:
+            return None
+        return {"cluster": cid, "agent": agent or "", "healthy": healthy == "1", "spec": _json.decode(spec)}
+
+    async def set_node_agent(self, cid: str, nid: str, agent: str) -> None:
+        await self.r.hset(node_key(cid, nid), "agent", agent)
+
+    async def set_node_health_cas(self, cid: str, nid: str, healthy: bool) -> bool:
+        """Flip the node's health; True only for the caller that changed it (one reporter)."""
+        return bool(await self._health_cas(keys=[node_key(cid, nid)], args=["1" if healthy else "0"]))
+
+    async def nodes_healthy(self, nodes: list[tuple[str, str]]) -> list[bool | None]:
+        """Health flag of each (cluster, node); None for a node that is not registered."""
+        pipe = self.r.pipeline(transaction=False)
+        for cid, nid in nodes:
+            pipe.hget(node_key(cid, nid), "healthy")
+        return [None if v is None else v == "1" for v in await pipe.execute()]
+
+    async def heartbeats_record(self, seen: dict[str, float]) -> None:
+        if seen:
+            await self.r.zadd(f"{P}:heartbeats", seen)
+
+    async def heartbeats_overdue(self, cutoff: float) -> list[str]:
+        """Nodes whose last heartbeat is older than ``cutoff`` (only nodes that ever sent one)."""
+        return list(await self.r.zrangebyscore(f"{P}:heartbeats", "-inf", cutoff))
+
+    async def heartbeats_forget(self, nid: str) -> None:
+        await self.r.zrem(f"{P}:heartbeats", nid)
+
+    async def block_bump(self, bid: str, field: str) -> int:
+        """Count something about a block (e.g. instance replacements); returns the new count."""
+        return int(await self.r.hincrby(block_key(bid), field, 1))
 
     # -- affinity placement index (who runs where, by 128-bit id) ------------------------------
     async def index_add(self, svc: str, lease: str, iid: str, node: str, rack: str) -> None:

@@ -184,10 +184,13 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         insts = await w.store.instances(ev.block_id)
         inst = insts.get(ev.instance_id)
         if inst is not None and inst["node"] == ev.node_id:
+            if ev.reason == "lost" and block is not None and block["status"] in ("placing", "ready") and inst["status"] != "removing":
+                # its node restarted without it: place a replacement first (the reassignment then
+                # removes this record the usual way), so the block never drops below what it had
+                await _replace(w, block, ev.instance_id, inst, "lost", f"{ev.instance_id}:lost")
+                return
             await _release(w, ev.block_id, ev.instance_id, inst)
             insts.pop(ev.instance_id)
-            if ev.reason == "lost" and block is not None and block["status"] in ("placing", "ready"):
-                await _replace(w, block, ev.instance_id, inst, "lost", f"{ev.instance_id}:lost")
         if block is not None and block["status"] == "deleting" and not insts:
             await _mark_deleted(w, ev.block_id, block["gen"])
 
@@ -206,6 +209,9 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             await _replace(w, block, ev.instance_id, inst, why, f"{ev.instance_id}:{kind}")
         elif verdict.action == "fail_block":
             await w.fail_block(ev.block_id, ev.gen, f"{why}; {verdict.why}", ("placing",), inst["cluster"])
+            # a failed block holds nothing: stop what it has (each removal releases its share)
+            for other, rec in (await w.store.instances(ev.block_id)).items():
+                await _remove(w, ev.block_id, ev.gen, rec["cluster"], other, rec["node"], "block failed")
         elif verdict.action == "give_up":
             await _step_failed(w, ev.block_id, block, "reassignment", f"{ev.instance_id}:{kind}", f"{why}; {verdict.why}")
 

@@ -39,7 +39,12 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
     else:
         binds = agent_sim.bindings(w)
     try:
-        await run_consumers(w, binds, stop)
+        if kind == "controller":
+            from .health import HealthMonitor
+
+            await asyncio.gather(run_consumers(w, binds, stop), HealthMonitor(w).run(stop))
+        else:
+            await run_consumers(w, binds, stop)
     finally:
         await w.close()
 

@@ -199,7 +199,7 @@ class NodeAgent:
         work_stage: ProvisionStage[Any, Any] | None = None
         if self.cfg.workdirs:
             work_stage = ProvisionStage(WorkdirProvisioner())
-            files = {k: cmd.env.get(k, {}) for k in ("blockInitData", "initSettings", "parameters")}
+            files = {f"{k}.json": cmd.env.get(k, {}) for k in ("blockInitData", "initSettings", "parameters")}
             stages.append((work_stage, FixedSpec(WorkdirSpec(self.workdir(iid), files))))
         port_stage = ProvisionStage(self._ports)
         stages.append((port_stage, FixedSpec(PortSpec(list(launch.ports)))))

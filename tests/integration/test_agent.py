@@ -1,0 +1,369 @@
+"""Node agents with real runtimes: the Docker engine (dockerd) and local processes, over real NATS
+JetStream and Redis, with the real worker processes. Each lifecycle test runs on both runtimes.
+
+Docker cases need an engine: `.ci/run` starts one; without one they are skipped, loudly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aios_blocks.cli.client import Client
+from aios_blocks.workers.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
+from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+
+from .conftest import COMPONENT, System
+
+APP = str(Path(__file__).with_name("agent_app.py"))
+NODE_TIMEOUT_S = 3.0
+
+
+# -- the Docker engine ---------------------------------------------------------------------------
+@pytest.fixture(scope="session")
+def docker_image() -> Iterator[str]:
+    try:
+        import docker
+
+        from aios_blocks.workers.agent.busybox_image import ensure_image
+
+        client = docker.from_env()
+        client.ping()
+        tag = ensure_image(client)
+    except Exception as exc:
+        msg = f"DOCKER TESTS SKIPPED: no Docker engine could be reached ({exc}); `.ci/run` starts dockerd"
+        print(f"\n{'!' * 20} {msg} {'!' * 20}", file=sys.stderr)
+        pytest.skip(msg)
+    yield tag
+    with contextlib.suppress(Exception):
+        for c in client.containers.list(all=True, filters={"label": "aios.test=1"}):
+            c.remove(force=True)
+
+
+RUNTIMES = ["process", "docker"]
+
+
+@dataclass
+class Agents:
+    """Agent processes (``blocks agent``) for one test, plus the runtime to inspect what they run."""
+
+    system: System
+    runtime_name: str
+    base: Path
+    image: str = ""
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def runtime(self) -> Runtime:
+        if self.runtime_name == "docker":
+            from aios_blocks.workers.agent.runtime_docker import DockerRuntime
+
+            return DockerRuntime()
+        return ProcessRuntime()
+
+    def component(self, **launch: Any) -> dict[str, Any]:
+        comp = dict(COMPONENT, componentURI=f"aios://test/{self.runtime_name}-app")
+        comp["resources"] = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 256}
+        probe = {"type": "http", "port": "http", "path": "/health", "intervalS": 0.5, "failureThreshold": 2, "startTimeoutS": 20}
+        base = {"ports": ["http"], "probe": probe, "stopGraceS": 2}
+        if self.runtime_name == "docker":
+            comp["image"] = self.image
+        else:
+            base["command"] = [sys.executable, APP]
+        base.update(launch)
+        comp["launch"] = base
+        return comp
+
+    def start(self, nid: str, cluster: str = "ca", rack: str = "r0") -> subprocess.Popen[bytes]:
+        env = {**os.environ, "AIOS_NATS_URL": self.system.supervisor.nats_url}
+        env.pop("AIOS_REDIS_URL", None)  # an agent needs only NATS
+        servers = self.system.servers
+        if servers is not None and hasattr(servers, "agent_env"):
+            env.update(servers.agent_env(nid))
+        log = open(self.base / f"agent-{nid}.log", "ab")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "aios_blocks.cli", "agent", "--node-id", nid, "--cluster", cluster,
+             "--runtime", self.runtime_name, "--sim-gpus", "2", "--cpu", "8", "--memory", "16384", "--rack", rack,
+             "--heartbeat-s", "0.5", "--agent-dir", str(self.base / "agent")],
+            env=env, stdout=log, stderr=log, start_new_session=True,
+        )
+        log.close()
+        self.procs[nid] = proc
+        return proc
+
+    async def wait_registered(self, nid: str, timeout: float = 30) -> None:
+        async with asyncio.timeout(timeout):
+            while (await self.system.client.store.node_meta(nid)) is None:
+                await asyncio.sleep(0.1)
+
+    def kill(self, nid: str, sig: int = signal.SIGKILL) -> None:
+        self.procs[nid].send_signal(sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.procs[nid].wait(10)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGCONT)
+                p.terminate()
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+
+
+@pytest.fixture(params=RUNTIMES)
+def runtime_setup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """The runtime under test (+ its image); controller settings for fast fault handling. Runs
+    before ``system`` so the worker processes inherit the settings."""
+    runtime = request.param
+    image = request.getfixturevalue("docker_image") if runtime == "docker" else ""
+    monkeypatch.setenv("AIOS_NODE_TIMEOUT_S", str(NODE_TIMEOUT_S))
+    monkeypatch.setenv("AIOS_MAX_REPLACEMENTS", "2")
+    return runtime, image
+
+
+@pytest.fixture
+async def agents(runtime_setup: tuple[str, str], system: System, tmp_path: Path) -> AsyncIterator[Agents]:
+    runtime, image = runtime_setup
+    a = Agents(system, runtime, tmp_path, image)
+    rt = a.runtime()
+    try:
+        yield a
+    finally:
+        a.stop_all()
+        for nid in list(a.procs):  # leave nothing behind on the host
+            for inst in await rt.list(nid):
+                await rt.stop(inst.handle, 0)
+        await rt.close()
+
+
+async def until(fn: Any, timeout: float = 60, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = await fn()
+        if out:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def setup_block(a: Agents, nodes: tuple[str, ...] = ("n1",), **launch: Any) -> tuple[Client, str]:
+    c = a.system.client
+    for i, nid in enumerate(nodes):
+        a.start(nid, rack=f"r{i}")
+    for nid in nodes:
+        await a.wait_registered(nid)
+    await c.add_component(a.component(**launch))
+    return c, f"aios://test/{a.runtime_name}-app"
+
+
+def http_get(port: int, path: str) -> bytes:
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5).read()
+
+
+async def running_on(a: Agents, nid: str) -> list[RuntimeInstance]:
+    return [i for i in await a.runtime().list(nid) if i.running]
+
+
+# -- the tests -------------------------------------------------------------------------------------
+async def test_instance_runs_labelled_is_added_and_delete_removes_it(agents: Agents) -> None:
+    c, uri = await setup_block(agents)
+    bid, kind, env = await agents.system.submit_and_wait(
+        {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2, "blockInitData": {"model": "tiny"}}
+    )
+    assert kind == "ready", env
+    (iid,) = env["data"]["instances"]
+    insts = await running_on(agents, "n1")
+    assert [i.instance_id for i in insts] == [iid]
+    labels = insts[0].labels
+    assert labels["aios.block"] == bid and labels["aios.instance"] == iid and labels["aios.node"] == "n1"
+    assert labels["aios.spec-version"] == "1" and labels["aios.gpus"] == "n1-g0"
+    port = int(json.loads(labels["aios.ports"])["http"])
+    assert http_get(port, "/health").strip() == b"ok"
+    assert json.loads(http_get(port, "/init.json")) == {"model": "tiny"}
+    workdir = Path(labels["aios.workdir"])
+    assert (workdir / "blockInitData.json").exists()
+    history = [s for s, _, _ in await c.history(bid)]
+    assert f"aios.block.{bid}.instance.{iid}.added" in history
+
+    await c.delete(bid)
+    await until(lambda: _status(c, bid, "deleted"), what="block deleted")
+    assert await running_on(agents, "n1") == []
+    assert await agents.runtime().list("n1") == []
+    assert not await asyncio.to_thread(workdir.exists)
+    with pytest.raises(OSError):
+        http_get(port, "/health")
+    removed = [s for s, _, _ in await c.history(bid) if s.endswith(".removed")]
+    assert removed == [f"aios.block.{bid}.instance.{iid}.removed"]
+
+
+async def _status(c: Client, bid: str, status: str) -> bool:
+    block = await c.store.get_block(bid)
+    return bool(block and block["status"] == status)
+
+
+async def test_setup_failing_late_leaves_no_container_port_or_directory(agents: Agents) -> None:
+    # the probe (the stage after gpus, workdir, ports and the container) never passes
+    c, uri = await setup_block(agents, probe={"type": "http", "port": "http", "path": "/nope", "startTimeoutS": 2, "intervalS": 0.2})
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=90)
+    assert kind == "failed", env
+    assert "instance replacements" in env["data"]["reason"]
+    history = await c.history(bid)
+    failed = [e["data"] for s, e, _ in history if s.endswith(".failed") and ".instance." in s]
+    assert failed and all("stage 'probe' failed" in f["reason"] for f in failed), failed
+    assert all("GET /nope" in f["reason"] for f in failed)
+    assert await agents.runtime().list("n1") == []  # no container/process, running or not
+    instances_dir = agents.base / "agent" / "n1" / "instances"
+    assert not instances_dir.exists() or list(instances_dir.iterdir()) == []
+    # every reservation is given back (the failed block's instances are removed, then released)
+    await until(lambda: _no_reservations(c, "ca"), what="reservations released")
+    assert await c.store.instances(bid) == {}
+
+
+async def _no_reservations(c: Client, cid: str) -> bool:
+    return await c.store.reservations(cid) == []
+
+
+async def test_setup_failing_at_the_container_stage_cleans_up(agents: Agents) -> None:
+    broken = {"command": ["/no/such/binary"]} if agents.runtime_name == "process" else {}
+    c, uri = await setup_block(agents, **broken)
+    if agents.runtime_name == "docker":
+        comp = agents.component()
+        comp["image"] = "aios-test/absent:0"
+        await c.add_component(comp)
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=90)
+    assert kind == "failed", env
+    failed = [e["data"]["reason"] for s, e, _ in await c.history(bid) if s.endswith(".failed") and ".instance." in s]
+    assert failed and all(f"stage '{agents.runtime_name}' failed" in r for r in failed), failed
+    assert await agents.runtime().list("n1") == []
+    instances_dir = agents.base / "agent" / "n1" / "instances"
+    assert not instances_dir.exists() or list(instances_dir.iterdir()) == []
+
+
+async def test_sigkilled_agent_readopts_its_instance_and_reports_a_planted_one_dangling(agents: Agents) -> None:
+    c, uri = await setup_block(agents)
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1})
+    assert kind == "ready", env
+    (before,) = await running_on(agents, "n1")
+    # plant an aios-labelled instance of an id nobody placed
+    ghost = LaunchSpec(
+        instance_id="ghost-1", block_id="ghost", node_id="n1", gen=1, image=agents.image,
+        command=[] if agents.runtime_name == "docker" else [sys.executable, APP], env={"AIOS_PORT": "0"},
+    )
+    rt = agents.runtime()
+    if agents.runtime_name == "docker":
+        ghost.env["AIOS_PORT"] = "18555"
+    planted = await rt.start(ghost)
+    dangling: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+
+    async def on_dangling(msg: Any) -> None:
+        await dangling.put(json.loads(msg.data))
+
+    await c.bus.subscribe("aios.node.n1.instance.dangling", on_dangling)
+    agents.kill("n1", signal.SIGKILL)
+    still = await rt.status(before.handle)
+    assert still is not None and still.running  # the instance outlives its agent
+    agents.start("n1")
+    event = await asyncio.wait_for(dangling.get(), 60)
+    assert event["data"]["instance_id"] == "ghost-1" and event["data"]["block_id"] == "ghost"
+    # the controller's rule removes the unknown one; the known one is the very same, untouched
+    await until(lambda: _gone(rt, planted.handle), what="planted instance removed")
+    after = await rt.status(before.handle)
+    assert after is not None and after.running and after.handle == before.handle
+    assert (await c.store.get_block(bid))["status"] == "ready"
+    # re-adopted means owned: deleting the block stops it and frees its resources
+    await c.delete(bid)
+    await until(lambda: _status(c, bid, "deleted"), what="block deleted")
+    assert await rt.list("n1") == []
+
+
+async def _gone(rt: Runtime, handle: str) -> bool:
+    st = await rt.status(handle)
+    return st is None or not st.running
+
+
+async def test_exited_instance_is_replaced_through_reassignment(agents: Agents) -> None:
+    c, uri = await setup_block(agents)
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2})
+    assert kind == "ready", env
+    (old_iid,) = env["data"]["instances"]
+    (inst,) = await running_on(agents, "n1")
+    await _kill_instance(agents, inst)
+    new = await until(lambda: _replaced(c, bid, old_iid), what="replacement running")
+    history = await c.history(bid)
+    facts = [s.rsplit(".", 1)[1] for s, _, _ in history if f".instance.{old_iid}." in s]
+    assert "failed" in facts and "removed" in facts
+    decisions = [e["data"] for s, e, _ in history if s.endswith(".decision") and e["data"]["action"] == "reassignment"]
+    assert decisions and decisions[0]["input"]["payload"]["instance_id"] == old_iid
+    running = await running_on(agents, "n1")
+    assert [i.instance_id for i in running] == [new]
+
+
+async def _kill_instance(a: Agents, inst: RuntimeInstance) -> None:
+    if a.runtime_name == "docker":
+        import docker
+
+        docker.from_env().containers.get(inst.handle).kill()
+    else:
+        os.kill(int(inst.handle.split("-")[0]), signal.SIGKILL)
+
+
+async def _replaced(c: Client, bid: str, old: str) -> str | None:
+    insts = await c.store.instances(bid)
+    fresh = [iid for iid, i in insts.items() if iid != old and i["status"] == "running"]
+    return fresh[0] if fresh and old not in insts else None
+
+
+async def test_node_that_stops_heartbeating_has_its_instances_moved(agents: Agents) -> None:
+    c, uri = await setup_block(agents, nodes=("n1", "n2"))
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1})
+    assert kind == "ready", env
+    (iid,) = env["data"]["instances"]
+    node = (await c.store.instances(bid))[iid]["node"]
+    other = "n2" if node == "n1" else "n1"
+    health: list[dict[str, Any]] = []
+
+    async def on_health(msg: Any) -> None:
+        health.append(json.loads(msg.data)["data"])
+
+    await c.bus.subscribe(f"aios.node.{node}.health", on_health)
+    agents.kill(node, signal.SIGSTOP)  # alive but silent: no heartbeats, no commands served
+    try:
+        new = await until(lambda: _replaced(c, bid, iid), timeout=60, what="instance moved off the silent node")
+        assert (await c.store.instances(bid))[new]["node"] == other
+        meta = await c.store.node_meta(node)
+        assert meta is not None and meta["healthy"] is False
+        assert health and health[0]["healthy"] is False and health[0]["evicted"] == [iid]
+        # its reservation was released at once
+        res = {r["iid"] for r in await c.store.reservations("ca")}
+        assert res == {new}
+    finally:
+        agents.kill(node, signal.SIGCONT)
+    # back: healthy again, and the old copy is stopped so the instance runs once
+    await until(lambda: _healthy(c, node), what="node healthy again")
+    assert [h["healthy"] for h in health] == [False, True]
+    await until(lambda: _none_running(agents, node), what="old copy stopped on the returning node")
+    assert [i.instance_id for i in await running_on(agents, other)] == [new]
+
+
+async def _healthy(c: Client, nid: str) -> bool:
+    meta = await c.store.node_meta(nid)
+    return bool(meta and meta["healthy"])
+
+
+async def _none_running(a: Agents, nid: str) -> bool:
+    return not await running_on(a, nid)
