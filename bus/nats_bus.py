@@ -44,26 +44,27 @@ class StreamLimits:
     replicas: int = int(os.environ.get("AIOS_STREAM_REPLICAS", 1))
 
 
-def security_options(url: str) -> dict[str, Any]:
+def security_options(url: str, ca: str | None = None) -> dict[str, Any]:
     """Connection options from the URL and the environment (docs/security.md):
 
     * a user in the URL (``nats://user:pass@host``) gets the private reply prefix ``_INBOX.<user>``
       (the embedded server lets each user subscribe to its own inbox only);
-    * ``AIOS_NATS_CA``: CA file to verify a ``tls://`` server (the embedded self-signed certificate);
+    * ``ca`` or ``AIOS_NATS_CA``: CA file to verify a ``tls://`` server (the embedded self-signed
+      certificate);
     * ``AIOS_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed) for operator-mode servers.
     """
     opts: dict[str, Any] = {}
     first = urlsplit(url.split(",")[0].strip())
     if first.username:
         opts["inbox_prefix"] = f"_INBOX.{first.username}"
-    if ca := os.environ.get("AIOS_NATS_CA"):
+    if ca := ca or os.environ.get("AIOS_NATS_CA"):
         opts["tls"] = ssl.create_default_context(cafile=ca)
     if creds := os.environ.get("AIOS_NATS_CREDS"):
         opts["user_credentials"] = creds
     return opts
 
 
-async def connect(url: str, name: str = "aios") -> Client:
+async def connect(url: str, name: str = "aios", ca: str | None = None) -> Client:
     async def error_cb(exc: Exception) -> None:
         log.warning("nats.error", error=str(exc))  # permission violations land here too
 
@@ -75,7 +76,7 @@ async def connect(url: str, name: str = "aios") -> Client:
         reconnect_time_wait=0.5,
         connect_timeout=5,
         pending_size=64 * 1024 * 1024,
-        **security_options(url),
+        **security_options(url, ca),
     )
 
 

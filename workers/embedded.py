@@ -133,10 +133,10 @@ class EmbeddedServers:
     def create_topology(self) -> None:
         """The stream and the shared consumers, made once by the admin: worker roles may only
         inspect them (and create their own consumers)."""
-        from ..bus.nats_bus import Bus
+        from ..bus.nats_bus import Bus, connect
 
         async def run() -> None:
-            bus = await Bus.open(self.nats_url, source="aios-blocks/setup")
+            bus = Bus(await connect(self.nats_url, "aios-blocks/setup", self.endpoints.nats_ca), "aios-blocks/setup")
             try:
                 await bus.ensure_topology()
             finally:

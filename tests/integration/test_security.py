@@ -1,0 +1,408 @@
+"""Security of the embedded setup on real servers: every role's denials (NATS permissions, Redis
+ACLs), private inboxes, node agents added at run time, TLS, and secrets never in logs or output."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import ssl
+import stat
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+import redis.asyncio as aioredis
+from nats.aio.client import Client as NC
+from nats.js.errors import NotFoundError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
+
+from aios_blocks.bus import subjects
+from aios_blocks.bus.nats_bus import Bus, security_options
+from aios_blocks.cli.client import Client
+from aios_blocks.state.store import Store
+from aios_blocks.workers import auth
+from aios_blocks.workers.embedded import EmbeddedServers
+
+from .conftest import COMPONENT, System
+
+pytestmark = pytest.mark.integration
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServers]:
+    s = EmbeddedServers(data_dir=tmp_path_factory.mktemp("secure"), auth=True).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@dataclass
+class Conn:
+    """A raw NATS connection as one user, collecting the server's asynchronous errors."""
+
+    nc: NC
+    errors: list[str] = field(default_factory=list)
+
+    async def denied(self, subject: str, what: str = "publish") -> bool:
+        """Whether the server reported this violation (its -ERR may trail the next PONG a little)."""
+        needle = f'permissions violation for {what} to "{subject}"'.lower()  # nats-py lowercases it
+        for _ in range(250):
+            await self.nc.flush(timeout=5)
+            if any(needle in e.lower() for e in self.errors):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Any]:
+    conns: list[Conn] = []
+
+    async def open_(url: str) -> Conn:
+        c = Conn(None)  # type: ignore[arg-type]
+
+        async def error_cb(exc: Exception) -> None:
+            c.errors.append(str(exc))
+
+        c.nc = await nats.connect(servers=[url], error_cb=error_cb, allow_reconnect=False, connect_timeout=5,
+                                  **security_options(url))
+        conns.append(c)
+        return c
+
+    yield open_
+    for c in conns:
+        await c.nc.close()
+
+
+async def stored(admin: Bus, subject: str) -> bool:
+    try:
+        await admin.js.get_last_msg(subjects.STREAM, subject)
+        return True
+    except NotFoundError:
+        return False
+
+
+@pytest.fixture
+async def admin(servers: EmbeddedServers) -> AsyncIterator[Bus]:
+    bus = await Bus.open(servers.nats_url)
+    yield bus
+    await bus.close()
+
+
+# -- NATS: each role's denials ----------------------------------------------------------------------
+async def test_upstream_publisher_may_only_publish_block_creates(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
+    up = await connect(servers.endpoints.nats_url("upstream"))
+    ack = await up.nc.jetstream().publish("aios.block.up-1.create", b'{"blockComponentURI": "x"}')
+    assert ack.stream == subjects.STREAM and await stored(admin, "aios.block.up-1.create")
+    for subject in ("aios.block.up-1.delete", "aios.block.up-1.ready", "aios.cluster.c1.allocation",
+                    "aios.node.n1.instance.create", "aios.policy.p.updated", "aios.dlq.parser.x"):
+        await up.nc.publish(subject, b"{}")
+        assert await up.denied(subject), subject
+        assert not await stored(admin, subject), subject
+    # no reading of events nor of other users' reply subjects
+    for subject in ("aios.>", "aios.block.*.create", "_INBOX.>", "_INBOX.controller.>"):
+        await up.nc.subscribe(subject)
+        assert await up.denied(subject, "subscription"), subject
+    # no JetStream API: the stream survives a delete attempt
+    await up.nc.publish(f"$JS.API.STREAM.DELETE.{subjects.STREAM}", b"")
+    assert await up.denied(f"$JS.API.STREAM.DELETE.{subjects.STREAM}")
+    assert (await admin.js.stream_info(subjects.STREAM)).config.name == subjects.STREAM
+
+
+async def test_node_agent_publishes_only_its_own_node_and_instance_facts(
+    servers: EmbeddedServers, admin: Bus, connect: Any
+) -> None:
+    pid = servers.procs[0].pid
+    url = auth.ensure_agent(servers.data_dir, "n1")
+    assert servers.procs[0].pid == pid and servers.procs[0].poll() is None  # added by reload, no restart
+    ag = await connect(url)
+    js = ag.nc.jetstream(timeout=5)
+    for subject in ("aios.node.n1.registered", "aios.node.n1.instance.dangling", "aios.block.b1.instance.i1.added",
+                    "aios.block.b1.instance.i1.failed"):
+        await js.publish(subject, b"{}")
+        assert await stored(admin, subject), subject
+    for subject in ("aios.node.n2.registered", "aios.node.n2.heartbeat", "aios.node.n2.instance.dangling",
+                    "aios.node.n1.instance.create", "aios.node.n1.health", "aios.block.b1.ready",
+                    "aios.block.b1.create", "aios.block.b1.instance.i1.stolen", "aios.cluster.c1.inventory"):
+        await ag.nc.publish(subject, b"{}")
+        assert await ag.denied(subject), subject
+        assert not await stored(admin, subject), subject
+    for subject in ("aios.block.>", "aios.node.n2.instance.create", "aios.node.*.expected", "_INBOX.>", "_INBOX.agent-n2.>"):
+        await ag.nc.subscribe(subject)
+        assert await ag.denied(subject, "subscription"), subject
+
+    # JetStream: its own durable only (create, bind, fetch, ack) - not another node's, not a worker's
+    await Bus(ag.nc).ensure_consumer(subjects.agent("n1"))
+    await admin.publish_raw(subjects.node_command("n1", "instance.create"), b"{}", msg_id="sec-cmd-n1")
+    await admin.publish_raw(subjects.node_command("n2", "instance.create"), b"{}", msg_id="sec-cmd-n2")
+    sub = await js.pull_subscribe_bind(durable="agent-n1", stream=subjects.STREAM)
+    msgs = await sub.fetch(10, timeout=5)
+    assert [m.subject for m in msgs] == ["aios.node.n1.instance.create"]
+    await msgs[0].ack()
+    for api in (f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.agent-n2",
+                f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser",
+                f"$JS.API.CONSUMER.DELETE.{subjects.STREAM}.agent-n1",
+                f"$JS.API.STREAM.PURGE.{subjects.STREAM}"):
+        await ag.nc.publish(api, b"{}")
+        assert await ag.denied(api), api
+    with pytest.raises(NotFoundError):
+        await admin.js.consumer_info(subjects.STREAM, "agent-n2")
+    assert (await admin.js.consumer_info(subjects.STREAM, "parser")).num_waiting == 0
+
+
+async def test_node_agent_users_survive_a_server_restart(tmp_path: Path, connect: Any) -> None:
+    s = EmbeddedServers(data_dir=tmp_path, auth=True).start()
+    try:
+        url = auth.ensure_agent(s.data_dir, "gpu-7")
+        assert auth.ensure_agent(s.data_dir, "gpu-7") == url  # idempotent: same credentials
+        s.stop()
+        s.start()
+        ag = await connect(url)
+        await ag.nc.jetstream(timeout=5).publish("aios.node.gpu-7.registered", b"{}")
+        with pytest.raises(ValueError):
+            auth.ensure_agent(s.data_dir, "gpu.7")  # a node id is a subject token
+    finally:
+        s.stop()
+
+
+async def test_observer_reads_events_and_state_but_writes_nothing(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
+    ep = servers.endpoints
+    await admin.publish_raw("aios.block.obs-1.ready", b'{"x": 1}', msg_id="obs-1-ready")
+    redis_admin = Store.open(servers.redis_url)
+    await redis_admin.r.hset("aios:block:obs-1", mapping={"status": "ready"})
+    observer_redis = ep.redis_url("observer")
+    assert observer_redis is not None
+    client = await Client.open(ep.nats_url("observer"), observer_redis)
+    try:
+        history = await client.history("obs-1")
+        assert [s for s, _, _ in history] == ["aios.block.obs-1.ready"]
+        assert (await client.store.get_block("obs-1"))["status"] == "ready"
+        with pytest.raises(NoPermissionError):
+            await client.store.r.hset("aios:block:obs-1", "status", "failed")
+        with pytest.raises(NoPermissionError):
+            await client.store.r.flushall()
+    finally:
+        await client.close()
+        await redis_admin.close()
+
+    ob = await connect(ep.nats_url("observer"))
+    await ob.nc.publish("aios.block.obs-1.create", b"{}")
+    assert await ob.denied("aios.block.obs-1.create")
+    for api in (f"$JS.API.CONSUMER.DELETE.{subjects.STREAM}.parser", f"$JS.API.STREAM.DELETE.{subjects.STREAM}",
+                f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.gateway", f"$JS.ACK.{subjects.STREAM}.parser.1.1.1.1.1.1"):
+        await ob.nc.publish(api, b"{}")
+        assert await ob.denied(api), api
+    # ephemeral consumers only: a durable one (which would steal work or survive) is refused
+    await ob.nc.publish(f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.sneaky", b"{}")
+    assert await ob.denied(f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.sneaky")
+    body = {"stream_name": subjects.STREAM, "config": {"durable_name": "sneaky", "ack_policy": "explicit"}}
+    reply = await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps(body).encode(), timeout=5)
+    assert json.loads(reply.data)["error"]["err_code"] == 10020  # "consumer expected to be ephemeral"
+    with pytest.raises(NotFoundError):
+        await admin.js.consumer_info(subjects.STREAM, "sneaky")
+
+
+async def test_worker_roles_are_confined_to_their_own_subjects(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
+    ep = servers.endpoints
+    parser = await connect(ep.nats_url("parser"))
+    for subject in ("aios.block.w-1.ready", "aios.node.w1.instance.create", "aios.block.w-1.create"):
+        await parser.nc.publish(subject, b"{}")
+        assert await parser.denied(subject), subject
+    await parser.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.controller", b"{}")
+    assert await parser.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.controller")
+    gateway = await connect(ep.nats_url("gateway"))
+    for subject in ("aios.node.w1.instance.create", "aios.block.w-1.placement", "aios.block.w-1.instance.i.added"):
+        await gateway.nc.publish(subject, b"{}")
+        assert await gateway.denied(subject), subject
+    controller = await connect(ep.nats_url("controller"))
+    for subject in ("aios.block.w-1.create", "aios.block.w-1.instance.i.added", "aios.node.w1.registered"):
+        await controller.nc.publish(subject, b"{}")
+        assert await controller.denied(subject), subject
+    for subject in ("aios.block.w-1.ready", "aios.node.w1.instance.create"):
+        assert not await stored(admin, subject)
+
+
+async def test_replies_reach_only_the_requester(servers: EmbeddedServers, connect: Any) -> None:
+    """The controller answers an agent's ``expected`` request (allow_responses) on the agent's
+    private inbox; another agent cannot listen there."""
+    ep = servers.endpoints
+    controller = await connect(ep.nats_url("controller"))
+
+    async def serve(msg: Any) -> None:
+        await msg.respond(b'{"instances": []}')
+
+    await controller.nc.subscribe(subjects.EXPECTED_ALL, cb=serve)
+    await controller.nc.flush()
+    n1 = await connect(auth.ensure_agent(servers.data_dir, "n1"))
+    reply = await n1.nc.request(subjects.node_expected("n1"), b"{}", timeout=5)
+    assert reply.data == b'{"instances": []}'
+    await n1.nc.publish(subjects.node_expected("n2"), b"{}")
+    assert await n1.denied(subjects.node_expected("n2"))
+    assert not controller.errors
+
+
+# -- Redis ------------------------------------------------------------------------------------------
+async def test_redis_requires_credentials_and_confines_workers(servers: EmbeddedServers) -> None:
+    ep = servers.endpoints
+    anon = aioredis.from_url(ep.redis)
+    with pytest.raises((AuthenticationError, ResponseError)):
+        await anon.get("aios:x")
+    await anon.aclose()
+    bad = aioredis.from_url(auth.with_userinfo(ep.redis, "aios", "wrong-password"))
+    with pytest.raises((AuthenticationError, ResponseError)):
+        await bad.ping()
+    await bad.aclose()
+    worker_url = ep.redis_url("controller")
+    assert worker_url is not None and "aios:" in worker_url
+    w = aioredis.from_url(worker_url, decode_responses=True)
+    try:
+        assert await w.set("aios:sec:x", "1") and await w.get("aios:sec:x") == "1"
+        for denied in (w.set("other:x", "1"), w.flushall(), w.config_get("*"), w.keys("*"), w.acl_list()):
+            with pytest.raises(NoPermissionError):
+                await denied
+    finally:
+        await w.aclose()
+    assert ep.redis_url("upstream") is None  # no Redis at all for upstream publishers and node agents
+
+
+# -- the running system ------------------------------------------------------------------------------
+def _worker_users(system: System) -> dict[str, str]:
+    out = {}
+    for (kind, _), proc in system.supervisor.procs.items():
+        env = dict(
+            line.split("=", 1) for line in Path(f"/proc/{proc.pid}/environ").read_bytes().decode().split("\0") if "=" in line
+        )
+        out[kind] = auth.url_user(env["AIOS_NATS_URL"]) or ""
+        out[kind + ":redis"] = auth.url_user(env["AIOS_REDIS_URL"]) or ""
+    return out
+
+
+async def test_workers_run_as_their_roles_and_the_flow_needs_no_more(system: System) -> None:
+    assert system.servers is not None and system.servers.auth
+    users = _worker_users(system)
+    for kind in ("parser", "gateway", "controller", "agent-sim"):
+        assert users[kind] == kind and users[kind + ":redis"] == "aios"
+    await system.client.add_sim_cluster("c0", nodes=2, gpus=2)
+    _, kind, _ = await system.submit_and_wait({"blockComponentURI": COMPONENT["componentURI"], "minInstances": 2,
+                                               "maxInstances": 3})
+    assert kind == "ready"
+    log = (system.data_dir / "nats.log").read_text()
+    assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
+
+
+def _secrets(data_dir: Path) -> list[str]:
+    s = json.loads((data_dir / "auth" / "secrets.json").read_text())
+    return [v for group in ("nats", "redis", "agents") for v in s[group].values()]
+
+
+def _run_briefly(argv: list[str], env: dict[str, str], seconds: float = 6) -> str:
+    """Output of a process that keeps retrying (a worker whose login is refused retries forever)."""
+    try:
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds)
+        return r.stdout + r.stderr
+    except subprocess.TimeoutExpired as exc:
+        return _text(exc.stdout) + _text(exc.stderr)
+
+
+def _text(b: bytes | str | None) -> str:
+    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+
+
+def _mode(p: Path) -> int:
+    return stat.S_IMODE(p.stat().st_mode)
+
+
+async def test_secrets_never_appear_in_logs_outputs_or_public_files(tmp_path: Path) -> None:
+    data = tmp_path / "d"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env["AIOS_LOG_LEVEL"] = "debug"
+    up = subprocess.Popen([str(BIN / "blocks"), "up", "--data-dir", str(data)], env=env, stdout=subprocess.PIPE,  # noqa: ASYNC220
+                          stderr=subprocess.STDOUT, start_new_session=True)
+    outputs: list[str] = []
+    try:
+        assert up.stdout is not None
+        first = await asyncio.wait_for(asyncio.to_thread(up.stdout.readline), 60)
+        outputs.append(first.decode())
+        assert first.startswith(b"up: NATS nats://admin:***@127.0.0.1:"), first
+        comp = tmp_path / "comp.json"
+        comp.write_text(json.dumps(COMPONENT))
+        spec = tmp_path / "block.json"
+        spec.write_text(json.dumps({"blockComponentURI": COMPONENT["componentURI"], "minInstances": 1, "maxInstances": 1,
+                                    "blockId": "sec-b1"}))
+        for args in (["component", "add", str(comp)], ["cluster", "add", "c1", "--nodes", "1", "--gpus", "2"],
+                     ["submit", str(spec), "--wait"], ["list"], ["get", "sec-b1", "--json"], ["replay", "sec-b1"]):
+            r = await asyncio.to_thread(subprocess.run, [str(BIN / "blocks"), *args, "--data-dir", str(data)], env=env,
+                                        capture_output=True, text=True, timeout=120)
+            outputs.append(r.stdout + r.stderr)
+            assert r.returncode == 0, (args, r.stdout, r.stderr)
+        # a worker given a wrong password says so without echoing it
+        bad = auth.with_userinfo(auth.read_endpoints(data).nats, "parser", "WRONG-pass-0123456789")  # type: ignore[union-attr]
+        said = await asyncio.to_thread(_run_briefly, [sys.executable, "-m", "aios_blocks.workers.main", "parser"],
+                                       {**env, "AIOS_NATS_URL": bad, "AIOS_REDIS_URL": "redis://127.0.0.1:1/0"})
+        outputs.append(said)
+        assert "authorization violation" in said.lower() and "WRONG-pass-0123456789" not in said
+        secrets = _secrets(data)
+        assert len(secrets) >= 10
+        ep = data / "endpoints.json"
+        assert "@" not in ep.read_text() and json.loads(ep.read_text())["auth"] is True
+        assert _mode(data / "auth") == 0o700 and _mode(data / "auth" / "secrets.json") == 0o600
+        assert _mode(data / "nats.conf") == 0o600 and _mode(data / "redis-users.acl") == 0o600
+    finally:
+        up.send_signal(signal.SIGINT)
+        out, _ = await asyncio.to_thread(up.communicate, timeout=60)
+        outputs.append(out.decode())
+    texts = outputs + [p.read_text(errors="replace") for p in [*data.glob("*.log"), *(data / "logs").glob("*.log")]]
+    assert len(list((data / "logs").glob("*.log"))) >= 4
+    for secret in secrets:
+        for text in texts:
+            assert secret not in text
+
+
+async def test_tls_with_the_embedded_self_signed_certificate(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = EmbeddedServers(data_dir=tmp_path, auth=True, tls=True).start()
+    try:
+        ep = s.endpoints
+        assert ep.nats.startswith("tls://") and ep.nats_ca and json.loads((tmp_path / "endpoints.json").read_text())["nats_ca"]
+        monkeypatch.setenv("AIOS_NATS_CA", ep.nats_ca)
+        bus = await Bus.open(ep.nats_url("upstream"))
+        try:
+            await bus.publish_raw("aios.block.tls-1.create", b"{}")
+        finally:
+            await bus.close()
+        with pytest.raises((ssl.SSLError, OSError, nats.errors.NoServersError)):  # the system CAs do not trust it
+            await nats.connect(ep.nats_url("upstream"), allow_reconnect=False, connect_timeout=3,
+                               tls=ssl.create_default_context())
+        with pytest.raises((nats.errors.Error, OSError)):  # and plain text is refused
+            await nats.connect(ep.nats_url("upstream").replace("tls://", "nats://"), allow_reconnect=False,
+                               connect_timeout=3)
+        assert auth.nats_login(ep.nats_url("admin"), ep.nats_ca)
+        assert not auth.nats_login(auth.with_userinfo(ep.nats, "admin", "nope"), ep.nats_ca)
+    finally:
+        s.stop()
+
+
+async def test_auth_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOS_AUTH", "0")
+    s = EmbeddedServers(data_dir=tmp_path).start()
+    try:
+        assert not s.auth and "@" not in s.nats_url and "@" not in s.redis_url
+        assert not (tmp_path / "auth" / "secrets.json").exists()
+        bus = await Bus.open(s.nats_url)
+        try:
+            await bus.ensure_stream()
+            await bus.publish_raw("aios.block.open-1.ready", msgspec.json.encode({}))
+        finally:
+            await bus.close()
+        assert s.worker_env("parser") == {}
+    finally:
+        s.stop()
