@@ -1,0 +1,241 @@
+"""The node agent's pure parts: seed-001 lifecycle (Provisioner / Stage / Runner), the reconcile
+and fault rules, the instance environment, the GPU sources (NVML through a double: no GPU here)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from aios_blocks.handlers import faults
+from aios_blocks.workers.agent.gpus import NoGpus, NvmlSource, SimulatedSource, detect
+from aios_blocks.workers.agent.lifecycle import (
+    DerivedSpec,
+    FixedSpec,
+    Provisioner,
+    ProvisionStage,
+    Runner,
+    StageFailed,
+)
+from aios_blocks.workers.agent.node_agent import instance_env
+from aios_blocks.workers.agent.runtime import LaunchSpec, labels_to_resources
+
+
+@dataclass
+class Recording(Provisioner[Any, Any]):
+    """A provisioner that records setup/teardown order in a shared journal; fails when told."""
+
+    label: str
+    journal: list[str]
+    fail: bool = False
+    live: set[str] = field(default_factory=set)
+
+    @property
+    def name(self) -> str:
+        return self.label
+
+    async def setup(self, spec: Any) -> Any:
+        if self.fail:
+            raise OSError(f"{self.label} cannot be set up")
+        self.journal.append(f"setup {self.label}:{spec}")
+        self.live.add(self.label)
+        return f"{self.label}-resource({spec})"
+
+    async def teardown(self, resource: Any) -> None:
+        self.journal.append(f"teardown {self.label}")
+        self.live.discard(self.label)
+
+
+def chain(journal: list[str], fail_at: int | None = None, n: int = 5) -> tuple[Runner, list[Recording]]:
+    provs = [Recording(f"s{i}", journal, fail=(i == fail_at)) for i in range(1, n + 1)]
+    stages: list[Any] = []
+    prev: ProvisionStage[Any, Any] | None = None
+    for p in provs:
+        st = ProvisionStage(p)
+        spec = FixedSpec("x") if prev is None else DerivedSpec(lambda r: f"from[{r}]", prev)
+        stages.append((st, spec))
+        prev = st
+    return Runner("i-1", stages), provs
+
+
+async def test_runner_sets_up_in_order_and_tears_down_in_reverse() -> None:
+    journal: list[str] = []
+    runner, provs = chain(journal, n=3)
+    await runner.start()
+    assert journal == ["setup s1:x", "setup s2:from[s1-resource(x)]", "setup s3:from[s2-resource(from[s1-resource(x)])]"]
+    await runner.close()
+    assert journal[3:] == ["teardown s3", "teardown s2", "teardown s1"]
+    assert all(not p.live for p in provs)
+
+
+async def test_a_failed_third_stage_tears_down_the_first_two_and_names_itself() -> None:
+    journal: list[str] = []
+    runner, provs = chain(journal, fail_at=3)
+    with pytest.raises(StageFailed) as info:
+        await runner.start()
+    assert info.value.stage == "s3" and "s3 cannot be set up" in str(info.value)
+    assert journal == ["setup s1:x", "setup s2:from[s1-resource(x)]", "teardown s2", "teardown s1"]
+    assert all(not p.live for p in provs)  # nothing left behind; s4 and s5 never started
+
+
+async def test_cancel_on_agent_shutdown_does_not_reclaim() -> None:
+    journal: list[str] = []
+    runner, provs = chain(journal, n=2)
+    await runner.start()
+    runner.cancel()
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    assert not any(j.startswith("teardown") for j in journal)
+    assert {p.label for p in provs if p.live} == {"s1", "s2"}
+
+
+async def test_adopted_runner_owns_existing_resources_and_tears_them_down() -> None:
+    journal: list[str] = []
+    provs = [Recording(f"s{i}", journal) for i in (1, 2)]
+    runner = Runner.adopted("i-9", [ProvisionStage.adopted(p, f"r{p.label}") for p in provs])
+    assert journal == []  # nothing set up again
+    await runner.close()
+    assert journal == ["teardown s2", "teardown s1"]
+
+
+async def test_teardown_error_does_not_stop_the_others() -> None:
+    journal: list[str] = []
+
+    class Sticky(Recording):
+        async def teardown(self, resource: Any) -> None:
+            raise OSError("busy")
+
+    provs = [Recording("a", journal), Sticky("b", journal), Recording("c", journal)]
+    runner = Runner("i", [(ProvisionStage(p), FixedSpec(1)) for p in provs])
+    await runner.start()
+    await runner.close()
+    assert "teardown a" in journal and "teardown c" in journal
+    assert runner.teardown_errors == ["b: OSError: busy"]
+
+
+async def test_stage_exposes_the_failure() -> None:
+    stage = ProvisionStage(Recording("gpu", [], fail=True))
+    await stage.setup(FixedSpec(None))
+    with pytest.raises(StageFailed, match="gpu cannot be set up"):
+        await stage.wait_for_resource()
+    assert not stage.is_set_up
+
+
+# -- rules ---------------------------------------------------------------------------------------
+BLOCK = {"gen": 7, "status": "ready"}
+INST = {"node": "n1", "status": "running", "cluster": "c"}
+
+
+@pytest.mark.parametrize(
+    ("block", "inst", "node", "gen", "n", "action"),
+    [
+        (BLOCK, INST, "n1", 7, 0, "reassign"),
+        (BLOCK, INST, "n2", 7, 0, "ignore"),  # a node speaking for an instance it does not hold
+        (BLOCK, INST, "n1", 6, 0, "ignore"),  # an older generation
+        (None, INST, "n1", 7, 0, "ignore"),
+        ({**BLOCK, "status": "deleting"}, INST, "n1", 7, 0, "ignore"),
+        (BLOCK, {**INST, "status": "removing"}, "n1", 7, 0, "ignore"),
+        (BLOCK, None, "n1", 7, 0, "ignore"),
+        (BLOCK, INST, "n1", 7, 3, "give_up"),
+        ({**BLOCK, "status": "placing"}, INST, "n1", 7, 3, "fail_block"),
+    ],
+)
+def test_fault_rule(block: Any, inst: Any, node: str, gen: int, n: int, action: str) -> None:
+    assert faults.on_fault(block, inst, node, gen, n, 3).action == action
+
+
+@pytest.mark.parametrize(
+    ("block", "inst", "node", "gen", "action", "why"),
+    [
+        (BLOCK, INST, "n1", 7, "adopt", "recorded"),
+        (None, None, "n1", 1, "remove", "unknown block"),
+        (BLOCK, INST, "n1", 3, "remove", "older generation"),
+        (BLOCK, None, "n1", 7, "remove", "not recorded"),
+        (BLOCK, INST, "n2", 7, "remove", "duplicate"),
+        ({**BLOCK, "status": "failed"}, INST, "n1", 7, "remove", "failed"),
+    ],
+)
+def test_dangling_rule(block: Any, inst: Any, node: str, gen: int, action: str, why: str) -> None:
+    v = faults.on_dangling(block, inst, node, gen)
+    assert v.action == action and why in v.why
+
+
+def test_reconcile_sorts_found_and_expected() -> None:
+    found = {"a": {"gen": 1}, "b": {"gen": 2}, "ghost": {"gen": 1}}
+    expected = {
+        "a": {"gen": 1, "status": "running"},
+        "b": {"gen": 1, "status": "running"},  # same id, other generation: not ours to adopt
+        "gone": {"gen": 1, "status": "running"},
+        "pending": {"gen": 1, "status": "starting"},  # its create waits in the mailbox
+    }
+    assert faults.reconcile(found, expected) == {"adopt": ["a"], "dangling": ["b", "ghost"], "lost": ["gone"]}
+
+
+# -- environment and labels -----------------------------------------------------------------------
+def test_instance_env_carries_ids_gpus_ports_and_seed_fields_as_json() -> None:
+    env = instance_env(
+        {"AIOS_BLOCK_ID": "b", "blockInitData": {"model": "m"}, "parameters": {"t": 0.5}},
+        {"CUDA_VISIBLE_DEVICES": "0,1"}, {"http": 8080, "grpc-api": 9090},
+    )
+    assert env["AIOS_BLOCK_ID"] == "b" and env["blockInitData"] == '{"model": "m"}' and env["parameters"] == '{"t": 0.5}'
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert env["AIOS_PORT"] == "8080" and env["AIOS_PORT_HTTP"] == "8080" and env["AIOS_PORT_GRPC_API"] == "9090"
+
+
+def test_labels_round_trip_to_resources() -> None:
+    spec = LaunchSpec("i", "b", "n", 3, workdir=None, ports={"http": 81}, gpus=["g0", "g1"], resources={"cpu": 2})
+    labels = spec.labels()
+    assert labels["aios.block"] == "b" and labels["aios.instance"] == "i" and labels["aios.node"] == "n"
+    assert labels_to_resources(labels) == {"workdir": "", "ports": {"http": 81}, "gpus": ["g0", "g1"], "resources": {"cpu": 2}}
+    assert labels_to_resources({"aios.ports": "{broken"})["ports"] == {}
+
+
+# -- GPU sources ----------------------------------------------------------------------------------
+class FakeNvml:
+    """Stands in for pynvml: this machine has no GPU (the only double in the agent's tests)."""
+
+    def __init__(self, n: int, fail_init: bool = False):
+        self.n, self.fail_init = n, fail_init
+
+    def nvmlInit(self) -> None:
+        if self.fail_init:
+            raise OSError("NVML Shared Library Not Found")
+
+    def nvmlDeviceGetCount(self) -> int:
+        return self.n
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> bytes:
+        return f"GPU-{h:04d}".encode()
+
+    def nvmlDeviceGetName(self, h: int) -> str:
+        return "NVIDIA H100 80GB HBM3"
+
+    def nvmlDeviceGetMemoryInfo(self, h: int) -> Any:
+        return SimpleNamespace(total=80 * 1024**3)
+
+    def nvmlDeviceGetUtilizationRates(self, h: int) -> Any:
+        if h == 1:
+            raise OSError("fell off the bus")
+        return SimpleNamespace(gpu=40 + h)
+
+
+def test_nvml_source_reads_uuids_models_memory_and_utilisation() -> None:
+    src = detect(None, "n1", FakeNvml(3))
+    assert isinstance(src, NvmlSource)
+    gpus = src.gpus()
+    assert [g.id for g in gpus] == ["GPU-0000", "GPU-0001", "GPU-0002"]
+    assert gpus[0].model == "NVIDIA H100 80GB HBM3" and gpus[0].memory == 81920 and gpus[2].index == 2
+    assert src.utilization() == {"GPU-0000": 0.40, "GPU-0002": 0.42}  # the broken one is skipped
+
+
+def test_no_nvml_means_zero_gpus_and_simulated_on_request() -> None:
+    assert isinstance(detect(None, "n1", FakeNvml(2, fail_init=True)), NoGpus)
+    assert NoGpus().gpus() == []
+    sim = detect(4, "n1", FakeNvml(2))
+    assert isinstance(sim, SimulatedSource) and [g.id for g in sim.gpus()] == ["n1-g0", "n1-g1", "n1-g2", "n1-g3"]
