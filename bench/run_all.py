@@ -23,7 +23,7 @@ if str(common.HERE) not in sys.path:  # modules written as scripts (`import comm
     sys.path.append(str(common.HERE))
 
 #: in order; the raw limit first so every other figure can be put against it
-MODULES = ["raw", "placement", "scaling", "scaleout", "recovery", "peer"]
+MODULES = ["raw", "placement", "scaling", "scaleout", "recovery", "agent", "peer"]
 
 
 def main() -> None:
