@@ -7,13 +7,38 @@ spec is reported instead of silently ignored.
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
 #: Ids become NATS subject tokens and Redis key parts: no dots, wildcards, spaces or braces.
+#: Block, cluster, node and instance ids and registry policy names all follow it.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
-ID_RE = re.compile(ID_PATTERN)
+#: ``\Z``, not ``$``: Python's ``$`` also matches before a trailing newline ("b1\n" would pass).
+ID_RE = re.compile(ID_PATTERN.removesuffix("$") + r"\Z")
+#: Component URIs are Redis key parts (``aios:component:<uri>``), never subject tokens (subjects
+#: use a digest): URI characters only - no whitespace or control characters, no glob (``*``,
+#: ``[``, ``]``) or hash-tag (``{``, ``}``) characters, no quotes or backslashes.
+URI_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~:/?#@!$&()+,;=%-]{0,511}$"
+#: Labels (Kubernetes style): the key an optional DNS-like prefix and a name, the value a short
+#: word. They are JSON values today; these rules keep them safe should one become a token or key.
+LABEL_KEY_PATTERN = r"^[A-Za-z0-9](?:[A-Za-z0-9._/-]{0,251}[A-Za-z0-9])?$"
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9._:/@+=-]{0,256}$"
+#: GPU ids are hash field parts (``g:<gpu>:total``): NVML UUIDs and MIG ids fit.
+GPU_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,127}$"
+
+LabelKey = Annotated[str, StringConstraints(pattern=LABEL_KEY_PATTERN)]
+LabelValue = Annotated[str, StringConstraints(pattern=LABEL_VALUE_PATTERN)]
+Labels = dict[LabelKey, LabelValue]
+
+
+def check_id(value: object, what: str = "id") -> str:
+    """``value`` if it is a valid id (a safe subject token and key part), else ValueError.
+    For every user-supplied id that does not come through a model: CLI arguments, request fields."""
+    if not isinstance(value, str) or not ID_RE.match(value):
+        raise ValueError(f"{what} {value!r} is not a valid id: letters, digits, '-' and '_', at most 128, "
+                         "starting with a letter or digit")
+    return value
 
 POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")
 REQUIRED_POLICIES = ("clusterAllocator", "resourceAllocator")
@@ -83,7 +108,7 @@ class Launch(_Strict):
 class Component(_Strict):
     """A registered, reusable definition a block is instantiated from."""
 
-    componentURI: str = Field(min_length=1, max_length=512)
+    componentURI: str = Field(min_length=1, max_length=512, pattern=URI_PATTERN)
     image: str = ""
     componentInitData: dict[str, Any] = Field(default_factory=dict)
     componentInitSettings: dict[str, Any] = Field(default_factory=dict)
@@ -102,7 +127,7 @@ class Component(_Strict):
 class BlockSpec(_Strict):
     """A deployment request derived from a component (seed 000 "Block specification")."""
 
-    blockComponentURI: str = Field(min_length=1, max_length=512)
+    blockComponentURI: str = Field(min_length=1, max_length=512, pattern=URI_PATTERN)
     blockId: str | None = Field(default=None, pattern=ID_PATTERN)
     minInstances: int = Field(ge=0, le=10_000)
     maxInstances: int = Field(ge=1, le=10_000)
@@ -122,11 +147,11 @@ class BlockSpec(_Strict):
 
 class Cluster(_Strict):
     id: str = Field(pattern=ID_PATTERN)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
 
 
 class Gpu(_Strict):
-    id: str = Field(min_length=1, max_length=128)
+    id: str = Field(min_length=1, max_length=128, pattern=GPU_ID_PATTERN)
     model: str = "sim-gpu"
     memory: int = Field(default=81920, ge=0, description="MiB")
 
@@ -134,7 +159,7 @@ class Gpu(_Strict):
 class Node(_Strict):
     id: str = Field(pattern=ID_PATTERN)
     cluster: str = Field(pattern=ID_PATTERN)
-    labels: dict[str, str] = Field(default_factory=dict)
+    labels: Labels = Field(default_factory=dict)
     cpu: float = Field(default=64.0, ge=0)
     memory: int = Field(default=512 * 1024, ge=0, description="MiB")
     gpus: list[Gpu] = Field(default_factory=list)
