@@ -1,0 +1,188 @@
+"""Permissions derived from the subject catalog, config generation, secrets files and masking."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from aios_blocks.bus import subjects
+from aios_blocks.bus.nats_bus import security_options
+from aios_blocks.workers import auth
+from aios_blocks.workers.embedded import nats_binary
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: ``*`` one token, ``>`` one or more trailing tokens."""
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+def allowed(role: str, subject: str, node: str | None = None) -> bool:
+    perms = auth.permissions(role, node)
+    return perms is None or any(matches(p, subject) for p in perms.publish)
+
+
+def example(pattern: str) -> str:
+    """``aios.block.{bid}.instance.{iid}.added`` -> ``aios.block.b1.instance.b1.added``."""
+    return re.sub(r"\{[a-z_]+\}", "b1", pattern).replace("{subject}", "aios.block.b1.create")
+
+
+def test_matcher() -> None:
+    assert matches("aios.block.*.create", "aios.block.b.create")
+    assert not matches("aios.block.*.create", "aios.block.b.c.create")
+    assert matches("aios.dlq.parser.>", "aios.dlq.parser.aios.block.b.create")
+    assert not matches("aios.dlq.parser.>", "aios.dlq.parser")
+
+
+def test_every_catalog_publisher_may_publish_its_subjects() -> None:
+    seen = set()
+    for pattern, role in auth._catalog_publishers():
+        seen.add(role)
+        if role == "agent":
+            assert allowed("agent", example(pattern).replace("node.b1", "node.n1"), "n1"), pattern
+            assert allowed("agent-sim", example(pattern)), pattern
+        else:
+            assert allowed(role, example(pattern)), (role, pattern)
+    assert {"upstream", "parser", "gateway", "controller", "agent"} <= seen
+
+
+def test_unknown_publisher_in_the_catalog_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(subjects, "catalog", lambda: [("aios.block.{bid}.x", "scheduler", "")])
+    with pytest.raises(ValueError, match="unknown publisher 'scheduler'"):
+        auth.permissions("parser")
+
+
+def test_upstream_publishes_only_creates_and_reads_only_its_inbox() -> None:
+    perms = auth.permissions("upstream")
+    assert perms is not None
+    assert perms.publish == ("aios.block.*.create",) and perms.subscribe == ("_INBOX.upstream.>",)
+    assert not perms.allow_responses
+
+
+def test_a_node_agent_publishes_only_its_own_node() -> None:
+    perms = auth.permissions("agent", "n1")
+    assert perms is not None
+    for p in perms.publish:
+        if p.startswith("aios.node."):
+            assert p.split(".")[2] == "n1", p
+        else:
+            assert p.startswith(("aios.block.*.instance.*.", "$JS.", "aios.dlq.agent-n1.")), p
+    for subject in ("aios.node.n2.registered", "aios.node.n1.instance.create", "aios.node.n1.health", "aios.block.b.ready",
+                    "aios.block.b.create", "$JS.API.CONSUMER.DURABLE.CREATE.AIOS.agent-n2", "$JS.API.STREAM.DELETE.AIOS",
+                    "$JS.ACK.AIOS.parser.1.1.1.1.1"):
+        assert not allowed("agent", subject, "n1"), subject
+    assert perms.subscribe == ("_INBOX.agent-n1.>",)
+
+
+def test_only_the_controller_answers_requests_and_observers_write_nothing() -> None:
+    for role in ("parser", "gateway", "agent-sim", "upstream", "observer"):
+        perms = auth.permissions(role)
+        assert perms is not None and not perms.allow_responses, role
+    obs = auth.permissions("observer")
+    assert obs is not None and not [p for p in obs.publish if p.startswith("aios.")]
+    assert not allowed("observer", "$JS.API.CONSUMER.DURABLE.CREATE.AIOS.x")
+    assert not allowed("observer", "$JS.API.CONSUMER.DELETE.AIOS.parser")
+
+
+@pytest.mark.parametrize("role", ["parser", "gateway", "agent-sim"])
+def test_workers_create_and_pull_only_their_own_consumers(role: str) -> None:
+    own = {"parser": "parser", "gateway": "gateway", "agent-sim": "agent-sim"}[role]
+    assert allowed(role, f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{own}")
+    assert allowed(role, f"$JS.API.CONSUMER.DURABLE.CREATE.AIOS.{own}")
+    for other in ("parser", "gateway", "controller", "lifecycle", "agent-sim"):
+        if other != own:
+            assert not allowed(role, f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{other}")
+            assert not allowed(role, f"$JS.API.CONSUMER.DURABLE.CREATE.AIOS.{other}")
+    for api in ("STREAM.CREATE.AIOS", "STREAM.UPDATE.AIOS", "STREAM.DELETE.AIOS", "STREAM.PURGE.AIOS"):
+        assert not allowed(role, f"$JS.API.{api}")
+
+
+@pytest.mark.parametrize("nid", ["a.b", "*", ">", "", "a b", "n1\n", "{n}"])
+def test_agent_users_need_a_valid_node_id(nid: str) -> None:
+    with pytest.raises(ValueError):
+        auth.agent_user(nid)
+
+
+def test_generated_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
+    s = auth.Secrets.load(tmp_path)
+    s.add_agent("gpu-7")
+    conf = tmp_path / "nats.conf"
+    conf.write_text(f'listen: "127.0.0.1:-1"\n{auth.nats_authorization(s)}')
+    r = subprocess.run([nats_binary(), "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = conf.read_text()
+    for role in auth.ROLES:
+        assert f'user: "{role}"' in text
+    assert 'user: "agent-gpu-7"' in text and '"aios.node.gpu-7.registered"' in text
+
+
+def test_redis_acl_turns_the_default_user_off(tmp_path: Path) -> None:
+    s = auth.Secrets.load(tmp_path)
+    lines = auth.redis_acl(s).splitlines()
+    assert lines[0] == "user default off"
+    assert f"user aios on >{s.redis['aios']} ~aios:* &* +@all -@dangerous" in lines
+    assert any(line.startswith("user observer on ") and "+@read" in line and "+@write" not in line for line in lines)
+
+
+def test_secrets_are_private_and_stable(tmp_path: Path) -> None:
+    s = auth.Secrets.load(tmp_path)
+    assert stat.S_IMODE(s.path.stat().st_mode) == 0o600 and stat.S_IMODE(s.path.parent.stat().st_mode) == 0o700
+    again = auth.Secrets.load(tmp_path)
+    assert again.nats == s.nats and again.redis == s.redis
+    assert len(set(s.nats.values())) == len(auth.ROLES)  # one secret per role
+    assert all(re.fullmatch(r"[A-Za-z0-9_-]{32}", v) for v in [*s.nats.values(), *s.redis.values()])
+    assert s.add_agent("n1") and not s.add_agent("n1")
+    assert json.loads(s.path.read_text())["agents"]["n1"] == s.agents["n1"]
+
+
+def test_endpoints_give_each_worker_its_role(tmp_path: Path) -> None:
+    s = auth.Secrets.load(tmp_path)
+    ep = auth.Endpoints("nats://127.0.0.1:4", "redis://127.0.0.1:5/0", True, tmp_path)
+    assert ep.env("gateway") == {
+        "AIOS_NATS_URL": f"nats://gateway:{s.nats['gateway']}@127.0.0.1:4",
+        "AIOS_REDIS_URL": f"redis://aios:{s.redis['aios']}@127.0.0.1:5/0",
+    }
+    assert ep.redis_url("upstream") is None and ep.redis_url("observer").startswith("redis://observer:")  # type: ignore[union-attr]
+    assert ep.env("something-new") == {}  # unknown kinds keep the URL the supervisor was given
+    assert "@" not in json.dumps(ep.public())
+    with pytest.raises(LookupError):
+        ep.nats_url("agent", "nope")
+
+
+def test_mask_hides_passwords_only() -> None:
+    assert auth.mask("NATS nats://admin:s3cr3t@127.0.0.1:4 and redis://aios:x-y_z@h:5/0") == (
+        "NATS nats://admin:***@127.0.0.1:4 and redis://aios:***@h:5/0"
+    )
+    assert auth.mask("nats://127.0.0.1:4222") == "nats://127.0.0.1:4222"
+    assert auth.mask("redis://:onlypass@h:1") == "redis://:***@h:1"
+    assert auth.url_user("nats://u:p@h:1,nats://v:q@h:2") == "u" and auth.url_user("nats://h:1") is None
+
+
+def test_connection_options_follow_the_url_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOS_NATS_CA", raising=False)
+    monkeypatch.delenv("AIOS_NATS_CREDS", raising=False)
+    assert security_options("nats://h:1") == {}
+    assert security_options("nats://gateway:pw@h:1,nats://gateway:pw@h:2") == {"inbox_prefix": "_INBOX.gateway"}
+    monkeypatch.setenv("AIOS_NATS_CREDS", "/x/user.creds")
+    assert security_options("nats://h:1")["user_credentials"] == "/x/user.creds"
+
+
+def test_auth_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AIOS_AUTH", raising=False)
+    monkeypatch.delenv("AIOS_NATS_TLS", raising=False)
+    assert auth.auth_enabled() and not auth.tls_enabled()
+    for off in ("0", "false", "off"):
+        monkeypatch.setenv("AIOS_AUTH", off)
+        assert not auth.auth_enabled()
+    monkeypatch.setenv("AIOS_NATS_TLS", "1")
+    assert auth.tls_enabled()
