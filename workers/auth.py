@@ -333,6 +333,8 @@ class Endpoints:
     auth: bool
     data_dir: Path
     nats_ca: str | None = None
+    #: False for Redis < 6 (requirepass only): every role then uses the one password, no user name
+    redis_acl: bool = True
 
     def nats_url(self, role: str = "admin", node: str | None = None) -> str:
         if not self.auth:
@@ -352,6 +354,8 @@ class Endpoints:
         if user is None:
             return None
         s = Secrets.load(self.data_dir, create=False)
+        if not self.redis_acl:
+            return with_userinfo(self.redis, "", s.redis["admin"])
         return with_userinfo(self.redis, user, s.redis[user])
 
     def env(self, kind: str) -> dict[str, str]:
@@ -364,7 +368,7 @@ class Endpoints:
         return {**env, "AIOS_NATS_URL": self.nats_url(role), **({"AIOS_REDIS_URL": redis} if redis else {})}
 
     def public(self) -> dict[str, object]:
-        return {"nats": self.nats, "redis": self.redis, "auth": self.auth, "nats_ca": self.nats_ca}
+        return {"nats": self.nats, "redis": self.redis, "auth": self.auth, "nats_ca": self.nats_ca, "redis_acl": self.redis_acl}
 
 
 def read_endpoints(data_dir: Path) -> Endpoints | None:
@@ -372,7 +376,7 @@ def read_endpoints(data_dir: Path) -> Endpoints | None:
     if not ep.exists():
         return None
     d = json.loads(ep.read_text())
-    return Endpoints(d["nats"], d["redis"], bool(d.get("auth")), Path(data_dir).resolve(), d.get("nats_ca"))
+    return Endpoints(d["nats"], d["redis"], bool(d.get("auth")), Path(data_dir).resolve(), d.get("nats_ca"), d.get("redis_acl", True))
 
 
 # -- node agents ------------------------------------------------------------------------------------

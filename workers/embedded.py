@@ -86,6 +86,7 @@ class EmbeddedServers:
     auth: bool = field(default_factory=authn.auth_enabled)
     #: NATS over TLS with a self-signed certificate (default: AIOS_NATS_TLS=1)
     tls: bool = field(default_factory=authn.tls_enabled)
+    redis_acl: bool = True  # set when Redis starts: False for a Redis < 6 (requirepass)
 
     @property
     def endpoints(self) -> authn.Endpoints:
@@ -93,7 +94,8 @@ class EmbeddedServers:
         scheme = "tls" if self.tls else "nats"
         ca = str(authn.tls_files(self.data_dir)[0]) if self.tls else None
         return authn.Endpoints(
-            f"{scheme}://127.0.0.1:{self.nats_port}", f"redis://127.0.0.1:{self.redis_port}/0", self.auth, self.data_dir, ca
+            f"{scheme}://127.0.0.1:{self.nats_port}", f"redis://127.0.0.1:{self.redis_port}/0", self.auth, self.data_dir, ca,
+            self.redis_acl,
         )
 
     @property
@@ -222,12 +224,15 @@ class EmbeddedServers:
         _wait_port(self.redis_port, proc, "redis-server", log)
 
     def _redis_auth_args(self, binary: str, secrets: authn.Secrets) -> list[str]:
-        if authn.redis_supports_acl(binary):
+        self.redis_acl = authn.redis_supports_acl(binary)
+        if self.redis_acl:
             acl = self.data_dir / "redis-users.acl"
             authn.write_private(acl, authn.redis_acl(secrets))
             return ["--aclfile", str(acl)]
-        # Redis < 6: one password; the URLs' user names are ignored by such servers (AUTH pass only)
-        return ["--requirepass", secrets.redis["admin"]]
+        # Redis < 6: one password (in a private file, not on the command line where ps shows it)
+        conf = self.data_dir / "redis-auth.conf"
+        authn.write_private(conf, f"requirepass {secrets.redis['admin']}\n")
+        return ["--include", str(conf)]
 
     def stop(self) -> None:
         for proc in reversed(self.procs):

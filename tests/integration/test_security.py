@@ -318,6 +318,10 @@ def _text(b: bytes | str | None) -> str:
     return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
 
 
+def _cmdline(pid: int) -> str:
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
+
 def _mode(p: Path) -> int:
     return stat.S_IMODE(p.stat().st_mode)
 
@@ -404,5 +408,30 @@ async def test_auth_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.Monkey
         finally:
             await bus.close()
         assert s.worker_env("parser") == {}
+    finally:
+        s.stop()
+
+
+async def test_redis_without_acl_support_gets_one_password(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Redis < 6 has no ACL users: the embedded setup falls back to ``requirepass`` from a private
+    file (forced here on a newer server, which honours requirepass the same way)."""
+    monkeypatch.setattr(auth, "redis_supports_acl", lambda binary: False)
+    s = EmbeddedServers(data_dir=tmp_path, auth=True)
+    s.start_redis()
+    try:
+        url = s.endpoints.redis_url("controller")
+        assert url is not None and url.startswith("redis://:") and url == s.redis_url
+        assert _mode(tmp_path / "redis-auth.conf") == 0o600
+        ps = _cmdline(s.procs[0].pid)
+        assert auth.Secrets.load(tmp_path).redis["admin"] not in ps  # not visible to ps
+        st = Store.open(url)
+        try:
+            assert await st.r.set("aios:k", "v")
+        finally:
+            await st.close()
+        anon = aioredis.from_url(s.endpoints.redis)
+        with pytest.raises((AuthenticationError, ResponseError)):
+            await anon.get("aios:k")
+        await anon.aclose()
     finally:
         s.stop()
