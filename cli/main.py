@@ -188,6 +188,70 @@ def worker(
 
 
 @app.command()
+def agent(
+    node_id: str = typer.Option(..., "--node-id", help="This node's id (a subject token: letters, digits, - and _)."),
+    cluster: str = typer.Option(..., "--cluster", help="The cluster this node belongs to (registered if new)."),
+    runtime: str = typer.Option("docker", help="docker | process | sim"),
+    label: list[str] = typer.Option([], "--label", "-l", help="Node label key=value (repeatable)."),
+    zone: str = typer.Option(None, help="Shorthand for --label zone=..."),
+    rack: str = typer.Option(None, help="Shorthand for --label rack=... (affinity's failure domain)."),
+    trust_domain: str = typer.Option(None, "--trust-domain", help="Shorthand for --label trust-domain=... (Trust affinity)."),
+    cpu: float = typer.Option(None, help="CPUs to offer (default: this host's)."),
+    memory: int = typer.Option(None, help="Memory to offer, MiB (default: this host's)."),
+    sim_gpus: int = typer.Option(None, "--sim-gpus", help="Offer N simulated GPUs instead of reading NVML."),
+    heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats."),
+    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
+    agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Run the node agent of one node: start/stop its instances, heartbeat, report faults.
+
+    Needs only NATS (AIOS_NATS_URL, or a local `blocks up`). GPUs come from NVML when a driver is
+    present (`nvidia-ml-py`), else none, or `--sim-gpus N`.
+
+    Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack r3 --zone eu-1a`
+    """
+    from ..workers.agent.main import AgentOptions, run_agent
+    from ..workers.main import configure_logging
+
+    labels: dict[str, str] = {}
+    for item in label:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            err.print(f"[red]bad --label {item!r}[/]: use key=value")
+            raise typer.Exit(2)
+        labels[key] = value
+    for key, value in (("zone", zone), ("rack", rack), ("trust-domain", trust_domain)):
+        if value is not None:
+            labels[key] = value
+    try:
+        Node(id=node_id, cluster=cluster, labels=labels)
+    except Exception as exc:
+        err.print(f"[red]invalid node[/]: {escape(str(exc))}")
+        raise typer.Exit(2)
+    nats_url = os.environ.get("AIOS_NATS_URL") or (resolve_urls(data_dir) or (None, None))[0]
+    if not nats_url:
+        err.print("[red]No NATS.[/] Set AIOS_NATS_URL (the agent needs only NATS) or run `blocks up` here.")
+        raise typer.Exit(2)
+    configure_logging()
+    opts = AgentOptions(
+        node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
+        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port,
+    )
+
+    async def go() -> None:
+        from ..workers.base import stop_on_signals
+
+        await run_agent(opts, nats_url, stop_on_signals())
+
+    try:
+        _run(go())
+    except Exception as exc:  # e.g. no Docker engine
+        err.print(f"[red]agent failed[/]: {escape(str(exc))}")
+        raise typer.Exit(1)
+
+
+@app.command()
 def demo(
     data_dir: Path = DataDir,
     timeout: float = typer.Option(120, help="Give up after this many seconds."),

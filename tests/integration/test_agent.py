@@ -103,7 +103,7 @@ class Agents:
         self.procs[nid] = proc
         return proc
 
-    async def wait_registered(self, nid: str, timeout: float = 30) -> None:
+    async def wait_registered(self, nid: str, timeout: float = 90) -> None:
         async with asyncio.timeout(timeout):
             while (await self.system.client.store.node_meta(nid)) is None:
                 await asyncio.sleep(0.1)
@@ -150,7 +150,7 @@ async def agents(runtime_setup: tuple[str, str], system: System, tmp_path: Path)
         await rt.close()
 
 
-async def until(fn: Any, timeout: float = 60, what: str = "condition") -> Any:
+async def until(fn: Any, timeout: float = 150, what: str = "condition") -> Any:
     deadline = time.monotonic() + timeout
     while True:
         out = await fn()
@@ -183,7 +183,7 @@ async def running_on(a: Agents, nid: str) -> list[RuntimeInstance]:
 async def test_instance_runs_labelled_is_added_and_delete_removes_it(agents: Agents) -> None:
     c, uri = await setup_block(agents)
     bid, kind, env = await agents.system.submit_and_wait(
-        {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2, "blockInitData": {"model": "tiny"}}
+        {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2, "blockInitData": {"model": "tiny"}}, timeout=150
     )
     assert kind == "ready", env
     (iid,) = env["data"]["instances"]
@@ -219,7 +219,7 @@ async def _status(c: Client, bid: str, status: str) -> bool:
 async def test_setup_failing_late_leaves_no_container_port_or_directory(agents: Agents) -> None:
     # the probe (the stage after gpus, workdir, ports and the container) never passes
     c, uri = await setup_block(agents, probe={"type": "http", "port": "http", "path": "/nope", "startTimeoutS": 2, "intervalS": 0.2})
-    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=90)
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=180)
     assert kind == "failed", env
     assert "instance replacements" in env["data"]["reason"]
     history = await c.history(bid)
@@ -245,7 +245,7 @@ async def test_setup_failing_at_the_container_stage_cleans_up(agents: Agents) ->
         comp = agents.component()
         comp["image"] = "aios-test/absent:0"
         await c.add_component(comp)
-    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=90)
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=180)
     assert kind == "failed", env
     failed = [e["data"]["reason"] for s, e, _ in await c.history(bid) if s.endswith(".failed") and ".instance." in s]
     assert failed and all(f"stage '{agents.runtime_name}' failed" in r for r in failed), failed
@@ -256,7 +256,7 @@ async def test_setup_failing_at_the_container_stage_cleans_up(agents: Agents) ->
 
 async def test_sigkilled_agent_readopts_its_instance_and_reports_a_planted_one_dangling(agents: Agents) -> None:
     c, uri = await setup_block(agents)
-    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1})
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=150)
     assert kind == "ready", env
     (before,) = await running_on(agents, "n1")
     # plant an aios-labelled instance of an id nobody placed
@@ -278,7 +278,7 @@ async def test_sigkilled_agent_readopts_its_instance_and_reports_a_planted_one_d
     still = await rt.status(before.handle)
     assert still is not None and still.running  # the instance outlives its agent
     agents.start("n1")
-    event = await asyncio.wait_for(dangling.get(), 60)
+    event = await asyncio.wait_for(dangling.get(), 150)
     assert event["data"]["instance_id"] == "ghost-1" and event["data"]["block_id"] == "ghost"
     # the controller's rule removes the unknown one; the known one is the very same, untouched
     await until(lambda: _gone(rt, planted.handle), what="planted instance removed")
@@ -298,7 +298,7 @@ async def _gone(rt: Runtime, handle: str) -> bool:
 
 async def test_exited_instance_is_replaced_through_reassignment(agents: Agents) -> None:
     c, uri = await setup_block(agents)
-    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2})
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2}, timeout=150)
     assert kind == "ready", env
     (old_iid,) = env["data"]["instances"]
     (inst,) = await running_on(agents, "n1")
@@ -330,7 +330,7 @@ async def _replaced(c: Client, bid: str, old: str) -> str | None:
 
 async def test_node_that_stops_heartbeating_has_its_instances_moved(agents: Agents) -> None:
     c, uri = await setup_block(agents, nodes=("n1", "n2"))
-    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1})
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=150)
     assert kind == "ready", env
     (iid,) = env["data"]["instances"]
     node = (await c.store.instances(bid))[iid]["node"]
@@ -343,7 +343,7 @@ async def test_node_that_stops_heartbeating_has_its_instances_moved(agents: Agen
     await c.bus.subscribe(f"aios.node.{node}.health", on_health)
     agents.kill(node, signal.SIGSTOP)  # alive but silent: no heartbeats, no commands served
     try:
-        new = await until(lambda: _replaced(c, bid, iid), timeout=60, what="instance moved off the silent node")
+        new = await until(lambda: _replaced(c, bid, iid), what="instance moved off the silent node")
         assert (await c.store.instances(bid))[new]["node"] == other
         meta = await c.store.node_meta(node)
         assert meta is not None and meta["healthy"] is False
