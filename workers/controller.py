@@ -160,7 +160,13 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if block is None or block["gen"] != ev.gen or known is None or known["node"] != ev.node_id:
             # nobody wants this one (late start of a replaced/deleted instance, or a duplicate on
             # a node that came back): stop it so each instance id runs once
-            await _remove(w, ev.block_id, ev.gen, known["cluster"] if known else "", ev.instance_id, ev.node_id, "not wanted here")
+            # only the copy on the reporting node is stopped: the record (maybe on another node) stays
+            await w.bus.publish(
+                subjects.node_command(ev.node_id, "instance.remove"), "node.instance.remove",
+                InstanceCommand(ev.block_id, ev.gen, known["cluster"] if known else "", ev.instance_id, ev.node_id, [],
+                                reason="not wanted here"),
+                f"{ev.block_id}:{ev.gen}:remove:{ev.instance_id}:{ev.node_id}",
+            )
             return
         if known["status"] == "removing":
             return
