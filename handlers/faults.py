@@ -24,21 +24,32 @@ class Verdict:
     why: str
 
 
+def _not_live_here(block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int) -> str:
+    """Why the state does not hold this instance as live on ``node`` ('' when it does)."""
+    if block is None:
+        return "unknown block"
+    if int(block.get("gen", -1)) != gen:
+        return f"belongs to an older generation of the block ({gen} != {block.get('gen')})"
+    if block.get("status") not in LIVE:
+        return f"block is {block.get('status')}"
+    if instance is None:
+        return "instance not recorded (replaced, removed or never placed)"
+    if instance.get("node") != node:
+        return f"instance runs on {instance.get('node')} now (duplicate)"
+    if instance.get("status") in ("removing", "replaced"):
+        return f"instance is {instance['status']}"
+    return ""
+
+
 def on_fault(
     block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int, replacements: int,
     max_replacements: int,
 ) -> Verdict:
     """An instance ``failed`` / went ``unhealthy`` on ``node``: what to do."""
-    if block is None or int(block.get("gen", -1)) != gen:
-        return Verdict("ignore", "the block is gone or was re-created")
-    if block.get("status") not in LIVE:
-        return Verdict("ignore", f"block is {block.get('status')}")
-    if instance is None:
-        return Verdict("ignore", "instance no longer recorded (already replaced or removed)")
-    if instance.get("node") != node:
-        return Verdict("ignore", f"instance is recorded on {instance.get('node')}, not on {node}")
-    if instance.get("status") in ("removing", "replaced"):
-        return Verdict("ignore", f"instance is already {instance['status']}")
+    why = _not_live_here(block, instance, node, gen)
+    if why:
+        return Verdict("ignore", why)
+    assert block is not None
     if replacements >= max_replacements:
         if block.get("status") == "placing":
             return Verdict("fail_block", f"{replacements} instance replacements failed too (limit {max_replacements})")
@@ -47,19 +58,11 @@ def on_fault(
 
 
 def on_dangling(block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int) -> Verdict:
-    """A labelled instance nobody expected on ``node``: adopt it or remove it."""
-    if block is None:
-        return Verdict("remove", "unknown block")
-    if int(block.get("gen", -1)) != gen:
-        return Verdict("remove", f"belongs to an older generation of the block ({gen} != {block.get('gen')})")
-    if block.get("status") not in LIVE:
-        return Verdict("remove", f"block is {block.get('status')}")
-    if instance is None:
-        return Verdict("remove", "instance not recorded (replaced, removed or never placed)")
-    if instance.get("node") != node:
-        return Verdict("remove", f"instance runs on {instance.get('node')} now (duplicate)")
-    if instance.get("status") in ("removing", "replaced"):
-        return Verdict("remove", f"instance is {instance['status']}")
+    """A labelled instance nobody expected on ``node``: adopt it only if it is exactly what the
+    state says should run there, else remove it."""
+    why = _not_live_here(block, instance, node, gen)
+    if why:
+        return Verdict("remove", why)
     return Verdict("adopt", "recorded on this node for this generation")
 
 

@@ -44,21 +44,23 @@ class Fleet:
         owner = None if meta is None else meta["agent"]
         self._owner[nid] = (now, owner)
         if meta is not None and owner == "" and nid not in self.agents:
-            node = Node.model_validate(meta["spec"])
-            cfg = AgentConfig(
-                node=node, runtime_name="sim", register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False
-            )
-            self.agents[nid] = NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg)
+            self.agents[nid] = self._agent(Node.model_validate(meta["spec"]))
         return owner
+
+    def _agent(self, node: Node) -> NodeAgent:
+        """A NodeAgent for a simulated node: no registration, heartbeats, directories or probes."""
+        cfg = AgentConfig(
+            node=node, runtime_name="sim", register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False
+        )
+        return NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg)
 
     async def on_command(self, d: Delivery) -> None:
         nid = d.subject.split(".")[2]
         owner = await self.owner(nid)
         if owner is None:
             # a node nobody registered: answer for it so the block's story still ends
-            node = Node(id=nid, cluster="unknown")
-            self.agents.setdefault(nid, NodeAgent(self.w.bus, self.runtime, NoGpus(), AgentConfig(
-                node=node, register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False)))
+            if nid not in self.agents:
+                self.agents[nid] = self._agent(Node(id=nid, cluster="unknown"))
         elif owner != "":
             return  # served by its own agent
         await self.agents[nid].on_command(d)

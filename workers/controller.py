@@ -253,11 +253,6 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         await w.hint(node.cluster, [node.id])
         w.inventory.invalidate(node.cluster)
 
-    table = {
-        "added": on_added, "removed": on_removed, "failed": on_fault, "unhealthy": on_fault,
-        "dangling": on_dangling, "registered": on_registered,
-    }
-
     async def on_delete(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), DeleteRequest)
         block = await w.store.get_block(ev.block_id)
@@ -273,7 +268,11 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if not insts:
             await _mark_deleted(w, ev.block_id, gen)
 
-    table["delete"] = on_delete
+    table = {
+        "added": on_added, "removed": on_removed, "failed": on_fault, "unhealthy": on_fault, "delete": on_delete,
+        "dangling": on_dangling, "registered": on_registered,
+    }
+
 
     async def route(d: Delivery) -> None:
         await table[d.subject.rsplit(".", 1)[1]](d)

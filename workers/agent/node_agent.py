@@ -257,7 +257,7 @@ class NodeAgent:
         if watch and self.cfg.probes:
             prov = self._probe_provisioner(inst.block_id, inst.gen, iid)
             spec = ProbeSpec(inst.handle, "running")
-            probe = Probe(spec, asyncio.create_task(prov._watch(spec), name=f"probe:{iid}"))
+            probe = Probe(spec, asyncio.create_task(prov.watch(spec), name=f"probe:{iid}"))
             stages.append(ProvisionStage.adopted(prov, probe))
         runner = Runner.adopted(iid, stages)
         if watch:

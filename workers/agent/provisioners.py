@@ -238,10 +238,11 @@ class ProbeProvisioner(Provisioner[ProbeSpec, Probe]):
                 raise RuntimeError_(f"{spec.kind} probe not passing after {spec.start_timeout_s:g}s: {why}")
             await asyncio.sleep(min(0.2, spec.interval_s))
         probe = Probe(spec)
-        probe.task = asyncio.create_task(self._watch(spec), name=f"probe:{spec.handle}")
+        probe.task = asyncio.create_task(self.watch(spec), name=f"probe:{spec.handle}")
         return probe
 
-    async def _watch(self, spec: ProbeSpec) -> None:
+    async def watch(self, spec: ProbeSpec) -> None:
+        """Watch a running instance until it exits or fails its probe too often (reported once)."""
         failures = 0
         while True:
             await asyncio.sleep(spec.interval_s)
