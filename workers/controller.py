@@ -196,8 +196,9 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
                 await _replace(w, block, ev.instance_id, inst, "lost", f"{ev.instance_id}:lost")
                 return
             await _release(w, ev.block_id, ev.instance_id, inst)
-            insts.pop(ev.instance_id)
-        if block is not None and block["status"] == "deleting" and not insts:
+        # read again after our own drop: two removals handled at once must not each still see the
+        # other's instance (then neither would mark the block deleted)
+        if block is not None and block["status"] == "deleting" and not await w.store.instances(ev.block_id):
             await _mark_deleted(w, ev.block_id, block["gen"])
 
     async def on_fault(d: Delivery) -> None:
