@@ -198,7 +198,7 @@ def catalog() -> list[tuple[str, str, str]]:
     """(subject pattern, publisher, meaning) for docs and ``blocks subjects``."""
     return [
         ("aios.block.{bid}.create", "upstream / CLI", "block spec submitted (bare spec or CloudEvent)"),
-        ("aios.block.{bid}.parsed", "parser", "IR built"),
+        ("aios.block.{bid}.parsed", "parser / controller", "IR built; the controller sends it again when a gang no longer fits (back to selection)"),
         ("aios.block.{bid}.rejected", "parser", "invalid spec, with every error and its JSON path"),
         ("aios.block.{bid}.selection", "gateway", "candidate clusters and why others were filtered"),
         ("aios.cluster.{cid}.dry_run", "gateway", "feasibility request for one block"),

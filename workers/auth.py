@@ -52,10 +52,9 @@ PUBLISHER_ROLES: dict[str, tuple[str, ...]] = {
     "consumer runner": (),  # each role gets its own consumers' dead-letter subjects (below)
 }
 
-#: What a role publishes that the catalog does not list under it (tell the catalog's owner).
-CATALOG_GAPS: dict[str, tuple[str, ...]] = {
-    "controller": ("aios.block.*.parsed",),  # a gang that no longer fits goes back to selection
-}
+#: What a role publishes that the catalog does not list under it (tell the catalog's owner). Empty:
+#: every publish right comes from the catalog.
+CATALOG_GAPS: dict[str, tuple[str, ...]] = {}
 
 JS = "$JS.API"
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
@@ -148,7 +147,7 @@ def permissions(role: str, node: str | None = None) -> Permissions | None:
     user = agent_user(node) if role == "agent" and node else role
     catalog_role = "agent" if role in ("agent", "agent-sim") else role
     scope = node if role == "agent" and node else "*"
-    pub = sorted({_wild(p, scope) for p, r in _catalog_publishers() if r == catalog_role})
+    pub = sorted({_wild(p, scope) for p, r in _catalog_publishers() if r == catalog_role} | set(CATALOG_GAPS.get(role, ())))
     sub = [f"{inbox_prefix(user)}.>"]
     hints = [subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL]
     st = subjects.STREAM
@@ -167,7 +166,6 @@ def permissions(role: str, node: str | None = None) -> Permissions | None:
         pub += [*read_topology, *_consumer_rights(subjects.GATEWAY.durable)]
         sub += hints
     elif role == "controller":
-        pub += list(CATALOG_GAPS["controller"])
         # per-cluster durables (controller-<cid>) are named at run time: any consumer may be created
         pub += [*read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{st}.*.>"]
         sub += [*hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL]

@@ -56,6 +56,15 @@ def test_every_catalog_publisher_may_publish_its_subjects() -> None:
     assert {"upstream", "parser", "gateway", "controller", "agent"} <= seen
 
 
+def test_the_controllers_re_selection_right_comes_from_the_catalog() -> None:
+    """A gang that no longer fits goes back to selection: the controller publishes ``parsed``."""
+    (publishers,) = [p for s, p, _ in subjects.catalog() if s == "aios.block.{bid}.parsed"]
+    assert {n.strip() for n in publishers.split("/")} == {"parser", "controller"}
+    assert not auth.CATALOG_GAPS
+    assert allowed("controller", "aios.block.b1.parsed") and allowed("parser", "aios.block.b1.parsed")
+    assert not allowed("gateway", "aios.block.b1.parsed")
+
+
 def test_unknown_publisher_in_the_catalog_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(subjects, "catalog", lambda: [("aios.block.{bid}.x", "scheduler", "")])
     with pytest.raises(ValueError, match="unknown publisher 'scheduler'"):
