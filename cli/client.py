@@ -27,11 +27,16 @@ from ..schemas.events import (
     ReassignRequest,
     ScaleRequest,
 )
-from ..schemas.spec import Cluster, Component, Gpu, Node
+from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..state.rebuild import ensure_epoch
 from ..state.store import Store
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
+
+
+def _block_or_all(bid: str) -> str:
+    """A block id, or ``*`` for every block (subscriptions only)."""
+    return bid if bid == "*" else check_id(bid, "block id")
 
 
 class Client:
@@ -114,6 +119,7 @@ class Client:
         """Store a new version of a registry policy: the ``policy.updated`` event (with the source)
         first, then Redis. The message id ``policy:NAME:vN`` makes JetStream's duplicate window a
         compare-and-set on the version: a concurrent writer of the same version retries with N+1."""
+        check_id(name, "policy name")
         for _ in range(10):
             current = await self.store.policy_get(name)
             version = (current["version"] if current else 0) + 1
@@ -127,8 +133,11 @@ class Client:
 
     # -- blocks ----------------------------------------------------------------------------
     async def submit(self, spec: dict[str, Any]) -> str:
-        """Publish a block-create event; returns the block id (generated when absent)."""
-        bid = spec.get("blockId") or f"blk-{uuid.uuid4().hex[:12]}"
+        """Publish a block-create event; returns the block id (generated when absent). A given
+        ``blockId`` that is not a valid id is refused here: published, it would land on a subject
+        the parser never reads (or on several), so nobody would ever reject it."""
+        given = spec.get("blockId")
+        bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
         spec = {**spec, "blockId": bid}
         await self.bus.publish_raw(subjects.block_create(bid), msgspec.json.encode(spec), msg_id=f"create:{bid}:{uuid.uuid4().hex}")
         return bid
@@ -147,13 +156,14 @@ class Client:
 
     async def follow(self, bid: str = "*", from_start: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
         """Live events of one block (or all), through an ordered push consumer."""
+        subject = subjects.block_all(_block_or_all(bid))
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
         sub = await self.bus.js.subscribe(
-            subjects.block_all(bid), cb=cb, ordered_consumer=True,
+            subject, cb=cb, ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
         )
         try:
@@ -190,7 +200,8 @@ class Client:
 
     async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int]]:
         """Every stored event of a block (or all blocks), oldest first: (subject, event, seq)."""
-        return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in await self._scan(subjects.block_all(bid), idle)]
+        scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
+        return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in scanned]
 
     async def decisions(self, since: float | None = None, idle: float = 0.5) -> list[dict[str, Any]]:
         """Recorded policy decisions (oldest first), with large inputs fetched back by digest."""
@@ -215,6 +226,7 @@ class Client:
         return rid
 
     async def reassign(self, bid: str, iid: str, reason: str = "requested") -> str:
+        check_id(iid, "instance id")
         block = await self._live_block(bid)
         rid = uuid.uuid4().hex[:12]
         req = ReassignRequest(bid, block["cluster"], rid, iid, reason)
@@ -224,12 +236,14 @@ class Client:
         return rid
 
     async def delete(self, bid: str) -> None:
+        check_id(bid, "block id")
         if await self.store.get_block(bid) is None:
             raise LookupError(f"no block {bid!r}")
         rid = uuid.uuid4().hex[:12]
         await self.bus.publish(subjects.block_event(bid, "delete"), "block.delete", DeleteRequest(bid, rid), f"{bid}:delete:{rid}")
 
     async def _live_block(self, bid: str) -> dict[str, Any]:
+        check_id(bid, "block id")
         block = await self.store.get_block(bid)
         if block is None:
             raise LookupError(f"no block {bid!r}")

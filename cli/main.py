@@ -402,7 +402,7 @@ def submit(
             return 5
         return TERMINAL[kind]
 
-    raise typer.Exit(_run(_with_client(data_dir, go)))
+    raise typer.Exit(_request(go, data_dir))
 
 
 async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
@@ -463,10 +463,12 @@ def list_blocks(limit: int = typer.Option(100), data_dir: Path = DataDir) -> Non
 
 
 def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path) -> Any:
+    """Run ``fn`` with a client; an unknown block (LookupError) or an invalid id (ValueError) is
+    printed, exit 1."""
     try:
         return _run(_with_client(data_dir, fn))
-    except LookupError as exc:
-        err.print(f"[red]{exc.args[0]}[/]")
+    except (LookupError, ValueError) as exc:
+        err.print(f"[red]{escape(str(exc.args[0]))}[/]")
         raise typer.Exit(1)
 
 
@@ -678,7 +680,7 @@ def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
     async def go(c: Client) -> int:
         return await c.policy_put(name, source, language)  # the policy.updated event tells workers
 
-    version = _run(_with_client(data_dir, go))
+    version = _request(go, data_dir)
     console.print(f"policy [bold]{name}[/] version {version} stored; use policyRuleURI: registry:{name}")
 
 

@@ -3,11 +3,13 @@ block, cluster, node and instance ids, policy names, component URIs, GPU ids and
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from aios_blocks.cli.client import Client
 from aios_blocks.handlers import parse
 from aios_blocks.schemas.spec import BlockSpec, Cluster, Component, Gpu, Node, check_id
 
@@ -27,6 +29,28 @@ def test_valid_ids_pass(value: str) -> None:
 def test_injecting_ids_are_refused(value: Any) -> None:
     with pytest.raises(ValueError, match="not a valid id"):
         check_id(value, "block id")
+
+
+#: Client calls that put a user-given id into a subject or key, with the bad id in each place.
+CLIENT_CALLS = {
+    "submit": lambda c, v: c.submit({"blockComponentURI": "aios://m", "blockId": v}),
+    "policy_put": lambda c, v: c.policy_put(v, "def f(): pass", "python"),
+    "scale": lambda c, v: c.scale(v),
+    "delete": lambda c, v: c.delete(v),
+    "reassign block": lambda c, v: c.reassign(v, "i1"),
+    "reassign instance": lambda c, v: c.reassign("b1", v),
+    "history": lambda c, v: c.history(v),
+    "wait": lambda c, v: c.wait(v, 1),
+}
+
+
+@pytest.mark.parametrize("call", sorted(CLIENT_CALLS))
+@pytest.mark.parametrize("value", ["a*", "*.x", ">", "a>", "a.b", "a b", "", " ", "a\n"])
+async def test_client_refuses_bad_ids_before_touching_nats_or_redis(call: str, value: str) -> None:
+    """No bus, no store: a ValueError naming the id proves nothing was published or read first."""
+    client = Client(None, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"{re.escape(repr(value))} is not a valid id"):
+        await CLIENT_CALLS[call](client, value)
 
 
 @pytest.mark.parametrize("value", BAD_IDS)
