@@ -9,6 +9,11 @@
   copies and each instance id runs once;
 * ``aios.node.{nid}.expected`` requests (an agent reconciling after a restart) are answered with
   the instances the state has on that node.
+
+Stream messages replayed onto these core subjects (an observer may point an ephemeral push
+consumer at any subject the stream does not capture) always carry a ``$JS.ACK.`` reply subject:
+real heartbeats carry none and real requests reply to the agent's inbox, so such messages are
+dropped (docs/security.md).
 """
 
 from __future__ import annotations
@@ -63,6 +68,9 @@ class HealthMonitor:
                     await sub.unsubscribe()
 
     async def _on_heartbeat(self, msg: Any) -> None:
+        if msg.reply:  # agents publish heartbeats plainly: this is a replayed stream message
+            log.debug("heartbeat.dropped", subject=msg.subject, why="has a reply subject")
+            return
         try:
             hb = msgspec.json.decode(msg.data, type=Heartbeat)
         except msgspec.MsgspecError:
@@ -70,6 +78,9 @@ class HealthMonitor:
         self._seen[hb.node_id] = (hb.cluster_id, time.time())
 
     async def _on_expected(self, msg: Any) -> None:
+        if not msg.reply or msg.reply.startswith("$JS."):  # a replayed stream message, not an agent asking
+            log.debug("expected.ignored", subject=msg.subject, reply=msg.reply)
+            return
         nid = msg.subject.split(".")[2]
         try:
             insts = await self.w.store.node_instances(nid)

@@ -27,9 +27,12 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.cli.client import Client
+from aios_blocks.schemas.events import Heartbeat
 from aios_blocks.state.store import Store
 from aios_blocks.workers import auth
+from aios_blocks.workers.base import Worker
 from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.workers.health import HealthMonitor
 
 from .conftest import COMPONENT, System
 
@@ -249,6 +252,69 @@ async def test_replies_reach_only_the_requester(servers: EmbeddedServers, connec
     await n1.nc.publish(subjects.node_expected("n2"), b"{}")
     assert await n1.denied(subjects.node_expected("n2"))
     assert not controller.errors
+
+
+async def _replay_onto(observer: Conn, stored_subject: str, deliver_subject: str) -> None:
+    """What an observer can do: an ephemeral push consumer that delivers stored messages onto a core
+    subject the stream does not capture (the deliver subject is in the body, which permissions
+    cannot see). The server delivers once the subject has interest outside a queue group, which the
+    observer provides itself (it may subscribe to ``aios.>``); the controllers' queue subscription
+    then receives the messages too, each with a ``$JS.ACK.`` reply subject."""
+    await observer.nc.subscribe(deliver_subject)
+    await observer.nc.flush()
+    config = {"deliver_subject": deliver_subject, "filter_subject": stored_subject, "ack_policy": "none",
+              "deliver_policy": "all"}
+    body = {"stream_name": subjects.STREAM, "config": config}
+    reply = await observer.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps(body).encode(), timeout=5)
+    assert "error" not in json.loads(reply.data), reply.data
+
+
+async def test_replayed_stream_messages_are_neither_heartbeats_nor_expected_requests(
+    servers: EmbeddedServers, admin: Bus, connect: Any
+) -> None:
+    """The controller's health monitor drops a heartbeat with a reply subject and ignores an
+    ``expected`` request whose reply starts with ``$JS.``; real ones still work."""
+    ep = servers.endpoints
+    redis_url = ep.redis_url("controller")
+    assert redis_url is not None
+    w = await Worker.open(ep.nats_url("controller"), redis_url, "controller")
+    stop = asyncio.Event()
+    monitor = asyncio.create_task(HealthMonitor(w, timeout_s=3600).run(stop))
+    controller_acks: list[str] = []
+
+    async def on_ack(msg: Any) -> None:
+        controller_acks.append(msg.subject)
+
+    await admin.nc.subscribe(f"$JS.ACK.{subjects.STREAM}.>", cb=on_ack)  # replies to replayed "requests" would land here
+    try:
+        await w.bus.nc.flush()
+        # a heartbeat-shaped body stored by someone who may store things (upstream: block creates)
+        up = await connect(ep.nats_url("upstream"))
+        beat = msgspec.json.encode(Heartbeat("replayed", "c-x", 1, 1.0, 1, 1, 0))
+        await up.nc.jetstream(timeout=5).publish("aios.block.hb-replay.create", beat)
+        observer = await connect(ep.nats_url("observer"))
+        await _replay_onto(observer, "aios.block.hb-replay.create", subjects.node_heartbeat("replayed"))
+        await _replay_onto(observer, "aios.block.hb-replay.create", subjects.node_expected("replayed"))
+        # a real heartbeat (plain publish, as agents send them) from a real agent user
+        agent = await connect(auth.ensure_agent(servers.data_dir, "hb-real"))
+        await agent.nc.publish(subjects.node_heartbeat("hb-real"), msgspec.json.encode(Heartbeat("hb-real", "c-x", 1, 1.0, 1, 1, 0)))
+        reply = await agent.nc.request(subjects.node_expected("hb-real"), b"{}", timeout=5)
+        assert json.loads(reply.data) == {"instances": {}}  # real requests are answered
+
+        async def beats() -> dict[str, float]:
+            return dict(await w.store.r.zrange("aios:heartbeats", 0, -1, withscores=True))
+
+        async with asyncio.timeout(10):
+            while "hb-real" not in await beats():
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(1.5)  # one more flush round
+        assert "replayed" not in await beats()
+        await admin.nc.flush()
+        assert controller_acks == [], controller_acks  # the replayed request got no answer
+    finally:
+        stop.set()
+        await monitor
+        await w.close()
 
 
 # -- Redis ------------------------------------------------------------------------------------------
