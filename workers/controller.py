@@ -224,26 +224,33 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 
     async def on_dangling(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), Dangling)
+        # the node is the subject's aios.node.{nid}.instance.dangling, which the server vouches for
+        # (agent-<nid> may publish only its own node's subjects); the body's node_id is just a claim
+        nid = d.subject.split(".")[2]
+        if ev.node_id != nid:
+            log.warning("instance.dangling_ignored", subject_node=nid, body_node=ev.node_id, instance=ev.instance_id,
+                        why="node_id in the body is not the node of the subject")
+            return
         block = await w.store.get_block(ev.block_id) if ID_RE.match(ev.block_id or "") else None
         inst = (await w.store.instances(ev.block_id)).get(ev.instance_id) if block else None
-        verdict = faults.on_dangling(block, inst, ev.node_id, ev.gen)
-        log.info("instance.dangling", node=ev.node_id, instance=ev.instance_id, action=verdict.action, why=verdict.why)
+        verdict = faults.on_dangling(block, inst, nid, ev.gen)
+        log.info("instance.dangling", node=nid, instance=ev.instance_id, action=verdict.action, why=verdict.why)
         if verdict.action == "adopt" and block is not None and inst is not None:
             # adopting = asking the node to run it: its agent finds it running and wraps it as-is
             cmd = InstanceCommand(
-                ev.block_id, ev.gen, inst["cluster"], ev.instance_id, ev.node_id, inst.get("gpus", []),
+                ev.block_id, ev.gen, inst["cluster"], ev.instance_id, nid, inst.get("gpus", []),
                 block["ir"].get("image", ""), h.env_for(block["ir"], ev.instance_id, inst.get("gpus", [])),
                 reason="adopt dangling", launch=block["ir"].get("launch") or {}, resources=block["ir"].get("resources") or {},
             )
             await w.bus.publish(
-                subjects.node_command(ev.node_id, "instance.create"), "node.instance.create", cmd,
+                subjects.node_command(nid, "instance.create"), "node.instance.create", cmd,
                 f"{ev.block_id}:{ev.gen}:adopt:{ev.instance_id}:{ev.handle}",
             )
         else:
             await w.bus.publish(
-                subjects.node_command(ev.node_id, "instance.remove"), "node.instance.remove",
-                InstanceCommand(ev.block_id or "-", ev.gen, "", ev.instance_id, ev.node_id, [], reason=f"dangling: {verdict.why}"),
-                f"dangling:{ev.node_id}:{ev.instance_id}:{ev.handle}",
+                subjects.node_command(nid, "instance.remove"), "node.instance.remove",
+                InstanceCommand(ev.block_id or "-", ev.gen, "", ev.instance_id, nid, [], reason=f"dangling: {verdict.why}"),
+                f"dangling:{nid}:{ev.instance_id}:{ev.handle}",
             )
 
     async def on_registered(d: Delivery) -> None:
