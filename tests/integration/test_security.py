@@ -27,7 +27,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.cli.client import Client
-from aios_blocks.schemas.events import Heartbeat
+from aios_blocks.schemas.events import Dangling, Heartbeat
 from aios_blocks.state.store import Store
 from aios_blocks.workers import auth
 from aios_blocks.workers.base import Worker
@@ -364,6 +364,31 @@ async def test_workers_run_as_their_roles_and_the_flow_needs_no_more(system: Sys
     assert kind == "ready"
     log = (system.data_dir / "nats.log").read_text()
     assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
+
+
+async def test_a_dangling_report_acts_only_on_the_node_of_its_subject(system: System) -> None:
+    """An agent may publish only its own node's ``dangling`` subject; the controller takes the node
+    from that subject, so a body naming another node cannot get that node's instance removed."""
+    assert system.servers is not None
+    agent = await Bus.open(auth.ensure_agent(system.data_dir, "dn1"), "test/agent-dn1")
+    admin = system.client.bus
+    try:
+        lie = Dangling("dn2", "victim-0", "victim", 1, "process", "h-lie")
+        await agent.publish(subjects.node_dangling("dn1"), "node.instance.dangling", lie, "dn1:dangling:lie")
+        true = Dangling("dn1", "stray-0", "stray", 1, "process", "h-true")
+        await agent.publish(subjects.node_dangling("dn1"), "node.instance.dangling", true, "dn1:dangling:true")
+        log = system.data_dir / "logs" / "controller-0.log"
+        async with asyncio.timeout(60):
+            while not (await stored(admin, subjects.node_command("dn1", "instance.remove"))
+                       and "instance.dangling_ignored" in log.read_text()):
+                await asyncio.sleep(0.2)
+        raw = await admin.js.get_last_msg(subjects.STREAM, subjects.node_command("dn1", "instance.remove"))
+        assert json.loads(raw.data)["data"]["instance_id"] == "stray-0"  # unknown block: removed on its own node
+        assert not await stored(admin, subjects.node_command("dn2", "instance.remove"))
+        ignored = [json.loads(line) for line in log.read_text().splitlines() if "instance.dangling_ignored" in line]
+        assert [(e["subject_node"], e["body_node"], e["instance"]) for e in ignored] == [("dn1", "dn2", "victim-0")]
+    finally:
+        await agent.close()
 
 
 def _secrets(data_dir: Path) -> list[str]:
