@@ -16,6 +16,7 @@ anything was processed twice.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
@@ -83,6 +84,16 @@ def duplicates(history: list[tuple[str, dict[str, Any], int]], bids: set[str]) -
     }
 
 
+def failure_reasons(history: list[tuple[str, dict[str, Any], int]], bids: set[str]) -> Counter[str]:
+    """Why blocks ended ``failed``: their reasons with cluster names and numbers folded, counted."""
+    out: Counter[str] = Counter()
+    for subject, env, _seq in history:
+        if subject.split(".")[2] in bids and event_kind(subject) == "failed":
+            reason = str((env.get("data") or {}).get("reason", "?"))
+            out[re.sub(r"\bc\d+(-n\d+)?\b|\d+", "N", reason)[:160]] += 1
+    return out
+
+
 async def redeliveries(st: harness.Stack) -> int:
     total = 0
     for spec in (subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE):
@@ -98,7 +109,9 @@ async def one(copies: int, blocks: int) -> tuple[list[common.Row], float]:
         bids, secs = await st.burst(blocks, timeout=300)
         per_block = (await st.stream_messages() - before) / blocks
         ready = sum(1 for b in bids if st.tracker.done.get(b, ("",))[0] == "ready")
-        dup = duplicates(await st.client.history("*", idle=1.0), set(bids))
+        history = await st.client.history("*", idle=1.0)
+        dup = duplicates(history, set(bids))
+        reasons = failure_reasons(history, set(bids))
         redelivered = await redeliveries(st)
     rate = ready / secs
     twice = dup["placements"] + dup["instance_ids"] + dup["gpus_double_booked"] + dup["decision_records"]
@@ -107,6 +120,8 @@ async def one(copies: int, blocks: int) -> tuple[list[common.Row], float]:
             f"{dup['decision_records']}; by design: {dup['replans']} re-plans after reservation conflicts, "
             f"{dup['reselections']} re-selections; "
             f"JetStream redeliveries {redelivered}")
+    if reasons:
+        note += "; failed: " + ", ".join(f"{n} x {r}" for r, n in reasons.most_common(3))
     rows = [
         common.row(GROUP, f"{copies} gateway + {copies} controller processes: blocks/s", rate, "blocks/s",
                    common.fraction(rate, common.JS_PUBLISH, per_block), note),

@@ -135,6 +135,29 @@ async def select(
     return SelectionDecision(chosen, filtered, entries)
 
 
+def usable(result: dict[str, Any]) -> bool:
+    """A dry_run answer that can carry a decision: a positive score and no error."""
+    return not result.get("error") and float(result.get("score", 0.0) or 0.0) > 0.0
+
+
+def gather_wait(
+    expected: list[str], results: dict[str, dict[str, Any]], now: float, deadline: float, patience_s: float
+) -> float:
+    """Seconds the gather should still wait (0 = decide now).
+
+    Before the deadline: wait for it (or for every answer, decided elsewhere). At the deadline the
+    gateway decides with what it has *if that can decide anything*: some cluster answered with a
+    positive score, or every cluster answered. A round where nobody usable answered yet means the
+    controllers are busy or unreachable, not that the block cannot be placed, so the gather waits
+    up to ``patience_s`` more (a backlog under a burst must not fail blocks) and then decides,
+    naming the clusters that never answered."""
+    if now < deadline:
+        return deadline - now
+    if any(usable(r) for r in results.values()) or all(c in results for c in expected):
+        return 0.0
+    return max(0.0, deadline + patience_s - now)
+
+
 @dataclass
 class FinalDecision:
     cluster_id: str = ""
@@ -174,7 +197,7 @@ async def choose(
         decision.failure = f"clusterAllocator chose {cid!r}, which was not a candidate"
     elif scores[cid] <= 0.0:
         detail = "; ".join(
-            f"{c}: {errors.get(c) or ('no answer before the deadline' if c in missing else 'score 0')}" for c in expected
+            f"{c}: {errors.get(c) or ('no answer in time' if c in missing else 'score 0')}" for c in expected
         )
         decision.failure = f"no candidate cluster can place an instance ({detail})"
     else:

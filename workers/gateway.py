@@ -23,6 +23,8 @@ from ..schemas.events import (
 from .base import Worker
 
 DEADLINE_S = float(os.environ.get("AIOS_DRY_RUN_DEADLINE_S", 5.0))
+#: after the deadline, how much longer a round with no usable answer yet keeps waiting
+PATIENCE_S = float(os.environ.get("AIOS_DRY_RUN_PATIENCE_S", 60.0))
 
 
 async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -70,6 +72,11 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         )
         if expected and answered >= expected:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
+        elif h.usable({"score": ev.score, "error": ev.error}):
+            # a late usable answer ends a round that is past its deadline and still waiting
+            g = await w.store.gather_read(ev.block_id, ev.gen, ev.attempt)
+            if not g["decided"] and time.time() >= g["deadline"]:
+                await _decide(w, ev.block_id, ev.gen, ev.attempt, "late")
 
     async def on_deadline(d: Delivery) -> None:
         data = decode_envelope(d.data).data
@@ -77,9 +84,10 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         g = await w.store.gather_read(bid, gen, n)
         if g["decided"] and g["decided"] != "deadline":
             return
-        remaining = g["deadline"] - time.time()
-        if remaining > 0 and not g["decided"]:
-            raise Defer(remaining)
+        if not g["decided"]:
+            wait = h.gather_wait(g["expected"], g["results"], time.time(), g["deadline"], PATIENCE_S)
+            if wait > 0:
+                raise Defer(wait)  # a late usable answer decides earlier (on_result)
         await _decide(w, bid, gen, n, "deadline")
 
     return [(subjects.GATEWAY, _route({"parsed": on_parsed, "result": on_result, "deadline": on_deadline}))]

@@ -10,6 +10,7 @@ import time
 
 import msgspec
 import nats
+import pytest
 
 from .conftest import System, gpu_usage
 
@@ -255,3 +256,46 @@ async def test_scale_reassign_delete(system: System) -> None:
 
 async def _has_event(c, bid: str, tail: str) -> bool:  # type: ignore[no-untyped-def]
     return any(s.endswith(f".{tail}") for s, _, _ in await c.history(bid, idle=0.2))
+
+
+@pytest.fixture
+def zero_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOS_DRY_RUN_DEADLINE_S", "0")  # inherited by the worker processes
+
+
+async def test_gather_past_its_deadline_waits_for_a_usable_answer_instead_of_failing(
+    zero_deadline: None, system: System
+) -> None:
+    """With a zero dry_run deadline every round is past it before any controller answers. Under a
+    backlog that is the normal case, and it must not fail blocks that fit: the first usable answer
+    decides. A block no cluster can host still fails at once (every cluster answered score 0)."""
+    c = system.client
+    for i in range(3):
+        await c.add_sim_cluster(f"c{i}", nodes=2, gpus=2)
+    bids = {await c.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1}) for _ in range(6)}
+    done = await system.wait_all(bids, timeout=90)
+    assert {kind for kind, _ in done.values()} == {"ready"}, {b: e["data"] for b, (k, e) in done.items() if k != "ready"}
+    for bid in bids:
+        posts = [e["data"] for s, e, _ in await c.history(bid) if s.endswith(".post_dry_run")]
+        assert len(posts) == 1 and posts[0]["scores"][posts[0]["cluster_id"]] > 0, posts
+    # a resourceAllocator that says "no room" in every dry_run: every cluster answers score 0
+    await c.policy_put("never", NEVER_FITS, "python")
+    started = time.perf_counter()
+    bid, kind, env = await system.submit_and_wait(
+        {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
+         "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:never"}}]},
+        timeout=50,
+    )
+    assert kind == "failed" and "no candidate cluster can place an instance" in env["data"]["reason"], env
+    assert "no answer in time" not in env["data"]["reason"]  # every cluster answered: no patience spent
+    assert time.perf_counter() - started < 50
+
+
+NEVER_FITS = """
+class NeverFits:
+    def __init__(self, rule_id, settings, parameters):
+        pass
+
+    def eval(self, parameters, input_data, context):
+        return {"selection_score_data": {"score": 0.0, "node_info": {}}}
+"""

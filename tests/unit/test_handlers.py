@@ -253,7 +253,7 @@ async def test_choose_fails_naming_each_cluster_when_all_scores_are_zero() -> No
     assert final.failure.startswith("no candidate cluster can place an instance")
     assert "eu1: score 0" in final.failure
     assert "eu2: policy 'resourceAllocator' (dry_run) failed: boom" in final.failure
-    assert "us1: no answer before the deadline" in final.failure
+    assert "us1: no answer in time" in final.failure
     assert final.errors == {"eu2": "policy 'resourceAllocator' (dry_run) failed: boom"}
 
 
@@ -519,3 +519,27 @@ def test_copy_nodes_is_deep_enough_for_take() -> None:
     capacity.take(work["n"], ["g0"], {"gpus": 1, "cpu": 1}, False)
     assert nodes["n"]["gpus"][0]["instances"] == 0 and nodes["n"]["cpu_free"] == 64.0
     assert work["n"]["gpus"][0]["instances"] == 1
+
+
+def test_gather_waits_for_the_deadline_then_decides_with_a_usable_answer() -> None:
+    expected = ["eu1", "eu2"]
+    usable = {"eu1": {"score": 0.5, "node_info": {}}}
+    assert gateway.gather_wait(expected, usable, now=100.0, deadline=105.0, patience_s=60) == 5.0
+    assert gateway.gather_wait(expected, usable, now=105.0, deadline=105.0, patience_s=60) == 0.0
+
+
+def test_gather_past_deadline_without_a_usable_answer_keeps_waiting_within_patience() -> None:
+    expected = ["eu1", "eu2"]
+    nothing: dict[str, dict[str, Any]] = {}
+    unusable = {"eu1": {"score": 0.0}, "eu2": {"score": 1.0, "error": "policy failed"}}
+    assert gateway.gather_wait(expected, nothing, now=110.0, deadline=105.0, patience_s=60) == 55.0
+    assert gateway.gather_wait(["eu1", "eu2", "us1"], unusable, now=110.0, deadline=105.0, patience_s=60) == 55.0
+    # patience spent: decide (the decision then names the clusters that never answered)
+    assert gateway.gather_wait(expected, nothing, now=165.0, deadline=105.0, patience_s=60) == 0.0
+
+
+def test_gather_with_every_answer_in_decides_even_if_none_is_usable() -> None:
+    answered = {"eu1": {"score": 0.0}, "eu2": {"score": 0.0, "error": "no node fits"}}
+    assert gateway.gather_wait(["eu1", "eu2"], answered, now=106.0, deadline=105.0, patience_s=60) == 0.0
+    assert not gateway.usable(answered["eu1"]) and not gateway.usable(answered["eu2"])
+    assert gateway.usable({"score": 0.25})
