@@ -352,6 +352,16 @@ class Store:
             return True
         return await self.r.hget(key, "decided") == token
 
+    async def gather_settle(self, bid: str, gen: int, attempt: int, outcome: str) -> str:
+        """Record the round's outcome (a cluster id, or ``!reason``) once; return the recorded one.
+        A decider that runs again (redelivery) publishes what the first run decided."""
+        key = gather_key(bid, gen, attempt)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hsetnx(key, "outcome", outcome)
+        pipe.hget(key, "outcome")
+        _, stored = await pipe.execute()
+        return str(stored)
+
     # -- policy context (seed 000: an external cache shared by all workers) -----------------
     async def context_load(self, rule_id: str) -> dict[str, Any]:
         raw = await self.r.hgetall(f"{P}:ctx:{rule_id}")

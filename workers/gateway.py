@@ -76,7 +76,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             # a late usable answer ends a round that is past its deadline and still waiting
             g = await w.store.gather_read(ev.block_id, ev.gen, ev.attempt)
             if not g["decided"] and time.time() >= g["deadline"]:
-                await _decide(w, ev.block_id, ev.gen, ev.attempt, "late")
+                await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
 
     async def on_deadline(d: Delivery) -> None:
         data = decode_envelope(d.data).data
@@ -114,12 +114,14 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     clusters, nodes = await _snapshot(w)
     entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
     decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator"))
-    post = PostDryRun(bid, gen, decision.cluster_id, decision.scores, decision.missing, decision.errors, n)
+    # one outcome per round, even if this decider runs again on more answers than the first time
+    outcome = await w.store.gather_settle(bid, gen, n, f"!{decision.failure}" if decision.failure else decision.cluster_id)
+    failure, cid = (outcome[1:], "") if outcome.startswith("!") else ("", outcome)
+    post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n)
     await w.bus.publish(subjects.block_event(bid, "post_dry_run"), "block.post_dry_run", post, f"{bid}:{gen}:post_dry_run:{n}")
-    if decision.failure:
-        await w.fail_block(bid, gen, decision.failure, ("selecting",))
+    if failure:
+        await w.fail_block(bid, gen, failure, ("selecting",))
         return
-    cid = decision.cluster_id
     ok, _ = await w.store.transition(bid, gen, ("selecting", "allocating"), "allocating", cluster=cid)
     if ok:
         await w.bus.publish(
