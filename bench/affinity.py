@@ -1,28 +1,31 @@
 """Cost of affinity filtering + scoring per placement, at 1,000 and 10,000 nodes.
 
 Measures ``policies.affinity.annotate`` (what the gateway filter and every allocator call do)
-over a whole cluster's node views, for a block carrying a realistic mix of entries, against the
-same pass with no affinity as the baseline (the node-view copy every annotated call makes).
-Figures only, never pass/fail.
+over a whole cluster's node views, for a block carrying a realistic mix of entries (Required
+trust domain, Required anti-affinity to its own 16 running replicas, Preferred rack
+anti-affinity, Preferred GPU), against the same pass with no affinity as the baseline (the
+node-view copy every annotated call makes). In process, no servers. Figures only.
 
-    .venv/bin/python bench/affinity.py [--sizes 1000 10000] [--repeat 20]
+    .venv/bin/python -m bench.affinity [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import msgspec
-from rich.console import Console
-from rich.table import Table
+
+try:
+    from . import common
+except ImportError:  # run as a script
+    import common  # type: ignore[no-redef]
 
 from aios_blocks.policies import affinity, capacity
 from aios_blocks.schemas.affinity import normalize
+
+GROUP = "3 affinity (1 cluster, in process)"
 
 
 def make_nodes(n: int, gpus: int = 8) -> dict[str, dict[str, Any]]:
@@ -48,6 +51,7 @@ ENTRIES = [
 
 
 def measure(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], index: affinity.Index, repeat: int) -> float:
+    """Median seconds of one copy (+ annotate) pass over ``nodes``."""
     times = []
     for _ in range(repeat):
         t = time.perf_counter()
@@ -58,32 +62,34 @@ def measure(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], ind
     return statistics.median(times)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--sizes", type=int, nargs="+", default=[1000, 10000])
-    ap.add_argument("--repeat", type=int, default=20)
-    args = ap.parse_args()
+def figures(quick: bool = False) -> list[common.Row]:
+    sizes, repeat = ([1000], 8) if quick else ([1000, 10000], 20)
     entries = msgspec.to_builtins(normalize(ENTRIES))
     index = affinity.empty_index()
     for k in range(16):  # the block already runs 16 replicas
         index = affinity.add_to_index(index, "blk", f"blk-{k}", f"n{k * 5}", str((k * 5) % 64))
-    table = Table(title="affinity filter+score per placement (one pass over a cluster's nodes)")
-    for col in ("nodes", "baseline (copy only)", "with 4 entries", "affinity cost", "per node"):
-        table.add_column(col, justify="right")
-    results = []
-    for n in args.sizes:
+    step_ms = 1000 / common.raw(common.JS_STEP) if common.raw(common.JS_STEP) else None
+    rows: list[common.Row] = []
+    for n in sizes:
         nodes = make_nodes(n)
         measure(nodes, entries, index, 2)  # warm the id cache
-        base = measure(nodes, [], index, args.repeat)
-        full = measure(nodes, entries, index, args.repeat)
+        base = measure(nodes, [], index, repeat) * 1e3
+        full = measure(nodes, entries, index, repeat) * 1e3
         cost = full - base
-        results.append({"nodes": n, "baseline_ms": base * 1e3, "with_affinity_ms": full * 1e3, "affinity_ms": cost * 1e3,
-                        "per_node_us": cost / n * 1e6, "ratio_to_baseline": full / base})
-        table.add_row(str(n), f"{base * 1e3:.2f} ms", f"{full * 1e3:.2f} ms", f"{cost * 1e3:.2f} ms", f"{cost / n * 1e6:.2f} µs")
-    Console().print(table)
-    out = Path(__file__).parent / "results"
-    out.mkdir(exist_ok=True)
-    (out / "affinity.json").write_text(json.dumps(results, indent=2))
+        rows += [
+            common.row(GROUP, f"node-view copy at {n:,} nodes (baseline, no affinity)", base, "ms",
+                       step_ms / base if step_ms else None, f"median of {repeat}; of_raw_limit = raw step time / cost"),
+            common.row(GROUP, f"copy + affinity filter/score at {n:,} nodes (4 entries)", full, "ms",
+                       step_ms / full if step_ms else None,
+                       f"x{full / base:.2f} of the baseline; 2 Required + 2 Preferred entries, 16 replicas in the index"),
+            common.row(GROUP, f"affinity cost per node at {n:,} nodes", cost / n * 1e3, "us", None,
+                       f"(copy + affinity - baseline) / nodes = {cost:.2f} ms per pass"),
+        ]
+    return rows
+
+
+def main() -> None:
+    common.standalone(figures)
 
 
 if __name__ == "__main__":

@@ -165,6 +165,49 @@ def write_results(rows: list[Row], meta: dict[str, Any], name: str = "latest.jso
     return path
 
 
+#: the files that show the latest full run, between these markers (README "Performance",
+#: docs/benchmarks.md "Latest run"); ``run_all`` rewrites them after a full ``make bench``
+DOC_BEGIN, DOC_END = "<!-- bench:begin -->", "<!-- bench:end -->"
+DOC_TARGETS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+
+
+def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
+    """The run as markdown: one line of machine info, then the table (what the docs show)."""
+    m = meta.get("machine", {})
+    redis = " ".join(str(m.get("redis_server", "")).split()[:3])
+    facts = [
+        f"Run {m.get('date', '?')}", f"commit {str(m.get('git_commit', ''))[:10] or '?'}{' (dirty tree)' if m.get('git_dirty') else ''}",
+        f"{m.get('cpu_count', '?')} x {m.get('cpu_model', '?')}", f"Python {m.get('python', '?')}",
+        str(m.get("nats_server", "")), redis, f"JetStream sync {m.get('nats_sync', '?')}",
+    ]
+    took = f"`{meta.get('command', 'make bench')}` took {meta.get('seconds', '?')} s"
+    lines = [", ".join(f for f in facts if f) + f", {took}.", "",
+             "| group | figure | value | unit | of raw limit | note |", "|---|---|---:|---|---:|---|"]
+    for r in rows:
+        frac = r.get("of_raw_limit")
+        cells = [r["group"], r["figure"], fmt(r["value"]), r["unit"], "" if frac is None else f"{frac:.3f}", r.get("note", "")]
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def replace_marked(path: Path, body: str) -> bool:
+    """Put ``body`` between the markers in ``path``; False (file untouched) when they are missing."""
+    if not path.exists():
+        return False
+    text = path.read_text()
+    start, end = text.find(DOC_BEGIN), text.find(DOC_END)
+    if start < 0 or end < start:
+        return False
+    path.write_text(text[: start + len(DOC_BEGIN)] + "\n" + body.strip("\n") + "\n" + text[end:])
+    return True
+
+
+def publish_docs(rows: list[Row], meta: dict[str, Any], targets: Iterable[Path] = DOC_TARGETS) -> list[Path]:
+    """Write the run's table into every target that has the markers; returns those written."""
+    body = markdown(rows, meta)
+    return [p for p in targets if replace_marked(p, body)]
+
+
 def print_table(rows: list[Row], title: str = "aios-blocks benchmarks") -> None:
     from rich.console import Console
     from rich.table import Table

@@ -1,31 +1,32 @@
-"""Policy evaluation cost per call: Python built-in vs Starlark twin vs LXD scriptlet, cached
-(compiled once, instance reused) and through the runtime (thread hop, time limit, shape check).
-Figures only.
+"""Policy evaluation cost per call: Python built-in vs Starlark twin vs LXD scriptlet, called
+directly (``eval()`` on the compiled, cached instance) and through the runtime (thread hop, time
+limit, shape check: what a worker pays), on the controller's payload for 8 and 50 nodes.
+The Python built-in ``builtin:binpack`` is the baseline of the ratios. In process. Figures only.
 
-    .venv/bin/python bench/policies.py [--nodes 8 50] [--calls 300]
+    .venv/bin/python -m bench.policies [--quick]
 """
 
 from __future__ import annotations
 
-import argparse
-import asyncio
 import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
-from rich.console import Console
-from rich.table import Table
+try:
+    from . import common
+except ImportError:  # run as a script
+    import common  # type: ignore[no-redef]
 
 from aios_blocks.handlers.controller import payload
 from aios_blocks.policies.runtime import PolicyRuntime
 from aios_blocks.state.store import node_view
 
-HERE = Path(__file__).parent
-STAR = HERE.parent / "tests" / "unit" / "starlark_policies"
+GROUP = "3 policy cost per call (in process)"
+STAR = common.ROOT / "tests" / "unit" / "starlark_policies"
+BASELINE = "python builtin:binpack"
 CASES = {
-    "python builtin:binpack": "builtin:binpack",
+    BASELINE: "builtin:binpack",
     "starlark binpack.star": str(STAR / "binpack.star"),
     "starlark LXD most-free-memory": str(STAR / "lxd_most_free_memory.star"),
 }
@@ -45,6 +46,7 @@ def nodes_of(n: int) -> dict[str, dict[str, Any]]:
 
 
 async def time_calls(rt: PolicyRuntime, uri: str, data: dict[str, Any], calls: int) -> tuple[float, float]:
+    """Median µs of ``eval()`` and of ``runtime.invoke``."""
     rule = {"name": "resourceAllocator", "policyRuleURI": uri, "parameters": {}, "settings": {}}
     await rt.invoke(rule, "bench", data, {})  # compile + instantiate once (cached afterwards)
     inst, _, _ = await rt.instance(rule, "bench")
@@ -61,32 +63,36 @@ async def time_calls(rt: PolicyRuntime, uri: str, data: dict[str, Any], calls: i
     return statistics.median(direct) * 1e6, statistics.median(via) * 1e6
 
 
-async def main(args: argparse.Namespace) -> list[dict[str, Any]]:
+async def measure(quick: bool) -> list[common.Row]:
+    sizes, calls = ([8], 100) if quick else ([8, 50], 300)
+    step_us = 1e6 / common.raw(common.JS_STEP) if common.raw(common.JS_STEP) else None
     rt = PolicyRuntime(allow_files=True)
-    rows = []
-    for n in args.nodes:
+    rows: list[common.Row] = []
+    for n in sizes:
         nodes = nodes_of(n)
         ir = {"blockId": "b", "minInstances": 1, "maxInstances": 4, "policies": {},
               "resources": {"gpus": 1, "gpuMemory": 0, "cpu": 2, "memory": 1024}}
         for action in ("allocation", "dry_run"):
             data = {"action": action, "payload": payload(ir, {"id": "c", "labels": {}}, nodes)}
+            base: tuple[float, float] | None = None
             for label, uri in CASES.items():
-                direct, via = await time_calls(rt, uri, data, args.calls)
-                rows.append({"nodes": n, "action": action, "policy": label, "eval_us": direct, "runtime_us": via})
+                direct, via = await time_calls(rt, uri, data, calls)
+                base = base or (direct, via)
+                ratio = "" if label == BASELINE else f"; x{direct / base[0]:.1f} / x{via / base[1]:.1f} of the Python built-in"
+                rows.append(common.row(
+                    GROUP, f"{label}, {action}, {n} nodes: via runtime", via, "us", step_us / via if step_us else None,
+                    f"eval() alone {direct:.0f} us{ratio}; median of {calls} calls; of_raw_limit = raw step time / cost",
+                ))
     return rows
 
 
+def figures(quick: bool = False) -> list[common.Row]:
+    return common.run(measure(quick))
+
+
+def main() -> None:
+    common.standalone(figures)
+
+
 if __name__ == "__main__":
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--nodes", type=int, nargs="+", default=[8, 50])
-    ap.add_argument("--calls", type=int, default=300)
-    a = ap.parse_args()
-    rows = asyncio.run(main(a))
-    t = Table(title="policy cost per call (median; compiled and instantiated once)")
-    for col in ("nodes", "action", "policy", "eval() µs", "via runtime µs"):
-        t.add_column(col, justify="right")
-    for r in rows:
-        t.add_row(str(r["nodes"]), r["action"], r["policy"], f"{r['eval_us']:.0f}", f"{r['runtime_us']:.0f}")
-    Console().print(t)
-    (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "policies.json").write_text(json.dumps(rows, indent=2))
+    main()

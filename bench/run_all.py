@@ -1,6 +1,10 @@
-"""Run every bench module present, raw limit first, print one table, write results/latest.json.
+"""Run every bench module present, raw limit first, print one table, write results/latest.json;
+after a full run of every module (``make bench``) also put the table into README.md
+("Performance") and docs/benchmarks.md ("Latest run"), between ``<!-- bench:begin -->`` and
+``<!-- bench:end -->``.
 
     .venv/bin/python -m bench.run_all [--quick] [--only raw placement ...]
+    .venv/bin/python -m bench.run_all --docs    # only re-render the docs from results/latest.json
 
 A module that fails is reported as a row with its error; the others still run. Figures only:
 nothing here passes or fails on time.
@@ -10,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import sys
 import time
 import traceback
@@ -23,14 +28,21 @@ if str(common.HERE) not in sys.path:  # modules written as scripts (`import comm
     sys.path.append(str(common.HERE))
 
 #: in order; the raw limit first so every other figure can be put against it
-MODULES = ["raw", "placement", "scaling", "scaleout", "recovery", "agent", "peer"]
+#: (affinity and policies are in process and take seconds: next to scaling, the other in-process cost)
+MODULES = ["raw", "placement", "scaling", "affinity", "policies", "scaleout", "recovery", "agent", "peer"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--quick", action="store_true", help="small sizes (a minute or two)")
     ap.add_argument("--only", nargs="*", default=None, help="module names to run (raw always runs)")
+    ap.add_argument("--docs", action="store_true", help="run nothing: re-render README.md and docs/benchmarks.md from results/latest.json")
     args = ap.parse_args()
+    if args.docs:
+        saved = json.loads((common.RESULTS / "latest.json").read_text())
+        rows = saved.pop("rows")
+        print("updated " + ", ".join(str(p.relative_to(common.ROOT)) for p in common.publish_docs(rows, saved)), file=sys.stderr)
+        return
     started = time.time()
     rows: list[common.Row] = []
     timing: dict[str, float] = {}
@@ -64,6 +76,9 @@ def main() -> None:
     }
     path = common.write_results(rows, meta)
     print(f"wrote {path.relative_to(common.ROOT)} ({meta['seconds']} s)", file=sys.stderr)
+    if not args.quick and args.only is None:  # only a full run of everything stands for `make bench`
+        for doc in common.publish_docs(rows, meta):
+            print(f"updated the table in {doc.relative_to(common.ROOT)}", file=sys.stderr)
 
 
 if __name__ == "__main__":

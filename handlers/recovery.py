@@ -462,12 +462,20 @@ def fold(messages: Any) -> Fold:
     return f
 
 
+class _Envelope(msgspec.Struct):
+    """The one envelope field the fold reads; the decoder skips the others without building them."""
+
+    data: Any = None
+
+
+_envelope = msgspec.json.Decoder(_Envelope)
+
+
 def _data(raw: bytes) -> dict[str, Any]:
     try:
-        doc = _json.decode(raw)
-    except msgspec.DecodeError:
+        data = _envelope.decode(raw).data
+    except msgspec.DecodeError:  # not JSON, or not an object (ValidationError is a DecodeError)
         return {}
-    data = doc.get("data") if isinstance(doc, dict) else None
     return data if isinstance(data, dict) else {}
 
 

@@ -49,11 +49,12 @@ async def read_stream(
     bus: Bus, on_msg: Callable[[str, bytes, int, float], None], filters: list[str] | None = None,
     idle_s: float = 10.0,
 ) -> int:
-    """Feed every stored message matching ``filters`` (default: the fold's), oldest first, to
+    """Feed every stored message matching ``filters`` (default: all of them), oldest first, to
     ``on_msg(subject, body, seq, ts)``, through one ordered push consumer. Returns how many.
     Stops at the last message that was pending when it started."""
-    # One filter reads ~15x faster than several (measured: 26k/s vs 1.7k/s delivered on
-    # nats-server 2.15): by default read everything and let the fold skip what it does not use.
+    # One filter reads far faster than several (measured on nats-server 2.15 with 30k stored:
+    # 1.5 s for all of them vs 45 s for the fold's ~20 filters, which deliver 2/3 of them): by
+    # default read everything and let the fold skip what it does not use, by subject, undecoded.
     filters = filters or [f"{subjects.ROOT}.>"]
     info = await bus.js.stream_info(subjects.STREAM)
     if info.state.messages == 0:
@@ -66,11 +67,11 @@ async def read_stream(
         nonlocal count, last
         if done.is_set():
             return
-        meta = msg.metadata
-        on_msg(msg.subject, msg.data, meta.sequence.stream, meta.timestamp.timestamp() if meta.timestamp else 0.0)
+        seq, ts, pending = _reply_meta(msg)
+        on_msg(msg.subject, msg.data, seq, ts)
         count += 1
         last = time.monotonic()
-        if meta.num_pending == 0:
+        if pending == 0:
             done.set()
 
     cfg = ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None
@@ -92,6 +93,19 @@ async def read_stream(
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
     return count
+
+
+def _reply_meta(msg: Any) -> tuple[int, float, int]:
+    """(stream sequence, timestamp in s, pending) from a JetStream message's reply subject: one
+    split instead of ``msg.metadata`` (a dataclass and a datetime per message, a third of the
+    client's time when reading the whole stream)."""
+    t = (msg.reply or "").split(".")
+    if len(t) == 9 and t[0] == "$JS":  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>
+        return int(t[5]), int(t[7]) / 1e9, int(t[8])
+    if len(t) >= 11 and t[0] == "$JS":  # v2: $JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>[.<token>]
+        return int(t[7]), int(t[9]) / 1e9, int(t[10])
+    meta = msg.metadata  # raises NotJSMessageError, as before
+    return meta.sequence.stream, meta.timestamp.timestamp() if meta.timestamp else 0.0, meta.num_pending
 
 
 async def fold_stream(bus: Bus) -> Fold:
