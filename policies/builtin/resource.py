@@ -13,6 +13,20 @@ from typing import Any
 from .. import affinity, capacity
 
 
+def string_hash(s: str) -> int:
+    """Starlark's ``hash()`` of a string (Java's ``String.hashCode``), so a Starlark twin of these
+    policies can break ties exactly as they do."""
+    h = 0
+    for ch in s:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def tie_seed(block: dict[str, Any]) -> str:
+    """What equal GPUs are ordered by, per request: the block and how many instances it has."""
+    return f"{block.get('blockId', '')}:{len(block.get('instances') or {})}"
+
+
 class _ResourceAllocator:
     mode = "binpack"
 
@@ -32,14 +46,15 @@ class _ResourceAllocator:
         needs = payload["block"]["resources"]
         nodes = payload["cluster_metrics"]["nodes"]
         healthy = set(payload["healthy_nodes"])
+        seed = tie_seed(payload["block"])
         if action == "dry_run":
-            return self._dry_run(payload["block"], nodes, healthy, needs, index)
+            return self._dry_run(payload["block"], nodes, healthy, needs, index, seed)
         avoid = set()
         if action == "reassignment":
             current = payload["block"].get("instances", {}).get(payload["instance_id"], {})
             if current.get("node"):
                 avoid.add(current["node"])
-        pick = self._pick(nodes, healthy, needs, avoid) or (self._pick(nodes, healthy, needs, set()) if avoid else None)
+        pick = self._pick(nodes, healthy, needs, avoid, seed) or (self._pick(nodes, healthy, needs, set(), seed) if avoid else None)
         if pick is None:
             entries = payload["block"].get("affinity") or []
             sample = payload["cluster_metrics"].get("sample") or {}
@@ -52,7 +67,8 @@ class _ResourceAllocator:
         return {"node_id": pick[0], "gpus": pick[1]}
 
     def _dry_run(
-        self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], index: affinity.Index
+        self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], index: affinity.Index,
+        seed: str,
     ) -> dict[str, Any]:
         work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy})
         want = max(int(block["maxInstances"]), 1)
@@ -60,7 +76,7 @@ class _ResourceAllocator:
         placed = 0
         entries = block.get("affinity") or []
         for i in range(want):
-            pick = self._pick(work, healthy, needs, set())
+            pick = self._pick(work, healthy, needs, set(), seed)
             if pick is None:
                 break
             capacity.take(work[pick[0]], pick[1], needs, self.share)
@@ -74,9 +90,10 @@ class _ResourceAllocator:
         return {"selection_score_data": {"score": placed / want, "node_info": first}}
 
     def _pick(
-        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str]
+        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
-        best: tuple[Any, str, list[str]] | None = None
+        count = int(needs.get("gpus", 0))
+        best: tuple[Any, str, list[dict[str, Any]]] | None = None
         for nid, node in nodes.items():
             if nid not in healthy or nid in avoid:
                 continue
@@ -84,18 +101,18 @@ class _ResourceAllocator:
             if not aff.get("pass", True):
                 continue
             usable = capacity.node_fits(node, needs, self.share)
-            if usable is None:
+            if usable is None or len(usable) < count:
                 continue
             require = set(aff.get("require_gpus", []))
             if require and not require <= {g["id"] for g in usable}:
                 continue  # a Required GPU of this node is busy
-            gpus = self._choose_gpus(usable, int(needs.get("gpus", 0)), aff)
-            if len(gpus) < int(needs.get("gpus", 0)):
-                continue
             key = (-float(aff.get("score", 0.0)), self._rank(node), nid)
             if best is None or key < best[0]:
-                best = (key, nid, gpus)
-        return (best[1], best[2]) if best else None
+                best = (key, nid, usable)
+        if best is None:
+            return None
+        aff = nodes[best[1]].get("affinity") or {}
+        return best[1], self._choose_gpus(best[2], count, aff, seed)
 
     def _rank(self, node: dict[str, Any]) -> tuple[float, ...]:
         # lower is better; bin-pack prefers the fullest node that fits, spread the emptiest
@@ -105,15 +122,20 @@ class _ResourceAllocator:
             return (-free, -mem, -node["cpu_free"])
         return (free, mem, node["cpu_free"])
 
-    def _choose_gpus(self, usable: list[dict[str, Any]], count: int, aff: dict[str, Any]) -> list[str]:
-        """Required GPUs first, then preferred, then by the mode; avoided GPUs last."""
+    def _choose_gpus(self, usable: list[dict[str, Any]], count: int, aff: dict[str, Any], seed: str) -> list[str]:
+        """Required GPUs first, then preferred, then by the mode; avoided GPUs last. Equal GPUs are
+        taken in node order starting where a hash of the request says, not always from the first:
+        controller copies planning different blocks on the same node at once then mostly take
+        different GPUs instead of all racing for the first one (fewer conflicts and re-plans)."""
         require, prefer = set(aff.get("require_gpus", [])), set(aff.get("prefer_gpus", []))
         avoid = set(aff.get("avoid_gpus", []))
         sign = -1 if self.mode == "spread" else 1
+        off = string_hash(seed) % len(usable) if usable else 0
+        turn = {g["id"]: (i - off) % len(usable) for i, g in enumerate(usable)}
 
         def key(g: dict[str, Any]) -> tuple[Any, ...]:
             gid = g["id"]
-            return (gid not in require, gid not in prefer, gid in avoid, sign * g["memory_free"], gid)
+            return (gid not in require, gid not in prefer, gid in avoid, sign * g["memory_free"], turn[gid], gid)
 
         return [g["id"] for g in sorted(usable, key=key)[:count]]
 

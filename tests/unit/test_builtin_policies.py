@@ -358,3 +358,25 @@ def test_post_dry_run_handles_entries_without_metrics() -> None:
 def test_unknown_action_raises() -> None:
     with pytest.raises(ValueError, match="unsupported action"):
         rank()({"action": "dry_run", "payload": {}})
+
+
+def test_equal_gpus_are_taken_in_a_per_block_order_so_concurrent_plans_rarely_collide() -> None:
+    """Two controllers planning different blocks on the same empty node used to pick the same
+    first GPU and race; a per-request hash order spreads them over the node's equal GPUs."""
+    nodes = nodes_of(node("n1", gpus=[gpu(f"n1-g{i}") for i in range(8)]))
+    firsts = {run(BinPackPolicy, "allocation", {**make_ir(), "blockId": f"blk-{i}"}, nodes)["gpus"][0] for i in range(32)}
+    assert len(firsts) >= 4  # 32 blocks over 8 equal GPUs: not all on n1-g0
+    again = {run(BinPackPolicy, "allocation", {**make_ir(), "blockId": f"blk-{i}"}, nodes)["gpus"][0] for i in range(32)}
+    assert again == firsts  # deterministic per request (a redelivered plan chooses the same)
+
+
+def test_tie_break_hash_is_starlarks_string_hash() -> None:
+    import starlark as sl
+
+    from aios_blocks.policies.builtin.resource import string_hash
+
+    words = ["", "a", "abc", "blk-1:0:c1-n0-g7", "x" * 40, "Zz-_.9"]
+    module = sl.Module()
+    sl.eval(module, sl.parse("h.star", f"out = [hash(w) for w in {words!r}]"), sl.Globals.standard())
+    assert module["out"] == [string_hash(w) for w in words]
+    assert string_hash("abc") == 96354  # Java's "abc".hashCode()
