@@ -19,8 +19,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..schemas.spec import Cluster, Gpu, Node
-from ..workers.auth import mask
-from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, resolve_urls
+from ..workers.auth import KIND_ROLE, mask
+from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, agent_nats_url, resolve_urls
 from ..workers.supervisor import Supervisor
 from .client import TERMINAL, Client
 
@@ -55,9 +55,11 @@ def _run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
 
-def _urls(data_dir: Path) -> tuple[str, str]:
+def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
+    """URLs from the environment, else a running ``blocks up``'s with ``role``'s credentials
+    (default ``AIOS_ROLE``, else the admin)."""
     try:
-        urls = resolve_urls(data_dir)
+        urls = resolve_urls(data_dir, role)
     except (OSError, KeyError) as exc:
         err.print(f"[red]Cannot read the credentials of the servers in {data_dir}[/]: {type(exc).__name__}")
         raise typer.Exit(2)
@@ -175,14 +177,19 @@ def _start(data_dir: Path, layout: dict[str, int] | None = None) -> tuple[Embedd
 def worker(
     kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim"),
     cluster: str = typer.Option(None, help="controller only: serve just this cluster (its own durable)."),
+    data_dir: Path = DataDir,
 ) -> None:
-    """Run one worker in the foreground (needs AIOS_NATS_URL and AIOS_REDIS_URL).
+    """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a
+    running `blocks up`, connected as the worker's own role (like the workers `blocks up` runs).
 
     Example: `AIOS_NATS_URL=nats://10.0.0.5:4222 AIOS_REDIS_URL=redis://10.0.0.6 blocks worker controller --cluster c1`
     """
-    from ..workers.main import configure_logging, run_worker
+    from ..workers.main import KINDS, configure_logging, run_worker
 
-    nats_url, redis_url = _urls(DEFAULT_DATA_DIR)
+    if kind not in KINDS:
+        err.print(f"[red]unknown worker kind {escape(kind)!r}[/]: one of {', '.join(KINDS)}")
+        raise typer.Exit(2)
+    nats_url, redis_url = _urls(data_dir, KIND_ROLE[kind])
     configure_logging()
     _run(run_worker(kind, nats_url, redis_url, cluster))
 
@@ -206,7 +213,8 @@ def agent(
 ) -> None:
     """Run the node agent of one node: start/stop its instances, heartbeat, report faults.
 
-    Needs only NATS (AIOS_NATS_URL, or a local `blocks up`). GPUs come from NVML when a driver is
+    Needs only NATS: AIOS_NATS_URL, or a local `blocks up` (then it connects as user `agent-<node id>`,
+    which may publish only this node's subjects; AIOS_AUTH=0 servers need none). GPUs come from NVML when a driver is
     present (`nvidia-ml-py`), else none, or `--sim-gpus N`.
 
     Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack r3 --zone eu-1a`
@@ -229,7 +237,12 @@ def agent(
     except Exception as exc:
         err.print(f"[red]invalid node[/]: {escape(str(exc))}")
         raise typer.Exit(2)
-    nats_url = os.environ.get("AIOS_NATS_URL") or (resolve_urls(data_dir) or (None, None))[0]
+    try:  # with a local `blocks up`: as user agent-<node id>, added to the server on first use
+        nats_url = agent_nats_url(data_dir, node_id)
+    except (OSError, KeyError, RuntimeError) as exc:
+        err.print(f"[red]Cannot get the credentials of node {escape(node_id)} from {data_dir}[/]: "
+                  f"{type(exc).__name__}: {escape(mask(str(exc)))}")
+        raise typer.Exit(2)
     if not nats_url:
         err.print("[red]No NATS.[/] Set AIOS_NATS_URL (the agent needs only NATS) or run `blocks up` here.")
         raise typer.Exit(2)

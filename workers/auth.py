@@ -365,6 +365,13 @@ class Endpoints:
         redis = self.redis_url(role)
         return {**env, "AIOS_NATS_URL": self.nats_url(role), **({"AIOS_REDIS_URL": redis} if redis else {})}
 
+    def agent_env(self, nid: str) -> dict[str, str]:
+        """Environment of node ``nid``'s real agent (``blocks agent``): the NATS URL as ``agent-<nid>``
+        (the user is added to the running server on first use, ``ensure_agent``) and the TLS CA; no
+        Redis, an agent needs none."""
+        env = {"AIOS_NATS_CA": self.nats_ca} if self.nats_ca else {}
+        return {**env, "AIOS_NATS_URL": ensure_agent(self.data_dir, nid) if self.auth else self.nats}
+
     def public(self) -> dict[str, object]:
         return {"nats": self.nats, "redis": self.redis, "auth": self.auth, "nats_ca": self.nats_ca, "redis_acl": self.redis_acl}
 

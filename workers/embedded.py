@@ -113,6 +113,11 @@ class EmbeddedServers:
         """Environment of a worker process of ``kind`` (``Supervisor(role_env=...)``)."""
         return self.endpoints.env(kind)
 
+    def agent_env(self, nid: str) -> dict[str, str]:
+        """Environment of the real agent process of node ``nid``: a URL with ``agent-<nid>``'s
+        credentials (added to the running server on first use) and the TLS CA."""
+        return self.endpoints.agent_env(nid)
+
     def __post_init__(self) -> None:
         # absolute: redis-server chdirs into --dir, so relative paths after that would break
         self.data_dir = Path(self.data_dir).resolve()
@@ -246,6 +251,22 @@ class EmbeddedServers:
         self.procs.clear()
         with contextlib.suppress(FileNotFoundError):
             (self.data_dir / "endpoints.json").unlink()
+
+
+def agent_nats_url(data_dir: Path, nid: str) -> str | None:
+    """NATS URL of node ``nid``'s agent: ``AIOS_NATS_URL``, else the embedded server a running
+    ``blocks up`` in ``data_dir`` serves, as user ``agent-<nid>`` when it requires credentials (the
+    user is added on first use; the secrets file must be writable). Sets ``AIOS_NATS_CA`` when the
+    embedded NATS serves TLS. ``None``: neither."""
+    if url := os.environ.get("AIOS_NATS_URL"):
+        return url
+    ep = authn.read_endpoints(data_dir)
+    if ep is None:
+        return None
+    env = ep.agent_env(nid)
+    if ca := env.get("AIOS_NATS_CA"):
+        os.environ.setdefault("AIOS_NATS_CA", ca)
+    return env["AIOS_NATS_URL"]
 
 
 def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> tuple[str, str] | None:

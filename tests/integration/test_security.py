@@ -26,6 +26,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus, security_options
+from aios_blocks.bus.nats_bus import connect as nats_connect
 from aios_blocks.cli.client import Client
 from aios_blocks.schemas.events import Dangling, Heartbeat
 from aios_blocks.state.store import Store
@@ -315,6 +316,71 @@ async def test_replayed_stream_messages_are_neither_heartbeats_nor_expected_requ
         stop.set()
         await monitor
         await w.close()
+
+
+# -- `blocks worker` and `blocks agent` against a running `blocks up` --------------------------------
+def _cli_env() -> dict[str, str]:
+    """The environment of a command run next to `blocks up`: no server URLs, no role."""
+    return {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+
+
+async def _reply_prefix_of(admin: NC, subject: str, start: Any, timeout: float = 60) -> str:
+    """The reply subject of the first request a process started by ``start()`` sends on ``subject``:
+    its inbox prefix is ``_INBOX.<the NATS user it logged in as>``."""
+    got: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+    async def cb(msg: Any) -> None:
+        if not got.done():
+            got.set_result(msg.reply)
+
+    sub = await admin.subscribe(subject, cb=cb)
+    await admin.flush()
+    proc = start()
+    try:
+        return await asyncio.wait_for(got, timeout)
+    finally:
+        await sub.unsubscribe()
+        proc.terminate()
+        await asyncio.to_thread(proc.wait, 20)
+
+
+async def test_blocks_worker_connects_as_its_role(servers: EmbeddedServers, admin: Bus, tmp_path: Path) -> None:
+    log = tmp_path / "worker.log"
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return subprocess.Popen([str(BIN / "blocks"), "worker", "parser", "--data-dir", str(servers.data_dir)],
+                                    env=_cli_env(), stdout=out, stderr=out, start_new_session=True)
+
+    reply = await _reply_prefix_of(admin.nc, f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.{subjects.PARSER.durable}", start)
+    assert reply.startswith("_INBOX.parser."), (reply, log.read_text()[-2000:])
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["plain", "tls"])
+async def test_blocks_agent_next_to_blocks_up_connects_as_its_node(tmp_path: Path, tls: bool) -> None:
+    """Without AIOS_NATS_URL, `blocks agent` gets its node's own user from the data dir (added to the
+    running server on first use) and the CA of a TLS server."""
+    s = EmbeddedServers(data_dir=tmp_path / "d", auth=True, tls=tls).start()
+    log = tmp_path / "agent.log"
+
+    def start() -> subprocess.Popen[bytes]:
+        with open(log, "ab") as out:
+            return subprocess.Popen(
+                [str(BIN / "blocks"), "agent", "--node-id", "cli-n1", "--cluster", "c1", "--runtime", "sim", "--sim-gpus", "1",
+                 "--agent-dir", str(tmp_path / "agent"), "--data-dir", str(s.data_dir)],
+                env=_cli_env(), stdout=out, stderr=out, start_new_session=True,
+            )
+
+    admin_bus = Bus(await nats_connect(s.nats_url, "test/admin", s.endpoints.nats_ca))
+    try:
+        reply = await _reply_prefix_of(admin_bus.nc, subjects.node_expected("cli-n1"), start)
+        assert reply.startswith("_INBOX.agent-cli-n1."), (reply, log.read_text()[-2000:])
+        assert "cli-n1" in auth.Secrets.load(s.data_dir, create=False).agents
+        assert await stored(admin_bus, subjects.node_registered("cli-n1"))  # it published as that user
+    finally:
+        await admin_bus.close()
+        s.stop()
+    assert "Violation" not in (s.data_dir / "nats.log").read_text()
 
 
 # -- Redis ------------------------------------------------------------------------------------------
