@@ -1,6 +1,7 @@
 """Policy evaluation cost per call: Python built-in vs Starlark twin vs LXD scriptlet, called
 directly (``eval()`` on the compiled, cached instance) and through the runtime (thread hop, time
-limit, shape check: what a worker pays), on the controller's payload for 8 and 50 nodes.
+limit, shape check: what a worker pays), on the controller's payload for 8 and 50 nodes; up to
+300 calls each way, at most ~1.5 s each (20 calls at least).
 The Python built-in ``builtin:binpack`` is the baseline of the ratios. In process. Figures only.
 
     .venv/bin/python -m bench.policies [--quick]
@@ -45,22 +46,30 @@ def nodes_of(n: int) -> dict[str, dict[str, Any]]:
     return out
 
 
-async def time_calls(rt: PolicyRuntime, uri: str, data: dict[str, Any], calls: int) -> tuple[float, float]:
-    """Median µs of ``eval()`` and of ``runtime.invoke``."""
+#: seconds each way (eval, runtime) of one case at most: ``calls`` or fewer (20 at least)
+BUDGET_S = 1.5
+
+
+async def time_calls(rt: PolicyRuntime, uri: str, data: dict[str, Any], calls: int) -> tuple[float, float, int]:
+    """Median µs of ``eval()`` and of ``runtime.invoke``, and how many calls each."""
     rule = {"name": "resourceAllocator", "policyRuleURI": uri, "parameters": {}, "settings": {}}
     await rt.invoke(rule, "bench", data, {})  # compile + instantiate once (cached afterwards)
     inst, _, _ = await rt.instance(rule, "bench")
-    direct = []
-    for _ in range(calls):
+    direct: list[float] = []
+    end = time.perf_counter() + BUDGET_S
+    while len(direct) < calls and (len(direct) < 20 or time.perf_counter() < end):
         t = time.perf_counter()
         inst.eval({}, data, {})
         direct.append(time.perf_counter() - t)
-    via = []
-    for _ in range(calls):
+    via: list[float] = []
+    end = time.perf_counter() + BUDGET_S
+    while len(via) < len(direct):
         t = time.perf_counter()
         await rt.invoke(rule, "bench", data, {})
         via.append(time.perf_counter() - t)
-    return statistics.median(direct) * 1e6, statistics.median(via) * 1e6
+        if len(via) >= 20 and time.perf_counter() > end:
+            break
+    return statistics.median(direct) * 1e6, statistics.median(via) * 1e6, min(len(direct), len(via))
 
 
 async def measure(quick: bool) -> list[common.Row]:
@@ -76,12 +85,12 @@ async def measure(quick: bool) -> list[common.Row]:
             data = {"action": action, "payload": payload(ir, {"id": "c", "labels": {}}, nodes)}
             base: tuple[float, float] | None = None
             for label, uri in CASES.items():
-                direct, via = await time_calls(rt, uri, data, calls)
+                direct, via, n_calls = await time_calls(rt, uri, data, calls)
                 base = base or (direct, via)
                 ratio = "" if label == BASELINE else f"; x{direct / base[0]:.1f} / x{via / base[1]:.1f} of the Python built-in"
                 rows.append(common.row(
                     GROUP, f"{label}, {action}, {n} nodes: via runtime", via, "us", step_us / via if step_us else None,
-                    f"eval() alone {direct:.0f} us{ratio}; median of {calls} calls; of_raw_limit = raw step time / cost",
+                    f"eval() alone {direct:.0f} us{ratio}; median of {n_calls} calls; of_raw_limit = raw step time / cost",
                 ))
     return rows
 

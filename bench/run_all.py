@@ -40,6 +40,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.docs:
         saved = json.loads((common.RESULTS / "latest.json").read_text())
+        if saved.get("quick") or saved.get("only") is not None:
+            sys.exit(f"bench/results/latest.json is from `{saved.get('command')}`, not a full `make bench`: docs left alone")
         rows = saved.pop("rows")
         print("updated " + ", ".join(str(p.relative_to(common.ROOT)) for p in common.publish_docs(rows, saved)), file=sys.stderr)
         return
@@ -69,7 +71,9 @@ def main() -> None:
     meta = {
         "machine": common.machine_info(),
         "quick": args.quick,
-        "command": "make bench-quick" if args.quick else "make bench",
+        "command": ("make bench-quick" if args.quick else "make bench") if args.only is None
+        else f"python -m bench.run_all {'--quick ' if args.quick else ''}--only {' '.join(args.only)}",
+        "only": args.only,
         "seconds": round(time.time() - started, 1),
         "module_seconds": timing,
         "errors": errors,
