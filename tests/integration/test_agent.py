@@ -191,7 +191,8 @@ async def test_instance_runs_labelled_is_added_and_delete_removes_it(agents: Age
     assert [i.instance_id for i in insts] == [iid]
     labels = insts[0].labels
     assert labels["aios.block"] == bid and labels["aios.instance"] == iid and labels["aios.node"] == "n1"
-    assert labels["aios.spec-version"] == "1" and labels["aios.gpus"] == "n1-g0"
+    recorded = (await c.store.instances(bid))[iid]["gpus"]  # which of the node's GPUs: the resourceAllocator's choice
+    assert labels["aios.spec-version"] == "1" and labels["aios.gpus"] == ",".join(recorded) and len(recorded) == 1
     port = int(json.loads(labels["aios.ports"])["http"])
     assert http_get(port, "/health").strip() == b"ok"
     assert json.loads(http_get(port, "/init.json")) == {"model": "tiny"}
