@@ -205,9 +205,12 @@ class Store:
 
     # -- instances -------------------------------------------------------------------------
     async def put_instances(self, bid: str, instances: dict[str, dict[str, Any]]) -> None:
+        """Record new instances. One already recorded keeps its record: a redelivered placement
+        must not turn a running (or removing) instance back into a starting one."""
         if instances:
             pipe = self.r.pipeline(transaction=False)
-            pipe.hset(inst_key(bid), mapping={iid: _dumps(v) for iid, v in instances.items()})
+            for iid, v in instances.items():
+                pipe.hsetnx(inst_key(bid), iid, _dumps(v))
             for iid, v in instances.items():
                 pipe.hset(node_inst_key(v["node"]), iid, bid)
             await pipe.execute()

@@ -311,11 +311,14 @@ async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[s
 async def _replace(w: Worker, block: dict[str, Any], iid: str, inst: dict[str, Any], reason: str, request_id: str) -> None:
     """Ask the block's resourceAllocator for a ``reassignment`` of a failed/lost instance."""
     bid = block["ir"]["blockId"]
-    await w.store.block_bump(bid, "replacements")
-    await w.bus.publish(
+    ack = await w.bus.publish(
         subjects.cluster_command(inst["cluster"], "reassignment"), "cluster.reassignment",
         ReassignRequest(bid, inst["cluster"], request_id, iid, reason), f"{bid}:{block['gen']}:reassign:{request_id}",
     )
+    if not getattr(ack, "duplicate", False):
+        # counted once per request, as the stream holds it once (a redelivered fault is deduplicated;
+        # recover counts the stored requests): the limit is not reached early by retries
+        await w.store.block_bump(bid, "replacements")
 
 
 async def _commit(
