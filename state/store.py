@@ -24,6 +24,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -37,6 +38,11 @@ from . import scripts
 P = "aios"
 EPOCH_KEY = f"{P}:meta:epoch"
 _json = msgspec.json
+
+
+#: Redis connections per process, and how long a caller waits for one before failing
+MAX_CONNECTIONS = int(os.environ.get("AIOS_REDIS_MAX_CONNECTIONS", 64))
+POOL_WAIT_S = float(os.environ.get("AIOS_REDIS_POOL_WAIT_S", 30))
 
 
 def _dumps(v: Any) -> str:
@@ -78,8 +84,14 @@ class Store:
         self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
 
     @classmethod
-    def open(cls, url: str) -> Store:
-        return cls(aioredis.from_url(url, decode_responses=True, health_check_interval=10))
+    def open(cls, url: str, max_connections: int | None = None) -> Store:
+        # A blocking pool: a burst of concurrent handlers (64 per consumer, several consumers per
+        # process) waits for a free connection instead of failing with MaxConnectionsError.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, decode_responses=True, health_check_interval=10, max_connections=max_connections or MAX_CONNECTIONS,
+            timeout=POOL_WAIT_S,
+        )
+        return cls(aioredis.Redis.from_pool(pool))  # the client owns the pool: aclose() closes it
 
     async def close(self) -> None:
         await self.r.aclose()

@@ -44,3 +44,23 @@ async def test_sharing_rules_and_release_of_zero_amounts(tmp_path: Path) -> None
     finally:
         await st.close()
         servers.stop()
+
+
+async def test_more_concurrent_calls_than_pooled_connections_wait_instead_of_failing(tmp_path: Path) -> None:
+    """A burst bigger than the pool (workers run 64 handlers per consumer) queues for a
+    connection; redis-py's default pool would raise MaxConnectionsError instead."""
+    import asyncio
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_redis()
+    st = Store.open(servers.redis_url, max_connections=4)
+    try:
+        await st.put_node(Node(id="n", cluster="c", gpus=[Gpu(id="g", memory=100)]))
+        got = await asyncio.gather(*(st.r.hget("aios:{c:c}:node:n", "cpu") for _ in range(300)))
+        assert len(got) == 300 and len(set(got)) == 1 and got[0] is not None
+        pool = st.r.connection_pool
+        assert pool.max_connections == 4
+        assert len(pool._available_connections) + len(pool._in_use_connections) <= 4  # type: ignore[attr-defined]
+    finally:
+        await st.close()
+        servers.stop()
