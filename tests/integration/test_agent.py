@@ -25,6 +25,7 @@ import pytest
 from aios_blocks.cli.client import Client
 from aios_blocks.workers.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
 from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+from aios_blocks.workers.auth import url_user
 
 from .conftest import COMPONENT, System
 
@@ -90,8 +91,9 @@ class Agents:
         env = {**os.environ, "AIOS_NATS_URL": self.system.supervisor.nats_url}
         env.pop("AIOS_REDIS_URL", None)  # an agent needs only NATS
         servers = self.system.servers
-        if servers is not None and hasattr(servers, "agent_env"):
+        if servers is not None:  # as the node's own user agent-<nid>: only its node's rights
             env.update(servers.agent_env(nid))
+            assert not servers.auth or url_user(env["AIOS_NATS_URL"]) == f"agent-{nid}"
         log = open(self.base / f"agent-{nid}.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "aios_blocks.cli", "agent", "--node-id", nid, "--cluster", cluster,
