@@ -527,7 +527,7 @@ def watch(bid: str = typer.Argument("*", help="Block id, or all blocks."), data_
             console.print(f"{env.get('time', '')[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
 
     try:
-        _run(_with_client(data_dir, go))
+        _request(go, data_dir)
     except KeyboardInterrupt:
         pass
 
@@ -557,7 +557,7 @@ def replay(
             console.print(f"{seq:>7} {str(env.get('time', ''))[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
         return 0
 
-    raise typer.Exit(_run(_with_client(data_dir, go)))
+    raise typer.Exit(_request(go, data_dir))
 
 
 @app.command()

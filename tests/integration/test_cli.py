@@ -77,6 +77,14 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     assert x["status"] == "failed" and "c1" in x["rounds"][0]["filtered"]
     assert x["failures"][-1]["reason"].startswith("no cluster passed the filter rule")
 
+    # an id that would be a wildcard or a second subject token is refused before anything is sent
+    sneaky = tmp_path / "sneaky.yaml"
+    sneaky.write_text("blockComponentURI: aios://test/model\nblockId: 'cli.*'\nminInstances: 1\nmaxInstances: 1\n")
+    for args in (("submit", str(sneaky)), ("scale", "cli-*"), ("delete", "a.b"), ("reassign", "cli-good", "x>"),
+                 ("replay", "a b")):
+        r = blocks(system, *args)
+        assert r.returncode == 1 and "is not a valid id" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
 
 def test_policy_run_prints_result_and_fails_cleanly(tmp_path: Path) -> None:
     policy = tmp_path / "first_node.py"
