@@ -125,9 +125,13 @@ class Worker:
             return affinity.empty_index()
         return await self.store.index_read(svcs, leases)
 
-    async def hint(self, cid: str, nodes: list[str]) -> None:
+    async def hint(self, cid: str, nodes: list[str] | None) -> None:
+        """Tell every worker (this one included) that these nodes changed; ``None``: the whole
+        cluster and the cluster list."""
         self.inventory.invalidate(cid, nodes)
-        await self.bus.notify(subjects.cluster_inventory(cid), {"cluster": cid, "nodes": nodes})
+        await self.bus.notify(
+            subjects.cluster_inventory(cid), {"cluster": cid} if nodes is None else {"cluster": cid, "nodes": nodes}
+        )
 
     async def fail_block(self, bid: str, gen: int, reason: str, allowed: str | tuple[str, ...], cluster: str = "") -> None:
         """Move the block to ``failed`` (CAS) and publish the failed event with the reason."""

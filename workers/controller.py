@@ -256,10 +256,12 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_registered(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), NodeRegistered)
         node = Node.model_validate(ev.node)
-        await w.store.ensure_cluster(Cluster(id=node.cluster))
+        known = node.cluster in await w.inventory.clusters()
+        new = await w.store.ensure_cluster(Cluster(id=node.cluster))
         await w.store.put_node(node, agent=ev.agent)
-        await w.hint(node.cluster, [node.id])
-        w.inventory.invalidate(node.cluster)
+        # a (re-)registration refreshes that node only; a cluster new to us refreshes the cluster
+        # list everywhere (reloading a 1,000-node cluster per registration stalled placements)
+        await w.hint(node.cluster, None if new or not known else [node.id])
 
     async def on_delete(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), DeleteRequest)
