@@ -257,6 +257,12 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         ev = data_as(decode_envelope(d.data), NodeRegistered)
         node = Node.model_validate(ev.node)
         known = node.cluster in await w.inventory.clusters()
+        meta = await w.store.node_meta(node.id)
+        if (
+            known and meta is not None and meta["cluster"] == node.cluster and meta["agent"] == ev.agent
+            and meta["healthy"] == node.healthy and meta["spec"] == node.model_dump(mode="json")
+        ):
+            return  # already recorded as announced (`blocks cluster add` writes Redis itself; an agent restarted)
         new = await w.store.ensure_cluster(Cluster(id=node.cluster))
         await w.store.put_node(node, agent=ev.agent)
         # a (re-)registration refreshes that node only; a cluster new to us refreshes the cluster

@@ -309,3 +309,50 @@ class NeverFits:
     def eval(self, parameters, input_data, context):
         return {"selection_score_data": {"score": 0.0, "node_info": {}}}
 """
+
+
+async def _drained(system: System, durable: str, timeout: float = 30) -> None:
+    from aios_blocks.bus import subjects
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = await system.client.bus.js.consumer_info(subjects.STREAM, durable)
+        if info.num_pending == 0 and info.num_ack_pending == 0:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"consumer {durable} still busy after {timeout}s")
+
+
+async def test_a_node_announced_as_already_recorded_changes_nothing_and_a_changed_one_is_refreshed(system: System) -> None:
+    """`blocks cluster add` writes Redis and publishes a registration per node; the controller must
+    not answer each of those with an inventory hint (10,000 of them made every worker re-read most
+    of its inventory). A real change is recorded and hinted."""
+    from aios_blocks.bus import subjects
+    from aios_blocks.schemas.events import NodeRegistered
+    from aios_blocks.schemas.spec import Node
+
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=2, gpus=1)
+    await _drained(system, subjects.LIFECYCLE.durable)
+    hints: list[dict[str, Any]] = []
+
+    async def on_hint(msg: Any) -> None:
+        hints.append(json.loads(msg.data))
+
+    await c.bus.nc.subscribe(subjects.cluster_inventory("c0"), cb=on_hint)
+    meta = await c.store.node_meta("c0-n0")
+    assert meta is not None
+    same = NodeRegistered(meta["spec"])
+    await c.bus.publish(subjects.node_registered("c0-n0"), "node.registered", same, "again:c0-n0")
+    await _drained(system, subjects.LIFECYCLE.durable)
+    await c.bus.nc.flush()
+    assert hints == []
+    changed = Node.model_validate({**meta["spec"], "labels": {**meta["spec"]["labels"], "zone": "z9"}})
+    await c.bus.publish(subjects.node_registered("c0-n0"), "node.registered", NodeRegistered(changed.model_dump(mode="json")), "changed:c0-n0")
+    await _drained(system, subjects.LIFECYCLE.durable)
+    for _ in range(50):
+        if hints:
+            break
+        await asyncio.sleep(0.1)
+    assert hints == [{"cluster": "c0", "nodes": ["c0-n0"]}]
+    assert (await c.store.node_meta("c0-n0"))["spec"]["labels"]["zone"] == "z9"
