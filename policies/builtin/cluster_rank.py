@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+#: candidates kept by default (``maxCandidates`` overrides; 0 = every cluster that passed the filter)
+DEFAULT_CANDIDATES = int(os.environ.get("AIOS_MAX_CANDIDATES", 3))
 
 
 def _free_gpus(entry: dict[str, Any]) -> int:
@@ -17,7 +21,10 @@ class ClusterRankPolicy:
     """Seed-000 class shape.
 
     * ``selection``: candidates sorted by Preferred-affinity score, then free GPUs (most first);
-      ``parameters.maxCandidates`` keeps only the top N.
+      ``parameters.maxCandidates`` keeps only the top N (default 3, ``0`` = all). Like
+      kube-scheduler's percentageOfNodesToScore: the clusters ranked below the first few are
+      almost never chosen (post_dry_run prefers the same free capacity), yet each one would cost
+      a dry_run command, its decision record and its result on the stream.
     * ``post_dry_run``: the highest feasibility score; ties go to the higher affinity score, then
       more free GPUs, then the smallest id.
     """
@@ -31,8 +38,8 @@ class ClusterRankPolicy:
         params = {**self.parameters, **(parameters or {})}
         if input_data["action"] == "selection":
             ranked = sorted(input_data["filter_result"], key=lambda e: (-_affinity(e), -_free_gpus(e), e["cluster_id"]))
-            limit = params.get("maxCandidates")
-            return {"clusters": ranked[: int(limit)] if limit else ranked}
+            limit = int(params.get("maxCandidates", DEFAULT_CANDIDATES) or 0)
+            return {"clusters": ranked[:limit] if limit > 0 else ranked}
         if input_data["action"] == "post_dry_run":
             clusters = input_data["clusters"]
             return min(

@@ -290,7 +290,7 @@ def rank(parameters: dict[str, Any] | None = None, call_parameters: dict[str, An
 
 def test_selection_sorts_by_free_gpus_descending() -> None:
     entries = [entry("a", 1), entry("b", 5), entry("c", 3), entry("d", 0)]
-    result = rank()({"action": "selection", "filter_result": entries})
+    result = rank({"maxCandidates": 0})({"action": "selection", "filter_result": entries})
     check("selection", result)
     assert [e["cluster_id"] for e in result["clusters"]] == ["b", "c", "a", "d"]
     assert result["clusters"][0] is entries[1]  # the entries themselves, not copies or ids
@@ -310,6 +310,12 @@ def test_selection_honours_max_candidates(limit: int, expected: list[str]) -> No
     from_call = rank(call_parameters={"maxCandidates": limit})({"action": "selection", "filter_result": entries})
     assert [e["cluster_id"] for e in from_rule["clusters"]] == expected
     assert [e["cluster_id"] for e in from_call["clusters"]] == expected
+
+
+def test_selection_keeps_the_top_three_by_default() -> None:
+    entries = [entry("a", 1), entry("b", 5), entry("c", 3), entry("d", 0), entry("e", 4)]
+    result = rank()({"action": "selection", "filter_result": entries})
+    assert [e["cluster_id"] for e in result["clusters"]] == ["b", "e", "c"]
 
 
 def test_call_parameters_override_rule_parameters() -> None:
