@@ -24,7 +24,7 @@ HOSTILE = {"raises": (RAISES, "python"), "wrong": (WRONG_SHAPE, "python"), "spin
 
 async def test_hostile_policies_fail_their_step_only(chaos: System) -> None:
     c = chaos.client
-    await c.add_sim_cluster("c0", nodes=4, gpus=8)
+    await c.add_sim_cluster("c0", nodes=size(4, 8), gpus=8)  # room for every good block (1 GPU each)
     for name, (source, language) in HOSTILE.items():
         await c.policy_put(name, source, language)
     copies = size(1, 5)
@@ -36,7 +36,9 @@ async def test_hostile_policies_fail_their_step_only(chaos: System) -> None:
     for bid, body in [*hostile.items(), *good.items()]:
         await publish_create(c, bid, body)
     status = await wait_terminal(c, set(hostile) | set(good), timeout=size(240, 600))
-    assert {b: status.get(b) for b in good if status.get(b) != "ready"} == {}
+    not_ready = {b: status.get(b) for b in good if status.get(b) != "ready"}
+    reasons = {b: ((await c.store.get_block(b)) or {}).get("reason") for b in not_ready}
+    assert not_ready == {}, reasons
     assert {b: status.get(b) for b in hostile if status.get(b) != "failed"} == {}
     for bid in hostile:
         reason = (await c.store.get_block(bid))["reason"]
