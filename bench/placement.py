@@ -42,6 +42,8 @@ async def scenario(clusters: int, nodes: int, lat_n: int, burst_n: int, paced_n:
     size = f"{clusters} clusters x {nodes} nodes x 8 GPUs"
     rows: list[common.Row] = []
     async with harness.stack(clusters, nodes, tag="placement") as st:
+        rows.append(common.row(g, "create->ready of the first block after adding the clusters (cold)", st.cold_s * 1000, "ms", None,
+                               "workers load the new clusters' nodes (prefetched on the cluster hint) while it is placed"))
         lat = []
         for _ in range(lat_n):
             kind, s = await st.submit_wait()

@@ -10,14 +10,18 @@ everything at commit time and a conflict refreshes the nodes involved.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 from .store import Store
 
 
 class Inventory:
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, prefetch: bool = False):
         self.store = store
+        #: reload a cluster as soon as a hint says all of it changed (workers that place)
+        self.prefetch = prefetch
+        self._reloads: set[asyncio.Task[None]] = set()
         self._clusters: dict[str, dict[str, Any]] | None = None
         self._nodes: dict[str, dict[str, dict[str, Any]]] = {}
         self._dirty: dict[str, set[str] | None] = {}  # None = reload the whole cluster
@@ -39,6 +43,17 @@ class Inventory:
         if isinstance(cid, str):
             nodes = hint.get("nodes")
             self.invalidate(cid, list(nodes) if nodes else None)
+            if not nodes and self.prefetch:
+                # a whole cluster changed (added, re-registered): reload it now, in the
+                # background, rather than in the first placement that needs it
+                task = asyncio.get_running_loop().create_task(self._reload(cid))
+                self._reloads.add(task)
+                task.add_done_callback(self._reloads.discard)
+
+    async def _reload(self, cid: str) -> None:
+        with contextlib.suppress(Exception):  # a failed prefetch only means a lazy load later
+            if cid in await self.clusters():
+                await self.nodes(cid)
 
     async def clusters(self) -> dict[str, dict[str, Any]]:
         if self._clusters is None:
@@ -63,3 +78,13 @@ class Inventory:
                         else:
                             view.pop(nid, None)
             return self._nodes[cid]
+
+    async def warm(self, only: str | None = None) -> int:
+        """Load every cluster's nodes now (``only``: one cluster), as kube-scheduler syncs its
+        informer caches before it schedules: otherwise the first placement that touches each
+        cluster pays for reading all of its nodes (~0.3 s per 1,000). Returns the nodes loaded."""
+        loaded = 0
+        for cid in list(await self.clusters()):
+            if only is None or cid == only:
+                loaded += len(await self.nodes(cid))
+        return loaded

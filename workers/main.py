@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+import time
 
 import structlog
 
@@ -12,6 +13,8 @@ from . import agent_sim, controller, gateway, parser
 from .base import Worker, run_consumers, stop_on_signals
 
 KINDS = ("parser", "gateway", "controller", "agent-sim")
+log = structlog.get_logger("aios.worker")
+WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
 
 
 def configure_logging() -> None:
@@ -38,6 +41,11 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w)
     else:
         binds = agent_sim.bindings(w)
+    if kind in ("gateway", "controller"):
+        w.inventory.prefetch = True
+        # like kube-scheduler's cache sync: load the inventory before taking work, so the first
+        # placements do not each pay for reading a cluster (other copies serve meanwhile)
+        await _warm(w, cluster)
     try:
         if kind == "controller":
             from .health import HealthMonitor
@@ -47,6 +55,16 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
             await run_consumers(w, binds, stop)
     finally:
         await w.close()
+
+
+async def _warm(w: Worker, cluster: str | None) -> None:
+    started = time.perf_counter()
+    try:
+        nodes = await asyncio.wait_for(w.inventory.warm(cluster), WARM_TIMEOUT_S)
+    except Exception as exc:  # a cold cache is only slower: never fail (or stall) the worker for it
+        log.warning("inventory.warm_failed", error=repr(exc))
+        return
+    log.info("inventory.warm", nodes=nodes, seconds=round(time.perf_counter() - started, 3))
 
 
 def main() -> None:
