@@ -12,7 +12,7 @@ import msgspec
 import structlog
 
 from ..bus import subjects
-from ..bus.runner import Delivery
+from ..bus.runner import Defer, Delivery
 from ..handlers import controller as h
 from ..handlers import faults
 from ..policies.affinity import uid
@@ -45,6 +45,8 @@ COMMIT_RETRIES = int(os.environ.get("AIOS_COMMIT_RETRIES", 5))
 #: instance replacements (after failed / unhealthy / lost) per block before giving up
 MAX_REPLACEMENTS = int(os.environ.get("AIOS_MAX_REPLACEMENTS", 5))
 SELECTION_ROUNDS = int(os.environ.get("AIOS_SELECTION_ROUNDS", 3))
+#: deliveries of a reassignment that finds no room before it gives up (backoff 0.5, 1, 2, 4 s)
+REASSIGN_ATTEMPTS = int(os.environ.get("AIOS_REASSIGN_ATTEMPTS", 5))
 
 
 def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
@@ -127,9 +129,17 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
                 block_metrics=ev.block_metrics, instance_id=ev.instance_id, pod_name=ev.instance_id,
             )
         except PlacementFailed as exc:
+            if not node_down and d.deliveries < REASSIGN_ATTEMPTS:
+                # the capacity may be held by instances on their way out (a failed one's remove is
+                # in flight): try again shortly rather than leave the block short of an instance
+                raise Defer(min(0.5 * 2 ** (d.deliveries - 1), 4.0)) from exc
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason)
             if node_down:  # its node is gone: release it anyway, the capacity is not usable
                 await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
+            elif block["status"] == "placing":
+                # never became ready and cannot replace what it lost: its story ends here
+                await _fail_placing(w, ev.block_id, gen, inst_cluster=old["cluster"],
+                                    reason=f"replacement of {ev.instance_id} could not be placed: {exc.reason}")
             return
         await _start(w, ir, gen, ev.cluster_id, "reassignment", placements, attempts, key=ev.request_id, replaces=ev.instance_id)
         if node_down:
@@ -215,10 +225,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if verdict.action == "reassign":
             await _replace(w, block, ev.instance_id, inst, why, f"{ev.instance_id}:{kind}")
         elif verdict.action == "fail_block":
-            await w.fail_block(ev.block_id, ev.gen, f"{why}; {verdict.why}", ("placing",), inst["cluster"])
-            # a failed block holds nothing: stop what it has (each removal releases its share)
-            for other, rec in (await w.store.instances(ev.block_id)).items():
-                await _remove(w, ev.block_id, ev.gen, rec["cluster"], other, rec["node"], "block failed")
+            await _fail_placing(w, ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}")
         elif verdict.action == "give_up":
             await _step_failed(w, ev.block_id, block, "reassignment", f"{ev.instance_id}:{kind}", f"{why}; {verdict.why}")
 
@@ -294,6 +301,14 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         await table[d.subject.rsplit(".", 1)[1]](d)
 
     return [(subjects.LIFECYCLE, route)]
+
+
+async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason: str) -> None:
+    """Fail a block that is still placing, and stop what it has: a failed block holds nothing
+    (each removal releases its share)."""
+    await w.fail_block(bid, gen, reason, ("placing",), inst_cluster)
+    for other, rec in (await w.store.instances(bid)).items():
+        await _remove(w, bid, gen, rec["cluster"], other, rec["node"], "block failed")
 
 
 async def _release(w: Worker, bid: str, iid: str, inst: dict[str, Any]) -> None:

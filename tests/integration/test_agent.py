@@ -236,7 +236,12 @@ async def test_setup_failing_late_leaves_no_container_port_or_directory(agents: 
     assert not instances_dir.exists() or list(instances_dir.iterdir()) == []
     # every reservation is given back (the failed block's instances are removed, then released)
     await until(lambda: _no_reservations(c, "ca"), what="reservations released")
-    assert await c.store.instances(bid) == {}
+    # ... and their records dropped (the release comes first, then the record: wait for both)
+    await until(lambda: _no_instances(c, bid), what="instance records dropped")
+
+
+async def _no_instances(c: Client, bid: str) -> bool:
+    return await c.store.instances(bid) == {}
 
 
 async def _no_reservations(c: Client, cid: str) -> bool:
