@@ -223,7 +223,6 @@ class Store:
             pipe = self.r.pipeline(transaction=False)
             for iid, v in instances.items():
                 pipe.hsetnx(inst_key(bid), iid, _dumps(v))
-            for iid, v in instances.items():
                 pipe.hset(node_inst_key(v["node"]), iid, bid)
             await pipe.execute()
 

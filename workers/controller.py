@@ -296,7 +296,6 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         "dangling": on_dangling, "registered": on_registered,
     }
 
-
     async def route(d: Delivery) -> None:
         await table[d.subject.rsplit(".", 1)[1]](d)
 
