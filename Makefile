@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test unit integration lint bench bench-quick bench-peer chaos clean up
+.PHONY: wheel-check install demo test unit integration lint bench bench-quick bench-peer chaos clean up
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -50,3 +50,7 @@ bench-peer: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .aios-data .pytest_cache
+
+# the built wheel installed into a fresh venv: CLI, node agent and every module import (CI runs it)
+wheel-check:
+	bash .ci/wheel-check

@@ -47,7 +47,7 @@ structlog.configure(
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
-EXAMPLES = Path(__file__).parent / "examples"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 DataDir = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Where embedded servers keep their data.")
 
 
