@@ -165,23 +165,45 @@ def write_results(rows: list[Row], meta: dict[str, Any], name: str = "latest.jso
     return path
 
 
-#: the files that show the latest full run, between these markers (README "Performance",
-#: docs/benchmarks.md "Latest run"); ``run_all`` rewrites them after a full ``make bench``
+#: where the latest full run goes: the whole table into docs/benchmarks.md ("Latest run"), a
+#: five-line summary of the headline figures into README "Performance"; ``run_all`` rewrites both
+#: after a full ``make bench`` (each between its markers)
 DOC_BEGIN, DOC_END = "<!-- bench:begin -->", "<!-- bench:end -->"
-DOC_TARGETS = (ROOT / "README.md", ROOT / "docs" / "benchmarks.md")
+SUMMARY_BEGIN, SUMMARY_END = "<!-- bench-summary:begin -->", "<!-- bench-summary:end -->"
+DOC_TARGETS = (ROOT / "docs" / "benchmarks.md",)
+SUMMARY_TARGETS = (ROOT / "README.md",)
+
+#: the README summary: (label, group starts with, figure starts with) per figure, one line per group
+SUMMARY_LINES: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
+    ("Placement, 10 clusters x 100 nodes x 8 GPUs", (
+        ("blocks/s (burst)", "2 placement 10x100x8", "blocks/s end to end"),
+        ("create->ready p50", "2 placement 10x100x8", "create->ready p50, unloaded"),
+        ("instance placements/s", "2 placement 10x100x8", "instance placements/s"),
+    )),
+    ("Placement, 10 clusters x 1,000 nodes x 8 GPUs", (
+        ("blocks/s (burst)", "2 placement 10x1000x8", "blocks/s end to end"),
+        ("create->ready p50", "2 placement 10x1000x8", "create->ready p50, unloaded"),
+        ("p99 at 80% of peak", "2 placement 10x1000x8", "create->ready p99 at 80%"),
+    )),
+    ("Against Ray placement groups, same run", (
+        ("Ray groups/s", "6 peer", "Ray: placement groups/s"),
+        ("ours/Ray throughput", "6 peer", "ours / Ray: throughput"),
+        ("ours/Ray p50 latency", "6 peer", "ours / Ray: p50 latency"),
+    )),
+    ("Raw limits of the stack", (
+        ("JetStream acked publish", "1 raw limit", "JetStream publish, ack awaited"),
+        ("Redis reservation round trip", "1 raw limit", "Redis RESERVE_GANG"),
+    )),
+    ("Recovery", (
+        ("1M stored events rebuilt in", "recovery", "blocks recover from 1M"),
+        ("rate", "recovery", "recover rate at 1M"),
+    )),
+)
 
 
 def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     """The run as markdown: one line of machine info, then the table (what the docs show)."""
-    m = meta.get("machine", {})
-    redis = " ".join(str(m.get("redis_server", "")).split()[:3])
-    facts = [
-        f"Run {m.get('date', '?')}", f"commit {str(m.get('git_commit', ''))[:10] or '?'}{' (dirty tree)' if m.get('git_dirty') else ''}",
-        f"{m.get('cpu_count', '?')} x {m.get('cpu_model', '?')}", f"Python {m.get('python', '?')}",
-        str(m.get("nats_server", "")), redis, f"JetStream sync {m.get('nats_sync', '?')}",
-    ]
-    took = f"`{meta.get('command', 'make bench')}` took {meta.get('seconds', '?')} s"
-    lines = [", ".join(f for f in facts if f) + f", {took}.", "",
+    lines = [_run_line(meta), "",
              "| group | figure | value | unit | of raw limit | note |", "|---|---|---:|---|---:|---|"]
     for r in rows:
         frac = r.get("of_raw_limit")
@@ -190,22 +212,53 @@ def markdown(rows: list[Row], meta: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def replace_marked(path: Path, body: str) -> bool:
+def _run_line(meta: dict[str, Any]) -> str:
+    m = meta.get("machine", {})
+    redis = " ".join(str(m.get("redis_server", "")).split()[:3])
+    facts = [
+        f"Run {m.get('date', '?')}", f"commit {str(m.get('git_commit', ''))[:10] or '?'}{' (dirty tree)' if m.get('git_dirty') else ''}",
+        f"{m.get('cpu_count', '?')} x {m.get('cpu_model', '?')}", f"Python {m.get('python', '?')}",
+        str(m.get("nats_server", "")), redis, f"JetStream sync {m.get('nats_sync', '?')}",
+    ]
+    took = f"`{meta.get('command', 'make bench')}` took {meta.get('seconds', '?')} s"
+    return ", ".join(f for f in facts if f) + f", {took}."
+
+
+def summary(rows: list[Row], meta: dict[str, Any]) -> str:
+    """Five lines of headline figures for the README (a figure the run lacks is left out), then
+    the run line and a link to the full table."""
+    out = []
+    for title, picks in SUMMARY_LINES:
+        parts = []
+        for label, group, figure in picks:
+            r = next((r for r in rows if r["group"].startswith(group) and r["figure"].startswith(figure)), None)
+            if r is not None and r["value"] == r["value"]:
+                parts.append(f"{label} **{fmt(r['value'])}**{' ' + r['unit'] if r['unit'] else ''}")
+        if parts:
+            out.append(f"- {title}: " + ", ".join(parts))
+    out += ["", _run_line(meta) + " Every figure: [docs/benchmarks.md](docs/benchmarks.md#latest-run)."]
+    return "\n".join(out)
+
+
+def replace_marked(path: Path, body: str, begin: str = DOC_BEGIN, end: str = DOC_END) -> bool:
     """Put ``body`` between the markers in ``path``; False (file untouched) when they are missing."""
     if not path.exists():
         return False
     text = path.read_text()
-    start, end = text.find(DOC_BEGIN), text.find(DOC_END)
-    if start < 0 or end < start:
+    start, stop = text.find(begin), text.find(end)
+    if start < 0 or stop < start:
         return False
-    path.write_text(text[: start + len(DOC_BEGIN)] + "\n" + body.strip("\n") + "\n" + text[end:])
+    path.write_text(text[: start + len(begin)] + "\n" + body.strip("\n") + "\n" + text[stop:])
     return True
 
 
-def publish_docs(rows: list[Row], meta: dict[str, Any], targets: Iterable[Path] = DOC_TARGETS) -> list[Path]:
-    """Write the run's table into every target that has the markers; returns those written."""
-    body = markdown(rows, meta)
-    return [p for p in targets if replace_marked(p, body)]
+def publish_docs(rows: list[Row], meta: dict[str, Any], targets: Iterable[Path] = DOC_TARGETS,
+                 summary_targets: Iterable[Path] = SUMMARY_TARGETS) -> list[Path]:
+    """Write the run's table into every target and its summary into every summary target that
+    has the markers; returns those written."""
+    table, short = markdown(rows, meta), summary(rows, meta)
+    written = [p for p in targets if replace_marked(p, table)]
+    return written + [p for p in summary_targets if replace_marked(p, short, SUMMARY_BEGIN, SUMMARY_END)]
 
 
 def print_table(rows: list[Row], title: str = "aios-blocks benchmarks") -> None:
