@@ -301,3 +301,29 @@ def test_decode_envelope_reads_foreign_cloudevents() -> None:
     )
     env = events.decode_envelope(raw)
     assert env.source == "/ext" and env.data == {"a": 1} and env.time == "2024-01-01T00:00:00Z"
+
+
+# -- docs/subjects.md is generated from the catalog ------------------------------------------------
+def test_docs_subjects_table_equals_the_catalog() -> None:
+    from pathlib import Path
+
+    from aios_blocks.bus import catalog_doc
+
+    doc = Path(__file__).resolve().parents[2] / "docs" / "subjects.md"
+    text = doc.read_text()
+    assert catalog_doc.render_into(text) == text, "docs/subjects.md is stale: run `blocks subjects --markdown` and paste it between the catalog markers"
+    for pattern, _, _ in subjects.catalog():  # every catalog subject, `decision` included
+        assert f"`{pattern}`" in text
+
+
+def test_catalog_doc_derives_stored_and_consumers_from_the_stream_and_the_filters() -> None:
+    from aios_blocks.bus import catalog_doc
+
+    rows = {r[0]: r for r in catalog_doc.catalog_rows()}
+    assert rows["aios.node.{nid}.heartbeat"][2] == "no"  # core NATS only
+    assert rows["aios.block.{bid}.decision"][2] == "yes"
+    assert rows["aios.block.{bid}.create"][3] == "parser"
+    assert rows["aios.cluster.{cid}.allocation"][3] == "controller"
+    assert rows["aios.block.{bid}.instance.{iid}.added"][3] == "lifecycle"
+    assert catalog_doc.matches("aios.block.>", "aios.block.b") and not catalog_doc.matches("aios.block.>", "aios.block")
+    assert not catalog_doc.matches("aios.*.x", "aios.a.b.x")

@@ -781,14 +781,20 @@ def policy_show(name: str, version: int = typer.Option(None), data_dir: Path = D
     print(rec["source"])
 
 
-def subjects_() -> None:
-    """Every NATS subject the system uses. Example: `blocks subjects`"""
-    from ..bus import subjects
+def subjects_(
+    markdown: bool = typer.Option(False, "--markdown", help="Print docs/subjects.md's table (generated from the catalog)."),
+) -> None:
+    """Every NATS subject the system uses: who publishes it, whether the stream stores it, which
+    durable consumers take it. Example: `blocks subjects`, `blocks subjects --markdown`"""
+    from ..bus import catalog_doc
 
+    if markdown:
+        print(catalog_doc.catalog_markdown())
+        return
     t = Table()
-    for col in ("subject", "published by", "meaning"):
-        t.add_column(col)
-    for row in subjects.catalog():
+    for col in ("subject", "published by", "stored", "durable consumers", "meaning"):
+        t.add_column(col, overflow="fold")
+    for row in catalog_doc.catalog_rows():
         t.add_row(*row)
     console.print(t)
 
