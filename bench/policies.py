@@ -24,12 +24,11 @@ from aios_blocks.policies.runtime import PolicyRuntime
 from aios_blocks.state.store import node_view
 
 GROUP = "3 policy cost per call (in process)"
-STAR = common.ROOT / "tests" / "unit" / "starlark_policies"
 BASELINE = "python builtin:binpack"
 CASES = {
     BASELINE: "builtin:binpack",
-    "starlark binpack.star": str(STAR / "binpack.star"),
-    "starlark LXD most-free-memory": str(STAR / "lxd_most_free_memory.star"),
+    "starlark binpack.star": str(common.ROOT / "examples" / "binpack.star"),
+    "starlark LXD most-free-memory": str(common.ROOT / "examples" / "lxd_most_free_memory.star"),
 }
 
 

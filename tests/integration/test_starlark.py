@@ -11,6 +11,7 @@ from .conftest import System
 from .test_cli import BLOCKS, blocks
 
 UNIT = Path(__file__).resolve().parents[1] / "unit" / "starlark_policies"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 SPIN = """
 def eval(parameters, input_data, context):
@@ -34,7 +35,7 @@ async def test_lxd_scriptlet_places_on_most_free_memory_and_logs_into_replay(sys
     await c.add_cluster(Cluster(id="c0"))
     for n, mem in enumerate((64, 512, 128)):  # GiB
         await c.add_node(Node(id=f"c0-n{n}", cluster="c0", memory=mem * 1024, gpus=[Gpu(id=f"c0-n{n}-g0")]))
-    r = blocks(system, "policy", "add", "lxd-mem", str(UNIT / "lxd_most_free_memory.star"))
+    r = blocks(system, "policy", "add", "lxd-mem", str(EXAMPLES / "lxd_most_free_memory.star"))
     assert r.returncode == 0, r.stderr
     bid, kind, env = await system.submit_and_wait(_spec("lxd-1", "registry:lxd-mem"))
     assert kind == "ready", env
@@ -72,7 +73,7 @@ def test_policy_run_lxd_prints_target_or_rejection(tmp_path: Path) -> None:
     }
     f = tmp_path / "args.json"
     f.write_text(json.dumps(args))
-    r = subprocess.run([*BLOCKS, "policy", "run", str(UNIT / "lxd_most_free_memory.star"), "--kind", "lxd", "--input", str(f)],
+    r = subprocess.run([*BLOCKS, "policy", "run", str(EXAMPLES / "lxd_most_free_memory.star"), "--kind", "lxd", "--input", str(f)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {"target": "m2"}

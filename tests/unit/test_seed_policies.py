@@ -12,11 +12,11 @@ from aios_blocks.handlers import controller, gateway
 from aios_blocks.policies.runtime import PolicyRuntime, TrackingDict, policy_class_from_source
 from aios_blocks.schemas.errors import PlacementFailed, PolicyFailed
 
-from .views import busy_gpu, free_gpus, gpu, invoker, make_ir, node, nodes_of
+from .views import EXAMPLES, busy_gpu, free_gpus, gpu, invoker, make_ir, node, nodes_of
 
 HERE = Path(__file__).parent / "seed_policies"
 SELECTOR = HERE / "cluster_selector.py"
-RESOURCE = HERE / "resource_rule.py"
+RESOURCE = EXAMPLES / "first_fit.py"  # the example a user copies (examples/)
 CLUSTER = {"id": "c1", "labels": {"zone": "a"}}
 
 

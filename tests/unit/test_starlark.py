@@ -30,7 +30,7 @@ from aios_blocks.policies.starlark_runtime import (
 )
 from aios_blocks.schemas.errors import PolicyFailed
 
-from .views import GIB, busy_gpu, free_gpus, gpu, make_ir, node, nodes_of
+from .views import EXAMPLES, GIB, busy_gpu, free_gpus, gpu, make_ir, node, nodes_of
 
 HERE = Path(__file__).parent / "starlark_policies"
 CLUSTER = {"id": "c1", "labels": {}}
@@ -38,7 +38,10 @@ MiB = 1024 * 1024
 
 
 def load(name: str, limits: Limits | None = None) -> type:
-    return compile_policy((HERE / f"{name}.star").read_text(), name, limits)
+    path = HERE / f"{name}.star"
+    if not path.exists():  # binpack and LXD most-free-memory are the shipped examples
+        path = EXAMPLES / f"{name}.star"
+    return compile_policy(path.read_text(), name, limits)
 
 
 def inline(source: str, limits: Limits | None = None, settings: dict[str, Any] | None = None) -> Any:

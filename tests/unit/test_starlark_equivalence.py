@@ -4,7 +4,6 @@ inventories (random ones, seeded), through the same PolicyRuntime."""
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,9 +12,9 @@ from aios_blocks.handlers.controller import payload
 from aios_blocks.policies.runtime import PolicyRuntime
 from aios_blocks.schemas.errors import PolicyFailed
 
-from .views import gpu, node
+from .views import EXAMPLES, gpu, node
 
-STAR = str(Path(__file__).parent / "starlark_policies" / "binpack.star")
+STAR = str(EXAMPLES / "binpack.star")
 
 
 def inventory(rng: random.Random) -> dict[str, dict[str, Any]]:

@@ -5,6 +5,7 @@ produces (built *through* ``node_view`` from a Redis-style hash), components and
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -14,6 +15,8 @@ from aios_blocks.schemas.ir import block_create_IR
 from aios_blocks.state.store import node_view
 
 GIB = 1024
+#: the examples users copy (shipped in the wheel; ./examples points here)
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "aios_blocks" / "examples"
 
 
 def gpu(gid: str, memory: int = 80 * GIB, used: int = 0, instances: int = 0, exclusive: bool = False) -> dict[str, Any]:

@@ -203,10 +203,11 @@ class Client:
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in scanned]
 
-    async def decisions(self, since: float | None = None, idle: float = 0.5) -> list[dict[str, Any]]:
-        """Recorded policy decisions (oldest first), with large inputs fetched back by digest."""
+    async def decisions(self, since: float | None = None, idle: float = 0.5, bid: str = "*") -> list[dict[str, Any]]:
+        """Recorded policy decisions of one block or all (oldest first), with large inputs fetched
+        back by digest."""
         out: list[dict[str, Any]] = []
-        for msg in await self._scan(subjects.block_event("*", "decision"), idle):
+        for msg in await self._scan(subjects.block_event(_block_or_all(bid), "decision"), idle):
             env = _decode(msg.data)
             when = dt.datetime.fromisoformat(str(env.get("time", "1970-01-01T00:00:00Z")).replace("Z", "+00:00"))
             if since is None or when.timestamp() >= since:

@@ -754,6 +754,46 @@ def policy_test(
         console.print(t)
 
 
+@policy_app.command("input")
+def policy_input(
+    bid: str = typer.Argument(..., help="Block whose recorded policy call to dump."),
+    step: str = typer.Option("allocation", "--step", help="The call's action: selection, dry_run, post_dry_run, allocation, scale, reassignment."),
+    index: int = typer.Option(-1, "--index", help="Which call of that step, oldest first (0, 1, ...; -1 = the last)."),
+    output: Path = typer.Option(None, "--output", "-o", help="Write the input here instead of stdout."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Dump the exact input a block's policy got at one step (from its recorded decision), ready
+    for `blocks policy run FILE --input`: replay a real placement against your own policy offline.
+
+    Example: `blocks policy input BID --step allocation -o input.json`,
+    then `blocks policy run examples/first_fit.py --input input.json`
+    """
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        return await c.decisions(bid=bid)
+
+    recorded = _run(_with_client(data_dir, go))
+    calls = [d for d in recorded if d.get("action") == step]
+    if not calls:
+        steps = sorted({str(d.get("action")) for d in recorded})
+        where = f"its recorded steps: {', '.join(steps)}" if steps else "no policy call is recorded for it"
+        err.print(f"[red]block {bid} has no recorded {step!r} policy call[/] ({where})")
+        raise typer.Exit(1)
+    if not -len(calls) <= index < len(calls):
+        err.print(f"[red]--index {index} out of range[/]: block {bid} has {len(calls)} recorded {step!r} call(s)")
+        raise typer.Exit(2)
+    call = calls[index]
+    if call.get("input") is None:
+        err.print(f"[red]the input of that call is no longer stored[/] (digest {call.get('input_digest')})")
+        raise typer.Exit(1)
+    text = json.dumps(call["input"], indent=2, default=str)
+    if output is None:
+        print(text)
+        return
+    output.write_text(text + "\n")
+    err.print(f"wrote {output}: the {step} input of {call.get('kind')} ({call.get('uri')}), call {index if index >= 0 else len(calls) + index} of {len(calls)}")
+
+
 @policy_app.command("list")
 def policy_list(data_dir: Path = DataDir) -> None:
     """List registry policies. Example: `blocks policy list`"""
