@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -19,8 +20,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from ..schemas.spec import Cluster, Gpu, Node
+from ..workers import lifetime
 from ..workers.auth import KIND_ROLE, mask
-from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, agent_nats_url, resolve_urls
+from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, agent_nats_url, redis_version, resolve_urls
 from ..workers.supervisor import Supervisor
 from .client import TERMINAL, Client
 
@@ -141,36 +143,51 @@ def up(
     controllers: int = typer.Option(1, help="Controller worker processes."),
     agents: int = typer.Option(1, help="Simulated node agent processes."),
 ) -> None:
-    """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker; Ctrl-C stops.
+    """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
+    SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
+    and workers die with it. One `blocks up` per data dir: a second one exits 1 naming the first.
 
-    Example: `blocks up --controllers 2`
+    Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
-    servers, sup = _start(data_dir, {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents})
-    console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}")
-    try:
+    with _running(data_dir, {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents}) as (servers, sup):
+        where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
+        console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")
+        console.print(f"logs: {sup.log_dir}/<worker>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
         while True:
             time.sleep(1)
-    except KeyboardInterrupt:
-        console.print("stopping")
-    finally:
-        sup.stop()
-        if servers:
-            servers.stop()
 
 
-def _start(data_dir: Path, layout: dict[str, int] | None = None) -> tuple[EmbeddedServers | None, Supervisor]:
-    servers = None
-    nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
-    if not (nats_url and redis_url):
-        servers = EmbeddedServers(data_dir=data_dir).start()
-        nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
-        os.environ.setdefault("AIOS_NATS_URL", nats_url)
-        os.environ.setdefault("AIOS_REDIS_URL", redis_url)
-    sup = Supervisor(
-        nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}, log_dir=str(data_dir / "logs"),
-        role_env=servers.worker_env if servers else None,
-    )
-    return servers, sup.start()
+@contextlib.contextmanager
+def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
+    """Servers (unless AIOS_*_URL are set) and workers for the block inside; SIGTERM, SIGHUP and
+    SIGINT (even when started in the background, where the shell ignores SIGINT) stop them like
+    Ctrl-C, in order: workers, then servers. A data dir in use by another process: exit 1."""
+    servers: EmbeddedServers | None = None
+    sup: Supervisor | None = None
+    with lifetime.stop_on_signals():
+        try:
+            nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
+            if not (nats_url and redis_url):
+                try:
+                    servers = EmbeddedServers(data_dir=data_dir).start()
+                except lifetime.DataDirBusy as exc:
+                    err.print(f"[red]{escape(str(exc))}[/]")
+                    raise typer.Exit(1)
+                nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
+                os.environ.setdefault("AIOS_NATS_URL", nats_url)
+                os.environ.setdefault("AIOS_REDIS_URL", redis_url)
+            sup = Supervisor(
+                nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1},
+                log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
+            ).start()
+            yield servers, sup
+        except KeyboardInterrupt as exc:
+            console.print(f"stopping ({exc.args[0] if exc.args else 'SIGINT'})")
+        finally:
+            if sup:
+                sup.stop()
+            if servers:
+                servers.stop()
 
 
 @app.command()
@@ -275,21 +292,13 @@ def demo(
     On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready.
     Example: `blocks demo`
     """
-    servers, sup = _start(data_dir)
     code = 1
-    try:
+    with _running(data_dir) as (_, sup):
         code = _run(_demo(sup, timeout))
         if code == 0 and sys.stdout.isatty():
             console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")
-            try:
-                while True:
-                    time.sleep(1)
-            except KeyboardInterrupt:
-                pass
-    finally:
-        sup.stop()
-        if servers:
-            servers.stop()
+            while True:
+                time.sleep(1)
     raise typer.Exit(code)
 
 

@@ -267,8 +267,13 @@ def nats_authorization(s: Secrets) -> str:
 
 
 def redis_acl(s: Secrets) -> str:
-    """An ACL file: the default (passwordless) user is off; one line per user."""
-    lines = ["user default off"]
+    """An ACL file: the default (passwordless) user is off; one line per user.
+
+    ``default`` is off (no one can log in as it) but keeps every permission: Redis 7.0 replays its
+    append-only file as ``default``, and a ``default`` without permissions makes it drop every
+    MULTI/EXEC on restart ("ACLs rules changed between the moment the transaction was accumulated
+    and the EXEC call"; redis#14541, valkey#3983) - every reservation and status change lost."""
+    lines = ["user default off ~* &* +@all"]
     lines += [f"user {user} on >{s.redis[user]} {rules}" for user, rules in REDIS_USERS.items()]
     return "\n".join(lines) + "\n"
 

