@@ -138,7 +138,9 @@ def test_generated_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
 def test_redis_acl_turns_the_default_user_off(tmp_path: Path) -> None:
     s = auth.Secrets.load(tmp_path)
     lines = auth.redis_acl(s).splitlines()
-    assert lines[0] == "user default off"
+    # off: nobody logs in as it; all permissions: Redis 7.0 replays the AOF as `default`, and MULTI/EXEC
+    # of a user without them is dropped on restart (tests/integration/test_lifecycle.py proves the restart)
+    assert lines[0] == "user default off ~* &* +@all"
     assert f"user aios on >{s.redis['aios']} ~aios:* &* +@all -@dangerous" in lines
     assert any(line.startswith("user observer on ") and "+@read" in line and "+@write" not in line for line in lines)
 
@@ -160,7 +162,9 @@ def test_endpoints_give_each_worker_its_role(tmp_path: Path) -> None:
     assert ep.env("gateway") == {
         "AIOS_NATS_URL": f"nats://gateway:{s.nats['gateway']}@127.0.0.1:4",
         "AIOS_REDIS_URL": f"redis://aios:{s.redis['aios']}@127.0.0.1:5/0",
+        "AIOS_EVENT_KEY": s.event_key,  # the system's wire-id key (bus/event_ids.py)
     }
+    assert len(s.event_key) == 64 and auth.Secrets.load(tmp_path).event_key == s.event_key  # made once, kept
     assert ep.redis_url("upstream") is None and ep.redis_url("observer").startswith("redis://observer:")  # type: ignore[union-attr]
     assert ep.env("something-new") == {}  # unknown kinds keep the URL the supervisor was given
     assert "@" not in json.dumps(ep.public())

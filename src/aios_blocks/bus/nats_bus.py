@@ -1,13 +1,17 @@
 """The door to NATS: connection, the one JetStream stream, consumers, publishing.
 
 Publishing always sets a deterministic ``Nats-Msg-Id`` so a redelivered step that publishes again
-is dropped by JetStream's duplicate window instead of producing a second event.
+is dropped by JetStream's duplicate window instead of producing a second event; on the wire it is
+a keyed digest of the logical id (``event_ids``), so no client can guess, and so suppress, a
+system event. Events go out in the CloudEvents NATS binding's structured mode
+(``Content-Type: application/cloudevents+json``) with an absolute-URI ``source``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
@@ -28,10 +32,10 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
 
 from ..schemas.events import envelope
-from . import subjects
+from . import event_ids, subjects
 
 log = structlog.get_logger("aios.bus")
 
@@ -80,17 +84,68 @@ async def connect(url: str, name: str = "aios", ca: str | None = None) -> Client
     )
 
 
+#: the CloudEvents NATS binding, structured mode: the whole event is the JSON body
+CLOUDEVENTS_JSON = "application/cloudevents+json"
+
+
+def source_uri(name: str) -> str:
+    """``aios-blocks/parser`` -> ``aios-blocks://<host>/parser`` (CloudEvents wants a URI-reference;
+    an absolute one says which host and worker published)."""
+    if "://" in name:
+        return name
+    return f"aios-blocks://{socket.gethostname()}/{name.removeprefix('aios-blocks').strip('/') or 'unknown'}"
+
+
 class Bus:
     """A NATS connection with its JetStream context and the project's conventions."""
 
-    def __init__(self, nc: Client, source: str = "aios-blocks"):
+    def __init__(self, nc: Client, source: str = "aios-blocks", event_key: str | None = None):
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=10)
-        self.source = source
+        self.source = source_uri(source)
+        self._event_key = event_key or os.environ.get("AIOS_EVENT_KEY") or None
+        self._ids: event_ids.EventIds | None = None
 
     @classmethod
-    async def open(cls, url: str, source: str = "aios-blocks") -> Bus:
-        return cls(await connect(url, name=source), source)
+    async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None) -> Bus:
+        return cls(await connect(url, name=source), source, event_key)
+
+    # -- event ids -------------------------------------------------------------------------
+    async def ids(self) -> event_ids.EventIds:
+        """The wire-id maker: the given key, ``AIOS_EVENT_KEY``, else the shared one in the KV
+        bucket (created by the first system process that needs it)."""
+        if self._ids is None:
+            key = self._event_key or await self._shared_event_key()
+            self._ids = event_ids.EventIds(key)
+        return self._ids
+
+    async def _shared_event_key(self) -> str:
+        try:
+            try:
+                kv = await self.js.key_value(event_ids.KV_BUCKET)
+            except NotFoundError:
+                kv = await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=StreamLimits().replicas)
+            try:
+                await kv.create(event_ids.KV_KEY, event_ids.new_key().encode())
+            except KeyWrongLastSequenceError:
+                pass  # another process made it first: use theirs
+            entry = await kv.get(event_ids.KV_KEY)
+            return bytes(entry.value or b"").decode()
+        except Exception as exc:  # no right to the bucket (a role without the key): a key of our own
+            log.warning("bus.event_key_private", error=str(exc) or type(exc).__name__,
+                        note="set AIOS_EVENT_KEY; until then a republish after a restart is not deduplicated")
+            return event_ids.new_key()
+
+    async def store_event_key(self, key: str) -> None:
+        """Make ``key`` the shared one (the embedded setup: the key in its secrets file)."""
+        try:
+            kv = await self.js.key_value(event_ids.KV_BUCKET)
+        except NotFoundError:
+            kv = await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=StreamLimits().replicas)
+        await kv.put(event_ids.KV_KEY, key.encode())
+
+    async def _headers(self, msg_id: str, content_type: str = CLOUDEVENTS_JSON) -> dict[str, str]:
+        return {"Nats-Msg-Id": (await self.ids()).wire(msg_id), "Content-Type": content_type}
 
     async def close(self) -> None:
         if not self.nc.is_closed:
@@ -162,19 +217,21 @@ class Bus:
     async def publish(self, subject: str, kind: str, data: Any, msg_id: str) -> Any:
         """Publish one event and wait for the stream's ack (durable before we go on)."""
         payload = self.encode(subject, kind, data, msg_id)
-        return await self.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id})
+        return await self.js.publish(subject, payload, headers=await self._headers(msg_id))
 
     async def publish_many(self, items: Iterable[tuple[str, str, Any, str]]) -> None:
         """Publish several events concurrently and wait for all acks."""
         futs = []
         for subject, kind, data, msg_id in items:
             payload = self.encode(subject, kind, data, msg_id)
-            futs.append(await self.js.publish_async(subject, payload, headers={"Nats-Msg-Id": msg_id}))
+            futs.append(await self.js.publish_async(subject, payload, headers=await self._headers(msg_id)))
         if futs:
             await asyncio.gather(*futs)
 
-    async def publish_raw(self, subject: str, payload: bytes, msg_id: str | None = None) -> Any:
-        headers = {"Nats-Msg-Id": msg_id} if msg_id else None
+    async def publish_raw(self, subject: str, payload: bytes, msg_id: str | None = None,
+                          content_type: str = "application/json") -> Any:
+        """A body that is not a CloudEvent (a bare spec, a dead letter, a stored policy input)."""
+        headers = await self._headers(msg_id, content_type) if msg_id else {"Content-Type": content_type}
         return await self.js.publish(subject, payload, headers=headers)
 
     async def notify(self, subject: str, data: Any) -> None:

@@ -891,18 +891,23 @@ def recover(
 @app.command()
 def check(
     settled: bool = typer.Option(True, "--settled/--live", help="--live: blocks in flight and a digest mismatch are warnings."),
+    stuck_after: float = typer.Option(
+        None, "--stuck-after", min=1, envvar="AIOS_STUCK_AFTER_S",
+        help="A block in flight with no event for this many seconds is stuck (a violation, --live too). [default: 600]"),
     as_json: bool = typer.Option(False, "--json"),
     data_dir: Path = DataDir,
 ) -> None:
     """Check the invariants: every block ready/failed/rejected/deleted with a reason, no GPU over
     capacity and usage equal to the reservations, no instance twice, Redis == state rebuilt from
-    the stream. Exit 0 when they hold, 1 when not.
+    the stream, no block stuck in flight. Exit 0 when they hold, 1 when not.
 
-    Example: `blocks check --live`
+    Example: `blocks check --live`, `blocks check --live --stuck-after 120`
     """
+    from ..state.invariants import DEFAULT_STUCK_AFTER_S
     from ..state.invariants import check as run_check
 
-    rep = _run(_with_client(data_dir, lambda c: run_check(c.bus, c.store, settled=settled)))
+    limit = stuck_after or DEFAULT_STUCK_AFTER_S
+    rep = _run(_with_client(data_dir, lambda c: run_check(c.bus, c.store, settled=settled, stuck_after=limit)))
     if as_json:
         print(json.dumps(rep.as_dict(), indent=2))
     else:

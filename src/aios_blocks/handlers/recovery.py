@@ -84,6 +84,9 @@ class Fold:
     anomalies: list[str] = field(default_factory=list)
     events: int = 0
     last_seq: int = 0
+    #: block -> (time, subject tail) of its latest stored event: how long it has not moved
+    #: (``blocks check`` reports blocks in flight that stopped moving; not part of the image)
+    last_event: dict[str, tuple[float, str]] = field(default_factory=dict)
 
     # -- entry point -----------------------------------------------------------------------------
     def apply(self, subject: str, raw: bytes, seq: int = 0, ts: float = 0.0) -> None:
@@ -95,6 +98,7 @@ class Fold:
             return
         entity, key, tail = parts[1], parts[2], ".".join(parts[3:])
         if entity == "block":
+            self.last_event[key] = (ts, tail)
             if tail == "create":
                 self.creates[seq] = _digest(raw)
                 self.block_order.setdefault(key, ts)

@@ -7,11 +7,15 @@
 3. no instance id runs twice: each reservation belongs to exactly one live instance record and
    each instance record has its reservation; the stream never shows one instance added on two
    nodes at once;
-4. Redis equals the state rebuilt from the stream: same canonical digest (``handlers.image``).
+4. Redis equals the state rebuilt from the stream: same canonical digest (``handlers.image``);
+5. no block is stuck: a block in flight whose latest event is older than ``stuck_after`` seconds
+   is a violation even while the system runs (``--live``): nothing moves it any more (a step
+   lost or dropped, a worker kind missing), and no other check would say so.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -152,15 +156,38 @@ def check_image(
     return rep
 
 
+#: a block in flight with no event for this long is stuck (``blocks check --stuck-after``)
+DEFAULT_STUCK_AFTER_S = 600.0
+
+
+def stuck_blocks(img: im.Image, last_event: dict[str, tuple[float, str]], stuck_after: float,
+                 now: float | None = None) -> list[str]:
+    """Blocks in flight (or submitted and never parsed) whose latest stored event is older than
+    ``stuck_after`` seconds, each with its status, age and last event."""
+    now = time.time() if now is None else now
+    status = {k.split(":", 2)[2]: v.get("status", "?") for k, v in img.items()
+              if k.startswith("aios:block:") and not k.endswith(":inst") and isinstance(v, dict)}
+    out = []
+    for bid, (ts, tail) in sorted(last_event.items()):
+        st = status.get(bid, "submitted" if ID_RE.match(bid) else None)
+        if st in (*IN_FLIGHT, "submitted") and ts and now - ts > stuck_after:
+            out.append(f"block {bid}: stuck {st} for {now - ts:.0f}s (no event since {tail}; limit {stuck_after:g}s)")
+    return out
+
+
 async def check(
-    bus: Bus, store: Store, expected: set[str] | None = None, settled: bool = True
+    bus: Bus, store: Store, expected: set[str] | None = None, settled: bool = True,
+    stuck_after: float = DEFAULT_STUCK_AFTER_S,
 ) -> Report:
-    """All four invariants against the live servers. ``expected``: block ids that must be
+    """All five invariants against the live servers. ``expected``: block ids that must be
     accounted for (default: every valid id with a create message in the stream)."""
     fold = await fold_stream(bus)
     img = await read_image(store.r, ("rebuilt", "unknown"))
     unknown = sorted(k for k in img if im.classify(k) == "unknown")
     rep = check_image(img, expected, set(fold.block_order), settled)
+    stuck = stuck_blocks(img, fold.last_event, stuck_after)
+    rep.violations += stuck
+    rep.counts["blocks_stuck"] = len(stuck)
     if unknown:
         rep.warnings.append(f"{len(unknown)} aios:* keys of unknown kind (not covered by the digest), e.g. {unknown[:3]}")
     for a in fold.anomalies:

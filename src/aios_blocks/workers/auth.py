@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
-from ..bus import subjects
+from ..bus import event_ids, subjects
 from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
@@ -193,6 +193,8 @@ class Secrets:
     nats: dict[str, str] = field(default_factory=dict)
     redis: dict[str, str] = field(default_factory=dict)
     agents: dict[str, str] = field(default_factory=dict)
+    #: the key of the system's wire message ids (``bus.event_ids``), hex
+    event_key: str = ""
 
     @classmethod
     def load(cls, data_dir: Path, create: bool = True) -> Secrets:
@@ -201,9 +203,12 @@ class Secrets:
         if path.exists():
             d = json.loads(path.read_text())
             s.nats, s.redis, s.agents = d.get("nats", {}), d.get("redis", {}), d.get("agents", {})
+            s.event_key = d.get("event_key", "")
         elif not create:
             raise FileNotFoundError(path)
         changed = False
+        if not s.event_key and create:
+            s.event_key, changed = event_ids.new_key(), True
         for role in ROLES:
             if role not in s.nats:
                 s.nats[role], changed = _token(), True
@@ -217,7 +222,8 @@ class Secrets:
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(self.path.parent, 0o700)
-        write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents}, indent=1))
+        write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents,
+                                             "event_key": self.event_key}, indent=1))
 
     def add_agent(self, nid: str) -> bool:
         agent_user(nid)  # validates
@@ -368,14 +374,20 @@ class Endpoints:
         if role is None or not self.auth:
             return env
         redis = self.redis_url(role)
-        return {**env, "AIOS_NATS_URL": self.nats_url(role), **({"AIOS_REDIS_URL": redis} if redis else {})}
+        key = Secrets.load(self.data_dir, create=False).event_key
+        return {**env, "AIOS_NATS_URL": self.nats_url(role), **({"AIOS_REDIS_URL": redis} if redis else {}),
+                **({"AIOS_EVENT_KEY": key} if key else {})}
 
     def agent_env(self, nid: str) -> dict[str, str]:
         """Environment of node ``nid``'s real agent (``blocks agent``): the NATS URL as ``agent-<nid>``
         (the user is added to the running server on first use, ``ensure_agent``) and the TLS CA; no
         Redis, an agent needs none."""
         env = {"AIOS_NATS_CA": self.nats_ca} if self.nats_ca else {}
-        return {**env, "AIOS_NATS_URL": ensure_agent(self.data_dir, nid) if self.auth else self.nats}
+        if not self.auth:
+            return {**env, "AIOS_NATS_URL": self.nats}
+        url = ensure_agent(self.data_dir, nid)
+        key = Secrets.load(self.data_dir, create=False).event_key
+        return {**env, "AIOS_NATS_URL": url, **({"AIOS_EVENT_KEY": event_ids.agent_key(key, nid)} if key else {})}
 
     def public(self) -> dict[str, object]:
         return {"nats": self.nats, "redis": self.redis, "auth": self.auth, "nats_ca": self.nats_ca, "redis_acl": self.redis_acl}

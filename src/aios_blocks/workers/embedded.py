@@ -192,10 +192,14 @@ class EmbeddedServers:
         inspect them (and create their own consumers)."""
         from ..bus.nats_bus import Bus, connect
 
+        secrets = self._secrets()
+
         async def run() -> None:
             bus = Bus(await connect(self.nats_url, "aios-blocks/setup", self.endpoints.nats_ca), "aios-blocks/setup")
             try:
                 await bus.ensure_topology()
+                if secrets and secrets.event_key:  # the shared key = the one the workers get
+                    await bus.store_event_key(secrets.event_key)
             finally:
                 await bus.close()
 
@@ -308,8 +312,9 @@ def agent_nats_url(data_dir: Path, nid: str) -> str | None:
     if ep is None:
         return None
     env = ep.agent_env(nid)
-    if ca := env.get("AIOS_NATS_CA"):
-        os.environ.setdefault("AIOS_NATS_CA", ca)
+    for name in ("AIOS_NATS_CA", "AIOS_EVENT_KEY"):  # the TLS CA; the node's own event-id key
+        if value := env.get(name):
+            os.environ.setdefault(name, value)
     return env["AIOS_NATS_URL"]
 
 
