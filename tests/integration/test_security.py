@@ -206,14 +206,53 @@ async def test_observer_reads_events_and_state_but_writes_nothing(servers: Embed
                 f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.gateway", f"$JS.ACK.{subjects.STREAM}.parser.1.1.1.1.1.1"):
         await ob.nc.publish(api, b"{}")
         assert await ob.denied(api), api
-    # ephemeral consumers only: a durable one (which would steal work or survive) is refused
-    await ob.nc.publish(f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.sneaky", b"{}")
-    assert await ob.denied(f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.sneaky")
-    body = {"stream_name": subjects.STREAM, "config": {"durable_name": "sneaky", "ack_policy": "explicit"}}
-    reply = await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps(body).encode(), timeout=5)
-    assert json.loads(reply.data)["error"]["err_code"] == 10020  # "consumer expected to be ephemeral"
-    with pytest.raises(NotFoundError):
-        await admin.js.consumer_info(subjects.STREAM, "sneaky")
+    # a worker's consumer is out of reach: creating one under its name is refused too
+    for api in (f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.lifecycle",
+                f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.controller.aios.>"):
+        await ob.nc.publish(api, b"{}")
+        assert await ob.denied(api), api
+
+
+async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(servers: EmbeddedServers, admin: Bus,
+                                                                             connect: Any) -> None:
+    """What docs/security.md promises observers, with nats-py as a third-party client: pull and
+    push, durable and ephemeral; never a worker's consumer."""
+    ep = servers.endpoints
+    await admin.publish_raw("aios.block.obs-2.ready", b'{"x": 2}', msg_id="obs-2-ready")
+    ob = await connect(ep.nats_url("observer"))
+    js = ob.nc.jetstream(timeout=5)
+    subject = "aios.block.obs-2.>"
+    durable = await js.pull_subscribe(subject, durable="dash-pull", stream=subjects.STREAM)
+    ephemeral = await js.pull_subscribe(subject, stream=subjects.STREAM)
+    for sub in (durable, ephemeral):
+        [msg] = await sub.fetch(1, timeout=5)
+        assert msg.subject == "aios.block.obs-2.ready"
+        await msg.ack()
+    got: dict[str, asyncio.Future[Any]] = {"push-durable": asyncio.get_running_loop().create_future(),
+                                           "push-ephemeral": asyncio.get_running_loop().create_future()}
+
+    def cb(name: str) -> Any:
+        async def on(msg: Any) -> None:
+            if not got[name].done():
+                got[name].set_result(msg.subject)
+            await msg.ack()
+        return on
+
+    await js.subscribe(subject, durable="dash-push", cb=cb("push-durable"), stream=subjects.STREAM)
+    await js.subscribe(subject, cb=cb("push-ephemeral"), stream=subjects.STREAM)
+    for name, fut in got.items():
+        assert await asyncio.wait_for(fut, 10) == "aios.block.obs-2.ready", name
+    info = await admin.js.consumer_info(subjects.STREAM, "dash-pull")
+    assert info.num_ack_pending == 0 and info.delivered.stream_seq > 0  # its own durable, acked
+    await js.delete_consumer(subjects.STREAM, "dash-pull")  # and removable by it
+    # workers' consumers are untouched: their pending counts did not move, nothing was taken
+    before = {d: (await admin.js.consumer_info(subjects.STREAM, d)).num_pending for d in ("parser", "lifecycle")}
+    stolen = await js.pull_subscribe_bind("parser", stream=subjects.STREAM)
+    with pytest.raises(nats.errors.TimeoutError):  # the server drops the denied pull request
+        await stolen.fetch(1, timeout=2)
+    for d in ("parser", "lifecycle"):
+        assert (await admin.js.consumer_info(subjects.STREAM, d)).num_pending == before[d]
+    assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser")
 
 
 async def test_worker_roles_are_confined_to_their_own_subjects(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:

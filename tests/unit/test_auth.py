@@ -29,7 +29,9 @@ def matches(pattern: str, subject: str) -> bool:
 
 def allowed(role: str, subject: str, node: str | None = None) -> bool:
     perms = auth.permissions(role, node)
-    return perms is None or any(matches(p, subject) for p in perms.publish)
+    if perms is None:
+        return True
+    return any(matches(p, subject) for p in perms.publish) and not any(matches(p, subject) for p in perms.deny_publish)
 
 
 def example(pattern: str) -> str:
@@ -99,8 +101,20 @@ def test_only_the_controller_answers_requests_and_observers_write_nothing() -> N
         assert perms is not None and not perms.allow_responses, role
     obs = auth.permissions("observer")
     assert obs is not None and not [p for p in obs.publish if p.startswith("aios.")]
-    assert not allowed("observer", "$JS.API.CONSUMER.DURABLE.CREATE.AIOS.x")
-    assert not allowed("observer", "$JS.API.CONSUMER.DELETE.AIOS.parser")
+    # observers keep consumers of their own (durable or ephemeral, pull or push) ...
+    for subject in ("$JS.API.CONSUMER.DURABLE.CREATE.AIOS.dash", "$JS.API.CONSUMER.CREATE.AIOS.dash.aios.block.>",
+                    "$JS.API.CONSUMER.CREATE.AIOS", "$JS.API.CONSUMER.MSG.NEXT.AIOS.dash", "$JS.ACK.AIOS.dash.1.2.3.4.5",
+                    "$JS.API.CONSUMER.DELETE.AIOS.dash"):
+        assert allowed("observer", subject), subject
+    # ... and never touch a worker's: taking or acking its messages would suppress events
+    for durable in auth.WORKER_DURABLES:
+        for subject in (f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{durable}", f"$JS.ACK.AIOS.{durable}.1.2.3.4.5",
+                        f"$JS.API.CONSUMER.DELETE.AIOS.{durable}", f"$JS.API.CONSUMER.DURABLE.CREATE.AIOS.{durable}",
+                        f"$JS.API.CONSUMER.CREATE.AIOS.{durable}", f"$JS.API.CONSUMER.CREATE.AIOS.{durable}.aios.>"):
+            assert not allowed("observer", subject), subject
+    extra = auth.permissions("observer", protected=["agent-n1", "controller-c1"])
+    assert extra is not None and "$JS.API.CONSUMER.MSG.NEXT.AIOS.agent-n1" in extra.deny_publish
+    assert "$JS.API.CONSUMER.MSG.NEXT.AIOS.controller-c1" in extra.deny_publish
 
 
 @pytest.mark.parametrize("role", ["parser", "gateway", "agent-sim"])

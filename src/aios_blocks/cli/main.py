@@ -207,6 +207,10 @@ def worker(
         err.print(f"[red]unknown worker kind {escape(kind)!r}[/]: one of {', '.join(KINDS)}")
         raise typer.Exit(2)
     nats_url, redis_url = _urls(data_dir, KIND_ROLE[kind])
+    if cluster and kind == "controller" and not os.environ.get("AIOS_NATS_URL"):
+        from ..workers.auth import protect_controller
+
+        protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
     configure_logging()
     _run(run_worker(kind, nats_url, redis_url, cluster))
 

@@ -24,7 +24,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
@@ -130,16 +130,42 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     allow_responses: bool = False
+    #: publish subjects refused even where ``publish`` allows them (NATS checks deny first)
+    deny_publish: tuple[str, ...] = ()
 
     def conf(self) -> str:
         q = lambda xs: ", ".join(json.dumps(x) for x in xs)  # noqa: E731
         resp = ", allow_responses: true" if self.allow_responses else ""
-        return f"{{publish: {{allow: [{q(self.publish)}]}}, subscribe: {{allow: [{q(self.subscribe)}]}}{resp}}}"
+        deny = f", deny: [{q(self.deny_publish)}]" if self.deny_publish else ""
+        return f"{{publish: {{allow: [{q(self.publish)}]{deny}}}, subscribe: {{allow: [{q(self.subscribe)}]}}{resp}}}"
 
 
-def permissions(role: str, node: str | None = None) -> Permissions | None:
+#: the workers' shared durable consumers; per-node agents' (``agent-<nid>``) and per-cluster
+#: controllers' (``controller-<cid>``) are added as they appear (``protect_consumer``)
+WORKER_DURABLES = tuple(c.durable for c in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE,
+                                             subjects.agent()))
+
+
+def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str]]:
+    """Observers read everything and may keep consumers of their own, durable or ephemeral, push
+    or pull (create, pull, ack, delete), but never touch a worker's: pulling or acking from it
+    would take events away from the worker (suppress them). Consumer names are one token and NATS
+    has no prefix wildcards, so the workers' names are denied one by one (NATS checks deny first)."""
+    st = subjects.STREAM
+    allow = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}", f"{JS}.CONSUMER.CREATE.{st}",
+             f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
+             f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
+    deny = []
+    for d in sorted({*WORKER_DURABLES, *protected}):
+        deny += [f"{JS}.CONSUMER.CREATE.{st}.{d}", f"{JS}.CONSUMER.CREATE.{st}.{d}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.{d}",
+                 f"{JS}.CONSUMER.MSG.NEXT.{st}.{d}", f"{JS}.CONSUMER.DELETE.{st}.{d}", f"$JS.ACK.{st}.{d}.>"]
+    return allow, deny
+
+
+def permissions(role: str, node: str | None = None, protected: Iterable[str] = ()) -> Permissions | None:
     """The allow lists of a role (``None`` = unrestricted: the admin). ``role="agent"`` with ``node``
-    is one real node agent; ``agent-sim`` is the simulated fleet (every node)."""
+    is one real node agent; ``agent-sim`` is the simulated fleet (every node). ``protected``: worker
+    consumers beyond ``WORKER_DURABLES`` that observers must not touch."""
     if role == "admin":
         return None
     if role == "agent" and node is None:
@@ -156,9 +182,8 @@ def permissions(role: str, node: str | None = None) -> Permissions | None:
     if role == "upstream":
         return Permissions(tuple(pub), tuple(sub))
     if role == "observer":
-        # ordered (ephemeral) consumers only: CONSUMER.CREATE.<stream> without a name refuses durables
-        pub = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}", f"{JS}.CONSUMER.CREATE.{st}", f"{JS}.CONSUMER.INFO.{st}.*", "$JS.FC.>"]
-        return Permissions(tuple(pub), (*sub, f"{subjects.ROOT}.>"))
+        allow, deny = _observer_permissions(protected)
+        return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny))
     if role == "parser":
         pub += [*read_topology, *_consumer_rights(subjects.PARSER.durable)]
         sub += hints
@@ -195,6 +220,8 @@ class Secrets:
     agents: dict[str, str] = field(default_factory=dict)
     #: the key of the system's wire message ids (``bus.event_ids``), hex
     event_key: str = ""
+    #: clusters served by their own controller durable (``controller-<cid>``): observers may not touch it
+    controllers: list[str] = field(default_factory=list)
 
     @classmethod
     def load(cls, data_dir: Path, create: bool = True) -> Secrets:
@@ -203,7 +230,7 @@ class Secrets:
         if path.exists():
             d = json.loads(path.read_text())
             s.nats, s.redis, s.agents = d.get("nats", {}), d.get("redis", {}), d.get("agents", {})
-            s.event_key = d.get("event_key", "")
+            s.event_key, s.controllers = d.get("event_key", ""), d.get("controllers", [])
         elif not create:
             raise FileNotFoundError(path)
         changed = False
@@ -223,7 +250,7 @@ class Secrets:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(self.path.parent, 0o700)
         write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents,
-                                             "event_key": self.event_key}, indent=1))
+                                             "event_key": self.event_key, "controllers": self.controllers}, indent=1))
 
     def add_agent(self, nid: str) -> bool:
         agent_user(nid)  # validates
@@ -261,8 +288,9 @@ def locked(data_dir: Path) -> Iterator[None]:
 def nats_authorization(s: Secrets) -> str:
     """The ``authorization`` block of nats.conf: every role's user and permissions."""
     lines = []
+    protected = [subjects.agent(nid).durable for nid in s.agents] + [f"controller-{c}" for c in s.controllers]
     for role in ROLES:
-        perms = permissions(role)
+        perms = permissions(role, protected=protected)
         p = f", permissions: {perms.conf()}" if perms else ""
         lines.append(f"    {{user: {json.dumps(role)}, password: {json.dumps(s.nats[role])}{p}}}")
     for nid, pw in sorted(s.agents.items()):
@@ -414,15 +442,39 @@ def ensure_agent(data_dir: Path, nid: str, timeout: float = 10.0) -> str:
     with locked(data_dir):
         s = Secrets.load(data_dir, create=False)
         if s.add_agent(nid):
-            conf = data_dir / "nats.conf"
-            text = conf.read_text()
-            start = text.index("authorization {")
-            write_private(conf, text[:start] + nats_authorization(s))
-            pid = int((data_dir / "nats.pid").read_text().strip())
-            os.kill(pid, signal.SIGHUP)  # = nats-server --signal reload=<pid>
+            _reload_authorization(data_dir, s)
     url = ep.nats_url("agent", nid)
     wait_nats_user(url, ep.nats_ca, timeout)
     return url
+
+
+def _reload_authorization(data_dir: Path, s: Secrets) -> None:
+    """Rewrite nats.conf's authorization block and tell the server to reload it (call locked)."""
+    conf = data_dir / "nats.conf"
+    text = conf.read_text()
+    start = text.index("authorization {")
+    write_private(conf, text[:start] + nats_authorization(s))
+    pid = int((data_dir / "nats.pid").read_text().strip())
+    os.kill(pid, signal.SIGHUP)  # = nats-server --signal reload=<pid>
+
+
+def protect_controller(data_dir: Path, cid: str) -> bool:
+    """Before a per-cluster controller creates ``controller-<cid>``: deny it to observers on the
+    running embedded server. False when there is nothing to do (no embedded server, no auth)."""
+    ep = read_endpoints(Path(data_dir).resolve())
+    if ep is None or not ep.auth:
+        return False
+    if not ID_RE.match(cid):
+        raise ValueError(f"invalid cluster id {cid!r}")
+    with locked(ep.data_dir):
+        s = Secrets.load(ep.data_dir, create=False)
+        if cid in s.controllers:
+            return False
+        s.controllers.append(cid)
+        s.save()
+        _reload_authorization(ep.data_dir, s)
+    time.sleep(0.2)  # the reload is asynchronous
+    return True
 
 
 def nats_login(url: str, ca: str | None = None) -> bool:
