@@ -11,13 +11,15 @@ import contextlib
 import datetime as dt
 import uuid
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..bus import subjects
 from ..bus.nats_bus import Bus
+from ..handlers.controller import instance_id
 from ..schemas.events import (
     ClusterRegistered,
     ComponentRegistered,
@@ -32,6 +34,33 @@ from ..state.rebuild import ensure_epoch
 from ..state.store import Store
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
+
+
+@dataclass(frozen=True)
+class Request:
+    """A command this client published: what to wait for to know how it ended."""
+
+    bid: str
+    action: str  # create | scale | reassignment | delete
+    seq: int  # the stream sequence of the command (a create's is the block's generation)
+    request_id: str = ""
+    instance_id: str = ""  # scale / reassignment: the instance it makes
+
+    def outcome(self, kind: str, data: dict[str, Any]) -> tuple[bool, str] | None:
+        """(succeeded, what happened) when the event ``kind`` ends this request, else None."""
+        if self.action == "create":
+            if kind in TERMINAL and data.get("gen") == self.seq:
+                return kind == "ready", kind
+            return None
+        if self.action == "delete":
+            return (True, "deleted") if kind == "deleted" else None
+        if kind == f"{self.action}.failed" and data.get("request_id") == self.request_id:
+            return False, str(data.get("reason") or f"{self.action} failed")
+        if kind == f"instance.{self.instance_id}.added":
+            return True, f"instance {self.instance_id} running on {data.get('node_id')} (GPUs {data.get('gpus')})"
+        if kind == f"instance.{self.instance_id}.failed":
+            return False, f"instance {self.instance_id} failed: {data.get('reason')}"
+        return None
 
 
 def _block_or_all(bid: str) -> str:
@@ -136,11 +165,31 @@ class Client:
         """Publish a block-create event; returns the block id (generated when absent). A given
         ``blockId`` that is not a valid id is refused here: published, it would land on a subject
         the parser never reads (or on several), so nobody would ever reject it."""
+        return (await self.create(spec)).bid
+
+    async def create(self, spec: dict[str, Any]) -> Request:
+        """``submit``, returning the request: its ``seq`` is the generation every event answering
+        this create carries (``gen``), so waiting on it ignores other creates of the same id."""
         given = spec.get("blockId")
         bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
         spec = {**spec, "blockId": bid}
-        await self.bus.publish_raw(subjects.block_create(bid), msgspec.json.encode(spec), msg_id=f"create:{bid}:{uuid.uuid4().hex}")
-        return bid
+        ack = await self.bus.publish_raw(subjects.block_create(bid), msgspec.json.encode(spec), msg_id=f"create:{bid}:{uuid.uuid4().hex}")
+        return Request(bid, "create", ack.seq)
+
+    async def outcome(
+        self, req: Request, timeout: float = 60.0, on_event: Callable[[str, dict[str, Any]], None] | None = None
+    ) -> tuple[bool, str, dict[str, Any]]:
+        """Follow the block's events from the request on (nothing older) until one ends it:
+        (succeeded, what happened, that event). ``TimeoutError`` after ``timeout`` seconds."""
+        async with asyncio.timeout(timeout):
+            async for subject, env in self.follow(req.bid, from_seq=req.seq):
+                data = env.get("data") if isinstance(env.get("data"), dict) else {}
+                if on_event and (req.action != "create" or data.get("gen") in (None, req.seq)):
+                    on_event(subject, env)
+                ended = req.outcome(event_kind(subject), data)
+                if ended is not None:
+                    return ended[0], ended[1], env
+        raise TimeoutError(req.bid)  # pragma: no cover - follow() only ends by cancellation
 
     async def wait(
         self, bid: str, timeout: float = 60.0, on_event: Callable[[str, dict[str, Any]], None] | None = None
@@ -154,18 +203,21 @@ class Client:
                     return event_kind(subject), env
         raise TimeoutError(bid)  # pragma: no cover - follow() only ends by cancellation
 
-    async def follow(self, bid: str = "*", from_start: bool = True) -> AsyncIterator[tuple[str, dict[str, Any]]]:
-        """Live events of one block (or all), through an ordered push consumer."""
+    async def follow(self, bid: str = "*", from_start: bool = True,
+                     from_seq: int | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+        """Live events of one block (or all), through an ordered push consumer: from the start of
+        the stream, from ``from_seq`` on, or only new ones (``from_start=False``)."""
         subject = subjects.block_all(_block_or_all(bid))
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
-        sub = await self.bus.js.subscribe(
-            subject, cb=cb, ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
-        )
+        if from_seq is not None:
+            policy: dict[str, Any] = {"config": ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)}
+        else:
+            policy = {"deliver_policy": DeliverPolicy.ALL if from_start else DeliverPolicy.NEW}
+        sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, **policy)
         try:
             while True:
                 msg = await queue.get()
@@ -220,28 +272,41 @@ class Client:
         return out
 
     async def scale(self, bid: str) -> str:
+        return (await self.scale_request(bid)).request_id
+
+    async def scale_request(self, bid: str) -> Request:
+        """One more instance (action ``scale``); the request says which instance it makes."""
         block = await self._live_block(bid)
         rid = uuid.uuid4().hex[:12]
         req = ScaleRequest(bid, block["cluster"], rid)
-        await self.bus.publish(subjects.cluster_command(block["cluster"], "scale"), "cluster.scale", req, f"{bid}:scale:{rid}")
-        return rid
+        ack = await self.bus.publish(subjects.cluster_command(block["cluster"], "scale"), "cluster.scale", req, f"{bid}:scale:{rid}")
+        return Request(bid, "scale", ack.seq, rid, instance_id(bid, rid))
 
     async def reassign(self, bid: str, iid: str, reason: str = "requested") -> str:
+        return (await self.reassign_request(bid, iid, reason)).request_id
+
+    async def reassign_request(self, bid: str, iid: str, reason: str = "requested") -> Request:
         check_id(iid, "instance id")
         block = await self._live_block(bid)
+        if iid not in await self.store.instances(bid):
+            raise LookupError(f"block {bid!r} has no instance {iid!r}")
         rid = uuid.uuid4().hex[:12]
         req = ReassignRequest(bid, block["cluster"], rid, iid, reason)
-        await self.bus.publish(
+        ack = await self.bus.publish(
             subjects.cluster_command(block["cluster"], "reassignment"), "cluster.reassignment", req, f"{bid}:reassign:{rid}"
         )
-        return rid
+        return Request(bid, "reassignment", ack.seq, rid, instance_id(bid, rid))
 
-    async def delete(self, bid: str) -> None:
+    async def delete(self, bid: str) -> Request:
         check_id(bid, "block id")
-        if await self.store.get_block(bid) is None:
+        block = await self.store.get_block(bid)
+        if block is None:
             raise LookupError(f"no block {bid!r}")
+        if block.get("status") in ("deleted", "deleting"):
+            raise LookupError(f"block {bid!r} is already {block['status']}")
         rid = uuid.uuid4().hex[:12]
-        await self.bus.publish(subjects.block_event(bid, "delete"), "block.delete", DeleteRequest(bid, rid), f"{bid}:delete:{rid}")
+        ack = await self.bus.publish(subjects.block_event(bid, "delete"), "block.delete", DeleteRequest(bid, rid), f"{bid}:delete:{rid}")
+        return Request(bid, "delete", ack.seq, rid)
 
     async def _live_block(self, bid: str) -> dict[str, Any]:
         check_id(bid, "block id")

@@ -24,7 +24,7 @@ from ..workers import lifetime
 from ..workers.auth import KIND_ROLE, mask
 from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, agent_nats_url, redis_version, resolve_urls
 from ..workers.supervisor import Supervisor
-from .client import TERMINAL, Client
+from .client import TERMINAL, Client, Request
 
 app = typer.Typer(
     help="aios-blocks: place and run AI blocks on GPU clusters over NATS JetStream and Redis.\n\n"
@@ -412,20 +412,26 @@ def submit(
 ) -> None:
     """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout.
 
+    --wait follows only what answers this submission (events whose `gen` is this create's stream
+    sequence): re-submitting an id in use prints the rejection and exits 4.
+
     Example: `blocks submit examples/block.yaml --wait`
     """
     spec = _load(file)
 
     async def go(c: Client) -> int:
-        bid = await c.submit(spec)
-        console.print(f"submitted [bold]{bid}[/]")
+        req = await c.create(spec)
+        console.print(f"submitted [bold]{req.bid}[/] (gen {req.seq})")
         if not wait:
             return 0
         try:
-            kind, _ = await c.wait(bid, timeout, on_event=lambda s, e: console.print(_line(s, e)))
+            _, kind, env = await c.outcome(req, timeout, on_event=lambda s, e: console.print(_line(s, e)))
         except TimeoutError:
             err.print(f"[red]timed out after {timeout}s[/]")
             return 5
+        if kind == "rejected":
+            for e in (env.get("data") or {}).get("errors", []):
+                err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")
         return TERMINAL[kind]
 
     raise typer.Exit(_request(go, data_dir))
@@ -498,34 +504,63 @@ def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path) -> Any:
         raise typer.Exit(1)
 
 
+NoWait = typer.Option(False, "--no-wait", help="Return once the request is published.")
+Timeout = typer.Option(120.0, "--timeout", help="Give up waiting after this many seconds (exit 5).")
+
+
+def _follow_request(make: Callable[[Client], Awaitable[Request]], wait: bool, timeout: float, data_dir: Path) -> int:
+    """Publish a request and, unless --no-wait, follow the block until it succeeds (exit 0) or
+    fails (exit 3, with the reason); 5 on timeout; 1 when refused before publishing."""
+
+    async def go(c: Client) -> int:
+        req = await make(c)
+        what = f"{req.action} of {req.bid} requested" + (f" ({req.request_id})" if req.request_id else "")
+        if not wait:
+            console.print(f"{what}; follow with: blocks watch {req.bid}")
+            return 0
+        console.print(what)
+        try:
+            ok, why, _ = await c.outcome(req, timeout)
+        except TimeoutError:
+            err.print(f"[red]no outcome after {timeout:g}s[/]; follow with: blocks watch {req.bid}")
+            return 5
+        if ok:
+            console.print(f"[green]{req.action} done[/]: {escape(why)}")
+            return 0
+        err.print(f"[red]{req.action} failed[/]: {escape(why)}")
+        return 3
+
+    return int(_request(go, data_dir))
+
+
 @app.command()
-def scale(bid: str, data_dir: Path = DataDir) -> None:
-    """Add one instance to a placed block (resourceAllocator action `scale`).
+def scale(bid: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:
+    """Add one instance to a placed block (resourceAllocator action `scale`) and wait until it
+    runs. Exit 0 running, 3 failed (e.g. already at maxInstances), 5 timeout, 1 unknown block.
 
     Example: `blocks scale blk-1234`
     """
-    rid = _request(lambda c: c.scale(bid), data_dir)
-    console.print(f"scale requested ({rid}); follow with: blocks watch {bid}")
+    raise typer.Exit(_follow_request(lambda c: c.scale_request(bid), not no_wait, timeout, data_dir))
 
 
 @app.command()
-def reassign(bid: str, instance_id: str, data_dir: Path = DataDir) -> None:
-    """Move one instance elsewhere (resourceAllocator action `reassignment`).
+def reassign(bid: str, instance_id: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:
+    """Move one instance elsewhere (resourceAllocator action `reassignment`) and wait until its
+    replacement runs. Exit 0 moved, 3 failed, 5 timeout, 1 unknown block or instance.
 
     Example: `blocks reassign blk-1234 blk-1234-0`
     """
-    rid = _request(lambda c: c.reassign(bid, instance_id), data_dir)
-    console.print(f"reassignment requested ({rid}); follow with: blocks watch {bid}")
+    raise typer.Exit(_follow_request(lambda c: c.reassign_request(bid, instance_id), not no_wait, timeout, data_dir))
 
 
 @app.command()
-def delete(bid: str, data_dir: Path = DataDir) -> None:
+def delete(bid: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:
     """Delete a block: every instance is removed and its resources released, then `deleted`.
+    Waits for `deleted`. Exit 0 deleted, 5 timeout, 1 unknown or already deleted.
 
     Example: `blocks delete blk-1234`
     """
-    _request(lambda c: c.delete(bid), data_dir)
-    console.print(f"delete requested; follow with: blocks watch {bid}")
+    raise typer.Exit(_follow_request(lambda c: c.delete(bid), not no_wait, timeout, data_dir))
 
 
 @app.command()
