@@ -83,7 +83,7 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     for args in (("submit", str(sneaky)), ("scale", "cli-*"), ("delete", "a.b"), ("reassign", "cli-good", "x>"),
                  ("replay", "a b")):
         r = blocks(system, *args)
-        assert r.returncode == 1 and "is not a valid id" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert r.returncode == 2 and "is not a valid id" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
 
 
 def test_policy_run_prints_result_and_fails_cleanly(tmp_path: Path) -> None:

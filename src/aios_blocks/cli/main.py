@@ -19,10 +19,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from ..schemas.spec import Cluster, Gpu, Node
+from ..schemas.spec import Cluster, Gpu, Node, check_id
 from ..workers import lifetime
 from ..workers.auth import KIND_ROLE, mask
-from ..workers.embedded import DEFAULT_DATA_DIR, EmbeddedServers, agent_nats_url, redis_version, resolve_urls
+from ..workers.embedded import (
+    DEFAULT_DATA_DIR,
+    EmbeddedServers,
+    agent_nats_url,
+    find_data_dir,
+    redis_version,
+    resolve_urls,
+)
 from ..workers.supervisor import Supervisor
 from .client import TERMINAL, Client, Request
 
@@ -50,7 +57,32 @@ console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-DataDir = typer.Option(DEFAULT_DATA_DIR, "--data-dir", help="Where embedded servers keep their data.")
+#: commands that start servers: their data dir is never searched for, it is made where they say
+_SERVER_COMMANDS = ("up", "demo")
+#: where the data dir came from, for the "No servers" message
+_LOOKED: list[str] = []
+
+
+def _data_dir(ctx: typer.Context, value: Path | None) -> Path:
+    """``--data-dir``, else ``AIOS_DATA_DIR`` (typer reads it), else ``./.aios-data``; a command
+    that talks to a running system also finds ``.aios-data`` in a parent directory (as git finds
+    ``.git``), so it works from anywhere inside the project."""
+    _LOOKED.clear()
+    if value is not None:
+        source = "AIOS_DATA_DIR" if os.environ.get("AIOS_DATA_DIR") and Path(os.environ["AIOS_DATA_DIR"]) == value else "--data-dir"
+        _LOOKED.append(f"{value} ({source})")
+        return value
+    if ctx.info_name in _SERVER_COMMANDS:
+        return DEFAULT_DATA_DIR
+    found = find_data_dir()
+    _LOOKED.append(f"./{DEFAULT_DATA_DIR} and every parent directory of {Path.cwd()}")
+    return found or DEFAULT_DATA_DIR
+
+
+DataDir = typer.Option(
+    None, "--data-dir", envvar="AIOS_DATA_DIR", callback=_data_dir, show_default="./.aios-data",
+    help="Data dir of the embedded servers (else AIOS_DATA_DIR, else ./.aios-data, searched up from here).",
+)
 
 
 def _run(coro: Awaitable[T]) -> T:
@@ -66,10 +98,16 @@ def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
         err.print(f"[red]Cannot read the credentials of the servers in {data_dir}[/]: {type(exc).__name__}")
         raise typer.Exit(2)
     if urls is None:
+        looked = "; ".join(_LOOKED) or str(data_dir)
         err.print(
-            "[red]No servers.[/] Start them with [bold]blocks up[/] (in another terminal), "
+            f"[red]No servers.[/] No running `blocks up` found in {escape(looked)} (no endpoints.json). "
+            "Start one with [bold]blocks up[/], pass [bold]--data-dir[/] or set AIOS_DATA_DIR, "
             "or set AIOS_NATS_URL and AIOS_REDIS_URL."
         )
+        raise typer.Exit(2)
+    if not (os.environ.get("AIOS_NATS_URL") and os.environ.get("AIOS_REDIS_URL")) and not lifetime.in_use(data_dir):
+        err.print(f"[red]No servers.[/] {escape(str(data_dir))}/endpoints.json is left from a `blocks up` that is no "
+                  "longer running (nothing holds its lock): start it again with [bold]blocks up[/].")
         raise typer.Exit(2)
     return urls
 
@@ -92,7 +130,10 @@ def _load(path: Path) -> dict[str, Any]:
     try:
         doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
-        err.print(f"[red]{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}[/]")
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc)
+        err.print(f"[red]{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}[/]: {escape(where + ' '.join(str(what).split()))}")
         raise typer.Exit(2)
     if not isinstance(doc, dict):
         err.print(f"[red]{path} must hold an object[/]")
@@ -134,14 +175,90 @@ def _line(subject: str, env: dict[str, Any]) -> str:
     return f"[{colour}]{kind:<32}[/] {escape(detail)}"
 
 
+# -- parsing user input: a mistake is one line and exit 2, never a traceback ------------------------
+def _labels(values: list[str], option: str = "--label") -> dict[str, str]:
+    """``["k=v", ...]`` -> dict; anything else is a usage error naming the option."""
+    out = {}
+    for kv in values:
+        key, eq, value = kv.partition("=")
+        if not eq or not key.strip():
+            raise typer.BadParameter(f"expected key=value, got {kv!r}", param_hint=option)
+        out[key.strip()] = value
+    return out
+
+
+def _json_option(text: str, option: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError as exc:
+        raise typer.BadParameter(f"not JSON ({exc})", param_hint=option) from None
+    if not isinstance(value, dict):
+        raise typer.BadParameter("expected a JSON object", param_hint=option)
+    return value
+
+
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _seconds(text: str, option: str) -> float:
+    """``90``, ``30s``, ``30m``, ``2h``, ``1d`` -> seconds."""
+    unit = text[-1:] if text[-1:] in _UNITS else "s"
+    number = text[:-1] if text[-1:] in _UNITS else text
+    try:
+        value = float(number)
+    except ValueError:
+        value = -1.0
+    if value < 0:
+        raise typer.BadParameter(f"expected seconds or a duration like 30m, 2h, 1d; got {text!r}", param_hint=option)
+    return value * _UNITS[unit]
+
+
+def _one_line(exc: BaseException) -> str:
+    """A user-facing message: pydantic's list of problems on one line, else the exception's text."""
+    from pydantic import ValidationError
+
+    if isinstance(exc, ValidationError):
+        return "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'value'}: {e['msg']}" for e in exc.errors())
+    return str(exc.args[0]) if len(exc.args) == 1 else str(exc)
+
+
+def run() -> None:
+    """The `blocks` entry point: the typer app, with every user mistake as one line on stderr and
+    exit 2 (usage), 1 (refused: unknown, in use), never a traceback. AIOS_DEBUG=1 shows them."""
+    try:
+        rv = app(standalone_mode=False)
+    except typer.Abort:
+        sys.exit(130)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.TyperException as exc:  # usage errors: bad option values, missing arguments
+        ctx = getattr(exc, "ctx", None)
+        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+        if message.strip():  # (no arguments at all: the help was printed, nothing to add)
+            err.print(f"[red]error:[/] {escape(message)}{hint}")
+        sys.exit(int(getattr(exc, "exit_code", 2)))
+    except (ValueError, OSError, yaml.YAMLError) as exc:
+        if os.environ.get("AIOS_DEBUG"):
+            raise
+        err.print(f"[red]error:[/] {escape(_one_line(exc))}")
+        sys.exit(2)
+    except LookupError as exc:
+        if os.environ.get("AIOS_DEBUG"):
+            raise
+        err.print(f"[red]{escape(_one_line(exc))}[/]")
+        sys.exit(1)
+    sys.exit(rv if isinstance(rv, int) else 0)
+
+
 # -- servers and workers ----------------------------------------------------------------------
 @app.command()
 def up(
     data_dir: Path = DataDir,
-    parsers: int = typer.Option(1, help="Parser worker processes."),
-    gateways: int = typer.Option(1, help="Gateway worker processes."),
-    controllers: int = typer.Option(1, help="Controller worker processes."),
-    agents: int = typer.Option(1, help="Simulated node agent processes."),
+    parsers: int = typer.Option(1, min=0, help="Parser worker processes."),
+    gateways: int = typer.Option(1, min=0, help="Gateway worker processes."),
+    controllers: int = typer.Option(1, min=0, help="Controller worker processes."),
+    agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
@@ -256,7 +373,7 @@ def agent(
     try:
         Node(id=node_id, cluster=cluster, labels=labels)
     except Exception as exc:
-        err.print(f"[red]invalid node[/]: {escape(str(exc))}")
+        err.print(f"[red]invalid node[/]: {escape(_one_line(exc))}")
         raise typer.Exit(2)
     try:  # with a local `blocks up`: as user agent-<node id>, added to the server on first use
         nats_url = agent_nats_url(data_dir, node_id)
@@ -353,20 +470,118 @@ def component_add(file: Path, data_dir: Path = DataDir) -> None:
     console.print(f"component [bold]{comp.componentURI}[/] registered")
 
 
+def _table(*cols: str) -> Table:
+    """A table that wraps long cells instead of cutting them (piped, or at 80 columns)."""
+    t = Table()
+    for col in cols:
+        t.add_column(col, overflow="fold")
+    return t
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, default=str))
+
+
+@component_app.command("list")
+def component_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """List registered components: URI, image, resources per instance, policies.
+
+    Example: `blocks component list`, `blocks component list --json`
+    """
+
+    async def go(c: Client) -> dict[str, dict[str, Any]]:
+        return await c.store.components()
+
+    comps = _run(_with_client(data_dir, go))
+    if as_json:
+        _print_json(comps)
+        return
+    t = _table("component", "image", "resources", "policies")
+    for uri, comp in comps.items():
+        res = comp.get("resources") or {}
+        t.add_row(uri, str(comp.get("image", "")), ", ".join(f"{k}={v}" for k, v in res.items()),
+                  ", ".join(f"{p.get('name')}={p.get('policyRuleURI')}" for p in comp.get("policies") or []))
+    console.print(t)
+
+
+@cluster_app.command("list")
+def cluster_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """List clusters with their labels, node count and free GPUs.
+
+    Example: `blocks cluster list`
+    """
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        out = []
+        for cid, cluster in sorted((await c.store.clusters()).items()):
+            nodes = await c.store.read_nodes(cid, await c.store.node_ids(cid))
+            gpus = [g for n in nodes.values() for g in n["gpus"]]
+            out.append({"id": cid, "labels": cluster.get("labels", {}), "nodes": len(nodes),
+                        "healthy_nodes": sum(1 for n in nodes.values() if n["healthy"]),
+                        "gpus": len(gpus), "gpus_free": sum(1 for g in gpus if g["instances"] == 0)})
+        return out
+
+    rows = _run(_with_client(data_dir, go))
+    if as_json:
+        _print_json(rows)
+        return
+    t = _table("cluster", "labels", "nodes (healthy)", "GPUs free / total")
+    for r in rows:
+        t.add_row(r["id"], ", ".join(f"{k}={v}" for k, v in r["labels"].items()), f"{r['nodes']} ({r['healthy_nodes']})",
+                  f"{r['gpus_free']} / {r['gpus']}")
+    console.print(t)
+
+
+@node_app.command("list")
+def node_list(
+    cluster: str = typer.Option(None, "--cluster", "-c", help="Only this cluster's nodes."),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Path = DataDir,
+) -> None:
+    """List nodes: cluster, health, free CPU and memory, GPUs in use, labels.
+
+    Example: `blocks node list --cluster c1`
+    """
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        cids = sorted(await c.store.clusters())
+        if cluster is not None:
+            if cluster not in cids:
+                raise LookupError(f"no cluster {cluster!r} (known: {', '.join(cids) or 'none'})")
+            cids = [cluster]
+        out = []
+        for cid in cids:
+            out += (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values()
+        return out
+
+    nodes = _request(go, data_dir)
+    if as_json:
+        _print_json(nodes)
+        return
+    t = _table("node", "cluster", "healthy", "CPU free", "memory free (MiB)", "GPUs in use", "labels")
+    for n in nodes:
+        busy = sum(1 for g in n["gpus"] if g["instances"])
+        t.add_row(n["node_id"], n["cluster"], "yes" if n["healthy"] else "[red]no[/]", f"{n['cpu_free']:g} / {n['cpu']:g}",
+                  f"{n['memory_free']} / {n['memory']}", f"{busy} / {len(n['gpus'])}",
+                  ", ".join(f"{k}={v}" for k, v in n["labels"].items()))
+    console.print(t)
+
+
 @cluster_app.command("add")
 def cluster_add(
     cluster_id: str,
     label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
-    nodes: int = typer.Option(0, help="Also add this many simulated nodes."),
-    gpus: int = typer.Option(8, help="GPUs per simulated node."),
-    gpu_memory: int = typer.Option(81920, help="MiB per simulated GPU."),
+    nodes: int = typer.Option(None, min=1, help="Also add this many simulated nodes (at least 1)."),
+    gpus: int = typer.Option(8, min=0, help="GPUs per simulated node."),
+    gpu_memory: int = typer.Option(81920, min=1, help="MiB per simulated GPU."),
     data_dir: Path = DataDir,
 ) -> None:
     """Register a cluster, optionally with simulated nodes.
 
     Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8`
     """
-    labels = dict(kv.split("=", 1) for kv in label)
+    labels = _labels(label)
+    check_id(cluster_id, "cluster id")
 
     async def go(c: Client) -> None:
         if nodes:
@@ -375,18 +590,18 @@ def cluster_add(
             await c.add_cluster(Cluster(id=cluster_id, labels=labels))
 
     _run(_with_client(data_dir, go))
-    console.print(f"cluster [bold]{cluster_id}[/] registered ({nodes} simulated nodes)")
+    console.print(f"cluster [bold]{cluster_id}[/] registered ({nodes or 0} simulated nodes)")
 
 
 @node_app.command("add")
 def node_add(
     node_id: str,
     cluster: str = typer.Option(..., "--cluster", "-c"),
-    gpus: int = typer.Option(8),
-    gpu_memory: int = typer.Option(81920, help="MiB per GPU."),
+    gpus: int = typer.Option(8, min=0),
+    gpu_memory: int = typer.Option(81920, min=1, help="MiB per GPU."),
     gpu_model: str = typer.Option("sim-gpu"),
-    cpu: float = typer.Option(64),
-    memory: int = typer.Option(512 * 1024, help="MiB."),
+    cpu: float = typer.Option(64, min=0),
+    memory: int = typer.Option(512 * 1024, min=1, help="MiB."),
     label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
     data_dir: Path = DataDir,
 ) -> None:
@@ -394,8 +609,10 @@ def node_add(
 
     Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=r2`
     """
+    check_id(node_id, "node id")
+    check_id(cluster, "cluster id")
     node = Node(
-        id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=dict(kv.split("=", 1) for kv in label),
+        id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=_labels(label),
         gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)],
     )
     _run(_with_client(data_dir, lambda c: c.add_node(node)))
@@ -444,7 +661,7 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
     insts = await c.store.instances(bid)
     t = Table(title=f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else ""))
     for col in ("instance", "node", "gpus", "status"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for iid, i in sorted(insts.items()):
         t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"])
     console.print(t)
@@ -457,6 +674,7 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
 
     Example: `blocks get blk-1234 --json`
     """
+    check_id(bid, "block id")
 
     async def go(c: Client) -> int:
         if as_json:
@@ -484,24 +702,27 @@ def list_blocks(limit: int = typer.Option(100), data_dir: Path = DataDir) -> Non
     async def go(c: Client) -> None:
         t = Table()
         for col in ("block", "status", "cluster", "instances", "reason"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for bid in await c.store.list_blocks(limit):
             b = await c.store.get_block(bid) or {}
             n = len(await c.store.instances(bid))
-            t.add_row(bid, b.get("status", "?"), b.get("cluster", ""), str(n), (b.get("reason") or "")[:60])
+            t.add_row(bid, b.get("status", "?"), b.get("cluster", ""), str(n), b.get("reason") or "")
         console.print(t)
 
     _run(_with_client(data_dir, go))
 
 
 def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path) -> Any:
-    """Run ``fn`` with a client; an unknown block (LookupError) or an invalid id (ValueError) is
-    printed, exit 1."""
+    """Run ``fn`` with a client: an unknown block or instance (LookupError) exits 1, an invalid
+    id or value (ValueError) exits 2, each as one line."""
     try:
         return _run(_with_client(data_dir, fn))
-    except (LookupError, ValueError) as exc:
+    except LookupError as exc:
         err.print(f"[red]{escape(str(exc.args[0]))}[/]")
         raise typer.Exit(1)
+    except ValueError as exc:  # an invalid id or value: a usage mistake
+        err.print(f"[red]error:[/] {escape(_one_line(exc))}")
+        raise typer.Exit(2)
 
 
 NoWait = typer.Option(False, "--no-wait", help="Return once the request is published.")
@@ -645,7 +866,7 @@ def _render_explain(x: dict[str, Any]) -> None:
     for r in x["rounds"]:
         t = Table(title=f"selection round {r['round']}: " + (r["why"] or "no cluster chosen"))
         for col in ("cluster", "outcome", "dry_run score", "node / GPUs", "notes"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for cid, why in sorted(r["filtered"].items()):
             t.add_row(cid, "[red]filtered[/]", "", "", why)
         for cid in r["candidates"]:
@@ -665,7 +886,7 @@ def _render_explain(x: dict[str, Any]) -> None:
     if x["instances"]:
         t = Table(title="instances")
         for col in ("instance", "node", "GPUs", "placed by", "status"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for iid, i in sorted(x["instances"].items()):
             t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""))
         console.print(t)
@@ -711,7 +932,8 @@ def policy_run(
             err.print(f"[dim][{level}][/] {text}")
         print(json.dumps({"target": out["target"]}))
         return
-    rule = {"name": kind, "policyRuleURI": file_or_uri, "parameters": json.loads(parameters), "settings": json.loads(settings)}
+    rule = {"name": kind, "policyRuleURI": file_or_uri, "parameters": _json_option(parameters, "--parameters"),
+            "settings": _json_option(settings, "--settings")}
     runtime = PolicyRuntime(allow_files=True)
     try:
         result = _run(runtime.invoke(rule, f"cli.{kind}", input_data, {}))
@@ -762,11 +984,7 @@ def policy_test(
     from ..handlers.policy_test import compare
     from ..policies.runtime import PolicyRuntime
 
-    cutoff = None
-    if since:
-        mult = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-        unit = since[-1] if since[-1] in mult else "s"
-        cutoff = time.time() - float(since.rstrip("smhd")) * mult[unit]
+    cutoff = time.time() - _seconds(since, "--since") if since else None
     runtime = PolicyRuntime(allow_files=True)
 
     async def go(c: Client) -> dict[str, Any]:
@@ -796,7 +1014,7 @@ def policy_test(
     if report["changes"]:
         t = Table()
         for col in ("block", "action", "recorded", "candidate", "verdict"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for row in report["changes"]:
             t.add_row(row["block_id"], row["action"], row["before"], row["after"], row["verdict"])
         console.print(t)
@@ -849,7 +1067,7 @@ def policy_list(data_dir: Path = DataDir) -> None:
     async def go(c: Client) -> None:
         t = Table()
         for col in ("name", "version", "language"):
-            t.add_column(col)
+            t.add_column(col, overflow="fold")
         for name in await c.store.policy_names():
             rec = await c.store.policy_get(name) or {}
             t.add_row(name, str(rec.get("version", "")), rec.get("language", ""))

@@ -104,6 +104,12 @@ class Store:
         raw = await self.r.get(f"{P}:component:{uri}")
         return _json.decode(raw) if raw else None
 
+    async def components(self) -> dict[str, dict[str, Any]]:
+        """Every registered component by URI (a SCAN: for listing, not for hot paths)."""
+        keys = sorted([k async for k in self.r.scan_iter(match=f"{P}:component:*", count=1000)])
+        values = await self.r.mget(keys) if keys else []
+        return {k.split(":", 2)[2]: _json.decode(v) for k, v in zip(keys, values, strict=True) if v}
+
     # -- clusters and nodes ----------------------------------------------------------------
     async def put_cluster(self, cluster: Cluster) -> None:
         await self.r.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())

@@ -29,7 +29,8 @@ from pathlib import Path
 from . import auth as authn
 from . import lifetime
 
-DEFAULT_DATA_DIR = Path(os.environ.get("AIOS_DATA_DIR", ".aios-data"))
+#: the data dir when neither ``--data-dir`` nor ``AIOS_DATA_DIR`` names one (the CLI resolves those)
+DEFAULT_DATA_DIR = Path(".aios-data")
 
 #: JetStream fsync policy for the embedded server. "always" makes every acknowledged event
 #: survive a host crash (nats-server#7564); override with AIOS_NATS_SYNC (e.g. "2m", the default
@@ -316,6 +317,16 @@ def agent_nats_url(data_dir: Path, nid: str) -> str | None:
         if value := env.get(name):
             os.environ.setdefault(name, value)
     return env["AIOS_NATS_URL"]
+
+
+def find_data_dir(start: Path | None = None) -> Path | None:
+    """The nearest ``.aios-data`` with a running system (``endpoints.json``) in ``start`` (default
+    the working directory) or one of its parents, as git finds ``.git``."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / DEFAULT_DATA_DIR / "endpoints.json").exists():
+            return d / DEFAULT_DATA_DIR
+    return None
 
 
 def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> tuple[str, str] | None:

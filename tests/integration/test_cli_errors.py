@@ -1,0 +1,138 @@
+"""The CLI as a new user meets it: every mistake is one clear line and an exit code (2: bad input,
+1: refused, e.g. unknown), never a traceback; list commands; the system is found from anywhere."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from .conftest import System
+from .test_cli import BLOCKS, ROOT, blocks
+
+BAD_YAML = "a: [\n"
+
+
+def _bad_invocations(tmp: Path) -> list[tuple[tuple[str, ...], int, str]]:
+    (tmp / "bad.yaml").write_text(BAD_YAML)
+    (tmp / "list.yaml").write_text("- 1\n")
+    (tmp / "p.py").write_text("class X: pass\n")
+    bad, lst, pol = str(tmp / "bad.yaml"), str(tmp / "list.yaml"), str(tmp / "p.py")
+    inp = str(ROOT / "examples" / "allocation_input.json")
+    return [
+        # (arguments, exit code, what the one line must say)
+        (("cluster", "add", "bad.id"), 2, "cluster id 'bad.id' is not a valid id"),
+        (("cluster", "add", "c9", "-l", "key"), 2, "expected key=value, got 'key'"),
+        (("cluster", "add", "c9", "--gpus", "-3"), 2, "'--gpus'"),
+        (("cluster", "add", "c9", "--nodes", "0"), 2, "'--nodes'"),
+        (("cluster", "add", "c9", "--gpu-memory", "0"), 2, "'--gpu-memory'"),
+        (("cluster", "list", "--bogus"), 2, "No such option: --bogus"),
+        (("node", "add", "n9", "--cluster", "c1", "-l", "k"), 2, "expected key=value, got 'k'"),
+        (("node", "add", "bad.node", "--cluster", "c1"), 2, "node id 'bad.node' is not a valid id"),
+        (("node", "add", "n9", "--cluster", "c1", "--gpus", "-1"), 2, "'--gpus'"),
+        (("node", "list", "--cluster", "nope"), 1, "no cluster 'nope'"),
+        (("component", "add", "/nonexistent.yaml"), 2, "cannot read /nonexistent.yaml"),
+        (("component", "add", bad), 2, "is not valid YAML: line 2, column 1"),
+        (("component", "add", lst), 2, "must hold an object"),
+        (("submit", bad), 2, "is not valid YAML"),
+        (("submit",), 2, "Missing argument"),
+        (("submit", str(ROOT / "examples" / "block.yaml"), "--timeout", "x"), 2, "'--timeout'"),
+        (("get", "a.b"), 2, "block id 'a.b' is not a valid id"),
+        (("get", "nosuch"), 1, "no block nosuch"),
+        (("scale", "a.b"), 2, "is not a valid id"),
+        (("scale", "nosuch"), 1, "no block 'nosuch'"),
+        (("reassign", "nosuch", "x>"), 2, "is not a valid id"),
+        (("delete", "a.b"), 2, "is not a valid id"),
+        (("watch", "a.b"), 2, "is not a valid id"),
+        (("replay", "a b"), 2, "is not a valid id"),
+        (("explain", "a.b"), 2, "is not a valid id"),
+        (("policy", "test", "x", pol, "--since", "yesterday"), 2, "--since: expected seconds or a duration"),
+        (("policy", "run", pol, "--input", "/nope.json"), 2, "cannot read /nope.json"),
+        (("policy", "run", pol, "--input", inp, "--parameters", "{bad"), 2, "--parameters: not JSON"),
+        (("policy", "run", pol, "--input", inp, "--settings", "[1]"), 2, "--settings: expected a JSON object"),
+        (("policy", "show", "nosuch"), 1, "no policy nosuch"),
+        (("policy", "input", "a.b"), 2, "is not a valid id"),
+        (("policy", "input", "x", "--index", "x"), 2, "'--index'"),
+        (("check", "--stuck-after", "0"), 2, "'--stuck-after'"),
+        (("up", "--controllers", "-1"), 2, "'--controllers'"),
+        (("worker", "nope"), 2, "unknown worker kind 'nope'"),
+        (("agent", "--node-id", "a.b", "--cluster", "c1", "--runtime", "sim"), 2, "invalid node"),
+        (("state", "digest", "--bogus"), 2, "No such option: --bogus"),
+        (("frobnicate",), 2, "No such command 'frobnicate'"),
+    ]
+
+
+def test_every_mistake_is_one_line_and_an_exit_code(system: System, tmp_path: Path) -> None:
+    assert blocks(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "1").returncode == 0
+    failures = []
+    for args, code, says in _bad_invocations(tmp_path):
+        r = blocks(system, *args, timeout=60)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        if r.returncode != code or "Traceback" in r.stderr + r.stdout or len(lines) != 1 or says not in lines[0]:
+            failures.append(f"{' '.join(args)}: exit {r.returncode} (want {code}), stderr {r.stderr!r}")
+    assert not failures, "\n".join(failures)
+
+
+async def test_list_commands_show_components_clusters_and_nodes(system: System) -> None:
+    assert blocks(system, "cluster", "add", "c1", "-l", "region=eu", "--nodes", "2", "--gpus", "2").returncode == 0
+    assert blocks(system, "cluster", "add", "c2", "--nodes", "1", "--gpus", "1").returncode == 0
+    _, kind, _ = await system.submit_and_wait({"blockComponentURI": "aios://test/model", "blockId": "l-1",
+                                               "minInstances": 1, "maxInstances": 1})
+    assert kind == "ready"
+    comps = json.loads(blocks(system, "component", "list", "--json").stdout)
+    assert list(comps) == ["aios://test/model"] and comps["aios://test/model"]["image"] == "aios/test:1"
+    clusters = {c["id"]: c for c in json.loads(blocks(system, "cluster", "list", "--json").stdout)}
+    assert clusters["c1"]["labels"] == {"region": "eu"} and clusters["c1"]["nodes"] == 2 and clusters["c2"]["gpus"] == 1
+    assert sum(c["gpus_free"] for c in clusters.values()) == 4  # 5 GPUs, 1 holds l-1's instance
+    nodes = json.loads(blocks(system, "node", "list", "--cluster", "c1", "--json").stdout)
+    assert sorted(n["node_id"] for n in nodes) == ["c1-n0", "c1-n1"]
+    assert len(json.loads(blocks(system, "node", "list", "--json").stdout)) == 3
+    r = blocks(system, "node", "list")  # a table, piped: every id whole (folded, never cut with "…")
+    assert r.returncode == 0 and all(n in r.stdout for n in ("c1-n0", "c1-n1", "c2-n0")) and "…" not in r.stdout
+
+
+def test_subjects_piped_at_80_columns_keeps_every_subject() -> None:
+    from aios_blocks.bus import subjects
+
+    env = {**os.environ, "COLUMNS": "80"}
+    r = subprocess.run([*BLOCKS, "subjects"], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0 and "…" not in r.stdout
+    flat = "".join(line.split("│")[1].strip() if "│" in line else "" for line in r.stdout.splitlines())
+    missing = [p for p, _, _ in subjects.catalog() if p not in flat]
+    assert not missing, missing
+
+
+def _running_data_dir(system: System) -> Path:
+    assert system.servers is not None
+    return system.servers.data_dir
+
+
+async def test_the_cli_finds_a_running_system_from_anywhere(system: System, tmp_path: Path) -> None:
+    if system.servers is None:
+        pytest.skip("needs the embedded servers (a data dir)")
+    data = _running_data_dir(system)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+
+    def run(*args: str, cwd: Path, **extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*BLOCKS, *args], capture_output=True, text=True, timeout=60, cwd=cwd, env={**env, **extra})
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert run("list", "--data-dir", str(data), cwd=elsewhere).returncode == 0  # 1. --data-dir
+    assert run("list", cwd=elsewhere, AIOS_DATA_DIR=str(data)).returncode == 0  # 2. AIOS_DATA_DIR
+    r = run("list", "--data-dir", str(tmp_path / "nope"), cwd=elsewhere, AIOS_DATA_DIR=str(data))
+    assert r.returncode == 2 and f"{tmp_path / 'nope'} (--data-dir)" in r.stderr  # the flag wins
+    # 3. ./.aios-data, here or in a parent directory (as git finds .git)
+    project = tmp_path / "project"
+    (project / "src" / "deep").mkdir(parents=True)
+    (project / ".aios-data").symlink_to(data)
+    assert run("list", cwd=project).returncode == 0
+    assert run("list", cwd=project / "src" / "deep").returncode == 0
+    r = run("list", cwd=elsewhere)  # nothing anywhere: says where it looked
+    assert r.returncode == 2 and "No servers" in r.stderr
+    assert f"./.aios-data and every parent directory of {elsewhere}" in r.stderr
+    r = run("list", cwd=elsewhere, AIOS_DATA_DIR=str(tmp_path / "nope"))
+    assert r.returncode == 2 and f"{tmp_path / 'nope'} (AIOS_DATA_DIR)" in r.stderr
