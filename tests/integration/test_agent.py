@@ -74,6 +74,17 @@ class Agents:
             return DockerRuntime()
         return ProcessRuntime()
 
+    async def environment(self, inst: RuntimeInstance) -> dict[str, str]:
+        """The environment the instance really runs with (the container's config, the process's)."""
+        if self.runtime_name == "docker":
+            import docker
+
+            attrs = await asyncio.to_thread(lambda: docker.from_env().containers.get(inst.handle).attrs)
+            return dict(e.split("=", 1) for e in attrs["Config"]["Env"])
+        import psutil
+
+        return dict(psutil.Process(int(inst.handle.split("-", 1)[0])).environ())
+
     def component(self, **launch: Any) -> dict[str, Any]:
         comp = dict(COMPONENT, componentURI=f"aios://test/{self.runtime_name}-app")
         comp["resources"] = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 256}
@@ -200,6 +211,10 @@ async def test_instance_runs_labelled_is_added_and_delete_removes_it(agents: Age
     port = int(json.loads(labels["aios.ports"])["http"])
     assert http_get(port, "/health").strip() == b"ok"
     assert json.loads(http_get(port, "/init.json")) == {"model": "tiny"}
+    # the GPU env it really got: UUIDs (simulated GPUs are not attached, so the host's indices)
+    gpu_env = await agents.environment(insts[0])
+    assert gpu_env["CUDA_VISIBLE_DEVICES"] == gpu_env["NVIDIA_VISIBLE_DEVICES"] == gpu_env["AIOS_GPUS"] == recorded[0]
+    assert recorded[0].startswith("GPU-n1-") and gpu_env["AIOS_GPU_INDICES"] == recorded[0].rsplit("-", 1)[1]
     workdir = Path(labels["aios.workdir"])
     assert (workdir / "blockInitData.json").exists()
     history = [s for s, _, _ in await c.history(bid)]
@@ -377,3 +392,33 @@ async def _healthy(c: Client, nid: str) -> bool:
 
 async def _not_running(a: Agents, nid: str, iid: str) -> bool:
     return iid not in [i.instance_id for i in await running_on(a, nid)]
+
+
+async def test_real_gpus_reach_the_docker_engine_as_a_device_request(docker_image: str, tmp_path: Path) -> None:
+    """An agent whose NVML reports GPUs asks the real engine for them by UUID. This engine has no
+    NVIDIA runtime, so it refuses the request with its own reason: the request reached it, the
+    instance fails at the container stage and leaves no container behind."""
+    from aios_blocks.schemas.events import InstanceCommand
+    from aios_blocks.schemas.spec import Gpu, Node
+    from aios_blocks.workers.agent.gpus import detect
+    from aios_blocks.workers.agent.lifecycle import StageFailed
+    from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent
+    from aios_blocks.workers.agent.runtime_docker import DockerRuntime
+
+    from ..unit.test_agent_lifecycle import FakeNvml
+
+    nvml = detect(None, "gpu-n1", FakeNvml(2))
+    node = Node(id="gpu-n1", cluster="c", gpus=[Gpu(id=g.id, memory=g.memory) for g in nvml.gpus()])
+    rt = DockerRuntime()
+    cfg = AgentConfig(node=node, data_dir=tmp_path, register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False)
+    agent = NodeAgent(None, rt, nvml, cfg)  # type: ignore[arg-type]  # no fact is published here
+    cmd = InstanceCommand("b", 1, "c", "b-gpu0", "gpu-n1", ["GPU-0001"], docker_image, {}, launch={"command": ["sleep", "30"]})
+    try:
+        with pytest.raises(StageFailed) as info:
+            await agent._build(cmd).start()
+        assert info.value.stage == "docker" and "could not select device driver" in str(info.value.cause), info.value
+        assert await rt.list("gpu-n1") == []
+    finally:
+        for inst in await rt.list("gpu-n1"):
+            await rt.stop(inst.handle, 0)
+        await rt.close()

@@ -238,4 +238,4 @@ def test_no_nvml_means_zero_gpus_and_simulated_on_request() -> None:
     assert isinstance(detect(None, "n1", FakeNvml(2, fail_init=True)), NoGpus)
     assert NoGpus().gpus() == []
     sim = detect(4, "n1", FakeNvml(2))
-    assert isinstance(sim, SimulatedSource) and [g.id for g in sim.gpus()] == ["n1-g0", "n1-g1", "n1-g2", "n1-g3"]
+    assert isinstance(sim, SimulatedSource) and [g.id for g in sim.gpus()] == ["GPU-n1-0", "GPU-n1-1", "GPU-n1-2", "GPU-n1-3"]

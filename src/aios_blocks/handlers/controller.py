@@ -14,6 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity
 from ..schemas.errors import PlacementFailed, PolicyFailed
+from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from .gateway import cluster_metrics, sample_for, share_of
 
 Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -193,8 +194,10 @@ def ready(min_instances: int, running: int) -> bool:
 
 
 def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
-    """What an instance is started with (a runtime turns this into env vars / files)."""
-    return {
+    """What an instance is started with (a runtime turns this into env vars / files). An instance
+    that shares its GPUs also gets ``AIOS_GPU_MEMORY_LIMIT_MIB``: the GPU memory it was reserved,
+    per GPU, which the node agent turns into the caps its runtime can apply (docs/gpus.md)."""
+    env: dict[str, Any] = {
         "AIOS_BLOCK_ID": ir["blockId"],
         "AIOS_INSTANCE_ID": iid,
         "AIOS_GPUS": ",".join(gpus),
@@ -202,3 +205,6 @@ def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
         "initSettings": ir.get("initSettings", {}),
         "parameters": ir.get("parameters", {}),
     }
+    if gpus and share_of(ir):
+        env[GPU_MEMORY_LIMIT_ENV] = str(int(ir["resources"].get("gpuMemory", 0)))
+    return env

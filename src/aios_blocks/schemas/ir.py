@@ -12,6 +12,7 @@ from pydantic import ValidationError
 
 from .affinity import normalize
 from .errors import SpecError, SpecInvalid
+from .sharing import sharing_problems
 from .spec import ID_RE, REQUIRED_POLICIES, BlockSpec, Component
 
 #: block field <- component field, inherited when the block does not set it (seed 000 table).
@@ -91,6 +92,18 @@ def merge_policies(component: list[dict[str, Any]], block: list[dict[str, Any]] 
     return merged
 
 
+def _sharing_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) -> list[SpecError]:
+    """GPU sharing of the merged resourceAllocator with the block's resources (see ``sharing``)."""
+    resources = spec.resources or comp.resources
+    rule = policies.get("resourceAllocator")
+    rule_from_block = any(e.values.name == "resourceAllocator" for e in spec.policyRulesSpec or [])
+    where = {
+        "settings": "$.policyRulesSpec" if rule_from_block else "$.<component>.policies",
+        "resources": "$.resources" if spec.resources is not None else "$.<component>.resources",
+    }
+    return [SpecError(where[w], msg) for w, msg in sharing_problems(rule, resources.model_dump())]
+
+
 def block_create_IR(
     doc: dict[str, Any], component: dict[str, Any] | None, subject_block_id: str | None = None
 ) -> dict[str, Any]:
@@ -124,7 +137,10 @@ def block_create_IR(
         if component is None:
             errors.append(SpecError("$.blockComponentURI", f"unknown component {uri!r}: register it first (blocks component add)"))
         else:
-            comp = Component.model_validate(component)
+            try:
+                comp = Component.model_validate(component)
+            except ValidationError as exc:  # stored before a rule that now refuses it
+                errors.extend(pydantic_errors(exc, ("<component>",)))
 
     if spec is not None and comp is not None:
         block_rules = [e.values.model_dump() for e in spec.policyRulesSpec] if spec.policyRulesSpec is not None else None
@@ -134,6 +150,7 @@ def block_create_IR(
                 errors.append(
                     SpecError("$.policyRulesSpec", f"no {name} policy after merging the component's policies with policyRulesSpec")
                 )
+        errors.extend(_sharing_errors(spec, comp, policies))
     affinity: list[Any] = []
     try:
         if any(doc.get(k) is not None for k in ("affinity", "affinityWith", "antiAffinityWith", "affinityTLV")):

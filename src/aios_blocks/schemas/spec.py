@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
+from .sharing import sharing_problems
+
 #: Ids become NATS subject tokens and Redis key parts: no dots, wildcards, spaces or braces.
 #: Block, cluster, node and instance ids and registry policy names all follow it.
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}$"
@@ -122,6 +124,14 @@ class Component(_Strict):
     launch: Launch = Field(default_factory=Launch)
     #: default affinity of blocks made from this component (seed 002; see docs/affinity.md)
     affinity: list[Any] | None = None
+
+    @model_validator(mode="after")
+    def _gpu_sharing_has_a_memory_figure(self) -> Component:
+        rule = next((p for p in self.policies if p.name == "resourceAllocator"), None)
+        problems = sharing_problems(rule.model_dump() if rule else None, self.resources.model_dump())
+        if problems:
+            raise ValueError("; ".join(msg for _, msg in problems))
+        return self
 
 
 class BlockSpec(_Strict):

@@ -1,5 +1,9 @@
 """GPU inventory of a node: NVML (``nvidia-ml-py``) when a driver is present, else a configured
-simulated list, else none (with a log line saying why).
+simulated list, else none (with a log line saying why); and the environment an instance gets for
+the GPUs it was reserved (:func:`gpu_env`).
+
+Every GPU is named by its UUID (NVML's ``GPU-…``, or ``MIG-…``); simulated GPUs get stable fake
+UUIDs ``GPU-<node>-<index>``. Only NVML GPUs are real devices a runtime can attach.
 
 Every source has the same interface (:class:`GpuSource`); the NVML one reads through a small
 ``Nvml`` facade so unit tests can hand it a double — the only place a double is used, because the
@@ -8,10 +12,15 @@ hardware is absent here.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Protocol
 
 import structlog
+
+from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
 
 log = structlog.get_logger("aios.agent.gpus")
 
@@ -24,8 +33,14 @@ class GpuInfo:
     index: int
 
 
+class GpuSourceKind(StrEnum):
+    NVML = "nvml"
+    SIMULATED = "simulated"
+    NONE = "none"
+
+
 class GpuSource(Protocol):
-    kind: str
+    kind: GpuSourceKind
 
     def gpus(self) -> list[GpuInfo]: ...
 
@@ -53,7 +68,7 @@ def _text(v: str | bytes) -> str:
 @dataclass
 class NvmlSource:
     nvml: Nvml
-    kind: str = "nvml"
+    kind: GpuSourceKind = GpuSourceKind.NVML
     _handles: list[tuple[str, Any]] = field(default_factory=list)
 
     def gpus(self) -> list[GpuInfo]:
@@ -76,16 +91,21 @@ class NvmlSource:
         return out
 
 
+def sim_uuid(node_id: str, index: int) -> str:
+    """A simulated GPU's stable fake UUID (the same after every agent restart)."""
+    return f"GPU-{node_id}-{index}"
+
+
 @dataclass
 class SimulatedSource:
     count: int
     prefix: str
     model: str = "sim-gpu"
     memory: int = 81920
-    kind: str = "simulated"
+    kind: GpuSourceKind = GpuSourceKind.SIMULATED
 
     def gpus(self) -> list[GpuInfo]:
-        return [GpuInfo(f"{self.prefix}-g{i}", self.model, self.memory, i) for i in range(self.count)]
+        return [GpuInfo(sim_uuid(self.prefix, i), self.model, self.memory, i) for i in range(self.count)]
 
     def utilization(self) -> dict[str, float]:
         return {}
@@ -93,7 +113,7 @@ class SimulatedSource:
 
 @dataclass
 class NoGpus:
-    kind: str = "none"
+    kind: GpuSourceKind = GpuSourceKind.NONE
 
     def gpus(self) -> list[GpuInfo]:
         return []
@@ -119,3 +139,45 @@ def detect(simulated: int | None, node_id: str, nvml: Nvml | None = None) -> Gpu
     except Exception as exc:  # no driver, no library, no device
         log.info("gpus.none", reason=f"NVML unavailable ({type(exc).__name__}: {exc}); this node reports 0 GPUs")
         return NoGpus()
+
+
+# -- what an instance sees --------------------------------------------------------------------------
+@dataclass(frozen=True)
+class HeldGpu:
+    """One reserved GPU as the agent knows it: UUID, host (NVML) index, memory (MiB)."""
+
+    id: str
+    host_index: int
+    memory: int
+
+
+def gpu_env(gpus: Sequence[HeldGpu], attached: bool, memory_limit_mib: int = 0) -> dict[str, str]:
+    """The GPU environment of an instance, in the view it will have.
+
+    * ``CUDA_VISIBLE_DEVICES`` and ``NVIDIA_VISIBLE_DEVICES`` name the GPUs by UUID: right in a
+      container (where attached GPUs are renumbered from 0) and on the host (where CUDA's default
+      FASTEST_FIRST order need not match NVML's indices) alike.
+    * ``AIOS_GPUS``: the same UUIDs; ``AIOS_GPU_INDICES``: the GPUs' indices as the instance sees
+      them - ``0..n-1`` when ``attached`` (a container given only these devices), the host's
+      indices otherwise (process runtime).
+    * ``memory_limit_mib`` > 0 (the instance shares its GPUs): ``AIOS_GPU_MEMORY_LIMIT_MIB``, the
+      CUDA MPS client limit ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` (per CUDA ordinal, i.e. relative
+      to ``CUDA_VISIBLE_DEVICES``; enforced when the node runs an MPS daemon the instance can
+      reach) and ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (JAX would otherwise take 75% of each GPU).
+    """
+    ids = ",".join(g.id for g in gpus)
+    indices = range(len(gpus)) if attached else [g.host_index for g in gpus]
+    env = {
+        "AIOS_GPUS": ids,
+        "AIOS_GPU_INDICES": ",".join(str(i) for i in indices),
+        "CUDA_VISIBLE_DEVICES": ids,
+        "NVIDIA_VISIBLE_DEVICES": ids or "void",
+    }
+    if memory_limit_mib > 0 and gpus:
+        env[GPU_MEMORY_LIMIT_ENV] = str(memory_limit_mib)
+        env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = ",".join(f"{k}={memory_limit_mib}M" for k in range(len(gpus)))
+        smallest = min(g.memory for g in gpus)
+        if smallest > 0:
+            fraction = math.floor(min(memory_limit_mib / smallest, 1.0) * 1000) / 1000  # never rounded up
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{fraction:.3f}"
+    return env

@@ -42,8 +42,9 @@ from ...schemas.events import (
     data_as,
     decode_envelope,
 )
+from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ...schemas.spec import Launch, Node
-from .gpus import GpuSource
+from .gpus import GpuSource, GpuSourceKind
 from .lifecycle import DerivedSpec, FixedSpec, ProvisionStage, Runner, Stage, StageFailed
 from .provisioners import (
     ContainerProvisioner,
@@ -102,8 +103,14 @@ class NodeAgent:
     def node_id(self) -> str:
         return self.cfg.node.id
 
+    @property
+    def attaches_gpus(self) -> bool:
+        """Instances get their GPUs as devices: real (NVML) GPUs and a runtime that can attach them."""
+        return self.runtime.gpu_devices and self.gpus.kind == GpuSourceKind.NVML
+
     def __post_init__(self) -> None:
-        gpus = {g.id: {"index": i, "memory": g.memory} for i, g in enumerate(self.cfg.node.gpus)}
+        found = {g.id: g.index for g in self.gpus.gpus()}  # host indices as the source numbers them
+        gpus = {g.id: {"index": found.get(g.id, i), "memory": g.memory} for i, g in enumerate(self.cfg.node.gpus)}
         self._gpu_prov = GpuProvisioner(gpus)
 
     # -- start / stop ------------------------------------------------------------------------------
@@ -195,7 +202,8 @@ class NodeAgent:
         assert self._gpu_prov is not None
         stages: list[tuple[Stage[Any, Any], Any]] = []
         gpu_stage = ProvisionStage(self._gpu_prov)
-        stages.append((gpu_stage, FixedSpec(GpuSpec(iid, list(cmd.gpus)))))
+        attach = self.attaches_gpus
+        stages.append((gpu_stage, FixedSpec(GpuSpec(iid, list(cmd.gpus), attach, memory_limit(cmd.env)))))
         work_stage: ProvisionStage[Any, Any] | None = None
         if self.cfg.workdirs:
             work_stage = ProvisionStage(WorkdirProvisioner())
@@ -208,7 +216,7 @@ class NodeAgent:
             return LaunchSpec(
                 instance_id=iid, block_id=cmd.block_id, node_id=self.node_id, gen=cmd.gen, image=cmd.image,
                 command=list(launch.command), env=instance_env(cmd.env, gpu.env, ports), workdir=workdir,
-                ports=ports, gpus=list(cmd.gpus), gpu_devices=self.runtime.gpu_devices, resources=cmd.resources,
+                ports=ports, gpus=list(cmd.gpus), gpu_devices=attach, resources=cmd.resources,
                 stop_grace_s=launch.stopGraceS,
             )
 
@@ -341,6 +349,14 @@ class NodeAgent:
                 await self.bus.notify(subject, self.heartbeat_data(seq))
                 HEARTBEATS.labels(self.node_id).inc()
             await asyncio.sleep(self.cfg.heartbeat_s)
+
+
+def memory_limit(cmd_env: dict[str, Any]) -> int:
+    """The GPU memory cap (MiB per GPU) the controller gave a sharing instance, else 0."""
+    try:
+        return max(int(cmd_env.get(GPU_MEMORY_LIMIT_ENV, 0)), 0)
+    except (TypeError, ValueError):
+        return 0
 
 
 def instance_env(cmd_env: dict[str, Any], gpu_env: dict[str, str], ports: dict[str, int]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .gpus import HeldGpu, gpu_env
 from .lifecycle import Provisioner, with_timeout
 from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance
 
@@ -24,6 +25,10 @@ from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance
 class GpuSpec:
     instance_id: str
     gpus: list[str]
+    #: the runtime attaches them as devices (a container sees only them, numbered from 0)
+    attached: bool = False
+    #: MiB per GPU when the instance shares its GPUs (0: it holds them whole)
+    memory_limit_mib: int = 0
 
 
 @dataclass
@@ -36,8 +41,10 @@ class GpuAssignment:
 @dataclass
 class GpuProvisioner(Provisioner[GpuSpec, GpuAssignment]):
     """Checks the GPUs exist on this node and records which instance holds them (the control
-    plane reserved them; this is the node-side check that it asked for real devices)."""
+    plane reserved them; this is the node-side check that it asked for real devices), and makes
+    the instance's GPU environment in the view it will have (``gpus.gpu_env``)."""
 
+    #: GPU UUID -> {"index": host index, "memory": MiB}
     node_gpus: dict[str, dict[str, Any]]
     claims: dict[str, set[str]] = field(default_factory=dict)
 
@@ -51,10 +58,8 @@ class GpuProvisioner(Provisioner[GpuSpec, GpuAssignment]):
             raise RuntimeError_(f"GPU(s) {unknown} are not on this node (it has {sorted(self.node_gpus)})")
         for g in spec.gpus:
             self.claims.setdefault(g, set()).add(spec.instance_id)
-        ids = ",".join(spec.gpus)
-        index = ",".join(str(self.node_gpus[g].get("index", g)) for g in spec.gpus)
-        env = {"AIOS_GPUS": ids, "CUDA_VISIBLE_DEVICES": index, "NVIDIA_VISIBLE_DEVICES": ids or "void"}
-        return GpuAssignment(spec.instance_id, list(spec.gpus), env)
+        held = [HeldGpu(g, int(self.node_gpus[g].get("index", 0)), int(self.node_gpus[g].get("memory", 0))) for g in spec.gpus]
+        return GpuAssignment(spec.instance_id, list(spec.gpus), gpu_env(held, spec.attached, spec.memory_limit_mib))
 
     async def teardown(self, resource: GpuAssignment) -> None:
         for g in resource.gpus:

@@ -37,7 +37,8 @@ class LaunchSpec:
     workdir: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
     gpus: list[str] = field(default_factory=list)
-    #: pass GPUs as device requests (real NVIDIA GPUs); simulated GPUs only travel in env
+    #: attach ``gpus`` as devices (real NVIDIA GPUs and a runtime that can); simulated GPUs only
+    #: travel in env
     gpu_devices: bool = False
     resources: dict[str, Any] = field(default_factory=dict)
     stop_grace_s: float = 10.0
@@ -106,7 +107,8 @@ class RuntimeError_(Exception):
 
 class Runtime(Protocol):
     name: str
-    #: the runtime isolates instances enough to pass real GPUs as devices
+    #: the runtime attaches real GPUs to an instance as devices (Docker); without it an instance
+    #: sees the host's GPUs and is pointed at its own by env only (process runtime)
     gpu_devices: bool
 
     async def start(self, spec: LaunchSpec) -> RuntimeInstance: ...

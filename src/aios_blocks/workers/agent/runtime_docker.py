@@ -3,7 +3,9 @@
 Every container carries the labels ``aios.block``, ``aios.instance``, ``aios.node`` (plus gen,
 spec version, workdir, ports, GPUs) and is named ``aios-<instance id>``, so a second start of the
 same instance finds the first container instead of making another. Host networking: an
-instance's ports are host ports chosen by the agent. Real GPUs travel as device requests.
+instance's ports are host ports chosen by the agent. Real GPUs travel as device requests naming
+their UUIDs (``docker run --gpus device=<uuid>,…``); inside the container they are renumbered from
+0, so the instance's env names them by UUID (see ``gpus.gpu_env``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ def container_name(instance_id: str) -> str:
 class DockerRuntime:
     base_url: str | None = None
     name: str = "docker"
-    gpu_devices: bool = False
+    #: reserved (real) GPUs are attached as device requests by UUID: the container sees only them
+    gpu_devices: bool = True
     _client: Any = field(default=None, repr=False)
 
     def client(self) -> Any:
