@@ -18,7 +18,7 @@ Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 def share_of(ir: dict[str, Any]) -> bool:
-    rule = ir["policies"].get("resourceAllocator", {})
+    rule = (ir.get("policies") or {}).get("resourceAllocator", {})
     return bool((rule.get("settings") or {}).get("gpuSharing", False))
 
 
