@@ -543,3 +543,32 @@ def test_gather_with_every_answer_in_decides_even_if_none_is_usable() -> None:
     assert gateway.gather_wait(["eu1", "eu2"], answered, now=106.0, deadline=105.0, patience_s=60) == 0.0
     assert not gateway.usable(answered["eu1"]) and not gateway.usable(answered["eu2"])
     assert gateway.usable({"score": 0.25})
+
+
+# -- a gang no cluster can hold fails at post_dry_run, not after rounds of allocation -----------------
+def test_gang_shortfall_needs_every_candidate_to_have_counted() -> None:
+    from aios_blocks.handlers.gateway import gang_shortfall
+
+    res = {"c1": {"score": 0.5, "placeable": 1}, "c2": {"score": 0.0, "placeable": 0}}
+    assert gang_shortfall(["c1", "c2", "c3"], res, 2) == "no cluster can hold minInstances (2) at once: c1 fits 1; c2, c3: none"
+    assert gang_shortfall(["c1", "c2"], res, 1) == ""  # c1 holds one
+    assert gang_shortfall(["c1"], {"c1": {"score": 0.5}}, 2) == ""  # a policy that did not count: allocation decides
+    assert gang_shortfall(["c1"], {"c1": {"score": 0.5, "placeable": -1}}, 2) == ""
+    assert gang_shortfall(["c1"], {"c1": {"score": 0.0, "placeable": 0}}, 2) == ""  # nothing usable: decided elsewhere
+
+
+async def test_choose_fails_the_block_without_asking_the_policy_when_no_cluster_holds_the_gang() -> None:
+    from aios_blocks.handlers.gateway import choose
+
+    calls: list[Any] = []
+
+    async def invoke(data: dict[str, Any]) -> Any:
+        calls.append(data)
+        return {"cluster_id": "c1"}
+
+    results = {"c1": {"score": 1 / 3, "placeable": 1, "node_info": {}}, "c2": {"score": 2 / 3, "placeable": 2, "node_info": {}}}
+    d = await choose(["c1", "c2"], results, {}, invoke, min_instances=3)
+    assert d.failure == "no cluster can hold minInstances (3) at once: c1 fits 1, c2 fits 2" and not d.cluster_id
+    assert d.scores == {"c1": pytest.approx(1 / 3), "c2": pytest.approx(2 / 3)} and calls == []
+    d = await choose(["c1", "c2"], results, {}, invoke, min_instances=2)
+    assert d.cluster_id == "c1" and not d.failure and len(calls) == 1

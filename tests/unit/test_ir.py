@@ -281,7 +281,7 @@ def test_unknown_fields_are_errors() -> None:
 
 
 def test_unknown_field_inside_a_policy_rule() -> None:
-    errors = errors_of(spec(policyRulesSpec=[{"values": {"name": "x", "policyRuleURI": "u", "setings": {}}}]))
+    errors = errors_of(spec(policyRulesSpec=[{"values": {"name": "x", "policyRuleURI": "my.mod:Policy", "setings": {}}}]))
     assert SpecError("$.policyRulesSpec[0].values.setings", "unknown field") in errors
 
 
@@ -289,8 +289,8 @@ def test_policy_rule_errors_carry_index_paths() -> None:
     errors = errors_of(
         spec(
             policyRulesSpec=[
-                {"values": {"name": "ok", "policyRuleURI": "u"}},
-                {"values": {"name": 3, "policyRuleURI": "u"}},
+                {"values": {"name": "ok", "policyRuleURI": "my.mod:Policy"}},
+                {"values": {"name": 3, "policyRuleURI": "my.mod:Policy"}},
                 {"values": {"name": "no-uri"}},
             ]
         )
@@ -457,3 +457,33 @@ def test_property_returns_a_dict_or_raises_spec_invalid(doc: dict[str, Any], bid
     assert isinstance(ir, dict)
     assert known, "an unknown component can never produce an IR"
     assert {"clusterAllocator", "resourceAllocator"} <= set(ir["policies"])
+
+
+def test_an_unknown_policy_uri_is_refused_with_the_known_builtins() -> None:
+    """`builtin:binpak` used to be accepted and fail every block later ("No module named 'builtin'")."""
+    errors = errors_of(spec(policyRulesSpec=[
+        {"values": {"name": "resourceAllocator", "policyRuleURI": "builtin:binpak"}},
+        {"values": {"name": "clusterAllocator", "policyRuleURI": "builtin:binpack"}},
+        {"values": {"name": "autoscaler", "policyRuleURI": "not a uri"}},
+        {"values": {"name": "loadBalancer", "policyRuleURI": "registry:bad name"}},
+    ]))
+    by_path = {e.path: e.message for e in errors}
+    assert "unknown built-in policy 'builtin:binpak'" in by_path["$.policyRulesSpec[0].values.policyRuleURI"]
+    assert "builtin:binpack, builtin:cluster-rank, builtin:spread" in by_path["$.policyRulesSpec[0].values.policyRuleURI"]
+    assert "not a clusterAllocator one; for clusterAllocator: builtin:cluster-rank" in by_path["$.policyRulesSpec[1].values.policyRuleURI"]
+    assert "is not a policyRuleURI" in by_path["$.policyRulesSpec[2].values.policyRuleURI"]
+    assert "registry:NAME" in by_path["$.policyRulesSpec[3].values.policyRuleURI"]
+
+
+@pytest.mark.parametrize("uri", ["builtin:binpack", "registry:my-packer", "registry:my-packer@3", "my_packer.py",
+                                 "placement.star", "some.package.module:Policy", "/abs/path/p.py"])
+def test_every_loadable_policy_uri_form_is_accepted(uri: str) -> None:
+    from aios_blocks.schemas.spec import PolicyRule
+
+    assert PolicyRule(name="resourceAllocator", policyRuleURI=uri).policyRuleURI == uri
+
+
+def test_the_builtin_table_matches_the_runtime() -> None:
+    from aios_blocks.policies import runtime, uris
+
+    assert set(uris.BUILTIN_KINDS) == set(runtime.BUILTINS)

@@ -176,7 +176,7 @@ def test_starlark_binpack_without_capacity_fails_with_its_message() -> None:
     with pytest.raises(StarlarkError, match="no healthy node can host the instance"):
         inst.eval({}, res_input("allocation", make_ir(), nodes), {})
     dry = inst.eval({}, res_input("dry_run", make_ir(max_instances=2), nodes), {})
-    assert dry == {"selection_score_data": {"score": 0.0, "node_info": {}}}
+    assert dry == {"selection_score_data": {"score": 0.0, "node_info": {}, "placeable": 0}}
 
 
 # -- seed 004: LXD instance_placement scriptlets ---------------------------------------------------

@@ -75,6 +75,8 @@ class DryRunOutcome:
     #: node -> why Required affinity rejected it / affinity score of the others (explain)
     rejected_nodes: dict[str, str] = field(default_factory=dict)
     node_scores: dict[str, float] = field(default_factory=dict)
+    #: instances that fit in the cluster, when the policy says (``selection_score_data.placeable``); -1: not said
+    placeable: int = -1
 
 
 EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts cover all of them)
@@ -105,7 +107,9 @@ async def dry_run(
     except PolicyFailed as exc:
         return DryRunOutcome(0.0, {}, str(exc), rejected, scores)
     ssd = result["selection_score_data"]
-    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {}, "", rejected, scores)
+    placeable = ssd.get("placeable")
+    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {}, "", rejected, scores,
+                         placeable if isinstance(placeable, int) else -1)
 
 
 def instance_id(bid: str, key: str | int) -> str:

@@ -135,6 +135,19 @@ async def select(
     return SelectionDecision(chosen, filtered, entries)
 
 
+def gang_shortfall(expected: list[str], results: dict[str, dict[str, Any]], min_instances: int) -> str:
+    """Why no cluster can hold ``min_instances`` (from the dry_run counts), or "" when one may."""
+    candidates = {c: r for c, r in results.items() if usable(r)}
+    if not candidates or any(int(r.get("placeable", -1)) < 0 for r in candidates.values()):
+        return ""  # nothing usable (decided elsewhere) or a policy that did not count: let allocation try
+    if max(int(r["placeable"]) for r in candidates.values()) >= min_instances:
+        return ""
+    fits = ", ".join(f"{c} fits {int(r['placeable'])}" for c, r in sorted(candidates.items()))
+    others = [c for c in expected if c not in candidates]
+    rest = f"; {', '.join(others)}: none" if others else ""
+    return f"no cluster can hold minInstances ({min_instances}) at once: {fits}{rest}"
+
+
 def usable(result: dict[str, Any]) -> bool:
     """A dry_run answer that can carry a decision: a positive score and no error."""
     return not result.get("error") and float(result.get("score", 0.0) or 0.0) > 0.0
@@ -172,10 +185,18 @@ async def choose(
     results: dict[str, dict[str, Any]],
     entries: dict[str, dict[str, Any]],
     invoke: Invoke,
+    min_instances: int = 1,
 ) -> FinalDecision:
-    """post_dry_run: every expected cluster with its score_data (missing ones count as score 0)."""
+    """post_dry_run: every expected cluster with its score_data (missing ones count as score 0).
+
+    When every cluster that could be chosen (a positive score) said how many instances fit
+    (``placeable``) and none fits ``min_instances``, the block fails here with that reason: the
+    gang could only fail at allocation, round after round."""
     clusters, scores, errors = [], {}, {}
     missing = [c for c in expected if c not in results]
+    if shortfall := gang_shortfall(expected, results, min_instances):
+        return FinalDecision(scores={c: float(results.get(c, {}).get("score", 0.0)) for c in expected}, missing=missing,
+                             errors={c: r["error"] for c, r in results.items() if r.get("error")}, failure=shortfall)
     for cid in expected:
         res = results.get(cid, {"score": 0.0, "node_info": {}})
         if res.get("error"):

@@ -182,7 +182,8 @@ class Fold:
     def on_result(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))
         g["results"][d.get("cluster_id", "")] = {
-            "score": d.get("score", 0.0), "node_info": d.get("node_info") or {}, "error": d.get("error", "")
+            "score": d.get("score", 0.0), "node_info": d.get("node_info") or {}, "error": d.get("error", ""),
+            "placeable": d.get("placeable", -1),
         }
 
     def on_post_dry_run(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:

@@ -44,6 +44,9 @@ def check(action: str, result: Any) -> None:
         node_info = ssd.get("node_info", {})
         if not isinstance(node_info, dict):
             raise WrongShape(f"dry_run node_info must be an object, got {_short(node_info)}")
+        placeable = ssd.get("placeable")
+        if placeable is not None and (not isinstance(placeable, int) or isinstance(placeable, bool) or placeable < 0):
+            raise WrongShape(f"dry_run placeable (optional) must be a count of instances >= 0, got {_short(placeable)}")
     elif action in ("allocation", "scale", "reassignment"):
         if not isinstance(result, dict) or not isinstance(result.get("node_id"), str) or not result["node_id"]:
             raise WrongShape(f'{action} must return {{"node_id": str, "gpus": [...]}}, got {_short(result)}')

@@ -68,7 +68,8 @@ class DryRunResult(msgspec.Struct):
     cluster_id: str
     score: float
     node_info: dict[str, Any] = {}
-    placeable: int = 0
+    #: instances that fit in this cluster, when the resourceAllocator says so; -1: it did not say
+    placeable: int = -1
     error: str = ""
     #: node -> why Required affinity rejected it; node -> Preferred affinity score (explain)
     rejected_nodes: dict[str, str] = {}

@@ -9,8 +9,17 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from ..policies.uris import uri_problem
 from .sharing import sharing_problems
 
 #: Ids become NATS subject tokens and Redis key parts: no dots, wildcards, spaces or braces.
@@ -57,6 +66,15 @@ class PolicyRule(_Strict):
     policyRuleURI: str = Field(min_length=1)
     parameters: dict[str, Any] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("policyRuleURI")
+    @classmethod
+    def _known_uri(cls, uri: str, info: ValidationInfo) -> str:
+        # refused here (component add, parse) instead of failing every block later at load time
+        problem = uri_problem(uri, info.data.get("name"))
+        if problem:
+            raise ValueError(problem)
+        return uri
 
 
 class PolicyRuleEntry(_Strict):

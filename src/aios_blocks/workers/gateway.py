@@ -68,7 +68,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_result(d: Delivery) -> None:
         ev = data_as(decode_envelope(d.data), DryRunResult)
         answered, expected = await w.store.gather_add(
-            ev.block_id, ev.gen, ev.attempt, ev.cluster_id, {"score": ev.score, "node_info": ev.node_info, "error": ev.error}
+            ev.block_id, ev.gen, ev.attempt, ev.cluster_id,
+            {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable}
         )
         if expected and answered >= expected:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
@@ -113,7 +114,8 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     g = await w.store.gather_read(bid, gen, n)
     clusters, nodes = await _snapshot(w)
     entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
-    decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator"))
+    decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator"),
+                              int(ir.get("minInstances") or 1))
     # one outcome per round, even if this decider runs again on more answers than the first time
     outcome = await w.store.gather_settle(bid, gen, n, f"!{decision.failure}" if decision.failure else decision.cluster_id)
     failure, cid = (outcome[1:], "") if outcome.startswith("!") else ("", outcome)

@@ -87,7 +87,9 @@ class _ResourceAllocator:
             if not first:
                 first = {"node_id": pick[0], "gpus": pick[1]}
             placed += 1
-        return {"selection_score_data": {"score": placed / want, "node_info": first}}
+        # placeable: how many instances fit here (an optional extension of the seed's shape): the
+        # gateway fails a block at once when no cluster can hold its minInstances
+        return {"selection_score_data": {"score": placed / want, "node_info": first, "placeable": placed}}
 
     def _pick(
         self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
