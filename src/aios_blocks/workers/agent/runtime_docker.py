@@ -92,8 +92,13 @@ class DockerRuntime:
             return
         with contextlib.suppress(NotFound, APIError):
             container.stop(timeout=max(0, round(grace_s)))
-        with contextlib.suppress(NotFound):
+        try:
             container.remove(force=True)
+        except NotFound:
+            pass
+        except APIError as exc:  # 409: someone else's removal of it is under way: it goes either way
+            if exc.status_code != 409 or "already in progress" not in str(exc):
+                raise
 
     async def status(self, handle: str) -> RuntimeInstance | None:
         return await asyncio.to_thread(self._status, handle)
