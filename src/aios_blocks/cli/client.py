@@ -302,8 +302,8 @@ class Client:
         block = await self.store.get_block(bid)
         if block is None:
             raise LookupError(f"no block {bid!r}")
-        if block.get("status") in ("deleted", "deleting"):
-            raise LookupError(f"block {bid!r} is already {block['status']}")
+        if block.get("status") == "deleted":  # (a delete under way may be asked again: it waits for the same end)
+            raise LookupError(f"block {bid!r} is already deleted")
         rid = uuid.uuid4().hex[:12]
         ack = await self.bus.publish(subjects.block_event(bid, "delete"), "block.delete", DeleteRequest(bid, rid), f"{bid}:delete:{rid}")
         return Request(bid, "delete", ack.seq, rid)
