@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from aios_blocks.cli.client import event_kind
 
 from .conftest import COMPONENT, System
@@ -48,3 +50,43 @@ async def test_a_gang_no_cluster_can_hold_fails_at_once_with_the_counts(system: 
     # a gang that fits still goes through
     _, kind, _ = await system.submit_and_wait({**spec, "blockId": "gang-2", "minInstances": 2})
     assert kind == "ready"
+
+
+SLOW_ON_C2 = """
+import time
+
+from aios_blocks.policies.builtin.resource import BinPackPolicy
+
+
+class SlowOnC2(BinPackPolicy):
+    def eval(self, parameters, input_data, context):
+        if input_data["action"] == "dry_run" and input_data["payload"]["cluster"]["id"] == "c2":
+            time.sleep(1.5)  # a busy controller: c2 answers well after the gather's deadline
+        return super().eval(parameters, input_data, context)
+"""
+
+
+@pytest.fixture
+def short_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOS_DRY_RUN_DEADLINE_S", "0.3")  # inherited by the worker processes
+
+
+async def test_a_cluster_short_of_the_gang_does_not_end_the_round_before_a_slower_one_with_room(
+    short_deadline: None, system: System
+) -> None:
+    """c1 answers at once that it holds 2 of a gang of 3; c2, which holds it, answers after the
+    deadline. The round must wait for c2 (a short answer is not a usable one), not fail the block
+    with "c2: none" the moment the deadline passes."""
+    await system.client.policy_put("slow-c2", SLOW_ON_C2, "python")
+    await system.client.add_sim_cluster("c1", nodes=1, gpus=2)
+    await system.client.add_sim_cluster("c2", nodes=1, gpus=4)
+    spec = {"blockComponentURI": COMPONENT["componentURI"], "blockId": "gang-slow", "minInstances": 3, "maxInstances": 3,
+            "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:slow-c2"}}]}
+    _, kind, env = await system.submit_and_wait(spec, timeout=60)
+    assert kind == "ready", env["data"]
+    history = await system.client.history("gang-slow")
+    results = {e["data"]["cluster_id"]: e["data"] for s, e, _ in history if s.endswith(".dry_run.result")}
+    assert (results["c1"]["placeable"], results["c1"]["shortfall"]) == (2, 1)
+    assert (results["c2"]["placeable"], results["c2"]["shortfall"]) == (3, 0)
+    [post] = [e["data"] for s, e, _ in history if s.endswith(".post_dry_run")]
+    assert post["cluster_id"] == "c2" and post["missing"] == []

@@ -550,7 +550,7 @@ def test_gang_shortfall_needs_every_candidate_to_have_counted() -> None:
     from aios_blocks.handlers.gateway import gang_shortfall
 
     res = {"c1": {"score": 0.5, "placeable": 1}, "c2": {"score": 0.0, "placeable": 0}}
-    assert gang_shortfall(["c1", "c2", "c3"], res, 2) == "no cluster can hold minInstances (2) at once: c1 fits 1; c2, c3: none"
+    assert gang_shortfall(["c1", "c2", "c3"], res, 2) == "no cluster can hold minInstances (2) at once: c1 fits 1; c2: none; c3: no answer in time"
     assert gang_shortfall(["c1", "c2"], res, 1) == ""  # c1 holds one
     assert gang_shortfall(["c1"], {"c1": {"score": 0.5}}, 2) == ""  # a policy that did not count: allocation decides
     assert gang_shortfall(["c1"], {"c1": {"score": 0.5, "placeable": -1}}, 2) == ""
@@ -572,3 +572,24 @@ async def test_choose_fails_the_block_without_asking_the_policy_when_no_cluster_
     assert d.scores == {"c1": pytest.approx(1 / 3), "c2": pytest.approx(2 / 3)} and calls == []
     d = await choose(["c1", "c2"], results, {}, invoke, min_instances=2)
     assert d.cluster_id == "c1" and not d.failure and len(calls) == 1
+
+
+async def test_dry_run_reports_the_shortfall_of_a_cluster_too_small_for_the_gang() -> None:
+    nodes = nodes_of(node("n1", gpus=free_gpus(2)))
+    ir = make_ir(min_instances=3, max_instances=4)
+    out = await controller.dry_run(ir, {"id": "c1", "labels": {}}, nodes, invoker(ir, "resourceAllocator"))
+    assert (out.score, out.placeable, out.shortfall) == (0.5, 2, 1)
+    ir = make_ir(min_instances=2, max_instances=4)
+    out = await controller.dry_run(ir, {"id": "c1", "labels": {}}, nodes, invoker(ir, "resourceAllocator"))
+    assert (out.placeable, out.shortfall) == (2, 0)
+
+
+def test_a_short_answer_does_not_end_the_gather_at_its_deadline() -> None:
+    """c1 holds 2 of a gang of 3 and answered; c2 (room for all, but busy) has not answered yet.
+    Deciding at the deadline would fail the block although c2 may hold it: wait for c2 (patience),
+    decide at once when every cluster answered."""
+    short = {"score": 0.5, "placeable": 2, "shortfall": 1}
+    assert not gateway.usable(short) and gateway.usable({"score": 0.5, "placeable": 3, "shortfall": 0})
+    assert gateway.gather_wait(["c1", "c2"], {"c1": short}, now=106.0, deadline=105.0, patience_s=60) == 59.0
+    answered = {"c1": short, "c2": {"score": 0.0, "placeable": 0, "shortfall": 3}}
+    assert gateway.gather_wait(["c1", "c2"], answered, now=106.0, deadline=105.0, patience_s=60) == 0.0

@@ -549,3 +549,10 @@ def test_contract_messages_are_short_for_huge_results() -> None:
                                             ({"cluster_id": "a", "id": "b"}, "a")])
 def test_cluster_id_of(entry: Any, cid: str) -> None:
     assert contract.cluster_id_of(entry) == cid
+
+
+async def test_an_unknown_builtin_fails_by_name_not_as_a_missing_module() -> None:
+    """A component stored before the parser refused `builtin:binpak` must not fail with
+    "No module named 'builtin'" (the URI is not a module:Class)."""
+    with pytest.raises(ValueError, match=r"unknown built-in policy 'builtin:binpak'; the built-ins are builtin:binpack"):
+        await PolicyRuntime().resolve("builtin:binpak")

@@ -77,6 +77,8 @@ class DryRunOutcome:
     node_scores: dict[str, float] = field(default_factory=dict)
     #: instances that fit in the cluster, when the policy says (``selection_score_data.placeable``); -1: not said
     placeable: int = -1
+    #: minInstances - placeable when positive (this cluster cannot take the gang), else 0
+    shortfall: int = 0
 
 
 EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts cover all of them)
@@ -108,8 +110,9 @@ async def dry_run(
         return DryRunOutcome(0.0, {}, str(exc), rejected, scores)
     ssd = result["selection_score_data"]
     placeable = ssd.get("placeable")
-    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {}, "", rejected, scores,
-                         placeable if isinstance(placeable, int) else -1)
+    placeable = placeable if isinstance(placeable, int) else -1
+    shortfall = max(0, int(ir.get("minInstances") or 0) - placeable) if placeable >= 0 else 0
+    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {}, "", rejected, scores, placeable, shortfall)
 
 
 def instance_id(bid: str, key: str | int) -> str:

@@ -137,20 +137,28 @@ async def select(
 
 def gang_shortfall(expected: list[str], results: dict[str, dict[str, Any]], min_instances: int) -> str:
     """Why no cluster can hold ``min_instances`` (from the dry_run counts), or "" when one may."""
-    candidates = {c: r for c, r in results.items() if usable(r)}
+    candidates = {c: r for c, r in results.items() if _positive(r)}
     if not candidates or any(int(r.get("placeable", -1)) < 0 for r in candidates.values()):
         return ""  # nothing usable (decided elsewhere) or a policy that did not count: let allocation try
     if max(int(r["placeable"]) for r in candidates.values()) >= min_instances:
         return ""
     fits = ", ".join(f"{c} fits {int(r['placeable'])}" for c, r in sorted(candidates.items()))
-    others = [c for c in expected if c not in candidates]
-    rest = f"; {', '.join(others)}: none" if others else ""
+    none = [c for c in expected if c in results and c not in candidates]
+    silent = [c for c in expected if c not in results]  # after the gather's patience: unreachable
+    rest = (f"; {', '.join(none)}: none" if none else "") + (f"; {', '.join(silent)}: no answer in time" if silent else "")
     return f"no cluster can hold minInstances ({min_instances}) at once: {fits}{rest}"
 
 
-def usable(result: dict[str, Any]) -> bool:
-    """A dry_run answer that can carry a decision: a positive score and no error."""
+def _positive(result: dict[str, Any]) -> bool:
     return not result.get("error") and float(result.get("score", 0.0) or 0.0) > 0.0
+
+
+def usable(result: dict[str, Any]) -> bool:
+    """A dry_run answer that can carry a decision: a positive score, no error, and room for the
+    gang (no ``shortfall``). A cluster short of minInstances does not end a round at its deadline:
+    a slower cluster may still answer with room (else the round fails when every cluster answered
+    or the patience ran out, with the counts)."""
+    return _positive(result) and not result.get("shortfall")
 
 
 def gather_wait(
@@ -160,7 +168,7 @@ def gather_wait(
 
     Before the deadline: wait for it (or for every answer, decided elsewhere). At the deadline the
     gateway decides with what it has *if that can decide anything*: some cluster answered with a
-    positive score, or every cluster answered. A round where nobody usable answered yet means the
+    positive score and room for the gang (``usable``), or every cluster answered. A round where nobody usable answered yet means the
     controllers are busy or unreachable, not that the block cannot be placed, so the gather waits
     up to ``patience_s`` more (a backlog under a burst must not fail blocks) and then decides,
     naming the clusters that never answered."""

@@ -183,7 +183,7 @@ class Fold:
         g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))
         g["results"][d.get("cluster_id", "")] = {
             "score": d.get("score", 0.0), "node_info": d.get("node_info") or {}, "error": d.get("error", ""),
-            "placeable": d.get("placeable", -1),
+            "placeable": d.get("placeable", -1), "shortfall": d.get("shortfall", 0),
         }
 
     def on_post_dry_run(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..schemas.errors import PolicyFailed
-from . import contract
+from . import contract, uris
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .sandbox import sandboxed_class
@@ -135,6 +135,8 @@ class PolicyRuntime:
         """-> (class, cache name, version) for a policyRuleURI."""
         if uri in BUILTINS:
             return BUILTINS[uri], uri, None
+        if uri.startswith("builtin:"):  # e.g. a component stored before the parser refused it
+            raise ValueError(f"unknown built-in policy {uri!r}; the built-ins are {uris.known_builtins()}")
         if self.allow_files and uri.endswith((".py", ".star")) and os.path.exists(uri):  # noqa: ASYNC240
             key = (uri, None)
             if key not in self._classes:

@@ -70,6 +70,9 @@ class DryRunResult(msgspec.Struct):
     node_info: dict[str, Any] = {}
     #: instances that fit in this cluster, when the resourceAllocator says so; -1: it did not say
     placeable: int = -1
+    #: minInstances - placeable when the cluster said it cannot hold the gang (else 0): such an
+    #: answer does not end a gather early; another cluster may still answer with room
+    shortfall: int = 0
     error: str = ""
     #: node -> why Required affinity rejected it; node -> Preferred affinity score (explain)
     rejected_nodes: dict[str, str] = {}

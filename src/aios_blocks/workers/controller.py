@@ -57,7 +57,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         nodes = await w.inventory.nodes(ev.cluster_id)
         out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"), await w.affinity_index(ev.ir))
         result = DryRunResult(
-            ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, placeable=out.placeable, error=out.error,
+            ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, placeable=out.placeable, shortfall=out.shortfall, error=out.error,
             rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, attempt=ev.attempt,
         )
         await w.bus.publish(

@@ -69,11 +69,11 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         ev = data_as(decode_envelope(d.data), DryRunResult)
         answered, expected = await w.store.gather_add(
             ev.block_id, ev.gen, ev.attempt, ev.cluster_id,
-            {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable}
+            {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable, "shortfall": ev.shortfall}
         )
         if expected and answered >= expected:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
-        elif h.usable({"score": ev.score, "error": ev.error}):
+        elif h.usable({"score": ev.score, "error": ev.error, "shortfall": ev.shortfall}):
             # a late usable answer ends a round that is past its deadline and still waiting
             g = await w.store.gather_read(ev.block_id, ev.gen, ev.attempt)
             if not g["decided"] and time.time() >= g["deadline"]:
