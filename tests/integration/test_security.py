@@ -21,6 +21,7 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NC
+from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
@@ -223,7 +224,8 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
     js = ob.nc.jetstream(timeout=5)
     subject = "aios.block.obs-2.>"
     durable = await js.pull_subscribe(subject, durable="dash-pull", stream=subjects.STREAM)
-    ephemeral = await js.pull_subscribe(subject, stream=subjects.STREAM)
+    # ephemeral ones are named too (the unnamed create is refused: see below)
+    ephemeral = await js.pull_subscribe(subject, stream=subjects.STREAM, config=ConsumerConfig(name="dash-eph-pull", inactive_threshold=30))
     for sub in (durable, ephemeral):
         [msg] = await sub.fetch(1, timeout=5)
         assert msg.subject == "aios.block.obs-2.ready"
@@ -239,7 +241,8 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
         return on
 
     await js.subscribe(subject, durable="dash-push", cb=cb("push-durable"), stream=subjects.STREAM)
-    await js.subscribe(subject, cb=cb("push-ephemeral"), stream=subjects.STREAM)
+    await js.subscribe(subject, cb=cb("push-ephemeral"), stream=subjects.STREAM,
+                       config=ConsumerConfig(name="dash-eph-push", inactive_threshold=30))
     for name, fut in got.items():
         assert await asyncio.wait_for(fut, 10) == "aios.block.obs-2.ready", name
     info = await admin.js.consumer_info(subjects.STREAM, "dash-pull")
@@ -253,6 +256,18 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
     for d in ("parser", "lifecycle"):
         assert (await admin.js.consumer_info(subjects.STREAM, d)).num_pending == before[d]
     assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser")
+    # the unnamed create names its consumer in the body, which permissions cannot see: with it an
+    # observer could narrow a worker's filter or make it expire. It is refused; the worker's is intact.
+    parser_before = (await admin.js.consumer_info(subjects.STREAM, "parser")).config
+    body = {"stream_name": subjects.STREAM, "config": {"name": "parser", "filter_subjects": ["aios.block.none.create"],
+                                                      "inactive_threshold": 1_000_000_000, "ack_policy": "explicit"}}
+    with pytest.raises(nats.errors.TimeoutError):
+        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps(body).encode(), timeout=2)
+    assert await ob.denied(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}")
+    with pytest.raises(nats.errors.TimeoutError):  # nor under another name in the subject
+        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.parser", json.dumps(body).encode(), timeout=2)
+    parser_after = (await admin.js.consumer_info(subjects.STREAM, "parser")).config
+    assert parser_after.filter_subjects == parser_before.filter_subjects and not parser_after.inactive_threshold
 
 
 async def test_worker_roles_are_confined_to_their_own_subjects(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
@@ -302,10 +317,11 @@ async def _replay_onto(observer: Conn, stored_subject: str, deliver_subject: str
     then receives the messages too, each with a ``$JS.ACK.`` reply subject."""
     await observer.nc.subscribe(deliver_subject)
     await observer.nc.flush()
-    config = {"deliver_subject": deliver_subject, "filter_subject": stored_subject, "ack_policy": "none",
-              "deliver_policy": "all"}
+    name = f"replay-{abs(hash(deliver_subject)) % 10**8}"
+    config = {"name": name, "deliver_subject": deliver_subject, "filter_subject": stored_subject, "ack_policy": "none",
+              "deliver_policy": "all", "inactive_threshold": 30_000_000_000}
     body = {"stream_name": subjects.STREAM, "config": config}
-    reply = await observer.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps(body).encode(), timeout=5)
+    reply = await observer.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.{name}", json.dumps(body).encode(), timeout=5)
     assert "error" not in json.loads(reply.data), reply.data
 
 

@@ -152,7 +152,9 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     would take events away from the worker (suppress them). Consumer names are one token and NATS
     has no prefix wildcards, so the workers' names are denied one by one (NATS checks deny first)."""
     st = subjects.STREAM
-    allow = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}", f"{JS}.CONSUMER.CREATE.{st}",
+    # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
+    # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
+    allow = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
     deny = []
