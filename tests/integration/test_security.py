@@ -21,7 +21,7 @@ import nats
 import pytest
 import redis.asyncio as aioredis
 from nats.aio.client import Client as NC
-from nats.js.api import ConsumerConfig
+from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
@@ -156,7 +156,7 @@ async def test_node_agent_publishes_only_its_own_node_and_instance_facts(
     await msgs[0].ack()
     for api in (f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.agent-n2",
                 f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser",
-                f"$JS.API.CONSUMER.DELETE.{subjects.STREAM}.agent-n1",
+                f"$JS.API.CONSUMER.DELETE.{subjects.STREAM}.agent-n2",  # its own it may replace, no other
                 f"$JS.API.STREAM.PURGE.{subjects.STREAM}"):
         await ag.nc.publish(api, b"{}")
         assert await ag.denied(api), api
@@ -268,6 +268,29 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
         await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.parser", json.dumps(body).encode(), timeout=2)
     parser_after = (await admin.js.consumer_info(subjects.STREAM, "parser")).config
     assert parser_after.filter_subjects == parser_before.filter_subjects and not parser_after.inactive_threshold
+
+
+async def test_a_consumer_squatting_a_future_agents_name_is_replaced_by_the_agent(servers: EmbeddedServers, admin: Bus,
+                                                                                   connect: Any) -> None:
+    """Before node n9's agent exists its durable's name is not denied yet: an observer may take it
+    (a push consumer that expires). The agent, once it comes, replaces it with its own."""
+    ob = await connect(servers.endpoints.nats_url("observer"))
+    squat = {"stream_name": subjects.STREAM, "config": {
+        "name": "agent-n9", "deliver_subject": "_INBOX.observer.squat", "filter_subject": "aios.node.n9.>",
+        "ack_policy": "none", "inactive_threshold": 3_600_000_000_000}}
+    reply = await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.agent-n9", json.dumps(squat).encode(), timeout=5)
+    assert "error" not in json.loads(reply.data), reply.data
+    agent = await Bus.open(auth.ensure_agent(servers.data_dir, "n9"), "aios-blocks/agent/n9")
+    try:
+        await agent.ensure_consumer(subjects.agent("n9"))
+    finally:
+        await agent.close()
+    cfg = (await admin.js.consumer_info(subjects.STREAM, "agent-n9")).config
+    assert not cfg.deliver_subject and not cfg.inactive_threshold and cfg.ack_policy == AckPolicy.EXPLICIT
+    assert sorted(cfg.filter_subjects or []) == sorted(subjects.agent("n9").filters)
+    # and the name is now denied to observers
+    await ob.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.agent-n9", b"{}")
+    assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.agent-n9")
 
 
 async def test_worker_roles_are_confined_to_their_own_subjects(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:

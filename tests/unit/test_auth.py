@@ -103,9 +103,11 @@ def test_only_the_controller_answers_requests_and_observers_write_nothing() -> N
     assert obs is not None and not [p for p in obs.publish if p.startswith("aios.")]
     # observers keep consumers of their own (durable or ephemeral, pull or push) ...
     for subject in ("$JS.API.CONSUMER.DURABLE.CREATE.AIOS.dash", "$JS.API.CONSUMER.CREATE.AIOS.dash.aios.block.>",
-                    "$JS.API.CONSUMER.CREATE.AIOS", "$JS.API.CONSUMER.MSG.NEXT.AIOS.dash", "$JS.ACK.AIOS.dash.1.2.3.4.5",
+                    "$JS.API.CONSUMER.CREATE.AIOS.dash", "$JS.API.CONSUMER.MSG.NEXT.AIOS.dash", "$JS.ACK.AIOS.dash.1.2.3.4.5",
                     "$JS.API.CONSUMER.DELETE.AIOS.dash"):
         assert allowed("observer", subject), subject
+    # ... always named: the unnamed create names its consumer in the body, out of the permissions' sight
+    assert not allowed("observer", "$JS.API.CONSUMER.CREATE.AIOS")
     # ... and never touch a worker's: taking or acking its messages would suppress events
     for durable in auth.WORKER_DURABLES:
         for subject in (f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{durable}", f"$JS.ACK.AIOS.{durable}.1.2.3.4.5",

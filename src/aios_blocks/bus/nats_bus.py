@@ -96,6 +96,11 @@ def source_uri(name: str) -> str:
     return f"aios-blocks://{socket.gethostname()}/{name.removeprefix('aios-blocks').strip('/') or 'unknown'}"
 
 
+def _ours(cfg: ConsumerConfig) -> bool:
+    """A worker durable as ``ensure_consumer`` makes it: pull, explicit acks, never expiring."""
+    return not cfg.deliver_subject and cfg.ack_policy in (AckPolicy.EXPLICIT, None) and not cfg.inactive_threshold
+
+
 class Bus:
     """A NATS connection with its JetStream context and the project's conventions."""
 
@@ -199,7 +204,15 @@ class Bus:
         )
         try:
             info = await self.js.consumer_info(subjects.STREAM, spec.durable)
-            if sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(spec.filters):
+            if not _ours(info.config):
+                # made under our name by someone else (e.g. before the name was denied to observers):
+                # a push or expiring consumer cannot be turned into ours, so it is replaced; our
+                # position is not in it, and a fresh durable starts from the first message
+                log.warning("bus.consumer_replaced", consumer=spec.durable, deliver_subject=info.config.deliver_subject,
+                            inactive_threshold=info.config.inactive_threshold)
+                await self.js.delete_consumer(subjects.STREAM, spec.durable)
+                await self.js.add_consumer(subjects.STREAM, cfg)
+            elif sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(spec.filters):
                 await self.js.add_consumer(subjects.STREAM, cfg)  # update filters in place
         except NotFoundError:
             await self.js.add_consumer(subjects.STREAM, cfg)

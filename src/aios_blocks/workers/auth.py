@@ -116,6 +116,7 @@ def _consumer_rights(durable: str, create: bool = True) -> list[str]:
     rights = [
         f"{JS}.CONSUMER.INFO.{st}.{durable}",
         f"{JS}.CONSUMER.MSG.NEXT.{st}.{durable}",
+        f"{JS}.CONSUMER.DELETE.{st}.{durable}",  # to replace a consumer someone else made under its name
         f"$JS.ACK.{st}.{durable}.>",
         subjects.dead_letter(durable, ">"),
     ]
