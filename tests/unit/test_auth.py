@@ -15,16 +15,7 @@ from aios_blocks.bus.nats_bus import security_options
 from aios_blocks.workers import auth
 from aios_blocks.workers.embedded import nats_binary
 
-
-def matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: ``*`` one token, ``>`` one or more trailing tokens."""
-    p, s = pattern.split("."), subject.split(".")
-    for i, tok in enumerate(p):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(p) == len(s)
+matches = subjects.matches  # NATS subject matching: ``*`` one token, ``>`` one or more trailing tokens
 
 
 def allowed(role: str, subject: str, node: str | None = None) -> bool:

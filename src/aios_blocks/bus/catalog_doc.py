@@ -25,26 +25,15 @@ def sample(pattern: str) -> str:
     return _TOKEN.sub("x", pattern)
 
 
-def matches(filter_: str, subject: str) -> bool:
-    """NATS wildcard match: ``*`` is one token, a trailing ``>`` one or more."""
-    f, s = filter_.split("."), subject.split(".")
-    for i, tok in enumerate(f):
-        if tok == ">":
-            return len(s) > i
-        if i >= len(s) or (tok != "*" and tok != s[i]):
-            return False
-    return len(f) == len(s)
-
-
 def stored(pattern: str) -> bool:
     """Whether the stream keeps messages on ``pattern``."""
-    return any(matches(f, sample(pattern)) for f in subjects.STREAM_SUBJECTS)
+    return any(subjects.matches(f, sample(pattern)) for f in subjects.STREAM_SUBJECTS)
 
 
 def consumers(pattern: str) -> list[str]:
     """Durable consumers whose filters take ``pattern`` (``agent-sim`` stands for every agent's own)."""
     s = sample(pattern)
-    return [c.durable for c in DURABLES if any(matches(f, s) for f in c.filters)]
+    return [c.durable for c in DURABLES if any(subjects.matches(f, s) for f in c.filters)]
 
 
 def catalog_rows() -> list[tuple[str, str, str, str, str]]:

@@ -126,10 +126,7 @@ class Bus:
 
     async def _shared_event_key(self) -> str:
         try:
-            try:
-                kv = await self.js.key_value(event_ids.KV_BUCKET)
-            except NotFoundError:
-                kv = await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=StreamLimits().replicas)
+            kv = await self._key_bucket()
             try:
                 await kv.create(event_ids.KV_KEY, event_ids.new_key().encode())
             except KeyWrongLastSequenceError:
@@ -143,11 +140,14 @@ class Bus:
 
     async def store_event_key(self, key: str) -> None:
         """Make ``key`` the shared one (the embedded setup: the key in its secrets file)."""
+        await (await self._key_bucket()).put(event_ids.KV_KEY, key.encode())
+
+    async def _key_bucket(self) -> Any:
+        """The KV bucket of the shared event key, created if absent."""
         try:
-            kv = await self.js.key_value(event_ids.KV_BUCKET)
+            return await self.js.key_value(event_ids.KV_BUCKET)
         except NotFoundError:
-            kv = await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=StreamLimits().replicas)
-        await kv.put(event_ids.KV_KEY, key.encode())
+            return await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=StreamLimits().replicas)
 
     async def _headers(self, msg_id: str, content_type: str = CLOUDEVENTS_JSON) -> dict[str, str]:
         return {"Nats-Msg-Id": (await self.ids()).wire(msg_id), "Content-Type": content_type}

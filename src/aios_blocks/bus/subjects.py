@@ -113,6 +113,17 @@ DLQ_ALL = f"{ROOT}.dlq.>"
 INVENTORY_ALL = f"{ROOT}.cluster.*.inventory"
 POLICY_UPDATED_ALL = f"{ROOT}.policy.*.updated"
 
+def matches(filter_: str, subject: str) -> bool:
+    """NATS wildcard match of a concrete subject: ``*`` is one token, a trailing ``>`` one or more."""
+    f, s = filter_.split("."), subject.split(".")
+    for i, tok in enumerate(f):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(f) == len(s)
+
+
 # Event types (CloudEvents ``type``) are the subject with the ids removed.
 def event_type(kind: str) -> str:
     return f"io.aios.{kind}"

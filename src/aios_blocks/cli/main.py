@@ -360,13 +360,7 @@ def agent(
     from ..workers.agent.main import AgentOptions, run_agent
     from ..workers.main import configure_logging
 
-    labels: dict[str, str] = {}
-    for item in label:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            err.print(f"[red]bad --label {item!r}[/]: use key=value")
-            raise typer.Exit(2)
-        labels[key] = value
+    labels = _labels(label)
     for key, value in (("zone", zone), ("rack", rack), ("trust-domain", trust_domain)):
         if value is not None:
             labels[key] = value
