@@ -19,6 +19,7 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
     bus = await Bus.open(servers.nats_url)
     try:
         await bus.ensure_stream()
+        # stored subjects (the stream keeps only catalog events) that no worker consumes here
         spec = subjects.ConsumerSpec("runner-test", ("aios.cluster.runner-test.*",))
         await bus.ensure_consumer(spec)
         seen: list[tuple[str, int]] = []
@@ -26,9 +27,9 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
 
         async def handler(d: Delivery) -> None:
             seen.append((d.subject, d.deliveries))
-            if d.subject == "aios.cluster.runner-test.bad":
+            if d.subject == "aios.cluster.runner-test.dry_run":
                 raise RuntimeError("always fails")
-            if d.subject == "aios.cluster.runner-test.garbage":
+            if d.subject == "aios.cluster.runner-test.allocation":
                 msgspec.json.decode(d.data, type=dict[str, int])
             handled.append(d.subject)
 
@@ -41,23 +42,23 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
         stop = asyncio.Event()
         runner = ConsumerRunner(bus, spec, handler, RunnerOptions(max_deliver=3, backoff_s=(0.05,), fetch_timeout_s=0.2))
         task = asyncio.create_task(runner.run(stop))
-        await bus.publish_raw("aios.cluster.runner-test.bad", b'{"x": 1}', msg_id="bad-1")
-        await bus.publish_raw("aios.cluster.runner-test.garbage", b"not json", msg_id="garbage-1")
-        await bus.publish_raw("aios.cluster.runner-test.good", b"{}", msg_id="good-1")
+        await bus.publish_raw("aios.cluster.runner-test.dry_run", b'{"x": 1}', msg_id="bad-1")
+        await bus.publish_raw("aios.cluster.runner-test.allocation", b"not json", msg_id="garbage-1")
+        await bus.publish_raw("aios.cluster.runner-test.scale", b"{}", msg_id="good-1")
         first = await asyncio.wait_for(letters.get(), 20)
         second = await asyncio.wait_for(letters.get(), 20)
         stop.set()
         await asyncio.wait_for(task, 10)
         by_subject = {lt["subject"]: lt for lt in (first, second)}
-        bad = by_subject["aios.cluster.runner-test.bad"]
+        bad = by_subject["aios.cluster.runner-test.dry_run"]
         assert bad["deliveries"] == 3 and "always fails" in bad["error"] and bad["data"] == '{"x": 1}'
         # the original headers, as stored: the wire id is the keyed digest of the logical one
         assert bad["headers"]["Nats-Msg-Id"] == (await bus.ids()).wire("bad-1") and bad["consumer"] == "runner-test"
         assert bad["headers"]["Content-Type"] == "application/json"
-        garbage = by_subject["aios.cluster.runner-test.garbage"]
+        garbage = by_subject["aios.cluster.runner-test.allocation"]
         assert garbage["deliveries"] == 1 and garbage["error"].startswith("malformed event")
-        assert [n for s, n in seen if s == "aios.cluster.runner-test.bad"] == [1, 2, 3]
-        assert handled == ["aios.cluster.runner-test.good"]
+        assert [n for s, n in seen if s == "aios.cluster.runner-test.dry_run"] == [1, 2, 3]
+        assert handled == ["aios.cluster.runner-test.scale"]
         # dead-lettered messages were terminated: nothing left pending for the consumer
         info = await bus.js.consumer_info(subjects.STREAM, "runner-test")
         assert info.num_pending == 0 and info.num_ack_pending == 0

@@ -58,10 +58,11 @@ def test_the_controllers_re_selection_right_comes_from_the_catalog() -> None:
     assert not allowed("gateway", "aios.block.b1.parsed")
 
 
-def test_unknown_publisher_in_the_catalog_is_an_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(subjects, "catalog", lambda: [("aios.block.{bid}.x", "scheduler", "")])
-    with pytest.raises(ValueError, match="unknown publisher 'scheduler'"):
-        auth.permissions("parser")
+def test_every_catalog_role_maps_to_nats_users() -> None:
+    from aios_blocks.bus.catalog import EVENTS, Role
+
+    assert set(auth.ROLE_USERS) == set(Role)
+    assert {r for e in EVENTS for r in e.publishers} <= set(auth.ROLE_USERS)
 
 
 def test_upstream_publishes_only_creates_and_reads_only_its_inbox() -> None:

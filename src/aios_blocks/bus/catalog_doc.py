@@ -1,5 +1,5 @@
-"""docs/subjects.md's table, derived from the subject catalog (``subjects.catalog()``), the
-stream's subjects and the durable consumers' filters, so the doc cannot drift from the code
+"""docs/subjects.md's table, derived from the event catalog (``bus.catalog``) and the durable
+consumers' filters, so the doc cannot drift from the code
 (``blocks subjects --markdown`` prints it; a unit test keeps the file equal to it)."""
 
 from __future__ import annotations
@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 from . import subjects
+from .catalog import EVENTS
 
 _TOKEN = re.compile(r"\{[a-z_]+\}")
 
@@ -36,22 +37,23 @@ def consumers(pattern: str) -> list[str]:
     return [c.durable for c in DURABLES if any(subjects.matches(f, s) for f in c.filters)]
 
 
-def catalog_rows() -> list[tuple[str, str, str, str, str]]:
-    """(subject, published by, stored, durable consumers, meaning) per catalog entry."""
-    return [
-        (pattern, publisher, "yes" if stored(pattern) else "no", ", ".join(consumers(pattern)) or "-", meaning)
-        for pattern, publisher, meaning in subjects.catalog()
-    ]
+def catalog_rows() -> list[tuple[str, str, str, str, str, str]]:
+    """(subject, published by, stored, durable consumers, message id, meaning) per catalog event."""
+    rows = []
+    for (pattern, publisher, meaning), e in zip(subjects.catalog(), EVENTS, strict=True):
+        mid = f"`{e.id_rule}`" if e.id_rule else ("-" if not e.stored else "chosen by the publisher")
+        rows.append((pattern, publisher, "yes" if e.stored else "no", ", ".join(consumers(pattern)) or "-", mid, meaning))
+    return rows
 
 
 def catalog_markdown() -> str:
     """The table of docs/subjects.md."""
     lines = [
-        "| subject | published by | stored | durable consumers | meaning |",
-        "|---|---|---|---|---|",
+        "| subject | published by | stored | durable consumers | message id | meaning |",
+        "|---|---|---|---|---|---|",
     ]
-    for subject, publisher, kept, durable, meaning in catalog_rows():
-        cells = [f"`{subject}`", publisher, kept, durable, meaning]
+    for subject, publisher, kept, durable, mid, meaning in catalog_rows():
+        cells = [f"`{subject}`", publisher, kept, durable, mid, meaning]
         lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join(lines)
 

@@ -36,6 +36,7 @@ from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundE
 
 from ..schemas.events import envelope
 from . import event_ids, subjects
+from .catalog import Body, Emit, Event
 
 log = structlog.get_logger("aios.bus")
 
@@ -240,6 +241,34 @@ class Bus:
             futs.append(await self.js.publish_async(subject, payload, headers=await self._headers(msg_id)))
         if futs:
             await asyncio.gather(*futs)
+
+    async def emit(self, event: Event[Any], payload: Any, *, qualifier: str = "", msg_id: str | None = None,
+                   **tokens: str) -> Any:
+        """Publish one catalog event and, when the stream keeps it, wait for its ack. The subject,
+        the CloudEvents type and the message id all come from the catalog entry."""
+        return await self._emit_one(Emit(event, payload, tokens, qualifier, msg_id), wait=True)
+
+    async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
+        """Publish several catalog events concurrently and wait for every stored one's ack."""
+        futs = [await self._emit_one(e, wait=False) for e in effects]
+        return list(await asyncio.gather(*[f for f in futs if f is not None]))
+
+    async def _emit_one(self, e: Emit, wait: bool) -> Any:
+        ev = e.event
+        subject = e.subject()
+        if ev.body is Body.CORE:
+            await self.nc.publish(subject, msgspec.json.encode(e.payload))
+            return None
+        mid = e.logical_id()
+        if ev.body is Body.RAW:
+            body = e.payload if isinstance(e.payload, bytes) else msgspec.json.encode(e.payload)
+            headers = await self._headers(mid, "application/json")
+        else:
+            body = envelope(mid, self.source, ev.type, subject, e.payload)
+            headers = await self._headers(mid)
+        if wait:
+            return await self.js.publish(subject, body, headers=headers)
+        return await self.js.publish_async(subject, body, headers=headers)
 
     async def publish_raw(self, subject: str, payload: bytes, msg_id: str | None = None,
                           content_type: str = "application/json") -> Any:

@@ -30,6 +30,7 @@ from prometheus_client import Counter, Histogram
 
 from ..schemas.events import DeadLetter
 from . import subjects
+from .catalog import E
 from .nats_bus import Bus
 
 log = structlog.get_logger("aios.runner")
@@ -164,9 +165,9 @@ class ConsumerRunner:
             data=d.data.decode("utf-8", errors="replace")[:65536],
             headers=d.headers,
         )
-        subject = subjects.dead_letter(self.spec.durable, d.subject)
+        subject = E.dead_letter.subject(consumer=self.spec.durable, subject=d.subject)
         try:
-            await self.bus.publish_raw(subject, msgspec.json.encode(letter), msg_id=f"dlq:{self.spec.durable}:{d.stream_seq}")
+            await self.bus.emit(E.dead_letter, letter, consumer=self.spec.durable, subject=d.subject)
         except Exception as exc:  # could not record it: let it come back rather than lose it
             log.error("dlq.publish_failed", subject=subject, error=repr(exc))
             await self._settle(msg.nak(delay=5))

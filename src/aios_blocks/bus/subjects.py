@@ -8,24 +8,16 @@ subject tokens, so a block id can never be ``*``, ``>`` or contain a dot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-ROOT = "aios"
-STREAM = "AIOS"
-#: What the stream keeps: every fact and command of the system. Left out on purpose (core NATS
-#: only, never stored): node heartbeats (``aios.node.{nid}.heartbeat``, a liveness signal, not
-#: state) and request/reply subjects (``aios.node.{nid}.expected``): a stream capturing a request
-#: subject would answer the requester with its PubAck before the real responder does.
-STREAM_SUBJECTS = [
-    f"{ROOT}.block.>",
-    f"{ROOT}.cluster.>",
-    f"{ROOT}.component.>",
-    f"{ROOT}.node.*.instance.>",
-    f"{ROOT}.node.*.registered",
-    f"{ROOT}.node.*.health",
-    f"{ROOT}.policy.>",
-    f"{ROOT}.input.>",
-    f"{ROOT}.dlq.>",
-]
+from .catalog import EVENTS, ROOT, STREAM, E, Event, stream_subjects  # noqa: F401  (re-exported)
+
+#: What the stream keeps: every stored event of the catalog (``catalog.stream_subjects``). Left out
+#: on purpose (core NATS only): node heartbeats (a liveness signal, not state), inventory hints
+#: (cache invalidation) and request/reply subjects (``aios.node.{nid}.expected``): a stream
+#: capturing a request subject would answer the requester with its PubAck before the real
+#: responder does.
+STREAM_SUBJECTS = stream_subjects()
 
 # -- block lifecycle (aios.block.{bid}.*) -------------------------------------------------------
 def block_create(bid: str) -> str:
@@ -55,7 +47,7 @@ def cluster_command(cid: str, command: str) -> str:
 
 def cluster_inventory(cid: str) -> str:
     """Inventory changed on some nodes of the cluster (reserve/release/node add): caches refresh."""
-    return f"{ROOT}.cluster.{cid}.inventory"
+    return E.inventory_hint.subject(cid=cid)
 
 
 # -- node agent commands and node facts (aios.node.{nid}.*) ---------------------------------------
@@ -110,7 +102,7 @@ def dead_letter(consumer: str, original_subject: str) -> str:
 
 
 DLQ_ALL = f"{ROOT}.dlq.>"
-INVENTORY_ALL = f"{ROOT}.cluster.*.inventory"
+INVENTORY_ALL = E.inventory_hint.filter()
 POLICY_UPDATED_ALL = f"{ROOT}.policy.*.updated"
 
 def matches(filter_: str, subject: str) -> bool:
@@ -131,23 +123,30 @@ def event_type(kind: str) -> str:
 
 @dataclass(frozen=True)
 class ConsumerSpec:
-    """A durable pull consumer: its name and the subjects it filters on."""
+    """A durable pull consumer: its name, the catalog events it takes (``scope`` fixes subject
+    tokens, e.g. one cluster) and the subject filters derived from them."""
 
     durable: str
     filters: tuple[str, ...]
+    events: tuple[Event[Any], ...] = ()
+    scope: tuple[tuple[str, str], ...] = ()
+
+
+def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
+    filters: list[str] = []
+    for e in events:
+        for f in e.filters(**scope):
+            if f not in filters:
+                filters.append(f)
+    return ConsumerSpec(durable, tuple(filters), events, tuple(sorted(scope.items())))
 
 
 #: The parser also takes create subjects whose id held dots (``aios.block.a.b.create``): they can
 #: only be dead-lettered, but they must not sit in the stream unanswered.
-PARSER = ConsumerSpec("parser", (f"{ROOT}.block.*.create", f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"))
-GATEWAY = ConsumerSpec(
-    "gateway",
-    (
-        f"{ROOT}.block.*.parsed",
-        f"{ROOT}.block.*.dry_run.result",
-        f"{ROOT}.block.*.dry_run.deadline",
-    ),
-)
+PARSER = consumer("parser", E.block_create)
+GATEWAY = consumer("gateway", E.block_parsed, E.block_dry_run_result, E.block_dry_run_deadline)
+
+CONTROLLER_EVENTS = (E.cluster_dry_run, E.cluster_allocation, E.cluster_scale, E.cluster_reassignment)
 
 
 def controller(cluster: str | None = None) -> ConsumerSpec:
@@ -155,49 +154,38 @@ def controller(cluster: str | None = None) -> ConsumerSpec:
 
     Use one form or the other in a deployment, not both: two durables both receive a message.
     """
-    cid = cluster or "*"
-    name = f"controller-{cluster}" if cluster else "controller"
-    return ConsumerSpec(
-        name,
-        (
-            f"{ROOT}.cluster.{cid}.dry_run",
-            f"{ROOT}.cluster.{cid}.allocation",
-            f"{ROOT}.cluster.{cid}.scale",
-            f"{ROOT}.cluster.{cid}.reassignment",
-        ),
-    )
+    if cluster:
+        return consumer(f"controller-{cluster}", *CONTROLLER_EVENTS, cid=cluster)
+    return consumer("controller", *CONTROLLER_EVENTS)
 
 
 #: Facts the controllers act on (readiness, deletion, failures, agents' nodes and leftovers).
 #: Shared by all controllers.
-LIFECYCLE = ConsumerSpec(
-    "lifecycle",
-    (
-        f"{ROOT}.block.*.instance.*.added",
-        f"{ROOT}.block.*.instance.*.removed",
-        f"{ROOT}.block.*.instance.*.failed",
-        f"{ROOT}.block.*.instance.*.unhealthy",
-        f"{ROOT}.block.*.delete",
-        f"{ROOT}.node.*.instance.dangling",
-        f"{ROOT}.node.*.registered",
-    ),
+LIFECYCLE = consumer(
+    "lifecycle", E.instance_added, E.instance_removed, E.instance_failed, E.instance_unhealthy, E.block_delete,
+    E.node_dangling, E.node_registered,
 )
 
 
 def agent(node: str | None = None) -> ConsumerSpec:
     """One node agent's own durable (``node``), or the simulated fleet's shared one (``None``)."""
-    nid = node or "*"
-    name = f"agent-{node}" if node else "agent-sim"
-    return ConsumerSpec(name, (f"{ROOT}.node.{nid}.instance.create", f"{ROOT}.node.{nid}.instance.remove"))
+    if node:
+        return consumer(f"agent-{node}", E.node_instance_create, E.node_instance_remove, nid=node)
+    return consumer("agent-sim", E.node_instance_create, E.node_instance_remove)
 
 
 # -- inventory registration (event-sourced: ``blocks recover`` rebuilds Redis from these) -----------
+def uri_digest(uri: str) -> str:
+    """The subject token of a component URI (which may hold dots and slashes)."""
+    import hashlib
+
+    return hashlib.sha256(uri.encode()).hexdigest()[:20]
+
+
 def component_registered(uri: str) -> str:
     """A component (full record) was registered. The token is a digest of the URI, which may
     hold dots and slashes; the URI itself is in the event."""
-    import hashlib
-
-    return f"{ROOT}.component.{hashlib.sha256(uri.encode()).hexdigest()[:20]}.registered"
+    return E.component_registered.subject(digest=uri_digest(uri))
 
 
 def cluster_registered(cid: str) -> str:
@@ -206,43 +194,11 @@ def cluster_registered(cid: str) -> str:
 
 
 def catalog() -> list[tuple[str, str, str]]:
-    """(subject pattern, publisher, meaning) for docs and ``blocks subjects``."""
-    return [
-        ("aios.block.{bid}.create", "upstream / CLI", "block spec submitted (bare spec or CloudEvent)"),
-        ("aios.block.{bid}.parsed", "parser / controller", "IR built; the controller sends it again when a gang no longer fits (back to selection)"),
-        ("aios.block.{bid}.rejected", "parser", "invalid spec, with every error and its JSON path"),
-        ("aios.block.{bid}.selection", "gateway", "candidate clusters and why others were filtered"),
-        ("aios.cluster.{cid}.dry_run", "gateway", "feasibility request for one block"),
-        ("aios.block.{bid}.dry_run.result", "controller", "score + node_info from one cluster"),
-        ("aios.block.{bid}.dry_run.deadline", "gateway", "gather deadline timer (redelivered when due)"),
-        ("aios.block.{bid}.post_dry_run", "gateway", "cluster chosen, with every score"),
-        ("aios.cluster.{cid}.allocation", "gateway", "place minInstances (a gang)"),
-        ("aios.cluster.{cid}.scale", "CLI / autoscaler", "place one more instance"),
-        ("aios.cluster.{cid}.reassignment", "CLI / health checker", "move one instance"),
-        ("aios.block.{bid}.allocation.failed", "controller", "chosen cluster could not take the gang: back to selection"),
-        ("aios.block.{bid}.placement", "controller", "instances reserved: node + GPUs each"),
-        ("aios.node.{nid}.instance.create", "controller", "start an instance"),
-        ("aios.node.{nid}.instance.remove", "controller", "stop an instance"),
-        ("aios.block.{bid}.instance.{iid}.added", "node agent", "instance running"),
-        ("aios.block.{bid}.instance.{iid}.removed", "node agent / controller", "instance stopped (reason: removed, lost, evicted...)"),
-        ("aios.block.{bid}.instance.{iid}.failed", "node agent", "instance exited or could not start, with the reason"),
-        ("aios.block.{bid}.instance.{iid}.unhealthy", "node agent", "instance failed its health probe"),
-        ("aios.node.{nid}.instance.dangling", "node agent", "a labelled container/process nobody asked this node to run"),
-        ("aios.node.{nid}.registered", "node agent", "node capacity, labels and GPUs (controller records it)"),
-        ("aios.node.{nid}.health", "controller", "node marked unhealthy (heartbeats stopped) or healthy again"),
-        ("aios.node.{nid}.heartbeat", "node agent", "core NATS, not stored: free resources and load"),
-        ("aios.node.{nid}.expected", "controller (replies)", "core NATS request/reply, not stored: instances the node should run"),
-        ("aios.block.{bid}.ready", "controller", "minInstances are running"),
-        ("aios.block.{bid}.failed", "gateway / controller", "block cannot be placed, with the reason"),
-        ("aios.block.{bid}.scale.failed", "controller", "a scale step failed (block stays as it was)"),
-        ("aios.block.{bid}.reassignment.failed", "controller", "a reassignment step failed"),
-        ("aios.block.{bid}.delete", "CLI", "delete requested"),
-        ("aios.block.{bid}.deleted", "controller", "every instance removed and released"),
-        ("aios.cluster.{cid}.inventory", "controller / CLI", "nodes changed: caches refresh them"),
-        ("aios.block.{bid}.decision", "gateway / controller", "one policy call: policy, version, action, input digest, output, duration, error"),
-        ("aios.input.{digest}", "gateway / controller", "a large policy input, stored once by digest"),
-        ("aios.policy.{name}.updated", "CLI", "policy stored: name, version, source, language (caches drop it)"),
-        ("aios.component.{digest}.registered", "CLI", "component registered: the full record (digest of its URI)"),
-        ("aios.cluster.{cid}.registered", "CLI", "cluster registered: id and labels"),
-        ("aios.dlq.{consumer}.{subject}", "consumer runner", "message that kept failing, with the error"),
-    ]
+    """(subject pattern, publishers, meaning) for docs and ``blocks subjects`` (from ``bus.catalog``)."""
+    out = []
+    for e in EVENTS:
+        who = " / ".join(r.value for r in e.publishers)
+        if e.responders:
+            who += " (" + " / ".join(r.value for r in e.responders) + " replies)"
+        out.append((e.pattern, who, e.meaning))
+    return out

@@ -18,12 +18,15 @@ import msgspec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..bus import subjects
+from ..bus.catalog import E, Emit
 from ..bus.nats_bus import Bus
+from ..bus.subjects import uri_digest
 from ..handlers.controller import instance_id
 from ..schemas.events import (
     ClusterRegistered,
     ComponentRegistered,
     DeleteRequest,
+    InventoryHint,
     NodeRegistered,
     PolicyUpdated,
     ReassignRequest,
@@ -97,21 +100,20 @@ class Client:
     # unique per call: a re-registration of the same record is a new fact, not a duplicate.
     async def add_component(self, comp: Component | dict[str, Any]) -> Component:
         comp = comp if isinstance(comp, Component) else Component.model_validate(comp)
-        subject = subjects.component_registered(comp.componentURI)
         event = ComponentRegistered(comp.componentURI, comp.model_dump(mode="json"))
-        await self.bus.publish(subject, "component.registered", event, f"component:{_op_id()}")
+        await self.bus.emit(E.component_registered, event, msg_id=f"component:{_op_id()}", digest=uri_digest(comp.componentURI))
         await self.store.put_component(comp)
         return comp
 
     async def add_cluster(self, cluster: Cluster) -> None:
         await self._publish_cluster(cluster)
         await self.store.put_cluster(cluster)
-        await self.bus.notify(subjects.cluster_inventory(cluster.id), {"cluster": cluster.id})
+        await self.bus.emit(E.inventory_hint, InventoryHint(cluster.id))
 
     async def add_node(self, node: Node) -> None:
         await self._publish_nodes([node])
         await self.store.put_node(node)
-        await self.bus.notify(subjects.cluster_inventory(node.cluster), {"cluster": node.cluster, "nodes": [node.id]})
+        await self.bus.emit(E.inventory_hint, InventoryHint(node.cluster, [node.id]))
 
     async def add_sim_cluster(
         self, cid: str, nodes: int = 8, gpus: int = 8, gpu_memory: int = 81920, labels: dict[str, str] | None = None,
@@ -131,17 +133,16 @@ class Client:
         await self.store.put_cluster(cluster)
         for node in made:
             await self.store.put_node(node)
-        await self.bus.notify(subjects.cluster_inventory(cid), {"cluster": cid})
+        await self.bus.emit(E.inventory_hint, InventoryHint(cid))
 
     async def _publish_cluster(self, cluster: Cluster) -> None:
         event = ClusterRegistered(cluster.model_dump(mode="json"))
-        await self.bus.publish(subjects.cluster_registered(cluster.id), "cluster.registered", event, f"cluster:{_op_id()}")
+        await self.bus.emit(E.cluster_registered, event, msg_id=f"cluster:{_op_id()}", cid=cluster.id)
 
     async def _publish_nodes(self, nodes: list[Node]) -> None:
         op = _op_id()
-        await self.bus.publish_many(
-            (subjects.node_registered(n.id), "node.registered", NodeRegistered(n.model_dump(mode="json")), f"node:{n.id}:{op}")
-            for n in nodes
+        await self.bus.emit_all(
+            Emit(E.node_registered, NodeRegistered(n.model_dump(mode="json")), {"nid": n.id}, qualifier=op) for n in nodes
         )
 
     async def policy_put(self, name: str, source: str, language: str) -> int:
@@ -153,7 +154,7 @@ class Client:
             current = await self.store.policy_get(name)
             version = (current["version"] if current else 0) + 1
             event = PolicyUpdated(name, version, source, language)
-            ack = await self.bus.publish(subjects.policy_updated(name), "policy.updated", event, f"policy:{name}:v{version}")
+            ack = await self.bus.emit(E.policy_updated, event)
             if not ack.duplicate:
                 await self.store.policy_store(name, version, source, language)
                 return version
@@ -173,7 +174,7 @@ class Client:
         given = spec.get("blockId")
         bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
         spec = {**spec, "blockId": bid}
-        ack = await self.bus.publish_raw(subjects.block_create(bid), msgspec.json.encode(spec), msg_id=f"create:{bid}:{uuid.uuid4().hex}")
+        ack = await self.bus.emit(E.block_create, spec, msg_id=f"create:{bid}:{uuid.uuid4().hex}", bid=bid)
         return Request(bid, "create", ack.seq)
 
     async def outcome(
@@ -278,8 +279,8 @@ class Client:
         """One more instance (action ``scale``); the request says which instance it makes."""
         block = await self._live_block(bid)
         rid = uuid.uuid4().hex[:12]
-        req = ScaleRequest(bid, block["cluster"], rid)
-        ack = await self.bus.publish(subjects.cluster_command(block["cluster"], "scale"), "cluster.scale", req, f"{bid}:scale:{rid}")
+        req = ScaleRequest(bid, block["cluster"], rid, gen=int(block["gen"]))
+        ack = await self.bus.emit(E.cluster_scale, req)
         return Request(bid, "scale", ack.seq, rid, instance_id(bid, rid))
 
     async def reassign(self, bid: str, iid: str, reason: str = "requested") -> str:
@@ -291,10 +292,8 @@ class Client:
         if iid not in await self.store.instances(bid):
             raise LookupError(f"block {bid!r} has no instance {iid!r}")
         rid = uuid.uuid4().hex[:12]
-        req = ReassignRequest(bid, block["cluster"], rid, iid, reason)
-        ack = await self.bus.publish(
-            subjects.cluster_command(block["cluster"], "reassignment"), "cluster.reassignment", req, f"{bid}:reassign:{rid}"
-        )
+        req = ReassignRequest(bid, block["cluster"], rid, iid, reason, gen=int(block["gen"]))
+        ack = await self.bus.emit(E.cluster_reassignment, req)
         return Request(bid, "reassignment", ack.seq, rid, instance_id(bid, rid))
 
     async def delete(self, bid: str) -> Request:
@@ -305,7 +304,7 @@ class Client:
         if block.get("status") == "deleted":  # (a delete under way may be asked again: it waits for the same end)
             raise LookupError(f"block {bid!r} is already deleted")
         rid = uuid.uuid4().hex[:12]
-        ack = await self.bus.publish(subjects.block_event(bid, "delete"), "block.delete", DeleteRequest(bid, rid), f"{bid}:delete:{rid}")
+        ack = await self.bus.emit(E.block_delete, DeleteRequest(bid, rid))
         return Request(bid, "delete", ack.seq, rid)
 
     async def _live_block(self, bid: str) -> dict[str, Any]:

@@ -1092,7 +1092,7 @@ def subjects_(
         print(catalog_doc.catalog_markdown())
         return
     t = Table()
-    for col in ("subject", "published by", "stored", "durable consumers", "meaning"):
+    for col in ("subject", "published by", "stored", "durable consumers", "message id", "meaning"):
         t.add_column(col, overflow="fold")
     for row in catalog_doc.catalog_rows():
         t.add_row(*row)
@@ -1100,6 +1100,30 @@ def subjects_(
 
 
 app.command("subjects")(subjects_)
+
+
+def asyncapi_(
+    out: Path | None = typer.Option(None, "--out", "-o", help="Write the document to this file instead of stdout."),
+    yaml_: bool = typer.Option(False, "--yaml", help="YAML instead of JSON."),
+) -> None:
+    """The AsyncAPI 3.0 document of every event (channels, messages with JSON Schemas, which role
+    sends what, which consumer receives what), generated from the event catalog.
+    Example: `blocks asyncapi -o aios.asyncapi.json`"""
+    from ..bus import asyncapi
+
+    doc = asyncapi.document()
+    if yaml_:
+        text = yaml.safe_dump(doc, sort_keys=False)
+    else:
+        text = json.dumps(doc, indent=2) + "\n"
+    if out is None:
+        sys.stdout.write(text)
+    else:
+        out.write_text(text)
+        console.print(f"wrote {out} ({len(doc['channels'])} channels, {len(doc['operations'])} operations)")
+
+
+app.command("asyncapi")(asyncapi_)
 
 
 # -- recovery and invariants (docs/reliability.md) ----------------------------------------------

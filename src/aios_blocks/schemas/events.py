@@ -82,6 +82,23 @@ class DryRunResult(msgspec.Struct):
 
 
 
+class GatherDeadline(msgspec.Struct):
+    """The gateway's timer for one gather round: redelivered (NAK with delay) until it is due."""
+
+    block_id: str
+    gen: int
+    attempt: int
+    deadline: float
+
+
+class InventoryHint(msgspec.Struct, omit_defaults=True):
+    """Core NATS: these nodes of ``cluster`` changed (``nodes`` empty: the whole cluster and the
+    cluster list). A lost hint only costs a stale cache read until the next one."""
+
+    cluster: str
+    nodes: list[str] | None = None
+
+
 class PostDryRun(msgspec.Struct):
     block_id: str
     gen: int
@@ -109,6 +126,8 @@ class ScaleRequest(msgspec.Struct):
     cluster_id: str
     request_id: str
     block_metrics: dict[str, Any] = {}
+    #: the block's generation when the request was made (0: whichever is current)
+    gen: int = 0
 
 
 class ReassignRequest(msgspec.Struct):
@@ -118,6 +137,8 @@ class ReassignRequest(msgspec.Struct):
     instance_id: str
     reason: str = "requested"
     block_metrics: dict[str, Any] = {}
+    #: the block's generation when the request was made (0: whichever is current)
+    gen: int = 0
 
 
 class Placement(msgspec.Struct):
@@ -137,6 +158,8 @@ class PlacementMade(msgspec.Struct):
     placements: list[Placement]
     attempts: int = 1
     replaces: str = ""
+    #: what asked for it: ``gang`` (the allocation) or the scale/reassignment request id
+    request_id: str = "gang"
 
 
 class InstanceCommand(msgspec.Struct):

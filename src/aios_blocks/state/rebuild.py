@@ -24,9 +24,11 @@ import redis.asyncio as aioredis
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..bus import subjects
+from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..handlers import image as im
 from ..handlers.recovery import Fold
+from ..schemas.events import InventoryHint
 from .store import EPOCH_KEY, Store
 
 WRITE_BATCH = 2000
@@ -231,7 +233,7 @@ async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
     write_s = time.perf_counter() - started
     for cid in f.clusters:
         with contextlib.suppress(Exception):
-            await bus.notify(subjects.cluster_inventory(cid), {"cluster": cid})
+            await bus.emit(E.inventory_hint, InventoryHint(cid))
     return RecoverReport(f.events, keys, im.digest(img), read_s, write_s, dropped, f.anomalies)
 
 

@@ -15,10 +15,11 @@ import time
 from typing import Any
 
 from ..bus import subjects
-from ..bus.runner import Delivery
+from ..bus.router import Inbound
+from ..schemas.events import InstanceCommand
 from ..schemas.spec import Node
 from .agent.gpus import NoGpus
-from .agent.node_agent import AgentConfig, NodeAgent
+from .agent.node_agent import AgentConfig, NodeAgent, command_router
 from .agent.runtime_sim import SimRuntime
 from .base import Worker
 
@@ -54,8 +55,8 @@ class Fleet:
         )
         return NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg)
 
-    async def on_command(self, d: Delivery) -> None:
-        nid = d.subject.split(".")[2]
+    async def on_command(self, m: Inbound[InstanceCommand]) -> None:
+        nid = m.tokens["nid"]
         owner = await self.owner(nid)
         if owner is None:
             # a node nobody registered: answer for it so the block's story still ends
@@ -63,9 +64,9 @@ class Fleet:
                 self.agents[nid] = self._agent(Node(id=nid, cluster="unknown"))
         elif owner != "":
             return  # served by its own agent
-        await self.agents[nid].on_command(d)
+        await self.agents[nid].on_command(m)
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     fleet = Fleet(w)
-    return [(subjects.agent(), fleet.on_command)]
+    return [command_router(subjects.agent(), fleet.on_command).binding()]

@@ -5,7 +5,7 @@ One NATS user per role, each with publish/subscribe allow lists; one user per re
 random, kept in ``<data dir>/auth/secrets.json`` (0600, in a 0700 directory) and reused across
 restarts; ``endpoints.json`` carries URLs without credentials.
 
-Publish permissions are derived from the one subject catalog (``bus.subjects.catalog()``: its
+Publish permissions are derived from the one event catalog (``bus.catalog``: its
 "published by" column), so a subject added there with its publisher is permitted to that role
 and nothing else. Role-specific extras (JetStream API, acks, dead letters, request/reply) are
 listed here.
@@ -30,6 +30,7 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..bus import event_ids, subjects
+from ..bus.catalog import EVENTS, Role
 from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
@@ -38,18 +39,17 @@ ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
 KIND_ROLE = {k: k for k in WORKER_ROLES}
 
-#: Catalog publisher names -> roles. "CLI" is the admin (no restrictions). Block services that do
-#: not have their own process yet (autoscaler, health checker) run inside the controller.
-PUBLISHER_ROLES: dict[str, tuple[str, ...]] = {
-    "upstream": ("upstream",),
-    "CLI": (),
-    "parser": ("parser",),
-    "gateway": ("gateway",),
-    "controller": ("controller",),
-    "autoscaler": ("controller",),
-    "health checker": ("controller",),
-    "node agent": ("agent",),
-    "consumer runner": (),  # each role gets its own consumers' dead-letter subjects (below)
+#: Catalog roles -> NATS users. The admin (CLI) is unrestricted; the simulated fleet (``agent-sim``)
+#: publishes what a node agent does, for every node. Block services without their own process yet
+#: (autoscaler, health checker) run inside the controller.
+ROLE_USERS: dict[Role, tuple[str, ...]] = {
+    Role.UPSTREAM: ("upstream",),
+    Role.ADMIN: (),
+    Role.PARSER: ("parser",),
+    Role.GATEWAY: ("gateway",),
+    Role.CONTROLLER: ("controller",),
+    Role.AGENT: ("agent",),
+    Role.RUNNER: (),  # each role gets its own consumers' dead-letter subjects (below)
 }
 
 #: What a role publishes that the catalog does not list under it (tell the catalog's owner). Empty:
@@ -91,16 +91,12 @@ def inbox_prefix(user: str) -> str:
 
 # -- permissions ----------------------------------------------------------------------------------
 def _catalog_publishers() -> Iterator[tuple[str, str]]:
-    """(subject pattern with ``{x}`` placeholders, role) for every catalog entry's publisher."""
-    for pattern, publishers, _ in subjects.catalog():
-        for name in publishers.split("/"):
-            name = name.strip()
-            if name.endswith("(replies)"):
-                continue  # request/reply: the requester publishes; the responder uses allow_responses
-            if name not in PUBLISHER_ROLES:
-                raise ValueError(f"subject catalog: unknown publisher {name!r} of {pattern}; map it in workers/auth.py")
-            for role in PUBLISHER_ROLES[name]:
-                yield pattern, role
+    """(subject pattern with ``{x}`` placeholders, NATS user role) for every catalog event's
+    publisher (a request/reply event's responders answer through ``allow_responses``)."""
+    for event in EVENTS:
+        for role in event.publishers:
+            for user in ROLE_USERS[role]:
+                yield event.pattern, user
 
 
 def _wild(pattern: str, node: str = "*") -> str:

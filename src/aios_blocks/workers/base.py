@@ -16,12 +16,13 @@ import msgspec
 import structlog
 
 from ..bus import subjects
+from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
 from ..policies import affinity
 from ..policies.runtime import PolicyRuntime, TrackingDict
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatus, Decision
+from ..schemas.events import BlockStatus, Decision, InventoryHint
 from ..state.inventory import Inventory
 from ..state.store import Store
 
@@ -59,7 +60,9 @@ class Worker:
                 self.inventory.on_hint(msgspec.json.decode(msg.data))
 
         async def on_policy(msg: Any) -> None:
-            self.runtime.forget(msg.subject.split(".")[2])
+            toks = E.policy_updated.match(msg.subject)
+            if toks:
+                self.runtime.forget(toks["name"])
 
         self._subs.append(await self.bus.subscribe(subjects.INVENTORY_ALL, on_inventory))
         self._subs.append(await self.bus.subscribe(subjects.POLICY_UPDATED_ALL, on_policy))
@@ -98,9 +101,9 @@ class Worker:
         digest = hashlib.sha256(raw).hexdigest()[:24]
         inline, where = input_data, ""
         if len(raw) > INLINE_INPUT_BYTES:
-            inline, where = None, subjects.decision_input(digest)
+            inline, where = None, E.policy_input.subject(digest=digest)
             if len(raw) <= MAX_STORED_INPUT_BYTES:
-                await self.bus.publish_raw(where, raw, msg_id=f"input:{digest}")
+                await self.bus.emit(E.policy_input, raw, digest=digest)
             else:
                 where = f"(not stored: {len(raw)} bytes)"
         action = str(input_data.get("action", "?"))
@@ -108,9 +111,7 @@ class Worker:
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
             output, error, int(seconds * 1e6), inline, where, logs or [],
         )
-        await self.bus.publish(
-            subjects.block_event(bid, "decision"), "block.decision", decision, f"{bid}:decision:{kind}:{action}:{digest}"
-        )
+        await self.bus.emit(E.block_decision, decision)
 
     def invoker(self, ir: dict[str, Any], kind: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(input_data: dict[str, Any]) -> Any:
@@ -129,21 +130,14 @@ class Worker:
         """Tell every worker (this one included) that these nodes changed; ``None``: the whole
         cluster and the cluster list."""
         self.inventory.invalidate(cid, nodes)
-        await self.bus.notify(
-            subjects.cluster_inventory(cid), {"cluster": cid} if nodes is None else {"cluster": cid, "nodes": nodes}
-        )
+        await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes))
 
     async def fail_block(self, bid: str, gen: int, reason: str, allowed: str | tuple[str, ...], cluster: str = "") -> None:
         """Move the block to ``failed`` (CAS) and publish the failed event with the reason."""
         ok, info = await self.store.transition(bid, gen, allowed, "failed", reason=reason)
         if not (ok or info == "failed"):
             return  # the block moved on (deleted, re-created): nothing to report
-        await self.bus.publish(
-            subjects.block_event(bid, "failed"),
-            "block.failed",
-            BlockStatus(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster),
-            f"{bid}:{gen}:failed",
-        )
+        await self.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
 
 
 async def run_consumers(

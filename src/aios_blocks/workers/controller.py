@@ -12,7 +12,9 @@ import msgspec
 import structlog
 
 from ..bus import subjects
-from ..bus.runner import Defer, Delivery
+from ..bus.catalog import E, Emit
+from ..bus.router import Inbound, Router
+from ..bus.runner import Defer
 from ..handlers import controller as h
 from ..handlers import faults
 from ..policies.affinity import uid
@@ -33,8 +35,6 @@ from ..schemas.events import (
     ReassignRequest,
     ScaleRequest,
     StepFailed,
-    data_as,
-    decode_envelope,
 )
 from ..schemas.spec import ID_RE, Cluster, Node
 from .base import Worker
@@ -50,8 +50,11 @@ REASSIGN_ATTEMPTS = int(os.environ.get("AIOS_REASSIGN_ATTEMPTS", 5))
 
 
 def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
-    async def on_dry_run(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), DryRunRequest)
+    router = Router(subjects.controller(cluster))
+
+    @router.on(E.cluster_dry_run)
+    async def on_dry_run(m: Inbound[DryRunRequest]) -> None:
+        ev = m.data
         clusters = await w.inventory.clusters()
         cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
         nodes = await w.inventory.nodes(ev.cluster_id)
@@ -60,15 +63,11 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, placeable=out.placeable, shortfall=out.shortfall, error=out.error,
             rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, attempt=ev.attempt,
         )
-        await w.bus.publish(
-            subjects.block_event(ev.block_id, "dry_run.result"),
-            "block.dry_run.result",
-            result,
-            f"{ev.block_id}:{ev.gen}:dry_run.result:{ev.cluster_id}:{ev.attempt}",
-        )
+        await w.bus.emit(E.block_dry_run_result, result)
 
-    async def on_allocation(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), AllocationRequest)
+    @router.on(E.cluster_allocation)
+    async def on_allocation(m: Inbound[AllocationRequest]) -> None:
+        ev = m.data
         block = await w.store.get_block(ev.block_id)
         if block is None or block["gen"] != ev.gen or block["status"] not in ("allocating", "placing"):
             return
@@ -87,8 +86,9 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         await w.store.transition(ev.block_id, ev.gen, ("allocating",), "placing", cluster=ev.cluster_id)
         await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang")
 
-    async def on_scale(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), ScaleRequest)
+    @router.on(E.cluster_scale)
+    async def on_scale(m: Inbound[ScaleRequest]) -> None:
+        ev = m.data
         block = await w.store.get_block(ev.block_id)
         if block is None or block["status"] not in ("ready", "placing"):
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"block is {block['status'] if block else 'unknown'}")
@@ -108,8 +108,9 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             return
         await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id)
 
-    async def on_reassignment(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), ReassignRequest)
+    @router.on(E.cluster_reassignment)
+    async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
+        ev = m.data
         block = await w.store.get_block(ev.block_id)
         current = await w.store.instances(ev.block_id) if block else {}
         old = current.get(ev.instance_id)
@@ -129,10 +130,10 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
                 block_metrics=ev.block_metrics, instance_id=ev.instance_id, pod_name=ev.instance_id,
             )
         except PlacementFailed as exc:
-            if not node_down and d.deliveries < REASSIGN_ATTEMPTS:
+            if not node_down and m.deliveries < REASSIGN_ATTEMPTS:
                 # the capacity may be held by instances on their way out (a failed one's remove is
                 # in flight): try again shortly rather than leave the block short of an instance
-                raise Defer(min(0.5 * 2 ** (d.deliveries - 1), 4.0)) from exc
+                raise Defer(min(0.5 * 2 ** (m.deliveries - 1), 4.0)) from exc
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason)
             if node_down:  # its node is gone: release it anyway, the capacity is not usable
                 await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
@@ -146,24 +147,20 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}; replaced by {iid}")
             return
         await w.store.set_instance_status(ev.block_id, ev.instance_id, "removing")
-        await w.bus.publish(
-            subjects.node_command(old["node"], "instance.remove"),
-            "node.instance.remove",
+        await w.bus.emit(
+            E.node_instance_remove,
             InstanceCommand(ev.block_id, gen, ev.cluster_id, ev.instance_id, old["node"], old.get("gpus", []), reason=f"reassigned to {iid}"),
-            f"{ev.block_id}:{gen}:remove:{ev.instance_id}",
         )
 
-    table = {"dry_run": on_dry_run, "allocation": on_allocation, "scale": on_scale, "reassignment": on_reassignment}
-
-    async def route(d: Delivery) -> None:
-        await table[d.subject.rsplit(".", 1)[1]](d)
-
-    return [(subjects.controller(cluster), route)]
+    return [router.binding()]
 
 
 def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
-    async def on_added(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), InstanceEvent)
+    router = Router(subjects.LIFECYCLE)
+
+    @router.on(E.instance_added)
+    async def on_added(m: Inbound[InstanceEvent]) -> None:
+        ev = m.data
         block = await w.store.get_block(ev.block_id)
         insts = await w.store.instances(ev.block_id) if block is not None else {}
         known = insts.get(ev.instance_id)
@@ -171,11 +168,11 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             # nobody wants this one (late start of a replaced/deleted instance, or a duplicate on
             # a node that came back): stop it so each instance id runs once
             # only the copy on the reporting node is stopped: the record (maybe on another node) stays
-            await w.bus.publish(
-                subjects.node_command(ev.node_id, "instance.remove"), "node.instance.remove",
+            await w.bus.emit(
+                E.node_instance_remove,
                 InstanceCommand(ev.block_id, ev.gen, known["cluster"] if known else "", ev.instance_id, ev.node_id, [],
                                 reason="not wanted here"),
-                f"{ev.block_id}:{ev.gen}:remove:{ev.instance_id}:{ev.node_id}",
+                qualifier=ev.node_id,
             )
             return
         if known["status"] == "removing":
@@ -192,8 +189,9 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             if h.ready(block["ir"]["minInstances"], running):
                 await _mark_ready(w, ev.block_id, ev.gen, block.get("cluster", ""), ("placing",))
 
-    async def on_removed(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), InstanceEvent)
+    @router.on(E.instance_removed)
+    async def on_removed(m: Inbound[InstanceEvent]) -> None:
+        ev = m.data
         block = await w.store.get_block(ev.block_id)
         if block is not None and block["gen"] != ev.gen:
             return  # a fact about an older generation of this block id
@@ -211,9 +209,11 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if block is not None and block["status"] == "deleting" and not await w.store.instances(ev.block_id):
             await _mark_deleted(w, ev.block_id, block["gen"])
 
-    async def on_fault(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), InstanceEvent)
-        kind = d.subject.rsplit(".", 1)[1]
+    @router.on(E.instance_failed)
+    @router.on(E.instance_unhealthy)
+    async def on_fault(m: Inbound[InstanceEvent]) -> None:
+        ev = m.data
+        kind = "failed" if m.event is E.instance_failed else "unhealthy"
         block = await w.store.get_block(ev.block_id)
         inst = (await w.store.instances(ev.block_id)).get(ev.instance_id) if block else None
         replacements = int(block.get("replacements", 0)) if block else 0
@@ -229,11 +229,12 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         elif verdict.action == "give_up":
             await _step_failed(w, ev.block_id, block, "reassignment", f"{ev.instance_id}:{kind}", f"{why}; {verdict.why}")
 
-    async def on_dangling(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), Dangling)
+    @router.on(E.node_dangling)
+    async def on_dangling(m: Inbound[Dangling]) -> None:
+        ev = m.data
         # the node is the subject's aios.node.{nid}.instance.dangling, which the server vouches for
         # (agent-<nid> may publish only its own node's subjects); the body's node_id is just a claim
-        nid = d.subject.split(".")[2]
+        nid = m.tokens["nid"]
         if ev.node_id != nid:
             log.warning("instance.dangling_ignored", subject_node=nid, body_node=ev.node_id, instance=ev.instance_id,
                         why="node_id in the body is not the node of the subject")
@@ -249,19 +250,17 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
                 block["ir"].get("image", ""), h.env_for(block["ir"], ev.instance_id, inst.get("gpus", [])),
                 reason="adopt dangling", launch=block["ir"].get("launch") or {}, resources=block["ir"].get("resources") or {},
             )
-            await w.bus.publish(
-                subjects.node_command(nid, "instance.create"), "node.instance.create", cmd,
-                f"{ev.block_id}:{ev.gen}:adopt:{ev.instance_id}:{ev.handle}",
-            )
+            await w.bus.emit(E.node_instance_create, cmd, qualifier=f"adopt:{ev.handle}")
         else:
-            await w.bus.publish(
-                subjects.node_command(nid, "instance.remove"), "node.instance.remove",
+            await w.bus.emit(
+                E.node_instance_remove,
                 InstanceCommand(ev.block_id or "-", ev.gen, "", ev.instance_id, nid, [], reason=f"dangling: {verdict.why}"),
-                f"dangling:{nid}:{ev.instance_id}:{ev.handle}",
+                qualifier=f"dangling:{nid}:{ev.handle}",
             )
 
-    async def on_registered(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), NodeRegistered)
+    @router.on(E.node_registered)
+    async def on_registered(m: Inbound[NodeRegistered]) -> None:
+        ev = m.data
         node = Node.model_validate(ev.node)
         known = node.cluster in await w.inventory.clusters()
         meta = await w.store.node_meta(node.id)
@@ -276,8 +275,9 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         # list everywhere (reloading a 1,000-node cluster per registration stalled placements)
         await w.hint(node.cluster, None if new or not known else [node.id])
 
-    async def on_delete(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), DeleteRequest)
+    @router.on(E.block_delete)
+    async def on_delete(m: Inbound[DeleteRequest]) -> None:
+        ev = m.data
         block = await w.store.get_block(ev.block_id)
         if block is None:
             return
@@ -291,15 +291,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if not insts:
             await _mark_deleted(w, ev.block_id, gen)
 
-    table = {
-        "added": on_added, "removed": on_removed, "failed": on_fault, "unhealthy": on_fault, "delete": on_delete,
-        "dangling": on_dangling, "registered": on_registered,
-    }
-
-    async def route(d: Delivery) -> None:
-        await table[d.subject.rsplit(".", 1)[1]](d)
-
-    return [(subjects.LIFECYCLE, route)]
+    return [router.binding()]
 
 
 async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason: str) -> None:
@@ -322,20 +314,17 @@ async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[s
     """An instance on a dead node: released now (its node cannot be used anyway), recorded as
     removed, and a remove queued in the node's mailbox so a returning node stops it."""
     await _release(w, bid, iid, inst)
-    await w.bus.publish_many([
-        (subjects.instance_event(bid, iid, "removed"), "block.instance.removed",
-         InstanceEvent(bid, gen, iid, inst["node"], inst.get("gpus", []), reason), f"{bid}:{gen}:removed:{iid}"),
-        (subjects.node_command(inst["node"], "instance.remove"), "node.instance.remove",
-         InstanceCommand(bid, gen, cid, iid, inst["node"], [], reason=reason), f"{bid}:{gen}:remove:{iid}"),
+    await w.bus.emit_all([
+        Emit(E.instance_removed, InstanceEvent(bid, gen, iid, inst["node"], inst.get("gpus", []), reason)),
+        Emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, inst["node"], [], reason=reason)),
     ])
 
 
 async def _replace(w: Worker, block: dict[str, Any], iid: str, inst: dict[str, Any], reason: str, request_id: str) -> None:
     """Ask the block's resourceAllocator for a ``reassignment`` of a failed/lost instance."""
     bid = block["ir"]["blockId"]
-    ack = await w.bus.publish(
-        subjects.cluster_command(inst["cluster"], "reassignment"), "cluster.reassignment",
-        ReassignRequest(bid, inst["cluster"], request_id, iid, reason), f"{bid}:{block['gen']}:reassign:{request_id}",
+    ack = await w.bus.emit(
+        E.cluster_reassignment, ReassignRequest(bid, inst["cluster"], request_id, iid, reason, gen=block["gen"])
     )
     if not getattr(ack, "duplicate", False):
         # counted once per request, as the stream holds it once (a redelivered fault is deduplicated;
@@ -394,20 +383,13 @@ async def _reselect_or_fail(w: Worker, ir: dict[str, Any], ev: AllocationRequest
     """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
     failed): record why and send the block back through selection, a bounded number of rounds."""
     bid, gen, n = ev.block_id, ev.gen, ev.attempt
-    await w.bus.publish(
-        subjects.block_event(bid, "allocation.failed"),
-        "block.allocation.failed",
-        StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)),
-        f"{bid}:{gen}:allocation.failed:{n}",
-    )
+    await w.bus.emit(E.block_allocation_failed, StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)))
     if n + 1 >= SELECTION_ROUNDS:
         await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", ("allocating",), ev.cluster_id)
         return
     ok, info = await w.store.transition(bid, gen, ("allocating",), "parsed", attempt=str(n + 1))
     if ok or info == "parsed":
-        await w.bus.publish(
-            subjects.block_event(bid, "parsed"), "block.parsed", Parsed(bid, gen, ir, n + 1), f"{bid}:{gen}:parsed:{n + 1}"
-        )
+        await w.bus.emit(E.block_parsed, Parsed(bid, gen, ir, n + 1))
 
 
 def _gpus(raw: str) -> list[str]:
@@ -432,50 +414,37 @@ async def _start(
         },
     )
     made = PlacementMade(
-        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces
+        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces, key
     )
-    out: list[tuple[str, str, Any, str]] = [
-        (subjects.block_event(bid, "placement"), "block.placement", made, f"{bid}:{gen}:placement:{key}")
-    ]
+    out = [Emit(E.block_placement, made)]
     for p in placements:
         cmd = InstanceCommand(
             bid, gen, cid, p["iid"], p["node"], p["gpus"], ir.get("image", ""), h.env_for(ir, p["iid"], p["gpus"]),
             launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
         )
-        out.append((subjects.node_command(p["node"], "instance.create"), "node.instance.create", cmd, f"{bid}:{gen}:create:{p['iid']}"))
-    await w.bus.publish_many(out)
+        out.append(Emit(E.node_instance_create, cmd))
+    await w.bus.emit_all(out)
 
 
 async def _remove(w: Worker, bid: str, gen: int, cid: str, iid: str, node: str, reason: str) -> None:
     await w.store.set_instance_status(bid, iid, "removing")
-    await w.bus.publish(
-        subjects.node_command(node, "instance.remove"),
-        "node.instance.remove",
-        InstanceCommand(bid, gen, cid, iid, node, [], reason=reason),
-        f"{bid}:{gen}:remove:{iid}",
-    )
+    await w.bus.emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, node, [], reason=reason))
 
 
 async def _mark_ready(w: Worker, bid: str, gen: int, cid: str, allowed: tuple[str, ...]) -> None:
     ok, info = await w.store.transition(bid, gen, allowed, "ready")
     if ok or info == "ready":  # a redelivery after the CAS re-publishes (deduplicated)
         insts = sorted(await w.store.instances(bid))
-        await w.bus.publish(
-            subjects.block_event(bid, "ready"), "block.ready", BlockStatus(bid, gen, "ready", "", cid, insts), f"{bid}:{gen}:ready"
-        )
+        await w.bus.emit(E.block_ready, BlockStatus(bid, gen, "ready", "", cid, insts))
 
 
 async def _mark_deleted(w: Worker, bid: str, gen: int) -> None:
     ok, info = await w.store.transition(bid, gen, ("deleting",), "deleted")
     if ok or info == "deleted":
-        await w.bus.publish(subjects.block_event(bid, "deleted"), "block.deleted", BlockStatus(bid, gen, "deleted"), f"{bid}:{gen}:deleted")
+        await w.bus.emit(E.block_deleted, BlockStatus(bid, gen, "deleted"))
 
 
 async def _step_failed(w: Worker, bid: str, block: dict[str, Any] | None, step: str, request_id: str, reason: str) -> None:
     gen = block["gen"] if block else 0
-    await w.bus.publish(
-        subjects.block_event(bid, f"{step}.failed"),
-        f"block.{step}.failed",
-        StepFailed(bid, gen, step, reason, request_id),
-        f"{bid}:{gen}:{step}.failed:{request_id}",
-    )
+    event = E.block_scale_failed if step == "scale" else E.block_reassignment_failed
+    await w.bus.emit(event, StepFailed(bid, gen, step, reason, request_id))

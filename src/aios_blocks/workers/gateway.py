@@ -8,17 +8,18 @@ import time
 from typing import Any
 
 from ..bus import subjects
-from ..bus.runner import Defer, Delivery
+from ..bus.catalog import E, Emit
+from ..bus.router import Inbound, Router
+from ..bus.runner import Defer
 from ..handlers import gateway as h
 from ..schemas.events import (
     AllocationRequest,
     DryRunRequest,
     DryRunResult,
+    GatherDeadline,
     Parsed,
     PostDryRun,
     Selection,
-    data_as,
-    decode_envelope,
 )
 from .base import Worker
 
@@ -34,8 +35,11 @@ async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
-    async def on_parsed(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), Parsed)
+    router = Router(subjects.GATEWAY)
+
+    @router.on(E.block_parsed)
+    async def on_parsed(m: Inbound[Parsed]) -> None:
+        ev = m.data
         bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
         block = await w.store.get_block(bid)
         if block is None or int(block.get("attempt", 0)) != n:
@@ -48,25 +52,19 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
         event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n)
         if sel.failure:
-            await w.bus.publish(subjects.block_event(bid, "selection"), "block.selection", event, f"{bid}:{gen}:selection:{n}")
+            await w.bus.emit(E.block_selection, event)
             await w.fail_block(bid, gen, sel.failure, ("selecting",))
             return
         deadline = time.time() + DEADLINE_S
         await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
-        out: list[tuple[str, str, Any, str]] = [
-            (subjects.block_event(bid, "selection"), "block.selection", event, f"{bid}:{gen}:selection:{n}")
-        ]
-        for cid in sel.candidates:
-            out.append(
-                (subjects.cluster_command(cid, "dry_run"), "cluster.dry_run", DryRunRequest(bid, gen, cid, ir, n), f"{bid}:{gen}:dry_run:{cid}:{n}")
-            )
-        out.append(
-            (subjects.block_event(bid, "dry_run.deadline"), "block.dry_run.deadline", {"block_id": bid, "gen": gen, "attempt": n, "deadline": deadline}, f"{bid}:{gen}:deadline:{n}")
-        )
-        await w.bus.publish_many(out)
+        out = [Emit(E.block_selection, event)]
+        out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, ir, n)) for cid in sel.candidates]
+        out.append(Emit(E.block_dry_run_deadline, GatherDeadline(bid, gen, n, deadline)))
+        await w.bus.emit_all(out)
 
-    async def on_result(d: Delivery) -> None:
-        ev = data_as(decode_envelope(d.data), DryRunResult)
+    @router.on(E.block_dry_run_result)
+    async def on_result(m: Inbound[DryRunResult]) -> None:
+        ev = m.data
         answered, expected = await w.store.gather_add(
             ev.block_id, ev.gen, ev.attempt, ev.cluster_id,
             {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable, "shortfall": ev.shortfall}
@@ -79,9 +77,9 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             if not g["decided"] and time.time() >= g["deadline"]:
                 await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
 
-    async def on_deadline(d: Delivery) -> None:
-        data = decode_envelope(d.data).data
-        bid, gen, n = data["block_id"], int(data["gen"]), int(data.get("attempt", 0))
+    @router.on(E.block_dry_run_deadline)
+    async def on_deadline(m: Inbound[GatherDeadline]) -> None:
+        bid, gen, n = m.data.block_id, m.data.gen, m.data.attempt
         g = await w.store.gather_read(bid, gen, n)
         if g["decided"] and g["decided"] != "deadline":
             return
@@ -91,15 +89,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
                 raise Defer(wait)  # a late usable answer decides earlier (on_result)
         await _decide(w, bid, gen, n, "deadline")
 
-    return [(subjects.GATEWAY, _route({"parsed": on_parsed, "result": on_result, "deadline": on_deadline}))]
-
-
-def _route(table: dict[str, Any]) -> Any:
-    async def route(d: Delivery) -> None:
-        tail = d.subject.rsplit(".", 1)[1]
-        await table[tail](d)
-
-    return route
+    return [router.binding()]
 
 
 async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
@@ -120,12 +110,10 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     outcome = await w.store.gather_settle(bid, gen, n, f"!{decision.failure}" if decision.failure else decision.cluster_id)
     failure, cid = (outcome[1:], "") if outcome.startswith("!") else ("", outcome)
     post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n)
-    await w.bus.publish(subjects.block_event(bid, "post_dry_run"), "block.post_dry_run", post, f"{bid}:{gen}:post_dry_run:{n}")
+    await w.bus.emit(E.block_post_dry_run, post)
     if failure:
         await w.fail_block(bid, gen, failure, ("selecting",))
         return
     ok, _ = await w.store.transition(bid, gen, ("selecting", "allocating"), "allocating", cluster=cid)
     if ok:
-        await w.bus.publish(
-            subjects.cluster_command(cid, "allocation"), "cluster.allocation", AllocationRequest(bid, gen, cid, n), f"{bid}:{gen}:allocation:{n}"
-        )
+        await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))

@@ -28,6 +28,7 @@ import msgspec
 import structlog
 
 from ..bus import subjects
+from ..bus.catalog import E
 from ..schemas.events import Heartbeat, NodeHealth, ReassignRequest
 from .base import Worker
 
@@ -122,14 +123,10 @@ class HealthMonitor:
             for iid, inst in insts.items():
                 bid = inst["block_id"]
                 request_id = f"{iid}:evicted:{stamp}"
-                await self.w.bus.publish(
-                    subjects.cluster_command(inst["cluster"], "reassignment"), "cluster.reassignment",
-                    ReassignRequest(bid, inst["cluster"], request_id, iid, reason),
-                    f"{bid}:{inst['gen']}:reassign:{request_id}",
+                await self.w.bus.emit(
+                    E.cluster_reassignment, ReassignRequest(bid, inst["cluster"], request_id, iid, reason, gen=int(inst["gen"]))
                 )
 
     async def _announce(self, ev: NodeHealth) -> None:
         state = "healthy" if ev.healthy else "unhealthy"
-        await self.w.bus.publish(
-            subjects.node_health(ev.node_id), "node.health", ev, f"{ev.node_id}:health:{state}:{int(time.time())}"
-        )
+        await self.w.bus.emit(E.node_health, ev, qualifier=f"{state}:{int(time.time())}")

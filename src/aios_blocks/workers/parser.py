@@ -7,7 +7,9 @@ from typing import Any
 import msgspec
 
 from ..bus import subjects
-from ..bus.runner import Delivery, Poison
+from ..bus.catalog import E
+from ..bus.router import Inbound, Router
+from ..bus.runner import Poison
 from ..handlers import parse
 from ..policies.runtime import registry_name
 from ..schemas.errors import SpecError
@@ -17,11 +19,16 @@ from .base import Worker
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
-    async def on_create(d: Delivery) -> None:
-        bid = d.subject.split(".")[2]
+    router = Router(subjects.PARSER)
+
+    @router.on(E.block_create)
+    async def on_create(m: Inbound[bytes]) -> None:
+        d = m.delivery
         gen = d.stream_seq
-        if d.subject.count(".") != 3:
-            raise Poison(f"block id {'.'.join(d.subject.split('.')[2:-1])!r} in the subject contains a dot")
+        if "bid" not in m.tokens:  # taken by an extra filter: aios.block.a.b.create
+            bad = d.subject.removeprefix(f"{subjects.ROOT}.block.").removesuffix(".create")
+            raise Poison(f"block id {bad!r} in the subject contains a dot")
+        bid = m.tokens["bid"]
         if not ID_RE.match(bid):
             raise Poison(f"block id {bid!r} in the subject is not a valid id")
         outcome = parse.read(d.data)
@@ -35,23 +42,16 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
                 bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
             )
             if ok:
-                await w.bus.publish(
-                    subjects.block_event(bid, "parsed"), "block.parsed", Parsed(bid, gen, outcome.ir), f"{bid}:{gen}:parsed:0"
-                )
+                await w.bus.emit(E.block_parsed, Parsed(bid, gen, outcome.ir))
                 return
             outcome.errors.append(SpecError("$.blockId", what))
         else:
             await w.store.create_block(
                 bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
             )
-        await w.bus.publish(
-            subjects.block_event(bid, "rejected"),
-            "block.rejected",
-            Rejected(bid, gen, outcome.errors),
-            f"{bid}:{gen}:rejected",
-        )
+        await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
 
-    return [(subjects.PARSER, on_create)]
+    return [router.binding()]
 
 
 async def _pinned_versions(w: Worker, doc: dict[str, Any], component: dict[str, Any] | None) -> dict[str, int]:

@@ -16,7 +16,7 @@ from ...bus.nats_bus import Bus
 from ...bus.runner import ConsumerRunner, RunnerOptions
 from ...schemas.spec import Gpu, Node
 from .gpus import GpuSource, detect
-from .node_agent import AgentConfig, NodeAgent
+from .node_agent import AgentConfig, NodeAgent, command_router
 from .runtime import Runtime
 
 log = structlog.get_logger("aios.agent")
@@ -94,7 +94,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)
     try:
         await agent.start()
-        runner = ConsumerRunner(bus, spec, agent.on_command, RunnerOptions(batch=16, concurrency=32, fetch_timeout_s=5.0))
+        runner = ConsumerRunner(bus, spec, command_router(spec, agent.on_command), RunnerOptions(batch=16, concurrency=32, fetch_timeout_s=5.0))
         await runner.run(stop)
     finally:
         await agent.shutdown()  # cancel, don't reclaim: instances keep running

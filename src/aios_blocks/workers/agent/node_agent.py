@@ -29,9 +29,10 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
-from ...bus import subjects
+from ...bus.catalog import E
 from ...bus.nats_bus import Bus
-from ...bus.runner import Delivery
+from ...bus.router import Inbound, Router
+from ...bus.subjects import ConsumerSpec
 from ...handlers import faults
 from ...schemas.events import (
     Dangling,
@@ -39,8 +40,6 @@ from ...schemas.events import (
     InstanceCommand,
     InstanceEvent,
     NodeRegistered,
-    data_as,
-    decode_envelope,
 )
 from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ...schemas.spec import Launch, Node
@@ -140,18 +139,17 @@ class NodeAgent:
 
     async def register(self) -> None:
         node = self.cfg.node
-        await self.bus.publish(
-            subjects.node_registered(node.id), "node.registered",
-            NodeRegistered(node.model_dump(mode="json"), self.cfg.agent_name, self.cfg.runtime_name),
-            f"{node.id}:registered:{int(time.time() * 1000)}",
+        await self.bus.emit(
+            E.node_registered, NodeRegistered(node.model_dump(mode="json"), self.cfg.agent_name, self.cfg.runtime_name),
+            qualifier=str(int(time.time() * 1000)), nid=node.id,
         )
 
     # -- commands ----------------------------------------------------------------------------------
-    async def on_command(self, d: Delivery) -> None:
-        cmd = data_as(decode_envelope(d.data), InstanceCommand)
+    async def on_command(self, m: Inbound[InstanceCommand]) -> None:
+        cmd = m.data
         if cmd.node_id != self.node_id:
             return  # not ours (a misrouted command): never act on another node's instance
-        if d.subject.endswith(".instance.create"):
+        if m.event is E.node_instance_create:
             await self.create(cmd)
         else:
             await self.remove(cmd.block_id, cmd.gen, cmd.instance_id, cmd.reason or "removed")
@@ -292,7 +290,7 @@ class NodeAgent:
 
     async def expected(self) -> dict[str, dict[str, Any]]:
         """Ask the controllers (request/reply) which instances the state has on this node."""
-        msg = await self.bus.nc.request(subjects.node_expected(self.node_id), b"{}", timeout=5)
+        msg = await self.bus.nc.request(E.node_expected.subject(nid=self.node_id), b"{}", timeout=5)
         reply = json.loads(msg.data)
         if not isinstance(reply, dict) or "instances" not in reply:
             raise ValueError(f"unexpected reply: {reply!r:.200}")
@@ -309,10 +307,8 @@ class NodeAgent:
                     self._adopt(found[iid]["inst"])
         for iid in plan["dangling"]:
             inst: RuntimeInstance = found[iid]["inst"]
-            await self.bus.publish(
-                subjects.node_dangling(self.node_id), "node.instance.dangling",
-                Dangling(self.node_id, iid, inst.block_id, inst.gen, self.runtime.name, inst.handle, inst.labels),
-                f"{self.node_id}:dangling:{iid}:{inst.handle}",
+            await self.bus.emit(
+                E.node_dangling, Dangling(self.node_id, iid, inst.block_id, inst.gen, self.runtime.name, inst.handle, inst.labels),
             )
         for iid in plan["lost"]:
             if iid in self.runners:
@@ -325,8 +321,7 @@ class NodeAgent:
     # -- facts and heartbeats -----------------------------------------------------------------------
     async def _fact(self, bid: str, gen: int, iid: str, event: str, reason: str, gpus: list[str], msg_key: str = "") -> None:
         ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason)
-        msg_id = f"{bid}:{gen}:{event}:{iid}" + (f":{msg_key}" if msg_key else "")
-        await self.bus.publish(subjects.instance_event(bid, iid, event), f"block.instance.{event}", ev, msg_id)
+        await self.bus.emit(FACTS[event], ev, qualifier=msg_key)
         EVENTS.labels(self.node_id, event).inc()
 
     def heartbeat_data(self, seq: int) -> Heartbeat:
@@ -342,13 +337,24 @@ class NodeAgent:
 
     async def _heartbeat_loop(self) -> None:
         seq = 0
-        subject = subjects.node_heartbeat(self.node_id)
         while True:
             seq += 1
             with contextlib.suppress(Exception):  # a missed beat is what the monitor is for
-                await self.bus.notify(subject, self.heartbeat_data(seq))
+                await self.bus.emit(E.node_heartbeat, self.heartbeat_data(seq))
                 HEARTBEATS.labels(self.node_id).inc()
             await asyncio.sleep(self.cfg.heartbeat_s)
+
+
+#: the instance facts an agent publishes, by the word its lifecycle uses
+FACTS = {"added": E.instance_added, "removed": E.instance_removed, "failed": E.instance_failed, "unhealthy": E.instance_unhealthy}
+
+
+def command_router(spec: ConsumerSpec, handler: Any) -> Router:
+    """The agent's consumer: instance create and remove commands, both to ``handler``."""
+    router = Router(spec)
+    router.add(E.node_instance_create, handler)
+    router.add(E.node_instance_remove, handler)
+    return router
 
 
 def memory_limit(cmd_env: dict[str, Any]) -> int:

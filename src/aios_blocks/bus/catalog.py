@@ -1,0 +1,360 @@
+"""The one typed catalog of events. Everything about an event is written here once:
+
+* its **subject pattern** with named tokens (``aios.block.{bid}.ready``);
+* its **payload** struct (msgspec; ``None`` for a raw body);
+* the **roles** that may publish it (NATS permissions are derived from these);
+* whether the **stream stores** it (the stream's subjects are derived from these);
+* its **message-id rule**: a template over the payload's fields and the subject's tokens, so a
+  redelivered step that publishes again is deduplicated by JetStream;
+* a one-line meaning (docs, ``blocks subjects``, the AsyncAPI document).
+
+Builders (``Event.subject``), parsing (``Event.match``, ``parse``), consumer filters
+(``Event.filter``), the stream's subjects, NATS permissions (``workers.auth``), the CloudEvents
+``type``, ``docs/subjects.md`` and ``blocks asyncapi`` all come from :data:`EVENTS`. Publishing is
+``bus.emit(E.block_ready, payload)``; no handler builds or splits a subject.
+
+Adding an event: one entry here, its handler (registered with ``Router.on``), its test.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import msgspec
+
+from ..schemas import events as ev
+
+ROOT = "aios"
+STREAM = "AIOS"
+CE_TYPE_PREFIX = "io.aios."
+
+P = TypeVar("P")
+_TOKEN = re.compile(r"\{([a-z_]+)\}")
+
+
+class Role(enum.StrEnum):
+    """Who publishes. ``admin`` is the CLI (unrestricted); each worker kind has its NATS user."""
+
+    UPSTREAM = "upstream"
+    ADMIN = "admin"
+    PARSER = "parser"
+    GATEWAY = "gateway"
+    CONTROLLER = "controller"
+    AGENT = "agent"
+    #: each role's consumer runner dead-letters its own consumers' messages
+    RUNNER = "runner"
+
+
+class Body(enum.StrEnum):
+    """How the body is framed on the wire."""
+
+    CLOUDEVENT = "cloudevent"  # CloudEvents 1.0 structured mode, payload in ``data``
+    RAW = "raw"  # the payload itself (a bare spec, a dead letter, a stored policy input)
+    CORE = "core"  # core NATS only: the payload itself, never stored
+
+
+@dataclass(frozen=True)
+class Event(Generic[P]):
+    name: str
+    pattern: str
+    payload: type[P] | None
+    publishers: tuple[Role, ...]
+    meaning: str
+    stored: bool = True
+    #: message id template over the payload's fields and the subject's tokens ("" = chosen by
+    #: the publisher, e.g. a client's fresh id, or none for core NATS)
+    id_rule: str = ""
+    body: Body = Body.CLOUDEVENT
+    #: request/reply over core NATS: the publisher is the requester; ``responders`` answer
+    responders: tuple[Role, ...] = ()
+    #: extra stream/consumer filters that also belong to this event (malformed ids to dead-letter)
+    extra_filters: tuple[str, ...] = ()
+    #: payload field of a subject token, where it is not the usual one (``TOKEN_FIELDS``)
+    token_fields: tuple[tuple[str, str], ...] = ()
+    tokens: tuple[str, ...] = field(init=False)
+    _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        toks = tuple(_TOKEN.findall(self.pattern))
+        object.__setattr__(self, "tokens", toks)
+        parts, pos = [], 0
+        for m in _TOKEN.finditer(self.pattern):
+            parts.append(re.escape(self.pattern[pos:m.start()]))
+            parts.append(f"(?P<{m.group(1)}>.+)" if m.group(1) == "subject" else f"(?P<{m.group(1)}>[^.]+)")
+            pos = m.end()
+        rx = "^" + "".join(parts) + re.escape(self.pattern[pos:]) + "$"
+        object.__setattr__(self, "_regex", re.compile(rx))
+
+    # -- derived ---------------------------------------------------------------------------------
+    @property
+    def type(self) -> str:
+        """The CloudEvents ``type``."""
+        return CE_TYPE_PREFIX + self.name
+
+    def subject(self, **tokens: str) -> str:
+        """The concrete subject; every token must be given."""
+        try:
+            return self.pattern.format_map(tokens)
+        except KeyError as exc:
+            raise ValueError(f"{self.name}: subject token {exc} missing") from None
+
+    def filter(self, **tokens: str) -> str:
+        """A NATS filter: the tokens given are fixed, the others ``*`` (a trailing ``{subject}`` ``>``)."""
+        return _TOKEN.sub(lambda m: tokens.get(m.group(1)) or (">" if m.group(1) == "subject" else "*"), self.pattern)
+
+    def filters(self, **tokens: str) -> tuple[str, ...]:
+        return (self.filter(**tokens), *(self.extra_filters if not tokens else ()))
+
+    def match(self, subject: str) -> dict[str, str] | None:
+        """The subject's tokens if it is this event's, else ``None``."""
+        m = self._regex.match(subject)
+        return m.groupdict() if m else None
+
+    def msg_id(self, payload: Any, tokens: dict[str, str], qualifier: str = "") -> str:
+        """The logical message id (``bus.event_ids`` turns it into the keyed wire id)."""
+        if not self.id_rule:
+            raise ValueError(f"{self.name} has no id rule: the publisher names the id")
+        if isinstance(payload, msgspec.Struct):
+            fields = msgspec.structs.asdict(payload)
+        else:
+            fields = payload if isinstance(payload, dict) else {}
+        base = self.id_rule.format_map({**fields, **tokens})
+        return f"{base}:{qualifier}" if qualifier else base
+
+    def resolve(self, payload: Any, tokens: dict[str, str]) -> dict[str, str]:
+        """All subject tokens: those given, the rest from the payload's fields (``TOKEN_FIELDS``)."""
+        if len(tokens) >= len(self.tokens):
+            return tokens
+        out = dict(tokens)
+        own = dict(self.token_fields)
+        for tok in self.tokens:
+            if tok not in out:
+                out[tok] = str(getattr(payload, own.get(tok) or TOKEN_FIELDS.get(tok, tok)))
+        return out
+
+
+@dataclass(frozen=True)
+class Emit:
+    """An event to publish: the effect a handler returns (``bus.emit_all`` commits it)."""
+
+    event: Event[Any]
+    payload: Any
+    tokens: dict[str, str] = field(default_factory=dict)
+    #: appended to the id rule's id, for a distinct message about the same entity
+    qualifier: str = ""
+    #: the id, for events whose id the publisher chooses (no id rule)
+    msg_id: str | None = None
+
+    def subject(self) -> str:
+        return self.event.subject(**self.event.resolve(self.payload, self.tokens))
+
+    def logical_id(self) -> str:
+        if self.msg_id is not None:
+            return self.msg_id
+        return self.event.msg_id(self.payload, self.event.resolve(self.payload, self.tokens), self.qualifier)
+
+
+#: which payload field fills a subject token when the publisher does not give it
+TOKEN_FIELDS = {"bid": "block_id", "cid": "cluster_id", "nid": "node_id", "iid": "instance_id", "name": "name"}
+
+_B = f"{ROOT}.block.{{bid}}"
+_C = f"{ROOT}.cluster.{{cid}}"
+_N = f"{ROOT}.node.{{nid}}"
+_I = f"{_B}.instance.{{iid}}"
+U, A, PA, G, C, AG, R = Role.UPSTREAM, Role.ADMIN, Role.PARSER, Role.GATEWAY, Role.CONTROLLER, Role.AGENT, Role.RUNNER
+
+
+class E:
+    """Every event, by name. ``E.block_ready.subject(bid="b1")``, ``bus.emit(E.block_ready, status)``."""
+
+    # -- a block's story: aios.block.{bid}.* ------------------------------------------------------
+    block_create = Event(
+        "block.create", f"{_B}.create", None, (U, A), "block spec submitted (bare spec or CloudEvent)",
+        body=Body.RAW, extra_filters=(f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"),
+    )
+    block_parsed = Event(
+        "block.parsed", f"{_B}.parsed", ev.Parsed, (PA, C),
+        "IR built; the controller sends it again when a gang no longer fits (back to selection)",
+        id_rule="{block_id}:{gen}:parsed:{attempt}",
+    )
+    block_rejected = Event(
+        "block.rejected", f"{_B}.rejected", ev.Rejected, (PA,), "invalid spec, with every error and its JSON path",
+        id_rule="{block_id}:{gen}:rejected",
+    )
+    block_selection = Event(
+        "block.selection", f"{_B}.selection", ev.Selection, (G,), "candidate clusters and why others were filtered",
+        id_rule="{block_id}:{gen}:selection:{attempt}",
+    )
+    cluster_dry_run = Event(
+        "cluster.dry_run", f"{_C}.dry_run", ev.DryRunRequest, (G,), "feasibility request for one block",
+        id_rule="{block_id}:{gen}:dry_run:{cluster_id}:{attempt}",
+    )
+    block_dry_run_result = Event(
+        "block.dry_run.result", f"{_B}.dry_run.result", ev.DryRunResult, (C,), "score + node_info from one cluster",
+        id_rule="{block_id}:{gen}:dry_run.result:{cluster_id}:{attempt}",
+    )
+    block_dry_run_deadline = Event(
+        "block.dry_run.deadline", f"{_B}.dry_run.deadline", ev.GatherDeadline, (G,),
+        "gather deadline timer (redelivered when due)", id_rule="{block_id}:{gen}:deadline:{attempt}",
+    )
+    block_post_dry_run = Event(
+        "block.post_dry_run", f"{_B}.post_dry_run", ev.PostDryRun, (G,), "cluster chosen, with every score",
+        id_rule="{block_id}:{gen}:post_dry_run:{attempt}",
+    )
+    cluster_allocation = Event(
+        "cluster.allocation", f"{_C}.allocation", ev.AllocationRequest, (G,), "place minInstances (a gang)",
+        id_rule="{block_id}:{gen}:allocation:{attempt}",
+    )
+    cluster_scale = Event(
+        "cluster.scale", f"{_C}.scale", ev.ScaleRequest, (A, C), "place one more instance (CLI / autoscaler)",
+        id_rule="{block_id}:{gen}:scale:{request_id}",
+    )
+    cluster_reassignment = Event(
+        "cluster.reassignment", f"{_C}.reassignment", ev.ReassignRequest, (A, C),
+        "move one instance (CLI / health checker / controller after a fault)",
+        id_rule="{block_id}:{gen}:reassign:{request_id}",
+    )
+    block_allocation_failed = Event(
+        "block.allocation.failed", f"{_B}.allocation.failed", ev.StepFailed, (C,),
+        "chosen cluster could not take the gang: back to selection", id_rule="{block_id}:{gen}:allocation.failed:{request_id}",
+    )
+    block_placement = Event(
+        "block.placement", f"{_B}.placement", ev.PlacementMade, (C,), "instances reserved: node + GPUs each",
+        id_rule="{block_id}:{gen}:placement:{request_id}",
+    )
+    node_instance_create = Event(
+        "node.instance.create", f"{_N}.instance.create", ev.InstanceCommand, (C,), "start an instance",
+        id_rule="{block_id}:{gen}:create:{instance_id}",
+    )
+    node_instance_remove = Event(
+        "node.instance.remove", f"{_N}.instance.remove", ev.InstanceCommand, (C,), "stop an instance",
+        id_rule="{block_id}:{gen}:remove:{instance_id}",
+    )
+    instance_added = Event(
+        "block.instance.added", f"{_I}.added", ev.InstanceEvent, (AG,), "instance running",
+        id_rule="{block_id}:{gen}:added:{instance_id}",
+    )
+    instance_removed = Event(
+        "block.instance.removed", f"{_I}.removed", ev.InstanceEvent, (AG, C),
+        "instance stopped (reason: removed, lost, evicted...)", id_rule="{block_id}:{gen}:removed:{instance_id}",
+    )
+    instance_failed = Event(
+        "block.instance.failed", f"{_I}.failed", ev.InstanceEvent, (AG,), "instance exited or could not start, with the reason",
+        id_rule="{block_id}:{gen}:failed:{instance_id}",
+    )
+    instance_unhealthy = Event(
+        "block.instance.unhealthy", f"{_I}.unhealthy", ev.InstanceEvent, (AG,), "instance failed its health probe",
+        id_rule="{block_id}:{gen}:unhealthy:{instance_id}",
+    )
+    node_dangling = Event(
+        "node.instance.dangling", f"{_N}.instance.dangling", ev.Dangling, (AG,),
+        "a labelled container/process nobody asked this node to run", id_rule="{node_id}:dangling:{instance_id}:{handle}",
+    )
+    node_registered = Event(
+        "node.registered", f"{_N}.registered", ev.NodeRegistered, (AG, A), "node capacity, labels and GPUs (controller records it)",
+        id_rule="{nid}:registered",
+    )
+    node_health = Event(
+        "node.health", f"{_N}.health", ev.NodeHealth, (C,), "node marked unhealthy (heartbeats stopped) or healthy again",
+        id_rule="{node_id}:health",
+    )
+    node_heartbeat = Event(
+        "node.heartbeat", f"{_N}.heartbeat", ev.Heartbeat, (AG,), "core NATS, not stored: free resources and load",
+        stored=False, body=Body.CORE,
+    )
+    node_expected = Event(
+        "node.expected", f"{_N}.expected", None, (AG,),
+        "core NATS request/reply, not stored: instances the node should run (the controller replies)",
+        stored=False, body=Body.CORE, responders=(C,),
+    )
+    block_ready = Event(
+        "block.ready", f"{_B}.ready", ev.BlockStatus, (C,), "minInstances are running", id_rule="{block_id}:{gen}:ready",
+    )
+    block_failed = Event(
+        "block.failed", f"{_B}.failed", ev.BlockStatus, (G, C), "block cannot be placed, with the reason",
+        id_rule="{block_id}:{gen}:failed",
+    )
+    block_scale_failed = Event(
+        "block.scale.failed", f"{_B}.scale.failed", ev.StepFailed, (C,), "a scale step failed (block stays as it was)",
+        id_rule="{block_id}:{gen}:scale.failed:{request_id}",
+    )
+    block_reassignment_failed = Event(
+        "block.reassignment.failed", f"{_B}.reassignment.failed", ev.StepFailed, (C,), "a reassignment step failed",
+        id_rule="{block_id}:{gen}:reassignment.failed:{request_id}",
+    )
+    block_delete = Event(
+        "block.delete", f"{_B}.delete", ev.DeleteRequest, (A,), "delete requested", id_rule="{block_id}:delete:{request_id}",
+    )
+    block_deleted = Event(
+        "block.deleted", f"{_B}.deleted", ev.BlockStatus, (C,), "every instance removed and released",
+        id_rule="{block_id}:{gen}:deleted",
+    )
+    block_decision = Event(
+        "block.decision", f"{_B}.decision", ev.Decision, (G, C),
+        "one policy call: policy, version, action, input digest, output, duration, error",
+        id_rule="{block_id}:decision:{kind}:{action}:{input_digest}",
+    )
+    policy_input = Event(
+        "input", f"{ROOT}.input.{{digest}}", None, (G, C), "a large policy input, stored once by digest",
+        body=Body.RAW, id_rule="input:{digest}",
+    )
+    inventory_hint = Event(
+        "hint.inventory", f"{ROOT}.hint.{{cid}}.inventory", ev.InventoryHint, (C, A),
+        "core NATS, not stored: nodes of a cluster changed, caches refresh them", stored=False, body=Body.CORE,
+        token_fields=(("cid", "cluster"),),
+    )
+    policy_updated = Event(
+        "policy.updated", f"{ROOT}.policy.{{name}}.updated", ev.PolicyUpdated, (A,),
+        "policy stored: name, version, source, language (caches drop it)", id_rule="policy:{name}:v{version}",
+    )
+    component_registered = Event(
+        "component.registered", f"{ROOT}.component.{{digest}}.registered", ev.ComponentRegistered, (A,),
+        "component registered: the full record (digest of its URI)",
+    )
+    cluster_registered = Event(
+        "cluster.registered", f"{_C}.registered", ev.ClusterRegistered, (A,), "cluster registered: id and labels",
+    )
+    dead_letter = Event(
+        "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,), "message that kept failing, with the error",
+        body=Body.RAW, id_rule="dlq:{consumer}:{stream_seq}",
+    )
+
+
+def events() -> Iterator[Event[Any]]:
+    for value in vars(E).values():
+        if isinstance(value, Event):
+            yield value
+
+
+EVENTS: tuple[Event[Any], ...] = tuple(events())
+BY_NAME: dict[str, Event[Any]] = {e.name: e for e in EVENTS}
+BY_TYPE: dict[str, Event[Any]] = {e.type: e for e in EVENTS}
+assert len(BY_NAME) == len(EVENTS), "two catalog events share a name"
+
+
+def parse(subject: str) -> tuple[Event[Any], dict[str, str]] | None:
+    """Which event a concrete subject is, and its tokens (``None``: not a catalog subject)."""
+    for e in EVENTS:
+        toks = e.match(subject)
+        if toks is not None:
+            return e, toks
+    return None
+
+
+def stream_subjects() -> list[str]:
+    """What the ``AIOS`` stream captures: every stored event's filter (and its extra filters)."""
+    out: list[str] = []
+    for e in EVENTS:
+        if e.stored:
+            for f in (e.filter(), *e.extra_filters):
+                if f not in out:
+                    out.append(f)
+    return out
+
+
+def published_by(role: Role) -> list[Event[Any]]:
+    return [e for e in EVENTS if role in e.publishers]
