@@ -15,7 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-LIVE = ("placing", "ready")
+from ..schemas import lifecycle as lc
+
+LIVE = lc.LIVE
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ import msgspec
 from pydantic import ValidationError
 
 from ..policies.affinity import uid
+from ..schemas import lifecycle as lc
 from ..schemas.spec import Node
 from .gateway import share_of
 from .image import Image, ZSet, node_key, res_key
@@ -34,10 +35,8 @@ from .image import Image, ZSet, node_key, res_key
 _json = msgspec.json
 _enc = msgspec.json.Encoder()
 
-#: statuses a delete request moves to ``deleting`` from (workers/controller.py on_delete)
-DELETABLE = ("parsed", "selecting", "allocating", "placing", "ready", "failed", "deleting", "rejected")
 #: a block id can be reused once its block is in one of these (CREATE_BLOCK)
-REUSABLE = ("deleted", "rejected", "failed")
+REUSABLE = tuple(sorted(lc.REUSABLE))
 
 
 def dumps(v: Any) -> str:
@@ -130,12 +129,21 @@ class Fold:
             return None
         return b
 
-    def _transition(self, bid: str, gen: Any, allowed: tuple[str, ...] | None, to: str, **fields: str) -> bool:
+    def _step(self, bid: str, gen: Any, step: lc.Step, **fields: str) -> bool:
+        """The worker's step, by the same table its CAS script took (``schemas.lifecycle``)."""
+        rule = lc.TRANSITIONS[step]
+        return self._move(bid, gen, rule.sources, rule.target, **fields)
+
+    def _reach(self, bid: str, gen: Any, target: lc.BlockStatus, **fields: str) -> bool:
+        """An event says the block reached ``target``: from any status a step moves it there from."""
+        return self._move(bid, gen, lc.into(target), target, **fields)
+
+    def _move(self, bid: str, gen: Any, sources: frozenset[lc.BlockStatus], target: lc.BlockStatus, **fields: str) -> bool:
         b = self._block(bid, gen)
-        if b is None or (allowed is not None and b.get("status") not in allowed):
+        if b is None or b.get("status") not in sources:
             return False
         b["version"] = str(int(b.get("version", "0")) + 1)
-        b["status"] = to
+        b["status"] = target.value
         b.update(fields)
         return True
 
@@ -159,7 +167,7 @@ class Fold:
             if b is not None and b.get("status") == "parsed":
                 b["attempt"] = str(attempt)
             else:
-                self._transition(bid, gen, ("allocating",), "parsed", attempt=str(attempt))
+                self._step(bid, gen, lc.Step.RESELECT, attempt=str(attempt))
 
     def on_rejected(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         reason = dumps(d.get("errors") or [])[:2000]
@@ -170,7 +178,7 @@ class Fold:
         b = self._block(bid, gen)
         if b is None or int(b.get("attempt", "0")) != attempt:
             return
-        self._transition(bid, gen, ("parsed", "selecting"), "selecting")
+        self._step(bid, gen, lc.Step.SELECT)
         if d.get("candidates"):
             g = self._gather(bid, int(gen), attempt)
             g["expected"] = g["expected"] or list(d["candidates"])
@@ -193,7 +201,7 @@ class Fold:
         b = self._block(bid, gen)
         if b is None or int(b.get("attempt", "0")) != attempt or not d.get("cluster_id"):
             return
-        self._transition(bid, gen, ("selecting", "allocating"), "allocating", cluster=d["cluster_id"])
+        self._step(bid, gen, lc.Step.CHOOSE, cluster=d["cluster_id"])
 
     def on_placement(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         gen, cid, action = d.get("gen"), d.get("cluster_id", ""), d.get("action", "")
@@ -203,7 +211,7 @@ class Fold:
             return
         ir = _json.decode(b.get("ir", "{}"))
         if action == "allocation":
-            self._transition(bid, gen, ("allocating",), "placing", cluster=cid)
+            self._step(bid, gen, lc.Step.RESERVE, cluster=cid)
         insts = self.instances.setdefault(bid, {})
         for p in d.get("placements") or []:
             iid, nid, gpus = p["instance_id"], p["node_id"], list(p.get("gpus") or [])
@@ -258,18 +266,16 @@ class Fold:
             b["replacements"] = str(int(b.get("replacements", "0")) + 1)
 
     def on_ready(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._transition(bid, d.get("gen"), ("placing", "allocating", "ready"), "ready")
+        self._reach(bid, d.get("gen"), lc.BlockStatus.READY)
 
     def on_failed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        b = self._block(bid, d.get("gen"))
-        if b is not None and b.get("status") in ("parsed", "selecting", "allocating", "placing", "failed"):
-            self._transition(bid, d.get("gen"), None, "failed", reason=str(d.get("reason", "")))
+        self._reach(bid, d.get("gen"), lc.BlockStatus.FAILED, reason=str(d.get("reason", "")))
 
     def on_delete(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._transition(bid, None, DELETABLE, "deleting")
+        self._step(bid, None, lc.Step.DELETE)
 
     def on_deleted(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._transition(bid, d.get("gen"), ("deleting", "deleted"), "deleted")
+        self._reach(bid, d.get("gen"), lc.BlockStatus.DELETED)
 
     # -- nodes -----------------------------------------------------------------------------------
     def on_node_registered(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:

@@ -51,7 +51,8 @@ class Step(enum.StrEnum):
     CHOOSE = "choose"  # gateway: post_dry_run chose a cluster, the allocation is requested
     RESELECT = "reselect"  # controller: the chosen cluster could not take the gang
     RESERVE = "reserve"  # controller: the gang is reserved, its instances are starting
-    READY = "ready"  # controller: minInstances are running (or a block of none was allocated)
+    READY = "ready"  # controller: minInstances are running
+    READY_EMPTY = "ready_empty"  # controller: a block of minInstances 0 was allocated
     FAIL_SELECTION = "fail_selection"  # gateway: no cluster can take it
     FAIL_ALLOCATION = "fail_allocation"  # controller: out of selection rounds
     FAIL_PLACEMENT = "fail_placement"  # controller: an instance failed before the block was ready
@@ -81,7 +82,8 @@ TRANSITIONS: dict[Step, Transition] = {
     Step.CHOOSE: _t({S.SELECTING, S.ALLOCATING}, S.ALLOCATING),
     Step.RESELECT: _t({S.ALLOCATING}, S.PARSED),
     Step.RESERVE: _t({S.ALLOCATING}, S.PLACING),
-    Step.READY: _t({S.ALLOCATING, S.PLACING}, S.READY),
+    Step.READY: _t({S.PLACING}, S.READY),
+    Step.READY_EMPTY: _t({S.ALLOCATING}, S.READY),
     Step.FAIL_SELECTION: _t({S.SELECTING}, S.FAILED),
     Step.FAIL_ALLOCATION: _t({S.ALLOCATING}, S.FAILED),
     Step.FAIL_PLACEMENT: _t({S.PLACING}, S.FAILED),
@@ -91,9 +93,10 @@ TRANSITIONS: dict[Step, Transition] = {
 
 
 def into(target: BlockStatus) -> frozenset[BlockStatus]:
-    """Every status some step moves to ``target`` from (the recovery fold, given only the event
-    that the target was reached, accepts any of them)."""
-    return frozenset(s for t in TRANSITIONS.values() if t.target == target for s in t.sources)
+    """Every status some step moves to ``target`` from, and ``target`` itself: the recovery fold,
+    given only the event that says the target was reached, accepts any of them (a step redone
+    after its CAS publishes again, deduplicated, so the target may already hold)."""
+    return frozenset({target, *(s for t in TRANSITIONS.values() if t.target == target for s in t.sources)})
 
 
 def fail_step(status: str) -> Step:

@@ -140,13 +140,16 @@ for k, val in pairs(extra) do redis.call('HSET', KEYS[1], k, val) end
 return {1, v}
 """
 
-# KEYS: block.  ARGV: gen, spec digest, JSON fields.  Creates the block record unless a live one
-# exists. Returns {1, 'created'|'same'} or {0, reason}.
+# KEYS: block.  ARGV: gen, spec digest, JSON fields, reusable statuses (comma-separated, from
+# schemas.lifecycle.REUSABLE).  Creates the block record unless a live one exists.
+# Returns {1, 'created'|'same'} or {0, reason}.
 CREATE_BLOCK = r"""
 local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'digest')
 if cur[1] then
   if cur[1] == ARGV[1] then return {1, 'same'} end
-  if cur[2] ~= 'deleted' and cur[2] ~= 'rejected' and cur[2] ~= 'failed' then
+  local reusable = false
+  for s in string.gmatch(ARGV[4], '([^,]+)') do if s == cur[2] then reusable = true end end
+  if not reusable then
     return {0, 'block id already in use (status ' .. cur[2] .. ')'}
   end
 end

@@ -32,6 +32,7 @@ from typing import Any
 import msgspec
 import redis.asyncio as aioredis
 
+from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
 from ..schemas.spec import Cluster, Component, Node
 from . import scripts
 
@@ -190,20 +191,21 @@ class Store:
 
     # -- blocks ----------------------------------------------------------------------------
     async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
-        ok, what = await self._create(keys=[block_key(bid)], args=[str(gen), digest, _dumps(_strs(fields))])
+        ok, what = await self._create(
+            keys=[block_key(bid)], args=[str(gen), digest, _dumps(_strs(fields)), ",".join(sorted(REUSABLE))]
+        )
         if ok and what == "created":
             await self.r.zadd(f"{P}:blocks", {bid: time.time()})
         return bool(ok), what
 
-    async def transition(
-        self, bid: str, gen: int | None, allowed: Iterable[str] | str, to: str, **fields: Any
-    ) -> tuple[bool, str]:
-        """Compare-and-set the block's status: only from ``allowed`` (or ``"*"``), only if ``gen``
-        matches. Returns (done, new version or the status that blocked it)."""
-        allow = allowed if isinstance(allowed, str) else ",".join(allowed)
+    async def transition(self, bid: str, gen: int | None, step: Step, **fields: Any) -> tuple[bool, str]:
+        """Compare-and-set the block's status by one lifecycle step (``schemas.lifecycle``): only
+        from the step's source statuses, only if ``gen`` matches. Returns (done, new version or the
+        status that blocked it)."""
+        rule = TRANSITIONS[step]
         fields["updated"] = time.time()
         ok, info = await self._transition(
-            keys=[block_key(bid)], args=["" if gen is None else str(gen), allow, to, _dumps(_strs(fields))]
+            keys=[block_key(bid)], args=["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
         )
         return bool(ok), str(info)
 

@@ -23,6 +23,7 @@ from ..policies import affinity
 from ..policies.runtime import PolicyRuntime, TrackingDict
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint
+from ..schemas.lifecycle import Step
 from ..state.inventory import Inventory
 from ..state.store import Store
 
@@ -132,9 +133,9 @@ class Worker:
         self.inventory.invalidate(cid, nodes)
         await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes))
 
-    async def fail_block(self, bid: str, gen: int, reason: str, allowed: str | tuple[str, ...], cluster: str = "") -> None:
-        """Move the block to ``failed`` (CAS) and publish the failed event with the reason."""
-        ok, info = await self.store.transition(bid, gen, allowed, "failed", reason=reason)
+    async def fail_block(self, bid: str, gen: int, reason: str, step: Step, cluster: str = "") -> None:
+        """Move the block to ``failed`` by ``step`` (CAS) and publish the failed event with the reason."""
+        ok, info = await self.store.transition(bid, gen, step, reason=reason)
         if not (ok or info == "failed"):
             return  # the block moved on (deleted, re-created): nothing to report
         await self.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))

@@ -36,6 +36,7 @@ from ..schemas.events import (
     ScaleRequest,
     StepFailed,
 )
+from ..schemas.lifecycle import LIVE, Step
 from ..schemas.spec import ID_RE, Cluster, Node
 from .base import Worker
 
@@ -76,21 +77,21 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         ir = block["ir"]
         iids = [h.instance_id(ev.block_id, i) for i in range(ir["minInstances"])]
         if not iids:
-            await _mark_ready(w, ev.block_id, ev.gen, ev.cluster_id, ("allocating",))
+            await _mark_ready(w, ev.block_id, ev.gen, ev.cluster_id, Step.READY_EMPTY)
             return
         try:
             placements, attempts = await _commit(w, ir, ev.cluster_id, "allocation", iids)
         except PlacementFailed as exc:
             await _reselect_or_fail(w, ir, ev, exc.reason)
             return
-        await w.store.transition(ev.block_id, ev.gen, ("allocating",), "placing", cluster=ev.cluster_id)
+        await w.store.transition(ev.block_id, ev.gen, Step.RESERVE, cluster=ev.cluster_id)
         await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang")
 
     @router.on(E.cluster_scale)
     async def on_scale(m: Inbound[ScaleRequest]) -> None:
         ev = m.data
         block = await w.store.get_block(ev.block_id)
-        if block is None or block["status"] not in ("ready", "placing"):
+        if block is None or block["status"] not in LIVE:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"block is {block['status'] if block else 'unknown'}")
             return
         ir, gen = block["ir"], block["gen"]
@@ -116,7 +117,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         old = current.get(ev.instance_id)
         meta = await w.store.node_meta(old["node"]) if old else None
         node_down = meta is not None and not meta["healthy"]
-        if block is None or block["status"] not in ("ready", "placing") or old is None:
+        if block is None or block["status"] not in LIVE or old is None:
             why = "no such instance" if block and old is None else f"block is {block['status'] if block else 'unknown'}"
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, why)
             if block is not None and old is not None and node_down:
@@ -184,10 +185,10 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             # raced with a delete: stop it again
             await _remove(w, ev.block_id, ev.gen, inst["cluster"], ev.instance_id, inst["node"], "block deleted")
             return
-        if block["status"] in ("placing", "ready"):
+        if block["status"] in LIVE:
             running = sum(1 for i in (await w.store.instances(ev.block_id)).values() if i["status"] == "running")
             if h.ready(block["ir"]["minInstances"], running):
-                await _mark_ready(w, ev.block_id, ev.gen, block.get("cluster", ""), ("placing",))
+                await _mark_ready(w, ev.block_id, ev.gen, block.get("cluster", ""), Step.READY)
 
     @router.on(E.instance_removed)
     async def on_removed(m: Inbound[InstanceEvent]) -> None:
@@ -198,7 +199,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         insts = await w.store.instances(ev.block_id)
         inst = insts.get(ev.instance_id)
         if inst is not None and inst["node"] == ev.node_id:
-            if ev.reason == "lost" and block is not None and block["status"] in ("placing", "ready") and inst["status"] != "removing":
+            if ev.reason == "lost" and block is not None and block["status"] in LIVE and inst["status"] != "removing":
                 # its node restarted without it: place a replacement first (the reassignment then
                 # removes this record the usual way), so the block never drops below what it had
                 await _replace(w, block, ev.instance_id, inst, "lost", f"{ev.instance_id}:lost")
@@ -282,7 +283,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if block is None:
             return
         gen = block["gen"]
-        ok, _ = await w.store.transition(ev.block_id, gen, ("parsed", "selecting", "allocating", "placing", "ready", "failed", "deleting", "rejected"), "deleting")
+        ok, _ = await w.store.transition(ev.block_id, gen, Step.DELETE)
         if not ok:
             return
         insts = await w.store.instances(ev.block_id)
@@ -297,7 +298,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason: str) -> None:
     """Fail a block that is still placing, and stop what it has: a failed block holds nothing
     (each removal releases its share)."""
-    await w.fail_block(bid, gen, reason, ("placing",), inst_cluster)
+    await w.fail_block(bid, gen, reason, Step.FAIL_PLACEMENT, inst_cluster)
     for other, rec in (await w.store.instances(bid)).items():
         await _remove(w, bid, gen, rec["cluster"], other, rec["node"], "block failed")
 
@@ -385,9 +386,9 @@ async def _reselect_or_fail(w: Worker, ir: dict[str, Any], ev: AllocationRequest
     bid, gen, n = ev.block_id, ev.gen, ev.attempt
     await w.bus.emit(E.block_allocation_failed, StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)))
     if n + 1 >= SELECTION_ROUNDS:
-        await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", ("allocating",), ev.cluster_id)
+        await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION, ev.cluster_id)
         return
-    ok, info = await w.store.transition(bid, gen, ("allocating",), "parsed", attempt=str(n + 1))
+    ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
     if ok or info == "parsed":
         await w.bus.emit(E.block_parsed, Parsed(bid, gen, ir, n + 1))
 
@@ -431,15 +432,15 @@ async def _remove(w: Worker, bid: str, gen: int, cid: str, iid: str, node: str, 
     await w.bus.emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, node, [], reason=reason))
 
 
-async def _mark_ready(w: Worker, bid: str, gen: int, cid: str, allowed: tuple[str, ...]) -> None:
-    ok, info = await w.store.transition(bid, gen, allowed, "ready")
+async def _mark_ready(w: Worker, bid: str, gen: int, cid: str, step: Step) -> None:
+    ok, info = await w.store.transition(bid, gen, step)
     if ok or info == "ready":  # a redelivery after the CAS re-publishes (deduplicated)
         insts = sorted(await w.store.instances(bid))
         await w.bus.emit(E.block_ready, BlockStatus(bid, gen, "ready", "", cid, insts))
 
 
 async def _mark_deleted(w: Worker, bid: str, gen: int) -> None:
-    ok, info = await w.store.transition(bid, gen, ("deleting",), "deleted")
+    ok, info = await w.store.transition(bid, gen, Step.DELETED)
     if ok or info == "deleted":
         await w.bus.emit(E.block_deleted, BlockStatus(bid, gen, "deleted"))
 

@@ -21,6 +21,7 @@ from ..schemas.events import (
     PostDryRun,
     Selection,
 )
+from ..schemas.lifecycle import Step
 from .base import Worker
 
 DEADLINE_S = float(os.environ.get("AIOS_DRY_RUN_DEADLINE_S", 5.0))
@@ -44,7 +45,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         block = await w.store.get_block(bid)
         if block is None or int(block.get("attempt", 0)) != n:
             return  # superseded by a later selection round
-        ok, _status = await w.store.transition(bid, gen, ("parsed", "selecting"), "selecting")
+        ok, _status = await w.store.transition(bid, gen, Step.SELECT)
         if not ok:
             return  # superseded (deleted, re-created) or already past this step
         clusters, nodes = await _snapshot(w)
@@ -53,7 +54,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n)
         if sel.failure:
             await w.bus.emit(E.block_selection, event)
-            await w.fail_block(bid, gen, sel.failure, ("selecting",))
+            await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
             return
         deadline = time.time() + DEADLINE_S
         await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
@@ -112,8 +113,8 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n)
     await w.bus.emit(E.block_post_dry_run, post)
     if failure:
-        await w.fail_block(bid, gen, failure, ("selecting",))
+        await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
         return
-    ok, _ = await w.store.transition(bid, gen, ("selecting", "allocating"), "allocating", cluster=cid)
+    ok, _ = await w.store.transition(bid, gen, Step.CHOOSE, cluster=cid)
     if ok:
         await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))
