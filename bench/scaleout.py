@@ -29,7 +29,7 @@ except ImportError:  # run as a script
 
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import event_kind
-from aios_blocks.workers.controller import COMMIT_RETRIES
+from aios_blocks.settings import load as load_settings
 
 GROUP = "4 worker scale-out"
 CLUSTERS, NODES = 10, 20
@@ -66,7 +66,7 @@ def duplicates(history: list[tuple[str, dict[str, Any], int]], bids: set[str]) -
             rounds[bid] += 1
             candidates[bid] += len(data.get("candidates", []))
         elif kind == "allocation.failed":
-            attempts[bid] += COMMIT_RETRIES
+            attempts[bid] += load_settings().commit_retries
         elif kind == "decision":
             decisions[(bid, str(data.get("action")))] += 1
     extra = 0

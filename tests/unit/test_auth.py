@@ -189,13 +189,16 @@ def test_mask_hides_passwords_only() -> None:
     assert auth.url_user("nats://u:p@h:1,nats://v:q@h:2") == "u" and auth.url_user("nats://h:1") is None
 
 
-def test_connection_options_follow_the_url_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_connection_options_follow_the_url_and_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aios_blocks.settings import Settings
+
     monkeypatch.delenv("AIOS_NATS_CA", raising=False)
     monkeypatch.delenv("AIOS_NATS_CREDS", raising=False)
-    assert security_options("nats://h:1") == {}
-    assert security_options("nats://gateway:pw@h:1,nats://gateway:pw@h:2") == {"inbox_prefix": "_INBOX.gateway"}
-    monkeypatch.setenv("AIOS_NATS_CREDS", "/x/user.creds")
-    assert security_options("nats://h:1")["user_credentials"] == "/x/user.creds"
+    plain = Settings()
+    assert security_options("nats://h:1", settings=plain) == {}
+    assert security_options("nats://gateway:pw@h:1,nats://gateway:pw@h:2", settings=plain) == {"inbox_prefix": "_INBOX.gateway"}
+    monkeypatch.setenv("AIOS_NATS_CREDS", "/x/user.creds")  # read when the settings are built
+    assert security_options("nats://h:1", settings=Settings())["user_credentials"] == "/x/user.creds"
 
 
 def test_auth_switches(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,6 @@ system event. Events go out in the CloudEvents NATS binding's structured mode
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
@@ -35,6 +34,8 @@ from nats.js.api import (
 from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
 
 from ..schemas.events import envelope
+from ..settings import Settings
+from ..settings import load as load_settings
 from . import event_ids, subjects
 from .catalog import Body, Emit, Event
 
@@ -43,14 +44,18 @@ log = structlog.get_logger("aios.bus")
 
 @dataclass(frozen=True)
 class StreamLimits:
-    max_age_s: float = float(os.environ.get("AIOS_STREAM_MAX_AGE_S", 7 * 24 * 3600))
-    max_bytes: int = int(os.environ.get("AIOS_STREAM_MAX_BYTES", 8 * 1024**3))
+    max_age_s: float = 7 * 24 * 3600
+    max_bytes: int = 8 * 1024**3
     duplicate_window_s: float = 120.0
-    replicas: int = int(os.environ.get("AIOS_STREAM_REPLICAS", 1))
+    replicas: int = 1
+
+    @classmethod
+    def of(cls, s: Settings) -> StreamLimits:
+        return cls(max_age_s=s.stream_max_age_s, max_bytes=s.stream_max_bytes, replicas=s.stream_replicas)
 
 
-def security_options(url: str, ca: str | None = None) -> dict[str, Any]:
-    """Connection options from the URL and the environment (docs/security.md):
+def security_options(url: str, ca: str | None = None, settings: Settings | None = None) -> dict[str, Any]:
+    """Connection options from the URL and the settings (docs/security.md):
 
     * a user in the URL (``nats://user:pass@host``) gets the private reply prefix ``_INBOX.<user>``
       (the embedded server lets each user subscribe to its own inbox only);
@@ -58,18 +63,19 @@ def security_options(url: str, ca: str | None = None) -> dict[str, Any]:
       certificate);
     * ``AIOS_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed) for operator-mode servers.
     """
+    s = settings or load_settings()
     opts: dict[str, Any] = {}
     first = urlsplit(url.split(",")[0].strip())
     if first.username:
         opts["inbox_prefix"] = f"_INBOX.{first.username}"
-    if ca := ca or os.environ.get("AIOS_NATS_CA"):
+    if ca := ca or s.nats_ca:
         opts["tls"] = ssl.create_default_context(cafile=ca)
-    if creds := os.environ.get("AIOS_NATS_CREDS"):
+    if creds := s.nats_creds:
         opts["user_credentials"] = creds
     return opts
 
 
-async def connect(url: str, name: str = "aios", ca: str | None = None) -> Client:
+async def connect(url: str, name: str = "aios", ca: str | None = None, settings: Settings | None = None) -> Client:
     async def error_cb(exc: Exception) -> None:
         log.warning("nats.error", error=str(exc))  # permission violations land here too
 
@@ -81,7 +87,7 @@ async def connect(url: str, name: str = "aios", ca: str | None = None) -> Client
         reconnect_time_wait=0.5,
         connect_timeout=5,
         pending_size=64 * 1024 * 1024,
-        **security_options(url, ca),
+        **security_options(url, ca, settings),
     )
 
 
@@ -105,16 +111,19 @@ def _ours(cfg: ConsumerConfig) -> bool:
 class Bus:
     """A NATS connection with its JetStream context and the project's conventions."""
 
-    def __init__(self, nc: Client, source: str = "aios-blocks", event_key: str | None = None):
+    def __init__(self, nc: Client, source: str = "aios-blocks", event_key: str | None = None, settings: Settings | None = None):
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=10)
         self.source = source_uri(source)
-        self._event_key = event_key or os.environ.get("AIOS_EVENT_KEY") or None
+        self.settings = settings or load_settings()
+        self._event_key = event_key or self.settings.event_key or None
         self._ids: event_ids.EventIds | None = None
 
     @classmethod
-    async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None) -> Bus:
-        return cls(await connect(url, name=source), source, event_key)
+    async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
+                   settings: Settings | None = None) -> Bus:
+        s = settings or load_settings()
+        return cls(await connect(url, name=source, settings=s), source, event_key, s)
 
     # -- event ids -------------------------------------------------------------------------
     async def ids(self) -> event_ids.EventIds:
@@ -148,7 +157,7 @@ class Bus:
         try:
             return await self.js.key_value(event_ids.KV_BUCKET)
         except NotFoundError:
-            return await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=StreamLimits().replicas)
+            return await self.js.create_key_value(bucket=event_ids.KV_BUCKET, history=1, replicas=self.settings.stream_replicas)
 
     async def _headers(self, msg_id: str, content_type: str = CLOUDEVENTS_JSON) -> dict[str, str]:
         return {"Nats-Msg-Id": (await self.ids()).wire(msg_id), "Content-Type": content_type}
@@ -165,7 +174,7 @@ class Bus:
     async def ensure_stream(self, limits: StreamLimits | None = None) -> None:
         """Create the ``AIOS`` stream (limits retention over ``subjects.STREAM_SUBJECTS``) if it does
         not exist; a stream made by an older version with other subjects is updated in place."""
-        limits = limits or StreamLimits()
+        limits = limits or StreamLimits.of(self.settings)
         cfg = StreamConfig(
             name=subjects.STREAM,
             subjects=subjects.STREAM_SUBJECTS,

@@ -1126,6 +1126,30 @@ def asyncapi_(
 app.command("asyncapi")(asyncapi_)
 
 
+def settings_(
+    markdown: bool = typer.Option(False, "--markdown", help="Print docs/settings.md's table."),
+) -> None:
+    """Every AIOS_* setting: its value in this environment, its default and what it does.
+    Example: `blocks settings`, `AIOS_NODE_TIMEOUT_S=5 blocks settings`"""
+    from .. import settings as st
+
+    if markdown:
+        print(st.markdown())
+        return
+    current = st.load()
+    t = Table()
+    for col in ("variable", "value", "default", "meaning"):
+        t.add_column(col, overflow="fold")
+    for name, f in st.Settings.model_fields.items():
+        value = getattr(current, name)
+        shown = "(set)" if name == "event_key" and value else str(value)
+        t.add_row(f"AIOS_{name.upper()}", shown, str(f.default), f.description or "")
+    console.print(t)
+
+
+app.command("settings")(settings_)
+
+
 # -- recovery and invariants (docs/reliability.md) ----------------------------------------------
 state_app = typer.Typer(help="Inspect the Redis state (digest, diff against the stream).", no_args_is_help=True)
 app.add_typer(state_app, name="state")

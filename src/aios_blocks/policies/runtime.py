@@ -27,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from ..schemas.errors import PolicyFailed
+from ..settings import load as load_settings
 from . import contract, uris
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
@@ -35,8 +36,8 @@ from .starlark_runtime import compile_policy
 
 #: "process" (default): Starlark calls run in child processes with a memory limit (policies/sandbox.py);
 #: "inline": in the worker's process (faster, but a huge allocation aborts the worker).
-SANDBOX = os.environ.get("AIOS_STARLARK_SANDBOX", "process")
-SANDBOX_TIMEOUT_S = float(os.environ.get("AIOS_STARLARK_CALL_TIMEOUT_S", 4.0))
+SANDBOX = load_settings().starlark_sandbox
+SANDBOX_TIMEOUT_S = load_settings().starlark_call_timeout_s
 
 BUILTINS: dict[str, type] = {
     "builtin:cluster-rank": ClusterRankPolicy,
@@ -111,14 +112,14 @@ class PolicyRuntime:
     def __init__(
         self,
         lookup: SourceLookup | None = None,
-        timeout_s: float = float(os.environ.get("AIOS_POLICY_TIMEOUT_S", 5.0)),
+        timeout_s: float | None = None,
         max_instances: int = 4096,
         allow_files: bool = False,
     ):
         #: read ``*.py`` URIs from the local disk (``blocks policy run`` only; workers use the registry)
         self.allow_files = allow_files
         self.lookup = lookup
-        self.timeout_s = timeout_s
+        self.timeout_s = load_settings().policy_timeout_s if timeout_s is None else timeout_s
         self._classes: dict[tuple[str, int | None], type] = {}
         self._instances: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._max_instances = max_instances

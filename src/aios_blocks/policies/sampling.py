@@ -14,15 +14,15 @@ sample), else ``AIOS_SAMPLE_NODES``, else 100.
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..settings import load as load_settings
 from . import affinity, capacity
 
-DEFAULT_THRESHOLD = int(os.environ.get("AIOS_SAMPLE_NODES", 100))
+DEFAULT_THRESHOLD = load_settings().sample_nodes
 #: infeasible nodes kept in a sample that found no feasible one, so a policy can show why
 KEEP_INFEASIBLE = 16
 

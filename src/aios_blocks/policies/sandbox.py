@@ -14,14 +14,15 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import multiprocessing
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
-MEMORY_MB = int(os.environ.get("AIOS_STARLARK_MEMORY_MB", 1024))
-WORKERS = int(os.environ.get("AIOS_STARLARK_PROCESSES", 2))
+from ..settings import load as load_settings
+
+MEMORY_MB = load_settings().starlark_memory_mb
+WORKERS = load_settings().starlark_processes
 
 
 class SandboxCrash(RuntimeError):

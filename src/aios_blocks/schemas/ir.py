@@ -4,12 +4,12 @@ reported at once, each with a JSON path.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import msgspec
 from pydantic import ValidationError
 
+from ..settings import load as load_settings
 from .affinity import normalize
 from .errors import SpecError, SpecInvalid
 from .sharing import sharing_problems
@@ -47,7 +47,7 @@ def pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[
 
 #: A spec's body is republished inside the ``parsed`` event and every dry_run request: it must stay
 #: well under the NATS max payload (1 MiB by default) once enriched and wrapped.
-MAX_SPEC_BYTES = int(os.environ.get("AIOS_MAX_SPEC_BYTES", 256 * 1024))
+MAX_SPEC_BYTES = load_settings().max_spec_bytes
 #: Deeper documents are rejected (msgspec and pydantic recurse; a hostile body must not crash).
 MAX_SPEC_DEPTH = 64
 

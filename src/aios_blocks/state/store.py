@@ -24,7 +24,6 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -34,6 +33,8 @@ import redis.asyncio as aioredis
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
 from ..schemas.spec import Cluster, Component, Node
+from ..settings import Settings
+from ..settings import load as load_settings
 from . import scripts
 
 P = "aios"
@@ -42,8 +43,6 @@ _json = msgspec.json
 
 
 #: Redis connections per process, and how long a caller waits for one before failing
-MAX_CONNECTIONS = int(os.environ.get("AIOS_REDIS_MAX_CONNECTIONS", 64))
-POOL_WAIT_S = float(os.environ.get("AIOS_REDIS_POOL_WAIT_S", 30))
 
 
 def _dumps(v: Any) -> str:
@@ -85,12 +84,13 @@ class Store:
         self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
 
     @classmethod
-    def open(cls, url: str, max_connections: int | None = None) -> Store:
+    def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
         # A blocking pool: a burst of concurrent handlers (64 per consumer, several consumers per
         # process) waits for a free connection instead of failing with MaxConnectionsError.
+        s = settings or load_settings()
         pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, health_check_interval=10, max_connections=max_connections or MAX_CONNECTIONS,
-            timeout=POOL_WAIT_S,
+            url, decode_responses=True, health_check_interval=10, max_connections=max_connections or s.redis_max_connections,
+            timeout=s.redis_pool_wait_s,
         )
         return cls(aioredis.Redis.from_pool(pool))  # the client owns the pool: aclose() closes it
 

@@ -10,7 +10,6 @@ Commands for nodes served by their own agent (``blocks agent``) are acked and le
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -23,15 +22,13 @@ from .agent.node_agent import AgentConfig, NodeAgent, command_router
 from .agent.runtime_sim import SimRuntime
 from .base import Worker
 
-START_DELAY_S = float(os.environ.get("AIOS_SIM_START_DELAY_S", 0.05))
-FAIL_RATE = float(os.environ.get("AIOS_SIM_FAIL_RATE", 0.0))
 OWNER_TTL_S = 5.0
 
 
 class Fleet:
     def __init__(self, w: Worker):
         self.w = w
-        self.runtime = SimRuntime(start_delay_s=START_DELAY_S, fail_rate=FAIL_RATE)
+        self.runtime = SimRuntime(start_delay_s=w.settings.sim_start_delay_s, fail_rate=w.settings.sim_fail_rate)
         self.agents: dict[str, NodeAgent] = {}
         self._owner: dict[str, tuple[float, str | None]] = {}
 

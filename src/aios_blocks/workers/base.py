@@ -24,6 +24,8 @@ from ..policies.runtime import PolicyRuntime, TrackingDict
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint
 from ..schemas.lifecycle import Step
+from ..settings import Settings
+from ..settings import load as load_settings
 from ..state.inventory import Inventory
 from ..state.store import Store
 
@@ -40,14 +42,16 @@ class Worker:
     inventory: Inventory
     runtime: PolicyRuntime
     name: str
+    settings: Settings = field(default_factory=load_settings)
     _subs: list[Any] = field(default_factory=list)
 
     @classmethod
-    async def open(cls, nats_url: str, redis_url: str, name: str) -> Worker:
-        bus = await Bus.open(nats_url, source=f"aios-blocks/{name}")
-        store = Store.open(redis_url)
-        runtime = PolicyRuntime(lookup=store.policy_get)
-        w = cls(bus, store, Inventory(store), runtime, name)
+    async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
+        s = settings or load_settings()
+        bus = await Bus.open(nats_url, source=f"aios-blocks/{name}", settings=s)
+        store = Store.open(redis_url, settings=s)
+        runtime = PolicyRuntime(lookup=store.policy_get, timeout_s=s.policy_timeout_s)
+        w = cls(bus, store, Inventory(store), runtime, name, s)
         await bus.ensure_topology()
         from ..state.rebuild import ensure_epoch
 

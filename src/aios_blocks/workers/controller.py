@@ -4,7 +4,6 @@ block lifecycle facts (instance added/removed, delete) that make a block ready o
 from __future__ import annotations
 
 import asyncio
-import os
 import random
 from typing import Any
 
@@ -42,12 +41,6 @@ from .base import Worker
 
 log = structlog.get_logger("aios.controller")
 
-COMMIT_RETRIES = int(os.environ.get("AIOS_COMMIT_RETRIES", 5))
-#: instance replacements (after failed / unhealthy / lost) per block before giving up
-MAX_REPLACEMENTS = int(os.environ.get("AIOS_MAX_REPLACEMENTS", 5))
-SELECTION_ROUNDS = int(os.environ.get("AIOS_SELECTION_ROUNDS", 3))
-#: deliveries of a reassignment that finds no room before it gives up (backoff 0.5, 1, 2, 4 s)
-REASSIGN_ATTEMPTS = int(os.environ.get("AIOS_REASSIGN_ATTEMPTS", 5))
 
 
 def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
@@ -131,7 +124,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
                 block_metrics=ev.block_metrics, instance_id=ev.instance_id, pod_name=ev.instance_id,
             )
         except PlacementFailed as exc:
-            if not node_down and m.deliveries < REASSIGN_ATTEMPTS:
+            if not node_down and m.deliveries < w.settings.reassign_attempts:
                 # the capacity may be held by instances on their way out (a failed one's remove is
                 # in flight): try again shortly rather than leave the block short of an instance
                 raise Defer(min(0.5 * 2 ** (m.deliveries - 1), 4.0)) from exc
@@ -218,7 +211,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         block = await w.store.get_block(ev.block_id)
         inst = (await w.store.instances(ev.block_id)).get(ev.instance_id) if block else None
         replacements = int(block.get("replacements", 0)) if block else 0
-        verdict = faults.on_fault(block, inst, ev.node_id, ev.gen, replacements, MAX_REPLACEMENTS)
+        verdict = faults.on_fault(block, inst, ev.node_id, ev.gen, replacements, w.settings.max_replacements)
         log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason, action=verdict.action)
         if block is None or inst is None:
             return
@@ -364,7 +357,8 @@ async def _plan_and_reserve(
     instances: dict[str, Any] | None, **extra: Any,
 ) -> tuple[list[dict[str, Any]], int]:
     reason = ""
-    for attempt in range(1, COMMIT_RETRIES + 1):
+    retries = w.settings.commit_retries
+    for attempt in range(1, retries + 1):
         nodes = await w.inventory.nodes(cid)
         index = await w.affinity_index(ir)
         placements = await h.plan(
@@ -377,7 +371,7 @@ async def _plan_and_reserve(
             return placements, attempt
         w.inventory.invalidate(cid, touched + ([node] if node else []))
         await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
-    raise PlacementFailed(f"reservation conflict after {COMMIT_RETRIES} attempts: {reason}")
+    raise PlacementFailed(f"reservation conflict after {retries} attempts: {reason}")
 
 
 async def _reselect_or_fail(w: Worker, ir: dict[str, Any], ev: AllocationRequest, reason: str) -> None:
@@ -385,7 +379,7 @@ async def _reselect_or_fail(w: Worker, ir: dict[str, Any], ev: AllocationRequest
     failed): record why and send the block back through selection, a bounded number of rounds."""
     bid, gen, n = ev.block_id, ev.gen, ev.attempt
     await w.bus.emit(E.block_allocation_failed, StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)))
-    if n + 1 >= SELECTION_ROUNDS:
+    if n + 1 >= w.settings.selection_rounds:
         await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION, ev.cluster_id)
         return
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))

@@ -26,6 +26,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..settings import load as settings_load
 from . import auth as authn
 from . import lifetime
 
@@ -316,6 +317,7 @@ def agent_nats_url(data_dir: Path, nid: str) -> str | None:
     for name in ("AIOS_NATS_CA", "AIOS_EVENT_KEY"):  # the TLS CA; the node's own event-id key
         if value := env.get(name):
             os.environ.setdefault(name, value)
+    settings_load.cache_clear()  # the process's settings now include what endpoints.json says
     return env["AIOS_NATS_URL"]
 
 
@@ -342,4 +344,5 @@ def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> 
     role = role or os.environ.get("AIOS_ROLE") or "admin"
     if ep.nats_ca:
         os.environ.setdefault("AIOS_NATS_CA", ep.nats_ca)
+        settings_load.cache_clear()  # the process's settings now include the CA
     return nats_url or ep.nats_url(role), redis_url or ep.redis_url(role) or ep.redis

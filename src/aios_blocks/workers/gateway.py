@@ -3,7 +3,6 @@ post_dry_run and the allocation request to the chosen cluster."""
 
 from __future__ import annotations
 
-import os
 import time
 from typing import Any
 
@@ -23,10 +22,6 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import Step
 from .base import Worker
-
-DEADLINE_S = float(os.environ.get("AIOS_DRY_RUN_DEADLINE_S", 5.0))
-#: after the deadline, how much longer a round with no usable answer yet keeps waiting
-PATIENCE_S = float(os.environ.get("AIOS_DRY_RUN_PATIENCE_S", 60.0))
 
 
 async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -56,7 +51,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             await w.bus.emit(E.block_selection, event)
             await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
             return
-        deadline = time.time() + DEADLINE_S
+        deadline = time.time() + w.settings.dry_run_deadline_s
         await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
         out = [Emit(E.block_selection, event)]
         out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, ir, n)) for cid in sel.candidates]
@@ -85,7 +80,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if g["decided"] and g["decided"] != "deadline":
             return
         if not g["decided"]:
-            wait = h.gather_wait(g["expected"], g["results"], time.time(), g["deadline"], PATIENCE_S)
+            wait = h.gather_wait(g["expected"], g["results"], time.time(), g["deadline"], w.settings.dry_run_patience_s)
             if wait > 0:
                 raise Defer(wait)  # a late usable answer decides earlier (on_result)
         await _decide(w, bid, gen, n, "deadline")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from typing import Any
 
@@ -34,14 +33,13 @@ from .base import Worker
 
 log = structlog.get_logger("aios.health")
 
-NODE_TIMEOUT_S = float(os.environ.get("AIOS_NODE_TIMEOUT_S", 15))
 FLUSH_S = 1.0
 
 
 class HealthMonitor:
-    def __init__(self, w: Worker, timeout_s: float = NODE_TIMEOUT_S):
+    def __init__(self, w: Worker, timeout_s: float | None = None):
         self.w = w
-        self.timeout_s = timeout_s
+        self.timeout_s = w.settings.node_timeout_s if timeout_s is None else timeout_s
         self._seen: dict[str, tuple[str, float]] = {}
 
     async def run(self, stop: asyncio.Event) -> None:

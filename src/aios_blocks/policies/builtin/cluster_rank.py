@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from ...settings import load as load_settings
+
 #: candidates kept by default (``maxCandidates`` overrides; 0 = every cluster that passed the filter)
-DEFAULT_CANDIDATES = int(os.environ.get("AIOS_MAX_CANDIDATES", 3))
+DEFAULT_CANDIDATES = load_settings().max_candidates
 
 
 def _free_gpus(entry: dict[str, Any]) -> int:

@@ -1,0 +1,75 @@
+"""Every setting of the system, in one typed object (pydantic-settings), read from ``AIOS_*``
+environment variables once, when a process starts, and passed in: library modules never read the
+environment. ``docs/settings.md`` is generated from it (``blocks settings --markdown``; a test
+keeps the file equal)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Literal
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="AIOS_", extra="ignore", frozen=True)
+
+    # -- placement ---------------------------------------------------------------------------------
+    commit_retries: int = Field(5, ge=1, description="reservation attempts of one placement step before it gives up (conflicts with other controllers)")
+    max_replacements: int = Field(5, ge=0, description="instance replacements (after failed / unhealthy / lost) per block before giving up")
+    selection_rounds: int = Field(3, ge=1, description="selection rounds of a block whose chosen cluster could not take the gang")
+    reassign_attempts: int = Field(5, ge=1, description="deliveries of a reassignment that finds no room before it fails (backoff 0.5, 1, 2, 4 s)")
+    dry_run_deadline_s: float = Field(5.0, ge=0, description="how long the gateway gathers dry_run answers before deciding")
+    dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
+    # -- nodes -------------------------------------------------------------------------------------
+    node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
+    sim_start_delay_s: float = Field(0.05, ge=0, description="simulated fleet: how long an instance takes to start")
+    sim_fail_rate: float = Field(0.0, ge=0, le=1, description="simulated fleet: share of instance starts that fail")
+    # -- stream ------------------------------------------------------------------------------------
+    stream_max_age_s: float = Field(7 * 24 * 3600, gt=0, description="the AIOS stream keeps events this long")
+    stream_max_bytes: int = Field(8 * 1024**3, gt=0, description="the AIOS stream keeps at most this many bytes (oldest dropped)")
+    stream_replicas: int = Field(1, ge=1, le=5, description="replicas of the AIOS stream and the key bucket (3 on a NATS cluster)")
+    nats_ca: str | None = Field(None, description="CA file to verify a tls:// NATS server (the embedded self-signed certificate)")
+    nats_creds: str | None = Field(None, description="a NATS .creds file (JWT + nkey seed) for operator-mode servers")
+    event_key: str | None = Field(None, repr=False, description="key of the keyed event ids (else the shared one in the KV bucket)")
+    # -- Redis -------------------------------------------------------------------------------------
+    redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size per process")
+    redis_pool_wait_s: float = Field(30.0, gt=0, description="how long a command waits for a free pooled connection")
+    # -- policies ----------------------------------------------------------------------------------
+    policy_timeout_s: float = Field(5.0, gt=0, description="time limit of one Python registry policy call")
+    starlark_sandbox: Literal["process", "inline"] = Field("process", description="where Starlark policies run: a sandbox process pool, or inline (tests)")
+    starlark_call_timeout_s: float = Field(4.0, gt=0, description="time limit of one Starlark policy call")
+    starlark_memory_mb: int = Field(1024, ge=64, description="memory limit of a Starlark sandbox process")
+    starlark_processes: int = Field(2, ge=1, description="Starlark sandbox processes per worker")
+    sample_nodes: int = Field(100, ge=1, description="default of the built-in policies' node sampling threshold (rule setting sampleNodes)")
+    max_candidates: int = Field(3, ge=1, description="default of builtin:cluster-rank's candidates (rule setting maxCandidates)")
+    max_spec_bytes: int = Field(256 * 1024, ge=1024, description="largest block spec accepted")
+    # -- processes ---------------------------------------------------------------------------------
+    warm_timeout_s: float = Field(60.0, gt=0, description="how long a starting worker waits for NATS and Redis")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")
+
+
+class BadSettings(SystemExit):
+    """A setting that does not fit: the process stops with one line per variable."""
+
+
+@lru_cache(maxsize=1)
+def load() -> Settings:
+    """The process's settings, from the environment, built once (entry points call this and pass
+    the object down; tests build their own ``Settings(...)``)."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = [f"AIOS_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']} (got {e.get('input')!r})" for e in exc.errors()]
+        raise BadSettings("invalid settings:\n  " + "\n  ".join(lines)) from None
+
+
+def markdown() -> str:
+    """The settings table of docs/settings.md."""
+    lines = ["| variable | default | meaning |", "|---|---|---|"]
+    for name, f in Settings.model_fields.items():
+        default = f.default
+        shown = f"`{default}`" if not isinstance(default, float) or default != int(default) else f"`{default:g}`"
+        lines.append(f"| `AIOS_{name.upper()}` | {shown} | {f.description or ''} |")
+    return "\n".join(lines)
