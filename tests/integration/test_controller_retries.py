@@ -1,5 +1,6 @@
 """A controller step handled twice (JetStream redelivers after a crash or a lost ack) must have the
-effect of one, on real NATS JetStream and Redis: the controller's own helpers, called twice."""
+effect of one, on real NATS JetStream and Redis: the controller's own helpers and the effects
+adapter, called twice."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import pytest
 
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
+from aios_blocks.handlers.effects import Replace
 from aios_blocks.workers import controller
 from aios_blocks.workers.base import Worker
+from aios_blocks.workers.effects import commit
 from aios_blocks.workers.embedded import EmbeddedServers
 
 BID = "retry-1"
@@ -38,14 +41,12 @@ async def _stored(client: Client, subject: str) -> int:
 async def test_a_replacement_requested_twice_is_published_and_counted_once(worker: tuple[Worker, Client]) -> None:
     w, client = worker
     await w.store.r.hset(f"aios:block:{BID}", mapping={"gen": 1, "status": "ready"})
-    block = {"ir": {"blockId": BID}, "gen": 1}
-    inst = {"cluster": "c1", "node": "c1-n0", "gpus": ["g0"], "status": "running"}
     for _ in range(2):  # the same fault handled twice: same request id
-        await controller._replace(w, block, f"{BID}-0", inst, "exited 1", f"{BID}-0:failed")
+        await commit(w, [Replace(BID, 1, "c1", f"{BID}-0", "exited 1", f"{BID}-0:failed")])
     assert (await w.store.get_block(BID))["replacements"] == "1"
     assert await _stored(client, subjects.cluster_command("c1", "reassignment")) == 1
     # a different fault of the same instance is a new request: counted
-    await controller._replace(w, block, f"{BID}-0", inst, "unhealthy", f"{BID}-0:unhealthy")
+    await commit(w, [Replace(BID, 1, "c1", f"{BID}-0", "unhealthy", f"{BID}-0:unhealthy")])
     assert (await w.store.get_block(BID))["replacements"] == "2"
 
 

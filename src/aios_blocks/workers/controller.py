@@ -16,11 +16,12 @@ from ..bus.router import Inbound, Router
 from ..bus.runner import Defer
 from ..handlers import controller as h
 from ..handlers import faults
+from ..handlers import lifecycle as lc
+from ..handlers.effects import ReadyIfRunning
 from ..policies.affinity import uid
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import (
     AllocationRequest,
-    BlockStatus,
     Dangling,
     DeleteRequest,
     DryRunRequest,
@@ -38,6 +39,7 @@ from ..schemas.events import (
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.spec import ID_RE, Cluster, Node
 from .base import Worker
+from .effects import commit, release
 
 log = structlog.get_logger("aios.controller")
 
@@ -70,7 +72,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         ir = block["ir"]
         iids = [h.instance_id(ev.block_id, i) for i in range(ir["minInstances"])]
         if not iids:
-            await _mark_ready(w, ev.block_id, ev.gen, ev.cluster_id, Step.READY_EMPTY)
+            await commit(w, [ReadyIfRunning(ev.block_id, ev.gen, 0, ev.cluster_id, Step.READY_EMPTY)])
             return
         try:
             placements, attempts = await _commit(w, ir, ev.cluster_id, "allocation", iids)
@@ -152,76 +154,29 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
 def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.LIFECYCLE)
 
+    async def view(bid: str) -> lc.View:
+        block = await w.store.get_block(bid)
+        return lc.View(block, await w.store.instances(bid) if block is not None else {})
+
     @router.on(E.instance_added)
     async def on_added(m: Inbound[InstanceEvent]) -> None:
-        ev = m.data
-        block = await w.store.get_block(ev.block_id)
-        insts = await w.store.instances(ev.block_id) if block is not None else {}
-        known = insts.get(ev.instance_id)
-        if block is None or block["gen"] != ev.gen or known is None or known["node"] != ev.node_id:
-            # nobody wants this one (late start of a replaced/deleted instance, or a duplicate on
-            # a node that came back): stop it so each instance id runs once
-            # only the copy on the reporting node is stopped: the record (maybe on another node) stays
-            await w.bus.emit(
-                E.node_instance_remove,
-                InstanceCommand(ev.block_id, ev.gen, known["cluster"] if known else "", ev.instance_id, ev.node_id, [],
-                                reason="not wanted here"),
-                qualifier=ev.node_id,
-            )
-            return
-        if known["status"] == "removing":
-            return
-        inst = await w.store.set_instance_status(ev.block_id, ev.instance_id, "running")
-        if inst is None:
-            return
-        if block["status"] in ("deleting", "deleted"):
-            # raced with a delete: stop it again
-            await _remove(w, ev.block_id, ev.gen, inst["cluster"], ev.instance_id, inst["node"], "block deleted")
-            return
-        if block["status"] in LIVE:
-            running = sum(1 for i in (await w.store.instances(ev.block_id)).values() if i["status"] == "running")
-            if h.ready(block["ir"]["minInstances"], running):
-                await _mark_ready(w, ev.block_id, ev.gen, block.get("cluster", ""), Step.READY)
+        await commit(w, lc.on_added(m.data, await view(m.data.block_id)))
 
     @router.on(E.instance_removed)
     async def on_removed(m: Inbound[InstanceEvent]) -> None:
         ev = m.data
         block = await w.store.get_block(ev.block_id)
-        if block is not None and block["gen"] != ev.gen:
-            return  # a fact about an older generation of this block id
-        insts = await w.store.instances(ev.block_id)
-        inst = insts.get(ev.instance_id)
-        if inst is not None and inst["node"] == ev.node_id:
-            if ev.reason == "lost" and block is not None and block["status"] in LIVE and inst["status"] != "removing":
-                # its node restarted without it: place a replacement first (the reassignment then
-                # removes this record the usual way), so the block never drops below what it had
-                await _replace(w, block, ev.instance_id, inst, "lost", f"{ev.instance_id}:lost")
-                return
-            await _release(w, ev.block_id, ev.instance_id, inst)
-        # read again after our own drop: two removals handled at once must not each still see the
-        # other's instance (then neither would mark the block deleted)
-        if block is not None and block["status"] == "deleting" and not await w.store.instances(ev.block_id):
-            await _mark_deleted(w, ev.block_id, block["gen"])
+        # instances are read even for an unknown block: a removal after the record went must still release
+        await commit(w, lc.on_removed(ev, lc.View(block, await w.store.instances(ev.block_id))))
 
     @router.on(E.instance_failed)
     @router.on(E.instance_unhealthy)
     async def on_fault(m: Inbound[InstanceEvent]) -> None:
         ev = m.data
         kind = "failed" if m.event is E.instance_failed else "unhealthy"
-        block = await w.store.get_block(ev.block_id)
-        inst = (await w.store.instances(ev.block_id)).get(ev.instance_id) if block else None
-        replacements = int(block.get("replacements", 0)) if block else 0
-        verdict = faults.on_fault(block, inst, ev.node_id, ev.gen, replacements, w.settings.max_replacements)
+        verdict, effects = lc.on_fault(ev, kind, await view(ev.block_id), w.settings.max_replacements)
         log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason, action=verdict.action)
-        if block is None or inst is None:
-            return
-        why = f"instance {ev.instance_id} {kind}: {ev.reason}"
-        if verdict.action == "reassign":
-            await _replace(w, block, ev.instance_id, inst, why, f"{ev.instance_id}:{kind}")
-        elif verdict.action == "fail_block":
-            await _fail_placing(w, ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}")
-        elif verdict.action == "give_up":
-            await _step_failed(w, ev.block_id, block, "reassignment", f"{ev.instance_id}:{kind}", f"{why}; {verdict.why}")
+        await commit(w, effects)
 
     @router.on(E.node_dangling)
     async def on_dangling(m: Inbound[Dangling]) -> None:
@@ -271,59 +226,23 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 
     @router.on(E.block_delete)
     async def on_delete(m: Inbound[DeleteRequest]) -> None:
-        ev = m.data
-        block = await w.store.get_block(ev.block_id)
-        if block is None:
-            return
-        gen = block["gen"]
-        ok, _ = await w.store.transition(ev.block_id, gen, Step.DELETE)
-        if not ok:
-            return
-        insts = await w.store.instances(ev.block_id)
-        for iid, inst in insts.items():
-            await _remove(w, ev.block_id, gen, inst["cluster"], iid, inst["node"], "block deleted")
-        if not insts:
-            await _mark_deleted(w, ev.block_id, gen)
+        await commit(w, lc.on_delete(m.data.block_id, await view(m.data.block_id)))
 
     return [router.binding()]
 
 
 async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason: str) -> None:
-    """Fail a block that is still placing, and stop what it has: a failed block holds nothing
-    (each removal releases its share)."""
-    await w.fail_block(bid, gen, reason, Step.FAIL_PLACEMENT, inst_cluster)
-    for other, rec in (await w.store.instances(bid)).items():
-        await _remove(w, bid, gen, rec["cluster"], other, rec["node"], "block failed")
-
-
-async def _release(w: Worker, bid: str, iid: str, inst: dict[str, Any]) -> None:
-    """Give an instance's reservation back and forget it (idempotent)."""
-    await w.store.release(inst["cluster"], inst["node"], iid)
-    await w.store.drop_instance(bid, iid)
-    await w.store.index_remove(uid(bid), uid(iid), iid)
-    await w.hint(inst["cluster"], [inst["node"]])
+    await commit(w, lc.fail_placing(bid, gen, inst_cluster, reason))
 
 
 async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[str, Any], reason: str) -> None:
     """An instance on a dead node: released now (its node cannot be used anyway), recorded as
     removed, and a remove queued in the node's mailbox so a returning node stops it."""
-    await _release(w, bid, iid, inst)
+    await release(w, bid, iid, inst)
     await w.bus.emit_all([
         Emit(E.instance_removed, InstanceEvent(bid, gen, iid, inst["node"], inst.get("gpus", []), reason)),
         Emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, inst["node"], [], reason=reason)),
     ])
-
-
-async def _replace(w: Worker, block: dict[str, Any], iid: str, inst: dict[str, Any], reason: str, request_id: str) -> None:
-    """Ask the block's resourceAllocator for a ``reassignment`` of a failed/lost instance."""
-    bid = block["ir"]["blockId"]
-    ack = await w.bus.emit(
-        E.cluster_reassignment, ReassignRequest(bid, inst["cluster"], request_id, iid, reason, gen=block["gen"])
-    )
-    if not getattr(ack, "duplicate", False):
-        # counted once per request, as the stream holds it once (a redelivered fault is deduplicated;
-        # recover counts the stored requests): the limit is not reached early by retries
-        await w.store.block_bump(bid, "replacements")
 
 
 async def _commit(
@@ -419,24 +338,6 @@ async def _start(
         )
         out.append(Emit(E.node_instance_create, cmd))
     await w.bus.emit_all(out)
-
-
-async def _remove(w: Worker, bid: str, gen: int, cid: str, iid: str, node: str, reason: str) -> None:
-    await w.store.set_instance_status(bid, iid, "removing")
-    await w.bus.emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, node, [], reason=reason))
-
-
-async def _mark_ready(w: Worker, bid: str, gen: int, cid: str, step: Step) -> None:
-    ok, info = await w.store.transition(bid, gen, step)
-    if ok or info == "ready":  # a redelivery after the CAS re-publishes (deduplicated)
-        insts = sorted(await w.store.instances(bid))
-        await w.bus.emit(E.block_ready, BlockStatus(bid, gen, "ready", "", cid, insts))
-
-
-async def _mark_deleted(w: Worker, bid: str, gen: int) -> None:
-    ok, info = await w.store.transition(bid, gen, Step.DELETED)
-    if ok or info == "deleted":
-        await w.bus.emit(E.block_deleted, BlockStatus(bid, gen, "deleted"))
 
 
 async def _step_failed(w: Worker, bid: str, block: dict[str, Any] | None, step: str, request_id: str, reason: str) -> None:

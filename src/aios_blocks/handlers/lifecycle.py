@@ -1,0 +1,122 @@
+"""The block lifecycle's decisions on instance facts and delete requests: pure functions
+``(event, snapshot) -> list[Effect]``. The lifecycle consumer (``workers/controller.py``) loads the
+snapshot, calls one of these and commits the effects (``workers/effects.py``); the rules are
+documented in docs/agents.md and the lifecycle table in ``schemas/lifecycle.py``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..bus.catalog import E, Emit
+from ..schemas.events import InstanceCommand, InstanceEvent, StepFailed
+from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
+from . import faults
+from .effects import (
+    DeletedIfEmpty,
+    Effect,
+    ReadyIfRunning,
+    Release,
+    RemoveAll,
+    Replace,
+    SetInstance,
+    Transition,
+    publish,
+)
+
+
+@dataclass(frozen=True)
+class View:
+    """What a decision sees: the block record (``None``: unknown id) and its instances."""
+
+    block: dict[str, Any] | None
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def status(self) -> str | None:
+        return None if self.block is None else self.block.get("status")
+
+
+def remove_command(bid: str, gen: int, cid: str, iid: str, node: str, reason: str, qualifier: str = "") -> Emit:
+    return Emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, node, [], reason=reason), qualifier=qualifier)
+
+
+def on_added(ev: InstanceEvent, view: View) -> list[Effect]:
+    """An agent runs the instance: it is running, and the block may now be ready; a copy nobody
+    wants (a late start of a replaced or deleted instance, a duplicate on a node that came back) is
+    stopped on the reporting node only, so each instance id runs once."""
+    block, known = view.block, view.instances.get(ev.instance_id)
+    if block is None or block["gen"] != ev.gen or known is None or known["node"] != ev.node_id:
+        cid = known["cluster"] if known else ""
+        return [publish(remove_command(ev.block_id, ev.gen, cid, ev.instance_id, ev.node_id, "not wanted here", ev.node_id))]
+    if known["status"] == InstanceStatus.REMOVING:
+        return []
+    out: list[Effect] = [SetInstance(ev.block_id, ev.instance_id, InstanceStatus.RUNNING)]
+    if view.status in (BlockStatus.DELETING, BlockStatus.DELETED):  # raced with a delete: stop it again
+        out += _remove(ev.block_id, ev.gen, known["cluster"], ev.instance_id, known["node"], "block deleted")
+    elif view.status in LIVE:
+        out.append(ReadyIfRunning(ev.block_id, ev.gen, int(block["ir"]["minInstances"]), block.get("cluster", "")))
+    return out
+
+
+def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
+    """An instance stopped (removed, start failed, lost, evicted): its reservation is released; a
+    ``lost`` one of a live block is replaced first (the reassignment then removes this record), so
+    the block never drops below what it had; a deleting block with nothing left is deleted."""
+    block = view.block
+    if block is not None and block["gen"] != ev.gen:
+        return []  # a fact about an older generation of this block id
+    inst = view.instances.get(ev.instance_id)
+    out: list[Effect] = []
+    if inst is not None and inst["node"] == ev.node_id:
+        if ev.reason == "lost" and block is not None and view.status in LIVE and inst["status"] != InstanceStatus.REMOVING:
+            return [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, "lost", f"{ev.instance_id}:lost")]
+        out.append(Release(ev.block_id, ev.instance_id, inst))
+    if block is not None and view.status == BlockStatus.DELETING:
+        out.append(DeletedIfEmpty(ev.block_id, block["gen"]))
+    return out
+
+
+def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) -> tuple[faults.Verdict, list[Effect]]:
+    """An instance ``failed`` or went ``unhealthy``: replace it through the resourceAllocator, up to
+    ``max_replacements`` per block; past that a block still placing fails (and stops what it has),
+    a ready one keeps running degraded (the step is reported failed)."""
+    block, inst = view.block, view.instances.get(ev.instance_id) if view.block is not None else None
+    replacements = int(block.get("replacements", 0)) if block else 0
+    verdict = faults.on_fault(block, inst, ev.node_id, ev.gen, replacements, max_replacements)
+    if block is None or inst is None:
+        return verdict, []
+    why = f"instance {ev.instance_id} {kind}: {ev.reason}"
+    if verdict.action == "reassign":
+        return verdict, [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, why, f"{ev.instance_id}:{kind}")]
+    if verdict.action == "fail_block":
+        return verdict, fail_placing(ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}")
+    if verdict.action == "give_up":
+        failed = StepFailed(ev.block_id, block["gen"], "reassignment", f"{why}; {verdict.why}", f"{ev.instance_id}:{kind}")
+        return verdict, [publish(Emit(E.block_reassignment_failed, failed))]
+    return verdict, []
+
+
+def on_delete(bid: str, view: View) -> list[Effect]:
+    """A delete request: the block goes ``deleting``, every instance is stopped (each removal
+    releases its share), and a block with none is deleted at once."""
+    if view.block is None:
+        return []
+    gen = view.block["gen"]
+    return [Transition(bid, gen, Step.DELETE, then=(RemoveAll(bid, gen, "block deleted"), DeletedIfEmpty(bid, gen)), redo=False)]
+
+
+def fail_placing(bid: str, gen: int, cluster: str, reason: str) -> list[Effect]:
+    """Fail a block that is still placing, and stop what it has: a failed block holds nothing."""
+    from ..schemas.events import BlockStatus as StatusEvent
+
+    failed = Emit(E.block_failed, StatusEvent(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
+    return [
+        Transition(bid, gen, Step.FAIL_PLACEMENT, (("reason", reason),), then=(publish(failed),)),
+        RemoveAll(bid, gen, "block failed"),
+    ]
+
+
+def _remove(bid: str, gen: int, cid: str, iid: str, node: str, reason: str) -> list[Effect]:
+    return [SetInstance(bid, iid, InstanceStatus.REMOVING), publish(remove_command(bid, gen, cid, iid, node, reason))]
