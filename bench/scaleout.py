@@ -28,7 +28,7 @@ except ImportError:  # run as a script
     import raw  # type: ignore[no-redef]
 
 from aios_blocks.bus import subjects
-from aios_blocks.cli.client import event_kind
+from aios_blocks.cli.client import decisions_of, event_kind
 from aios_blocks.settings import load as load_settings
 
 GROUP = "4 worker scale-out"
@@ -67,8 +67,8 @@ def duplicates(history: list[tuple[str, dict[str, Any], int]], bids: set[str]) -
             candidates[bid] += len(data.get("candidates", []))
         elif kind == "allocation.failed":
             attempts[bid] += load_settings().commit_retries
-        elif kind == "decision":
-            decisions[(bid, str(data.get("action")))] += 1
+        for d in decisions_of(subject, data):
+            decisions[(bid, str(d.get("action")))] += 1
     extra = 0
     for (bid, action), count in decisions.items():
         want = {"dry_run": candidates[bid], "allocation": attempts[bid]}.get(action, rounds[bid])

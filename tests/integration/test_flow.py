@@ -14,6 +14,8 @@ import msgspec
 import nats
 import pytest
 
+from aios_blocks.cli.client import decisions_of
+
 from .conftest import System, gpu_usage
 
 SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 2, "maxInstances": 4}
@@ -40,8 +42,13 @@ async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> 
 
     history = await c.history(bid)
     events = [s.split(".", 3)[3] for s, _, _ in history]
-    # one decision record per policy call, with its output and duration
-    decisions = [e["data"] for s, e, _ in history if s.endswith(".decision")]
+    # one decision record per policy call, with its output and duration, carried by the step event
+    # it decided (no separate decision messages)
+    decisions = [d for s, e, _ in history for d in decisions_of(s, e.get("data"))]
+    assert "decision" not in events
+    on_step = {s.split(".", 3)[3]: [d["action"] for d in decisions_of(s, e.get("data"))] for s, e, _ in history}
+    assert on_step["selection"] == ["selection"] and on_step["post_dry_run"] == ["post_dry_run"]
+    assert on_step["dry_run.result"] == ["dry_run"] and on_step["placement"] == ["allocation", "allocation"]
     assert sorted(d["action"] for d in decisions) == sorted(
         ["selection", "dry_run", "dry_run", "dry_run", "post_dry_run", "allocation", "allocation"]
     )
@@ -151,7 +158,7 @@ async def test_raising_policy_fails_only_that_block(system: System) -> None:
     bid, kind, env = await system.submit_and_wait(spec)
     assert kind == "failed"
     assert "policy exploded on purpose" in env["data"]["reason"]
-    errors = [e["data"]["error"] for s, e, _ in await c.history(bid) if s.endswith(".decision") and e["data"]["error"]]
+    errors = [d["error"] for s, e, _ in await c.history(bid) for d in decisions_of(s, e.get("data")) if d["error"]]
     assert errors and all("policy exploded on purpose" in err for err in errors)
     assert (await c.store.get_block(bid))["status"] == "failed"
     assert await c.store.instances(bid) == {}

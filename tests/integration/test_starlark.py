@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from aios_blocks.cli.client import decisions_of
 from aios_blocks.schemas.spec import Cluster, Gpu, Node
 
 from .conftest import System
@@ -40,7 +41,7 @@ async def test_lxd_scriptlet_places_on_most_free_memory_and_logs_into_replay(sys
     bid, kind, env = await system.submit_and_wait(_spec("lxd-1", "registry:lxd-mem"))
     assert kind == "ready", env
     assert next(iter((await c.store.instances(bid)).values()))["node"] == "c0-n1"
-    logs = [line for s, e, _ in await c.history(bid) if s.endswith(".decision") for line in e["data"]["logs"]]
+    logs = [line for s, e, _ in await c.history(bid) for d in decisions_of(s, e.get("data")) for line in d["logs"]]
     assert ["info", "targeting c0-n1 for new instance lxd-1"] in logs, logs
     r = blocks(system, "replay", bid)
     assert "[info] targeting c0-n1 for new instance lxd-1" in r.stdout

@@ -295,7 +295,8 @@ class E:
     )
     block_decision = Event(
         "block.decision", f"{_B}.decision", ev.Decision, (G, C),
-        "one policy call: policy, version, action, input digest, output, duration, error",
+        "a policy call no step event carries (a reassignment deferred for lack of room); every other call is in its "
+        "step event's decisions",
         id_rule="{block_id}:decision:{kind}:{action}:{input_digest}",
     )
     policy_input = Event(

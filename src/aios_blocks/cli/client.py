@@ -260,11 +260,11 @@ class Client:
         """Recorded policy decisions of one block or all (oldest first), with large inputs fetched
         back by digest."""
         out: list[dict[str, Any]] = []
-        for msg in await self._scan(subjects.block_event(_block_or_all(bid), "decision"), idle):
+        for msg in await self._scan(subjects.block_all(_block_or_all(bid)), idle):
             env = _decode(msg.data)
             when = dt.datetime.fromisoformat(str(env.get("time", "1970-01-01T00:00:00Z")).replace("Z", "+00:00"))
             if since is None or when.timestamp() >= since:
-                out.append(env.get("data") or {})
+                out.extend(decisions_of(msg.subject, env.get("data")))
         for d in out:
             if d.get("input") is None and str(d.get("input_subject", "")).startswith("aios.input."):
                 with contextlib.suppress(Exception):
@@ -340,3 +340,14 @@ def _decode(raw: bytes) -> dict[str, Any]:
         return doc if isinstance(doc, dict) else {"data": doc}
     except msgspec.DecodeError:
         return {"data": raw.decode("utf-8", errors="replace")}
+
+
+def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
+    """The policy decisions an event records: a step event's folded ``decisions``, or a
+    ``decision`` event itself (a step redone later, or a stream written by an older version)."""
+    if not isinstance(data, dict):
+        return []
+    if subject.endswith(".decision"):
+        return [data]
+    found = data.get("decisions")
+    return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []

@@ -141,6 +141,16 @@ def _load(path: Path) -> dict[str, Any]:
     return doc
 
 
+def _call(data: dict[str, Any]) -> str:
+    """One policy call's record, on one line (its log lines below it)."""
+    detail = f"{data.get('kind')}.{data.get('action')} {data.get('uri')}"
+    detail += f"@v{data['version']}" if data.get("version") else ""
+    detail += f" {data.get('duration_us', 0)}µs" + (f" error={data['error']}" if data.get("error") else "")
+    for level, text in data.get("logs") or []:
+        detail += f"\n    [{level}] {text}"
+    return detail
+
+
 def _line(subject: str, env: dict[str, Any]) -> str:
     data = env.get("data") if isinstance(env.get("data"), dict) else {}
     kind = subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
@@ -164,13 +174,12 @@ def _line(subject: str, env: dict[str, Any]) -> str:
     elif kind.endswith("failed"):
         detail = data.get("reason", "")
     elif kind == "decision":
-        detail = f"{data.get('kind')}.{data.get('action')} {data.get('uri')}"
-        detail += f"@v{data['version']}" if data.get("version") else ""
-        detail += f" {data.get('duration_us', 0)}µs" + (f" error={data['error']}" if data.get("error") else "")
-        for level, text in data.get("logs") or []:
-            detail += f"\n    [{level}] {text}"
+        detail = _call(data)
     elif kind.startswith("instance."):
         detail = f"node={data.get('node_id')} gpus={data.get('gpus')}" + (f" reason={data['reason']}" if data.get("reason") else "")
+    if kind != "decision":
+        for call in data.get("decisions") or []:
+            detail += "\n    policy " + _call(call)
     colour = {"ready": "green", "failed": "red", "rejected": "red", "deleted": "yellow"}.get(kind.rsplit(".", 1)[-1], "cyan")
     return f"[{colour}]{kind:<32}[/] {escape(detail)}"
 

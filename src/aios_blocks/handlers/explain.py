@@ -88,16 +88,17 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             if kind == "failed":
                 out["reason"] = data.get("reason", "")
                 out["failures"].append({"step": "block", "reason": out["reason"]})
-        elif kind == "decision":
+        calls = [data] if kind == "decision" else [x for x in data.get("decisions") or [] if isinstance(x, dict)]
+        for call in calls:
             d = out["decisions"]
             d["count"] += 1
-            d["total_us"] += int(data.get("duration_us", 0))
-            if data.get("error"):
+            d["total_us"] += int(call.get("duration_us", 0))
+            if call.get("error"):
                 d["errors"] += 1
-            key = f"{data.get('kind')}:{data.get('policy')}@{data.get('version') or data.get('uri')}"
+            key = f"{call.get('kind')}:{call.get('policy')}@{call.get('version') or call.get('uri')}"
             per = d["by_policy"].setdefault(key, {"calls": 0, "us": 0, "actions": {}})
             per["calls"] += 1
-            per["us"] += int(data.get("duration_us", 0))
-            per["actions"][data.get("action", "?")] = per["actions"].get(data.get("action", "?"), 0) + 1
+            per["us"] += int(call.get("duration_us", 0))
+            per["actions"][call.get("action", "?")] = per["actions"].get(call.get("action", "?"), 0) + 1
     out["rounds"] = [rounds[k] for k in sorted(rounds)]
     return out

@@ -49,6 +49,8 @@ class Selection(msgspec.Struct):
     policy: str = ""
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
+    #: the policy calls this step made (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
 
 
 
@@ -79,6 +81,8 @@ class DryRunResult(msgspec.Struct):
     node_scores: dict[str, float] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
+    #: the policy calls this step made (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
 
 
 
@@ -109,6 +113,8 @@ class PostDryRun(msgspec.Struct):
     errors: dict[str, str] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
+    #: the policy calls this step made (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
 
 
 
@@ -160,6 +166,8 @@ class PlacementMade(msgspec.Struct):
     replaces: str = ""
     #: what asked for it: ``gang`` (the allocation) or the scale/reassignment request id
     request_id: str = "gang"
+    #: the policy calls this step made (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
 
 
 class InstanceCommand(msgspec.Struct):
@@ -256,6 +264,8 @@ class StepFailed(msgspec.Struct):
     step: str
     reason: str
     request_id: str = ""
+    #: the policy calls this step made (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
 
 
 class Decision(msgspec.Struct):

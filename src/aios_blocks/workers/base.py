@@ -76,22 +76,28 @@ class Worker:
         await self.bus.close()
         await self.store.close()
 
-    async def invoke(self, ir: dict[str, Any], kind: str, input_data: dict[str, Any]) -> Any:
-        """Run the block's ``kind`` policy with its Redis-backed context (raises PolicyFailed)."""
+    async def invoke(self, ir: dict[str, Any], kind: str, input_data: dict[str, Any], trace: list[Decision] | None = None) -> Any:
+        """Run the block's ``kind`` policy with its Redis-backed context (raises PolicyFailed). Its
+        decision record goes into ``trace`` (the step's event carries it) or, without one, out as
+        a ``decision`` event of its own."""
         rule = ir["policies"][kind]
         rule_id = f"{ir['blockId']}.{kind}"
         ctx = TrackingDict(await self.store.context_load(rule_id))
         started = time.perf_counter()
-        result, error, trace = None, "", {}
+        result, error, call = None, "", {}
         try:
-            result = await self.runtime.invoke(rule, rule_id, input_data, ctx, trace)
+            result = await self.runtime.invoke(rule, rule_id, input_data, ctx, call)
         except PolicyFailed as exc:
             error = exc.reason
             raise
         finally:
-            await self.record(
-                ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started, trace.get("logs", [])
+            decision = await self.record(
+                ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started, call.get("logs", [])
             )
+            if trace is not None:
+                trace.append(decision)
+            else:
+                await self.bus.emit(E.block_decision, decision)
         changed, deleted = ctx.changes()
         if changed or deleted:
             await self.store.context_save(rule_id, changed, deleted)
@@ -100,8 +106,8 @@ class Worker:
     async def record(
         self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float,
         logs: list[list[str]] | None = None,
-    ) -> None:
-        """Publish the decision record of one policy call (the block's ``decision`` subject)."""
+    ) -> Decision:
+        """The decision record of one policy call; a large input is stored once by digest."""
         raw = msgspec.json.encode(input_data)
         digest = hashlib.sha256(raw).hexdigest()[:24]
         inline, where = input_data, ""
@@ -112,15 +118,14 @@ class Worker:
             else:
                 where = f"(not stored: {len(raw)} bytes)"
         action = str(input_data.get("action", "?"))
-        decision = Decision(
+        return Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
             output, error, int(seconds * 1e6), inline, where, logs or [],
         )
-        await self.bus.emit(E.block_decision, decision)
 
-    def invoker(self, ir: dict[str, Any], kind: str) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(input_data: dict[str, Any]) -> Any:
-            return await self.invoke(ir, kind, input_data)
+            return await self.invoke(ir, kind, input_data, trace)
 
         return call
 

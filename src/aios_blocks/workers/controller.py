@@ -23,6 +23,7 @@ from ..schemas.errors import PlacementFailed
 from ..schemas.events import (
     AllocationRequest,
     Dangling,
+    Decision,
     DeleteRequest,
     DryRunRequest,
     DryRunResult,
@@ -54,10 +55,11 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         clusters = await w.inventory.clusters()
         cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
         nodes = await w.inventory.nodes(ev.cluster_id)
-        out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator"), await w.affinity_index(ev.ir))
+        trace: list[Decision] = []
+        out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator", trace), await w.affinity_index(ev.ir))
         result = DryRunResult(
             ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, placeable=out.placeable, shortfall=out.shortfall, error=out.error,
-            rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, attempt=ev.attempt,
+            rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, attempt=ev.attempt, decisions=trace,
         )
         await w.bus.emit(E.block_dry_run_result, result)
 
@@ -74,13 +76,14 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         if not iids:
             await commit(w, [ReadyIfRunning(ev.block_id, ev.gen, 0, ev.cluster_id, Step.READY_EMPTY)])
             return
+        trace: list[Decision] = []
         try:
-            placements, attempts = await _commit(w, ir, ev.cluster_id, "allocation", iids)
+            placements, attempts = await _commit(w, ir, ev.cluster_id, "allocation", iids, trace=trace)
         except PlacementFailed as exc:
-            await _reselect_or_fail(w, ir, ev, exc.reason)
+            await _reselect_or_fail(w, ir, ev, exc.reason, trace)
             return
         await w.store.transition(ev.block_id, ev.gen, Step.RESERVE, cluster=ev.cluster_id)
-        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang")
+        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang", trace=trace)
 
     @router.on(E.cluster_scale)
     async def on_scale(m: Inbound[ScaleRequest]) -> None:
@@ -95,14 +98,15 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         if iid not in current and len(current) >= ir["maxInstances"]:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"already at maxInstances ({ir['maxInstances']})")
             return
+        trace: list[Decision] = []
         try:
             placements, attempts = await _commit(
-                w, ir, ev.cluster_id, "scale", [iid], current, block_metrics=ev.block_metrics
+                w, ir, ev.cluster_id, "scale", [iid], current, trace=trace, block_metrics=ev.block_metrics
             )
         except PlacementFailed as exc:
-            await _step_failed(w, ev.block_id, block, "scale", ev.request_id, exc.reason)
+            await _step_failed(w, ev.block_id, block, "scale", ev.request_id, exc.reason, trace)
             return
-        await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id)
+        await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id, trace=trace)
 
     @router.on(E.cluster_reassignment)
     async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
@@ -120,17 +124,20 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             return
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
+        trace: list[Decision] = []
         try:
             placements, attempts = await _commit(
-                w, ir, ev.cluster_id, "reassignment", [iid], current,
+                w, ir, ev.cluster_id, "reassignment", [iid], current, trace=trace,
                 block_metrics=ev.block_metrics, instance_id=ev.instance_id, pod_name=ev.instance_id,
             )
         except PlacementFailed as exc:
             if not node_down and m.deliveries < w.settings.reassign_attempts:
                 # the capacity may be held by instances on their way out (a failed one's remove is
-                # in flight): try again shortly rather than leave the block short of an instance
+                # in flight): try again shortly rather than leave the block short of an instance;
+                # no step event carries this attempt's policy calls, so they are recorded on their own
+                await w.bus.emit_all([Emit(E.block_decision, d) for d in trace])
                 raise Defer(min(0.5 * 2 ** (m.deliveries - 1), 4.0)) from exc
-            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason)
+            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason, trace)
             if node_down:  # its node is gone: release it anyway, the capacity is not usable
                 await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
             elif block["status"] == "placing":
@@ -138,7 +145,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
                 await _fail_placing(w, ev.block_id, gen, inst_cluster=old["cluster"],
                                     reason=f"replacement of {ev.instance_id} could not be placed: {exc.reason}")
             return
-        await _start(w, ir, gen, ev.cluster_id, "reassignment", placements, attempts, key=ev.request_id, replaces=ev.instance_id)
+        await _start(w, ir, gen, ev.cluster_id, "reassignment", placements, attempts, key=ev.request_id, replaces=ev.instance_id,
+                     trace=trace)
         if node_down:
             await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}; replaced by {iid}")
             return
@@ -247,10 +255,11 @@ async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[s
 
 async def _commit(
     w: Worker, ir: dict[str, Any], cid: str, action: str, iids: list[str],
-    instances: dict[str, Any] | None = None, **extra: Any,
+    instances: dict[str, Any] | None = None, trace: list[Decision] | None = None, **extra: Any,
 ) -> tuple[list[dict[str, Any]], int]:
     """Plan from the snapshot, reserve atomically; on conflict refresh and retry (bounded).
-    A redelivered step finds its reservations already made and reuses them."""
+    A redelivered step finds its reservations already made and reuses them. The policy calls'
+    records go into ``trace``."""
     existing = [await w.store.reservation(cid, iid) for iid in iids]
     if all(existing):
         return [
@@ -259,7 +268,7 @@ async def _commit(
     clusters = await w.inventory.clusters()
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
     async with _cluster_lock(cid):
-        return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, **extra)
+        return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, trace, **extra)
 
 
 _locks: dict[str, asyncio.Lock] = {}
@@ -273,7 +282,7 @@ def _cluster_lock(cid: str) -> asyncio.Lock:
 
 async def _plan_and_reserve(
     w: Worker, ir: dict[str, Any], cid: str, cluster: dict[str, Any], action: str, iids: list[str],
-    instances: dict[str, Any] | None, **extra: Any,
+    instances: dict[str, Any] | None, trace: list[Decision] | None, **extra: Any,
 ) -> tuple[list[dict[str, Any]], int]:
     reason = ""
     retries = w.settings.commit_retries
@@ -281,7 +290,7 @@ async def _plan_and_reserve(
         nodes = await w.inventory.nodes(cid)
         index = await w.affinity_index(ir)
         placements = await h.plan(
-            ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator"), instances, index, **extra
+            ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
         )
         ok, reason, node = await w.store.reserve_gang(cid, placements)
         touched = sorted({p["node"] for p in placements})
@@ -293,11 +302,14 @@ async def _plan_and_reserve(
     raise PlacementFailed(f"reservation conflict after {retries} attempts: {reason}")
 
 
-async def _reselect_or_fail(w: Worker, ir: dict[str, Any], ev: AllocationRequest, reason: str) -> None:
+async def _reselect_or_fail(
+    w: Worker, ir: dict[str, Any], ev: AllocationRequest, reason: str, trace: list[Decision] | None = None
+) -> None:
     """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
     failed): record why and send the block back through selection, a bounded number of rounds."""
     bid, gen, n = ev.block_id, ev.gen, ev.attempt
-    await w.bus.emit(E.block_allocation_failed, StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)))
+    failed = StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n), decisions=trace or [])
+    await w.bus.emit(E.block_allocation_failed, failed)
     if n + 1 >= w.settings.selection_rounds:
         await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION, ev.cluster_id)
         return
@@ -313,7 +325,7 @@ def _gpus(raw: str) -> list[str]:
 
 async def _start(
     w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: list[dict[str, Any]],
-    attempts: int, key: str, replaces: str = "",
+    attempts: int, key: str, replaces: str = "", trace: list[Decision] | None = None,
 ) -> None:
     bid = ir["blockId"]
     nodes = await w.inventory.nodes(cid)
@@ -328,7 +340,8 @@ async def _start(
         },
     )
     made = PlacementMade(
-        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces, key
+        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces, key,
+        trace or [],
     )
     out = [Emit(E.block_placement, made)]
     for p in placements:
@@ -340,7 +353,10 @@ async def _start(
     await w.bus.emit_all(out)
 
 
-async def _step_failed(w: Worker, bid: str, block: dict[str, Any] | None, step: str, request_id: str, reason: str) -> None:
+async def _step_failed(
+    w: Worker, bid: str, block: dict[str, Any] | None, step: str, request_id: str, reason: str,
+    trace: list[Decision] | None = None,
+) -> None:
     gen = block["gen"] if block else 0
     event = E.block_scale_failed if step == "scale" else E.block_reassignment_failed
-    await w.bus.emit(event, StepFailed(bid, gen, step, reason, request_id))
+    await w.bus.emit(event, StepFailed(bid, gen, step, reason, request_id, decisions=trace or []))

@@ -13,6 +13,7 @@ from ..bus.runner import Defer
 from ..handlers import gateway as h
 from ..schemas.events import (
     AllocationRequest,
+    Decision,
     DryRunRequest,
     DryRunResult,
     GatherDeadline,
@@ -44,9 +45,10 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if not ok:
             return  # superseded (deleted, re-created) or already past this step
         clusters, nodes = await _snapshot(w)
-        sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator"), await w.affinity_index(ir))
+        trace: list[Decision] = []
+        sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
         rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
-        event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n)
+        event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n, decisions=trace)
         if sel.failure:
             await w.bus.emit(E.block_selection, event)
             await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
@@ -100,12 +102,13 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     g = await w.store.gather_read(bid, gen, n)
     clusters, nodes = await _snapshot(w)
     entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
-    decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator"),
+    trace: list[Decision] = []
+    decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
                               int(ir.get("minInstances") or 1))
     # one outcome per round, even if this decider runs again on more answers than the first time
     outcome = await w.store.gather_settle(bid, gen, n, f"!{decision.failure}" if decision.failure else decision.cluster_id)
     failure, cid = (outcome[1:], "") if outcome.startswith("!") else ("", outcome)
-    post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n)
+    post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n, trace)
     await w.bus.emit(E.block_post_dry_run, post)
     if failure:
         await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
