@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import signal
@@ -55,6 +56,13 @@ async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> 
     for d in decisions:
         assert d["error"] == "" and d["duration_us"] > 0 and d["output"] is not None
         assert d["input"] is not None or d["input_subject"].startswith("aios.input.")
+    # large inputs are stored once, compressed, and come back exactly (their digest matches)
+    fetched = await c.decisions(bid=bid)
+    stored = [d for d in fetched if d.get("input_subject")]
+    assert stored and len(fetched) == len(decisions)
+    for d in stored:
+        raw = msgspec.json.encode(d["input"])
+        assert hashlib.sha256(raw).hexdigest()[:24] == d["input_digest"] and d["input"]["action"] == d["action"]
     allocs = [d["output"] for d in decisions if d["action"] == "allocation"]
     assert sorted(a["node_id"] for a in allocs) == sorted(i["node"] for i in insts.values())
     steps = ["create", "parsed", "selection", "post_dry_run", "placement", "ready"]

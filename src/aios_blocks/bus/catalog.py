@@ -148,6 +148,8 @@ class Emit:
     qualifier: str = ""
     #: the id, for events whose id the publisher chooses (no id rule)
     msg_id: str | None = None
+    #: extra NATS headers (e.g. ``Content-Encoding`` of a compressed raw body)
+    headers: tuple[tuple[str, str], ...] = ()
 
     def subject(self) -> str:
         return self.event.subject(**self.event.resolve(self.payload, self.tokens))

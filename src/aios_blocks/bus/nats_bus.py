@@ -252,10 +252,10 @@ class Bus:
             await asyncio.gather(*futs)
 
     async def emit(self, event: Event[Any], payload: Any, *, qualifier: str = "", msg_id: str | None = None,
-                   **tokens: str) -> Any:
+                   headers: dict[str, str] | None = None, **tokens: str) -> Any:
         """Publish one catalog event and, when the stream keeps it, wait for its ack. The subject,
         the CloudEvents type and the message id all come from the catalog entry."""
-        return await self._emit_one(Emit(event, payload, tokens, qualifier, msg_id), wait=True)
+        return await self._emit_one(Emit(event, payload, tokens, qualifier, msg_id, tuple((headers or {}).items())), wait=True)
 
     async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
         """Publish several catalog events concurrently and wait for every stored one's ack."""
@@ -275,6 +275,8 @@ class Bus:
         else:
             body = envelope(mid, self.source, ev.type, subject, e.payload)
             headers = await self._headers(mid)
+        if e.headers:
+            headers = {**headers, **dict(e.headers)}
         if wait:
             return await self.js.publish(subject, body, headers=headers)
         return await self.js.publish_async(subject, body, headers=headers)

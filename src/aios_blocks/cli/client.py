@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import uuid
+import zlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -269,7 +270,10 @@ class Client:
             if d.get("input") is None and str(d.get("input_subject", "")).startswith("aios.input."):
                 with contextlib.suppress(Exception):
                     raw = await self.bus.js.get_last_msg(subjects.STREAM, d["input_subject"])
-                    d["input"] = msgspec.json.decode(raw.data)
+                    body = raw.data or b""
+                    if (raw.headers or {}).get("Content-Encoding") == "deflate":
+                        body = zlib.decompress(body)
+                    d["input"] = msgspec.json.decode(body)
         return out
 
     async def scale(self, bid: str) -> str:
