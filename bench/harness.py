@@ -91,6 +91,10 @@ class Stack:
         info = await self.client.bus.js.stream_info(subjects.STREAM)
         return int(info.state.messages)
 
+    async def stream_bytes(self) -> int:
+        info = await self.client.bus.js.stream_info(subjects.STREAM)
+        return int(info.state.bytes)
+
     async def submit_wait(self, spec: dict[str, Any] | None = None, timeout: float = 60) -> tuple[str, float]:
         """One block, create -> terminal: (kind, seconds)."""
         t0 = time.perf_counter()

@@ -54,14 +54,15 @@ async def scenario(clusters: int, nodes: int, lat_n: int, burst_n: int, paced_n:
         for name, v in (("p50", p50), ("p99", common.pct(lat, 99)), ("max", max(lat, default=float("nan")))):
             rows.append(common.row(g, f"create->ready {name}, unloaded", v * 1000, "ms", common.floor_fraction(v, CRITICAL_STEPS, SIM_START_S),
                                    f"n={len(lat)} sequential; includes {SIM_START_S * 1000:.0f} ms simulated start; floor {floor * 1000:.0f} ms"))
-        before = await st.stream_messages()
+        before, before_bytes = await st.stream_messages(), await st.stream_bytes()
         bids, secs = await st.burst(burst_n, timeout=240)
         per_block = (await st.stream_messages() - before) / max(1, burst_n)
+        kb_per_block = (await st.stream_bytes() - before_bytes) / max(1, burst_n) / 1024
         ready = sum(1 for b in bids if st.tracker.done.get(b, ("",))[0] == "ready")
         peak = ready / secs
         rows.append(common.row(g, "blocks/s end to end (create->ready, 1 instance), burst", peak, "blocks/s",
                                common.fraction(peak, common.JS_PUBLISH, per_block),
-                               f"{burst_n} at once, {ready} ready; {per_block:.1f} stream msgs/block ({size})"))
+                               f"{burst_n} at once, {ready} ready; {per_block:.1f} stream msgs/block, {kb_per_block:.1f} KB/block ({size})"))
         rate = max(0.5, 0.8 * peak)
         paced = await st.paced(paced_n, rate, timeout=240)
         for name, p in (("p50", 50), ("p99", 99)):
