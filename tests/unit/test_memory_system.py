@@ -1,0 +1,72 @@
+"""The workers' wiring, in memory (no servers): the real routers, handlers and Lua scripts on an
+in-memory bus and fakeredis. Milliseconds per block; the integration tests keep the real servers."""
+
+from __future__ import annotations
+
+from aios_blocks.bus.catalog import E
+from aios_blocks.settings import Settings
+from aios_blocks.testing import MemorySystem
+
+SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 2, "maxInstances": 3}
+
+
+async def test_a_block_goes_from_create_to_ready_through_every_worker() -> None:
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        for c in ("c1", "c2"):
+            await s.add_sim_cluster(c, nodes=2, gpus=2)
+        bid = await s.submit(dict(SPEC))
+        await s.run()
+        block = await s.store.get_block(bid)
+        assert block is not None and block["status"] == "ready", block
+        insts = await s.store.instances(bid)
+        assert len(insts) == 2 and {i["status"] for i in insts.values()} == {"running"}
+        (ready,) = s.bus.events(E.block_ready, bid=bid)
+        assert sorted(ready["instances"]) == sorted(insts)
+        # the story on the stream, in order, each step once
+        kinds = [m.event.name for m in s.bus.stream if m.event is not None and m.subject.startswith(f"aios.block.{bid}.")]
+        for step in ("block.create", "block.parsed", "block.selection", "block.post_dry_run", "block.placement", "block.ready"):
+            assert kinds.count(step) == 1, (step, kinds)
+        assert kinds.index("block.placement") < kinds.index("block.ready")
+        assert s.dead == []
+
+
+async def test_delete_stops_and_releases_everything() -> None:
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=2)
+        bid = await s.submit(dict(SPEC))
+        await s.run()
+        cluster = (await s.store.get_block(bid))["cluster"]
+        assert len(await s.store.reservations(cluster)) == 2
+        await s.delete(bid)
+        await s.run()
+        assert (await s.store.get_block(bid))["status"] == "deleted"
+        assert await s.store.instances(bid) == {} and await s.store.reservations(cluster) == []
+        assert len(s.bus.events(E.block_deleted, bid=bid)) == 1
+
+
+async def test_a_gang_that_fits_nowhere_fails_with_the_reason_and_holds_nothing() -> None:
+    async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05, dry_run_patience_s=0.05)) as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=1, gpus=1)
+        bid = await s.submit({**SPEC, "minInstances": 3, "maxInstances": 3})
+        await s.run(wait_deferred=1.0)  # the gather waits for its deadline when no cluster can hold it
+        block = await s.store.get_block(bid)
+        assert block["status"] == "failed" and block["reason"], block
+        assert await s.store.reservations("c1") == []
+
+
+async def test_a_redelivered_message_has_the_effect_of_one() -> None:
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=2)
+        bid = await s.submit(dict(SPEC))
+        await s.run()
+        before = len(s.bus.stream)
+        # every stored message of the block delivered again to every consumer (a crash before the acks)
+        s.bus.pending.extend(m.seq for m in s.bus.stream)
+        await s.run()
+        assert (await s.store.get_block(bid))["status"] == "ready"
+        assert len(await s.store.reservations("c1")) == 2
+        assert len(s.bus.stream) == before  # everything it published again was a duplicate
