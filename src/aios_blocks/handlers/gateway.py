@@ -82,6 +82,12 @@ def filter_rule(
             continue
         cnodes = nodes.get(cid, {})
         entries = ir.get("affinity") or []
+        if not entries:  # capacity alone: the incremental count of nodes that fit (no node scan)
+            if check_capacity and not capacity.fitting(cnodes, ir["resources"], share_of(ir)):
+                filtered[cid] = f"no healthy node with capacity for one instance ({len(cnodes)} nodes)"
+                continue
+            passed.append(cluster_entry(cluster, cnodes))
+            continue
         smp = sample_for(ir, cnodes, index)
         if entries and smp.unsatisfiable:
             filtered[cid] = smp.unsatisfiable

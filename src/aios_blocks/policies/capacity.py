@@ -114,6 +114,53 @@ _TOTALS: dict[int, _Totals] = {}
 _TOTALS_MAX = 64
 
 
+# -- which nodes fit one instance of a shape, kept incrementally ----------------------------------
+def shape(needs: Needs, share: bool) -> tuple[Any, ...]:
+    """What decides whether one instance fits a node: its needs and whether it shares GPUs."""
+    return (needs.get("gpus", 0), needs.get("gpuMemory", 0), needs.get("cpu", 0), needs.get("memory", 0), bool(share))
+
+
+class _Fits:
+    """Per (nodes dict, shape) memo: whether each node view fits one instance, by identity, and
+    how many do. Blocks of one component share a shape, so a cluster is judged by a count kept as
+    node views are replaced, not by re-checking every GPU of every node per block."""
+
+    def __init__(self, nodes: dict[str, dict[str, Any]], needs: Needs, share: bool):
+        self.ref = nodes
+        self.needs, self.share = dict(needs), share
+        self.parts: dict[str, tuple[dict[str, Any], bool]] = {}
+        self.count = 0
+
+    def update(self) -> int:
+        parts = self.parts
+        for nid, view in self.ref.items():
+            old = parts.get(nid)
+            if old is not None and old[0] is view:
+                continue
+            fits = node_fits(view, self.needs, self.share) is not None
+            parts[nid] = (view, fits)
+            self.count += int(fits) - int(old[1] if old is not None else False)
+        if len(parts) != len(self.ref):
+            for nid in [nid for nid in parts if nid not in self.ref]:
+                self.count -= int(parts.pop(nid)[1])
+        return self.count
+
+
+_FITS: dict[tuple[int, tuple[Any, ...]], _Fits] = {}
+
+
+def fitting(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> int:
+    """How many of ``nodes`` can take one instance (healthy, CPU, memory, usable GPUs): the
+    filter's capacity check, kept incrementally per nodes dict and shape."""
+    key = (id(nodes), shape(needs, share))
+    memo = _FITS.get(key)
+    if memo is None or memo.ref is not nodes:
+        if len(_FITS) >= 4 * _TOTALS_MAX:
+            _FITS.clear()
+        memo = _FITS[key] = _Fits(nodes, needs, share)
+    return memo.update()
+
+
 def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
 
