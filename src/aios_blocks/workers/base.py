@@ -167,19 +167,67 @@ async def run_consumers(
     await asyncio.gather(*(r.run(stop) for r in runners))
 
 
+class EpochProbe:
+    """Reads of the state epoch, shared: every caller of :meth:`after` gets the result of a read
+    that *started after it called* (so it proves what the caller needs), but callers that arrive
+    while a read is in flight share the next one. A burst of handlers finishing together costs one
+    or two ``GET``s, not one each."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._next: asyncio.Future[str | None] | None = None
+        self._reading = False
+        #: the last value read and when (monotonic)
+        self.last: tuple[float, str | None] = (float("-inf"), None)
+
+    async def after(self) -> str | None:
+        if self._next is None:
+            self._next = asyncio.get_running_loop().create_future()
+        fut = self._next
+        if not self._reading:
+            self._reading = True
+            asyncio.get_running_loop().create_task(self._read_loop())
+        return await fut
+
+    async def _read_loop(self) -> None:
+        try:
+            while self._next is not None:
+                fut, self._next = self._next, None
+                try:
+                    value = await self.store.epoch()
+                except Exception as exc:
+                    if not fut.done():
+                        fut.set_exception(exc)
+                    continue
+                self.last = (time.monotonic(), value)
+                if not fut.done():
+                    fut.set_result(value)
+        finally:
+            self._reading = False
+
+
 class EpochGuard:
     """Handlers act only while Redis holds valid state (``state.rebuild``): with the epoch key
     gone (Redis flushed, or ``blocks recover`` under way) a message is deferred, not handled, so
     nothing is acked on the strength of an empty Redis; a message whose handling overlapped an
-    epoch change is redone. A new epoch drops the worker's inventory cache."""
+    epoch change is redone. A new epoch drops the worker's inventory cache.
 
-    def __init__(self, worker: Worker, pause_s: float = 1.0):
+    The check after a handler is a read that started after the handler finished (shared with the
+    handlers that finished at the same time, ``EpochProbe``); the check before reuses a read at
+    most ``fresh_s`` old: a flush inside that window is caught by the check after, which redoes
+    the message (handlers are idempotent) instead of acking it."""
+
+    def __init__(self, worker: Worker, pause_s: float = 1.0, fresh_s: float = 0.05):
         self.worker = worker
         self.pause_s = pause_s
+        self.fresh_s = fresh_s
         self.seen: str | None = None
+        self.probe = EpochProbe(worker.store)
 
     async def current(self) -> str:
-        epoch = await self.worker.store.epoch()
+        at, epoch = self.probe.last
+        if epoch is None or time.monotonic() - at > self.fresh_s:
+            epoch = await self.probe.after()
         if epoch is None:
             from ..state.rebuild import ensure_epoch
 
@@ -198,7 +246,7 @@ class EpochGuard:
         async def guarded(d: Delivery) -> None:
             before = await self.current()
             await handler(d)
-            if await self.worker.store.epoch() != before:
+            if await self.probe.after() != before:
                 raise Defer(self.pause_s)  # state was replaced while we worked: do it again
 
         return guarded
