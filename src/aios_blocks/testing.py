@@ -37,6 +37,7 @@ from .schemas.spec import Cluster, Component, Gpu, Node
 from .settings import Settings
 from .state.inventory import Inventory
 from .state.store import EPOCH_KEY, Store
+from .workers import gateway
 
 Handler = Callable[[Delivery], Awaitable[None]]
 
@@ -209,7 +210,14 @@ class MemorySystem:
                         await self._deliver(spec.durable, handler, msg)
                         made += 1
                 continue
+            fired, nxt = await gateway.fire_due(self.worker)  # the gateway's deadline timers
+            made += fired
+            if fired:
+                continue
             due = [d for d in self.delayed if d[0] <= time.monotonic() + wait_deferred]
+            if nxt is not None and nxt <= time.time() + wait_deferred:
+                await asyncio.sleep(max(0.0, nxt - time.time()))
+                continue
             if not due:
                 return made
             self.delayed.remove(min(due))

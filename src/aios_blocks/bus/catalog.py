@@ -199,10 +199,6 @@ class E:
         "block.dry_run.result", f"{_B}.dry_run.result", ev.DryRunResult, (C,), "score + node_info from one cluster",
         id_rule="{block_id}:{gen}:dry_run.result:{cluster_id}:{attempt}",
     )
-    block_dry_run_deadline = Event(
-        "block.dry_run.deadline", f"{_B}.dry_run.deadline", ev.GatherDeadline, (G,),
-        "gather deadline timer (redelivered when due)", id_rule="{block_id}:{gen}:deadline:{attempt}",
-    )
     block_post_dry_run = Event(
         "block.post_dry_run", f"{_B}.post_dry_run", ev.PostDryRun, (G,), "cluster chosen, with every score",
         id_rule="{block_id}:{gen}:post_dry_run:{attempt}",

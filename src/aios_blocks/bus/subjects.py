@@ -144,7 +144,7 @@ def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
 #: The parser also takes create subjects whose id held dots (``aios.block.a.b.create``): they can
 #: only be dead-lettered, but they must not sit in the stream unanswered.
 PARSER = consumer("parser", E.block_create)
-GATEWAY = consumer("gateway", E.block_parsed, E.block_dry_run_result, E.block_dry_run_deadline)
+GATEWAY = consumer("gateway", E.block_parsed, E.block_dry_run_result)
 
 CONTROLLER_EVENTS = (E.cluster_dry_run, E.cluster_allocation, E.cluster_scale, E.cluster_reassignment)
 

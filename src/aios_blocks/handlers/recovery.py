@@ -182,6 +182,7 @@ class Fold:
         if d.get("candidates"):
             g = self._gather(bid, int(gen), attempt)
             g["expected"] = g["expected"] or list(d["candidates"])
+            g["deadline"] = g["deadline"] or float(d.get("deadline") or 0)
 
     def on_deadline(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))

@@ -49,6 +49,8 @@ class Selection(msgspec.Struct):
     policy: str = ""
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
+    #: when the gather of this round's dry_run answers decides at the latest (epoch seconds)
+    deadline: float = 0.0
     #: the policy calls this step made (folded into the step's event, not stored apart)
     decisions: list[Decision] = []
 

@@ -29,7 +29,7 @@ from ..bus.nats_bus import Bus
 from ..handlers import image as im
 from ..handlers.recovery import Fold
 from ..schemas.events import InventoryHint
-from .store import EPOCH_KEY, Store
+from .store import EPOCH_KEY, GATHER_DUE, Store, due_member
 
 WRITE_BATCH = 2000
 
@@ -229,6 +229,8 @@ async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
     keys = await write_image(r, img)
     for bid, gen, attempt in f.open_gathers():
         await r.expire(f"aios:gather:{bid}:{gen}:{attempt}", 3600)
+        # the gateways' timer of the round (a deadline already past fires at once)
+        await r.zadd(GATHER_DUE, {due_member(bid, gen, attempt): float(f.gathers[(bid, gen, attempt)]["deadline"] or 0)})
     await store.set_epoch(uuid.uuid4().hex)
     write_s = time.perf_counter() - started
     for cid in f.clusters:

@@ -122,6 +122,18 @@ redis.call('DEL', KEYS[2])
 return 1
 """
 
+# KEYS: due-gathers zset.  ARGV: now, lease seconds, limit.  Claims the gathers due by ``now``:
+# each claimed member's score moves to now + lease (a claimer that dies gives it back when the
+# lease runs out). Returns {members..., next due score or ''}.
+CLAIM_DUE = r"""
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, tonumber(ARGV[3]))
+local until_ = tonumber(ARGV[1]) + tonumber(ARGV[2])
+for _, m in ipairs(due) do redis.call('ZADD', KEYS[1], until_, m) end
+local nxt = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+due[#due + 1] = nxt[2] or ''
+return due
+"""
+
 # KEYS: block.  ARGV: gen, allowed statuses ("*" or comma list), new status, JSON of extra fields.
 # Compare-and-set on (gen, status); bumps version. Returns {1, version} or {0, current status}.
 TRANSITION = r"""

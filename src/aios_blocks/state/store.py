@@ -15,6 +15,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:nodeinst:<nid>               hash iid -> bid: instances recorded on a node (agent reconcile)
     aios:heartbeats                   sorted set nid -> last heartbeat time (agent-served nodes)
     aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
+    aios:gather:due                    zset: bid|gen|n of open gathers by deadline (the gateways' timers)
     aios:aff:svc:<block uuid>         hash iid -> [node, rack] (affinity ServiceId targets)
     aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)
     aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
@@ -73,6 +74,14 @@ def gather_key(bid: str, gen: int, attempt: int = 0) -> str:
     return f"{P}:gather:{bid}:{gen}:{attempt}"
 
 
+#: every open gather's deadline timer (zset: ``bid|gen|attempt`` scored by when it is due)
+GATHER_DUE = f"{P}:gather:due"
+
+
+def due_member(bid: str, gen: int, attempt: int) -> str:
+    return f"{bid}|{gen}|{attempt}"
+
+
 class Store:
     def __init__(self, r: aioredis.Redis):
         self.r = r
@@ -82,6 +91,7 @@ class Store:
         self._create = r.register_script(scripts.CREATE_BLOCK)
         self._gather_add = r.register_script(scripts.GATHER_ADD)
         self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
+        self._claim_due = r.register_script(scripts.CLAIM_DUE)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -345,12 +355,33 @@ class Store:
     async def gather_open(
         self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600
     ) -> None:
+        """Open a gather and set its deadline timer (``GATHER_DUE``: the gateways' timer loop
+        claims it when due; nothing about it is stored in the stream)."""
         key = gather_key(bid, gen, attempt)
-        pipe = self.r.pipeline(transaction=True)
+        # not a transaction: the timer key is in another Redis Cluster slot, and every write is NX
+        pipe = self.r.pipeline(transaction=False)
         pipe.hsetnx(key, "expected", _dumps(expected))
         pipe.hsetnx(key, "deadline", deadline)
         pipe.expire(key, ttl)
+        pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): deadline}, nx=True)
         await pipe.execute()
+
+    async def gather_claim_due(self, now: float, lease_s: float = 30.0, limit: int = 64) -> tuple[list[tuple[str, int, int]], float | None]:
+        """Gathers whose timer is due, claimed for ``lease_s``; and when the next one is due."""
+        out = await self._claim_due(keys=[GATHER_DUE], args=[now, lease_s, limit])
+        nxt = float(out[-1]) if out and out[-1] != "" else None
+        claimed = []
+        for m in out[:-1]:
+            bid, gen, attempt = m.split("|")
+            claimed.append((bid, int(gen), int(attempt)))
+        return claimed, nxt
+
+    async def gather_timer(self, bid: str, gen: int, attempt: int, at: float | None) -> None:
+        """Move a gather's timer to ``at`` (``None``: it is done, drop it)."""
+        if at is None:
+            await self.r.zrem(GATHER_DUE, due_member(bid, gen, attempt))
+        else:
+            await self.r.zadd(GATHER_DUE, {due_member(bid, gen, attempt): at})
 
     async def gather_add(
         self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600

@@ -3,26 +3,30 @@ post_dry_run and the allocation request to the chosen cluster."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from typing import Any
+
+import structlog
 
 from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
-from ..bus.runner import Defer
 from ..handlers import gateway as h
 from ..schemas.events import (
     AllocationRequest,
     Decision,
     DryRunRequest,
     DryRunResult,
-    GatherDeadline,
     Parsed,
     PostDryRun,
     Selection,
 )
 from ..schemas.lifecycle import Step
 from .base import Worker
+
+log = structlog.get_logger("aios.gateway")
 
 
 async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -54,10 +58,10 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
             return
         deadline = time.time() + w.settings.dry_run_deadline_s
+        event.deadline = deadline
         await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
         out = [Emit(E.block_selection, event)]
         out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, ir, n)) for cid in sel.candidates]
-        out.append(Emit(E.block_dry_run_deadline, GatherDeadline(bid, gen, n, deadline)))
         await w.bus.emit_all(out)
 
     @router.on(E.block_dry_run_result)
@@ -75,19 +79,53 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             if not g["decided"] and time.time() >= g["deadline"]:
                 await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
 
-    @router.on(E.block_dry_run_deadline)
-    async def on_deadline(m: Inbound[GatherDeadline]) -> None:
-        bid, gen, n = m.data.block_id, m.data.gen, m.data.attempt
-        g = await w.store.gather_read(bid, gen, n)
-        if g["decided"] and g["decided"] != "deadline":
-            return
-        if not g["decided"]:
-            wait = h.gather_wait(g["expected"], g["results"], time.time(), g["deadline"], w.settings.dry_run_patience_s)
-            if wait > 0:
-                raise Defer(wait)  # a late usable answer decides earlier (on_result)
-        await _decide(w, bid, gen, n, "deadline")
-
     return [router.binding()]
+
+
+async def on_due(w: Worker, bid: str, gen: int, n: int) -> float | None:
+    """A gather's timer fired: decide with what it has, or say when to look again (``None``: done)."""
+    g = await w.store.gather_read(bid, gen, n)
+    if g["decided"] and g["decided"] != "deadline":
+        return None
+    if not g["expected"]:
+        return None  # expired or never opened here: nothing to decide
+    if not g["decided"]:
+        wait = h.gather_wait(g["expected"], g["results"], time.time(), g["deadline"], w.settings.dry_run_patience_s)
+        if wait > 0:
+            return time.time() + wait  # a late usable answer decides earlier (on_result)
+    await _decide(w, bid, gen, n, "deadline")
+    return None
+
+
+async def fire_due(w: Worker, now: float | None = None) -> tuple[int, float | None]:
+    """Claim and handle every gather timer that is due; returns how many, and when the next is due.
+    A timer whose handling fails comes back after a second."""
+    claimed, nxt = await w.store.gather_claim_due(time.time() if now is None else now)
+    for bid, gen, n in claimed:
+        try:
+            at = await on_due(w, bid, gen, n)
+        except Exception as exc:  # never lose a timer to one failure: look again shortly
+            log.warning("gather.timer_failed", block=bid, gen=gen, attempt=n, error=repr(exc))
+            at = time.time() + 1.0
+        await w.store.gather_timer(bid, gen, n, at)
+        if at is not None:
+            nxt = at if nxt is None else min(nxt, at)
+    return len(claimed), nxt
+
+
+async def run_timers(w: Worker, stop: asyncio.Event, guard: Any, idle_s: float = 0.1) -> None:
+    """The gateway's deadline timers (Redis, not the stream): every copy polls; claims are atomic,
+    so each due timer is handled by one of them."""
+    while not stop.is_set():
+        nxt: float | None = None
+        try:
+            await guard.current()  # no valid state (flushed, recover under way): wait
+            _, nxt = await fire_due(w)
+        except Exception as exc:
+            log.warning("gather.timers_paused", error=repr(exc))
+        delay = idle_s if nxt is None else min(idle_s, max(0.0, nxt - time.time()))
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=max(delay, 0.005))
 
 
 async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:

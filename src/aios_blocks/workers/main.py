@@ -10,7 +10,7 @@ import time
 import structlog
 
 from . import agent_sim, controller, gateway, parser
-from .base import Worker, run_consumers, stop_on_signals
+from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
 KINDS = ("parser", "gateway", "controller", "agent-sim")
 log = structlog.get_logger("aios.worker")
@@ -51,6 +51,8 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
             from .health import HealthMonitor
 
             await asyncio.gather(run_consumers(w, binds, stop), HealthMonitor(w).run(stop))
+        elif kind == "gateway":
+            await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
         else:
             await run_consumers(w, binds, stop)
     finally:
