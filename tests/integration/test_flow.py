@@ -60,7 +60,7 @@ async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> 
     fetched = await c.decisions(bid=bid)
     stored = [d for d in fetched if d.get("input_subject")]
     assert stored and len(fetched) == len(decisions)
-    for d in stored:
+    for d in fetched:  # every input, inline or stored, is the one the policy got (its digest at the call)
         raw = msgspec.json.encode(d["input"])
         assert hashlib.sha256(raw).hexdigest()[:24] == d["input_digest"] and d["input"]["action"] == d["action"]
     allocs = [d["output"] for d in decisions if d["action"] == "allocation"]

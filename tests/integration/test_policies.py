@@ -70,4 +70,4 @@ async def test_policy_update_changes_next_placement_and_policy_test_reports_it(s
     # the version that made a decision reproduces it exactly
     r = blocks(system, "policy", "test", "picker", str(v2), "--json", "--blocks", "1")
     report = json.loads(r.stdout)
-    assert report["total"] > 0 and report["counts"]["same"] == report["total"] - report["counts"]["skipped"]
+    assert report["total"] > 0 and report["counts"]["same"] == report["total"] - report["counts"]["skipped"], report

@@ -70,3 +70,17 @@ async def test_a_redelivered_message_has_the_effect_of_one() -> None:
         assert (await s.store.get_block(bid))["status"] == "ready"
         assert len(await s.store.reservations("c1")) == 2
         assert len(s.bus.stream) == before  # everything it published again was a duplicate
+
+
+async def test_a_decision_record_keeps_the_input_as_it_was_at_the_call() -> None:
+    """The record rides on the step's event, published after the planner has changed the snapshot
+    the input came from: it must hold the input the policy got, not what the dicts became."""
+    import msgspec
+
+    async with MemorySystem.open() as s:
+        payload = {"nodes": {"n1": {"gpus_free": 1}}}
+        rule = {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack"}
+        d = await s.worker.record("b", "resourceAllocator", rule, {"action": "allocation", "payload": payload}, {"node_id": "n1"}, "", 0.001)
+        payload["nodes"]["n1"]["gpus_free"] = 0  # the planner takes the GPU
+        recorded = msgspec.json.decode(msgspec.json.encode(d))
+        assert recorded["input"]["payload"]["nodes"]["n1"]["gpus_free"] == 1 and recorded["output"] == {"node_id": "n1"}

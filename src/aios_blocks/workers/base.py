@@ -111,7 +111,10 @@ class Worker:
         """The decision record of one policy call; a large input is stored once by digest."""
         raw = msgspec.json.encode(input_data)
         digest = hashlib.sha256(raw).hexdigest()[:24]
-        inline, where = input_data, ""
+        # the record holds the bytes as they were at the call: the record travels with the step's
+        # event, published later, and the planner goes on changing the snapshot the input came from
+        inline: Any = msgspec.Raw(raw)
+        where = ""
         if len(raw) > INLINE_INPUT_BYTES:
             inline, where = None, E.policy_input.subject(digest=digest)
             if len(raw) <= MAX_STORED_INPUT_BYTES:
@@ -122,7 +125,7 @@ class Worker:
         action = str(input_data.get("action", "?"))
         return Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
-            output, error, int(seconds * 1e6), inline, where, logs or [],
+            msgspec.Raw(msgspec.json.encode(output)), error, int(seconds * 1e6), inline, where, logs or [],
         )
 
     def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
