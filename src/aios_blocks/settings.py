@@ -58,6 +58,12 @@ class BadSettings(SystemExit):
 def load() -> Settings:
     """The process's settings, from the environment, built once (entry points call this and pass
     the object down; tests build their own ``Settings(...)``)."""
+    return current()
+
+
+def current() -> Settings:
+    """Settings from the environment as it is now (a connection opened without settings passed
+    in: a program that sets ``AIOS_NATS_CA`` and then connects gets what it set)."""
     try:
         return Settings()
     except ValidationError as exc:

@@ -35,7 +35,7 @@ from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundE
 
 from ..schemas.events import envelope
 from ..settings import Settings
-from ..settings import load as load_settings
+from ..settings import current as current_settings
 from . import event_ids, subjects
 from .catalog import Body, Emit, Event
 
@@ -63,7 +63,7 @@ def security_options(url: str, ca: str | None = None, settings: Settings | None 
       certificate);
     * ``AIOS_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed) for operator-mode servers.
     """
-    s = settings or load_settings()
+    s = settings or current_settings()
     opts: dict[str, Any] = {}
     first = urlsplit(url.split(",")[0].strip())
     if first.username:
@@ -115,14 +115,14 @@ class Bus:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream(timeout=10)
         self.source = source_uri(source)
-        self.settings = settings or load_settings()
+        self.settings = settings or current_settings()
         self._event_key = event_key or self.settings.event_key or None
         self._ids: event_ids.EventIds | None = None
 
     @classmethod
     async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
                    settings: Settings | None = None) -> Bus:
-        s = settings or load_settings()
+        s = settings or current_settings()
         return cls(await connect(url, name=source, settings=s), source, event_key, s)
 
     # -- event ids -------------------------------------------------------------------------

@@ -35,7 +35,7 @@ import redis.asyncio as aioredis
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
 from ..schemas.spec import Cluster, Component, Node
 from ..settings import Settings
-from ..settings import load as load_settings
+from ..settings import current as current_settings
 from . import scripts
 
 P = "aios"
@@ -97,7 +97,7 @@ class Store:
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
         # A blocking pool: a burst of concurrent handlers (64 per consumer, several consumers per
         # process) waits for a free connection instead of failing with MaxConnectionsError.
-        s = settings or load_settings()
+        s = settings or current_settings()
         pool = aioredis.BlockingConnectionPool.from_url(
             url, decode_responses=True, health_check_interval=10, max_connections=max_connections or s.redis_max_connections,
             timeout=s.redis_pool_wait_s,
