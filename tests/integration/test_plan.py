@@ -150,8 +150,20 @@ async def test_dry_run_plans_what_submit_gets_changes_nothing_and_if_index_guard
     assert await c.state_index() > now
 
 
+#: a resourceAllocator that counts its calls in its context (binpack otherwise)
+NOTING = (
+    "from aios_blocks.policies.builtin.resource import BinPackPolicy\n"
+    "class Noting(BinPackPolicy):\n"
+    "    def eval(self, parameters, input_data, context):\n"
+    "        context[input_data['action']] = context.get(input_data['action'], 0) + 1\n"
+    "        return super().eval(parameters, input_data, context)\n"
+)
+
+
 async def test_dry_run_that_cannot_place_exits_4_with_why_and_a_bad_spec_2(system: System, tmp_path: Path) -> None:
-    await system.client.add_sim_cluster("c1", nodes=2, gpus=2)
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=2, gpus=2)
+    assert await c.policy_put("noting", NOTING, "python") == 1
     before = await _settled(system)
     r = blocks(system, "submit", _spec_file(tmp_path, "huge", "minInstances: 1\nmaxInstances: 1\nresources: {gpus: 8}\n"), "--dry-run")
     assert r.returncode == 4, r.stdout + r.stderr
@@ -175,4 +187,20 @@ async def test_dry_run_that_cannot_place_exits_4_with_why_and_a_bad_spec_2(syste
 
     r = blocks(system, "submit", str(bad), "--dry-run", "--wait")
     assert r.returncode == 2 and "--dry-run" in r.stderr
+
+    # a policy that writes its context runs in the plan (pinned at the registry's version), and
+    # what it wrote is dropped
+    noting = _spec_file(tmp_path, "ctx-a", "minInstances: 2\nmaxInstances: 2\n"
+                        "policyRulesSpec:\n  - {name: resourceAllocator, policyRuleURI: registry:noting}\n")
+    r = blocks(system, "submit", noting, "--dry-run", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    plan = json.loads(r.stdout)
+    assert [(x["action"], x["version"]) for x in plan["calls"] if x["uri"] == "registry:noting"] == [
+        ("dry_run", 1), ("allocation", 1), ("allocation", 1)
+    ]
     assert await _settled(system) == before
+    # the same policy, placed for real, keeps what it wrote: the dry-run above really dropped it
+    assert blocks(system, "submit", noting, "--wait").returncode == 0
+    assert await c.store.context_load("ctx-a.resourceAllocator") == {"dry_run": 1, "allocation": 2}
+    got = {iid: (i["node"], i["gpus"]) for iid, i in (await c.store.instances("ctx-a")).items()}
+    assert got == {p["iid"]: (p["node"], p["gpus"]) for p in plan["placements"]}

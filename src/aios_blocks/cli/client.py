@@ -236,7 +236,7 @@ class Client:
         else:
             index = -1  # busy: the snapshot may mix states (said in the notes)
         runtime = runtime or PolicyRuntime(lookup=self.store.policy_get)
-        calls: list[dict[str, str]] = []
+        calls: list[dict[str, Any]] = []
         plan = await make_plan(
             ir, clusters, nodes, self._dry_invoker(runtime, ir, "clusterAllocator", calls),
             self._dry_invoker(runtime, ir, "resourceAllocator", calls), aff,
@@ -250,7 +250,7 @@ class Client:
         return plan
 
     def _dry_invoker(
-        self, runtime: PolicyRuntime, ir: dict[str, Any], kind: str, calls: list[dict[str, str]]
+        self, runtime: PolicyRuntime, ir: dict[str, Any], kind: str, calls: list[dict[str, Any]]
     ) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """Like ``Worker.invoker`` but read-only: the rule's context is loaded once into a copy
         that the plan's calls share and that is never saved; nothing is recorded on the stream."""
@@ -261,7 +261,8 @@ class Client:
             nonlocal context
             if context is None:
                 context = dict(await self.store.context_load(rule_id))
-            record = {"kind": kind, "action": str(input_data.get("action", "?")), "error": ""}
+            record = {"kind": kind, "action": str(input_data.get("action", "?")), "uri": rule.get("policyRuleURI", ""),
+                      "version": rule.get("version"), "error": ""}
             calls.append(record)
             try:
                 return await runtime.invoke(rule, rule_id, input_data, context)

@@ -41,8 +41,8 @@ class Plan:
     #: why it would not place ("" when it would); ``stage`` says which step said so
     failure: str = ""
     stage: str = ""
-    #: the policy calls the plan made: {"kind", "action", "error"}
-    calls: list[dict[str, str]] = field(default_factory=list)
+    #: the policy calls the plan made: {"kind", "action", "uri", "version", "error"}
+    calls: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property
