@@ -132,7 +132,8 @@ class Store:
 
     # -- clusters and nodes ----------------------------------------------------------------
     async def put_cluster(self, cluster: Cluster) -> None:
-        pipe = self.r.pipeline(transaction=True)
+        # not a transaction (two Redis Cluster slots): the change, then the bump of its index
+        pipe = self.r.pipeline(transaction=False)
         pipe.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())
         pipe.incr(index_key(cluster.id))  # its labels decide the filter rule
         await pipe.execute()
@@ -226,7 +227,10 @@ class Store:
         One counter per cluster (``index_key``), bumped in the same atomic step as the change:
         a reservation taken (``RESERVE_GANG``) or released (``RELEASE``), a node registered or
         updated (``put_node``), a node's health flipped, a cluster registered or relabelled.
-        Per cluster, not global: a global counter would put every capacity script in one slot."""
+        Per cluster, not global: a global counter would put every capacity script in one slot.
+        Where the bump is not in the change's own script or transaction, it comes after the change:
+        a reader whose two readings around a snapshot agree may hold a newer state than the index
+        says (a false "changed" later), never an older one."""
         cids = sorted(await self.r.hkeys(f"{P}:clusters")) if cids is None else list(cids)
         if not cids:
             return {}
