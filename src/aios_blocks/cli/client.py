@@ -11,7 +11,7 @@ import contextlib
 import datetime as dt
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +22,11 @@ from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.nats_bus import Bus
 from ..bus.subjects import uri_digest
+from ..handlers import parse
 from ..handlers.controller import instance_id
+from ..handlers.plan import Plan, make_plan
+from ..policies.runtime import PolicyRuntime
+from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
     ClusterRegistered,
     ComponentRegistered,
@@ -34,10 +38,21 @@ from ..schemas.events import (
     ScaleRequest,
 )
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
+from ..state.inventory import Inventory, affinity_index
 from ..state.rebuild import ensure_epoch
 from ..state.store import Store
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
+#: how often ``Client.plan`` re-reads a snapshot that changed while it was read
+SNAPSHOT_TRIES = 5
+
+
+class StateChanged(LookupError):
+    """``submit --if-index N``: the state index is no longer N (refused: exit 1)."""
+
+    def __init__(self, expected: int, now: int):
+        self.expected, self.now = expected, now
+        super().__init__(f"state changed since index {expected} (now {now}): run --dry-run again")
 
 
 @dataclass(frozen=True)
@@ -169,14 +184,93 @@ class Client:
         the parser never reads (or on several), so nobody would ever reject it."""
         return (await self.create(spec)).bid
 
-    async def create(self, spec: dict[str, Any]) -> Request:
+    async def create(self, spec: dict[str, Any], if_index: int | None = None) -> Request:
         """``submit``, returning the request: its ``seq`` is the generation every event answering
-        this create carries (``gen``), so waiting on it ignores other creates of the same id."""
+        this create carries (``gen``), so waiting on it ignores other creates of the same id.
+
+        ``if_index``: publish only if the state index (``Store.state_index``) is still this value
+        right before publishing, else raise :class:`StateChanged`. A check, not a lock: what
+        changes after it (between the check and the publish, or before the workers place the
+        block) is not covered; the placement then runs on the state it finds."""
         given = spec.get("blockId")
         bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
         spec = {**spec, "blockId": bid}
+        if if_index is not None:
+            now = await self.store.state_index()
+            if now != if_index:
+                raise StateChanged(if_index, now)
         ack = await self.bus.emit(E.block_create, spec, msg_id=f"create:{bid}:{uuid.uuid4().hex}", bid=bid)
         return Request(bid, "create", ack.seq)
+
+    async def state_index(self) -> int:
+        return await self.store.state_index()
+
+    async def plan(self, spec: dict[str, Any], runtime: PolicyRuntime | None = None) -> Plan:
+        """``submit --dry-run``: where the block would be placed now, computed here against the
+        current state with the workers' own steps (``handlers.plan``), changing nothing.
+
+        The spec is parsed as the parser worker does (component lookup, pinned registry policy
+        versions); the inventory snapshot is read between two equal readings of the state index
+        (re-read when something changed meanwhile), and the plan carries that index. Policies
+        run with their block's current context, loaded into a throwaway copy: what they write is
+        dropped, and no decision record is published."""
+        given = spec.get("blockId")
+        bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
+        outcome = parse.read(msgspec.json.encode({**spec, "blockId": bid}))
+        if outcome.doc is not None:
+            uri = parse.component_uri(outcome.doc)
+            component = await self.store.get_component(uri) if uri else None
+            versions = await parse.pinned_versions(self.store.policy_get, outcome.doc, component)
+            outcome = parse.build(outcome.doc, component, bid, versions)
+        if outcome.ir is None:
+            return Plan(bid, errors=outcome.errors)
+        ir = outcome.ir
+        for _ in range(SNAPSHOT_TRIES):
+            index = await self.store.state_index()
+            inventory = Inventory(self.store)
+            clusters = await inventory.clusters()
+            nodes = {cid: await inventory.nodes(cid) for cid in clusters}
+            aff = await affinity_index(self.store, ir)
+            if await self.store.state_index() == index:
+                break
+        else:
+            index = -1  # busy: the snapshot may mix states (said in the notes)
+        runtime = runtime or PolicyRuntime(lookup=self.store.policy_get)
+        calls: list[dict[str, Any]] = []
+        plan = await make_plan(
+            ir, clusters, nodes, self._dry_invoker(runtime, ir, "clusterAllocator", calls),
+            self._dry_invoker(runtime, ir, "resourceAllocator", calls), aff,
+        )
+        plan.index, plan.calls = index, calls
+        if given is None:
+            plan.notes.append(f"the spec has no blockId: planned as {bid}; a submit gets another id, and equal GPUs "
+                              "are picked by the block id, so give a blockId to get this plan")
+        if index < 0:
+            plan.notes.append(f"the state kept changing while it was read ({SNAPSHOT_TRIES} tries): no index to submit with")
+        return plan
+
+    def _dry_invoker(
+        self, runtime: PolicyRuntime, ir: dict[str, Any], kind: str, calls: list[dict[str, Any]]
+    ) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        """Like ``Worker.invoker`` but read-only: the rule's context is loaded once into a copy
+        that the plan's calls share and that is never saved; nothing is recorded on the stream."""
+        rule, rule_id = ir["policies"][kind], f"{ir['blockId']}.{kind}"
+        context: dict[str, Any] | None = None
+
+        async def call(input_data: dict[str, Any]) -> Any:
+            nonlocal context
+            if context is None:
+                context = dict(await self.store.context_load(rule_id))
+            record = {"kind": kind, "action": str(input_data.get("action", "?")), "uri": rule.get("policyRuleURI", ""),
+                      "version": rule.get("version"), "error": ""}
+            calls.append(record)
+            try:
+                return await runtime.invoke(rule, rule_id, input_data, context)
+            except PolicyFailed as exc:
+                record["error"] = exc.reason
+                raise
+
+        return call
 
     async def outcome(
         self, req: Request, timeout: float = 60.0, on_event: Callable[[str, dict[str, Any]], None] | None = None

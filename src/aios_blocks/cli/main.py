@@ -628,19 +628,51 @@ def submit(
     file: Path,
     wait: bool = typer.Option(False, "--wait", "-w", help="Follow the block until ready/failed/rejected."),
     timeout: float = typer.Option(120, help="With --wait: give up after this many seconds (exit 5)."),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Publish nothing: print where the block would be placed now, and the state index to submit with. "
+        "Exit 0 it would place, 4 it would not (with why), 2 bad spec.",
+    ),
+    if_index: int = typer.Option(
+        None, "--if-index", min=0, metavar="N",
+        help="Submit only if the state index is still N (from --dry-run) right before publishing; else exit 1. "
+        "A check, not a lock: changes after it are not covered.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
     data_dir: Path = DataDir,
 ) -> None:
-    """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout.
+    """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout;
+    1 when --if-index finds the state changed.
 
     --wait follows only what answers this submission (events whose `gen` is this create's stream
     sequence): re-submitting an id in use prints the rejection and exits 4.
 
-    Example: `blocks submit examples/block.yaml --wait`
+    --dry-run (Nomad's `job plan`) parses the spec as the parser does and runs the placement
+    pipeline here against the current state (filter rule and selection, every candidate's dry_run,
+    post_dry_run, the gang's allocation), with the block's policies but without saving their
+    context, publishing anything or reserving anything. It prints the chosen cluster, each
+    instance's node and GPUs, why each other cluster was left out, and the **state index** the
+    plan was computed at (it moves with every reservation, release and node change). Give the
+    spec a `blockId`: equal GPUs are picked by it, so a submit under another id may get others.
+
+    --if-index N (Nomad's `-check-index`) then submits only if that index is unchanged, else
+    exits 1: "state changed since index N (now M)". The check is made just before publishing; what
+    changes after it (another block placed meanwhile, a node failing) is not covered, and the
+    workers place the block on the state they find then: the plan is a forecast, not a reservation.
+
+    Example: `blocks submit examples/block.yaml --wait`, `blocks submit examples/block.yaml --dry-run`,
+    `blocks submit examples/block.yaml --if-index 42 --wait`
     """
+    if dry_run and (wait or if_index is not None):
+        raise typer.BadParameter("--dry-run publishes nothing: it takes neither --wait nor --if-index", param_hint="--dry-run")
+    if as_json and not dry_run:
+        raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
     spec = _load(file)
+    if dry_run:
+        raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
 
     async def go(c: Client) -> int:
-        req = await c.create(spec)
+        req = await c.create(spec, if_index=if_index)
         console.print(f"submitted [bold]{req.bid}[/] (gen {req.seq})")
         if not wait:
             return 0
@@ -655,6 +687,53 @@ def submit(
         return TERMINAL[kind]
 
     raise typer.Exit(_request(go, data_dir))
+
+
+def _dry_run(spec: dict[str, Any], file: Path, as_json: bool, data_dir: Path) -> int:
+    """``submit --dry-run``: 0 would place, 4 would not, 2 bad spec."""
+    plan = _request(lambda c: c.plan(spec), data_dir)
+    if as_json:
+        _print_json(plan.as_dict())
+    for e in plan.errors:
+        err.print(f"[red]rejected[/] {escape(e.path)}: {escape(e.message)}")
+    if plan.errors:
+        return 2
+    if not as_json:
+        _render_plan(plan.as_dict(), file)
+    return 0 if plan.places else 4
+
+
+def _render_plan(p: dict[str, Any], file: Path) -> None:
+    index = p["index"] if p["index"] >= 0 else "-"
+    console.print(f"plan for block [bold]{escape(p['block_id'])}[/] at state index [bold]{index}[/]")
+    t = _table("cluster", "outcome", "dry_run score", "fits", "detail")
+    for cid, why in sorted(p["filtered"].items()):
+        t.add_row(cid, "[yellow]filtered[/]", "", "", escape(why))
+    for cid, d in p["dry_runs"].items():
+        outcome = "[green]chosen[/]" if cid == p["cluster_id"] else "candidate"
+        fits = str(d["placeable"]) if d["placeable"] >= 0 else "?"
+        node = d["node_info"].get("node_id", "") if isinstance(d["node_info"], dict) else ""
+        detail = f"[red]{escape(d['error'])}[/]" if d["error"] else (f"first instance on {escape(str(node))}" if node else "")
+        t.add_row(cid, outcome, f"{d['score']:g}", fits, detail)
+    console.print(t)
+    rejected = [(cid, n, why) for cid, d in p["dry_runs"].items() for n, why in d["rejected_nodes"].items()]
+    if rejected:
+        r = _table("cluster", "node rejected", "why")
+        for row in rejected:
+            r.add_row(*(escape(str(x)) for x in row))
+        console.print(r)
+    for note in p["notes"]:
+        console.print(f"[yellow]note:[/] {escape(note)}")
+    if not p["places"]:
+        err.print(f"[red]would not place[/] ({p['stage']}): {escape(p['failure'])}")
+        return
+    g = _table("instance", "node", "GPUs")
+    for pl in p["placements"]:
+        g.add_row(pl["iid"], pl["node"], ", ".join(pl["gpus"]) or "-")
+    console.print(g)
+    console.print(f"[green]would place[/] {len(p['placements'])} instance(s) on [bold]{escape(p['cluster_id'])}[/]")
+    if p["index"] >= 0:
+        console.print(f"submit it only if nothing changed meanwhile: blocks submit {escape(str(file))} --if-index {p['index']}")
 
 
 async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:

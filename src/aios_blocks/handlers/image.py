@@ -11,7 +11,8 @@ What the digest leaves out, and why:
   be rebuilt (policies must treat an empty context as a cold cache);
 * ``aios:gather:*`` - scratch state of a dry_run gather; its ``decided`` token and TTL are not
   in the stream (recover rebuilds the open gathers of blocks still selecting);
-* ``aios:meta:*`` - the state epoch (changes on every recover by design);
+* ``aios:meta:*`` - the state epoch (changes on every recover by design) and the clusters' state
+  indexes (counters of changes, not state; ``Store.state_index``);
 * ``aios:heartbeats`` - last heartbeat per node: liveness, sent on core NATS, never stored;
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
   retried ones that publish nothing new); the block list's scores (creation times);

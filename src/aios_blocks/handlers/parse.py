@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..policies.runtime import registry_name
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.ir import block_create_IR, decode_spec
+
+#: (registry name, version or None for the latest) -> its record (``Store.policy_get``)
+PolicyLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
 
 
 @dataclass
@@ -28,6 +33,27 @@ def read(raw: bytes) -> ParseOutcome:
 def component_uri(doc: dict[str, Any]) -> str | None:
     uri = doc.get("blockComponentURI")
     return uri if isinstance(uri, str) and uri else None
+
+
+async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: dict[str, Any] | None) -> dict[str, int]:
+    """Current registry version of every registry policy the block names (pinned into its IR by
+    ``build``): the component's policies, overridden by the block's ``policyRulesSpec``."""
+    rules: dict[str, str] = {}
+    for p in (component or {}).get("policies", []):
+        if isinstance(p, dict) and isinstance(p.get("policyRuleURI"), str):
+            rules[p.get("name", "")] = p["policyRuleURI"]
+    for e in doc.get("policyRulesSpec") or []:
+        v = e.get("values", e) if isinstance(e, dict) else None
+        if isinstance(v, dict) and isinstance(v.get("policyRuleURI"), str):
+            rules[v.get("name", "")] = v["policyRuleURI"]
+    out = {}
+    for name, uri in rules.items():
+        reg = registry_name(uri)
+        if reg and reg[1] is None:
+            rec = await lookup(reg[0], None)
+            if rec:
+                out[name] = int(rec["version"])
+    return out
 
 
 def build(

@@ -13,7 +13,16 @@ import asyncio
 import contextlib
 from typing import Any
 
+from ..policies import affinity
 from .store import Store
+
+
+async def affinity_index(store: Store, ir: dict[str, Any]) -> dict[str, Any]:
+    """Where the instances/blocks named by the block's affinity targets run now."""
+    svcs, leases = affinity.referenced(ir.get("affinity") or [])
+    if not svcs and not leases:
+        return affinity.empty_index()
+    return await store.index_read(svcs, leases)
 
 
 class Inventory:

@@ -212,6 +212,7 @@ async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
     if present and not force:
         raise RecoverRefused(f"{len(present)} project keys already in Redis (e.g. {present[0]}); use --force to replace them")
     dropped = 0
+    indexes = await store.scan_indexes()  # state indexes only ever go up, across recovers too
     if force:
         await r.delete(EPOCH_KEY)  # workers pause before anything changes under them
         dropped = await drop_project_keys(r)
@@ -227,6 +228,8 @@ async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
     if force:  # anything written while we read (a CLI registration) is replaced too
         dropped += await drop_project_keys(r)
     keys = await write_image(r, img)
+    last_seq = (await bus.js.stream_info(subjects.STREAM)).state.last_seq
+    await store.restart_indexes(f.clusters, indexes, last_seq)
     for bid, gen, attempt in f.open_gathers():
         await r.expire(f"aios:gather:{bid}:{gen}:{attempt}", 3600)
         # the gateways' timer of the round (a deadline already past fires at once)

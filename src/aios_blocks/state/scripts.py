@@ -4,9 +4,10 @@ Every key one script touches carries the same hash tag (``{c:<cluster>}`` for ca
 scripts also run on Redis Cluster: a block lives in one cluster, so its gang is one slot.
 """
 
-# KEYS: node1, res1, node2, res2, ...   ARGV[1]: JSON list of placements
+# KEYS: node1, res1, node2, res2, ..., [the cluster's state index]   ARGV[1]: JSON list of placements
 # placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive}
 # exclusive: the instance holds its GPUs whole; otherwise it shares them, taking gpu_mem MiB each
+# The state index (optional last key, ``Store.index_key``) is bumped only when capacity was taken.
 # Returns {1, "ok"|"exists"} or {0, reason, node}
 RESERVE_GANG = r"""
 local p = cjson.decode(ARGV[1])
@@ -94,10 +95,12 @@ for i = 1, n do
   redis.call('HSET', KEYS[2*i], 'node', pl.node, 'block', pl.block, 'cpu', pl.cpu, 'mem', pl.mem,
     'gpus', cjson.encode(taken), 'exclusive', pl.exclusive and 1 or 0)
 end
+if KEYS[2*n+1] then redis.call('INCR', KEYS[2*n+1]) end
 return {1, 'ok', ''}
 """
 
-# KEYS: node, res.  Returns 1 if released, 0 if there was nothing to release (idempotent).
+# KEYS: node, res, [the cluster's state index, bumped when something was released].
+# Returns 1 if released, 0 if there was nothing to release (idempotent).
 RELEASE = r"""
 -- amounts are skipped when zero: Lua renders -0 as "-0", which HINCRBY rejects
 local function give_back(key, field, amount, float)
@@ -119,6 +122,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
   end
 end
 redis.call('DEL', KEYS[2])
+if KEYS[3] then redis.call('INCR', KEYS[3]) end
 return 1
 """
 
@@ -194,10 +198,12 @@ redis.call('HSET', KEYS[1], 'version', ARGV[2], 'source', ARGV[3], 'language', A
 return 1
 """
 
-# KEYS: node.  ARGV: "1" healthy / "0" unhealthy.  Returns 1 if this call changed it, else 0.
+# KEYS: node, [the cluster's state index].  ARGV: "1" healthy / "0" unhealthy.
+# Returns 1 if this call changed it (and bumped the index), else 0.
 NODE_HEALTH_CAS = r"""
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 if redis.call('HGET', KEYS[1], 'healthy') == ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'healthy', ARGV[1])
+if KEYS[2] then redis.call('INCR', KEYS[2]) end
 return 1
 """

@@ -21,6 +21,8 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
     aios:policy:<name>                hash: source, version, language, updated (policy registry)
     aios:meta:epoch                   state epoch: present while Redis holds valid state
+    aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
+                                      placement depends on (see ``Store.state_index``)
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ def node_key(cid: str, nid: str) -> str:
 
 def res_key(cid: str, iid: str) -> str:
     return f"{P}:{{c:{cid}}}:res:{iid}"
+
+
+def index_key(cid: str) -> str:
+    """The cluster's state index. Under ``aios:meta:`` (volatile: not rebuilt from the stream, left
+    out of the state digest) but with the cluster's hash tag, so the capacity scripts can bump it
+    in the same Redis Cluster slot as the nodes and reservations they change."""
+    return f"{P}:meta:{{c:{cid}}}:index"
 
 
 def block_key(bid: str) -> str:
@@ -123,11 +132,18 @@ class Store:
 
     # -- clusters and nodes ----------------------------------------------------------------
     async def put_cluster(self, cluster: Cluster) -> None:
-        await self.r.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())
+        # not a transaction (two Redis Cluster slots): the change, then the bump of its index
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())
+        pipe.incr(index_key(cluster.id))  # its labels decide the filter rule
+        await pipe.execute()
 
     async def ensure_cluster(self, cluster: Cluster) -> bool:
         """Register the cluster unless it exists (a node agent may name a new cluster)."""
-        return bool(await self.r.hsetnx(f"{P}:clusters", cluster.id, cluster.model_dump_json()))
+        new = bool(await self.r.hsetnx(f"{P}:clusters", cluster.id, cluster.model_dump_json()))
+        if new:
+            await self.r.incr(index_key(cluster.id))
+        return new
 
     async def clusters(self) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(f"{P}:clusters")
@@ -151,10 +167,14 @@ class Store:
         pipe.hset(key, mapping=fields)
         pipe.sadd(f"{P}:{{c:{node.cluster}}}:nodes", node.id)
         pipe.hset(f"{P}:nodeindex", node.id, node.cluster)
+        pipe.incr(index_key(node.cluster))
         await pipe.execute()
 
     async def set_node_health(self, cid: str, nid: str, healthy: bool) -> None:
-        await self.r.hset(node_key(cid, nid), "healthy", 1 if healthy else 0)
+        pipe = self.r.pipeline(transaction=True)
+        pipe.hset(node_key(cid, nid), "healthy", 1 if healthy else 0)
+        pipe.incr(index_key(cid))
+        await pipe.execute()
 
     async def node_ids(self, cid: str) -> list[str]:
         return sorted(await self.r.smembers(f"{P}:{{c:{cid}}}:nodes"))
@@ -180,11 +200,12 @@ class Store:
         keys: list[str] = []
         for p in placements:
             keys += [node_key(cid, p["node"]), res_key(cid, p["iid"])]
+        keys.append(index_key(cid))
         ok, reason, node = await self._reserve(keys=keys, args=[_dumps(placements)])
         return bool(ok), reason, node
 
     async def release(self, cid: str, nid: str, iid: str) -> bool:
-        return bool(await self._release(keys=[node_key(cid, nid), res_key(cid, iid)]))
+        return bool(await self._release(keys=[node_key(cid, nid), res_key(cid, iid), index_key(cid)]))
 
     async def reservation(self, cid: str, iid: str) -> dict[str, Any] | None:
         h = await self.r.hgetall(res_key(cid, iid))
@@ -198,6 +219,51 @@ class Store:
                 h["iid"] = key.rsplit(":", 1)[1]
                 out.append(h)
         return out
+
+    # -- state index (``blocks submit --dry-run`` / ``--if-index``) -------------------------------
+    async def state_indexes(self, cids: Iterable[str] | None = None) -> dict[str, int]:
+        """Each cluster's state index (default: every registered cluster; 0 = never bumped).
+
+        One counter per cluster (``index_key``), bumped in the same atomic step as the change:
+        a reservation taken (``RESERVE_GANG``) or released (``RELEASE``), a node registered or
+        updated (``put_node``), a node's health flipped, a cluster registered or relabelled.
+        Per cluster, not global: a global counter would put every capacity script in one slot.
+        Where the bump is not in the change's own script or transaction, it comes after the change:
+        a reader whose two readings around a snapshot agree may hold a newer state than the index
+        says (a false "changed" later), never an older one."""
+        cids = sorted(await self.r.hkeys(f"{P}:clusters")) if cids is None else list(cids)
+        if not cids:
+            return {}
+        pipe = self.r.pipeline(transaction=False)
+        for cid in cids:
+            pipe.get(index_key(cid))
+        return {cid: int(v or 0) for cid, v in zip(cids, await pipe.execute(), strict=True)}
+
+    async def state_index(self) -> int:
+        """The state index: the sum of every cluster's index. Each change bumps exactly one
+        cluster's counter by one and counters never go down (``restart_indexes``), so the sum
+        rises with every change anywhere and two equal readings mean nothing placement depends
+        on changed in between. (A maximum would miss a change in any cluster but the top one.)"""
+        return sum((await self.state_indexes()).values())
+
+    async def scan_indexes(self) -> dict[str, int]:
+        """Every cluster index key present, registered cluster or not (``blocks recover``)."""
+        out = {}
+        async for key in self.r.scan_iter(match=f"{P}:meta:{{c:*}}:index", count=1000):
+            raw = await self.r.get(key)
+            if raw is not None:
+                out[key[len(f"{P}:meta:{{c:") : -len("}:index")]] = int(raw)
+        return out
+
+    async def restart_indexes(self, cids: Iterable[str], before: dict[str, int], floor: int) -> None:
+        """After ``blocks recover`` rewrote the state: every cluster's index restarts above both its
+        value before (``before``, read from Redis first) and ``floor`` (the stream's last sequence,
+        for a Redis that lost its counters), so an index read before the recover is not matched
+        again by chance."""
+        pipe = self.r.pipeline(transaction=False)
+        for cid in cids:
+            pipe.set(index_key(cid), max(before.get(cid, 0), floor) + 1)
+        await pipe.execute()
 
     # -- blocks ----------------------------------------------------------------------------
     async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
@@ -302,7 +368,7 @@ class Store:
 
     async def set_node_health_cas(self, cid: str, nid: str, healthy: bool) -> bool:
         """Flip the node's health; True only for the caller that changed it (one reporter)."""
-        return bool(await self._health_cas(keys=[node_key(cid, nid)], args=["1" if healthy else "0"]))
+        return bool(await self._health_cas(keys=[node_key(cid, nid), index_key(cid)], args=["1" if healthy else "0"]))
 
     async def nodes_healthy(self, nodes: list[tuple[str, str]]) -> list[bool | None]:
         """Health flag of each (cluster, node); None for a node that is not registered."""

@@ -20,14 +20,13 @@ from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
-from ..policies import affinity
 from ..policies.runtime import PolicyRuntime, TrackingDict
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint
 from ..schemas.lifecycle import Step
 from ..settings import Settings
 from ..settings import load as load_settings
-from ..state.inventory import Inventory
+from ..state.inventory import Inventory, affinity_index
 from ..state.store import Store
 
 log = structlog.get_logger("aios.worker")
@@ -136,10 +135,7 @@ class Worker:
 
     async def affinity_index(self, ir: dict[str, Any]) -> dict[str, Any]:
         """Where the instances/blocks named by the block's affinity targets run now."""
-        svcs, leases = affinity.referenced(ir.get("affinity") or [])
-        if not svcs and not leases:
-            return affinity.empty_index()
-        return await self.store.index_read(svcs, leases)
+        return await affinity_index(self.store, ir)
 
     async def hint(self, cid: str, nodes: list[str] | None) -> None:
         """Tell every worker (this one included) that these nodes changed; ``None``: the whole

@@ -11,7 +11,6 @@ from ..bus.catalog import E
 from ..bus.router import Inbound, Router
 from ..bus.runner import Poison
 from ..handlers import parse
-from ..policies.runtime import registry_name
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
 from ..schemas.spec import ID_RE
@@ -35,7 +34,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
             component = await w.store.get_component(uri) if uri else None
-            versions = await _pinned_versions(w, outcome.doc, component)
+            versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
             outcome = parse.build(outcome.doc, component, bid, versions)
         if outcome.ir is not None:
             ok, what = await w.store.create_block(
@@ -52,26 +51,6 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
 
     return [router.binding()]
-
-
-async def _pinned_versions(w: Worker, doc: dict[str, Any], component: dict[str, Any] | None) -> dict[str, int]:
-    """Current registry version of every registry policy the block names (pinned into its IR)."""
-    rules: dict[str, str] = {}
-    for p in (component or {}).get("policies", []):
-        if isinstance(p, dict) and isinstance(p.get("policyRuleURI"), str):
-            rules[p.get("name", "")] = p["policyRuleURI"]
-    for e in doc.get("policyRulesSpec") or []:
-        v = e.get("values", e) if isinstance(e, dict) else None
-        if isinstance(v, dict) and isinstance(v.get("policyRuleURI"), str):
-            rules[v.get("name", "")] = v["policyRuleURI"]
-    out = {}
-    for name, uri in rules.items():
-        reg = registry_name(uri)
-        if reg and reg[1] is None:
-            rec = await w.store.policy_get(reg[0])
-            if rec:
-                out[name] = int(rec["version"])
-    return out
 
 
 def _summary(errors: list[SpecError]) -> str:
