@@ -142,8 +142,8 @@ class Generator:
 
 async def _measure(quick: bool) -> list[common.Row]:
     from aios_blocks.cli.client import Client
-    from aios_blocks.handlers import image as im
-    from aios_blocks.state.rebuild import drop_project_keys, read_image, recover
+    from aios_blocks.recovery import image as im
+    from aios_blocks.recovery.rebuild import drop_project_keys, read_image, recover
     from aios_blocks.workers import embedded
 
     rows: list[common.Row] = []

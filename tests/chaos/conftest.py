@@ -1,5 +1,5 @@
 """Chaos fixtures: the integration system (real servers, real worker processes) plus helpers that
-end every scenario in the invariant check (``state.invariants``) instead of a sleep."""
+end every scenario in the invariant check (``recovery.invariants``) instead of a sleep."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from aios_blocks.cli.client import Client
-from aios_blocks.state.invariants import Report, check
+from aios_blocks.recovery.invariants import Report, check
 from aios_blocks.workers.embedded import EmbeddedServers
 from aios_blocks.workers.supervisor import Supervisor
 

@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from aios_blocks.state.rebuild import read_stream
+from aios_blocks.recovery.rebuild import read_stream
 
 from ..integration.conftest import System
 from .conftest import explain, settled_check, size, spec, wait_terminal

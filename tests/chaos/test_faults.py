@@ -1,5 +1,5 @@
 """Faults under load: SIGKILLed workers, a NATS restart, a Redis flush + recover. Each scenario
-ends in the invariant check (state.invariants), not a sleep."""
+ends in the invariant check (recovery.invariants), not a sleep."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 import random
 import signal
 
-from aios_blocks.state.rebuild import drop_project_keys, recover
+from aios_blocks.recovery.rebuild import drop_project_keys, recover
 
 from ..integration.conftest import System
 from .conftest import LARGE, explain, publish_create, settled_check, size, spec, wait_terminal

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from aios_blocks.handlers import image as im
-from aios_blocks.state.invariants import check
-from aios_blocks.state.rebuild import RecoverRefused, drop_project_keys, read_image, recover, state_digest
+from aios_blocks.recovery import image as im
+from aios_blocks.recovery.invariants import check
+from aios_blocks.recovery.rebuild import RecoverRefused, drop_project_keys, read_image, recover, state_digest
 
 from ..integration.conftest import System
 from .conftest import explain, settled_check, spec

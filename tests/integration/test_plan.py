@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from aios_blocks.bus import subjects
+from aios_blocks.recovery.rebuild import read_image, recover
 from aios_blocks.schemas.spec import Cluster, Gpu, Node
-from aios_blocks.state.rebuild import read_image, recover
 from aios_blocks.state.store import Store, index_key
 from aios_blocks.workers.embedded import EmbeddedServers
 

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from aios_blocks.handlers.recovery import Fold
+from aios_blocks.recovery.fold import Fold
 from aios_blocks.schemas.lifecycle import LIVE, REUSABLE, TRANSITIONS, BlockStatus, Step, fail_step, into
 
 S = BlockStatus

@@ -1,5 +1,5 @@
-"""The fold (handlers.recovery) without servers: lifecycle events -> the Redis image, idempotent
-under duplicates, and the digest's normalisation (handlers.image)."""
+"""The fold (recovery.fold) without servers: lifecycle events -> the Redis image, idempotent
+under duplicates, and the digest's normalisation (recovery.image)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ from typing import Any
 
 import msgspec
 
-from aios_blocks.handlers import image as im
-from aios_blocks.handlers.recovery import Fold
-from aios_blocks.state.invariants import check_image
+from aios_blocks.recovery import image as im
+from aios_blocks.recovery.fold import Fold
+from aios_blocks.recovery.invariants import check_image
+from aios_blocks.state import keys
 
 IR = {
     "blockId": "b1", "minInstances": 1, "maxInstances": 2,
@@ -53,10 +54,10 @@ def test_lifecycle_to_ready_reserves_exactly_like_the_lua_script() -> None:
     img = placed().image()
     assert img["aios:block:b1"]["status"] == "ready" and img["aios:block:b1"]["cluster"] == "c1"
     assert img["aios:block:b1"]["digest"]  # the create body's digest, as the parser stores it
-    node = img[im.node_key("c1", "n1")]
+    node = img[keys.node_key("c1", "n1")]
     assert node["cpu_used"] == "2" and node["mem_used"] == "100"
     assert (node["g:g1:mem"], node["g:g1:n"], node["g:g1:x"]) == ("500", "1", "1")  # exclusive: whole GPU
-    res = img[im.res_key("c1", "b1-0")]
+    res = img[keys.res_key("c1", "b1-0")]
     assert msgspec.json.decode(res["gpus"]) == {"g1": 500} and res["exclusive"] == "1"
     assert msgspec.json.decode(img["aios:block:b1:inst"]["b1-0"])["status"] == "running"
     assert img["aios:nodeindex"] == {"n1": "c1"} and img["aios:nodeinst:n1"] == {"b1-0": "b1"}
@@ -77,8 +78,8 @@ def test_duplicates_change_nothing_and_delete_releases_everything() -> None:
     ])
     img = f.image()
     assert img["aios:block:b1"]["status"] == "deleted"
-    assert im.res_key("c1", "b1-0") not in img and "aios:block:b1:inst" not in img
-    node = img[im.node_key("c1", "n1")]
+    assert keys.res_key("c1", "b1-0") not in img and "aios:block:b1:inst" not in img
+    node = img[keys.node_key("c1", "n1")]
     assert (node["g:g1:mem"], node["g:g1:n"], node["g:g1:x"], node["cpu_used"]) == ("0", "0", "0", "0")
     assert f.anomalies == []
     assert check_image(img, {"b1"}).ok
@@ -109,7 +110,7 @@ def test_digest_ignores_volatile_fields_and_zero_usage_but_not_state() -> None:
     same = {k: (dict(v) if isinstance(v, dict) else v) for k, v in img.items()}
     same["aios:block:b1"]["updated"] = "123.4"
     same["aios:block:b1"]["version"] = "9"
-    same[im.node_key("c1", "n1")]["g:g2:n"] = "0"  # Redis keeps zeroed counters
+    same[keys.node_key("c1", "n1")]["g:g2:n"] = "0"  # Redis keeps zeroed counters
     same["aios:ctx:b1.resourceAllocator"] = {"k": "v"}
     same["aios:blocks"] = im.ZSet({"b1": 99.0})
     assert im.digest(same) == im.digest(img)

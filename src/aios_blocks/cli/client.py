@@ -26,6 +26,7 @@ from ..handlers import parse
 from ..handlers.controller import instance_id
 from ..handlers.plan import Plan, make_plan
 from ..policies.runtime import PolicyRuntime
+from ..recovery.rebuild import ensure_epoch
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
     ClusterRegistered,
@@ -39,7 +40,6 @@ from ..schemas.events import (
 )
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..state.inventory import Inventory, affinity_index
-from ..state.rebuild import ensure_epoch
 from ..state.store import Store
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
@@ -97,7 +97,7 @@ class Client:
         bus = await Bus.open(nats_url, source="aios-blocks/cli")
         await bus.ensure_topology()
         store = Store.open(redis_url)
-        await ensure_epoch(bus, store)  # a fresh system starts its state epoch (state.rebuild)
+        await ensure_epoch(bus, store)  # a fresh system starts its state epoch (recovery.rebuild)
         return cls(bus, store)
 
     async def close(self) -> None:

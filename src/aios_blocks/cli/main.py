@@ -1254,8 +1254,8 @@ def recover(
 
     Example: `blocks recover` (empty Redis) or `blocks recover --force`
     """
-    from ..state.rebuild import RecoverRefused
-    from ..state.rebuild import recover as rebuild
+    from ..recovery.rebuild import RecoverRefused
+    from ..recovery.rebuild import recover as rebuild
 
     async def go(c: Client) -> int:
         try:
@@ -1290,8 +1290,8 @@ def check(
 
     Example: `blocks check --live`, `blocks check --live --stuck-after 120`
     """
-    from ..state.invariants import DEFAULT_STUCK_AFTER_S
-    from ..state.invariants import check as run_check
+    from ..recovery.invariants import DEFAULT_STUCK_AFTER_S
+    from ..recovery.invariants import check as run_check
 
     limit = stuck_after or DEFAULT_STUCK_AFTER_S
     rep = _run(_with_client(data_dir, lambda c: run_check(c.bus, c.store, settled=settled, stuck_after=limit)))
@@ -1319,8 +1319,8 @@ def state_digest(
 
     Example: `blocks state digest --stream`
     """
-    from ..handlers import image as im
-    from ..state.rebuild import fold_stream, read_image
+    from ..recovery import image as im
+    from ..recovery.rebuild import fold_stream, read_image
 
     async def go(c: Client) -> tuple[str, str]:
         redis_digest = im.digest(await read_image(c.store.r))

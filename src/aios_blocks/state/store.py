@@ -1,28 +1,6 @@
 """The door to Redis: current state of components, clusters, nodes, blocks, instances and gathers.
 
-Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share a slot)::
-
-    aios:component:<uri>              JSON of a registered component
-    aios:clusters                     hash cid -> JSON {id, labels}
-    aios:{c:<cid>}:nodes              set of node ids
-    aios:{c:<cid>}:node:<nid>         hash: spec (JSON), cpu, memory, healthy, cpu_used, mem_used,
-                                      g:<gpu>:total|mem|n|x   (capacity and usage per GPU)
-    aios:{c:<cid>}:res:<iid>          hash: one instance's reservation (node, cpu, mem, gpus)
-    aios:nodeindex                    hash nid -> cid
-    aios:block:<bid>                  hash: status, version, gen, cluster, ir, reason, ...
-    aios:blocks                       sorted set of block ids by creation time
-    aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
-    aios:nodeinst:<nid>               hash iid -> bid: instances recorded on a node (agent reconcile)
-    aios:heartbeats                   sorted set nid -> last heartbeat time (agent-served nodes)
-    aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
-    aios:gather:due                    zset: bid|gen|n of open gathers by deadline (the gateways' timers)
-    aios:aff:svc:<block uuid>         hash iid -> [node, rack] (affinity ServiceId targets)
-    aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)
-    aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
-    aios:policy:<name>                hash: source, version, language, updated (policy registry)
-    aios:meta:epoch                   state epoch: present while Redis holds valid state
-    aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
-                                      placement depends on (see ``Store.state_index``)
+Every key is built by ``state.keys`` (the key layout is documented there).
 """
 
 from __future__ import annotations
@@ -39,9 +17,34 @@ from ..schemas.spec import Cluster, Component, Node
 from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
+from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
+    AFF_LEASE,
+    BLOCKS,
+    CLUSTERS,
+    EPOCH_KEY,
+    GATHER_DUE,
+    HEARTBEATS,
+    NODE_INDEX,
+    POLICIES,
+    P,
+    aff_svc_key,
+    block_key,
+    cluster_nodes_key,
+    component_key,
+    ctx_key,
+    due_member,
+    gather_key,
+    index_cluster,
+    index_key,
+    inst_key,
+    node_inst_key,
+    node_key,
+    policy_key,
+    policy_version_key,
+    res_key,
+    res_pattern,
+)
 
-P = "aios"
-EPOCH_KEY = f"{P}:meta:epoch"
 _json = msgspec.json
 
 
@@ -50,45 +53,6 @@ _json = msgspec.json
 
 def _dumps(v: Any) -> str:
     return _json.encode(v).decode()
-
-
-def node_key(cid: str, nid: str) -> str:
-    return f"{P}:{{c:{cid}}}:node:{nid}"
-
-
-def res_key(cid: str, iid: str) -> str:
-    return f"{P}:{{c:{cid}}}:res:{iid}"
-
-
-def index_key(cid: str) -> str:
-    """The cluster's state index. Under ``aios:meta:`` (volatile: not rebuilt from the stream, left
-    out of the state digest) but with the cluster's hash tag, so the capacity scripts can bump it
-    in the same Redis Cluster slot as the nodes and reservations they change."""
-    return f"{P}:meta:{{c:{cid}}}:index"
-
-
-def block_key(bid: str) -> str:
-    return f"{P}:block:{bid}"
-
-
-def inst_key(bid: str) -> str:
-    return f"{P}:block:{bid}:inst"
-
-
-def node_inst_key(nid: str) -> str:
-    return f"{P}:nodeinst:{nid}"
-
-
-def gather_key(bid: str, gen: int, attempt: int = 0) -> str:
-    return f"{P}:gather:{bid}:{gen}:{attempt}"
-
-
-#: every open gather's deadline timer (zset: ``bid|gen|attempt`` scored by when it is due)
-GATHER_DUE = f"{P}:gather:due"
-
-
-def due_member(bid: str, gen: int, attempt: int) -> str:
-    return f"{bid}|{gen}|{attempt}"
 
 
 class Store:
@@ -118,15 +82,15 @@ class Store:
 
     # -- components ------------------------------------------------------------------------
     async def put_component(self, comp: Component) -> None:
-        await self.r.set(f"{P}:component:{comp.componentURI}", comp.model_dump_json())
+        await self.r.set(component_key(comp.componentURI), comp.model_dump_json())
 
     async def get_component(self, uri: str) -> dict[str, Any] | None:
-        raw = await self.r.get(f"{P}:component:{uri}")
+        raw = await self.r.get(component_key(uri))
         return _json.decode(raw) if raw else None
 
     async def components(self) -> dict[str, dict[str, Any]]:
         """Every registered component by URI (a SCAN: for listing, not for hot paths)."""
-        keys = sorted([k async for k in self.r.scan_iter(match=f"{P}:component:*", count=1000)])
+        keys = sorted([k async for k in self.r.scan_iter(match=component_key("*"), count=1000)])
         values = await self.r.mget(keys) if keys else []
         return {k.split(":", 2)[2]: _json.decode(v) for k, v in zip(keys, values, strict=True) if v}
 
@@ -134,19 +98,19 @@ class Store:
     async def put_cluster(self, cluster: Cluster) -> None:
         # not a transaction (two Redis Cluster slots): the change, then the bump of its index
         pipe = self.r.pipeline(transaction=False)
-        pipe.hset(f"{P}:clusters", cluster.id, cluster.model_dump_json())
+        pipe.hset(CLUSTERS, cluster.id, cluster.model_dump_json())
         pipe.incr(index_key(cluster.id))  # its labels decide the filter rule
         await pipe.execute()
 
     async def ensure_cluster(self, cluster: Cluster) -> bool:
         """Register the cluster unless it exists (a node agent may name a new cluster)."""
-        new = bool(await self.r.hsetnx(f"{P}:clusters", cluster.id, cluster.model_dump_json()))
+        new = bool(await self.r.hsetnx(CLUSTERS, cluster.id, cluster.model_dump_json()))
         if new:
             await self.r.incr(index_key(cluster.id))
         return new
 
     async def clusters(self) -> dict[str, dict[str, Any]]:
-        raw = await self.r.hgetall(f"{P}:clusters")
+        raw = await self.r.hgetall(CLUSTERS)
         return {cid: _json.decode(v) for cid, v in raw.items()}
 
     async def put_node(self, node: Node, agent: str | None = None) -> None:
@@ -165,8 +129,8 @@ class Store:
             fields[f"g:{g.id}:total"] = g.memory
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)
-        pipe.sadd(f"{P}:{{c:{node.cluster}}}:nodes", node.id)
-        pipe.hset(f"{P}:nodeindex", node.id, node.cluster)
+        pipe.sadd(cluster_nodes_key(node.cluster), node.id)
+        pipe.hset(NODE_INDEX, node.id, node.cluster)
         pipe.incr(index_key(node.cluster))
         await pipe.execute()
 
@@ -177,10 +141,10 @@ class Store:
         await pipe.execute()
 
     async def node_ids(self, cid: str) -> list[str]:
-        return sorted(await self.r.smembers(f"{P}:{{c:{cid}}}:nodes"))
+        return sorted(await self.r.smembers(cluster_nodes_key(cid)))
 
     async def node_cluster(self, nid: str) -> str | None:
-        return await self.r.hget(f"{P}:nodeindex", nid)
+        return await self.r.hget(NODE_INDEX, nid)
 
     async def read_nodes(self, cid: str, nids: Iterable[str]) -> dict[str, dict[str, Any]]:
         """Current view of some nodes: capacity, usage and health, shaped for policies."""
@@ -213,7 +177,7 @@ class Store:
 
     async def reservations(self, cid: str) -> list[dict[str, Any]]:
         out = []
-        async for key in self.r.scan_iter(match=f"{P}:{{c:{cid}}}:res:*", count=500):
+        async for key in self.r.scan_iter(match=res_pattern(cid), count=500):
             h = await self.r.hgetall(key)
             if h:
                 h["iid"] = key.rsplit(":", 1)[1]
@@ -231,7 +195,7 @@ class Store:
         Where the bump is not in the change's own script or transaction, it comes after the change:
         a reader whose two readings around a snapshot agree may hold a newer state than the index
         says (a false "changed" later), never an older one."""
-        cids = sorted(await self.r.hkeys(f"{P}:clusters")) if cids is None else list(cids)
+        cids = sorted(await self.r.hkeys(CLUSTERS)) if cids is None else list(cids)
         if not cids:
             return {}
         pipe = self.r.pipeline(transaction=False)
@@ -249,10 +213,10 @@ class Store:
     async def scan_indexes(self) -> dict[str, int]:
         """Every cluster index key present, registered cluster or not (``blocks recover``)."""
         out = {}
-        async for key in self.r.scan_iter(match=f"{P}:meta:{{c:*}}:index", count=1000):
+        async for key in self.r.scan_iter(match=index_key("*"), count=1000):
             raw = await self.r.get(key)
             if raw is not None:
-                out[key[len(f"{P}:meta:{{c:") : -len("}:index")]] = int(raw)
+                out[index_cluster(key)] = int(raw)
         return out
 
     async def restart_indexes(self, cids: Iterable[str], before: dict[str, int], floor: int) -> None:
@@ -271,7 +235,7 @@ class Store:
             keys=[block_key(bid)], args=[str(gen), digest, _dumps(_strs(fields)), ",".join(sorted(REUSABLE))]
         )
         if ok and what == "created":
-            await self.r.zadd(f"{P}:blocks", {bid: time.time()})
+            await self.r.zadd(BLOCKS, {bid: time.time()})
         return bool(ok), what
 
     async def transition(self, bid: str, gen: int | None, step: Step, **fields: Any) -> tuple[bool, str]:
@@ -297,7 +261,7 @@ class Store:
         return h
 
     async def list_blocks(self, limit: int = 1000) -> list[str]:
-        return await self.r.zrevrange(f"{P}:blocks", 0, limit - 1)
+        return await self.r.zrevrange(BLOCKS, 0, limit - 1)
 
     # -- instances -------------------------------------------------------------------------
     async def put_instances(self, bid: str, instances: dict[str, dict[str, Any]]) -> None:
@@ -379,14 +343,14 @@ class Store:
 
     async def heartbeats_record(self, seen: dict[str, float]) -> None:
         if seen:
-            await self.r.zadd(f"{P}:heartbeats", seen)
+            await self.r.zadd(HEARTBEATS, seen)
 
     async def heartbeats_overdue(self, cutoff: float) -> list[str]:
         """Nodes whose last heartbeat is older than ``cutoff`` (only nodes that ever sent one)."""
-        return list(await self.r.zrangebyscore(f"{P}:heartbeats", "-inf", cutoff))
+        return list(await self.r.zrangebyscore(HEARTBEATS, "-inf", cutoff))
 
     async def heartbeats_forget(self, nid: str) -> None:
-        await self.r.zrem(f"{P}:heartbeats", nid)
+        await self.r.zrem(HEARTBEATS, nid)
 
     async def block_bump(self, bid: str, field: str) -> int:
         """Count something about a block (e.g. instance replacements); returns the new count."""
@@ -395,23 +359,23 @@ class Store:
     # -- affinity placement index (who runs where, by 128-bit id) ------------------------------
     async def index_add(self, svc: str, lease: str, iid: str, node: str, rack: str) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.hset(f"{P}:aff:svc:{svc}", iid, _dumps([node, rack]))
-        pipe.hset(f"{P}:aff:lease", lease, node)
+        pipe.hset(aff_svc_key(svc), iid, _dumps([node, rack]))
+        pipe.hset(AFF_LEASE, lease, node)
         await pipe.execute()
 
     async def index_remove(self, svc: str, lease: str, iid: str) -> None:
         pipe = self.r.pipeline(transaction=True)
-        pipe.hdel(f"{P}:aff:svc:{svc}", iid)
-        pipe.hdel(f"{P}:aff:lease", lease)
+        pipe.hdel(aff_svc_key(svc), iid)
+        pipe.hdel(AFF_LEASE, lease)
         await pipe.execute()
 
     async def index_read(self, svcs: list[str], leases: list[str]) -> dict[str, Any]:
         """``{"services": {uuid: [[node, rack], ...]}, "leases": {uuid: node}}`` for these ids."""
         pipe = self.r.pipeline(transaction=False)
         for svc in svcs:
-            pipe.hvals(f"{P}:aff:svc:{svc}")
+            pipe.hvals(aff_svc_key(svc))
         if leases:
-            pipe.hmget(f"{P}:aff:lease", leases)
+            pipe.hmget(AFF_LEASE, leases)
         out = await pipe.execute()
         services = {svc: [_json.decode(v) for v in vals] for svc, vals in zip(svcs, out[: len(svcs)], strict=True)}
         lease_nodes = dict(zip(leases, out[len(svcs)], strict=True)) if leases else {}
@@ -483,11 +447,11 @@ class Store:
 
     # -- policy context (seed 000: an external cache shared by all workers) -----------------
     async def context_load(self, rule_id: str) -> dict[str, Any]:
-        raw = await self.r.hgetall(f"{P}:ctx:{rule_id}")
+        raw = await self.r.hgetall(ctx_key(rule_id))
         return {k: _json.decode(v) for k, v in raw.items()}
 
     async def context_save(self, rule_id: str, changed: dict[str, Any], deleted: Iterable[str]) -> None:
-        key = f"{P}:ctx:{rule_id}"
+        key = ctx_key(rule_id)
         pipe = self.r.pipeline(transaction=True)
         if changed:
             pipe.hset(key, mapping={k: _dumps(v) for k, v in changed.items()})
@@ -499,17 +463,17 @@ class Store:
 
     # -- policy registry -------------------------------------------------------------------
     async def policy_put(self, name: str, source: str, language: str) -> int:
-        key = f"{P}:policy:{name}"
+        key = policy_key(name)
         pipe = self.r.pipeline(transaction=True)
         pipe.hincrby(key, "version", 1)
         pipe.hset(key, mapping={"source": source, "language": language, "updated": time.time()})
-        pipe.sadd(f"{P}:policies", name)
+        pipe.sadd(POLICIES, name)
         version, _, _ = await pipe.execute()
         await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
         return int(version)
 
     async def policy_get(self, name: str, version: int | None = None) -> dict[str, Any] | None:
-        key = f"{P}:policy:{name}"
+        key = policy_key(name)
         h = await self.r.hgetall(key)
         if not h:
             return None
@@ -522,16 +486,16 @@ class Store:
         return h
 
     async def policy_names(self) -> list[str]:
-        return sorted(await self.r.smembers(f"{P}:policies"))
+        return sorted(await self.r.smembers(POLICIES))
 
     # -- recovery support (event-sourced registry, epoch guard) -----------------------------------
     async def policy_store(self, name: str, version: int, source: str, language: str) -> None:
         """Record registry version ``version`` (already published as ``policy.updated``); the
         head moves only forward, so replays and late writers never roll it back."""
-        key = f"{P}:policy:{name}"
+        key = policy_key(name)
         await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
         await self._policy_head(
-            keys=[key, f"{P}:policies"], args=[name, str(version), source, language, str(time.time())]
+            keys=[key, POLICIES], args=[name, str(version), source, language, str(time.time())]
         )
 
     @property

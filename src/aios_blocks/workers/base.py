@@ -53,7 +53,7 @@ class Worker:
         runtime = PolicyRuntime(lookup=store.policy_get, timeout_s=s.policy_timeout_s)
         w = cls(bus, store, Inventory(store), runtime, name, s)
         await bus.ensure_topology()
-        from ..state.rebuild import ensure_epoch
+        from ..recovery.rebuild import ensure_epoch
 
         await ensure_epoch(bus, store)
         await w._watch_hints()
@@ -206,7 +206,7 @@ class EpochProbe:
 
 
 class EpochGuard:
-    """Handlers act only while Redis holds valid state (``state.rebuild``): with the epoch key
+    """Handlers act only while Redis holds valid state (``recovery.rebuild``): with the epoch key
     gone (Redis flushed, or ``blocks recover`` under way) a message is deferred, not handled, so
     nothing is acked on the strength of an empty Redis; a message whose handling overlapped an
     epoch change is redone. A new epoch drops the worker's inventory cache.
@@ -228,7 +228,7 @@ class EpochGuard:
         if epoch is None or time.monotonic() - at > self.fresh_s:
             epoch = await self.probe.after()
         if epoch is None:
-            from ..state.rebuild import ensure_epoch
+            from ..recovery.rebuild import ensure_epoch
 
             epoch = await ensure_epoch(self.worker.bus, self.worker.store)
             if epoch is None:

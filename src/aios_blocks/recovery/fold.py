@@ -1,8 +1,8 @@
 """The fold: the stream's events, in order, -> the Redis state the workers would have left.
 
 Pure (no I/O): ``Fold.apply`` takes one stored message at a time (subject, body, stream sequence,
-timestamp); ``Fold.image()`` renders the state as Redis keys (``handlers.image``), which
-``state.rebuild`` writes and ``handlers.image.digest`` hashes. Each rule mirrors the handler or
+timestamp); ``Fold.image()`` renders the state as Redis keys (``recovery.image``), which
+``recovery.rebuild`` writes and ``recovery.image.digest`` hashes. Each rule mirrors the handler or
 Lua script that wrote Redis when the event was published, including its compare-and-set guards,
 so a stray or duplicate event changes nothing, exactly as it did live:
 
@@ -26,11 +26,13 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
+from ..handlers.gateway import share_of
 from ..policies.affinity import uid
 from ..schemas import lifecycle as lc
 from ..schemas.spec import Node
-from .gateway import share_of
-from .image import Image, ZSet, node_key, res_key
+from ..state import keys as k
+from ..state.keys import node_key, res_key
+from .image import Image, ZSet
 
 _json = msgspec.json
 _enc = msgspec.json.Encoder()
@@ -369,13 +371,13 @@ class Fold:
         """The state as Redis keys -> values (str, dict for hashes, set, or dict of zset scores)."""
         img: Image = {}
         for uri, comp in self.components.items():
-            img[f"aios:component:{uri}"] = comp
+            img[k.component_key(uri)] = comp
         if self.clusters:
-            img["aios:clusters"] = dict(self.clusters)
+            img[k.CLUSTERS] = dict(self.clusters)
         index: dict[str, str] = {}
         for nid, n in self.nodes.items():
             index[nid] = n.cluster
-            img.setdefault(f"aios:{{c:{n.cluster}}}:nodes", set()).add(nid)  # type: ignore[union-attr]
+            img.setdefault(k.cluster_nodes_key(n.cluster), set()).add(nid)  # type: ignore[union-attr]
             h: dict[str, str] = {"spec": n.spec, "cpu": _num(n.cpu), "memory": str(n.memory), "healthy": "1" if n.healthy else "0"}
             if n.agent:
                 h["agent"] = n.agent
@@ -389,34 +391,34 @@ class Fold:
                 h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
             img[node_key(n.cluster, nid)] = h
         if index:
-            img["aios:nodeindex"] = index
+            img[k.NODE_INDEX] = index
         for (cid, iid), r in self.reservations.items():
             img[res_key(cid, iid)] = {
                 "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
                 "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
             }
         for bid, b in self.blocks.items():
-            img[f"aios:block:{bid}"] = dict(b)
+            img[k.block_key(bid)] = dict(b)
         order = ZSet({bid: self.block_order.get(bid, 0.0) for bid in self.blocks})
         if order:
-            img["aios:blocks"] = order
+            img[k.BLOCKS] = order
         for bid, insts in self.instances.items():
             if insts:
-                img[f"aios:block:{bid}:inst"] = {iid: dumps(i) for iid, i in insts.items()}
+                img[k.inst_key(bid)] = {iid: dumps(i) for iid, i in insts.items()}
         for svc, entries in self.aff_svc.items():
             if entries:
-                img[f"aios:aff:svc:{svc}"] = dict(entries)
+                img[k.aff_svc_key(svc)] = dict(entries)
         if self.aff_lease:
-            img["aios:aff:lease"] = dict(self.aff_lease)
+            img[k.AFF_LEASE] = dict(self.aff_lease)
         for nid, on_node in self.node_insts.items():
             if on_node:
-                img[f"aios:nodeinst:{nid}"] = dict(on_node)
+                img[k.node_inst_key(nid)] = dict(on_node)
         for name, head in self.policies.items():
-            img[f"aios:policy:{name}"] = dict(head)
+            img[k.policy_key(name)] = dict(head)
         for (name, version), rec in self.policy_versions.items():
-            img[f"aios:policy:{name}:v{version}"] = dict(rec)
+            img[k.policy_version_key(name, version)] = dict(rec)
         if self.policies:
-            img["aios:policies"] = set(self.policies)
+            img[k.POLICIES] = set(self.policies)
         if include_gathers:
             for (bid, gen, attempt), g in self.gathers.items():
                 if not g["expected"]:

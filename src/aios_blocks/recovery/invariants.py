@@ -7,7 +7,7 @@
 3. no instance id runs twice: each reservation belongs to exactly one live instance record and
    each instance record has its reservation; the stream never shows one instance added on two
    nodes at once;
-4. Redis equals the state rebuilt from the stream: same canonical digest (``handlers.image``);
+4. Redis equals the state rebuilt from the stream: same canonical digest (``recovery.image``);
 5. no block is stuck: a block in flight whose latest event is older than ``stuck_after`` seconds
    is a violation even while the system runs (``--live``): nothing moves it any more (a step
    lost or dropped, a worker kind missing), and no other check would say so.
@@ -22,10 +22,11 @@ from typing import Any
 import msgspec
 
 from ..bus.nats_bus import Bus
-from ..handlers import image as im
 from ..schemas.spec import ID_RE
+from ..state import keys
+from ..state.store import Store
+from . import image as im
 from .rebuild import fold_stream, read_image
-from .store import Store
 
 TERMINAL = ("ready", "failed", "rejected", "deleted")
 IN_FLIGHT = ("parsed", "selecting", "allocating", "placing", "deleting")
@@ -102,7 +103,7 @@ def check_image(
         if iid in owners:
             rep.violations.append(f"instance {iid}: reserved in two clusters ({owners[iid]}, {cid})")
         owners[iid] = cid
-        nk = im.node_key(cid, r.get("node", ""))
+        nk = keys.node_key(cid, r.get("node", ""))
         w = want.setdefault(nk, {})
         w["cpu_used"] = w.get("cpu_used", 0.0) + _num(r.get("cpu"))
         w["mem_used"] = w.get("mem_used", 0.0) + _num(r.get("mem"))
@@ -145,7 +146,7 @@ def check_image(
             if iid in seen:
                 rep.violations.append(f"instance {iid}: recorded under blocks {seen[iid]} and {bid}")
             seen[iid] = bid
-            r = res.get(im.res_key(inst.get("cluster", ""), iid))
+            r = res.get(keys.res_key(inst.get("cluster", ""), iid))
             if r is None:
                 rep.violations.append(f"instance {iid} of {bid}: no reservation in {inst.get('cluster')}")
             elif r.get("node") != inst.get("node"):

@@ -1,8 +1,8 @@
 """A Redis state as plain values, and its canonical digest.
 
 An *image* maps each ``aios:*`` key to its value: ``str`` (string), ``dict`` (hash), ``set`` (set)
-or :class:`ZSet` (sorted set, member -> score). The fold (``handlers.recovery``) renders one from
-the stream; ``state.rebuild`` reads one from Redis and writes one back. Two images describe the
+or :class:`ZSet` (sorted set, member -> score). The fold (``recovery.fold``) renders one from
+the stream; ``recovery.rebuild`` reads one from Redis and writes one back. Two images describe the
 same state when their :func:`digest` is equal.
 
 What the digest leaves out, and why:
@@ -48,14 +48,6 @@ REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
     "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:",
 )
-
-
-def node_key(cid: str, nid: str) -> str:
-    return f"aios:{{c:{cid}}}:node:{nid}"
-
-
-def res_key(cid: str, iid: str) -> str:
-    return f"aios:{{c:{cid}}}:res:{iid}"
 
 
 def classify(key: str) -> str:

@@ -5,7 +5,7 @@ Procedure (docs/reliability.md):
 
 1. the epoch key goes away (Redis was flushed, or ``recover --force`` deletes it first): every
    worker's handlers stop acting (their messages are redelivered later, nothing is acked);
-2. the whole stream is read with an ordered push consumer and folded (``handlers.recovery``);
+2. the whole stream is read with an ordered push consumer and folded (``recovery.fold``);
 3. the image is written; the epoch is set to a new value: workers resume, drop their inventory
    caches, and redo any message whose handling overlapped the change.
 """
@@ -26,10 +26,10 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
-from ..handlers import image as im
-from ..handlers.recovery import Fold
 from ..schemas.events import InventoryHint
-from .store import EPOCH_KEY, GATHER_DUE, Store, due_member
+from ..state.store import EPOCH_KEY, GATHER_DUE, Store, due_member
+from . import image as im
+from .fold import Fold
 
 WRITE_BATCH = 2000
 

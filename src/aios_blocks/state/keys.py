@@ -1,0 +1,109 @@
+"""The one Redis key grammar: every key the system writes, built here and nowhere else (the store,
+the recovery fold's image, the invariants and the CLI all use these).
+
+Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share a slot)::
+
+    aios:component:<uri>              JSON of a registered component
+    aios:clusters                     hash cid -> JSON {id, labels}
+    aios:{c:<cid>}:nodes              set of node ids
+    aios:{c:<cid>}:node:<nid>         hash: spec (JSON), cpu, memory, healthy, cpu_used, mem_used,
+                                      g:<gpu>:total|mem|n|x   (capacity and usage per GPU)
+    aios:{c:<cid>}:res:<iid>          hash: one instance's reservation (node, cpu, mem, gpus)
+    aios:nodeindex                    hash nid -> cid
+    aios:block:<bid>                  hash: status, version, gen, cluster, ir, reason, ...
+    aios:blocks                       sorted set of block ids by creation time
+    aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
+    aios:nodeinst:<nid>               hash iid -> bid: instances recorded on a node (agent reconcile)
+    aios:heartbeats                   sorted set nid -> last heartbeat time (agent-served nodes)
+    aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
+    aios:gather:due                    zset: bid|gen|n of open gathers by deadline (the gateways' timers)
+    aios:aff:svc:<block uuid>         hash iid -> [node, rack] (affinity ServiceId targets)
+    aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)
+    aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
+    aios:policy:<name>                hash: source, version, language, updated (policy registry)
+    aios:meta:epoch                   state epoch: present while Redis holds valid state
+    aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
+                                      placement depends on (see ``Store.state_index``)
+"""
+
+from __future__ import annotations
+
+P = "aios"
+
+EPOCH_KEY = f"{P}:meta:epoch"
+CLUSTERS = f"{P}:clusters"
+NODE_INDEX = f"{P}:nodeindex"
+BLOCKS = f"{P}:blocks"
+HEARTBEATS = f"{P}:heartbeats"
+AFF_LEASE = f"{P}:aff:lease"
+POLICIES = f"{P}:policies"
+#: every open gather's deadline timer (zset: ``bid|gen|attempt`` scored by when it is due)
+GATHER_DUE = f"{P}:gather:due"
+
+
+def component_key(uri: str) -> str:
+    return f"{P}:component:{uri}"
+
+
+def cluster_nodes_key(cid: str) -> str:
+    return f"{P}:{{c:{cid}}}:nodes"
+
+
+def node_key(cid: str, nid: str) -> str:
+    return f"{P}:{{c:{cid}}}:node:{nid}"
+
+
+def res_key(cid: str, iid: str) -> str:
+    return f"{P}:{{c:{cid}}}:res:{iid}"
+
+
+def res_pattern(cid: str) -> str:
+    return f"{P}:{{c:{cid}}}:res:*"
+
+
+def index_key(cid: str) -> str:
+    """The cluster's state index. Under ``aios:meta:`` (volatile: not rebuilt from the stream, left
+    out of the state digest) but with the cluster's hash tag, so the capacity scripts can bump it
+    in the same Redis Cluster slot as the nodes and reservations they change."""
+    return f"{P}:meta:{{c:{cid}}}:index"
+
+
+def index_cluster(key: str) -> str:
+    """The cluster id of an ``index_key``."""
+    return key.removeprefix(f"{P}:meta:{{c:").removesuffix("}:index")
+
+
+def block_key(bid: str) -> str:
+    return f"{P}:block:{bid}"
+
+
+def inst_key(bid: str) -> str:
+    return f"{P}:block:{bid}:inst"
+
+
+def node_inst_key(nid: str) -> str:
+    return f"{P}:nodeinst:{nid}"
+
+
+def gather_key(bid: str, gen: int, attempt: int = 0) -> str:
+    return f"{P}:gather:{bid}:{gen}:{attempt}"
+
+
+def due_member(bid: str, gen: int, attempt: int) -> str:
+    return f"{bid}|{gen}|{attempt}"
+
+
+def aff_svc_key(svc: str) -> str:
+    return f"{P}:aff:svc:{svc}"
+
+
+def ctx_key(rule_id: str) -> str:
+    return f"{P}:ctx:{rule_id}"
+
+
+def policy_key(name: str) -> str:
+    return f"{P}:policy:{name}"
+
+
+def policy_version_key(name: str, version: int | str) -> str:
+    return f"{P}:policy:{name}:v{version}"
