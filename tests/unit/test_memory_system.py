@@ -4,6 +4,8 @@ in-memory bus and fakeredis. Milliseconds per block; the integration tests keep 
 from __future__ import annotations
 
 from aios_blocks.bus.catalog import E
+from aios_blocks.schemas.events import InventoryHint
+from aios_blocks.schemas.spec import Node
 from aios_blocks.settings import Settings
 from aios_blocks.testing import MemorySystem
 
@@ -55,6 +57,17 @@ async def test_a_gang_that_fits_nowhere_fails_with_the_reason_and_holds_nothing(
         block = await s.store.get_block(bid)
         assert block["status"] == "failed" and block["reason"], block
         assert await s.store.reservations("c1") == []
+        # the dry_run says why, per node: explain shows capacity reasons, not only affinity ones
+        results = s.bus.events(E.block_dry_run_result, bid=bid)
+        assert results and all(r["shortfall"] == 2 for r in results)
+        assert results[0]["rejected_nodes"] == {}  # its one node can take one instance: no node is rejected
+        await s.add_sim_cluster("c2", nodes=2, gpus=1)
+        await s.store.put_node(Node(id="c2-n1", cluster="c2", cpu=64, memory=512))  # too little memory, no GPU
+        await s.bus.emit(E.inventory_hint, InventoryHint("c2"))
+        bid2 = await s.submit({**SPEC, "minInstances": 3, "maxInstances": 3})
+        await s.run(wait_deferred=1.0)
+        reasons = {r["cluster_id"]: r["rejected_nodes"] for r in s.bus.events(E.block_dry_run_result, bid=bid2)}
+        assert reasons.get("c2") == {"c2-n1": "capacity: memory 512 MiB free < 1024"}, reasons
 
 
 async def test_a_redelivered_message_has_the_effect_of_one() -> None:

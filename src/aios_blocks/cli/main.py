@@ -960,7 +960,7 @@ def _render_explain(x: dict[str, Any]) -> None:
             notes = d["error"]
             rejected = d["rejected_nodes"]
             if rejected:
-                notes += (" " if notes else "") + f"{len(rejected)} node(s) rejected by affinity, e.g. " + "; ".join(
+                notes += (" " if notes else "") + f"{len(rejected)} node(s) rejected (affinity, capacity), e.g. " + "; ".join(
                     f"{n}: {w}" for n, w in list(rejected.items())[:3]
                 )
             t.add_row(cid, outcome, f"{d['score']:g}", f"{d['node']} {','.join(d['gpus'])}".strip(), notes)

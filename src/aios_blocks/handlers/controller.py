@@ -112,7 +112,23 @@ async def dry_run(
     placeable = ssd.get("placeable")
     placeable = placeable if isinstance(placeable, int) else -1
     shortfall = max(0, int(ir.get("minInstances") or 0) - placeable) if placeable >= 0 else 0
-    return DryRunOutcome(float(ssd["score"]), ssd.get("node_info") or {}, "", rejected, scores, placeable, shortfall)
+    score = float(ssd["score"])
+    if shortfall or placeable == 0 or score <= 0:  # the cluster cannot (fully) take it: say why, per node
+        capacity_reasons(data["cluster_metrics"]["nodes"], ir["resources"], share_of(ir), rejected)
+    return DryRunOutcome(score, ssd.get("node_info") or {}, "", rejected, scores, placeable, shortfall)
+
+
+def capacity_reasons(
+    nodes: dict[str, dict[str, Any]], needs: capacity.Needs, share: bool, into: dict[str, str]
+) -> dict[str, str]:
+    """Why each node that cannot take one instance cannot (``capacity: ...``), for explain; nodes
+    already rejected (by affinity) keep that reason. At most ``EXPLAIN_LIMIT`` in all."""
+    for nid in sorted(nodes):
+        if len(into) >= EXPLAIN_LIMIT:
+            break
+        if nid not in into and capacity.node_fits(nodes[nid], needs, share) is None:
+            into[nid] = "capacity: " + capacity.why_not(nodes[nid], needs, share)
+    return into
 
 
 def instance_id(bid: str, key: str | int) -> str:
