@@ -22,6 +22,7 @@ up: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q -ra
 
 unit: $(STAMP)
@@ -32,6 +33,7 @@ integration: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 # the reliability harness at the issue's sizes (1,000 blocks under SIGKILL, 10,000 bad messages);
 # `make test` runs the same scenarios at CI size

@@ -174,7 +174,7 @@ class E:
     """Every event, by name. ``E.block_ready.subject(bid="b1")``, ``bus.emit(E.block_ready, status)``."""
 
     # -- a block's story: aios.block.{bid}.* ------------------------------------------------------
-    block_create = Event(
+    block_create: Event[Any] = Event(
         "block.create", f"{_B}.create", None, (U, A), "block spec submitted (bare spec or CloudEvent)",
         body=Body.RAW, extra_filters=(f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"),
     )
@@ -264,7 +264,7 @@ class E:
         "node.heartbeat", f"{_N}.heartbeat", ev.Heartbeat, (AG,), "core NATS, not stored: free resources and load",
         stored=False, body=Body.CORE,
     )
-    node_expected = Event(
+    node_expected: Event[Any] = Event(
         "node.expected", f"{_N}.expected", None, (AG,),
         "core NATS request/reply, not stored: instances the node should run (the controller replies)",
         stored=False, body=Body.CORE, responders=(C,),
@@ -297,7 +297,7 @@ class E:
         "step event's decisions",
         id_rule="{block_id}:decision:{kind}:{action}:{input_digest}",
     )
-    policy_input = Event(
+    policy_input: Event[Any] = Event(
         "input", f"{ROOT}.input.{{digest}}", None, (G, C), "a large policy input, stored once by digest",
         body=Body.RAW, id_rule="input:{digest}",
     )

@@ -39,6 +39,11 @@ HANDLED = Counter("aios_messages_total", "Messages handled", ["consumer", "outco
 LATENCY = Histogram("aios_handler_seconds", "Handler latency", ["consumer"])
 
 
+def _done(inflight: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+    inflight.discard(task)
+    slots.release()
+
+
 class Defer(Exception):
     """Redeliver this message after ``delay`` seconds (not counted as a failure)."""
 
@@ -103,7 +108,7 @@ class ConsumerRunner:
                 await slots.acquire()
                 task = asyncio.create_task(self._one(msg))
                 inflight.add(task)
-                task.add_done_callback(lambda t: (inflight.discard(t), slots.release()))
+                task.add_done_callback(lambda t: _done(inflight, slots, t))
         if inflight:
             await asyncio.wait(inflight, timeout=10)
         with contextlib.suppress(Exception):

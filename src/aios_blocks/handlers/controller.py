@@ -85,7 +85,8 @@ EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts c
 
 
 def affinity_explain(nodes: dict[str, dict[str, Any]]) -> tuple[dict[str, str], dict[str, float]]:
-    rejected, scores = {}, {}
+    rejected: dict[str, str] = {}
+    scores: dict[str, float] = {}
     for nid in sorted(nodes):
         aff = nodes[nid].get("affinity")
         if aff is None:

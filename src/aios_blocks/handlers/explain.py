@@ -33,7 +33,8 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
 
     for subject, env in events:
         kind = _kind(subject)
-        data = env.get("data") if isinstance(env.get("data"), dict) else {}
+        raw = env.get("data")
+        data: dict[str, Any] = raw if isinstance(raw, dict) else {}
         out["block_id"] = out["block_id"] or subject.split(".")[2]
         n = int(data.get("attempt", 0) or 0)
         if kind == "create":

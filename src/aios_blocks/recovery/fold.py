@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import msgspec
 from pydantic import ValidationError
@@ -63,6 +63,11 @@ class NodeState:
 
 @dataclass
 class Fold:
+    #: the event rules, by the subject's tail (set below the class: they name its methods)
+    rules: ClassVar[dict[str, Callable[[Fold, str, dict[str, Any], int, float], None]]]
+    instance_rules: ClassVar[dict[str, Callable[[Fold, str, dict[str, Any], int, float], None]]]
+    node_rules: ClassVar[dict[str, Callable[[Fold, str, dict[str, Any], int, float], None]]]
+
     components: dict[str, str] = field(default_factory=dict)
     clusters: dict[str, str] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
@@ -182,7 +187,7 @@ class Fold:
             return
         self._step(bid, gen, lc.Step.SELECT)
         if d.get("candidates"):
-            g = self._gather(bid, int(gen), attempt)
+            g = self._gather(bid, int(gen or 0), attempt)
             g["expected"] = g["expected"] or list(d["candidates"])
             g["deadline"] = g["deadline"] or float(d.get("deadline") or 0)
 
@@ -377,7 +382,7 @@ class Fold:
         index: dict[str, str] = {}
         for nid, n in self.nodes.items():
             index[nid] = n.cluster
-            img.setdefault(k.cluster_nodes_key(n.cluster), set()).add(nid)  # type: ignore[union-attr]
+            img.setdefault(k.cluster_nodes_key(n.cluster), set()).add(nid)
             h: dict[str, str] = {"spec": n.spec, "cpu": _num(n.cpu), "memory": str(n.memory), "healthy": "1" if n.healthy else "0"}
             if n.agent:
                 h["agent"] = n.agent
@@ -420,14 +425,14 @@ class Fold:
         if self.policies:
             img[k.POLICIES] = set(self.policies)
         if include_gathers:
-            for (bid, gen, attempt), g in self.gathers.items():
-                if not g["expected"]:
+            for (bid, gen, attempt), gather in self.gathers.items():
+                if not gather["expected"]:
                     continue
-                gh = {"expected": dumps(g["expected"]), "deadline": _num(g["deadline"])}
-                gh.update({f"r:{c}": dumps(r) for c, r in g["results"].items()})
-                if g["decided"]:
-                    gh["decided"] = g["decided"]
-                img[f"aios:gather:{bid}:{gen}:{attempt}"] = gh
+                gh: dict[str, str] = {"expected": dumps(gather["expected"]), "deadline": _num(gather["deadline"])}
+                gh.update({f"r:{c}": dumps(r) for c, r in gather["results"].items()})
+                if gather["decided"]:
+                    gh["decided"] = gather["decided"]
+                img[k.gather_key(bid, gen, attempt)] = gh
         return img
 
     def open_gathers(self) -> list[tuple[str, int, int]]:
@@ -442,7 +447,7 @@ class Fold:
 
 Rule = Callable[[Fold, str, dict[str, Any], int, float], None]
 
-Fold.rules: dict[str, Rule] = {  # type: ignore[misc]
+Fold.rules = {
     "parsed": Fold.on_parsed,
     "rejected": Fold.on_rejected,
     "selection": Fold.on_selection,
@@ -456,12 +461,12 @@ Fold.rules: dict[str, Rule] = {  # type: ignore[misc]
     "deleted": Fold.on_deleted,
 }
 #: ``aios.block.{bid}.instance.{iid}.<tail>``
-Fold.instance_rules: dict[str, Rule] = {  # type: ignore[misc]
+Fold.instance_rules = {
     "added": Fold.on_added,
     "removed": Fold.on_removed,
 }
 #: ``aios.node.{nid}.<tail>``
-Fold.node_rules: dict[str, Rule] = {  # type: ignore[misc]
+Fold.node_rules = {
     "registered": Fold.on_node_registered,
     "health": Fold.on_node_health,
     "instance.remove": Fold.on_remove_command,

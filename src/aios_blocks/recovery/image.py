@@ -35,7 +35,7 @@ import msgspec
 _json = msgspec.json
 
 
-class ZSet(dict):  # type: ignore[type-arg]
+class ZSet(dict[str, float]):
     """A sorted set in an image: member -> score."""
 
 

@@ -84,7 +84,7 @@ async def read_stream(
     )
     try:
         ci = await sub.consumer_info()
-        if ci.num_pending == 0 and ci.delivered.stream_seq == 0 and count == 0:
+        if ci.num_pending == 0 and (ci.delivered is None or ci.delivered.stream_seq == 0) and count == 0:
             return 0
         while not done.is_set():
             with contextlib.suppress(TimeoutError):

@@ -57,7 +57,9 @@ def _dumps(v: Any) -> str:
 
 class Store:
     def __init__(self, r: aioredis.Redis):
-        self.r = r
+        #: always made with ``decode_responses=True``: redis-py's types cannot say so (they give
+        #: ``bytes | str`` for every reply), so the store's own signatures carry the real types
+        self.r: Any = r
         self._reserve = r.register_script(scripts.RESERVE_GANG)
         self._release = r.register_script(scripts.RELEASE)
         self._transition = r.register_script(scripts.TRANSITION)
