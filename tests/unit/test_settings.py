@@ -60,3 +60,20 @@ def test_library_modules_do_not_read_the_environment() -> None:
         if "os.environ" in p.read_text() and not ({p.name, *p.relative_to(src).parts} & allowed)
     ]
     assert offenders == []
+
+
+def test_the_parser_pins_the_placement_defaults_into_the_rules() -> None:
+    from aios_blocks.handlers import parse
+
+    comp = {
+        "componentURI": "aios://m", "resources": {"gpus": 1},
+        "policies": [
+            {"name": "clusterAllocator", "policyRuleURI": "builtin:cluster-rank"},
+            {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack", "settings": {"sampleNodes": 7}},
+        ],
+    }
+    out = parse.build({"blockComponentURI": "aios://m", "minInstances": 1, "maxInstances": 1}, comp, "b1",
+                      settings=st.Settings(sample_nodes=50, max_candidates=2))
+    assert out.ir is not None, out.errors
+    assert out.ir["policies"]["clusterAllocator"]["parameters"]["maxCandidates"] == 2
+    assert out.ir["policies"]["resourceAllocator"]["settings"]["sampleNodes"] == 7  # the spec's value is kept

@@ -10,6 +10,8 @@ from typing import Any
 from ..policies.runtime import registry_name
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.ir import block_create_IR, decode_spec
+from ..settings import Settings
+from ..settings import load as load_settings
 
 #: (registry name, version or None for the latest) -> its record (``Store.policy_get``)
 PolicyLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
@@ -61,9 +63,12 @@ def build(
     component: dict[str, Any] | None,
     block_id: str,
     policy_versions: dict[str, int] | None = None,
+    settings: Settings | None = None,
 ) -> ParseOutcome:
     """Second half: validate and enrich. ``policy_versions`` (policy name -> registry version) pins
-    the versions of registry policies the block will be placed with."""
+    the versions of registry policies the block will be placed with; ``pin_defaults`` writes the
+    process defaults the built-in rules would use into the rules, so a recorded decision does not
+    depend on the environment of the worker that re-runs it."""
     try:
         ir = block_create_IR(doc, component, block_id)
     except SpecInvalid as exc:
@@ -71,7 +76,22 @@ def build(
     for name, version in (policy_versions or {}).items():
         if name in ir["policies"]:
             ir["policies"][name] = {**ir["policies"][name], "version": version}
+    pin_defaults(ir, settings or load_settings())
     return ParseOutcome(ir=ir, doc=doc)
+
+
+def pin_defaults(ir: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """Rule settings the placement reads, filled from the settings where the spec left them out:
+    the resourceAllocator's ``settings.sampleNodes`` (node sampling) and ``builtin:cluster-rank``'s
+    ``parameters.maxCandidates``. Values the spec gives are kept."""
+    policies = ir.get("policies") or {}
+    ra = policies.get("resourceAllocator")
+    if isinstance(ra, dict):
+        ra["settings"] = {"sampleNodes": settings.sample_nodes, **(ra.get("settings") or {})}
+    ca = policies.get("clusterAllocator")
+    if isinstance(ca, dict) and ca.get("policyRuleURI") == "builtin:cluster-rank":
+        ca["parameters"] = {"maxCandidates": settings.max_candidates, **(ca.get("parameters") or {})}
+    return ir
 
 
 def digest(raw: bytes) -> str:

@@ -35,7 +35,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             uri = parse.component_uri(outcome.doc)
             component = await w.store.get_component(uri) if uri else None
             versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
-            outcome = parse.build(outcome.doc, component, bid, versions)
+            outcome = parse.build(outcome.doc, component, bid, versions, w.settings)
         if outcome.ir is not None:
             ok, what = await w.store.create_block(
                 bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
