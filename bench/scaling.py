@@ -60,7 +60,7 @@ def make_nodes(n: int, gpus: int = 8) -> dict[str, dict[str, Any]]:
             if (i + g) % 3 == 0:
                 hsh[f"g:{nid}-g{g}:n"], hsh[f"g:{nid}-g{g}:mem"], hsh[f"g:{nid}-g{g}:x"] = "1", "81920", "1"
         out[nid] = node_view(hsh)
-    return out
+    return capacity.Nodes(out)  # as the workers' inventory holds them: views that log their changes
 
 
 def make_ir(bid: str, sample_nodes: int | None) -> dict[str, Any]:

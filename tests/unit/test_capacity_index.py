@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import pytest
+
 from aios_blocks.policies import capacity
 
 
@@ -23,19 +25,42 @@ def brute(nodes: dict[str, dict[str, Any]], needs: dict[str, Any], share: bool) 
     return sum(1 for v in nodes.values() if capacity.node_fits(v, needs, share) is not None)
 
 
-def test_the_incremental_count_equals_a_full_scan_under_changes() -> None:
+@pytest.mark.parametrize("kind", [dict, capacity.Nodes])
+def test_the_incremental_count_and_totals_equal_a_full_scan_under_changes(kind: type) -> None:
+    """Plain dicts are caught up by an identity scan; ``Nodes`` (the inventory's) by its change log,
+    compactions included."""
     rng = random.Random(7)
-    nodes = {f"n{i}": node(rng, i) for i in range(60)}
+    nodes = kind({f"n{i}": node(rng, i) for i in range(60)})
     shapes = [({"gpus": 1, "cpu": 1, "memory": 1024}, False), ({"gpus": 2, "gpuMemory": 40}, True), ({"cpu": 4}, False)]
-    for step in range(300):
-        for needs, share in shapes:
-            assert capacity.fitting(nodes, needs, share) == brute(nodes, needs, share), step
+    for step in range(3000):
+        if step % 7 == 0:
+            for needs, share in shapes:
+                assert capacity.fitting(nodes, needs, share) == brute(nodes, needs, share), step
+            assert capacity.totals(nodes) == brute_totals(nodes), step
         i = rng.randrange(80)
         op = rng.random()
         if op < 0.7:
             nodes[f"n{i}"] = node(rng, i)  # a refreshed view (replaced, never edited)
+        elif op < 0.85:
+            nodes.pop(f"n{i}", None)
         elif f"n{i}" in nodes:
             del nodes[f"n{i}"]
+    if kind is capacity.Nodes:
+        assert nodes.version > 2000 and nodes.changed_since(0) is None  # compacted along the way
+
+
+def test_a_fork_shares_the_totals_and_keeps_them_right_as_it_changes() -> None:
+    rng = random.Random(11)
+    nodes = capacity.Nodes({f"n{i}": node(rng, i) for i in range(40)})
+    capacity.totals(nodes)
+    work = capacity.fork(nodes)
+    for i in range(10):
+        work[f"n{i}"] = node(rng, i)
+    assert capacity.totals(work) == brute_totals(work) and capacity.totals(nodes) == brute_totals(nodes)
+
+
+def brute_totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    return capacity.totals(dict(nodes))  # a fresh plain dict: a full scan
 
 
 def test_the_filter_judges_capacity_without_a_node_scan_and_with_the_same_answer() -> None:

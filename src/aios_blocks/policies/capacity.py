@@ -67,6 +67,71 @@ def copy_nodes(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {nid: copy_node(n) for nid, n in nodes.items()}
 
 
+# -- node views that say what changed -------------------------------------------------------------
+class Nodes(dict[str, dict[str, Any]]):
+    """A cluster's node views (node id -> view) that logs which ids were set or removed, so the
+    memos below catch up in O(changes) instead of scanning every node for replaced views. Views are
+    replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
+    grows past the dict's size; a memo older than the compaction rescans once."""
+
+    __slots__ = ("_base", "_log")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._base = 0
+        self._log: list[str] = []
+
+    @property
+    def version(self) -> int:
+        return self._base + len(self._log)
+
+    def _touch(self, nid: str) -> None:
+        self._log.append(nid)
+        if len(self._log) > max(1024, 2 * len(self)):
+            self._base += len(self._log)
+            self._log = []
+
+    def changed_since(self, version: int) -> list[str] | None:
+        """Ids set or removed since ``version`` (``None``: too old, rescan)."""
+        if version < self._base:
+            return None
+        return self._log[version - self._base:]
+
+    def __setitem__(self, nid: str, view: dict[str, Any]) -> None:
+        super().__setitem__(nid, view)
+        self._touch(nid)
+
+    def __delitem__(self, nid: str) -> None:
+        super().__delitem__(nid)
+        self._touch(nid)
+
+    def pop(self, nid: str, *default: Any) -> Any:  # type: ignore[override]
+        had = nid in self
+        out = super().pop(nid, *default)
+        if had:
+            self._touch(nid)
+        return out
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for nid, view in dict(*args, **kwargs).items():
+            self[nid] = view
+
+    def setdefault(self, nid: str, view: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
+        if nid not in self:
+            self[nid] = view
+        return self[nid]
+
+    def clear(self) -> None:
+        super().clear()
+        self._base += len(self._log) + 1
+        self._log = []
+
+    def popitem(self) -> tuple[str, dict[str, Any]]:
+        nid, view = super().popitem()
+        self._touch(nid)
+        return nid, view
+
+
 # -- cluster totals, kept incrementally ------------------------------------------------------------
 TOTAL_KEYS = ("gpus", "gpus_free", "gpu_memory_free", "cpu_free", "memory_free", "healthy_node_count")
 
@@ -91,10 +156,26 @@ class _Totals:
         self.ref = nodes  # keeps id(nodes) from being reused while cached
         self.parts: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {}
         self.sum = [0.0] * len(TOTAL_KEYS)
+        self.seen = -1  # the Nodes version last caught up with (-1: never)
 
     def update(self) -> list[float]:
         parts, total = self.parts, self.sum
-        for nid, view in self.ref.items():
+        ref = self.ref
+        if isinstance(ref, Nodes):
+            changed = ref.changed_since(self.seen) if self.seen >= 0 else None
+            self.seen = ref.version
+            if changed is not None:
+                for nid in set(changed):
+                    old = parts.pop(nid, None)
+                    if old is not None:
+                        total[:] = [a - c for a, c in zip(total, old[1], strict=True)]
+                    view = ref.get(nid)
+                    if view is not None:
+                        new = node_totals(view)
+                        parts[nid] = (view, new)
+                        total[:] = [a + b for a, b in zip(total, new, strict=True)]
+                return total
+        for nid, view in ref.items():
             old = parts.get(nid)
             if old is not None and old[0] is view:
                 continue
@@ -130,10 +211,26 @@ class _Fits:
         self.needs, self.share = dict(needs), share
         self.parts: dict[str, tuple[dict[str, Any], bool]] = {}
         self.count = 0
+        self.seen = -1
 
     def update(self) -> int:
         parts = self.parts
-        for nid, view in self.ref.items():
+        ref = self.ref
+        if isinstance(ref, Nodes):
+            changed = ref.changed_since(self.seen) if self.seen >= 0 else None
+            self.seen = ref.version
+            if changed is not None:
+                for nid in set(changed):
+                    old = parts.pop(nid, None)
+                    if old is not None:
+                        self.count -= int(old[1])
+                    view = ref.get(nid)
+                    if view is not None:
+                        fits = node_fits(view, self.needs, self.share) is not None
+                        parts[nid] = (view, fits)
+                        self.count += int(fits)
+                return self.count
+        for nid, view in ref.items():
             old = parts.get(nid)
             if old is not None and old[0] is view:
                 continue
@@ -183,14 +280,14 @@ def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
 def fork(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """A working copy for tentative placements: shares the node views (replace one with
     ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy."""
-    work = dict(nodes)
+    work = Nodes(nodes)
     totals(nodes)  # make sure the source has a memo to share
     memo = _TOTALS.get(id(nodes))
     if memo is not None and memo.ref is nodes:
         if len(_TOTALS) >= _TOTALS_MAX:
             _TOTALS.clear()
         twin = _TOTALS[id(work)] = _Totals(work)
-        twin.parts, twin.sum = dict(memo.parts), list(memo.sum)
+        twin.parts, twin.sum, twin.seen = dict(memo.parts), list(memo.sum), work.version
     return work
 
 

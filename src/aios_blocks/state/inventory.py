@@ -14,6 +14,7 @@ import contextlib
 from typing import Any
 
 from ..policies import affinity
+from ..policies.capacity import Nodes
 from .store import Store
 
 
@@ -75,7 +76,8 @@ class Inventory:
             if cid not in self._nodes or self._dirty.get(cid, set()) is None:
                 self._dirty.pop(cid, None)
                 ids = await self.store.node_ids(cid)
-                self._nodes[cid] = await self.store.read_nodes(cid, ids)
+                # views that log what changes: the capacity memos catch up in O(changes)
+                self._nodes[cid] = Nodes(await self.store.read_nodes(cid, ids))
             else:
                 stale = self._dirty.pop(cid, set())
                 if stale:
