@@ -172,11 +172,13 @@ async def plan(
     """Call the resourceAllocator once per instance, applying each choice to a working copy of the
     snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``.
     Raises PlacementFailed with the reason."""
-    work = capacity.fork(nodes)  # copy-on-write: only the nodes taken below are copied
+    # copy-on-write: only the nodes taken below are copied; one instance takes nothing after its
+    # choice, so it plans on the snapshot itself (no O(nodes) copy)
+    work = capacity.fork(nodes) if len(iids) > 1 else nodes
     needs, share = ir["resources"], share_of(ir)
     out: list[dict[str, Any]] = []
     index = index or affinity.empty_index()
-    for iid in iids:
+    for k, iid in enumerate(iids):
         try:
             data = _payload(ir, cluster, work, instances, index, 1, **extra)
             result = await invoke({"action": action, "payload": data})
@@ -195,8 +197,9 @@ async def plan(
                     + "; ".join(probe[node_id]["affinity"]["reasons"])
                 )
             index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
-        work[node_id] = capacity.copy_node(work[node_id])
-        capacity.take(work[node_id], gpus, needs, share)
+        if k < len(iids) - 1:  # the next instance's call sees this one's take
+            work[node_id] = capacity.copy_node(work[node_id])
+            capacity.take(work[node_id], gpus, needs, share)
         out.append(
             {
                 "iid": iid,
