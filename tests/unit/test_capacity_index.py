@@ -76,3 +76,19 @@ def test_the_filter_judges_capacity_without_a_node_scan_and_with_the_same_answer
     passed, filtered = filter_rule(ir, {"full": {"id": "full"}, "roomy": {"id": "roomy"}}, {"full": full, "roomy": roomy})
     assert [e["id"] for e in passed] == ["roomy"]
     assert filtered == {"full": "no healthy node with capacity for one instance (5 nodes)"}
+
+
+def test_node_views_pickle_and_copy_as_their_items() -> None:
+    """A sandboxed policy's input is pickled; a small cluster's input holds the inventory's views."""
+    import copy
+    import pickle
+
+    import msgspec
+
+    nodes = capacity.Nodes({"n1": {"id": "n1"}})
+    nodes["n2"] = {"id": "n2"}
+    for other in (pickle.loads(pickle.dumps(nodes)), copy.deepcopy(nodes), copy.copy(nodes)):
+        assert isinstance(other, capacity.Nodes) and other == nodes
+        other["n3"] = {"id": "n3"}  # usable: its own log
+        assert "n3" not in nodes
+    assert msgspec.json.decode(msgspec.json.encode(nodes)) == {"n1": {"id": "n1"}, "n2": {"id": "n2"}}

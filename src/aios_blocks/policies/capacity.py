@@ -81,6 +81,10 @@ class Nodes(dict[str, dict[str, Any]]):
         self._base = 0
         self._log: list[str] = []
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickled (a sandboxed policy's input) and copied as its items: the log stays here
+        return (Nodes, (dict(self),))
+
     @property
     def version(self) -> int:
         return self._base + len(self._log)
