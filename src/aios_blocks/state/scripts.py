@@ -188,11 +188,11 @@ end
 return {answered, #expected}
 """
 
-# KEYS: policy head, policies set.  ARGV: name, version, source, language, updated.
+# KEYS: policy head (the caller adds the name to the policies set: another Redis Cluster slot).
+# ARGV: name, version, source, language, updated.
 # Moves the registry head to ``version`` unless it already is at or past it.
 POLICY_HEAD = r"""
 local cur = tonumber(redis.call('HGET', KEYS[1], 'version') or '0')
-redis.call('SADD', KEYS[2], ARGV[1])
 if cur >= tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'version', ARGV[2], 'source', ARGV[3], 'language', ARGV[4], 'updated', ARGV[5])
 return 1

@@ -17,6 +17,7 @@ from ..schemas.spec import Cluster, Component, Node
 from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
+from .connection import open_redis
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
     AFF_LEASE,
     BLOCKS,
@@ -70,14 +71,8 @@ class Store:
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
-        # A blocking pool: a burst of concurrent handlers (64 per consumer, several consumers per
-        # process) waits for a free connection instead of failing with MaxConnectionsError.
-        s = settings or current_settings()
-        pool = aioredis.BlockingConnectionPool.from_url(
-            url, decode_responses=True, health_check_interval=10, max_connections=max_connections or s.redis_max_connections,
-            timeout=s.redis_pool_wait_s,
-        )
-        return cls(aioredis.Redis.from_pool(pool))  # the client owns the pool: aclose() closes it
+        """One server (``redis://``) or a Redis Cluster (``redis+cluster://``): ``state.connection``."""
+        return cls(open_redis(url, settings or current_settings(), max_connections))
 
     async def close(self) -> None:
         await self.r.aclose()
@@ -93,7 +88,10 @@ class Store:
     async def components(self) -> dict[str, dict[str, Any]]:
         """Every registered component by URI (a SCAN: for listing, not for hot paths)."""
         keys = sorted([k async for k in self.r.scan_iter(match=component_key("*"), count=1000)])
-        values = await self.r.mget(keys) if keys else []
+        pipe = self.r.pipeline(transaction=False)  # not MGET: on Redis Cluster the keys are in many slots
+        for k in keys:
+            pipe.get(k)
+        values = await pipe.execute() if keys else []
         return {k.split(":", 2)[2]: _json.decode(v) for k, v in zip(keys, values, strict=True) if v}
 
     # -- clusters and nodes ----------------------------------------------------------------
@@ -129,10 +127,12 @@ class Store:
             fields["agent"] = agent
         for g in node.gpus:
             fields[f"g:{g.id}:total"] = g.memory
+        # the node -> cluster index first (another Redis Cluster slot), then one transaction over
+        # the cluster's own slot: the node, its cluster's node set, the bump of the state index
+        await self.r.hset(NODE_INDEX, node.id, node.cluster)
         pipe = self.r.pipeline(transaction=True)
         pipe.hset(key, mapping=fields)
         pipe.sadd(cluster_nodes_key(node.cluster), node.id)
-        pipe.hset(NODE_INDEX, node.id, node.cluster)
         pipe.incr(index_key(node.cluster))
         await pipe.execute()
 
@@ -360,13 +360,14 @@ class Store:
 
     # -- affinity placement index (who runs where, by 128-bit id) ------------------------------
     async def index_add(self, svc: str, lease: str, iid: str, node: str, rack: str) -> None:
-        pipe = self.r.pipeline(transaction=True)
+        # not a transaction: two lookups in two Redis Cluster slots, each write idempotent
+        pipe = self.r.pipeline(transaction=False)
         pipe.hset(aff_svc_key(svc), iid, _dumps([node, rack]))
         pipe.hset(AFF_LEASE, lease, node)
         await pipe.execute()
 
     async def index_remove(self, svc: str, lease: str, iid: str) -> None:
-        pipe = self.r.pipeline(transaction=True)
+        pipe = self.r.pipeline(transaction=False)
         pipe.hdel(aff_svc_key(svc), iid)
         pipe.hdel(AFF_LEASE, lease)
         await pipe.execute()
@@ -466,11 +467,11 @@ class Store:
     # -- policy registry -------------------------------------------------------------------
     async def policy_put(self, name: str, source: str, language: str) -> int:
         key = policy_key(name)
+        await self.r.sadd(POLICIES, name)  # the list of names is in another Redis Cluster slot
         pipe = self.r.pipeline(transaction=True)
         pipe.hincrby(key, "version", 1)
         pipe.hset(key, mapping={"source": source, "language": language, "updated": time.time()})
-        pipe.sadd(POLICIES, name)
-        version, _, _ = await pipe.execute()
+        version, _ = await pipe.execute()
         await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
         return int(version)
 
@@ -496,9 +497,8 @@ class Store:
         head moves only forward, so replays and late writers never roll it back."""
         key = policy_key(name)
         await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
-        await self._policy_head(
-            keys=[key, POLICIES], args=[name, str(version), source, language, str(time.time())]
-        )
+        await self.r.sadd(POLICIES, name)  # another Redis Cluster slot than the head's
+        await self._policy_head(keys=[key], args=[name, str(version), source, language, str(time.time())])
 
     @property
     def _policy_head(self) -> Any:
