@@ -68,7 +68,8 @@ class BoundedRedisCluster(RedisCluster):
     connections are all in use."""
 
     def __init__(self, *args: Any, bound: int = 64, wait_s: float = 30.0, **kwargs: Any) -> None:
-        super().__init__(*args, max_connections=bound, **kwargs)
+        kwargs["max_connections"] = bound  # per node: one in-flight call holds at most one per node
+        super().__init__(*args, **kwargs)
         self._gate = asyncio.Semaphore(bound)
         self._wait_s = wait_s
 
@@ -82,7 +83,7 @@ class BoundedRedisCluster(RedisCluster):
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
         if shard_hint:
             return super().pipeline(transaction, shard_hint)  # refused by redis-py, as documented
-        return _Pipeline(self, transaction)
+        return _Pipeline(self, transaction)  # type: ignore[abstract]  # as redis-py makes its own
 
 
 #: set while a task holds a place: a pipeline that resends a redirected command one by one
