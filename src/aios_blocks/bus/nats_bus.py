@@ -189,6 +189,10 @@ class Bus:
         )
         try:
             info = await self.js.stream_info(subjects.STREAM)
+            if (info.config.num_replicas or 1) != limits.replicas:  # not changed here: a process
+                # without the setting (default 1) would scale a replicated stream down
+                log.warning("stream.replicas_differ", stream=subjects.STREAM, replicas=info.config.num_replicas,
+                            setting=limits.replicas, hint=f"nats stream edit {subjects.STREAM} --replicas N")
             if sorted(info.config.subjects or []) != sorted(cfg.subjects or []):
                 info.config.subjects = cfg.subjects
                 await self.js.update_stream(info.config)
