@@ -30,7 +30,7 @@ from ...schemas.protocol import task_path
 from . import COMPONENT_URI, available, component, sample_png
 
 Send = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-TEXTS = ("Hello Blocks 42", "AIOS OCR demo", "CPU only 2026")
+TEXTS = ("Hello Blocks 42", "AIOS OCR demo", "PP-OCRv4 model")
 NODE_ID = "ocr-node-0"
 CLUSTER = "ocr-cpu"
 
