@@ -65,7 +65,10 @@ async def test_max_concurrency_makes_tasks_wait_and_reports_them_waiting() -> No
             async with asyncio.timeout(5):
                 while inst.metrics.waiting != 2:
                     await asyncio.sleep(0.01)
-            assert inst.metrics.running == 1
+            assert inst.metrics.running == 1 and inst.metrics.kv_cache_usage == 1.0
+            async with http.get(f"http://127.0.0.1:{inst.port}/metrics") as r:
+                m = parse_text(await r.text())
+            assert m["aios_instance_requests_waiting"] == 2 and m["aios_instance_kv_cache_usage_perc"] == 1.0
             for resp in await asyncio.gather(*calls):
                 assert resp.status == 200
                 resp.release()

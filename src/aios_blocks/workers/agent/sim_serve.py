@@ -14,7 +14,9 @@ Each answers like a real instance (``schemas.protocol``):
 Behaviour comes from the block's ``initSettings`` and ``parameters`` (parameters win), key
 ``sim`` (or flat ``sim.<key>``): ``serviceTimeMs`` (mean, default 0), ``serviceJitterMs`` (uniform
 +-, default 0), ``failureRate`` (0..1, default 0), ``maxConcurrency`` (tasks handled at once; more
-wait in a queue and count as waiting; default 0 = unlimited).
+wait in a queue and count as waiting; default 0 = unlimited). With a ``maxConcurrency`` an
+instance also reports ``aios_instance_kv_cache_usage_perc`` = running / maxConcurrency (a stand-in
+for an engine's KV cache filling with its batch).
 """
 
 from __future__ import annotations
@@ -125,6 +127,7 @@ class SimServer:
             inst = SimInstance(instance_id, behaviour, actual, site=site)
             if behaviour.max_concurrency:
                 inst.slots = asyncio.Semaphore(behaviour.max_concurrency)
+                inst.metrics.kv_cache_usage = 0.0
             inst.metrics.ready = True
             self.by_port[actual] = inst
             self.by_id[instance_id] = inst
@@ -186,6 +189,8 @@ class SimServer:
                 finally:
                     m.waiting -= 1
             m.running += 1
+            if inst.slots is not None:
+                m.kv_cache_usage = m.running / inst.behaviour.max_concurrency
             try:
                 delay = inst.service_time()
                 if delay:
@@ -208,6 +213,7 @@ class SimServer:
             finally:
                 m.running -= 1
                 if inst.slots is not None:
+                    m.kv_cache_usage = m.running / inst.behaviour.max_concurrency
                     inst.slots.release()
         finally:
             m.observe(time.perf_counter() - started, error=not ok)
