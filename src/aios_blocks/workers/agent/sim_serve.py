@@ -14,7 +14,9 @@ Each answers like a real instance (``schemas.protocol``):
 Behaviour comes from the block's ``initSettings`` and ``parameters`` (parameters win), key
 ``sim`` (or flat ``sim.<key>``): ``serviceTimeMs`` (mean, default 0), ``serviceJitterMs`` (uniform
 +-, default 0), ``failureRate`` (0..1, default 0), ``maxConcurrency`` (tasks handled at once; more
-wait in a queue and count as waiting; default 0 = unlimited). With a ``maxConcurrency`` an
+wait in a queue and count as waiting; default 0 = unlimited); ``instances`` overrides them for
+some instances, by index (the id's last ``-`` part) or id: ``{"instances": {"0": {"serviceTimeMs":
+100}}}`` makes instance 0 of the block slow. With a ``maxConcurrency`` an
 instance also reports ``aios_instance_kv_cache_usage_perc`` = running / maxConcurrency (a stand-in
 for an engine's KV cache filling with its batch).
 """
@@ -53,6 +55,13 @@ class SimBehaviour:
             if isinstance(nested, dict):
                 conf.update(nested)
             conf.update({k[4:]: v for k, v in d.items() if k.startswith("sim.")})
+        # per-instance overrides: {"instances": {"<index>" or "<instance id>": {...}}}
+        per = conf.get("instances")
+        iid = env.get("AIOS_INSTANCE_ID", "")
+        if isinstance(per, dict) and iid:
+            for key in (iid.rsplit("-", 1)[-1], iid):
+                if isinstance(per.get(key), dict):
+                    conf.update(per[key])
         proto = _json_obj(env.get("inputProtocol", ""))
         return cls(
             path=task_path(proto),
