@@ -177,6 +177,8 @@ def _line(subject: str, env: dict[str, Any]) -> str:
         detail = _call(data)
     elif kind.startswith("instance."):
         detail = f"node={data.get('node_id')} gpus={data.get('gpus')}" + (f" reason={data['reason']}" if data.get("reason") else "")
+        if data.get("endpoint"):
+            detail += f" at {data['endpoint']}"
     if kind != "decision":
         for call in data.get("decisions") or []:
             detail += "\n    policy " + _call(call)
@@ -356,6 +358,7 @@ def agent(
     heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats."),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
     agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
+    advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Host part of instance endpoints (http://HOST:PORT): an address the executors reach this node at."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run the node agent of one node: start/stop its instances, heartbeat, report faults.
@@ -390,7 +393,7 @@ def agent(
     configure_logging()
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
-        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port,
+        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
     )
 
     async def go() -> None:
@@ -742,10 +745,10 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
         return None
     insts = await c.store.instances(bid)
     t = Table(title=f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else ""))
-    for col in ("instance", "node", "gpus", "status"):
+    for col in ("instance", "node", "gpus", "status", "endpoint"):
         t.add_column(col, overflow="fold")
     for iid, i in sorted(insts.items()):
-        t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"])
+        t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"], i.get("endpoint") or "")
     console.print(t)
     return block
 
