@@ -41,6 +41,9 @@ from .catalog import Body, Emit, Event
 
 log = structlog.get_logger("aios.bus")
 
+#: answers one request: (subject tokens, body, headers) -> (body, headers)
+Responder = Callable[[dict[str, str], bytes, dict[str, str]], Awaitable[tuple[bytes, dict[str, str]]]]
+
 
 @dataclass(frozen=True)
 class StreamLimits:
@@ -230,7 +233,8 @@ class Bus:
     async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = ()) -> None:
         """Stream plus the shared consumers, so no message published before workers start is lost."""
         await self.ensure_stream()
-        for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), *consumers):
+        for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), subjects.MAPPER,
+                     *consumers):
             await self.ensure_consumer(spec)
 
     # -- publishing ------------------------------------------------------------------------
@@ -293,3 +297,37 @@ class Bus:
 
     async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
         return await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=1_000_000)
+
+    # -- core request/reply (catalog events with responders) -------------------------------------
+    async def serve(self, event: Event[Any], queue: str, handler: Responder, **tokens: str) -> Any:
+        """Answer ``event``'s requests as one of the queue group ``queue``: ``handler(tokens, body,
+        headers) -> (body, headers)`` runs as its own task per request (requests are answered
+        concurrently); a handler that raises is answered with ``Aios-Status: 500``, never with
+        silence. A request without a reply subject is handled and its answer dropped."""
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(msg: Any) -> None:
+            toks = event.match(msg.subject) or {}
+            try:
+                body, headers = await handler(toks, msg.data, dict(msg.headers or {}))
+            except Exception as exc:
+                log.warning("bus.serve_failed", subject=msg.subject, error=repr(exc))
+                body, headers = b"", {"Aios-Status": "500", "Aios-Error": f"{type(exc).__name__}: {exc}"[:500]}
+            if msg.reply:
+                try:
+                    await self.nc.publish(msg.reply, body, headers=headers)
+                except Exception as exc:
+                    log.warning("bus.reply_failed", subject=msg.subject, error=repr(exc))
+
+        async def cb(msg: Any) -> None:
+            t = asyncio.get_running_loop().create_task(answer(msg))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+
+        return await self.nc.subscribe(event.filter(**tokens), queue=queue, cb=cb, pending_msgs_limit=1_000_000,
+                                       pending_bytes_limit=512 * 1024 * 1024)
+
+    async def request(self, event: Event[Any], body: bytes, headers: dict[str, str] | None = None,
+                      timeout: float = 60.0, **tokens: str) -> Any:
+        """One core-NATS request of a request/reply catalog event; the reply message."""
+        return await self.nc.request(event.subject(**tokens), body, timeout=timeout, headers=headers)

@@ -268,6 +268,7 @@ def up(
     gateways: int = typer.Option(1, min=0, help="Gateway worker processes."),
     controllers: int = typer.Option(1, min=0, help="Controller worker processes."),
     agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
+    executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
@@ -275,10 +276,13 @@ def up(
 
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
-    with _running(data_dir, {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents}) as (servers, sup):
+    layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors}
+    with _running(data_dir, layout) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")
         console.print(f"logs: {sup.log_dir}/<worker>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
+        if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and executors:
+            console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
         while True:
             time.sleep(1)
 
@@ -302,8 +306,11 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
                 nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
                 os.environ.setdefault("AIOS_NATS_URL", nats_url)
                 os.environ.setdefault("AIOS_REDIS_URL", redis_url)
+            layout = layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1}
+            if layout.get("executor"):
+                _http_ingress(servers)
             sup = Supervisor(
-                nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1},
+                nats_url, redis_url, layout,
                 log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
             ).start()
             yield servers, sup
@@ -316,9 +323,79 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
                 servers.stop()
 
 
+def _http_ingress(servers: EmbeddedServers | None) -> None:
+    """The executors' HTTP port (``AIOS_EXECUTOR_HTTP_PORT``, else a free one), in the workers'
+    environment and in ``endpoints.json`` as ``"http"``."""
+    import socket
+
+    port = os.environ.get("AIOS_EXECUTOR_HTTP_PORT")
+    if not port or port == "0":
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = str(sk.getsockname()[1])
+        os.environ["AIOS_EXECUTOR_HTTP_PORT"] = port
+    if servers is not None:
+        ep = servers.data_dir / "endpoints.json"
+        doc = json.loads(ep.read_text())
+        doc["http"] = f"http://{os.environ.get('AIOS_EXECUTOR_HTTP_HOST', '127.0.0.1')}:{port}"
+        ep.write_text(json.dumps(doc))
+
+
+@app.command()
+def task(
+    bid: str = typer.Argument(..., help="Block id."),
+    data: str = typer.Option("{}", "--data", "-d", help="The task's body: JSON text, or @FILE (any bytes)."),
+    idempotent: bool = typer.Option(False, "--idempotent", help="Mark the task idempotent: it may be retried on another instance."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the answer."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Send one task to a block over NATS (through an executor) and print the answer. Exit 0
+    answered (2xx), 1 unknown block, 2 bad input, 3 failed (the instance's or executor's error,
+    e.g. overloaded: retry after the time printed), 5 timed out.
+
+    Example: `blocks task blk-1234 --data '{"prompt": "hi"}'`, `blocks task blk-1234 -d @image.png`
+    """
+    if data.startswith("@"):
+        try:
+            body = Path(data[1:]).read_bytes()
+        except OSError as exc:
+            err.print(f"[red]cannot read {escape(data[1:])}: {exc}[/]")
+            raise typer.Exit(2)
+        ctype = "application/json" if data.endswith(".json") else "application/octet-stream"
+    else:
+        try:
+            json.loads(data)
+        except ValueError as exc:
+            err.print(f"[red]--data is not JSON[/]: {escape(str(exc))} (use @FILE for other bodies)")
+            raise typer.Exit(2)
+        body, ctype = data.encode(), "application/json"
+    headers = {"Content-Type": ctype, "Aios-Timeout-Ms": str(int(timeout * 1000))}
+    if idempotent:
+        headers["Aios-Idempotent"] = "true"
+
+    async def go(c: Client) -> tuple[int, bytes, dict[str, str]]:
+        return await c.task(bid, body, headers, timeout + 1)
+
+    try:
+        status, out, h = _run(_with_client(data_dir, go))
+    except TimeoutError:
+        err.print(f"[red]timed out[/]: no answer from block {escape(bid)} within {timeout:g} s (is an executor running?)")
+        raise typer.Exit(5)
+    if 200 <= status < 300:
+        sys.stdout.buffer.write(out)
+        if out and not out.endswith(b"\n"):
+            sys.stdout.buffer.write(b"\n")
+        sys.stdout.flush()
+        raise typer.Exit(0)
+    why = h.get("Aios-Error") or out.decode(errors="replace")[:2000]
+    retry = f" (retry after {h['Retry-After-Ms']} ms)" if h.get("Retry-After-Ms") else ""
+    err.print(f"[red]{status}[/] {escape(why)}{retry}")
+    raise typer.Exit(1 if status == 404 and "Aios-Instance" not in h else 5 if status == 504 else 3)
+
+
 @app.command()
 def worker(
-    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim"),
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor"),
     cluster: str = typer.Option(None, help="controller only: serve just this cluster (its own durable)."),
     data_dir: Path = DataDir,
 ) -> None:
