@@ -49,6 +49,8 @@ async def test_flow_then_flush_then_recover_gives_the_same_digest(chaos: System)
         return len(a) == 3 and all(i["status"] == "running" for i in a.values()) and gone["status"] == "deleted"
 
     await _until(settled)
+    # the simulated instances serve: their endpoints are part of the state the stream must rebuild
+    assert all(i["endpoint"].startswith("http://127.0.0.1:") for i in (await c.store.instances("blk-a")).values())
     expected = {b for b, _ in bids.values()}
     rep = await settled_check(c, expected)
     assert rep.ok, explain(rep)

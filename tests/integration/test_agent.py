@@ -210,6 +210,10 @@ async def test_instance_runs_labelled_is_added_and_delete_removes_it(agents: Age
     assert labels["aios.spec-version"] == "1" and labels["aios.gpus"] == ",".join(recorded) and len(recorded) == 1
     port = int(json.loads(labels["aios.ports"])["http"])
     assert http_get(port, "/health").strip() == b"ok"
+    # the endpoint the agent reported with instance.added is recorded with the instance, and answers
+    endpoint = (await c.store.instances(bid))[iid]["endpoint"]
+    assert endpoint == f"http://127.0.0.1:{port}"
+    assert (await asyncio.to_thread(urllib.request.urlopen, f"{endpoint}/health", timeout=5)).status == 200
     assert json.loads(http_get(port, "/init.json")) == {"model": "tiny"}
     # the GPU env it really got: UUIDs (simulated GPUs are not attached, so the host's indices)
     gpu_env = await agents.environment(insts[0])

@@ -92,3 +92,11 @@ def test_delete_moves_to_deleting_then_stops_everything() -> None:
     assert isinstance(t, Transition) and t.step is Step.DELETE and not t.redo
     assert t.then == (RemoveAll("b", 7, "block deleted"), DeletedIfEmpty("b", 7))
     assert lc.on_delete("b", lc.View(None)) == []
+
+
+def test_added_records_the_endpoint_the_agent_reports_and_keeps_it_when_a_repeat_has_none() -> None:
+    ev = InstanceEvent("b", 7, "b-0", "n1", ["g0"], "", "http://127.0.0.1:41234")
+    effects = lc.on_added(ev, lc.View(block("placing"), {"b-0": inst()}))
+    assert effects[0] == SetInstance("b", "b-0", InstanceStatus.RUNNING, "http://127.0.0.1:41234")
+    # an agent that reports no endpoint (an instance with no port) leaves what is recorded alone
+    assert lc.on_added(fact(), lc.View(block("placing"), {"b-0": inst()}))[0].endpoint is None  # type: ignore[union-attr]

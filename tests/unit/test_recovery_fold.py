@@ -117,3 +117,14 @@ def test_digest_ignores_volatile_fields_and_zero_usage_but_not_state() -> None:
     changed = {**same, "aios:block:b1": {**same["aios:block:b1"], "status": "failed"}}
     assert im.digest(changed) != im.digest(img)
     assert any("status" in line for line in im.diff(img, changed))
+
+
+def test_the_fold_rebuilds_the_endpoint_an_added_fact_carried() -> None:
+    f = placed()
+    assert "endpoint" not in msgspec.json.decode(f.image()["aios:block:b1:inst"]["b1-0"])  # none reported
+    run(f, [("aios.block.b1.instance.b1-0.added", {**INST, "endpoint": "http://127.0.0.1:41234"})])
+    rec = msgspec.json.decode(f.image()["aios:block:b1:inst"]["b1-0"])
+    assert rec["endpoint"] == "http://127.0.0.1:41234" and rec["status"] == "running"
+    # a later repeat with none (an adopted instance whose agent knows no port) keeps it, as the store does
+    run(f, [("aios.block.b1.instance.b1-0.added", INST)])
+    assert msgspec.json.decode(f.image()["aios:block:b1:inst"]["b1-0"])["endpoint"] == "http://127.0.0.1:41234"

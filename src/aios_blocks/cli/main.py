@@ -433,6 +433,7 @@ def agent(
     heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats."),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
     agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
+    advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Host part of instance endpoints (http://HOST:PORT): an address the executors reach this node at."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run the node agent of one node: start/stop its instances, heartbeat, report faults.
@@ -467,7 +468,7 @@ def agent(
     configure_logging()
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
-        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port,
+        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
     )
 
     async def go() -> None:

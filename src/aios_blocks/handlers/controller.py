@@ -231,6 +231,7 @@ def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
         "blockInitData": ir.get("blockInitData", {}),
         "initSettings": ir.get("initSettings", {}),
         "parameters": ir.get("parameters", {}),
+        "inputProtocol": ir.get("inputProtocol", {}),
     }
     if gpus and share_of(ir):
         env[GPU_MEMORY_LIMIT_ENV] = str(int(ir["resources"].get("gpuMemory", 0)))

@@ -44,11 +44,13 @@ class Transition:
 
 @dataclass(frozen=True)
 class SetInstance:
-    """Set an instance's status; the effects after it are dropped if the instance is gone."""
+    """Set an instance's status (and, when given, where it serves: ``endpoint``); the effects
+    after it are dropped if the instance is gone."""
 
     block_id: str
     instance_id: str
     status: InstanceStatus
+    endpoint: str | None = None
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ def remove_command(bid: str, gen: int, cid: str, iid: str, node: str, reason: st
 
 
 def on_added(ev: InstanceEvent, view: View) -> list[Effect]:
-    """An agent runs the instance: it is running, and the block may now be ready; a copy nobody
+    """An agent runs the instance: it is running (at ``ev.endpoint``, recorded when the agent
+    reports one), and the block may now be ready; a copy nobody
     wants (a late start of a replaced or deleted instance, a duplicate on a node that came back) is
     stopped on the reporting node only, so each instance id runs once."""
     block, known = view.block, view.instances.get(ev.instance_id)
@@ -52,7 +53,7 @@ def on_added(ev: InstanceEvent, view: View) -> list[Effect]:
         return [publish(remove_command(ev.block_id, ev.gen, cid, ev.instance_id, ev.node_id, "not wanted here", ev.node_id))]
     if known["status"] == InstanceStatus.REMOVING:
         return []
-    out: list[Effect] = [SetInstance(ev.block_id, ev.instance_id, InstanceStatus.RUNNING)]
+    out: list[Effect] = [SetInstance(ev.block_id, ev.instance_id, InstanceStatus.RUNNING, ev.endpoint or None)]
     if view.status in (BlockStatus.DELETING, BlockStatus.DELETED):  # raced with a delete: stop it again
         out += _remove(ev.block_id, ev.gen, known["cluster"], ev.instance_id, known["node"], "block deleted")
     elif view.status in LIVE:

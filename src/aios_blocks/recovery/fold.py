@@ -244,6 +244,8 @@ class Fold:
         if b is None or inst is None or inst["node"] != nid or inst["status"] == "removing":
             return
         inst["status"] = "running"
+        if d.get("endpoint"):
+            inst["endpoint"] = d["endpoint"]
 
     def on_removed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         """Removed for any reason (stopped, start failed, lost, evicted): release and forget it.

@@ -194,6 +194,10 @@ class InstanceEvent(msgspec.Struct):
     node_id: str
     gpus: list[str] = []
     reason: str = ""
+    #: base URL of the instance's HTTP server (``http://host:port``, no trailing slash), set on
+    #: ``added``: tasks go to ``{endpoint}{inputProtocol.path}``, health to ``{endpoint}/health``,
+    #: metrics to ``{endpoint}/metrics`` (``schemas.protocol``); "" = the instance serves no HTTP
+    endpoint: str = ""
 
 
 class NodeRegistered(msgspec.Struct):

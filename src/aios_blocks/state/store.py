@@ -276,12 +276,15 @@ class Store:
                 pipe.hset(node_inst_key(v["node"]), iid, bid)
             await pipe.execute()
 
-    async def set_instance_status(self, bid: str, iid: str, status: str) -> dict[str, Any] | None:
+    async def set_instance_status(self, bid: str, iid: str, status: str, endpoint: str | None = None) -> dict[str, Any] | None:
+        """Set an instance record's status (and its ``endpoint`` when given); None if it is gone."""
         raw = await self.r.hget(inst_key(bid), iid)
         if raw is None:
             return None
         inst = _json.decode(raw)
         inst["status"] = status
+        if endpoint is not None:
+            inst["endpoint"] = endpoint
         await self.r.hset(inst_key(bid), iid, _dumps(inst))
         return inst
 

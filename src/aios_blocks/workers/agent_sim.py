@@ -5,7 +5,9 @@ code as a real agent — minus what a simulated node has no use for (registratio
 working directories, probes).
 
 Commands for nodes served by their own agent (``blocks agent``) are acked and left to that agent.
-``AIOS_SIM_START_DELAY_S`` / ``AIOS_SIM_FAIL_RATE`` shape the simulated starts.
+``AIOS_SIM_START_DELAY_S`` / ``AIOS_SIM_FAIL_RATE`` shape the simulated starts; with
+``AIOS_SIM_SERVE`` (the default) every simulated instance is a real HTTP server on 127.0.0.1 of
+this process (``agent.sim_serve``), its endpoint carried by ``instance.added``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ..schemas.spec import Node
 from .agent.gpus import NoGpus
 from .agent.node_agent import AgentConfig, NodeAgent, command_router
 from .agent.runtime_sim import SimRuntime
+from .agent.sim_serve import SimServer
 from .base import Worker
 
 OWNER_TTL_S = 5.0
@@ -28,7 +31,8 @@ OWNER_TTL_S = 5.0
 class Fleet:
     def __init__(self, w: Worker):
         self.w = w
-        self.runtime = SimRuntime(start_delay_s=w.settings.sim_start_delay_s, fail_rate=w.settings.sim_fail_rate)
+        server = SimServer() if w.settings.sim_serve else None
+        self.runtime = SimRuntime(start_delay_s=w.settings.sim_start_delay_s, fail_rate=w.settings.sim_fail_rate, server=server)
         self.agents: dict[str, NodeAgent] = {}
         self._owner: dict[str, tuple[float, str | None]] = {}
 

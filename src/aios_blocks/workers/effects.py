@@ -36,8 +36,8 @@ async def _one(w: Worker, e: Effect) -> bool:
     match e:
         case Publish(events):
             await w.bus.emit_all(events)
-        case SetInstance(bid, iid, status):
-            return await w.store.set_instance_status(bid, iid, status.value) is not None
+        case SetInstance(bid, iid, status, endpoint):
+            return await w.store.set_instance_status(bid, iid, status.value, endpoint=endpoint) is not None
         case Transition(bid, gen, step, fields, then, redo):
             ok, info = await w.store.transition(bid, gen, step, **dict(fields))
             if ok or (redo and info == TRANSITIONS[step].target):

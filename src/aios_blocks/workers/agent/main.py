@@ -35,6 +35,8 @@ class AgentOptions:
     heartbeat_s: float = 2.0
     metrics_port: int = 0
     sim_start_delay_s: float = 0.05
+    #: host part of the instances' endpoints
+    advertise_host: str = "127.0.0.1"
 
 
 def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05) -> Runtime:
@@ -50,8 +52,9 @@ def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05) -> Runtime:
         return ProcessRuntime()
     if kind == "sim":
         from .runtime_sim import SimRuntime
+        from .sim_serve import SimServer
 
-        return SimRuntime(start_delay_s=sim_delay, state_dir=data_dir / "sim-engine")
+        return SimRuntime(start_delay_s=sim_delay, state_dir=data_dir / "sim-engine", server=SimServer())
     raise ValueError(f"unknown runtime {kind!r}: docker, process or sim")
 
 
@@ -88,7 +91,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
             await asyncio.sleep(1.0)
     cfg = AgentConfig(
         node=node, agent_name=f"{opts.runtime}@{socket.gethostname()}", runtime_name=opts.runtime,
-        data_dir=data_dir, heartbeat_s=opts.heartbeat_s,
+        data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)

@@ -41,6 +41,7 @@ from ...schemas.events import (
     InstanceEvent,
     NodeRegistered,
 )
+from ...schemas.protocol import endpoint_port, endpoint_url
 from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ...schemas.spec import Launch, Node
 from .gpus import GpuSource, GpuSourceKind
@@ -82,6 +83,9 @@ class AgentConfig:
     #: give up waiting for the controller's expected list after this long, then serve commands
     #: anyway (reconciling keeps retrying in the background)
     reconcile_wait_s: float = 15.0
+    #: the host part of instance endpoints (``http://{advertise_host}:{port}``): an address the
+    #: block's services can reach this node at (instances bind their ports on the host)
+    advertise_host: str = "127.0.0.1"
 
 
 @dataclass
@@ -158,12 +162,12 @@ class NodeAgent:
         iid = cmd.instance_id
         async with self._locks[iid]:
             if iid in self.runners:
-                await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus)
+                await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=self.endpoint(iid))
                 return
             existing = await self.runtime.find(self.node_id, iid)
             if existing is not None and existing.running:
                 self._adopt(existing)
-                await self._fact(cmd.block_id, cmd.gen, iid, "added", "adopted a running instance", cmd.gpus)
+                await self._fact(cmd.block_id, cmd.gen, iid, "added", "adopted a running instance", cmd.gpus, endpoint=self.endpoint(iid))
                 return
             runner = self._build(cmd)
             try:
@@ -175,9 +179,11 @@ class NodeAgent:
                 await self._fact(cmd.block_id, cmd.gen, iid, "failed", reason, cmd.gpus)
                 return
             self.runners[iid] = runner
-            self.meta[iid] = {"block_id": cmd.block_id, "gen": cmd.gen, "resources": cmd.resources, "gpus": cmd.gpus}
+            endpoint = self._endpoint_of(_resource(runner, self.runtime.name), _resource(runner, "ports") or {})
+            self.meta[iid] = {"block_id": cmd.block_id, "gen": cmd.gen, "resources": cmd.resources, "gpus": cmd.gpus,
+                              "endpoint": endpoint}
             INSTANCES.labels(self.node_id).set(len(self.runners))
-            await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus)
+            await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=endpoint)
 
     async def remove(self, bid: str, gen: int, iid: str, reason: str) -> None:
         async with self._locks[iid]:
@@ -268,9 +274,20 @@ class NodeAgent:
         runner = Runner.adopted(iid, stages)
         if watch:
             self.runners[iid] = runner
-            self.meta[iid] = {"block_id": inst.block_id, "gen": inst.gen, "resources": res["resources"], "gpus": res["gpus"]}
+            self.meta[iid] = {"block_id": inst.block_id, "gen": inst.gen, "resources": res["resources"], "gpus": res["gpus"],
+                              "endpoint": self._endpoint_of(inst, ports)}
             INSTANCES.labels(self.node_id).set(len(self.runners))
         return runner
+
+    def _endpoint_of(self, inst: RuntimeInstance | None, ports: dict[str, int]) -> str:
+        """Where the instance serves HTTP: what the runtime says, else this node's address and the
+        launch port named ``http`` (or the first); "" for an instance with no port."""
+        if inst is not None and inst.endpoint:
+            return inst.endpoint
+        return endpoint_url(self.cfg.advertise_host, endpoint_port(ports))
+
+    def endpoint(self, iid: str) -> str:
+        return str(self.meta.get(iid, {}).get("endpoint", ""))
 
     def workdir(self, iid: str) -> Path:
         return (self.cfg.data_dir / "instances" / iid).resolve()
@@ -319,8 +336,10 @@ class NodeAgent:
         return plan
 
     # -- facts and heartbeats -----------------------------------------------------------------------
-    async def _fact(self, bid: str, gen: int, iid: str, event: str, reason: str, gpus: list[str], msg_key: str = "") -> None:
-        ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason)
+    async def _fact(
+        self, bid: str, gen: int, iid: str, event: str, reason: str, gpus: list[str], msg_key: str = "", endpoint: str = "",
+    ) -> None:
+        ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason, endpoint)
         await self.bus.emit(FACTS[event], ev, qualifier=msg_key)
         EVENTS.labels(self.node_id, event).inc()
 
@@ -347,6 +366,15 @@ class NodeAgent:
 
 #: the instance facts an agent publishes, by the word its lifecycle uses
 FACTS = {"added": E.instance_added, "removed": E.instance_removed, "failed": E.instance_failed, "unhealthy": E.instance_unhealthy}
+
+
+def _resource(runner: Runner, stage: str) -> Any:
+    """The resource a runner's stage holds (None: no such stage, or not set up)."""
+    try:
+        s = runner.stage(stage)
+    except KeyError:
+        return None
+    return s.resource if isinstance(s, ProvisionStage) else None
 
 
 def command_router(spec: ConsumerSpec, handler: Any) -> Router:

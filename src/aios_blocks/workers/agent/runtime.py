@@ -66,6 +66,9 @@ class RuntimeInstance:
     running: bool
     exit_code: int | None = None
     detail: str = ""
+    #: where it serves HTTP when the runtime itself knows (the simulated runtime picks its own
+    #: port); else the agent derives it from the launch ports (``schemas.protocol``)
+    endpoint: str = ""
 
     @property
     def instance_id(self) -> str:

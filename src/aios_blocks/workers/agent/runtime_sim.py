@@ -3,6 +3,12 @@
 For the demo, scale tests and benchmarks. With ``state_dir`` the simulated engine keeps its
 instances on disk (one JSON file each, like a container engine's own metadata), so simulated
 instances outlive an agent restart just as containers do; without it they live in memory.
+
+With a ``server`` (``sim_serve.SimServer``) every running simulated instance is also a real HTTP
+server on 127.0.0.1 (task path, ``/health``, ``/metrics``; service time and failure rate from the
+block's settings), on the launch port the agent gave it (``http`` or the first) or on a port of
+its own; its endpoint is reported on the :class:`RuntimeInstance`. An instance read back from
+``state_dir`` is served again, on the same port, when the agent next lists or finds it.
 """
 
 from __future__ import annotations
@@ -14,7 +20,12 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runtime import LABEL_INSTANCE, LABEL_NODE, LaunchSpec, RuntimeError_, RuntimeInstance
+from ...schemas.protocol import endpoint_port, endpoint_url
+from .runtime import LABEL_INSTANCE, LABEL_NODE, LABEL_PORTS, LaunchSpec, RuntimeError_, RuntimeInstance
+from .sim_serve import SimBehaviour, SimServer
+
+#: where a served simulated instance keeps its behaviour (with its labels, so a restored one serves alike)
+LABEL_SIM = "aios.sim"
 
 
 @dataclass
@@ -24,6 +35,7 @@ class SimRuntime:
     state_dir: Path | None = None
     name: str = "sim"
     gpu_devices: bool = False
+    server: SimServer | None = None
     _items: dict[str, RuntimeInstance] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -50,19 +62,48 @@ class SimRuntime:
             await asyncio.sleep(self.start_delay_s)
         if self.fail_rate > 0 and random.random() < self.fail_rate:
             raise RuntimeError_("start failed (simulated)")
-        inst = RuntimeInstance(handle, spec.labels(), True)
+        labels = spec.labels()
+        inst = RuntimeInstance(handle, labels, True)
+        if self.server is not None:
+            behaviour = SimBehaviour.from_env(spec.env)
+            served = await self.server.add(spec.instance_id, behaviour, endpoint_port(spec.ports) or 0)
+            if not spec.ports:  # a port of its own: recorded so a restored instance gets it back
+                labels[LABEL_PORTS] = json.dumps({"http": served.port})
+            labels[LABEL_SIM] = json.dumps(behaviour.__dict__, sort_keys=True)
+            inst.endpoint = endpoint_url(self.server.host, served.port)
         self._items[handle] = inst
         self._save(inst)
         return inst
 
+    async def _serve_again(self, inst: RuntimeInstance) -> RuntimeInstance:
+        """A running instance read back from ``state_dir`` is served again on its recorded port."""
+        if self.server is None or not inst.running or inst.endpoint:
+            return inst
+        try:
+            ports = {str(k): int(v) for k, v in json.loads(inst.labels.get(LABEL_PORTS) or "{}").items()}
+            behaviour = SimBehaviour(**json.loads(inst.labels.get(LABEL_SIM) or "{}"))
+        except (ValueError, TypeError):
+            return inst
+        port = endpoint_port(ports)
+        if port:
+            with contextlib.suppress(OSError):
+                served = await self.server.add(inst.instance_id, behaviour, port)
+                inst.endpoint = endpoint_url(self.server.host, served.port)
+        return inst
+
     def crash(self, handle: str, exit_code: int = 137) -> None:
-        """Make a running simulated instance exit (tests, chaos)."""
+        """Make a running simulated instance exit (tests, chaos): it stops serving too."""
         inst = self._items[handle]
         inst.running, inst.exit_code = False, exit_code
+        if self.server is not None:
+            with contextlib.suppress(RuntimeError):  # no running loop: nothing is served either
+                asyncio.get_running_loop().create_task(self.server.remove(inst.instance_id))
         self._save(inst)
 
     async def stop(self, handle: str, grace_s: float) -> None:
-        self._items.pop(handle, None)
+        inst = self._items.pop(handle, None)
+        if inst is not None and self.server is not None:
+            await self.server.remove(inst.instance_id)
         if self.state_dir is not None:
             with contextlib.suppress(FileNotFoundError):
                 (self.state_dir / f"{handle}.json").unlink()
@@ -71,13 +112,14 @@ class SimRuntime:
         return self._items.get(handle)
 
     async def list(self, node_id: str) -> list[RuntimeInstance]:
-        return [i for i in self._items.values() if i.labels.get(LABEL_NODE) == node_id]
+        return [await self._serve_again(i) for i in self._items.values() if i.labels.get(LABEL_NODE) == node_id]
 
     async def find(self, node_id: str, instance_id: str) -> RuntimeInstance | None:
         inst = self._items.get(f"sim-{instance_id}")
         if inst and inst.labels.get(LABEL_NODE) == node_id and inst.labels.get(LABEL_INSTANCE) == instance_id:
-            return inst
+            return await self._serve_again(inst)
         return None
 
     async def close(self) -> None:
-        return None
+        if self.server is not None:
+            await self.server.close()

@@ -1,0 +1,204 @@
+"""Simulated instances that really serve HTTP: every simulated instance of a process is one
+listening socket on 127.0.0.1 of one shared aiohttp server (one ``web.AppRunner``, one site per
+instance; a request finds its instance by the local port it came in on), so 1,000 instances cost
+1,000 sockets and a few small objects, not 1,000 servers.
+
+Each answers like a real instance (``schemas.protocol``):
+
+* ``POST {inputProtocol.path}`` (default ``/infer``): waits the service time, then answers
+  ``200 {"instance_id", "output": <the task's JSON>}``, or ``500 {"error": ...}`` at the failure
+  rate; a task ``{"stream": N}`` is answered as N chunked lines (for streaming tests);
+* ``GET /health``: 200 ``{"status": "ready"}``;
+* ``GET /metrics``: Prometheus text of ``instance.metrics.SystemMetrics``.
+
+Behaviour comes from the block's ``initSettings`` and ``parameters`` (parameters win), key
+``sim`` (or flat ``sim.<key>``): ``serviceTimeMs`` (mean, default 0), ``serviceJitterMs`` (uniform
++-, default 0), ``failureRate`` (0..1, default 0), ``maxConcurrency`` (tasks handled at once; more
+wait in a queue and count as waiting; default 0 = unlimited).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from aiohttp import web
+
+from ...instance.metrics import CONTENT_TYPE, SystemMetrics
+from ...schemas.protocol import HEALTH_PATH, METRICS_PATH, task_path
+
+
+@dataclass
+class SimBehaviour:
+    path: str = "/infer"
+    service_time_s: float = 0.0
+    jitter_s: float = 0.0
+    failure_rate: float = 0.0
+    max_concurrency: int = 0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> SimBehaviour:
+        """From an instance's environment (``node_agent.instance_env``: JSON strings)."""
+        conf: dict[str, Any] = {}
+        for key in ("initSettings", "parameters"):
+            d = _json_obj(env.get(key, ""))
+            nested = d.get("sim")
+            if isinstance(nested, dict):
+                conf.update(nested)
+            conf.update({k[4:]: v for k, v in d.items() if k.startswith("sim.")})
+        proto = _json_obj(env.get("inputProtocol", ""))
+        return cls(
+            path=task_path(proto),
+            service_time_s=_num(conf.get("serviceTimeMs"), 0.0, 0.0, 3_600_000.0) / 1000.0,
+            jitter_s=_num(conf.get("serviceJitterMs"), 0.0, 0.0, 3_600_000.0) / 1000.0,
+            failure_rate=_num(conf.get("failureRate"), 0.0, 0.0, 1.0),
+            max_concurrency=int(_num(conf.get("maxConcurrency"), 0, 0, 1_000_000)),
+        )
+
+
+def _json_obj(raw: str) -> dict[str, Any]:
+    try:
+        d = json.loads(raw) if raw else {}
+    except ValueError:
+        return {}
+    return d if isinstance(d, dict) else {}
+
+
+def _num(v: Any, default: float, lo: float, hi: float) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return default
+    return min(max(float(v), lo), hi)
+
+
+@dataclass
+class SimInstance:
+    instance_id: str
+    behaviour: SimBehaviour
+    port: int = 0
+    metrics: SystemMetrics = field(default_factory=SystemMetrics)
+    site: web.BaseSite | None = None
+    slots: asyncio.Semaphore | None = None
+
+    def service_time(self) -> float:
+        b = self.behaviour
+        if b.jitter_s:
+            return max(b.service_time_s + random.uniform(-b.jitter_s, b.jitter_s), 0.0)
+        return b.service_time_s
+
+
+class SimServer:
+    """The one HTTP server of every simulated instance in this process."""
+
+    def __init__(self, host: str = "127.0.0.1"):
+        self.host = host
+        self.by_port: dict[int, SimInstance] = {}
+        self.by_id: dict[str, SimInstance] = {}
+        self._runner: web.AppRunner | None = None
+        self._lock = asyncio.Lock()
+
+    async def _ensure(self) -> web.AppRunner:
+        if self._runner is None:
+            app = web.Application(client_max_size=64 * 1024 * 1024)
+            app.router.add_route("*", "/{tail:.*}", self._handle)
+            runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            await runner.setup()
+            self._runner = runner
+        return self._runner
+
+    async def add(self, instance_id: str, behaviour: SimBehaviour, port: int = 0) -> SimInstance:
+        """Serve ``instance_id`` on ``port`` (0: any free port); idempotent per id."""
+        async with self._lock:
+            inst = self.by_id.get(instance_id)
+            if inst is not None:
+                return inst
+            runner = await self._ensure()
+            site = web.TCPSite(runner, self.host, port, reuse_address=True)
+            await site.start()
+            server = getattr(site, "_server", None)
+            sockets = getattr(server, "sockets", None) or []
+            actual = int(sockets[0].getsockname()[1]) if sockets else port
+            inst = SimInstance(instance_id, behaviour, actual, site=site)
+            if behaviour.max_concurrency:
+                inst.slots = asyncio.Semaphore(behaviour.max_concurrency)
+            inst.metrics.ready = True
+            self.by_port[actual] = inst
+            self.by_id[instance_id] = inst
+            return inst
+
+    async def remove(self, instance_id: str) -> None:
+        inst = self.by_id.pop(instance_id, None)
+        if inst is None:
+            return
+        self.by_port.pop(inst.port, None)
+        if inst.site is not None:
+            with contextlib.suppress(Exception):
+                await inst.site.stop()
+
+    async def close(self) -> None:
+        for iid in list(self.by_id):
+            await self.remove(iid)
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        sock = request.transport.get_extra_info("sockname") if request.transport else None
+        inst = self.by_port.get(int(sock[1])) if sock else None
+        if inst is None:
+            return web.json_response({"error": "no such instance (it was removed)"}, status=503)
+        path = request.path
+        if path == HEALTH_PATH and request.method == "GET":
+            return web.json_response({"status": "ready", "instance_id": inst.instance_id})
+        if path == METRICS_PATH and request.method == "GET":
+            return web.Response(body=inst.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
+        if path == inst.behaviour.path and request.method == "POST":
+            return await self._task(inst, request)
+        return web.json_response({"error": f"no route {request.method} {path}"}, status=404)
+
+    async def _task(self, inst: SimInstance, request: web.Request) -> web.StreamResponse:
+        started = time.perf_counter()
+        m = inst.metrics
+        body = await request.read()
+        try:
+            task = json.loads(body) if body else None
+        except ValueError:
+            task = None
+        ok = False
+        try:
+            if inst.slots is not None:
+                m.waiting += 1
+                try:
+                    await inst.slots.acquire()
+                finally:
+                    m.waiting -= 1
+            m.running += 1
+            try:
+                delay = inst.service_time()
+                if delay:
+                    await asyncio.sleep(delay)
+                fail = inst.behaviour.failure_rate > 0 and random.random() < inst.behaviour.failure_rate
+                if fail:
+                    return web.json_response({"error": "simulated failure", "instance_id": inst.instance_id}, status=500)
+                chunks = task.get("stream") if isinstance(task, dict) else None
+                if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > 0:
+                    resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson"})
+                    resp.enable_chunked_encoding()
+                    await resp.prepare(request)
+                    for n in range(min(chunks, 10_000)):
+                        await resp.write(json.dumps({"instance_id": inst.instance_id, "chunk": n}).encode() + b"\n")
+                    await resp.write_eof()
+                    ok = True
+                    return resp
+                ok = True
+                return web.json_response({"instance_id": inst.instance_id, "output": task})
+            finally:
+                m.running -= 1
+                if inst.slots is not None:
+                    inst.slots.release()
+        finally:
+            m.observe(time.perf_counter() - started, error=not ok)
