@@ -179,7 +179,8 @@ class Route:
     #: the map this route was built from (mapper revision), its generation and input path
     version: int = 0
     gen: int = 0
-    path: str = "/"
+    path: str = "/infer"
+    method: str = "POST"
     rule: dict[str, Any] = field(default_factory=dict)
     views: dict[str, dict[str, Any]] = field(default_factory=dict)
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)

@@ -5,7 +5,7 @@
 
 The map of a block (one key per block; the bucket's revision is its version)::
 
-    {"block_id", "gen", "path": input protocol path, "loadBalancer": rule,
+    {"block_id", "gen", "path", "method": the input protocol's, "loadBalancer": rule,
      "instances": {iid: {"node", "endpoint", "state", "since"}}, "gone": [iid, ...]}
 
 States: ``starting`` (placed, not running yet), ``ready`` (``instance.added``: takes tasks),
@@ -21,21 +21,20 @@ from __future__ import annotations
 from typing import Any
 
 from ..executor.engine import InstanceState
+from ..schemas import protocol
 
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256
-DEFAULT_PATH = "/"
+DEFAULT_PATH = protocol.DEFAULT_TASK_PATH
 
 
 def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     """What the executor needs from the block record: the input path and the loadBalancer rule."""
     ir = (block or {}).get("ir") or {}
-    proto = ir.get("inputProtocol") or {}
-    path = str(proto.get("path") or DEFAULT_PATH) if isinstance(proto, dict) else DEFAULT_PATH
-    if not path.startswith("/"):
-        path = "/" + path
+    proto = ir.get("inputProtocol")
+    proto = proto if isinstance(proto, dict) else {}
     rule = (ir.get("policies") or {}).get("loadBalancer") or {}
-    return {"path": path, "loadBalancer": rule}
+    return {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
 
 
 def _base(bid: str, gen: int, current: dict[str, Any] | None, block: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -49,6 +48,7 @@ def _base(bid: str, gen: int, current: dict[str, Any] | None, block: dict[str, A
     if block is not None and int(block.get("gen", -1)) == gen:
         out.update(block_fields(block))
     out.setdefault("path", DEFAULT_PATH)
+    out.setdefault("method", protocol.DEFAULT_TASK_METHOD)
     out.setdefault("loadBalancer", {})
     return out
 
@@ -65,7 +65,7 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
         if ORDER[InstanceState(inst["state"])] > ORDER[state]:
             return None
         if inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None \
-                and out.get("path") == current.get("path") and out.get("loadBalancer") == current.get("loadBalancer"):
+                and all(out.get(k) == current.get(k) for k in ("path", "method", "loadBalancer")):
             return None
     elif state in (InstanceState.DRAINING, InstanceState.STOPPING) and not endpoint:
         return None  # never seen running: nothing routes to it

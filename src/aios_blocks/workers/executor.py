@@ -70,31 +70,35 @@ class _Failing(Chooser):
 
 
 # -- metrics scraping (builtin:least-queue) ----------------------------------------------------------
-QUEUE_METRICS = ("num_requests_waiting", "num_requests_running", "kv_cache_usage_perc")
+#: name suffix -> the key builtin:least-queue reads (vLLM's ``vllm:num_requests_waiting``, the
+#: instance SDK's ``aios_instance_requests_waiting``, ...)
+QUEUE_METRICS = {"requests_waiting": "num_requests_waiting", "requests_running": "num_requests_running",
+                 "kv_cache_usage_perc": "kv_cache_usage_perc"}
 
 
 def parse_queue_metrics(text: str) -> dict[str, float]:
-    """The engine-reported queue figures of a Prometheus text page: any metric whose name ends in
-    ``num_requests_waiting``, ``num_requests_running`` or ``kv_cache_usage_perc`` (vLLM's
-    ``vllm:...`` names, or an SDK instance's), summed over label sets (KV use: the largest)."""
-    out: dict[str, float] = {}
+    """The engine-reported queue figures of a Prometheus text page: each metric whose name ends
+    in ``requests_waiting``, ``requests_running`` or ``kv_cache_usage_perc``, summed over its label
+    sets (KV use: the largest); a figure two metrics report (an SDK wrapping an engine) counts once
+    (the larger)."""
+    per_name: dict[str, tuple[str, float]] = {}
     for line in text.splitlines():
         if not line or line[0] == "#":
             continue
-        name_end = len(line)
-        for i, ch in enumerate(line):
-            if ch in "{ ":
-                name_end = i
-                break
-        name = line[:name_end]
-        for m in QUEUE_METRICS:
-            if name.endswith(m):
-                try:
-                    value = float(line.rsplit(None, 1)[-1] if "}" not in line else line.rsplit("}", 1)[1].split()[0])
-                except (ValueError, IndexError):
-                    break
-                out[m] = max(out.get(m, 0.0), value) if m == "kv_cache_usage_perc" else out.get(m, 0.0) + value
-                break
+        brace, space = line.find("{"), line.find(" ")
+        name = line[: brace if 0 <= brace < space or (brace >= 0 and space < 0) else space]
+        key = next((k for suffix, k in QUEUE_METRICS.items() if name.endswith(suffix)), None)
+        if key is None:
+            continue
+        try:
+            value = float(line.rsplit("}", 1)[1].split()[0] if brace >= 0 else line.split()[1])
+        except (ValueError, IndexError):
+            continue
+        _, prev = per_name.get(name, (key, 0.0))
+        per_name[name] = (key, max(prev, value) if key == "kv_cache_usage_perc" else prev + value)
+    out: dict[str, float] = {}
+    for key, value in per_name.values():
+        out[key] = max(out.get(key, 0.0), value)
     return out
 
 
@@ -137,7 +141,8 @@ class Executor:
                 self._stop_weights(bid)
                 if isinstance(chooser, Weighted):
                     self._weight_tasks[bid] = asyncio.get_running_loop().create_task(self._weights_loop(bid, rule, chooser))
-            route.path = str(value.get("path") or "/")
+            route.path = str(value.get("path") or "/infer")
+            route.method = str(value.get("method") or "POST")
             route.apply(value.get("instances") or {}, rev, gen)
 
     def _stop_weights(self, bid: str) -> None:
@@ -287,7 +292,8 @@ class Executor:
             return data, h
 
         try:
-            return await self.dispatch(bid, "POST", None, body, headers, read_all)
+            route = self.routes.get(bid)
+            return await self.dispatch(bid, route.method if route else "POST", None, body, headers, read_all)
         except Refused as r:
             return refusal_body(r), refusal_headers(r)
 
@@ -303,7 +309,7 @@ class Executor:
         return web.json_response({"status": "ok", "blocks": len(self.routes)})
 
     async def _http_task(self, request: web.Request) -> web.StreamResponse:
-        return await self._http(request, None)
+        return await self._http(request, None)  # to the input protocol's path (and method)
 
     async def _http_pass(self, request: web.Request) -> web.StreamResponse:
         path = "/" + request.match_info["tail"]
@@ -330,7 +336,9 @@ class Executor:
             return out
 
         try:
-            return await self.dispatch(bid, request.method, path, body, dict(request.headers), stream)
+            route = self.routes.get(bid)
+            method = route.method if path is None and route is not None else request.method
+            return await self.dispatch(bid, method, path, body, dict(request.headers), stream)
         except Refused as r:
             h = {"Aios-Error": _clean(r.reason)}
             if r.retry_after_ms is not None:
