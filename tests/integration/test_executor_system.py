@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 from pathlib import Path
 
@@ -111,4 +110,3 @@ async def test_blocks_up_serves_a_block_over_nats_http_and_the_cli(tmp_path: Pat
             await client.close()
     finally:
         assert await asyncio.to_thread(up.stop) == 0, up.output()
-    assert not os.path.exists(data / "endpoints.json")
