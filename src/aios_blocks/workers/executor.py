@@ -48,6 +48,8 @@ log = structlog.get_logger("aios.executor")
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
                "proxy-authorization", "proxy-authenticate"}
 RETRY_STATUSES = (502, 503, 504)
+#: an HTTP answer of known length up to this size is passed on in one write (others are streamed)
+SMALL_BODY = 256 * 1024
 
 
 def _clean(text: str) -> str:
@@ -322,15 +324,17 @@ class Executor:
         body = await request.read()
 
         async def stream(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> web.StreamResponse:
-            out = web.StreamResponse(status=resp.status, reason=resp.reason)
-            for k, val in resp.headers.items():
-                if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server"):
-                    out.headers.add(k, val)
-            out.headers["Aios-Instance"] = v["id"]
-            if resp.content_length is not None:
-                out.content_length = resp.content_length
+            headers = {k: val for k, val in resp.headers.items()
+                       if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server")}
+            headers["Aios-Instance"] = v["id"]
+            n = resp.content_length
+            if n is not None and n <= SMALL_BODY:  # a small answer of known size: one write
+                return web.Response(status=resp.status, reason=resp.reason, body=await resp.read(), headers=headers)
+            out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
+            if n is not None:
+                out.content_length = n
             await out.prepare(request)
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.content.iter_any():  # streamed: each chunk as it comes
                 await out.write(chunk)
             await out.write_eof()
             return out
