@@ -197,6 +197,13 @@ class Hangs:
                 pass
 
 
+class Spins:
+    def eval(self, parameters: Any, input_data: Any, context: Any) -> Any:
+        n = 0
+        while True:  # burns CPU: the CPU limit stops it
+            n += 1
+
+
 class Stranger:
     def eval(self, parameters: Any, input_data: Any, context: Any) -> Any:
         return {"instance_id": "not-given"}
@@ -208,7 +215,8 @@ class Exits:
 
 
 @pytest.mark.parametrize(("policy", "why"), [
-    (Raises(), "raised KeyError"), (Hangs(), "timed out after 20 ms"), (Stranger(), "not one of the 2 instances"),
+    (Raises(), "raised KeyError"), (Hangs(), "timed out after 20 ms"), (Spins(), "timed out after 20 ms"),
+    (Stranger(), "not one of the 2 instances"),
     (Exits(), "raised SystemExit"),
 ])
 async def test_a_bad_policy_fails_that_task_only(policy: Any, why: str) -> None:

@@ -67,24 +67,35 @@ def _on_alarm(signum: int, frame: Any) -> None:
         raise _Overrun()
 
 
+#: the wall-clock limit of an inline call is this many times its CPU limit (at least WALL_FLOOR_S)
+WALL_FACTOR = 10
+WALL_FLOOR_S = 0.05
+
+
 @contextlib.contextmanager
 def inline_deadline(seconds: float) -> Iterator[None]:
-    """A time limit on synchronous Python code run inline (on the event loop's thread): SIGALRM
-    (``setitimer``) interrupts it between bytecodes. Only on the main thread; elsewhere (and for
-    code stuck inside a C call) there is no limit: say so in the policy's docs."""
+    """A time limit on synchronous Python code run inline (on the event loop's thread), enforced
+    by signals between bytecodes: ``seconds`` of CPU time (``ITIMER_VIRTUAL``: a process that is
+    merely preempted on a busy machine does not use up its budget), and ``WALL_FACTOR`` times that
+    in wall-clock time (``ITIMER_REAL``: code that sleeps or waits). Only on the main thread;
+    elsewhere, and for code stuck inside one C call, there is no limit."""
     global _guard_active
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGALRM, _on_alarm)
+    old_v = signal.signal(signal.SIGVTALRM, _on_alarm)
+    old_r = signal.signal(signal.SIGALRM, _on_alarm)
     _guard_active = True
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds * WALL_FACTOR, WALL_FLOOR_S))
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
         _guard_active = False
-        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGVTALRM, old_v)
+        signal.signal(signal.SIGALRM, old_r)
 
 
 class Chooser:

@@ -48,6 +48,8 @@ log = structlog.get_logger("aios.executor")
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
                "proxy-authorization", "proxy-authenticate"}
 RETRY_STATUSES = (502, 503, 504)
+#: policies that never read instance metrics: their blocks' instances are not scraped
+NO_METRICS = ("builtin:round-robin", "builtin:least-inflight")
 #: an HTTP answer of known length up to this size is passed on in one write (others are streamed)
 SMALL_BODY = 256 * 1024
 
@@ -205,7 +207,8 @@ class Executor:
             await asyncio.sleep(self.s.executor_weights_interval_s)
 
     async def scrape_loop(self, stop: asyncio.Event) -> None:
-        """Engine queue figures of the instances of blocks routed by builtin:least-queue."""
+        """Engine queue figures of the instances of blocks whose policy may read them
+        (builtin:least-queue and custom policies; round-robin and least-inflight never do)."""
         interval = self.s.executor_scrape_interval_s
         if interval <= 0:
             return
@@ -213,7 +216,7 @@ class Executor:
         while not stop.is_set():
             jobs = []
             for route in list(self.routes.values()):
-                if route.chooser.name != "builtin:least-queue":
+                if route.chooser.name in NO_METRICS:
                     continue
                 for v in list(route.views.values()):
                     if v["state"] == "ready" and v["endpoint"]:
