@@ -170,6 +170,7 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
             await msg.respond(msg.data)
 
         await responder.subscribe("bench.echo", cb=echo)
+        await responder.flush()  # the server has the subscription before the first request
 
         async def raw_nats() -> None:
             await nc.request("bench.echo", b'{"x":1}', timeout=10)

@@ -357,13 +357,22 @@ class Executor:
     def mapper_binding(self) -> tuple[subjects.ConsumerSpec, Any]:
         router = Router(subjects.MAPPER)
         w = self.w
+        #: one change of a block's map at a time in this process (its facts come in bursts: a gang
+        #: of instances added together); other mapper copies are kept apart by compare-and-set
+        locks: dict[str, asyncio.Lock] = {}
 
         async def apply(bid: str, decide: Callable[[dict[str, Any] | None, dict[str, Any] | None, float], dict[str, Any] | None],
                         need_block: bool = False) -> None:
-            block = await w.store.get_block(bid)
-            if need_block and block is None:
-                return
-            await self.maps.update(bid, lambda cur: decide(cur, block, time.time()))
+            lock = locks.setdefault(bid, asyncio.Lock())
+            try:
+                async with lock:
+                    block = await w.store.get_block(bid)
+                    if need_block and block is None:
+                        return
+                    await self.maps.update(bid, lambda cur: decide(cur, block, time.time()))
+            finally:
+                if not lock.locked() and not getattr(lock, "_waiters", None):
+                    locks.pop(bid, None)
 
         @router.on(E.block_placement)
         async def on_placement(m: Inbound[Any]) -> None:
