@@ -310,3 +310,27 @@ other_metric 9
     assert parse_queue_metrics(text) == {"num_requests_waiting": 5.0, "num_requests_running": 4.0, "kv_cache_usage_perc": 0.75}
     assert parse_queue_metrics("aios_instance_requests_running 2\naios_instance_requests_waiting 0\n") == {
         "num_requests_running": 2.0, "num_requests_waiting": 0.0}
+
+
+def test_the_candidate_list_always_equals_the_filtered_one() -> None:
+    """The route keeps a count of instances at their limit so that, with none full, candidates
+    cost nothing; whatever the sequence of picks, releases and map changes, it is the plain filter."""
+    import random
+
+    rnd = random.Random(7)
+    r = builtin_route(n=4, max_ongoing=2)
+    held: list[dict[str, Any]] = []
+    for step in range(2000):
+        op = rnd.random()
+        if op < 0.5:
+            v = r.try_pick({})
+            if v is not None:
+                held.append(v)
+        elif op < 0.95 and held:
+            r.release(held.pop(rnd.randrange(len(held))))
+        else:
+            m = the_map(4)
+            m[f"i{rnd.randrange(4)}"]["state"] = rnd.choice(["ready", "draining"])
+            r.apply(m, step, 1)
+        expected = [v for v in r._ready if v["inflight"] < 2]
+        assert [v["id"] for v in r.candidates()] == [v["id"] for v in expected]

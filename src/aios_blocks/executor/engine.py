@@ -78,24 +78,31 @@ def inline_deadline(seconds: float) -> Iterator[None]:
     by signals between bytecodes: ``seconds`` of CPU time (``ITIMER_VIRTUAL``: a process that is
     merely preempted on a busy machine does not use up its budget), and ``WALL_FACTOR`` times that
     in wall-clock time (``ITIMER_REAL``: code that sleeps or waits). Only on the main thread;
-    elsewhere, and for code stuck inside one C call, there is no limit."""
+    elsewhere, and for code stuck inside one C call, there is no limit. Another SIGALRM handler (a
+    test runner's timeout) is put back afterwards."""
     global _guard_active
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
-    old_v = signal.signal(signal.SIGVTALRM, _on_alarm)
-    old_r = signal.signal(signal.SIGALRM, _on_alarm)
+    prev = []
+    for sig in (signal.SIGVTALRM, signal.SIGALRM):
+        if signal.getsignal(sig) is not _on_alarm:
+            prev.append((sig, signal.signal(sig, _on_alarm)))
     _guard_active = True
     signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds * WALL_FACTOR, WALL_FLOOR_S))
+    started = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, max(seconds * WALL_FACTOR, WALL_FLOOR_S))
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
         _guard_active = False
-        signal.signal(signal.SIGVTALRM, old_v)
-        signal.signal(signal.SIGALRM, old_r)
+        for sig, handler in prev:
+            if handler is not None:
+                signal.signal(sig, handler)
+        if outer > 0:  # someone else's alarm (a test runner's timeout) goes on
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - started)))
 
 
 class Chooser:
@@ -204,6 +211,8 @@ class Route:
     policy_errors: int = 0
     policy_s: float = 0.0
     _ready: list[dict[str, Any]] = field(default_factory=list)
+    #: ready instances at their in-flight limit (0: every ready instance is a candidate)
+    _full: int = 0
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -227,6 +236,7 @@ class Route:
                 v["state"] = InstanceState.STOPPING
         self.views = new
         self._ready = [v for v in new.values() if v["state"] == InstanceState.READY and v["endpoint"]]
+        self._full = sum(1 for v in self._ready if v["inflight"] >= self.limits.max_ongoing)
         self._wake(len(self.waiting))
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
@@ -239,6 +249,10 @@ class Route:
 
     # -- admission ----------------------------------------------------------------------------
     def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+        """Instances that may take a task now. With none at its limit and nothing excluded this
+        is the route's own list (no copy: policies must not change it; custom ones get a copy)."""
+        if not self._full and not exclude:
+            return self._ready
         cap = self.limits.max_ongoing
         return [v for v in self._ready if v["inflight"] < cap and v["id"] not in exclude]
 
@@ -253,12 +267,13 @@ class Route:
         cands = self.candidates(exclude)
         if not cands:
             return None
-        if len(cands) == 1 and isinstance(self.chooser, InlinePolicy) and self.chooser.name.startswith("builtin:"):
+        builtin = isinstance(self.chooser, InlinePolicy) and self.chooser.name.startswith("builtin:")
+        if len(cands) == 1 and builtin:
             v = cands[0]  # a built-in has nothing to decide
         else:
             t0 = time.perf_counter()
             try:
-                iid = self.chooser.choose(self.block_id, task, cands)
+                iid = self.chooser.choose(self.block_id, task, cands if builtin else list(cands))
             except PolicyError as exc:
                 self.policy_errors += 1
                 raise Refused(500, str(exc))
@@ -266,6 +281,8 @@ class Route:
                 self.policy_s += time.perf_counter() - t0
             v = self.views[iid]
         v["inflight"] += 1
+        if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
+            self._full += 1
         self.dispatched += 1
         return v
 
@@ -307,6 +324,8 @@ class Route:
                     self.waiting.remove(fut)
 
     def release(self, v: dict[str, Any], seconds: float | None = None) -> None:
+        if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
+            self._full -= 1
         v["inflight"] -= 1
         if seconds is not None:
             self.ewma_s += 0.1 * (seconds - self.ewma_s)

@@ -431,9 +431,9 @@ class Executor:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)
         finally:
-            if sub is not None:
+            if sub is not None:  # leave the queue group, answer what was taken
                 with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+                    await sub.stop(self.s.executor_task_timeout_s)
             watch.cancel()
             for bid in list(self._weight_tasks):
                 self._stop_weights(bid)
