@@ -248,7 +248,8 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
             lat, share = lat_by[uri], share_by[uri]
             slow = share.get("i11", 0) / max(1, sum(share.values()))
             rows.append(common.row(GROUP, f"routing, 8 instances one 10x slower: {uri} p99", common.pct(lat, 99) * 1000, "ms",
-                                   None, f"p50 {common.pct(lat, 50) * 1000:.1f} ms; slow instance's share {slow:.1%} "
+                                   None, f"p50 {common.pct(lat, 50) * 1000:.1f} ms, p90 {common.pct(lat, 90) * 1000:.1f} ms, "
+                                   f"mean {sum(lat) / len(lat) * 1000:.1f} ms; slow instance's share {slow:.1%} "
                                    f"(even: 12.5%); c=16, 5 ms / 50 ms service"))
     finally:
         await http.close()
