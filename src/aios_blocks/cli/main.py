@@ -405,7 +405,7 @@ def task(
 @app.command()
 def worker(
     kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor"),
-    cluster: str = typer.Option(None, help="controller only: serve just this cluster (its own durable)."),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a

@@ -37,7 +37,7 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         from .executor import run as run_executor
 
         try:
-            await run_executor(w, stop)
+            await run_executor(w, stop, cluster)
         finally:
             await w.close()
         return
