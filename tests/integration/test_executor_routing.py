@@ -405,3 +405,38 @@ async def test_an_executor_pinned_to_a_cluster_serves_its_blocks_only_and_no_tas
         stop.set()
         await asyncio.wait_for(run, 10)
         await w.close()
+
+
+WEIGHTS = '''
+def eval(parameters, input_data, context):
+    ids = sorted([i["id"] for i in input_data["payload"]["instances"]])
+    return {"weights": {iid: (1.0 if iid == ids[-1] else 0.0) for iid in ids}}
+'''
+
+BROKEN = '''
+def eval(parameters, input_data, context):
+    return {"weights": "all of them"}
+'''
+
+
+async def test_a_starlark_policy_routes_by_the_weights_it_computes_periodically(rig: Rig) -> None:
+    a, b = await rig.backend("a"), await rig.backend("b")
+    await rig.client.policy_put("lbweights", WEIGHTS, "starlark")
+    await rig.client.policy_put("lbbroken", BROKEN, "starlark")
+    await rig.put_map("star", {"i-a": (a, "ready"), "i-b": (b, "ready")}, {"policyRuleURI": "registry:lbweights"})
+    await rig.put_map("star-broken", {"i-a": (a, "ready"), "i-b": (b, "ready")}, {"policyRuleURI": "registry:lbbroken"})
+    chooser = rig.executor.routes["star"].chooser
+    assert type(chooser).__name__ == "Weighted"
+    async with asyncio.timeout(30):  # the first weights call (sandbox start) comes within an interval or so
+        while not getattr(chooser, "weights", None):
+            await asyncio.sleep(0.05)
+    answers = [await rig.task("star") for _ in range(20)]
+    assert all(s == 200 and h["Aios-Instance"] == "i-b" for s, _, h in answers)  # weight 0 for i-a
+    # a weights call with the wrong shape keeps the last weights (none: uniform) and names the error
+    broken = rig.executor.routes["star-broken"].chooser
+    async with asyncio.timeout(30):
+        while not getattr(broken, "error", ""):
+            await asyncio.sleep(0.05)
+    assert "weights must return" in broken.error  # type: ignore[attr-defined]
+    served = {h["Aios-Instance"] for s, _, h in [await rig.task("star-broken") for _ in range(30)] if s == 200}
+    assert served == {"i-a", "i-b"}
