@@ -440,3 +440,19 @@ async def test_a_starlark_policy_routes_by_the_weights_it_computes_periodically(
     assert "weights must return" in broken.error  # type: ignore[attr-defined]
     served = {h["Aios-Instance"] for s, _, h in [await rig.task("star-broken") for _ in range(30)] if s == 200}
     assert served == {"i-a", "i-b"}
+
+
+async def test_the_task_time_limit_covers_queue_and_instance_and_is_answered(rig: Rig) -> None:
+    slow = await rig.backend("slow", delay_s=1.0)
+    await rig.put_map("slow", {"i0": (slow, "ready")}, {"settings": {"maxOngoing": 1}})
+    status, _, h = await rig.task("slow", Aios_Timeout_Ms="200")
+    assert status == 504 and "timed out" in h["Aios-Error"] and len(slow.hits) == 1
+    # queued behind a task holding the only slot: the time limit ends the wait too
+    held = asyncio.ensure_future(rig.task("slow", Aios_Timeout_Ms="3000"))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    status, _, h = await rig.task("slow", Aios_Timeout_Ms="300")
+    assert status in (503, 504) and time.monotonic() - t0 < 2.5, h
+    assert (await held)[0] == 200
+    status, _, h = await rig.task("slow", Aios_Timeout_Ms="soon")
+    assert status == 400 and "milliseconds" in h["Aios-Error"]

@@ -277,13 +277,19 @@ class Executor:
         tried: set[str] = set()
         attempt, last = 0, ""
         while True:
-            v = await route.acquire(task, frozenset(tried))
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if attempt == 0:
+                deadline = now + timeout_s  # the task's whole budget: queue, every attempt, backoff
+            if deadline - now <= 0:
+                raise Refused(504, f"{last}; the task's time limit ({timeout_s * 1000:g} ms) ran out")
+            v = await route.acquire(task, frozenset(tried), min(deadline, now + route.limits.queue_timeout_s))
             iid = v["id"]
             t0 = time.perf_counter()
             retry = False
             try:
                 async with self.session.request(method, v["endpoint"] + target, data=body, headers=fwd,
-                                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                                                timeout=aiohttp.ClientTimeout(total=max(0.001, deadline - loop.time()))) as resp:
                     if resp.status in RETRY_STATUSES and idempotent and attempt < self.s.executor_retries:
                         await resp.read()
                         last, retry = f"instance {iid} answered {resp.status}", True
