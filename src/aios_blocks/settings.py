@@ -46,6 +46,17 @@ class Settings(BaseSettings):
     sample_nodes: int = Field(100, ge=1, description="default of the built-in policies' node sampling threshold (rule setting sampleNodes)")
     max_candidates: int = Field(3, ge=1, description="default of builtin:cluster-rank's candidates (rule setting maxCandidates)")
     max_spec_bytes: int = Field(256 * 1024, ge=1024, description="largest block spec accepted")
+    # -- executor (block tasks) -------------------------------------------------------------------
+    executor_http_port: int = Field(0, ge=0, le=65535, description="HTTP ingress port of the executors (blocks up picks a free one and writes it to endpoints.json as http; 0 = none)")
+    executor_http_host: str = Field("127.0.0.1", description="address the executors' HTTP ingress listens on")
+    executor_max_ongoing: int = Field(100, ge=1, description="default per-instance in-flight limit (loadBalancer rule setting maxOngoing)")
+    executor_queue_size: int = Field(1000, ge=0, description="default per-block queue of tasks waiting for a free instance (rule setting queueSize)")
+    executor_queue_timeout_s: float = Field(10.0, gt=0, description="how long a task waits in the block's queue before it is refused")
+    executor_task_timeout_s: float = Field(60.0, gt=0, description="time limit of one task at its instance (header Aios-Timeout-Ms overrides)")
+    executor_retries: int = Field(2, ge=0, description="retries of an idempotent task (Aios-Idempotent: true) on another instance")
+    executor_policy_time_limit_ms: float = Field(5.0, gt=0, description="time limit of one inline custom Python loadBalancer decision")
+    executor_weights_interval_s: float = Field(1.0, gt=0, description="how often a Starlark loadBalancer policy recomputes its weights")
+    executor_scrape_interval_s: float = Field(0.25, ge=0, description="how often the executor reads instances' /metrics for builtin:least-queue (0 = never)")
     # -- processes ---------------------------------------------------------------------------------
     warm_timeout_s: float = Field(60.0, gt=0, description="how long a starting worker waits for NATS and Redis")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")

@@ -65,11 +65,20 @@ def test_every_catalog_role_maps_to_nats_users() -> None:
     assert {r for e in EVENTS for r in e.publishers} <= set(auth.ROLE_USERS)
 
 
-def test_upstream_publishes_only_creates_and_reads_only_its_inbox() -> None:
+def test_upstream_publishes_only_creates_and_tasks_and_reads_only_its_inbox() -> None:
     perms = auth.permissions("upstream")
     assert perms is not None
-    assert perms.publish == ("aios.block.*.create",) and perms.subscribe == ("_INBOX.upstream.>",)
+    assert perms.publish == ("aios.block.*.create", "aios.block.*.task") and perms.subscribe == ("_INBOX.upstream.>",)
     assert not perms.allow_responses
+
+
+def test_the_executor_answers_tasks_and_keeps_the_instance_maps_only() -> None:
+    perms = auth.permissions("executor")
+    assert perms is not None and perms.allow_responses
+    assert "aios.block.*.task" in perms.subscribe
+    assert not [p for p in perms.publish if p.startswith("aios.") and not p.startswith("aios.dlq.mapper.")]
+    assert "$KV.aios-instances.>" in perms.publish
+    assert not [p for p in perms.publish if "CONSUMER" in p and ".AIOS." in p and "mapper" not in p and "INFO" not in p]
 
 
 def test_a_node_agent_publishes_only_its_own_node() -> None:

@@ -45,6 +45,8 @@ class Role(enum.StrEnum):
     GATEWAY = "gateway"
     CONTROLLER = "controller"
     AGENT = "agent"
+    #: block services that serve tasks (executor, mapper): answer ``block.task`` requests
+    EXECUTOR = "executor"
     #: each role's consumer runner dead-letters its own consumers' messages
     RUNNER = "runner"
 
@@ -263,6 +265,12 @@ class E:
     node_heartbeat = Event(
         "node.heartbeat", f"{_N}.heartbeat", ev.Heartbeat, (AG,), "core NATS, not stored: free resources and load",
         stored=False, body=Body.CORE,
+    )
+    block_task: Event[Any] = Event(
+        "block.task", f"{_B}.task", None, (U, A),
+        "core NATS request/reply, not stored: one task for the block (any body); an executor of the queue group "
+        "replies with the instance's answer, or an error status (Aios-Status, Aios-Error, Retry-After-Ms headers)",
+        stored=False, body=Body.CORE, responders=(Role.EXECUTOR,),
     )
     node_expected: Event[Any] = Event(
         "node.expected", f"{_N}.expected", None, (AG,),

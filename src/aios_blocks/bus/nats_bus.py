@@ -10,6 +10,7 @@ system event. Events go out in the CloudEvents NATS binding's structured mode
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
@@ -40,6 +41,9 @@ from . import event_ids, subjects
 from .catalog import Body, Emit, Event
 
 log = structlog.get_logger("aios.bus")
+
+#: answers one request: (subject tokens, body, headers) -> (body, headers)
+Responder = Callable[[dict[str, str], bytes, dict[str, str]], Awaitable[tuple[bytes, dict[str, str]]]]
 
 
 @dataclass(frozen=True)
@@ -106,6 +110,24 @@ def source_uri(name: str) -> str:
 def _ours(cfg: ConsumerConfig) -> bool:
     """A worker durable as ``ensure_consumer`` makes it: pull, explicit acks, never expiring."""
     return not cfg.deliver_subject and cfg.ack_policy in (AckPolicy.EXPLICIT, None) and not cfg.inactive_threshold
+
+
+@dataclass
+class Serving:
+    """A queue-group responder (``Bus.serve``): ``stop`` leaves the group and answers every
+    request already taken, so a stopping process loses none."""
+
+    sub: Any
+    tasks: set[asyncio.Task[None]]
+
+    async def stop(self, timeout: float) -> None:
+        try:
+            await self.sub.drain()  # no new request comes here; those received are still handled
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
 
 
 class Bus:
@@ -234,7 +256,8 @@ class Bus:
     async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = ()) -> None:
         """Stream plus the shared consumers, so no message published before workers start is lost."""
         await self.ensure_stream()
-        for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), *consumers):
+        for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), subjects.MAPPER,
+                     *consumers):
             await self.ensure_consumer(spec)
 
     # -- publishing ------------------------------------------------------------------------
@@ -297,3 +320,38 @@ class Bus:
 
     async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
         return await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=1_000_000)
+
+    # -- core request/reply (catalog events with responders) -------------------------------------
+    async def serve(self, event: Event[Any], queue: str, handler: Responder, **tokens: str) -> Serving:
+        """Answer ``event``'s requests as one of the queue group ``queue``: ``handler(tokens, body,
+        headers) -> (body, headers)`` runs as its own task per request (requests are answered
+        concurrently); a handler that raises is answered with ``Aios-Status: 500``, never with
+        silence. A request without a reply subject is handled and its answer dropped."""
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def answer(msg: Any) -> None:
+            toks = event.match(msg.subject) or {}
+            try:
+                body, headers = await handler(toks, msg.data, dict(msg.headers or {}))
+            except Exception as exc:
+                log.warning("bus.serve_failed", subject=msg.subject, error=repr(exc))
+                body, headers = b"", {"Aios-Status": "500", "Aios-Error": f"{type(exc).__name__}: {exc}"[:500]}
+            if msg.reply:
+                try:
+                    await self.nc.publish(msg.reply, body, headers=headers)
+                except Exception as exc:
+                    log.warning("bus.reply_failed", subject=msg.subject, error=repr(exc))
+
+        async def cb(msg: Any) -> None:
+            t = asyncio.get_running_loop().create_task(answer(msg))
+            tasks.add(t)
+            t.add_done_callback(tasks.discard)
+
+        sub = await self.nc.subscribe(event.filter(**tokens), queue=queue, cb=cb, pending_msgs_limit=1_000_000,
+                                      pending_bytes_limit=512 * 1024 * 1024)
+        return Serving(sub, tasks)
+
+    async def request(self, event: Event[Any], body: bytes, headers: dict[str, str] | None = None,
+                      timeout: float = 60.0, **tokens: str) -> Any:
+        """One core-NATS request of a request/reply catalog event; the reply message."""
+        return await self.nc.request(event.subject(**tokens), body, timeout=timeout, headers=headers)

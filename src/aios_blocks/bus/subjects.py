@@ -167,6 +167,16 @@ LIFECYCLE = consumer(
 )
 
 
+#: The mapper's facts: placements (starting), additions (ready), remove commands (draining),
+#: failures (stopping), removals (gone), deletions (the map goes). Shared by the executors that run it.
+MAPPER = consumer(
+    "mapper", E.block_placement, E.instance_added, E.node_instance_remove, E.instance_failed, E.instance_unhealthy,
+    E.instance_removed, E.block_deleted,
+)
+#: Every executor is one of this queue group on ``aios.block.*.task``.
+EXECUTOR_QUEUE = "executor"
+
+
 def agent(node: str | None = None) -> ConsumerSpec:
     """One node agent's own durable (``node``), or the simulated fleet's shared one (``None``)."""
     if node:

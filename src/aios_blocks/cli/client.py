@@ -110,6 +110,11 @@ class Client:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
+    # -- tasks -----------------------------------------------------------------------------
+    async def task(self, bid: str, body: bytes, headers: dict[str, str] | None = None,
+                   timeout: float = 60.0) -> tuple[int, bytes, dict[str, str]]:
+        return await send_task(self.bus, bid, body, headers, timeout)
+
     # -- inventory -------------------------------------------------------------------------
     # Every registration is an event first (the stream is the record ``blocks recover`` rebuilds
     # Redis from), then a direct write to Redis so the caller can use it at once. Message ids are
@@ -449,3 +454,23 @@ def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
         return [data]
     found = data.get("decisions")
     return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+
+
+async def send_task(bus: Bus, bid: str, body: bytes, headers: dict[str, str] | None = None,
+                    timeout: float = 60.0) -> tuple[int, bytes, dict[str, str]]:
+    """One task to a block through an executor (NATS request/reply): (status, body, headers).
+    Needs NATS only (the ``upstream`` role can send it). Raises TimeoutError when no answer comes."""
+    import nats.errors
+
+    try:
+        msg = await bus.request(E.block_task, body, headers or {}, timeout, bid=bid)
+    except nats.errors.NoRespondersError:
+        return 503, b"", {"Aios-Error": "no executor is running (no responder on the block's task subject)"}
+    except nats.errors.TimeoutError:
+        raise TimeoutError(f"no answer from block {bid} within {timeout:g} s")
+    h = dict(msg.headers or {})
+    try:
+        status = int(h.get("Aios-Status", "200"))
+    except ValueError:
+        status = 502
+    return status, bytes(msg.data), h

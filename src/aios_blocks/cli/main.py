@@ -270,6 +270,7 @@ def up(
     gateways: int = typer.Option(1, min=0, help="Gateway worker processes."),
     controllers: int = typer.Option(1, min=0, help="Controller worker processes."),
     agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
+    executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
@@ -277,10 +278,13 @@ def up(
 
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
-    with _running(data_dir, {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents}) as (servers, sup):
+    layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors}
+    with _running(data_dir, layout) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")
         console.print(f"logs: {sup.log_dir}/<worker>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
+        if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and executors:
+            console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
         while True:
             time.sleep(1)
 
@@ -304,8 +308,11 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
                 nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
                 os.environ.setdefault("AIOS_NATS_URL", nats_url)
                 os.environ.setdefault("AIOS_REDIS_URL", redis_url)
+            layout = layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1}
+            if layout.get("executor"):
+                _http_ingress(servers)
             sup = Supervisor(
-                nats_url, redis_url, layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1},
+                nats_url, redis_url, layout,
                 log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
             ).start()
             yield servers, sup
@@ -318,10 +325,89 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
                 servers.stop()
 
 
+def _http_ingress(servers: EmbeddedServers | None) -> None:
+    """The executors' HTTP port (``AIOS_EXECUTOR_HTTP_PORT``, else a free one), in the workers'
+    environment and in ``endpoints.json`` as ``"http"``."""
+    import socket
+
+    port = os.environ.get("AIOS_EXECUTOR_HTTP_PORT")
+    if not port or port == "0":
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = str(sk.getsockname()[1])
+        os.environ["AIOS_EXECUTOR_HTTP_PORT"] = port
+    if servers is not None:
+        ep = servers.data_dir / "endpoints.json"
+        doc = json.loads(ep.read_text())
+        doc["http"] = f"http://{os.environ.get('AIOS_EXECUTOR_HTTP_HOST', '127.0.0.1')}:{port}"
+        ep.write_text(json.dumps(doc))
+
+
+@app.command()
+def task(
+    bid: str = typer.Argument(..., help="Block id."),
+    data: str = typer.Option("{}", "--data", "-d", help="The task's body: JSON text, or @FILE (any bytes)."),
+    idempotent: bool = typer.Option(False, "--idempotent", help="Mark the task idempotent: it may be retried on another instance."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the answer."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Send one task to a block over NATS (through an executor) and print the answer. Exit 0
+    answered (2xx), 1 unknown block, 2 bad input, 3 failed (the instance's or executor's error,
+    e.g. overloaded: retry after the time printed), 5 timed out.
+
+    Example: `blocks task blk-1234 --data '{"prompt": "hi"}'`, `blocks task blk-1234 -d @image.png`
+    """
+    if data.startswith("@"):
+        try:
+            body = Path(data[1:]).read_bytes()
+        except OSError as exc:
+            err.print(f"[red]cannot read {escape(data[1:])}: {exc}[/]")
+            raise typer.Exit(2)
+        ctype = "application/json" if data.endswith(".json") else "application/octet-stream"
+    else:
+        try:
+            json.loads(data)
+        except ValueError as exc:
+            err.print(f"[red]--data is not JSON[/]: {escape(str(exc))} (use @FILE for other bodies)")
+            raise typer.Exit(2)
+        body, ctype = data.encode(), "application/json"
+    headers = {"Content-Type": ctype, "Aios-Timeout-Ms": str(int(timeout * 1000))}
+    if idempotent:
+        headers["Aios-Idempotent"] = "true"
+
+    from ..bus.nats_bus import Bus
+    from .client import send_task
+
+    nats_url, _ = _urls(data_dir)  # NATS only: AIOS_ROLE=upstream works
+
+    async def go() -> tuple[int, bytes, dict[str, str]]:
+        bus = await Bus.open(nats_url, source="aios-blocks/cli")
+        try:
+            return await send_task(bus, bid, body, headers, timeout + 1)
+        finally:
+            await bus.close()
+
+    try:
+        status, out, h = _run(go())
+    except TimeoutError:
+        err.print(f"[red]timed out[/]: no answer from block {escape(bid)} within {timeout:g} s (is an executor running?)")
+        raise typer.Exit(5)
+    if 200 <= status < 300:
+        sys.stdout.buffer.write(out)
+        if out and not out.endswith(b"\n"):
+            sys.stdout.buffer.write(b"\n")
+        sys.stdout.flush()
+        raise typer.Exit(0)
+    why = h.get("Aios-Error") or out.decode(errors="replace")[:2000]
+    retry = f" (retry after {h['Retry-After-Ms']} ms)" if h.get("Retry-After-Ms") else ""
+    err.print(f"[red]{status}[/] {escape(why)}{retry}")
+    raise typer.Exit(1 if status == 404 and "Aios-Instance" not in h else 5 if status == 504 else 3)
+
+
 @app.command()
 def worker(
-    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim"),
-    cluster: str = typer.Option(None, help="controller only: serve just this cluster (its own durable)."),
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor"),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a
@@ -421,7 +507,7 @@ def demo(
     """
     code = 1
     with _running(data_dir) as (_, sup):
-        code = _run(_demo(sup, timeout))
+        code = _run(_demo(sup, timeout, Path(data_dir)))
         if code == 0 and sys.stdout.isatty():
             console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")
             while True:
@@ -429,7 +515,7 @@ def demo(
     raise typer.Exit(code)
 
 
-async def _demo(sup: Supervisor, timeout: float) -> int:
+async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> int:
     client = await Client.open(sup.nats_url, sup.redis_url)
     try:
         comp = await client.add_component(yaml.safe_load((EXAMPLES / "component.yaml").read_text()))
@@ -450,9 +536,49 @@ async def _demo(sup: Supervisor, timeout: float) -> int:
         await _print_block(client, bid)
         if kind == "ready":
             console.print(f"[green bold]block {bid} ready[/] in {time.perf_counter() - started:.3f}s")
+            await _demo_tasks(client, bid, data_dir)
         return TERMINAL[kind]
     finally:
         await client.close()
+
+
+async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:
+    """Tasks through the executor: a few to the example block (simulated instances echo them),
+    then the OCR block's images when the `ocr` extra is installed (a real model)."""
+    async with asyncio.timeout(30):  # the mapper's map reaches the executor just after `ready`
+        while True:
+            if (await client.task(bid, b"{}", timeout=10))[0] == 200:
+                break
+            await asyncio.sleep(0.1)
+    for n in range(3):
+        status, body, h = await client.task(bid, json.dumps({"prompt": f"task {n}"}).encode(), {"Content-Type": "application/json"})
+        console.print(f"task {n} -> {status} from {h.get('Aios-Instance', '?')}: {body.decode(errors='replace')[:120]}")
+    from ..examples.ocr import available
+    from ..examples.ocr import demo as ocr_demo
+
+    why = available()
+    if why:
+        console.print(f"[dim]OCR block skipped: {why}[/]")
+        return
+
+    async def send(obid: str, task: dict[str, Any]) -> dict[str, Any]:
+        status, body, h = await client.task(obid, json.dumps(task).encode(), {"Content-Type": "application/json"}, 120)
+        if status != 200:
+            raise RuntimeError(f"executor answered {status}: {h.get('Aios-Error') or body[:200]!r}")
+        out: dict[str, Any] = json.loads(body)
+        return out
+
+    async def via_executor(obid: str, task: dict[str, Any]) -> dict[str, Any]:
+        async with asyncio.timeout(60):  # as above: the OCR block's map reaches the executor
+            while True:
+                try:
+                    return await send(obid, task)
+                except RuntimeError as exc:
+                    if "404" not in str(exc) and "no ready instance" not in str(exc):
+                        raise
+                await asyncio.sleep(0.2)
+
+    await ocr_demo.run(client, data_dir, send=via_executor, say=lambda line: console.print(line))
 
 
 # -- inventory --------------------------------------------------------------------------------

@@ -7,6 +7,8 @@ from typing import Any
 
 CLUSTER_ACTIONS = ("selection", "post_dry_run")
 RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment")
+#: loadBalancer: ``route`` once per task (inline), ``weights`` periodically (Starlark, off the task path)
+BALANCER_ACTIONS = ("route", "weights")
 
 
 class WrongShape(ValueError):
@@ -53,6 +55,13 @@ def check(action: str, result: Any) -> None:
         gpus = result.get("gpus", [])
         if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
             raise WrongShape(f"{action} gpus must be a list of GPU ids, got {_short(gpus)}")
+    elif action == "route":
+        if not isinstance(result, dict) or not isinstance(result.get("instance_id"), str) or not result["instance_id"]:
+            raise WrongShape(f'route must return {{"instance_id": str}} (one of the given instances), got {_short(result)}')
+    elif action == "weights":
+        w = result.get("weights") if isinstance(result, dict) else None
+        if not isinstance(w, dict) or not all(isinstance(k, str) and _is_number(v) and v >= 0 for k, v in w.items()):
+            raise WrongShape(f'weights must return {{"weights": {{instance_id: number >= 0}}}}, got {_short(result)}')
     else:
         raise WrongShape(f"unknown action {action!r}")
 

@@ -2,7 +2,8 @@
 
 ``policyRuleURI`` forms:
 
-* ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread`` - the built-ins;
+* ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread``, ``builtin:round-robin``,
+  ``builtin:least-inflight``, ``builtin:least-queue`` - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -29,6 +30,7 @@ from typing import Any
 from ..schemas.errors import PolicyFailed
 from ..settings import load as load_settings
 from . import contract, uris
+from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .sandbox import sandboxed_class
@@ -43,6 +45,9 @@ BUILTINS: dict[str, type] = {
     "builtin:cluster-rank": ClusterRankPolicy,
     "builtin:binpack": BinPackPolicy,
     "builtin:spread": SpreadPolicy,
+    "builtin:round-robin": RoundRobinPolicy,
+    "builtin:least-inflight": LeastInflightPolicy,
+    "builtin:least-queue": LeastQueuePolicy,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

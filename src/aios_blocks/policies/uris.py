@@ -16,6 +16,9 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:cluster-rank": ("clusterAllocator",),
     "builtin:binpack": ("resourceAllocator",),
     "builtin:spread": ("resourceAllocator",),
+    "builtin:round-robin": ("loadBalancer",),
+    "builtin:least-inflight": ("loadBalancer",),
+    "builtin:least-queue": ("loadBalancer",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -45,5 +48,5 @@ def uri_problem(uri: str, slot: str | None = None) -> str | None:
             "NAME.py / NAME.star, or package.module:Class")
 
 
-#: the slots a built-in may be checked against (others, e.g. loadBalancer, have no built-ins yet)
+#: the slots a built-in may be checked against (stabilityChecker and autoscaler have no built-ins yet)
 _SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")

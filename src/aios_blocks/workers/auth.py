@@ -30,11 +30,11 @@ from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
 from ..bus import event_ids, subjects
-from ..bus.catalog import EVENTS, Role
+from ..bus.catalog import EVENTS, E, Role
 from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
-WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim")
+WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor")
 ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
 KIND_ROLE = {k: k for k in WORKER_ROLES}
@@ -49,6 +49,7 @@ ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.GATEWAY: ("gateway",),
     Role.CONTROLLER: ("controller",),
     Role.AGENT: ("agent",),
+    Role.EXECUTOR: ("executor",),
     Role.RUNNER: (),  # each role gets its own consumers' dead-letter subjects (below)
 }
 
@@ -57,6 +58,15 @@ ROLE_USERS: dict[Role, tuple[str, ...]] = {
 CATALOG_GAPS: dict[str, tuple[str, ...]] = {}
 
 JS = "$JS.API"
+#: every block's task requests (the executors' queue group)
+E_TASKS = E.block_task.filter()
+
+
+def instance_map_bucket() -> str:
+    from ..bus.instance_map import BUCKET
+
+    return BUCKET
+
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
 #: Redis ACL users: ``aios`` for workers (only ``aios:*`` keys, nothing @dangerous), ``admin`` for
 #: the CLI and setup (everything), ``observer`` (reads only).
@@ -66,7 +76,8 @@ REDIS_USERS = {
     "observer": "~aios:* +@read +@connection -@dangerous",
 }
 #: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
-REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios", "observer": "observer"}
+REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
+              "executor": "aios", "observer": "observer"}
 
 
 def auth_enabled() -> bool:
@@ -140,7 +151,7 @@ class Permissions:
 #: the workers' shared durable consumers; per-node agents' (``agent-<nid>``) and per-cluster
 #: controllers' (``controller-<cid>``) are added as they appear (``protect_consumer``)
 WORKER_DURABLES = tuple(c.durable for c in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE,
-                                             subjects.agent()))
+                                             subjects.agent(), subjects.MAPPER))
 
 
 def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str]]:
@@ -199,6 +210,17 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         pub += [*read_topology, *_consumer_rights(durable), subjects.node_expected(scope)]
         if role == "agent-sim":
             sub += hints  # the simulated fleet is a Worker like the others
+    elif role == "executor":
+        # the mapper's durable, the instance-map bucket (create, read, write, watch through an
+        # ordered consumer), the tasks of every block as a queue group, replies to requesters
+        kv_stream = f"KV_{instance_map_bucket()}"
+        pub += [*read_topology, *_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
+                f"{JS}.STREAM.*.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}", f"{JS}.DIRECT.GET.{kv_stream}",
+                f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
+                f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{instance_map_bucket()}.>", "$JS.FC.>",
+                f"$JS.ACK.{kv_stream}.>"]
+        sub += [*hints, E_TASKS]
+        responses = True
     else:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
     return Permissions(tuple(sorted(set(pub))), tuple(sorted(set(sub))), responses)

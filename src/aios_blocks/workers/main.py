@@ -12,7 +12,7 @@ import structlog
 from . import agent_sim, controller, gateway, parser
 from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
-KINDS = ("parser", "gateway", "controller", "agent-sim")
+KINDS = ("parser", "gateway", "controller", "agent-sim", "executor")
 log = structlog.get_logger("aios.worker")
 WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
 
@@ -33,6 +33,14 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
     w = await Worker.open(nats_url, redis_url, kind)
     stop = stop or stop_on_signals()
+    if kind == "executor":
+        from .executor import run as run_executor
+
+        try:
+            await run_executor(w, stop, cluster)
+        finally:
+            await w.close()
+        return
     if kind == "parser":
         binds = parser.bindings(w)
     elif kind == "gateway":

@@ -1,0 +1,339 @@
+"""The executor's routing and admission engine: no I/O, so every rule is unit-tested.
+
+One :class:`Route` per block holds its instances as the executor sees them (the mapper's map plus
+this executor's own in-flight counts and the latest metrics), the block's loadBalancer policy
+(:class:`Chooser`) and a bounded FIFO of tasks waiting for a free slot:
+
+* a task is admitted to an instance that is ``ready`` and has fewer than ``maxOngoing`` tasks in
+  flight (Ray Serve's ``max_ongoing_requests``); among those, the policy picks;
+* with none free, the task waits in the block's queue (at most ``queueSize`` tasks, at most
+  ``queue_timeout_s``); with the queue full, it is refused at once: 503 "overloaded, retry after
+  N ms", N estimated from the queue length, the block's recent service time and its capacity;
+* an instance leaving ``ready`` (``draining``) gets no new task; its tasks in flight finish, since
+  the engine never cancels a dispatch;
+* a policy that raises, overruns its time limit or answers with something other than one of the
+  given instances fails that task with a clear reason (:class:`Refused` 500); the executor and the
+  other tasks go on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import math
+import random
+import signal
+import threading
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..policies import contract
+
+
+class InstanceState(enum.StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+
+
+class Refused(Exception):
+    """A task the executor answers itself: ``status`` (HTTP-like), ``reason``, and for overload
+    ``retry_after_ms``."""
+
+    def __init__(self, status: int, reason: str, retry_after_ms: int | None = None):
+        super().__init__(reason)
+        self.status, self.reason, self.retry_after_ms = status, reason, retry_after_ms
+
+
+class PolicyError(Exception):
+    pass
+
+
+class _Overrun(BaseException):
+    """Raised into policy code by the inline time limit (a BaseException: a policy's own
+    ``except Exception`` cannot swallow it)."""
+
+
+_guard_active = False
+
+
+def _on_alarm(signum: int, frame: Any) -> None:
+    if _guard_active:
+        raise _Overrun()
+
+
+#: the wall-clock limit of an inline call is this many times its CPU limit (at least WALL_FLOOR_S)
+WALL_FACTOR = 10
+WALL_FLOOR_S = 0.05
+
+
+@contextlib.contextmanager
+def inline_deadline(seconds: float) -> Iterator[None]:
+    """A time limit on synchronous Python code run inline (on the event loop's thread), enforced
+    by signals between bytecodes: ``seconds`` of CPU time (``ITIMER_VIRTUAL``: a process that is
+    merely preempted on a busy machine does not use up its budget), and ``WALL_FACTOR`` times that
+    in wall-clock time (``ITIMER_REAL``: code that sleeps or waits). Only on the main thread;
+    elsewhere, and for code stuck inside one C call, there is no limit. Another SIGALRM handler (a
+    test runner's timeout) is put back afterwards."""
+    global _guard_active
+    if seconds <= 0 or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    prev = []
+    for sig in (signal.SIGVTALRM, signal.SIGALRM):
+        if signal.getsignal(sig) is not _on_alarm:
+            prev.append((sig, signal.signal(sig, _on_alarm)))
+    _guard_active = True
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    started = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, max(seconds * WALL_FACTOR, WALL_FLOOR_S))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        _guard_active = False
+        for sig, handler in prev:
+            if handler is not None:
+                signal.signal(sig, handler)
+        if outer > 0:  # someone else's alarm (a test runner's timeout) goes on
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - started)))
+
+
+class Chooser:
+    """Picks one instance id among candidates (all ``ready`` and under their limit)."""
+
+    name = "?"
+
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+        raise NotImplementedError
+
+
+class InlinePolicy(Chooser):
+    """A seed-shaped policy object called once per task with ``action: "route"``. Built-ins are
+    trusted and called as they are; other Python policies run under ``time_limit_s``."""
+
+    def __init__(self, policy: Any, name: str, parameters: dict[str, Any] | None = None,
+                 time_limit_s: float = 0.0, context: dict[str, Any] | None = None):
+        self.policy, self.name = policy, name
+        self.parameters = parameters or {}
+        self.time_limit_s = time_limit_s
+        self.context = context if context is not None else {}
+
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+        input_data = {"action": "route", "payload": {"block": bid, "task": task, "instances": candidates}}
+        try:
+            if self.time_limit_s > 0:
+                with inline_deadline(self.time_limit_s):
+                    result = self.policy.eval(self.parameters, input_data, self.context)
+            else:
+                result = self.policy.eval(self.parameters, input_data, self.context)
+        except _Overrun:
+            raise PolicyError(f"loadBalancer policy {self.name} timed out after {self.time_limit_s * 1000:g} ms")
+        except Exception as exc:
+            raise PolicyError(f"loadBalancer policy {self.name} raised {type(exc).__name__}: {exc}")
+        except BaseException as exc:  # SystemExit & co: never out of the executor
+            raise PolicyError(f"loadBalancer policy {self.name} raised {type(exc).__name__}: {exc}")
+        try:
+            contract.check("route", result)
+        except Exception as exc:
+            raise PolicyError(f"loadBalancer policy {self.name}: wrong return shape: {exc}")
+        return str(result["instance_id"])  # the route checks it is one of the candidates (O(1))
+
+
+class Weighted(Chooser):
+    """Weighted random choice by weights a (Starlark) policy computes periodically, never per
+    task. An instance without a weight gets the mean of the others (new instances take work at
+    once); all weights zero: uniform."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.weights: dict[str, float] = {}
+        self.error = ""
+        self._rand = random.Random()
+
+    def set(self, weights: dict[str, float]) -> None:
+        self.weights = {k: float(v) for k, v in weights.items()}
+
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+        known = [self.weights[c["id"]] for c in candidates if c["id"] in self.weights]
+        mean = (sum(known) / len(known)) if known else 1.0
+        ws = [self.weights.get(c["id"], mean) for c in candidates]
+        total = sum(ws)
+        if total <= 0:
+            return str(self._rand.choice(candidates)["id"])
+        x = self._rand.random() * total
+        for c, w in zip(candidates, ws, strict=True):
+            x -= w
+            if x < 0:
+                return str(c["id"])
+        return str(candidates[-1]["id"])
+
+
+@dataclass
+class Limits:
+    max_ongoing: int = 100
+    queue_size: int = 1000
+    queue_timeout_s: float = 10.0
+
+
+@dataclass
+class Route:
+    """One block as one executor routes it."""
+
+    block_id: str
+    chooser: Chooser
+    limits: Limits = field(default_factory=Limits)
+    #: the map this route was built from (mapper revision), its generation and input path
+    version: int = 0
+    gen: int = 0
+    path: str = "/infer"
+    method: str = "POST"
+    rule: dict[str, Any] = field(default_factory=dict)
+    views: dict[str, dict[str, Any]] = field(default_factory=dict)
+    waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
+    #: recent service time (EWMA, seconds): the retry-after estimate
+    ewma_s: float = 0.01
+    #: counters (the executor's metrics)
+    dispatched: int = 0
+    rejected: int = 0
+    retried: int = 0
+    policy_errors: int = 0
+    policy_s: float = 0.0
+    _ready: list[dict[str, Any]] = field(default_factory=list)
+    #: ready instances at their in-flight limit (0: every ready instance is a candidate)
+    _full: int = 0
+
+    # -- the instance map ----------------------------------------------------------------------
+    def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
+        """Take a new map (mapper's ``instances``): views keep their in-flight counts and metrics."""
+        self.version = version
+        if gen is not None:
+            self.gen = gen
+        old = self.views
+        new: dict[str, dict[str, Any]] = {}
+        for iid, rec in instances.items():
+            v = old.get(iid)
+            if v is None:
+                v = {"id": iid, "inflight": 0, "metrics": {}}
+            v["node"] = rec.get("node", "")
+            v["endpoint"] = rec.get("endpoint", "")
+            v["state"] = rec.get("state", InstanceState.STARTING)
+            v["max_ongoing"] = self.limits.max_ongoing
+            new[iid] = v
+        for iid, v in old.items():  # gone from the map: no new task; in-flight ones finish
+            if iid not in new:
+                v["state"] = InstanceState.STOPPING
+        self.views = new
+        self._ready = [v for v in new.values() if v["state"] == InstanceState.READY and v["endpoint"]]
+        self._full = sum(1 for v in self._ready if v["inflight"] >= self.limits.max_ongoing)
+        self._wake(len(self.waiting))
+
+    def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
+        v = self.views.get(iid)
+        if v is not None:
+            v["metrics"] = metrics
+
+    def live(self) -> int:
+        return sum(1 for v in self.views.values() if v["state"] in (InstanceState.READY, InstanceState.STARTING))
+
+    # -- admission ----------------------------------------------------------------------------
+    def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+        """Instances that may take a task now. With none at its limit and nothing excluded this
+        is the route's own list (no copy: policies must not change it; custom ones get a copy)."""
+        if not self._full and not exclude:
+            return self._ready
+        cap = self.limits.max_ongoing
+        return [v for v in self._ready if v["inflight"] < cap and v["id"] not in exclude]
+
+    def retry_after_ms(self) -> int:
+        capacity = max(1, len(self._ready) * self.limits.max_ongoing)
+        est = (len(self.waiting) + 1) * self.ewma_s / capacity * 1000
+        return int(min(5000, max(5, math.ceil(est))))
+
+    def try_pick(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> dict[str, Any] | None:
+        """The instance for this task now (its in-flight count taken), or None when none is free.
+        Raises :class:`Refused` (500) when the policy fails."""
+        cands = self.candidates(exclude)
+        if not cands:
+            return None
+        builtin = isinstance(self.chooser, InlinePolicy) and self.chooser.name.startswith("builtin:")
+        if len(cands) == 1 and builtin:
+            v = cands[0]  # a built-in has nothing to decide
+        else:
+            t0 = time.perf_counter()
+            try:
+                iid = self.chooser.choose(self.block_id, task, cands if builtin else list(cands))
+            except PolicyError as exc:
+                self.policy_errors += 1
+                raise Refused(500, str(exc))
+            finally:
+                self.policy_s += time.perf_counter() - t0
+            v = self.views.get(iid)  # type: ignore[assignment]
+            if (v is None or v["state"] != InstanceState.READY or not v["endpoint"] or iid in exclude
+                    or v["inflight"] >= self.limits.max_ongoing):
+                self.policy_errors += 1
+                raise Refused(500, f"loadBalancer policy {self.chooser.name} chose {iid!r}, which is not one of the "
+                                   f"{len(cands)} instances it was given")
+        v["inflight"] += 1
+        if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
+            self._full += 1
+        self.dispatched += 1
+        return v
+
+    async def acquire(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset(),
+                      deadline: float | None = None) -> dict[str, Any]:
+        """An instance for the task, waiting in the block's queue while none is free."""
+        loop = asyncio.get_running_loop()
+        end = deadline if deadline is not None else loop.time() + self.limits.queue_timeout_s
+        first = True
+        while True:
+            # FIFO: a newcomer does not overtake the queue; a woken task tries first
+            if not first or not self.waiting or exclude:
+                v = self.try_pick(task, exclude)
+                if v is not None:
+                    return v
+            first = False
+            if self.live() - sum(1 for i in exclude if i in self.views) <= 0:
+                self.rejected += 1
+                raise Refused(503, f"block {self.block_id} has no ready instance", 1000)
+            if len(self.waiting) >= self.limits.queue_size:
+                self.rejected += 1
+                ms = self.retry_after_ms()
+                raise Refused(503, f"block {self.block_id} overloaded ({len(self.waiting)} tasks queued), retry after {ms} ms", ms)
+            remaining = end - loop.time()
+            if remaining <= 0:
+                self.rejected += 1
+                raise Refused(503, f"block {self.block_id}: no instance free within {self.limits.queue_timeout_s:g} s",
+                              self.retry_after_ms())
+            fut: asyncio.Future[None] = loop.create_future()
+            self.waiting.append(fut)
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), remaining)
+            except TimeoutError:
+                pass
+            finally:
+                if not fut.done():
+                    fut.cancel()
+                with contextlib.suppress(ValueError):
+                    self.waiting.remove(fut)
+
+    def release(self, v: dict[str, Any], seconds: float | None = None) -> None:
+        if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
+            self._full -= 1
+        v["inflight"] -= 1
+        if seconds is not None:
+            self.ewma_s += 0.1 * (seconds - self.ewma_s)
+        self._wake(1)
+
+    def _wake(self, n: int) -> None:
+        while n > 0 and self.waiting:
+            fut = self.waiting.popleft()
+            if not fut.done():
+                fut.set_result(None)
+                n -= 1

@@ -1,0 +1,97 @@
+"""Built-in loadBalancer policies (seed-000 class shape), cheap enough to run once per task inline.
+
+Input (``action: "route"``, docs/policies.md)::
+
+    {"action": "route", "payload": {"block": BID, "task": {...metadata...},
+                                    "instances": [{"id", "node", "endpoint", "state", "inflight",
+                                                   "max_ongoing", "metrics": {...}}, ...]}}
+
+The executor passes only instances that may take a task now (``ready`` and under ``maxOngoing``),
+so a built-in never has to filter; the answer is ``{"instance_id": ID}``.
+
+* ``builtin:round-robin``: each instance in turn (a counter; the list order is the map's).
+* ``builtin:least-inflight`` (the default): power of two choices (Mitzenmacher; Ray Serve's
+  request router): two instances at random, the one with fewer tasks in flight (ties: the first
+  drawn). O(1) per decision whatever the instance count, and no herd on one "best" instance
+  when many executors decide on slightly stale views.
+* ``builtin:least-queue``: the engine's own queue (``metrics.num_requests_waiting`` +
+  ``metrics.num_requests_running``, vLLM's names, as scraped) plus this executor's in-flight
+  tasks; when ``metrics.kv_cache_usage_perc`` is reported, an instance whose KV cache is nearly
+  full (``settings.kvCacheHigh``, default 0.9) is scored as if ``settings.kvCachePenalty``
+  (default 8) more tasks waited (llm-d's queue and KV-cache scorers, in one sum). Scans
+  ``settings.sample`` instances at random (default 16; all when there are fewer).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+def _instances(input_data: dict[str, Any]) -> list[dict[str, Any]]:
+    insts = input_data["payload"]["instances"]
+    if not insts:
+        raise ValueError("no instance to route to")
+    return insts
+
+
+class RoundRobinPolicy:
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
+        self._next = 0
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+        insts = _instances(input_data)
+        n = self._next % len(insts)
+        self._next = n + 1
+        return {"instance_id": insts[n]["id"]}
+
+
+class LeastInflightPolicy:
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
+        self._rand = random.Random()
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+        insts = _instances(input_data)
+        if len(insts) == 1:
+            return {"instance_id": insts[0]["id"]}
+        a, b = self._rand.sample(insts, 2)
+        return {"instance_id": (b if b["inflight"] < a["inflight"] else a)["id"]}
+
+
+def queue_score(inst: dict[str, Any], kv_high: float, kv_penalty: float) -> float:
+    m = inst.get("metrics") or {}
+    score = float(inst.get("inflight", 0))
+    score += float(m.get("num_requests_waiting", 0) or 0) + float(m.get("num_requests_running", 0) or 0)
+    kv = m.get("kv_cache_usage_perc")
+    if kv is not None and float(kv) >= kv_high:
+        score += kv_penalty
+    return score
+
+
+class LeastQueuePolicy:
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
+        s = self.settings
+        self.sample = int(s.get("sample", 16))
+        self.kv_high = float(s.get("kvCacheHigh", 0.9))
+        self.kv_penalty = float(s.get("kvCachePenalty", 8))
+        self._rand = random.Random()
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+        insts = _instances(input_data)
+        if len(insts) > self.sample:
+            insts = self._rand.sample(insts, self.sample)
+        else:  # a random start: ties do not all land on the first instance
+            k = self._rand.randrange(len(insts))
+            insts = insts[k:] + insts[:k]
+        best, best_score = insts[0], queue_score(insts[0], self.kv_high, self.kv_penalty)
+        for inst in insts[1:]:
+            s = queue_score(inst, self.kv_high, self.kv_penalty)
+            if s < best_score:
+                best, best_score = inst, s
+        return {"instance_id": best["id"]}
+
+
+DEFAULT = "builtin:least-inflight"
