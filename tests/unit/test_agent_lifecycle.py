@@ -183,6 +183,17 @@ def test_instance_env_carries_ids_gpus_ports_and_seed_fields_as_json() -> None:
     assert env["AIOS_BLOCK_ID"] == "b" and env["blockInitData"] == '{"model": "m"}' and env["parameters"] == '{"t": 0.5}'
     assert env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert env["AIOS_PORT"] == "8080" and env["AIOS_PORT_HTTP"] == "8080" and env["AIOS_PORT_GRPC_API"] == "9090"
+    assert "AIOS_HOST" not in env
+
+
+def test_instances_bind_loopback_only_when_their_endpoints_advertise_loopback_and_get_the_input_protocol() -> None:
+    from aios_blocks.handlers.controller import env_for
+    from aios_blocks.workers.agent.node_agent import bind_host
+
+    assert bind_host("127.0.0.1") == "127.0.0.1" and bind_host("10.0.0.7") == "0.0.0.0"
+    cmd_env = env_for({"blockId": "b", "inputProtocol": {"path": "/v1/x"}}, "b-0", [])
+    env = instance_env(cmd_env, {}, {"http": 8080}, bind_host("10.0.0.7"))
+    assert env["AIOS_HOST"] == "0.0.0.0" and env["inputProtocol"] == '{"path": "/v1/x"}'
 
 
 def test_labels_round_trip_to_resources() -> None:

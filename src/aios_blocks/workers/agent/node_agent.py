@@ -219,7 +219,8 @@ class NodeAgent:
         def launch_spec(gpu: GpuAssignment, ports: dict[str, int], workdir: Path | None = None) -> LaunchSpec:
             return LaunchSpec(
                 instance_id=iid, block_id=cmd.block_id, node_id=self.node_id, gen=cmd.gen, image=cmd.image,
-                command=list(launch.command), env=instance_env(cmd.env, gpu.env, ports), workdir=workdir,
+                command=list(launch.command), env=instance_env(cmd.env, gpu.env, ports, bind_host(self.cfg.advertise_host)),
+                workdir=workdir,
                 ports=ports, gpus=list(cmd.gpus), gpu_devices=attach, resources=cmd.resources,
                 stop_grace_s=launch.stopGraceS,
             )
@@ -393,10 +394,17 @@ def memory_limit(cmd_env: dict[str, Any]) -> int:
         return 0
 
 
-def instance_env(cmd_env: dict[str, Any], gpu_env: dict[str, str], ports: dict[str, int]) -> dict[str, str]:
-    """The instance's environment: ids, GPUs, ports, and the seed's ``blockInitData``,
-    ``initSettings`` and ``parameters`` as JSON (they are also files in the working directory)."""
-    env: dict[str, str] = {}
+def bind_host(advertise_host: str) -> str:
+    """The address instances bind: loopback when the endpoints advertise loopback, else all."""
+    return "127.0.0.1" if advertise_host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
+
+
+def instance_env(cmd_env: dict[str, Any], gpu_env: dict[str, str], ports: dict[str, int], host: str = "") -> dict[str, str]:
+    """The instance's environment: ids, GPUs, ports (``AIOS_PORT_<NAME>``, the first also as
+    ``AIOS_PORT``), the address to bind (``AIOS_HOST``), and the seed's ``blockInitData``,
+    ``initSettings``, ``parameters`` and ``inputProtocol`` as JSON (the first three are also files
+    in the working directory)."""
+    env: dict[str, str] = {"AIOS_HOST": host} if host else {}
     for k, v in cmd_env.items():
         env[k] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
     env.update(gpu_env)

@@ -138,6 +138,15 @@ class SimServer:
         if inst.site is not None:
             with contextlib.suppress(Exception):
                 await inst.site.stop()
+        # its open keep-alive connections end too (after the task in flight, as a stopping server's)
+        server = self._runner.server if self._runner is not None else None
+        for conn in list(server.connections) if server is not None else []:
+            sock = conn.transport.get_extra_info("sockname") if conn.transport else None
+            if sock and sock[1] == inst.port:
+                if getattr(conn, "_request_in_progress", True):
+                    conn.close()  # ends after the task it is answering
+                else:
+                    conn.force_close()  # idle keep-alive: gone now, as with a stopped process
 
     async def close(self) -> None:
         for iid in list(self.by_id):

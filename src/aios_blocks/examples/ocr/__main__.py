@@ -1,0 +1,4 @@
+from ...instance import serve
+from . import handle, init
+
+serve(handle, init)

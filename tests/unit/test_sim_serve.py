@@ -1,0 +1,93 @@
+"""Simulated instances that serve (workers/agent/sim_serve.py, runtime_sim.py): real HTTP on
+127.0.0.1, behaviour from the block's settings, gone when stopped, served again after a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from aios_blocks.instance.metrics import parse_text
+from aios_blocks.workers.agent.runtime import LaunchSpec
+from aios_blocks.workers.agent.runtime_sim import SimRuntime
+from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+
+
+def test_behaviour_comes_from_init_settings_and_parameters_parameters_win() -> None:
+    b = SimBehaviour.from_env({
+        "initSettings": json.dumps({"sim": {"serviceTimeMs": 20, "failureRate": 0.5, "maxConcurrency": 4}}),
+        "parameters": json.dumps({"sim.serviceTimeMs": 5, "sim.failureRate": 7}),  # clamped to 1
+        "inputProtocol": json.dumps({"path": "/v1/completions"}),
+    })
+    assert b == SimBehaviour("/v1/completions", 0.005, 0.0, 1.0, 4)
+    assert SimBehaviour.from_env({"initSettings": "{bad", "parameters": '{"sim": {"serviceTimeMs": "x"}}'}) == SimBehaviour()
+
+
+async def test_instances_share_one_server_and_answer_by_their_own_port() -> None:
+    server = SimServer()
+    try:
+        a = await server.add("a", SimBehaviour(service_time_s=0.01))
+        b = await server.add("b", SimBehaviour(path="/run", failure_rate=1.0))
+        assert a.port != b.port and await server.add("a", SimBehaviour()) is a  # idempotent per id
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{a.port}/infer", json={"q": 1}) as r:
+                assert r.status == 200 and await r.json() == {"instance_id": "a", "output": {"q": 1}}
+            async with http.post(f"http://127.0.0.1:{b.port}/run", json={}) as r:
+                assert r.status == 500 and (await r.json())["instance_id"] == "b"
+            async with http.post(f"http://127.0.0.1:{a.port}/infer", json={"stream": 3}) as r:
+                assert [json.loads(line)["chunk"] async for line in r.content] == [0, 1, 2]
+            async with http.get(f"http://127.0.0.1:{a.port}/health") as r:
+                assert r.status == 200
+            async with http.get(f"http://127.0.0.1:{b.port}/metrics") as r:
+                m = parse_text(await r.text())
+            assert m["aios_instance_requests_total"] == 1 and m["aios_instance_errors_total"] == 1
+            assert a.metrics.requests == 2 and a.metrics.errors == 0
+            assert a.metrics.latency_sum >= 0.02  # two tasks of 10 ms service time
+
+            await server.remove("b")
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with http.get(f"http://127.0.0.1:{b.port}/health", timeout=aiohttp.ClientTimeout(total=5)):
+                    pass
+    finally:
+        await server.close()
+
+
+async def test_max_concurrency_makes_tasks_wait_and_reports_them_waiting() -> None:
+    server = SimServer()
+    try:
+        inst = await server.add("q", SimBehaviour(service_time_s=0.3, max_concurrency=1))
+        async with aiohttp.ClientSession() as http:
+            url = f"http://127.0.0.1:{inst.port}/infer"
+            calls = [asyncio.create_task(http.post(url, json={})) for _ in range(3)]
+            async with asyncio.timeout(5):
+                while inst.metrics.waiting != 2:
+                    await asyncio.sleep(0.01)
+            assert inst.metrics.running == 1
+            for resp in await asyncio.gather(*calls):
+                assert resp.status == 200
+                resp.release()
+        assert (inst.metrics.running, inst.metrics.waiting, inst.metrics.requests) == (0, 0, 3)
+    finally:
+        await server.close()
+
+
+async def test_the_sim_runtime_reports_the_endpoint_and_serves_again_after_a_restart(tmp_path: Path) -> None:
+    spec = LaunchSpec("b-0", "b", "n1", 1, env={"parameters": json.dumps({"sim": {"serviceTimeMs": 1}})})
+    first = SimRuntime(start_delay_s=0, state_dir=tmp_path, server=SimServer())
+    inst = await first.start(spec)
+    assert inst.endpoint.startswith("http://127.0.0.1:")
+    await first.server.close()  # type: ignore[union-attr]  # the agent process ends; the "engine" keeps its files
+    second = SimRuntime(start_delay_s=0, state_dir=tmp_path, server=SimServer())
+    try:
+        (found,) = await second.list("n1")
+        assert found.endpoint == inst.endpoint  # the same port again
+        async with aiohttp.ClientSession() as http, http.post(f"{found.endpoint}/infer", json=1) as r:
+            assert r.status == 200 and (await r.json())["output"] == 1
+        assert second.server is not None and second.server.by_id["b-0"].behaviour.service_time_s == 0.001
+        await second.stop(found.handle, 0)
+        assert second.server.by_id == {}
+    finally:
+        await second.close()
