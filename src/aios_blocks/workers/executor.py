@@ -31,12 +31,14 @@ import aiohttp
 import msgspec
 import structlog
 from aiohttp import web
+from prometheus_client import REGISTRY
 
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.instance_map import InstanceMaps
 from ..bus.router import Inbound, Router
 from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Refused, Route, Weighted
+from ..executor.stats import ExecutorCollector
 from ..handlers import mapper
 from ..policies.builtin.balancer import DEFAULT
 from ..policies.runtime import BUILTINS, registry_name
@@ -114,6 +116,8 @@ class Executor:
         self._weight_tasks: dict[str, asyncio.Task[None]] = {}
         self._map_lock = asyncio.Lock()
         self.map_ready = asyncio.Event()
+        #: tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)
+        self.unknown_tasks = 0
 
     # -- the instance map -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
@@ -234,6 +238,7 @@ class Executor:
         accepted response to ``consume``. Raises :class:`Refused` with the reason otherwise."""
         route = self.routes.get(bid)
         if route is None:
+            self.unknown_tasks += 1
             raise Refused(404, f"unknown block {bid!r}: no instance map (never placed, or deleted)")
         assert self.session is not None
         idempotent = _truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
@@ -252,7 +257,7 @@ class Executor:
             v = await route.acquire(task, frozenset(tried))
             iid = v["id"]
             t0 = time.perf_counter()
-            retry = False
+            retry, ok = False, False
             try:
                 async with self.session.request(method, v["endpoint"] + target, data=body, headers=fwd,
                                                 timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
@@ -260,10 +265,12 @@ class Executor:
                         await resp.read()
                         last, retry = f"instance {iid} answered {resp.status}", True
                     else:
+                        ok = resp.status < 500
                         return await consume(resp, v)
             except aiohttp.ClientConnectorError as exc:  # never reached the instance: safe to try another
-                last, retry = f"instance {iid} unreachable: {exc}", True
+                ok, last, retry = False, f"instance {iid} unreachable: {exc}", True
             except (aiohttp.ClientError, TimeoutError) as exc:
+                ok = False
                 what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
                 last = f"instance {iid} {what}"
                 if not idempotent:
@@ -271,12 +278,13 @@ class Executor:
                                   f"{last}; not retried (the task is not marked Aios-Idempotent: true)")
                 retry = True
             finally:
-                route.release(v, time.perf_counter() - t0)
+                route.release(v, time.perf_counter() - t0, ok)
             if not retry or attempt >= self.s.executor_retries:
                 raise Refused(502, f"{last}; gave up after {attempt + 1} attempt(s)")
             attempt += 1
             tried.add(iid)
             route.retried += 1
+            route.stats.retries += 1
             await asyncio.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
 
     # -- NATS ingress ---------------------------------------------------------------------------
@@ -398,6 +406,8 @@ class Executor:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
                                              auto_decompress=False)
         runner: web.AppRunner | None = None
+        collector = ExecutorCollector(lambda: self.routes, lambda: self.unknown_tasks)
+        REGISTRY.register(collector)  # served by the worker's /metrics (workers/telemetry.py)
         watch = asyncio.get_running_loop().create_task(self.maps.watch(self.on_map, stop, self.map_ready))
         sub = None
         try:
@@ -424,6 +434,7 @@ class Executor:
             if runner is not None:
                 await runner.cleanup()
             await self.session.close()
+            REGISTRY.unregister(collector)
 
 
 def refusal_headers(r: Refused) -> dict[str, str]:
