@@ -196,6 +196,9 @@ class Route:
     #: the figures exported for Prometheus and the metrics collector (``executor.stats``)
     stats: RouteStats = field(default_factory=RouteStats)
     _ready: list[dict[str, Any]] = field(default_factory=list)
+    #: the instances' metrics by source (their union is each view's ``metrics``)
+    _scraped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -219,13 +222,26 @@ class Route:
                 v["state"] = InstanceState.STOPPING
         self.views = new
         self.stats.keep(new)
+        for src in (self._scraped, self._collected):
+            for iid in [i for i in src if i not in new]:
+                del src[iid]
         self._ready = [v for v in new.values() if v["state"] == InstanceState.READY and v["endpoint"]]
         self._wake(len(self.waiting))
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
+        """The engine's queue figures as this executor just scraped them (builtin:least-queue):
+        they win over the collector's older ones of the same name."""
         v = self.views.get(iid)
         if v is not None:
-            v["metrics"] = metrics
+            self._scraped[iid] = metrics
+            v["metrics"] = {**self._collected.get(iid, {}), **metrics}
+
+    def set_collected(self, iid: str, sample: dict[str, Any]) -> None:
+        """The metrics collector's latest sample of the instance (docs/metrics.md)."""
+        v = self.views.get(iid)
+        if v is not None:
+            self._collected[iid] = sample
+            v["metrics"] = {**sample, **self._scraped.get(iid, {})}
 
     def live(self) -> int:
         return sum(1 for v in self.views.values() if v["state"] in (InstanceState.READY, InstanceState.STARTING))

@@ -14,6 +14,8 @@ What the digest leaves out, and why:
 * ``aios:meta:*`` - the state epoch (changes on every recover by design) and the clusters' state
   indexes (counters of changes, not state; ``Store.state_index``);
 * ``aios:heartbeats`` - last heartbeat per node: liveness, sent on core NATS, never stored;
+* ``aios:metrics:*`` - the metrics collector's windows and the workers' /metrics targets: scraped
+  figures with a TTL, never events (docs/metrics.md);
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
   retried ones that publish nothing new); the block list's scores (creation times);
 * a policy head's ``updated`` time;
@@ -42,7 +44,7 @@ class ZSet(dict[str, float]):
 Image = dict[str, Any]
 
 #: prefixes of keys the digest leaves out (see the module docstring)
-VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats")
+VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats", "aios:metrics:")
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",

@@ -231,6 +231,26 @@ class Executor:
             if resp.status == 200:
                 route.set_metrics(v["id"], parse_queue_metrics(await resp.text()))
 
+    async def collected_loop(self, stop: asyncio.Event) -> None:
+        """The metrics collector's latest instance samples (``state.metrics``) into the routes'
+        views: the loadBalancer's input carries them as each instance's ``metrics``."""
+        interval = self.s.metrics_interval_s
+        while not stop.is_set():
+            bids = list(self.routes)
+            if bids:
+                try:
+                    latest = await self.w.store.metrics.instances_many(bids)
+                except Exception as exc:  # Redis away for a moment: routes keep the last figures
+                    log.warning("executor.metrics_read_failed", error=repr(exc))
+                    latest = {}
+                for bid, insts in latest.items():
+                    route = self.routes.get(bid)
+                    if route is not None:
+                        for iid, sample in insts.items():
+                            route.set_collected(iid, sample)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
     # -- dispatch -------------------------------------------------------------------------------
     async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str],
                        consume: Callable[[aiohttp.ClientResponse, dict[str, Any]], Awaitable[Any]]) -> Any:
@@ -420,7 +440,7 @@ class Executor:
                 site = web.TCPSite(runner, self.s.executor_http_host, self.s.executor_http_port, reuse_port=True)
                 await site.start()
             log.info("executor.serving", http=self.s.executor_http_port, blocks=len(self.routes))
-            jobs = [self.scrape_loop(stop), stop.wait()]
+            jobs = [self.scrape_loop(stop), self.collected_loop(stop), stop.wait()]
             if mapper_on:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)
