@@ -224,7 +224,7 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         # ordered consumer, direct gets), never writes it
         kv_stream = f"KV_{instance_map_bucket()}"
         pub += [*read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
-                f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
+                f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
                 f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.STREAM.MSG.GET.{kv_stream}", "$JS.FC.>"]
         sub += hints
     else:
