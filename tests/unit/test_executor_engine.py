@@ -197,6 +197,13 @@ class Hangs:
                 pass
 
 
+class Spins:
+    def eval(self, parameters: Any, input_data: Any, context: Any) -> Any:
+        n = 0
+        while True:  # burns CPU: the CPU limit stops it
+            n += 1
+
+
 class Stranger:
     def eval(self, parameters: Any, input_data: Any, context: Any) -> Any:
         return {"instance_id": "not-given"}
@@ -208,7 +215,8 @@ class Exits:
 
 
 @pytest.mark.parametrize(("policy", "why"), [
-    (Raises(), "raised KeyError"), (Hangs(), "timed out after 20 ms"), (Stranger(), "not one of the 2 instances"),
+    (Raises(), "raised KeyError"), (Hangs(), "timed out after 20 ms"), (Spins(), "timed out after 20 ms"),
+    (Stranger(), "not one of the 2 instances"),
     (Exits(), "raised SystemExit"),
 ])
 async def test_a_bad_policy_fails_that_task_only(policy: Any, why: str) -> None:
@@ -302,3 +310,27 @@ other_metric 9
     assert parse_queue_metrics(text) == {"num_requests_waiting": 5.0, "num_requests_running": 4.0, "kv_cache_usage_perc": 0.75}
     assert parse_queue_metrics("aios_instance_requests_running 2\naios_instance_requests_waiting 0\n") == {
         "num_requests_running": 2.0, "num_requests_waiting": 0.0}
+
+
+def test_the_candidate_list_always_equals_the_filtered_one() -> None:
+    """The route keeps a count of instances at their limit so that, with none full, candidates
+    cost nothing; whatever the sequence of picks, releases and map changes, it is the plain filter."""
+    import random
+
+    rnd = random.Random(7)
+    r = builtin_route(n=4, max_ongoing=2)
+    held: list[dict[str, Any]] = []
+    for step in range(2000):
+        op = rnd.random()
+        if op < 0.5:
+            v = r.try_pick({})
+            if v is not None:
+                held.append(v)
+        elif op < 0.95 and held:
+            r.release(held.pop(rnd.randrange(len(held))))
+        else:
+            m = the_map(4)
+            m[f"i{rnd.randrange(4)}"]["state"] = rnd.choice(["ready", "draining"])
+            r.apply(m, step, 1)
+        expected = [v for v in r._ready if v["inflight"] < 2]
+        assert [v["id"] for v in r.candidates()] == [v["id"] for v in expected]

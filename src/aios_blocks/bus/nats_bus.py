@@ -10,6 +10,7 @@ system event. Events go out in the CloudEvents NATS binding's structured mode
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterable
@@ -109,6 +110,24 @@ def source_uri(name: str) -> str:
 def _ours(cfg: ConsumerConfig) -> bool:
     """A worker durable as ``ensure_consumer`` makes it: pull, explicit acks, never expiring."""
     return not cfg.deliver_subject and cfg.ack_policy in (AckPolicy.EXPLICIT, None) and not cfg.inactive_threshold
+
+
+@dataclass
+class Serving:
+    """A queue-group responder (``Bus.serve``): ``stop`` leaves the group and answers every
+    request already taken, so a stopping process loses none."""
+
+    sub: Any
+    tasks: set[asyncio.Task[None]]
+
+    async def stop(self, timeout: float) -> None:
+        try:
+            await self.sub.drain()  # no new request comes here; those received are still handled
+        except Exception:
+            with contextlib.suppress(Exception):
+                await self.sub.unsubscribe()
+        if self.tasks:
+            await asyncio.wait(list(self.tasks), timeout=timeout)
 
 
 class Bus:
@@ -299,7 +318,7 @@ class Bus:
         return await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=1_000_000)
 
     # -- core request/reply (catalog events with responders) -------------------------------------
-    async def serve(self, event: Event[Any], queue: str, handler: Responder, **tokens: str) -> Any:
+    async def serve(self, event: Event[Any], queue: str, handler: Responder, **tokens: str) -> Serving:
         """Answer ``event``'s requests as one of the queue group ``queue``: ``handler(tokens, body,
         headers) -> (body, headers)`` runs as its own task per request (requests are answered
         concurrently); a handler that raises is answered with ``Aios-Status: 500``, never with
@@ -324,8 +343,9 @@ class Bus:
             tasks.add(t)
             t.add_done_callback(tasks.discard)
 
-        return await self.nc.subscribe(event.filter(**tokens), queue=queue, cb=cb, pending_msgs_limit=1_000_000,
-                                       pending_bytes_limit=512 * 1024 * 1024)
+        sub = await self.nc.subscribe(event.filter(**tokens), queue=queue, cb=cb, pending_msgs_limit=1_000_000,
+                                      pending_bytes_limit=512 * 1024 * 1024)
+        return Serving(sub, tasks)
 
     async def request(self, event: Event[Any], body: bytes, headers: dict[str, str] | None = None,
                       timeout: float = 60.0, **tokens: str) -> Any:

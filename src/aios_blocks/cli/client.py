@@ -113,22 +113,7 @@ class Client:
     # -- tasks -----------------------------------------------------------------------------
     async def task(self, bid: str, body: bytes, headers: dict[str, str] | None = None,
                    timeout: float = 60.0) -> tuple[int, bytes, dict[str, str]]:
-        """One task to a block through an executor (NATS request/reply): (status, body, headers).
-        Raises TimeoutError when no executor answers."""
-        import nats.errors
-
-        try:
-            msg = await self.bus.request(E.block_task, body, headers or {}, timeout, bid=bid)
-        except nats.errors.NoRespondersError:
-            return 503, b"", {"Aios-Error": "no executor is running (no responder on the block's task subject)"}
-        except nats.errors.TimeoutError:
-            raise TimeoutError(f"no answer from block {bid} within {timeout:g} s")
-        h = dict(msg.headers or {})
-        try:
-            status = int(h.get("Aios-Status", "200"))
-        except ValueError:
-            status = 502
-        return status, bytes(msg.data), h
+        return await send_task(self.bus, bid, body, headers, timeout)
 
     # -- inventory -------------------------------------------------------------------------
     # Every registration is an event first (the stream is the record ``blocks recover`` rebuilds
@@ -469,3 +454,23 @@ def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
         return [data]
     found = data.get("decisions")
     return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+
+
+async def send_task(bus: Bus, bid: str, body: bytes, headers: dict[str, str] | None = None,
+                    timeout: float = 60.0) -> tuple[int, bytes, dict[str, str]]:
+    """One task to a block through an executor (NATS request/reply): (status, body, headers).
+    Needs NATS only (the ``upstream`` role can send it). Raises TimeoutError when no answer comes."""
+    import nats.errors
+
+    try:
+        msg = await bus.request(E.block_task, body, headers or {}, timeout, bid=bid)
+    except nats.errors.NoRespondersError:
+        return 503, b"", {"Aios-Error": "no executor is running (no responder on the block's task subject)"}
+    except nats.errors.TimeoutError:
+        raise TimeoutError(f"no answer from block {bid} within {timeout:g} s")
+    h = dict(msg.headers or {})
+    try:
+        status = int(h.get("Aios-Status", "200"))
+    except ValueError:
+        status = 502
+    return status, bytes(msg.data), h

@@ -397,11 +397,20 @@ def task(
     if idempotent:
         headers["Aios-Idempotent"] = "true"
 
-    async def go(c: Client) -> tuple[int, bytes, dict[str, str]]:
-        return await c.task(bid, body, headers, timeout + 1)
+    from ..bus.nats_bus import Bus
+    from .client import send_task
+
+    nats_url, _ = _urls(data_dir)  # NATS only: AIOS_ROLE=upstream works
+
+    async def go() -> tuple[int, bytes, dict[str, str]]:
+        bus = await Bus.open(nats_url, source="aios-blocks/cli")
+        try:
+            return await send_task(bus, bid, body, headers, timeout + 1)
+        finally:
+            await bus.close()
 
     try:
-        status, out, h = _run(_with_client(data_dir, go))
+        status, out, h = _run(go())
     except TimeoutError:
         err.print(f"[red]timed out[/]: no answer from block {escape(bid)} within {timeout:g} s (is an executor running?)")
         raise typer.Exit(5)

@@ -68,24 +68,42 @@ def _on_alarm(signum: int, frame: Any) -> None:
         raise _Overrun()
 
 
+#: the wall-clock limit of an inline call is this many times its CPU limit (at least WALL_FLOOR_S)
+WALL_FACTOR = 10
+WALL_FLOOR_S = 0.05
+
+
 @contextlib.contextmanager
 def inline_deadline(seconds: float) -> Iterator[None]:
-    """A time limit on synchronous Python code run inline (on the event loop's thread): SIGALRM
-    (``setitimer``) interrupts it between bytecodes. Only on the main thread; elsewhere (and for
-    code stuck inside a C call) there is no limit: say so in the policy's docs."""
+    """A time limit on synchronous Python code run inline (on the event loop's thread), enforced
+    by signals between bytecodes: ``seconds`` of CPU time (``ITIMER_VIRTUAL``: a process that is
+    merely preempted on a busy machine does not use up its budget), and ``WALL_FACTOR`` times that
+    in wall-clock time (``ITIMER_REAL``: code that sleeps or waits). Only on the main thread;
+    elsewhere, and for code stuck inside one C call, there is no limit. Another SIGALRM handler (a
+    test runner's timeout) is put back afterwards."""
     global _guard_active
     if seconds <= 0 or threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGALRM, _on_alarm)
+    prev = []
+    for sig in (signal.SIGVTALRM, signal.SIGALRM):
+        if signal.getsignal(sig) is not _on_alarm:
+            prev.append((sig, signal.signal(sig, _on_alarm)))
     _guard_active = True
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    signal.setitimer(signal.ITIMER_VIRTUAL, seconds)
+    started = time.monotonic()
+    outer, _ = signal.setitimer(signal.ITIMER_REAL, max(seconds * WALL_FACTOR, WALL_FLOOR_S))
     try:
         yield
     finally:
+        signal.setitimer(signal.ITIMER_VIRTUAL, 0)
         signal.setitimer(signal.ITIMER_REAL, 0)
         _guard_active = False
-        signal.signal(signal.SIGALRM, old)
+        for sig, handler in prev:
+            if handler is not None:
+                signal.signal(sig, handler)
+        if outer > 0:  # someone else's alarm (a test runner's timeout) goes on
+            signal.setitimer(signal.ITIMER_REAL, max(1e-3, outer - (time.monotonic() - started)))
 
 
 class Chooser:
@@ -126,12 +144,7 @@ class InlinePolicy(Chooser):
             contract.check("route", result)
         except Exception as exc:
             raise PolicyError(f"loadBalancer policy {self.name}: wrong return shape: {exc}")
-        iid = result["instance_id"]
-        for c in candidates:
-            if c["id"] == iid:
-                return str(iid)
-        raise PolicyError(f"loadBalancer policy {self.name} chose {iid!r}, which is not one of the "
-                          f"{len(candidates)} instances it was given")
+        return str(result["instance_id"])  # the route checks it is one of the candidates (O(1))
 
 
 class Weighted(Chooser):
@@ -196,6 +209,8 @@ class Route:
     #: the figures exported for Prometheus and the metrics collector (``executor.stats``)
     stats: RouteStats = field(default_factory=RouteStats)
     _ready: list[dict[str, Any]] = field(default_factory=list)
+    #: ready instances at their in-flight limit (0: every ready instance is a candidate)
+    _full: int = 0
     #: the instances' metrics by source (their union is each view's ``metrics``)
     _scraped: dict[str, dict[str, Any]] = field(default_factory=dict)
     _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -226,6 +241,7 @@ class Route:
             for iid in [i for i in src if i not in new]:
                 del src[iid]
         self._ready = [v for v in new.values() if v["state"] == InstanceState.READY and v["endpoint"]]
+        self._full = sum(1 for v in self._ready if v["inflight"] >= self.limits.max_ongoing)
         self._wake(len(self.waiting))
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
@@ -248,6 +264,10 @@ class Route:
 
     # -- admission ----------------------------------------------------------------------------
     def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+        """Instances that may take a task now. With none at its limit and nothing excluded this
+        is the route's own list (no copy: policies must not change it; custom ones get a copy)."""
+        if not self._full and not exclude:
+            return self._ready
         cap = self.limits.max_ongoing
         return [v for v in self._ready if v["inflight"] < cap and v["id"] not in exclude]
 
@@ -262,12 +282,13 @@ class Route:
         cands = self.candidates(exclude)
         if not cands:
             return None
-        if len(cands) == 1 and isinstance(self.chooser, InlinePolicy) and self.chooser.name.startswith("builtin:"):
+        builtin = isinstance(self.chooser, InlinePolicy) and self.chooser.name.startswith("builtin:")
+        if len(cands) == 1 and builtin:
             v = cands[0]  # a built-in has nothing to decide
         else:
             t0 = time.perf_counter()
             try:
-                iid = self.chooser.choose(self.block_id, task, cands)
+                iid = self.chooser.choose(self.block_id, task, cands if builtin else list(cands))
             except PolicyError as exc:
                 self.policy_errors += 1
                 self.stats.rejected[Reject.POLICY_ERROR] += 1
@@ -276,8 +297,16 @@ class Route:
                 dt = time.perf_counter() - t0
                 self.policy_s += dt
                 self.stats.policy.observe(dt)
-            v = self.views[iid]
+            v = self.views.get(iid)  # type: ignore[assignment]
+            if (v is None or v["state"] != InstanceState.READY or not v["endpoint"] or iid in exclude
+                    or v["inflight"] >= self.limits.max_ongoing):
+                self.policy_errors += 1
+                self.stats.rejected[Reject.POLICY_ERROR] += 1
+                raise Refused(500, f"loadBalancer policy {self.chooser.name} chose {iid!r}, which is not one of the "
+                                   f"{len(cands)} instances it was given")
         v["inflight"] += 1
+        if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
+            self._full += 1
         self.dispatched += 1
         return v
 
@@ -326,6 +355,8 @@ class Route:
     def release(self, v: dict[str, Any], seconds: float | None = None, ok: bool | None = None) -> None:
         """The task at ``v`` is done (``ok``: the instance answered below 500; None: not known,
         e.g. a test's own release)."""
+        if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
+            self._full -= 1
         v["inflight"] -= 1
         if seconds is not None:
             self.ewma_s += 0.1 * (seconds - self.ewma_s)

@@ -215,7 +215,9 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         # ordered consumer), the tasks of every block as a queue group, replies to requesters
         kv_stream = f"KV_{instance_map_bucket()}"
         pub += [*read_topology, *_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
-                f"{JS}.*.*.{kv_stream}", f"{JS}.*.*.{kv_stream}.>", f"$KV.{instance_map_bucket()}.>", "$JS.FC.>",
+                f"{JS}.STREAM.*.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}", f"{JS}.DIRECT.GET.{kv_stream}",
+                f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
+                f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{instance_map_bucket()}.>", "$JS.FC.>",
                 f"$JS.ACK.{kv_stream}.>"]
         sub += [*hints, E_TASKS]
         responses = True

@@ -50,6 +50,10 @@ log = structlog.get_logger("aios.executor")
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
                "proxy-authorization", "proxy-authenticate"}
 RETRY_STATUSES = (502, 503, 504)
+#: policies that never read instance metrics: their blocks' instances are not scraped
+NO_METRICS = ("builtin:round-robin", "builtin:least-inflight")
+#: an HTTP answer of known length up to this size is passed on in one write (others are streamed)
+SMALL_BODY = 256 * 1024
 
 
 def _clean(text: str) -> str:
@@ -207,7 +211,8 @@ class Executor:
             await asyncio.sleep(self.s.executor_weights_interval_s)
 
     async def scrape_loop(self, stop: asyncio.Event) -> None:
-        """Engine queue figures of the instances of blocks routed by builtin:least-queue."""
+        """Engine queue figures of the instances of blocks whose policy may read them
+        (builtin:least-queue and custom policies; round-robin and least-inflight never do)."""
         interval = self.s.executor_scrape_interval_s
         if interval <= 0:
             return
@@ -215,7 +220,7 @@ class Executor:
         while not stop.is_set():
             jobs = []
             for route in list(self.routes.values()):
-                if route.chooser.name != "builtin:least-queue":
+                if route.chooser.name in NO_METRICS:
                     continue
                 for v in list(route.views.values()):
                     if v["state"] == "ready" and v["endpoint"]:
@@ -350,15 +355,17 @@ class Executor:
         body = await request.read()
 
         async def stream(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> web.StreamResponse:
-            out = web.StreamResponse(status=resp.status, reason=resp.reason)
-            for k, val in resp.headers.items():
-                if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server"):
-                    out.headers.add(k, val)
-            out.headers["Aios-Instance"] = v["id"]
-            if resp.content_length is not None:
-                out.content_length = resp.content_length
+            headers = {k: val for k, val in resp.headers.items()
+                       if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server")}
+            headers["Aios-Instance"] = v["id"]
+            n = resp.content_length
+            if n is not None and n <= SMALL_BODY:  # a small answer of known size: one write
+                return web.Response(status=resp.status, reason=resp.reason, body=await resp.read(), headers=headers)
+            out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
+            if n is not None:
+                out.content_length = n
             await out.prepare(request)
-            async for chunk in resp.content.iter_any():
+            async for chunk in resp.content.iter_any():  # streamed: each chunk as it comes
                 await out.write(chunk)
             await out.write_eof()
             return out
@@ -378,13 +385,22 @@ class Executor:
     def mapper_binding(self) -> tuple[subjects.ConsumerSpec, Any]:
         router = Router(subjects.MAPPER)
         w = self.w
+        #: one change of a block's map at a time in this process (its facts come in bursts: a gang
+        #: of instances added together); other mapper copies are kept apart by compare-and-set
+        locks: dict[str, asyncio.Lock] = {}
 
         async def apply(bid: str, decide: Callable[[dict[str, Any] | None, dict[str, Any] | None, float], dict[str, Any] | None],
                         need_block: bool = False) -> None:
-            block = await w.store.get_block(bid)
-            if need_block and block is None:
-                return
-            await self.maps.update(bid, lambda cur: decide(cur, block, time.time()))
+            lock = locks.setdefault(bid, asyncio.Lock())
+            try:
+                async with lock:
+                    block = await w.store.get_block(bid)
+                    if need_block and block is None:
+                        return
+                    await self.maps.update(bid, lambda cur: decide(cur, block, time.time()))
+            finally:
+                if not lock.locked() and not getattr(lock, "_waiters", None):
+                    locks.pop(bid, None)
 
         @router.on(E.block_placement)
         async def on_placement(m: Inbound[Any]) -> None:
@@ -445,9 +461,9 @@ class Executor:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)
         finally:
-            if sub is not None:
+            if sub is not None:  # leave the queue group, answer what was taken
                 with contextlib.suppress(Exception):
-                    await sub.unsubscribe()
+                    await sub.stop(self.s.executor_task_timeout_s)
             watch.cancel()
             for bid in list(self._weight_tasks):
                 self._stop_weights(bid)
