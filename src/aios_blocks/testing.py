@@ -149,7 +149,9 @@ class MemorySystem:
         from .workers import agent_sim, controller, gateway, parser
         from .workers.base import Worker
 
-        s = settings or Settings(sim_start_delay_s=0.0, dry_run_deadline_s=5.0, sim_serve=False)
+        s = settings or Settings(sim_start_delay_s=0.0, dry_run_deadline_s=5.0)
+        if "sim_serve" not in s.model_fields_set:  # wiring tests: simulated instances open no sockets
+            s = s.model_copy(update={"sim_serve": False})
         store = Store(fakeredis.aioredis.FakeRedis(decode_responses=True))
         await store.r.set(EPOCH_KEY, "memory")
         bus = MemoryBus()

@@ -72,3 +72,23 @@ async def test_sim_instances_have_endpoints_that_serve_health_tasks_and_metrics(
                     assert r.status != 200
             except aiohttp.ClientError:
                 pass  # refused: nothing listens there any more
+
+
+async def test_sim_instances_take_their_path_and_behaviour_from_the_block(system: System) -> None:
+    comp = dict(COMPONENT, componentURI="aios://test/llm", componentInputProtocol={"type": "http", "path": "/v1/completions"})
+    await system.client.add_component(comp)
+    await system.client.add_sim_cluster("c0", nodes=1, gpus=2)
+    bid, kind, env = await system.submit_and_wait({
+        "blockComponentURI": "aios://test/llm", "minInstances": 1, "maxInstances": 1,
+        "parameters": {"sim": {"failureRate": 1.0}},
+    })
+    assert kind == "ready", env
+    (rec,) = (await system.client.store.instances(bid)).values()
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{rec['endpoint']}/v1/completions", json={"prompt": "x"}) as r:
+            assert r.status == 500 and (await r.json())["error"] == "simulated failure"
+        async with http.post(f"{rec['endpoint']}/infer", json={}) as r:
+            assert r.status == 404  # only the block's own input path takes tasks
+        async with http.get(f"{rec['endpoint']}/metrics") as r:
+            m = parse_text(await r.text())
+    assert m["aios_instance_errors_total"] == 1

@@ -79,6 +79,7 @@ async def test_an_sdk_instance_under_the_process_runtime_serves_its_protocol_pat
 async def test_the_ocr_block_reads_the_text_of_an_image(system: System) -> None:
     from aios_blocks.examples.ocr import demo
 
+    await system.client.add_sim_cluster("sim-0", nodes=2, gpus=2)  # as in `blocks demo`: the block must still go to the agent
     env = {**os.environ, "AIOS_NATS_URL": system.supervisor.nats_url}
     env.pop("AIOS_REDIS_URL", None)
     if system.servers is not None:

@@ -200,3 +200,23 @@ async def test_the_server_answers_the_protocol_path_health_metrics_and_streams_c
             assert m["aios_instance_requests_total"] == 2 and m["aios_instance_requests_running"] == 0
     finally:
         await server.close()
+
+
+def test_the_metrics_page_is_valid_prometheus_text() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from aios_blocks.instance import Metrics
+
+    metrics = Metrics()
+    metrics.system.observe(0.003)
+    metrics.system.observe(0.2, error=True)
+    metrics.system.kv_cache_usage = 0.5
+    metrics.gauge("engine_batch", "Batch size").set(3)
+    families = {f.name: f for f in text_string_to_metric_families(metrics.render().decode())}
+    latency = families["aios_instance_request_latency_seconds"]
+    assert latency.type == "histogram"
+    buckets = {s.labels.get("le"): s.value for s in latency.samples if s.name.endswith("_bucket")}
+    assert buckets["0.0025"] == 0 and buckets["0.005"] == 1 and buckets["0.25"] == 2 and buckets["+Inf"] == 2
+    assert families["aios_instance_errors"].samples[0].value == 1  # counters lose _total in the parser
+    assert families["aios_instance_kv_cache_usage_perc"].samples[0].value == 0.5
+    assert families["engine_batch"].samples[0].value == 3

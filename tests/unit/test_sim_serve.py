@@ -24,6 +24,11 @@ def test_behaviour_comes_from_init_settings_and_parameters_parameters_win() -> N
     })
     assert b == SimBehaviour("/v1/completions", 0.005, 0.0, 1.0, 4)
     assert SimBehaviour.from_env({"initSettings": "{bad", "parameters": '{"sim": {"serviceTimeMs": "x"}}'}) == SimBehaviour()
+    # one instance of the block slower than the others (routing benchmarks), by index or by id
+    params = json.dumps({"sim": {"serviceTimeMs": 10, "instances": {"0": {"serviceTimeMs": 100}, "blk-2": {"failureRate": 1}}}})
+    of = {iid: SimBehaviour.from_env({"parameters": params, "AIOS_INSTANCE_ID": iid}) for iid in ("blk-0", "blk-1", "blk-2")}
+    assert [of[i].service_time_s for i in sorted(of)] == [0.1, 0.01, 0.01]
+    assert [of[i].failure_rate for i in sorted(of)] == [0, 0, 1]
 
 
 async def test_instances_share_one_server_and_answer_by_their_own_port() -> None:
@@ -65,7 +70,10 @@ async def test_max_concurrency_makes_tasks_wait_and_reports_them_waiting() -> No
             async with asyncio.timeout(5):
                 while inst.metrics.waiting != 2:
                     await asyncio.sleep(0.01)
-            assert inst.metrics.running == 1
+            assert inst.metrics.running == 1 and inst.metrics.kv_cache_usage == 1.0
+            async with http.get(f"http://127.0.0.1:{inst.port}/metrics") as r:
+                m = parse_text(await r.text())
+            assert m["aios_instance_requests_waiting"] == 2 and m["aios_instance_kv_cache_usage_perc"] == 1.0
             for resp in await asyncio.gather(*calls):
                 assert resp.status == 200
                 resp.release()

@@ -177,6 +177,8 @@ def _line(subject: str, env: dict[str, Any]) -> str:
         detail = _call(data)
     elif kind.startswith("instance."):
         detail = f"node={data.get('node_id')} gpus={data.get('gpus')}" + (f" reason={data['reason']}" if data.get("reason") else "")
+        if data.get("endpoint"):
+            detail += f" at {data['endpoint']}"
     if kind != "decision":
         for call in data.get("decisions") or []:
             detail += "\n    policy " + _call(call)
@@ -853,10 +855,10 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
         return None
     insts = await c.store.instances(bid)
     t = Table(title=f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else ""))
-    for col in ("instance", "node", "gpus", "status"):
+    for col in ("instance", "node", "gpus", "status", "endpoint"):
         t.add_column(col, overflow="fold")
     for iid, i in sorted(insts.items()):
-        t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"])
+        t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"], i.get("endpoint") or "")
     console.print(t)
     return block
 

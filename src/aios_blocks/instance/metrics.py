@@ -13,6 +13,7 @@ name                                          type       meaning
 ``aios_instance_errors_total``                counter    tasks that failed (handler raised / returned an error status)
 ``aios_instance_request_latency_seconds``     histogram  time from arrival to the last byte of the answer
 ``aios_instance_ready``                       gauge      1 once the handler's init is done
+``aios_instance_kv_cache_usage_perc``         gauge      0..1, only when the instance reports it (vLLM ``kv_cache_usage_perc``)
 ============================================  =========  ===========================================
 
 :class:`SystemMetrics` is plain Python (a few ints and a bucket list) so the simulated runtime can
@@ -37,6 +38,7 @@ REQUESTS = PREFIX + "requests_total"
 ERRORS = PREFIX + "errors_total"
 LATENCY = PREFIX + "request_latency_seconds"
 READY = PREFIX + "ready"
+KV_CACHE = PREFIX + "kv_cache_usage_perc"
 #: seconds; like vLLM's e2e request latency buckets, finer at the low end for fast services
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
@@ -53,6 +55,8 @@ class SystemMetrics:
     requests: int = 0
     errors: int = 0
     ready: bool = False
+    #: share of the engine's KV cache in use (0..1); None: not reported (no line is rendered)
+    kv_cache_usage: float | None = None
     buckets: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
     latency_sum: float = 0.0
 
@@ -78,6 +82,9 @@ class SystemMetrics:
             lines.append(f'{LATENCY}_bucket{{le="{le}"}} {acc}')
         acc += self.buckets[-1]
         lines += [f'{LATENCY}_bucket{{le="+Inf"}} {acc}', f"{LATENCY}_count {acc}", f"{LATENCY}_sum {self.latency_sum:.6f}"]
+        if self.kv_cache_usage is not None:
+            lines += [f"# HELP {KV_CACHE} Share of the KV cache in use.", f"# TYPE {KV_CACHE} gauge",
+                      f"{KV_CACHE} {self.kv_cache_usage:.4f}"]
         return "\n".join(lines) + "\n"
 
 

@@ -111,7 +111,12 @@ def serve(handler: Handler, init: Init | None = None, *, max_concurrency: int | 
         await run(app, stop, host, port)
 
     try:
-        asyncio.run(main())
+        try:
+            import uvloop  # the faster event loop when installed (a dependency off Windows)
+
+            uvloop.run(main())
+        except ImportError:
+            asyncio.run(main())
     except Exception as exc:
         log.error("instance.failed", error=f"{type(exc).__name__}: {exc}")
         raise SystemExit(1) from None

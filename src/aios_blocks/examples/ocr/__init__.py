@@ -89,11 +89,12 @@ def handle(task: Task, ctx: Context) -> dict[str, Any]:
     return {"text": " ".join(line["text"] for line in lines), "lines": lines, "elapsed_ms": round(elapsed * 1000, 1)}
 
 
-def sample_png(text: str = "Hello Blocks 42", size: tuple[int, int] = (360, 80)) -> bytes:
-    """A small PNG with ``text`` in black on white (Pillow's built-in font): an example task."""
+def sample_png(text: str = "Hello Blocks 42", size: tuple[int, int] | None = None) -> bytes:
+    """A small PNG with ``text`` in black on white (Pillow's built-in font, 36 px; 360x80 for up
+    to 14 characters, wider for more): an example task."""
     from PIL import Image, ImageDraw, ImageFont
 
-    img = Image.new("RGB", size, "white")
+    img = Image.new("RGB", size or (max(360, 24 * len(text) + 24), 80), "white")
     try:
         font = ImageFont.load_default(size=36)
     except TypeError:  # Pillow < 10.1: one size only

@@ -30,7 +30,7 @@ from ...schemas.protocol import task_path
 from . import COMPONENT_URI, available, component, sample_png
 
 Send = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
-TEXTS = ("Hello Blocks 42", "AIOS OCR demo", "CPU only 2026")
+TEXTS = ("Hello Blocks 42", "AIOS OCR demo", "PP-OCRv4 model")
 NODE_ID = "ocr-node-0"
 CLUSTER = "ocr-cpu"
 
@@ -86,7 +86,10 @@ async def run(client: Any, data_dir: Path, send: Send | None = None, texts: tupl
         comp = await client.add_component(component())
         say(f"registered component {comp.componentURI} (PP-OCRv4 on CPU) and node {NODE_ID} (process runtime)")
         started = time.perf_counter()
-        bid = await client.submit({"blockComponentURI": COMPONENT_URI, "minInstances": 1, "maxInstances": 1})
+        # pinned to the agent's node: simulated clusters beside it would take the block too, and a
+        # simulated instance only echoes
+        pin = [{"category": "Resource", "strength": "Required", "target": {"type": "NodeId", "value": NODE_ID}}]
+        bid = await client.submit({"blockComponentURI": COMPONENT_URI, "minInstances": 1, "maxInstances": 1, "affinity": pin})
         kind, env = await client.wait(bid, timeout)
         if kind != "ready":
             raise RuntimeError(f"OCR block {bid} ended {kind}: {env.get('data')}")

@@ -14,7 +14,11 @@ Each answers like a real instance (``schemas.protocol``):
 Behaviour comes from the block's ``initSettings`` and ``parameters`` (parameters win), key
 ``sim`` (or flat ``sim.<key>``): ``serviceTimeMs`` (mean, default 0), ``serviceJitterMs`` (uniform
 +-, default 0), ``failureRate`` (0..1, default 0), ``maxConcurrency`` (tasks handled at once; more
-wait in a queue and count as waiting; default 0 = unlimited).
+wait in a queue and count as waiting; default 0 = unlimited); ``instances`` overrides them for
+some instances, by index (the id's last ``-`` part) or id: ``{"instances": {"0": {"serviceTimeMs":
+100}}}`` makes instance 0 of the block slow. With a ``maxConcurrency`` an
+instance also reports ``aios_instance_kv_cache_usage_perc`` = running / maxConcurrency (a stand-in
+for an engine's KV cache filling with its batch).
 """
 
 from __future__ import annotations
@@ -51,6 +55,13 @@ class SimBehaviour:
             if isinstance(nested, dict):
                 conf.update(nested)
             conf.update({k[4:]: v for k, v in d.items() if k.startswith("sim.")})
+        # per-instance overrides: {"instances": {"<index>" or "<instance id>": {...}}}
+        per = conf.get("instances")
+        iid = env.get("AIOS_INSTANCE_ID", "")
+        if isinstance(per, dict) and iid:
+            for key in (iid.rsplit("-", 1)[-1], iid):
+                if isinstance(per.get(key), dict):
+                    conf.update(per[key])
         proto = _json_obj(env.get("inputProtocol", ""))
         return cls(
             path=task_path(proto),
@@ -125,6 +136,7 @@ class SimServer:
             inst = SimInstance(instance_id, behaviour, actual, site=site)
             if behaviour.max_concurrency:
                 inst.slots = asyncio.Semaphore(behaviour.max_concurrency)
+                inst.metrics.kv_cache_usage = 0.0
             inst.metrics.ready = True
             self.by_port[actual] = inst
             self.by_id[instance_id] = inst
@@ -186,6 +198,8 @@ class SimServer:
                 finally:
                     m.waiting -= 1
             m.running += 1
+            if inst.slots is not None:
+                m.kv_cache_usage = m.running / inst.behaviour.max_concurrency
             try:
                 delay = inst.service_time()
                 if delay:
@@ -208,6 +222,7 @@ class SimServer:
             finally:
                 m.running -= 1
                 if inst.slots is not None:
+                    m.kv_cache_usage = m.running / inst.behaviour.max_concurrency
                     inst.slots.release()
         finally:
             m.observe(time.perf_counter() - started, error=not ok)
