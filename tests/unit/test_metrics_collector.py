@@ -206,3 +206,14 @@ def test_the_top_table_shows_blocks_and_instances() -> None:
     text = render({"block": {"t": 100.0, "rate": 3.0}, "instances": {"b-0": {"node": "n0", "state": "ready", "up": True,
                                                                             "inflight": 2.0, "rate": 3.0, "latency_p99_ms": 9.5}}}, "b")
     assert "b-0" in text and "9.5" in text and "ready" in text and "yes" in text
+
+
+def test_the_metrics_role_reads_the_instance_maps_and_publishes_nothing_else() -> None:
+    from aios_blocks.workers import auth
+
+    perms = auth.permissions("metrics")
+    assert perms is not None and "metrics" in auth.WORKER_ROLES and auth.REDIS_ROLE["metrics"] == "aios"
+    assert not [p for p in perms.publish if p.startswith(("aios.", "$KV."))]  # no event, no bucket write
+    assert not [p for p in perms.publish if ".STREAM.CREATE." in p or ".STREAM.DELETE." in p or ".STREAM.PURGE." in p]
+    assert "$JS.API.CONSUMER.CREATE.KV_aios-instances.>" in perms.publish  # its watch
+    assert not perms.allow_responses
