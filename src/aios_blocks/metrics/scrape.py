@@ -47,7 +47,10 @@ def labels_of(text: str) -> dict[str, str]:
 
 
 def _le(labels: str) -> float | None:
-    le = labels_of(labels).get("le")
+    if labels.startswith('le="') and labels.count('"') == 2:  # the common case: le is the only label
+        le: str | None = labels[4:-1]
+    else:
+        le = labels_of(labels).get("le")
     if le is None:
         return None
     try:
@@ -105,6 +108,8 @@ class Histogram:
 # -- an instance's page ------------------------------------------------------------------------------
 #: gauge name suffixes -> reading field (summed over label sets; KV use: the largest)
 _GAUGES = {"requests_running": "running", "requests_waiting": "waiting", "kv_cache_usage_perc": "kv_cache_usage_perc"}
+_GAUGE_ENDS = tuple(_GAUGES)
+_HIST_ENDS = ("_bucket", "_sum", "_count")
 #: counters of finished tasks and of failed ones, by engine
 _REQUESTS = ("aios_instance_requests_total", "vllm:request_success_total")
 _ERRORS = ("aios_instance_errors_total",)
@@ -131,8 +136,7 @@ def read_instance(text: str) -> InstanceReading:
         if name in _ERRORS:
             r.errors = (r.errors or 0.0) + value
             continue
-        base = name.rsplit("_", 1)[0] if name.endswith(("_bucket", "_sum", "_count")) else ""
-        if base in _LATENCY:
+        if name.endswith(_HIST_ENDS) and name.rsplit("_", 1)[0] in _LATENCY:
             h = r.latency = r.latency or Histogram()
             if name.endswith("_bucket"):
                 le = _le(labels)
@@ -142,6 +146,8 @@ def read_instance(text: str) -> InstanceReading:
                 h.total += value
             else:
                 h.count += value
+            continue
+        if not name.endswith(_GAUGE_ENDS):
             continue
         for suffix, key in _GAUGES.items():
             if name.endswith(suffix):
