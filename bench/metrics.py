@@ -47,59 +47,60 @@ asyncio.run(main(int(sys.argv[1])))
 
 
 def figures(quick: bool = False) -> list[common.Row]:
-    return common.run(_figures(200 if quick else 1000, 5 if quick else 10))
+    n = 200 if quick else 1000
+    child = subprocess.Popen([sys.executable, "-c", SIM_CHILD, str(n)], stdout=subprocess.PIPE, text=True)
+    try:
+        return common.run(_figures(child, n, 5 if quick else 10))
+    finally:
+        child.terminate()
+        child.wait(timeout=10)
 
 
-async def _figures(n: int, ticks: int) -> list[common.Row]:
+async def _figures(child: subprocess.Popen[str], n: int, ticks: int) -> list[common.Row]:
     from aios_blocks.metrics.scrape import read_instance
     from aios_blocks.settings import Settings
     from aios_blocks.state.store import Store
     from aios_blocks.workers.collector import Collector
 
-    child = subprocess.Popen([sys.executable, "-c", SIM_CHILD, str(n)], stdout=subprocess.PIPE, text=True)
-    try:
-        assert child.stdout is not None
-        line = await asyncio.to_thread(child.stdout.readline)
-        ports: list[int] = json.loads(line)["ports"]
-        async with common.servers("metrics") as (_nats, redis_url, _data):
-            settings = Settings(metrics_scrape_timeout_s=5.0)
-            store = Store.open(redis_url, settings=settings)
-            w: Any = SimpleNamespace(settings=settings, store=store)
-            c = Collector(w)
-            import aiohttp
+    assert child.stdout is not None
+    line = await asyncio.to_thread(child.stdout.readline)
+    ports: list[int] = json.loads(line)["ports"]
+    async with common.servers("metrics") as (_nats, redis_url, _data):
+        settings = Settings(metrics_scrape_timeout_s=5.0)
+        store = Store.open(redis_url, settings=settings)
+        w: Any = SimpleNamespace(settings=settings, store=store)
+        c = Collector(w)
+        import aiohttp
 
-            c.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-            per_block = 10
-            for b in range(n // per_block):
-                bid = f"b{b}"
-                c.maps[bid] = {"instances": {f"{bid}-{k}": {"state": "ready", "node": "n", "endpoint": f"http://127.0.0.1:{ports[b * per_block + k]}"}
-                                             for k in range(per_block)}}
-                c.clusters[bid] = (0, "c0")
-            walls, cpus = [], []
-            await c.tick()  # warm: connections opened
-            for _ in range(ticks):
-                t0, c0 = time.perf_counter(), time.process_time()
-                assert await c.tick()
-                walls.append(time.perf_counter() - t0)
-                cpus.append(time.process_time() - c0)
-                await asyncio.sleep(0.2)
-            async with c.session.get(f"http://127.0.0.1:{ports[0]}/metrics") as r:
-                page = await r.text()
-            reps = 2000
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                read_instance(page)
-            parse_us = (time.perf_counter() - t0) / reps * 1e6
-            samples = c.windows.tick(time.time(), await c.read())
-            t0 = time.perf_counter()
-            await store.metrics.write(samples, 60, 70)
-            write_s = time.perf_counter() - t0
-            blocks = len(await store.metrics.blocks())
-            await c.session.close()
-            await store.close()
-    finally:
-        child.terminate()
-        child.wait(timeout=10)
+        c.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        per_block = 10
+        for b in range(n // per_block):
+            bid = f"b{b}"
+            c.maps[bid] = {"instances": {f"{bid}-{k}": {"state": "ready", "node": "n", "endpoint": f"http://127.0.0.1:{ports[b * per_block + k]}"}
+                                         for k in range(per_block)}}
+            c.clusters[bid] = (0, "c0")
+        walls, cpus = [], []
+        await c.tick()  # warm: connections opened
+        for _ in range(ticks):
+            t0, c0 = time.perf_counter(), time.process_time()
+            assert await c.tick()
+            walls.append(time.perf_counter() - t0)
+            cpus.append(time.process_time() - c0)
+            await asyncio.sleep(0.2)
+        async with c.session.get(f"http://127.0.0.1:{ports[0]}/metrics") as r:
+            page = await r.text()
+        reps = 2000
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            read_instance(page)
+        parse_us = (time.perf_counter() - t0) / reps * 1e6
+        samples = c.windows.tick(time.time(), await c.read())
+        t0 = time.perf_counter()
+        await store.metrics.write(samples, 60, 70)
+        write_s = time.perf_counter() - t0
+        blocks = len(await store.metrics.blocks())
+        await c.session.close()
+        await store.close()
     note = f"{n} sim instances in {n // per_block} blocks, one child process; {ticks} ticks"
     return [
         common.row(GROUP, f"collector tick over {n} instances, p50", common.pct(walls, 50) * 1000, "ms", None, note),
