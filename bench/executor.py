@@ -123,7 +123,9 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
     bus = await Bus.open(nats_url, source="aios-blocks/bench")
     await bus.ensure_topology()
     maps = InstanceMaps(bus)
-    spec = [0.0] * 4 + [5.0] * 7 + [50.0]  # i0..i3: latency/throughput; i4..i11: routing (i11 10x slower)
+    # i0..i3: latency/throughput; i4..i11: routing, 20 ms, i11 10x slower (long enough that a
+    # scheduling hiccup of a busy machine does not drown the difference)
+    spec = [0.0] * 4 + [20.0] * 7 + [200.0]
     inst_proc, eps = _instances(spec)
     http_port = _free_port()
     execs = [_executor(nats_url, redis_url, http_port)]
@@ -224,7 +226,7 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
 
         # routing quality: 8 instances, one 10x slower; the policies take turns (rounds), so a
         # burst of load from elsewhere on the machine does not land on one policy only
-        n_rq = 1500 if quick else 6000
+        n_rq = 1000 if quick else 4000
         uris = ("builtin:round-robin", "builtin:least-inflight", "builtin:least-queue")
         lat_by: dict[str, list[float]] = {u: [] for u in uris}
         share_by: dict[str, dict[str, int]] = {u: {} for u in uris}
@@ -250,7 +252,7 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
             rows.append(common.row(GROUP, f"routing, 8 instances one 10x slower: {uri} p99", common.pct(lat, 99) * 1000, "ms",
                                    None, f"p50 {common.pct(lat, 50) * 1000:.1f} ms, p90 {common.pct(lat, 90) * 1000:.1f} ms, "
                                    f"mean {sum(lat) / len(lat) * 1000:.1f} ms; slow instance's share {slow:.1%} "
-                                   f"(even: 12.5%); c=16, 5 ms / 50 ms service"))
+                                   f"(even: 12.5%); c=16, 20 ms / 200 ms service"))
     finally:
         await http.close()
         await nc.close()

@@ -96,6 +96,7 @@ class Rig:
     maps: InstanceMaps
     http: str
     backends: list[Backend]
+    urls: tuple[str, str] = ("", "")
 
     async def backend(self, name: str, **kw: Any) -> Backend:
         b = await Backend(name, **kw).start()
@@ -103,8 +104,8 @@ class Rig:
         return b
 
     async def put_map(self, bid: str, insts: dict[str, tuple[Backend, str]], lb: dict[str, Any] | None = None,
-                      gen: int = 1) -> int:
-        value = {"block_id": bid, "gen": gen, "path": "/infer", "method": "POST", "loadBalancer": lb or {},
+                      gen: int = 1, cluster: str = "c0") -> int:
+        value = {"block_id": bid, "gen": gen, "cluster": cluster, "path": "/infer", "method": "POST", "loadBalancer": lb or {},
                  "instances": {iid: {"node": "n1", "endpoint": b.endpoint, "state": st} for iid, (b, st) in insts.items()},
                  "gone": []}
         rev = await self.maps.update(bid, lambda _cur: value)
@@ -132,7 +133,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     stop = asyncio.Event()
     run = asyncio.ensure_future(ex.run(stop))
     client = await Client.open(servers.nats_url, servers.redis_url)
-    r = Rig(client, ex, InstanceMaps(client.bus), f"http://127.0.0.1:{port}", [])
+    r = Rig(client, ex, InstanceMaps(client.bus), f"http://127.0.0.1:{port}", [], (servers.nats_url, servers.redis_url))
     try:
         async with asyncio.timeout(20):  # serving: the unknown-block answer comes back
             while True:
@@ -374,3 +375,84 @@ async def test_the_mapper_keeps_the_map_from_lifecycle_facts(rig: Rig) -> None:
             await asyncio.sleep(0.01)
     s, _, _ = await rig.task("real")
     assert s == 404
+
+
+async def test_an_executor_pinned_to_a_cluster_serves_its_blocks_only_and_no_task_is_answered_twice(rig: Rig) -> None:
+    a, b = await rig.backend("a"), await rig.backend("b")
+    await rig.put_map("on-c1", {"i-a": (a, "ready")}, cluster="c1")
+    await rig.put_map("on-c2", {"i-b": (b, "ready")}, cluster="c2")
+    w = await Worker.open(*rig.urls, "executor", settings=Settings(executor_http_port=0, executor_scrape_interval_s=0))
+    pinned = Executor(w, cluster="c1")
+    stop = asyncio.Event()
+    run = asyncio.ensure_future(pinned.run(stop, mapper_on=False))
+    try:
+        async with asyncio.timeout(10):
+            while "on-c1" not in pinned._serving:
+                await asyncio.sleep(0.01)
+        assert set(pinned.routes) == {"on-c1"}
+        answers = await asyncio.gather(*(rig.task(bid) for bid in ["on-c1", "on-c2"] * 60))
+        assert all(s == 200 for s, _, _ in answers)
+        assert len(a.hits) == 60 and len(b.hits) == 60  # each task reached its instance once
+        # both the pinned and the unpinned executor took some of c1's tasks (one queue group)
+        assert pinned.routes["on-c1"].dispatched > 0 and rig.executor.routes["on-c1"].dispatched > 0
+        assert pinned.routes["on-c1"].dispatched + rig.executor.routes["on-c1"].dispatched == 60
+        # the block moves to another cluster: the pinned executor lets it go
+        await rig.put_map("on-c1", {"i-a": (a, "ready")}, cluster="c3")
+        async with asyncio.timeout(10):
+            while "on-c1" in pinned._serving or "on-c1" in pinned.routes:
+                await asyncio.sleep(0.01)
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 10)
+        await w.close()
+
+
+WEIGHTS = '''
+def eval(parameters, input_data, context):
+    ids = sorted([i["id"] for i in input_data["payload"]["instances"]])
+    return {"weights": {iid: (1.0 if iid == ids[-1] else 0.0) for iid in ids}}
+'''
+
+BROKEN = '''
+def eval(parameters, input_data, context):
+    return {"weights": "all of them"}
+'''
+
+
+async def test_a_starlark_policy_routes_by_the_weights_it_computes_periodically(rig: Rig) -> None:
+    a, b = await rig.backend("a"), await rig.backend("b")
+    await rig.client.policy_put("lbweights", WEIGHTS, "starlark")
+    await rig.client.policy_put("lbbroken", BROKEN, "starlark")
+    await rig.put_map("star", {"i-a": (a, "ready"), "i-b": (b, "ready")}, {"policyRuleURI": "registry:lbweights"})
+    await rig.put_map("star-broken", {"i-a": (a, "ready"), "i-b": (b, "ready")}, {"policyRuleURI": "registry:lbbroken"})
+    chooser = rig.executor.routes["star"].chooser
+    assert type(chooser).__name__ == "Weighted"
+    async with asyncio.timeout(30):  # the first weights call (sandbox start) comes within an interval or so
+        while not getattr(chooser, "weights", None):
+            await asyncio.sleep(0.05)
+    answers = [await rig.task("star") for _ in range(20)]
+    assert all(s == 200 and h["Aios-Instance"] == "i-b" for s, _, h in answers)  # weight 0 for i-a
+    # a weights call with the wrong shape keeps the last weights (none: uniform) and names the error
+    broken = rig.executor.routes["star-broken"].chooser
+    async with asyncio.timeout(30):
+        while not getattr(broken, "error", ""):
+            await asyncio.sleep(0.05)
+    assert "weights must return" in broken.error  # type: ignore[attr-defined]
+    served = {h["Aios-Instance"] for s, _, h in [await rig.task("star-broken") for _ in range(30)] if s == 200}
+    assert served == {"i-a", "i-b"}
+
+
+async def test_the_task_time_limit_covers_queue_and_instance_and_is_answered(rig: Rig) -> None:
+    slow = await rig.backend("slow", delay_s=1.0)
+    await rig.put_map("slow", {"i0": (slow, "ready")}, {"settings": {"maxOngoing": 1}})
+    status, _, h = await rig.task("slow", Aios_Timeout_Ms="200")
+    assert status == 504 and "timed out" in h["Aios-Error"] and len(slow.hits) == 1
+    # queued behind a task holding the only slot: the time limit ends the wait too
+    held = asyncio.ensure_future(rig.task("slow", Aios_Timeout_Ms="3000"))
+    await asyncio.sleep(0.3)
+    t0 = time.monotonic()
+    status, _, h = await rig.task("slow", Aios_Timeout_Ms="300")
+    assert status in (503, 504) and time.monotonic() - t0 < 2.5, h
+    assert (await held)[0] == 200
+    status, _, h = await rig.task("slow", Aios_Timeout_Ms="soon")
+    assert status == 400 and "milliseconds" in h["Aios-Error"]

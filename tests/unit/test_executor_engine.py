@@ -265,9 +265,10 @@ BLOCK = {"gen": 1, "ir": {"inputProtocol": {"path": "v1/x", "method": "put"},
 
 
 def test_mapper_walks_an_instance_through_its_states() -> None:
-    placed = SimpleNamespace(block_id="b", gen=1, placements=[SimpleNamespace(instance_id="i0", node_id="n0")])
+    placed = SimpleNamespace(block_id="b", gen=1, cluster_id="c7", placements=[SimpleNamespace(instance_id="i0", node_id="n0")])
     m = mapper.on_placement(placed, None, BLOCK, 1.0)
     assert m is not None and m["instances"]["i0"]["state"] == "starting" and m["path"] == "/v1/x" and m["method"] == "PUT"
+    assert m["cluster"] == "c7"
     assert m["loadBalancer"]["policyRuleURI"] == "builtin:least-queue"
     m = mapper.on_added(ev(), m, BLOCK, 2.0)
     assert m is not None and m["instances"]["i0"] == {"state": "ready", "since": 2.0, "node": "n0", "endpoint": "http://127.0.0.1:9000"}

@@ -431,7 +431,7 @@ def task(
 @app.command()
 def worker(
     kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics"),
-    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); metrics: collect just this cluster's blocks."),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a
@@ -531,7 +531,7 @@ def demo(
     """
     code = 1
     with _running(data_dir) as (_, sup):
-        code = _run(_demo(sup, timeout))
+        code = _run(_demo(sup, timeout, Path(data_dir)))
         if code == 0 and sys.stdout.isatty():
             console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")
             while True:
@@ -539,7 +539,7 @@ def demo(
     raise typer.Exit(code)
 
 
-async def _demo(sup: Supervisor, timeout: float) -> int:
+async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> int:
     client = await Client.open(sup.nats_url, sup.redis_url)
     try:
         comp = await client.add_component(yaml.safe_load((EXAMPLES / "component.yaml").read_text()))
@@ -560,9 +560,49 @@ async def _demo(sup: Supervisor, timeout: float) -> int:
         await _print_block(client, bid)
         if kind == "ready":
             console.print(f"[green bold]block {bid} ready[/] in {time.perf_counter() - started:.3f}s")
+            await _demo_tasks(client, bid, data_dir)
         return TERMINAL[kind]
     finally:
         await client.close()
+
+
+async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:
+    """Tasks through the executor: a few to the example block (simulated instances echo them),
+    then the OCR block's images when the `ocr` extra is installed (a real model)."""
+    async with asyncio.timeout(30):  # the mapper's map reaches the executor just after `ready`
+        while True:
+            if (await client.task(bid, b"{}", timeout=10))[0] == 200:
+                break
+            await asyncio.sleep(0.1)
+    for n in range(3):
+        status, body, h = await client.task(bid, json.dumps({"prompt": f"task {n}"}).encode(), {"Content-Type": "application/json"})
+        console.print(f"task {n} -> {status} from {h.get('Aios-Instance', '?')}: {body.decode(errors='replace')[:120]}")
+    from ..examples.ocr import available
+    from ..examples.ocr import demo as ocr_demo
+
+    why = available()
+    if why:
+        console.print(f"[dim]OCR block skipped: {why}[/]")
+        return
+
+    async def send(obid: str, task: dict[str, Any]) -> dict[str, Any]:
+        status, body, h = await client.task(obid, json.dumps(task).encode(), {"Content-Type": "application/json"}, 120)
+        if status != 200:
+            raise RuntimeError(f"executor answered {status}: {h.get('Aios-Error') or body[:200]!r}")
+        out: dict[str, Any] = json.loads(body)
+        return out
+
+    async def via_executor(obid: str, task: dict[str, Any]) -> dict[str, Any]:
+        async with asyncio.timeout(60):  # as above: the OCR block's map reaches the executor
+            while True:
+                try:
+                    return await send(obid, task)
+                except RuntimeError as exc:
+                    if "404" not in str(exc) and "no ready instance" not in str(exc):
+                        raise
+                await asyncio.sleep(0.2)
+
+    await ocr_demo.run(client, data_dir, send=via_executor, say=lambda line: console.print(line))
 
 
 # -- inventory --------------------------------------------------------------------------------

@@ -5,7 +5,7 @@
 
 The map of a block (one key per block; the bucket's revision is its version)::
 
-    {"block_id", "gen", "path", "method": the input protocol's, "loadBalancer": rule,
+    {"block_id", "gen", "cluster", "path", "method": the input protocol's, "loadBalancer": rule,
      "instances": {iid: {"node", "endpoint", "state", "since"}}, "gone": [iid, ...]}
 
 States: ``starting`` (placed, not running yet), ``ready`` (``instance.added``: takes tasks),
@@ -34,7 +34,10 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     proto = ir.get("inputProtocol")
     proto = proto if isinstance(proto, dict) else {}
     rule = (ir.get("policies") or {}).get("loadBalancer") or {}
-    return {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
+    out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
+    if (block or {}).get("cluster"):
+        out["cluster"] = str(block["cluster"])  # type: ignore[index]
+    return out
 
 
 def _base(bid: str, gen: int, current: dict[str, Any] | None, block: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -118,6 +121,10 @@ def on_removed(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | 
 def on_placement(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
     out = current
     changed = False
+    if getattr(ev, "cluster_id", "") and (current is None or current.get("cluster") != ev.cluster_id):
+        base = _base(ev.block_id, ev.gen, current, block)
+        if base is not None:
+            out, changed = {**base, "cluster": ev.cluster_id}, True
     for p in ev.placements:
         nxt = set_state(ev.block_id, ev.gen, p.instance_id, InstanceState.STARTING, out, block, now, node=p.node_id)
         if nxt is not None:

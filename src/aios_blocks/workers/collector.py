@@ -54,7 +54,7 @@ class Collector:
         self.cluster = cluster
         self.holder = f"collector-{socket.gethostname()}-{os.getpid()}"
         self.maps: dict[str, dict[str, Any]] = {}
-        #: block -> (generation, cluster) from the block record
+        #: block -> (generation, cluster): the map's, else the block record's
         self.clusters: dict[str, tuple[int, str]] = {}
         self.windows = Windows(self.s.metrics_rate_span_s)
         self.written: set[str] = set()
@@ -71,7 +71,9 @@ class Collector:
             return
         self.maps[bid] = value
         gen = int(value.get("gen", 0))
-        if self.clusters.get(bid, (-1, ""))[0] != gen:
+        if value.get("cluster"):  # the mapper names the block's cluster
+            self.clusters[bid] = (gen, str(value["cluster"]))
+        elif self.clusters.get(bid, (-1, ""))[0] != gen:
             block = await self.w.store.get_block(bid)
             self.clusters[bid] = (gen, str((block or {}).get("cluster") or ""))
 

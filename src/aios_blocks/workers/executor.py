@@ -109,8 +109,15 @@ def parse_queue_metrics(text: str) -> dict[str, float]:
 
 
 class Executor:
-    def __init__(self, w: Worker):
+    """``cluster``: serve only the blocks placed on that cluster (a pinned executor: it answers each
+    of their task subjects as one of the same ``executor`` queue group, so pinned and unpinned
+    copies may run side by side without a task being answered twice)."""
+
+    def __init__(self, w: Worker, cluster: str | None = None):
         self.w = w
+        self.cluster = cluster or None
+        #: a pinned executor's per-block responders
+        self._serving: dict[str, Any] = {}
         self.s = w.settings
         self.maps = InstanceMaps(w.bus)
         self.routes: dict[str, Route] = {}
@@ -127,6 +134,10 @@ class Executor:
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
         async with self._map_lock:  # a chooser may need loading: changes apply in order
             self.seen[bid] = (rev, time.monotonic())
+            if self.cluster is not None:
+                await self._pin(bid, value)
+                if value is not None and value.get("cluster") != self.cluster:
+                    value = None  # not ours (any more)
             route = self.routes.get(bid)
             if value is None:
                 if route is not None:
@@ -152,6 +163,16 @@ class Executor:
             route.path = str(value.get("path") or "/infer")
             route.method = str(value.get("method") or "POST")
             route.apply(value.get("instances") or {}, rev, gen)
+
+    async def _pin(self, bid: str, value: dict[str, Any] | None) -> None:
+        """A pinned executor answers exactly its cluster's blocks' task subjects."""
+        ours = value is not None and value.get("cluster") == self.cluster
+        serving = self._serving.get(bid)
+        if ours and serving is None:
+            self._serving[bid] = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.on_task, bid=bid)
+        elif not ours and serving is not None:
+            del self._serving[bid]
+            asyncio.get_running_loop().create_task(serving.stop(self.s.executor_task_timeout_s))
 
     def _stop_weights(self, bid: str) -> None:
         t = self._weight_tasks.pop(bid, None)
@@ -264,6 +285,8 @@ class Executor:
         route = self.routes.get(bid)
         if route is None:
             self.unknown_tasks += 1
+            if self.cluster is not None:
+                raise Refused(404, f"block {bid!r} is not served here: this executor serves cluster {self.cluster} only")
             raise Refused(404, f"unknown block {bid!r}: no instance map (never placed, or deleted)")
         assert self.session is not None
         idempotent = _truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
@@ -279,13 +302,19 @@ class Executor:
         tried: set[str] = set()
         attempt, last = 0, ""
         while True:
-            v = await route.acquire(task, frozenset(tried))
+            loop = asyncio.get_running_loop()
+            now = loop.time()
+            if attempt == 0:
+                deadline = now + timeout_s  # the task's whole budget: queue, every attempt, backoff
+            if deadline - now <= 0:
+                raise Refused(504, f"{last}; the task's time limit ({timeout_s * 1000:g} ms) ran out")
+            v = await route.acquire(task, frozenset(tried), min(deadline, now + route.limits.queue_timeout_s))
             iid = v["id"]
             t0 = time.perf_counter()
             retry, ok = False, False
             try:
                 async with self.session.request(method, v["endpoint"] + target, data=body, headers=fwd,
-                                                timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+                                                timeout=aiohttp.ClientTimeout(total=max(0.001, deadline - loop.time()))) as resp:
                     if resp.status in RETRY_STATUSES and idempotent and attempt < self.s.executor_retries:
                         await resp.read()
                         last, retry = f"instance {iid} answered {resp.status}", True
@@ -449,7 +478,8 @@ class Executor:
         try:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.map_ready.wait(), 10)
-            sub = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.on_task)
+            if self.cluster is None:  # a pinned one answers its blocks' subjects (on_map)
+                sub = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.on_task)
             if self.s.executor_http_port:
                 runner = web.AppRunner(self.app(), access_log=None)
                 await runner.setup()
@@ -461,9 +491,9 @@ class Executor:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)
         finally:
-            if sub is not None:  # leave the queue group, answer what was taken
-                with contextlib.suppress(Exception):
-                    await sub.stop(self.s.executor_task_timeout_s)
+            for serving in [*([sub] if sub is not None else []), *self._serving.values()]:
+                with contextlib.suppress(Exception):  # leave the queue group, answer what was taken
+                    await serving.stop(self.s.executor_task_timeout_s)
             watch.cancel()
             for bid in list(self._weight_tasks):
                 self._stop_weights(bid)
@@ -484,5 +514,5 @@ def refusal_body(r: Refused) -> bytes:
     return msgspec.json.encode({"error": r.reason, "status": r.status, "retry_after_ms": r.retry_after_ms})
 
 
-async def run(w: Worker, stop: asyncio.Event) -> None:
-    await Executor(w).run(stop)
+async def run(w: Worker, stop: asyncio.Event, cluster: str | None = None) -> None:
+    await Executor(w, cluster).run(stop)

@@ -50,7 +50,7 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
     if kind == "executor":
         from .executor import run as run_executor
 
-        await run_executor(w, stop)
+        await run_executor(w, stop, cluster)
         return
     if kind == "metrics":
         from .collector import run as run_collector
