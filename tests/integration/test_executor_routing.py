@@ -456,3 +456,29 @@ async def test_the_task_time_limit_covers_queue_and_instance_and_is_answered(rig
     assert (await held)[0] == 200
     status, _, h = await rig.task("slow", Aios_Timeout_Ms="soon")
     assert status == 400 and "milliseconds" in h["Aios-Error"]
+
+
+async def test_a_stopping_executor_answers_every_task_it_took(rig: Rig) -> None:
+    slow = await rig.backend("slow", delay_s=0.2)
+    await rig.put_map("blk", {"i0": (slow, "ready")})
+    w = await Worker.open(*rig.urls, "executor", settings=Settings(executor_http_port=0, executor_scrape_interval_s=0))
+    second = Executor(w)
+    stop = asyncio.Event()
+    run = asyncio.ensure_future(second.run(stop, mapper_on=False))
+    try:
+        async with asyncio.timeout(10):
+            while "blk" not in second.routes:
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # subscribed
+        pending = [asyncio.ensure_future(rig.task("blk")) for _ in range(40)]
+        async with asyncio.timeout(10):  # the second executor has tasks in flight
+            while second.routes["blk"].views["i0"]["inflight"] == 0:
+                await asyncio.sleep(0.005)
+        stop.set()  # it leaves the queue group and finishes what it took
+        answers = await asyncio.gather(*pending)
+        assert [s for s, _, _ in answers] == [200] * 40
+        assert second.routes["blk"].dispatched > 0 and len(slow.hits) == 40
+        await asyncio.wait_for(run, 10)
+    finally:
+        stop.set()
+        await w.close()
