@@ -217,3 +217,26 @@ def test_the_metrics_role_reads_the_instance_maps_and_publishes_nothing_else() -
     assert not [p for p in perms.publish if ".STREAM.CREATE." in p or ".STREAM.DELETE." in p or ".STREAM.PURGE." in p]
     assert "$JS.API.CONSUMER.CREATE.KV_aios-instances.>" in perms.publish  # its watch
     assert not perms.allow_responses
+
+
+async def test_a_worker_serves_its_metrics_and_announces_them_until_it_stops(store: Store) -> None:
+    import asyncio
+
+    import aiohttp
+
+    from aios_blocks.settings import Settings
+    from aios_blocks.workers import telemetry
+
+    w = SimpleNamespace(settings=Settings(metrics_target_ttl_s=30), store=store)
+    stop = asyncio.Event()
+    served = asyncio.ensure_future(telemetry.serve(w, "parser", None, stop))  # type: ignore[arg-type]
+    async with asyncio.timeout(10):
+        while not await store.metrics.targets():
+            await asyncio.sleep(0.01)
+    (target,) = await store.metrics.targets()
+    assert target["kind"] == "parser" and target["url"].startswith("http://127.0.0.1:")
+    async with aiohttp.ClientSession() as http, http.get(target["url"]) as r:
+        assert r.status == 200 and "process_cpu_seconds_total" in await r.text()
+    stop.set()
+    await asyncio.wait_for(served, 10)
+    assert await store.metrics.targets() == []  # a clean stop withdraws it

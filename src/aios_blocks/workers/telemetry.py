@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import os
 import socket
-from typing import Any
 
 import structlog
 from aiohttp import web
@@ -40,10 +39,8 @@ async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) 
     runner = web.AppRunner(metrics_app(), access_log=None)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, s.metrics_host, s.metrics_port)
-        await site.start()
-        server: Any = site._server
-        port = server.sockets[0].getsockname()[1] if server is not None and server.sockets else s.metrics_port
+        await web.TCPSite(runner, s.metrics_host, s.metrics_port).start()
+        port = int(runner.addresses[0][1])  # the port given, or the free one the system chose
         target = {"id": f"{kind}-{socket.gethostname()}-{os.getpid()}", "kind": kind, "cluster": cluster or "",
                   "url": f"http://{s.metrics_host}:{port}/metrics"}
         log.info("telemetry.serving", url=target["url"])
