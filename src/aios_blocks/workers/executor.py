@@ -134,39 +134,41 @@ class Executor:
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
         async with self._map_lock:  # a chooser may need loading: changes apply in order
             self.seen[bid] = (rev, time.monotonic())
-            if self.cluster is not None:
-                await self._pin(bid, value)
-                if value is not None and value.get("cluster") != self.cluster:
-                    value = None  # not ours (any more)
-            route = self.routes.get(bid)
-            if value is None:
-                if route is not None:
-                    route.apply({}, rev)
-                    del self.routes[bid]
-                self._stop_weights(bid)
-                return
-            rule = value.get("loadBalancer") or {}
-            gen = int(value.get("gen", 0))
-            if route is None or route.rule != rule or route.gen != gen:
-                chooser, limits = await self.chooser(bid, rule)
-                if route is None or route.gen != gen:
-                    old = route
-                    route = Route(bid, chooser, limits, gen=gen, rule=rule)
-                    if old is not None:
-                        old.apply({}, rev)  # the old generation's waiters are told at once
-                else:
-                    route.chooser, route.limits, route.rule = chooser, limits, rule
-                self.routes[bid] = route
-                self._stop_weights(bid)
-                if isinstance(chooser, Weighted):
-                    self._weight_tasks[bid] = asyncio.get_running_loop().create_task(self._weights_loop(bid, rule, chooser))
-            route.path = str(value.get("path") or "/infer")
-            route.method = str(value.get("method") or "POST")
-            route.apply(value.get("instances") or {}, rev, gen)
+            if self.cluster is not None and value is not None and value.get("cluster") != self.cluster:
+                value = None  # not ours (any more)
+            await self._apply_map(bid, value, rev)
+            if self.cluster is not None:  # after the route exists: no task finds it missing
+                await self._pin(bid, value is not None)
 
-    async def _pin(self, bid: str, value: dict[str, Any] | None) -> None:
+    async def _apply_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
+        route = self.routes.get(bid)
+        if value is None:
+            if route is not None:
+                route.apply({}, rev)
+                del self.routes[bid]
+            self._stop_weights(bid)
+            return
+        rule = value.get("loadBalancer") or {}
+        gen = int(value.get("gen", 0))
+        if route is None or route.rule != rule or route.gen != gen:
+            chooser, limits = await self.chooser(bid, rule)
+            if route is None or route.gen != gen:
+                old = route
+                route = Route(bid, chooser, limits, gen=gen, rule=rule)
+                if old is not None:
+                    old.apply({}, rev)  # the old generation's waiters are told at once
+            else:
+                route.chooser, route.limits, route.rule = chooser, limits, rule
+            self.routes[bid] = route
+            self._stop_weights(bid)
+            if isinstance(chooser, Weighted):
+                self._weight_tasks[bid] = asyncio.get_running_loop().create_task(self._weights_loop(bid, rule, chooser))
+        route.path = str(value.get("path") or "/infer")
+        route.method = str(value.get("method") or "POST")
+        route.apply(value.get("instances") or {}, rev, gen)
+
+    async def _pin(self, bid: str, ours: bool) -> None:
         """A pinned executor answers exactly its cluster's blocks' task subjects."""
-        ours = value is not None and value.get("cluster") == self.cluster
         serving = self._serving.get(bid)
         if ours and serving is None:
             self._serving[bid] = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.on_task, bid=bid)
