@@ -1113,7 +1113,7 @@ def prometheus_config(
         for b in await c.store.list_blocks(100_000):
             insts = await c.store.instances(b)
             maps[b] = {"instances": {i: {"endpoint": r.get("endpoint", ""), "node": r.get("node", ""),
-                                         "state": "stopping" if r.get("status") in ("failed", "removed") else "ready"}
+                                         "state": "stopping" if r.get("status") in ("failed", "removing", "removed") else "ready"}
                                      for i, r in insts.items()}}
             clusters[b] = next((str(r.get("cluster", "")) for r in insts.values()), "")
         return workers, promconfig.instance_targets(maps, clusters)
