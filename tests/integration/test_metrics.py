@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import yaml
 
 from aios_blocks.cli.client import Client
 from aios_blocks.metrics.scrape import read_instance
@@ -116,6 +117,13 @@ async def test_a_real_prometheus_scrapes_a_running_system_and_top_and_scale_see_
             assert "http_sd_configs" in r.stdout and json.loads((data / "endpoints.json").read_text())["metrics"] in r.stdout
             config = tmp_path / "prometheus.yml"
             config.write_text(r.stdout)
+            r = await asyncio.to_thread(up.cli, "prometheus-config", "--static")
+            assert r.returncode == 0, r.stderr
+            jobs = {j["job_name"]: j for j in yaml.safe_load(r.stdout)["scrape_configs"]}
+            static = jobs["aios-instances"]["static_configs"]
+            assert {g["labels"]["instance"] for g in static} == set(await client.store.instances("svc"))
+            assert all(g["labels"]["block"] == "svc" and g["labels"]["cluster"] == "c0" for g in static)
+            assert {g["labels"]["kind"] for g in jobs["aios-workers"]["static_configs"]} >= {"executor", "metrics"}
             r = await asyncio.to_thread(subprocess.run, [str(Path(PROMETHEUS).with_name("promtool")), "check", "config", str(config)],
                                         capture_output=True, text=True) if Path(PROMETHEUS).with_name("promtool").exists() else None
             assert r is None or r.returncode == 0, (r.stdout, r.stderr)
