@@ -57,6 +57,15 @@ class Settings(BaseSettings):
     executor_policy_time_limit_ms: float = Field(5.0, gt=0, description="time limit of one inline custom Python loadBalancer decision")
     executor_weights_interval_s: float = Field(1.0, gt=0, description="how often a Starlark loadBalancer policy recomputes its weights")
     executor_scrape_interval_s: float = Field(0.25, ge=0, description="how often the executor reads instances' /metrics for builtin:least-queue (0 = never)")
+    # -- metrics (docs/metrics.md) ----------------------------------------------------------------
+    metrics_port: int = Field(0, ge=-1, le=65535, description="port of each worker's Prometheus /metrics (0 = a free one, registered in Redis for the collector and `blocks prometheus-config`; -1 = none)")
+    metrics_host: str = Field("127.0.0.1", description="address the workers' /metrics and the collector's discovery listen on, and that Prometheus is given")
+    metrics_sd_port: int = Field(0, ge=0, le=65535, description="the metrics collector's HTTP port: Prometheus http_sd targets and block summaries (blocks up picks a free one and writes it to endpoints.json as metrics)")
+    metrics_interval_s: float = Field(1.0, gt=0, description="how often the metrics collector scrapes instances and executors (the windows' resolution)")
+    metrics_window_s: float = Field(60.0, gt=0, description="how much history the collector keeps per instance and block in Redis")
+    metrics_rate_span_s: float = Field(10.0, gt=0, description="span of the collector's rates and latency quantiles")
+    metrics_scrape_timeout_s: float = Field(0.5, gt=0, description="time limit of one /metrics scrape by the collector")
+    metrics_target_ttl_s: float = Field(15.0, gt=0, description="a worker's /metrics registration lapses this long after its last refresh")
     # -- processes ---------------------------------------------------------------------------------
     warm_timeout_s: float = Field(60.0, gt=0, description="how long a starting worker waits for NATS and Redis")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")

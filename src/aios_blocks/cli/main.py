@@ -30,7 +30,7 @@ from ..workers.embedded import (
     redis_version,
     resolve_urls,
 )
-from ..workers.supervisor import Supervisor
+from ..workers.supervisor import DEFAULT_LAYOUT, Supervisor
 from .client import TERMINAL, Client, Request
 
 app = typer.Typer(
@@ -271,6 +271,7 @@ def up(
     controllers: int = typer.Option(1, min=0, help="Controller worker processes."),
     agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
     executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
+    collectors: int = typer.Option(1, min=0, help="Metrics collector processes (one writes, copies stand by; docs/metrics.md)."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
@@ -278,13 +279,16 @@ def up(
 
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
-    layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors}
+    layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
+              "metrics": collectors}
     with _running(data_dir, layout) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")
         console.print(f"logs: {sup.log_dir}/<worker>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
         if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and executors:
             console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
+        if os.environ.get("AIOS_METRICS_SD_PORT") and collectors:
+            console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
         while True:
             time.sleep(1)
 
@@ -308,9 +312,11 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
                 nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
                 os.environ.setdefault("AIOS_NATS_URL", nats_url)
                 os.environ.setdefault("AIOS_REDIS_URL", redis_url)
-            layout = layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1}
+            layout = layout or dict(DEFAULT_LAYOUT)
             if layout.get("executor"):
                 _http_ingress(servers)
+            if layout.get("metrics"):
+                _metrics_discovery(servers)
             sup = Supervisor(
                 nats_url, redis_url, layout,
                 log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
@@ -340,6 +346,24 @@ def _http_ingress(servers: EmbeddedServers | None) -> None:
         ep = servers.data_dir / "endpoints.json"
         doc = json.loads(ep.read_text())
         doc["http"] = f"http://{os.environ.get('AIOS_EXECUTOR_HTTP_HOST', '127.0.0.1')}:{port}"
+        ep.write_text(json.dumps(doc))
+
+
+def _metrics_discovery(servers: EmbeddedServers | None) -> None:
+    """The metrics collector's discovery port (``AIOS_METRICS_SD_PORT``, else a free one), in the
+    workers' environment and in ``endpoints.json`` as ``"metrics"`` (``blocks prometheus-config``)."""
+    import socket
+
+    port = os.environ.get("AIOS_METRICS_SD_PORT")
+    if not port or port == "0":
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = str(sk.getsockname()[1])
+        os.environ["AIOS_METRICS_SD_PORT"] = port
+    if servers is not None:
+        ep = servers.data_dir / "endpoints.json"
+        doc = json.loads(ep.read_text())
+        doc["metrics"] = f"http://{os.environ.get('AIOS_METRICS_HOST', '127.0.0.1')}:{port}"
         ep.write_text(json.dumps(doc))
 
 
@@ -406,8 +430,8 @@ def task(
 
 @app.command()
 def worker(
-    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor"),
-    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks."),
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics"),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a
@@ -1010,6 +1034,95 @@ def watch(bid: str = typer.Argument("*", help="Block id, or all blocks."), data_
         _request(go, data_dir)
     except KeyboardInterrupt:
         pass
+
+
+@app.command()
+def top(
+    bid: str = typer.Argument(None, help="Block id: one row per instance. Without: one row per block."),
+    once: bool = typer.Option(False, "--once", help="Print the table once and exit."),
+    as_json: bool = typer.Option(False, "--json", help="Print the samples once as JSON and exit."),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Live per-block or per-instance in-flight, task rate, latency and errors, from the metrics
+    collector's windows (docs/metrics.md; `blocks up` runs a collector). Ctrl-C stops. Exit 1
+    when the collector has nothing for BID (yet).
+
+    Example: `blocks top`, `blocks top blk-1234`, `blocks top blk-1234 --json`
+    """
+    from rich.live import Live
+
+    from . import top as topview
+
+    def missing(data: dict[str, Any]) -> bool:
+        return bid is not None and data.get("block") is None and not data.get("instances")
+
+    async def go(c: Client) -> int:
+        data = await topview.read(c.store, bid)
+        if as_json or once:
+            if as_json:
+                print(json.dumps(data, indent=1, sort_keys=True))
+            else:
+                console.print(topview.table(data, bid))
+            if missing(data):
+                err.print(f"[red]no metrics for block {escape(bid or '')}[/] (unknown, not serving yet, or no collector: `blocks up` starts one)")
+                return 1
+            return 0
+        with Live(topview.table(data, bid), console=console, refresh_per_second=4) as live:
+            while True:
+                await asyncio.sleep(interval)
+                live.update(topview.table(await topview.read(c.store, bid), bid))
+
+    try:
+        raise typer.Exit(_request(go, data_dir))
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("prometheus-config")
+def prometheus_config(
+    static: bool = typer.Option(False, "--static", help="List the targets of this moment instead of the collector's http_sd URLs."),
+    scrape_interval: str = typer.Option("15s", "--scrape-interval", help="Prometheus scrape_interval."),
+    refresh_interval: str = typer.Option("30s", "--refresh-interval", help="How often Prometheus re-reads the targets (http_sd)."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Print a Prometheus scrape config (YAML) for the running system: the workers' /metrics
+    (job aios-workers) and every block instance's /metrics (job aios-instances; labels block,
+    instance, cluster, node). By default the targets come from the metrics collector's http_sd
+    endpoints (`endpoints.json` "metrics"), so they follow the system; --static lists them as
+    they are now (from the metrics store and the instance records).
+
+    Example: `blocks prometheus-config > prometheus.yml && prometheus --config.file prometheus.yml`
+    """
+    from ..metrics import promconfig
+
+    sd_url = None
+    if not static:
+        ep = data_dir / "endpoints.json"
+        try:
+            sd_url = json.loads(ep.read_text()).get("metrics") if ep.exists() else None
+        except (OSError, ValueError):
+            sd_url = None
+        if not sd_url:
+            err.print("[yellow]no metrics collector address in endpoints.json: listing the targets of this moment (--static)[/]")
+
+    async def go(c: Client) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        workers = promconfig.worker_targets(await c.store.metrics.targets())
+        maps: dict[str, dict[str, Any]] = {}
+        clusters: dict[str, str] = {}
+        for b in await c.store.list_blocks(100_000):
+            insts = await c.store.instances(b)
+            maps[b] = {"instances": {i: {"endpoint": r.get("endpoint", ""), "node": r.get("node", ""),
+                                         "state": "stopping" if r.get("status") in ("failed", "removing", "removed") else "ready"}
+                                     for i, r in insts.items()}}
+            clusters[b] = next((str(r.get("cluster", "")) for r in insts.values()), "")
+        return workers, promconfig.instance_targets(maps, clusters)
+
+    workers: list[dict[str, Any]] = []
+    instances: list[dict[str, Any]] = []
+    if not sd_url:
+        workers, instances = _request(go, data_dir)
+    sys.stdout.write(promconfig.config(sd_url, workers, instances, scrape_interval, refresh_interval))
 
 
 @app.command()

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import contract
+from .stats import Reject, RouteStats
 
 
 class InstanceState(enum.StrEnum):
@@ -205,9 +206,14 @@ class Route:
     retried: int = 0
     policy_errors: int = 0
     policy_s: float = 0.0
+    #: the figures exported for Prometheus and the metrics collector (``executor.stats``)
+    stats: RouteStats = field(default_factory=RouteStats)
     _ready: list[dict[str, Any]] = field(default_factory=list)
     #: ready instances at their in-flight limit (0: every ready instance is a candidate)
     _full: int = 0
+    #: the instances' metrics by source (their union is each view's ``metrics``)
+    _scraped: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -230,14 +236,28 @@ class Route:
             if iid not in new:
                 v["state"] = InstanceState.STOPPING
         self.views = new
+        self.stats.keep(new)
+        for src in (self._scraped, self._collected):
+            for iid in [i for i in src if i not in new]:
+                del src[iid]
         self._ready = [v for v in new.values() if v["state"] == InstanceState.READY and v["endpoint"]]
         self._full = sum(1 for v in self._ready if v["inflight"] >= self.limits.max_ongoing)
         self._wake(len(self.waiting))
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
+        """The engine's queue figures as this executor just scraped them (builtin:least-queue):
+        they win over the collector's older ones of the same name."""
         v = self.views.get(iid)
         if v is not None:
-            v["metrics"] = metrics
+            self._scraped[iid] = metrics
+            v["metrics"] = {**self._collected.get(iid, {}), **metrics}
+
+    def set_collected(self, iid: str, sample: dict[str, Any]) -> None:
+        """The metrics collector's latest sample of the instance (docs/metrics.md)."""
+        v = self.views.get(iid)
+        if v is not None:
+            self._collected[iid] = sample
+            v["metrics"] = {**sample, **self._scraped.get(iid, {})}
 
     def live(self) -> int:
         return sum(1 for v in self.views.values() if v["state"] in (InstanceState.READY, InstanceState.STARTING))
@@ -271,13 +291,17 @@ class Route:
                 iid = self.chooser.choose(self.block_id, task, cands if builtin else list(cands))
             except PolicyError as exc:
                 self.policy_errors += 1
+                self.stats.rejected[Reject.POLICY_ERROR] += 1
                 raise Refused(500, str(exc))
             finally:
-                self.policy_s += time.perf_counter() - t0
+                dt = time.perf_counter() - t0
+                self.policy_s += dt
+                self.stats.policy.observe(dt)
             v = self.views.get(iid)  # type: ignore[assignment]
             if (v is None or v["state"] != InstanceState.READY or not v["endpoint"] or iid in exclude
                     or v["inflight"] >= self.limits.max_ongoing):
                 self.policy_errors += 1
+                self.stats.rejected[Reject.POLICY_ERROR] += 1
                 raise Refused(500, f"loadBalancer policy {self.chooser.name} chose {iid!r}, which is not one of the "
                                    f"{len(cands)} instances it was given")
         v["inflight"] += 1
@@ -290,25 +314,30 @@ class Route:
                       deadline: float | None = None) -> dict[str, Any]:
         """An instance for the task, waiting in the block's queue while none is free."""
         loop = asyncio.get_running_loop()
-        end = deadline if deadline is not None else loop.time() + self.limits.queue_timeout_s
+        start = loop.time()
+        end = deadline if deadline is not None else start + self.limits.queue_timeout_s
         first = True
         while True:
             # FIFO: a newcomer does not overtake the queue; a woken task tries first
             if not first or not self.waiting or exclude:
                 v = self.try_pick(task, exclude)
                 if v is not None:
+                    self.stats.queue_wait.observe(loop.time() - start)
                     return v
             first = False
             if self.live() - sum(1 for i in exclude if i in self.views) <= 0:
                 self.rejected += 1
+                self.stats.rejected[Reject.NO_INSTANCE] += 1
                 raise Refused(503, f"block {self.block_id} has no ready instance", 1000)
             if len(self.waiting) >= self.limits.queue_size:
                 self.rejected += 1
+                self.stats.rejected[Reject.OVERLOADED] += 1
                 ms = self.retry_after_ms()
                 raise Refused(503, f"block {self.block_id} overloaded ({len(self.waiting)} tasks queued), retry after {ms} ms", ms)
             remaining = end - loop.time()
             if remaining <= 0:
                 self.rejected += 1
+                self.stats.rejected[Reject.QUEUE_TIMEOUT] += 1
                 raise Refused(503, f"block {self.block_id}: no instance free within {self.limits.queue_timeout_s:g} s",
                               self.retry_after_ms())
             fut: asyncio.Future[None] = loop.create_future()
@@ -323,12 +352,16 @@ class Route:
                 with contextlib.suppress(ValueError):
                     self.waiting.remove(fut)
 
-    def release(self, v: dict[str, Any], seconds: float | None = None) -> None:
+    def release(self, v: dict[str, Any], seconds: float | None = None, ok: bool | None = None) -> None:
+        """The task at ``v`` is done (``ok``: the instance answered below 500; None: not known,
+        e.g. a test's own release)."""
         if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:
             self._full -= 1
         v["inflight"] -= 1
         if seconds is not None:
             self.ewma_s += 0.1 * (seconds - self.ewma_s)
+            if ok is not None and v["id"] in self.views:
+                self.stats.answered(v["id"], seconds, ok)
         self._wake(1)
 
     def _wake(self, n: int) -> None:

@@ -14,6 +14,8 @@ What the digest leaves out, and why:
 * ``aios:meta:*`` - the state epoch (changes on every recover by design) and the clusters' state
   indexes (counters of changes, not state; ``Store.state_index``);
 * ``aios:heartbeats`` - last heartbeat per node: liveness, sent on core NATS, never stored;
+* ``aios:metrics:*`` - the metrics collector's windows and the workers' /metrics targets: scraped
+  figures with a TTL, never events (docs/metrics.md); kind ``telemetry``, not read as state;
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
   retried ones that publish nothing new); the block list's scores (creation times);
 * a policy head's ``updated`` time;
@@ -43,6 +45,10 @@ Image = dict[str, Any]
 
 #: prefixes of keys the digest leaves out (see the module docstring)
 VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats")
+#: prefixes of measurements (the metrics collector's windows, the workers' /metrics targets): they
+#: change every second by themselves, so they are neither state nor rebuilt nor dropped by recover
+#: (they expire on their own)
+TELEMETRY = ("aios:metrics:",)
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
@@ -51,7 +57,10 @@ REBUILT = (
 
 
 def classify(key: str) -> str:
-    """``volatile``, ``rebuilt`` or ``unknown`` (a key this version does not know: reported)."""
+    """``volatile``, ``rebuilt``, ``telemetry`` or ``unknown`` (a key this version does not know:
+    reported)."""
+    if key.startswith(TELEMETRY):
+        return "telemetry"
     if key.startswith(VOLATILE):
         return "volatile"
     if key.startswith(REBUILT):

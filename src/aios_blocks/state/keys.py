@@ -22,6 +22,12 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:ctx:<rule id>                hash: a policy rule's shared context (JSON values)
     aios:policy:<name>                hash: source, version, language, updated (policy registry)
     aios:meta:epoch                   state epoch: present while Redis holds valid state
+    aios:metrics:targets              zset: JSON of a worker's /metrics target -> when it lapses
+    aios:metrics:leader:<scope>       the metrics collector that holds a scope (``all`` or a cluster id)
+    aios:metrics:blocks               hash bid -> JSON of the block's latest metrics sample
+    aios:metrics:{b:<bid>}:inst       hash iid -> JSON of the instance's latest metrics sample
+    aios:metrics:{b:<bid>}:win        list: the block's samples, newest first (bounded, TTL)
+    aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
 """
@@ -107,3 +113,21 @@ def policy_key(name: str) -> str:
 
 def policy_version_key(name: str, version: int | str) -> str:
     return f"{P}:policy:{name}:v{version}"
+
+
+# -- metrics (volatile: the collector's windows, rebuilt by scraping, never from the stream) --------
+METRICS = f"{P}:metrics"
+METRICS_TARGETS = f"{METRICS}:targets"
+METRICS_BLOCKS = f"{METRICS}:blocks"
+
+
+def metrics_leader_key(scope: str) -> str:
+    return f"{METRICS}:leader:{scope}"
+
+
+def metrics_inst_key(bid: str) -> str:
+    return f"{METRICS}:{{b:{bid}}}:inst"
+
+
+def metrics_win_key(bid: str, iid: str | None = None) -> str:
+    return f"{METRICS}:{{b:{bid}}}:win" + (f":{iid}" if iid else "")

@@ -45,6 +45,7 @@ from .keys import (  # noqa: F401  (re-exported: the store's callers import keys
     res_key,
     res_pattern,
 )
+from .metrics import MetricsStore
 
 _json = msgspec.json
 
@@ -68,6 +69,8 @@ class Store:
         self._gather_add = r.register_script(scripts.GATHER_ADD)
         self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
         self._claim_due = r.register_script(scripts.CLAIM_DUE)
+        #: the metrics collector's windows and the workers' /metrics targets (``state.metrics``)
+        self.metrics = MetricsStore(r)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:

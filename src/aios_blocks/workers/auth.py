@@ -34,7 +34,7 @@ from ..bus.catalog import EVENTS, E, Role
 from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
-WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor")
+WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics")
 ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
 KIND_ROLE = {k: k for k in WORKER_ROLES}
@@ -77,7 +77,7 @@ REDIS_USERS = {
 }
 #: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
 REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
-              "executor": "aios", "observer": "observer"}
+              "executor": "aios", "metrics": "aios", "observer": "observer"}
 
 
 def auth_enabled() -> bool:
@@ -221,6 +221,14 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
                 f"$JS.ACK.{kv_stream}.>"]
         sub += [*hints, E_TASKS]
         responses = True
+    elif role == "metrics":
+        # the metrics collector publishes no event: it reads the instance-map bucket (watch through an
+        # ordered consumer, direct gets), never writes it
+        kv_stream = f"KV_{instance_map_bucket()}"
+        pub += [*read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
+                f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
+                f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.STREAM.MSG.GET.{kv_stream}", "$JS.FC.>"]
+        sub += hints
     else:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
     return Permissions(tuple(sorted(set(pub))), tuple(sorted(set(sub))), responses)

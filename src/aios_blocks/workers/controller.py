@@ -46,6 +46,18 @@ log = structlog.get_logger("aios.controller")
 
 
 
+async def block_metrics(w: Worker, bid: str, given: dict[str, Any]) -> dict[str, Any]:
+    """The resourceAllocator's ``block_metrics``: the metrics collector's figures for the block
+    (``state.metrics``; docs/policies.md), with the request's own (an autoscaler's) on top; ``{}``
+    when neither has any. The store being away costs the figures, never the step."""
+    try:
+        collected = await w.store.metrics.block_metrics(bid)
+    except Exception as exc:
+        log.warning("controller.block_metrics_unavailable", block=bid, error=repr(exc))
+        collected = {}
+    return {**collected, **given}
+
+
 def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.controller(cluster))
 
@@ -101,7 +113,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         trace: list[Decision] = []
         try:
             placements, attempts = await _commit(
-                w, ir, ev.cluster_id, "scale", [iid], current, trace=trace, block_metrics=ev.block_metrics
+                w, ir, ev.cluster_id, "scale", [iid], current, trace=trace,
+                block_metrics=await block_metrics(w, ev.block_id, ev.block_metrics),
             )
         except PlacementFailed as exc:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, exc.reason, trace)
@@ -128,7 +141,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         try:
             placements, attempts = await _commit(
                 w, ir, ev.cluster_id, "reassignment", [iid], current, trace=trace,
-                block_metrics=ev.block_metrics, instance_id=ev.instance_id, pod_name=ev.instance_id,
+                block_metrics=await block_metrics(w, ev.block_id, ev.block_metrics), instance_id=ev.instance_id,
+                pod_name=ev.instance_id,
             )
         except PlacementFailed as exc:
             if not node_down and m.deliveries < w.settings.reassign_attempts:

@@ -31,12 +31,14 @@ import aiohttp
 import msgspec
 import structlog
 from aiohttp import web
+from prometheus_client import REGISTRY
 
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.instance_map import InstanceMaps
 from ..bus.router import Inbound, Router
 from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Refused, Route, Weighted
+from ..executor.stats import ExecutorCollector
 from ..handlers import mapper
 from ..policies.builtin.balancer import DEFAULT
 from ..policies.runtime import BUILTINS, registry_name
@@ -125,6 +127,8 @@ class Executor:
         self._weight_tasks: dict[str, asyncio.Task[None]] = {}
         self._map_lock = asyncio.Lock()
         self.map_ready = asyncio.Event()
+        #: tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)
+        self.unknown_tasks = 0
 
     # -- the instance map -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
@@ -255,6 +259,26 @@ class Executor:
             if resp.status == 200:
                 route.set_metrics(v["id"], parse_queue_metrics(await resp.text()))
 
+    async def collected_loop(self, stop: asyncio.Event) -> None:
+        """The metrics collector's latest instance samples (``state.metrics``) into the routes'
+        views: the loadBalancer's input carries them as each instance's ``metrics``."""
+        interval = self.s.metrics_interval_s
+        while not stop.is_set():
+            bids = list(self.routes)
+            if bids:
+                try:
+                    latest = await self.w.store.metrics.instances_many(bids)
+                except Exception as exc:  # Redis away for a moment: routes keep the last figures
+                    log.warning("executor.metrics_read_failed", error=repr(exc))
+                    latest = {}
+                for bid, insts in latest.items():
+                    route = self.routes.get(bid)
+                    if route is not None:
+                        for iid, sample in insts.items():
+                            route.set_collected(iid, sample)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
     # -- dispatch -------------------------------------------------------------------------------
     async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str],
                        consume: Callable[[aiohttp.ClientResponse, dict[str, Any]], Awaitable[Any]]) -> Any:
@@ -262,6 +286,7 @@ class Executor:
         accepted response to ``consume``. Raises :class:`Refused` with the reason otherwise."""
         route = self.routes.get(bid)
         if route is None:
+            self.unknown_tasks += 1
             if self.cluster is not None:
                 raise Refused(404, f"block {bid!r} is not served here: this executor serves cluster {self.cluster} only")
             raise Refused(404, f"unknown block {bid!r}: no instance map (never placed, or deleted)")
@@ -288,7 +313,7 @@ class Executor:
             v = await route.acquire(task, frozenset(tried), min(deadline, now + route.limits.queue_timeout_s))
             iid = v["id"]
             t0 = time.perf_counter()
-            retry = False
+            retry, ok = False, False
             try:
                 async with self.session.request(method, v["endpoint"] + target, data=body, headers=fwd,
                                                 timeout=aiohttp.ClientTimeout(total=max(0.001, deadline - loop.time()))) as resp:
@@ -296,10 +321,12 @@ class Executor:
                         await resp.read()
                         last, retry = f"instance {iid} answered {resp.status}", True
                     else:
+                        ok = resp.status < 500
                         return await consume(resp, v)
             except aiohttp.ClientConnectorError as exc:  # never reached the instance: safe to try another
-                last, retry = f"instance {iid} unreachable: {exc}", True
+                ok, last, retry = False, f"instance {iid} unreachable: {exc}", True
             except (aiohttp.ClientError, TimeoutError) as exc:
+                ok = False
                 what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
                 last = f"instance {iid} {what}"
                 if not idempotent:
@@ -307,12 +334,13 @@ class Executor:
                                   f"{last}; not retried (the task is not marked Aios-Idempotent: true)")
                 retry = True
             finally:
-                route.release(v, time.perf_counter() - t0)
+                route.release(v, time.perf_counter() - t0, ok)
             if not retry or attempt >= self.s.executor_retries:
                 raise Refused(502, f"{last}; gave up after {attempt + 1} attempt(s)")
             attempt += 1
             tried.add(iid)
             route.retried += 1
+            route.stats.retries += 1
             await asyncio.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
 
     # -- NATS ingress ---------------------------------------------------------------------------
@@ -445,6 +473,8 @@ class Executor:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
                                              auto_decompress=False)
         runner: web.AppRunner | None = None
+        collector = ExecutorCollector(lambda: self.routes, lambda: self.unknown_tasks)
+        REGISTRY.register(collector)  # served by the worker's /metrics (workers/telemetry.py)
         watch = asyncio.get_running_loop().create_task(self.maps.watch(self.on_map, stop, self.map_ready))
         sub = None
         try:
@@ -458,7 +488,7 @@ class Executor:
                 site = web.TCPSite(runner, self.s.executor_http_host, self.s.executor_http_port, reuse_port=True)
                 await site.start()
             log.info("executor.serving", http=self.s.executor_http_port, blocks=len(self.routes))
-            jobs = [self.scrape_loop(stop), stop.wait()]
+            jobs = [self.scrape_loop(stop), self.collected_loop(stop), stop.wait()]
             if mapper_on:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)
@@ -472,6 +502,7 @@ class Executor:
             if runner is not None:
                 await runner.cleanup()
             await self.session.close()
+            REGISTRY.unregister(collector)
 
 
 def refusal_headers(r: Refused) -> dict[str, str]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -12,7 +13,7 @@ import structlog
 from . import agent_sim, controller, gateway, parser
 from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
-KINDS = ("parser", "gateway", "controller", "agent-sim", "executor")
+KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics")
 log = structlog.get_logger("aios.worker")
 WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
 
@@ -33,13 +34,28 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
     w = await Worker.open(nats_url, redis_url, kind)
     stop = stop or stop_on_signals()
+    from . import telemetry
+
+    served = asyncio.get_running_loop().create_task(telemetry.serve(w, kind, cluster, stop))  # this worker's /metrics
+    try:
+        await _run_kind(w, kind, cluster, stop)
+    finally:
+        stop.set()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(served, 5)
+        await w.close()
+
+
+async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
     if kind == "executor":
         from .executor import run as run_executor
 
-        try:
-            await run_executor(w, stop, cluster)
-        finally:
-            await w.close()
+        await run_executor(w, stop, cluster)
+        return
+    if kind == "metrics":
+        from .collector import run as run_collector
+
+        await run_collector(w, stop, cluster)
         return
     if kind == "parser":
         binds = parser.bindings(w)
@@ -54,17 +70,14 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         # like kube-scheduler's cache sync: load the inventory before taking work, so the first
         # placements do not each pay for reading a cluster (other copies serve meanwhile)
         await _warm(w, cluster)
-    try:
-        if kind == "controller":
-            from .health import HealthMonitor
+    if kind == "controller":
+        from .health import HealthMonitor
 
-            await asyncio.gather(run_consumers(w, binds, stop), HealthMonitor(w).run(stop))
-        elif kind == "gateway":
-            await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
-        else:
-            await run_consumers(w, binds, stop)
-    finally:
-        await w.close()
+        await asyncio.gather(run_consumers(w, binds, stop), HealthMonitor(w).run(stop))
+    elif kind == "gateway":
+        await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
+    else:
+        await run_consumers(w, binds, stop)
 
 
 async def _warm(w: Worker, cluster: str | None) -> None:

@@ -1,0 +1,61 @@
+"""``blocks top [BID]``: the metrics collector's latest samples (``state.metrics``) as a table: one
+row per block, or with a block id one row per instance of it (docs/metrics.md names the fields)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.table import Table
+
+from ..state.store import Store
+
+
+async def read(store: Store, bid: str | None) -> dict[str, Any]:
+    """What ``blocks top`` shows, as data (``--json`` prints this): ``{"blocks": {bid: sample}}``,
+    or ``{"block": sample | None, "instances": {iid: sample}}`` for one block."""
+    if bid is None:
+        return {"blocks": await store.metrics.blocks()}
+    return {"block": await store.metrics.block(bid), "instances": await store.metrics.instances(bid)}
+
+
+def _n(v: Any, nd: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        return f"{v:.{nd}f}" if v != int(v) or nd == 0 else f"{int(v)}"
+    return str(v)
+
+
+def _age(t: Any, now: float) -> str:
+    return "-" if not isinstance(t, int | float) else f"{max(0.0, now - t):.0f}s"
+
+
+def table(data: dict[str, Any], bid: str | None = None, now: float | None = None) -> Table:
+    now = time.time() if now is None else now
+    if "blocks" in data:
+        t = Table(title="blocks (metrics collector, latest samples)", title_justify="left")
+        for col in ("block", "cluster", "ready", "inflight", "queue", "rate/s", "errors/s", "rejected/s",
+                    "latency ms", "dispatch p99 ms", "age"):
+            t.add_column(col, justify="left" if col in ("block", "cluster") else "right")
+        for bid, s in sorted(data["blocks"].items()):
+            t.add_row(bid, s.get("cluster", ""), f"{s.get('ready', 0)}/{s.get('instances', 0)}", _n(s.get("inflight"), 0),
+                      _n(s.get("queue"), 0), _n(s.get("rate")), _n(s.get("error_rate"), 2), _n(s.get("rejected_rate"), 2),
+                      _n(s.get("latency_mean_ms")), _n(s.get("dispatch_p99_ms")), _age(s.get("t"), now))
+        return t
+    b = data.get("block") or {}
+    title = f"block {bid or ''}" + (
+        f"  rate {_n(b.get('rate'))}/s  inflight {_n(b.get('inflight'), 0)}  queue {_n(b.get('queue'), 0)}"
+        f"  rejected {_n(b.get('rejected_rate'), 2)}/s  retries {_n(b.get('retry_rate'), 2)}/s"
+        f"  policy {_n(b.get('policy_mean_us'))} us  age {_age(b.get('t'), now)}" if b else "")
+    t = Table(title=title, title_justify="left")
+    for col in ("instance", "node", "state", "up", "inflight", "running", "waiting", "rate/s", "errors/s",
+                "p50 ms", "p99 ms", "dispatch p99 ms"):
+        t.add_column(col, justify="left" if col in ("instance", "node", "state") else "right")
+    for iid, s in sorted(data.get("instances", {}).items()):
+        t.add_row(iid, s.get("node", ""), s.get("state", ""), _n(s.get("up")), _n(s.get("inflight"), 0),
+                  _n(s.get("running"), 0), _n(s.get("waiting"), 0), _n(s.get("rate")), _n(s.get("error_rate"), 2),
+                  _n(s.get("latency_p50_ms")), _n(s.get("latency_p99_ms")), _n(s.get("dispatch_p99_ms")))
+    return t
