@@ -479,6 +479,7 @@ def agent(
 
     Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack r3 --zone eu-1a`
     """
+    from ..settings import load as load_settings
     from ..workers.agent.main import AgentOptions, run_agent
     from ..workers.main import configure_logging
 
@@ -504,6 +505,7 @@ def agent(
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
         data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
+        drain_grace_s=load_settings().drain_grace_s,
     )
 
     async def go() -> None:

@@ -52,7 +52,8 @@ class Fleet:
     def _agent(self, node: Node) -> NodeAgent:
         """A NodeAgent for a simulated node: no registration, heartbeats, directories or probes."""
         cfg = AgentConfig(
-            node=node, runtime_name="sim", register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False
+            node=node, runtime_name="sim", register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False,
+            drain_grace_s=self.w.settings.drain_grace_s,
         )
         return NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg)
 

@@ -37,6 +37,8 @@ class AgentOptions:
     sim_start_delay_s: float = 0.05
     #: host part of the instances' endpoints
     advertise_host: str = "127.0.0.1"
+    #: AgentConfig.drain_grace_s
+    drain_grace_s: float = 0.25
 
 
 def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05) -> Runtime:
@@ -92,6 +94,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
     cfg = AgentConfig(
         node=node, agent_name=f"{opts.runtime}@{socket.gethostname()}", runtime_name=opts.runtime,
         data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
+        drain_grace_s=opts.drain_grace_s,
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)

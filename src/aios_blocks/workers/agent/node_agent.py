@@ -86,6 +86,11 @@ class AgentConfig:
     #: the host part of instance endpoints (``http://{advertise_host}:{port}``): an address the
     #: block's services can reach this node at (instances bind their ports on the host)
     advertise_host: str = "127.0.0.1"
+    #: between a planned remove command and the stop of an instance that serves HTTP: the mapper
+    #: marks it ``draining`` on the same command, and the executors must see that before the
+    #: instance stops listening (a task sent on a kept-alive connection that closes under it is
+    #: lost for a non-idempotent task); evictions (the node is gone) do not wait
+    drain_grace_s: float = 0.25
 
 
 @dataclass
@@ -186,6 +191,8 @@ class NodeAgent:
             await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=endpoint)
 
     async def remove(self, bid: str, gen: int, iid: str, reason: str) -> None:
+        if self.cfg.drain_grace_s > 0 and self.meta.get(iid, {}).get("endpoint") and not reason.startswith("evicted"):
+            await asyncio.sleep(self.cfg.drain_grace_s)  # let every executor see ``draining`` first
         async with self._locks[iid]:
             runner = self.runners.pop(iid, None)
             self.meta.pop(iid, None)
