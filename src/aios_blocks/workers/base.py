@@ -160,9 +160,7 @@ async def run_consumers(
     for spec, _ in bindings:
         await worker.bus.ensure_consumer(spec)
     guard = EpochGuard(worker)
-    runners = [
-        ConsumerRunner(worker.bus, spec, guard.wrap(handler), options or RunnerOptions()) for spec, handler in bindings
-    ]
+    runners = [ConsumerRunner(worker.bus, spec, handler, options or RunnerOptions(), guard) for spec, handler in bindings]
     await asyncio.gather(*(r.run(stop) for r in runners))
 
 
@@ -207,14 +205,15 @@ class EpochProbe:
 
 class EpochGuard:
     """Handlers act only while Redis holds valid state (``recovery.rebuild``): with the epoch key
-    gone (Redis flushed, or ``blocks recover`` under way) a message is deferred, not handled, so
-    nothing is acked on the strength of an empty Redis; a message whose handling overlapped an
+    gone (Redis flushed, or ``blocks recover`` under way) a batch is deferred, not handled, so
+    nothing is acked on the strength of an empty Redis; a batch whose handling overlapped an
     epoch change is redone. A new epoch drops the worker's inventory cache.
 
-    The check after a handler is a read that started after the handler finished (shared with the
-    handlers that finished at the same time, ``EpochProbe``); the check before reuses a read at
-    most ``fresh_s`` old: a flush inside that window is caught by the check after, which redoes
-    the message (handlers are idempotent) instead of acking it."""
+    The consumer runner checks it once per fetched batch (``bus.runner.Guard``): before, with a
+    read at most ``fresh_s`` old (:meth:`current`); after the handlers and their publishes, with
+    a read that started after them (:meth:`still`, shared with the batches that finished at the
+    same time, ``EpochProbe``). A flush inside the ``fresh_s`` window is caught by the check
+    after, which redoes the batch (handlers are idempotent) instead of acking it."""
 
     def __init__(self, worker: Worker, pause_s: float = 1.0, fresh_s: float = 0.05):
         self.worker = worker
@@ -241,11 +240,17 @@ class EpochGuard:
             self.seen = epoch
         return epoch
 
+    async def still(self, epoch: str) -> bool:
+        """Whether ``epoch`` is still the state's, by a read that started after this call."""
+        return await self.probe.after() == epoch
+
     def wrap(self, handler: Callable[[Delivery], Awaitable[None]]) -> Callable[[Delivery], Awaitable[None]]:
+        """One message guarded on its own (the runner guards whole batches instead)."""
+
         async def guarded(d: Delivery) -> None:
             before = await self.current()
             await handler(d)
-            if await self.probe.after() != before:
+            if not await self.still(before):
                 raise Defer(self.pause_s)  # state was replaced while we worked: do it again
 
         return guarded

@@ -59,7 +59,7 @@ async def _one(w: Worker, e: Effect) -> bool:
                 await w.store.set_instance_status(bid, iid, InstanceStatus.REMOVING.value)
                 await w.bus.emit_all([remove_command(bid, gen, rec["cluster"], iid, rec["node"], reason)])
         case Replace(bid, gen, cid, iid, reason, request_id):
-            ack = await w.bus.emit(E.cluster_reassignment, ReassignRequest(bid, cid, request_id, iid, reason, gen=gen))
+            ack = await w.bus.emit(E.cluster_reassignment, ReassignRequest(bid, cid, request_id, iid, reason, gen=gen), sync=True)
             if not getattr(ack, "duplicate", False):
                 # counted once per request, as the stream holds it once (a redelivered fault is
                 # deduplicated; recover counts the stored requests): the limit is not reached early
