@@ -20,7 +20,7 @@ from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
-from ..policies.runtime import PolicyRuntime, TrackingDict
+from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint
 from ..schemas.lifecycle import Step
@@ -82,7 +82,8 @@ class Worker:
         a ``decision`` event of its own."""
         rule = ir["policies"][kind]
         rule_id = f"{ir['blockId']}.{kind}"
-        ctx = TrackingDict(await self.store.context_load(rule_id))
+        # the built-ins never touch their context: no Redis read (nor write) for them
+        ctx = TrackingDict({} if stateless(rule.get("policyRuleURI", "")) else await self.store.context_load(rule_id))
         started = time.perf_counter()
         result, error, call = None, "", {}
         try:
