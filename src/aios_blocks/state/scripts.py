@@ -207,3 +207,17 @@ redis.call('HSET', KEYS[1], 'healthy', ARGV[1])
 if KEYS[2] then redis.call('INCR', KEYS[2]) end
 return 1
 """
+
+# KEYS: the block's instances hash.  ARGV: instance id, new status (a lifecycle enum value).
+# Sets the status inside the instance's record (the store writes records as compact JSON, so the
+# one "status" member is replaced in place: no JSON round trip, which would turn an empty list
+# into an object) and returns every instance record after the write (HGETALL), or false when the
+# instance is not recorded. One step: a reader of the result sees its own write and all before it.
+SET_INSTANCE_STATUS = r"""
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return false end
+local new, n = string.gsub(raw, '"status":"[^"]*"', '"status":"' .. ARGV[2] .. '"', 1)
+if n == 0 then return redis.error_reply('instance record without a status: ' .. ARGV[1]) end
+redis.call('HSET', KEYS[1], ARGV[1], new)
+return redis.call('HGETALL', KEYS[1])
+"""

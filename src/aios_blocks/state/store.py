@@ -6,11 +6,12 @@ Every key is built by ``state.keys`` (the key layout is documented there).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
 from ..schemas.spec import Cluster, Component, Node
@@ -67,6 +68,9 @@ class Store:
         self._gather_add = r.register_script(scripts.GATHER_ADD)
         self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
         self._claim_due = r.register_script(scripts.CLAIM_DUE)
+        self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
+        self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
+                         self._health_cas, self._claim_due, self._set_status)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -177,6 +181,13 @@ class Store:
         h = await self.r.hgetall(res_key(cid, iid))
         return h or None
 
+    async def reservations_of(self, cid: str, iids: list[str]) -> list[dict[str, Any] | None]:
+        """The reservations of these instances (None where there is none), one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for iid in iids:
+            pipe.hgetall(res_key(cid, iid))
+        return [h or None for h in await pipe.execute()]
+
     async def reservations(self, cid: str) -> list[dict[str, Any]]:
         out = []
         async for key in self.r.scan_iter(match=res_pattern(cid), count=500):
@@ -252,15 +263,16 @@ class Store:
         return bool(ok), str(info)
 
     async def get_block(self, bid: str) -> dict[str, Any] | None:
-        h = await self.r.hgetall(block_key(bid))
-        if not h:
-            return None
-        if "ir" in h:
-            h["ir"] = _json.decode(h["ir"])
-        for k in ("gen", "version"):
-            if k in h:
-                h[k] = int(h[k])
-        return h
+        return _block(await self.r.hgetall(block_key(bid)))
+
+    async def block_view(self, bid: str) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """The block record and its instances, in one round trip (two slots: not one snapshot,
+        as two reads are not)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(block_key(bid))
+        pipe.hgetall(inst_key(bid))
+        block, insts = await pipe.execute()
+        return _block(block), {iid: _json.decode(v) for iid, v in insts.items()}
 
     async def list_blocks(self, limit: int = 1000) -> list[str]:
         return await self.r.zrevrange(BLOCKS, 0, limit - 1)
@@ -276,14 +288,61 @@ class Store:
                 pipe.hset(node_inst_key(v["node"]), iid, bid)
             await pipe.execute()
 
+    async def start_instances(
+        self, bid: str, instances: dict[str, dict[str, Any]], index: list[tuple[str, str, str, str, str]],
+        transition: tuple[int, Step, dict[str, Any]] | None = None,
+    ) -> None:
+        """What placing instances records, in one round trip and in this order: the block's step
+        (``transition``: gen, step, fields; a CAS that may find it moved on), the affinity index
+        entries (``index``: svc, lease, iid, node, rack; ``index_add``) and the instance records
+        (``put_instances``: one already recorded keeps its record). Not one transaction (several
+        Redis Cluster slots); every write is idempotent, so a redelivery redoes what a crash cut."""
+        def build(pipe: Any) -> None:
+            if transition is not None:
+                gen, step, fields = transition
+                rule = TRANSITIONS[step]
+                args = [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
+                _queue_script(pipe, self._transition, [block_key(bid)], args)
+            for svc, lease, iid, node, rack in index:
+                pipe.hset(aff_svc_key(svc), iid, _dumps([node, rack]))
+                pipe.hset(AFF_LEASE, lease, node)
+            for iid, v in instances.items():
+                pipe.hsetnx(inst_key(bid), iid, _dumps(v))
+                pipe.hset(node_inst_key(v["node"]), iid, bid)
+
+        await self._pipeline(build)
+
+    async def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
+        """Run the commands ``build`` queues as one pipeline (one round trip; not a transaction).
+        Scripts are queued by digest with no ``SCRIPT EXISTS`` check first (redis-py's pipelines
+        make one, a second round trip); if the server lost them (restarted, flushed), they are
+        loaded and the whole pipeline runs again, so every command in one must be idempotent."""
+        for attempt in (1, 2):
+            pipe = self.r.pipeline(transaction=False)
+            build(pipe)
+            try:
+                return list(await pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in self._scripts:
+                    await self.r.script_load(script.script)
+        raise AssertionError("unreachable")
+
     async def set_instance_status(self, bid: str, iid: str, status: str) -> dict[str, Any] | None:
-        raw = await self.r.hget(inst_key(bid), iid)
-        if raw is None:
-            return None
-        inst = _json.decode(raw)
-        inst["status"] = status
-        await self.r.hset(inst_key(bid), iid, _dumps(inst))
-        return inst
+        """Set one instance's status; its record after the change (None: not recorded)."""
+        return (await self.set_instance_status_all(bid, iid, status))[0]
+
+    async def set_instance_status_all(
+        self, bid: str, iid: str, status: str
+    ) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """Set one instance's status (one atomic script); (its record, every instance of the block
+        right after the write), or (None, {}) when the instance is not recorded."""
+        flat = await self._set_status(keys=[inst_key(bid)], args=[iid, status])
+        if not flat:
+            return None, {}
+        insts = {flat[i]: _json.decode(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return insts.get(iid), insts
 
     async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(inst_key(bid))
@@ -511,6 +570,24 @@ class Store:
 
     async def set_epoch(self, value: str, only_if_absent: bool = False) -> bool:
         return bool(await self.r.set(EPOCH_KEY, value, nx=only_if_absent))
+
+
+def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
+    """Queue a registered script in a pipeline by its digest (see ``Store._pipeline``)."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def _block(h: dict[str, str]) -> dict[str, Any] | None:
+    """A block hash as callers see it: ``ir`` decoded, ``gen`` and ``version`` as ints."""
+    if not h:
+        return None
+    out: dict[str, Any] = dict(h)
+    if "ir" in out:
+        out["ir"] = _json.decode(out["ir"])
+    for k in ("gen", "version"):
+        if k in out:
+            out[k] = int(out[k])
+    return out
 
 
 def _strs(fields: dict[str, Any]) -> dict[str, str]:

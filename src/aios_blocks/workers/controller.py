@@ -82,8 +82,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         except PlacementFailed as exc:
             await _reselect_or_fail(w, ir, ev, exc.reason, trace)
             return
-        await w.store.transition(ev.block_id, ev.gen, Step.RESERVE, cluster=ev.cluster_id)
-        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang", trace=trace)
+        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang", trace=trace,
+                     step=(Step.RESERVE, {"cluster": ev.cluster_id}))
 
     @router.on(E.cluster_scale)
     async def on_scale(m: Inbound[ScaleRequest]) -> None:
@@ -163,8 +163,8 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.LIFECYCLE)
 
     async def view(bid: str) -> lc.View:
-        block = await w.store.get_block(bid)
-        return lc.View(block, await w.store.instances(bid) if block is not None else {})
+        block, insts = await w.store.block_view(bid)
+        return lc.View(block, insts if block is not None else {})
 
     @router.on(E.instance_added)
     async def on_added(m: Inbound[InstanceEvent]) -> None:
@@ -173,9 +173,8 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.instance_removed)
     async def on_removed(m: Inbound[InstanceEvent]) -> None:
         ev = m.data
-        block = await w.store.get_block(ev.block_id)
         # instances are read even for an unknown block: a removal after the record went must still release
-        await commit(w, lc.on_removed(ev, lc.View(block, await w.store.instances(ev.block_id))))
+        await commit(w, lc.on_removed(ev, lc.View(*await w.store.block_view(ev.block_id))))
 
     @router.on(E.instance_failed)
     @router.on(E.instance_unhealthy)
@@ -260,7 +259,7 @@ async def _commit(
     """Plan from the snapshot, reserve atomically; on conflict refresh and retry (bounded).
     A redelivered step finds its reservations already made and reuses them. The policy calls'
     records go into ``trace``."""
-    existing = [await w.store.reservation(cid, iid) for iid in iids]
+    existing = await w.store.reservations_of(cid, iids)
     if all(existing):
         return [
             {"iid": iid, "node": r["node"], "gpus": list(_gpus(r["gpus"]))} for iid, r in zip(iids, existing, strict=True)
@@ -326,18 +325,24 @@ def _gpus(raw: str) -> list[str]:
 async def _start(
     w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: list[dict[str, Any]],
     attempts: int, key: str, replaces: str = "", trace: list[Decision] | None = None,
+    step: tuple[Step, dict[str, Any]] | None = None,
 ) -> None:
+    """Record the placed instances (and the block's ``step``, if given), in one round trip, then
+    publish the placement and the nodes' create commands."""
     bid = ir["blockId"]
     nodes = await w.inventory.nodes(cid)
-    for p in placements:
-        rack = nodes.get(p["node"], {}).get("labels", {}).get("rack", "")
-        await w.store.index_add(uid(bid), uid(p["iid"]), p["iid"], p["node"], rack)
-    await w.store.put_instances(
+    index = [
+        (uid(bid), uid(p["iid"]), p["iid"], p["node"], nodes.get(p["node"], {}).get("labels", {}).get("rack", ""))
+        for p in placements
+    ]
+    await w.store.start_instances(
         bid,
         {
             p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action}
             for p in placements
         },
+        index,
+        None if step is None else (gen, step[0], step[1]),
     )
     made = PlacementMade(
         bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces, key,
