@@ -26,7 +26,13 @@ def node_fits(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str,
         return None
     if node["cpu_free"] + 1e-9 < needs.get("cpu", 0) or node["memory_free"] < needs.get("memory", 0):
         return None
-    usable = [g for g in node["gpus"] if gpu_usable(g, needs, share)]
+    # gpu_usable, inlined: this runs for every GPU of every node a placement looks at
+    mem = needs.get("gpuMemory", 0)
+    if share:
+        free = max(mem, 0)
+        usable = [g for g in node["gpus"] if not g["exclusive"] and g["memory_free"] >= free and g["memory"] >= mem]
+    else:
+        usable = [g for g in node["gpus"] if not g["exclusive"] and g["instances"] == 0 and g["memory"] >= mem]
     if len(usable) < needs.get("gpus", 0):
         return None
     return usable

@@ -70,15 +70,22 @@ class _ResourceAllocator:
         self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], index: affinity.Index,
         seed: str,
     ) -> dict[str, Any]:
-        work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy})
+        entries = block.get("affinity") or []
+        work = {nid: n for nid, n in nodes.items() if nid in healthy}
+        if entries:  # re-annotated in place after each simulated placement: copies of them all
+            work = capacity.copy_nodes(work)
+        # else a node is copied when a simulated placement first changes it (the input is not ours)
+        copied: set[str] = set(work) if entries else set()
         want = max(int(block["maxInstances"]), 1)
         first: dict[str, Any] = {}
         placed = 0
-        entries = block.get("affinity") or []
         for i in range(want):
             pick = self._pick(work, healthy, needs, set(), seed)
             if pick is None:
                 break
+            if pick[0] not in copied:
+                work[pick[0]] = capacity.copy_node(work[pick[0]])
+                copied.add(pick[0])
             capacity.take(work[pick[0]], pick[1], needs, self.share)
             if entries:  # later replicas see earlier ones (a block spreading away from itself)
                 rack = work[pick[0]]["labels"].get("rack", "")
