@@ -60,3 +60,22 @@ async def test_block_view_reads_the_block_and_its_instances() -> None:
     await st.put_instances("b1", {"b1-0": rec})
     block, insts = await st.block_view("b1")
     assert block is not None and block["gen"] == 3 and block["ir"] == {"x": 1} and insts == {"b1-0": rec}
+
+
+async def test_a_decided_gather_is_claimed_once_and_its_timer_dropped_with_the_step() -> None:
+    st = store()
+    await st.create_block("b1", 5, "d", {"status": "selecting", "ir": {}, "attempt": "0"})
+    await st.gather_open("b1", 5, 0, ["c1", "c2"], deadline=100.0)
+    await st.gather_add("b1", 5, 0, "c1", {"score": 1.0})
+    won, block, g = await st.gather_decide_read("b1", 5, 0, "complete")
+    assert won and block is not None and block["status"] == "selecting"
+    assert g["expected"] == ["c1", "c2"] and g["results"] == {"c1": {"score": 1.0}} and g["decided"] == "complete"
+    # another decider (the deadline timer) loses; the same token (a redelivery) decides again
+    assert (await st.gather_decide_read("b1", 5, 0, "deadline"))[0] is False
+    assert (await st.gather_decide_read("b1", 5, 0, "complete"))[0] is True
+    assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (True, "2")
+    assert (await st.get_block("b1"))["status"] == "allocating"  # type: ignore[index]
+    assert await st.gather_claim_due(1000.0) == ([], None)  # no timer left to fire
+    # the CAS as ``transition``: a block that moved on is left alone
+    await st.transition("b1", 5, Step.RESERVE)
+    assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (False, "placing")

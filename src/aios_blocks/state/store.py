@@ -481,13 +481,37 @@ class Store:
         return int(answered), int(expected)
 
     async def gather_read(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
-        h = await self.r.hgetall(gather_key(bid, gen, attempt))
-        return {
-            "expected": _json.decode(h["expected"]) if "expected" in h else [],
-            "deadline": float(h.get("deadline", 0)),
-            "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
-            "decided": h.get("decided"),
-        }
+        return _gather(await self.r.hgetall(gather_key(bid, gen, attempt)))
+
+    async def gather_decide_read(
+        self, bid: str, gen: int, attempt: int, token: str
+    ) -> tuple[bool, dict[str, Any] | None, dict[str, Any]]:
+        """``gather_decide``, then the block and the gather as they are after the claim, in one
+        round trip: (this caller decides, the block record, the gather)."""
+        key = gather_key(bid, gen, attempt)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hsetnx(key, "decided", token)
+        pipe.hgetall(block_key(bid))
+        pipe.hgetall(key)
+        _, block, g = await pipe.execute()
+        return g.get("decided") == token, _block(block), _gather(g)
+
+    async def gather_done(self, bid: str, gen: int, attempt: int, step: Step | None = None, **fields: Any) -> tuple[bool, str]:
+        """A decided gather: the block's ``step`` (a CAS, as ``transition``), and its deadline timer
+        dropped (nothing is left for it to decide), in one round trip. Returns the transition's
+        (done, info), or (True, "") without a step."""
+        def build(pipe: Any) -> None:
+            if step is not None:
+                rule = TRANSITIONS[step]
+                args = [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
+                _queue_script(pipe, self._transition, [block_key(bid)], args)
+            pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
+
+        out = await self._pipeline(build)
+        if step is None:
+            return True, ""
+        ok, info = out[0]
+        return bool(ok), str(info)
 
     async def gather_decide(self, bid: str, gen: int, attempt: int, token: str) -> bool:
         """Claim the one decision of this gather (results complete vs deadline race)."""
@@ -570,6 +594,15 @@ class Store:
 
     async def set_epoch(self, value: str, only_if_absent: bool = False) -> bool:
         return bool(await self.r.set(EPOCH_KEY, value, nx=only_if_absent))
+
+
+def _gather(h: dict[str, str]) -> dict[str, Any]:
+    return {
+        "expected": _json.decode(h["expected"]) if "expected" in h else [],
+        "deadline": float(h.get("deadline", 0)),
+        "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
+        "decided": h.get("decided"),
+    }
 
 
 def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:

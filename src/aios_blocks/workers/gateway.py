@@ -129,15 +129,14 @@ async def run_timers(w: Worker, stop: asyncio.Event, guard: Any, idle_s: float =
 
 
 async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
-    if not await w.store.gather_decide(bid, gen, n, token):
+    won, block, g = await w.store.gather_decide_read(bid, gen, n, token)
+    if not won:
         return
-    block = await w.store.get_block(bid)
     if block is None or block.get("gen") != gen or block.get("status") not in ("selecting", "allocating"):
         return
     if int(block.get("attempt", 0)) != n:
         return
     ir = block["ir"]
-    g = await w.store.gather_read(bid, gen, n)
     clusters, nodes = await _snapshot(w)
     entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
     trace: list[Decision] = []
@@ -150,7 +149,8 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     await w.bus.emit(E.block_post_dry_run, post)
     if failure:
         await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
+        await w.store.gather_done(bid, gen, n)
         return
-    ok, _ = await w.store.transition(bid, gen, Step.CHOOSE, cluster=cid)
+    ok, _ = await w.store.gather_done(bid, gen, n, Step.CHOOSE, cluster=cid)
     if ok:
         await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))
