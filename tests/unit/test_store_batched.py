@@ -66,16 +66,50 @@ async def test_a_decided_gather_is_claimed_once_and_its_timer_dropped_with_the_s
     st = store()
     await st.create_block("b1", 5, "d", {"status": "selecting", "ir": {}, "attempt": "0"})
     await st.gather_open("b1", 5, 0, ["c1", "c2"], deadline=100.0)
-    await st.gather_add("b1", 5, 0, "c1", {"score": 1.0})
+    # an answer sees its round's state as of its write: no second read for a late answer
+    assert await st.gather_add_state("b1", 5, 0, "c1", {"score": 1.0}) == (1, 2, None, 100.0)
     won, block, g = await st.gather_decide_read("b1", 5, 0, "complete")
     assert won and block is not None and block["status"] == "selecting"
     assert g["expected"] == ["c1", "c2"] and g["results"] == {"c1": {"score": 1.0}} and g["decided"] == "complete"
     # another decider (the deadline timer) loses; the same token (a redelivery) decides again
     assert (await st.gather_decide_read("b1", 5, 0, "deadline"))[0] is False
     assert (await st.gather_decide_read("b1", 5, 0, "complete"))[0] is True
+    assert await st.gather_add_state("b1", 5, 0, "c2", {"score": 0.5}) == (2, 2, "complete", 100.0)
     assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (True, "2")
     assert (await st.get_block("b1"))["status"] == "allocating"  # type: ignore[index]
     assert await st.gather_claim_due(1000.0) == ([], None)  # no timer left to fire
     # the CAS as ``transition``: a block that moved on is left alone
     await st.transition("b1", 5, Step.RESERVE)
     assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (False, "placing")
+
+
+async def test_a_reservation_of_our_own_updates_our_view_without_a_read_unless_it_changed_meanwhile() -> None:
+    from aios_blocks.policies import capacity
+    from aios_blocks.schemas.spec import Gpu, Node
+    from aios_blocks.state.inventory import Inventory
+
+    st = store()
+    for nid in ("n1", "n2"):
+        await st.put_node(Node(id=nid, cluster="c1", cpu=8, memory=4096, gpus=[Gpu(id=f"{nid}-g0", memory=1000)]))
+    inv = Inventory(st)
+    nodes = await inv.nodes("c1")
+    before = {nid: nodes[nid] for nid in ("n1", "n2")}
+    needs = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 100}
+    taken = {nid: capacity.copy_node(v) for nid, v in before.items()}
+    for v in taken.values():
+        capacity.take(v, [v["gpus"][0]["id"]], needs, False)
+    inv.invalidate("c1", ["n2"])  # another process's change to n2 was hinted meanwhile
+    inv.apply("c1", taken, before)
+    reads: list[object] = []
+    real = st.read_nodes
+
+    async def counting(cid: str, nids: object) -> dict:  # type: ignore[type-arg]
+        reads.append(sorted(nids))  # type: ignore[call-overload]
+        return await real(cid, nids)  # type: ignore[arg-type]
+
+    st.read_nodes = counting  # type: ignore[method-assign]
+    after = await inv.nodes("c1")
+    assert after["n1"] is taken["n1"] and after["n1"]["cpu_free"] == 7 and after["n1"]["gpus"][0]["instances"] == 1
+    assert reads == [["n2"]]  # only the node someone else changed is read again
+    assert after["n2"]["gpus"][0]["instances"] == 0  # as Redis has it (nothing was reserved there)
+    assert before["n1"]["gpus"][0]["instances"] == 0  # the view planned on is not changed in place

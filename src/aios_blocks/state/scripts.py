@@ -176,16 +176,19 @@ redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'digest', ARGV[2], 'version', 1)
 return {1, 'created'}
 """
 
-# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered, expected}.
+# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered,
+# expected, decided token or '', deadline or ''} (a late answer needs no second read to see
+# whether its round is past its deadline and undecided).
 GATHER_ADD = r"""
 redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-local expected = cjson.decode(redis.call('HGET', KEYS[1], 'expected') or '[]')
+local meta = redis.call('HMGET', KEYS[1], 'expected', 'decided', 'deadline')
+local expected = cjson.decode(meta[1] or '[]')
 local answered = 0
 for _, c in ipairs(expected) do
   if redis.call('HEXISTS', KEYS[1], 'r:' .. c) == 1 then answered = answered + 1 end
 end
-return {answered, #expected}
+return {answered, #expected, meta[2] or '', meta[3] or ''}
 """
 
 # KEYS: policy head, policies set.  ARGV: name, version, source, language, updated.

@@ -477,8 +477,18 @@ class Store:
     async def gather_add(
         self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
     ) -> tuple[int, int]:
-        answered, expected = await self._gather_add(keys=[gather_key(bid, gen, attempt)], args=[cid, _dumps(result), ttl])
-        return int(answered), int(expected)
+        answered, expected, _, _ = await self.gather_add_state(bid, gen, attempt, cid, result, ttl)
+        return answered, expected
+
+    async def gather_add_state(
+        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
+    ) -> tuple[int, int, str | None, float]:
+        """Record one cluster's answer: (answered, expected, the decision token or None, the
+        deadline), all as of right after the write."""
+        answered, expected, decided, deadline = await self._gather_add(
+            keys=[gather_key(bid, gen, attempt)], args=[cid, _dumps(result), ttl]
+        )
+        return int(answered), int(expected), decided or None, float(deadline or 0)
 
     async def gather_read(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
         return _gather(await self.r.hgetall(gather_key(bid, gen, attempt)))

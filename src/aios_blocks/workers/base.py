@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import signal
 import time
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class Worker:
     name: str
     settings: Settings = field(default_factory=load_settings)
     _subs: list[Any] = field(default_factory=list)
+    #: this process, in the inventory hints it sends (it skips its own when they come back)
+    origin: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
@@ -62,7 +65,9 @@ class Worker:
     async def _watch_hints(self) -> None:
         async def on_inventory(msg: Any) -> None:
             with contextlib.suppress(Exception):
-                self.inventory.on_hint(msgspec.json.decode(msg.data))
+                hint = msgspec.json.decode(msg.data)
+                if hint.get("origin") != self.origin:  # our own: our view is already up to date
+                    self.inventory.on_hint(hint)
 
         async def on_policy(msg: Any) -> None:
             toks = E.policy_updated.match(msg.subject)
@@ -138,11 +143,13 @@ class Worker:
         """Where the instances/blocks named by the block's affinity targets run now."""
         return await affinity_index(self.store, ir)
 
-    async def hint(self, cid: str, nodes: list[str] | None) -> None:
-        """Tell every worker (this one included) that these nodes changed; ``None``: the whole
-        cluster and the cluster list."""
-        self.inventory.invalidate(cid, nodes)
-        await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes))
+    async def hint(self, cid: str, nodes: list[str] | None, applied: bool = False) -> None:
+        """Tell every worker that these nodes changed; ``None``: the whole cluster and the cluster
+        list. This one's view is marked stale too, unless ``applied`` (it was updated in place,
+        ``Inventory.apply``)."""
+        if not applied:
+            self.inventory.invalidate(cid, nodes)
+        await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes, self.origin))
 
     async def fail_block(self, bid: str, gen: int, reason: str, step: Step, cluster: str = "") -> None:
         """Move the block to ``failed`` by ``step`` (CAS) and publish the failed event with the reason."""

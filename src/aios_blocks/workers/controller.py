@@ -18,6 +18,7 @@ from ..handlers import controller as h
 from ..handlers import faults
 from ..handlers import lifecycle as lc
 from ..handlers.effects import ReadyIfRunning
+from ..policies import capacity
 from ..policies.affinity import uid
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import (
@@ -291,14 +292,29 @@ async def _plan_and_reserve(
         placements = await h.plan(
             ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
         )
-        ok, reason, node = await w.store.reserve_gang(cid, placements)
         touched = sorted({p["node"] for p in placements})
+        planned_on = {nid: nodes[nid] for nid in touched}
+        ok, reason, node = await w.store.reserve_gang(cid, placements)
         if ok:
-            await w.hint(cid, touched)
+            if reason == "ok":  # taken now, from the state we planned on: our view takes it too
+                w.inventory.apply(cid, _taken(planned_on, placements, ir["resources"]), planned_on)
+            await w.hint(cid, touched, applied=reason == "ok")
             return placements, attempt
         w.inventory.invalidate(cid, touched + ([node] if node else []))
         await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
     raise PlacementFailed(f"reservation conflict after {retries} attempts: {reason}")
+
+
+def _taken(nodes: dict[str, dict[str, Any]], placements: list[dict[str, Any]], needs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The views of the nodes a reservation just changed, as the reservation script changed them
+    (``capacity.take``, the optimistic twin of ``RESERVE_GANG``): copies, the snapshot is shared."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in placements:
+        nid = p["node"]
+        if nid not in out:
+            out[nid] = capacity.copy_node(nodes[nid])
+        capacity.take(out[nid], p["gpus"], needs, bool(p.get("share")))
+    return out
 
 
 async def _reselect_or_fail(

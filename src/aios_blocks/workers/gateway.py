@@ -67,7 +67,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.block_dry_run_result)
     async def on_result(m: Inbound[DryRunResult]) -> None:
         ev = m.data
-        answered, expected = await w.store.gather_add(
+        answered, expected, decided, deadline = await w.store.gather_add_state(
             ev.block_id, ev.gen, ev.attempt, ev.cluster_id,
             {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable, "shortfall": ev.shortfall}
         )
@@ -75,8 +75,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
         elif h.usable({"score": ev.score, "error": ev.error, "shortfall": ev.shortfall}):
             # a late usable answer ends a round that is past its deadline and still waiting
-            g = await w.store.gather_read(ev.block_id, ev.gen, ev.attempt)
-            if not g["decided"] and time.time() >= g["deadline"]:
+            if not decided and time.time() >= deadline:
                 await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
 
     return [router.binding()]
