@@ -113,3 +113,26 @@ async def test_a_reservation_of_our_own_updates_our_view_without_a_read_unless_i
     assert reads == [["n2"]]  # only the node someone else changed is read again
     assert after["n2"]["gpus"][0]["instances"] == 0  # as Redis has it (nothing was reserved there)
     assert before["n1"]["gpus"][0]["instances"] == 0  # the view planned on is not changed in place
+
+
+async def test_a_step_can_require_the_selection_round() -> None:
+    st = store()
+    await st.create_block("b1", 2, "d", {"status": "parsed", "ir": {}})
+    assert await st.transition("b1", 2, Step.SELECT, in_round=1) == (False, "superseded:0")
+    assert (await st.transition("b1", 2, Step.SELECT, in_round=0))[0]
+    await st.r.hset(block_key("b1"), "attempt", "1")
+    assert await st.transition("b1", 2, Step.SELECT, in_round=0) == (False, "superseded:1")
+    assert (await st.transition("b1", 2, Step.SELECT, in_round=1))[0]
+    assert (await st.transition("b1", 2, Step.SELECT))[0]  # no round asked: any
+
+
+async def test_create_block_lists_a_block_once_and_a_reused_id_on_top() -> None:
+    st = store()
+    assert await st.create_block("b1", 1, "d", {"status": "deleted"}) == (True, "created")
+    assert await st.create_block("b2", 2, "d", {"status": "parsed"}) == (True, "created")
+    assert await st.list_blocks() == ["b2", "b1"]
+    assert await st.create_block("b1", 1, "d", {"status": "deleted"}) == (True, "same")
+    assert await st.create_block("b2", 5, "d", {"status": "parsed"}) == (False, "block id already in use (status parsed)")
+    assert await st.list_blocks() == ["b2", "b1"]
+    assert await st.create_block("b1", 9, "d", {"status": "parsed"}) == (True, "created")  # deleted: reusable
+    assert await st.list_blocks() == ["b1", "b2"]

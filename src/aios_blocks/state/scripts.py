@@ -138,12 +138,15 @@ due[#due + 1] = nxt[2] or ''
 return due
 """
 
-# KEYS: block.  ARGV: gen, allowed statuses ("*" or comma list), new status, JSON of extra fields.
-# Compare-and-set on (gen, status); bumps version. Returns {1, version} or {0, current status}.
+# KEYS: block.  ARGV: gen, allowed statuses ("*" or comma list), new status, JSON of extra fields,
+# [the selection round the block must be in ('' or absent: any)].
+# Compare-and-set on (gen, status[, attempt]); bumps version. Returns {1, version} or
+# {0, current status} ({0, 'superseded:<attempt>'} for another round).
 TRANSITION = r"""
-local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'version')
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'version', 'attempt')
 if not cur[1] then return {0, 'absent'} end
 if ARGV[1] ~= '' and cur[1] ~= ARGV[1] then return {0, 'stale-gen:' .. cur[1]} end
+if ARGV[5] and ARGV[5] ~= '' and (cur[4] or '0') ~= ARGV[5] then return {0, 'superseded:' .. (cur[4] or '0')} end
 if ARGV[2] ~= '*' then
   local ok = false
   for s in string.gmatch(ARGV[2], '([^,]+)') do if s == cur[2] then ok = true end end

@@ -244,22 +244,30 @@ class Store:
 
     # -- blocks ----------------------------------------------------------------------------
     async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
-        ok, what = await self._create(
-            keys=[block_key(bid)], args=[str(gen), digest, _dumps(_strs(fields)), ",".join(sorted(REUSABLE))]
-        )
-        if ok and what == "created":
-            await self.r.zadd(BLOCKS, {bid: time.time()})
+        now = time.time()
+
+        def build(pipe: Any) -> None:  # the record and its place in the block list, one round trip
+            _queue_script(pipe, self._create, [block_key(bid)], [str(gen), digest, _dumps(_strs(fields)), ",".join(sorted(REUSABLE))])
+            pipe.zadd(BLOCKS, {bid: now}, nx=True)
+
+        (ok, what), added = await self._pipeline(build)
+        if ok and what == "created" and not added:  # an id used again: it moves to the top
+            await self.r.zadd(BLOCKS, {bid: now})
         return bool(ok), what
 
-    async def transition(self, bid: str, gen: int | None, step: Step, **fields: Any) -> tuple[bool, str]:
+    async def transition(
+        self, bid: str, gen: int | None, step: Step, *, in_round: int | None = None, **fields: Any
+    ) -> tuple[bool, str]:
         """Compare-and-set the block's status by one lifecycle step (``schemas.lifecycle``): only
-        from the step's source statuses, only if ``gen`` matches. Returns (done, new version or the
+        from the step's source statuses, only if ``gen`` matches (and, with ``in_round``, only if
+        the block is in that selection round, its ``attempt``). Returns (done, new version or the
         status that blocked it)."""
         rule = TRANSITIONS[step]
         fields["updated"] = time.time()
-        ok, info = await self._transition(
-            keys=[block_key(bid)], args=["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
-        )
+        args = ["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
+        if in_round is not None:
+            args.append(str(in_round))
+        ok, info = await self._transition(keys=[block_key(bid)], args=args)
         return bool(ok), str(info)
 
     async def get_block(self, bid: str) -> dict[str, Any] | None:

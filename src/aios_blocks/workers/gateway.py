@@ -42,12 +42,9 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_parsed(m: Inbound[Parsed]) -> None:
         ev = m.data
         bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
-        block = await w.store.get_block(bid)
-        if block is None or int(block.get("attempt", 0)) != n:
-            return  # superseded by a later selection round
-        ok, _status = await w.store.transition(bid, gen, Step.SELECT)
+        ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
         if not ok:
-            return  # superseded (deleted, re-created) or already past this step
+            return  # superseded (a later selection round, deleted, re-created) or already past this step
         clusters, nodes = await _snapshot(w)
         trace: list[Decision] = []
         sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
