@@ -89,13 +89,12 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
     @router.on(E.cluster_scale)
     async def on_scale(m: Inbound[ScaleRequest]) -> None:
         ev = m.data
-        block = await w.store.get_block(ev.block_id)
+        block, current = await w.store.block_view(ev.block_id)
         if block is None or block["status"] not in LIVE:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"block is {block['status'] if block else 'unknown'}")
             return
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
-        current = await w.store.instances(ev.block_id)
         if iid not in current and len(current) >= ir["maxInstances"]:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"already at maxInstances ({ir['maxInstances']})")
             return
@@ -112,8 +111,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
     @router.on(E.cluster_reassignment)
     async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
         ev = m.data
-        block = await w.store.get_block(ev.block_id)
-        current = await w.store.instances(ev.block_id) if block else {}
+        block, current = await w.store.block_view(ev.block_id)
+        current = current if block else {}
         old = current.get(ev.instance_id)
         meta = await w.store.node_meta(old["node"]) if old else None
         node_down = meta is not None and not meta["healthy"]
