@@ -136,3 +136,21 @@ async def test_create_block_lists_a_block_once_and_a_reused_id_on_top() -> None:
     assert await st.list_blocks() == ["b2", "b1"]
     assert await st.create_block("b1", 9, "d", {"status": "parsed"}) == (True, "created")  # deleted: reusable
     assert await st.list_blocks() == ["b1", "b2"]
+
+
+def test_figures_derived_from_a_node_view_are_kept_per_view_and_dropped_when_it_is_taken_from() -> None:
+    from aios_blocks.policies import capacity
+
+    node = {"healthy": True, "cpu_free": 4.0, "memory_free": 1000,
+            "gpus": [{"id": "g0", "memory": 100, "memory_free": 100, "memory_used": 0, "instances": 0, "exclusive": False}]}
+    needs = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 10}
+    first = capacity.node_fits_cached(node, needs, False)
+    assert first == capacity.node_fits(node, needs, False) and capacity.node_fits_cached(node, needs, False) is first
+    calls: list[int] = []
+    assert capacity.derived(node, "x", lambda n: calls.append(1) or 7) == 7
+    assert capacity.derived(node, "x", lambda n: calls.append(1) or 8) == 7 and calls == [1]
+    capacity.take(node, ["g0"], needs, False)  # changed in place: nothing derived before holds
+    assert capacity.node_fits_cached(node, needs, False) is None
+    assert capacity.derived(node, "x", lambda n: 9) == 9
+    other = capacity.copy_node(node)  # another view: its own figures
+    assert capacity.derived(other, "x", lambda n: 10) == 10

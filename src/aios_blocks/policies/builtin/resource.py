@@ -103,19 +103,25 @@ class _ResourceAllocator:
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
         best: tuple[Any, str, list[dict[str, Any]]] | None = None
+        share = self.share
+        fits_key, rank_key = ("fits", *capacity.shape(needs, share)), ("rank", self.mode)
+
+        def fits(n: dict[str, Any]) -> list[dict[str, Any]] | None:
+            return capacity.node_fits(n, needs, share)
+
         for nid, node in nodes.items():
             if nid not in healthy or nid in avoid:
                 continue
             aff = node.get("affinity") or {}
             if not aff.get("pass", True):
                 continue
-            usable = capacity.node_fits(node, needs, self.share)
+            usable = capacity.derived(node, fits_key, fits)  # = node_fits_cached
             if usable is None or len(usable) < count:
                 continue
             require = set(aff.get("require_gpus", []))
             if require and not require <= {g["id"] for g in usable}:
                 continue  # a Required GPU of this node is busy
-            key = (-float(aff.get("score", 0.0)), self._rank(node), nid)
+            key = (-float(aff.get("score", 0.0)), capacity.derived(node, rank_key, self._rank), nid)
             if best is None or key < best[0]:
                 best = (key, nid, usable)
         if best is None:
