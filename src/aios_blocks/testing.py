@@ -73,7 +73,7 @@ class MemoryBus:
     pending: deque[int] = field(default_factory=deque)
 
     async def emit(self, event: Event[Any], payload: Any, *, qualifier: str = "", msg_id: str | None = None,
-                   headers: dict[str, str] | None = None, **tokens: str) -> Any:
+                   headers: dict[str, str] | None = None, sync: bool = False, **tokens: str) -> Any:
         return await self._emit(Emit(event, payload, tokens, qualifier, msg_id, tuple((headers or {}).items())))
 
     async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:

@@ -76,3 +76,86 @@ def test_embedded_servers_start_with_a_relative_data_dir(tmp_path: Path, monkeyp
         assert (tmp_path / "rel" / "data" / "redis.log").exists()
     finally:
         servers.stop()
+
+
+async def test_a_batch_is_acked_once_its_publishes_are_stored_and_a_failed_publish_retries_its_own_message(tmp_path: Path) -> None:
+    """Effects per fetched batch: a handler's events go out with publish_async into its outbox and
+    the runner acks the batch's inputs only once they are stored; a message whose publish failed
+    comes back on its own (the others of its batch are acked), and publishes again."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.bus.nats_bus import _OUTBOX
+    from aios_blocks.schemas.events import BlockStatus
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        spec = subjects.ConsumerSpec("batch-test", ("aios.cluster.batch-test.*",))
+        await bus.ensure_consumer(spec)
+        seen: list[tuple[str, int]] = []
+
+        async def handler(d: Delivery) -> None:
+            seen.append((d.subject, d.deliveries))
+            bid = "ok" if d.subject.endswith(".scale") else "flaky"
+            assert await bus.emit(E.block_ready, BlockStatus(bid, d.deliveries, "ready")) is None  # not awaited here
+            box = _OUTBOX.get()
+            assert box is not None and box.pending
+            if bid == "flaky" and d.deliveries == 1:  # its stream ack failed: as a refused publish would
+                failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
+                failed.set_exception(RuntimeError("stream unavailable"))
+                box.pending.append(failed)
+
+        stop = asyncio.Event()
+        runner = ConsumerRunner(bus, spec, handler, RunnerOptions(backoff_s=(0.05,), fetch_timeout_s=0.2))
+        await bus.publish_raw("aios.cluster.batch-test.scale", b"{}", msg_id="a")
+        await bus.publish_raw("aios.cluster.batch-test.allocation", b"{}", msg_id="b")
+        task = asyncio.create_task(runner.run(stop))
+        for _ in range(100):
+            if ("aios.cluster.batch-test.allocation", 2) in seen:
+                break
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert seen.count(("aios.cluster.batch-test.scale", 1)) == 1 and ("aios.cluster.batch-test.scale", 2) not in seen
+        assert ("aios.cluster.batch-test.allocation", 2) in seen  # came back alone
+        info = await bus.js.consumer_info(subjects.STREAM, "batch-test")
+        assert info.num_pending == 0 and info.num_ack_pending == 0
+        for bid in ("ok", "flaky"):  # what each published is stored
+            msg = await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=bid))
+            assert msgspec.json.decode(msg.data)["data"]["block_id"] == bid
+    finally:
+        await bus.close()
+        servers.stop()
+
+
+async def test_a_task_that_outlives_its_handler_publishes_with_its_ack_awaited(tmp_path: Path) -> None:
+    """A task a handler starts (a probe watcher, say) inherits its outbox but outlives it: once the
+    handler is done, what the task publishes is awaited as usual, never left in a closed outbox."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.bus.nats_bus import outbox
+    from aios_blocks.schemas.events import BlockStatus
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        go = asyncio.Event()
+
+        async def later() -> object:
+            await go.wait()
+            return await bus.emit(E.block_ready, BlockStatus("late", 1, "ready"))
+
+        with outbox() as box:
+            inside = await bus.emit(E.block_ready, BlockStatus("inside", 1, "ready"))
+            task = asyncio.create_task(later())
+        assert inside is None and len(box.pending) == 1 and box.closed
+        go.set()
+        ack = await asyncio.wait_for(task, 10)
+        assert ack is not None and ack.seq > 0 and len(box.pending) == 1  # acked by the stream, outside the box
+        assert (await asyncio.wait_for(box.pending[0], 10)).seq > 0
+    finally:
+        await bus.close()
+        servers.stop()

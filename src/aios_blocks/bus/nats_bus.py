@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import socket
 import ssl
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -44,6 +45,42 @@ log = structlog.get_logger("aios.bus")
 
 #: answers one request: (subject tokens, body, headers) -> (body, headers)
 Responder = Callable[[dict[str, str], bytes, dict[str, str]], Awaitable[tuple[bytes, dict[str, str]]]]
+
+
+@dataclass
+class Outbox:
+    """The stored events one handler published, their acks not yet awaited. Inside
+    :func:`outbox` (the consumer runner opens one around each handler) ``Bus.emit`` and
+    ``Bus.emit_all`` publish with ``publish_async`` and return at once; the runner awaits every
+    ack of a fetched batch together and only then acks the batch's inputs, so a message is still
+    acked only once what it published is stored (DESIGN §13: ~4x the steps of awaiting each
+    publish).
+
+    A task started inside (a probe watcher, say) inherits the outbox but outlives it: once the
+    block is left the outbox is closed, and publishing from there waits for its ack as usual."""
+
+    pending: list[asyncio.Future[Any]] = field(default_factory=list)
+    closed: bool = False
+
+
+def _open_outbox() -> Outbox | None:
+    box = _OUTBOX.get()
+    return None if box is None or box.closed else box
+
+
+_OUTBOX: contextvars.ContextVar[Outbox | None] = contextvars.ContextVar("aios_outbox", default=None)
+
+
+@contextlib.contextmanager
+def outbox() -> Iterator[Outbox]:
+    """Collect the publishes of the code inside (this task and the tasks it starts) in an Outbox."""
+    box = Outbox()
+    token = _OUTBOX.set(box)
+    try:
+        yield box
+    finally:
+        box.closed = True
+        _OUTBOX.reset(token)
 
 
 @dataclass(frozen=True)
@@ -279,15 +316,29 @@ class Bus:
             await asyncio.gather(*futs)
 
     async def emit(self, event: Event[Any], payload: Any, *, qualifier: str = "", msg_id: str | None = None,
-                   headers: dict[str, str] | None = None, **tokens: str) -> Any:
-        """Publish one catalog event and, when the stream keeps it, wait for its ack. The subject,
-        the CloudEvents type and the message id all come from the catalog entry."""
-        return await self._emit_one(Emit(event, payload, tokens, qualifier, msg_id, tuple((headers or {}).items())), wait=True)
+                   headers: dict[str, str] | None = None, sync: bool = False, **tokens: str) -> Any:
+        """Publish one catalog event and, when the stream keeps it, wait for its ack (returned).
+        The subject, the CloudEvents type and the message id all come from the catalog entry.
+        Inside an :func:`outbox` the ack is left to the outbox's owner and ``None`` is returned,
+        unless ``sync`` (the caller reads the ack, e.g. whether it was a duplicate)."""
+        e = Emit(event, payload, tokens, qualifier, msg_id, tuple((headers or {}).items()))
+        box = None if sync else _open_outbox()
+        if box is None:
+            return await self._emit_one(e, wait=True)
+        fut = await self._emit_one(e, wait=False)
+        if fut is not None:
+            box.pending.append(fut)
+        return None
 
     async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
-        """Publish several catalog events concurrently and wait for every stored one's ack."""
-        futs = [await self._emit_one(e, wait=False) for e in effects]
-        return list(await asyncio.gather(*[f for f in futs if f is not None]))
+        """Publish several catalog events concurrently and wait for every stored one's ack (inside
+        an :func:`outbox`: leave the acks to it and return ``[]``)."""
+        futs = [f for f in [await self._emit_one(e, wait=False) for e in effects] if f is not None]
+        box = _open_outbox()
+        if box is not None:
+            box.pending.extend(futs)
+            return []
+        return list(await asyncio.gather(*futs))
 
     async def _emit_one(self, e: Emit, wait: bool) -> Any:
         ev = e.event

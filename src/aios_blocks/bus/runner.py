@@ -1,16 +1,26 @@
 """The one consumer runner every worker uses.
 
-It pulls batches from a durable consumer, runs the handler for each message concurrently (bounded),
-acks only after the handler returned (its effects are durable by then), and decides what a failure
-means:
+It pulls batches from a durable consumer and commits them per fetched batch:
+
+1. the batch's guard (``Guard``: the state epoch) is checked once;
+2. every message's handler runs, concurrently; what a handler publishes goes out with
+   ``publish_async`` into its :class:`~.nats_bus.Outbox` (no awaited publish per event);
+3. every publish of the batch is awaited together;
+4. the guard is checked once more (state replaced meanwhile: the batch is redone);
+5. then each input is settled: acked when its handler returned and all it published is stored
+   (at-least-once: an ack only after the effects are durable), else per what the failure means.
+
+Failures:
 
 * :class:`Defer` - not an error: redeliver after the given delay (timers, e.g. gather deadlines);
 * :class:`Poison` - the message can never succeed: dead-letter it now with the reason;
-* anything else - retry with backoff; after ``max_deliver`` deliveries, dead-letter it.
+* anything else (a publish of the handler that failed included) - retry with backoff; after
+  ``max_deliver`` deliveries, dead-letter it.
 
 A dead letter goes to ``aios.dlq.{consumer}.{subject}`` and carries the original body, headers, the
 error and the delivery count. A handler exception never escapes the runner: a worker does not die
-of its input.
+of its input. Several batches may be in flight at once (``concurrency`` messages in all), so a
+slow handler holds back its own batch's acks, not the consumer.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import msgspec
 import structlog
@@ -31,17 +42,12 @@ from prometheus_client import Counter, Histogram
 from ..schemas.events import DeadLetter
 from . import subjects
 from .catalog import E
-from .nats_bus import Bus
+from .nats_bus import Bus, outbox
 
 log = structlog.get_logger("aios.runner")
 
 HANDLED = Counter("aios_messages_total", "Messages handled", ["consumer", "outcome"])
 LATENCY = Histogram("aios_handler_seconds", "Handler latency", ["consumer"])
-
-
-def _done(inflight: set[asyncio.Task[None]], slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
-    inflight.discard(task)
-    slots.release()
 
 
 class Defer(Exception):
@@ -68,13 +74,41 @@ class Delivery:
 Handler = Callable[[Delivery], Awaitable[None]]
 
 
+class Guard(Protocol):
+    """Checked once before and once after a batch (``workers.base.EpochGuard``)."""
+
+    #: how long to wait before a batch the guard refused or invalidated comes back
+    pause_s: float
+
+    async def current(self) -> Any:
+        """The token the batch runs under; raises :class:`Defer` when no batch may run now."""
+
+    async def still(self, token: Any) -> bool:
+        """Whether ``token`` still holds, by a read that starts after the call."""
+
+
 @dataclass
 class RunnerOptions:
     batch: int = 64
-    concurrency: int = 64
+    #: messages in flight over every batch of this consumer
+    concurrency: int = 128
     max_deliver: int = 5
     backoff_s: tuple[float, ...] = (0.2, 1.0, 2.0, 5.0)
     fetch_timeout_s: float = 1.0
+    #: how long a batch waits for the stream to acknowledge what its handlers published
+    publish_timeout_s: float = 10.0
+
+
+@dataclass
+class _Outcome:
+    """How one message of a batch ended: ``ok`` (ack once its publishes are stored), ``defer``,
+    ``poison``/``malformed`` (dead-letter now) or ``error`` (retry, dead-letter at the limit)."""
+
+    kind: str
+    delivery: Delivery
+    reason: str = ""
+    delay: float = 0.0
+    pending: list[asyncio.Future[Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -83,14 +117,21 @@ class ConsumerRunner:
     spec: subjects.ConsumerSpec
     handler: Handler
     options: RunnerOptions = field(default_factory=RunnerOptions)
+    guard: Guard | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=subjects.STREAM)
-        slots = asyncio.Semaphore(self.options.concurrency)
         inflight: set[asyncio.Task[None]] = set()
+        taken = 0  # messages in the batches in flight
         log.info("consumer.start", consumer=self.spec.durable, filters=self.spec.filters)
+
+        def done(task: asyncio.Task[None], n: int) -> None:
+            nonlocal taken
+            inflight.discard(task)
+            taken -= n
+
         while not stop.is_set():
-            free = self.options.concurrency - len(inflight)
+            free = self.options.concurrency - taken
             if free <= 0:
                 await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
@@ -104,61 +145,108 @@ class ConsumerRunner:
                 log.warning("consumer.fetch_error", consumer=self.spec.durable, error=repr(exc))
                 await asyncio.sleep(0.5)
                 continue
-            for msg in msgs:
-                await slots.acquire()
-                task = asyncio.create_task(self._one(msg))
-                inflight.add(task)
-                task.add_done_callback(lambda t: _done(inflight, slots, t))
+            if not msgs:
+                continue
+            taken += len(msgs)
+            task = asyncio.create_task(self.batch(msgs))
+            inflight.add(task)
+            task.add_done_callback(lambda t, n=len(msgs): done(t, n))  # type: ignore[misc]
         if inflight:
             await asyncio.wait(inflight, timeout=10)
         with contextlib.suppress(Exception):
             await self.bus.nc.flush(timeout=5)
         log.info("consumer.stop", consumer=self.spec.durable)
 
-    async def _one(self, msg: Msg) -> None:
-        meta = msg.metadata
-        delivery = Delivery(
-            subject=msg.subject,
-            data=msg.data,
-            headers=dict(msg.headers or {}),
-            deliveries=meta.num_delivered,
-            stream_seq=meta.sequence.stream,
-        )
-        started = time.perf_counter()
+    async def batch(self, msgs: list[Msg]) -> None:
+        """Handle one fetched batch and settle every message of it (never raises)."""
         try:
-            await self.handler(delivery)
-        except Defer as d:
-            await self._settle(msg.nak(delay=d.delay))
-            HANDLED.labels(self.spec.durable, "deferred").inc()
-            return
-        except Poison as exc:
-            await self._dead_letter(msg, delivery, f"poison: {exc}")
-            return
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # malformed: no retry can fix it
-            await self._dead_letter(msg, delivery, f"malformed event: {exc}")
-            return
+            await self._batch(msgs)
         except asyncio.CancelledError:
             raise
-        except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"
-            if delivery.deliveries >= self.options.max_deliver:
-                await self._dead_letter(msg, delivery, reason)
-            else:
-                delay = self.options.backoff_s[min(delivery.deliveries - 1, len(self.options.backoff_s) - 1)]
-                log.warning(
-                    "handler.retry",
-                    consumer=self.spec.durable,
-                    subject=delivery.subject,
-                    deliveries=delivery.deliveries,
-                    error=reason,
-                )
-                await self._settle(msg.nak(delay=delay))
-                HANDLED.labels(self.spec.durable, "retry").inc()
-            return
-        finally:
-            LATENCY.labels(self.spec.durable).observe(time.perf_counter() - started)
-        await self._settle(msg.ack())
-        HANDLED.labels(self.spec.durable, "ok").inc()
+        except Exception as exc:  # a bug of the runner itself: the messages come back later
+            log.error("runner.batch_failed", consumer=self.spec.durable, error=repr(exc))
+            for msg in msgs:
+                await self._settle(msg.nak(delay=1.0))
+
+    async def _batch(self, msgs: list[Msg]) -> None:
+        deliveries = [_delivery(m) for m in msgs]
+        token: Any = None
+        if self.guard is not None:
+            try:
+                token = await self.guard.current()
+            except Defer as d:
+                for msg in msgs:
+                    await self._settle(msg.nak(delay=d.delay))
+                    HANDLED.labels(self.spec.durable, "deferred").inc()
+                return
+        outcomes = await asyncio.gather(*(self._handle(d) for d in deliveries))
+        pending = [f for o in outcomes if o.kind == "ok" for f in o.pending]
+        if pending:
+            # every publish of the batch at once; a publish that failed (or never got its ack)
+            # fails its own message only, which comes back and publishes again (deduplicated)
+            _, late = await asyncio.wait(pending, timeout=self.options.publish_timeout_s)
+            for f in late:
+                f.cancel()
+            for o in outcomes:
+                if o.kind != "ok":
+                    continue
+                for f in o.pending:
+                    err = f.exception() if f.done() and not f.cancelled() else TimeoutError("no ack from the stream")
+                    if err is not None:
+                        o.kind, o.reason = "error", f"publish failed: {type(err).__name__}: {err}"
+                        break
+        if self.guard is not None and any(o.kind == "ok" for o in outcomes):
+            try:
+                valid = await self.guard.still(token)
+            except Exception as exc:  # cannot tell: do the batch again rather than ack it blind
+                log.warning("runner.guard_failed", consumer=self.spec.durable, error=repr(exc))
+                valid = False
+            if not valid:  # state was replaced while we worked: do it again
+                for o in outcomes:
+                    if o.kind == "ok":
+                        o.kind, o.delay = "defer", self.guard.pause_s
+        for msg, o in zip(msgs, outcomes, strict=True):
+            await self._finish(msg, o)
+
+    async def _handle(self, d: Delivery) -> _Outcome:
+        started = time.perf_counter()
+        with outbox() as box:
+            try:
+                await self.handler(d)
+                return _Outcome("ok", d, pending=box.pending)
+            except Defer as exc:
+                out = _Outcome("defer", d, delay=exc.delay)
+            except Poison as exc:
+                out = _Outcome("poison", d, f"poison: {exc}")
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:  # malformed: no retry can fix it
+                out = _Outcome("poison", d, f"malformed event: {exc}")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                out = _Outcome("error", d, f"{type(exc).__name__}: {exc}")
+            finally:
+                LATENCY.labels(self.spec.durable).observe(time.perf_counter() - started)
+        for f in box.pending:  # what it published before failing is not waited for (it comes back)
+            f.add_done_callback(_retrieve)
+        return out
+
+    async def _finish(self, msg: Msg, o: _Outcome) -> None:
+        d = o.delivery
+        if o.kind == "ok":
+            await self._settle(msg.ack())
+            HANDLED.labels(self.spec.durable, "ok").inc()
+        elif o.kind == "defer":
+            await self._settle(msg.nak(delay=o.delay))
+            HANDLED.labels(self.spec.durable, "deferred").inc()
+        elif o.kind == "poison":
+            await self._dead_letter(msg, d, o.reason)
+        elif d.deliveries >= self.options.max_deliver:
+            await self._dead_letter(msg, d, o.reason)
+        else:
+            delay = self.options.backoff_s[min(d.deliveries - 1, len(self.options.backoff_s) - 1)]
+            log.warning("handler.retry", consumer=self.spec.durable, subject=d.subject, deliveries=d.deliveries, error=o.reason)
+            await self._settle(msg.nak(delay=delay))
+            HANDLED.labels(self.spec.durable, "retry").inc()
 
     async def _dead_letter(self, msg: Msg, d: Delivery, reason: str) -> None:
         letter = DeadLetter(
@@ -172,7 +260,7 @@ class ConsumerRunner:
         )
         subject = E.dead_letter.subject(consumer=self.spec.durable, subject=d.subject)
         try:
-            await self.bus.emit(E.dead_letter, letter, consumer=self.spec.durable, subject=d.subject)
+            await self.bus.emit(E.dead_letter, letter, consumer=self.spec.durable, subject=d.subject, sync=True)
         except Exception as exc:  # could not record it: let it come back rather than lose it
             log.error("dlq.publish_failed", subject=subject, error=repr(exc))
             await self._settle(msg.nak(delay=5))
@@ -186,3 +274,17 @@ class ConsumerRunner:
         # Acks can fail while reconnecting; the message then simply comes back (at-least-once).
         with contextlib.suppress(Exception):
             await coro
+
+
+def _delivery(msg: Msg) -> Delivery:
+    meta = msg.metadata
+    return Delivery(
+        subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), deliveries=meta.num_delivered,
+        stream_seq=meta.sequence.stream,
+    )
+
+
+def _retrieve(f: asyncio.Future[Any]) -> None:
+    """Read a publish's outcome nobody waits for (no "exception was never retrieved" noise)."""
+    if not f.cancelled():
+        f.exception()

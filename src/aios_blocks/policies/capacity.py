@@ -26,10 +26,44 @@ def node_fits(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str,
         return None
     if node["cpu_free"] + 1e-9 < needs.get("cpu", 0) or node["memory_free"] < needs.get("memory", 0):
         return None
-    usable = [g for g in node["gpus"] if gpu_usable(g, needs, share)]
+    # gpu_usable, inlined: this runs for every GPU of every node a placement looks at
+    mem = needs.get("gpuMemory", 0)
+    if share:
+        free = max(mem, 0)
+        usable = [g for g in node["gpus"] if not g["exclusive"] and g["memory_free"] >= free and g["memory"] >= mem]
+    else:
+        usable = [g for g in node["gpus"] if not g["exclusive"] and g["instances"] == 0 and g["memory"] >= mem]
     if len(usable) < needs.get("gpus", 0):
         return None
     return usable
+
+
+#: id(view) -> (the view, {what: value}): figures derived from a node view, kept while the view
+#: lives. Views are replaced, never edited in place, except by ``take`` (on copies), which drops
+#: the view's entry; holding the view keeps its id from being reused while the entry exists.
+_VIEWS: dict[int, tuple[dict[str, Any], dict[Any, Any]]] = {}
+_VIEWS_MAX = 200_000
+
+
+def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
+    """``compute(node)``, memoised per view (by identity) and ``what``. Callers must not change
+    what it returns."""
+    hit = _VIEWS.get(id(node))
+    if hit is None or hit[0] is not node:
+        if len(_VIEWS) >= _VIEWS_MAX:
+            _VIEWS.clear()
+        hit = _VIEWS[id(node)] = (node, {})
+    memo = hit[1]
+    if what in memo:
+        return memo[what]
+    value = memo[what] = compute(node)
+    return value
+
+
+def node_fits_cached(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str, Any]] | None:
+    """``node_fits``, memoised per view and shape (a placement looks at every node of a small
+    cluster, and only the nodes that changed since the last one are different views)."""
+    return derived(node, ("fits", *shape(needs, share)), lambda n: node_fits(n, needs, share))
 
 
 def why_not(node: dict[str, Any], needs: Needs, share: bool) -> str:
@@ -46,6 +80,7 @@ def why_not(node: dict[str, Any], needs: Needs, share: bool) -> str:
 
 def take(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) -> None:
     """Apply one placement to a node view in place (the optimistic twin of RESERVE_GANG)."""
+    _VIEWS.pop(id(node), None)  # what was derived from it no longer holds
     node["cpu_free"] = round(node["cpu_free"] - needs.get("cpu", 0), 6)
     node["memory_free"] -= needs.get("memory", 0)
     wanted = set(gpu_ids)

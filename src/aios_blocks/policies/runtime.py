@@ -10,7 +10,8 @@
 
 Python policy sources are trusted operator input: they run in the worker's process. Each call runs
 in a worker thread with a time limit; a call that raises, overruns or returns the wrong shape raises
-:class:`PolicyFailed` for that step only. (A Python call that never returns keeps its thread busy;
+:class:`PolicyFailed` for that step only. The built-ins (this package's own code, bounded by their
+input) run inline on the event loop: no thread hop, no time limit, the same failure rules. (A Python call that never returns keeps its thread busy;
 the time limit frees the step, not the thread. Untrusted tenants' policies belong in a sandbox.)
 """
 
@@ -52,6 +53,12 @@ BUILTINS: dict[str, type] = {
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.
 SourceLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
+
+
+def stateless(uri: str) -> bool:
+    """A policy that never reads or writes its ``context`` (the built-ins): its callers need not
+    load or save one."""
+    return uri in BUILTINS
 
 
 class TrackingDict(dict):
@@ -181,8 +188,11 @@ class PolicyRuntime:
         key = (rule_id, cname, version, repr(settings), repr(parameters))
         inst = self._instances.get(key)
         if inst is None:
-            # constructors are policy code too: off the event loop, under the caller's time limit
-            inst = await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, cls, rule_id, settings, parameters)
+            if cname in BUILTINS:
+                inst = _guarded(cls, rule_id, settings, parameters)
+            else:
+                # constructors are policy code too: off the event loop, under the caller's time limit
+                inst = await asyncio.get_running_loop().run_in_executor(self._pool, _guarded, cls, rule_id, settings, parameters)
             self._instances[key] = inst
             if len(self._instances) > self._max_instances:
                 self._instances.popitem(last=False)
@@ -202,19 +212,25 @@ class PolicyRuntime:
         ``trace`` (optional) receives ``version`` and the scriptlet's ``logs`` of this call."""
         action = input_data.get("action", "?")
         name = rule.get("name", "?")
-        loop = asyncio.get_running_loop()
+        builtin = rule.get("policyRuleURI") in BUILTINS
         try:
-            inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
+            if builtin:
+                inst, _, _ = await self.instance(rule, rule_id)
+            else:
+                inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
         except TimeoutError:
             raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s")
         except Exception as exc:
             raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}")
         params = rule.get("parameters") or {}
         ctx = context if context is not None else {}
-        fut = loop.run_in_executor(self._pool, _guarded, inst.eval, params, input_data, ctx)
         try:
             try:
-                result = await asyncio.wait_for(fut, timeout=self.timeout_s)
+                if builtin:  # our own code: inline, no thread hop (~0.1 ms a call) and no time limit
+                    result = _guarded(inst.eval, params, input_data, ctx)
+                else:
+                    fut = asyncio.get_running_loop().run_in_executor(self._pool, _guarded, inst.eval, params, input_data, ctx)
+                    result = await asyncio.wait_for(fut, timeout=self.timeout_s)
             finally:
                 if trace is not None and getattr(inst, "logs", None):
                     trace["logs"] = [list(line) for line in inst.logs]

@@ -63,7 +63,7 @@ def feasible(node: dict[str, Any], needs: capacity.Needs, share: bool) -> bool:
     aff = node.get("affinity") or {}
     if not aff.get("pass", True):
         return False
-    usable = capacity.node_fits(node, needs, share)
+    usable = capacity.node_fits_cached(node, needs, share)
     if usable is None:
         return False
     require = aff.get("require_gpus")
@@ -117,7 +117,10 @@ def sample(
         if entries:
             work = {nid: {**v} for nid, v in nodes.items()}
             affinity.annotate(work, entries, index)
-        fits = sum(1 for v in work.values() if feasible(v, needs, share))
+        if entries:
+            fits = sum(1 for v in work.values() if feasible(v, needs, share))
+        else:  # feasible = fits one instance: the count kept incrementally per nodes dict and shape
+            fits = capacity.fitting(work, needs, share)
         passing = sum(1 for v in work.values() if v.get("affinity", {}).get("pass", True))
         reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
         return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)

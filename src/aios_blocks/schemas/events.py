@@ -103,6 +103,9 @@ class InventoryHint(msgspec.Struct, omit_defaults=True):
 
     cluster: str
     nodes: list[str] | None = None
+    #: the worker process that sent it, which has already brought its own view up to date
+    #: (it ignores its own hints; the others re-read the nodes)
+    origin: str = ""
 
 
 class PostDryRun(msgspec.Struct):

@@ -48,6 +48,23 @@ class Inventory:
             cur.update(nodes)
             self._dirty[cid] = cur
 
+    def apply(self, cid: str, views: dict[str, dict[str, Any]], based_on: dict[str, dict[str, Any]]) -> None:
+        """Put views this process computed from its own committed change (a reservation it made)
+        in place of a re-read: ``views[nid]`` is ``based_on[nid]`` (the view it planned on) with
+        the change applied. A node whose view is no longer that one (re-read meanwhile) or is
+        marked stale (another process's change was hinted) is left alone, so it is re-read and
+        the view always converges on Redis (a node re-read meanwhile may have been read before
+        the change: it is marked stale)."""
+        loaded = self._nodes.get(cid)
+        dirty = self._dirty.get(cid, set())
+        if loaded is None or dirty is None:
+            return
+        for nid, view in views.items():
+            if nid not in dirty and loaded.get(nid) is based_on.get(nid, view):
+                loaded[nid] = view
+            else:
+                self.invalidate(cid, [nid])
+
     def on_hint(self, hint: dict[str, Any]) -> None:
         cid = hint.get("cluster")
         if isinstance(cid, str):

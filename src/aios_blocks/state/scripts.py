@@ -138,12 +138,15 @@ due[#due + 1] = nxt[2] or ''
 return due
 """
 
-# KEYS: block.  ARGV: gen, allowed statuses ("*" or comma list), new status, JSON of extra fields.
-# Compare-and-set on (gen, status); bumps version. Returns {1, version} or {0, current status}.
+# KEYS: block.  ARGV: gen, allowed statuses ("*" or comma list), new status, JSON of extra fields,
+# [the selection round the block must be in ('' or absent: any)].
+# Compare-and-set on (gen, status[, attempt]); bumps version. Returns {1, version} or
+# {0, current status} ({0, 'superseded:<attempt>'} for another round).
 TRANSITION = r"""
-local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'version')
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'version', 'attempt')
 if not cur[1] then return {0, 'absent'} end
 if ARGV[1] ~= '' and cur[1] ~= ARGV[1] then return {0, 'stale-gen:' .. cur[1]} end
+if ARGV[5] and ARGV[5] ~= '' and (cur[4] or '0') ~= ARGV[5] then return {0, 'superseded:' .. (cur[4] or '0')} end
 if ARGV[2] ~= '*' then
   local ok = false
   for s in string.gmatch(ARGV[2], '([^,]+)') do if s == cur[2] then ok = true end end
@@ -176,16 +179,19 @@ redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'digest', ARGV[2], 'version', 1)
 return {1, 'created'}
 """
 
-# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered, expected}.
+# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered,
+# expected, decided token or '', deadline or ''} (a late answer needs no second read to see
+# whether its round is past its deadline and undecided).
 GATHER_ADD = r"""
 redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
-local expected = cjson.decode(redis.call('HGET', KEYS[1], 'expected') or '[]')
+local meta = redis.call('HMGET', KEYS[1], 'expected', 'decided', 'deadline')
+local expected = cjson.decode(meta[1] or '[]')
 local answered = 0
 for _, c in ipairs(expected) do
   if redis.call('HEXISTS', KEYS[1], 'r:' .. c) == 1 then answered = answered + 1 end
 end
-return {answered, #expected}
+return {answered, #expected, meta[2] or '', meta[3] or ''}
 """
 
 # KEYS: policy head (the caller adds the name to the policies set: another Redis Cluster slot).
@@ -206,4 +212,27 @@ if redis.call('HGET', KEYS[1], 'healthy') == ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'healthy', ARGV[1])
 if KEYS[2] then redis.call('INCR', KEYS[2]) end
 return 1
+"""
+
+# KEYS: the block's instances hash.  ARGV: instance id, new status (a lifecycle enum value),
+# optionally the endpoint (JSON-encoded: set or replaced in the record).
+# Sets the status inside the instance's record (the store writes records as compact JSON, so the
+# one "status" member is replaced in place: no JSON round trip, which would turn an empty list
+# into an object) and returns every instance record after the write (HGETALL), or false when the
+# instance is not recorded. One step: a reader of the result sees its own write and all before it.
+SET_INSTANCE_STATUS = r"""
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return false end
+local status = '"status":"' .. ARGV[2] .. '"'
+local new, n = string.gsub(raw, '"status":"[^"]*"', function() return status end, 1)
+if n == 0 then return redis.error_reply('instance record without a status: ' .. ARGV[1]) end
+if ARGV[3] then
+  -- ARGV[3]: the endpoint, JSON-encoded by the caller (a function replacement: no % escapes)
+  local ep = '"endpoint":' .. ARGV[3]
+  local m
+  new, m = string.gsub(new, '"endpoint":"[^"]*"', function() return ep end, 1)
+  if m == 0 then new = '{' .. ep .. (string.sub(new, 2, 2) == '}' and '' or ',') .. string.sub(new, 2) end
+end
+redis.call('HSET', KEYS[1], ARGV[1], new)
+return redis.call('HGETALL', KEYS[1])
 """

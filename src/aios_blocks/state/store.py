@@ -6,11 +6,12 @@ Every key is built by ``state.keys`` (the key layout is documented there).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import NoScriptError
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
 from ..schemas.spec import Cluster, Component, Node
@@ -71,6 +72,9 @@ class Store:
         self._claim_due = r.register_script(scripts.CLAIM_DUE)
         #: the metrics collector's windows and the workers' /metrics targets (``state.metrics``)
         self.metrics = MetricsStore(r)
+        self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
+        self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
+                         self._health_cas, self._claim_due, self._set_status)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -180,6 +184,13 @@ class Store:
         h = await self.r.hgetall(res_key(cid, iid))
         return h or None
 
+    async def reservations_of(self, cid: str, iids: list[str]) -> list[dict[str, Any] | None]:
+        """The reservations of these instances (None where there is none), one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        for iid in iids:
+            pipe.hgetall(res_key(cid, iid))
+        return [h or None for h in await pipe.execute()]
+
     async def reservations(self, cid: str) -> list[dict[str, Any]]:
         out = []
         async for key in self.r.scan_iter(match=res_pattern(cid), count=500):
@@ -236,34 +247,43 @@ class Store:
 
     # -- blocks ----------------------------------------------------------------------------
     async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
-        ok, what = await self._create(
-            keys=[block_key(bid)], args=[str(gen), digest, _dumps(_strs(fields)), ",".join(sorted(REUSABLE))]
-        )
-        if ok and what == "created":
-            await self.r.zadd(BLOCKS, {bid: time.time()})
+        now = time.time()
+
+        def build(pipe: Any) -> None:  # the record and its place in the block list, one round trip
+            _queue_script(pipe, self._create, [block_key(bid)], [str(gen), digest, _dumps(_strs(fields)), ",".join(sorted(REUSABLE))])
+            pipe.zadd(BLOCKS, {bid: now}, nx=True)
+
+        (ok, what), added = await self._pipeline(build)
+        if ok and what == "created" and not added:  # an id used again: it moves to the top
+            await self.r.zadd(BLOCKS, {bid: now})
         return bool(ok), what
 
-    async def transition(self, bid: str, gen: int | None, step: Step, **fields: Any) -> tuple[bool, str]:
+    async def transition(
+        self, bid: str, gen: int | None, step: Step, *, in_round: int | None = None, **fields: Any
+    ) -> tuple[bool, str]:
         """Compare-and-set the block's status by one lifecycle step (``schemas.lifecycle``): only
-        from the step's source statuses, only if ``gen`` matches. Returns (done, new version or the
+        from the step's source statuses, only if ``gen`` matches (and, with ``in_round``, only if
+        the block is in that selection round, its ``attempt``). Returns (done, new version or the
         status that blocked it)."""
         rule = TRANSITIONS[step]
         fields["updated"] = time.time()
-        ok, info = await self._transition(
-            keys=[block_key(bid)], args=["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
-        )
+        args = ["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
+        if in_round is not None:
+            args.append(str(in_round))
+        ok, info = await self._transition(keys=[block_key(bid)], args=args)
         return bool(ok), str(info)
 
     async def get_block(self, bid: str) -> dict[str, Any] | None:
-        h = await self.r.hgetall(block_key(bid))
-        if not h:
-            return None
-        if "ir" in h:
-            h["ir"] = _json.decode(h["ir"])
-        for k in ("gen", "version"):
-            if k in h:
-                h[k] = int(h[k])
-        return h
+        return _block(await self.r.hgetall(block_key(bid)))
+
+    async def block_view(self, bid: str) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """The block record and its instances, in one round trip (two slots: not one snapshot,
+        as two reads are not)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(block_key(bid))
+        pipe.hgetall(inst_key(bid))
+        block, insts = await pipe.execute()
+        return _block(block), {iid: _json.decode(v) for iid, v in insts.items()}
 
     async def list_blocks(self, limit: int = 1000) -> list[str]:
         return await self.r.zrevrange(BLOCKS, 0, limit - 1)
@@ -279,17 +299,64 @@ class Store:
                 pipe.hset(node_inst_key(v["node"]), iid, bid)
             await pipe.execute()
 
+    async def start_instances(
+        self, bid: str, instances: dict[str, dict[str, Any]], index: list[tuple[str, str, str, str, str]],
+        transition: tuple[int, Step, dict[str, Any]] | None = None,
+    ) -> None:
+        """What placing instances records, in one round trip and in this order: the block's step
+        (``transition``: gen, step, fields; a CAS that may find it moved on), the affinity index
+        entries (``index``: svc, lease, iid, node, rack; ``index_add``) and the instance records
+        (``put_instances``: one already recorded keeps its record). Not one transaction (several
+        Redis Cluster slots); every write is idempotent, so a redelivery redoes what a crash cut."""
+        def build(pipe: Any) -> None:
+            if transition is not None:
+                gen, step, fields = transition
+                rule = TRANSITIONS[step]
+                args = [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
+                _queue_script(pipe, self._transition, [block_key(bid)], args)
+            for svc, lease, iid, node, rack in index:
+                pipe.hset(aff_svc_key(svc), iid, _dumps([node, rack]))
+                pipe.hset(AFF_LEASE, lease, node)
+            for iid, v in instances.items():
+                pipe.hsetnx(inst_key(bid), iid, _dumps(v))
+                pipe.hset(node_inst_key(v["node"]), iid, bid)
+
+        await self._pipeline(build)
+
+    async def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
+        """Run the commands ``build`` queues as one pipeline (one round trip; not a transaction).
+        Scripts are queued by digest with no ``SCRIPT EXISTS`` check first (redis-py's pipelines
+        make one, a second round trip); if the server lost them (restarted, flushed), they are
+        loaded and the whole pipeline runs again, so every command in one must be idempotent."""
+        for attempt in (1, 2):
+            pipe = self.r.pipeline(transaction=False)
+            build(pipe)
+            try:
+                return list(await pipe.execute())
+            except NoScriptError:
+                if attempt == 2:
+                    raise
+                for script in self._scripts:
+                    await self.r.script_load(script.script)
+        raise AssertionError("unreachable")
+
     async def set_instance_status(self, bid: str, iid: str, status: str, endpoint: str | None = None) -> dict[str, Any] | None:
-        """Set an instance record's status (and its ``endpoint`` when given); None if it is gone."""
-        raw = await self.r.hget(inst_key(bid), iid)
-        if raw is None:
-            return None
-        inst = _json.decode(raw)
-        inst["status"] = status
-        if endpoint is not None:
-            inst["endpoint"] = endpoint
-        await self.r.hset(inst_key(bid), iid, _dumps(inst))
-        return inst
+        """Set one instance's status (and its ``endpoint`` when given); its record after the change
+        (None: not recorded)."""
+        return (await self.set_instance_status_all(bid, iid, status, endpoint))[0]
+
+    async def set_instance_status_all(
+        self, bid: str, iid: str, status: str, endpoint: str | None = None
+    ) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+        """Set one instance's status and, when given, its ``endpoint`` (one atomic script); (its
+        record, every instance of the block right after the write), or (None, {}) when the
+        instance is not recorded."""
+        args = [iid, status] + ([_dumps(endpoint)] if endpoint else [])
+        flat = await self._set_status(keys=[inst_key(bid)], args=args)
+        if not flat:
+            return None, {}
+        insts = {flat[i]: _json.decode(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return insts.get(iid), insts
 
     async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(inst_key(bid))
@@ -425,17 +492,51 @@ class Store:
     async def gather_add(
         self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
     ) -> tuple[int, int]:
-        answered, expected = await self._gather_add(keys=[gather_key(bid, gen, attempt)], args=[cid, _dumps(result), ttl])
-        return int(answered), int(expected)
+        answered, expected, _, _ = await self.gather_add_state(bid, gen, attempt, cid, result, ttl)
+        return answered, expected
+
+    async def gather_add_state(
+        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
+    ) -> tuple[int, int, str | None, float]:
+        """Record one cluster's answer: (answered, expected, the decision token or None, the
+        deadline), all as of right after the write."""
+        answered, expected, decided, deadline = await self._gather_add(
+            keys=[gather_key(bid, gen, attempt)], args=[cid, _dumps(result), ttl]
+        )
+        return int(answered), int(expected), decided or None, float(deadline or 0)
 
     async def gather_read(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
-        h = await self.r.hgetall(gather_key(bid, gen, attempt))
-        return {
-            "expected": _json.decode(h["expected"]) if "expected" in h else [],
-            "deadline": float(h.get("deadline", 0)),
-            "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
-            "decided": h.get("decided"),
-        }
+        return _gather(await self.r.hgetall(gather_key(bid, gen, attempt)))
+
+    async def gather_decide_read(
+        self, bid: str, gen: int, attempt: int, token: str
+    ) -> tuple[bool, dict[str, Any] | None, dict[str, Any]]:
+        """``gather_decide``, then the block and the gather as they are after the claim, in one
+        round trip: (this caller decides, the block record, the gather)."""
+        key = gather_key(bid, gen, attempt)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hsetnx(key, "decided", token)
+        pipe.hgetall(block_key(bid))
+        pipe.hgetall(key)
+        _, block, g = await pipe.execute()
+        return g.get("decided") == token, _block(block), _gather(g)
+
+    async def gather_done(self, bid: str, gen: int, attempt: int, step: Step | None = None, **fields: Any) -> tuple[bool, str]:
+        """A decided gather: the block's ``step`` (a CAS, as ``transition``), and its deadline timer
+        dropped (nothing is left for it to decide), in one round trip. Returns the transition's
+        (done, info), or (True, "") without a step."""
+        def build(pipe: Any) -> None:
+            if step is not None:
+                rule = TRANSITIONS[step]
+                args = [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
+                _queue_script(pipe, self._transition, [block_key(bid)], args)
+            pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
+
+        out = await self._pipeline(build)
+        if step is None:
+            return True, ""
+        ok, info = out[0]
+        return bool(ok), str(info)
 
     async def gather_decide(self, bid: str, gen: int, attempt: int, token: str) -> bool:
         """Claim the one decision of this gather (results complete vs deadline race)."""
@@ -517,6 +618,33 @@ class Store:
 
     async def set_epoch(self, value: str, only_if_absent: bool = False) -> bool:
         return bool(await self.r.set(EPOCH_KEY, value, nx=only_if_absent))
+
+
+def _gather(h: dict[str, str]) -> dict[str, Any]:
+    return {
+        "expected": _json.decode(h["expected"]) if "expected" in h else [],
+        "deadline": float(h.get("deadline", 0)),
+        "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
+        "decided": h.get("decided"),
+    }
+
+
+def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
+    """Queue a registered script in a pipeline by its digest (see ``Store._pipeline``)."""
+    pipe.evalsha(script.sha, len(keys), *keys, *args)
+
+
+def _block(h: dict[str, str]) -> dict[str, Any] | None:
+    """A block hash as callers see it: ``ir`` decoded, ``gen`` and ``version`` as ints."""
+    if not h:
+        return None
+    out: dict[str, Any] = dict(h)
+    if "ir" in out:
+        out["ir"] = _json.decode(out["ir"])
+    for k in ("gen", "version"):
+        if k in out:
+            out[k] = int(out[k])
+    return out
 
 
 def _strs(fields: dict[str, Any]) -> dict[str, str]:

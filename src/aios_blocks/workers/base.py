@@ -8,6 +8,7 @@ import contextlib
 import hashlib
 import signal
 import time
+import uuid
 import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
-from ..policies.runtime import PolicyRuntime, TrackingDict
+from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint
 from ..schemas.lifecycle import Step
@@ -44,6 +45,8 @@ class Worker:
     name: str
     settings: Settings = field(default_factory=load_settings)
     _subs: list[Any] = field(default_factory=list)
+    #: this process, in the inventory hints it sends (it skips its own when they come back)
+    origin: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
@@ -62,7 +65,9 @@ class Worker:
     async def _watch_hints(self) -> None:
         async def on_inventory(msg: Any) -> None:
             with contextlib.suppress(Exception):
-                self.inventory.on_hint(msgspec.json.decode(msg.data))
+                hint = msgspec.json.decode(msg.data)
+                if hint.get("origin") != self.origin:  # our own: our view is already up to date
+                    self.inventory.on_hint(hint)
 
         async def on_policy(msg: Any) -> None:
             toks = E.policy_updated.match(msg.subject)
@@ -82,7 +87,8 @@ class Worker:
         a ``decision`` event of its own."""
         rule = ir["policies"][kind]
         rule_id = f"{ir['blockId']}.{kind}"
-        ctx = TrackingDict(await self.store.context_load(rule_id))
+        # the built-ins never touch their context: no Redis read (nor write) for them
+        ctx = TrackingDict({} if stateless(rule.get("policyRuleURI", "")) else await self.store.context_load(rule_id))
         started = time.perf_counter()
         result, error, call = None, "", {}
         try:
@@ -137,11 +143,13 @@ class Worker:
         """Where the instances/blocks named by the block's affinity targets run now."""
         return await affinity_index(self.store, ir)
 
-    async def hint(self, cid: str, nodes: list[str] | None) -> None:
-        """Tell every worker (this one included) that these nodes changed; ``None``: the whole
-        cluster and the cluster list."""
-        self.inventory.invalidate(cid, nodes)
-        await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes))
+    async def hint(self, cid: str, nodes: list[str] | None, applied: bool = False) -> None:
+        """Tell every worker that these nodes changed; ``None``: the whole cluster and the cluster
+        list. This one's view is marked stale too, unless ``applied`` (it was updated in place,
+        ``Inventory.apply``)."""
+        if not applied:
+            self.inventory.invalidate(cid, nodes)
+        await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes, self.origin))
 
     async def fail_block(self, bid: str, gen: int, reason: str, step: Step, cluster: str = "") -> None:
         """Move the block to ``failed`` by ``step`` (CAS) and publish the failed event with the reason."""
@@ -160,9 +168,7 @@ async def run_consumers(
     for spec, _ in bindings:
         await worker.bus.ensure_consumer(spec)
     guard = EpochGuard(worker)
-    runners = [
-        ConsumerRunner(worker.bus, spec, guard.wrap(handler), options or RunnerOptions()) for spec, handler in bindings
-    ]
+    runners = [ConsumerRunner(worker.bus, spec, handler, options or RunnerOptions(), guard) for spec, handler in bindings]
     await asyncio.gather(*(r.run(stop) for r in runners))
 
 
@@ -207,14 +213,15 @@ class EpochProbe:
 
 class EpochGuard:
     """Handlers act only while Redis holds valid state (``recovery.rebuild``): with the epoch key
-    gone (Redis flushed, or ``blocks recover`` under way) a message is deferred, not handled, so
-    nothing is acked on the strength of an empty Redis; a message whose handling overlapped an
+    gone (Redis flushed, or ``blocks recover`` under way) a batch is deferred, not handled, so
+    nothing is acked on the strength of an empty Redis; a batch whose handling overlapped an
     epoch change is redone. A new epoch drops the worker's inventory cache.
 
-    The check after a handler is a read that started after the handler finished (shared with the
-    handlers that finished at the same time, ``EpochProbe``); the check before reuses a read at
-    most ``fresh_s`` old: a flush inside that window is caught by the check after, which redoes
-    the message (handlers are idempotent) instead of acking it."""
+    The consumer runner checks it once per fetched batch (``bus.runner.Guard``): before, with a
+    read at most ``fresh_s`` old (:meth:`current`); after the handlers and their publishes, with
+    a read that started after them (:meth:`still`, shared with the batches that finished at the
+    same time, ``EpochProbe``). A flush inside the ``fresh_s`` window is caught by the check
+    after, which redoes the batch (handlers are idempotent) instead of acking it."""
 
     def __init__(self, worker: Worker, pause_s: float = 1.0, fresh_s: float = 0.05):
         self.worker = worker
@@ -241,11 +248,17 @@ class EpochGuard:
             self.seen = epoch
         return epoch
 
+    async def still(self, epoch: str) -> bool:
+        """Whether ``epoch`` is still the state's, by a read that started after this call."""
+        return await self.probe.after() == epoch
+
     def wrap(self, handler: Callable[[Delivery], Awaitable[None]]) -> Callable[[Delivery], Awaitable[None]]:
+        """One message guarded on its own (the runner guards whole batches instead)."""
+
         async def guarded(d: Delivery) -> None:
             before = await self.current()
             await handler(d)
-            if await self.probe.after() != before:
+            if not await self.still(before):
                 raise Defer(self.pause_s)  # state was replaced while we worked: do it again
 
         return guarded

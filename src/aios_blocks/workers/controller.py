@@ -18,6 +18,7 @@ from ..handlers import controller as h
 from ..handlers import faults
 from ..handlers import lifecycle as lc
 from ..handlers.effects import ReadyIfRunning
+from ..policies import capacity
 from ..policies.affinity import uid
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import (
@@ -94,19 +95,18 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         except PlacementFailed as exc:
             await _reselect_or_fail(w, ir, ev, exc.reason, trace)
             return
-        await w.store.transition(ev.block_id, ev.gen, Step.RESERVE, cluster=ev.cluster_id)
-        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang", trace=trace)
+        await _start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang", trace=trace,
+                     step=(Step.RESERVE, {"cluster": ev.cluster_id}))
 
     @router.on(E.cluster_scale)
     async def on_scale(m: Inbound[ScaleRequest]) -> None:
         ev = m.data
-        block = await w.store.get_block(ev.block_id)
+        block, current = await w.store.block_view(ev.block_id)
         if block is None or block["status"] not in LIVE:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"block is {block['status'] if block else 'unknown'}")
             return
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
-        current = await w.store.instances(ev.block_id)
         if iid not in current and len(current) >= ir["maxInstances"]:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"already at maxInstances ({ir['maxInstances']})")
             return
@@ -124,8 +124,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
     @router.on(E.cluster_reassignment)
     async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
         ev = m.data
-        block = await w.store.get_block(ev.block_id)
-        current = await w.store.instances(ev.block_id) if block else {}
+        block, current = await w.store.block_view(ev.block_id)
+        current = current if block else {}
         old = current.get(ev.instance_id)
         meta = await w.store.node_meta(old["node"]) if old else None
         node_down = meta is not None and not meta["healthy"]
@@ -177,8 +177,8 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.LIFECYCLE)
 
     async def view(bid: str) -> lc.View:
-        block = await w.store.get_block(bid)
-        return lc.View(block, await w.store.instances(bid) if block is not None else {})
+        block, insts = await w.store.block_view(bid)
+        return lc.View(block, insts if block is not None else {})
 
     @router.on(E.instance_added)
     async def on_added(m: Inbound[InstanceEvent]) -> None:
@@ -187,9 +187,8 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.instance_removed)
     async def on_removed(m: Inbound[InstanceEvent]) -> None:
         ev = m.data
-        block = await w.store.get_block(ev.block_id)
         # instances are read even for an unknown block: a removal after the record went must still release
-        await commit(w, lc.on_removed(ev, lc.View(block, await w.store.instances(ev.block_id))))
+        await commit(w, lc.on_removed(ev, lc.View(*await w.store.block_view(ev.block_id))))
 
     @router.on(E.instance_failed)
     @router.on(E.instance_unhealthy)
@@ -274,7 +273,7 @@ async def _commit(
     """Plan from the snapshot, reserve atomically; on conflict refresh and retry (bounded).
     A redelivered step finds its reservations already made and reuses them. The policy calls'
     records go into ``trace``."""
-    existing = [await w.store.reservation(cid, iid) for iid in iids]
+    existing = await w.store.reservations_of(cid, iids)
     if all(existing):
         return [
             {"iid": iid, "node": r["node"], "gpus": list(_gpus(r["gpus"]))} for iid, r in zip(iids, existing, strict=True)
@@ -306,14 +305,29 @@ async def _plan_and_reserve(
         placements = await h.plan(
             ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
         )
-        ok, reason, node = await w.store.reserve_gang(cid, placements)
         touched = sorted({p["node"] for p in placements})
+        planned_on = {nid: nodes[nid] for nid in touched}
+        ok, reason, node = await w.store.reserve_gang(cid, placements)
         if ok:
-            await w.hint(cid, touched)
+            if reason == "ok":  # taken now, from the state we planned on: our view takes it too
+                w.inventory.apply(cid, _taken(planned_on, placements, ir["resources"]), planned_on)
+            await w.hint(cid, touched, applied=reason == "ok")
             return placements, attempt
         w.inventory.invalidate(cid, touched + ([node] if node else []))
         await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
     raise PlacementFailed(f"reservation conflict after {retries} attempts: {reason}")
+
+
+def _taken(nodes: dict[str, dict[str, Any]], placements: list[dict[str, Any]], needs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The views of the nodes a reservation just changed, as the reservation script changed them
+    (``capacity.take``, the optimistic twin of ``RESERVE_GANG``): copies, the snapshot is shared."""
+    out: dict[str, dict[str, Any]] = {}
+    for p in placements:
+        nid = p["node"]
+        if nid not in out:
+            out[nid] = capacity.copy_node(nodes[nid])
+        capacity.take(out[nid], p["gpus"], needs, bool(p.get("share")))
+    return out
 
 
 async def _reselect_or_fail(
@@ -340,18 +354,24 @@ def _gpus(raw: str) -> list[str]:
 async def _start(
     w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: list[dict[str, Any]],
     attempts: int, key: str, replaces: str = "", trace: list[Decision] | None = None,
+    step: tuple[Step, dict[str, Any]] | None = None,
 ) -> None:
+    """Record the placed instances (and the block's ``step``, if given), in one round trip, then
+    publish the placement and the nodes' create commands."""
     bid = ir["blockId"]
     nodes = await w.inventory.nodes(cid)
-    for p in placements:
-        rack = nodes.get(p["node"], {}).get("labels", {}).get("rack", "")
-        await w.store.index_add(uid(bid), uid(p["iid"]), p["iid"], p["node"], rack)
-    await w.store.put_instances(
+    index = [
+        (uid(bid), uid(p["iid"]), p["iid"], p["node"], nodes.get(p["node"], {}).get("labels", {}).get("rack", ""))
+        for p in placements
+    ]
+    await w.store.start_instances(
         bid,
         {
             p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action}
             for p in placements
         },
+        index,
+        None if step is None else (gen, step[0], step[1]),
     )
     made = PlacementMade(
         bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces, key,

@@ -27,17 +27,26 @@ from .base import Worker
 
 
 async def commit(w: Worker, effects: Iterable[Effect]) -> None:
+    #: a block's instances as read atomically with this commit's last write (``SetInstance``):
+    #: a guard right after it needs no read of its own
+    fresh: list[tuple[str, dict[str, Any]]] = []
     for effect in effects:
-        if not await _one(w, effect):
+        if not await _one(w, effect, fresh):
             return  # a guard failed (the instance is gone): the rest depended on it
 
 
-async def _one(w: Worker, e: Effect) -> bool:
+async def _one(w: Worker, e: Effect, fresh: list[tuple[str, dict[str, Any]]]) -> bool:
+    seen = fresh.pop() if fresh else None  # good for the effect right after the write only
     match e:
         case Publish(events):
             await w.bus.emit_all(events)
+            if seen is not None:
+                fresh.append(seen)  # publishing changes no state
         case SetInstance(bid, iid, status, endpoint):
-            return await w.store.set_instance_status(bid, iid, status.value, endpoint=endpoint) is not None
+            rec, insts = await w.store.set_instance_status_all(bid, iid, status.value, endpoint)
+            if rec is None:
+                return False
+            fresh.append((bid, insts))
         case Transition(bid, gen, step, fields, then, redo):
             ok, info = await w.store.transition(bid, gen, step, **dict(fields))
             if ok or (redo and info == TRANSITIONS[step].target):
@@ -45,7 +54,7 @@ async def _one(w: Worker, e: Effect) -> bool:
         case Release(bid, iid, inst):
             await release(w, bid, iid, inst)
         case ReadyIfRunning(bid, gen, needed, cid, step):
-            insts = await w.store.instances(bid)
+            insts = seen[1] if seen is not None and seen[0] == bid else await w.store.instances(bid)
             if sum(1 for i in insts.values() if i["status"] == InstanceStatus.RUNNING) >= needed:
                 await _ready(w, bid, gen, cid, step, sorted(insts))
         case DeletedIfEmpty(bid, gen):
@@ -59,7 +68,7 @@ async def _one(w: Worker, e: Effect) -> bool:
                 await w.store.set_instance_status(bid, iid, InstanceStatus.REMOVING.value)
                 await w.bus.emit_all([remove_command(bid, gen, rec["cluster"], iid, rec["node"], reason)])
         case Replace(bid, gen, cid, iid, reason, request_id):
-            ack = await w.bus.emit(E.cluster_reassignment, ReassignRequest(bid, cid, request_id, iid, reason, gen=gen))
+            ack = await w.bus.emit(E.cluster_reassignment, ReassignRequest(bid, cid, request_id, iid, reason, gen=gen), sync=True)
             if not getattr(ack, "duplicate", False):
                 # counted once per request, as the stream holds it once (a redelivered fault is
                 # deduplicated; recover counts the stored requests): the limit is not reached early

@@ -42,12 +42,9 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_parsed(m: Inbound[Parsed]) -> None:
         ev = m.data
         bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
-        block = await w.store.get_block(bid)
-        if block is None or int(block.get("attempt", 0)) != n:
-            return  # superseded by a later selection round
-        ok, _status = await w.store.transition(bid, gen, Step.SELECT)
+        ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
         if not ok:
-            return  # superseded (deleted, re-created) or already past this step
+            return  # superseded (a later selection round, deleted, re-created) or already past this step
         clusters, nodes = await _snapshot(w)
         trace: list[Decision] = []
         sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
@@ -67,7 +64,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.block_dry_run_result)
     async def on_result(m: Inbound[DryRunResult]) -> None:
         ev = m.data
-        answered, expected = await w.store.gather_add(
+        answered, expected, decided, deadline = await w.store.gather_add_state(
             ev.block_id, ev.gen, ev.attempt, ev.cluster_id,
             {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable, "shortfall": ev.shortfall}
         )
@@ -75,8 +72,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
         elif h.usable({"score": ev.score, "error": ev.error, "shortfall": ev.shortfall}):
             # a late usable answer ends a round that is past its deadline and still waiting
-            g = await w.store.gather_read(ev.block_id, ev.gen, ev.attempt)
-            if not g["decided"] and time.time() >= g["deadline"]:
+            if not decided and time.time() >= deadline:
                 await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
 
     return [router.binding()]
@@ -129,15 +125,14 @@ async def run_timers(w: Worker, stop: asyncio.Event, guard: Any, idle_s: float =
 
 
 async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
-    if not await w.store.gather_decide(bid, gen, n, token):
+    won, block, g = await w.store.gather_decide_read(bid, gen, n, token)
+    if not won:
         return
-    block = await w.store.get_block(bid)
     if block is None or block.get("gen") != gen or block.get("status") not in ("selecting", "allocating"):
         return
     if int(block.get("attempt", 0)) != n:
         return
     ir = block["ir"]
-    g = await w.store.gather_read(bid, gen, n)
     clusters, nodes = await _snapshot(w)
     entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
     trace: list[Decision] = []
@@ -150,7 +145,8 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     await w.bus.emit(E.block_post_dry_run, post)
     if failure:
         await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
+        await w.store.gather_done(bid, gen, n)
         return
-    ok, _ = await w.store.transition(bid, gen, Step.CHOOSE, cluster=cid)
+    ok, _ = await w.store.gather_done(bid, gen, n, Step.CHOOSE, cluster=cid)
     if ok:
         await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))

@@ -7,6 +7,7 @@ import contextlib
 import os
 import sys
 import time
+from typing import Any
 
 import structlog
 
@@ -101,7 +102,28 @@ def main() -> None:
         uvloop.install()
     except ImportError:
         pass
+    prof_dir = os.environ.get("AIOS_PROFILE_DIR")
+    if prof_dir:  # a sampling profile of this worker, written when it stops (docs/benchmarks.md)
+        _profiled(prof_dir, kind, lambda: asyncio.run(run_worker(kind, nats_url, redis_url, cluster)))
+        return
     asyncio.run(run_worker(kind, nats_url, redis_url, cluster))
+
+
+def _profiled(prof_dir: str, kind: str, run: Any) -> None:
+    """Run under pyinstrument (a dev dependency); ``<kind>-<pid>.txt`` (the call tree) and
+    ``.pyisession`` (``pyinstrument --load``) go into ``prof_dir``."""
+    from pyinstrument import Profiler
+
+    prof = Profiler(interval=0.0005)
+    prof.start()
+    try:
+        run()
+    finally:
+        prof.stop()
+        base = os.path.join(prof_dir, f"{kind}-{os.getpid()}")
+        with open(base + ".txt", "w") as f:
+            f.write(prof.output_text(unicode=False, color=False))
+        prof.last_session.save(base + ".pyisession")
 
 
 if __name__ == "__main__":

@@ -70,15 +70,22 @@ class _ResourceAllocator:
         self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], index: affinity.Index,
         seed: str,
     ) -> dict[str, Any]:
-        work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy})
+        entries = block.get("affinity") or []
+        work = {nid: n for nid, n in nodes.items() if nid in healthy}
+        if entries:  # re-annotated in place after each simulated placement: copies of them all
+            work = capacity.copy_nodes(work)
+        # else a node is copied when a simulated placement first changes it (the input is not ours)
+        copied: set[str] = set(work) if entries else set()
         want = max(int(block["maxInstances"]), 1)
         first: dict[str, Any] = {}
         placed = 0
-        entries = block.get("affinity") or []
         for i in range(want):
             pick = self._pick(work, healthy, needs, set(), seed)
             if pick is None:
                 break
+            if pick[0] not in copied:
+                work[pick[0]] = capacity.copy_node(work[pick[0]])
+                copied.add(pick[0])
             capacity.take(work[pick[0]], pick[1], needs, self.share)
             if entries:  # later replicas see earlier ones (a block spreading away from itself)
                 rack = work[pick[0]]["labels"].get("rack", "")
@@ -96,19 +103,25 @@ class _ResourceAllocator:
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
         best: tuple[Any, str, list[dict[str, Any]]] | None = None
+        share = self.share
+        fits_key, rank_key = ("fits", *capacity.shape(needs, share)), ("rank", self.mode)
+
+        def fits(n: dict[str, Any]) -> list[dict[str, Any]] | None:
+            return capacity.node_fits(n, needs, share)
+
         for nid, node in nodes.items():
             if nid not in healthy or nid in avoid:
                 continue
             aff = node.get("affinity") or {}
             if not aff.get("pass", True):
                 continue
-            usable = capacity.node_fits(node, needs, self.share)
+            usable = capacity.derived(node, fits_key, fits)  # = node_fits_cached
             if usable is None or len(usable) < count:
                 continue
             require = set(aff.get("require_gpus", []))
             if require and not require <= {g["id"] for g in usable}:
                 continue  # a Required GPU of this node is busy
-            key = (-float(aff.get("score", 0.0)), self._rank(node), nid)
+            key = (-float(aff.get("score", 0.0)), capacity.derived(node, rank_key, self._rank), nid)
             if best is None or key < best[0]:
                 best = (key, nid, usable)
         if best is None:
