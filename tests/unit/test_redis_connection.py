@@ -5,6 +5,7 @@ tests/integration/test_cluster.py."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -78,3 +79,41 @@ def test_what_one_script_touches_shares_a_slot() -> None:
     slots = {key_slot(k.encode()) for k in (keys.node_key("c1", "n1"), keys.res_key("c1", "i1"), keys.index_key("c1"),
                                               keys.cluster_nodes_key("c1"), keys.node_key("c1", "n2"))}
     assert len(slots) == 1
+
+
+async def test_a_store_pipeline_on_a_cluster_sends_scripts_alone_and_keeps_the_order() -> None:
+    """redis-py's cluster pipelines refuse EVALSHA: the store's pipelines run there as commands in
+    order, each script alone, the commands between scripts pipelined, results in queue order."""
+    from aios_blocks.state.store import _Recorder
+
+    sent: list[str] = []
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.cmds: list[str] = []
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *a, **kw: self.cmds.append(f"{name}:{a[0]}")
+
+        async def execute(self) -> list[str]:
+            sent.append("pipe[" + ",".join(self.cmds) + "]")
+            return [f"r-{c}" for c in self.cmds]
+
+    class Client:
+        def pipeline(self, transaction: bool = False) -> Pipe:
+            assert transaction is False
+            return Pipe()
+
+        async def evalsha(self, sha: str, n: int, *rest: Any) -> str:
+            sent.append(f"evalsha:{sha}")
+            return f"r-evalsha:{sha}"
+
+    rec = _Recorder()
+    rec.hset("a", "f", "v")
+    rec.evalsha("s1", 1, "k")
+    rec.hsetnx("b", "f", "v")
+    rec.hset("c", "f", "v")
+    rec.evalsha("s2", 1, "k")
+    out = await rec.run(Client())
+    assert sent == ["pipe[hset:a]", "evalsha:s1", "pipe[hsetnx:b,hset:c]", "evalsha:s2"]
+    assert out == ["r-hset:a", "r-evalsha:s1", "r-hsetnx:b", "r-hset:c", "r-evalsha:s2"]

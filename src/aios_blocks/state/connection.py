@@ -29,6 +29,11 @@ from ..settings import Settings
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
 
+def is_cluster_client(r: Any) -> bool:
+    """Whether ``r`` talks to a Redis Cluster (its pipelines refuse scripts)."""
+    return isinstance(r, RedisCluster)
+
+
 def is_cluster_url(url: str) -> bool:
     return url.split("://", 1)[0].lower() in CLUSTER_SCHEMES
 

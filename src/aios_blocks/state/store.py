@@ -18,7 +18,7 @@ from ..schemas.spec import Cluster, Component, Node
 from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
-from .connection import open_redis
+from .connection import is_cluster_client, open_redis
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
     AFF_LEASE,
     BLOCKS,
@@ -329,6 +329,19 @@ class Store:
         make one, a second round trip); if the server lost them (restarted, flushed), they are
         loaded and the whole pipeline runs again, so every command in one must be idempotent."""
         for attempt in (1, 2):
+            if is_cluster_client(self.r):
+                # redis-py's cluster pipelines refuse EVALSHA: the same commands, in order, with
+                # each script sent alone (routed by its key) and the rest pipelined between them
+                rec = _Recorder()
+                build(rec)
+                try:
+                    return await rec.run(self.r)
+                except NoScriptError:
+                    if attempt == 2:
+                        raise
+                    for script in self._scripts:
+                        await self.r.script_load(script.script)
+                    continue
             pipe = self.r.pipeline(transaction=False)
             build(pipe)
             try:
@@ -627,6 +640,41 @@ def _gather(h: dict[str, str]) -> dict[str, Any]:
         "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
         "decided": h.get("decided"),
     }
+
+
+class _Recorder:
+    """Stands in for a pipeline on Redis Cluster: records the queued commands, then runs them in
+    order, scripts (``evalsha``) one by one and the commands between them as cluster pipelines."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        def queue(*args: Any, **kwargs: Any) -> None:
+            self.calls.append((name, args, kwargs))
+
+        return queue
+
+    async def run(self, r: Any) -> list[Any]:
+        out: list[Any] = []
+        pending: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+        async def flush() -> None:
+            if pending:
+                pipe = r.pipeline(transaction=False)
+                for name, args, kwargs in pending:
+                    getattr(pipe, name)(*args, **kwargs)
+                out.extend(await pipe.execute())
+                pending.clear()
+
+        for call in self.calls:
+            if call[0] == "evalsha":
+                await flush()
+                out.append(await r.evalsha(*call[1], **call[2]))
+            else:
+                pending.append(call)
+        await flush()
+        return out
 
 
 def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
