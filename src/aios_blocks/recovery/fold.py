@@ -59,6 +59,9 @@ class NodeState:
     mem_used: int | None = None
     #: gpu -> [mem, n, x] (None until first touched, as HINCRBY creates fields)
     gpu_use: dict[str, list[int]] = field(default_factory=dict)
+    #: its place (virtual cluster id; "" = the primary) and the cluster index of its last move
+    vc: str = ""
+    vc_index: int = 0
 
 
 @dataclass
@@ -87,6 +90,8 @@ class Fold:
     creates: dict[int, str] = field(default_factory=dict)
     #: (bid, gen, iid) -> nodes where it was reported added and not yet removed
     running_on: dict[tuple[str, int, str], set[str]] = field(default_factory=dict)
+    #: (cluster, vid) -> [cluster index of its last change, record JSON or None once removed]
+    vclusters: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     anomalies: list[str] = field(default_factory=list)
     events: int = 0
     last_seq: int = 0
@@ -128,6 +133,8 @@ class Fold:
                 self.components[d["uri"]] = dumps(d.get("component") or {})
         elif entity == "policy" and tail == "updated":
             self._policy(_data(raw))
+        elif entity == "vcluster" and tail == "changed":
+            self.on_vcluster_changed(key, _data(raw), seq, ts)
 
     # -- blocks ----------------------------------------------------------------------------------
     def _block(self, bid: str, gen: Any) -> dict[str, str] | None:
@@ -315,6 +322,25 @@ class Fold:
         if inst is not None:
             inst["status"] = "removing"
 
+    # -- virtual clusters (state.vcluster.VC_COMMIT) ------------------------------------------------
+    def on_vcluster_changed(self, vid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """The record and the node places after one committed change. Changes of a cluster are
+        ordered by its state index (``index``), not by where their events landed in the stream:
+        a record or a node takes a change only if it is newer than the last one it took."""
+        cid, index, rec = str(d.get("cluster_id", "")), int(d.get("index") or 0), d.get("record")
+        if not cid or not isinstance(rec, dict):
+            return
+        cur = self.vclusters.get((cid, vid))
+        if cur is None or index > cur[0]:
+            self.vclusters[(cid, vid)] = [index, None if d.get("removed") else dumps(rec)]
+        for nid, hop in (d.get("moved") or {}).items():
+            node = self.nodes.get(nid)
+            if node is None or node.cluster != cid:
+                self.anomalies.append(f"seq {seq}: virtual cluster {vid} moved node {nid}, not a node of {cid}")
+                continue
+            if isinstance(hop, list) and len(hop) == 2 and index > node.vc_index:
+                node.vc, node.vc_index = str(hop[1]), index
+
     # -- capacity (RESERVE_GANG / RELEASE) -----------------------------------------------------------
     def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: dict[str, Any], seq: int) -> None:
         if (cid, iid) in self.reservations:
@@ -394,6 +420,8 @@ class Fold:
                 h["mem_used"] = str(n.mem_used)
             for g, (mem, cnt, x) in n.gpu_use.items():
                 h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
+            if n.vc:
+                h["vc"] = n.vc
             img[node_key(n.cluster, nid)] = h
         if index:
             img[k.NODE_INDEX] = index
@@ -402,6 +430,14 @@ class Fold:
                 "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
                 "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
             }
+        vc_index: dict[str, str] = {}
+        for (cid, vid), (_, rec) in sorted(self.vclusters.items()):
+            if rec is not None:
+                img[k.vc_key(cid, vid)] = rec
+                img.setdefault(k.vc_set_key(cid), set()).add(vid)
+                vc_index[vid] = cid
+        if vc_index:
+            img[k.VC_INDEX] = vc_index
         for bid, b in self.blocks.items():
             img[k.block_key(bid)] = dict(b)
         order = ZSet({bid: self.block_order.get(bid, 0.0) for bid in self.blocks})

@@ -46,7 +46,7 @@ VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats")
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
-    "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:",
+    "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:", "aios:vcindex",
 )
 
 
@@ -122,7 +122,7 @@ def normalise(key: str, value: Any) -> Any:
     if isinstance(value, set):
         return sorted(value)
     if not isinstance(value, dict):
-        return _j(value) if key.startswith("aios:component:") else value
+        return _j(value) if key.startswith("aios:component:") or ":vc:" in key else value
     if key.startswith("aios:block:"):
         if key.endswith(":inst"):
             return _instances(value)

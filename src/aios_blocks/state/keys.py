@@ -24,6 +24,11 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:meta:epoch                   state epoch: present while Redis holds valid state
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
+    aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
+    aios:{c:<cid>}:vc:<vid>           JSON of one virtual cluster (``schemas.vcluster.VClusterRecord``);
+                                      a node's place is the ``vc`` field of its node hash (absent: the
+                                      primary's unassigned nodes)
+    aios:vcindex                      hash vid -> cid (which cluster a virtual cluster id is in)
 """
 
 from __future__ import annotations
@@ -39,6 +44,18 @@ AFF_LEASE = f"{P}:aff:lease"
 POLICIES = f"{P}:policies"
 #: every open gather's deadline timer (zset: ``bid|gen|attempt`` scored by when it is due)
 GATHER_DUE = f"{P}:gather:due"
+
+
+#: virtual cluster id -> its cluster (``state.vcluster``)
+VC_INDEX = f"{P}:vcindex"
+
+
+def vc_key(cid: str, vid: str) -> str:
+    return f"{P}:{{c:{cid}}}:vc:{vid}"
+
+
+def vc_set_key(cid: str) -> str:
+    return f"{P}:{{c:{cid}}}:vcs"
 
 
 def component_key(uri: str) -> str:

@@ -538,7 +538,7 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
         )
     cpu, mem = float(h.get("cpu", 0)), int(h.get("memory", 0))
     cpu_used, mem_used = float(h.get("cpu_used", 0)), int(h.get("mem_used", 0))
-    return {
+    view = {
         "node_id": spec["id"],
         "cluster": spec["cluster"],
         "labels": spec.get("labels", {}),
@@ -549,3 +549,6 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
         "memory_free": mem - mem_used,
         "gpus": gpus,
     }
+    if h.get("vc"):  # its virtual cluster (seed 003, ``state.vcluster``); absent: the primary's
+        view["virtualCluster"] = h["vc"]
+    return view

@@ -140,6 +140,7 @@ class Permissions:
 #: the workers' shared durable consumers; per-node agents' (``agent-<nid>``) and per-cluster
 #: controllers' (``controller-<cid>``) are added as they appear (``protect_consumer``)
 WORKER_DURABLES = tuple(c.durable for c in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE,
+                                             subjects.VCLUSTER,
                                              subjects.agent()))
 
 

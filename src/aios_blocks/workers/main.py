@@ -9,7 +9,7 @@ import time
 
 import structlog
 
-from . import agent_sim, controller, gateway, parser
+from . import agent_sim, controller, gateway, parser, vcluster
 from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
 KINDS = ("parser", "gateway", "controller", "agent-sim")
@@ -38,7 +38,7 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
     elif kind == "gateway":
         binds = gateway.bindings(w)
     elif kind == "controller":
-        binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w)
+        binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w) + vcluster.bindings(w)
     else:
         binds = agent_sim.bindings(w)
     if kind in ("gateway", "controller"):
@@ -50,7 +50,9 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         if kind == "controller":
             from .health import HealthMonitor
 
-            await asyncio.gather(run_consumers(w, binds, stop), HealthMonitor(w).run(stop))
+            await asyncio.gather(
+                run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w))
+            )
         elif kind == "gateway":
             await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
         else:
