@@ -577,18 +577,22 @@ def cluster_add(
     nodes: int = typer.Option(None, min=1, help="Also add this many simulated nodes (at least 1)."),
     gpus: int = typer.Option(8, min=0, help="GPUs per simulated node."),
     gpu_memory: int = typer.Option(81920, min=1, help="MiB per simulated GPU."),
+    node_type: str = typer.Option(None, "--node-type", help="nodeType label of the simulated nodes (virtual clusters' replica sets)."),
+    node_label: list[str] = typer.Option([], "--node-label", help="key=value on every simulated node, repeatable."),
     data_dir: Path = DataDir,
 ) -> None:
     """Register a cluster, optionally with simulated nodes.
 
-    Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8`
+    Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8 --node-type A100`
     """
     labels = _labels(label)
+    node_labels = _labels(node_label, "--node-label") | ({"nodeType": node_type} if node_type else {})
     check_id(cluster_id, "cluster id")
 
     async def go(c: Client) -> None:
         if nodes:
-            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels)
+            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels,
+                                    node_labels=node_labels)
         else:
             await c.add_cluster(Cluster(id=cluster_id, labels=labels))
 
@@ -1332,3 +1336,9 @@ def state_digest(
     if stream:
         print(f"stream {stream_digest}")
         raise typer.Exit(0 if redis_digest == stream_digest else 1)
+
+
+# -- virtual clusters (seed 003): their own module ------------------------------------------------
+from . import vcluster as _vcluster  # noqa: E402  (it uses the helpers above)
+
+_vcluster.register(app, DataDir)

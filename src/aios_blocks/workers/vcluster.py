@@ -68,9 +68,10 @@ async def _refuse(w: Worker, vid: str, op: VClusterOp, r: h.Refusal, request_id:
     await w.bus.emit(E.vcluster_refused, h.refusal(vid, op, r, request_id, cid))
 
 
-async def apply(w: Worker, cid: str, plan_fn: Planner) -> h.Plan | h.Refusal:
+async def apply(w: Worker, cid: str, plan_fn: Planner, drop_claim: str = "") -> h.Plan | h.Refusal:
     """Plan from a snapshot and commit atomically; a node that moved meanwhile refreshes the
-    snapshot and plans again (bounded). Returns the plan applied, or why not."""
+    snapshot and plans again (bounded). Returns the plan applied, or why not. ``drop_claim``: a
+    virtual cluster id the change removes (its index entry goes before the change is announced)."""
     vs = store_of(w)
     reason = ""
     for _ in range(PLAN_TRIES):
@@ -81,6 +82,8 @@ async def apply(w: Worker, cid: str, plan_fn: Planner) -> h.Plan | h.Refusal:
             return plan
         res = await vs.commit(cid, plan.writes, plan.moves)
         if res.ok:
+            if drop_claim:
+                await vs.release_claim(drop_claim, cid)
             await _announce(w, cid, plan, res.index)
             return plan
         if res.kind == "revision":
@@ -147,11 +150,9 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
             await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why), req.request_id)
             return
-        out = await apply(w, cid, lambda nodes, records: h.plan_remove(req, nodes, records))
+        out = await apply(w, cid, lambda nodes, records: h.plan_remove(req, nodes, records), drop_claim=req.vcluster_id)
         if isinstance(out, h.Refusal):
             await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, out, req.request_id, cid)
-        else:
-            await vs.release_claim(req.vcluster_id, cid)
 
     @router.on(E.block_deleted)
     @router.on(E.block_failed)
@@ -169,7 +170,6 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 async def destroy_job(w: Worker, cid: str, jid: str, bid: str, gen: int | None, why: str) -> bool:
     """Destroy block ``bid``'s job cluster ``jid`` (of generation ``gen``; None: any). Left in place
     while an instance is still on one of its nodes: the sweep tries again (lazy destruction)."""
-    vs = store_of(w)
 
     def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
         rec = records.get(jid)
@@ -177,12 +177,11 @@ async def destroy_job(w: Worker, cid: str, jid: str, bid: str, gen: int | None, 
             return h.Refusal("gone")
         return h.plan_job_remove(rec, nodes, why)
 
-    out = await apply(w, cid, plan_fn)
+    out = await apply(w, cid, plan_fn, drop_claim=jid)
     if isinstance(out, h.Refusal):
         if out.reason != "gone":
             log.info("vcluster.job_kept", job=jid, reason=out.reason)
         return False
-    await vs.release_claim(jid, cid)
     return True
 
 
