@@ -341,6 +341,31 @@ class Fold:
             if isinstance(hop, list) and len(hop) == 2 and index > node.vc_index:
                 node.vc, node.vc_index = str(hop[1]), index
 
+    def repair_divisible(self) -> None:
+        """Seed 003's failover step 3: a divisible cluster counts its job clusters' nodes, so a job
+        node it does not list (``D = V_job - V_divisible``) is added to it, and as many of its dead
+        nodes of the same types, outside its job clusters, are dropped. Both records change in one
+        atomic commit here (``state.vcluster``), so this finds nothing unless the stream lost an
+        event; what it repairs is reported as an anomaly."""
+        recs = {key: _json.decode(rec) for key, (_, rec) in self.vclusters.items() if rec is not None}
+        for (cid, vid), job in recs.items():
+            parent = recs.get((cid, job.get("parent") or ""))
+            if job.get("kind") != "job" or parent is None:
+                continue
+            missing = {n: t for n, t in (job.get("nodes") or {}).items() if n not in parent["nodes"]}
+            if not missing:
+                continue
+            in_jobs = {n for (c2, _), r in recs.items() if c2 == cid and r.get("parent") == parent["id"] for n in r["nodes"]}
+            for nid, t in sorted(missing.items()):
+                parent["nodes"][nid] = t
+                dead = sorted(n for n, t2 in parent["nodes"].items() if t2 == t and n not in in_jobs and n in self.nodes
+                              and not self.nodes[n].healthy)
+                if dead:
+                    parent["nodes"].pop(dead[0])
+            parent["nodes"] = dict(sorted(parent["nodes"].items()))
+            self.vclusters[(cid, parent["id"])][1] = dumps(parent)
+            self.anomalies.append(f"virtual cluster {parent['id']} repaired from job cluster {vid}: {sorted(missing)}")
+
     # -- capacity (RESERVE_GANG / RELEASE) -----------------------------------------------------------
     def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: dict[str, Any], seq: int) -> None:
         if (cid, iid) in self.reservations:
@@ -430,6 +455,7 @@ class Fold:
                 "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
                 "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
             }
+        self.repair_divisible()
         vc_index: dict[str, str] = {}
         for (cid, vid), (_, rec) in sorted(self.vclusters.items()):
             if rec is not None:
