@@ -156,7 +156,7 @@ def check_image(
         rep.violations.append(f"reservation {iid} in {owners[iid]}: no instance holds it (leaked)")
     rep.counts["instances"] = len(seen)
 
-    # 4. virtual clusters (seed 003): every node in exactly one place, records and places agree,
+    # and virtual clusters (seed 003): every node in exactly one place, records and places agree,
     # every instance inside its block's virtual cluster
     _vclusters(img, nodes, res, blocks, rep.violations if settled else rep.warnings, rep)
     return rep
