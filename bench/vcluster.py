@@ -93,10 +93,18 @@ async def _measure(quick: bool) -> list[common.Row]:
 
             # 3. through the controller, and until the placing worker sees it
             changed: dict[str, float] = {}
+            news = asyncio.Event()
 
             async def on_changed(msg: Any) -> None:
                 d = msgspec.json.decode(msg.data).get("data") or {}
                 changed[d.get("request_id", "")] = time.perf_counter()
+                news.set()
+
+            async def arrived(rid: str) -> float:
+                while rid not in changed:
+                    news.clear()
+                    await news.wait()
+                return changed[rid]
 
             sub = await client.bus.nc.subscribe("aios.vcluster.*.changed", cb=on_changed)
             e2e: dict[str, list[float]] = {}
@@ -112,9 +120,7 @@ async def _measure(quick: bool) -> list[common.Row]:
                         break
                     await asyncio.sleep(0.0005)
                 async with asyncio.timeout(30):
-                    while req.request_id not in changed:
-                        await asyncio.sleep(0.0005)
-                got = changed[req.request_id]
+                    got = await arrived(req.request_id)
                 e2e.setdefault(label, []).append(got - t0)
                 vis.setdefault(label, []).append(seen - t0)
                 after.setdefault(label, []).append(max(0.0, seen - got))

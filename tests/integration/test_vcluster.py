@@ -306,3 +306,37 @@ async def test_dead_nodes_are_replenished_in_the_seeds_four_cases(system: System
     j = await vs.get(jid)
     assert j is not None and set(j.nodes) <= set(undivided)
     await partitioned(c, "c1")
+
+
+async def test_cli_vcluster_commands_and_exit_codes(system: System) -> None:
+    import json
+
+    from .test_cli import blocks
+
+    r = blocks(system, "cluster", "add", "c1", "--nodes", "3", "--gpus", "2", "--node-type", "A100")
+    assert r.returncode == 0, r.stderr
+    r = blocks(system, "vcluster", "create", "v1", "--cluster", "c1", "--replica-sets", '{"A100": 2}')
+    assert r.returncode == 0 and "create of v1 done: revision 1, 2 nodes (2 moved)" in r.stdout, r.stdout + r.stderr
+    r = blocks(system, "vcluster", "create", "v1", "--cluster", "c1", "--replica-sets", '{"A100": 1}')
+    assert r.returncode == 1 and "virtual cluster 'v1' exists" in r.stderr and "(revision 1)" in r.stderr
+    for bad in (["bad.id", "--cluster", "c1", "--replica-sets", "{}"], ["v2", "--cluster", "c1", "--replica-sets", "nope"],
+                ["v2", "--cluster", "c1", "--replica-sets", '{"A100": -1}']):
+        r = blocks(system, "vcluster", "create", *bad)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr, r.stderr
+    r = blocks(system, "vcluster", "update", "v1", "--revision", "5", "--replica-sets", '{"A100": 1}')
+    assert r.returncode == 1 and "stale revision 5: the latest is 1" in r.stderr, r.stderr
+    r = blocks(system, "vcluster", "update", "v1", "--revision", "1", "--replica-sets", '{"A100": 1}', "--divisible")
+    assert r.returncode == 1 and "cannot change between divisible and indivisible" in r.stderr
+    r = blocks(system, "vcluster", "list", "--json")
+    (rec,) = json.loads(r.stdout)
+    assert rec["id"] == "v1" and rec["revision"] == 1 and rec["replica_sets"] == {"A100": 2}
+    r = blocks(system, "vcluster", "get", "v1", "--json")
+    tree = json.loads(r.stdout)
+    assert tree["primary"] == {"cluster": "c1", "unassigned": {"A100": 1}, "nodes": 3}
+    assert tree["vcluster"]["counts"] == {"A100": 2} and tree["vcluster"]["kind"] == "indivisible"
+    r = blocks(system, "vcluster", "get", "v1")
+    assert r.returncode == 0 and "v1 indivisible revision 1" in r.stdout and "c1-n0 A100 alive" in r.stdout, r.stdout
+    r = blocks(system, "vcluster", "get", "nope")
+    assert r.returncode == 1 and "no virtual cluster 'nope'" in r.stderr
+    r = blocks(system, "vcluster", "remove", "v1")
+    assert r.returncode == 0 and "remove of v1 done" in r.stdout
