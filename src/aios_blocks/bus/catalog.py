@@ -346,6 +346,20 @@ class E:
         "a virtual cluster request refused whole, with the reason and the current revision",
         id_rule="vc:{vcluster_id}:refused:{request_id}", token_fields=_VID,
     )
+    node_drain = Event(
+        "node.drain", f"{_N}.drain", vc.NodeDrain, (A,),
+        "node drained (no new placements, its instances moved with reason evacuation) or undrained",
+        id_rule="{node_id}:drain:{request_id}",
+    )
+    node_removed = Event(
+        "node.removed", f"{_N}.removed", vc.NodeRemoved, (A,), "a drained, idle node removed from its cluster",
+        id_rule="{node_id}:removed:{request_id}",
+    )
+    cluster_removed = Event(
+        "cluster.removed", f"{_C}.removed", vc.ClusterRemoved, (A,),
+        "a cluster with nothing running and no virtual cluster removed, with its nodes",
+        id_rule="{cluster_id}:removed:{request_id}",
+    )
     dead_letter = Event(
         "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,), "message that kept failing, with the error",
         body=Body.RAW, id_rule="dlq:{consumer}:{stream_seq}",

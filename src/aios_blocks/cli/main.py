@@ -40,8 +40,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 component_app = typer.Typer(help="Register components.", no_args_is_help=True)
-cluster_app = typer.Typer(help="Register clusters (simulated inventory).", no_args_is_help=True)
-node_app = typer.Typer(help="Register nodes (simulated inventory).", no_args_is_help=True)
+cluster_app = typer.Typer(help="Register (simulated inventory), list and remove clusters.", no_args_is_help=True)
+node_app = typer.Typer(help="Register (simulated inventory), list, drain and remove nodes.", no_args_is_help=True)
 policy_app = typer.Typer(help="Run and register policies.", no_args_is_help=True)
 app.add_typer(component_app, name="component")
 app.add_typer(cluster_app, name="cluster")
@@ -1339,6 +1339,8 @@ def state_digest(
 
 
 # -- virtual clusters (seed 003): their own module ------------------------------------------------
-from . import vcluster as _vcluster  # noqa: E402  (it uses the helpers above)
+from . import nodes as _nodes  # noqa: E402  (they use the helpers above)
+from . import vcluster as _vcluster  # noqa: E402
 
 _vcluster.register(app, DataDir)
+_nodes.register(node_app, cluster_app, DataDir)

@@ -62,6 +62,8 @@ class NodeState:
     #: its place (virtual cluster id; "" = the primary) and the cluster index of its last move
     vc: str = ""
     vc_index: int = 0
+    #: ``blocks node drain``
+    drain: bool = False
 
 
 @dataclass
@@ -123,6 +125,8 @@ class Fold:
                 node_rule(self, key, _data(raw), seq, ts)
         elif entity == "cluster" and tail == "reassignment":
             self.on_reassignment(key, _data(raw), seq, ts)
+        elif entity == "cluster" and tail == "removed":
+            self.on_cluster_removed(key, _data(raw), seq, ts)
         elif entity == "cluster" and tail == "registered":
             c = _data(raw).get("cluster") or {}
             if c.get("id"):
@@ -315,6 +319,25 @@ class Fold:
         if node is not None and "healthy" in d:
             node.healthy = bool(d["healthy"])
 
+    def on_node_drain(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        node = self.nodes.get(nid)
+        if node is not None and node.cluster == d.get("cluster_id"):
+            node.drain = bool(d.get("drain", True))
+
+    def on_node_removed(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """``InventoryAdmin.remove_node``: the node, its index entry and its instance index go."""
+        node = self.nodes.get(nid)
+        if node is not None and node.cluster == d.get("cluster_id"):
+            del self.nodes[nid]
+            self.node_insts.pop(nid, None)
+
+    def on_cluster_removed(self, cid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """``InventoryAdmin.remove_cluster``: the cluster and every node of it."""
+        self.clusters.pop(cid, None)
+        for nid in [n for n, st in self.nodes.items() if st.cluster == cid]:
+            del self.nodes[nid]
+            self.node_insts.pop(nid, None)
+
     def on_remove_command(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         if str(d.get("reason", "")).startswith("dangling:"):
             return  # a leftover the node reported: the record (if any) is not touched
@@ -447,6 +470,8 @@ class Fold:
                 h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
             if n.vc:
                 h["vc"] = n.vc
+            if n.drain:
+                h["drain"] = "1"
             img[node_key(n.cluster, nid)] = h
         if index:
             img[k.NODE_INDEX] = index
@@ -532,6 +557,8 @@ Fold.node_rules = {
     "registered": Fold.on_node_registered,
     "health": Fold.on_node_health,
     "instance.remove": Fold.on_remove_command,
+    "drain": Fold.on_node_drain,
+    "removed": Fold.on_node_removed,
 }
 
 

@@ -191,3 +191,33 @@ class NodeMove:
     alive: bool = True
 
 
+
+
+# -- node and cluster lifecycle that virtual clusters need (``blocks node drain|remove``,
+# ``blocks cluster remove``); stored so ``blocks recover`` rebuilds them -------------------------
+class NodeDrain(msgspec.Struct, omit_defaults=True):
+    """A node drained (no new placements; its instances are moved away, reason ``evacuation``)
+    or undrained (``drain`` false)."""
+
+    node_id: str
+    cluster_id: str
+    request_id: str
+    drain: bool = True
+    #: instances asked to move (reassignment requests published with it)
+    evacuating: list[str] = []
+
+
+class NodeRemoved(msgspec.Struct):
+    """A drained, idle node removed from its cluster."""
+
+    node_id: str
+    cluster_id: str
+    request_id: str
+
+
+class ClusterRemoved(msgspec.Struct):
+    """A cluster with nothing running and no virtual cluster removed, with its nodes."""
+
+    cluster_id: str
+    request_id: str
+    nodes: list[str] = []

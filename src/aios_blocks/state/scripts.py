@@ -26,6 +26,7 @@ for i = 1, n do
   local nk = KEYS[2*i-1]
   if redis.call('EXISTS', nk) == 0 then return {0, 'node ' .. pl.node .. ' does not exist', pl.node} end
   if redis.call('HGET', nk, 'healthy') ~= '1' then return {0, 'node ' .. pl.node .. ' is not healthy', pl.node} end
+  if redis.call('HGET', nk, 'drain') == '1' then return {0, 'node ' .. pl.node .. ' is draining', pl.node} end
   if pl.vc ~= nil and (redis.call('HGET', nk, 'vc') or '') ~= pl.vc then
     return {0, 'node ' .. pl.node .. ' moved to another virtual cluster', pl.node}
   end

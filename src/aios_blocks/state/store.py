@@ -542,7 +542,8 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
         "node_id": spec["id"],
         "cluster": spec["cluster"],
         "labels": spec.get("labels", {}),
-        "healthy": h.get("healthy") == "1",
+        # a draining node (``blocks node drain``) takes nothing new: it reads as not healthy
+        "healthy": h.get("healthy") == "1" and h.get("drain") != "1",
         "cpu": cpu,
         "cpu_free": round(cpu - cpu_used, 6),
         "memory": mem,
@@ -551,4 +552,6 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
     }
     if h.get("vc"):  # its virtual cluster (seed 003, ``state.vcluster``); absent: the primary's
         view["virtualCluster"] = h["vc"]
+    if h.get("drain") == "1":
+        view["draining"] = True
     return view
