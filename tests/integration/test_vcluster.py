@@ -340,3 +340,97 @@ async def test_cli_vcluster_commands_and_exit_codes(system: System) -> None:
     assert r.returncode == 1 and "no virtual cluster 'nope'" in r.stderr
     r = blocks(system, "vcluster", "remove", "v1")
     assert r.returncode == 0 and "remove of v1 done" in r.stdout
+
+
+async def test_policy_payloads_see_only_the_virtual_clusters_nodes(system: System) -> None:
+    """The clusterAllocator's filter result and every resourceAllocator payload (``cluster_metrics``
+    and its nodes, ``healthy_nodes``) of a block in A hold A's nodes only; a block with no virtual
+    cluster sees the primary's unassigned nodes only."""
+    c = system.client
+    await typed_cluster(c, "c1", a100=6)
+    assert (await create(c, "A", "c1", {"A100": 2}))[0]
+    where = await places(c, "c1")
+    in_a = {n for n, p in where.items() if p == "A"}
+    for bid, vid, mine in (("pa", "A", in_a), ("pp", "", set(where) - in_a)):
+        spec = {**SPEC, "blockId": bid, "minInstances": 2, "maxInstances": 3}
+        if vid:
+            spec["virtualClusterId"] = vid
+        _, kind, _ = await system.submit_and_wait(spec)
+        assert kind == "ready"
+        decisions = await c.decisions(bid=bid)
+        seen = {d["action"] for d in decisions}
+        assert {"selection", "dry_run", "allocation"} <= seen, seen
+        for d in decisions:
+            data = d["input"]
+            if d["action"] == "selection":
+                (entry,) = data["filter_result"]
+                assert entry["metrics"]["node_count"] == len(mine)
+            elif d["kind"] == "resourceAllocator":
+                payload = data["payload"]
+                assert set(payload["cluster_metrics"]["nodes"]) <= mine, (bid, d["action"])
+                assert set(payload["healthy_nodes"]) <= mine and payload["healthy_nodes"]
+                assert payload["cluster_metrics"]["node_count"] == len(mine)
+        await c.scale(bid)
+
+        async def scaled(bid: str = bid) -> bool:
+            return len(await c.store.instances(bid)) == 3
+
+        await until(scaled)
+        assert {i["node"] for i in (await c.store.instances(bid)).values()} <= mine
+
+
+async def test_random_operations_on_real_servers_keep_every_node_in_one_place(system: System) -> None:
+    """A smaller real twin of the 1,000-operation in-memory test: 60 random create / update /
+    remove / place / delete operations through the worker processes."""
+    import random
+
+    c = system.client
+    await typed_cluster(c, "c1", a100=6, h100=3)
+    rng = random.Random(11)
+    vs = VClusterStore(c.store)
+    live: list[str] = []
+    applied = refused = 0
+    for n in range(60):
+        op = rng.choices(["create", "update", "remove", "place", "delete"], [3, 4, 2, 4, 2])[0]
+        vid = rng.choice(["A", "B", "D"])
+        rs = {"A100": rng.randint(0, 2), "H100": rng.randint(0, 1)}
+        if op == "create":
+            ok, _ = await create(c, vid, "c1", rs, divisible=vid == "D")
+        elif op == "update":
+            rec = await vs.get(vid)
+            ok, _ = await update(c, vid, rec.revision if rec else 1, rs)
+        elif op == "remove":
+            ok, _ = await remove(c, vid)
+        elif op == "place":
+            spec = {**SPEC, "blockId": f"r{n}", "minInstances": 1, "maxInstances": 1}
+            where = rng.choice(["", "A", "B", "D"])
+            if where:
+                spec["virtualClusterId"] = where
+            if where == "D":
+                spec["jobCluster"] = {"replicaSets": {"A100": 1}}
+            bid, kind, _ = await system.submit_and_wait(spec)
+            ok = kind == "ready"
+            if ok:
+                live.append(bid)
+        elif live:
+            bid = live.pop(rng.randrange(len(live)))
+            await c.delete(bid)
+
+            async def deleted(bid: str = bid) -> bool:
+                b = await c.store.get_block(bid)
+                return b is not None and b["status"] == "deleted"
+
+            await until(deleted)
+            ok = True
+        applied += ok
+        refused += not ok
+        await partitioned(c, "c1")
+        where = await places(c, "c1")
+        for bid in live:
+            block = await c.store.get_block(bid)
+            ir = block["ir"] if block else {}
+            want = ir.get("virtualClusterId", "")
+            if want and ir.get("jobCluster"):
+                want = job_cluster_id(bid)
+            assert all(where[i["node"]] == want for i in (await c.store.instances(bid)).values()), (bid, want)
+    assert applied > 10 and refused > 5, (applied, refused)
