@@ -359,11 +359,14 @@ async def test_policy_payloads_see_only_the_virtual_clusters_nodes(system: Syste
         assert kind == "ready"
         decisions = await c.decisions(bid=bid)
         seen = {d["action"] for d in decisions}
-        assert {"selection", "dry_run", "allocation"} <= seen, seen
+        assert {"selection", "dry_run", "post_dry_run", "allocation"} <= seen, seen
         for d in decisions:
             data = d["input"]
             if d["action"] == "selection":
                 (entry,) = data["filter_result"]
+                assert entry["metrics"]["node_count"] == len(mine)
+            elif d["action"] == "post_dry_run":
+                (entry,) = data["clusters"]
                 assert entry["metrics"]["node_count"] == len(mine)
             elif d["kind"] == "resourceAllocator":
                 payload = data["payload"]

@@ -45,6 +45,11 @@ def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
     return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
 
 
+def scoped_entry(ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003)."""
+    return cluster_entry(cluster, vcluster.scope(ir, nodes))
+
+
 def sample_for(
     ir: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None, want: int = 1
 ) -> sampling.Sample:
