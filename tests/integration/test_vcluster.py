@@ -437,3 +437,34 @@ async def test_random_operations_on_real_servers_keep_every_node_in_one_place(sy
                 want = job_cluster_id(bid)
             assert all(where[i["node"]] == want for i in (await c.store.instances(bid)).values()), (bid, want)
     assert applied > 10 and refused > 5, (applied, refused)
+
+
+async def test_autoscaling_grows_when_a_block_cannot_be_placed(system: System) -> None:
+    """Beyond the seed: an indivisible cluster with limits grows by a node that fits when a block
+    inside cannot be placed, as an explained event; never beyond its max."""
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=4, gpus=1, node_labels={"nodeType": "A100"})
+    ok, out = await vcli.outcome(c, await vcli.create(c, "v", "c1", {"A100": 1}, limits={"A100": [1, 2]}))
+    assert ok and out["record"]["limits"] == {"A100": [1, 2]}
+    spec = {**SPEC, "minInstances": 1, "maxInstances": 1, "virtualClusterId": "v"}
+    assert (await system.submit_and_wait({**spec, "blockId": "g1"}))[1] == "ready"
+    assert (await system.submit_and_wait({**spec, "blockId": "g2"}))[1] == "failed"
+
+    async def grown() -> bool:
+        rec = await VClusterStore(c.store).get("v")
+        return rec is not None and len(rec.nodes) == 2
+
+    await until(grown)
+    events = [e async for e in _stored(c, "aios.vcluster.v.changed")]
+    assert [e["op"] for e in events] == ["create", "autoscale"]
+    assert "block g2 could not be placed" in events[1]["reason"]
+    assert (await system.submit_and_wait({**spec, "blockId": "g3"}))[1] == "ready"
+    assert (await system.submit_and_wait({**spec, "blockId": "g4"}))[1] == "failed"  # at its max: refused, explained
+
+    async def refused() -> bool:
+        return any(r["op"] == "autoscale" for r in [e async for e in _stored(c, "aios.vcluster.v.refused")])
+
+    await until(refused)
+    rec = await VClusterStore(c.store).get("v")
+    assert rec is not None and len(rec.nodes) == 2
+    await partitioned(c, "c1")

@@ -4,6 +4,7 @@ in memory (MemorySystem: fakeredis + an in-memory bus) keeping every node in exa
 
 from __future__ import annotations
 
+import asyncio
 import random
 from typing import Any
 
@@ -295,3 +296,67 @@ async def test_a_thousand_random_operations_keep_every_node_in_exactly_one_place
         ops = {e["op"] for e in s.bus.events(E.vcluster_changed)}
         assert {"create", "update", "remove", "job_create", "job_remove", "replenish"} <= ops, ops
         assert s.dead == []
+
+
+def test_autoscaling_grows_to_max_by_fitting_types_and_shrinks_to_min() -> None:
+    nodes = cluster(3, 2)
+    records: dict[str, VClusterRecord] = {}
+    bad = h.plan_create(VClusterCreate("v", "c1", {"A100": 3}, "r", limits={"A100": [1, 2], "H100": [2, 1]}), 1,
+                        {"c1": {}}, nodes, records, None)
+    assert isinstance(bad, h.Refusal) and "count of 'A100' (3) is outside its limits [1, 2]" in bad.reason
+    assert "limits of 'H100' must be [min, max]" in bad.reason
+    p = h.plan_create(VClusterCreate("v", "c1", {"A100": 1}, "r", limits={"A100": [1, 2], "H100": [0, 1]}), 1,
+                      {"c1": {}}, nodes, records, None)
+    assert isinstance(p, h.Plan)
+    apply_plan(nodes, records, p)
+    needs = {"gpus": 1, "cpu": 1, "memory": 1}
+    grow = h.plan_grow(records["v"], nodes, records, needs, False, "g1", "block b could not be placed")
+    assert isinstance(grow, h.Plan) and grow.events[0].op == "autoscale" and "grown by one A100" in grow.events[0].reason
+    apply_plan(nodes, records, grow)
+    grow = h.plan_grow(records["v"], nodes, records, needs, False, "g2", "again")  # A100 at its max: H100
+    assert isinstance(grow, h.Plan) and "grown by one H100" in grow.events[0].reason
+    apply_plan(nodes, records, grow)
+    assert isinstance(h.plan_grow(records["v"], nodes, records, needs, False, "g3", "x"), h.Refusal)
+    huge = h.plan_grow(records["v"], nodes, records, {"gpus": 8}, False, "g4", "x")
+    assert isinstance(huge, h.Refusal) and "cannot grow" in huge.reason
+    assert h.plan_shrink(records["v"], nodes, records, set(), "s") is None  # nothing idle long enough
+    shrink = h.plan_shrink(records["v"], nodes, records, set(records["v"].nodes), "s1")
+    assert shrink is not None and "shrunk by one A100" in shrink.events[0].reason
+    apply_plan(nodes, records, shrink)
+    assert records["v"].replica_sets == {"A100": 1, "H100": 1}
+
+
+async def test_a_block_that_cannot_be_placed_grows_its_virtual_cluster_and_idle_nodes_shrink_it() -> None:
+    settings = Settings(sim_start_delay_s=0.0, dry_run_deadline_s=0.0, dry_run_patience_s=0.0, selection_rounds=1,
+                        vcluster_idle_s=0.01)
+    async with MemorySystem.open(settings) as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=4, gpus=1, node_labels={"nodeType": "A100"})
+        await s.bus.emit(E.vcluster_create, VClusterCreate("v", "c1", {"A100": 1}, "r1", limits={"A100": [1, 3]}))
+        await s.run()
+        vs = VClusterStore(s.store)
+        spec = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1, "virtualClusterId": "v"}
+        await s.submit({**spec, "blockId": "b1"})
+        await s.run()
+        assert (await s.store.get_block("b1"))["status"] == "ready"
+        await s.submit({**spec, "blockId": "b2"})  # v is full: b2 fails, v grows by one node
+        await s.run()
+        assert (await s.store.get_block("b2"))["status"] == "failed"
+        rec = await vs.get("v")
+        assert rec is not None and rec.replica_sets == {"A100": 2} and len(rec.nodes) == 2
+        (grown,) = [e for e in s.bus.events(E.vcluster_changed) if e["op"] == "autoscale"]
+        assert "block b2 could not be placed" in grown["reason"]
+        await s.submit({**spec, "blockId": "b3"})
+        await s.run()
+        assert (await s.store.get_block("b3"))["status"] == "ready"
+        # idle nodes give it back down to its min: b1 and b3 deleted, two sweeps (idle since, then long enough)
+        for bid in ("b1", "b3"):
+            await s.delete(bid)
+        await s.run()
+        for _ in range(3):
+            await vw.sweep(s.worker)
+            await s.run()
+            await asyncio.sleep(0.02)
+        rec = await vs.get("v")
+        assert rec is not None and rec.replica_sets == {"A100": 1} and len(rec.nodes) == 1
+        await _check_partition(s, "c1")

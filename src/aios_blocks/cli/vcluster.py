@@ -30,6 +30,7 @@ from ..schemas.vcluster import (
     VClusterRecord,
     VClusterRemove,
     VClusterUpdate,
+    limit_problems,
     node_type,
     replica_set_problems,
 )
@@ -52,20 +53,30 @@ def _replica_sets(value: Any) -> dict[str, int]:
     return dict(value)
 
 
-async def create(c: Client, vid: str, cid: str, replica_sets: Any, divisible: bool = False) -> VRequest:
+def _limits(value: Any, replica_sets: Any) -> dict[str, Any]:
+    problems = limit_problems(value, replica_sets)
+    if problems:
+        raise ValueError("--limits: " + "; ".join(problems))
+    return dict(value)
+
+
+async def create(c: Client, vid: str, cid: str, replica_sets: Any, divisible: bool = False, limits: Any = None) -> VRequest:
     check_id(vid, "virtual cluster id")
     check_id(cid, "cluster id")
     rid = uuid.uuid4().hex[:12]
-    ack = await c.bus.emit(E.vcluster_create, VClusterCreate(vid, cid, _replica_sets(replica_sets), rid, divisible))
+    lim = _limits(limits, replica_sets) if limits else {}
+    ack = await c.bus.emit(E.vcluster_create, VClusterCreate(vid, cid, _replica_sets(replica_sets), rid, divisible, lim))
     return VRequest(vid, "create", rid, ack.seq)
 
 
-async def update(c: Client, vid: str, revision: int, replica_sets: Any, divisible: bool | None = None) -> VRequest:
+async def update(c: Client, vid: str, revision: int, replica_sets: Any, divisible: bool | None = None,
+                 limits: Any = None) -> VRequest:
     check_id(vid, "virtual cluster id")
     if revision < 1:
         raise ValueError(f"--revision must be >= 1, got {revision}")
     rid = uuid.uuid4().hex[:12]
-    ack = await c.bus.emit(E.vcluster_update, VClusterUpdate(vid, revision, _replica_sets(replica_sets), rid, divisible))
+    lim = _limits(limits, replica_sets) if limits is not None else None
+    ack = await c.bus.emit(E.vcluster_update, VClusterUpdate(vid, revision, _replica_sets(replica_sets), rid, divisible, lim))
     return VRequest(vid, "update", rid, ack.seq)
 
 
@@ -182,6 +193,7 @@ def _follow(make: Any, timeout: float, data_dir: Path, as_json: bool = False) ->
 ReplicaSets = typer.Option(..., "--replica-sets", help='Node type -> count, as JSON: \'{"A100": 2}\'.')
 Timeout = typer.Option(60.0, "--timeout", help="Give up waiting for the outcome after this many seconds (exit 5).")
 AsJson = typer.Option(False, "--json")
+Limits = typer.Option(None, "--limits", help='Autoscaling per node type, [min, max] as JSON: \'{"A100": [1, 4]}\'.')
 
 
 def register(parent: typer.Typer, DataDir: Any) -> None:
@@ -195,6 +207,7 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         cluster: str = typer.Option(..., "--cluster", "-c", help="The cluster (primary) whose unassigned nodes it takes."),
         divisible: bool = typer.Option(False, "--divisible", help="Divisible: job clusters are carved from it."),
         replica_sets: str = ReplicaSets,
+        limits: str = Limits,
         timeout: float = Timeout,
         as_json: bool = AsJson,
         data_dir: Path = DataDir,
@@ -204,7 +217,8 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         Example: `blocks vcluster create team-a --cluster c1 --replica-sets '{"A100": 2}'`
         """
         rs = _m()._json_option(replica_sets, "--replica-sets")
-        _follow(lambda c: create(c, vcluster_id, cluster, rs, divisible), timeout, data_dir, as_json)
+        lim = _m()._json_option(limits, "--limits") if limits else None
+        _follow(lambda c: create(c, vcluster_id, cluster, rs, divisible, lim), timeout, data_dir, as_json)
 
 
     @app.command("update")
@@ -213,6 +227,7 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         revision: int = typer.Option(..., "--revision", "-r", help="Its latest revision (blocks vcluster get)."),
         replica_sets: str = ReplicaSets,
         divisible: bool = typer.Option(None, "--divisible/--indivisible", help="Only to check it (a kind cannot change)."),
+        limits: str = Limits,
         timeout: float = Timeout,
         as_json: bool = AsJson,
         data_dir: Path = DataDir,
@@ -222,7 +237,8 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         Example: `blocks vcluster update team-a --revision 1 --replica-sets '{"A100": 3}'`
         """
         rs = _m()._json_option(replica_sets, "--replica-sets")
-        _follow(lambda c: update(c, vcluster_id, revision, rs, divisible), timeout, data_dir, as_json)
+        lim = _m()._json_option(limits, "--limits") if limits else None
+        _follow(lambda c: update(c, vcluster_id, revision, rs, divisible, lim), timeout, data_dir, as_json)
 
 
     @app.command("remove")

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..policies.capacity import Nodes
+from ..policies.capacity import Nodes, node_fits
 from ..schemas.vcluster import (
     PRIMARY,
     NodeMove,
@@ -31,6 +31,7 @@ from ..schemas.vcluster import (
     VClusterUpdate,
     id_problem,
     job_cluster_id,
+    limit_problems,
     node_type,
     replica_set_problems,
 )
@@ -127,6 +128,8 @@ def plan_create(req: VClusterCreate, gen: int, clusters: Mapping[str, Any], node
     if req.cluster_id not in clusters:
         problems.append(f"no cluster {req.cluster_id!r}")
     problems += replica_set_problems(req.replica_sets, types_of(nodes) if req.cluster_id in clusters else None)
+    if req.limits:
+        problems += limit_problems(req.limits, req.replica_sets)
     if held_by is not None and held_by != req.cluster_id:
         problems.append(f"virtual cluster {req.vcluster_id!r} exists (in cluster {held_by})")
     elif req.vcluster_id in records:
@@ -141,6 +144,7 @@ def plan_create(req: VClusterCreate, gen: int, clusters: Mapping[str, Any], node
     rec = VClusterRecord(
         req.vcluster_id, req.cluster_id, kind, 1, {t: int(n) for t, n in req.replica_sets.items()},
         {nid: node_type(nodes[nid]) for nid in sorted(picked)}, request_id=req.request_id, gen=gen,
+        limits={t: list(mm) for t, mm in req.limits.items()},
     )
     moves = [NodeMove(nid, PRIMARY, rec.id) for nid in sorted(picked)]
     return Plan([RecordWrite(rec.id, -1, rec)], moves, [_changed(rec, VClusterOp.CREATE, moves, req.request_id)])
@@ -159,7 +163,8 @@ def _take(nodes: NodeViews, where: str, want: Mapping[str, int], exclude: set[st
 
 
 # -- update ---------------------------------------------------------------------------------------
-def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records) -> Plan | Refusal:
+def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records, op: VClusterOp = VClusterOp.UPDATE,
+                reason: str = "") -> Plan | Refusal:
     """Pre-checks (exists, not a job cluster, latest revision, kind unchanged, valid replica sets),
     then per type: scale up from the primary's idle unassigned nodes, scale down by idle nodes of
     its own (dead ones first). Refused whole when any type cannot be met."""
@@ -176,6 +181,9 @@ def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records) -> Plan
     if req.divisible is not None and req.divisible != (rec.kind == VClusterKind.DIVISIBLE):
         problems.append(f"a virtual cluster cannot change between divisible and indivisible (it is {rec.kind.value})")
     problems += replica_set_problems(req.replica_sets, types_of(nodes))
+    limits = rec.limits if req.limits is None else req.limits
+    if limits:
+        problems += limit_problems(limits, req.replica_sets)
     if problems:
         return Refusal("; ".join(problems), rec.revision)
     want = {t: int(n) for t, n in req.replica_sets.items()}
@@ -215,8 +223,8 @@ def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records) -> Plan
     if short:
         return Refusal(f"cannot update {rec.id}: " + "; ".join(short), rec.revision)
     new = _with(rec, revision=rec.revision + 1, replica_sets=want, nodes=dict(sorted(new_nodes.items())),
-                request_id=req.request_id)
-    return Plan([RecordWrite(rec.id, rec.revision, new)], moves, [_changed(new, VClusterOp.UPDATE, moves, req.request_id)])
+                request_id=req.request_id, limits={t: list(mm) for t, mm in limits.items()})
+    return Plan([RecordWrite(rec.id, rec.revision, new)], moves, [_changed(new, op, moves, req.request_id, reason=reason)])
 
 
 # -- remove ---------------------------------------------------------------------------------------
@@ -349,6 +357,39 @@ def plan_replenish(rec: VClusterRecord, nodes: NodeViews, records: Records) -> P
         events.append(_changed(new_parent, VClusterOp.REPLENISH, [], reason=f"{reason} in job cluster {rec.id}",
                                published=False))
     return Plan(writes, moves, events)
+
+
+# -- autoscaling within limits (beyond the seed) ---------------------------------------------------
+def plan_grow(rec: VClusterRecord, nodes: NodeViews, records: Records, needs: Mapping[str, Any], share: bool,
+              request_id: str, why: str) -> Plan | Refusal:
+    """One more node for ``rec`` (indivisible, with ``limits``): of the first type below its max
+    whose idle unassigned primary nodes can take one instance of ``needs``."""
+    if rec.kind != VClusterKind.INDIVISIBLE or not rec.limits:
+        return Refusal(f"{rec.id} does not autoscale (an indivisible cluster with limits does)")
+    for t, (_, hi) in sorted(rec.limits.items()):
+        if rec.replica_sets.get(t, 0) >= hi:
+            continue
+        if any(node_fits(nodes[n], dict(needs), share) is not None for n in _pool(nodes, PRIMARY, t, set())):
+            want = {**rec.replica_sets, t: rec.replica_sets.get(t, 0) + 1}
+            req = VClusterUpdate(rec.id, rec.revision, want, request_id)
+            return plan_update(req, nodes, records, VClusterOp.AUTOSCALE, f"grown by one {t}: {why}")
+    return Refusal(f"{rec.id} cannot grow: no type below its max has an idle unassigned node that fits")
+
+
+def plan_shrink(rec: VClusterRecord, nodes: NodeViews, records: Records, idle_long: set[str], request_id: str) -> Plan | None:
+    """One node fewer for ``rec`` (with ``limits``): of a type above its min with a node that has
+    stayed idle long enough (``idle_long``)."""
+    if rec.kind != VClusterKind.INDIVISIBLE or not rec.limits:
+        return None
+    for t, (lo, _) in sorted(rec.limits.items()):
+        if rec.replica_sets.get(t, 0) <= lo:
+            continue
+        if any(rec.nodes.get(n) == t for n in idle_long):
+            want = {**rec.replica_sets, t: rec.replica_sets[t] - 1}
+            got = plan_update(VClusterUpdate(rec.id, rec.revision, want, request_id), nodes, records, VClusterOp.AUTOSCALE,
+                              f"shrunk by one {t}: idle")
+            return got if isinstance(got, Plan) else None
+    return None
 
 
 def refusal(vid: str, op: VClusterOp, r: Refusal, request_id: str = "", cid: str = "") -> VClusterRefused:

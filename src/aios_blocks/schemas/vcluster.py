@@ -47,6 +47,9 @@ class VClusterOp(enum.StrEnum):
     #: a job cluster carved for a block / destroyed with it
     JOB_CREATE = "job_create"
     JOB_REMOVE = "job_remove"
+    #: grown or shrunk within its ``limits`` (beyond the seed: a block inside could not be
+    #: placed / nodes stayed idle)
+    AUTOSCALE = "autoscale"
 
 
 def node_type(view: dict[str, Any]) -> str:
@@ -87,6 +90,23 @@ def replica_set_problems(value: Any, known_types: set[str] | None = None) -> lis
     return out
 
 
+def limit_problems(limits: Any, replica_sets: Any) -> list[str]:
+    """Every problem of ``limits`` ({type: [min, max]}, 0 <= min <= max) against the counts."""
+    if not isinstance(limits, dict):
+        return [f"limits must be an object of node type -> [min, max], got {type(limits).__name__}"]
+    out = []
+    counts = replica_sets if isinstance(replica_sets, dict) else {}
+    for t, mm in limits.items():
+        if (not isinstance(mm, list) or len(mm) != 2 or any(isinstance(x, bool) or not isinstance(x, int) for x in mm)
+                or not 0 <= mm[0] <= mm[1]):
+            out.append(f"limits of {t!r} must be [min, max] with 0 <= min <= max, got {mm!r}")
+            continue
+        n = counts.get(t, 0)
+        if isinstance(n, int) and not mm[0] <= n <= mm[1]:
+            out.append(f"count of {t!r} ({n}) is outside its limits {mm}")
+    return out
+
+
 def id_problem(vid: Any) -> str:
     if not isinstance(vid, str) or not ID_RE.match(vid):
         return f"virtual cluster id {vid!r} is not a valid id: letters, digits, '-' and '_', at most 128"
@@ -113,6 +133,8 @@ class VClusterRecord(msgspec.Struct, omit_defaults=True):
     request_id: str = ""
     #: the stream sequence of the request that created it (ids stay unique when an id is reused)
     gen: int = 0
+    #: node type -> [min, max]: autoscaled within them (beyond the seed); absent: manual only
+    limits: dict[str, list[int]] = {}
 
 
 # -- requests (admin publishes; the vcluster consumer decides) ------------------------------------
@@ -122,6 +144,7 @@ class VClusterCreate(msgspec.Struct, omit_defaults=True):
     replica_sets: dict[str, Any]
     request_id: str
     divisible: bool = False
+    limits: dict[str, Any] = {}
 
 
 class VClusterUpdate(msgspec.Struct, omit_defaults=True):
@@ -131,6 +154,8 @@ class VClusterUpdate(msgspec.Struct, omit_defaults=True):
     request_id: str
     #: given only to (try to) change it: refused, a virtual cluster keeps its kind
     divisible: bool | None = None
+    #: new autoscaling limits (absent: kept)
+    limits: dict[str, Any] | None = None
 
 
 class VClusterRemove(msgspec.Struct, omit_defaults=True):

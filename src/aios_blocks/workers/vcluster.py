@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -158,6 +159,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.block_failed)
     async def on_block_end(m: Inbound[BlockStatus]) -> None:
         ev = m.data
+        if m.event is E.block_failed:
+            await grow_for(w, ev.block_id, ev.gen, ev.reason)
         jid = job_cluster_id(ev.block_id)
         cid = await vs.cluster_of(jid)
         if cid is None:
@@ -165,6 +168,57 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         await destroy_job(w, cid, jid, ev.block_id, ev.gen, f"block {ev.block_id} {ev.status}")
 
     return [router.binding()]
+
+
+async def grow_for(w: Worker, bid: str, gen: int, reason: str) -> None:
+    """Autoscaling (beyond the seed): a block of an indivisible virtual cluster with ``limits``
+    could not be placed: grow it by one node that fits the block, below the type's max. The
+    change (or why not) is an event with the block and its failure as the reason."""
+    from ..handlers.gateway import share_of
+
+    block = await w.store.get_block(bid)
+    ir = block.get("ir") if block else None
+    if not isinstance(ir, dict) or int(block.get("gen", 0)) != gen or ir.get("jobCluster"):  # type: ignore[union-attr]
+        return
+    vid = ir.get("virtualClusterId")
+    vs = store_of(w)
+    cid = await vs.cluster_of(vid) if vid else None
+    if cid is None:
+        return
+    rec = (await vs.records(cid)).get(str(vid))
+    if rec is None or not rec.limits or rec.kind != VClusterKind.INDIVISIBLE:
+        return
+    rid = f"autoscale-{bid}-{gen}"
+    why = f"block {bid} could not be placed: {reason}"
+
+    def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
+        cur = records.get(str(vid))
+        if cur is None:
+            return h.Refusal("gone")
+        if cur.request_id == rid:
+            return h.Refusal("done")  # a redelivered failure: grown once already
+        return h.plan_grow(cur, nodes, records, ir.get("resources") or {}, share_of(ir), rid, why)
+
+    out = await apply(w, cid, plan_fn)
+    if isinstance(out, h.Refusal) and out.reason not in ("gone", "done"):
+        await _refuse(w, str(vid), VClusterOp.AUTOSCALE, h.Refusal(f"{out.reason} ({why})", rec.revision), rid, cid)
+
+
+def _idle_long(w: Worker, rec: VClusterRecord, nodes: dict[str, dict[str, Any]], now: float) -> set[str]:
+    """The nodes of ``rec`` idle for ``vcluster_idle_s`` (this controller's own clock: a
+    restarted controller starts counting again)."""
+    since: dict[tuple[str, str], float] = getattr(w, "_vcluster_idle", None) or {}
+    w._vcluster_idle = since  # type: ignore[attr-defined]
+    out = set()
+    for nid in rec.nodes:
+        v = nodes.get(nid)
+        key = (rec.id, nid)
+        if v is None or not v.get("healthy") or h.place(v) != rec.id or not h.idle(v):
+            since.pop(key, None)
+            continue
+        if now - since.setdefault(key, now) >= w.settings.vcluster_idle_s:
+            out.add(nid)
+    return out
 
 
 async def destroy_job(w: Worker, cid: str, jid: str, bid: str, gen: int | None, why: str) -> bool:
@@ -233,6 +287,20 @@ async def sweep(w: Worker) -> int:
                         done += 1
                     continue
             vid = rec.id
+            if rec.limits and rec.kind == VClusterKind.INDIVISIBLE:
+                long_idle = _idle_long(w, rec, await w.inventory.nodes(cid), time.time())
+                if long_idle:
+                    rid = f"autoscale-{rec.id}-r{rec.revision}"
+
+                    def shrink(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord], vid: str = vid,
+                               long_idle: set[str] = long_idle, rid: str = rid) -> h.Plan | h.Refusal:
+                        cur = records.get(vid)
+                        got = h.plan_shrink(cur, nodes, records, long_idle, rid) if cur is not None else None
+                        return got if got is not None else h.Refusal("nothing to do")
+
+                    if isinstance(await apply(w, cid, shrink), h.Plan):
+                        done += 1
+                        continue
 
             def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord], vid: str = vid) -> h.Plan | h.Refusal:
                 cur = records.get(vid)
