@@ -92,6 +92,10 @@ async def test_create_prechecks_refuse_whole_with_the_reason(system: System) -> 
     await c.bus.emit(E.vcluster_create, VClusterCreate("v1", "c1", {"A100": -1, "H100": "two"}, "raw1"))
     ok, out = await vcli.outcome(c, vcli.VRequest("v1", "create", "raw1", 1))
     assert not ok and "count of 'A100' must be >= 0" in out["reason"] and "count of 'H100' must be an integer" in out["reason"]
+    # a body naming another virtual cluster than its subject
+    await c.bus.emit(E.vcluster_create, VClusterCreate("v9", "c1", {"A100": 1}, "raw2"), vid="v1")
+    ok, out = await vcli.outcome(c, vcli.VRequest("v1", "create", "raw2", 1))
+    assert not ok and "the subject names virtual cluster 'v1', the body 'v9'" in out["reason"]
     assert await places(c, "c1") == before
 
     ok, out = await create(c, "v1", "c1", {"A100": 2})
@@ -102,7 +106,7 @@ async def test_create_prechecks_refuse_whole_with_the_reason(system: System) -> 
     assert not ok and "exists" in out["reason"] and out["revision"] == 1
     # every refusal is a stored event with its reason
     refused = [m async for m in _stored(c, "aios.vcluster.*.refused")]
-    assert len(refused) == 6 and all(r["reason"] for r in refused)
+    assert len(refused) == 7 and all(r["reason"] for r in refused)
 
 
 async def _stored(c: Client, subject: str) -> Any:

@@ -112,9 +112,20 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         await w.bus.emit(E.vcluster_changed, ev)
         return True
 
+    async def mismatch(m: Inbound[Any], op: VClusterOp) -> bool:
+        """The body names another virtual cluster than the subject: refused (on the subject's)."""
+        vid = m.tokens.get("vid", "")
+        if vid == m.data.vcluster_id:
+            return False
+        why = f"the subject names virtual cluster {vid!r}, the body {m.data.vcluster_id!r}"
+        await w.bus.emit(E.vcluster_refused, h.refusal(vid, op, h.Refusal(why), m.data.request_id))
+        return True
+
     @router.on(E.vcluster_create)
     async def on_create(m: Inbound[VClusterCreate]) -> None:
         req = m.data
+        if await mismatch(m, VClusterOp.CREATE):
+            return
         vid, cid = req.vcluster_id, req.cluster_id
         clusters = await w.inventory.clusters()
         if not h.id_problem(vid) and cid in clusters:
@@ -132,6 +143,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.vcluster_update)
     async def on_update(m: Inbound[VClusterUpdate]) -> None:
         req = m.data
+        if await mismatch(m, VClusterOp.UPDATE):
+            return
         cid = await vs.cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
         if cid is None:
             why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
@@ -146,6 +159,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.vcluster_remove)
     async def on_remove(m: Inbound[VClusterRemove]) -> None:
         req = m.data
+        if await mismatch(m, VClusterOp.REMOVE):
+            return
         cid = await vs.cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
         if cid is None:
             why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
