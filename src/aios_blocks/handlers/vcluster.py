@@ -404,7 +404,7 @@ def place_of(ir: Mapping[str, Any], nodes: NodeViews) -> str:
     vid = str(ir.get("virtualClusterId") or "")
     if vid and ir.get("jobCluster"):
         jid = job_cluster_id(str(ir.get("blockId", "")))
-        if _parts(nodes).has(jid):
+        if part(nodes, jid):
             return jid
     return vid
 
@@ -416,15 +416,20 @@ def scope(ir: Mapping[str, Any], nodes: NodeViews) -> dict[str, dict[str, Any]]:
 
 
 def part(nodes: NodeViews, where: str) -> dict[str, dict[str, Any]]:
-    """The node views whose place is ``where`` (kept incrementally for the inventory's views)."""
+    """The node views whose place is ``where`` (kept incrementally for the inventory's views; a
+    plain dict is filtered each time, the same dict when no node of it is assigned)."""
+    if not isinstance(nodes, Nodes):
+        if not where and not any("virtualCluster" in v for v in nodes.values()):
+            return nodes  # type: ignore[return-value]
+        return {nid: v for nid, v in nodes.items() if place(v) == where}
     return _parts(nodes).part(where)
 
 
 class _Parts:
-    """Per nodes-dict memo: each node's place and the views of each place asked for, caught up
-    in O(changes) from a ``capacity.Nodes`` change log (a plain dict is rescanned)."""
+    """Per inventory view memo: each node's place and the views of each place asked for, caught
+    up in O(changes) from the ``capacity.Nodes`` change log."""
 
-    def __init__(self, ref: NodeViews):
+    def __init__(self, ref: Nodes):
         self.ref = ref
         self.places: dict[str, str] = {}
         self.assigned = 0
@@ -433,10 +438,8 @@ class _Parts:
 
     def update(self) -> None:
         ref = self.ref
-        changed = None
-        if isinstance(ref, Nodes):
-            changed = ref.changed_since(self.seen) if self.seen >= 0 else None
-            self.seen = ref.version
+        changed = ref.changed_since(self.seen) if self.seen >= 0 else None
+        self.seen = ref.version
         if changed is None:
             self.places = {nid: place(v) for nid, v in ref.items()}
             self.assigned = sum(1 for p in self.places.values() if p)
@@ -458,24 +461,22 @@ class _Parts:
             if new in self.parts:
                 self.parts[new][nid] = view
 
-    def has(self, where: str) -> bool:
-        return bool(self.part(where))
-
     def part(self, where: str) -> dict[str, dict[str, Any]]:
         self.update()
         if not where and not self.assigned:
-            return self.ref  # type: ignore[return-value]
+            return self.ref
         got = self.parts.get(where)
         if got is None:
             got = self.parts[where] = Nodes({nid: self.ref[nid] for nid, p in self.places.items() if p == where})
         return got
 
 
+#: one memo per inventory view (``capacity.Nodes``): a cluster each, so room for many clusters
 _MEMO: dict[int, _Parts] = {}
-_MEMO_MAX = 64
+_MEMO_MAX = 1024
 
 
-def _parts(nodes: NodeViews) -> _Parts:
+def _parts(nodes: Nodes) -> _Parts:
     memo = _MEMO.get(id(nodes))
     if memo is None or memo.ref is not nodes:
         if len(_MEMO) >= _MEMO_MAX:
