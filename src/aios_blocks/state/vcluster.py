@@ -6,8 +6,8 @@ index. So one Lua script (``VC_COMMIT``) re-checks and applies a whole change at
 Redis Cluster: revisions (optimistic concurrency), each node still where the plan found it, idle
 and alive where the plan needs it. A change is applied whole or not at all.
 
-``aios:vcindex`` (vid -> cid, another slot) is claimed before a create (``HSETNX``) and dropped
-after a remove; a claim whose record never appeared (a crash between the two) is taken over.
+``aios:vcindex`` (vid -> cid, another slot) is claimed before a create (``HSETNX``), dropped
+when the create is refused and after a remove.
 """
 
 from __future__ import annotations
@@ -130,16 +130,15 @@ class VClusterStore:
         return dict(await self.r.hgetall(VC_INDEX))
 
     async def claim(self, vid: str, cid: str) -> str:
-        """Claim ``vid`` for ``cid`` in the index; returns the cluster that holds it now (``cid`` when
-        the claim is ours or was an orphan: a claim whose record never appeared)."""
+        """Claim ``vid`` for ``cid`` in the index; returns the cluster that holds it now (``cid``
+        when the claim is ours). A claim of another cluster is never taken over, even without its
+        record: that create may be committing now (a claim left by a crash before the commit
+        keeps the id in that cluster; creating it there again works)."""
         if await self.r.hsetnx(VC_INDEX, vid, cid):
             return cid
         holder = await self.r.hget(VC_INDEX, vid)
         if holder is None:
             return cid if await self.r.hsetnx(VC_INDEX, vid, cid) else str(await self.r.hget(VC_INDEX, vid))
-        if holder != cid and not await self.r.exists(vc_key(holder, vid)):
-            await self.r.hset(VC_INDEX, vid, cid)  # an orphan claim (its create never committed)
-            return cid
         return str(holder)
 
     async def release_claim(self, vid: str, cid: str) -> None:
