@@ -360,3 +360,27 @@ async def test_a_block_that_cannot_be_placed_grows_its_virtual_cluster_and_idle_
         rec = await vs.get("v")
         assert rec is not None and rec.replica_sets == {"A100": 1} and len(rec.nodes) == 1
         await _check_partition(s, "c1")
+
+
+async def test_a_change_committed_by_a_controller_that_died_before_publishing_is_published_from_the_outbox() -> None:
+    async with MemorySystem.open() as s:
+        await s.add_sim_cluster("c1", nodes=3, gpus=1, node_labels={"nodeType": "A100"})
+        vs = VClusterStore(s.store)
+        nodes = await s.worker.inventory.nodes("c1")
+        plan = h.plan_create(VClusterCreate("v", "c1", {"A100": 2}, "req-1"), 7, {"c1": {}}, nodes, {}, None)
+        assert isinstance(plan, h.Plan)
+        import time
+
+        import msgspec
+
+        for ev in plan.events:
+            ev.at = time.time()
+        res = await vs.commit("c1", plan.writes, plan.moves, ("req-1", msgspec.json.encode(plan.events).decode()))
+        assert res.ok and res.index > 0  # ... and the controller dies here: nothing published
+        assert s.bus.events(E.vcluster_changed) == []
+        assert list(await vs.outbox_pending("c1")) == ["req-1"]
+        assert await vw.sweep(s.worker) == 0  # too fresh for the sweep's grace: left to its controller
+        assert await vw.flush_outbox(s.worker, "c1") == 1
+        (ev,) = s.bus.events(E.vcluster_changed)
+        assert ev["index"] == res.index and ev["request_id"] == "req-1" and sorted(ev["moved"]) == ["c1-n0", "c1-n1"]
+        assert await vs.outbox_pending("c1") == {}

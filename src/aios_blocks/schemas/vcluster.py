@@ -184,6 +184,8 @@ class VClusterChanged(msgspec.Struct, omit_defaults=True):
     #: the cluster's state index after the change: the order of a cluster's changes, whatever
     #: order their events were stored in (the recovery fold applies each node's latest)
     index: int = 0
+    #: when it was committed (epoch seconds)
+    at: float = 0.0
 
 
 class VClusterRefused(msgspec.Struct, omit_defaults=True):

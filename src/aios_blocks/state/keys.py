@@ -29,6 +29,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
                                       a node's place is the ``vc`` field of its node hash (absent: the
                                       primary's unassigned nodes)
     aios:vcindex                      hash vid -> cid (which cluster a virtual cluster id is in)
+    aios:meta:{c:<cid>}:vcout         hash: virtual cluster changes committed, not yet published
 """
 
 from __future__ import annotations
@@ -56,6 +57,12 @@ def vc_key(cid: str, vid: str) -> str:
 
 def vc_set_key(cid: str) -> str:
     return f"{P}:{{c:{cid}}}:vcs"
+
+
+def vc_outbox_key(cid: str) -> str:
+    """The cluster's virtual cluster changes committed and not yet published (a hash; volatile:
+    under ``aios:meta:``, with the cluster's hash tag so the commit script writes it)."""
+    return f"{P}:meta:{{c:{cid}}}:vcout"
 
 
 def component_key(uri: str) -> str:

@@ -18,14 +18,16 @@ from typing import Any
 import msgspec
 
 from ..schemas.vcluster import NodeMove, RecordWrite, VClusterRecord
-from .keys import VC_INDEX, index_key, node_key, vc_key, vc_set_key
+from .keys import VC_INDEX, index_key, node_key, vc_key, vc_outbox_key, vc_set_key
 from .store import Store
 
 _rec = msgspec.json.Decoder(VClusterRecord)
 _enc = msgspec.json.Encoder()
 
-# KEYS: [the cluster's state index, its vc id set, record keys..., node keys...]
-# ARGV[1]: JSON {recs: [{k, vid, expect, put}], moves: [{k, node, from, to, idle, alive}]}
+# KEYS: [the cluster's state index, its vc id set, its outbox, record keys..., node keys...]
+# ARGV[1]: JSON {recs: [{k, vid, expect, put}], moves: [{k, node, from, to, idle, alive}], oid, out}
+#   oid/out: the outbox entry (the change's events, published after the commit; "" = none),
+#   stored as "<index>|<out>" in the same step (a transactional outbox)
 #   expect: -1 the record must not exist; n >= 0 its revision must be n; absent: no check
 #   put: the new record's JSON ("" = delete it)
 #   from/to: the node's place before/after ("" = the primary); idle: nothing reserved on it;
@@ -83,7 +85,9 @@ end
 for _, m in ipairs(a.moves) do
   if m.to == '' then redis.call('HDEL', KEYS[m.k], 'vc') else redis.call('HSET', KEYS[m.k], 'vc', m.to) end
 end
-return {1, 'ok', '', redis.call('INCR', KEYS[1])}
+local idx = redis.call('INCR', KEYS[1])
+if a.oid ~= '' then redis.call('HSET', KEYS[3], a.oid, idx .. '|' .. a.out) end
+return {1, 'ok', '', idx}
 """
 
 
@@ -146,9 +150,11 @@ class VClusterStore:
         if await self.r.hget(VC_INDEX, vid) == cid and not await self.r.exists(vc_key(cid, vid)):
             await self.r.hdel(VC_INDEX, vid)
 
-    async def commit(self, cid: str, writes: list[RecordWrite], moves: list[NodeMove]) -> CommitResult:
-        """Apply record writes and node moves atomically (``VC_COMMIT``), or nothing."""
-        keys = [index_key(cid), vc_set_key(cid)]
+    async def commit(self, cid: str, writes: list[RecordWrite], moves: list[NodeMove], outbox: tuple[str, str] = ("", "")
+                     ) -> CommitResult:
+        """Apply record writes and node moves atomically (``VC_COMMIT``), or nothing; with them,
+        ``outbox`` (an id, the change's events as JSON) for ``outbox_done`` / ``outbox_pending``."""
+        keys = [index_key(cid), vc_set_key(cid), vc_outbox_key(cid)]
         recs, mv = [], []
         for w in writes:
             keys.append(vc_key(cid, w.vid))
@@ -159,11 +165,22 @@ class VClusterStore:
         for m in moves:
             keys.append(node_key(cid, m.node))
             mv.append({"k": len(keys), "node": m.node, "from": m.src, "to": m.dst, "idle": m.idle, "alive": m.alive})
-        arg = _enc.encode({"recs": recs, "moves": mv}).decode()
+        arg = _enc.encode({"recs": recs, "moves": mv, "oid": outbox[0], "out": outbox[1]}).decode()
         ok, kind, reason, n = await self._commit(keys=keys, args=[arg])
         if ok:
             return CommitResult(True, index=int(n))
         return CommitResult(False, str(kind), str(reason), int(n or 0))
+
+    async def outbox_done(self, cid: str, oid: str) -> None:
+        await self.r.hdel(vc_outbox_key(cid), oid)
+
+    async def outbox_pending(self, cid: str) -> dict[str, tuple[int, str]]:
+        """oid -> (the cluster index of the change, its events' JSON): committed, not published."""
+        out = {}
+        for oid, raw in (await self.r.hgetall(vc_outbox_key(cid))).items():
+            idx, _, events = raw.partition("|")
+            out[oid] = (int(idx), events)
+        return out
 
     async def index_of(self, cid: str) -> int:
         return int(await self.r.get(index_key(cid)) or 0)

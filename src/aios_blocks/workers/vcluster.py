@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import structlog
 
 from ..bus import subjects
@@ -26,6 +27,7 @@ from ..handlers import vcluster as h
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import BlockStatus
 from ..schemas.vcluster import (
+    VClusterChanged,
     VClusterCreate,
     VClusterKind,
     VClusterOp,
@@ -41,6 +43,8 @@ log = structlog.get_logger("aios.vcluster")
 
 #: plans made again after a node moved under one (another change, a placement)
 PLAN_TRIES = 4
+#: an outbox entry this old lost its controller: the sweep publishes it
+OUTBOX_GRACE_S = 5.0
 #: blocks in these statuses hold their job clusters
 HOLDING = ("parsed", "selecting", "allocating", "placing", "ready", "deleting")
 
@@ -55,13 +59,48 @@ def store_of(w: Worker) -> VClusterStore:
     return vs
 
 
+def _oid(plan: h.Plan) -> str:
+    """The outbox id of a change: its request's id, else its first event's id."""
+    if not plan.events:
+        return ""
+    ev = plan.events[0]
+    return ev.request_id or f"vc:{ev.vcluster_id}:{ev.gen}:r{ev.revision}"
+
+
 async def _announce(w: Worker, cid: str, plan: h.Plan, index: int) -> None:
-    """After the commit: hint the moved nodes (placing workers re-read them), then store the events."""
+    """After the commit: hint the moved nodes (placing workers re-read them), store the events,
+    then clear the change from the outbox (a controller that dies before that leaves it there
+    for the sweep, or the request's redelivery, to publish)."""
     for ev in plan.events:
         ev.index = index
     if plan.nodes:
         await w.hint(cid, plan.nodes)
     await w.bus.emit_all([Emit(E.vcluster_changed, ev) for ev in plan.events])
+    if plan.events:
+        await store_of(w).outbox_done(cid, _oid(plan))
+
+
+async def flush_outbox(w: Worker, cid: str, only: str | None = None, older_than: float = 0.0) -> int:
+    """Publish changes committed in ``cid`` whose events were not published (their controller
+    died in between): same message ids, so one already stored is deduplicated. ``only``: that
+    outbox id. Returns how many changes were published."""
+    vs = store_of(w)
+    done = 0
+    for oid, (index, raw) in (await vs.outbox_pending(cid)).items():
+        if only is not None and oid != only:
+            continue
+        events = msgspec.json.decode(raw, type=list[VClusterChanged])
+        if older_than and events and time.time() - events[0].at < older_than:
+            continue  # its controller is probably publishing it right now
+        for ev in events:
+            ev.index = index
+        nodes = sorted({n for ev in events for n in ev.moved})
+        if nodes:
+            await w.hint(cid, nodes)
+        await w.bus.emit_all([Emit(E.vcluster_changed, ev) for ev in events])
+        await vs.outbox_done(cid, oid)
+        done += 1
+    return done
 
 
 async def _refuse(w: Worker, vid: str, op: VClusterOp, r: h.Refusal, request_id: str, cid: str = "") -> None:
@@ -81,7 +120,11 @@ async def apply(w: Worker, cid: str, plan_fn: Planner, drop_claim: str = "") -> 
         plan = plan_fn(nodes, records)
         if isinstance(plan, h.Refusal):
             return plan
-        res = await vs.commit(cid, plan.writes, plan.moves)
+        now = time.time()
+        for ev in plan.events:
+            ev.at = now
+        outbox = (_oid(plan), msgspec.json.encode(plan.events).decode()) if plan.events else ("", "")
+        res = await vs.commit(cid, plan.writes, plan.moves, outbox)
         if res.ok:
             if drop_claim:
                 await vs.release_claim(drop_claim, cid)
@@ -99,7 +142,10 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     vs = store_of(w)
 
     async def redelivered(cid: str, vid: str, op: VClusterOp, request_id: str) -> bool:
-        """A request already applied (its record names it): publish its outcome again (same id)."""
+        """A request already applied: publish its outcome (again: same id). From the outbox when
+        its first run died before publishing, else rebuilt from its record."""
+        if await flush_outbox(w, cid, only=request_id):
+            return True
         rec = (await vs.records(cid)).get(vid)
         if rec is None or rec.request_id != request_id:
             return False
@@ -292,6 +338,9 @@ async def sweep(w: Worker) -> int:
     Returns the changes made."""
     vs = store_of(w)
     done = 0
+    clusters = set((await vs.index()).values()) | set(await w.store.clusters())
+    for cid in sorted(clusters):
+        done += await flush_outbox(w, cid, older_than=OUTBOX_GRACE_S)
     for cid in sorted(set((await vs.index()).values())):
         records = await vs.records(cid)
         for rec in sorted(records.values(), key=lambda r: (r.kind != VClusterKind.JOB, r.id)):
