@@ -209,6 +209,11 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             return
         cid = await vs.cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
         if cid is None:
+            # a redelivered remove whose first run committed and died before publishing: the
+            # record and its index entry are gone, its outcome waits in its cluster's outbox
+            for c in sorted(await w.inventory.clusters()):
+                if await flush_outbox(w, c, only=req.request_id):
+                    return
             why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
             await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why), req.request_id)
             return
