@@ -24,6 +24,8 @@ class Settings(BaseSettings):
     dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
     # -- nodes -------------------------------------------------------------------------------------
     node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
+    vcluster_sweep_s: float = Field(2.0, gt=0, description="how often controllers replenish virtual clusters' dead nodes and destroy job clusters left behind")
+    vcluster_idle_s: float = Field(300.0, gt=0, description="a node of an autoscaled virtual cluster idle this long is given back (down to its min)")
     sim_start_delay_s: float = Field(0.05, ge=0, description="simulated fleet: how long an instance takes to start")
     sim_fail_rate: float = Field(0.0, ge=0, le=1, description="simulated fleet: share of instance starts that fail")
     sim_serve: bool = Field(True, description="simulated fleet: every simulated instance serves HTTP on 127.0.0.1 (task path, /health, /metrics)")

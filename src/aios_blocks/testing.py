@@ -146,7 +146,7 @@ class MemorySystem:
     async def open(cls, settings: Settings | None = None) -> AsyncIterator[MemorySystem]:
         import fakeredis
 
-        from .workers import agent_sim, controller, gateway, parser
+        from .workers import agent_sim, controller, gateway, parser, vcluster
         from .workers.base import Worker
 
         s = settings or Settings(sim_start_delay_s=0.0, dry_run_deadline_s=5.0)
@@ -159,7 +159,7 @@ class MemorySystem:
                    "memory", s)
         await w._watch_hints()
         bindings = [*parser.bindings(w), *gateway.bindings(w), *controller.bindings(w), *controller.lifecycle_bindings(w),
-                    *agent_sim.bindings(w)]
+                    *vcluster.bindings(w), *agent_sim.bindings(w)]
         system = cls(bus, store, w, bindings)
         try:
             yield system
@@ -178,11 +178,12 @@ class MemorySystem:
         }
         await self.store.put_component(Component.model_validate({**base, **fields}))
 
-    async def add_sim_cluster(self, cid: str, nodes: int = 2, gpus: int = 2, labels: dict[str, str] | None = None) -> None:
+    async def add_sim_cluster(self, cid: str, nodes: int = 2, gpus: int = 2, labels: dict[str, str] | None = None,
+                              node_labels: dict[str, str] | None = None) -> None:
         await self.store.put_cluster(Cluster(id=cid, labels=labels or {}))
         for n in range(nodes):
             await self.store.put_node(Node(
-                id=f"{cid}-n{n}", cluster=cid, labels={"rack": str(n % 4)}, cpu=64, memory=512 * 1024,
+                id=f"{cid}-n{n}", cluster=cid, labels={"rack": str(n % 4), **(node_labels or {})}, cpu=64, memory=512 * 1024,
                 gpus=[Gpu(id=f"{cid}-n{n}-g{g}", model="sim-h100", memory=81920) for g in range(gpus)],
             ))
         await self.bus.emit(E.inventory_hint, _hint(cid))

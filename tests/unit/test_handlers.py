@@ -297,7 +297,7 @@ async def test_plan_gang_of_three_never_reuses_a_gpu(allocator: str) -> None:
         assert len(p["gpus"]) == 1 and set(p["gpus"]) <= {g["id"] for g in nodes[p["node"]]["gpus"]}
         assert p | {"iid": 0, "node": 0, "gpus": 0} == {
             "iid": 0, "node": 0, "gpus": 0, "block": "b1", "cpu": 2.0, "mem": 100, "gpu_mem": 0,
-            "exclusive": True, "share": False,
+            "exclusive": True, "share": False, "vc": "",  # the primary's unassigned nodes (seed 003)
         }
     assert nodes == before  # the plan works on a copy of the snapshot
     per_node = sorted(sum(1 for p in plan if p["node"] == n) for n in nodes)

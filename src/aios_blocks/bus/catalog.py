@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from ..schemas import events as ev
+from ..schemas import vcluster as vc
 
 ROOT = "aios"
 STREAM = "AIOS"
@@ -169,6 +170,8 @@ _B = f"{ROOT}.block.{{bid}}"
 _C = f"{ROOT}.cluster.{{cid}}"
 _N = f"{ROOT}.node.{{nid}}"
 _I = f"{_B}.instance.{{iid}}"
+_V = f"{ROOT}.vcluster.{{vid}}"
+_VID = (("vid", "vcluster_id"),)
 U, A, PA, G, C, AG, R = Role.UPSTREAM, Role.ADMIN, Role.PARSER, Role.GATEWAY, Role.CONTROLLER, Role.AGENT, Role.RUNNER
 
 
@@ -324,6 +327,46 @@ class E:
     )
     cluster_registered = Event(
         "cluster.registered", f"{_C}.registered", ev.ClusterRegistered, (A,), "cluster registered: id and labels",
+    )
+    # -- virtual clusters (seed 003): aios.vcluster.{vid}.* ----------------------------------------
+    vcluster_create = Event(
+        "vcluster.create", f"{_V}.create", vc.VClusterCreate, (A,),
+        "create a virtual cluster in a cluster: divisible or not, replica sets by node type",
+        id_rule="vc:{vcluster_id}:create:{request_id}", token_fields=_VID,
+    )
+    vcluster_update = Event(
+        "vcluster.update", f"{_V}.update", vc.VClusterUpdate, (A,),
+        "change a virtual cluster's replica sets, naming its latest revision", id_rule="vc:{vcluster_id}:update:{request_id}",
+        token_fields=_VID,
+    )
+    vcluster_remove = Event(
+        "vcluster.remove", f"{_V}.remove", vc.VClusterRemove, (A,), "remove an empty virtual cluster (nodes go back)",
+        id_rule="vc:{vcluster_id}:remove:{request_id}", token_fields=_VID,
+    )
+    vcluster_changed = Event(
+        "vcluster.changed", f"{_V}.changed", vc.VClusterChanged, (C,),
+        "a virtual cluster after a change (create, update, remove, replenish, job cluster made or destroyed): "
+        "the whole record and the nodes moved",
+        id_rule="vc:{vcluster_id}:{gen}:r{revision}", token_fields=_VID,
+    )
+    vcluster_refused = Event(
+        "vcluster.refused", f"{_V}.refused", vc.VClusterRefused, (C,),
+        "a virtual cluster request refused whole, with the reason and the current revision",
+        id_rule="vc:{vcluster_id}:refused:{request_id}", token_fields=_VID,
+    )
+    node_drain = Event(
+        "node.drain", f"{_N}.drain", vc.NodeDrain, (A,),
+        "node drained (no new placements, its instances moved with reason evacuation) or undrained",
+        id_rule="{node_id}:drain:{request_id}",
+    )
+    node_removed = Event(
+        "node.removed", f"{_N}.removed", vc.NodeRemoved, (A,), "a drained, idle node removed from its cluster",
+        id_rule="{node_id}:removed:{request_id}",
+    )
+    cluster_removed = Event(
+        "cluster.removed", f"{_C}.removed", vc.ClusterRemoved, (A,),
+        "a cluster with nothing running and no virtual cluster removed, with its nodes",
+        id_rule="{cluster_id}:removed:{request_id}",
     )
     dead_letter = Event(
         "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,), "message that kept failing, with the error",

@@ -17,6 +17,7 @@ DURABLES: tuple[subjects.ConsumerSpec, ...] = (
     subjects.GATEWAY,
     subjects.controller(),
     subjects.LIFECYCLE,
+    subjects.VCLUSTER,
     subjects.agent(),
 )
 

@@ -138,16 +138,17 @@ class Client:
 
     async def add_sim_cluster(
         self, cid: str, nodes: int = 8, gpus: int = 8, gpu_memory: int = 81920, labels: dict[str, str] | None = None,
-        model: str = "sim-h100",
+        model: str = "sim-h100", node_labels: dict[str, str] | None = None, first: int = 0,
     ) -> None:
-        """A simulated cluster: ``nodes`` nodes with ``gpus`` GPUs each (for demos and tests)."""
+        """A simulated cluster: ``nodes`` nodes with ``gpus`` GPUs each (for demos and tests);
+        ``node_labels`` on each (e.g. ``nodeType``), numbered from ``first``."""
         cluster = Cluster(id=cid, labels=labels or {})
         made = [
             Node(
-                id=f"{cid}-n{n}", cluster=cid, labels={"rack": str(n % 4)}, cpu=64, memory=512 * 1024,
+                id=f"{cid}-n{n}", cluster=cid, labels={"rack": str(n % 4), **(node_labels or {})}, cpu=64, memory=512 * 1024,
                 gpus=[Gpu(id=f"{cid}-n{n}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)],
             )
-            for n in range(nodes)
+            for n in range(first, first + nodes)
         ]
         await self._publish_cluster(cluster)
         await self._publish_nodes(made)

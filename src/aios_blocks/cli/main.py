@@ -40,8 +40,8 @@ app = typer.Typer(
     rich_markup_mode="markdown",
 )
 component_app = typer.Typer(help="Register components.", no_args_is_help=True)
-cluster_app = typer.Typer(help="Register clusters (simulated inventory).", no_args_is_help=True)
-node_app = typer.Typer(help="Register nodes (simulated inventory).", no_args_is_help=True)
+cluster_app = typer.Typer(help="Register (simulated inventory), list and remove clusters.", no_args_is_help=True)
+node_app = typer.Typer(help="Register (simulated inventory), list, drain and remove nodes.", no_args_is_help=True)
 policy_app = typer.Typer(help="Run and register policies.", no_args_is_help=True)
 app.add_typer(component_app, name="component")
 app.add_typer(cluster_app, name="cluster")
@@ -732,18 +732,22 @@ def cluster_add(
     nodes: int = typer.Option(None, min=1, help="Also add this many simulated nodes (at least 1)."),
     gpus: int = typer.Option(8, min=0, help="GPUs per simulated node."),
     gpu_memory: int = typer.Option(81920, min=1, help="MiB per simulated GPU."),
+    node_type: str = typer.Option(None, "--node-type", help="nodeType label of the simulated nodes (virtual clusters' replica sets)."),
+    node_label: list[str] = typer.Option([], "--node-label", help="key=value on every simulated node, repeatable."),
     data_dir: Path = DataDir,
 ) -> None:
     """Register a cluster, optionally with simulated nodes.
 
-    Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8`
+    Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8 --node-type A100`
     """
     labels = _labels(label)
+    node_labels = _labels(node_label, "--node-label") | ({"nodeType": node_type} if node_type else {})
     check_id(cluster_id, "cluster id")
 
     async def go(c: Client) -> None:
         if nodes:
-            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels)
+            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels,
+                                    node_labels=node_labels)
         else:
             await c.add_cluster(Cluster(id=cluster_id, labels=labels))
 
@@ -1576,3 +1580,11 @@ def state_digest(
     if stream:
         print(f"stream {stream_digest}")
         raise typer.Exit(0 if redis_digest == stream_digest else 1)
+
+
+# -- virtual clusters (seed 003): their own module ------------------------------------------------
+from . import nodes as _nodes  # noqa: E402  (they use the helpers above)
+from . import vcluster as _vcluster  # noqa: E402
+
+_vcluster.register(app, DataDir)
+_nodes.register(node_app, cluster_app, DataDir)

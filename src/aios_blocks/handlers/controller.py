@@ -15,6 +15,7 @@ from typing import Any
 from ..policies import affinity, capacity
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
+from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
 
 Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -103,6 +104,7 @@ async def dry_run(
     ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> DryRunOutcome:
+    nodes = vcluster.scope(ir, nodes)  # its virtual cluster's nodes only (seed 003)
     data = _payload(ir, cluster, nodes, None, index, int(ir.get("maxInstances") or 1))
     rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"])
     try:
@@ -172,6 +174,9 @@ async def plan(
     """Call the resourceAllocator once per instance, applying each choice to a working copy of the
     snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``.
     Raises PlacementFailed with the reason."""
+    # its virtual cluster's nodes only (seed 003); the reservation re-checks each node is still there
+    where = vcluster.place_of(ir, nodes)
+    nodes = vcluster.part(nodes, where)
     # copy-on-write: only the nodes taken below are copied; one instance takes nothing after its
     # choice, so it plans on the snapshot itself (no O(nodes) copy)
     work = capacity.fork(nodes) if len(iids) > 1 else nodes
@@ -211,6 +216,7 @@ async def plan(
                 "gpu_mem": needs.get("gpuMemory", 0),
                 "exclusive": not share,
                 "share": share,
+                "vc": where,
             }
         )
     return out

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, contract, sampling
 from ..schemas.errors import PolicyFailed
+from . import vcluster
 
 #: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
 Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -42,6 +43,11 @@ def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
     metrics = cluster_metrics(nodes)
     summary = {k: v for k, v in metrics.items() if k != "nodes"}
     return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
+
+
+def scoped_entry(ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003)."""
+    return cluster_entry(cluster, vcluster.scope(ir, nodes))
 
 
 def sample_for(
@@ -80,7 +86,11 @@ def filter_rule(
         if wrong:
             filtered[cid] = "labels do not match " + ", ".join(f"{k}={v}" for k, v in wrong.items())
             continue
-        cnodes = nodes.get(cid, {})
+        # only the nodes of the block's virtual cluster (seed 003), or the primary's unassigned ones
+        cnodes = vcluster.scope(ir, nodes.get(cid, {}))
+        if not cnodes and ir.get("virtualClusterId"):
+            filtered[cid] = f"no node of virtual cluster {ir['virtualClusterId']} here"
+            continue
         entries = ir.get("affinity") or []
         if not entries:  # capacity alone: the incremental count of nodes that fit (no node scan)
             if check_capacity and not capacity.fitting(cnodes, ir["resources"], share_of(ir)):

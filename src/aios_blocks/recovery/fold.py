@@ -59,6 +59,11 @@ class NodeState:
     mem_used: int | None = None
     #: gpu -> [mem, n, x] (None until first touched, as HINCRBY creates fields)
     gpu_use: dict[str, list[int]] = field(default_factory=dict)
+    #: its place (virtual cluster id; "" = the primary) and the cluster index of its last move
+    vc: str = ""
+    vc_index: int = 0
+    #: ``blocks node drain``
+    drain: bool = False
 
 
 @dataclass
@@ -87,6 +92,8 @@ class Fold:
     creates: dict[int, str] = field(default_factory=dict)
     #: (bid, gen, iid) -> nodes where it was reported added and not yet removed
     running_on: dict[tuple[str, int, str], set[str]] = field(default_factory=dict)
+    #: (cluster, vid) -> [cluster index of its last change, record JSON or None once removed]
+    vclusters: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     anomalies: list[str] = field(default_factory=list)
     events: int = 0
     last_seq: int = 0
@@ -118,6 +125,8 @@ class Fold:
                 node_rule(self, key, _data(raw), seq, ts)
         elif entity == "cluster" and tail == "reassignment":
             self.on_reassignment(key, _data(raw), seq, ts)
+        elif entity == "cluster" and tail == "removed":
+            self.on_cluster_removed(key, _data(raw), seq, ts)
         elif entity == "cluster" and tail == "registered":
             c = _data(raw).get("cluster") or {}
             if c.get("id"):
@@ -128,6 +137,8 @@ class Fold:
                 self.components[d["uri"]] = dumps(d.get("component") or {})
         elif entity == "policy" and tail == "updated":
             self._policy(_data(raw))
+        elif entity == "vcluster" and tail == "changed":
+            self.on_vcluster_changed(key, _data(raw), seq, ts)
 
     # -- blocks ----------------------------------------------------------------------------------
     def _block(self, bid: str, gen: Any) -> dict[str, str] | None:
@@ -310,12 +321,75 @@ class Fold:
         if node is not None and "healthy" in d:
             node.healthy = bool(d["healthy"])
 
+    def on_node_drain(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        node = self.nodes.get(nid)
+        if node is not None and node.cluster == d.get("cluster_id"):
+            node.drain = bool(d.get("drain", True))
+
+    def on_node_removed(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """``InventoryAdmin.remove_node``: the node, its index entry and its instance index go."""
+        node = self.nodes.get(nid)
+        if node is not None and node.cluster == d.get("cluster_id"):
+            del self.nodes[nid]
+            self.node_insts.pop(nid, None)
+
+    def on_cluster_removed(self, cid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """``InventoryAdmin.remove_cluster``: the cluster and every node of it."""
+        self.clusters.pop(cid, None)
+        for nid in [n for n, st in self.nodes.items() if st.cluster == cid]:
+            del self.nodes[nid]
+            self.node_insts.pop(nid, None)
+
     def on_remove_command(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         if str(d.get("reason", "")).startswith("dangling:"):
             return  # a leftover the node reported: the record (if any) is not touched
         inst = self.instances.get(d.get("block_id", ""), {}).get(d.get("instance_id", ""))
         if inst is not None:
             inst["status"] = "removing"
+
+    # -- virtual clusters (state.vcluster.VC_COMMIT) ------------------------------------------------
+    def on_vcluster_changed(self, vid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """The record and the node places after one committed change. Changes of a cluster are
+        ordered by its state index (``index``), not by where their events landed in the stream:
+        a record or a node takes a change only if it is newer than the last one it took."""
+        cid, index, rec = str(d.get("cluster_id", "")), int(d.get("index") or 0), d.get("record")
+        if not cid or not isinstance(rec, dict):
+            return
+        cur = self.vclusters.get((cid, vid))
+        if cur is None or index > cur[0]:
+            self.vclusters[(cid, vid)] = [index, None if d.get("removed") else dumps(rec)]
+        for nid, hop in (d.get("moved") or {}).items():
+            node = self.nodes.get(nid)
+            if node is None or node.cluster != cid:
+                self.anomalies.append(f"seq {seq}: virtual cluster {vid} moved node {nid}, not a node of {cid}")
+                continue
+            if isinstance(hop, list) and len(hop) == 2 and index > node.vc_index:
+                node.vc, node.vc_index = str(hop[1]), index
+
+    def repair_divisible(self) -> None:
+        """Seed 003's failover step 3: a divisible cluster counts its job clusters' nodes, so a job
+        node it does not list (``D = V_job - V_divisible``) is added to it, and as many of its dead
+        nodes of the same types, outside its job clusters, are dropped. Both records change in one
+        atomic commit here (``state.vcluster``), so this finds nothing unless the stream lost an
+        event; what it repairs is reported as an anomaly."""
+        recs = {key: _json.decode(rec) for key, (_, rec) in self.vclusters.items() if rec is not None}
+        for (cid, vid), job in recs.items():
+            parent = recs.get((cid, job.get("parent") or ""))
+            if job.get("kind") != "job" or parent is None:
+                continue
+            missing = {n: t for n, t in (job.get("nodes") or {}).items() if n not in parent["nodes"]}
+            if not missing:
+                continue
+            in_jobs = {n for (c2, _), r in recs.items() if c2 == cid and r.get("parent") == parent["id"] for n in r["nodes"]}
+            for nid, t in sorted(missing.items()):
+                parent["nodes"][nid] = t
+                dead = sorted(n for n, t2 in parent["nodes"].items() if t2 == t and n not in in_jobs and n in self.nodes
+                              and not self.nodes[n].healthy)
+                if dead:
+                    parent["nodes"].pop(dead[0])
+            parent["nodes"] = dict(sorted(parent["nodes"].items()))
+            self.vclusters[(cid, parent["id"])][1] = dumps(parent)
+            self.anomalies.append(f"virtual cluster {parent['id']} repaired from job cluster {vid}: {sorted(missing)}")
 
     # -- capacity (RESERVE_GANG / RELEASE) -----------------------------------------------------------
     def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: dict[str, Any], seq: int) -> None:
@@ -396,6 +470,10 @@ class Fold:
                 h["mem_used"] = str(n.mem_used)
             for g, (mem, cnt, x) in n.gpu_use.items():
                 h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
+            if n.vc:
+                h["vc"] = n.vc
+            if n.drain:
+                h["drain"] = "1"
             img[node_key(n.cluster, nid)] = h
         if index:
             img[k.NODE_INDEX] = index
@@ -404,6 +482,15 @@ class Fold:
                 "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
                 "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
             }
+        self.repair_divisible()
+        vc_index: dict[str, str] = {}
+        for (cid, vid), (_, rec) in sorted(self.vclusters.items()):
+            if rec is not None:
+                img[k.vc_key(cid, vid)] = rec
+                img.setdefault(k.vc_set_key(cid), set()).add(vid)
+                vc_index[vid] = cid
+        if vc_index:
+            img[k.VC_INDEX] = vc_index
         for bid, b in self.blocks.items():
             img[k.block_key(bid)] = dict(b)
         order = ZSet({bid: self.block_order.get(bid, 0.0) for bid in self.blocks})
@@ -472,6 +559,8 @@ Fold.node_rules = {
     "registered": Fold.on_node_registered,
     "health": Fold.on_node_health,
     "instance.remove": Fold.on_remove_command,
+    "drain": Fold.on_node_drain,
+    "removed": Fold.on_node_removed,
 }
 
 

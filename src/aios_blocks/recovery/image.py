@@ -52,7 +52,7 @@ TELEMETRY = ("aios:metrics:",)
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
-    "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:",
+    "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:", "aios:vcindex",
 )
 
 
@@ -131,7 +131,7 @@ def normalise(key: str, value: Any) -> Any:
     if isinstance(value, set):
         return sorted(value)
     if not isinstance(value, dict):
-        return _j(value) if key.startswith("aios:component:") else value
+        return _j(value) if key.startswith("aios:component:") or ":vc:" in key else value
     if key.startswith("aios:block:"):
         if key.endswith(":inst"):
             return _instances(value)

@@ -23,6 +23,7 @@ import msgspec
 
 from ..bus.nats_bus import Bus
 from ..schemas.spec import ID_RE
+from ..schemas.vcluster import job_cluster_id
 from ..state import keys
 from ..state.store import Store
 from . import image as im
@@ -154,7 +155,57 @@ def check_image(
     for iid in sorted(set(owners) - set(seen)):
         rep.violations.append(f"reservation {iid} in {owners[iid]}: no instance holds it (leaked)")
     rep.counts["instances"] = len(seen)
+
+    # and virtual clusters (seed 003): every node in exactly one place, records and places agree,
+    # every instance inside its block's virtual cluster
+    _vclusters(img, nodes, res, blocks, rep.violations if settled else rep.warnings, rep)
     return rep
+
+
+def _vclusters(img: im.Image, nodes: dict[str, Any], res: dict[str, Any], blocks: dict[str, Any], out: list[str],
+               rep: Report) -> None:
+    recs: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, raw in img.items():
+        if key.startswith("aios:{c:") and ":vc:" in key and isinstance(raw, str):
+            cid = key.split("{c:", 1)[1].split("}", 1)[0]
+            recs[(cid, key.rsplit(":vc:", 1)[1])] = msgspec.json.decode(raw)
+    place: dict[tuple[str, str], str] = {}
+    for nk, h in nodes.items():
+        cid = nk.split("{c:", 1)[1].split("}", 1)[0]
+        place[(cid, nk.rsplit(":node:", 1)[1])] = h.get("vc", "")
+    for (cid, nid), p in place.items():
+        if p and nid not in (recs.get((cid, p)) or {}).get("nodes", {}):
+            out.append(f"node {nid} of {cid}: placed in virtual cluster {p}, which does not list it")
+    owner: dict[tuple[str, str], str] = {}
+    for (cid, vid), r in sorted(recs.items()):
+        if r.get("parent"):
+            parent = recs.get((cid, r["parent"]))
+            extra = sorted(set(r.get("nodes", {})) - set((parent or {}).get("nodes", {})))
+            if extra:
+                out.append(f"job cluster {vid}: nodes {extra} are not in its divisible cluster {r['parent']}")
+        jobs = {j for (c2, j), jr in recs.items() if c2 == cid and jr.get("parent") == vid}
+        for nid in r.get("nodes", {}):
+            if not r.get("parent"):
+                if (cid, nid) in owner:
+                    out.append(f"node {nid} of {cid}: in virtual clusters {owner[(cid, nid)]} and {vid}")
+                owner[(cid, nid)] = vid
+            at = place.get((cid, nid))
+            if at is not None and at != vid and at not in jobs:
+                out.append(f"node {nid} of {cid}: listed by {vid} but placed in {at or 'the primary'} (lost)")
+    for key, r in res.items():
+        cid = key.split("{c:", 1)[1].split("}", 1)[0]
+        b = blocks.get(r.get("block", ""))
+        if b is None:
+            continue
+        ir = msgspec.json.decode(b.get("ir", "{}")) if isinstance(b.get("ir"), str) else (b.get("ir") or {})
+        want = ir.get("virtualClusterId") or ""
+        if want and ir.get("jobCluster"):
+            want = job_cluster_id(str(ir.get("blockId", "")))
+        p = place.get((cid, r.get("node", "")), "")
+        if p != want:
+            out.append(f"instance {key.rsplit(':', 1)[1]} of {r.get('block')}: on {r.get('node')} in "
+                       f"{p or 'the primary'}, its block's place is {want or 'the primary'}")
+    rep.counts["vclusters"] = len(recs)
 
 
 #: a block in flight with no event for this long is stuck (``blocks check --stuck-after``)

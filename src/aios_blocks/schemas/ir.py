@@ -160,6 +160,12 @@ def block_create_IR(
     except SpecInvalid as exc:
         errors.extend(exc.errors)
 
+    if spec is not None and comp is not None:
+        vid = spec.virtualClusterId or comp.virtualClusterId
+        if (spec.jobCluster or comp.jobCluster) is not None and not vid:
+            where = "$.jobCluster" if spec.jobCluster is not None else "$.<component>.jobCluster"
+            errors.append(SpecError(where, "jobCluster needs virtualClusterId (the divisible virtual cluster to carve it from)"))
+
     if errors or spec is None or comp is None:
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
             errors.append(SpecError("$", "invalid spec"))
@@ -181,4 +187,11 @@ def block_create_IR(
     ir["launch"] = comp.launch.model_dump()
     ir["policies"] = policies
     ir["affinity"] = msgspec.to_builtins(affinity)
+    # seed 003: set only when given (the block's, else the component's)
+    vid = spec.virtualClusterId or comp.virtualClusterId
+    if vid:
+        ir["virtualClusterId"] = vid
+        job = spec.jobCluster or comp.jobCluster
+        if job is not None:
+            ir["jobCluster"] = job.model_dump()
     return ir

@@ -125,6 +125,21 @@ class Launch(_Strict):
     stopGraceS: float = Field(default=10.0, ge=0, le=600)
 
 
+class JobClusterSpec(_Strict):
+    """A job cluster for the block (seed 003): carved from its divisible virtual cluster's
+    undivided nodes when it is placed, destroyed when it is deleted. ``replicaSets``: node type
+    -> count."""
+
+    replicaSets: dict[Annotated[str, StringConstraints(min_length=1, max_length=256)], Annotated[int, Field(ge=0, le=100_000)]]
+
+    @field_validator("replicaSets")
+    @classmethod
+    def _some(cls, value: dict[str, int]) -> dict[str, int]:
+        if not any(value.values()):
+            raise ValueError("a job cluster needs at least one node: give a count > 0")
+        return value
+
+
 class Component(_Strict):
     """A registered, reusable definition a block is instantiated from."""
 
@@ -142,6 +157,9 @@ class Component(_Strict):
     launch: Launch = Field(default_factory=Launch)
     #: default affinity of blocks made from this component (seed 002; see docs/affinity.md)
     affinity: list[Any] | None = None
+    #: default virtual cluster / job cluster of its blocks (seed 003; docs/virtual-clusters.md)
+    virtualClusterId: str | None = Field(default=None, pattern=ID_PATTERN)
+    jobCluster: JobClusterSpec | None = None
 
     @model_validator(mode="after")
     def _gpu_sharing_has_a_memory_figure(self) -> Component:
@@ -171,6 +189,11 @@ class BlockSpec(_Strict):
     affinityWith: str | None = None
     antiAffinityWith: str | None = None
     affinityTLV: str | None = None
+    #: The virtual cluster the block is placed in (seed 003, an extension of seed 000's table);
+    #: absent = the component's, else the primary's unassigned nodes.
+    virtualClusterId: str | None = Field(default=None, pattern=ID_PATTERN)
+    #: With a divisible ``virtualClusterId``: the block's own job cluster (absent = the component's).
+    jobCluster: JobClusterSpec | None = None
 
 
 class Cluster(_Strict):

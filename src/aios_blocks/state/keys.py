@@ -30,6 +30,12 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
+    aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
+    aios:{c:<cid>}:vc:<vid>           JSON of one virtual cluster (``schemas.vcluster.VClusterRecord``);
+                                      a node's place is the ``vc`` field of its node hash (absent: the
+                                      primary's unassigned nodes)
+    aios:vcindex                      hash vid -> cid (which cluster a virtual cluster id is in)
+    aios:meta:{c:<cid>}:vcout         hash: virtual cluster changes committed, not yet published
 """
 
 from __future__ import annotations
@@ -45,6 +51,24 @@ AFF_LEASE = f"{P}:aff:lease"
 POLICIES = f"{P}:policies"
 #: every open gather's deadline timer (zset: ``bid|gen|attempt`` scored by when it is due)
 GATHER_DUE = f"{P}:gather:due"
+
+
+#: virtual cluster id -> its cluster (``state.vcluster``)
+VC_INDEX = f"{P}:vcindex"
+
+
+def vc_key(cid: str, vid: str) -> str:
+    return f"{P}:{{c:{cid}}}:vc:{vid}"
+
+
+def vc_set_key(cid: str) -> str:
+    return f"{P}:{{c:{cid}}}:vcs"
+
+
+def vc_outbox_key(cid: str) -> str:
+    """The cluster's virtual cluster changes committed and not yet published (a hash; volatile:
+    under ``aios:meta:``, with the cluster's hash tag so the commit script writes it)."""
+    return f"{P}:meta:{{c:{cid}}}:vcout"
 
 
 def component_key(uri: str) -> str:

@@ -5,7 +5,8 @@ scripts also run on Redis Cluster: a block lives in one cluster, so its gang is 
 """
 
 # KEYS: node1, res1, node2, res2, ..., [the cluster's state index]   ARGV[1]: JSON list of placements
-# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive}
+# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive, vc?}
+# vc: the place the plan found the node in (its virtual cluster, "" = the primary's unassigned nodes)
 # exclusive: the instance holds its GPUs whole; otherwise it shares them, taking gpu_mem MiB each
 # The state index (optional last key, ``Store.index_key``) is bumped only when capacity was taken.
 # Returns {1, "ok"|"exists"} or {0, reason, node}
@@ -25,6 +26,10 @@ for i = 1, n do
   local nk = KEYS[2*i-1]
   if redis.call('EXISTS', nk) == 0 then return {0, 'node ' .. pl.node .. ' does not exist', pl.node} end
   if redis.call('HGET', nk, 'healthy') ~= '1' then return {0, 'node ' .. pl.node .. ' is not healthy', pl.node} end
+  if redis.call('HGET', nk, 'drain') == '1' then return {0, 'node ' .. pl.node .. ' is draining', pl.node} end
+  if pl.vc ~= nil and (redis.call('HGET', nk, 'vc') or '') ~= pl.vc then
+    return {0, 'node ' .. pl.node .. ' moved to another virtual cluster', pl.node}
+  end
   local w = want[nk]
   if not w then
     w = {cpu = 0, mem = 0, gpus = {}, gorder = {}, node = pl.node}

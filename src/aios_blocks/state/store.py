@@ -720,14 +720,20 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
         )
     cpu, mem = float(h.get("cpu", 0)), int(h.get("memory", 0))
     cpu_used, mem_used = float(h.get("cpu_used", 0)), int(h.get("mem_used", 0))
-    return {
+    view = {
         "node_id": spec["id"],
         "cluster": spec["cluster"],
         "labels": spec.get("labels", {}),
-        "healthy": h.get("healthy") == "1",
+        # a draining node (``blocks node drain``) takes nothing new: it reads as not healthy
+        "healthy": h.get("healthy") == "1" and h.get("drain") != "1",
         "cpu": cpu,
         "cpu_free": round(cpu - cpu_used, 6),
         "memory": mem,
         "memory_free": mem - mem_used,
         "gpus": gpus,
     }
+    if h.get("vc"):  # its virtual cluster (seed 003, ``state.vcluster``); absent: the primary's
+        view["virtualCluster"] = h["vc"]
+    if h.get("drain") == "1":
+        view["draining"] = True
+    return view

@@ -151,7 +151,7 @@ class Permissions:
 #: the workers' shared durable consumers; per-node agents' (``agent-<nid>``) and per-cluster
 #: controllers' (``controller-<cid>``) are added as they appear (``protect_consumer``)
 WORKER_DURABLES = tuple(c.durable for c in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE,
-                                             subjects.agent(), subjects.MAPPER))
+                                             subjects.VCLUSTER, subjects.agent(), subjects.MAPPER))
 
 
 def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str]]:

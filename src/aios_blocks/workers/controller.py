@@ -42,6 +42,7 @@ from ..schemas.lifecycle import LIVE, Step
 from ..schemas.spec import ID_RE, Cluster, Node
 from .base import Worker
 from .effects import commit, release
+from .vcluster import ensure_job_cluster
 
 log = structlog.get_logger("aios.controller")
 
@@ -278,6 +279,7 @@ async def _commit(
         return [
             {"iid": iid, "node": r["node"], "gpus": list(_gpus(r["gpus"]))} for iid, r in zip(iids, existing, strict=True)
         ], 0
+    await ensure_job_cluster(w, ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
     clusters = await w.inventory.clusters()
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
     async with _cluster_lock(cid):

@@ -134,7 +134,7 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
         return
     ir = block["ir"]
     clusters, nodes = await _snapshot(w)
-    entries = {cid: h.cluster_entry(clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
+    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
     trace: list[Decision] = []
     decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
                               int(ir.get("minInstances") or 1))

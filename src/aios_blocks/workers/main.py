@@ -11,7 +11,7 @@ from typing import Any
 
 import structlog
 
-from . import agent_sim, controller, gateway, parser
+from . import agent_sim, controller, gateway, parser, vcluster
 from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
 KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics")
@@ -63,7 +63,7 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
     elif kind == "gateway":
         binds = gateway.bindings(w)
     elif kind == "controller":
-        binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w)
+        binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w) + vcluster.bindings(w)
     else:
         binds = agent_sim.bindings(w)
     if kind in ("gateway", "controller"):
@@ -74,7 +74,9 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
     if kind == "controller":
         from .health import HealthMonitor
 
-        await asyncio.gather(run_consumers(w, binds, stop), HealthMonitor(w).run(stop))
+        await asyncio.gather(
+            run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w))
+        )
     elif kind == "gateway":
         await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
     else:

@@ -1,0 +1,299 @@
+"""``blocks vcluster``: virtual clusters (seed 003) from the command line, and the client calls
+behind it: publish a request, follow its outcome (``vcluster.changed`` or ``vcluster.refused``),
+read the records and describe one as a tree (primary -> divisible -> job clusters).
+
+Exit codes as everywhere: 0 done, 1 refused (or unknown), 2 bad input, 5 no outcome in time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import typer
+from nats.js.api import DeliverPolicy
+from rich.markup import escape
+from rich.tree import Tree
+
+from ..bus.catalog import E
+from ..handlers.vcluster import idle, place
+from ..schemas.spec import check_id
+from ..schemas.vcluster import (
+    VClusterCreate,
+    VClusterKind,
+    VClusterRecord,
+    VClusterRemove,
+    VClusterUpdate,
+    limit_problems,
+    node_type,
+    replica_set_problems,
+)
+from ..state.vcluster import VClusterStore
+from .client import Client, _named
+
+
+@dataclass(frozen=True)
+class VRequest:
+    vid: str
+    op: str
+    request_id: str
+    seq: int
+
+
+def _replica_sets(value: Any) -> dict[str, int]:
+    problems = replica_set_problems(value)
+    if problems:
+        raise ValueError("--replica-sets: " + "; ".join(problems))
+    return dict(value)
+
+
+def _limits(value: Any, replica_sets: Any) -> dict[str, Any]:
+    problems = limit_problems(value, replica_sets)
+    if problems:
+        raise ValueError("--limits: " + "; ".join(problems))
+    return dict(value)
+
+
+async def create(c: Client, vid: str, cid: str, replica_sets: Any, divisible: bool = False, limits: Any = None) -> VRequest:
+    check_id(vid, "virtual cluster id")
+    check_id(cid, "cluster id")
+    rid = uuid.uuid4().hex[:12]
+    lim = _limits(limits, replica_sets) if limits else {}
+    ack = await c.bus.emit(E.vcluster_create, VClusterCreate(vid, cid, _replica_sets(replica_sets), rid, divisible, lim))
+    return VRequest(vid, "create", rid, ack.seq)
+
+
+async def update(c: Client, vid: str, revision: int, replica_sets: Any, divisible: bool | None = None,
+                 limits: Any = None) -> VRequest:
+    check_id(vid, "virtual cluster id")
+    if revision < 1:
+        raise ValueError(f"--revision must be >= 1, got {revision}")
+    rid = uuid.uuid4().hex[:12]
+    lim = _limits(limits, replica_sets) if limits is not None else None
+    ack = await c.bus.emit(E.vcluster_update, VClusterUpdate(vid, revision, _replica_sets(replica_sets), rid, divisible, lim))
+    return VRequest(vid, "update", rid, ack.seq)
+
+
+async def remove(c: Client, vid: str) -> VRequest:
+    check_id(vid, "virtual cluster id")
+    rid = uuid.uuid4().hex[:12]
+    ack = await c.bus.emit(E.vcluster_remove, VClusterRemove(vid, rid))
+    return VRequest(vid, "remove", rid, ack.seq)
+
+
+async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool, dict[str, Any]]:
+    """(applied, the ``changed`` or ``refused`` event's data) of a request; TimeoutError."""
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+
+    async def cb(msg: Any) -> None:
+        await queue.put(msg)
+
+    config = _named(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=req.seq)
+    sub = await c.bus.js.subscribe(f"aios.vcluster.{req.vid}.>", cb=cb, ordered_consumer=True, config=config)
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await queue.get()
+                kind = msg.subject.rsplit(".", 1)[1]
+                data = msgspec.json.decode(msg.data).get("data") or {}
+                if kind in ("changed", "refused") and data.get("request_id") == req.request_id:
+                    return kind == "changed", data
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def records(c: Client) -> list[VClusterRecord]:
+    vs = VClusterStore(c.store)
+    out: list[VClusterRecord] = []
+    for cid in sorted(set((await vs.index()).values())):
+        out += (await vs.records(cid)).values()
+    return sorted(out, key=lambda r: (r.cluster, r.parent or r.id, r.kind == VClusterKind.JOB, r.id))
+
+
+async def describe(c: Client, vid: str) -> dict[str, Any]:
+    """The virtual cluster as a tree: its primary (the cluster and its unassigned nodes by type),
+    itself (kind, revision, replica sets, nodes with type/health/place, blocks running inside) and
+    its job clusters, the same way (LookupError: no such virtual cluster)."""
+    check_id(vid, "virtual cluster id")
+    vs = VClusterStore(c.store)
+    cid = await vs.cluster_of(vid)
+    recs = await vs.records(cid) if cid else {}
+    if cid is None or vid not in recs:
+        raise LookupError(f"no virtual cluster {vid!r}")
+    views = await c.store.read_nodes(cid, await c.store.node_ids(cid))
+    unassigned: dict[str, int] = {}
+    for v in views.values():
+        if not place(v):
+            unassigned[node_type(v)] = unassigned.get(node_type(v), 0) + 1
+
+    async def one(rec: VClusterRecord) -> dict[str, Any]:
+        nodes, counts, blocks = {}, {}, set()
+        for nid in sorted(rec.nodes):
+            v = views.get(nid)
+            t = rec.nodes[nid]
+            counts[t] = counts.get(t, 0) + 1
+            nodes[nid] = {"type": t, "healthy": bool(v and v["healthy"]), "place": place(v) if v else "?",
+                          "idle": bool(v and idle(v))}
+            if v and place(v) == rec.id:
+                blocks |= {i["block_id"] for i in (await c.store.node_instances(nid)).values()}
+        return {
+            "id": rec.id, "cluster": rec.cluster, "kind": rec.kind.value, "revision": rec.revision,
+            "replicaSets": rec.replica_sets, "counts": counts, "nodes": nodes, "parent": rec.parent, "block": rec.block,
+            "blocks": sorted(blocks),
+            "jobClusters": [await one(j) for j in sorted(recs.values(), key=lambda r: r.id) if j.parent == rec.id],
+        }
+
+    return {"primary": {"cluster": cid, "unassigned": unassigned, "nodes": len(views)}, "vcluster": await one(recs[vid])}
+
+
+# -- the typer sub-app ------------------------------------------------------------------------------
+
+
+def _m() -> Any:
+    from . import main
+
+    return main
+
+
+def _follow(make: Any, timeout: float, data_dir: Path, as_json: bool = False) -> None:
+    m = _m()
+
+    async def go(c: Client) -> int:
+        req = await make(c)
+        try:
+            ok, data = await outcome(c, req, timeout)
+        except TimeoutError:
+            m.err.print(f"[red]no outcome after {timeout:g}s[/]; see: blocks vcluster get {req.vid}")
+            return 5
+        if as_json:
+            m._print_json({"applied": ok, **data})
+            return 0 if ok else 1
+        if not ok:
+            m.err.print(f"[red]{req.op} of {req.vid} refused[/]: {escape(str(data.get('reason')))}"
+                        + (f" (revision {data['revision']})" if data.get("revision") else ""))
+            return 1
+        rec = data.get("record") or {}
+        moved = data.get("moved") or {}
+        m.console.print(f"[green]{req.op} of {req.vid} done[/]: revision {data.get('revision')}, "
+                        f"{len(rec.get('nodes') or {})} nodes ({len(moved)} moved)")
+        return 0
+
+    code = int(m._request(go, data_dir))
+    if code:
+        raise typer.Exit(code)
+
+
+ReplicaSets = typer.Option(..., "--replica-sets", help='Node type -> count, as JSON: \'{"A100": 2}\'.')
+Timeout = typer.Option(60.0, "--timeout", help="Give up waiting for the outcome after this many seconds (exit 5).")
+AsJson = typer.Option(False, "--json")
+Limits = typer.Option(None, "--limits", help='Autoscaling per node type, [min, max] as JSON: \'{"A100": [1, 4]}\'.')
+
+
+def register(parent: typer.Typer, DataDir: Any) -> None:
+    """Add ``blocks vcluster ...`` to the CLI (``DataDir``: its ``--data-dir`` option)."""
+    app = typer.Typer(help="Virtual clusters (seed 003): create, update, remove, list, get.", no_args_is_help=True)
+    parent.add_typer(app, name="vcluster")
+
+    @app.command("create")
+    def create_cmd(
+        vcluster_id: str,
+        cluster: str = typer.Option(..., "--cluster", "-c", help="The cluster (primary) whose unassigned nodes it takes."),
+        divisible: bool = typer.Option(False, "--divisible", help="Divisible: job clusters are carved from it."),
+        replica_sets: str = ReplicaSets,
+        limits: str = Limits,
+        timeout: float = Timeout,
+        as_json: bool = AsJson,
+        data_dir: Path = DataDir,
+    ) -> None:
+        """Create a virtual cluster from idle unassigned nodes of a cluster.
+
+        Example: `blocks vcluster create team-a --cluster c1 --replica-sets '{"A100": 2}'`
+        """
+        rs = _m()._json_option(replica_sets, "--replica-sets")
+        lim = _m()._json_option(limits, "--limits") if limits else None
+        _follow(lambda c: create(c, vcluster_id, cluster, rs, divisible, lim), timeout, data_dir, as_json)
+
+
+    @app.command("update")
+    def update_cmd(
+        vcluster_id: str,
+        revision: int = typer.Option(..., "--revision", "-r", help="Its latest revision (blocks vcluster get)."),
+        replica_sets: str = ReplicaSets,
+        divisible: bool = typer.Option(None, "--divisible/--indivisible", help="Only to check it (a kind cannot change)."),
+        limits: str = Limits,
+        timeout: float = Timeout,
+        as_json: bool = AsJson,
+        data_dir: Path = DataDir,
+    ) -> None:
+        """Change a virtual cluster's replica sets (scale up from the primary, down by idle nodes).
+
+        Example: `blocks vcluster update team-a --revision 1 --replica-sets '{"A100": 3}'`
+        """
+        rs = _m()._json_option(replica_sets, "--replica-sets")
+        lim = _m()._json_option(limits, "--limits") if limits else None
+        _follow(lambda c: update(c, vcluster_id, revision, rs, divisible, lim), timeout, data_dir, as_json)
+
+
+    @app.command("remove")
+    def remove_cmd(
+        vcluster_id: str, timeout: float = Timeout, as_json: bool = AsJson,
+        data_dir: Path = DataDir,
+    ) -> None:
+        """Remove an empty virtual cluster: its nodes go back to the primary.
+
+        Example: `blocks vcluster remove team-a`
+        """
+        _follow(lambda c: remove(c, vcluster_id), timeout, data_dir, as_json)
+
+
+    @app.command("list")
+    def list_cmd(as_json: bool = AsJson, data_dir: Path = DataDir) -> None:
+        """Every virtual cluster: cluster, kind, revision, replica sets, nodes."""
+        m = _m()
+        recs = m._request(records, data_dir)
+        if as_json:
+            m._print_json([msgspec.to_builtins(r) for r in recs])
+            return
+        t = m._table("virtual cluster", "cluster", "kind", "revision", "replica sets", "nodes", "parent / block")
+        for r in recs:
+            t.add_row(r.id, r.cluster, r.kind.value, str(r.revision), json.dumps(r.replica_sets), str(len(r.nodes)),
+                      " / ".join(x for x in (r.parent, r.block) if x) or "-")
+        m.console.print(t)
+
+
+    @app.command("get")
+    def get_cmd(vcluster_id: str, as_json: bool = AsJson, data_dir: Path = DataDir) -> None:
+        """One virtual cluster as a tree: primary -> it -> its job clusters (node types, counts,
+        revision, blocks running inside)."""
+        m = _m()
+        d = m._request(lambda c: describe(c, vcluster_id), data_dir)
+        if as_json:
+            m._print_json(d)
+            return
+        p = d["primary"]
+        tree = Tree(f"[bold]{p['cluster']}[/] (primary): {p['nodes']} nodes, unassigned {json.dumps(p['unassigned'])}")
+
+        def add(node: Tree, v: dict[str, Any]) -> None:
+            head = (f"[bold]{v['id']}[/] {v['kind']} revision {v['revision']}: {json.dumps(v['counts'])} "
+                    f"of {json.dumps(v['replicaSets'])}")
+            if v["block"]:
+                head += f", block {v['block']}"
+            branch = node.add(head)
+            for nid, n in v["nodes"].items():
+                state = "alive" if n["healthy"] else "[red]dead[/]"
+                where = "" if n["place"] == v["id"] else f" (in {n['place'] or 'the primary'})"
+                branch.add(f"{nid} {n['type']} {state}{'' if n['idle'] else ' busy'}{where}")
+            if v["blocks"]:
+                branch.add("blocks inside: " + ", ".join(v["blocks"]))
+            for j in v["jobClusters"]:
+                add(branch, j)
+
+        add(tree, d["vcluster"])
+        m.console.print(tree)
