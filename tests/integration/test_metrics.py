@@ -134,8 +134,16 @@ async def test_a_real_prometheus_scrapes_a_running_system_and_top_and_scale_see_
                     rate = await until(lambda: promql(http, base, 'sum(rate(aios_executor_tasks_total{block="svc"}[30s])) > 0'))
                     assert float(rate[0]["value"][1]) > 0
                     # each instance's own counter, labelled with its block, instance id and cluster (job aios-instances)
-                    per = await until(lambda: promql(http, base, 'sum by (instance, cluster) (rate(aios_instance_requests_total{block="svc"}[30s])) > 0'))
-                    assert {p["metric"]["instance"] for p in per} == set(await client.store.instances("svc"))
+                    # each instance's series appears after its own second scrape: wait for both
+                    # (until() times out, failing the test, if one never shows)
+                    want = set(await client.store.instances("svc"))
+
+                    async def every_instance() -> list[dict[str, Any]]:
+                        got = await promql(http, base, 'sum by (instance, cluster) (rate(aios_instance_requests_total{block="svc"}[30s])) > 0')
+                        return got if {p["metric"]["instance"] for p in got} == want else []
+
+                    per = await until(every_instance)
+                    assert {p["metric"]["instance"] for p in per} == want and len(want) == 2
                     assert {p["metric"]["cluster"] for p in per} == {"c0"}
                     kinds = await until(lambda: promql(http, base, 'up{job="aios-workers"} == 1'))
                     assert {k["metric"]["kind"] for k in kinds} >= {"parser", "gateway", "controller", "executor", "metrics"}
