@@ -35,10 +35,12 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 
-# the reliability harness at the issue's sizes (1,000 blocks under SIGKILL, 10,000 bad messages);
+# the reliability harness at the issue's sizes (1,000 blocks under SIGKILL, 10,000 bad messages,
+# 1,000 random virtual-cluster operations on real servers);
 # `make test` runs the same scenarios at CI size
 chaos: $(STAMP)
-	AIOS_CHAOS_SCALE=large $(BIN)/pytest -q -ra -s --timeout 3600 tests/chaos
+	AIOS_CHAOS_SCALE=large $(BIN)/pytest -q -ra -s --timeout 3600 tests/chaos \
+		tests/integration/test_vcluster.py::test_random_operations_on_real_servers_keep_every_node_in_one_place
 
 bench: $(STAMP)
 	$(BIN)/python -m bench.run_all

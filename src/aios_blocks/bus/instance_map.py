@@ -29,8 +29,12 @@ OnChange = Callable[[str, dict[str, Any] | None, int], Awaitable[None] | None]
 
 
 class InstanceMaps:
-    def __init__(self, bus: Bus):
+    def __init__(self, bus: Bus, create: bool = True):
         self.bus = bus
+        #: make the bucket when it is missing (the executors, whose role may); a reader whose role
+        #: may not (the metrics collector) waits for it instead of trying, which NATS would log as
+        #: a permission violation
+        self.create = create
         self._kv: Any = None
 
     async def kv(self) -> Any:
@@ -38,6 +42,8 @@ class InstanceMaps:
             try:
                 self._kv = await self.bus.js.key_value(BUCKET)
             except (BucketNotFoundError, NotFoundError):
+                if not self.create:
+                    raise
                 try:
                     self._kv = await self.bus.js.create_key_value(bucket=BUCKET, history=1,
                                                                   replicas=self.bus.settings.stream_replicas)
@@ -112,6 +118,9 @@ class InstanceMaps:
                         await watcher.stop()
             except asyncio.CancelledError:
                 raise
+            except (BucketNotFoundError, NotFoundError):  # no executor has made it yet
+                log.debug("instance_map.no_bucket_yet", bucket=BUCKET)
+                await asyncio.sleep(0.5)
             except Exception as exc:
                 log.warning("instance_map.watch_failed", error=repr(exc))
                 await asyncio.sleep(0.5)

@@ -174,7 +174,7 @@ class Collector:
     async def run(self, stop: asyncio.Event) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
         ready = asyncio.Event()
-        watch = asyncio.get_running_loop().create_task(InstanceMaps(self.w.bus).watch(self.on_map, stop, ready))
+        watch = asyncio.get_running_loop().create_task(InstanceMaps(self.w.bus, create=False).watch(self.on_map, stop, ready))
         runner = web.AppRunner(self.app(), access_log=None)
         try:
             await runner.setup()
