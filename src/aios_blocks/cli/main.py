@@ -334,36 +334,30 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
 def _http_ingress(servers: EmbeddedServers | None) -> None:
     """The executors' HTTP port (``AIOS_EXECUTOR_HTTP_PORT``, else a free one), in the workers'
     environment and in ``endpoints.json`` as ``"http"``."""
-    import socket
-
-    port = os.environ.get("AIOS_EXECUTOR_HTTP_PORT")
-    if not port or port == "0":
-        with socket.socket() as sk:
-            sk.bind(("127.0.0.1", 0))
-            port = str(sk.getsockname()[1])
-        os.environ["AIOS_EXECUTOR_HTTP_PORT"] = port
-    if servers is not None:
-        ep = servers.data_dir / "endpoints.json"
-        doc = json.loads(ep.read_text())
-        doc["http"] = f"http://{os.environ.get('AIOS_EXECUTOR_HTTP_HOST', '127.0.0.1')}:{port}"
-        ep.write_text(json.dumps(doc))
+    _publish_port(servers, "AIOS_EXECUTOR_HTTP_PORT", "AIOS_EXECUTOR_HTTP_HOST", "http")
 
 
 def _metrics_discovery(servers: EmbeddedServers | None) -> None:
     """The metrics collector's discovery port (``AIOS_METRICS_SD_PORT``, else a free one), in the
     workers' environment and in ``endpoints.json`` as ``"metrics"`` (``blocks prometheus-config``)."""
+    _publish_port(servers, "AIOS_METRICS_SD_PORT", "AIOS_METRICS_HOST", "metrics")
+
+
+def _publish_port(servers: EmbeddedServers | None, port_var: str, host_var: str, key: str) -> None:
+    """``port_var`` from the environment, else a free port put there (the workers inherit it), and
+    ``http://{host_var or 127.0.0.1}:{port}`` in ``endpoints.json`` under ``key``."""
     import socket
 
-    port = os.environ.get("AIOS_METRICS_SD_PORT")
+    port = os.environ.get(port_var)
     if not port or port == "0":
         with socket.socket() as sk:
             sk.bind(("127.0.0.1", 0))
             port = str(sk.getsockname()[1])
-        os.environ["AIOS_METRICS_SD_PORT"] = port
+        os.environ[port_var] = port
     if servers is not None:
         ep = servers.data_dir / "endpoints.json"
         doc = json.loads(ep.read_text())
-        doc["metrics"] = f"http://{os.environ.get('AIOS_METRICS_HOST', '127.0.0.1')}:{port}"
+        doc[key] = f"http://{os.environ.get(host_var, '127.0.0.1')}:{port}"
         ep.write_text(json.dumps(doc))
 
 

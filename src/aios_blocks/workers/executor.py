@@ -447,11 +447,8 @@ class Executor:
             await apply(m.data.block_id, lambda cur, b, now: mapper.on_remove_command(m.data, cur, b, now))
 
         @router.on(E.instance_failed)
-        async def on_failed(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_failed(m.data, cur, b, now))
-
         @router.on(E.instance_unhealthy)
-        async def on_unhealthy(m: Inbound[Any]) -> None:
+        async def on_failed(m: Inbound[Any]) -> None:
             await apply(m.data.block_id, lambda cur, b, now: mapper.on_failed(m.data, cur, b, now))
 
         @router.on(E.instance_removed)
