@@ -153,7 +153,13 @@ async def test_a_real_prometheus_scrapes_a_running_system_and_top_and_scale_see_
                 r = await asyncio.to_thread(up.cli, "top", "svc", "--json")
                 doc = json.loads(r.stdout) if r.returncode == 0 else {}
                 insts = doc.get("instances", {})
-                return doc if len(insts) == 2 and all((s.get("rate") or 0) > 0 for s in insts.values()) else None
+                # every instance up, serving, with a latency figure: on 2 busy cores one scrape may
+                # time out (up false) or one window may hold no finished request (p50 None); the
+                # next samples have them, and until() fails the test if they never come
+                full = len(insts) == 2 and all(
+                    (s.get("rate") or 0) > 0 and s.get("up") and s.get("latency_p50_ms") is not None for s in insts.values()
+                )
+                return doc if full else None
 
             doc = await until(served, 30)
             assert doc["block"]["rate"] > 0 and doc["block"]["ready"] == 2 and doc["block"]["cluster"] == "c0"

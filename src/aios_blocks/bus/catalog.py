@@ -216,6 +216,11 @@ class E:
         "cluster.scale", f"{_C}.scale", ev.ScaleRequest, (A, C), "place one more instance (CLI / autoscaler)",
         id_rule="{block_id}:{gen}:scale:{request_id}",
     )
+    block_scale_target = Event(
+        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C),
+        "desired instance count (CLI --to, autoscaler, activator): the controller reaches it with scale / scale_down",
+        id_rule="{block_id}:{gen}:scale.target:{request_id}",
+    )
     cluster_reassignment = Event(
         "cluster.reassignment", f"{_C}.reassignment", ev.ReassignRequest, (A, C),
         "move one instance (CLI / health checker / controller after a fault)",

@@ -141,6 +141,21 @@ class ScaleRequest(msgspec.Struct):
     gen: int = 0
 
 
+class ScaleTarget(msgspec.Struct):
+    """A block's desired instance count (``blocks scale BID --to N``, the autoscaler, the executor
+    waking a block scaled to zero). The controller reaches it with ``scale`` and ``scale_down``
+    steps; the framework clamps it to ``[minInstances, maxInstances]``."""
+
+    block_id: str
+    request_id: str
+    target: int
+    reason: str = ""
+    #: who asked: ``cli``, ``autoscaler``, ``activator`` (executor, first task of a block at zero)
+    source: str = "cli"
+    #: the block's generation when the request was made (0: whichever is current)
+    gen: int = 0
+
+
 class ReassignRequest(msgspec.Struct):
     block_id: str
     cluster_id: str
