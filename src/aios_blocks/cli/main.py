@@ -1379,7 +1379,7 @@ def policy_test(
 @policy_app.command("input")
 def policy_input(
     bid: str = typer.Argument(..., help="Block whose recorded policy call to dump."),
-    step: str = typer.Option("allocation", "--step", help="The call's action: selection, dry_run, post_dry_run, allocation, scale, reassignment."),
+    step: str = typer.Option("allocation", "--step", help="The call's action: selection, dry_run, post_dry_run, allocation, scale, scale_down, reassignment."),
     index: int = typer.Option(-1, "--index", help="Which call of that step, oldest first (0, 1, ...; -1 = the last)."),
     output: Path = typer.Option(None, "--output", "-o", help="Write the input here instead of stdout."),
     data_dir: Path = DataDir,
