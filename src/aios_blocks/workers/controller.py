@@ -446,7 +446,7 @@ async def scale_target(w: Worker, ev: ScaleTarget, seq: int) -> None:
         return
     ir, gen = block["ir"], block["gen"]
     target, note = scaling.clamp(int(ev.target), int(ir["minInstances"]), int(ir["maxInstances"]))
-    reason = "; ".join(x for x in (f"{ev.source}: {ev.reason}" if ev.reason else ev.source, f"clamped: {note}" if note else "") if x)
+    reason = scaling.target_reason(ev.source, ev.reason, note)
     ok, info = await w.store.set_desired(bid, gen, target, seq, LIVE, desired_reason=reason, desired_request=ev.request_id)
     if not ok:
         log.info("scale.target_ignored", block=bid, target=target, why=info)
