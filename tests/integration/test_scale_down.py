@@ -168,6 +168,30 @@ async def test_redelivered_target_and_step_do_not_remove_twice(system: System) -
     await asyncio.sleep(1.0)
     assert len(await c.store.instances(bid)) == 1
 
+    # a target for a block that is not live (unknown, deleted): a clear failed event, nothing else
+    await c.bus.emit(E.block_scale_target, ScaleTarget("sdn-ghost", "ghost-1", 2))
+
+    async def ghost_failed() -> bool:
+        return bool(await _events(system, "sdn-ghost", "scale.failed"))
+
+    await until(ghost_failed)
+    failed = (await _events(system, "sdn-ghost", "scale.failed"))[0]
+    assert failed["step"] == "scale.target" and failed["reason"] == "target 2 not applied: unknown block"
+    await c.delete(bid)
+
+    async def deleted() -> bool:
+        return (await c.store.get_block(bid))["status"] == "deleted"
+
+    await until(deleted)
+    await c.bus.emit(E.block_scale_target, ScaleTarget(bid, "late-1", 3, gen=gen))
+
+    async def late_failed() -> bool:
+        return any(e["request_id"] == "late-1" for e in await _events(system, bid, "scale.failed"))
+
+    await until(late_failed)
+    failed = next(e for e in await _events(system, bid, "scale.failed") if e["request_id"] == "late-1")
+    assert failed["reason"] == "target 3 not applied: block is deleted"
+
 
 async def test_policy_names_the_instance_raises_or_does_not_know_the_action(system: System) -> None:
     c = system.client
