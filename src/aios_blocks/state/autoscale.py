@@ -60,15 +60,13 @@ class AutoscaleStore:
         if not bids:
             return []
         ttl = str(max(1, int(ttl_s * 1000)))
-        pipe = self.r.pipeline(transaction=False)
-        for bid in bids:
-            pipe.evalsha(self._lease.sha, 1, autoscale_lease_key(bid), holder, ttl)
-        try:
-            out = await pipe.execute()
-        except Exception as exc:  # the script cache was flushed (a restarted Redis): load it and retry
-            if "NOSCRIPT" not in str(exc):
-                raise
-            out = [await self._lease(keys=[autoscale_lease_key(bid)], args=[holder, ttl]) for bid in bids]
+        # the first through the script object (it loads the script after a Redis restart), the rest pipelined
+        out = [await self._lease(keys=[autoscale_lease_key(bids[0])], args=[holder, ttl])]
+        if len(bids) > 1:
+            pipe = self.r.pipeline(transaction=False)
+            for bid in bids[1:]:
+                pipe.evalsha(self._lease.sha, 1, autoscale_lease_key(bid), holder, ttl)
+            out += await pipe.execute()
         return [bid for bid, ok in zip(bids, out, strict=True) if ok]
 
     async def release(self, bids: list[str], holder: str) -> None:
