@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 from aios_blocks.cli.client import Client
+from aios_blocks.handlers.explain import explain
 from aios_blocks.settings import Settings
 from aios_blocks.state.keys import block_key
 from aios_blocks.workers.autoscaler import Autoscaler
@@ -131,6 +132,12 @@ async def test_two_copies_decide_each_block_once_per_tick_and_hand_over_with_the
         for bid in held_by_a[1:]:
             assert len(await env.events(bid, "scale.target")) == 1  # a's ask is remembered: not repeated
         assert env.violations() == []
+        # blocks explain tells why it grew, from the stream alone
+        x = explain([(s, e) for s, e, _ in await env.admin.history(held_by_a[0], idle=0.3)])
+        assert [(d["from"], d["to"], d["proposal"]) for d in x["autoscaler"]["decisions"]] == [(2, 8, 10), (8, 10, 10)]
+        assert "20 ongoing" in x["autoscaler"]["decisions"][1]["reason"] and x["autoscaler"]["decisions"][1]["rules"]
+        assert [t["source"] for t in x["targets"]] == ["autoscaler", "autoscaler"]
+        assert x["decisions"]["by_policy"]["autoscaler:autoscaler@builtin:target-inflight"]["actions"] == {"autoscale": 2}
     finally:
         await wa.close()
         await wb.close()
@@ -176,5 +183,8 @@ async def test_a_failing_policy_never_changes_the_count_and_its_failure_is_store
         assert [t["target"] for t in await env.events("as-ok", "scale.target")] == [4]
         assert await env.events("as-stale", "scale.target") == []
         assert env.violations() == []
+        x = explain([(s, e) for s, e, _ in await env.admin.history("as-hang", idle=0.3)])
+        assert x["autoscaler"]["decisions"] == [] and len(x["autoscaler"]["failures"]) == 1
+        assert "timed out" in x["autoscaler"]["failures"][0]["reason"] and x["autoscaler"]["failures"][0]["count"] == 3
     finally:
         await w.close()
