@@ -40,6 +40,8 @@ try:
 except ImportError:  # run as a script
     import common  # type: ignore[no-redef]
 
+import itertools
+
 from aios_blocks.handlers import autoscale as a
 from aios_blocks.policies.builtin.autoscale import TargetInflightPolicy
 
@@ -116,10 +118,8 @@ def simulate(rates: list[float], ph: dict[str, int], start_delay_s: float, decid
     first = ups[0][0] if ups else float("nan")
     need_high = math.ceil(100.0 * SERVICE_S / TARGET)
     reached = [d[0] for d in decisions if d[2] >= need_high and d[0] >= ph["step"]]
-    steady = [d for d in decisions if ph["steady"] <= d[0] < ph["zero"]]
     moves = [1 if d[2] > d[1] else -1 for d in decisions if d[0] >= ph["step"] and d[0] < ph["zero"]]
-    rev = sum(1 for x, y in zip(moves, moves[1:], strict=False) if x != y)
-    del steady
+    rev = sum(1 for x, y in itertools.pairwise(moves) if x != y)
     at_min = [d[0] for d in decisions if d[0] >= ph["zero"] and d[2] == lo]
     return SimResult(first - ph["step"], (reached[0] + start_delay_s - first) if reached else float("nan"), over, under, rev,
                      (at_min[0] - ph["zero"]) if at_min else float("nan"))
@@ -144,7 +144,7 @@ def ray_defaults() -> tuple[dict[str, float], str]:
     doc = {"target_ongoing_requests": 2.0, "upscale_delay_s": 30.0, "downscale_delay_s": 600.0, "look_back_period_s": 30.0,
            "metrics_interval_s": 10.0, "upscaling_factor": 1.0, "downscaling_factor": 1.0}
     try:
-        from ray.serve.config import AutoscalingConfig  # type: ignore[import-not-found]
+        from ray.serve.config import AutoscalingConfig  # type: ignore[import-not-found,unused-ignore]
 
         cfg = AutoscalingConfig()
         got = {k: float(getattr(cfg, k) or doc[k]) for k in doc if hasattr(cfg, k)}
@@ -307,7 +307,7 @@ async def _e2e(start_delay_s: float, quick: bool) -> list[common.Row]:
     added = [t for t, k, _ in events if k.startswith("instance.") and k.endswith(".added") and t >= first_t]
     downs = [d for t, k, d in events if k == "autoscaled" and t >= step_at and d.get("desired", 0) < d.get("current", 0)]
     moves = [1 if d.get("desired", 0) > d.get("current", 0) else -1 for t, k, d in events if k == "autoscaled" and t < zero_at]
-    rev = sum(1 for x, y in zip(moves, moves[1:], strict=False) if x != y)
+    rev = sum(1 for x, y in itertools.pairwise(moves) if x != y)
     na = "n/a: no controller reached the target (block.scale.target not consumed yet)"
     return [
         common.row(g, "step 5 -> 50 tasks/s -> decision", first_t - step_at, "s", None,
