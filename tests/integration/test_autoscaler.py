@@ -10,6 +10,7 @@ checked is what the worker publishes (``block.autoscaled``, ``block.scale.target
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -188,3 +189,63 @@ async def test_a_failing_policy_never_changes_the_count_and_its_failure_is_store
         assert "timed out" in x["autoscaler"]["failures"][0]["reason"] and x["autoscaler"]["failures"][0]["count"] == 3
     finally:
         await w.close()
+
+
+# -- end to end: blocks up, simulated instances serving, the controller reaching the targets ----------
+async def test_a_block_grows_under_load_and_shrinks_back_to_min_after_it(system: Any) -> None:
+    """builtin:target-inflight on a block of simulated instances (0.3 s a task): 12 tasks kept in
+    flight through the executor ask for 6 instances (target 2 each, maxInstances 4 caps it); when
+    the load stops the block goes back to minInstances. Short windows keep the test quick."""
+    from .conftest import COMPONENT
+
+    c = system.client
+    await c.add_sim_cluster("as-e2e", nodes=2, gpus=4)
+    params = {"target": 2, "upscaleDelayS": 0, "stableWindowS": 8, "burstWindowS": 4, "downscaleDelayS": 4}
+    bid, kind, _ = await system.submit_and_wait({
+        "blockComponentURI": COMPONENT["componentURI"], "blockId": "as-grow", "minInstances": 1, "maxInstances": 4,
+        "parameters": {"sim": {"serviceTimeMs": 300}},
+        "policyRulesSpec": [{"values": {"name": "autoscaler", "policyRuleURI": "builtin:target-inflight", "parameters": params}}],
+    })
+    assert kind == "ready"
+
+    async def live() -> int:
+        return sum(1 for r in (await c.store.instances(bid)).values() if r.get("status") != "removing")
+
+    async with asyncio.timeout(30):  # the executors have the block's map
+        while (await c.task(bid, b'{"x": 1}', timeout=10))[0] != 200:
+            await asyncio.sleep(0.2)
+    stop = asyncio.Event()
+    answered: list[int] = []
+
+    async def loop() -> None:
+        while not stop.is_set():
+            status, _, _ = await c.task(bid, b'{"x": 1}', timeout=20)
+            answered.append(status)
+            if status != 200:
+                await asyncio.sleep(0.2)
+
+    loops = [asyncio.get_running_loop().create_task(loop()) for _ in range(12)]
+    try:
+        async with asyncio.timeout(90):
+            while await live() < 4:
+                await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.gather(*loops, return_exceptions=True)
+    assert answered and all(s == 200 for s in answered), sorted(set(answered))
+    async with asyncio.timeout(90):  # the load is gone: back to minInstances
+        while await live() > 1:
+            await asyncio.sleep(0.5)
+    hist = await c.history(bid, idle=0.5)
+    decisions = [env["data"] for s, env, _ in hist if s.endswith(".autoscaled")]
+    ups = [d for d in decisions if d["desired"] > d["current"]]
+    downs = [d for d in decisions if d["desired"] < d["current"]]
+    assert ups and downs and downs[-1]["desired"] == 1, decisions
+    assert all("ongoing" in d["reason"] and d["rules"] is not None for d in decisions)
+    targets = [env["data"] for s, env, _ in hist if s.endswith(".scale.target")]
+    assert [t["target"] for t in targets] == [d["desired"] for d in decisions] and {t["source"] for t in targets} == {"autoscaler"}
+    assert any(s.endswith(".placement") and env["data"]["action"] == "scale" for s, env, _ in hist)
+    x = explain([(s, e) for s, e, _ in hist])
+    assert [(d["from"], d["to"]) for d in x["autoscaler"]["decisions"]] == [(d["current"], d["desired"]) for d in decisions]
+    log = (system.data_dir / "nats.log").read_text()
+    assert "Violation" not in log
