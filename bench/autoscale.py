@@ -274,12 +274,12 @@ async def _e2e(start_delay_s: float, quick: bool) -> list[common.Row]:
                 watcher = asyncio.get_running_loop().create_task(follow())
                 stats: dict[str, int] = {}
                 base, high = 5.0, 50.0
-                await _load(client, bid, base, 10 if quick else 20, stats)  # warm: the collector's windows fill
+                await _load(client, bid, base, 10 if quick else 15, stats)  # warm: the collector's windows fill
                 step_at = time.time()
-                await _load(client, bid, high, 25 if quick else 40, stats)
+                await _load(client, bid, high, 20 if quick else 30, stats)
                 zero_at = time.time()
                 back_at = None
-                deadline = time.time() + (60 if quick else 90)
+                deadline = time.time() + 60
                 while time.time() < deadline:
                     insts = await client.store.instances(bid)
                     # back at min by a decision of the autoscaler (a count that never grew is not "back")
