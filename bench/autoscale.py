@@ -300,12 +300,12 @@ async def _e2e(start_delay_s: float, quick: bool) -> list[common.Row]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-    ups = [(t, d) for t, k, d in events if k == "autoscaled" and t >= step_at and d.get("desired", 0) > d.get("current", 0)]
+    ups = [(t, d) for t, k, d in events if k == "autoscaled" and step_at <= t < zero_at and d.get("desired", 0) > d.get("current", 0)]
     first_t, first = ups[0] if ups else (float("nan"), {})
     rid = first.get("request_id", "")
     placed = [t for t, k, d in events if k == "placement" and t >= first_t]
     added = [t for t, k, _ in events if k.startswith("instance.") and k.endswith(".added") and t >= first_t]
-    downs = [d for t, k, d in events if k == "autoscaled" and t >= step_at and d.get("desired", 0) < d.get("current", 0)]
+    downs = [d for t, k, d in events if k == "autoscaled" and step_at <= t < zero_at and d.get("desired", 0) < d.get("current", 0)]
     moves = [1 if d.get("desired", 0) > d.get("current", 0) else -1 for t, k, d in events if k == "autoscaled" and t < zero_at]
     rev = sum(1 for x, y in itertools.pairwise(moves) if x != y)
     na = "n/a: no controller reached the target (block.scale.target not consumed yet)"
@@ -316,7 +316,7 @@ async def _e2e(start_delay_s: float, quick: bool) -> list[common.Row]:
                    f"request {rid}" if placed else na),
         common.row(g, "decision -> new instance serving", (added[0] - first_t) if added else float("nan"), "s", None,
                    "first instance.added after the decision" if added else na),
-        common.row(g, "reversals under load", float(rev), "", None, f"{len(ups)} up, {len(downs)} down decisions"),
+        common.row(g, "reversals under load", float(rev), "", None, f"{len(ups)} up, {len(downs)} down decisions under load"),
         common.row(g, "load 0 -> back to min", (back_at - zero_at) if back_at else float("nan"), "s", None,
                    "stableWindowS 20, downscaleDelayS 10" if back_at else na),
         common.row(g, "tasks answered / refused / failed", float(stats.get("ok", 0)), "tasks", None,
