@@ -256,3 +256,31 @@ async def test_the_runtime_fails_a_builtin_call_with_bad_parameters_and_checks_s
         await rt.invoke(rule, "b1.autoscaler", _input(inflight=3.0))
     rule["parameters"] = {"target": 1}
     assert (await rt.invoke(rule, "b1.autoscaler", _input(inflight=3.0)))["desired"] == 3
+
+
+# -- blocks explain --------------------------------------------------------------------------------------
+def test_explain_lists_decisions_failures_and_targets_and_renders_them() -> None:
+    from aios_blocks.cli import main as cli
+    from aios_blocks.handlers.explain import explain
+
+    def ev(kind: str, t: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        return f"aios.block.bx.{kind}", {"time": f"2026-11-25T20:00:{t}Z", "data": data}
+
+    events = [
+        ev("autoscaled", "01", block_id="bx", gen=1, request_id="as1-1", current=1, desired=4, raw=10, rules=["burst: ..."],
+           reason="20 ongoing", in_burst=True, inputs={"inflight": 20}),
+        ev("scale.target", "01", block_id="bx", request_id="as1-1", target=4, source="autoscaler", reason="autoscaler: 1 -> 4"),
+        ev("autoscale.failed", "09", block_id="bx", gen=1, request_id="asf2-1", reason="raised KeyError", current=4, quiet=3),
+        ev("scale.target", "20", block_id="bx", request_id="cli-1", target=2, source="cli", reason="by hand"),
+        ev("autoscaled", "40", block_id="bx", gen=1, request_id="as3-1", current=2, desired=1, raw=0, rules=["downscale delay: ..."],
+           reason="0 ongoing"),
+    ]
+    x = explain(events)
+    assert [(d["from"], d["to"], d["proposal"], d["reason"]) for d in x["autoscaler"]["decisions"]] == [
+        (1, 4, 10, "20 ongoing"), (2, 1, 0, "0 ongoing")]
+    assert x["autoscaler"]["failures"] == [{"time": "2026-11-25T20:00:09Z", "reason": "raised KeyError", "count": 4, "quiet": 3}]
+    assert [(t["target"], t["source"]) for t in x["targets"]] == [(4, "autoscaler"), (2, "cli")]
+    with cli.console.capture() as cap:
+        cli._render_explain(x)
+    text = cap.get()
+    assert "autoscaler decisions" in text and "1 -> 4" in text and "raised KeyError" in text and "asked by cli" in text
