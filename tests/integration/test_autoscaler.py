@@ -172,6 +172,8 @@ async def test_a_failing_policy_never_changes_the_count_and_its_failure_is_store
             assert res["as-stale"].what == "skipped"
             for bid in (*BAD, "as-badparam"):
                 assert res[bid].what == "failed" and res[bid].outcome is None
+        # the hung policy is not called again on the next tick (its thread may still be busy)
+        assert "not called again" in res["as-hang"].reason and "not called again" not in res["as-raise"].reason
         expected = {**{b: why for b, (_, why) in BAD.items()}, "as-badparam": "tolerance must be in [0, 1)"}
         for bid, why in expected.items():
             failed = await env.events(bid, "autoscale.failed")

@@ -284,3 +284,13 @@ def test_explain_lists_decisions_failures_and_targets_and_renders_them() -> None
         cli._render_explain(x)
     text = cap.get()
     assert "autoscaler decisions" in text and "1 -> 4" in text and "raised KeyError" in text and "asked by cli" in text
+
+
+def test_timed_out_calls_back_off_exponentially_up_to_a_minute() -> None:
+    st = a.State(gen=1)
+    waits = []
+    for _ in range(8):
+        st = a.timed_out(1000.0, st, 2.0)
+        waits.append(st.backoff_until - 1000.0)
+    assert waits == [4, 8, 16, 32, 60, 60, 60, 60] and st.timeouts == 8
+    assert a.recovered(st).timeouts == 0 and a.recovered(st).backoff_until == 0

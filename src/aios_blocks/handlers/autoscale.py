@@ -128,6 +128,10 @@ class State(msgspec.Struct, omit_defaults=True):
     failed_at: float = 0.0
     failed_reason: str = ""
     failed_quiet: int = 0
+    #: consecutive timed-out calls, and until when the policy is not called again (its thread
+    #: may still be busy: a hung Python policy must not take a new thread every tick)
+    timeouts: int = 0
+    backoff_until: float = 0.0
     #: the latest tick, whatever it did (``blocks top`` / explain may show it; never an event)
     latest: dict[str, Any] = {}
 
@@ -259,11 +263,18 @@ def failed(now: float, state: State, reason: str, every_s: float) -> tuple[bool,
     return False, msgspec.structs.replace(state, failed_quiet=state.failed_quiet + 1)
 
 
+def timed_out(now: float, state: State, tick_s: float, cap_s: float = 60.0) -> State:
+    """A call that overran its time limit: the next call waits ``tick * 2^n`` (n consecutive
+    timeouts, at most ``cap_s``), since a Python call that never returns keeps its thread."""
+    n = state.timeouts + 1
+    return msgspec.structs.replace(state, timeouts=n, backoff_until=now + min(cap_s, tick_s * 2 ** n))
+
+
 def recovered(state: State) -> State:
     """A tick that worked after failures: the next failure is stored whatever its reason."""
-    if not state.failed_reason:
+    if not state.failed_reason and not state.timeouts:
         return state
-    return msgspec.structs.replace(state, failed_reason="", failed_quiet=0)
+    return msgspec.structs.replace(state, failed_reason="", failed_quiet=0, timeouts=0, backoff_until=0.0)
 
 
 # -- the policy's input and answer -------------------------------------------------------------------

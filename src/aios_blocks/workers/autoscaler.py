@@ -20,6 +20,11 @@ Every ``AIOS_AUTOSCALE_TICK_S`` (2 s) it:
    are wrong) changes nothing either: it publishes ``block.autoscale.failed`` with the reason, at
    most once per ``AIOS_AUTOSCALE_FAILURE_RECORD_S`` per block unless the reason changes.
 
+A Python policy call that overruns its time limit keeps its thread (Python cannot stop it): the
+block's policy is then not called again for ``tick * 2^n`` (n consecutive timeouts, at most
+60 s), those ticks failing with the same reason, so a hung policy takes a thread a minute at
+most, not one per tick.
+
 A target already asked for and not yet reached is not asked again for ``RETARGET_S`` (a controller
 that cannot place more must not get a new event every tick).
 """
@@ -154,6 +159,11 @@ class Autoscaler:
                  for iid, rec in sorted((data.get("instances") or {}).items()) if rec.get("status") != "removing"}
         block_metrics = {**sample, "history": data.get("window") or []}
         input_data = a.policy_input(bid, insts, block_metrics, current, lo, hi, state)
+        if now < state.backoff_until:  # its last call timed out: its thread may still be busy
+            why = f"{state.failed_reason} (not called again for {state.backoff_until - now:.0f} s)"
+            state.failed_quiet += 1
+            state.latest = {"t": round(now, 3), "current": current, "failed": why}
+            return TickResult("failed", None, why), state
         started = time.perf_counter()
         result: Any = None
         logs: list[list[str]] = []
@@ -162,7 +172,9 @@ class Autoscaler:
             result, logs = await self._call(ir, rule, input_data)
             raw, reason = a.read_answer(result)
         except (PolicyFailed, a.BadParameters) as exc:
-            why = exc.reason if isinstance(exc, PolicyFailed) else str(exc)
+            why = f"autoscaler policy {rule.get('policyRuleURI', '?')} {exc.reason}" if isinstance(exc, PolicyFailed) else str(exc)
+            if isinstance(exc, PolicyFailed) and exc.reason.startswith(("timed out", "loading timed out")):
+                state = a.timed_out(now, state, self.s.autoscale_tick_s)
             return await self._failed(now, bid, gen, rule, input_data, why, current, state, time.perf_counter() - started, logs)
         seconds = time.perf_counter() - started
         state = a.recovered(state)
