@@ -183,6 +183,10 @@ async def test_a_failing_policy_never_changes_the_count_and_its_failure_is_store
             assert len(await env.admin.store.instances(bid)) == 3
             state = msgspec.json.decode(await w.store.autoscale.state(bid) or "{}")
             assert state["failed_quiet"] == 1 and why in state["latest"]["failed"]
+        from aios_blocks.cli import top
+
+        shown = await top.read(env.admin.store, "as-raise")  # blocks top BID: the latest tick
+        assert "raised KeyError" in shown["autoscaler"]["failed"] and shown["autoscaler"]["current"] == 3
         assert [t["target"] for t in await env.events("as-ok", "scale.target")] == [4]
         assert await env.events("as-stale", "scale.target") == []
         assert env.violations() == []

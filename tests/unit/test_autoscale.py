@@ -294,3 +294,23 @@ def test_timed_out_calls_back_off_exponentially_up_to_a_minute() -> None:
         waits.append(st.backoff_until - 1000.0)
     assert waits == [4, 8, 16, 32, 60, 60, 60, 60] and st.timeouts == 8
     assert a.recovered(st).timeouts == 0 and a.recovered(st).backoff_until == 0
+
+
+def test_blocks_top_shows_the_autoscalers_latest_tick() -> None:
+    import io
+
+    from rich.console import Console
+
+    from aios_blocks.cli import top
+
+    def text(latest: dict[str, Any]) -> str:
+        out = io.StringIO()
+        Console(file=out, width=250).print(top.table({"block": {"t": 100.0}, "instances": {}, "autoscaler": latest}, "bx", now=101.0))
+        return out.getvalue()
+
+    held = text({"t": 100.0, "current": 3, "raw": 3.4, "desired": 3, "rules": ["tolerance: stable mean 3.20 within 10% of 3"],
+                 "reason": "6.8 ongoing"})
+    assert "autoscaler (1s ago): stays 3, proposal 3.4 (6.8 ongoing); tolerance" in held
+    assert "1 -> 4" in text({"t": 100.0, "current": 1, "raw": 10, "desired": 4, "rules": [], "reason": ""})
+    assert "tick failed, count stays 2: autoscaler policy registry:p raised" in text(
+        {"t": 100.0, "current": 2, "failed": "autoscaler policy registry:p raised KeyError"})
