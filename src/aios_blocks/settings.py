@@ -70,6 +70,18 @@ class Settings(BaseSettings):
     metrics_rate_span_s: float = Field(10.0, gt=0, description="span of the collector's rates and latency quantiles")
     metrics_scrape_timeout_s: float = Field(0.5, gt=0, description="time limit of one /metrics scrape by the collector")
     metrics_target_ttl_s: float = Field(15.0, gt=0, description="a worker's /metrics registration lapses this long after its last refresh")
+    # -- autoscaler (docs/autoscaling.md; the rule parameters in brackets override per block) -------
+    autoscale_tick_s: float = Field(2.0, gt=0, description="how often the autoscaler decides each block's instance count (Knative ticks every 2 s)")
+    autoscale_policy_timeout_s: float = Field(1.0, gt=0, description="time limit of one Python autoscaler policy call (a call past it fails that tick)")
+    autoscale_tolerance: float = Field(0.1, ge=0, lt=1, description="a stable mean within this fraction of the current count changes nothing [tolerance]")
+    autoscale_upscale_delay_s: float = Field(2.0, ge=0, description="a larger count must be wanted this long before the block grows (outside a burst) [upscaleDelayS]")
+    autoscale_downscale_delay_s: float = Field(30.0, ge=0, description="a smaller count must be wanted this long before the block shrinks [downscaleDelayS]")
+    autoscale_stable_window_s: float = Field(60.0, gt=0, description="the policy's proposals are averaged over this window (Knative's stable window) [stableWindowS]")
+    autoscale_burst_window_s: float = Field(6.0, gt=0, description="short window (Knative's panic window): a mean proposal here of burstThreshold x the count grows the block at once and blocks scale-down [burstWindowS]")
+    autoscale_burst_threshold: float = Field(2.0, gt=1, description="burst when the burst window's mean proposal is at least this many times the current count [burstThreshold]")
+    autoscale_max_up_factor: float = Field(4.0, gt=1, description="one step grows a block to at most this many times its count (at least +1) [maxUpFactor]")
+    autoscale_max_down_factor: float = Field(2.0, gt=1, description="one step shrinks a block to no less than its count divided by this (at least -1) [maxDownFactor]")
+    autoscale_failure_record_s: float = Field(60.0, ge=0, description="a block whose autoscaler policy keeps failing gets one stored failure per this many seconds (or when the reason changes)")
     # -- processes ---------------------------------------------------------------------------------
     warm_timeout_s: float = Field(60.0, gt=0, description="how long a starting worker waits for NATS and Redis")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")

@@ -309,6 +309,12 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
     for subject in ("aios.block.w-1.create", "aios.block.w-1.instance.i.added", "aios.node.w1.registered"):
         await controller.nc.publish(subject, b"{}")
         assert await controller.denied(subject), subject
+    autoscaler = await connect(ep.nats_url("autoscaler"))  # targets and its decisions only: never a placement
+    for subject in ("aios.cluster.w1.scale", "aios.node.w1.instance.create", "aios.block.w-1.ready"):
+        await autoscaler.nc.publish(subject, b"{}")
+        assert await autoscaler.denied(subject), subject
+    await autoscaler.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.controller", b"{}")
+    assert await autoscaler.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.controller")
     for subject in ("aios.block.w-1.ready", "aios.node.w1.instance.create"):
         assert not await stored(admin, subject)
 
@@ -500,7 +506,7 @@ def _worker_users(system: System) -> dict[str, str]:
 async def test_workers_run_as_their_roles_and_the_flow_needs_no_more(system: System) -> None:
     assert system.servers is not None and system.servers.auth
     users = _worker_users(system)
-    for kind in ("parser", "gateway", "controller", "agent-sim"):
+    for kind in ("parser", "gateway", "controller", "agent-sim", "autoscaler"):
         assert users[kind] == kind and users[kind + ":redis"] == "aios"
     await system.client.add_sim_cluster("c0", nodes=2, gpus=2)
     _, kind, _ = await system.submit_and_wait({"blockComponentURI": COMPONENT["componentURI"], "minInstances": 2,

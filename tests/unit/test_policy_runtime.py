@@ -134,7 +134,7 @@ async def test_a_policy_that_raises_is_policy_failed() -> None:
 async def test_a_policy_with_an_unknown_action_is_policy_failed() -> None:
     reg = Registry()
     reg.put("p", src("return {'node_id': 'n1'}"))
-    exc = await failed(PolicyRuntime(lookup=reg.lookup), rule("registry:p"), {"action": "autoscale"})
+    exc = await failed(PolicyRuntime(lookup=reg.lookup), rule("registry:p"), {"action": "teleport"})
     assert "unknown action" in exc.reason
 
 

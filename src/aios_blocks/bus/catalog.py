@@ -48,6 +48,8 @@ class Role(enum.StrEnum):
     AGENT = "agent"
     #: block services that serve tasks (executor, mapper): answer ``block.task`` requests
     EXECUTOR = "executor"
+    #: the autoscaler (``blocks worker autoscaler``): decisions and instance targets
+    AUTOSCALER = "autoscaler"
     #: each role's consumer runner dead-letters its own consumers' messages
     RUNNER = "runner"
 
@@ -173,6 +175,7 @@ _I = f"{_B}.instance.{{iid}}"
 _V = f"{ROOT}.vcluster.{{vid}}"
 _VID = (("vid", "vcluster_id"),)
 U, A, PA, G, C, AG, R = Role.UPSTREAM, Role.ADMIN, Role.PARSER, Role.GATEWAY, Role.CONTROLLER, Role.AGENT, Role.RUNNER
+AS = Role.AUTOSCALER
 
 
 class E:
@@ -217,9 +220,21 @@ class E:
         id_rule="{block_id}:{gen}:scale:{request_id}",
     )
     block_scale_target = Event(
-        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C),
+        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C, AS),
         "desired instance count (CLI --to, autoscaler, activator): the controller reaches it with scale / scale_down",
         id_rule="{block_id}:{gen}:scale.target:{request_id}",
+    )
+    block_autoscaled = Event(
+        "block.autoscaled", f"{_B}.autoscaled", ev.Autoscaled, (AS,),
+        "the autoscaler changed the block's instance target: current, the policy's proposal and reason, the "
+        "framework's rules that shaped it, the inputs (a block.scale.target follows)",
+        id_rule="{block_id}:{gen}:autoscaled:{request_id}",
+    )
+    block_autoscale_failed = Event(
+        "block.autoscale.failed", f"{_B}.autoscale.failed", ev.AutoscaleFailed, (AS,),
+        "an autoscaler tick failed (policy raised, timed out, wrong shape, bad parameters): the count stays; "
+        "at most one per block per AIOS_AUTOSCALE_FAILURE_RECORD_S unless the reason changes",
+        id_rule="{block_id}:{gen}:autoscale.failed:{request_id}",
     )
     cluster_scale_down = Event(
         "cluster.scale_down", f"{_C}.scale_down", ev.ScaleDownRequest, (A, C),
@@ -329,7 +344,7 @@ class E:
         id_rule="{block_id}:decision:{kind}:{action}:{input_digest}",
     )
     policy_input: Event[Any] = Event(
-        "input", f"{ROOT}.input.{{digest}}", None, (G, C), "a large policy input, stored once by digest",
+        "input", f"{ROOT}.input.{{digest}}", None, (G, C, AS), "a large policy input, stored once by digest",
         body=Body.RAW, id_rule="input:{digest}",
     )
     inventory_hint = Event(

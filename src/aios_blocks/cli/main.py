@@ -424,8 +424,8 @@ def task(
 
 @app.command()
 def worker(
-    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics"),
-    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks."),
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics | autoscaler"),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a
@@ -1248,6 +1248,21 @@ def _render_explain(x: dict[str, Any]) -> None:
         console.print(t)
     for f in x["failures"]:
         console.print(f"[red]{f['step']} failed[/]: {f['reason']}")
+    auto = x.get("autoscaler") or {}
+    if auto.get("decisions"):
+        t = Table(title="autoscaler decisions")
+        for col in ("time", "count", "policy proposal", "policy's reason", "framework rules"):
+            t.add_column(col, overflow="fold")
+        for a in auto["decisions"]:
+            arrow = "[green]grew[/]" if (a["to"] or 0) > (a["from"] or 0) else "[yellow]shrank[/]"
+            t.add_row(str(a["time"])[11:19], f"{a['from']} -> {a['to']} {arrow}", f"{a['proposal']:g}", a["reason"], "; ".join(a["rules"]))
+        console.print(t)
+    for f in auto.get("failures") or []:
+        quiet = f" ({f['quiet']} more failed ticks before, not stored)" if f.get("quiet") else ""
+        console.print(f"[red]autoscaler tick failed[/] {str(f['time'])[11:19]}: {f['reason']} - count stays {f['count']}{quiet}")
+    others = [t for t in x.get("targets") or [] if t["source"] != "autoscaler"]
+    for tg in others:
+        console.print(f"instance target {tg['target']} asked by {tg['source']} {str(tg['time'])[11:19]}: {tg['reason']}")
     d = x["decisions"]
     if d["count"]:
         console.print(f"{d['count']} policy calls, {d['errors']} failed, {d['total_us'] / 1000:.2f} ms in policies:")

@@ -1,11 +1,14 @@
 """``blocks top [BID]``: the metrics collector's latest samples (``state.metrics``) as a table: one
-row per block, or with a block id one row per instance of it (docs/metrics.md names the fields)."""
+row per block, or with a block id one row per instance of it (docs/metrics.md names the fields)
+and the autoscaler's latest tick for it (``state.autoscale``: what it decided and why, also when
+nothing changed)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import msgspec
 from rich.table import Table
 
 from ..state.store import Store
@@ -16,7 +19,27 @@ async def read(store: Store, bid: str | None) -> dict[str, Any]:
     or ``{"block": sample | None, "instances": {iid: sample}}`` for one block."""
     if bid is None:
         return {"blocks": await store.metrics.blocks()}
-    return {"block": await store.metrics.block(bid), "instances": await store.metrics.instances(bid)}
+    out: dict[str, Any] = {"block": await store.metrics.block(bid), "instances": await store.metrics.instances(bid)}
+    raw = await store.autoscale.state(bid)
+    if raw:
+        try:
+            out["autoscaler"] = msgspec.json.decode(raw).get("latest") or None
+        except msgspec.DecodeError:
+            pass
+    return out
+
+
+def autoscaler_line(latest: dict[str, Any], now: float) -> str:
+    """The autoscaler's latest tick in one line."""
+    head = f"autoscaler ({_age(latest.get('t'), now)} ago): "
+    if latest.get("failed"):
+        return head + f"tick failed, count stays {latest.get('current')}: {latest['failed']}"
+    if latest.get("skipped"):
+        return head + f"skipped ({latest['skipped']})"
+    move = f"{latest.get('current')} -> {latest.get('desired')}" if latest.get("desired") != latest.get("current") \
+        else f"stays {latest.get('current')}"
+    rules = "; ".join(latest.get("rules") or [])
+    return head + f"{move}, proposal {_n(latest.get('raw'))} ({latest.get('reason') or 'no reason given'})" + (f"; {rules}" if rules else "")
 
 
 def _n(v: Any, nd: int = 1) -> str:
@@ -51,6 +74,8 @@ def table(data: dict[str, Any], bid: str | None = None, now: float | None = None
         f"  rejected {_n(b.get('rejected_rate'), 2)}/s  retries {_n(b.get('retry_rate'), 2)}/s"
         f"  policy {_n(b.get('policy_mean_us'))} us  age {_age(b.get('t'), now)}" if b else "")
     t = Table(title=title, title_justify="left")
+    if data.get("autoscaler"):
+        t.caption, t.caption_justify = autoscaler_line(data["autoscaler"], now), "left"
     for col in ("instance", "node", "state", "up", "inflight", "running", "waiting", "rate/s", "errors/s",
                 "p50 ms", "p99 ms", "dispatch p99 ms"):
         t.add_column(col, justify="left" if col in ("instance", "node", "state") else "right")

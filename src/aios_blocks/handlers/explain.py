@@ -1,6 +1,8 @@
 """``blocks explain``: fold a block's recorded events (from the stream alone) into the why of its
 placement - candidates and why others were filtered, each cluster's dry_run score and node/GPUs,
-why the final cluster won, each instance's node and GPUs, every failure with its reason.
+why the final cluster won, each instance's node and GPUs, every failure with its reason - and of
+its size: each instance target asked for (by whom), each autoscaler decision (from, to, the
+policy's proposal and reason, the framework's rules) and failed autoscaler tick.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         "failures": [],
         "decisions": {"count": 0, "errors": 0, "total_us": 0, "by_policy": {}},
         "rejected_errors": [],
+        "targets": [],
+        "autoscaler": {"decisions": [], "failures": []},
     }
     rounds: dict[int, dict[str, Any]] = {}
 
@@ -84,6 +88,19 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
                 inst["reason"] = data["reason"]
         elif kind in ("scale.failed", "reassignment.failed"):
             out["failures"].append({"step": data.get("step", kind.split(".")[0]), "reason": data.get("reason", "")})
+        elif kind == "scale.target":
+            out["targets"].append({"time": env.get("time", ""), "target": data.get("target"), "source": data.get("source", ""),
+                                   "reason": data.get("reason", ""), "request_id": data.get("request_id", "")})
+        elif kind == "autoscaled":
+            out["autoscaler"]["decisions"].append({
+                "time": env.get("time", ""), "from": data.get("current"), "to": data.get("desired"), "proposal": data.get("raw"),
+                "reason": data.get("reason", ""), "rules": data.get("rules", []), "in_burst": data.get("in_burst", False),
+                "stable": data.get("stable"), "burst": data.get("burst"), "inputs": data.get("inputs", {}),
+                "request_id": data.get("request_id", ""),
+            })
+        elif kind == "autoscale.failed":
+            out["autoscaler"]["failures"].append({"time": env.get("time", ""), "reason": data.get("reason", ""),
+                                                  "count": data.get("current"), "quiet": data.get("quiet", 0)})
         elif kind in ("ready", "failed", "deleted"):
             out["status"] = kind
             if kind == "failed":

@@ -9,6 +9,8 @@ CLUSTER_ACTIONS = ("selection", "post_dry_run")
 RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment", "scale_down")
 #: loadBalancer: ``route`` once per task (inline), ``weights`` periodically (Starlark, off the task path)
 BALANCER_ACTIONS = ("route", "weights")
+#: autoscaler: once per tick per block (``handlers/autoscale.py`` stabilises the answer)
+AUTOSCALER_ACTIONS = ("autoscale",)
 
 
 class WrongShape(ValueError):
@@ -72,6 +74,13 @@ def check(action: str, result: Any) -> None:
         w = result.get("weights") if isinstance(result, dict) else None
         if not isinstance(w, dict) or not all(isinstance(k, str) and _is_number(v) and v >= 0 for k, v in w.items()):
             raise WrongShape(f'weights must return {{"weights": {{instance_id: number >= 0}}}}, got {_short(result)}')
+    elif action == "autoscale":
+        if not isinstance(result, dict) or "desired" not in result:
+            raise WrongShape(f'autoscale must return {{"desired": N, "reason": "..."}}, got {_short(result)}')
+        if not _is_number(result["desired"]) or result["desired"] < 0:
+            raise WrongShape(f"autoscale desired must be a finite number >= 0, got {_short(result['desired'])}")
+        if not isinstance(result.get("reason", ""), str):
+            raise WrongShape(f"autoscale reason (optional) must be a string, got {_short(result.get('reason'))}")
     else:
         raise WrongShape(f"unknown action {action!r}")
 

@@ -3,7 +3,8 @@
 ``policyRuleURI`` forms:
 
 * ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread``, ``builtin:round-robin``,
-  ``builtin:least-inflight``, ``builtin:least-queue`` - the built-ins;
+  ``builtin:least-inflight``, ``builtin:least-queue``, ``builtin:target-inflight``,
+  ``builtin:queue-depth`` - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -31,6 +32,7 @@ from typing import Any
 from ..schemas.errors import PolicyFailed
 from ..settings import load as load_settings
 from . import contract, uris
+from .builtin.autoscale import QueueDepthPolicy, TargetInflightPolicy
 from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
@@ -49,6 +51,8 @@ BUILTINS: dict[str, type] = {
     "builtin:round-robin": RoundRobinPolicy,
     "builtin:least-inflight": LeastInflightPolicy,
     "builtin:least-queue": LeastQueuePolicy,
+    "builtin:target-inflight": TargetInflightPolicy,
+    "builtin:queue-depth": QueueDepthPolicy,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

@@ -333,6 +333,44 @@ class StepFailed(msgspec.Struct):
     decisions: list[Decision] = []
 
 
+class Autoscaled(msgspec.Struct):
+    """The autoscaler changed a block's instance target (docs/autoscaling.md): from ``current`` to
+    ``desired``; ``raw``: the policy's proposal; ``rules``: what the framework did to it (bounds,
+    burst, tolerance, delays, rate limits); ``reason``: the policy's own words; ``inputs``: the
+    figures that mattered (the whole input is in the decision record). A ``block.scale.target``
+    with the same ``request_id`` follows."""
+
+    block_id: str
+    gen: int
+    request_id: str
+    current: int
+    desired: int
+    raw: float
+    rules: list[str] = []
+    reason: str = ""
+    stable: float = 0.0
+    burst: float = 0.0
+    in_burst: bool = False
+    inputs: dict[str, Any] = {}
+    #: the policy call of this tick (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
+
+
+class AutoscaleFailed(msgspec.Struct):
+    """An autoscaler tick failed (the policy raised, overran its time limit, answered the wrong
+    shape, or its parameters are wrong): the instance count stays. Stored at most once per
+    ``AIOS_AUTOSCALE_FAILURE_RECORD_S`` per block unless the reason changes; ``quiet``: failed
+    ticks not stored since the last stored one."""
+
+    block_id: str
+    gen: int
+    request_id: str
+    reason: str
+    current: int = 0
+    quiet: int = 0
+    decisions: list[Decision] = []
+
+
 class Decision(msgspec.Struct):
     """One policy invocation: what ran, on what (by digest), what it said, how long it took."""
 

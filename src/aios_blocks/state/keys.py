@@ -28,6 +28,8 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:metrics:{b:<bid>}:inst       hash iid -> JSON of the instance's latest metrics sample
     aios:metrics:{b:<bid>}:win        list: the block's samples, newest first (bounded, TTL)
     aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
+    aios:meta:{b:<bid>}:as:lease      the autoscaler copy that decides for the block (SET NX PX, renewed)
+    aios:meta:{b:<bid>}:as:state      the autoscaler's memory of the block (proposals, delays, burst)
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
     aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
@@ -155,3 +157,12 @@ def metrics_inst_key(bid: str) -> str:
 
 def metrics_win_key(bid: str, iid: str | None = None) -> str:
     return f"{METRICS}:{{b:{bid}}}:win" + (f":{iid}" if iid else "")
+
+
+# -- autoscaler (volatile: its lease and its memory of each block, never from the stream) ----------
+def autoscale_lease_key(bid: str) -> str:
+    return f"{P}:meta:{{b:{bid}}}:as:lease"
+
+
+def autoscale_state_key(bid: str) -> str:
+    return f"{P}:meta:{{b:{bid}}}:as:state"

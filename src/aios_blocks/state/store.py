@@ -18,6 +18,7 @@ from ..schemas.spec import Cluster, Component, Node
 from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
+from .autoscale import AutoscaleStore
 from .connection import is_cluster_client, open_redis
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
     AFF_LEASE,
@@ -72,6 +73,8 @@ class Store:
         self._claim_due = r.register_script(scripts.CLAIM_DUE)
         #: the metrics collector's windows and the workers' /metrics targets (``state.metrics``)
         self.metrics = MetricsStore(r)
+        #: the autoscaler's leases and memory of each block (``state.autoscale``)
+        self.autoscale = AutoscaleStore(r)
         self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)

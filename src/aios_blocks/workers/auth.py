@@ -34,14 +34,14 @@ from ..bus.catalog import EVENTS, E, Role
 from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
-WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics")
+WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler")
 ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
 KIND_ROLE = {k: k for k in WORKER_ROLES}
 
 #: Catalog roles -> NATS users. The admin (CLI) is unrestricted; the simulated fleet (``agent-sim``)
 #: publishes what a node agent does, for every node. Block services without their own process yet
-#: (autoscaler, health checker) run inside the controller.
+#: (the health checker) run inside the controller.
 ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.UPSTREAM: ("upstream",),
     Role.ADMIN: (),
@@ -50,6 +50,7 @@ ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.CONTROLLER: ("controller",),
     Role.AGENT: ("agent",),
     Role.EXECUTOR: ("executor",),
+    Role.AUTOSCALER: ("autoscaler",),
     Role.RUNNER: (),  # each role gets its own consumers' dead-letter subjects (below)
 }
 
@@ -77,7 +78,7 @@ REDIS_USERS = {
 }
 #: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
 REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
-              "executor": "aios", "metrics": "aios", "observer": "observer"}
+              "executor": "aios", "metrics": "aios", "autoscaler": "aios", "observer": "observer"}
 
 
 def auth_enabled() -> bool:
@@ -228,6 +229,11 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         pub += [*read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
                 f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
                 f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.STREAM.MSG.GET.{kv_stream}", "$JS.FC.>"]
+        sub += hints
+    elif role == "autoscaler":
+        # publishes its decisions, failed ticks, instance targets and large policy inputs (all from
+        # the catalog); reads the stream's topology; no consumer, no bucket: it reads Redis
+        pub += read_topology
         sub += hints
     else:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")

@@ -14,7 +14,7 @@ import structlog
 from . import agent_sim, controller, gateway, parser, vcluster
 from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
-KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics")
+KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler")
 log = structlog.get_logger("aios.worker")
 WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
 
@@ -57,6 +57,11 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
         from .collector import run as run_collector
 
         await run_collector(w, stop, cluster)
+        return
+    if kind == "autoscaler":
+        from .autoscaler import run as run_autoscaler
+
+        await run_autoscaler(w, stop, cluster)
         return
     if kind == "parser":
         binds = parser.bindings(w)

@@ -1,0 +1,114 @@
+"""The door to the autoscaler's Redis keys (docs/autoscaling.md): per block a lease (which copy of
+the autoscaler decides for it: ``SET NX PX``, renewed each tick, given back on a clean stop) and
+the framework's memory of the block (``handlers.autoscale.State``: recent proposals, delays,
+burst, last decisions), written only while the lease is held. Both are volatile (under
+``aios:meta:``): a lost state costs one stable window of history, never a wrong count.
+
+One tick costs three pipelined round trips whatever the block count: the block heads, the leases,
+and the reads of the held blocks (state, instance records, metrics samples), plus one pipeline of
+state writes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from .keys import (
+    autoscale_lease_key,
+    autoscale_state_key,
+    block_key,
+    inst_key,
+    metrics_inst_key,
+    metrics_win_key,
+)
+from .metrics import LEASE
+
+_json = msgspec.json
+
+#: KEYS[1] lease, KEYS[2] state; ARGV holder, state, ttl ms -> 1 if written (the lease is ours)
+SAVE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+return 1
+"""
+#: KEYS[1] lease; ARGV holder -> 1 if it was ours and is gone
+RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class AutoscaleStore:
+    def __init__(self, r: Any):
+        self.r = r
+        self._lease = r.register_script(LEASE)
+        self._save = r.register_script(SAVE)
+        self._release = r.register_script(RELEASE)
+
+    async def heads(self, bids: list[str]) -> dict[str, tuple[str, int]]:
+        """bid -> (status, gen) of the blocks that have a record."""
+        pipe = self.r.pipeline(transaction=False)
+        for bid in bids:
+            pipe.hmget(block_key(bid), "status", "gen")
+        out = await pipe.execute()
+        return {bid: (str(st), int(gen)) for bid, (st, gen) in zip(bids, out, strict=True) if st is not None and gen is not None}
+
+    async def lease(self, bids: list[str], holder: str, ttl_s: float) -> list[str]:
+        """Take or keep the lease of each block; the blocks ``holder`` holds now."""
+        if not bids:
+            return []
+        ttl = str(max(1, int(ttl_s * 1000)))
+        # the first through the script object (it loads the script after a Redis restart), the rest pipelined
+        out = [await self._lease(keys=[autoscale_lease_key(bids[0])], args=[holder, ttl])]
+        if len(bids) > 1:
+            pipe = self.r.pipeline(transaction=False)
+            for bid in bids[1:]:
+                pipe.evalsha(self._lease.sha, 1, autoscale_lease_key(bid), holder, ttl)
+            out += await pipe.execute()
+        return [bid for bid, ok in zip(bids, out, strict=True) if ok]
+
+    async def release(self, bids: list[str], holder: str) -> None:
+        for bid in bids:
+            await self._release(keys=[autoscale_lease_key(bid)], args=[holder])
+
+    async def read(self, bids: list[str], history: int) -> dict[str, dict[str, Any]]:
+        """Per block: ``state`` (raw JSON or None), ``instances`` (records), ``samples`` (the
+        instances' latest metrics samples), ``window`` (the block's last ``history`` samples, oldest first)."""
+        pipe = self.r.pipeline(transaction=False)
+        for bid in bids:
+            pipe.get(autoscale_state_key(bid))
+            pipe.hgetall(inst_key(bid))
+            pipe.hgetall(metrics_inst_key(bid))
+            pipe.lrange(metrics_win_key(bid), 0, history - 1 if history > 0 else -1)
+        out = await pipe.execute()
+        res: dict[str, dict[str, Any]] = {}
+        for i, bid in enumerate(bids):
+            state, insts, samples, win = out[4 * i: 4 * i + 4]
+            res[bid] = {
+                "state": state,
+                "instances": {iid: _json.decode(v) for iid, v in insts.items()},
+                "samples": {iid: _json.decode(v) for iid, v in samples.items()},
+                "window": [_json.decode(x) for x in reversed(win)],
+            }
+        return res
+
+    async def save(self, states: dict[str, str], holder: str, ttl_s: float) -> dict[str, bool]:
+        """Write each block's state if ``holder`` still holds its lease; bid -> written."""
+        if not states:
+            return {}
+        ttl = str(max(1000, int(ttl_s * 1000)))
+        bids = list(states)
+        out = [await self._save(keys=[autoscale_lease_key(bid), autoscale_state_key(bid)], args=[holder, states[bid], ttl])
+               for bid in bids[:1]]  # the first by the script object: loads the script into Redis if needed
+        if len(bids) > 1:
+            pipe = self.r.pipeline(transaction=False)
+            for bid in bids[1:]:
+                pipe.evalsha(self._save.sha, 2, autoscale_lease_key(bid), autoscale_state_key(bid), holder, states[bid], ttl)
+            out += await pipe.execute()
+        return {bid: bool(ok) for bid, ok in zip(bids, out, strict=True)}
+
+    async def state(self, bid: str) -> str | None:
+        raw: str | None = await self.r.get(autoscale_state_key(bid))
+        return raw

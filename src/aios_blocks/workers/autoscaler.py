@@ -1,0 +1,253 @@
+"""The autoscaler (``blocks worker autoscaler``, started by ``blocks up``; docs/autoscaling.md).
+
+Every ``AIOS_AUTOSCALE_TICK_S`` (2 s) it:
+
+1. lists the blocks the metrics collector has a sample for (``state.metrics``), keeps the live
+   ones whose IR names an ``autoscaler`` policy (IRs cached per generation), and takes or renews
+   each one's **lease** in Redis (``state.autoscale``): with several copies running, each block is
+   decided by exactly one of them per tick, and a copy that dies is replaced when its leases lapse
+   (three ticks);
+2. reads, for the blocks it holds, the framework's memory of the block, the instance records (the
+   current count: starting or running) and the collector's samples, in one pipeline;
+3. per block, calls the policy (``action: "autoscale"``) through the policy runtime (built-ins
+   inline; Python with ``AIOS_AUTOSCALE_POLICY_TIMEOUT_S``) and lets the framework
+   (``handlers.autoscale.decide``) shape its proposal: bounds, burst and stable windows, tolerance,
+   delays, rate limits;
+4. when the count changes, publishes ``block.autoscaled`` (inputs, proposal, rules, the policy's
+   reason and its decision record) and then ``block.scale.target`` (source ``autoscaler``), which
+   the controller reaches with scale / scale_down steps. A tick that changes nothing stores
+   nothing. A tick whose policy raises, overruns or answers the wrong shape (or whose parameters
+   are wrong) changes nothing either: it publishes ``block.autoscale.failed`` with the reason, at
+   most once per ``AIOS_AUTOSCALE_FAILURE_RECORD_S`` per block unless the reason changes.
+
+A Python policy call that overruns its time limit keeps its thread (Python cannot stop it): the
+block's policy is then not called again for ``tick * 2^n`` (n consecutive timeouts, at most
+60 s), those ticks failing with the same reason, so a hung policy takes a thread a minute at
+most, not one per tick.
+
+A target already asked for and not yet reached is not asked again for ``RETARGET_S`` (a controller
+that cannot place more must not get a new event every tick).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import structlog
+
+from ..bus.catalog import E
+from ..handlers import autoscale as a
+from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
+from ..schemas.errors import PolicyFailed
+from ..schemas.events import Autoscaled, AutoscaleFailed, ScaleTarget
+from ..schemas.lifecycle import LIVE
+from .base import Worker
+
+log = structlog.get_logger("aios.autoscaler")
+
+KIND = "autoscaler"
+#: a target asked for and not reached is asked again after this long (a lost or refused target)
+RETARGET_S = 60.0
+#: blocks decided at once within one tick
+CONCURRENCY = 64
+_state_dec = msgspec.json.Decoder(a.State)
+
+
+@dataclass
+class TickResult:
+    """What one tick did to one block (tests, ``bench/autoscale.py``)."""
+
+    what: str  # changed | hold | failed | skipped
+    outcome: a.Outcome | None = None
+    reason: str = ""
+    stored: bool = False
+
+
+class Autoscaler:
+    def __init__(self, w: Worker, cluster: str | None = None, holder: str | None = None):
+        self.w, self.s = w, w.settings
+        self.cluster = cluster
+        self.holder = holder or f"autoscaler-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # its own runtime: an autoscaler call's time limit is shorter than a placement's
+        self.runtime = PolicyRuntime(lookup=w.store.policy_get, timeout_s=self.s.autoscale_policy_timeout_s)
+        self.defaults = a.Params.from_settings(self.s)
+        self.irs: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.held: list[str] = []
+        self.ticks = 0
+        self._sem = asyncio.Semaphore(CONCURRENCY)
+
+    @property
+    def lease_s(self) -> float:
+        return max(3 * self.s.autoscale_tick_s, 1.0)
+
+    @property
+    def stale_s(self) -> float:
+        """A block sample older than this is not acted on (the collector stopped, or lost its lease)."""
+        return max(10 * self.s.metrics_interval_s, 3 * self.s.autoscale_tick_s)
+
+    # -- one tick ---------------------------------------------------------------------------------
+    async def tick(self, now: float | None = None) -> dict[str, TickResult]:
+        now = time.time() if now is None else now
+        store = self.w.store
+        samples = await store.metrics.blocks()
+        if self.cluster is not None:
+            samples = {b: s for b, s in samples.items() if s.get("cluster") == self.cluster}
+        heads = await store.autoscale.heads(sorted(samples))
+        live = {bid: gen for bid, (status, gen) in heads.items() if status in LIVE}
+        for bid in [b for b in self.irs if b not in live]:
+            del self.irs[bid]
+        for bid, gen in live.items():
+            if self.irs.get(bid, (None, {}))[0] != gen:
+                rec = await store.get_block(bid)
+                if rec is None or int(rec.get("gen", -1)) != gen:
+                    continue
+                self.irs[bid] = (gen, rec.get("ir") or {})
+        candidates = [b for b in sorted(live) if b in self.irs and "autoscaler" in (self.irs[b][1].get("policies") or {})]
+        held = await store.autoscale.lease(candidates, self.holder, self.lease_s)
+        self.held = held
+        if not held:
+            self.ticks += 1
+            return {}
+        history = max(1, math.ceil(self.defaults.stable_window_s / self.s.metrics_interval_s))
+        data = await store.autoscale.read(held, history)
+
+        async def one(bid: str) -> tuple[str, TickResult, a.State]:
+            async with self._sem:
+                res, st = await self.decide(now, bid, live[bid], self.irs[bid][1], samples[bid], data[bid])
+                return bid, res, st
+
+        done = await asyncio.gather(*(one(b) for b in held), return_exceptions=True)
+        states: dict[str, str] = {}
+        out: dict[str, TickResult] = {}
+        for bid, item in zip(held, done, strict=True):
+            if isinstance(item, BaseException):  # Redis or NATS trouble for this block: next tick
+                log.warning("autoscaler.block_failed", block=bid, error=repr(item))
+                continue
+            _, res, st = item
+            out[bid] = res
+            states[bid] = msgspec.json.encode(st).decode()
+        await store.autoscale.save(states, self.holder, 10 * self.defaults.stable_window_s + 600)
+        self.ticks += 1
+        return out
+
+    async def decide(self, now: float, bid: str, gen: int, ir: dict[str, Any], sample: dict[str, Any],
+                     data: dict[str, Any]) -> tuple[TickResult, a.State]:
+        raw_state = data.get("state")
+        state = a.State(gen=gen)
+        if raw_state:
+            with contextlib.suppress(msgspec.MsgspecError):
+                got = _state_dec.decode(raw_state)
+                if got.gen == gen:
+                    state = got
+        current = sum(1 for r in (data.get("instances") or {}).values() if r.get("status") != "removing")
+        t = sample.get("t")
+        if not isinstance(t, int | float) or now - float(t) > self.stale_s:
+            state.latest = {"t": round(now, 3), "current": current, "skipped": "no fresh metrics"}
+            return TickResult("skipped", reason="no fresh metrics"), state
+        lo, hi = int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0))
+        rule = ir["policies"]["autoscaler"]
+        insts = {iid: {"status": rec.get("status", ""), "node": rec.get("node", ""), **(data["samples"].get(iid) or {})}
+                 for iid, rec in sorted((data.get("instances") or {}).items()) if rec.get("status") != "removing"}
+        block_metrics = {**sample, "history": data.get("window") or []}
+        input_data = a.policy_input(bid, insts, block_metrics, current, lo, hi, state)
+        if now < state.backoff_until:  # its last call timed out: its thread may still be busy
+            why = f"{state.failed_reason} (not called again for {state.backoff_until - now:.0f} s)"
+            state.failed_quiet += 1
+            state.latest = {"t": round(now, 3), "current": current, "failed": why}
+            return TickResult("failed", None, why), state
+        started = time.perf_counter()
+        result: Any = None
+        logs: list[list[str]] = []
+        try:
+            params = self.defaults.with_parameters(rule.get("parameters"))
+            result, logs = await self._call(ir, rule, input_data)
+            raw, reason = a.read_answer(result)
+        except (PolicyFailed, a.BadParameters) as exc:
+            why = f"autoscaler policy {rule.get('policyRuleURI', '?')} {exc.reason}" if isinstance(exc, PolicyFailed) else str(exc)
+            if isinstance(exc, PolicyFailed) and exc.reason.startswith(("timed out", "loading timed out")):
+                state = a.timed_out(now, state, self.s.autoscale_tick_s)
+            return await self._failed(now, bid, gen, rule, input_data, why, current, state, time.perf_counter() - started, logs)
+        seconds = time.perf_counter() - started
+        state = a.recovered(state)
+        outcome, state = a.decide(now, current, raw, lo, hi, params, state)
+        latest = {"t": round(now, 3), "current": current, "raw": raw, "desired": outcome.desired, "stable": outcome.stable,
+                  "burst": outcome.burst, "in_burst": outcome.in_burst, "rules": list(outcome.rules), "reason": reason}
+        state.latest = latest
+        if not outcome.changed:
+            return TickResult("hold", outcome, reason), state
+        asked = state.last[-2] if len(state.last) >= 2 else None
+        if asked and asked.get("to") == outcome.desired and asked.get("from") == current and now - float(asked["t"]) < RETARGET_S:
+            # asked for this very step a moment ago and the count has not moved yet: wait for the controller
+            state.last = state.last[:-1]
+            state.latest["waiting"] = f"target {outcome.desired} asked {now - float(asked['t']):.0f} s ago"
+            return TickResult("hold", outcome, reason), state
+        state.seq += 1
+        request_id = f"as{state.seq}-{int(now * 1000)}"
+        state.last[-1]["reason"] = reason
+        state.last[-1]["request_id"] = request_id
+        decision = await self.w.record(bid, KIND, rule, input_data, result, "", seconds, logs)
+        ev = Autoscaled(bid, gen, request_id, current, outcome.desired, raw, list(outcome.rules), reason, outcome.stable,
+                        outcome.burst, outcome.in_burst, a.summary(sample, insts), [decision])
+        await self.w.bus.emit(E.block_autoscaled, ev)
+        why = f"autoscaler: {current} -> {outcome.desired}" + (f" ({reason})" if reason else "")
+        await self.w.bus.emit(E.block_scale_target, ScaleTarget(bid, request_id, outcome.desired, why, "autoscaler", gen))
+        log.info("autoscaler.scaled", block=bid, current=current, desired=outcome.desired, raw=raw, rules=list(outcome.rules))
+        return TickResult("changed", outcome, reason, stored=True), state
+
+    async def _call(self, ir: dict[str, Any], rule: dict[str, Any], input_data: dict[str, Any]) -> tuple[Any, list[list[str]]]:
+        rule_id = f"{ir['blockId']}.autoscaler"
+        uri = str(rule.get("policyRuleURI", ""))
+        ctx = TrackingDict({} if stateless(uri) else await self.w.store.context_load(rule_id))
+        trace: dict[str, Any] = {}
+        result = await self.runtime.invoke(rule, rule_id, input_data, ctx, trace)
+        changed, deleted = ctx.changes()
+        if changed or deleted:
+            await self.w.store.context_save(rule_id, changed, deleted)
+        return result, list(trace.get("logs") or [])
+
+    async def _failed(self, now: float, bid: str, gen: int, rule: dict[str, Any], input_data: dict[str, Any], reason: str,
+                      current: int, state: a.State, seconds: float, logs: list[list[str]]) -> tuple[TickResult, a.State]:
+        quiet = state.failed_quiet
+        store, state = a.failed(now, state, reason, self.s.autoscale_failure_record_s)
+        state.latest = {"t": round(now, 3), "current": current, "failed": reason}
+        if store:
+            state.seq += 1
+            request_id = f"asf{state.seq}-{int(now * 1000)}"
+            decision = await self.w.record(bid, KIND, rule, input_data, None, reason, seconds, logs)
+            await self.w.bus.emit(E.block_autoscale_failed, AutoscaleFailed(bid, gen, request_id, reason, current, quiet, [decision]))
+            log.warning("autoscaler.tick_failed", block=bid, reason=reason)
+        return TickResult("failed", None, reason, stored=store), state
+
+    # -- the loop ---------------------------------------------------------------------------------
+    async def loop(self, stop: asyncio.Event) -> None:
+        interval = self.s.autoscale_tick_s
+        next_at = time.monotonic()
+        while not stop.is_set():
+            try:
+                await self.tick()
+            except Exception as exc:  # Redis or NATS away for a moment: the next tick tries again
+                log.warning("autoscaler.tick_failed_all", error=repr(exc))
+            next_at = max(next_at + interval, time.monotonic())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        log.info("autoscaler.started", holder=self.holder, tick_s=self.s.autoscale_tick_s, cluster=self.cluster or "all")
+        try:
+            await self.loop(stop)
+        finally:
+            with contextlib.suppress(Exception):  # a clean stop hands the blocks over at once
+                await self.w.store.autoscale.release(self.held, self.holder)
+
+
+async def run(w: Worker, stop: asyncio.Event, cluster: str | None = None) -> None:
+    await Autoscaler(w, cluster).run(stop)
