@@ -9,6 +9,9 @@ CLUSTER_ACTIONS = ("selection", "post_dry_run")
 RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment")
 #: loadBalancer: ``route`` once per task (inline), ``weights`` periodically (Starlark, off the task path)
 BALANCER_ACTIONS = ("route", "weights")
+#: stabilityChecker: ``health_check`` once per block per health checker tick (docs/health.md)
+HEALTH_ACTIONS = ("health_check",)
+VERDICTS = ("healthy", "degrade", "unready", "restart", "replace")
 
 
 class WrongShape(ValueError):
@@ -62,6 +65,20 @@ def check(action: str, result: Any) -> None:
         w = result.get("weights") if isinstance(result, dict) else None
         if not isinstance(w, dict) or not all(isinstance(k, str) and _is_number(v) and v >= 0 for k, v in w.items()):
             raise WrongShape(f'weights must return {{"weights": {{instance_id: number >= 0}}}}, got {_short(result)}')
+    elif action == "health_check":
+        v = result.get("verdicts") if isinstance(result, dict) else None
+        if not isinstance(v, dict):
+            raise WrongShape(f'health_check must return {{"verdicts": {{instance_id: {{"verdict", "reason"}}}}}}, got {_short(result)}')
+        for iid, d in v.items():
+            if not isinstance(iid, str) or not isinstance(d, dict):
+                raise WrongShape(f"health_check verdicts[{_short(iid)}] must be an object, got {_short(d)}")
+            if d.get("verdict") not in VERDICTS:
+                raise WrongShape(f"health_check verdicts[{iid!r}].verdict must be one of {', '.join(VERDICTS)}, got {_short(d.get('verdict'))}")
+            if not isinstance(d.get("reason", ""), str):
+                raise WrongShape(f"health_check verdicts[{iid!r}].reason must be a string, got {_short(d.get('reason'))}")
+            w = d.get("weight")
+            if w is not None and (not _is_number(w) or not 0 < w <= 1):
+                raise WrongShape(f"health_check verdicts[{iid!r}].weight (optional) must be a number in (0, 1], got {_short(w)}")
     else:
         raise WrongShape(f"unknown action {action!r}")
 

@@ -3,7 +3,7 @@
 ``policyRuleURI`` forms:
 
 * ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread``, ``builtin:round-robin``,
-  ``builtin:least-inflight``, ``builtin:least-queue`` - the built-ins;
+  ``builtin:least-inflight``, ``builtin:least-queue``, ``builtin:probe-threshold`` - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -34,6 +34,7 @@ from . import contract, uris
 from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
+from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
 from .starlark_runtime import compile_policy
 
@@ -49,6 +50,7 @@ BUILTINS: dict[str, type] = {
     "builtin:round-robin": RoundRobinPolicy,
     "builtin:least-inflight": LeastInflightPolicy,
     "builtin:least-queue": LeastQueuePolicy,
+    "builtin:probe-threshold": ProbeThresholdPolicy,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

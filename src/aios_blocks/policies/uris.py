@@ -19,6 +19,7 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:round-robin": ("loadBalancer",),
     "builtin:least-inflight": ("loadBalancer",),
     "builtin:least-queue": ("loadBalancer",),
+    "builtin:probe-threshold": ("stabilityChecker",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -48,5 +49,5 @@ def uri_problem(uri: str, slot: str | None = None) -> str | None:
             "NAME.py / NAME.star, or package.module:Class")
 
 
-#: the slots a built-in may be checked against (stabilityChecker and autoscaler have no built-ins yet)
+#: the slots a built-in may be checked against (autoscaler has no built-in yet)
 _SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")

@@ -28,6 +28,9 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:metrics:{b:<bid>}:inst       hash iid -> JSON of the instance's latest metrics sample
     aios:metrics:{b:<bid>}:win        list: the block's samples, newest first (bounded, TTL)
     aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
+    aios:health:{b:<bid>}:passive     hash executor id -> JSON of its per-instance passive counts (TTL)
+    aios:health:lease:<bid>           the health checker copy that decides a block now
+    aios:health:{b:<bid>}:failed      hash reason digest -> when a failing tick was last recorded (TTL)
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
     aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
@@ -155,3 +158,19 @@ def metrics_inst_key(bid: str) -> str:
 
 def metrics_win_key(bid: str, iid: str | None = None) -> str:
     return f"{METRICS}:{{b:{bid}}}:win" + (f":{iid}" if iid else "")
+
+
+# -- health (volatile: the executors' passive counts, the checker's lease; docs/health.md) -----------
+HEALTH = f"{P}:health"
+
+
+def health_passive_key(bid: str) -> str:
+    return f"{HEALTH}:{{b:{bid}}}:passive"
+
+
+def health_lease_key(bid: str) -> str:
+    return f"{HEALTH}:lease:{bid}"
+
+
+def health_failed_key(bid: str) -> str:
+    return f"{HEALTH}:{{b:{bid}}}:failed"

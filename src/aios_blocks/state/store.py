@@ -19,6 +19,7 @@ from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
 from .connection import is_cluster_client, open_redis
+from .health import HealthStore
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
     AFF_LEASE,
     BLOCKS,
@@ -72,6 +73,8 @@ class Store:
         self._claim_due = r.register_script(scripts.CLAIM_DUE)
         #: the metrics collector's windows and the workers' /metrics targets (``state.metrics``)
         self.metrics = MetricsStore(r)
+        #: the executors' passive counts and the health checker's lease (``state.health``)
+        self.health = HealthStore(r)
         self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
                          self._health_cas, self._claim_due, self._set_status)
