@@ -6,7 +6,9 @@
 The map of a block (one key per block; the bucket's revision is its version)::
 
     {"block_id", "gen", "cluster", "path", "method": the input protocol's, "loadBalancer": rule,
-     "instances": {iid: {"node", "endpoint", "state", "since"}}, "gone": [iid, ...]}
+     "stabilityChecker": rule (only when the block names one),
+     "instances": {iid: {"node", "endpoint", "state", "since"[, "health", "weight", "health_reason"]}},
+     "gone": [iid, ...]}
 
 States: ``starting`` (placed, not running yet), ``ready`` (``instance.added``: takes tasks),
 ``draining`` (a remove command was sent: no new task, tasks in flight finish), ``stopping``
@@ -33,8 +35,11 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     ir = (block or {}).get("ir") or {}
     proto = ir.get("inputProtocol")
     proto = proto if isinstance(proto, dict) else {}
-    rule = (ir.get("policies") or {}).get("loadBalancer") or {}
+    policies = ir.get("policies") or {}
+    rule = policies.get("loadBalancer") or {}
     out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
+    if policies.get("stabilityChecker"):  # the health checker's (docs/health.md)
+        out["stabilityChecker"] = policies["stabilityChecker"]
     if (block or {}).get("cluster"):
         out["cluster"] = str(block["cluster"])  # type: ignore[index]
     return out

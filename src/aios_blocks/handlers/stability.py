@@ -23,6 +23,8 @@ from ..policies import contract
 OUT = ("unready", "restart", "replace")
 #: the order verdicts are carried out in when the cap is short: the worst first
 SEVERITY = {"replace": 0, "restart": 1, "unready": 2, "degrade": 3, "healthy": 4}
+#: the routing weight of a ``degrade`` verdict that names none
+DEFAULT_DEGRADED_WEIGHT = 0.5
 #: map health after each verdict
 HEALTH_AFTER = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
 
@@ -157,7 +159,9 @@ def decide(instances: list[dict[str, Any]], verdicts: dict[str, dict[str, Any]],
         t = busy.get(iid)
         if t is not None and now - t < grace_s:
             continue  # restarted (or being replaced) just now: the startup grace again
-        weight = float(d.get("weight", 1.0)) if verdict == "degrade" else 1.0
+        weight = 1.0
+        if verdict == "degrade":  # no weight given: the current one if degraded already, else half
+            weight = float(d.get("weight", inst.get("weight", 1.0) if health == "degraded" else DEFAULT_DEGRADED_WEIGHT))
         if verdict == "healthy" and health == "ok":
             continue
         if verdict == "degrade" and health == "degraded" and abs(weight - float(inst.get("weight", 1.0))) < 0.2 * weight:

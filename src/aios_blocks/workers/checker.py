@@ -9,7 +9,8 @@ copy decides a block at a time, a copy takes over when the lease lapses):
 2. **passive** and **progress**: the executors' per-instance counts (errors, timeouts, ejections,
    task latency, in-flight and how long without a completion; ``executor.outlier``), and the
    metrics collector's latest sample;
-3. runs the block's ``stabilityChecker`` policy (default ``builtin:probe-threshold``) with
+3. runs the block's ``stabilityChecker`` policy (the instance map carries it; default
+   ``builtin:probe-threshold``) with
    ``action: "health_check"``, checks its answer (``handlers.stability.validate``: a policy that
    raises, times out or answers garbage fails the tick, nothing changes, and the reason is
    recorded as ``block.health.failed``, at most once a minute per reason);
@@ -101,10 +102,7 @@ class Checker:
             metrics = await self.w.store.metrics.instances(bid)
         except Exception:
             metrics = {}
-        block = await self.w.store.get_block(bid)
-        if block is None or int(block.get("gen", -1)) != gen:
-            return []
-        rule = dict(((block.get("ir") or {}).get("policies") or {}).get("stabilityChecker") or DEFAULT_RULE)
+        rule = dict(m.get("stabilityChecker") or DEFAULT_RULE)  # the mapper copies it from the block
         rule.setdefault("name", "stabilityChecker")
         rule.setdefault("policyRuleURI", DEFAULT_RULE["policyRuleURI"])
         settings = rule.get("settings") or {}

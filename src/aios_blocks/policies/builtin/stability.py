@@ -8,9 +8,9 @@ its ``restarts`` and its ``health`` now. Output: ``{"verdicts": {iid: {"verdict"
 
 Rules, per instance (``settings``, defaults in brackets):
 
-* **busy is not broken**: an instance that completed a task within ``stallS`` [10] while it has
-  tasks in flight is making progress; its probe failures (a probe queued behind real work, a
-  slow answer at 100 % load) are not held against it;
+* **busy is not broken**: an instance that answered a task within ``stallS`` [10] s, its last
+  dispatch not failed, is making progress; its probe failures (a probe queued behind real work,
+  a slow answer at 100 % load) are not held against it;
 * ``failureThreshold`` [3] failed probes in a row (or a dispatch refused/reset by the executors,
   with at least one failed probe) -> ``unready``; ``restartThreshold`` [6] in a row -> ``restart``,
   or ``replace`` once it was restarted ``maxRestarts`` [1] times;
@@ -76,14 +76,15 @@ class ProbeThresholdPolicy:
         inflight = _num(prog, "inflight")
         stalled = _num(prog, "stalled_s")
         since_done = _num(prog, "since_done_s", -1.0)
-        progressing = inflight > 0 and 0 <= since_done < self.stall_s
+        refused = bool(passive.get("ejected")) and int(_num(passive, "consecutive_errors")) > 0
+        # answered a task within stallS and the last dispatch did not fail: alive, however its probe fares
+        progressing = 0 <= since_done < self.stall_s and not int(_num(passive, "consecutive_errors"))
         if inflight > 0 and stalled >= self.stall_s:
             return self._fix(inst, f"no task completed in {stalled:.1f} s with {inflight:g} in flight (stallS {self.stall_s:g})")
         if fails and not progressing:
             if fails >= self.restart_threshold:
                 return self._fix(inst, f"{fails} probes failed in a row (restartThreshold {self.restart_threshold}): "
                                        f"{probe.get('error') or 'failed'}")
-            refused = bool(passive.get("ejected")) and int(_num(passive, "consecutive_errors")) > 0
             if fails >= self.failure_threshold or refused:
                 what = f"{fails} probe(s) failed in a row" + (" and the executors' dispatches failed" if refused else "")
                 return {"verdict": "unready", "reason": f"{what}: {probe.get('error') or passive.get('last_error') or 'failed'}"}
