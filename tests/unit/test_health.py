@@ -240,3 +240,11 @@ def test_the_controller_restarts_in_place_and_replaces_through_the_old_bound() -
     assert effects and isinstance(effects[0], Publish) and effects[0].events[0].event is E.block_reassignment_failed
     assert lc.on_verdict(_verdict("restart", node="n2"), view, 5)[1] == []  # not there
     assert lc.on_verdict(_verdict("degrade"), view, 5) == ("routing only", [])
+
+
+def test_merged_passive_counts_take_a_completion_just_now_as_progress() -> None:
+    passive, progress = st.merge_passive([{"ok": 3, "since_done_s": 0.0, "inflight": 2, "stalled_s": 0.0, "latency_s": 0.02},
+                                          {"ok": 1, "since_done_s": 4.0, "inflight": 1, "stalled_s": 4.0, "ejected": True,
+                                           "consecutive_errors": 2, "latency_s": 0.04}])
+    assert passive["ok"] == 4 and passive["ejected"] and passive["consecutive_errors"] == 2 and passive["latency_s"] == 0.03
+    assert progress == {"inflight": 3, "stalled_s": 0.0, "since_done_s": 0.0}

@@ -80,7 +80,8 @@ def merge_passive(counts: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
             lats.append(float(c["latency_s"]))
         progress["inflight"] += int(c.get("inflight", 0) or 0)
         progress["stalled_s"] = max(progress["stalled_s"], float(c.get("stalled_s", 0) or 0))
-        done = float(c.get("since_done_s", -1) or -1)
+        raw = c.get("since_done_s")
+        done = float(raw) if isinstance(raw, int | float) else -1.0
         if done >= 0 and (progress["since_done_s"] < 0 or done < progress["since_done_s"]):
             progress["since_done_s"] = done
     if lats:
