@@ -337,3 +337,65 @@ async def test_a_failing_policy_changes_nothing_and_its_tick_failure_is_recorded
     inst = await rig.inst(bid, "a")
     assert "health" not in inst and inst["state"] == "ready"
     assert (await rig.task(bid))[0] == 200
+
+
+# -- the whole system: checker, mapper, controller and the simulated fleet's agents -------------------------
+@pytest.fixture
+def fast_health(monkeypatch: pytest.MonkeyPatch) -> None:
+    for k, v in {"AIOS_HEALTH_INTERVAL_S": "0.25", "AIOS_OUTLIER_PUBLISH_S": "0.1", "AIOS_HEALTH_STARTUP_GRACE_S": "0"}.items():
+        monkeypatch.setenv(k, v)
+
+
+async def test_a_hung_instance_is_restarted_in_place_then_replaced(fast_health: None, system: Any) -> None:
+    from .conftest import COMPONENT
+
+    client: Client = system.client
+    await client.add_sim_cluster("hcs0", nodes=2, gpus=2)
+    spec = {"blockComponentURI": COMPONENT["componentURI"], "blockId": "hsys", "minInstances": 3, "maxInstances": 4,
+            "parameters": {"sim": {"serviceTimeMs": 5, "instances": {"0": {"serviceTimeMs": 600000}}}},
+            "policyRulesSpec": [{"values": {"name": "stabilityChecker", "policyRuleURI": "builtin:probe-threshold",
+                                            "settings": {"stallS": 1, "maxRestarts": 1}}}]}
+    bid, kind, _ = await system.submit_and_wait(spec)
+    assert kind == "ready"
+    hung = f"{bid}-0"
+    maps = InstanceMaps(client.bus)
+    async with asyncio.timeout(30):
+        while True:
+            m, _ = await maps.get(bid)
+            if m and sum(1 for i in m["instances"].values() if i["state"] == "ready") == 3:
+                break
+            await asyncio.sleep(0.05)
+    assert m["stabilityChecker"]["settings"]["stallS"] == 1
+    stop = asyncio.Event()
+    statuses: list[int] = []
+
+    async def load() -> None:
+        while not stop.is_set():
+            statuses.append((await client.task(bid, b"{}", {"Aios-Timeout-Ms": "3000"}, timeout=10))[0])
+
+    loaders = [asyncio.ensure_future(load()) for _ in range(4)]
+
+    def verdicts(history: list[tuple[str, dict[str, Any], int]]) -> list[tuple[str, str]]:
+        return [(env["data"]["instance_id"], env["data"]["verdict"]) for subj, env, _ in history if subj.endswith(".verdict")]
+
+    try:
+        async with asyncio.timeout(90):
+            while hung in await client.store.instances(bid):
+                await asyncio.sleep(0.25)
+            while len(await client.store.instances(bid)) < 3:
+                await asyncio.sleep(0.25)
+    except TimeoutError:
+        raise AssertionError(f"not replaced: verdicts {verdicts(await client.history(bid))}, "
+                             f"passive {await client.store.health.passive(bid, 60)}, map {(await maps.get(bid))[0]}") from None
+    finally:
+        stop.set()
+        await asyncio.gather(*loaders)
+    history = await client.history(bid)
+    got = verdicts(history)
+    acts = [v for v in got if v[1] in ("restart", "replace")]
+    assert acts[:2] == [(hung, "restart"), (hung, "replace")], got
+    assert all(iid == hung for iid, v in got if v != "healthy"), got  # nobody else judged
+    added = [env["data"] for subj, env, _ in history if subj.endswith(f"{hung}.added")]
+    assert len(added) >= 2  # started, then restarted in place (same id) by its agent
+    assert (await client.task(bid, b"{}", timeout=10))[0] == 200
+    assert 200 in statuses
