@@ -104,7 +104,7 @@ async def _figures(rounds: int) -> list[common.Row]:
             if checker:
                 value["stabilityChecker"] = checker
             rev = await maps.update(bid, lambda _c: value)
-            while ex.seen.get(bid, (0, 0))[0] < (rev or 0):
+            while ex.seen.get(bid, (0, 0))[0] < (rev or 0):  # noqa: ASYNC110 - the executor's own counter
                 await asyncio.sleep(0.005)
 
         async def verdict(bid: str, iid: str, what: str) -> bool:
@@ -116,14 +116,14 @@ async def _figures(rounds: int) -> list[common.Row]:
                 # -- kill ---------------------------------------------------------------------------
                 bid = f"kill{r}"
                 ports = [_port() for _ in range(4)]
-                procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), "ok"]) for p in ports]
+                procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), "ok"])  # noqa: ASYNC220 for p in ports]
                 children += procs
                 await _wait_up(ports)
                 await put(bid, ports)
                 failed = 0
                 halt = asyncio.Event()
 
-                async def load(b: str = bid) -> None:
+                async def load(b: str = bid, halt: asyncio.Event = halt) -> None:
                     nonlocal failed
                     while not halt.is_set():
                         if (await client.task(b, b"{}", timeout=30))[0] != 200:
@@ -154,7 +154,7 @@ async def _figures(rounds: int) -> list[common.Row]:
                 # -- hang ---------------------------------------------------------------------------
                 bid = f"hang{r}"
                 ports = [_port() for _ in range(3)]
-                procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), "hang" if k == 2 else "ok"])
+                procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), "hang" if k == 2 else "ok"])  # noqa: ASYNC220
                          for k, p in enumerate(ports)]
                 children += procs
                 await _wait_up(ports)
@@ -162,7 +162,7 @@ async def _figures(rounds: int) -> list[common.Row]:
                 t0 = time.monotonic()
                 pending = [asyncio.ensure_future(client.task(bid, b"{}", {"Aios-Timeout-Ms": "60000"}, timeout=70)) for _ in range(6)]
                 async with asyncio.timeout(60):
-                    while not ch.busy.get("i2"):
+                    while not ch.busy.get("i2"):  # noqa: ASYNC110 - the checker's own record
                         await asyncio.sleep(0.001)
                 hangs.append(time.monotonic() - t0)
                 for p in pending:
