@@ -248,3 +248,18 @@ def test_merged_passive_counts_take_a_completion_just_now_as_progress() -> None:
                                            "consecutive_errors": 2, "latency_s": 0.04}])
     assert passive["ok"] == 4 and passive["ejected"] and passive["consecutive_errors"] == 2 and passive["latency_s"] == 0.03
     assert progress == {"inflight": 3, "stalled_s": 0.0, "since_done_s": 0.0}
+
+
+def test_explain_shows_verdicts_with_their_reasons_and_failed_ticks() -> None:
+    from aios_blocks.handlers.explain import explain
+
+    events = [
+        ("aios.block.b.instance.b-0.added", {"data": {"node_id": "n1", "gpus": []}}),
+        ("aios.block.b.instance.b-0.verdict", {"data": {"verdict": "restart", "reason": "no task completed", "policy": "builtin:probe-threshold"}}),
+        ("aios.block.b.health.failed", {"data": {"step": "health_check", "reason": "policy raised"}}),
+    ]
+    x = explain(events)
+    inst = x["instances"]["b-0"]
+    assert inst["status"] == "running" and inst["health"] == "restart"
+    assert inst["verdicts"] == [{"verdict": "restart", "reason": "no task completed", "policy": "builtin:probe-threshold"}]
+    assert {"step": "health_check", "reason": "policy raised"} in x["failures"]

@@ -1210,11 +1210,14 @@ def _render_explain(x: dict[str, Any]) -> None:
         console.print(t)
     if x["instances"]:
         t = Table(title="instances")
-        for col in ("instance", "node", "GPUs", "placed by", "status"):
+        for col in ("instance", "node", "GPUs", "placed by", "status", "health"):
             t.add_column(col, overflow="fold")
         for iid, i in sorted(x["instances"].items()):
-            t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""))
+            t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""), i.get("health", ""))
         console.print(t)
+        for iid, i in sorted(x["instances"].items()):
+            for v in i.get("verdicts", []):
+                console.print(f"[yellow]{iid} {v['verdict']}[/] ({v['policy']}): {v['reason']}")
     for f in x["failures"]:
         console.print(f"[red]{f['step']} failed[/]: {f['reason']}")
     d = x["decisions"]
