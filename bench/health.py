@@ -116,7 +116,7 @@ async def _figures(rounds: int) -> list[common.Row]:
                 # -- kill ---------------------------------------------------------------------------
                 bid = f"kill{r}"
                 ports = [_port() for _ in range(4)]
-                procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), "ok"])  # noqa: ASYNC220 for p in ports]
+                procs = [subprocess.Popen([sys.executable, "-c", CHILD, str(p), "ok"]) for p in ports]  # noqa: ASYNC220
                 children += procs
                 await _wait_up(ports)
                 await put(bid, ports)
