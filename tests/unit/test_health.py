@@ -263,3 +263,64 @@ def test_explain_shows_verdicts_with_their_reasons_and_failed_ticks() -> None:
     assert inst["status"] == "running" and inst["health"] == "restart"
     assert inst["verdicts"] == [{"verdict": "restart", "reason": "no task completed", "policy": "builtin:probe-threshold"}]
     assert {"step": "health_check", "reason": "policy raised"} in x["failures"]
+
+
+# -- the probe path never queues behind real work ---------------------------------------------------------
+async def test_the_sdk_answers_health_while_every_task_slot_is_busy() -> None:
+    import asyncio
+    import threading
+
+    import aiohttp
+    from aiohttp.test_utils import TestServer
+
+    from aios_blocks.instance import InstanceApp, web_app
+
+    release = threading.Event()
+
+    def handler(task: Any, ctx: Any) -> Any:  # a CPU-bound model: a worker thread
+        release.wait(20)
+        return {"ok": True}
+
+    app = InstanceApp(handler, None, max_concurrency=2)
+    await app.start()
+    server = TestServer(web_app(app))
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            url = str(server.make_url("/"))
+            tasks = [asyncio.ensure_future(http.post(url + app.ctx.task_path.lstrip("/"), data=b"{}")) for _ in range(5)]
+            while app.metrics.system.running < 2 or app.metrics.system.waiting < 3:
+                await asyncio.sleep(0.01)
+            async with http.get(url + "health") as r:
+                assert r.status == 200 and (await r.json())["status"] == "ready"
+            assert not any(t.done() for t in tasks)  # answered while every slot is taken and tasks wait
+            release.set()
+            for t in tasks:
+                async with await t as r:
+                    assert r.status == 200
+    finally:
+        release.set()
+        await server.close()
+
+
+async def test_a_simulated_instance_answers_health_while_its_tasks_queue() -> None:
+    import asyncio
+
+    import aiohttp
+
+    from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+
+    server = SimServer()
+    try:
+        inst = await server.add("q", SimBehaviour(service_time_s=2.0, max_concurrency=1))
+        async with aiohttp.ClientSession() as http:
+            base = f"http://127.0.0.1:{inst.port}"
+            tasks = [asyncio.ensure_future(http.post(base + "/infer", json={})) for _ in range(3)]
+            await asyncio.sleep(0.2)
+            async with http.get(base + "/health") as r:
+                assert r.status == 200
+            assert not any(t.done() for t in tasks)
+            for t in tasks:
+                t.cancel()
+    finally:
+        await server.close()
