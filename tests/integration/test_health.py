@@ -371,7 +371,10 @@ async def test_a_hung_instance_is_restarted_in_place_then_replaced(fast_health: 
 
     async def load() -> None:
         while not stop.is_set():
-            statuses.append((await client.task(bid, b"{}", {"Aios-Timeout-Ms": "3000"}, timeout=10))[0])
+            try:
+                statuses.append((await client.task(bid, b"{}", {"Aios-Timeout-Ms": "3000"}, timeout=10))[0])
+            except TimeoutError:  # a slow round trip on a loaded machine: the load goes on
+                statuses.append(0)
 
     loaders = [asyncio.ensure_future(load()) for _ in range(4)]
 
