@@ -11,6 +11,10 @@ this executor's own in-flight counts and the latest metrics), the block's loadBa
   N ms", N estimated from the queue length, the block's recent service time and its capacity;
 * an instance leaving ``ready`` (``draining``) gets no new task; its tasks in flight finish, since
   the engine never cancels a dispatch;
+* an instance whose dispatch failed at the transport is ejected from this route for a while
+  (``executor.outlier``), and one the health checker marked ``unready`` gets no task; both stay
+  live (tasks wait for them rather than being refused); ``weight`` and ``health`` from the map
+  are in each candidate for the policy (docs/health.md);
 * a policy that raises, overruns its time limit or answers with something other than one of the
   given instances fails that task with a clear reason (:class:`Refused` 500); the executor and the
   other tasks go on.
