@@ -402,3 +402,18 @@ async def test_a_hung_instance_is_restarted_in_place_then_replaced(fast_health: 
     assert len(added) >= 2  # started, then restarted in place (same id) by its agent
     assert (await client.task(bid, b"{}", timeout=10))[0] == 200
     assert 200 in statuses
+
+
+async def test_the_probe_path_is_the_rules_and_probes_can_be_turned_off(rig: Rig) -> None:
+    a, b = await Inst("a").start(), await Inst("b").start()
+    rig.servers += [a, b]
+    # a path the instance does not serve: its probes fail (404) -> unready
+    await rig.put_map("hp", {"a": a.endpoint}, {"policyRuleURI": "builtin:probe-threshold", "settings": {"probePath": "/nope"}})
+    # the same path with probes off: passive and progress only -> no verdict
+    await rig.put_map("hp-off", {"b": b.endpoint},
+                      {"policyRuleURI": "builtin:probe-threshold", "settings": {"probePath": "/nope", "probe": False}})
+    await rig.until(lambda: rig.of("a", "unready"), 20)
+    assert "HTTP 404" in rig.of("a", "unready")[0]["reason"]
+    await rig.until(lambda: len(rig.checker.last) >= 2, 20)  # both blocks decided at least once
+    await asyncio.sleep(1.5)  # several more ticks
+    assert not rig.of("b") and "b" not in rig.checker.probes

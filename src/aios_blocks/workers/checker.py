@@ -73,12 +73,12 @@ class Checker:
             self.maps[bid] = value
 
     # -- probes ----------------------------------------------------------------------------------
-    async def probe(self, endpoint: str) -> tuple[bool, float, int, str]:
+    async def probe(self, endpoint: str, path: str = HEALTH_PATH) -> tuple[bool, float, int, str]:
         assert self.session is not None
         t0 = time.perf_counter()
         async with self._sem:
             try:
-                async with self.session.get(endpoint + HEALTH_PATH,
+                async with self.session.get(endpoint + path,
                                             timeout=aiohttp.ClientTimeout(total=self.s.health_probe_timeout_s)) as r:
                     await r.read()
                     return r.status == 200, time.perf_counter() - t0, r.status, "" if r.status == 200 else f"HTTP {r.status}"
@@ -93,8 +93,15 @@ class Checker:
         now = time.time()
         insts: dict[str, dict[str, Any]] = m.get("instances") or {}
         gen = int(m.get("gen", 0))
+        rule = dict(m.get("stabilityChecker") or DEFAULT_RULE)  # the mapper copies it from the block
+        settings = rule.get("settings") or {}
+        # rule settings the checker itself reads: probe (false: no active probe, only passive and
+        # progress signals) and probePath (default the instance protocol's /health)
+        path = str(settings.get("probePath") or HEALTH_PATH)
         probed = {iid: r for iid, r in insts.items() if r.get("state") == "ready" and r.get("endpoint")}
-        results = await asyncio.gather(*(self.probe(r["endpoint"]) for r in probed.values()))
+        if settings.get("probe") is False:
+            probed = {}
+        results = await asyncio.gather(*(self.probe(r["endpoint"], path) for r in probed.values()))
         for iid, (ok, lat, status, err) in zip(probed, results, strict=True):
             self.probes.setdefault(iid, st.ProbeRecord()).observe(ok, lat, status, err, now)
         passive = await self.w.store.health.passive(bid, max(5.0, self.s.outlier_publish_s * 10))
@@ -102,10 +109,8 @@ class Checker:
             metrics = await self.w.store.metrics.instances(bid)
         except Exception:
             metrics = {}
-        rule = dict(m.get("stabilityChecker") or DEFAULT_RULE)  # the mapper copies it from the block
         rule.setdefault("name", "stabilityChecker")
         rule.setdefault("policyRuleURI", DEFAULT_RULE["policyRuleURI"])
-        settings = rule.get("settings") or {}
         try:
             grace = float(settings.get("startupGraceS", self.s.health_startup_grace_s))
         except (TypeError, ValueError):
