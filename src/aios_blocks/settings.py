@@ -29,6 +29,7 @@ class Settings(BaseSettings):
     sim_start_delay_s: float = Field(0.05, ge=0, description="simulated fleet: how long an instance takes to start")
     sim_fail_rate: float = Field(0.0, ge=0, le=1, description="simulated fleet: share of instance starts that fail")
     sim_serve: bool = Field(True, description="simulated fleet: every simulated instance serves HTTP on 127.0.0.1 (task path, /health, /metrics)")
+    scale_down_grace_s: float = Field(20.0, ge=0, le=25, description="scale-down: the node agent lets the tasks in flight at a removed instance finish (it watches the instance's aios_instance_requests_running) for at most this long before it stops it; an instance with no such figure gets the whole grace (at most 25: under the 30 s ack wait of the remove command)")
     drain_grace_s: float = Field(0.25, ge=0, le=30, description="node agents wait this long between a planned remove command (the mapper marks the instance draining) and stopping an instance that serves HTTP, so every executor has stopped routing to it first")
     # -- stream ------------------------------------------------------------------------------------
     stream_max_age_s: float = Field(7 * 24 * 3600, gt=0, description="the AIOS stream keeps events this long")

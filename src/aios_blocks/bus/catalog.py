@@ -221,6 +221,16 @@ class E:
         "desired instance count (CLI --to, autoscaler, activator): the controller reaches it with scale / scale_down",
         id_rule="{block_id}:{gen}:scale.target:{request_id}",
     )
+    cluster_scale_down = Event(
+        "cluster.scale_down", f"{_C}.scale_down", ev.ScaleDownRequest, (A, C),
+        "remove instances down to a target (never below minInstances): resourceAllocator action scale_down picks each",
+        id_rule="{block_id}:{gen}:scale_down:{request_id}",
+    )
+    block_scale_down_chosen = Event(
+        "block.scale_down.chosen", f"{_B}.scale_down.chosen", ev.ScaleDownChosen, (C,),
+        "an instance chosen for removal (by the policy or the default, with the decisions): it drains, then goes",
+        id_rule="{block_id}:{gen}:scale_down.chosen:{instance_id}",
+    )
     cluster_reassignment = Event(
         "cluster.reassignment", f"{_C}.reassignment", ev.ReassignRequest, (A, C),
         "move one instance (CLI / health checker / controller after a fault)",
@@ -295,6 +305,11 @@ class E:
     block_scale_failed = Event(
         "block.scale.failed", f"{_B}.scale.failed", ev.StepFailed, (C,), "a scale step failed (block stays as it was)",
         id_rule="{block_id}:{gen}:scale.failed:{request_id}",
+    )
+    block_scale_down_failed = Event(
+        "block.scale_down.failed", f"{_B}.scale_down.failed", ev.StepFailed, (C,),
+        "a scale_down step failed (policy error, unknown instance, block not live): nothing removed by it",
+        id_rule="{block_id}:{gen}:scale_down.failed:{request_id}",
     )
     block_reassignment_failed = Event(
         "block.reassignment.failed", f"{_B}.reassignment.failed", ev.StepFailed, (C,), "a reassignment step failed",

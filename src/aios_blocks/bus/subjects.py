@@ -146,7 +146,7 @@ def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
 PARSER = consumer("parser", E.block_create)
 GATEWAY = consumer("gateway", E.block_parsed, E.block_dry_run_result)
 
-CONTROLLER_EVENTS = (E.cluster_dry_run, E.cluster_allocation, E.cluster_scale, E.cluster_reassignment)
+CONTROLLER_EVENTS = (E.cluster_dry_run, E.cluster_allocation, E.cluster_scale, E.cluster_scale_down, E.cluster_reassignment)
 
 
 def controller(cluster: str | None = None) -> ConsumerSpec:
@@ -163,7 +163,7 @@ def controller(cluster: str | None = None) -> ConsumerSpec:
 #: Shared by all controllers.
 LIFECYCLE = consumer(
     "lifecycle", E.instance_added, E.instance_removed, E.instance_failed, E.instance_unhealthy, E.block_delete,
-    E.node_dangling, E.node_registered,
+    E.node_dangling, E.node_registered, E.block_scale_target,
 )
 
 

@@ -22,7 +22,7 @@ from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.nats_bus import Bus
 from ..bus.subjects import uri_digest
-from ..handlers import parse
+from ..handlers import parse, scaling
 from ..handlers.controller import instance_id
 from ..handlers.plan import Plan, make_plan
 from ..policies.runtime import PolicyRuntime
@@ -37,6 +37,7 @@ from ..schemas.events import (
     PolicyUpdated,
     ReassignRequest,
     ScaleRequest,
+    ScaleTarget,
 )
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..state.inventory import Inventory, affinity_index
@@ -80,6 +81,20 @@ class Request:
         if kind == f"instance.{self.instance_id}.failed":
             return False, f"instance {self.instance_id} failed: {data.get('reason')}"
         return None
+
+
+@dataclass(frozen=True)
+class ScaleTo:
+    """A target this client published (``scale_to``): the count asked, the count the block will
+    have (clamped to ``[minInstances, maxInstances]``, ``note`` says how) and where it started."""
+
+    bid: str
+    request_id: str
+    seq: int
+    asked: int
+    target: int
+    note: str = ""
+    before: int = 0
 
 
 def _block_or_all(bid: str) -> str:
@@ -386,6 +401,67 @@ class Client:
         req = ScaleRequest(bid, block["cluster"], rid, gen=int(block["gen"]))
         ack = await self.bus.emit(E.cluster_scale, req)
         return Request(bid, "scale", ack.seq, rid, instance_id(bid, rid))
+
+    async def scale_to(self, bid: str, target: int, reason: str = "", source: str = "cli") -> ScaleTo:
+        """Set the block's desired instance count (``block.scale.target``); the controller clamps
+        it to ``[minInstances, maxInstances]`` and reaches it with scale-ups and scale-downs."""
+        if isinstance(target, bool) or not isinstance(target, int) or target < 0:
+            raise ValueError(f"target must be a count of instances >= 0, got {target!r}")
+        block = await self._live_block(bid)
+        ir = block["ir"]
+        clamped, note = scaling.clamp(target, int(ir["minInstances"]), int(ir["maxInstances"]))
+        before = scaling.running(await self.store.instances(bid))
+        rid = uuid.uuid4().hex[:12]
+        ack = await self.bus.emit(E.block_scale_target, ScaleTarget(bid, rid, target, reason, source, gen=int(block["gen"])))
+        return ScaleTo(bid, rid, ack.seq, target, clamped, note, before)
+
+    async def wait_scaled(
+        self, req: ScaleTo, timeout: float = 120.0, on_progress: Callable[[int, int, int], None] | None = None,
+        poll_s: float = 0.25,
+    ) -> tuple[bool, str]:
+        """Wait until the controller holds this target and the block runs exactly ``req.target``
+        instances and has no other (none starting, none being removed): (True, summary); (False, why) when a step of this target
+        failed (a policy error, a later target superseded it, the block went away).
+        ``on_progress(running, starting, removing)`` is called when the counts change.
+        ``TimeoutError`` after ``timeout`` seconds."""
+        failed: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+
+        async def watch_failures() -> None:
+            async for subject, env in self.follow(req.bid, from_seq=req.seq):
+                data = env.get("data") if isinstance(env.get("data"), dict) else {}
+                kind = event_kind(subject)
+                rid = str(data.get("request_id", ""))
+                if kind.endswith(".failed") and (rid == req.request_id or rid.startswith(req.request_id + ":")):
+                    failed.set_result(f"{data.get('step', kind)}: {data.get('reason', '')}")
+                    return
+                if kind in ("deleted", "failed") and not failed.done():
+                    failed.set_result(f"block {kind}")
+                    return
+
+        watcher = asyncio.create_task(watch_failures())
+        last: tuple[int, int, int] | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    if failed.done():
+                        return False, failed.result()
+                    block, insts = await self.store.block_view(req.bid)
+                    held = int((block or {}).get("desired_seq") or 0)
+                    if held > req.seq:
+                        return False, f"superseded by a later target ({(block or {}).get('desired')}, {(block or {}).get('desired_reason')})"
+                    counts = tuple(sum(1 for r in insts.values() if r.get("status") == s) for s in ("running", "starting", "removing"))
+                    if counts != last:
+                        last = counts  # type: ignore[assignment]
+                        if on_progress:
+                            on_progress(*counts)
+                    if held == req.seq and counts[0] == req.target and len(insts) == req.target:
+                        return True, f"{req.bid} runs {req.target} instance(s)"
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(asyncio.shield(failed), poll_s)
+        finally:
+            watcher.cancel()
+            with contextlib.suppress(BaseException):
+                await watcher
 
     async def reassign(self, bid: str, iid: str, reason: str = "requested") -> str:
         return (await self.reassign_request(bid, iid, reason)).request_id

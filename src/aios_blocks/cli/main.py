@@ -995,13 +995,45 @@ def _follow_request(make: Callable[[Client], Awaitable[Request]], wait: bool, ti
 
 
 @app.command()
-def scale(bid: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:
-    """Add one instance to a placed block (resourceAllocator action `scale`) and wait until it
-    runs. Exit 0 running, 3 failed (e.g. already at maxInstances), 5 timeout, 1 unknown block.
+def scale(
+    bid: str,
+    to: int | None = typer.Option(None, "--to", help="Desired instance count, clamped to [minInstances, maxInstances]: "
+                                  "reached with scale-ups and scale-downs (resourceAllocator actions scale, scale_down)."),
+    no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir,
+) -> None:
+    """Without --to: add one instance to a placed block (resourceAllocator action `scale`) and wait
+    until it runs. With --to N: set the block's desired count and wait until it runs exactly that
+    many (a scale-down drains the chosen instances first). Exit 0 done, 3 failed (e.g. already at
+    maxInstances, a policy error), 5 timeout, 1 unknown or unplaced block, 2 a bad N.
 
-    Example: `blocks scale blk-1234`
+    Example: `blocks scale blk-1234`, `blocks scale blk-1234 --to 3`
     """
-    raise typer.Exit(_follow_request(lambda c: c.scale_request(bid), not no_wait, timeout, data_dir))
+    if to is None:
+        raise typer.Exit(_follow_request(lambda c: c.scale_request(bid), not no_wait, timeout, data_dir))
+
+    async def go(c: Client) -> int:
+        req = await c.scale_to(bid, to)
+        clamp = f" ({req.note})" if req.note else ""
+        console.print(f"scale of {bid} to {req.target}{clamp} requested ({req.request_id}); running now: {req.before}")
+        if no_wait:
+            console.print(f"follow with: blocks watch {bid}")
+            return 0
+
+        def progress(running: int, starting: int, removing: int) -> None:
+            console.print(f"  running {running}, starting {starting}, removing {removing} (target {req.target})")
+
+        try:
+            ok, why = await c.wait_scaled(req, timeout, progress)
+        except TimeoutError:
+            err.print(f"[red]target {req.target} not reached after {timeout:g}s[/]; follow with: blocks watch {bid}")
+            return 5
+        if ok:
+            console.print(f"[green]scale done[/]: {escape(why)}")
+            return 0
+        err.print(f"[red]scale failed[/]: {escape(why)}")
+        return 3
+
+    raise typer.Exit(int(_request(go, data_dir)))
 
 
 @app.command()

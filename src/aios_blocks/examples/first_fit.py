@@ -3,7 +3,8 @@
 # context) returning {"node_id", "gpus"} for allocation/scale/reassignment and
 # {"selection_score_data": {"score", "node_info"}} for dry_run. First fit over the healthy nodes
 # (in node id order) of the payload's cluster_metrics; whole GPUs only. It counts its calls per
-# action in the shared context.
+# action in the shared context. It does not choose instances to remove (scale_down): it returns
+# nothing for that action, and the framework removes the least loaded, newest instance.
 class AIOSv1PolicyRule:
     def __init__(self, rule_id, settings, parameters):
         """
@@ -68,4 +69,6 @@ class AIOSv1PolicyRule:
                     "node_info": first,
                 }
             }
-        raise Exception(f"unsupported action {action}")
+        # any other action (scale_down: which instance to remove) is not this policy's business:
+        # answering nothing leaves the choice to the framework's default (docs/policies.md)
+        return None

@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 CLUSTER_ACTIONS = ("selection", "post_dry_run")
-RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment")
+RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment", "scale_down")
 #: loadBalancer: ``route`` once per task (inline), ``weights`` periodically (Starlark, off the task path)
 BALANCER_ACTIONS = ("route", "weights")
 
@@ -55,6 +55,16 @@ def check(action: str, result: Any) -> None:
         gpus = result.get("gpus", [])
         if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
             raise WrongShape(f"{action} gpus must be a list of GPU ids, got {_short(gpus)}")
+    elif action == "scale_down":
+        # {"instance_id": str} names the instance; None or an object without instance_id (a policy
+        # that does not know the action) leaves the choice to the framework's default
+        if result is None:
+            return
+        if not isinstance(result, dict):
+            raise WrongShape(f'scale_down must return {{"instance_id": str}} (or nothing: the default), got {_short(result)}')
+        named = result.get("instance_id")
+        if named is not None and (not isinstance(named, str) or not named):
+            raise WrongShape(f"scale_down instance_id must be an instance id (str), got {_short(named)}")
     elif action == "route":
         if not isinstance(result, dict) or not isinstance(result.get("instance_id"), str) or not result["instance_id"]:
             raise WrongShape(f'route must return {{"instance_id": str}} (one of the given instances), got {_short(result)}')

@@ -501,9 +501,11 @@ class _PlacementPolicy(_StarlarkPolicy):
     def share(self) -> bool:
         return bool(self.settings.get("gpuSharing", False))
 
-    def eval(self, parameters: Any, input_data: dict[str, Any], context: Any) -> dict[str, Any]:
+    def eval(self, parameters: Any, input_data: dict[str, Any], context: Any) -> dict[str, Any] | None:
         name = self._program.name
         action = input_data.get("action")
+        if action == "scale_down":
+            return None  # a placement scriptlet does not choose removals: the framework's default
         if action not in ("dry_run", "allocation", "scale", "reassignment"):
             raise StarlarkError(f"{name}: an instance_placement scriptlet cannot serve action {action!r}")
         payload = input_data.get("payload") or {}

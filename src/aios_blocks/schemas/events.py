@@ -141,6 +141,44 @@ class ScaleRequest(msgspec.Struct):
     block_metrics: dict[str, Any] = {}
     #: the block's generation when the request was made (0: whichever is current)
     gen: int = 0
+    #: the version of the block's desired count (``desired_seq``) that asked for this instance;
+    #: 0: a plain "one more" (``blocks scale BID``). A step whose target was superseded places nothing
+    target_seq: int = 0
+
+
+class ScaleDownRequest(msgspec.Struct):
+    """Remove instances of a block down to ``target`` (never below ``minInstances``): the
+    resourceAllocator (action ``scale_down``) names each one; it drains, then is removed."""
+
+    block_id: str
+    cluster_id: str
+    request_id: str
+    #: the instance count to come down to (the floor: the step never goes below it)
+    target: int
+    #: how many instances this step removes at most
+    count: int = 1
+    block_metrics: dict[str, Any] = {}
+    #: the block's generation when the request was made (0: whichever is current)
+    gen: int = 0
+    #: as ``ScaleRequest.target_seq``: 0 = not from a target
+    target_seq: int = 0
+    reason: str = ""
+
+
+class ScaleDownChosen(msgspec.Struct):
+    """An instance chosen by a ``scale_down`` step: it drains (no new task), then is removed."""
+
+    block_id: str
+    gen: int
+    cluster_id: str
+    request_id: str
+    instance_id: str
+    node_id: str
+    #: ``policy`` (the resourceAllocator named it) or ``default`` (least loaded, newest first)
+    chosen_by: str
+    reason: str = ""
+    #: the policy calls this step made (folded into the step's event, not stored apart)
+    decisions: list[Decision] = []
 
 
 class ScaleTarget(msgspec.Struct):
@@ -209,6 +247,9 @@ class InstanceCommand(msgspec.Struct):
     #: how to run it (``schemas.spec.Launch`` JSON) and what it was reserved (cpu, memory, gpus...)
     launch: dict[str, Any] = {}
     resources: dict[str, Any] = {}
+    #: remove commands of a scale-down: the node agent lets tasks in flight at the instance finish,
+    #: for at most this many seconds, before it stops it (0: no wait beyond ``drain_grace_s``)
+    drain_s: float = 0.0
 
 
 class InstanceEvent(msgspec.Struct):

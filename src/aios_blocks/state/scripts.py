@@ -241,3 +241,45 @@ end
 redis.call('HSET', KEYS[1], ARGV[1], new)
 return redis.call('HGETALL', KEYS[1])
 """
+
+# KEYS: block.  ARGV: gen ('' = any), live statuses (comma list), target, target version (the
+# stream sequence of the target event), JSON of extra fields (reason, source...).
+# The block's desired instance count: set only if the block is live, of that generation, and the
+# version is not older than the one it holds (the latest target wins; a redelivery of the same one
+# is accepted again). Returns {1, 'ok'} or {0, current status | 'absent' | 'stale-gen:G' |
+# 'superseded:V'}.
+SET_DESIRED = r"""
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'status', 'desired_seq')
+if not cur[1] then return {0, 'absent'} end
+if ARGV[1] ~= '' and cur[1] ~= ARGV[1] then return {0, 'stale-gen:' .. cur[1]} end
+local ok = false
+for s in string.gmatch(ARGV[2], '([^,]+)') do if s == cur[2] then ok = true end end
+if not ok then return {0, cur[2]} end
+if tonumber(cur[3] or '0') > tonumber(ARGV[4]) then return {0, 'superseded:' .. cur[3]} end
+redis.call('HSET', KEYS[1], 'desired', ARGV[3], 'desired_seq', ARGV[4])
+local extra = cjson.decode(ARGV[5])
+for k, val in pairs(extra) do redis.call('HSET', KEYS[1], k, val) end
+return {1, 'ok'}
+"""
+
+# KEYS: the block's instances hash.  ARGV: instance id, floor, request id.
+# Marks one instance ``removing`` for a scale-down, only while the block keeps more than ``floor``
+# instances that are not already on their way out (starting or running): two scale-downs racing
+# can never take the block below its floor (minInstances, or the target). The record gets
+# ``"drain":"<request id>"`` (who removed it). Returns 'ok', 'absent', 'removing' (already going)
+# or 'floor'.
+DRAIN_INSTANCE = r"""
+local raw = redis.call('HGET', KEYS[1], ARGV[1])
+if not raw then return 'absent' end
+if string.find(raw, '"status":"removing"', 1, true) then return 'removing' end
+local all = redis.call('HVALS', KEYS[1])
+local live = 0
+for _, v in ipairs(all) do
+  if not string.find(v, '"status":"removing"', 1, true) then live = live + 1 end
+end
+if live <= tonumber(ARGV[2]) then return 'floor' end
+local new = string.gsub(raw, '"status":"[^"]*"', function() return '"status":"removing"' end, 1)
+new = '{"drain":' .. cjson.encode(ARGV[3]) .. (string.sub(new, 2, 2) == '}' and '' or ',') .. string.sub(new, 2)
+redis.call('HSET', KEYS[1], ARGV[1], new)
+return 'ok'
+"""

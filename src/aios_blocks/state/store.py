@@ -73,8 +73,10 @@ class Store:
         #: the metrics collector's windows and the workers' /metrics targets (``state.metrics``)
         self.metrics = MetricsStore(r)
         self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
+        self._set_desired = r.register_script(scripts.SET_DESIRED)
+        self._drain = r.register_script(scripts.DRAIN_INSTANCE)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
-                         self._health_cas, self._claim_due, self._set_status)
+                         self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -272,6 +274,23 @@ class Store:
             args.append(str(in_round))
         ok, info = await self._transition(keys=[block_key(bid)], args=args)
         return bool(ok), str(info)
+
+    async def set_desired(
+        self, bid: str, gen: int | None, target: int, version: int, live: Iterable[str], **fields: Any
+    ) -> tuple[bool, str]:
+        """Compare-and-set the block's desired instance count (``desired``, ``desired_seq``): only
+        for a live block of generation ``gen``, and only from a ``version`` not older than the one
+        it holds (the latest target wins; the same one again is accepted). (done, why not)."""
+        args = ["" if gen is None else str(gen), ",".join(sorted(live)), str(int(target)), str(int(version)),
+                _dumps(_strs({**fields, "updated": time.time()}))]
+        ok, info = await self._set_desired(keys=[block_key(bid)], args=args)
+        return bool(ok), str(info)
+
+    async def drain_instance(self, bid: str, iid: str, floor: int, request_id: str) -> str:
+        """Mark one instance ``removing`` for a scale-down unless that takes the block to ``floor``
+        or below (atomic over the block's instances, ``scripts.DRAIN_INSTANCE``): ``ok``,
+        ``absent``, ``removing`` (already going) or ``floor``."""
+        return str(await self._drain(keys=[inst_key(bid)], args=[iid, str(int(floor)), request_id]))
 
     async def get_block(self, bid: str) -> dict[str, Any] | None:
         return _block(await self.r.hgetall(block_key(bid)))
@@ -689,7 +708,7 @@ def _block(h: dict[str, str]) -> dict[str, Any] | None:
     out: dict[str, Any] = dict(h)
     if "ir" in out:
         out["ir"] = _json.decode(out["ir"])
-    for k in ("gen", "version"):
+    for k in ("gen", "version", "desired", "desired_seq"):
         if k in out:
             out[k] = int(out[k])
     return out

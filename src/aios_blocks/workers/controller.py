@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from typing import Any
 
 import msgspec
@@ -15,12 +16,12 @@ from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
 from ..bus.runner import Defer
 from ..handlers import controller as h
-from ..handlers import faults
+from ..handlers import faults, scaling
 from ..handlers import lifecycle as lc
 from ..handlers.effects import ReadyIfRunning
 from ..policies import capacity
 from ..policies.affinity import uid
-from ..schemas.errors import PlacementFailed
+from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import (
     AllocationRequest,
     Dangling,
@@ -35,7 +36,10 @@ from ..schemas.events import (
     Placement,
     PlacementMade,
     ReassignRequest,
+    ScaleDownChosen,
+    ScaleDownRequest,
     ScaleRequest,
+    ScaleTarget,
     StepFailed,
 )
 from ..schemas.lifecycle import LIVE, Step
@@ -108,6 +112,14 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             return
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
+        if ev.target_seq and iid not in current:
+            why = _superseded(block, ev.target_seq, len(scaling.live(current)), up=True)
+            if why.startswith("superseded"):
+                await _step_failed(w, ev.block_id, block, "scale", ev.request_id, why)
+                return
+            if why:  # reached meanwhile (another copy's step): nothing to do, nothing failed
+                log.info("scale.skipped", block=ev.block_id, request=ev.request_id, why=why)
+                return
         if iid not in current and len(current) >= ir["maxInstances"]:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, f"already at maxInstances ({ir['maxInstances']})")
             return
@@ -121,6 +133,10 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, exc.reason, trace)
             return
         await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id, trace=trace)
+
+    @router.on(E.cluster_scale_down)
+    async def on_scale_down(m: Inbound[ScaleDownRequest]) -> None:
+        await scale_down(w, m.data)
 
     @router.on(E.cluster_reassignment)
     async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
@@ -246,6 +262,10 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         # list everywhere (reloading a 1,000-node cluster per registration stalled placements)
         await w.hint(node.cluster, None if new or not known else [node.id])
 
+    @router.on(E.block_scale_target)
+    async def on_scale_target(m: Inbound[ScaleTarget]) -> None:
+        await scale_target(w, m.data, m.stream_seq)
+
     @router.on(E.block_delete)
     async def on_delete(m: Inbound[DeleteRequest]) -> None:
         await commit(w, lc.on_delete(m.data.block_id, await view(m.data.block_id)))
@@ -369,7 +389,8 @@ async def _start(
     await w.store.start_instances(
         bid,
         {
-            p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action}
+            p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action,
+                       "since": round(time.time(), 3)}
             for p in placements
         },
         index,
@@ -394,5 +415,130 @@ async def _step_failed(
     trace: list[Decision] | None = None,
 ) -> None:
     gen = block["gen"] if block else 0
-    event = E.block_scale_failed if step == "scale" else E.block_reassignment_failed
+    event = {"scale": E.block_scale_failed, "scale.target": E.block_scale_failed, "scale_down": E.block_scale_down_failed}.get(
+        step, E.block_reassignment_failed)
     await w.bus.emit(event, StepFailed(bid, gen, step, reason, request_id, decisions=trace or []))
+
+
+# -- scaling to a target, scale-down ---------------------------------------------------------------
+def _superseded(block: dict[str, Any], target_seq: int, live: int, up: bool) -> str:
+    """Why a step asked for by target version ``target_seq`` must not act now ('' if it may): a
+    later target replaced it, or the block already has what the current target asks."""
+    held = int(block.get("desired_seq") or 0)
+    if held != target_seq:
+        return f"superseded by a later target (desired {block.get('desired', '?')})"
+    desired = int(block.get("desired") or 0)
+    if up and live >= desired:
+        return f"target {desired} already reached"
+    return ""
+
+
+async def scale_target(w: Worker, ev: ScaleTarget, seq: int) -> None:
+    """A desired instance count: clamped, stored on the block (the latest target wins), then
+    reached with scale steps (one per missing instance) or one scale_down step."""
+    bid = ev.block_id
+    block, insts = await w.store.block_view(bid) if ID_RE.match(bid or "") else (None, {})
+    if block is None or block["status"] not in LIVE or not block.get("cluster") or (ev.gen and ev.gen != block["gen"]):
+        why = "unknown block" if block is None else (
+            f"block is {block['status']}" if block["status"] not in LIVE or not block.get("cluster")
+            else f"block generation is {block['gen']}, the target was for {ev.gen}")
+        await _step_failed(w, bid, block, "scale.target", ev.request_id, f"target {ev.target} not applied: {why}")
+        return
+    ir, gen = block["ir"], block["gen"]
+    target, note = scaling.clamp(int(ev.target), int(ir["minInstances"]), int(ir["maxInstances"]))
+    reason = "; ".join(x for x in (f"{ev.source}: {ev.reason}" if ev.reason else ev.source, f"clamped: {note}" if note else "") if x)
+    ok, info = await w.store.set_desired(bid, gen, target, seq, LIVE, desired_reason=reason, desired_request=ev.request_id)
+    if not ok:
+        log.info("scale.target_ignored", block=bid, target=target, why=info)
+        if not info.startswith("superseded"):
+            await _step_failed(w, bid, block, "scale.target", ev.request_id, f"target {ev.target} not applied: block is {info}")
+        return
+    plan = scaling.plan_target(ev.request_id, target, insts, lambda rid: h.instance_id(bid, rid))
+    log.info("scale.target", block=bid, asked=ev.target, target=target, note=note, source=ev.source,
+             up=len(plan.up), down=plan.down)
+    cid = block["cluster"]
+    out = [Emit(E.cluster_scale, ScaleRequest(bid, cid, rid, gen=gen, target_seq=seq)) for rid in plan.up]
+    if plan.down:
+        out.append(Emit(E.cluster_scale_down, ScaleDownRequest(
+            bid, cid, plan.down_request, target, plan.down, gen=gen, target_seq=seq, reason=reason)))
+    await w.bus.emit_all(out)
+
+
+async def scale_down(w: Worker, ev: ScaleDownRequest) -> None:
+    """Remove up to ``ev.count`` instances, never below ``max(minInstances, ev.target)``: for each,
+    the resourceAllocator (action ``scale_down``) names it (or leaves it to the default: least
+    loaded, newest first); it is marked removing atomically with the floor check
+    (``Store.drain_instance``), the decision is published (``scale_down.chosen``) and its node
+    told to drain and remove it. A policy that fails, or names no live instance, fails the step
+    with the reason: nothing more is removed. A redelivery re-sends what it already chose (the
+    stream deduplicates) and never goes below the floor."""
+    bid = ev.block_id
+    block, insts = await w.store.block_view(bid)
+    if block is None or block["status"] not in LIVE or (ev.gen and ev.gen != block["gen"]):
+        await _step_failed(w, bid, block, "scale_down", ev.request_id, f"block is {block['status'] if block else 'unknown'}")
+        return
+    ir, gen = block["ir"], block["gen"]
+    floor = max(int(ir["minInstances"]), int(ev.target), 0)
+    grace = float(w.settings.scale_down_grace_s)
+    # what this request already chose (a redelivery): told again, deduplicated by the stream
+    mine = {iid: rec for iid, rec in insts.items() if rec.get("drain") == ev.request_id}
+    if mine:
+        await w.bus.emit_all([
+            Emit(E.node_instance_remove, InstanceCommand(bid, gen, rec["cluster"], iid, rec["node"], [],
+                                                         reason=f"scale down ({ev.request_id})", drain_s=grace))
+            for iid, rec in mine.items()
+        ])
+    done = len(mine)
+    metrics: dict[str, dict[str, Any]] = {}
+    try:
+        metrics = await w.store.metrics.instances(bid)
+    except Exception as exc:
+        log.warning("controller.instance_metrics_unavailable", block=bid, error=repr(exc))
+    bm = await block_metrics(w, bid, ev.block_metrics)
+    races = 0
+    while done < ev.count:
+        if ev.target_seq:
+            fresh = await w.store.get_block(bid)
+            why = _superseded(fresh or {}, ev.target_seq, 0, up=False)
+            if why:
+                if not done:
+                    await _step_failed(w, bid, block, "scale_down", ev.request_id, why)
+                return
+        cands = scaling.candidates(insts, metrics, time.time())
+        if len(cands) <= floor:
+            if not done:
+                await _step_failed(w, bid, block, "scale_down", ev.request_id,
+                                   f"nothing to remove: {len(cands)} instance(s), floor {floor} (minInstances {ir['minInstances']})")
+            return
+        trace: list[Decision] = []
+        nodes = await w.inventory.nodes(block["cluster"])
+        clusters = await w.inventory.clusters()
+        data = h.payload(ir, clusters.get(block["cluster"], {"id": block["cluster"], "labels": {}}), nodes, insts,
+                         await w.affinity_index(ir), block_metrics=bm)
+        data["instances"] = cands  # the seed's scale payload plus the instances to choose from
+        try:
+            result = await w.invoke(ir, "resourceAllocator", {"action": "scale_down", "payload": data}, trace)
+            iid, by = scaling.choice(result, cands)
+        except (PolicyFailed, scaling.ChoiceRefused) as exc:
+            await _step_failed(w, bid, block, "scale_down", ev.request_id, str(exc), trace)
+            return
+        rec = insts[iid]
+        marked = await w.store.drain_instance(bid, iid, floor, ev.request_id)
+        if marked == "floor":
+            return  # a concurrent scale-down took the block to the floor first
+        if marked != "ok":  # gone or going meanwhile (another step chose it): look again
+            races += 1
+            if races > 5:
+                await _step_failed(w, bid, block, "scale_down", ev.request_id, f"instances kept changing under the step ({marked})", trace)
+                return
+            insts = await w.store.instances(bid)
+            continue
+        why = "chosen by the resourceAllocator" if by == "policy" else "default: least loaded, newest first"
+        cmd = InstanceCommand(bid, gen, rec["cluster"], iid, rec["node"], [], reason=f"scale down ({ev.request_id})", drain_s=grace)
+        await w.bus.emit_all([
+            Emit(E.block_scale_down_chosen, ScaleDownChosen(bid, gen, rec["cluster"], ev.request_id, iid, rec["node"], by,
+                                                          f"{why}; {ev.reason}" if ev.reason else why, trace)),
+            Emit(E.node_instance_remove, cmd),
+        ])
+        done += 1
+        insts = {**insts, iid: {**rec, "status": "removing", "drain": ev.request_id}}

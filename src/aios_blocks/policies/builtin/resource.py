@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...handlers import scaling
 from .. import affinity, capacity
 
 
@@ -42,6 +43,8 @@ class _ResourceAllocator:
     def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> dict[str, Any]:
         action = input_data["action"]
         payload = input_data["payload"]
+        if action == "scale_down":  # the framework's default: the least loaded, newest first
+            return {"instance_id": scaling.default_pick(payload["instances"])}
         index = payload["cluster_metrics"].get("affinity_index") or affinity.empty_index()
         needs = payload["block"]["resources"]
         nodes = payload["cluster_metrics"]["nodes"]

@@ -41,7 +41,7 @@ from ...schemas.events import (
     InstanceEvent,
     NodeRegistered,
 )
-from ...schemas.protocol import endpoint_port, endpoint_url
+from ...schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
 from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ...schemas.spec import Launch, Node
 from .gpus import GpuSource, GpuSourceKind
@@ -169,7 +169,7 @@ class NodeAgent:
         if m.event is E.node_instance_create:
             await self.create(cmd)
         else:
-            await self.remove(cmd.block_id, cmd.gen, cmd.instance_id, cmd.reason or "removed")
+            await self.remove(cmd.block_id, cmd.gen, cmd.instance_id, cmd.reason or "removed", cmd.drain_s)
 
     async def create(self, cmd: InstanceCommand) -> None:
         iid = cmd.instance_id
@@ -202,9 +202,13 @@ class NodeAgent:
             INSTANCES.labels(self.node_id).set(len(self.runners))
             await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=endpoint)
 
-    async def remove(self, bid: str, gen: int, iid: str, reason: str) -> None:
-        if self.cfg.drain_grace_s > 0 and self.meta.get(iid, {}).get("endpoint") and not reason.startswith("evicted"):
-            await asyncio.sleep(self.cfg.drain_grace_s)  # let every executor see ``draining`` first
+    async def remove(self, bid: str, gen: int, iid: str, reason: str, drain_s: float = 0.0) -> None:
+        endpoint = str(self.meta.get(iid, {}).get("endpoint") or "")
+        if endpoint and not reason.startswith("evicted"):
+            if self.cfg.drain_grace_s > 0:
+                await asyncio.sleep(self.cfg.drain_grace_s)  # let every executor see ``draining`` first
+            if drain_s > 0:  # a scale-down: the tasks in flight finish first (bounded)
+                await self.drain(iid, endpoint, drain_s)
         async with self._locks[iid]:
             self.removed[iid] = max(gen, self.removed.pop(iid, gen))
             while len(self.removed) > REMOVED_KEEP:
@@ -220,6 +224,25 @@ class NodeAgent:
                     await self._adopt(found, watch=False).close()
             INSTANCES.labels(self.node_id).set(len(self.runners))
             await self._fact(bid, gen, iid, "removed", reason, [])
+
+    async def drain(self, iid: str, endpoint: str, grace_s: float, poll_s: float = 0.1) -> str:
+        """Wait until the instance has no task in flight (its ``/metrics`` says
+        ``aios_instance_requests_running 0``), for at most ``grace_s``; an instance that gives no
+        such figure gets the whole grace. Returns how it ended: ``idle``, ``grace`` or ``no-figure``."""
+        deadline = time.monotonic() + grace_s
+        while True:
+            running = await in_flight(endpoint)
+            left = deadline - time.monotonic()
+            if running is None:
+                log.info("instance.drain", node=self.node_id, instance=iid, how="no in-flight figure: the whole grace", grace_s=grace_s)
+                await asyncio.sleep(max(left, 0.0))
+                return "no-figure"
+            if running <= 0:
+                return "idle"
+            if left <= 0:
+                log.warning("instance.drain_grace_over", node=self.node_id, instance=iid, running=running, grace_s=grace_s)
+                return "grace"
+            await asyncio.sleep(min(poll_s, left))
 
     # -- building and adopting runners ---------------------------------------------------------------
     def _build(self, cmd: InstanceCommand) -> Runner:
@@ -389,6 +412,24 @@ class NodeAgent:
 
 #: the instance facts an agent publishes, by the word its lifecycle uses
 FACTS = {"added": E.instance_added, "removed": E.instance_removed, "failed": E.instance_failed, "unhealthy": E.instance_unhealthy}
+
+
+async def in_flight(endpoint: str, timeout_s: float = 1.0) -> float | None:
+    """Tasks the instance at ``endpoint`` handles now, from its ``/metrics``
+    (``aios_instance_requests_running``); None when it does not say (no page, no such figure)."""
+    import aiohttp
+
+    from ...instance.metrics import RUNNING, parse_text
+
+    try:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \
+                session.get(endpoint + METRICS_PATH) as resp:
+            if resp.status != 200:
+                return None
+            text = await resp.text()
+    except Exception:
+        return None
+    return parse_text(text).get(RUNNING)
 
 
 def _resource(runner: Runner, stage: str) -> Any:
