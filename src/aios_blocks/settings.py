@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     executor_policy_time_limit_ms: float = Field(5.0, gt=0, description="time limit of one inline custom Python loadBalancer decision")
     executor_weights_interval_s: float = Field(1.0, gt=0, description="how often a Starlark loadBalancer policy recomputes its weights")
     executor_scrape_interval_s: float = Field(0.25, ge=0, description="how often the executor reads instances' /metrics for builtin:least-queue (0 = never)")
+    activator_hold_s: float = Field(30.0, gt=0, description="scale-to-zero (minInstances 0): how long the executor holds a task while the block's first instance starts (then 503 with the reason)")
+    activator_max_held: int = Field(1000, ge=0, description="scale-to-zero: tasks held per block and executor while the first instance starts (beyond: 429)")
     # -- metrics (docs/metrics.md) ----------------------------------------------------------------
     metrics_port: int = Field(0, ge=-1, le=65535, description="port of each worker's Prometheus /metrics (0 = a free one, registered in Redis for the collector and `blocks prometheus-config`; -1 = none)")
     metrics_host: str = Field("127.0.0.1", description="address the workers' /metrics and the collector's discovery listen on, and that Prometheus is given")

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
-from aios_blocks.schemas.spec import Cluster, Gpu, Node
+import pytest
 
-from .conftest import System
+from aios_blocks.cli.client import Client
+from aios_blocks.schemas.spec import Cluster, Gpu, Node
+from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.workers.supervisor import DEFAULT_LAYOUT, Supervisor
+
+from .conftest import COMPONENT, System
 
 
 async def _cluster(system: System, cid: str, nodes: int, gpus: int, trusted: tuple[int, ...] = ()) -> None:
@@ -113,7 +121,7 @@ async def test_invalid_affinity_is_rejected_at_parse_time(system: System) -> Non
     aff = [
         {"category": "Facility", "strength": "Required", "target": {"type": "NodeId", "value": "x"}},
         {"category": "Trust", "strength": "Required", "target": {"type": "NodeId", "value": "x"}},
-        {"category": "Resource", "strength": "Adaptive", "target": {"type": "NodeId", "value": "x"}},
+        {"category": "Resource", "strength": "Sometimes", "target": {"type": "NodeId", "value": "x"}},
     ]
     _, kind, env = await system.submit_and_wait(_spec("bad-aff", aff))
     assert kind == "rejected"
@@ -133,3 +141,78 @@ async def test_preferred_affinity_chooses_the_cluster_too(system: System) -> Non
     bid, kind, env = await system.submit_and_wait(_spec("pref-c1", aff))
     assert kind == "ready" and env["data"]["cluster_id"] == "c1"
     assert next(iter((await system.client.store.instances(bid)).values()))["node"] == "c1-n1"
+
+
+@pytest.fixture
+async def quiet_system(tmp_path: Path) -> AsyncIterator[System]:
+    """The system without the metrics collector: the test writes the instance samples itself,
+    as the collector would, and nothing overwrites them."""
+    data = tmp_path / "data"
+    servers = EmbeddedServers(data_dir=data).start()
+    layout = {k: n for k, n in DEFAULT_LAYOUT.items() if k != "metrics"}
+    sup = Supervisor(servers.nats_url, servers.redis_url, layout=layout, log_dir=str(data / "logs"),
+                     role_env=servers.worker_env).start()
+    client = await Client.open(servers.nats_url, servers.redis_url)
+    await client.add_component(COMPONENT)
+    try:
+        yield System(servers, sup, client, data)
+    finally:
+        await client.close()
+        sup.stop()
+        servers.stop()
+
+
+async def _new_instance(system: System, bid: str, before: set[str], timeout: float = 30) -> tuple[str, str]:
+    async with asyncio.timeout(timeout):
+        while True:
+            insts = await system.client.store.instances(bid)
+            new = [iid for iid in insts if iid not in before]
+            if new:
+                return new[0], insts[new[0]]["node"]
+            await asyncio.sleep(0.05)
+
+
+async def test_adaptive_affinity_moves_a_placement_toward_the_node_whose_instances_answer_fastest(quiet_system: System) -> None:
+    """Adaptive toward rack 1 (both nodes): with no metrics it weighs as Preferred on both and
+    spread decides; with the block's instances on adp-n0 answering in 10 ms and on adp-n1 in 40 ms
+    the adapt stage weighs adp-n0 up (x1) and adp-n1 down (x0.5), so the next instance goes to
+    adp-n0 although spread alone (adp-n1 has more free GPUs) would take adp-n1. `blocks explain`
+    shows the base weight, the adapted weight and why."""
+    system = quiet_system
+    c = system.client
+    await c.add_cluster(Cluster(id="adp"))
+    for n in range(2):
+        await c.add_node(Node(id=f"adp-n{n}", cluster="adp", labels={"rack": "1"},
+                              gpus=[Gpu(id=f"adp-n{n}-g{g}") for g in range(4)]))
+    aff = [{"category": "Topology", "strength": "Adaptive", "target": {"type": "RackId", "value": 1}}]
+    bid, kind, env = await system.submit_and_wait(_spec("adapt-1", aff, mn=2, mx=5, policy="builtin:spread"))
+    assert kind == "ready", env
+    insts = await c.store.instances(bid)
+    assert sorted(i["node"] for i in insts.values()) == ["adp-n0", "adp-n1"]  # spread: one each
+
+    # no metrics: the base weight on both; the tie goes to spread's order (adp-n0 first)
+    await c.scale(bid)
+    first, node = await _new_instance(system, bid, set(insts))
+    assert node == "adp-n0"
+    insts = await c.store.instances(bid)  # adp-n0: 2 instances (2 GPUs free), adp-n1: 1 (3 free)
+
+    # the collector's latest samples: adp-n0's instances answer in 10 ms, adp-n1's in 40 ms
+    now = time.time()
+    samples = {iid: {"t": now, "state": "ready", "node": i["node"], "up": True, "inflight": 0.0, "rate": 5.0,
+                     "error_rate": 0.0, "latency_p50_ms": 10.0 if i["node"] == "adp-n0" else 40.0,
+                     "latency_p99_ms": 50.0, "dispatch_p50_ms": None} for iid, i in insts.items()}
+    block_sample = {"t": now, "cluster": "adp", "instances": len(insts), "ready": len(insts)}
+    await c.store.metrics.write({bid: (block_sample, samples)}, keep=60, ttl_s=60)
+    await c.scale(bid)
+    second, node = await _new_instance(system, bid, set(insts))
+    assert node == "adp-n0"  # spread alone would take adp-n1 (more free GPUs)
+
+    from aios_blocks.handlers.explain import explain
+
+    x = explain([(s, e) for s, e, _ in await c.history(bid, idle=0.2)])
+    assert x["adapt"]["figure"] == "latency_p50_ms" and x["adapt"]["block_median_ms"] == 10.0
+    assert x["adapt"]["nodes"]["adp-n0"]["multiplier"] == 1.0 and x["adapt"]["nodes"]["adp-n1"]["multiplier"] == 0.5
+    [rec] = x["instances"][second]["adaptive"]
+    assert (rec["base"], rec["weight"]) == (1.0, 1.0) and "latency_p50_ms 10 ms here" in rec["why"]
+    [rec] = x["instances"][first]["adaptive"]
+    assert (rec["base"], rec["weight"]) == (1.0, 1.0) and "no live metrics" in rec["why"]

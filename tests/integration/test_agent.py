@@ -24,7 +24,7 @@ import pytest
 
 from aios_blocks.cli.client import Client, decisions_of
 from aios_blocks.workers.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.workers.auth import url_user
 
 from .conftest import COMPONENT, System
@@ -72,7 +72,7 @@ class Agents:
             from aios_blocks.workers.agent.runtime_docker import DockerRuntime
 
             return DockerRuntime()
-        return ProcessRuntime()
+        return ProcessRuntime(scope=process_scope(self.base / "agent"))  # this test's agents' processes only
 
     async def environment(self, inst: RuntimeInstance) -> dict[str, str]:
         """The environment the instance really runs with (the container's config, the process's)."""

@@ -487,3 +487,55 @@ async def test_a_stopping_executor_answers_every_task_it_took(rig: Rig) -> None:
     finally:
         stop.set()
         await w.close()
+
+
+async def test_a_task_for_a_block_scaled_to_zero_is_held_until_an_instance_is_ready(rig: Rig) -> None:
+    """The activator: a block of minInstances 0 gets its map when it becomes ready (no placement),
+    its tasks are held while the executor asks once for an instance (block.scale.target, target 1,
+    source activator), and answered by the instance the mapper then shows ready."""
+    from aios_blocks.schemas.events import BlockStatus
+
+    bus = rig.client.bus
+    ir = {"blockId": "zed", "minInstances": 0, "maxInstances": 2}
+    ok, _ = await rig.client.store.create_block("zed", 3, "d", {"status": "ready", "ir": ir, "cluster": "c-zed"})
+    assert ok
+    targets: list[dict[str, Any]] = []
+
+    async def on_target(m: Any) -> None:
+        targets.append(msgspec.json.decode(m.data)["data"])
+
+    sub = await bus.nc.subscribe(E.block_scale_target.subject(bid="zed"), cb=on_target)
+    await bus.emit(E.block_ready, BlockStatus("zed", 3, "ready", "", "c-zed", []))
+    async with asyncio.timeout(10):
+        while rig.executor.routes.get("zed") is None:
+            await asyncio.sleep(0.01)
+    route = rig.executor.routes["zed"]
+    assert route.scale_to_zero and not route.views
+
+    # a task with a time limit shorter than the hold is answered at its limit, with the reason
+    s, body, h = await rig.task("zed", Aios_Timeout_Ms="300")
+    assert s == 503 and "scaled to zero" in h["Aios-Error"] and msgspec.json.decode(body)["status"] == 503
+
+    held = [asyncio.ensure_future(rig.task("zed", b'{"n": %d}' % n)) for n in range(3)]
+    async with asyncio.timeout(10):
+        while route.held < 3:
+            await asyncio.sleep(0.01)
+    assert not any(t.done() for t in held)
+    async with asyncio.timeout(10):
+        while not targets:
+            await asyncio.sleep(0.01)
+    t = targets[0]
+    assert (t["block_id"], t["target"], t["source"], t["gen"]) == ("zed", 1, "activator", 3)
+
+    # the controller scaled it up: the agent reports the instance, the mapper marks it ready
+    a = await rig.backend("a")
+    await bus.emit(E.instance_added, InstanceEvent("zed", 3, "zed-0", "n-zed", endpoint=a.endpoint))
+    answers = await asyncio.wait_for(asyncio.gather(*held), 15)
+    assert [s for s, _, _ in answers] == [200, 200, 200]
+    assert sorted(b for _, b in a.hits) == [b'{"n": %d}' % n for n in range(3)]
+    assert route.held == 0
+    # one request for the whole hold period (the first task's, the 300 ms one), not one per task
+    await sub.unsubscribe()
+    assert len(targets) == 1, targets
+    s, _, _ = await rig.task("zed")
+    assert s == 200

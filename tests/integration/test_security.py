@@ -327,6 +327,14 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
     assert not await checker.denied("aios.block.w-1.instance.i.verdict")
     for subject in ("aios.node.w1.instance.restart",):
         assert not await stored(admin, subject)
+    # the executor's one event: the activator's request for a first instance of a block at zero
+    executor = await connect(ep.nats_url("executor"))
+    for subject in ("aios.cluster.w.scale", "aios.block.w-1.ready", "aios.block.w-1.instance.i.added"):
+        await executor.nc.publish(subject, b"{}")
+        assert await executor.denied(subject), subject
+    await executor.nc.publish("aios.block.w-2.scale.target", b"{}")
+    assert not await executor.denied("aios.block.w-2.scale.target")
+    assert await stored(admin, "aios.block.w-2.scale.target")
 
 
 async def test_replies_reach_only_the_requester(servers: EmbeddedServers, connect: Any) -> None:

@@ -125,7 +125,7 @@ def test_two_entry_blob() -> None:
 def test_constants() -> None:
     assert TLV_TAG == 0x0910
     assert CATEGORY == {"Resource": 1, "State": 2, "Topology": 3, "Trust": 4}
-    assert STRENGTH == {"Required": 1, "Preferred": 2}
+    assert STRENGTH == {"Required": 1, "Preferred": 2, "Adaptive": 3}
     assert TARGET_TYPE == {
         "NodeId": 1,
         "ResourceId": 2,
@@ -157,7 +157,7 @@ def test_encode_rejects_invalid_or_unnormalised_entries() -> None:
     bad = [
         E("Trust", "Required", False, "NodeId", U1),  # target type not allowed
         E("Facility", "Required", False, "NodeId", U1),
-        E("Resource", "Adaptive", False, "NodeId", U1),
+        E("Resource", "Sometimes", False, "NodeId", U1),
         E("Resource", "Required", False, "NodeId", "node-17"),  # not a canonical UUID
         E("Resource", "Required", False, "NodeId", U1.upper()),
         E("Topology", "Required", False, "RackId", "042"),
@@ -179,8 +179,6 @@ def test_encode_rejects_invalid_or_unnormalised_entries() -> None:
         ("0910 0009 00 01 06 0004 0000002a", "unknown category 0x00"),
         ("0910 0009 ff 01 06 0004 0000002a", "unknown category 0xff"),
         ("0910 0009 05 01 06 0004 0000002a", "Facility (0x05) is not supported in v1"),
-        ("0910 0009 03 03 06 0004 0000002a", "reserved for the future adapt stage"),
-        ("0910 0009 03 83 06 0004 0000002a", "reserved for the future adapt stage"),
         ("0910 0009 03 04 06 0004 0000002a", "unknown strength 0x04"),
         ("0910 0009 03 84 06 0004 0000002a", "unknown strength 0x04"),
         ("0910 0009 03 00 06 0004 0000002a", "unknown strength 0x00"),
@@ -228,13 +226,13 @@ def test_wire_error_names_the_entry_index_and_lists_every_bad_entry() -> None:
         + h("0101 0001 00")  # not an affinity TLV: not counted
         + h("0910 0009 05 01 06 0004 0000002a")  # entry 1: Facility
         + h("0910 0009 03 81 06 0004 0000002b")  # entry 2: fine
-        + h("0910 0009 03 03 06 0004 0000002a")  # entry 3: Adaptive
+        + h("0910 0009 03 04 06 0004 0000002a")  # entry 3: strength 0x04
     )
     with pytest.raises(TLVError) as exc:
         decode_tlv(wire)
     assert len(exc.value.problems) == 2
     assert exc.value.problems[0].startswith("affinity entry 1 (offset 18): category Facility")
-    assert exc.value.problems[1].startswith("affinity entry 3 (offset 44): strength Adaptive")
+    assert exc.value.problems[1].startswith("affinity entry 3 (offset 44): unknown strength 0x04")
     assert "affinity entry 1" in str(exc.value) and "affinity entry 3" in str(exc.value)
 
 
@@ -299,8 +297,8 @@ def test_path_prefix() -> None:
         (entry(9), "$.affinity[0].category", "unknown category code 9"),
         (entry("topology"), "$.affinity[0].category", "did you mean 'Topology'"),
         (entry(True), "$.affinity[0].category", "category must be one of"),
-        (entry(strength="Adaptive"), "$.affinity[0].strength", "reserved for the future adapt stage"),
-        (entry(strength=3), "$.affinity[0].strength", "reserved for the future adapt stage"),
+        (entry(strength="adaptive"), "$.affinity[0].strength", "did you mean 'Adaptive'"),
+        (entry(strength=4), "$.affinity[0].strength", "unknown strength code 4"),
         (entry(strength="required"), "$.affinity[0].strength", "did you mean 'Required'"),
         (entry(strength=0x81), "$.affinity[0].strength", "unknown strength code 129"),
         (
@@ -383,7 +381,7 @@ def test_trust_domain_of_255_utf8_bytes_is_fine() -> None:
 def test_every_problem_is_listed() -> None:
     errors = spec_errors(
         affinity=[
-            entry("Facility", "Adaptive", weight=1),
+            entry("Facility", "Sometimes", weight=1),
             entry(),
             entry("Trust", ttype="NodeId", value="n"),
         ],
@@ -628,3 +626,20 @@ def test_normalize_on_junk_raises_only_spec_invalid(affinity: Any, aw: Any, aaw:
         assert exc.errors and all(e.path.startswith("$.") for e in exc.errors)
     else:
         assert decode_tlv(encode_tlv(got)) == got
+
+
+# -- Adaptive (0x03): accepted; scores like Preferred with an adapted weight -----------------------
+
+
+def test_adaptive_strength_is_accepted_in_every_form_and_round_trips() -> None:
+    by_name = normalize([entry("Topology", "Adaptive", ttype="RackId", value=7)])
+    by_code = normalize([entry(3, 3, ttype="RackId", value=7)])
+    assert by_name == by_code == [E("Topology", "Adaptive", False, "RackId", "7")]
+    wire = encode_tlv(by_name)
+    assert wire == h("0910 0009 03 03 06 0004 00000007")
+    assert decode_tlv(wire) == by_name
+    away = decode_tlv(h("0910 0009 03 83 06 0004 00000007"))
+    assert away == [E("Topology", "Adaptive", True, "RackId", "7")]
+    # Adaptive toward and Required away on one target is no contradiction (only Required pairs are)
+    normalize([entry("Topology", "Adaptive", ttype="RackId", value=7),
+               {**entry("Topology", "Required", ttype="RackId", value=7), "anti": True}])

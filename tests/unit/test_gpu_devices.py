@@ -22,7 +22,7 @@ from aios_blocks.workers.agent.gpus import GpuSource, HeldGpu, SimulatedSource, 
 from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent
 from aios_blocks.workers.agent.runtime import Runtime
 from aios_blocks.workers.agent.runtime_docker import DockerRuntime, container_name
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 
 from .test_agent_lifecycle import FakeNvml
 from .views import make_ir
@@ -134,7 +134,7 @@ async def test_a_sharing_instance_gets_its_gpu_memory_cap_in_docker(tmp_path: Pa
 
 # -- the process runtime: the host's view ---------------------------------------------------------
 async def test_process_instance_sees_the_host_view_of_its_gpus(tmp_path: Path) -> None:
-    rt = ProcessRuntime()
+    rt = ProcessRuntime(scope=process_scope(tmp_path))  # processes are host-wide: this test's only
     a = agent(rt, detect(None, "n1", FakeNvml(4)), tmp_path)
     launch = {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "probe": {"type": "running"}}
     runner = a._build(command(["GPU-0002"], {"AIOS_GPU_MEMORY_LIMIT_MIB": "20000"}, launch))

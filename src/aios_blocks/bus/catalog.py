@@ -223,7 +223,7 @@ class E:
         id_rule="{block_id}:{gen}:scale:{request_id}",
     )
     block_scale_target = Event(
-        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C, AS),
+        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C, AS, Role.EXECUTOR),
         "desired instance count (CLI --to, autoscaler, activator): the controller reaches it with scale / scale_down",
         id_rule="{block_id}:{gen}:scale.target:{request_id}",
     )

@@ -168,10 +168,11 @@ LIFECYCLE = consumer(
 
 
 #: The mapper's facts: placements (starting), additions (ready), remove commands (draining),
-#: failures (stopping), removals (gone), deletions (the map goes). Shared by the executors that run it.
+#: failures (stopping), removals (gone), deletions (the map goes), readiness (the first map of a
+#: block of minInstances 0). Shared by the executors that run it.
 MAPPER = consumer(
     "mapper", E.block_placement, E.instance_added, E.node_instance_remove, E.instance_failed, E.instance_unhealthy,
-    E.instance_removed, E.block_deleted, E.instance_verdict,
+    E.instance_removed, E.block_deleted, E.instance_verdict, E.block_ready,
 )
 #: Every executor is one of this queue group on ``aios.block.*.task``.
 EXECUTOR_QUEUE = "executor"

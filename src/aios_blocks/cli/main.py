@@ -163,10 +163,15 @@ def _line(subject: str, env: dict[str, Any]) -> str:
             detail += f"\n    {node}: {why}"
         if data.get("node_scores"):
             detail += "\n    affinity scores: " + ", ".join(f"{n}={v:g}" for n, v in data["node_scores"].items())
+        if (data.get("adapt") or {}).get("nodes"):
+            detail += "\n    adapt: " + _adapt_line(data["adapt"])
     elif kind == "post_dry_run":
         detail = f"chosen={data.get('cluster_id') or '-'} scores={data.get('scores')}" + (f" missing={data['missing']}" if data.get("missing") else "")
     elif kind == "placement":
         detail = ", ".join(f"{p['instance_id']}@{p['node_id']}{p['gpus']}" for p in data.get("placements", []))
+        for p in data.get("placements", []):
+            for a in p.get("adaptive") or []:
+                detail += f"\n    {p['instance_id']} entry {a['entry']} (Adaptive): base {a['base']:g} -> {a['weight']:g}: {a['why']}"
     elif kind in ("ready", "failed", "deleted"):
         detail = data.get("reason") or f"instances={data.get('instances')}"
     elif kind == "rejected":
@@ -1215,6 +1220,15 @@ def explain(
     raise typer.Exit(_run(_with_client(data_dir, go)))
 
 
+def _adapt_line(adapt: dict[str, Any]) -> str:
+    """The adapt stage's table on one line: the figure, the block median, each node's p50 and multiplier."""
+    if not adapt.get("figure"):
+        return "no live metrics for the block: every Adaptive entry has its base weight"
+    lo, hi = adapt.get("bounds") or ["?", "?"]
+    nodes = ", ".join(f"{n} {v['p50_ms']:g} ms x{v['multiplier']:g}" for n, v in sorted((adapt.get("nodes") or {}).items()))
+    return f"{adapt['figure']} block median {adapt['block_median_ms']:g} ms; {nodes} (multiplier = median / node p50, in [{lo:g}, {hi:g}])"
+
+
 def _render_explain(x: dict[str, Any]) -> None:
     colour = {"ready": "green", "failed": "red", "rejected": "red"}.get(x["status"], "yellow")
     console.print(f"[bold]block {x['block_id']}[/]: [{colour}]{x['status']}[/]" + (f" - {x['reason']}" if x["reason"] else ""))
@@ -1250,6 +1264,11 @@ def _render_explain(x: dict[str, Any]) -> None:
         for iid, i in sorted(x["instances"].items()):
             for v in i.get("verdicts", []):
                 console.print(f"[yellow]{iid} {v['verdict']}[/] ({v['policy']}): {v['reason']}")
+    if x.get("adapt"):
+        console.print("adaptive affinity (adapt stage): " + _adapt_line(x["adapt"]))
+    for iid, i in sorted(x["instances"].items()):
+        for a in i.get("adaptive") or []:
+            console.print(f"  {iid} on {i['node']}: entry {a['entry']} base weight {a['base']:g} -> adapted {a['weight']:g} ({a['why']})")
     for f in x["failures"]:
         console.print(f"[red]{f['step']} failed[/]: {f['reason']}")
     auto = x.get("autoscaler") or {}

@@ -17,7 +17,12 @@ this executor's own in-flight counts and the latest metrics), the block's loadBa
   are in each candidate for the policy (docs/health.md);
 * a policy that raises, overruns its time limit or answers with something other than one of the
   given instances fails that task with a clear reason (:class:`Refused` 500); the executor and the
-  other tasks go on.
+  other tasks go on;
+* **activator** (scale-to-zero, a block of ``minInstances`` 0): with no ready instance, a task is
+  *held* instead of refused (at most ``max_held`` per block: then 429; at most ``hold_s``: then
+  503 with the reason), the route asks once per hold period for one instance (``on_activate``:
+  the executor publishes ``block.scale.target`` with target 1), and the held tasks go, in order,
+  as soon as a map with a ready instance is applied.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -195,6 +200,9 @@ class Limits:
     max_ongoing: int = 100
     queue_size: int = 1000
     queue_timeout_s: float = 10.0
+    #: scale-to-zero blocks: how long a task is held while the first instance starts, and how many
+    hold_s: float = 30.0
+    max_held: int = 1000
 
 
 @dataclass
@@ -230,6 +238,20 @@ class Route:
     _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: passive health: per-instance outcomes and local ejections (``executor.outlier``)
     outliers: Outliers = field(default_factory=Outliers)
+    #: the block may run no instance at all (its ``minInstances`` is 0): tasks that find no ready
+    #: instance are held while one starts (the activator) instead of refused
+    scale_to_zero: bool = False
+    #: called (synchronously, with the route) when held tasks need an instance: at most once per
+    #: ``hold_s`` while none is ready, and again after one was ready
+    on_activate: Callable[[Route], None] | None = None
+    #: tasks held now (waiting for a first ready instance)
+    held: int = 0
+    #: loop time of the last activation (None: none since an instance was last ready)
+    activated_at: float | None = None
+    #: activations asked for (figures)
+    activations: int = 0
+    #: a route replaced (a new generation) or deleted: its held tasks are answered at once
+    closed: bool = False
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -274,6 +296,8 @@ class Route:
             v["state"] = st
         self._ready = [v for v in self.views.values() if v["state"] == InstanceState.READY and v["endpoint"]]
         self._full = sum(1 for v in self._ready if v["inflight"] >= self.limits.max_ongoing)
+        if self._ready:
+            self.activated_at = None  # the next time the block is at zero asks again
         self._wake(len(self.waiting))
 
     def record(self, v: dict[str, Any], outcome: str, error: str = "", seconds: float | None = None) -> float:
@@ -293,6 +317,27 @@ class Route:
     def _unexpire(self) -> None:
         if self.outliers.expire():
             self._rebuild()
+    def close(self, version: int) -> None:
+        """This route is replaced (a new generation) or its block deleted: no instance, and held
+        tasks are answered now rather than at their deadline."""
+        self.closed = True
+        self.apply({}, version)
+
+    def holding(self) -> bool:
+        """Tasks are held rather than refused or queued: a scale-to-zero block with no ready
+        instance (starting ones are not ready yet)."""
+        return self.scale_to_zero and not self._ready and not self.closed
+
+    def _activate(self, now: float) -> None:
+        if self.activated_at is not None and now - self.activated_at < self.limits.hold_s:
+            return
+        self.activated_at = now
+        self.activations += 1
+        if self.on_activate is not None:
+            try:
+                self.on_activate(self)
+            except Exception:  # the hook only schedules a publish; a failure there is not the task's
+                pass
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
         """The engine's queue figures as this executor just scraped them (builtin:least-queue):
@@ -362,45 +407,84 @@ class Route:
 
     async def acquire(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset(),
                       deadline: float | None = None) -> dict[str, Any]:
-        """An instance for the task, waiting in the block's queue while none is free."""
+        """An instance for the task, waiting in the block's queue while none is free (at most
+        ``queue_timeout_s``) or, for a scale-to-zero block with no ready instance, held while one
+        starts (at most ``hold_s``). ``deadline`` (loop time): the task's own limit on both."""
         loop = asyncio.get_running_loop()
         start = loop.time()
-        end = deadline if deadline is not None else start + self.limits.queue_timeout_s
+        task_end = deadline if deadline is not None else math.inf
         first = True
-        while True:
-            # FIFO: a newcomer does not overtake the queue; a woken task tries first
-            if not first or not self.waiting or exclude:
-                v = self.try_pick(task, exclude)
-                if v is not None:
-                    self.stats.queue_wait.observe(loop.time() - start)
-                    return v
-            first = False
-            if self.live() - sum(1 for i in exclude if i in self.views) <= 0:
-                self.rejected += 1
-                self.stats.rejected[Reject.NO_INSTANCE] += 1
-                raise Refused(503, f"block {self.block_id} has no ready instance", 1000)
-            if len(self.waiting) >= self.limits.queue_size:
-                self.rejected += 1
-                self.stats.rejected[Reject.OVERLOADED] += 1
-                ms = self.retry_after_ms()
-                raise Refused(503, f"block {self.block_id} overloaded ({len(self.waiting)} tasks queued), retry after {ms} ms", ms)
-            remaining = end - loop.time()
-            if remaining <= 0:
-                self.rejected += 1
-                self.stats.rejected[Reject.QUEUE_TIMEOUT] += 1
-                raise Refused(503, f"block {self.block_id}: no instance free within {self.limits.queue_timeout_s:g} s",
-                              self.retry_after_ms())
-            fut: asyncio.Future[None] = loop.create_future()
-            self.waiting.append(fut)
-            try:
-                await asyncio.wait_for(asyncio.shield(fut), remaining)
-            except TimeoutError:
-                pass
-            finally:
-                if not fut.done():
-                    fut.cancel()
-                with contextlib.suppress(ValueError):
-                    self.waiting.remove(fut)
+        held_since: float | None = None
+        try:
+            while True:
+                # FIFO: a newcomer does not overtake the queue; a woken task tries first
+                if not first or not self.waiting or exclude:
+                    v = self.try_pick(task, exclude)
+                    if v is not None:
+                        self.stats.queue_wait.observe(loop.time() - start)
+                        return v
+                first = False
+                now = loop.time()
+                if self.holding():
+                    if held_since is None:
+                        if self.held >= self.limits.max_held:
+                            self.rejected += 1
+                            self.stats.rejected[Reject.HOLD_FULL] += 1
+                            ms = 1000
+                            raise Refused(429, f"block {self.block_id} is starting from zero instances and already holds "
+                                               f"{self.held} tasks (the most it holds), retry after {ms} ms", ms)
+                        held_since = now
+                        self.held += 1
+                    end = min(task_end, held_since + self.limits.hold_s)
+                    if end - now <= 0:
+                        self.rejected += 1
+                        self.stats.rejected[Reject.HOLD_TIMEOUT] += 1
+                        why = (f"within the task's time limit ({(task_end - held_since) * 1000:g} ms)" if task_end < held_since + self.limits.hold_s
+                               else f"within {self.limits.hold_s:g} s (activator_hold_s)")
+                        raise Refused(503, f"block {self.block_id} is scaled to zero and no instance became ready {why}", 1000)
+                    self._activate(now)
+                    await self._wait(loop, end - now)
+                    continue
+                if held_since is not None:  # an instance is ready: from now on a task of the queue
+                    self.held -= 1
+                    held_since, start = None, now
+                if self.closed and self.scale_to_zero:
+                    self.rejected += 1
+                    self.stats.rejected[Reject.NO_INSTANCE] += 1
+                    raise Refused(503, f"block {self.block_id} was redeployed or deleted while the task waited", 1000)
+                if self.live() - sum(1 for i in exclude if i in self.views) <= 0:
+                    self.rejected += 1
+                    self.stats.rejected[Reject.NO_INSTANCE] += 1
+                    raise Refused(503, f"block {self.block_id} has no ready instance", 1000)
+                if len(self.waiting) >= self.limits.queue_size:
+                    self.rejected += 1
+                    self.stats.rejected[Reject.OVERLOADED] += 1
+                    ms = self.retry_after_ms()
+                    raise Refused(503, f"block {self.block_id} overloaded ({len(self.waiting)} tasks queued), retry after {ms} ms", ms)
+                remaining = min(task_end, start + self.limits.queue_timeout_s) - now
+                if remaining <= 0:
+                    self.rejected += 1
+                    self.stats.rejected[Reject.QUEUE_TIMEOUT] += 1
+                    raise Refused(503, f"block {self.block_id}: no instance free within {self.limits.queue_timeout_s:g} s",
+                                  self.retry_after_ms())
+                await self._wait(loop, remaining)
+        finally:
+            if held_since is not None:
+                self.held -= 1
+
+    async def _wait(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
+        """Wait in the block's FIFO until woken (a slot freed, a map applied) or ``timeout``."""
+        fut: asyncio.Future[None] = loop.create_future()
+        self.waiting.append(fut)
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            pass
+        finally:
+            if not fut.done():
+                fut.cancel()
+            with contextlib.suppress(ValueError):
+                self.waiting.remove(fut)
 
     def release(self, v: dict[str, Any], seconds: float | None = None, ok: bool | None = None) -> None:
         """The task at ``v`` is done (``ok``: the instance answered below 500; None: not known,

@@ -14,7 +14,9 @@ name                                     type       labels                      
 ``aios_executor_dispatch_seconds``       histogram  block, instance                send to last byte of the instance's answer
 ``aios_executor_queue_length``           gauge      block                          tasks waiting for a free instance
 ``aios_executor_queue_wait_seconds``     histogram  block                          time a task waited for its instance (0 when one was free)
-``aios_executor_rejected_total``         counter    block, reason                  tasks the executor answered itself: ``overloaded``, ``no_instance``, ``queue_timeout``, ``policy_error``
+``aios_executor_held``                   gauge      block                          tasks held while a scale-to-zero block's first instance starts
+``aios_executor_activations_total``      counter    block                          requests for a first instance (``block.scale.target`` from the activator)
+``aios_executor_rejected_total``         counter    block, reason                  tasks the executor answered itself: ``overloaded``, ``no_instance``, ``queue_timeout``, ``policy_error``, ``hold_full``, ``hold_timeout``
 ``aios_executor_retries_total``          counter    block                          retries on another instance
 ``aios_executor_policy_seconds``         histogram  block                          time of one loadBalancer decision
 ``aios_executor_unknown_block_total``    counter    (none)                         tasks for a block with no instance map
@@ -53,6 +55,10 @@ class Reject(enum.StrEnum):
     NO_INSTANCE = "no_instance"
     QUEUE_TIMEOUT = "queue_timeout"
     POLICY_ERROR = "policy_error"
+    #: scale-to-zero: the block already holds ``activator_max_held`` tasks (429)
+    HOLD_FULL = "hold_full"
+    #: scale-to-zero: no instance became ready within ``activator_hold_s`` or the task's limit (503)
+    HOLD_TIMEOUT = "hold_timeout"
 
 
 @dataclass
@@ -142,6 +148,8 @@ class ExecutorCollector(Collector):
         dispatch = HistogramMetricFamily("aios_executor_dispatch_seconds", "Send to last byte of the instance's answer.",
                                          labels=["block", "instance"])
         queue = GaugeMetricFamily("aios_executor_queue_length", "Tasks waiting for a free instance.", labels=["block"])
+        held = GaugeMetricFamily("aios_executor_held", "Tasks held while a scale-to-zero block's first instance starts.", labels=["block"])
+        activations = CounterMetricFamily("aios_executor_activations", "Requests for a first instance of a block at zero.", labels=["block"])
         wait = HistogramMetricFamily("aios_executor_queue_wait_seconds", "Time a task waited for its instance.", labels=["block"])
         rejected = CounterMetricFamily("aios_executor_rejected", "Tasks the executor answered itself.", labels=["block", "reason"])
         retries = CounterMetricFamily("aios_executor_retries", "Retries on another instance.", labels=["block"])
@@ -154,7 +162,10 @@ class ExecutorCollector(Collector):
                 tasks.add_metric([bid, iid, Outcome.OK.value], float(ist.ok))
                 tasks.add_metric([bid, iid, Outcome.ERROR.value], float(ist.errors))
                 _hist(dispatch, [bid, iid], ist.dispatch)
-            queue.add_metric([bid], float(len(route.waiting)))
+            queue.add_metric([bid], float(max(0, len(route.waiting) - route.held)))
+            if route.scale_to_zero:
+                held.add_metric([bid], float(route.held))
+                activations.add_metric([bid], float(route.activations))
             _hist(wait, [bid], st.queue_wait)
             for reason, n in st.rejected.items():
                 rejected.add_metric([bid, reason.value], float(n))
@@ -162,4 +173,4 @@ class ExecutorCollector(Collector):
             _hist(policy, [bid], st.policy)
         unknown = CounterMetricFamily("aios_executor_unknown_block", "Tasks for a block with no instance map.")
         unknown.add_metric([], float(self.unknown()))
-        yield from (tasks, inflight, dispatch, queue, wait, rejected, retries, policy, unknown)
+        yield from (tasks, inflight, dispatch, queue, wait, held, activations, rejected, retries, policy, unknown)

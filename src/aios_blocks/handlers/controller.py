@@ -80,6 +80,8 @@ class DryRunOutcome:
     placeable: int = -1
     #: minInstances - placeable when positive (this cluster cannot take the gang), else 0
     shortfall: int = 0
+    #: the adapt stage's table (Adaptive affinity entries; ``affinity.adapt``), else {}
+    adapt: dict[str, Any] = field(default_factory=dict)
 
 
 EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts cover all of them)
@@ -107,10 +109,11 @@ async def dry_run(
     nodes = vcluster.scope(ir, nodes)  # its virtual cluster's nodes only (seed 003)
     data = _payload(ir, cluster, nodes, None, index, int(ir.get("maxInstances") or 1))
     rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"])
+    adapt = dict((index or {}).get("adapt") or {})
     try:
         result = await invoke({"action": "dry_run", "payload": data})
     except PolicyFailed as exc:
-        return DryRunOutcome(0.0, {}, str(exc), rejected, scores)
+        return DryRunOutcome(0.0, {}, str(exc), rejected, scores, adapt=adapt)
     ssd = result["selection_score_data"]
     placeable = ssd.get("placeable")
     placeable = placeable if isinstance(placeable, int) else -1
@@ -118,7 +121,7 @@ async def dry_run(
     score = float(ssd["score"])
     if shortfall or placeable == 0 or score <= 0:  # the cluster cannot (fully) take it: say why, per node
         capacity_reasons(data["cluster_metrics"]["nodes"], ir["resources"], share_of(ir), rejected)
-    return DryRunOutcome(score, ssd.get("node_info") or {}, "", rejected, scores, placeable, shortfall)
+    return DryRunOutcome(score, ssd.get("node_info") or {}, "", rejected, scores, placeable, shortfall, adapt)
 
 
 def capacity_reasons(
@@ -172,7 +175,9 @@ async def plan(
     **extra: Any,
 ) -> list[dict[str, Any]]:
     """Call the resourceAllocator once per instance, applying each choice to a working copy of the
-    snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``.
+    snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``
+    (with Adaptive affinity entries, each also carries ``adaptive``: the entries' base and adapted
+    weights on its node and why, and ``adapt``: the adapt stage's table, for the decision record).
     Raises PlacementFailed with the reason."""
     # its virtual cluster's nodes only (seed 003); the reservation re-checks each node is still there
     where = vcluster.place_of(ir, nodes)
@@ -193,6 +198,7 @@ async def plan(
         why = check_choice(node_id, gpus, work, needs, share)
         if why:
             raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: {why}")
+        adaptive: list[dict[str, Any]] = []
         if ir.get("affinity"):
             probe = {node_id: {**work[node_id]}}  # annotate a copy: views are shared
             affinity.annotate(probe, ir["affinity"], index)
@@ -201,6 +207,7 @@ async def plan(
                     f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: "
                     + "; ".join(probe[node_id]["affinity"]["reasons"])
                 )
+            adaptive = probe[node_id]["affinity"].get("adaptive") or []
             index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
         if k < len(iids) - 1:  # the next instance's call sees this one's take
             work[node_id] = capacity.copy_node(work[node_id])
@@ -219,6 +226,9 @@ async def plan(
                 "vc": where,
             }
         )
+        if adaptive:
+            out[-1]["adaptive"] = adaptive
+            out[-1]["adapt"] = index.get("adapt") or {}
     return out
 
 

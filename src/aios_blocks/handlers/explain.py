@@ -3,7 +3,9 @@ placement - candidates and why others were filtered, each cluster's dry_run scor
 why the final cluster won, each instance's node and GPUs, every failure with its reason - and of
 its size: each instance target asked for (by whom), each autoscaler decision (from, to, the
 policy's proposal and reason, the framework's rules) and failed autoscaler tick - and of its
-health: the health checker's verdicts on each instance (with their reasons) and failed ticks.
+health: the health checker's verdicts on each instance (with their reasons) and failed ticks;
+for Adaptive affinity entries, the adapt stage's table (per node p50 and weight multiplier) and
+each instance's base and adapted weights with why.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         "rejected_errors": [],
         "targets": [],
         "autoscaler": {"decisions": [], "failures": []},
+        #: the latest adapt stage table a placement (or dry_run) used: {} without Adaptive entries
+        "adapt": {},
     }
     rounds: dict[int, dict[str, Any]] = {}
 
@@ -62,7 +66,10 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
                 "error": data.get("error", ""),
                 "rejected_nodes": data.get("rejected_nodes", {}),
                 "node_scores": data.get("node_scores", {}),
+                "adapt": data.get("adapt") or {},
             }
+            if data.get("adapt"):
+                out["adapt"] = data["adapt"]
         elif kind == "post_dry_run":
             r = rnd(n)
             r["chosen"] = data.get("cluster_id", "")
@@ -76,11 +83,15 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         elif kind == "allocation.failed":
             out["failures"].append({"step": "allocation", "round": int(data.get("request_id") or 0), "reason": data.get("reason", "")})
         elif kind == "placement":
+            if data.get("adapt"):
+                out["adapt"] = data["adapt"]
             for p in data.get("placements", []):
                 out["instances"][p["instance_id"]] = {
                     "node": p["node_id"], "gpus": p["gpus"], "action": data.get("action", ""), "status": "placed",
                     "replaces": data.get("replaces", ""),
                 }
+                if p.get("adaptive"):
+                    out["instances"][p["instance_id"]]["adaptive"] = p["adaptive"]
         elif kind.startswith("instance."):
             iid, event = kind.split(".")[1], kind.rsplit(".", 1)[1]
             inst = out["instances"].setdefault(iid, {"node": data.get("node_id", ""), "gpus": data.get("gpus", []), "action": ""})

@@ -7,8 +7,12 @@ The map of a block (one key per block; the bucket's revision is its version)::
 
     {"block_id", "gen", "cluster", "path", "method": the input protocol's, "loadBalancer": rule,
      "stabilityChecker": rule (only when the block names one),
+     "minInstances": the spec's (0: scale-to-zero, the executor holds tasks while one starts),
      "instances": {iid: {"node", "endpoint", "state", "since"[, "health", "weight", "health_reason"]}},
      "gone": [iid, ...]}
+
+A block of ``minInstances`` 0 is placed with no instance (no ``placement``): its map is made when
+it becomes ``ready`` (``block.ready``), so the executors know it and hold its tasks.
 
 States: ``starting`` (placed, not running yet), ``ready`` (``instance.added``: takes tasks),
 ``draining`` (a remove command was sent: no new task, tasks in flight finish), ``stopping``
@@ -27,11 +31,14 @@ from ..schemas import protocol
 
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256
+#: the map's fields that come from the block record (``block_fields``)
+BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecker")
 DEFAULT_PATH = protocol.DEFAULT_TASK_PATH
 
 
 def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
-    """What the executor needs from the block record: the input path and the loadBalancer rule."""
+    """What the executor needs from the block record: the input path, the loadBalancer rule and
+    ``minInstances`` (0: scale-to-zero)."""
     ir = (block or {}).get("ir") or {}
     proto = ir.get("inputProtocol")
     proto = proto if isinstance(proto, dict) else {}
@@ -40,6 +47,9 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
     if policies.get("stabilityChecker"):  # the health checker's (docs/health.md)
         out["stabilityChecker"] = policies["stabilityChecker"]
+    mi = ir.get("minInstances")
+    if isinstance(mi, int) and not isinstance(mi, bool):
+        out["minInstances"] = mi
     if (block or {}).get("cluster"):
         out["cluster"] = str(block["cluster"])  # type: ignore[index]
     return out
@@ -73,7 +83,7 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
         if ORDER[InstanceState(inst["state"])] > ORDER[state]:
             return None
         if inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None \
-                and all(out.get(k) == current.get(k) for k in ("path", "method", "loadBalancer")):
+                and all(out.get(k) == current.get(k) for k in BLOCK_KEYS):
             return None
     elif state in (InstanceState.DRAINING, InstanceState.STOPPING) and not endpoint:
         return None  # never seen running: nothing routes to it
@@ -160,4 +170,19 @@ def on_verdict(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | 
     rec["health_reason"] = str(ev.reason)[:300]
     if health == "ok":
         rec.pop("health_reason", None)
+    return out
+
+
+def on_ready(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """``block.ready``: the map exists with the block's fields, instances or none (a block of
+    ``minInstances`` 0 has had no placement: this is its first map). No change: None."""
+    if block is None or int(block.get("gen", -1)) != ev.gen or block.get("status") not in ("placing", "ready"):
+        return None  # a late redelivery for a block since deleted or failed never brings its map back
+    out = _base(ev.block_id, ev.gen, current, block)
+    if out is None:
+        return None
+    if getattr(ev, "cluster_id", ""):
+        out["cluster"] = ev.cluster_id
+    if current is not None and all(out.get(k) == current.get(k) for k in ("block_id", "gen", "cluster", *BLOCK_KEYS)):
+        return None
     return out

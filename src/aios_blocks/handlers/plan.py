@@ -106,5 +106,6 @@ async def make_plan(
     except PlacementFailed as exc:
         plan.failure, plan.stage = f"{cid}: {exc.reason}", "allocation"
         return plan
-    plan.placements = [{"iid": p["iid"], "node": p["node"], "gpus": list(p["gpus"])} for p in made]
+    plan.placements = [{"iid": p["iid"], "node": p["node"], "gpus": list(p["gpus"]),
+                        **({"adaptive": p["adaptive"]} if p.get("adaptive") else {})} for p in made]
     return plan

@@ -1,15 +1,18 @@
-"""Affinity at scheduling time (seed 002): Required entries filter nodes, Preferred entries score.
+"""Affinity at scheduling time (seed 002), the pipeline filter -> score -> adapt: Required entries
+filter nodes, Preferred entries score, Adaptive entries score like Preferred with a weight the
+adapt stage (:func:`adapt`) moves from live metrics (the block's own instances' latency per node).
 
 Entries are the normalised dicts of ``schemas.affinity.AffinityEntry``
 (``category, strength, anti, target_type, target``). A node view gets an ``affinity`` annotation::
 
     {"pass": bool, "score": float, "reasons": [...], "require_gpus": [...], "prefer_gpus": [...],
-     "avoid_gpus": [...]}
+     "avoid_gpus": [...]}   (+ "adaptive": [{"entry", "base", "weight", "why"}] with Adaptive entries)
 
 so the built-in allocators (and custom policies, which receive the same node views) can filter,
 rank and pick GPUs without knowing the rules. Targets that name instances (LeaseId) or blocks
 (ServiceId) are resolved through a placement index:
-``{"services": {block uuid: [[node, rack], ...]}, "leases": {instance uuid: node}}``.
+``{"services": {block uuid: [[node, rack], ...]}, "leases": {instance uuid: node}}``, and, for a
+block with Adaptive entries, ``"adapt"``: the adapt stage's table (:func:`adapt`).
 """
 
 from __future__ import annotations
@@ -21,6 +24,13 @@ from typing import Any
 from ..schemas.affinity import id128
 
 PREFERRED_WEIGHT = 1.0
+#: the adapt stage: an Adaptive entry's weight is PREFERRED_WEIGHT times a multiplier in these bounds
+ADAPT_MIN = 0.5
+ADAPT_MAX = 2.0
+#: the figures it adapts from (instance samples of the metrics collector, docs/metrics.md): the
+#: instance's own p50 latency when any instance of the block reports it, else the executors' p50
+#: dispatch time (send to last byte)
+ADAPT_FIGURES = ("latency_p50_ms", "dispatch_p50_ms")
 Index = dict[str, Any]
 
 
@@ -38,7 +48,76 @@ def add_to_index(index: Index, block_id: str, iid: str, node: str, rack: str) ->
     services = dict(index["services"])
     key = uid(block_id)
     services[key] = [*services.get(key, []), [node, rack]]
-    return {"services": services, "leases": {**index["leases"], uid(iid): node}}
+    return {**index, "services": services, "leases": {**index["leases"], uid(iid): node}}
+
+
+def has_adaptive(entries: Iterable[dict[str, Any]]) -> bool:
+    return any(e.get("strength") == "Adaptive" for e in entries)
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
+
+
+def adapt(per_instance: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The adapt stage (seed 002 §6), pure: from the latest samples of the block's own instances
+    (``{iid: {"node", "latency_p50_ms", "dispatch_p50_ms", ...}}``), per node the multiplier of an
+    Adaptive entry's weight:
+
+    * the figure: ``latency_p50_ms`` when any instance reports it, else ``dispatch_p50_ms``
+      (instances without it are left out);
+    * a node's p50: the median of its instances' figures; the block median: the median over all
+      of the block's instances with the figure;
+    * multiplier = block median / node p50, bounded to [ADAPT_MIN, ADAPT_MAX]: a node whose
+      instances answer twice as fast as the block's median weighs 2x, half as fast 0.5x;
+    * a node with no figure (no instance of the block there yet), or no figures at all: 1 (the
+      base weight).
+
+    Returns ``{"figure", "block_median_ms", "bounds", "nodes": {node: {"p50_ms", "instances",
+    "multiplier"}}}`` (``figure`` "" and no nodes when there is nothing to adapt from)."""
+    figure = next((f for f in ADAPT_FIGURES if any(_num(s.get(f)) is not None for s in per_instance.values())), "")
+    by_node: dict[str, list[float]] = {}
+    for s in per_instance.values():
+        v = _num(s.get(figure)) if figure else None
+        node = s.get("node")
+        if v is None or not isinstance(node, str) or not node:
+            continue
+        by_node.setdefault(node, []).append(v)
+    allv = [v for vs in by_node.values() for v in vs]
+    out: dict[str, Any] = {"figure": figure if allv else "", "block_median_ms": None, "bounds": [ADAPT_MIN, ADAPT_MAX],
+                           "nodes": {}}
+    if not allv:
+        return out
+    med = _median(allv)
+    out["block_median_ms"] = round(med, 3)
+    for node in sorted(by_node):
+        p50 = _median(by_node[node])
+        m = ADAPT_MAX if p50 <= 0 else med / p50
+        out["nodes"][node] = {"p50_ms": round(p50, 3), "instances": len(by_node[node]),
+                              "multiplier": round(min(ADAPT_MAX, max(ADAPT_MIN, m)), 3)}
+    return out
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float) or v != v or v < 0:  # NaN, negative: no figure
+        return None
+    return float(v)
+
+
+def adapted_weight(node_id: str, table: dict[str, Any] | None) -> tuple[float, float, str]:
+    """(multiplier, weight, why) of an Adaptive entry a node satisfies."""
+    info = (table or {}).get("nodes", {}).get(node_id)
+    if not table or not table.get("figure"):
+        return 1.0, PREFERRED_WEIGHT, "no live metrics for the block yet: base weight"
+    if info is None:
+        return 1.0, PREFERRED_WEIGHT, f"no {table['figure']} of the block's instances on this node: base weight"
+    m = float(info["multiplier"])
+    bounded = " (bounded)" if m in (ADAPT_MIN, ADAPT_MAX) else ""
+    why = (f"{table['figure']} {info['p50_ms']:g} ms here ({info['instances']} instance(s)) vs block median "
+           f"{table['block_median_ms']:g} ms: x{m:g}{bounded}")
+    return m, round(PREFERRED_WEIGHT * m, 6), why
 
 
 def referenced(entries: Iterable[dict[str, Any]]) -> tuple[list[str], list[str]]:
@@ -83,6 +162,7 @@ def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], in
     for node in nodes.values():
         ok, score, reasons = True, 0.0, []
         require, prefer, avoid = [], [], []
+        adaptive: list[dict[str, Any]] = []
         for i, e in enumerate(entries):
             match, gpus = _match(e, node, index)
             satisfied = match != e["anti"]
@@ -92,6 +172,13 @@ def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], in
                     reasons.append(f"rejected by entry {i}: {describe(e)}")
                 elif gpus and not e["anti"]:
                     require += gpus
+            elif e["strength"] == "Adaptive":
+                if satisfied:
+                    m, w, why = adapted_weight(node["node_id"], index.get("adapt"))
+                    score += w
+                else:
+                    m, w, why = 0.0, 0.0, "the node does not satisfy the entry"
+                adaptive.append({"entry": i, "base": PREFERRED_WEIGHT, "multiplier": m, "weight": w, "why": why})
             elif satisfied:
                 score += PREFERRED_WEIGHT
             if gpus:
@@ -100,6 +187,8 @@ def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], in
             "pass": ok, "score": score, "reasons": reasons,
             "require_gpus": require, "prefer_gpus": prefer, "avoid_gpus": avoid,
         }
+        if adaptive:
+            node["affinity"]["adaptive"] = adaptive
 
 
 def eliminated(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], index: Index) -> dict[int, int]:

@@ -25,7 +25,9 @@ import msgspec
 from .errors import SpecError, SpecInvalid
 
 CATEGORY: dict[str, int] = {"Resource": 0x01, "State": 0x02, "Topology": 0x03, "Trust": 0x04}
-STRENGTH: dict[str, int] = {"Required": 0x01, "Preferred": 0x02}
+#: Adaptive (0x03): scores like Preferred, with a weight the adapt stage moves from live metrics
+#: (``policies.affinity.adapt``; docs/affinity.md)
+STRENGTH: dict[str, int] = {"Required": 0x01, "Preferred": 0x02, "Adaptive": 0x03}
 TARGET_TYPE: dict[str, int] = {
     "NodeId": 0x01,
     "ResourceId": 0x02,
@@ -45,7 +47,8 @@ TLV_TAG = 0x0910
 #: Namespace of the uuid5 that maps a non-UUID id to 128 bits; ``uuid5(NAMESPACE_DNS, "aios-blocks.affinity")``.
 AIOS_NAMESPACE: uuid.UUID = uuid.UUID("12c8198f-b4ae-5857-b04d-085eabe56645")
 
-#: Known but not in v1 (seed §2.3): Facility. Reserved (seed §2.4): Adaptive.
+#: Known but not in v1 (seed §2.3): Facility. Adaptive (seed §2.4, reserved there for the adapt
+#: stage) is accepted now that the metrics it adapts from exist.
 FACILITY = 0x05
 ADAPTIVE = 0x03
 ANTI_BIT = 0x80
@@ -57,7 +60,6 @@ _STRENGTH_NAME = {v: k for k, v in STRENGTH.items()}
 _TARGET_NAME = {v: k for k, v in TARGET_TYPE.items()}
 _ID_TYPES = frozenset({"NodeId", "ResourceId", "LeaseId", "ServiceId"})
 _FACILITY_MSG = "category Facility (0x05) is not supported in v1 (thermal/power/cooling affinity is deferred)"
-_ADAPTIVE_MSG = "strength Adaptive (0x03) is reserved for the future adapt stage and is rejected"
 _ENTRY_KEYS = ("category", "strength", "anti", "direction", "target")
 _TARGET_KEYS = ("type", "value")
 _DECIMAL_RE = re.compile(r"[0-9]{1,10}")
@@ -67,7 +69,7 @@ class AffinityEntry(msgspec.Struct, frozen=True):
     """One normalised affinity constraint (one TLV_LEASE_AFFINITY entry)."""
 
     category: str  # "Resource" | "State" | "Topology" | "Trust"
-    strength: str  # "Required" | "Preferred"
+    strength: str  # "Required" | "Preferred" | "Adaptive"
     anti: bool  # False = toward, True = away
     target_type: str  # key of TARGET_TYPE
     target: str  # canonical lowercase UUID / UTF-8 trust domain / decimal u32 rack
@@ -123,12 +125,10 @@ def _category(value: Any) -> str:
 
 
 def _strength(value: Any) -> str:
-    """A strength name or code -> its name (Adaptive is reserved: rejected)."""
+    """A strength name or code -> its name."""
     names = list(STRENGTH)
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise _Bad(f"strength must be one of {', '.join(names)} (or its code 1..2), not {value!r}")
-    if value == "Adaptive" or value == ADAPTIVE:
-        raise _Bad(_ADAPTIVE_MSG)
+        raise _Bad(f"strength must be one of {', '.join(names)} (or its code 1..3), not {value!r}")
     if isinstance(value, int):
         if value in _STRENGTH_NAME:
             return _STRENGTH_NAME[value]
@@ -279,8 +279,6 @@ def _decode_entry(value: bytes) -> AffinityEntry:
     if cat_b not in _CATEGORY_NAME:
         raise _Bad(f"unknown category 0x{cat_b:02x} (v1 categories: {_codes(CATEGORY)})")
     strength = str_b & ~ANTI_BIT
-    if strength == ADAPTIVE:
-        raise _Bad(_ADAPTIVE_MSG)
     if strength not in _STRENGTH_NAME:
         raise _Bad(f"unknown strength 0x{strength:02x} (byte 0x{str_b:02x}; strengths: {_codes(STRENGTH)})")
     if tt_b not in _TARGET_NAME:

@@ -78,9 +78,11 @@ class DryRunResult(msgspec.Struct):
     #: answer does not end a gather early; another cluster may still answer with room
     shortfall: int = 0
     error: str = ""
-    #: node -> why Required affinity rejected it; node -> Preferred affinity score (explain)
+    #: node -> why Required affinity rejected it; node -> Preferred/Adaptive affinity score (explain)
     rejected_nodes: dict[str, str] = {}
     node_scores: dict[str, float] = {}
+    #: the adapt stage's table (Adaptive affinity entries: per node p50 and weight multiplier), else {}
+    adapt: dict[str, Any] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
     #: the policy calls this step made (folded into the step's event, not stored apart)
@@ -209,6 +211,8 @@ class Placement(msgspec.Struct):
     instance_id: str
     node_id: str
     gpus: list[str]
+    #: Adaptive affinity entries on this node: [{"entry", "base", "multiplier", "weight", "why"}]
+    adaptive: list[dict[str, Any]] = []
 
 
 class PlacementMade(msgspec.Struct):
@@ -226,6 +230,8 @@ class PlacementMade(msgspec.Struct):
     request_id: str = "gang"
     #: the policy calls this step made (folded into the step's event, not stored apart)
     decisions: list[Decision] = []
+    #: the adapt stage's table the placement used (Adaptive affinity entries), else {}
+    adapt: dict[str, Any] = {}
 
 
 class InstanceCommand(msgspec.Struct):

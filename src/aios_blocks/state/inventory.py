@@ -13,17 +13,30 @@ import asyncio
 import contextlib
 from typing import Any
 
+import structlog
+
 from ..policies import affinity
 from ..policies.capacity import Nodes
 from .store import Store
 
+log = structlog.get_logger("aios.inventory")
+
 
 async def affinity_index(store: Store, ir: dict[str, Any]) -> dict[str, Any]:
-    """Where the instances/blocks named by the block's affinity targets run now."""
-    svcs, leases = affinity.referenced(ir.get("affinity") or [])
-    if not svcs and not leases:
-        return affinity.empty_index()
-    return await store.index_read(svcs, leases)
+    """Where the instances/blocks named by the block's affinity targets run now, and for a block
+    with Adaptive entries the adapt stage's table (``affinity.adapt``) from the latest samples of
+    its own instances (the metrics collector's; none, or the store away: the base weight)."""
+    entries = ir.get("affinity") or []
+    svcs, leases = affinity.referenced(entries)
+    index = await store.index_read(svcs, leases) if svcs or leases else affinity.empty_index()
+    if affinity.has_adaptive(entries):
+        try:
+            samples = await store.metrics.instances(str(ir.get("blockId", "")))
+        except Exception as exc:
+            log.warning("affinity.adapt_metrics_unavailable", block=ir.get("blockId"), error=repr(exc))
+            samples = {}
+        index = {**index, "adapt": affinity.adapt(samples)}
+    return index
 
 
 class Inventory:

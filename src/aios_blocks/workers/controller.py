@@ -78,7 +78,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator", trace), await w.affinity_index(ev.ir))
         result = DryRunResult(
             ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, placeable=out.placeable, shortfall=out.shortfall, error=out.error,
-            rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, attempt=ev.attempt, decisions=trace,
+            rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, adapt=out.adapt, attempt=ev.attempt, decisions=trace,
         )
         await w.bus.emit(E.block_dry_run_result, result)
 
@@ -407,8 +407,8 @@ async def _start(
         None if step is None else (gen, step[0], step[1]),
     )
     made = PlacementMade(
-        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"]) for p in placements], attempts, replaces, key,
-        trace or [],
+        bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"], p.get("adaptive") or []) for p in placements],
+        attempts, replaces, key, trace or [], next((p["adapt"] for p in placements if p.get("adapt")), {}),
     )
     out = [Emit(E.block_placement, made)]
     for p in placements:

@@ -8,7 +8,9 @@ block's tasks, and the mapper that keeps the blocks' instance maps.
   and keeps one :class:`~aios_blocks.executor.engine.Route` per block.
 * **NATS ingress**: ``aios.block.{bid}.task`` requests, as the queue group ``executor``; the reply
   is the instance's answer (``Aios-Status`` = its HTTP status, ``Aios-Instance``) or the
-  executor's own error (``Aios-Status`` 404/500/502/503/504, ``Aios-Error``, ``Retry-After-Ms``).
+  executor's own error (``Aios-Status`` 404/429/500/502/503/504, ``Aios-Error``, ``Retry-After-Ms``).
+* **Activator**: a block of ``minInstances`` 0 with no ready instance has its tasks held (bounded,
+  with a deadline) while the executor asks for one (``block.scale.target``, target 1).
 * **HTTP ingress** (``AIOS_EXECUTOR_HTTP_PORT``; copies share the port with SO_REUSEPORT):
   ``POST /blocks/{bid}/tasks`` goes to the component's input protocol path,
   ``/blocks/{bid}/{path}`` to ``/{path}`` of the instance, any method; responses are streamed.
@@ -46,6 +48,7 @@ from ..handlers import mapper
 from ..policies.builtin.balancer import DEFAULT
 from ..policies.runtime import BUILTINS, registry_name
 from ..schemas.errors import PolicyFailed
+from ..schemas.events import ScaleTarget
 from .base import Worker
 
 log = structlog.get_logger("aios.executor")
@@ -132,6 +135,8 @@ class Executor:
         self.map_ready = asyncio.Event()
         #: tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)
         self.unknown_tasks = 0
+        #: activation publishes in flight (kept referenced until done)
+        self._activations: set[asyncio.Task[None]] = set()
 
     # -- the instance map -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
@@ -147,7 +152,7 @@ class Executor:
         route = self.routes.get(bid)
         if value is None:
             if route is not None:
-                route.apply({}, rev)
+                route.close(rev)
                 del self.routes[bid]
             self._stop_weights(bid)
             return
@@ -157,9 +162,9 @@ class Executor:
             chooser, limits = await self.chooser(bid, rule)
             if route is None or route.gen != gen:
                 old = route
-                route = Route(bid, chooser, limits, gen=gen, rule=rule, outliers=self.new_outliers())
+                route = Route(bid, chooser, limits, gen=gen, rule=rule, outliers=self.new_outliers(), on_activate=self.activate)
                 if old is not None:
-                    old.apply({}, rev)  # the old generation's waiters are told at once
+                    old.close(rev)  # the old generation's waiters are told at once
             else:
                 route.chooser, route.limits, route.rule = chooser, limits, rule
             self.routes[bid] = route
@@ -168,6 +173,8 @@ class Executor:
                 self._weight_tasks[bid] = asyncio.get_running_loop().create_task(self._weights_loop(bid, rule, chooser))
         route.path = str(value.get("path") or "/infer")
         route.method = str(value.get("method") or "POST")
+        mi = value.get("minInstances")
+        route.scale_to_zero = isinstance(mi, int) and mi == 0  # maps written before the field: as before
         route.apply(value.get("instances") or {}, rev, gen)
 
     async def _pin(self, bid: str, ours: bool) -> None:
@@ -192,6 +199,8 @@ class Executor:
             max_ongoing=int(settings.get("maxOngoing", self.s.executor_max_ongoing)),
             queue_size=int(settings.get("queueSize", self.s.executor_queue_size)),
             queue_timeout_s=float(settings.get("queueTimeoutS", self.s.executor_queue_timeout_s)),
+            hold_s=self.s.activator_hold_s,
+            max_held=self.s.activator_max_held,
         )
         uri = str(rule.get("policyRuleURI") or DEFAULT)
         rule_id = f"{bid}.loadBalancer"
@@ -300,6 +309,26 @@ class Executor:
                 log.warning("executor.passive_write_failed", error=repr(exc))
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
+    # -- the activator (scale-to-zero) ------------------------------------------------------------
+    def activate(self, route: Route) -> None:
+        """Held tasks of a block at zero need an instance: ask for one (``block.scale.target``,
+        target 1, source ``activator``). Called by the route at most once per hold period. The
+        request id is the map's revision and the hold period's number, so every executor holding
+        tasks of the same map in the same period publishes the same message id (one request in
+        the stream), and a block that went back to zero later asks anew."""
+        epoch = int(time.time() // max(1.0, self.s.activator_hold_s))
+        target = ScaleTarget(route.block_id, f"activator-r{route.version}-{epoch}", 1,
+                             f"{route.held or 1} task(s) held with no ready instance", "activator", route.gen)
+        task = asyncio.get_running_loop().create_task(self._emit_activation(target))
+        self._activations.add(task)
+        task.add_done_callback(self._activations.discard)
+
+    async def _emit_activation(self, target: ScaleTarget) -> None:
+        try:
+            await self.w.bus.emit(E.block_scale_target, target)
+            log.info("executor.activate", block=target.block_id, request=target.request_id)
+        except Exception as exc:  # the held tasks still get their answer at the deadline
+            log.warning("executor.activate_failed", block=target.block_id, error=repr(exc))
 
     # -- dispatch -------------------------------------------------------------------------------
     async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str],
@@ -332,7 +361,7 @@ class Executor:
                 deadline = now + timeout_s  # the task's whole budget: queue, every attempt, backoff
             if deadline - now <= 0:
                 raise Refused(504, f"{last}; the task's time limit ({timeout_s * 1000:g} ms) ran out")
-            v = await route.acquire(task, frozenset(tried), min(deadline, now + route.limits.queue_timeout_s))
+            v = await route.acquire(task, frozenset(tried), deadline)
             iid = v["id"]
             if v["inflight"] == 1:  # progress: since when this instance has work (executor.outlier)
                 route.outliers.get(iid).busy_since = time.monotonic()
@@ -489,6 +518,10 @@ class Executor:
         @router.on(E.instance_removed)
         async def on_removed(m: Inbound[Any]) -> None:
             await apply(m.data.block_id, lambda cur, b, now: mapper.on_removed(m.data, cur, b, now))
+
+        @router.on(E.block_ready)
+        async def on_ready(m: Inbound[Any]) -> None:
+            await apply(m.data.block_id, lambda cur, b, now: mapper.on_ready(m.data, cur, b, now), need_block=True)
 
         @router.on(E.block_deleted)
         async def on_deleted(m: Inbound[Any]) -> None:

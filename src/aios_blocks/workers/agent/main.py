@@ -41,7 +41,10 @@ class AgentOptions:
     drain_grace_s: float = 0.25
 
 
-def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05) -> Runtime:
+def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05, agent_dir: Path | None = None) -> Runtime:
+    """``agent_dir``: the agents' directory (``--agent-dir``); the process runtime is scoped by it
+    (``runtime_process.process_scope``), so agents of another system on this host with the same
+    node names are never seen."""
     if kind == "docker":
         from .runtime_docker import DockerRuntime
 
@@ -49,9 +52,9 @@ def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05) -> Runtime:
         rt.client()  # fail now, with the reason, if there is no engine
         return rt
     if kind == "process":
-        from .runtime_process import ProcessRuntime
+        from .runtime_process import ProcessRuntime, process_scope
 
-        return ProcessRuntime()
+        return ProcessRuntime(scope=process_scope(agent_dir if agent_dir is not None else data_dir))
     if kind == "sim":
         from .runtime_sim import SimRuntime
         from .sim_serve import SimServer
@@ -76,7 +79,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
     gpus = detect(opts.sim_gpus, opts.node_id)
     node = describe_node(opts, gpus)
     data_dir = opts.data_dir / opts.node_id
-    runtime = make_runtime(opts.runtime, data_dir, opts.sim_start_delay_s)
+    runtime = make_runtime(opts.runtime, data_dir, opts.sim_start_delay_s, agent_dir=opts.data_dir)
     if opts.metrics_port:
         start_http_server(opts.metrics_port, addr="127.0.0.1")
     bus = await Bus.open(nats_url, source=f"aios-blocks/agent/{opts.node_id}")

@@ -21,7 +21,7 @@ import contextlib
 import json
 import os
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ from .provisioners import (
 from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance, labels_to_resources
 
 log = structlog.get_logger("aios.agent")
+#: removed instance ids an agent remembers (stale creates of them start nothing)
+REMOVED_KEEP = 4096
 
 INSTANCES = Gauge("aios_agent_instances", "Instances this agent runs", ["node"])
 EVENTS = Counter("aios_agent_instance_events_total", "Instance facts published", ["node", "event"])
@@ -106,6 +108,10 @@ class NodeAgent:
     _ports: PortProvisioner = field(default_factory=PortProvisioner)
     _gpu_prov: GpuProvisioner | None = None
     reconciled: asyncio.Event = field(default_factory=asyncio.Event)
+    #: instance id -> the newest generation this agent removed (the last REMOVED_KEEP): a create of
+    #: that generation or an older one delivered after its remove is stale (a redelivery, e.g. of a
+    #: create whose ack was not out when the agent was stopped) and starts nothing
+    removed: OrderedDict[str, int] = field(default_factory=OrderedDict)
 
     @property
     def node_id(self) -> str:
@@ -158,6 +164,8 @@ class NodeAgent:
         cmd = m.data
         if cmd.node_id != self.node_id:
             return  # not ours (a misrouted command): never act on another node's instance
+        log.info("agent.command", node=self.node_id, command=m.event.name, instance=cmd.instance_id, gen=cmd.gen,
+                 reason=cmd.reason, deliveries=m.deliveries)
         if m.event is E.node_instance_create:
             await self.create(cmd)
         elif m.event is E.node_instance_restart:
@@ -168,6 +176,10 @@ class NodeAgent:
     async def create(self, cmd: InstanceCommand, msg_key: str = "") -> None:
         iid = cmd.instance_id
         async with self._locks[iid]:
+            if self.removed.get(iid, -1) >= cmd.gen:
+                log.warning("agent.stale_create", node=self.node_id, instance=iid, gen=cmd.gen,
+                            note="already removed here: a late or redelivered create starts nothing")
+                return
             if iid in self.runners:
                 await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=self.endpoint(iid), msg_key=msg_key)
                 return
@@ -219,6 +231,9 @@ class NodeAgent:
             if drain_s > 0:  # a scale-down: the tasks in flight finish first (bounded)
                 await self.drain(iid, endpoint, drain_s)
         async with self._locks[iid]:
+            self.removed[iid] = max(gen, self.removed.pop(iid, gen))
+            while len(self.removed) > REMOVED_KEEP:
+                self.removed.popitem(last=False)
             runner = self.runners.pop(iid, None)
             self.meta.pop(iid, None)
             if runner is not None:

@@ -22,6 +22,8 @@ LABEL_WORKDIR = "aios.workdir"
 LABEL_PORTS = "aios.ports"
 LABEL_GPUS = "aios.gpus"
 LABEL_RESOURCES = "aios.resources"
+#: the process runtime's scope: which agent directory (and so which system) started the instance
+LABEL_SCOPE = "aios.scope"
 SPEC_VERSION = "1"
 
 

@@ -4,25 +4,39 @@ Its labels travel in its environment (``AIOS_LABELS``, JSON), so after an agent 
 finds its processes by reading ``/proc/<pid>/environ`` — the process itself is the record, as
 container labels are for Docker. The agent's own environment (which may hold credentials) is not
 inherited: an instance gets ``PATH``/``HOME``/``LANG`` and what its spec says.
+
+Processes are host-wide, so a runtime with a ``scope`` (the agent's: a digest of its agent
+directory, :func:`process_scope`) labels what it starts with it (``aios.scope``) and sees only
+processes of its scope: two systems on one host whose agents have the same node names (two
+``blocks up`` data dirs, two test runs) never see, adopt, report as dangling or stop each other's
+instances. A process without the label (started before scopes existed) is seen by every scope of
+its node, as before.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
 import os
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
-from .runtime import LABEL_INSTANCE, LABEL_NODE, LaunchSpec, RuntimeError_, RuntimeInstance
+from .runtime import LABEL_INSTANCE, LABEL_NODE, LABEL_SCOPE, LaunchSpec, RuntimeError_, RuntimeInstance
 
 LABELS_ENV = "AIOS_LABELS"
 BASE_ENV = ("PATH", "HOME", "LANG", "LC_ALL", "TZ", "PYTHONPATH", "VIRTUAL_ENV")
+
+
+def process_scope(agent_dir: Path | str) -> str:
+    """The scope of the agents using this agent directory (its absolute path, digested)."""
+    return hashlib.sha256(str(Path(agent_dir).resolve()).encode()).hexdigest()[:16]
 
 
 def _handle(proc: psutil.Process) -> str:
@@ -38,15 +52,27 @@ def _split(handle: str) -> tuple[int, int]:
 class ProcessRuntime:
     name: str = "process"
     gpu_devices: bool = False
+    #: "" : every process of a node, whatever started it (tools, tests); else this scope's only
+    scope: str = ""
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def _labels_of(self, spec: LaunchSpec) -> dict[str, str]:
+        labels = spec.labels()
+        if self.scope:
+            labels[LABEL_SCOPE] = self.scope
+        return labels
+
+    def _ours(self, labels: dict[str, str]) -> bool:
+        return not self.scope or labels.get(LABEL_SCOPE, self.scope) == self.scope
 
     async def start(self, spec: LaunchSpec) -> RuntimeInstance:
         if not spec.command:
             raise RuntimeError_("the process runtime needs a command (component launch.command)")
-        proc = await asyncio.to_thread(_spawn, spec)
+        labels = self._labels_of(spec)
+        proc = await asyncio.to_thread(_spawn, spec, labels)
         handle = _handle(psutil.Process(proc.pid))
         self._children[handle] = proc
-        return RuntimeInstance(handle, spec.labels(), True)
+        return RuntimeInstance(handle, labels, True)
 
     def _proc(self, handle: str) -> psutil.Process | None:
         pid, created = _split(handle)
@@ -114,7 +140,7 @@ class ProcessRuntime:
         out = []
         for p in psutil.process_iter():
             labels = _labels(p)
-            if labels.get(LABEL_NODE) != node_id:
+            if labels.get(LABEL_NODE) != node_id or not self._ours(labels):
                 continue
             if instance_id is not None and labels.get(LABEL_INSTANCE) != instance_id:
                 continue
@@ -133,10 +159,10 @@ class ProcessRuntime:
         return None
 
 
-def _spawn(spec: LaunchSpec) -> subprocess.Popen[bytes]:
+def _spawn(spec: LaunchSpec, labels: dict[str, str]) -> subprocess.Popen[bytes]:
     env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
     env.update(spec.env)
-    env[LABELS_ENV] = json.dumps(spec.labels(), sort_keys=True)
+    env[LABELS_ENV] = json.dumps(labels, sort_keys=True)
     cwd = str(spec.workdir) if spec.workdir else None
     log_path = (spec.workdir / "instance.log") if spec.workdir else None
     out = open(log_path, "ab") if log_path else subprocess.DEVNULL
