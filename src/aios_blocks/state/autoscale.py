@@ -73,19 +73,24 @@ class AutoscaleStore:
         for bid in bids:
             await self._release(keys=[autoscale_lease_key(bid)], args=[holder])
 
-    async def read(self, bids: list[str], history: int) -> dict[str, dict[str, Any]]:
+    async def read(self, bids: list[str], history: int, windowed: set[str] | None = None) -> dict[str, dict[str, Any]]:
         """Per block: ``state`` (raw JSON or None), ``instances`` (records), ``samples`` (the
-        instances' latest metrics samples), ``window`` (the block's last ``history`` samples, oldest first)."""
+        instances' latest metrics samples), ``window`` (the block's last ``history`` samples, oldest
+        first; only for the blocks in ``windowed``, default all: the window is most of the bytes)."""
         pipe = self.r.pipeline(transaction=False)
         for bid in bids:
             pipe.get(autoscale_state_key(bid))
             pipe.hgetall(inst_key(bid))
             pipe.hgetall(metrics_inst_key(bid))
-            pipe.lrange(metrics_win_key(bid), 0, history - 1 if history > 0 else -1)
+            if windowed is None or bid in windowed:
+                pipe.lrange(metrics_win_key(bid), 0, history - 1 if history > 0 else -1)
+            else:
+                pipe.echo("")  # keeps four replies per block
         out = await pipe.execute()
         res: dict[str, dict[str, Any]] = {}
         for i, bid in enumerate(bids):
             state, insts, samples, win = out[4 * i: 4 * i + 4]
+            win = win if isinstance(win, list) else []
             res[bid] = {
                 "state": state,
                 "instances": {iid: _json.decode(v) for iid, v in insts.items()},

@@ -44,7 +44,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from ..bus.catalog import E
+from ..bus.catalog import E, Emit
 from ..handlers import autoscale as a
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
@@ -118,7 +118,9 @@ class Autoscaler:
             self.ticks += 1
             return {}
         history = max(1, math.ceil(self.defaults.stable_window_s / self.s.metrics_interval_s))
-        data = await store.autoscale.read(held, history)
+        # the built-ins read no history: the block's window (most of the bytes) only for other policies
+        windowed = {b for b in held if not stateless(str(self.irs[b][1]["policies"]["autoscaler"].get("policyRuleURI", "")))}
+        data = await store.autoscale.read(held, history, windowed)
 
         async def one(bid: str) -> tuple[str, TickResult, a.State]:
             async with self._sem:
@@ -197,9 +199,10 @@ class Autoscaler:
         decision = await self.w.record(bid, KIND, rule, input_data, result, "", seconds, logs)
         ev = Autoscaled(bid, gen, request_id, current, outcome.desired, raw, list(outcome.rules), reason, outcome.stable,
                         outcome.burst, outcome.in_burst, a.summary(sample, insts), [decision])
-        await self.w.bus.emit(E.block_autoscaled, ev)
         why = f"autoscaler: {current} -> {outcome.desired}" + (f" ({reason})" if reason else "")
-        await self.w.bus.emit(E.block_scale_target, ScaleTarget(bid, request_id, outcome.desired, why, "autoscaler", gen))
+        # published in this order on one connection (the stream keeps it), their acks awaited together
+        await self.w.bus.emit_all([Emit(E.block_autoscaled, ev),
+                                   Emit(E.block_scale_target, ScaleTarget(bid, request_id, outcome.desired, why, "autoscaler", gen))])
         log.info("autoscaler.scaled", block=bid, current=current, desired=outcome.desired, raw=raw, rules=list(outcome.rules))
         return TickResult("changed", outcome, reason, stored=True), state
 
