@@ -30,6 +30,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
     aios:meta:{b:<bid>}:as:lease      the autoscaler copy that decides for the block (SET NX PX, renewed)
     aios:meta:{b:<bid>}:as:state      the autoscaler's memory of the block (proposals, delays, burst)
+    aios:meta:autoscalers             zset: the live autoscaler copies, scored by when they lapse
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
     aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
@@ -166,3 +167,7 @@ def autoscale_lease_key(bid: str) -> str:
 
 def autoscale_state_key(bid: str) -> str:
     return f"{P}:meta:{{b:{bid}}}:as:state"
+
+
+#: the live autoscaler copies (zset: holder -> when its registration lapses); blocks are split among them
+AUTOSCALERS = f"{P}:meta:autoscalers"
