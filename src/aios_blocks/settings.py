@@ -82,6 +82,17 @@ class Settings(BaseSettings):
     autoscale_max_up_factor: float = Field(4.0, gt=1, description="one step grows a block to at most this many times its count (at least +1) [maxUpFactor]")
     autoscale_max_down_factor: float = Field(2.0, gt=1, description="one step shrinks a block to no less than its count divided by this (at least -1) [maxDownFactor]")
     autoscale_failure_record_s: float = Field(60.0, ge=0, description="a block whose autoscaler policy keeps failing gets one stored failure per this many seconds (or when the reason changes)")
+    # -- health checker (docs/health.md) -------------------------------------------------------------
+    health_interval_s: float = Field(1.0, gt=0, description="how often the health checker probes every instance and runs each block's stabilityChecker policy")
+    health_probe_timeout_s: float = Field(0.5, gt=0, description="time limit of one active health probe (GET {endpoint}/health)")
+    health_startup_grace_s: float = Field(5.0, ge=0, description="default startup grace of a block's instances: no verdict about an instance younger than this (rule setting startupGraceS)")
+    health_max_out_ratio: float = Field(0.1, ge=0, le=1, description="at most max(1, this share) of a block's instances out of routing at once, by the health checker and by the executors' ejection")
+    health_lease_s: float = Field(5.0, gt=0, description="a health checker copy decides a block for this long after its last tick (copies wait their turn)")
+    health_failure_record_s: float = Field(60.0, gt=0, description="a block's failing stabilityChecker tick is recorded (block.health.failed) at most once per this many seconds per reason")
+    outlier_base_ejection_s: float = Field(1.0, gt=0, description="executor: an instance whose dispatch failed (refused, reset, timed out) gets no task from this executor for this long times its ejection count")
+    outlier_max_ejection_s: float = Field(30.0, gt=0, description="executor: the longest local ejection")
+    outlier_consecutive_5xx: int = Field(5, ge=1, description="executor: consecutive 5xx answers of an instance that eject it like a transport failure")
+    outlier_publish_s: float = Field(0.5, gt=0, description="executor: how often its per-instance passive counts are written for the health checker")
     # -- processes ---------------------------------------------------------------------------------
     warm_timeout_s: float = Field(60.0, gt=0, description="how long a starting worker waits for NATS and Redis")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="worker log level")

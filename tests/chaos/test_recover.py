@@ -49,6 +49,10 @@ async def test_flow_then_flush_then_recover_gives_the_same_digest(chaos: System)
         return len(a) == 3 and all(i["status"] == "running" for i in a.values()) and gone["status"] == "deleted"
 
     await _until(settled)
+    # a target below what it runs: one instance chosen (scale_down), drained, removed; the desired
+    # count and the choice are rebuilt from the stream too
+    ok, why = await c.wait_scaled(await c.scale_to("blk-a", 2, reason="chaos"), 60)
+    assert ok, why
     # the simulated instances serve: their endpoints are part of the state the stream must rebuild
     assert all(i["endpoint"].startswith("http://127.0.0.1:") for i in (await c.store.instances("blk-a")).values())
     expected = {b for b, _ in bids.values()}

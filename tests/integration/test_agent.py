@@ -342,6 +342,39 @@ async def test_exited_instance_is_replaced_through_reassignment(agents: Agents) 
     assert [i.instance_id for i in running] == [new]
 
 
+async def test_a_restart_verdict_restarts_the_instance_in_place_keeping_its_id(agents: Agents) -> None:
+    """The health checker's ``restart`` (docs/health.md): the controller sends the node
+    ``node.instance.restart``; the agent stops the instance and starts it again under the same id
+    (a new process / container), which is reported ``added`` again; nothing is replaced."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.schemas.events import InstanceVerdict
+
+    c, uri = await setup_block(agents, nodes=("hrn1",))  # a node name of its own: processes are found host-wide
+    bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2}, timeout=150)
+    assert kind == "ready", env
+    (iid,) = env["data"]["instances"]
+    (before,) = await running_on(agents, "hrn1")
+    await c.bus.emit(E.instance_verdict, InstanceVerdict(bid, int(env["data"]["gen"]), iid, "hrn1", "restart", "test: restart it",
+                                                         policy="test", seq="t1"))
+
+    async def restarted() -> RuntimeInstance | None:
+        now = await running_on(agents, "hrn1")
+        return now[0] if len(now) == 1 and now[0].handle != before.handle and now[0].instance_id == iid else None
+
+    after = await until(restarted, what="the instance running again under its id")
+    assert after.instance_id == iid
+
+    async def added_again() -> list[str]:
+        history = await c.history(bid)
+        added = [s for s, _, _ in history if s.endswith(f".instance.{iid}.added")]
+        assert not [s for s, _, _ in history if s.endswith((".failed", ".removed"))]
+        return added if len(added) >= 2 else []
+
+    await until(added_again, what="added reported again after the restart (its probe passed)")
+    insts = await c.store.instances(bid)
+    assert list(insts) == [iid] and insts[iid]["status"] == "running"  # same record: no replacement
+
+
 async def _kill_instance(a: Agents, inst: RuntimeInstance) -> None:
     if a.runtime_name == "docker":
         import docker

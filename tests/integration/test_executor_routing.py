@@ -280,8 +280,13 @@ async def test_a_non_idempotent_task_is_never_sent_twice(rig: Rig) -> None:
     assert all(body == b"once" for _, body in good.hits) and len(good.hits) == 6 - len(failed)  # ...and never the good one
     for status, _, h in failed:
         assert status == 502 and "not retried" in h["Aios-Error"] and "Aios-Idempotent" in h["Aios-Error"]
+    assert len(failed) == 1  # its first failed dispatch ejected it (docs/health.md): no task went there after
 
-    # marked idempotent: retried on the other instance, every task answered
+    # marked idempotent, once its ejection is over: retried on the other instance, every task answered
+    route = rig.executor.routes["blk"]
+    async with asyncio.timeout(10):
+        while route.views["i-bad"]["state"] != "ready":
+            await asyncio.sleep(0.02)
     bad.hits.clear()
     good.hits.clear()
     answers = [await rig.task("blk", b"again", Aios_Idempotent="true") for _ in range(6)]

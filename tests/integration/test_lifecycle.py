@@ -163,7 +163,13 @@ def test_restart_keeps_every_block_node_and_reservation(tmp_path: Path, files: d
     try:
         after = json.loads(up.cli("get", "keep-1", "--json").stdout)
         assert after["status"] == "ready", after
-        assert after["instances"] == before["instances"]  # same nodes, same GPUs
+        # same nodes, same GPUs; not always the same endpoint: the simulated fleet keeps its instances in
+        # its process's memory, so after the restart the health checker finds them not serving and
+        # restarts them in place (same id, node and GPUs; a new port) (docs/health.md)
+        def placed(insts: dict[str, dict[str, object]]) -> dict[str, dict[str, object]]:
+            return {iid: {k: v for k, v in i.items() if k != "endpoint"} for iid, i in insts.items()}
+
+        assert placed(after["instances"]) == placed(before["instances"])
         r = up.cli("check")
         assert r.returncode == 0, r.stdout + r.stderr
         assert "invariants hold" in r.stdout

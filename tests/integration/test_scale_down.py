@@ -7,11 +7,15 @@ and a block of minInstances 0."""
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
+import json
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from aios_blocks.bus.catalog import E
+from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.schemas.events import ScaleDownRequest, ScaleTarget
 
 from .conftest import System
@@ -138,9 +142,11 @@ async def test_redelivered_target_and_step_do_not_remove_twice(system: System) -
     gen = (await c.store.get_block(bid))["gen"]
     # the same scale_down request three times (a publisher retrying; the stream deduplicates) and the
     # same target event again under a new stream sequence would be a new target: here one request id only
-    req = ScaleDownRequest(bid, "sdn-b", "redo-1", target=2, count=1, gen=gen)
-    for _ in range(3):
+    req = ScaleDownRequest(bid, "sdn-b", "redo-1", target=1, count=1, gen=gen)
+    for _ in range(2):
         await c.bus.emit(E.cluster_scale_down, req)
+    # and handled twice (a redelivery: the same request under another message id)
+    await c.bus.emit(E.cluster_scale_down, req, qualifier="again")
 
     async def two() -> bool:
         insts = await c.store.instances(bid)
@@ -161,6 +167,30 @@ async def test_redelivered_target_and_step_do_not_remove_twice(system: System) -
     await until(one)
     await asyncio.sleep(1.0)
     assert len(await c.store.instances(bid)) == 1
+
+    # a target for a block that is not live (unknown, deleted): a clear failed event, nothing else
+    await c.bus.emit(E.block_scale_target, ScaleTarget("sdn-ghost", "ghost-1", 2))
+
+    async def ghost_failed() -> bool:
+        return bool(await _events(system, "sdn-ghost", "scale.failed"))
+
+    await until(ghost_failed)
+    failed = (await _events(system, "sdn-ghost", "scale.failed"))[0]
+    assert failed["step"] == "scale.target" and failed["reason"] == "target 2 not applied: unknown block"
+    await c.delete(bid)
+
+    async def deleted() -> bool:
+        return (await c.store.get_block(bid))["status"] == "deleted"
+
+    await until(deleted)
+    await c.bus.emit(E.block_scale_target, ScaleTarget(bid, "late-1", 3, gen=gen))
+
+    async def late_failed() -> bool:
+        return any(e["request_id"] == "late-1" for e in await _events(system, bid, "scale.failed"))
+
+    await until(late_failed)
+    failed = next(e for e in await _events(system, bid, "scale.failed") if e["request_id"] == "late-1")
+    assert failed["reason"] == "target 3 not applied: block is deleted"
 
 
 async def test_policy_names_the_instance_raises_or_does_not_know_the_action(system: System) -> None:
@@ -253,3 +283,52 @@ async def test_cli_scale_to(system: System) -> None:
 async def _count(c: Any, bid: str, n: int) -> bool:
     insts = await c.store.instances(bid)
     return len(insts) == n and all(r["status"] == "running" for r in insts.values())
+
+
+async def test_a_draining_instance_takes_no_new_task_and_finishes_its_own(system: System) -> None:
+    c = system.client
+    await c.add_sim_cluster("sdn-x", nodes=2, gpus=1)
+    spec = {**_spec("sdn-drain", 1, 2), "parameters": {"sim": {"serviceTimeMs": 2000}}}
+    bid, kind, _ = await system.submit_and_wait(spec)
+    assert kind == "ready"
+    ok, why = await _reach(system, bid, 2)
+    assert ok, why
+    maps = InstanceMaps(c.bus)
+
+    async def states() -> dict[str, str]:
+        m, _ = await maps.get(bid)
+        return {i: v["state"] for i, v in (m or {}).get("instances", {}).items()}
+
+    async def both_ready() -> bool:
+        return list((await states()).values()) == ["ready", "ready"]
+
+    await until(both_ready)
+
+    async def task(n: int) -> tuple[str, float]:
+        status, body, _ = await c.task(bid, b'{"n": %d}' % n, timeout=30)
+        assert status == 200, body
+        return json.loads(body)["instance_id"], time.time()
+
+    early = [asyncio.ensure_future(task(n)) for n in range(4)]  # two at each instance (least in-flight)
+    await asyncio.sleep(0.5)
+    req = await c.scale_to(bid, 1)
+
+    async def draining() -> bool:
+        return "draining" in (await states()).values()
+
+    await until(draining)
+    gone = next(i for i, st in (await states()).items() if st == "draining")
+    await asyncio.sleep(0.3)  # the executor watches the map: it sees the change a moment later (drain_grace_s)
+    late = [asyncio.ensure_future(task(n)) for n in range(4, 6)]
+    ok, why = await c.wait_scaled(req, 60)
+    assert ok, why
+    done_early, done_late = await asyncio.gather(*early), await asyncio.gather(*late)
+    at_gone = [t for i, t in done_early if i == gone]
+    assert at_gone, done_early  # the chosen one had tasks in flight
+    assert all(i != gone for i, _ in done_late), done_late  # no new task went to it while it drained
+    hist = await c.history(bid, idle=0.2)
+    mine = [(s.rsplit(".", 1)[1], e) for s, e, _ in hist if f".instance.{gone}." in s]
+    assert mine[-1][0] == "removed", mine
+    removed_at = dt.datetime.fromisoformat(mine[-1][1]["time"].replace("Z", "+00:00")).timestamp()
+    # its tasks in flight (2 s each) were answered before it was stopped (not 0.25 s after the command)
+    assert removed_at >= max(at_gone) - 0.5, (removed_at, at_gone)

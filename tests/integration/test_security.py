@@ -317,6 +317,16 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
     assert await autoscaler.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.controller")
     for subject in ("aios.block.w-1.ready", "aios.node.w1.instance.create"):
         assert not await stored(admin, subject)
+    # the health checker publishes its verdicts and failed ticks, nothing else (no command, no map write)
+    checker = await connect(ep.nats_url("checker"))
+    for subject in ("aios.node.w1.instance.restart", "aios.node.w1.instance.remove", "aios.cluster.c0.reassignment",
+                    "aios.block.w-1.instance.i.failed", "$KV.aios-instances.w-1"):
+        await checker.nc.publish(subject, b"{}")
+        assert await checker.denied(subject), subject
+    await checker.nc.publish("aios.block.w-1.instance.i.verdict", b"{}")
+    assert not await checker.denied("aios.block.w-1.instance.i.verdict")
+    for subject in ("aios.node.w1.instance.restart",):
+        assert not await stored(admin, subject)
 
 
 async def test_replies_reach_only_the_requester(servers: EmbeddedServers, connect: Any) -> None:
@@ -506,7 +516,7 @@ def _worker_users(system: System) -> dict[str, str]:
 async def test_workers_run_as_their_roles_and_the_flow_needs_no_more(system: System) -> None:
     assert system.servers is not None and system.servers.auth
     users = _worker_users(system)
-    for kind in ("parser", "gateway", "controller", "agent-sim", "autoscaler"):
+    for kind in ("parser", "gateway", "controller", "agent-sim", "autoscaler", "checker"):
         assert users[kind] == kind and users[kind + ":redis"] == "aios"
     await system.client.add_sim_cluster("c0", nodes=2, gpus=2)
     _, kind, _ = await system.submit_and_wait({"blockComponentURI": COMPONENT["componentURI"], "minInstances": 2,

@@ -128,3 +128,29 @@ def test_the_fold_rebuilds_the_endpoint_an_added_fact_carried() -> None:
     # a later repeat with none (an adopted instance whose agent knows no port) keeps it, as the store does
     run(f, [("aios.block.b1.instance.b1-0.added", INST)])
     assert msgspec.json.decode(f.image()["aios:block:b1:inst"]["b1-0"])["endpoint"] == "http://127.0.0.1:41234"
+
+
+def test_the_fold_keeps_the_desired_count_like_the_controller_and_marks_scale_down_choices() -> None:
+    f = placed()
+    target = {"block_id": "b1", "request_id": "t1", "target": 5, "reason": "busy", "source": "autoscaler", "gen": 2}
+    run(f, [("aios.block.b1.scale.target", target)])
+    b = f.blocks["b1"]
+    late = int(b["desired_seq"])
+    assert (b["desired"], b["desired_request"], b["desired_reason"]) == (
+        "2", "t1", "autoscaler: busy; clamped: 5 lowered to maxInstances 2")
+    # an older target folded after a later one (sequence order decides) changes nothing
+    f.apply("aios.block.b1.scale.target", ev({**target, "request_id": "t0", "target": 1}), late - 1, 0.0)
+    assert f.blocks["b1"]["desired_request"] == "t1"
+    # a target for another generation, or for an unknown block, changes nothing
+    run(f, [("aios.block.b1.scale.target", {**target, "request_id": "t9", "gen": 1}),
+            ("aios.block.b9.scale.target", {**target, "block_id": "b9"})])
+    assert f.blocks["b1"]["desired_request"] == "t1" and "b9" not in f.blocks
+    chosen = {"block_id": "b1", "gen": 2, "cluster_id": "c1", "request_id": "t1:down", "instance_id": "b1-0",
+              "node_id": "n1", "chosen_by": "default"}
+    run(f, [("aios.block.b1.scale_down.chosen", chosen)])
+    inst = f.instances["b1"]["b1-0"]
+    assert inst["status"] == "removing" and inst["drain"] == "t1:down"
+    # the live record's placement time is the controller's clock: not compared
+    live = {**inst, "since": 12345.6}
+    assert im.normalise(keys.inst_key("b1"), {"b1-0": msgspec.json.encode(live).decode()}) == \
+        im.normalise(keys.inst_key("b1"), {"b1-0": msgspec.json.encode(inst).decode()})

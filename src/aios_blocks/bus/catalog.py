@@ -50,6 +50,8 @@ class Role(enum.StrEnum):
     EXECUTOR = "executor"
     #: the autoscaler (``blocks worker autoscaler``): decisions and instance targets
     AUTOSCALER = "autoscaler"
+    #: the health checker (``blocks worker checker``): instance verdicts and failed ticks
+    CHECKER = "checker"
     #: each role's consumer runner dead-letters its own consumers' messages
     RUNNER = "runner"
 
@@ -176,6 +178,7 @@ _V = f"{ROOT}.vcluster.{{vid}}"
 _VID = (("vid", "vcluster_id"),)
 U, A, PA, G, C, AG, R = Role.UPSTREAM, Role.ADMIN, Role.PARSER, Role.GATEWAY, Role.CONTROLLER, Role.AGENT, Role.RUNNER
 AS = Role.AUTOSCALER
+HC = Role.CHECKER
 
 
 class E:
@@ -282,6 +285,23 @@ class E:
     instance_unhealthy = Event(
         "block.instance.unhealthy", f"{_I}.unhealthy", ev.InstanceEvent, (AG,), "instance failed its health probe",
         id_rule="{block_id}:{gen}:unhealthy:{instance_id}",
+    )
+    instance_verdict = Event(
+        "block.instance.verdict", f"{_I}.verdict", ev.InstanceVerdict, (HC,),
+        "health checker verdict on an instance (healthy, degrade, unready, restart, replace) with the reason; "
+        "the mapper sets its routing (weight, unready), the controller restarts or replaces it",
+        id_rule="{block_id}:{gen}:verdict:{instance_id}:{verdict}:{seq}",
+    )
+    block_health_failed = Event(
+        "block.health.failed", f"{_B}.health.failed", ev.StepFailed, (HC,),
+        "a health checker tick of the block failed (its stabilityChecker raised, timed out or answered garbage): "
+        "nothing changed; recorded at most once a minute per reason",
+        id_rule="{block_id}:{gen}:health.failed:{request_id}",
+    )
+    node_instance_restart = Event(
+        "node.instance.restart", f"{_N}.instance.restart", ev.InstanceCommand, (C,),
+        "restart an instance in place, keeping its id (a health checker verdict)",
+        id_rule="{block_id}:{gen}:restart:{instance_id}",
     )
     node_dangling = Event(
         "node.instance.dangling", f"{_N}.instance.dangling", ev.Dangling, (AG,),

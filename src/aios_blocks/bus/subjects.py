@@ -163,7 +163,7 @@ def controller(cluster: str | None = None) -> ConsumerSpec:
 #: Shared by all controllers.
 LIFECYCLE = consumer(
     "lifecycle", E.instance_added, E.instance_removed, E.instance_failed, E.instance_unhealthy, E.block_delete,
-    E.node_dangling, E.node_registered, E.block_scale_target,
+    E.node_dangling, E.node_registered, E.block_scale_target, E.instance_verdict,
 )
 
 
@@ -171,7 +171,7 @@ LIFECYCLE = consumer(
 #: failures (stopping), removals (gone), deletions (the map goes). Shared by the executors that run it.
 MAPPER = consumer(
     "mapper", E.block_placement, E.instance_added, E.node_instance_remove, E.instance_failed, E.instance_unhealthy,
-    E.instance_removed, E.block_deleted,
+    E.instance_removed, E.block_deleted, E.instance_verdict,
 )
 #: Every executor is one of this queue group on ``aios.block.*.task``.
 EXECUTOR_QUEUE = "executor"
@@ -183,8 +183,8 @@ VCLUSTER = consumer("vcluster", E.vcluster_create, E.vcluster_update, E.vcluster
 def agent(node: str | None = None) -> ConsumerSpec:
     """One node agent's own durable (``node``), or the simulated fleet's shared one (``None``)."""
     if node:
-        return consumer(f"agent-{node}", E.node_instance_create, E.node_instance_remove, nid=node)
-    return consumer("agent-sim", E.node_instance_create, E.node_instance_remove)
+        return consumer(f"agent-{node}", E.node_instance_create, E.node_instance_remove, E.node_instance_restart, nid=node)
+    return consumer("agent-sim", E.node_instance_create, E.node_instance_remove, E.node_instance_restart)
 
 
 # -- inventory registration (event-sourced: ``blocks recover`` rebuilds Redis from these) -----------

@@ -273,6 +273,7 @@ def up(
     executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
     collectors: int = typer.Option(1, min=0, help="Metrics collector processes (one writes, copies stand by; docs/metrics.md)."),
     autoscalers: int = typer.Option(1, min=0, help="Autoscaler processes (each block decided by the one holding its lease; docs/autoscaling.md)."),
+    checkers: int = typer.Option(1, min=0, help="Health checker processes (one decides a block at a time; docs/health.md)."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
@@ -281,7 +282,7 @@ def up(
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
-              "metrics": collectors, "autoscaler": autoscalers}
+              "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
     with _running(data_dir, layout) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")
@@ -425,7 +426,7 @@ def task(
 
 @app.command()
 def worker(
-    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics | autoscaler"),
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics | autoscaler | checker"),
     cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks."),
     data_dir: Path = DataDir,
 ) -> None:
@@ -1242,11 +1243,14 @@ def _render_explain(x: dict[str, Any]) -> None:
         console.print(t)
     if x["instances"]:
         t = Table(title="instances")
-        for col in ("instance", "node", "GPUs", "placed by", "status"):
+        for col in ("instance", "node", "GPUs", "placed by", "status", "health"):
             t.add_column(col, overflow="fold")
         for iid, i in sorted(x["instances"].items()):
-            t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""))
+            t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""), i.get("health", ""))
         console.print(t)
+        for iid, i in sorted(x["instances"].items()):
+            for v in i.get("verdicts", []):
+                console.print(f"[yellow]{iid} {v['verdict']}[/] ({v['policy']}): {v['reason']}")
     for f in x["failures"]:
         console.print(f"[red]{f['step']} failed[/]: {f['reason']}")
     auto = x.get("autoscaler") or {}
@@ -1395,7 +1399,7 @@ def policy_test(
 @policy_app.command("input")
 def policy_input(
     bid: str = typer.Argument(..., help="Block whose recorded policy call to dump."),
-    step: str = typer.Option("allocation", "--step", help="The call's action: selection, dry_run, post_dry_run, allocation, scale, reassignment."),
+    step: str = typer.Option("allocation", "--step", help="The call's action: selection, dry_run, post_dry_run, allocation, scale, scale_down, reassignment."),
     index: int = typer.Option(-1, "--index", help="Which call of that step, oldest first (0, 1, ...; -1 = the last)."),
     output: Path = typer.Option(None, "--output", "-o", help="Write the input here instead of stdout."),
     data_dir: Path = DataDir,

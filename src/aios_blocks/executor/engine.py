@@ -11,6 +11,10 @@ this executor's own in-flight counts and the latest metrics), the block's loadBa
   N ms", N estimated from the queue length, the block's recent service time and its capacity;
 * an instance leaving ``ready`` (``draining``) gets no new task; its tasks in flight finish, since
   the engine never cancels a dispatch;
+* an instance whose dispatch failed at the transport is ejected from this route for a while
+  (``executor.outlier``), and one the health checker marked ``unready`` gets no task; both stay
+  live (tasks wait for them rather than being refused); ``weight`` and ``health`` from the map
+  are in each candidate for the policy (docs/health.md);
 * a policy that raises, overruns its time limit or answers with something other than one of the
   given instances fails that task with a clear reason (:class:`Refused` 500); the executor and the
   other tasks go on.
@@ -32,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import contract
+from .outlier import Outliers
 from .stats import Reject, RouteStats
 
 
@@ -40,6 +45,15 @@ class InstanceState(enum.StrEnum):
     READY = "ready"
     DRAINING = "draining"
     STOPPING = "stopping"
+    #: not in the mapper's vocabulary: this executor's own view of a ``ready`` instance that it
+    #: ejected after a failed dispatch (``executor.outlier``), or that the health checker marked
+    #: ``unready`` (the map's ``health``); neither gets a task, both count as live (they come back)
+    EJECTED = "ejected"
+    UNREADY = "unready"
+
+
+#: view states that count as live: a task waits for them rather than being refused at once
+LIVE = (InstanceState.READY, InstanceState.STARTING, InstanceState.EJECTED, InstanceState.UNREADY)
 
 
 class Refused(Exception):
@@ -214,6 +228,8 @@ class Route:
     #: the instances' metrics by source (their union is each view's ``metrics``)
     _scraped: dict[str, dict[str, Any]] = field(default_factory=dict)
     _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: passive health: per-instance outcomes and local ejections (``executor.outlier``)
+    outliers: Outliers = field(default_factory=Outliers)
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -229,20 +245,54 @@ class Route:
                 v = {"id": iid, "inflight": 0, "metrics": {}}
             v["node"] = rec.get("node", "")
             v["endpoint"] = rec.get("endpoint", "")
-            v["state"] = rec.get("state", InstanceState.STARTING)
+            v["map_state"] = rec.get("state", InstanceState.STARTING)
+            v["health"] = rec.get("health", "ok")
+            v["weight"] = float(rec.get("weight", 1.0))
             v["max_ongoing"] = self.limits.max_ongoing
             new[iid] = v
         for iid, v in old.items():  # gone from the map: no new task; in-flight ones finish
             if iid not in new:
-                v["state"] = InstanceState.STOPPING
+                v["state"] = v["map_state"] = InstanceState.STOPPING
         self.views = new
         self.stats.keep(new)
+        self.outliers.keep(new)
         for src in (self._scraped, self._collected):
             for iid in [i for i in src if i not in new]:
                 del src[iid]
-        self._ready = [v for v in new.values() if v["state"] == InstanceState.READY and v["endpoint"]]
+        self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Each view's routing state (the map's, less this executor's ejections and the health
+        checker's ``unready``) and the list of instances that may take a task."""
+        for iid, v in self.views.items():
+            st = v.get("map_state", v.get("state", InstanceState.STARTING))
+            if st == InstanceState.READY:
+                if v.get("health") == "unready":
+                    st = InstanceState.UNREADY
+                elif iid in self.outliers.ejected:
+                    st = InstanceState.EJECTED
+            v["state"] = st
+        self._ready = [v for v in self.views.values() if v["state"] == InstanceState.READY and v["endpoint"]]
         self._full = sum(1 for v in self._ready if v["inflight"] >= self.limits.max_ongoing)
         self._wake(len(self.waiting))
+
+    def record(self, v: dict[str, Any], outcome: str, error: str = "", seconds: float | None = None) -> float:
+        """One dispatch's outcome at ``v`` (``executor.outlier``): a transport failure (or too
+        many 5xx in a row) ejects the instance from this executor's routing at once, until its
+        ejection time ends. Returns the ejection time (0: not ejected)."""
+        iid = v["id"]
+        if iid not in self.views:
+            return 0.0
+        out = self.outliers.record(iid, outcome, len(self.views), error=error, seconds=seconds)
+        if out > 0:
+            self._rebuild()
+            with contextlib.suppress(RuntimeError):  # no loop (a unit test): expiry on the next change
+                asyncio.get_running_loop().call_later(out, self._unexpire)
+        return out
+
+    def _unexpire(self) -> None:
+        if self.outliers.expire():
+            self._rebuild()
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
         """The engine's queue figures as this executor just scraped them (builtin:least-queue):
@@ -260,7 +310,7 @@ class Route:
             v["metrics"] = {**sample, **self._scraped.get(iid, {})}
 
     def live(self) -> int:
-        return sum(1 for v in self.views.values() if v["state"] in (InstanceState.READY, InstanceState.STARTING))
+        return sum(1 for v in self.views.values() if v["state"] in LIVE)
 
     # -- admission ----------------------------------------------------------------------------
     def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:

@@ -2,7 +2,8 @@
 placement - candidates and why others were filtered, each cluster's dry_run score and node/GPUs,
 why the final cluster won, each instance's node and GPUs, every failure with its reason - and of
 its size: each instance target asked for (by whom), each autoscaler decision (from, to, the
-policy's proposal and reason, the framework's rules) and failed autoscaler tick.
+policy's proposal and reason, the framework's rules) and failed autoscaler tick - and of its
+health: the health checker's verdicts on each instance (with their reasons) and failed ticks.
 """
 
 from __future__ import annotations
@@ -83,9 +84,16 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         elif kind.startswith("instance."):
             iid, event = kind.split(".")[1], kind.rsplit(".", 1)[1]
             inst = out["instances"].setdefault(iid, {"node": data.get("node_id", ""), "gpus": data.get("gpus", []), "action": ""})
+            if event == "verdict":  # the health checker's (docs/health.md): the instance's health, not its status
+                inst["health"] = data.get("verdict", "")
+                inst.setdefault("verdicts", []).append({"verdict": data.get("verdict", ""), "reason": data.get("reason", ""),
+                                                        "policy": data.get("policy", "")})
+                continue
             inst["status"] = {"added": "running", "removed": "removed"}.get(event, event)
             if data.get("reason"):
                 inst["reason"] = data["reason"]
+        elif kind == "health.failed":
+            out["failures"].append({"step": "health_check", "reason": data.get("reason", "")})
         elif kind in ("scale.failed", "reassignment.failed"):
             out["failures"].append({"step": data.get("step", kind.split(".")[0]), "reason": data.get("reason", "")})
         elif kind == "scale.target":

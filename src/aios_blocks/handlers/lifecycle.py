@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..bus.catalog import E, Emit
-from ..schemas.events import InstanceCommand, InstanceEvent, StepFailed
+from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
 from . import faults
 from .effects import (
@@ -97,6 +97,33 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
         failed = StepFailed(ev.block_id, block["gen"], "reassignment", f"{why}; {verdict.why}", f"{ev.instance_id}:{kind}")
         return verdict, [publish(Emit(E.block_reassignment_failed, failed))]
     return verdict, []
+
+
+def on_verdict(ev: InstanceVerdict, view: View, max_replacements: int) -> tuple[str, list[Effect]]:
+    """A health checker verdict (docs/health.md): ``replace`` goes the way of a fault (the
+    resourceAllocator's ``reassignment``, counted against ``max_replacements`` like the agents'
+    ``failed`` / ``unhealthy`` reports); ``restart`` asks the instance's node agent to restart it in
+    place (same id); the other verdicts are routing only (the mapper's). Returns (what, effects)."""
+    if ev.verdict == "replace":
+        fault = InstanceEvent(ev.block_id, ev.gen, ev.instance_id, ev.node_id, [], f"health checker: {ev.reason}")
+        verdict, effects = on_fault(fault, "replace", view, max_replacements)
+        return f"replace: {verdict.action} ({verdict.why})", effects
+    if ev.verdict != "restart":
+        return "routing only", []
+    block, inst = view.block, view.instances.get(ev.instance_id)
+    why = faults._not_live_here(block, inst, ev.node_id, ev.gen)
+    if why:
+        return f"restart ignored: {why}", []
+    assert block is not None and inst is not None
+    from .controller import env_for
+
+    ir = block["ir"]
+    cmd = InstanceCommand(
+        ev.block_id, ev.gen, inst["cluster"], ev.instance_id, ev.node_id, list(inst.get("gpus", [])), ir.get("image", ""),
+        env_for(ir, ev.instance_id, list(inst.get("gpus", []))), reason=f"health checker: {ev.reason}"[:500],
+        launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
+    )
+    return "restart", [publish(Emit(E.node_instance_restart, cmd, qualifier=ev.seq))]
 
 
 def on_delete(bid: str, view: View) -> list[Effect]:

@@ -6,7 +6,9 @@
 The map of a block (one key per block; the bucket's revision is its version)::
 
     {"block_id", "gen", "cluster", "path", "method": the input protocol's, "loadBalancer": rule,
-     "instances": {iid: {"node", "endpoint", "state", "since"}}, "gone": [iid, ...]}
+     "stabilityChecker": rule (only when the block names one),
+     "instances": {iid: {"node", "endpoint", "state", "since"[, "health", "weight", "health_reason"]}},
+     "gone": [iid, ...]}
 
 States: ``starting`` (placed, not running yet), ``ready`` (``instance.added``: takes tasks),
 ``draining`` (a remove command was sent: no new task, tasks in flight finish), ``stopping``
@@ -33,8 +35,11 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     ir = (block or {}).get("ir") or {}
     proto = ir.get("inputProtocol")
     proto = proto if isinstance(proto, dict) else {}
-    rule = (ir.get("policies") or {}).get("loadBalancer") or {}
+    policies = ir.get("policies") or {}
+    rule = policies.get("loadBalancer") or {}
     out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
+    if policies.get("stabilityChecker"):  # the health checker's (docs/health.md)
+        out["stabilityChecker"] = policies["stabilityChecker"]
     if (block or {}).get("cluster"):
         out["cluster"] = str(block["cluster"])  # type: ignore[index]
     return out
@@ -130,3 +135,29 @@ def on_placement(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] 
         if nxt is not None:
             out, changed = nxt, True
     return out if changed else None
+
+
+#: map health after each verdict (``handlers.stability``)
+VERDICT_HEALTH = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
+
+
+def on_verdict(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """A health checker verdict: the instance's ``health`` and routing ``weight``."""
+    if current is None or int(current.get("gen", 0)) != ev.gen:
+        return None
+    inst = current.get("instances", {}).get(ev.instance_id)
+    if inst is None or inst.get("state") != InstanceState.READY or (ev.node_id and inst.get("node") not in ("", ev.node_id)):
+        return None
+    health = VERDICT_HEALTH.get(ev.verdict)
+    if health is None:
+        return None
+    weight = min(1.0, max(0.01, float(ev.weight))) if health == "degraded" else 1.0
+    if inst.get("health", "ok") == health and float(inst.get("weight", 1.0)) == weight:
+        return None
+    out = {**current, "instances": {k: dict(v) for k, v in current.get("instances", {}).items()}}
+    rec = out["instances"][ev.instance_id]
+    rec["health"], rec["weight"] = health, weight
+    rec["health_reason"] = str(ev.reason)[:300]
+    if health == "ok":
+        rec.pop("health_reason", None)
+    return out

@@ -36,6 +36,11 @@ def clamp(target: int, lo: int, hi: int) -> tuple[int, str]:
     return target, ""
 
 
+def target_reason(source: str, reason: str, note: str) -> str:
+    """The block's ``desired_reason``: who asked (and why), and the clamp if any."""
+    return "; ".join(x for x in (f"{source}: {reason}" if reason else source, f"clamped: {note}" if note else "") if x)
+
+
 def live(instances: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """The instances that count towards the block's size: starting or running (not removing)."""
     return {iid: rec for iid, rec in instances.items() if rec.get("status") != InstanceStatus.REMOVING}

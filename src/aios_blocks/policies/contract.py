@@ -11,6 +11,9 @@ RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment", "scale_dow
 BALANCER_ACTIONS = ("route", "weights")
 #: autoscaler: once per tick per block (``handlers/autoscale.py`` stabilises the answer)
 AUTOSCALER_ACTIONS = ("autoscale",)
+#: stabilityChecker: ``health_check`` once per block per health checker tick (docs/health.md)
+HEALTH_ACTIONS = ("health_check",)
+VERDICTS = ("healthy", "degrade", "unready", "restart", "replace")
 
 
 class WrongShape(ValueError):
@@ -81,6 +84,20 @@ def check(action: str, result: Any) -> None:
             raise WrongShape(f"autoscale desired must be a finite number >= 0, got {_short(result['desired'])}")
         if not isinstance(result.get("reason", ""), str):
             raise WrongShape(f"autoscale reason (optional) must be a string, got {_short(result.get('reason'))}")
+    elif action == "health_check":
+        v = result.get("verdicts") if isinstance(result, dict) else None
+        if not isinstance(v, dict):
+            raise WrongShape(f'health_check must return {{"verdicts": {{instance_id: {{"verdict", "reason"}}}}}}, got {_short(result)}')
+        for iid, d in v.items():
+            if not isinstance(iid, str) or not isinstance(d, dict):
+                raise WrongShape(f"health_check verdicts[{_short(iid)}] must be an object, got {_short(d)}")
+            if d.get("verdict") not in VERDICTS:
+                raise WrongShape(f"health_check verdicts[{iid!r}].verdict must be one of {', '.join(VERDICTS)}, got {_short(d.get('verdict'))}")
+            if not isinstance(d.get("reason", ""), str):
+                raise WrongShape(f"health_check verdicts[{iid!r}].reason must be a string, got {_short(d.get('reason'))}")
+            w = d.get("weight")
+            if w is not None and (not _is_number(w) or not 0 < w <= 1):
+                raise WrongShape(f"health_check verdicts[{iid!r}].weight (optional) must be a number in (0, 1], got {_short(w)}")
     else:
         raise WrongShape(f"unknown action {action!r}")
 

@@ -4,7 +4,7 @@
 
 * ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread``, ``builtin:round-robin``,
   ``builtin:least-inflight``, ``builtin:least-queue``, ``builtin:target-inflight``,
-  ``builtin:queue-depth`` - the built-ins;
+  ``builtin:queue-depth``, ``builtin:probe-threshold`` - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -36,6 +36,7 @@ from .builtin.autoscale import QueueDepthPolicy, TargetInflightPolicy
 from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
+from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
 from .starlark_runtime import compile_policy
 
@@ -53,6 +54,7 @@ BUILTINS: dict[str, type] = {
     "builtin:least-queue": LeastQueuePolicy,
     "builtin:target-inflight": TargetInflightPolicy,
     "builtin:queue-depth": QueueDepthPolicy,
+    "builtin:probe-threshold": ProbeThresholdPolicy,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

@@ -21,6 +21,7 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:least-queue": ("loadBalancer",),
     "builtin:target-inflight": ("autoscaler",),
     "builtin:queue-depth": ("autoscaler",),
+    "builtin:probe-threshold": ("stabilityChecker",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -50,5 +51,5 @@ def uri_problem(uri: str, slot: str | None = None) -> str | None:
             "NAME.py / NAME.star, or package.module:Class")
 
 
-#: the slots a built-in may be checked against (stabilityChecker has no built-ins yet)
+#: the slots a built-in may be checked against
 _SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")

@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import msgspec
 from pydantic import ValidationError
 
+from ..handlers import scaling
 from ..handlers.gateway import share_of
 from ..policies.affinity import uid
 from ..schemas import lifecycle as lc
@@ -239,7 +240,8 @@ class Fold:
             rack = _json.decode(node.spec).get("labels", {}).get("rack", "") if node else ""
             self.aff_svc.setdefault(uid(bid), {})[iid] = dumps([nid, rack])
             self.aff_lease[uid(iid)] = nid
-            insts[iid] = {"node": nid, "gpus": gpus, "cluster": cid, "status": "starting", "action": action}
+            insts[iid] = {"node": nid, "gpus": gpus, "cluster": cid, "status": "starting", "action": action,
+                          "since": round(ts, 3)}
             self.node_insts.setdefault(nid, {})[iid] = bid
 
     def on_added(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
@@ -277,6 +279,28 @@ class Fold:
         if svc is not None:
             svc.pop(iid, None)
         self.aff_lease.pop(uid(iid), None)
+
+    def on_scale_target(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """The controller's rule (``workers.controller.scale_target``, ``scripts.SET_DESIRED``): a
+        live, placed block of that generation takes the clamped count unless it holds a later one."""
+        gen = d.get("gen") or None
+        b = self._block(bid, gen)
+        if b is None or b.get("status") not in lc.LIVE or not b.get("cluster"):
+            return
+        if int(b.get("desired_seq", "0")) > seq:
+            return
+        ir = _json.decode(b.get("ir", "{}"))
+        target, note = scaling.clamp(int(d.get("target", 0)), int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0)))
+        b.update(desired=str(target), desired_seq=str(seq), desired_request=str(d.get("request_id", "")),
+                 desired_reason=scaling.target_reason(str(d.get("source", "cli")), str(d.get("reason", "")), note))
+
+    def on_scale_down_chosen(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """The instance a scale_down step marked (``scripts.DRAIN_INSTANCE``): removing, by that request."""
+        inst = self.instances.get(bid, {}).get(d.get("instance_id", ""))
+        b = self._block(bid, d.get("gen"))
+        if b is not None and inst is not None and inst["node"] == d.get("node_id"):
+            inst["status"] = "removing"
+            inst["drain"] = str(d.get("request_id", ""))
 
     def on_reassignment(self, cid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         """The controller's own replacement of a failed/lost instance (request ``{iid}:{why}``)
@@ -544,6 +568,8 @@ Fold.rules = {
     "dry_run.result": Fold.on_result,
     "post_dry_run": Fold.on_post_dry_run,
     "placement": Fold.on_placement,
+    "scale.target": Fold.on_scale_target,
+    "scale_down.chosen": Fold.on_scale_down_chosen,
     "ready": Fold.on_ready,
     "failed": Fold.on_failed,
     "delete": Fold.on_delete,

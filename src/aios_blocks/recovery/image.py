@@ -16,6 +16,8 @@ What the digest leaves out, and why:
 * ``aios:heartbeats`` - last heartbeat per node: liveness, sent on core NATS, never stored;
 * ``aios:metrics:*`` - the metrics collector's windows and the workers' /metrics targets: scraped
   figures with a TTL, never events (docs/metrics.md); kind ``telemetry``, not read as state;
+* an instance's ``since`` (when it was placed: the controller's clock live, the placement event's
+  time when rebuilt; the scale_down default's "newest first" needs only the order);
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
   retried ones that publish nothing new); the block list's scores (creation times);
 * a policy head's ``updated`` time;
@@ -120,6 +122,8 @@ def _instances(h: dict[str, str]) -> dict[str, Any]:
         v = _j(raw)
         if isinstance(v, dict) and isinstance(v.get("gpus"), list):
             v = {**v, "gpus": sorted(v["gpus"])}
+        if isinstance(v, dict):
+            v.pop("since", None)  # when it was placed: the controller's clock live, the event's rebuilt
         out[iid] = v
     return out
 

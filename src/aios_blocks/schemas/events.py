@@ -259,6 +259,26 @@ class InstanceEvent(msgspec.Struct):
     endpoint: str = ""
 
 
+class InstanceVerdict(msgspec.Struct):
+    """The health checker's verdict on one instance (its block's stabilityChecker policy, after the
+    framework's startup grace and out-of-routing cap; docs/health.md). Only changes are published:
+    ``healthy`` (back to full routing), ``degrade`` (routing ``weight`` < 1), ``unready`` (no routing),
+    ``restart`` (its node agent restarts it, same id), ``replace`` (the resourceAllocator's
+    ``reassignment``)."""
+
+    block_id: str
+    gen: int
+    instance_id: str
+    node_id: str
+    verdict: str
+    reason: str
+    weight: float = 1.0
+    #: the stabilityChecker that decided (its policyRuleURI)
+    policy: str = ""
+    #: distinguishes repeated verdicts about the same instance (the checker's tick, ms)
+    seq: str = ""
+
+
 class NodeRegistered(msgspec.Struct):
     """A node announced by its agent (or by ``blocks node add`` / ``cluster add`` for simulated
     inventory): ``node`` is a ``schemas.spec.Node`` as JSON. The controller records it."""

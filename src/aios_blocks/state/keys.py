@@ -31,6 +31,9 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:meta:{b:<bid>}:as:lease      the autoscaler copy that decides for the block (SET NX PX, renewed)
     aios:meta:{b:<bid>}:as:state      the autoscaler's memory of the block (proposals, delays, burst)
     aios:meta:autoscalers             zset: the live autoscaler copies, scored by when they lapse
+    aios:health:{b:<bid>}:passive     hash executor id -> JSON of its per-instance passive counts (TTL)
+    aios:health:lease:<bid>           the health checker copy that decides a block now
+    aios:health:{b:<bid>}:failed      hash reason digest -> when a failing tick was last recorded (TTL)
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
     aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
@@ -167,6 +170,22 @@ def autoscale_lease_key(bid: str) -> str:
 
 def autoscale_state_key(bid: str) -> str:
     return f"{P}:meta:{{b:{bid}}}:as:state"
+
+
+# -- health (volatile: the executors' passive counts, the checker's lease; docs/health.md) -----------
+HEALTH = f"{P}:health"
+
+
+def health_passive_key(bid: str) -> str:
+    return f"{HEALTH}:{{b:{bid}}}:passive"
+
+
+def health_lease_key(bid: str) -> str:
+    return f"{HEALTH}:lease:{bid}"
+
+
+def health_failed_key(bid: str) -> str:
+    return f"{HEALTH}:{{b:{bid}}}:failed"
 
 
 #: the live autoscaler copies (zset: holder -> when its registration lapses); blocks are split among them

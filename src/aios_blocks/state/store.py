@@ -20,6 +20,7 @@ from ..settings import current as current_settings
 from . import scripts
 from .autoscale import AutoscaleStore
 from .connection import is_cluster_client, open_redis
+from .health import HealthStore
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
     AFF_LEASE,
     BLOCKS,
@@ -75,6 +76,8 @@ class Store:
         self.metrics = MetricsStore(r)
         #: the autoscaler's leases and memory of each block (``state.autoscale``)
         self.autoscale = AutoscaleStore(r)
+        #: the executors' passive counts and the health checker's lease (``state.health``)
+        self.health = HealthStore(r)
         self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)

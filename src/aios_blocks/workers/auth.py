@@ -34,7 +34,7 @@ from ..bus.catalog import EVENTS, E, Role
 from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
-WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler")
+WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
 ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
 KIND_ROLE = {k: k for k in WORKER_ROLES}
@@ -51,6 +51,7 @@ ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.AGENT: ("agent",),
     Role.EXECUTOR: ("executor",),
     Role.AUTOSCALER: ("autoscaler",),
+    Role.CHECKER: ("checker",),
     Role.RUNNER: (),  # each role gets its own consumers' dead-letter subjects (below)
 }
 
@@ -78,7 +79,7 @@ REDIS_USERS = {
 }
 #: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
 REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
-              "executor": "aios", "metrics": "aios", "autoscaler": "aios", "observer": "observer"}
+              "executor": "aios", "metrics": "aios", "autoscaler": "aios", "checker": "aios", "observer": "observer"}
 
 
 def auth_enabled() -> bool:
@@ -222,9 +223,10 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
                 f"$JS.ACK.{kv_stream}.>"]
         sub += [*hints, E_TASKS]
         responses = True
-    elif role == "metrics":
-        # the metrics collector publishes no event: it reads the instance-map bucket (watch through an
-        # ordered consumer, direct gets), never writes it
+    elif role in ("metrics", "checker"):
+        # the metrics collector publishes no event, the health checker only its verdicts and failed
+        # ticks (from the catalog): both read the instance-map bucket (watch through an ordered
+        # consumer, direct gets), never write it
         kv_stream = f"KV_{instance_map_bucket()}"
         pub += [*read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
                 f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",

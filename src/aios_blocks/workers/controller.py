@@ -31,6 +31,7 @@ from ..schemas.events import (
     DryRunResult,
     InstanceCommand,
     InstanceEvent,
+    InstanceVerdict,
     NodeRegistered,
     Parsed,
     Placement,
@@ -214,6 +215,15 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         kind = "failed" if m.event is E.instance_failed else "unhealthy"
         verdict, effects = lc.on_fault(ev, kind, await view(ev.block_id), w.settings.max_replacements)
         log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason, action=verdict.action)
+        await commit(w, effects)
+
+    @router.on(E.instance_verdict)
+    async def on_verdict(m: Inbound[InstanceVerdict]) -> None:
+        ev = m.data
+        if ev.verdict not in ("restart", "replace"):
+            return  # routing only: the mapper's
+        what, effects = lc.on_verdict(ev, await view(ev.block_id), w.settings.max_replacements)
+        log.info("instance.verdict", block=ev.block_id, instance=ev.instance_id, verdict=ev.verdict, reason=ev.reason, action=what)
         await commit(w, effects)
 
     @router.on(E.node_dangling)
@@ -446,7 +456,7 @@ async def scale_target(w: Worker, ev: ScaleTarget, seq: int) -> None:
         return
     ir, gen = block["ir"], block["gen"]
     target, note = scaling.clamp(int(ev.target), int(ir["minInstances"]), int(ir["maxInstances"]))
-    reason = "; ".join(x for x in (f"{ev.source}: {ev.reason}" if ev.reason else ev.source, f"clamped: {note}" if note else "") if x)
+    reason = scaling.target_reason(ev.source, ev.reason, note)
     ok, info = await w.store.set_desired(bid, gen, target, seq, LIVE, desired_reason=reason, desired_request=ev.request_id)
     if not ok:
         log.info("scale.target_ignored", block=bid, target=target, why=info)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import random
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -38,6 +40,7 @@ from ..bus.catalog import E
 from ..bus.instance_map import InstanceMaps
 from ..bus.router import Inbound, Router
 from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Refused, Route, Weighted
+from ..executor.outlier import Outliers
 from ..executor.stats import ExecutorCollector
 from ..handlers import mapper
 from ..policies.builtin.balancer import DEFAULT
@@ -154,7 +157,7 @@ class Executor:
             chooser, limits = await self.chooser(bid, rule)
             if route is None or route.gen != gen:
                 old = route
-                route = Route(bid, chooser, limits, gen=gen, rule=rule)
+                route = Route(bid, chooser, limits, gen=gen, rule=rule, outliers=self.new_outliers())
                 if old is not None:
                     old.apply({}, rev)  # the old generation's waiters are told at once
             else:
@@ -279,6 +282,25 @@ class Executor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), interval)
 
+    # -- passive health (docs/health.md) ------------------------------------------------------------
+    def new_outliers(self) -> Outliers:
+        return Outliers(self.s.outlier_base_ejection_s, self.s.outlier_max_ejection_s, self.s.outlier_consecutive_5xx,
+                        self.s.health_max_out_ratio)
+
+    async def passive_loop(self, stop: asyncio.Event) -> None:
+        """Write this executor's per-instance passive counts (errors, timeouts, ejections,
+        in-flight and how long without a completion) where the health checker reads them."""
+        interval = self.s.outlier_publish_s
+        holder = f"executor-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        while not stop.is_set():
+            per_block = {bid: r.outliers.snapshot(r.views) for bid, r in list(self.routes.items()) if r.views}
+            try:
+                await self.w.store.health.write_passive(holder, per_block, max(5.0, interval * 10))
+            except Exception as exc:  # Redis away for a moment: the next tick writes again
+                log.warning("executor.passive_write_failed", error=repr(exc))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), interval)
+
     # -- dispatch -------------------------------------------------------------------------------
     async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str],
                        consume: Callable[[aiohttp.ClientResponse, dict[str, Any]], Awaitable[Any]]) -> Any:
@@ -312,11 +334,14 @@ class Executor:
                 raise Refused(504, f"{last}; the task's time limit ({timeout_s * 1000:g} ms) ran out")
             v = await route.acquire(task, frozenset(tried), min(deadline, now + route.limits.queue_timeout_s))
             iid = v["id"]
+            if v["inflight"] == 1:  # progress: since when this instance has work (executor.outlier)
+                route.outliers.get(iid).busy_since = time.monotonic()
             t0 = time.perf_counter()
-            retry, ok = False, False
+            retry, ok, outcome = False, False, ""
             try:
                 async with self.session.request(method, v["endpoint"] + target, data=body, headers=fwd,
                                                 timeout=aiohttp.ClientTimeout(total=max(0.001, deadline - loop.time()))) as resp:
+                    outcome = "5xx" if resp.status >= 500 else "ok"
                     if resp.status in RETRY_STATUSES and idempotent and attempt < self.s.executor_retries:
                         await resp.read()
                         last, retry = f"instance {iid} answered {resp.status}", True
@@ -324,9 +349,12 @@ class Executor:
                         ok = resp.status < 500
                         return await consume(resp, v)
             except aiohttp.ClientConnectorError as exc:  # never reached the instance: safe to try another
-                ok, last, retry = False, f"instance {iid} unreachable: {exc}", True
+                ok, last, retry, outcome = False, f"instance {iid} unreachable: {exc}", True, "connect"
             except (aiohttp.ClientError, TimeoutError) as exc:
                 ok = False
+                # a failure after the answer began (the caller went away mid-stream) says nothing of the instance
+                if not outcome:
+                    outcome = "timeout" if isinstance(exc, TimeoutError) else "reset"
                 what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
                 last = f"instance {iid} {what}"
                 if not idempotent:
@@ -334,7 +362,10 @@ class Executor:
                                   f"{last}; not retried (the task is not marked Aios-Idempotent: true)")
                 retry = True
             finally:
-                route.release(v, time.perf_counter() - t0, ok)
+                took = time.perf_counter() - t0
+                route.release(v, took, ok)
+                if outcome:
+                    route.record(v, outcome, last, took)
             if not retry or attempt >= self.s.executor_retries:
                 raise Refused(502, f"{last}; gave up after {attempt + 1} attempt(s)")
             attempt += 1
@@ -451,6 +482,10 @@ class Executor:
         async def on_failed(m: Inbound[Any]) -> None:
             await apply(m.data.block_id, lambda cur, b, now: mapper.on_failed(m.data, cur, b, now))
 
+        @router.on(E.instance_verdict)
+        async def on_verdict(m: Inbound[Any]) -> None:
+            await apply(m.data.block_id, lambda cur, b, now: mapper.on_verdict(m.data, cur, b, now))
+
         @router.on(E.instance_removed)
         async def on_removed(m: Inbound[Any]) -> None:
             await apply(m.data.block_id, lambda cur, b, now: mapper.on_removed(m.data, cur, b, now))
@@ -485,7 +520,7 @@ class Executor:
                 site = web.TCPSite(runner, self.s.executor_http_host, self.s.executor_http_port, reuse_port=True)
                 await site.start()
             log.info("executor.serving", http=self.s.executor_http_port, blocks=len(self.routes))
-            jobs = [self.scrape_loop(stop), self.collected_loop(stop), stop.wait()]
+            jobs = [self.scrape_loop(stop), self.collected_loop(stop), self.passive_loop(stop), stop.wait()]
             if mapper_on:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)

@@ -14,7 +14,7 @@ import structlog
 from . import agent_sim, controller, gateway, parser, vcluster
 from .base import EpochGuard, Worker, run_consumers, stop_on_signals
 
-KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler")
+KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
 log = structlog.get_logger("aios.worker")
 WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
 
@@ -52,6 +52,11 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
         from .executor import run as run_executor
 
         await run_executor(w, stop, cluster)
+        return
+    if kind == "checker":
+        from .checker import run as run_checker
+
+        await run_checker(w, stop)
         return
     if kind == "metrics":
         from .collector import run as run_collector

@@ -17,7 +17,7 @@ from typing import Any
 
 from . import lifetime
 
-DEFAULT_LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1, "metrics": 1, "autoscaler": 1}
+DEFAULT_LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1, "metrics": 1, "autoscaler": 1, "checker": 1}
 
 
 @dataclass

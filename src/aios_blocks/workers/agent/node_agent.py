@@ -160,19 +160,22 @@ class NodeAgent:
             return  # not ours (a misrouted command): never act on another node's instance
         if m.event is E.node_instance_create:
             await self.create(cmd)
+        elif m.event is E.node_instance_restart:
+            await self.restart(cmd, str(m.stream_seq))
         else:
             await self.remove(cmd.block_id, cmd.gen, cmd.instance_id, cmd.reason or "removed", cmd.drain_s)
 
-    async def create(self, cmd: InstanceCommand) -> None:
+    async def create(self, cmd: InstanceCommand, msg_key: str = "") -> None:
         iid = cmd.instance_id
         async with self._locks[iid]:
             if iid in self.runners:
-                await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=self.endpoint(iid))
+                await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=self.endpoint(iid), msg_key=msg_key)
                 return
             existing = await self.runtime.find(self.node_id, iid)
             if existing is not None and existing.running:
                 self._adopt(existing)
-                await self._fact(cmd.block_id, cmd.gen, iid, "added", "adopted a running instance", cmd.gpus, endpoint=self.endpoint(iid))
+                await self._fact(cmd.block_id, cmd.gen, iid, "added", "adopted a running instance", cmd.gpus,
+                                 endpoint=self.endpoint(iid), msg_key=msg_key)
                 return
             runner = self._build(cmd)
             try:
@@ -181,14 +184,32 @@ class NodeAgent:
                 reason = f"setup failed: {exc}"
                 if runner.teardown_errors:
                     reason += f" (teardown errors: {'; '.join(runner.teardown_errors)})"
-                await self._fact(cmd.block_id, cmd.gen, iid, "failed", reason, cmd.gpus)
+                await self._fact(cmd.block_id, cmd.gen, iid, "failed", reason, cmd.gpus, msg_key=msg_key)
                 return
             self.runners[iid] = runner
             endpoint = self._endpoint_of(_resource(runner, self.runtime.name), _resource(runner, "ports") or {})
             self.meta[iid] = {"block_id": cmd.block_id, "gen": cmd.gen, "resources": cmd.resources, "gpus": cmd.gpus,
                               "endpoint": endpoint}
             INSTANCES.labels(self.node_id).set(len(self.runners))
-            await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=endpoint)
+            await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=endpoint, msg_key=msg_key)
+
+    async def restart(self, cmd: InstanceCommand, key: str = "") -> None:
+        """A health checker's ``restart`` verdict: stop the instance (every stage torn down, as a
+        remove does, but no ``removed`` fact: the instance keeps its id and its reservation) and
+        create it again from the command; the new ``added`` (or ``failed``) fact carries a key of
+        its own so it is not taken for the first one. Works alike for every runtime."""
+        iid = cmd.instance_id
+        async with self._locks[iid]:
+            runner = self.runners.pop(iid, None)
+            self.meta.pop(iid, None)
+            if runner is not None:
+                await runner.close()
+            else:
+                found = await self.runtime.find(self.node_id, iid)
+                if found is not None:
+                    await self._adopt(found, watch=False).close()
+        log.info("instance.restarted", node=self.node_id, instance=iid, reason=cmd.reason)
+        await self.create(cmd, msg_key=f"restart:{key or int(time.time() * 1000)}")
 
     async def remove(self, bid: str, gen: int, iid: str, reason: str, drain_s: float = 0.0) -> None:
         endpoint = str(self.meta.get(iid, {}).get("endpoint") or "")
@@ -427,10 +448,11 @@ def _resource(runner: Runner, stage: str) -> Any:
 
 
 def command_router(spec: ConsumerSpec, handler: Any) -> Router:
-    """The agent's consumer: instance create and remove commands, both to ``handler``."""
+    """The agent's consumer: instance create, remove and restart commands, all to ``handler``."""
     router = Router(spec)
     router.add(E.node_instance_create, handler)
     router.add(E.node_instance_remove, handler)
+    router.add(E.node_instance_restart, handler)
     return router
 
 

@@ -1,0 +1,76 @@
+"""The door to the health checker's volatile state in Redis (docs/health.md):
+
+* the executors' **passive counts** per block: one hash field per executor (its id), a JSON of
+  ``{iid: {ok, errors, timeouts, consecutive_errors, ejections, ejected, inflight, stalled_s, ...}}``
+  and the time it was written; readers keep fields younger than a TTL and merge them;
+* the checker's **lease** per block: one checker copy decides a block's verdicts at a time
+  (the same take-or-keep script as the metrics collector's lease);
+* the **rate limit** of recorded tick failures (one ``block.health.failed`` per reason per period).
+
+Nothing here is rebuilt from the stream: it is measured again within seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+
+from .keys import health_failed_key, health_lease_key, health_passive_key
+from .metrics import LEASE
+
+_json = msgspec.json
+
+
+class HealthStore:
+    def __init__(self, r: Any):
+        self.r = r
+        self._lease = r.register_script(LEASE)
+
+    async def write_passive(self, holder: str, per_block: dict[str, dict[str, dict[str, Any]]], ttl_s: float) -> None:
+        """One executor's counts of each block it routes (``per_block``: bid -> iid -> counts)."""
+        if not per_block:
+            return
+        now = time.time()
+        pipe = self.r.pipeline(transaction=False)
+        for bid, insts in per_block.items():
+            key = health_passive_key(bid)
+            pipe.hset(key, holder, _json.encode({"t": now, "instances": insts}).decode())
+            pipe.expire(key, max(1, int(ttl_s)))
+        await pipe.execute()
+
+    async def passive(self, bid: str, max_age_s: float) -> dict[str, list[dict[str, Any]]]:
+        """Every fresh executor's counts of the block's instances: iid -> [counts, one per executor]."""
+        raw = await self.r.hgetall(health_passive_key(bid))
+        now = time.time()
+        out: dict[str, list[dict[str, Any]]] = {}
+        for v in raw.values():
+            try:
+                d = _json.decode(v)
+            except msgspec.DecodeError:
+                continue
+            if not isinstance(d, dict) or now - float(d.get("t", 0)) > max_age_s:
+                continue
+            for iid, counts in (d.get("instances") or {}).items():
+                if isinstance(counts, dict):
+                    out.setdefault(iid, []).append(counts)
+        return out
+
+    async def lead(self, bid: str, holder: str, ttl_s: float) -> bool:
+        """Take or keep the lease on deciding ``bid``: one checker copy a block at a time."""
+        return bool(await self._lease(keys=[health_lease_key(bid)], args=[holder, max(1, int(ttl_s * 1000))]))
+
+    async def should_record(self, bid: str, reason_key: str, period_s: float) -> bool:
+        """True at most once per ``period_s`` for one (block, reason): the rate limit of recorded
+        tick failures (a policy that fails every tick is one event a minute, not one a second)."""
+        key = health_failed_key(bid)
+        now = time.time()
+        last = await self.r.hget(key, reason_key)
+        if last is not None and now - float(last) < period_s:
+            return False
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hset(key, reason_key, str(now))
+        pipe.expire(key, max(1, int(period_s * 2)))
+        await pipe.execute()
+        return True
