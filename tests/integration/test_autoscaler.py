@@ -1,6 +1,6 @@
 """The autoscaler worker on real NATS and Redis (its own role's credentials): one decision per
-block per tick whichever copy holds the block's lease, blocks without an autoscaler policy left
-alone, the state handed over with the lease, and a policy that raises, hangs, answers garbage or
+block per tick whichever copy holds the block's lease, the blocks split between copies, blocks
+without an autoscaler policy left alone, the state handed over with the lease, and a policy that raises, hangs, answers garbage or
 has bad parameters never changing the count (the failed tick stored once, with the reason).
 
 The block records, instance records and metrics samples are written straight to Redis (as the
@@ -104,6 +104,8 @@ async def test_two_copies_decide_each_block_once_per_tick_and_hand_over_with_the
             rb = await (b if rnd % 2 == 0 else a).tick(now)
             assert set(ra) | set(rb) == set(bids) and not set(ra) & set(rb), (rnd, ra, rb)
         assert "as-plain" not in a.held + b.held
+        # the blocks are split between the two copies (rendezvous hashing of block and copy)
+        assert sorted(a.held) == ["as-b1", "as-b2"] and b.held == ["as-b3"], (a.held, b.held)
         assert await env.admin.store.r.get("aios:meta:{b:as-plain}:as:lease") is None
         for bid in bids:
             targets = await env.events(bid, "scale.target")

@@ -314,3 +314,15 @@ def test_blocks_top_shows_the_autoscalers_latest_tick() -> None:
     assert "1 -> 4" in text({"t": 100.0, "current": 1, "raw": 10, "desired": 4, "rules": [], "reason": ""})
     assert "tick failed, count stays 2: autoscaler policy registry:p raised" in text(
         {"t": 100.0, "current": 2, "failed": "autoscaler policy registry:p raised KeyError"})
+
+
+def test_blocks_split_among_copies_and_a_leaving_copy_moves_only_its_share() -> None:
+    from aios_blocks.workers.autoscaler import owner
+
+    bids = [f"b{i}" for i in range(600)]
+    three = {b: owner(b, ["x1", "x2", "x3"]) for b in bids}
+    counts = {c: sum(1 for o in three.values() if o == c) for c in ("x1", "x2", "x3")}
+    assert all(150 < n < 250 for n in counts.values()), counts
+    two = {b: owner(b, ["x1", "x3"]) for b in bids}
+    assert all(two[b] == three[b] for b in bids if three[b] != "x2")  # only x2's share moved
+    assert owner("b1", []) == ""

@@ -277,6 +277,7 @@ def up(
     agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
     executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
     collectors: int = typer.Option(1, min=0, help="Metrics collector processes (one writes, copies stand by; docs/metrics.md)."),
+    autoscalers: int = typer.Option(1, min=0, help="Autoscaler processes (each block decided by the one holding its lease; docs/autoscaling.md)."),
     checkers: int = typer.Option(1, min=0, help="Health checker processes (one decides a block at a time; docs/health.md)."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
@@ -286,7 +287,7 @@ def up(
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
-              "metrics": collectors, "checker": checkers}
+              "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
     with _running(data_dir, layout) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")

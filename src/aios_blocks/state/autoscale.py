@@ -1,7 +1,8 @@
 """The door to the autoscaler's Redis keys (docs/autoscaling.md): per block a lease (which copy of
 the autoscaler decides for it: ``SET NX PX``, renewed each tick, given back on a clean stop) and
 the framework's memory of the block (``handlers.autoscale.State``: recent proposals, delays,
-burst, last decisions), written only while the lease is held. Both are volatile (under
+burst, last decisions), written only while the lease is held; and the live copies
+(``aios:meta:autoscalers``), among which the blocks are split by rendezvous hashing. Both are volatile (under
 ``aios:meta:``): a lost state costs one stable window of history, never a wrong count.
 
 One tick costs three pipelined round trips whatever the block count: the block heads, the leases,
@@ -16,6 +17,7 @@ from typing import Any
 import msgspec
 
 from .keys import (
+    AUTOSCALERS,
     autoscale_lease_key,
     autoscale_state_key,
     block_key,
@@ -69,23 +71,40 @@ class AutoscaleStore:
             out += await pipe.execute()
         return [bid for bid, ok in zip(bids, out, strict=True) if ok]
 
-    async def release(self, bids: list[str], holder: str) -> None:
+    async def release(self, bids: list[str], holder: str, leave: bool = True) -> None:
+        """Give back these leases (and, with ``leave``, this copy's registration: a clean stop)."""
         for bid in bids:
             await self._release(keys=[autoscale_lease_key(bid)], args=[holder])
+        if leave:
+            await self.r.zrem(AUTOSCALERS, holder)
 
-    async def read(self, bids: list[str], history: int) -> dict[str, dict[str, Any]]:
+    async def copies(self, holder: str, ttl_s: float, now: float) -> list[str]:
+        """Register (or refresh) this copy for ``ttl_s``; every live copy, sorted."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(AUTOSCALERS, {holder: now + ttl_s})
+        pipe.zremrangebyscore(AUTOSCALERS, "-inf", now)
+        pipe.zrange(AUTOSCALERS, 0, -1)
+        out = await pipe.execute()
+        return sorted(out[2])
+
+    async def read(self, bids: list[str], history: int, windowed: set[str] | None = None) -> dict[str, dict[str, Any]]:
         """Per block: ``state`` (raw JSON or None), ``instances`` (records), ``samples`` (the
-        instances' latest metrics samples), ``window`` (the block's last ``history`` samples, oldest first)."""
+        instances' latest metrics samples), ``window`` (the block's last ``history`` samples, oldest
+        first; only for the blocks in ``windowed``, default all: the window is most of the bytes)."""
         pipe = self.r.pipeline(transaction=False)
         for bid in bids:
             pipe.get(autoscale_state_key(bid))
             pipe.hgetall(inst_key(bid))
             pipe.hgetall(metrics_inst_key(bid))
-            pipe.lrange(metrics_win_key(bid), 0, history - 1 if history > 0 else -1)
+            if windowed is None or bid in windowed:
+                pipe.lrange(metrics_win_key(bid), 0, history - 1 if history > 0 else -1)
+            else:
+                pipe.echo("")  # keeps four replies per block
         out = await pipe.execute()
         res: dict[str, dict[str, Any]] = {}
         for i, bid in enumerate(bids):
             state, insts, samples, win = out[4 * i: 4 * i + 4]
+            win = win if isinstance(win, list) else []
             res[bid] = {
                 "state": state,
                 "instances": {iid: _json.decode(v) for iid, v in insts.items()},

@@ -30,6 +30,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
     aios:meta:{b:<bid>}:as:lease      the autoscaler copy that decides for the block (SET NX PX, renewed)
     aios:meta:{b:<bid>}:as:state      the autoscaler's memory of the block (proposals, delays, burst)
+    aios:meta:autoscalers             zset: the live autoscaler copies, scored by when they lapse
     aios:health:{b:<bid>}:passive     hash executor id -> JSON of its per-instance passive counts (TTL)
     aios:health:lease:<bid>           the health checker copy that decides a block now
     aios:health:{b:<bid>}:failed      hash reason digest -> when a failing tick was last recorded (TTL)
@@ -169,6 +170,8 @@ def autoscale_lease_key(bid: str) -> str:
 
 def autoscale_state_key(bid: str) -> str:
     return f"{P}:meta:{{b:{bid}}}:as:state"
+
+
 # -- health (volatile: the executors' passive counts, the checker's lease; docs/health.md) -----------
 HEALTH = f"{P}:health"
 
@@ -183,3 +186,7 @@ def health_lease_key(bid: str) -> str:
 
 def health_failed_key(bid: str) -> str:
     return f"{HEALTH}:{{b:{bid}}}:failed"
+
+
+#: the live autoscaler copies (zset: holder -> when its registration lapses); blocks are split among them
+AUTOSCALERS = f"{P}:meta:autoscalers"

@@ -6,7 +6,9 @@ Every ``AIOS_AUTOSCALE_TICK_S`` (2 s) it:
    ones whose IR names an ``autoscaler`` policy (IRs cached per generation), and takes or renews
    each one's **lease** in Redis (``state.autoscale``): with several copies running, each block is
    decided by exactly one of them per tick, and a copy that dies is replaced when its leases lapse
-   (three ticks);
+   (three ticks). The blocks are split among the live copies (``aios:meta:autoscalers``) by
+   rendezvous hashing: each takes the free leases of its share; a block it holds from another's
+   share is decided this tick and then handed over;
 2. reads, for the blocks it holds, the framework's memory of the block, the instance records (the
    current count: starting or running) and the collector's samples, in one pipeline;
 3. per block, calls the policy (``action: "autoscale"``) through the policy runtime (built-ins
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import math
 import os
 import socket
@@ -44,7 +47,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from ..bus.catalog import E
+from ..bus.catalog import E, Emit
 from ..handlers import autoscale as a
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
@@ -60,6 +63,14 @@ RETARGET_S = 60.0
 #: blocks decided at once within one tick
 CONCURRENCY = 64
 _state_dec = msgspec.json.Decoder(a.State)
+
+
+def owner(bid: str, copies: list[str]) -> str:
+    """The copy a block belongs to (rendezvous hashing: the highest hash of block and copy; a copy
+    that joins or leaves moves only its own share)."""
+    if not copies:
+        return ""
+    return max(copies, key=lambda c: hashlib.blake2b(f"{c}|{bid}".encode(), digest_size=8).digest())
 
 
 @dataclass
@@ -112,13 +123,22 @@ class Autoscaler:
                     continue
                 self.irs[bid] = (gen, rec.get("ir") or {})
         candidates = [b for b in sorted(live) if b in self.irs and "autoscaler" in (self.irs[b][1].get("policies") or {})]
-        held = await store.autoscale.lease(candidates, self.holder, self.lease_s)
+        # split among the live copies (rendezvous hashing): each takes the free leases of its share
+        # and keeps those it holds; a held block of another copy's share is decided this tick and
+        # then given back, so a copy that joins gets its share within a tick or two
+        copies = await store.autoscale.copies(self.holder, self.lease_s, now)
+        mine = {b for b in candidates if owner(b, copies) == self.holder}
+        was = set(self.held)
+        held = await store.autoscale.lease([b for b in candidates if b in mine or b in was], self.holder, self.lease_s)
         self.held = held
+        handover = [b for b in held if b not in mine]
         if not held:
             self.ticks += 1
             return {}
         history = max(1, math.ceil(self.defaults.stable_window_s / self.s.metrics_interval_s))
-        data = await store.autoscale.read(held, history)
+        # the built-ins read no history: the block's window (most of the bytes) only for other policies
+        windowed = {b for b in held if not stateless(str(self.irs[b][1]["policies"]["autoscaler"].get("policyRuleURI", "")))}
+        data = await store.autoscale.read(held, history, windowed)
 
         async def one(bid: str) -> tuple[str, TickResult, a.State]:
             async with self._sem:
@@ -136,6 +156,9 @@ class Autoscaler:
             out[bid] = res
             states[bid] = msgspec.json.encode(st).decode()
         await store.autoscale.save(states, self.holder, 10 * self.defaults.stable_window_s + 600)
+        if handover:
+            await store.autoscale.release(handover, self.holder, leave=False)
+            self.held = [b for b in held if b not in handover]
         self.ticks += 1
         return out
 
@@ -197,9 +220,10 @@ class Autoscaler:
         decision = await self.w.record(bid, KIND, rule, input_data, result, "", seconds, logs)
         ev = Autoscaled(bid, gen, request_id, current, outcome.desired, raw, list(outcome.rules), reason, outcome.stable,
                         outcome.burst, outcome.in_burst, a.summary(sample, insts), [decision])
-        await self.w.bus.emit(E.block_autoscaled, ev)
         why = f"autoscaler: {current} -> {outcome.desired}" + (f" ({reason})" if reason else "")
-        await self.w.bus.emit(E.block_scale_target, ScaleTarget(bid, request_id, outcome.desired, why, "autoscaler", gen))
+        # published in this order on one connection (the stream keeps it), their acks awaited together
+        await self.w.bus.emit_all([Emit(E.block_autoscaled, ev),
+                                   Emit(E.block_scale_target, ScaleTarget(bid, request_id, outcome.desired, why, "autoscaler", gen))])
         log.info("autoscaler.scaled", block=bid, current=current, desired=outcome.desired, raw=raw, rules=list(outcome.rules))
         return TickResult("changed", outcome, reason, stored=True), state
 
