@@ -6,6 +6,7 @@
 The map of a block (one key per block; the bucket's revision is its version)::
 
     {"block_id", "gen", "cluster", "path", "method": the input protocol's, "loadBalancer": rule,
+     "outputs": whether the executor publishes its task outputs (side-cars),
      "instances": {iid: {"node", "endpoint", "state", "since"}}, "gone": [iid, ...]}
 
 States: ``starting`` (placed, not running yet), ``ready`` (``instance.added``: takes tasks),
@@ -34,7 +35,8 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     proto = ir.get("inputProtocol")
     proto = proto if isinstance(proto, dict) else {}
     rule = (ir.get("policies") or {}).get("loadBalancer") or {}
-    out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
+    out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule,
+           "outputs": bool(ir.get("outputs") or ir.get("sidecars"))}
     if (block or {}).get("cluster"):
         out["cluster"] = str(block["cluster"])  # type: ignore[index]
     return out
@@ -68,7 +70,7 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
         if ORDER[InstanceState(inst["state"])] > ORDER[state]:
             return None
         if inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None \
-                and all(out.get(k) == current.get(k) for k in ("path", "method", "loadBalancer")):
+                and all(out.get(k) == current.get(k) for k in ("path", "method", "loadBalancer", "outputs")):
             return None
     elif state in (InstanceState.DRAINING, InstanceState.STOPPING) and not endpoint:
         return None  # never seen running: nothing routes to it
