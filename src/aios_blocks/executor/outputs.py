@@ -63,9 +63,10 @@ def encode_output(body: bytes, limit: int) -> tuple[str, str, bool]:
         text = cut.decode("utf-8")
         return text, "utf-8", truncated
     except UnicodeDecodeError:
-        if truncated:  # a multi-byte character cut at the limit
-            with contextlib.suppress(UnicodeDecodeError):
-                return cut[: max(0, limit - 3)].decode("utf-8", errors="strict"), "utf-8", True
+        if truncated:  # a multi-byte character cut at the limit: text up to the last whole one
+            for drop in (1, 2, 3):
+                with contextlib.suppress(UnicodeDecodeError):
+                    return cut[: len(cut) - drop].decode("utf-8"), "utf-8", True
         return base64.b64encode(cut).decode("ascii"), "base64", truncated
 
 

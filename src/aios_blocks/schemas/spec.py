@@ -168,12 +168,15 @@ class Sidecar(_Strict):
     @field_validator("env")
     @classmethod
     def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        problems = []
         bad = [k for k in env if not ENV_NAME_RE.match(k)]
         if bad:
-            raise ValueError(f"invalid environment variable name(s) {bad}: letters, digits and '_', not starting with a digit")
+            problems.append(f"invalid environment variable name(s) {bad}: letters, digits and '_', not starting with a digit")
         reserved = [k for k in env if k.upper().startswith("AIOS_")]
         if reserved:
-            raise ValueError(f"environment variable(s) {reserved} are reserved: AIOS_* names are set by the system")
+            problems.append(f"environment variable(s) {reserved} are reserved: AIOS_* names are set by the system")
+        if problems:
+            raise ValueError("; ".join(problems))
         return env
 
     @model_validator(mode="after")
