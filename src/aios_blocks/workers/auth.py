@@ -69,6 +69,8 @@ def instance_map_bucket() -> str:
     return BUCKET
 
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
+#: the task outputs' stream (docs/sidecars.md): every worker checks it exists when it starts
+OUTPUTS_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM_OUTPUTS}"
 #: Redis ACL users: ``aios`` for workers (only ``aios:*`` keys, nothing @dangerous), ``admin`` for
 #: the CLI and setup (everything), ``observer`` (reads only).
 REDIS_USERS = {
@@ -163,7 +165,7 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     st = subjects.STREAM
     # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
     # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
-    allow = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
+    allow = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
     deny = []
@@ -188,7 +190,7 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     sub = [f"{inbox_prefix(user)}.>"]
     hints = [subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL]
     st = subjects.STREAM
-    read_topology = [STREAM_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
+    read_topology = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
     responses = False
     if role == "upstream":
         return Permissions(tuple(pub), tuple(sub))
