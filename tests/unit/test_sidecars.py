@@ -258,3 +258,56 @@ def test_seen_is_bounded_and_config_comes_from_the_agents_environment() -> None:
     assert subjects.sidecar("b1", "store").filters == ("aios.output.b1.*",)
     with pytest.raises(SystemExit, match="AIOS_SIDECAR"):
         sidecar.Config.from_env({"AIOS_BLOCK_ID": "b1"})
+
+
+# -- the examples ------------------------------------------------------------------------------------
+def _output(task_id: str, text: str, status: int = 200) -> sidecar.Output:
+    return sidecar.Output("b1", task_id, "b1-0", status, text.encode(), "application/json", len(text), False, 1.0,
+                          "ok" if status < 400 else "error", 1)
+
+
+def test_the_example_block_spec_is_valid_for_an_echo_component() -> None:
+    from pathlib import Path
+
+    import yaml
+
+    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "sidecar_block.yaml").read_text())
+    comp = {**COMPONENT, "componentURI": "aios://examples/echo"}
+    ir = block_create_IR(doc, comp, doc["blockId"])
+    assert [s["name"] for s in ir["sidecars"]] == ["store", "alert"] and ir["outputs"]
+
+
+def test_the_sqlite_example_stores_each_task_once_and_can_refuse(tmp_path: Any) -> None:
+    import sqlite3
+
+    from aios_blocks.examples.sidecars.sqlite_store import Store
+
+    store = Store({"path": str(tmp_path / "o.db"), "failOn": "boom"})
+    ctx = sidecar.Context(sidecar.Config("b1", "store"))
+    store(_output("t1", '{"a": 1}'), ctx)
+    store(_output("t1", '{"a": 1}'), ctx)  # delivered again: one row
+    store(_output("t2", "x", 500), ctx)
+    with pytest.raises(RuntimeError, match="boom"):
+        store(_output("t3", "boom"), ctx)
+    rows = sqlite3.connect(tmp_path / "o.db").execute("SELECT task_id, status, outcome, output FROM outputs ORDER BY task_id").fetchall()
+    assert rows == [("t1", 200, "ok", '{"a": 1}'), ("t2", 500, "error", "x")]
+    with pytest.raises(SystemExit, match="plain SQL name"):
+        Store({"path": str(tmp_path / "p.db"), "table": "x; drop"})
+
+
+def test_the_alert_example_alerts_on_matches_only(tmp_path: Any) -> None:
+    import json
+
+    from aios_blocks.examples.sidecars.alert import Alerter
+
+    alerter = Alerter({"pattern": r"(?i)error\b", "file": str(tmp_path / "a.jsonl")})
+    ctx = sidecar.Context(sidecar.Config("b1", "alert"))
+    alerter(_output("t1", "all good"), ctx)
+    alerter(_output("t2", "an ERROR happened"), ctx)
+    assert [a.task_id for a in ctx.alerts] == ["t2"] and "ERROR" in ctx.alerts[0].message
+    lines = [json.loads(x) for x in (tmp_path / "a.jsonl").read_text().splitlines()]
+    assert [x["task_id"] for x in lines] == ["t2"] and lines[0]["match"] == "ERROR"
+    with pytest.raises(SystemExit, match="not a valid regex"):
+        Alerter({"pattern": "("})
+    with pytest.raises(SystemExit, match="required"):
+        Alerter({})
