@@ -311,3 +311,50 @@ def test_the_alert_example_alerts_on_matches_only(tmp_path: Any) -> None:
         Alerter({"pattern": "("})
     with pytest.raises(SystemExit, match="required"):
         Alerter({})
+
+
+# -- the agent's side of it (simulated runtime) --------------------------------------------------------
+class _Consumers:
+    def __init__(self) -> None:
+        self.deleted: list[tuple[str, str]] = []
+
+    async def delete_consumer(self, stream: str, durable: str) -> bool:
+        self.deleted.append((stream, durable))
+        return True
+
+
+async def test_an_agent_runs_restarts_and_stops_sidecars_and_ignores_a_late_start(tmp_path: Any) -> None:
+    from aios_blocks.schemas.events import SidecarCommand
+    from aios_blocks.schemas.spec import Sidecar
+    from aios_blocks.workers.agent.runtime_sim import SimRuntime
+    from aios_blocks.workers.agent.sidecars import SidecarManager
+
+    rt = SimRuntime(start_delay_s=0)
+    bus = _Consumers()
+    m = SidecarManager(bus, rt, "n1", tmp_path, nats_url="nats://sidecar@h:1", restart_s=0.05)
+    sc = Sidecar.model_validate({**STORE, "replicas": 2}).model_dump()
+    cmd = SidecarCommand("b1", 4, "c1", "n1", "store", sc)
+    await m.start(cmd)
+    await m.start(cmd)  # redelivered: the same two copies
+    assert sorted(m.copies) == ["sc-b1-store-0", "sc-b1-store-1"]
+    running = [i for i in await rt.list("n1") if i.running]
+    assert len(running) == 2 and all(i.is_sidecar and i.gen == 4 for i in running)
+    env = m.env(cmd, Sidecar.model_validate(sc), 1)
+    assert env["AIOS_NATS_URL"] == "nats://sidecar@h:1" and env["AIOS_BLOCK_ID"] == "b1" and env["AIOS_SIDECAR_COPY"] == "1"
+    assert (tmp_path / "sidecars" / "sc-b1-store-0" / "parameters.json").exists()
+    # a copy that exits is started again
+    first = m.copies["sc-b1-store-0"].handle
+    rt.crash(first)
+    async with asyncio.timeout(5):
+        while not (st := await rt.status(m.copies["sc-b1-store-0"].handle)) or not st.running:
+            await asyncio.sleep(0.05)
+    # stop: every copy, the consumer, the working directories; a start that comes late is ignored
+    await m.stop(SidecarCommand("b1", 4, "c1", "n1", "store", sc, "block deleted"))
+    assert m.copies == {} and [i for i in await rt.list("n1") if i.running] == []
+    assert bus.deleted == [("AIOS_OUTPUTS", "sidecar-b1-store")]
+    assert not (tmp_path / "sidecars" / "sc-b1-store-0").exists()
+    await m.start(cmd)
+    assert m.copies == {}
+    await m.start(SidecarCommand("b1", 5, "c1", "n1", "store", sc))  # the next generation of the id runs
+    assert sorted(m.copies) == ["sc-b1-store-0", "sc-b1-store-1"]
+    m.shutdown()

@@ -72,16 +72,22 @@ class SidecarManager:
     workdirs: bool = True
     copies: dict[str, _Copy] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: (block, side-car) -> the newest generation stopped here: a start of it that comes late
+    #: (redelivered after its stop) is ignored (bounded: the oldest entries go)
+    _stopped: dict[tuple[str, str], int] = field(default_factory=dict)
 
     # -- commands ------------------------------------------------------------------------------
     async def start(self, cmd: SidecarCommand) -> None:
         spec = Sidecar.model_validate(cmd.sidecar)  # validated at parse: a bad one is a poison message
         async with self._lock:
+            if self._stopped.get((cmd.block_id, cmd.name), -1) >= cmd.gen:
+                log.info("sidecar.start_ignored", block=cmd.block_id, sidecar=cmd.name, why="already stopped")
+                return
             for k in range(spec.replicas):
                 cid = copy_id(cmd.block_id, cmd.name, k)
                 copy = self.copies.get(cid)
-                if copy is not None and copy.cmd.gen == cmd.gen:
-                    continue  # already ours
+                if copy is not None and copy.cmd.gen >= cmd.gen:
+                    continue  # already ours (or a newer generation's)
                 if copy is not None:  # an older generation's copy under the same id: replaced
                     await self._stop_copy(cid, copy, 0)
                 found = await self.runtime.find(self.node_id, cid)
@@ -101,6 +107,10 @@ class SidecarManager:
     async def stop(self, cmd: SidecarCommand) -> None:
         grace = float((cmd.sidecar or {}).get("stopGraceS", 10.0))
         async with self._lock:
+            key = (cmd.block_id, cmd.name)
+            self._stopped[key] = max(cmd.gen, self._stopped.pop(key, -1))
+            while len(self._stopped) > 10_000:
+                self._stopped.pop(next(iter(self._stopped)))
             for cid, copy in list(self.copies.items()):
                 if self._is(copy.cmd.block_id, copy.cmd.name, cmd) and copy.cmd.gen <= cmd.gen:
                     await self._stop_copy(cid, copy, grace)
