@@ -1,4 +1,5 @@
-"""The door to NATS: connection, the one JetStream stream, consumers, publishing.
+"""The door to NATS: connection, the JetStream streams (``AIOS``, the control events; ``AIOS_OUTPUTS``,
+the blocks' task outputs for side-cars), consumers, publishing.
 
 Publishing always sets a deterministic ``Nats-Msg-Id`` so a redelivered step that publishes again
 is dropped by JetStream's duplicate window instead of producing a second event; on the wire it is
