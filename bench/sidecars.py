@@ -65,7 +65,7 @@ def _run_sidecar() -> None:
         sidecar.run(Store(cfg.parameters), cfg)
 
 
-async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Row]:
+async def _measure(nats_url: str, redis_url: str, quick: bool, data_dir: Path) -> list[common.Row]:
     import nats
 
     from aios_blocks.bus import subjects
@@ -107,10 +107,28 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
             await _closed_loop(call(f"sc-{v}"), 16, 200)
         p50s: dict[str, list[float]] = {v: [] for v in VARIANTS}
         p99s: dict[str, list[float]] = {v: [] for v in VARIANTS}
+        # CPU seconds of the executor and of nats-server per variant (what each output costs them,
+        # whatever else runs on the machine)
+        import psutil
+
+        ex = psutil.Process(execs[0].pid)
+        server = next((p for p in psutil.process_iter(["name", "cmdline"]) if p.info["name"] == "nats-server"
+                       and str(data_dir) in " ".join(p.info["cmdline"] or [])), None)
+        cpu: dict[str, list[float]] = {v: [0.0, 0.0] for v in VARIANTS}
+
+        def used(p: Any) -> float:
+            if p is None:
+                return 0.0
+            t = p.cpu_times()
+            return float(t.user + t.system)
+
         for rnd in range(rounds):
             order = VARIANTS if rnd % 2 == 0 else tuple(reversed(VARIANTS))
             for v in order:
+                e0, s0 = used(ex), used(server)
                 lat = await _closed_loop(call(f"sc-{v}"), 16, n_round)
+                cpu[v][0] += used(ex) - e0
+                cpu[v][1] += used(server) - s0
                 p50s[v].append(common.pct(lat, 50))
                 p99s[v].append(common.pct(lat, 99))
         await asyncio.sleep(2.0)  # let the consuming side-car catch up before counting
@@ -131,6 +149,12 @@ async def _measure(nats_url: str, redis_url: str, quick: bool) -> list[common.Ro
         for v in ("consuming", "stalled"):
             rows.append(common.row(GROUP, f"latency ratio {v} / absent, p50", p50[v] / p50["absent"], "x", None,
                                    f"p99 ratio {p99[v] / p99['absent']:.3f}; goal within 5 %"))
+        per_task = {v: (cpu[v][0] / (rounds * n_round) * 1e6, cpu[v][1] / (rounds * n_round) * 1e6) for v in VARIANTS}
+        for v in VARIANTS:
+            rows.append(common.row(GROUP, f"executor CPU per task, side-cars {v}", per_task[v][0], "µs", None,
+                                   f"nats-server {per_task[v][1]:.0f} µs per task"
+                                   + ("" if v == "absent" else f"; outputs add {per_task[v][0] - per_task['absent'][0]:.0f} µs "
+                                      f"(executor) + {per_task[v][1] - per_task['absent'][1]:.0f} µs (server)")))
         rows.append(common.row(GROUP, "outputs stored by the consuming side-car", stored, "outputs", None,
                                f"of ~{sent} tasks; AIOS_OUTPUTS holds {info.state.messages} outputs (both blocks)"))
         return rows
@@ -172,8 +196,8 @@ def _offer_cost(quick: bool) -> list[common.Row]:
 
 
 async def _run(quick: bool) -> list[common.Row]:
-    async with common.servers("sidecars") as (nats_url, redis_url, _):
-        return [*_offer_cost(quick), *await _measure(nats_url, redis_url, quick)]
+    async with common.servers("sidecars") as (nats_url, redis_url, data_dir):
+        return [*_offer_cost(quick), *await _measure(nats_url, redis_url, quick, data_dir)]
 
 
 def figures(quick: bool = False) -> list[common.Row]:

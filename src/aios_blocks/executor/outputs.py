@@ -5,7 +5,8 @@
 * ``offer`` is synchronous and O(1): it never waits, never raises, and never touches NATS. It is
   called as the task's answer is handed back, so the caller's reply is never held by an output.
 * A bounded buffer (``outputs_buffer``) sits between the tasks and NATS. A background loop drains
-  it in batches, publishing each batch concurrently and waiting for the stream's acks (bounded by
+  it in batches (gathered for ``outputs_linger_ms`` after the first output: fewer, larger batches
+  cost the executor about a third of the CPU per output of one publish each), publishing each batch concurrently and waiting for the stream's acks (bounded by
   ``outputs_publish_timeout_s``); a batch that failed (NATS away or slow) is tried again, with
   backoff, until it is stored: the message id is the task id (catalog id rule
   ``output:{block_id}:{task_id}``), so a retried publish is deduplicated by JetStream.
@@ -91,6 +92,7 @@ class OutputPublisher:
         self.limit = settings.outputs_max_msg_bytes
         self.capacity = settings.outputs_buffer
         self.timeout_s = settings.outputs_publish_timeout_s
+        self.linger_s = settings.outputs_linger_ms / 1000
         self._queue: deque[_Pending] = deque()
         self._wake = asyncio.Event()
         self.published = 0
@@ -129,6 +131,8 @@ class OutputPublisher:
                 await asyncio.wait([waker, stopper], return_when=asyncio.FIRST_COMPLETED)
                 waker.cancel()
                 stopper.cancel()
+                if self.linger_s and not stop.is_set() and len(self._queue) < batch:
+                    await asyncio.sleep(self.linger_s)  # let a batch gather: a publish per output costs ~3x the CPU
                 continue
             items = [self._queue[i] for i in range(min(batch, len(self._queue)))]
             ok = await self._publish(items)
