@@ -321,6 +321,8 @@ def test_catalog_doc_derives_stored_and_consumers_from_the_stream_and_the_filter
     rows = {r[0]: r for r in catalog_doc.catalog_rows()}
     assert rows["aios.node.{nid}.heartbeat"][2] == "no"  # core NATS only
     assert rows["aios.block.{bid}.decision"][2] == "yes"
+    assert rows["aios.output.{bid}.{outcome}"][2] == "yes (AIOS_OUTPUTS)"
+    assert rows["aios.output.{bid}.{outcome}"][3] == "sidecar-{bid}-{name}"
     assert rows["aios.block.{bid}.create"][3] == "parser"
     assert rows["aios.cluster.{cid}.allocation"][3] == "controller"
     assert rows["aios.block.{bid}.instance.{iid}.added"][3] == "lifecycle"
