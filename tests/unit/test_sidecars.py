@@ -271,8 +271,9 @@ def test_the_example_block_spec_is_valid_for_an_echo_component() -> None:
 
     import yaml
 
-    doc = yaml.safe_load((Path(__file__).resolve().parents[2] / "examples" / "sidecar_block.yaml").read_text())
-    comp = {**COMPONENT, "componentURI": "aios://examples/echo"}
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    doc = yaml.safe_load((examples / "sidecar_block.yaml").read_text())
+    comp = Component.model_validate(yaml.safe_load((examples / "echo_component.yaml").read_text())).model_dump()
     ir = block_create_IR(doc, comp, doc["blockId"])
     assert [s["name"] for s in ir["sidecars"]] == ["store", "alert"] and ir["outputs"]
 
