@@ -128,3 +128,10 @@ def test_the_fold_rebuilds_the_endpoint_an_added_fact_carried() -> None:
     # a later repeat with none (an adopted instance whose agent knows no port) keeps it, as the store does
     run(f, [("aios.block.b1.instance.b1-0.added", INST)])
     assert msgspec.json.decode(f.image()["aios:block:b1:inst"]["b1-0"])["endpoint"] == "http://127.0.0.1:41234"
+
+
+def test_the_fold_rebuilds_where_a_blocks_sidecars_run() -> None:
+    f = placed()
+    run(f, [("aios.node.n1.sidecar.start", {"block_id": "b1", "gen": 2, "cluster_id": "c1", "node_id": "n1", "name": "store"}),
+            ("aios.node.n1.sidecar.start", {"block_id": "b1", "gen": 1, "cluster_id": "c1", "node_id": "n9", "name": "old"})])
+    assert f.image()["aios:block:b1"]["sidecar_node"] == "n1"  # an older generation's command changes nothing
