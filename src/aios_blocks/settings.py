@@ -63,6 +63,15 @@ class Settings(BaseSettings):
     executor_scrape_interval_s: float = Field(0.25, ge=0, description="how often the executor reads instances' /metrics for builtin:least-queue (0 = never)")
     activator_hold_s: float = Field(30.0, gt=0, description="scale-to-zero (minInstances 0): how long the executor holds a task while the block's first instance starts (then 503 with the reason)")
     activator_max_held: int = Field(1000, ge=0, description="scale-to-zero: tasks held per block and executor while the first instance starts (beyond: 429)")
+    # -- task outputs and side-cars (docs/sidecars.md) --------------------------------------------
+    outputs_max_age_s: float = Field(24 * 3600, gt=0, description="the AIOS_OUTPUTS stream keeps task outputs this long")
+    outputs_max_bytes: int = Field(1024**3, gt=0, description="the AIOS_OUTPUTS stream keeps at most this many bytes (oldest dropped: discard old)")
+    outputs_max_msg_bytes: int = Field(256 * 1024, ge=1024, le=4 * 1024 * 1024, description="largest output body published; a larger one is cut to this size and marked truncated (size says the whole)")
+    outputs_buffer: int = Field(10_000, ge=1, description="outputs an executor holds while NATS is slow or away; beyond it new outputs are dropped and counted (aios_executor_outputs_dropped_total)")
+    outputs_linger_ms: float = Field(10.0, ge=0, le=1000, description="the executor gathers outputs this long before publishing a batch (fewer, larger batches: less CPU per output; side-cars see them this much later)")
+    outputs_publish_timeout_s: float = Field(5.0, gt=0, description="how long the executor waits for the stream to store a batch of outputs before it tries that batch again")
+    sidecar_nats_url: str | None = Field(None, repr=False, description="NATS URL node agents give the side-cars they start (credentials of the sidecar role; blocks up sets it); else the agent's URL without credentials")
+    sidecar_restart_s: float = Field(1.0, gt=0, description="node agents restart a side-car that exited after this long (doubling up to 30 s while it keeps dying)")
     # -- metrics (docs/metrics.md) ----------------------------------------------------------------
     metrics_port: int = Field(0, ge=-1, le=65535, description="port of each worker's Prometheus /metrics (0 = a free one, registered in Redis for the collector and `blocks prometheus-config`; -1 = none)")
     metrics_host: str = Field("127.0.0.1", description="address the workers' /metrics and the collector's discovery listen on, and that Prometheus is given")

@@ -71,6 +71,12 @@ class MemoryBus:
     _subs: list[tuple[str, Callable[[Any], Awaitable[None]]]] = field(default_factory=list)
     #: stream sequences not yet delivered to the consumers
     pending: deque[int] = field(default_factory=deque)
+    #: (stream, durable) of every consumer deleted (side-cars' when their block goes)
+    deleted_consumers: list[tuple[str, str]] = field(default_factory=list)
+
+    async def delete_consumer(self, stream: str, durable: str) -> bool:
+        self.deleted_consumers.append((stream, durable))
+        return True
 
     async def emit(self, event: Event[Any], payload: Any, *, qualifier: str = "", msg_id: str | None = None,
                    headers: dict[str, str] | None = None, sync: bool = False, **tokens: str) -> Any:

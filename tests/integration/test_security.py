@@ -25,7 +25,8 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
 from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 
-from aios_blocks.bus import subjects
+from aios_blocks.bus import event_ids, subjects
+from aios_blocks.bus.catalog import E
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.bus.nats_bus import connect as nats_connect
 from aios_blocks.cli.client import Client
@@ -694,3 +695,33 @@ async def test_redis_without_acl_support_gets_one_password(tmp_path: Path, monke
         await anon.aclose()
     finally:
         s.stop()
+
+
+async def test_a_sidecar_reads_task_outputs_and_nothing_of_the_control_stream(servers: EmbeddedServers, admin: Bus,
+                                                                             connect: Any) -> None:
+    """docs/sidecars.md: the ``sidecar`` user keeps its durable on AIOS_OUTPUTS, pulls and acks
+    outputs, dead-letters them; it cannot touch the AIOS stream or publish a control event."""
+    from aios_blocks.schemas.events import TaskOutput
+
+    await admin.ensure_stream()
+    out = TaskOutput("sec-b1", "t1", "sec-b1-0", 200, "hello", gen=1)
+    await admin.emit(E.block_output, out)
+    sc = await connect(servers.endpoints.nats_url("sidecar"))
+    bus = Bus(sc.nc, "aios-blocks/sidecar/test", event_key=event_ids.new_key())
+    spec = subjects.sidecar("sec-b1", "store")
+    await bus.ensure_sidecar_consumer(spec, 3, 5)
+    sub = await bus.js.pull_subscribe_bind(durable=spec.durable, stream=subjects.STREAM_OUTPUTS)
+    (msg,) = await sub.fetch(1, timeout=5)
+    assert b'"task_id":"t1"' in msg.data
+    await msg.ack_sync()
+    dlq = subjects.dead_letter(spec.durable, msg.subject)
+    await sc.nc.publish(dlq, b"{}")
+    await sc.nc.publish("aios.block.sec-b1.sidecar.store.alert", b"{}")
+    await sc.nc.flush()
+    assert not any("permissions violation" in e.lower() for e in sc.errors), sc.errors
+    for subject in ("aios.block.sec-b1.create", "aios.block.sec-b1.delete", "aios.output.sec-b1.ok", "aios.dlq.parser.x",
+                    f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser", f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.mine"):
+        await sc.nc.publish(subject, b"{}")
+        assert await sc.denied(subject), subject
+    await sc.nc.subscribe("aios.>")
+    assert await sc.denied("aios.>", "subscription")

@@ -76,8 +76,10 @@ def test_the_executor_answers_tasks_and_keeps_the_instance_maps_only() -> None:
     perms = auth.permissions("executor")
     assert perms is not None and perms.allow_responses
     assert "aios.block.*.task" in perms.subscribe
-    # its events: the activator's request for a first instance of a block at zero, nothing else
-    assert [p for p in perms.publish if p.startswith("aios.") and not p.startswith("aios.dlq.mapper.")] == ["aios.block.*.scale.target"]
+    # its events: the activator's request for a first instance of a block at zero, and the task
+    # outputs for side-cars (docs/sidecars.md); nothing else
+    assert sorted(p for p in perms.publish if p.startswith("aios.") and not p.startswith("aios.dlq.mapper.")) == \
+        ["aios.block.*.scale.target", "aios.output.*.*"]
     assert "$KV.aios-instances.>" in perms.publish
     assert not [p for p in perms.publish if "CONSUMER" in p and ".AIOS." in p and "mapper" not in p and "INFO" not in p]
 
@@ -220,3 +222,15 @@ def test_auth_switches(monkeypatch: pytest.MonkeyPatch) -> None:
         assert not auth.auth_enabled()
     monkeypatch.setenv("AIOS_NATS_TLS", "1")
     assert auth.tls_enabled()
+
+
+def test_a_sidecar_consumes_outputs_and_dead_letters_them_only() -> None:
+    perms = auth.permissions("sidecar")
+    assert perms is not None and not perms.allow_responses
+    assert perms.subscribe == ("_INBOX.sidecar.>",)
+    aios = [p for p in perms.publish if p.startswith("aios.")]
+    assert sorted(aios) == ["aios.block.*.sidecar.*.alert", "aios.dlq.*.aios.output.>"]
+    js = [p for p in perms.publish if p.startswith("$JS")]
+    assert js and all(".AIOS_OUTPUTS." in p for p in js)  # nothing of the control stream
+    agent = auth.permissions("agent", "n1")
+    assert agent is not None and "$JS.API.CONSUMER.DELETE.AIOS_OUTPUTS.*" in agent.publish

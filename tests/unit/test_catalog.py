@@ -30,14 +30,21 @@ def test_subject_and_parse_round_trip(e: Any) -> None:
     assert found is not None and found[0] is e and found[1] == toks
     assert e.type == "io.aios." + e.name
     assert subjects.matches(e.filter(), subject)
-    assert e.stored == any(subjects.matches(f, subject) for f in subjects.STREAM_SUBJECTS)
+    # stored by exactly its own stream: AIOS for control events, AIOS_OUTPUTS for task outputs
+    in_aios = any(subjects.matches(f, subject) for f in subjects.STREAM_SUBJECTS)
+    in_outputs = any(subjects.matches(f, subject) for f in subjects.OUTPUT_STREAM_SUBJECTS)
+    assert in_aios == (e.stored and e.stream == subjects.STREAM)
+    assert in_outputs == (e.stored and e.stream == subjects.STREAM_OUTPUTS)
 
 
 def test_no_two_events_share_a_subject_and_every_stored_event_is_in_the_stream() -> None:
     for e in EVENTS:
         subject = e.subject(**sample_tokens(e))
         assert [x.name for x in EVENTS if x.match(subject) is not None] == [e.name]
-    assert set(stream_subjects()) >= {e.filter() for e in EVENTS if e.stored}
+    assert set(stream_subjects()) >= {e.filter() for e in EVENTS if e.stored and e.stream == subjects.STREAM}
+    assert stream_subjects(subjects.STREAM_OUTPUTS) == [E.block_output.filter()]
+    # the two streams never capture the same subject (JetStream refuses overlapping streams)
+    assert not any(subjects.matches(f, E.block_output.subject(bid="b1", outcome="ok")) for f in stream_subjects())
     assert not any(subjects.matches(f, E.node_heartbeat.subject(nid="n1")) for f in stream_subjects())
 
 

@@ -154,3 +154,10 @@ def test_the_fold_keeps_the_desired_count_like_the_controller_and_marks_scale_do
     live = {**inst, "since": 12345.6}
     assert im.normalise(keys.inst_key("b1"), {"b1-0": msgspec.json.encode(live).decode()}) == \
         im.normalise(keys.inst_key("b1"), {"b1-0": msgspec.json.encode(inst).decode()})
+
+
+def test_the_fold_rebuilds_where_a_blocks_sidecars_run() -> None:
+    f = placed()
+    run(f, [("aios.node.n1.sidecar.start", {"block_id": "b1", "gen": 2, "cluster_id": "c1", "node_id": "n1", "name": "store"}),
+            ("aios.node.n1.sidecar.start", {"block_id": "b1", "gen": 1, "cluster_id": "c1", "node_id": "n9", "name": "old"})])
+    assert f.image()["aios:block:b1"]["sidecar_node"] == "n1"  # an older generation's command changes nothing

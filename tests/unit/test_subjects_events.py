@@ -76,7 +76,7 @@ def test_every_subject_is_under_aios_and_in_the_stream(subject: str) -> None:
 def test_every_builder_in_the_module_produces_an_aios_subject() -> None:
     builders = [
         f for name, f in inspect.getmembers(subjects, inspect.isfunction)
-        if f.__module__ == subjects.__name__ and name not in ("controller", "agent", "catalog", "event_type", "matches", "consumer", "uri_digest")
+        if f.__module__ == subjects.__name__ and name not in ("controller", "agent", "catalog", "event_type", "matches", "consumer", "uri_digest", "sidecar", "sidecar_durable")
     ]
     assert len(builders) >= 9
     for f in builders:
@@ -321,6 +321,8 @@ def test_catalog_doc_derives_stored_and_consumers_from_the_stream_and_the_filter
     rows = {r[0]: r for r in catalog_doc.catalog_rows()}
     assert rows["aios.node.{nid}.heartbeat"][2] == "no"  # core NATS only
     assert rows["aios.block.{bid}.decision"][2] == "yes"
+    assert rows["aios.output.{bid}.{outcome}"][2] == "yes (AIOS_OUTPUTS)"
+    assert rows["aios.output.{bid}.{outcome}"][3] == "sidecar-{bid}-{name}"
     assert rows["aios.block.{bid}.create"][3] == "parser"
     assert rows["aios.cluster.{cid}.allocation"][3] == "controller"
     assert rows["aios.block.{bid}.instance.{iid}.added"][3] == "lifecycle"

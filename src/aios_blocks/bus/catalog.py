@@ -31,6 +31,9 @@ from ..schemas import vcluster as vc
 
 ROOT = "aios"
 STREAM = "AIOS"
+#: the stream of the blocks' task outputs (docs/sidecars.md): its own limits, so a flood of outputs
+#: never pushes a control event out of ``AIOS``
+STREAM_OUTPUTS = "AIOS_OUTPUTS"
 CE_TYPE_PREFIX = "io.aios."
 
 P = TypeVar("P")
@@ -52,6 +55,8 @@ class Role(enum.StrEnum):
     AUTOSCALER = "autoscaler"
     #: the health checker (``blocks worker checker``): instance verdicts and failed ticks
     CHECKER = "checker"
+    #: a block's side-cars (``aios_blocks.sidecar``): consume its outputs, raise alerts
+    SIDECAR = "sidecar"
     #: each role's consumer runner dead-letters its own consumers' messages
     RUNNER = "runner"
 
@@ -82,6 +87,8 @@ class Event(Generic[P]):
     extra_filters: tuple[str, ...] = ()
     #: payload field of a subject token, where it is not the usual one (``TOKEN_FIELDS``)
     token_fields: tuple[tuple[str, str], ...] = ()
+    #: the stream that stores it (when ``stored``): ``AIOS``, or ``AIOS_OUTPUTS`` for outputs
+    stream: str = STREAM
     tokens: tuple[str, ...] = field(init=False)
     _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
@@ -423,6 +430,28 @@ class E:
         "a cluster with nothing running and no virtual cluster removed, with its nodes",
         id_rule="{cluster_id}:removed:{request_id}",
     )
+    # -- side-cars (docs/sidecars.md) -------------------------------------------------------------
+    node_sidecar_start = Event(
+        "node.sidecar.start", f"{_N}.sidecar.start", ev.SidecarCommand, (C,),
+        "run a block's side-car on this node (placed with the block's gang)",
+        id_rule="{block_id}:{gen}:sidecar.start:{name}",
+    )
+    node_sidecar_stop = Event(
+        "node.sidecar.stop", f"{_N}.sidecar.stop", ev.SidecarCommand, (C,),
+        "stop a block's side-car and delete its consumer (the block was deleted or failed)",
+        id_rule="{block_id}:{gen}:sidecar.stop:{name}",
+    )
+    block_output = Event(
+        "block.output", f"{ROOT}.output.{{bid}}.{{outcome}}", ev.TaskOutput, (Role.EXECUTOR,),
+        "a task's output (outcome ok / error), published after the answer; stored in AIOS_OUTPUTS "
+        "(its own limits), consumed by the block's side-cars",
+        id_rule="output:{block_id}:{task_id}", stream=STREAM_OUTPUTS,
+    )
+    sidecar_alert = Event(
+        "block.sidecar.alert", f"{_B}.sidecar.{{name}}.alert", ev.SidecarAlert, (Role.SIDECAR,),
+        "core NATS, not stored: a side-car found something in an output (the alerting example)",
+        stored=False, body=Body.CORE,
+    )
     dead_letter = Event(
         "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,), "message that kept failing, with the error",
         body=Body.RAW, id_rule="dlq:{consumer}:{stream_seq}",
@@ -450,11 +479,16 @@ def parse(subject: str) -> tuple[Event[Any], dict[str, str]] | None:
     return None
 
 
-def stream_subjects() -> list[str]:
-    """What the ``AIOS`` stream captures: every stored event's filter (and its extra filters)."""
+def stream_of(event: Event[Any]) -> str | None:
+    """The stream that stores ``event`` (``None``: core NATS only)."""
+    return event.stream if event.stored else None
+
+
+def stream_subjects(stream: str = STREAM) -> list[str]:
+    """What ``stream`` captures: every event it stores, by its filter (and its extra filters)."""
     out: list[str] = []
     for e in EVENTS:
-        if e.stored:
+        if stream_of(e) == stream:
             for f in (e.filter(), *e.extra_filters):
                 if f not in out:
                     out.append(f)

@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 
 from . import subjects
-from .catalog import EVENTS
+from .catalog import EVENTS, E
+
+E_OUTPUT_ALL = E.block_output.filter()
 
 _TOKEN = re.compile(r"\{[a-z_]+\}")
 
@@ -19,6 +21,8 @@ DURABLES: tuple[subjects.ConsumerSpec, ...] = (
     subjects.LIFECYCLE,
     subjects.VCLUSTER,
     subjects.agent(),
+    # every side-car's own durable on AIOS_OUTPUTS (docs/sidecars.md)
+    subjects.ConsumerSpec("sidecar-{bid}-{name}", (E_OUTPUT_ALL,), stream=subjects.STREAM_OUTPUTS),
 )
 
 
@@ -28,8 +32,8 @@ def sample(pattern: str) -> str:
 
 
 def stored(pattern: str) -> bool:
-    """Whether the stream keeps messages on ``pattern``."""
-    return any(subjects.matches(f, sample(pattern)) for f in subjects.STREAM_SUBJECTS)
+    """Whether a stream keeps messages on ``pattern``."""
+    return any(subjects.matches(f, sample(pattern)) for f in (*subjects.STREAM_SUBJECTS, *subjects.OUTPUT_STREAM_SUBJECTS))
 
 
 def consumers(pattern: str) -> list[str]:
@@ -43,7 +47,8 @@ def catalog_rows() -> list[tuple[str, str, str, str, str, str]]:
     rows = []
     for (pattern, publisher, meaning), e in zip(subjects.catalog(), EVENTS, strict=True):
         mid = f"`{e.id_rule}`" if e.id_rule else ("-" if not e.stored else "chosen by the publisher")
-        rows.append((pattern, publisher, "yes" if e.stored else "no", ", ".join(consumers(pattern)) or "-", mid, meaning))
+        where = ("yes" if e.stream == subjects.STREAM else f"yes ({e.stream})") if e.stored else "no"
+        rows.append((pattern, publisher, where, ", ".join(consumers(pattern)) or "-", mid, meaning))
     return rows
 
 

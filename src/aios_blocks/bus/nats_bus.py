@@ -1,4 +1,5 @@
-"""The door to NATS: connection, the one JetStream stream, consumers, publishing.
+"""The door to NATS: connection, the JetStream streams (``AIOS``, the control events; ``AIOS_OUTPUTS``,
+the blocks' task outputs for side-cars), consumers, publishing.
 
 Publishing always sets a deterministic ``Nats-Msg-Id`` so a redelivered step that publishes again
 is dropped by JetStream's duplicate window instead of producing a second event; on the wire it is
@@ -231,12 +232,19 @@ class Bus:
 
     # -- topology --------------------------------------------------------------------------
     async def ensure_stream(self, limits: StreamLimits | None = None) -> None:
-        """Create the ``AIOS`` stream (limits retention over ``subjects.STREAM_SUBJECTS``) if it does
-        not exist; a stream made by an older version with other subjects is updated in place."""
+        """Create the ``AIOS`` stream (limits retention over ``subjects.STREAM_SUBJECTS``) and the
+        ``AIOS_OUTPUTS`` stream of the task outputs (its own limits, ``subjects.OUTPUT_STREAM_SUBJECTS``)
+        if they do not exist; a stream made by an older version with other subjects is updated in place."""
         limits = limits or StreamLimits.of(self.settings)
+        await self._ensure_one(subjects.STREAM, subjects.STREAM_SUBJECTS, limits)
+        outputs = StreamLimits(max_age_s=self.settings.outputs_max_age_s, max_bytes=self.settings.outputs_max_bytes,
+                               duplicate_window_s=limits.duplicate_window_s, replicas=limits.replicas)
+        await self._ensure_one(subjects.STREAM_OUTPUTS, subjects.OUTPUT_STREAM_SUBJECTS, outputs)
+
+    async def _ensure_one(self, name: str, subject_list: list[str], limits: StreamLimits) -> None:
         cfg = StreamConfig(
-            name=subjects.STREAM,
-            subjects=subjects.STREAM_SUBJECTS,
+            name=name,
+            subjects=subject_list,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             discard=DiscardPolicy.OLD,
@@ -247,19 +255,19 @@ class Bus:
             max_msg_size=-1,
         )
         try:
-            info = await self.js.stream_info(subjects.STREAM)
+            info = await self.js.stream_info(name)
             if (info.config.num_replicas or 1) != limits.replicas:  # not changed here: a process
                 # without the setting (default 1) would scale a replicated stream down
-                log.warning("stream.replicas_differ", stream=subjects.STREAM, replicas=info.config.num_replicas,
-                            setting=limits.replicas, hint=f"nats stream edit {subjects.STREAM} --replicas N")
+                log.warning("stream.replicas_differ", stream=name, replicas=info.config.num_replicas,
+                            setting=limits.replicas, hint=f"nats stream edit {name} --replicas N")
             if sorted(info.config.subjects or []) != sorted(cfg.subjects or []):
                 info.config.subjects = cfg.subjects
                 await self.js.update_stream(info.config)
-                log.info("stream.subjects_updated", stream=subjects.STREAM, subjects=cfg.subjects)
+                log.info("stream.subjects_updated", stream=name, subjects=cfg.subjects)
         except NotFoundError:
             try:
                 await self.js.add_stream(cfg)
-                log.info("stream.created", stream=subjects.STREAM)
+                log.info("stream.created", stream=name)
             except BadRequestError as exc:  # created concurrently by another process
                 if "already in use" not in str(exc) and "exists" not in str(exc):
                     raise
@@ -275,20 +283,52 @@ class Bus:
             max_ack_pending=4096,
             max_waiting=512,
         )
+        st = spec.stream
         try:
-            info = await self.js.consumer_info(subjects.STREAM, spec.durable)
+            info = await self.js.consumer_info(st, spec.durable)
             if not _ours(info.config):
                 # made under our name by someone else (e.g. before the name was denied to observers):
                 # a push or expiring consumer cannot be turned into ours, so it is replaced; our
                 # position is not in it, and a fresh durable starts from the first message
                 log.warning("bus.consumer_replaced", consumer=spec.durable, deliver_subject=info.config.deliver_subject,
                             inactive_threshold=info.config.inactive_threshold)
-                await self.js.delete_consumer(subjects.STREAM, spec.durable)
-                await self.js.add_consumer(subjects.STREAM, cfg)
+                await self.js.delete_consumer(st, spec.durable)
+                await self.js.add_consumer(st, cfg)
             elif sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(spec.filters):
-                await self.js.add_consumer(subjects.STREAM, cfg)  # update filters in place
+                await self.js.add_consumer(st, cfg)  # update filters in place
         except NotFoundError:
-            await self.js.add_consumer(subjects.STREAM, cfg)
+            await self.js.add_consumer(st, cfg)
+
+    async def ensure_sidecar_consumer(self, spec: subjects.ConsumerSpec, max_deliver: int, ack_wait_s: float) -> None:
+        """A side-car's durable on ``AIOS_OUTPUTS`` (every copy pulls from it: a queue group). The
+        server redelivers after ``ack_wait_s`` and stops after ``max_deliver + 1`` deliveries (the
+        SDK dead-letters at ``max_deliver``; the extra one leaves it room to do so)."""
+        cfg = ConsumerConfig(
+            durable_name=spec.durable,
+            filter_subjects=list(spec.filters),
+            ack_policy=AckPolicy.EXPLICIT,
+            deliver_policy=DeliverPolicy.ALL,
+            ack_wait=ack_wait_s,
+            max_deliver=max_deliver + 1,
+            max_ack_pending=1024,
+            max_waiting=512,
+        )
+        try:
+            info = await self.js.consumer_info(spec.stream, spec.durable)
+            same = (sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) == sorted(spec.filters)
+                    and info.config.max_deliver == cfg.max_deliver and float(info.config.ack_wait or 0) == float(ack_wait_s))
+            if not same:
+                await self.js.add_consumer(spec.stream, cfg)  # updated in place (position kept)
+        except NotFoundError:
+            await self.js.add_consumer(spec.stream, cfg)
+
+    async def delete_consumer(self, stream: str, durable: str) -> bool:
+        """Delete a durable; ``False`` when there was none."""
+        try:
+            await self.js.delete_consumer(stream, durable)
+            return True
+        except NotFoundError:
+            return False
 
     async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = ()) -> None:
         """Stream plus the shared consumers, so no message published before workers start is lost."""

@@ -120,7 +120,7 @@ class ConsumerRunner:
     guard: Guard | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
-        sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=subjects.STREAM)
+        sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
         inflight: set[asyncio.Task[None]] = set()
         taken = 0  # messages in the batches in flight
         log.info("consumer.start", consumer=self.spec.durable, filters=self.spec.filters)

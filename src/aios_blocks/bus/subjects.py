@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalog import EVENTS, ROOT, STREAM, E, Event, stream_subjects  # noqa: F401  (re-exported)
+from .catalog import EVENTS, ROOT, STREAM, STREAM_OUTPUTS, E, Event, stream_subjects
 
 #: What the stream keeps: every stored event of the catalog (``catalog.stream_subjects``). Left out
 #: on purpose (core NATS only): node heartbeats (a liveness signal, not state), inventory hints
@@ -18,6 +18,9 @@ from .catalog import EVENTS, ROOT, STREAM, E, Event, stream_subjects  # noqa: F4
 #: capturing a request subject would answer the requester with its PubAck before the real
 #: responder does.
 STREAM_SUBJECTS = stream_subjects()
+#: What ``AIOS_OUTPUTS`` keeps: the blocks' task outputs (``aios.output.{bid}.{outcome}``), apart
+#: from ``AIOS`` so their volume never pushes a control event out (docs/sidecars.md).
+OUTPUT_STREAM_SUBJECTS = stream_subjects(STREAM_OUTPUTS)
 
 # -- block lifecycle (aios.block.{bid}.*) -------------------------------------------------------
 def block_create(bid: str) -> str:
@@ -130,6 +133,7 @@ class ConsumerSpec:
     filters: tuple[str, ...]
     events: tuple[Event[Any], ...] = ()
     scope: tuple[tuple[str, str], ...] = ()
+    stream: str = STREAM
 
 
 def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
@@ -184,8 +188,25 @@ VCLUSTER = consumer("vcluster", E.vcluster_create, E.vcluster_update, E.vcluster
 def agent(node: str | None = None) -> ConsumerSpec:
     """One node agent's own durable (``node``), or the simulated fleet's shared one (``None``)."""
     if node:
-        return consumer(f"agent-{node}", E.node_instance_create, E.node_instance_remove, E.node_instance_restart, nid=node)
-    return consumer("agent-sim", E.node_instance_create, E.node_instance_remove, E.node_instance_restart)
+        return consumer(f"agent-{node}", *AGENT_EVENTS, nid=node)
+    return consumer("agent-sim", *AGENT_EVENTS)
+
+
+#: a node agent's commands: its instances and its side-cars
+AGENT_EVENTS = (E.node_instance_create, E.node_instance_remove, E.node_instance_restart, E.node_sidecar_start,
+                E.node_sidecar_stop)
+
+
+def sidecar_durable(bid: str, name: str) -> str:
+    """The durable consumer of a block's side-car (every copy of it pulls from this one)."""
+    return f"sidecar-{bid}-{name}"
+
+
+def sidecar(bid: str, name: str, status: str = "any") -> ConsumerSpec:
+    """A side-car's durable on ``AIOS_OUTPUTS``: the block's outputs, all or one outcome."""
+    outcome = {"ok": "ok", "error": "error"}.get(status, "")
+    return ConsumerSpec(sidecar_durable(bid, name), (E.block_output.filter(bid=bid, outcome=outcome),), (E.block_output,),
+                        (("bid", bid),), STREAM_OUTPUTS)
 
 
 # -- inventory registration (event-sourced: ``blocks recover`` rebuilds Redis from these) -----------

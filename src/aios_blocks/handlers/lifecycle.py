@@ -12,7 +12,7 @@ from typing import Any
 from ..bus.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
-from . import faults
+from . import faults, sidecars
 from .effects import (
     DeletedIfEmpty,
     Effect,
@@ -92,7 +92,7 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
     if verdict.action == "reassign":
         return verdict, [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, why, f"{ev.instance_id}:{kind}")]
     if verdict.action == "fail_block":
-        return verdict, fail_placing(ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}")
+        return verdict, fail_placing(ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}", view)
     if verdict.action == "give_up":
         failed = StepFailed(ev.block_id, block["gen"], "reassignment", f"{why}; {verdict.why}", f"{ev.instance_id}:{kind}")
         return verdict, [publish(Emit(E.block_reassignment_failed, failed))]
@@ -132,18 +132,28 @@ def on_delete(bid: str, view: View) -> list[Effect]:
     if view.block is None:
         return []
     gen = view.block["gen"]
-    return [Transition(bid, gen, Step.DELETE, then=(RemoveAll(bid, gen, "block deleted"), DeletedIfEmpty(bid, gen)), redo=False)]
+    out: list[Effect] = [Transition(bid, gen, Step.DELETE, then=(RemoveAll(bid, gen, "block deleted"), DeletedIfEmpty(bid, gen)),
+                                    redo=False)]
+    stop = sidecars.stops(view.block, view.instances, "block deleted")
+    if stop:  # outside the transition: a redelivered delete sends them again (deduplicated)
+        out.append(publish(*stop))
+    return out
 
 
-def fail_placing(bid: str, gen: int, cluster: str, reason: str) -> list[Effect]:
-    """Fail a block that is still placing, and stop what it has: a failed block holds nothing."""
+def fail_placing(bid: str, gen: int, cluster: str, reason: str, view: View | None = None) -> list[Effect]:
+    """Fail a block that is still placing, and stop what it has (its instances, its side-cars):
+    a failed block holds nothing."""
     from ..schemas.events import BlockStatus as StatusEvent
 
     failed = Emit(E.block_failed, StatusEvent(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
-    return [
+    out: list[Effect] = [
         Transition(bid, gen, Step.FAIL_PLACEMENT, (("reason", reason),), then=(publish(failed),)),
         RemoveAll(bid, gen, "block failed"),
     ]
+    stop = sidecars.stops(view.block, view.instances, "block failed") if view is not None else []
+    if stop:
+        out.append(publish(*stop))
+    return out
 
 
 def _remove(bid: str, gen: int, cid: str, iid: str, node: str, reason: str) -> list[Effect]:

@@ -8,6 +8,7 @@ The map of a block (one key per block; the bucket's revision is its version)::
     {"block_id", "gen", "cluster", "path", "method": the input protocol's, "loadBalancer": rule,
      "stabilityChecker": rule (only when the block names one),
      "minInstances": the spec's (0: scale-to-zero, the executor holds tasks while one starts),
+     "outputs": whether the executor publishes its task outputs (side-cars),
      "instances": {iid: {"node", "endpoint", "state", "since"[, "health", "weight", "health_reason"]}},
      "gone": [iid, ...]}
 
@@ -32,7 +33,7 @@ from ..schemas import protocol
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256
 #: the map's fields that come from the block record (``block_fields``)
-BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecker")
+BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecker", "outputs")
 DEFAULT_PATH = protocol.DEFAULT_TASK_PATH
 
 
@@ -44,7 +45,8 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     proto = proto if isinstance(proto, dict) else {}
     policies = ir.get("policies") or {}
     rule = policies.get("loadBalancer") or {}
-    out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule}
+    out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule,
+           "outputs": bool(ir.get("outputs") or ir.get("sidecars"))}
     if policies.get("stabilityChecker"):  # the health checker's (docs/health.md)
         out["stabilityChecker"] = policies["stabilityChecker"]
     mi = ir.get("minInstances")

@@ -340,6 +340,12 @@ class Fold:
         cur.agent = str(d.get("agent") or "")
         self.clusters.setdefault(node.cluster, dumps({"id": node.cluster, "labels": {}}))  # Store.ensure_cluster
 
+    def on_sidecar_start(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        """Where the block's side-cars run (``handlers/sidecars.py``: recorded with its gang)."""
+        b = self._block(str(d.get("block_id", "")), d.get("gen"))
+        if b is not None:
+            b["sidecar_node"] = str(d.get("node_id") or nid)
+
     def on_node_health(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
         node = self.nodes.get(nid)
         if node is not None and "healthy" in d:
@@ -587,6 +593,7 @@ Fold.node_rules = {
     "instance.remove": Fold.on_remove_command,
     "drain": Fold.on_node_drain,
     "removed": Fold.on_node_removed,
+    "sidecar.start": Fold.on_sidecar_start,
 }
 
 

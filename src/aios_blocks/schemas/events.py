@@ -252,6 +252,51 @@ class InstanceCommand(msgspec.Struct):
     drain_s: float = 0.0
 
 
+class SidecarCommand(msgspec.Struct):
+    """Start or stop a block's side-car on a node (docs/sidecars.md). ``sidecar`` is the
+    ``schemas.spec.Sidecar`` entry of the block's IR (JSON); ``reason`` says why it stops."""
+
+    block_id: str
+    gen: int
+    cluster_id: str
+    node_id: str
+    name: str
+    sidecar: dict[str, Any] = {}
+    reason: str = ""
+
+
+class TaskOutput(msgspec.Struct):
+    """One task's output, published by the executor after it answered (docs/sidecars.md).
+    ``output`` is the answer's body, ``utf-8`` text or ``base64`` (``encoding``), cut to the
+    output limit (``truncated``; ``size`` is the whole answer's size in bytes)."""
+
+    block_id: str
+    task_id: str
+    instance_id: str
+    status: int
+    output: str = ""
+    encoding: str = "utf-8"
+    content_type: str = ""
+    size: int = 0
+    truncated: bool = False
+    #: epoch seconds when the executor got the answer
+    time: float = 0.0
+    #: ``ok`` (status < 400) or ``error``: the last token of the subject
+    outcome: str = "ok"
+    #: the block's generation (a side-car of another generation of the same block id skips it)
+    gen: int = 0
+
+
+class SidecarAlert(msgspec.Struct):
+    """What a side-car found in an output (the example alerting side-car publishes these)."""
+
+    block_id: str
+    name: str
+    task_id: str
+    message: str
+    time: float = 0.0
+
+
 class InstanceEvent(msgspec.Struct):
     block_id: str
     gen: int

@@ -13,7 +13,7 @@ from ..settings import load as load_settings
 from .affinity import normalize
 from .errors import SpecError, SpecInvalid
 from .sharing import sharing_problems
-from .spec import ID_RE, REQUIRED_POLICIES, BlockSpec, Component
+from .spec import ID_RE, REQUIRED_POLICIES, BlockSpec, Component, Sidecar, sidecar_problems
 
 #: block field <- component field, inherited when the block does not set it (seed 000 table).
 INHERITED = (
@@ -92,6 +92,15 @@ def merge_policies(component: list[dict[str, Any]], block: list[dict[str, Any]] 
     return merged
 
 
+def merge_sidecars(component: list[Sidecar], block: list[Sidecar] | None) -> list[dict[str, Any]]:
+    """The component's side-cars, replaced (same name) or extended (new name) by the block's,
+    in order: the component's first, then the block's new ones."""
+    merged = {sc.name: sc for sc in component}
+    for sc in block or []:
+        merged[sc.name] = sc
+    return [sc.model_dump() for sc in merged.values()]
+
+
 def _sharing_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) -> list[SpecError]:
     """GPU sharing of the merged resourceAllocator with the block's resources (see ``sharing``)."""
     resources = spec.resources or comp.resources
@@ -151,6 +160,8 @@ def block_create_IR(
                     SpecError("$.policyRulesSpec", f"no {name} policy after merging the component's policies with policyRulesSpec")
                 )
         errors.extend(_sharing_errors(spec, comp, policies))
+    if spec is not None and spec.sidecars:
+        errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars))
     affinity: list[Any] = []
     try:
         if any(doc.get(k) is not None for k in ("affinity", "affinityWith", "antiAffinityWith", "affinityTLV")):
@@ -187,6 +198,8 @@ def block_create_IR(
     ir["launch"] = comp.launch.model_dump()
     ir["policies"] = policies
     ir["affinity"] = msgspec.to_builtins(affinity)
+    ir["sidecars"] = merge_sidecars(comp.sidecars, spec.sidecars)
+    ir["outputs"] = bool(ir["sidecars"]) or bool(spec.outputs if spec.outputs is not None else comp.outputs)
     # seed 003: set only when given (the block's, else the component's)
     vid = spec.virtualClusterId or comp.virtualClusterId
     if vid:

@@ -7,7 +7,7 @@ spec is reported instead of silently ignored.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -125,6 +125,78 @@ class Launch(_Strict):
     stopGraceS: float = Field(default=10.0, ge=0, le=600)
 
 
+#: environment names a side-car may be given (``AIOS_*`` are the system's: ids, URLs, the spec)
+ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z")
+#: side-car names are a consumer-name part (``sidecar-<bid>-<name>``): shorter than block ids
+SIDECAR_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,47}$"
+
+
+class SidecarConsumes(_Strict):
+    """What a side-car consumes: the block's task outputs (``"outputs"``), all of them or only
+    those of one outcome (``ok``: the instance answered < 400; ``error``: anything else). The
+    filter is a subject filter, applied by the server."""
+
+    event: Literal["outputs"] = "outputs"
+    status: Literal["any", "ok", "error"] = "any"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, data: Any) -> Any:
+        return {"event": data} if isinstance(data, str) else data
+
+
+class Sidecar(_Strict):
+    """A side-car (seed 000 "Side-cars"; an extension of the block table): a utility process run
+    with the block on a node of its cluster that consumes the block's task outputs. ``image``
+    and/or ``command`` as for an instance (Docker: the image, ``command`` overriding its CMD;
+    process runtime: ``command`` is the argv). ``replicas`` copies share one durable consumer (a
+    queue group). A handler failure is retried, and after ``maxDeliver`` deliveries the output is
+    dead-lettered with the reason; ``ackWaitS`` is how long one delivery may take before the
+    server sends it again. Side-cars reserve no GPU, CPU or memory (docs/sidecars.md)."""
+
+    name: str = Field(pattern=SIDECAR_NAME_PATTERN)
+    image: str = Field(default="", max_length=512)
+    command: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=list, max_length=256)
+    consumes: SidecarConsumes = Field(default_factory=SidecarConsumes)
+    parameters: dict[str, Any] = Field(default_factory=dict)
+    env: dict[str, Annotated[str, StringConstraints(max_length=65536)]] = Field(default_factory=dict)
+    maxDeliver: int = Field(default=5, ge=1, le=100)
+    ackWaitS: float = Field(default=30.0, ge=1, le=3600)
+    replicas: int = Field(default=1, ge=1, le=16)
+    stopGraceS: float = Field(default=10.0, ge=0, le=600)
+
+    @field_validator("env")
+    @classmethod
+    def _env_names(cls, env: dict[str, str]) -> dict[str, str]:
+        problems = []
+        bad = [k for k in env if not ENV_NAME_RE.match(k)]
+        if bad:
+            problems.append(f"invalid environment variable name(s) {bad}: letters, digits and '_', not starting with a digit")
+        reserved = [k for k in env if k.upper().startswith("AIOS_")]
+        if reserved:
+            problems.append(f"environment variable(s) {reserved} are reserved: AIOS_* names are set by the system")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return env
+
+    @model_validator(mode="after")
+    def _runnable(self) -> Sidecar:
+        if not self.image and not self.command:
+            raise ValueError(f"side-car {self.name!r} needs an image or a command (like an instance)")
+        return self
+
+
+def sidecar_problems(entries: list[Sidecar]) -> list[tuple[int, str]]:
+    """(index, problem) of a side-car list: names must be unique."""
+    seen: dict[str, int] = {}
+    out = []
+    for i, sc in enumerate(entries):
+        if sc.name in seen:
+            out.append((i, f"side-car name {sc.name!r} is used twice (also at index {seen[sc.name]})"))
+        seen.setdefault(sc.name, i)
+    return out
+
+
 class JobClusterSpec(_Strict):
     """A job cluster for the block (seed 003): carved from its divisible virtual cluster's
     undivided nodes when it is placed, destroyed when it is deleted. ``replicaSets``: node type
@@ -160,6 +232,17 @@ class Component(_Strict):
     #: default virtual cluster / job cluster of its blocks (seed 003; docs/virtual-clusters.md)
     virtualClusterId: str | None = Field(default=None, pattern=ID_PATTERN)
     jobCluster: JobClusterSpec | None = None
+    #: default side-cars of its blocks (docs/sidecars.md) and whether their task outputs are
+    #: published even without a side-car
+    sidecars: list[Sidecar] = Field(default_factory=list, max_length=16)
+    outputs: bool = False
+
+    @model_validator(mode="after")
+    def _unique_sidecars(self) -> Component:
+        problems = sidecar_problems(self.sidecars)
+        if problems:
+            raise ValueError("; ".join(f"sidecars[{i}]: {msg}" for i, msg in problems))
+        return self
 
     @model_validator(mode="after")
     def _gpu_sharing_has_a_memory_figure(self) -> Component:
@@ -194,6 +277,12 @@ class BlockSpec(_Strict):
     virtualClusterId: str | None = Field(default=None, pattern=ID_PATTERN)
     #: With a divisible ``virtualClusterId``: the block's own job cluster (absent = the component's).
     jobCluster: JobClusterSpec | None = None
+    #: Side-cars (docs/sidecars.md; an extension of seed 000's table): merged with the
+    #: component's by name, as policies are (same name: the block's replaces it; new: added).
+    sidecars: list[Sidecar] | None = Field(default=None, max_length=16)
+    #: Publish the block's task outputs (``aios.output.{bid}.*``) even without a side-car
+    #: (absent = the component's ``outputs``; a block with side-cars always publishes them).
+    outputs: bool | None = None
 
 
 class Cluster(_Strict):

@@ -17,7 +17,7 @@ from typing import Any
 
 from ..bus import subjects
 from ..bus.router import Inbound
-from ..schemas.events import InstanceCommand
+from ..schemas.events import InstanceCommand, SidecarCommand
 from ..schemas.spec import Node
 from .agent.gpus import NoGpus
 from .agent.node_agent import AgentConfig, NodeAgent, command_router
@@ -69,6 +69,17 @@ class Fleet:
         await self.agents[nid].on_command(m)
 
 
+    async def on_command_sidecar(self, m: Inbound[SidecarCommand]) -> None:
+        """A side-car of a simulated node: run (as a record) by the simulated runtime."""
+        nid = m.tokens["nid"]
+        owner = await self.owner(nid)
+        if owner is None and nid not in self.agents:
+            self.agents[nid] = self._agent(Node(id=nid, cluster="unknown"))
+        elif owner not in (None, ""):
+            return
+        await self.agents[nid].on_sidecar(m)
+
+
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     fleet = Fleet(w)
-    return [command_router(subjects.agent(), fleet.on_command).binding()]
+    return [command_router(subjects.agent(), fleet.on_command, fleet.on_command_sidecar).binding()]

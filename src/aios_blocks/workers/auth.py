@@ -35,7 +35,7 @@ from ..schemas.spec import ID_RE
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
 WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
-ROLES = ("admin", *WORKER_ROLES, "upstream", "observer")
+ROLES = ("admin", *WORKER_ROLES, "upstream", "observer", "sidecar")
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
 KIND_ROLE = {k: k for k in WORKER_ROLES}
 
@@ -52,6 +52,7 @@ ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.EXECUTOR: ("executor",),
     Role.AUTOSCALER: ("autoscaler",),
     Role.CHECKER: ("checker",),
+    Role.SIDECAR: ("sidecar",),
     Role.RUNNER: (),  # each role gets its own consumers' dead-letter subjects (below)
 }
 
@@ -70,6 +71,8 @@ def instance_map_bucket() -> str:
     return BUCKET
 
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
+#: the task outputs' stream (docs/sidecars.md): every worker checks it exists when it starts
+OUTPUTS_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM_OUTPUTS}"
 #: Redis ACL users: ``aios`` for workers (only ``aios:*`` keys, nothing @dangerous), ``admin`` for
 #: the CLI and setup (everything), ``observer`` (reads only).
 REDIS_USERS = {
@@ -164,7 +167,7 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     st = subjects.STREAM
     # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
     # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
-    allow = [STREAM_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
+    allow = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
     deny = []
@@ -189,10 +192,18 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     sub = [f"{inbox_prefix(user)}.>"]
     hints = [subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL]
     st = subjects.STREAM
-    read_topology = [STREAM_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
+    read_topology = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
     responses = False
     if role == "upstream":
         return Permissions(tuple(pub), tuple(sub))
+    if role == "sidecar":
+        # side-cars (docs/sidecars.md): their durables on AIOS_OUTPUTS (only side-cars have consumers
+        # there, so any name), acks, and dead letters of outputs; nothing of the AIOS stream
+        so = subjects.STREAM_OUTPUTS
+        pub += [f"{JS}.CONSUMER.INFO.{so}.*", f"{JS}.CONSUMER.DURABLE.CREATE.{so}.*", f"{JS}.CONSUMER.CREATE.{so}.*",
+                f"{JS}.CONSUMER.CREATE.{so}.*.>", f"{JS}.CONSUMER.MSG.NEXT.{so}.*", f"$JS.ACK.{so}.>",
+                subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>")]
+        return Permissions(tuple(sorted(set(pub))), tuple(sub))
     if role == "observer":
         allow, deny = _observer_permissions(protected)
         return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny))
@@ -209,7 +220,9 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         responses = True  # replies to aios.node.*.expected requests
     elif role in ("agent", "agent-sim"):
         durable = subjects.agent(node if role == "agent" else None).durable
-        pub += [*read_topology, *_consumer_rights(durable), subjects.node_expected(scope)]
+        # and the side-cars' durables on AIOS_OUTPUTS, deleted when their block goes
+        pub += [*read_topology, *_consumer_rights(durable), subjects.node_expected(scope),
+                f"{JS}.CONSUMER.DELETE.{subjects.STREAM_OUTPUTS}.*"]
         if role == "agent-sim":
             sub += hints  # the simulated fleet is a Worker like the others
     elif role == "executor":
@@ -451,8 +464,10 @@ class Endpoints:
         if not self.auth:
             return {**env, "AIOS_NATS_URL": self.nats}
         url = ensure_agent(self.data_dir, nid)
-        key = Secrets.load(self.data_dir, create=False).event_key
-        return {**env, "AIOS_NATS_URL": url, **({"AIOS_EVENT_KEY": event_ids.agent_key(key, nid)} if key else {})}
+        s = Secrets.load(self.data_dir, create=False)
+        key = s.event_key
+        sidecar = {"AIOS_SIDECAR_NATS_URL": with_userinfo(self.nats, "sidecar", s.nats["sidecar"])} if "sidecar" in s.nats else {}
+        return {**env, "AIOS_NATS_URL": url, **({"AIOS_EVENT_KEY": event_ids.agent_key(key, nid)} if key else {}), **sidecar}
 
     def public(self) -> dict[str, object]:
         return {"nats": self.nats, "redis": self.redis, "auth": self.auth, "nats_ca": self.nats_ca, "redis_acl": self.redis_acl}

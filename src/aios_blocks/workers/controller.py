@@ -16,7 +16,7 @@ from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
 from ..bus.runner import Defer
 from ..handlers import controller as h
-from ..handlers import faults, scaling
+from ..handlers import faults, scaling, sidecars
 from ..handlers import lifecycle as lc
 from ..handlers.effects import ReadyIfRunning
 from ..policies import capacity
@@ -284,7 +284,8 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 
 
 async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason: str) -> None:
-    await commit(w, lc.fail_placing(bid, gen, inst_cluster, reason))
+    block, insts = await w.store.block_view(bid)
+    await commit(w, lc.fail_placing(bid, gen, inst_cluster, reason, lc.View(block, insts if block is not None else {})))
 
 
 async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[str, Any], reason: str) -> None:
@@ -392,6 +393,10 @@ async def _start(
     publish the placement and the nodes' create commands."""
     bid = ir["blockId"]
     nodes = await w.inventory.nodes(cid)
+    # the gang's step places the block's side-cars too (handlers/sidecars.py): recorded with the step
+    sc_node = sidecars.sidecar_node(placements) if action == "allocation" and ir.get("sidecars") else ""
+    if sc_node and step is not None:
+        step = (step[0], {**step[1], sidecars.NODE_FIELD: sc_node})
     index = [
         (uid(bid), uid(p["iid"]), p["iid"], p["node"], nodes.get(p["node"], {}).get("labels", {}).get("rack", ""))
         for p in placements
@@ -417,6 +422,7 @@ async def _start(
             launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
         )
         out.append(Emit(E.node_instance_create, cmd))
+    out += sidecars.starts(ir, gen, cid, sc_node)
     await w.bus.emit_all(out)
 
 

@@ -18,6 +18,10 @@ block's tasks, and the mapper that keeps the blocks' instance maps.
   (bounded, with backoff) only when it never reached the first (connection refused), or when the
   task is marked ``Aios-Idempotent: true``; otherwise the instance's failure is the answer, so a
   task is never sent twice without that mark.
+* **Outputs** (blocks with side-cars, or ``outputs: true``): every answered task's output goes to
+  ``aios.output.{bid}.{outcome}`` (stream ``AIOS_OUTPUTS``) through a bounded buffer, after the
+  answer and never awaited by it (``executor/outputs.py``, docs/sidecars.md). Every answer carries
+  its task id (``Aios-Task-Id``: the caller's, else a fresh one), the output's id.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ from ..bus.instance_map import InstanceMaps
 from ..bus.router import Inbound, Router
 from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Refused, Route, Weighted
 from ..executor.outlier import Outliers
+from ..executor.outputs import OutputPublisher, task_id_of
 from ..executor.stats import ExecutorCollector
 from ..handlers import mapper
 from ..policies.builtin.balancer import DEFAULT
@@ -137,6 +142,9 @@ class Executor:
         self.unknown_tasks = 0
         #: activation publishes in flight (kept referenced until done)
         self._activations: set[asyncio.Task[None]] = set()
+        #: blocks whose task outputs are published (side-cars consume them)
+        self.outputs_on: set[str] = set()
+        self.outputs = OutputPublisher(w.bus, self.s)
 
     # -- the instance map -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
@@ -150,6 +158,10 @@ class Executor:
 
     async def _apply_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
         route = self.routes.get(bid)
+        if value is not None and value.get("outputs"):
+            self.outputs_on.add(bid)
+        else:
+            self.outputs_on.discard(bid)
         if value is None:
             if route is not None:
                 route.close(rev)
@@ -403,23 +415,33 @@ class Executor:
             route.stats.retries += 1
             await asyncio.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
 
+    def _gen(self, bid: str) -> int:
+        route = self.routes.get(bid)
+        return route.gen if route is not None else 0
+
     # -- NATS ingress ---------------------------------------------------------------------------
     async def on_task(self, tokens: dict[str, str], body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         bid = tokens.get("bid", "")
+        task_id, problem = task_id_of(headers)
+        if problem:
+            r = Refused(400, problem)
+            return refusal_body(r), refusal_headers(r)
 
         async def read_all(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
             data = await resp.read()
-            h = {"Aios-Status": str(resp.status), "Aios-Instance": v["id"]}
+            h = {"Aios-Status": str(resp.status), "Aios-Instance": v["id"], "Aios-Task-Id": task_id}
             ct = resp.headers.get("Content-Type")
             if ct:
                 h["Content-Type"] = ct
+            if bid in self.outputs_on:  # queued, not published: the reply goes first
+                self.outputs.offer(bid, task_id, v["id"], resp.status, data, ct or "", gen=self._gen(bid))
             return data, h
 
         try:
             route = self.routes.get(bid)
             return await self.dispatch(bid, route.method if route else "POST", None, body, headers, read_all)
         except Refused as r:
-            return refusal_body(r), refusal_headers(r)
+            return refusal_body(r), {**refusal_headers(r), "Aios-Task-Id": task_id}
 
     # -- HTTP ingress ---------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -444,21 +466,38 @@ class Executor:
     async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
         bid = request.match_info["bid"]
         body = await request.read()
+        task_id, problem = task_id_of(dict(request.headers))
+        if problem:
+            return web.Response(status=400, body=refusal_body(Refused(400, problem)), content_type="application/json",
+                                headers={"Aios-Error": _clean(problem)})
+        publish = bid in self.outputs_on and path is None  # outputs of tasks, not of pass-through calls
 
         async def stream(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> web.StreamResponse:
             headers = {k: val for k, val in resp.headers.items()
                        if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server")}
             headers["Aios-Instance"] = v["id"]
+            headers["Aios-Task-Id"] = task_id
+            ct = resp.headers.get("Content-Type", "")
             n = resp.content_length
             if n is not None and n <= SMALL_BODY:  # a small answer of known size: one write
-                return web.Response(status=resp.status, reason=resp.reason, body=await resp.read(), headers=headers)
+                data = await resp.read()
+                if publish:
+                    self.outputs.offer(bid, task_id, v["id"], resp.status, data, ct, gen=self._gen(bid))
+                return web.Response(status=resp.status, reason=resp.reason, body=data, headers=headers)
             out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
             if n is not None:
                 out.content_length = n
             await out.prepare(request)
+            kept, size, limit = bytearray(), 0, self.s.outputs_max_msg_bytes + 4
             async for chunk in resp.content.iter_any():  # streamed: each chunk as it comes
                 await out.write(chunk)
+                if publish:
+                    size += len(chunk)
+                    if len(kept) < limit:
+                        kept += chunk[: limit - len(kept)]
             await out.write_eof()
+            if publish:
+                self.outputs.offer(bid, task_id, v["id"], resp.status, bytes(kept), ct, size=size, gen=self._gen(bid))
             return out
 
         try:
@@ -466,7 +505,7 @@ class Executor:
             method = route.method if path is None and route is not None else request.method
             return await self.dispatch(bid, method, path, body, dict(request.headers), stream)
         except Refused as r:
-            h = {"Aios-Error": _clean(r.reason)}
+            h = {"Aios-Error": _clean(r.reason), "Aios-Task-Id": task_id}
             if r.retry_after_ms is not None:
                 h["Retry-After-Ms"] = str(r.retry_after_ms)
                 h["Retry-After"] = str(max(1, -(-r.retry_after_ms // 1000)))
@@ -553,7 +592,7 @@ class Executor:
                 site = web.TCPSite(runner, self.s.executor_http_host, self.s.executor_http_port, reuse_port=True)
                 await site.start()
             log.info("executor.serving", http=self.s.executor_http_port, blocks=len(self.routes))
-            jobs = [self.scrape_loop(stop), self.collected_loop(stop), self.passive_loop(stop), stop.wait()]
+            jobs = [self.scrape_loop(stop), self.collected_loop(stop), self.passive_loop(stop), self.outputs.run(stop), stop.wait()]
             if mapper_on:
                 jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
             await asyncio.gather(*jobs)

@@ -63,6 +63,18 @@ def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05, agent_dir: 
     raise ValueError(f"unknown runtime {kind!r}: docker, process or sim")
 
 
+def strip_userinfo(url: str) -> str:
+    """``nats://user:pw@host:4222,...`` -> ``nats://host:4222,...``: side-cars never get the agent's
+    credentials (without ``sidecar_nats_url`` they get the bare URL: fine without auth)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    out = []
+    for u in url.split(","):
+        p = urlsplit(u.strip())
+        out.append(urlunsplit((p.scheme, p.netloc.rsplit("@", 1)[-1], p.path, p.query, p.fragment)) if p.scheme else u.strip())
+    return ",".join(out)
+
+
 def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
     """The node as its agent announces it: host figures unless given, GPUs from the source."""
     import psutil
@@ -98,12 +110,14 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
         node=node, agent_name=f"{opts.runtime}@{socket.gethostname()}", runtime_name=opts.runtime,
         data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
         drain_grace_s=opts.drain_grace_s,
+        sidecar_nats_url=bus.settings.sidecar_nats_url or strip_userinfo(nats_url), sidecar_nats_ca=bus.settings.nats_ca or "",
+        sidecar_restart_s=bus.settings.sidecar_restart_s,
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)
     try:
         await agent.start()
-        runner = ConsumerRunner(bus, spec, command_router(spec, agent.on_command), RunnerOptions(batch=16, concurrency=32, fetch_timeout_s=5.0))
+        runner = ConsumerRunner(bus, spec, command_router(spec, agent.on_command, agent.on_sidecar), RunnerOptions(batch=16, concurrency=32, fetch_timeout_s=5.0))
         await runner.run(stop)
     finally:
         await agent.shutdown()  # cancel, don't reclaim: instances keep running

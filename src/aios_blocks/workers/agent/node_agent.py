@@ -40,6 +40,7 @@ from ...schemas.events import (
     InstanceCommand,
     InstanceEvent,
     NodeRegistered,
+    SidecarCommand,
 )
 from ...schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
 from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
@@ -60,6 +61,7 @@ from .provisioners import (
     WorkdirSpec,
 )
 from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance, labels_to_resources
+from .sidecars import SidecarManager
 
 log = structlog.get_logger("aios.agent")
 #: removed instance ids an agent remembers (stale creates of them start nothing)
@@ -93,6 +95,10 @@ class AgentConfig:
     #: instance stops listening (a task sent on a kept-alive connection that closes under it is
     #: lost for a non-idempotent task); evictions (the node is gone) do not wait
     drain_grace_s: float = 0.25
+    #: what side-cars are given (docs/sidecars.md): NATS URL (the side-car role's) and CA file
+    sidecar_nats_url: str = ""
+    sidecar_nats_ca: str = ""
+    sidecar_restart_s: float = 1.0
 
 
 @dataclass
@@ -112,6 +118,7 @@ class NodeAgent:
     #: that generation or an older one delivered after its remove is stale (a redelivery, e.g. of a
     #: create whose ack was not out when the agent was stopped) and starts nothing
     removed: OrderedDict[str, int] = field(default_factory=OrderedDict)
+    sidecars: SidecarManager | None = None
 
     @property
     def node_id(self) -> str:
@@ -126,6 +133,9 @@ class NodeAgent:
         found = {g.id: g.index for g in self.gpus.gpus()}  # host indices as the source numbers them
         gpus = {g.id: {"index": found.get(g.id, i), "memory": g.memory} for i, g in enumerate(self.cfg.node.gpus)}
         self._gpu_prov = GpuProvisioner(gpus)
+        if self.sidecars is None:
+            self.sidecars = SidecarManager(self.bus, self.runtime, self.node_id, self.cfg.data_dir, self.cfg.sidecar_nats_url,
+                                           self.cfg.sidecar_nats_ca, self.cfg.sidecar_restart_s, self.cfg.workdirs)
 
     # -- start / stop ------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -139,11 +149,16 @@ class NodeAgent:
                 log.warning("agent.reconcile_pending", node=self.node_id, note="serving commands; reconcile keeps retrying")
         if self.cfg.heartbeat:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(), name="heartbeat"))
+        if self.cfg.reconcile and self.sidecars is not None:
+            with contextlib.suppress(Exception):  # side-cars that outlived the last agent: watched again
+                await self.sidecars.adopt_running()
 
     async def shutdown(self) -> None:
         """Seed 001 graceful shutdown: runners are cancelled without reclaiming; instances stay."""
         for t in self._tasks:
             t.cancel()
+        if self.sidecars is not None:
+            self.sidecars.shutdown()
         for runner in self.runners.values():
             runner.cancel()
             with contextlib.suppress(Exception):
@@ -172,6 +187,16 @@ class NodeAgent:
             await self.restart(cmd, str(m.stream_seq))
         else:
             await self.remove(cmd.block_id, cmd.gen, cmd.instance_id, cmd.reason or "removed", cmd.drain_s)
+
+    async def on_sidecar(self, m: Inbound[SidecarCommand]) -> None:
+        """``node.sidecar.start`` / ``.stop`` (``agent/sidecars.py``)."""
+        cmd = m.data
+        if cmd.node_id != self.node_id or self.sidecars is None:
+            return
+        if m.event is E.node_sidecar_start:
+            await self.sidecars.start(cmd)
+        else:
+            await self.sidecars.stop(cmd)
 
     async def create(self, cmd: InstanceCommand, msg_key: str = "") -> None:
         iid = cmd.instance_id
@@ -381,7 +406,7 @@ class NodeAgent:
         return reply["instances"]
 
     async def reconcile_once(self) -> dict[str, list[str]]:
-        found_list = await self.runtime.list(self.node_id)
+        found_list = [i for i in await self.runtime.list(self.node_id) if not i.is_sidecar]  # side-cars: SidecarManager
         expected = await self.expected()
         found = {i.instance_id: {"gen": i.gen, "running": i.running, "inst": i} for i in found_list if i.instance_id}
         plan = faults.reconcile(found, expected)
@@ -462,12 +487,19 @@ def _resource(runner: Runner, stage: str) -> Any:
     return s.resource if isinstance(s, ProvisionStage) else None
 
 
-def command_router(spec: ConsumerSpec, handler: Any) -> Router:
-    """The agent's consumer: instance create, remove and restart commands, all to ``handler``."""
+def command_router(spec: ConsumerSpec, handler: Any, sidecar_handler: Any = None) -> Router:
+    """The agent's consumer: instance create, remove and restart commands, all to ``handler``;
+    side-car start and stop commands to ``sidecar_handler`` (absent: acknowledged and ignored)."""
     router = Router(spec)
     router.add(E.node_instance_create, handler)
     router.add(E.node_instance_remove, handler)
     router.add(E.node_instance_restart, handler)
+
+    async def ignore(m: Inbound[Any]) -> None:
+        log.info("agent.sidecar_ignored", subject=m.subject)
+
+    router.add(E.node_sidecar_start, sidecar_handler or ignore)
+    router.add(E.node_sidecar_stop, sidecar_handler or ignore)
     return router
 
 

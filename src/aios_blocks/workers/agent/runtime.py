@@ -24,6 +24,8 @@ LABEL_GPUS = "aios.gpus"
 LABEL_RESOURCES = "aios.resources"
 #: the process runtime's scope: which agent directory (and so which system) started the instance
 LABEL_SCOPE = "aios.scope"
+#: ``sidecar`` on a block's side-car (absent on instances): reconcile leaves side-cars alone
+LABEL_KIND = "aios.kind"
 SPEC_VERSION = "1"
 
 
@@ -44,9 +46,15 @@ class LaunchSpec:
     gpu_devices: bool = False
     resources: dict[str, Any] = field(default_factory=dict)
     stop_grace_s: float = 10.0
+    #: ``instance`` or ``sidecar`` (a side-car carries the label ``aios.kind=sidecar``)
+    kind: str = "instance"
+    #: more labels (a side-car's name and command, to adopt it after an agent restart)
+    extra_labels: dict[str, str] = field(default_factory=dict)
 
     def labels(self) -> dict[str, str]:
+        extra = {LABEL_KIND: self.kind, **self.extra_labels} if self.kind != "instance" else dict(self.extra_labels)
         return {
+            **extra,
             LABEL_BLOCK: self.block_id,
             LABEL_INSTANCE: self.instance_id,
             LABEL_NODE: self.node_id,
@@ -79,6 +87,10 @@ class RuntimeInstance:
     @property
     def block_id(self) -> str:
         return self.labels.get(LABEL_BLOCK, "")
+
+    @property
+    def is_sidecar(self) -> bool:
+        return self.labels.get(LABEL_KIND) == "sidecar"
 
     @property
     def gen(self) -> int:

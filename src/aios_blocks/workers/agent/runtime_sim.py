@@ -64,7 +64,7 @@ class SimRuntime:
             raise RuntimeError_("start failed (simulated)")
         labels = spec.labels()
         inst = RuntimeInstance(handle, labels, True)
-        if self.server is not None:
+        if self.server is not None and spec.kind == "instance":  # a simulated side-car serves nothing
             behaviour = SimBehaviour.from_env(spec.env)
             served = await self.server.add(spec.instance_id, behaviour, endpoint_port(spec.ports) or 0)
             if not spec.ports:  # a port of its own: recorded so a restored instance gets it back

@@ -1,0 +1,234 @@
+"""Side-cars on real servers (docs/sidecars.md): a real node agent (process runtime) runs the echo
+instance and the example SQLite side-car; the real executor publishes every task output to
+``AIOS_OUTPUTS``; the side-car stores each one once, survives SIGKILL and a NATS restart without
+losing one, dead-letters what its handler keeps refusing, and goes with its block."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sqlite3
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from nats.js.errors import NotFoundError
+
+from aios_blocks.bus import subjects
+from aios_blocks.bus.instance_map import InstanceMaps
+from aios_blocks.cli.client import Client
+from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+from aios_blocks.workers.embedded import free_port
+
+from .conftest import COMPONENT, System
+from .test_agent import Agents, until
+
+pytestmark = pytest.mark.integration
+
+NODE = "sidecar-n1"
+CLUSTER = "sidecar-c1"
+STORE = [sys.executable, "-m", "aios_blocks.examples.sidecars.sqlite_store"]
+
+
+@pytest.fixture
+def http_port(monkeypatch: pytest.MonkeyPatch) -> int:
+    """The executor's HTTP ingress (tasks keep flowing while NATS restarts). Before ``system``."""
+    port = free_port()
+    monkeypatch.setenv("AIOS_EXECUTOR_HTTP_PORT", str(port))
+    monkeypatch.setenv("AIOS_SIDECAR_RESTART_S", "0.2")
+    return port
+
+
+@pytest.fixture
+async def agents(http_port: int, system: System, tmp_path: Path) -> AsyncIterator[Agents]:
+    a = Agents(system, "process", tmp_path)
+    rt = ProcessRuntime()
+    try:
+        a.start(NODE, cluster=CLUSTER)
+        await a.wait_registered(NODE)
+        yield a
+    finally:
+        a.stop_all()
+        for _ in range(2):  # leave no instance or side-car behind on the host
+            for inst in await rt.list(NODE):
+                await rt.stop(inst.handle, 0)
+            await asyncio.sleep(0.3)
+
+
+def echo_component(**extra: Any) -> dict[str, Any]:
+    comp = dict(COMPONENT, componentURI="aios://test/echo-sidecars", image="")
+    comp["resources"] = {"gpus": 0, "gpuMemory": 0, "cpu": 0.5, "memory": 128}
+    probe = {"type": "http", "port": "http", "path": "/health", "intervalS": 0.5, "failureThreshold": 3, "startTimeoutS": 30}
+    comp["launch"] = {"command": [sys.executable, "-m", "aios_blocks.examples.echo"], "ports": ["http"], "probe": probe,
+                      "stopGraceS": 2}
+    comp.update(extra)
+    return comp
+
+
+def store_sidecar(db: Path, name: str = "store", **over: Any) -> dict[str, Any]:
+    return {"name": name, "command": STORE, "parameters": {"path": str(db)}, "ackWaitS": 2, "stopGraceS": 1, **over}
+
+
+async def place(c: Client, bid: str, sidecars: list[dict[str, Any]], n: int = 2) -> None:
+    await c.add_component(echo_component())
+    await c.submit({"blockComponentURI": "aios://test/echo-sidecars", "blockId": bid, "minInstances": n, "maxInstances": n,
+                    "sidecars": sidecars})
+    kind, env = await c.wait(bid, 120)
+    assert kind == "ready", env
+    maps = InstanceMaps(c.bus)
+
+    async def mapped() -> bool:
+        m, _ = await maps.get(bid)
+        return bool(m) and m.get("outputs") is True and sum(1 for i in m["instances"].values() if i["state"] == "ready") == n
+
+    await until(mapped, 60, "the instance map with outputs on")
+
+
+async def sidecars_running(bid: str) -> list[Any]:
+    return [i for i in await ProcessRuntime().list(NODE) if i.is_sidecar and i.block_id == bid and i.running]
+
+
+def stored(db: Path) -> dict[str, dict[str, Any]]:
+    if not db.exists():
+        return {}
+    with sqlite3.connect(db, timeout=10) as conn:
+        conn.row_factory = sqlite3.Row
+        try:
+            return {r["task_id"]: dict(r) for r in conn.execute("SELECT * FROM outputs")}
+        except sqlite3.OperationalError:  # the table is not there yet
+            return {}
+
+
+async def http_task(http: aiohttp.ClientSession, port: int, bid: str, n: int) -> tuple[int, str]:
+    tid = f"t{n}-{uuid.uuid4().hex[:6]}"
+    try:
+        async with http.post(f"http://127.0.0.1:{port}/blocks/{bid}/tasks", json={"n": n},
+                             headers={"Aios-Task-Id": tid}, timeout=aiohttp.ClientTimeout(total=10)) as r:
+            await r.read()
+            assert r.headers["Aios-Task-Id"] == tid
+            return r.status, tid
+    except (aiohttp.ClientError, TimeoutError):
+        return 0, tid
+
+
+async def test_a_sidecar_stores_every_output_once_through_sigkill_and_goes_with_its_block(agents: Agents, tmp_path: Path) -> None:
+    c = agents.system.client
+    db = tmp_path / "outputs.db"
+    bid = "sc-store"
+    await place(c, bid, [store_sidecar(db)])
+    (first,) = await until(lambda: sidecars_running(bid), 60, "the side-car running")
+    assert first.labels["aios.sidecar.name"] == "store"
+
+    # N tasks over NATS; the side-car is SIGKILLed halfway (the agent starts it again)
+    answers: list[tuple[int, bytes, dict[str, str]]] = []
+    for n in range(60):
+        answers.append(await c.task(bid, json.dumps({"n": n}).encode(), headers={"Aios-Task-Id": f"k{n}"}))
+        if n == 30:
+            os.killpg(int(first.handle.split("-")[0]), signal.SIGKILL)
+    assert all(s == 200 for s, _, _ in answers), [s for s, _, _ in answers]
+    assert [h["Aios-Task-Id"] for _, _, h in answers] == [f"k{n}" for n in range(60)]
+    want = {f"k{n}" for n in range(60)}
+    await until(lambda: _async(set(stored(db)) >= want), 90, "every output stored")
+    rows = stored(db)
+    assert set(rows) == want  # each task id once (the primary key; redeliveries were deduplicated)
+    assert all(r["block_id"] == bid and r["status"] == 200 and r["outcome"] == "ok" for r in rows.values())
+    assert json.loads(rows["k7"]["output"])["output"] == {"n": 7}
+    (again,) = await sidecars_running(bid)
+    assert again.handle != first.handle  # restarted by its agent
+
+    # deleting the block stops the side-car and deletes its consumer
+    durable = subjects.sidecar_durable(bid, "store")
+    assert await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
+    await c.delete(bid)
+
+    async def gone() -> bool:
+        if await sidecars_running(bid):
+            return False
+        try:
+            await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
+            return False
+        except NotFoundError:
+            return True
+
+    await until(gone, 60, "the side-car stopped and its consumer deleted")
+
+
+async def test_a_failing_handler_dead_letters_each_output_with_the_reason_after_max_deliver(agents: Agents, tmp_path: Path) -> None:
+    c = agents.system.client
+    db = tmp_path / "refusing.db"
+    bid = "sc-dlq"
+    # the echo answer always holds "output": the handler refuses every one
+    await place(c, bid, [store_sidecar(db, name="refuse", maxDeliver=2, parameters={"path": str(db), "failOn": "output"})], n=1)
+    await until(lambda: sidecars_running(bid), 60, "the side-car running")
+    status, _, _ = await c.task(bid, b'{"bad": 1}', headers={"Aios-Task-Id": "bad-1"})
+    assert status == 200  # a side-car's failure never touches the task
+    dlq = subjects.dead_letter(subjects.sidecar_durable(bid, "refuse"), f"aios.output.{bid}.ok")
+
+    async def letter() -> Any:
+        try:
+            return await c.bus.js.get_last_msg(subjects.STREAM, dlq)
+        except NotFoundError:
+            return None
+
+    msg = await until(letter, 60, "the dead letter")
+    dead = json.loads(msg.data)
+    assert dead["consumer"] == f"sidecar-{bid}-refuse" and dead["deliveries"] == 2
+    assert "RuntimeError: refusing outputs that contain 'output'" in dead["error"] and "after 2 deliveries" in dead["error"]
+    assert '"task_id":"bad-1"' in dead["data"]
+    assert stored(db) == {}
+
+
+async def test_no_output_is_lost_when_nats_restarts_mid_run(agents: Agents, http_port: int, tmp_path: Path) -> None:
+    system = agents.system
+    assert system.servers is not None
+    c = system.client
+    db = tmp_path / "restart.db"
+    bid = "sc-restart"
+    await place(c, bid, [store_sidecar(db)])
+    await until(lambda: sidecars_running(bid), 60, "the side-car running")
+    answered: list[str] = []
+    stop = asyncio.Event()
+
+    async def load(k: int) -> None:
+        n = 0
+        async with aiohttp.ClientSession() as http:
+            while not stop.is_set():
+                status, tid = await http_task(http, http_port, bid, k * 100_000 + n)
+                n += 1
+                if status == 200:
+                    answered.append(tid)
+                await asyncio.sleep(0.01)
+
+    loaders = [asyncio.create_task(load(k)) for k in range(3)]
+    await asyncio.sleep(1.0)
+    before = len(answered)
+    await asyncio.to_thread(system.servers.restart_nats)  # every client reconnects
+    await asyncio.sleep(2.0)
+    stop.set()
+    await asyncio.gather(*loaders)
+    assert before > 0 and len(answered) > before  # tasks were answered before and after the restart
+    want = set(answered)
+    await until(lambda: _async(set(stored(db)) >= want), 120, "every answered task's output stored")
+    assert set(stored(db)) == want
+
+
+async def test_a_bad_sidecar_spec_is_rejected_with_every_problem(system: System) -> None:
+    c = system.client
+    await c.add_component(echo_component())
+    await c.submit({"blockComponentURI": "aios://test/echo-sidecars", "blockId": "sc-bad", "minInstances": 1, "maxInstances": 1,
+                    "sidecars": [{"name": "x"}, {"name": "x", "command": ["y"], "maxDeliver": 0}]})
+    kind, env = await c.wait("sc-bad", 60)
+    assert kind == "rejected"
+    errors = {e["path"]: e["message"] for e in env["data"]["errors"]}
+    assert "needs an image or a command" in errors["$.sidecars[0]"]
+    assert "$.sidecars[1].maxDeliver" in errors
+
+
+async def _async(value: bool) -> bool:
+    return value
