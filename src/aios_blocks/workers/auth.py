@@ -41,7 +41,7 @@ KIND_ROLE = {k: k for k in WORKER_ROLES}
 
 #: Catalog roles -> NATS users. The admin (CLI) is unrestricted; the simulated fleet (``agent-sim``)
 #: publishes what a node agent does, for every node. Block services without their own process yet
-#: (autoscaler, health checker) run inside the controller.
+#: (the autoscaler) run inside the controller; the health checker has its own role (``checker``).
 ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.UPSTREAM: ("upstream",),
     Role.ADMIN: (),
