@@ -230,6 +230,9 @@ class Route:
     _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: passive health: per-instance outcomes and local ejections (``executor.outlier``)
     outliers: Outliers = field(default_factory=Outliers)
+    #: the one timer that ends the next ejection (and when it fires)
+    _timer: asyncio.TimerHandle | None = None
+    _timer_at: float = 0.0
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -286,13 +289,32 @@ class Route:
         out = self.outliers.record(iid, outcome, len(self.views), error=error, seconds=seconds)
         if out > 0:
             self._rebuild()
-            with contextlib.suppress(RuntimeError):  # no loop (a unit test): expiry on the next change
-                asyncio.get_running_loop().call_later(out, self._unexpire)
+            self._arm()
         return out
 
+    def _arm(self) -> None:
+        """One timer per route, for the ejection that ends first."""
+        if not self.outliers.ejected:
+            return
+        nxt = min(self.outliers.ejected.values())
+        if self._timer is not None and self._timer_at <= nxt:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test): ends at the next change
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = nxt
+        self._timer = loop.call_later(max(0.0, nxt - time.monotonic()) + 0.002, self._unexpire)
+
     def _unexpire(self) -> None:
-        if self.outliers.expire():
+        # a timer may fire a little early (the loop's clock resolution): a few ms of slack, and
+        # the next ejection's timer armed again whatever happened
+        self._timer = None
+        if self.outliers.expire(time.monotonic() + 0.005):
             self._rebuild()
+        self._arm()
 
     def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
         """The engine's queue figures as this executor just scraped them (builtin:least-queue):
