@@ -324,3 +324,23 @@ async def test_a_simulated_instance_answers_health_while_its_tasks_queue() -> No
                 t.cancel()
     finally:
         await server.close()
+
+
+async def test_an_ejection_ends_by_itself_even_when_its_timer_fires_early() -> None:
+    import asyncio
+
+    r = _route()
+    r.outliers.base_s = 0.05
+    assert r.record(r.views["i0"], "timeout", "slow") > 0
+    assert r.views["i0"]["state"] == "ejected"
+    async with asyncio.timeout(5):
+        while r.views["i0"]["state"] != "ready":
+            await asyncio.sleep(0.01)
+    assert not r.outliers.ejected and r._timer is None
+    # a second ejection of another instance while one is out: one timer, both end
+    r.outliers.base_s, r.outliers.max_out_ratio = 0.05, 1.0
+    r.record(r.views["i1"], "connect")
+    r.record(r.views["i2"], "connect")
+    async with asyncio.timeout(5):
+        while {v["state"] for v in r.views.values()} != {"ready"}:
+            await asyncio.sleep(0.01)

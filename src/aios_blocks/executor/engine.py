@@ -252,6 +252,9 @@ class Route:
     activations: int = 0
     #: a route replaced (a new generation) or deleted: its held tasks are answered at once
     closed: bool = False
+    #: the one timer that ends the next ejection (and when it fires)
+    _timer: asyncio.TimerHandle | None = None
+    _timer_at: float = 0.0
 
     # -- the instance map ----------------------------------------------------------------------
     def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
@@ -310,13 +313,33 @@ class Route:
         out = self.outliers.record(iid, outcome, len(self.views), error=error, seconds=seconds)
         if out > 0:
             self._rebuild()
-            with contextlib.suppress(RuntimeError):  # no loop (a unit test): expiry on the next change
-                asyncio.get_running_loop().call_later(out, self._unexpire)
+            self._arm()
         return out
 
+    def _arm(self) -> None:
+        """One timer per route, for the ejection that ends first."""
+        if not self.outliers.ejected:
+            return
+        nxt = min(self.outliers.ejected.values())
+        if self._timer is not None and self._timer_at <= nxt:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # no loop (a unit test): ends at the next change
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = nxt
+        self._timer = loop.call_later(max(0.0, nxt - time.monotonic()) + 0.002, self._unexpire)
+
     def _unexpire(self) -> None:
-        if self.outliers.expire():
+        # a timer may fire a little early (the loop's clock resolution): a few ms of slack, and
+        # the next ejection's timer armed again whatever happened
+        self._timer = None
+        if self.outliers.expire(time.monotonic() + 0.005):
             self._rebuild()
+        self._arm()
+
     def close(self, version: int) -> None:
         """This route is replaced (a new generation) or its block deleted: no instance, and held
         tasks are answered now rather than at their deadline."""

@@ -40,8 +40,7 @@ ROLES = ("admin", *WORKER_ROLES, "upstream", "observer", "sidecar")
 KIND_ROLE = {k: k for k in WORKER_ROLES}
 
 #: Catalog roles -> NATS users. The admin (CLI) is unrestricted; the simulated fleet (``agent-sim``)
-#: publishes what a node agent does, for every node. Block services without their own process yet
-#: (the health checker) run inside the controller.
+#: publishes what a node agent does, for every node; every other worker kind has a role of its own.
 ROLE_USERS: dict[Role, tuple[str, ...]] = {
     Role.UPSTREAM: ("upstream",),
     Role.ADMIN: (),
