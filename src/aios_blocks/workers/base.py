@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import signal
 import time
 import uuid
-import zlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +18,11 @@ import structlog
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
+from ..bus.router import TRIGGER_SEQ
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatus, Decision, InventoryHint
+from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest
 from ..schemas.lifecycle import Step
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -31,9 +30,6 @@ from ..state.inventory import Inventory, affinity_index
 from ..state.store import Store
 
 log = structlog.get_logger("aios.worker")
-
-INLINE_INPUT_BYTES = 4096  # decision inputs above this are stored once by digest
-MAX_STORED_INPUT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass
@@ -113,24 +109,21 @@ class Worker:
         self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float,
         logs: list[list[str]] | None = None,
     ) -> Decision:
-        """The decision record of one policy call; a large input is stored once by digest."""
-        raw = msgspec.json.encode(input_data)
-        digest = hashlib.sha256(raw).hexdigest()[:24]
-        # the record holds the bytes as they were at the call: the record travels with the step's
-        # event, published later, and the planner goes on changing the snapshot the input came from
-        inline: Any = msgspec.Raw(raw)
-        where = ""
-        if len(raw) > INLINE_INPUT_BYTES:
-            inline, where = None, E.policy_input.subject(digest=digest)
-            if len(raw) <= MAX_STORED_INPUT_BYTES:
-                # node lists compress ~10x; level 1 costs well under a millisecond for 100 KB
-                await self.bus.emit(E.policy_input, zlib.compress(raw, 1), digest=digest, headers={"Content-Encoding": "deflate"})
-            else:
-                where = f"(not stored: {len(raw)} bytes)"
+        """The decision record of one policy call. The input is not stored: the record names the
+        state version it was built from (the stream sequence of the message being handled), the
+        input's digest and the parts of it that are not in the stream; ``recovery.inputs``
+        rebuilds it by replay."""
+        digest = input_digest(msgspec.json.encode(input_data))
+        given: dict[str, Any] = {}
+        payload = input_data.get("payload")
+        if isinstance(payload, dict) and "block_metrics" in payload:
+            # the bytes as they were at the call: the record is published later
+            given["block_metrics"] = msgspec.Raw(msgspec.json.encode(payload["block_metrics"]))
         action = str(input_data.get("action", "?"))
         return Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
-            msgspec.Raw(msgspec.json.encode(output)), error, int(seconds * 1e6), inline, where, logs or [],
+            msgspec.Raw(msgspec.json.encode(output)), error, int(seconds * 1e6), logs=logs or [], at=TRIGGER_SEQ.get(),
+            given=given,
         )
 
     def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
