@@ -373,7 +373,7 @@ class Client:
             if since is not None and step.ts < since:
                 continue
             for c in step.calls:
-                d = dict(c.decision)
+                d = {**DECISION_DEFAULTS, **c.decision}
                 d["input"] = c.input if c.status in ("rebuilt", "recorded") else None
                 d["input_check"] = c.status
                 d["state_seq"] = c.state_seq
@@ -450,15 +450,21 @@ def _decode(raw: bytes) -> dict[str, Any]:
         return {"data": raw.decode("utf-8", errors="replace")}
 
 
+#: a decision record's fields left out of the JSON when empty (``Decision`` omits defaults)
+DECISION_DEFAULTS: dict[str, Any] = {"output": None, "error": "", "duration_us": 0, "logs": [], "at": 0, "given": {},
+                                     "output_digest": ""}
+
+
 def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
     """The policy decisions an event records: a step event's folded ``decisions``, or a
-    ``decision`` event itself (a step redone later, or a stream written by an older version)."""
+    ``decision`` event itself (a step redone later, or a stream written by an older version),
+    with the fields left out when empty filled in."""
     if not isinstance(data, dict):
         return []
     if subject.endswith(".decision"):
-        return [data]
+        return [{**DECISION_DEFAULTS, **data}]
     found = data.get("decisions")
-    return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+    return [{**DECISION_DEFAULTS, **d} for d in found if isinstance(d, dict)] if isinstance(found, list) else []
 
 
 async def send_task(bus: Bus, bid: str, body: bytes, headers: dict[str, str] | None = None,

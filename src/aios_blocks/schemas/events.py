@@ -57,11 +57,15 @@ class Selection(msgspec.Struct):
 
 
 
-class DryRunRequest(msgspec.Struct):
+class DryRunRequest(msgspec.Struct, omit_defaults=True):
+    """Feasibility of one block in one cluster. The IR is not sent (the block's ``parsed`` event
+    and record hold it, the same for every cluster): the controller reads it once per block;
+    ``ir`` is read when a request carries it (sent before it was left out)."""
+
     block_id: str
     gen: int
     cluster_id: str
-    ir: dict[str, Any]
+    ir: dict[str, Any] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
 
@@ -324,6 +328,9 @@ class Decision(msgspec.Struct, omit_defaults=True):
     at: int = 0
     #: input parts that are not state (``{"block_metrics": {...}}`` when the payload has them)
     given: dict[str, Any] = {}
+    #: when ``output`` holds only what the flow acts on (``policies.contract.essential``: the
+    #: chosen cluster ids of a clusterAllocator's answer), the digest of the whole output
+    output_digest: str = ""
 
 
 class DeadLetter(msgspec.Struct):

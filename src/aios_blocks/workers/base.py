@@ -8,6 +8,7 @@ import contextlib
 import signal
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,6 +21,7 @@ from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.router import TRIGGER_SEQ
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
+from ..policies import contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest
@@ -30,6 +32,8 @@ from ..state.inventory import Inventory, affinity_index
 from ..state.store import Store
 
 log = structlog.get_logger("aios.worker")
+
+IR_CACHE = 4096  # blocks whose IR a worker keeps (``Worker.block_ir``)
 
 
 @dataclass
@@ -43,6 +47,8 @@ class Worker:
     _subs: list[Any] = field(default_factory=list)
     #: this process, in the inventory hints it sends (it skips its own when they come back)
     origin: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    #: (block, gen) -> IR: a generation's IR never changes, and its dry_runs come together
+    _irs: OrderedDict[tuple[str, int], dict[str, Any]] = field(default_factory=OrderedDict)
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
@@ -120,11 +126,31 @@ class Worker:
             # the bytes as they were at the call: the record is published later
             given["block_metrics"] = msgspec.Raw(msgspec.json.encode(payload["block_metrics"]))
         action = str(input_data.get("action", "?"))
+        whole = msgspec.json.encode(output)
+        kept, out_digest = whole, ""
+        with contextlib.suppress(Exception):  # an output of the wrong shape is kept whole
+            part = contract.essential(action, output)
+            if part is not output:
+                kept, out_digest = msgspec.json.encode(part), input_digest(whole)
         return Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
-            msgspec.Raw(msgspec.json.encode(output)), error, int(seconds * 1e6), logs=logs or [], at=TRIGGER_SEQ.get(),
-            given=given,
+            msgspec.Raw(kept), error, int(seconds * 1e6), logs=logs or [], at=TRIGGER_SEQ.get(), given=given,
+            output_digest=out_digest,
         )
+
+    async def block_ir(self, bid: str, gen: int) -> dict[str, Any] | None:
+        """The IR of generation ``gen`` of a block (None: the block is gone or another generation
+        now), read once and kept for the block's other requests."""
+        key = (bid, gen)
+        ir = self._irs.get(key)
+        if ir is None:
+            block = await self.store.get_block(bid)
+            if block is None or block.get("gen") != gen or not block.get("ir"):
+                return None
+            ir = self._irs[key] = block["ir"]
+            if len(self._irs) > IR_CACHE:
+                self._irs.popitem(last=False)
+        return ir
 
     def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(input_data: dict[str, Any]) -> Any:
