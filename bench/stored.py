@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from typing import Any
 
 try:
     from . import common, harness, raw
@@ -33,7 +32,7 @@ async def scenario(burst_n: int) -> list[common.Row]:
         async with harness.stack(10, 100, tag="stored") as st:
             info = await st.client.bus.js.stream_info("AIOS")
             first = int(info.state.last_seq)
-            bids, _ = await st.burst(burst_n, timeout=300)
+            await st.burst(burst_n, timeout=300)
             info = await st.client.bus.js.stream_info("AIOS")
             total_bytes = int(info.state.bytes)
             count: dict[str, int] = defaultdict(int)

@@ -28,7 +28,6 @@ from typing import Any
 import msgspec
 
 from ..bus import catalog
-from ..bus.catalog import E
 from ..handlers import controller as hc
 from ..handlers import gateway as hg
 from ..policies import affinity
