@@ -1,7 +1,8 @@
 """What the stream stores per block, by event: a burst of one-instance blocks on the targets'
 inventory (10 clusters x 100 nodes x 8 GPUs), then every message stored during it, grouped by
 catalog event (subject pattern), with its count and bytes per block (subject + headers + body,
-as JetStream counts them, less its fixed per-message overhead).
+as JetStream counts them, less its fixed per-message overhead); then every recorded policy
+call's input rebuilt by replay (``recovery.inputs``) and checked against its digest.
 
     .venv/bin/python -m bench.stored [--quick]
 """
@@ -9,6 +10,7 @@ as JetStream counts them, less its fixed per-message overhead).
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 
 try:
@@ -19,6 +21,7 @@ except ImportError:  # run as a script
     import raw  # type: ignore[no-redef]
 
 from aios_blocks.bus import catalog
+from aios_blocks.recovery import inputs
 from aios_blocks.recovery.rebuild import read_stream
 
 GROUP = "stored messages by event, 10x100x8"
@@ -51,10 +54,22 @@ async def scenario(burst_n: int) -> list[common.Row]:
 
             await read_stream(st.client.bus, on_msg)
             n = max(1, burst_n)
+            # every decision's input rebuilt by replay and checked by digest (recovery.inputs)
+            messages = await st.client.stream()
+            t0 = time.perf_counter()
+            steps = await inputs.rebuild(messages)
+            secs = time.perf_counter() - t0
+            checks: dict[str, int] = defaultdict(int)
+            for c in inputs.calls(steps):
+                checks[c.status] += 1
+            total = sum(checks.values())
             for name in sorted(count, key=lambda k: -size[k]):
                 rows.append(common.row(GROUP, name, count[name] / n, "msgs", None, f"{size[name] / n / 1024:.2f} KB per block"))
             rows.append(common.row(GROUP, "all", seen / n, "msgs", None,
                                    f"{sum(size.values()) / n / 1024:.2f} KB per block (stream total {total_bytes / 1024:.0f} KB)"))
+            rows.append(common.row(GROUP, "policy inputs rebuilt by replay, digest equal", checks["rebuilt"], "calls", None,
+                                   f"of {total} recorded ({dict(checks)}); {secs:.1f} s to fold {len(messages)} messages "
+                                   "and rebuild them all"))
     finally:
         if old is None:
             os.environ.pop("AIOS_SIM_START_DELAY_S", None)
