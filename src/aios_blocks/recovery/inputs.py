@@ -89,6 +89,8 @@ class Step:
     hi: int = 0
     #: calls before this one are rebuilt (a plan's attempts are rebuilt one after another)
     cursor: int = 0
+    #: ``State.key`` when it last tried
+    tried: tuple[Any, ...] | None = None
 
     @property
     def done(self) -> bool:
@@ -100,28 +102,109 @@ class _Mismatch(Exception):
 
 
 class State:
-    """Reads of a fold, shaped as the workers read Redis (``Store``, ``Inventory``)."""
+    """Reads of a fold, shaped as the workers read Redis (``Store``, ``Inventory``). One for the
+    whole replay: like a worker's inventory, each cluster's node views are one ``Nodes`` dict
+    whose changed nodes are replaced (``note`` says which a message touches), so the capacity
+    memos catch up in O(changes), and ``key`` tells a step whether what it reads changed since
+    it last tried."""
 
     def __init__(self, fold: Fold):
         self.f = fold
         self._views: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
+        self._nodes: dict[str, Nodes] = {}
+        #: cluster -> nodes to re-read (None: the whole cluster)
+        self._dirty: dict[str, set[str] | None] = {}
+        #: cluster -> how many times its dict was made anew; block -> its events so far
+        self._gen: dict[str, int] = {}
+        self._block_events: dict[str, int] = {}
+        self._clusters_gen = 0
+
+    def note(self, subject: str, data: dict[str, Any]) -> None:
+        """Before the fold applies a message: mark what it may change."""
+        parts = subject.split(".")
+        if len(parts) < 4:
+            return
+        entity, key = parts[1], parts[2]
+        bid = key if entity == "block" else str(data.get("block_id", ""))
+        if bid:  # its record or instances (a remove command marks an instance removing)
+            self._block_events[bid] = self._block_events.get(bid, 0) + 1
+        if entity == "block":
+            nid = str(data.get("node_id", ""))
+            if nid:
+                self._touch_node(nid)
+            for p in data.get("placements") or []:
+                if isinstance(p, dict):
+                    self._touch(str(data.get("cluster_id", "")), str(p.get("node_id", "")))
+        elif entity == "node":
+            if parts[3] == "registered":
+                cid = str((data.get("node") or {}).get("cluster", ""))
+                self._dirty[cid] = None
+                self._clusters_gen += 1
+            self._touch_node(key)
+        elif entity in ("cluster", "vcluster"):
+            cid = key if entity == "cluster" else str(data.get("cluster_id", ""))
+            if parts[3] in ("registered", "removed", "changed"):
+                self._dirty[cid] = None
+                self._clusters_gen += 1
+
+    def _touch_node(self, nid: str) -> None:
+        node = self.f.nodes.get(nid)
+        if node is not None:
+            self._touch(node.cluster, nid)
+
+    def _touch(self, cid: str, nid: str) -> None:
+        cur = self._dirty.get(cid, set())
+        if cur is not None:
+            cur.add(nid)
+            self._dirty[cid] = cur
 
     def clusters(self) -> dict[str, dict[str, Any]]:
         return {cid: _json.decode(v) for cid, v in self.f.clusters.items()}
 
+    def _view(self, nid: str) -> dict[str, Any]:
+        h = self.f.nodes[nid].hash()
+        cached = self._views.get(nid)
+        if cached is None or cached[0] != h:
+            cached = self._views[nid] = (h, node_view(h))
+        return cached[1]
+
     def nodes(self, cid: str) -> dict[str, dict[str, Any]]:
         """The cluster's node views, by node id in order (``Store.node_ids``, ``Inventory``)."""
-        out = Nodes()
-        for nid in sorted(n for n, st in self.f.nodes.items() if st.cluster == cid):
-            h = self.f.nodes[nid].hash()
-            cached = self._views.get(nid)
-            if cached is None or cached[0] != h:
-                cached = self._views[nid] = (h, node_view(h))
-            out[nid] = cached[1]
+        dirty = self._dirty.pop(cid, set())
+        out = self._nodes.get(cid)
+        if out is None or dirty is None:
+            out = self._nodes[cid] = Nodes()
+            self._gen[cid] = self._gen.get(cid, 0) + 1
+            for nid in sorted(n for n, st in self.f.nodes.items() if st.cluster == cid):
+                out[nid] = self._view(nid)
+            return out
+        for nid in sorted(dirty):
+            node = self.f.nodes.get(nid)
+            if node is None or node.cluster != cid or nid not in out:
+                if nid in out or (node is not None and node.cluster == cid):
+                    self._dirty[cid] = None  # a node gone or new: the dict is made anew (order)
+                    return self.nodes(cid)
+                continue
+            view = self._view(nid)
+            if out[nid] is not view:
+                out[nid] = view
         return out
 
     def all_nodes(self) -> dict[str, dict[str, dict[str, Any]]]:
         return {cid: self.nodes(cid) for cid in self.clusters()}
+
+    def key(self, step: Step) -> tuple[Any, ...]:
+        """What the step's inputs are made of, changed or not since it last tried."""
+        bid = str(step.data.get("block_id") or step.subject.split(".")[2])
+        if step.event in ("block.selection", "block.post_dry_run"):
+            cids = sorted(self.f.clusters)
+        else:
+            cids = [str((step.trigger[1] if step.trigger else step.data).get("cluster_id", ""))]
+        versions = []
+        for cid in cids:
+            nodes = self.nodes(cid)
+            versions.append((cid, self._gen.get(cid, 0), getattr(nodes, "version", 0)))
+        return (self._clusters_gen, tuple(versions), self._block_events.get(bid, 0), step.cursor)
 
     def index(self, ir: dict[str, Any]) -> dict[str, Any]:
         """``state.inventory.affinity_index`` over the fold."""
@@ -299,9 +382,13 @@ async def rebuild(
     if not pending:
         return steps
     fold = Fold()
+    st = State(fold)
     active: list[Step] = []
     nxt = 0
     for subject, raw, seq, ts in messages:
+        name = _event_name(subject)
+        if name in STATE_EVENTS:
+            st.note(subject, _data(raw))
         fold.apply(subject, raw, seq, ts)
         while nxt < len(pending) and pending[nxt].lo <= seq:
             active.append(pending[nxt])
@@ -310,12 +397,13 @@ async def rebuild(
             if nxt >= len(pending):
                 break
             continue
-        changed = _event_name(subject) in STATE_EVENTS
-        st: State | None = None
+        changed = name in STATE_EVENTS
         for step in active:
             if seq == step.lo or (changed and seq <= step.hi):
-                st = st or State(fold)
-                await _try(step, st, seq)
+                key = st.key(step)
+                if key != step.tried:  # what it reads changed since it last tried
+                    step.tried = key
+                    await _try(step, st, seq)
         active = [s for s in active if seq < s.hi and not s.done]
         if not active and nxt >= len(pending):
             break
