@@ -367,7 +367,8 @@ class Client:
         by replay (``recovery.inputs``): ``input`` (None unless rebuilt or recorded) and
         ``input_check``: ``rebuilt`` (its digest is the recorded one), ``recorded`` (an older
         record that held its input), ``mismatch`` or ``unsupported`` (not rebuilt)."""
-        steps = await inputs.rebuild(await self.stream(), None if bid == "*" else bid)
+        only = None if _block_or_all(bid) == "*" else bid
+        steps = await inputs.rebuild(await self.stream(), only)
         out: list[dict[str, Any]] = []
         for step in steps:
             if since is not None and step.ts < since:
