@@ -408,7 +408,8 @@ async def rebuild(
         if not active and nxt >= len(pending):
             break
     for step in steps:
-        if step.event not in PLAN_STEPS | {"block.selection", "block.post_dry_run", "block.dry_run.result"}:
+        plan_of_unknown = step.event in PLAN_STEPS and (step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS)
+        if plan_of_unknown or step.event not in PLAN_STEPS | {"block.selection", "block.post_dry_run", "block.dry_run.result"}:
             for c in step.calls:
                 if c.status == "mismatch":
                     c.status = "unsupported"
