@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from aios_blocks.cli.client import Client, decisions_of
+from aios_blocks.cli.client import Client
 from aios_blocks.workers.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
 from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.workers.auth import url_user
@@ -336,8 +336,9 @@ async def test_exited_instance_is_replaced_through_reassignment(agents: Agents) 
     history = await c.history(bid)
     facts = [s.rsplit(".", 1)[1] for s, _, _ in history if f".instance.{old_iid}." in s]
     assert "failed" in facts and "removed" in facts
-    decisions = [d for s, e, _ in history for d in decisions_of(s, e.get("data")) if d["action"] == "reassignment"]
-    assert decisions and decisions[0]["input"]["payload"]["instance_id"] == old_iid
+    decisions = [d for d in await c.decisions(bid=bid) if d["action"] == "reassignment"]  # inputs rebuilt by replay
+    assert decisions and decisions[0]["input_check"] == "rebuilt"
+    assert decisions[0]["input"]["payload"]["instance_id"] == old_iid
     running = await running_on(agents, "n1")
     assert [i.instance_id for i in running] == [new]
 

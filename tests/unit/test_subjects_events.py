@@ -60,7 +60,6 @@ SAMPLE_SUBJECTS = [
     *(subjects.cluster_command("c1", c) for c in ("dry_run", "allocation", "scale", "reassignment")),
     *(subjects.node_command("n1", c) for c in ("instance.create", "instance.remove")),
     subjects.block_event("b1", "decision"),
-    subjects.decision_input("0123abcd"),
     subjects.policy_updated("p"),
     subjects.dead_letter("parser", "aios.block.b1.create"),
 ]
@@ -208,7 +207,6 @@ def test_each_command_is_consumed_by_exactly_one_durable(subject: str, durable: 
         subjects.block_event("b1", "rejected"),
         subjects.block_event("b1", "deleted"),
         subjects.block_event("b1", "decision"),
-        subjects.decision_input("0123abcd"),
         subjects.cluster_inventory("c1"),
         subjects.policy_updated("p"),
         subjects.dead_letter("parser", "x"),

@@ -65,7 +65,7 @@ class Body(enum.StrEnum):
     """How the body is framed on the wire."""
 
     CLOUDEVENT = "cloudevent"  # CloudEvents 1.0 structured mode, payload in ``data``
-    RAW = "raw"  # the payload itself (a bare spec, a dead letter, a stored policy input)
+    RAW = "raw"  # the payload itself (a bare spec, a dead letter)
     CORE = "core"  # core NATS only: the payload itself, never stored
 
 
@@ -369,10 +369,6 @@ class E:
         "a policy call no step event carries (a reassignment deferred for lack of room); every other call is in its "
         "step event's decisions",
         id_rule="{block_id}:decision:{kind}:{action}:{input_digest}",
-    )
-    policy_input: Event[Any] = Event(
-        "input", f"{ROOT}.input.{{digest}}", None, (G, C, AS), "a large policy input, stored once by digest",
-        body=Body.RAW, id_rule="input:{digest}",
     )
     inventory_hint = Event(
         "hint.inventory", f"{ROOT}.hint.{{cid}}.inventory", ev.InventoryHint, (C, A),

@@ -14,6 +14,7 @@ handler with an :class:`Inbound`. No handler splits a subject or decodes an enve
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -24,6 +25,10 @@ from .runner import Delivery, Poison
 from .subjects import ConsumerSpec, matches
 
 P = TypeVar("P")
+
+#: the stream sequence of the message whose handler is running (0 outside one, e.g. a timer): the
+#: state version a policy call made by that handler is recorded with (``schemas.events.Decision.at``)
+TRIGGER_SEQ: ContextVar[int] = ContextVar("aios_trigger_seq", default=0)
 
 
 class _Envelope(msgspec.Struct, Generic[P]):
@@ -107,7 +112,11 @@ class Router:
             if tokens is None or any(tokens.get(k) != v for k, v in r.scope.items()):
                 continue
             data: Any = d.data if r.decoder is None else r.decoder.decode(d.data).data
-            await r.handler(Inbound(r.event, data, tokens, d))
+            token = TRIGGER_SEQ.set(d.stream_seq)
+            try:
+                await r.handler(Inbound(r.event, data, tokens, d))
+            finally:
+                TRIGGER_SEQ.reset(token)
             return
         for r in self.routes:  # a subject only an extra filter takes (a malformed id): the handler decides
             if any(matches(f, d.subject) for f in r.event.extra_filters):

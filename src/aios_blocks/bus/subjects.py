@@ -88,11 +88,6 @@ HEARTBEAT_ALL = f"{ROOT}.node.*.heartbeat"
 EXPECTED_ALL = f"{ROOT}.node.*.expected"
 
 
-def decision_input(digest: str) -> str:
-    """A policy input too large to inline in its decision record, stored once by digest."""
-    return f"{ROOT}.input.{digest}"
-
-
 # -- policies and dead letters ------------------------------------------------------------------
 def policy_updated(name: str) -> str:
     """Carries the whole registry record (name, version, source, language): ``blocks recover``

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import datetime as dt
 import uuid
-import zlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -26,7 +24,8 @@ from ..handlers import parse, scaling
 from ..handlers.controller import instance_id
 from ..handlers.plan import Plan, make_plan
 from ..policies.runtime import PolicyRuntime
-from ..recovery.rebuild import ensure_epoch
+from ..recovery import inputs
+from ..recovery.rebuild import ensure_epoch, read_stream
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
     ClusterRegistered,
@@ -372,23 +371,29 @@ class Client:
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in scanned]
 
+    async def stream(self) -> list[tuple[str, bytes, int, float]]:
+        """Every stored message, oldest first: (subject, body, sequence, timestamp)."""
+        out: list[tuple[str, bytes, int, float]] = []
+        await read_stream(self.bus, lambda s, b, q, t: out.append((s, b, q, t)))
+        return out
+
     async def decisions(self, since: float | None = None, idle: float = 0.5, bid: str = "*") -> list[dict[str, Any]]:
-        """Recorded policy decisions of one block or all (oldest first), with large inputs fetched
-        back by digest."""
+        """Recorded policy decisions of one block or all (oldest first), each with its input rebuilt
+        by replay (``recovery.inputs``): ``input`` (None unless rebuilt or recorded) and
+        ``input_check``: ``rebuilt`` (its digest is the recorded one), ``recorded`` (an older
+        record that held its input), ``mismatch`` or ``unsupported`` (not rebuilt)."""
+        only = None if _block_or_all(bid) == "*" else bid
+        steps = await inputs.rebuild(await self.stream(), only)
         out: list[dict[str, Any]] = []
-        for msg in await self._scan(subjects.block_all(_block_or_all(bid)), idle):
-            env = _decode(msg.data)
-            when = dt.datetime.fromisoformat(str(env.get("time", "1970-01-01T00:00:00Z")).replace("Z", "+00:00"))
-            if since is None or when.timestamp() >= since:
-                out.extend(decisions_of(msg.subject, env.get("data")))
-        for d in out:
-            if d.get("input") is None and str(d.get("input_subject", "")).startswith("aios.input."):
-                with contextlib.suppress(Exception):
-                    raw = await self.bus.js.get_last_msg(subjects.STREAM, d["input_subject"])
-                    body = raw.data or b""
-                    if (raw.headers or {}).get("Content-Encoding") == "deflate":
-                        body = zlib.decompress(body)
-                    d["input"] = msgspec.json.decode(body)
+        for step in steps:
+            if since is not None and step.ts < since:
+                continue
+            for c in step.calls:
+                d = {**DECISION_DEFAULTS, **c.decision}
+                d["input"] = c.input if c.status in ("rebuilt", "recorded") else None
+                d["input_check"] = c.status
+                d["state_seq"] = c.state_seq
+                out.append(d)
         return out
 
     async def scale(self, bid: str) -> str:
@@ -522,15 +527,21 @@ def _decode(raw: bytes) -> dict[str, Any]:
         return {"data": raw.decode("utf-8", errors="replace")}
 
 
+#: a decision record's fields left out of the JSON when empty (``Decision`` omits defaults)
+DECISION_DEFAULTS: dict[str, Any] = {"output": None, "error": "", "duration_us": 0, "logs": [], "at": 0, "given": {},
+                                     "output_digest": ""}
+
+
 def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
     """The policy decisions an event records: a step event's folded ``decisions``, or a
-    ``decision`` event itself (a step redone later, or a stream written by an older version)."""
+    ``decision`` event itself (a step redone later, or a stream written by an older version),
+    with the fields left out when empty filled in."""
     if not isinstance(data, dict):
         return []
     if subject.endswith(".decision"):
-        return [data]
+        return [{**DECISION_DEFAULTS, **data}]
     found = data.get("decisions")
-    return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+    return [{**DECISION_DEFAULTS, **d} for d in found if isinstance(d, dict)] if isinstance(found, list) else []
 
 
 async def send_task(bus: Bus, bid: str, body: bytes, headers: dict[str, str] | None = None,

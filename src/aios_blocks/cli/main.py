@@ -1196,13 +1196,15 @@ def replay(
 def explain(
     bid: str,
     as_json: bool = typer.Option(False, "--json", help="The explanation as one JSON document."),
+    inputs: bool = typer.Option(False, "--inputs", help="Rebuild every policy call's input by replaying the stream and check it against the recorded digest."),
     data_dir: Path = DataDir,
 ) -> None:
     """Why the block is where it is, from the stream alone: candidates and filtered clusters, each
     cluster's dry_run score and node/GPUs (and nodes rejected by affinity), why the final cluster
-    won, each instance's node and GPUs, failures with reasons, policy calls.
+    won, each instance's node and GPUs, failures with reasons, policy calls. With ``--inputs``,
+    each call's input is rebuilt by replay (inputs are not stored) and checked against its digest.
 
-    Example: `blocks explain blk-1234 --json`
+    Example: `blocks explain blk-1234 --json --inputs`
     """
     from ..handlers.explain import explain as fold
 
@@ -1212,6 +1214,17 @@ def explain(
             err.print(f"[yellow]no events for {bid}[/]")
             return 1
         x = fold(events)
+        if inputs:
+            calls = await c.decisions(bid=bid)
+            checks: dict[str, int] = {}
+            for d in calls:
+                checks[d["input_check"]] = checks.get(d["input_check"], 0) + 1
+            x["decisions"]["inputs"] = checks
+            x["decisions"]["calls"] = [
+                {k: d.get(k) for k in ("kind", "action", "input_digest", "input_check", "state_seq", "at", "input")} for d in calls
+            ]
+            if not as_json:
+                console.print("policy inputs rebuilt by replay: " + ", ".join(f"{n} {k}" for k, n in sorted(checks.items())))
         if as_json:
             print(json.dumps(x, indent=2, default=str))
             return 0
@@ -1445,7 +1458,7 @@ def policy_input(
         raise typer.Exit(2)
     call = calls[index]
     if call.get("input") is None:
-        err.print(f"[red]the input of that call is no longer stored[/] (digest {call.get('input_digest')})")
+        err.print(f"[red]the input of that call could not be rebuilt by replay[/] ({call.get('input_check')}, digest {call.get('input_digest')})")
         raise typer.Exit(1)
     text = json.dumps(call["input"], indent=2, default=str)
     if output is None:

@@ -51,7 +51,9 @@ def _payload(
     """``payload`` with a sample sized for ``want`` instances (dry_run: maxInstances; each
     allocation call places one)."""
     block = dict(ir)
-    block["instances"] = instances or {}
+    # by id, each record's fields by name: the input is a function of the state, not of the order
+    # Redis returns a hash in or a script re-encoded a record with (``recovery.inputs`` rebuilds it)
+    block["instances"] = {iid: dict(sorted(rec.items())) for iid, rec in sorted((instances or {}).items())}
     entries = ir.get("affinity") or []
     smp = sample_for(ir, nodes, index, max(1, want))
     metrics = cluster_metrics(nodes, smp.nodes)

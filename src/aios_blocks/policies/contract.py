@@ -108,6 +108,17 @@ def cluster_id_of(entry: Any) -> str:
     return str(entry.get("cluster_id", entry.get("id")))
 
 
+def essential(action: str, output: Any) -> Any:
+    """What of a well-formed output the flow acts on, for the decision record: the chosen
+    cluster ids of a clusterAllocator's answer (which otherwise repeats the cluster entries of its
+    input); other actions' outputs are small and kept whole (the same object)."""
+    if action == "selection" and isinstance(output, dict) and isinstance(output.get("clusters"), list):
+        return {"clusters": [{"cluster_id": cluster_id_of(c)} for c in output["clusters"]]}
+    if action == "post_dry_run" and isinstance(output, (dict, str)):
+        return {"cluster_id": cluster_id_of(output)}
+    return output
+
+
 def _short(v: Any, limit: int = 200) -> str:
     text = repr(v)
     return text if len(text) <= limit else text[:limit] + "..."

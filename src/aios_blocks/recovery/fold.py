@@ -66,6 +66,25 @@ class NodeState:
     #: ``blocks node drain``
     drain: bool = False
 
+    def hash(self) -> dict[str, str]:
+        """The node's Redis hash, as ``Store.put_node`` and the capacity scripts leave it."""
+        h: dict[str, str] = {"spec": self.spec, "cpu": _num(self.cpu), "memory": str(self.memory), "healthy": "1" if self.healthy else "0"}
+        if self.agent:
+            h["agent"] = self.agent
+        for g, total in self.gpu_total.items():
+            h[f"g:{g}:total"] = str(total)
+        if self.cpu_used is not None:
+            h["cpu_used"] = _num(self.cpu_used)
+        if self.mem_used is not None:
+            h["mem_used"] = str(self.mem_used)
+        for g, (mem, cnt, x) in self.gpu_use.items():
+            h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
+        if self.vc:
+            h["vc"] = self.vc
+        if self.drain:
+            h["drain"] = "1"
+        return h
+
 
 @dataclass
 class Fold:
@@ -489,22 +508,7 @@ class Fold:
         for nid, n in self.nodes.items():
             index[nid] = n.cluster
             img.setdefault(k.cluster_nodes_key(n.cluster), set()).add(nid)
-            h: dict[str, str] = {"spec": n.spec, "cpu": _num(n.cpu), "memory": str(n.memory), "healthy": "1" if n.healthy else "0"}
-            if n.agent:
-                h["agent"] = n.agent
-            for g, total in n.gpu_total.items():
-                h[f"g:{g}:total"] = str(total)
-            if n.cpu_used is not None:
-                h["cpu_used"] = _num(n.cpu_used)
-            if n.mem_used is not None:
-                h["mem_used"] = str(n.mem_used)
-            for g, (mem, cnt, x) in n.gpu_use.items():
-                h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
-            if n.vc:
-                h["vc"] = n.vc
-            if n.drain:
-                h["drain"] = "1"
-            img[node_key(n.cluster, nid)] = h
+            img[node_key(n.cluster, nid)] = n.hash()
         if index:
             img[k.NODE_INDEX] = index
         for (cid, iid), r in self.reservations.items():

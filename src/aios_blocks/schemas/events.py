@@ -7,6 +7,7 @@ from) so that deterministic message ids stay unique when a block id is deleted a
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 from typing import Any, TypeVar
 
 import msgspec
@@ -56,11 +57,15 @@ class Selection(msgspec.Struct):
 
 
 
-class DryRunRequest(msgspec.Struct):
+class DryRunRequest(msgspec.Struct, omit_defaults=True):
+    """Feasibility of one block in one cluster. The IR is not sent (the block's ``parsed`` event
+    and record hold it, the same for every cluster): the controller reads it once per block;
+    ``ir`` is read when a request carries it (sent before it was left out)."""
+
     block_id: str
     gen: int
     cluster_id: str
-    ir: dict[str, Any]
+    ir: dict[str, Any] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
 
@@ -442,8 +447,17 @@ class AutoscaleFailed(msgspec.Struct):
     decisions: list[Decision] = []
 
 
-class Decision(msgspec.Struct):
-    """One policy invocation: what ran, on what (by digest), what it said, how long it took."""
+class Decision(msgspec.Struct, omit_defaults=True):
+    """One policy invocation: what ran, on what, what it said, how long it took.
+
+    The input itself is not stored: it is rebuilt by replay (``recovery.inputs``). ``at`` is the
+    state version the call saw (the stream sequence of the message its step handled; 0 for a step
+    a timer ran), ``input_digest`` the SHA-256 prefix of the input as the policy got it (compact
+    JSON), ``given`` the parts of the input that are not in the stream (the metrics collector's
+    ``block_metrics``). Replaying the stream up to ``at`` (or a little past it: the state a step
+    reads may already hold a reservation whose placement is published after it) and running the
+    step's own payload code gives an input with that digest (``blocks explain``, ``blocks policy
+    test``). Empty fields are left out of the JSON."""
 
     block_id: str
     kind: str
@@ -455,11 +469,19 @@ class Decision(msgspec.Struct):
     output: Any = None
     error: str = ""
     duration_us: int = 0
-    #: the input itself when small; else it is at ``input_subject`` (stored once per digest)
+    #: the input inline, for calls not rebuilt by replay (``workers.base.REPLAYED_ACTIONS``) and in
+    #: records made before inputs were rebuilt; or why it is not stored
     input: Any = None
     input_subject: str = ""
     #: log lines of the call (Starlark ``log_info/log_warn/log_error``): [level, text]
     logs: list[list[str]] = []
+    #: the state version: stream sequence of the message the step handled (0: a timer's step)
+    at: int = 0
+    #: input parts that are not state (``{"block_metrics": {...}}`` when the payload has them)
+    given: dict[str, Any] = {}
+    #: when ``output`` holds only what the flow acts on (``policies.contract.essential``: the
+    #: chosen cluster ids of a clusterAllocator's answer), the digest of the whole output
+    output_digest: str = ""
 
 
 class DeadLetter(msgspec.Struct):
@@ -470,6 +492,11 @@ class DeadLetter(msgspec.Struct):
     stream_seq: int
     data: str
     headers: dict[str, str] = {}
+
+
+def input_digest(raw: bytes) -> str:
+    """A policy input's digest (``Decision.input_digest``): SHA-256 of its compact JSON, 24 hex digits."""
+    return hashlib.sha256(raw).hexdigest()[:24]
 
 
 def now_iso() -> str:

@@ -491,7 +491,8 @@ class Store:
         if leases:
             pipe.hmget(AFF_LEASE, leases)
         out = await pipe.execute()
-        services = {svc: [_json.decode(v) for v in vals] for svc, vals in zip(svcs, out[: len(svcs)], strict=True)}
+        # each service's placements sorted: the order of a hash's values is not state
+        services = {svc: sorted(_json.decode(v) for v in vals) for svc, vals in zip(svcs, out[: len(svcs)], strict=True)}
         lease_nodes = dict(zip(leases, out[len(svcs)], strict=True)) if leases else {}
         return {"services": services, "leases": {k: v for k, v in lease_nodes.items() if v}}
 

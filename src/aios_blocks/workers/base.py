@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import signal
 import time
 import uuid
-import zlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,10 +19,12 @@ import structlog
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
+from ..bus.router import TRIGGER_SEQ
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
+from ..policies import contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatus, Decision, InventoryHint
+from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest
 from ..schemas.lifecycle import Step
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -32,8 +33,12 @@ from ..state.store import Store
 
 log = structlog.get_logger("aios.worker")
 
-INLINE_INPUT_BYTES = 4096  # decision inputs above this are stored once by digest
-MAX_STORED_INPUT_BYTES = 4 * 1024 * 1024
+IR_CACHE = 4096  # blocks whose IR a worker keeps (``Worker.block_ir``)
+#: actions whose inputs ``recovery.inputs`` rebuilds by replay; any other call (autoscale,
+#: health_check, scale_down: their inputs hold live metrics and instance loads, not stream facts)
+#: keeps its input in the record, up to INLINE_INPUT_MAX bytes
+REPLAYED_ACTIONS = frozenset({"selection", "post_dry_run", "dry_run", "allocation", "scale", "reassignment"})
+INLINE_INPUT_MAX = 256 * 1024
 
 
 @dataclass
@@ -47,6 +52,8 @@ class Worker:
     _subs: list[Any] = field(default_factory=list)
     #: this process, in the inventory hints it sends (it skips its own when they come back)
     origin: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
+    #: (block, gen) -> IR: a generation's IR never changes, and its dry_runs come together
+    _irs: OrderedDict[tuple[str, int], dict[str, Any]] = field(default_factory=OrderedDict)
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
@@ -113,25 +120,51 @@ class Worker:
         self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float,
         logs: list[list[str]] | None = None,
     ) -> Decision:
-        """The decision record of one policy call; a large input is stored once by digest."""
+        """The decision record of one policy call. A placement step's input is not stored: the
+        record names the state version it was built from (the stream sequence of the message being
+        handled), the input's digest and the parts of it that are not in the stream;
+        ``recovery.inputs`` rebuilds it by replay. Other calls keep their input inline
+        (``REPLAYED_ACTIONS``)."""
         raw = msgspec.json.encode(input_data)
-        digest = hashlib.sha256(raw).hexdigest()[:24]
-        # the record holds the bytes as they were at the call: the record travels with the step's
-        # event, published later, and the planner goes on changing the snapshot the input came from
-        inline: Any = msgspec.Raw(raw)
+        digest = input_digest(raw)
+        given: dict[str, Any] = {}
+        payload = input_data.get("payload")
+        if isinstance(payload, dict) and "block_metrics" in payload:
+            # the bytes as they were at the call: the record is published later
+            given["block_metrics"] = msgspec.Raw(msgspec.json.encode(payload["block_metrics"]))
+        action = str(input_data.get("action", "?"))
+        inline: Any = None
         where = ""
-        if len(raw) > INLINE_INPUT_BYTES:
-            inline, where = None, E.policy_input.subject(digest=digest)
-            if len(raw) <= MAX_STORED_INPUT_BYTES:
-                # node lists compress ~10x; level 1 costs well under a millisecond for 100 KB
-                await self.bus.emit(E.policy_input, zlib.compress(raw, 1), digest=digest, headers={"Content-Encoding": "deflate"})
+        if action not in REPLAYED_ACTIONS:  # not rebuilt by replay: the record holds it
+            if len(raw) <= INLINE_INPUT_MAX:
+                inline = msgspec.Raw(raw)
             else:
                 where = f"(not stored: {len(raw)} bytes)"
-        action = str(input_data.get("action", "?"))
+        whole = msgspec.json.encode(output)
+        kept, out_digest = whole, ""
+        with contextlib.suppress(Exception):  # an output of the wrong shape is kept whole
+            part = contract.essential(action, output)
+            if part is not output:
+                kept, out_digest = msgspec.json.encode(part), input_digest(whole)
         return Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
-            msgspec.Raw(msgspec.json.encode(output)), error, int(seconds * 1e6), inline, where, logs or [],
+            msgspec.Raw(kept), error, int(seconds * 1e6), inline, where, logs=logs or [], at=TRIGGER_SEQ.get(), given=given,
+            output_digest=out_digest,
         )
+
+    async def block_ir(self, bid: str, gen: int) -> dict[str, Any] | None:
+        """The IR of generation ``gen`` of a block (None: the block is gone or another generation
+        now), read once and kept for the block's other requests."""
+        key = (bid, gen)
+        ir = self._irs.get(key)
+        if ir is None:
+            block = await self.store.get_block(bid)
+            if block is None or block.get("gen") != gen or not block.get("ir"):
+                return None
+            ir = self._irs[key] = block["ir"]
+            if len(self._irs) > IR_CACHE:
+                self._irs.popitem(last=False)
+        return ir
 
     def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(input_data: dict[str, Any]) -> Any:

@@ -71,11 +71,14 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
     @router.on(E.cluster_dry_run)
     async def on_dry_run(m: Inbound[DryRunRequest]) -> None:
         ev = m.data
+        ir = ev.ir or await w.block_ir(ev.block_id, ev.gen)
+        if ir is None:
+            return  # the block is gone or was re-created: nobody gathers this answer
         clusters = await w.inventory.clusters()
         cluster_entry = clusters.get(ev.cluster_id, {"id": ev.cluster_id, "labels": {}})
         nodes = await w.inventory.nodes(ev.cluster_id)
         trace: list[Decision] = []
-        out = await h.dry_run(ev.ir, cluster_entry, nodes, w.invoker(ev.ir, "resourceAllocator", trace), await w.affinity_index(ev.ir))
+        out = await h.dry_run(ir, cluster_entry, nodes, w.invoker(ir, "resourceAllocator", trace), await w.affinity_index(ir))
         result = DryRunResult(
             ev.block_id, ev.gen, ev.cluster_id, out.score, out.node_info, placeable=out.placeable, shortfall=out.shortfall, error=out.error,
             rejected_nodes=out.rejected_nodes, node_scores=out.node_scores, adapt=out.adapt, attempt=ev.attempt, decisions=trace,

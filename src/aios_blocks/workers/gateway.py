@@ -58,7 +58,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         event.deadline = deadline
         await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
         out = [Emit(E.block_selection, event)]
-        out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, ir, n)) for cid in sel.candidates]
+        out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n)) for cid in sel.candidates]
         await w.bus.emit_all(out)
 
     @router.on(E.block_dry_run_result)

@@ -1,0 +1,424 @@
+"""Policy inputs rebuilt by replay: what ``blocks explain`` and ``blocks policy test`` show and
+re-run, now that the stream stores no input (``schemas.events.Decision``).
+
+A decision record names the state version its step read (``at``: the stream sequence of the
+message the step handled), the digest of its input and the input parts that are not state
+(``given``: the collector's ``block_metrics``). The input is everything else: the IR, the clusters,
+the nodes' capacity and usage, the affinity index, the block's instances, the gather's answers,
+all of which the stream's facts determine. So the stream is folded (``recovery.fold``, the code
+``blocks recover`` uses) and, at the recorded version, the step's own payload code runs again
+(``handlers.gateway.select`` / ``choose``, ``handlers.controller.dry_run`` / ``plan``) with an
+``invoke`` that captures each input and answers with the recorded output, so a step of several
+calls (a gang's allocation, where each call sees the choices before it) is rebuilt call by call.
+
+A step reads Redis, which runs slightly ahead of the stream (a reservation is taken before its
+placement is published; hints reach a cache a little later), so the state it saw is the fold
+at ``at`` or at one of the next state changes: each is tried in order, from ``at`` to a little
+past the step's own event, and the first whose rebuilt inputs all have the recorded digests is
+the one. A step whose inputs match no state is reported ``mismatch`` (never shown as its input).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ..bus import catalog
+from ..handlers import controller as hc
+from ..handlers import gateway as hg
+from ..policies import affinity
+from ..policies.capacity import Nodes
+from ..schemas.errors import PlacementFailed, PolicyFailed
+from ..schemas.events import input_digest
+from ..state.store import node_view
+from .fold import Fold
+
+_json = msgspec.json
+
+#: how many messages past a step's own event its state may still lie (a reservation taken before
+#: the step read Redis, published after the step's event)
+SLACK = 256
+
+#: events after which the state a step reads may differ (the others change nothing it reads)
+STATE_EVENTS = frozenset({
+    "block.parsed", "block.selection", "block.dry_run.result", "block.post_dry_run", "block.placement",
+    "block.instance.added", "block.instance.removed", "block.ready", "block.failed", "block.deleted", "block.delete",
+    "node.registered", "node.health", "node.instance.remove", "node.drain", "node.removed", "cluster.registered",
+    "cluster.removed", "cluster.reassignment", "vcluster.changed",
+})
+
+#: step events whose decisions are resourceAllocator plans (``handlers.controller.plan``)
+PLAN_STEPS = frozenset({"block.placement", "block.allocation.failed", "block.scale.failed", "block.reassignment.failed",
+                        "block.decision"})
+#: the command a plan step handled -> its action
+PLAN_TRIGGERS = {"cluster.allocation": "allocation", "cluster.scale": "scale", "cluster.reassignment": "reassignment"}
+
+
+@dataclass
+class Call:
+    """One recorded decision and, once rebuilt, its input."""
+
+    decision: dict[str, Any]
+    step_subject: str
+    step_seq: int
+    index: int
+    #: ``rebuilt`` (digest matched), ``recorded`` (an old record that holds its input), ``mismatch``,
+    #: ``unsupported`` (a step kind this module does not rebuild)
+    status: str = "mismatch"
+    input: Any = None
+    #: the stream sequence whose state gave the input
+    state_seq: int = 0
+
+
+@dataclass
+class Step:
+    subject: str
+    seq: int
+    event: str
+    data: dict[str, Any]
+    calls: list[Call]
+    #: when the stream stored it (seconds)
+    ts: float = 0.0
+    #: the message it handled (``at``), when recorded
+    trigger: tuple[str, dict[str, Any]] | None = None
+    lo: int = 0
+    hi: int = 0
+    #: calls before this one are rebuilt (a plan's attempts are rebuilt one after another)
+    cursor: int = 0
+    #: ``State.key`` when it last tried
+    tried: tuple[Any, ...] | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.cursor >= len(self.calls)
+
+
+class _Mismatch(Exception):
+    pass
+
+
+class State:
+    """Reads of a fold, shaped as the workers read Redis (``Store``, ``Inventory``). One for the
+    whole replay: like a worker's inventory, each cluster's node views are one ``Nodes`` dict
+    whose changed nodes are replaced (``note`` says which a message touches), so the capacity
+    memos catch up in O(changes), and ``key`` tells a step whether what it reads changed since
+    it last tried."""
+
+    def __init__(self, fold: Fold):
+        self.f = fold
+        self._views: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
+        self._nodes: dict[str, Nodes] = {}
+        #: cluster -> nodes to re-read (None: the whole cluster)
+        self._dirty: dict[str, set[str] | None] = {}
+        #: cluster -> how many times its dict was made anew; block -> its events so far
+        self._gen: dict[str, int] = {}
+        self._block_events: dict[str, int] = {}
+        self._clusters_gen = 0
+
+    def note(self, subject: str, data: dict[str, Any]) -> None:
+        """Before the fold applies a message: mark what it may change."""
+        parts = subject.split(".")
+        if len(parts) < 4:
+            return
+        entity, key = parts[1], parts[2]
+        bid = key if entity == "block" else str(data.get("block_id", ""))
+        if bid:  # its record or instances (a remove command marks an instance removing)
+            self._block_events[bid] = self._block_events.get(bid, 0) + 1
+        if entity == "block":
+            nid = str(data.get("node_id", ""))
+            if nid:
+                self._touch_node(nid)
+            for p in data.get("placements") or []:
+                if isinstance(p, dict):
+                    self._touch(str(data.get("cluster_id", "")), str(p.get("node_id", "")))
+        elif entity == "node":
+            if parts[3] == "registered":
+                cid = str((data.get("node") or {}).get("cluster", ""))
+                self._dirty[cid] = None
+                self._clusters_gen += 1
+            self._touch_node(key)
+        elif entity in ("cluster", "vcluster"):
+            cid = key if entity == "cluster" else str(data.get("cluster_id", ""))
+            if parts[3] in ("registered", "removed", "changed"):
+                self._dirty[cid] = None
+                self._clusters_gen += 1
+
+    def _touch_node(self, nid: str) -> None:
+        node = self.f.nodes.get(nid)
+        if node is not None:
+            self._touch(node.cluster, nid)
+
+    def _touch(self, cid: str, nid: str) -> None:
+        cur = self._dirty.get(cid, set())
+        if cur is not None:
+            cur.add(nid)
+            self._dirty[cid] = cur
+
+    def clusters(self) -> dict[str, dict[str, Any]]:
+        return {cid: _json.decode(v) for cid, v in self.f.clusters.items()}
+
+    def _view(self, nid: str) -> dict[str, Any]:
+        h = self.f.nodes[nid].hash()
+        cached = self._views.get(nid)
+        if cached is None or cached[0] != h:
+            cached = self._views[nid] = (h, node_view(h))
+        return cached[1]
+
+    def nodes(self, cid: str) -> dict[str, dict[str, Any]]:
+        """The cluster's node views, by node id in order (``Store.node_ids``, ``Inventory``)."""
+        dirty = self._dirty.pop(cid, set())
+        out = self._nodes.get(cid)
+        if out is None or dirty is None:
+            out = self._nodes[cid] = Nodes()
+            self._gen[cid] = self._gen.get(cid, 0) + 1
+            for nid in sorted(n for n, st in self.f.nodes.items() if st.cluster == cid):
+                out[nid] = self._view(nid)
+            return out
+        for nid in sorted(dirty):
+            node = self.f.nodes.get(nid)
+            if node is None or node.cluster != cid or nid not in out:
+                if nid in out or (node is not None and node.cluster == cid):
+                    self._dirty[cid] = None  # a node gone or new: the dict is made anew (order)
+                    return self.nodes(cid)
+                continue
+            view = self._view(nid)
+            if out[nid] is not view:
+                out[nid] = view
+        return out
+
+    def all_nodes(self) -> dict[str, dict[str, dict[str, Any]]]:
+        return {cid: self.nodes(cid) for cid in self.clusters()}
+
+    def key(self, step: Step) -> tuple[Any, ...]:
+        """What the step's inputs are made of, changed or not since it last tried."""
+        bid = str(step.data.get("block_id") or step.subject.split(".")[2])
+        if step.event in ("block.selection", "block.post_dry_run"):
+            cids = sorted(self.f.clusters)
+        else:
+            cids = [str((step.trigger[1] if step.trigger else step.data).get("cluster_id", ""))]
+        versions = []
+        for cid in cids:
+            nodes = self.nodes(cid)
+            versions.append((cid, self._gen.get(cid, 0), getattr(nodes, "version", 0)))
+        return (self._clusters_gen, tuple(versions), self._block_events.get(bid, 0), step.cursor)
+
+    def index(self, ir: dict[str, Any]) -> dict[str, Any]:
+        """``state.inventory.affinity_index`` over the fold."""
+        svcs, leases = affinity.referenced(ir.get("affinity") or [])
+        if not svcs and not leases:
+            return affinity.empty_index()
+        services = {svc: sorted(_json.decode(v) for v in self.f.aff_svc.get(svc, {}).values()) for svc in svcs}
+        return {"services": services, "leases": {k: self.f.aff_lease[k] for k in leases if self.f.aff_lease.get(k)}}
+
+    def block(self, bid: str) -> dict[str, Any] | None:
+        b = self.f.blocks.get(bid)
+        if b is None:
+            return None
+        return {"gen": int(b.get("gen", "0")), "ir": _json.decode(b.get("ir", "{}")), "status": b.get("status", "")}
+
+    def instances(self, bid: str) -> dict[str, dict[str, Any]]:
+        return {iid: _json.decode(_json.encode(i)) for iid, i in self.f.instances.get(bid, {}).items()}
+
+    def gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
+        g = self.f.gathers.get((bid, gen, attempt)) or {"expected": [], "results": {}}
+        return _json.decode(_json.encode({"expected": g["expected"], "results": g["results"]}))
+
+
+def _scripted(calls: list[Call]) -> tuple[Callable[[dict[str, Any]], Awaitable[Any]], list[bytes]]:
+    """An ``invoke`` that records each input (encoded at once: the caller goes on changing its
+    working copy) and answers with the recorded output, or raises the recorded failure."""
+    captured: list[bytes] = []
+
+    async def invoke(input_data: dict[str, Any]) -> Any:
+        i = len(captured)
+        captured.append(_json.encode(input_data))
+        if i >= len(calls):
+            raise _Mismatch(f"more calls than recorded ({i + 1})")
+        d = calls[i].decision
+        if d.get("error"):
+            raise PolicyFailed(str(d.get("policy", "?")), str(d.get("action", "?")), str(d["error"]))
+        return d.get("output")
+
+    return invoke, captured
+
+
+async def _run(step: Step, st: State) -> list[bytes] | None:
+    """Run the step's payload code on ``st``, answering with the recorded outputs from the step's
+    cursor on; the inputs it built, or None when this step cannot be rebuilt on this state."""
+    data, name = step.data, step.event
+    bid = str(data.get("block_id") or step.subject.split(".")[2])
+    block = st.block(bid)
+    if block is None:
+        return None
+    ir = block["ir"]
+    todo = step.calls[step.cursor:]
+    invoke, captured = _scripted(todo)
+    first = todo[0].decision
+    try:
+        if name == "block.selection":
+            await hg.select(ir, st.clusters(), st.all_nodes(), invoke, st.index(ir))
+        elif name == "block.post_dry_run":
+            g = st.gather(bid, int(data.get("gen", 0)), int(data.get("attempt", 0)))
+            clusters = st.clusters()
+            entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid)) for cid in g["expected"] if cid in clusters}
+            await hg.choose(g["expected"], g["results"], entries, invoke, int(ir.get("minInstances") or 1))
+        elif name == "block.dry_run.result":
+            cid = str(data.get("cluster_id", ""))
+            cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
+            await hc.dry_run(ir, cluster, st.nodes(cid), invoke, st.index(ir))
+        elif name in PLAN_STEPS:
+            if step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS:
+                return None
+            tname, tdata = step.trigger
+            action = PLAN_TRIGGERS[tname]
+            cid = str(tdata.get("cluster_id", ""))
+            extra: dict[str, Any] = {}
+            instances: dict[str, dict[str, Any]] | None = None
+            if action == "allocation":
+                iids = [hc.instance_id(bid, i) for i in range(int(ir.get("minInstances") or 0))]
+            else:
+                iids = [hc.instance_id(bid, str(tdata.get("request_id", "")))]
+                instances = st.instances(bid)
+                extra["block_metrics"] = (first.get("given") or {}).get("block_metrics", {})
+                if action == "reassignment":
+                    extra["instance_id"] = extra["pod_name"] = tdata.get("instance_id", "")
+            cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
+            try:
+                await hc.plan(ir, cluster, st.nodes(cid), action, iids, invoke, instances, st.index(ir), **extra)
+            except PlacementFailed:
+                pass
+        else:
+            return None
+    except _Mismatch:
+        return None
+    return captured
+
+
+async def _try(step: Step, st: State, seq: int) -> None:
+    """Rebuild what this state can: the calls of one run of the step's code (a plan attempt, or
+    the one call of the other steps), then the next attempt's on the same state, and so on."""
+    while not step.done:
+        captured = await _run(step, st)
+        if not captured:
+            return
+        todo = step.calls[step.cursor:step.cursor + len(captured)]
+        if len(todo) != len(captured) or any(
+            input_digest(raw) != c.decision.get("input_digest") for raw, c in zip(captured, todo, strict=True)
+        ):
+            return
+        for raw, c in zip(captured, todo, strict=True):
+            c.status, c.input, c.state_seq = "rebuilt", _json.decode(raw), seq
+        step.cursor += len(captured)
+        while not step.done and step.calls[step.cursor].status == "recorded":
+            step.cursor += 1
+
+
+def _event_name(subject: str) -> str:
+    hit = catalog.parse(subject)
+    return hit[0].name if hit else ""
+
+
+def _data(raw: bytes) -> dict[str, Any]:
+    try:
+        env = _json.decode(raw)
+    except msgspec.DecodeError:
+        return {}
+    d = env.get("data") if isinstance(env, dict) else None
+    return d if isinstance(d, dict) else {}
+
+
+def decisions_of(subject: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+    """The decisions a stored event records (a step event's ``decisions``, or a ``decision``)."""
+    if subject.endswith(".decision"):
+        return [data] if data else []
+    found = data.get("decisions")
+    return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+
+
+async def rebuild(
+    messages: list[tuple[str, bytes, int, float]], block_id: str | None = None
+) -> list[Step]:
+    """Every step with decisions in ``messages`` (stream order; those of ``block_id`` only, when
+    given), each call's input rebuilt by replay (``Call.status``, ``Call.input``)."""
+    steps: list[Step] = []
+    last_of_block: dict[str, int] = {}
+    by_seq: dict[int, tuple[str, bytes]] = {}
+    for subject, raw, seq, ts in messages:
+        by_seq[seq] = (subject, raw)
+        parts = subject.split(".")
+        if len(parts) < 4 or parts[1] != "block":
+            continue
+        bid = parts[2]
+        prev = last_of_block.get(bid, 0)
+        last_of_block[bid] = seq
+        if block_id is not None and bid != block_id:
+            continue
+        if not (subject.endswith(".decision") or b'"decisions"' in raw):
+            continue
+        data = _data(raw)
+        recorded = decisions_of(subject, data)
+        if not recorded:
+            continue
+        step = Step(subject, seq, _event_name(subject), data,
+                    [Call(d, subject, seq, i) for i, d in enumerate(recorded)], ts)
+        for c in step.calls:
+            if c.decision.get("input") is not None:  # an older record that holds its input
+                c.status, c.input = "recorded", c.decision["input"]
+        ats = [int(c.decision.get("at") or 0) for c in step.calls]
+        at = min((a for a in ats if a), default=0)
+        if at and at in by_seq:
+            tsub, traw = by_seq[at]
+            step.trigger = (_event_name(tsub), _data(traw))
+        step.lo = at or prev
+        step.hi = seq + SLACK
+        while not step.done and step.calls[step.cursor].status == "recorded":
+            step.cursor += 1
+        steps.append(step)
+    pending = sorted((s for s in steps if not s.done), key=lambda s: s.lo)
+    if not pending:
+        return steps
+    fold = Fold()
+    st = State(fold)
+    active: list[Step] = []
+    nxt = 0
+    for subject, raw, seq, ts in messages:
+        name = _event_name(subject)
+        if name in STATE_EVENTS:
+            st.note(subject, _data(raw))
+        fold.apply(subject, raw, seq, ts)
+        while nxt < len(pending) and pending[nxt].lo <= seq:
+            active.append(pending[nxt])
+            nxt += 1
+        if not active:
+            if nxt >= len(pending):
+                break
+            continue
+        changed = name in STATE_EVENTS
+        for step in active:
+            if seq == step.lo or (changed and seq <= step.hi):
+                key = st.key(step)
+                if key != step.tried:  # what it reads changed since it last tried
+                    step.tried = key
+                    await _try(step, st, seq)
+        active = [s for s in active if seq < s.hi and not s.done]
+        if not active and nxt >= len(pending):
+            break
+    for step in steps:
+        plan_of_unknown = step.event in PLAN_STEPS and (step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS)
+        if plan_of_unknown or step.event not in PLAN_STEPS | {"block.selection", "block.post_dry_run", "block.dry_run.result"}:
+            for c in step.calls:
+                if c.status == "mismatch":
+                    c.status = "unsupported"
+    return steps
+
+
+def calls(steps: Iterable[Step]) -> list[Call]:
+    return [c for s in steps for c in s.calls]
+
+
+def rebuild_sync(messages: list[tuple[str, bytes, int, float]], block_id: str | None = None) -> list[Step]:
+    return asyncio.run(rebuild(messages, block_id))
