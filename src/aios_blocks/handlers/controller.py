@@ -44,6 +44,10 @@ def payload(
     return _payload(ir, cluster, nodes, instances, index, int(ir.get("maxInstances") or 1), **extra)
 
 
+#: instance record fields a policy input leaves out (not a function of the stream's facts)
+VOLATILE = frozenset({"since"})
+
+
 def _payload(
     ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]],
     instances: dict[str, dict[str, Any]] | None, index: affinity.Index | None, want: int, **extra: Any,
@@ -53,7 +57,10 @@ def _payload(
     block = dict(ir)
     # by id, each record's fields by name: the input is a function of the state, not of the order
     # Redis returns a hash in or a script re-encoded a record with (``recovery.inputs`` rebuilds it)
-    block["instances"] = {iid: dict(sorted(rec.items())) for iid, rec in sorted((instances or {}).items())}
+    # ``since`` (when the controller placed it, by its clock) is left out: the stream cannot give it
+    # back exactly, and the scale_down call's ``instances`` carry each one's age
+    block["instances"] = {iid: dict(sorted((k, v) for k, v in rec.items() if k not in VOLATILE))
+                          for iid, rec in sorted((instances or {}).items())}
     entries = ir.get("affinity") or []
     smp = sample_for(ir, nodes, index, max(1, want))
     metrics = cluster_metrics(nodes, smp.nodes)

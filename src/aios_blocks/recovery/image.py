@@ -16,6 +16,8 @@ What the digest leaves out, and why:
 * ``aios:heartbeats`` - last heartbeat per node: liveness, sent on core NATS, never stored;
 * ``aios:metrics:*`` - the metrics collector's windows and the workers' /metrics targets: scraped
   figures with a TTL, never events (docs/metrics.md); kind ``telemetry``, not read as state;
+  likewise the health checker's and autoscaler's live keys (``LIVE``: leases, passive counts,
+  tick memory);
 * an instance's ``since`` (when it was placed: the controller's clock live, the placement event's
   time when rebuilt; the scale_down default's "newest first" needs only the order);
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
@@ -51,6 +53,10 @@ VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats")
 #: change every second by themselves, so they are neither state nor rebuilt nor dropped by recover
 #: (they expire on their own)
 TELEMETRY = ("aios:metrics:",)
+#: block services' own live state, kept like telemetry: the health checker's leases and the
+#: executors' passive counts (``aios:health:``), the autoscaler's copies, leases and tick memory:
+#: each changes by itself every tick, is never an event, and expires or is rewritten on its own
+LIVE = ("aios:health:", "aios:meta:autoscalers", "aios:meta:{b:")
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
@@ -61,7 +67,7 @@ REBUILT = (
 def classify(key: str) -> str:
     """``volatile``, ``rebuilt``, ``telemetry`` or ``unknown`` (a key this version does not know:
     reported)."""
-    if key.startswith(TELEMETRY):
+    if key.startswith(TELEMETRY) or key.startswith(LIVE):
         return "telemetry"
     if key.startswith(VOLATILE):
         return "volatile"
