@@ -274,9 +274,13 @@ if not raw then return 'absent' end
 if string.find(raw, '"status":"removing"', 1, true) then return 'removing' end
 local all = redis.call('HVALS', KEYS[1])
 local live = 0
+local mine = 0
+local mark = '{"drain":' .. cjson.encode(ARGV[3])
 for _, v in ipairs(all) do
   if not string.find(v, '"status":"removing"', 1, true) then live = live + 1 end
+  if string.sub(v, 1, string.len(mark)) == mark then mine = mine + 1 end
 end
+if mine >= tonumber(ARGV[4] or '1000000') then return 'done' end
 if live <= tonumber(ARGV[2]) then return 'floor' end
 local new = string.gsub(raw, '"status":"[^"]*"', function() return '"status":"removing"' end, 1)
 new = '{"drain":' .. cjson.encode(ARGV[3]) .. (string.sub(new, 2, 2) == '}' and '' or ',') .. string.sub(new, 2)

@@ -292,11 +292,13 @@ class Store:
         ok, info = await self._set_desired(keys=[block_key(bid)], args=args)
         return bool(ok), str(info)
 
-    async def drain_instance(self, bid: str, iid: str, floor: int, request_id: str) -> str:
+    async def drain_instance(self, bid: str, iid: str, floor: int, request_id: str, count: int = 1_000_000) -> str:
         """Mark one instance ``removing`` for a scale-down unless that takes the block to ``floor``
-        or below (atomic over the block's instances, ``scripts.DRAIN_INSTANCE``): ``ok``,
-        ``absent``, ``removing`` (already going) or ``floor``."""
-        return str(await self._drain(keys=[inst_key(bid)], args=[iid, str(int(floor)), request_id]))
+        or below, or request ``request_id`` has marked ``count`` already (the same request handled
+        twice at once: a redelivery in the same batch) - atomic over the block's instances,
+        ``scripts.DRAIN_INSTANCE``: ``ok``, ``absent``, ``removing`` (already going), ``floor`` or
+        ``done``."""
+        return str(await self._drain(keys=[inst_key(bid)], args=[iid, str(int(floor)), request_id, str(int(count))]))
 
     async def get_block(self, bid: str) -> dict[str, Any] | None:
         return _block(await self.r.hgetall(block_key(bid)))

@@ -542,9 +542,9 @@ async def scale_down(w: Worker, ev: ScaleDownRequest) -> None:
             await _step_failed(w, bid, block, "scale_down", ev.request_id, str(exc), trace)
             return
         rec = insts[iid]
-        marked = await w.store.drain_instance(bid, iid, floor, ev.request_id)
-        if marked == "floor":
-            return  # a concurrent scale-down took the block to the floor first
+        marked = await w.store.drain_instance(bid, iid, floor, ev.request_id, ev.count)
+        if marked in ("floor", "done"):
+            return  # a concurrent scale-down took the block to the floor first, or this same request did its count
         if marked != "ok":  # gone or going meanwhile (another step chose it): look again
             races += 1
             if races > 5:
