@@ -237,14 +237,7 @@ class NodeAgent:
         its own so it is not taken for the first one. Works alike for every runtime."""
         iid = cmd.instance_id
         async with self._locks[iid]:
-            runner = self.runners.pop(iid, None)
-            self.meta.pop(iid, None)
-            if runner is not None:
-                await runner.close()
-            else:
-                found = await self.runtime.find(self.node_id, iid)
-                if found is not None:
-                    await self._adopt(found, watch=False).close()
+            await self._stop(iid)
         log.info("instance.restarted", node=self.node_id, instance=iid, reason=cmd.reason)
         await self.create(cmd, msg_key=f"restart:{key or int(time.time() * 1000)}")
 
@@ -259,17 +252,21 @@ class NodeAgent:
             self.removed[iid] = max(gen, self.removed.pop(iid, gen))
             while len(self.removed) > REMOVED_KEEP:
                 self.removed.popitem(last=False)
-            runner = self.runners.pop(iid, None)
-            self.meta.pop(iid, None)
-            if runner is not None:
-                await runner.close()
-            else:
-                # not ours in memory (adopted later, dangling, or after a restart): by its labels
-                found = await self.runtime.find(self.node_id, iid)
-                if found is not None:
-                    await self._adopt(found, watch=False).close()
+            await self._stop(iid)
             INSTANCES.labels(self.node_id).set(len(self.runners))
             await self._fact(bid, gen, iid, "removed", reason, [])
+
+    async def _stop(self, iid: str) -> None:
+        """Tear the instance down (every stage, in reverse), whether this agent runs it or only
+        finds it by its labels (adopted later, dangling, or after a restart). Under its lock."""
+        runner = self.runners.pop(iid, None)
+        self.meta.pop(iid, None)
+        if runner is not None:
+            await runner.close()
+        else:
+            found = await self.runtime.find(self.node_id, iid)
+            if found is not None:
+                await self._adopt(found, watch=False).close()
 
     async def drain(self, iid: str, endpoint: str, grace_s: float, poll_s: float = 0.1) -> str:
         """Wait until the instance has no task in flight (its ``/metrics`` says
