@@ -300,9 +300,10 @@ class E:
         id_rule="{block_id}:{gen}:verdict:{instance_id}:{verdict}:{seq}",
     )
     block_health_failed = Event(
-        "block.health.failed", f"{_B}.health.failed", ev.StepFailed, (HC,),
+        "block.health.failed", f"{_B}.health.failed", ev.StepFailed, (HC, C),
         "a health checker tick of the block failed (its stabilityChecker raised, timed out or answered garbage): "
-        "nothing changed; recorded at most once a minute per reason",
+        "nothing changed; recorded at most once a minute per reason. Step agent_report (the controller's): the "
+        "stabilityChecker failed on an agent's failed/unhealthy report, the old rule (replace) was applied",
         id_rule="{block_id}:{gen}:health.failed:{request_id}",
     )
     node_instance_restart = Event(
@@ -366,7 +367,8 @@ class E:
     )
     block_decision = Event(
         "block.decision", f"{_B}.decision", ev.Decision, (G, C),
-        "a policy call no step event carries (a reassignment deferred for lack of room); every other call is in its "
+        "a policy call no step event carries (a reassignment deferred for lack of room, the stabilityChecker's "
+        "verdict on an agent's fault report); every other call is in its "
         "step event's decisions",
         id_rule="{block_id}:decision:{kind}:{action}:{input_digest}",
     )

@@ -12,7 +12,7 @@ from typing import Any
 from ..bus.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
-from . import faults, sidecars
+from . import faults, sidecars, stability
 from .effects import (
     DeletedIfEmpty,
     Effect,
@@ -99,6 +99,69 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
     return verdict, []
 
 
+#: the stabilityChecker a block that names none gets (docs/health.md)
+DEFAULT_STABILITY_RULE = {"name": "stabilityChecker", "policyRuleURI": "builtin:probe-threshold"}
+
+
+def stability_rule(ir: dict[str, Any]) -> dict[str, Any]:
+    """The block's stabilityChecker rule (the default ``builtin:probe-threshold`` when it names none)."""
+    rule = dict((ir.get("policies") or {}).get("stabilityChecker") or DEFAULT_STABILITY_RULE)
+    rule.setdefault("name", "stabilityChecker")
+    rule.setdefault("policyRuleURI", DEFAULT_STABILITY_RULE["policyRuleURI"])
+    return rule
+
+
+def fault_input(ev: InstanceEvent, kind: str, view: View) -> dict[str, Any] | None:
+    """The block's stabilityChecker input (``action: "health_check"``) for an agent's ``failed`` /
+    ``unhealthy`` report: that one instance, with the ``agent`` signal (``stability.agent_input``).
+    ``None``: the fact is ignored without asking (the instance is not live on that node: an older
+    generation, replaced, removed, or a node speaking for another's instance; ``faults``)."""
+    block, inst = view.block, view.instances.get(ev.instance_id) if view.block is not None else None
+    if faults._not_live_here(block, inst, ev.node_id, ev.gen):
+        return None
+    assert block is not None and inst is not None
+    entry = stability.agent_input(ev.instance_id, ev.node_id, str(inst.get("endpoint") or ""), kind, ev.reason,
+                                  int(inst.get("restarts", 0) or 0))
+    return stability.payload(ev.block_id, [entry], 0.0, 1)
+
+
+def fault_verdict(result: Any, data: dict[str, Any], iid: str) -> dict[str, Any]:
+    """The policy's verdict on the reported instance, checked (raises ``stability.BadVerdicts``:
+    the wrong shape, a stranger named, or the instance left out of the answer)."""
+    verdicts = stability.validate(result, data["payload"]["instances"])
+    if iid not in verdicts:
+        raise stability.BadVerdicts(f"no verdict on {iid}, the instance its node agent reported")
+    return verdicts[iid]
+
+
+def on_fault_verdict(
+    ev: InstanceEvent, kind: str, view: View, max_replacements: int, verdict: dict[str, Any] | None, failure: str = "",
+    qualifier: str = "",
+) -> tuple[str, list[Effect]]:
+    """Carry out the block's stabilityChecker verdict on an agent's ``failed`` / ``unhealthy``
+    report (docs/health.md, "Agent reports"). Returns (what, effects).
+
+    * ``replace`` -> :func:`on_fault` (the resourceAllocator's ``reassignment``; the framework's
+      bounds: ``max_replacements`` per block, then a placing block fails, a ready one gives up);
+    * ``restart`` -> ``node.instance.restart`` (same id, same reservation), as the checker's verdict;
+    * ``healthy`` / ``degrade`` / ``unready`` -> kept as it is: its reservation stays, the mapper
+      gives it no task since the report, until its agent reports it again (``added``);
+    * ``verdict`` None (the policy raised, timed out, answered garbage: ``failure`` says why) ->
+      the old rule, :func:`on_fault`: an instance that exited is never left dead because a policy
+      is broken."""
+    if verdict is None:
+        v, effects = on_fault(ev, kind, view, max_replacements)
+        return f"stabilityChecker failed ({failure}); old rule: {v.action} ({v.why})", effects
+    word, reason = verdict["verdict"], str(verdict.get("reason", ""))
+    if word == "replace":
+        v, effects = on_fault(ev, kind, view, max_replacements)
+        return f"replace: {v.action} ({v.why})", effects
+    if word == "restart":
+        return _restart(ev.block_id, ev.gen, ev.instance_id, ev.node_id, view,
+                        f"{kind} ({ev.reason}); stabilityChecker: restart: {reason}", qualifier)
+    return f"{word}: kept ({reason})", []
+
+
 def on_verdict(ev: InstanceVerdict, view: View, max_replacements: int) -> tuple[str, list[Effect]]:
     """A health checker verdict (docs/health.md): ``replace`` goes the way of a fault (the
     resourceAllocator's ``reassignment``, counted against ``max_replacements`` like the agents'
@@ -110,8 +173,13 @@ def on_verdict(ev: InstanceVerdict, view: View, max_replacements: int) -> tuple[
         return f"replace: {verdict.action} ({verdict.why})", effects
     if ev.verdict != "restart":
         return "routing only", []
-    block, inst = view.block, view.instances.get(ev.instance_id)
-    why = faults._not_live_here(block, inst, ev.node_id, ev.gen)
+    return _restart(ev.block_id, ev.gen, ev.instance_id, ev.node_id, view, f"health checker: {ev.reason}", ev.seq)
+
+
+def _restart(bid: str, gen: int, iid: str, node: str, view: View, reason: str, qualifier: str) -> tuple[str, list[Effect]]:
+    """``node.instance.restart`` to the instance's node: stopped and started again under its id."""
+    block, inst = view.block, view.instances.get(iid)
+    why = faults._not_live_here(block, inst, node, gen)
     if why:
         return f"restart ignored: {why}", []
     assert block is not None and inst is not None
@@ -119,11 +187,11 @@ def on_verdict(ev: InstanceVerdict, view: View, max_replacements: int) -> tuple[
 
     ir = block["ir"]
     cmd = InstanceCommand(
-        ev.block_id, ev.gen, inst["cluster"], ev.instance_id, ev.node_id, list(inst.get("gpus", [])), ir.get("image", ""),
-        env_for(ir, ev.instance_id, list(inst.get("gpus", []))), reason=f"health checker: {ev.reason}"[:500],
+        bid, gen, inst["cluster"], iid, node, list(inst.get("gpus", [])), ir.get("image", ""),
+        env_for(ir, iid, list(inst.get("gpus", []))), reason=reason[:500],
         launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
     )
-    return "restart", [publish(Emit(E.node_instance_restart, cmd, qualifier=ev.seq))]
+    return "restart", [publish(Emit(E.node_instance_restart, cmd, qualifier=qualifier))]
 
 
 def on_delete(bid: str, view: View) -> list[Effect]:

@@ -105,6 +105,22 @@ def instance_input(iid: str, rec: dict[str, Any], now: float, probe: ProbeRecord
     }
 
 
+def agent_input(iid: str, node: str, endpoint: str, report: str, reason: str, restarts: int = 0) -> dict[str, Any]:
+    """The input entry of an instance its node agent reported ``failed`` (it exited or could not
+    start) or ``unhealthy`` (its launch probe failed): the usual shape (no probe, passive or
+    progress figures of the checker's: the controller has none) plus the ``agent`` signal
+    ``{"report", "reason"}`` (docs/health.md, "Agent reports"). ``state`` is ``stopping``: the
+    mapper gives it no task since the report."""
+    passive, progress = merge_passive([])
+    return {
+        "instance_id": iid, "node_id": node, "endpoint": endpoint, "state": "stopping", "health": "unready",
+        "weight": 1.0, "restarts": restarts,
+        "probe": {"ok": False, "consecutive_failures": 0, "consecutive_successes": 0, "probes": 0},
+        "passive": passive, "progress": progress, "metrics": {},
+        "agent": {"report": report, "reason": reason[:500]},
+    }
+
+
 def payload(bid: str, instances: list[dict[str, Any]], grace_s: float, max_out_n: int) -> dict[str, Any]:
     return {"action": "health_check",
             "payload": {"block": bid, "instances": instances, "startup_grace_s": grace_s, "max_out_of_routing": max_out_n}}

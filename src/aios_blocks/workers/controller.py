@@ -18,6 +18,7 @@ from ..bus.runner import Defer
 from ..handlers import controller as h
 from ..handlers import faults, scaling, sidecars
 from ..handlers import lifecycle as lc
+from ..handlers import stability as st
 from ..handlers.effects import ReadyIfRunning
 from ..policies import capacity
 from ..policies.affinity import uid
@@ -216,8 +217,16 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_fault(m: Inbound[InstanceEvent]) -> None:
         ev = m.data
         kind = "failed" if m.event is E.instance_failed else "unhealthy"
-        verdict, effects = lc.on_fault(ev, kind, await view(ev.block_id), w.settings.max_replacements)
-        log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason, action=verdict.action)
+        v = await view(ev.block_id)
+        data = lc.fault_input(ev, kind, v)
+        if data is None:  # not live there (an older generation, replaced, another node's): ignored
+            verdict, effects = lc.on_fault(ev, kind, v, w.settings.max_replacements)
+            log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason,
+                     action=verdict.action, why=verdict.why)
+            await commit(w, effects)
+            return
+        what, effects = await fault_verdict(w, ev, kind, v, data, f"{kind}:{m.stream_seq}")
+        log.info("instance.fault", block=ev.block_id, instance=ev.instance_id, kind=kind, reason=ev.reason, action=what)
         await commit(w, effects)
 
     @router.on(E.instance_verdict)
@@ -284,6 +293,36 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         await commit(w, lc.on_delete(m.data.block_id, await view(m.data.block_id)))
 
     return [router.binding()]
+
+
+async def fault_verdict(
+    w: Worker, ev: InstanceEvent, kind: str, v: lc.View, data: dict[str, Any], key: str
+) -> tuple[str, list[Any]]:
+    """An agent's fault report through the block's stabilityChecker (``lc.on_fault_verdict``): the
+    call's record goes out as ``block.decision``; a policy that fails leaves the old rule to the
+    framework and is recorded as ``block.health.failed`` (step ``agent_report``) with the reason."""
+    assert v.block is not None
+    ir = v.block["ir"]
+    rule = lc.stability_rule(ir)
+    trace: list[Decision] = []
+    verdict: dict[str, Any] | None = None
+    failure = ""
+    try:
+        result = await w.invoke({**ir, "policies": {**(ir.get("policies") or {}), "stabilityChecker": rule}},
+                                "stabilityChecker", data, trace)
+        verdict = lc.fault_verdict(result, data, ev.instance_id)
+    except PolicyFailed as exc:
+        failure = exc.reason
+    except st.BadVerdicts as exc:
+        failure = f"stabilityChecker {rule['policyRuleURI']}: {exc}"
+        trace = [msgspec.structs.replace(d, error=d.error or failure) for d in trace]
+    what, effects = lc.on_fault_verdict(ev, kind, v, w.settings.max_replacements, verdict, failure, key)
+    if failure:
+        await w.bus.emit(E.block_health_failed, StepFailed(ev.block_id, ev.gen, "agent_report",
+                                                           f"{failure[:1500]}; {what}"[:2000], key, decisions=trace))
+    else:
+        await w.bus.emit_all([Emit(E.block_decision, d, qualifier=key) for d in trace])
+    return what, effects
 
 
 async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason: str) -> None:

@@ -19,6 +19,9 @@ Rules, per instance (``settings``, defaults in brackets):
 * **slow**: its task latency (executors' EWMA) above ``slowFactor`` [5] x the median of the block's
   other instances -> ``degrade`` with weight median/latency (at least ``minWeight`` [0.05]); back
   to ``healthy`` below ``recoverFactor`` [2] x the median;
+* **an agent's report** (the instance entry has ``agent: {"report": "failed" | "unhealthy",
+  "reason"}``: its node agent saw it exit, fail to start or fail its launch probe) -> ``replace``
+  (the old rule: what the framework did before it asked a policy);
 * an ``unready`` or ``degraded`` instance that passes ``successThreshold`` [1] probes in a row and
   is neither stalled nor slow -> ``healthy``.
 
@@ -70,6 +73,9 @@ class ProbeThresholdPolicy:
         return {"verdict": "replace", "reason": f"{why}; already restarted {inst.get('restarts', 0)} time(s)"}
 
     def one(self, inst: dict[str, Any], block_median_s: float) -> dict[str, Any]:
+        agent = inst.get("agent")
+        if isinstance(agent, dict) and agent.get("report") in ("failed", "unhealthy"):
+            return {"verdict": "replace", "reason": f"its node agent reported it {agent['report']}: {agent.get('reason') or '?'}"}
         probe, passive, prog = inst.get("probe") or {}, inst.get("passive") or {}, inst.get("progress") or {}
         fails = int(_num(probe, "consecutive_failures"))
         oks = int(_num(probe, "consecutive_successes"))

@@ -214,7 +214,7 @@ class NodeAgent:
                 await self._fact(cmd.block_id, cmd.gen, iid, "added", "adopted a running instance", cmd.gpus,
                                  endpoint=self.endpoint(iid), msg_key=msg_key)
                 return
-            runner = self._build(cmd)
+            runner = self._build(cmd, msg_key)
             try:
                 await runner.start()
             except StageFailed as exc:
@@ -288,7 +288,7 @@ class NodeAgent:
             await asyncio.sleep(min(poll_s, left))
 
     # -- building and adopting runners ---------------------------------------------------------------
-    def _build(self, cmd: InstanceCommand) -> Runner:
+    def _build(self, cmd: InstanceCommand, msg_key: str = "") -> Runner:
         iid = cmd.instance_id
         launch = Launch.model_validate(cmd.launch or {})
         assert self._gpu_prov is not None
@@ -328,13 +328,16 @@ class NodeAgent:
                     probe.failureThreshold, probe.startTimeoutS,
                 )
 
-            stages.append((ProvisionStage(self._probe_provisioner(cmd.block_id, cmd.gen, iid)), DerivedSpec(probe_spec, container, port_stage)))
+            stages.append((ProvisionStage(self._probe_provisioner(cmd.block_id, cmd.gen, iid, msg_key)), DerivedSpec(probe_spec, container, port_stage)))
         return Runner(iid, stages)
 
-    def _probe_provisioner(self, bid: str, gen: int, iid: str) -> ProbeProvisioner:
+    def _probe_provisioner(self, bid: str, gen: int, iid: str, msg_key: str = "") -> ProbeProvisioner:
+        """``msg_key``: that of the create (``restart:<seq>`` after an in-place restart), so a fault
+        of the restarted instance is a fact of its own, not a repeat of the first run's."""
+
         async def on_event(kind: str, reason: str) -> None:
             log.warning("instance.fault", node=self.node_id, instance=iid, kind=kind, reason=reason)
-            await self._fact(bid, gen, iid, kind, reason, [])
+            await self._fact(bid, gen, iid, kind, reason, [], msg_key=msg_key)
 
         return ProbeProvisioner(self.runtime, on_event)
 
