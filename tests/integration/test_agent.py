@@ -376,6 +376,58 @@ async def test_a_restart_verdict_restarts_the_instance_in_place_keeping_its_id(a
     assert list(insts) == [iid] and insts[iid]["status"] == "running"  # same record: no replacement
 
 
+RESTARTER = """
+class Restarter:
+    # a stabilityChecker that restarts, in place, an instance its node agent reported (and
+    # leaves the health checker's ticks alone)
+    def __init__(self, rule_id, settings, parameters):
+        pass
+
+    def eval(self, parameters, input_data, context):
+        return {"verdicts": {i["instance_id"]: {"verdict": "restart", "reason": "agent said " + i["agent"]["report"]}
+                             for i in input_data["payload"]["instances"] if i.get("agent")}}
+"""
+
+
+async def test_an_agent_reported_failure_goes_through_the_stability_checker_which_may_restart_in_place(agents: Agents) -> None:
+    """Issue 16: the agent's ``failed`` report is judged by the block's stabilityChecker
+    (docs/health.md, "Agent reports"); this one answers ``restart``, so the killed instance is
+    started again under its id on its node instead of being replaced."""
+    c, uri = await setup_block(agents, nodes=("frn1",))  # a node name of its own: processes are found host-wide
+    await c.policy_put("restarter", RESTARTER, "python")
+    spec = {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2,
+            "policyRulesSpec": [{"values": {"name": "stabilityChecker", "policyRuleURI": "registry:restarter"}}]}
+    bid, kind, env = await agents.system.submit_and_wait(spec, timeout=150)
+    assert kind == "ready", env
+    (iid,) = env["data"]["instances"]
+    (before,) = await running_on(agents, "frn1")
+    await _kill_instance(agents, before)
+
+    async def restarted() -> RuntimeInstance | None:
+        now = await running_on(agents, "frn1")
+        return now[0] if len(now) == 1 and now[0].handle != before.handle and now[0].instance_id == iid else None
+
+    after = await until(restarted, what="the killed instance running again under its id")
+    assert after.instance_id == iid
+
+    async def added_again() -> list[str]:
+        history = await c.history(bid)
+        added = [s for s, _, _ in history if s.endswith(f".instance.{iid}.added")]
+        return added if len(added) >= 2 else []
+
+    await until(added_again, what="added reported again after the restart")
+    history = await c.history(bid)
+    subjects_ = [s for s, _, _ in history]
+    assert any(s.endswith(f".instance.{iid}.failed") for s in subjects_), subjects_
+    assert not any(s.endswith((".removed", ".reassignment")) for s in subjects_), subjects_
+    insts = await c.store.instances(bid)
+    assert list(insts) == [iid] and insts[iid]["status"] == "running"  # same record: nothing replaced
+    calls = [d for d in await c.decisions(bid=bid) if d["kind"] == "stabilityChecker" and d.get("input")
+             and any(i.get("agent") for i in d["input"]["payload"]["instances"])]
+    assert calls and calls[0]["output"]["verdicts"][iid]["verdict"] == "restart" and not calls[0].get("error"), calls
+    assert calls[0]["input"]["payload"]["instances"][0]["agent"]["report"] == "failed"
+
+
 async def _kill_instance(a: Agents, inst: RuntimeInstance) -> None:
     if a.runtime_name == "docker":
         import docker
