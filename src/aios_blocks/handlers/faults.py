@@ -1,9 +1,11 @@
 """What the controller does about instance faults and leftovers (pure rules, documented in
 docs/agents.md):
 
-* an instance ``failed`` (exited, could not start) or ``unhealthy`` (probe) -> replace it through
-  the block's resourceAllocator ``reassignment``, at most ``max_replacements`` times per block;
-  past that a block that never became ready fails, a ready one keeps running degraded;
+* an instance ``failed`` (exited, could not start) or ``unhealthy`` (probe), when the block's
+  stabilityChecker answers ``replace`` (the default's answer, and the rule when the policy fails;
+  ``lifecycle.on_fault_verdict``) -> replace it through the block's resourceAllocator
+  ``reassignment``, at most ``max_replacements`` times per block; past that a block that never
+  became ready fails, a ready one keeps running degraded;
 * a ``dangling`` instance (found on a node, labelled by us, not expected there) -> adopt it only if
   it is exactly what the state says should run there, else remove it;
 * facts about an instance from a node that does not hold it are ignored (an agent can only speak
