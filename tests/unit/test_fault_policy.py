@@ -162,7 +162,7 @@ class Store:
 def worker(timeout_s: float = 0.5) -> tuple[Worker, Bus]:
     bus = Bus()
     s = Settings(policy_timeout_s=timeout_s, max_replacements=3)
-    return Worker(bus, Store(), None, PolicyRuntime(timeout_s=timeout_s), "test", s), bus  # type: ignore[arg-type]
+    return Worker(bus, Store(), None, PolicyRuntime(timeout_s=timeout_s), "test", s), bus
 
 
 async def run(rule: dict[str, Any] | None, kind: str = "failed") -> tuple[str, list[Any], Bus]:
