@@ -428,6 +428,39 @@ async def test_an_agent_reported_failure_goes_through_the_stability_checker_whic
     assert calls[0]["input"]["payload"]["instances"][0]["agent"]["report"] == "failed"
 
 
+RAISER = """
+class Raiser:
+    def __init__(self, rule_id, settings, parameters):
+        pass
+
+    def eval(self, parameters, input_data, context):
+        raise RuntimeError("broken on purpose")
+"""
+
+
+async def test_a_stability_checker_that_fails_on_an_agent_report_leaves_the_old_rule(agents: Agents) -> None:
+    """A broken stabilityChecker never leaves an exited instance dead: the framework replaces it (the
+    old rule) and records the failure, from the controller, as ``block.health.failed``."""
+    c, uri = await setup_block(agents, nodes=("frn2",))
+    await c.policy_put("raiser", RAISER, "python")
+    spec = {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2,
+            "policyRulesSpec": [{"values": {"name": "stabilityChecker", "policyRuleURI": "registry:raiser"}}]}
+    bid, kind, env = await agents.system.submit_and_wait(spec, timeout=150)
+    assert kind == "ready", env
+    (old_iid,) = env["data"]["instances"]
+    (inst,) = await running_on(agents, "frn2")
+    await _kill_instance(agents, inst)
+    await until(lambda: _replaced(c, bid, old_iid), what="replacement running")
+
+    async def recorded() -> list[dict[str, Any]]:
+        return [env["data"] for s, env, _ in await c.history(bid)
+                if s.endswith(".health.failed") and env["data"]["step"] == "agent_report"]
+
+    (failed,) = await until(recorded, what="the policy's failure recorded")
+    assert "broken on purpose" in failed["reason"] and "old rule: reassign" in failed["reason"]
+    assert failed["decisions"] and "broken on purpose" in failed["decisions"][0]["error"]
+
+
 async def _kill_instance(a: Agents, inst: RuntimeInstance) -> None:
     if a.runtime_name == "docker":
         import docker
