@@ -464,9 +464,10 @@ class Client:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(asyncio.shield(failed), poll_s)
         finally:
+            # a watcher cancelled while it still sets up its stream subscription may not end at
+            # once (the target was already met at the first look): never wait on it for long
             watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await watcher
+            await asyncio.wait({watcher}, timeout=2)
 
     async def reassign(self, bid: str, iid: str, reason: str = "requested") -> str:
         return (await self.reassign_request(bid, iid, reason)).request_id
