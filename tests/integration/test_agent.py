@@ -358,11 +358,7 @@ async def test_a_restart_verdict_restarts_the_instance_in_place_keeping_its_id(a
     await c.bus.emit(E.instance_verdict, InstanceVerdict(bid, int(env["data"]["gen"]), iid, "hrn1", "restart", "test: restart it",
                                                          policy="test", seq="t1"))
 
-    async def restarted() -> RuntimeInstance | None:
-        now = await running_on(agents, "hrn1")
-        return now[0] if len(now) == 1 and now[0].handle != before.handle and now[0].instance_id == iid else None
-
-    after = await until(restarted, what="the instance running again under its id")
+    after = await _restarted_in_place(agents, "hrn1", before, iid)
     assert after.instance_id == iid
 
     async def added_again() -> list[str]:
@@ -374,6 +370,16 @@ async def test_a_restart_verdict_restarts_the_instance_in_place_keeping_its_id(a
     await until(added_again, what="added reported again after the restart (its probe passed)")
     insts = await c.store.instances(bid)
     assert list(insts) == [iid] and insts[iid]["status"] == "running"  # same record: no replacement
+
+
+async def _restarted_in_place(agents: Agents, node: str, before: RuntimeInstance, iid: str) -> RuntimeInstance:
+    """The one instance on ``node`` running again under ``iid`` as a new process/container."""
+
+    async def restarted() -> RuntimeInstance | None:
+        now = await running_on(agents, node)
+        return now[0] if len(now) == 1 and now[0].handle != before.handle and now[0].instance_id == iid else None
+
+    return await until(restarted, what=f"{iid} running again under its id on {node}")
 
 
 RESTARTER = """
@@ -403,11 +409,7 @@ async def test_an_agent_reported_failure_goes_through_the_stability_checker_whic
     (before,) = await running_on(agents, "frn1")
     await _kill_instance(agents, before)
 
-    async def restarted() -> RuntimeInstance | None:
-        now = await running_on(agents, "frn1")
-        return now[0] if len(now) == 1 and now[0].handle != before.handle and now[0].instance_id == iid else None
-
-    after = await until(restarted, what="the killed instance running again under its id")
+    after = await _restarted_in_place(agents, "frn1", before, iid)
     assert after.instance_id == iid
 
     async def added_again() -> list[str]:
