@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,21 @@ _RAW: dict[str, float] = {}
 JS_PUBLISH = "jetstream_publish_ack_per_s"
 JS_STEP = "jetstream_step_per_s"
 REDIS_RESERVE = "redis_reserve_per_s"
+
+
+@contextlib.contextmanager
+def env_set(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment (the workers a stack spawns inherit it), the
+    previous value (or none) back afterwards."""
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
 
 
 def row(group: str, figure: str, value: float, unit: str, of_raw_limit: float | None = None, note: str = "") -> Row:

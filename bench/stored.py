@@ -9,7 +9,6 @@ call's input rebuilt by replay (``recovery.inputs``) and checked against its dig
 
 from __future__ import annotations
 
-import os
 import time
 from collections import defaultdict
 
@@ -29,9 +28,7 @@ GROUP = "stored messages by event, 10x100x8"
 
 async def scenario(burst_n: int) -> list[common.Row]:
     rows: list[common.Row] = []
-    old = os.environ.get("AIOS_SIM_START_DELAY_S")
-    os.environ["AIOS_SIM_START_DELAY_S"] = "0"
-    try:
+    with common.env_set("AIOS_SIM_START_DELAY_S", "0"):  # the workers the stack spawns inherit it
         async with harness.stack(10, 100, tag="stored") as st:
             info = await st.client.bus.js.stream_info("AIOS")
             first = int(info.state.last_seq)
@@ -70,11 +67,6 @@ async def scenario(burst_n: int) -> list[common.Row]:
             rows.append(common.row(GROUP, "policy inputs rebuilt by replay, digest equal", checks["rebuilt"], "calls", None,
                                    f"of {total} recorded ({dict(checks)}); {secs:.1f} s to fold {len(messages)} messages "
                                    "and rebuild them all"))
-    finally:
-        if old is None:
-            os.environ.pop("AIOS_SIM_START_DELAY_S", None)
-        else:
-            os.environ["AIOS_SIM_START_DELAY_S"] = old
     return rows
 
 

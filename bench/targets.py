@@ -83,9 +83,7 @@ async def sample(st: harness.Stack) -> Sample:
 
 async def scenario(lat_n: int, burst_n: int, scale_n: int) -> list[common.Row]:
     rows: list[common.Row] = []
-    old = os.environ.get("AIOS_SIM_START_DELAY_S")
-    os.environ["AIOS_SIM_START_DELAY_S"] = "0"  # the workers the stack spawns inherit it
-    try:
+    with common.env_set("AIOS_SIM_START_DELAY_S", "0"):  # the workers the stack spawns inherit it
         async with harness.stack(CLUSTERS, NODES, tag="targets") as st:
             lat = []
             for _ in range(lat_n):
@@ -124,11 +122,6 @@ async def scenario(lat_n: int, burst_n: int, scale_n: int) -> list[common.Row]:
                                        f"{d.messages / max(1, scale_n):.1f} msgs, {d.redis_reads / max(1, scale_n):.1f} "
                                        f"Redis round trips, {sum(d.cpu.values()) / max(1, scale_n) * 1000:.2f} ms CPU "
                                        "per placement; target >= 700/s"))
-    finally:
-        if old is None:
-            os.environ.pop("AIOS_SIM_START_DELAY_S", None)
-        else:
-            os.environ["AIOS_SIM_START_DELAY_S"] = old
     return rows
 
 
