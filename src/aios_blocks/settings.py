@@ -41,6 +41,9 @@ class Settings(BaseSettings):
     # -- Redis -------------------------------------------------------------------------------------
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size per process")
     redis_pool_wait_s: float = Field(30.0, gt=0, description="how long a command waits for a free pooled connection")
+    redis_autopipeline: bool = Field(
+        True, description="gather the commands a process issues in one event-loop turn into one pipeline (one server: state/autopipeline.py)"
+    )
     # -- policies ----------------------------------------------------------------------------------
     policy_timeout_s: float = Field(5.0, gt=0, description="time limit of one Python registry policy call")
     starlark_sandbox: Literal["process", "inline"] = Field("process", description="where Starlark policies run: a sandbox process pool, or inline (tests)")

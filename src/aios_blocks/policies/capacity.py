@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 Needs = dict[str, Any]  # {"gpus", "gpuMemory", "cpu", "memory"}
 
 
@@ -60,6 +62,28 @@ def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
     return value
 
 
+#: id(view) -> (the view, its compact JSON): a node view's encoding, kept while the view lives
+#: (bounded; views are replaced, never edited in place except by ``take``, which drops it)
+_ENCODED: dict[int, tuple[dict[str, Any], bytes]] = {}
+_ENCODED_MAX = 8192
+_encode = msgspec.json.Encoder().encode
+
+
+def encoded(node: dict[str, Any]) -> msgspec.Raw:
+    """``msgspec.json.encode(node)``, memoised per view (by identity): a placement's input holds up
+    to ``sampleNodes`` views, mostly the same objects from one call to the next, and its digest
+    (``Worker.record``) needs the input's bytes. An annotated view (``affinity``: a per-call copy)
+    is encoded afresh."""
+    if "affinity" in node:
+        return msgspec.Raw(_encode(node))
+    hit = _ENCODED.get(id(node))
+    if hit is None or hit[0] is not node:
+        if len(_ENCODED) >= _ENCODED_MAX:
+            _ENCODED.clear()
+        hit = _ENCODED[id(node)] = (node, _encode(node))
+    return msgspec.Raw(hit[1])
+
+
 def node_fits_cached(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str, Any]] | None:
     """``node_fits``, memoised per view and shape (a placement looks at every node of a small
     cluster, and only the nodes that changed since the last one are different views)."""
@@ -81,6 +105,7 @@ def why_not(node: dict[str, Any], needs: Needs, share: bool) -> str:
 def take(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) -> None:
     """Apply one placement to a node view in place (the optimistic twin of RESERVE_GANG)."""
     _VIEWS.pop(id(node), None)  # what was derived from it no longer holds
+    _ENCODED.pop(id(node), None)
     node["cpu_free"] = round(node["cpu_free"] - needs.get("cpu", 0), 6)
     node["memory_free"] -= needs.get("memory", 0)
     wanted = set(gpu_ids)

@@ -24,6 +24,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 
 from ..settings import Settings
+from .autopipeline import AutoPipelineRedis
 
 #: URL schemes of a Redis Cluster (the scheme without ``+cluster`` is the connection's)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
@@ -124,11 +125,17 @@ def open_redis(url: str, settings: Settings, max_connections: int | None = None)
         first, others = cluster_nodes(url)
         return BoundedRedisCluster.from_url(
             first, startup_nodes=[ClusterNode(h, p) for h, p in others], decode_responses=True,
-            health_check_interval=10, bound=bound, wait_s=settings.redis_pool_wait_s,
+            health_check_interval=10, bound=bound, wait_s=settings.redis_pool_wait_s, driver_info=None,
         )
     # A blocking pool: a burst of concurrent handlers (64 per consumer, several consumers per
     # process) waits for a free connection instead of failing with MaxConnectionsError.
+    # driver_info=None: no CLIENT SETINFO on connect (a round trip per new connection, and a burst
+    # opens tens of them)
     pool = aioredis.BlockingConnectionPool.from_url(
         url, decode_responses=True, health_check_interval=10, max_connections=bound, timeout=settings.redis_pool_wait_s,
+        driver_info=None,
     )
-    return aioredis.Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+    # the client owns the pool: aclose() closes it
+    if settings.redis_autopipeline:
+        return AutoPipelineRedis.from_pool(pool)
+    return aioredis.Redis.from_pool(pool)

@@ -12,6 +12,7 @@ this process (``agent.sim_serve``), its endpoint carried by ``instance.added``.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -35,6 +36,7 @@ class Fleet:
         self.runtime = SimRuntime(start_delay_s=w.settings.sim_start_delay_s, fail_rate=w.settings.sim_fail_rate, server=server)
         self.agents: dict[str, NodeAgent] = {}
         self._owner: dict[str, tuple[float, str | None]] = {}
+        self._owner_reads: dict[str, asyncio.Future[str | None]] = {}
 
     async def owner(self, nid: str) -> str | None:
         """"" when the fleet serves the node, an agent name when a real agent does, None if unknown."""
@@ -42,9 +44,17 @@ class Fleet:
         hit = self._owner.get(nid)
         if hit and now - hit[0] < OWNER_TTL_S:
             return hit[1]
+        # one read for the commands to a node that arrive together (a burst placing on it)
+        pending = self._owner_reads.get(nid)
+        if pending is None:
+            pending = self._owner_reads[nid] = asyncio.ensure_future(self._read_owner(nid))
+            pending.add_done_callback(lambda _f: self._owner_reads.pop(nid, None))
+        return await asyncio.shield(pending)
+
+    async def _read_owner(self, nid: str) -> str | None:
         meta = await self.w.store.node_meta(nid)
         owner = None if meta is None else meta["agent"]
-        self._owner[nid] = (now, owner)
+        self._owner[nid] = (time.monotonic(), owner)
         if meta is not None and owner == "" and nid not in self.agents:
             self.agents[nid] = self._agent(Node.model_validate(meta["spec"]))
         return owner

@@ -21,7 +21,7 @@ from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.router import TRIGGER_SEQ
 from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
-from ..policies import contract
+from ..policies import capacity, contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest
@@ -41,6 +41,20 @@ REPLAYED_ACTIONS = frozenset({"selection", "post_dry_run", "dry_run", "allocatio
 INLINE_INPUT_MAX = 256 * 1024
 
 
+def encode_input(input_data: dict[str, Any]) -> bytes:
+    """``msgspec.json.encode(input_data)``, byte for byte, with the node views of a placement's
+    payload (``cluster_metrics.nodes``) taken from their per-view encoding
+    (``capacity.encoded``): most of a 100-node input's bytes, re-encoded for every call before."""
+    payload = input_data.get("payload")
+    metrics = payload.get("cluster_metrics") if isinstance(payload, dict) else None
+    nodes = metrics.get("nodes") if isinstance(metrics, dict) else None
+    if not isinstance(nodes, dict) or not nodes or not all(type(v) is dict for v in nodes.values()):
+        return msgspec.json.encode(input_data)
+    assert isinstance(payload, dict) and isinstance(metrics, dict)
+    raw_nodes = {nid: capacity.encoded(v) for nid, v in nodes.items()}
+    return msgspec.json.encode({**input_data, "payload": {**payload, "cluster_metrics": {**metrics, "nodes": raw_nodes}}})
+
+
 @dataclass
 class Worker:
     bus: Bus
@@ -54,6 +68,7 @@ class Worker:
     origin: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     #: (block, gen) -> IR: a generation's IR never changes, and its dry_runs come together
     _irs: OrderedDict[tuple[str, int], dict[str, Any]] = field(default_factory=OrderedDict)
+    _ir_reads: dict[tuple[str, int], asyncio.Future[dict[str, Any] | None]] = field(default_factory=dict)
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
@@ -125,7 +140,7 @@ class Worker:
         handled), the input's digest and the parts of it that are not in the stream;
         ``recovery.inputs`` rebuilds it by replay. Other calls keep their input inline
         (``REPLAYED_ACTIONS``)."""
-        raw = msgspec.json.encode(input_data)
+        raw = encode_input(input_data)
         digest = input_digest(raw)
         given: dict[str, Any] = {}
         payload = input_data.get("payload")
@@ -157,13 +172,24 @@ class Worker:
         now), read once and kept for the block's other requests."""
         key = (bid, gen)
         ir = self._irs.get(key)
-        if ir is None:
-            block = await self.store.get_block(bid)
-            if block is None or block.get("gen") != gen or not block.get("ir"):
-                return None
-            ir = self._irs[key] = block["ir"]
-            if len(self._irs) > IR_CACHE:
-                self._irs.popitem(last=False)
+        if ir is not None:
+            return ir
+        # one read for the requests of a block that arrive together (its dry_runs to each
+        # candidate cluster this controller serves): the others wait for the first
+        pending = self._ir_reads.get(key)
+        if pending is None:
+            pending = self._ir_reads[key] = asyncio.ensure_future(self._read_ir(key))
+            pending.add_done_callback(lambda _f: self._ir_reads.pop(key, None))
+        return await asyncio.shield(pending)
+
+    async def _read_ir(self, key: tuple[str, int]) -> dict[str, Any] | None:
+        bid, gen = key
+        block = await self.store.get_block(bid)
+        if block is None or block.get("gen") != gen or not block.get("ir"):
+            return None
+        ir = self._irs[key] = block["ir"]
+        if len(self._irs) > IR_CACHE:
+            self._irs.popitem(last=False)
         return ir
 
     def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:

@@ -1,0 +1,97 @@
+"""Auto-pipelining (``state.autopipeline``) on a real Redis: concurrent callers' commands go out
+together (fewer server read events than commands) and each caller gets its own reply or error,
+scripts included (a script the server lost is loaded again), and a caller's own pipeline keeps
+its order inside the gathered one."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+import redis.exceptions
+
+from aios_blocks.settings import Settings
+from aios_blocks.state.autopipeline import AutoPipelineRedis
+from aios_blocks.state.connection import open_redis
+from aios_blocks.workers.embedded import EmbeddedServers
+
+
+@pytest.fixture
+def redis_url(tmp_path: Path):  # type: ignore[no-untyped-def]
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_redis()
+    try:
+        yield servers.redis_url
+    finally:
+        servers.stop()
+
+
+async def _reads(r: AutoPipelineRedis) -> int:
+    return int((await r.info("stats"))["total_reads_processed"])
+
+
+async def test_concurrent_callers_share_round_trips_and_get_their_own_replies(redis_url: str) -> None:
+    r = open_redis(redis_url, Settings())
+    plain = open_redis(redis_url, Settings(redis_autopipeline=False))
+    assert isinstance(r, AutoPipelineRedis) and not isinstance(plain, AutoPipelineRedis)
+    try:
+        await r.set("ap:warm", "1")  # the pool's first connection
+        before = await _reads(plain)
+
+        async def caller(i: int) -> tuple[str | None, int, dict[str, str]]:
+            await r.set(f"ap:k{i}", f"v{i}")
+            n = await r.incr("ap:counter")
+            await r.hset(f"ap:h{i}", mapping={"a": str(i)})
+            return await r.get(f"ap:k{i}"), n, await r.hgetall(f"ap:h{i}")
+
+        out = await asyncio.gather(*(caller(i) for i in range(200)))
+        used = await _reads(plain) - before - 1  # the INFO read itself
+        assert [o[0] for o in out] == [f"v{i}" for i in range(200)]
+        assert sorted(o[1] for o in out) == list(range(1, 201))  # every INCR applied once
+        assert [o[2] for o in out] == [{"a": str(i)} for i in range(200)]
+        assert used < 200 * 4 / 10, f"{used} server reads for 800 commands: not gathered"
+    finally:
+        await r.aclose()
+        await plain.aclose()
+
+
+async def test_an_error_reaches_only_its_caller(redis_url: str) -> None:
+    r = open_redis(redis_url, Settings())
+    try:
+        await r.set("ap:str", "x")
+
+        async def bad() -> None:
+            await r.hgetall("ap:str")  # WRONGTYPE
+
+        results = await asyncio.gather(bad(), r.get("ap:str"), r.incr("ap:n"), return_exceptions=True)
+        assert isinstance(results[0], redis.exceptions.ResponseError) and "WRONGTYPE" in str(results[0])
+        assert results[1:] == ["x", 1]
+    finally:
+        await r.aclose()
+
+
+async def test_scripts_and_caller_pipelines_keep_their_order(redis_url: str) -> None:
+    r = open_redis(redis_url, Settings())
+    try:
+        script = r.register_script("redis.call('RPUSH', KEYS[1], ARGV[1]); return redis.call('LLEN', KEYS[1])")
+        assert await script(keys=["ap:list"], args=["a"]) == 1
+        await r.script_flush()  # the server lost it: loaded again on NOSCRIPT, the caller sees no error
+        assert await script(keys=["ap:list"], args=["b"]) == 2
+
+        async def piped(i: int) -> list[object]:
+            pipe = r.pipeline(transaction=False)
+            pipe.rpush(f"ap:l{i}", "1")
+            pipe.rpush(f"ap:l{i}", "2")
+            pipe.lrange(f"ap:l{i}", 0, -1)
+            return await pipe.execute()
+
+        outs = await asyncio.gather(*(piped(i) for i in range(50)), script(keys=["ap:list"], args=["c"]))
+        assert outs[:50] == [[1, 2, ["1", "2"]]] * 50
+        assert outs[50] == 3
+        async with r.pipeline(transaction=True) as tx:  # transactions go out on their own, as before
+            tx.incr("ap:tx")
+            tx.incr("ap:tx")
+            assert await tx.execute() == [1, 2]
+    finally:
+        await r.aclose()

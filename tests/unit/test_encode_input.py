@@ -1,0 +1,57 @@
+"""``Worker.record``'s input encoding: byte for byte what ``msgspec.json.encode`` gives (the digest
+``recovery.inputs`` checks a rebuilt input against), with node views encoded once per view."""
+
+from __future__ import annotations
+
+import copy
+
+import msgspec
+
+from aios_blocks.policies import capacity
+from aios_blocks.workers.base import encode_input
+
+
+def _node(nid: str, gpus: int = 4) -> dict:
+    return {
+        "id": nid, "cluster": "c1", "healthy": True, "labels": {"rack": "r1"}, "cpu_free": 32.5, "memory_free": 1 << 20,
+        "gpus": [{"id": f"{nid}-g{i}", "memory": 81920, "memory_free": 81920, "memory_used": 0, "instances": 0,
+                  "exclusive": False, "model": "A100"} for i in range(gpus)],
+    }
+
+
+def _input(nodes: dict) -> dict:
+    return {"action": "dry_run", "payload": {"block": {"blockId": "b1", "instances": {}}, "cluster": {"id": "c1"},
+            "cluster_metrics": {"nodes": nodes, "gpus": 8, "node_count": len(nodes)}, "healthy_nodes": sorted(nodes)}}
+
+
+def test_the_same_bytes_as_a_plain_encode() -> None:
+    nodes = capacity.Nodes({f"n{i}": _node(f"n{i}") for i in range(20)})
+    data = _input(nodes)
+    assert encode_input(data) == msgspec.json.encode(data)
+    assert encode_input(data) == msgspec.json.encode(data)  # the second time from the per-view cache
+
+
+def test_a_view_changed_by_take_is_encoded_afresh() -> None:
+    nodes = {f"n{i}": _node(f"n{i}") for i in range(3)}
+    data = _input(nodes)
+    first = encode_input(data)
+    capacity.take(nodes["n1"], ["n1-g0"], {"gpus": 1, "cpu": 1, "memory": 10}, False)
+    assert encode_input(data) == msgspec.json.encode(data) != first
+
+
+def test_annotated_views_and_other_inputs_are_encoded_whole() -> None:
+    nodes = {"n0": {**_node("n0"), "affinity": {"pass": True, "score": 0.0}}}
+    data = _input(nodes)
+    assert encode_input(data) == msgspec.json.encode(data)
+    nodes["n0"]["affinity"]["score"] = 1.0  # an annotation changed in place: never a stale encoding
+    assert encode_input(data) == msgspec.json.encode(data)
+    for other in ({"action": "selection", "payload": {"clusters": []}}, {"action": "autoscale"}, _input({})):
+        assert encode_input(other) == msgspec.json.encode(other)
+
+
+def test_a_copy_is_not_its_original() -> None:
+    nodes = {"n0": _node("n0")}
+    encode_input(_input(nodes))
+    twin = copy.deepcopy(nodes)
+    twin["n0"]["cpu_free"] = 1.0
+    assert encode_input(_input(twin)) == msgspec.json.encode(_input(twin))
