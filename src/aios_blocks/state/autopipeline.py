@@ -32,7 +32,8 @@ DIRECT = frozenset({
 #: commands gathered into one pipeline at most (the rest go in the next one)
 MAX_BATCH = 512
 
-_Item = tuple[list[tuple[tuple[Any, ...], dict[str, Any]]], "asyncio.Future[list[Any]]"]
+_Command = tuple[tuple[Any, ...], Any]  # (args, options)
+_Item = tuple[list[_Command], "asyncio.Future[list[Any]]"]
 
 
 class AutoPipelineRedis(aioredis.Redis):
@@ -59,7 +60,7 @@ class AutoPipelineRedis(aioredis.Redis):
             return super().pipeline(transaction, shard_hint)
         return _GatheredPipeline(self)
 
-    def _submit(self, commands: list[tuple[tuple[Any, ...], dict[str, Any]]]) -> asyncio.Future[list[Any]]:
+    def _submit(self, commands: list[_Command]) -> asyncio.Future[list[Any]]:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[list[Any]] = loop.create_future()
         self._queued.append((commands, fut))
