@@ -30,7 +30,7 @@ if str(common.HERE) not in sys.path:  # modules written as scripts (`import comm
 #: in order; the raw limit first so every other figure can be put against it
 #: (affinity and policies are in process and take seconds: next to scaling, the other in-process cost)
 MODULES = ["raw", "placement", "targets", "scaling", "affinity", "policies", "scaleout", "recovery", "agent", "instances", "peer", "executor", "sidecars",
-           "metrics", "autoscale", "health", "scale_down"]
+           "metrics", "autoscale", "health", "scale_down", "footprint"]
 
 
 def main() -> None:

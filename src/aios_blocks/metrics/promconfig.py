@@ -20,8 +20,6 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-import yaml
-
 WORKERS_JOB = "aios-workers"
 INSTANCES_JOB = "aios-instances"
 
@@ -80,5 +78,7 @@ def config(sd_url: str | None = None, workers: list[dict[str, Any]] | None = Non
         "global": {"scrape_interval": scrape_interval, "evaluation_interval": scrape_interval},
         "scrape_configs": [job(WORKERS_JOB, "workers", workers, True), job(INSTANCES_JOB, "instances", instances, False)],
     }
+    import yaml  # here: the collector process, which imports this module for the targets, writes no YAML
+
     header = "# Prometheus scrape config of an aios-blocks system (`blocks prometheus-config`; docs/metrics.md)\n"
     return header + yaml.safe_dump(doc, sort_keys=False)

@@ -38,7 +38,6 @@ from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
-from .starlark_runtime import compile_policy
 
 #: "process" (default): Starlark calls run in child processes with a memory limit (policies/sandbox.py);
 #: "inline": in the worker's process (faster, but a huge allocation aborts the worker).
@@ -101,6 +100,9 @@ def compile_source(source: str, language: str, label: str) -> type:
     """Source -> a class in the seed's shape (Python: the one class with ``eval``; Starlark: a
     sandboxed scriptlet, seed-000 ``eval`` or LXD ``instance_placement`` form)."""
     if language == "starlark":
+        # imported here: the starlark extension (~4 MiB per process) only where a policy is Starlark
+        from .starlark_runtime import compile_policy
+
         cls = compile_policy(source, label)  # parses and resolves names without running anything
         if SANDBOX == "inline":
             return cls

@@ -1,25 +1,62 @@
-"""Worker process entry: ``python -m aios_blocks.workers.main KIND`` (or ``blocks worker KIND``)."""
+"""Worker process entry: ``python -m aios_blocks.workers.main KIND`` (or ``blocks worker KIND``).
+
+Lean by design (docs/benchmarks.md "Idle footprint"): this module imports only the standard library
+at the top; a worker process loads its own kind's modules and nothing of the other kinds', and
+(``lean_imports``) loads structlog without rich and nats-py without aiohttp, optional packages they
+pick up when installed but that no worker uses from them (JSON logs; nats:// and tls:// URLs, no
+websocket). A test keeps each kind's process free of the modules it does not need.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import os
 import sys
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-import structlog
-
-from . import agent_sim, controller, gateway, parser, vcluster
-from .base import EpochGuard, Worker, run_consumers, stop_on_signals
+if TYPE_CHECKING:
+    from .base import Worker
 
 KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
-log = structlog.get_logger("aios.worker")
 WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
+
+#: package -> optional packages it imports when they are installed, which no worker uses through it:
+#: structlog's rich (pretty console tracebacks; workers log JSON), nats-py's aiohttp (the websocket
+#: transport; workers connect over nats:// or tls://). ~5 and ~11 MiB per process.
+UNUSED_EXTRAS = {"structlog": ("rich",), "nats": ("aiohttp",)}
+
+
+@contextlib.contextmanager
+def _absent(names: tuple[str, ...]) -> Iterator[None]:
+    """While inside, ``import NAME`` raises ImportError for each of ``names`` not yet imported;
+    afterwards they import normally again (a kind that needs aiohttp itself still gets it)."""
+    blocked = [n for n in names if n not in sys.modules]
+    for n in blocked:
+        sys.modules[n] = None  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        for n in blocked:
+            if sys.modules.get(n, 0) is None:
+                del sys.modules[n]
+
+
+def lean_imports() -> None:
+    """Import ``UNUSED_EXTRAS``' packages without their unused extras (a no-op for one already
+    imported, e.g. in ``blocks worker``, where the CLI has loaded rich)."""
+    for pkg, extras in UNUSED_EXTRAS.items():
+        if pkg not in sys.modules:
+            with _absent(extras):
+                importlib.import_module(pkg)
 
 
 def configure_logging() -> None:
+    import structlog
+
     level = os.environ.get("AIOS_LOG_LEVEL", "info").upper()
     import logging
 
@@ -33,6 +70,8 @@ def configure_logging() -> None:
 async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | None = None, stop: asyncio.Event | None = None) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
+    from .base import Worker, stop_on_signals
+
     w = await Worker.open(nats_url, redis_url, kind)
     stop = stop or stop_on_signals()
     from . import telemetry
@@ -48,6 +87,8 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
 
 
 async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
+    from .base import EpochGuard, run_consumers
+
     if kind == "executor":
         from .executor import run as run_executor
 
@@ -69,12 +110,20 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
         await run_autoscaler(w, stop, cluster)
         return
     if kind == "parser":
+        from . import parser
+
         binds = parser.bindings(w)
     elif kind == "gateway":
+        from . import gateway
+
         binds = gateway.bindings(w)
     elif kind == "controller":
+        from . import controller, vcluster
+
         binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w) + vcluster.bindings(w)
     else:
+        from . import agent_sim
+
         binds = agent_sim.bindings(w)
     if kind in ("gateway", "controller"):
         w.inventory.prefetch = True
@@ -88,12 +137,17 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
             run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w))
         )
     elif kind == "gateway":
+        from . import gateway
+
         await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
     else:
         await run_consumers(w, binds, stop)
 
 
 async def _warm(w: Worker, cluster: str | None) -> None:
+    import structlog
+
+    log = structlog.get_logger("aios.worker")
     started = time.perf_counter()
     try:
         nodes = await asyncio.wait_for(w.inventory.warm(cluster), WARM_TIMEOUT_S)
@@ -104,6 +158,7 @@ async def _warm(w: Worker, cluster: str | None) -> None:
 
 
 def main() -> None:
+    lean_imports()
     configure_logging()
     kind = sys.argv[1]
     cluster = sys.argv[2] if len(sys.argv) > 2 else None

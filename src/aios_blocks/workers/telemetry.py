@@ -2,7 +2,11 @@
 the consumer runner's counters, the executor's figures, process CPU and memory), on
 ``AIOS_METRICS_HOST:AIOS_METRICS_PORT`` (port 0: a free one), announced in the metrics store
 (``state.metrics``: a target that lapses unless refreshed), where the collector and
-``blocks prometheus-config`` find it."""
+``blocks prometheus-config`` find it.
+
+Served by a few lines of ``asyncio.start_server`` rather than aiohttp: a worker that needs no HTTP
+otherwise (parser, gateway, controller, autoscaler) does not load aiohttp (~11 MiB per process,
+docs/benchmarks.md "Idle footprint")."""
 
 from __future__ import annotations
 
@@ -12,7 +16,6 @@ import os
 import socket
 
 import structlog
-from aiohttp import web
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
@@ -21,14 +24,36 @@ from .base import Worker
 log = structlog.get_logger("aios.telemetry")
 
 
-def metrics_app() -> web.Application:
-    async def metrics(request: web.Request) -> web.Response:
-        body = generate_latest(REGISTRY)
-        return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+#: how long a client may take to send its request line and headers
+READ_TIMEOUT_S = 10.0
 
-    app = web.Application()
-    app.router.add_get("/metrics", metrics)
-    return app
+
+def response(head: bytes) -> bytes:
+    """The answer to one request (its request line and headers): ``GET``/``HEAD /metrics`` -> the
+    registry in the Prometheus text format; another path 404, another method 405. One request per
+    connection (``Connection: close``)."""
+    method, _, rest = head.partition(b" ")
+    path = rest.partition(b" ")[0].partition(b"?")[0]
+    if method not in (b"GET", b"HEAD"):
+        status, ctype, body = b"405 Method Not Allowed", b"text/plain", b"405: Method Not Allowed"
+    elif path != b"/metrics":
+        status, ctype, body = b"404 Not Found", b"text/plain", b"404: Not Found"
+    else:
+        status, ctype, body = b"200 OK", CONTENT_TYPE_LATEST.encode(), generate_latest(REGISTRY)
+    headers = b"HTTP/1.1 %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n\r\n" % (status, ctype, len(body))
+    return headers if method == b"HEAD" else headers + body
+
+
+async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        with contextlib.suppress(Exception):  # a client that goes away or sends junk: just close
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), READ_TIMEOUT_S)
+            writer.write(response(head))
+            await writer.drain()
+    finally:
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
 
 
 async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
@@ -36,11 +61,9 @@ async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) 
     s = w.settings
     if s.metrics_port < 0:
         return
-    runner = web.AppRunner(metrics_app(), access_log=None)
-    await runner.setup()
+    server = await asyncio.start_server(_handle, s.metrics_host, s.metrics_port)
     try:
-        await web.TCPSite(runner, s.metrics_host, s.metrics_port).start()
-        port = int(runner.addresses[0][1])  # the port given, or the free one the system chose
+        port = int(server.sockets[0].getsockname()[1])  # the port given, or the free one the system chose
         target = {"id": f"{kind}-{socket.gethostname()}-{os.getpid()}", "kind": kind, "cluster": cluster or "",
                   "url": f"http://{s.metrics_host}:{port}/metrics"}
         log.info("telemetry.serving", url=target["url"])
@@ -56,4 +79,6 @@ async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) 
             with contextlib.suppress(Exception):
                 await w.store.metrics.unregister_target(target)
     finally:
-        await runner.cleanup()
+        server.close()
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(server.wait_closed(), 5)
