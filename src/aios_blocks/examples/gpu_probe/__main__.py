@@ -1,0 +1,5 @@
+from aios_blocks.instance import serve
+
+from . import handle, init
+
+serve(handle, init)

@@ -1,0 +1,105 @@
+"""The GPU probe instance (examples/gpu_probe, run by bench/gpu_check.sh): it answers without
+torch or a GPU (its environment and why the rest is missing), and with a CUDA device it reports
+device 0 and a checked matmul on it (here through a small pure-Python stand-in for torch)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from aios_blocks.examples import gpu_probe
+from aios_blocks.instance import InstanceApp
+
+UUID = "GPU-9d3c7d2e-54a1-4b43-a8a0-5e8e0c1f3b6a"
+
+
+class FakeTensor:
+    def __init__(self, rows: list[list[float]], device: str = "cpu"):
+        self.rows, self.device = rows, device
+
+    def to(self, device: str) -> FakeTensor:
+        return FakeTensor(self.rows, device)
+
+    def cpu(self) -> FakeTensor:
+        return FakeTensor(self.rows)
+
+    def double(self) -> FakeTensor:
+        return self
+
+    def __matmul__(self, o: FakeTensor) -> FakeTensor:
+        assert self.device == o.device
+        cols = list(zip(*o.rows, strict=True))
+        return FakeTensor([[sum(a * b for a, b in zip(r, c, strict=True)) for c in cols] for r in self.rows], self.device)
+
+    def __sub__(self, o: FakeTensor) -> FakeTensor:
+        return FakeTensor([[a - b for a, b in zip(r, s, strict=True)] for r, s in zip(self.rows, o.rows, strict=True)])
+
+    def abs(self) -> FakeTensor:
+        return FakeTensor([[abs(a) for a in r] for r in self.rows])
+
+    def max(self) -> float:
+        return max(max(r) for r in self.rows)
+
+    def sum(self) -> float:
+        return sum(sum(r) for r in self.rows)
+
+
+def fake_torch(gpus: int) -> Any:
+    class Generator:
+        def manual_seed(self, seed: int) -> random.Random:
+            return random.Random(seed)
+
+    def randn(n: int, m: int, generator: random.Random, dtype: Any = None) -> FakeTensor:
+        return FakeTensor([[generator.gauss(0, 1) for _ in range(m)] for _ in range(n)])
+
+    cuda = SimpleNamespace(
+        is_available=lambda: gpus > 0,
+        device_count=lambda: gpus,
+        get_device_name=lambda i: "NVIDIA H100 80GB HBM3",
+        get_device_properties=lambda i: SimpleNamespace(uuid=UUID[4:], total_memory=81559 * 2**20),
+        synchronize=lambda i=None: None,
+    )
+    return SimpleNamespace(__version__="2.11.0+fake", cuda=cuda, Generator=Generator, randn=randn,
+                           float32="float32")
+
+
+@pytest.fixture
+def gpu_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", UUID)
+    monkeypatch.setenv("AIOS_GPUS", UUID)
+    monkeypatch.setenv("AIOS_GPU_INDICES", "3")
+    monkeypatch.delenv("NVIDIA_VISIBLE_DEVICES", raising=False)
+
+
+async def test_answers_its_gpu_environment_without_torch(monkeypatch: pytest.MonkeyPatch, gpu_env: None) -> None:
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    app = InstanceApp(gpu_probe.handle, gpu_probe.init)
+    await app.start()
+    r = await app.call({})
+    assert r.status == 200
+    a = r.json()
+    assert a["env"] == {"CUDA_VISIBLE_DEVICES": UUID, "AIOS_GPUS": UUID, "AIOS_GPU_INDICES": "3", "NVIDIA_VISIBLE_DEVICES": None}
+    assert a["torch"] is None and "torch" in a["torch_error"]
+    assert (a["cuda_available"], a["device_count"]) == (False, 0) and "matmul" not in a
+    assert (await app.call(b"")).status == 200  # an empty task is fine
+    for bad in ({"n": 0}, {"n": "8"}, {"n": True}, {"n": gpu_probe.MAX_N + 1}):
+        r = await app.call(bad)
+        assert r.status == 422 and "n must be" in r.json()["error"]
+
+
+def test_torch_without_a_gpu_reports_no_device() -> None:
+    a = gpu_probe.probe(fake_torch(0))
+    assert a["torch"] == "2.11.0+fake" and (a["cuda_available"], a["device_count"]) == (False, 0)
+    assert "device_uuid" not in a
+
+
+def test_with_a_gpu_reports_device_0_and_a_checked_matmul(gpu_env: None) -> None:
+    a = gpu_probe.probe(fake_torch(1), n=4)
+    assert a["device_count"] == 1 and a["device_name"] == "NVIDIA H100 80GB HBM3"
+    assert a["device_uuid"] == UUID[4:] and a["device_memory_mib"] == 81559  # torch's UUID: no GPU- prefix
+    m = a["matmul"]
+    assert (m["n"], m["device"], m["max_abs_err"]) == (4, "cuda:0", 0.0) and m["ms"] >= 0
