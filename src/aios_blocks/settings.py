@@ -38,6 +38,10 @@ class Settings(BaseSettings):
     nats_ca: str | None = Field(None, description="CA file to verify a tls:// NATS server (the embedded self-signed certificate)")
     nats_creds: str | None = Field(None, description="a NATS .creds file (JWT + nkey seed) for operator-mode servers")
     event_key: str | None = Field(None, repr=False, description="key of the keyed event ids (else the shared one in the KV bucket)")
+    atomic_batch_min: int = Field(
+        24, ge=0, description="a fetched batch's stored events go as one atomic batch per stream from this many on (0: never; publish_async each)"
+    )
+    atomic_batch_max: int = Field(256, ge=1, le=1000, description="most events in one atomic batch (the server takes at most 1000)")
     # -- Redis -------------------------------------------------------------------------------------
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size per process")
     redis_pool_wait_s: float = Field(30.0, gt=0, description="how long a command waits for a free pooled connection")

@@ -100,7 +100,7 @@ async def test_a_batch_is_acked_once_its_publishes_are_stored_and_a_failed_publi
             bid = "ok" if d.subject.endswith(".scale") else "flaky"
             assert await bus.emit(E.block_ready, BlockStatus(bid, d.deliveries, "ready")) is None  # not awaited here
             box = _OUTBOX.get()
-            assert box is not None and box.pending
+            assert box is not None and (box.pending or box.deferred)  # held for the batch's commit
             if bid == "flaky" and d.deliveries == 1:  # its stream ack failed: as a refused publish would
                 failed: asyncio.Future[object] = asyncio.get_running_loop().create_future()
                 failed.set_exception(RuntimeError("stream unavailable"))
@@ -156,6 +156,57 @@ async def test_a_task_that_outlives_its_handler_publishes_with_its_ack_awaited(t
         ack = await asyncio.wait_for(task, 10)
         assert ack is not None and ack.seq > 0 and len(box.pending) == 1  # acked by the stream, outside the box
         assert (await asyncio.wait_for(box.pending[0], 10)).seq > 0
+    finally:
+        await bus.close()
+        servers.stop()
+
+
+async def test_a_batch_commits_its_events_atomically_and_a_refused_batch_goes_event_by_event(tmp_path: Path) -> None:
+    """``Bus.commit``: enough events for one stream go as one atomic batch (stored together); a
+    batch holding an event id the stream has seen (a redelivered step's) is refused whole by the
+    server and then stored event by event: nothing is lost and nothing stored twice."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.bus.nats_bus import outbox
+    from aios_blocks.schemas.events import BlockStatus
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        assert subjects.STREAM in bus.atomic_streams
+        n = bus.settings.atomic_batch_min + 6
+
+        async def held(first: int, count: int) -> list:  # type: ignore[type-arg]
+            with outbox(defer=True) as box:
+                for i in range(first, first + count):
+                    assert await bus.emit(E.block_ready, BlockStatus(f"b{i}", 1, "ready")) is None
+            assert not box.pending and len(box.deferred) == count
+            return box.deferred
+
+        before = (await bus.js.stream_info(subjects.STREAM)).state.messages
+        groups = [await held(0, n // 2), await held(n // 2, n - n // 2)]
+        assert await bus.commit(groups, 10) == ["", ""]
+        info = await bus.js.stream_info(subjects.STREAM)
+        assert info.state.messages == before + n
+        batch_ids = set()
+        for i in range(n):
+            msg = await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=f"b{i}"))
+            batch_ids.add((msg.headers or {}).get("Nats-Batch-Id"))
+        assert len(batch_ids) == 1 and None not in batch_ids  # one atomic batch for both groups
+        # the same events again plus new ones: the server refuses the batch (ids seen), the
+        # fallback stores only the new ones
+        again = [await held(0, n), await held(n, 3)]
+        assert await bus.commit(again, 10) == ["", ""]
+        assert (await bus.js.stream_info(subjects.STREAM)).state.messages == before + n + 3
+        for i in (0, n - 1, n + 2):
+            msg = await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=f"b{i}"))
+            assert msgspec.json.decode(msg.data)["data"]["block_id"] == f"b{i}"
+            # the first ones kept their first (atomic) copy; the new ones came one by one
+            assert ("Nats-Batch-Id" in (msg.headers or {})) == (i < n)
+        # a few events go one by one (below the threshold): stored all the same
+        assert await bus.commit([await held(100, 2)], 10) == [""]
+        assert (await bus.js.stream_info(subjects.STREAM)).state.messages == before + n + 5
     finally:
         await bus.close()
         servers.stop()

@@ -15,6 +15,7 @@ import contextlib
 import contextvars
 import socket
 import ssl
+import uuid
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -62,6 +63,20 @@ class Outbox:
 
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
     closed: bool = False
+    #: set by the runner when the bus commits a batch's events together (``Bus.commit``): stored
+    #: events are kept here, not published, until the whole batch's handlers are done
+    defer: bool = False
+    deferred: list[Deferred] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Deferred:
+    """A stored event an :class:`Outbox` holds for ``Bus.commit``."""
+
+    stream: str
+    subject: str
+    body: bytes
+    headers: dict[str, str]
 
 
 def _open_outbox() -> Outbox | None:
@@ -73,9 +88,10 @@ _OUTBOX: contextvars.ContextVar[Outbox | None] = contextvars.ContextVar("aios_ou
 
 
 @contextlib.contextmanager
-def outbox() -> Iterator[Outbox]:
-    """Collect the publishes of the code inside (this task and the tasks it starts) in an Outbox."""
-    box = Outbox()
+def outbox(defer: bool = False) -> Iterator[Outbox]:
+    """Collect the publishes of the code inside (this task and the tasks it starts) in an Outbox
+    (``defer``: hold the stored ones for ``Bus.commit`` instead of publishing them)."""
+    box = Outbox(defer=defer)
     token = _OUTBOX.set(box)
     try:
         yield box
@@ -178,6 +194,8 @@ class Bus:
         self.settings = settings or current_settings()
         self._event_key = event_key or self.settings.event_key or None
         self._ids: event_ids.EventIds | None = None
+        #: streams that take atomic batches (``allow_atomic``, nats-server 2.12+; ``ensure_stream``)
+        self.atomic_streams: set[str] = set()
 
     @classmethod
     async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
@@ -253,6 +271,7 @@ class Bus:
             duplicate_window=limits.duplicate_window_s,
             num_replicas=limits.replicas,
             max_msg_size=-1,
+            allow_atomic=True,  # a fetched batch's events are committed together (``commit``)
         )
         try:
             info = await self.js.stream_info(name)
@@ -260,17 +279,33 @@ class Bus:
                 # without the setting (default 1) would scale a replicated stream down
                 log.warning("stream.replicas_differ", stream=name, replicas=info.config.num_replicas,
                             setting=limits.replicas, hint=f"nats stream edit {name} --replicas N")
-            if sorted(info.config.subjects or []) != sorted(cfg.subjects or []):
+            if sorted(info.config.subjects or []) != sorted(cfg.subjects or []) or not info.config.allow_atomic:
                 info.config.subjects = cfg.subjects
-                await self.js.update_stream(info.config)
-                log.info("stream.subjects_updated", stream=name, subjects=cfg.subjects)
+                info.config.allow_atomic = True
+                try:
+                    await self.js.update_stream(info.config)
+                except BadRequestError as exc:  # a server before 2.12: no atomic batches
+                    log.warning("stream.atomic_unsupported", stream=name, error=str(exc))
+                    info.config.allow_atomic = None
+                    await self.js.update_stream(info.config)
+                else:
+                    log.info("stream.updated", stream=name, subjects=cfg.subjects, allow_atomic=True)
+            self._note_atomic(name, bool(info.config.allow_atomic))
         except NotFoundError:
             try:
-                await self.js.add_stream(cfg)
+                info = await self.js.add_stream(cfg)
                 log.info("stream.created", stream=name)
-            except BadRequestError as exc:  # created concurrently by another process
+            except BadRequestError as exc:  # created concurrently by another process, or an old server
                 if "already in use" not in str(exc) and "exists" not in str(exc):
                     raise
+                info = await self.js.stream_info(name)
+            self._note_atomic(name, bool(info.config.allow_atomic))
+
+    def _note_atomic(self, stream: str, allowed: bool) -> None:
+        if allowed and self.settings.atomic_batch_min > 0:
+            self.atomic_streams.add(stream)
+        else:
+            self.atomic_streams.discard(stream)
 
     async def ensure_consumer(self, spec: subjects.ConsumerSpec, *, from_start: bool = True) -> None:
         cfg = ConsumerConfig(
@@ -365,7 +400,7 @@ class Bus:
         box = None if sync else _open_outbox()
         if box is None:
             return await self._emit_one(e, wait=True)
-        fut = await self._emit_one(e, wait=False)
+        fut = await self._emit_one(e, wait=False, box=box)
         if fut is not None:
             box.pending.append(fut)
         return None
@@ -373,14 +408,14 @@ class Bus:
     async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
         """Publish several catalog events concurrently and wait for every stored one's ack (inside
         an :func:`outbox`: leave the acks to it and return ``[]``)."""
-        futs = [f for f in [await self._emit_one(e, wait=False) for e in effects] if f is not None]
         box = _open_outbox()
+        futs = [f for f in [await self._emit_one(e, wait=False, box=box) for e in effects] if f is not None]
         if box is not None:
             box.pending.extend(futs)
             return []
         return list(await asyncio.gather(*futs))
 
-    async def _emit_one(self, e: Emit, wait: bool) -> Any:
+    async def _emit_one(self, e: Emit, wait: bool, box: Outbox | None = None) -> Any:
         ev = e.event
         subject = e.subject()
         if ev.body is Body.CORE:
@@ -397,7 +432,71 @@ class Bus:
             headers = {**headers, **dict(e.headers)}
         if wait:
             return await self.js.publish(subject, body, headers=headers)
+        if box is not None and box.defer:
+            box.deferred.append(Deferred(ev.stream, subject, body, headers))
+            return None
         return await self.js.publish_async(subject, body, headers=headers)
+
+    # -- a fetched batch's events, committed together -----------------------------------------
+    async def commit(self, groups: list[list[Deferred]], timeout: float) -> list[str]:
+        """Store every group's events; per group, ``""`` when all of them are stored, else why not.
+
+        Per stream, when there are at least ``atomic_batch_min`` events and the stream allows it,
+        they go as atomic batches (``Nats-Batch-Id`` / ``-Sequence`` / ``-Commit``: the server
+        stores a batch all at once with a few disk syncs instead of one per message, DESIGN §13),
+        else with ``publish_async``. A batch the server refuses (an event id it has seen: a
+        redelivered step's events, error 10201; a server limit) goes again event by event, where
+        the duplicate window drops what was stored before."""
+        errors = [""] * len(groups)
+        by_stream: dict[str, list[tuple[int, Deferred]]] = {}
+        for gi, group in enumerate(groups):
+            for d in group:
+                by_stream.setdefault(d.stream, []).append((gi, d))
+        if not by_stream:
+            return errors
+        parts: list[Awaitable[list[tuple[int, str]]]] = []
+        for stream, items in by_stream.items():
+            if stream in self.atomic_streams and len(items) >= self.settings.atomic_batch_min:
+                step = self.settings.atomic_batch_max
+                parts += [self._atomic(items[i:i + step], timeout) for i in range(0, len(items), step)]
+            else:
+                parts.append(self._each(items, timeout))
+        for failures in await asyncio.gather(*parts):
+            for gi, why in failures:
+                errors[gi] = errors[gi] or why
+        return errors
+
+    async def _atomic(self, items: list[tuple[int, Deferred]], timeout: float) -> list[tuple[int, str]]:
+        batch = uuid.uuid4().hex
+        last = len(items)
+        try:
+            for i, (_gi, d) in enumerate(items, 1):
+                headers = {**d.headers, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i)}
+                if i < last:
+                    await self.nc.publish(d.subject, d.body, headers=headers)
+                else:
+                    headers["Nats-Batch-Commit"] = "1"
+                    fut = await self.js.publish_async(d.subject, d.body, headers=headers)
+            ack = await asyncio.wait_for(fut, timeout)
+            if getattr(ack, "batch_size", None) in (None, last):
+                return []
+            why = f"batch stored {ack.batch_size} of {last}"
+        except Exception as exc:  # refused (10201: an id seen before), too big, timed out: one by one
+            why = f"{type(exc).__name__}: {exc}"
+        log.info("bus.batch_fallback", events=last, why=why)
+        return await self._each(items, timeout)
+
+    async def _each(self, items: list[tuple[int, Deferred]], timeout: float) -> list[tuple[int, str]]:
+        futs = [await self.js.publish_async(d.subject, d.body, headers=d.headers) for _gi, d in items]
+        _, late = await asyncio.wait(futs, timeout=timeout)
+        failures = []
+        for (gi, _d), f in zip(items, futs, strict=True):
+            if f in late:
+                f.cancel()
+                failures.append((gi, "publish failed: TimeoutError: no ack from the stream"))
+            elif (err := f.exception()) is not None:
+                failures.append((gi, f"publish failed: {type(err).__name__}: {err}"))
+        return failures
 
     async def publish_raw(self, subject: str, payload: bytes, msg_id: str | None = None,
                           content_type: str = "application/json") -> Any:

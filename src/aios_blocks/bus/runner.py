@@ -3,9 +3,10 @@
 It pulls batches from a durable consumer and commits them per fetched batch:
 
 1. the batch's guard (``Guard``: the state epoch) is checked once;
-2. every message's handler runs, concurrently; what a handler publishes goes out with
-   ``publish_async`` into its :class:`~.nats_bus.Outbox` (no awaited publish per event);
-3. every publish of the batch is awaited together;
+2. every message's handler runs, concurrently; what a handler publishes is held in its
+   :class:`~.nats_bus.Outbox` (no awaited publish per event);
+3. the batch's stored events are committed together (``Bus.commit``: atomic batches per stream
+   when there are enough of them, ``publish_async`` otherwise) and every ack awaited;
 4. the guard is checked once more (state replaced meanwhile: the batch is redone);
 5. then each input is settled: acked when its handler returned and all it published is stored
    (at-least-once: an ack only after the effects are durable), else per what the failure means.
@@ -42,7 +43,7 @@ from prometheus_client import Counter, Histogram
 from ..schemas.events import DeadLetter
 from . import subjects
 from .catalog import E
-from .nats_bus import Bus, outbox
+from .nats_bus import Bus, Deferred, outbox
 
 log = structlog.get_logger("aios.runner")
 
@@ -109,6 +110,8 @@ class _Outcome:
     reason: str = ""
     delay: float = 0.0
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
+    #: its stored events, held for the batch's ``Bus.commit``
+    deferred: list[Deferred] = field(default_factory=list)
 
 
 @dataclass
@@ -180,6 +183,14 @@ class ConsumerRunner:
                     HANDLED.labels(self.spec.durable, "deferred").inc()
                 return
         outcomes = await asyncio.gather(*(self._handle(d) for d in deliveries))
+        oks = [o for o in outcomes if o.kind == "ok" and o.deferred]
+        if oks:
+            # the batch's stored events together (atomic batches where they pay); an event that
+            # could not be stored fails its own message only, which comes back and publishes again
+            errors = await self.bus.commit([o.deferred for o in oks], self.options.publish_timeout_s)
+            for o, why in zip(oks, errors, strict=True):
+                if why:
+                    o.kind, o.reason = "error", why
         pending = [f for o in outcomes if o.kind == "ok" for f in o.pending]
         if pending:
             # every publish of the batch at once; a publish that failed (or never got its ack)
@@ -210,10 +221,10 @@ class ConsumerRunner:
 
     async def _handle(self, d: Delivery) -> _Outcome:
         started = time.perf_counter()
-        with outbox() as box:
+        with outbox(defer=bool(self.bus.atomic_streams)) as box:
             try:
                 await self.handler(d)
-                return _Outcome("ok", d, pending=box.pending)
+                return _Outcome("ok", d, pending=box.pending, deferred=box.deferred)
             except Defer as exc:
                 out = _Outcome("defer", d, delay=exc.delay)
             except Poison as exc:
