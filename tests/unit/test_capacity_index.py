@@ -92,3 +92,32 @@ def test_node_views_pickle_and_copy_as_their_items() -> None:
         other["n3"] = {"id": "n3"}  # usable: its own log
         assert "n3" not in nodes
     assert msgspec.json.decode(msgspec.json.encode(nodes)) == {"n1": {"id": "n1"}, "n2": {"id": "n2"}}
+
+
+def test_the_cached_id_order_equals_the_dicts_under_changes() -> None:
+    """``Nodes.ids()``/``positions()`` (what sampling walks instead of copying every id) stay
+    ``list(nodes)`` as views are replaced (same place), added, removed, popped and merged."""
+    rng = random.Random(5)
+    nodes = capacity.Nodes({f"n{i}": node(rng, i) for i in range(50)})
+    for step in range(2000):
+        if step % 5 == 0:
+            assert nodes.ids() == list(nodes), step
+            assert nodes.positions() == {nid: i for i, nid in enumerate(nodes)}, step
+            assert capacity.node_ids(nodes) == list(nodes)
+        i = rng.randrange(70)
+        op = rng.random()
+        if op < 0.6:
+            nodes[f"n{i}"] = node(rng, i)
+        elif op < 0.75:
+            nodes.pop(f"n{i}", None)
+        elif op < 0.85:
+            if f"n{i}" in nodes:
+                del nodes[f"n{i}"]
+        elif op < 0.9:
+            nodes |= {f"n{i}": node(rng, i)}
+        elif op < 0.95:
+            nodes.setdefault(f"n{i}", node(rng, i))
+        elif nodes:
+            nodes.popitem()
+    nodes.clear()
+    assert nodes.ids() == [] and capacity.node_ids({"a": {}}) == ["a"]

@@ -109,12 +109,34 @@ class Nodes(dict[str, dict[str, Any]]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_log")
+    __slots__ = ("_base", "_ids", "_log", "_pos")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._base = 0
         self._log: list[str] = []
+        self._ids: list[str] | None = None  # list(self), kept while no id is added or removed
+        self._pos: dict[str, int] | None = None
+
+    def ids(self) -> list[str]:
+        """``list(self)`` (insertion order), cached until an id is added or removed: replacing a
+        view keeps its place, so a placement does not copy every id (callers must not change it)."""
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = list(dict.keys(self))
+            self._pos = None
+        return ids
+
+    def positions(self) -> dict[str, int]:
+        """Each id's index in ``ids()``, cached the same way."""
+        pos = self._pos
+        if pos is None or self._ids is None:
+            pos = self._pos = {nid: i for i, nid in enumerate(self.ids())}
+        return pos
+
+    def _members_changed(self) -> None:
+        self._ids = None
+        self._pos = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled (a sandboxed policy's input) and copied as its items: the log stays here
@@ -137,19 +159,27 @@ class Nodes(dict[str, dict[str, Any]]):
         return self._log[version - self._base:]
 
     def __setitem__(self, nid: str, view: dict[str, Any]) -> None:
+        if self._ids is not None and not dict.__contains__(self, nid):
+            self._members_changed()
         super().__setitem__(nid, view)
         self._touch(nid)
 
     def __delitem__(self, nid: str) -> None:
         super().__delitem__(nid)
+        self._members_changed()
         self._touch(nid)
 
     def pop(self, nid: str, *default: Any) -> Any:  # type: ignore[override]
         had = nid in self
         out = super().pop(nid, *default)
         if had:
+            self._members_changed()
             self._touch(nid)
         return out
+
+    def __ior__(self, other: Any) -> Nodes:  # type: ignore[override,misc]
+        self.update(other)
+        return self
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         for nid, view in dict(*args, **kwargs).items():
@@ -162,13 +192,20 @@ class Nodes(dict[str, dict[str, Any]]):
 
     def clear(self) -> None:
         super().clear()
+        self._members_changed()
         self._base += len(self._log) + 1
         self._log = []
 
     def popitem(self) -> tuple[str, dict[str, Any]]:
         nid, view = super().popitem()
+        self._members_changed()
         self._touch(nid)
         return nid, view
+
+
+def node_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
+    """``list(nodes)``: cached by an inventory view (``Nodes.ids``), copied from a plain dict."""
+    return nodes.ids() if isinstance(nodes, Nodes) else list(nodes)
 
 
 # -- cluster totals, kept incrementally ------------------------------------------------------------

@@ -125,7 +125,7 @@ def sample(
         reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
         return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
     k = max(limit(n), min(max(want, 1), n, threshold))  # want is capped at the threshold
-    ids = list(nodes)
+    ids = capacity.node_ids(nodes)  # cached per inventory view: no copy of every id per placement
     picked: dict[str, dict[str, Any]] = {}
     others: dict[str, dict[str, Any]] = {}
     visited = passing = 0
