@@ -6,9 +6,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgspec
 import pytest
 
-from aios_blocks.policies import capacity
+from aios_blocks.handlers import controller
+from aios_blocks.policies import capacity, sampling
+
+from .views import make_ir
 
 
 def node(rng: random.Random, i: int) -> dict[str, Any]:
@@ -121,3 +125,89 @@ def test_the_cached_id_order_equals_the_dicts_under_changes() -> None:
             nodes.popitem()
     nodes.clear()
     assert nodes.ids() == [] and capacity.node_ids({"a": {}}) == ["a"]
+
+
+def test_fit_index_lists_the_fitting_ids_under_changes() -> None:
+    rng = random.Random(3)
+    nodes = capacity.Nodes({f"n{i}": node(rng, i) for i in range(60)})
+    needs, share = {"gpus": 1, "cpu": 1, "memory": 1024}, False
+    for step in range(1500):
+        if step % 5 == 0:
+            idx = capacity.fit_index(nodes, needs, share)
+            want = {nid for nid, v in nodes.items() if capacity.node_fits(v, needs, share) is not None}
+            assert idx.ids == want and idx.count == len(want), step
+            assert all(idx.fits(nid) == (nid in want) for nid in nodes)
+        i = rng.randrange(80)
+        if rng.random() < 0.8:
+            nodes[f"n{i}"] = node(rng, i)
+        else:
+            nodes.pop(f"n{i}", None)
+
+
+def test_memos_live_on_the_inventory_view_for_any_number_of_clusters() -> None:
+    """No shared cap: 200 clusters each keep their index (a global memo of 64 thrashed)."""
+    rng = random.Random(9)
+    clusters = [capacity.Nodes({f"c{c}n{i}": node(rng, i) for i in range(5)}) for c in range(200)]
+    needs = {"gpus": 1}
+    for nodes in clusters:
+        capacity.totals(nodes), capacity.fitting(nodes, needs, False)
+    for nodes in clusters:
+        memo = nodes._totals
+        assert memo is not None and memo.seen == nodes.version
+        assert capacity.fit_index(nodes, needs, False) is nodes._fits[capacity.shape(needs, False)]
+        assert capacity.totals(nodes) == brute_totals(nodes)
+
+
+def _sample_fields(s: sampling.Sample) -> tuple[Any, ...]:
+    return (list(s.nodes), [id(v) for v in s.nodes.values()], s.total, s.visited, s.feasible, s.affinity_pass,
+            s.sampled, s.seed, s.limit, s.unsatisfiable)
+
+
+@pytest.mark.parametrize("density", [0.0, 0.003, 0.02, 0.1, 0.5, 1.0])
+def test_the_indexed_sample_equals_the_walk_over_every_node_under_changes(density: float) -> None:
+    """A block without affinity on an inventory view is sampled from the capacity index: the same
+    nodes, in the same order, with the same counts as the walk over the views (a plain dict),
+    whether fitting nodes are absent, rare (ordered by visit position) or dense (walked)."""
+    rng = random.Random(int(density * 1000) + 1)
+    needs, share = {"gpus": 1, "cpu": 1, "memory": 1024}, False
+
+    def view(i: int) -> dict[str, Any]:
+        fits = rng.random() < density
+        gpus = [{"id": f"n{i}-g{g}", "memory": 80, "memory_free": 80, "memory_used": 0,
+                 "instances": 0 if fits else 1, "exclusive": not fits} for g in range(2)]
+        return {"id": f"n{i}", "healthy": True, "cpu_free": 8, "memory_free": 8192, "gpus": gpus}
+
+    nodes = capacity.Nodes({f"n{i}": view(i) for i in range(700)})
+    for step in range(120):
+        for want in (1, 3, 40):
+            seed = f"blk-{step}-{want}"
+            got = sampling.sample(nodes, needs, share, seed, threshold=100, want=want)
+            ref = sampling.sample(dict(nodes), needs, share, seed, threshold=100, want=want)
+            assert _sample_fields(got) == _sample_fields(ref), (step, want)
+        for _ in range(rng.randrange(1, 6)):
+            i = rng.randrange(760)
+            op = rng.random()
+            if op < 0.8:
+                nodes[f"n{i}"] = view(i)
+            elif op < 0.9:
+                nodes.pop(f"n{i}", None)
+            else:  # a view changed by a tentative placement (replaced by a taken copy)
+                nid = rng.choice(nodes.ids())
+                taken = capacity.copy_node(nodes[nid])
+                capacity.take(taken, [g["id"] for g in taken["gpus"][:1]], needs, share)
+                nodes[nid] = taken
+
+
+def test_payloads_from_an_inventory_view_and_a_plain_dict_encode_the_same() -> None:
+    """The policy input is a function of the state: the indexed path gives the bytes the walk does."""
+    rng = random.Random(21)
+    nodes = capacity.Nodes({f"n{i:04d}": node(rng, i) for i in range(400)})
+    for i, v in nodes.items():
+        v["labels"] = {"rack": str(int(i[1:]) % 4)}
+        for g in v["gpus"]:
+            g.setdefault("model", "sim")
+    for b in range(30):
+        ir = make_ir(bid=f"blk-{b}", max_instances=1 + b % 4, resources={"gpus": 1, "cpu": 1, "memory": 1024})
+        a = controller.payload(ir, {"id": "c", "labels": {}}, nodes)
+        p = controller.payload(ir, {"id": "c", "labels": {}}, dict(nodes))
+        assert a["cluster_metrics"].get("sample") and msgspec.json.encode(a) == msgspec.json.encode(p), b

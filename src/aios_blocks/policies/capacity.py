@@ -109,7 +109,7 @@ class Nodes(dict[str, dict[str, Any]]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_ids", "_log", "_pos")
+    __slots__ = ("_base", "_fits", "_ids", "_log", "_pos", "_totals")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -117,6 +117,10 @@ class Nodes(dict[str, dict[str, Any]]):
         self._log: list[str] = []
         self._ids: list[str] | None = None  # list(self), kept while no id is added or removed
         self._pos: dict[str, int] | None = None
+        # this cluster's capacity index (below): totals and, per shape, which nodes fit one
+        # instance; kept with the view itself, so any number of clusters keeps its own
+        self._totals: _Totals | None = None
+        self._fits: dict[tuple[Any, ...], _Fits] = {}
 
     def ids(self) -> list[str]:
         """``list(self)`` (insertion order), cached until an id is added or removed: replacing a
@@ -278,16 +282,32 @@ def shape(needs: Needs, share: bool) -> tuple[Any, ...]:
 
 
 class _Fits:
-    """Per (nodes dict, shape) memo: whether each node view fits one instance, by identity, and
-    how many do. Blocks of one component share a shape, so a cluster is judged by a count kept as
-    node views are replaced, not by re-checking every GPU of every node per block."""
+    """Per (nodes dict, shape) memo: whether each node view fits one instance, by identity, which
+    ones do and how many. Blocks of one component share a shape, so a cluster is judged by a count
+    kept as node views are replaced, not by re-checking every GPU of every node per block; a
+    sample reads the flags (``fits``) instead of the views."""
 
     def __init__(self, nodes: dict[str, dict[str, Any]], needs: Needs, share: bool):
         self.ref = nodes
         self.needs, self.share = dict(needs), share
         self.parts: dict[str, tuple[dict[str, Any], bool]] = {}
+        #: the ids whose view fits one instance (len = count)
+        self.ids: set[str] = set()
         self.count = 0
         self.seen = -1
+
+    def _set(self, nid: str, view: dict[str, Any] | None) -> None:
+        old = self.parts.pop(nid, None) if view is None else self.parts.get(nid)
+        if old is not None and old[1]:
+            self.count -= 1
+            self.ids.discard(nid)
+        if view is None:
+            return
+        fits = node_fits(view, self.needs, self.share) is not None
+        self.parts[nid] = (view, fits)
+        if fits:
+            self.count += 1
+            self.ids.add(nid)
 
     def update(self) -> int:
         parts = self.parts
@@ -297,55 +317,75 @@ class _Fits:
             self.seen = ref.version
             if changed is not None:
                 for nid in set(changed):
-                    old = parts.pop(nid, None)
-                    if old is not None:
-                        self.count -= int(old[1])
-                    view = ref.get(nid)
-                    if view is not None:
-                        fits = node_fits(view, self.needs, self.share) is not None
-                        parts[nid] = (view, fits)
-                        self.count += int(fits)
+                    self._set(nid, ref.get(nid))
                 return self.count
         for nid, view in ref.items():
             old = parts.get(nid)
-            if old is not None and old[0] is view:
-                continue
-            fits = node_fits(view, self.needs, self.share) is not None
-            parts[nid] = (view, fits)
-            self.count += int(fits) - int(old[1] if old is not None else False)
+            if old is None or old[0] is not view:
+                self._set(nid, view)
         if len(parts) != len(self.ref):
             for nid in [nid for nid in parts if nid not in self.ref]:
-                self.count -= int(parts.pop(nid)[1])
+                self._set(nid, None)
         return self.count
+
+    def fits(self, nid: str) -> bool:
+        """Whether node ``nid`` fits one instance (after ``update``)."""
+        part = self.parts.get(nid)
+        return part is not None and part[1]
 
 
 _FITS: dict[tuple[int, tuple[Any, ...]], _Fits] = {}
+#: shapes indexed per inventory view (a component each); the oldest is dropped past this
+_SHAPES_PER_VIEW = 32
+
+
+def fit_index(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> _Fits:
+    """The capacity index of ``nodes`` for one shape, caught up: kept on an inventory view
+    (``Nodes``) for as long as it lives, else in a bounded memo by the dict's identity."""
+    key = shape(needs, share)
+    if isinstance(nodes, Nodes):
+        memo = nodes._fits.get(key)
+        if memo is None:
+            if len(nodes._fits) >= _SHAPES_PER_VIEW:
+                nodes._fits.pop(next(iter(nodes._fits)))
+            memo = nodes._fits[key] = _Fits(nodes, needs, share)
+    else:
+        gkey = (id(nodes), key)
+        memo = _FITS.get(gkey)
+        if memo is None or memo.ref is not nodes:
+            if len(_FITS) >= 4 * _TOTALS_MAX:
+                _FITS.clear()
+            memo = _FITS[gkey] = _Fits(nodes, needs, share)
+    memo.update()
+    return memo
 
 
 def fitting(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> int:
     """How many of ``nodes`` can take one instance (healthy, CPU, memory, usable GPUs): the
     filter's capacity check, kept incrementally per nodes dict and shape."""
-    key = (id(nodes), shape(needs, share))
-    memo = _FITS.get(key)
-    if memo is None or memo.ref is not nodes:
-        if len(_FITS) >= 4 * _TOTALS_MAX:
-            _FITS.clear()
-        memo = _FITS[key] = _Fits(nodes, needs, share)
-    return memo.update()
+    return fit_index(nodes, needs, share).count
 
 
-def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
-
-    Memoised per dict (the inventory keeps one dict per cluster): the second call on the same dict
-    only recomputes the nodes whose view was replaced.
-    """
+def _totals_memo(nodes: dict[str, dict[str, Any]]) -> _Totals:
+    if isinstance(nodes, Nodes):
+        if nodes._totals is None:
+            nodes._totals = _Totals(nodes)
+        return nodes._totals
     memo = _TOTALS.get(id(nodes))
     if memo is None or memo.ref is not nodes:
         if len(_TOTALS) >= _TOTALS_MAX:
             _TOTALS.clear()
         memo = _TOTALS[id(nodes)] = _Totals(nodes)
-    s = memo.update()
+    return memo
+
+
+def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
+
+    Memoised per dict (the inventory keeps one ``Nodes`` per cluster, which holds its own): the
+    second call on the same dict only recomputes the nodes whose view was replaced.
+    """
+    s = _totals_memo(nodes).update()
     out = dict(zip(TOTAL_KEYS, s, strict=True))
     for k in ("gpus", "gpus_free", "gpu_memory_free", "memory_free", "healthy_node_count"):
         out[k] = int(out[k])
@@ -357,13 +397,10 @@ def fork(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """A working copy for tentative placements: shares the node views (replace one with
     ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy."""
     work = Nodes(nodes)
-    totals(nodes)  # make sure the source has a memo to share
-    memo = _TOTALS.get(id(nodes))
-    if memo is not None and memo.ref is nodes:
-        if len(_TOTALS) >= _TOTALS_MAX:
-            _TOTALS.clear()
-        twin = _TOTALS[id(work)] = _Totals(work)
-        twin.parts, twin.sum, twin.seen = dict(memo.parts), list(memo.sum), work.version
+    memo = _totals_memo(nodes)
+    memo.update()  # make sure the source's memo is current before it is shared
+    twin = _totals_memo(work)
+    twin.parts, twin.sum, twin.seen = dict(memo.parts), list(memo.sum), work.version
     return work
 
 
