@@ -178,7 +178,7 @@ def test_the_indexed_sample_equals_the_walk_over_every_node_under_changes(densit
         return {"id": f"n{i}", "healthy": True, "cpu_free": 8, "memory_free": 8192, "gpus": gpus}
 
     nodes = capacity.Nodes({f"n{i}": view(i) for i in range(700)})
-    for step in range(120):
+    for step in range(60):
         for want in (1, 3, 40):
             seed = f"blk-{step}-{want}"
             got = sampling.sample(nodes, needs, share, seed, threshold=100, want=want)
@@ -211,3 +211,27 @@ def test_payloads_from_an_inventory_view_and_a_plain_dict_encode_the_same() -> N
         a = controller.payload(ir, {"id": "c", "labels": {}}, nodes)
         p = controller.payload(ir, {"id": "c", "labels": {}}, dict(nodes))
         assert a["cluster_metrics"].get("sample") and msgspec.json.encode(a) == msgspec.json.encode(p), b
+
+
+async def test_a_gang_plans_the_same_on_an_inventory_view_and_a_plain_dict_and_keeps_the_index() -> None:
+    """``plan`` forks the view with its capacity index (built on the source, which keeps it for
+    the next placement) and chooses what it chooses on a plain dict, instance by instance."""
+    from aios_blocks.policies.builtin.resource import BinPackPolicy
+
+    rng = random.Random(4)
+    nodes = capacity.Nodes({f"n{i:04d}": node(rng, i) for i in range(300)})
+    for i, v in nodes.items():
+        v["labels"] = {"rack": str(int(i[1:]) % 4)}
+    plain = dict(nodes)
+
+    async def invoke(data: dict[str, Any]) -> Any:
+        return BinPackPolicy("p", {}, {}).eval({}, data, {})
+
+    for b in range(6):
+        ir = make_ir(bid=f"g{b}", min_instances=3, max_instances=3, resources={"gpus": 1, "cpu": 1, "memory": 1024})
+        iids = [controller.instance_id(ir["blockId"], k) for k in range(3)]
+        got = await controller.plan(ir, {"id": "c", "labels": {}}, nodes, "allocation", iids, invoke)
+        ref = await controller.plan(ir, {"id": "c", "labels": {}}, plain, "allocation", iids, invoke)
+        assert got == ref, b
+        shape = capacity.shape(ir["resources"], False)
+        assert shape in nodes._fits and nodes._fits[shape].seen == nodes.version

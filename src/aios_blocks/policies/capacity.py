@@ -393,14 +393,26 @@ def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def fork(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def fork(nodes: dict[str, dict[str, Any]], needs: Needs | None = None, share: bool = False) -> dict[str, dict[str, Any]]:
     """A working copy for tentative placements: shares the node views (replace one with
-    ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy."""
+    ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy; an
+    inventory view's copy also starts from its capacity index (of ``needs``' shape too, built on
+    the source first, where it stays for the next placement)."""
+    if needs is not None and isinstance(nodes, Nodes):
+        fit_index(nodes, needs, share)
     work = Nodes(nodes)
     memo = _totals_memo(nodes)
     memo.update()  # make sure the source's memo is current before it is shared
     twin = _totals_memo(work)
     twin.parts, twin.sum, twin.seen = dict(memo.parts), list(memo.sum), work.version
+    if isinstance(nodes, Nodes):
+        # the same ids in the same order, and the capacity index of each shape: a sample on the
+        # copy reads them instead of re-judging every node
+        work._ids, work._pos = nodes.ids(), nodes._pos
+        for key, fits in nodes._fits.items():
+            fits.update()
+            copy = work._fits[key] = _Fits(work, fits.needs, fits.share)
+            copy.parts, copy.ids, copy.count, copy.seen = dict(fits.parts), set(fits.ids), fits.count, work.version
     return work
 
 
