@@ -235,3 +235,26 @@ async def test_a_gang_plans_the_same_on_an_inventory_view_and_a_plain_dict_and_k
         assert got == ref, b
         shape = capacity.shape(ir["resources"], False)
         assert shape in nodes._fits and nodes._fits[shape].seen == nodes.version
+
+
+def test_the_filter_over_many_clusters_judges_no_node_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each inventory view keeps its own index: with 100 clusters the gateway's filter for the next
+    block reads counters (a shared memo of 64 clusters was cleared and rebuilt every block), and
+    only a replaced view is judged again; the reasons recorded are the same."""
+    from aios_blocks.handlers.gateway import filter_rule
+
+    rng = random.Random(8)
+    clusters = {f"c{c:03d}": {"id": f"c{c:03d}"} for c in range(100)}
+    nodes = {cid: capacity.Nodes({f"{cid}n{i}": node(rng, i) for i in range(8)}) for cid in clusters}
+    ir = {"blockId": "b", "resources": {"gpus": 1, "cpu": 1, "memory": 1024},
+          "policies": {"clusterAllocator": {"policyRuleURI": "builtin:cluster-rank", "settings": {}}}}
+    first = filter_rule(ir, clusters, nodes)
+    judged = []
+    real, real_totals = capacity.node_fits, capacity.node_totals
+    monkeypatch.setattr(capacity, "node_fits", lambda n, needs, share: judged.append(n["id"]) or real(n, needs, share))
+    monkeypatch.setattr(capacity, "node_totals", lambda n: judged.append("totals:" + n["id"]) or real_totals(n))
+    assert filter_rule(ir, clusters, nodes) == first and judged == []
+    nodes["c007"]["c007n3"] = node(rng, 3)
+    again = filter_rule(ir, clusters, nodes)
+    assert sorted(judged) == ["n3", "totals:n3"]
+    assert again == filter_rule(ir, clusters, {cid: dict(v) for cid, v in nodes.items()})  # = a full scan
