@@ -6,9 +6,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import msgspec
 import pytest
 
-from aios_blocks.policies import capacity
+from aios_blocks.handlers import controller
+from aios_blocks.policies import capacity, sampling
+
+from .views import make_ir
 
 
 def node(rng: random.Random, i: int) -> dict[str, Any]:
@@ -92,3 +96,165 @@ def test_node_views_pickle_and_copy_as_their_items() -> None:
         other["n3"] = {"id": "n3"}  # usable: its own log
         assert "n3" not in nodes
     assert msgspec.json.decode(msgspec.json.encode(nodes)) == {"n1": {"id": "n1"}, "n2": {"id": "n2"}}
+
+
+def test_the_cached_id_order_equals_the_dicts_under_changes() -> None:
+    """``Nodes.ids()``/``positions()`` (what sampling walks instead of copying every id) stay
+    ``list(nodes)`` as views are replaced (same place), added, removed, popped and merged."""
+    rng = random.Random(5)
+    nodes = capacity.Nodes({f"n{i}": node(rng, i) for i in range(50)})
+    for step in range(2000):
+        if step % 5 == 0:
+            assert nodes.ids() == list(nodes), step
+            assert nodes.positions() == {nid: i for i, nid in enumerate(nodes)}, step
+            assert capacity.node_ids(nodes) == list(nodes)
+        i = rng.randrange(70)
+        op = rng.random()
+        if op < 0.6:
+            nodes[f"n{i}"] = node(rng, i)
+        elif op < 0.75:
+            nodes.pop(f"n{i}", None)
+        elif op < 0.85:
+            if f"n{i}" in nodes:
+                del nodes[f"n{i}"]
+        elif op < 0.9:
+            nodes |= {f"n{i}": node(rng, i)}
+        elif op < 0.95:
+            nodes.setdefault(f"n{i}", node(rng, i))
+        elif nodes:
+            nodes.popitem()
+    nodes.clear()
+    assert nodes.ids() == [] and capacity.node_ids({"a": {}}) == ["a"]
+
+
+def test_fit_index_lists_the_fitting_ids_under_changes() -> None:
+    rng = random.Random(3)
+    nodes = capacity.Nodes({f"n{i}": node(rng, i) for i in range(60)})
+    needs, share = {"gpus": 1, "cpu": 1, "memory": 1024}, False
+    for step in range(1500):
+        if step % 5 == 0:
+            idx = capacity.fit_index(nodes, needs, share)
+            want = {nid for nid, v in nodes.items() if capacity.node_fits(v, needs, share) is not None}
+            assert idx.ids == want and idx.count == len(want), step
+            assert all(idx.fits(nid) == (nid in want) for nid in nodes)
+        i = rng.randrange(80)
+        if rng.random() < 0.8:
+            nodes[f"n{i}"] = node(rng, i)
+        else:
+            nodes.pop(f"n{i}", None)
+
+
+def test_memos_live_on_the_inventory_view_for_any_number_of_clusters() -> None:
+    """No shared cap: 200 clusters each keep their index (a global memo of 64 thrashed)."""
+    rng = random.Random(9)
+    clusters = [capacity.Nodes({f"c{c}n{i}": node(rng, i) for i in range(5)}) for c in range(200)]
+    needs = {"gpus": 1}
+    for nodes in clusters:
+        capacity.totals(nodes), capacity.fitting(nodes, needs, False)
+    for nodes in clusters:
+        memo = nodes._totals
+        assert memo is not None and memo.seen == nodes.version
+        assert capacity.fit_index(nodes, needs, False) is nodes._fits[capacity.shape(needs, False)]
+        assert capacity.totals(nodes) == brute_totals(nodes)
+
+
+def _sample_fields(s: sampling.Sample) -> tuple[Any, ...]:
+    return (list(s.nodes), [id(v) for v in s.nodes.values()], s.total, s.visited, s.feasible, s.affinity_pass,
+            s.sampled, s.seed, s.limit, s.unsatisfiable)
+
+
+@pytest.mark.parametrize("density", [0.0, 0.003, 0.02, 0.1, 0.5, 1.0])
+def test_the_indexed_sample_equals_the_walk_over_every_node_under_changes(density: float) -> None:
+    """A block without affinity on an inventory view is sampled from the capacity index: the same
+    nodes, in the same order, with the same counts as the walk over the views (a plain dict),
+    whether fitting nodes are absent, rare (ordered by visit position) or dense (walked)."""
+    rng = random.Random(int(density * 1000) + 1)
+    needs, share = {"gpus": 1, "cpu": 1, "memory": 1024}, False
+
+    def view(i: int) -> dict[str, Any]:
+        fits = rng.random() < density
+        gpus = [{"id": f"n{i}-g{g}", "memory": 80, "memory_free": 80, "memory_used": 0,
+                 "instances": 0 if fits else 1, "exclusive": not fits} for g in range(2)]
+        return {"id": f"n{i}", "healthy": True, "cpu_free": 8, "memory_free": 8192, "gpus": gpus}
+
+    nodes = capacity.Nodes({f"n{i}": view(i) for i in range(700)})
+    for step in range(60):
+        for want in (1, 3, 40):
+            seed = f"blk-{step}-{want}"
+            got = sampling.sample(nodes, needs, share, seed, threshold=100, want=want)
+            ref = sampling.sample(dict(nodes), needs, share, seed, threshold=100, want=want)
+            assert _sample_fields(got) == _sample_fields(ref), (step, want)
+        for _ in range(rng.randrange(1, 6)):
+            i = rng.randrange(760)
+            op = rng.random()
+            if op < 0.8:
+                nodes[f"n{i}"] = view(i)
+            elif op < 0.9:
+                nodes.pop(f"n{i}", None)
+            else:  # a view changed by a tentative placement (replaced by a taken copy)
+                nid = rng.choice(nodes.ids())
+                taken = capacity.copy_node(nodes[nid])
+                capacity.take(taken, [g["id"] for g in taken["gpus"][:1]], needs, share)
+                nodes[nid] = taken
+
+
+def test_payloads_from_an_inventory_view_and_a_plain_dict_encode_the_same() -> None:
+    """The policy input is a function of the state: the indexed path gives the bytes the walk does."""
+    rng = random.Random(21)
+    nodes = capacity.Nodes({f"n{i:04d}": node(rng, i) for i in range(400)})
+    for i, v in nodes.items():
+        v["labels"] = {"rack": str(int(i[1:]) % 4)}
+        for g in v["gpus"]:
+            g.setdefault("model", "sim")
+    for b in range(30):
+        ir = make_ir(bid=f"blk-{b}", max_instances=1 + b % 4, resources={"gpus": 1, "cpu": 1, "memory": 1024})
+        a = controller.payload(ir, {"id": "c", "labels": {}}, nodes)
+        p = controller.payload(ir, {"id": "c", "labels": {}}, dict(nodes))
+        assert a["cluster_metrics"].get("sample") and msgspec.json.encode(a) == msgspec.json.encode(p), b
+
+
+async def test_a_gang_plans_the_same_on_an_inventory_view_and_a_plain_dict_and_keeps_the_index() -> None:
+    """``plan`` forks the view with its capacity index (built on the source, which keeps it for
+    the next placement) and chooses what it chooses on a plain dict, instance by instance."""
+    from aios_blocks.policies.builtin.resource import BinPackPolicy
+
+    rng = random.Random(4)
+    nodes = capacity.Nodes({f"n{i:04d}": node(rng, i) for i in range(300)})
+    for i, v in nodes.items():
+        v["labels"] = {"rack": str(int(i[1:]) % 4)}
+    plain = dict(nodes)
+
+    async def invoke(data: dict[str, Any]) -> Any:
+        return BinPackPolicy("p", {}, {}).eval({}, data, {})
+
+    for b in range(6):
+        ir = make_ir(bid=f"g{b}", min_instances=3, max_instances=3, resources={"gpus": 1, "cpu": 1, "memory": 1024})
+        iids = [controller.instance_id(ir["blockId"], k) for k in range(3)]
+        got = await controller.plan(ir, {"id": "c", "labels": {}}, nodes, "allocation", iids, invoke)
+        ref = await controller.plan(ir, {"id": "c", "labels": {}}, plain, "allocation", iids, invoke)
+        assert got == ref, b
+        shape = capacity.shape(ir["resources"], False)
+        assert shape in nodes._fits and nodes._fits[shape].seen == nodes.version
+
+
+def test_the_filter_over_many_clusters_judges_no_node_twice(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each inventory view keeps its own index: with 100 clusters the gateway's filter for the next
+    block reads counters (a shared memo of 64 clusters was cleared and rebuilt every block), and
+    only a replaced view is judged again; the reasons recorded are the same."""
+    from aios_blocks.handlers.gateway import filter_rule
+
+    rng = random.Random(8)
+    clusters = {f"c{c:03d}": {"id": f"c{c:03d}"} for c in range(100)}
+    nodes = {cid: capacity.Nodes({f"{cid}n{i}": node(rng, i) for i in range(8)}) for cid in clusters}
+    ir = {"blockId": "b", "resources": {"gpus": 1, "cpu": 1, "memory": 1024},
+          "policies": {"clusterAllocator": {"policyRuleURI": "builtin:cluster-rank", "settings": {}}}}
+    first = filter_rule(ir, clusters, nodes)
+    judged = []
+    real, real_totals = capacity.node_fits, capacity.node_totals
+    monkeypatch.setattr(capacity, "node_fits", lambda n, needs, share: judged.append(n["id"]) or real(n, needs, share))
+    monkeypatch.setattr(capacity, "node_totals", lambda n: judged.append("totals:" + n["id"]) or real_totals(n))
+    assert filter_rule(ir, clusters, nodes) == first and judged == []
+    nodes["c007"]["c007n3"] = node(rng, 3)
+    again = filter_rule(ir, clusters, nodes)
+    assert sorted(judged) == ["n3", "totals:n3"]
+    assert again == filter_rule(ir, clusters, {cid: dict(v) for cid, v in nodes.items()})  # = a full scan

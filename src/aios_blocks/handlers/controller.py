@@ -193,8 +193,8 @@ async def plan(
     nodes = vcluster.part(nodes, where)
     # copy-on-write: only the nodes taken below are copied; one instance takes nothing after its
     # choice, so it plans on the snapshot itself (no O(nodes) copy)
-    work = capacity.fork(nodes) if len(iids) > 1 else nodes
     needs, share = ir["resources"], share_of(ir)
+    work = capacity.fork(nodes, needs, share) if len(iids) > 1 else nodes
     out: list[dict[str, Any]] = []
     index = index or affinity.empty_index()
     for k, iid in enumerate(iids):

@@ -445,13 +445,19 @@ class _Parts:
             self.assigned = sum(1 for p in self.places.values() if p)
             self.parts = {}
             return
-        for nid in set(changed):
+        for nid in dict.fromkeys(changed):  # in change order: a part's order is not the hash seed's
+            view = ref.get(nid)
+            if view is not None and self.places.get(nid) == place(view):
+                # a view replaced in the same place keeps its position in the part (and the
+                # part's cached id order, ``Nodes.ids``, stays valid)
+                if self.places[nid] in self.parts:
+                    self.parts[self.places[nid]][nid] = view
+                continue
             old = self.places.pop(nid, None)
             if old:
                 self.assigned -= 1
             if old is not None and old in self.parts:
                 self.parts[old].pop(nid, None)
-            view = ref.get(nid)
             if view is None:
                 continue
             new = place(view)

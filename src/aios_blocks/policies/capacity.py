@@ -134,12 +134,38 @@ class Nodes(dict[str, dict[str, Any]]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_log")
+    __slots__ = ("_base", "_fits", "_ids", "_log", "_pos", "_totals")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._base = 0
         self._log: list[str] = []
+        self._ids: list[str] | None = None  # list(self), kept while no id is added or removed
+        self._pos: dict[str, int] | None = None
+        # this cluster's capacity index (below): totals and, per shape, which nodes fit one
+        # instance; kept with the view itself, so any number of clusters keeps its own
+        self._totals: _Totals | None = None
+        self._fits: dict[tuple[Any, ...], _Fits] = {}
+
+    def ids(self) -> list[str]:
+        """``list(self)`` (insertion order), cached until an id is added or removed: replacing a
+        view keeps its place, so a placement does not copy every id (callers must not change it)."""
+        ids = self._ids
+        if ids is None:
+            ids = self._ids = list(dict.keys(self))
+            self._pos = None
+        return ids
+
+    def positions(self) -> dict[str, int]:
+        """Each id's index in ``ids()``, cached the same way."""
+        pos = self._pos
+        if pos is None or self._ids is None:
+            pos = self._pos = {nid: i for i, nid in enumerate(self.ids())}
+        return pos
+
+    def _members_changed(self) -> None:
+        self._ids = None
+        self._pos = None
 
     def __reduce__(self) -> tuple[Any, ...]:
         # pickled (a sandboxed policy's input) and copied as its items: the log stays here
@@ -162,19 +188,27 @@ class Nodes(dict[str, dict[str, Any]]):
         return self._log[version - self._base:]
 
     def __setitem__(self, nid: str, view: dict[str, Any]) -> None:
+        if self._ids is not None and not dict.__contains__(self, nid):
+            self._members_changed()
         super().__setitem__(nid, view)
         self._touch(nid)
 
     def __delitem__(self, nid: str) -> None:
         super().__delitem__(nid)
+        self._members_changed()
         self._touch(nid)
 
     def pop(self, nid: str, *default: Any) -> Any:  # type: ignore[override]
         had = nid in self
         out = super().pop(nid, *default)
         if had:
+            self._members_changed()
             self._touch(nid)
         return out
+
+    def __ior__(self, other: Any) -> Nodes:  # type: ignore[override,misc]
+        self.update(other)
+        return self
 
     def update(self, *args: Any, **kwargs: Any) -> None:
         for nid, view in dict(*args, **kwargs).items():
@@ -187,13 +221,20 @@ class Nodes(dict[str, dict[str, Any]]):
 
     def clear(self) -> None:
         super().clear()
+        self._members_changed()
         self._base += len(self._log) + 1
         self._log = []
 
     def popitem(self) -> tuple[str, dict[str, Any]]:
         nid, view = super().popitem()
+        self._members_changed()
         self._touch(nid)
         return nid, view
+
+
+def node_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
+    """``list(nodes)``: cached by an inventory view (``Nodes.ids``), copied from a plain dict."""
+    return nodes.ids() if isinstance(nodes, Nodes) else list(nodes)
 
 
 # -- cluster totals, kept incrementally ------------------------------------------------------------
@@ -266,16 +307,32 @@ def shape(needs: Needs, share: bool) -> tuple[Any, ...]:
 
 
 class _Fits:
-    """Per (nodes dict, shape) memo: whether each node view fits one instance, by identity, and
-    how many do. Blocks of one component share a shape, so a cluster is judged by a count kept as
-    node views are replaced, not by re-checking every GPU of every node per block."""
+    """Per (nodes dict, shape) memo: whether each node view fits one instance, by identity, which
+    ones do and how many. Blocks of one component share a shape, so a cluster is judged by a count
+    kept as node views are replaced, not by re-checking every GPU of every node per block; a
+    sample reads the flags (``fits``) instead of the views."""
 
     def __init__(self, nodes: dict[str, dict[str, Any]], needs: Needs, share: bool):
         self.ref = nodes
         self.needs, self.share = dict(needs), share
         self.parts: dict[str, tuple[dict[str, Any], bool]] = {}
+        #: the ids whose view fits one instance (len = count)
+        self.ids: set[str] = set()
         self.count = 0
         self.seen = -1
+
+    def _set(self, nid: str, view: dict[str, Any] | None) -> None:
+        old = self.parts.pop(nid, None) if view is None else self.parts.get(nid)
+        if old is not None and old[1]:
+            self.count -= 1
+            self.ids.discard(nid)
+        if view is None:
+            return
+        fits = node_fits(view, self.needs, self.share) is not None
+        self.parts[nid] = (view, fits)
+        if fits:
+            self.count += 1
+            self.ids.add(nid)
 
     def update(self) -> int:
         parts = self.parts
@@ -285,55 +342,75 @@ class _Fits:
             self.seen = ref.version
             if changed is not None:
                 for nid in set(changed):
-                    old = parts.pop(nid, None)
-                    if old is not None:
-                        self.count -= int(old[1])
-                    view = ref.get(nid)
-                    if view is not None:
-                        fits = node_fits(view, self.needs, self.share) is not None
-                        parts[nid] = (view, fits)
-                        self.count += int(fits)
+                    self._set(nid, ref.get(nid))
                 return self.count
         for nid, view in ref.items():
             old = parts.get(nid)
-            if old is not None and old[0] is view:
-                continue
-            fits = node_fits(view, self.needs, self.share) is not None
-            parts[nid] = (view, fits)
-            self.count += int(fits) - int(old[1] if old is not None else False)
+            if old is None or old[0] is not view:
+                self._set(nid, view)
         if len(parts) != len(self.ref):
             for nid in [nid for nid in parts if nid not in self.ref]:
-                self.count -= int(parts.pop(nid)[1])
+                self._set(nid, None)
         return self.count
+
+    def fits(self, nid: str) -> bool:
+        """Whether node ``nid`` fits one instance (after ``update``)."""
+        part = self.parts.get(nid)
+        return part is not None and part[1]
 
 
 _FITS: dict[tuple[int, tuple[Any, ...]], _Fits] = {}
+#: shapes indexed per inventory view (a component each); the oldest is dropped past this
+_SHAPES_PER_VIEW = 32
+
+
+def fit_index(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> _Fits:
+    """The capacity index of ``nodes`` for one shape, caught up: kept on an inventory view
+    (``Nodes``) for as long as it lives, else in a bounded memo by the dict's identity."""
+    key = shape(needs, share)
+    if isinstance(nodes, Nodes):
+        memo = nodes._fits.get(key)
+        if memo is None:
+            if len(nodes._fits) >= _SHAPES_PER_VIEW:
+                nodes._fits.pop(next(iter(nodes._fits)))
+            memo = nodes._fits[key] = _Fits(nodes, needs, share)
+    else:
+        gkey = (id(nodes), key)
+        memo = _FITS.get(gkey)
+        if memo is None or memo.ref is not nodes:
+            if len(_FITS) >= 4 * _TOTALS_MAX:
+                _FITS.clear()
+            memo = _FITS[gkey] = _Fits(nodes, needs, share)
+    memo.update()
+    return memo
 
 
 def fitting(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> int:
     """How many of ``nodes`` can take one instance (healthy, CPU, memory, usable GPUs): the
     filter's capacity check, kept incrementally per nodes dict and shape."""
-    key = (id(nodes), shape(needs, share))
-    memo = _FITS.get(key)
-    if memo is None or memo.ref is not nodes:
-        if len(_FITS) >= 4 * _TOTALS_MAX:
-            _FITS.clear()
-        memo = _FITS[key] = _Fits(nodes, needs, share)
-    return memo.update()
+    return fit_index(nodes, needs, share).count
 
 
-def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
-
-    Memoised per dict (the inventory keeps one dict per cluster): the second call on the same dict
-    only recomputes the nodes whose view was replaced.
-    """
+def _totals_memo(nodes: dict[str, dict[str, Any]]) -> _Totals:
+    if isinstance(nodes, Nodes):
+        if nodes._totals is None:
+            nodes._totals = _Totals(nodes)
+        return nodes._totals
     memo = _TOTALS.get(id(nodes))
     if memo is None or memo.ref is not nodes:
         if len(_TOTALS) >= _TOTALS_MAX:
             _TOTALS.clear()
         memo = _TOTALS[id(nodes)] = _Totals(nodes)
-    s = memo.update()
+    return memo
+
+
+def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
+
+    Memoised per dict (the inventory keeps one ``Nodes`` per cluster, which holds its own): the
+    second call on the same dict only recomputes the nodes whose view was replaced.
+    """
+    s = _totals_memo(nodes).update()
     out = dict(zip(TOTAL_KEYS, s, strict=True))
     for k in ("gpus", "gpus_free", "gpu_memory_free", "memory_free", "healthy_node_count"):
         out[k] = int(out[k])
@@ -341,17 +418,26 @@ def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def fork(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def fork(nodes: dict[str, dict[str, Any]], needs: Needs | None = None, share: bool = False) -> dict[str, dict[str, Any]]:
     """A working copy for tentative placements: shares the node views (replace one with
-    ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy."""
+    ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy; an
+    inventory view's copy also starts from its capacity index (of ``needs``' shape too, built on
+    the source first, where it stays for the next placement)."""
+    if needs is not None and isinstance(nodes, Nodes):
+        fit_index(nodes, needs, share)
     work = Nodes(nodes)
-    totals(nodes)  # make sure the source has a memo to share
-    memo = _TOTALS.get(id(nodes))
-    if memo is not None and memo.ref is nodes:
-        if len(_TOTALS) >= _TOTALS_MAX:
-            _TOTALS.clear()
-        twin = _TOTALS[id(work)] = _Totals(work)
-        twin.parts, twin.sum, twin.seen = dict(memo.parts), list(memo.sum), work.version
+    memo = _totals_memo(nodes)
+    memo.update()  # make sure the source's memo is current before it is shared
+    twin = _totals_memo(work)
+    twin.parts, twin.sum, twin.seen = dict(memo.parts), list(memo.sum), work.version
+    if isinstance(nodes, Nodes):
+        # the same ids in the same order, and the capacity index of each shape: a sample on the
+        # copy reads them instead of re-judging every node
+        work._ids, work._pos = nodes.ids(), nodes._pos
+        for key, fits in nodes._fits.items():
+            fits.update()
+            copy = work._fits[key] = _Fits(work, fits.needs, fits.share)
+            copy.parts, copy.ids, copy.count, copy.seen = dict(fits.parts), set(fits.ids), fits.count, work.version
     return work
 
 

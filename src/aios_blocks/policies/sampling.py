@@ -42,11 +42,8 @@ def limit(n: int) -> int:
     return max(2, math.ceil(math.log2(n))) if n > 1 else 1
 
 
-def visit_order(n: int, seed: str) -> Iterator[int]:
-    """Each of ``range(n)`` exactly once, in an order fixed by ``seed``: ``start + i * stride``
-    (mod n) with a seeded start and a seeded stride coprime to n. O(1) to set up, unlike a shuffle."""
-    if n <= 0:
-        return
+def walk(n: int, seed: str) -> tuple[int, int]:
+    """``(start, stride)`` of ``visit_order(n, seed)`` (n >= 1)."""
     rng = random.Random(seed)  # str seeds hash with sha512: stable across processes
     start = rng.randrange(n)
     stride = 1
@@ -54,6 +51,15 @@ def visit_order(n: int, seed: str) -> Iterator[int]:
         stride = rng.randrange(1, n)
         while math.gcd(stride, n) != 1:
             stride = stride % (n - 1) + 1
+    return start, stride
+
+
+def visit_order(n: int, seed: str) -> Iterator[int]:
+    """Each of ``range(n)`` exactly once, in an order fixed by ``seed``: ``start + i * stride``
+    (mod n) with a seeded start and a seeded stride coprime to n. O(1) to set up, unlike a shuffle."""
+    if n <= 0:
+        return
+    start, stride = walk(n, seed)
     for i in range(n):
         yield (start + i * stride) % n
 
@@ -125,7 +131,9 @@ def sample(
         reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
         return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
     k = max(limit(n), min(max(want, 1), n, threshold))  # want is capped at the threshold
-    ids = list(nodes)
+    if not entries and isinstance(nodes, capacity.Nodes):
+        return _sample_indexed(nodes, needs, share, seed, n, k)
+    ids = capacity.node_ids(nodes)
     picked: dict[str, dict[str, Any]] = {}
     others: dict[str, dict[str, Any]] = {}
     visited = passing = 0
@@ -149,3 +157,41 @@ def sample(
         reason = affinity.unsatisfiable(nodes, entries, index)
     chosen = picked if picked else others
     return Sample(chosen, n, visited, len(picked), passing, True, seed, k, reason)
+
+
+def _sample_indexed(nodes: capacity.Nodes, needs: capacity.Needs, share: bool, seed: str, n: int, k: int) -> Sample:
+    """``sample``'s walk for a block without affinity on an inventory view, read from the
+    cluster's capacity index (``capacity.fit_index``: which nodes fit this shape, kept as views
+    change) instead of the views: the same nodes in the same order with the same counts, touching
+    O(k) nodes where fitting ones are dense and O(fitting) where they are rare, never all of them.
+    Feasible here is "fits one instance" (no affinity to pass)."""
+    index = capacity.fit_index(nodes, needs, share)
+    ids = nodes.ids()
+    start, stride = walk(n, seed)
+    count = index.count
+    picked: dict[str, dict[str, Any]] = {}
+    if count == 0:  # the walk would visit every node and keep the first few it saw
+        others = {}
+        for j in range(min(KEEP_INFEASIBLE, n)):
+            nid = ids[(start + j * stride) % n]
+            others[nid] = nodes[nid]
+        return Sample(others, n, n, 0, n, True, seed, k)
+    if count < k or 2 * count * count < k * n:
+        # rare: order the fitting nodes by when the walk reaches them (j = (i - start) / stride)
+        pos = nodes.positions()
+        inv = pow(stride, -1, n)
+        when = sorted(((pos[nid] - start) * inv % n, nid) for nid in index.ids)[:k]
+        for _, nid in when:
+            picked[nid] = nodes[nid]
+        visited = n if count < k else when[-1][0] + 1
+        return Sample(picked, n, visited, len(picked), visited, True, seed, k)
+    fits = index.fits
+    visited = 0
+    for j in range(n):  # dense: about k * n / count steps
+        nid = ids[(start + j * stride) % n]
+        visited += 1
+        if fits(nid):
+            picked[nid] = nodes[nid]
+            if len(picked) >= k:
+                break
+    return Sample(picked, n, visited, len(picked), visited, True, seed, k)
