@@ -13,7 +13,7 @@ import msgspec
 from aios_blocks.bus.catalog import E
 from aios_blocks.policies.contract import essential
 from aios_blocks.policies.runtime import PolicyRuntime
-from aios_blocks.schemas.events import input_digest
+from aios_blocks.schemas.events import input_digest, input_digest_of
 
 from .conftest import System, event_kind
 from .test_cli import blocks
@@ -57,8 +57,7 @@ async def test_every_recorded_decision_is_rebuilt_bit_for_bit_and_reruns_to_its_
     assert not bad, bad
     rt = PolicyRuntime()
     for d in decisions:
-        raw = msgspec.json.encode(d["input"])
-        assert input_digest(raw) == d["input_digest"]
+        assert input_digest_of(d["input"]) == d["input_digest"]
         assert d["input"]["action"] == d["action"]
         if d["action"] in ("dry_run", "allocation", "scale"):
             assert d["input"]["payload"]["block"]["blockId"] == d["block_id"]
@@ -84,7 +83,7 @@ async def test_policy_input_and_explain_use_the_rebuilt_input(system: System) ->
     assert r.returncode == 0, r.stderr
     second = json.loads(r.stdout)
     recorded = [d for d in await system.client.decisions(bid="rbex-in") if d["action"] == "allocation"]
-    assert input_digest(msgspec.json.encode(second)) == recorded[1]["input_digest"]
+    assert input_digest_of(second) == recorded[1]["input_digest"]
     # the second call of the gang sees the first call's choice taken
     first_node = recorded[0]["output"]["node_id"]
     gpus = {g["id"]: g for g in second["payload"]["cluster_metrics"]["nodes"][first_node]["gpus"]}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import os
 import signal
@@ -16,6 +15,7 @@ import nats
 import pytest
 
 from aios_blocks.cli.client import decisions_of
+from aios_blocks.schemas.events import input_digest_of
 
 from .conftest import System, gpu_usage
 
@@ -60,8 +60,7 @@ async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> 
     assert len(fetched) == len(decisions)
     for d in fetched:  # every input, rebuilt by replay, is the one the policy got (its digest at the call)
         assert d["input_check"] == "rebuilt", d
-        raw = msgspec.json.encode(d["input"])
-        assert hashlib.sha256(raw).hexdigest()[:24] == d["input_digest"] and d["input"]["action"] == d["action"]
+        assert input_digest_of(d["input"]) == d["input_digest"] and d["input"]["action"] == d["action"]
     allocs = [d["output"] for d in decisions if d["action"] == "allocation"]
     assert sorted(a["node_id"] for a in allocs) == sorted(i["node"] for i in insts.values())
     steps = ["create", "parsed", "selection", "post_dry_run", "placement", "ready"]

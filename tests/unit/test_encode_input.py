@@ -55,3 +55,20 @@ def test_a_copy_is_not_its_original() -> None:
     twin = copy.deepcopy(nodes)
     twin["n0"]["cpu_free"] = 1.0
     assert encode_input(_input(twin)) == msgspec.json.encode(_input(twin))
+
+
+def test_the_tree_digest_covers_every_node_and_matches_a_plain_rebuild() -> None:
+    """``input_digest_of`` with the per-view memo (the worker) equals it computed from the input
+    decoded from its JSON (``recovery.inputs``), and any byte of any node changes it."""
+    from aios_blocks.schemas.events import input_digest, input_digest_of
+
+    nodes = capacity.Nodes({f"n{i}": _node(f"n{i}") for i in range(10)})
+    data = _input(nodes)
+    tree = input_digest_of(data, capacity.node_digest)
+    assert tree == input_digest_of(msgspec.json.decode(msgspec.json.encode(data)))
+    assert tree != input_digest(msgspec.json.encode(data))  # not the flat form
+    twin = msgspec.json.decode(msgspec.json.encode(data))
+    twin["payload"]["cluster_metrics"]["nodes"]["n7"]["gpus"][3]["memory_free"] -= 1
+    assert input_digest_of(twin) != tree
+    other = {"action": "autoscale", "payload": {"x": 1}}  # no node map: the flat form
+    assert input_digest_of(other) == input_digest(msgspec.json.encode(other))

@@ -7,6 +7,7 @@ its working snapshot between the allocation calls of one gang. The atomic reserv
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import msgspec
@@ -62,26 +63,37 @@ def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
     return value
 
 
-#: id(view) -> (the view, its compact JSON): a node view's encoding, kept while the view lives
-#: (bounded; views are replaced, never edited in place except by ``take``, which drops it)
-_ENCODED: dict[int, tuple[dict[str, Any], bytes]] = {}
+#: id(view) -> (the view, its compact JSON, the JSON's SHA-256): a node view's encoding and digest,
+#: kept while the view lives (bounded; views are replaced, never edited in place except by
+#: ``take``, which drops it)
+_ENCODED: dict[int, tuple[dict[str, Any], bytes, str]] = {}
 _ENCODED_MAX = 8192
 _encode = msgspec.json.Encoder().encode
 
 
-def encoded(node: dict[str, Any]) -> msgspec.Raw:
-    """``msgspec.json.encode(node)``, memoised per view (by identity): a placement's input holds up
-    to ``sampleNodes`` views, mostly the same objects from one call to the next, and its digest
-    (``Worker.record``) needs the input's bytes. An annotated view (``affinity``: a per-call copy)
-    is encoded afresh."""
-    if "affinity" in node:
-        return msgspec.Raw(_encode(node))
+def _encoding(node: dict[str, Any]) -> tuple[dict[str, Any], bytes, str]:
+    if "affinity" in node:  # an annotated view is a per-call copy (and annotated in place): never kept
+        raw = _encode(node)
+        return node, raw, hashlib.sha256(raw).hexdigest()
     hit = _ENCODED.get(id(node))
     if hit is None or hit[0] is not node:
         if len(_ENCODED) >= _ENCODED_MAX:
             _ENCODED.clear()
-        hit = _ENCODED[id(node)] = (node, _encode(node))
-    return msgspec.Raw(hit[1])
+        raw = _encode(node)
+        hit = _ENCODED[id(node)] = (node, raw, hashlib.sha256(raw).hexdigest())
+    return hit
+
+
+def encoded(node: dict[str, Any]) -> msgspec.Raw:
+    """``msgspec.json.encode(node)``, memoised per view (by identity): a placement's input holds up
+    to ``sampleNodes`` views, mostly the same objects from one call to the next."""
+    return msgspec.Raw(_encoding(node)[1])
+
+
+def node_digest(node: dict[str, Any]) -> str:
+    """SHA-256 (hex) of ``msgspec.json.encode(node)``, memoised per view like :func:`encoded`: what
+    a placement input's digest is made of (``schemas.events.input_digest_of``)."""
+    return _encoding(node)[2]
 
 
 def node_fits_cached(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str, Any]] | None:

@@ -24,7 +24,7 @@ from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
 from ..policies import capacity, contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest
+from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest, input_digest_of
 from ..schemas.lifecycle import Step
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -140,8 +140,7 @@ class Worker:
         handled), the input's digest and the parts of it that are not in the stream;
         ``recovery.inputs`` rebuilds it by replay. Other calls keep their input inline
         (``REPLAYED_ACTIONS``)."""
-        raw = encode_input(input_data)
-        digest = input_digest(raw)
+        digest = input_digest_of(input_data, capacity.node_digest)
         given: dict[str, Any] = {}
         payload = input_data.get("payload")
         if isinstance(payload, dict) and "block_metrics" in payload:
@@ -151,6 +150,7 @@ class Worker:
         inline: Any = None
         where = ""
         if action not in REPLAYED_ACTIONS:  # not rebuilt by replay: the record holds it
+            raw = encode_input(input_data)
             if len(raw) <= INLINE_INPUT_MAX:
                 inline = msgspec.Raw(raw)
             else:
