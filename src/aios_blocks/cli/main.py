@@ -275,14 +275,14 @@ def run() -> None:
 @app.command()
 def up(
     data_dir: Path = DataDir,
-    parsers: int = typer.Option(1, min=0, help="Parser worker processes."),
-    gateways: int = typer.Option(1, min=0, help="Gateway worker processes."),
-    controllers: int = typer.Option(1, min=0, help="Controller worker processes."),
-    agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
-    executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
-    collectors: int = typer.Option(1, min=0, help="Metrics collector processes (one writes, copies stand by; docs/metrics.md)."),
-    autoscalers: int = typer.Option(1, min=0, help="Autoscaler processes (each block decided by the one holding its lease; docs/autoscaling.md)."),
-    checkers: int = typer.Option(1, min=0, help="Health checker processes (one decides a block at a time; docs/health.md)."),
+    parsers: int = typer.Option(1, min=0, help="Parser workers (copies: the first in its group's process, each other its own)."),
+    gateways: int = typer.Option(1, min=0, help="Gateway workers (copies, like --parsers)."),
+    controllers: int = typer.Option(1, min=0, help="Controller workers (copies, like --parsers)."),
+    agents: int = typer.Option(1, min=0, help="Simulated node agents (copies, like --parsers)."),
+    executors: int = typer.Option(1, min=0, help="Executors (copies, like --parsers; block tasks over NATS and HTTP; they share the HTTP port)."),
+    collectors: int = typer.Option(1, min=0, help="Metrics collectors (copies, like --parsers; one writes, copies stand by; docs/metrics.md)."),
+    autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
+    checkers: int = typer.Option(1, min=0, help="Health checkers (copies, like --parsers; one decides a block at a time; docs/health.md)."),
     process_per_kind: bool = ProcessPerKind,
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
