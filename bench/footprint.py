@@ -1,19 +1,23 @@
 """Idle footprint of ``blocks up`` (issue 14: at most 300 MiB RSS over all its processes).
 
 Starts ``blocks up --data-dir <tmp>`` as a real process (the default layout: embedded
-nats-server and redis-server, every worker kind), waits until every worker has come up (each one's
-log says ``telemetry.serving``) and the memory has settled, then sums over the whole process tree:
+nats-server and redis-server, every worker kind, grouped in three worker processes:
+``supervisor.DEFAULT_GROUPS``; with ``--process-per-kind``, one process per kind as before),
+waits until every worker process has come up (each one's log says ``telemetry.serving``) and the
+memory has settled, then sums over the whole process tree:
 
 * **RSS** (``VmRSS``: what the issue's target is judged by); pages shared between processes (the
   interpreter, shared libraries) count once per process;
 * **PSS** (``/proc/PID/smaps_rollup``): shared pages divided among the processes sharing them, so
   the sum is what the tree costs the machine.
 
-The notes give each process's share (``kind rss/pss`` in MiB). Then ``blocks up`` gets SIGTERM and
+The notes give each process's share (``kind rss/pss`` in MiB; a group process is labelled with
+its kinds, ``parser+gateway+controller``). Then ``blocks up`` gets SIGTERM and
 every process of the tree must be gone within 20 s (figure: processes left; any left are killed).
 Figures only; a run takes ~15 s.
 
-    .venv/bin/python -m bench.footprint
+    .venv/bin/python -m bench.footprint                      # the default: grouped
+    .venv/bin/python -m bench.footprint --process-per-kind   # one process per kind
 """
 
 from __future__ import annotations
@@ -73,8 +77,8 @@ def label(pid: int) -> str:
     except OSError:
         return "?"
     words = [a.decode(errors="replace") for a in argv if a]
-    if "aios_blocks.workers.main" in words:
-        return "+".join(words[words.index("aios_blocks.workers.main") + 1:][:1]) or "worker"
+    if "aios_blocks.workers.main" in words:  # a kind, or a group's kinds (parser+gateway+controller)
+        return "".join(words[words.index("aios_blocks.workers.main") + 1:][:1]) or "worker"
     first = Path(words[0].split()[0]).name if words else ""
     if first in ("nats-server", "redis-server"):  # redis-server rewrites its title: "redis-server host:port"
         return first
@@ -131,19 +135,21 @@ def _settled(root: int, timeout: float = 20.0) -> list[tuple[int, str, float, fl
         last = total
 
 
-def measure() -> tuple[list[tuple[int, str, float, float, int]], int]:
-    """The settled idle sample of a fresh ``blocks up`` and the processes left after SIGTERM."""
-    from aios_blocks.workers.supervisor import DEFAULT_LAYOUT
+def measure(per_kind: bool = False) -> tuple[list[tuple[int, str, float, float, int]], int]:
+    """The settled idle sample of a fresh ``blocks up`` (``--process-per-kind`` with ``per_kind``)
+    and the processes left after SIGTERM."""
+    from aios_blocks.workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, units
 
     data = Path(tempfile.mkdtemp(prefix="aios-footprint-"))
     blocks = Path(sys.executable).parent / "blocks"
     cmd = [str(blocks)] if blocks.exists() else [sys.executable, "-m", "aios_blocks.cli"]
-    env = {k: v for k, v in os.environ.items() if k not in ("AIOS_NATS_URL", "AIOS_REDIS_URL")}
+    env = {k: v for k, v in os.environ.items() if k not in ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_PROCESS_PER_KIND")}
     out = open(data / "up.out", "wb")
-    proc = subprocess.Popen([*cmd, "up", "--data-dir", str(data / "d")], env=env, stdout=out, stderr=subprocess.STDOUT)
+    flags = ["--process-per-kind"] if per_kind else []
+    proc = subprocess.Popen([*cmd, "up", "--data-dir", str(data / "d"), *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
     pids: dict[int, str | None] = {}
     try:
-        _ready(data / "d" / "logs", len(DEFAULT_LAYOUT), proc)
+        _ready(data / "d" / "logs", len(units(DEFAULT_LAYOUT, None if per_kind else DEFAULT_GROUPS)), proc)
         idle = _settled(proc.pid)
         pids = {s[0]: _start_time(s[0]) for s in idle}
         proc.send_signal(signal.SIGTERM)
@@ -166,7 +172,8 @@ def measure() -> tuple[list[tuple[int, str, float, float, int]], int]:
 
 
 def figures(quick: bool = False) -> list[common.Row]:
-    idle, left = measure()
+    per_kind = "--process-per-kind" in sys.argv
+    idle, left = measure(per_kind)
     order = {"cli": 0, "nats-server": 98, "redis-server": 99}
     idle.sort(key=lambda s: (order.get(s[1], 1), s[1]))
     rss, pss = sum(s[2] for s in idle) / MiB, sum(s[3] for s in idle) / MiB
@@ -175,7 +182,8 @@ def figures(quick: bool = False) -> list[common.Row]:
     pythons = [s for s in idle if s[1] not in ("nats-server", "redis-server")]
     return [
         common.row(GROUP, "blocks up idle: RSS, all processes", rss, "MiB", None,
-                   f"target (issue 14) <= 300 MiB RSS; {len(idle)} processes, per process (MiB): {per_rss}"),
+                   f"target (issue 14) <= 300 MiB RSS; {'a process per kind' if per_kind else 'kinds grouped'}, "
+                   f"{len(idle)} processes, per process (MiB): {per_rss}"),
         common.row(GROUP, "blocks up idle: PSS, all processes", pss, "MiB", None,
                    f"shared pages split among their sharers (smaps_rollup); per process (MiB): {per_pss}"),
         common.row(GROUP, "blocks up idle: processes", len(idle), "", None,

@@ -14,7 +14,7 @@ import pytest
 
 from aios_blocks.cli.client import TERMINAL, Client, event_kind
 from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import Supervisor
+from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
 
 pytestmark = pytest.mark.integration
 
@@ -68,7 +68,8 @@ async def system(tmp_path: Path) -> AsyncIterator[System]:
         servers = EmbeddedServers(data_dir=data).start()
         nats_url, redis_url = servers.nats_url, servers.redis_url
     role_env = servers.worker_env if servers else None  # each worker with its own role's credentials
-    sup = Supervisor(nats_url, redis_url, log_dir=str(data / "logs"), role_env=role_env).start()
+    # the processes of `blocks up`: the kinds grouped (supervisor.DEFAULT_GROUPS)
+    sup = Supervisor(nats_url, redis_url, log_dir=str(data / "logs"), role_env=role_env, groups=DEFAULT_GROUPS).start()
     client = await Client.open(nats_url, redis_url)
     await client.add_component(COMPONENT)
     try:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from aios_blocks.workers import embedded
+from aios_blocks.workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, units
 
 from .conftest import COMPONENT
 
@@ -181,11 +182,22 @@ def test_restart_keeps_every_block_node_and_reservation(tmp_path: Path, files: d
         assert up.stop(signal.SIGTERM) == 0, up.output()
 
 
+def _argv(pid: int) -> list[str]:
+    try:
+        return [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0") if a]
+    except OSError:
+        return []
+
+
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["SIGTERM", "SIGHUP", "SIGKILL"])
 def test_a_signal_to_blocks_up_leaves_nothing_running(tmp_path: Path, sig: int) -> None:
     up = Up(tmp_path / "data", _env())
     children = up.descendants()
-    assert len(children) >= 6  # nats-server, redis-server, parser, gateway, controller, agent-sim
+    # nats-server, redis-server and the worker processes (the kinds grouped: supervisor.DEFAULT_GROUPS),
+    # every worker kind in one of them
+    assert len(children) >= 2 + len(units(DEFAULT_LAYOUT, DEFAULT_GROUPS))
+    running = {k for pid in children for arg in _argv(pid)[-1:] for k in arg.split("+")}
+    assert running >= set(DEFAULT_LAYOUT), running
     up.stop(sig)
     left, busy = wait_gone(children, up.ports)
     assert left == [] and busy == [], f"still alive: {left}, still listening: {busy}"

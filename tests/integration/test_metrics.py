@@ -123,7 +123,11 @@ async def test_a_real_prometheus_scrapes_a_running_system_and_top_and_scale_see_
             static = jobs["aios-instances"]["static_configs"]
             assert {g["labels"]["instance"] for g in static} == set(await client.store.instances("svc"))
             assert all(g["labels"]["block"] == "svc" and g["labels"]["cluster"] == "c0" for g in static)
-            assert {g["labels"]["kind"] for g in jobs["aios-workers"]["static_configs"]} >= {"executor", "metrics"}
+            workers = jobs["aios-workers"]["static_configs"]
+            # a group process (parser+gateway+controller) is one target labelled with its kinds:
+            # each process scraped once, so no series counted twice
+            assert {k for g in workers for k in g["labels"]["kind"].split("+")} >= {"executor", "metrics"}
+            assert len({a for g in workers for a in g["targets"]}) == len(workers)
             r = await asyncio.to_thread(subprocess.run, [str(Path(PROMETHEUS).with_name("promtool")), "check", "config", str(config)],
                                         capture_output=True, text=True) if Path(PROMETHEUS).with_name("promtool").exists() else None
             assert r is None or r.returncode == 0, (r.stdout, r.stderr)
@@ -146,7 +150,7 @@ async def test_a_real_prometheus_scrapes_a_running_system_and_top_and_scale_see_
                     assert {p["metric"]["instance"] for p in per} == want and len(want) == 2
                     assert {p["metric"]["cluster"] for p in per} == {"c0"}
                     kinds = await until(lambda: promql(http, base, 'up{job="aios-workers"} == 1'))
-                    assert {k["metric"]["kind"] for k in kinds} >= {"parser", "gateway", "controller", "executor", "metrics"}
+                    assert {n for k in kinds for n in k["metric"]["kind"].split("+")} >= {"parser", "gateway", "controller", "executor", "metrics"}
 
             # `blocks top`: the collector's latest samples
             async def served() -> dict[str, Any] | None:

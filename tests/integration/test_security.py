@@ -36,6 +36,7 @@ from aios_blocks.workers import auth
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.embedded import EmbeddedServers
 from aios_blocks.workers.health import HealthMonitor
+from aios_blocks.workers.supervisor import kind_var
 
 from .conftest import COMPONENT, System
 
@@ -512,13 +513,20 @@ async def test_redis_requires_credentials_and_confines_workers(servers: Embedded
 
 # -- the running system ------------------------------------------------------------------------------
 def _worker_users(system: System) -> dict[str, str]:
+    """kind -> the NATS user (``kind:redis``: the Redis user) its process connects it as: a group
+    process's per kind (``AIOS_NATS_URL_<KIND>``), and no URL of another role unsuffixed."""
     out = {}
-    for (kind, _), proc in system.supervisor.procs.items():
+    for key, proc in system.supervisor.procs.items():
         env = dict(
             line.split("=", 1) for line in Path(f"/proc/{proc.pid}/environ").read_bytes().decode().split("\0") if "=" in line
         )
-        out[kind] = auth.url_user(env["AIOS_NATS_URL"]) or ""
-        out[kind + ":redis"] = auth.url_user(env["AIOS_REDIS_URL"]) or ""
+        kinds = system.supervisor.kinds[key]
+        if len(kinds) > 1:
+            assert "AIOS_NATS_URL" not in env and "AIOS_REDIS_URL" not in env, kinds
+        for kind in kinds:
+            nats, redis = (env[kind_var(v, kind) if len(kinds) > 1 else v] for v in ("AIOS_NATS_URL", "AIOS_REDIS_URL"))
+            out[kind] = auth.url_user(nats) or ""
+            out[kind + ":redis"] = auth.url_user(redis) or ""
     return out
 
 
@@ -546,7 +554,7 @@ async def test_a_dangling_report_acts_only_on_the_node_of_its_subject(system: Sy
         await agent.publish(subjects.node_dangling("dn1"), "node.instance.dangling", lie, "dn1:dangling:lie")
         true = Dangling("dn1", "stray-0", "stray", 1, "process", "h-true")
         await agent.publish(subjects.node_dangling("dn1"), "node.instance.dangling", true, "dn1:dangling:true")
-        log = system.data_dir / "logs" / "controller-0.log"
+        log = system.data_dir / "logs" / os.path.basename(str(system.supervisor.log_file("controller")))  # its process's log
         async with asyncio.timeout(60):
             while not (await stored(admin, subjects.node_command("dn1", "instance.remove"))
                        and "instance.dangling_ignored" in log.read_text()):
@@ -615,6 +623,13 @@ async def test_secrets_never_appear_in_logs_outputs_or_public_files(tmp_path: Pa
                                        {**env, "AIOS_NATS_URL": bad, "AIOS_REDIS_URL": "redis://127.0.0.1:1/0"})
         outputs.append(said)
         assert "authorization violation" in said.lower() and "WRONG-pass-0123456789" not in said
+        # so does one kind of a group process, in lines marked with that kind
+        group_env = {**env, "AIOS_REDIS_URL": "redis://127.0.0.1:1/0", kind_var("AIOS_NATS_URL", "parser"): bad,
+                     kind_var("AIOS_NATS_URL", "gateway"): bad}
+        said = await asyncio.to_thread(_run_briefly, [sys.executable, "-m", "aios_blocks.workers.main", "parser+gateway"], group_env)
+        outputs.append(said)
+        assert "authorization violation" in said.lower() and "WRONG-pass-0123456789" not in said
+        assert '"kind": "parser"' in said, said[-2000:]
         secrets = _secrets(data)
         assert len(secrets) >= 10
         ep = data / "endpoints.json"
@@ -626,7 +641,7 @@ async def test_secrets_never_appear_in_logs_outputs_or_public_files(tmp_path: Pa
         out, _ = await asyncio.to_thread(up.communicate, timeout=60)
         outputs.append(out.decode())
     texts = outputs + [p.read_text(errors="replace") for p in [*data.glob("*.log"), *(data / "logs").glob("*.log")]]
-    assert len(list((data / "logs").glob("*.log"))) >= 4
+    assert len(list((data / "logs").glob("*.log"))) >= 3  # every worker process's (three: the kinds grouped)
     for secret in secrets:
         for text in texts:
             assert secret not in text

@@ -30,7 +30,7 @@ from ..workers.embedded import (
     redis_version,
     resolve_urls,
 )
-from ..workers.supervisor import DEFAULT_LAYOUT, Supervisor
+from ..workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
 from .client import TERMINAL, Client, Request
 
 app = typer.Typer(
@@ -82,6 +82,10 @@ def _data_dir(ctx: typer.Context, value: Path | None) -> Path:
 DataDir = typer.Option(
     None, "--data-dir", envvar="AIOS_DATA_DIR", callback=_data_dir, show_default="./.aios-data",
     help="Data dir of the embedded servers (else AIOS_DATA_DIR, else ./.aios-data, searched up from here).",
+)
+ProcessPerKind = typer.Option(
+    False, "--process-per-kind", envvar="AIOS_PROCESS_PER_KIND",
+    help="Run each worker kind in a process of its own (default: grouped in three processes, less memory).",
 )
 
 
@@ -271,27 +275,35 @@ def run() -> None:
 @app.command()
 def up(
     data_dir: Path = DataDir,
-    parsers: int = typer.Option(1, min=0, help="Parser worker processes."),
-    gateways: int = typer.Option(1, min=0, help="Gateway worker processes."),
-    controllers: int = typer.Option(1, min=0, help="Controller worker processes."),
-    agents: int = typer.Option(1, min=0, help="Simulated node agent processes."),
-    executors: int = typer.Option(1, min=0, help="Executor processes (block tasks over NATS and HTTP; they share the HTTP port)."),
-    collectors: int = typer.Option(1, min=0, help="Metrics collector processes (one writes, copies stand by; docs/metrics.md)."),
-    autoscalers: int = typer.Option(1, min=0, help="Autoscaler processes (each block decided by the one holding its lease; docs/autoscaling.md)."),
-    checkers: int = typer.Option(1, min=0, help="Health checker processes (one decides a block at a time; docs/health.md)."),
+    parsers: int = typer.Option(1, min=0, help="Parser workers (copies: the first in its group's process, each other its own)."),
+    gateways: int = typer.Option(1, min=0, help="Gateway workers (copies, like --parsers)."),
+    controllers: int = typer.Option(1, min=0, help="Controller workers (copies, like --parsers)."),
+    agents: int = typer.Option(1, min=0, help="Simulated node agents (copies, like --parsers)."),
+    executors: int = typer.Option(1, min=0, help="Executors (copies, like --parsers; block tasks over NATS and HTTP; they share the HTTP port)."),
+    collectors: int = typer.Option(1, min=0, help="Metrics collectors (copies, like --parsers; one writes, copies stand by; docs/metrics.md)."),
+    autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
+    checkers: int = typer.Option(1, min=0, help="Health checkers (copies, like --parsers; one decides a block at a time; docs/health.md)."),
+    process_per_kind: bool = ProcessPerKind,
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
     and workers die with it. One `blocks up` per data dir: a second one exits 1 naming the first.
 
+    The worker kinds run grouped, three processes: core (parser, gateway, controller), serve
+    (agent-sim, executor) and services (metrics, autoscaler, checker); each kind keeps its own
+    connections as its own role, and a group whose kind fails is restarted whole. `--controllers N`
+    etc. run N copies of a kind: the first in its group, the others as processes of their own.
+    `--process-per-kind` runs each kind in a process of its own.
+
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
               "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
-    with _running(data_dir, layout) as (servers, sup):
+    with _running(data_dir, layout, process_per_kind) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
-        console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {sup.layout}{where}")
-        console.print(f"logs: {sup.log_dir}/<worker>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
+        procs = ", ".join(f"{n}-{i} ({'+'.join(k)})" if len(k) > 1 else f"{n}-{i}" for (n, i), k in sup.kinds.items())
+        console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
+        console.print(f"logs: {sup.log_dir}/<process>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
         if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and executors:
             console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
         if os.environ.get("AIOS_METRICS_SD_PORT") and collectors:
@@ -301,7 +313,8 @@ def up(
 
 
 @contextlib.contextmanager
-def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
+def _running(data_dir: Path, layout: dict[str, int] | None = None,
+             process_per_kind: bool = False) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
     """Servers (unless AIOS_*_URL are set) and workers for the block inside; SIGTERM, SIGHUP and
     SIGINT (even when started in the background, where the shell ignores SIGINT) stop them like
     Ctrl-C, in order: workers, then servers. A data dir in use by another process: exit 1."""
@@ -327,6 +340,7 @@ def _running(data_dir: Path, layout: dict[str, int] | None = None) -> Iterator[t
             sup = Supervisor(
                 nats_url, redis_url, layout,
                 log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
+                groups=None if process_per_kind else DEFAULT_GROUPS,
             ).start()
             yield servers, sup
         except KeyboardInterrupt as exc:
@@ -525,6 +539,7 @@ def agent(
 def demo(
     data_dir: Path = DataDir,
     timeout: float = typer.Option(120, help="Give up after this many seconds."),
+    process_per_kind: bool = ProcessPerKind,
 ) -> None:
     """Start everything, register an example component and 3 simulated clusters x 8 nodes x 8 GPUs,
     submit an example block and show its lifecycle until it is ready.
@@ -533,7 +548,7 @@ def demo(
     Example: `blocks demo`
     """
     code = 1
-    with _running(data_dir) as (_, sup):
+    with _running(data_dir, process_per_kind=process_per_kind) as (_, sup):
         code = _run(_demo(sup, timeout, Path(data_dir)))
         if code == 0 and sys.stdout.isatty():
             console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")

@@ -61,10 +61,11 @@ class MetricsStore:
         await self.r.zrem(METRICS_TARGETS, _dumps(target))
 
     async def targets(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """The live targets (lapsed ones are left out, and pruned by whoever may write)."""
+        """The live targets (lapsed ones are left out, and pruned by whoever may write); with
+        ``kind``, those of the processes that run it (alone, or in a group: ``kinds``)."""
         raw = await self.r.zrangebyscore(METRICS_TARGETS, time.time(), "+inf")
         out = [_json.decode(m) for m in raw]
-        return [t for t in out if kind is None or t.get("kind") == kind]
+        return [t for t in out if kind is None or kind in (t.get("kinds") or [t.get("kind")])]
 
     async def prune_targets(self) -> int:
         return int(await self.r.zremrangebyscore(METRICS_TARGETS, "-inf", time.time()))

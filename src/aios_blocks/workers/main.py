@@ -1,4 +1,10 @@
-"""Worker process entry: ``python -m aios_blocks.workers.main KIND`` (or ``blocks worker KIND``).
+"""Worker process entry: ``python -m aios_blocks.workers.main KIND`` (or ``blocks worker KIND``),
+or ``... main KIND+KIND...``: a group of kinds in one process (``blocks up``'s default, see
+``supervisor.DEFAULT_GROUPS``), each with its own connections as its own role (its URLs and event
+key from ``AIOS_NATS_URL_<KIND>``, ``AIOS_REDIS_URL_<KIND>``, ``AIOS_EVENT_KEY_<KIND>``, else the
+unsuffixed ones), its log lines marked with its ``kind``, and one ``/metrics`` for the process.
+A kind that fails to start or stops on its own stops the others and the process exits 1 (its
+supervisor starts it again); SIGTERM/SIGINT stop every kind.
 
 Lean by design (docs/benchmarks.md "Idle footprint"): this module imports only the standard library
 at the top; a worker process loads its own kind's modules and nothing of the other kinds', and
@@ -15,7 +21,7 @@ import importlib
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -23,6 +29,8 @@ if TYPE_CHECKING:
 
 KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
 WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
+#: how long a group's kinds get to stop after SIGTERM (the supervisor kills at 10 s)
+STOP_TIMEOUT_S = 8.0
 
 #: package -> optional packages it imports when they are installed, which no worker uses through it:
 #: structlog's rich (pretty console tracebacks; workers log JSON), nats-py's aiohttp (the websocket
@@ -62,7 +70,7 @@ def configure_logging() -> None:
 
     logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(message)s", stream=sys.stderr)
     structlog.configure(
-        processors=[structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"), structlog.processors.JSONRenderer()],
+        processors=[structlog.contextvars.merge_contextvars, structlog.processors.add_log_level, structlog.processors.TimeStamper(fmt="iso"), structlog.processors.JSONRenderer()],
         wrapper_class=structlog.make_filtering_bound_logger(getattr(logging, level, logging.INFO)),
     )
 
@@ -70,8 +78,11 @@ def configure_logging() -> None:
 async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | None = None, stop: asyncio.Event | None = None) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
+    import structlog
+
     from .base import Worker, stop_on_signals
 
+    structlog.contextvars.bind_contextvars(kind=kind)  # in every line of this worker's log
     w = await Worker.open(nats_url, redis_url, kind)
     stop = stop or stop_on_signals()
     from . import telemetry
@@ -84,6 +95,106 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         with contextlib.suppress(Exception):
             await asyncio.wait_for(served, 5)
         await w.close()
+
+
+class KindStopped(RuntimeError):
+    """A kind of a group process failed to start or stopped on its own."""
+
+
+def group_urls(kinds: list[str], environ: Mapping[str, str]) -> dict[str, tuple[str, str, str | None]]:
+    """kind -> (NATS URL, Redis URL, event key) of a group process: ``AIOS_*_<KIND>``, else the
+    unsuffixed variable (KeyError naming the variable when neither is set)."""
+    from .supervisor import kind_var
+
+    def get(name: str, kind: str, required: bool = True) -> str | None:
+        value = environ.get(kind_var(name, kind)) or environ.get(name)
+        if value is None and required:
+            raise KeyError(f"{kind_var(name, kind)} (or {name})")
+        return value
+
+    return {k: (str(get("AIOS_NATS_URL", k)), str(get("AIOS_REDIS_URL", k)), get("AIOS_EVENT_KEY", k, False)) for k in kinds}
+
+
+async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | None]], cluster: str | None = None,
+                    stop: asyncio.Event | None = None) -> None:
+    """Run ``kinds`` in this process, each its own ``Worker`` (connections, role, event key, log
+    ``kind``); one ``/metrics`` target for the process. Raises ``KindStopped`` when a kind fails to
+    open or its run ends (with an error or not) before ``stop``."""
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"a kind twice in one group: {'+'.join(kinds)}")
+    import structlog
+
+    from ..settings import load as load_settings
+    from .base import Worker, stop_on_signals
+
+    log = structlog.get_logger("aios.worker")
+    stop = stop or stop_on_signals()
+    base = load_settings()
+    workers: dict[str, Worker] = {}
+
+    async def open_kind(kind: str) -> Worker:
+        # its own task: the connections' reader tasks it starts keep its ``kind`` in their lines
+        structlog.contextvars.bind_contextvars(kind=kind)
+        nats_url, redis_url, key = urls[kind]
+        settings = base.model_copy(update={"event_key": key}) if key else base
+        return await Worker.open(nats_url, redis_url, kind, settings)
+
+    async def run_kind(kind: str) -> None:
+        structlog.contextvars.bind_contextvars(kind=kind)
+        await _run_kind(workers[kind], kind, cluster, stop)
+
+    from . import telemetry
+
+    name = "+".join(kinds)
+    structlog.contextvars.bind_contextvars(kind=name)  # the process's own lines; each kind's task binds its own
+    served: asyncio.Task[None] | None = None
+    runs: dict[asyncio.Task[None], str] = {}
+    failed: tuple[str, BaseException | None] | None = None
+    try:
+        for kind in kinds:
+            try:
+                workers[kind] = await asyncio.create_task(open_kind(kind))
+            except Exception as exc:
+                log.error("group.kind_failed", kind=kind, group=name, stage="open", error=repr(exc))
+                raise KindStopped(f"{kind}: could not start: {exc!r}") from exc
+            if stop.is_set():
+                return
+        served = asyncio.create_task(telemetry.serve(workers[kinds[0]], name, cluster, stop, kinds=kinds))
+        runs = {asyncio.create_task(run_kind(k), name=k): k for k in kinds}
+        stopped = asyncio.create_task(stop.wait())
+        done, _ = await asyncio.wait([*runs, stopped], return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        for t in done:
+            if t in runs and not stop.is_set():
+                exc = None if t.cancelled() else t.exception()
+                failed = (runs[t], exc)
+                log.error("group.kind_failed", kind=runs[t], group=name, stage="run",
+                          error=repr(exc) if exc else "stopped on its own")
+                break
+        stop.set()  # every kind stops (a SIGTERM/SIGINT, or one of them failed)
+        _, pending = await asyncio.wait(list(runs), timeout=STOP_TIMEOUT_S)
+        for t in pending:
+            log.warning("group.kind_slow_to_stop", kind=runs[t], group=name)
+            t.cancel()
+        for t, kind in runs.items():
+            if t not in pending and not t.cancelled() and t.exception() is not None and failed is None:
+                failed = (kind, t.exception())
+                log.error("group.kind_failed", kind=kind, group=name, stage="stop", error=repr(t.exception()))
+        if failed:
+            raise KindStopped(f"{failed[0]}: {failed[1]!r}" if failed[1] else f"{failed[0]} stopped on its own")
+    finally:
+        stop.set()
+        for t in runs:
+            t.cancel()
+        if served is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(served, 5)
+        for w in workers.values():
+            with contextlib.suppress(Exception):
+                await w.close()
 
 
 async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
@@ -162,18 +273,33 @@ def main() -> None:
     configure_logging()
     kind = sys.argv[1]
     cluster = sys.argv[2] if len(sys.argv) > 2 else None
-    nats_url, redis_url = os.environ["AIOS_NATS_URL"], os.environ["AIOS_REDIS_URL"]
     try:
         import uvloop
 
         uvloop.install()
     except ImportError:
         pass
+    if "+" in kind:  # a group: every kind's own URLs
+        kinds = kind.split("+")
+        urls = group_urls(kinds, os.environ)
+
+        def run() -> None:
+            try:
+                asyncio.run(run_group(kinds, urls, cluster))
+            except KindStopped as exc:
+                print(f"worker group {kind}: {exc}", file=sys.stderr)
+                sys.exit(1)
+    else:
+        nats_url, redis_url = os.environ["AIOS_NATS_URL"], os.environ["AIOS_REDIS_URL"]
+
+        def run() -> None:
+            asyncio.run(run_worker(kind, nats_url, redis_url, cluster))
+
     prof_dir = os.environ.get("AIOS_PROFILE_DIR")
     if prof_dir:  # a sampling profile of this worker, written when it stops (docs/benchmarks.md)
-        _profiled(prof_dir, kind, lambda: asyncio.run(run_worker(kind, nats_url, redis_url, cluster)))
+        _profiled(prof_dir, kind, run)
         return
-    asyncio.run(run_worker(kind, nats_url, redis_url, cluster))
+    run()
 
 
 def _profiled(prof_dir: str, kind: str, run: Any) -> None:

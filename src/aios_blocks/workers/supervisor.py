@@ -1,7 +1,16 @@
 """Runs worker processes and replaces any that die (the `blocks up` process model).
 
-Each worker is its own OS process sharing a durable consumer with its copies, so a SIGKILLed
-worker's unacked messages are redelivered to its replacement (or its siblings).
+Each worker process shares a durable consumer with its copies, so a SIGKILLed worker's unacked
+messages are redelivered to its replacement (or its siblings).
+
+A process runs one worker kind, or a **group** of kinds (``groups``: ``blocks up``'s default is
+``DEFAULT_GROUPS``, three processes instead of eight, docs/benchmarks.md "Idle footprint"). Each
+kind in a group keeps its own connections as its own role: the group process gets every kind's
+URLs (and event key) in its environment, suffixed by kind (``kind_var``: ``AIOS_NATS_URL_PARSER``,
+``AIOS_REDIS_URL_AGENT_SIM``...), never on its command line; it holds several roles' credentials
+(docs/security.md). A kind of a group that fails to start or stops on its own ends the group
+process with a non-zero status, and the supervisor starts the whole group again. Copies of a kind
+beyond the first (``layout``: ``blocks up --controllers 2``) run as processes of their own.
 """
 
 from __future__ import annotations
@@ -11,13 +20,47 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import lifetime
 
 DEFAULT_LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1, "metrics": 1, "autoscaler": 1, "checker": 1}
+#: ``blocks up``'s processes: the placement path, the (simulated) fleet and the task ingress, and
+#: the services that watch running blocks (``blocks up --process-per-kind``: one per kind)
+DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
+    "core": ("parser", "gateway", "controller"),
+    "serve": ("agent-sim", "executor"),
+    "services": ("metrics", "autoscaler", "checker"),
+}
+#: the variables that differ between kinds (a role's credentials, its event-id key): a group process
+#: gets each kind's under ``kind_var(name, kind)``, and none unsuffixed
+PER_KIND_VARS = ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_EVENT_KEY")
+
+
+def kind_var(name: str, kind: str) -> str:
+    """``AIOS_NATS_URL``, ``agent-sim`` -> ``AIOS_NATS_URL_AGENT_SIM``."""
+    return f"{name}_{kind.upper().replace('-', '_')}"
+
+
+def units(layout: Mapping[str, int], groups: Mapping[str, tuple[str, ...]] | None) -> list[tuple[str, tuple[str, ...], int]]:
+    """The processes of ``layout``: (name, kinds, copy index). With ``groups``, each group's kinds
+    that the layout runs share one process (named after the group; a group left with one kind is
+    that kind's own process); copies beyond the first, and kinds in no group, get their own."""
+    out: list[tuple[str, tuple[str, ...], int]] = []
+    grouped: set[str] = set()
+    for name, kinds in (groups or {}).items():
+        present = tuple(k for k in kinds if layout.get(k, 0) > 0 and k not in grouped)
+        grouped.update(present)
+        if len(present) > 1:
+            out.append((name, present, 0))
+        elif present:
+            out.append((present[0], present, 0))
+    for kind, count in layout.items():
+        for idx in range(1 if kind in grouped else 0, count):
+            out.append((kind, (kind,), idx))
+    return out
 
 
 @dataclass
@@ -28,25 +71,48 @@ class Supervisor:
     log_dir: str | None = None
     #: per-kind environment overrides: each worker's role credentials (``EmbeddedServers.worker_env``)
     role_env: Callable[[str], dict[str, str]] | None = None
+    #: group name -> kinds run in one process (None: a process per kind)
+    groups: Mapping[str, tuple[str, ...]] | None = None
+    #: (process name: a kind or a group, copy index) -> the process
     procs: dict[tuple[str, int], subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: (process name, copy index) -> the kinds that process runs
+    kinds: dict[tuple[str, int], tuple[str, ...]] = field(default_factory=dict)
     restarts: int = 0
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
-    def _spawn(self, kind: str, idx: int) -> subprocess.Popen[bytes]:
+    def env(self, kinds: tuple[str, ...]) -> dict[str, str]:
+        """The environment of a process running ``kinds``: one kind's URLs as ``AIOS_NATS_URL`` /
+        ``AIOS_REDIS_URL`` (its role's, with ``role_env``); a group's per kind (``kind_var``)."""
         env = {**os.environ, "AIOS_NATS_URL": self.nats_url, "AIOS_REDIS_URL": self.redis_url}
-        if self.role_env:
-            env.update(self.role_env(kind))
+        if len(kinds) == 1:
+            if self.role_env:
+                env.update(self.role_env(kinds[0]))
+            return env
+        base = {k: env.pop(k) for k in PER_KIND_VARS if k in env}
+        for name in list(env):  # none of another group's, nor the caller's, per-kind variables
+            if any(name.startswith(v + "_") for v in PER_KIND_VARS):
+                del env[name]
+        for kind in kinds:
+            own = {**base, **(self.role_env(kind) if self.role_env else {})}
+            for name, value in own.items():
+                env[kind_var(name, kind) if name in PER_KIND_VARS else name] = value
+        return env
+
+    def _spawn(self, key: tuple[str, int]) -> subprocess.Popen[bytes]:
+        name, idx = key
+        kinds = self.kinds[key]
+        env = self.env(kinds)
         out: Any = subprocess.DEVNULL
         if self.log_dir:
             os.makedirs(self.log_dir, exist_ok=True)
-            out = open(os.path.join(self.log_dir, f"{kind}-{idx}.log"), "ab")
+            out = open(os.path.join(self.log_dir, f"{name}-{idx}.log"), "ab")
         # own session: a Ctrl-C in the terminal reaches only the supervisor, which stops workers
         # in order; PDEATHSIG: a SIGKILLed supervisor takes its workers with it (spawned from the
         # main thread or the watch thread, both live as long as the workers should)
         try:
             return subprocess.Popen(
-                [sys.executable, "-m", "aios_blocks.workers.main", kind], env=env, stdout=out, stderr=out,
+                [sys.executable, "-m", "aios_blocks.workers.main", "+".join(kinds)], env=env, stdout=out, stderr=out,
                 start_new_session=True, preexec_fn=lifetime.die_with_parent(),
             )
         finally:
@@ -54,9 +120,9 @@ class Supervisor:
                 out.close()  # the child has its own copy
 
     def start(self) -> Supervisor:
-        for kind, count in self.layout.items():
-            for idx in range(count):
-                self.procs[(kind, idx)] = self._spawn(kind, idx)
+        for name, kinds, idx in units(self.layout, self.groups):
+            self.kinds[(name, idx)] = kinds
+            self.procs[(name, idx)] = self._spawn((name, idx))
         self._thread = threading.Thread(target=self._watch, daemon=True, name="supervisor")
         self._thread.start()
         return self
@@ -66,10 +132,20 @@ class Supervisor:
             for key, proc in list(self.procs.items()):
                 if proc.poll() is not None and not self._stop.is_set():
                     self.restarts += 1
-                    self.procs[key] = self._spawn(*key)
+                    self.procs[key] = self._spawn(key)
 
     def pids(self, kind: str) -> list[int]:
-        return [p.pid for (k, _), p in self.procs.items() if k == kind and p.poll() is None]
+        """The live processes running ``kind`` (alone or in a group)."""
+        return [p.pid for key, p in self.procs.items() if kind in self.kinds[key] and p.poll() is None]
+
+    def log_file(self, kind: str, idx: int = 0) -> str | None:
+        """The log of the process running copy ``idx`` of ``kind`` (None without ``log_dir``)."""
+        if not self.log_dir:
+            return None
+        for (name, i), kinds in self.kinds.items():
+            if kind in kinds and i == idx:  # a group runs copy 0 of its kinds
+                return os.path.join(self.log_dir, f"{name}-{i}.log")
+        raise KeyError(f"no process runs copy {idx} of {kind!r}")
 
     def stop(self) -> None:
         self._stop.set()

@@ -2,7 +2,9 @@
 the consumer runner's counters, the executor's figures, process CPU and memory), on
 ``AIOS_METRICS_HOST:AIOS_METRICS_PORT`` (port 0: a free one), announced in the metrics store
 (``state.metrics``: a target that lapses unless refreshed), where the collector and
-``blocks prometheus-config`` find it.
+``blocks prometheus-config`` find it. One per process: a group process's kinds (``main.run_group``)
+share the registry and announce one target, ``kind`` ``parser+gateway+controller`` with
+``kinds`` listing them.
 
 Served by a few lines of ``asyncio.start_server`` rather than aiohttp: a worker that needs no HTTP
 otherwise (parser, gateway, controller, autoscaler) does not load aiohttp (~11 MiB per process,
@@ -56,16 +58,18 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             await writer.wait_closed()
 
 
-async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
-    """Serve ``/metrics`` and keep this worker's target announced until ``stop``."""
+async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event, kinds: list[str] | None = None) -> None:
+    """Serve ``/metrics`` and keep this worker's target announced until ``stop``. A group process
+    (``kinds``; ``kind`` is their ``+``-joined name) serves and announces one target: its kinds
+    share the process's registry, so one scrape counts each series once."""
     s = w.settings
     if s.metrics_port < 0:
         return
     server = await asyncio.start_server(_handle, s.metrics_host, s.metrics_port)
     try:
         port = int(server.sockets[0].getsockname()[1])  # the port given, or the free one the system chose
-        target = {"id": f"{kind}-{socket.gethostname()}-{os.getpid()}", "kind": kind, "cluster": cluster or "",
-                  "url": f"http://{s.metrics_host}:{port}/metrics"}
+        target = {"id": f"{kind}-{socket.gethostname()}-{os.getpid()}", "kind": kind, "kinds": list(kinds or [kind]),
+                  "cluster": cluster or "", "url": f"http://{s.metrics_host}:{port}/metrics"}
         log.info("telemetry.serving", url=target["url"])
         try:
             while not stop.is_set():
