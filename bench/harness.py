@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -22,7 +23,7 @@ except ImportError:  # run as a script
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
 from aios_blocks.handlers.controller import instance_id
-from aios_blocks.workers.supervisor import Supervisor
+from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
 
 COMPONENT = {
     "componentURI": "aios://bench/model",
@@ -149,12 +150,18 @@ class Stack:
 
 @contextlib.asynccontextmanager
 async def stack(
-    clusters: int, nodes: int, gpus: int = 8, layout: dict[str, int] | None = None, tag: str = "bench"
+    clusters: int, nodes: int, gpus: int = 8, layout: dict[str, int] | None = None, tag: str = "bench",
+    grouped: bool | None = None,
 ) -> AsyncIterator[Stack]:
-    """Servers + workers (``Supervisor``) + ``clusters`` simulated clusters of ``nodes`` nodes."""
+    """Servers + workers (``Supervisor``) + ``clusters`` simulated clusters of ``nodes`` nodes.
+    ``grouped``: the kinds in ``blocks up``'s processes (parser+gateway+controller in one), else a
+    process per kind; default from ``AIOS_BENCH_GROUPED`` (off)."""
+    if grouped is None:
+        grouped = os.environ.get("AIOS_BENCH_GROUPED", "") not in ("", "0", "false")
     async with common.servers(tag) as (nats_url, redis_url, data):
         sup_layout = layout or {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
-        sup = Supervisor(nats_url, redis_url, layout=sup_layout, log_dir=str(data / "logs")).start()
+        sup = Supervisor(nats_url, redis_url, layout=sup_layout, log_dir=str(data / "logs"),
+                         groups=DEFAULT_GROUPS if grouped else None).start()
         client = await Client.open(nats_url, redis_url)
         try:
             tracker = Tracker()

@@ -210,3 +210,28 @@ async def test_a_batch_commits_its_events_atomically_and_a_refused_batch_goes_ev
     finally:
         await bus.close()
         servers.stop()
+
+
+async def test_a_publish_awaited_inside_a_handler_never_overtakes_its_earlier_events(tmp_path: Path) -> None:
+    """In a deferring outbox, a ``sync`` emit (the caller reads its ack) first sends what the handler
+    published before it: the stream keeps the handler's order."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.bus.nats_bus import outbox
+    from aios_blocks.schemas.events import BlockStatus
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        with outbox(defer=True) as box:
+            await bus.emit(E.block_ready, BlockStatus("ord-a", 1, "ready"))
+            await bus.emit(E.block_ready, BlockStatus("ord-b", 1, "ready"))
+            ack = await bus.emit(E.block_ready, BlockStatus("ord-c", 1, "ready"), sync=True)
+            assert ack is not None and not box.deferred and len(box.pending) == 2
+        await asyncio.gather(*box.pending)
+        seqs = [(await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=b))).seq for b in ("ord-a", "ord-b", "ord-c")]
+        assert seqs == sorted(seqs) and seqs[2] == ack.seq
+    finally:
+        await bus.close()
+        servers.stop()

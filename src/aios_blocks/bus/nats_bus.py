@@ -397,8 +397,10 @@ class Bus:
         Inside an :func:`outbox` the ack is left to the outbox's owner and ``None`` is returned,
         unless ``sync`` (the caller reads the ack, e.g. whether it was a duplicate)."""
         e = Emit(event, payload, tokens, qualifier, msg_id, tuple((headers or {}).items()))
-        box = None if sync else _open_outbox()
-        if box is None:
+        box = _open_outbox()
+        if sync and box is not None and box.deferred:
+            await self._send_deferred(box)  # what the handler published before goes out first, in order
+        if sync or box is None:
             return await self._emit_one(e, wait=True)
         fut = await self._emit_one(e, wait=False, box=box)
         if fut is not None:
@@ -438,6 +440,13 @@ class Bus:
         return await self.js.publish_async(subject, body, headers=headers)
 
     # -- a fetched batch's events, committed together -----------------------------------------
+    async def _send_deferred(self, box: Outbox) -> None:
+        """Publish what ``box`` holds now (``publish_async``, acks left to the box's owner): a
+        publish that must go out at once (``sync``) never overtakes its handler's earlier events."""
+        held, box.deferred = box.deferred, []
+        for d in held:
+            box.pending.append(await self.js.publish_async(d.subject, d.body, headers=d.headers))
+
     async def commit(self, groups: list[list[Deferred]], timeout: float) -> list[str]:
         """Store every group's events; per group, ``""`` when all of them are stored, else why not.
 
