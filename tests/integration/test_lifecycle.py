@@ -193,11 +193,15 @@ def _argv(pid: int) -> list[str]:
 def test_a_signal_to_blocks_up_leaves_nothing_running(tmp_path: Path, sig: int) -> None:
     up = Up(tmp_path / "data", _env())
     children = up.descendants()
-    # nats-server, redis-server and the worker processes (the kinds grouped: supervisor.DEFAULT_GROUPS),
-    # every worker kind in one of them
-    assert len(children) >= 2 + len(units(DEFAULT_LAYOUT, DEFAULT_GROUPS))
-    running = {k for pid in children for arg in _argv(pid)[-1:] for k in arg.split("+")}
-    assert running >= set(DEFAULT_LAYOUT), running
+    try:
+        # nats-server, redis-server and the worker processes (the kinds grouped: supervisor.DEFAULT_GROUPS),
+        # every worker kind in one of them
+        assert len(children) >= 2 + len(units(DEFAULT_LAYOUT, DEFAULT_GROUPS))
+        running = {k for pid in children for arg in _argv(pid)[-1:] for k in arg.split("+")}
+        assert running >= set(DEFAULT_LAYOUT), running
+    except BaseException:
+        up.stop(signal.SIGTERM)  # a failed check leaves nothing running behind it
+        raise
     up.stop(sig)
     left, busy = wait_gone(children, up.ports)
     assert left == [] and busy == [], f"still alive: {left}, still listening: {busy}"
