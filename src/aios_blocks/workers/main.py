@@ -313,6 +313,7 @@ def _profiled(prof_dir: str, kind: str, run: Any) -> None:
         run()
     finally:
         prof.stop()
+        os.makedirs(prof_dir, exist_ok=True)  # a directory that does not exist yet is made (nothing was written before)
         base = os.path.join(prof_dir, f"{kind}-{os.getpid()}")
         with open(base + ".txt", "w") as f:
             f.write(prof.output_text(unicode=False, color=False))
