@@ -19,7 +19,7 @@ running on two nodes at once, a placement on a node that does not exist).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -65,6 +65,14 @@ class NodeState:
     vc_index: int = 0
     #: ``blocks node drain``
     drain: bool = False
+    #: (spec, its rack label): a cache of ``rack()``
+    _rack: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+
+    def rack(self) -> str:
+        """The ``rack`` label of its spec (decoded once per spec, not once per placement)."""
+        if self._rack is None or self._rack[0] is not self.spec:
+            self._rack = (self.spec, _json.decode(self.spec).get("labels", {}).get("rack", ""))
+        return self._rack[1]
 
     def hash(self) -> dict[str, str]:
         """The node's Redis hash, as ``Store.put_node`` and the capacity scripts leave it."""
@@ -125,18 +133,19 @@ class Fold:
     def apply(self, subject: str, raw: bytes, seq: int = 0, ts: float = 0.0) -> None:
         """Fold one stored message. Messages the state does not depend on are skipped cheaply."""
         self.events += 1
-        self.last_seq = max(self.last_seq, seq)
-        parts = subject.split(".")
+        if seq > self.last_seq:
+            self.last_seq = seq
+        parts = subject.split(".", 3)
         if len(parts) < 4 or parts[0] != "aios":
             return
-        entity, key, tail = parts[1], parts[2], ".".join(parts[3:])
+        _, entity, key, tail = parts
         if entity == "block":
             self.last_event[key] = (ts, tail)
             if tail == "create":
                 self.creates[seq] = _digest(raw)
                 self.block_order.setdefault(key, ts)
                 return
-            rule = self.rules.get(tail) or (self.instance_rules.get(parts[-1]) if tail.startswith("instance.") else None)
+            rule = self.rules.get(tail) or (self.instance_rules.get(tail.rpartition(".")[2]) if tail.startswith("instance.") else None)
             if rule is not None:
                 rule(self, key, _data(raw), seq, ts)
         elif entity == "node":
@@ -256,7 +265,7 @@ class Fold:
             iid, nid, gpus = p["instance_id"], p["node_id"], list(p.get("gpus") or [])
             self._reserve(cid, iid, bid, nid, gpus, ir, seq)
             node = self.nodes.get(nid)
-            rack = _json.decode(node.spec).get("labels", {}).get("rack", "") if node else ""
+            rack = node.rack() if node else ""
             self.aff_svc.setdefault(uid(bid), {})[iid] = dumps([nid, rack])
             self.aff_lease[uid(iid)] = nid
             insts[iid] = {"node": nid, "gpus": gpus, "cluster": cid, "status": "starting", "action": action,
@@ -548,14 +557,21 @@ class Fold:
         if self.policies:
             img[k.POLICIES] = set(self.policies)
         if include_gathers:
-            for (bid, gen, attempt), gather in self.gathers.items():
-                if not gather["expected"]:
-                    continue
-                gh: dict[str, str] = {"expected": dumps(gather["expected"]), "deadline": _num(gather["deadline"])}
-                gh.update({f"r:{c}": dumps(r) for c, r in gather["results"].items()})
-                if gather["decided"]:
-                    gh["decided"] = gather["decided"]
-                img[k.gather_key(bid, gen, attempt)] = gh
+            img.update(self.gather_image(self.gathers))
+        return img
+
+    def gather_image(self, which: Iterable[tuple[str, int, int]]) -> Image:
+        """These gathers' keys (those with candidates: a round without any has no gather)."""
+        img: Image = {}
+        for bid, gen, attempt in which:
+            gather = self.gathers.get((bid, gen, attempt))
+            if gather is None or not gather["expected"]:
+                continue
+            gh: dict[str, str] = {"expected": dumps(gather["expected"]), "deadline": _num(gather["deadline"])}
+            gh.update({f"r:{c}": dumps(r) for c, r in gather["results"].items()})
+            if gather["decided"]:
+                gh["decided"] = gather["decided"]
+            img[k.gather_key(bid, gen, attempt)] = gh
         return img
 
     def open_gathers(self) -> list[tuple[str, int, int]]:
