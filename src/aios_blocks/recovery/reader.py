@@ -52,6 +52,10 @@ class _Tap:
         self.inner = nc._ps
         self.on_msg = on_msg
         self.buf = b""
+        #: a large message being gathered: the parts read since, their size, the size still needed
+        self.parts: list[bytes] = []
+        self.have = 0
+        self.need = 0
         self.sid = b""  # the subscription being read ("" once done or between consumers)
         self.ours: set[bytes] = set()  # every subscription this read made (stragglers are dropped)
         self.next_dseq = 1  # the consumer sequence expected next
@@ -66,9 +70,17 @@ class _Tap:
     # -- the parser interface nats-py calls ------------------------------------------------------
     def reset(self) -> None:  # on reconnect
         self.buf = b""
+        self.parts, self.have, self.need = [], 0, 0
         self.inner.reset()
 
     async def parse(self, data: bytes = b"") -> None:
+        if self.need:  # the rest of a large message: gather its parts, join them once
+            self.parts.append(bytes(data))
+            self.have += len(data)
+            if self.have < self.need:
+                return
+            data = b"".join(self.parts)
+            self.parts, self.have, self.need = [], 0, 0
         buf = self.buf + data if self.buf else bytes(data)
         self.buf = b""
         n = len(buf)
@@ -104,6 +116,8 @@ class _Tap:
             start = eol + 2
             end = start + int(tlen)
             if end + 2 > n:
+                if end + 2 - pos > 65536:  # a large one: the next reads are gathered first
+                    self.need = end + 2 - n
                 break  # the rest of it comes with the next read
             unit_end = end + 2
             if msid != sid:
@@ -142,7 +156,7 @@ class _Tap:
         self.last_activity = time.monotonic()
         if pos < n:
             self.buf = buf[pos:]
-        if self.detaching and not self.buf and self.nc._ps is self:
+        if self.detaching and not self.buf and not self.need and self.nc._ps is self:
             self.nc._ps = self.inner
 
     async def _status(self, hdr: bytes, reply: bytes) -> None:
