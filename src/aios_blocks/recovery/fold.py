@@ -19,6 +19,7 @@ running on two nodes at once, a placement on a node that does not exist).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -40,6 +41,10 @@ _enc = msgspec.json.Encoder()
 
 #: a block id can be reused once its block is in one of these (CREATE_BLOCK)
 REUSABLE = tuple(sorted(lc.REUSABLE))
+#: ``lc.into`` of each status (the table is constant; recomputed per event it was a tenth of the fold)
+_into = functools.cache(lc.into)
+#: each status's value (``Enum.value`` is a Python-level property: slow once per event)
+_VALUE = {s: s.value for s in lc.BlockStatus}
 
 
 def dumps(v: Any) -> str:
@@ -183,15 +188,16 @@ class Fold:
 
     def _reach(self, bid: str, gen: Any, target: lc.BlockStatus, **fields: str) -> bool:
         """An event says the block reached ``target``: from any status a step moves it there from."""
-        return self._move(bid, gen, lc.into(target), target, **fields)
+        return self._move(bid, gen, _into(target), target, **fields)
 
     def _move(self, bid: str, gen: Any, sources: frozenset[lc.BlockStatus], target: lc.BlockStatus, **fields: str) -> bool:
         b = self._block(bid, gen)
         if b is None or b.get("status") not in sources:
             return False
         b["version"] = str(int(b.get("version", "0")) + 1)
-        b["status"] = target.value
-        b.update(fields)
+        b["status"] = _VALUE[target]
+        if fields:
+            b.update(fields)
         return True
 
     def _create(self, bid: str, gen: int, fields: dict[str, str]) -> bool:
