@@ -89,3 +89,23 @@ async def test_a_lost_message_restarts_the_consumer_after_the_last_one_handed_ou
 
     assert await _read(c, wire=True, on_msg=drop_next) == ordered
     assert lost == [50, 51, 400]
+
+
+async def test_the_packed_image_writer_writes_what_pipelines_write(client: Client) -> None:
+    """``write_image`` packs its commands itself on one server: same keys and values as redis-py's
+    pipelines (every kind of value, a batch boundary crossed, a float score, a unicode value)."""
+    from aios_blocks.recovery import image as im
+    from aios_blocks.recovery import rebuild
+
+    r = client.store.r
+    img: im.Image = {f"aios:block:w{i}": {"status": "ready", "gen": str(i), "ir": '{"é": 1}'} for i in range(rebuild.WRITE_BATCH + 5)}
+    img.update({"aios:clusters": {"c0": '{"id":"c0"}'}, "aios:{c:c0}:nodes": {"n1", "n2"}, "aios:component:x": "v",
+                "aios:blocks": im.ZSet({"w1": 1.5, "w2": 1e-7, "w3": 3.0}), "aios:policies": set()})
+    await rebuild.drop_project_keys(r)
+    assert await rebuild.write_image(r, img) == len(img)
+    packed = await rebuild.read_image(r)
+    await rebuild.drop_project_keys(r)
+    await rebuild._write_pipelined(r, img)
+    assert await rebuild.read_image(r) == packed
+    assert packed["aios:blocks"] == {"w1": 1.5, "w2": 1e-7, "w3": 3.0} and "aios:policies" not in packed
+    assert packed["aios:block:w7"] == img["aios:block:w7"] and packed["aios:{c:c0}:nodes"] == {"n1", "n2"}
