@@ -161,3 +161,19 @@ def test_a_large_message_is_gathered_then_cut_once() -> None:
     asyncio.run(go())
     assert [(q, len(b)) for _, b, q, _ in got] == [(101, 300_000), (102, len(b'{"data":{"n":2}}'))]
     assert tap.done.is_set() and tap.buf == b"" and tap.need == 0
+
+
+def test_a_unit_nats_py_had_begun_is_left_to_it() -> None:
+    conn = Conn()
+    inner = conn._ps
+    inner.buf = bytearray(b"MSG foo 4 5\r\nhel")  # what it held when the tap came
+
+    async def parse(data: bytes = b"") -> None:
+        inner.units.append(bytes(data))
+        inner.buf = bytearray()  # it completed the unit
+
+    inner.parse = parse
+    tap, got = tap_on(conn)
+    asyncio.run(tap.parse(b"lo\r\n"))
+    asyncio.run(tap.parse(stored(1, 1)))
+    assert inner.units == [b"lo\r\n"] and [q for _, _, q, _ in got] == [101]

@@ -74,6 +74,11 @@ class _Tap:
         self.inner.reset()
 
     async def parse(self, data: bytes = b"") -> None:
+        if not self.buf and getattr(self.inner, "buf", None):
+            # nats-py's parser was in the middle of a unit when the tap came: it finishes it (a
+            # message of the read it takes meanwhile goes nowhere: a gap, so the consumer restarts)
+            await self.inner.parse(data)
+            return
         if self.need:  # the rest of a large message: gather its parts, join them once
             self.parts.append(bytes(data))
             self.have += len(data)
