@@ -14,6 +14,7 @@ On 2 shared cores the full module takes about 2-3 minutes (generating ~1/3, reco
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import sys
 import tempfile
@@ -159,13 +160,15 @@ async def _measure(quick: bool) -> list[common.Row]:
             await gen.fill(total, keep_from=total // per_block - KEEP)
             publish_s = time.perf_counter() - started
             await drop_project_keys(client.store.r)
-            started = time.perf_counter()
+            started, cpu = time.perf_counter(), time.process_time()
             rep = await recover(client.bus, client.store)
-            seconds = time.perf_counter() - started
+            seconds, cpu = time.perf_counter() - started, time.process_time() - cpu
+            load = os.getloadavg()[0]
             assert im.digest(await read_image(client.store.r)) == rep.digest
             note = (
                 f"{rep.events:,} events read and folded ({gen.block:,} blocks, {KEEP} left running); read+fold "
-                f"{rep.seconds_read:.1f}s, write {rep.keys:,} keys {rep.seconds_write:.1f}s; generating took {publish_s:.0f}s"
+                f"{rep.seconds_read:.1f}s, write {rep.keys:,} keys {rep.seconds_write:.1f}s; client CPU {cpu:.1f}s; load {load:.1f} on "
+                f"{os.cpu_count()} cores; generating took {publish_s:.0f}s"
             )
             label = f"{total // 1000}k" if total < 1_000_000 else f"{total // 1_000_000}M"
             rows.append(common.row("recovery", f"blocks recover from {label} stored events", seconds, "s", None, note))

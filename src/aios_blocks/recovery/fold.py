@@ -499,7 +499,10 @@ class Fold:
 
     # -- gathers and the registry ------------------------------------------------------------------
     def _gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
-        return self.gathers.setdefault((bid, gen, attempt), {"expected": [], "deadline": 0.0, "results": {}, "decided": ""})
+        g = self.gathers.get((bid, gen, attempt))
+        if g is None:  # (not setdefault: that builds the empty gather on every event of the round)
+            g = self.gathers[(bid, gen, attempt)] = {"expected": [], "deadline": 0.0, "results": {}, "decided": ""}
+        return g
 
     def _policy(self, d: dict[str, Any]) -> None:
         name, version = d.get("name"), d.get("version")
