@@ -8,7 +8,8 @@ blocks then delete/remove/removed/deleted so capacity is reused), published fast
 The stored count and the generated state are checked: the rebuilt Redis digest equals the fold's.
 
 Sizes: 100k then 1M events (the 1M stream is the 100k one, filled up); ``--quick``: 100k only.
-On 2 shared cores the full module takes about 2-3 minutes (generating ~1/3, recover ~2/3).
+On 2 shared cores the full module takes about 1-2.5 minutes (generating 1M ~25 s, recover 1M
+~14-22 s depending on the other sessions' load; each figure notes the client CPU and the load).
 """
 
 from __future__ import annotations

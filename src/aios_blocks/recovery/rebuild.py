@@ -5,7 +5,9 @@ Procedure (docs/reliability.md):
 
 1. the epoch key goes away (Redis was flushed, or ``recover --force`` deletes it first): every
    worker's handlers stop acting (their messages are redelivered later, nothing is acked);
-2. the whole stream is read with an ordered push consumer and folded (``recovery.fold``);
+2. the whole stream is read (``recovery.reader``: one push consumer, parsed off the connection
+   with the ordered consumer's sequence checks) and folded (``recovery.fold``), the cyclic GC
+   paused meanwhile;
 3. the image is written; the epoch is set to a new value: workers resume, drop their inventory
    caches, and redo any message whose handling overlapped the change.
 """
