@@ -643,3 +643,18 @@ def test_adaptive_strength_is_accepted_in_every_form_and_round_trips() -> None:
     # Adaptive toward and Required away on one target is no contradiction (only Required pairs are)
     normalize([entry("Topology", "Adaptive", ttype="RackId", value=7),
                {**entry("Topology", "Required", ttype="RackId", value=7), "anti": True}])
+
+
+@given(st.text(max_size=40) | st.sampled_from([U1, U1_HEX, U2, "{" + U1 + "}", "urn:uuid:" + U1, "b1", "b1-0", ""]))
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+def test_policy_uid_is_str_of_id128(value: str) -> None:
+    """``policies.affinity.uid`` computes short ids' uuid5 without ``uuid.UUID``: same string."""
+    from aios_blocks.policies.affinity import uid
+
+    try:
+        expected = str(id128(value))
+    except UnicodeEncodeError:  # a lone surrogate: neither can encode it
+        with pytest.raises(UnicodeEncodeError):
+            uid(value)
+        return
+    assert uid(value) == expected

@@ -19,7 +19,8 @@ running on two nodes at once, a placement on a node that does not exist).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -40,6 +41,10 @@ _enc = msgspec.json.Encoder()
 
 #: a block id can be reused once its block is in one of these (CREATE_BLOCK)
 REUSABLE = tuple(sorted(lc.REUSABLE))
+#: ``lc.into`` of each status (the table is constant; recomputed per event it was a tenth of the fold)
+_into = functools.cache(lc.into)
+#: each status's value (``Enum.value`` is a Python-level property: slow once per event)
+_VALUE = {s: s.value for s in lc.BlockStatus}
 
 
 def dumps(v: Any) -> str:
@@ -65,6 +70,14 @@ class NodeState:
     vc_index: int = 0
     #: ``blocks node drain``
     drain: bool = False
+    #: (spec, its rack label): a cache of ``rack()``
+    _rack: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+
+    def rack(self) -> str:
+        """The ``rack`` label of its spec (decoded once per spec, not once per placement)."""
+        if self._rack is None or self._rack[0] is not self.spec:
+            self._rack = (self.spec, _json.decode(self.spec).get("labels", {}).get("rack", ""))
+        return self._rack[1]
 
     def hash(self) -> dict[str, str]:
         """The node's Redis hash, as ``Store.put_node`` and the capacity scripts leave it."""
@@ -125,18 +138,19 @@ class Fold:
     def apply(self, subject: str, raw: bytes, seq: int = 0, ts: float = 0.0) -> None:
         """Fold one stored message. Messages the state does not depend on are skipped cheaply."""
         self.events += 1
-        self.last_seq = max(self.last_seq, seq)
-        parts = subject.split(".")
+        if seq > self.last_seq:
+            self.last_seq = seq
+        parts = subject.split(".", 3)
         if len(parts) < 4 or parts[0] != "aios":
             return
-        entity, key, tail = parts[1], parts[2], ".".join(parts[3:])
+        _, entity, key, tail = parts
         if entity == "block":
             self.last_event[key] = (ts, tail)
             if tail == "create":
                 self.creates[seq] = _digest(raw)
                 self.block_order.setdefault(key, ts)
                 return
-            rule = self.rules.get(tail) or (self.instance_rules.get(parts[-1]) if tail.startswith("instance.") else None)
+            rule = self.rules.get(tail) or (self.instance_rules.get(tail.rpartition(".")[2]) if tail.startswith("instance.") else None)
             if rule is not None:
                 rule(self, key, _data(raw), seq, ts)
         elif entity == "node":
@@ -174,15 +188,16 @@ class Fold:
 
     def _reach(self, bid: str, gen: Any, target: lc.BlockStatus, **fields: str) -> bool:
         """An event says the block reached ``target``: from any status a step moves it there from."""
-        return self._move(bid, gen, lc.into(target), target, **fields)
+        return self._move(bid, gen, _into(target), target, **fields)
 
     def _move(self, bid: str, gen: Any, sources: frozenset[lc.BlockStatus], target: lc.BlockStatus, **fields: str) -> bool:
         b = self._block(bid, gen)
         if b is None or b.get("status") not in sources:
             return False
         b["version"] = str(int(b.get("version", "0")) + 1)
-        b["status"] = target.value
-        b.update(fields)
+        b["status"] = _VALUE[target]
+        if fields:
+            b.update(fields)
         return True
 
     def _create(self, bid: str, gen: int, fields: dict[str, str]) -> bool:
@@ -256,7 +271,7 @@ class Fold:
             iid, nid, gpus = p["instance_id"], p["node_id"], list(p.get("gpus") or [])
             self._reserve(cid, iid, bid, nid, gpus, ir, seq)
             node = self.nodes.get(nid)
-            rack = _json.decode(node.spec).get("labels", {}).get("rack", "") if node else ""
+            rack = node.rack() if node else ""
             self.aff_svc.setdefault(uid(bid), {})[iid] = dumps([nid, rack])
             self.aff_lease[uid(iid)] = nid
             insts[iid] = {"node": nid, "gpus": gpus, "cluster": cid, "status": "starting", "action": action,
@@ -484,7 +499,10 @@ class Fold:
 
     # -- gathers and the registry ------------------------------------------------------------------
     def _gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
-        return self.gathers.setdefault((bid, gen, attempt), {"expected": [], "deadline": 0.0, "results": {}, "decided": ""})
+        g = self.gathers.get((bid, gen, attempt))
+        if g is None:  # (not setdefault: that builds the empty gather on every event of the round)
+            g = self.gathers[(bid, gen, attempt)] = {"expected": [], "deadline": 0.0, "results": {}, "decided": ""}
+        return g
 
     def _policy(self, d: dict[str, Any]) -> None:
         name, version = d.get("name"), d.get("version")
@@ -548,14 +566,21 @@ class Fold:
         if self.policies:
             img[k.POLICIES] = set(self.policies)
         if include_gathers:
-            for (bid, gen, attempt), gather in self.gathers.items():
-                if not gather["expected"]:
-                    continue
-                gh: dict[str, str] = {"expected": dumps(gather["expected"]), "deadline": _num(gather["deadline"])}
-                gh.update({f"r:{c}": dumps(r) for c, r in gather["results"].items()})
-                if gather["decided"]:
-                    gh["decided"] = gather["decided"]
-                img[k.gather_key(bid, gen, attempt)] = gh
+            img.update(self.gather_image(self.gathers))
+        return img
+
+    def gather_image(self, which: Iterable[tuple[str, int, int]]) -> Image:
+        """These gathers' keys (those with candidates: a round without any has no gather)."""
+        img: Image = {}
+        for bid, gen, attempt in which:
+            gather = self.gathers.get((bid, gen, attempt))
+            if gather is None or not gather["expected"]:
+                continue
+            gh: dict[str, str] = {"expected": dumps(gather["expected"]), "deadline": _num(gather["deadline"])}
+            gh.update({f"r:{c}": dumps(r) for c, r in gather["results"].items()})
+            if gather["decided"]:
+                gh["decided"] = gather["decided"]
+            img[k.gather_key(bid, gen, attempt)] = gh
         return img
 
     def open_gathers(self) -> list[tuple[str, int, int]]:
