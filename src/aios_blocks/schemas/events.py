@@ -512,14 +512,27 @@ def input_digest_of(input_data: dict[str, Any], node_digest: Any = _plain_node_d
     call. Every byte of the input is still covered. Any other input: :func:`input_digest` of its
     JSON. ``recovery.inputs`` checks a rebuilt input against both forms (records made before the
     tree form hold the flat one)."""
+    if node_map(input_data) is None:
+        return input_digest(msgspec.json.encode(input_data))
+    return input_digest(msgspec.json.encode(with_nodes(input_data, lambda v: "sha256:" + node_digest(v))))
+
+
+def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """A policy input's node views (``payload.cluster_metrics.nodes``), or None when it has none."""
     payload = input_data.get("payload")
     metrics = payload.get("cluster_metrics") if isinstance(payload, dict) else None
     nodes = metrics.get("nodes") if isinstance(metrics, dict) else None
     if not isinstance(nodes, dict) or not nodes or not all(type(v) is dict for v in nodes.values()):
-        return input_digest(msgspec.json.encode(input_data))
-    assert isinstance(payload, dict) and isinstance(metrics, dict)
-    tree = {nid: "sha256:" + node_digest(v) for nid, v in nodes.items()}
-    return input_digest(msgspec.json.encode({**input_data, "payload": {**payload, "cluster_metrics": {**metrics, "nodes": tree}}}))
+        return None
+    return nodes
+
+
+def with_nodes(input_data: dict[str, Any], each: Any) -> dict[str, Any]:
+    """A shallow copy of an input that has a :func:`node_map`, each node view replaced by ``each(view)``."""
+    payload = input_data["payload"]
+    metrics = payload["cluster_metrics"]
+    nodes = {nid: each(v) for nid, v in metrics["nodes"].items()}
+    return {**input_data, "payload": {**payload, "cluster_metrics": {**metrics, "nodes": nodes}}}
 
 
 def now_iso() -> str:

@@ -24,7 +24,15 @@ from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
 from ..policies import capacity, contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatus, Decision, InventoryHint, input_digest, input_digest_of
+from ..schemas.events import (
+    BlockStatus,
+    Decision,
+    InventoryHint,
+    input_digest,
+    input_digest_of,
+    node_map,
+    with_nodes,
+)
 from ..schemas.lifecycle import Step
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -43,16 +51,10 @@ INLINE_INPUT_MAX = 256 * 1024
 
 def encode_input(input_data: dict[str, Any]) -> bytes:
     """``msgspec.json.encode(input_data)``, byte for byte, with the node views of a placement's
-    payload (``cluster_metrics.nodes``) taken from their per-view encoding
-    (``capacity.encoded``): most of a 100-node input's bytes, re-encoded for every call before."""
-    payload = input_data.get("payload")
-    metrics = payload.get("cluster_metrics") if isinstance(payload, dict) else None
-    nodes = metrics.get("nodes") if isinstance(metrics, dict) else None
-    if not isinstance(nodes, dict) or not nodes or not all(type(v) is dict for v in nodes.values()):
+    payload (``cluster_metrics.nodes``) taken from their per-view encoding (``capacity.encoded``)."""
+    if node_map(input_data) is None:
         return msgspec.json.encode(input_data)
-    assert isinstance(payload, dict) and isinstance(metrics, dict)
-    raw_nodes = {nid: capacity.encoded(v) for nid, v in nodes.items()}
-    return msgspec.json.encode({**input_data, "payload": {**payload, "cluster_metrics": {**metrics, "nodes": raw_nodes}}})
+    return msgspec.json.encode(with_nodes(input_data, capacity.encoded))
 
 
 @dataclass
