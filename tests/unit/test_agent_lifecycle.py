@@ -4,6 +4,7 @@ and fault rules, the instance environment, the GPU sources (NVML through a doubl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
@@ -250,3 +251,27 @@ def test_no_nvml_means_zero_gpus_and_simulated_on_request() -> None:
     assert NoGpus().gpus() == []
     sim = detect(4, "n1", FakeNvml(2))
     assert isinstance(sim, SimulatedSource) and [g.id for g in sim.gpus()] == ["GPU-n1-0", "GPU-n1-1", "GPU-n1-2", "GPU-n1-3"]
+
+
+async def test_a_probe_watcher_that_ignores_its_cancel_does_not_hold_the_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The remove of an instance tears its probe down first; a watcher that does not end when
+    cancelled is given PROBE_STOP_S, then left, so the remove goes on."""
+    from aios_blocks.workers.agent import provisioners as pv
+
+    monkeypatch.setattr(pv, "PROBE_STOP_S", 0.2)
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(10)
+
+    spec = pv.ProbeSpec("h1", "http", 1, "/health", 1.0, 1.0, 3, 1.0)
+    probe = pv.Probe(spec, asyncio.get_running_loop().create_task(stubborn()))
+    await asyncio.sleep(0)
+    prov = pv.ProbeProvisioner(None, None)  # type: ignore[arg-type]
+    await asyncio.wait_for(prov.teardown(probe), 5)  # returns: the watcher did not hold it
+    assert probe.task is not None and not probe.task.done()
+    release.set()
+    probe.task.cancel()
+    await asyncio.wait({probe.task}, timeout=1)

@@ -15,9 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from .gpus import HeldGpu, gpu_env
 from .lifecycle import Provisioner, with_timeout
 from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance
+
+log = structlog.get_logger("aios.agent.provisioners")
+#: how long a probe watcher is given to end once cancelled (``ProbeProvisioner.teardown``)
+PROBE_STOP_S = 5.0
 
 
 # -- GPUs -----------------------------------------------------------------------------------------
@@ -265,7 +271,15 @@ class ProbeProvisioner(Provisioner[ProbeSpec, Probe]):
                 return
 
     async def teardown(self, resource: Probe) -> None:
-        if resource.task is not None:
-            resource.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await resource.task
+        task = resource.task
+        if task is not None:
+            task.cancel()
+            # bounded: a watcher that does not end on cancel (stuck in a report, say) must not hold
+            # the instance's remove forever (it was seen to, once, in CI); where it stuck is logged
+            done, _ = await asyncio.wait({task}, timeout=PROBE_STOP_S)
+            if not done:
+                stack = "; ".join(f"{f.f_code.co_filename.rsplit('/', 1)[-1]}:{f.f_lineno} {f.f_code.co_name}" for f in task.get_stack())
+                log.warning("probe.teardown_stuck", handle=resource.spec.handle, seconds=PROBE_STOP_S, stack=stack)
+            elif not task.cancelled():
+                with contextlib.suppress(Exception):
+                    task.result()
