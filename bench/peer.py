@@ -16,43 +16,18 @@ not installed (``make bench-peer`` installs it into the venv).
 from __future__ import annotations
 
 import importlib.util
-import time
 
 try:
     from . import common, harness, raw
+    from .ray_groups import ray_figures
 except ImportError:  # run as a script
     import common  # type: ignore[no-redef]
     import harness  # type: ignore[no-redef]
     import raw  # type: ignore[no-redef]
+    from ray_groups import ray_figures  # type: ignore[no-redef]
 
 GROUP = "6 peer: Ray placement groups"
 CLUSTERS, NODES, GPUS = 10, 100, 8
-
-
-def ray_figures(lat_n: int, burst_n: int) -> tuple[list[float], float]:
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    ray.init(num_cpus=2, resources={"sim_gpu": CLUSTERS * NODES * GPUS}, include_dashboard=False,
-             object_store_memory=80 * 1024**2, log_to_driver=False, logging_level="ERROR")
-    try:
-        for _ in range(3):  # warm
-            pg = placement_group([{"sim_gpu": 1}], strategy="PACK")
-            ray.get(pg.ready(), timeout=60)
-            remove_placement_group(pg)
-        lat = []
-        for _ in range(lat_n):
-            t = time.perf_counter()
-            pg = placement_group([{"sim_gpu": 1}], strategy="PACK")
-            ray.get(pg.ready(), timeout=60)
-            lat.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        pgs = [placement_group([{"sim_gpu": 1}], strategy="PACK") for _ in range(burst_n)]
-        ray.get([pg.ready() for pg in pgs], timeout=300)
-        rate = burst_n / (time.perf_counter() - t)
-        return lat, rate
-    finally:
-        ray.shutdown()
 
 
 async def ours(lat_n: int, burst_n: int) -> tuple[list[float], float]:

@@ -11,14 +11,14 @@ import json
 import sys
 import time
 
-import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-
 CLUSTERS, NODES, GPUS = 10, 100, 8
 
 
-def main() -> None:
-    lat_n, burst_n = int(sys.argv[1]), int(sys.argv[2])
+def ray_figures(lat_n: int, burst_n: int) -> tuple[list[float], float]:
+    """Create->ready latencies of ``lat_n`` groups one at a time (s), and groups/s of a burst."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
     ray.init(num_cpus=2, resources={"sim_gpu": CLUSTERS * NODES * GPUS}, include_dashboard=False,
              object_store_memory=80 * 1024**2, log_to_driver=False, logging_level="ERROR")
     try:
@@ -35,9 +35,13 @@ def main() -> None:
         t = time.perf_counter()
         pgs = [placement_group([{"sim_gpu": 1}], strategy="PACK") for _ in range(burst_n)]
         ray.get([pg.ready() for pg in pgs], timeout=300)
-        rate = burst_n / (time.perf_counter() - t)
+        return lat, burst_n / (time.perf_counter() - t)
     finally:
         ray.shutdown()
+
+
+def main() -> None:
+    lat, rate = ray_figures(int(sys.argv[1]), int(sys.argv[2]))
     lat.sort()
     print(json.dumps({"p50_ms": lat[len(lat) // 2] * 1000, "groups_per_s": rate}))
 
