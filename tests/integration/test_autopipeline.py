@@ -95,3 +95,22 @@ async def test_scripts_and_caller_pipelines_keep_their_order(redis_url: str) -> 
             assert await tx.execute() == [1, 2]
     finally:
         await r.aclose()
+
+
+async def test_a_connection_the_server_dropped_is_replaced_and_the_call_goes_through(redis_url: str) -> None:
+    """The gathered pipeline keeps its own connections: one the server closed fails on its first
+    reply, before anything was read, and the exchange is sent again on a fresh connection (as
+    redis-py's retry would); the caller sees its reply. A closed client gives them back."""
+    r = open_redis(redis_url, Settings())
+    plain = open_redis(redis_url, Settings(redis_autopipeline=False))
+    try:
+        assert await r.incr("ap:kill") == 1
+        assert isinstance(r, AutoPipelineRedis) and r._kept, "the exchange's connection is kept"
+        killed = await plain.execute_command("CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes")
+        assert killed == 1  # the one kept connection (the plain client skipped)
+        assert await asyncio.gather(*(r.incr("ap:kill") for _ in range(5))) == [2, 3, 4, 5, 6]
+        assert await r.get("ap:kill") == "6"  # each INCR applied once: nothing sent twice
+    finally:
+        await r.aclose()
+        await plain.aclose()
+    assert r._kept == []

@@ -18,10 +18,16 @@ not wrapped (their pipelines route per slot).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import inspect
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.asyncio.client import Pipeline
+from redis.asyncio.client import EMPTY_RESPONSE, NEVER_DECODE, Pipeline
+from redis.asyncio.connection import Connection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 #: commands that hold their connection, or change its state: never gathered
 DIRECT = frozenset({
@@ -31,6 +37,9 @@ DIRECT = frozenset({
 })
 #: commands gathered into one pipeline at most (the rest go in the next one)
 MAX_BATCH = 512
+#: connections kept aside for gathered pipelines (one is almost always enough: flushes run one
+#: after the other unless a turn queues more than ``MAX_BATCH`` commands)
+KEEP_CONNECTIONS = 4
 
 _Command = tuple[tuple[Any, ...], Any]  # (args, options)
 _Item = tuple[list[_Command], "asyncio.Future[list[Any]]"]
@@ -45,6 +54,8 @@ class AutoPipelineRedis(aioredis.Redis):
         self._queued_commands = 0
         self._flush_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: connections this client keeps for its gathered pipelines (see ``_exchange``)
+        self._kept: list[Connection] = []
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         name = str(args[0]).upper() if args else ""
@@ -87,12 +98,9 @@ class AutoPipelineRedis(aioredis.Redis):
                 await self._send(batch)
 
     async def _send(self, batch: list[_Item]) -> None:
-        pipe = Pipeline(self.connection_pool, self.response_callbacks, False, None)
-        for commands, _fut in batch:
-            for args, options in commands:
-                Pipeline.execute_command(pipe, *args, **options)
+        commands = [c for cs, _fut in batch for c in cs]
         try:
-            results = await pipe.execute(raise_on_error=False)
+            results = await self._exchange(commands)
         except BaseException as exc:  # the connection failed: every caller gets the error
             for _commands, fut in batch:
                 if not fut.done():
@@ -101,11 +109,98 @@ class AutoPipelineRedis(aioredis.Redis):
                 raise
             return
         i = 0
-        for commands, fut in batch:
-            part = list(results[i:i + len(commands)])
-            i += len(commands)
+        for cs, fut in batch:
+            part = results[i:i + len(cs)]
+            i += len(cs)
             if not fut.done():
                 fut.set_result(part)
+
+    async def _exchange(self, commands: list[_Command]) -> list[Any]:
+        """Send ``commands`` as one write and read every reply (a ``ResponseError`` in its place).
+
+        This is redis-py's non-transactional pipeline without what it costs per command here: the
+        connection is one this client keeps (no pool checkout per flush) with its socket timeout
+        off, and one deadline covers the whole exchange instead of a timer per reply. A connection
+        that fails, or whose deadline passes, is dropped (its replies could be out of step); a
+        failure before anything was read is tried once more on a fresh connection, as redis-py's
+        retry would."""
+        for attempt in (1, 2):
+            conn = self._kept.pop() if self._kept else await self._take()
+            read_any = False
+            try:
+                async with asyncio.timeout(conn_timeout(conn)):
+                    await conn.send_packed_command(conn.pack_commands([args for args, _ in commands]))
+                    out: list[Any] = []
+                    for args, options in commands:
+                        try:
+                            out.append(await self._reply(conn, args[0], options))
+                        except ResponseError as exc:
+                            out.append(exc)
+                        read_any = True
+            except BaseException as exc:
+                await self._drop(conn)
+                retry = attempt == 1 and not read_any and isinstance(exc, (RedisConnectionError, OSError))
+                if not retry:
+                    if isinstance(exc, TimeoutError):
+                        raise RedisTimeoutError("Timeout reading from Redis (gathered pipeline)") from None
+                    raise
+                continue
+            if len(self._kept) < KEEP_CONNECTIONS:
+                self._kept.append(conn)
+            else:
+                await self._give_back(conn)
+            return out
+        raise AssertionError("unreachable")
+
+    async def _reply(self, conn: Connection, name: Any, options: dict[str, Any]) -> Any:
+        """One reply, as ``Redis.parse_response`` makes it (same options, same callbacks)."""
+        try:
+            if NEVER_DECODE in options:
+                options = dict(options)
+                options.pop(NEVER_DECODE)
+                response = await conn.read_response(disable_decoding=True)
+            else:
+                response = await conn.read_response()
+        except ResponseError:
+            if EMPTY_RESPONSE in options:
+                return options[EMPTY_RESPONSE]
+            raise
+        if EMPTY_RESPONSE in options or "keys" in options:
+            options = {k: v for k, v in options.items() if k not in (EMPTY_RESPONSE, "keys")}
+        callback = self.response_callbacks.get(name)
+        if callback is None:
+            return response
+        value = callback(response, **options)
+        return await value if inspect.isawaitable(value) else value
+
+    async def _take(self) -> Connection:
+        conn: Connection = await self.connection_pool.get_connection()
+        # the exchange's own deadline covers it: no timer per reply
+        conn._aios_timeout = conn.socket_timeout  # type: ignore[attr-defined]
+        conn.socket_timeout = None
+        return conn
+
+    async def _give_back(self, conn: Connection) -> None:
+        conn.socket_timeout = getattr(conn, "_aios_timeout", conn.socket_timeout)
+        await self.connection_pool.release(conn)
+
+    async def _drop(self, conn: Connection) -> None:
+        with contextlib.suppress(Exception):
+            await conn.disconnect(nowait=True)
+        with contextlib.suppress(Exception):
+            await self._give_back(conn)
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        kept, self._kept = self._kept, []
+        for conn in kept:
+            with contextlib.suppress(Exception):
+                await self._give_back(conn)
+        await super().aclose(close_connection_pool)
+
+
+def conn_timeout(conn: Connection) -> float | None:
+    """The deadline of one gathered exchange: the connection's configured socket timeout."""
+    return getattr(conn, "_aios_timeout", None)
 
 
 class _GatheredPipeline(Pipeline):
