@@ -78,6 +78,9 @@ async def test_a_decided_gather_is_claimed_once_and_its_timer_dropped_with_the_s
     assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (True, "2")
     assert (await st.get_block("b1"))["status"] == "allocating"  # type: ignore[index]
     assert await st.gather_claim_due(1000.0) == ([], None)  # no timer left to fire
+    # the round's outcome is recorded once: a later decider (another copy, a redelivery) gets it
+    assert await st.gather_settle("b1", 5, 0, "c1") == "c1"
+    assert await st.gather_settle("b1", 5, 0, "!no cluster") == "c1"
     # the CAS as ``transition``: a block that moved on is left alone
     await st.transition("b1", 5, Step.RESERVE)
     assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (False, "placing")

@@ -70,6 +70,7 @@ class Store:
         self._transition = r.register_script(scripts.TRANSITION)
         self._create = r.register_script(scripts.CREATE_BLOCK)
         self._gather_add = r.register_script(scripts.GATHER_ADD)
+        self._gather_settle = r.register_script(scripts.GATHER_SETTLE)
         self._health_cas = r.register_script(scripts.NODE_HEALTH_CAS)
         self._claim_due = r.register_script(scripts.CLAIM_DUE)
         #: the metrics collector's windows and the workers' /metrics targets (``state.metrics``)
@@ -589,12 +590,7 @@ class Store:
     async def gather_settle(self, bid: str, gen: int, attempt: int, outcome: str) -> str:
         """Record the round's outcome (a cluster id, or ``!reason``) once; return the recorded one.
         A decider that runs again (redelivery) publishes what the first run decided."""
-        key = gather_key(bid, gen, attempt)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hsetnx(key, "outcome", outcome)
-        pipe.hget(key, "outcome")
-        _, stored = await pipe.execute()
-        return str(stored)
+        return str(await self._gather_settle(keys=[gather_key(bid, gen, attempt)], args=[outcome]))
 
     # -- policy context (seed 000: an external cache shared by all workers) -----------------
     async def context_load(self, rule_id: str) -> dict[str, Any]:
