@@ -64,7 +64,7 @@ def test_the_tree_digest_covers_every_node_and_matches_a_plain_rebuild() -> None
 
     nodes = capacity.Nodes({f"n{i}": _node(f"n{i}") for i in range(10)})
     data = _input(nodes)
-    tree = input_digest_of(data, capacity.node_digest)
+    tree = input_digest_of(data, capacity.node_ref)
     assert tree == input_digest_of(msgspec.json.decode(msgspec.json.encode(data)))
     assert tree != input_digest(msgspec.json.encode(data))  # not the flat form
     twin = msgspec.json.decode(msgspec.json.encode(data))

@@ -63,7 +63,7 @@ def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
     return value
 
 
-#: id(view) -> (the view, its compact JSON, the JSON's SHA-256): a node view's encoding and digest,
+#: id(view) -> (the view, its compact JSON, ``"sha256:<the JSON's SHA-256>"``): a node view's encoding and digest,
 #: kept while the view lives (bounded; views are replaced, never edited in place except by
 #: ``take``, which drops it)
 _ENCODED: dict[int, tuple[dict[str, Any], bytes, str]] = {}
@@ -74,13 +74,13 @@ _encode = msgspec.json.Encoder().encode
 def _encoding(node: dict[str, Any]) -> tuple[dict[str, Any], bytes, str]:
     if "affinity" in node:  # an annotated view is a per-call copy (and annotated in place): never kept
         raw = _encode(node)
-        return node, raw, hashlib.sha256(raw).hexdigest()
+        return node, raw, "sha256:" + hashlib.sha256(raw).hexdigest()
     hit = _ENCODED.get(id(node))
     if hit is None or hit[0] is not node:
         if len(_ENCODED) >= _ENCODED_MAX:
             _ENCODED.clear()
         raw = _encode(node)
-        hit = _ENCODED[id(node)] = (node, raw, hashlib.sha256(raw).hexdigest())
+        hit = _ENCODED[id(node)] = (node, raw, "sha256:" + hashlib.sha256(raw).hexdigest())
     return hit
 
 
@@ -90,9 +90,9 @@ def encoded(node: dict[str, Any]) -> msgspec.Raw:
     return msgspec.Raw(_encoding(node)[1])
 
 
-def node_digest(node: dict[str, Any]) -> str:
-    """SHA-256 (hex) of ``msgspec.json.encode(node)``, memoised per view like :func:`encoded`: what
-    a placement input's digest is made of (``schemas.events.input_digest_of``)."""
+def node_ref(node: dict[str, Any]) -> str:
+    """``"sha256:"`` + the SHA-256 (hex) of ``msgspec.json.encode(node)``, memoised per view like
+    :func:`encoded`: what a placement input's digest is made of (``schemas.events.input_digest_of``)."""
     return _encoding(node)[2]
 
 

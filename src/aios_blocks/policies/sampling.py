@@ -127,7 +127,7 @@ def sample(
             fits = sum(1 for v in work.values() if feasible(v, needs, share))
         else:  # feasible = fits one instance: the count kept incrementally per nodes dict and shape
             fits = capacity.fitting(work, needs, share)
-        passing = sum(1 for v in work.values() if v.get("affinity", {}).get("pass", True))
+        passing = sum(1 for v in work.values() if v["affinity"]["pass"]) if entries else n
         reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
         return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
     k = max(limit(n), min(max(want, 1), n, threshold))  # want is capped at the threshold

@@ -499,22 +499,22 @@ def input_digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()[:24]
 
 
-def _plain_node_digest(node: Any) -> str:
-    return hashlib.sha256(msgspec.json.encode(node)).hexdigest()
+def _plain_node_ref(node: Any) -> str:
+    return "sha256:" + hashlib.sha256(msgspec.json.encode(node)).hexdigest()
 
 
-def input_digest_of(input_data: dict[str, Any], node_digest: Any = _plain_node_digest) -> str:
+def input_digest_of(input_data: dict[str, Any], node_ref: Any = _plain_node_ref) -> str:
     """A policy input's digest (``Decision.input_digest``). An input with a node map
     (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB
     each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with each node view
-    replaced by ``"sha256:<its JSON's SHA-256>"``, so a worker hashes only the views that changed
-    since its last call (``capacity.node_digest`` memoises them per view) instead of ~100 KB per
+    replaced by ``"sha256:<its JSON's SHA-256>"`` (``node_ref``), so a worker hashes only the views
+    that changed since its last call (``capacity.node_ref`` memoises them per view) instead of ~100 KB per
     call. Every byte of the input is still covered. Any other input: :func:`input_digest` of its
     JSON. ``recovery.inputs`` checks a rebuilt input against both forms (records made before the
     tree form hold the flat one)."""
     if node_map(input_data) is None:
         return input_digest(msgspec.json.encode(input_data))
-    return input_digest(msgspec.json.encode(with_nodes(input_data, lambda v: "sha256:" + node_digest(v))))
+    return input_digest(msgspec.json.encode(with_nodes(input_data, node_ref)))
 
 
 def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
