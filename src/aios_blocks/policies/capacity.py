@@ -63,6 +63,34 @@ def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
     return value
 
 
+def best_fit(
+    nodes: dict[str, dict[str, Any]], skip: Any, fits_key: Any, fits: Any, rank_key: Any, rank: Any, count: int,
+) -> tuple[str, list[dict[str, Any]]] | None:
+    """The node with the lowest ``(rank(view), node id)`` among those not in ``skip`` whose
+    ``fits(view)`` has at least ``count`` GPUs: ``(node id, its usable GPUs)``, or None. Both
+    figures are memoised per view (:func:`derived`); this is :func:`derived` inlined for views
+    without affinity annotations (every view of a block with no affinity entries), since a
+    placement runs it over every node of a small cluster, several times per block."""
+    views = _VIEWS
+    best_rank: Any = None
+    best: tuple[str, list[dict[str, Any]]] | None = None
+    for nid, node in nodes.items():
+        if nid in skip:
+            continue
+        hit = views.get(id(node))
+        if hit is None or hit[0] is not node:
+            derived(node, fits_key, fits)
+            hit = views[id(node)]
+        memo = hit[1]
+        usable = memo[fits_key] if fits_key in memo else derived(node, fits_key, fits)
+        if usable is None or len(usable) < count:
+            continue
+        r = memo[rank_key] if rank_key in memo else derived(node, rank_key, rank)
+        if best is None or r < best_rank or (r == best_rank and nid < best[0]):
+            best_rank, best = r, (nid, usable)
+    return best
+
+
 #: id(view) -> (the view, its compact JSON, ``"sha256:<the JSON's SHA-256>"``): a node view's encoding and digest,
 #: kept while the view lives (bounded; views are replaced, never edited in place except by
 #: ``take``, which drops it)

@@ -83,7 +83,7 @@ class Store:
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
-                         self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain)
+                         self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:

@@ -1,0 +1,40 @@
+"""The built-in allocators' one-pass choice for views without affinity annotations
+(``capacity.best_fit``) picks exactly what their general loop picks (the loop every annotated view
+goes through, where each node passes with score 0), over random clusters, shapes and modes."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from aios_blocks.policies.builtin.resource import BinPackPolicy, SpreadPolicy
+
+
+def _view(i: int, rng: random.Random) -> dict[str, Any]:
+    gpus = [
+        {"id": f"n{i}-g{j}", "memory": 80, "memory_free": rng.choice([0, 40, 80]), "instances": rng.choice([0, 0, 1]),
+         "exclusive": rng.random() < 0.2}
+        for j in range(rng.randint(0, 8))
+    ]
+    return {"node_id": f"n{i}", "healthy": rng.random() < 0.9, "cpu_free": rng.choice([0, 4, 16]),
+            "memory_free": rng.choice([0, 1024, 9000]), "gpus": gpus, "labels": {}}
+
+
+def test_the_one_pass_choice_equals_the_general_loop() -> None:
+    rng = random.Random(1)
+    placed = 0
+    for _ in range(1500):
+        nodes = {f"n{i}": _view(i, rng) for i in range(rng.randint(0, 30))}
+        healthy = {k for k, v in nodes.items() if v["healthy"] and rng.random() < 0.95} | {"elsewhere"}
+        avoid = {k for k in nodes if rng.random() < 0.1}
+        needs = {"gpus": rng.randint(0, 3), "gpuMemory": rng.choice([0, 20, 60]), "cpu": rng.choice([0, 1, 8]),
+                 "memory": rng.choice([0, 512, 4096])}
+        for cls in (BinPackPolicy, SpreadPolicy):
+            policy = cls("r", {"gpuSharing": rng.random() < 0.3}, {})
+            fast = policy._pick(nodes, healthy, needs, avoid, "seed")
+            annotated = {k: {**v, "affinity": {"pass": True, "score": 0.0}} for k, v in nodes.items()}
+            assert fast == policy._pick(annotated, healthy, needs, avoid, "seed")
+            if fast is not None:
+                placed += 1
+                assert fast[0] in healthy and fast[0] not in avoid
+    assert placed > 1000  # the draws mostly place: the comparison is not between two Nones
