@@ -38,3 +38,28 @@ def test_the_one_pass_choice_equals_the_general_loop() -> None:
                 placed += 1
                 assert fast[0] in healthy and fast[0] not in avoid
     assert placed > 1000  # the draws mostly place: the comparison is not between two Nones
+
+
+def test_an_inventory_view_keeps_its_rank_order_as_views_are_replaced() -> None:
+    """On a ``capacity.Nodes`` the choice comes from its rank-ordered index, caught up from the
+    change log as views are replaced, added and removed: always what the general loop picks."""
+    from aios_blocks.policies import capacity
+
+    rng = random.Random(7)
+    for _ in range(60):
+        nodes = capacity.Nodes({f"n{i}": _view(i, rng) for i in range(rng.randint(1, 40))})
+        policy = (BinPackPolicy if rng.random() < 0.5 else SpreadPolicy)("r", {}, {})
+        needs = {"gpus": rng.randint(0, 2), "gpuMemory": 0, "cpu": 1, "memory": 512}
+        for _step in range(40):
+            healthy = {k for k, v in nodes.items() if v["healthy"]}
+            fast = policy._pick(nodes, healthy, needs, set(), "seed")
+            annotated = {k: {**v, "affinity": {"pass": True, "score": 0.0}} for k, v in nodes.items()}
+            assert fast == policy._pick(annotated, healthy, needs, set(), "seed")
+            change = rng.random()
+            if change < 0.7 and nodes:  # a view replaced (a reservation, a health change)
+                nid = rng.choice(list(nodes))
+                nodes[nid] = _view(int(nid[1:]), rng)
+            elif change < 0.85:
+                nodes[f"n{rng.randint(0, 60)}"] = _view(rng.randint(0, 60), rng)
+            elif nodes:
+                del nodes[rng.choice(list(nodes))]

@@ -64,8 +64,13 @@ def test_the_tree_digest_covers_every_node_and_matches_a_plain_rebuild() -> None
 
     nodes = capacity.Nodes({f"n{i}": _node(f"n{i}") for i in range(10)})
     data = _input(nodes)
-    tree = input_digest_of(data, capacity.node_ref)
+    tree = input_digest_of(data, capacity.node_refs)
     assert tree == input_digest_of(msgspec.json.decode(msgspec.json.encode(data)))
+    # kept per inventory version: a replaced view changes it, and it still equals a plain rebuild
+    assert input_digest_of(data, capacity.node_refs) == tree
+    nodes["n3"] = {**nodes["n3"], "cpu_free": 0.5}
+    changed = input_digest_of(data, capacity.node_refs)
+    assert changed != tree and changed == input_digest_of(msgspec.json.decode(msgspec.json.encode(data)))
     assert tree != input_digest(msgspec.json.encode(data))  # not the flat form
     twin = msgspec.json.decode(msgspec.json.encode(data))
     twin["payload"]["cluster_metrics"]["nodes"]["n7"]["gpus"][3]["memory_free"] -= 1

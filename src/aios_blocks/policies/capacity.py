@@ -8,6 +8,7 @@ its working snapshot between the allocation calls of one gang. The atomic reserv
 from __future__ import annotations
 
 import hashlib
+from bisect import bisect_left, insort
 from typing import Any
 
 import msgspec
@@ -68,9 +69,26 @@ def best_fit(
 ) -> tuple[str, list[dict[str, Any]]] | None:
     """The node with the lowest ``(rank(view), node id)`` among those not in ``skip`` whose
     ``fits(view)`` has at least ``count`` GPUs: ``(node id, its usable GPUs)``, or None. Both
-    figures are memoised per view (:func:`derived`); this is :func:`derived` inlined for views
-    without affinity annotations (every view of a block with no affinity entries), since a
-    placement runs it over every node of a small cluster, several times per block."""
+    figures are memoised per view (:func:`derived`). For views without affinity annotations (every
+    view of a block with no affinity entries): an inventory view (:class:`Nodes`) keeps its
+    fitting nodes in rank order, caught up in O(changes) (``_Ranked``), so the answer is the first
+    one not skipped; a plain dict is scanned once."""
+    if isinstance(nodes, Nodes):
+        key = (fits_key, rank_key)
+        index = nodes._ranked.get(key)
+        if index is None:
+            if len(nodes._ranked) >= _SHAPES_PER_VIEW:
+                nodes._ranked.pop(next(iter(nodes._ranked)))
+            index = nodes._ranked[key] = _Ranked(nodes, fits_key, fits, rank_key, rank)
+        index.update()
+        entries = index.entries
+        for _r, nid in index.order:
+            if nid in skip:
+                continue
+            usable = derived(entries[nid][0], fits_key, fits)
+            if len(usable) >= count:
+                return nid, usable
+        return None
     views = _VIEWS
     best_rank: Any = None
     best: tuple[str, list[dict[str, Any]]] | None = None
@@ -89,6 +107,71 @@ def best_fit(
         if best is None or r < best_rank or (r == best_rank and nid < best[0]):
             best_rank, best = r, (nid, usable)
     return best
+
+
+class _Ranked:
+    """Per (inventory view, shape, rank): the ids of the nodes that fit one instance, sorted by
+    ``(rank(view), id)``, kept from the view's change log like ``_Fits``."""
+
+    def __init__(self, ref: Nodes, fits_key: Any, fits: Any, rank_key: Any, rank: Any) -> None:
+        self.ref = ref
+        self.fits_key, self.fits, self.rank_key, self.rank = fits_key, fits, rank_key, rank
+        #: id -> (its view, its sort key or None when it does not fit)
+        self.entries: dict[str, tuple[dict[str, Any], Any]] = {}
+        self.order: list[tuple[Any, str]] = []
+        self.seen = -1
+
+    def _set(self, nid: str, view: dict[str, Any] | None) -> None:
+        old = self.entries.get(nid)
+        if old is not None:
+            if old[0] is view:
+                return
+            del self.entries[nid]
+            if old[1] is not None:
+                i = bisect_left(self.order, (old[1], nid))
+                del self.order[i]
+        if view is None:
+            return
+        usable = derived(view, self.fits_key, self.fits)
+        r = derived(view, self.rank_key, self.rank) if usable is not None else None
+        self.entries[nid] = (view, r)
+        if r is not None:
+            insort(self.order, (r, nid))
+
+    def update(self) -> None:
+        ref = self.ref
+        changed = ref.changed_since(self.seen) if self.seen >= 0 else None
+        self.seen = ref.version
+        if changed is None:
+            self.entries, self.order = {}, []
+            for nid, view in ref.items():
+                self._set(nid, view)
+            return
+        for nid in set(changed):
+            self._set(nid, ref.get(nid))
+
+
+def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
+    """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``: for an
+    inventory view kept per version, each entry's bytes per view, so a placement input's digest
+    does not re-encode every node's reference per call."""
+    if not isinstance(nodes, Nodes):
+        return msgspec.Raw(_encode({nid: node_ref(v) for nid, v in nodes.items()}))
+    memo = nodes._refs
+    if memo is not None and memo[0] == nodes.version:
+        return msgspec.Raw(memo[1])
+    old = memo[2] if memo is not None else {}
+    parts: dict[str, tuple[dict[str, Any], bytes]] = {}
+    annotated = False  # an annotated view is a per-call copy, changed in place: never kept
+    for nid, view in nodes.items():
+        hit = old.get(nid)
+        if hit is None or hit[0] is not view or "affinity" in view:
+            annotated = annotated or "affinity" in view
+            hit = (view, _encode(nid) + b":" + _encode(node_ref(view)))
+        parts[nid] = hit
+    raw = b"{" + b",".join(p[1] for p in parts.values()) + b"}"
+    nodes._refs = None if annotated else (nodes.version, raw, parts)
+    return msgspec.Raw(raw)
 
 
 #: id(view) -> (the view, its compact JSON, ``"sha256:<the JSON's SHA-256>"``): a node view's encoding and digest,
@@ -174,7 +257,7 @@ class Nodes(dict[str, dict[str, Any]]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_ids", "_log", "_pos", "_totals")
+    __slots__ = ("_base", "_fits", "_ids", "_log", "_pos", "_ranked", "_refs", "_totals")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -186,6 +269,10 @@ class Nodes(dict[str, dict[str, Any]]):
         # instance; kept with the view itself, so any number of clusters keeps its own
         self._totals: _Totals | None = None
         self._fits: dict[tuple[Any, ...], _Fits] = {}
+        # per (fits key, rank key): the fitting nodes in rank order (``best_fit``)
+        self._ranked: dict[tuple[Any, Any], _Ranked] = {}
+        # the node-reference map's JSON (``node_refs``): (version, bytes, {nid: (view, part)})
+        self._refs: tuple[int, bytes, dict[str, tuple[dict[str, Any], bytes]]] | None = None
 
     def ids(self) -> list[str]:
         """``list(self)`` (insertion order), cached until an id is added or removed: replacing a

@@ -499,22 +499,25 @@ def input_digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()[:24]
 
 
-def _plain_node_ref(node: Any) -> str:
-    return "sha256:" + hashlib.sha256(msgspec.json.encode(node)).hexdigest()
+def _plain_node_refs(nodes: dict[str, Any]) -> msgspec.Raw:
+    return msgspec.Raw(msgspec.json.encode(
+        {nid: "sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest() for nid, v in nodes.items()}
+    ))
 
 
-def input_digest_of(input_data: dict[str, Any], node_ref: Any = _plain_node_ref) -> str:
+def input_digest_of(input_data: dict[str, Any], node_refs: Any = _plain_node_refs) -> str:
     """A policy input's digest (``Decision.input_digest``). An input with a node map
     (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB
     each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with each node view
-    replaced by ``"sha256:<its JSON's SHA-256>"`` (``node_ref``), so a worker hashes only the views
-    that changed since its last call (``capacity.node_ref`` memoises them per view) instead of ~100 KB per
-    call. Every byte of the input is still covered. Any other input: :func:`input_digest` of its
-    JSON. ``recovery.inputs`` checks a rebuilt input against both forms (records made before the
-    tree form hold the flat one)."""
-    if node_map(input_data) is None:
+    replaced by ``"sha256:<its JSON's SHA-256>"`` (``node_refs(nodes)``: that map's JSON), so a
+    worker hashes only the views that changed since its last call (``capacity.node_refs`` keeps
+    them per view and per inventory version) instead of ~100 KB per call. Every byte of the input
+    is still covered. Any other input: :func:`input_digest` of its JSON. ``recovery.inputs``
+    checks a rebuilt input against both forms (records made before the tree form hold the flat one)."""
+    nodes = node_map(input_data)
+    if nodes is None:
         return input_digest(msgspec.json.encode(input_data))
-    return input_digest(msgspec.json.encode(with_nodes(input_data, node_ref)))
+    return input_digest(msgspec.json.encode(_with_node_map(input_data, node_refs(nodes))))
 
 
 def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
@@ -525,6 +528,11 @@ def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     if not isinstance(nodes, dict) or not nodes or not all(type(v) is dict for v in nodes.values()):
         return None
     return nodes
+
+
+def _with_node_map(input_data: dict[str, Any], value: Any) -> dict[str, Any]:
+    payload = input_data["payload"]
+    return {**input_data, "payload": {**payload, "cluster_metrics": {**payload["cluster_metrics"], "nodes": value}}}
 
 
 def with_nodes(input_data: dict[str, Any], each: Any) -> dict[str, Any]:

@@ -74,10 +74,11 @@ class _ResourceAllocator:
         seed: str,
     ) -> dict[str, Any]:
         entries = block.get("affinity") or []
-        work = {nid: n for nid, n in nodes.items() if nid in healthy}
-        if entries:  # re-annotated in place after each simulated placement: copies of them all
-            work = capacity.copy_nodes(work)
-        # else a node is copied when a simulated placement first changes it (the input is not ours)
+        # the first pick looks at the input's nodes as they are (an inventory view keeps its
+        # nodes in rank order); a simulated placement then works on its own dict: with affinity
+        # entries, copies of them all (re-annotated in place after each placement), else each node
+        # copied when a placement first changes it (the input is not ours)
+        work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy}) if entries else nodes
         copied: set[str] = set(work) if entries else set()
         want = max(int(block["maxInstances"]), 1)
         first: dict[str, Any] = {}
@@ -86,6 +87,13 @@ class _ResourceAllocator:
             pick = self._pick(work, healthy, needs, set(), seed)
             if pick is None:
                 break
+            if not first:
+                first = {"node_id": pick[0], "gpus": pick[1]}
+            placed += 1
+            if i == want - 1:
+                break  # nothing reads a simulated placement after the last one
+            if work is nodes:
+                work = {nid: n for nid, n in nodes.items() if nid in healthy}
             if pick[0] not in copied:
                 work[pick[0]] = capacity.copy_node(work[pick[0]])
                 copied.add(pick[0])
@@ -94,9 +102,6 @@ class _ResourceAllocator:
                 rack = work[pick[0]]["labels"].get("rack", "")
                 index = affinity.add_to_index(index, block["blockId"], f"{block['blockId']}-dry{i}", pick[0], rack)
                 affinity.annotate(work, entries, index)
-            if not first:
-                first = {"node_id": pick[0], "gpus": pick[1]}
-            placed += 1
         # placeable: how many instances fit here (an optional extension of the seed's shape): the
         # gateway fails a block at once when no cluster can hold its minInstances
         return {"selection_score_data": {"score": placed / want, "node_info": first, "placeable": placed}}
