@@ -182,7 +182,10 @@ class ConsumerRunner:
                     await self._settle(msg.nak(delay=d.delay))
                     HANDLED.labels(self.spec.durable, "deferred").inc()
                 return
-        outcomes = await asyncio.gather(*(self._handle(d) for d in deliveries))
+        if len(deliveries) == 1:  # no task for a batch of one (the unloaded path)
+            outcomes = [await self._handle(deliveries[0])]
+        else:
+            outcomes = list(await asyncio.gather(*(self._handle(d) for d in deliveries)))
         oks = [o for o in outcomes if o.kind == "ok" and o.deferred]
         if oks:
             # the batch's stored events together (atomic batches where they pay); an event that

@@ -6,8 +6,8 @@ from) so that deterministic message ids stay unique when a block id is deleted a
 
 from __future__ import annotations
 
-import datetime as dt
 import hashlib
+import time
 from typing import Any, TypeVar
 
 import msgspec
@@ -543,8 +543,18 @@ def with_nodes(input_data: dict[str, Any], each: Any) -> dict[str, Any]:
     return {**input_data, "payload": {**payload, "cluster_metrics": {**metrics, "nodes": nodes}}}
 
 
+_second: tuple[int, str] = (-1, "")
+
+
 def now_iso() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """Now in UTC as RFC 3339 with microseconds (``2026-11-27T03:38:52.123456Z``); the part up to
+    the second is formatted once per second (every event's ``time`` is one of these)."""
+    global _second
+    now = time.time()
+    sec = int(now)
+    if _second[0] != sec:
+        _second = (sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec)))
+    return f"{_second[1]}.{int((now - sec) * 1_000_000):06d}Z"
 
 
 _encoder = msgspec.json.Encoder()
