@@ -232,6 +232,7 @@ class Runner:
 
 async def with_timeout(what: str, coro: Awaitable[TResource], seconds: float) -> TResource:
     try:
-        return await asyncio.wait_for(coro, seconds)
+        async with asyncio.timeout(seconds):  # in this task: no task per call, as wait_for makes
+            return await coro
     except TimeoutError:
         raise TimeoutError(f"{what} did not finish within {seconds:g}s") from None
