@@ -63,3 +63,18 @@ def test_an_inventory_view_keeps_its_rank_order_as_views_are_replaced() -> None:
                 nodes[f"n{rng.randint(0, 60)}"] = _view(rng.randint(0, 60), rng)
             elif nodes:
                 del nodes[rng.choice(list(nodes))]
+
+
+def test_healthy_ids_follow_the_view_and_are_a_new_list_each_call() -> None:
+    from aios_blocks.policies import capacity
+
+    rng = random.Random(3)
+    nodes = capacity.Nodes({f"n{i}": _view(i, rng) for i in range(20)})
+    first = capacity.healthy_ids(nodes)
+    assert first == sorted(k for k, v in nodes.items() if v["healthy"])
+    first.append("mine")  # a policy may change its input: the next call is not affected
+    assert "mine" not in capacity.healthy_ids(nodes)
+    sick = next(k for k, v in nodes.items() if v["healthy"])
+    nodes[sick] = {**nodes[sick], "healthy": False}
+    assert sick not in capacity.healthy_ids(nodes)
+    assert capacity.healthy_ids(dict(nodes)) == capacity.healthy_ids(nodes)

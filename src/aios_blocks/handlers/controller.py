@@ -72,7 +72,7 @@ def _payload(
         "block": block,
         "cluster": cluster,
         "cluster_metrics": metrics,
-        "healthy_nodes": sorted(nid for nid, n in smp.nodes.items() if n["healthy"]),
+        "healthy_nodes": capacity.healthy_ids(smp.nodes),
         **extra,
     }
 

@@ -151,6 +151,17 @@ class _Ranked:
             self._set(nid, ref.get(nid))
 
 
+def healthy_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
+    """The ids of the healthy nodes, sorted (a placement input's ``healthy_nodes``): a new list
+    each call, kept per version of an inventory view."""
+    if not isinstance(nodes, Nodes):
+        return sorted(nid for nid, n in nodes.items() if n["healthy"])
+    memo = nodes._healthy
+    if memo is None or memo[0] != nodes.version:
+        memo = nodes._healthy = (nodes.version, sorted(nid for nid, n in nodes.items() if n["healthy"]))
+    return list(memo[1])
+
+
 def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
     """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``: for an
     inventory view kept per version, each entry's bytes per view, so a placement input's digest
@@ -257,7 +268,7 @@ class Nodes(dict[str, dict[str, Any]]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_ids", "_log", "_pos", "_ranked", "_refs", "_totals")
+    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_totals")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -273,6 +284,8 @@ class Nodes(dict[str, dict[str, Any]]):
         self._ranked: dict[tuple[Any, Any], _Ranked] = {}
         # the node-reference map's JSON (``node_refs``): (version, bytes, {nid: (view, part)})
         self._refs: tuple[int, bytes, dict[str, tuple[dict[str, Any], bytes]]] | None = None
+        # (version, the healthy nodes' ids, sorted): ``healthy_ids``
+        self._healthy: tuple[int, list[str]] | None = None
 
     def ids(self) -> list[str]:
         """``list(self)`` (insertion order), cached until an id is added or removed: replacing a
