@@ -114,3 +114,35 @@ async def test_a_connection_the_server_dropped_is_replaced_and_the_call_goes_thr
         await r.aclose()
         await plain.aclose()
     assert r._kept == []
+
+
+async def test_the_kept_connections_come_back_after_a_redis_restart(tmp_path: Path) -> None:
+    """Redis killed and started again on its port (its AOF kept): every kept connection is dead.
+    A call made while the server is down fails with a connection error (nothing is sent twice);
+    once it is back, calls go through on fresh connections, and what was written before is there."""
+    import signal
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_redis()
+    r = open_redis(servers.redis_url, Settings())
+    try:
+        await asyncio.gather(*(r.incr("ap:restart") for _ in range(20)))  # several kept connections' worth
+        assert isinstance(r, AutoPipelineRedis) and r._kept
+        await r.execute_command("BGREWRITEAOF")  # on disk before the kill (appendfsync everysec)
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            info = await r.info("persistence")
+            if not info["aof_rewrite_in_progress"] and not info.get("aof_rewrite_scheduled"):
+                break
+        proc = next(p for p in servers.procs if "redis" in str(p.args[0]))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        servers.procs.remove(proc)
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await r.incr("ap:restart")
+        servers.start_redis()
+        assert await asyncio.gather(*(r.incr("ap:restart") for _ in range(5))) == [21, 22, 23, 24, 25]
+        assert await r.get("ap:restart") == "25"
+    finally:
+        await r.aclose()
+        servers.stop()
