@@ -78,3 +78,28 @@ def test_healthy_ids_follow_the_view_and_are_a_new_list_each_call() -> None:
     nodes[sick] = {**nodes[sick], "healthy": False}
     assert sick not in capacity.healthy_ids(nodes)
     assert capacity.healthy_ids(dict(nodes)) == capacity.healthy_ids(nodes)
+
+
+def test_healthy_ids_and_node_refs_caught_up_from_the_change_log_equal_a_rebuild() -> None:
+    """Both are kept on an inventory view and caught up from its change log (views replaced in
+    place, added, removed, marked unhealthy): after every change they equal a plain rebuild."""
+    import msgspec
+
+    from aios_blocks.policies import capacity
+
+    rng = random.Random(11)
+    nodes = capacity.Nodes({f"n{i}": _view(i, rng) for i in range(25)})
+    for _ in range(400):
+        change = rng.random()
+        if change < 0.6 and nodes:
+            nid = rng.choice(list(nodes))
+            nodes[nid] = {**_view(int(nid[1:]), rng), "healthy": rng.random() < 0.8}
+        elif change < 0.8:
+            nodes[f"n{rng.randint(0, 40)}"] = _view(rng.randint(0, 40), rng)
+        elif nodes:
+            del nodes[rng.choice(list(nodes))]
+        if rng.random() < 0.7:  # not every change is followed by a call: several caught up at once
+            plain = dict(nodes)
+            assert capacity.healthy_ids(nodes) == capacity.healthy_ids(plain)
+            assert bytes(capacity.node_refs(nodes)) == bytes(capacity.node_refs(plain))
+            assert msgspec.json.decode(bytes(capacity.node_refs(nodes))) == {k: capacity.node_ref(v) for k, v in plain.items()}

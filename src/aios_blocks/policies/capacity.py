@@ -153,35 +153,64 @@ class _Ranked:
 
 def healthy_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
     """The ids of the healthy nodes, sorted (a placement input's ``healthy_nodes``): a new list
-    each call, kept per version of an inventory view."""
+    each call. An inventory view keeps the sorted list and catches it up from its change log."""
     if not isinstance(nodes, Nodes):
         return sorted(nid for nid, n in nodes.items() if n["healthy"])
     memo = nodes._healthy
-    if memo is None or memo[0] != nodes.version:
-        memo = nodes._healthy = (nodes.version, sorted(nid for nid, n in nodes.items() if n["healthy"]))
-    return list(memo[1])
+    version = nodes.version
+    if memo is not None and memo[0] == version:
+        return list(memo[1])
+    changed = nodes.changed_since(memo[0]) if memo is not None else None
+    if memo is None or changed is None:
+        ids = sorted(nid for nid, n in nodes.items() if n["healthy"])
+        nodes._healthy = (version, ids, set(ids))
+        return list(ids)
+    _, ids, members = memo
+    for nid in set(changed):
+        view = nodes.get(nid)
+        now = view is not None and bool(view["healthy"])
+        if now and nid not in members:
+            insort(ids, nid)
+            members.add(nid)
+        elif not now and nid in members:
+            del ids[bisect_left(ids, nid)]
+            members.discard(nid)
+    nodes._healthy = (version, ids, members)
+    return list(ids)
 
 
 def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
-    """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``: for an
-    inventory view kept per version, each entry's bytes per view, so a placement input's digest
-    does not re-encode every node's reference per call."""
+    """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``. An inventory
+    view keeps each entry's bytes in its order and catches them up from its change log (a view
+    replaced in place keeps its position), so a placement input's digest re-encodes only the
+    nodes that changed since the last call."""
     if not isinstance(nodes, Nodes):
         return msgspec.Raw(_encode({nid: node_ref(v) for nid, v in nodes.items()}))
     memo = nodes._refs
-    if memo is not None and memo[0] == nodes.version:
+    version = nodes.version
+    if memo is not None and memo[0] == version:
         return msgspec.Raw(memo[1])
-    old = memo[2] if memo is not None else {}
-    parts: dict[str, tuple[dict[str, Any], bytes]] = {}
+    changed = nodes.changed_since(memo[0]) if memo is not None else None
+    if memo is not None and changed is not None and memo[3] is nodes.ids():
+        # the same ids in the same order (``Nodes.ids`` is cached until one is added or removed)
+        _, _, parts, ids = memo
+        pos = nodes.positions()
+        for nid in set(changed):
+            view = nodes[nid]
+            if "affinity" in view:
+                break
+            parts[pos[nid]] = _encode(nid) + b":" + _encode(node_ref(view))
+        else:
+            raw = b"{" + b",".join(parts) + b"}"
+            nodes._refs = (version, raw, parts, ids)
+            return msgspec.Raw(raw)
+    parts = []
     annotated = False  # an annotated view is a per-call copy, changed in place: never kept
     for nid, view in nodes.items():
-        hit = old.get(nid)
-        if hit is None or hit[0] is not view or "affinity" in view:
-            annotated = annotated or "affinity" in view
-            hit = (view, _encode(nid) + b":" + _encode(node_ref(view)))
-        parts[nid] = hit
-    raw = b"{" + b",".join(p[1] for p in parts.values()) + b"}"
-    nodes._refs = None if annotated else (nodes.version, raw, parts)
+        annotated = annotated or "affinity" in view
+        parts.append(_encode(nid) + b":" + _encode(node_ref(view)))
+    raw = b"{" + b",".join(parts) + b"}"
+    nodes._refs = None if annotated else (version, raw, parts, nodes.ids())
     return msgspec.Raw(raw)
 
 
@@ -282,10 +311,11 @@ class Nodes(dict[str, dict[str, Any]]):
         self._fits: dict[tuple[Any, ...], _Fits] = {}
         # per (fits key, rank key): the fitting nodes in rank order (``best_fit``)
         self._ranked: dict[tuple[Any, Any], _Ranked] = {}
-        # the node-reference map's JSON (``node_refs``): (version, bytes, {nid: (view, part)})
-        self._refs: tuple[int, bytes, dict[str, tuple[dict[str, Any], bytes]]] | None = None
-        # (version, the healthy nodes' ids, sorted): ``healthy_ids``
-        self._healthy: tuple[int, list[str]] | None = None
+        # the node-reference map's JSON (``node_refs``): (version, bytes, each entry's bytes in
+        # order, the ``ids()`` list they follow)
+        self._refs: tuple[int, bytes, list[bytes], list[str]] | None = None
+        # (version, the healthy nodes' ids sorted, the same as a set): ``healthy_ids``
+        self._healthy: tuple[int, list[str], set[str]] | None = None
 
     def ids(self) -> list[str]:
         """``list(self)`` (insertion order), cached until an id is added or removed: replacing a
