@@ -16,7 +16,7 @@ import contextvars
 import socket
 import ssl
 import uuid
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -87,17 +87,25 @@ def _open_outbox() -> Outbox | None:
 _OUTBOX: contextvars.ContextVar[Outbox | None] = contextvars.ContextVar("aios_outbox", default=None)
 
 
-@contextlib.contextmanager
-def outbox(defer: bool = False) -> Iterator[Outbox]:
+class outbox:  # lower case: used as ``with outbox() as box``, like the function it was
     """Collect the publishes of the code inside (this task and the tasks it starts) in an Outbox
-    (``defer``: hold the stored ones for ``Bus.commit`` instead of publishing them)."""
-    box = Outbox(defer=defer)
-    token = _OUTBOX.set(box)
-    try:
-        yield box
-    finally:
-        box.closed = True
-        _OUTBOX.reset(token)
+    (``defer``: hold the stored ones for ``Bus.commit`` instead of publishing them). A class, not
+    a ``contextlib.contextmanager``: one is opened around every handler."""
+
+    __slots__ = ("box", "token")
+
+    def __init__(self, defer: bool = False) -> None:
+        self.box = Outbox(defer=defer)
+        self.token: contextvars.Token[Outbox | None] | None = None
+
+    def __enter__(self) -> Outbox:
+        self.token = _OUTBOX.set(self.box)
+        return self.box
+
+    def __exit__(self, *exc: object) -> None:
+        self.box.closed = True
+        if self.token is not None:
+            _OUTBOX.reset(self.token)
 
 
 @dataclass(frozen=True)

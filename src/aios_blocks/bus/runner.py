@@ -122,6 +122,12 @@ class ConsumerRunner:
     options: RunnerOptions = field(default_factory=RunnerOptions)
     guard: Guard | None = None
 
+    def __post_init__(self) -> None:
+        # this consumer's labelled metrics, looked up once (a label lookup per message adds up)
+        durable = self.spec.durable
+        self._handled = {k: HANDLED.labels(durable, k) for k in ("ok", "deferred", "retry", "dead_letter")}
+        self._latency = LATENCY.labels(durable)
+
     async def run(self, stop: asyncio.Event) -> None:
         sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
         inflight: set[asyncio.Task[None]] = set()
@@ -180,7 +186,7 @@ class ConsumerRunner:
             except Defer as d:
                 for msg in msgs:
                     await self._settle(msg.nak(delay=d.delay))
-                    HANDLED.labels(self.spec.durable, "deferred").inc()
+                    self._handled["deferred"].inc()
                 return
         if len(deliveries) == 1:  # no task for a batch of one (the unloaded path)
             outcomes = [await self._handle(deliveries[0])]
@@ -239,7 +245,7 @@ class ConsumerRunner:
             except Exception as exc:
                 out = _Outcome("error", d, f"{type(exc).__name__}: {exc}")
             finally:
-                LATENCY.labels(self.spec.durable).observe(time.perf_counter() - started)
+                self._latency.observe(time.perf_counter() - started)
         for f in box.pending:  # what it published before failing is not waited for (it comes back)
             f.add_done_callback(_retrieve)
         return out
@@ -248,10 +254,10 @@ class ConsumerRunner:
         d = o.delivery
         if o.kind == "ok":
             await self._settle(msg.ack())
-            HANDLED.labels(self.spec.durable, "ok").inc()
+            self._handled["ok"].inc()
         elif o.kind == "defer":
             await self._settle(msg.nak(delay=o.delay))
-            HANDLED.labels(self.spec.durable, "deferred").inc()
+            self._handled["deferred"].inc()
         elif o.kind == "poison":
             await self._dead_letter(msg, d, o.reason)
         elif d.deliveries >= self.options.max_deliver:
@@ -260,7 +266,7 @@ class ConsumerRunner:
             delay = self.options.backoff_s[min(d.deliveries - 1, len(self.options.backoff_s) - 1)]
             log.warning("handler.retry", consumer=self.spec.durable, subject=d.subject, deliveries=d.deliveries, error=o.reason)
             await self._settle(msg.nak(delay=delay))
-            HANDLED.labels(self.spec.durable, "retry").inc()
+            self._handled["retry"].inc()
 
     async def _dead_letter(self, msg: Msg, d: Delivery, reason: str) -> None:
         letter = DeadLetter(
@@ -281,7 +287,7 @@ class ConsumerRunner:
             return
         log.error("dead_letter", consumer=self.spec.durable, subject=d.subject, error=reason, deliveries=d.deliveries)
         await self._settle(msg.term())
-        HANDLED.labels(self.spec.durable, "dead_letter").inc()
+        self._handled["dead_letter"].inc()
 
     @staticmethod
     async def _settle(coro: Awaitable[None]) -> None:
