@@ -184,9 +184,6 @@ redis.call('HSET', KEYS[1], 'gen', ARGV[1], 'digest', ARGV[2], 'version', 1)
 return {1, 'created'}
 """
 
-# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered,
-# expected, decided token or '', deadline or ''} (a late answer needs no second read to see
-# whether its round is past its deadline and undecided).
 #: a gather round's outcome, recorded once (HSETNX) and read back in the same step: the outcome
 #: a decider publishes is the first one recorded, whichever copy or delivery decided it. A script
 #: rather than MULTI/EXEC so it joins the gathered pipeline (state.autopipeline).
@@ -196,6 +193,9 @@ redis.call('HSETNX', KEYS[1], 'outcome', ARGV[1])
 return redis.call('HGET', KEYS[1], 'outcome')
 """
 
+# KEYS: gather.  ARGV: cluster, JSON result, ttl.  Records one answer; returns {answered,
+# expected, decided token or '', deadline or ''} (a late answer needs no second read to see
+# whether its round is past its deadline and undecided).
 GATHER_ADD = r"""
 redis.call('HSET', KEYS[1], 'r:' .. ARGV[1], ARGV[2])
 redis.call('EXPIRE', KEYS[1], tonumber(ARGV[3]))
