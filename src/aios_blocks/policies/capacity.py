@@ -154,15 +154,18 @@ class _Ranked:
 def healthy_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
     """The ids of the healthy nodes, sorted (a placement input's ``healthy_nodes``): a new list
     each call. An inventory view keeps the sorted list and catches it up from its change log."""
-    if not isinstance(nodes, Nodes):
+    def rebuilt() -> list[str]:
         return sorted(nid for nid, n in nodes.items() if n["healthy"])
+
+    if not isinstance(nodes, Nodes):
+        return rebuilt()
     memo = nodes._healthy
     version = nodes.version
     if memo is not None and memo[0] == version:
         return list(memo[1])
     changed = nodes.changed_since(memo[0]) if memo is not None else None
     if memo is None or changed is None:
-        ids = sorted(nid for nid, n in nodes.items() if n["healthy"])
+        ids = rebuilt()
         nodes._healthy = (version, ids, set(ids))
         return list(ids)
     _, ids, members = memo
@@ -199,7 +202,7 @@ def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
             view = nodes[nid]
             if "affinity" in view:
                 break
-            parts[pos[nid]] = _encode(nid) + b":" + _encode(node_ref(view))
+            parts[pos[nid]] = _ref_entry(nid, view)
         else:
             raw = b"{" + b",".join(parts) + b"}"
             nodes._refs = (version, raw, parts, ids)
@@ -208,10 +211,15 @@ def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
     annotated = False  # an annotated view is a per-call copy, changed in place: never kept
     for nid, view in nodes.items():
         annotated = annotated or "affinity" in view
-        parts.append(_encode(nid) + b":" + _encode(node_ref(view)))
+        parts.append(_ref_entry(nid, view))
     raw = b"{" + b",".join(parts) + b"}"
     nodes._refs = None if annotated else (version, raw, parts, nodes.ids())
     return msgspec.Raw(raw)
+
+
+def _ref_entry(nid: str, view: dict[str, Any]) -> bytes:
+    """One entry of the node-reference map's JSON: ``"<nid>":"sha256:<hex>"``."""
+    return _encode(nid) + b":" + _encode(node_ref(view))
 
 
 #: id(view) -> (the view, its compact JSON, ``"sha256:<the JSON's SHA-256>"``): a node view's encoding and digest,

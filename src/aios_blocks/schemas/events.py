@@ -531,16 +531,15 @@ def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
 
 
 def _with_node_map(input_data: dict[str, Any], value: Any) -> dict[str, Any]:
+    """A shallow copy of an input that has a :func:`node_map`, the whole map replaced by ``value``."""
     payload = input_data["payload"]
     return {**input_data, "payload": {**payload, "cluster_metrics": {**payload["cluster_metrics"], "nodes": value}}}
 
 
 def with_nodes(input_data: dict[str, Any], each: Any) -> dict[str, Any]:
     """A shallow copy of an input that has a :func:`node_map`, each node view replaced by ``each(view)``."""
-    payload = input_data["payload"]
-    metrics = payload["cluster_metrics"]
-    nodes = {nid: each(v) for nid, v in metrics["nodes"].items()}
-    return {**input_data, "payload": {**payload, "cluster_metrics": {**metrics, "nodes": nodes}}}
+    nodes = input_data["payload"]["cluster_metrics"]["nodes"]
+    return _with_node_map(input_data, {nid: each(v) for nid, v in nodes.items()})
 
 
 _second: tuple[int, str] = (-1, "")

@@ -78,7 +78,10 @@ class _ResourceAllocator:
         # nodes in rank order); a simulated placement then works on its own dict: with affinity
         # entries, copies of them all (re-annotated in place after each placement), else each node
         # copied when a placement first changes it (the input is not ours)
-        work = capacity.copy_nodes({nid: n for nid, n in nodes.items() if nid in healthy}) if entries else nodes
+        def healthy_part() -> dict[str, Any]:
+            return {nid: n for nid, n in nodes.items() if nid in healthy}
+
+        work = capacity.copy_nodes(healthy_part()) if entries else nodes
         copied: set[str] = set(work) if entries else set()
         want = max(int(block["maxInstances"]), 1)
         first: dict[str, Any] = {}
@@ -93,7 +96,7 @@ class _ResourceAllocator:
             if i == want - 1:
                 break  # nothing reads a simulated placement after the last one
             if work is nodes:
-                work = {nid: n for nid, n in nodes.items() if nid in healthy}
+                work = healthy_part()
             if pick[0] not in copied:
                 work[pick[0]] = capacity.copy_node(work[pick[0]])
                 copied.add(pick[0])
