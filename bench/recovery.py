@@ -67,8 +67,6 @@ def lifecycle(i: int, gen: int, keep: bool) -> Iterator[tuple[str, str, Any]]:
     yield f"{b}.parsed", "block.parsed", {"block_id": bid, "gen": gen, "ir": ir, "attempt": 0}
     yield f"{b}.selection", "block.selection", {"block_id": bid, "gen": gen, "candidates": cands, "filtered": {}, "policy": "builtin:cluster-rank", "attempt": 0, "deadline": 0.0}
     for c in cands:
-        yield f"aios.cluster.{c}.dry_run", "cluster.dry_run", {"block_id": bid, "gen": gen, "cluster_id": c, "ir": ir, "attempt": 0}
-    for c in cands:
         yield f"{b}.dry_run.result", "block.dry_run.result", {"block_id": bid, "gen": gen, "cluster_id": c, "score": 0.5, "node_info": {"node_id": nid, "gpus": [gpu]}, "attempt": 0}
         yield f"{b}.decision", "block.decision", {"block_id": bid, "kind": "resourceAllocator", "policy": "resourceAllocator", "uri": "builtin:binpack", "version": None, "action": "dry_run", "input_digest": f"{i:024x}", "output": {"selection_score_data": {"score": 0.5}}, "duration_us": 120}
     yield f"{b}.post_dry_run", "block.post_dry_run", {"block_id": bid, "gen": gen, "cluster_id": cid, "scores": dict.fromkeys(cands, 0.5), "attempt": 0}

@@ -71,6 +71,8 @@ class MemoryBus:
     _subs: list[tuple[str, Callable[[Any], Awaitable[None]]]] = field(default_factory=list)
     #: stream sequences not yet delivered to the consumers
     pending: deque[int] = field(default_factory=deque)
+    #: queries (events not stored, ``ConsumerSpec.core_filters``) not yet taken by a consumer
+    queries: deque[tuple[str, bytes]] = field(default_factory=deque)
     #: (stream, durable) of every consumer deleted (side-cars' when their block goes)
     deleted_consumers: list[tuple[str, str]] = field(default_factory=list)
 
@@ -88,7 +90,11 @@ class MemoryBus:
     async def _emit(self, e: Emit) -> Ack | None:
         subject = e.subject()
         if e.event.body is Body.CORE or not e.event.stored:
-            body = msgspec.json.encode(e.payload)
+            if e.event.body is Body.CORE:
+                body = msgspec.json.encode(e.payload)
+            else:  # a query: a CloudEvent over core NATS, taken by a consumer's queue group
+                body = envelope(e.logical_id(), self.source, e.event.type, subject, e.payload)
+                self.queries.append((subject, body))
             self.core.append((subject, body))
             await self._core(subject, body)
             return None
@@ -146,6 +152,8 @@ class MemorySystem:
     #: (due, consumer, seq) of deferred deliveries
     delayed: list[tuple[float, str, int]] = field(default_factory=list)
     dead: list[tuple[str, int, str]] = field(default_factory=list)
+    #: every query taken (a delivery of one names it by ``-(its index + 1)``)
+    query_log: list[tuple[str, bytes]] = field(default_factory=list)
 
     @classmethod
     @asynccontextmanager
@@ -211,6 +219,15 @@ class MemorySystem:
         how many deliveries were made."""
         made = 0
         while made < max_messages:
+            if self.bus.queries:  # one consumer of the queue group takes each query
+                subject, body = self.bus.queries.popleft()
+                spec, handler = next(((s, h) for s, h in self.bindings
+                                      if any(matches(f, subject) for f in s.core_filters)), (None, None))
+                if spec is not None and handler is not None:
+                    self.query_log.append((subject, body))
+                    await self._deliver(spec.durable, handler, Stored(-len(self.query_log), subject, body, {}, None))
+                    made += 1
+                continue
             if self.bus.pending:
                 seq = self.bus.pending.popleft()
                 msg = self.bus.stream[seq - 1]
@@ -233,15 +250,23 @@ class MemorySystem:
             when, durable, seq = min(due)
             await asyncio.sleep(max(0.0, when - time.monotonic()))
             handler = next(h for s, h in self.bindings if s.durable == durable)
-            await self._deliver(durable, handler, self.bus.stream[seq - 1])
+            await self._deliver(durable, handler, self._message(seq))
             made += 1
         raise RuntimeError(f"still busy after {max_messages} deliveries")
+
+    def _message(self, seq: int) -> Stored:
+        """A stored event by its sequence, or a query taken before by its (negative) place in
+        ``query_log``."""
+        if seq > 0:
+            return self.bus.stream[seq - 1]
+        subject, body = self.query_log[-seq - 1]
+        return Stored(seq, subject, body, {}, None)
 
     async def _deliver(self, durable: str, handler: Handler, msg: Stored) -> None:
         key = (durable, msg.seq)
         self.deliveries[key] = n = self.deliveries.get(key, 0) + 1
         try:
-            await handler(Delivery(msg.subject, msg.data, dict(msg.headers), n, msg.seq))
+            await handler(Delivery(msg.subject, msg.data, dict(msg.headers), n, max(msg.seq, 0)))
         except Defer as d:
             self.delayed.append((time.monotonic() + d.delay, durable, msg.seq))
         except (Poison, msgspec.DecodeError, msgspec.ValidationError) as exc:

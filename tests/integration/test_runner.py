@@ -27,7 +27,7 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
 
         async def handler(d: Delivery) -> None:
             seen.append((d.subject, d.deliveries))
-            if d.subject == "aios.cluster.runner-test.dry_run":
+            if d.subject == "aios.cluster.runner-test.reassignment":
                 raise RuntimeError("always fails")
             if d.subject == "aios.cluster.runner-test.allocation":
                 msgspec.json.decode(d.data, type=dict[str, int])
@@ -42,7 +42,7 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
         stop = asyncio.Event()
         runner = ConsumerRunner(bus, spec, handler, RunnerOptions(max_deliver=3, backoff_s=(0.05,), fetch_timeout_s=0.2))
         task = asyncio.create_task(runner.run(stop))
-        await bus.publish_raw("aios.cluster.runner-test.dry_run", b'{"x": 1}', msg_id="bad-1")
+        await bus.publish_raw("aios.cluster.runner-test.reassignment", b'{"x": 1}', msg_id="bad-1")
         await bus.publish_raw("aios.cluster.runner-test.allocation", b"not json", msg_id="garbage-1")
         await bus.publish_raw("aios.cluster.runner-test.scale", b"{}", msg_id="good-1")
         first = await asyncio.wait_for(letters.get(), 20)
@@ -50,14 +50,14 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
         stop.set()
         await asyncio.wait_for(task, 10)
         by_subject = {lt["subject"]: lt for lt in (first, second)}
-        bad = by_subject["aios.cluster.runner-test.dry_run"]
+        bad = by_subject["aios.cluster.runner-test.reassignment"]
         assert bad["deliveries"] == 3 and "always fails" in bad["error"] and bad["data"] == '{"x": 1}'
         # the original headers, as stored: the wire id is the keyed digest of the logical one
         assert bad["headers"]["Nats-Msg-Id"] == (await bus.ids()).wire("bad-1") and bad["consumer"] == "runner-test"
         assert bad["headers"]["Content-Type"] == "application/json"
         garbage = by_subject["aios.cluster.runner-test.allocation"]
         assert garbage["deliveries"] == 1 and garbage["error"].startswith("malformed event")
-        assert [n for s, n in seen if s == "aios.cluster.runner-test.dry_run"] == [1, 2, 3]
+        assert [n for s, n in seen if s == "aios.cluster.runner-test.reassignment"] == [1, 2, 3]
         assert handled == ["aios.cluster.runner-test.scale"]
         # dead-lettered messages were terminated: nothing left pending for the consumer
         info = await bus.js.consumer_info(subjects.STREAM, "runner-test")
@@ -232,6 +232,124 @@ async def test_a_publish_awaited_inside_a_handler_never_overtakes_its_earlier_ev
         await asyncio.gather(*box.pending)
         seqs = [(await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=b))).seq for b in ("ord-a", "ord-b", "ord-c")]
         assert seqs == sorted(seqs) and seqs[2] == ack.seq
+    finally:
+        await bus.close()
+        servers.stop()
+
+
+async def test_a_query_runner_takes_each_query_once_commits_its_events_retries_and_dead_letters(tmp_path: Path) -> None:
+    """``CoreRunner`` on a real server: queries (core NATS, not stored) reach one of the queue
+    group's runners each; what a handler publishes is stored with its batch; a handler that keeps
+    failing is retried with backoff, then dead-lettered with the reason. The stream never holds a
+    query."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.bus.router import Inbound, Router
+    from aios_blocks.bus.runner import CoreRunner
+    from aios_blocks.schemas.events import DryRunRequest, DryRunResult
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        spec = subjects.consumer("core-test", E.cluster_dry_run, cid="q1")
+        assert spec.filters == () and spec.core_filters == ("aios.cluster.q1.dry_run",)
+        handled: list[tuple[str, int]] = []
+
+        def router(name: str) -> Router:
+            r = Router(spec)
+
+            async def on_query(m: Inbound[DryRunRequest]) -> None:
+                handled.append((m.data.block_id, m.deliveries))
+                if m.data.block_id == "bad":
+                    raise RuntimeError("always fails")
+                await bus.emit(E.block_dry_run_result, DryRunResult(m.data.block_id, m.data.gen, "q1", 1.0, {}, attempt=0))
+
+            r.add(E.cluster_dry_run, on_query)
+            return r
+
+        letters: asyncio.Queue[dict] = asyncio.Queue()
+
+        async def on_letter(msg: object) -> None:
+            await letters.put(msgspec.json.decode(msg.data))  # type: ignore[attr-defined]
+
+        await bus.subscribe("aios.dlq.core-test.>", on_letter)
+        stop = asyncio.Event()
+        opts = RunnerOptions(max_deliver=3, backoff_s=(0.05,), fetch_timeout_s=0.2)
+        runners = [CoreRunner(bus, spec, router(n), opts) for n in ("a", "b")]
+        tasks = [asyncio.create_task(r.run(stop)) for r in runners]
+        await bus.nc.flush()
+        await asyncio.sleep(0.2)  # both subscriptions are in the group
+        before = (await bus.js.stream_info(subjects.STREAM)).state.messages
+        for i in range(20):
+            await bus.emit(E.cluster_dry_run, DryRunRequest(f"b{i}", 1, "q1"), cid="q1")
+        await bus.emit(E.cluster_dry_run, DryRunRequest("bad", 1, "q1"), cid="q1")
+        letter = await asyncio.wait_for(letters.get(), 20)
+        for _ in range(100):
+            if len({b for b, _ in handled if b != "bad"}) == 20:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 15)
+        good = [b for b, _ in handled if b != "bad"]
+        assert sorted(good) == sorted(f"b{i}" for i in range(20))  # each once, over the two runners
+        assert [n for b, n in handled if b == "bad"] == [1, 2, 3]
+        assert letter["subject"] == "aios.cluster.q1.dry_run" and "always fails" in letter["error"]
+        assert letter["deliveries"] == 3 and letter["consumer"] == "core-test"
+        info = await bus.js.stream_info(subjects.STREAM)
+        assert info.state.messages == before + 20 + 1  # the 20 answers and the dead letter, no query
+        for i in (0, 19):
+            msg = await bus.js.get_last_msg(subjects.STREAM, E.block_dry_run_result.subject(bid=f"b{i}"))
+            assert msgspec.json.decode(msg.data)["data"]["cluster_id"] == "q1"
+    finally:
+        await bus.close()
+        servers.stop()
+
+
+async def test_a_handlers_queries_go_out_only_once_its_stored_events_are_stored(tmp_path: Path) -> None:
+    """A query's answer must never precede, in the stream, the facts that asked for it: the runner
+    holds a handler's queries until the batch's stored events are stored; a handler that fails
+    sends none (its redelivery asks again)."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.schemas.events import BlockStatus, DryRunRequest
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        spec = subjects.ConsumerSpec("order-test", ("aios.cluster.order-test.scale",))
+        await bus.ensure_consumer(spec)
+        calls = {"n": 0}
+
+        async def handler(d: Delivery) -> None:
+            calls["n"] += 1
+            await bus.emit(E.block_ready, BlockStatus(f"o{calls['n']}", 1, "ready"))
+            await bus.emit(E.cluster_dry_run, DryRunRequest(f"o{calls['n']}", 1, "order-q"), cid="order-q")
+            if calls["n"] == 1:
+                raise RuntimeError("fails once, after publishing")
+
+        seen: asyncio.Queue[tuple[str, bool]] = asyncio.Queue()
+
+        async def on_query(msg: object) -> None:
+            bid = msgspec.json.decode(msg.data)["data"]["block_id"]  # type: ignore[attr-defined]
+            try:
+                await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=bid))
+                stored = True
+            except Exception:
+                stored = False
+            await seen.put((bid, stored))
+
+        await bus.subscribe("aios.cluster.order-q.dry_run", on_query)
+        stop = asyncio.Event()
+        runner = ConsumerRunner(bus, spec, handler, RunnerOptions(backoff_s=(0.05,), fetch_timeout_s=0.2))
+        task = asyncio.create_task(runner.run(stop))
+        await bus.publish_raw("aios.cluster.order-test.scale", b"{}", msg_id="order-1")
+        bid, stored = await asyncio.wait_for(seen.get(), 20)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        assert (bid, stored) == ("o2", True)  # the failed first handling sent no query; the second did, after its event
+        assert seen.empty()
     finally:
         await bus.close()
         servers.stop()

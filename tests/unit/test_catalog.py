@@ -124,8 +124,9 @@ def test_router_refuses_a_consumer_without_every_handler_or_a_foreign_event() ->
 
 def test_router_scoped_to_one_cluster_and_unknown_subjects_are_poison() -> None:
     spec = subjects.controller("c1")
-    assert spec.filters == ("aios.cluster.c1.dry_run", "aios.cluster.c1.allocation", "aios.cluster.c1.scale",
+    assert spec.filters == ("aios.cluster.c1.allocation", "aios.cluster.c1.scale",
                             "aios.cluster.c1.scale_down", "aios.cluster.c1.reassignment")
+    assert spec.core_filters == ("aios.cluster.c1.dry_run",)  # the query: a queue group, not the durable
     router = Router(spec)
     got: list[str] = []
 

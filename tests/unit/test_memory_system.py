@@ -105,3 +105,48 @@ async def test_a_decision_record_keeps_the_input_as_it_was_at_the_call() -> None
         recorded = msgspec.json.decode(msgspec.json.encode(d))
         assert recorded["input_digest"] == at_call and recorded["given"] == {"block_metrics": {"rps": 5}}
         assert "input" not in recorded and recorded["output"] == {"node_id": "n1"}
+
+
+async def test_a_lost_dry_run_query_is_asked_again_at_the_deadline() -> None:
+    """The dry_run query is not stored (core NATS): one taken by a controller that then stopped is
+    gone. The gather's timer asks the clusters that have not answered again, and the block is
+    placed; the stream holds no query, only the answers."""
+    async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05, dry_run_patience_s=5.0)) as s:
+        await s.add_component()
+        for c in ("c1", "c2"):
+            await s.add_sim_cluster(c, nodes=2, gpus=2)
+        dropped: list[str] = []
+        i = next(i for i, (spec, _) in enumerate(s.bindings) if spec.core_filters)
+        spec, handler = s.bindings[i]
+
+        async def dies_holding_its_first_queries(d):  # type: ignore[no-untyped-def]
+            if E.cluster_dry_run.match(d.subject) and len(dropped) < 2:
+                dropped.append(d.subject)
+                return None  # taken, never answered: the controller stopped with it
+            return await handler(d)
+
+        s.bindings[i] = (spec, dies_holding_its_first_queries)
+        bid = await s.submit(dict(SPEC))
+        await s.run(wait_deferred=1.0)
+        assert sorted(dropped) == ["aios.cluster.c1.dry_run", "aios.cluster.c2.dry_run"]
+        block = await s.store.get_block(bid)
+        assert block is not None and block["status"] == "ready", block
+        asked = [subj for subj, _ in s.query_log if E.cluster_dry_run.match(subj)]
+        assert sorted(asked) == sorted(dropped * 2)  # each cluster asked twice: once at selection, once at the deadline
+        assert {r["cluster_id"] for r in s.bus.events(E.block_dry_run_result, bid=bid)} == {"c1", "c2"}
+        assert not [m for m in s.bus.stream if E.cluster_dry_run.match(m.subject)]
+        (post,) = s.bus.events(E.block_post_dry_run, bid=bid)  # the first usable late answer decided
+        assert post["cluster_id"] in ("c1", "c2") and post["scores"][post["cluster_id"]] > 0
+
+
+async def test_a_dry_run_decision_names_the_state_its_round_started_from() -> None:
+    """A query has no stream sequence of its own: the dry_run's decision record carries the
+    sequence of the ``parsed`` event the gateway handled (``blocks explain`` rebuilds from there)."""
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=2)
+        bid = await s.submit(dict(SPEC))
+        await s.run()
+        (parsed,) = [m for m in s.bus.stream if m.subject == E.block_parsed.subject(bid=bid)]
+        (result,) = s.bus.events(E.block_dry_run_result, bid=bid)
+        assert result["decisions"] and {d["at"] for d in result["decisions"]} == {parsed.seq}

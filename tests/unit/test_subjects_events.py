@@ -57,7 +57,7 @@ SAMPLE_SUBJECTS = [
                                              "dry_run.result", "allocation.failed")),
     *(subjects.instance_event("b1", "b1-0", e) for e in ("added", "removed", "failed", "unhealthy")),
     subjects.node_dangling("n1"), subjects.node_registered("n1"), subjects.node_health("n1"),
-    *(subjects.cluster_command("c1", c) for c in ("dry_run", "allocation", "scale", "reassignment")),
+    *(subjects.cluster_command("c1", c) for c in ("allocation", "scale", "reassignment")),
     *(subjects.node_command("n1", c) for c in ("instance.create", "instance.remove")),
     subjects.block_event("b1", "decision"),
     subjects.policy_updated("p"),
@@ -182,7 +182,6 @@ def test_per_cluster_controller_and_per_node_agent_are_scoped() -> None:
         (subjects.block_create("b1"), "parser"),
         (subjects.block_event("b1", "parsed"), "gateway"),
         (subjects.block_event("b1", "dry_run.result"), "gateway"),
-        (subjects.cluster_command("c1", "dry_run"), "controller"),
         (subjects.cluster_command("c1", "allocation"), "controller"),
         (subjects.cluster_command("c1", "scale"), "controller"),
         (subjects.cluster_command("c1", "reassignment"), "controller"),
@@ -196,6 +195,16 @@ def test_per_cluster_controller_and_per_node_agent_are_scoped() -> None:
 def test_each_command_is_consumed_by_exactly_one_durable(subject: str, durable: str) -> None:
     owners = [c.durable for c in all_consumers() if any(matches(f, subject) for f in c.filters)]
     assert owners == [durable]
+
+
+def test_a_query_is_not_stored_and_one_queue_group_takes_it() -> None:
+    subject = subjects.cluster_command("c1", "dry_run")
+    assert not any(matches(f, subject) for f in subjects.STREAM_SUBJECTS)
+    assert not any(matches(f, subject) for c in all_consumers() for f in c.filters)
+    assert [c.durable for c in all_consumers() if any(matches(f, subject) for f in c.core_filters)] == ["controller"]
+    c1 = subjects.controller("c1")
+    assert any(matches(f, subject) for f in c1.core_filters)
+    assert not any(matches(f, subjects.cluster_command("c2", "dry_run")) for f in c1.core_filters)
 
 
 @pytest.mark.parametrize(

@@ -37,9 +37,11 @@ def stored(pattern: str) -> bool:
 
 
 def consumers(pattern: str) -> list[str]:
-    """Durable consumers whose filters take ``pattern`` (``agent-sim`` stands for every agent's own)."""
+    """Durable consumers whose filters take ``pattern`` (``agent-sim`` stands for every agent's own);
+    a query (not stored) names the consumer whose queue group takes it."""
     s = sample(pattern)
-    return [c.durable for c in DURABLES if any(subjects.matches(f, s) for f in c.filters)]
+    return [c.durable for c in DURABLES if any(subjects.matches(f, s) for f in c.filters)] + [
+        f"{c.durable} (queue group)" for c in DURABLES if any(subjects.matches(f, s) for f in c.core_filters)]
 
 
 def catalog_rows() -> list[tuple[str, str, str, str, str, str]]:

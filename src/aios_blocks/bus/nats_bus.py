@@ -67,6 +67,10 @@ class Outbox:
     #: events are kept here, not published, until the whole batch's handlers are done
     defer: bool = False
     deferred: list[Deferred] = field(default_factory=list)
+    #: queries (core NATS, not stored) the handler sent: the runner sends them once the handler's
+    #: stored events are stored, so an answer never lands in the stream before the facts that
+    #: asked for it (and a handler that fails sends none: its redelivery asks again)
+    after: list[tuple[str, bytes, dict[str, str]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -432,6 +436,14 @@ class Bus:
             await self.nc.publish(subject, msgspec.json.encode(e.payload))
             return None
         mid = e.logical_id()
+        if not ev.stored:  # a query over core NATS (a CloudEvent, no message id): nothing to wait for
+            headers = {"Content-Type": CLOUDEVENTS_JSON, **dict(e.headers)}
+            body = envelope(mid, self.source, ev.type, subject, e.payload)
+            if box is not None:
+                box.after.append((subject, body, headers))  # sent after what the handler stored
+            else:
+                await self.nc.publish(subject, body, headers=headers)
+            return None
         if ev.body is Body.RAW:
             body = e.payload if isinstance(e.payload, bytes) else msgspec.json.encode(e.payload)
             headers = await self._headers(mid, "application/json")

@@ -112,6 +112,8 @@ class _Outcome:
     pending: list[asyncio.Future[Any]] = field(default_factory=list)
     #: its stored events, held for the batch's ``Bus.commit``
     deferred: list[Deferred] = field(default_factory=list)
+    #: its queries (core NATS), sent once its stored events are stored
+    after: list[tuple[str, bytes, dict[str, str]]] = field(default_factory=list)
 
 
 @dataclass
@@ -178,7 +180,7 @@ class ConsumerRunner:
                 await self._settle(msg.nak(delay=1.0))
 
     async def _batch(self, msgs: list[Msg]) -> None:
-        deliveries = [_delivery(m) for m in msgs]
+        deliveries = [self._delivery(m) for m in msgs]
         token: Any = None
         if self.guard is not None:
             try:
@@ -215,6 +217,10 @@ class ConsumerRunner:
                     if err is not None:
                         o.kind, o.reason = "error", f"publish failed: {type(err).__name__}: {err}"
                         break
+        for o in outcomes:  # queries go out once what their handler stored is stored
+            if o.kind == "ok" and o.after:
+                for subject, body, headers in o.after:
+                    await self.bus.nc.publish(subject, body, headers=headers)
         if self.guard is not None and any(o.kind == "ok" for o in outcomes):
             try:
                 valid = await self.guard.still(token)
@@ -233,7 +239,7 @@ class ConsumerRunner:
         with outbox(defer=bool(self.bus.atomic_streams)) as box:
             try:
                 await self.handler(d)
-                return _Outcome("ok", d, pending=box.pending, deferred=box.deferred)
+                return _Outcome("ok", d, pending=box.pending, deferred=box.deferred, after=box.after)
             except Defer as exc:
                 out = _Outcome("defer", d, delay=exc.delay)
             except Poison as exc:
@@ -295,13 +301,126 @@ class ConsumerRunner:
         with contextlib.suppress(Exception):
             await coro
 
+    @staticmethod
+    def _delivery(msg: Msg) -> Delivery:
+        meta = msg.metadata
+        return Delivery(
+            subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), deliveries=meta.num_delivered,
+            stream_seq=meta.sequence.stream,
+        )
 
-def _delivery(msg: Msg) -> Delivery:
-    meta = msg.metadata
-    return Delivery(
-        subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), deliveries=meta.num_delivered,
-        stream_seq=meta.sequence.stream,
-    )
+
+@dataclass
+class CoreMsg:
+    """A core-NATS message taken by a :class:`CoreRunner`, with the settle calls of a JetStream
+    message: ``ack`` and ``term`` are no-ops (nothing to tell the server), ``nak`` puts it back in
+    the runner's queue after the delay, one delivery more."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    deliveries: int
+    requeue: Callable[[CoreMsg, float], None]
+
+    async def ack(self) -> None:
+        return None
+
+    async def term(self) -> None:
+        return None
+
+    async def nak(self, delay: float = 0.0) -> None:
+        self.requeue(CoreMsg(self.subject, self.data, self.headers, self.deliveries + 1, self.requeue), delay)
+
+
+@dataclass
+class CoreRunner(ConsumerRunner):
+    """A consumer's events that are not stored (queries over core NATS: ``Event.stored`` false),
+    run in the same batches as the stored ones: a queue-group subscription (the group is the
+    consumer's ``durable``, so one copy of the worker takes each message) feeds a queue, and the
+    messages there are taken as batches of up to ``batch`` (what has arrived, no waiting), guarded,
+    handled and committed exactly as :class:`ConsumerRunner` does. Nothing is acked; a handler
+    that fails is retried here with the same backoff and dead-lettered at ``max_deliver``.
+
+    A query is not stored, so one held by a process that dies is lost: its sender asks again (the
+    gateway's gather timer asks a cluster that has not answered by the deadline). A stopping
+    runner leaves the group first and handles what it had already taken."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._queue: asyncio.Queue[CoreMsg] = asyncio.Queue()
+        self._timers: set[asyncio.TimerHandle] = set()
+
+    def _requeue(self, msg: CoreMsg, delay: float) -> None:
+        loop = asyncio.get_running_loop()
+        if delay <= 0:
+            self._queue.put_nowait(msg)
+            return
+
+        def put() -> None:
+            self._timers.discard(handle)
+            self._queue.put_nowait(msg)
+
+        handle = loop.call_later(delay, put)
+        self._timers.add(handle)
+
+    @staticmethod
+    def _delivery(msg: Any) -> Delivery:
+        return Delivery(subject=msg.subject, data=msg.data, headers=msg.headers, deliveries=msg.deliveries, stream_seq=0)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        async def take(msg: Msg) -> None:
+            self._queue.put_nowait(CoreMsg(msg.subject, msg.data, dict(msg.headers or {}), 1, self._requeue))
+
+        subs = [await self.bus.nc.subscribe(f, queue=self.spec.durable, cb=take, pending_msgs_limit=1_000_000,
+                                            pending_bytes_limit=512 * 1024 * 1024) for f in self.spec.core_filters]
+        inflight: set[asyncio.Task[None]] = set()
+        taken = 0
+        log.info("consumer.start", consumer=self.spec.durable, core=self.spec.core_filters)
+
+        def done(task: asyncio.Task[None], n: int) -> None:
+            nonlocal taken
+            inflight.discard(task)
+            taken -= n
+
+        def start(msgs: list[Any]) -> None:
+            nonlocal taken
+            taken += len(msgs)
+            task = asyncio.create_task(self.batch(msgs))
+            inflight.add(task)
+            task.add_done_callback(lambda t, n=len(msgs): done(t, n))  # type: ignore[misc]
+
+        while not stop.is_set():
+            free = self.options.concurrency - taken
+            if free <= 0:
+                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
+                continue
+            try:
+                async with asyncio.timeout(self.options.fetch_timeout_s):
+                    first = await self._queue.get()
+            except TimeoutError:
+                me = asyncio.current_task()
+                if me is not None and me.cancelling():  # a cancel that met the timeout: stop, not idle
+                    raise asyncio.CancelledError from None
+                continue
+            msgs = [first]
+            while len(msgs) < min(self.options.batch, free) and not self._queue.empty():
+                msgs.append(self._queue.get_nowait())
+            start(msgs)
+        for sub in subs:  # leave the group: nothing new comes here; what was taken is handled
+            with contextlib.suppress(Exception):
+                await sub.drain()
+        for handle in self._timers:
+            handle.cancel()
+        left: list[Any] = []
+        while not self._queue.empty():
+            left.append(self._queue.get_nowait())
+        for i in range(0, len(left), self.options.batch):
+            start(left[i:i + self.options.batch])
+        if inflight:
+            await asyncio.wait(inflight, timeout=10)
+        with contextlib.suppress(Exception):
+            await self.bus.nc.flush(timeout=5)
+        log.info("consumer.stop", consumer=self.spec.durable)
 
 
 def _retrieve(f: asyncio.Future[Any]) -> None:

@@ -129,15 +129,20 @@ class ConsumerSpec:
     events: tuple[Event[Any], ...] = ()
     scope: tuple[tuple[str, str], ...] = ()
     stream: str = STREAM
+    #: the filters of the events it takes that are not stored (queries over core NATS): a queue
+    #: group named ``durable`` takes them (``bus.runner.CoreRunner``), one copy per message
+    core_filters: tuple[str, ...] = ()
 
 
 def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
     filters: list[str] = []
+    core: list[str] = []
     for e in events:
+        into = filters if e.stored else core
         for f in e.filters(**scope):
-            if f not in filters:
-                filters.append(f)
-    return ConsumerSpec(durable, tuple(filters), events, tuple(sorted(scope.items())))
+            if f not in into:
+                into.append(f)
+    return ConsumerSpec(durable, tuple(filters), events, tuple(sorted(scope.items())), core_filters=tuple(core))
 
 
 #: The parser also takes create subjects whose id held dots (``aios.block.a.b.create``): they can

@@ -68,6 +68,10 @@ class DryRunRequest(msgspec.Struct, omit_defaults=True):
     ir: dict[str, Any] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
+    #: the state version the round started from (the stream sequence of the ``parsed`` event the
+    #: gateway handled): a request is not stored, so the controller records its dry_run decision
+    #: with this (``Decision.at``) and ``blocks explain`` rebuilds the input from there
+    at: int = 0
 
 
 

@@ -501,15 +501,18 @@ class Store:
 
     # -- gather ----------------------------------------------------------------------------
     async def gather_open(
-        self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600
+        self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600, at: int = 0
     ) -> None:
         """Open a gather and set its deadline timer (``GATHER_DUE``: the gateways' timer loop
-        claims it when due; nothing about it is stored in the stream)."""
+        claims it when due; nothing about it is stored in the stream). ``at``: the state version
+        the round started from, which a dry_run request asked again carries (``DryRunRequest.at``)."""
         key = gather_key(bid, gen, attempt)
         # not a transaction: the timer key is in another Redis Cluster slot, and every write is NX
         pipe = self.r.pipeline(transaction=False)
         pipe.hsetnx(key, "expected", _dumps(expected))
         pipe.hsetnx(key, "deadline", deadline)
+        if at:
+            pipe.hsetnx(key, "at", at)
         pipe.expire(key, ttl)
         pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): deadline}, nx=True)
         await pipe.execute()
@@ -663,6 +666,7 @@ def _gather(h: dict[str, str]) -> dict[str, Any]:
         "deadline": float(h.get("deadline", 0)),
         "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
         "decided": h.get("decided"),
+        "at": int(h.get("at") or 0),
     }
 
 

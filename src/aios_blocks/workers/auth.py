@@ -215,7 +215,8 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     elif role == "controller":
         # per-cluster durables (controller-<cid>) are named at run time: any consumer may be created
         pub += [*read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{st}.*.>"]
-        sub += [*hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL]
+        # and its queries (core NATS, a queue group): dry_run
+        sub += [*hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL, *subjects.controller().core_filters]
         responses = True  # replies to aios.node.*.expected requests
     elif role in ("agent", "agent-sim"):
         durable = subjects.agent(node if role == "agent" else None).durable

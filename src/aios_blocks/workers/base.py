@@ -20,7 +20,7 @@ from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.router import TRIGGER_SEQ
-from ..bus.runner import ConsumerRunner, Defer, Delivery, RunnerOptions
+from ..bus.runner import ConsumerRunner, CoreRunner, Defer, Delivery, RunnerOptions
 from ..policies import capacity, contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..schemas.errors import PolicyFailed
@@ -227,9 +227,13 @@ async def run_consumers(
     options: RunnerOptions | None = None,
 ) -> None:
     for spec, _ in bindings:
-        await worker.bus.ensure_consumer(spec)
+        if spec.filters:
+            await worker.bus.ensure_consumer(spec)
     guard = EpochGuard(worker)
-    runners = [ConsumerRunner(worker.bus, spec, handler, options or RunnerOptions(), guard) for spec, handler in bindings]
+    opts = options or RunnerOptions()
+    # a durable consumer for the stored events, a queue group for the queries (core NATS)
+    runners = [ConsumerRunner(worker.bus, spec, handler, opts, guard) for spec, handler in bindings if spec.filters]
+    runners += [CoreRunner(worker.bus, spec, handler, opts, guard) for spec, handler in bindings if spec.core_filters]
     await asyncio.gather(*(r.run(stop) for r in runners))
 
 

@@ -13,7 +13,7 @@ import structlog
 
 from ..bus import subjects
 from ..bus.catalog import E, Emit
-from ..bus.router import Inbound, Router
+from ..bus.router import TRIGGER_SEQ, Inbound, Router
 from ..bus.runner import Defer
 from ..handlers import controller as h
 from ..handlers import faults, scaling, sidecars
@@ -72,6 +72,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
     @router.on(E.cluster_dry_run)
     async def on_dry_run(m: Inbound[DryRunRequest]) -> None:
         ev = m.data
+        if ev.at:  # a query has no stream sequence: its decision names the state its round started from
+            TRIGGER_SEQ.set(ev.at)
         ir = ev.ir or await w.block_ir(ev.block_id, ev.gen)
         if ir is None:
             return  # the block is gone or was re-created: nobody gathers this answer

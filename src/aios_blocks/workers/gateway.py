@@ -56,9 +56,10 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             return
         deadline = time.time() + w.settings.dry_run_deadline_s
         event.deadline = deadline
-        await w.store.gather_open(bid, gen, n, sel.candidates, deadline)
+        await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq)
+        # the queries (core NATS) go out once the selection is stored (the runner's ``Outbox.after``)
         out = [Emit(E.block_selection, event)]
-        out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n)) for cid in sel.candidates]
+        out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=m.stream_seq)) for cid in sel.candidates]
         await w.bus.emit_all(out)
 
     @router.on(E.block_dry_run_result)
@@ -86,11 +87,28 @@ async def on_due(w: Worker, bid: str, gen: int, n: int) -> float | None:
     if not g["expected"]:
         return None  # expired or never opened here: nothing to decide
     if not g["decided"]:
-        wait = h.gather_wait(g["expected"], g["results"], time.time(), g["deadline"], w.settings.dry_run_patience_s)
+        now = time.time()
+        wait = h.gather_wait(g["expected"], g["results"], now, g["deadline"], w.settings.dry_run_patience_s)
         if wait > 0:
+            if now >= g["deadline"]:
+                # nothing usable yet: a query is not stored, so one lost with a controller that
+                # stopped is asked again now, and again every deadline while the patience lasts
+                await ask_again(w, bid, gen, n, g)
+                wait = min(wait, max(1.0, w.settings.dry_run_deadline_s))
             return time.time() + wait  # a late usable answer decides earlier (on_result)
     await _decide(w, bid, gen, n, "deadline")
     return None
+
+
+async def ask_again(w: Worker, bid: str, gen: int, n: int, g: dict[str, Any]) -> list[str]:
+    """Send the dry_run query again to every expected cluster that has not answered (the same
+    request: an answer that was only late is deduplicated by its message id)."""
+    missing = [c for c in g["expected"] if c not in g["results"]]
+    if missing:
+        log.info("gather.asked_again", block=bid, gen=gen, attempt=n, clusters=missing)
+        await w.bus.emit_all([Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=g.get("at", 0)))
+                              for cid in missing])
+    return missing
 
 
 async def fire_due(w: Worker, now: float | None = None) -> tuple[int, float | None]:
