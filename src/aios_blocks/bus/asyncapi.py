@@ -92,8 +92,10 @@ def document() -> dict[str, Any]:
             payload, content_type = data, "application/json"
         notes = []
         notes.append("stored in the AIOS stream" if e.stored else "core NATS only, never stored")
-        if e.id_rule:
+        if e.id_rule and e.stored:
             notes.append(f"message id rule `{e.id_rule}` (deduplicated by JetStream)")
+        elif e.id_rule:
+            notes.append(f"CloudEvents id rule `{e.id_rule}` (not stored: nothing deduplicates it)")
         messages[cid] = {
             "name": e.name,
             "title": e.type,
