@@ -146,3 +146,32 @@ async def test_the_kept_connections_come_back_after_a_redis_restart(tmp_path: Pa
     finally:
         await r.aclose()
         servers.stop()
+
+
+async def test_commands_queued_while_a_pipeline_is_out_go_together_in_the_next(redis_url: str) -> None:
+    """One gathered pipeline in flight at a time (``MAX_INFLIGHT``): callers that queue commands
+    in separate turns while one is out are sent together once it is back, in one server read."""
+    from aios_blocks.state import autopipeline
+
+    assert autopipeline.MAX_INFLIGHT == 1
+    r = open_redis(redis_url, Settings())
+    plain = open_redis(redis_url, Settings(redis_autopipeline=False))
+    try:
+        await r.set("ap:warm", "1")
+        slow = r.register_script("local t = redis.call('TIME'); local s = t[1] * 1e6 + t[2]; "
+                                 "repeat t = redis.call('TIME') until t[1] * 1e6 + t[2] - s > 50000; return 1")
+        assert await slow(keys=[], args=[]) == 1  # loaded (a first call is EVALSHA, SCRIPT LOAD, EVALSHA)
+        before = await _reads(plain)
+        out = asyncio.ensure_future(slow(keys=[], args=[]))
+        await asyncio.sleep(0.01)  # the slow script is out
+        late = []
+        for i in range(20):  # one caller per turn: alone, each would be its own pipeline
+            late.append(asyncio.ensure_future(r.incr("ap:late")))
+            await asyncio.sleep(0)
+        assert await out == 1
+        assert sorted(await asyncio.gather(*late)) == list(range(1, 21))
+        used = await _reads(plain) - before - 1  # the INFO read itself
+        assert used == 2, f"{used} server reads for a script and 20 INCRs queued behind it"
+    finally:
+        await r.aclose()
+        await plain.aclose()

@@ -39,9 +39,12 @@ DIRECT = frozenset({
 })
 #: commands gathered into one pipeline at most (the rest go in the next one)
 MAX_BATCH = 512
-#: connections kept aside for gathered pipelines (one is almost always enough: flushes run one
-#: after the other unless a turn queues more than ``MAX_BATCH`` commands)
+#: connections kept aside for gathered pipelines
 KEEP_CONNECTIONS = 4
+#: gathered pipelines in flight at once: the commands queued meanwhile wait for one to come back
+#: and go together in the next, so a loaded process sends fewer, larger pipelines (each exchange
+#: is a write and a read of the socket, costly on a VM) while an idle one sends at once
+MAX_INFLIGHT = 1
 
 _Command = tuple[tuple[Any, ...], Any]  # (args, options)
 _Item = tuple[list[_Command], "asyncio.Future[list[Any]]"]
@@ -55,7 +58,7 @@ class AutoPipelineRedis(aioredis.Redis):
         self._queued: list[_Item] = []
         self._queued_commands = 0
         self._flush_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._inflight = 0
         #: connections this client keeps for its gathered pipelines (see ``_exchange``)
         self._kept: list[Connection] = []
 
@@ -81,26 +84,33 @@ class AutoPipelineRedis(aioredis.Redis):
         fut: asyncio.Future[list[Any]] = loop.create_future()
         self._queued.append((commands, fut))
         self._queued_commands += len(commands)
-        if self._flush_task is None:
-            # runs once every handler made ready in this turn has queued its command
-            self._flush_task = loop.create_task(self._flush())
+        self._kick(loop)
         return fut
+
+    def _kick(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Start a flush if commands wait and another exchange may start; it runs once every
+        handler made ready in this turn has queued its command."""
+        if self._flush_task is None and self._queued and self._inflight < MAX_INFLIGHT:
+            self._flush_task = loop.create_task(self._flush())
 
     async def _flush(self) -> None:
         self._flush_task = None
-        while self._queued:
-            take, n = 0, 0
-            while take < len(self._queued) and (n == 0 or n + len(self._queued[take][0]) <= MAX_BATCH):
-                n += len(self._queued[take][0])
-                take += 1
-            batch, self._queued = self._queued[:take], self._queued[take:]
-            self._queued_commands -= n
-            if self._queued:  # more than one pipeline's worth: send this one, carry on at once
-                task = asyncio.get_running_loop().create_task(self._send(batch))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
-            else:
-                await self._send(batch)
+        if not self._queued:
+            return
+        take, n = 0, 0
+        while take < len(self._queued) and (n == 0 or n + len(self._queued[take][0]) <= MAX_BATCH):
+            n += len(self._queued[take][0])
+            take += 1
+        batch, self._queued = self._queued[:take], self._queued[take:]
+        self._queued_commands -= n
+        self._inflight += 1
+        loop = asyncio.get_running_loop()
+        self._kick(loop)  # more than one pipeline's worth, and room for it: the next one at once
+        try:
+            await self._send(batch)
+        finally:
+            self._inflight -= 1
+            self._kick(loop)  # what queued meanwhile goes now, together
 
     async def _send(self, batch: list[_Item]) -> None:
         commands = [c for cs, _fut in batch for c in cs]
