@@ -165,7 +165,7 @@ async def test_commands_queued_while_a_pipeline_is_out_go_together_in_the_next(r
         out = asyncio.ensure_future(slow(keys=[], args=[]))
         await asyncio.sleep(0.01)  # the slow script is out
         late = []
-        for i in range(20):  # one caller per turn: alone, each would be its own pipeline
+        for _ in range(20):  # one caller per turn: alone, each would be its own pipeline
             late.append(asyncio.ensure_future(r.incr("ap:late")))
             await asyncio.sleep(0)
         assert await out == 1
