@@ -20,6 +20,7 @@ import msgspec
 import nats
 import pytest
 import redis.asyncio as aioredis
+import structlog
 from nats.aio.client import Client as NC
 from nats.js.api import AckPolicy, ConsumerConfig
 from nats.js.errors import NotFoundError
@@ -740,3 +741,78 @@ async def test_a_sidecar_reads_task_outputs_and_nothing_of_the_control_stream(se
         assert await sc.denied(subject), subject
     await sc.nc.subscribe("aios.>")
     assert await sc.denied("aios.>", "subscription")
+
+
+async def test_observers_join_no_queue_group_and_a_replayed_query_is_dropped(
+    servers: EmbeddedServers, admin: Bus, connect: Any
+) -> None:
+    """The controllers' queries (``aios.cluster.*.dry_run``, core NATS) go to a queue group: an
+    observer may watch them (a plain subscription) but not join the group, which would take
+    queries away from the controllers. A stored message an observer replays onto the query subject
+    (a push consumer's deliver subject) arrives with a ``$JS.ACK`` reply subject and is dropped by
+    the controllers' runner; the gateway's own queries are handled."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.bus.router import Inbound, Router
+    from aios_blocks.bus.runner import CoreRunner, RunnerOptions
+    from aios_blocks.schemas.events import DryRunRequest, envelope
+
+    ep = servers.endpoints
+    ob = await connect(ep.nats_url("observer"))
+    watched: list[str] = []
+
+    async def watch(msg: Any) -> None:
+        watched.append(msg.subject)
+
+    await ob.nc.subscribe("aios.cluster.*.dry_run", cb=watch)  # watching is allowed
+    await ob.nc.subscribe("aios.cluster.*.dry_run", queue="controller")  # joining the group is not
+    assert await ob.denied("aios.cluster.*.dry_run", what="subscription")
+    assert any('using queue "controller"' in e for e in ob.errors), ob.errors
+
+    controller = await Bus.open(ep.nats_url("controller"))
+    gateway = await Bus.open(ep.nats_url("gateway"))
+    handled: list[str] = []
+    router = Router(subjects.controller())
+
+    async def on_query(m: Inbound[DryRunRequest]) -> None:
+        handled.append(m.data.block_id)
+
+    router.add(E.cluster_dry_run, on_query)
+    for e in subjects.controller().events:
+        if e is not E.cluster_dry_run:
+            router.add(e, on_query)
+    letters: list[str] = []
+
+    async def letter(msg: Any) -> None:
+        letters.append(msg.subject)
+
+    await admin.nc.subscribe("aios.dlq.>", cb=letter)
+    stop = asyncio.Event()
+    runner = CoreRunner(controller, subjects.controller(), router, RunnerOptions(fetch_timeout_s=0.2))
+    task = asyncio.create_task(runner.run(stop))
+    try:
+        await controller.nc.flush()
+        await asyncio.sleep(0.2)
+        # a query-shaped body stored by someone who may store things (upstream: block creates) ...
+        subject = E.cluster_dry_run.subject(cid="c1")
+        body = envelope("x", "s", E.cluster_dry_run.type, subject, DryRunRequest("replayed", 1, "c1"))
+        up = await connect(ep.nats_url("upstream"))
+        await up.nc.jetstream(timeout=5).publish("aios.block.q-replay.create", body)
+        # ... replayed by an observer onto the query subject
+        with structlog.testing.capture_logs() as logs:
+            await _replay_onto(ob, "aios.block.q-replay.create", subject)
+            await gateway.emit(E.cluster_dry_run, DryRunRequest("genuine", 1, "c1"), cid="c1")
+            async with asyncio.timeout(10):
+                while "genuine" not in handled or len(watched) < 2:
+                    await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+        dropped = [e for e in logs if e["event"] == "query.replayed_dropped"]
+        assert len(dropped) == 1 and dropped[0]["reply"].startswith("$JS.ACK."), logs
+        assert handled == ["genuine"], handled
+        assert letters == []  # dropped as a replay, not dead-lettered as a message nobody handles
+        # the observer saw both: the genuine query, and the replay (a push delivery names the stored subject)
+        assert sorted(watched) == sorted([subject, "aios.block.q-replay.create"]), watched
+    finally:
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        await controller.close()
+        await gateway.close()

@@ -234,3 +234,12 @@ def test_a_sidecar_consumes_outputs_and_dead_letters_them_only() -> None:
     assert js and all(".AIOS_OUTPUTS." in p for p in js)  # nothing of the control stream
     agent = auth.permissions("agent", "n1")
     assert agent is not None and "$JS.API.CONSUMER.DELETE.AIOS_OUTPUTS.*" in agent.publish
+
+
+def test_observers_may_not_join_a_queue_group() -> None:
+    obs = auth.permissions("observer")
+    assert obs is not None and obs.deny_subscribe == ("aios.> *",)
+    assert 'subscribe: {allow: [' in obs.conf() and 'deny: ["aios.> *"]}' in obs.conf()
+    for role in ("parser", "gateway", "controller", "executor", "agent-sim", "upstream"):
+        perms = auth.permissions(role)
+        assert perms is not None and perms.deny_subscribe == (), role

@@ -369,6 +369,12 @@ class CoreRunner(ConsumerRunner):
 
     async def run(self, stop: asyncio.Event) -> None:
         async def take(msg: Msg) -> None:
+            if msg.reply:
+                # a query is a plain publish: one with a reply subject was replayed onto the subject
+                # from the stream by a push consumer someone made (docs/security.md), not sent by
+                # its publisher role
+                log.warning("query.replayed_dropped", consumer=self.spec.durable, subject=msg.subject, reply=msg.reply[:64])
+                return
             self._queue.put_nowait(CoreMsg(msg.subject, msg.data, dict(msg.headers or {}), 1, self._requeue))
 
         subs = [await self.bus.nc.subscribe(f, queue=self.spec.durable, cb=take, pending_msgs_limit=1_000_000,

@@ -144,12 +144,17 @@ class Permissions:
     allow_responses: bool = False
     #: publish subjects refused even where ``publish`` allows them (NATS checks deny first)
     deny_publish: tuple[str, ...] = ()
+    #: subscriptions refused even where ``subscribe`` allows them; ``"<subject> <queue>"`` refuses
+    #: queue subscriptions (``"aios.> *"``: joining any queue group under ``aios.``)
+    deny_subscribe: tuple[str, ...] = ()
 
     def conf(self) -> str:
         q = lambda xs: ", ".join(json.dumps(x) for x in xs)  # noqa: E731
         resp = ", allow_responses: true" if self.allow_responses else ""
         deny = f", deny: [{q(self.deny_publish)}]" if self.deny_publish else ""
-        return f"{{publish: {{allow: [{q(self.publish)}]{deny}}}, subscribe: {{allow: [{q(self.subscribe)}]}}{resp}}}"
+        sdeny = f", deny: [{q(self.deny_subscribe)}]" if self.deny_subscribe else ""
+        return (f"{{publish: {{allow: [{q(self.publish)}]{deny}}}, subscribe: {{allow: [{q(self.subscribe)}]{sdeny}}}"
+                f"{resp}}}")
 
 
 #: the workers' shared durable consumers; per-node agents' (``agent-<nid>``) and per-cluster
@@ -205,7 +210,10 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         return Permissions(tuple(sorted(set(pub))), tuple(sub))
     if role == "observer":
         allow, deny = _observer_permissions(protected)
-        return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny))
+        # observers read every subject but join no queue group: one that joined the controllers'
+        # (queries) or the executors' (tasks) would take messages away from them (suppress them)
+        return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny),
+                           deny_subscribe=(f"{subjects.ROOT}.> *",))
     if role == "parser":
         pub += [*read_topology, *_consumer_rights(subjects.PARSER.durable)]
         sub += hints
