@@ -129,41 +129,54 @@ class ConsumerRunner:
         durable = self.spec.durable
         self._handled = {k: HANDLED.labels(durable, k) for k in ("ok", "deferred", "retry", "dead_letter")}
         self._latency = LATENCY.labels(durable)
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._taken = 0  # messages in the batches in flight
 
     async def run(self, stop: asyncio.Event) -> None:
         sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
-        inflight: set[asyncio.Task[None]] = set()
-        taken = 0  # messages in the batches in flight
         log.info("consumer.start", consumer=self.spec.durable, filters=self.spec.filters)
 
-        def done(task: asyncio.Task[None], n: int) -> None:
-            nonlocal taken
-            inflight.discard(task)
-            taken -= n
-
-        while not stop.is_set():
-            free = self.options.concurrency - taken
-            if free <= 0:
-                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                continue
+        async def fetch(n: int) -> list[Any] | None:
             try:
-                msgs = await sub.fetch(min(self.options.batch, free), timeout=self.options.fetch_timeout_s)
+                return await sub.fetch(n, timeout=self.options.fetch_timeout_s)
             except (TimeoutError, NatsTimeout, FetchTimeoutError):
-                continue  # idle path
+                return None  # idle path
             except Exception as exc:  # connection trouble: nats-py reconnects, we wait
-                if stop.is_set():
-                    break
-                log.warning("consumer.fetch_error", consumer=self.spec.durable, error=repr(exc))
-                await asyncio.sleep(0.5)
+                if not stop.is_set():
+                    log.warning("consumer.fetch_error", consumer=self.spec.durable, error=repr(exc))
+                    await asyncio.sleep(0.5)
+                return None
+
+        await self._batches(stop, fetch)
+        await self._stopped()
+
+    # -- batches in flight (shared with CoreRunner) ------------------------------------------------
+    async def _batches(self, stop: asyncio.Event, take: Callable[[int], Awaitable[list[Any] | None]]) -> None:
+        """Until ``stop``: ``take(n)`` up to n messages (``None`` or ``[]``: idle) and handle them
+        as a batch of its own task; at most ``concurrency`` messages in the batches in flight."""
+        while not stop.is_set():
+            free = self.options.concurrency - self._taken
+            if free <= 0:
+                await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
                 continue
-            if not msgs:
-                continue
-            taken += len(msgs)
-            task = asyncio.create_task(self.batch(msgs))
-            inflight.add(task)
-            task.add_done_callback(lambda t, n=len(msgs): done(t, n))  # type: ignore[misc]
-        if inflight:
-            await asyncio.wait(inflight, timeout=10)
+            msgs = await take(min(self.options.batch, free))
+            if msgs:
+                self._start(msgs)
+
+    def _start(self, msgs: list[Any]) -> None:
+        self._taken += len(msgs)
+        task = asyncio.create_task(self.batch(msgs))
+        self._inflight.add(task)
+        task.add_done_callback(lambda t, n=len(msgs): self._done(t, n))  # type: ignore[misc]
+
+    def _done(self, task: asyncio.Task[None], n: int) -> None:
+        self._inflight.discard(task)
+        self._taken -= n
+
+    async def _stopped(self) -> None:
+        """Wait for the batches in flight, flush what they published."""
+        if self._inflight:
+            await asyncio.wait(self._inflight, timeout=10)
         with contextlib.suppress(Exception):
             await self.bus.nc.flush(timeout=5)
         log.info("consumer.stop", consumer=self.spec.durable)
@@ -379,27 +392,9 @@ class CoreRunner(ConsumerRunner):
 
         subs = [await self.bus.nc.subscribe(f, queue=self.spec.durable, cb=take, pending_msgs_limit=1_000_000,
                                             pending_bytes_limit=512 * 1024 * 1024) for f in self.spec.core_filters]
-        inflight: set[asyncio.Task[None]] = set()
-        taken = 0
         log.info("consumer.start", consumer=self.spec.durable, core=self.spec.core_filters)
 
-        def done(task: asyncio.Task[None], n: int) -> None:
-            nonlocal taken
-            inflight.discard(task)
-            taken -= n
-
-        def start(msgs: list[Any]) -> None:
-            nonlocal taken
-            taken += len(msgs)
-            task = asyncio.create_task(self.batch(msgs))
-            inflight.add(task)
-            task.add_done_callback(lambda t, n=len(msgs): done(t, n))  # type: ignore[misc]
-
-        while not stop.is_set():
-            free = self.options.concurrency - taken
-            if free <= 0:
-                await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
-                continue
+        async def queued(n: int) -> list[Any] | None:
             try:
                 async with asyncio.timeout(self.options.fetch_timeout_s):
                     first = await self._queue.get()
@@ -407,11 +402,13 @@ class CoreRunner(ConsumerRunner):
                 me = asyncio.current_task()
                 if me is not None and me.cancelling():  # a cancel that met the timeout: stop, not idle
                     raise asyncio.CancelledError from None
-                continue
+                return None
             msgs = [first]
-            while len(msgs) < min(self.options.batch, free) and not self._queue.empty():
+            while len(msgs) < n and not self._queue.empty():
                 msgs.append(self._queue.get_nowait())
-            start(msgs)
+            return msgs
+
+        await self._batches(stop, queued)
         for sub in subs:  # leave the group: nothing new comes here; what was taken is handled
             with contextlib.suppress(Exception):
                 await sub.drain()
@@ -421,12 +418,8 @@ class CoreRunner(ConsumerRunner):
         while not self._queue.empty():
             left.append(self._queue.get_nowait())
         for i in range(0, len(left), self.options.batch):
-            start(left[i:i + self.options.batch])
-        if inflight:
-            await asyncio.wait(inflight, timeout=10)
-        with contextlib.suppress(Exception):
-            await self.bus.nc.flush(timeout=5)
-        log.info("consumer.stop", consumer=self.spec.durable)
+            self._start(left[i:i + self.options.batch])
+        await self._stopped()
 
 
 def _retrieve(f: asyncio.Future[Any]) -> None:
