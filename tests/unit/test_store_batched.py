@@ -158,15 +158,3 @@ def test_figures_derived_from_a_node_view_are_kept_per_view_and_dropped_when_it_
     other = capacity.copy_node(node)  # another view: its own figures
     assert capacity.derived(other, "x", lambda n: 10) == 10
 
-
-def test_an_instance_record_is_decoded_once_and_each_caller_gets_its_own() -> None:
-    from aios_blocks.state import store as st
-
-    raw = '{"node": "n1", "gpus": ["g0"], "status": "running", "cluster": "c1"}'
-    a, b = st.instance_record(raw), st.instance_record(raw)
-    assert a == b == {"node": "n1", "gpus": ["g0"], "status": "running", "cluster": "c1"}
-    assert a is not b and st._RECORDS[raw] is not a  # memoised, handed out as copies
-    a["status"] = "removing"
-    assert st.instance_record(raw)["status"] == "running"
-    changed = raw.replace("running", "removing")
-    assert st.instance_record(changed)["status"] == "removing"  # another value, another record

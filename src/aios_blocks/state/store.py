@@ -311,7 +311,7 @@ class Store:
         pipe.hgetall(block_key(bid))
         pipe.hgetall(inst_key(bid))
         block, insts = await pipe.execute()
-        return _block(block), {iid: instance_record(v) for iid, v in insts.items()}
+        return _block(block), {iid: _json.decode(v) for iid, v in insts.items()}
 
     async def list_blocks(self, limit: int = 1000) -> list[str]:
         return await self.r.zrevrange(BLOCKS, 0, limit - 1)
@@ -396,12 +396,12 @@ class Store:
         flat = await self._set_status(keys=[inst_key(bid)], args=args)
         if not flat:
             return None, {}
-        insts = {flat[i]: instance_record(flat[i + 1]) for i in range(0, len(flat), 2)}
+        insts = {flat[i]: _json.decode(flat[i + 1]) for i in range(0, len(flat), 2)}
         return insts.get(iid), insts
 
     async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(inst_key(bid))
-        return {iid: instance_record(v) for iid, v in raw.items()}
+        return {iid: _json.decode(v) for iid, v in raw.items()}
 
     async def drop_instance(self, bid: str, iid: str) -> None:
         raw = await self.r.hget(inst_key(bid), iid)
@@ -708,25 +708,6 @@ class _Recorder:
 def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
     """Queue a registered script in a pipeline by its digest (see ``Store._pipeline``)."""
     pipe.evalsha(script.sha, len(keys), *keys, *args)
-
-
-#: decoded instance records by their stored JSON: a block's instances are read whole for every
-#: step on it (a scale step reads all of them to place one more), and most have not changed since
-#: the last read. Bounded: cleared when full.
-_RECORDS: dict[str, dict[str, Any]] = {}
-_RECORDS_MAX = 65536
-
-
-def instance_record(raw: str) -> dict[str, Any]:
-    """One instance record from its stored JSON, decoded once per distinct value; each caller
-    gets its own copy (the top level: callers set fields on it)."""
-    rec = _RECORDS.get(raw)
-    if rec is None:
-        rec = _json.decode(raw)
-        if len(_RECORDS) >= _RECORDS_MAX:
-            _RECORDS.clear()
-        _RECORDS[raw] = rec
-    return dict(rec)
 
 
 def _block(h: dict[str, str]) -> dict[str, Any] | None:
