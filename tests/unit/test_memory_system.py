@@ -150,3 +150,24 @@ async def test_a_dry_run_decision_names_the_state_its_round_started_from() -> No
         (parsed,) = [m for m in s.bus.stream if m.subject == E.block_parsed.subject(bid=bid)]
         (result,) = s.bus.events(E.block_dry_run_result, bid=bid)
         assert result["decisions"] and {d["at"] for d in result["decisions"]} == {parsed.seq}
+
+
+async def test_a_block_scaled_to_its_target_fills_a_small_cluster_exactly() -> None:
+    """Scale 1 -> 8 (``block.scale.target``) on a cluster of exactly 8 GPUs: the controller's
+    scale steps fill it, every GPU held once, a reservation for each instance."""
+    from aios_blocks.schemas.events import ScaleTarget
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=4)
+        bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 8})
+        await s.run()
+        gen = int((await s.store.get_block(bid))["gen"])
+        await s.bus.emit(E.block_scale_target, ScaleTarget(bid, "up", 8, gen=gen))
+        await s.run(wait_deferred=2.0)
+        insts = await s.store.instances(bid)
+        assert len(insts) == 8 and {i["status"] for i in insts.values()} == {"running"}, insts
+        gpus = [g for i in insts.values() for g in i["gpus"]]
+        assert len(gpus) == len(set(gpus)) == 8  # every GPU once
+        assert len(await s.store.reservations("c1")) == 8
+        assert s.dead == []
