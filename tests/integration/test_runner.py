@@ -353,3 +353,45 @@ async def test_a_handlers_queries_go_out_only_once_its_stored_events_are_stored(
     finally:
         await bus.close()
         servers.stop()
+
+
+async def test_a_query_sent_before_any_receiver_subscribes_is_sent_again_until_one_does(tmp_path: Path) -> None:
+    """NATS drops a plain publish nobody is subscribed to (e.g. a dry_run while the controller
+    process is still starting): the sender hears *no responders* on the query's reply subject and
+    sends it again with backoff, so a receiver that subscribes later still gets it, once; a query
+    nobody ever takes is given up after ``give_up_s``."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.schemas.events import DryRunRequest
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    other = await Bus.open(servers.nats_url)
+    try:
+        await bus.emit(E.cluster_dry_run, DryRunRequest("late-1", 1, "late"), cid="late")
+        await asyncio.sleep(0.4)  # nobody listens yet: the query came back as "no responders", more than once
+        assert bus.query_sender.resent >= 2
+        got: asyncio.Queue[tuple[str, str]] = asyncio.Queue()
+
+        async def on_query(msg: object) -> None:
+            data = msgspec.json.decode(msg.data)["data"]  # type: ignore[attr-defined]
+            await got.put((data["block_id"], msg.reply))  # type: ignore[attr-defined]
+
+        await other.nc.subscribe("aios.cluster.late.dry_run", queue="controller-late", cb=on_query)
+        await other.nc.flush()
+        bid, reply = await asyncio.wait_for(got.get(), 5)
+        assert bid == "late-1" and reply.startswith("_INBOX.")
+        await asyncio.sleep(0.5)
+        assert got.empty()  # taken once: nothing answers it, and nothing is sent again once someone listens
+        # a query no one ever takes is given up, not sent forever
+        bus.query_sender.give_up_s = 0.3
+        await bus.emit(E.cluster_dry_run, DryRunRequest("never", 1, "nobody"), cid="nobody")
+        for _ in range(50):
+            if bus.query_sender.dropped:
+                break
+            await asyncio.sleep(0.05)
+        assert bus.query_sender.dropped == 1
+    finally:
+        await other.close()
+        await bus.close()
+        servers.stop()

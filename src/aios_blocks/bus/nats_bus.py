@@ -42,6 +42,7 @@ from ..settings import Settings
 from ..settings import current as current_settings
 from . import event_ids, subjects
 from .catalog import Body, Emit, Event
+from .queries import QuerySender
 
 log = structlog.get_logger("aios.bus")
 
@@ -208,6 +209,8 @@ class Bus:
         self._ids: event_ids.EventIds | None = None
         #: streams that take atomic batches (``allow_atomic``, nats-server 2.12+; ``ensure_stream``)
         self.atomic_streams: set[str] = set()
+        #: queries (non-stored events) go out through it: sent again while nobody listens
+        self.query_sender = QuerySender(nc, give_up_s=max(1.0, self.settings.dry_run_deadline_s))
 
     @classmethod
     async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
@@ -253,6 +256,7 @@ class Bus:
         return {"Nats-Msg-Id": (await self.ids()).wire(msg_id), "Content-Type": content_type}
 
     async def close(self) -> None:
+        self.query_sender.close()
         if not self.nc.is_closed:
             try:
                 await self.nc.flush(timeout=5)
@@ -442,7 +446,7 @@ class Bus:
             if box is not None:
                 box.after.append((subject, body, headers))  # sent after what the handler stored
             else:
-                await self.nc.publish(subject, body, headers=headers)
+                await self.query_sender.send(subject, body, headers)
             return None
         if ev.body is Body.RAW:
             body = e.payload if isinstance(e.payload, bytes) else msgspec.json.encode(e.payload)

@@ -233,7 +233,7 @@ class ConsumerRunner:
         for o in outcomes:  # queries go out once what their handler stored is stored
             if o.kind == "ok" and o.after:
                 for subject, body, headers in o.after:
-                    await self.bus.nc.publish(subject, body, headers=headers)
+                    await self.bus.query_sender.send(subject, body, headers)
         if self.guard is not None and any(o.kind == "ok" for o in outcomes):
             try:
                 valid = await self.guard.still(token)
@@ -382,10 +382,11 @@ class CoreRunner(ConsumerRunner):
 
     async def run(self, stop: asyncio.Event) -> None:
         async def take(msg: Msg) -> None:
-            if msg.reply:
-                # a query is a plain publish: one with a reply subject was replayed onto the subject
-                # from the stream by a push consumer someone made (docs/security.md), not sent by
-                # its publisher role
+            if msg.reply.startswith("$JS."):
+                # a query's reply subject is its sender's inbox (for NATS's no-responders status):
+                # one whose reply is a JetStream ack subject was replayed onto the subject from the
+                # stream by a push consumer someone made (docs/security.md), not sent by its
+                # publisher role
                 log.warning("query.replayed_dropped", consumer=self.spec.durable, subject=msg.subject, reply=msg.reply[:64])
                 return
             self._queue.put_nowait(CoreMsg(msg.subject, msg.data, dict(msg.headers or {}), 1, self._requeue))
