@@ -300,11 +300,11 @@ def fmt(v: float) -> str:
     return f"{v:.2f}"
 
 
-def standalone(figures: Any, quick: bool | None = None) -> None:
+def standalone(figures: Any, quick: bool | None = None, module: str | None = None) -> None:
     """``main()`` of a module: run its figures (``--quick``), print them, write results/<module>.json."""
     quick = ("--quick" in sys.argv) if quick is None else quick
     started = time.time()
     rows = figures(quick=quick)
-    print_table(rows, title=f"{Path(sys.modules[figures.__module__].__file__ or 'bench').stem} ({'quick' if quick else 'full'})")
-    name = Path(sys.modules[figures.__module__].__file__ or "bench").stem
+    name = module or Path(sys.modules[figures.__module__].__file__ or "bench").stem
+    print_table(rows, title=f"{name} ({'quick' if quick else 'full'})")
     write_results(rows, {"machine": machine_info(), "quick": quick, "seconds": round(time.time() - started, 1)}, f"{name}.json")
