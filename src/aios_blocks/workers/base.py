@@ -230,7 +230,7 @@ async def run_consumers(
         if spec.filters:
             await worker.bus.ensure_consumer(spec)
     guard = EpochGuard(worker)
-    opts = options or RunnerOptions()
+    opts = options or RunnerOptions(batch=worker.settings.consumer_batch, concurrency=worker.settings.consumer_inflight)
     # a durable consumer for the stored events, a queue group for the queries (core NATS)
     runners = [ConsumerRunner(worker.bus, spec, handler, opts, guard) for spec, handler in bindings if spec.filters]
     runners += [CoreRunner(worker.bus, spec, handler, opts, guard) for spec, handler in bindings if spec.core_filters]
