@@ -42,9 +42,9 @@ class Settings(BaseSettings):
         24, ge=0, description="a fetched batch's stored events go as one atomic batch per stream from this many on (0: never; publish_async each)"
     )
     atomic_batch_max: int = Field(256, ge=1, le=1000, description="most events in one atomic batch (the server takes at most 1000)")
-    consumer_batch: int = Field(64, ge=1, le=1000, description="most messages a worker takes from its durable consumer in one fetch (one batch: one commit of its events)")
+    consumer_batch: int = Field(128, ge=1, le=1000, description="most messages a worker takes from its durable consumer in one fetch (one batch: one commit of its events)")
     consumer_inflight: int = Field(
-        128, ge=1, description="most messages a worker's consumer has in its batches in flight (taken, not yet acked): a batch waits for its events to be stored, so this bounds one copy's rate at it over the commit latency"
+        512, ge=1, description="most messages a worker's consumer has in its batches in flight (taken, not yet acked): a batch waits for its events to be stored, so this bounds one copy's rate at it over the commit latency"
     )
     # -- Redis -------------------------------------------------------------------------------------
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size per process")
