@@ -38,6 +38,16 @@ def test_added_makes_the_instance_running_and_the_block_possibly_ready() -> None
     assert effects == [SetInstance("b", "b-0", InstanceStatus.RUNNING), ReadyIfRunning("b", 7, 2, "c1")]
 
 
+def test_one_more_instance_of_a_ready_block_runs_without_announcing_ready_again() -> None:
+    """A scale-up of a ready block: its ``ready`` went out when it became ready, so the instance
+    only starts running (no readiness check, no re-publish per added instance)."""
+    assert lc.on_added(fact("b-9"), lc.View(block("ready"), {"b-9": inst()})) == [SetInstance("b", "b-9", InstanceStatus.RUNNING)]
+    # but the redelivered ``added`` that made the block ready (its instance already running) checks
+    # again, so an announcement lost to a crash between the transition and the publish goes out
+    effects = lc.on_added(fact(), lc.View(block("ready"), {"b-0": inst(status="running")}))
+    assert effects == [SetInstance("b", "b-0", InstanceStatus.RUNNING), ReadyIfRunning("b", 7, 2, "c1")]
+
+
 def test_added_for_a_copy_nobody_wants_stops_it_on_the_reporting_node_only() -> None:
     for view in (lc.View(None), lc.View(block("placing", gen=8), {"b-0": inst()}), lc.View(block("placing"), {"b-0": inst("n2")})):
         (effect,) = lc.on_added(fact(), view)

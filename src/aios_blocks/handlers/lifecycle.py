@@ -56,7 +56,11 @@ def on_added(ev: InstanceEvent, view: View) -> list[Effect]:
     out: list[Effect] = [SetInstance(ev.block_id, ev.instance_id, InstanceStatus.RUNNING, ev.endpoint or None)]
     if view.status in (BlockStatus.DELETING, BlockStatus.DELETED):  # raced with a delete: stop it again
         out += _remove(ev.block_id, ev.gen, known["cluster"], ev.instance_id, known["node"], "block deleted")
+    elif view.status == BlockStatus.READY and known["status"] != InstanceStatus.RUNNING:
+        pass  # one more instance of a ready block (a scale-up): its ``ready`` was announced already
     elif view.status in LIVE:
+        # placing: ready once enough run; or this ``added`` is redelivered after it made the block
+        # ready and the announcement may not have gone out (re-published, deduplicated)
         out.append(ReadyIfRunning(ev.block_id, ev.gen, int(block["ir"]["minInstances"]), block.get("cluster", "")))
     return out
 

@@ -6,7 +6,7 @@ Every key is built by ``state.keys`` (the key layout is documented there).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -58,6 +58,39 @@ _json = msgspec.json
 
 def _dumps(v: Any) -> str:
     return _json.encode(v).decode()
+
+
+class Records(Mapping[str, dict[str, Any]]):
+    """A block's instance records as a script returned them (id, JSON, id, JSON, ...), decoded
+    when first read: most callers want one record, or none of them."""
+
+    def __init__(self, flat: list[Any]):
+        self._flat = flat
+        self._all: dict[str, dict[str, Any]] | None = None
+
+    def one(self, iid: str) -> dict[str, Any] | None:
+        if self._all is not None:
+            return self._all.get(iid)
+        flat = self._flat
+        for i in range(0, len(flat), 2):
+            if flat[i] == iid:
+                return _json.decode(flat[i + 1])
+        return None
+
+    def _decoded(self) -> dict[str, dict[str, Any]]:
+        if self._all is None:
+            flat = self._flat
+            self._all = {flat[i]: _json.decode(flat[i + 1]) for i in range(0, len(flat), 2)}
+        return self._all
+
+    def __getitem__(self, iid: str) -> dict[str, Any]:
+        return self._decoded()[iid]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._decoded())
+
+    def __len__(self) -> int:
+        return len(self._flat) // 2
 
 
 class Store:
@@ -388,16 +421,25 @@ class Store:
 
     async def set_instance_status_all(
         self, bid: str, iid: str, status: str, endpoint: str | None = None
-    ) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    ) -> tuple[dict[str, Any] | None, Mapping[str, dict[str, Any]]]:
         """Set one instance's status and, when given, its ``endpoint`` (one atomic script); (its
-        record, every instance of the block right after the write), or (None, {}) when the
-        instance is not recorded."""
+        record, every instance of the block right after the write, decoded when first read), or
+        (None, {}) when the instance is not recorded."""
         args = [iid, status] + ([_dumps(endpoint)] if endpoint else [])
         flat = await self._set_status(keys=[inst_key(bid)], args=args)
         if not flat:
             return None, {}
-        insts = {flat[i]: _json.decode(flat[i + 1]) for i in range(0, len(flat), 2)}
-        return insts.get(iid), insts
+        insts = Records(flat)
+        return insts.one(iid), insts
+
+    async def block_and_instance(self, bid: str, iid: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+        """The block record and one of its instances, in one round trip (a decision about one
+        instance need not decode all of them: a block scaled to 64 has 64)."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(block_key(bid))
+        pipe.hget(inst_key(bid), iid)
+        block, raw = await pipe.execute()
+        return _block(block), (None if raw is None else _json.decode(raw))
 
     async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(inst_key(bid))

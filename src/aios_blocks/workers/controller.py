@@ -206,7 +206,9 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 
     @router.on(E.instance_added)
     async def on_added(m: Inbound[InstanceEvent]) -> None:
-        await commit(w, lc.on_added(m.data, await view(m.data.block_id)))
+        ev = m.data
+        block, inst = await w.store.block_and_instance(ev.block_id, ev.instance_id)  # it looks at that one only
+        await commit(w, lc.on_added(ev, lc.View(block, {ev.instance_id: inst} if block is not None and inst else {})))
 
     @router.on(E.instance_removed)
     async def on_removed(m: Inbound[InstanceEvent]) -> None:

@@ -4,7 +4,7 @@ changes nothing twice (the stream deduplicates the events by their catalog id ru
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..bus.catalog import E, Emit
@@ -29,13 +29,13 @@ from .base import Worker
 async def commit(w: Worker, effects: Iterable[Effect]) -> None:
     #: a block's instances as read atomically with this commit's last write (``SetInstance``):
     #: a guard right after it needs no read of its own
-    fresh: list[tuple[str, dict[str, Any]]] = []
+    fresh: list[tuple[str, Mapping[str, dict[str, Any]]]] = []
     for effect in effects:
         if not await _one(w, effect, fresh):
             return  # a guard failed (the instance is gone): the rest depended on it
 
 
-async def _one(w: Worker, e: Effect, fresh: list[tuple[str, dict[str, Any]]]) -> bool:
+async def _one(w: Worker, e: Effect, fresh: list[tuple[str, Mapping[str, dict[str, Any]]]]) -> bool:
     seen = fresh.pop() if fresh else None  # good for the effect right after the write only
     match e:
         case Publish(events):
