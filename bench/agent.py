@@ -158,8 +158,10 @@ async def _figures(quick: bool) -> list[common.Row]:
 
 
 def figures(quick: bool = False) -> list[common.Row]:
-    os.environ.setdefault("AIOS_LOG_LEVEL", "warning")
-    return common.run(_figures(quick))
+    # quiet agents while this module runs only: `make bench` runs every module in one process, and
+    # a later one (footprint) reads the workers' info lines
+    with common.env_set("AIOS_LOG_LEVEL", os.environ.get("AIOS_LOG_LEVEL", "warning")):
+        return common.run(_figures(quick))
 
 
 def main() -> None:

@@ -7,17 +7,10 @@
 #   bash bench/device_inflight.sh [--wheels]      (env: PY, OUT, BLOCKS=2000, BUDGET_S=330, CONFIGS, ROUNDS, COPIES=1,2)
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-OUT="${OUT:-/tmp/inflight_out}" SITE="${SITE:-/tmp/site}" PY="${PY:-python3}"
+OUT="${OUT:-/tmp/inflight_out}" PY="${PY:-python3}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/inflight.log") 2>&1
-cd "$ROOT"
-if [ "${1:-}" = "--wheels" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-    export PYTHONPATH="$SITE:$ROOT/src" PATH="$SITE/bin:$PATH"
-else
-    export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+source "$ROOT/bench/device_env.sh"
 echo "== $(date -u +%FT%TZ) $(nproc) cores; $("$PY" --version)"
 deadline=$(( $(date +%s) + ${BUDGET_S:-330} ))
 B=${BLOCKS:-2000}

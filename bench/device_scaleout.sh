@@ -6,24 +6,16 @@
 #   bash bench/device_scaleout.sh [--wheels]
 #
 # --wheels installs ./.whl/*.whl into $SITE (default /tmp/site) first: the device machine has no
-# network (its python is 3.12; the wheels are downloaded here, see the issue note). Results and
+# network (bench/device_env.sh). Results and
 # the log go to $OUT (default /tmp/scaleout_out). Env: PY (default python3), BLOCKS (1500),
 # REPEAT (2), BUDGET_S (whole run, 480).
 set -u
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="${OUT:-/tmp/scaleout_out}"
-SITE="${SITE:-/tmp/site}"
 PY="${PY:-python3}"
 mkdir -p "$OUT"
 exec > >(tee "$OUT/scaleout.log") 2>&1
-cd "$ROOT"
-if [ "${1:-}" = "--wheels" ]; then
-    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl || exit 1
-    export PYTHONPATH="$SITE:$ROOT/src" PATH="$SITE/bin:$PATH"
-else
-    export PYTHONPATH="$ROOT/src${PYTHONPATH:+:$PYTHONPATH}"
-fi
-export PYTHONUNBUFFERED=1
+source "$ROOT/bench/device_env.sh"
 echo "== $(date -u +%FT%TZ) $(uname -nrm); $(nproc) cores; $("$PY" --version); nats-server $(nats-server --version 2>&1 | head -1)"
 "$PY" -c "import aios_blocks.cli.main, psutil; print('imports ok; load', __import__('os').getloadavg())" || exit 1
 deadline=$(( $(date +%s) + ${BUDGET_S:-480} ))

@@ -144,6 +144,7 @@ def measure(per_kind: bool = False) -> tuple[list[tuple[int, str, float, float, 
     blocks = Path(sys.executable).parent / "blocks"
     cmd = [str(blocks)] if blocks.exists() else [sys.executable, "-m", "aios_blocks.cli"]
     env = {k: v for k, v in os.environ.items() if k not in ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_PROCESS_PER_KIND")}
+    env["AIOS_LOG_LEVEL"] = "info"  # readiness is read from the workers' "telemetry.serving" lines
     out = open(data / "up.out", "wb")
     flags = ["--process-per-kind"] if per_kind else []
     proc = subprocess.Popen([*cmd, "up", "--data-dir", str(data / "d"), *flags], env=env, stdout=out, stderr=subprocess.STDOUT)
