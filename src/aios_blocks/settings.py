@@ -39,7 +39,7 @@ class Settings(BaseSettings):
     nats_creds: str | None = Field(None, description="a NATS .creds file (JWT + nkey seed) for operator-mode servers")
     event_key: str | None = Field(None, repr=False, description="key of the keyed event ids (else the shared one in the KV bucket)")
     atomic_batch_min: int = Field(
-        8, ge=0, description="a fetched batch's stored events go as one atomic batch per stream from this many on (0: never; publish_async each)"
+        24, ge=0, description="a fetched batch's stored events go as one atomic batch per stream from this many on (0: never; publish_async each)"
     )
     atomic_batch_max: int = Field(256, ge=1, le=1000, description="most events in one atomic batch (the server takes at most 1000)")
     consumer_batch: int = Field(128, ge=1, le=1000, description="most messages a worker takes from its durable consumer in one fetch (one batch: one commit of its events)")
