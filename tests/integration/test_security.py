@@ -423,6 +423,23 @@ async def test_replayed_stream_messages_are_neither_heartbeats_nor_expected_requ
         await w.close()
 
 
+async def test_the_gateway_hears_no_responders_on_its_own_inbox(servers: EmbeddedServers, connect: Any) -> None:
+    """A query goes out with a reply subject on the gateway's private inbox, only to hear NATS's
+    *no responders*: the gateway role may subscribe there (no permission error), and the status
+    arrives, so a query sent while no controller listens is sent again (``bus/queries.py``)."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.schemas.events import DryRunRequest
+
+    gw = await connect(servers.endpoints.nats_url("gateway"))
+    bus = Bus(gw.nc, "gateway")
+    await bus.emit(E.cluster_dry_run, DryRunRequest("nobody-1", 1, "c-nobody"), cid="c-nobody")
+    async with asyncio.timeout(10):
+        while bus.query_sender.resent < 2:
+            await asyncio.sleep(0.05)
+    assert gw.errors == [], gw.errors
+    bus.query_sender.close()
+
+
 # -- `blocks worker` and `blocks agent` against a running `blocks up` --------------------------------
 def _cli_env() -> dict[str, str]:
     """The environment of a command run next to `blocks up`: no server URLs, no role."""
