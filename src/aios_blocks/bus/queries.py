@@ -52,6 +52,7 @@ class QuerySender:
         self._next = 0
         self._held: collections.OrderedDict[str, tuple[float, _Held]] = collections.OrderedDict()
         self._timers: set[asyncio.TimerHandle] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
         #: queries sent again because nobody was listening (for tests and logs)
         self.resent = 0
         self.dropped = 0
@@ -101,7 +102,8 @@ class QuerySender:
         def again() -> None:
             self._timers.discard(handle)
             task = loop.create_task(self._resend(q))
-            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._tasks.add(task)  # a task nobody holds may be collected before it runs
+            task.add_done_callback(self._tasks.discard)
 
         handle = loop.call_later(delay, again)
         self._timers.add(handle)
@@ -118,3 +120,5 @@ class QuerySender:
         for h in self._timers:
             h.cancel()
         self._timers.clear()
+        for t in self._tasks:
+            t.cancel()
