@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from aios_blocks.workers import lifetime
-from aios_blocks.workers.embedded import free_port, nats_binary, redis_binary
+from aios_blocks.workers.embedded import nats_binary, redis_binary
 
 #: the same fsync policy as the embedded server: an acknowledged event is on disk on each replica
 NATS_SYNC = "always"
@@ -43,12 +43,33 @@ def _bindable(port: int) -> bool:
     return True
 
 
-def cluster_port() -> int:
-    """A free port ``p`` whose cluster-bus port ``p + 10000`` is free too (Redis 6 has no
-    ``cluster-port`` setting; the bus is always 10000 above), so ``p`` is at most 55535."""
+def _ephemeral_floor() -> int:
+    """The lowest port the kernel hands to outgoing connections (``ip_local_port_range``)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def stable_port() -> int:
+    """A free port below the ephemeral range: a server killed and started again gets it back (a
+    port from ``free_port`` may meanwhile become some outgoing connection's source port, and
+    the restart then fails with "address already in use")."""
     rng = random.Random()
     for _ in range(1000):
-        port = rng.randrange(20000, 40000)
+        port = rng.randrange(10000, _ephemeral_floor())
+        if _bindable(port):
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
+
+
+def cluster_port() -> int:
+    """A free port ``p`` whose cluster-bus port ``p + 10000`` is free too (Redis 6 has no
+    ``cluster-port`` setting; the bus is always 10000 above), both below the ephemeral range."""
+    rng = random.Random()
+    top = _ephemeral_floor() - 10000
+    for _ in range(1000):
+        port = rng.randrange(min(20000, top - 1000), top)
         if _bindable(port) and _bindable(port + 10000):
             return port
     raise RuntimeError("no free port pair for a Redis Cluster node")
@@ -93,8 +114,11 @@ class NatsCluster:
         return ",".join(f"nats://127.0.0.1:{p}" for p in self.client_ports)
 
     def start(self) -> NatsCluster:
-        self.client_ports = [free_port() for _ in range(self.size)]
-        self.route_ports = [free_port() for _ in range(self.size)]
+        ports: list[int] = []
+        while len(ports) < 2 * self.size:
+            if (port := stable_port()) not in ports:
+                ports.append(port)
+        self.client_ports, self.route_ports = ports[:self.size], ports[self.size:]
         for name in self.names():
             self.start_server(name)
         return self
