@@ -87,6 +87,9 @@ class MemoryBus:
     async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
         return [a for a in [await self._emit(e) for e in effects] if a is not None]
 
+    async def after_commit(self, effect: Callable[[], Awaitable[object]]) -> None:
+        await effect()  # what was emitted before it is stored already
+
     async def _emit(self, e: Emit) -> Ack | None:
         subject = e.subject()
         if e.event.body is Body.CORE or not e.event.stored:

@@ -86,7 +86,7 @@ async def test_trust_required_keeps_block_off_unattested_nodes(system: System) -
     nodes = {i["node"] for i in (await system.client.store.instances(bid)).values()}
     assert nodes == {"c0-n1", "c0-n4"}
     # the block's story says, per node, why affinity rejected it
-    [result] = [e["data"] for s, e, _ in await system.client.history(bid) if s.endswith(".dry_run.result")]
+    [result] = [a for s, e, _ in await system.client.history(bid) if s.endswith(".post_dry_run") for a in e["data"]["answers"]]
     assert set(result["rejected_nodes"]) == {"c0-n0", "c0-n2", "c0-n3", "c0-n5"}
     assert result["rejected_nodes"]["c0-n0"] == "rejected by entry 0: Required toward trust domain attested"
 

@@ -45,7 +45,10 @@ async def test_every_recorded_decision_is_rebuilt_bit_for_bit_and_reruns_to_its_
     # nothing stores an input: no input message, no input inside a decision record
     history = await c.history()
     assert not any(s.startswith("aios.input.") for s, _, _ in history)
-    raw_decisions = [d for _, e, _ in history for d in (e.get("data") or {}).get("decisions") or []]
+    datas = [e.get("data") or {} for _, e, _ in history]
+    datas += [a for data in datas for a in data.get("answers") or []]  # dry_run answers, carried by post_dry_run
+    raw_decisions = [d for data in datas for d in data.get("decisions") or []]
+    assert any(d["action"] == "dry_run" for d in raw_decisions)
     assert raw_decisions and all("input" not in d and "input_subject" not in d for d in raw_decisions)
     assert all(d["at"] > 0 for d in raw_decisions if d["action"] != "post_dry_run")
 

@@ -85,7 +85,7 @@ async def test_a_cluster_short_of_the_gang_does_not_end_the_round_before_a_slowe
     _, kind, env = await system.submit_and_wait(spec, timeout=60)
     assert kind == "ready", env["data"]
     history = await system.client.history("gang-slow")
-    results = {e["data"]["cluster_id"]: e["data"] for s, e, _ in history if s.endswith(".dry_run.result")}
+    results = {a["cluster_id"]: a for s, e, _ in history if s.endswith(".post_dry_run") for a in e["data"]["answers"]}
     assert (results["c1"]["placeable"], results["c1"]["shortfall"]) == (2, 1)
     assert (results["c2"]["placeable"], results["c2"]["shortfall"]) == (3, 0)
     [post] = [e["data"] for s, e, _ in history if s.endswith(".post_dry_run")]

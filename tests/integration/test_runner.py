@@ -245,7 +245,7 @@ async def test_a_query_runner_takes_each_query_once_commits_its_events_retries_a
     from aios_blocks.bus.catalog import E
     from aios_blocks.bus.router import Inbound, Router
     from aios_blocks.bus.runner import CoreRunner
-    from aios_blocks.schemas.events import DryRunRequest, DryRunResult
+    from aios_blocks.schemas.events import DryRunRequest, PostDryRun
 
     servers = EmbeddedServers(data_dir=tmp_path)
     servers.start_nats()
@@ -263,7 +263,7 @@ async def test_a_query_runner_takes_each_query_once_commits_its_events_retries_a
                 handled.append((m.data.block_id, m.deliveries))
                 if m.data.block_id == "bad":
                     raise RuntimeError("always fails")
-                await bus.emit(E.block_dry_run_result, DryRunResult(m.data.block_id, m.data.gen, "q1", 1.0, {}, attempt=0))
+                await bus.emit(E.block_post_dry_run, PostDryRun(m.data.block_id, m.data.gen, "q1", {"q1": 1.0}))
 
             r.add(E.cluster_dry_run, on_query)
             return r
@@ -299,7 +299,7 @@ async def test_a_query_runner_takes_each_query_once_commits_its_events_retries_a
         info = await bus.js.stream_info(subjects.STREAM)
         assert info.state.messages == before + 20 + 1  # the 20 answers and the dead letter, no query
         for i in (0, 19):
-            msg = await bus.js.get_last_msg(subjects.STREAM, E.block_dry_run_result.subject(bid=f"b{i}"))
+            msg = await bus.js.get_last_msg(subjects.STREAM, E.block_post_dry_run.subject(bid=f"b{i}"))
             assert msgspec.json.decode(msg.data)["data"]["cluster_id"] == "q1"
     finally:
         await bus.close()

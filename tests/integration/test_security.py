@@ -833,3 +833,41 @@ async def test_observers_join_no_queue_group_and_a_replayed_query_is_dropped(
         await asyncio.wait_for(task, 10)
         await controller.close()
         await gateway.close()
+
+
+async def test_dry_run_answers_come_only_from_controllers_and_only_gateways_take_them(
+    servers: EmbeddedServers, connect: Any
+) -> None:
+    """A dry_run answer (``aios.block.*.dry_run.result``) is not stored: it goes over core NATS to
+    the gateways' queue group, and the round's ``post_dry_run`` stores it. So no other role may
+    publish one (a forged answer would decide a round), and an observer may not join the group
+    (it would take answers away from the gateways)."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.schemas.events import DryRunResult
+
+    ep = servers.endpoints
+    ob = await connect(ep.nats_url("observer"))
+    await ob.nc.subscribe("aios.block.*.dry_run.result", queue="gateway")
+    assert await ob.denied("aios.block.*.dry_run.result", what="subscription")
+    for role in ("upstream", "gateway", "agent-sim", "executor"):
+        other = await connect(ep.nats_url(role))
+        await other.nc.publish("aios.block.b1.dry_run.result", b"{}")
+        assert await other.denied("aios.block.b1.dry_run.result"), role
+    gw = await connect(ep.nats_url("gateway"))
+    got: list[bytes] = []
+
+    async def take(msg: Any) -> None:
+        got.append(msg.data)
+
+    await gw.nc.subscribe("aios.block.*.dry_run.result", queue="gateway", cb=take)
+    await gw.nc.flush()
+    controller = await Bus.open(ep.nats_url("controller"))
+    try:
+        await controller.emit(E.block_dry_run_result, DryRunResult("b1", 1, "c1", 0.5))
+        async with asyncio.timeout(10):
+            while not got:
+                await asyncio.sleep(0.02)
+        assert msgspec.json.decode(got[0])["data"]["cluster_id"] == "c1"
+        assert not [e for e in gw.errors if "permissions violation" in e.lower()], gw.errors
+    finally:
+        await controller.close()

@@ -54,7 +54,7 @@ SAMPLE_SUBJECTS = [
     subjects.block_create("b1"),
     *(subjects.block_event("b1", e) for e in ("parsed", "rejected", "selection", "post_dry_run", "placement", "ready",
                                              "failed", "deleted", "delete", "scale.failed", "reassignment.failed",
-                                             "dry_run.result", "allocation.failed")),
+                                             "allocation.failed")),
     *(subjects.instance_event("b1", "b1-0", e) for e in ("added", "removed", "failed", "unhealthy")),
     subjects.node_dangling("n1"), subjects.node_registered("n1"), subjects.node_health("n1"),
     *(subjects.cluster_command("c1", c) for c in ("allocation", "scale", "reassignment")),
@@ -181,7 +181,6 @@ def test_per_cluster_controller_and_per_node_agent_are_scoped() -> None:
     [
         (subjects.block_create("b1"), "parser"),
         (subjects.block_event("b1", "parsed"), "gateway"),
-        (subjects.block_event("b1", "dry_run.result"), "gateway"),
         (subjects.cluster_command("c1", "allocation"), "controller"),
         (subjects.cluster_command("c1", "scale"), "controller"),
         (subjects.cluster_command("c1", "reassignment"), "controller"),
@@ -205,6 +204,13 @@ def test_a_query_is_not_stored_and_one_queue_group_takes_it() -> None:
     c1 = subjects.controller("c1")
     assert any(matches(f, subject) for f in c1.core_filters)
     assert not any(matches(f, subjects.cluster_command("c2", "dry_run")) for f in c1.core_filters)
+
+
+def test_a_dry_run_answer_is_not_stored_and_the_gateways_queue_group_takes_it() -> None:
+    subject = subjects.block_event("b1", "dry_run.result")
+    assert not any(matches(f, subject) for f in subjects.STREAM_SUBJECTS)
+    assert not any(matches(f, subject) for c in all_consumers() for f in c.filters)
+    assert [c.durable for c in all_consumers() if any(matches(f, subject) for f in c.core_filters)] == ["gateway"]
 
 
 @pytest.mark.parametrize(

@@ -209,22 +209,27 @@ class E:
         "block.selection", f"{_B}.selection", ev.Selection, (G,), "candidate clusters and why others were filtered",
         id_rule="{block_id}:{gen}:selection:{attempt}",
     )
-    #: a query, not a command: it changes nothing, and its answer (``dry_run.result``) is the stored
-    #: fact, with the decision record that rebuilds its input. So it goes over core NATS to the
-    #: controllers' queue group (``bus.runner.CoreRunner``) and is not stored; one lost with a
-    #: controller that stopped is asked again by the gather's timer (``workers.gateway.on_due``)
+    #: a query, not a command: it changes nothing. So it goes over core NATS to the controllers'
+    #: queue group (``bus.runner.CoreRunner``) and is not stored; one lost with a controller that
+    #: stopped is asked again by the gather's timer (``workers.gateway.on_due``)
     cluster_dry_run = Event(
         "cluster.dry_run", f"{_C}.dry_run", ev.DryRunRequest, (G,),
-        "core NATS, not stored: feasibility query for one block (a query changes nothing: its answer is the stored "
-        "fact; the gateway asks again a cluster that has not answered by the deadline)",
+        "core NATS, not stored: feasibility query for one block (a query changes nothing; the gateway asks again a "
+        "cluster that has not answered by the deadline)",
         stored=False, id_rule="{block_id}:{gen}:dry_run:{cluster_id}:{attempt}",
     )
+    #: the query's answer, also over core NATS (to the gateways' queue group): the stored fact is
+    #: the round's ``post_dry_run``, which carries every answer it decided on (``answers``, each
+    #: with the decision record that rebuilds its input). An answer lost with a gateway that
+    #: stopped is asked again by the gather's timer, like a lost query
     block_dry_run_result = Event(
-        "block.dry_run.result", f"{_B}.dry_run.result", ev.DryRunResult, (C,), "score + node_info from one cluster",
-        id_rule="{block_id}:{gen}:dry_run.result:{cluster_id}:{attempt}",
+        "block.dry_run.result", f"{_B}.dry_run.result", ev.DryRunResult, (C,),
+        "core NATS, not stored: score + node_info from one cluster (the round's post_dry_run stores every answer)",
+        stored=False, id_rule="{block_id}:{gen}:dry_run.result:{cluster_id}:{attempt}",
     )
     block_post_dry_run = Event(
-        "block.post_dry_run", f"{_B}.post_dry_run", ev.PostDryRun, (G,), "cluster chosen, with every score",
+        "block.post_dry_run", f"{_B}.post_dry_run", ev.PostDryRun, (G,),
+        "cluster chosen, with every score and every dry_run answer it decided on",
         id_rule="{block_id}:{gen}:post_dry_run:{attempt}",
     )
     cluster_allocation = Event(

@@ -72,6 +72,8 @@ class Outbox:
     #: stored events are stored, so an answer never lands in the stream before the facts that
     #: asked for it (and a handler that fails sends none: its redelivery asks again)
     after: list[tuple[str, bytes, dict[str, str]]] = field(default_factory=list)
+    #: effects that must wait until the handler's stored events are stored (``Bus.after_commit``)
+    then: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -432,6 +434,16 @@ class Bus:
             box.pending.extend(futs)
             return []
         return list(await asyncio.gather(*futs))
+
+    async def after_commit(self, effect: Callable[[], Awaitable[object]]) -> None:
+        """Run ``effect`` once what the current handler publishes is stored (inside an
+        :func:`outbox`: the runner runs it after the batch's commit, and not at all when the
+        handler fails; outside: now, the publishes before it having been awaited)."""
+        box = _open_outbox()
+        if box is not None:
+            box.then.append(effect)
+        else:
+            await effect()
 
     async def _emit_one(self, e: Emit, wait: bool, box: Outbox | None = None) -> Any:
         ev = e.event

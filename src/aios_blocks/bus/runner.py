@@ -114,6 +114,8 @@ class _Outcome:
     deferred: list[Deferred] = field(default_factory=list)
     #: its queries (core NATS), sent once its stored events are stored
     after: list[tuple[str, bytes, dict[str, str]]] = field(default_factory=list)
+    #: its effects that wait for its stored events (``Bus.after_commit``)
+    then: list[Callable[[], Awaitable[object]]] = field(default_factory=list)
 
 
 @dataclass
@@ -234,6 +236,11 @@ class ConsumerRunner:
             if o.kind == "ok" and o.after:
                 for subject, body, headers in o.after:
                     await self.bus.query_sender.send(subject, body, headers)
+        thens = [t for o in outcomes if o.kind == "ok" for t in o.then]
+        if thens:  # and the effects that waited for them (one failing does not fail the message)
+            for res in await asyncio.gather(*(t() for t in thens), return_exceptions=True):
+                if isinstance(res, BaseException):
+                    log.warning("runner.after_commit_failed", consumer=self.spec.durable, error=repr(res))
         if self.guard is not None and any(o.kind == "ok" for o in outcomes):
             try:
                 valid = await self.guard.still(token)
@@ -252,7 +259,7 @@ class ConsumerRunner:
         with outbox(defer=bool(self.bus.atomic_streams)) as box:
             try:
                 await self.handler(d)
-                return _Outcome("ok", d, pending=box.pending, deferred=box.deferred, after=box.after)
+                return _Outcome("ok", d, pending=box.pending, deferred=box.deferred, after=box.after, then=box.then)
             except Defer as exc:
                 out = _Outcome("defer", d, delay=exc.delay)
             except Poison as exc:

@@ -541,8 +541,12 @@ def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
         return []
     if subject.endswith(".decision"):
         return [{**DECISION_DEFAULTS, **data}]
+    out = []
+    if isinstance(data.get("answers"), list):  # a post_dry_run: its dry_run answers' decisions first
+        for a in data["answers"]:
+            out += decisions_of(subject, a) if isinstance(a, dict) else []
     found = data.get("decisions")
-    return [{**DECISION_DEFAULTS, **d} for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+    return out + ([{**DECISION_DEFAULTS, **d} for d in found if isinstance(d, dict)] if isinstance(found, list) else [])
 
 
 async def send_task(bus: Bus, bid: str, body: bytes, headers: dict[str, str] | None = None,

@@ -155,22 +155,34 @@ def _call(data: dict[str, Any]) -> str:
     return detail
 
 
+def _answer(data: dict[str, Any], indent: str) -> str:
+    """One cluster's dry_run answer: score, error, why nodes were rejected, affinity scores, its policy calls."""
+    detail = f"cluster={data.get('cluster_id')} score={data.get('score')}" + (f" error={data['error']}" if data.get("error") else "")
+    for node, why in (data.get("rejected_nodes") or {}).items():
+        detail += f"\n    {indent}{node}: {why}"
+    if data.get("node_scores"):
+        detail += f"\n    {indent}affinity scores: " + ", ".join(f"{n}={v:g}" for n, v in data["node_scores"].items())
+    if (data.get("adapt") or {}).get("nodes"):
+        detail += f"\n    {indent}adapt: " + _adapt_line(data["adapt"])
+    if indent:  # inside a post_dry_run: the answer's own policy calls (the event's are listed after it)
+        for call in data.get("decisions") or []:
+            detail += f"\n    {indent}policy " + _call(call)
+    return detail
+
+
 def _line(subject: str, env: dict[str, Any]) -> str:
     data = env.get("data") if isinstance(env.get("data"), dict) else {}
     kind = subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
     detail = ""
     if kind == "selection":
         detail = f"candidates={data.get('candidates')} filtered={data.get('filtered') or {}}"
-    elif kind == "dry_run.result":
-        detail = f"cluster={data.get('cluster_id')} score={data.get('score')}" + (f" error={data['error']}" if data.get("error") else "")
-        for node, why in (data.get("rejected_nodes") or {}).items():
-            detail += f"\n    {node}: {why}"
-        if data.get("node_scores"):
-            detail += "\n    affinity scores: " + ", ".join(f"{n}={v:g}" for n, v in data["node_scores"].items())
-        if (data.get("adapt") or {}).get("nodes"):
-            detail += "\n    adapt: " + _adapt_line(data["adapt"])
+    elif kind == "dry_run.result":  # stored apart by versions before answers went into post_dry_run
+        detail = _answer(data, "")
     elif kind == "post_dry_run":
         detail = f"chosen={data.get('cluster_id') or '-'} scores={data.get('scores')}" + (f" missing={data['missing']}" if data.get("missing") else "")
+        for a in data.get("answers") or []:  # each cluster's dry_run answer, with its policy calls
+            if isinstance(a, dict):
+                detail += "\n    dry_run " + _answer(a, "    ")
     elif kind == "placement":
         detail = ", ".join(f"{p['instance_id']}@{p['node_id']}{p['gpus']}" for p in data.get("placements", []))
         for p in data.get("placements", []):

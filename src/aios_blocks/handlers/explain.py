@@ -18,6 +18,21 @@ def _kind(subject: str) -> str:
     return parts[3] if len(parts) == 4 else subject
 
 
+def _dry_run(r: dict[str, Any], out: dict[str, Any], data: dict[str, Any]) -> None:
+    """One cluster's dry_run answer in its round."""
+    r["dry_run"][data.get("cluster_id", "")] = {
+        "score": data.get("score", 0.0),
+        "node": (data.get("node_info") or {}).get("node_id", ""),
+        "gpus": (data.get("node_info") or {}).get("gpus", []),
+        "error": data.get("error", ""),
+        "rejected_nodes": data.get("rejected_nodes", {}),
+        "node_scores": data.get("node_scores", {}),
+        "adapt": data.get("adapt") or {},
+    }
+    if data.get("adapt"):
+        out["adapt"] = data["adapt"]
+
+
 def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "block_id": "",
@@ -58,20 +73,13 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             r = rnd(n)
             r["candidates"] = data.get("candidates", [])
             r["filtered"] = data.get("filtered", {})
-        elif kind == "dry_run.result":
-            rnd(n)["dry_run"][data["cluster_id"]] = {
-                "score": data.get("score", 0.0),
-                "node": (data.get("node_info") or {}).get("node_id", ""),
-                "gpus": (data.get("node_info") or {}).get("gpus", []),
-                "error": data.get("error", ""),
-                "rejected_nodes": data.get("rejected_nodes", {}),
-                "node_scores": data.get("node_scores", {}),
-                "adapt": data.get("adapt") or {},
-            }
-            if data.get("adapt"):
-                out["adapt"] = data["adapt"]
+        elif kind == "dry_run.result":  # stored apart by versions before answers went into post_dry_run
+            _dry_run(rnd(n), out, data)
         elif kind == "post_dry_run":
             r = rnd(n)
+            for a in data.get("answers") or []:
+                if isinstance(a, dict):
+                    _dry_run(r, out, a)
             r["chosen"] = data.get("cluster_id", "")
             r["missing"] = data.get("missing", [])
             scores = data.get("scores", {})
@@ -126,6 +134,8 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
                 out["reason"] = data.get("reason", "")
                 out["failures"].append({"step": "block", "reason": out["reason"]})
         calls = [data] if kind == "decision" else [x for x in data.get("decisions") or [] if isinstance(x, dict)]
+        calls += [x for a in data.get("answers") or [] if isinstance(a, dict)
+                  for x in a.get("decisions") or [] if isinstance(x, dict)]
         for call in calls:
             d = out["decisions"]
             d["count"] += 1

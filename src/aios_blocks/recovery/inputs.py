@@ -263,6 +263,8 @@ async def _run(step: Step, st: State) -> list[bytes] | None:
             await hg.select(ir, st.clusters(), st.all_nodes(), invoke, st.index(ir))
         elif name == "block.post_dry_run":
             g = st.gather(bid, int(data.get("gen", 0)), int(data.get("attempt", 0)))
+            if isinstance(data.get("answers"), list):  # the answers it decided on travel with it
+                g["results"] = {str(a.get("cluster_id", "")): a for a in data["answers"] if isinstance(a, dict)}
             clusters = st.clusters()
             entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid)) for cid in g["expected"] if cid in clusters}
             await hg.choose(g["expected"], g["results"], entries, invoke, int(ir.get("minInstances") or 1))
@@ -340,6 +342,35 @@ def decisions_of(subject: str, data: dict[str, Any]) -> list[dict[str, Any]]:
     return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
 
 
+def _parts(name: str, data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The steps one stored event records: itself, and for a ``post_dry_run`` first each dry_run
+    answer it carries (answers travel over core NATS; their decisions are stored with the round's
+    decision, each rebuilt as the dry_run step it was)."""
+    out: list[tuple[str, dict[str, Any]]] = []
+    if name == "block.post_dry_run" and isinstance(data.get("answers"), list):
+        out += [("block.dry_run.result", a) for a in data["answers"] if isinstance(a, dict)]
+    out.append((name, data))
+    return out
+
+
+def _step(subject: str, seq: int, name: str, data: dict[str, Any], recorded: list[dict[str, Any]], ts: float, prev: int,
+          by_seq: dict[int, tuple[str, bytes]]) -> Step:
+    step = Step(subject, seq, name, data, [Call(d, subject, seq, i) for i, d in enumerate(recorded)], ts)
+    for c in step.calls:
+        if c.decision.get("input") is not None:  # an older record that holds its input
+            c.status, c.input = "recorded", c.decision["input"]
+    ats = [int(c.decision.get("at") or 0) for c in step.calls]
+    at = min((a for a in ats if a), default=0)
+    if at and at in by_seq:
+        tsub, traw = by_seq[at]
+        step.trigger = (_event_name(tsub), _data(traw))
+    step.lo = at or prev
+    step.hi = seq + SLACK
+    while not step.done and step.calls[step.cursor].status == "recorded":
+        step.cursor += 1
+    return step
+
+
 async def rebuild(
     messages: list[tuple[str, bytes, int, float]], block_id: str | None = None
 ) -> list[Step]:
@@ -361,24 +392,12 @@ async def rebuild(
         if not (subject.endswith(".decision") or b'"decisions"' in raw):
             continue
         data = _data(raw)
-        recorded = decisions_of(subject, data)
-        if not recorded:
-            continue
-        step = Step(subject, seq, _event_name(subject), data,
-                    [Call(d, subject, seq, i) for i, d in enumerate(recorded)], ts)
-        for c in step.calls:
-            if c.decision.get("input") is not None:  # an older record that holds its input
-                c.status, c.input = "recorded", c.decision["input"]
-        ats = [int(c.decision.get("at") or 0) for c in step.calls]
-        at = min((a for a in ats if a), default=0)
-        if at and at in by_seq:
-            tsub, traw = by_seq[at]
-            step.trigger = (_event_name(tsub), _data(traw))
-        step.lo = at or prev
-        step.hi = seq + SLACK
-        while not step.done and step.calls[step.cursor].status == "recorded":
-            step.cursor += 1
-        steps.append(step)
+        name = _event_name(subject)
+        for part_name, part in _parts(name, data):
+            recorded = decisions_of(subject, part)
+            if not recorded:
+                continue
+            steps.append(_step(subject, seq, part_name, part, recorded, ts, prev, by_seq))
     pending = sorted((s for s in steps if not s.done), key=lambda s: s.lo)
     if not pending:
         return steps

@@ -131,6 +131,9 @@ class PostDryRun(msgspec.Struct):
     attempt: int = 0
     #: the policy calls this step made (folded into the step's event, not stored apart)
     decisions: list[Decision] = []
+    #: every dry_run answer the round had when it decided (they are not stored apart: the answers
+    #: travel over core NATS), each with its own decision records; clusters in ``missing`` have none
+    answers: list[DryRunResult] = []
 
 
 

@@ -608,16 +608,19 @@ class Store:
         _, block, g = await pipe.execute()
         return g.get("decided") == token, _block(block), _gather(g)
 
-    async def gather_done(self, bid: str, gen: int, attempt: int, step: Step | None = None, **fields: Any) -> tuple[bool, str]:
+    async def gather_done(
+        self, bid: str, gen: int, attempt: int, step: Step | None = None, drop_timer: bool = True, **fields: Any
+    ) -> tuple[bool, str]:
         """A decided gather: the block's ``step`` (a CAS, as ``transition``), and its deadline timer
-        dropped (nothing is left for it to decide), in one round trip. Returns the transition's
-        (done, info), or (True, "") without a step."""
+        dropped (``drop_timer``: nothing is left for it to decide), in one round trip. Returns the
+        transition's (done, info), or (True, "") without a step."""
         def build(pipe: Any) -> None:
             if step is not None:
                 rule = TRANSITIONS[step]
                 args = [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
                 _queue_script(pipe, self._transition, [block_key(bid)], args)
-            pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
+            if drop_timer:
+                pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
 
         out = await self._pipeline(build)
         if step is None:

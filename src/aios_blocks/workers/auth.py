@@ -219,7 +219,8 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         sub += hints
     elif role == "gateway":
         pub += [*read_topology, *_consumer_rights(subjects.GATEWAY.durable)]
-        sub += hints
+        # and the dry_run answers (core NATS, a queue group)
+        sub += [*hints, *subjects.GATEWAY.core_filters]
     elif role == "controller":
         # per-cluster durables (controller-<cid>) are named at run time: any consumer may be created
         pub += [*read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{st}.*.>"]

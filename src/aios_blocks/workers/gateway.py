@@ -8,6 +8,7 @@ import contextlib
 import time
 from typing import Any
 
+import msgspec
 import structlog
 
 from ..bus import subjects
@@ -64,10 +65,11 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 
     @router.on(E.block_dry_run_result)
     async def on_result(m: Inbound[DryRunResult]) -> None:
+        # an answer comes over core NATS (not stored): the whole of it is kept in the gather, so
+        # whichever gateway copy decides stores it in the round's post_dry_run
         ev = m.data
         answered, expected, decided, deadline = await w.store.gather_add_state(
-            ev.block_id, ev.gen, ev.attempt, ev.cluster_id,
-            {"score": ev.score, "node_info": ev.node_info, "error": ev.error, "placeable": ev.placeable, "shortfall": ev.shortfall}
+            ev.block_id, ev.gen, ev.attempt, ev.cluster_id, msgspec.structs.asdict(ev)
         )
         if expected and answered >= expected:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
@@ -83,6 +85,10 @@ async def on_due(w: Worker, bid: str, gen: int, n: int) -> float | None:
     """A gather's timer fired: decide with what it has, or say when to look again (``None``: done)."""
     g = await w.store.gather_read(bid, gen, n)
     if g["decided"] and g["decided"] != "deadline":
+        # decided, yet its timer is still here: the timer goes only once the decision's events
+        # are stored, so the decider stopped before that (answers are not stored: nothing else
+        # would finish it). Deciding again publishes what was recorded (``gather_settle``), once.
+        await _decide(w, bid, gen, n, g["decided"])
         return None
     if not g["expected"]:
         return None  # expired or never opened here: nothing to decide
@@ -159,12 +165,26 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     # one outcome per round, even if this decider runs again on more answers than the first time
     outcome = await w.store.gather_settle(bid, gen, n, f"!{decision.failure}" if decision.failure else decision.cluster_id)
     failure, cid = (outcome[1:], "") if outcome.startswith("!") else ("", outcome)
-    post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n, trace)
+    post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n, trace,
+                      answers=_answers(bid, gen, n, g))
     await w.bus.emit(E.block_post_dry_run, post)
     if failure:
         await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
-        await w.store.gather_done(bid, gen, n)
-        return
-    ok, _ = await w.store.gather_done(bid, gen, n, Step.CHOOSE, cluster=cid)
-    if ok:
-        await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))
+    else:
+        ok, _ = await w.store.gather_done(bid, gen, n, Step.CHOOSE, cluster=cid, drop_timer=False)
+        if ok:
+            await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))
+    # the timer goes once the decision is stored (until then it is what finishes a decider that stopped)
+    await w.bus.after_commit(lambda: w.store.gather_timer(bid, gen, n, None))
+
+
+def _answers(bid: str, gen: int, n: int, g: dict[str, Any]) -> list[DryRunResult]:
+    """The round's answers as the gather holds them (a gather rebuilt by ``blocks recover`` from
+    an older stream holds only their scores)."""
+    out = []
+    for cid in g["expected"]:
+        r = g["results"].get(cid)
+        if isinstance(r, dict):
+            with contextlib.suppress(msgspec.ValidationError, TypeError):
+                out.append(msgspec.convert({**r, "block_id": bid, "gen": gen, "cluster_id": cid, "attempt": n}, DryRunResult))
+    return out
