@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     consumer_inflight: int = Field(
         512, ge=1, description="most messages a worker's consumer has in its batches in flight (taken, not yet acked): a batch waits for its events to be stored, so this bounds one copy's rate at it over the commit latency"
     )
+    gc_gen0_threshold: int = Field(
+        10_000, ge=0, description="worker processes: Python's cyclic garbage collector looks at the youngest objects after this many new ones (Python's default is 700, at which a burst kept the core process ~18 % of its CPU in the collector, mostly re-scanning its inventory caches; docs/benchmarks.md, Stop 26); 0 keeps Python's default"
+    )
     # -- Redis -------------------------------------------------------------------------------------
     redis_max_connections: int = Field(64, ge=1, description="Redis connection pool size per process")
     redis_pool_wait_s: float = Field(30.0, gt=0, description="how long a command waits for a free pooled connection")

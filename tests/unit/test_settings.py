@@ -80,3 +80,21 @@ def test_the_parser_pins_the_placement_defaults_into_the_rules() -> None:
     assert out.ir is not None, out.errors
     assert out.ir["policies"]["clusterAllocator"]["parameters"]["maxCandidates"] == 2
     assert out.ir["policies"]["resourceAllocator"]["settings"]["sampleNodes"] == 7  # the spec's value is kept
+
+
+def test_workers_collect_young_objects_less_often_as_the_setting_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    import gc
+
+    from aios_blocks.workers.main import tune_gc
+
+    before = gc.get_threshold()
+    try:
+        monkeypatch.setenv("AIOS_GC_GEN0_THRESHOLD", "12345")
+        tune_gc(st.current().gc_gen0_threshold)
+        assert gc.get_threshold() == (12345, before[1], before[2])
+        gc.set_threshold(*before)
+        tune_gc(0)  # 0: Python's own threshold stays
+        assert gc.get_threshold() == before
+        assert st.Settings().gc_gen0_threshold == 12345 and st.Settings.model_fields["gc_gen0_threshold"].default == 10_000
+    finally:
+        gc.set_threshold(*before)

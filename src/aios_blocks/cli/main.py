@@ -466,7 +466,8 @@ def worker(
 
     Example: `AIOS_NATS_URL=nats://10.0.0.5:4222 AIOS_REDIS_URL=redis://10.0.0.6 blocks worker controller --cluster c1`
     """
-    from ..workers.main import KINDS, configure_logging, run_worker
+    from ..settings import load as load_settings
+    from ..workers.main import KINDS, configure_logging, run_worker, tune_gc
 
     if kind not in KINDS:
         err.print(f"[red]unknown worker kind {escape(kind)!r}[/]: one of {', '.join(KINDS)}")
@@ -477,6 +478,7 @@ def worker(
 
         protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
     configure_logging()
+    tune_gc(load_settings().gc_gen0_threshold)
     _run(run_worker(kind, nats_url, redis_url, cluster))
 
 
@@ -508,7 +510,7 @@ def agent(
     """
     from ..settings import load as load_settings
     from ..workers.agent.main import AgentOptions, run_agent
-    from ..workers.main import configure_logging
+    from ..workers.main import configure_logging, tune_gc
 
     labels = _labels(label)
     for key, value in (("zone", zone), ("rack", rack), ("trust-domain", trust_domain)):
@@ -529,6 +531,7 @@ def agent(
         err.print("[red]No NATS.[/] Set AIOS_NATS_URL (the agent needs only NATS) or run `blocks up` here.")
         raise typer.Exit(2)
     configure_logging()
+    tune_gc(load_settings().gc_gen0_threshold)
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
         data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
