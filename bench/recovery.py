@@ -66,10 +66,14 @@ def lifecycle(i: int, gen: int, keep: bool) -> Iterator[tuple[str, str, Any]]:
     cands = [f"c{c}" for c in range(CLUSTERS)]
     yield f"{b}.parsed", "block.parsed", {"block_id": bid, "gen": gen, "ir": ir, "attempt": 0}
     yield f"{b}.selection", "block.selection", {"block_id": bid, "gen": gen, "candidates": cands, "filtered": {}, "policy": "builtin:cluster-rank", "attempt": 0, "deadline": 0.0}
-    for c in cands:
-        yield f"{b}.dry_run.result", "block.dry_run.result", {"block_id": bid, "gen": gen, "cluster_id": c, "score": 0.5, "node_info": {"node_id": nid, "gpus": [gpu]}, "attempt": 0}
-        yield f"{b}.decision", "block.decision", {"block_id": bid, "kind": "resourceAllocator", "policy": "resourceAllocator", "uri": "builtin:binpack", "version": None, "action": "dry_run", "input_digest": f"{i:024x}", "output": {"selection_score_data": {"score": 0.5}}, "duration_us": 120}
-    yield f"{b}.post_dry_run", "block.post_dry_run", {"block_id": bid, "gen": gen, "cluster_id": cid, "scores": dict.fromkeys(cands, 0.5), "attempt": 0}
+    # the dry_run answers travel over core NATS; the round's post_dry_run stores them, each with its decision
+    answers = [{"block_id": bid, "gen": gen, "cluster_id": c, "score": 0.5, "node_info": {"node_id": nid, "gpus": [gpu]}, "attempt": 0,
+                "decisions": [{"block_id": bid, "kind": "resourceAllocator", "policy": "resourceAllocator", "uri": "builtin:binpack",
+                               "version": None, "action": "dry_run", "input_digest": f"{i:024x}",
+                               "output": {"selection_score_data": {"score": 0.5}}, "duration_us": 120}]}
+               for c in cands]
+    yield f"{b}.post_dry_run", "block.post_dry_run", {"block_id": bid, "gen": gen, "cluster_id": cid, "scores": dict.fromkeys(cands, 0.5), "attempt": 0,
+                                                      "answers": answers}
     yield f"aios.cluster.{cid}.allocation", "cluster.allocation", {"block_id": bid, "gen": gen, "cluster_id": cid, "attempt": 0}
     yield f"{b}.placement", "block.placement", {"block_id": bid, "gen": gen, "cluster_id": cid, "action": "allocation", "placements": [{"instance_id": iid, "node_id": nid, "gpus": [gpu]}]}
     yield f"aios.node.{nid}.instance.create", "node.instance.create", {"block_id": bid, "gen": gen, "cluster_id": cid, "instance_id": iid, "node_id": nid, "gpus": [gpu]}
