@@ -125,3 +125,17 @@ def test_a_cluster_allocators_output_is_recorded_as_the_chosen_ids() -> None:
     assert contract.essential("post_dry_run", entry) == {"cluster_id": "c1"}
     out = {"node_id": "n1", "gpus": ["g0"]}
     assert contract.essential("allocation", out) is out
+
+
+def test_an_instance_record_in_a_policy_input_is_the_same_whatever_order_its_fields_came_in() -> None:
+    """Redis and the Lua scripts may re-encode a record with its fields in another order: the
+    input holds them by name, without the controller's own clock (``since``), whichever order
+    was seen first (the order cache is keyed by the order seen)."""
+    rec = {"status": "running", "node": "n1", "gpus": ["g1"], "since": 17.5, "gen": 2}
+    other = dict(reversed(list(rec.items())))
+    first, second = hc.canonical_record(rec), hc.canonical_record(other)
+    assert list(first.items()) == list(second.items()) == [("gen", 2), ("gpus", ["g1"]), ("node", "n1"), ("status", "running")]
+    rec2 = {**rec, "endpoint": "http://x"}  # another shape: its own order
+    assert list(hc.canonical_record(rec2)) == ["endpoint", "gen", "gpus", "node", "status"]
+    # the input's digest does not depend on the order either
+    assert ev.input_digest_of({"instances": {"i": first}}) == ev.input_digest_of({"instances": {"i": second}})

@@ -46,6 +46,19 @@ def payload(
 
 #: instance record fields a policy input leaves out (not a function of the stream's facts)
 VOLATILE = frozenset({"since"})
+#: an instance record's key order -> its fields in the input's order (records share a few shapes)
+_FIELD_ORDER: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+
+def canonical_record(rec: dict[str, Any]) -> dict[str, Any]:
+    """An instance record as a policy input holds it: its fields by name, ``VOLATILE`` left out."""
+    keys = tuple(rec)
+    order = _FIELD_ORDER.get(keys)
+    if order is None:
+        if len(_FIELD_ORDER) > 1024:  # a bound, not a cache policy: shapes are few
+            _FIELD_ORDER.clear()
+        order = _FIELD_ORDER[keys] = tuple(sorted(k for k in keys if k not in VOLATILE))
+    return {k: rec[k] for k in order}
 
 
 def _payload(
@@ -59,8 +72,7 @@ def _payload(
     # Redis returns a hash in or a script re-encoded a record with (``recovery.inputs`` rebuilds it)
     # ``since`` (when the controller placed it, by its clock) is left out: the stream cannot give it
     # back exactly, and the scale_down call's ``instances`` carry each one's age
-    block["instances"] = {iid: dict(sorted((k, v) for k, v in rec.items() if k not in VOLATILE))
-                          for iid, rec in sorted((instances or {}).items())}
+    block["instances"] = {iid: canonical_record(rec) for iid, rec in sorted((instances or {}).items())}
     entries = ir.get("affinity") or []
     smp = sample_for(ir, nodes, index, max(1, want))
     metrics = cluster_metrics(nodes, smp.nodes)
