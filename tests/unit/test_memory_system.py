@@ -222,3 +222,28 @@ async def test_a_gateway_that_stops_after_deciding_is_finished_by_the_rounds_tim
         assert len(s.bus.events(E.block_post_dry_run, bid=bid)) == 1
         assert len(s.bus.events(E.cluster_allocation)) == 1
         assert await s.store.gather_claim_due(time.time() + 3600) == ([], None)  # the timer went with it
+
+
+async def test_a_decided_round_leaves_no_gather_and_a_late_answer_decides_nothing() -> None:
+    """Once a round's decision is stored its gather goes (the answers are in its post_dry_run);
+    an answer that comes later finds no open round: no second decision, no failure."""
+    from aios_blocks.schemas.events import DryRunResult
+    from aios_blocks.state.keys import gather_key
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=2)
+        bid = await s.submit(dict(SPEC))
+        await s.run()
+        block = await s.store.get_block(bid)
+        assert block is not None and block["status"] == "ready", block
+        assert not await s.store.r.exists(gather_key(bid, block["gen"], 0))
+        (post,) = s.bus.events(E.block_post_dry_run, bid=bid)
+        assert [a["cluster_id"] for a in post["answers"]] == ["c1"]
+        # a usable answer, late: without an open round nobody tries to decide (no ``decided`` claim)
+        await s.bus.emit(E.block_dry_run_result, DryRunResult(bid, block["gen"], "c1", 1.0, attempt=0))
+        await s.run()
+        assert await s.store.r.hget(gather_key(bid, block["gen"], 0), "decided") is None
+        assert len(s.bus.events(E.block_post_dry_run, bid=bid)) == 1
+        after = await s.store.get_block(bid)
+        assert after is not None and after["status"] == "ready", after

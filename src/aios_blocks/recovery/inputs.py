@@ -198,6 +198,8 @@ class State:
         bid = str(step.data.get("block_id") or step.subject.split(".")[2])
         if step.event in ("block.selection", "block.post_dry_run"):
             cids = sorted(self.f.clusters)
+        elif step.event == "block.dry_run.result":  # its trigger is the round's parsed event: no cluster
+            cids = [str(step.data.get("cluster_id", ""))]
         else:
             cids = [str((step.trigger[1] if step.trigger else step.data).get("cluster_id", ""))]
         versions = []

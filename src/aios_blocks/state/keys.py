@@ -15,7 +15,7 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:block:<bid>:inst             hash iid -> JSON {node, gpus, status, cluster}
     aios:nodeinst:<nid>               hash iid -> bid: instances recorded on a node (agent reconcile)
     aios:heartbeats                   sorted set nid -> last heartbeat time (agent-served nodes)
-    aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> results, decided
+    aios:gather:<bid>:<gen>:<n>        hash: expected, deadline, r:<cid> answers, decided (deleted once its decision is stored)
     aios:gather:due                    zset: bid|gen|n of open gathers by deadline (the gateways' timers)
     aios:aff:svc:<block uuid>         hash iid -> [node, rack] (affinity ServiceId targets)
     aios:aff:lease                    hash instance uuid -> node (affinity LeaseId targets)

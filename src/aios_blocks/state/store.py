@@ -628,6 +628,14 @@ class Store:
         ok, info = out[0]
         return bool(ok), str(info)
 
+    async def gather_finish(self, bid: str, gen: int, attempt: int) -> None:
+        """A round whose decision is stored: its timer and its gather go (the answers it holds are
+        in the ``post_dry_run`` now; a late answer finds no open round and decides nothing)."""
+        pipe = self.r.pipeline(transaction=False)  # two slots on Redis Cluster: not one transaction
+        pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
+        pipe.delete(gather_key(bid, gen, attempt))
+        await pipe.execute()
+
     async def gather_decide(self, bid: str, gen: int, attempt: int, token: str) -> bool:
         """Claim the one decision of this gather (results complete vs deadline race)."""
         key = gather_key(bid, gen, attempt)

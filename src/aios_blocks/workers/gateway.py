@@ -71,6 +71,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         answered, expected, decided, deadline = await w.store.gather_add_state(
             ev.block_id, ev.gen, ev.attempt, ev.cluster_id, msgspec.structs.asdict(ev)
         )
+        if not expected:
+            return  # no open round: decided and gone (a late answer decides nothing), or never opened
         if expected and answered >= expected:
             await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
         elif h.usable({"score": ev.score, "error": ev.error, "shortfall": ev.shortfall}):
@@ -174,8 +176,9 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
         ok, _ = await w.store.gather_done(bid, gen, n, Step.CHOOSE, cluster=cid, drop_timer=False)
         if ok:
             await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))
-    # the timer goes once the decision is stored (until then it is what finishes a decider that stopped)
-    await w.bus.after_commit(lambda: w.store.gather_timer(bid, gen, n, None))
+    # the timer (and the gather) go once the decision is stored: until then the timer is what
+    # finishes a decider that stopped
+    await w.bus.after_commit(lambda: w.store.gather_finish(bid, gen, n))
 
 
 def _answers(bid: str, gen: int, n: int, g: dict[str, Any]) -> list[DryRunResult]:
