@@ -6,6 +6,7 @@ from __future__ import annotations
 import fakeredis
 
 from aios_blocks.schemas.lifecycle import Step
+from aios_blocks.state.keys import gather_key
 from aios_blocks.state.store import Store, block_key, inst_key
 
 
@@ -76,7 +77,7 @@ async def test_block_view_reads_the_block_and_its_instances() -> None:
     assert block is not None and block["gen"] == 3 and block["ir"] == {"x": 1} and insts == {"b1-0": rec}
 
 
-async def test_a_decided_gather_is_claimed_once_and_its_timer_dropped_with_the_step() -> None:
+async def test_a_decided_gather_is_claimed_once_and_its_timer_dropped_once_stored() -> None:
     st = store()
     await st.create_block("b1", 5, "d", {"status": "selecting", "ir": {}, "attempt": "0"})
     await st.gather_open("b1", 5, 0, ["c1", "c2"], deadline=100.0)
@@ -89,15 +90,17 @@ async def test_a_decided_gather_is_claimed_once_and_its_timer_dropped_with_the_s
     assert (await st.gather_decide_read("b1", 5, 0, "deadline"))[0] is False
     assert (await st.gather_decide_read("b1", 5, 0, "complete"))[0] is True
     assert await st.gather_add_state("b1", 5, 0, "c2", {"score": 0.5}) == (2, 2, "complete", 100.0)
-    assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (True, "2")
+    assert await st.transition("b1", 5, Step.CHOOSE, cluster="c1") == (True, "2")
     assert (await st.get_block("b1"))["status"] == "allocating"  # type: ignore[index]
-    assert await st.gather_claim_due(1000.0) == ([], None)  # no timer left to fire
     # the round's outcome is recorded once: a later decider (another copy, a redelivery) gets it
     assert await st.gather_settle("b1", 5, 0, "c1") == "c1"
     assert await st.gather_settle("b1", 5, 0, "!no cluster") == "c1"
-    # the CAS as ``transition``: a block that moved on is left alone
+    await st.gather_finish("b1", 5, 0)  # once the decision is stored
+    assert await st.gather_claim_due(1000.0) == ([], None)  # no timer left to fire
+    assert not await st.r.exists(gather_key("b1", 5, 0))
+    # the CAS: a block that moved on is left alone
     await st.transition("b1", 5, Step.RESERVE)
-    assert await st.gather_done("b1", 5, 0, Step.CHOOSE, cluster="c1") == (False, "placing")
+    assert await st.transition("b1", 5, Step.CHOOSE, cluster="c1") == (False, "placing")
 
 
 async def test_a_reservation_of_our_own_updates_our_view_without_a_read_unless_it_changed_meanwhile() -> None:

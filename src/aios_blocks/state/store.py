@@ -608,26 +608,6 @@ class Store:
         _, block, g = await pipe.execute()
         return g.get("decided") == token, _block(block), _gather(g)
 
-    async def gather_done(
-        self, bid: str, gen: int, attempt: int, step: Step | None = None, drop_timer: bool = True, **fields: Any
-    ) -> tuple[bool, str]:
-        """A decided gather: the block's ``step`` (a CAS, as ``transition``), and its deadline timer
-        dropped (``drop_timer``: nothing is left for it to decide), in one round trip. Returns the
-        transition's (done, info), or (True, "") without a step."""
-        def build(pipe: Any) -> None:
-            if step is not None:
-                rule = TRANSITIONS[step]
-                args = [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
-                _queue_script(pipe, self._transition, [block_key(bid)], args)
-            if drop_timer:
-                pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
-
-        out = await self._pipeline(build)
-        if step is None:
-            return True, ""
-        ok, info = out[0]
-        return bool(ok), str(info)
-
     async def gather_finish(self, bid: str, gen: int, attempt: int) -> None:
         """A round whose decision is stored: its timer and its gather go (the answers it holds are
         in the ``post_dry_run`` now; a late answer finds no open round and decides nothing)."""

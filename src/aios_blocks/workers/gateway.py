@@ -173,7 +173,7 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     if failure:
         await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
     else:
-        ok, _ = await w.store.gather_done(bid, gen, n, Step.CHOOSE, cluster=cid, drop_timer=False)
+        ok, _ = await w.store.transition(bid, gen, Step.CHOOSE, cluster=cid)
         if ok:
             await w.bus.emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))
     # the timer (and the gather) go once the decision is stored: until then the timer is what
