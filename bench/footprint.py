@@ -71,7 +71,8 @@ def _start_time(pid: int) -> str | None:
 
 
 def label(pid: int) -> str:
-    """``cli``, the worker kind, or the server's name."""
+    """``blocks up`` (the supervising process: ``blocks up`` execs ``python -m aios_blocks.cli.up``),
+    the worker kind, or the server's name."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     except OSError:
@@ -82,8 +83,8 @@ def label(pid: int) -> str:
     first = Path(words[0].split()[0]).name if words else ""
     if first in ("nats-server", "redis-server"):  # redis-server rewrites its title: "redis-server host:port"
         return first
-    if any(Path(w).name == "blocks" for w in words[:2]) and "up" in words:
-        return "cli"
+    if "aios_blocks.cli.up" in words or (any(Path(w).name == "blocks" for w in words[:2]) and "up" in words):
+        return "blocks up"
     return Path(words[0]).name if words else "?"
 
 
@@ -175,7 +176,7 @@ def measure(per_kind: bool = False) -> tuple[list[tuple[int, str, float, float, 
 def figures(quick: bool = False) -> list[common.Row]:
     per_kind = "--process-per-kind" in sys.argv
     idle, left = measure(per_kind)
-    order = {"cli": 0, "nats-server": 98, "redis-server": 99}
+    order = {"blocks up": 0, "nats-server": 98, "redis-server": 99}
     idle.sort(key=lambda s: (order.get(s[1], 1), s[1]))
     rss, pss = sum(s[2] for s in idle) / MiB, sum(s[3] for s in idle) / MiB
     per_rss = ", ".join(f"{s[1]} {s[2] / MiB:.1f}" for s in idle)

@@ -154,7 +154,7 @@ async def stack(
     grouped: bool | None = None,
 ) -> AsyncIterator[Stack]:
     """Servers + workers (``Supervisor``) + ``clusters`` simulated clusters of ``nodes`` nodes.
-    ``grouped``: the kinds in ``blocks up``'s processes (parser+gateway+controller in one), else a
+    ``grouped``: the kinds in ``blocks up``'s processes (``supervisor.DEFAULT_GROUPS``), else a
     process per kind; default from ``AIOS_BENCH_GROUPED`` (off)."""
     if grouped is None:
         grouped = os.environ.get("AIOS_BENCH_GROUPED", "") not in ("", "0", "false")

@@ -199,6 +199,8 @@ def test_a_signal_to_blocks_up_leaves_nothing_running(tmp_path: Path, sig: int) 
         assert len(children) >= 2 + len(units(DEFAULT_LAYOUT, DEFAULT_GROUPS))
         running = {k for pid in children for arg in _argv(pid)[-1:] for k in arg.split("+")}
         assert running >= set(DEFAULT_LAYOUT), running
+        # the process that stays is the lean one the CLI execs (the same pid: signals reach it)
+        assert "aios_blocks.cli.up" in _argv(up.proc.pid), _argv(up.proc.pid)
     except BaseException:
         up.stop(signal.SIGTERM)  # a failed check leaves nothing running behind it
         raise

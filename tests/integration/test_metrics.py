@@ -124,7 +124,7 @@ async def test_a_real_prometheus_scrapes_a_running_system_and_top_and_scale_see_
             assert {g["labels"]["instance"] for g in static} == set(await client.store.instances("svc"))
             assert all(g["labels"]["block"] == "svc" and g["labels"]["cluster"] == "c0" for g in static)
             workers = jobs["aios-workers"]["static_configs"]
-            # a group process (parser+gateway+controller) is one target labelled with its kinds:
+            # a group process (parser+gateway+metrics+...) is one target labelled with its kinds:
             # each process scraped once, so no series counted twice
             assert {k for g in workers for k in g["labels"]["kind"].split("+")} >= {"executor", "metrics"}
             assert len({a for g in workers for a in g["targets"]}) == len(workers)

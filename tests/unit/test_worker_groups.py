@@ -24,18 +24,20 @@ from aios_blocks.workers.supervisor import (
 
 
 def test_the_default_layout_runs_in_three_processes_and_extra_copies_in_their_own() -> None:
+    # the controller alone: on two cores it places while the front process parses and selects
     assert units(DEFAULT_LAYOUT, DEFAULT_GROUPS) == [
-        ("core", ("parser", "gateway", "controller"), 0),
+        ("front", ("parser", "gateway", "metrics", "autoscaler", "checker"), 0),
         ("serve", ("agent-sim", "executor"), 0),
-        ("services", ("metrics", "autoscaler", "checker"), 0),
+        ("controller", ("controller",), 0),
     ]
     assert {k for _, kinds, _ in units(DEFAULT_LAYOUT, DEFAULT_GROUPS) for k in kinds} == set(DEFAULT_LAYOUT)
     two = units({**DEFAULT_LAYOUT, "controller": 2, "gateway": 3}, DEFAULT_GROUPS)
     assert [u for u in two if u[0] in ("controller", "gateway")] == [
-        ("gateway", ("gateway",), 1), ("gateway", ("gateway",), 2), ("controller", ("controller",), 1)]
+        ("gateway", ("gateway",), 1), ("gateway", ("gateway",), 2), ("controller", ("controller",), 0),
+        ("controller", ("controller",), 1)]
     # a kind the layout leaves out leaves its group; a group of one kind is that kind's own process
-    some = units({"parser": 1, "gateway": 0, "controller": 1, "executor": 1, "checker": 0}, DEFAULT_GROUPS)
-    assert some == [("core", ("parser", "controller"), 0), ("executor", ("executor",), 0)]
+    some = units({"parser": 1, "gateway": 0, "controller": 1, "executor": 1, "metrics": 1, "checker": 0}, DEFAULT_GROUPS)
+    assert some == [("front", ("parser", "metrics"), 0), ("executor", ("executor",), 0), ("controller", ("controller",), 0)]
     # without groups: a process per kind and copy, as before
     assert units({"parser": 1, "controller": 2}, None) == [("parser", ("parser",), 0), ("controller", ("controller",), 0),
                                                           ("controller", ("controller",), 1)]

@@ -20,8 +20,8 @@ import structlog
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 
 from .nats_bus import Bus
+from .subjects import INSTANCE_BUCKET as BUCKET
 
-BUCKET = "aios-instances"
 log = structlog.get_logger("aios.instance_map")
 
 #: (block id, map or None when deleted, revision)

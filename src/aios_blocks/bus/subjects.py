@@ -21,6 +21,8 @@ STREAM_SUBJECTS = stream_subjects()
 #: What ``AIOS_OUTPUTS`` keeps: the blocks' task outputs (``aios.output.{bid}.{outcome}``), apart
 #: from ``AIOS`` so their volume never pushes a control event out (docs/sidecars.md).
 OUTPUT_STREAM_SUBJECTS = stream_subjects(STREAM_OUTPUTS)
+#: The instance-map KV bucket (``bus.instance_map``; its stream is ``KV_<bucket>``)
+INSTANCE_BUCKET = "aios-instances"
 
 # -- block lifecycle (aios.block.{bid}.*) -------------------------------------------------------
 def block_create(bid: str) -> str:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -24,13 +23,12 @@ from ..workers import lifetime
 from ..workers.auth import KIND_ROLE, mask
 from ..workers.embedded import (
     DEFAULT_DATA_DIR,
-    EmbeddedServers,
     agent_nats_url,
     find_data_dir,
-    redis_version,
     resolve_urls,
 )
-from ..workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
+from ..workers.supervisor import Supervisor
+from . import up as _up
 from .client import TERMINAL, Client, Request
 
 app = typer.Typer(
@@ -301,97 +299,20 @@ def up(
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
     and workers die with it. One `blocks up` per data dir: a second one exits 1 naming the first.
 
-    The worker kinds run grouped, three processes: core (parser, gateway, controller), serve
-    (agent-sim, executor) and services (metrics, autoscaler, checker); each kind keeps its own
-    connections as its own role, and a group whose kind fails is restarted whole. `--controllers N`
-    etc. run N copies of a kind: the first in its group, the others as processes of their own.
+    The worker kinds run grouped, three processes: front (parser, gateway and the services that
+    watch running blocks: metrics, autoscaler, checker), the controller on its own, and serve
+    (agent-sim, executor); each kind keeps its own connections as its own role, and a group whose
+    kind fails is restarted whole. `--controllers N` etc. run N copies of a kind: the first in its
+    group, the others as processes of their own.
     `--process-per-kind` runs each kind in a process of its own.
 
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
               "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
-    with _running(data_dir, layout, process_per_kind) as (servers, sup):
-        where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
-        procs = ", ".join(f"{n}-{i} ({'+'.join(k)})" if len(k) > 1 else f"{n}-{i}" for (n, i), k in sup.kinds.items())
-        console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
-        console.print(f"logs: {sup.log_dir}/<process>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
-        if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and executors:
-            console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
-        if os.environ.get("AIOS_METRICS_SD_PORT") and collectors:
-            console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
-        while True:
-            time.sleep(1)
+    # the process that stays up is a lean one (cli/up.py): this one's modules would stay resident
+    _up.exec_up(data_dir, layout, process_per_kind)
 
-
-@contextlib.contextmanager
-def _running(data_dir: Path, layout: dict[str, int] | None = None,
-             process_per_kind: bool = False) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
-    """Servers (unless AIOS_*_URL are set) and workers for the block inside; SIGTERM, SIGHUP and
-    SIGINT (even when started in the background, where the shell ignores SIGINT) stop them like
-    Ctrl-C, in order: workers, then servers. A data dir in use by another process: exit 1."""
-    servers: EmbeddedServers | None = None
-    sup: Supervisor | None = None
-    with lifetime.stop_on_signals():
-        try:
-            nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
-            if not (nats_url and redis_url):
-                try:
-                    servers = EmbeddedServers(data_dir=data_dir).start()
-                except lifetime.DataDirBusy as exc:
-                    err.print(f"[red]{escape(str(exc))}[/]")
-                    raise typer.Exit(1)
-                nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
-                os.environ.setdefault("AIOS_NATS_URL", nats_url)
-                os.environ.setdefault("AIOS_REDIS_URL", redis_url)
-            layout = layout or dict(DEFAULT_LAYOUT)
-            if layout.get("executor"):
-                _http_ingress(servers)
-            if layout.get("metrics"):
-                _metrics_discovery(servers)
-            sup = Supervisor(
-                nats_url, redis_url, layout,
-                log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
-                groups=None if process_per_kind else DEFAULT_GROUPS,
-            ).start()
-            yield servers, sup
-        except KeyboardInterrupt as exc:
-            console.print(f"stopping ({exc.args[0] if exc.args else 'SIGINT'})")
-        finally:
-            if sup:
-                sup.stop()
-            if servers:
-                servers.stop()
-
-
-def _http_ingress(servers: EmbeddedServers | None) -> None:
-    """The executors' HTTP port (``AIOS_EXECUTOR_HTTP_PORT``, else a free one), in the workers'
-    environment and in ``endpoints.json`` as ``"http"``."""
-    _publish_port(servers, "AIOS_EXECUTOR_HTTP_PORT", "AIOS_EXECUTOR_HTTP_HOST", "http")
-
-
-def _metrics_discovery(servers: EmbeddedServers | None) -> None:
-    """The metrics collector's discovery port (``AIOS_METRICS_SD_PORT``, else a free one), in the
-    workers' environment and in ``endpoints.json`` as ``"metrics"`` (``blocks prometheus-config``)."""
-    _publish_port(servers, "AIOS_METRICS_SD_PORT", "AIOS_METRICS_HOST", "metrics")
-
-
-def _publish_port(servers: EmbeddedServers | None, port_var: str, host_var: str, key: str) -> None:
-    """``port_var`` from the environment, else a free port put there (the workers inherit it), and
-    ``http://{host_var or 127.0.0.1}:{port}`` in ``endpoints.json`` under ``key``."""
-    import socket
-
-    port = os.environ.get(port_var)
-    if not port or port == "0":
-        with socket.socket() as sk:
-            sk.bind(("127.0.0.1", 0))
-            port = str(sk.getsockname()[1])
-        os.environ[port_var] = port
-    if servers is not None:
-        ep = servers.data_dir / "endpoints.json"
-        doc = json.loads(ep.read_text())
-        doc[key] = f"http://{os.environ.get(host_var, '127.0.0.1')}:{port}"
-        ep.write_text(json.dumps(doc))
 
 
 @app.command()
@@ -563,7 +484,7 @@ def demo(
     Example: `blocks demo`
     """
     code = 1
-    with _running(data_dir, process_per_kind=process_per_kind) as (_, sup):
+    with _up.running(data_dir, process_per_kind=process_per_kind) as (_, sup):
         code = _run(_demo(sup, timeout, Path(data_dir)))
         if code == 0 and sys.stdout.isatty():
             console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")

@@ -64,11 +64,6 @@ JS = "$JS.API"
 E_TASKS = E.block_task.filter()
 
 
-def instance_map_bucket() -> str:
-    from ..bus.instance_map import BUCKET
-
-    return BUCKET
-
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
 #: the task outputs' stream (docs/sidecars.md): every worker checks it exists when it starts
 OUTPUTS_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM_OUTPUTS}"
@@ -237,11 +232,11 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     elif role == "executor":
         # the mapper's durable, the instance-map bucket (create, read, write, watch through an
         # ordered consumer), the tasks of every block as a queue group, replies to requesters
-        kv_stream = f"KV_{instance_map_bucket()}"
+        kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
         pub += [*read_topology, *_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
                 f"{JS}.STREAM.*.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}", f"{JS}.DIRECT.GET.{kv_stream}",
                 f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
-                f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{instance_map_bucket()}.>", "$JS.FC.>",
+                f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{subjects.INSTANCE_BUCKET}.>", "$JS.FC.>",
                 f"$JS.ACK.{kv_stream}.>"]
         sub += [*hints, E_TASKS]
         responses = True
@@ -249,7 +244,7 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         # the metrics collector publishes no event, the health checker only its verdicts and failed
         # ticks (from the catalog): both read the instance-map bucket (watch through an ordered
         # consumer, direct gets), never write it
-        kv_stream = f"KV_{instance_map_bucket()}"
+        kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
         pub += [*read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
                 f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
                 f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.STREAM.MSG.GET.{kv_stream}", "$JS.FC.>"]

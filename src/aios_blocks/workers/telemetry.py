@@ -3,7 +3,7 @@ the consumer runner's counters, the executor's figures, process CPU and memory),
 ``AIOS_METRICS_HOST:AIOS_METRICS_PORT`` (port 0: a free one), announced in the metrics store
 (``state.metrics``: a target that lapses unless refreshed), where the collector and
 ``blocks prometheus-config`` find it. One per process: a group process's kinds (``main.run_group``)
-share the registry and announce one target, ``kind`` ``parser+gateway+controller`` with
+share the registry and announce one target, ``kind`` ``parser+gateway+metrics+autoscaler+checker`` with
 ``kinds`` listing them.
 
 Served by a few lines of ``asyncio.start_server`` rather than aiohttp: a worker that needs no HTTP

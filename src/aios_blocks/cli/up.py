@@ -1,0 +1,146 @@
+"""The process a `blocks up` stays as: servers, supervised workers, nothing else.
+
+`blocks up` is parsed by the full CLI (``cli.main``: typer, the client, the schemas, ~70 MiB
+resident), which then replaces itself (``exec``, the same pid, so ``kill`` and signals reach the
+same process) with ``python -m aios_blocks.cli.up``. This module imports only what starting and
+supervising need: the modules of every other command would stay resident for the system's whole
+life, ~30 MiB of the idle footprint (issue 14: <= 300 MiB over all processes;
+docs/benchmarks.md "Idle footprint"). ``running`` is also the servers-and-workers scope of
+`blocks demo`, which runs in the full CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn
+
+from rich.console import Console
+from rich.markup import escape
+
+from ..workers import lifetime
+from ..workers.auth import mask
+from ..workers.embedded import EmbeddedServers, redis_version
+from ..workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
+
+console = Console(soft_wrap=True)
+err = Console(stderr=True, soft_wrap=True)
+
+
+def exec_up(data_dir: Path, layout: dict[str, int], process_per_kind: bool) -> NoReturn:
+    """Become the lean `blocks up` process (same pid): ``python -m aios_blocks.cli.up``."""
+    argv = [sys.executable, "-m", "aios_blocks.cli.up", "--data-dir", str(data_dir), "--layout", json.dumps(layout)]
+    if process_per_kind:
+        argv.append("--process-per-kind")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, argv)
+
+
+@contextlib.contextmanager
+def running(data_dir: Path, layout: dict[str, int] | None = None,
+            process_per_kind: bool = False) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
+    """Servers (unless AIOS_*_URL are set) and workers for the block inside; SIGTERM, SIGHUP and
+    SIGINT (even when started in the background, where the shell ignores SIGINT) stop them like
+    Ctrl-C, in order: workers, then servers. A data dir in use by another process: exit 1."""
+    servers: EmbeddedServers | None = None
+    sup: Supervisor | None = None
+    with lifetime.stop_on_signals():
+        try:
+            nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
+            if not (nats_url and redis_url):
+                try:
+                    servers = EmbeddedServers(data_dir=data_dir, topology_in_child=True).start()
+                except lifetime.DataDirBusy as exc:
+                    err.print(f"[red]{escape(str(exc))}[/]")
+                    raise SystemExit(1) from None
+                nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
+                os.environ.setdefault("AIOS_NATS_URL", nats_url)
+                os.environ.setdefault("AIOS_REDIS_URL", redis_url)
+            layout = layout or dict(DEFAULT_LAYOUT)
+            if layout.get("executor"):
+                _http_ingress(servers)
+            if layout.get("metrics"):
+                _metrics_discovery(servers)
+            sup = Supervisor(
+                nats_url, redis_url, layout,
+                log_dir=str(Path(data_dir).resolve() / "logs"), role_env=servers.worker_env if servers else None,
+                groups=None if process_per_kind else DEFAULT_GROUPS,
+            ).start()
+            yield servers, sup
+        except KeyboardInterrupt as exc:
+            console.print(f"stopping ({exc.args[0] if exc.args else 'SIGINT'})")
+        finally:
+            if sup:
+                sup.stop()
+            if servers:
+                servers.stop()
+
+
+def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool) -> None:
+    """`blocks up`'s body: start, say where everything is, supervise until stopped."""
+    with running(data_dir, layout, process_per_kind) as (servers, sup):
+        where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
+        procs = ", ".join(f"{n}-{i} ({'+'.join(k)})" if len(k) > 1 else f"{n}-{i}" for (n, i), k in sup.kinds.items())
+        console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
+        console.print(f"logs: {sup.log_dir}/<process>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
+        if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and layout.get("executor"):
+            console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
+        if os.environ.get("AIOS_METRICS_SD_PORT") and layout.get("metrics"):
+            console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
+        while True:
+            time.sleep(1)
+
+
+def _http_ingress(servers: EmbeddedServers | None) -> None:
+    """The executors' HTTP port (``AIOS_EXECUTOR_HTTP_PORT``, else a free one), in the workers'
+    environment and in ``endpoints.json`` as ``"http"``."""
+    _publish_port(servers, "AIOS_EXECUTOR_HTTP_PORT", "AIOS_EXECUTOR_HTTP_HOST", "http")
+
+
+def _metrics_discovery(servers: EmbeddedServers | None) -> None:
+    """The metrics collector's discovery port (``AIOS_METRICS_SD_PORT``, else a free one), in the
+    workers' environment and in ``endpoints.json`` as ``"metrics"`` (``blocks prometheus-config``)."""
+    _publish_port(servers, "AIOS_METRICS_SD_PORT", "AIOS_METRICS_HOST", "metrics")
+
+
+def _publish_port(servers: EmbeddedServers | None, port_var: str, host_var: str, key: str) -> None:
+    """``port_var`` from the environment, else a free port put there (the workers inherit it), and
+    ``http://{host_var or 127.0.0.1}:{port}`` in ``endpoints.json`` under ``key``."""
+    port = os.environ.get(port_var)
+    if not port or port == "0":
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            port = str(sk.getsockname()[1])
+        os.environ[port_var] = port
+    if servers is not None:
+        ep = servers.data_dir / "endpoints.json"
+        doc = json.loads(ep.read_text())
+        doc[key] = f"http://{os.environ.get(host_var, '127.0.0.1')}:{port}"
+        ep.write_text(json.dumps(doc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m aios_blocks.cli.up --data-dir DIR --layout JSON [--process-per-kind]``: what
+    `blocks up` execs once its options are checked (use `blocks up`: it resolves the data dir and
+    checks the counts)."""
+    p = argparse.ArgumentParser(prog="blocks up", description=main.__doc__)
+    p.add_argument("--data-dir", type=Path, required=True)
+    p.add_argument("--layout", type=json.loads, required=True, help="worker kind -> copies, as JSON")
+    p.add_argument("--process-per-kind", action="store_true")
+    args = p.parse_args(argv)
+    layout = args.layout
+    if not isinstance(layout, dict) or not all(k in DEFAULT_LAYOUT and type(v) is int and v >= 0 for k, v in layout.items()):
+        p.error(f"--layout: a JSON object of worker kind ({', '.join(DEFAULT_LAYOUT)}) -> copies >= 0")
+    serve(args.data_dir, layout, args.process_per_kind)
+
+
+if __name__ == "__main__":
+    main()
