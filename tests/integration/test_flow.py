@@ -277,6 +277,35 @@ async def test_scale_reassign_delete(system: System) -> None:
     assert events.count("removed") == 3  # reassigned one + two deleted
 
 
+async def test_a_burst_of_scale_calls_stops_at_max_instances(system: System) -> None:
+    """Scale calls sent at once reach the controller in one batch (or several copies): each sees
+    room when it starts, yet the block ends with exactly maxInstances, every call past it fails
+    with the reason, and no GPU stays reserved for an instance that is not there."""
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=4, gpus=4)
+    bid, kind, _ = await system.submit_and_wait({**SPEC, "minInstances": 1, "maxInstances": 4})
+    assert kind == "ready"
+    rids = await asyncio.gather(*(c.scale(bid) for _ in range(12)))
+    failed: dict[str, str] = {}
+
+    async def settled() -> bool:
+        for s_, env, _ in await c.history(bid, idle=0.2):
+            if s_.endswith(".scale.failed"):
+                failed[env["data"]["request_id"]] = env["data"]["reason"]
+        insts = await c.store.instances(bid)
+        return len(failed) + len(insts) - 1 == len(rids) and all(i["status"] == "running" for i in insts.values())
+
+    async with asyncio.timeout(60):
+        while not await settled():
+            await asyncio.sleep(0.1)
+    assert len(await c.store.instances(bid)) == 4
+    assert len(failed) == 9 and set(failed.values()) == {"already at maxInstances (4)"}, failed
+    usage = await gpu_usage(c, "c0")
+    assert sorted(usage.values()) == [1] * 4  # one GPU per instance, none held for a refused step
+    nodes = await c.store.read_nodes("c0", await c.store.node_ids("c0"))
+    assert sum(g["instances"] for n in nodes.values() for g in n["gpus"]) == 4
+
+
 async def _has_event(c, bid: str, tail: str) -> bool:  # type: ignore[no-untyped-def]
     return any(s.endswith(f".{tail}") for s, _, _ in await c.history(bid, idle=0.2))
 

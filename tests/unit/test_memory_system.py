@@ -182,6 +182,41 @@ async def test_a_block_scaled_to_its_target_fills_a_small_cluster_exactly() -> N
         assert s.dead == []
 
 
+async def test_concurrent_scale_steps_never_take_a_block_past_its_max_instances() -> None:
+    """Scale steps handled at once (one fetched batch, or several controller copies) each see
+    room when they start; the bound is checked again where it is atomic (the instance records,
+    ``scripts.ADD_INSTANCES``): the block ends at ``maxInstances``, each step past it fails with
+    the reason, and its reservation is released (no GPU held for an instance that is not there)."""
+    import asyncio
+
+    from aios_blocks.bus.router import Delivery
+    from aios_blocks.schemas.events import ScaleRequest
+    from aios_blocks.testing import matches
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=4)
+        bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 3})
+        await s.run()
+        gen = int((await s.store.get_block(bid))["gen"])
+        before = len(s.bus.stream)
+        for n in range(6):
+            await s.bus.emit(E.cluster_scale, ScaleRequest(bid, "c1", f"r{n}", gen=gen))
+        steps = s.bus.stream[before:]
+        (handler,) = [h for sp, h in s.bindings if any(matches(f, steps[0].subject) for f in sp.filters)]
+        for m in steps:  # these are handled below, all at once, not by run()
+            s.bus.pending.remove(m.seq)
+        await asyncio.gather(*(handler(Delivery(m.subject, m.data, dict(m.headers), 1, m.seq)) for m in steps))
+        await s.run()
+        insts = await s.store.instances(bid)
+        assert len(insts) == 3 and {i["status"] for i in insts.values()} == {"running"}, insts
+        failed = s.bus.events(E.block_scale_failed, bid=bid)
+        assert len(failed) == 4 and {f["reason"] for f in failed} == {"already at maxInstances (3)"}, failed
+        assert len(await s.store.reservations("c1")) == 3  # the refused steps' reservations released
+        assert len(s.bus.events(E.node_instance_create)) == 3  # nothing started for them
+        assert s.dead == []
+
+
 class _Stopped(Exception):
     """The gateway process died here (in the test: the wrapper below swallows it, losing the answer)."""
 

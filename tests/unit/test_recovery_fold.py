@@ -64,6 +64,17 @@ def test_lifecycle_to_ready_reserves_exactly_like_the_lua_script() -> None:
     assert check_image(img, {"b1"}).ok
 
 
+def test_check_names_a_block_holding_more_instances_than_its_max() -> None:
+    img = placed().image()
+    inst = img["aios:block:b1:inst"]["b1-0"]
+    img["aios:block:b1:inst"].update({"b1-1": inst, "b1-2": inst})  # maxInstances is 2
+    rep = check_image(img, {"b1"})
+    assert "block b1: 3 instances > maxInstances 2" in rep.violations
+    live = check_image(img, {"b1"}, settled=False)  # a reassignment in flight holds one more
+    assert "block b1: 3 instances > maxInstances 2" in live.warnings
+    assert "block b1: 3 instances > maxInstances 2" not in live.violations
+
+
 def test_duplicates_change_nothing_and_delete_releases_everything() -> None:
     f = placed()
     before = im.digest(f.image())

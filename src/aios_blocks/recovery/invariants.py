@@ -91,6 +91,9 @@ def check_image(
             running = sum(1 for v in insts.get(bid, {}).values() if msgspec.json.decode(v).get("status") == "running")
             if running < int(ir.get("minInstances", 0)):
                 stuck.append(f"block {bid}: ready with {running} running instances < minInstances {ir.get('minInstances')}")
+            held = len(insts.get(bid, {}))
+            if "maxInstances" in ir and held > int(ir["maxInstances"]):  # (a reassignment in flight holds one more)
+                stuck.append(f"block {bid}: {held} instances > maxInstances {ir['maxInstances']}")
         elif status == "deleted" and insts.get(bid):
             stuck.append(f"block {bid}: deleted but still has instances {sorted(insts[bid])}")
     rep.counts.update({f"blocks_{s}": n for s, n in statuses.items()})

@@ -296,3 +296,24 @@ new = '{"drain":' .. cjson.encode(ARGV[3]) .. (string.sub(new, 2, 2) == '}' and 
 redis.call('HSET', KEYS[1], ARGV[1], new)
 return 'ok'
 """
+
+#: Record a scale step's new instances within the block's bound, atomically over its instance
+#: hash (``Store.start_instances`` with a ``limit``): KEYS[1] = the block's instances; ARGV[1] =
+#: the most records it may hold (``maxInstances``); ARGV[2..] = instance id, record pairs. An id
+#: already recorded keeps its record (a redelivered step); a new one is recorded only while the
+#: hash holds fewer records than the bound, so concurrent scale steps (several in one batch, or on
+#: several controller copies) can never take a block past ``maxInstances``. Returns the refused ids.
+ADD_INSTANCES = r"""
+local most = tonumber(ARGV[1])
+local refused = {}
+for i = 2, #ARGV, 2 do
+  if redis.call('HEXISTS', KEYS[1], ARGV[i]) == 0 then
+    if redis.call('HLEN', KEYS[1]) >= most then
+      table.insert(refused, ARGV[i])
+    else
+      redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+    end
+  end
+end
+return refused
+"""

@@ -115,8 +115,10 @@ class Store:
         self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)
+        self._add_instances = r.register_script(scripts.ADD_INSTANCES)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
-                         self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain)
+                         self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain,
+                         self._add_instances)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -362,13 +364,28 @@ class Store:
 
     async def start_instances(
         self, bid: str, instances: dict[str, dict[str, Any]], index: list[tuple[str, str, str, str, str]],
-        transition: tuple[int, Step, dict[str, Any]] | None = None,
-    ) -> None:
+        transition: tuple[int, Step, dict[str, Any]] | None = None, limit: int | None = None,
+    ) -> list[str]:
         """What placing instances records, in one round trip and in this order: the block's step
         (``transition``: gen, step, fields; a CAS that may find it moved on), the affinity index
         entries (``index``: svc, lease, iid, node, rack; ``index_add``) and the instance records
         (``put_instances``: one already recorded keeps its record). Not one transaction (several
-        Redis Cluster slots); every write is idempotent, so a redelivery redoes what a crash cut."""
+        Redis Cluster slots); every write is idempotent, so a redelivery redoes what a crash cut.
+
+        ``limit`` (a scale step: the block's ``maxInstances``): the records go first, within that
+        bound (``scripts.ADD_INSTANCES``, atomic over the block's instances), and the rest only for
+        the instances recorded. Returns the instances refused for the bound (recorded nothing)."""
+        refused: list[str] = []
+        if limit is not None and instances:
+            args: list[Any] = [str(int(limit))]
+            for iid, v in instances.items():
+                args += [iid, _dumps(v)]
+            refused = [str(i) for i in await self._add_instances(keys=[inst_key(bid)], args=args) or []]
+            instances = {iid: v for iid, v in instances.items() if iid not in refused}
+            index = [e for e in index if e[2] not in refused]
+            if not instances and transition is None:
+                return refused
+
         def build(pipe: Any) -> None:
             if transition is not None:
                 gen, step, fields = transition
@@ -379,10 +396,12 @@ class Store:
                 pipe.hset(aff_svc_key(svc), iid, _dumps([node, rack]))
                 pipe.hset(AFF_LEASE, lease, node)
             for iid, v in instances.items():
-                pipe.hsetnx(inst_key(bid), iid, _dumps(v))
+                if limit is None:  # (with a limit, recorded above)
+                    pipe.hsetnx(inst_key(bid), iid, _dumps(v))
                 pipe.hset(node_inst_key(v["node"]), iid, bid)
 
         await self._pipeline(build)
+        return refused
 
     async def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
         """Run the commands ``build`` queues as one pipeline (one round trip; not a transaction).

@@ -139,7 +139,11 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         except PlacementFailed as exc:
             await _step_failed(w, ev.block_id, block, "scale", ev.request_id, exc.reason, trace)
             return
-        await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id, trace=trace)
+        # the bound is checked again where it is atomic: concurrent steps all saw room above
+        if await _start(w, ir, gen, ev.cluster_id, "scale", placements, attempts, key=ev.request_id, trace=trace,
+                        limit=int(ir["maxInstances"])):
+            await _step_failed(w, ev.block_id, block, "scale", ev.request_id,
+                               f"already at maxInstances ({ir['maxInstances']})", trace)
 
     @router.on(E.cluster_scale_down)
     async def on_scale_down(m: Inbound[ScaleDownRequest]) -> None:
@@ -433,10 +437,12 @@ def _gpus(raw: str) -> list[str]:
 async def _start(
     w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: list[dict[str, Any]],
     attempts: int, key: str, replaces: str = "", trace: list[Decision] | None = None,
-    step: tuple[Step, dict[str, Any]] | None = None,
-) -> None:
+    step: tuple[Step, dict[str, Any]] | None = None, limit: int | None = None,
+) -> list[str]:
     """Record the placed instances (and the block's ``step``, if given), in one round trip, then
-    publish the placement and the nodes' create commands."""
+    publish the placement and the nodes' create commands. ``limit``: the most instances the block
+    may hold (a scale step); an instance past it is not recorded, its reservation is released
+    and nothing is published for it. Returns those refused instances."""
     bid = ir["blockId"]
     nodes = await w.inventory.nodes(cid)
     # the gang's step places the block's side-cars too (handlers/sidecars.py): recorded with the step
@@ -447,7 +453,7 @@ async def _start(
         (uid(bid), uid(p["iid"]), p["iid"], p["node"], nodes.get(p["node"], {}).get("labels", {}).get("rack", ""))
         for p in placements
     ]
-    await w.store.start_instances(
+    refused = await w.store.start_instances(
         bid,
         {
             p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action,
@@ -456,7 +462,16 @@ async def _start(
         },
         index,
         None if step is None else (gen, step[0], step[1]),
+        limit=limit,
     )
+    if refused:
+        gone = [p for p in placements if p["iid"] in refused]
+        for p in gone:
+            await w.store.release(cid, p["node"], p["iid"])
+        await w.hint(cid, sorted({p["node"] for p in gone}))
+        placements = [p for p in placements if p["iid"] not in refused]
+        if not placements:
+            return refused
     made = PlacementMade(
         bid, gen, cid, action, [Placement(p["iid"], p["node"], p["gpus"], p.get("adaptive") or []) for p in placements],
         attempts, replaces, key, trace or [], next((p["adapt"] for p in placements if p.get("adapt")), {}),
@@ -470,6 +485,7 @@ async def _start(
         out.append(Emit(E.node_instance_create, cmd))
     out += sidecars.starts(ir, gen, cid, sc_node)
     await w.bus.emit_all(out)
+    return refused
 
 
 async def _step_failed(
