@@ -119,7 +119,8 @@ async def scenario(lat_n: int, burst_n: int, scale_n: int) -> list[common.Row]:
             shares = _shares(d, n)
             rows.append(common.row(GROUP, "CPU per block, all processes", total / n * 1000, "ms", None,
                                    f"ms per block: {shares}; target <= 5"))
-            tbids, _ = await st.burst(10, 120, {**harness.SPEC, "maxInstances": 64})
+            # room for every call: one instance each to start with, plus their share of the calls
+            tbids, _ = await st.burst(10, 120, {**harness.SPEC, "maxInstances": 1 + -(-scale_n // 10)})
             targets = [b for b in tbids if st.tracker.done.get(b, ("",))[0] == "ready"]
             if targets:
                 before = await sample(st)
