@@ -185,3 +185,32 @@ async def test_a_group_refuses_unknown_or_repeated_kinds() -> None:
         await main.run_group(["parser", "nope"], {})
     with pytest.raises(ValueError, match="twice"):
         await main.run_group(["parser", "parser"], {})
+
+
+async def test_only_the_kinds_that_read_the_inventory_take_its_hints() -> None:
+    """One hint per reservation: a kind that never reads the inventory must not take them (each
+    would be delivered to it and decoded for nothing); one that does must, or its view goes stale."""
+    from pathlib import Path
+
+    import fakeredis
+
+    from aios_blocks import workers
+    from aios_blocks.bus import subjects
+    from aios_blocks.policies.runtime import PolicyRuntime
+    from aios_blocks.state.inventory import Inventory
+    from aios_blocks.state.store import Store
+    from aios_blocks.testing import MemoryBus
+    from aios_blocks.workers.base import INVENTORY_KINDS
+
+    assert INVENTORY_KINDS == {"gateway", "controller"}
+    pkg = Path(workers.__file__).parent
+    for module in ("parser", "agent_sim", "executor", "checker", "collector", "autoscaler"):
+        assert ".inventory" not in (pkg / f"{module}.py").read_text(), f"{module} reads the inventory: add its kind"
+    for inventory in (True, False):
+        bus = MemoryBus()
+        store = Store(fakeredis.aioredis.FakeRedis(decode_responses=True))
+        w = Worker(bus, store, Inventory(store), PolicyRuntime(), "k")  # type: ignore[arg-type]
+        await w._watch_hints(inventory=inventory)
+        taken = {pattern for pattern, _ in bus._subs}
+        assert (subjects.INVENTORY_ALL in taken) is inventory and subjects.POLICY_UPDATED_ALL in taken
+        await store.close()

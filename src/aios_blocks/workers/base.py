@@ -57,6 +57,11 @@ def encode_input(input_data: dict[str, Any]) -> bytes:
     return msgspec.json.encode(with_nodes(input_data, capacity.encoded))
 
 
+#: the worker kinds that read the node inventory (``Worker.inventory``: the gateway's filter, the
+#: controller's placements and virtual clusters); the others never do, so they take no hints
+INVENTORY_KINDS = frozenset({"gateway", "controller"})
+
+
 @dataclass
 class Worker:
     bus: Bus
@@ -74,6 +79,9 @@ class Worker:
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
+        """A worker of kind ``name``; only the kinds that read the inventory (``INVENTORY_KINDS``)
+        take the inventory hints (one per reservation: every other worker would decode each for
+        nothing, and nats-server deliver it to them)."""
         s = settings or load_settings()
         bus = await Bus.open(nats_url, source=f"aios-blocks/{name}", settings=s)
         store = Store.open(redis_url, settings=s)
@@ -83,10 +91,10 @@ class Worker:
         from ..recovery.rebuild import ensure_epoch
 
         await ensure_epoch(bus, store)
-        await w._watch_hints()
+        await w._watch_hints(inventory=name in INVENTORY_KINDS)
         return w
 
-    async def _watch_hints(self) -> None:
+    async def _watch_hints(self, inventory: bool = True) -> None:
         async def on_inventory(msg: Any) -> None:
             with contextlib.suppress(Exception):
                 hint = msgspec.json.decode(msg.data)
@@ -98,7 +106,8 @@ class Worker:
             if toks:
                 self.runtime.forget(toks["name"])
 
-        self._subs.append(await self.bus.subscribe(subjects.INVENTORY_ALL, on_inventory))
+        if inventory:
+            self._subs.append(await self.bus.subscribe(subjects.INVENTORY_ALL, on_inventory))
         self._subs.append(await self.bus.subscribe(subjects.POLICY_UPDATED_ALL, on_policy))
 
     async def close(self) -> None:
