@@ -132,11 +132,7 @@ class Event(Generic[P]):
         """The logical message id (``bus.event_ids`` turns it into the keyed wire id)."""
         if not self.id_rule:
             raise ValueError(f"{self.name} has no id rule: the publisher names the id")
-        if isinstance(payload, msgspec.Struct):
-            fields = msgspec.structs.asdict(payload)
-        else:
-            fields = payload if isinstance(payload, dict) else {}
-        base = self.id_rule.format_map({**fields, **tokens})
+        base = self.id_rule.format_map(_IdFields(payload, tokens))
         return f"{base}:{qualifier}" if qualifier else base
 
     def resolve(self, payload: Any, tokens: dict[str, str]) -> dict[str, str]:
@@ -149,6 +145,27 @@ class Event(Generic[P]):
             if tok not in out:
                 out[tok] = str(getattr(payload, own.get(tok) or TOKEN_FIELDS.get(tok, tok)))
         return out
+
+
+class _IdFields:
+    """An id rule's fields: the subject's tokens first, then the payload's (a struct's attributes,
+    read as the rule names them: no copy of the whole payload per event)."""
+
+    __slots__ = ("payload", "tokens")
+
+    def __init__(self, payload: Any, tokens: dict[str, str]) -> None:
+        self.payload, self.tokens = payload, tokens
+
+    def __getitem__(self, key: str) -> Any:
+        if key in self.tokens:
+            return self.tokens[key]
+        p = self.payload
+        if isinstance(p, msgspec.Struct):
+            if key in p.__struct_fields__:
+                return getattr(p, key)
+        elif isinstance(p, dict) and key in p:
+            return p[key]
+        raise KeyError(key)
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,8 @@ async def dry_run(
 ) -> DryRunOutcome:
     nodes = vcluster.scope(ir, nodes)  # its virtual cluster's nodes only (seed 003)
     data = _payload(ir, cluster, nodes, None, index, int(ir.get("maxInstances") or 1))
-    rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"])
+    # only a block with affinity entries has its node views annotated (``_payload``)
+    rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"]) if ir.get("affinity") else ({}, {})
     adapt = dict((index or {}).get("adapt") or {})
     try:
         result = await invoke({"action": "dry_run", "payload": data})
