@@ -385,6 +385,11 @@ def main(argv: list[str] | None = None) -> None:
     if len(args) != 2 or args[0] != "topology" or not os.environ.get("AIOS_SETUP_NATS_URL"):
         print("usage: AIOS_SETUP_NATS_URL=... python -m aios_blocks.workers.embedded topology DATA_DIR", file=sys.stderr)
         sys.exit(2)
+    import structlog
+
+    # as `blocks up` and the CLI print library logs: on stderr, warnings and up (its stdout is theirs)
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+                        wrapper_class=structlog.make_filtering_bound_logger(30))
     data_dir = Path(args[1])
     with authn.locked(data_dir):
         secrets = authn.Secrets.load(data_dir)
