@@ -314,7 +314,6 @@ def up(
     _up.exec_up(data_dir, layout, process_per_kind)
 
 
-
 @app.command()
 def task(
     bid: str = typer.Argument(..., help="Block id."),
