@@ -53,6 +53,7 @@ except ImportError:  # pragma: no cover - hiredis is a dependency
     _hiredis_pack = None
 
 _Command = tuple[tuple[Any, ...], Any]  # (args, options)
+_Item = tuple[list[_Command], "asyncio.Future[list[Any]]"]
 
 
 def pack(conn: Connection, commands: list[tuple[Any, ...]]) -> bytes | list[bytes]:
@@ -73,7 +74,6 @@ def pack(conn: Connection, commands: list[tuple[Any, ...]]) -> bytes | list[byte
         except (TypeError, UnicodeError):
             pass
     return conn.pack_commands(commands)
-_Item = tuple[list[_Command], "asyncio.Future[list[Any]]"]
 
 
 class AutoPipelineRedis(aioredis.Redis):
