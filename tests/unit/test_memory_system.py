@@ -217,6 +217,39 @@ async def test_concurrent_scale_steps_never_take_a_block_past_its_max_instances(
         assert s.dead == []
 
 
+async def test_two_reassignments_of_one_instance_handled_at_once_place_one_replacement() -> None:
+    """A health verdict and an operator's request for the same instance, in one batch: the first
+    places a replacement and sends the old one away; the second finds it on its way out and fails
+    with the reason, placing nothing (it used to place a second replacement)."""
+    import asyncio
+
+    from aios_blocks.bus.router import Delivery
+    from aios_blocks.schemas.events import ReassignRequest
+    from aios_blocks.testing import matches
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=4)
+        bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 2, "maxInstances": 2})
+        await s.run()
+        old = sorted(await s.store.instances(bid))[0]
+        before = len(s.bus.stream)
+        for n in range(2):
+            await s.bus.emit(E.cluster_reassignment, ReassignRequest(bid, "c1", f"re{n}", old, "test"))
+        steps = s.bus.stream[before:]
+        (handler,) = [h for sp, h in s.bindings if any(matches(f, steps[0].subject) for f in sp.filters)]
+        for m in steps:  # handled below, both at once
+            s.bus.pending.remove(m.seq)
+        await asyncio.gather(*(handler(Delivery(m.subject, m.data, dict(m.headers), 1, m.seq)) for m in steps))
+        await s.run()
+        insts = await s.store.instances(bid)
+        assert old not in insts and len(insts) == 2 and {i["status"] for i in insts.values()} == {"running"}, insts
+        (failed,) = s.bus.events(E.block_reassignment_failed, bid=bid)
+        assert failed["reason"] == "the instance is already being removed", failed
+        assert len(await s.store.reservations("c1")) == 2
+        assert s.dead == []
+
+
 class _Stopped(Exception):
     """The gateway process died here (in the test: the wrapper below swallows it, losing the answer)."""
 

@@ -4,8 +4,10 @@ block lifecycle facts (instance added/removed, delete) that make a block ready o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -151,12 +153,26 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
 
     @router.on(E.cluster_reassignment)
     async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
+        # one reassignment of an instance at a time in this process: two requests for the same
+        # instance handled together (a health verdict and an operator's, say) would each place a
+        # replacement; the second now finds it on its way out. (Across controller copies the
+        # race remains: docs/reliability.md.)
+        async with _one_reassignment(m.data.block_id, m.data.instance_id):
+            await reassign(m)
+
+    async def reassign(m: Inbound[ReassignRequest]) -> None:
         ev = m.data
         block, current = await w.store.block_view(ev.block_id)
         current = current if block else {}
         old = current.get(ev.instance_id)
         meta = await w.store.node_meta(old["node"]) if old else None
         node_down = meta is not None and not meta["healthy"]
+        if block is not None and block["status"] in LIVE and old is not None and old.get("status") == "removing":
+            # already replaced (or scaled down): another replacement would be one too many
+            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, "the instance is already being removed")
+            if node_down:  # its node is gone: release it now, as a reassignment of it would
+                await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
+            return
         if block is None or block["status"] not in LIVE or old is None:
             why = "no such instance" if block and old is None else f"block is {block['status'] if block else 'unknown'}"
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, why)
@@ -368,6 +384,24 @@ async def _commit(
 
 
 _locks: dict[str, asyncio.Lock] = {}
+#: (block, instance) -> [its lock, the handlers holding or waiting for it]
+_reassigning: dict[tuple[str, str], list[Any]] = {}
+
+
+@contextlib.asynccontextmanager
+async def _one_reassignment(bid: str, iid: str) -> AsyncIterator[None]:
+    """Reassignments of one instance, one at a time in this process (the entry goes with its
+    last user)."""
+    key = (bid, iid)
+    entry = _reassigning.setdefault(key, [asyncio.Lock(), 0])
+    entry[1] += 1
+    try:
+        async with entry[0]:
+            yield
+    finally:
+        entry[1] -= 1
+        if entry[1] == 0:
+            _reassigning.pop(key, None)
 
 
 def _cluster_lock(cid: str) -> asyncio.Lock:
