@@ -167,14 +167,12 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         old = current.get(ev.instance_id)
         meta = await w.store.node_meta(old["node"]) if old else None
         node_down = meta is not None and not meta["healthy"]
-        if block is not None and block["status"] in LIVE and old is not None and old.get("status") == "removing":
-            # already replaced (or scaled down): another replacement would be one too many
-            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, "the instance is already being removed")
-            if node_down:  # its node is gone: release it now, as a reassignment of it would
-                await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
-            return
+        why = ""
         if block is None or block["status"] not in LIVE or old is None:
             why = "no such instance" if block and old is None else f"block is {block['status'] if block else 'unknown'}"
+        elif old.get("status") == "removing":  # already replaced (or scaled down): a replacement would be one too many
+            why = "the instance is already being removed"
+        if why:
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, why)
             if block is not None and old is not None and node_down:
                 await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
