@@ -257,6 +257,14 @@ class MemorySystem:
             made += 1
         raise RuntimeError(f"still busy after {max_messages} deliveries")
 
+    async def deliver_together(self, msgs: list[Stored]) -> None:
+        """Deliver these stored events to their consumer all at once, as one fetched batch's
+        handlers run (``run`` delivers one at a time): for races between concurrent steps."""
+        (handler,) = [h for spec, h in self.bindings if any(matches(f, msgs[0].subject) for f in spec.filters)]
+        for m in msgs:
+            self.bus.pending.remove(m.seq)  # taken here, not by ``run``
+        await asyncio.gather(*(handler(Delivery(m.subject, m.data, dict(m.headers), 1, m.seq)) for m in msgs))
+
     def _message(self, seq: int) -> Stored:
         """A stored event by its sequence, or a query taken before by its (negative) place in
         ``query_log``."""

@@ -187,11 +187,7 @@ async def test_concurrent_scale_steps_never_take_a_block_past_its_max_instances(
     room when they start; the bound is checked again where it is atomic (the instance records,
     ``scripts.ADD_INSTANCES``): the block ends at ``maxInstances``, each step past it fails with
     the reason, and its reservation is released (no GPU held for an instance that is not there)."""
-    import asyncio
-
-    from aios_blocks.bus.router import Delivery
     from aios_blocks.schemas.events import ScaleRequest
-    from aios_blocks.testing import matches
 
     async with MemorySystem.open() as s:
         await s.add_component()
@@ -202,11 +198,7 @@ async def test_concurrent_scale_steps_never_take_a_block_past_its_max_instances(
         before = len(s.bus.stream)
         for n in range(6):
             await s.bus.emit(E.cluster_scale, ScaleRequest(bid, "c1", f"r{n}", gen=gen))
-        steps = s.bus.stream[before:]
-        (handler,) = [h for sp, h in s.bindings if any(matches(f, steps[0].subject) for f in sp.filters)]
-        for m in steps:  # these are handled below, all at once, not by run()
-            s.bus.pending.remove(m.seq)
-        await asyncio.gather(*(handler(Delivery(m.subject, m.data, dict(m.headers), 1, m.seq)) for m in steps))
+        await s.deliver_together(s.bus.stream[before:])  # all at once, as one fetched batch
         await s.run()
         insts = await s.store.instances(bid)
         assert len(insts) == 3 and {i["status"] for i in insts.values()} == {"running"}, insts
@@ -221,11 +213,7 @@ async def test_two_reassignments_of_one_instance_handled_at_once_place_one_repla
     """A health verdict and an operator's request for the same instance, in one batch: the first
     places a replacement and sends the old one away; the second finds it on its way out and fails
     with the reason, placing nothing (it used to place a second replacement)."""
-    import asyncio
-
-    from aios_blocks.bus.router import Delivery
     from aios_blocks.schemas.events import ReassignRequest
-    from aios_blocks.testing import matches
 
     async with MemorySystem.open() as s:
         await s.add_component()
@@ -236,11 +224,7 @@ async def test_two_reassignments_of_one_instance_handled_at_once_place_one_repla
         before = len(s.bus.stream)
         for n in range(2):
             await s.bus.emit(E.cluster_reassignment, ReassignRequest(bid, "c1", f"re{n}", old, "test"))
-        steps = s.bus.stream[before:]
-        (handler,) = [h for sp, h in s.bindings if any(matches(f, steps[0].subject) for f in sp.filters)]
-        for m in steps:  # handled below, both at once
-            s.bus.pending.remove(m.seq)
-        await asyncio.gather(*(handler(Delivery(m.subject, m.data, dict(m.headers), 1, m.seq)) for m in steps))
+        await s.deliver_together(s.bus.stream[before:])  # both at once, as one fetched batch
         await s.run()
         insts = await s.store.instances(bid)
         assert old not in insts and len(insts) == 2 and {i["status"] for i in insts.values()} == {"running"}, insts
