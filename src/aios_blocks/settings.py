@@ -19,7 +19,8 @@ class Settings(BaseSettings):
     commit_retries: int = Field(5, ge=1, description="reservation attempts of one placement step before it gives up (conflicts with other controllers)")
     max_replacements: int = Field(5, ge=0, description="instance replacements (after failed / unhealthy / lost) per block before giving up")
     selection_rounds: int = Field(3, ge=1, description="selection rounds of a block whose chosen cluster could not take the gang")
-    reassign_attempts: int = Field(5, ge=1, description="deliveries of a reassignment that finds no room before it fails (backoff 0.5, 1, 2, 4 s)")
+    reassign_attempts: int = Field(5, ge=1, description="deliveries of a reassignment that finds no room, or its instance being replaced by another, before it fails (backoff 0.5, 1, 2, 4 s)")
+    reassign_claim_s: float = Field(60.0, gt=0, description="how long a reassignment's claim on the instance it replaces lasts if its controller dies (longer than a redelivery's wait, 30 s)")
     dry_run_deadline_s: float = Field(5.0, ge=0, description="how long the gateway gathers dry_run answers before deciding")
     dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
     # -- nodes -------------------------------------------------------------------------------------

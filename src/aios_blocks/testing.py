@@ -260,10 +260,10 @@ class MemorySystem:
     async def deliver_together(self, msgs: list[Stored]) -> None:
         """Deliver these stored events to their consumer all at once, as one fetched batch's
         handlers run (``run`` delivers one at a time): for races between concurrent steps."""
-        (handler,) = [h for spec, h in self.bindings if any(matches(f, msgs[0].subject) for f in spec.filters)]
+        ((spec, handler),) = [(s, h) for s, h in self.bindings if any(matches(f, msgs[0].subject) for f in s.filters)]
         for m in msgs:
-            self.bus.pending.remove(m.seq)  # taken here, not by ``run``
-        await asyncio.gather(*(handler(Delivery(m.subject, m.data, dict(m.headers), 1, m.seq)) for m in msgs))
+            self.bus.pending.remove(m.seq)  # taken here, not by ``run`` (a deferred one comes back to it)
+        await asyncio.gather(*(self._deliver(spec.durable, handler, m) for m in msgs))
 
     def _message(self, seq: int) -> Stored:
         """A stored event by its sequence, or a query taken before by its (negative) place in

@@ -211,8 +211,9 @@ async def test_concurrent_scale_steps_never_take_a_block_past_its_max_instances(
 
 async def test_two_reassignments_of_one_instance_handled_at_once_place_one_replacement() -> None:
     """A health verdict and an operator's request for the same instance, in one batch: the first
-    places a replacement and sends the old one away; the second finds it on its way out and fails
-    with the reason, placing nothing (it used to place a second replacement)."""
+    claims the instance (``Store.claim_replacement``), places a replacement and sends the old one
+    away; the second waits for the claim, then finds the instance on its way out (or gone) and
+    fails with the reason, placing nothing (it used to place a second replacement)."""
     from aios_blocks.schemas.events import ReassignRequest
 
     async with MemorySystem.open() as s:
@@ -225,12 +226,48 @@ async def test_two_reassignments_of_one_instance_handled_at_once_place_one_repla
         for n in range(2):
             await s.bus.emit(E.cluster_reassignment, ReassignRequest(bid, "c1", f"re{n}", old, "test"))
         await s.deliver_together(s.bus.stream[before:])  # both at once, as one fetched batch
-        await s.run()
+        await s.run(wait_deferred=1.0)
         insts = await s.store.instances(bid)
         assert old not in insts and len(insts) == 2 and {i["status"] for i in insts.values()} == {"running"}, insts
         (failed,) = s.bus.events(E.block_reassignment_failed, bid=bid)
-        assert failed["reason"] == "the instance is already being removed", failed
+        # by its next try the old instance is on its way out, or already gone
+        assert failed["reason"] in ("the instance is already being removed", "no such instance"), failed
         assert len(await s.store.reservations("c1")) == 2
+        assert await s.store.r.keys("aios:meta:*replace*") == []  # both claims given back
+        assert s.dead == []
+
+
+async def test_a_reassignment_whose_instance_another_controller_copy_is_replacing_places_nothing() -> None:
+    """The claim is in Redis, so it holds across controller copies: while another copy's request
+    holds it, a reassignment of the same instance waits (redelivered with backoff) and, if it
+    never comes free, fails naming the holder; nothing is placed and the claim stays its
+    holder's. Once given back, a reassignment goes ahead."""
+    from aios_blocks.schemas.events import ReassignRequest
+
+    async with MemorySystem.open(Settings(sim_start_delay_s=0.0, reassign_attempts=2)) as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=4)
+        bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 2, "maxInstances": 2})
+        await s.run()
+        old = sorted(await s.store.instances(bid))[0]
+        assert await s.store.claim_replacement(bid, old, "other-copy", 60) == "other-copy"
+        creates = len(s.bus.events(E.node_instance_create))
+        await s.bus.emit(E.cluster_reassignment, ReassignRequest(bid, "c1", "mine", old, "test"))
+        await s.run(wait_deferred=1.0)  # delivery 1 defers 0.5 s; delivery 2 (the last) fails
+        (failed,) = s.bus.events(E.block_reassignment_failed, bid=bid)
+        assert failed["reason"] == "the instance is already being replaced (request other-copy)", failed
+        assert len(s.bus.events(E.node_instance_create)) == creates  # nothing placed
+        assert set(await s.store.instances(bid)) >= {old} and len(await s.store.instances(bid)) == 2
+        assert await s.store.claim_replacement(bid, old, "someone", 60) == "other-copy"  # still the holder's
+
+        await s.store.release_replacement(bid, old, "someone")  # not the holder: no effect
+        assert await s.store.claim_replacement(bid, old, "x", 60) == "other-copy"
+        await s.store.release_replacement(bid, old, "other-copy")
+        await s.bus.emit(E.cluster_reassignment, ReassignRequest(bid, "c1", "after", old, "test"))
+        await s.run(wait_deferred=1.0)
+        insts = await s.store.instances(bid)
+        assert old not in insts and len(insts) == 2, insts
+        assert len(s.bus.events(E.node_instance_create)) == creates + 1
         assert s.dead == []
 
 

@@ -54,8 +54,9 @@ VOLATILE = ("aios:ctx:", "aios:gather:", "aios:meta:", "aios:heartbeats")
 #: (they expire on their own)
 TELEMETRY = ("aios:metrics:",)
 #: block services' own live state, kept like telemetry: the health checker's leases and the
-#: executors' passive counts (``aios:health:``), the autoscaler's copies, leases and tick memory:
-#: each changes by itself every tick, is never an event, and expires or is rewritten on its own
+#: executors' passive counts (``aios:health:``), the autoscaler's copies, leases and tick memory,
+#: the controllers' claims on instances being replaced (``aios:meta:{b:<bid>}:replace:<iid>``):
+#: each changes by itself, is never an event, and expires or is rewritten on its own
 LIVE = ("aios:health:", "aios:meta:autoscalers", "aios:meta:{b:")
 #: prefixes of keys the stream rebuilds
 REBUILT = (

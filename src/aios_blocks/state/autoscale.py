@@ -25,7 +25,7 @@ from .keys import (
     metrics_inst_key,
     metrics_win_key,
 )
-from .metrics import LEASE
+from .metrics import LEASE, LEASE_RELEASE
 
 _json = msgspec.json
 
@@ -35,11 +35,6 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 return 1
 """
-#: KEYS[1] lease; ARGV holder -> 1 if it was ours and is gone
-RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 class AutoscaleStore:
@@ -47,7 +42,7 @@ class AutoscaleStore:
         self.r = r
         self._lease = r.register_script(LEASE)
         self._save = r.register_script(SAVE)
-        self._release = r.register_script(RELEASE)
+        self._release = r.register_script(LEASE_RELEASE)
 
     async def heads(self, bids: list[str]) -> dict[str, tuple[str, int]]:
         """bid -> (status, gen) of the blocks that have a record."""

@@ -30,6 +30,8 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:metrics:{b:<bid>}:win:<iid>  list: the instance's samples, newest first (bounded, TTL)
     aios:meta:{b:<bid>}:as:lease      the autoscaler copy that decides for the block (SET NX PX, renewed)
     aios:meta:{b:<bid>}:as:state      the autoscaler's memory of the block (proposals, delays, burst)
+    aios:meta:{b:<bid>}:replace:<iid> the reassignment request that is replacing the instance now
+                                      (SET PX, a lease: one replacement at a time, on any copy)
     aios:meta:autoscalers             zset: the live autoscaler copies, scored by when they lapse
     aios:health:{b:<bid>}:passive     hash executor id -> JSON of its per-instance passive counts (TTL)
     aios:health:lease:<bid>           the health checker copy that decides a block now
@@ -170,6 +172,10 @@ def autoscale_lease_key(bid: str) -> str:
 
 def autoscale_state_key(bid: str) -> str:
     return f"{P}:meta:{{b:{bid}}}:as:state"
+
+
+def replace_claim_key(bid: str, iid: str) -> str:
+    return f"{P}:meta:{{b:{bid}}}:replace:{iid}"
 
 
 # -- health (volatile: the executors' passive counts, the checker's lease; docs/health.md) -----------

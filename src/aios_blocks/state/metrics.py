@@ -37,6 +37,11 @@ if not cur then
 end
 return 0
 """
+#: give a lease back: KEYS[1] lease key; ARGV holder -> 1 if it was ours and is gone
+LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
 
 
 def _dumps(v: Any) -> str:

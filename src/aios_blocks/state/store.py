@@ -45,10 +45,11 @@ from .keys import (  # noqa: F401  (re-exported: the store's callers import keys
     node_key,
     policy_key,
     policy_version_key,
+    replace_claim_key,
     res_key,
     res_pattern,
 )
-from .metrics import MetricsStore
+from .metrics import LEASE, LEASE_RELEASE, MetricsStore
 
 _json = msgspec.json
 
@@ -116,6 +117,8 @@ class Store:
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)
         self._add_instances = r.register_script(scripts.ADD_INSTANCES)
+        self._lease = r.register_script(LEASE)
+        self._lease_release = r.register_script(LEASE_RELEASE)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
                          self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain,
                          self._add_instances)
@@ -335,6 +338,21 @@ class Store:
         ``scripts.DRAIN_INSTANCE``: ``ok``, ``absent``, ``removing`` (already going), ``floor`` or
         ``done``."""
         return str(await self._drain(keys=[inst_key(bid)], args=[iid, str(int(floor)), request_id, str(int(count))]))
+
+    async def claim_replacement(self, bid: str, iid: str, request_id: str, ttl_s: float) -> str:
+        """Take or keep the claim on replacing instance ``iid`` for reassignment ``request_id``:
+        one reassignment of an instance at a time, on any controller copy (two at once each placed
+        a replacement). A lease, not state: it lapses after ``ttl_s`` when its holder dies with its
+        message dead-lettered, and a redelivery of the same request takes it again. Returns the
+        holder now (``request_id`` when it is ours)."""
+        key = replace_claim_key(bid, iid)
+        if await self._lease(keys=[key], args=[request_id, max(1, int(ttl_s * 1000))]):
+            return request_id
+        return str(await self.r.get(key) or "")  # held by another request (or lapsed just now: "")
+
+    async def release_replacement(self, bid: str, iid: str, request_id: str) -> None:
+        """Give the claim back once the reassignment is decided (placed or failed)."""
+        await self._lease_release(keys=[replace_claim_key(bid, iid)], args=[request_id])
 
     async def get_block(self, bid: str) -> dict[str, Any] | None:
         return _block(await self.r.hgetall(block_key(bid)))

@@ -4,10 +4,8 @@ block lifecycle facts (instance added/removed, delete) that make a block ready o
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -153,12 +151,23 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
 
     @router.on(E.cluster_reassignment)
     async def on_reassignment(m: Inbound[ReassignRequest]) -> None:
-        # one reassignment of an instance at a time in this process: two requests for the same
-        # instance handled together (a health verdict and an operator's, say) would each place a
-        # replacement; the second now finds it on its way out. (Across controller copies the
-        # race remains: docs/reliability.md.)
-        async with _one_reassignment(m.data.block_id, m.data.instance_id):
-            await reassign(m)
+        # one reassignment of an instance at a time, on any controller copy: two requests for the
+        # same instance handled together (a health verdict and an operator's, say) each placed a
+        # replacement. The claim is a lease in Redis; the second request waits for it (it then
+        # finds the instance on its way out) and fails with the reason if it never comes free.
+        ev = m.data
+        holder = await w.store.claim_replacement(ev.block_id, ev.instance_id, ev.request_id, w.settings.reassign_claim_s)
+        if holder != ev.request_id:
+            if m.deliveries < w.settings.reassign_attempts:
+                raise Defer(_backoff(m.deliveries))
+            block = await w.store.get_block(ev.block_id)
+            await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id,
+                               f"the instance is already being replaced (request {holder or 'unknown'})")
+            return
+        await reassign(m)
+        # decided (placed, or failed for good): a Defer or an error above keeps the claim for the
+        # redelivery of this same request
+        await w.store.release_replacement(ev.block_id, ev.instance_id, ev.request_id)
 
     async def reassign(m: Inbound[ReassignRequest]) -> None:
         ev = m.data
@@ -192,7 +201,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
                 # in flight): try again shortly rather than leave the block short of an instance;
                 # no step event carries this attempt's policy calls, so they are recorded on their own
                 await w.bus.emit_all([Emit(E.block_decision, d) for d in trace])
-                raise Defer(min(0.5 * 2 ** (m.deliveries - 1), 4.0)) from exc
+                raise Defer(_backoff(m.deliveries)) from exc
             await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, exc.reason, trace)
             if node_down:  # its node is gone: release it anyway, the capacity is not usable
                 await _evict(w, ev.block_id, gen, ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
@@ -382,24 +391,11 @@ async def _commit(
 
 
 _locks: dict[str, asyncio.Lock] = {}
-#: (block, instance) -> [its lock, the handlers holding or waiting for it]
-_reassigning: dict[tuple[str, str], list[Any]] = {}
 
 
-@contextlib.asynccontextmanager
-async def _one_reassignment(bid: str, iid: str) -> AsyncIterator[None]:
-    """Reassignments of one instance, one at a time in this process (the entry goes with its
-    last user)."""
-    key = (bid, iid)
-    entry = _reassigning.setdefault(key, [asyncio.Lock(), 0])
-    entry[1] += 1
-    try:
-        async with entry[0]:
-            yield
-    finally:
-        entry[1] -= 1
-        if entry[1] == 0:
-            _reassigning.pop(key, None)
+def _backoff(deliveries: int) -> float:
+    """A reassignment's wait before its next try: 0.5, 1, 2, 4, 4... s."""
+    return min(0.5 * 2 ** (deliveries - 1), 4.0)
 
 
 def _cluster_lock(cid: str) -> asyncio.Lock:
