@@ -386,8 +386,7 @@ async def _commit(
     await ensure_job_cluster(w, ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
     clusters = await w.inventory.clusters()
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
-    async with _cluster_lock(cid):
-        return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, trace, **extra)
+    return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, trace, **extra)
 
 
 _locks: dict[str, asyncio.Lock] = {}
@@ -399,8 +398,9 @@ def _backoff(deliveries: int) -> float:
 
 
 def _cluster_lock(cid: str) -> asyncio.Lock:
-    """Plans of one cluster are made one at a time inside a process, so concurrent messages do not
-    all plan from the same snapshot and collide; other processes are the atomic script's job."""
+    """Plans of one cluster are made one at a time inside a process, each on the view the one
+    before left, so concurrent messages do not all plan from the same snapshot and collide; other
+    processes are the atomic script's job."""
     return _locks.setdefault(cid, asyncio.Lock())
 
 
@@ -411,17 +411,29 @@ async def _plan_and_reserve(
     reason = ""
     retries = w.settings.commit_retries
     for attempt in range(1, retries + 1):
-        nodes = await w.inventory.nodes(cid)
-        index = await w.affinity_index(ir)
-        placements = await h.plan(
-            ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
-        )
-        touched = sorted({p["node"] for p in placements})
-        planned_on = {nid: nodes[nid] for nid in touched}
-        ok, reason, node = await w.store.reserve_gang(cid, placements)
+        async with _cluster_lock(cid):
+            nodes = await w.inventory.nodes(cid)
+            index = await w.affinity_index(ir)
+            placements = await h.plan(
+                ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
+            )
+            touched = sorted({p["node"] for p in placements})
+            planned_on = {nid: nodes[nid] for nid in touched}
+            # our view takes the reservation now, as the script will (``capacity.take``), and the
+            # script is sent before the lock goes: the next plan of this cluster starts on this
+            # one's result without waiting for its round trip (one plan per Redis round trip per
+            # cluster was the bound of a scale burst); a reservation that fails re-reads its nodes
+            w.inventory.apply(cid, _taken(planned_on, placements, ir["resources"]), planned_on)
+            reserving = asyncio.ensure_future(w.store.reserve_gang(cid, placements))
+            await asyncio.sleep(0)  # the script queued (autopipeline) before the next plan's
+        try:
+            ok, reason, node = await reserving
+        except BaseException:  # not known to be taken (Redis failed us): re-read rather than trust the view
+            w.inventory.invalidate(cid, touched)
+            raise
         if ok:
-            if reason == "ok":  # taken now, from the state we planned on: our view takes it too
-                w.inventory.apply(cid, _taken(planned_on, placements, ir["resources"]), planned_on)
+            if reason != "ok":  # reserved before (a redelivery), not by this plan: re-read what it took
+                w.inventory.invalidate(cid, touched)
             await w.hint(cid, touched, applied=reason == "ok")
             return placements, attempt
         w.inventory.invalidate(cid, touched + ([node] if node else []))
