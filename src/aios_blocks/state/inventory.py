@@ -48,7 +48,8 @@ class Inventory:
         self._clusters: dict[str, dict[str, Any]] | None = None
         self._nodes: dict[str, dict[str, dict[str, Any]]] = {}
         self._dirty: dict[str, set[str] | None] = {}  # None = reload the whole cluster
-        self._lock = asyncio.Lock()
+        #: one refresh of a cluster's view at a time (clusters refresh independently)
+        self._locks: dict[str, asyncio.Lock] = {}
 
     def invalidate(self, cid: str, nodes: list[str] | None = None) -> None:
         """Mark nodes (or the whole cluster, and the cluster list, when ``nodes`` is None) stale."""
@@ -100,9 +101,35 @@ class Inventory:
             self._clusters = await self.store.clusters()
         return self._clusters
 
+    def _fresh(self, cid: str) -> dict[str, dict[str, Any]] | None:
+        """The cluster's view if it is loaded, nothing of it is stale and no refresh of it is in
+        flight: what taking its lock would give at once, without the lock."""
+        view = self._nodes.get(cid)
+        if view is None or cid in self._dirty:
+            return None
+        lock = self._locks.get(cid)
+        return view if lock is None or not lock.locked() else None
+
+    async def views(self, cids: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """:meth:`nodes` of several clusters; the stale ones refreshed together (their reads
+        share round trips) rather than one after another."""
+        fresh = {cid: self._fresh(cid) for cid in cids}
+        stale = [cid for cid, v in fresh.items() if v is None]
+        if len(stale) == 1:  # no task for one
+            got = {stale[0]: await self.nodes(stale[0])}
+        else:
+            got = dict(zip(stale, await asyncio.gather(*(self.nodes(c) for c in stale)), strict=True))
+        return {cid: got[cid] if v is None else v for cid, v in fresh.items()}
+
     async def nodes(self, cid: str) -> dict[str, dict[str, Any]]:
         """The cluster's node views (shared: copy before changing them)."""
-        async with self._lock:
+        view = self._fresh(cid)
+        if view is not None:
+            return view
+        lock = self._locks.get(cid)
+        if lock is None:
+            lock = self._locks[cid] = asyncio.Lock()
+        async with lock:
             if cid not in self._nodes or self._dirty.get(cid, set()) is None:
                 self._dirty.pop(cid, None)
                 ids = await self.store.node_ids(cid)

@@ -32,8 +32,7 @@ log = structlog.get_logger("aios.gateway")
 
 async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
     clusters = await w.inventory.clusters()
-    nodes = {cid: await w.inventory.nodes(cid) for cid in clusters}
-    return clusters, nodes
+    return clusters, await w.inventory.views(list(clusters))
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:

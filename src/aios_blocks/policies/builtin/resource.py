@@ -120,9 +120,10 @@ class _ResourceAllocator:
         def fits(n: dict[str, Any]) -> list[dict[str, Any]] | None:
             return capacity.node_fits(n, needs, share)
 
-        if not any("affinity" in node for node in nodes.values()):
-            # no affinity annotations (the block has no entries): every node's score is 0 and it
-            # passes, so the best is the lowest (rank, id) that fits; the same choice, in one pass
+        if "affinity" not in next(iter(nodes.values()), {}):
+            # no affinity annotations (the block has no entries; a view is annotated with all the
+            # others or not at all, so its first says): every node's score is 0 and it passes,
+            # so the best is the lowest (rank, id) that fits; the same choice, in one pass
             skip = (nodes.keys() - healthy) | avoid
             found = capacity.best_fit(nodes, skip, fits_key, fits, rank_key, self._rank, count)
             return None if found is None else (found[0], self._choose_gpus(found[1], count, {}, seed))
