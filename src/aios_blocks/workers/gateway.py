@@ -158,8 +158,10 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     if int(block.get("attempt", 0)) != n:
         return
     ir = block["ir"]
-    clusters, nodes = await _snapshot(w)
-    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes.get(cid, {})) for cid in g["expected"] if cid in clusters}
+    clusters = await w.inventory.clusters()
+    asked = [cid for cid in g["expected"] if cid in clusters]
+    nodes = await w.inventory.views(asked)  # the round's clusters only: the others' views need no refresh here
+    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes[cid]) for cid in asked}
     trace: list[Decision] = []
     decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
                               int(ir.get("minInstances") or 1))
