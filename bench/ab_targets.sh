@@ -32,7 +32,7 @@ for i in $(seq 1 "$rounds"); do
     [ "$side" = base ] && dir=$base && path="$shim$base/src" && grouped=${BASE_GROUPED:-0}
     [ "$side" = grouped ] && grouped=1
     echo "== $side, round $i ($(uptime | sed 's/.*load/load/'))"
-    (cd "$dir" && AIOS_BENCH_GROUPED=$grouped PYTHONPATH="$path" "$py" -m bench.targets "$flag" 2>/dev/null \
+    (cd "$dir" && AIOS_BENCH_NO_PEER=1 AIOS_BENCH_GROUPED=$grouped PYTHONPATH="$path" "$py" -m bench.targets "$flag" 2>/dev/null \
       | grep -E "│ 2 core|│    " | sed -E 's/ +/ /g')
   done
   if [ -n "${RAY_PYTHON:-}" ]; then

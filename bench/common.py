@@ -200,7 +200,15 @@ SUMMARY_LINES: tuple[tuple[str, tuple[tuple[str, str, str], ...]], ...] = (
         ("create->ready p50", "2 placement 10x1000x8", "create->ready p50, unloaded"),
         ("p99 at 80% of peak", "2 placement 10x1000x8", "create->ready p99 at 80%"),
     )),
-    ("Against Ray placement groups, same run", (
+    ("Core targets, 10 x 100 x 8, as `blocks up` runs (simulated start 0), Ray on the same workload", (
+        ("blocks/s", "2 core targets", "blocks/s end to end"),
+        ("Ray groups/s", "2 core targets", "Ray: placement groups/s"),
+        ("ours/Ray", "2 core targets", "blocks/s / Ray"),
+        ("placements/s", "2 core targets", "instance placements/s"),
+        ("placements/Ray", "2 core targets", "placements/s / Ray"),
+        ("CPU per block", "2 core targets", "CPU per block"),
+    )),
+    ("Against Ray placement groups, same run (with the 50 ms simulated start)", (
         ("Ray groups/s", "6 peer", "Ray: placement groups/s"),
         ("ours/Ray throughput", "6 peer", "ours / Ray: throughput"),
         ("ours/Ray p50 latency", "6 peer", "ours / Ray: p50 latency"),

@@ -9,7 +9,12 @@ start 0 (every figure here is the control plane's own cost):
   ``total_reads_processed``: one per request or pipeline a client sends), Redis commands, and CPU
   summed over every process (workers, nats-server, redis-server; the benchmark's own client
   apart), with each process's share in the note;
-* instance placements/s: a burst of scale calls on existing blocks.
+* instance placements/s: a burst of scale calls on existing blocks;
+* Ray placement groups on the same workload, in the same run (when ray is installed), and the
+  targets' ratios to it.
+
+The workers run grouped in processes as ``blocks up`` runs them (``supervisor.DEFAULT_GROUPS``),
+unless ``AIOS_BENCH_GROUPED`` is set (``bench/ab_targets.sh`` sets it per side).
 
     .venv/bin/python -m bench.targets [--quick]
 """
@@ -17,16 +22,19 @@ start 0 (every figure here is the control plane's own cost):
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 try:
     from . import common, harness, raw
+    from .ray_groups import ray_figures
 except ImportError:  # run as a script
     import common  # type: ignore[no-redef]
     import harness  # type: ignore[no-redef]
     import raw  # type: ignore[no-redef]
+    from ray_groups import ray_figures  # type: ignore[no-redef]
 
 GROUP = "2 core targets 10x100x8"
 CLUSTERS, NODES = 10, 100
@@ -90,8 +98,10 @@ def _shares(d: Sample, n: int) -> str:
 
 async def scenario(lat_n: int, burst_n: int, scale_n: int) -> list[common.Row]:
     rows: list[common.Row] = []
+    # the kinds in processes as `blocks up` runs them, unless AIOS_BENCH_GROUPED says (ab_targets.sh)
+    grouped = None if "AIOS_BENCH_GROUPED" in os.environ else True
     with common.env_set("AIOS_SIM_START_DELAY_S", "0"):  # the workers the stack spawns inherit it
-        async with harness.stack(CLUSTERS, NODES, tag="targets") as st:
+        async with harness.stack(CLUSTERS, NODES, tag="targets", grouped=grouped) as st:
             for _ in range(WARM):  # as the Ray side warms its first groups (bench/ray_groups.py)
                 await st.submit_wait()
             lat = []
@@ -135,9 +145,36 @@ async def scenario(lat_n: int, burst_n: int, scale_n: int) -> list[common.Row]:
     return rows
 
 
+def _value(rows: list[common.Row], figure: str) -> float:
+    return next((r["value"] for r in rows if r["figure"].startswith(figure)), float("nan"))
+
+
+def peer_rows(rows: list[common.Row], lat_n: int, burst_n: int) -> list[common.Row]:
+    """Ray placement groups on the same workload (``bench/ray_groups.py``: 1-bundle groups over
+    the same simulated GPUs, ``lat_n`` one at a time then ``burst_n`` at once), after our side, and
+    the targets' ratios: blocks/s >= Ray's groups/s, placements/s >= 1.5 x."""
+    if os.environ.get("AIOS_BENCH_NO_PEER"):  # bench/ab_targets.sh runs Ray once per round itself
+        return []
+    if importlib.util.find_spec("ray") is None:
+        return [common.row(GROUP, "Ray placement groups, same workload", float("nan"), "", None,
+                           "skipped: ray is not installed; `make bench-peer` installs it into the venv")]
+    r_lat, r_rate = ray_figures(lat_n, burst_n)
+    blocks, placements = _value(rows, "blocks/s end to end"), _value(rows, "instance placements/s")
+    return [
+        common.row(GROUP, "Ray: placement groups/s, burst (same run)", r_rate, "groups/s", None,
+                   f"{burst_n} 1-bundle groups at once over {CLUSTERS * NODES * 8} simulated GPUs"),
+        common.row(GROUP, "Ray: placement group create->ready p50 (same run)", common.pct(r_lat, 50) * 1000, "ms", None,
+                   f"n={lat_n} sequential"),
+        common.row(GROUP, "blocks/s / Ray groups/s", blocks / r_rate, "x", None, "target >= 1"),
+        common.row(GROUP, "placements/s / Ray groups/s", placements / r_rate, "x", None, "target >= 1.5"),
+    ]
+
+
 def figures(quick: bool = False) -> list[common.Row]:
     raw.ensure_raw()
-    return common.run(scenario(*((10, 150, 150) if quick else (30, 600, 640))))
+    lat_n, burst_n, scale_n = (10, 150, 150) if quick else (30, 600, 640)
+    rows: list[common.Row] = common.run(scenario(lat_n, burst_n, scale_n))
+    return rows + peer_rows(rows, lat_n, burst_n)
 
 
 def main() -> None:
