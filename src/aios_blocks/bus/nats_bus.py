@@ -42,6 +42,7 @@ from ..settings import Settings
 from ..settings import current as current_settings
 from . import event_ids, subjects
 from .catalog import Body, Emit, Event
+from .pull import Puller
 from .queries import QuerySender
 
 log = structlog.get_logger("aios.bus")
@@ -555,6 +556,10 @@ class Bus:
 
     async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
         return await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=1_000_000)
+
+    async def puller(self, stream: str, durable: str) -> Puller:
+        """Takes durable ``durable``'s messages (``bus.pull``)."""
+        return await Puller(self.nc, self.js._prefix, stream, durable).start()
 
     # -- core request/reply (catalog events with responders) -------------------------------------
     async def serve(self, event: Event[Any], queue: str, handler: Responder, **tokens: str) -> Serving:

@@ -36,8 +36,6 @@ from typing import Any, Protocol
 import msgspec
 import structlog
 from nats.aio.msg import Msg
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import FetchTimeoutError
 from prometheus_client import Counter, Histogram
 
 from ..schemas.events import DeadLetter
@@ -135,15 +133,13 @@ class ConsumerRunner:
         self._taken = 0  # messages in the batches in flight
 
     async def run(self, stop: asyncio.Event) -> None:
-        sub = await self.bus.js.pull_subscribe_bind(durable=self.spec.durable, stream=self.spec.stream)
+        puller = await self.bus.puller(self.spec.stream, self.spec.durable)
         log.info("consumer.start", consumer=self.spec.durable, filters=self.spec.filters)
 
         async def fetch(n: int) -> list[Any] | None:
             try:
-                return await sub.fetch(n, timeout=self.options.fetch_timeout_s)
-            except (TimeoutError, NatsTimeout, FetchTimeoutError):
-                return None  # idle path
-            except Exception as exc:  # connection trouble: nats-py reconnects, we wait
+                return await puller.take(n, self.options.fetch_timeout_s)
+            except Exception as exc:  # refused (consumer gone...), connection trouble: nats-py reconnects, we wait
                 if not stop.is_set():
                     log.warning("consumer.fetch_error", consumer=self.spec.durable, error=repr(exc))
                     await asyncio.sleep(0.5)
@@ -151,6 +147,8 @@ class ConsumerRunner:
 
         await self._batches(stop, fetch)
         await self._stopped()
+        for msg in await puller.stop():  # taken, never handled: back to the consumer now, not after ack_wait
+            await self._settle(msg.nak())
 
     # -- batches in flight (shared with CoreRunner) ------------------------------------------------
     async def _batches(self, stop: asyncio.Event, take: Callable[[int], Awaitable[list[Any] | None]]) -> None:
