@@ -249,8 +249,6 @@ class Processor:
 async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None, bus: Any = None) -> Processor:
     """Consume the block's outputs with ``handler`` until ``stop`` (see the module doc). ``bus``: an
     open :class:`~aios_blocks.bus.nats_bus.Bus` (tests); else one is opened on ``cfg.nats_url``."""
-    from nats.errors import TimeoutError as NatsTimeout
-    from nats.js.errors import FetchTimeoutError
 
     from .bus.nats_bus import Bus, connect
 
@@ -268,7 +266,7 @@ async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None
         while True:
             try:
                 await bus.ensure_sidecar_consumer(spec, cfg.max_deliver, cfg.ack_wait_s)
-                sub = await bus.js.pull_subscribe_bind(durable=spec.durable, stream=spec.stream)
+                puller = await bus.puller(spec.stream, spec.durable)
                 break
             except Exception as exc:  # the stream not there yet, NATS away: wait
                 if stop.is_set():
@@ -278,9 +276,7 @@ async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None
         log.info("sidecar.start", consumer=spec.durable, filters=spec.filters)
         while not stop.is_set():
             try:
-                msgs = await sub.fetch(cfg.batch, timeout=1.0)
-            except (TimeoutError, NatsTimeout, FetchTimeoutError):
-                continue
+                msgs = await puller.take(cfg.batch, 1.0)
             except Exception as exc:  # reconnecting (nats-py does it): wait and fetch again
                 if stop.is_set():
                     break
@@ -289,6 +285,9 @@ async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None
                 continue
             for msg in msgs:
                 await _settle(bus, proc, msg, spec.durable)
+        for msg in await puller.stop():  # taken, never handled: back to the consumer now
+            with contextlib.suppress(Exception):
+                await msg.nak()
     finally:
         if own:
             await bus.close()
