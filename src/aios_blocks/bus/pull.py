@@ -28,6 +28,8 @@ GRACE_S = 0.5
 ENDS = frozenset({"404", "408"})
 #: idle heartbeat and flow control: not messages, not an end
 IGNORED = frozenset({"100"})
+#: the pause after a request that ended with "no messages" before any came
+NO_MESSAGES_PAUSE_S = 0.05
 
 
 class PullError(Exception):
@@ -91,10 +93,15 @@ class Puller:
             except TimeoutError:
                 self._open_until = None
                 break
-            self._settle(msg, msgs)
+            ended = self._settle(msg, msgs)
             if msgs:
                 self._drain(msgs, n)
                 break
+            if ended == "404":
+                # "no messages" before any came: a server that does not wait when asked no_wait
+                # (older than the 2.9+ this was checked on) would have the runner ask again at once
+                # and forever; ask again after a pause instead
+                await asyncio.sleep(NO_MESSAGES_PAUSE_S)
         return msgs
 
     async def _request(self, n: int, timeout: float) -> None:
@@ -106,17 +113,19 @@ class Puller:
         while len(msgs) < n and not self._queue.empty():
             self._settle(self._queue.get_nowait(), msgs)
 
-    def _settle(self, msg: Any, msgs: list[Any]) -> None:
-        """A message joins ``msgs``; a status ends the open request (or is ignored)."""
+    def _settle(self, msg: Any, msgs: list[Any]) -> str:
+        """A message joins ``msgs``; a status ends the open request (or is ignored). Returns the
+        status that ended the request, else ``""``."""
         status = msg.headers.get("Status") if msg.headers else None
         if not status:
             msgs.append(msg)
             self._left -= 1
             if self._left <= 0:  # its batch filled: the server sends no status for that
                 self._open_until = None
-            return
+            return ""
         if status in IGNORED:
-            return
+            return ""
         self._open_until = None
         if status not in ENDS and not msgs:
             raise PullError(f"{status} {msg.headers.get('Description', '')}".strip())
+        return str(status)
