@@ -113,3 +113,26 @@ async def test_a_batch_filled_exactly_does_not_hold_the_next_take(bus: Bus) -> N
         assert info.num_ack_pending == 0 and info.num_pending == 0  # each taken once, none left
     finally:
         await puller.stop()
+
+
+async def test_messages_delivered_and_not_taken_are_given_back_at_stop(bus: Bus) -> None:
+    """A worker that stops with messages delivered to it and not yet taken (a request's tail)
+    hands them back (``stop`` returns them; the runner naks them), so another copy gets them at
+    once rather than after the consumer's 30 s ack wait."""
+    await _publish(bus, 3, "tail")
+    first = await bus.puller(subjects.STREAM, "pull-test")
+    await first._request(3, TIMEOUT)  # asked, never taken: the three arrive in its queue
+    for _ in range(100):
+        if first._queue.qsize() >= 3:
+            break
+        await asyncio.sleep(0.05)
+    left = await first.stop()
+    assert len(left) == 3
+    for m in left:
+        await m.nak()
+    second = await bus.puller(subjects.STREAM, "pull-test")
+    try:
+        got, slowest = await _take_all(second, 3, 128)
+        assert len(set(got)) == 3 and slowest < TIMEOUT / 2  # not the 30 s ack wait
+    finally:
+        await second.stop()

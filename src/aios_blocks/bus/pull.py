@@ -57,10 +57,11 @@ class Puller:
         return self
 
     async def stop(self) -> list[Any]:
-        """Leave the inbox; the messages delivered and not taken (to give back)."""
+        """Leave the inbox; the messages delivered and not taken (to give back). Drained, not just
+        unsubscribed: what the server sent before it saw us leave still reaches the queue."""
         if self._sub is not None:
             try:
-                await self._sub.unsubscribe()
+                await self._sub.drain()
             except Exception:  # closed connection: nothing to leave
                 pass
         left: list[Any] = []
