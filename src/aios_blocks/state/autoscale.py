@@ -25,7 +25,7 @@ from .keys import (
     metrics_inst_key,
     metrics_win_key,
 )
-from .metrics import LEASE, LEASE_RELEASE
+from .scripts import LEASE, LEASE_RELEASE
 
 _json = msgspec.json
 

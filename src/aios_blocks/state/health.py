@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from .keys import health_failed_key, health_lease_key, health_passive_key
-from .metrics import LEASE
+from .scripts import LEASE
 
 _json = msgspec.json
 

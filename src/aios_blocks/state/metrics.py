@@ -20,28 +20,10 @@ from typing import Any
 
 import msgspec
 
+from . import scripts
 from .keys import METRICS_BLOCKS, METRICS_TARGETS, metrics_inst_key, metrics_leader_key, metrics_win_key
 
 _json = msgspec.json
-
-#: take or keep a lease: KEYS[1] lease key; ARGV holder, ttl ms -> 1 if held by ``holder`` now
-LEASE = """
-local cur = redis.call('GET', KEYS[1])
-if cur == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return 1
-end
-if not cur then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-#: give a lease back: KEYS[1] lease key; ARGV holder -> 1 if it was ours and is gone
-LEASE_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 
 
 def _dumps(v: Any) -> str:
@@ -55,7 +37,7 @@ def _loads(raw: str | None) -> Any:
 class MetricsStore:
     def __init__(self, r: Any):
         self.r = r
-        self._lease = r.register_script(LEASE)
+        self._lease = r.register_script(scripts.LEASE)
 
     # -- the workers' /metrics targets ---------------------------------------------------------------
     async def register_target(self, target: dict[str, Any], ttl_s: float) -> None:

@@ -317,3 +317,25 @@ for i = 2, #ARGV, 2 do
 end
 return refused
 """
+
+
+# -- leases (one holder at a time, lapsing on their own: the metrics collector's per scope, the
+# health checker's and the autoscaler's per block, a reassignment's claim on the instance it replaces)
+#: take or keep a lease: KEYS[1] lease key; ARGV holder, ttl ms -> 1 if held by ``holder`` now
+LEASE = """
+local cur = redis.call('GET', KEYS[1])
+if cur == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if not cur then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return 1
+end
+return 0
+"""
+#: give a lease back: KEYS[1] lease key; ARGV holder -> 1 if it was ours and is gone
+LEASE_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""

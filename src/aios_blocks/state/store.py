@@ -49,7 +49,7 @@ from .keys import (  # noqa: F401  (re-exported: the store's callers import keys
     res_key,
     res_pattern,
 )
-from .metrics import LEASE, LEASE_RELEASE, MetricsStore
+from .metrics import MetricsStore
 
 _json = msgspec.json
 
@@ -117,8 +117,8 @@ class Store:
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)
         self._add_instances = r.register_script(scripts.ADD_INSTANCES)
-        self._lease = r.register_script(LEASE)
-        self._lease_release = r.register_script(LEASE_RELEASE)
+        self._lease = r.register_script(scripts.LEASE)
+        self._lease_release = r.register_script(scripts.LEASE_RELEASE)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
                          self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain,
                          self._add_instances)
