@@ -285,9 +285,7 @@ async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None
                 continue
             for msg in msgs:
                 await _settle(bus, proc, msg, spec.durable)
-        for msg in await puller.stop():  # taken, never handled: back to the consumer now
-            with contextlib.suppress(Exception):
-                await msg.nak()
+        await puller.stop()  # what it took and never handled goes back to the consumer now
     finally:
         if own:
             await bus.close()

@@ -56,20 +56,27 @@ class Puller:
                                              pending_bytes_limit=512 * 1024 * 1024)
         return self
 
-    async def stop(self) -> list[Any]:
-        """Leave the inbox; the messages delivered and not taken (to give back). Drained, not just
-        unsubscribed: what the server sent before it saw us leave still reaches the queue."""
+    async def stop(self) -> int:
+        """Leave the inbox and give back (nak) the messages delivered and not taken, so another
+        copy gets them now rather than after the consumer's ack wait. Drained, not just
+        unsubscribed: what the server sent before it saw us leave still reaches the queue.
+        Returns how many were given back."""
         if self._sub is not None:
             try:
                 await self._sub.drain()
             except Exception:  # closed connection: nothing to leave
                 pass
-        left: list[Any] = []
+        given = 0
         while not self._queue.empty():
             msg = self._queue.get_nowait()
-            if not (msg.headers and msg.headers.get("Status")):
-                left.append(msg)
-        return left
+            if _status(msg):
+                continue
+            try:
+                await msg.nak()
+                given += 1
+            except Exception:  # no connection: it comes back after the ack wait instead
+                pass
+        return given
 
     async def _on_msg(self, msg: Any) -> None:
         self._queue.put_nowait(msg)
@@ -117,7 +124,7 @@ class Puller:
     def _settle(self, msg: Any, msgs: list[Any]) -> str:
         """A message joins ``msgs``; a status ends the open request (or is ignored). Returns the
         status that ended the request, else ``""``."""
-        status = msg.headers.get("Status") if msg.headers else None
+        status = _status(msg)
         if not status:
             msgs.append(msg)
             self._left -= 1
@@ -130,3 +137,8 @@ class Puller:
         if status not in ENDS and not msgs:
             raise PullError(f"{status} {msg.headers.get('Description', '')}".strip())
         return str(status)
+
+
+def _status(msg: Any) -> str | None:
+    """A status message's code (``404``...), None for a message of the stream."""
+    return msg.headers.get("Status") if msg.headers else None

@@ -147,8 +147,7 @@ class ConsumerRunner:
 
         await self._batches(stop, fetch)
         await self._stopped()
-        for msg in await puller.stop():  # taken, never handled: back to the consumer now, not after ack_wait
-            await self._settle(msg.nak())
+        await puller.stop()  # what it took and never handled goes back to the consumer now
 
     # -- batches in flight (shared with CoreRunner) ------------------------------------------------
     async def _batches(self, stop: asyncio.Event, take: Callable[[int], Awaitable[list[Any] | None]]) -> None:
