@@ -87,6 +87,9 @@ class MemoryBus:
     async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
         return [a for a in [await self._emit(e) for e in effects] if a is not None]
 
+    async def emit_together(self, event: Event[Any], payload: Any, *, msg_id: str | None = None, **tokens: str) -> Any:
+        return await self._emit(Emit(event, payload, tokens, "", msg_id, ()))
+
     async def after_commit(self, effect: Callable[[], Awaitable[object]]) -> None:
         await effect()  # what was emitted before it is stored already
 

@@ -6,6 +6,8 @@ import asyncio
 from pathlib import Path
 
 import msgspec
+import pytest
+from nats.js.errors import BadRequestError
 
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus
@@ -209,6 +211,65 @@ async def test_a_batch_commits_its_events_atomically_and_a_refused_batch_goes_ev
         assert (await bus.js.stream_info(subjects.STREAM)).state.messages == before + n + 5
     finally:
         await bus.close()
+        servers.stop()
+
+
+async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_gets_its_own_ack(tmp_path: Path) -> None:
+    """``Bus.emit_together`` (``Client.create`` and ``scale``): calls gathered in one turn of the
+    loop are stored as atomic batches (from ``atomic_batch_min`` on, at most ``atomic_batch_max``
+    each), and each caller's ack is its own event's stream sequence; a batch the server refuses
+    (an id it has seen) goes event by event, each ack then saying whether it was a duplicate; a
+    few calls go one by one. A client that has not made the stream asks once whether it takes
+    atomic batches."""
+    from aios_blocks.bus.catalog import E
+    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.settings import Settings
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    maker = await Bus.open(servers.nats_url)
+    await maker.ensure_stream()
+    bus = await Bus.open(servers.nats_url, settings=Settings(atomic_batch_min=4, atomic_batch_max=10))
+    try:
+        assert not bus.atomic_streams  # this one did not make the stream: it asks on first use
+
+        async def burst(bids: list[str], ids: list[str | None]) -> list:  # type: ignore[type-arg]
+            return list(await asyncio.gather(*(
+                bus.emit_together(E.block_ready, BlockStatus(b, 1, "ready"), msg_id=i, bid=b) for b, i in zip(bids, ids, strict=True)
+            )))
+
+        bids = [f"tog{i}" for i in range(25)]
+        acks = await burst(bids, [f"tog-{b}" for b in bids])
+        assert subjects.STREAM in bus.atomic_streams
+        batches: dict[str | None, int] = {}
+        for b, ack in zip(bids, acks, strict=True):
+            msg = await bus.js.get_msg(subjects.STREAM, ack.seq)  # each ack: that event's own sequence
+            assert msg.subject == E.block_ready.subject(bid=b) and not ack.duplicate
+            assert msg.headers["Nats-Msg-Id"] == (await bus.ids()).wire(f"tog-{b}")
+            batch = msg.headers.get("Nats-Batch-Id")
+            batches[batch] = batches.get(batch, 0) + 1
+        assert sorted(batches.values()) == [5, 10, 10] and None not in batches  # 25 = 10 + 10 + 5
+        # again, with 5 new ones: the batch holding seen ids is refused; event by event instead
+        more = [f"tog{i}" for i in range(25, 30)]
+        again = await burst(bids[:5] + more, [f"tog-{b}" for b in bids[:5] + more])
+        assert [bool(a.duplicate) for a in again] == [True] * 5 + [False] * 5
+        assert [a.seq for a in again[:5]] == [a.seq for a in acks[:5]]
+        for b, ack in zip(more, again[5:], strict=True):
+            msg = await bus.js.get_msg(subjects.STREAM, ack.seq)
+            assert msg.subject == E.block_ready.subject(bid=b) and "Nats-Batch-Id" not in (msg.headers or {})
+        # below the threshold: one by one
+        few = await burst(["tog-a", "tog-b"], [None, None])
+        for b, ack in zip(["tog-a", "tog-b"], few, strict=True):
+            msg = await bus.js.get_msg(subjects.STREAM, ack.seq)
+            assert msg.subject == E.block_ready.subject(bid=b) and "Nats-Batch-Id" not in (msg.headers or {})
+        # a publish_async the stream refuses fails with the stream's error (nats-py alone left it
+        # waiting for its timeout: the refused batch above fell back only after 10 s)
+        fut = await bus.js.publish_async(E.block_ready.subject(bid="tog-c"), b"{}", headers={"Nats-Expected-Last-Sequence": "1"})
+        with pytest.raises(BadRequestError, match="wrong last sequence"):
+            await asyncio.wait_for(fut, 5)
+    finally:
+        await bus.close()
+        await maker.close()
         servers.stop()
 
 

@@ -31,11 +31,12 @@ from nats.js.api import (
     ConsumerConfig,
     DeliverPolicy,
     DiscardPolicy,
+    PubAck,
     RetentionPolicy,
     StorageType,
     StreamConfig,
 )
-from nats.js.errors import BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
 
 from ..schemas.events import envelope
 from ..settings import Settings
@@ -200,20 +201,45 @@ class Serving:
             await asyncio.wait(list(self.tasks), timeout=timeout)
 
 
+#: how long a JetStream API call or a publish waits for its answer
+JS_TIMEOUT_S = 10.0
+
+
+class _JetStream(JetStreamContext):
+    """nats-py's JetStream context, with one fix: a ``publish_async`` the stream answers with an
+    error (an atomic batch refused for an id it has seen, a full stream) fails its future with
+    that error. nats-py's reply callback builds the error with ``APIError.from_error``, which
+    raises instead of returning it, so the error went to the connection's error callback and the
+    future waited out the whole timeout (10 s) instead (nats-py 2.16)."""
+
+    async def _handle_async_reply(self, msg: Any) -> None:
+        try:
+            await super()._handle_async_reply(msg)
+        except APIError as err:
+            future = self._publish_async_futures.get(msg.subject.rsplit(".", 1)[-1])
+            if future is not None and not future.done():
+                future.set_exception(err)
+
+
 class Bus:
     """A NATS connection with its JetStream context and the project's conventions."""
 
     def __init__(self, nc: Client, source: str = "aios-blocks", event_key: str | None = None, settings: Settings | None = None):
         self.nc = nc
-        self.js: JetStreamContext = nc.jetstream(timeout=10)
+        self.js: JetStreamContext = _JetStream(nc, timeout=JS_TIMEOUT_S)
         self.source = source_uri(source)
         self.settings = settings or current_settings()
         self._event_key = event_key or self.settings.event_key or None
         self._ids: event_ids.EventIds | None = None
+        self._key_lookup: asyncio.Future[str] | None = None
         #: streams that take atomic batches (``allow_atomic``, nats-server 2.12+; ``ensure_stream``)
         self.atomic_streams: set[str] = set()
         #: queries (non-stored events) go out through it: sent again while nobody listens
         self.query_sender = QuerySender(nc, give_up_s=max(1.0, self.settings.dry_run_deadline_s))
+        #: ``emit_together``'s events of this turn of the loop, and the tasks storing earlier ones
+        self._together: list[tuple[Deferred, asyncio.Future[Any]]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._asked_atomic: set[str] = set()
 
     @classmethod
     async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
@@ -226,8 +252,15 @@ class Bus:
         """The wire-id maker: the given key, ``AIOS_EVENT_KEY``, else the shared one in the KV
         bucket (created by the first system process that needs it)."""
         if self._ids is None:
-            key = self._event_key or await self._shared_event_key()
-            self._ids = event_ids.EventIds(key)
+            if self._event_key:
+                self._ids = event_ids.EventIds(self._event_key)
+                return self._ids
+            # one lookup for every caller that comes before it ends (they all go on together)
+            if self._key_lookup is None or self._key_lookup.cancelled():
+                self._key_lookup = asyncio.ensure_future(self._shared_event_key())
+            key = await asyncio.shield(self._key_lookup)
+            if self._ids is None:
+                self._ids = event_ids.EventIds(key)
         return self._ids
 
     async def _shared_event_key(self) -> str:
@@ -461,6 +494,17 @@ class Bus:
             else:
                 await self.query_sender.send(subject, body, headers)
             return None
+        d = await self._stored(e, subject, mid)
+        if wait:
+            return await self.js.publish(subject, d.body, headers=d.headers)
+        if box is not None and box.defer:
+            box.deferred.append(d)
+            return None
+        return await self.js.publish_async(subject, d.body, headers=d.headers)
+
+    async def _stored(self, e: Emit, subject: str, mid: str) -> Deferred:
+        """A stored event's message: its body framed as the catalog says, its id and headers."""
+        ev = e.event
         if ev.body is Body.RAW:
             body = e.payload if isinstance(e.payload, bytes) else msgspec.json.encode(e.payload)
             headers = await self._headers(mid, "application/json")
@@ -469,12 +513,85 @@ class Bus:
             headers = await self._headers(mid)
         if e.headers:
             headers = {**headers, **dict(e.headers)}
-        if wait:
-            return await self.js.publish(subject, body, headers=headers)
-        if box is not None and box.defer:
-            box.deferred.append(Deferred(ev.stream, subject, body, headers))
-            return None
-        return await self.js.publish_async(subject, body, headers=headers)
+        return Deferred(ev.stream, subject, body, headers)
+
+    # -- many callers' events, stored together --------------------------------------------------
+    async def emit_together(self, event: Event[Any], payload: Any, *, msg_id: str | None = None, **tokens: str) -> Any:
+        """Publish one stored catalog event and wait for its ack, stored together with the others
+        emitted this way in the same turn of the event loop: from ``atomic_batch_min`` of them on
+        (a client's burst of ``Client.create`` calls gathered at once), they go as atomic batches,
+        a few disk syncs for all instead of one each; fewer go one by one (``publish_async``). The
+        ack is each event's own (its stream sequence). A producer's batching, as Kafka's linger:
+        the events are the same, and so are their ids and order within the turn."""
+        e = Emit(event, payload, tokens, "", msg_id, ())
+        if not event.stored or event.body is Body.CORE:
+            return await self._emit_one(e, wait=True)
+        subject = e.subject()
+        d = await self._stored(e, subject, e.logical_id())
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[Any] = loop.create_future()
+        if not self._together:
+            loop.call_soon(self._send_together)
+        self._together.append((d, fut))
+        return await fut
+
+    def _send_together(self) -> None:
+        held, self._together = self._together, []
+        t = asyncio.get_running_loop().create_task(self._store_together(held))
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
+    async def _store_together(self, held: list[tuple[Deferred, asyncio.Future[Any]]]) -> None:
+        by_stream: dict[str, list[tuple[Deferred, asyncio.Future[Any]]]] = {}
+        for d, fut in held:
+            by_stream.setdefault(d.stream, []).append((d, fut))
+        timeout = JS_TIMEOUT_S
+        parts: list[Awaitable[None]] = []
+        for stream, items in by_stream.items():
+            if len(items) >= max(2, self.settings.atomic_batch_min) and await self._allows_atomic(stream):
+                step = self.settings.atomic_batch_max
+                parts += [self._together_atomic(items[i:i + step], timeout) for i in range(0, len(items), step)]
+            else:
+                parts.append(self._together_each(items, timeout))
+        await asyncio.gather(*parts)
+
+    async def _together_atomic(self, items: list[tuple[Deferred, asyncio.Future[Any]]], timeout: float) -> None:
+        ack, why = await self._send_atomic([d for d, _ in items], timeout)
+        if ack is None:
+            log.info("bus.batch_fallback", events=len(items), why=why)
+            await self._together_each(items, timeout)
+            return
+        last = len(items) - 1
+        for i, (_d, fut) in enumerate(items):  # a batch is stored in one piece: sequences in a row
+            if not fut.done():
+                fut.set_result(PubAck(stream=ack.stream, seq=ack.seq - (last - i), domain=ack.domain, duplicate=False))
+
+    async def _together_each(self, items: list[tuple[Deferred, asyncio.Future[Any]]], timeout: float) -> None:
+        async def one(d: Deferred, fut: asyncio.Future[Any]) -> None:
+            try:
+                ack = await self.js.publish(d.subject, d.body, timeout=timeout, headers=d.headers)
+            except Exception as exc:
+                if not fut.done():
+                    fut.set_exception(exc)
+                return
+            if not fut.done():
+                fut.set_result(ack)
+
+        await asyncio.gather(*(one(d, fut) for d, fut in items))
+
+    async def _allows_atomic(self, stream: str) -> bool:
+        """Whether ``stream`` takes atomic batches: known from ``ensure_stream`` in a worker, asked
+        once in a client (a role that may not ask: no)."""
+        if stream in self.atomic_streams:
+            return True
+        if stream not in self._asked_atomic:
+            self._asked_atomic.add(stream)
+            try:
+                info = await self.js.stream_info(stream)
+                self._note_atomic(stream, bool(info.config.allow_atomic))
+            except Exception as exc:
+                log.debug("bus.atomic_unknown", stream=stream, error=repr(exc))
+        return stream in self.atomic_streams
 
     # -- a fetched batch's events, committed together -----------------------------------------
     async def _send_deferred(self, box: Outbox) -> None:
@@ -513,10 +630,19 @@ class Bus:
         return errors
 
     async def _atomic(self, items: list[tuple[int, Deferred]], timeout: float) -> list[tuple[int, str]]:
+        ack, why = await self._send_atomic([d for _gi, d in items], timeout)
+        if ack is not None:
+            return []
+        log.info("bus.batch_fallback", events=len(items), why=why)
+        return await self._each(items, timeout)
+
+    async def _send_atomic(self, items: list[Deferred], timeout: float) -> tuple[Any, str]:
+        """``items`` as one atomic batch: (the commit's ack, ``""``) when all were stored, else
+        (None, why): refused (10201: an id seen before), too big, timed out."""
         batch = uuid.uuid4().hex
         last = len(items)
         try:
-            for i, (_gi, d) in enumerate(items, 1):
+            for i, d in enumerate(items, 1):
                 headers = {**d.headers, "Nats-Batch-Id": batch, "Nats-Batch-Sequence": str(i)}
                 if i < last:
                     await self.nc.publish(d.subject, d.body, headers=headers)
@@ -525,12 +651,10 @@ class Bus:
                     fut = await self.js.publish_async(d.subject, d.body, headers=headers)
             ack = await asyncio.wait_for(fut, timeout)
             if getattr(ack, "batch_size", None) in (None, last):
-                return []
-            why = f"batch stored {ack.batch_size} of {last}"
-        except Exception as exc:  # refused (10201: an id seen before), too big, timed out: one by one
-            why = f"{type(exc).__name__}: {exc}"
-        log.info("bus.batch_fallback", events=last, why=why)
-        return await self._each(items, timeout)
+                return ack, ""
+            return None, f"batch stored {ack.batch_size} of {last}"
+        except Exception as exc:
+            return None, f"{type(exc).__name__}: {exc}"
 
     async def _each(self, items: list[tuple[int, Deferred]], timeout: float) -> list[tuple[int, str]]:
         futs = [await self.js.publish_async(d.subject, d.body, headers=d.headers) for _gi, d in items]

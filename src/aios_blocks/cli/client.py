@@ -219,7 +219,7 @@ class Client:
             now = await self.store.state_index()
             if now != if_index:
                 raise StateChanged(if_index, now)
-        ack = await self.bus.emit(E.block_create, spec, msg_id=f"create:{bid}:{uuid.uuid4().hex}", bid=bid)
+        ack = await self.bus.emit_together(E.block_create, spec, msg_id=f"create:{bid}:{uuid.uuid4().hex}", bid=bid)
         return Request(bid, "create", ack.seq)
 
     async def state_index(self) -> int:
@@ -404,7 +404,7 @@ class Client:
         block = await self._live_block(bid)
         rid = uuid.uuid4().hex[:12]
         req = ScaleRequest(bid, block["cluster"], rid, gen=int(block["gen"]))
-        ack = await self.bus.emit(E.cluster_scale, req)
+        ack = await self.bus.emit_together(E.cluster_scale, req)
         return Request(bid, "scale", ack.seq, rid, instance_id(bid, rid))
 
     async def scale_to(self, bid: str, target: int, reason: str = "", source: str = "cli") -> ScaleTo:
