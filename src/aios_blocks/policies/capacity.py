@@ -217,6 +217,27 @@ def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
     return msgspec.Raw(raw)
 
 
+def nodes_root(nodes: dict[str, dict[str, Any]]) -> str:
+    """``schemas.events.nodes_root(node_refs(nodes))``, the root of a node map's tree (what a
+    placement input's digest holds in place of the map): kept per inventory version, as
+    :func:`node_refs` is, so the calls between two changes of a cluster hash its reference map
+    once."""
+    if isinstance(nodes, Nodes):
+        memo = nodes._root
+        if memo is not None and memo[0] == nodes.version:
+            return memo[1]
+        raw = bytes(node_refs(nodes))
+        root = _root_of(raw)
+        if nodes._refs is not None:  # not an annotated (per-call) map
+            nodes._root = (nodes.version, root)
+        return root
+    return _root_of(bytes(node_refs(nodes)))
+
+
+def _root_of(refs: bytes) -> str:
+    return "sha256:" + hashlib.sha256(refs).hexdigest()  # ``schemas.events.nodes_root``
+
+
 def _ref_entry(nid: str, view: dict[str, Any]) -> bytes:
     """One entry of the node-reference map's JSON: ``"<nid>":"sha256:<hex>"``."""
     return _encode(nid) + b":" + _encode(node_ref(view))
@@ -305,7 +326,7 @@ class Nodes(dict[str, dict[str, Any]]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_totals")
+    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_root", "_totals")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -322,6 +343,8 @@ class Nodes(dict[str, dict[str, Any]]):
         # the node-reference map's JSON (``node_refs``): (version, bytes, each entry's bytes in
         # order, the ``ids()`` list they follow)
         self._refs: tuple[int, bytes, list[bytes], list[str]] | None = None
+        # (version, the root of that map: ``nodes_root``)
+        self._root: tuple[int, str] | None = None
         # (version, the healthy nodes' ids sorted, the same as a set): ``healthy_ids``
         self._healthy: tuple[int, list[str], set[str]] | None = None
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -512,19 +513,48 @@ def _plain_node_refs(nodes: dict[str, Any]) -> msgspec.Raw:
     ))
 
 
-def input_digest_of(input_data: dict[str, Any], node_refs: Any = _plain_node_refs) -> str:
+def nodes_root(refs: bytes) -> str:
+    """The root of a node map's tree: ``"sha256:"`` + the SHA-256 of its reference map's JSON."""
+    return "sha256:" + hashlib.sha256(refs).hexdigest()
+
+
+def _plain_nodes_root(nodes: dict[str, Any]) -> str:
+    return nodes_root(bytes(_plain_node_refs(nodes)))
+
+
+def input_digest_of(input_data: dict[str, Any], nodes_digest: Any = _plain_nodes_root) -> str:
     """A policy input's digest (``Decision.input_digest``). An input with a node map
     (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB
-    each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with each node view
-    replaced by ``"sha256:<its JSON's SHA-256>"`` (``node_refs(nodes)``: that map's JSON), so a
-    worker hashes only the views that changed since its last call (``capacity.node_refs`` keeps
-    them per view and per inventory version) instead of ~100 KB per call. Every byte of the input
-    is still covered. Any other input: :func:`input_digest` of its JSON. ``recovery.inputs``
-    checks a rebuilt input against both forms (records made before the tree form hold the flat one)."""
+    each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with the whole map
+    replaced by its root, ``"sha256:<SHA-256 of the reference map's JSON>"``, the reference map
+    being ``{nid: "sha256:<SHA-256 of the view's JSON>"}`` (``nodes_digest(nodes)``: that root).
+    A worker keeps the root per inventory version and each view's reference per view
+    (``capacity.nodes_root``), so a call hashes ~1 KB plus the views that changed instead of ~100 KB
+    (or the ~10 KB reference map). Every byte of the input is still covered. Any other input:
+    :func:`input_digest` of its JSON. Records made before a form existed hold an older one
+    (:func:`input_digests`)."""
     nodes = node_map(input_data)
     if nodes is None:
         return input_digest(msgspec.json.encode(input_data))
-    return input_digest(msgspec.json.encode(_with_node_map(input_data, node_refs(nodes))))
+    return input_digest(msgspec.json.encode(_with_node_map(input_data, nodes_digest(nodes))))
+
+
+def input_digests(raw: bytes) -> Iterator[str]:
+    """Every digest a recorded input (its JSON, ``raw``) may carry, newest form first: the rooted
+    tree (:func:`input_digest_of`), the tree of stops 22-28 (the node map replaced by the whole
+    reference map) and the flat one (the JSON itself). ``recovery.inputs`` checks a rebuilt input
+    against them; lazily, as the first usually matches."""
+    data = msgspec.json.decode(raw)
+    yield input_digest_of(data)
+    nodes = node_map(data)
+    if nodes is not None:
+        yield input_digest(msgspec.json.encode(_with_node_map(data, _plain_node_refs(nodes))))
+    yield input_digest(raw)
+
+
+def input_matches(raw: bytes, digest: Any) -> bool:
+    """Whether a recorded input's ``digest`` is one of the forms of the input ``raw`` (its JSON)."""
+    return any(d == digest for d in input_digests(raw))
 
 
 def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:

@@ -151,7 +151,7 @@ class Worker:
         handled), the input's digest and the parts of it that are not in the stream;
         ``recovery.inputs`` rebuilds it by replay. Other calls keep their input inline
         (``REPLAYED_ACTIONS``)."""
-        digest = input_digest_of(input_data, capacity.node_refs)
+        digest = input_digest_of(input_data, capacity.nodes_root)
         given: dict[str, Any] = {}
         payload = input_data.get("payload")
         if isinstance(payload, dict) and "block_metrics" in payload:
