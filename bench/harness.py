@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import os
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +22,7 @@ except ImportError:  # run as a script
     import common  # type: ignore[no-redef]
 
 from aios_blocks.bus import subjects
+from aios_blocks.bus.catalog import E
 from aios_blocks.cli.client import Client
 from aios_blocks.handlers.controller import instance_id
 from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
@@ -104,10 +106,19 @@ class Stack:
         kind, t = self.tracker.done.get(bid, ("timeout", time.perf_counter()))
         return kind, t - t0
 
-    async def burst(self, n: int, timeout: float, spec: dict[str, Any] | None = None) -> tuple[list[str], float]:
-        """n blocks submitted at once; (their ids, seconds until the last one is terminal)."""
+    async def burst(self, n: int, timeout: float, spec: dict[str, Any] | None = None,
+                    one_by_one: bool = False) -> tuple[list[str], float]:
+        """n blocks submitted at once; (their ids, seconds until the last one is terminal).
+        ``Client.submit`` stores creates gathered at once together (``Bus.emit_together``: atomic
+        batches); ``one_by_one`` publishes each create on its own, as a plain NATS client does (one
+        disk sync each)."""
         t0 = time.perf_counter()
-        bids = list(await asyncio.gather(*(self.client.submit(dict(spec or SPEC)) for _ in range(n))))
+        if one_by_one:
+            bids = [f"blk-{uuid.uuid4().hex[:12]}" for _ in range(n)]
+            await asyncio.gather(*(self.client.bus.emit(E.block_create, {**(spec or SPEC), "blockId": b},
+                                                        msg_id=f"create:{b}:{uuid.uuid4().hex}", bid=b) for b in bids))
+        else:
+            bids = list(await asyncio.gather(*(self.client.submit(dict(spec or SPEC)) for _ in range(n))))
         await self.tracker.until(lambda: all(b in self.tracker.done for b in bids), timeout)
         end = max((self.tracker.done[b][1] for b in bids if b in self.tracker.done), default=time.perf_counter())
         return bids, end - t0

@@ -129,6 +129,14 @@ async def scenario(lat_n: int, burst_n: int, scale_n: int) -> list[common.Row]:
             shares = _shares(d, n)
             rows.append(common.row(GROUP, "CPU per block, all processes", total / n * 1000, "ms", None,
                                    f"ms per block: {shares}; target <= 5"))
+            # the same burst with each create published on its own (a plain NATS client's way):
+            # one disk sync per create before the workers can store anything of theirs
+            obids, osecs = await st.burst(burst_n, timeout=300, one_by_one=True)
+            oready = sum(1 for b in obids if st.tracker.done.get(b, ("",))[0] == "ready")
+            rows.append(common.row(GROUP, "blocks/s end to end, burst, creates published one by one", oready / osecs,
+                                   "blocks/s", None,
+                                   f"{burst_n} at once, {oready} ready; each create its own publish (a plain NATS client), "
+                                   "where Client.submit stores creates gathered at once as atomic batches"))
             # room for every call: one instance each to start with, plus their share of the calls
             tbids, _ = await st.burst(10, 120, {**harness.SPEC, "maxInstances": 1 + -(-scale_n // 10)})
             targets = [b for b in tbids if st.tracker.done.get(b, ("",))[0] == "ready"]
