@@ -214,3 +214,30 @@ async def test_only_the_kinds_that_read_the_inventory_take_its_hints() -> None:
         taken = {pattern for pattern, _ in bus._subs}
         assert (subjects.INVENTORY_ALL in taken) is inventory and subjects.POLICY_UPDATED_ALL in taken
         await store.close()
+
+
+async def test_a_kind_settles_its_heap_once_started_and_before_it_takes_work(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``_run_kind`` freezes what lives once the kind has started (the warmed inventory
+    included) before its consumers run: a full collection in a burst no longer walks it."""
+    import gc
+
+    from aios_blocks.workers import base, parser
+
+    order: list[str] = []
+    monkeypatch.setattr(parser, "bindings", lambda w: [])
+    monkeypatch.setattr(main, "settle_heap", lambda: order.append("settle"))
+
+    async def consumers(w: Any, binds: Any, stop: asyncio.Event) -> None:
+        order.append("consumers")
+
+    monkeypatch.setattr(base, "run_consumers", consumers)
+    await main._run_kind(FakeWorker("parser", None), "parser", None, asyncio.Event())  # type: ignore[arg-type]
+    assert order == ["settle", "consumers"]
+    before = gc.get_freeze_count()
+    kept = [{"n": i} for i in range(100)]
+    try:
+        monkeypatch.undo()
+        main.settle_heap()
+        assert gc.get_freeze_count() >= before + len(kept)
+    finally:
+        gc.unfreeze()
