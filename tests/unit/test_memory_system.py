@@ -209,6 +209,27 @@ async def test_concurrent_scale_steps_never_take_a_block_past_its_max_instances(
         assert s.dead == []
 
 
+async def test_the_nodes_changed_in_one_turn_of_the_loop_go_out_as_one_inventory_hint_per_cluster() -> None:
+    """``Worker.hint``: the nodes that handlers running together changed (a fetched batch's
+    reservations, whose replies come back in one Redis pipeline) go out as one hint per cluster
+    naming all of them, after the turn; a hint for a whole cluster goes at once."""
+    import asyncio
+
+    import msgspec
+
+    async with MemorySystem.open() as s:
+        w, hinted = s.worker, len(s.bus.core)
+        await asyncio.gather(w.hint("c1", ["c1-n2"], applied=True), w.hint("c1", ["c1-n0", "c1-n2"], applied=True),
+                             w.hint("c2", ["c2-n1"], applied=True))
+        await asyncio.sleep(0)
+        hints = [msgspec.json.decode(b) for _, b in s.bus.core[hinted:]]
+        assert hints == [{"cluster": "c1", "nodes": ["c1-n0", "c1-n2"], "origin": w.origin},
+                         {"cluster": "c2", "nodes": ["c2-n1"], "origin": w.origin}]
+        hinted = len(s.bus.core)
+        await w.hint("c1", None)  # the whole cluster: now
+        assert [msgspec.json.decode(b) for _, b in s.bus.core[hinted:]] == [{"cluster": "c1", "origin": w.origin}]
+
+
 async def test_two_reassignments_of_one_instance_handled_at_once_place_one_replacement() -> None:
     """A health verdict and an operator's request for the same instance, in one batch: the first
     claims the instance (``Store.claim_replacement``), places a replacement and sends the old one

@@ -76,6 +76,9 @@ class Worker:
     #: (block, gen) -> IR: a generation's IR never changes, and its dry_runs come together
     _irs: OrderedDict[tuple[str, int], dict[str, Any]] = field(default_factory=OrderedDict)
     _ir_reads: dict[tuple[str, int], asyncio.Future[dict[str, Any] | None]] = field(default_factory=dict)
+    #: cluster -> nodes changed this turn of the loop, not yet hinted (``hint``), and the sends
+    _hints: dict[str, set[str]] = field(default_factory=dict)
+    _hint_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str, name: str, settings: Settings | None = None) -> Worker:
@@ -219,7 +222,27 @@ class Worker:
         ``Inventory.apply``)."""
         if not applied:
             self.inventory.invalidate(cid, nodes)
-        await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes, self.origin))
+        if nodes is None:
+            await self.bus.emit(E.inventory_hint, InventoryHint(cid, nodes, self.origin))
+            return
+        # the nodes this turn of the event loop changed go out as one hint per cluster (a batch's
+        # reservations are handled together: a hint each was a message each for every reader)
+        if not self._hints:
+            asyncio.get_running_loop().call_soon(self._send_hints)
+        self._hints.setdefault(cid, set()).update(nodes)
+
+    def _send_hints(self) -> None:
+        held, self._hints = self._hints, {}
+        for cid, nodes in held.items():
+            t = asyncio.get_running_loop().create_task(
+                self.bus.emit(E.inventory_hint, InventoryHint(cid, sorted(nodes), self.origin)))
+            self._hint_tasks.add(t)
+            t.add_done_callback(self._hint_sent)
+
+    def _hint_sent(self, t: asyncio.Task[Any]) -> None:
+        self._hint_tasks.discard(t)
+        if not t.cancelled() and t.exception() is not None:  # a lost hint costs a stale read, no more
+            log.warning("inventory.hint_failed", error=repr(t.exception()))
 
     async def fail_block(self, bid: str, gen: int, reason: str, step: Step, cluster: str = "") -> None:
         """Move the block to ``failed`` by ``step`` (CAS) and publish the failed event with the reason."""
