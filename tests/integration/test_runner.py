@@ -219,8 +219,9 @@ async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_get
     loop are stored as atomic batches (from ``atomic_batch_min`` on, at most ``atomic_batch_max``
     each), and each caller's ack is its own event's stream sequence; a batch the server refuses
     (an id it has seen) goes event by event, each ack then saying whether it was a duplicate; a
-    few calls go one by one. A client that has not made the stream asks once whether it takes
-    atomic batches."""
+    few calls go one by one. A client that has not made the stream (and may not read its config)
+    tries atomic batches on a server that has them; a stream that refuses them (atomic publish
+    disabled) gets its events one by one, and is not tried again."""
     from aios_blocks.bus.catalog import E
     from aios_blocks.schemas.events import BlockStatus
     from aios_blocks.settings import Settings
@@ -231,7 +232,7 @@ async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_get
     await maker.ensure_stream()
     bus = await Bus.open(servers.nats_url, settings=Settings(atomic_batch_min=4, atomic_batch_max=10))
     try:
-        assert not bus.atomic_streams  # this one did not make the stream: it asks on first use
+        assert not bus.atomic_streams  # this one did not make the stream: it tries
 
         async def burst(bids: list[str], ids: list[str | None]) -> list:  # type: ignore[type-arg]
             return list(await asyncio.gather(*(
@@ -240,7 +241,6 @@ async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_get
 
         bids = [f"tog{i}" for i in range(25)]
         acks = await burst(bids, [f"tog-{b}" for b in bids])
-        assert subjects.STREAM in bus.atomic_streams
         batches: dict[str | None, int] = {}
         for b, ack in zip(bids, acks, strict=True):
             msg = await bus.js.get_msg(subjects.STREAM, ack.seq)  # each ack: that event's own sequence
@@ -267,6 +267,28 @@ async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_get
         fut = await bus.js.publish_async(E.block_ready.subject(bid="tog-c"), b"{}", headers={"Nats-Expected-Last-Sequence": "1"})
         with pytest.raises(BadRequestError, match="wrong last sequence"):
             await asyncio.wait_for(fut, 5)
+        # a stream with atomic publish disabled: the batch is refused whole, the events go one by
+        # one, and this client does not try that stream again
+        info = await maker.js.stream_info(subjects.STREAM)
+        info.config.allow_atomic = False
+        await maker.js.update_stream(info.config)
+        late = [f"tog-off{i}" for i in range(6)]
+        tried: list[int] = []
+        send_atomic = bus._send_atomic
+
+        async def counted(items: list, timeout: float) -> tuple:  # type: ignore[type-arg]
+            tried.append(len(items))
+            return await send_atomic(items, timeout)
+
+        bus._send_atomic = counted  # type: ignore[method-assign]
+        for attempt in range(2):
+            ids = [f"tog-{b}-{attempt}" for b in late]
+            acks = await burst(late, ids)
+            assert subjects.STREAM in bus._no_atomic
+            for b, ack in zip(late, acks, strict=True):
+                msg = await bus.js.get_msg(subjects.STREAM, ack.seq)
+                assert msg.subject == E.block_ready.subject(bid=b) and "Nats-Batch-Id" not in (msg.headers or {})
+        assert tried == [6]  # the second burst went one by one without trying
     finally:
         await bus.close()
         await maker.close()

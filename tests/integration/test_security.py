@@ -127,6 +127,27 @@ async def test_upstream_publisher_may_only_publish_block_creates(servers: Embedd
     assert (await admin.js.stream_info(subjects.STREAM)).config.name == subjects.STREAM
 
 
+async def test_an_upstream_publishers_burst_of_creates_is_stored_in_atomic_batches(servers: EmbeddedServers, admin: Bus) -> None:
+    """``Client.create``'s path (``Bus.emit_together``) as the upstream role, which may not read
+    the stream's config: creates gathered at once are stored as atomic batches (the batch
+    headers and the commit's reply need nothing more than publishing creates), each ack its own."""
+    from aios_blocks.bus.catalog import E
+
+    up = await Bus.open(servers.endpoints.nats_url("upstream"), event_key="0f" * 16)
+    try:
+        bids = [f"up-burst-{i}" for i in range(30)]
+        acks = await asyncio.gather(*(up.emit_together(E.block_create, {"blockComponentURI": "x", "blockId": b},
+                                                       msg_id=f"create:{b}", bid=b) for b in bids))
+        batches = set()
+        for b, ack in zip(bids, acks, strict=True):
+            msg = await admin.js.get_msg(subjects.STREAM, ack.seq)
+            assert msg.subject == f"aios.block.{b}.create" and json.loads(msg.data)["blockId"] == b
+            batches.add((msg.headers or {}).get("Nats-Batch-Id"))
+        assert len(batches) == 1 and None not in batches and not up._no_atomic
+    finally:
+        await up.close()
+
+
 async def test_node_agent_publishes_only_its_own_node_and_instance_facts(
     servers: EmbeddedServers, admin: Bus, connect: Any
 ) -> None:

@@ -239,7 +239,8 @@ class Bus:
         #: ``emit_together``'s events of this turn of the loop, and the tasks storing earlier ones
         self._together: list[tuple[Deferred, asyncio.Future[Any]]] = []
         self._tasks: set[asyncio.Task[None]] = set()
-        self._asked_atomic: set[str] = set()
+        #: streams known not to take atomic batches (``_may_batch``)
+        self._no_atomic: set[str] = set()
 
     @classmethod
     async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
@@ -354,6 +355,10 @@ class Bus:
             self._note_atomic(name, bool(info.config.allow_atomic))
 
     def _note_atomic(self, stream: str, allowed: bool) -> None:
+        if not allowed:
+            self._no_atomic.add(stream)
+        else:
+            self._no_atomic.discard(stream)
         if allowed and self.settings.atomic_batch_min > 0:
             self.atomic_streams.add(stream)
         else:
@@ -548,7 +553,7 @@ class Bus:
         timeout = JS_TIMEOUT_S
         parts: list[Awaitable[None]] = []
         for stream, items in by_stream.items():
-            if len(items) >= max(2, self.settings.atomic_batch_min) and await self._allows_atomic(stream):
+            if len(items) >= max(2, self.settings.atomic_batch_min) and self._may_batch(stream):
                 step = self.settings.atomic_batch_max
                 parts += [self._together_atomic(items[i:i + step], timeout) for i in range(0, len(items), step)]
             else:
@@ -558,6 +563,8 @@ class Bus:
     async def _together_atomic(self, items: list[tuple[Deferred, asyncio.Future[Any]]], timeout: float) -> None:
         ack, why = await self._send_atomic([d for d, _ in items], timeout)
         if ack is None:
+            if "10174" in why:  # atomic publish is disabled on this stream
+                self._no_atomic.add(items[0][0].stream)
             log.info("bus.batch_fallback", events=len(items), why=why)
             await self._together_each(items, timeout)
             return
@@ -579,19 +586,17 @@ class Bus:
 
         await asyncio.gather(*(one(d, fut) for d, fut in items))
 
-    async def _allows_atomic(self, stream: str) -> bool:
-        """Whether ``stream`` takes atomic batches: known from ``ensure_stream`` in a worker, asked
-        once in a client (a role that may not ask: no)."""
+    def _may_batch(self, stream: str) -> bool:
+        """Whether ``emit_together`` sends ``stream`` atomic batches: a worker knows from
+        ``ensure_stream``; a client (which may not read the stream's config: the upstream role)
+        tries on a server that has them (2.12+; an older one would store a batch's messages one by
+        one, not in one piece), and a stream that refuses them (10174) is not tried again."""
+        if self.settings.atomic_batch_min <= 0 or stream in self._no_atomic:
+            return False
         if stream in self.atomic_streams:
             return True
-        if stream not in self._asked_atomic:
-            self._asked_atomic.add(stream)
-            try:
-                info = await self.js.stream_info(stream)
-                self._note_atomic(stream, bool(info.config.allow_atomic))
-            except Exception as exc:
-                log.debug("bus.atomic_unknown", stream=stream, error=repr(exc))
-        return stream in self.atomic_streams
+        version = self.nc.connected_server_version
+        return (version.major, version.minor) >= (2, 12)
 
     # -- a fetched batch's events, committed together -----------------------------------------
     async def _send_deferred(self, box: Outbox) -> None:
