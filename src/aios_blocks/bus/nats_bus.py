@@ -558,10 +558,20 @@ class Bus:
                 parts += [self._together_atomic(items[i:i + step], timeout) for i in range(0, len(items), step)]
             else:
                 parts.append(self._together_each(items, timeout))
-        await asyncio.gather(*parts)
+        try:
+            await asyncio.gather(*parts)
+        except BaseException as exc:  # never leave a caller waiting on an event nobody publishes
+            for _d, fut in held:
+                if not fut.done():
+                    fut.set_exception(exc if isinstance(exc, Exception) else ConnectionError("closed"))
+            raise
 
     async def _together_atomic(self, items: list[tuple[Deferred, asyncio.Future[Any]]], timeout: float) -> None:
         ack, why = await self._send_atomic([d for d, _ in items], timeout)
+        if ack is not None and getattr(ack, "batch_size", None) != len(items):
+            # stored, but not said to be in one piece: each event published again is answered,
+            # as a duplicate, with the sequence it was stored at
+            ack, why = None, "the ack does not count the batch"
         if ack is None:
             if "10174" in why:  # atomic publish is disabled on this stream
                 self._no_atomic.add(items[0][0].stream)
