@@ -13,6 +13,8 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.events import nodes_root as events_root
+
 Needs = dict[str, Any]  # {"gpus", "gpuMemory", "cpu", "memory"}
 
 
@@ -218,7 +220,7 @@ def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
 
 
 def nodes_root(nodes: dict[str, dict[str, Any]]) -> str:
-    """``schemas.events.nodes_root(node_refs(nodes))``, the root of a node map's tree (what a
+    """``nodes_root(node_refs(nodes))`` (``schemas.events``), the root of a node map's tree (what a
     placement input's digest holds in place of the map): kept per inventory version, as
     :func:`node_refs` is, so the calls between two changes of a cluster hash its reference map
     once."""
@@ -227,15 +229,11 @@ def nodes_root(nodes: dict[str, dict[str, Any]]) -> str:
         if memo is not None and memo[0] == nodes.version:
             return memo[1]
         raw = bytes(node_refs(nodes))
-        root = _root_of(raw)
+        root = events_root(raw)
         if nodes._refs is not None:  # not an annotated (per-call) map
             nodes._root = (nodes.version, root)
         return root
-    return _root_of(bytes(node_refs(nodes)))
-
-
-def _root_of(refs: bytes) -> str:
-    return "sha256:" + hashlib.sha256(refs).hexdigest()  # ``schemas.events.nodes_root``
+    return events_root(bytes(node_refs(nodes)))
 
 
 def _ref_entry(nid: str, view: dict[str, Any]) -> bytes:
