@@ -299,7 +299,7 @@ class Client:
         (succeeded, what happened, that event). ``TimeoutError`` after ``timeout`` seconds."""
         async with asyncio.timeout(timeout):
             async for subject, env in self.follow(req.bid, from_seq=req.seq):
-                data = env.get("data") if isinstance(env.get("data"), dict) else {}
+                data = event_data(env)
                 if on_event and (req.action != "create" or data.get("gen") in (None, req.seq)):
                     on_event(subject, env)
                 ended = req.outcome(event_kind(subject), data)
@@ -433,7 +433,7 @@ class Client:
 
         async def watch_failures() -> None:
             async for subject, env in self.follow(req.bid, from_seq=req.seq):
-                data = env.get("data") if isinstance(env.get("data"), dict) else {}
+                data = event_data(env)
                 kind = event_kind(subject)
                 rid = str(data.get("request_id", ""))
                 if kind.endswith(".failed") and (rid == req.request_id or rid.startswith(req.request_id + ":")):
@@ -512,6 +512,12 @@ def _named(**fields: Any) -> ConsumerConfig:
 
 def _op_id() -> str:
     return uuid.uuid4().hex[:16]
+
+
+def event_data(env: dict[str, Any]) -> dict[str, Any]:
+    """An envelope's ``data`` where it is an object, else ``{}`` (a forged or foreign event)."""
+    data = env.get("data")
+    return data if isinstance(data, dict) else {}
 
 
 def event_kind(subject: str) -> str:

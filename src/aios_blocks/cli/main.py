@@ -29,7 +29,7 @@ from ..workers.embedded import (
 )
 from ..workers.supervisor import Supervisor
 from . import up as _up
-from .client import TERMINAL, Client, Request
+from .client import TERMINAL, Client, Request, event_data
 
 app = typer.Typer(
     help="aios-blocks: place and run AI blocks on GPU clusters over NATS JetStream and Redis.\n\n"
@@ -169,7 +169,7 @@ def _answer(data: dict[str, Any], indent: str) -> str:
 
 
 def _line(subject: str, env: dict[str, Any]) -> str:
-    data = env.get("data") if isinstance(env.get("data"), dict) else {}
+    data = event_data(env)
     kind = subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
     detail = ""
     if kind == "selection":
@@ -658,7 +658,7 @@ def node_list(
             if cluster not in cids:
                 raise LookupError(f"no cluster {cluster!r} (known: {', '.join(cids) or 'none'})")
             cids = [cluster]
-        out = []
+        out: list[dict[str, Any]] = []
         for cid in cids:
             out += (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values()
         return out

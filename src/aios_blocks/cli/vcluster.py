@@ -134,7 +134,9 @@ async def describe(c: Client, vid: str) -> dict[str, Any]:
             unassigned[node_type(v)] = unassigned.get(node_type(v), 0) + 1
 
     async def one(rec: VClusterRecord) -> dict[str, Any]:
-        nodes, counts, blocks = {}, {}, set()
+        nodes: dict[str, Any] = {}
+        counts: dict[str, int] = {}
+        blocks: set[str] = set()
         for nid in sorted(rec.nodes):
             v = views.get(nid)
             t = rec.nodes[nid]

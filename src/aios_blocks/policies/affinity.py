@@ -174,7 +174,9 @@ def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], in
     """Write the ``affinity`` annotation on every node view (in place)."""
     for node in nodes.values():
         ok, score, reasons = True, 0.0, []
-        require, prefer, avoid = [], [], []
+        require: list[Any] = []
+        prefer: list[Any] = []
+        avoid: list[Any] = []
         adaptive: list[dict[str, Any]] = []
         for i, e in enumerate(entries):
             match, gpus = _match(e, node, index)

@@ -397,7 +397,7 @@ class Nodes(dict[str, dict[str, Any]]):
         self._members_changed()
         self._touch(nid)
 
-    def pop(self, nid: str, *default: Any) -> Any:  # type: ignore[override]
+    def pop(self, nid: str, *default: Any) -> Any:
         had = nid in self
         out = super().pop(nid, *default)
         if had:
@@ -413,7 +413,7 @@ class Nodes(dict[str, dict[str, Any]]):
         for nid, view in dict(*args, **kwargs).items():
             self[nid] = view
 
-    def setdefault(self, nid: str, view: dict[str, Any]) -> dict[str, Any]:  # type: ignore[override]
+    def setdefault(self, nid: str, view: dict[str, Any]) -> dict[str, Any]:
         if nid not in self:
             self[nid] = view
         return self[nid]

@@ -158,6 +158,7 @@ class PolicyRuntime:
             return BUILTINS[uri], uri, None
         if uri.startswith("builtin:"):  # e.g. a component stored before the parser refused it
             raise ValueError(f"unknown built-in policy {uri!r}; the built-ins are {uris.known_builtins()}")
+        key: tuple[str, int | None]
         if self.allow_files and uri.endswith((".py", ".star")) and os.path.exists(uri):  # noqa: ASYNC240
             key = (uri, None)
             if key not in self._classes:
@@ -245,8 +246,8 @@ class PolicyRuntime:
         except TimeoutError:
             raise PolicyFailed(name, action, f"timed out after {self.timeout_s:g}s")
         except Exception as exc:
-            exc = exc.__cause__ if isinstance(exc, _Escaped) and exc.__cause__ else exc
-            raise PolicyFailed(name, action, f"raised {type(exc).__name__}: {exc}")
+            cause: BaseException = exc.__cause__ if isinstance(exc, _Escaped) and exc.__cause__ else exc
+            raise PolicyFailed(name, action, f"raised {type(cause).__name__}: {cause}")
         try:
             contract.check(action, result)
         except contract.WrongShape as exc:

@@ -202,7 +202,7 @@ class _Program:
     limits: Limits
 
 
-def compile_policy(source: str, name: str, limits: Limits | None = None) -> type:
+def compile_policy(source: str, name: str, limits: Limits | None = None) -> type[_StarlarkPolicy]:
     """Parse and statically check Starlark policy source; return a seed-000 policy class.
 
     Syntax errors, ``load()``, undefined names and bad assignment targets raise

@@ -370,7 +370,7 @@ def redis_supports_acl(binary: str) -> bool:
     """Redis >= 6 has ACL users; older servers only ``requirepass`` (one password for all)."""
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False).stdout
     m = re.search(r"v=(\d+)\.", out)
-    return bool(m) and int(m.group(1)) >= 6
+    return m is not None and int(m.group(1)) >= 6
 
 
 def tls_files(data_dir: Path) -> tuple[Path, Path]:

@@ -186,6 +186,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             if block is not None and old is not None and node_down:
                 await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
             return
+        assert block is not None and old is not None  # else ``why`` said so above
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
         trace: list[Decision] = []
@@ -379,9 +380,10 @@ async def _commit(
     A redelivered step finds its reservations already made and reuses them. The policy calls'
     records go into ``trace``."""
     existing = await w.store.reservations_of(cid, iids)
-    if all(existing):
+    held = [r for r in existing if r]
+    if len(held) == len(iids):
         return [
-            {"iid": iid, "node": r["node"], "gpus": list(_gpus(r["gpus"]))} for iid, r in zip(iids, existing, strict=True)
+            {"iid": iid, "node": r["node"], "gpus": list(_gpus(r["gpus"]))} for iid, r in zip(iids, held, strict=True)
         ], 0
     await ensure_job_cluster(w, ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
     clusters = await w.inventory.clusters()

@@ -48,7 +48,8 @@ async def _one(w: Worker, e: Effect, fresh: list[tuple[str, Mapping[str, dict[st
                 return False
             fresh.append((bid, insts))
         case Transition(bid, gen, step, fields, then, redo):
-            ok, info = await w.store.transition(bid, gen, step, **dict(fields))
+            kw: dict[str, Any] = dict(fields)
+            ok, info = await w.store.transition(bid, gen, step, **kw)
             if ok or (redo and info == TRANSITIONS[step].target):
                 await commit(w, then)
         case Release(bid, iid, inst):
@@ -61,8 +62,8 @@ async def _one(w: Worker, e: Effect, fresh: list[tuple[str, Mapping[str, dict[st
             # read after our own drop: two removals handled at once must not each still see the
             # other's instance (then neither would mark the block deleted)
             if not await w.store.instances(bid):
-                status = BlockStatus(bid, gen, "deleted")
-                await commit(w, [Transition(bid, gen, Step.DELETED, then=(Publish((Emit(E.block_deleted, status),)),))])
+                deleted = BlockStatus(bid, gen, "deleted")
+                await commit(w, [Transition(bid, gen, Step.DELETED, then=(Publish((Emit(E.block_deleted, deleted),)),))])
         case RemoveAll(bid, gen, reason):
             for iid, rec in (await w.store.instances(bid)).items():
                 await w.store.set_instance_status(bid, iid, InstanceStatus.REMOVING.value)

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ..settings import load as settings_load
 from . import auth as authn
@@ -246,7 +247,7 @@ class EmbeddedServers:
     def restart_nats(self, kill: bool = False) -> None:
         """Stop the NATS server (SIGTERM, or SIGKILL with ``kill``) and start it again on the same
         port, config and data dir: clients reconnect, the file store keeps the stream (chaos tests)."""
-        for proc in [p for p in self.procs if Path(str(p.args[0])).name == "nats-server"]:
+        for proc in [p for p in self.procs if _program(p) == "nats-server"]:
             if kill:
                 proc.kill()
             else:
@@ -398,3 +399,10 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _program(proc: subprocess.Popen[Any]) -> str:
+    """The file name of the program a child runs (``nats-server``, ``redis-server``)."""
+    args = proc.args
+    first = args[0] if isinstance(args, list | tuple) else args
+    return Path(str(first)).name

@@ -81,6 +81,7 @@ class HealthMonitor:
             log.debug("expected.ignored", subject=msg.subject, reply=msg.reply)
             return
         nid = msg.subject.split(".")[2]
+        body: dict[str, Any]
         try:
             insts = await self.w.store.node_instances(nid)
             body = {"instances": {

@@ -168,12 +168,12 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
         stopped = asyncio.create_task(stop.wait())
         done, _ = await asyncio.wait([*runs, stopped], return_when=asyncio.FIRST_COMPLETED)
         stopped.cancel()
-        for t in done:
-            if t in runs and not stop.is_set():
-                exc = None if t.cancelled() else t.exception()
-                failed = (runs[t], exc)
+        for t in runs:
+            if t in done and not stop.is_set():
+                error = None if t.cancelled() else t.exception()
+                failed = (runs[t], error)
                 log.error("group.kind_failed", kind=runs[t], group=name, stage="run",
-                          error=repr(exc) if exc else "stopped on its own")
+                          error=repr(error) if error else "stopped on its own")
                 break
         stop.set()  # every kind stops (a SIGTERM/SIGINT, or one of them failed)
         _, pending = await asyncio.wait(list(runs), timeout=STOP_TIMEOUT_S)
@@ -342,7 +342,8 @@ def _profiled(prof_dir: str, kind: str, run: Any) -> None:
         base = os.path.join(prof_dir, f"{kind}-{os.getpid()}")
         with open(base + ".txt", "w") as f:
             f.write(prof.output_text(unicode=False, color=False))
-        prof.last_session.save(base + ".pyisession")
+        if prof.last_session is not None:
+            prof.last_session.save(base + ".pyisession")
 
 
 if __name__ == "__main__":

@@ -313,7 +313,9 @@ class NodeAgent:
                 stop_grace_s=launch.stopGraceS,
             )
 
-        deps: list[Stage[Any, Any]] = [gpu_stage, port_stage] + ([work_stage] if work_stage else [])
+        deps: list[Stage[Any, Any]] = [gpu_stage, port_stage]
+        if work_stage is not None:
+            deps.append(work_stage)
         container = ProvisionStage(ContainerProvisioner(self.runtime))
         stages.append((container, DerivedSpec(launch_spec, *deps)))
         probe = launch.probe
@@ -408,7 +410,9 @@ class NodeAgent:
     async def reconcile_once(self) -> dict[str, list[str]]:
         found_list = [i for i in await self.runtime.list(self.node_id) if not i.is_sidecar]  # side-cars: SidecarManager
         expected = await self.expected()
-        found = {i.instance_id: {"gen": i.gen, "running": i.running, "inst": i} for i in found_list if i.instance_id}
+        found: dict[str, dict[str, Any]] = {
+            i.instance_id: {"gen": i.gen, "running": i.running, "inst": i} for i in found_list if i.instance_id
+        }
         plan = faults.reconcile(found, expected)
         for iid in plan["adopt"]:
             async with self._locks[iid]:
@@ -496,7 +500,7 @@ def command_router(spec: ConsumerSpec, handler: Any, sidecar_handler: Any = None
     router.add(E.node_instance_restart, handler)
 
     async def ignore(m: Inbound[Any]) -> None:
-        log.info("agent.sidecar_ignored", subject=m.subject)
+        log.info("agent.sidecar_ignored", event=m.event.name, **m.tokens)
 
     router.add(E.node_sidecar_start, sidecar_handler or ignore)
     router.add(E.node_sidecar_stop, sidecar_handler or ignore)

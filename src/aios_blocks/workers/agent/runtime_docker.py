@@ -11,6 +11,7 @@ their UUIDs (``docker run --gpus device=<uuid>,…``); inside the container they
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 from dataclasses import dataclass, field
 from typing import Any
@@ -118,7 +119,7 @@ class DockerRuntime:
         )
         return found[0] if found else None
 
-    def _list(self, filters: dict[str, Any]) -> list[RuntimeInstance]:
+    def _list(self, filters: dict[str, Any]) -> builtins.list[RuntimeInstance]:
         return [_instance(c) for c in self.client().containers.list(all=True, filters=filters)]
 
     async def close(self) -> None:

@@ -16,6 +16,7 @@ its node, as before.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import hashlib
 import json
@@ -136,7 +137,7 @@ class ProcessRuntime:
         found = await asyncio.to_thread(self._scan, node_id, instance_id)
         return found[0] if found else None
 
-    def _scan(self, node_id: str, instance_id: str | None) -> list[RuntimeInstance]:
+    def _scan(self, node_id: str, instance_id: str | None) -> builtins.list[RuntimeInstance]:
         out = []
         for p in psutil.process_iter():
             labels = _labels(p)
