@@ -54,6 +54,15 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     assert r.returncode == 4
     assert "greater than maxInstances" in r.stdout
 
+    # a user's text is shown as written, not read as Rich markup: "x[ocr]y" lost its "[ocr]"
+    brackets = tmp_path / "brackets.json"
+    brackets.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "cli-brackets", "minInstances": 1,
+                                    "maxInstances": 1, "x[ocr]y": 1, "[bold]": 2}))
+    assert blocks(system, "submit", str(brackets), "--wait").returncode == 4
+    for args in (("get", "cli-brackets"), ("explain", "cli-brackets"), ("list",)):
+        r = blocks(system, *args)
+        assert r.returncode == 0 and "x[ocr]y" in r.stdout and "[bold]" in r.stdout, (args, r.stdout)
+
     away = tmp_path / "away.yaml"  # replay explains per node why affinity rejected it
     away.write_text(
         "blockComponentURI: aios://test/model\nblockId: cli-away\nminInstances: 1\nmaxInstances: 1\n"

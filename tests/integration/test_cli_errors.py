@@ -40,6 +40,16 @@ def _bad_invocations(tmp: Path) -> list[tuple[tuple[str, ...], int, str]]:
         (("submit", bad), 2, "is not valid YAML"),
         (("submit",), 2, "Missing argument"),
         (("submit", str(ROOT / "examples" / "block.yaml"), "--timeout", "x"), 2, "'--timeout'"),
+        # refused before anything is published (they were: "timed out after -1.0s", exit 5)
+        (("submit", str(ROOT / "examples" / "block.yaml"), "--wait", "--timeout", "-1"), 2, "'--timeout': expected seconds > 0"),
+        (("submit", str(ROOT / "examples" / "block.yaml"), "--timeout", "nan"), 2, "'--timeout': expected seconds > 0"),
+        (("scale", "nosuch", "--timeout", "inf"), 2, "'--timeout': expected seconds > 0"),
+        (("task", "a.b"), 2, "block id 'a.b' is not a valid id"),  # was: 503 "no executor is running"
+        (("task", "nosuch", "--timeout", "0"), 2, "'--timeout': expected seconds > 0"),
+        (("top", "a.b", "--json"), 2, "block id 'a.b' is not a valid id"),
+        (("top", "--interval", "nan"), 2, "'--interval': expected seconds >= 0.1"),
+        (("node", "drain", "n1", "--wait", "-1"), 2, "'--wait': expected seconds >= 0"),
+        (("check", "--stuck-after", "nan"), 2, "expected seconds >= 1"),
         (("get", "a.b"), 2, "block id 'a.b' is not a valid id"),
         (("get", "nosuch"), 1, "no block nosuch"),
         (("scale", "a.b"), 2, "is not a valid id"),
@@ -50,6 +60,7 @@ def _bad_invocations(tmp: Path) -> list[tuple[tuple[str, ...], int, str]]:
         (("replay", "a b"), 2, "is not a valid id"),
         (("explain", "a.b"), 2, "is not a valid id"),
         (("policy", "test", "x", pol, "--since", "yesterday"), 2, "--since: expected seconds or a duration"),
+        (("policy", "test", "x", pol, "--since", "nan"), 2, "--since: expected seconds or a duration"),
         (("policy", "run", pol, "--input", "/nope.json"), 2, "cannot read /nope.json"),
         (("policy", "run", pol, "--input", inp, "--parameters", "{bad"), 2, "--parameters: not JSON"),
         (("policy", "run", pol, "--input", inp, "--settings", "[1]"), 2, "--settings: expected a JSON object"),
@@ -136,3 +147,25 @@ async def test_the_cli_finds_a_running_system_from_anywhere(system: System, tmp_
     assert f"./.aios-data and every parent directory of {elsewhere}" in r.stderr
     r = run("list", cwd=elsewhere, AIOS_DATA_DIR=str(tmp_path / "nope"))
     assert r.returncode == 2 and f"{tmp_path / 'nope'} (AIOS_DATA_DIR)" in r.stderr
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_server_that_cannot_be_reached_is_one_line_and_exit_2_not_a_hang(system: System) -> None:
+    # NATS away: nats-py's default retries the first connection for ever (the CLI hung, printing
+    # a warning twice a second); Redis away: a redis-py traceback
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    nats_away = {"AIOS_NATS_URL": f"nats://u:secret@127.0.0.1:{_closed_port()}", "AIOS_REDIS_URL": system.supervisor.redis_url}
+    redis_away = {"AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": f"redis://127.0.0.1:{_closed_port()}"}
+    for extra, says in ((nats_away, "cannot connect to NATS at nats://u:***@127.0.0.1:"), (redis_away, "cannot connect to Redis")):
+        r = subprocess.run([*BLOCKS, "list"], capture_output=True, text=True, timeout=60, cwd=ROOT, env={**env, **extra})
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2, r.stderr
+        assert len(lines) == 1 and "Cannot reach the servers" in lines[0] and says in lines[0], r.stderr
+        assert "secret" not in r.stderr + r.stdout and "Traceback" not in r.stderr

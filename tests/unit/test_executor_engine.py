@@ -17,7 +17,7 @@ from aios_blocks.handlers import mapper
 from aios_blocks.policies import contract, uris
 from aios_blocks.policies.builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from aios_blocks.policies.runtime import BUILTINS, PolicyRuntime
-from aios_blocks.workers.executor import parse_queue_metrics
+from aios_blocks.workers.executor import MAX_TASK_TIMEOUT_MS, parse_queue_metrics, task_timeout_s
 
 
 def inst(iid: str, inflight: int = 0, **metrics: float) -> dict[str, Any]:
@@ -335,3 +335,19 @@ def test_the_candidate_list_always_equals_the_filtered_one() -> None:
             r.apply(m, step, 1)
         expected = [v for v in r._ready if v["inflight"] < 2]
         assert [v["id"] for v in r.candidates()] == [v["id"] for v in expected]
+
+
+@pytest.mark.parametrize("header", ["abc", "", "inf", "-inf", "1e309", "nan", "0", "-5", str(MAX_TASK_TIMEOUT_MS + 1)])
+def test_a_task_time_limit_that_is_no_time_or_none_is_refused_with_400(header: str) -> None:
+    # "inf" and "1e309" once crashed the executor (500, OverflowError); "-5" answered 504 with an
+    # empty reason; "nan" went on to the instance
+    with pytest.raises(Refused) as exc:
+        task_timeout_s(header)
+    assert exc.value.status == 400
+    assert "Aios-Timeout-Ms" in str(exc.value) and repr(header) in str(exc.value)
+
+
+def test_a_task_time_limit_is_read_in_milliseconds() -> None:
+    assert task_timeout_s("2500") == 2.5
+    assert task_timeout_s("0.5") == 0.0005
+    assert task_timeout_s(str(MAX_TASK_TIMEOUT_MS)) == MAX_TASK_TIMEOUT_MS / 1000

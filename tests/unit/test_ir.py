@@ -383,11 +383,6 @@ def test_decode_cloudevents_envelope_returns_its_data() -> None:
     assert decode_spec(json.dumps(env).encode()) == doc
 
 
-def test_decode_object_with_specversion_but_no_object_data_is_left_as_is() -> None:
-    doc = {"specversion": "1.0", "data": "not an object"}
-    assert decode_spec(json.dumps(doc).encode()) == doc
-
-
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"\xff\xfe", b'{"a": 1'])
 def test_decode_invalid_json(raw: bytes) -> None:
     with pytest.raises(SpecInvalid) as info:
@@ -488,3 +483,39 @@ def test_the_builtin_table_matches_the_runtime() -> None:
     from aios_blocks.policies import runtime, uris
 
     assert set(uris.BUILTIN_KINDS) == set(runtime.BUILTINS)
+
+
+@pytest.mark.parametrize(("field", "value", "path"), [
+    ("minInstances", True, "$.minInstances"),
+    ("maxInstances", False, "$.maxInstances"),
+    ("resources", {"gpus": True}, "$.resources.gpus"),
+])
+def test_true_or_false_is_not_a_number(field: str, value: Any, path: str) -> None:
+    # pydantic's lax mode read "minInstances": true as 1, and the block was placed
+    errors = errors_of(spec(**{field: value}))
+    assert SpecError(path, "must be a number, not true or false") in errors
+
+
+@pytest.mark.parametrize(("name", "kind"), [
+    ("resourceAlocator", "resourceAllocator"), ("ResourceAllocator", "resourceAllocator"),
+    ("loadbalancer", "loadBalancer"), ("autoscaller", "autoscaler"), ("stabilityCheck", "stabilityChecker"),
+])
+def test_a_misspelt_policy_kind_is_refused_naming_the_kind(name: str, kind: str) -> None:
+    # a new name extends the block's policies, but nothing would call it: the component's policy
+    # would silently stay in charge
+    errors = errors_of(spec(policyRulesSpec=[{"values": {"name": name, "policyRuleURI": "my.mod:Policy"}}]))
+    [e] = [e for e in errors if e.path == "$.policyRulesSpec[0].values.name"]
+    assert e.message.startswith(f"unknown policy kind {name!r}: did you mean {kind!r}?")
+
+
+def test_a_policy_name_far_from_every_kind_still_extends_the_set() -> None:
+    extra = {"name": "myOwnScorer", "policyRuleURI": "my.mod:Policy", "parameters": {}, "settings": {}}
+    assert build(spec(policyRulesSpec=[{"values": extra}]))["policies"]["myOwnScorer"] == extra
+
+
+@pytest.mark.parametrize(("data", "got"), [('"notaspec"', "str"), ("[1]", "list"), ("null", "nothing")])
+def test_a_cloudevent_whose_data_is_not_an_object_says_so(data: str, got: str) -> None:
+    raw = ('{"specversion": "1.0", "id": "x", "source": "s", "type": "t", "data": ' + data + "}").encode()
+    with pytest.raises(SpecInvalid) as info:
+        decode_spec(raw)
+    assert info.value.errors == [SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}")]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import math
 import socket
 import ssl
 import uuid
@@ -41,6 +42,7 @@ from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError,
 from ..schemas.events import envelope
 from ..settings import Settings
 from ..settings import current as current_settings
+from ..urls import mask
 from . import event_ids, subjects
 from .catalog import Body, Emit, Event
 from .pull import Puller
@@ -150,20 +152,51 @@ def security_options(url: str, ca: str | None = None, settings: Settings | None 
     return opts
 
 
-async def connect(url: str, name: str = "aios", ca: str | None = None, settings: Settings | None = None) -> Client:
+class Unreachable(ConnectionError):
+    """The first connection to a server could not be made in the time given (``first_wait_s``)."""
+
+
+#: the pause between two connection attempts (first connection and reconnections)
+RECONNECT_WAIT_S = 0.5
+
+
+async def connect(url: str, name: str = "aios", ca: str | None = None, settings: Settings | None = None,
+                  first_wait_s: float | None = None) -> Client:
+    """A connection that, once made, reconnects for ever (a server restart is waited out).
+    ``first_wait_s``: give up the *first* connection after about that long and raise
+    :class:`Unreachable` (a command line tool; nats-py's own default of "for ever" applies to the
+    first connection too, and a CLI pointed at a wrong address would hang). ``None``: wait for
+    the first connection for ever too (a worker or agent started before its server)."""
+    errors: list[str] = []
+
     async def error_cb(exc: Exception) -> None:
+        if first_wait_s is not None and not connected:  # the caller is told why, once, below
+            errors.append(str(exc) or type(exc).__name__)
+            return
         log.warning("nats.error", error=str(exc))  # permission violations land here too
 
-    return await nats.connect(
-        servers=url.split(","),
-        name=name,
-        error_cb=error_cb,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        connect_timeout=5,
-        pending_size=64 * 1024 * 1024,
-        **security_options(url, ca, settings),
-    )
+    connected = False
+    attempts = -1 if first_wait_s is None else max(1, math.ceil(first_wait_s / RECONNECT_WAIT_S))
+    try:
+        nc = await nats.connect(
+            servers=url.split(","),
+            name=name,
+            error_cb=error_cb,
+            max_reconnect_attempts=attempts,
+            reconnect_time_wait=RECONNECT_WAIT_S,
+            connect_timeout=5 if first_wait_s is None else max(0.5, min(5.0, first_wait_s)),
+            pending_size=64 * 1024 * 1024,
+            **security_options(url, ca, settings),
+        )
+    except Exception as exc:
+        if first_wait_s is None:
+            raise
+        why = errors[-1] if errors else (str(exc) or type(exc).__name__)
+        raise Unreachable(f"cannot connect to NATS at {mask(url)} (tried for {first_wait_s:g}s): {why}") from exc
+    connected = True
+    nc.options["max_reconnect_attempts"] = -1  # read at each reconnection: from now on, for ever
+    return nc
+
 
 
 #: the CloudEvents NATS binding, structured mode: the whole event is the JSON body
@@ -244,9 +277,10 @@ class Bus:
 
     @classmethod
     async def open(cls, url: str, source: str = "aios-blocks", event_key: str | None = None,
-                   settings: Settings | None = None) -> Bus:
+                   settings: Settings | None = None, first_wait_s: float | None = None) -> Bus:
+        """``first_wait_s``: see :func:`connect` (a CLI gives up, a worker waits)."""
         s = settings or current_settings()
-        return cls(await connect(url, name=source, settings=s), source, event_key, s)
+        return cls(await connect(url, name=source, settings=s, first_wait_s=first_wait_s), source, event_key, s)
 
     # -- event ids -------------------------------------------------------------------------
     async def ids(self) -> event_ids.EventIds:

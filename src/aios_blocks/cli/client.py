@@ -101,6 +101,10 @@ def _block_or_all(bid: str) -> str:
     return bid if bid == "*" else check_id(bid, "block id")
 
 
+#: how long a command waits for its first connection to NATS before it says it cannot reach it
+CONNECT_WAIT_S = 5.0
+
+
 class Client:
     def __init__(self, bus: Bus, store: Store):
         self.bus = bus
@@ -108,9 +112,17 @@ class Client:
 
     @classmethod
     async def open(cls, nats_url: str, redis_url: str) -> Client:
-        bus = await Bus.open(nats_url, source="aios-blocks/cli")
+        """Raises ``ConnectionError`` (``bus.nats_bus.Unreachable``) when NATS does not answer
+        within ``CONNECT_WAIT_S``."""
+        bus = await Bus.open(nats_url, source="aios-blocks/cli", first_wait_s=CONNECT_WAIT_S)
         await bus.ensure_topology()
         store = Store.open(redis_url)
+        try:
+            await store.reachable()
+        except ConnectionError:
+            await bus.close()
+            await store.close()
+            raise
         await ensure_epoch(bus, store)  # a fresh system starts its state epoch (recovery.rebuild)
         return cls(bus, store)
 

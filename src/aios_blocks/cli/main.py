@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import sys
 import time
@@ -29,7 +30,7 @@ from ..workers.embedded import (
 )
 from ..workers.supervisor import Supervisor
 from . import up as _up
-from .client import TERMINAL, Client, Request, event_data
+from .client import CONNECT_WAIT_S, TERMINAL, Client, Request, event_data
 
 app = typer.Typer(
     help="aios-blocks: place and run AI blocks on GPU clusters over NATS JetStream and Redis.\n\n"
@@ -87,8 +88,42 @@ ProcessPerKind = typer.Option(
 )
 
 
+def _seconds_over(low: float = 0.0, inclusive: bool = False) -> Callable[[float | None], float | None]:
+    """A typer callback: a number of seconds above ``low`` (or at it, ``inclusive``), finite
+    (``nan`` and ``inf`` pass click's own ``min``)."""
+
+    def check(value: float | None) -> float | None:
+        if value is not None and (not math.isfinite(value) or value < low or (value == low and not inclusive)):
+            raise typer.BadParameter(f"expected seconds {'>=' if inclusive else '>'} {low:g}, got {value}")
+        return value
+
+    return check
+
+
+def _block_id(value: str | None) -> str | None:
+    """A typer callback: a valid block id (refused before anything is sent, as every command does)."""
+    if value is not None:
+        try:
+            check_id(value, "block id")
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
+    return value
+
+
+def _plain(*values: Any) -> list[str]:
+    """Table cells of data (ids, reasons, labels, a user's strings): shown as they are, never read
+    as Rich markup (``x[ocr]y`` stays ``x[ocr]y``)."""
+    return [escape(str(v)) for v in values]
+
+
 def _run(coro: Awaitable[T]) -> T:
-    return asyncio.run(coro)  # type: ignore[arg-type]
+    """Run a command's coroutine; a server it cannot reach is a one-line error (exit 2), not a
+    traceback nor a hang."""
+    try:
+        return asyncio.run(coro)  # type: ignore[arg-type]
+    except ConnectionError as exc:  # Unreachable (NATS), refused or reset connections
+        err.print(f"[red]Cannot reach the servers[/]: {escape(mask(str(exc)))}")
+        raise typer.Exit(2) from None
 
 
 def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
@@ -238,7 +273,7 @@ def _seconds(text: str, option: str) -> float:
         value = float(number)
     except ValueError:
         value = -1.0
-    if value < 0:
+    if not math.isfinite(value) or value < 0:
         raise typer.BadParameter(f"expected seconds or a duration like 30m, 2h, 1d; got {text!r}", param_hint=option)
     return value * _UNITS[unit]
 
@@ -316,10 +351,10 @@ def up(
 
 @app.command()
 def task(
-    bid: str = typer.Argument(..., help="Block id."),
+    bid: str = typer.Argument(..., help="Block id.", callback=_block_id),
     data: str = typer.Option("{}", "--data", "-d", help="The task's body: JSON text, or @FILE (any bytes)."),
     idempotent: bool = typer.Option(False, "--idempotent", help="Mark the task idempotent: it may be retried on another instance."),
-    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the answer."),
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for the answer.", callback=_seconds_over()),
     data_dir: Path = DataDir,
 ) -> None:
     """Send one task to a block over NATS (through an executor) and print the answer. Exit 0
@@ -352,7 +387,7 @@ def task(
     nats_url, _ = _urls(data_dir)  # NATS only: AIOS_ROLE=upstream works
 
     async def go() -> tuple[int, bytes, dict[str, str]]:
-        bus = await Bus.open(nats_url, source="aios-blocks/cli")
+        bus = await Bus.open(nats_url, source="aios-blocks/cli", first_wait_s=CONNECT_WAIT_S)
         try:
             return await send_task(bus, bid, body, headers, timeout + 1)
         finally:
@@ -414,7 +449,7 @@ def agent(
     cpu: float = typer.Option(None, help="CPUs to offer (default: this host's)."),
     memory: int = typer.Option(None, help="Memory to offer, MiB (default: this host's)."),
     sim_gpus: int = typer.Option(None, "--sim-gpus", help="Offer N simulated GPUs instead of reading NVML."),
-    heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats."),
+    heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats.", callback=_seconds_over()),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
     agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
     advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Host part of instance endpoints (http://HOST:PORT): an address the executors reach this node at."),
@@ -473,7 +508,7 @@ def agent(
 @app.command()
 def demo(
     data_dir: Path = DataDir,
-    timeout: float = typer.Option(120, help="Give up after this many seconds."),
+    timeout: float = typer.Option(120, help="Give up after this many seconds.", callback=_seconds_over()),
     process_per_kind: bool = ProcessPerKind,
 ) -> None:
     """Start everything, register an example component and 3 simulated clusters x 8 nodes x 8 GPUs,
@@ -529,13 +564,13 @@ async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:
             await asyncio.sleep(0.1)
     for n in range(3):
         status, body, h = await client.task(bid, json.dumps({"prompt": f"task {n}"}).encode(), {"Content-Type": "application/json"})
-        console.print(f"task {n} -> {status} from {h.get('Aios-Instance', '?')}: {body.decode(errors='replace')[:120]}")
+        console.print(escape(f"task {n} -> {status} from {h.get('Aios-Instance', '?')}: {body.decode(errors='replace')[:120]}"))
     from ..examples.ocr import available
     from ..examples.ocr import demo as ocr_demo
 
     why = available()
     if why:
-        console.print(f"[dim]OCR block skipped: {why}[/]")
+        console.print(f"[dim]OCR block skipped: {escape(why)}[/]")
         return
 
     async def send(obid: str, task: dict[str, Any]) -> dict[str, Any]:
@@ -608,8 +643,8 @@ def component_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path
     t = _table("component", "image", "resources", "policies")
     for uri, comp in comps.items():
         res = comp.get("resources") or {}
-        t.add_row(uri, str(comp.get("image", "")), ", ".join(f"{k}={v}" for k, v in res.items()),
-                  ", ".join(f"{p.get('name')}={p.get('policyRuleURI')}" for p in comp.get("policies") or []))
+        t.add_row(*_plain(uri, comp.get("image", ""), ", ".join(f"{k}={v}" for k, v in res.items()),
+                          ", ".join(f"{p.get('name')}={p.get('policyRuleURI')}" for p in comp.get("policies") or [])))
     console.print(t)
 
 
@@ -636,8 +671,8 @@ def cluster_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path =
         return
     t = _table("cluster", "labels", "nodes (healthy)", "GPUs free / total")
     for r in rows:
-        t.add_row(r["id"], ", ".join(f"{k}={v}" for k, v in r["labels"].items()), f"{r['nodes']} ({r['healthy_nodes']})",
-                  f"{r['gpus_free']} / {r['gpus']}")
+        t.add_row(*_plain(r["id"], ", ".join(f"{k}={v}" for k, v in r["labels"].items()), f"{r['nodes']} ({r['healthy_nodes']})",
+                          f"{r['gpus_free']} / {r['gpus']}"))
     console.print(t)
 
 
@@ -670,9 +705,9 @@ def node_list(
     t = _table("node", "cluster", "healthy", "CPU free", "memory free (MiB)", "GPUs in use", "labels")
     for n in nodes:
         busy = sum(1 for g in n["gpus"] if g["instances"])
-        t.add_row(n["node_id"], n["cluster"], "yes" if n["healthy"] else "[red]no[/]", f"{n['cpu_free']:g} / {n['cpu']:g}",
-                  f"{n['memory_free']} / {n['memory']}", f"{busy} / {len(n['gpus'])}",
-                  ", ".join(f"{k}={v}" for k, v in n["labels"].items()))
+        t.add_row(escape(n["node_id"]), escape(n["cluster"]), "yes" if n["healthy"] else "[red]no[/]",
+                  f"{n['cpu_free']:g} / {n['cpu']:g}", f"{n['memory_free']} / {n['memory']}", f"{busy} / {len(n['gpus'])}",
+                  escape(", ".join(f"{k}={v}" for k, v in n["labels"].items())))
     console.print(t)
 
 
@@ -737,7 +772,7 @@ def node_add(
 def submit(
     file: Path,
     wait: bool = typer.Option(False, "--wait", "-w", help="Follow the block until ready/failed/rejected."),
-    timeout: float = typer.Option(120, help="With --wait: give up after this many seconds (exit 5)."),
+    timeout: float = typer.Option(120, help="With --wait: give up after this many seconds (exit 5).", callback=_seconds_over()),
     dry_run: bool = typer.Option(
         False, "--dry-run",
         help="Publish nothing: print where the block would be placed now, and the state index to submit with. "
@@ -851,11 +886,11 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
     if block is None:
         return None
     insts = await c.store.instances(bid)
-    t = Table(title=f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else ""))
+    t = Table(title=escape(f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else "")))
     for col in ("instance", "node", "gpus", "status", "endpoint"):
         t.add_column(col, overflow="fold")
     for iid, i in sorted(insts.items()):
-        t.add_row(iid, i["node"], ",".join(i["gpus"]), i["status"], i.get("endpoint") or "")
+        t.add_row(*_plain(iid, i["node"], ",".join(i["gpus"]), i["status"], i.get("endpoint") or ""))
     console.print(t)
     return block
 
@@ -898,7 +933,7 @@ def list_blocks(limit: int = typer.Option(100), data_dir: Path = DataDir) -> Non
         for bid in await c.store.list_blocks(limit):
             b = await c.store.get_block(bid) or {}
             n = len(await c.store.instances(bid))
-            t.add_row(bid, b.get("status", "?"), b.get("cluster", ""), str(n), b.get("reason") or "")
+            t.add_row(*_plain(bid, b.get("status", "?"), b.get("cluster", ""), n, b.get("reason") or ""))
         console.print(t)
 
     _run(_with_client(data_dir, go))
@@ -918,7 +953,7 @@ def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path) -> Any:
 
 
 NoWait = typer.Option(False, "--no-wait", help="Return once the request is published.")
-Timeout = typer.Option(120.0, "--timeout", help="Give up waiting after this many seconds (exit 5).")
+Timeout = typer.Option(120.0, "--timeout", help="Give up waiting after this many seconds (exit 5).", callback=_seconds_over())
 
 
 def _follow_request(make: Callable[[Client], Awaitable[Request]], wait: bool, timeout: float, data_dir: Path) -> int:
@@ -929,9 +964,9 @@ def _follow_request(make: Callable[[Client], Awaitable[Request]], wait: bool, ti
         req = await make(c)
         what = f"{req.action} of {req.bid} requested" + (f" ({req.request_id})" if req.request_id else "")
         if not wait:
-            console.print(f"{what}; follow with: blocks watch {req.bid}")
+            console.print(escape(f"{what}; follow with: blocks watch {req.bid}"))
             return 0
-        console.print(what)
+        console.print(escape(what))
         try:
             ok, why, _ = await c.outcome(req, timeout)
         except TimeoutError:
@@ -1027,10 +1062,11 @@ def watch(bid: str = typer.Argument("*", help="Block id, or all blocks."), data_
 
 @app.command()
 def top(
-    bid: str = typer.Argument(None, help="Block id: one row per instance. Without: one row per block."),
+    bid: str = typer.Argument(None, help="Block id: one row per instance. Without: one row per block.", callback=_block_id),
     once: bool = typer.Option(False, "--once", help="Print the table once and exit."),
     as_json: bool = typer.Option(False, "--json", help="Print the samples once as JSON and exit."),
-    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes (at least 0.1).",
+                                   callback=_seconds_over(0.1, inclusive=True)),
     data_dir: Path = DataDir,
 ) -> None:
     """Live per-block or per-instance in-flight, task rate, latency and errors, from the metrics
@@ -1195,20 +1231,20 @@ def _adapt_line(adapt: dict[str, Any]) -> str:
 
 def _render_explain(x: dict[str, Any]) -> None:
     colour = {"ready": "green", "failed": "red", "rejected": "red"}.get(x["status"], "yellow")
-    console.print(f"[bold]block {x['block_id']}[/]: [{colour}]{x['status']}[/]" + (f" - {x['reason']}" if x["reason"] else ""))
+    console.print(f"[bold]block {escape(x['block_id'])}[/]: [{colour}]{x['status']}[/]" + (f" - {escape(x['reason'])}" if x["reason"] else ""))
     for e in x["rejected_errors"]:
-        console.print(f"  [red]{e['path']}[/]: {e['message']}")
+        console.print(f"  [red]{escape(e['path'])}[/]: {escape(e['message'])}")
     for r in x["rounds"]:
-        t = Table(title=f"selection round {r['round']}: " + (r["why"] or "no cluster chosen"))
+        t = Table(title=escape(f"selection round {r['round']}: " + (r["why"] or "no cluster chosen")))
         for col in ("cluster", "outcome", "dry_run score", "node / GPUs", "notes"):
             t.add_column(col, overflow="fold")
         for cid, why in sorted(r["filtered"].items()):
-            t.add_row(cid, "[red]filtered[/]", "", "", why)
+            t.add_row(escape(cid), "[red]filtered[/]", "", "", escape(why))
         for cid in r["candidates"]:
             d = r["dry_run"].get(cid)
             outcome = "[green]chosen[/]" if cid == r["chosen"] else "candidate"
             if d is None:
-                t.add_row(cid, outcome, "0 (no answer)" if cid in r["missing"] else "-", "", "")
+                t.add_row(escape(cid), outcome, "0 (no answer)" if cid in r["missing"] else "-", "", "")
                 continue
             notes = d["error"]
             rejected = d["rejected_nodes"]
@@ -1216,25 +1252,25 @@ def _render_explain(x: dict[str, Any]) -> None:
                 notes += (" " if notes else "") + f"{len(rejected)} node(s) rejected (affinity, capacity), e.g. " + "; ".join(
                     f"{n}: {w}" for n, w in list(rejected.items())[:3]
                 )
-            t.add_row(cid, outcome, f"{d['score']:g}", f"{d['node']} {','.join(d['gpus'])}".strip(), notes)
+            t.add_row(escape(cid), outcome, *_plain(f"{d['score']:g}", f"{d['node']} {','.join(d['gpus'])}".strip(), notes))
         console.print(t)
     if x["instances"]:
         t = Table(title="instances")
         for col in ("instance", "node", "GPUs", "placed by", "status", "health"):
             t.add_column(col, overflow="fold")
         for iid, i in sorted(x["instances"].items()):
-            t.add_row(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""), i.get("health", ""))
+            t.add_row(*_plain(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""), i.get("health", "")))
         console.print(t)
         for iid, i in sorted(x["instances"].items()):
             for v in i.get("verdicts", []):
-                console.print(f"[yellow]{iid} {v['verdict']}[/] ({v['policy']}): {v['reason']}")
+                console.print(f"[yellow]{escape(iid)} {escape(v['verdict'])}[/] " + escape(f"({v['policy']}): {v['reason']}"))
     if x.get("adapt"):
-        console.print("adaptive affinity (adapt stage): " + _adapt_line(x["adapt"]))
+        console.print("adaptive affinity (adapt stage): " + escape(_adapt_line(x["adapt"])))
     for iid, i in sorted(x["instances"].items()):
         for a in i.get("adaptive") or []:
-            console.print(f"  {iid} on {i['node']}: entry {a['entry']} base weight {a['base']:g} -> adapted {a['weight']:g} ({a['why']})")
+            console.print(escape(f"  {iid} on {i['node']}: entry {a['entry']} base weight {a['base']:g} -> adapted {a['weight']:g} ({a['why']})"))
     for f in x["failures"]:
-        console.print(f"[red]{f['step']} failed[/]: {f['reason']}")
+        console.print(f"[red]{escape(f['step'])} failed[/]: {escape(f['reason'])}")
     auto = x.get("autoscaler") or {}
     if auto.get("decisions"):
         t = Table(title="autoscaler decisions")
@@ -1242,19 +1278,19 @@ def _render_explain(x: dict[str, Any]) -> None:
             t.add_column(col, overflow="fold")
         for a in auto["decisions"]:
             arrow = "[green]grew[/]" if (a["to"] or 0) > (a["from"] or 0) else "[yellow]shrank[/]"
-            t.add_row(str(a["time"])[11:19], f"{a['from']} -> {a['to']} {arrow}", f"{a['proposal']:g}", a["reason"], "; ".join(a["rules"]))
+            t.add_row(str(a["time"])[11:19], f"{a['from']} -> {a['to']} {arrow}", *_plain(f"{a['proposal']:g}", a["reason"], "; ".join(a["rules"])))
         console.print(t)
     for f in auto.get("failures") or []:
         quiet = f" ({f['quiet']} more failed ticks before, not stored)" if f.get("quiet") else ""
-        console.print(f"[red]autoscaler tick failed[/] {str(f['time'])[11:19]}: {f['reason']} - count stays {f['count']}{quiet}")
+        console.print("[red]autoscaler tick failed[/] " + escape(f"{str(f['time'])[11:19]}: {f['reason']} - count stays {f['count']}{quiet}"))
     others = [t for t in x.get("targets") or [] if t["source"] != "autoscaler"]
     for tg in others:
-        console.print(f"instance target {tg['target']} asked by {tg['source']} {str(tg['time'])[11:19]}: {tg['reason']}")
+        console.print(escape(f"instance target {tg['target']} asked by {tg['source']} {str(tg['time'])[11:19]}: {tg['reason']}"))
     d = x["decisions"]
     if d["count"]:
         console.print(f"{d['count']} policy calls, {d['errors']} failed, {d['total_us'] / 1000:.2f} ms in policies:")
         for key, per in sorted(d["by_policy"].items()):
-            console.print(f"  {key}: {per['calls']} calls {per['actions']} {per['us'] / 1000:.2f} ms")
+            console.print(escape(f"  {key}: {per['calls']} calls {per['actions']} {per['us'] / 1000:.2f} ms"))
 
 
 # -- policies ---------------------------------------------------------------------------------
@@ -1374,7 +1410,7 @@ def policy_test(
         for col in ("block", "action", "recorded", "candidate", "verdict"):
             t.add_column(col, overflow="fold")
         for row in report["changes"]:
-            t.add_row(row["block_id"], row["action"], row["before"], row["after"], row["verdict"])
+            t.add_row(*_plain(row["block_id"], row["action"], row["before"], row["after"], row["verdict"]))
         console.print(t)
 
 
@@ -1428,7 +1464,7 @@ def policy_list(data_dir: Path = DataDir) -> None:
             t.add_column(col, overflow="fold")
         for name in await c.store.policy_names():
             rec = await c.store.policy_get(name) or {}
-            t.add_row(name, str(rec.get("version", "")), rec.get("language", ""))
+            t.add_row(*_plain(name, rec.get("version", ""), rec.get("language", "")))
         console.print(t)
 
     _run(_with_client(data_dir, go))
@@ -1441,7 +1477,7 @@ def policy_show(name: str, version: int = typer.Option(None), data_dir: Path = D
     if rec is None:
         err.print(f"[red]no policy {name}[/]")
         raise typer.Exit(1)
-    console.print(f"# {name} v{rec['version']} ({rec.get('language')})")
+    console.print(escape(f"# {name} v{rec['version']} ({rec.get('language')})"))
     print(rec["source"])
 
 
@@ -1459,7 +1495,7 @@ def subjects_(
     for col in ("subject", "published by", "stored", "durable consumers", "message id", "meaning"):
         t.add_column(col, overflow="fold")
     for row in catalog_doc.catalog_rows():
-        t.add_row(*row)
+        t.add_row(*_plain(*row))
     console.print(t)
 
 
@@ -1507,7 +1543,7 @@ def settings_(
     for name, f in st.Settings.model_fields.items():
         value = getattr(current, name)
         shown = "(set)" if name == "event_key" and value else str(value)
-        t.add_row(f"AIOS_{name.upper()}", shown, str(f.default), f.description or "")
+        t.add_row(*_plain(f"AIOS_{name.upper()}", shown, f.default, f.description or ""))
     console.print(t)
 
 
@@ -1555,7 +1591,7 @@ def recover(
 def check(
     settled: bool = typer.Option(True, "--settled/--live", help="--live: blocks in flight and a digest mismatch are warnings."),
     stuck_after: float = typer.Option(
-        None, "--stuck-after", min=1, envvar="AIOS_STUCK_AFTER_S",
+        None, "--stuck-after", envvar="AIOS_STUCK_AFTER_S", callback=_seconds_over(1, inclusive=True),
         help="A block in flight with no event for this many seconds is stuck (a violation, --live too). [default: 600]"),
     as_json: bool = typer.Option(False, "--json"),
     data_dir: Path = DataDir,

@@ -96,7 +96,8 @@ def register(node_app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> N
     @node_app.command("drain")
     def drain_cmd(
         node_id: str,
-        wait: float = typer.Option(0.0, "--wait", help="Wait up to this many seconds for its instances to move (exit 5 if not)."),
+        wait: float = typer.Option(0.0, "--wait", help="Wait up to this many seconds for its instances to move (exit 5 if not).",
+                                   callback=m()._seconds_over(0.0, inclusive=True)),
         data_dir: Path = DataDir,
     ) -> None:
         """Place nothing new on a node and move its instances away (reassignment, reason evacuation).

@@ -257,7 +257,10 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
 
     @app.command("list")
     def list_cmd(as_json: bool = AsJson, data_dir: Path = DataDir) -> None:
-        """Every virtual cluster: cluster, kind, revision, replica sets, nodes."""
+        """Every virtual cluster: cluster, kind, revision, replica sets, nodes.
+
+        Example: `blocks vcluster list`, `blocks vcluster list --json`
+        """
         m = _m()
         recs = m._request(records, data_dir)
         if as_json:
@@ -265,15 +268,18 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
             return
         t = m._table("virtual cluster", "cluster", "kind", "revision", "replica sets", "nodes", "parent / block")
         for r in recs:
-            t.add_row(r.id, r.cluster, r.kind.value, str(r.revision), json.dumps(r.replica_sets), str(len(r.nodes)),
-                      " / ".join(x for x in (r.parent, r.block) if x) or "-")
+            t.add_row(*m._plain(r.id, r.cluster, r.kind.value, r.revision, json.dumps(r.replica_sets), len(r.nodes),
+                                " / ".join(x for x in (r.parent, r.block) if x) or "-"))
         m.console.print(t)
 
 
     @app.command("get")
     def get_cmd(vcluster_id: str, as_json: bool = AsJson, data_dir: Path = DataDir) -> None:
         """One virtual cluster as a tree: primary -> it -> its job clusters (node types, counts,
-        revision, blocks running inside)."""
+        revision, blocks running inside).
+
+        Example: `blocks vcluster get team-a`, `blocks vcluster get team-a --json`
+        """
         m = _m()
         d = m._request(lambda c: describe(c, vcluster_id), data_dir)
         if as_json:

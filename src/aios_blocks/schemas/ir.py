@@ -41,6 +41,8 @@ def pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[
         msg = err["msg"]
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
+        elif err["type"] == "value_error":  # our validators' own words, without pydantic's prefix
+            msg = msg.removeprefix("Value error, ")
         out.append(SpecError(path=json_path(prefix + loc), message=msg))
     return out
 
@@ -77,7 +79,10 @@ def decode_spec(raw: bytes) -> dict[str, Any]:
         raise SpecInvalid([SpecError("$", f"body nests deeper than {MAX_SPEC_DEPTH} levels")]) from None
     if _too_deep(doc, MAX_SPEC_DEPTH + 2):  # +2: a CloudEvent wraps the spec in one more object
         raise SpecInvalid([SpecError("$", f"body nests deeper than {MAX_SPEC_DEPTH} levels")])
-    if isinstance(doc, dict) and "specversion" in doc and isinstance(doc.get("data"), dict):
+    if isinstance(doc, dict) and "specversion" in doc:  # a CloudEvent: its data is the spec
+        if not isinstance(doc.get("data"), dict):
+            got = "nothing" if doc.get("data") is None else type(doc.get("data")).__name__
+            raise SpecInvalid([SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}")])
         doc = doc["data"]
     if not isinstance(doc, dict):
         raise SpecInvalid([SpecError("$", f"spec must be a JSON object, got {type(doc).__name__}")])

@@ -6,6 +6,7 @@ spec is reported instead of silently ignored.
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Annotated, Any, Literal
 
@@ -51,12 +52,22 @@ def check_id(value: object, what: str = "id") -> str:
                          "starting with a letter or digit")
     return value
 
+_NUMBERS = (int, float, int | None, float | None)
 POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")
 REQUIRED_POLICIES = ("clusterAllocator", "resourceAllocator")
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_bool_for_numbers(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1 ("minInstances": true placed a block); "2" and 2.0
+        # stay accepted (YAML and JSON writers differ on those)
+        if isinstance(value, bool) and info.field_name and cls.model_fields[info.field_name].annotation in _NUMBERS:
+            raise ValueError("must be a number, not true or false")
+        return value
 
 
 class PolicyRule(_Strict):
@@ -66,6 +77,18 @@ class PolicyRule(_Strict):
     policyRuleURI: str = Field(min_length=1)
     parameters: dict[str, Any] = Field(default_factory=dict)
     settings: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_misspelt_kind(cls, name: str) -> str:
+        # a new name extends the block's policies (seed 000), but nothing calls it: one a letter
+        # or two from a kind is a typo that would silently leave the component's policy in charge
+        if name not in POLICY_KINDS:
+            close = difflib.get_close_matches(name, POLICY_KINDS, n=1, cutoff=0.8)
+            if close or name.lower() in {k.lower() for k in POLICY_KINDS}:
+                kind = close[0] if close else next(k for k in POLICY_KINDS if k.lower() == name.lower())
+                raise ValueError(f"unknown policy kind {name!r}: did you mean {kind!r}? (the kinds: {', '.join(POLICY_KINDS)})")
+        return name
 
     @field_validator("policyRuleURI")
     @classmethod

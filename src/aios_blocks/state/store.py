@@ -11,7 +11,9 @@ from typing import Any
 
 import msgspec
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
 from ..schemas.spec import Cluster, Component, Node
@@ -94,6 +96,10 @@ class Records(Mapping[str, dict[str, Any]]):
         return len(self._flat) // 2
 
 
+class StoreUnreachable(ConnectionError):
+    """Redis did not answer (``Store.reachable``)."""
+
+
 class Store:
     def __init__(self, r: aioredis.Redis):
         #: always made with ``decode_responses=True``: redis-py's types cannot say so (they give
@@ -130,6 +136,14 @@ class Store:
 
     async def close(self) -> None:
         await self.r.aclose()
+
+    async def reachable(self) -> None:
+        """Raise :class:`StoreUnreachable` (a ``ConnectionError``) when Redis does not answer a
+        PING: a command line tool says so in one line instead of a redis-py traceback."""
+        try:
+            await self.r.ping()
+        except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+            raise StoreUnreachable(f"cannot connect to Redis: {exc}") from exc
 
     # -- components ------------------------------------------------------------------------
     async def put_component(self, comp: Component) -> None:

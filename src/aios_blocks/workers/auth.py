@@ -32,6 +32,7 @@ from urllib.parse import urlsplit, urlunsplit
 from ..bus import event_ids, subjects
 from ..bus.catalog import EVENTS, E, Role
 from ..schemas.spec import ID_RE
+from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
 WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
@@ -399,14 +400,6 @@ def with_userinfo(url: str, user: str, password: str) -> str:
     parts = urlsplit(url)
     host = parts.netloc.rsplit("@", 1)[-1]
     return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, parts.query, parts.fragment))
-
-
-_USERINFO = re.compile(r"(?P<scheme>[a-z][a-z0-9+.-]*://)(?P<user>[^:@/\s]*)(?::[^@/\s]*)?@", re.I)
-
-
-def mask(text: str) -> str:
-    """Hide the password of every URL in ``text`` (``nats://u:secret@h`` -> ``nats://u:***@h``)."""
-    return _USERINFO.sub(lambda m: f"{m['scheme']}{m['user']}:***@", text)
 
 
 def url_user(url: str) -> str | None:

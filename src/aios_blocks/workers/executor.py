@@ -356,10 +356,7 @@ class Executor:
         assert self.session is not None
         idempotent = _truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
         tmo = headers.get("Aios-Timeout-Ms") or headers.get("aios-timeout-ms")
-        try:
-            timeout_s = float(tmo) / 1000 if tmo else self.s.executor_task_timeout_s
-        except ValueError:
-            raise Refused(400, f"Aios-Timeout-Ms must be a number of milliseconds, got {tmo!r}")
+        timeout_s = task_timeout_s(tmo) if tmo else self.s.executor_task_timeout_s
         target = path if path is not None else route.path
         fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS and not k.lower().startswith("nats-")}
         task = {"method": method, "path": target, "bytes": len(body), "idempotent": idempotent,
@@ -372,7 +369,7 @@ class Executor:
             if attempt == 0:
                 deadline = now + timeout_s  # the task's whole budget: queue, every attempt, backoff
             if deadline - now <= 0:
-                raise Refused(504, f"{last}; the task's time limit ({timeout_s * 1000:g} ms) ran out")
+                raise Refused(504, (f"{last}; " if last else "") + f"the task's time limit ({timeout_s * 1000:g} ms) ran out")
             v = await route.acquire(task, frozenset(tried), deadline)
             iid = v["id"]
             if v["inflight"] == 1:  # progress: since when this instance has work (executor.outlier)
@@ -622,3 +619,20 @@ def refusal_body(r: Refused) -> bytes:
 
 async def run(w: Worker, stop: asyncio.Event, cluster: str | None = None) -> None:
     await Executor(w, cluster).run(stop)
+
+
+#: the longest time limit a task may ask for (``Aios-Timeout-Ms``): one day
+MAX_TASK_TIMEOUT_MS = 86_400_000
+
+
+def task_timeout_s(header: str) -> float:
+    """The task's time limit from its ``Aios-Timeout-Ms`` header, in seconds: a number of
+    milliseconds above 0 and at most a day (``inf``, ``nan``, ``0`` and negatives are refused
+    with 400, not taken as "no time left" or as no limit)."""
+    try:
+        ms = float(header)
+    except ValueError:
+        raise Refused(400, f"Aios-Timeout-Ms must be a number of milliseconds, got {header!r}") from None
+    if not (0 < ms <= MAX_TASK_TIMEOUT_MS):  # nan fails every comparison
+        raise Refused(400, f"Aios-Timeout-Ms must be above 0 and at most {MAX_TASK_TIMEOUT_MS} (a day), got {header!r}")
+    return ms / 1000
