@@ -182,6 +182,17 @@ async def test_tasks_over_nats_and_http_and_their_error_statuses(rig: Rig) -> No
     status, body, h = await rig.task("nope")
     assert status == 404 and "unknown block 'nope'" in h["Aios-Error"] and msgspec.json.decode(body)["status"] == 404
 
+    # a time limit that is no time, or none, is the requester's mistake: 400 both ways (inf was a
+    # 500 with an OverflowError, -5 a 504 with an empty reason, nan went on to the instance)
+    hits = len(a.hits) + len(b.hits)
+    async with aiohttp.ClientSession() as http:
+        for bad in ("inf", "1e309", "nan", "0", "-5", "soon"):
+            async with http.post(f"{rig.http}/blocks/blk/tasks", data=b"{}", headers={"Aios-Timeout-Ms": bad}) as r:
+                assert r.status == 400 and "Aios-Timeout-Ms" in r.headers["Aios-Error"], (bad, r.status)
+            status, _, h = await rig.task("blk", b"{}", Aios_Timeout_Ms=bad)
+            assert status == 400 and "Aios-Timeout-Ms" in h["Aios-Error"] and h.get("Aios-Task-Id"), (bad, h)
+    assert len(a.hits) + len(b.hits) == hits  # none reached an instance
+
 
 async def test_an_upstream_client_gets_its_answer_on_its_own_inbox(rig: Rig, tmp_path: Path) -> None:
     import nats
