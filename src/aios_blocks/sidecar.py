@@ -41,7 +41,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import structlog
@@ -51,6 +51,7 @@ from .bus.catalog import E
 from .schemas.events import DeadLetter, SidecarAlert, TaskOutput, decode_envelope
 
 log = structlog.get_logger("aios.sidecar")
+T = TypeVar("T")
 
 #: how much of an output a dead letter keeps (dead letters live in the AIOS stream)
 DLQ_DATA_BYTES = 8 * 1024
@@ -254,25 +255,32 @@ async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None
 
     stop = stop or asyncio.Event()
     own = bus is None
+    spec = subjects.sidecar(cfg.block_id, cfg.name, cfg.status)
     if bus is None:
-        nc = await connect(cfg.nats_url, name=f"aios-blocks/sidecar/{cfg.durable}", ca=cfg.nats_ca)
+        # nats-py retries a first connect that fails (a refused login too) forever: a SIGTERM
+        # meanwhile must still stop the side-car now, not after its agent's stopGraceS and a SIGKILL
+        nc = await _unless_stopped(stop, connect(cfg.nats_url, name=f"aios-blocks/sidecar/{cfg.durable}", ca=cfg.nats_ca))
+        if nc is None:
+            log.info("sidecar.stop", consumer=spec.durable, handled=0, connected=False)
+            return Processor(cfg, handler)
         # a key of its own: a side-car never holds the system's (its dead letters dedupe among themselves)
         bus = Bus(nc, f"aios-blocks/sidecar/{cfg.durable}", event_key=event_ids.new_key())
     ctx = Context(cfg, bus.nc)
     ctx._loop = asyncio.get_running_loop()
     proc = Processor(cfg, handler, ctx)
-    spec = subjects.sidecar(cfg.block_id, cfg.name, cfg.status)
     try:
         while True:
-            try:
-                await bus.ensure_sidecar_consumer(spec, cfg.max_deliver, cfg.ack_wait_s)
-                puller = await bus.puller(spec.stream, spec.durable)
-                break
+            try:  # a JetStream call waits up to its timeout while NATS is away: not past a stop
+                puller = await _unless_stopped(stop, _subscribe(bus, spec, cfg))
             except Exception as exc:  # the stream not there yet, NATS away: wait
                 if stop.is_set():
                     return proc
                 log.warning("sidecar.waiting", consumer=spec.durable, error=repr(exc))
                 await _sleep(stop, 1.0)
+                continue
+            if puller is None:
+                return proc
+            break
         log.info("sidecar.start", consumer=spec.durable, filters=spec.filters)
         while not stop.is_set():
             try:
@@ -313,6 +321,28 @@ async def _settle(bus: Any, proc: Processor, msg: Any, durable: str) -> None:
             await msg.term()
     except Exception as exc:  # could not settle (NATS away): the server sends it again after ackWaitS
         log.warning("sidecar.settle_failed", consumer=durable, action=v.action, error=repr(exc))
+
+
+async def _subscribe(bus: Any, spec: Any, cfg: Config) -> Any:
+    await bus.ensure_sidecar_consumer(spec, cfg.max_deliver, cfg.ack_wait_s)
+    return await bus.puller(spec.stream, spec.durable)
+
+
+async def _unless_stopped(stop: asyncio.Event, aw: Awaitable[T]) -> T | None:
+    """``aw``'s result (or its exception), or ``None`` once ``stop`` is set first (``aw`` is cancelled)."""
+    task = asyncio.ensure_future(aw)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait((task, stopped), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+    if task.cancelled():
+        return None
+    return task.result()
 
 
 async def _sleep(stop: asyncio.Event, s: float) -> None:

@@ -98,18 +98,26 @@ class Agents:
         comp["launch"] = base
         return comp
 
-    def start(self, nid: str, cluster: str = "ca", rack: str = "r0") -> subprocess.Popen[bytes]:
+    def start(self, nid: str, cluster: str = "ca", rack: str = "r0", standalone: bool = False) -> subprocess.Popen[bytes]:
+        """``standalone``: as one runs `blocks agent` next to `blocks up` (docs/agents.md): no NATS
+        setting in its environment, only ``--data-dir`` (it takes its node's user from there)."""
         env = {**os.environ, "AIOS_NATS_URL": self.system.supervisor.nats_url}
         env.pop("AIOS_REDIS_URL", None)  # an agent needs only NATS
         servers = self.system.servers
-        if servers is not None:  # as the node's own user agent-<nid>: only its node's rights
+        extra: list[str] = []
+        if standalone:
+            assert servers is not None, "a standalone agent needs the embedded servers' data dir"
+            for name in ("AIOS_NATS_URL", "AIOS_NATS_CA", "AIOS_EVENT_KEY", "AIOS_SIDECAR_NATS_URL"):
+                env.pop(name, None)
+            extra = ["--data-dir", str(self.system.data_dir)]
+        elif servers is not None:  # as the node's own user agent-<nid>: only its node's rights
             env.update(servers.agent_env(nid))
             assert not servers.auth or url_user(env["AIOS_NATS_URL"]) == f"agent-{nid}"
         log = open(self.base / f"agent-{nid}.log", "ab")
         proc = subprocess.Popen(
             [sys.executable, "-m", "aios_blocks.cli", "agent", "--node-id", nid, "--cluster", cluster,
              "--runtime", self.runtime_name, "--sim-gpus", "2", "--cpu", "8", "--memory", "16384", "--rack", rack,
-             "--heartbeat-s", "0.5", "--agent-dir", str(self.base / "agent")],
+             "--heartbeat-s", "0.5", "--agent-dir", str(self.base / "agent"), *extra],
             env=env, stdout=log, stderr=log, start_new_session=True,
         )
         log.close()

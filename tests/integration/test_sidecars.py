@@ -6,11 +6,14 @@ losing one, dead-letters what its handler keeps refusing, and goes with its bloc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import sqlite3
+import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +27,7 @@ from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
 from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+from aios_blocks.workers.auth import url_user
 from aios_blocks.workers.embedded import free_port
 
 from .conftest import COMPONENT, System
@@ -45,12 +49,12 @@ def http_port(monkeypatch: pytest.MonkeyPatch) -> int:
     return port
 
 
-@pytest.fixture
-async def agents(http_port: int, system: System, tmp_path: Path) -> AsyncIterator[Agents]:
+@contextlib.asynccontextmanager
+async def node_agent(system: System, tmp_path: Path, standalone: bool = False) -> AsyncIterator[Agents]:
     a = Agents(system, "process", tmp_path)
     rt = ProcessRuntime()
     try:
-        a.start(NODE, cluster=CLUSTER)
+        a.start(NODE, cluster=CLUSTER, standalone=standalone)
         await a.wait_registered(NODE)
         yield a
     finally:
@@ -59,6 +63,22 @@ async def agents(http_port: int, system: System, tmp_path: Path) -> AsyncIterato
             for inst in await rt.list(NODE):
                 await rt.stop(inst.handle, 0)
             await asyncio.sleep(0.3)
+
+
+@pytest.fixture
+async def agents(http_port: int, system: System, tmp_path: Path) -> AsyncIterator[Agents]:
+    async with node_agent(system, tmp_path) as a:
+        yield a
+
+
+@pytest.fixture
+async def standalone_agent(http_port: int, system: System, tmp_path: Path) -> AsyncIterator[Agents]:
+    """`blocks agent --data-dir` next to the running system, as docs/agents.md runs it: no NATS
+    setting in its environment (it logs in as its node's user from the data dir)."""
+    if system.servers is None or not system.servers.auth:
+        pytest.skip("needs the embedded servers with login required")
+    async with node_agent(system, tmp_path, standalone=True) as a:
+        yield a
 
 
 def echo_component(**extra: Any) -> dict[str, Any]:
@@ -216,6 +236,65 @@ async def test_no_output_is_lost_when_nats_restarts_mid_run(agents: Agents, http
     want = set(answered)
     await until(lambda: _async(set(stored(db)) >= want), 120, "every answered task's output stored")
     assert set(stored(db)) == want
+
+
+async def test_a_standalone_agents_sidecars_log_in_as_the_sidecar_user_and_store_outputs(standalone_agent: Agents,
+                                                                                          tmp_path: Path) -> None:
+    """The agent of docs/agents.md (`blocks agent` beside `blocks up`, no AIOS_NATS_URL, login
+    required) hands its side-cars the `sidecar` user's URL, as it does the agents started with
+    ``agent_env``: they log in, consume the outputs and go with the block."""
+    c = standalone_agent.system.client
+    db = tmp_path / "standalone.db"
+    bid = "sc-standalone"
+    await place(c, bid, [store_sidecar(db)], n=1)
+    (sc,) = await until(lambda: sidecars_running(bid), 60, "the side-car running")
+    env = await standalone_agent.environment(sc)
+    assert url_user(env["AIOS_NATS_URL"]) == "sidecar", "the side-car got no credentials"
+    want = set()
+    for n in range(5):
+        status, _, _ = await c.task(bid, json.dumps({"n": n}).encode(), headers={"Aios-Task-Id": f"s{n}"})
+        assert status == 200
+        want.add(f"s{n}")
+    await until(lambda: _async(set(stored(db)) >= want), 30, "every output stored by the side-car")
+    durable = subjects.sidecar_durable(bid, "store")
+    await c.delete(bid)
+
+    async def gone() -> bool:
+        if await sidecars_running(bid):
+            return False
+        try:
+            await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
+            return False
+        except NotFoundError:
+            return True
+
+    await until(gone, 30, "the side-car stopped and its consumer deleted")
+
+
+async def test_a_sidecar_that_cannot_log_in_stops_at_once_on_sigterm(system: System, tmp_path: Path) -> None:
+    """A side-car whose NATS login is refused (nats-py retries the first connect forever) still
+    stops on SIGTERM at once, not after its agent's stopGraceS and a SIGKILL."""
+    if system.servers is None or not system.servers.auth:
+        pytest.skip("needs the embedded servers with login required")
+    log = tmp_path / "sidecar.log"
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONUNBUFFERED": "1", "AIOS_NATS_URL": system.servers.endpoints.nats,
+           "AIOS_BLOCK_ID": "sc-nologin", "AIOS_SIDECAR": json.dumps(store_sidecar(tmp_path / "x.db"))}
+    proc = _spawn(STORE, env, log, tmp_path)
+    try:
+        await until(lambda: _async("Authorization Violation" in log.read_text()), 20, "the refused login")
+        t0 = time.monotonic()
+        proc.terminate()
+        rc = await asyncio.to_thread(proc.wait, 5)
+        assert time.monotonic() - t0 < 3 and rc == 0, log.read_text()[-2000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+
+def _spawn(cmd: list[str], env: dict[str, str], log: Path, cwd: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
 
 
 async def test_a_bad_sidecar_spec_is_rejected_with_every_problem(system: System) -> None:

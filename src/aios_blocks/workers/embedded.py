@@ -307,19 +307,23 @@ class EmbeddedServers:
 def agent_nats_url(data_dir: Path, nid: str) -> str | None:
     """NATS URL of node ``nid``'s agent: ``AIOS_NATS_URL``, else the embedded server a running
     ``blocks up`` in ``data_dir`` serves, as user ``agent-<nid>`` when it requires credentials (the
-    user is added on first use; the secrets file must be writable). Sets ``AIOS_NATS_CA`` when the
-    embedded NATS serves TLS. ``None``: neither."""
+    user is added on first use; the secrets file must be writable). The rest of the agent's
+    environment (``Endpoints.agent_env``, what an agent started with it gets) goes into this
+    process's, where not set already: ``AIOS_NATS_CA`` when the embedded NATS serves TLS, the
+    node's own ``AIOS_EVENT_KEY`` and ``AIOS_SIDECAR_NATS_URL`` (the ``sidecar`` user's URL, which
+    the agent gives its side-cars). ``None``: neither."""
     if url := os.environ.get("AIOS_NATS_URL"):
         return url
     ep = authn.read_endpoints(data_dir)
     if ep is None:
         return None
     env = ep.agent_env(nid)
-    for name in ("AIOS_NATS_CA", "AIOS_EVENT_KEY"):  # the TLS CA; the node's own event-id key
-        if value := env.get(name):
+    url = env.pop("AIOS_NATS_URL")
+    for name, value in env.items():  # all of it: a variable left out here is one the agent lacks
+        if value:
             os.environ.setdefault(name, value)
     settings_load.cache_clear()  # the process's settings now include what endpoints.json says
-    return env["AIOS_NATS_URL"]
+    return url
 
 
 def find_data_dir(start: Path | None = None) -> Path | None:

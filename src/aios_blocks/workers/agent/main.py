@@ -106,11 +106,15 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
                 return
             log.warning("agent.waiting_for_stream", error=repr(exc))
             await asyncio.sleep(1.0)
+    sidecar_url = bus.settings.sidecar_nats_url or strip_userinfo(nats_url)
+    if not bus.settings.sidecar_nats_url and sidecar_url != nats_url:
+        log.warning("agent.sidecar_url_without_credentials", node=opts.node_id,
+                    note="AIOS_SIDECAR_NATS_URL is not set: side-cars get this agent's URL without its credentials")
     cfg = AgentConfig(
         node=node, agent_name=f"{opts.runtime}@{socket.gethostname()}", runtime_name=opts.runtime,
         data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
         drain_grace_s=opts.drain_grace_s,
-        sidecar_nats_url=bus.settings.sidecar_nats_url or strip_userinfo(nats_url), sidecar_nats_ca=bus.settings.nats_ca or "",
+        sidecar_nats_url=sidecar_url, sidecar_nats_ca=bus.settings.nats_ca or "",
         sidecar_restart_s=bus.settings.sidecar_restart_s,
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)

@@ -108,22 +108,26 @@ class ProcessRuntime:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGTERM)
-        deadline = time.monotonic() + grace_s
-        while time.monotonic() < deadline:
-            if child is not None and child.poll() is not None:
-                break
-            if child is None and (p is None or not p.is_running() or p.status() == psutil.STATUS_ZOMBIE):
-                break
-            await asyncio.sleep(0.05)
-        else:
+        try:
+            deadline = time.monotonic() + grace_s
+            while time.monotonic() < deadline:
+                if child is not None and child.poll() is not None:
+                    break
+                if child is None and (p is None or not p.is_running() or p.status() == psutil.STATUS_ZOMBIE):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            if child is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    await asyncio.to_thread(child.wait, 5)
+        finally:
+            # whatever else is left in the instance's process group; also when this wait is cut
+            # short (the agent stopping mid-grace cancels it): what was told to stop never runs on,
+            # an orphan of init until the next agent comes
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
-        if child is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                await asyncio.to_thread(child.wait, 5)
-        # whatever else is left in the instance's process group
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pid, signal.SIGKILL)
 
     async def list(self, node_id: str) -> list[RuntimeInstance]:
         return await asyncio.to_thread(self._scan, node_id, None)
