@@ -166,17 +166,7 @@ async def test_a_sidecar_stores_every_output_once_through_sigkill_and_goes_with_
     durable = subjects.sidecar_durable(bid, "store")
     assert await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
     await c.delete(bid)
-
-    async def gone() -> bool:
-        if await sidecars_running(bid):
-            return False
-        try:
-            await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
-            return False
-        except NotFoundError:
-            return True
-
-    await until(gone, 60, "the side-car stopped and its consumer deleted")
+    await until(lambda: _sidecar_gone(c, bid, durable), 60, "the side-car stopped and its consumer deleted")
 
 
 async def test_a_failing_handler_dead_letters_each_output_with_the_reason_after_max_deliver(agents: Agents, tmp_path: Path) -> None:
@@ -258,17 +248,7 @@ async def test_a_standalone_agents_sidecars_log_in_as_the_sidecar_user_and_store
     await until(lambda: _async(set(stored(db)) >= want), 30, "every output stored by the side-car")
     durable = subjects.sidecar_durable(bid, "store")
     await c.delete(bid)
-
-    async def gone() -> bool:
-        if await sidecars_running(bid):
-            return False
-        try:
-            await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
-            return False
-        except NotFoundError:
-            return True
-
-    await until(gone, 30, "the side-car stopped and its consumer deleted")
+    await until(lambda: _sidecar_gone(c, bid, durable), 30, "the side-car stopped and its consumer deleted")
 
 
 async def test_a_sidecar_that_cannot_log_in_stops_at_once_on_sigterm(system: System, tmp_path: Path) -> None:
@@ -311,3 +291,14 @@ async def test_a_bad_sidecar_spec_is_rejected_with_every_problem(system: System)
 
 async def _async(value: bool) -> bool:
     return value
+
+
+async def _sidecar_gone(c: Any, bid: str, durable: str) -> bool:
+    """The block's side-car is no longer running and its consumer is deleted."""
+    if await sidecars_running(bid):
+        return False
+    try:
+        await c.bus.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
+        return False
+    except NotFoundError:
+        return True
