@@ -14,6 +14,7 @@ import aiohttp
 import msgspec
 import pytest
 
+from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
 from aios_blocks.workers.embedded import resolve_urls
@@ -106,6 +107,17 @@ async def test_blocks_up_serves_a_block_over_nats_http_and_the_cli(tmp_path: Pat
             stop.set()
             await asyncio.gather(*loaders)
             assert results and all(s == 200 for s in results), {s: results.count(s) for s in set(results)}
+
+            # the instance-map bucket lost with its stream: the next fact makes it anew, and the
+            # blocks already running are refilled from the state (they answered 404 until their
+            # own next fact, and after a restart for good)
+            await client.bus.js.delete_stream(f"KV_{subjects.INSTANCE_BUCKET}")
+            spec.write_text(json.dumps({"blockComponentURI": COMPONENT["componentURI"], "blockId": "svc2", "minInstances": 1,
+                                        "maxInstances": 1}))
+            r = await asyncio.to_thread(up.cli, "submit", str(spec), "--wait")
+            assert r.returncode == 0, r.stdout + r.stderr
+            await _answered(client, "svc2", 1)
+            await _answered(client, "svc", 3)
         finally:
             await client.close()
     finally:

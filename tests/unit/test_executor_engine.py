@@ -292,6 +292,30 @@ def test_mapper_ignores_facts_of_older_generations_and_other_nodes() -> None:
     assert m3 is not None and set(m3["instances"]) == {"j0"} and m3["gen"] == 3
 
 
+def test_a_map_rebuilt_from_the_state_routes_to_what_runs() -> None:
+    # a lost bucket made anew is refilled from Redis (workers/executor.py, refill_maps)
+    insts = {
+        "i0": {"node": "n0", "status": "running", "endpoint": "http://127.0.0.1:9000"},
+        "i1": {"node": "n1", "status": "starting"},
+        "i2": {"node": "n2", "status": "removing", "endpoint": "http://127.0.0.1:9002"},
+        "i3": {"node": "n3", "status": "removing"},  # never reachable: left out
+        "i4": {"node": "n4", "status": "running"},  # no address yet: starting, not ready
+    }
+    m = mapper.from_state("b", {**BLOCK, "status": "ready"}, insts, 5.0)
+    assert m is not None and m["block_id"] == "b" and m["gen"] == BLOCK["gen"] and m["path"] == "/v1/x"
+    assert {k: v["state"] for k, v in m["instances"].items()} == {"i0": "ready", "i1": "starting", "i2": "draining",
+                                                                 "i4": "starting"}
+    assert m["instances"]["i0"] == {"node": "n0", "endpoint": "http://127.0.0.1:9000", "state": "ready", "since": 5.0}
+    # then facts apply to it as to any map: a redelivered added changes nothing
+    assert mapper.on_added(ev(), m, BLOCK, 6.0) is None
+    for status in ("failed", "deleted", "rejected", "parsed"):
+        assert mapper.from_state("b", {**BLOCK, "status": status}, insts, 5.0) is None
+    assert mapper.from_state("b", None, insts, 5.0) is None
+    assert mapper.from_state("b", {**BLOCK, "status": "placing"}, {}, 5.0) is None  # nothing placed yet
+    empty = mapper.from_state("b", {**BLOCK, "status": "ready"}, {}, 5.0)  # scaled to zero: known, held
+    assert empty is not None and empty["instances"] == {}
+
+
 def test_a_removal_before_its_addition_keeps_it_gone() -> None:
     m = mapper.on_removed(ev(), None, BLOCK, 1.0)
     assert m is not None and m["gone"] == ["i0"]

@@ -188,3 +188,33 @@ def on_ready(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | No
     if current is not None and all(out.get(k) == current.get(k) for k in ("block_id", "gen", "cluster", *BLOCK_KEYS)):
         return None
     return out
+
+
+#: an instance record's status (Redis) -> its state in a map rebuilt from the state
+_FROM_STATUS = {"starting": InstanceState.STARTING, "running": InstanceState.READY, "removing": InstanceState.DRAINING}
+
+
+def from_state(bid: str, block: dict[str, Any] | None, instances: dict[str, dict[str, Any]], now: float) -> dict[str, Any] | None:
+    """A block's map rebuilt from its state (its Redis record and instances), for a bucket that
+    was lost and made anew: the block's fields, its starting and running instances, and those on
+    their way out that were reachable (draining: no new task). ``None`` for a block that is not
+    live (nothing to route to) or not ready yet with no instance."""
+    if block is None or block.get("status") not in ("placing", "ready"):
+        return None
+    gen = int(block.get("gen", 0))
+    out = _base(bid, gen, None, block)
+    if out is None:
+        return None
+    for iid, rec in sorted(instances.items()):
+        state = _FROM_STATUS.get(str(rec.get("status", "")))
+        if state is None or int(rec.get("gen", gen)) != gen:
+            continue
+        endpoint = str(rec.get("endpoint") or "")
+        if state is InstanceState.READY and not endpoint:
+            state = InstanceState.STARTING  # running, but its address is not known yet
+        if state is InstanceState.DRAINING and not endpoint:
+            continue  # never reachable: nothing routes to it
+        out["instances"][iid] = {"node": str(rec.get("node", "")), "endpoint": endpoint, "state": str(state), "since": now}
+    if not out["instances"] and block.get("status") != "ready":
+        return None
+    return out

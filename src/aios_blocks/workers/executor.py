@@ -130,7 +130,7 @@ class Executor:
         #: a pinned executor's per-block responders
         self._serving: dict[str, Any] = {}
         self.s = w.settings
-        self.maps = InstanceMaps(w.bus)
+        self.maps = InstanceMaps(w.bus, on_created=self.refill_maps)
         self.routes: dict[str, Route] = {}
         #: block -> (revision, monotonic time) of the last map seen (mapper propagation figures)
         self.seen: dict[str, tuple[int, float]] = {}
@@ -509,6 +509,24 @@ class Executor:
             return web.Response(status=r.status, body=refusal_body(r), headers=h, content_type="application/json")
 
     # -- mapper ---------------------------------------------------------------------------------
+    async def refill_maps(self) -> int:
+        """The bucket was made anew by this process (lost with its stream, or deleted): every live
+        block's map rebuilt from the state (``mapper.from_state``) where the bucket has none yet,
+        so blocks already running answer tasks again without waiting for their next fact. A map a
+        fact wrote meanwhile is newer and is kept. Returns the number of maps written."""
+        n = 0
+        try:
+            for bid in await self.w.store.list_blocks(limit=1_000_000):
+                block, insts = await self.w.store.block_view(bid)
+                rebuilt = mapper.from_state(bid, block, insts, time.time())
+                if rebuilt is not None and await self.maps.update(bid, _only_if_absent(rebuilt)):
+                    n += 1
+        except Exception as exc:  # the maps then come back with each block's next fact, as before
+            log.warning("instance_map.refill_failed", error=repr(exc), refilled=n)
+            return n
+        log.info("instance_map.refilled", blocks=n)
+        return n
+
     def mapper_binding(self) -> tuple[subjects.ConsumerSpec, Any]:
         router = Router(subjects.MAPPER)
         w = self.w
@@ -636,3 +654,8 @@ def task_timeout_s(header: str) -> float:
     if not (0 < ms <= MAX_TASK_TIMEOUT_MS):  # nan fails every comparison
         raise Refused(400, f"Aios-Timeout-Ms must be above 0 and at most {MAX_TASK_TIMEOUT_MS} (a day), got {header!r}")
     return ms / 1000
+
+
+def _only_if_absent(new: dict[str, Any]) -> Callable[[dict[str, Any] | None], dict[str, Any] | None]:
+    """A map change that writes ``new`` only where the block has no map (a fact's is newer)."""
+    return lambda current: new if current is None else None
