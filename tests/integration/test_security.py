@@ -4,6 +4,7 @@ ACLs), private inboxes, node agents added at run time, TLS, and secrets never in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -333,6 +334,16 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
     for subject in ("aios.block.w-1.create", "aios.block.w-1.instance.i.added", "aios.node.w1.registered"):
         await controller.nc.publish(subject, b"{}")
         assert await controller.denied(subject), subject
+    # any consumer name (its per-cluster durables are named at run time), but no other kind's: it
+    # deleted the parser's and could pull the gateway's or ack for the parser (suppressing events)
+    st = subjects.STREAM
+    for subject in (f"$JS.API.CONSUMER.DELETE.{st}.{subjects.PARSER.durable}", f"$JS.API.CONSUMER.MSG.NEXT.{st}.{subjects.GATEWAY.durable}",
+                    f"$JS.ACK.{st}.{subjects.PARSER.durable}.1.1.1.1.0", f"$JS.API.CONSUMER.DELETE.{st}.{subjects.MAPPER.durable}",
+                    f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.{subjects.agent().durable}"):
+        await controller.nc.publish(subject, b"{}")
+        assert await controller.denied(subject), subject
+    await controller.nc.publish(f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.controller-c9", b"{}")
+    assert not await controller.denied(f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.controller-c9")
     autoscaler = await connect(ep.nats_url("autoscaler"))  # targets and its decisions only: never a placement
     for subject in ("aios.cluster.w1.scale", "aios.node.w1.instance.create", "aios.block.w-1.ready"):
         await autoscaler.nc.publish(subject, b"{}")
@@ -358,6 +369,10 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
         assert await executor.denied(subject), subject
     await executor.nc.publish("aios.block.w-2.scale.target", b"{}")
     assert not await executor.denied("aios.block.w-2.scale.target")
+    kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"  # the bucket: made and read, never deleted or purged
+    for subject in (f"$JS.API.STREAM.DELETE.{kv_stream}", f"$JS.API.STREAM.PURGE.{kv_stream}", f"$JS.API.STREAM.UPDATE.{kv_stream}"):
+        await executor.nc.publish(subject, b"{}")
+        assert await executor.denied(subject), subject
     assert await stored(admin, "aios.block.w-2.scale.target")
 
 
@@ -580,6 +595,58 @@ async def test_workers_run_as_their_roles_and_the_flow_needs_no_more(system: Sys
     assert kind == "ready"
     log = (system.data_dir / "nats.log").read_text()
     assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line][:5]
+
+
+async def test_a_responder_answers_only_an_inbox_so_no_requester_writes_through_it(system: System) -> None:
+    """A responder publishes its answer through ``allow_responses``, which NATS grants for any
+    reply subject the requester names. An upstream client that named a stored subject or a KV key
+    as its task's reply had the executor store a forged ``ready`` or overwrite a block's instance
+    map (or the system's event key); an agent did the same through the controller's ``expected``
+    responder. Both now answer inboxes only."""
+    assert system.servers is not None and system.servers.auth
+    ep = system.servers.endpoints
+    admin = system.client.bus
+    up = await Bus.open(ep.nats_url("upstream"), "test/upstream")
+    agent = await Bus.open(auth.ensure_agent(system.data_dir, "fn1"), "test/agent-fn1")
+    try:
+        async with asyncio.timeout(60):  # the executor serves (an unknown block is answered 404)
+            while True:
+                try:
+                    answer = await up.nc.request(E.block_task.subject(bid="nosuch"), b"{}", timeout=2)
+                    if (answer.headers or {}).get("Aios-Status") == "404":
+                        break
+                except Exception:
+                    await asyncio.sleep(0.2)
+        forged = ["aios.block.victim.ready", "aios.block.victim2.parsed", f"$KV.{subjects.INSTANCE_BUCKET}.victim",
+                  f"$KV.{event_ids.KV_BUCKET}.event"]
+        for reply in forged:
+            await up.nc.publish(E.block_task.subject(bid="nosuch"), b"{}", reply=reply)
+        await agent.nc.publish(subjects.node_expected("fn1"), b"{}", reply="aios.block.victim3.ready")
+        await agent.nc.publish(subjects.node_expected("fn1"), b"{}", reply=f"$KV.{subjects.INSTANCE_BUCKET}.victim3")
+        # real requests, sent after the forged ones, are still answered
+        assert (await up.nc.request(E.block_task.subject(bid="nosuch"), b"{}", timeout=10)).headers["Aios-Status"] == "404"
+        assert json.loads((await agent.nc.request(subjects.node_expected("fn1"), b"{}", timeout=10)).data) == {"instances": {}}
+        logs = system.data_dir / "logs"
+
+        def refused() -> int:
+            text = "".join(p.read_text() for p in logs.glob("*.log"))
+            return text.count('"bus.reply_refused"') + text.count('"expected.ignored"')
+
+        async with asyncio.timeout(30):  # each forged request was seen and refused
+            while refused() < len(forged) + 2:
+                await asyncio.sleep(0.2)
+        for subject in ("aios.block.victim.ready", "aios.block.victim2.parsed", "aios.block.victim3.ready"):
+            assert not await stored(admin, subject), subject
+        for bucket, key in ((subjects.INSTANCE_BUCKET, "victim"), (subjects.INSTANCE_BUCKET, "victim3")):
+            with contextlib.suppress(NotFoundError):  # no bucket at all is fine too
+                kv = await admin.js.key_value(bucket)
+                with pytest.raises(NotFoundError):
+                    await kv.get(key)
+        keys = await admin.js.key_value(event_ids.KV_BUCKET)
+        assert b"error" not in (await keys.get("event")).value  # the key is still a key, not an answer
+    finally:
+        await up.close()
+        await agent.close()
 
 
 async def test_a_dangling_report_acts_only_on_the_node_of_its_subject(system: System) -> None:

@@ -152,6 +152,19 @@ def security_options(url: str, ca: str | None = None, settings: Settings | None 
     return opts
 
 
+#: the prefix of every requester's reply subjects (each user's own: ``_INBOX.<user>``)
+INBOX_PREFIX = "_INBOX."
+
+
+def may_reply(reply: str) -> bool:
+    """Whether a responder may publish its answer to ``reply``: only to an inbox. A responder's
+    user publishes its answers through ``allow_responses``, which NATS grants for *any* reply
+    subject a requester names; a requester that named a stored subject (``aios.block.B.ready``)
+    or a KV key (``$KV.aios-instances.B``) would have the responder write it for them, forging
+    events or state it may not publish itself (docs/security.md)."""
+    return reply.startswith(INBOX_PREFIX)
+
+
 class Unreachable(ConnectionError):
     """The first connection to a server could not be made in the time given (``first_wait_s``)."""
 
@@ -739,10 +752,15 @@ class Bus:
         """Answer ``event``'s requests as one of the queue group ``queue``: ``handler(tokens, body,
         headers) -> (body, headers)`` runs as its own task per request (requests are answered
         concurrently); a handler that raises is answered with ``Aios-Status: 500``, never with
-        silence. A request without a reply subject is handled and its answer dropped."""
+        silence. A request without a reply subject is handled and its answer dropped; one whose
+        reply subject is not an inbox (``may_reply``) is refused unhandled."""
         tasks: set[asyncio.Task[None]] = set()
 
         async def answer(msg: Any) -> None:
+            if msg.reply and not may_reply(msg.reply):
+                log.warning("bus.reply_refused", subject=msg.subject, reply=msg.reply[:120],
+                            why="a reply subject must be an inbox (_INBOX.)")
+                return
             toks = event.match(msg.subject) or {}
             try:
                 body, headers = await handler(toks, msg.data, dict(msg.headers or {}))

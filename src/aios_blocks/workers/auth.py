@@ -159,6 +159,22 @@ WORKER_DURABLES = tuple(c.durable for c in (subjects.PARSER, subjects.GATEWAY, s
                                              subjects.VCLUSTER, subjects.agent(), subjects.MAPPER))
 
 
+def _not_theirs(durables: Iterable[str]) -> list[str]:
+    """Deny rules that keep a role off these consumers of the ``AIOS`` stream: create or update,
+    pull, ack, delete (NATS checks deny first; consumer names are one token with no prefix
+    wildcards, so each name is denied on its own)."""
+    st = subjects.STREAM
+    deny = []
+    for d in sorted(set(durables)):
+        deny += [f"{JS}.CONSUMER.CREATE.{st}.{d}", f"{JS}.CONSUMER.CREATE.{st}.{d}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.{d}",
+                 f"{JS}.CONSUMER.MSG.NEXT.{st}.{d}", f"{JS}.CONSUMER.DELETE.{st}.{d}", f"$JS.ACK.{st}.{d}.>"]
+    return deny
+
+
+#: the durables the controller kind consumes besides its per-cluster ``controller-<cid>``
+CONTROLLER_DURABLES = (subjects.controller().durable, subjects.LIFECYCLE.durable, subjects.VCLUSTER.durable)
+
+
 def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str]]:
     """Observers read everything and may keep consumers of their own, durable or ephemeral, push
     or pull (create, pull, ack, delete), but never touch a worker's: pulling or acking from it
@@ -170,11 +186,7 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     allow = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
-    deny = []
-    for d in sorted({*WORKER_DURABLES, *protected}):
-        deny += [f"{JS}.CONSUMER.CREATE.{st}.{d}", f"{JS}.CONSUMER.CREATE.{st}.{d}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.{d}",
-                 f"{JS}.CONSUMER.MSG.NEXT.{st}.{d}", f"{JS}.CONSUMER.DELETE.{st}.{d}", f"$JS.ACK.{st}.{d}.>"]
-    return allow, deny
+    return allow, _not_theirs({*WORKER_DURABLES, *protected})
 
 
 def permissions(role: str, node: str | None = None, protected: Iterable[str] = ()) -> Permissions | None:
@@ -194,6 +206,7 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     st = subjects.STREAM
     read_topology = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
     responses = False
+    deny: list[str] = []
     if role == "upstream":
         return Permissions(tuple(pub), tuple(sub))
     if role == "sidecar":
@@ -218,8 +231,11 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         # and the dry_run answers (core NATS, a queue group)
         sub += [*hints, *subjects.GATEWAY.core_filters]
     elif role == "controller":
-        # per-cluster durables (controller-<cid>) are named at run time: any consumer may be created
+        # per-cluster durables (controller-<cid>) are named at run time: any consumer name, but
+        # never another worker kind's (deleting or pulling the parser's would suppress its events)
         pub += [*read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{st}.*.>"]
+        deny = _not_theirs(d for d in {*WORKER_DURABLES, *protected} if d not in CONTROLLER_DURABLES
+                           and not d.startswith(subjects.controller().durable + "-"))
         # and its queries (core NATS, a queue group): dry_run
         sub += [*hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL, *subjects.controller().core_filters]
         responses = True  # replies to aios.node.*.expected requests
@@ -234,8 +250,10 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         # the mapper's durable, the instance-map bucket (create, read, write, watch through an
         # ordered consumer), the tasks of every block as a queue group, replies to requesters
         kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
+        # the bucket's stream: create and read, never purge, update or delete
         pub += [*read_topology, *_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
-                f"{JS}.STREAM.*.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}", f"{JS}.DIRECT.GET.{kv_stream}",
+                f"{JS}.STREAM.CREATE.{kv_stream}", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}",
+                f"{JS}.DIRECT.GET.{kv_stream}",
                 f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
                 f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{subjects.INSTANCE_BUCKET}.>", "$JS.FC.>",
                 f"$JS.ACK.{kv_stream}.>"]
@@ -257,7 +275,7 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         sub += hints
     else:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
-    return Permissions(tuple(sorted(set(pub))), tuple(sorted(set(sub))), responses)
+    return Permissions(tuple(sorted(set(pub))), tuple(sorted(set(sub))), responses, deny_publish=tuple(deny))
 
 
 # -- secrets ----------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import structlog
 
 from ..bus import subjects
 from ..bus.catalog import E
+from ..bus.nats_bus import may_reply
 from ..schemas.events import Heartbeat, NodeHealth, ReassignRequest
 from .base import Worker
 
@@ -77,8 +78,11 @@ class HealthMonitor:
         self._seen[hb.node_id] = (hb.cluster_id, time.time())
 
     async def _on_expected(self, msg: Any) -> None:
-        if not msg.reply or msg.reply.startswith("$JS."):  # a replayed stream message, not an agent asking
-            log.debug("expected.ignored", subject=msg.subject, reply=msg.reply)
+        if not msg.reply or not may_reply(msg.reply):
+            # a replayed stream message ($JS. reply), not an agent asking; or a request naming a
+            # subject that is no inbox, which the answer would forge (bus.nats_bus.may_reply)
+            level = log.debug if not msg.reply or msg.reply.startswith("$JS.") else log.warning
+            level("expected.ignored", subject=msg.subject, reply=(msg.reply or "")[:120])
             return
         nid = msg.subject.split(".")[2]
         body: dict[str, Any]
