@@ -83,6 +83,11 @@ async def test_blocks_up_serves_a_block_over_nats_http_and_the_cli(tmp_path: Pat
             r = await asyncio.to_thread(subprocess.run, [*BLOCKS, "task", "svc", "-d", '{"u": 1}', "--data-dir", str(data)],
                                         env={**env, "AIOS_ROLE": "upstream"}, capture_output=True, text=True, timeout=60)
             assert r.returncode == 0 and json.loads(r.stdout)["output"] == {"u": 1}, r.stderr
+            # a command the role may not run says which right was missing (it was "nats: timeout", exit 2)
+            r = await asyncio.to_thread(subprocess.run, [*BLOCKS, "submit", str(spec), "--data-dir", str(data)],
+                                        env={**env, "AIOS_ROLE": "upstream"}, capture_output=True, text=True, timeout=60)
+            assert r.returncode == 1 and "refused:" in r.stderr and "permissions violation" in r.stderr, r.stderr
+            assert "AIOS_ROLE=upstream" in r.stderr and "Traceback" not in r.stderr
             r = await asyncio.to_thread(up.cli, "task", "nope")
             assert r.returncode == 1 and "unknown block" in r.stderr
             r = await asyncio.to_thread(up.cli, "task", "svc", "--data", "{not json")

@@ -216,6 +216,17 @@ async def test_observer_reads_events_and_state_but_writes_nothing(servers: Embed
     try:
         history = await client.history("obs-1")
         assert [s for s, _, _ in history] == ["aios.block.obs-1.ready"]
+        # account info (the Node client's jetstreamManager() asks it first) and `blocks check` /
+        # `blocks state digest --stream`, which read the stream through a consumer (named: the
+        # only kind an observer may make; an unnamed one timed out after 10 s)
+        assert (await client.bus.nc.request("$JS.API.INFO", b"", timeout=5)).data.startswith(b"{")
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("AIOS_")},
+               "AIOS_NATS_URL": ep.nats_url("observer"), "AIOS_REDIS_URL": observer_redis}
+        for args in (("state", "digest", "--stream"), ("check", "--live", "--json")):
+            r = await asyncio.to_thread(subprocess.run, [str(BIN / "blocks"), *args], env=env, capture_output=True,
+                                        text=True, timeout=60)
+            assert "timeout" not in r.stderr.lower() and "Traceback" not in r.stderr, (args, r.stderr)
+            assert r.returncode in (0, 1) and r.stdout.strip(), (args, r.returncode, r.stderr)
         assert (await client.store.get_block("obs-1"))["status"] == "ready"
         with pytest.raises(NoPermissionError):
             await client.store.r.hset("aios:block:obs-1", "status", "failed")

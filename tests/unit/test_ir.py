@@ -519,3 +519,16 @@ def test_a_cloudevent_whose_data_is_not_an_object_says_so(data: str, got: str) -
     with pytest.raises(SpecInvalid) as info:
         decode_spec(raw)
     assert info.value.errors == [SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}")]
+
+
+def test_a_cloudevent_with_data_base64_carries_the_spec_too() -> None:
+    import base64
+
+    doc = {"blockComponentURI": "aios://models/m", "minInstances": 1, "maxInstances": 2}
+    env = {"specversion": "1.0", "id": "x", "source": "s", "type": "t",
+           "data_base64": base64.b64encode(json.dumps(doc).encode()).decode()}
+    assert decode_spec(json.dumps(env).encode()) == doc
+    for bad, says in (("%%%", "not base64 text"), (base64.b64encode(b"{no").decode(), "does not hold JSON")):
+        with pytest.raises(SpecInvalid) as info:
+            decode_spec(json.dumps({**env, "data_base64": bad}).encode())
+        assert info.value.errors[0].path == "$.data_base64" and says in info.value.errors[0].message

@@ -11,6 +11,7 @@ system event. Events go out in the CloudEvents NATS binding's structured mode
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import math
@@ -165,6 +166,17 @@ def may_reply(reply: str) -> bool:
     return reply.startswith(INBOX_PREFIX)
 
 
+#: the permission violations the server reported to this process's connections, latest last: a
+#: request the server refused is never answered, so its caller sees only a timeout; a command
+#: line tool says which permission was missing instead (``recent_denials``)
+_DENIED: collections.deque[str] = collections.deque(maxlen=8)
+
+
+def recent_denials() -> list[str]:
+    """The latest permission violations reported to this process's connections."""
+    return list(_DENIED)
+
+
 class Unreachable(ConnectionError):
     """The first connection to a server could not be made in the time given (``first_wait_s``)."""
 
@@ -186,6 +198,8 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
         if first_wait_s is not None and not connected:  # the caller is told why, once, below
             errors.append(str(exc) or type(exc).__name__)
             return
+        if "permissions violation" in str(exc).lower():
+            _DENIED.append(str(exc))
         log.warning("nats.error", error=str(exc))  # permission violations land here too
 
     connected = False

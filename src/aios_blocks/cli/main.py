@@ -303,6 +303,19 @@ def run() -> None:
         if message.strip():  # (no arguments at all: the help was printed, nothing to add)
             err.print(f"[red]error:[/] {escape(message)}{hint}")
         sys.exit(int(getattr(exc, "exit_code", 2)))
+    except TimeoutError as exc:  # a request the server refused is never answered: say which, if so
+        if os.environ.get("AIOS_DEBUG"):
+            raise
+        from ..bus.nats_bus import recent_denials
+
+        denied = recent_denials()
+        if not denied:
+            err.print(f"[red]error:[/] {escape(_one_line(exc) or 'timed out')}")
+            sys.exit(2)
+        role = f" (AIOS_ROLE={os.environ['AIOS_ROLE']})" if os.environ.get("AIOS_ROLE") else ""
+        err.print(f"[red]refused:[/] {escape(denied[-1])}: this command's NATS user{escape(role)} may not do that "
+                  "(docs/security.md lists each role's rights)")
+        sys.exit(1)
     except (ValueError, OSError, yaml.YAMLError) as exc:
         if os.environ.get("AIOS_DEBUG"):
             raise

@@ -91,7 +91,8 @@ async def _read_ordered(bus: Bus, on_msg: Callable[[str, bytes, int, float], Non
         if pending == 0:
             done.set()
 
-    cfg = ConsumerConfig(filter_subjects=filters) if len(filters) > 1 else None
+    # named, as every consumer an observer may make (recovery.reader)
+    cfg = ConsumerConfig(name=f"read-{uuid.uuid4().hex[:16]}", filter_subjects=filters if len(filters) > 1 else None)
     sub = await bus.js.subscribe(
         filters[0] if len(filters) == 1 else f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
         deliver_policy=DeliverPolicy.ALL, config=cfg, pending_msgs_limit=1_000_000,

@@ -183,7 +183,8 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     st = subjects.STREAM
     # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
     # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
-    allow = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
+    # $JS.API.INFO (account info): the Node client's jetstreamManager() asks it first
+    allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
     return allow, _not_theirs({*WORKER_DURABLES, *protected})
