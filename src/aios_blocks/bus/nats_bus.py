@@ -225,7 +225,6 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
     return nc
 
 
-
 #: the CloudEvents NATS binding, structured mode: the whole event is the JSON body
 CLOUDEVENTS_JSON = "application/cloudevents+json"
 
