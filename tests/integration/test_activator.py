@@ -56,3 +56,40 @@ async def test_the_first_task_of_a_block_at_zero_wakes_it_and_is_answered(system
     s, body, h = await c.task(bid, b'{"again": true}', timeout=60)
     assert s == 200 and msgspec.json.decode(body)["output"] == {"again": True}, (s, h)
     assert len([t for t in await _targets(system, bid) if t["source"] == "activator"]) == 2
+
+
+async def test_a_block_at_zero_keeps_its_cluster_and_virtual_cluster_from_being_removed(system: System) -> None:
+    """A block scaled to zero runs no instance but lives on its cluster: removing the cluster (or
+    the virtual cluster it was placed in) left it "ready" nowhere, its tasks held until they timed
+    out, and `blocks check` saw nothing wrong."""
+    from aios_blocks.cli import nodes as ncli
+
+    from .test_vcluster import create, remove
+
+    c = system.client
+    await c.add_sim_cluster("zc", nodes=1, gpus=2)
+    assert (await create(c, "zvc", "zc", {"sim-h100": 1}))[0]
+    bid, kind, env = await system.submit_and_wait({"blockId": "zero-in-vc", "blockComponentURI": "aios://test/model",
+                                                   "minInstances": 0, "maxInstances": 1, "virtualClusterId": "zvc"})
+    assert kind == "ready" and await c.store.instances(bid) == {}, env
+    ok, data = await remove(c, "zvc")
+    assert not ok and f"zvc still holds blocks scaled to zero (delete them first): {bid}" in str(data.get("reason")), data
+
+    async def delete(bid: str) -> None:
+        await c.delete(bid)
+        async with asyncio.timeout(60):
+            while (await c.store.get_block(bid) or {}).get("status") != "deleted":
+                await asyncio.sleep(0.1)
+
+    await delete(bid)
+    assert (await remove(c, "zvc"))[0]
+    bid, kind, env = await system.submit_and_wait({"blockId": "zero-on-zc", "blockComponentURI": "aios://test/model",
+                                                   "minInstances": 0, "maxInstances": 1})
+    assert kind == "ready" and (await c.store.get_block(bid) or {}).get("cluster") == "zc", env
+    try:
+        await ncli.remove_cluster(c, "zc")
+        raise AssertionError("the cluster was removed under a block")
+    except LookupError as exc:
+        assert f"blocks scaled to zero are placed on it (delete them first): {bid}" in str(exc), exc
+    await delete(bid)
+    assert await ncli.remove_cluster(c, "zc") == ["zc-n0"]

@@ -77,6 +77,13 @@ async def remove_node(c: Client, nid: str) -> str:
 
 async def remove_cluster(c: Client, cid: str) -> list[str]:
     check_id(cid, "cluster id")
+    # a block placed here lives here with or without instances (those with instances the removal
+    # script refuses by their nodes): one scaled to zero would be left "ready" on a cluster that
+    # no longer exists, holding its tasks until they time out
+    placed = [b for b in await c.store.live_blocks(lambda b: b.get("cluster") == cid) if not await c.store.instances(b)]
+    if placed:
+        raise LookupError(f"cluster {cid} not removed: blocks scaled to zero are placed on it (delete them first): "
+                          + ", ".join(placed[:10]) + (" ..." if len(placed) > 10 else ""))
     nodes, why = await InventoryAdmin(c.store).remove_cluster(cid)
     if why:
         raise LookupError(f"cluster {cid} not removed: {why}")
@@ -137,7 +144,7 @@ def register(node_app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> N
 
     @cluster_app.command("remove")
     def cluster_remove_cmd(cluster_id: str, data_dir: Path = DataDir) -> None:
-        """Remove a cluster and its nodes: refused while an instance runs in it or it holds a
-        virtual cluster. Example: `blocks cluster remove c1`"""
+        """Remove a cluster and its nodes: refused while an instance runs in it, it holds a virtual
+        cluster or a block scaled to zero is placed on it. Example: `blocks cluster remove c1`"""
         nodes = m()._request(lambda c: remove_cluster(c, cluster_id), data_dir)
         m().console.print(f"cluster [bold]{cluster_id}[/] removed with {len(nodes)} node(s)")

@@ -383,6 +383,22 @@ class Store:
     async def list_blocks(self, limit: int = 1000) -> list[str]:
         return await self.r.zrevrange(BLOCKS, 0, limit - 1)
 
+    async def live_blocks(self, match: Callable[[dict[str, Any]], bool], limit: int = 1_000_000) -> list[str]:
+        """The ids of the live blocks (placing or ready, instances or none: a block scaled to zero
+        is live) whose record ``match``es, a chunk of records per round trip."""
+        out: list[str] = []
+        bids = await self.list_blocks(limit)
+        for i in range(0, len(bids), 500):
+            chunk = bids[i:i + 500]
+            pipe = self.r.pipeline(transaction=False)
+            for bid in chunk:
+                pipe.hgetall(block_key(bid))
+            for bid, h in zip(chunk, await pipe.execute(), strict=True):
+                block = _block(h)
+                if block is not None and block.get("status") in ("placing", "ready") and match(block):
+                    out.append(bid)
+        return out
+
     # -- instances -------------------------------------------------------------------------
     async def put_instances(self, bid: str, instances: dict[str, dict[str, Any]]) -> None:
         """Record new instances. One already recorded keeps its record: a redelivered placement

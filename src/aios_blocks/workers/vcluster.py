@@ -217,6 +217,17 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
             await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why), req.request_id)
             return
+        # a block placed inside lives there with or without instances (those with instances the
+        # plan refuses by their nodes): one scaled to zero would be left "ready" in a virtual
+        # cluster that no longer exists, holding its tasks until they time out
+        placed = [b for b in await w.store.live_blocks(lambda b: (b.get("ir") or {}).get("virtualClusterId") == req.vcluster_id)
+                  if not await w.store.instances(b)]
+        if placed:
+            rec = await vs.get(req.vcluster_id)
+            why = (f"{req.vcluster_id} still holds blocks scaled to zero (delete them first): " + ", ".join(placed[:10])
+                   + (" ..." if len(placed) > 10 else ""))
+            await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why, rec.revision if rec else 0), req.request_id, cid)
+            return
         out = await apply(w, cid, lambda nodes, records: h.plan_remove(req, nodes, records), drop_claim=req.vcluster_id)
         if isinstance(out, h.Refusal):
             await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, out, req.request_id, cid)
