@@ -286,6 +286,30 @@ def test_explain_lists_decisions_failures_and_targets_and_renders_them() -> None
     assert "autoscaler decisions" in text and "1 -> 4" in text and "raised KeyError" in text and "asked by cli" in text
 
 
+def test_explain_keeps_an_instances_failure_after_it_is_replaced() -> None:
+    # the agent's "exited with code 137" was overwritten by the later removed's "reassigned to ..."
+    from aios_blocks.cli import main as cli
+    from aios_blocks.handlers.explain import explain
+
+    def ev(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
+        return f"aios.block.bx.{kind}", {"time": "2026-11-25T20:00:01Z", "data": data}
+
+    x = explain([
+        ev("instance.bx-0.added", block_id="bx", gen=1, instance_id="bx-0", node_id="n0"),
+        ev("instance.bx-0.unhealthy", block_id="bx", gen=1, instance_id="bx-0", node_id="n0", reason="probe failed 3 times"),
+        ev("instance.bx-0.failed", block_id="bx", gen=1, instance_id="bx-0", node_id="n0", reason="exited with code 137"),
+        ev("instance.bx-0.removed", block_id="bx", gen=1, instance_id="bx-0", node_id="n0", reason="reassigned to bx-1"),
+    ])
+    inst = x["instances"]["bx-0"]
+    assert inst["status"] == "removed" and inst["reason"] == "reassigned to bx-1"
+    assert inst["failures"] == [{"event": "unhealthy", "reason": "probe failed 3 times"},
+                                {"event": "failed", "reason": "exited with code 137"}]
+    assert {"step": "instance bx-0", "reason": "exited with code 137"} in x["failures"]
+    with cli.console.capture() as cap:
+        cli._render_explain(x)
+    assert "instance bx-0 failed: exited with code 137" in cap.get()
+
+
 def test_timed_out_calls_back_off_exponentially_up_to_a_minute() -> None:
     st = a.State(gen=1)
     waits = []

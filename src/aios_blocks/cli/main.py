@@ -457,7 +457,7 @@ def agent(
     runtime: str = typer.Option("docker", help="docker | process | sim"),
     label: list[str] = typer.Option([], "--label", "-l", help="Node label key=value (repeatable)."),
     zone: str = typer.Option(None, help="Shorthand for --label zone=..."),
-    rack: str = typer.Option(None, help="Shorthand for --label rack=... (affinity's failure domain)."),
+    rack: str = typer.Option(None, help="Shorthand for --label rack=N: a number, what RackId affinity matches (docs/affinity.md)."),
     trust_domain: str = typer.Option(None, "--trust-domain", help="Shorthand for --label trust-domain=... (Trust affinity)."),
     cpu: float = typer.Option(None, help="CPUs to offer (default: this host's)."),
     memory: int = typer.Option(None, help="Memory to offer, MiB (default: this host's)."),
@@ -474,7 +474,7 @@ def agent(
     which may publish only this node's subjects; AIOS_AUTH=0 servers need none). GPUs come from NVML when a driver is
     present (`nvidia-ml-py`), else none, or `--sim-gpus N`.
 
-    Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack r3 --zone eu-1a`
+    Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack 3 --zone eu-1a`
     """
     from ..settings import load as load_settings
     from ..workers.agent.main import AgentOptions, run_agent
@@ -768,7 +768,7 @@ def node_add(
 ) -> None:
     """Register a (simulated) node in a cluster.
 
-    Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=r2`
+    Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=2`
     """
     check_id(node_id, "node id")
     check_id(cluster, "cluster id")

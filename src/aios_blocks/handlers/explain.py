@@ -111,6 +111,10 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
             inst["status"] = {"added": "running", "removed": "removed"}.get(event, event)
             if data.get("reason"):
                 inst["reason"] = data["reason"]
+            if event in ("failed", "unhealthy"):  # an agent's report: kept, whatever the instance's later status
+                inst.setdefault("failures", []).append({"event": event, "reason": data.get("reason", "")})
+                out["failures"].append({"step": f"instance {iid}" + (" health" if event == "unhealthy" else ""),
+                                        "reason": data.get("reason", "")})
         elif kind == "health.failed":
             out["failures"].append({"step": "health_check", "reason": data.get("reason", "")})
         elif kind in ("scale.failed", "reassignment.failed"):
