@@ -453,6 +453,7 @@ async def test_autoscaling_grows_when_a_block_cannot_be_placed(system: System) -
     await c.add_sim_cluster("c1", nodes=4, gpus=1, node_labels={"nodeType": "A100"})
     ok, out = await vcli.outcome(c, await vcli.create(c, "v", "c1", {"A100": 1}, limits={"A100": [1, 2]}))
     assert ok and out["record"]["limits"] == {"A100": [1, 2]}
+    assert (await vcli.describe(c, "v"))["vcluster"]["limits"] == {"A100": [1, 2]}  # `vcluster get` shows them
     spec = {**SPEC, "minInstances": 1, "maxInstances": 1, "virtualClusterId": "v"}
     assert (await system.submit_and_wait({**spec, "blockId": "g1"}))[1] == "ready"
     assert (await system.submit_and_wait({**spec, "blockId": "g2"}))[1] == "failed"

@@ -305,6 +305,10 @@ def test_autoscaling_grows_to_max_by_fitting_types_and_shrinks_to_min() -> None:
                         {"c1": {}}, nodes, records, None)
     assert isinstance(bad, h.Refusal) and "count of 'A100' (3) is outside its limits [1, 2]" in bad.reason
     assert "limits of 'H100' must be [min, max]" in bad.reason
+    # limits are an indivisible cluster's: a divisible one was stored with them, never autoscaled
+    div = h.plan_create(VClusterCreate("d", "c1", {"A100": 1}, "r", divisible=True, limits={"A100": [1, 2]}), 1,
+                        {"c1": {}}, nodes, records, None)
+    assert isinstance(div, h.Refusal) and "limits are for indivisible virtual clusters" in div.reason
     p = h.plan_create(VClusterCreate("v", "c1", {"A100": 1}, "r", limits={"A100": [1, 2], "H100": [0, 1]}), 1,
                       {"c1": {}}, nodes, records, None)
     assert isinstance(p, h.Plan)

@@ -148,7 +148,7 @@ async def describe(c: Client, vid: str) -> dict[str, Any]:
         return {
             "id": rec.id, "cluster": rec.cluster, "kind": rec.kind.value, "revision": rec.revision,
             "replicaSets": rec.replica_sets, "counts": counts, "nodes": nodes, "parent": rec.parent, "block": rec.block,
-            "blocks": sorted(blocks),
+            "limits": {t: list(mm) for t, mm in (rec.limits or {}).items()}, "blocks": sorted(blocks),
             "jobClusters": [await one(j) for j in sorted(recs.values(), key=lambda r: r.id) if j.parent == rec.id],
         }
 
@@ -290,7 +290,7 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
 
         def add(node: Tree, v: dict[str, Any]) -> None:
             head = (f"[bold]{v['id']}[/] {v['kind']} revision {v['revision']}: {json.dumps(v['counts'])} "
-                    f"of {json.dumps(v['replicaSets'])}")
+                    f"of {json.dumps(v['replicaSets'])}" + (f", limits {escape(json.dumps(v['limits']))}" if v.get("limits") else ""))
             if v["block"]:
                 head += f", block {v['block']}"
             branch = node.add(head)

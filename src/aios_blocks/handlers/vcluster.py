@@ -128,7 +128,9 @@ def plan_create(req: VClusterCreate, gen: int, clusters: Mapping[str, Any], node
     if req.cluster_id not in clusters:
         problems.append(f"no cluster {req.cluster_id!r}")
     problems += replica_set_problems(req.replica_sets, types_of(nodes) if req.cluster_id in clusters else None)
-    if req.limits:
+    if req.limits and req.divisible:
+        problems.append("limits are for indivisible virtual clusters (a divisible one is not autoscaled)")
+    elif req.limits:
         problems += limit_problems(req.limits, req.replica_sets)
     if held_by is not None and held_by != req.cluster_id:
         problems.append(f"virtual cluster {req.vcluster_id!r} exists (in cluster {held_by})")
@@ -182,7 +184,9 @@ def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records, op: VCl
         problems.append(f"a virtual cluster cannot change between divisible and indivisible (it is {rec.kind.value})")
     problems += replica_set_problems(req.replica_sets, types_of(nodes))
     limits = rec.limits if req.limits is None else req.limits
-    if limits:
+    if limits and rec.kind != VClusterKind.INDIVISIBLE:
+        problems.append("limits are for indivisible virtual clusters (a divisible one is not autoscaled)")
+    elif limits:
         problems += limit_problems(limits, req.replica_sets)
     if problems:
         return Refusal("; ".join(problems), rec.revision)
