@@ -60,6 +60,30 @@ async def test_instances_share_one_server_and_answer_by_their_own_port() -> None
         await server.close()
 
 
+async def test_a_task_hung_on_a_stopped_instance_is_cut_after_the_grace() -> None:
+    # a restarted or replaced instance's hung task kept its requester waiting for its whole time
+    # limit (60 s): a stopping process's task is cut when the SIGKILL after its grace would come
+    import time
+
+    server = SimServer()
+    try:
+        hung = await server.add("h", SimBehaviour(service_time_s=600))
+        async with aiohttp.ClientSession() as http:
+            async def call() -> float:
+                t0 = time.monotonic()
+                with pytest.raises(aiohttp.ClientError):
+                    async with http.post(f"http://127.0.0.1:{hung.port}/infer", json={}) as r:
+                        await r.read()
+                return time.monotonic() - t0
+
+            task = asyncio.ensure_future(call())
+            await asyncio.sleep(0.2)
+            await server.remove("h", grace_s=0.3)
+            assert await asyncio.wait_for(task, 10) < 10  # cut after the grace, not after 600 s
+    finally:
+        await server.close()
+
+
 async def test_max_concurrency_makes_tasks_wait_and_reports_them_waiting() -> None:
     server = SimServer()
     try:

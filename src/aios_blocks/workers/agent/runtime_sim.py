@@ -97,13 +97,13 @@ class SimRuntime:
         inst.running, inst.exit_code = False, exit_code
         if self.server is not None:
             with contextlib.suppress(RuntimeError):  # no running loop: nothing is served either
-                asyncio.get_running_loop().create_task(self.server.remove(inst.instance_id))
+                asyncio.get_running_loop().create_task(self.server.remove(inst.instance_id, grace_s=0))
         self._save(inst)
 
     async def stop(self, handle: str, grace_s: float) -> None:
         inst = self._items.pop(handle, None)
         if inst is not None and self.server is not None:
-            await self.server.remove(inst.instance_id)
+            await self.server.remove(inst.instance_id, grace_s)
         if self.state_dir is not None:
             with contextlib.suppress(FileNotFoundError):
                 (self.state_dir / f"{handle}.json").unlink()

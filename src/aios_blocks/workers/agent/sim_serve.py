@@ -117,7 +117,9 @@ class SimServer:
         if self._runner is None:
             app = web.Application(client_max_size=64 * 1024 * 1024)
             app.router.add_route("*", "/{tail:.*}", self._handle)
-            runner = web.AppRunner(app, handle_signals=False, access_log=None)
+            # a task whose connection is gone (its requester gave up, or its instance was cut off
+            # after the stop grace) stops too, as a killed process's would, instead of serving on
+            runner = web.AppRunner(app, handle_signals=False, access_log=None, handler_cancellation=True)
             await runner.setup()
             self._runner = runner
         return self._runner
@@ -154,7 +156,10 @@ class SimServer:
             self.by_id[instance_id] = inst
             return inst
 
-    async def remove(self, instance_id: str) -> None:
+    async def remove(self, instance_id: str, grace_s: float | None = None) -> None:
+        """Stop serving an instance. Its tasks in flight may finish within ``grace_s`` (a stopping
+        process's SIGTERM grace), then their connections are cut, as the SIGKILL after the grace
+        would (0: at once, a crash); ``None``: they may finish whenever they do."""
         inst = self.by_id.pop(instance_id, None)
         if inst is None:
             return
@@ -163,14 +168,29 @@ class SimServer:
             with contextlib.suppress(Exception):
                 await inst.site.stop()
         # its open keep-alive connections end too (after the task in flight, as a stopping server's)
+        for conn in self._connections(inst.port):
+            if getattr(conn, "_request_in_progress", True) and grace_s != 0:
+                conn.close()  # ends after the task it is answering
+            else:
+                conn.force_close()  # idle keep-alive (or a crash): gone now, as with a stopped process
+        if grace_s:
+            asyncio.get_running_loop().call_later(grace_s, self._cut, inst.port)
+
+    def _connections(self, port: int) -> list[Any]:
         server = self._runner.server if self._runner is not None else None
+        out = []
         for conn in list(server.connections) if server is not None else []:
             sock = conn.transport.get_extra_info("sockname") if conn.transport else None
-            if sock and sock[1] == inst.port:
-                if getattr(conn, "_request_in_progress", True):
-                    conn.close()  # ends after the task it is answering
-                else:
-                    conn.force_close()  # idle keep-alive: gone now, as with a stopped process
+            if sock and sock[1] == port:
+                out.append(conn)
+        return out
+
+    def _cut(self, port: int) -> None:
+        """The grace is over: what still answers on ``port`` (a hung task) is cut off."""
+        if port in self.by_port:  # the port serves another instance since
+            return
+        for conn in self._connections(port):
+            conn.force_close()
 
     async def close(self) -> None:
         for iid in list(self.by_id):
