@@ -73,8 +73,7 @@ class InstanceMaps:
 
     async def _born(self) -> Any:
         """When the bucket's stream was made (a bucket deleted and made anew has a new time)."""
-        info = await self.bus.js.stream_info(f"KV_{BUCKET}")
-        return info.config.name, getattr(info, "created", None)
+        return (await self.bus.js.stream_info(f"KV_{BUCKET}")).created
 
     def _lost(self) -> None:
         """The bucket's stream is gone (deleted): the next use looks it up, or makes it, anew."""

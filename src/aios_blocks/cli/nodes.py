@@ -80,7 +80,7 @@ async def remove_cluster(c: Client, cid: str) -> list[str]:
     # a block placed here lives here with or without instances (those with instances the removal
     # script refuses by their nodes): one scaled to zero would be left "ready" on a cluster that
     # no longer exists, holding its tasks until they time out
-    placed = [b for b in await c.store.live_blocks(lambda b: b.get("cluster") == cid) if not await c.store.instances(b)]
+    placed = await c.store.blocks_at_zero(lambda b: b.get("cluster") == cid)
     if placed:
         raise LookupError(f"cluster {cid} not removed: blocks scaled to zero are placed on it (delete them first): "
                           + ", ".join(placed[:10]) + (" ..." if len(placed) > 10 else ""))

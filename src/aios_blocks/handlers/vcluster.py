@@ -116,6 +116,16 @@ def _describe(want: Mapping[str, int]) -> str:
 
 
 # -- create ---------------------------------------------------------------------------------------
+def _limits_problems(limits: Mapping[str, Any] | None, replica_sets: Mapping[str, Any], divisible: bool) -> list[str]:
+    """What is wrong with a virtual cluster's limits: only an indivisible one is autoscaled, so
+    only it takes them (a divisible one's were stored and never used)."""
+    if not limits:
+        return []
+    if divisible:
+        return ["limits are for indivisible virtual clusters (a divisible one is not autoscaled)"]
+    return limit_problems(limits, replica_sets)
+
+
 def plan_create(req: VClusterCreate, gen: int, clusters: Mapping[str, Any], nodes: NodeViews, records: Records,
                 held_by: str | None) -> Plan | Refusal:
     """Pre-checks (valid id, known cluster, valid replica sets, id free), then take idle healthy
@@ -128,10 +138,7 @@ def plan_create(req: VClusterCreate, gen: int, clusters: Mapping[str, Any], node
     if req.cluster_id not in clusters:
         problems.append(f"no cluster {req.cluster_id!r}")
     problems += replica_set_problems(req.replica_sets, types_of(nodes) if req.cluster_id in clusters else None)
-    if req.limits and req.divisible:
-        problems.append("limits are for indivisible virtual clusters (a divisible one is not autoscaled)")
-    elif req.limits:
-        problems += limit_problems(req.limits, req.replica_sets)
+    problems += _limits_problems(req.limits, req.replica_sets, req.divisible)
     if held_by is not None and held_by != req.cluster_id:
         problems.append(f"virtual cluster {req.vcluster_id!r} exists (in cluster {held_by})")
     elif req.vcluster_id in records:
@@ -184,10 +191,7 @@ def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records, op: VCl
         problems.append(f"a virtual cluster cannot change between divisible and indivisible (it is {rec.kind.value})")
     problems += replica_set_problems(req.replica_sets, types_of(nodes))
     limits = rec.limits if req.limits is None else req.limits
-    if limits and rec.kind != VClusterKind.INDIVISIBLE:
-        problems.append("limits are for indivisible virtual clusters (a divisible one is not autoscaled)")
-    elif limits:
-        problems += limit_problems(limits, req.replica_sets)
+    problems += _limits_problems(limits, req.replica_sets, rec.kind != VClusterKind.INDIVISIBLE)
     if problems:
         return Refusal("; ".join(problems), rec.revision)
     want = {t: int(n) for t, n in req.replica_sets.items()}

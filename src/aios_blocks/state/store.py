@@ -383,9 +383,10 @@ class Store:
     async def list_blocks(self, limit: int = 1000) -> list[str]:
         return await self.r.zrevrange(BLOCKS, 0, limit - 1)
 
-    async def live_blocks(self, match: Callable[[dict[str, Any]], bool], limit: int = 1_000_000) -> list[str]:
-        """The ids of the live blocks (placing or ready, instances or none: a block scaled to zero
-        is live) whose record ``match``es, a chunk of records per round trip."""
+    async def blocks_at_zero(self, match: Callable[[dict[str, Any]], bool], limit: int = 1_000_000) -> list[str]:
+        """The ids of the live blocks (placing or ready) with no instance (scaled to zero) whose
+        record ``match``es: blocks no instance check sees, yet placed somewhere. A chunk of
+        records and instance counts per round trip."""
         out: list[str] = []
         bids = await self.list_blocks(limit)
         for i in range(0, len(bids), 500):
@@ -393,9 +394,11 @@ class Store:
             pipe = self.r.pipeline(transaction=False)
             for bid in chunk:
                 pipe.hgetall(block_key(bid))
-            for bid, h in zip(chunk, await pipe.execute(), strict=True):
+                pipe.hlen(inst_key(bid))
+            replies = await pipe.execute()
+            for bid, h, n in zip(chunk, replies[::2], replies[1::2], strict=True):
                 block = _block(h)
-                if block is not None and block.get("status") in ("placing", "ready") and match(block):
+                if block is not None and block.get("status") in ("placing", "ready") and not n and match(block):
                     out.append(bid)
         return out
 

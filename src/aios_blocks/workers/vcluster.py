@@ -220,8 +220,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
         # a block placed inside lives there with or without instances (those with instances the
         # plan refuses by their nodes): one scaled to zero would be left "ready" in a virtual
         # cluster that no longer exists, holding its tasks until they time out
-        placed = [b for b in await w.store.live_blocks(lambda b: (b.get("ir") or {}).get("virtualClusterId") == req.vcluster_id)
-                  if not await w.store.instances(b)]
+        placed = await w.store.blocks_at_zero(lambda b: (b.get("ir") or {}).get("virtualClusterId") == req.vcluster_id)
         if placed:
             rec = await vs.get(req.vcluster_id)
             why = (f"{req.vcluster_id} still holds blocks scaled to zero (delete them first): " + ", ".join(placed[:10])
