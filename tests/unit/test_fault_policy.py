@@ -192,7 +192,8 @@ async def test_glue_a_policy_that_restarts_gets_a_restart_and_one_that_keeps_kee
 
 
 @pytest.mark.parametrize("cls,why", [("Raises", "raised RuntimeError: no idea"), ("Hangs", "timed out"),
-                                     ("Garbage", "wrong return shape"), ("Nowhere", "")])
+                                     ("Garbage", "wrong return shape"),
+                                     ("Nowhere", "cannot load"), ("Nowhere", "has no attribute 'Nowhere'")])
 async def test_glue_a_failing_policy_falls_back_to_the_old_rule_and_the_failure_is_recorded(cls: str, why: str) -> None:
     what, effects, bus = await run({"name": "stabilityChecker", "policyRuleURI": f"{__name__}:{cls}"})
     assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exited with code 137", "b-0:failed")]
