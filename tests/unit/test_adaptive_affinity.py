@@ -8,6 +8,7 @@ import math
 from typing import Any
 
 import msgspec
+import pytest
 
 from aios_blocks.handlers import controller
 from aios_blocks.handlers.explain import explain
@@ -125,7 +126,7 @@ async def test_the_placement_moves_to_the_faster_node_and_records_why() -> None:
     assert "block median 25 ms" in x["instances"]["ad-y"]["adaptive"][0]["why"]
 
 
-def test_the_cli_renders_the_adapt_table_and_the_weights() -> None:
+def test_the_cli_renders_the_adapt_table_and_the_weights(capsys: pytest.CaptureFixture[str]) -> None:
     from aios_blocks.cli.main import _adapt_line, _render_explain
 
     table = affinity.adapt({"s": sample("a-slow", 40), "f": sample("b-fast", 10)})
@@ -134,4 +135,9 @@ def test_the_cli_renders_the_adapt_table_and_the_weights() -> None:
     assert "base weight" in _adapt_line(affinity.adapt({}))
     rec = {"entry": 0, "base": 1.0, "multiplier": 2.0, "weight": 2.0, "why": "w"}
     placement = {"placements": [{"instance_id": "ad-y", "node_id": "b-fast", "gpus": [], "adaptive": [rec]}], "adapt": table}
-    _render_explain(explain([("aios.block.ad.placement", {"data": placement})]))  # renders, never raises
+    capsys.readouterr()
+    _render_explain(explain([("aios.block.ad.placement", {"data": placement})]))
+    lines = capsys.readouterr().out.splitlines()
+    # the adapt stage's table, then each instance's base and adapted weight with the why
+    assert "adaptive affinity (adapt stage): " + line in lines
+    assert "  ad-y on b-fast: entry 0 base weight 1 -> adapted 2 (w)" in lines
