@@ -30,7 +30,7 @@ def payload(
     **extra: Any,
 ) -> dict[str, Any]:
     """The seed's payload: ``block``, ``cluster``, ``cluster_metrics``, ``healthy_nodes`` (+ the
-    action's extras: ``block_metrics``, ``instance_id``, ``pod_name``). Node details are in
+    action's extras: ``block_metrics``, ``instance_id``, ``pod_name``, ``reason``). Node details are in
     ``cluster_metrics["nodes"]`` so a policy can choose GPUs; when the block has affinity, each
     node view carries its pass/fail and score (``affinity.annotate``) and
     ``cluster_metrics["affinity_index"]`` the placements its targets resolve to.

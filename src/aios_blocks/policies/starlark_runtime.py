@@ -86,6 +86,7 @@ from typing import Any, ClassVar
 
 import starlark as sl
 
+from ..schemas.events import PlacementReason
 from . import capacity
 
 if not hasattr(sl, "EvalOptions"):  # EvalOptions / FrozenModule.call_with arrived in 2026.1.1
@@ -633,7 +634,8 @@ def placement_request(block: dict[str, Any], payload: dict[str, Any], action: st
     return {
         "name": str(name),
         "project": "default",
-        "reason": "relocation" if action == "reassignment" else "new",
+        "reason": str(PlacementReason.of_reassignment(str(payload.get("reason", "")))
+                      if action == "reassignment" else PlacementReason.NEW),
         "type": "container",
         "architecture": "x86_64",
         "profiles": ["default"],

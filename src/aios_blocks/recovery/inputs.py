@@ -290,6 +290,7 @@ async def _run(step: Step, st: State) -> list[bytes] | None:
                 extra["block_metrics"] = (first.get("given") or {}).get("block_metrics", {})
                 if action == "reassignment":
                     extra["instance_id"] = extra["pod_name"] = tdata.get("instance_id", "")
+                    extra["reason"] = tdata.get("reason", "requested")
             cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
             try:
                 await hc.plan(ir, cluster, st.nodes(cid), action, iids, invoke, instances, st.index(ir), **extra)

@@ -6,6 +6,7 @@ from) so that deterministic message ids stay unique when a block id is deleted a
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import time
 from collections.abc import Iterator
@@ -209,7 +210,25 @@ class ScaleTarget(msgspec.Struct):
     gen: int = 0
 
 
+class PlacementReason(enum.StrEnum):
+    """Why an instance is being placed, as seed 004 tells a placement scriptlet (``request.reason``)."""
+
+    NEW = "new"
+    #: moved off a node being drained (``blocks node drain``)
+    EVACUATION = "evacuation"
+    #: moved for any other reason: its node died, the health checker replaces it, a user's reassign
+    RELOCATION = "relocation"
+
+    @classmethod
+    def of_reassignment(cls, reason: str) -> PlacementReason:
+        """A reassignment's reason word for scriptlets from its request's free-text ``reason``."""
+        return cls.EVACUATION if reason == cls.EVACUATION else cls.RELOCATION
+
+
 class ReassignRequest(msgspec.Struct):
+    """Move one instance elsewhere. ``reason``: free text shown in events, except the drain's
+    ``evacuation`` (``PlacementReason.EVACUATION``), which a scriptlet sees as such."""
+
     block_id: str
     cluster_id: str
     request_id: str

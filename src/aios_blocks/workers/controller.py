@@ -194,7 +194,7 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
             placements, attempts = await _commit(
                 w, ir, ev.cluster_id, "reassignment", [iid], current, trace=trace,
                 block_metrics=await block_metrics(w, ev.block_id, ev.block_metrics), instance_id=ev.instance_id,
-                pod_name=ev.instance_id,
+                pod_name=ev.instance_id, reason=ev.reason,
             )
         except PlacementFailed as exc:
             if not node_down and m.deliveries < w.settings.reassign_attempts:
