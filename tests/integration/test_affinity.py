@@ -132,11 +132,12 @@ async def test_invalid_affinity_is_rejected_at_parse_time(system: System) -> Non
 
 
 async def test_preferred_affinity_chooses_the_cluster_too(system: System) -> None:
-    # two identical clusters; cluster-rank alone would take c0 (tie -> smallest id)
-    await _cluster(system, "c0", nodes=2, gpus=2)
+    # c0 has more free GPUs than c1 and the smaller id: every rank but affinity favours c0
+    await _cluster(system, "c0", nodes=2, gpus=4)
     await _cluster(system, "c1", nodes=2, gpus=2)
     _, kind, env = await system.submit_and_wait(_spec("no-pref"))
     assert kind == "ready" and env["data"]["cluster_id"] == "c0"
+    # c0 still has 7 free GPUs, c1 4: only the preference toward c1-n1 can move the block to c1
     aff = [{"category": "Topology", "strength": "Preferred", "target": {"type": "NodeId", "value": "c1-n1"}}]
     bid, kind, env = await system.submit_and_wait(_spec("pref-c1", aff))
     assert kind == "ready" and env["data"]["cluster_id"] == "c1"

@@ -45,9 +45,22 @@ def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
     return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
 
 
-def scoped_entry(ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003)."""
-    return cluster_entry(cluster, vcluster.scope(ir, nodes))
+def scoped_entry(
+    ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None
+) -> dict[str, Any]:
+    """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003),
+    with the block's Preferred-affinity score there when it has entries: post_dry_run breaks a
+    tie on it as the selection ranked on it (without it, more free GPUs won over the preference)."""
+    cnodes = vcluster.scope(ir, nodes)
+    entry = cluster_entry(cluster, cnodes)
+    if ir.get("affinity"):
+        entry["metrics"]["affinity_score"] = affinity_score(sample_for(ir, cnodes, index))
+    return entry
+
+
+def affinity_score(smp: sampling.Sample) -> float:
+    """A cluster's Preferred-affinity score: the best a node of its sample that passes could get."""
+    return max((n["affinity"]["score"] for n in smp.nodes.values() if n["affinity"]["pass"]), default=0.0)
 
 
 def sample_for(
@@ -107,9 +120,7 @@ def filter_rule(
             continue
         entry = cluster_entry(cluster, cnodes)
         if entries:  # Preferred affinity at cluster level: the best score a node here could get
-            entry["metrics"]["affinity_score"] = max(
-                (n["affinity"]["score"] for n in smp.nodes.values() if n["affinity"]["pass"]), default=0.0
-            )
+            entry["metrics"]["affinity_score"] = affinity_score(smp)
         passed.append(entry)
     return passed, filtered
 

@@ -92,7 +92,7 @@ async def make_plan(
         cluster = clusters.get(cid, {"id": cid, "labels": {}})
         plan.dry_runs[cid] = await controller.dry_run(ir, cluster, nodes.get(cid, {}), resource_invoke, index)
     results = {cid: result_of(out) for cid, out in plan.dry_runs.items()}
-    entries = {cid: gateway.scoped_entry(ir, clusters[cid], nodes.get(cid, {})) for cid in sel.candidates if cid in clusters}
+    entries = {cid: gateway.scoped_entry(ir, clusters[cid], nodes.get(cid, {}), index) for cid in sel.candidates if cid in clusters}
     decision = await gateway.choose(sel.candidates, results, entries, cluster_invoke, int(ir.get("minInstances") or 1))
     if decision.failure:
         plan.failure, plan.stage = decision.failure, "post_dry_run"

@@ -268,7 +268,7 @@ async def _run(step: Step, st: State) -> list[bytes] | None:
             if isinstance(data.get("answers"), list):  # the answers it decided on travel with it
                 g["results"] = {str(a.get("cluster_id", "")): a for a in data["answers"] if isinstance(a, dict)}
             clusters = st.clusters()
-            entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid)) for cid in g["expected"] if cid in clusters}
+            entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid), st.index(ir)) for cid in g["expected"] if cid in clusters}
             await hg.choose(g["expected"], g["results"], entries, invoke, int(ir.get("minInstances") or 1))
         elif name == "block.dry_run.result":
             cid = str(data.get("cluster_id", ""))

@@ -161,7 +161,8 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     clusters = await w.inventory.clusters()
     asked = [cid for cid in g["expected"] if cid in clusters]
     nodes = await w.inventory.views(asked)  # the round's clusters only: the others' views need no refresh here
-    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes[cid]) for cid in asked}
+    index = await w.affinity_index(ir) if ir.get("affinity") else None
+    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes[cid], index) for cid in asked}
     trace: list[Decision] = []
     decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
                               int(ir.get("minInstances") or 1))
