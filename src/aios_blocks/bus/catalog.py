@@ -434,7 +434,13 @@ class E:
     vcluster_changed = Event(
         "vcluster.changed", f"{_V}.changed", vc.VClusterChanged, (C,),
         "a virtual cluster after a change (create, update, remove, replenish, job cluster made or destroyed): "
-        "the whole record and the nodes moved",
+        "the whole record and the nodes moved; the seed's \"publish\" (a change stored only is vcluster.flushed)",
+        id_rule="vc:{vcluster_id}:{gen}:r{revision}", token_fields=_VID,
+    )
+    vcluster_flushed = Event(
+        "vcluster.flushed", f"{_V}.flushed", vc.VClusterChanged, (C,),
+        "a virtual cluster's change stored but not published (seed 003's \"flush without publishing\": a "
+        "divisible cluster's replenish): kept for the history and recovery, never on vcluster.*.changed",
         id_rule="vc:{vcluster_id}:{gen}:r{revision}", token_fields=_VID,
     )
     vcluster_refused = Event(

@@ -171,7 +171,7 @@ class Fold:
                 self.components[d["uri"]] = dumps(d.get("component") or {})
         elif entity == "policy" and tail == "updated":
             self._policy(_data(raw))
-        elif entity == "vcluster" and tail == "changed":
+        elif entity == "vcluster" and tail in ("changed", "flushed"):
             self.on_vcluster_changed(key, _data(raw), seq, ts)
 
     # -- blocks ----------------------------------------------------------------------------------

@@ -48,7 +48,7 @@ STATE_EVENTS = frozenset({
     "block.parsed", "block.selection", "block.dry_run.result", "block.post_dry_run", "block.placement",
     "block.instance.added", "block.instance.removed", "block.ready", "block.failed", "block.deleted", "block.delete",
     "node.registered", "node.health", "node.instance.remove", "node.drain", "node.removed", "cluster.registered",
-    "cluster.removed", "cluster.reassignment", "vcluster.changed",
+    "cluster.removed", "cluster.reassignment", "vcluster.changed", "vcluster.flushed",
 })
 
 #: step events whose decisions are resourceAllocator plans (``handlers.controller.plan``)
@@ -143,7 +143,7 @@ class State:
             self._touch_node(key)
         elif entity in ("cluster", "vcluster"):
             cid = key if entity == "cluster" else str(data.get("cluster_id", ""))
-            if parts[3] in ("registered", "removed", "changed"):
+            if parts[3] in ("registered", "removed", "changed", "flushed"):
                 self._dirty[cid] = None
                 self._clusters_gen += 1
 

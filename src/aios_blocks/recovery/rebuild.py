@@ -48,7 +48,7 @@ def fold_filters() -> list[str]:
     out += [f"{r}.block.*.instance.*.{tail}" for tail in Fold.instance_rules]
     out += [f"{r}.node.*.{tail}" for tail in Fold.node_rules]
     out += [f"{r}.cluster.*.registered", f"{r}.cluster.*.reassignment", f"{r}.component.*.registered", f"{r}.policy.*.updated",
-            f"{r}.vcluster.*.changed", f"{r}.cluster.*.removed"]
+            f"{r}.vcluster.*.changed", f"{r}.vcluster.*.flushed", f"{r}.cluster.*.removed"]
     return out
 
 

@@ -5,8 +5,9 @@ destroys job clusters left behind (the seed's lazy destruction).
 Each change is decided by ``handlers.vcluster`` from a snapshot (the inventory's node views and
 the cluster's records), applied by one Lua script that re-checks it (``state.vcluster``), then
 announced: an inventory hint for the nodes that moved (every placing worker re-reads them before
-its next placement) and a stored ``vcluster.changed`` event (``blocks recover`` rebuilds from
-these). A refusal is a stored ``vcluster.refused`` event with the reason.
+its next placement) and a stored ``vcluster.changed`` event, or ``vcluster.flushed`` for a change
+seed 003 stores without publishing (``blocks recover`` rebuilds from both). A refusal is a stored
+``vcluster.refused`` event with the reason.
 """
 
 from __future__ import annotations
@@ -59,6 +60,14 @@ def store_of(w: Worker) -> VClusterStore:
     return vs
 
 
+def announcement(ev: VClusterChanged) -> Emit:
+    """Seed 003's "flush and publish" vs "flush without publishing": a published change goes on
+    ``vcluster.{vid}.changed``, the subject subscribers to virtual clusters listen on; one stored
+    only (a divisible cluster's replenish) on ``vcluster.{vid}.flushed``: in the stream for the
+    history and ``blocks recover``, told to nobody."""
+    return Emit(E.vcluster_changed if ev.published else E.vcluster_flushed, ev)
+
+
 def _oid(plan: h.Plan) -> str:
     """The outbox id of a change: its request's id, else its first event's id."""
     if not plan.events:
@@ -75,7 +84,7 @@ async def _announce(w: Worker, cid: str, plan: h.Plan, index: int) -> None:
         ev.index = index
     if plan.nodes:
         await w.hint(cid, plan.nodes)
-    await w.bus.emit_all([Emit(E.vcluster_changed, ev) for ev in plan.events])
+    await w.bus.emit_all([announcement(ev) for ev in plan.events])
     if plan.events:
         await store_of(w).outbox_done(cid, _oid(plan))
 
@@ -97,7 +106,7 @@ async def flush_outbox(w: Worker, cid: str, only: str | None = None, older_than:
         nodes = sorted({n for ev in events for n in ev.moved})
         if nodes:
             await w.hint(cid, nodes)
-        await w.bus.emit_all([Emit(E.vcluster_changed, ev) for ev in events])
+        await w.bus.emit_all([announcement(ev) for ev in events])
         await vs.outbox_done(cid, oid)
         done += 1
     return done
