@@ -69,7 +69,8 @@ TERMINAL_STATUSES = ("ready", "failed", "rejected", "deleted")
 
 
 async def wait_terminal(c: Client, bids: set[str], timeout: float) -> dict[str, str]:
-    """Poll Redis until every block is terminal (bounded): bid -> status (missing ones absent).
+    """Poll Redis until every block is terminal (bounded): bid -> terminal status; a block that is
+    missing or not terminal at the deadline is absent (``len(status) == len(bids)``: all terminal).
     Polling Redis, not a stream consumer, so it survives a NATS restart or a Redis flush."""
     deadline = asyncio.get_running_loop().time() + timeout
     order = sorted(bids)
@@ -79,10 +80,10 @@ async def wait_terminal(c: Client, bids: set[str], timeout: float) -> dict[str, 
             pipe = c.store.r.pipeline(transaction=False)
             for bid in order:
                 pipe.hget(f"aios:block:{bid}", "status")
-            status = {b: s for b, s in zip(order, await pipe.execute(), strict=True) if s}
+            status = {b: s for b, s in zip(order, await pipe.execute(), strict=True) if s in TERMINAL_STATUSES}
         except Exception:  # Redis briefly away: poll again
             pass
-        if all(status.get(b) in TERMINAL_STATUSES for b in order) or asyncio.get_running_loop().time() > deadline:
+        if len(status) == len(order) or asyncio.get_running_loop().time() > deadline:
             return status
         await asyncio.sleep(0.5)
 

@@ -59,9 +59,16 @@ async def test_nats_restart_mid_run_loses_nothing(chaos: System) -> None:
     for bid, body in items[n // 2 :]:
         await publish_create(chaos.client, bid, body)
     status = await wait_terminal(chaos.client, set(blocks), timeout=size(240, 600))
-    assert len(status) == n, f"{n - len(status)} blocks missing"
+    assert len(status) == n, f"{n - len(status)} blocks not terminal: {sorted(set(blocks) - set(status))[:10]}"
     rep = await settled_check(chaos.client, set(blocks))
     assert rep.ok, explain(rep)
+    # every block that fits is placed: a restart that failed them all would still be "terminal"
+    not_ready = {b: ((await chaos.client.store.get_block(b)) or {}).get("reason") for b, s in status.items() if s != "ready"}
+    assert rep.counts.get("blocks_ready", 0) == n - len(not_ready) > 0, rep.counts
+    if LARGE:  # 534 instances asked of 192 GPUs: the rest fail (none rejected or lost)
+        assert {status[b] for b in not_ready} <= {"failed"}, not_ready
+    else:  # 54 instances asked of 96 GPUs: every block fits
+        assert not_ready == {}, not_ready
 
 
 async def test_redis_flush_mid_run_then_recover(chaos: System) -> None:
