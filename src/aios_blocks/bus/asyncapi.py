@@ -2,9 +2,12 @@
 
 One channel per catalog event (its subject pattern, with the named tokens as parameters), one
 message per channel (the CloudEvents envelope with the payload struct's JSON Schema as ``data``, or
-the raw body), a ``send`` operation per publishing role and a ``receive`` operation per durable
-consumer that takes it. ``tests/unit/test_asyncapi.py`` validates it with the reference parser
-(npm's ``@asyncapi/parser``) when Node is installed.
+the raw body; its NATS headers; an example generated from the same schemas), a ``send`` operation
+per publishing role and a ``receive`` operation per durable consumer that takes it.
+``tests/unit/test_asyncapi.py`` validates it with the reference parser (npm's ``@asyncapi/parser``)
+when Node is installed; ``tests/integration/test_asyncapi_wire.py`` validates what a real system
+stores against it (payloads, headers, the ``id`` / ``Nats-Msg-Id`` relation), so the document
+cannot drift from the wire.
 """
 
 from __future__ import annotations
@@ -14,8 +17,8 @@ from typing import Any
 import msgspec
 
 from .. import __version__
-from . import subjects
-from .catalog import EVENTS, Body, Event, Role
+from . import event_ids, subjects
+from .catalog import EVENTS, TOKEN_FIELDS, Body, Event, Role
 
 SCHEMA_REF = "#/components/schemas/{name}"
 
@@ -39,13 +42,51 @@ def channel_id(e: Event[Any]) -> str:
     return e.name.replace(".", "_")
 
 
+#: what the ``id`` of every envelope is, and how the ``Nats-Msg-Id`` header relates to it
+ID_DOC = (
+    "the logical event id: the catalog's id rule filled in (e.g. `b1:42:parsed:0`), or the publisher's own id "
+    "(a create: `create:<bid>:<uuid>` from the CLI). It is NOT the Nats-Msg-Id: that header is `k1:` + a keyed "
+    "BLAKE2b of this id (src/aios_blocks/bus/event_ids.py), unguessable without the system's key"
+)
+#: the wire message id of every event the system publishes (``bus.event_ids``)
+MSG_ID_PATTERN = "^" + event_ids.PREFIX + "[0-9a-f]{40}$"
+#: the key the examples' ``Nats-Msg-Id`` headers are computed with (not any real system's key)
+EXAMPLE_KEY = "00" * 32
+#: example values of the subject tokens (and of the payload fields that fill them)
+EXAMPLE_TOKENS = {"bid": "b1", "cid": "c1", "nid": "n1", "iid": "b1-0", "vid": "v1", "name": "p1",
+                  "digest": "0f3c9a", "consumer": "parser", "subject": "aios.block.b1.create", "outcome": "ok"}
+EXAMPLE_TIME = "2026-01-01T00:00:00.000000Z"
+
+
+def _headers_schema(e: Event[Any], content_type: str) -> dict[str, Any]:
+    """The NATS headers of a stored message (a core-NATS one has no message id)."""
+    if e.stored and e is E_CREATE:
+        msg_id: dict[str, Any] = {"type": "string", "description": "optional, chosen by the publisher (its own retries are "
+                                  "deduplicated within the stream's duplicate window); the CLI's is `k1:` + the keyed "
+                                  "digest of the envelope's `id`"}
+    else:
+        msg_id = {"type": "string", "pattern": MSG_ID_PATTERN,
+                  "description": "`k1:` + keyed BLAKE2b (hex, 20 bytes) of the logical id (the envelope's `id`; for a raw "
+                  "body, of the id rule): deterministic, so a redelivered step is deduplicated by JetStream"}
+    props: dict[str, Any] = {"Content-Type": {"type": "string", "description": "the body's framing"}}
+    if e.body is not Body.CORE:
+        props["Content-Type"]["enum"] = [content_type, "application/json"] if e is E_CREATE else [content_type]
+    if e.stored:
+        props["Nats-Msg-Id"] = msg_id
+    required = ["Content-Type", "Nats-Msg-Id"] if e.stored and e is not E_CREATE else []
+    out: dict[str, Any] = {"type": "object", "properties": props}
+    if required:
+        out["required"] = required
+    return out
+
+
 def _envelope_schema(e: Event[Any], data: dict[str, Any]) -> dict[str, Any]:
     return {
         "type": "object",
         "description": "CloudEvents 1.0, structured mode (Content-Type: application/cloudevents+json)",
         "required": ["id", "source", "type", "subject", "time", "specversion", "data"],
         "properties": {
-            "id": {"type": "string", "description": "keyed digest of the logical id (`k1:` + BLAKE2b), also the Nats-Msg-Id"},
+            "id": {"type": "string", "description": ID_DOC, "not": {"pattern": "^" + event_ids.PREFIX}},
             "source": {"type": "string", "description": "absolute URI of the publishing process"},
             "type": {"type": "string", "const": e.type},
             "subject": {"type": "string", "description": "the NATS subject"},
@@ -70,6 +111,87 @@ def _draft07(node: Any) -> Any:
     return node
 
 
+def _example_value(schema: dict[str, Any], schemas: dict[str, Any], name: str = "", depth: int = 0) -> Any:
+    """A value that its (draft-07) JSON Schema accepts, every property filled: the examples."""
+    if "$ref" in schema:
+        return _example_value(schemas[schema["$ref"].rsplit("/", 1)[-1]], schemas, name, depth)
+    if "const" in schema:
+        return schema["const"]
+    if "enum" in schema:
+        return schema["enum"][0]
+    if "anyOf" in schema:
+        options = [o for o in schema["anyOf"] if o.get("type") != "null"] or schema["anyOf"]
+        return _example_value(options[0], schemas, name, depth)
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), "null")
+    if kind == "object":
+        props = schema.get("properties", {})
+        if depth > 6:
+            return {}
+        return {k: _example_value(v, schemas, k, depth + 1) for k, v in props.items()}
+    if kind == "array":
+        items = schema.get("items")
+        if isinstance(items, list):
+            return [_example_value(i, schemas, name, depth + 1) for i in items]
+        return [] if not isinstance(items, dict) or depth > 6 else [_example_value(items, schemas, name, depth + 1)]
+    if kind == "string":
+        if schema.get("format") == "date-time":
+            return EXAMPLE_TIME
+        for tok, fld in TOKEN_FIELDS.items():
+            if fld == name and tok in EXAMPLE_TOKENS:
+                return EXAMPLE_TOKENS[tok]
+        return {"vcluster_id": "v1", "request_id": "r1", "consumer": "parser", "subject": "aios.block.b1.create"}.get(name, "x")
+    if kind == "integer":
+        return max(1, int(schema.get("minimum", 1)))
+    if kind == "number":
+        return 1.0
+    if kind == "boolean":
+        return True
+    return None
+
+
+def example(e: Event[Any], schemas: dict[str, Any], key: str = EXAMPLE_KEY) -> dict[str, Any]:
+    """One message of ``e`` as a publisher of the catalog would store it: the payload from its
+    schema, the subject's tokens from the payload's fields, the id from the id rule, the
+    ``Nats-Msg-Id`` from the id with ``key``."""
+    if e.payload is not None:
+        data: Any = _example_value({"$ref": SCHEMA_REF.format(name=e.payload.__name__)}, schemas)
+    elif e is E_CREATE:
+        data = {"blockId": "b1", "blockComponentURI": "aios://models/llama-8b-instruct", "minInstances": 1, "maxInstances": 2}
+    else:
+        data = {"body": "any JSON"}
+    own = dict(e.token_fields)
+    tokens = {}
+    for tok in e.tokens:
+        fld = own.get(tok) or TOKEN_FIELDS.get(tok, tok)
+        value = data.get(fld) if isinstance(data, dict) else None
+        tokens[tok] = value if isinstance(value, str) and value else EXAMPLE_TOKENS.get(tok, "x")
+    subject = e.subject(**tokens)
+    logical = e.msg_id(data, tokens) if e.id_rule else ("create:b1:4f1c2a9e" if e is E_CREATE else "q-1")
+    wire = event_ids.EventIds(key).wire(logical)
+    if e.body is Body.CLOUDEVENT:
+        payload: Any = {"id": logical, "source": "aios-blocks://host-1/" + _example_source(e), "type": e.type,
+                        "subject": subject, "time": EXAMPLE_TIME, "specversion": "1.0",
+                        "datacontenttype": "application/json", "data": data}
+        content_type = "application/cloudevents+json"
+    else:
+        payload, content_type = data, "application/json"
+    headers: dict[str, str] = {}
+    if e.body is not Body.CORE:
+        headers["Content-Type"] = content_type
+    if e.stored:
+        headers["Nats-Msg-Id"] = wire
+    summary = f"{e.name} on {subject}"
+    if e.stored:
+        summary += f"; id {logical!r}, Nats-Msg-Id its keyed digest (example key)"
+    return {"name": channel_id(e), "summary": summary, "headers": headers, "payload": payload}
+
+
+def _example_source(e: Event[Any]) -> str:
+    return e.publishers[0].value if e.publishers else "unknown"
+
+
 def document() -> dict[str, Any]:
     structs = sorted({e.payload for e in EVENTS if e.payload is not None}, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(structs, ref_template=SCHEMA_REF)
@@ -82,8 +204,8 @@ def document() -> dict[str, Any]:
         cid = channel_id(e)
         if e.payload is not None:
             data: dict[str, Any] = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
-        elif e is EVENTS_BY_NAME["block.create"]:
-            data = {"type": "object", "description": "a block spec (docs/spec.md), bare or as a CloudEvent's data"}
+        elif e is E_CREATE:
+            data = {"type": "object", "description": "a block spec (docs/spec.md)"}
         else:
             data = {"type": "object", "description": "a JSON document"}
         if e.body is Body.CLOUDEVENT:
@@ -96,13 +218,20 @@ def document() -> dict[str, Any]:
             notes.append(f"message id rule `{e.id_rule}` (deduplicated by JetStream)")
         elif e.id_rule:
             notes.append(f"CloudEvents id rule `{e.id_rule}` (not stored: nothing deduplicates it)")
+        if e.body is Body.CLOUDEVENT:
+            notes.append("the envelope's `id` is the logical id; the Nats-Msg-Id header is `k1:` + its keyed digest, not the id")
+        if e is E_CREATE:  # another client's bare spec is stored as sent
+            payload = {"oneOf": [payload, {"type": "object", "not": {"required": ["specversion"]},
+                                           "description": "a bare block spec from another client, stored as sent"}]}
         messages[cid] = {
             "name": e.name,
             "title": e.type,
             "summary": e.meaning,
             "description": "; ".join(notes),
             "contentType": content_type,
+            "headers": _headers_schema(e, content_type),
             "payload": payload,
+            "examples": [example(e, schemas)],
         }
         channel: dict[str, Any] = {
             "address": e.pattern,
@@ -160,3 +289,12 @@ def document() -> dict[str, Any]:
 
 
 EVENTS_BY_NAME = {e.name: e for e in EVENTS}
+E_CREATE = EVENTS_BY_NAME["block.create"]
+
+
+def message_schemas(doc: dict[str, Any], event: Event[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The JSON Schemas (draft-07) of ``event``'s message in ``doc``: (payload, headers), each one
+    self-contained (the document's components go with it, so its ``$ref`` s resolve): what a
+    validator checks a stored message's body and headers against."""
+    msg = doc["components"]["messages"][channel_id(event)]
+    return {**msg["payload"], "components": doc["components"]}, msg["headers"]
