@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from aios_blocks.schemas.affinity import (
     AIOS_NAMESPACE,
+    ALLOWED_STRENGTHS,
     ALLOWED_TARGETS,
     CATEGORY,
     STRENGTH,
@@ -68,7 +69,7 @@ GOLDEN: list[tuple[str, AffinityEntry]] = [
     (f"0910 0015 03 81 04 0010 {U2_HEX}", E("Topology", "Required", True, "ServiceId", U2)),
     (f"0910 000d 04 01 05 0008 {ATTESTED_HEX}", E("Trust", "Required", False, "TrustDomain", "attested")),
     (f"0910 000d 04 81 05 0008 {ATTESTED_HEX}", E("Trust", "Required", True, "TrustDomain", "attested")),
-    ("0910 000c 04 02 05 0007 7a6f6e652dc3a9", E("Trust", "Preferred", False, "TrustDomain", "zone-\u00e9")),
+    ("0910 000c 04 01 05 0007 7a6f6e652dc3a9", E("Trust", "Required", False, "TrustDomain", "zone-\u00e9")),
 ]
 
 TWO = f"0910 0009 03 81 06 0004 0000002a 0910 000d 04 01 05 0008 {ATTESTED_HEX}"
@@ -524,7 +525,7 @@ def entries(draw: st.DrawFn) -> AffinityEntry:
     target_type = draw(st.sampled_from(sorted(ALLOWED_TARGETS[category])))
     return AffinityEntry(
         category,
-        draw(st.sampled_from(sorted(STRENGTH))),
+        draw(st.sampled_from(ALLOWED_STRENGTHS[category])),
         draw(st.booleans()),
         target_type,
         draw(_TARGETS[target_type]),

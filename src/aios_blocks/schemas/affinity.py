@@ -36,6 +36,14 @@ TARGET_TYPE: dict[str, int] = {
     "TrustDomain": 0x05,
     "RackId": 0x06,
 }
+#: Strengths a category allows in v1 (seed §5): Trust is Required only ("only on attested nodes
+#: in domain D": a trust requirement that may be waived is none)
+ALLOWED_STRENGTHS: dict[str, tuple[str, ...]] = {
+    "Resource": ("Required", "Preferred", "Adaptive"),
+    "State": ("Required", "Preferred", "Adaptive"),
+    "Topology": ("Required", "Preferred", "Adaptive"),
+    "Trust": ("Required",),
+}
 ALLOWED_TARGETS: dict[str, set[str]] = {
     "Resource": {"NodeId", "ResourceId"},
     "State": {"NodeId", "LeaseId"},
@@ -162,6 +170,12 @@ def _allowed(category: str, target_type: str) -> None:
         raise _Bad(f"target type {target_type} is not allowed for category {category} (allowed: {allowed})")
 
 
+def _strength_allowed(category: str, strength: str) -> None:
+    if strength not in ALLOWED_STRENGTHS[category]:
+        allowed = ", ".join(ALLOWED_STRENGTHS[category])
+        raise _Bad(f"strength {strength} is not allowed for category {category} in v1 (allowed: {allowed})")
+
+
 def _norm_target(target_type: str, value: Any) -> str:
     """A user's target value -> the normalised ``AffinityEntry.target`` string."""
     if target_type in _ID_TYPES:
@@ -196,7 +210,7 @@ def _norm_target(target_type: str, value: Any) -> str:
 def _entry_problems(e: AffinityEntry) -> list[str]:
     """Why an ``AffinityEntry`` cannot be encoded (not v1, or its target is not normalised)."""
     problems: list[str] = []
-    cat = tt = None
+    cat = tt = strength = None
     for check, value in ((_category, e.category), (_strength, e.strength), (_target_type, e.target_type)):
         if not isinstance(value, str):
             problems.append(f"{value!r} is not a name")
@@ -208,6 +222,8 @@ def _entry_problems(e: AffinityEntry) -> list[str]:
             continue
         if check is _category:
             cat = name
+        elif check is _strength:
+            strength = name
         elif check is _target_type:
             tt = name
     if not isinstance(e.anti, bool):
@@ -215,6 +231,11 @@ def _entry_problems(e: AffinityEntry) -> list[str]:
     if cat is not None and tt is not None:
         try:
             _allowed(cat, tt)
+        except _Bad as exc:
+            problems.append(str(exc))
+    if cat is not None and strength is not None:
+        try:
+            _strength_allowed(cat, strength)
         except _Bad as exc:
             problems.append(str(exc))
     if tt is not None:
@@ -285,6 +306,7 @@ def _decode_entry(value: bytes) -> AffinityEntry:
         raise _Bad(f"unknown target type 0x{tt_b:02x} (target types: {_codes(TARGET_TYPE)})")
     category, target_type = _CATEGORY_NAME[cat_b], _TARGET_NAME[tt_b]
     _allowed(category, target_type)
+    _strength_allowed(category, _STRENGTH_NAME[strength])
     raw = value[ENTRY_HEADER:]
     if target_type in _ID_TYPES:
         if tlen != 16:
@@ -389,6 +411,11 @@ def _from_json(item: Any, p: str, errors: list[SpecError]) -> AffinityEntry | No
         except _Bad as exc:
             errors.append(SpecError(f"{p}.{key}", str(exc)))
             names[key] = None
+    if names["category"] is not None and names["strength"] is not None:
+        try:
+            _strength_allowed(names["category"], names["strength"])
+        except _Bad as exc:
+            errors.append(SpecError(f"{p}.strength", str(exc)))
     anti = _direction(item, p, errors)
     target, tt, value = item.get("target"), None, ""
     if "target" not in item:
