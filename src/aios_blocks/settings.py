@@ -36,6 +36,7 @@ class Settings(BaseSettings):
     stream_max_age_s: float = Field(7 * 24 * 3600, gt=0, description="the AIOS stream keeps events this long")
     stream_max_bytes: int = Field(8 * 1024**3, gt=0, description="the AIOS stream keeps at most this many bytes (oldest dropped)")
     stream_replicas: int = Field(1, ge=1, le=5, description="replicas of the AIOS stream and the key bucket (3 on a NATS cluster)")
+    observe_mirror: bool = Field(True, description="keep AIOS_OBSERVE, the observers' read-only mirror of AIOS (same limits: twice the disk), where they may keep any consumer, the JS clients' ordered ones included; off: observers have named consumers on AIOS only")
     nats_ca: str | None = Field(None, description="CA file to verify a tls:// NATS server (the embedded self-signed certificate)")
     nats_creds: str | None = Field(None, description="a NATS .creds file (JWT + nkey seed) for operator-mode servers")
     event_key: str | None = Field(None, repr=False, description="key of the keyed event ids (else the shared one in the KV bucket)")

@@ -34,6 +34,9 @@ STREAM = "AIOS"
 #: the stream of the blocks' task outputs (docs/sidecars.md): its own limits, so a flood of outputs
 #: never pushes a control event out of ``AIOS``
 STREAM_OUTPUTS = "AIOS_OUTPUTS"
+#: a read-only mirror of ``AIOS`` for observers (docs/security.md): no worker consumes it, so
+#: observers may keep any consumer there, the unnamed and ordered ones of every client included
+STREAM_OBSERVE = "AIOS_OBSERVE"
 CE_TYPE_PREFIX = "io.aios."
 
 P = TypeVar("P")

@@ -37,6 +37,7 @@ from nats.js.api import (
     RetentionPolicy,
     StorageType,
     StreamConfig,
+    StreamSource,
 )
 from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
 
@@ -414,6 +415,44 @@ class Bus:
                 info = await self.js.stream_info(name)
             self._note_atomic(name, bool(info.config.allow_atomic))
 
+    async def ensure_observe_stream(self, limits: StreamLimits | None = None) -> bool:
+        """Create ``AIOS_OBSERVE``, the observers' read-only mirror of ``AIOS``, if it does not exist
+        (a missing one is rebuilt from ``AIOS``, every stored event). Observers may keep any consumer
+        on it, unnamed and ordered ones included, which on ``AIOS`` they may not (the unnamed create
+        names its consumer in the body, out of reach of permissions, and could update a worker's);
+        no worker consumes it (docs/security.md). False, with a warning, when this connection may
+        not create it or it is something else under that name; False, doing nothing, with
+        ``AIOS_OBSERVE_MIRROR=0``."""
+        if not self.settings.observe_mirror:
+            return False
+        limits = limits or StreamLimits.of(self.settings)
+        name = subjects.STREAM_OBSERVE
+        try:
+            info = await self.js.stream_info(name)
+        except NotFoundError:
+            cfg = StreamConfig(name=name, mirror=StreamSource(name=subjects.STREAM), retention=RetentionPolicy.LIMITS,
+                               storage=StorageType.FILE, discard=DiscardPolicy.OLD, max_age=limits.max_age_s,
+                               max_bytes=limits.max_bytes, num_replicas=limits.replicas, max_msg_size=-1)
+            try:
+                await self.js.add_stream(cfg)
+                log.info("stream.created", stream=name, mirror_of=subjects.STREAM)
+                return True
+            except BadRequestError as exc:
+                if "already in use" in str(exc) or "exists" in str(exc):  # made concurrently
+                    return True
+                log.warning("stream.observe_missing", stream=name, error=str(exc))
+                return False
+            except Exception as exc:  # no right to create it (a worker or observer role): the admin's setup does
+                log.warning("stream.observe_missing", stream=name, error=str(exc) or type(exc).__name__,
+                            hint="run any `blocks` command as the admin, or `blocks up`, to create it")
+                return False
+        mirror = info.config.mirror
+        if mirror is None or mirror.name != subjects.STREAM:
+            log.warning("stream.observe_not_a_mirror", stream=name, mirror=mirror.name if mirror else None,
+                        hint=f"nats stream rm {name}: the next setup recreates it as a mirror of {subjects.STREAM}")
+            return False
+        return True
+
     def _note_atomic(self, stream: str, allowed: bool) -> None:
         if not allowed:
             self._no_atomic.add(stream)
@@ -482,9 +521,13 @@ class Bus:
         except NotFoundError:
             return False
 
-    async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = ()) -> None:
-        """Stream plus the shared consumers, so no message published before workers start is lost."""
+    async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = (), *, observe: bool = True) -> None:
+        """Stream plus the shared consumers, so no message published before workers start is lost;
+        with ``observe``, the observers' mirror too (``ensure_observe_stream``: callers that may
+        create streams, the admin's setup and CLI; worker roles may not)."""
         await self.ensure_stream()
+        if observe:
+            await self.ensure_observe_stream()
         for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), subjects.MAPPER,
                      *consumers):
             await self.ensure_consumer(spec)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .catalog import EVENTS, ROOT, STREAM, STREAM_OUTPUTS, E, Event, stream_subjects
+from .catalog import STREAM_OBSERVE as STREAM_OBSERVE  # re-exported: the observers' mirror of STREAM
 
 #: What the stream keeps: every stored event of the catalog (``catalog.stream_subjects``). Left out
 #: on purpose (core NATS only): node heartbeats (a liveness signal, not state), inventory hints

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import msgspec
 from nats.js.api import ConsumerConfig, DeliverPolicy
@@ -115,7 +116,8 @@ class Client:
         """Raises ``ConnectionError`` (``bus.nats_bus.Unreachable``) when NATS does not answer
         within ``CONNECT_WAIT_S``."""
         bus = await Bus.open(nats_url, source="aios-blocks/cli", first_wait_s=CONNECT_WAIT_S)
-        await bus.ensure_topology()
+        # the admin (or your own server's user) also (re)creates the observers' mirror; an observer may not
+        await bus.ensure_topology(observe=urlsplit(nats_url.split(",")[0].strip()).username != "observer")
         store = Store.open(redis_url)
         try:
             await store.reachable()

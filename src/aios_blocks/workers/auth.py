@@ -187,6 +187,12 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
+    # ... and every consumer kind on AIOS_OBSERVE, the mirror no worker consumes (unnamed creates:
+    # the JS clients' ordered and ephemeral consumers; names and list, for their tools)
+    ob = subjects.STREAM_OBSERVE
+    allow += [f"{JS}.STREAM.INFO.{ob}", f"{JS}.STREAM.MSG.GET.{ob}", f"{JS}.CONSUMER.CREATE.{ob}", f"{JS}.CONSUMER.CREATE.{ob}.>",
+              f"{JS}.CONSUMER.DURABLE.CREATE.{ob}.*", f"{JS}.CONSUMER.INFO.{ob}.*", f"{JS}.CONSUMER.MSG.NEXT.{ob}.*",
+              f"{JS}.CONSUMER.DELETE.{ob}.*", f"{JS}.CONSUMER.NAMES.{ob}", f"{JS}.CONSUMER.LIST.{ob}", f"$JS.ACK.{ob}.>"]
     return allow, _not_theirs({*WORKER_DURABLES, *protected})
 
 

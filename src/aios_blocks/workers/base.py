@@ -38,6 +38,7 @@ from ..settings import Settings
 from ..settings import load as load_settings
 from ..state.inventory import Inventory, affinity_index
 from ..state.store import Store
+from .auth import url_user
 
 log = structlog.get_logger("aios.worker")
 
@@ -90,7 +91,9 @@ class Worker:
         store = Store.open(redis_url, settings=s)
         runtime = PolicyRuntime(lookup=store.policy_get, timeout_s=s.policy_timeout_s)
         w = cls(bus, store, Inventory(store), runtime, name, s)
-        await bus.ensure_topology()
+        # a worker role may not create streams; the observers' mirror is the admin's setup's, unless
+        # the servers need no credentials (AIOS_AUTH=0: nobody else may come to make it)
+        await bus.ensure_topology(observe=url_user(nats_url) is None)
         from ..recovery.rebuild import ensure_epoch
 
         await ensure_epoch(bus, store)
