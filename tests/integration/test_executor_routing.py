@@ -46,6 +46,8 @@ class Backend:
     #: "ok", "503" (answers 503), "drop" (closes the connection without an answer)
     mode: str = "ok"
     hits: list[tuple[float, bytes]] = field(default_factory=list)
+    #: when set, a task that reaches the instance waits for it (the test decides when it is answered)
+    gate: asyncio.Event | None = None
     runner: web.AppRunner | None = None
     port: int = 0
 
@@ -56,6 +58,8 @@ class Backend:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
         self.hits.append((time.monotonic(), body))
+        if self.gate is not None:
+            await self.gate.wait()
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         if self.mode == "503":
@@ -464,11 +468,16 @@ async def test_the_task_time_limit_covers_queue_and_instance_and_is_answered(rig
     status, _, h = await rig.task("slow", Aios_Timeout_Ms="200")
     assert status == 504 and "timed out" in h["Aios-Error"] and len(slow.hits) == 1
     # queued behind a task holding the only slot: the time limit ends the wait too
-    held = asyncio.ensure_future(rig.task("slow", Aios_Timeout_Ms="3000"))
-    await asyncio.sleep(0.3)
-    t0 = time.monotonic()
+    slow.gate = asyncio.Event()  # the held task stays on the instance until the test lets it go
+    held = asyncio.ensure_future(rig.task("slow", Aios_Timeout_Ms="30000"))
+    async with asyncio.timeout(30):
+        while len(slow.hits) < 2:  # the held task has the slot
+            await asyncio.sleep(0.02)
     status, _, h = await rig.task("slow", Aios_Timeout_Ms="300")
-    assert status in (503, 504) and time.monotonic() - t0 < 2.5, h
+    assert status in (503, 504) and "the task's time limit" in h["Aios-Error"], h
+    # answered by its own limit while the slot was still held, and it never reached the instance
+    assert not held.done() and len(slow.hits) == 2
+    slow.gate.set()
     assert (await held)[0] == 200
     status, _, h = await rig.task("slow", Aios_Timeout_Ms="soon")
     assert status == 400 and "milliseconds" in h["Aios-Error"]

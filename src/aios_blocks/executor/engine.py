@@ -488,8 +488,10 @@ class Route:
                 if remaining <= 0:
                     self.rejected += 1
                     self.stats.rejected[Reject.QUEUE_TIMEOUT] += 1
-                    raise Refused(503, f"block {self.block_id}: no instance free within {self.limits.queue_timeout_s:g} s",
-                                  self.retry_after_ms())
+                    # say which limit ended the wait: the task's own (Aios-Timeout-Ms) or the queue's
+                    why = ("within the task's time limit" if task_end < start + self.limits.queue_timeout_s
+                           else f"within {self.limits.queue_timeout_s:g} s (queueTimeoutS)")
+                    raise Refused(503, f"block {self.block_id}: no instance free {why}", self.retry_after_ms())
                 await self._wait(loop, remaining)
         finally:
             if held_since is not None:
