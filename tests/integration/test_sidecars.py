@@ -13,7 +13,6 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -216,13 +215,12 @@ async def test_no_output_is_lost_when_nats_restarts_mid_run(agents: Agents, http
                 await asyncio.sleep(0.01)
 
     loaders = [asyncio.create_task(load(k)) for k in range(3)]
-    await asyncio.sleep(1.0)
+    await until(lambda: _async(len(answered) >= 10), 60, "tasks answered before the restart")
     before = len(answered)
     await asyncio.to_thread(system.servers.restart_nats)  # every client reconnects
-    await asyncio.sleep(2.0)
+    await until(lambda: _async(len(answered) >= before + 10), 60, "tasks answered after the restart")
     stop.set()
     await asyncio.gather(*loaders)
-    assert before > 0 and len(answered) > before  # tasks were answered before and after the restart
     want = set(answered)
     await until(lambda: _async(set(stored(db)) >= want), 120, "every answered task's output stored")
     assert set(stored(db)) == want
@@ -262,10 +260,11 @@ async def test_a_sidecar_that_cannot_log_in_stops_at_once_on_sigterm(system: Sys
     proc = _spawn(STORE, env, log, tmp_path)
     try:
         await until(lambda: _async("Authorization Violation" in log.read_text()), 20, "the refused login")
-        t0 = time.monotonic()
         proc.terminate()
-        rc = await asyncio.to_thread(proc.wait, 5)
-        assert time.monotonic() - t0 < 3 and rc == 0, log.read_text()[-2000:]
+        # it stops on the SIGTERM, cleanly (code 0, not -15), instead of retrying the login until
+        # a SIGKILL; the bound is generous (the outcome is that it ends at all, not how fast)
+        rc = await asyncio.to_thread(proc.wait, 30)
+        assert rc == 0, log.read_text()[-2000:]
     finally:
         if proc.poll() is None:
             proc.kill()
