@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     metrics_rate_span_s: float = Field(10.0, gt=0, description="span of the collector's rates and latency quantiles")
     metrics_scrape_timeout_s: float = Field(0.5, gt=0, description="time limit of one /metrics scrape by the collector")
     metrics_target_ttl_s: float = Field(15.0, gt=0, description="a worker's /metrics registration lapses this long after its last refresh")
+    metrics_remote_write_url: str | None = Field(None, description="the global metrics DBs: Prometheus remote-write receivers (comma-separated URLs, e.g. http://prom:9090/api/v1/write) the metrics collector pushes every block and instance sample to (none: no push)")
+    metrics_remote_write_interval_s: float = Field(10.0, gt=0, description="how often the metrics collector sends the samples taken since its last push (each keeps its own time)")
+    metrics_remote_write_timeout_s: float = Field(5.0, gt=0, description="time limit of one remote-write request")
+    metrics_remote_write_max_samples: int = Field(200_000, ge=1, description="samples kept per receiver while it is down or refusing with 429/5xx (the oldest dropped beyond)")
     # -- autoscaler (docs/autoscaling.md; the rule parameters in brackets override per block) -------
     autoscale_tick_s: float = Field(2.0, gt=0, description="how often the autoscaler decides each block's instance count (Knative ticks every 2 s)")
     autoscale_policy_timeout_s: float = Field(1.0, gt=0, description="time limit of one Python autoscaler policy call (a call past it fails that tick)")

@@ -10,7 +10,9 @@ Every ``metrics_interval_s`` it:
 3. writes them to the local cluster metrics store (``state.metrics``: the latest sample and a
    window of ``metrics_window_s`` per instance and block), where the controller takes the
    resourceAllocator's ``block_metrics`` and the executors take the loadBalancer's instance
-   metrics, and ``blocks top`` reads them.
+   metrics, and ``blocks top`` reads them;
+4. queues them for the global metrics DBs, when ``metrics_remote_write_url`` names any
+   (``metrics.remote_write``: Prometheus remote write, sent every ``metrics_remote_write_interval_s``).
 
 One collector writes a scope (all blocks, or with ``--cluster`` the blocks placed in one
 cluster): it holds a lease in the store, and a copy waits to take over. Every copy serves the
@@ -33,7 +35,7 @@ import structlog
 from aiohttp import web
 
 from ..bus.instance_map import InstanceMaps
-from ..metrics import promconfig
+from ..metrics import promconfig, remote_write
 from ..metrics.scrape import ExecBlock, InstanceReading, read_executor, read_instance
 from ..metrics.window import BlockInput, Windows
 from ..schemas.protocol import METRICS_PATH
@@ -62,6 +64,9 @@ class Collector:
         self.ticks = 0
         self.session: aiohttp.ClientSession | None = None
         self._sem = asyncio.Semaphore(CONCURRENCY)
+        urls = remote_write.urls_of(self.s.metrics_remote_write_url)
+        self.remote = remote_write.RemoteWrite(urls, self.s.metrics_remote_write_timeout_s,
+                                               self.s.metrics_remote_write_max_samples) if urls else None
 
     # -- the instance maps -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
@@ -133,6 +138,8 @@ class Collector:
         keep = max(2, math.ceil(self.s.metrics_window_s / interval))
         gone = sorted(self.written - set(samples))
         await self.w.store.metrics.write(samples, keep, self.s.metrics_window_s + 10 * interval, gone)
+        if self.remote is not None:  # the global metrics DBs: only the scope's writer, so once
+            self.remote.add(remote_write.points(samples))
         self.written = set(samples)
         self.ticks += 1
         return True
@@ -162,7 +169,10 @@ class Collector:
             return web.json_response(await self.w.store.metrics.blocks())
 
         async def health(request: web.Request) -> web.Response:
-            return web.json_response({"status": "ok", "leading": self.leading, "blocks": len(self.maps), "ticks": self.ticks})
+            doc = {"status": "ok", "leading": self.leading, "blocks": len(self.maps), "ticks": self.ticks}
+            if self.remote is not None:
+                doc["remote_write"] = self.remote.status()
+            return web.json_response(doc)
 
         app = web.Application()
         app.router.add_get("/sd/workers", sd_workers)
@@ -175,6 +185,8 @@ class Collector:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))
         ready = asyncio.Event()
         watch = asyncio.get_running_loop().create_task(InstanceMaps(self.w.bus, create=False).watch(self.on_map, stop, ready))
+        push = (asyncio.get_running_loop().create_task(self.remote.run(stop, self.s.metrics_remote_write_interval_s))
+                if self.remote is not None else None)
         runner = web.AppRunner(self.app(), access_log=None)
         try:
             await runner.setup()
@@ -188,6 +200,9 @@ class Collector:
             watch.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await watch
+            if push is not None:  # its last flush (stop is set) within one request's time limit
+                with contextlib.suppress(TimeoutError, asyncio.CancelledError, Exception):
+                    await asyncio.wait_for(push, self.s.metrics_remote_write_timeout_s + 1)
             await runner.cleanup()
             await self.session.close()
 
