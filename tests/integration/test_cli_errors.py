@@ -163,8 +163,10 @@ def test_a_server_that_cannot_be_reached_is_one_line_and_exit_2_not_a_hang(syste
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
     nats_away = {"AIOS_NATS_URL": f"nats://u:secret@127.0.0.1:{_closed_port()}", "AIOS_REDIS_URL": system.supervisor.redis_url}
     redis_away = {"AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": f"redis://127.0.0.1:{_closed_port()}"}
-    for extra, says in ((nats_away, "cannot connect to NATS at nats://u:***@127.0.0.1:"), (redis_away, "cannot connect to Redis")):
-        r = subprocess.run([*BLOCKS, "list"], capture_output=True, text=True, timeout=60, cwd=ROOT, env={**env, **extra})
+    # (`blocks list` reads Redis only: NATS away, it still lists; `replay` reads the stream)
+    for cmd, extra, says in ((["replay"], nats_away, "cannot connect to NATS at nats://u:***@127.0.0.1:"),
+                             (["list"], redis_away, "cannot connect to Redis"), (["get", "b1"], redis_away, "cannot connect to Redis")):
+        r = subprocess.run([*BLOCKS, *cmd], capture_output=True, text=True, timeout=60, cwd=ROOT, env={**env, **extra})
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2, r.stderr
         assert len(lines) == 1 and "Cannot reach the servers" in lines[0] and says in lines[0], r.stderr

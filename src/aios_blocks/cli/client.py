@@ -385,6 +385,13 @@ class Client:
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in scanned]
 
+    async def timeline(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int, str]]:
+        """``history`` with the time the stream stored each message (ISO 8601, UTC): what an event
+        without a ``time`` of its own (a bare create, as any NATS client may publish it) is shown at."""
+        scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
+        return [(m.subject, _decode(m.data), m.metadata.sequence.stream,
+                 m.metadata.timestamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")) for m in scanned]
+
     async def stream(self) -> list[tuple[str, bytes, int, float]]:
         """Every stored message, oldest first: (subject, body, sequence, timestamp)."""
         out: list[tuple[str, bytes, int, float]] = []

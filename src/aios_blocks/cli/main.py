@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import os
@@ -10,27 +9,24 @@ import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-import structlog
 import typer
-import yaml
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
-from ..schemas.spec import Cluster, Gpu, Node, check_id
-from ..workers import lifetime
-from ..workers.auth import KIND_ROLE, mask
-from ..workers.embedded import (
-    DEFAULT_DATA_DIR,
-    agent_nats_url,
-    find_data_dir,
-    resolve_urls,
-)
-from ..workers.supervisor import Supervisor
-from . import up as _up
-from .client import CONNECT_WAIT_S, TERMINAL, Client, Request, event_data
+from ..urls import mask
+from ..workers.locate import DEFAULT_DATA_DIR, find_data_dir
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from ..workers.supervisor import Supervisor
+    from .client import Client, Request
+
+# Start-up: this module is the `blocks` entry point, so it imports only typer and rich at the top;
+# every other module (the NATS and Redis clients, pydantic models, policies, ...) is imported by the
+# command that needs it (tests/unit/test_cli_imports.py holds it to that).
 
 app = typer.Typer(
     help="aios-blocks: place and run AI blocks on GPU clusters over NATS JetStream and Redis.\n\n"
@@ -47,11 +43,6 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(node_app, name="node")
 app.add_typer(policy_app, name="policy")
 
-# CLI output is for people: library logs go to stderr, warnings and up only.
-structlog.configure(
-    logger_factory=structlog.PrintLoggerFactory(sys.stderr),
-    wrapper_class=structlog.make_filtering_bound_logger(30),
-)
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 T = TypeVar("T")
@@ -65,8 +56,13 @@ _LOOKED: list[str] = []
 def _data_dir(ctx: typer.Context, value: Path | None) -> Path:
     """``--data-dir``, else ``AIOS_DATA_DIR`` (typer reads it), else ``./.aios-data``; a command
     that talks to a running system also finds ``.aios-data`` in a parent directory (as git finds
-    ``.git``), so it works from anywhere inside the project."""
+    ``.git``), so it works from anywhere inside the project. ``--data-dir`` is taken before the
+    command too (``blocks --data-dir X list``); the one after it wins."""
     _LOOKED.clear()
+    before = ctx.find_root().params.get("data_dir")
+    source = getattr(ctx.get_parameter_source("data_dir"), "name", None)  # (click's enum; typer may vendor click)
+    if before is not None and (value is None or source != "COMMANDLINE"):
+        value = before
     if value is not None:
         source = "AIOS_DATA_DIR" if os.environ.get("AIOS_DATA_DIR") and Path(os.environ["AIOS_DATA_DIR"]) == value else "--data-dir"
         _LOOKED.append(f"{value} ({source})")
@@ -76,6 +72,18 @@ def _data_dir(ctx: typer.Context, value: Path | None) -> Path:
     found = find_data_dir()
     _LOOKED.append(f"./{DEFAULT_DATA_DIR} and every parent directory of {Path.cwd()}")
     return found or DEFAULT_DATA_DIR
+
+
+@app.callback()
+def _root(
+    data_dir: Path = typer.Option(
+        None, "--data-dir", metavar="PATH", show_default=False,
+        help="Data dir of the embedded servers, for every command (as after the command: else AIOS_DATA_DIR, "
+        "else ./.aios-data, searched up from here).",
+    ),
+) -> None:
+    # (no docstring: the app's help is Typer(help=...)); the value is read by each command's --data-dir
+    pass
 
 
 DataDir = typer.Option(
@@ -103,6 +111,8 @@ def _seconds_over(low: float = 0.0, inclusive: bool = False) -> Callable[[float 
 def _block_id(value: str | None) -> str | None:
     """A typer callback: a valid block id (refused before anything is sent, as every command does)."""
     if value is not None:
+        from ..schemas.spec import check_id
+
         try:
             check_id(value, "block id")
         except ValueError as exc:
@@ -116,9 +126,24 @@ def _plain(*values: Any) -> list[str]:
     return [escape(str(v)) for v in values]
 
 
+def _quiet_library_logs() -> None:
+    """CLI output is for people: library logs go to stderr, warnings and up only. Called once the
+    library is imported (structlog comes with it: a command that never loads it skips its import)."""
+    structlog = sys.modules.get("structlog")
+    if structlog is None:
+        return
+    structlog.configure(
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        wrapper_class=structlog.make_filtering_bound_logger(30),
+    )
+
+
 def _run(coro: Awaitable[T]) -> T:
     """Run a command's coroutine; a server it cannot reach is a one-line error (exit 2), not a
     traceback nor a hang."""
+    import asyncio
+
+    _quiet_library_logs()
     try:
         return asyncio.run(coro)  # type: ignore[arg-type]
     except ConnectionError as exc:  # Unreachable (NATS), refused or reset connections
@@ -129,6 +154,9 @@ def _run(coro: Awaitable[T]) -> T:
 def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
     """URLs from the environment, else a running ``blocks up``'s with ``role``'s credentials
     (default ``AIOS_ROLE``, else the admin)."""
+    from ..workers import lifetime
+    from ..workers.locate import resolve_urls
+
     try:
         urls = resolve_urls(data_dir, role)
     except (OSError, KeyError) as exc:
@@ -150,6 +178,9 @@ def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
 
 
 async def _with_client(data_dir: Path, fn: Callable[[Client], Awaitable[T]]) -> T:
+    from .client import Client
+
+    _quiet_library_logs()
     nats_url, redis_url = _urls(data_dir)
     client = await Client.open(nats_url, redis_url)
     try:
@@ -158,7 +189,30 @@ async def _with_client(data_dir: Path, fn: Callable[[Client], Awaitable[T]]) -> 
         await client.close()
 
 
+class _StoreOnly:
+    """What a command that only reads Redis gets as ``c``: ``c.store``, and no NATS connection
+    (nor the stream set-up every NATS client makes)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+
+
+async def _with_store(data_dir: Path, fn: Callable[[Any], Awaitable[T]]) -> T:
+    from ..state.store import Store
+
+    _quiet_library_logs()
+    _, redis_url = _urls(data_dir)
+    store = Store.open(redis_url)
+    try:
+        await store.reachable()
+        return await fn(_StoreOnly(store))
+    finally:
+        await store.close()
+
+
 def _load(path: Path) -> dict[str, Any]:
+    import yaml
+
     try:
         text = path.read_text()
     except OSError as exc:
@@ -204,6 +258,8 @@ def _answer(data: dict[str, Any], indent: str) -> str:
 
 
 def _line(subject: str, env: dict[str, Any]) -> str:
+    from .client import event_data
+
     data = event_data(env)
     kind = subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
     detail = ""
@@ -287,9 +343,68 @@ def _one_line(exc: BaseException) -> str:
     return str(exc.args[0]) if len(exc.args) == 1 else str(exc)
 
 
+def _input_errors() -> tuple[type[Exception], ...]:
+    """Bad input: ValueError, OSError and yaml's error, when a command loaded yaml (only those that
+    read files import it)."""
+    yaml = sys.modules.get("yaml")
+    return (ValueError, OSError, yaml.YAMLError) if yaml is not None else (ValueError, OSError)
+
+
+def _top_help() -> None:
+    """``blocks --help``, drawn as typer draws it (usage, description, options and commands in
+    panels) with rich's panel and table only: typer's own help module loads a Markdown parser and
+    rich's traceback machinery first, which more than doubles the time the most common command
+    takes. Every command's own ``--help`` is typer's."""
+    import re
+
+    from rich import box
+    from rich.padding import Padding
+    from rich.panel import Panel
+    from rich.table import Table
+    from rich.text import Text
+
+    group = typer.main.get_command(app)
+    assert isinstance(group, typer.core.TyperGroup)
+    ctx = typer.Context(group, info_name="blocks")
+
+    def rich_text(text: str) -> Text:  # the help's Markdown is `code` spans only
+        return Text.from_markup(re.sub(r"`([^`]+)`", r"[bold]\1[/]", escape(" ".join(text.split()))))
+
+    def panel(title: str, rows: list[tuple[str, str, str]]) -> Panel:
+        grid = Table(box=None, show_header=False, pad_edge=False, padding=(0, 1))
+        grid.add_column(style="bold cyan", no_wrap=True)
+        grid.add_column(style="bold yellow", no_wrap=True)
+        grid.add_column(ratio=1)
+        for name, meta, text in rows:
+            grid.add_row(name, meta, rich_text(text))
+        return Panel(grid, title=title, title_align="left", border_style="dim", box=box.ROUNDED)
+
+    out = Console()
+    out.print(Text.assemble("\n ", ("Usage:", "yellow"), f" blocks {' '.join(group.collect_usage_pieces(ctx))}\n"))
+    for para in (group.help or "").split("\n\n"):
+        out.print(Padding(rich_text(para), (0, 1, 1, 1)))
+    options = []
+    for param in group.get_params(ctx):
+        record = param.get_help_record(ctx)
+        if record is not None:
+            names, text = record
+            name, _, meta = names.partition(" ")
+            options.append((name, meta, text))
+    out.print(panel("Options", options))
+    commands = []
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is not None and not cmd.hidden:
+            commands.append((name, "", cmd.short_help or (cmd.help or "").split("\n\n")[0]))
+    out.print(panel("Commands", commands))
+
+
 def run() -> None:
     """The `blocks` entry point: the typer app, with every user mistake as one line on stderr and
     exit 2 (usage), 1 (refused: unknown, in use), never a traceback. AIOS_DEBUG=1 shows them."""
+    if sys.argv[1:] == ["--help"]:
+        _top_help()
+        sys.exit(0)
     try:
         rv = app(standalone_mode=False)
     except typer.Abort:
@@ -306,17 +421,20 @@ def run() -> None:
     except TimeoutError as exc:  # a request the server refused is never answered: say which, if so
         if os.environ.get("AIOS_DEBUG"):
             raise
-        from ..bus.nats_bus import recent_denials
+        from ..bus.nats_bus import inbox_hint, recent_denials
 
         denied = recent_denials()
         if not denied:
             err.print(f"[red]error:[/] {escape(_one_line(exc) or 'timed out')}")
             sys.exit(2)
+        if hint := inbox_hint(denied[-1]):  # the answer could not be read: say what to set
+            err.print(f"[red]refused:[/] {escape(denied[-1])}: {escape(hint)}")
+            sys.exit(1)
         role = f" (AIOS_ROLE={os.environ['AIOS_ROLE']})" if os.environ.get("AIOS_ROLE") else ""
         err.print(f"[red]refused:[/] {escape(denied[-1])}: this command's NATS user{escape(role)} may not do that "
                   "(docs/security.md lists each role's rights)")
         sys.exit(1)
-    except (ValueError, OSError, yaml.YAMLError) as exc:
+    except _input_errors() as exc:
         if os.environ.get("AIOS_DEBUG"):
             raise
         err.print(f"[red]error:[/] {escape(_one_line(exc))}")
@@ -356,6 +474,8 @@ def up(
 
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
+    from . import up as _up
+
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
               "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
     # the process that stays up is a lean one (cli/up.py): this one's modules would stay resident
@@ -395,7 +515,7 @@ def task(
         headers["Aios-Idempotent"] = "true"
 
     from ..bus.nats_bus import Bus
-    from .client import send_task
+    from .client import CONNECT_WAIT_S, send_task
 
     nats_url, _ = _urls(data_dir)  # NATS only: AIOS_ROLE=upstream works
 
@@ -435,6 +555,7 @@ def worker(
     Example: `AIOS_NATS_URL=nats://10.0.0.5:4222 AIOS_REDIS_URL=redis://10.0.0.6 blocks worker controller --cluster c1`
     """
     from ..settings import load as load_settings
+    from ..workers.auth import KIND_ROLE
     from ..workers.main import KINDS, configure_logging, run_worker, tune_gc
 
     if kind not in KINDS:
@@ -476,8 +597,10 @@ def agent(
 
     Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack 3 --zone eu-1a`
     """
+    from ..schemas.spec import Node
     from ..settings import load as load_settings
     from ..workers.agent.main import AgentOptions, run_agent
+    from ..workers.embedded import agent_nats_url
     from ..workers.main import configure_logging, tune_gc
 
     labels = _labels(label)
@@ -530,6 +653,8 @@ def demo(
     On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready.
     Example: `blocks demo`
     """
+    from . import up as _up
+
     code = 1
     with _up.running(data_dir, process_per_kind=process_per_kind) as (_, sup):
         code = _run(_demo(sup, timeout, Path(data_dir)))
@@ -541,6 +666,11 @@ def demo(
 
 
 async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> int:
+    import yaml
+
+    from .client import TERMINAL, Client
+
+    _quiet_library_logs()
     client = await Client.open(sup.nats_url, sup.redis_url)
     try:
         comp = await client.add_component(yaml.safe_load((EXAMPLES / "component.yaml").read_text()))
@@ -570,6 +700,8 @@ async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> int:
 async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:
     """Tasks through the executor: a few to the example block (simulated instances echo them),
     then the OCR block's images when the `ocr` extra is installed (a real model)."""
+    import asyncio
+
     async with asyncio.timeout(30):  # the mapper's map reaches the executor just after `ready`
         while True:
             if (await client.task(bid, b"{}", timeout=10))[0] == 200:
@@ -606,12 +738,72 @@ async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:
     await ocr_demo.run(client, data_dir, send=via_executor, say=lambda line: console.print(line))
 
 
+# -- the shipped examples ---------------------------------------------------------------------
+#: what the JSON examples are (they cannot carry a comment)
+_EXAMPLE_NOTES = {
+    "allocation_input.json": "what a resourceAllocator got for `allocation` (blocks policy run --input)",
+    "dry_run_input.json": "what a resourceAllocator got for `dry_run` (blocks policy run --input)",
+    "lxd_args.json": "LXD's scriptlet arguments (blocks policy run --kind lxd --input)",
+}
+
+
+def _example_files() -> list[Path]:
+    """The example files shipped in the package (``aios_blocks/examples``; the repository's
+    ``examples/`` is a link to it): specs, components, policies and recorded inputs."""
+    return sorted(p for p in EXAMPLES.iterdir() if p.is_file() and p.suffix in (".yaml", ".json", ".star", ".py")
+                  and not p.name.startswith("__"))
+
+
+def _example_note(path: Path) -> str:
+    """The example's first comment line (or its entry in ``_EXAMPLE_NOTES``)."""
+    if path.name in _EXAMPLE_NOTES:
+        return _EXAMPLE_NOTES[path.name]
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+@app.command("examples")
+def examples_(
+    copy: Path = typer.Option(None, "--copy", metavar="DIR", help="Write the examples into DIR (made if missing)."),
+    force: bool = typer.Option(False, "--force", help="With --copy: overwrite files that exist in DIR."),
+) -> None:
+    """List the example files shipped with the package (specs, components, policies, recorded
+    policy inputs), or write them into a directory: the README and the `--help` examples name
+    them as `examples/FILE`, which `blocks examples --copy examples` makes from an installed wheel.
+
+    Example: `blocks examples`, `blocks examples --copy examples && blocks component add examples/component.yaml`
+    """
+    files = _example_files()
+    if copy is None:
+        t = _table("file", "what it is")
+        for f in files:
+            t.add_row(*_plain(f.name, _example_note(f)))
+        console.print(t)
+        console.print(escape(f"in {EXAMPLES}; `blocks examples --copy DIR` writes them into DIR"))
+        return
+    if copy.exists() and not copy.is_dir():
+        raise typer.BadParameter(f"{copy} exists and is not a directory", param_hint="--copy")
+    there = [f.name for f in files if (copy / f.name).exists()]
+    if there and not force:
+        err.print(f"[red]not copied[/]: {escape(', '.join(there))} already in {escape(str(copy))} (--force overwrites)")
+        raise typer.Exit(1)
+    copy.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (copy / f.name).write_bytes(f.read_bytes())
+    console.print(escape(f"wrote {len(files)} examples into {copy}/: e.g. blocks component add {copy / 'component.yaml'}"))
+
+
 # -- inventory --------------------------------------------------------------------------------
 @component_app.command("add")
 def component_add(file: Path, data_dir: Path = DataDir) -> None:
     """Register (or replace) a component from YAML/JSON.
 
-    Example: `blocks component add examples/component.yaml`
+    Example: `blocks component add examples/component.yaml` (from an installed wheel, `blocks
+    examples --copy examples` writes the examples there first)
     """
     from pydantic import ValidationError
 
@@ -627,11 +819,21 @@ def component_add(file: Path, data_dir: Path = DataDir) -> None:
     console.print(f"component [bold]{comp.componentURI}[/] registered")
 
 
-def _table(*cols: str) -> Table:
-    """A table that wraps long cells instead of cutting them (piped, or at 80 columns)."""
-    t = Table()
+#: columns of ids: never wrapped (an id cut in two cannot be copied), the other columns give way
+ID_COLUMNS = frozenset({"file", "block", "instance", "node", "cluster", "component", "virtual cluster", "node rejected", "name", "variable"})
+
+
+def _table(*cols: str, title: str | None = None) -> Table:
+    """A table that wraps long cells instead of cutting them (piped, or at 80 columns), except in
+    id columns (``ID_COLUMNS``), which stay on one line."""
+    from rich.table import Table
+
+    t = Table(title=title)
     for col in cols:
-        t.add_column(col, overflow="fold")
+        if col in ID_COLUMNS:
+            t.add_column(col, no_wrap=True, overflow="ignore")
+        else:
+            t.add_column(col, overflow="fold")
     return t
 
 
@@ -649,7 +851,7 @@ def component_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path
     async def go(c: Client) -> dict[str, dict[str, Any]]:
         return await c.store.components()
 
-    comps = _run(_with_client(data_dir, go))
+    comps = _run(_with_store(data_dir, go))
     if as_json:
         _print_json(comps)
         return
@@ -678,7 +880,7 @@ def cluster_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path =
                         "gpus": len(gpus), "gpus_free": sum(1 for g in gpus if g["instances"] == 0)})
         return out
 
-    rows = _run(_with_client(data_dir, go))
+    rows = _run(_with_store(data_dir, go))
     if as_json:
         _print_json(rows)
         return
@@ -695,7 +897,9 @@ def node_list(
     as_json: bool = typer.Option(False, "--json"),
     data_dir: Path = DataDir,
 ) -> None:
-    """List nodes: cluster, health, free CPU and memory, GPUs in use, labels.
+    """List nodes: cluster, node type (what virtual clusters' replica sets count: the `nodeType`
+    label, else the first GPU's model), health, free CPU and memory, GPUs in use, labels. `--json`
+    gives each node's `node_type` too.
 
     Example: `blocks node list --cluster c1`
     """
@@ -711,14 +915,18 @@ def node_list(
             out += (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values()
         return out
 
-    nodes = _request(go, data_dir)
+    from ..schemas.vcluster import node_type
+
+    nodes = _request(go, data_dir, store_only=True)
+    for n in nodes:
+        n["node_type"] = node_type(n)
     if as_json:
         _print_json(nodes)
         return
-    t = _table("node", "cluster", "healthy", "CPU free", "memory free (MiB)", "GPUs in use", "labels")
+    t = _table("node", "cluster", "type", "healthy", "CPU free", "memory free (MiB)", "GPUs in use", "labels")
     for n in nodes:
         busy = sum(1 for g in n["gpus"] if g["instances"])
-        t.add_row(escape(n["node_id"]), escape(n["cluster"]), "yes" if n["healthy"] else "[red]no[/]",
+        t.add_row(escape(n["node_id"]), escape(n["cluster"]), escape(n["node_type"]), "yes" if n["healthy"] else "[red]no[/]",
                   f"{n['cpu_free']:g} / {n['cpu']:g}", f"{n['memory_free']} / {n['memory']}", f"{busy} / {len(n['gpus'])}",
                   escape(", ".join(f"{k}={v}" for k, v in n["labels"].items())))
     console.print(t)
@@ -741,6 +949,8 @@ def cluster_add(
     """
     labels = _labels(label)
     node_labels = _labels(node_label, "--node-label") | ({"nodeType": node_type} if node_type else {})
+    from ..schemas.spec import Cluster, check_id
+
     check_id(cluster_id, "cluster id")
 
     async def go(c: Client) -> None:
@@ -770,6 +980,8 @@ def node_add(
 
     Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=2`
     """
+    from ..schemas.spec import Gpu, Node, check_id
+
     check_id(node_id, "node id")
     check_id(cluster, "cluster id")
     node = Node(
@@ -819,7 +1031,8 @@ def submit(
     workers place the block on the state they find then: the plan is a forecast, not a reservation.
 
     Example: `blocks submit examples/block.yaml --wait`, `blocks submit examples/block.yaml --dry-run`,
-    `blocks submit examples/block.yaml --if-index 42 --wait`
+    `blocks submit examples/block.yaml --if-index 42 --wait` (`blocks examples --copy examples`
+    writes the shipped examples/ where there is none)
     """
     if dry_run and (wait or if_index is not None):
         raise typer.BadParameter("--dry-run publishes nothing: it takes neither --wait nor --if-index", param_hint="--dry-run")
@@ -828,6 +1041,8 @@ def submit(
     spec = _load(file)
     if dry_run:
         raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
+
+    from .client import TERMINAL
 
     async def go(c: Client) -> int:
         req = await c.create(spec, if_index=if_index)
@@ -899,9 +1114,7 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
     if block is None:
         return None
     insts = await c.store.instances(bid)
-    t = Table(title=escape(f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else "")))
-    for col in ("instance", "node", "gpus", "status", "endpoint"):
-        t.add_column(col, overflow="fold")
+    t = _table("instance", "node", "gpus", "status", "endpoint", title=escape(f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else "")))
     for iid, i in sorted(insts.items()):
         t.add_row(*_plain(iid, i["node"], ",".join(i["gpus"]), i["status"], i.get("endpoint") or ""))
     console.print(t)
@@ -914,6 +1127,8 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
 
     Example: `blocks get blk-1234 --json`
     """
+    from ..schemas.spec import check_id
+
     check_id(bid, "block id")
 
     async def go(c: Client) -> int:
@@ -929,34 +1144,44 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
             return 1
         return 0
 
-    raise typer.Exit(_run(_with_client(data_dir, go)))
+    raise typer.Exit(_run(_with_store(data_dir, go)))
 
 
 @app.command("list")
-def list_blocks(limit: int = typer.Option(100), data_dir: Path = DataDir) -> None:
-    """List blocks, newest first.
+def list_blocks(
+    limit: int = typer.Option(100, min=1, help="At most this many blocks."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as a JSON list (id, status, cluster, reason, gen, instances)."),
+    data_dir: Path = DataDir,
+) -> None:
+    """List blocks, newest first: status, cluster, instance count, reason. Reads Redis only.
 
-    Example: `blocks list --limit 20`
+    Example: `blocks list --limit 20`, `blocks list --json`
     """
+    from ..state.views import block_rows, open_reader
 
-    async def go(c: Client) -> None:
-        t = Table()
-        for col in ("block", "status", "cluster", "instances", "reason"):
-            t.add_column(col, overflow="fold")
-        for bid in await c.store.list_blocks(limit):
-            b = await c.store.get_block(bid) or {}
-            n = len(await c.store.instances(bid))
-            t.add_row(*_plain(bid, b.get("status", "?"), b.get("cluster", ""), n, b.get("reason") or ""))
-        console.print(t)
+    async def go() -> list[dict[str, Any]]:
+        r = open_reader(_urls(data_dir)[1])
+        try:
+            return await block_rows(r, limit)
+        finally:
+            await r.aclose()
 
-    _run(_with_client(data_dir, go))
+    rows = _run(go())
+    if as_json:
+        _print_json(rows)
+        return
+    t = _table("block", "status", "cluster", "instances", "reason")
+    for row in rows:
+        t.add_row(*_plain(row["id"], row["status"], row["cluster"] or "", row["instances"], row["reason"] or ""))
+    console.print(t)
 
 
-def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path) -> Any:
+def _request(fn: Callable[[Client], Awaitable[Any]], data_dir: Path, store_only: bool = False) -> Any:
     """Run ``fn`` with a client: an unknown block or instance (LookupError) exits 1, an invalid
-    id or value (ValueError) exits 2, each as one line."""
+    id or value (ValueError) exits 2, each as one line. ``store_only``: ``fn`` only reads Redis
+    (``c.store``): no NATS connection is made."""
     try:
-        return _run(_with_client(data_dir, fn))
+        return _run((_with_store if store_only else _with_client)(data_dir, fn))
     except LookupError as exc:
         err.print(f"[red]{escape(str(exc.args[0]))}[/]")
         raise typer.Exit(1)
@@ -1088,6 +1313,8 @@ def top(
 
     Example: `blocks top`, `blocks top blk-1234`, `blocks top blk-1234 --json`
     """
+    import asyncio
+
     from rich.live import Live
 
     from . import top as topview
@@ -1112,7 +1339,7 @@ def top(
                 live.update(topview.table(await topview.read(c.store, bid), bid))
 
     try:
-        raise typer.Exit(_request(go, data_dir))
+        raise typer.Exit(_request(go, data_dir, store_only=True))
     except KeyboardInterrupt:
         pass
 
@@ -1159,7 +1386,7 @@ def prometheus_config(
     workers: list[dict[str, Any]] = []
     instances: list[dict[str, Any]] = []
     if not sd_url:
-        workers, instances = _request(go, data_dir)
+        workers, instances = _request(go, data_dir, store_only=True)
     sys.stdout.write(promconfig.config(sd_url, workers, instances, scrape_interval, refresh_interval))
 
 
@@ -1169,23 +1396,25 @@ def replay(
     as_json: bool = typer.Option(False, "--json", help="One JSON event per line."),
     data_dir: Path = DataDir,
 ) -> None:
-    """A block's whole story from JetStream, in order, as a timeline.
+    """A block's whole story from JetStream, in order, as a timeline: sequence, time (the event's
+    own, else when the stream stored it), event. `--json` lines carry `stored` too.
 
     Example: `blocks replay blk-1234`
     """
 
     async def go(c: Client) -> int:
-        events = await c.history(bid)
+        events = await c.timeline(bid)
         if not events:
             err.print(f"[yellow]no events for {bid}[/]")
             return 1
         if as_json:
-            for subject, env, seq in events:
-                print(json.dumps({"seq": seq, "subject": subject, "event": env}, default=str))
+            for subject, env, seq, stored in events:
+                print(json.dumps({"seq": seq, "subject": subject, "stored": stored, "event": env}, default=str))
             return 0
         console.print(f"[bold]replay {bid}[/]: {len(events)} events")
-        for subject, env, seq in events:
-            console.print(f"{seq:>7} {str(env.get('time', ''))[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
+        for subject, env, seq, stored in events:
+            at = str(env.get("time") or stored)  # a bare create has no time of its own: when it was stored
+            console.print(f"{seq:>7} {at[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
         return 0
 
     raise typer.Exit(_request(go, data_dir))
@@ -1248,9 +1477,7 @@ def _render_explain(x: dict[str, Any]) -> None:
     for e in x["rejected_errors"]:
         console.print(f"  [red]{escape(e['path'])}[/]: {escape(e['message'])}")
     for r in x["rounds"]:
-        t = Table(title=escape(f"selection round {r['round']}: " + (r["why"] or "no cluster chosen")))
-        for col in ("cluster", "outcome", "dry_run score", "node / GPUs", "notes"):
-            t.add_column(col, overflow="fold")
+        t = _table("cluster", "outcome", "dry_run score", "node / GPUs", "notes", title=escape(f"selection round {r['round']}: " + (r["why"] or "no cluster chosen")))
         for cid, why in sorted(r["filtered"].items()):
             t.add_row(escape(cid), "[red]filtered[/]", "", "", escape(why))
         for cid in r["candidates"]:
@@ -1268,9 +1495,7 @@ def _render_explain(x: dict[str, Any]) -> None:
             t.add_row(escape(cid), outcome, *_plain(f"{d['score']:g}", f"{d['node']} {','.join(d['gpus'])}".strip(), notes))
         console.print(t)
     if x["instances"]:
-        t = Table(title="instances")
-        for col in ("instance", "node", "GPUs", "placed by", "status", "health"):
-            t.add_column(col, overflow="fold")
+        t = _table("instance", "node", "GPUs", "placed by", "status", "health", title="instances")
         for iid, i in sorted(x["instances"].items()):
             t.add_row(*_plain(iid, i["node"], ",".join(i["gpus"]), i.get("action", ""), i.get("status", ""), i.get("health", "")))
         console.print(t)
@@ -1286,9 +1511,7 @@ def _render_explain(x: dict[str, Any]) -> None:
         console.print(f"[red]{escape(f['step'])} failed[/]: {escape(f['reason'])}")
     auto = x.get("autoscaler") or {}
     if auto.get("decisions"):
-        t = Table(title="autoscaler decisions")
-        for col in ("time", "count", "policy proposal", "policy's reason", "framework rules"):
-            t.add_column(col, overflow="fold")
+        t = _table("time", "count", "policy proposal", "policy's reason", "framework rules", title="autoscaler decisions")
         for a in auto["decisions"]:
             arrow = "[green]grew[/]" if (a["to"] or 0) > (a["from"] or 0) else "[yellow]shrank[/]"
             t.add_row(str(a["time"])[11:19], f"{a['from']} -> {a['to']} {arrow}", *_plain(f"{a['proposal']:g}", a["reason"], "; ".join(a["rules"])))
@@ -1419,9 +1642,7 @@ def policy_test(
         f"[red]{c['newly_failing']} newly failing[/], [green]{c['newly_feasible']} newly feasible[/], {c['skipped']} without input"
     )
     if report["changes"]:
-        t = Table()
-        for col in ("block", "action", "recorded", "candidate", "verdict"):
-            t.add_column(col, overflow="fold")
+        t = _table("block", "action", "recorded", "candidate", "verdict")
         for row in report["changes"]:
             t.add_row(*_plain(row["block_id"], row["action"], row["before"], row["after"], row["verdict"]))
         console.print(t)
@@ -1472,21 +1693,19 @@ def policy_list(data_dir: Path = DataDir) -> None:
     """List registry policies. Example: `blocks policy list`"""
 
     async def go(c: Client) -> None:
-        t = Table()
-        for col in ("name", "version", "language"):
-            t.add_column(col, overflow="fold")
+        t = _table("name", "version", "language")
         for name in await c.store.policy_names():
             rec = await c.store.policy_get(name) or {}
             t.add_row(*_plain(name, rec.get("version", ""), rec.get("language", "")))
         console.print(t)
 
-    _run(_with_client(data_dir, go))
+    _run(_with_store(data_dir, go))
 
 
 @policy_app.command("show")
 def policy_show(name: str, version: int = typer.Option(None), data_dir: Path = DataDir) -> None:
     """Print a registry policy's source. Example: `blocks policy show my-packer --version 2`"""
-    rec = _run(_with_client(data_dir, lambda c: c.store.policy_get(name, version)))
+    rec = _run(_with_store(data_dir, lambda c: c.store.policy_get(name, version)))
     if rec is None:
         err.print(f"[red]no policy {name}[/]")
         raise typer.Exit(1)
@@ -1504,9 +1723,7 @@ def subjects_(
     if markdown:
         print(catalog_doc.catalog_markdown())
         return
-    t = Table()
-    for col in ("subject", "published by", "stored", "durable consumers", "message id", "meaning"):
-        t.add_column(col, overflow="fold")
+    t = _table("subject", "published by", "stored", "durable consumers", "message id", "meaning")
     for row in catalog_doc.catalog_rows():
         t.add_row(*_plain(*row))
     console.print(t)
@@ -1522,6 +1739,8 @@ def asyncapi_(
     """The AsyncAPI 3.0 document of every event (channels, messages with JSON Schemas, which role
     sends what, which consumer receives what), generated from the event catalog.
     Example: `blocks asyncapi -o aios.asyncapi.json`"""
+    import yaml
+
     from ..bus import asyncapi
 
     doc = asyncapi.document()
@@ -1550,9 +1769,7 @@ def settings_(
         print(st.markdown())
         return
     current = st.load()
-    t = Table()
-    for col in ("variable", "value", "default", "meaning"):
-        t.add_column(col, overflow="fold")
+    t = _table("variable", "value", "default", "meaning")
     for name, f in st.Settings.model_fields.items():
         value = getattr(current, name)
         shown = "(set)" if name == "event_key" and value else str(value)

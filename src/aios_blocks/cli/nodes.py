@@ -11,24 +11,22 @@ cluster.
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 
-from ..bus.catalog import E, Emit
-from ..schemas.events import InventoryHint, ReassignRequest
-from ..schemas.spec import check_id
-from ..schemas.vcluster import ClusterRemoved, NodeDrain, NodeRemoved
-from ..state.inventory_admin import InventoryAdmin
-from .client import Client
+if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
+    from ..schemas.vcluster import NodeDrain
+    from .client import Client
 
 
 async def _node(c: Client, nid: str) -> str:
+    from ..schemas.spec import check_id
+
     check_id(nid, "node id")
     meta = await c.store.node_meta(nid)
     if meta is None:
@@ -38,6 +36,11 @@ async def _node(c: Client, nid: str) -> str:
 
 async def drain(c: Client, nid: str, undo: bool = False) -> NodeDrain:
     """Drain (or undrain) a node; returns the event published, with the instances it moves."""
+    from ..bus.catalog import E, Emit
+    from ..schemas.events import InventoryHint, ReassignRequest
+    from ..schemas.vcluster import NodeDrain
+    from ..state.inventory_admin import InventoryAdmin
+
     cid = await _node(c, nid)
     if not await InventoryAdmin(c.store).drain(cid, nid, not undo):
         raise LookupError(f"no node {nid!r}")
@@ -57,6 +60,8 @@ async def drain(c: Client, nid: str, undo: bool = False) -> NodeDrain:
 
 async def wait_empty(c: Client, nid: str, timeout: float) -> int:
     """Instances left on the node after waiting up to ``timeout`` seconds for them to move."""
+    import asyncio
+
     deadline = time.monotonic() + timeout
     while True:
         left = len(await c.store.node_instances(nid))
@@ -66,6 +71,11 @@ async def wait_empty(c: Client, nid: str, timeout: float) -> int:
 
 
 async def remove_node(c: Client, nid: str) -> str:
+    from ..bus.catalog import E, Emit
+    from ..schemas.events import InventoryHint
+    from ..schemas.vcluster import NodeRemoved
+    from ..state.inventory_admin import InventoryAdmin
+
     cid = await _node(c, nid)
     why = await InventoryAdmin(c.store).remove_node(cid, nid)
     if why:
@@ -76,6 +86,12 @@ async def remove_node(c: Client, nid: str) -> str:
 
 
 async def remove_cluster(c: Client, cid: str) -> list[str]:
+    from ..bus.catalog import E, Emit
+    from ..schemas.events import InventoryHint
+    from ..schemas.spec import check_id
+    from ..schemas.vcluster import ClusterRemoved
+    from ..state.inventory_admin import InventoryAdmin
+
     check_id(cid, "cluster id")
     # a block placed here lives here with or without instances (those with instances the removal
     # script refuses by their nodes): one scaled to zero would be left "ready" on a cluster that

@@ -5,6 +5,7 @@ nothing changed)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -18,7 +19,12 @@ async def read(store: Store, bid: str | None) -> dict[str, Any]:
     """What ``blocks top`` shows, as data (``--json`` prints this): ``{"blocks": {bid: sample}}``,
     or ``{"block": sample | None, "instances": {iid: sample}}`` for one block."""
     if bid is None:
-        return {"blocks": await store.metrics.blocks()}
+        samples = await store.metrics.blocks()
+        # the collector's last sample of a deleted block stays until it is overwritten or expires:
+        # only blocks that still exist (and are not deleted) are shown
+        records = await asyncio.gather(*(store.get_block(b) for b in samples))
+        return {"blocks": {b: s for (b, s), rec in zip(samples.items(), records, strict=True)
+                           if rec is not None and rec.get("status") != "deleted"}}
     out: dict[str, Any] = {"block": await store.metrics.block(bid), "instances": await store.metrics.instances(bid)}
     raw = await store.autoscale.state(bid)
     if raw:
@@ -62,7 +68,7 @@ def table(data: dict[str, Any], bid: str | None = None, now: float | None = None
         t = Table(title="blocks (metrics collector, latest samples)", title_justify="left")
         for col in ("block", "cluster", "ready", "inflight", "queue", "rate/s", "errors/s", "rejected/s",
                     "latency ms", "dispatch p99 ms", "age"):
-            t.add_column(col, justify="left" if col in ("block", "cluster") else "right")
+            t.add_column(col, justify="left" if col in ("block", "cluster") else "right", no_wrap=col in ("block", "cluster"))
         for bid, s in sorted(data["blocks"].items()):
             t.add_row(bid, s.get("cluster", ""), f"{s.get('ready', 0)}/{s.get('instances', 0)}", _n(s.get("inflight"), 0),
                       _n(s.get("queue"), 0), _n(s.get("rate")), _n(s.get("error_rate"), 2), _n(s.get("rejected_rate"), 2),
@@ -78,7 +84,7 @@ def table(data: dict[str, Any], bid: str | None = None, now: float | None = None
         t.caption, t.caption_justify = autoscaler_line(data["autoscaler"], now), "left"
     for col in ("instance", "node", "state", "up", "inflight", "running", "waiting", "rate/s", "errors/s",
                 "p50 ms", "p99 ms", "dispatch p99 ms"):
-        t.add_column(col, justify="left" if col in ("instance", "node", "state") else "right")
+        t.add_column(col, justify="left" if col in ("instance", "node", "state") else "right", no_wrap=col in ("instance", "node"))
     for iid, s in sorted(data.get("instances", {}).items()):
         t.add_row(iid, s.get("node", ""), s.get("state", ""), _n(s.get("up")), _n(s.get("inflight"), 0),
                   _n(s.get("running"), 0), _n(s.get("waiting"), 0), _n(s.get("rate")), _n(s.get("error_rate"), 2),

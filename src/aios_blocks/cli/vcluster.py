@@ -7,35 +7,19 @@ Exit codes as everywhere: 0 done, 1 refused (or unknown), 2 bad input, 5 no outc
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
 import typer
-from nats.js.api import DeliverPolicy
 from rich.markup import escape
-from rich.tree import Tree
 
-from ..bus.catalog import E
-from ..handlers.vcluster import idle, place
-from ..schemas.spec import check_id
-from ..schemas.vcluster import (
-    VClusterCreate,
-    VClusterKind,
-    VClusterRecord,
-    VClusterRemove,
-    VClusterUpdate,
-    limit_problems,
-    node_type,
-    replica_set_problems,
-)
-from ..state.vcluster import VClusterStore
-from .client import Client, _named
+if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
+    from ..schemas.vcluster import VClusterRecord
+    from .client import Client
 
 
 @dataclass(frozen=True)
@@ -47,6 +31,8 @@ class VRequest:
 
 
 def _replica_sets(value: Any) -> dict[str, int]:
+    from ..schemas.vcluster import replica_set_problems
+
     problems = replica_set_problems(value)
     if problems:
         raise ValueError("--replica-sets: " + "; ".join(problems))
@@ -54,6 +40,8 @@ def _replica_sets(value: Any) -> dict[str, int]:
 
 
 def _limits(value: Any, replica_sets: Any) -> dict[str, Any]:
+    from ..schemas.vcluster import limit_problems
+
     problems = limit_problems(value, replica_sets)
     if problems:
         raise ValueError("--limits: " + "; ".join(problems))
@@ -61,6 +49,10 @@ def _limits(value: Any, replica_sets: Any) -> dict[str, Any]:
 
 
 async def create(c: Client, vid: str, cid: str, replica_sets: Any, divisible: bool = False, limits: Any = None) -> VRequest:
+    from ..bus.catalog import E
+    from ..schemas.spec import check_id
+    from ..schemas.vcluster import VClusterCreate
+
     check_id(vid, "virtual cluster id")
     check_id(cid, "cluster id")
     rid = uuid.uuid4().hex[:12]
@@ -71,6 +63,10 @@ async def create(c: Client, vid: str, cid: str, replica_sets: Any, divisible: bo
 
 async def update(c: Client, vid: str, revision: int, replica_sets: Any, divisible: bool | None = None,
                  limits: Any = None) -> VRequest:
+    from ..bus.catalog import E
+    from ..schemas.spec import check_id
+    from ..schemas.vcluster import VClusterUpdate
+
     check_id(vid, "virtual cluster id")
     if revision < 1:
         raise ValueError(f"--revision must be >= 1, got {revision}")
@@ -81,6 +77,10 @@ async def update(c: Client, vid: str, revision: int, replica_sets: Any, divisibl
 
 
 async def remove(c: Client, vid: str) -> VRequest:
+    from ..bus.catalog import E
+    from ..schemas.spec import check_id
+    from ..schemas.vcluster import VClusterRemove
+
     check_id(vid, "virtual cluster id")
     rid = uuid.uuid4().hex[:12]
     ack = await c.bus.emit(E.vcluster_remove, VClusterRemove(vid, rid))
@@ -89,6 +89,13 @@ async def remove(c: Client, vid: str) -> VRequest:
 
 async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool, dict[str, Any]]:
     """(applied, the ``changed`` or ``refused`` event's data) of a request; TimeoutError."""
+    import asyncio
+
+    import msgspec
+    from nats.js.api import DeliverPolicy
+
+    from .client import _named
+
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
     async def cb(msg: Any) -> None:
@@ -110,6 +117,9 @@ async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool
 
 
 async def records(c: Client) -> list[VClusterRecord]:
+    from ..schemas.vcluster import VClusterKind
+    from ..state.vcluster import VClusterStore
+
     vs = VClusterStore(c.store)
     out: list[VClusterRecord] = []
     for cid in sorted(set((await vs.index()).values())):
@@ -121,6 +131,11 @@ async def describe(c: Client, vid: str) -> dict[str, Any]:
     """The virtual cluster as a tree: its primary (the cluster and its unassigned nodes by type),
     itself (kind, revision, replica sets, nodes with type/health/place, blocks running inside) and
     its job clusters, the same way (LookupError: no such virtual cluster)."""
+    from ..handlers.vcluster import idle, place
+    from ..schemas.spec import check_id
+    from ..schemas.vcluster import node_type
+    from ..state.vcluster import VClusterStore
+
     check_id(vid, "virtual cluster id")
     vs = VClusterStore(c.store)
     cid = await vs.cluster_of(vid)
@@ -261,8 +276,10 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
 
         Example: `blocks vcluster list`, `blocks vcluster list --json`
         """
+        import msgspec
+
         m = _m()
-        recs = m._request(records, data_dir)
+        recs = m._request(records, data_dir, store_only=True)
         if as_json:
             m._print_json([msgspec.to_builtins(r) for r in recs])
             return
@@ -280,8 +297,10 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
 
         Example: `blocks vcluster get team-a`, `blocks vcluster get team-a --json`
         """
+        from rich.tree import Tree
+
         m = _m()
-        d = m._request(lambda c: describe(c, vcluster_id), data_dir)
+        d = m._request(lambda c: describe(c, vcluster_id), data_dir, store_only=True)
         if as_json:
             m._print_json(d)
             return

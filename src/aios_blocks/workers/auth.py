@@ -27,12 +27,13 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from ..bus import event_ids, subjects
 from ..bus.catalog import EVENTS, E, Role
 from ..schemas.spec import ID_RE
 from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
+from .locate import REDIS_ROLE, redis_role_url, with_userinfo  # noqa: F401  (the light half the CLI uses; re-exported)
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
 WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
@@ -75,9 +76,6 @@ REDIS_USERS = {
     "aios": "~aios:* &* +@all -@dangerous",
     "observer": "~aios:* +@read +@connection -@dangerous",
 }
-#: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
-REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
-              "executor": "aios", "metrics": "aios", "autoscaler": "aios", "checker": "aios", "observer": "observer"}
 
 
 def auth_enabled() -> bool:
@@ -421,12 +419,6 @@ def tls_files(data_dir: Path) -> tuple[Path, Path]:
 
 
 # -- URLs ---------------------------------------------------------------------------------------------
-def with_userinfo(url: str, user: str, password: str) -> str:
-    parts = urlsplit(url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, parts.query, parts.fragment))
-
-
 def url_user(url: str) -> str | None:
     """The user name of the first URL of a (comma-separated) server list, if any."""
     first = url.split(",")[0].strip()
@@ -457,15 +449,7 @@ class Endpoints:
 
     def redis_url(self, role: str = "admin") -> str | None:
         """``None`` for roles with no Redis access (node agents, upstream publishers)."""
-        if not self.auth:
-            return self.redis
-        user = REDIS_ROLE.get(role)
-        if user is None:
-            return None
-        s = Secrets.load(self.data_dir, create=False)
-        if not self.redis_acl:
-            return with_userinfo(self.redis, "", s.redis["admin"])
-        return with_userinfo(self.redis, user, s.redis[user])
+        return redis_role_url(self.redis, self.data_dir, self.auth, self.redis_acl, role)
 
     def env(self, kind: str) -> dict[str, str]:
         """Environment of one worker process of ``kind``: its role's URLs (and the TLS CA)."""

@@ -30,9 +30,7 @@ from typing import Any
 from ..settings import load as settings_load
 from . import auth as authn
 from . import lifetime
-
-#: the data dir when neither ``--data-dir`` nor ``AIOS_DATA_DIR`` names one (the CLI resolves those)
-DEFAULT_DATA_DIR = Path(".aios-data")
+from .locate import DEFAULT_DATA_DIR, find_data_dir, resolve_urls  # noqa: F401  (re-exported: the CLI and tests)
 
 #: JetStream fsync policy for the embedded server. "always" makes every acknowledged event
 #: survive a host crash (nats-server#7564); override with AIOS_NATS_SYNC (e.g. "2m", the default
@@ -324,33 +322,6 @@ def agent_nats_url(data_dir: Path, nid: str) -> str | None:
             os.environ.setdefault(name, value)
     settings_load.cache_clear()  # the process's settings now include what endpoints.json says
     return url
-
-
-def find_data_dir(start: Path | None = None) -> Path | None:
-    """The nearest ``.aios-data`` with a running system (``endpoints.json``) in ``start`` (default
-    the working directory) or one of its parents, as git finds ``.git``."""
-    here = (start or Path.cwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / DEFAULT_DATA_DIR / "endpoints.json").exists():
-            return d / DEFAULT_DATA_DIR
-    return None
-
-
-def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> tuple[str, str] | None:
-    """URLs from the environment, else from a running ``blocks up`` in ``data_dir`` with the
-    credentials of ``role`` (default ``AIOS_ROLE``, else admin; the secrets file must be readable).
-    Sets ``AIOS_NATS_CA`` when the embedded NATS serves TLS."""
-    nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
-    if nats_url and redis_url:
-        return nats_url, redis_url
-    ep = authn.read_endpoints(data_dir)
-    if ep is None:
-        return None
-    role = role or os.environ.get("AIOS_ROLE") or "admin"
-    if ep.nats_ca:
-        os.environ.setdefault("AIOS_NATS_CA", ep.nats_ca)
-        settings_load.cache_clear()  # the process's settings now include the CA
-    return nats_url or ep.nats_url(role), redis_url or ep.redis_url(role) or ep.redis
 
 
 def make_topology(nats_url: str, ca: str | None, secrets: authn.Secrets | None) -> None:

@@ -14,27 +14,38 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import ctypes.util
 import errno
 import fcntl
+import functools
 import os
 import signal
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True) if sys.platform.startswith("linux") else None
+
+
+@functools.cache
+def _libc() -> Any:
+    """The C library, loaded on first use: finding it runs ``ldconfig`` (tens of ms that every CLI
+    command would pay at start-up, where only ``blocks up`` needs it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import ctypes.util
+
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
     """A ``preexec_fn`` for ``subprocess.Popen`` (``None`` where the OS has no such call)."""
-    if _libc is None:
+    libc = _libc()
+    if libc is None:
         return None
     parent = os.getpid()
-    libc = _libc
 
     def preexec() -> None:
         libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)

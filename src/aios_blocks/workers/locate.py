@@ -1,0 +1,88 @@
+"""Where a running ``blocks up`` is and how a role logs in to it: the data dir (found as git finds
+``.git``), its ``endpoints.json`` and, when the servers require credentials, the role's password
+from ``auth/secrets.json`` (read only).
+
+Standard library only: every CLI command resolves its servers through here, and a command's
+start-up should not pay for the permission tables of ``workers.auth`` or the settings model
+(issue 32: ``blocks list`` within a few times the import of typer and rich).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+#: the data dir when neither ``--data-dir`` nor ``AIOS_DATA_DIR`` names one (the CLI resolves those)
+DEFAULT_DATA_DIR = Path(".aios-data")
+
+#: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
+REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
+              "executor": "aios", "metrics": "aios", "autoscaler": "aios", "checker": "aios", "observer": "observer"}
+
+
+def with_userinfo(url: str, user: str, password: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit((parts.scheme, f"{user}:{password}@{host}", parts.path, parts.query, parts.fragment))
+
+
+def find_data_dir(start: Path | None = None) -> Path | None:
+    """The nearest ``.aios-data`` with a running system (``endpoints.json``) in ``start`` (default
+    the working directory) or one of its parents, as git finds ``.git``."""
+    here = (start or Path.cwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / DEFAULT_DATA_DIR / "endpoints.json").exists():
+            return d / DEFAULT_DATA_DIR
+    return None
+
+
+def secret_values(data_dir: Path) -> dict[str, dict[str, str]]:
+    """The role passwords of ``auth/secrets.json`` as stored (``nats``, ``redis``, ...; read only:
+    ``auth.Secrets`` creates and completes the file)."""
+    doc: dict[str, dict[str, str]] = json.loads((Path(data_dir) / "auth" / "secrets.json").read_text())
+    return doc
+
+
+def nats_role_url(bare: str, data_dir: Path, auth: bool, role: str) -> str:
+    """``bare`` with ``role``'s NATS user and password (``bare`` itself without credentials)."""
+    if not auth:
+        return bare
+    return with_userinfo(bare, role, secret_values(data_dir)["nats"][role])
+
+
+def redis_role_url(bare: str, data_dir: Path, auth: bool, acl: bool, role: str) -> str | None:
+    """``bare`` with the Redis user of ``role`` (``None``: the role has no Redis access; Redis < 6
+    has no ACL users: everyone logs in with the one password)."""
+    if not auth:
+        return bare
+    user = REDIS_ROLE.get(role)
+    if user is None:
+        return None
+    redis = secret_values(data_dir)["redis"]
+    if not acl:
+        return with_userinfo(bare, "", redis["admin"])
+    return with_userinfo(bare, user, redis[user])
+
+
+def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> tuple[str, str] | None:
+    """URLs from the environment, else from a running ``blocks up`` in ``data_dir`` with the
+    credentials of ``role`` (default ``AIOS_ROLE``, else admin; the secrets file must be readable).
+    Sets ``AIOS_NATS_CA`` when the embedded NATS serves TLS. ``None``: neither."""
+    nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
+    if nats_url and redis_url:
+        return nats_url, redis_url
+    ep = Path(data_dir) / "endpoints.json"
+    if not ep.exists():
+        return None
+    d = json.loads(ep.read_text())
+    auth, where = bool(d.get("auth")), Path(data_dir).resolve()
+    role = role or os.environ.get("AIOS_ROLE") or "admin"
+    if d.get("nats_ca"):
+        os.environ.setdefault("AIOS_NATS_CA", d["nats_ca"])
+        if "aios_blocks.settings" in sys.modules:  # the process's settings now include the CA
+            sys.modules["aios_blocks.settings"].load.cache_clear()
+    return (nats_url or nats_role_url(d["nats"], where, auth, role),
+            redis_url or redis_role_url(d["redis"], where, auth, d.get("redis_acl", True), role) or d["redis"])

@@ -1,0 +1,60 @@
+"""The `blocks` entry point starts light (issue 32, item 12): importing it, `blocks --help` and
+`blocks list` load neither the NATS client, nor the models, policies, store or settings; each
+command imports what it needs. Checked on ``sys.modules`` of a fresh interpreter, not on time."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+#: what no command that does not need it may pay for at start-up
+HEAVY = (
+    "nats", "aiohttp", "redis", "pydantic", "pydantic_settings", "msgspec", "structlog", "yaml", "starlark",
+    "asyncio", "typer.rich_utils", "markdown_it", "aios_blocks.bus", "aios_blocks.schemas", "aios_blocks.state",
+    "aios_blocks.policies", "aios_blocks.handlers", "aios_blocks.settings", "aios_blocks.workers.auth",
+    "aios_blocks.workers.embedded", "aios_blocks.cli.client",
+)
+
+
+def _loaded(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """The HEAVY modules (or their submodules) in sys.modules after ``code`` ran in a new process."""
+    body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
+    probe = (f"import json, sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
+             f"heavy = {HEAVY!r}\n"
+             "print(json.dumps(sorted({m for m in sys.modules for h in heavy if m == h or m.startswith(h + '.')})),"
+             " file=sys.__stderr__)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **(env or {})}, cwd="/")
+    return list(json.loads(out.stderr.strip().splitlines()[-1]))
+
+
+def test_importing_the_entry_point_loads_only_typer_and_rich() -> None:
+    assert _loaded("import aios_blocks.cli.main") == []
+
+
+def test_help_loads_nothing_heavy_not_even_typers_help_module() -> None:
+    assert _loaded("""
+        sys.argv = ["blocks", "--help"]
+        from aios_blocks.cli.main import run
+        run()
+    """) == []
+
+
+def test_list_loads_the_redis_client_only() -> None:
+    with socket.socket() as s:  # a port nothing listens on: the command fails to connect, after its imports
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"AIOS_NATS_URL": f"nats://127.0.0.1:{port}", "AIOS_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    loaded = _loaded("""
+        sys.argv = ["blocks", "list"]
+        from aios_blocks.cli.main import run
+        run()
+    """, env)
+    assert "redis" in loaded and "asyncio" in loaded  # it did try Redis
+    heavy = [m for m in loaded if not (m == "redis" or m.startswith(("redis.", "asyncio")) or m in ("aios_blocks.state", "aios_blocks.state.keys", "aios_blocks.state.views"))]
+    # (pydantic: typer converts option values through it when a command runs)
+    assert [m for m in heavy if not m.startswith("pydantic")] == []
