@@ -1,5 +1,6 @@
-"""Bad input at volume: every malformed create gets exactly one ``rejected`` event or one
-dead-letter entry, no worker dies, and good blocks submitted in between all become ready."""
+"""Bad input at volume: every malformed create gets exactly one ``rejected`` event (one whose
+subject names no valid id: on ``aios.block._invalid.rejected``), nothing is dead-lettered, no
+worker dies, and good blocks submitted in between all become ready."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ MAX_PAYLOAD = 8 * 1024 * 1024  # the embedded server's max_payload
 
 
 def _bad(i: int) -> tuple[str, bytes, str]:
-    """(subject, body, expected outcome: 'rejected' | 'dlq')."""
+    """(subject, body, expected outcome: 'rejected' | 'invalid')."""
     kind = i % 8
     bid = f"bad-{i}"
     subj = f"aios.block.{bid}.create"
@@ -39,7 +40,7 @@ def _bad(i: int) -> tuple[str, bytes, str]:
         return subj, json.dumps([GOOD, i] if i % 2 else "just a string").encode(), "rejected"
     if kind == 6:  # ids that are not ids: wildcard tokens, dots, a Redis hash tag
         token = ["*", f"a{i}.b", "{x}", f"dot{i}.x.y"][(i // 8) % 4]
-        return f"aios.block.{token}.create", json.dumps(GOOD).encode(), "dlq"
+        return f"aios.block.{token}.create", json.dumps(GOOD).encode(), "invalid"
     return subj, json.dumps({**GOOD, "minInstances": 3, "maxInstances": 1}).encode(), "rejected"
 
 
@@ -48,7 +49,7 @@ async def test_bad_input_at_volume(chaos: System) -> None:
     await c.add_sim_cluster("c0", nodes=2, gpus=2)
     n = size(320, 10_000)
     expected_rejected: set[str] = set()
-    expected_dlq: Counter[str] = Counter()
+    expected_invalid: Counter[str] = Counter()
     good: set[str] = set()
     dups: set[str] = set()
     futs: list[Any] = []
@@ -65,7 +66,7 @@ async def test_bad_input_at_volume(chaos: System) -> None:
         if outcome == "rejected":
             expected_rejected.add(subject.split(".")[2])
         else:
-            expected_dlq[subject] += 1
+            expected_invalid[subject.removeprefix("aios.block.").removesuffix(".create")] += 1
         if i % 25 == 0:
             bid = f"good-{i}"
             good.add(bid)
@@ -92,10 +93,13 @@ async def test_bad_input_at_volume(chaos: System) -> None:
 
     rejected: Counter[str] = Counter()
     letters: Counter[str] = Counter()
+    invalid: Counter[str] = Counter()
 
     def on_msg(subject: str, raw: bytes, seq: int, ts: float) -> None:
         if subject.startswith("aios.dlq."):
             letters[msgspec.json.decode(raw)["subject"]] += 1
+        elif subject == "aios.block._invalid.rejected":
+            invalid[msgspec.json.decode(raw)["data"]["block_id"]] += 1
         else:
             rejected[subject.split(".")[2]] += 1
 
@@ -103,13 +107,14 @@ async def test_bad_input_at_volume(chaos: System) -> None:
     for _ in range(size(60, 300)):  # bounded: until every bad message is answered
         rejected.clear()
         letters.clear()
+        invalid.clear()
         await read_stream(c.bus, on_msg, filters=["aios.block.*.rejected", "aios.dlq.>"])
-        if sum(rejected.values()) >= want_rejected and sum(letters.values()) >= sum(expected_dlq.values()):
+        if sum(rejected.values()) >= want_rejected and sum(invalid.values()) >= sum(expected_invalid.values()):
             break
         await asyncio.sleep(1.0)
     assert {b: k for b, k in rejected.items() if k != 1} == {}, "a message was rejected more than once"
     assert set(rejected) == expected_rejected | dups
-    assert letters == expected_dlq
+    assert invalid == expected_invalid and letters == Counter()
     assert "over-0" not in rejected
     assert chaos.supervisor.restarts == 0  # no worker died of its input
     rep = await settled_check(c, good | dups | expected_rejected)

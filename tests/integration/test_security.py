@@ -142,7 +142,7 @@ async def test_an_upstream_publishers_burst_of_creates_is_stored_in_atomic_batch
         batches = set()
         for b, ack in zip(bids, acks, strict=True):
             msg = await admin.js.get_msg(subjects.STREAM, ack.seq)
-            assert msg.subject == f"aios.block.{b}.create" and json.loads(msg.data)["blockId"] == b
+            assert msg.subject == f"aios.block.{b}.create" and json.loads(msg.data)["data"]["blockId"] == b
             batches.add((msg.headers or {}).get("Nats-Batch-Id"))
         assert len(batches) == 1 and None not in batches and not up._no_atomic
     finally:

@@ -213,8 +213,10 @@ class E:
 
     # -- a block's story: aios.block.{bid}.* ------------------------------------------------------
     block_create: Event[Any] = Event(
-        "block.create", f"{_B}.create", None, (U, A), "block spec submitted (bare spec or CloudEvent)",
-        body=Body.RAW, extra_filters=(f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"),
+        "block.create", f"{_B}.create", None, (U, A),
+        "block spec submitted: a CloudEvent whose data is the spec (what the CLI and the SDK send); a bare spec "
+        "from another client is accepted but stored as sent, not a CloudEvent",
+        extra_filters=(f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"),
     )
     block_parsed = Event(
         "block.parsed", f"{_B}.parsed", ev.Parsed, (PA, C),

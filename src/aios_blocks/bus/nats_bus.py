@@ -178,6 +178,20 @@ def recent_denials() -> list[str]:
     return list(_DENIED)
 
 
+def inbox_hint(denial: str) -> str:
+    """What to set when the server refused a subscription to a reply inbox ("" for any other
+    denial): every answer (a PubAck, a reply) comes to the client's inbox, and each user may read
+    only its own ``_INBOX.<user>.>``, so a client left on the default ``_INBOX.`` prefix sees a
+    permissions violation, and then a timeout, for a publish that was stored."""
+    low = denial.lower()
+    if "subscription" not in low or "_inbox." not in low:
+        return ""
+    return ("answers (PubAcks, replies) come to the client's inbox and each NATS user may read only its own: connect "
+            "with the inbox prefix _INBOX.<user> (a URL with the user name sets it; nats-py inbox_prefix=, nats.js "
+            "inboxPrefix, nats CLI --inbox-prefix, Go nats.CustomInboxPrefix). The publish itself may have been "
+            "stored: retry it with the same Nats-Msg-Id")
+
+
 class Unreachable(ConnectionError):
     """The first connection to a server could not be made in the time given (``first_wait_s``)."""
 
@@ -360,7 +374,13 @@ class Bus:
                 await self.nc.flush(timeout=5)
             except Exception:  # closing anyway
                 pass
-            await self.nc.close()  # acks were flushed above; drain() waits on idle pull subs
+            try:
+                await self.nc.close()  # acks were flushed above; drain() waits on idle pull subs
+            except RuntimeError:
+                # the server went away first (a SIGKILLed `blocks up` takes it down with the workers):
+                # uvloop refuses to write what was pending to the closed transport. Nothing can be
+                # sent any more; the process is stopping anyway (the traceback ended in the logs)
+                pass
 
     # -- topology --------------------------------------------------------------------------
     async def ensure_stream(self, limits: StreamLimits | None = None) -> None:

@@ -7,14 +7,58 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
+from ..bus.catalog import E, Emit
 from ..policies.runtime import registry_name
 from ..schemas.errors import SpecError, SpecInvalid
+from ..schemas.events import Rejected
 from ..schemas.ir import block_create_IR, decode_spec
+from ..schemas.spec import ID_RE
 from ..settings import Settings
 from ..settings import load as load_settings
 
 #: (registry name, version or None for the latest) -> its record (``Store.policy_get``)
 PolicyLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
+
+
+#: the subject token of the ``rejected`` answering a create whose subject names no valid block id
+#: (``aios.block.*.create``, ``aios.block.a.b.create``, ``aios.block.{x}.create``): not a valid id
+#: itself, so no block ever has it, and one subject a publisher can watch for every such answer
+INVALID_ID = "_invalid"
+
+
+def invalid_id(subject: str, bid: str | None, gen: int) -> Emit | None:
+    """A create on a subject whose id token is not a valid block id (``None`` when it is): its
+    ``rejected`` on ``aios.block._invalid.rejected`` (``gen``: the create's stream sequence, the
+    publisher's PubAck ``seq``), the id and the reason in the error. A dead letter alone told
+    only the operators, and the publisher had its PubAck."""
+    if bid is not None and ID_RE.match(bid):
+        return None
+    given = subject.removeprefix("aios.block.").removesuffix(".create") if bid is None else bid
+    why = "contains a dot" if "." in given else "is a wildcard" if given in ("*", ">") else "is not a valid id"
+    error = SpecError("$.blockId", f"block id {given!r} in the subject {subject} {why}: a block id is the subject's "
+                                   f"one token, {ID_RE.pattern}")
+    return Emit(E.block_rejected, Rejected(given, gen, [error]), {"bid": INVALID_ID})
+
+
+#: how a publisher retries a create without a second answer "in use" (docs/subjects.md)
+RETRY_HINT = (
+    "to retry a create, give it a Nats-Msg-Id of your own (the stream drops a repeat within its duplicate window) "
+    "and read its PubAck, which needs your user's inbox prefix _INBOX.<user> (nats-py inbox_prefix=, nats.js "
+    "inboxPrefix, nats CLI --inbox-prefix): a client without it gets a permissions violation for the create that "
+    "was stored"
+)
+
+
+def in_use(what: str, existing: dict[str, Any] | None, ir: dict[str, Any]) -> SpecError:
+    """The error of a create whose id a live block holds. The same spec again is most likely a
+    publisher's retry of a create whose PubAck it never got: say so, that the block is the one the
+    first create made, and what to set so that a retry is deduplicated instead."""
+    if existing is not None and existing.get("ir") == msgspec.json.decode(msgspec.json.encode(ir)):
+        return SpecError("$.blockId", f"{what}, by a create of this same spec (gen {existing.get('gen')}): the block is "
+                                      f"that create's and this one changes nothing; {RETRY_HINT}")
+    return SpecError("$.blockId", what)
 
 
 @dataclass

@@ -31,7 +31,7 @@ from ..handlers import scaling
 from ..handlers.gateway import share_of
 from ..policies.affinity import uid
 from ..schemas import lifecycle as lc
-from ..schemas.spec import Node
+from ..schemas.spec import ID_RE, Node
 from ..state import keys as k
 from ..state.keys import node_key, res_key
 from .image import Image, ZSet
@@ -223,6 +223,8 @@ class Fold:
                 self._step(bid, gen, lc.Step.RESELECT, attempt=str(attempt))
 
     def on_rejected(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+        if not ID_RE.match(bid):  # a create on a subject with no valid id (aios.block._invalid): no block
+            return
         reason = dumps(d.get("errors") or [])[:2000]
         self._create(bid, int(d.get("gen", 0)), {"status": "rejected", "reason": reason})
 

@@ -9,11 +9,9 @@ import msgspec
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.router import Inbound, Router
-from ..bus.runner import Poison
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
-from ..schemas.spec import ID_RE
 from .base import Worker
 
 
@@ -24,12 +22,11 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     async def on_create(m: Inbound[bytes]) -> None:
         d = m.delivery
         gen = d.stream_seq
-        if "bid" not in m.tokens:  # taken by an extra filter: aios.block.a.b.create
-            bad = d.subject.removeprefix(f"{subjects.ROOT}.block.").removesuffix(".create")
-            raise Poison(f"block id {bad!r} in the subject contains a dot")
+        # a subject token that is no block id (aios.block.*.create, a.b taken by an extra filter)
+        if (refused := parse.invalid_id(d.subject, m.tokens.get("bid"), gen)) is not None:
+            await w.bus.emit_all([refused])
+            return
         bid = m.tokens["bid"]
-        if not ID_RE.match(bid):
-            raise Poison(f"block id {bid!r} in the subject is not a valid id")
         outcome = parse.read(d.data)
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
@@ -43,7 +40,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             if ok:
                 await w.bus.emit(E.block_parsed, Parsed(bid, gen, outcome.ir))
                 return
-            outcome.errors.append(SpecError("$.blockId", what))
+            outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
         else:
             await w.store.create_block(
                 bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
