@@ -185,6 +185,20 @@ class Client:
             await self.store.put_node(node)
         await self.bus.emit(E.inventory_hint, InventoryHint(cid))
 
+    async def import_nodes(self, cluster: Cluster, nodes: list[Node]) -> bool:
+        """Register ``nodes`` (an imported inventory, ``blocks cluster import``) in ``cluster``,
+        registering the cluster first unless it exists; simulated nodes (served by the simulated
+        fleet) until an agent claims one. Returns whether the cluster is new."""
+        new = cluster.id not in await self.store.clusters()
+        if new:
+            await self._publish_cluster(cluster)
+            await self.store.put_cluster(cluster)
+        await self._publish_nodes(nodes)
+        for node in nodes:
+            await self.store.put_node(node)
+        await self.bus.emit(E.inventory_hint, InventoryHint(cluster.id))
+        return new
+
     async def _publish_cluster(self, cluster: Cluster) -> None:
         event = ClusterRegistered(cluster.model_dump(mode="json"))
         await self.bus.emit(E.cluster_registered, event, msg_id=f"cluster:{_op_id()}", cid=cluster.id)

@@ -1882,3 +1882,6 @@ from . import vcluster as _vcluster  # noqa: E402
 
 _vcluster.register(app, DataDir)
 _nodes.register(node_app, cluster_app, DataDir)
+from . import trace as _trace  # noqa: E402
+
+_trace.register(app, cluster_app, DataDir)

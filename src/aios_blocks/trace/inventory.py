@@ -1,0 +1,161 @@
+"""Real inventories in: a node list (the Alibaba GPU trace's CSV, or a YAML/JSON list) -> ``Node``
+records with their own CPUs, memory, GPU count and GPU model (``nodeType``). Pure: no I/O but
+reading the file given. See docs/trace.md "Importing an inventory".
+
+CSV columns (cluster-trace-gpu-v2023's ``openb_node_list_*.csv``): ``sn,cpu_milli,memory_mib,gpu,model``.
+YAML/JSON: ``{"nodes": [{"id", "cpu" | "cpu_milli", "memory" | "memory_mib", "gpus", "model",
+"gpuMemory"?, "labels"?}]}`` or the bare list.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from ..schemas.spec import Gpu, Node, check_id
+
+#: MiB of one GPU of each model of the trace. V100M16/M32, T4, P100 and A10 are the NVIDIA parts'
+#: sizes; G1-G3 are undisclosed internal codes: the figures are ASSUMED (G1/G2 16 GiB, G3 32 GiB).
+GPU_MEMORY_MIB: dict[str, int] = {
+    "V100M16": 16 * 1024,
+    "V100M32": 32 * 1024,
+    "T4": 16 * 1024,
+    "P100": 16 * 1024,
+    "A10": 24 * 1024,
+    "G1": 16 * 1024,  # assumed (undisclosed)
+    "G2": 16 * 1024,  # assumed (undisclosed)
+    "G3": 32 * 1024,  # assumed (undisclosed)
+}
+#: the models whose memory is an assumption, not a published figure
+ASSUMED_MODELS = frozenset({"G1", "G2", "G3"})
+NODE_TYPE_LABEL = "nodeType"
+_NO_MODEL = {"", "nan", "none", "null", "-"}
+
+
+class InventoryError(ValueError):
+    """A node list that cannot be imported; the message says which row and why."""
+
+
+def _num(row: dict[str, Any], where: str, *names: str, default: float | None = None) -> float:
+    for name in names:
+        value = row.get(name)
+        if value is None or value == "":
+            continue
+        try:
+            out = float(value)
+        except (TypeError, ValueError):
+            raise InventoryError(f"{where}: {name} must be a number, got {value!r}") from None
+        if out < 0 or out != out:
+            raise InventoryError(f"{where}: {name} must be >= 0, got {value!r}")
+        return out
+    if default is not None:
+        return default
+    raise InventoryError(f"{where}: missing {' or '.join(names)}")
+
+
+def node_from_row(row: dict[str, Any], cluster: str, where: str, gpu_memory: dict[str, int] | None = None,
+                  labels: dict[str, str] | None = None) -> Node:
+    """One node list entry -> a ``Node``: CPUs from ``cpu_milli`` (thousandths) or ``cpu`` (cores),
+    memory from ``memory_mib``/``memory`` (MiB), ``gpu``/``gpus`` GPUs of ``model``, each of the
+    model's memory (``gpuMemory`` in the entry, else ``gpu_memory``, else :data:`GPU_MEMORY_MIB`)."""
+    table = {**GPU_MEMORY_MIB, **(gpu_memory or {})}
+    nid = str(row.get("sn") or row.get("id") or row.get("name") or "").strip()
+    if not nid:
+        raise InventoryError(f"{where}: missing the node id (sn or id)")
+    try:
+        check_id(nid, "node id")
+    except ValueError as exc:
+        raise InventoryError(f"{where}: {exc}") from None
+    cpu = _num(row, where, "cpu_milli") / 1000 if row.get("cpu_milli") not in (None, "") else _num(row, where, "cpu")
+    memory = int(_num(row, where, "memory_mib", "memory"))
+    count = _num(row, where, "gpu", "gpus", default=0)
+    if count != int(count) or count > 64:
+        raise InventoryError(f"{where}: gpu count must be a whole number from 0 to 64, got {count:g}")
+    model = str(row.get("model") or "").strip()
+    if model.lower() in _NO_MODEL:
+        model = ""
+    if int(count) and not model:
+        raise InventoryError(f"{where}: {int(count)} GPU(s) but no model")
+    gpus: list[Gpu] = []
+    if int(count):
+        mem = row.get("gpuMemory") or row.get("gpu_memory_mib")
+        if mem in (None, ""):
+            if model not in table:
+                raise InventoryError(
+                    f"{where}: unknown GPU model {model!r}: give its memory (--gpu-memory {model}=MIB, or gpuMemory "
+                    f"in the entry); known: {', '.join(sorted(table))}")
+            mem = table[model]
+        gpus = [Gpu(id=f"{nid}-g{i}", model=model, memory=int(mem)) for i in range(int(count))]
+    node_labels = {**(labels or {}), **{str(k): str(v) for k, v in (row.get("labels") or {}).items()}}
+    if model:
+        node_labels.setdefault(NODE_TYPE_LABEL, model)
+    try:
+        return Node(id=nid, cluster=cluster, cpu=cpu, memory=memory, gpus=gpus, labels=node_labels)
+    except ValueError as exc:
+        raise InventoryError(f"{where}: {exc}") from None
+
+
+def parse_nodes(text: str, cluster: str, fmt: str = "auto", gpu_memory: dict[str, int] | None = None,
+                labels: dict[str, str] | None = None) -> list[Node]:
+    """The nodes of a node list: ``fmt`` ``csv``, ``yaml``/``json`` or ``auto`` (a first line with
+    ``sn,`` or commas and no colon reads as CSV). Node ids must be unique."""
+    if fmt == "auto":
+        first = text.lstrip().split("\n", 1)[0]
+        fmt = "csv" if ("," in first and ":" not in first and not first.startswith(("[", "{", "-"))) else "yaml"
+    nodes: list[Node] = []
+    if fmt == "csv":
+        reader = csv.DictReader(io.StringIO(text))
+        missing = {"sn", "cpu_milli", "memory_mib", "gpu", "model"} - set(reader.fieldnames or [])
+        if missing:
+            raise InventoryError(f"CSV header lacks {', '.join(sorted(missing))} (expected sn,cpu_milli,memory_mib,gpu,model)")
+        for i, row in enumerate(reader, start=2):
+            nodes.append(node_from_row(row, cluster, f"line {i}", gpu_memory, labels))
+    elif fmt in ("yaml", "json"):
+        import yaml
+
+        try:
+            data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+        except (ValueError, yaml.YAMLError) as exc:
+            raise InventoryError(f"not valid {fmt.upper()}: {exc}") from None
+        entries = data.get("nodes") if isinstance(data, dict) else data
+        if not isinstance(entries, list):
+            raise InventoryError("expected a list of nodes, or {nodes: [...]}")
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict):
+                raise InventoryError(f"nodes[{i}]: expected a mapping, got {type(entry).__name__}")
+            nodes.append(node_from_row(entry, cluster, f"nodes[{i}]", gpu_memory, labels))
+    else:
+        raise InventoryError(f"unknown format {fmt!r} (csv, yaml, json)")
+    seen: set[str] = set()
+    for n in nodes:
+        if n.id in seen:
+            raise InventoryError(f"node id {n.id!r} appears twice")
+        seen.add(n.id)
+    if not nodes:
+        raise InventoryError("the node list is empty")
+    return nodes
+
+
+def load_nodes(path: Path, cluster: str, gpu_memory: dict[str, int] | None = None,
+               labels: dict[str, str] | None = None) -> list[Node]:
+    """:func:`parse_nodes` of a file; the format from its suffix (.csv, .yaml/.yml, .json)."""
+    suffix = path.suffix.lower()
+    fmt = {".csv": "csv", ".yaml": "yaml", ".yml": "yaml", ".json": "json"}.get(suffix, "auto")
+    return parse_nodes(path.read_text(encoding="utf-8"), cluster, fmt, gpu_memory, labels)
+
+
+def summary(nodes: list[Node]) -> dict[str, Any]:
+    """Node, GPU, CPU and memory counts, and GPUs per model."""
+    models: dict[str, int] = {}
+    for n in nodes:
+        for g in n.gpus:
+            models[g.model] = models.get(g.model, 0) + 1
+    return {
+        "nodes": len(nodes), "gpu_nodes": sum(1 for n in nodes if n.gpus), "gpus": sum(models.values()),
+        "cpu": round(sum(n.cpu for n in nodes), 3), "memory_mib": sum(n.memory for n in nodes),
+        "gpus_by_model": dict(sorted(models.items())),
+        "assumed_gpu_memory": sorted(m for m in models if m in ASSUMED_MODELS),
+    }
