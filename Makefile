@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/blocks demo --data-dir .aios-data/demo
+	$(BIN)/blocks demo --data-dir .aios-demo
 
 up: $(STAMP)
 	$(BIN)/blocks up
@@ -53,7 +53,7 @@ bench-peer: $(STAMP)
 	$(BIN)/python -m bench.run_all --only peer
 
 clean:
-	rm -rf $(VENV) .aios-data .pytest_cache
+	rm -rf $(VENV) .aios-data .aios-demo .pytest_cache
 
 # the built wheel installed into a fresh venv: CLI, node agent and every module import (CI runs it)
 wheel-check:

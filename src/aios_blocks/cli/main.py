@@ -49,6 +49,8 @@ T = TypeVar("T")
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 #: commands that start servers: their data dir is never searched for, it is made where they say
 _SERVER_COMMANDS = ("up", "demo")
+#: the demo's own data dir: what it leaves behind stays apart from a `blocks up`'s (never nested in it)
+DEMO_DATA_DIR = Path(".aios-demo")
 #: where the data dir came from, for the "No servers" message
 _LOOKED: list[str] = []
 
@@ -68,7 +70,7 @@ def _data_dir(ctx: typer.Context, value: Path | None) -> Path:
         _LOOKED.append(f"{value} ({source})")
         return value
     if ctx.info_name in _SERVER_COMMANDS:
-        return DEFAULT_DATA_DIR
+        return DEMO_DATA_DIR if ctx.info_name == "demo" else DEFAULT_DATA_DIR
     found = find_data_dir()
     _LOOKED.append(f"./{DEFAULT_DATA_DIR} and every parent directory of {Path.cwd()}")
     return found or DEFAULT_DATA_DIR
@@ -651,21 +653,33 @@ def demo(
     submit an example block and show its lifecycle until it is ready.
 
     On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready.
+    Its servers stop with it, but its stream and state stay in its own data dir (`./.aios-demo`
+    unless --data-dir says otherwise, apart from a `blocks up`'s `./.aios-data`): it prints the
+    commands that start them again and replay the block.
     Example: `blocks demo`
     """
+    import shlex
+
     from . import up as _up
 
-    code = 1
+    code, bid = 1, None
     with _up.running(data_dir, process_per_kind=process_per_kind) as (_, sup):
-        code = _run(_demo(sup, timeout, Path(data_dir)))
+        code, bid = _run(_demo(sup, timeout, Path(data_dir)))
         if code == 0 and sys.stdout.isatty():
-            console.print("[dim]demo is up; Ctrl-C to stop (other terminals: blocks list / watch / scale)[/]")
+            where = "" if data_dir == DEMO_DATA_DIR else f" --data-dir {shlex.quote(str(data_dir))}"
+            console.print(f"[dim]demo is up; Ctrl-C to stop (other terminals: blocks list{where} / watch / scale)[/]")
             while True:
                 time.sleep(1)
+    if bid is not None:
+        dd = shlex.quote(str(data_dir))
+        console.print(escape(f"the demo's servers stopped; its stream and state stay in {data_dir}. To look at block {bid} again:"))
+        console.print(escape(f"  blocks up --data-dir {dd} &"))
+        console.print(escape(f"  blocks replay {bid} --data-dir {dd}    (or: blocks explain / get {bid} --data-dir {dd})"))
     raise typer.Exit(code)
 
 
-async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> int:
+async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> tuple[int, str | None]:
+    """The demo's exit code, and its block's id (None: none was submitted)."""
     import yaml
 
     from .client import TERMINAL, Client
@@ -687,12 +701,12 @@ async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> int:
             )
         except TimeoutError:
             err.print(f"[red]block {bid} not ready after {timeout}s[/]")
-            return 1
+            return 1, bid
         await _print_block(client, bid)
         if kind == "ready":
             console.print(f"[green bold]block {bid} ready[/] in {time.perf_counter() - started:.3f}s")
             await _demo_tasks(client, bid, data_dir)
-        return TERMINAL[kind]
+        return TERMINAL[kind], bid
     finally:
         await client.close()
 
