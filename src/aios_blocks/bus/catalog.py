@@ -348,6 +348,13 @@ class E:
         "node.instance.dangling", f"{_N}.instance.dangling", ev.Dangling, (AG,),
         "a labelled container/process nobody asked this node to run", id_rule="{node_id}:dangling:{instance_id}:{handle}",
     )
+    node_inventory = Event(
+        "node.inventory", f"{_N}.inventory", ev.NodeInventory, (AG,),
+        "what a node agent really runs, sent when it starts (boot: new at each start): instances the state has "
+        "running on the node but not listed are lost at once (removed, replaced); the executors route only to "
+        "instances confirmed under the latest boot",
+        id_rule="{node_id}:inventory:{boot}",
+    )
     node_registered = Event(
         "node.registered", f"{_N}.registered", ev.NodeRegistered, (AG, A), "node capacity, labels and GPUs (controller records it)",
         id_rule="{nid}:registered",

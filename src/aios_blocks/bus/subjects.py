@@ -170,7 +170,7 @@ def controller(cluster: str | None = None) -> ConsumerSpec:
 #: Shared by all controllers.
 LIFECYCLE = consumer(
     "lifecycle", E.instance_added, E.instance_removed, E.instance_failed, E.instance_unhealthy, E.block_delete,
-    E.node_dangling, E.node_registered, E.block_scale_target, E.instance_verdict,
+    E.node_dangling, E.node_registered, E.block_scale_target, E.instance_verdict, E.node_inventory,
 )
 
 
@@ -179,7 +179,7 @@ LIFECYCLE = consumer(
 #: block of minInstances 0). Shared by the executors that run it.
 MAPPER = consumer(
     "mapper", E.block_placement, E.instance_added, E.node_instance_remove, E.instance_failed, E.instance_unhealthy,
-    E.instance_removed, E.block_deleted, E.instance_verdict, E.block_ready,
+    E.instance_removed, E.block_deleted, E.instance_verdict, E.block_ready, E.node_inventory,
 )
 #: Every executor is one of this queue group on ``aios.block.*.task``.
 EXECUTOR_QUEUE = "executor"

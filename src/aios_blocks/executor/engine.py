@@ -15,6 +15,9 @@ this executor's own in-flight counts and the latest metrics), the block's loadBa
   (``executor.outlier``), and one the health checker marked ``unready`` gets no task; both stay
   live (tasks wait for them rather than being refused); ``weight`` and ``health`` from the map
   are in each candidate for the policy (docs/health.md);
+* an instance its node's agent has not confirmed since it last started (the map's ``boots``:
+  ``handlers.mapper``) gets no task either: it is live (tasks wait), and is either confirmed
+  again or removed as lost (docs/executor.md "Agent restarts");
 * a policy that raises, overruns its time limit or answers with something other than one of the
   given instances fails that task with a clear reason (:class:`Refused` 500); the executor and the
   other tasks go on;
@@ -55,10 +58,21 @@ class InstanceState(enum.StrEnum):
     #: ``unready`` (the map's ``health``); neither gets a task, both count as live (they come back)
     EJECTED = "ejected"
     UNREADY = "unready"
+    #: also this executor's own: a ``ready`` instance of the map that its node's agent has not
+    #: reported since it last started (``confirmed``)
+    UNCONFIRMED = "unconfirmed"
 
 
 #: view states that count as live: a task waits for them rather than being refused at once
-LIVE = (InstanceState.READY, InstanceState.STARTING, InstanceState.EJECTED, InstanceState.UNREADY)
+LIVE = (InstanceState.READY, InstanceState.STARTING, InstanceState.EJECTED, InstanceState.UNREADY,
+        InstanceState.UNCONFIRMED)
+
+
+def confirmed(rec: dict[str, Any], boots: dict[str, Any] | None) -> bool:
+    """The map's instance was reported (``added``, ``node.inventory``) by its node's latest agent
+    run, the map's ``boots``. No boot known for its node (maps written before boots): confirmed."""
+    latest = (boots or {}).get(rec.get("node", ""))
+    return not latest or rec.get("boot") == latest
 
 
 class Refused(Exception):
@@ -257,8 +271,10 @@ class Route:
     _timer_at: float = 0.0
 
     # -- the instance map ----------------------------------------------------------------------
-    def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None) -> None:
-        """Take a new map (mapper's ``instances``): views keep their in-flight counts and metrics."""
+    def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None,
+              boots: dict[str, Any] | None = None) -> None:
+        """Take a new map (mapper's ``instances`` and ``boots``): views keep their in-flight counts
+        and metrics."""
         self.version = version
         if gen is not None:
             self.gen = gen
@@ -273,6 +289,7 @@ class Route:
             v["map_state"] = rec.get("state", InstanceState.STARTING)
             v["health"] = rec.get("health", "ok")
             v["weight"] = float(rec.get("weight", 1.0))
+            v["confirmed"] = confirmed(rec, boots)
             v["max_ongoing"] = self.limits.max_ongoing
             new[iid] = v
         for iid, v in old.items():  # gone from the map: no new task; in-flight ones finish
@@ -292,7 +309,9 @@ class Route:
         for iid, v in self.views.items():
             st = v.get("map_state", v.get("state", InstanceState.STARTING))
             if st == InstanceState.READY:
-                if v.get("health") == "unready":
+                if not v.get("confirmed", True):
+                    st = InstanceState.UNCONFIRMED
+                elif v.get("health") == "unready":
                     st = InstanceState.UNREADY
                 elif iid in self.outliers.ejected:
                     st = InstanceState.EJECTED

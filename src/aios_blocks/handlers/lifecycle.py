@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..bus.catalog import E, Emit
-from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, StepFailed
+from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, NodeInventory, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
 from . import faults, sidecars, stability
 from .effects import (
@@ -81,6 +81,22 @@ def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
     if block is not None and view.status == BlockStatus.DELETING:
         out.append(DeletedIfEmpty(ev.block_id, block["gen"]))
     return out
+
+
+def on_inventory(inv: NodeInventory, on_node: dict[str, dict[str, Any]]) -> list[Effect]:
+    """A node agent that starts says what it really runs (``node.inventory``): every instance the
+    state has ``running`` on that node (``on_node``: ``Store.node_instances``, each with its
+    ``block_id`` and block ``gen``) that is not listed died with the agent's last run: it is
+    ``removed`` with reason ``lost`` now (:func:`on_removed` then has it replaced, the mapper drops
+    it from routing), not after its health probes fail. A ``starting`` one is left alone: its
+    create command still waits in the node's mailbox."""
+    runs = {i.instance_id for i in inv.instances}
+    lost = [Emit(E.instance_removed,
+                 InstanceEvent(str(rec["block_id"]), int(rec.get("gen", 0)), iid, inv.node_id, [], "lost", "", inv.boot),
+                 qualifier=f"lost:{inv.boot}")
+            for iid, rec in sorted(on_node.items())
+            if iid not in runs and rec.get("node") == inv.node_id and rec.get("status") == InstanceStatus.RUNNING]
+    return [publish(*lost)] if lost else []
 
 
 def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) -> tuple[faults.Verdict, list[Effect]]:

@@ -9,8 +9,15 @@ The map of a block (one key per block; the bucket's revision is its version)::
      "stabilityChecker": rule (only when the block names one),
      "minInstances": the spec's (0: scale-to-zero, the executor holds tasks while one starts),
      "outputs": whether the executor publishes its task outputs (side-cars),
-     "instances": {iid: {"node", "endpoint", "state", "since"[, "health", "weight", "health_reason"]}},
+     "instances": {iid: {"node", "endpoint", "state", "since"[, "boot", "health", "weight", "health_reason"]}},
+     "boots": {node: the latest boot id of its agent (``node.inventory``, ``instance.added``)},
      "gone": [iid, ...]}
+
+Boots (docs/executor.md "Agent restarts"): an instance's ``boot`` is that of the agent run that
+reported it (``added``) or listed it (``node.inventory``); a ``ready`` instance whose ``boot`` is not
+its node's latest in ``boots`` is not confirmed since its agent restarted, and the executors route
+no task to it (it is still live: tasks wait). A map without ``boots`` (written before them) routes
+as before.
 
 A block of ``minInstances`` 0 is placed with no instance (no ``placement``): its map is made when
 it becomes ``ready`` (``block.ready``), so the executors know it and hold its tasks.
@@ -73,8 +80,24 @@ def _base(bid: str, gen: int, current: dict[str, Any] | None, block: dict[str, A
     return out
 
 
+def boot_time(boot: str) -> int:
+    """When a boot id (``node_agent.new_boot``: ``<ms hex>-<random>``) was made; 0 if it does not say."""
+    try:
+        return int(boot.split("-", 1)[0], 16)
+    except ValueError:
+        return 0
+
+
+def latest_boot(known: str | None, boot: str) -> str:
+    """The later of two boot ids of one node (a late fact of an older run never wins)."""
+    if not known:
+        return boot
+    return boot if boot_time(boot) >= boot_time(known) else known
+
+
 def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[str, Any] | None,
-              block: dict[str, Any] | None, now: float, node: str = "", endpoint: str = "") -> dict[str, Any] | None:
+              block: dict[str, Any] | None, now: float, node: str = "", endpoint: str = "",
+              boot: str = "") -> dict[str, Any] | None:
     out = _base(bid, gen, current, block)
     if out is None or iid in out["gone"]:
         return None
@@ -85,7 +108,7 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
         if ORDER[InstanceState(inst["state"])] > ORDER[state]:
             return None
         if inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None \
-                and all(out.get(k) == current.get(k) for k in BLOCK_KEYS):
+                and (not boot or inst.get("boot") == boot) and all(out.get(k) == current.get(k) for k in BLOCK_KEYS):
             return None
     elif state in (InstanceState.DRAINING, InstanceState.STOPPING) and not endpoint:
         return None  # never seen running: nothing routes to it
@@ -98,6 +121,11 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
         new["endpoint"] = endpoint
     new.setdefault("node", node)
     new.setdefault("endpoint", "")
+    if boot and new["node"]:
+        new["boot"] = latest_boot(new.get("boot"), boot)
+        boots = dict(out.get("boots") or {})
+        boots[new["node"]] = latest_boot(boots.get(new["node"]), boot)
+        out["boots"] = boots
     out["instances"][iid] = new
     return out
 
@@ -119,7 +147,29 @@ def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: di
 
 def on_added(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
     return set_state(ev.block_id, ev.gen, ev.instance_id, InstanceState.READY, current, block, now,
-                     node=ev.node_id, endpoint=str(getattr(ev, "endpoint", "") or ""))
+                     node=ev.node_id, endpoint=str(getattr(ev, "endpoint", "") or ""), boot=str(getattr(ev, "boot", "") or ""))
+
+
+def on_inventory(inv: Any, current: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+    """A node agent started (``node.inventory``): its boot becomes the node's latest in this map,
+    and the instances it lists as running are confirmed under it. The map's other instances on that
+    node are no longer routed to (their ``boot`` is an older run's) until the agent reports them
+    again; the controller has those it lost removed. An inventory older than the node's latest
+    boot changes nothing."""
+    if current is None:
+        return None
+    nid, boot = inv.node_id, inv.boot
+    boots = dict(current.get("boots") or {})
+    if latest_boot(boots.get(nid), boot) != boot:
+        return None
+    runs = {i.instance_id for i in inv.instances}
+    out = {**current, "instances": {k: dict(v) for k, v in current.get("instances", {}).items()}, "boots": {**boots, nid: boot}}
+    for iid, rec in out["instances"].items():
+        if rec.get("node") == nid and iid in runs:
+            rec["boot"] = boot
+    if out == current:
+        return None
+    return out
 
 
 def on_remove_command(cmd: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:

@@ -340,6 +340,31 @@ class InstanceEvent(msgspec.Struct):
     #: ``added``: tasks go to ``{endpoint}{inputProtocol.path}``, health to ``{endpoint}/health``,
     #: metrics to ``{endpoint}/metrics`` (``schemas.protocol``); "" = the instance serves no HTTP
     endpoint: str = ""
+    #: the boot id of the agent that reports it (``NodeInventory.boot``; "" = not said): an
+    #: ``added`` of an older boot than the node's latest inventory is not routed to (docs/agents.md)
+    boot: str = ""
+
+
+class InventoryItem(msgspec.Struct):
+    """One instance a node agent runs at the time of its inventory."""
+
+    instance_id: str
+    block_id: str = ""
+    gen: int = 0
+    endpoint: str = ""
+
+
+class NodeInventory(msgspec.Struct):
+    """What a node agent really runs, published once when it starts, before it takes a command
+    (docs/agents.md "Inventory"). ``boot`` is new at every start of the agent: the controller marks
+    the instances the state has running on the node but missing here ``lost`` (removed, then
+    replaced), and the mapper routes only to instances confirmed under this boot."""
+
+    node_id: str
+    boot: str
+    instances: list[InventoryItem] = []
+    #: when it was taken (Unix seconds)
+    time: float = 0.0
 
 
 class InstanceVerdict(msgspec.Struct):

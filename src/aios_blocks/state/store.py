@@ -545,6 +545,24 @@ class Store:
             out[iid] = {**d, "block_id": bid, "gen": int(gen or 0)}
         return out
 
+    async def simulated_nodes_with_instances(self) -> list[dict[str, Any]]:
+        """The specs of the nodes the simulated fleet serves (``agent`` "") that have instances
+        recorded: those a restarted fleet reports (``node.inventory``), since it runs none of them."""
+        nodes = [(cid, nid) for cid in await self.clusters() for nid in await self.node_ids(cid)]
+        if not nodes:
+            return []
+        pipe = self.r.pipeline(transaction=False)
+        for cid, nid in nodes:
+            pipe.hmget(node_key(cid, nid), ["spec", "agent"])
+            pipe.hlen(node_inst_key(nid))
+        raw = await pipe.execute()
+        out: list[dict[str, Any]] = []
+        for n in range(len(nodes)):
+            (spec, agent), count = raw[2 * n], raw[2 * n + 1]
+            if spec is not None and not agent and int(count or 0) > 0:
+                out.append(_json.decode(spec))
+        return out
+
     async def node_meta(self, nid: str) -> dict[str, Any] | None:
         """{cluster, agent, healthy, gpus} of a registered node (None if unknown)."""
         cid = await self.node_cluster(nid)

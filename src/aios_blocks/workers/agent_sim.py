@@ -8,6 +8,11 @@ Commands for nodes served by their own agent (``blocks agent``) are acked and le
 ``AIOS_SIM_START_DELAY_S`` / ``AIOS_SIM_FAIL_RATE`` shape the simulated starts; with
 ``AIOS_SIM_SERVE`` (the default) every simulated instance is a real HTTP server on 127.0.0.1 of
 this process (``agent.sim_serve``), its endpoint carried by ``instance.added``.
+
+Simulated instances live in this process's memory: they die with it. A fleet that starts
+(``started``) reports, for each simulated node the state has instances on, what it really runs
+there (``E.node_inventory``: nothing yet) before it takes a command: the controller marks those
+instances lost at once, and the executors stop routing to them (docs/agents.md "Inventory").
 """
 
 from __future__ import annotations
@@ -16,15 +21,19 @@ import asyncio
 import time
 from typing import Any
 
+import structlog
+
 from ..bus import subjects
 from ..bus.router import Inbound
 from ..schemas.events import InstanceCommand, SidecarCommand
 from ..schemas.spec import Node
 from .agent.gpus import NoGpus
-from .agent.node_agent import AgentConfig, NodeAgent, command_router
+from .agent.node_agent import AgentConfig, NodeAgent, command_router, new_boot
 from .agent.runtime_sim import SimRuntime
 from .agent.sim_serve import SimServer
 from .base import Worker
+
+log = structlog.get_logger("aios.agent_sim")
 
 OWNER_TTL_S = 5.0
 
@@ -37,6 +46,21 @@ class Fleet:
         self.agents: dict[str, NodeAgent] = {}
         self._owner: dict[str, tuple[float, str | None]] = {}
         self._owner_reads: dict[str, asyncio.Future[str | None]] = {}
+        #: this start of the fleet: the boot id of every node agent it runs
+        self.boot = new_boot()
+
+    async def announce(self) -> int:
+        """``E.node_inventory`` of every simulated node with instances recorded, under this fleet's
+        boot: what the simulated runtime runs there (after a restart, nothing). Called before the
+        fleet takes a command. Returns the number of nodes announced."""
+        specs = await self.w.store.simulated_nodes_with_instances()
+        for spec in specs:
+            node = Node.model_validate(spec)
+            agent = self.agents.get(node.id)
+            if agent is None:
+                agent = self.agents[node.id] = self._agent(node)
+            await agent.announce_running()
+        return len(specs)
 
     async def owner(self, nid: str) -> str | None:
         """"" when the fleet serves the node, an agent name when a real agent does, None if unknown."""
@@ -62,10 +86,10 @@ class Fleet:
     def _agent(self, node: Node) -> NodeAgent:
         """A NodeAgent for a simulated node: no registration, heartbeats, directories or probes."""
         cfg = AgentConfig(
-            node=node, runtime_name="sim", register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False,
-            drain_grace_s=self.w.settings.drain_grace_s,
+            node=node, runtime_name="sim", register=False, inventory=False, reconcile=False, heartbeat=False, workdirs=False,
+            probes=False, drain_grace_s=self.w.settings.drain_grace_s,
         )
-        return NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg)
+        return NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg, boot=self.boot)
 
     async def on_command(self, m: Inbound[InstanceCommand]) -> None:
         nid = m.tokens["nid"]
@@ -90,6 +114,19 @@ class Fleet:
         await self.agents[nid].on_sidecar(m)
 
 
-def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
-    fleet = Fleet(w)
+def bindings(w: Worker, fleet: Fleet | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
+    fleet = fleet or Fleet(w)
     return [command_router(subjects.agent(), fleet.on_command, fleet.on_command_sidecar).binding()]
+
+
+async def started(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
+    """The fleet of a worker process that starts: its inventories out first (``Fleet.announce``),
+    then its consumer's bindings. A failed read of the state is logged; the fleet serves anyway
+    (its instances' health checks are the fallback)."""
+    fleet = Fleet(w)
+    try:
+        n = await fleet.announce()
+        log.info("agent_sim.announced", boot=fleet.boot, nodes=n)
+    except Exception as exc:
+        log.warning("agent_sim.announce_failed", error=repr(exc))
+    return bindings(w, fleet)

@@ -19,7 +19,7 @@ from ..handlers import controller as h
 from ..handlers import faults, scaling, sidecars
 from ..handlers import lifecycle as lc
 from ..handlers import stability as st
-from ..handlers.effects import ReadyIfRunning
+from ..handlers.effects import Publish, ReadyIfRunning
 from ..policies import capacity
 from ..policies.affinity import uid
 from ..schemas.errors import PlacementFailed, PolicyFailed
@@ -33,6 +33,7 @@ from ..schemas.events import (
     InstanceCommand,
     InstanceEvent,
     InstanceVerdict,
+    NodeInventory,
     NodeRegistered,
     Parsed,
     Placement,
@@ -298,6 +299,17 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
                 InstanceCommand(ev.block_id or "-", ev.gen, "", ev.instance_id, nid, [], reason=f"dangling: {verdict.why}"),
                 qualifier=f"dangling:{nid}:{ev.handle}",
             )
+
+    @router.on(E.node_inventory)
+    async def on_inventory(m: Inbound[NodeInventory]) -> None:
+        ev = m.data
+        nid = m.tokens["nid"]  # the subject's node (agent-<nid> may publish only its own): the body's is a claim
+        if ev.node_id != nid:
+            log.warning("node.inventory_ignored", subject_node=nid, body_node=ev.node_id, why="node_id in the body is not the node of the subject")
+            return
+        effects = lc.on_inventory(ev, await w.store.node_instances(nid))
+        log.info("node.inventory", node=nid, boot=ev.boot, runs=len(ev.instances), lost=sum(len(e.events) for e in effects if isinstance(e, Publish)))
+        await commit(w, effects)
 
     @router.on(E.node_registered)
     async def on_registered(m: Inbound[NodeRegistered]) -> None:

@@ -187,7 +187,7 @@ class Executor:
         route.method = str(value.get("method") or "POST")
         mi = value.get("minInstances")
         route.scale_to_zero = isinstance(mi, int) and mi == 0  # maps written before the field: as before
-        route.apply(value.get("instances") or {}, rev, gen)
+        route.apply(value.get("instances") or {}, rev, gen, value.get("boots") or {})
 
     async def _pin(self, bid: str, ours: bool) -> None:
         """A pinned executor answers exactly its cluster's blocks' task subjects."""
@@ -576,6 +576,16 @@ class Executor:
         @router.on(E.block_ready)
         async def on_ready(m: Inbound[Any]) -> None:
             await apply(m.data.block_id, lambda cur, b, now: mapper.on_ready(m.data, cur, b, now), need_block=True)
+
+        @router.on(E.node_inventory)
+        async def on_inventory(m: Inbound[Any]) -> None:
+            # every block with instances recorded on the node: its map takes the node's new boot
+            nid = m.tokens["nid"]
+            if m.data.node_id != nid:
+                return  # the body's node is a claim; the subject's is vouched for by the server
+            bids = sorted({str(rec["block_id"]) for rec in (await w.store.node_instances(nid)).values()})
+            for bid in bids:
+                await apply(bid, lambda cur, b, now: mapper.on_inventory(m.data, cur, now))
 
         @router.on(E.block_deleted)
         async def on_deleted(m: Inbound[Any]) -> None:

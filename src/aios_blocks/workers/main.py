@@ -236,7 +236,7 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
     else:
         from . import agent_sim
 
-        binds = agent_sim.bindings(w)
+        binds = await agent_sim.started(w)  # what it runs is reported before it takes a command
     if kind in ("gateway", "controller"):
         w.inventory.prefetch = True
         # like kube-scheduler's cache sync: load the inventory before taking work, so the first

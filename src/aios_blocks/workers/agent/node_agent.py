@@ -1,8 +1,10 @@
 """One node agent: turns ``aios.node.{nid}.instance.create`` / ``.remove`` into running (or
 stopped) instances through a runtime, and tells the world.
 
-* start: announce the node (``registered``), reconcile what the runtime runs against what the
-  state expects (adopt / dangling / lost), then serve commands and heartbeat;
+* start: announce the node (``registered``) and what the runtime really runs (``inventory``, under
+  a boot id new at each start: instances the state has there but that do not run are lost at once),
+  reconcile what the runtime runs against what the state expects (adopt / dangling / lost), then
+  serve commands and heartbeat;
 * create: idempotent — a runner that exists, or an instance the runtime already runs under this
   id, is (re-)adopted and reported ``added`` again (the message id makes the repeat a no-op);
 * remove: closes the runner (every stage torn down in reverse) or, for an instance with no runner,
@@ -39,6 +41,8 @@ from ...schemas.events import (
     Heartbeat,
     InstanceCommand,
     InstanceEvent,
+    InventoryItem,
+    NodeInventory,
     NodeRegistered,
     SidecarCommand,
 )
@@ -80,6 +84,8 @@ class AgentConfig:
     data_dir: Path = Path(".aios-data/agent")
     heartbeat_s: float = 2.0
     register: bool = True
+    #: publish ``node.inventory`` when it starts (the simulated fleet publishes its nodes' itself)
+    inventory: bool = True
     reconcile: bool = True
     heartbeat: bool = True
     workdirs: bool = True
@@ -119,6 +125,8 @@ class NodeAgent:
     #: create whose ack was not out when the agent was stopped) and starts nothing
     removed: OrderedDict[str, int] = field(default_factory=OrderedDict)
     sidecars: SidecarManager | None = None
+    #: this start of the agent (``new_boot``): carried by its ``inventory`` and every fact it reports
+    boot: str = field(default_factory=lambda: new_boot())
 
     @property
     def node_id(self) -> str:
@@ -141,6 +149,8 @@ class NodeAgent:
     async def start(self) -> None:
         if self.cfg.register:
             await self.register()
+        if self.cfg.inventory:
+            await self.announce_running()
         if self.cfg.reconcile:
             self._tasks.append(asyncio.create_task(self._reconcile_loop(), name="reconcile"))
             with contextlib.suppress(TimeoutError):
@@ -173,6 +183,32 @@ class NodeAgent:
             E.node_registered, NodeRegistered(node.model_dump(mode="json"), self.cfg.agent_name, self.cfg.runtime_name),
             qualifier=str(int(time.time() * 1000)), nid=node.id,
         )
+
+    async def announce(self, items: list[InventoryItem]) -> None:
+        """``node.inventory``: what this agent runs now, under its boot id. Published before it
+        takes a command, so every later ``added`` of this boot follows it in the stream."""
+        inv = NodeInventory(self.node_id, self.boot, sorted(items, key=lambda i: i.instance_id), round(time.time(), 3))
+        await self.bus.emit(E.node_inventory, inv)
+        log.info("agent.inventory", node=self.node_id, boot=self.boot, instances=len(items))
+
+    async def announce_running(self) -> None:
+        """The inventory of a starting agent: the instances its runtime really runs (side-cars
+        apart), whether or not reconciling adopts them later. Retried for ``reconcile_wait_s`` at
+        most (then the agent serves anyway: its instances' probes are the fallback)."""
+        delay, deadline = 0.2, time.monotonic() + self.cfg.reconcile_wait_s
+        while True:
+            try:
+                found = [i for i in await self.runtime.list(self.node_id) if not i.is_sidecar and i.instance_id and i.running]
+                await self.announce([InventoryItem(i.instance_id, i.block_id, i.gen, self._endpoint_of(i, _ports_of(i)))
+                                     for i in found])
+                return
+            except Exception as exc:
+                if time.monotonic() + delay > deadline:
+                    log.error("agent.inventory_failed", node=self.node_id, error=repr(exc))
+                    return
+                log.warning("agent.inventory_retry", node=self.node_id, error=repr(exc), retry_in_s=delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     # -- commands ----------------------------------------------------------------------------------
     async def on_command(self, m: Inbound[InstanceCommand]) -> None:
@@ -435,7 +471,7 @@ class NodeAgent:
     async def _fact(
         self, bid: str, gen: int, iid: str, event: str, reason: str, gpus: list[str], msg_key: str = "", endpoint: str = "",
     ) -> None:
-        ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason, endpoint)
+        ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason, endpoint, self.boot)
         await self.bus.emit(FACTS[event], ev, qualifier=msg_key)
         EVENTS.labels(self.node_id, event).inc()
 
@@ -480,6 +516,19 @@ async def in_flight(endpoint: str, timeout_s: float = 1.0) -> float | None:
     except Exception:
         return None
     return parse_text(text).get(RUNNING)
+
+
+def new_boot() -> str:
+    """A boot id: the start time in ms (hex) and random bits, unique to one start of one agent."""
+    return f"{int(time.time() * 1000):x}-{os.urandom(4).hex()}"
+
+
+def _ports_of(inst: RuntimeInstance) -> dict[str, int]:
+    """The ports an instance's labels record (none: {})."""
+    try:
+        return {str(k): int(v) for k, v in labels_to_resources(inst.labels)["ports"].items()}
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
 
 
 def _resource(runner: Runner, stage: str) -> Any:
