@@ -248,6 +248,8 @@ async def plan(
                 "vc": where,
             }
         )
+        if share and capacity.share_units(needs):  # its thousandths of each GPU's compute (RESERVE_GANG checks the sum)
+            out[-1]["gpu_share"] = capacity.share_units(needs)
         if adaptive:
             out[-1]["adaptive"] = adaptive
             out[-1]["adapt"] = index.get("adapt") or {}

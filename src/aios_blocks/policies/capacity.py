@@ -15,14 +15,25 @@ import msgspec
 
 from ..schemas.events import nodes_root as events_root
 
-Needs = dict[str, Any]  # {"gpus", "gpuMemory", "cpu", "memory"}
+Needs = dict[str, Any]  # {"gpus", "gpuMemory", "cpu", "memory", "gpuShare"?, "gpuModels"?}
+#: a GPU's compute, in thousandths: a view's ``share_free`` and a need's ``gpuShare`` x 1000
+SHARE_UNITS = 1000
+
+
+def share_units(needs: Needs) -> int:
+    """The thousandths of each GPU's compute one instance asks (``gpuShare`` x 1000; 0: none)."""
+    return round(float(needs.get("gpuShare") or 0) * SHARE_UNITS)
 
 
 def gpu_usable(gpu: dict[str, Any], needs: Needs, share: bool) -> bool:
     if gpu["exclusive"]:
         return False
+    models = needs.get("gpuModels")
+    if models and gpu.get("model") not in models:
+        return False
     if share:
-        return gpu["memory_free"] >= max(needs.get("gpuMemory", 0), 0) and gpu["memory"] >= needs.get("gpuMemory", 0)
+        return (gpu["memory_free"] >= max(needs.get("gpuMemory", 0), 0) and gpu["memory"] >= needs.get("gpuMemory", 0)
+                and gpu.get("share_free", SHARE_UNITS) >= share_units(needs))
     return gpu["instances"] == 0 and gpu["memory"] >= needs.get("gpuMemory", 0)
 
 
@@ -36,9 +47,14 @@ def node_fits(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str,
     mem = needs.get("gpuMemory", 0)
     if share:
         free = max(mem, 0)
-        usable = [g for g in node["gpus"] if not g["exclusive"] and g["memory_free"] >= free and g["memory"] >= mem]
+        units = share_units(needs)
+        usable = [g for g in node["gpus"] if not g["exclusive"] and g["memory_free"] >= free and g["memory"] >= mem
+                  and (not units or g.get("share_free", SHARE_UNITS) >= units)]
     else:
         usable = [g for g in node["gpus"] if not g["exclusive"] and g["instances"] == 0 and g["memory"] >= mem]
+    models = needs.get("gpuModels")
+    if models and usable:
+        usable = [g for g in usable if g.get("model") in models]
     if len(usable) < needs.get("gpus", 0):
         return None
     return usable
@@ -289,6 +305,9 @@ def why_not(node: dict[str, Any], needs: Needs, share: bool) -> str:
     if node["memory_free"] < needs.get("memory", 0):
         return f"memory {node['memory_free']} MiB free < {needs.get('memory', 0)}"
     usable = [g for g in node["gpus"] if gpu_usable(g, needs, share)]
+    models = needs.get("gpuModels")
+    if models and needs.get("gpus", 0) and not any(g.get("model") in models for g in node["gpus"]):
+        return f"no GPU of model {'|'.join(models)} (gpuModels)"
     return f"{len(usable)} usable GPUs < {needs.get('gpus', 0)}"
 
 
@@ -299,6 +318,7 @@ def take(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) ->
     node["cpu_free"] = round(node["cpu_free"] - needs.get("cpu", 0), 6)
     node["memory_free"] -= needs.get("memory", 0)
     wanted = set(gpu_ids)
+    units = share_units(needs) if share else 0  # an exclusive GPU is marked so; its share is not counted
     for g in node["gpus"]:
         if g["id"] in wanted:
             used = g["memory"] if not share else needs.get("gpuMemory", 0)
@@ -306,6 +326,8 @@ def take(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) ->
             g["memory_free"] -= used
             g["instances"] += 1
             g["exclusive"] = g["exclusive"] or not share
+            if units:
+                g["share_free"] = g.get("share_free", SHARE_UNITS) - units
 
 
 def free_gpus(node: dict[str, Any]) -> int:
@@ -502,7 +524,10 @@ _TOTALS_MAX = 64
 # -- which nodes fit one instance of a shape, kept incrementally ----------------------------------
 def shape(needs: Needs, share: bool) -> tuple[Any, ...]:
     """What decides whether one instance fits a node: its needs and whether it shares GPUs."""
-    return (needs.get("gpus", 0), needs.get("gpuMemory", 0), needs.get("cpu", 0), needs.get("memory", 0), bool(share))
+    out: tuple[Any, ...] = (needs.get("gpus", 0), needs.get("gpuMemory", 0), needs.get("cpu", 0), needs.get("memory", 0), bool(share))
+    if needs.get("gpuShare") or needs.get("gpuModels"):  # only then: a shape without them keeps its key
+        out += (share_units(needs), tuple(sorted(needs.get("gpuModels") or ())))
+    return out
 
 
 class _Fits:

@@ -1,9 +1,10 @@
 """GPU sharing rules: when a resourceAllocator's ``settings.gpuSharing`` is allowed.
 
-Sharing stacks instances on one GPU while their ``gpuMemory`` figures fit in the GPU's memory (the
-reservation script checks the sum atomically). That figure is the only bound on how many
-instances share a GPU, so sharing without it (``gpuMemory: 0``) would let any number stack: such a
-component or block is refused, with the reason, at ``component add`` and at parse.
+Sharing stacks instances on one GPU while their ``gpuMemory`` figures fit in the GPU's memory and
+their ``gpuShare`` figures (fractions of its compute) sum to at most 1 (the reservation script
+checks both atomically). They are the only bounds on how many instances share a GPU, so sharing
+with neither (``gpuMemory: 0``, no ``gpuShare``) would let any number stack: such a component or
+block is refused, with the reason, at ``component add`` and at parse.
 """
 
 from __future__ import annotations
@@ -28,11 +29,11 @@ def sharing_problems(rule: Mapping[str, Any] | None, resources: Mapping[str, Any
     if not isinstance(share, bool):  # bool("false") is True: a string must not switch sharing on
         return [("settings", f"settings.{SHARING_KEY} must be true or false, got {share!r}")]
     gpus, gpu_memory = int(resources.get("gpus") or 0), int(resources.get("gpuMemory") or 0)
-    if share and gpus > 0 and gpu_memory <= 0:
+    if share and gpus > 0 and gpu_memory <= 0 and not resources.get("gpuShare"):
         return [(
             "resources",
             f"settings.{SHARING_KEY} is true but resources.gpuMemory is {gpu_memory}: a shared GPU is divided by "
-            "gpuMemory (MiB each instance takes of it), so without it any number of instances would stack on one GPU; "
-            "set gpuMemory > 0 or turn gpuSharing off",
+            "gpuMemory (MiB each instance takes of it) and/or gpuShare (its fraction of the GPU's compute), so without "
+            "either any number of instances would stack on one GPU; set gpuMemory > 0 or gpuShare > 0, or turn gpuSharing off",
         )]
     return []

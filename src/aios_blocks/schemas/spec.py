@@ -17,6 +17,7 @@ from pydantic import (
     StringConstraints,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -114,13 +115,42 @@ class PolicyRuleEntry(_Strict):
         return data
 
 
+#: a GPU model name (``gpuModels``): what a node's GPUs report (``V100M32``, ``NVIDIA A100-SXM4-80GB``)
+GpuModel = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+
+
 class ResourceNeeds(_Strict):
-    """What one instance needs. Memory figures are MiB; ``gpuMemory`` is per GPU."""
+    """What one instance needs. Memory figures are MiB; ``gpuMemory`` is per GPU.
+
+    ``gpuShare`` (with ``gpuSharing``): the fraction of each GPU's compute the instance takes, in
+    thousandths (0.001 steps; the GPU trace's ``gpu_milli`` / 1000); the shares on one GPU sum to
+    at most 1, beside ``gpuMemory``. ``gpuModels``: the GPU models the instance may use (a hard
+    constraint; empty = any). Both are left out of the dump when unset, so a spec without them
+    keeps its digest (docs/trace.md)."""
 
     gpus: int = Field(default=0, ge=0, le=64)
     gpuMemory: int = Field(default=0, ge=0)
     cpu: float = Field(default=0.0, ge=0)
     memory: int = Field(default=0, ge=0)
+    gpuShare: float = Field(default=0.0, ge=0, le=1)
+    gpuModels: list[GpuModel] = Field(default_factory=list, max_length=32)
+
+    @field_validator("gpuShare")
+    @classmethod
+    def _thousandths(cls, value: float) -> float:
+        if abs(value * 1000 - round(value * 1000)) > 1e-6:
+            raise ValueError(f"gpuShare is counted in thousandths of a GPU (0.001 steps), got {value}")
+        return round(value, 3)
+
+    @model_serializer(mode="wrap")
+    def _unset_left_out(self, handler: Any) -> Any:
+        out = handler(self)
+        if isinstance(out, dict):
+            if not out.get("gpuShare"):
+                out.pop("gpuShare", None)
+            if not out.get("gpuModels"):
+                out.pop("gpuModels", None)
+        return out
 
 
 class Probe(_Strict):

@@ -5,9 +5,10 @@ scripts also run on Redis Cluster: a block lives in one cluster, so its gang is 
 """
 
 # KEYS: node1, res1, node2, res2, ..., [the cluster's state index]   ARGV[1]: JSON list of placements
-# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive, vc?}
+# placement: {iid, block, node, cpu, mem, gpus: [...], gpu_mem, exclusive, vc?, gpu_share?}
 # vc: the place the plan found the node in (its virtual cluster, "" = the primary's unassigned nodes)
 # exclusive: the instance holds its GPUs whole; otherwise it shares them, taking gpu_mem MiB each
+# and gpu_share thousandths of each one's compute (their sum on a GPU at most 1000: g:<gpu>:share)
 # The state index (optional last key, ``Store.index_key``) is bumped only when capacity was taken.
 # Returns {1, "ok"|"exists"} or {0, reason, node}
 RESERVE_GANG = r"""
@@ -46,7 +47,7 @@ for i = 1, n do
     if not total then return {0, 'gpu ' .. g .. ' is not on node ' .. pl.node, pl.node} end
     local gw = w.gpus[g]
     if not gw then
-      gw = {mem = 0, n = 0, x = 0}
+      gw = {mem = 0, n = 0, x = 0, share = 0}
       w.gpus[g] = gw
       table.insert(w.gorder, g)
     end
@@ -55,6 +56,7 @@ for i = 1, n do
     pl['taken_' .. g] = m
     gw.mem = gw.mem + m
     gw.n = gw.n + 1
+    if pl.gpu_share and not pl.exclusive then gw.share = gw.share + tonumber(pl.gpu_share) end
   end
 end
 for _, nk in ipairs(order) do
@@ -82,6 +84,12 @@ for _, nk in ipairs(order) do
     if used + gw.mem > total then
       return {0, 'gpu ' .. g .. ' on ' .. w.node .. ': ' .. (total - used) .. ' MiB free, ' .. gw.mem .. ' asked', w.node}
     end
+    if gw.share > 0 then
+      local shared = tonumber(redis.call('HGET', nk, 'g:' .. g .. ':share') or '0')
+      if shared + gw.share > 1000 then
+        return {0, 'gpu ' .. g .. ' on ' .. w.node .. ': ' .. (1000 - shared) .. '/1000 of its compute free, ' .. gw.share .. ' asked', w.node}
+      end
+    end
   end
 end
 for i = 1, n do
@@ -90,15 +98,18 @@ for i = 1, n do
   redis.call('HINCRBYFLOAT', nk, 'cpu_used', pl.cpu)
   redis.call('HINCRBY', nk, 'mem_used', pl.mem)
   local taken = {}
+  local share = (not pl.exclusive and pl.gpu_share) and tonumber(pl.gpu_share) or 0
   for _, g in ipairs(pl.gpus) do
     local m = pl['taken_' .. g]
     taken[g] = m
     redis.call('HINCRBY', nk, 'g:' .. g .. ':mem', m)
     redis.call('HINCRBY', nk, 'g:' .. g .. ':n', 1)
     if pl.exclusive then redis.call('HSET', nk, 'g:' .. g .. ':x', 1) end
+    if share > 0 then redis.call('HINCRBY', nk, 'g:' .. g .. ':share', share) end
   end
   redis.call('HSET', KEYS[2*i], 'node', pl.node, 'block', pl.block, 'cpu', pl.cpu, 'mem', pl.mem,
     'gpus', cjson.encode(taken), 'exclusive', pl.exclusive and 1 or 0)
+  if share > 0 then redis.call('HSET', KEYS[2*i], 'share', share) end
 end
 if KEYS[2*n+1] then redis.call('INCR', KEYS[2*n+1]) end
 return {1, 'ok', ''}
@@ -124,6 +135,7 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     give_back(KEYS[1], 'g:' .. g .. ':mem', m, false)
     redis.call('HINCRBY', KEYS[1], 'g:' .. g .. ':n', -1)
     if f.exclusive == '1' then redis.call('HSET', KEYS[1], 'g:' .. g .. ':x', 0) end
+    if f.share then give_back(KEYS[1], 'g:' .. g .. ':share', f.share, false) end
   end
 end
 redis.call('DEL', KEYS[2])

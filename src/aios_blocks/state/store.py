@@ -865,6 +865,8 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
                 "memory_free": total - used,
                 "instances": int(h.get(f"g:{gid}:n", 0)),
                 "exclusive": h.get(f"g:{gid}:x", "0") == "1",
+                # thousandths of its compute not taken by sharing instances' gpuShare
+                "share_free": 1000 - int(h.get(f"g:{gid}:share", 0)),
             }
         )
     cpu, mem = float(h.get("cpu", 0)), int(h.get("memory", 0))
