@@ -8,7 +8,6 @@ import json
 import os
 import re
 import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
