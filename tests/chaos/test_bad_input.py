@@ -97,7 +97,7 @@ async def test_bad_input_at_volume(chaos: System) -> None:
 
     def on_msg(subject: str, raw: bytes, seq: int, ts: float) -> None:
         if subject.startswith("aios.dlq."):
-            letters[msgspec.json.decode(raw)["subject"]] += 1
+            letters[msgspec.json.decode(raw)["data"]["subject"]] += 1
         elif subject == "aios.block._invalid.rejected":
             invalid[msgspec.json.decode(raw)["data"]["block_id"]] += 1
         else:

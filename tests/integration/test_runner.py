@@ -38,7 +38,7 @@ async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp
         letters: asyncio.Queue[dict] = asyncio.Queue()
 
         async def on_letter(msg: object) -> None:
-            await letters.put(msgspec.json.decode(msg.data))  # type: ignore[attr-defined]
+            await letters.put(msgspec.json.decode(msg.data)["data"])  # type: ignore[attr-defined]
 
         await bus.subscribe("aios.dlq.runner-test.>", on_letter)
         stop = asyncio.Event()
@@ -354,7 +354,7 @@ async def test_a_query_runner_takes_each_query_once_commits_its_events_retries_a
         letters: asyncio.Queue[dict] = asyncio.Queue()
 
         async def on_letter(msg: object) -> None:
-            await letters.put(msgspec.json.decode(msg.data))  # type: ignore[attr-defined]
+            await letters.put(msgspec.json.decode(msg.data)["data"])  # type: ignore[attr-defined]
 
         await bus.subscribe("aios.dlq.core-test.>", on_letter)
         stop = asyncio.Event()

@@ -186,7 +186,7 @@ async def test_a_failing_handler_dead_letters_each_output_with_the_reason_after_
             return None
 
     msg = await until(letter, 60, "the dead letter")
-    dead = json.loads(msg.data)
+    dead = json.loads(msg.data)["data"]
     assert dead["consumer"] == f"sidecar-{bid}-refuse" and dead["deliveries"] == 2
     assert "RuntimeError: refusing outputs that contain 'output'" in dead["error"] and "after 2 deliveries" in dead["error"]
     assert '"task_id":"bad-1"' in dead["data"]

@@ -41,3 +41,11 @@ def test_a_refused_inbox_subscription_names_the_setting() -> None:
     hint = inbox_hint(denial)
     assert "_INBOX.<user>" in hint and "inbox_prefix" in hint and "inboxPrefix" in hint and "--inbox-prefix" in hint
     assert inbox_hint('nats: permissions violation for publish to "aios.block.b1.ready"') == ""
+
+
+def test_every_event_the_system_stores_is_a_cloudevent() -> None:
+    """Creates (the CLI's, the SDK's) and dead letters were raw JSON, so a CloudEvents reader of the
+    stream failed on them; only core-NATS messages (never stored) are not CloudEvents."""
+    from aios_blocks.bus.catalog import EVENTS, Body
+
+    assert [e.name for e in EVENTS if e.stored and e.body is not Body.CLOUDEVENT] == []

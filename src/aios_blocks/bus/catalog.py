@@ -497,8 +497,9 @@ class E:
         stored=False, body=Body.CORE,
     )
     dead_letter = Event(
-        "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,), "message that kept failing, with the error",
-        body=Body.RAW, id_rule="dlq:{consumer}:{stream_seq}",
+        "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,),
+        "message that kept failing, with the error (a CloudEvent like every event the system stores)",
+        id_rule="dlq:{consumer}:{stream_seq}",
     )
 
 
