@@ -23,7 +23,7 @@ from .catalog import EVENTS, TOKEN_FIELDS, Body, Event, Role
 SCHEMA_REF = "#/components/schemas/{name}"
 
 TOKEN_DOCS = {
-    "bid": "block id",
+    "bid": "block id (`_invalid` on the rejected answering a create whose subject named no valid id)",
     "cid": "cluster id",
     "nid": "node id",
     "iid": "instance id",

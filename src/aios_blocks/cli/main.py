@@ -1750,8 +1750,9 @@ def asyncapi_(
     out: Path | None = typer.Option(None, "--out", "-o", help="Write the document to this file instead of stdout."),
     yaml_: bool = typer.Option(False, "--yaml", help="YAML instead of JSON."),
 ) -> None:
-    """The AsyncAPI 3.0 document of every event (channels, messages with JSON Schemas, which role
-    sends what, which consumer receives what), generated from the event catalog.
+    """The AsyncAPI 3.0 document of every event (channels, messages with JSON Schemas of the body
+    and the NATS headers and an example each, which role sends what, which consumer receives
+    what), generated from the event catalog.
     Example: `blocks asyncapi -o aios.asyncapi.json`"""
     import yaml
 
