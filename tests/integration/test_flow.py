@@ -344,9 +344,9 @@ async def test_gather_past_its_deadline_waits_for_a_usable_answer_instead_of_fai
     )
     assert kind == "failed" and "no candidate cluster can place an instance" in env["data"]["reason"], env
     assert "no answer in time" not in env["data"]["reason"]  # every cluster answered: no patience spent
-    # decided on every cluster's answer (none missing), each a score 0, in the one round
+    # decided on every candidate's answer (none missing), each a score 0, in the one round
     (post,) = [e["data"] for s, e, _ in await c.history(bid) if s.endswith(".post_dry_run")]
-    assert post["missing"] == [] and post["scores"] == {"c0": 0.0, "c1": 0.0, "c2": 0.0}, post
+    assert post["missing"] == [] and post["scores"] and set(post["scores"].values()) == {0.0}, post
 
 
 NEVER_FITS = """
