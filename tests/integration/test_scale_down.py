@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from aios_blocks.bus.catalog import E
-from aios_blocks.bus.instance_map import InstanceMaps
+from aios_blocks.bus.instance_map import BUCKET, InstanceMaps
 from aios_blocks.schemas.events import ScaleDownRequest, ScaleTarget
+from aios_blocks.workers.agent.node_agent import in_flight
 
 from .conftest import System
 from .test_cli import blocks
@@ -310,7 +311,13 @@ async def test_a_draining_instance_takes_no_new_task_and_finishes_its_own(system
         return json.loads(body)["instance_id"], time.time()
 
     early = [asyncio.ensure_future(task(n)) for n in range(4)]  # two at each instance (least in-flight)
-    await asyncio.sleep(0.5)
+
+    async def all_in_flight() -> bool:  # the four early tasks are at the instances (each says so)
+        m, _ = await maps.get(bid)
+        running = [await in_flight(v["endpoint"]) for v in (m or {}).get("instances", {}).values()]
+        return sum(r or 0 for r in running) == 4
+
+    await until(all_in_flight)
     req = await c.scale_to(bid, 1)
 
     async def draining() -> bool:
@@ -318,7 +325,15 @@ async def test_a_draining_instance_takes_no_new_task_and_finishes_its_own(system
 
     await until(draining)
     gone = next(i for i, st in (await states()).items() if st == "draining")
-    await asyncio.sleep(0.3)  # the executor watches the map: it sees the change a moment later (drain_grace_s)
+    _, marked = await maps.get(bid)  # the map's revision that says so (or a later one)
+
+    async def watchers_have_it() -> bool:
+        # the executor watches the map (an ordered consumer of its bucket's stream): every watcher
+        # has been sent that revision (the agent's drain_grace_s stands in for this in the system)
+        infos = await c.bus.js.consumers_info(f"KV_{BUCKET}")
+        return bool(infos) and all(i.delivered.stream_seq >= marked for i in infos)
+
+    await until(watchers_have_it)
     late = [asyncio.ensure_future(task(n)) for n in range(4, 6)]
     ok, why = await c.wait_scaled(req, 60)
     assert ok, why
