@@ -25,6 +25,12 @@ class Settings(BaseSettings):
     dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
     # -- nodes -------------------------------------------------------------------------------------
     node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
+    node_suspect_failures: int = Field(2, ge=1, description="a node is suspect (no placement on it) before its heartbeat times out when every instance on it the health checker probes has failed this many probes in a row and its agent has been silent AIOS_NODE_SUSPECT_SILENCE_S")
+    node_suspect_silence_s: float = Field(3.0, gt=0, description="heartbeat silence that, with every probed instance failing, makes a node suspect (a crashed instance on a node whose agent still beats does not)")
+    node_suspect_ttl_s: float = Field(30.0, gt=0, description="a suspect mark not renewed by the health checker lapses after this long; a passing probe or a fresh heartbeat clears it at once")
+    reconcile_resync_s: float = Field(5.0, gt=0, description="how often the controllers' reconciler compares every ready block's live instances with its minInstances (and at once after a failed reassignment, scale or eviction)")
+    reconcile_backoff_s: float = Field(2.0, gt=0, description="the reconciler's wait after asking for a block's missing instances before it asks again, doubled per attempt while the block stays short")
+    reconcile_max_backoff_s: float = Field(60.0, gt=0, description="the longest wait between the reconciler's asks for one block (one scale.target, and the step's failure with its reason, per wait)")
     vcluster_sweep_s: float = Field(2.0, gt=0, description="how often controllers replenish virtual clusters' dead nodes and destroy job clusters left behind")
     vcluster_idle_s: float = Field(300.0, gt=0, description="a node of an autoscaled virtual cluster idle this long is given back (down to its min)")
     sim_start_delay_s: float = Field(0.05, ge=0, description="simulated fleet: how long an instance takes to start")

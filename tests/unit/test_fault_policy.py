@@ -61,7 +61,7 @@ def test_the_default_policy_answers_replace_so_the_default_behaviour_is_the_old_
     what, effects = lc.on_fault_verdict(fact(), "unhealthy", view(), 3, verdict, qualifier="unhealthy:9")
     # exactly what on_fault did (and does) for this report: same request id, same reason
     assert effects == lc.on_fault(fact(), "unhealthy", view(), 3)[1]
-    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 unhealthy: exited with code 137", "b-0:unhealthy")]
+    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 unhealthy: exited with code 137", "b-0:unhealthy", avoid_node="n1")]
     assert what.startswith("replace: reassign")
     # the framework's bounds, not the policy's: past the limit a placing block fails, a ready one gives up
     _, effects = lc.on_fault_verdict(fact(), "failed", view("placing", replacements="3"), 3, verdict)
@@ -176,7 +176,7 @@ async def run(rule: dict[str, Any] | None, kind: str = "failed") -> tuple[str, l
 
 async def test_glue_default_policy_replaces_and_records_its_decision() -> None:
     what, effects, bus = await run(None)
-    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exited with code 137", "b-0:failed")]
+    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exited with code 137", "b-0:failed", avoid_node="n1")]
     (rec,) = bus.sent
     assert rec.event is E.block_decision and rec.qualifier == "failed:5"
     d = rec.payload
@@ -196,7 +196,7 @@ async def test_glue_a_policy_that_restarts_gets_a_restart_and_one_that_keeps_kee
                                      ("Nowhere", "cannot load"), ("Nowhere", "has no attribute 'Nowhere'")])
 async def test_glue_a_failing_policy_falls_back_to_the_old_rule_and_the_failure_is_recorded(cls: str, why: str) -> None:
     what, effects, bus = await run({"name": "stabilityChecker", "policyRuleURI": f"{__name__}:{cls}"})
-    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exited with code 137", "b-0:failed")]
+    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exited with code 137", "b-0:failed", avoid_node="n1")]
     (rec,) = bus.sent
     assert rec.event is E.block_health_failed
     f = rec.payload

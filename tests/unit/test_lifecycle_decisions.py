@@ -76,7 +76,7 @@ def test_removed_releases_and_a_deleting_block_may_end() -> None:
 
 def test_a_lost_instance_of_a_live_block_is_replaced_before_it_is_released() -> None:
     effects = lc.on_removed(fact(reason="lost"), lc.View(block("ready"), {"b-0": inst(status="running")}))
-    assert effects == [Replace("b", 7, "c1", "b-0", "lost", "b-0:lost")]
+    assert effects == [Replace("b", 7, "c1", "b-0", "lost", "b-0:lost", avoid_node="n1")]
     # unless it was on its way out anyway
     rec = inst(status="removing")
     assert lc.on_removed(fact(reason="lost"), lc.View(block("ready"), {"b-0": rec})) == [Release("b", "b-0", rec)]
@@ -84,7 +84,7 @@ def test_a_lost_instance_of_a_live_block_is_replaced_before_it_is_released() -> 
 
 def test_faults_replace_until_the_limit_then_fail_or_degrade() -> None:
     verdict, effects = lc.on_fault(fact(reason="exit 1"), "failed", lc.View(block("placing"), {"b-0": inst()}), 3)
-    assert verdict.action == "reassign" and effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exit 1", "b-0:failed")]
+    assert verdict.action == "reassign" and effects == [Replace("b", 7, "c1", "b-0", "instance b-0 failed: exit 1", "b-0:failed", avoid_node="n1")]
     verdict, effects = lc.on_fault(fact(), "unhealthy", lc.View(block("placing", replacements="3"), {"b-0": inst()}), 3)
     assert verdict.action == "fail_block"
     assert isinstance(effects[0], Transition) and effects[0].step is Step.FAIL_PLACEMENT

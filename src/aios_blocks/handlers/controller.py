@@ -200,10 +200,20 @@ async def plan(
     snapshot so the next call sees it. Returns reservation records for ``Store.reserve_gang``
     (with Adaptive affinity entries, each also carries ``adaptive``: the entries' base and adapted
     weights on its node and why, and ``adapt``: the adapt stage's table, for the decision record).
-    Raises PlacementFailed with the reason."""
+    Raises PlacementFailed with the reason.
+
+    ``excluded_nodes`` (an extra, node -> why): nodes left out of the candidates (a suspect node;
+    the node a replaced instance is moved off), given to the policy as ``excluded_nodes`` so it
+    knows why they are missing; recorded with the decision (``Decision.given``) so replay
+    rebuilds the same input."""
+    excluded = extra.get("excluded_nodes") or {}
+    if not excluded:
+        extra.pop("excluded_nodes", None)
     # its virtual cluster's nodes only (seed 003); the reservation re-checks each node is still there
     where = vcluster.place_of(ir, nodes)
     nodes = vcluster.part(nodes, where)
+    if excluded:
+        nodes = {nid: v for nid, v in nodes.items() if nid not in excluded}
     # copy-on-write: only the nodes taken below are copied; one instance takes nothing after its
     # choice, so it plans on the snapshot itself (no O(nodes) copy)
     needs, share = ir["resources"], share_of(ir)

@@ -102,6 +102,8 @@ class Replace:
     instance_id: str
     reason: str
     request_id: str
+    #: the node the replacement must not land on (the instance's own: it failed or died there)
+    avoid_node: str = ""
 
 
 Effect = Publish | Transition | SetInstance | Release | ReadyIfRunning | DeletedIfEmpty | RemoveAll | Replace

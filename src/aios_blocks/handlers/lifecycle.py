@@ -76,7 +76,8 @@ def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
     out: list[Effect] = []
     if inst is not None and inst["node"] == ev.node_id:
         if ev.reason == "lost" and block is not None and view.status in LIVE and inst["status"] != InstanceStatus.REMOVING:
-            return [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, "lost", f"{ev.instance_id}:lost")]
+            return [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, "lost", f"{ev.instance_id}:lost",
+                            inst["node"])]
         out.append(Release(ev.block_id, ev.instance_id, inst))
     if block is not None and view.status == BlockStatus.DELETING:
         out.append(DeletedIfEmpty(ev.block_id, block["gen"]))
@@ -110,7 +111,8 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
         return verdict, []
     why = f"instance {ev.instance_id} {kind}: {ev.reason}"
     if verdict.action == "reassign":
-        return verdict, [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, why, f"{ev.instance_id}:{kind}")]
+        return verdict, [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, why, f"{ev.instance_id}:{kind}",
+                                 inst["node"])]
     if verdict.action == "fail_block":
         return verdict, fail_placing(ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}", view)
     if verdict.action == "give_up":

@@ -291,6 +291,8 @@ async def _run(step: Step, st: State) -> list[bytes] | None:
                 if action == "reassignment":
                     extra["instance_id"] = extra["pod_name"] = tdata.get("instance_id", "")
                     extra["reason"] = tdata.get("reason", "requested")
+            if (first.get("given") or {}).get("excluded_nodes"):  # suspect / avoided nodes, as the step left them out
+                extra["excluded_nodes"] = first["given"]["excluded_nodes"]
             cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
             try:
                 await hc.plan(ir, cluster, st.nodes(cid), action, iids, invoke, instances, st.index(ir), **extra)

@@ -237,6 +237,13 @@ class ReassignRequest(msgspec.Struct):
     block_metrics: dict[str, Any] = {}
     #: the block's generation when the request was made (0: whichever is current)
     gen: int = 0
+    #: the node the replacement must not land on: the one the instance is moved off (its node
+    #: died, or the instance failed there); "" = none. It is used anyway only when no other node
+    #: can take it and it is healthy, not suspect, and its agent has sent a heartbeat since ``at``
+    #: (it is alive after the fault; docs/health.md "Suspect nodes")
+    avoid_node: str = ""
+    #: when the request was made (Unix seconds; 0: not said)
+    at: float = 0.0
 
 
 class Placement(msgspec.Struct):

@@ -5,7 +5,10 @@
   and the time it was written; readers keep fields younger than a TTL and merge them;
 * the checker's **lease** per block: one checker copy decides a block's verdicts at a time
   (the same take-or-keep script as the metrics collector's lease);
-* the **rate limit** of recorded tick failures (one ``block.health.failed`` per reason per period).
+* the **rate limit** of recorded tick failures (one ``block.health.failed`` per reason per period);
+* the **suspect nodes**: nodes every probed instance of which fails its probes, marked by the
+  checker until a time (renewed while it holds), cleared by a passing probe or a heartbeat that
+  resumes; placements leave them out (docs/health.md "Suspect nodes").
 
 Nothing here is rebuilt from the stream: it is measured again within seconds.
 """
@@ -17,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from .keys import health_failed_key, health_lease_key, health_passive_key
+from .keys import HEARTBEATS, SUSPECT, health_failed_key, health_lease_key, health_passive_key
 from .scripts import LEASE
 
 _json = msgspec.json
@@ -74,3 +77,64 @@ class HealthStore:
         pipe.expire(key, max(1, int(period_s * 2)))
         await pipe.execute()
         return True
+
+    # -- suspect nodes -------------------------------------------------------------------------
+    async def last_heartbeats(self, nodes: list[str]) -> dict[str, float | None]:
+        """When each node's last heartbeat was recorded (None: it never sent one)."""
+        if not nodes:
+            return {}
+        return {n: None if v is None else float(v) for n, v in zip(nodes, await self.r.zmscore(HEARTBEATS, nodes), strict=True)}
+
+    async def mark_suspect(self, marks: dict[str, str], ttl_s: float) -> list[str]:
+        """Mark (or renew) ``marks`` (node -> why) suspect for ``ttl_s``; a node already suspect
+        keeps its ``since``. Returns the nodes newly marked."""
+        if not marks:
+            return []
+        now = time.time()
+        nodes = sorted(marks)
+        old = dict(zip(nodes, await self.r.hmget(SUSPECT, nodes), strict=True))
+        new: list[str] = []
+        fields: dict[str, str] = {}
+        for nid in nodes:
+            prev = _decode(old[nid])
+            live = prev is not None and float(prev.get("until", 0)) > now
+            if not live:
+                new.append(nid)
+            since = float(prev["since"]) if live and prev is not None else now
+            fields[nid] = _json.encode({"since": round(since, 3), "until": round(now + ttl_s, 3), "reason": marks[nid][:500]}).decode()
+        await self.r.hset(SUSPECT, mapping=fields)
+        return new
+
+    async def clear_suspect(self, nodes: list[str]) -> list[str]:
+        """Clear the marks of ``nodes``; returns those that were marked."""
+        if not nodes:
+            return []
+        held = [n for n, v in zip(nodes, await self.r.hmget(SUSPECT, nodes), strict=True) if v is not None]
+        if held:
+            await self.r.hdel(SUSPECT, *held)
+        return held
+
+    async def suspects(self) -> dict[str, dict[str, Any]]:
+        """The nodes suspect now: nid -> {since, until, reason}. Lapsed marks are dropped."""
+        now = time.time()
+        out: dict[str, dict[str, Any]] = {}
+        lapsed: list[str] = []
+        for nid, raw in (await self.r.hgetall(SUSPECT)).items():
+            d = _decode(raw)
+            if d is None or float(d.get("until", 0)) <= now:
+                lapsed.append(nid)
+            else:
+                out[nid] = d
+        if lapsed:
+            await self.r.hdel(SUSPECT, *lapsed)
+        return out
+
+
+def _decode(raw: str | None) -> dict[str, Any] | None:
+    if raw is None:
+        return None
+    try:
+        d = _json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    return d if isinstance(d, dict) else None

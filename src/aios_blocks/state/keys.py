@@ -36,6 +36,10 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:health:{b:<bid>}:passive     hash executor id -> JSON of its per-instance passive counts (TTL)
     aios:health:lease:<bid>           the health checker copy that decides a block now
     aios:health:{b:<bid>}:failed      hash reason digest -> when a failing tick was last recorded (TTL)
+    aios:health:suspect               hash nid -> JSON {since, until, reason}: nodes every probed
+                                      instance of which fails (no placement there until ``until``)
+    aios:health:reconcile:lease       the controller copy whose reconciler runs now
+    aios:health:reconcile:state       hash bid -> JSON: the reconciler's memory of a block that is short
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
     aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
@@ -192,6 +196,13 @@ def health_lease_key(bid: str) -> str:
 
 def health_failed_key(bid: str) -> str:
     return f"{HEALTH}:{{b:{bid}}}:failed"
+
+
+#: suspect nodes (the health checker's marks; docs/health.md "Suspect nodes")
+SUSPECT = f"{HEALTH}:suspect"
+#: the reconciler: its lease (one controller copy at a time) and its memory of short blocks
+RECONCILE_LEASE = f"{HEALTH}:reconcile:lease"
+RECONCILE_STATE = f"{HEALTH}:reconcile:state"
 
 
 #: the live autoscaler copies (zset: holder -> when its registration lapses); blocks are split among them

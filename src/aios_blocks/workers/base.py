@@ -163,6 +163,8 @@ class Worker:
         if isinstance(payload, dict) and "block_metrics" in payload:
             # the bytes as they were at the call: the record is published later
             given["block_metrics"] = msgspec.Raw(msgspec.json.encode(payload["block_metrics"]))
+        if isinstance(payload, dict) and payload.get("excluded_nodes"):  # suspect / avoided nodes: not in the stream
+            given["excluded_nodes"] = dict(payload["excluded_nodes"])
         action = str(input_data.get("action", "?"))
         inline: Any = None
         where = ""

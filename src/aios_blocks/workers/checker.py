@@ -19,6 +19,10 @@ copy decides a block at a time, a copy takes over when the lease lapses):
    instance's routing (``health``, ``weight``), the controller restarts it (``node.instance.restart``)
    or replaces it (the resourceAllocator's ``reassignment``).
 
+5. marks the nodes whose every probed instance fails, while their agent is silent, **suspect**
+   (``state.health``; decided by ``handlers.reconcile.suspicion``): no placement goes there until
+   a probe passes or the agent beats again (docs/health.md "Suspect nodes").
+
 The probe record, restart counts and cooldowns live in the deciding copy's memory: a copy that
 takes a block over starts them afresh (a few more probes before a verdict).
 """
@@ -39,6 +43,7 @@ import structlog
 from ..bus.catalog import E
 from ..bus.instance_map import InstanceMaps
 from ..executor.outlier import max_out
+from ..handlers import reconcile as rc
 from ..handlers import stability as st
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import InstanceVerdict, StepFailed
@@ -65,6 +70,10 @@ class Checker:
         self.ticks = 0
         #: bid -> the last tick's outcome ("ok" or the failure), for tests and `blocks explain`
         self.last: dict[str, str] = {}
+        #: (node, iid, consecutive failures, ok, error) of each instance probed this tick
+        self._probed: list[tuple[str, str, int, bool, str]] = []
+        #: nodes this copy marked suspect (their marks are renewed or cleared by it)
+        self.suspect: set[str] = set()
 
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
         if value is None:
@@ -103,7 +112,9 @@ class Checker:
             probed = {}
         results = await asyncio.gather(*(self.probe(r["endpoint"], path) for r in probed.values()))
         for iid, (ok, lat, status, err) in zip(probed, results, strict=True):
-            self.probes.setdefault(iid, st.ProbeRecord()).observe(ok, lat, status, err, now)
+            rec = self.probes.setdefault(iid, st.ProbeRecord())
+            rec.observe(ok, lat, status, err, now)
+            self._probed.append((str(probed[iid].get("node", "")), iid, rec.consecutive_failures, ok, err))
         passive = await self.w.store.health.passive(bid, max(5.0, self.s.outlier_publish_s * 10))
         try:
             metrics = await self.w.store.metrics.instances(bid)
@@ -145,6 +156,21 @@ class Checker:
                     self.restarts[a.instance_id] = self.restarts.get(a.instance_id, 0) + 1
         return actions
 
+    async def suspects(self) -> None:
+        """Mark, renew or clear suspect nodes from this tick's probes (``handlers.reconcile.suspicion``)."""
+        rows, self._probed = self._probed, []
+        nodes = sorted({r[0] for r in rows if r[0]} | self.suspect)
+        if not nodes:
+            return
+        beats = await self.w.store.health.last_heartbeats(nodes)
+        verdict = rc.suspicion(rows, beats, time.time(), self.s.node_suspect_failures, self.s.node_suspect_silence_s,
+                               self.suspect)
+        for nid in await self.w.store.health.mark_suspect(verdict.mark, self.s.node_suspect_ttl_s):
+            log.warning("node.suspect", node=nid, reason=verdict.mark[nid])
+        for nid in await self.w.store.health.clear_suspect(verdict.clear):
+            log.info("node.suspect_cleared", node=nid)
+        self.suspect = (self.suspect | set(verdict.mark)) - set(verdict.clear)
+
     async def failed(self, bid: str, gen: int, reason: str) -> None:
         """A failed tick: nothing changed; the reason is recorded (rate-limited per reason)."""
         self.last[bid] = reason
@@ -166,6 +192,10 @@ class Checker:
         for bid, r in zip(mine, results, strict=True):
             if isinstance(r, BaseException):
                 log.warning("checker.block_failed", block=bid, error=repr(r))
+        try:
+            await self.suspects()
+        except Exception as exc:  # Redis away: the marks lapse or wait for the next tick
+            log.warning("checker.suspects_failed", error=repr(exc))
         live = {iid for m in maps.values() for iid in (m.get("instances") or {})}
         for d in (self.probes, self.restarts, self.busy):
             for iid in [i for i in d if i not in live]:

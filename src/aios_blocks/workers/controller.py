@@ -47,6 +47,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.spec import ID_RE, Cluster, Node
+from . import reconciler
 from .base import Worker
 from .effects import commit, release
 from .vcluster import ensure_job_cluster
@@ -191,12 +192,23 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         ir, gen = block["ir"], block["gen"]
         iid = h.instance_id(ev.block_id, ev.request_id)
         trace: list[Decision] = []
+        bm = await block_metrics(w, ev.block_id, ev.block_metrics)
         try:
-            placements, attempts = await _commit(
-                w, ir, ev.cluster_id, "reassignment", [iid], current, trace=trace,
-                block_metrics=await block_metrics(w, ev.block_id, ev.block_metrics), instance_id=ev.instance_id,
-                pod_name=ev.instance_id, reason=ev.reason,
-            )
+            try:
+                placements, attempts = await _commit(
+                    w, ir, ev.cluster_id, "reassignment", [iid], current, trace=trace, avoid=ev.avoid_node,
+                    block_metrics=bm, instance_id=ev.instance_id, pod_name=ev.instance_id, reason=ev.reason,
+                )
+            except PlacementFailed:
+                if not ev.avoid_node or node_down or not await _alive_since(w, ev.avoid_node, ev.at):
+                    raise
+                # nothing else fits: the node it leaves, when its agent is alive after the fault
+                # (a one-node cluster replaces a crashed instance where it was), rather than none;
+                # a suspect node stays left out (``_plan_and_reserve``)
+                placements, attempts = await _commit(
+                    w, ir, ev.cluster_id, "reassignment", [iid], current, trace=trace,
+                    block_metrics=bm, instance_id=ev.instance_id, pod_name=ev.instance_id, reason=ev.reason,
+                )
         except PlacementFailed as exc:
             if not node_down and m.deliveries < w.settings.reassign_attempts:
                 # the capacity may be held by instances on their way out (a failed one's remove is
@@ -378,6 +390,7 @@ async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[s
     """An instance on a dead node: released now (its node cannot be used anyway), recorded as
     removed, and a remove queued in the node's mailbox so a returning node stops it."""
     await release(w, bid, iid, inst)
+    reconciler.poke(w)
     await w.bus.emit_all([
         Emit(E.instance_removed, InstanceEvent(bid, gen, iid, inst["node"], inst.get("gpus", []), reason)),
         Emit(E.node_instance_remove, InstanceCommand(bid, gen, cid, iid, inst["node"], [], reason=reason)),
@@ -386,11 +399,12 @@ async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[s
 
 async def _commit(
     w: Worker, ir: dict[str, Any], cid: str, action: str, iids: list[str],
-    instances: dict[str, Any] | None = None, trace: list[Decision] | None = None, **extra: Any,
+    instances: dict[str, Any] | None = None, trace: list[Decision] | None = None, avoid: str = "", **extra: Any,
 ) -> tuple[list[dict[str, Any]], int]:
     """Plan from the snapshot, reserve atomically; on conflict refresh and retry (bounded).
     A redelivered step finds its reservations already made and reuses them. The policy calls'
-    records go into ``trace``."""
+    records go into ``trace``. Suspect nodes (``state.health``) and ``avoid`` (the node a
+    replaced instance is moved off) are left out of the candidates (``excluded``)."""
     existing = await w.store.reservations_of(cid, iids)
     held = [r for r in existing if r]
     if len(held) == len(iids):
@@ -400,10 +414,50 @@ async def _commit(
     await ensure_job_cluster(w, ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
     clusters = await w.inventory.clusters()
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
-    return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, trace, **extra)
+    return await _plan_and_reserve(w, ir, cid, cluster, action, iids, instances, trace, avoid=avoid, **extra)
 
 
 _locks: dict[str, asyncio.Lock] = {}
+#: id(worker) -> (when read, the suspect nodes then, node -> why): read at most once a second
+_suspect_cache: dict[int, tuple[float, dict[str, str]]] = {}
+SUSPECT_CACHE_S = 1.0
+
+
+async def suspect_nodes(w: Worker) -> dict[str, str]:
+    """The nodes suspect now (node -> why; docs/health.md "Suspect nodes"), cached a second per
+    process; Redis away costs the exclusion, never the placement."""
+    now = time.monotonic()
+    hit = _suspect_cache.get(id(w))
+    if hit is not None and now - hit[0] < SUSPECT_CACHE_S:
+        return hit[1]
+    try:
+        marks = {nid: f"suspect: {d.get('reason', '')}" for nid, d in (await w.store.health.suspects()).items()}
+    except Exception as exc:
+        log.warning("controller.suspects_unavailable", error=repr(exc))
+        marks = hit[1] if hit is not None else {}
+    _suspect_cache[id(w)] = (now, marks)
+    return marks
+
+
+async def _alive_since(w: Worker, nid: str, since: float) -> bool:
+    """Whether node ``nid``'s agent has sent a heartbeat since ``since``: alive after a fault that
+    is to move an instance off it. A node that never sends heartbeats (the simulated fleet) has
+    no such evidence either way: alive."""
+    try:
+        beats = await w.store.health.last_heartbeats([nid])
+    except Exception as exc:
+        log.warning("controller.heartbeats_unavailable", error=repr(exc))
+        return False
+    last = beats.get(nid)
+    return last is None or last >= since
+
+
+def excluded(nodes: Any, suspects: dict[str, str], avoid: str) -> dict[str, str]:
+    """The cluster's nodes a plan leaves out, node -> why, in node order (the policy input holds it)."""
+    out = {nid: why for nid, why in suspects.items() if nid in nodes}
+    if avoid and avoid in nodes:
+        out[avoid] = "the node the replaced instance is moved off" + (f"; {out[avoid]}" if avoid in out else "")
+    return dict(sorted(out.items()))
 
 
 def _backoff(deliveries: int) -> float:
@@ -420,17 +474,28 @@ def _cluster_lock(cid: str) -> asyncio.Lock:
 
 async def _plan_and_reserve(
     w: Worker, ir: dict[str, Any], cid: str, cluster: dict[str, Any], action: str, iids: list[str],
-    instances: dict[str, Any] | None, trace: list[Decision] | None, **extra: Any,
+    instances: dict[str, Any] | None, trace: list[Decision] | None, avoid: str = "", **extra: Any,
 ) -> tuple[list[dict[str, Any]], int]:
     reason = ""
     retries = w.settings.commit_retries
+    suspects = await suspect_nodes(w)
     for attempt in range(1, retries + 1):
         async with _cluster_lock(cid):
             nodes = await w.inventory.nodes(cid)
             index = await w.affinity_index(ir)
-            placements = await h.plan(
-                ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
-            )
+            out = excluded(nodes, suspects, avoid) if suspects or avoid else {}
+            if out:
+                extra["excluded_nodes"] = out
+            else:
+                extra.pop("excluded_nodes", None)
+            try:
+                placements = await h.plan(
+                    ir, cluster, nodes, action, iids, w.invoker(ir, "resourceAllocator", trace), instances, index, **extra
+                )
+            except PlacementFailed as exc:
+                if out:  # say which nodes were not offered, and why (explain shows the step's failure)
+                    raise PlacementFailed(f"{exc.reason}; left out: " + "; ".join(f"{n} ({why})" for n, why in out.items())) from exc
+                raise
             touched = sorted({p["node"] for p in placements})
             planned_on = {nid: nodes[nid] for nid in touched}
             # our view takes the reservation now, as the script will (``capacity.take``), and the
@@ -547,6 +612,7 @@ async def _step_failed(
     trace: list[Decision] | None = None,
 ) -> None:
     gen = block["gen"] if block else 0
+    reconciler.poke(w)  # a failed step may leave the block short: the reconciler looks again
     event = {"scale": E.block_scale_failed, "scale.target": E.block_scale_failed, "scale_down": E.block_scale_down_failed}.get(
         step, E.block_reassignment_failed)
     await w.bus.emit(event, StepFailed(bid, gen, step, reason, request_id, decisions=trace or []))

@@ -4,6 +4,7 @@ changes nothing twice (the stream deduplicates the events by their catalog id ru
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -68,8 +69,9 @@ async def _one(w: Worker, e: Effect, fresh: list[tuple[str, Mapping[str, dict[st
             for iid, rec in (await w.store.instances(bid)).items():
                 await w.store.set_instance_status(bid, iid, InstanceStatus.REMOVING.value)
                 await w.bus.emit_all([remove_command(bid, gen, rec["cluster"], iid, rec["node"], reason)])
-        case Replace(bid, gen, cid, iid, reason, request_id):
-            ack = await w.bus.emit(E.cluster_reassignment, ReassignRequest(bid, cid, request_id, iid, reason, gen=gen), sync=True)
+        case Replace(bid, gen, cid, iid, reason, request_id, avoid):
+            req = ReassignRequest(bid, cid, request_id, iid, reason, gen=gen, avoid_node=avoid, at=round(time.time(), 3))
+            ack = await w.bus.emit(E.cluster_reassignment, req, sync=True)
             if not getattr(ack, "duplicate", False):
                 # counted once per request, as the stream holds it once (a redelivered fault is
                 # deduplicated; recover counts the stored requests): the limit is not reached early

@@ -104,6 +104,7 @@ class HealthMonitor:
         pairs = [(cid, nid) for nid, (cid, _) in seen.items()]
         for (cid, nid), healthy in zip(pairs, await self.w.store.nodes_healthy(pairs), strict=True):
             if healthy is False and await self.w.store.set_node_health_cas(cid, nid, True):
+                await self.w.store.health.clear_suspect([nid])  # back: its instances are probed afresh
                 await self._announce(NodeHealth(nid, cid, True, "heartbeats resumed"))
                 await self.w.hint(cid, [nid])
 
@@ -126,9 +127,8 @@ class HealthMonitor:
             for iid, inst in insts.items():
                 bid = inst["block_id"]
                 request_id = f"{iid}:evicted:{stamp}"
-                await self.w.bus.emit(
-                    E.cluster_reassignment, ReassignRequest(bid, inst["cluster"], request_id, iid, reason, gen=int(inst["gen"]))
-                )
+                await self.w.bus.emit(E.cluster_reassignment, ReassignRequest(
+                    bid, inst["cluster"], request_id, iid, reason, gen=int(inst["gen"]), avoid_node=nid, at=round(now, 3)))
 
     async def _announce(self, ev: NodeHealth) -> None:
         state = "healthy" if ev.healthy else "unhealthy"

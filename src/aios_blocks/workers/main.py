@@ -245,9 +245,11 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
     settle_heap()
     if kind == "controller":
         from .health import HealthMonitor
+        from .reconciler import Reconciler
 
         await asyncio.gather(
-            run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w))
+            run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w)),
+            Reconciler(w).run(stop),
         )
     elif kind == "gateway":
         from . import gateway

@@ -1,0 +1,200 @@
+"""A block left below its minimum is driven back (issue 32, item 1), on real NATS JetStream and
+Redis with the real worker processes and two real simulated agents (``blocks agent --runtime sim``):
+
+cluster c5 of two L4 nodes, an indivisible virtual cluster of one of them, a block min=max=1 in it;
+the member's agent is SIGKILLed (its simulated instances die with it). The health checker's
+``replace`` must not put the replacement back on the dead node (it is suspect: every instance on
+it fails its probes), the heartbeat eviction's reassignment may fail while the virtual cluster is
+being refilled with the spare node, and the reconciler must then bring the block back to one
+running instance, on the spare node.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aios_blocks.handlers.explain import explain
+from aios_blocks.recovery.invariants import check
+from aios_blocks.state.vcluster import VClusterStore
+
+from .conftest import System
+from .test_vcluster import create
+
+NODE_TIMEOUT_S = 6.0
+
+
+class SimAgents:
+    """``blocks agent --runtime sim`` processes, one per node, as the issue's reproduction ran them."""
+
+    def __init__(self, system: System, base: Path):
+        self.system, self.base = system, base
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, nid: str, cluster: str) -> None:
+        env = {**os.environ, "AIOS_NATS_URL": self.system.supervisor.nats_url}
+        env.pop("AIOS_REDIS_URL", None)
+        if self.system.servers is not None:
+            env.update(self.system.servers.agent_env(nid))
+        with open(self.base / f"agent-{nid}.log", "ab") as log:
+            self.procs[nid] = subprocess.Popen(
+                [sys.executable, "-m", "aios_blocks.cli", "agent", "--node-id", nid, "--cluster", cluster,
+                 "--runtime", "sim", "--sim-gpus", "2", "-l", "nodeType=L4", "--heartbeat-s", "1",
+                 "--cpu", "8", "--memory", "16384", "--agent-dir", str(self.base / "agent")],
+                env=env, stdout=log, stderr=log, start_new_session=True,
+            )
+
+    def kill(self, nid: str) -> None:
+        self.procs[nid].send_signal(signal.SIGKILL)
+        self.procs[nid].wait(10)
+
+    def stop_all(self) -> None:
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.terminate()
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(10)
+
+
+@pytest.fixture
+def fast_node_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before ``system``: the worker processes inherit it."""
+    monkeypatch.setenv("AIOS_NODE_TIMEOUT_S", str(NODE_TIMEOUT_S))
+
+
+@pytest.fixture
+async def agents(fast_node_timeout: None, system: System, tmp_path: Path) -> AsyncIterator[SimAgents]:
+    a = SimAgents(system, tmp_path)
+    try:
+        yield a
+    finally:
+        a.stop_all()
+
+
+async def until(fn: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = await fn()
+        if out:
+            return out
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+async def _stored(system: System, bid: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(s, env) for s, env, _ in await system.client.history(bid)]
+
+
+async def test_block_below_its_minimum_after_its_node_dies_comes_back_on_the_spare_node(agents: SimAgents) -> None:
+    system = agents.system
+    c = system.client
+    for nid in ("c5-a", "c5-b"):
+        agents.start(nid, "c5")
+
+    async def registered() -> bool:
+        return all([await c.store.node_meta(n) for n in ("c5-a", "c5-b")])
+
+    await until(registered, 90, "both agents registered")
+    ok, out = await create(c, "v5", "c5", {"L4": 1})
+    assert ok, out
+    rec = await VClusterStore(c.store).get("v5")
+    assert rec is not None
+    (member,) = rec.nodes
+    spare = "c5-b" if member == "c5-a" else "c5-a"
+    # the checker's replace comes before the node's heartbeat timeout (the issue's order of events)
+    checker = {"name": "stabilityChecker", "policyRuleURI": "builtin:probe-threshold",
+               "settings": {"failureThreshold": 1, "restartThreshold": 2, "maxRestarts": 0, "startupGraceS": 1}}
+    bid, kind, env = await system.submit_and_wait({
+        "blockComponentURI": "aios://test/model", "blockId": "b5", "minInstances": 1, "maxInstances": 1,
+        "virtualClusterId": "v5", "policyRulesSpec": [{"values": checker}],
+    }, timeout=90)
+    assert kind == "ready", env
+    (first,) = (await c.store.instances(bid)).values()
+    assert first["node"] == member
+
+    agents.kill(member)
+
+    async def back_on_spare() -> bool:
+        insts = await c.store.instances(bid)
+        return len(insts) == 1 and all(i["status"] == "running" and i["node"] == spare for i in insts.values())
+
+    await until(back_on_spare, 120, f"one running instance of {bid} on the spare node {spare}")
+    block = await c.store.get_block(bid)
+    assert block is not None and block["status"] == "ready"
+    # no replacement was ever placed on the dead node after the kill
+    x = explain(await _stored(system, bid))
+    placed_on_member = [iid for iid, i in x["instances"].items() if i.get("node") == member and i.get("action") != "allocation"]
+    assert placed_on_member == [], x["instances"]
+    rep = await check(c.bus, c.store, expected={bid})
+    assert rep.ok, rep.violations
+
+
+@pytest.fixture
+def quick_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before ``system``: short waits between the reconciler's asks, so the test sees several."""
+    monkeypatch.setenv("AIOS_RECONCILE_RESYNC_S", "2")
+    monkeypatch.setenv("AIOS_RECONCILE_BACKOFF_S", "1")
+    monkeypatch.setenv("AIOS_RECONCILE_MAX_BACKOFF_S", "4")
+
+
+async def test_block_short_with_no_capacity_says_why_and_comes_back_when_a_node_does(
+    quick_reconciler: None, agents: SimAgents,
+) -> None:
+    """The only L4 node dies: the eviction's reassignment finds no node (final), the block is
+    ``ready`` with no instance. The reconciler keeps asking, spaced by its backoff, and each ask
+    and its failure are stored with the reason (``blocks explain``); when a spare L4 node joins,
+    the virtual cluster is refilled with it and the next ask places the block there."""
+    system = agents.system
+    c = system.client
+    agents.start("c5-a", "c5")
+
+    async def registered(nid: str) -> bool:
+        return await c.store.node_meta(nid) is not None
+
+    await until(lambda: registered("c5-a"), 90, "c5-a registered")
+    ok, out = await create(c, "v5", "c5", {"L4": 1})
+    assert ok, out
+    bid, kind, env = await system.submit_and_wait({"blockComponentURI": "aios://test/model", "blockId": "b6",
+                                                   "minInstances": 1, "maxInstances": 1, "virtualClusterId": "v5"}, timeout=90)
+    assert kind == "ready", env
+    agents.kill("c5-a")
+
+    async def asked_and_refused() -> dict[str, Any] | None:
+        x = explain(await _stored(system, bid))
+        asks = [t for t in x["targets"] if t["source"] == "reconciler"]
+        refused = [f for f in x["failures"] if f["step"] == "scale"]
+        return x if len(asks) >= 3 and refused and not await c.store.instances(bid) else None
+
+    x = await until(asked_and_refused, 90, "the reconciler's asks and their failures")
+    block = await c.store.get_block(bid)
+    assert block is not None and block["status"] == "ready"
+    asks = [t for t in x["targets"] if t["source"] == "reconciler"]
+    # each ask says why, and they are spaced by the backoff (attempt n, then n + 1...), not repeated per pass
+    assert all("< minInstances 1" in t["reason"] for t in asks), asks
+    attempts = [int(t["reason"].split("(attempt ")[1].split(";")[0]) for t in asks]
+    assert attempts == list(range(1, len(asks) + 1)), asks
+    assert len({t["request_id"] for t in asks}) == len(asks)
+    refused = [f["reason"] for f in x["failures"] if f["step"] == "scale"]
+    assert refused and all("no healthy node can host" in r for r in refused), refused
+
+    agents.start("c5-b", "c5")
+
+    async def back_on_spare() -> bool:
+        insts = await c.store.instances(bid)
+        return len(insts) == 1 and all(i["status"] == "running" and i["node"] == "c5-b" for i in insts.values())
+
+    await until(back_on_spare, 90, f"one running instance of {bid} on the new node c5-b")
+    rep = await check(c.bus, c.store, expected={bid})
+    assert rep.ok, rep.violations
