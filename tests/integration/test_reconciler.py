@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -29,6 +30,7 @@ from aios_blocks.recovery.invariants import check
 from aios_blocks.state.vcluster import VClusterStore
 
 from .conftest import System
+from .test_cli import blocks
 from .test_vcluster import create
 
 NODE_TIMEOUT_S = 6.0
@@ -147,6 +149,7 @@ def quick_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("AIOS_RECONCILE_RESYNC_S", "2")
     monkeypatch.setenv("AIOS_RECONCILE_BACKOFF_S", "1")
     monkeypatch.setenv("AIOS_RECONCILE_MAX_BACKOFF_S", "4")
+    monkeypatch.setenv("AIOS_NODE_SUSPECT_TTL_S", "300")  # the dead node's mark outlives its last renewal here
 
 
 async def test_block_short_with_no_capacity_says_why_and_comes_back_when_a_node_does(
@@ -188,6 +191,11 @@ async def test_block_short_with_no_capacity_says_why_and_comes_back_when_a_node_
     assert len({t["request_id"] for t in asks}) == len(asks)
     refused = [f["reason"] for f in x["failures"] if f["step"] == "scale"]
     assert refused and all("no healthy node can host" in r for r in refused), refused
+    # the dead node was suspect (every instance on it failing, its agent silent) before its heartbeat timed out
+    r = blocks(system, "node", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    (dead,) = [n for n in json.loads(r.stdout) if n["node_id"] == "c5-a"]
+    assert dead["suspect"] and "fail their health probes" in dead["suspect"]["reason"], dead
 
     agents.start("c5-b", "c5")
 

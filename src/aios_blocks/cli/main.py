@@ -912,8 +912,9 @@ def node_list(
     data_dir: Path = DataDir,
 ) -> None:
     """List nodes: cluster, node type (what virtual clusters' replica sets count: the `nodeType`
-    label, else the first GPU's model), health, free CPU and memory, GPUs in use, labels. `--json`
-    gives each node's `node_type` too.
+    label, else the first GPU's model), health (`suspect`: every instance on it fails its probes
+    and its agent is silent, no placement goes there; docs/health.md), free CPU and memory, GPUs
+    in use, labels. `--json` gives each node's `node_type` and `suspect` (its mark, or null) too.
 
     Example: `blocks node list --cluster c1`
     """
@@ -927,6 +928,9 @@ def node_list(
         out: list[dict[str, Any]] = []
         for cid in cids:
             out += (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values()
+        suspect = await c.store.health.suspects()
+        for n in out:
+            n["suspect"] = suspect.get(n["node_id"])
         return out
 
     from ..schemas.vcluster import node_type
@@ -940,7 +944,8 @@ def node_list(
     t = _table("node", "cluster", "type", "healthy", "CPU free", "memory free (MiB)", "GPUs in use", "labels")
     for n in nodes:
         busy = sum(1 for g in n["gpus"] if g["instances"])
-        t.add_row(escape(n["node_id"]), escape(n["cluster"]), escape(n["node_type"]), "yes" if n["healthy"] else "[red]no[/]",
+        health = ("[yellow]suspect[/]" if n["suspect"] else "yes") if n["healthy"] else "[red]no[/]"
+        t.add_row(escape(n["node_id"]), escape(n["cluster"]), escape(n["node_type"]), health,
                   f"{n['cpu_free']:g} / {n['cpu']:g}", f"{n['memory_free']} / {n['memory']}", f"{busy} / {len(n['gpus'])}",
                   escape(", ".join(f"{k}={v}" for k, v in n["labels"].items())))
     console.print(t)
