@@ -556,5 +556,5 @@ def test_cluster_id_of(entry: Any, cid: str) -> None:
 async def test_an_unknown_builtin_fails_by_name_not_as_a_missing_module() -> None:
     """A component stored before the parser refused `builtin:binpak` must not fail with
     "No module named 'builtin'" (the URI is not a module:Class)."""
-    with pytest.raises(ValueError, match=r"unknown built-in policy 'builtin:binpak'; the built-ins are builtin:binpack"):
+    with pytest.raises(ValueError, match=r"unknown built-in policy 'builtin:binpak'; the built-ins are builtin:best-fit, builtin:binpack"):
         await PolicyRuntime().resolve("builtin:binpak")

@@ -86,3 +86,133 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         if info["assumed_gpu_memory"]:
             m().console.print(f"GPU memory of {', '.join(info['assumed_gpu_memory'])} is assumed (undisclosed models; "
                               "--gpu-memory MODEL=MIB to set it)")
+
+    trace_app = typer.Typer(help="Replay production GPU traces through the placement code (docs/trace.md).",
+                            no_args_is_help=True)
+    app.add_typer(trace_app, name="trace")
+
+    @trace_app.command("replay")
+    def trace_replay(
+        nodes_file: Path = typer.Argument(..., metavar="NODES", help="Node list (as for `blocks cluster import`)."),
+        pods_file: Path = typer.Argument(..., metavar="PODS", help="Task list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos])."),
+        in_process: bool = typer.Option(False, "--in-process", help="Run the placement code in this process (no servers)."),
+        policy: list[str] = typer.Option(
+            ["fgd"], "--policy", "-p",
+            help="resourceAllocator, repeatable: random, dot-product, gpu-packing, gpu-clustering, best-fit, fgd, binpack, "
+            "spread, or a policyRuleURI."),
+        seed: list[int] = typer.Option([42], "--seed", "-s", help="Sampling and shuffling seed, repeatable."),
+        inflate: float = typer.Option(1.3, "--inflate", min=0.01, max=10.0,
+                                      help="Sample tasks until their GPU requests reach this many times the cluster's GPUs."),
+        sample_nodes: int = typer.Option(0, "--sample-nodes", min=0,
+                                         help="The resourceAllocator's sampleNodes (0: every node is seen, as the paper's "
+                                         "simulator does)."),
+        json_out: Path = typer.Option(None, "--json", help="Write the figures as JSON (an object; a list for several runs)."),
+        plot: Path = typer.Option(None, "--plot", help="Draw allocation vs arrived for the runs (PNG; needs matplotlib)."),
+        anchor: Path = typer.Option(None, "--anchor", help="The artifact's published means (anchor_fgd_atc23.csv) to print beside "
+                                    "ours; default: the one next to PODS, if any."),
+    ) -> None:
+        """Replay a GPU trace: tasks sampled with a seed until their GPU requests reach --inflate x the
+        cluster's GPUs, shuffled, placed one at a time, never deleted (a task that fits nowhere fails;
+        the replay goes on). Prints the GPU allocation rate at each 1 % of arrived GPU requests, at
+        100 % and at the end (~130 %), FGD's fragmentation measure, failures by reason, seconds.
+
+        Example: `blocks trace replay bench/traces/openb-2023/openb_node_list_gpu_node.csv
+        bench/traces/openb-2023/openb_pod_list_default.csv --in-process --policy fgd --policy best-fit --json out.json`
+        """
+        import asyncio
+
+        from ..trace import replay as rp
+        from ..trace.inventory import InventoryError, load_nodes
+        from ..trace.workload import WorkloadError, load_tasks
+
+        err, console = m().err, m().console
+        if not in_process:
+            err.print("[red]only --in-process is implemented[/] (the policies and the placement code in this process); "
+                      "--live (through `blocks up`) is not yet")
+            raise typer.Exit(2)
+        if plot is not None:
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                err.print("[red]--plot needs matplotlib[/]: pip install 'aios-blocks[trace]' (or pip install matplotlib)")
+                raise typer.Exit(2) from None
+        try:
+            nodes = load_nodes(nodes_file, "trace")
+            tasks = load_tasks(pods_file)
+        except OSError as exc:
+            err.print(f"[red]cannot read {escape(str(exc.filename or ''))}: {escape(exc.strerror or str(exc))}[/]")
+            raise typer.Exit(2) from None
+        except (InventoryError, WorkloadError) as exc:
+            err.print(f"[red]{escape(str(exc))}[/]")
+            raise typer.Exit(2) from None
+        workload = pods_file.stem.removeprefix("openb_pod_list_")
+        anchors = _anchors(anchor or pods_file.with_name("anchor_fgd_atc23.csv"), workload)
+        results = []
+        for uri in [rp.policy_uri(p) for p in policy]:
+            for s in seed:
+                res = asyncio.run(rp.replay(nodes, tasks, uri, s, inflate, sample_nodes, workload))
+                results.append(res.as_dict())
+                _print_run(console, results[-1], anchors.get(rp.ANCHOR_NAMES.get(uri, "")))
+        if json_out is not None:
+            json_out.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1) + "\n")
+            console.print(f"figures written to {escape(str(json_out))}")
+        if plot is not None:
+            draw(results, plot)
+            console.print(f"plot written to {escape(str(plot))}")
+
+
+def _anchors(path: Path, workload: str) -> dict[str, tuple[float, float]]:
+    """The artifact's mean allocation at 100 % and 130 % per policy, for this workload."""
+    import csv
+
+    try:
+        rows = list(csv.DictReader(path.open()))
+    except OSError:
+        return {}
+    return {r["policy"]: (float(r["gpu_alloc_pct_at_100pct_arrived"]), float(r["gpu_alloc_pct_at_130pct_arrived"]))
+            for r in rows if r.get("workload") == workload}
+
+
+def _print_run(console: Any, r: dict[str, Any], anchor: tuple[float, float] | None) -> None:
+    top = round(r["inflate"] * 100)
+    line = (f"[bold]{escape(r['policy'])}[/] seed {r['seed']} on {escape(r['workload'] or 'trace')} ({r['nodes']} nodes, "
+            f"{r['gpus']} GPUs): allocation {r['alloc_at_100']:.2f} % at 100 % arrived, {r[f'alloc_at_{top}']:.2f} % at "
+            f"{r['arrived_end']:.1f} %; fragmentation {r['frag_at_100']:.2f} % / {r[f'frag_at_{top}']:.2f} %")
+    if anchor:
+        line += f"; the artifact's mean: {anchor[0]:.2f} % / {anchor[1]:.2f} %"
+    console.print(line)
+    console.print(f"  {r['blocks']} blocks, {r['placed']} placed, {r['failed']} failed "
+                  f"({', '.join(f'{k}: {v}' for k, v in r['failures'].items()) or 'none'}); "
+                  f"{r['seconds']:.1f} s, {r['placements_per_s']:.0f} placements/s")
+    curve = r["alloc_curve"]
+    keys = sorted(curve, key=int)
+    for i in range(0, len(keys), 10):
+        chunk = keys[i:i + 10]
+        console.print(f"  arrived {chunk[0]:>3}-{chunk[-1]:>3} %: " + " ".join(f"{curve[k]:.2f}" for k in chunk))
+
+
+def draw(results: list[dict[str, Any]], path: Path) -> None:
+    """GPU allocation (%) against arrived GPU requests (%), one line per run (the paper's Fig. 9)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for r in results:
+        xs = sorted(int(k) for k in r["alloc_curve"])
+        label = f"{r['policy'].removeprefix('builtin:')} (seed {r['seed']})" if len({x['seed'] for x in results}) > 1 \
+            else r["policy"].removeprefix("builtin:")
+        ax.plot(xs, [r["alloc_curve"][str(x)] for x in xs], label=label)
+    ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("arrived GPU requests (% of the cluster's GPUs)")
+    ax.set_ylabel("GPU allocation rate (%)")
+    wl = results[0]["workload"] if results else ""
+    ax.set_title(f"{wl}: {results[0]['nodes'] if results else 0} nodes, {results[0]['gpus'] if results else 0} GPUs")
+    ax.set_xlim(0, max((int(k) for r in results for k in r["alloc_curve"]), default=130))
+    ax.set_ylim(0, 100)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -585,7 +585,7 @@ class _Fits:
 
 _FITS: dict[tuple[int, tuple[Any, ...]], _Fits] = {}
 #: shapes indexed per inventory view (a component each); the oldest is dropped past this
-_SHAPES_PER_VIEW = 32
+_SHAPES_PER_VIEW = 128  # a production trace has ~90 task shapes (docs/trace.md)
 
 
 def fit_index(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> _Fits:

@@ -4,7 +4,9 @@
 
 * ``builtin:cluster-rank``, ``builtin:binpack``, ``builtin:spread``, ``builtin:round-robin``,
   ``builtin:least-inflight``, ``builtin:least-queue``, ``builtin:target-inflight``,
-  ``builtin:queue-depth``, ``builtin:probe-threshold`` - the built-ins;
+  ``builtin:queue-depth``, ``builtin:probe-threshold``, and the FGD paper's ``builtin:random``,
+  ``builtin:dot-product``, ``builtin:gpu-packing``, ``builtin:gpu-clustering``, ``builtin:best-fit``,
+  ``builtin:fgd`` (docs/trace.md) - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -35,6 +37,7 @@ from . import contract, uris
 from .builtin.autoscale import QueueDepthPolicy, TargetInflightPolicy
 from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from .builtin.cluster_rank import ClusterRankPolicy
+from .builtin.frag import POLICIES as FRAG_POLICIES
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
@@ -54,6 +57,8 @@ BUILTINS: dict[str, type] = {
     "builtin:target-inflight": TargetInflightPolicy,
     "builtin:queue-depth": QueueDepthPolicy,
     "builtin:probe-threshold": ProbeThresholdPolicy,
+    # the GPU-sharing baselines of the FGD paper (docs/trace.md)
+    **FRAG_POLICIES,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

@@ -22,6 +22,13 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:target-inflight": ("autoscaler",),
     "builtin:queue-depth": ("autoscaler",),
     "builtin:probe-threshold": ("stabilityChecker",),
+    # the GPU-sharing baselines of the FGD paper (policies/builtin/frag.py, docs/trace.md)
+    "builtin:random": ("resourceAllocator",),
+    "builtin:dot-product": ("resourceAllocator",),
+    "builtin:gpu-packing": ("resourceAllocator",),
+    "builtin:gpu-clustering": ("resourceAllocator",),
+    "builtin:best-fit": ("resourceAllocator",),
+    "builtin:fgd": ("resourceAllocator",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
