@@ -44,7 +44,7 @@ class BlockSize:
     #: the block's stored target (``desired``; 0: none)
     desired: int = 0
     #: iid -> {status, node, ...} (the instance records)
-    instances: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def decide(blocks: Iterable[BlockSize], memory: Mapping[str, Memory], now: float
     out: dict[str, Memory] = {}
     short: dict[str, str] = {}
     for b in blocks:
-        live = scaling.live({iid: dict(rec) for iid, rec in b.instances.items()})
+        live = scaling.live(b.instances)
         if b.status != BlockStatus.READY or not b.cluster or len(live) >= b.min_instances:
             continue
         running = sum(1 for rec in live.values() if rec.get("status") == "running")
