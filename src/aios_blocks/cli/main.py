@@ -1252,6 +1252,9 @@ def scale(
 
     Example: `blocks scale blk-1234`, `blocks scale blk-1234 --to 3`
     """
+    if to is not None and to < 0:  # a usage mistake: said before looking for the servers
+        err.print(f"[red]error:[/] target must be a count of instances >= 0, got {to}")
+        raise typer.Exit(2)
     if to is None:
         raise typer.Exit(_follow_request(lambda c: c.scale_request(bid), not no_wait, timeout, data_dir))
 

@@ -1,0 +1,138 @@
+"""The CLI's own decisions, through its public commands (typer's CliRunner over ``cli.main.app``),
+where no servers are needed: bad arguments get one clear line and exit 2 before anything is sent
+or looked for, no running servers is said as such, and the offline commands (``policy run``,
+``settings``, ``subjects``, ``asyncapi``, ``examples``, ``prometheus-config``) print what they
+promise."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from aios_blocks.cli.main import app
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "aios_blocks" / "examples"
+
+
+@pytest.fixture
+def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
+    """A runner with no servers to find: no AIOS_* in the environment, an empty data dir."""
+    import os
+
+    for key in [k for k in os.environ if k.startswith("AIOS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AIOS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("COLUMNS", "200")
+    return CliRunner()
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("args", [["get", "blk-1"], ["list"], ["delete", "blk-1"], ["cluster", "list"], ["policy", "list"]])
+def test_without_servers_a_command_says_so_and_exits_2(cli: CliRunner, args: list[str]) -> None:
+    r = cli.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert "No servers. No running `blocks up` found in" in _one_line(r.output)
+    assert "(no endpoints.json)" in r.output and "AIOS_NATS_URL" in r.output
+
+
+@pytest.mark.parametrize("args", [["task", "a{b}"], ["top", "a{b}"]])
+def test_an_invalid_block_id_is_refused_before_anything_is_sent(cli: CliRunner, args: list[str]) -> None:
+    r = cli.invoke(app, args, input="")
+    assert r.exit_code == 2 and "block id 'a{b}' is not a valid id" in _one_line(r.output), r.output
+    assert "No servers" not in r.output
+
+
+def test_a_negative_scale_target_is_a_usage_error_even_without_servers(cli: CliRunner) -> None:
+    r = cli.invoke(app, ["scale", "blk-1", "--to", "-1"])
+    assert r.exit_code == 2 and "target must be a count of instances >= 0, got -1" in r.output, r.output
+    assert "No servers" not in r.output
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "nan", "inf"])
+def test_a_timeout_must_be_a_finite_positive_number_of_seconds(cli: CliRunner, value: str) -> None:
+    r = cli.invoke(app, ["delete", "blk-1", "--timeout", value])
+    assert r.exit_code == 2 and "expected seconds > 0" in _one_line(r.output), r.output
+
+
+def test_a_label_must_be_key_equals_value(cli: CliRunner) -> None:
+    r = cli.invoke(app, ["cluster", "add", "c1", "--label", "novalue"])
+    assert r.exit_code == 2 and "expected key=value, got 'novalue'" in _one_line(r.output), r.output
+
+
+def test_a_spec_file_that_cannot_be_read_is_named(cli: CliRunner, tmp_path: Path) -> None:
+    r = cli.invoke(app, ["submit", str(tmp_path / "missing.yaml")])
+    assert r.exit_code != 0 and f"cannot read {tmp_path / 'missing.yaml'}" in _one_line(r.output), r.output
+
+
+# -- offline commands -------------------------------------------------------------------------------
+def test_policy_run_answers_with_the_policys_result(cli: CliRunner) -> None:
+    r = cli.invoke(app, ["policy", "run", "builtin:binpack", "--input", str(EXAMPLES / "allocation_input.json")])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out) == {"node_id", "gpus"} and out["node_id"] and len(out["gpus"]) == 1
+    # the same with the Starlark example of the same rule
+    r = cli.invoke(app, ["policy", "run", str(EXAMPLES / "binpack.star"), "--input", str(EXAMPLES / "allocation_input.json")])
+    assert r.exit_code == 0 and json.loads(r.stdout)["node_id"] == out["node_id"], r.output
+
+
+def test_policy_run_of_an_lxd_scriptlet_prints_its_target(cli: CliRunner) -> None:
+    r = cli.invoke(app, ["policy", "run", str(EXAMPLES / "lxd_most_free_memory.star"), "--kind", "lxd",
+                         "--input", str(EXAMPLES / "lxd_args.json")])
+    assert r.exit_code == 0, r.output
+    assert set(json.loads(r.stdout)) == {"target"}
+
+
+def test_policy_run_refuses_bad_parameters_and_a_policy_that_fails(cli: CliRunner, tmp_path: Path) -> None:
+    args = ["policy", "run", "builtin:binpack", "--input", str(EXAMPLES / "allocation_input.json")]
+    r = cli.invoke(app, [*args, "--parameters", "{bad"])
+    assert r.exit_code == 2 and "Invalid value for --parameters: not JSON" in _one_line(r.output), r.output
+    broken = tmp_path / "broken.py"
+    broken.write_text("class P:\n    def __init__(self, r, s, p):\n        pass\n    def eval(self, p, i, c):\n        raise RuntimeError('no idea')\n")
+    r = cli.invoke(app, ["policy", "run", str(broken), "--input", str(EXAMPLES / "allocation_input.json")])
+    assert r.exit_code != 0 and "raised RuntimeError: no idea" in _one_line(r.output), r.output
+
+
+def test_settings_lists_every_setting_with_its_default(cli: CliRunner) -> None:
+    from aios_blocks.settings import Settings
+
+    r = cli.invoke(app, ["settings"])
+    assert r.exit_code == 0, r.output
+    for name in ("AIOS_DRY_RUN_DEADLINE_S", "AIOS_DRAIN_GRACE_S", "AIOS_METRICS_INTERVAL_S"):
+        assert name in r.output
+    assert len([n for n in Settings.model_fields if f"AIOS_{n.upper()}" in r.output]) == len(Settings.model_fields)
+
+
+def test_asyncapi_prints_the_document(cli: CliRunner) -> None:
+    from aios_blocks.bus import catalog
+
+    r = cli.invoke(app, ["asyncapi"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["asyncapi"] == "3.0.0" and len(doc["channels"]) == len(catalog.EVENTS)
+
+
+def test_subjects_lists_every_event_of_the_catalog(cli: CliRunner) -> None:
+    from aios_blocks.bus import catalog
+
+    r = cli.invoke(app, ["subjects", "--markdown"])  # docs/subjects.md's table
+    assert r.exit_code == 0, r.output
+    missing = [e.pattern for e in catalog.EVENTS if e.pattern not in r.stdout]
+    assert missing == [] and r.stdout.count("\n| `aios.") >= len(catalog.EVENTS)
+
+
+def test_examples_lists_the_shipped_files(cli: CliRunner) -> None:
+    r = cli.invoke(app, ["examples"])
+    assert r.exit_code == 0, r.output
+    for name in ("allocation_input.json", "binpack.star", "block.yaml", "first_fit.py"):
+        assert name in r.output
+
+
+def test_prometheus_config_without_servers_says_so(cli: CliRunner) -> None:
+    r = cli.invoke(app, ["prometheus-config"])
+    assert "No servers" in r.output, r.output
