@@ -1178,14 +1178,15 @@ def list_blocks(
     """
     from ..state.views import block_rows, open_reader
 
-    async def go() -> list[dict[str, Any]]:
+    try:
         r = open_reader(_urls(data_dir)[1])
         try:
-            return await block_rows(r, limit)
+            rows = block_rows(r, limit)
         finally:
-            await r.aclose()
-
-    rows = _run(go())
+            r.close()
+    except ConnectionError as exc:
+        err.print(f"[red]Cannot reach the servers[/]: {escape(mask(str(exc)))}")
+        raise typer.Exit(2) from None
     if as_json:
         _print_json(rows)
         return

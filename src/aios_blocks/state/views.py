@@ -1,58 +1,139 @@
 """Read-only views for the command line's listings, over one Redis connection and a light import
-graph (redis-py, the key grammar): ``blocks list`` answers without loading the workers' store
-(its Lua scripts, the settings model, the spec models) or connecting to NATS.
+graph: ``blocks list`` answers without loading the workers' store (its Lua scripts, the settings
+model, the spec models), redis-py (whose import alone costs more than twice typer's and rich's)
+or asyncio, and without connecting to NATS.
 
-Every key is built by ``state.keys``, as in ``state.store``.
+A plain ``redis://`` server is read by ``Reader``: RESP over one socket, replies parsed by hiredis
+(the C parser redis-py uses too), commands sent as one pipeline. TLS (``rediss://``), Unix sockets
+and Redis Cluster go through redis-py (``RedisPyReader``). Every key is built by ``state.keys``, as
+in ``state.store``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import socket
+from typing import Any, Protocol
+from urllib.parse import unquote, urlsplit
 
 from .keys import BLOCKS, block_key, inst_key
 
 #: the block record's fields a listing shows (the rest, the IR first, is ``blocks get``'s)
 LIST_FIELDS = ("status", "cluster", "reason", "gen")
+#: seconds to connect, and to wait for each reply (a CLI gives up, as its NATS connection does)
+WAIT_S = 5.0
 
 
-def open_reader(url: str) -> Any:
-    """A client for ``url`` (``decode_responses=True``; the caller closes it: ``aclose()``). A Redis
-    Cluster (``redis+cluster://``) gets the workers' cluster client."""
-    if "+cluster" in url.split("://", 1)[0].lower():
-        from ..settings import current
-        from .connection import open_redis
+class Pipeline(Protocol):
+    def pipeline(self, commands: list[tuple[str, ...]]) -> list[Any]: ...
 
-        return open_redis(url, current(), 2)
-    import redis.asyncio as aioredis
-
-    return aioredis.Redis.from_url(url, decode_responses=True, driver_info=None)
+    def close(self) -> None: ...
 
 
-async def _replies(pipe: Any) -> list[Any]:
-    """A pipeline's replies; a server that does not answer is a ``ConnectionError`` (one line in
-    the CLI), not a redis-py traceback."""
-    from redis.exceptions import ConnectionError as RedisConnectionError
-    from redis.exceptions import TimeoutError as RedisTimeoutError
+class Reader:
+    """One connection to one Redis server: ``pipeline`` sends its commands at once and returns
+    their replies in order (no answer, or an error reply: ``ConnectionError``, one line in the CLI)."""
 
-    try:
-        return list(await pipe.execute())
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-        raise ConnectionError(f"cannot connect to Redis: {exc}") from exc
+    def __init__(self, url: str) -> None:
+        import hiredis
+
+        u = urlsplit(url)
+        self._replies = hiredis.Reader(encoding="utf-8")
+        self._error = hiredis.ReplyError
+        try:
+            self._sock = socket.create_connection((u.hostname or "127.0.0.1", u.port or 6379), timeout=WAIT_S)
+        except OSError as exc:
+            raise ConnectionError(f"cannot connect to Redis at {u.hostname}:{u.port or 6379}: {exc}") from None
+        hello: list[tuple[str, ...]] = []
+        if u.password:
+            hello.append(("AUTH", unquote(u.username), unquote(u.password)) if u.username else ("AUTH", unquote(u.password)))
+        db = u.path.strip("/") or "0"
+        if db != "0":
+            hello.append(("SELECT", db))
+        if hello:
+            self.pipeline(hello)
+
+    def pipeline(self, commands: list[tuple[str, ...]]) -> list[Any]:
+        out = bytearray()
+        for cmd in commands:
+            out += b"*%d\r\n" % len(cmd)
+            for arg in cmd:
+                b = arg.encode()
+                out += b"$%d\r\n%b\r\n" % (len(b), b)
+        replies: list[Any] = []
+        try:
+            self._sock.sendall(out)
+            while len(replies) < len(commands):
+                reply = self._replies.gets()
+                if reply is False:  # more bytes needed
+                    data = self._sock.recv(65536)
+                    if not data:
+                        raise ConnectionError("Redis closed the connection")
+                    self._replies.feed(data)
+                    continue
+                replies.append(reply)
+        except TimeoutError:
+            raise ConnectionError(f"Redis did not answer within {WAIT_S:g} s") from None
+        except OSError as exc:
+            raise ConnectionError(f"cannot talk to Redis: {exc}") from None
+        for cmd, reply in zip(commands, replies, strict=True):
+            if isinstance(reply, self._error):  # (a wrong password, a command the user may not run)
+                raise ConnectionError(f"Redis refused {cmd[0]}: {reply}")
+        return replies
+
+    def close(self) -> None:
+        self._sock.close()
 
 
-async def block_rows(r: Any, limit: int = 100) -> list[dict[str, Any]]:
+class RedisPyReader:
+    """``Reader``'s interface over redis-py: TLS, Unix sockets, Redis Cluster (``redis+cluster://``)."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        scheme = url.split("://", 1)[0].lower()
+        if scheme.endswith("+cluster"):
+            from redis.cluster import ClusterNode, RedisCluster
+
+            from .connection import cluster_nodes
+
+            first, others = cluster_nodes(url)
+            self._r: Any = RedisCluster.from_url(first, startup_nodes=[ClusterNode(h, p) for h, p in others],
+                                                 decode_responses=True, socket_timeout=WAIT_S)
+        else:
+            self._r = redis.Redis.from_url(url, decode_responses=True, socket_timeout=WAIT_S,
+                                           socket_connect_timeout=WAIT_S)
+        self._errors = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+    def pipeline(self, commands: list[tuple[str, ...]]) -> list[Any]:
+        pipe = self._r.pipeline(transaction=False)
+        for cmd in commands:
+            pipe.execute_command(*cmd)
+        try:
+            return list(pipe.execute())
+        except self._errors as exc:
+            raise ConnectionError(f"cannot connect to Redis: {exc}") from exc
+
+    def close(self) -> None:
+        self._r.close()
+
+
+def open_reader(url: str) -> Pipeline:
+    """A reader for ``url`` (the caller closes it)."""
+    if url.split("://", 1)[0].lower() == "redis":
+        return Reader(url)
+    return RedisPyReader(url)
+
+
+def block_rows(r: Pipeline, limit: int = 100) -> list[dict[str, Any]]:
     """The newest ``limit`` blocks, newest first, as ``{"id", "status", "cluster", "reason", "gen",
     "instances"}`` (instances: how many instance records it has), in two round trips."""
-    pipe = r.pipeline(transaction=False)
-    pipe.zrevrange(BLOCKS, 0, limit - 1)
-    (bids,) = await _replies(pipe)
+    (bids,) = r.pipeline([("ZREVRANGE", BLOCKS, "0", str(limit - 1))])
     if not bids:
         return []
-    pipe = r.pipeline(transaction=False)
+    commands: list[tuple[str, ...]] = []
     for bid in bids:
-        pipe.hmget(block_key(bid), *LIST_FIELDS)
-        pipe.hlen(inst_key(bid))
-    replies = await _replies(pipe)
+        commands += [("HMGET", block_key(bid), *LIST_FIELDS), ("HLEN", inst_key(bid))]
+    replies = r.pipeline(commands)
     rows = []
     for bid, values, n in zip(bids, replies[::2], replies[1::2], strict=True):
         row: dict[str, Any] = {"id": bid, **dict(zip(LIST_FIELDS, values, strict=True)), "instances": n}
