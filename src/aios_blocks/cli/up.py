@@ -1,7 +1,7 @@
 """The process a `blocks up` stays as: servers, supervised workers, nothing else.
 
-`blocks up` is parsed by the full CLI (``cli.main``: typer, the client, the schemas, ~70 MiB
-resident), which then replaces itself (``exec``, the same pid, so ``kill`` and signals reach the
+`blocks up` is parsed by the CLI (``cli.main``: typer and rich; pydantic through typer), which
+then replaces itself (``exec``, the same pid, so ``kill`` and signals reach the
 same process) with ``python -m aios_blocks.cli.up``. This module imports only what starting and
 supervising need: the modules of every other command would stay resident for the system's whole
 life, ~30 MiB of the idle footprint (issue 14: <= 300 MiB over all processes;
