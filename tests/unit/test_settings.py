@@ -56,7 +56,7 @@ def test_library_modules_do_not_read_the_environment() -> None:
     src = Path(st.__file__).parent
     # the instance and side-car SDKs (and the GPU probe instance) run inside an instance or side-car, whose
     # contract with its node agent is environment variables
-    allowed = {"cli", "settings.py", "embedded.py", "supervisor.py", "main.py", "runtime_process.py", "auth.py", "instance", "sidecar.py",
+    allowed = {"cli", "settings.py", "embedded.py", "supervisor.py", "main.py", "runtime_process.py", "auth.py", "locate.py", "instance", "sidecar.py",
                "gpu_probe"}
     offenders = [
         str(p.relative_to(src)) for p in src.rglob("*.py")
