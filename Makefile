@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: wheel-check install demo test unit integration lint bench bench-quick bench-peer chaos clean up
+.PHONY: wheel-check install demo test unit integration lint bench bench-quick bench-peer trace-bench chaos clean up
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -47,6 +47,11 @@ bench: $(STAMP)
 
 bench-quick: $(STAMP)
 	$(BIN)/python -m bench.run_all --quick
+
+# the GPU trace replay against the FGD paper's published means (docs/trace.md); not in `make test`.
+# TRACE_ARGS: e.g. "--policies fgd,best-fit --seeds 42,43 --traces DIR --workloads default,gpushare40"
+trace-bench: $(STAMP)
+	$(BIN)/python -m bench.trace_replay $(TRACE_ARGS)
 
 bench-peer: $(STAMP)
 	$(BIN)/pip install -q "ray>=2.9"
