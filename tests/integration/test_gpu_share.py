@@ -77,3 +77,11 @@ async def test_gpu_models_and_shares_through_the_system(system: System) -> None:
     assert kinds == ["ready", "ready", "failed"]
     views = await c.store.read_nodes("tr", ["tr-t4"])
     assert views["tr-t4"]["gpus"][0]["share_free"] == 0 and views["tr-t4"]["gpus"][0]["instances"] == 2
+    # the stream rebuilds the shares exactly (`blocks state digest --stream`)
+    from aios_blocks.recovery import image as im
+    from aios_blocks.recovery.rebuild import fold_stream, read_image
+
+    redis_image = await read_image(c.store.r)
+    assert redis_image["aios:{c:tr}:node:tr-t4"]["g:tr-t4-g0:share"] == "1000"
+    assert im.digest(redis_image) == im.digest((await fold_stream(c.bus)).image(include_gathers=False)), \
+        im.diff(redis_image, (await fold_stream(c.bus)).image(include_gathers=False))

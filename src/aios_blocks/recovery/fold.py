@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from ..handlers import scaling
 from ..handlers.gateway import share_of
 from ..policies.affinity import uid
+from ..policies.capacity import share_units
 from ..schemas import lifecycle as lc
 from ..schemas.spec import ID_RE, Node
 from ..state import keys as k
@@ -65,6 +66,8 @@ class NodeState:
     mem_used: int | None = None
     #: gpu -> [mem, n, x] (None until first touched, as HINCRBY creates fields)
     gpu_use: dict[str, list[int]] = field(default_factory=dict)
+    #: GPU -> thousandths of its compute held by sharing instances' ``gpuShare`` (``g:<gpu>:share``)
+    gpu_share: dict[str, int] = field(default_factory=dict)
     #: its place (virtual cluster id; "" = the primary) and the cluster index of its last move
     vc: str = ""
     vc_index: int = 0
@@ -92,6 +95,9 @@ class NodeState:
             h["mem_used"] = str(self.mem_used)
         for g, (mem, cnt, x) in self.gpu_use.items():
             h[f"g:{g}:mem"], h[f"g:{g}:n"], h[f"g:{g}:x"] = str(mem), str(cnt), str(x)
+        for g, units in self.gpu_share.items():
+            if units:
+                h[f"g:{g}:share"] = str(units)
         if self.vc:
             h["vc"] = self.vc
         if self.drain:
@@ -471,7 +477,10 @@ class Fold:
         node.cpu_used = (node.cpu_used or 0.0) + float(cpu)
         node.mem_used = (node.mem_used or 0) + mem
         taken: dict[str, int] = {}
+        units = 0 if exclusive else share_units(needs)  # RESERVE_GANG's gpu_share
         for g in gpus:
+            if units:
+                node.gpu_share[g] = node.gpu_share.get(g, 0) + units
             m = node.gpu_total.get(g, 0) if exclusive else int(needs.get("gpuMemory", 0))
             taken[g] = m
             use = node.gpu_use.setdefault(g, [0, 0, 0])
@@ -482,6 +491,8 @@ class Fold:
         self.reservations[(cid, iid)] = {
             "node": nid, "block": bid, "cpu": cpu, "mem": mem, "gpus": taken, "exclusive": 1 if exclusive else 0,
         }
+        if units:
+            self.reservations[(cid, iid)]["share"] = units
 
     def _release(self, cid: str, nid: str, iid: str) -> None:
         res = self.reservations.pop((cid, iid), None)
@@ -493,6 +504,8 @@ class Fold:
         if res["mem"]:
             node.mem_used = (node.mem_used or 0) - res["mem"]
         for g, m in res["gpus"].items():
+            if res.get("share"):
+                node.gpu_share[g] = node.gpu_share.get(g, 0) - res["share"]
             use = node.gpu_use.setdefault(g, [0, 0, 0])
             use[0] -= m
             use[1] -= 1
@@ -536,6 +549,8 @@ class Fold:
                 "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
                 "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
             }
+            if r.get("share"):
+                img[res_key(cid, iid)]["share"] = str(r["share"])
         self.repair_divisible()
         vc_index: dict[str, str] = {}
         for (cid, vid), (_, rec) in sorted(self.vclusters.items()):
