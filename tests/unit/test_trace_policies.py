@@ -108,3 +108,33 @@ def test_gpu_models_and_no_fit_for_every_baseline() -> None:
         assert out["node_id"] == "v100", uri
         with pytest.raises(RuntimeError, match="no healthy node can host"):
             _pick(uri, views, {**WHOLE, "gpus": 4}, False)
+
+
+@pytest.mark.parametrize("uri", [u for u in POLICIES if u != "builtin:random"])
+def test_views_annotated_with_affinity_choose_as_plain_ones(uri: str) -> None:
+    """A block with affinity entries gets per-call annotated copies (the scan path); one without,
+    the inventory view's ordered index: the same tasks must land on the same nodes and GPUs."""
+    from pathlib import Path
+
+    from aios_blocks.trace.workload import inflate, load_tasks, typical_shapes
+
+    data = Path(__file__).parent / "data" / "trace"
+    tasks = load_tasks(data / "pods.csv")
+    views = views_of(__import__("aios_blocks.trace.inventory", fromlist=["load_nodes"]).load_nodes(data / "nodes.csv", "s"))
+    shapes = typical_shapes(tasks)
+    for t in inflate(tasks, 107_000, 1.3, 42)[:120]:
+        needs, share = t.resources(), t.sharing
+        annotated = {nid: {**v, "affinity": {"pass": True, "score": 0.0}} for nid, v in views.items()}
+        got = []
+        for vs in (views, annotated):
+            try:
+                got.append(_pick(uri, vs, needs, share, bid=t.name, workload=shapes))
+            except RuntimeError:
+                got.append(None)
+        assert got[0] == got[1], t
+        if got[0]:
+            _take(views, got[0]["node_id"], got[0]["gpus"], needs, share)
+    # Required affinity still filters on the scan path
+    annotated = {nid: {**v, "affinity": {"pass": nid == "openb-node-0000", "score": 0.0}} for nid, v in views.items()}
+    out = _pick(uri, annotated, {"gpus": 0, "cpu": 0.1, "memory": 1}, False)
+    assert out["node_id"] == "openb-node-0000"

@@ -152,47 +152,38 @@ class _FragBase(_ResourceAllocator):
             usable = capacity.derived(n, fits_key, fits)
             return self._score(n, usable, needs, units, count)
 
+        salt = f"{self.seed}:".encode()
+        rank_key = ("rank", *self.key, fits_key)
+
+        def rank(n: dict[str, Any]) -> tuple[Any, ...]:
+            nid = str(n["node_id"])
+            return (capacity.derived(n, score_key, score)[0], zlib.crc32(salt + nid.encode()), nid)
+
         if "affinity" not in next(iter(nodes.values()), {}):
             # no affinity annotations (a view is annotated with all the others or not at all): the
             # lowest (score, seeded hash of the id) among the fitting nodes, which an inventory
             # view keeps in order per shape (``capacity.best_fit``), caught up in O(changes)
-            salt = f"{self.seed}:".encode()
-            rank_key = ("rank", *self.key, fits_key)
-
-            def rank(n: dict[str, Any]) -> tuple[Any, ...]:
-                nid = str(n["node_id"])
-                return (capacity.derived(n, score_key, score)[0], zlib.crc32(salt + nid.encode()), nid)
-
             skip = (nodes.keys() - healthy) | avoid
             found = capacity.best_fit(nodes, skip, fits_key, fits, rank_key, rank, count)
             if found is None:
                 return None
             return found[0], capacity.derived(nodes[found[0]], score_key, score)[1]
-        best: tuple[Any, int, str, list[str]] | None = None
-        ties: list[str] = []
+        # annotated views (per-call copies): Required affinity filters, the same order picks
+        best: tuple[Any, str] | None = None
         for nid, node in nodes.items():
             if nid not in healthy or nid in avoid:
                 continue
-            aff = node.get("affinity")
-            if aff is not None and not aff.get("pass", True):
+            if not node["affinity"].get("pass", True):
                 continue
             usable = capacity.derived(node, fits_key, fits)
             if usable is None or len(usable) < count:
                 continue
-            s, gpus = capacity.derived(node, score_key, score)
-            if best is None or s < best[0]:
-                best = (s, 0, nid, gpus)
-                ties = [nid]
-            elif s == best[0]:
-                ties.append(nid)
+            r = rank(node)
+            if best is None or r < best[0]:
+                best = (r, nid)
         if best is None:
             return None
-        if len(ties) > 1:  # equal nodes: a seeded pick among them, not the first in the map
-            salt = f"{self.seed}:{seed}:".encode()
-            nid = min(ties, key=lambda t: (zlib.crc32(salt + t.encode()), t))
-            if nid != best[2]:
-                return nid, capacity.derived(nodes[nid], score_key, score)[1]
-        return best[2], best[3]
+        return best[1], capacity.derived(nodes[best[1]], score_key, score)[1]
 
     def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
                count: int) -> tuple[Any, list[str]]:
