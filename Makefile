@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: wheel-check install demo test unit integration lint bench bench-quick bench-peer trace-bench chaos clean up
+.PHONY: wheel-check install demo test unit integration lint bench bench-quick bench-peer trace-bench chaos clean up mutate
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -56,6 +56,11 @@ trace-bench: $(STAMP)
 bench-peer: $(STAMP)
 	$(BIN)/pip install -q "ray>=2.9"
 	$(BIN)/python -m bench.run_all --only peer
+
+# mutation score of the modules whose decisions users rely on (docs/testing.md); not in `make test`.
+# MUTATE_ARGS: e.g. "-m capacity --survivors"
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV) .aios-data .aios-demo .pytest_cache

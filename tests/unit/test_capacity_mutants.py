@@ -1,0 +1,167 @@
+"""Capacity rules the mutation run (``make mutate``) found unasserted: which GPU an instance may
+use (exclusive, shared, by model, by compute share), the reason a node is refused in `blocks
+explain`, what a tentative placement takes, and the node-reference digests of annotated views."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import msgspec
+import pytest
+
+from aios_blocks.policies import capacity as cap
+
+
+def gpu(gid: str = "g0", memory: int = 100, used: int = 0, n: int = 0, x: bool = False, model: str = "H100",
+        share_free: int | None = None) -> dict[str, Any]:
+    g = {"id": gid, "model": model, "memory": memory, "memory_used": used, "memory_free": memory - used,
+         "instances": n, "exclusive": x}
+    if share_free is not None:
+        g["share_free"] = share_free
+    return g
+
+
+def view(nid: str = "n1", gpus: list[dict[str, Any]] | None = None, cpu_free: float = 8.0, memory_free: int = 1000,
+         healthy: bool = True) -> dict[str, Any]:
+    return {"node_id": nid, "healthy": healthy, "cpu": 8.0, "cpu_free": cpu_free, "memory": 1000,
+            "memory_free": memory_free, "gpus": gpus if gpus is not None else [gpu()]}
+
+
+def test_share_units_are_thousandths_of_a_gpu() -> None:
+    assert cap.share_units({"gpuShare": 0.25}) == 250
+    assert cap.share_units({"gpuShare": 0.3333}) == 333
+    assert cap.share_units({}) == 0 and cap.share_units({"gpuShare": None}) == 0
+
+
+@pytest.mark.parametrize(("g", "needs", "share", "want"), [
+    (gpu(), {"gpuMemory": 100}, False, True),  # a whole idle GPU big enough
+    (gpu(), {"gpuMemory": 101}, False, False),  # too small
+    (gpu(n=1, used=10), {"gpuMemory": 10}, False, False),  # in use: not to hold whole
+    (gpu(x=True), {}, True, False),  # held exclusively: never
+    (gpu(n=1, used=60), {"gpuMemory": 40}, True, True),  # shared, exactly the free memory
+    (gpu(n=1, used=61), {"gpuMemory": 40}, True, False),
+    (gpu(memory=30), {"gpuMemory": 40}, True, False),  # smaller than asked even when free
+    (gpu(), {}, True, True),  # sharing, nothing asked
+    (gpu(), {"gpuMemory": -5}, True, True),  # a negative ask is none
+    (gpu(share_free=250), {"gpuShare": 0.25}, True, True),
+    (gpu(share_free=249), {"gpuShare": 0.25}, True, False),  # not enough compute left
+    (gpu(), {"gpuShare": 1.0}, True, True),  # no share taken yet: all of it
+    (gpu(model="A10"), {"gpuModels": ["H100"]}, False, False),
+    (gpu(model="A10"), {"gpuModels": ["H100", "A10"]}, True, True),
+    (gpu(model="A10"), {"gpuModels": []}, False, True),  # no model asked: any
+])
+def test_gpu_usable(g: dict[str, Any], needs: dict[str, Any], share: bool, want: bool) -> None:
+    assert cap.gpu_usable(g, needs, share) is want
+    # node_fits applies the same rule to each GPU
+    fits = cap.node_fits(view(gpus=[g]), {**needs, "gpus": 1}, share)
+    assert (fits is not None) is want
+
+
+@pytest.mark.parametrize(("node", "needs", "share", "want"), [
+    (view(healthy=False), {}, False, "unhealthy"),
+    (view(cpu_free=1.5), {"cpu": 2}, False, "cpu 1.5 free < 2"),
+    (view(memory_free=100), {"memory": 512}, False, "memory 100 MiB free < 512"),
+    (view(gpus=[gpu(model="A10"), gpu("g1", model="L4")]), {"gpus": 1, "gpuModels": ["H100", "B200"]}, False,
+     "no GPU of model H100|B200 (gpuModels)"),
+    (view(gpus=[gpu(n=1), gpu("g1"), gpu("g2", x=True)]), {"gpus": 2}, False, "1 usable GPUs < 2"),
+    (view(gpus=[gpu(model="A10")]), {"gpuModels": ["H100"]}, False, "0 usable GPUs < 0"),  # none asked: not the model
+    (view(gpus=[gpu(n=1, used=90)]), {"gpus": 1, "gpuMemory": 20}, True, "0 usable GPUs < 1"),
+])
+def test_why_not_says_the_first_reason_a_node_cannot_take_one_instance(
+        node: dict[str, Any], needs: dict[str, Any], share: bool, want: str) -> None:
+    assert cap.why_not(node, needs, share) == want
+
+
+def test_why_not_counts_cpu_within_the_rounding_margin() -> None:
+    # 0.1 + 0.2 style leftovers: 1.9999999999 free is 2
+    assert cap.why_not(view(cpu_free=1.9999999999, gpus=[]), {"cpu": 2, "gpus": 1}, False) == "0 usable GPUs < 1"
+
+
+def test_take_applies_one_placement_like_the_reservation_script() -> None:
+    node = view(gpus=[gpu("g0", share_free=1000), gpu("g1"), gpu("g2")], cpu_free=1.0, memory_free=1000)
+    cap.take(node, ["g0", "g1"], {"cpu": 0.7, "memory": 300, "gpuMemory": 40, "gpuShare": 0.25}, True)
+    assert node["cpu_free"] == 0.3 and node["memory_free"] == 700
+    g0, g1, g2 = node["gpus"]
+    assert (g0["memory_used"], g0["memory_free"], g0["instances"], g0["exclusive"], g0["share_free"]) == (40, 60, 1, False, 750)
+    assert (g1["memory_used"], g1["memory_free"], g1["instances"], g1["share_free"]) == (40, 60, 1, 750)
+    assert g2 == gpu("g2")
+    # a whole GPU: all of its memory, marked exclusive, its compute share left as it was
+    node = view(gpus=[gpu("g0", share_free=1000)])
+    cap.take(node, ["g0"], {"gpuMemory": 10, "gpuShare": 0.5}, False)
+    assert node["gpus"][0] == {**gpu("g0", used=100, n=1, x=True), "share_free": 1000}
+    assert cap.free_gpus(node) == 0 and cap.free_gpus(view(gpus=[gpu(), gpu("g1", n=1), gpu("g2", x=True)])) == 1
+
+
+def test_take_forgets_what_was_derived_from_the_view() -> None:
+    node = view(gpus=[gpu()])
+    needs = {"gpus": 1}
+    assert cap.node_fits_cached(node, needs, False) is not None
+    before = cap.node_ref(node)
+    cap.take(node, ["g0"], needs, False)
+    assert cap.node_fits_cached(node, needs, False) is None
+    assert cap.node_ref(node) != before
+
+
+def test_node_ref_is_the_sha256_of_the_views_json_annotated_or_not() -> None:
+    node = view()
+    assert cap.node_ref(node) == "sha256:" + hashlib.sha256(msgspec.json.encode(node)).hexdigest()
+    assert bytes(cap.encoded(node)) == msgspec.json.encode(node)
+    annotated = {**view(), "affinity": {"pass": True, "score": 1.0}}
+    first = cap.node_ref(annotated)
+    assert first == "sha256:" + hashlib.sha256(msgspec.json.encode(annotated)).hexdigest()
+    annotated["affinity"]["score"] = 2.0  # annotated in place per call: never kept
+    assert cap.node_ref(annotated) != first
+
+
+def refs_of(nodes: dict[str, dict[str, Any]]) -> bytes:
+    return msgspec.json.encode({nid: cap.node_ref(v) for nid, v in nodes.items()})
+
+
+def test_node_refs_and_root_of_an_inventory_view_follow_its_changes_and_its_annotated_copies() -> None:
+    plain = {"a": view("a"), "b": view("b")}
+    nodes = cap.Nodes(plain)
+    assert bytes(cap.node_refs(nodes)) == bytes(cap.node_refs(plain)) == refs_of(plain)
+    root = cap.nodes_root(nodes)
+    assert root == cap.nodes_root(plain) == "sha256:" + hashlib.sha256(refs_of(plain)).hexdigest()
+    nodes["b"] = view("b", cpu_free=1.0)  # replaced in place: same ids
+    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
+    assert cap.nodes_root(nodes) != root and cap.nodes_root(nodes) == cap.nodes_root(dict(nodes))
+    # annotated views replacing some (a block with affinity, per call): the map follows them
+    for nid in ("a", "b"):
+        nodes[nid] = {**nodes[nid], "affinity": {"pass": True, "score": 0.0}}
+    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
+    nodes["a"]["affinity"]["score"] = 5.0  # changed in place: nothing of it was kept
+    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
+    assert cap.nodes_root(nodes) == cap.nodes_root(dict(nodes))
+    # then plain views again
+    nodes["a"], nodes["b"] = view("a"), view("b", memory_free=5)
+    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
+
+
+def test_healthy_ids_follow_an_inventory_view_as_nodes_come_go_and_flip() -> None:
+    nodes = cap.Nodes({"c": view("c"), "a": view("a", healthy=False), "b": view("b")})
+    assert cap.healthy_ids(nodes) == ["b", "c"]
+    nodes["a"] = view("a")
+    nodes["d"] = view("d", healthy=False)
+    del nodes["c"]
+    assert cap.healthy_ids(nodes) == ["a", "b"]
+    nodes["b"] = view("b", healthy=False)
+    assert cap.healthy_ids(nodes) == ["a"] == cap.healthy_ids(dict(nodes))
+    got = cap.healthy_ids(nodes)
+    got.append("x")  # a new list each call
+    assert cap.healthy_ids(nodes) == ["a"]
+    nodes.clear()
+    assert cap.healthy_ids(nodes) == []
+
+
+def test_a_fork_shares_the_totals_and_the_capacity_index_of_a_shape() -> None:
+    needs = {"gpus": 1}
+    nodes = cap.Nodes({"a": view("a"), "b": view("b", gpus=[gpu(n=1)])})
+    work = cap.fork(nodes, needs, True)
+    assert cap.fitting(work, needs, True) == 2 and cap.fitting(work, needs, False) == 1
+    node = cap.copy_node(work["a"])
+    cap.take(node, ["g0"], needs, False)
+    work["a"] = node
+    assert cap.fitting(work, needs, False) == 0 and cap.fitting(nodes, needs, False) == 1
+    assert cap.totals(work)["gpus_free"] == 0 and cap.totals(nodes)["gpus_free"] == 1
