@@ -51,3 +51,19 @@ def test_capacity_checks_share_and_models() -> None:
     base = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 0}
     assert capacity.shape(base, True) == (1, 0, 1, 0, True)
     assert capacity.shape(needs, True) != capacity.shape({**needs, "gpuShare": 0.4}, True)
+
+
+def test_a_sharing_instance_is_told_its_compute_share() -> None:
+    from aios_blocks.handlers.controller import env_for
+    from aios_blocks.workers.agent.node_agent import instance_env
+
+    def ir(share: bool, resources: dict[str, Any]) -> dict[str, Any]:
+        return {"blockId": "b", "resources": resources,
+                "policies": {"resourceAllocator": {"settings": {"gpuSharing": share}}}}
+
+    env = env_for(ir(True, {"gpus": 1, "gpuMemory": 0, "gpuShare": 0.455}), "b-0", ["g0"])
+    assert env["AIOS_GPU_SHARE"] == "0.455" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "46"  # rounded up
+    assert instance_env(env, {}, {})["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "46"
+    assert env_for(ir(True, {"gpus": 1, "gpuShare": 0.001}), "b-0", ["g0"])["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "1"
+    for no_share in (ir(False, {"gpus": 1, "gpuShare": 0.5}), ir(True, {"gpus": 1, "gpuMemory": 100})):
+        assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" not in env_for(no_share, "b-0", ["g0"])

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
+from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
 
@@ -273,7 +273,9 @@ def ready(min_instances: int, running: int) -> bool:
 def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
     """What an instance is started with (a runtime turns this into env vars / files). An instance
     that shares its GPUs also gets ``AIOS_GPU_MEMORY_LIMIT_MIB``: the GPU memory it was reserved,
-    per GPU, which the node agent turns into the caps its runtime can apply (docs/gpus.md)."""
+    per GPU, which the node agent turns into the caps its runtime can apply (docs/gpus.md); with a
+    ``gpuShare``, ``AIOS_GPU_SHARE`` (the fraction) and ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (the
+    percent of each GPU's SMs an MPS client may use, rounded up; docs/trace.md)."""
     env: dict[str, Any] = {
         "AIOS_BLOCK_ID": ir["blockId"],
         "AIOS_INSTANCE_ID": iid,
@@ -285,4 +287,8 @@ def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
     }
     if gpus and share_of(ir):
         env[GPU_MEMORY_LIMIT_ENV] = str(int(ir["resources"].get("gpuMemory", 0)))
+        units = capacity.share_units(ir["resources"])
+        if units:  # its share of each GPU's compute: CUDA MPS caps a client's SMs by a percentage
+            env[GPU_SHARE_ENV] = f"{units / capacity.SHARE_UNITS:.3f}"
+            env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, -(-units // 10)))  # never rounded down
     return env

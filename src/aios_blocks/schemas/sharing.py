@@ -15,6 +15,8 @@ from typing import Any
 SHARING_KEY = "gpuSharing"
 #: env var of an instance that shares its GPUs: the GPU memory (MiB, per GPU) it was reserved
 GPU_MEMORY_LIMIT_ENV = "AIOS_GPU_MEMORY_LIMIT_MIB"
+#: env var of an instance that shares its GPUs with a ``gpuShare``: that fraction of each GPU's compute
+GPU_SHARE_ENV = "AIOS_GPU_SHARE"
 
 
 def sharing_problems(rule: Mapping[str, Any] | None, resources: Mapping[str, Any]) -> list[tuple[str, str]]:
