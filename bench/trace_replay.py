@@ -30,7 +30,8 @@ BASELINES = ["random", "dot-product", "gpu-clustering", "gpu-packing", "best-fit
 
 def anchors(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
     try:
-        rows = list(csv.DictReader(path.open()))
+        with path.open(encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
     except OSError:
         return {}
     return {(r["workload"], r["policy"]): (float(r["gpu_alloc_pct_at_100pct_arrived"]), float(r["gpu_alloc_pct_at_130pct_arrived"]))

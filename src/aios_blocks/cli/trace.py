@@ -166,7 +166,8 @@ def _anchors(path: Path, workload: str) -> dict[str, tuple[float, float]]:
     import csv
 
     try:
-        rows = list(csv.DictReader(path.open()))
+        with path.open(encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
     except OSError:
         return {}
     return {r["policy"]: (float(r["gpu_alloc_pct_at_100pct_arrived"]), float(r["gpu_alloc_pct_at_130pct_arrived"]))
