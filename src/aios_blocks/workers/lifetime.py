@@ -88,6 +88,15 @@ class DataDirLock:
         self.fd = fd
         return self
 
+    @classmethod
+    def adopt(cls, data_dir: Path, fd: int) -> DataDirLock:
+        """The lock a process held before it ``exec``-ed into this one (`blocks up` takes it before
+        it replaces itself, so that no moment passes without it), passed as the open ``fd``."""
+        lock = cls(data_dir)
+        os.set_inheritable(fd, False)
+        lock.fd = fd
+        return lock
+
     def release(self) -> None:
         if self.fd is not None:
             with contextlib.suppress(OSError):

@@ -9,9 +9,12 @@ start-up should not pay for the permission tables of ``workers.auth`` or the set
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -67,14 +70,64 @@ def redis_role_url(bare: str, data_dir: Path, auth: bool, acl: bool, role: str) 
     return with_userinfo(bare, user, redis[user])
 
 
-def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None) -> tuple[str, str] | None:
+#: how long a command waits for a `blocks up` that is starting in its data dir to write endpoints.json
+STARTING_WAIT_S = 60.0
+
+
+def starting(data_dir: Path) -> bool:
+    """Whether a `blocks up` is starting in ``data_dir``: it holds the data dir's lock
+    (``lifetime.DataDirLock``) and has not written ``endpoints.json`` yet."""
+    if (Path(data_dir) / "endpoints.json").exists():
+        return False
+    try:
+        fd = os.open(Path(data_dir) / "lock", os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _say_waiting(data_dir: Path) -> None:
+    try:
+        pid = f" (pid {(Path(data_dir) / 'lock').read_text().strip()})"
+    except OSError:
+        pid = ""
+    sys.stderr.write(f"`blocks up`{pid} is starting in {data_dir}: waiting for its servers\n")
+    sys.stderr.flush()
+
+
+def wait_while_starting(data_dir: Path, wait_s: float = STARTING_WAIT_S,
+                        on_wait: Callable[[Path], None] | None = _say_waiting) -> None:
+    """Return once ``data_dir`` has ``endpoints.json``, or nobody holds its lock (the `blocks up`
+    gave up), or after ``wait_s``: a command typed right after ``blocks up &`` (as the README's
+    lines are) finds the servers instead of saying there are none. ``on_wait`` is told once, when
+    there is something to wait for."""
+    if not starting(data_dir):
+        return
+    if on_wait is not None:
+        on_wait(Path(data_dir))
+    deadline = time.monotonic() + wait_s
+    while starting(data_dir) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None, wait_s: float = STARTING_WAIT_S,
+                 on_wait: Callable[[Path], None] | None = _say_waiting) -> tuple[str, str] | None:
     """URLs from the environment, else from a running ``blocks up`` in ``data_dir`` with the
-    credentials of ``role`` (default ``AIOS_ROLE``, else admin; the secrets file must be readable).
+    credentials of ``role`` (default ``AIOS_ROLE``, else admin; the secrets file must be readable);
+    one that is still starting there is waited for (up to ``wait_s``, ``wait_while_starting``).
     Sets ``AIOS_NATS_CA`` when the embedded NATS serves TLS. ``None``: neither."""
     nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
     if nats_url and redis_url:
         return nats_url, redis_url
     ep = Path(data_dir) / "endpoints.json"
+    if not ep.exists() and wait_s > 0:
+        wait_while_starting(data_dir, wait_s, on_wait)
     if not ep.exists():
         return None
     d = json.loads(ep.read_text())
