@@ -590,18 +590,37 @@ def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
     return out + ([{**DECISION_DEFAULTS, **d} for d in found if isinstance(d, dict)] if isinstance(found, list) else [])
 
 
+#: how long a task waits for an executor to subscribe (one that is starting: a task sent right after
+#: `blocks up` was started) before it is answered 503 "no executor is running"
+NO_EXECUTOR_WAIT_S = 10.0
+
+
 async def send_task(bus: Bus, bid: str, body: bytes, headers: dict[str, str] | None = None,
-                    timeout: float = 60.0) -> tuple[int, bytes, dict[str, str]]:
+                    timeout: float = 60.0, no_executor_wait_s: float = NO_EXECUTOR_WAIT_S,
+                    on_no_executor: Callable[[], None] | None = None) -> tuple[int, bytes, dict[str, str]]:
     """One task to a block through an executor (NATS request/reply): (status, body, headers).
-    Needs NATS only (the ``upstream`` role can send it). Raises TimeoutError when no answer comes."""
+    Needs NATS only (the ``upstream`` role can send it). Raises TimeoutError when no answer comes.
+    While no executor listens (NATS answers "no responders" at once) it is asked again, for up to
+    ``no_executor_wait_s`` (at most ``timeout``); ``on_no_executor`` is called at each such answer."""
     import nats.errors
 
-    try:
-        msg = await bus.request(E.block_task, body, headers or {}, timeout, bid=bid)
-    except nats.errors.NoRespondersError:
-        return 503, b"", {"Aios-Error": "no executor is running (no responder on the block's task subject)"}
-    except nats.errors.TimeoutError:
-        raise TimeoutError(f"no answer from block {bid} within {timeout:g} s")
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    give_up, pause = start + min(timeout, no_executor_wait_s), 0.05
+    while True:
+        try:
+            msg = await bus.request(E.block_task, body, headers or {}, max(timeout - (loop.time() - start), 0.001), bid=bid)
+            break
+        except nats.errors.NoRespondersError:
+            if on_no_executor is not None:
+                on_no_executor()
+            if loop.time() + pause > give_up:
+                waited = f" for {loop.time() - start:.0f} s" if loop.time() - start >= 1 else ""
+                return 503, b"", {"Aios-Error": f"no executor is running (no responder on the block's task subject{waited})"}
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, 1.0)
+        except nats.errors.TimeoutError:
+            raise TimeoutError(f"no answer from block {bid} within {timeout:g} s")
     h = dict(msg.headers or {})
     try:
         status = int(h.get("Aios-Status", "200"))
