@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from aios_blocks.handlers import faults
+from aios_blocks.workers.agent.adoption import reconcile
 from aios_blocks.workers.agent.gpus import NoGpus, NvmlSource, SimulatedSource, detect
 from aios_blocks.workers.agent.lifecycle import (
     DerivedSpec,
@@ -172,7 +173,7 @@ def test_reconcile_sorts_found_and_expected() -> None:
         "gone": {"gen": 1, "status": "running"},
         "pending": {"gen": 1, "status": "starting"},  # its create waits in the mailbox
     }
-    assert faults.reconcile(found, expected) == {"adopt": ["a"], "dangling": ["b", "ghost"], "lost": ["gone"]}
+    assert reconcile(found, expected) == {"adopt": ["a"], "dangling": ["b", "ghost"], "lost": ["gone"]}
 
 
 # -- environment and labels -----------------------------------------------------------------------

@@ -264,7 +264,9 @@ class Client:
         dropped, and no decision record is published."""
         given = spec.get("blockId")
         bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
-        outcome = parse.read(msgspec.json.encode({**spec, "blockId": bid}))
+        from ..settings import load as load_settings
+
+        outcome = parse.read(msgspec.json.encode({**spec, "blockId": bid}), load_settings().max_spec_bytes)
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
             component = await self.store.get_component(uri) if uri else None

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 import math
 import random
 import signal
@@ -44,24 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import contract
+from ..schemas.lifecycle import InstanceState as InstanceState
 from .outlier import Outliers
 from .stats import Reject, RouteStats
-
-
-class InstanceState(enum.StrEnum):
-    STARTING = "starting"
-    READY = "ready"
-    DRAINING = "draining"
-    STOPPING = "stopping"
-    #: not in the mapper's vocabulary: this executor's own view of a ``ready`` instance that it
-    #: ejected after a failed dispatch (``executor.outlier``), or that the health checker marked
-    #: ``unready`` (the map's ``health``); neither gets a task, both count as live (they come back)
-    EJECTED = "ejected"
-    UNREADY = "unready"
-    #: also this executor's own: a ``ready`` instance of the map that its node's agent has not
-    #: reported since it last started (``confirmed``)
-    UNCONFIRMED = "unconfirmed"
-
 
 #: view states that count as live: a task waits for them rather than being refused at once
 LIVE = (InstanceState.READY, InstanceState.STARTING, InstanceState.EJECTED, InstanceState.UNREADY,

@@ -15,10 +15,11 @@ transport failure (``connect``: refused / unreachable, ``reset``: the connection
 
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..handlers.stability import max_out as max_out  # the checker's rule, shared with the ejection cap
 
 TRANSPORT = ("connect", "reset", "timeout")
 OUTCOMES = ("ok", "5xx", *TRANSPORT)
@@ -37,11 +38,6 @@ class Counts:
     busy_since: float = 0.0
     #: task latency EWMA of the answered tasks (seconds; 0 = none yet)
     latency_s: float = 0.0
-
-
-def max_out(n: int, ratio: float) -> int:
-    """How many of ``n`` instances may be out of routing at once: max(1, ratio x n)."""
-    return max(1, math.floor(n * ratio)) if n > 0 else 0
 
 
 @dataclass

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bus.catalog import Emit
+from ..schemas.catalog import Emit
 from ..schemas.lifecycle import InstanceStatus, Step
 
 

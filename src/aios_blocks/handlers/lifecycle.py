@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..bus.catalog import E, Emit
+from ..schemas.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, NodeInventory, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
 from . import faults, sidecars, stability

@@ -34,8 +34,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..executor.engine import InstanceState
 from ..schemas import protocol
+from ..schemas.lifecycle import InstanceState
 
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256

@@ -9,11 +9,11 @@ from typing import Any
 
 import msgspec
 
-from ..bus.catalog import E, Emit
 from ..policies.runtime import registry_name
+from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.events import Rejected
-from ..schemas.ir import block_create_IR, decode_spec
+from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, block_create_IR, decode_spec
 from ..schemas.spec import ID_RE
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -68,10 +68,11 @@ class ParseOutcome:
     doc: dict[str, Any] | None = None
 
 
-def read(raw: bytes) -> ParseOutcome:
-    """First half: decode the body (bare spec or CloudEvent) so the worker can look up the component."""
+def read(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> ParseOutcome:
+    """First half: decode the body (bare spec or CloudEvent) so the worker can look up the component;
+    ``max_bytes``: ``Settings.max_spec_bytes``."""
     try:
-        return ParseOutcome(doc=decode_spec(raw))
+        return ParseOutcome(doc=decode_spec(raw, max_bytes))
     except SpecInvalid as exc:
         return ParseOutcome(errors=exc.errors)
 

@@ -9,7 +9,8 @@
   or one ``scale_down`` step (:func:`plan_target`).
 * ``scale_down`` asks the resourceAllocator which instance to remove; a result without an
   ``instance_id`` (a seed-shaped policy that does not know the action returns nothing) takes the
-  framework's default, :func:`default_pick`: the least loaded instance, the newest first.
+  framework's default, :func:`default_pick` (in ``policies/contract.py``, the built-ins use it too):
+  the least loaded instance, the newest first.
 """
 
 from __future__ import annotations
@@ -17,14 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..policies.contract import ChoiceRefused as ChoiceRefused
+from ..policies.contract import default_pick as default_pick
 from ..schemas.lifecycle import InstanceStatus
 
 #: the instance fields of a ``scale_down`` payload's ``instances`` entries, besides the load
 LOAD_KEYS = ("inflight", "running", "waiting", "rate")
-
-
-class ChoiceRefused(ValueError):
-    """The policy's ``scale_down`` answer names no instance this step may remove."""
 
 
 def clamp(target: int, lo: int, hi: int) -> tuple[int, str]:
@@ -113,20 +112,6 @@ def load_of(sample: dict[str, Any]) -> float:
     if inflight is None:
         inflight = sample.get("running")
     return float(inflight or 0.0) + float(sample.get("waiting") or 0.0)
-
-
-def default_pick(cands: list[dict[str, Any]]) -> str:
-    """The framework's default: the least loaded instance (no sample counts as 0), the newest
-    first among equals (a starting instance before a running one), then the greatest id."""
-    if not cands:
-        raise ChoiceRefused("no instance to remove")
-
-    def key(c: dict[str, Any]) -> tuple[Any, ...]:
-        starting = c.get("status") == InstanceStatus.STARTING
-        return (float(c.get("load") or 0.0), not starting, -float(c.get("since") or 0.0))
-
-    # min() keeps the first of equals: go through the ids greatest first
-    return str(min(sorted(cands, key=lambda c: str(c["instance_id"]), reverse=True), key=key)["instance_id"])
 
 
 def choice(result: Any, cands: list[dict[str, Any]]) -> tuple[str, str]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..bus.catalog import E, Emit
+from ..schemas.catalog import E, Emit
 from ..schemas.events import SidecarCommand
 
 #: the block record field that says where its side-cars run

@@ -13,10 +13,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
-from ..executor.outlier import max_out
 from ..policies import contract
 
 #: verdicts that take an instance out of routing (until ``healthy``)
@@ -27,6 +27,11 @@ SEVERITY = {"replace": 0, "restart": 1, "unready": 2, "degrade": 3, "healthy": 4
 DEFAULT_DEGRADED_WEIGHT = 0.5
 #: map health after each verdict
 HEALTH_AFTER = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
+
+
+def max_out(n: int, ratio: float) -> int:
+    """How many of ``n`` instances may be out of routing at once: max(1, ratio x n)."""
+    return max(1, math.floor(n * ratio)) if n > 0 else 0
 
 
 @dataclass

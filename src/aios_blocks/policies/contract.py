@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..schemas.lifecycle import InstanceStatus
+
 CLUSTER_ACTIONS = ("selection", "post_dry_run")
 RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment", "scale_down")
 #: loadBalancer: ``route`` once per task (inline), ``weights`` periodically (Starlark, off the task path)
@@ -18,6 +20,24 @@ VERDICTS = ("healthy", "degrade", "unready", "restart", "replace")
 
 class WrongShape(ValueError):
     pass
+
+
+class ChoiceRefused(ValueError):
+    """The policy's ``scale_down`` answer names no instance this step may remove."""
+
+
+def default_pick(cands: list[dict[str, Any]]) -> str:
+    """The framework's default: the least loaded instance (no sample counts as 0), the newest
+    first among equals (a starting instance before a running one), then the greatest id."""
+    if not cands:
+        raise ChoiceRefused("no instance to remove")
+
+    def key(c: dict[str, Any]) -> tuple[Any, ...]:
+        starting = c.get("status") == InstanceStatus.STARTING
+        return (float(c.get("load") or 0.0), not starting, -float(c.get("since") or 0.0))
+
+    # min() keeps the first of equals: go through the ids greatest first
+    return str(min(sorted(cands, key=lambda c: str(c["instance_id"]), reverse=True), key=key)["instance_id"])
 
 
 def _is_number(v: Any) -> bool:

@@ -11,7 +11,6 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
-from ..settings import load as load_settings
 from .affinity import normalize
 from .errors import SpecError, SpecInvalid
 from .sharing import sharing_problems
@@ -50,8 +49,10 @@ def pydantic_errors(exc: ValidationError, prefix: tuple[Any, ...] = ()) -> list[
 
 
 #: A spec's body is republished inside the ``parsed`` event and every dry_run request: it must stay
-#: well under the NATS max payload (1 MiB by default) once enriched and wrapped.
-MAX_SPEC_BYTES = load_settings().max_spec_bytes
+#: well under the NATS max payload (1 MiB by default) once enriched and wrapped. The default of
+#: ``AIOS_MAX_SPEC_BYTES`` (``Settings.max_spec_bytes``, which the parser passes in: no setting is
+#: read at import).
+DEFAULT_MAX_SPEC_BYTES = 256 * 1024
 #: Deeper documents are rejected (msgspec and pydantic recurse; a hostile body must not crash).
 MAX_SPEC_DEPTH = 64
 
@@ -69,10 +70,10 @@ def _too_deep(doc: Any, limit: int) -> bool:
     return False
 
 
-def decode_spec(raw: bytes) -> dict[str, Any]:
+def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> dict[str, Any]:
     """Decode a create message body: a bare spec, or a CloudEvents envelope whose ``data`` is one."""
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecInvalid([SpecError("$", f"spec is {len(raw)} bytes; the limit is {MAX_SPEC_BYTES} (AIOS_MAX_SPEC_BYTES)")])
+    if len(raw) > max_bytes:
+        raise SpecInvalid([SpecError("$", f"spec is {len(raw)} bytes; the limit is {max_bytes} (AIOS_MAX_SPEC_BYTES)")])
     try:
         doc = msgspec.json.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
@@ -223,6 +224,8 @@ def block_create_IR(
     ir["affinity"] = msgspec.to_builtins(affinity)
     ir["sidecars"] = merge_sidecars(comp.sidecars, spec.sidecars)
     ir["outputs"] = bool(ir["sidecars"]) or bool(spec.outputs if spec.outputs is not None else comp.outputs)
+    if spec.labels:  # set only when given: a spec without labels keeps its IR (and digest)
+        ir["labels"] = dict(spec.labels)
     # seed 003: set only when given (the block's, else the component's)
     vid = spec.virtualClusterId or comp.virtualClusterId
     if vid:

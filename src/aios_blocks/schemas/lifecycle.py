@@ -36,6 +36,23 @@ class InstanceStatus(enum.StrEnum):
     REMOVING = "removing"
 
 
+class InstanceState(enum.StrEnum):
+    """An instance in the executors' map (the mapper's states, then each executor's own view)."""
+
+    STARTING = "starting"
+    READY = "ready"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    #: not in the mapper's vocabulary: this executor's own view of a ``ready`` instance that it
+    #: ejected after a failed dispatch (``executor.outlier``), or that the health checker marked
+    #: ``unready`` (the map's ``health``); neither gets a task, both count as live (they come back)
+    EJECTED = "ejected"
+    UNREADY = "unready"
+    #: also this executor's own: a ``ready`` instance of the map that its node's agent has not
+    #: reported since it last started (``confirmed``)
+    UNCONFIRMED = "unconfirmed"
+
+
 S = BlockStatus
 
 #: statuses in which a block id may be created again (a new generation)

@@ -21,8 +21,8 @@ from pydantic import (
     model_validator,
 )
 
-from ..policies.uris import uri_problem
 from .sharing import sharing_problems
+from .uris import uri_problem
 
 #: Ids become NATS subject tokens and Redis key parts: no dots, wildcards, spaces or braces.
 #: Block, cluster, node and instance ids and registry policy names all follow it.
@@ -336,6 +336,9 @@ class BlockSpec(_Strict):
     #: Publish the block's task outputs (``aios.output.{bid}.*``) even without a side-car
     #: (absent = the component's ``outputs``; a block with side-cars always publishes them).
     outputs: bool | None = None
+    #: The block's labels (an extension): key=value facts about it, kept in the IR's ``labels``
+    #: (e.g. the GPU trace's QoS class, ``qos: LS``; docs/trace.md). Absent: none.
+    labels: Labels | None = None
 
 
 class Cluster(_Strict):

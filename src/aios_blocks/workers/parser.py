@@ -27,7 +27,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             await w.bus.emit_all([refused])
             return
         bid = m.tokens["bid"]
-        outcome = parse.read(d.data)
+        outcome = parse.read(d.data, w.settings.max_spec_bytes)
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
             component = await w.store.get_component(uri) if uri else None

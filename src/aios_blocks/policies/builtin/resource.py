@@ -10,8 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...handlers import scaling
-from .. import affinity, capacity
+from .. import affinity, capacity, contract
 
 
 def string_hash(s: str) -> int:
@@ -44,7 +43,7 @@ class _ResourceAllocator:
         action = input_data["action"]
         payload = input_data["payload"]
         if action == "scale_down":  # the framework's default: the least loaded, newest first
-            return {"instance_id": scaling.default_pick(payload["instances"])}
+            return {"instance_id": contract.default_pick(payload["instances"])}
         index = payload["cluster_metrics"].get("affinity_index") or affinity.empty_index()
         needs = payload["block"]["resources"]
         nodes = payload["cluster_metrics"]["nodes"]

@@ -35,7 +35,6 @@ from ...bus.catalog import E
 from ...bus.nats_bus import Bus
 from ...bus.router import Inbound, Router
 from ...bus.subjects import ConsumerSpec
-from ...handlers import faults
 from ...schemas.events import (
     Dangling,
     Heartbeat,
@@ -49,6 +48,7 @@ from ...schemas.events import (
 from ...schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
 from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ...schemas.spec import Launch, Node
+from . import adoption
 from .gpus import GpuSource, GpuSourceKind
 from .lifecycle import DerivedSpec, FixedSpec, ProvisionStage, Runner, Stage, StageFailed
 from .provisioners import (
@@ -449,7 +449,7 @@ class NodeAgent:
         found: dict[str, dict[str, Any]] = {
             i.instance_id: {"gen": i.gen, "running": i.running, "inst": i} for i in found_list if i.instance_id
         }
-        plan = faults.reconcile(found, expected)
+        plan = adoption.reconcile(found, expected)
         for iid in plan["adopt"]:
             async with self._locks[iid]:
                 if iid not in self.runners:
