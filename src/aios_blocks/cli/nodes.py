@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
+from .common import _request, _seconds_over, console, err
+
 if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
     from ..schemas.vcluster import NodeDrain
     from .client import Client
@@ -111,16 +113,11 @@ async def remove_cluster(c: Client, cid: str) -> list[str]:
 def register(node_app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
     """Add the commands to the CLI's ``node`` and ``cluster`` groups."""
 
-    def m() -> Any:
-        from . import main
-
-        return main
-
     @node_app.command("drain")
     def drain_cmd(
         node_id: str,
         wait: float = typer.Option(0.0, "--wait", help="Wait up to this many seconds for its instances to move (exit 5 if not).",
-                                   callback=m()._seconds_over(0.0, inclusive=True)),
+                                   callback=_seconds_over(0.0, inclusive=True)),
         data_dir: Path = DataDir,
     ) -> None:
         """Place nothing new on a node and move its instances away (reassignment, reason evacuation).
@@ -130,24 +127,24 @@ def register(node_app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> N
 
         async def go(c: Client) -> int:
             ev = await drain(c, node_id)
-            m().console.print(f"node [bold]{node_id}[/] draining; moving {len(ev.evacuating)} instance(s)")
+            console.print(f"node [bold]{node_id}[/] draining; moving {len(ev.evacuating)} instance(s)")
             if wait > 0:
                 left = await wait_empty(c, node_id, wait)
                 if left:
-                    m().err.print(f"[red]{left} instance(s) still on {node_id} after {wait:g}s[/]")
+                    err.print(f"[red]{left} instance(s) still on {node_id} after {wait:g}s[/]")
                     return 5
-                m().console.print(f"node {node_id} is empty")
+                console.print(f"node {node_id} is empty")
             return 0
 
-        code = int(m()._request(go, data_dir))
+        code = int(_request(go, data_dir))
         if code:
             raise typer.Exit(code)
 
     @node_app.command("undrain")
     def undrain_cmd(node_id: str, data_dir: Path = DataDir) -> None:
         """Let placements use a drained node again. Example: `blocks node undrain c1-n3`"""
-        m()._request(lambda c: drain(c, node_id, undo=True), data_dir)
-        m().console.print(f"node [bold]{node_id}[/] takes placements again")
+        _request(lambda c: drain(c, node_id, undo=True), data_dir)
+        console.print(f"node [bold]{node_id}[/] takes placements again")
 
     @node_app.command("remove")
     def remove_cmd(node_id: str, data_dir: Path = DataDir) -> None:
@@ -155,12 +152,12 @@ def register(node_app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> N
 
         Example: `blocks node remove c1-n3`
         """
-        cid = m()._request(lambda c: remove_node(c, node_id), data_dir)
-        m().console.print(f"node [bold]{node_id}[/] removed from {escape(cid)}")
+        cid = _request(lambda c: remove_node(c, node_id), data_dir)
+        console.print(f"node [bold]{node_id}[/] removed from {escape(cid)}")
 
     @cluster_app.command("remove")
     def cluster_remove_cmd(cluster_id: str, data_dir: Path = DataDir) -> None:
         """Remove a cluster and its nodes: refused while an instance runs in it, it holds a virtual
         cluster or a block scaled to zero is placed on it. Example: `blocks cluster remove c1`"""
-        nodes = m()._request(lambda c: remove_cluster(c, cluster_id), data_dir)
-        m().console.print(f"cluster [bold]{cluster_id}[/] removed with {len(nodes)} node(s)")
+        nodes = _request(lambda c: remove_cluster(c, cluster_id), data_dir)
+        console.print(f"cluster [bold]{cluster_id}[/] removed with {len(nodes)} node(s)")

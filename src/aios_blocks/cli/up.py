@@ -1,6 +1,6 @@
 """The process a `blocks up` stays as: servers, supervised workers, nothing else.
 
-`blocks up` is parsed by the CLI (``cli.main``: typer and rich; pydantic through typer), which
+`blocks up` is parsed by the CLI (``cli.app``: typer and rich; pydantic through typer), which
 then replaces itself (``exec``, the same pid, so ``kill`` and signals reach the
 same process) with ``python -m aios_blocks.cli.up``. This module imports only what starting and
 supervising need: the modules of every other command would stay resident for the system's whole

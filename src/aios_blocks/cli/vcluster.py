@@ -17,6 +17,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
+from .common import _json_option, _request, console, err
+from .render import _plain, _print_json, _table
+
 if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
     from ..schemas.vcluster import VClusterRecord
     from .client import Client
@@ -173,36 +176,28 @@ async def describe(c: Client, vid: str) -> dict[str, Any]:
 # -- the typer sub-app ------------------------------------------------------------------------------
 
 
-def _m() -> Any:
-    from . import main
-
-    return main
-
-
 def _follow(make: Any, timeout: float, data_dir: Path, as_json: bool = False) -> None:
-    m = _m()
-
     async def go(c: Client) -> int:
         req = await make(c)
         try:
             ok, data = await outcome(c, req, timeout)
         except TimeoutError:
-            m.err.print(f"[red]no outcome after {timeout:g}s[/]; see: blocks vcluster get {req.vid}")
+            err.print(f"[red]no outcome after {timeout:g}s[/]; see: blocks vcluster get {req.vid}")
             return 5
         if as_json:
-            m._print_json({"applied": ok, **data})
+            _print_json({"applied": ok, **data})
             return 0 if ok else 1
         if not ok:
-            m.err.print(f"[red]{req.op} of {req.vid} refused[/]: {escape(str(data.get('reason')))}"
+            err.print(f"[red]{req.op} of {req.vid} refused[/]: {escape(str(data.get('reason')))}"
                         + (f" (revision {data['revision']})" if data.get("revision") else ""))
             return 1
         rec = data.get("record") or {}
         moved = data.get("moved") or {}
-        m.console.print(f"[green]{req.op} of {req.vid} done[/]: revision {data.get('revision')}, "
+        console.print(f"[green]{req.op} of {req.vid} done[/]: revision {data.get('revision')}, "
                         f"{len(rec.get('nodes') or {})} nodes ({len(moved)} moved)")
         return 0
 
-    code = int(m._request(go, data_dir))
+    code = int(_request(go, data_dir))
     if code:
         raise typer.Exit(code)
 
@@ -233,8 +228,8 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
 
         Example: `blocks vcluster create team-a --cluster c1 --replica-sets '{"A100": 2}'`
         """
-        rs = _m()._json_option(replica_sets, "--replica-sets")
-        lim = _m()._json_option(limits, "--limits") if limits else None
+        rs = _json_option(replica_sets, "--replica-sets")
+        lim = _json_option(limits, "--limits") if limits else None
         _follow(lambda c: create(c, vcluster_id, cluster, rs, divisible, lim), timeout, data_dir, as_json)
 
 
@@ -253,8 +248,8 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
 
         Example: `blocks vcluster update team-a --revision 1 --replica-sets '{"A100": 3}'`
         """
-        rs = _m()._json_option(replica_sets, "--replica-sets")
-        lim = _m()._json_option(limits, "--limits") if limits else None
+        rs = _json_option(replica_sets, "--replica-sets")
+        lim = _json_option(limits, "--limits") if limits else None
         _follow(lambda c: update(c, vcluster_id, revision, rs, divisible, lim), timeout, data_dir, as_json)
 
 
@@ -278,16 +273,15 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         """
         import msgspec
 
-        m = _m()
-        recs = m._request(records, data_dir, store_only=True)
+        recs = _request(records, data_dir, store_only=True)
         if as_json:
-            m._print_json([msgspec.to_builtins(r) for r in recs])
+            _print_json([msgspec.to_builtins(r) for r in recs])
             return
-        t = m._table("virtual cluster", "cluster", "kind", "revision", "replica sets", "nodes", "parent / block")
+        t = _table("virtual cluster", "cluster", "kind", "revision", "replica sets", "nodes", "parent / block")
         for r in recs:
-            t.add_row(*m._plain(r.id, r.cluster, r.kind.value, r.revision, json.dumps(r.replica_sets), len(r.nodes),
+            t.add_row(*_plain(r.id, r.cluster, r.kind.value, r.revision, json.dumps(r.replica_sets), len(r.nodes),
                                 " / ".join(x for x in (r.parent, r.block) if x) or "-"))
-        m.console.print(t)
+        console.print(t)
 
 
     @app.command("get")
@@ -299,10 +293,9 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         """
         from rich.tree import Tree
 
-        m = _m()
-        d = m._request(lambda c: describe(c, vcluster_id), data_dir, store_only=True)
+        d = _request(lambda c: describe(c, vcluster_id), data_dir, store_only=True)
         if as_json:
-            m._print_json(d)
+            _print_json(d)
             return
         p = d["primary"]
         tree = Tree(f"[bold]{p['cluster']}[/] (primary): {p['nodes']} nodes, unassigned {json.dumps(p['unassigned'])}")
@@ -323,4 +316,4 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
                 add(branch, j)
 
         add(tree, d["vcluster"])
-        m.console.print(tree)
+        console.print(tree)

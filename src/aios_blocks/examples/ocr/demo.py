@@ -123,7 +123,7 @@ def main() -> None:
     import argparse
 
     from ...cli.client import Client
-    from ...cli.main import _urls
+    from ...cli.common import _urls
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=Path(".aios-data"))

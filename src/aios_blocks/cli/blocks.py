@@ -1,0 +1,332 @@
+"""The block commands: ``submit`` (and its dry run), ``get``, ``list``, ``scale``, ``reassign``,
+``delete``, ``top``, and ``examples`` (the shipped specs to submit)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.markup import escape
+
+from ..urls import mask
+from .common import (
+    EXAMPLES,
+    DataDir,
+    NoWait,
+    Timeout,
+    _block_id,
+    _follow_request,
+    _load,
+    _request,
+    _run,
+    _seconds_over,
+    _urls,
+    _with_store,
+    console,
+    err,
+)
+from .render import _line, _plain, _print_block, _print_json, _render_plan, _table
+
+if TYPE_CHECKING:
+    from .client import Client
+
+def submit(
+    file: Path,
+    wait: bool = typer.Option(False, "--wait", "-w", help="Follow the block until ready/failed/rejected."),
+    timeout: float = typer.Option(120, help="With --wait: give up after this many seconds (exit 5).", callback=_seconds_over()),
+    dry_run: bool = typer.Option(
+        False, "--dry-run",
+        help="Publish nothing: print where the block would be placed now, and the state index to submit with. "
+        "Exit 0 it would place, 4 it would not (with why), 2 bad spec.",
+    ),
+    if_index: int = typer.Option(
+        None, "--if-index", min=0, metavar="N",
+        help="Submit only if the state index is still N (from --dry-run) right before publishing; else exit 1. "
+        "A check, not a lock: changes after it are not covered.",
+    ),
+    as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout;
+    1 when --if-index finds the state changed.
+
+    --wait follows only what answers this submission (events whose `gen` is this create's stream
+    sequence): re-submitting an id in use prints the rejection and exits 4.
+
+    --dry-run (Nomad's `job plan`) parses the spec as the parser does and runs the placement
+    pipeline here against the current state (filter rule and selection, every candidate's dry_run,
+    post_dry_run, the gang's allocation), with the block's policies but without saving their
+    context, publishing anything or reserving anything. It prints the chosen cluster, each
+    instance's node and GPUs, why each other cluster was left out, and the **state index** the
+    plan was computed at (it moves with every reservation, release and node change). Give the
+    spec a `blockId`: equal GPUs are picked by it, so a submit under another id may get others.
+
+    --if-index N (Nomad's `-check-index`) then submits only if that index is unchanged, else
+    exits 1: "state changed since index N (now M)". The check is made just before publishing; what
+    changes after it (another block placed meanwhile, a node failing) is not covered, and the
+    workers place the block on the state they find then: the plan is a forecast, not a reservation.
+
+    Example: `blocks submit examples/block.yaml --wait`, `blocks submit examples/block.yaml --dry-run`,
+    `blocks submit examples/block.yaml --if-index 42 --wait` (`blocks examples --copy examples`
+    writes the shipped examples/ where there is none)
+    """
+    if dry_run and (wait or if_index is not None):
+        raise typer.BadParameter("--dry-run publishes nothing: it takes neither --wait nor --if-index", param_hint="--dry-run")
+    if as_json and not dry_run:
+        raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
+    spec = _load(file)
+    if dry_run:
+        raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
+
+    from .client import TERMINAL
+
+    async def go(c: Client) -> int:
+        req = await c.create(spec, if_index=if_index)
+        console.print(f"submitted [bold]{req.bid}[/] (gen {req.seq})")
+        if not wait:
+            return 0
+        try:
+            _, kind, env = await c.outcome(req, timeout, on_event=lambda s, e: console.print(_line(s, e)))
+        except TimeoutError:
+            err.print(f"[red]timed out after {timeout}s[/]")
+            return 5
+        if kind == "rejected":
+            for e in (env.get("data") or {}).get("errors", []):
+                err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")
+        return TERMINAL[kind]
+
+    raise typer.Exit(_request(go, data_dir))
+
+
+def _dry_run(spec: dict[str, Any], file: Path, as_json: bool, data_dir: Path) -> int:
+    """``submit --dry-run``: 0 would place, 4 would not, 2 bad spec."""
+    plan = _request(lambda c: c.plan(spec), data_dir)
+    if as_json:
+        _print_json(plan.as_dict())
+    for e in plan.errors:
+        err.print(f"[red]rejected[/] {escape(e.path)}: {escape(e.message)}")
+    if plan.errors:
+        return 2
+    if not as_json:
+        _render_plan(plan.as_dict(), file)
+    return 0 if plan.places else 4
+
+
+def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """Show a block: status, cluster, instances.
+
+    Example: `blocks get blk-1234 --json`
+    """
+    from ..schemas.spec import check_id
+
+    check_id(bid, "block id")
+
+    async def go(c: Client) -> int:
+        if as_json:
+            block = await c.store.get_block(bid)
+            if block:
+                block["instances"] = await c.store.instances(bid)
+                print(json.dumps(block, indent=2, default=str))
+        else:
+            block = await _print_block(c, bid)
+        if block is None:
+            err.print(f"[red]no block {bid}[/]")
+            return 1
+        return 0
+
+    raise typer.Exit(_run(_with_store(data_dir, go)))
+
+
+def list_blocks(
+    limit: int = typer.Option(100, min=1, help="At most this many blocks."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as a JSON list (id, status, cluster, reason, gen, instances)."),
+    data_dir: Path = DataDir,
+) -> None:
+    """List blocks, newest first: status, cluster, instance count, reason. Reads Redis only.
+
+    Example: `blocks list --limit 20`, `blocks list --json`
+    """
+    from ..state.views import block_rows, open_reader
+
+    try:
+        r = open_reader(_urls(data_dir)[1])
+        try:
+            rows = block_rows(r, limit)
+        finally:
+            r.close()
+    except ConnectionError as exc:
+        err.print(f"[red]Cannot reach the servers[/]: {escape(mask(str(exc)))}")
+        raise typer.Exit(2) from None
+    if as_json:
+        _print_json(rows)
+        return
+    t = _table("block", "status", "cluster", "instances", "reason")
+    for row in rows:
+        t.add_row(*_plain(row["id"], row["status"], row["cluster"] or "", row["instances"], row["reason"] or ""))
+    console.print(t)
+
+
+def scale(
+    bid: str,
+    to: int | None = typer.Option(None, "--to", help="Desired instance count, clamped to [minInstances, maxInstances]: "
+                                  "reached with scale-ups and scale-downs (resourceAllocator actions scale, scale_down)."),
+    no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir,
+) -> None:
+    """Without --to: add one instance to a placed block (resourceAllocator action `scale`) and wait
+    until it runs. With --to N: set the block's desired count and wait until it runs exactly that
+    many (a scale-down drains the chosen instances first). Exit 0 done, 3 failed (e.g. already at
+    maxInstances, a policy error), 5 timeout, 1 unknown or unplaced block, 2 a bad N.
+
+    Example: `blocks scale blk-1234`, `blocks scale blk-1234 --to 3`
+    """
+    if to is not None and to < 0:  # a usage mistake: said before looking for the servers
+        err.print(f"[red]error:[/] target must be a count of instances >= 0, got {to}")
+        raise typer.Exit(2)
+    if to is None:
+        raise typer.Exit(_follow_request(lambda c: c.scale_request(bid), not no_wait, timeout, data_dir))
+
+    async def go(c: Client) -> int:
+        req = await c.scale_to(bid, to)
+        clamp = f" ({req.note})" if req.note else ""
+        console.print(f"scale of {bid} to {req.target}{clamp} requested ({req.request_id}); running now: {req.before}")
+        if no_wait:
+            console.print(f"follow with: blocks watch {bid}")
+            return 0
+
+        def progress(running: int, starting: int, removing: int) -> None:
+            console.print(f"  running {running}, starting {starting}, removing {removing} (target {req.target})")
+
+        try:
+            ok, why = await c.wait_scaled(req, timeout, progress)
+        except TimeoutError:
+            err.print(f"[red]target {req.target} not reached after {timeout:g}s[/]; follow with: blocks watch {bid}")
+            return 5
+        if ok:
+            console.print(f"[green]scale done[/]: {escape(why)}")
+            return 0
+        err.print(f"[red]scale failed[/]: {escape(why)}")
+        return 3
+
+    raise typer.Exit(int(_request(go, data_dir)))
+
+
+def reassign(bid: str, instance_id: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:
+    """Move one instance elsewhere (resourceAllocator action `reassignment`) and wait until its
+    replacement runs. Exit 0 moved, 3 failed, 5 timeout, 1 unknown block or instance.
+
+    Example: `blocks reassign blk-1234 blk-1234-0`
+    """
+    raise typer.Exit(_follow_request(lambda c: c.reassign_request(bid, instance_id), not no_wait, timeout, data_dir))
+
+
+def delete(bid: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:
+    """Delete a block: every instance is removed and its resources released, then `deleted`.
+    Waits for `deleted`. Exit 0 deleted, 5 timeout, 1 unknown or already deleted.
+
+    Example: `blocks delete blk-1234`
+    """
+    raise typer.Exit(_follow_request(lambda c: c.delete(bid), not no_wait, timeout, data_dir))
+
+
+def top(
+    bid: str = typer.Argument(None, help="Block id: one row per instance. Without: one row per block.", callback=_block_id),
+    once: bool = typer.Option(False, "--once", help="Print the table once and exit."),
+    as_json: bool = typer.Option(False, "--json", help="Print the samples once as JSON and exit."),
+    interval: float = typer.Option(1.0, "--interval", help="Seconds between refreshes (at least 0.1).",
+                                   callback=_seconds_over(0.1, inclusive=True)),
+    data_dir: Path = DataDir,
+) -> None:
+    """Live per-block or per-instance in-flight, task rate, latency and errors, from the metrics
+    collector's windows (docs/metrics.md; `blocks up` runs a collector). Ctrl-C stops. Exit 1
+    when the collector has nothing for BID (yet).
+
+    Example: `blocks top`, `blocks top blk-1234`, `blocks top blk-1234 --json`
+    """
+    import asyncio
+
+    from rich.live import Live
+
+    from . import top as topview
+
+    def missing(data: dict[str, Any]) -> bool:
+        return bid is not None and data.get("block") is None and not data.get("instances")
+
+    async def go(c: Client) -> int:
+        data = await topview.read(c.store, bid)
+        if as_json or once:
+            if as_json:
+                print(json.dumps(data, indent=1, sort_keys=True))
+            else:
+                console.print(topview.table(data, bid))
+            if missing(data):
+                err.print(f"[red]no metrics for block {escape(bid or '')}[/] (unknown, not serving yet, or no collector: `blocks up` starts one)")
+                return 1
+            return 0
+        with Live(topview.table(data, bid), console=console, refresh_per_second=4) as live:
+            while True:
+                await asyncio.sleep(interval)
+                live.update(topview.table(await topview.read(c.store, bid), bid))
+
+    try:
+        raise typer.Exit(_request(go, data_dir, store_only=True))
+    except KeyboardInterrupt:
+        pass
+
+
+#: what the JSON examples are (they cannot carry a comment)
+_EXAMPLE_NOTES = {
+    "allocation_input.json": "what a resourceAllocator got for `allocation` (blocks policy run --input)",
+    "dry_run_input.json": "what a resourceAllocator got for `dry_run` (blocks policy run --input)",
+    "lxd_args.json": "LXD's scriptlet arguments (blocks policy run --kind lxd --input)",
+}
+
+
+def _example_files() -> list[Path]:
+    """The example files shipped in the package (``aios_blocks/examples``; the repository's
+    ``examples/`` is a link to it): specs, components, policies and recorded inputs."""
+    return sorted(p for p in EXAMPLES.iterdir() if p.is_file() and p.suffix in (".yaml", ".json", ".star", ".py")
+                  and not p.name.startswith("__"))
+
+
+def _example_note(path: Path) -> str:
+    """The example's first comment line (or its entry in ``_EXAMPLE_NOTES``)."""
+    if path.name in _EXAMPLE_NOTES:
+        return _EXAMPLE_NOTES[path.name]
+    for line in path.read_text().splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+        if line.strip():
+            break
+    return ""
+
+
+def examples_(
+    copy: Path = typer.Option(None, "--copy", metavar="DIR", help="Write the examples into DIR (made if missing)."),
+    force: bool = typer.Option(False, "--force", help="With --copy: overwrite files that exist in DIR."),
+) -> None:
+    """List the example files shipped with the package (specs, components, policies, recorded
+    policy inputs), or write them into a directory: the README and the `--help` examples name
+    them as `examples/FILE`, which `blocks examples --copy examples` makes from an installed wheel.
+
+    Example: `blocks examples`, `blocks examples --copy examples && blocks component add examples/component.yaml`
+    """
+    files = _example_files()
+    if copy is None:
+        t = _table("file", "what it is")
+        for f in files:
+            t.add_row(*_plain(f.name, _example_note(f)))
+        console.print(t)
+        console.print(escape(f"in {EXAMPLES}; `blocks examples --copy DIR` writes them into DIR"))
+        return
+    if copy.exists() and not copy.is_dir():
+        raise typer.BadParameter(f"{copy} exists and is not a directory", param_hint="--copy")
+    there = [f.name for f in files if (copy / f.name).exists()]
+    if there and not force:
+        err.print(f"[red]not copied[/]: {escape(', '.join(there))} already in {escape(str(copy))} (--force overwrites)")
+        raise typer.Exit(1)
+    copy.mkdir(parents=True, exist_ok=True)
+    for f in files:
+        (copy / f.name).write_bytes(f.read_bytes())
+    console.print(escape(f"wrote {len(files)} examples into {copy}/: e.g. blocks component add {copy / 'component.yaml'}"))

@@ -1,0 +1,186 @@
+"""The inventory commands: ``component add|list``, ``cluster add|list``, ``node add|list`` (drain,
+undrain and remove are in ``cli/nodes.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.markup import escape
+
+from .common import DataDir, _labels, _load, _request, _run, _with_client, _with_store, console, err
+from .render import _plain, _print_json, _table
+
+if TYPE_CHECKING:
+    from .client import Client
+
+def component_add(file: Path, data_dir: Path = DataDir) -> None:
+    """Register (or replace) a component from YAML/JSON.
+
+    Example: `blocks component add examples/component.yaml` (from an installed wheel, `blocks
+    examples --copy examples` writes the examples there first)
+    """
+    from pydantic import ValidationError
+
+    from ..schemas.ir import pydantic_errors
+
+    doc = _load(file)
+    try:
+        comp = _run(_with_client(data_dir, lambda c: c.add_component(doc)))
+    except ValidationError as exc:
+        for e in pydantic_errors(exc):
+            err.print(f"[red]{e.path}[/]: {e.message}")
+        raise typer.Exit(4)
+    console.print(f"component [bold]{comp.componentURI}[/] registered")
+
+
+def component_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """List registered components: URI, image, resources per instance, policies.
+
+    Example: `blocks component list`, `blocks component list --json`
+    """
+
+    async def go(c: Client) -> dict[str, dict[str, Any]]:
+        return await c.store.components()
+
+    comps = _run(_with_store(data_dir, go))
+    if as_json:
+        _print_json(comps)
+        return
+    t = _table("component", "image", "resources", "policies")
+    for uri, comp in comps.items():
+        res = comp.get("resources") or {}
+        t.add_row(*_plain(uri, comp.get("image", ""), ", ".join(f"{k}={v}" for k, v in res.items()),
+                          ", ".join(f"{p.get('name')}={p.get('policyRuleURI')}" for p in comp.get("policies") or [])))
+    console.print(t)
+
+
+def cluster_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """List clusters with their labels, node count and free GPUs.
+
+    Example: `blocks cluster list`
+    """
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        out = []
+        for cid, cluster in sorted((await c.store.clusters()).items()):
+            nodes = await c.store.read_nodes(cid, await c.store.node_ids(cid))
+            gpus = [g for n in nodes.values() for g in n["gpus"]]
+            out.append({"id": cid, "labels": cluster.get("labels", {}), "nodes": len(nodes),
+                        "healthy_nodes": sum(1 for n in nodes.values() if n["healthy"]),
+                        "gpus": len(gpus), "gpus_free": sum(1 for g in gpus if g["instances"] == 0)})
+        return out
+
+    rows = _run(_with_store(data_dir, go))
+    if as_json:
+        _print_json(rows)
+        return
+    t = _table("cluster", "labels", "nodes (healthy)", "GPUs free / total")
+    for r in rows:
+        t.add_row(*_plain(r["id"], ", ".join(f"{k}={v}" for k, v in r["labels"].items()), f"{r['nodes']} ({r['healthy_nodes']})",
+                          f"{r['gpus_free']} / {r['gpus']}"))
+    console.print(t)
+
+
+def node_list(
+    cluster: str = typer.Option(None, "--cluster", "-c", help="Only this cluster's nodes."),
+    as_json: bool = typer.Option(False, "--json"),
+    data_dir: Path = DataDir,
+) -> None:
+    """List nodes: cluster, node type (what virtual clusters' replica sets count: the `nodeType`
+    label, else the first GPU's model), health (`suspect`: every instance on it fails its probes
+    and its agent is silent, no placement goes there; docs/health.md), free CPU and memory, GPUs
+    in use, labels. `--json` gives each node's `node_type` and `suspect` (its mark, or null) too.
+
+    Example: `blocks node list --cluster c1`
+    """
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        cids = sorted(await c.store.clusters())
+        if cluster is not None:
+            if cluster not in cids:
+                raise LookupError(f"no cluster {cluster!r} (known: {', '.join(cids) or 'none'})")
+            cids = [cluster]
+        out: list[dict[str, Any]] = []
+        for cid in cids:
+            out += (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values()
+        suspect = await c.store.health.suspects()
+        for n in out:
+            n["suspect"] = suspect.get(n["node_id"])
+        return out
+
+    from ..schemas.vcluster import node_type
+
+    nodes = _request(go, data_dir, store_only=True)
+    for n in nodes:
+        n["node_type"] = node_type(n)
+    if as_json:
+        _print_json(nodes)
+        return
+    t = _table("node", "cluster", "type", "healthy", "CPU free", "memory free (MiB)", "GPUs in use", "labels")
+    for n in nodes:
+        busy = sum(1 for g in n["gpus"] if g["instances"])
+        health = ("[yellow]suspect[/]" if n["suspect"] else "yes") if n["healthy"] else "[red]no[/]"
+        t.add_row(escape(n["node_id"]), escape(n["cluster"]), escape(n["node_type"]), health,
+                  f"{n['cpu_free']:g} / {n['cpu']:g}", f"{n['memory_free']} / {n['memory']}", f"{busy} / {len(n['gpus'])}",
+                  escape(", ".join(f"{k}={v}" for k, v in n["labels"].items())))
+    console.print(t)
+
+
+def cluster_add(
+    cluster_id: str,
+    label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
+    nodes: int = typer.Option(None, min=1, help="Also add this many simulated nodes (at least 1)."),
+    gpus: int = typer.Option(8, min=0, help="GPUs per simulated node."),
+    gpu_memory: int = typer.Option(81920, min=1, help="MiB per simulated GPU."),
+    node_type: str = typer.Option(None, "--node-type", help="nodeType label of the simulated nodes (virtual clusters' replica sets)."),
+    node_label: list[str] = typer.Option([], "--node-label", help="key=value on every simulated node, repeatable."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Register a cluster, optionally with simulated nodes.
+
+    Example: `blocks cluster add c1 -l region=eu --nodes 8 --gpus 8 --node-type A100`
+    """
+    labels = _labels(label)
+    node_labels = _labels(node_label, "--node-label") | ({"nodeType": node_type} if node_type else {})
+    from ..schemas.spec import Cluster, check_id
+
+    check_id(cluster_id, "cluster id")
+
+    async def go(c: Client) -> None:
+        if nodes:
+            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels,
+                                    node_labels=node_labels)
+        else:
+            await c.add_cluster(Cluster(id=cluster_id, labels=labels))
+
+    _run(_with_client(data_dir, go))
+    console.print(f"cluster [bold]{cluster_id}[/] registered ({nodes or 0} simulated nodes)")
+
+
+def node_add(
+    node_id: str,
+    cluster: str = typer.Option(..., "--cluster", "-c"),
+    gpus: int = typer.Option(8, min=0),
+    gpu_memory: int = typer.Option(81920, min=1, help="MiB per GPU."),
+    gpu_model: str = typer.Option("sim-gpu"),
+    cpu: float = typer.Option(64, min=0),
+    memory: int = typer.Option(512 * 1024, min=1, help="MiB."),
+    label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Register a (simulated) node in a cluster.
+
+    Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=2`
+    """
+    from ..schemas.spec import Gpu, Node, check_id
+
+    check_id(node_id, "node id")
+    check_id(cluster, "cluster id")
+    node = Node(
+        id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=_labels(label),
+        gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)],
+    )
+    _run(_with_client(data_dir, lambda c: c.add_node(node)))
+    console.print(f"node [bold]{node_id}[/] registered in {cluster}")

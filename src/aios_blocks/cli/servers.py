@@ -1,0 +1,336 @@
+"""``blocks up``, ``worker``, ``agent``, ``demo``, ``prometheus-config`` and ``settings``: the
+processes and their configuration."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.markup import escape
+
+from ..urls import mask
+from .common import (
+    DEMO_DATA_DIR,
+    EXAMPLES,
+    DataDir,
+    ProcessPerKind,
+    _labels,
+    _one_line,
+    _quiet_library_logs,
+    _request,
+    _run,
+    _seconds_over,
+    _urls,
+    console,
+    err,
+)
+from .render import _line, _plain, _print_block, _table
+
+if TYPE_CHECKING:
+    from ..workers.supervisor import Supervisor
+    from .client import Client
+
+def up(
+    data_dir: Path = DataDir,
+    parsers: int = typer.Option(1, min=0, help="Parser workers (copies: the first in its group's process, each other its own)."),
+    gateways: int = typer.Option(1, min=0, help="Gateway workers (copies, like --parsers)."),
+    controllers: int = typer.Option(1, min=0, help="Controller workers (copies, like --parsers)."),
+    agents: int = typer.Option(1, min=0, help="Simulated node agents (copies, like --parsers)."),
+    executors: int = typer.Option(1, min=0, help="Executors (copies, like --parsers; block tasks over NATS and HTTP; they share the HTTP port)."),
+    collectors: int = typer.Option(1, min=0, help="Metrics collectors (copies, like --parsers; one writes, copies stand by; docs/metrics.md)."),
+    autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
+    checkers: int = typer.Option(1, min=0, help="Health checkers (copies, like --parsers; one decides a block at a time; docs/health.md)."),
+    process_per_kind: bool = ProcessPerKind,
+) -> None:
+    """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
+    SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
+    and workers die with it. One `blocks up` per data dir: a second one exits 1 naming the first.
+
+    The worker kinds run grouped, three processes: front (parser, gateway and the services that
+    watch running blocks: metrics, autoscaler, checker), the controller on its own, and serve
+    (agent-sim, executor); each kind keeps its own connections as its own role, and a group whose
+    kind fails is restarted whole. `--controllers N` etc. run N copies of a kind: the first in its
+    group, the others as processes of their own.
+    `--process-per-kind` runs each kind in a process of its own.
+
+    Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
+    """
+    from . import up as _up
+
+    layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
+              "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
+    # the process that stays up is a lean one (cli/up.py): this one's modules would stay resident
+    _up.exec_up(data_dir, layout, process_per_kind)
+
+
+def worker(
+    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics | autoscaler | checker"),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a
+    running `blocks up`, connected as the worker's own role (like the workers `blocks up` runs).
+
+    Example: `AIOS_NATS_URL=nats://10.0.0.5:4222 AIOS_REDIS_URL=redis://10.0.0.6 blocks worker controller --cluster c1`
+    """
+    from ..settings import load as load_settings
+    from ..workers.auth import KIND_ROLE
+    from ..workers.main import KINDS, configure_logging, run_worker, tune_gc
+
+    if kind not in KINDS:
+        err.print(f"[red]unknown worker kind {escape(kind)!r}[/]: one of {', '.join(KINDS)}")
+        raise typer.Exit(2)
+    nats_url, redis_url = _urls(data_dir, KIND_ROLE[kind])
+    if cluster and kind == "controller" and not os.environ.get("AIOS_NATS_URL"):
+        from ..workers.auth import protect_controller
+
+        protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
+    configure_logging()
+    tune_gc(load_settings().gc_gen0_threshold)
+    _run(run_worker(kind, nats_url, redis_url, cluster))
+
+
+def agent(
+    node_id: str = typer.Option(..., "--node-id", help="This node's id (a subject token: letters, digits, - and _)."),
+    cluster: str = typer.Option(..., "--cluster", help="The cluster this node belongs to (registered if new)."),
+    runtime: str = typer.Option("docker", help="docker | process | sim"),
+    label: list[str] = typer.Option([], "--label", "-l", help="Node label key=value (repeatable)."),
+    zone: str = typer.Option(None, help="Shorthand for --label zone=..."),
+    rack: str = typer.Option(None, help="Shorthand for --label rack=N: a number, what RackId affinity matches (docs/affinity.md)."),
+    trust_domain: str = typer.Option(None, "--trust-domain", help="Shorthand for --label trust-domain=... (Trust affinity)."),
+    cpu: float = typer.Option(None, help="CPUs to offer (default: this host's)."),
+    memory: int = typer.Option(None, help="Memory to offer, MiB (default: this host's)."),
+    sim_gpus: int = typer.Option(None, "--sim-gpus", help="Offer N simulated GPUs instead of reading NVML."),
+    heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats.", callback=_seconds_over()),
+    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
+    agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
+    advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Host part of instance endpoints (http://HOST:PORT): an address the executors reach this node at."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Run the node agent of one node: start/stop its instances, heartbeat, report faults.
+
+    Needs only NATS: AIOS_NATS_URL, or a local `blocks up` (then it connects as user `agent-<node id>`,
+    which may publish only this node's subjects; AIOS_AUTH=0 servers need none). GPUs come from NVML when a driver is
+    present (`nvidia-ml-py`), else none, or `--sim-gpus N`.
+
+    Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack 3 --zone eu-1a`
+    """
+    from ..schemas.spec import Node
+    from ..settings import load as load_settings
+    from ..workers.agent.main import AgentOptions, run_agent
+    from ..workers.embedded import agent_nats_url
+    from ..workers.main import configure_logging, tune_gc
+
+    labels = _labels(label)
+    for key, value in (("zone", zone), ("rack", rack), ("trust-domain", trust_domain)):
+        if value is not None:
+            labels[key] = value
+    try:
+        Node(id=node_id, cluster=cluster, labels=labels)
+    except Exception as exc:
+        err.print(f"[red]invalid node[/]: {escape(_one_line(exc))}")
+        raise typer.Exit(2)
+    try:  # with a local `blocks up`: as user agent-<node id>, added to the server on first use
+        nats_url = agent_nats_url(data_dir, node_id)
+    except (OSError, KeyError, RuntimeError) as exc:
+        err.print(f"[red]Cannot get the credentials of node {escape(node_id)} from {data_dir}[/]: "
+                  f"{type(exc).__name__}: {escape(mask(str(exc)))}")
+        raise typer.Exit(2)
+    if not nats_url:
+        err.print("[red]No NATS.[/] Set AIOS_NATS_URL (the agent needs only NATS) or run `blocks up` here.")
+        raise typer.Exit(2)
+    configure_logging()
+    tune_gc(load_settings().gc_gen0_threshold)
+    opts = AgentOptions(
+        node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
+        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
+        drain_grace_s=load_settings().drain_grace_s,
+    )
+
+    async def go() -> None:
+        from ..workers.base import stop_on_signals
+
+        await run_agent(opts, nats_url, stop_on_signals())
+
+    try:
+        _run(go())
+    except Exception as exc:  # e.g. no Docker engine
+        err.print(f"[red]agent failed[/]: {escape(str(exc))}")
+        raise typer.Exit(1)
+
+
+def demo(
+    data_dir: Path = DataDir,
+    timeout: float = typer.Option(120, help="Give up after this many seconds.", callback=_seconds_over()),
+    process_per_kind: bool = ProcessPerKind,
+) -> None:
+    """Start everything, register an example component and 3 simulated clusters x 8 nodes x 8 GPUs,
+    submit an example block and show its lifecycle until it is ready.
+
+    On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready.
+    Its servers stop with it, but its stream and state stay in its own data dir (`./.aios-demo`
+    unless --data-dir says otherwise, apart from a `blocks up`'s `./.aios-data`): it prints the
+    commands that start them again and replay the block.
+    Example: `blocks demo`
+    """
+    import shlex
+
+    from . import up as _up
+
+    code, bid = 1, None
+    with _up.running(data_dir, process_per_kind=process_per_kind) as (_, sup):
+        code, bid = _run(_demo(sup, timeout, Path(data_dir)))
+        if code == 0 and sys.stdout.isatty():
+            where = "" if data_dir == DEMO_DATA_DIR else f" --data-dir {shlex.quote(str(data_dir))}"
+            console.print(f"[dim]demo is up; Ctrl-C to stop (other terminals: blocks list{where} / watch / scale)[/]")
+            while True:
+                time.sleep(1)
+    if bid is not None:
+        dd = shlex.quote(str(data_dir))
+        console.print(escape(f"the demo's servers stopped; its stream and state stay in {data_dir}. To look at block {bid} again:"))
+        console.print(escape(f"  blocks up --data-dir {dd} &"))
+        console.print(escape(f"  blocks replay {bid} --data-dir {dd}    (or: blocks explain / get {bid} --data-dir {dd})"))
+    raise typer.Exit(code)
+
+
+async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> tuple[int, str | None]:
+    """The demo's exit code, and its block's id (None: none was submitted)."""
+    import yaml
+
+    from .client import TERMINAL, Client
+
+    _quiet_library_logs()
+    client = await Client.open(sup.nats_url, sup.redis_url)
+    try:
+        comp = await client.add_component(yaml.safe_load((EXAMPLES / "component.yaml").read_text()))
+        for i in range(3):
+            await client.add_sim_cluster(f"cluster-{i}", nodes=8, gpus=8, labels={"region": f"r{i}"})
+        console.print(f"registered component [bold]{comp.componentURI}[/] and 3 clusters x 8 nodes x 8 GPUs")
+        spec = yaml.safe_load((EXAMPLES / "block.yaml").read_text())
+        started = time.perf_counter()
+        bid = await client.submit(spec)
+        console.print(f"submitted block [bold]{bid}[/]")
+        try:
+            kind, _ = await client.wait(
+                bid, timeout, on_event=lambda s, e: console.print(f"{time.perf_counter() - started:7.3f}s  {_line(s, e)}")
+            )
+        except TimeoutError:
+            err.print(f"[red]block {bid} not ready after {timeout}s[/]")
+            return 1, bid
+        await _print_block(client, bid)
+        if kind == "ready":
+            console.print(f"[green bold]block {bid} ready[/] in {time.perf_counter() - started:.3f}s")
+            await _demo_tasks(client, bid, data_dir)
+        return TERMINAL[kind], bid
+    finally:
+        await client.close()
+
+
+async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:
+    """Tasks through the executor: a few to the example block (simulated instances echo them),
+    then the OCR block's images when the `ocr` extra is installed (a real model)."""
+    import asyncio
+
+    async with asyncio.timeout(30):  # the mapper's map reaches the executor just after `ready`
+        while True:
+            if (await client.task(bid, b"{}", timeout=10))[0] == 200:
+                break
+            await asyncio.sleep(0.1)
+    for n in range(3):
+        status, body, h = await client.task(bid, json.dumps({"prompt": f"task {n}"}).encode(), {"Content-Type": "application/json"})
+        console.print(escape(f"task {n} -> {status} from {h.get('Aios-Instance', '?')}: {body.decode(errors='replace')[:120]}"))
+    from ..examples.ocr import available
+    from ..examples.ocr import demo as ocr_demo
+
+    why = available()
+    if why:
+        console.print(f"[dim]OCR block skipped: {escape(why)}[/]")
+        return
+
+    async def send(obid: str, task: dict[str, Any]) -> dict[str, Any]:
+        status, body, h = await client.task(obid, json.dumps(task).encode(), {"Content-Type": "application/json"}, 120)
+        if status != 200:
+            raise RuntimeError(f"executor answered {status}: {h.get('Aios-Error') or body[:200]!r}")
+        out: dict[str, Any] = json.loads(body)
+        return out
+
+    async def via_executor(obid: str, task: dict[str, Any]) -> dict[str, Any]:
+        async with asyncio.timeout(60):  # as above: the OCR block's map reaches the executor
+            while True:
+                try:
+                    return await send(obid, task)
+                except RuntimeError as exc:
+                    if "404" not in str(exc) and "no ready instance" not in str(exc):
+                        raise
+                await asyncio.sleep(0.2)
+
+    await ocr_demo.run(client, data_dir, send=via_executor, say=lambda line: console.print(line))
+
+
+def prometheus_config(
+    static: bool = typer.Option(False, "--static", help="List the targets of this moment instead of the collector's http_sd URLs."),
+    scrape_interval: str = typer.Option("15s", "--scrape-interval", help="Prometheus scrape_interval."),
+    refresh_interval: str = typer.Option("30s", "--refresh-interval", help="How often Prometheus re-reads the targets (http_sd)."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Print a Prometheus scrape config (YAML) for the running system: the workers' /metrics
+    (job aios-workers) and every block instance's /metrics (job aios-instances; labels block,
+    instance, cluster, node). By default the targets come from the metrics collector's http_sd
+    endpoints (`endpoints.json` "metrics"), so they follow the system; --static lists them as
+    they are now (from the metrics store and the instance records).
+
+    Example: `blocks prometheus-config > prometheus.yml && prometheus --config.file prometheus.yml`
+    """
+    from ..metrics import promconfig
+
+    sd_url = None
+    if not static:
+        ep = data_dir / "endpoints.json"
+        try:
+            sd_url = json.loads(ep.read_text()).get("metrics") if ep.exists() else None
+        except (OSError, ValueError):
+            sd_url = None
+        if not sd_url and ep.exists():  # (no endpoints.json at all: "No servers" says it, below)
+            err.print("[yellow]no metrics collector address in endpoints.json: listing the targets of this moment (--static)[/]")
+
+    async def go(c: Client) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        workers = promconfig.worker_targets(await c.store.metrics.targets())
+        maps: dict[str, dict[str, Any]] = {}
+        clusters: dict[str, str] = {}
+        for b in await c.store.list_blocks(100_000):
+            insts = await c.store.instances(b)
+            maps[b] = {"instances": {i: {"endpoint": r.get("endpoint", ""), "node": r.get("node", ""),
+                                         "state": "stopping" if r.get("status") in ("failed", "removing", "removed") else "ready"}
+                                     for i, r in insts.items()}}
+            clusters[b] = next((str(r.get("cluster", "")) for r in insts.values()), "")
+        return workers, promconfig.instance_targets(maps, clusters)
+
+    workers: list[dict[str, Any]] = []
+    instances: list[dict[str, Any]] = []
+    if not sd_url:
+        workers, instances = _request(go, data_dir, store_only=True)
+    sys.stdout.write(promconfig.config(sd_url, workers, instances, scrape_interval, refresh_interval))
+
+
+def settings_(
+    markdown: bool = typer.Option(False, "--markdown", help="Print docs/settings.md's table."),
+) -> None:
+    """Every AIOS_* setting: its value in this environment, its default and what it does.
+    Example: `blocks settings`, `AIOS_NODE_TIMEOUT_S=5 blocks settings`"""
+    from .. import settings as st
+
+    if markdown:
+        print(st.markdown())
+        return
+    current = st.load()
+    t = _table("variable", "value", "default", "meaning")
+    for name, f in st.Settings.model_fields.items():
+        value = getattr(current, name)
+        shown = "(set)" if name == "event_key" and value else str(value)
+        t.add_row(*_plain(f"AIOS_{name.upper()}", shown, f.default, f.description or ""))
+    console.print(t)
