@@ -180,7 +180,8 @@ def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.Consu
         node_down = meta is not None and not meta["healthy"]
         why = ""
         if block is None or block["status"] not in LIVE or old is None:
-            why = "no such instance" if block and old is None else f"block is {block['status'] if block else 'unknown'}"
+            why = (f"no such instance: {ev.instance_id} was already replaced or removed (nothing left to move)" if block and old is None
+                   else f"block is {block['status'] if block else 'unknown'}")
         elif old.get("status") == "removing":  # already replaced (or scaled down): a replacement would be one too many
             why = "the instance is already being removed"
         if why:
