@@ -291,15 +291,22 @@ def _example_files() -> list[Path]:
 
 
 def _example_note(path: Path) -> str:
-    """The example's first comment line (or its entry in ``_EXAMPLE_NOTES``)."""
+    """The first sentence of the example's leading comment, however many lines it takes (its first
+    line alone ended mid-sentence: "..., the Starlark twin of builtin:binpack:"), a long one cut at
+    its first colon; or its entry in ``_EXAMPLE_NOTES``."""
     if path.name in _EXAMPLE_NOTES:
         return _EXAMPLE_NOTES[path.name]
+    words: list[str] = []
     for line in path.read_text().splitlines():
-        if line.startswith("#"):
-            return line.lstrip("# ").strip()
-        if line.strip():
+        if not line.startswith("#"):
             break
-    return ""
+        words += line.lstrip("#").split()
+    text = " ".join(words)
+    end = next((i + 1 for i, ch in enumerate(text) if ch == "." and (i + 1 == len(text) or text[i + 1] == " ")), len(text))
+    sentence = text[:end]
+    if len(sentence) > 200 and ": " in sentence:
+        sentence = sentence[:sentence.index(": ")]
+    return sentence
 
 
 def examples_(

@@ -212,7 +212,8 @@ def _render_explain(x: dict[str, Any]) -> None:
         console.print("[red]autoscaler tick failed[/] " + escape(f"{str(f['time'])[11:19]}: {f['reason']} - count stays {f['count']}{quiet}"))
     others = [t for t in x.get("targets") or [] if t["source"] != "autoscaler"]
     for tg in others:
-        console.print(escape(f"instance target {tg['target']} asked by {tg['source']} {str(tg['time'])[11:19]}: {tg['reason']}"))
+        why = f": {tg['reason']}" if tg.get("reason") else ""  # (`blocks scale --to` gives none)
+        console.print(escape(f"instance target {tg['target']} asked by {tg['source']} {str(tg['time'])[11:19]}{why}"))
     d = x["decisions"]
     if d["count"]:
         console.print(f"{d['count']} policy calls, {d['errors']} failed, {d['total_us'] / 1000:.2f} ms in policies:")

@@ -1,0 +1,43 @@
+"""What `blocks explain` and `blocks get` print, as a stranger following the README saw it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from aios_blocks.cli.render import _render_explain
+from aios_blocks.handlers.explain import explain
+
+
+def _ev(kind: str, second: str, **data: Any) -> tuple[str, dict[str, Any]]:
+    return f"aios.block.bx.{kind}", {"time": f"2026-11-25T20:00:{second}Z", "data": data}
+
+
+def test_a_target_asked_without_a_reason_ends_its_line_without_a_dangling_colon(capsys: pytest.CaptureFixture[str]) -> None:
+    # `blocks scale BID --to 2` sends no reason: explain printed "instance target 2 asked by cli 20:00:20: "
+    x = explain([
+        _ev("scale.target", "20", block_id="bx", request_id="cli-1", target=2, source="cli", reason=""),
+        _ev("scale.target", "30", block_id="bx", request_id="rc-1", target=1, source="reconciler", reason="0 live < 1"),
+    ])
+    capsys.readouterr()
+    _render_explain(x)
+    lines = capsys.readouterr().out.splitlines()
+    assert "instance target 2 asked by cli 20:00:20" in lines
+    assert "instance target 1 asked by reconciler 20:00:30: 0 live < 1" in lines
+
+
+def test_blocks_examples_describes_each_file_by_a_whole_sentence() -> None:
+    # its first comment line alone ended mid-sentence: "... the Starlark twin of builtin:binpack:",
+    # "... (written against", "... (RapidOCR; the ONNX models ship in the"
+    from aios_blocks.cli.blocks import EXAMPLES, _example_files, _example_note
+
+    notes = {f.name: _example_note(f) for f in _example_files()}
+    assert notes["binpack.star"].endswith("GPUs with the least free memory first (ties by a hash of the request).")
+    assert notes["lxd_most_free_memory.star"].endswith("(written against the final API: instance_placement(request, candidate_members)).")
+    assert notes["first_fit.py"] == "A resourceAllocator in the shape of seed 000's \"Example resource allocation policy structure\""
+    commented = [f.name for f in _example_files() if (EXAMPLES / f.name).read_text().startswith("#")]
+    assert len(commented) >= 8
+    for name in commented:
+        opened = notes[name].count("(") - notes[name].count(")")
+        assert notes[name] and not notes[name].endswith((":", ",", " the")) and opened == 0, (name, notes[name])
