@@ -15,6 +15,9 @@ Run = Callable[[dict[str, Any]], Awaitable[Any]]
 
 def summarize(action: str, output: Any) -> str:
     """The part of an output that matters for a placement decision."""
+    if action == "scale_down":  # {"instance_id"}, or nothing / no instance_id: the framework's default pick
+        named = output.get("instance_id") if isinstance(output, dict) else None
+        return str(named) if named else "default pick"
     if output is None:
         return "-"
     if action == "selection":
