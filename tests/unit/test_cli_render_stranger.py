@@ -41,3 +41,17 @@ def test_blocks_examples_describes_each_file_by_a_whole_sentence() -> None:
     for name in commented:
         opened = notes[name].count("(") - notes[name].count(")")
         assert notes[name] and not notes[name].endswith((":", ",", " the")) and opened == 0, (name, notes[name])
+
+
+def test_replay_rows_of_a_scale_target_and_a_scale_down_say_what_was_asked_and_chosen() -> None:
+    # `blocks replay` printed bare "scale.target" and "scale_down.chosen" rows
+    from aios_blocks.cli.render import _line
+
+    target = _line("aios.block.bx.scale.target", {"data": {"block_id": "bx", "request_id": "r", "target": 2, "source": "cli"}})
+    assert target.endswith(" target=2 by cli")
+    asked = _line("aios.block.bx.scale.target",
+                  {"data": {"block_id": "bx", "request_id": "r", "target": 1, "source": "reconciler", "reason": "0 live < 1"}})
+    assert asked.endswith(" target=1 by reconciler: 0 live < 1")
+    chosen = _line("aios.block.bx.scale_down.chosen", {"data": {"block_id": "bx", "gen": 1, "cluster_id": "c1", "request_id": "r",
+                                                                "instance_id": "bx-3", "node_id": "n1", "chosen_by": "policy"}})
+    assert chosen.endswith(" bx-3@n1 chosen by policy")

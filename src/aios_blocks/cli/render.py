@@ -75,6 +75,11 @@ def _line(subject: str, env: dict[str, Any]) -> str:
         detail = data.get("reason", "")
     elif kind == "decision":
         detail = _call(data)
+    elif kind == "scale.target":  # (the row was bare: what count, asked by whom and why)
+        detail = f"target={data.get('target')} by {data.get('source') or '-'}" + (f": {data['reason']}" if data.get("reason") else "")
+    elif kind == "scale_down.chosen":
+        detail = f"{data.get('instance_id')}@{data.get('node_id')} chosen by {data.get('chosen_by') or '-'}" + (
+            f": {data['reason']}" if data.get("reason") else "")
     elif kind.startswith("instance."):
         detail = f"node={data.get('node_id')} gpus={data.get('gpus')}" + (f" reason={data['reason']}" if data.get("reason") else "")
         if data.get("endpoint"):
