@@ -100,6 +100,17 @@ def _block_id(value: str | None) -> str | None:
     return value
 
 
+class _Stderr:
+    """``sys.stderr`` as it is when a line is written: a test's CliRunner swaps it for each command
+    and closes it afterwards, and a logger bound to that stream would fail every later line."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
 def _quiet_library_logs() -> None:
     """CLI output is for people: library logs go to stderr, warnings and up only. Called once the
     library is imported (structlog comes with it: a command that never loads it skips its import)."""
@@ -107,7 +118,7 @@ def _quiet_library_logs() -> None:
     if structlog is None:
         return
     structlog.configure(
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(_Stderr()),
         wrapper_class=structlog.make_filtering_bound_logger(30),
     )
 
