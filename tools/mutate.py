@@ -183,6 +183,28 @@ def report(mods: list[Module], show_diffs: bool) -> list[tuple[str, float]]:
     return rows
 
 
+def write_docs(mods: list[Module]) -> None:
+    """The figures table between docs/testing.md's markers (a full run's; the run's date, commit)."""
+    import datetime
+
+    doc = ROOT / "docs" / "testing.md"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    lines = [f"Run {datetime.date.today().isoformat()}, commit {commit}, `make mutate` (mutmut 3, two children):", "",
+             "| module | mutants | killed | no test reaches it | survived | score |", "|---|---:|---:|---:|---:|---:|"]
+    for m in mods:
+        total = len(m.results)
+        killed = sum(s in DETECTED for s in m.results.values())
+        no_tests = sum(s == "no tests" for s in m.results.values())
+        score = 100.0 * killed / total if total else 0.0
+        lines.append(f"| `{m.name}` | {total} | {killed} | {no_tests} | {total - killed - no_tests} | {score:.1f} % |")
+    text = doc.read_text()
+    start, end = "<!-- mutate:start -->", "<!-- mutate:end -->"
+    head, _, rest = text.partition(start)
+    _, _, tail = rest.partition(end)
+    doc.write_text(head + start + "\n" + "\n".join(lines) + "\n" + end + tail)
+    print(f"figures written to {doc.relative_to(ROOT)}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-m", "--module", action="append", default=[],
@@ -192,6 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--report", action="store_true", help="print the last results, run nothing")
     ap.add_argument("--no-diff", action="store_true", help="list survivors without their diffs")
     ap.add_argument("--fail-under", type=float, default=80.0, help="exit 1 when a module scores less (%%)")
+    ap.add_argument("--write-docs", action="store_true", help="write the figures into docs/testing.md (every module)")
     args = ap.parse_args(argv)
     mods = [m for m in modules() if not args.module or any(f in m.name for f in args.module)]
     if not mods:
@@ -210,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
 
     os.chdir(ROOT)
     rows = report(mods, show_diffs=not args.no_diff)
+    if args.write_docs:
+        write_docs(mods)
     low = [name for name, score in rows if score < args.fail_under]
     print(f"\nunder {args.fail_under:.0f} %: {', '.join(low)}" if low else f"\nevery module at or over {args.fail_under:.0f} %")
     return 1 if low else 0

@@ -148,3 +148,28 @@ def test_an_adaptive_entry_the_node_does_not_satisfy_weighs_nothing(anti: bool) 
     assert got["n1"]["score"] == 0.0
     assert got["n1"]["adaptive"] == [{"entry": 0, "base": 1.0, "multiplier": 0.0, "weight": 0.0,
                                       "why": "the node does not satisfy the entry"}]
+
+
+def test_entries_add_up() -> None:
+    entries = [
+        e("Required", "ResourceId", af.uid("g0"), category="Resource"),
+        e("Required", "ResourceId", af.uid("g1"), category="Resource"),
+        e("Preferred", "RackId", "1"),
+        e("Preferred", "NodeId", af.uid("n1")),
+        e("Adaptive", "RackId", "1"),
+        e("Adaptive", "NodeId", af.uid("n1")),
+    ]
+    [a] = annotated([node("n1", rack="1")], entries).values()
+    assert a["pass"] is True and a["require_gpus"] == ["g0", "g1"] and a["score"] == 4.0  # 2 Preferred + 2 Adaptive x1
+
+
+def test_a_view_without_labels_and_a_service_nobody_runs_match_nothing() -> None:
+    bare = {"node_id": "n1", "gpus": []}
+    got = annotated([bare], [e("Preferred", "RackId", "1"), e("Preferred", "TrustDomain", "x", category="Trust"),
+                             e("Preferred", "ServiceId", af.uid("nobody"))])
+    assert got["n1"]["score"] == 0.0
+
+
+def test_the_block_median_is_rounded_to_the_microsecond() -> None:
+    t = af.adapt({"a": s("n1", 1.23456)})
+    assert t["block_median_ms"] == 1.235 and t["nodes"]["n1"]["p50_ms"] == 1.235

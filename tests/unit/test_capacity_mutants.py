@@ -165,3 +165,48 @@ def test_a_fork_shares_the_totals_and_the_capacity_index_of_a_shape() -> None:
     work["a"] = node
     assert cap.fitting(work, needs, False) == 0 and cap.fitting(nodes, needs, False) == 1
     assert cap.totals(work)["gpus_free"] == 0 and cap.totals(nodes)["gpus_free"] == 1
+
+
+@pytest.mark.parametrize(("node", "needs", "share", "want"), [
+    ({k: v for k, v in view(gpus=[]).items() if k != "healthy"}, {}, False, "0 usable GPUs < 0"),  # no flag: healthy
+    (view(cpu_free=2.0, memory_free=512, gpus=[]), {"cpu": 2, "memory": 512, "gpus": 1}, False, "0 usable GPUs < 1"),
+    (view(cpu_free=0.5, memory_free=0, gpus=[]), {}, False, "0 usable GPUs < 0"),  # nothing asked: nothing missing
+    (view(cpu_free=-1.0), {}, False, "cpu -1 free < 0"),  # overcommitted
+    (view(memory_free=-5), {}, False, "memory -5 MiB free < 0"),
+    (view(gpus=[gpu(n=1, used=10), gpu("g1", n=1, used=10)]), {"gpus": 3}, True, "2 usable GPUs < 3"),  # shared in use
+    (view(gpus=[gpu(model="A10", n=1)]), {"gpus": 1, "gpuModels": ["A10"]}, False, "0 usable GPUs < 1"),  # the model, busy
+])
+def test_why_not_edges(node: dict[str, Any], needs: dict[str, Any], share: bool, want: str) -> None:
+    assert cap.why_not(node, needs, share) == want
+
+
+@pytest.mark.parametrize(("g", "needs", "share", "want"), [
+    (gpu(used=100, n=1), {}, True, True),  # full, but nothing asked
+    (gpu(memory=40), {"gpuMemory": 40}, True, True),  # exactly its size
+    (gpu(memory=0), {}, False, True),  # a GPU without memory figure, nothing asked
+])
+def test_gpu_usable_edges(g: dict[str, Any], needs: dict[str, Any], share: bool, want: bool) -> None:
+    assert cap.gpu_usable(g, needs, share) is want
+
+
+@pytest.mark.parametrize("inventory", [False, True])
+def test_best_fit_passes_over_skipped_nodes_to_the_next_in_rank(inventory: bool) -> None:
+    views = {f"n{i}": view(f"n{i}", gpus=[gpu(f"g{j}") for j in range(i + 1)]) for i in range(4)}
+    nodes: dict[str, Any] = cap.Nodes(views) if inventory else views
+    needs = {"gpus": 1}
+
+    def fits(v: dict[str, Any]) -> list[dict[str, Any]] | None:
+        return cap.node_fits(v, needs, False)
+
+    def rank(v: dict[str, Any]) -> Any:
+        return cap.free_gpus(v)  # fewest free first
+
+    def best(skip: set[str], count: int = 1) -> Any:
+        found = cap.best_fit(nodes, skip, ("fits", "t"), fits, ("rank", "t"), rank, count)
+        return found and found[0]
+
+    assert best(set()) == "n0"
+    assert best({"n0"}) == "n1"
+    assert best({"n0", "n1"}) == "n2"
+    assert best(set(), count=3) == "n2"
+    assert best({"n0", "n1", "n2", "n3"}) is None

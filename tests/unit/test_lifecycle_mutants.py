@@ -203,3 +203,32 @@ def test_the_other_verdicts_keep_the_instance_and_say_so() -> None:
         Replace("b", 7, "c1", "b-0", "instance b-0 failed: exit 1", "b-0:failed", "n1")]
     what, effects = lc.on_fault_verdict(fact(reason="exit 1"), "failed", view, 3, None, failure="timed out")
     assert what.startswith("stabilityChecker failed (timed out); old rule: reassign (") and len(effects) == 1
+
+
+def test_delete_moves_the_block_and_stops_its_sidecars_on_their_nodes() -> None:
+    b = block("ready")
+    b["ir"]["sidecars"] = [SIDECAR]
+    out = lc.on_delete("b", lc.View(b, {"b-0": inst(), "b-1": inst("n2")}))
+    stops = [Emit(E.node_sidecar_stop, SidecarCommand("b", 7, "c1", nid, "log", dict(SIDECAR), "block deleted"),
+                  qualifier=nid) for nid in ("n1", "n2")]
+    assert out == [Transition("b", 7, Step.DELETE, then=(RemoveAll("b", 7, "block deleted"), DeletedIfEmpty("b", 7)),
+                              redo=False),
+                   publish(*stops)]
+
+
+def test_a_replace_verdict_goes_the_way_of_a_fault_with_the_checkers_words() -> None:
+    view = lc.View(block("ready"), {"b-0": inst()})
+    what, effects = lc.on_verdict(InstanceVerdict("b", 7, "b-0", "n1", "replace", "p50 over 2 s"), view, 3)
+    assert what.startswith("replace: reassign (")
+    assert effects == [Replace("b", 7, "c1", "b-0", "instance b-0 replace: health checker: p50 over 2 s", "b-0:replace", "n1")]
+    assert lc.on_verdict(InstanceVerdict("b", 7, "b-0", "n1", "unready", "x"), view, 3) == ("routing only", [])
+
+
+def test_a_restart_of_an_instance_without_gpus_or_image_sends_empty_ones() -> None:
+    b = block("ready")
+    del b["ir"]["image"], b["ir"]["launch"], b["ir"]["resources"]
+    rec = inst()
+    del rec["gpus"]
+    what, [pub] = lc.on_verdict(InstanceVerdict("b", 7, "b-0", "n1", "restart", "hung", seq="s1"), lc.View(b, {"b-0": rec}), 3)
+    cmd = InstanceCommand("b", 7, "c1", "b-0", "n1", [], "", env_for(b["ir"], "b-0", []), reason="health checker: hung")
+    assert what == "restart" and pub == publish(Emit(E.node_instance_restart, cmd, qualifier="s1"))
