@@ -68,7 +68,7 @@ def test_the_command_prints_and_writes_the_figures(tmp_path: Path) -> None:
 def test_the_command_refuses_what_it_cannot_do(tmp_path: Path) -> None:
     args = ["trace", "replay", str(DATA / "nodes.csv"), str(DATA / "pods.csv")]
     r = CliRunner().invoke(app, args)
-    assert r.exit_code == 2 and "only --in-process is implemented" in r.output
+    assert r.exit_code == 2 and "give --in-process" in r.output and "--live" in r.output
     bad = tmp_path / "pods.csv"
     bad.write_text("name,cpu_milli\np,1\n")
     r = CliRunner().invoke(app, ["trace", "replay", str(DATA / "nodes.csv"), str(bad), "--in-process"])

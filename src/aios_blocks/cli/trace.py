@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -96,6 +97,9 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         nodes_file: Path = typer.Argument(..., metavar="NODES", help="Node list (as for `blocks cluster import`)."),
         pods_file: Path = typer.Argument(..., metavar="PODS", help="Task list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,qos])."),
         in_process: bool = typer.Option(False, "--in-process", help="Run the placement code in this process (no servers)."),
+        live: bool = typer.Option(
+            False, "--live", help="Through a running system: `blocks up` (a fresh one: no cluster yet), else NATS, Redis and "
+            "the workers started by the command for each run. Same decisions as --in-process for the same seed."),
         policy: list[str] = typer.Option(
             ["fgd"], "--policy", "-p",
             help="resourceAllocator, repeatable: random, dot-product, gpu-packing, gpu-clustering, best-fit, fgd, binpack, "
@@ -110,11 +114,15 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         plot: Path = typer.Option(None, "--plot", help="Draw allocation vs arrived for the runs (PNG; needs matplotlib)."),
         anchor: Path = typer.Option(None, "--anchor", help="The artifact's published means (anchor_fgd_atc23.csv) to print beside "
                                     "ours; default: the one next to PODS, if any."),
+        timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="--live: seconds a block may take to be ready or failed."),
+        data_dir: Path = DataDir,
     ) -> None:
         """Replay a GPU trace: tasks sampled with a seed until their GPU requests reach --inflate x the
         cluster's GPUs, shuffled, placed one at a time, never deleted (a task that fits nowhere fails;
         the replay goes on). Prints the GPU allocation rate at each 1 % of arrived GPU requests, at
         100 % and at the end (~130 %), FGD's fragmentation measure, failures by reason, seconds.
+        --in-process runs the placement code here; --live submits each task as a block to a running
+        system (`blocks up`, else servers and workers it starts) and reads the placements back.
 
         Example: `blocks trace replay bench/traces/openb-2023/openb_node_list_gpu_node.csv
         bench/traces/openb-2023/openb_pod_list_default.csv --in-process --policy fgd --policy best-fit --json out.json`
@@ -126,9 +134,9 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         from ..trace.workload import WorkloadError, load_tasks
 
         err, console = m().err, m().console
-        if not in_process:
-            err.print("[red]only --in-process is implemented[/] (the policies and the placement code in this process); "
-                      "--live (through `blocks up`) is not yet")
+        if in_process == live:
+            err.print("[red]give --in-process[/] (the policies and the placement code in this process) [red]or --live[/] "
+                      "(through a running system)")
             raise typer.Exit(2)
         if plot is not None:
             try:
@@ -147,18 +155,78 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             raise typer.Exit(2) from None
         workload = pods_file.stem.removeprefix("openb_pod_list_")
         anchors = _anchors(anchor or pods_file.with_name("anchor_fgd_atc23.csv"), workload)
+        runs = [(rp.policy_uri(p), s) for p in policy for s in seed]
+        urls = _live_urls(data_dir, len(runs)) if live else None
         results = []
-        for uri in [rp.policy_uri(p) for p in policy]:
-            for s in seed:
+        for uri, s in runs:
+            if live:
+                res = _live_run(urls, nodes, tasks, uri, s, inflate, sample_nodes, workload, timeout)
+            else:
                 res = asyncio.run(rp.replay(nodes, tasks, uri, s, inflate, sample_nodes, workload))
-                results.append(res.as_dict())
-                _print_run(console, results[-1], anchors.get(rp.ANCHOR_NAMES.get(uri, "")))
+            results.append(res.as_dict())
+            _print_run(console, results[-1], anchors.get(rp.ANCHOR_NAMES.get(uri, "")))
         if json_out is not None:
             json_out.write_text(json.dumps(results[0] if len(results) == 1 else results, indent=1) + "\n")
             console.print(f"figures written to {escape(str(json_out))}")
         if plot is not None:
             draw(results, plot)
             console.print(f"plot written to {escape(str(plot))}")
+
+
+def _live_urls(data_dir: Path, runs: int) -> tuple[str, str] | None:
+    """A running system's URLs (``AIOS_NATS_URL``/``AIOS_REDIS_URL``, else `blocks up` in the data
+    dir), or None: each run starts its own. A running system takes one run: its blocks stay."""
+    from ..workers.locate import resolve_urls
+
+    err = _main().err
+    try:
+        urls = resolve_urls(data_dir, wait_s=0)
+    except (OSError, KeyError) as exc:
+        err.print(f"[red]Cannot read the credentials of the servers in {escape(str(data_dir))}[/]: {type(exc).__name__}")
+        raise typer.Exit(2) from None
+    if urls is not None and runs > 1:
+        err.print(f"[red]{runs} runs asked (policies x seeds), and a running system takes one[/]: a live replay's blocks are "
+                  "never deleted. Give one policy and one seed, or stop `blocks up` and let the command start its own "
+                  "servers for each run")
+        raise typer.Exit(2)
+    return urls
+
+
+def _live_run(urls: tuple[str, str] | None, nodes: list[Any], tasks: list[Any], uri: str, seed: int, inflate: float,
+              sample_nodes: int, workload: str, timeout: float) -> Any:
+    """One ``--live`` run: through the system at ``urls``, else through servers and workers
+    started for it (stopped after)."""
+    from ..trace import live
+
+    console, err = _main().console, _main().err
+
+    def progress(done: int, total: int) -> None:
+        console.print(f"  {done} of {total} blocks decided")
+
+    async def go() -> Any:
+        from .client import Client
+
+        async with contextlib.AsyncExitStack() as stack:
+            if urls is None:
+                nats_url, redis_url, _ = await stack.enter_async_context(
+                    live.own_system(lambda s: console.print(escape(s))))
+            else:
+                nats_url, redis_url = urls
+            client = await Client.open(nats_url, redis_url)
+            stack.push_async_callback(client.close)
+            return await live.replay_live(client, nodes, tasks, uri, seed, inflate, sample_nodes, workload, progress, timeout)
+
+    try:
+        return _main()._run(go())
+    except live.LiveError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+
+
+def _main() -> Any:
+    from . import main
+
+    return main
 
 
 def _anchors(path: Path, workload: str) -> dict[str, tuple[float, float]]:
@@ -184,7 +252,8 @@ def _print_run(console: Any, r: dict[str, Any], anchor: tuple[float, float] | No
     console.print(line)
     console.print(f"  {r['blocks']} blocks, {r['placed']} placed, {r['failed']} failed "
                   f"({', '.join(f'{k}: {v}' for k, v in r['failures'].items()) or 'none'}); "
-                  f"{r['seconds']:.1f} s, {r['placements_per_s']:.0f} placements/s")
+                  f"{r['seconds']:.1f} s, {r['placements_per_s']:.0f} placements/s"
+                  + (f", create->ready p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms (live)" if r.get("mode") == "live" else ""))
     curve = r["alloc_curve"]
     keys = sorted(curve, key=int)
     for i in range(0, len(keys), 10):

@@ -82,6 +82,8 @@ class Result:
     gpus: int
     inflate: float
     sample_nodes: int
+    #: ``in-process`` or ``live``
+    mode: str = "in-process"
     blocks: int = 0
     placed: int = 0
     failures: dict[str, int] = field(default_factory=dict)
@@ -92,6 +94,12 @@ class Result:
     alloc_end: float = 0.0
     frag_end: float = 0.0
     arrived_end: float = 0.0
+    #: per block decided: seconds from its submission to its outcome (in-process: its plan)
+    latencies: list[float] = field(default_factory=list)
+    #: block id -> (node, GPUs) of each placed block (not in the JSON: the per-block check of the modes)
+    placements: dict[str, tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    #: the blocks decided within ``seconds`` (live: all but the first, whose time holds the workers' start)
+    timed_blocks: int = 0
 
     def at(self, curve: dict[str, float], pct: int) -> float:
         """The figure at ``pct`` % arrived; past the last point reached (the inflated list ends
@@ -100,18 +108,107 @@ class Result:
 
     def as_dict(self) -> dict[str, Any]:
         top = round(self.inflate * 100)
+        lat = sorted(self.latencies)
         out = {
-            "policy": self.policy, "seed": self.seed, "workload": self.workload, "nodes": self.nodes, "gpus": self.gpus,
-            "inflate": self.inflate, "sample_nodes": self.sample_nodes, "blocks": self.blocks, "placed": self.placed,
-            "failed": self.blocks - self.placed, "failures": dict(sorted(self.failures.items())),
+            "policy": self.policy, "seed": self.seed, "workload": self.workload, "mode": self.mode, "nodes": self.nodes,
+            "gpus": self.gpus, "inflate": self.inflate, "sample_nodes": self.sample_nodes, "blocks": self.blocks,
+            "placed": self.placed, "failed": self.blocks - self.placed, "failures": dict(sorted(self.failures.items())),
             "alloc_at_100": round(self.at(self.alloc_curve, 100), 4), f"alloc_at_{top}": round(self.alloc_end, 4),
             "frag_at_100": round(self.at(self.frag_curve, 100), 4), f"frag_at_{top}": round(self.frag_end, 4),
             "arrived_end": round(self.arrived_end, 4),
             "alloc_curve": self.alloc_curve, "frag_curve": self.frag_curve,
             "seconds": round(self.seconds, 3),
-            "placements_per_s": round(self.blocks / self.seconds, 1) if self.seconds else 0.0,
+            "placements_per_s": round((self.timed_blocks or self.blocks) / self.seconds, 1) if self.seconds else 0.0,
+            "p50_ms": round(1000 * lat[len(lat) // 2], 3) if lat else 0.0,
+            "p99_ms": round(1000 * lat[min(len(lat) - 1, int(len(lat) * 0.99))], 3) if lat else 0.0,
         }
         return out
+
+
+@dataclass
+class Setup:
+    """What both modes share for one run: the inflated, shuffled pods, the target workload, and
+    each pod's block IR parts (resources, the resourceAllocator rule, labels)."""
+
+    uri: str
+    seed: int
+    sample_nodes: int
+    pods: list[Task]
+    shapes: list[dict[str, Any]]
+    cluster_milli: int
+
+    def rule(self, share: bool) -> dict[str, Any]:
+        return {"name": "resourceAllocator", "policyRuleURI": self.uri,
+                "settings": {"gpuSharing": share, "sampleNodes": self.sample_nodes},
+                "parameters": {"seed": self.seed, "workload": self.shapes}}
+
+
+def block_id(t: Task) -> str:
+    """The block id of a task: its name (the trace's are valid ids; the modes must agree on it,
+    as policies break some ties by it)."""
+    return t.name
+
+
+def labels(t: Task) -> dict[str, str]:
+    """The trace's QoS class as the block's ``qos`` label (``LS``, ``BE``...)."""
+    return {"qos": t.qos} if t.qos else {}
+
+
+def setup(nodes: list[Node], tasks: list[Task], policy: str, seed: int, ratio: float, sample_nodes: int) -> Setup:
+    cluster_milli = sum(len(n.gpus) for n in nodes) * UNITS
+    if not cluster_milli:
+        raise ValueError("the inventory has no GPU: nothing to measure")
+    return Setup(policy_uri(policy), seed, sample_nodes, inflate(tasks, cluster_milli, ratio, seed), typical_shapes(tasks),
+                 cluster_milli)
+
+
+class Ledger:
+    """The figures of a replay, fed one decided task at a time (in the replay's order): the
+    views the placements are applied to, the allocation and fragmentation curves, failures by
+    reason. Both modes feed it: in-process with its own decisions, live with the placements read
+    back from the system's state."""
+
+    def __init__(self, nodes: list[Node], st: Setup, res: Result):
+        self.views = views_of(nodes)
+        self.st, self.res = st, res
+        self.wl = Workload(st.shapes)
+        self.failures: Counter[str] = Counter()
+        self.arrived = self.allocated = 0
+        self.next_pct = 1
+
+    def add(self, t: Task, placed: tuple[str, list[str]] | None) -> None:
+        needs, share = t.resources(), t.sharing
+        if placed is None:
+            self.failures[failure_reason(self.views, needs, share)] += 1
+        else:
+            nid, gpus = placed
+            node = capacity.copy_node(self.views[nid])
+            capacity.take(node, gpus, needs, share)
+            self.views[nid] = node
+            self.allocated += t.milli_total
+            self.res.placed += 1
+            self.res.placements[block_id(t)] = (nid, tuple(gpus))
+        self.arrived += t.milli_total
+        cm = self.st.cluster_milli
+        while self.arrived * 100 >= self.next_pct * cm:
+            self.res.alloc_curve[str(self.next_pct)] = round(100 * self.allocated / cm, 4)
+            self.res.frag_curve[str(self.next_pct)] = round(100 * cluster_frag(self.views, self.wl) / cm, 4)
+            self.next_pct += 1
+
+    def close(self) -> Result:
+        cm, res = self.st.cluster_milli, self.res
+        res.blocks = len(self.st.pods)
+        res.failures = dict(self.failures)
+        res.alloc_end = round(100 * self.allocated / cm, 4)
+        res.frag_end = round(100 * cluster_frag(self.views, self.wl) / cm, 4)
+        res.arrived_end = round(100 * self.arrived / cm, 4)
+        return res
+
+
+def held_milli(views: dict[str, dict[str, Any]]) -> int:
+    """GPU compute held on the views, in thousandths: a GPU held whole counts 1000, a shared one
+    what its instances' shares took."""
+    return sum(UNITS if g["exclusive"] else UNITS - int(g.get("share_free", UNITS)) for v in views.values() for g in v["gpus"])
 
 
 async def replay(
@@ -123,60 +220,31 @@ async def replay(
     from ..policies.runtime import PolicyRuntime
     from ..schemas.errors import PlacementFailed
 
-    uri = policy_uri(policy)
-    views = views_of(nodes)
-    cluster_milli = sum(len(n.gpus) for n in nodes) * UNITS
-    if not cluster_milli:
-        raise ValueError("the inventory has no GPU: nothing to measure")
-    pods = inflate(tasks, cluster_milli, ratio, seed)
-    shapes = typical_shapes(tasks)
-    wl = Workload(shapes)
+    st = setup(nodes, tasks, policy, seed, ratio, sample_nodes)
     runtime = PolicyRuntime(lookup=None)
-    cid = nodes[0].cluster
-    cluster = {"id": cid, "labels": {}}
-    rules = {
-        share: {"name": "resourceAllocator", "policyRuleURI": uri,
-                "settings": {"gpuSharing": share, "sampleNodes": sample_nodes},
-                "parameters": {"seed": seed, "workload": shapes}}
-        for share in (False, True)
-    }
-    res = Result(uri, seed, workload, len(nodes), cluster_milli // UNITS, ratio, sample_nodes)
-    failures: Counter[str] = Counter()
-    arrived = allocated = 0
-    next_pct = 1
+    cluster = {"id": nodes[0].cluster, "labels": {}}
+    rules = {share: st.rule(share) for share in (False, True)}
+    res = Result(st.uri, seed, workload, len(nodes), st.cluster_milli // UNITS, ratio, sample_nodes)
+    ledger = Ledger(nodes, st, res)
     started = time.perf_counter()
-    for i, t in enumerate(pods):
-        needs = t.resources()
-        share = t.sharing
-        rule = rules[share]
-        ir = {"blockId": t.name, "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
-              "resources": needs, "policies": {"resourceAllocator": rule}, "labels": {"qos": t.qos} if t.qos else {}}
+    for i, t in enumerate(st.pods):
+        rule, bid = rules[t.sharing], block_id(t)
+        ir = {"blockId": bid, "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
+              "resources": t.resources(), "policies": {"resourceAllocator": rule}, "labels": labels(t)}
 
         async def invoke(inp: dict[str, Any], rule: dict[str, Any] = rule) -> Any:
             return await runtime.invoke(rule, "resourceAllocator", inp)
 
+        t0 = time.perf_counter()
         try:
-            placements = await controller.plan(ir, cluster, views, "allocation", [f"{t.name}-0"], invoke)
+            placements = await controller.plan(ir, cluster, ledger.views, "allocation", [controller.instance_id(bid, 0)], invoke)
         except PlacementFailed:
-            failures[failure_reason(views, needs, share)] += 1
+            placed = None
         else:
-            p = placements[0]
-            node = capacity.copy_node(views[p["node"]])
-            capacity.take(node, p["gpus"], needs, share)
-            views[p["node"]] = node
-            allocated += t.milli_total
-            res.placed += 1
-        arrived += t.milli_total
-        while arrived * 100 >= next_pct * cluster_milli:
-            res.alloc_curve[str(next_pct)] = round(100 * allocated / cluster_milli, 4)
-            res.frag_curve[str(next_pct)] = round(100 * cluster_frag(views, wl) / cluster_milli, 4)
-            next_pct += 1
+            placed = (placements[0]["node"], list(placements[0]["gpus"]))
+        res.latencies.append(time.perf_counter() - t0)
+        ledger.add(t, placed)
         if progress is not None and (i + 1) % 500 == 0:
-            progress(i + 1, len(pods))
+            progress(i + 1, len(st.pods))
     res.seconds = time.perf_counter() - started
-    res.blocks = len(pods)
-    res.failures = dict(failures)
-    res.alloc_end = round(100 * allocated / cluster_milli, 4)
-    res.frag_end = round(100 * cluster_frag(views, wl) / cluster_milli, 4)
-    res.arrived_end = round(100 * arrived / cluster_milli, 4)
-    return res
+    return ledger.close()

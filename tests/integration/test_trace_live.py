@@ -1,0 +1,59 @@
+"""``blocks trace replay --live`` against ``--in-process`` (docs/trace.md "Same decisions"): the
+same sample of the default GPU trace, placed through the running system (real NATS JetStream,
+Redis and workers) and by the placement code alone, gives the same figures and puts every block
+on the same node and GPUs, for three seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from aios_blocks.trace import live
+from aios_blocks.trace import replay as rp
+from aios_blocks.trace.inventory import parse_nodes
+from aios_blocks.trace.workload import load_tasks
+
+from .conftest import System
+
+TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "openb-2023"
+#: the first nodes of the trace's node list (P100, T4 and others): ~110-130 blocks at 130 %
+NODES = 24
+
+
+def _sample() -> tuple[list, list]:
+    lines = (TRACE / "openb_node_list_gpu_node.csv").read_text(encoding="utf-8").splitlines()
+    nodes = parse_nodes("\n".join(lines[: NODES + 1]), "trace", "csv")
+    return nodes, load_tasks(TRACE / "openb_pod_list_default.csv")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("seed", [42, 43, 44])
+async def test_live_and_in_process_make_the_same_decisions(system: System, seed: int) -> None:
+    nodes, tasks = _sample()
+    planned = await rp.replay(nodes, tasks, "fgd", seed, 1.3, 0, "default")
+    got = await live.replay_live(system.client, nodes, tasks, "fgd", seed, 1.3, 0, "default", timeout=120)
+    a, b = planned.as_dict(), got.as_dict()
+    assert b["mode"] == "live" and a["mode"] == "in-process"
+    assert set(a) == set(b)  # --json writes the same keys in both modes
+    assert 0 < b["placed"] < b["blocks"]  # some tasks fit nowhere: the replay went on past them
+    for key in ("alloc_at_100", "alloc_at_130", "frag_at_100", "frag_at_130", "blocks", "placed", "failures",
+                "alloc_curve", "frag_curve", "arrived_end"):
+        assert a[key] == b[key], key
+    # every block on the same node and GPUs (read back from the state store, not the replay's own)
+    assert got.placements == planned.placements
+    assert len(got.latencies) == b["blocks"] - 1 and b["p50_ms"] > 0
+    # the trace's QoS class is the block's label, in the IR the system stored
+    pods = rp.setup(nodes, tasks, "fgd", seed, 1.3, 0).pods
+    t = next(p for p in pods if p.qos)
+    block = await system.client.store.get_block(rp.block_id(t))
+    assert block is not None and block["ir"]["labels"] == {"qos": t.qos}
+
+
+async def test_a_system_with_a_cluster_is_refused(system: System) -> None:
+    """Its blocks would stay, and the gateway could choose the other cluster: said, nothing submitted."""
+    await system.client.add_sim_cluster("other", nodes=1, gpus=1)
+    nodes, tasks = _sample()
+    with pytest.raises(live.LiveError, match="already has clusters"):
+        await live.replay_live(system.client, nodes, tasks, "fgd", 42)
+    assert "trace" not in await system.client.store.clusters()

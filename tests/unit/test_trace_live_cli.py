@@ -1,0 +1,59 @@
+"""Block labels (the GPU trace's QoS class, docs/trace.md) and ``blocks trace replay``'s choice of
+mode, without servers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from aios_blocks.cli.main import app
+from aios_blocks.schemas.errors import SpecInvalid
+from aios_blocks.schemas.ir import block_create_IR
+from aios_blocks.trace import live
+from aios_blocks.trace import replay as rp
+from aios_blocks.trace.workload import Task
+
+from .test_ir import COMPONENT, spec
+
+TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "openb-2023"
+
+
+def test_a_block_spec_s_labels_are_in_its_ir_and_absent_ones_leave_it_as_it_was() -> None:
+    assert block_create_IR({**spec(), "labels": {"qos": "LS"}}, COMPONENT, "b1")["labels"] == {"qos": "LS"}
+    assert "labels" not in block_create_IR(spec(), COMPONENT, "b1")
+    with pytest.raises(SpecInvalid) as exc:
+        block_create_IR({**spec(), "labels": {"qos": "has space"}}, COMPONENT, "b1")
+    assert any(e.path.startswith("$.labels") for e in exc.value.errors)
+
+
+def test_a_task_s_block_carries_its_qos_its_share_and_its_kind_s_component() -> None:
+    shared = Task("p1", 6000, 12288, 1, 460, "V100M16|V100M32", "LS")
+    whole = Task("p2", 8000, 1024, 2, 1000, "", "")
+    s1, s2 = live.block_spec(shared), live.block_spec(whole)
+    assert s1["labels"] == {"qos": "LS"} and "labels" not in s2
+    assert s1["blockComponentURI"] == live.COMPONENT_SHARED and s2["blockComponentURI"] == live.COMPONENT_WHOLE
+    assert s1["resources"] == {"gpus": 1, "gpuMemory": 0, "cpu": 6.0, "memory": 12288, "gpuShare": 0.46,
+                               "gpuModels": ["V100M16", "V100M32"]}
+    assert s1["blockId"] == rp.block_id(shared) == "p1"
+    st = rp.Setup("builtin:fgd", 7, 0, [shared, whole], [{"cpu": 6, "gpus": 1}], 2000)
+    by_uri = {c["componentURI"]: c for c in live.components(st)}
+    assert by_uri[live.COMPONENT_SHARED]["policies"][1]["settings"] == {"gpuSharing": True, "sampleNodes": 0}
+    assert by_uri[live.COMPONENT_WHOLE]["policies"][1]["parameters"] == {"seed": 7, "workload": [{"cpu": 6, "gpus": 1}]}
+
+
+@pytest.mark.parametrize("flags", [[], ["--in-process", "--live"]])
+def test_replay_needs_exactly_one_mode(flags: list[str]) -> None:
+    res = CliRunner().invoke(app, ["trace", "replay", str(TRACE / "openb_node_list_gpu_node.csv"),
+                                   str(TRACE / "openb_pod_list_default.csv"), *flags])
+    assert res.exit_code == 2 and "--in-process" in res.output and "--live" in res.output
+
+
+def test_live_on_a_running_system_takes_one_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its blocks stay: a second run would find the first one's cluster."""
+    monkeypatch.setenv("AIOS_NATS_URL", "nats://127.0.0.1:1")
+    monkeypatch.setenv("AIOS_REDIS_URL", "redis://127.0.0.1:1")
+    res = CliRunner().invoke(app, ["trace", "replay", str(TRACE / "openb_node_list_gpu_node.csv"),
+                                   str(TRACE / "openb_pod_list_default.csv"), "--live", "--seed", "1", "--seed", "2"])
+    assert res.exit_code == 2 and "2 runs asked" in res.output
