@@ -55,3 +55,28 @@ def test_replay_rows_of_a_scale_target_and_a_scale_down_say_what_was_asked_and_c
     chosen = _line("aios.block.bx.scale_down.chosen", {"data": {"block_id": "bx", "gen": 1, "cluster_id": "c1", "request_id": "r",
                                                                 "instance_id": "bx-3", "node_id": "n1", "chosen_by": "policy"}})
     assert chosen.endswith(" bx-3@n1 chosen by policy")
+
+
+async def test_get_of_a_rejected_block_lists_its_spec_errors_one_per_line_without_an_empty_table(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    # it printed `block b5: rejected ([{"path":"$.policyRulesSpec","message":"no clusterAllocator ..."}, ...])`
+    # above an empty instance table
+    from types import SimpleNamespace
+
+    from aios_blocks.cli.render import _print_block
+    from aios_blocks.testing import MemorySystem
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=1, gpus=1)
+        bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 3, "maxInstances": 2, "colour": 1})
+        await s.run()
+        capsys.readouterr()
+        block = await _print_block(SimpleNamespace(store=s.store), bid)  # type: ignore[arg-type]
+    assert block is not None and block["status"] == "rejected"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"block {bid}: rejected"
+    assert "  $.minInstances: minInstances (3) is greater than maxInstances (2)" in lines
+    assert "  $.colour: unknown field" in lines
+    assert lines[-1] == "no instances"
+    assert not any(line.startswith(("┏", "┃", "└")) for line in lines)  # no empty table

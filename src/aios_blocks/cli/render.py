@@ -151,11 +151,34 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
     if block is None:
         return None
     insts = await c.store.instances(bid)
-    t = _table("instance", "node", "gpus", "status", "endpoint", title=escape(f"block {bid}: {block['status']}" + (f" ({block.get('reason')})" if block.get("reason") else "")))
+    reason, errors = block.get("reason") or "", _spec_errors(block.get("reason"))
+    title = escape(f"block {bid}: {block['status']}" + (f" ({reason})" if reason and errors is None else ""))
+    if not insts:  # (a rejected, failed or deleted block: no empty table)
+        console.print(title)
+        for e in errors or []:
+            console.print(f"  [red]{escape(str(e.get('path')))}[/]: {escape(str(e.get('message')))}")
+        console.print("no instances")
+        return block
+    t = _table("instance", "node", "gpus", "status", "endpoint", title=title)
     for iid, i in sorted(insts.items()):
         t.add_row(*_plain(iid, i["node"], ",".join(i["gpus"]), i["status"], i.get("endpoint") or ""))
     console.print(t)
+    for e in errors or []:
+        console.print(f"  [red]{escape(str(e.get('path')))}[/]: {escape(str(e.get('message')))}")
     return block
+
+
+def _spec_errors(reason: Any) -> list[dict[str, Any]] | None:
+    """A rejected block's reason is its spec's errors as JSON (``[{"path", "message"}]``): them,
+    to print one per line; ``None`` for any other reason (printed as it is)."""
+    if not isinstance(reason, str) or not reason.startswith("["):
+        return None
+    try:
+        errors = json.loads(reason)
+    except ValueError:
+        return None
+    ok = isinstance(errors, list) and errors and all(isinstance(e, dict) and "message" in e for e in errors)
+    return errors if ok else None
 
 
 def _adapt_line(adapt: dict[str, Any]) -> str:
