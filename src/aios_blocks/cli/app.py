@@ -39,6 +39,19 @@ app.add_typer(node_app, name="node")
 app.add_typer(policy_app, name="policy")
 app.add_typer(state_app, name="state")
 
+def _version(value: bool) -> None:
+    """``blocks --version``: the installed package's version (the first thing a stranger asks)."""
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        print(f"aios-blocks {version('aios-blocks')}")
+    except PackageNotFoundError:
+        print("aios-blocks (not installed: run from a source tree)")
+    raise typer.Exit(0)
+
+
 @app.callback()
 def _root(
     data_dir: Path = typer.Option(
@@ -46,6 +59,8 @@ def _root(
         help="Data dir of the embedded servers, for every command (as after the command: else AIOS_DATA_DIR, "
         "else ./.aios-data, searched up from here).",
     ),
+    show_version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                      help="Print the installed version and exit."),
 ) -> None:
     # (no docstring: the app's help is Typer(help=...)); the value is read by each command's --data-dir
     pass
