@@ -464,7 +464,8 @@ def test_an_unknown_policy_uri_is_refused_with_the_known_builtins() -> None:
     ]))
     by_path = {e.path: e.message for e in errors}
     assert "unknown built-in policy 'builtin:binpak'" in by_path["$.policyRulesSpec[0].values.policyRuleURI"]
-    assert ("builtin:best-fit, builtin:binpack, builtin:cluster-rank, builtin:dot-product, builtin:fgd, builtin:gpu-clustering, "
+    assert ("builtin:best-fit, builtin:binpack, builtin:cluster-rank, builtin:dot-product, builtin:fgd, builtin:fgd-plus, "
+            "builtin:gpu-clustering, "
             "builtin:gpu-packing, builtin:least-inflight, builtin:least-queue, builtin:probe-threshold, builtin:queue-depth, "
             "builtin:random, builtin:round-robin, builtin:spread, builtin:target-inflight") in by_path["$.policyRulesSpec[0].values.policyRuleURI"]
     assert "not a clusterAllocator one; for clusterAllocator: builtin:cluster-rank" in by_path["$.policyRulesSpec[1].values.policyRuleURI"]

@@ -102,8 +102,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             "the workers started by the command for each run. Same decisions as --in-process for the same seed."),
         policy: list[str] = typer.Option(
             ["fgd"], "--policy", "-p",
-            help="resourceAllocator, repeatable: random, dot-product, gpu-packing, gpu-clustering, best-fit, fgd, binpack, "
-            "spread, or a policyRuleURI."),
+            help="resourceAllocator, repeatable: random, dot-product, gpu-packing, gpu-clustering, best-fit, fgd, fgd-plus (ours), "
+            "binpack, spread, or a policyRuleURI."),
         seed: list[int] = typer.Option([42], "--seed", "-s", help="Sampling and shuffling seed, repeatable."),
         inflate: float = typer.Option(1.3, "--inflate", min=0.01, max=10.0,
                                       help="Sample tasks until their GPU requests reach this many times the cluster's GPUs."),

@@ -37,6 +37,7 @@ from . import contract, uris
 from .builtin.autoscale import QueueDepthPolicy, TargetInflightPolicy
 from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from .builtin.cluster_rank import ClusterRankPolicy
+from .builtin.fgd_plus import POLICIES as FGD_PLUS_POLICIES
 from .builtin.frag import POLICIES as FRAG_POLICIES
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
@@ -59,6 +60,8 @@ BUILTINS: dict[str, type] = {
     "builtin:probe-threshold": ProbeThresholdPolicy,
     # the GPU-sharing baselines of the FGD paper (docs/trace.md)
     **FRAG_POLICIES,
+    # ours: FGD with a look-ahead measure (policies/builtin/fgd_plus.py, docs/trace.md)
+    **FGD_PLUS_POLICIES,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

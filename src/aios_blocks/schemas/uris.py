@@ -29,6 +29,8 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:gpu-clustering": ("resourceAllocator",),
     "builtin:best-fit": ("resourceAllocator",),
     "builtin:fgd": ("resourceAllocator",),
+    # ours: FGD with a look-ahead measure (policies/builtin/fgd_plus.py, docs/trace.md)
+    "builtin:fgd-plus": ("resourceAllocator",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"

@@ -27,7 +27,7 @@ from .workload import UNITS, Task, inflate, typical_shapes
 POLICY_NAMES: dict[str, str] = {
     "random": "builtin:random", "dot-product": "builtin:dot-product", "gpu-packing": "builtin:gpu-packing",
     "gpu-clustering": "builtin:gpu-clustering", "best-fit": "builtin:best-fit", "fgd": "builtin:fgd",
-    "binpack": "builtin:binpack", "spread": "builtin:spread",
+    "binpack": "builtin:binpack", "spread": "builtin:spread", "fgd-plus": "builtin:fgd-plus",
 }
 #: the anchor's (the artifact's) name of each policy
 ANCHOR_NAMES: dict[str, str] = {

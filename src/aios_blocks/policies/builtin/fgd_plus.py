@@ -1,0 +1,197 @@
+"""``builtin:fgd-plus``: fragmentation gradient descent with a look-ahead measure that sees the
+GPUs a node's CPUs (and memory) will strand, best fit where that measure ties. docs/trace.md
+"Our policy: builtin:fgd-plus".
+
+FGD (``builtin:fgd``, Weng et al., USENIX ATC '23) places a task where the node's fragmentation
+grows least: the free GPU compute a task drawn from the target workload could not use there,
+asking only whether *one* such task fits. A node with 8 free GPUs and CPUs left for 3 tasks is
+not fragmented for FGD; 5 of its GPUs will never be used. On the Alibaba trace most GPUs left
+idle are stranded that way (failures "GPU and CPU/memory free on different nodes"). Changes:
+
+1. **Look-ahead measure.** :class:`FillWorkload`: for each shape of the workload, the node's
+   free GPU compute that shape could not use if the node were filled with it, counting how many
+   fit by GPU (whole-GPU slots, or shares per GPU) *and* by CPU. The policy descends a blend,
+   ``(1 - lookAhead)`` x FGD's measure + ``lookAhead`` x this one (``parameters.lookAhead``,
+   default 0.3: FGD's one-task view still steers multi-GPU work, measured best on the trace).
+2. **Memory strands GPUs too.** The CPU in both measures is the node's *effective* CPU: the
+   fewer of its free CPUs and its free memory over the workload's memory per CPU
+   (``parameters.memoryPerCpu`` MiB, else the shapes' own ``memory``, else the request's ratio).
+3. **Best fit on ties.** Equal changes (idle nodes alike, nodes with no free GPU for a CPU-only
+   task) go to the node left with the least free GPU compute, then the least effective CPU; a
+   CPU-only task among those to the node with the most CPU per free GPU left. A shared task goes
+   to the GPU whose use grows the measure least, then the fullest that fits.
+
+Same feasibility as every built-in (``capacity.node_fits``), ranked through the same per-shape
+index as the baselines (``_FragBase``); remaining ties by the seeded hash of the node id, so a
+run is deterministic per seed. Stateless.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
+
+#: digits the fragmentation change is rounded to before the pack tie-break applies (the measure
+#: is in thousandths of a GPU, weighted by frequencies: 1e-6 is far below one task's effect)
+DIGITS = 6
+#: the weight of the look-ahead (fill) measure against FGD's (``parameters.lookAhead``)
+LOOK_AHEAD = 0.3
+
+
+def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
+    """MiB of memory the workload's tasks ask per CPU: ``parameters.memoryPerCpu``, else the
+    target shapes' (weighted) ``memory`` over their ``cpu``, else the request's own ratio; 0
+    (memory ignored) when none is known."""
+    given = parameters.get("memoryPerCpu")
+    if isinstance(given, int | float) and given > 0:
+        return float(given)
+    shapes = parameters.get("workload")
+    if isinstance(shapes, list):
+        mem = cpu = 0.0
+        for s in shapes:
+            if isinstance(s, dict) and s.get("memory") is not None:
+                w = float(s.get("weight", 0) or 0)
+                mem += w * float(s.get("memory") or 0)
+                cpu += w * float(s.get("cpu") or 0)
+        if mem > 0 and cpu > 0:
+            return mem / cpu
+    cpu_asked = float(needs.get("cpu", 0) or 0)
+    mem_asked = float(needs.get("memory", 0) or 0)
+    return mem_asked / cpu_asked if cpu_asked > 0 and mem_asked > 0 else 0.0
+
+
+def effective_cpu(cpu_free: float, memory_free: float, ratio: float) -> float:
+    """The CPUs a task of the workload could still use: its free CPUs, fewer when its free memory
+    would run out first (``ratio`` MiB per CPU; 0: memory ignored)."""
+    if ratio <= 0:
+        return cpu_free
+    return min(cpu_free, memory_free / ratio)
+
+
+class FillWorkload:
+    """A look-ahead fragmentation measure: for each shape of the target workload, the node's free
+    GPU compute that shape could *not* use if the node were filled with tasks of that shape
+    alone, counting how many fit by GPU (slots on whole GPUs or shares on each GPU) and by CPU
+    (effective CPU over the shape's CPUs), weighted by the shapes' frequencies. FGD's measure
+    (``frag.Workload``) asks whether *one* task fits; this one asks how much of the node the
+    tasks could fill: a node with 8 free GPUs and CPUs for 3 tasks strands 5 GPUs here, none in
+    FGD's."""
+
+    def __init__(self, shapes: list[dict[str, Any]]):
+        groups: dict[tuple[int, int, tuple[str, ...]], list[tuple[float, float]]] = {}
+        self.cpu_only = 0.0
+        for s in shapes:
+            weight = float(s.get("weight", 0) or 0)
+            if weight <= 0:
+                continue
+            gpus = int(s.get("gpus", 0) or 0)
+            if not gpus:
+                self.cpu_only += weight
+                continue
+            share = round(float(s.get("gpuShare") or 0) * UNITS)
+            units = share if 0 < share < UNITS else UNITS
+            key = (gpus, units, tuple(sorted(s.get("gpuModels") or ())))
+            groups.setdefault(key, []).append((float(s.get("cpu", 0) or 0), weight))
+        #: (gpus, units, allowed models, [(cpu, weight)], total weight)
+        self.groups = [(g, u, frozenset(m), items, sum(w for _, w in items)) for (g, u, m), items in sorted(groups.items())]
+        self._memo: dict[tuple[Any, ...], float] = {}
+
+    def frag(self, model: str, cpu_free: float, left: tuple[int, ...]) -> float:
+        """The node's expected GPU compute (thousandths) a workload's shape could not fill."""
+        free = sum(left)
+        if not free:
+            return 0.0
+        key = (model, round(cpu_free, 1), tuple(sorted(left)))
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        out = self.cpu_only * free
+        whole = sum(1 for x in left if x >= UNITS)
+        for gpus, units, models, items, weight in self.groups:
+            if models and model not in models:
+                out += weight * free
+                continue
+            slots = sum(x // units for x in left) if units < UNITS else whole // gpus
+            if not slots:
+                out += weight * free
+                continue
+            for cpu, w in items:
+                k = min(slots, int((cpu_free + 1e-9) // cpu)) if cpu > 0 else slots
+                out += w * (free - k * gpus * units)
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
+
+
+class BlendedWorkload:
+    """The measure the policy descends: ``(1 - look_ahead)`` x FGD's (one next task) plus
+    ``look_ahead`` x :class:`FillWorkload`'s (the node filled with the workload)."""
+
+    def __init__(self, shapes: list[dict[str, Any]], look_ahead: float = 0.5):
+        self.fgd, self.fill, self.look_ahead = Workload(shapes), FillWorkload(shapes), look_ahead
+
+    def frag(self, model: str, cpu_free: float, left: tuple[int, ...]) -> float:
+        a = self.look_ahead
+        out = 0.0 if a >= 1 else (1 - a) * self.fgd.frag(model, cpu_free, left)
+        return out + (a * self.fill.frag(model, cpu_free, left) if a > 0 else 0.0)
+
+
+class FgdPlusPolicy(_FragBase):
+    """FGD over effective CPU (memory strands GPUs), best fit on ties, best-fit GPU."""
+
+    mode = "fgd-plus"
+
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        super().__init__(rule_id, settings, parameters)
+        look = self.parameters.get("lookAhead", LOOK_AHEAD)
+        self.look_ahead = min(max(float(look), 0.0), 1.0) if isinstance(look, int | float) else LOOK_AHEAD
+        self.key = (*self.key, self.look_ahead)
+        shapes = self.parameters.get("workload")
+        self.fill = self.measure([s for s in shapes if isinstance(s, dict)]) if isinstance(shapes, list) and shapes else None
+
+    def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
+        return BlendedWorkload(shapes, self.look_ahead)
+
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+               count: int) -> tuple[Any, list[str]]:
+        wl = self.fill
+        if wl is None:  # no target workload: this request's shape alone
+            wl = self.measure([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
+                                "gpuShare": units / UNITS if units < UNITS else 0, "weight": 1}])
+        ratio = memory_per_cpu(self.parameters, needs)
+        model = node_model(node)
+        cpu_ask, mem_ask = float(needs.get("cpu", 0) or 0), float(needs.get("memory", 0) or 0)
+        cpu_before = effective_cpu(float(node["cpu_free"]), float(node.get("memory_free", 0)), ratio)
+        cpu_after = effective_cpu(float(node["cpu_free"]) - cpu_ask, float(node.get("memory_free", 0)) - mem_ask, ratio)
+        left = gpu_left(node)
+        before = wl.frag(model, cpu_before, left)
+        if not count:  # CPU-only: where its CPUs are least needed by the free GPUs left
+            delta = wl.frag(model, cpu_after, left) - before
+            free = sum(left)
+            return (round(delta, DIGITS), free, -round(cpu_after * UNITS / free if free else cpu_after, 3)), []
+        if units < UNITS:  # one shared GPU: least growth, then the least free compute that fits
+            best: tuple[float, int, str] | None = None
+            seen: set[int] = set()
+            for g in usable:
+                free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
+                if free in seen:
+                    continue
+                seen.add(free)
+                after = list(left)
+                after[after.index(free)] -= units
+                d = round(wl.frag(model, cpu_after, tuple(after)) - before, DIGITS)
+                if best is None or (d, free) < best[:2]:
+                    best = (d, free, g["id"])
+            assert best is not None
+            return (best[0], sum(left) - units, round(cpu_after, 3)), [best[2]]
+        chosen = [g["id"] for g in usable[:count]]
+        after = list(left)
+        for _ in chosen:  # whole GPUs: idle ones, all alike
+            after[after.index(UNITS)] = 0
+        delta = wl.frag(model, cpu_after, tuple(after)) - before
+        return (round(delta, DIGITS), sum(after), round(cpu_after, 3)), chosen
+
+
+POLICIES: dict[str, type[FgdPlusPolicy]] = {"builtin:fgd-plus": FgdPlusPolicy}
