@@ -147,7 +147,7 @@ class FgdPlusPolicy(_FragBase):
         super().__init__(rule_id, settings, parameters)
         look = self.parameters.get("lookAhead", LOOK_AHEAD)
         self.look_ahead = min(max(float(look), 0.0), 1.0) if isinstance(look, int | float) else LOOK_AHEAD
-        self.key = (*self.key, self.look_ahead)
+        self.key = (f"{self.key[0]}@{self.look_ahead}", self.key[1], self.key[2])  # the score memo: per look-ahead
         shapes = self.parameters.get("workload")
         self.fill = self.measure([s for s in shapes if isinstance(s, dict)]) if isinstance(shapes, list) and shapes else None
 
