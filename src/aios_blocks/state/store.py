@@ -832,13 +832,14 @@ def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> N
 
 
 def _block(h: dict[str, str]) -> dict[str, Any] | None:
-    """A block hash as callers see it: ``ir`` decoded, ``gen`` and ``version`` as ints."""
+    """A block hash as callers see it: ``ir`` decoded, ``gen``, ``version`` and ``created`` (the
+    create's stream sequence) as ints (`blocks get --json` showed ``"created": "11"``)."""
     if not h:
         return None
     out: dict[str, Any] = dict(h)
     if "ir" in out:
         out["ir"] = _json.decode(out["ir"])
-    for k in ("gen", "version", "desired", "desired_seq"):
+    for k in ("gen", "version", "desired", "desired_seq", "created"):
         if k in out:
             out[k] = int(out[k])
     return out
