@@ -43,6 +43,21 @@ def test_the_walk_is_a_start_and_a_stride_coprime_to_the_size(n: int) -> None:
     assert list(sampling.visit_order(0, "a")) == []
 
 
+@pytest.mark.parametrize(("n", "seed", "want"), [
+    (3, "a", (1, 1)), (10, "blk-a", (3, 7)), (1000, "blk-a", (231, 911)), (1024, "b-7", (907, 227)),
+    (10, "blk-0", (2, 7)), (1000, "blk-0", (654, 153)),  # a first stride not coprime (5, 152): the next one that is
+])
+def test_the_walk_of_a_seed_is_the_same_in_every_process_and_version(n: int, seed: str, want: tuple[int, int]) -> None:
+    """Controllers (any process, any restart) must agree on a block's sample: the walk is fixed
+    by the seed (random.Random's string seeding), not by this process."""
+    assert sampling.walk(n, seed) == want
+
+
+def test_strides_spread_over_seeds_even_on_a_tiny_cluster() -> None:
+    assert {sampling.walk(3, f"s{i}")[1] for i in range(20)} == {1, 2}
+    assert len({sampling.walk(1000, f"s{i}")[1] for i in range(20)}) >= 15
+
+
 def test_a_sample_says_what_it_did() -> None:
     s = sampling.Sample({}, 10, 7, 3, 9, True, "blk", 4)
     assert s.info() == {"total_nodes": 10, "visited": 7, "feasible": 3, "limit": 4, "seed": "blk"}
@@ -56,6 +71,7 @@ def test_feasible_needs_affinity_room_and_the_required_gpus_free() -> None:
     assert not sampling.feasible({**v, "affinity": {"pass": False}}, NEEDS, False)
     assert sampling.feasible({**v, "affinity": {"pass": True, "require_gpus": ["g1"]}}, NEEDS, False)
     assert not sampling.feasible({**v, "affinity": {"pass": True, "require_gpus": ["g1", "g9"]}}, NEEDS, False)
+    assert sampling.feasible({**v, "affinity": {"pass": True, "require_gpus": ["g0", "g1"]}}, NEEDS, False)  # all of them
     assert not sampling.feasible(node("n2", gpus=[busy_gpu("g0")]), NEEDS, False)
 
 
@@ -87,7 +103,8 @@ def test_a_big_cluster_with_nothing_that_fits_keeps_a_few_nodes_to_show_why(inve
 
 
 @pytest.mark.parametrize("inventory", [False, True])
-@pytest.mark.parametrize(("free", "want"), [(None, 1), (set(range(0, 300, 3)), 1), ({7, 150}, 1), (None, 50), (None, 500)])
+@pytest.mark.parametrize(("free", "want"), [(None, 1), (set(range(0, 300, 3)), 1), ({7, 150}, 1), (None, 50), (None, 500),
+                                           (set(range(0, 90, 10)), 1)])  # exactly as many fit as are enough
 def test_a_big_cluster_sample_stops_at_enough_fitting_nodes(inventory: bool, free: set[int] | None, want: int) -> None:
     nodes: dict[str, Any] = cluster(300, free=free)
     if inventory:
