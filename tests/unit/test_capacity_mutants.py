@@ -210,3 +210,16 @@ def test_best_fit_passes_over_skipped_nodes_to_the_next_in_rank(inventory: bool)
     assert best({"n0", "n1"}) == "n2"
     assert best(set(), count=3) == "n2"
     assert best({"n0", "n1", "n2", "n3"}) is None
+
+
+def test_what_is_not_asked_is_not_needed_and_not_taken() -> None:
+    bare = {k: v for k, v in view(cpu_free=0.5, memory_free=0, gpus=[gpu(memory=0)]).items() if k != "healthy"}
+    assert cap.node_fits(bare, {}, False) == [gpu(memory=0)]  # no health flag: healthy; nothing asked: it fits
+    node = view(cpu_free=0.5, memory_free=10, gpus=[gpu()])
+    cap.take(node, ["g0"], {"gpuShare": 0.25}, True)
+    assert node["cpu_free"] == 0.5 and node["memory_free"] == 10
+    assert node["gpus"][0]["memory_used"] == 0 and node["gpus"][0]["share_free"] == 750  # no figure yet: all of it
+
+
+def test_totals_round_the_free_cpu_to_the_thousandth() -> None:
+    assert cap.totals({"a": view(cpu_free=1.23456)})["cpu_free"] == 1.235
