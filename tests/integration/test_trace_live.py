@@ -17,7 +17,7 @@ from aios_blocks.trace.workload import load_tasks
 from .conftest import System
 
 TRACE = Path(__file__).resolve().parents[2] / "bench" / "traces" / "openb-2023"
-#: the first nodes of the trace's node list (P100, T4 and others): ~110-130 blocks at 130 %
+#: the first nodes of the trace's node list (P100, T4 and others): ~100 blocks at 130 %
 NODES = 24
 
 
