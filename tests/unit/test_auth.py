@@ -126,8 +126,11 @@ def test_only_the_controller_answers_requests_and_observers_write_nothing() -> N
 @pytest.mark.parametrize("role", ["parser", "gateway", "agent-sim"])
 def test_workers_create_and_pull_only_their_own_consumers(role: str) -> None:
     own = {"parser": "parser", "gateway": "gateway", "agent-sim": "agent-sim"}[role]
-    assert allowed(role, f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{own}")
-    assert allowed(role, f"$JS.API.CONSUMER.DURABLE.CREATE.AIOS.{own}")
+    # the parser's durable is on AIOS_INTAKE (the creates as sent), the others' on AIOS
+    st = "AIOS_INTAKE" if role == "parser" else "AIOS"
+    assert allowed(role, f"$JS.API.CONSUMER.MSG.NEXT.{st}.{own}")
+    assert allowed(role, f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.{own}")
+    assert role == "parser" or not allowed(role, "$JS.API.CONSUMER.MSG.NEXT.AIOS_INTAKE.parser")
     for other in ("parser", "gateway", "controller", "lifecycle", "agent-sim"):
         if other != own:
             assert not allowed(role, f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{other}")

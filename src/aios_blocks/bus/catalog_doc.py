@@ -33,7 +33,8 @@ def sample(pattern: str) -> str:
 
 def stored(pattern: str) -> bool:
     """Whether a stream keeps messages on ``pattern``."""
-    return any(subjects.matches(f, sample(pattern)) for f in (*subjects.STREAM_SUBJECTS, *subjects.OUTPUT_STREAM_SUBJECTS))
+    return any(subjects.matches(f, sample(pattern)) for f in (*subjects.STREAM_SUBJECTS, *subjects.OUTPUT_STREAM_SUBJECTS,
+                                                                *subjects.INTAKE_STREAM_SUBJECTS))
 
 
 def consumers(pattern: str) -> list[str]:

@@ -386,9 +386,12 @@ class Bus:
     async def ensure_stream(self, limits: StreamLimits | None = None) -> None:
         """Create the ``AIOS`` stream (limits retention over ``subjects.STREAM_SUBJECTS``) and the
         ``AIOS_OUTPUTS`` stream of the task outputs (its own limits, ``subjects.OUTPUT_STREAM_SUBJECTS``)
-        if they do not exist; a stream made by an older version with other subjects is updated in place."""
+        and ``AIOS_INTAKE`` of the creates as sent (``AIOS``'s limits) if they do not exist; a stream made
+        by an older version with other subjects is updated in place (``AIOS`` first: it gives up the
+        create subjects before ``AIOS_INTAKE`` takes them)."""
         limits = limits or StreamLimits.of(self.settings)
         await self._ensure_one(subjects.STREAM, subjects.STREAM_SUBJECTS, limits)
+        await self._ensure_one(subjects.STREAM_INTAKE, subjects.INTAKE_STREAM_SUBJECTS, limits)
         outputs = StreamLimits(max_age_s=self.settings.outputs_max_age_s, max_bytes=self.settings.outputs_max_bytes,
                                duplicate_window_s=limits.duplicate_window_s, replicas=limits.replicas)
         await self._ensure_one(subjects.STREAM_OUTPUTS, subjects.OUTPUT_STREAM_SUBJECTS, outputs)

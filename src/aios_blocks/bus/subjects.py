@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .catalog import EVENTS, ROOT, STREAM, STREAM_OUTPUTS, E, Event, stream_subjects
+from .catalog import EVENTS, ROOT, STREAM, STREAM_INTAKE, STREAM_OUTPUTS, E, Event, stream_subjects
 from .catalog import STREAM_OBSERVE as STREAM_OBSERVE  # re-exported: the observers' mirror of STREAM
 
 #: What the stream keeps: every stored event of the catalog (``catalog.stream_subjects``). Left out
@@ -22,6 +22,8 @@ STREAM_SUBJECTS = stream_subjects()
 #: What ``AIOS_OUTPUTS`` keeps: the blocks' task outputs (``aios.output.{bid}.{outcome}``), apart
 #: from ``AIOS`` so their volume never pushes a control event out (docs/sidecars.md).
 OUTPUT_STREAM_SUBJECTS = stream_subjects(STREAM_OUTPUTS)
+#: What ``AIOS_INTAKE`` keeps: the creates as sent (the parser stores each in ``AIOS`` as ``submitted``)
+INTAKE_STREAM_SUBJECTS = stream_subjects(STREAM_INTAKE)
 #: The instance-map KV bucket (``bus.instance_map``; its stream is ``KV_<bucket>``)
 INSTANCE_BUCKET = "aios-instances"
 
@@ -145,11 +147,15 @@ def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
         for f in e.filters(**scope):
             if f not in into:
                 into.append(f)
-    return ConsumerSpec(durable, tuple(filters), events, tuple(sorted(scope.items())), core_filters=tuple(core))
+    streams = {e.stream for e in events if e.stored}
+    if len(streams) > 1:
+        raise ValueError(f"consumer {durable}: its events are stored in several streams {sorted(streams)}")
+    return ConsumerSpec(durable, tuple(filters), events, tuple(sorted(scope.items())), stream=streams.pop() if streams else STREAM,
+                        core_filters=tuple(core))
 
 
 #: The parser also takes create subjects whose id held dots (``aios.block.a.b.create``): they can
-#: only be dead-lettered, but they must not sit in the stream unanswered.
+#: only be dead-lettered, but they must not sit in the stream unanswered. Its stream is ``AIOS_INTAKE``.
 PARSER = consumer("parser", E.block_create)
 GATEWAY = consumer("gateway", E.block_parsed, E.block_dry_run_result)
 

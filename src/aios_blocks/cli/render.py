@@ -67,6 +67,11 @@ def _line(subject: str, env: dict[str, Any]) -> str:
         for p in data.get("placements", []):
             for a in p.get("adaptive") or []:
                 detail += f"\n    {p['instance_id']} entry {a['entry']} (Adaptive): base {a['base']:g} -> {a['weight']:g}: {a['why']}"
+    elif kind == "submitted":  # the create, as the parser stored it (its publisher may have sent a bare spec)
+        spec: dict[str, Any] = data["spec"] if isinstance(data.get("spec"), dict) else {}
+        detail = (f"gen={data.get('gen')} {'CloudEvent' if data.get('framing') == 'cloudevent' else 'bare spec'} "
+                  f"on {data.get('subject')}" + (f" component={spec['blockComponentURI']}" if spec.get("blockComponentURI") else "")
+                  + ("" if spec else " (no spec in its body)"))
     elif kind in ("ready", "failed", "deleted"):
         detail = data.get("reason") or f"instances={data.get('instances')}"
     elif kind == "rejected":

@@ -61,7 +61,7 @@ def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
         data: dict[str, Any] = raw if isinstance(raw, dict) else {}
         out["block_id"] = out["block_id"] or subject.split(".")[2]
         n = int(data.get("attempt", 0) or 0)
-        if kind == "create":
+        if kind in ("submitted", "create"):  # create: stored in AIOS by versions before AIOS_INTAKE
             out["status"] = "submitted"
         elif kind == "parsed":
             out["status"] = "parsed"

@@ -12,7 +12,7 @@ import msgspec
 from ..policies.runtime import registry_name
 from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
-from ..schemas.events import Rejected
+from ..schemas.events import Rejected, Submitted
 from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, block_create_IR, decode_spec
 from ..schemas.spec import ID_RE
 from ..settings import Settings
@@ -40,6 +40,38 @@ def invalid_id(subject: str, bid: str | None, gen: int) -> Emit | None:
     error = SpecError("$.blockId", f"block id {given!r} in the subject {subject} {why}: a block id is the subject's "
                                    f"one token, {ID_RE.pattern}")
     return Emit(E.block_rejected, Rejected(given, gen, [error]), {"bid": INVALID_ID})
+
+
+#: how much of a body that held no spec its ``submitted`` keeps, as text
+BODY_EXCERPT = 1024
+#: the create's headers its ``submitted`` keeps
+HEADERS_OF_NOTE = ("Nats-Msg-Id", "Content-Type", "Content-Encoding")
+
+
+def submitted(subject: str, bid: str | None, gen: int, raw: bytes, headers: dict[str, str] | None,
+              max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> Emit:
+    """The ``block.submitted`` CloudEvent that stores in ``AIOS`` a create taken from
+    ``AIOS_INTAKE``, whatever its publisher sent (a bare spec, a CloudEvent, no JSON at all): the
+    spec, gen, the subject and headers it came with. Its id derives from gen, so a redelivered
+    create stores it once. A subject with no valid id puts it on ``aios.block._invalid.submitted``."""
+    valid = bid is not None and ID_RE.match(bid) is not None
+    given = bid if bid is not None else subject.removeprefix("aios.block.").removesuffix(".create")
+    out = Submitted(given, gen, subject, digest(raw),
+                    headers={k: str(v) for k, v in (headers or {}).items() if k in HEADERS_OF_NOTE})
+    doc: Any = None
+    if len(raw) <= max_bytes:
+        try:
+            doc = msgspec.json.decode(raw)
+        except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+            doc = None
+    if isinstance(doc, dict) and "specversion" in doc:
+        out.framing = "cloudevent"
+        out.attributes = {k: v for k, v in doc.items() if k not in ("data", "data_base64")}
+    try:
+        out.spec = decode_spec(raw, max_bytes)
+    except SpecInvalid:
+        out.body = raw[:BODY_EXCERPT].decode(errors="replace")
+    return Emit(E.block_submitted, out, {"bid": given if valid else INVALID_ID})
 
 
 #: how a publisher retries a create without a second answer "in use" (docs/subjects.md)

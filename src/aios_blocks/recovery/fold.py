@@ -127,7 +127,8 @@ class Fold:
     policy_versions: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
     #: open gathers: (bid, gen, attempt) -> {expected, deadline, results, decided}
     gathers: dict[tuple[str, int, int], dict[str, Any]] = field(default_factory=dict)
-    #: create message sequence -> digest of its body (the parser stores it on the block)
+    #: a create's gen (its AIOS_INTAKE sequence, told by its ``submitted``) -> digest of its body
+    #: (the parser stores it on the block)
     creates: dict[int, str] = field(default_factory=dict)
     #: (bid, gen, iid) -> nodes where it was reported added and not yet removed
     running_on: dict[tuple[str, int, str], set[str]] = field(default_factory=dict)
@@ -152,7 +153,14 @@ class Fold:
         _, entity, key, tail = parts
         if entity == "block":
             self.last_event[key] = (ts, tail)
-            if tail == "create":
+            if tail == "submitted":  # a create, as the parser stored it from AIOS_INTAKE
+                d = _data(raw)
+                if isinstance(d.get("gen"), int):
+                    self.creates[d["gen"]] = str(d.get("digest") or "")
+                if ID_RE.match(key):
+                    self.block_order.setdefault(key, ts)
+                return
+            if tail == "create":  # a stream of a version before AIOS_INTAKE: the create itself, seq = gen
                 self.creates[seq] = _digest(raw)
                 self.block_order.setdefault(key, ts)
                 return

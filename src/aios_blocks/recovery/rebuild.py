@@ -43,7 +43,7 @@ def fold_filters() -> list[str]:
     state), derived from the fold's rule tables. Not used as the consumer's filter: several
     filters make the server deliver ~15x slower than reading everything (see read_stream)."""
     r = subjects.ROOT
-    out = [f"{r}.block.*.create"]
+    out = [f"{r}.block.*.submitted"]
     out += [f"{r}.block.*.{tail}" for tail in Fold.rules]
     out += [f"{r}.block.*.instance.*.{tail}" for tail in Fold.instance_rules]
     out += [f"{r}.node.*.{tail}" for tail in Fold.node_rules]

@@ -37,6 +37,10 @@ STREAM_OUTPUTS = "AIOS_OUTPUTS"
 #: a read-only mirror of ``AIOS`` for observers (docs/security.md): no worker consumes it, so
 #: observers may keep any consumer there, the unnamed and ordered ones of every client included
 STREAM_OBSERVE = "AIOS_OBSERVE"
+#: the creates as their publishers sent them (a bare spec or a CloudEvent): only the parser reads
+#: it, and stores each in ``AIOS`` as a ``block.submitted`` CloudEvent, so every message of
+#: ``AIOS`` (and of its mirror) is a CloudEvent whatever the publisher sent (docs/subjects.md)
+STREAM_INTAKE = "AIOS_INTAKE"
 CE_TYPE_PREFIX = "io.aios."
 
 P = TypeVar("P")
@@ -90,7 +94,8 @@ class Event(Generic[P]):
     extra_filters: tuple[str, ...] = ()
     #: payload field of a subject token, where it is not the usual one (``TOKEN_FIELDS``)
     token_fields: tuple[tuple[str, str], ...] = ()
-    #: the stream that stores it (when ``stored``): ``AIOS``, or ``AIOS_OUTPUTS`` for outputs
+    #: the stream that stores it (when ``stored``): ``AIOS``, ``AIOS_OUTPUTS`` for outputs,
+    #: ``AIOS_INTAKE`` for creates
     stream: str = STREAM
     tokens: tuple[str, ...] = field(init=False)
     _regex: re.Pattern[str] = field(init=False, repr=False, compare=False)
@@ -214,9 +219,17 @@ class E:
     # -- a block's story: aios.block.{bid}.* ------------------------------------------------------
     block_create: Event[Any] = Event(
         "block.create", f"{_B}.create", None, (U, A),
-        "block spec submitted: a CloudEvent whose data is the spec (what the CLI and the SDK send); a bare spec "
-        "from another client is accepted but stored as sent, not a CloudEvent",
-        extra_filters=(f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"),
+        "block spec submitted: a CloudEvent whose data is the spec (what the CLI and the SDK send) or a bare spec "
+        "from another client; stored as sent in AIOS_INTAKE (the PubAck's seq is the block's gen), read only by "
+        "the parser, which stores it in AIOS as block.submitted",
+        extra_filters=(f"{ROOT}.block.*.*.create", f"{ROOT}.block.*.*.*.create"), stream=STREAM_INTAKE,
+    )
+    block_submitted = Event(
+        "block.submitted", f"{_B}.submitted", ev.Submitted, (PA,),
+        "a create as the parser took it from AIOS_INTAKE, before its parsed or rejected: the spec, gen (the "
+        "create's AIOS_INTAKE sequence), the subject and headers it was sent with (bid _invalid when the subject "
+        "named no valid id)",
+        id_rule="{block_id}:{gen}:submitted",
     )
     block_parsed = Event(
         "block.parsed", f"{_B}.parsed", ev.Parsed, (PA, C),

@@ -37,6 +37,29 @@ class Parsed(msgspec.Struct):
 
 
 
+class Submitted(msgspec.Struct):
+    """A create as the parser took it from ``AIOS_INTAKE`` (``block.submitted``): what a publisher
+    sent, bare or a CloudEvent, kept in ``AIOS`` as a CloudEvent like every stored event."""
+
+    block_id: str
+    #: the create's sequence in ``AIOS_INTAKE``: its publisher's PubAck ``seq``, the block's gen
+    gen: int
+    #: the subject it was published on
+    subject: str
+    #: sha256 (16 hex) of the body as sent: the block record's ``digest``
+    digest: str
+    #: the spec (a CloudEvent's ``data``); ``None`` when the body held none (its rejected says why)
+    spec: dict[str, Any] | None = None
+    #: ``cloudevent`` or ``bare``: how the publisher framed it
+    framing: str = "bare"
+    #: the publisher's CloudEvent attributes (id, source, type, time...), without ``data``
+    attributes: dict[str, Any] = {}
+    #: its headers of note (``Nats-Msg-Id``, ``Content-Type``)
+    headers: dict[str, str] = {}
+    #: the body's first bytes as text, when it held no spec (not JSON, too large, not an object)
+    body: str = ""
+
+
 class Rejected(msgspec.Struct):
     block_id: str
     gen: int

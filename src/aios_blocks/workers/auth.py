@@ -69,6 +69,8 @@ E_TASKS = E.block_task.filter()
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
 #: the task outputs' stream (docs/sidecars.md): every worker checks it exists when it starts
 OUTPUTS_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM_OUTPUTS}"
+#: the creates' stream as sent (only the parser consumes it; everyone else reads ``submitted`` in AIOS)
+INTAKE_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM_INTAKE}"
 #: Redis ACL users: ``aios`` for workers (only ``aios:*`` keys, nothing @dangerous), ``admin`` for
 #: the CLI and setup (everything), ``observer`` (reads only).
 REDIS_USERS = {
@@ -116,8 +118,8 @@ def _wild(pattern: str, node: str = "*") -> str:
     return re.sub(r"\{[a-z_]+\}", "*", out)
 
 
-def _consumer_rights(durable: str, create: bool = True) -> list[str]:
-    st = subjects.STREAM
+def _consumer_rights(durable: str, create: bool = True, stream: str = subjects.STREAM) -> list[str]:
+    st = stream
     rights = [
         f"{JS}.CONSUMER.INFO.{st}.{durable}",
         f"{JS}.CONSUMER.MSG.NEXT.{st}.{durable}",
@@ -182,7 +184,7 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
     # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
     # $JS.API.INFO (account info): the Node client's jetstreamManager() asks it first
-    allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
+    allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
     # ... and every consumer kind on AIOS_OBSERVE, the mirror no worker consumes (unnamed creates:
@@ -209,7 +211,9 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     sub = [f"{inbox_prefix(user)}.>"]
     hints = [subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL]
     st = subjects.STREAM
-    read_topology = [STREAM_INFO, OUTPUTS_INFO, f"{JS}.CONSUMER.INFO.{st}.*"]
+    # every worker checks the shared consumers at start (``Bus.ensure_topology``): the parser's is on AIOS_INTAKE
+    read_topology = [STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.CONSUMER.INFO.{st}.*",
+                     f"{JS}.CONSUMER.INFO.{subjects.PARSER.stream}.{subjects.PARSER.durable}"]
     responses = False
     deny: list[str] = []
     if role == "upstream":
@@ -229,7 +233,8 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny),
                            deny_subscribe=(f"{subjects.ROOT}.> *",))
     if role == "parser":
-        pub += [*read_topology, *_consumer_rights(subjects.PARSER.durable)]
+        # its durable is on AIOS_INTAKE (the creates as sent); what it publishes goes to AIOS
+        pub += [*read_topology, *_consumer_rights(subjects.PARSER.durable, stream=subjects.PARSER.stream)]
         sub += hints
     elif role == "gateway":
         pub += [*read_topology, *_consumer_rights(subjects.GATEWAY.durable)]

@@ -1,4 +1,5 @@
-"""Parser worker: ``aios.block.{bid}.create`` -> ``parsed`` (IR) or ``rejected`` (every error)."""
+"""Parser worker: ``aios.block.{bid}.create`` (stream ``AIOS_INTAKE``) -> ``submitted`` (the create as
+a CloudEvent in ``AIOS``), then ``parsed`` (IR) or ``rejected`` (every error)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     @router.on(E.block_create)
     async def on_create(m: Inbound[bytes]) -> None:
         d = m.delivery
-        gen = d.stream_seq
+        gen = d.stream_seq  # its AIOS_INTAKE sequence: the publisher's PubAck seq
+        # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec)
+        await w.bus.emit_all([parse.submitted(d.subject, m.tokens.get("bid"), gen, d.data, d.headers,
+                                              w.settings.max_spec_bytes)])
         # a subject token that is no block id (aios.block.*.create, a.b taken by an extra filter)
         if (refused := parse.invalid_id(d.subject, m.tokens.get("bid"), gen)) is not None:
             await w.bus.emit_all([refused])
