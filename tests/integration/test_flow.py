@@ -64,7 +64,7 @@ async def test_one_block_create_to_ready_and_replay_in_order(system: System) -> 
         assert input_digest_of(d["input"]) == d["input_digest"] and d["input"]["action"] == d["action"]
     allocs = [d["output"] for d in decisions if d["action"] == "allocation"]
     assert sorted(a["node_id"] for a in allocs) == sorted(i["node"] for i in insts.values())
-    steps = ["create", "parsed", "selection", "post_dry_run", "placement", "ready"]
+    steps = ["submitted", "parsed", "selection", "post_dry_run", "placement", "ready"]
     positions = [events.index(s) for s in steps]
     assert positions == sorted(positions), events
     assert events.count("dry_run.result") == 0

@@ -93,9 +93,9 @@ async def connect() -> AsyncIterator[Any]:
         await c.nc.close()
 
 
-async def stored(admin: Bus, subject: str) -> bool:
+async def stored(admin: Bus, subject: str, stream: str = subjects.STREAM) -> bool:
     try:
-        await admin.js.get_last_msg(subjects.STREAM, subject)
+        await admin.js.get_last_msg(stream, subject)
         return True
     except NotFoundError:
         return False
@@ -112,7 +112,8 @@ async def admin(servers: EmbeddedServers) -> AsyncIterator[Bus]:
 async def test_upstream_publisher_may_only_publish_block_creates(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
     up = await connect(servers.endpoints.nats_url("upstream"))
     ack = await up.nc.jetstream().publish("aios.block.up-1.create", b'{"blockComponentURI": "x"}')
-    assert ack.stream == subjects.STREAM and await stored(admin, "aios.block.up-1.create")
+    # creates are kept as sent in AIOS_INTAKE (the parser stores each in AIOS as a submitted CloudEvent)
+    assert ack.stream == subjects.STREAM_INTAKE and await stored(admin, "aios.block.up-1.create", subjects.STREAM_INTAKE)
     for subject in ("aios.block.up-1.delete", "aios.block.up-1.ready", "aios.cluster.c1.allocation",
                     "aios.node.n1.instance.create", "aios.policy.p.updated", "aios.dlq.parser.x"):
         await up.nc.publish(subject, b"{}")
@@ -141,7 +142,7 @@ async def test_an_upstream_publishers_burst_of_creates_is_stored_in_atomic_batch
                                                        msg_id=f"create:{b}", bid=b) for b in bids))
         batches = set()
         for b, ack in zip(bids, acks, strict=True):
-            msg = await admin.js.get_msg(subjects.STREAM, ack.seq)
+            msg = await admin.js.get_msg(subjects.STREAM_INTAKE, ack.seq)
             assert msg.subject == f"aios.block.{b}.create" and json.loads(msg.data)["data"]["blockId"] == b
             batches.add((msg.headers or {}).get("Nats-Batch-Id"))
         assert len(batches) == 1 and None not in batches and not up._no_atomic
@@ -181,13 +182,14 @@ async def test_node_agent_publishes_only_its_own_node_and_instance_facts(
     await msgs[0].ack()
     for api in (f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.agent-n2",
                 f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser",
+                f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM_INTAKE}.parser",
                 f"$JS.API.CONSUMER.DELETE.{subjects.STREAM}.agent-n2",  # its own it may replace, no other
                 f"$JS.API.STREAM.PURGE.{subjects.STREAM}"):
         await ag.nc.publish(api, b"{}")
         assert await ag.denied(api), api
     with pytest.raises(NotFoundError):
         await admin.js.consumer_info(subjects.STREAM, "agent-n2")
-    assert (await admin.js.consumer_info(subjects.STREAM, "parser")).num_waiting == 0
+    assert (await admin.js.consumer_info(subjects.STREAM_INTAKE, "parser")).num_waiting == 0
 
 
 async def test_node_agent_users_survive_a_server_restart(tmp_path: Path, connect: Any) -> None:
@@ -285,24 +287,29 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
     assert info.num_ack_pending == 0 and info.delivered.stream_seq > 0  # its own durable, acked
     await js.delete_consumer(subjects.STREAM, "dash-pull")  # and removable by it
     # workers' consumers are untouched: their pending counts did not move, nothing was taken
-    before = {d: (await admin.js.consumer_info(subjects.STREAM, d)).num_pending for d in ("parser", "lifecycle")}
-    stolen = await js.pull_subscribe_bind("parser", stream=subjects.STREAM)
-    with pytest.raises(nats.errors.TimeoutError):  # the server drops the denied pull request
-        await stolen.fetch(1, timeout=2)
+    # (the parser's is on AIOS_INTAKE, the creates as sent, where observers have no rights at all)
+    st = {"parser": subjects.STREAM_INTAKE, "lifecycle": subjects.STREAM}
+    before = {d: (await admin.js.consumer_info(st[d], d)).num_pending for d in ("parser", "lifecycle")}
     for d in ("parser", "lifecycle"):
-        assert (await admin.js.consumer_info(subjects.STREAM, d)).num_pending == before[d]
-    assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser")
+        stolen = await js.pull_subscribe_bind(d, stream=st[d])
+        with pytest.raises(nats.errors.TimeoutError):  # the server drops the denied pull request
+            await stolen.fetch(1, timeout=2)
+    for d in ("parser", "lifecycle"):
+        assert (await admin.js.consumer_info(st[d], d)).num_pending == before[d]
+    assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM_INTAKE}.parser")
+    assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.lifecycle")
     # the unnamed create names its consumer in the body, which permissions cannot see: with it an
     # observer could narrow a worker's filter or make it expire. It is refused; the worker's is intact.
-    parser_before = (await admin.js.consumer_info(subjects.STREAM, "parser")).config
-    body = {"stream_name": subjects.STREAM, "config": {"name": "parser", "filter_subjects": ["aios.block.none.create"],
+    parser_before = (await admin.js.consumer_info(subjects.STREAM_INTAKE, "parser")).config
+    body = {"stream_name": subjects.STREAM_INTAKE, "config": {"name": "parser", "filter_subjects": ["aios.block.none.create"],
                                                       "inactive_threshold": 1_000_000_000, "ack_policy": "explicit"}}
     with pytest.raises(nats.errors.TimeoutError):
-        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps(body).encode(), timeout=2)
+        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}", json.dumps({**body, "stream_name": subjects.STREAM}).encode(),
+                            timeout=2)
     assert await ob.denied(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}")
-    with pytest.raises(nats.errors.TimeoutError):  # nor under another name in the subject
-        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.parser", json.dumps(body).encode(), timeout=2)
-    parser_after = (await admin.js.consumer_info(subjects.STREAM, "parser")).config
+    with pytest.raises(nats.errors.TimeoutError):  # nor on AIOS_INTAKE, under any name
+        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM_INTAKE}.parser", json.dumps(body).encode(), timeout=2)
+    parser_after = (await admin.js.consumer_info(subjects.STREAM_INTAKE, "parser")).config
     assert parser_after.filter_subjects == parser_before.filter_subjects and not parser_after.inactive_threshold
 
 
@@ -521,7 +528,7 @@ async def test_blocks_worker_connects_as_its_role(servers: EmbeddedServers, admi
             return subprocess.Popen([str(BIN / "blocks"), "worker", "parser", "--data-dir", str(servers.data_dir)],
                                     env=_cli_env(), stdout=out, stderr=out, start_new_session=True)
 
-    reply = await _reply_prefix_of(admin.nc, f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.{subjects.PARSER.durable}", start)
+    reply = await _reply_prefix_of(admin.nc, f"$JS.API.CONSUMER.MSG.NEXT.{subjects.PARSER.stream}.{subjects.PARSER.durable}", start)
     assert reply.startswith("_INBOX.parser."), (reply, log.read_text()[-2000:])
 
 
@@ -908,14 +915,14 @@ async def test_observers_join_no_queue_group_and_a_replayed_query_is_dropped(
     try:
         await controller.nc.flush()
         await asyncio.sleep(0.2)
-        # a query-shaped body stored by someone who may store things (upstream: block creates) ...
+        # a query-shaped body stored in AIOS (upstream's creates no longer land there as sent, but in
+        # AIOS_INTAKE, which observers cannot read: here the admin stores one) ...
         subject = E.cluster_dry_run.subject(cid="c1")
         body = envelope("x", "s", E.cluster_dry_run.type, subject, DryRunRequest("replayed", 1, "c1"))
-        up = await connect(ep.nats_url("upstream"))
-        await up.nc.jetstream(timeout=5).publish("aios.block.q-replay.create", body)
+        await admin.publish_raw("aios.block.q-replay.submitted", body)
         # ... replayed by an observer onto the query subject
         with structlog.testing.capture_logs() as logs:
-            await _replay_onto(ob, "aios.block.q-replay.create", subject)
+            await _replay_onto(ob, "aios.block.q-replay.submitted", subject)
             await gateway.emit(E.cluster_dry_run, DryRunRequest("genuine", 1, "c1"), cid="c1")
             async with asyncio.timeout(10):
                 while "genuine" not in handled or len(watched) < 2:
@@ -926,7 +933,7 @@ async def test_observers_join_no_queue_group_and_a_replayed_query_is_dropped(
         assert handled == ["genuine"], handled
         assert letters == []  # dropped as a replay, not dead-lettered as a message nobody handles
         # the observer saw both: the genuine query, and the replay (a push delivery names the stored subject)
-        assert sorted(watched) == sorted([subject, "aios.block.q-replay.create"]), watched
+        assert sorted(watched) == sorted([subject, "aios.block.q-replay.submitted"]), watched
     finally:
         stop.set()
         await asyncio.wait_for(task, 10)

@@ -213,7 +213,7 @@ def document() -> dict[str, Any]:
         else:
             payload, content_type = data, "application/json"
         notes = []
-        notes.append("stored in the AIOS stream" if e.stored else "core NATS only, never stored")
+        notes.append(f"stored in the {e.stream} stream" if e.stored else "core NATS only, never stored")
         if e.id_rule and e.stored:
             notes.append(f"message id rule `{e.id_rule}` (deduplicated by JetStream)")
         elif e.id_rule:

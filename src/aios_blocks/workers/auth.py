@@ -184,7 +184,10 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
     # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
     # $JS.API.INFO (account info): the Node client's jetstreamManager() asks it first
-    allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
+    # (on AIOS_INTAKE, the creates as sent, only the info of the parser's consumer: a client's
+    # ``ensure_topology`` checks it; each create is in AIOS as its ``submitted``)
+    allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.CONSUMER.INFO.{subjects.PARSER.stream}.{subjects.PARSER.durable}",
+             f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
              f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
              f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
     # ... and every consumer kind on AIOS_OBSERVE, the mirror no worker consumes (unnamed creates:
