@@ -20,7 +20,7 @@ from .conftest import System
 
 SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 2}
 #: the events a block's life must have stored (more may come: decisions, node health...)
-LIFE = {"block.create", "block.parsed", "block.rejected", "block.selection", "block.post_dry_run", "cluster.allocation",
+LIFE = {"block.create", "block.submitted", "block.parsed", "block.rejected", "block.selection", "block.post_dry_run", "cluster.allocation",
         "block.placement", "node.instance.create", "block.instance.added", "block.ready", "cluster.scale",
         "block.delete", "node.instance.remove", "block.instance.removed", "block.deleted", "node.registered",
         "component.registered"}
@@ -32,14 +32,14 @@ async def _until(pred: Callable[[], Awaitable[bool]], timeout: float = 60) -> No
             await asyncio.sleep(0.05)
 
 
-async def stored_messages(system: System) -> list[tuple[int, str, dict[str, str], bytes]]:
-    """Every message the ``AIOS`` stream holds: (seq, subject, headers, body)."""
+async def stored_messages(system: System, stream: str = subjects.STREAM) -> list[tuple[int, str, dict[str, str], bytes]]:
+    """Every message ``stream`` holds: (seq, subject, headers, body)."""
     js = system.client.bus.js
-    info = await js.stream_info(subjects.STREAM)
+    info = await js.stream_info(stream)
     out = []
     for seq in range(info.state.first_seq, info.state.last_seq + 1):
         try:
-            m = await js.get_msg(subjects.STREAM, seq)
+            m = await js.get_msg(stream, seq)
         except NotFoundError:
             continue
         out.append((seq, m.subject, dict(m.headers or {}), m.data or b""))
@@ -75,11 +75,13 @@ async def test_every_stored_message_matches_its_asyncapi_channel(system: System)
     ids = await c.bus.ids()
     seen: dict[str, int] = {}
     problems: list[str] = []
-    for seq, subject, headers, body in await stored_messages(system):
+    # AIOS, and AIOS_INTAKE (the creates as sent; the parser stores each in AIOS as submitted)
+    stored = [(st, *m) for st in (subjects.STREAM, subjects.STREAM_INTAKE) for m in await stored_messages(system, st)]
+    for st, seq, subject, headers, body in stored:
         found = catalog.parse(subject)
         assert found is not None, f"#{seq} {subject}: no channel of the document has this subject"
         event, tokens = found
-        assert event.stored and event.stream == subjects.STREAM, f"#{seq} {subject}: the document says not stored here"
+        assert event.stored and event.stream == st, f"#{seq} {subject}: the document says not stored in {st}"
         seen[event.name] = seen.get(event.name, 0) + 1
         payload_schema, headers_schema = asyncapi.message_schemas(doc, event)
         value = msgspec.json.decode(body)
@@ -95,7 +97,7 @@ async def test_every_stored_message_matches_its_asyncapi_channel(system: System)
                 assert value["id"] == rule_id or value["id"].startswith(rule_id + ":"), (seq, subject, value["id"], rule_id)
     assert problems == [], "\n".join(problems[:30])
     assert LIFE <= set(seen), sorted(LIFE - set(seen))
-    assert seen["block.create"] == 2 and seen["block.rejected"] == 1
+    assert seen["block.create"] == seen["block.submitted"] == 2 and seen["block.rejected"] == 1
 
 
 async def test_a_message_off_the_contract_is_caught(system: System) -> None:

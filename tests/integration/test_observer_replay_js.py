@@ -100,12 +100,13 @@ async def test_an_observer_replays_through_every_consumer_kind_of_the_js_client(
     for i, subject in enumerate(stored):
         await admin.publish_raw(subject, json.dumps({"i": i}).encode(), msg_id=f"{bid}-{i}")
     await mirrored(admin, stored[-1])
-    parser_before = await admin.js.consumer_info(subjects.STREAM, subjects.PARSER.durable)
+    # a worker's consumer on AIOS (the parser's is on AIOS_INTAKE, out of observers' reach altogether)
+    parser_before = await admin.js.consumer_info(subjects.STREAM, subjects.GATEWAY.durable)
     u = urlsplit(servers.endpoints.nats_url("observer"))
     out = run_node(js_clients, gen, {
         "servers": f"{u.hostname}:{u.port}", "user": u.username, "pass": u.password, "stream": OBSERVE,
         "subject": f"aios.block.{bid}.>", "expected": stored,
-        "workerStream": subjects.STREAM, "workerConsumer": subjects.PARSER.durable}, tmp_path)
+        "workerStream": subjects.STREAM, "workerConsumer": subjects.GATEWAY.durable}, tmp_path)
     replays = out["replays"]
     assert set(replays) == {"ordered_pull", "ordered_pull_list", "ordered_push", "ephemeral"}, out
     for kind in ("ordered_pull", "ordered_pull_list", "ordered_push"):
@@ -115,7 +116,7 @@ async def test_an_observer_replays_through_every_consumer_kind_of_the_js_client(
     # the worker's consumer on AIOS stays out of reach: nothing pulled, its config not updated
     assert not out["worker"].get("pulled") and not out["worker"].get("updated"), out
     assert "permissions violation" in out["worker"]["update_error"].lower(), out
-    parser_after = await admin.js.consumer_info(subjects.STREAM, subjects.PARSER.durable)
+    parser_after = await admin.js.consumer_info(subjects.STREAM, subjects.GATEWAY.durable)
     assert parser_after.config.filter_subjects == parser_before.config.filter_subjects
     assert not parser_after.config.inactive_threshold
     assert parser_after.num_pending == parser_before.num_pending and parser_after.num_ack_pending == 0

@@ -85,7 +85,8 @@ async def test_a_default_client_is_told_what_to_set_and_the_documented_ways_work
         assert kind == "ready"
     finally:
         await plain.close()
-    creates = [s for _, s, _, _ in await stored(system) if s == "aios.block.up-core.create"]
+    # stored once in AIOS_INTAKE, so submitted once to AIOS
+    creates = [s for _, s, _, _ in await stored(system) if s == "aios.block.up-core.submitted"]
     assert len(creates) == 1
     assert await _answers(system, "up-core", "rejected", 0) == []
 
