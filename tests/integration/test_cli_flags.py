@@ -122,14 +122,17 @@ async def test_top_json_leaves_deleted_blocks_out(system: System) -> None:
 
 async def test_replay_gives_every_row_a_time_a_bare_create_too(system: System) -> None:
     d = _data_dir(system)
-    # a bare spec, as any NATS client may publish it: no envelope, no `time` of its own
+    # a bare spec, as any NATS client may publish it: no envelope, no `time` of its own; the parser
+    # stores it in AIOS as its submitted CloudEvent, the create step replay shows
     spec = {"blockComponentURI": "aios://test/model", "blockId": "bare-1", "minInstances": 1, "maxInstances": 1}
-    await system.client.bus.js.publish("aios.block.bare-1.create", json.dumps(spec).encode())
+    ack = await system.client.bus.js.publish("aios.block.bare-1.create", json.dumps(spec).encode())
+    await system.client.wait("bare-1", 60)
     r = cli("replay", "bare-1", "--json", "--data-dir", d)
     assert r.returncode == 0, r.stderr
     first = json.loads(r.stdout.splitlines()[0])
-    assert first["subject"].endswith(".create") and "time" not in first["event"]
+    assert first["subject"] == "aios.block.bare-1.submitted" and first["event"]["time"], first
+    assert first["event"]["data"]["spec"] == spec and first["event"]["data"]["gen"] == ack.seq
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", first["stored"]), first
     r = cli("replay", "bare-1", "--data-dir", d)
-    create = next(line for line in r.stdout.splitlines() if " create " in line)
-    assert re.match(r"\s*\d+ \d\d:\d\d:\d\d\.\d{3} bare-1\s+create", create), create
+    create = next(line for line in r.stdout.splitlines() if " submitted " in line)
+    assert re.match(r"\s*\d+ \d\d:\d\d:\d\d\.\d{3} bare-1\s+submitted\s+gen=\d+ bare spec on aios.block.bare-1.create", create), create
