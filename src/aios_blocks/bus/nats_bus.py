@@ -536,6 +536,23 @@ class Bus:
         except NotFoundError:
             await self.js.add_consumer(spec.stream, cfg)
 
+    async def backlog(self, spec: subjects.ConsumerSpec) -> tuple[int, int] | None:
+        """What a worker kind's durable has not finished: (messages not yet delivered, delivered and
+        not acked). ``None`` when the consumer was never made (no worker of that kind ever ran): then
+        the stream's message count is the backlog's upper bound (``stream_messages``)."""
+        try:
+            info = await self.js.consumer_info(spec.stream, spec.durable)
+        except NotFoundError:
+            return None
+        return int(info.num_pending or 0), int(info.num_ack_pending or 0)
+
+    async def stream_messages(self, stream: str) -> int:
+        """How many messages ``stream`` holds (0 when it does not exist)."""
+        try:
+            return int((await self.js.stream_info(stream)).state.messages or 0)
+        except NotFoundError:
+            return 0
+
     async def delete_consumer(self, stream: str, durable: str) -> bool:
         """Delete a durable; ``False`` when there was none."""
         try:

@@ -10,7 +10,9 @@
 4. Redis equals the state rebuilt from the stream: same canonical digest (``recovery.image``);
 5. no block is stuck: a block in flight whose latest event is older than ``stuck_after`` seconds
    is a violation even while the system runs (``--live``): nothing moves it any more (a step
-   lost or dropped, a worker kind missing), and no other check would say so.
+   lost or dropped, a worker kind missing), and no other check would say so;
+6. no create waits in ``AIOS_INTAKE`` unparsed (no ``submitted`` in ``AIOS`` yet, so the fold
+   cannot see it): the parser's durable there has nothing pending (:func:`intake_waiting`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import msgspec
 
+from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..schemas.spec import ID_RE
 from ..schemas.vcluster import job_cluster_id
@@ -230,6 +233,22 @@ def stuck_blocks(img: im.Image, last_event: dict[str, tuple[float, str]], stuck_
     return out
 
 
+async def intake_waiting(bus: Bus) -> str | None:
+    """Creates not yet taken by a parser: they sit in ``AIOS_INTAKE`` and have no ``submitted`` in
+    ``AIOS`` yet, so the fold cannot see them (no parser running, or one that is behind)."""
+    backlog = await bus.backlog(subjects.PARSER)
+    if backlog is None:
+        held = await bus.stream_messages(subjects.PARSER.stream)
+        if held:
+            return f"{held} create(s) wait in {subjects.PARSER.stream} and no parser has ever taken one (is a parser running?)"
+        return None
+    pending, unacked = backlog
+    if pending or unacked:
+        return (f"{pending + unacked} create(s) in {subjects.PARSER.stream} not yet parsed "
+                f"({pending} not delivered, {unacked} delivered and not acked: is a parser running?)")
+    return None
+
+
 async def check(
     bus: Bus, store: Store, expected: set[str] | None = None, settled: bool = True,
     stuck_after: float = DEFAULT_STUCK_AFTER_S,
@@ -243,6 +262,8 @@ async def check(
     stuck = stuck_blocks(img, fold.last_event, stuck_after)
     rep.violations += stuck
     rep.counts["blocks_stuck"] = len(stuck)
+    if waiting := await intake_waiting(bus):
+        (rep.violations if settled else rep.warnings).append(waiting)
     if unknown:
         rep.warnings.append(f"{len(unknown)} aios:* keys of unknown kind (not covered by the digest), e.g. {unknown[:3]}")
     for a in fold.anomalies:
