@@ -12,32 +12,19 @@ import json
 from typing import Any
 
 import msgspec
-from nats.js.errors import NotFoundError
 
 from aios_blocks.bus import subjects
 from aios_blocks.recovery.invariants import check
 from aios_blocks.recovery.rebuild import recover
 
 from .conftest import System
+from .test_asyncapi_wire import stored_messages
 from .test_create_cloudevents import SPEC, connect_as
 
 try:
     from cloudevents.v1.http import from_http
 except ImportError:  # cloudevents < 2
     from cloudevents.http import from_http  # type: ignore[no-redef]
-
-
-async def messages(system: System, stream: str) -> list[tuple[int, str, dict[str, str], bytes]]:
-    js = system.client.bus.js
-    info = await js.stream_info(stream)
-    out = []
-    for seq in range(info.state.first_seq, info.state.last_seq + 1):
-        try:
-            m = await js.get_msg(stream, seq)
-        except NotFoundError:
-            continue
-        out.append((seq, m.subject, dict(m.headers or {}), m.data or b""))
-    return out
 
 
 def not_cloudevents(stored: list[tuple[int, str, dict[str, str], bytes]]) -> list[str]:
@@ -91,7 +78,7 @@ async def test_a_bare_create_is_stored_in_aios_as_a_cloudevent(system: System) -
     _, kind, _ = await system.submit_and_wait({**SPEC, "blockId": "in-cli"})
     assert kind == "ready"
 
-    aios = await messages(system, subjects.STREAM)
+    aios = await stored_messages(system, subjects.STREAM)
     assert not_cloudevents(aios) == []
     assert not [s for _, s, _, _ in aios if s.endswith(".create") and s.startswith("aios.block.")]
     got = {s.split(".")[2]: msgspec.json.decode(b)["data"] for _, s, _, b in aios if s.endswith(".submitted")}
@@ -102,7 +89,7 @@ async def test_a_bare_create_is_stored_in_aios_as_a_cloudevent(system: System) -
     assert got["in-ce"]["subject"] == "aios.block.in-ce.create"
     assert len([s for _, s, _, _ in aios if s == "aios.block.in-bare.submitted"]) == 1  # once, the retry deduplicated
     # the creates as sent are in AIOS_INTAKE, the bare one as the publisher sent it
-    intake = await messages(system, subjects.STREAM_INTAKE)
+    intake = await stored_messages(system, subjects.STREAM_INTAKE)
     assert [(q, b) for q, s, _, b in intake if s == "aios.block.in-bare.create"] == [(ack_bare.seq, bare)]
 
     # the observers' mirror holds the same messages: all CloudEvents (bounded wait for it to catch up)
@@ -110,7 +97,7 @@ async def test_a_bare_create_is_stored_in_aios_as_a_cloudevent(system: System) -
     async with asyncio.timeout(30):
         while (await c.bus.js.stream_info(subjects.STREAM_OBSERVE)).state.last_seq < last:
             await asyncio.sleep(0.2)
-    observed = await messages(system, subjects.STREAM_OBSERVE)
+    observed = await stored_messages(system, subjects.STREAM_OBSERVE)
     assert len(observed) >= len(aios) and not_cloudevents(observed) == []
 
     # replay shows the create step; recovery rebuilds the same state from the submitted events

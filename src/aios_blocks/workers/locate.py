@@ -9,7 +9,6 @@ start-up should not pay for the permission tables of ``workers.auth`` or the set
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import sys
@@ -77,19 +76,9 @@ STARTING_WAIT_S = 60.0
 def starting(data_dir: Path) -> bool:
     """Whether a `blocks up` is starting in ``data_dir``: it holds the data dir's lock
     (``lifetime.DataDirLock``) and has not written ``endpoints.json`` yet."""
-    if (Path(data_dir) / "endpoints.json").exists():
-        return False
-    try:
-        fd = os.open(Path(data_dir) / "lock", os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:
-        return True
-    finally:
-        os.close(fd)
-    return False
+    from .lifetime import in_use  # stdlib only, like this module
+
+    return not (Path(data_dir) / "endpoints.json").exists() and in_use(data_dir)
 
 
 def _say_waiting(data_dir: Path) -> None:
