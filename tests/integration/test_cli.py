@@ -34,7 +34,7 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
 
     r = blocks(system, "replay", "cli-good", "--json")
     kinds = [json.loads(line)["subject"].split(".", 3)[3] for line in r.stdout.splitlines()]
-    assert kinds[0] == "create" and kinds[-1] == "ready"
+    assert kinds[0] == "submitted" and kinds[-1] == "ready"  # the create as the parser stored it in AIOS
     seqs = [json.loads(line)["seq"] for line in r.stdout.splitlines()]
     assert seqs == sorted(seqs)
 

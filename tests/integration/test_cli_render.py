@@ -64,7 +64,7 @@ def test_replay_and_explain_render_what_was_recorded(cli: CliRunner, tmp_path: P
     assert lines[0].startswith("replay cli-r: ") and lines[0].endswith(" events")
     # seq, time, block, event, detail; the policy calls indented under their step
     by_kind = {ln.split()[3]: ln for ln in lines[1:] if len(ln.split()) > 3 and ln.split()[0].isdigit()}
-    assert list(by_kind)[:4] == ["create", "parsed", "selection", "post_dry_run"] and list(by_kind)[-1] == "ready"
+    assert list(by_kind)[:4] == ["submitted", "parsed", "selection", "post_dry_run"] and list(by_kind)[-1] == "ready"
     assert "candidates=['c1'] filtered={}" in by_kind["selection"]
     assert "chosen=c1 scores={'c1': 1.0}" in by_kind["post_dry_run"]
     assert f"{iid}@{inst['node']}{inst['gpus']}" in by_kind["placement"]
