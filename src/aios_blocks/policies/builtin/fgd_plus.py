@@ -20,6 +20,12 @@ idle are stranded that way (failures "GPU and CPU/memory free on different nodes
    task) go to the node left with the least free GPU compute, then the least effective CPU; a
    CPU-only task among those to the node with the most CPU per free GPU left. A shared task goes
    to the GPU whose use grows the measure least, then the fullest that fits.
+4. **Models the constrained work needs.** A task that may use any model (or several) pays, on a
+   node of model M, the GPU compute it takes times M's *pressure*: the workload's GPU demand that
+   only some models may serve, split over them by supply, as a share of all demand, over M's
+   share of the cluster's GPUs (capped at 1), times ``parameters.modelPressure`` (default 0.5;
+   0: off). On gpuspec33 T4-only tasks ask more GPUs than the cluster's T4s: unconstrained work
+   there is work they lose. No constrained shape: no change.
 
 Same feasibility as every built-in (``capacity.node_fits``), ranked through the same per-shape
 index as the baselines (``_FragBase``); remaining ties by the seeded hash of the node id, so a
@@ -37,6 +43,32 @@ from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
 DIGITS = 6
 #: the weight of the look-ahead (fill) measure against FGD's (``parameters.lookAhead``)
 LOOK_AHEAD = 0.3
+#: the weight of the per-model pressure of model-constrained demand (``parameters.modelPressure``)
+MODEL_PRESSURE = 0.5
+
+
+def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict[str, float]:
+    """Per GPU model, the workload's GPU demand that only a subset of models may serve (split
+    over the subset in proportion to its GPUs), as a share of the workload's GPU demand, over the
+    model's share of the cluster's GPUs (``supply``: GPUs per model), capped at 1; models no
+    constrained shape may use are absent."""
+    total_supply = sum(supply.values())
+    demand = 0.0
+    constrained: dict[str, float] = {}
+    for s in shapes:
+        w, gpus = float(s.get("weight", 0) or 0), int(s.get("gpus", 0) or 0)
+        if w <= 0 or not gpus:
+            continue
+        share = float(s.get("gpuShare") or 0)
+        d = w * gpus * (share if 0 < share < 1 else 1.0)
+        demand += d
+        allowed = [m for m in dict.fromkeys(s.get("gpuModels") or ()) if supply.get(m)]
+        cap = sum(supply[m] for m in allowed)
+        for m in allowed:
+            constrained[m] = constrained.get(m, 0.0) + d * supply[m] / cap
+    if demand <= 0 or total_supply <= 0:
+        return {}
+    return {m: min(1.0, (c / demand) / (supply[m] / total_supply)) for m, c in constrained.items()}
 
 
 def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
@@ -149,10 +181,35 @@ class FgdPlusPolicy(_FragBase):
         self.look_ahead = min(max(float(look), 0.0), 1.0) if isinstance(look, int | float) else LOOK_AHEAD
         self.key = (f"{self.key[0]}@{self.look_ahead}", self.key[1], self.key[2])  # the score memo: per look-ahead
         shapes = self.parameters.get("workload")
-        self.fill = self.measure([s for s in shapes if isinstance(s, dict)]) if isinstance(shapes, list) and shapes else None
+        self.shapes = [s for s in shapes if isinstance(s, dict)] if isinstance(shapes, list) else []
+        self.fill = self.measure(self.shapes) if self.shapes else None
+        weight = self.parameters.get("modelPressure", MODEL_PRESSURE)
+        self.pressure_weight = max(float(weight), 0.0) if isinstance(weight, int | float) else MODEL_PRESSURE
+        if not any(s.get("gpuModels") for s in self.shapes):
+            self.pressure_weight = 0.0  # no constrained shape: nothing to keep free
+        self.key = (f"{self.key[0]}@{self.pressure_weight}", self.key[1], self.key[2])
+        self.pressure: dict[str, float] | None = None
 
     def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
         return BlendedWorkload(shapes, self.look_ahead)
+
+    def _pick(
+        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
+    ) -> tuple[str, list[str]] | None:
+        if self.pressure is None and self.pressure_weight > 0:  # the cluster's GPUs per model, once
+            supply: dict[str, int] = {}
+            for n in nodes.values():
+                if n.get("gpus"):
+                    supply[node_model(n)] = supply.get(node_model(n), 0) + len(n["gpus"])
+            self.pressure = model_pressure(self.shapes, supply)
+        return super()._pick(nodes, healthy, needs, avoid, seed)
+
+    def _penalty(self, model: str, needs: dict[str, Any], taken: int) -> float:
+        """What taking ``taken`` thousandths of a ``model`` GPU costs the constrained work: none
+        for a task only one model may serve (it has no choice)."""
+        if not self.pressure or not taken or len(set(needs.get("gpuModels") or ())) == 1:
+            return 0.0
+        return self.pressure_weight * self.pressure.get(model, 0.0) * taken
 
     def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
                count: int) -> tuple[Any, list[str]]:
@@ -174,6 +231,7 @@ class FgdPlusPolicy(_FragBase):
         if units < UNITS:  # one shared GPU: least growth, then the least free compute that fits
             best: tuple[float, int, str] | None = None
             seen: set[int] = set()
+            cost = self._penalty(model, needs, units)
             for g in usable:
                 free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
                 if free in seen:
@@ -181,7 +239,7 @@ class FgdPlusPolicy(_FragBase):
                 seen.add(free)
                 after = list(left)
                 after[after.index(free)] -= units
-                d = round(wl.frag(model, cpu_after, tuple(after)) - before, DIGITS)
+                d = round(wl.frag(model, cpu_after, tuple(after)) - before + cost, DIGITS)
                 if best is None or (d, free) < best[:2]:
                     best = (d, free, g["id"])
             assert best is not None
@@ -190,7 +248,7 @@ class FgdPlusPolicy(_FragBase):
         after = list(left)
         for _ in chosen:  # whole GPUs: idle ones, all alike
             after[after.index(UNITS)] = 0
-        delta = wl.frag(model, cpu_after, tuple(after)) - before
+        delta = wl.frag(model, cpu_after, tuple(after)) - before + self._penalty(model, needs, count * UNITS)
         return (round(delta, DIGITS), sum(after), round(cpu_after, 3)), chosen
 
 
