@@ -32,7 +32,9 @@ try:
         try:
             js = nc.jetstream()
             info = await js.stream_info("AIOS")
-            consumers = sorted(c.name for c in await js.consumers_info("AIOS"))
+            # the parser's consumer is on AIOS_INTAKE, where creates land; the others on AIOS
+            consumers = sorted([c.name for c in await js.consumers_info("AIOS")]
+                               + [c.name for c in await js.consumers_info("AIOS_INTAKE")])
             return info.config.name, consumers
         finally:
             await nc.close()
