@@ -25,14 +25,14 @@ try:
 except ImportError:  # run as a script
     import common  # type: ignore[no-redef]
 
+from aios_blocks.agent.gpus import NoGpus
+from aios_blocks.agent.node_agent import AgentConfig, NodeAgent
+from aios_blocks.agent.runtime import Runtime
+from aios_blocks.agent.runtime_process import ProcessRuntime
+from aios_blocks.agent.runtime_sim import SimRuntime
 from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.schemas.events import InstanceCommand
 from aios_blocks.schemas.spec import Gpu, Node
-from aios_blocks.workers.agent.gpus import NoGpus
-from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent
-from aios_blocks.workers.agent.runtime import Runtime
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime
-from aios_blocks.workers.agent.runtime_sim import SimRuntime
 
 PROCESS_CMD = ["/bin/sh", "-c", f"exec {sys.executable} -m http.server $AIOS_PORT --bind 127.0.0.1"]
 
@@ -41,8 +41,8 @@ def _docker() -> tuple[Runtime, str] | None:
     try:
         import docker
 
-        from aios_blocks.workers.agent.busybox_image import ensure_image
-        from aios_blocks.workers.agent.runtime_docker import DockerRuntime
+        from aios_blocks.agent.busybox_image import ensure_image
+        from aios_blocks.agent.runtime_docker import DockerRuntime
 
         client = docker.from_env()
         client.ping()

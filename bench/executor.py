@@ -51,7 +51,7 @@ def _free_port() -> int:
 
 # -- the instances' process --------------------------------------------------------------------------
 async def _serve_instances(spec: list[float]) -> None:
-    from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+    from aios_blocks.agent.sim_serve import SimBehaviour, SimServer
 
     srv = SimServer()
     ports = {}

@@ -4,7 +4,7 @@
 #   bash bench/gpu_check.sh [--sim] [--wheels]
 #
 # 1. nvidia-smi: -L, the GPUs' index/uuid/name/memory/driver, topo -m;
-# 2. our NVML inventory (workers/agent/gpus.py detect(None, "gpu0")), checked against nvidia-smi;
+# 2. our NVML inventory (agent/gpus.py detect(None, "gpu0")), checked against nvidia-smi;
 # 3. blocks up (embedded NATS + Redis, no simulated agents), the gpu-probe component for the
 #    process runtime (aios_blocks.examples.gpu_probe: imports torch, answers its GPU env, torch's
 #    CUDA device 0 and a matmul on it), `blocks agent --runtime process` on node gpu0, one block
@@ -136,7 +136,7 @@ EOF
 leftovers() {
     "$PY" - "$WORK/pids.json" "$DATA" "$AGENT_DIR" "$NODE" <<'EOF'
 import json, os, sys, time, psutil
-from aios_blocks.workers.agent.runtime_process import LABELS_ENV, process_scope
+from aios_blocks.agent.runtime_process import LABELS_ENV, process_scope
 pids_file, data, agent_dir, node = sys.argv[1:]
 ours = json.load(open(pids_file)) if os.path.exists(pids_file) else {}
 scope = process_scope(agent_dir)
@@ -197,7 +197,7 @@ fi
 step "2. NVML inventory: detect(None, \"$NODE\")"
 "$PY" - "$MODE" "$NODE" "$WORK/smi.csv" "$WORK/inventory.json" <<'EOF'
 import csv, json, sys
-from aios_blocks.workers.agent.gpus import detect
+from aios_blocks.agent.gpus import detect
 mode, node, smi_csv, out = sys.argv[1:]
 fails = 0
 def check(cond, what):

@@ -1,7 +1,7 @@
 """Instances that serve: what 1,000 simulated instances cost in one process, and the raw latency
 of a direct HTTP request to one instance (the floor under the executor's added latency).
 
-* 1,000 simulated instances (``workers/agent/sim_serve.py``, as the simulated fleet runs them) in
+* 1,000 simulated instances (``agent/sim_serve.py``, as the simulated fleet runs them) in
   a child process: set-up time and memory per instance; then tasks spread over all of them by a
   closed loop of 64 concurrent aiohttp clients in this process: tasks/s, p50/p99 (service time 0);
 * one SDK instance (``python -m aios_blocks.examples.echo``, a child process): a direct
@@ -34,7 +34,7 @@ GROUP = "7 instances"
 
 SIM_CHILD = r"""
 import asyncio, json, sys, psutil
-from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+from aios_blocks.agent.sim_serve import SimBehaviour, SimServer
 async def main(n):
     proc = psutil.Process()
     server = SimServer()

@@ -2,7 +2,7 @@
 ``workers/collector.py``: every instance's ``/metrics`` over HTTP, the windows, one pipelined
 write to Redis), N = 1,000 (200 with --quick).
 
-* the instances are ``workers/agent/sim_serve.py`` sites in a child process (as the simulated
+* the instances are ``agent/sim_serve.py`` sites in a child process (as the simulated
   fleet runs them), each page holding a filled latency histogram;
 * figures: tick wall time p50/max, the collector's CPU time per tick, page parse cost, and the
   Redis write of the tick alone.
@@ -31,7 +31,7 @@ GROUP = "8 metrics"
 
 SIM_CHILD = r"""
 import asyncio, json, sys
-from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+from aios_blocks.agent.sim_serve import SimBehaviour, SimServer
 async def main(n):
     server = SimServer()
     ports = []

@@ -166,7 +166,8 @@ class MemorySystem:
     async def open(cls, settings: Settings | None = None) -> AsyncIterator[MemorySystem]:
         import fakeredis
 
-        from .workers import agent_sim, controller, gateway, parser, vcluster
+        from .agent import fleet
+        from .workers import controller, gateway, parser, vcluster
         from .workers.base import Worker
 
         s = settings or Settings(sim_start_delay_s=0.0, dry_run_deadline_s=5.0)
@@ -179,7 +180,7 @@ class MemorySystem:
                    "memory", s)
         await w._watch_hints()
         bindings = [*parser.bindings(w), *gateway.bindings(w), *controller.bindings(w), *controller.lifecycle_bindings(w),
-                    *vcluster.bindings(w), *agent_sim.bindings(w)]
+                    *vcluster.bindings(w), *fleet.bindings(w)]
         system = cls(bus, store, w, bindings)
         try:
             yield system

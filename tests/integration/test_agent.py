@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
+from aios_blocks.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
+from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.cli.client import Client
-from aios_blocks.workers.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.workers.auth import url_user
 
 from .conftest import COMPONENT, System
@@ -39,7 +39,7 @@ def docker_image() -> Iterator[str]:
     try:
         import docker
 
-        from aios_blocks.workers.agent.busybox_image import ensure_image
+        from aios_blocks.agent.busybox_image import ensure_image
 
         client = docker.from_env()
         client.ping()
@@ -69,7 +69,7 @@ class Agents:
 
     def runtime(self) -> Runtime:
         if self.runtime_name == "docker":
-            from aios_blocks.workers.agent.runtime_docker import DockerRuntime
+            from aios_blocks.agent.runtime_docker import DockerRuntime
 
             return DockerRuntime()
         return ProcessRuntime(scope=process_scope(self.base / "agent"))  # this test's agents' processes only
@@ -531,12 +531,12 @@ async def test_real_gpus_reach_the_docker_engine_as_a_device_request(docker_imag
     """An agent whose NVML reports GPUs asks the real engine for them by UUID. This engine has no
     NVIDIA runtime, so it refuses the request with its own reason: the request reached it, the
     instance fails at the container stage and leaves no container behind."""
+    from aios_blocks.agent.gpus import detect
+    from aios_blocks.agent.lifecycle import StageFailed
+    from aios_blocks.agent.node_agent import AgentConfig, NodeAgent
+    from aios_blocks.agent.runtime_docker import DockerRuntime
     from aios_blocks.schemas.events import InstanceCommand
     from aios_blocks.schemas.spec import Gpu, Node
-    from aios_blocks.workers.agent.gpus import detect
-    from aios_blocks.workers.agent.lifecycle import StageFailed
-    from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent
-    from aios_blocks.workers.agent.runtime_docker import DockerRuntime
 
     from ..unit.test_agent_lifecycle import FakeNvml
 

@@ -14,10 +14,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from aios_blocks.agent.node_agent import in_flight
 from aios_blocks.bus.catalog import E
 from aios_blocks.bus.instance_map import BUCKET, InstanceMaps
 from aios_blocks.schemas.events import ScaleDownRequest, ScaleTarget
-from aios_blocks.workers.agent.node_agent import in_flight
 
 from .conftest import System
 from .test_cli import blocks

@@ -22,10 +22,10 @@ import aiohttp
 import pytest
 from nats.js.errors import NotFoundError
 
+from aios_blocks.agent.runtime_process import ProcessRuntime
 from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime
 from aios_blocks.workers.auth import url_user
 from aios_blocks.workers.embedded import free_port
 

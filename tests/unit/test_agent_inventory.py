@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aios_blocks.agent.gpus import NoGpus
+from aios_blocks.agent.node_agent import AgentConfig, NodeAgent, new_boot
+from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.bus.catalog import E
 from aios_blocks.executor.engine import InlinePolicy, InstanceState, Limits, Refused, Route
 from aios_blocks.handlers import lifecycle as lc
@@ -17,9 +20,6 @@ from aios_blocks.handlers.effects import Publish
 from aios_blocks.policies.runtime import BUILTINS
 from aios_blocks.schemas.events import InstanceCommand, InstanceEvent, InventoryItem, NodeInventory
 from aios_blocks.schemas.spec import Node
-from aios_blocks.workers.agent.gpus import NoGpus
-from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent, new_boot
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 
 OLD, NEW = "18c0000000-aaaa", "18c0000fff-bbbb"  # two boots of one node's agent, NEW the later
 

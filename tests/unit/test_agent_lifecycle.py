@@ -11,10 +11,9 @@ from typing import Any
 
 import pytest
 
-from aios_blocks.handlers import faults
-from aios_blocks.workers.agent.adoption import reconcile
-from aios_blocks.workers.agent.gpus import NoGpus, NvmlSource, SimulatedSource, detect
-from aios_blocks.workers.agent.lifecycle import (
+from aios_blocks.agent.adoption import reconcile
+from aios_blocks.agent.gpus import NoGpus, NvmlSource, SimulatedSource, detect
+from aios_blocks.agent.lifecycle import (
     DerivedSpec,
     FixedSpec,
     Provisioner,
@@ -22,8 +21,9 @@ from aios_blocks.workers.agent.lifecycle import (
     Runner,
     StageFailed,
 )
-from aios_blocks.workers.agent.node_agent import instance_env
-from aios_blocks.workers.agent.runtime import LaunchSpec, labels_to_resources
+from aios_blocks.agent.node_agent import instance_env
+from aios_blocks.agent.runtime import LaunchSpec, labels_to_resources
+from aios_blocks.handlers import faults
 
 
 @dataclass
@@ -189,8 +189,8 @@ def test_instance_env_carries_ids_gpus_ports_and_seed_fields_as_json() -> None:
 
 
 def test_instances_bind_loopback_only_when_their_endpoints_advertise_loopback_and_get_the_input_protocol() -> None:
+    from aios_blocks.agent.node_agent import bind_host
     from aios_blocks.handlers.controller import env_for
-    from aios_blocks.workers.agent.node_agent import bind_host
 
     assert bind_host("127.0.0.1") == "127.0.0.1" and bind_host("10.0.0.7") == "0.0.0.0"
     cmd_env = env_for({"blockId": "b", "inputProtocol": {"path": "/v1/x"}}, "b-0", [])
@@ -257,7 +257,7 @@ def test_no_nvml_means_zero_gpus_and_simulated_on_request() -> None:
 async def test_a_probe_watcher_that_ignores_its_cancel_does_not_hold_the_teardown(monkeypatch: pytest.MonkeyPatch) -> None:
     """The remove of an instance tears its probe down first; a watcher that does not end when
     cancelled is given PROBE_STOP_S, then left, so the remove goes on."""
-    from aios_blocks.workers.agent import provisioners as pv
+    from aios_blocks.agent import provisioners as pv
 
     monkeypatch.setattr(pv, "PROBE_STOP_S", 0.2)
     release = asyncio.Event()

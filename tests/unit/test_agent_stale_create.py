@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from aios_blocks.agent.gpus import detect
+from aios_blocks.agent.node_agent import AgentConfig, NodeAgent
+from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.schemas.events import InstanceCommand
 from aios_blocks.schemas.spec import Gpu, Node
-from aios_blocks.workers.agent.gpus import detect
-from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 
 LAUNCH = {"command": [sys.executable, "-c", "import time; time.sleep(60)"], "probe": {"type": "running"}, "stopGraceS": 1}
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
+from aios_blocks.agent import node_agent as na
+from aios_blocks.agent.gpus import detect
+from aios_blocks.agent.runtime_sim import SimRuntime
 from aios_blocks.schemas.spec import Node
-from aios_blocks.workers.agent import node_agent as na
-from aios_blocks.workers.agent.gpus import detect
-from aios_blocks.workers.agent.runtime_sim import SimRuntime
 
 
 class Journal:

@@ -15,14 +15,14 @@ import pytest
 from docker.errors import NotFound
 from docker.types import DeviceRequest
 
+from aios_blocks.agent.gpus import GpuSource, HeldGpu, SimulatedSource, detect, gpu_env
+from aios_blocks.agent.node_agent import AgentConfig, NodeAgent
+from aios_blocks.agent.runtime import Runtime
+from aios_blocks.agent.runtime_docker import DockerRuntime, container_name
+from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.handlers.controller import env_for
 from aios_blocks.schemas.events import InstanceCommand
 from aios_blocks.schemas.spec import Gpu, Node
-from aios_blocks.workers.agent.gpus import GpuSource, HeldGpu, SimulatedSource, detect, gpu_env
-from aios_blocks.workers.agent.node_agent import AgentConfig, NodeAgent
-from aios_blocks.workers.agent.runtime import Runtime
-from aios_blocks.workers.agent.runtime_docker import DockerRuntime, container_name
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime, process_scope
 
 from .test_agent_lifecycle import FakeNvml
 from .views import make_ir

@@ -308,7 +308,7 @@ async def test_a_simulated_instance_answers_health_while_its_tasks_queue() -> No
 
     import aiohttp
 
-    from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+    from aios_blocks.agent.sim_serve import SimBehaviour, SimServer
 
     server = SimServer()
     try:

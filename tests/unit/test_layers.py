@@ -5,7 +5,7 @@ rule, the file and line, and what it imported.
 
 The rules: the pure decisions (``handlers/``, ``policies/``) take no I/O layer; the state layer
 knows no handler; the contract (``schemas/``) stands alone; the separately deployed node agent
-(``workers/agent/``) carries neither the controller's handlers nor the Redis state.
+(``agent/``) carries neither the controller's handlers nor the Redis state, nor any worker.
 """
 
 from __future__ import annotations
@@ -39,16 +39,19 @@ class Rule:
         return any(_under(imported, p) for p in self.forbidden)
 
 
-_IO = (f"{PKG}.bus", f"{PKG}.state", f"{PKG}.workers", f"{PKG}.executor")
+_IO = (f"{PKG}.bus", f"{PKG}.state", f"{PKG}.workers", f"{PKG}.executor", f"{PKG}.agent")
 RULES = (
-    Rule("handlers/ import no I/O layer (bus, state, workers, executor)", f"{PKG}.handlers", _IO),
-    Rule("policies/ import no I/O layer (bus, state, workers, executor)", f"{PKG}.policies", _IO),
+    Rule("handlers/ import no I/O layer (bus, state, workers, executor, agent)", f"{PKG}.handlers", _IO),
+    Rule("policies/ import no I/O layer (bus, state, workers, executor, agent)", f"{PKG}.policies", _IO),
     Rule("policies/ import no handler (pure policy helpers live with the policy contract)", f"{PKG}.policies",
          (f"{PKG}.handlers",)),
     Rule("state/ imports no handler", f"{PKG}.state", (f"{PKG}.handlers",)),
     Rule("schemas/ imports nothing of the package but itself", f"{PKG}.schemas", (), only=(f"{PKG}.schemas",)),
-    Rule("the node agent (workers/agent/) imports neither handlers nor state", f"{PKG}.workers.agent",
+    Rule("the node agent (agent/) imports neither handlers nor state", f"{PKG}.agent",
          (f"{PKG}.handlers", f"{PKG}.state")),
+    Rule("the node agent (agent/) imports no worker, executor or recovery (it is deployed on its own; "
+         "what it needs of a worker process is passed in)", f"{PKG}.agent",
+         (f"{PKG}.workers", f"{PKG}.executor", f"{PKG}.recovery")),
 )
 
 #: known violations a rule still allows, as (rule name, "path:line", imported module): printed by
@@ -117,25 +120,26 @@ def test_the_walk_sees_relative_late_and_type_checking_imports(tmp_path: Path) -
     """The walker itself: a function's import, a TYPE_CHECKING one and relative ones of each depth
     are found and resolved, and each rule names the line that broke it."""
     pkg = tmp_path / "pkg"
-    for d in ("handlers", "schemas", "state", "workers/agent"):
+    for d in ("handlers", "schemas", "state", "workers", "agent"):
         (pkg / d).mkdir(parents=True)
         (pkg / d / "__init__.py").write_text("")
     (pkg / "handlers" / "a.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..state import store\n"
-        "def f():\n    from ..workers.agent import x\n    return x\n")
+        "def f():\n    from ..agent import x\n    return x\n")
     (pkg / "schemas" / "b.py").write_text("from . import c\nfrom .. import settings\n")
-    (pkg / "workers" / "agent" / "n.py").write_text("import pkg.handlers.faults\nfrom ...schemas import b\n")
+    (pkg / "agent" / "n.py").write_text("import pkg.handlers.faults\nfrom ..schemas import b\nfrom ..workers import base\n")
     (pkg / "state" / "s.py").write_text("from ..schemas.b import x\n")
     rules = tuple(Rule(r.name, r.source.replace(PKG, "pkg"), tuple(p.replace(PKG, "pkg") for p in r.forbidden),
                        tuple(p.replace(PKG, "pkg") for p in r.only)) for r in RULES)
     found = imports(pkg, "pkg")
     assert {(where, what) for _, where, what in violations(rules, found)} == {
         ("pkg/handlers/a.py:3", "pkg.state"),
-        ("pkg/handlers/a.py:5", "pkg.workers.agent"),
+        ("pkg/handlers/a.py:5", "pkg.agent"),
         ("pkg/schemas/b.py:2", "pkg.settings"),
-        ("pkg/workers/agent/n.py:1", "pkg.handlers.faults"),
+        ("pkg/agent/n.py:1", "pkg.handlers.faults"),
+        ("pkg/agent/n.py:3", "pkg.workers"),
     }
-    assert {rule for rule, _, _ in violations(rules, found)} == {RULES[0].name, RULES[4].name, RULES[5].name}
+    assert {rule for rule, _, _ in violations(rules, found)} == {RULES[0].name, RULES[4].name, RULES[5].name, RULES[6].name}
 
 
 def test_the_spec_size_default_is_the_settings_default() -> None:

@@ -12,8 +12,8 @@ import sys
 import uuid
 from pathlib import Path
 
-from aios_blocks.workers.agent.runtime import LABEL_SCOPE, LaunchSpec
-from aios_blocks.workers.agent.runtime_process import LABELS_ENV, ProcessRuntime, process_scope
+from aios_blocks.agent.runtime import LABEL_SCOPE, LaunchSpec
+from aios_blocks.agent.runtime_process import LABELS_ENV, ProcessRuntime, process_scope
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from aios_blocks.workers.agent.runtime import LaunchSpec
-from aios_blocks.workers.agent.runtime_process import ProcessRuntime
+from aios_blocks.agent.runtime import LaunchSpec
+from aios_blocks.agent.runtime_process import ProcessRuntime
 
 #: ignores SIGTERM (a side-car stuck where it does not look at it), saying so: 'up' once its handler
 #: is set, 'term' for each SIGTERM it ignored

@@ -10,6 +10,9 @@ from typing import Any
 
 import pytest
 
+from aios_blocks.agent import node_agent as na
+from aios_blocks.agent.gpus import detect
+from aios_blocks.agent.runtime_sim import SimRuntime
 from aios_blocks.handlers import controller
 from aios_blocks.handlers import scaling as sc
 from aios_blocks.policies import contract
@@ -17,9 +20,6 @@ from aios_blocks.policies.builtin.resource import BinPackPolicy, SpreadPolicy
 from aios_blocks.policies.runtime import PolicyRuntime
 from aios_blocks.schemas.errors import PolicyFailed
 from aios_blocks.schemas.spec import Node
-from aios_blocks.workers.agent import node_agent as na
-from aios_blocks.workers.agent.gpus import detect
-from aios_blocks.workers.agent.runtime_sim import SimRuntime
 
 from .views import EXAMPLES
 
@@ -192,7 +192,7 @@ async def test_remove_with_drain_s_drains_a_serving_instance_only(tmp_path: Path
 
 
 async def test_in_flight_reads_the_instance_metrics_page(tmp_path: Path) -> None:
-    from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
+    from aios_blocks.agent.sim_serve import SimBehaviour, SimServer
 
     server = SimServer()
     try:

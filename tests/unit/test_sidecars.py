@@ -325,10 +325,10 @@ class _Consumers:
 
 
 async def test_an_agent_runs_restarts_and_stops_sidecars_and_ignores_a_late_start(tmp_path: Any) -> None:
+    from aios_blocks.agent.runtime_sim import SimRuntime
+    from aios_blocks.agent.sidecars import SidecarManager
     from aios_blocks.schemas.events import SidecarCommand
     from aios_blocks.schemas.spec import Sidecar
-    from aios_blocks.workers.agent.runtime_sim import SimRuntime
-    from aios_blocks.workers.agent.sidecars import SidecarManager
 
     rt = SimRuntime(start_delay_s=0)
     bus = _Consumers()

@@ -1,4 +1,4 @@
-"""Simulated instances that serve (workers/agent/sim_serve.py, runtime_sim.py): real HTTP on
+"""Simulated instances that serve (agent/sim_serve.py, runtime_sim.py): real HTTP on
 127.0.0.1, behaviour from the block's settings, gone when stopped, served again after a restart."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from aios_blocks.agent.runtime import LaunchSpec
+from aios_blocks.agent.runtime_sim import SimRuntime
+from aios_blocks.agent.sim_serve import SimBehaviour, SimServer
 from aios_blocks.instance.metrics import parse_text
-from aios_blocks.workers.agent.runtime import LaunchSpec
-from aios_blocks.workers.agent.runtime_sim import SimRuntime
-from aios_blocks.workers.agent.sim_serve import SimBehaviour, SimServer
 
 
 def test_behaviour_comes_from_init_settings_and_parameters_parameters_win() -> None:

@@ -54,8 +54,8 @@ def test_capacity_checks_share_and_models() -> None:
 
 
 def test_a_sharing_instance_is_told_its_compute_share() -> None:
+    from aios_blocks.agent.node_agent import instance_env
     from aios_blocks.handlers.controller import env_for
-    from aios_blocks.workers.agent.node_agent import instance_env
 
     def ir(share: bool, resources: dict[str, Any]) -> dict[str, Any]:
         return {"blockId": "b", "resources": resources,

@@ -203,8 +203,8 @@ async def test_only_the_kinds_that_read_the_inventory_take_its_hints() -> None:
     from aios_blocks.workers.base import INVENTORY_KINDS
 
     assert INVENTORY_KINDS == {"gateway", "controller"}
-    pkg = Path(workers.__file__).parent
-    for module in ("parser", "agent_sim", "executor", "checker", "collector", "autoscaler"):
+    pkg = Path(workers.__file__).parent.parent
+    for module in ("workers/parser", "agent/fleet", "workers/executor", "workers/checker", "workers/collector", "workers/autoscaler"):
         assert ".inventory" not in (pkg / f"{module}.py").read_text(), f"{module} reads the inventory: add its kind"
     for inventory in (True, False):
         bus = MemoryBus()

@@ -21,13 +21,18 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "gateway": (("gateway",), ("aiohttp",)),
     "controller": (("controller", "vcluster", "health"), ("aiohttp",)),
     "autoscaler": (("autoscaler",), ("aiohttp",)),
-    "agent-sim": (("agent_sim",), ()),
+    "agent-sim": (("agent.fleet",), ()),
     "executor": (("executor",), ()),
     "metrics": (("collector",), ()),
     "checker": (("checker",), ()),
 }
 NEVER = ("rich", "typer", "starlark", "yaml")
-WORKER_MODULES = ("parser", "gateway", "controller", "vcluster", "health", "autoscaler", "agent_sim", "executor", "collector", "checker")
+WORKER_MODULES = ("parser", "gateway", "controller", "vcluster", "health", "autoscaler", "agent.fleet", "executor", "collector", "checker")
+
+
+def _module(m: str) -> str:
+    """A kind's module: under ``aios_blocks.workers``, or (dotted) under ``aios_blocks``."""
+    return f"aios_blocks.{m}" if "." in m else f"aios_blocks.workers.{m}"
 
 
 def _loaded(modules: tuple[str, ...]) -> set[str]:
@@ -36,7 +41,7 @@ def _loaded(modules: tuple[str, ...]) -> set[str]:
         "from aios_blocks.workers import main\n"
         "main.lean_imports()\n"
         "import aios_blocks.workers.base, aios_blocks.workers.telemetry\n"
-        + "".join(f"import aios_blocks.workers.{m}\n" for m in modules)
+        + "".join(f"import {_module(m)}\n" for m in modules)
         + "print(json.dumps(sorted(sys.modules)))\n"
     )
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -50,7 +55,7 @@ def test_a_worker_imports_only_what_its_kind_uses(kind: str) -> None:
     loaded = _loaded(modules)
     tops = {m.split(".")[0] for m in loaded}
     assert not tops & set(NEVER + absent), f"{kind} loads {sorted(tops & set(NEVER + absent))}"
-    others = {f"aios_blocks.workers.{m}" for m in WORKER_MODULES if m not in modules} & loaded
+    others = {_module(m) for m in WORKER_MODULES if m not in modules} & loaded
     assert not others, f"{kind} loads other kinds' modules: {sorted(others)}"
 
 

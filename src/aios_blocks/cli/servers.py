@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
+from ..schemas.roles import KINDS
 from ..urls import mask
 from .common import (
     DEMO_DATA_DIR,
@@ -69,7 +70,7 @@ def up(
 
 
 def worker(
-    kind: str = typer.Argument(..., help="parser | gateway | controller | agent-sim | executor | metrics | autoscaler | checker"),
+    kind: str = typer.Argument(..., help=" | ".join(KINDS)),
     cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks."),
     data_dir: Path = DataDir,
 ) -> None:
@@ -80,7 +81,7 @@ def worker(
     """
     from ..settings import load as load_settings
     from ..workers.auth import KIND_ROLE
-    from ..workers.main import KINDS, configure_logging, run_worker, tune_gc
+    from ..workers.main import configure_logging, run_worker, tune_gc
 
     if kind not in KINDS:
         err.print(f"[red]unknown worker kind {escape(kind)!r}[/]: one of {', '.join(KINDS)}")
@@ -120,9 +121,9 @@ def agent(
 
     Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack 3 --zone eu-1a`
     """
+    from ..agent.main import AgentOptions, run_agent
     from ..schemas.spec import Node
     from ..settings import load as load_settings
-    from ..workers.agent.main import AgentOptions, run_agent
     from ..workers.embedded import agent_nats_url
     from ..workers.main import configure_logging, tune_gc
 

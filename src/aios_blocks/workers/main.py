@@ -234,9 +234,9 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
 
         binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w) + vcluster.bindings(w)
     else:
-        from . import agent_sim
+        from ..agent import fleet
 
-        binds = await agent_sim.started(w)  # what it runs is reported before it takes a command
+        binds = await fleet.started(w)  # what it runs is reported before it takes a command
     if kind in ("gateway", "controller"):
         w.inventory.prefetch = True
         # like kube-scheduler's cache sync: load the inventory before taking work, so the first

@@ -31,11 +31,11 @@ from typing import Any
 import structlog
 from prometheus_client import Counter, Gauge
 
-from ...bus.catalog import E
-from ...bus.nats_bus import Bus
-from ...bus.router import Inbound, Router
-from ...bus.subjects import ConsumerSpec
-from ...schemas.events import (
+from ..bus.catalog import E
+from ..bus.nats_bus import Bus
+from ..bus.router import Inbound, Router
+from ..bus.subjects import ConsumerSpec
+from ..schemas.events import (
     Dangling,
     Heartbeat,
     InstanceCommand,
@@ -45,9 +45,9 @@ from ...schemas.events import (
     NodeRegistered,
     SidecarCommand,
 )
-from ...schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
-from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
-from ...schemas.spec import Launch, Node
+from ..schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
+from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
+from ..schemas.spec import Launch, Node
 from . import adoption
 from .gpus import GpuSource, GpuSourceKind
 from .lifecycle import DerivedSpec, FixedSpec, ProvisionStage, Runner, Stage, StageFailed
@@ -505,7 +505,7 @@ async def in_flight(endpoint: str, timeout_s: float = 1.0) -> float | None:
     (``aios_instance_requests_running``); None when it does not say (no page, no such figure)."""
     import aiohttp
 
-    from ...instance.metrics import RUNNING, parse_text
+    from ..instance.metrics import RUNNING, parse_text
 
     try:
         async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session, \

@@ -30,9 +30,9 @@ import msgspec
 import structlog
 from prometheus_client import Counter
 
-from ...bus import subjects
-from ...schemas.events import SidecarCommand
-from ...schemas.spec import Sidecar
+from ..bus import subjects
+from ..schemas.events import SidecarCommand
+from ..schemas.spec import Sidecar
 from .runtime import LaunchSpec, Runtime, RuntimeInstance
 
 log = structlog.get_logger("aios.agent.sidecars")

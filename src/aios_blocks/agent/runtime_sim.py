@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ...schemas.protocol import endpoint_port, endpoint_url
+from ..schemas.protocol import endpoint_port, endpoint_url
 from .runtime import LABEL_INSTANCE, LABEL_NODE, LABEL_PORTS, LaunchSpec, RuntimeError_, RuntimeInstance
 from .sim_serve import SimBehaviour, SimServer
 

@@ -11,10 +11,10 @@ from pathlib import Path
 import structlog
 from prometheus_client import start_http_server
 
-from ...bus import subjects
-from ...bus.nats_bus import Bus
-from ...bus.runner import ConsumerRunner, RunnerOptions
-from ...schemas.spec import Gpu, Node
+from ..bus import subjects
+from ..bus.nats_bus import Bus
+from ..bus.runner import ConsumerRunner, RunnerOptions
+from ..schemas.spec import Gpu, Node
 from .gpus import GpuSource, detect
 from .node_agent import AgentConfig, NodeAgent, command_router
 from .runtime import Runtime

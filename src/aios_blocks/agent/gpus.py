@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 import structlog
 
-from ...schemas.sharing import GPU_MEMORY_LIMIT_ENV
+from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
 
 log = structlog.get_logger("aios.agent.gpus")
 

@@ -7,7 +7,7 @@ working directories, probes).
 Commands for nodes served by their own agent (``blocks agent``) are acked and left to that agent.
 ``AIOS_SIM_START_DELAY_S`` / ``AIOS_SIM_FAIL_RATE`` shape the simulated starts; with
 ``AIOS_SIM_SERVE`` (the default) every simulated instance is a real HTTP server on 127.0.0.1 of
-this process (``agent.sim_serve``), its endpoint carried by ``instance.added``.
+this process (``agent/sim_serve.py``), its endpoint carried by ``instance.added``.
 
 Simulated instances live in this process's memory: they die with it. A fleet that starts
 (``started``) reports, for each simulated node the state has instances on, what it really runs
@@ -19,27 +19,50 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
 from ..bus import subjects
+from ..bus.nats_bus import Bus
 from ..bus.router import Inbound
 from ..schemas.events import InstanceCommand, SidecarCommand
 from ..schemas.spec import Node
-from .agent.gpus import NoGpus
-from .agent.node_agent import AgentConfig, NodeAgent, command_router, new_boot
-from .agent.runtime_sim import SimRuntime
-from .agent.sim_serve import SimServer
-from .base import Worker
+from ..settings import Settings
+from .gpus import NoGpus
+from .node_agent import AgentConfig, NodeAgent, command_router, new_boot
+from .runtime_sim import SimRuntime
+from .sim_serve import SimServer
 
 log = structlog.get_logger("aios.agent_sim")
 
 OWNER_TTL_S = 5.0
 
 
+class FleetState(Protocol):
+    """The two reads of the state the fleet makes (``state.store.Store`` has them): the agent
+    package imports no state, the worker passes its store in."""
+
+    async def simulated_nodes_with_instances(self) -> list[dict[str, Any]]: ...
+
+    async def node_meta(self, nid: str) -> dict[str, Any] | None: ...
+
+
+class FleetHost(Protocol):
+    """What the fleet takes from the worker process that runs it (``workers.base.Worker``)."""
+
+    @property
+    def bus(self) -> Bus: ...
+
+    @property
+    def store(self) -> FleetState: ...
+
+    @property
+    def settings(self) -> Settings: ...
+
+
 class Fleet:
-    def __init__(self, w: Worker):
+    def __init__(self, w: FleetHost):
         self.w = w
         server = SimServer() if w.settings.sim_serve else None
         self.runtime = SimRuntime(start_delay_s=w.settings.sim_start_delay_s, fail_rate=w.settings.sim_fail_rate, server=server)
@@ -114,12 +137,12 @@ class Fleet:
         await self.agents[nid].on_sidecar(m)
 
 
-def bindings(w: Worker, fleet: Fleet | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
+def bindings(w: FleetHost, fleet: Fleet | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
     fleet = fleet or Fleet(w)
     return [command_router(subjects.agent(), fleet.on_command, fleet.on_command_sidecar).binding()]
 
 
-async def started(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
+async def started(w: FleetHost) -> list[tuple[subjects.ConsumerSpec, Any]]:
     """The fleet of a worker process that starts: its inventories out first (``Fleet.announce``),
     then its consumer's bindings. A failed read of the state is logged; the fleet serves anyway
     (its instances' health checks are the fallback)."""

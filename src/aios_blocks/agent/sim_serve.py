@@ -34,8 +34,8 @@ from typing import Any
 
 from aiohttp import web
 
-from ...instance.metrics import CONTENT_TYPE, SystemMetrics
-from ...schemas.protocol import HEALTH_PATH, METRICS_PATH, task_path
+from ..instance.metrics import CONTENT_TYPE, SystemMetrics
+from ..schemas.protocol import HEALTH_PATH, METRICS_PATH, task_path
 
 
 @dataclass
