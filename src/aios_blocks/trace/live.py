@@ -1,8 +1,11 @@
 """``blocks trace replay --live``: the same protocol as ``--in-process`` (``trace.replay``) through a
 running system: the node list imported as a cluster (``Client.import_nodes``, what ``blocks
 cluster import`` does), each sampled task submitted as a block through the client's create path
-(``Client.create``), one at a time in the replay's order, its outcome awaited (ready, or
-failed/rejected: the task fits nowhere, the replay goes on), nothing deleted.
+(``Client.create``) in the replay's order, its outcome awaited (ready, or failed/rejected: the
+task fits nowhere, the replay goes on), nothing deleted. ``window`` creates in flight at most:
+1 (the default) is one at a time, each awaited, the order the in-process mode decides in; more
+pipelines the creates (published in order, gathered into the bus's batches), and the system then
+decides in the order its workers reach the cluster's plan lock (docs/trace.md "Live vs Ray").
 
 The figures are computed from what the system placed: each block's instance (node and GPUs) read
 back from the state store after the run and fed, in the replay's order, to the same ``Ledger`` as
@@ -18,6 +21,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +92,7 @@ async def own_system(log: Callable[[str], None] = lambda s: None) -> AsyncIterat
         shutil.rmtree(data, ignore_errors=True)
 
 
-class _Outcomes:
+class Outcomes:
     """Terminal events of the blocks, by block id, from a core NATS subscription (no consumer
     per block): (kind, when received, the event's data)."""
 
@@ -122,6 +126,61 @@ class _Outcomes:
         return self.done[bid]
 
 
+@dataclass
+class Decided:
+    """One block's outcome as the client saw it: ``ready`` or ``failed``, when it was created and
+    when its outcome arrived (``time.perf_counter``)."""
+
+    bid: str
+    kind: str
+    created: float
+    done: float
+
+    @property
+    def seconds(self) -> float:
+        return self.done - self.created
+
+
+async def submit(
+    client: Any, outcomes: Outcomes, tasks: list[Task], window: int = 1, timeout: float = 120.0,
+    progress: Callable[[int, int], None] | None = None, offset: int = 0, total: int = 0,
+) -> list[Decided]:
+    """Create the tasks' blocks in order with at most ``window`` awaiting their outcome, and wait
+    for every outcome; in the tasks' order. The creates started in one turn of the event loop go
+    to the bus together (``Bus.emit_together``: one batch, in order). Raises ``LiveError`` on a
+    rejected spec or a block with no outcome within ``timeout`` seconds."""
+    room = asyncio.Semaphore(max(1, window))
+    total = total or len(tasks)
+
+    async def one(i: int, t: Task) -> Decided:
+        try:
+            t0 = time.perf_counter()
+            req = await client.create(block_spec(t))
+            try:
+                kind, at, data = await outcomes.wait(req.bid, timeout)
+            except TimeoutError:
+                raise LiveError(f"block {req.bid} ({offset + i + 1} of {total}) had no outcome within {timeout:g} s") from None
+            if kind == "rejected":  # the parser refused the spec: the replay's fault, not a task that fits nowhere
+                raise LiveError(f"block {req.bid} was rejected: {data.get('errors') or data}")
+            if progress is not None and (offset + i + 1) % 500 == 0:
+                progress(offset + i + 1, total)
+            return Decided(req.bid, kind, t0, at)
+        finally:
+            room.release()
+
+    running: list[asyncio.Task[Decided]] = []
+    try:
+        for i, t in enumerate(tasks):
+            await room.acquire()
+            if any(r.done() and not r.cancelled() and r.exception() is not None for r in running[-max(1, window):]):
+                break  # one failed: submit no more (gather raises it)
+            running.append(asyncio.ensure_future(one(i, t)))
+        return list(await asyncio.gather(*running))
+    finally:
+        for task in running:
+            task.cancel()
+
+
 async def read_back(client: Any, bids: list[str]) -> dict[str, tuple[str, list[str]]]:
     """Block id -> (node, GPUs) of its instance, from the state store (in chunks of round trips)."""
     out: dict[str, tuple[str, list[str]]] = {}
@@ -137,7 +196,7 @@ async def read_back(client: Any, bids: list[str]) -> dict[str, tuple[str, list[s
 async def replay_live(
     client: Any, nodes: list[Node], tasks: list[Task], policy: str = "builtin:fgd", seed: int = 42, ratio: float = 1.3,
     sample_nodes: int = 0, workload: str = "", progress: Callable[[int, int], None] | None = None,
-    timeout: float = 120.0,
+    timeout: float = 120.0, window: int = 1,
 ) -> Result:
     """Replay through the system ``client`` is connected to (see the module's docstring). The
     system must hold no cluster yet: the replay's blocks hold their capacity for good, and the
@@ -151,26 +210,14 @@ async def replay_live(
     for comp in components(st):
         await client.add_component(comp)
     await client.import_nodes(Cluster(id=CLUSTER), nodes)
-    outcomes = _Outcomes()
+    outcomes = Outcomes()
     await outcomes.attach(client.bus)
     res = Result(st.uri, seed, workload, len(nodes), st.cluster_milli // UNITS, ratio, sample_nodes, mode="live")
-    first_done = 0.0
-    for i, t in enumerate(st.pods):
-        t0 = time.perf_counter()
-        req = await client.create(block_spec(t))
-        try:
-            kind, at, data = await outcomes.wait(req.bid, timeout)
-        except TimeoutError:
-            raise LiveError(f"block {req.bid} ({i + 1} of {len(st.pods)}) had no outcome within {timeout:g} s") from None
-        if kind == "rejected":  # the parser refused the spec: the replay's fault, not a task that fits nowhere
-            raise LiveError(f"block {req.bid} was rejected: {data.get('errors') or data}")
-        if i == 0:
-            first_done = at  # the workers' start-up is in the first block's time: measured from its outcome
-        else:
-            res.latencies.append(at - t0)
-        if progress is not None and (i + 1) % 500 == 0:
-            progress(i + 1, len(st.pods))
-    res.seconds = time.perf_counter() - first_done
+    # the workers' start-up is in the first block's time: alone, and the time measured from its outcome
+    first = await submit(client, outcomes, st.pods[:1], 1, timeout)
+    rest = await submit(client, outcomes, st.pods[1:], window, timeout, progress, offset=1, total=len(st.pods))
+    res.latencies = [d.seconds for d in rest]
+    res.seconds = (max(d.done for d in rest) if rest else first[0].done) - first[0].done
     res.timed_blocks = len(st.pods) - 1  # the blocks decided within ``seconds`` (all but the first)
     placed = await read_back(client, [block_id(t) for t in st.pods])
     ledger = Ledger(nodes, st, res)

@@ -1,0 +1,98 @@
+"""The Ray side of ``bench/trace_vs_ray.py``: the GPU trace's inventory as custom resources of a
+local Ray instance, its tasks as one-bundle placement groups of the same shapes. Imports nothing
+of aios_blocks (plain tuples and dicts in), so it runs in a venv that has only ray.
+
+The inventory is summed into pools (Ray's placement-group scheduler places a bundle on one Ray
+node; 1,213 raylets do not fit a 2-core machine, so there is one, holding every pool):
+
+* ``t_cpu`` (thousandths of a CPU), ``t_mem`` (MiB), ``t_gpu`` (GPUs of any model) and
+  ``t_model_<MODEL>`` (GPUs of that model);
+* a task asks ``t_cpu``/``t_mem`` as the trace does, ``t_gpu`` its GPU count (a GPU-sharing task
+  its share, a fraction: Ray's fractional resources), and a task limited to GPU models also
+  ``t_model_<first allowed model>`` as much (a bundle cannot say "this model or that one").
+
+So Ray decides against totals: no node, no GPU to fit a task into, no fragmentation; its work per
+group is a lower bound of ours (which fits each task on one node and its GPUs, with FGD-like
+scoring over every node), and the comparison leans Ray's way.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Any
+
+#: a trace node: (cpu_milli, memory_mib, gpus, model)
+NodeRow = tuple[int, int, int, str]
+#: a trace task: (cpu_milli, memory_mib, num_gpu, gpu_milli, allowed models)
+TaskRow = tuple[int, int, int, int, tuple[str, ...]]
+
+
+def pools(nodes: Iterable[NodeRow]) -> dict[str, float]:
+    """The Ray node's custom resources: the inventory summed per pool."""
+    out: dict[str, float] = {"t_cpu": 0, "t_mem": 0, "t_gpu": 0}
+    for cpu, mem, gpus, model in nodes:
+        out["t_cpu"] += cpu
+        out["t_mem"] += mem
+        if gpus:
+            out["t_gpu"] += gpus
+            out[f"t_model_{model}"] = out.get(f"t_model_{model}", 0) + gpus
+    return {k: v for k, v in out.items() if v}
+
+
+def bundle(task: TaskRow) -> dict[str, float]:
+    """The one bundle of a task's placement group (zero amounts left out: Ray refuses them)."""
+    cpu, mem, num_gpu, gpu_milli, models = task
+    gpu = num_gpu * gpu_milli / 1000 if num_gpu == 1 and 0 < gpu_milli < 1000 else float(num_gpu if gpu_milli else 0)
+    out: dict[str, float] = {"t_cpu": cpu, "t_mem": mem, "t_gpu": gpu}
+    if gpu and models:
+        out[f"t_model_{models[0]}"] = gpu
+    return {k: v for k, v in out.items() if v}
+
+
+def _wait_all(refs: list[Any], settle_s: float) -> tuple[int, float]:
+    """Wait for the groups' ``ready()`` refs: (how many got ready, perf_counter of the last one).
+    A group that fits nowhere stays pending in Ray for good: the wait ends ``settle_s`` after the
+    last progress."""
+    import ray
+
+    pending, ready, last = list(refs), 0, time.perf_counter()
+    while pending:
+        done, pending = ray.wait(pending, num_returns=len(pending), timeout=0.01)
+        if done:
+            ready += len(done)
+            last = time.perf_counter()
+        elif time.perf_counter() - last > settle_s:
+            break
+    return ready, last
+
+
+def figures(nodes: list[NodeRow], warm: list[TaskRow], one_by_one: list[TaskRow], burst: list[TaskRow],
+            settle_s: float = 3.0) -> dict[str, Any]:
+    """On a fresh local Ray with ``pools(nodes)``: the ``warm`` groups, then create->ready of each
+    ``one_by_one`` group alone (groups that never get ready are counted, not timed), then every
+    ``burst`` group created at once; groups are never removed (as our blocks). Returns the
+    latencies (s), the burst's ready count and seconds (its first create to its last ready)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    ray.init(num_cpus=1, resources=pools(nodes), include_dashboard=False, object_store_memory=80 * 1024**2,
+             log_to_driver=False, logging_level="ERROR")
+    try:
+        _wait_all([placement_group([bundle(t)], strategy="PACK").ready() for t in warm], settle_s)
+        lat, unplaced = [], 0
+        for t in one_by_one:
+            t0 = time.perf_counter()
+            ref = placement_group([bundle(t)], strategy="PACK").ready()
+            done, _ = ray.wait([ref], timeout=settle_s)
+            if done:
+                lat.append(time.perf_counter() - t0)
+            else:
+                unplaced += 1
+        t0 = time.perf_counter()
+        refs = [placement_group([bundle(t)], strategy="PACK").ready() for t in burst]
+        ready, last = _wait_all(refs, settle_s)
+        return {"latencies": lat, "one_by_one_unplaced": unplaced, "burst": len(burst), "burst_ready": ready,
+                "burst_seconds": last - t0}
+    finally:
+        ray.shutdown()
