@@ -27,7 +27,9 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from . import events as ev
+from . import priority as pr
 from . import vcluster as vc
+from .roles import Role as Role  # re-exported: the catalog's publishers
 
 ROOT = "aios"
 STREAM = "AIOS"
@@ -45,27 +47,6 @@ CE_TYPE_PREFIX = "io.aios."
 
 P = TypeVar("P")
 _TOKEN = re.compile(r"\{([a-z_]+)\}")
-
-
-class Role(enum.StrEnum):
-    """Who publishes. ``admin`` is the CLI (unrestricted); each worker kind has its NATS user."""
-
-    UPSTREAM = "upstream"
-    ADMIN = "admin"
-    PARSER = "parser"
-    GATEWAY = "gateway"
-    CONTROLLER = "controller"
-    AGENT = "agent"
-    #: block services that serve tasks (executor, mapper): answer ``block.task`` requests
-    EXECUTOR = "executor"
-    #: the autoscaler (``blocks worker autoscaler``): decisions and instance targets
-    AUTOSCALER = "autoscaler"
-    #: the health checker (``blocks worker checker``): instance verdicts and failed ticks
-    CHECKER = "checker"
-    #: a block's side-cars (``aios_blocks.sidecar``): consume its outputs, raise alerts
-    SIDECAR = "sidecar"
-    #: each role's consumer runner dead-letters its own consumers' messages
-    RUNNER = "runner"
 
 
 class Body(enum.StrEnum):
@@ -440,6 +421,33 @@ class E:
     )
     cluster_registered = Event(
         "cluster.registered", f"{_C}.registered", ev.ClusterRegistered, (A,), "cluster registered: id and labels",
+    )
+    # -- contended clusters (issue 36, docs/priority.md) -------------------------------------------
+    priority_class_registered = Event(
+        "priorityclass.registered", f"{ROOT}.priorityclass.{{name}}.registered", pr.PriorityClassRegistered, (A,),
+        "priority class registered or replaced (blocks priority-class add): the whole record (name, value, default, "
+        "description); blocks recover rebuilds the classes from it",
+    )
+    priority_class_removed = Event(
+        "priorityclass.removed", f"{ROOT}.priorityclass.{{name}}.removed", pr.PriorityClassRemoved, (A,),
+        "priority class removed (blocks priority-class remove); parsed blocks keep the value their IR holds",
+    )
+    quota_set = Event(
+        "quota.set", f"{ROOT}.quota.{{name}}.set", pr.QuotaSet, (A,),
+        "a tenant's quota set (blocks quota set: nominal per GPU model, cohort, borrowing limit) or removed "
+        "(record null); blocks recover rebuilds the quotas from it",
+    )
+    block_preempted = Event(
+        "block.preempted", f"{_B}.preempted", pr.Preempted, (C,),
+        "the block was preempted: the preemptor, the reason (Priority, InCohortReclamation), the instances it "
+        "loses (all of them when it falls below minInstances); it drains and goes back to pending, not failed",
+        id_rule="{block_id}:{gen}:preempted:{preemptor}:{preemptor_gen}",
+    )
+    block_preempting = Event(
+        "block.preempting", f"{_B}.preempting", pr.Preempting, (C,),
+        "the block preempts others to be placed: its victims (block -> instances), the reason, the GPUs freed; "
+        "sent once a plan shows its whole gang (minInstances) fits after they are gone",
+        id_rule="{block_id}:{gen}:preempting:{request_id}",
     )
     # -- virtual clusters (seed 003): aios.vcluster.{vid}.* ----------------------------------------
     vcluster_create = Event(
