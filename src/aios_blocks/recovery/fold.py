@@ -12,7 +12,9 @@ so a stray or duplicate event changes nothing, exactly as it did live:
   the block's IR, exclusive GPUs taking their whole memory);
 * instances, the affinity index and the policy registry follow ``state.store``.
 
-New event kinds are one entry in ``Fold.rules`` (block tails) or ``Fold.node_rules`` (node tails).
+The fold is a projection (``projections.base``): each rule is a method registered for its catalog
+event with ``@on(E...)``, handed the payload decoded into the event's struct. A new stored event is
+either folded (a method) or named in ``IGNORED``; ``tests/unit/test_projections.py`` fails otherwise.
 Alongside the state, the fold records ``anomalies``: facts that should never happen (an instance
 running on two nodes at once, a placement on a node that does not exist).
 """
@@ -20,7 +22,8 @@ running on two nodes at once, a placement on a node that does not exist).
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable
+import hashlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -31,7 +34,11 @@ from ..handlers import scaling
 from ..handlers.gateway import share_of
 from ..policies.affinity import uid
 from ..policies.capacity import share_units
+from ..projections.base import INDEX, Fact, Projection, on
+from ..schemas import events as ev
 from ..schemas import lifecycle as lc
+from ..schemas import vcluster as vc
+from ..schemas.catalog import ROOT, E, Event
 from ..schemas.spec import ID_RE, Node
 from ..state import keys as k
 from ..state.keys import node_key, res_key
@@ -44,6 +51,8 @@ _enc = msgspec.json.Encoder()
 REUSABLE = tuple(sorted(lc.REUSABLE))
 #: ``lc.into`` of each status (the table is constant; recomputed per event it was a tenth of the fold)
 _into = functools.cache(lc.into)
+#: the subjects of a block's events start with this
+_BLOCK = f"{ROOT}.block."
 #: each status's value (``Enum.value`` is a Python-level property: slow once per event)
 _VALUE = {s: s.value for s in lc.BlockStatus}
 
@@ -105,12 +114,29 @@ class NodeState:
         return h
 
 
+#: stored events the state does not depend on (each is read by another projection, or by none):
+#: named here so that the completeness test (``tests/unit/test_projections.py``) holds the fold to
+#: every stored event - a new one must be folded or added to this list
+IGNORED: frozenset[Event[Any]] = frozenset({
+    E.block_decision,  # a policy call no step event carries: recovery.inputs rebuilds its input
+    E.block_autoscaled, E.block_autoscale_failed,  # what the autoscaler did: the scale.target after it
+    E.block_allocation_failed, E.block_scale_failed, E.block_scale_down_failed, E.block_reassignment_failed,
+    E.block_health_failed,  # a failed step changes nothing
+    E.cluster_allocation, E.cluster_scale, E.cluster_scale_down,  # requests: their outcome is the placement
+    E.node_instance_create, E.node_instance_restart, E.node_sidecar_stop,  # commands to agents: their reports count
+    E.instance_failed, E.instance_unhealthy, E.instance_verdict,  # reports whose consequence has its own event
+    E.node_dangling, E.node_inventory,  # what an agent runs: the controller's removes follow
+    E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_refused,  # requests: vcluster.changed
+    E.block_output,  # task outputs (AIOS_OUTPUTS): the side-cars' input, no state
+    E.dead_letter,  # a message that kept failing: no state came of it
+})
+
+
 @dataclass
-class Fold:
-    #: the event rules, by the subject's tail (set below the class: they name its methods)
-    rules: ClassVar[dict[str, Callable[[Fold, str, dict[str, Any], int, float], None]]]
-    instance_rules: ClassVar[dict[str, Callable[[Fold, str, dict[str, Any], int, float], None]]]
-    node_rules: ClassVar[dict[str, Callable[[Fold, str, dict[str, Any], int, float], None]]]
+class Fold(Projection):
+    """The stored stream -> the Redis state (see the module doc); one method per catalog event."""
+
+    ignores: ClassVar[frozenset[Event[Any]]] = IGNORED
 
     components: dict[str, str] = field(default_factory=dict)
     clusters: dict[str, str] = field(default_factory=dict)
@@ -143,50 +169,31 @@ class Fold:
 
     # -- entry point -----------------------------------------------------------------------------
     def apply(self, subject: str, raw: bytes, seq: int = 0, ts: float = 0.0) -> None:
-        """Fold one stored message. Messages the state does not depend on are skipped cheaply."""
+        """Fold one stored message. Messages the state does not depend on are skipped undecoded."""
         self.events += 1
         if seq > self.last_seq:
             self.last_seq = seq
-        parts = subject.split(".", 3)
-        if len(parts) < 4 or parts[0] != "aios":
+        found = INDEX.parse(subject)
+        if found is None:
             return
-        _, entity, key, tail = parts
-        if entity == "block":
-            self.last_event[key] = (ts, tail)
-            if tail == "submitted":  # a create, as the parser stored it from AIOS_INTAKE
-                d = _data(raw)
-                if isinstance(d.get("gen"), int):
-                    self.creates[d["gen"]] = str(d.get("digest") or "")
-                if ID_RE.match(key):
-                    self.block_order.setdefault(key, ts)
-                return
-            if tail == "create":  # a stream of a version before AIOS_INTAKE: the create itself, seq = gen
-                self.creates[seq] = _digest(raw)
-                self.block_order.setdefault(key, ts)
-                return
-            rule = self.rules.get(tail) or (self.instance_rules.get(tail.rpartition(".")[2]) if tail.startswith("instance.") else None)
-            if rule is not None:
-                rule(self, key, _data(raw), seq, ts)
-        elif entity == "node":
-            node_rule = self.node_rules.get(tail)
-            if node_rule is not None:
-                node_rule(self, key, _data(raw), seq, ts)
-        elif entity == "cluster" and tail == "reassignment":
-            self.on_reassignment(key, _data(raw), seq, ts)
-        elif entity == "cluster" and tail == "removed":
-            self.on_cluster_removed(key, _data(raw), seq, ts)
-        elif entity == "cluster" and tail == "registered":
-            c = _data(raw).get("cluster") or {}
-            if c.get("id"):
-                self.clusters[c["id"]] = dumps({"id": c["id"], "labels": c.get("labels", {})})
-        elif entity == "component" and tail == "registered":
-            d = _data(raw)
-            if d.get("uri"):
-                self.components[d["uri"]] = dumps(d.get("component") or {})
-        elif entity == "policy" and tail == "updated":
-            self._policy(_data(raw))
-        elif entity == "vcluster" and tail in ("changed", "flushed"):
-            self.on_vcluster_changed(key, _data(raw), seq, ts)
+        event, tokens = found
+        bid = tokens.get("bid")
+        if bid is not None and event.pattern.startswith(_BLOCK):
+            self.last_event[bid] = (ts, subject[len(_BLOCK) + len(bid) + 1:])
+        self.feed_event(event, tokens, subject, raw, seq, ts)
+
+    @on(E.block_submitted)
+    def on_submitted(self, m: Fact[ev.Submitted]) -> None:
+        """A create, as the parser stored it from AIOS_INTAKE."""
+        self.creates[m.data.gen] = m.data.digest or ""
+        if ID_RE.match(m.tokens["bid"]):
+            self.block_order.setdefault(m.tokens["bid"], m.ts)
+
+    @on(E.block_create)
+    def on_create(self, m: Fact[bytes]) -> None:
+        """A stream of a version before AIOS_INTAKE: the create itself, its sequence its gen."""
+        self.creates[m.seq] = _digest(m.data)
+        self.block_order.setdefault(m.tokens["bid"], m.ts)
 
     # -- blocks ----------------------------------------------------------------------------------
     def _block(self, bid: str, gen: Any) -> dict[str, str] | None:
@@ -225,102 +232,107 @@ class Fold:
         self.block_order.setdefault(bid, 0.0)
         return True
 
-    def on_parsed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        gen, attempt = int(d.get("gen", 0)), int(d.get("attempt", 0))
-        if attempt == 0:
-            self._create(bid, gen, {"status": "parsed", "ir": dumps(d.get("ir") or {}), "created": str(gen)})
-        else:  # back through selection after a failed allocation
-            b = self._block(bid, gen)
-            if b is not None and b.get("status") == "parsed":
-                b["attempt"] = str(attempt)
-            else:
-                self._step(bid, gen, lc.Step.RESELECT, attempt=str(attempt))
+    @on(E.block_parsed)
+    def on_parsed(self, m: Fact[ev.Parsed]) -> None:
+        bid, d = m.tokens["bid"], m.data
+        if d.attempt == 0:
+            self._create(bid, d.gen, {"status": "parsed", "ir": dumps(d.ir or {}), "created": str(d.gen)})
+            return
+        b = self._block(bid, d.gen)  # back through selection after a failed allocation
+        if b is not None and b.get("status") == "parsed":
+            b["attempt"] = str(d.attempt)
+        else:
+            self._step(bid, d.gen, lc.Step.RESELECT, attempt=str(d.attempt))
 
-    def on_rejected(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.block_rejected)
+    def on_rejected(self, m: Fact[ev.Rejected]) -> None:
+        bid = m.tokens["bid"]
         if not ID_RE.match(bid):  # a create on a subject with no valid id (aios.block._invalid): no block
             return
-        reason = dumps(d.get("errors") or [])[:2000]
-        self._create(bid, int(d.get("gen", 0)), {"status": "rejected", "reason": reason})
+        self._create(bid, m.data.gen, {"status": "rejected", "reason": dumps(m.data.errors or [])[:2000]})
 
-    def on_selection(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        gen, attempt = d.get("gen"), int(d.get("attempt", 0))
-        b = self._block(bid, gen)
-        if b is None or int(b.get("attempt", "0")) != attempt:
+    @on(E.block_selection)
+    def on_selection(self, m: Fact[ev.Selection]) -> None:
+        bid, d = m.tokens["bid"], m.data
+        b = self._block(bid, d.gen)
+        if b is None or int(b.get("attempt", "0")) != d.attempt:
             return
-        self._step(bid, gen, lc.Step.SELECT)
-        if d.get("candidates"):
-            g = self._gather(bid, int(gen or 0), attempt)
-            g["expected"] = g["expected"] or list(d["candidates"])
-            g["deadline"] = g["deadline"] or float(d.get("deadline") or 0)
+        self._step(bid, d.gen, lc.Step.SELECT)
+        if d.candidates:
+            g = self._gather(bid, d.gen, d.attempt)
+            g["expected"] = g["expected"] or list(d.candidates)
+            g["deadline"] = g["deadline"] or float(d.deadline or 0)
 
-    def on_deadline(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))
-        g["deadline"] = g["deadline"] or float(d.get("deadline", 0))
-
-    def on_result(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        g = self._gather(bid, int(d.get("gen", 0)), int(d.get("attempt", 0)))
-        g["results"][d.get("cluster_id", "")] = {
-            "score": d.get("score", 0.0), "node_info": d.get("node_info") or {}, "error": d.get("error", ""),
-            "placeable": d.get("placeable", -1), "shortfall": d.get("shortfall", 0),
+    @on(E.block_dry_run_result)
+    def on_result(self, m: Fact[ev.DryRunResult]) -> None:
+        """One answer, stored apart by versions before the answers went into ``post_dry_run``."""
+        d = m.data
+        self._gather(m.tokens["bid"], d.gen, d.attempt)["results"][d.cluster_id] = {
+            "score": d.score, "node_info": d.node_info or {}, "error": d.error, "placeable": d.placeable,
+            "shortfall": d.shortfall,
         }
 
-    def on_post_dry_run(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        gen, attempt = d.get("gen"), int(d.get("attempt", 0))
-        g = self._gather(bid, int(gen or 0), attempt)
+    @on(E.block_post_dry_run)
+    def on_post_dry_run(self, m: Fact[ev.PostDryRun]) -> None:
+        bid, d = m.tokens["bid"], m.data
+        g = self._gather(bid, d.gen, d.attempt)
         g["decided"] = g["decided"] or "recovered"
-        b = self._block(bid, gen)
-        if b is None or int(b.get("attempt", "0")) != attempt or not d.get("cluster_id"):
+        b = self._block(bid, d.gen)
+        if b is None or int(b.get("attempt", "0")) != d.attempt or not d.cluster_id:
             return
-        self._step(bid, gen, lc.Step.CHOOSE, cluster=d["cluster_id"])
+        self._step(bid, d.gen, lc.Step.CHOOSE, cluster=d.cluster_id)
 
-    def on_placement(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        gen, cid, action = d.get("gen"), d.get("cluster_id", ""), d.get("action", "")
-        b = self._block(bid, gen)
+    @on(E.block_placement)
+    def on_placement(self, m: Fact[ev.PlacementMade]) -> None:
+        bid, d, seq = m.tokens["bid"], m.data, m.seq
+        b = self._block(bid, d.gen)
         if b is None:
-            self.anomalies.append(f"seq {seq}: placement for {bid} gen {gen}, which has no such block")
+            self.anomalies.append(f"seq {seq}: placement for {bid} gen {d.gen}, which has no such block")
             return
         ir = _json.decode(b.get("ir", "{}"))
-        if action == "allocation":
-            self._step(bid, gen, lc.Step.RESERVE, cluster=cid)
+        if d.action == "allocation":
+            self._step(bid, d.gen, lc.Step.RESERVE, cluster=d.cluster_id)
         insts = self.instances.setdefault(bid, {})
-        for p in d.get("placements") or []:
-            iid, nid, gpus = p["instance_id"], p["node_id"], list(p.get("gpus") or [])
-            self._reserve(cid, iid, bid, nid, gpus, ir, seq)
+        for p in d.placements:
+            iid, nid, gpus = p.instance_id, p.node_id, list(p.gpus)
+            self._reserve(d.cluster_id, iid, bid, nid, gpus, ir, seq)
             node = self.nodes.get(nid)
-            rack = node.rack() if node else ""
-            self.aff_svc.setdefault(uid(bid), {})[iid] = dumps([nid, rack])
+            self.aff_svc.setdefault(uid(bid), {})[iid] = dumps([nid, node.rack() if node else ""])
             self.aff_lease[uid(iid)] = nid
-            insts[iid] = {"node": nid, "gpus": gpus, "cluster": cid, "status": "starting", "action": action,
-                          "since": round(ts, 3)}
+            insts[iid] = {"node": nid, "gpus": gpus, "cluster": d.cluster_id, "status": "starting", "action": d.action,
+                          "since": round(m.ts, 3)}
             self.node_insts.setdefault(nid, {})[iid] = bid
 
-    def on_added(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.instance_added)
+    def on_added(self, m: Fact[ev.InstanceEvent]) -> None:
         """Running, if it is the instance the block wants on that node (else the controller only
         sends a remove, see ``on_remove_command``)."""
-        iid, gen, nid = d.get("instance_id", ""), d.get("gen"), d.get("node_id", "")
-        where = self.running_on.setdefault((bid, int(gen or 0), iid), set())
-        where.add(nid)
+        bid, d = m.tokens["bid"], m.data
+        where = self.running_on.setdefault((bid, d.gen, d.instance_id), set())
+        where.add(d.node_id)
         if len(where) > 1:
-            self.anomalies.append(f"seq {seq}: instance {iid} of {bid} runs on {sorted(where)} at once")
-        b = self._block(bid, gen)
-        inst = self.instances.get(bid, {}).get(iid)
-        if b is None or inst is None or inst["node"] != nid or inst["status"] == "removing":
+            self.anomalies.append(f"seq {m.seq}: instance {d.instance_id} of {bid} runs on {sorted(where)} at once")
+        b = self._block(bid, d.gen)
+        inst = self.instances.get(bid, {}).get(d.instance_id)
+        if b is None or inst is None or inst["node"] != d.node_id or inst["status"] == "removing":
             return
         inst["status"] = "running"
-        if d.get("endpoint"):
-            inst["endpoint"] = d["endpoint"]
+        if d.endpoint:
+            inst["endpoint"] = d.endpoint
 
-    def on_removed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.instance_removed)
+    def on_removed(self, m: Fact[ev.InstanceEvent]) -> None:
         """Removed for any reason (stopped, start failed, lost, evicted): release and forget it.
         Idempotent: a second ``removed`` finds nothing to release; a fact about an older
         generation of the block id, or about a copy on another node, changes nothing."""
-        iid, gen, nid = d.get("instance_id", ""), d.get("gen"), d.get("node_id", "")
-        self.running_on.get((bid, int(gen or 0), iid), set()).discard(nid)
+        bid, d = m.tokens["bid"], m.data
+        iid = d.instance_id
+        self.running_on.get((bid, d.gen, iid), set()).discard(d.node_id)
         b = self.blocks.get(bid)
-        if b is not None and b.get("gen") != str(gen):
+        if b is not None and b.get("gen") != str(d.gen):
             return
         inst = self.instances.get(bid, {}).get(iid)
-        if inst is None or inst["node"] != nid:
+        if inst is None or inst["node"] != d.node_id:
             return
         del self.instances[bid][iid]
         self._release(inst["cluster"], inst["node"], iid)
@@ -330,54 +342,84 @@ class Fold:
             svc.pop(iid, None)
         self.aff_lease.pop(uid(iid), None)
 
-    def on_scale_target(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.block_scale_target)
+    def on_scale_target(self, m: Fact[ev.ScaleTarget]) -> None:
         """The controller's rule (``workers.controller.scale_target``, ``scripts.SET_DESIRED``): a
         live, placed block of that generation takes the clamped count unless it holds a later one."""
-        gen = d.get("gen") or None
-        b = self._block(bid, gen)
+        d = m.data
+        b = self._block(m.tokens["bid"], d.gen or None)
         if b is None or b.get("status") not in lc.LIVE or not b.get("cluster"):
             return
-        if int(b.get("desired_seq", "0")) > seq:
+        if int(b.get("desired_seq", "0")) > m.seq:
             return
         ir = _json.decode(b.get("ir", "{}"))
-        target, note = scaling.clamp(int(d.get("target", 0)), int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0)))
-        b.update(desired=str(target), desired_seq=str(seq), desired_request=str(d.get("request_id", "")),
-                 desired_reason=scaling.target_reason(str(d.get("source", "cli")), str(d.get("reason", "")), note))
+        target, note = scaling.clamp(d.target, int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0)))
+        b.update(desired=str(target), desired_seq=str(m.seq), desired_request=d.request_id,
+                 desired_reason=scaling.target_reason(d.source, d.reason, note))
 
-    def on_scale_down_chosen(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.block_scale_down_chosen)
+    def on_scale_down_chosen(self, m: Fact[ev.ScaleDownChosen]) -> None:
         """The instance a scale_down step marked (``scripts.DRAIN_INSTANCE``): removing, by that request."""
-        inst = self.instances.get(bid, {}).get(d.get("instance_id", ""))
-        b = self._block(bid, d.get("gen"))
-        if b is not None and inst is not None and inst["node"] == d.get("node_id"):
+        bid, d = m.tokens["bid"], m.data
+        inst = self.instances.get(bid, {}).get(d.instance_id)
+        if self._block(bid, d.gen) is not None and inst is not None and inst["node"] == d.node_id:
             inst["status"] = "removing"
-            inst["drain"] = str(d.get("request_id", ""))
+            inst["drain"] = d.request_id
 
-    def on_reassignment(self, cid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.cluster_reassignment)
+    def on_reassignment(self, m: Fact[ev.ReassignRequest]) -> None:
         """The controller's own replacement of a failed/lost instance (request ``{iid}:{why}``)
         counts on the block (``replacements``); operators' and the health monitor's do not."""
-        rid, bid = str(d.get("request_id", "")), d.get("block_id", "")
+        rid, bid = m.data.request_id, m.data.block_id
         if ":" in rid and ":evicted:" not in rid and bid in self.blocks:
             b = self.blocks[bid]
             b["replacements"] = str(int(b.get("replacements", "0")) + 1)
 
-    def on_ready(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._reach(bid, d.get("gen"), lc.BlockStatus.READY)
+    @on(E.block_ready)
+    def on_ready(self, m: Fact[ev.BlockStatus]) -> None:
+        self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.READY)
 
-    def on_failed(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._reach(bid, d.get("gen"), lc.BlockStatus.FAILED, reason=str(d.get("reason", "")))
+    @on(E.block_failed)
+    def on_failed(self, m: Fact[ev.BlockStatus]) -> None:
+        self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.FAILED, reason=m.data.reason)
 
-    def on_delete(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._step(bid, None, lc.Step.DELETE)
+    @on(E.block_delete)
+    def on_delete(self, m: Fact[ev.DeleteRequest]) -> None:
+        self._step(m.tokens["bid"], None, lc.Step.DELETE)
 
-    def on_deleted(self, bid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        self._reach(bid, d.get("gen"), lc.BlockStatus.DELETED)
+    @on(E.block_deleted)
+    def on_deleted(self, m: Fact[ev.BlockStatus]) -> None:
+        self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.DELETED)
+
+    # -- registry ----------------------------------------------------------------------------------
+    @on(E.cluster_registered)
+    def on_cluster_registered(self, m: Fact[ev.ClusterRegistered]) -> None:
+        c = m.data.cluster or {}
+        if c.get("id"):
+            self.clusters[c["id"]] = dumps({"id": c["id"], "labels": c.get("labels", {})})
+
+    @on(E.component_registered)
+    def on_component_registered(self, m: Fact[ev.ComponentRegistered]) -> None:
+        if m.data.uri:
+            self.components[m.data.uri] = dumps(m.data.component or {})
+
+    @on(E.policy_updated)
+    def on_policy_updated(self, m: Fact[ev.PolicyUpdated]) -> None:
+        d = m.data
+        if not d.name or not d.source:
+            return  # an old-style notification without the source: nothing to rebuild from
+        self.policy_versions[(d.name, d.version)] = {"source": d.source, "language": d.language}
+        head = self.policies.get(d.name)
+        if head is None or int(head["version"]) < d.version:
+            self.policies[d.name] = {"source": d.source, "language": d.language, "version": str(d.version)}
 
     # -- nodes -----------------------------------------------------------------------------------
-    def on_node_registered(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.node_registered)
+    def on_node_registered(self, m: Fact[ev.NodeRegistered]) -> None:
         try:
-            node = Node.model_validate(d.get("node") or {})
+            node = Node.model_validate(m.data.node or {})
         except ValidationError:
-            self.anomalies.append(f"seq {seq}: node {nid} registered with an invalid record")
+            self.anomalies.append(f"seq {m.seq}: node {m.tokens['nid']} registered with an invalid record")
             return
         spec = node.model_dump(mode="json")
         totals = {g.id: g.memory for g in node.gpus}
@@ -387,63 +429,74 @@ class Fold:
         else:  # capacity replaced, usage kept (Store.put_node)
             cur.spec, cur.cpu, cur.memory, cur.healthy = dumps(spec), node.cpu, node.memory, node.healthy
             cur.gpu_total.update(totals)
-        cur.agent = str(d.get("agent") or "")
+        cur.agent = m.data.agent or ""
         self.clusters.setdefault(node.cluster, dumps({"id": node.cluster, "labels": {}}))  # Store.ensure_cluster
 
-    def on_sidecar_start(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.node_sidecar_start)
+    def on_sidecar_start(self, m: Fact[ev.SidecarCommand]) -> None:
         """Where the block's side-cars run (``handlers/sidecars.py``: recorded with its gang)."""
-        b = self._block(str(d.get("block_id", "")), d.get("gen"))
+        b = self._block(m.data.block_id, m.data.gen)
         if b is not None:
-            b["sidecar_node"] = str(d.get("node_id") or nid)
+            b["sidecar_node"] = m.data.node_id or m.tokens["nid"]
 
-    def on_node_health(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        node = self.nodes.get(nid)
-        if node is not None and "healthy" in d:
-            node.healthy = bool(d["healthy"])
+    @on(E.node_health)
+    def on_node_health(self, m: Fact[ev.NodeHealth]) -> None:
+        node = self.nodes.get(m.tokens["nid"])
+        if node is not None:
+            node.healthy = m.data.healthy
 
-    def on_node_drain(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        node = self.nodes.get(nid)
-        if node is not None and node.cluster == d.get("cluster_id"):
-            node.drain = bool(d.get("drain", True))
+    @on(E.node_drain)
+    def on_node_drain(self, m: Fact[vc.NodeDrain]) -> None:
+        node = self.nodes.get(m.tokens["nid"])
+        if node is not None and node.cluster == m.data.cluster_id:
+            node.drain = m.data.drain
 
-    def on_node_removed(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.node_removed)
+    def on_node_removed(self, m: Fact[vc.NodeRemoved]) -> None:
         """``InventoryAdmin.remove_node``: the node, its index entry and its instance index go."""
+        nid = m.tokens["nid"]
         node = self.nodes.get(nid)
-        if node is not None and node.cluster == d.get("cluster_id"):
+        if node is not None and node.cluster == m.data.cluster_id:
             del self.nodes[nid]
             self.node_insts.pop(nid, None)
 
-    def on_cluster_removed(self, cid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.cluster_removed)
+    def on_cluster_removed(self, m: Fact[vc.ClusterRemoved]) -> None:
         """``InventoryAdmin.remove_cluster``: the cluster and every node of it."""
+        cid = m.tokens["cid"]
         self.clusters.pop(cid, None)
         for nid in [n for n, st in self.nodes.items() if st.cluster == cid]:
             del self.nodes[nid]
             self.node_insts.pop(nid, None)
 
-    def on_remove_command(self, nid: str, d: dict[str, Any], seq: int, ts: float) -> None:
-        if str(d.get("reason", "")).startswith("dangling:"):
+    @on(E.node_instance_remove)
+    def on_remove_command(self, m: Fact[ev.InstanceCommand]) -> None:
+        d = m.data
+        if d.reason.startswith("dangling:"):
             return  # a leftover the node reported: the record (if any) is not touched
-        inst = self.instances.get(d.get("block_id", ""), {}).get(d.get("instance_id", ""))
+        inst = self.instances.get(d.block_id, {}).get(d.instance_id)
         if inst is not None:
             inst["status"] = "removing"
 
     # -- virtual clusters (state.vcluster.VC_COMMIT) ------------------------------------------------
-    def on_vcluster_changed(self, vid: str, d: dict[str, Any], seq: int, ts: float) -> None:
+    @on(E.vcluster_changed, E.vcluster_flushed)
+    def on_vcluster_changed(self, m: Fact[vc.VClusterChanged]) -> None:
         """The record and the node places after one committed change. Changes of a cluster are
         ordered by its state index (``index``), not by where their events landed in the stream:
         a record or a node takes a change only if it is newer than the last one it took."""
-        cid, index, rec = str(d.get("cluster_id", "")), int(d.get("index") or 0), d.get("record")
-        if not cid or not isinstance(rec, dict):
+        d, vid = m.data, m.tokens["vid"]
+        cid, index = d.cluster_id, d.index
+        if not cid:
             return
         cur = self.vclusters.get((cid, vid))
         if cur is None or index > cur[0]:
-            self.vclusters[(cid, vid)] = [index, None if d.get("removed") else dumps(rec)]
-        for nid, hop in (d.get("moved") or {}).items():
+            self.vclusters[(cid, vid)] = [index, None if d.removed else dumps(d.record)]
+        for nid, hop in d.moved.items():
             node = self.nodes.get(nid)
             if node is None or node.cluster != cid:
-                self.anomalies.append(f"seq {seq}: virtual cluster {vid} moved node {nid}, not a node of {cid}")
+                self.anomalies.append(f"seq {m.seq}: virtual cluster {vid} moved node {nid}, not a node of {cid}")
                 continue
-            if isinstance(hop, list) and len(hop) == 2 and index > node.vc_index:
+            if len(hop) == 2 and index > node.vc_index:
                 node.vc, node.vc_index = str(hop[1]), index
 
     def repair_divisible(self) -> None:
@@ -527,16 +580,6 @@ class Fold:
             g = self.gathers[(bid, gen, attempt)] = {"expected": [], "deadline": 0.0, "results": {}, "decided": ""}
         return g
 
-    def _policy(self, d: dict[str, Any]) -> None:
-        name, version = d.get("name"), d.get("version")
-        if not name or not isinstance(version, int) or "source" not in d:
-            return  # an old-style notification without the source: nothing to rebuild from
-        language = str(d.get("language", "python"))
-        self.policy_versions[(name, version)] = {"source": d["source"], "language": language}
-        head = self.policies.get(name)
-        if head is None or int(head["version"]) < version:
-            self.policies[name] = {"source": d["source"], "language": language, "version": str(version)}
-
     # -- rendering -------------------------------------------------------------------------------
     def image(self, include_gathers: bool = True) -> Image:
         """The state as Redis keys -> values (str, dict for hashes, set, or dict of zset scores)."""
@@ -618,39 +661,6 @@ class Fold:
         return out
 
 
-Rule = Callable[[Fold, str, dict[str, Any], int, float], None]
-
-Fold.rules = {
-    "parsed": Fold.on_parsed,
-    "rejected": Fold.on_rejected,
-    "selection": Fold.on_selection,
-    "dry_run.deadline": Fold.on_deadline,
-    "dry_run.result": Fold.on_result,
-    "post_dry_run": Fold.on_post_dry_run,
-    "placement": Fold.on_placement,
-    "scale.target": Fold.on_scale_target,
-    "scale_down.chosen": Fold.on_scale_down_chosen,
-    "ready": Fold.on_ready,
-    "failed": Fold.on_failed,
-    "delete": Fold.on_delete,
-    "deleted": Fold.on_deleted,
-}
-#: ``aios.block.{bid}.instance.{iid}.<tail>``
-Fold.instance_rules = {
-    "added": Fold.on_added,
-    "removed": Fold.on_removed,
-}
-#: ``aios.node.{nid}.<tail>``
-Fold.node_rules = {
-    "registered": Fold.on_node_registered,
-    "health": Fold.on_node_health,
-    "instance.remove": Fold.on_remove_command,
-    "drain": Fold.on_node_drain,
-    "removed": Fold.on_node_removed,
-    "sidecar.start": Fold.on_sidecar_start,
-}
-
-
 def fold(messages: Any) -> Fold:
     """Fold an iterable of (subject, body, seq, ts)."""
     f = Fold()
@@ -659,26 +669,7 @@ def fold(messages: Any) -> Fold:
     return f
 
 
-class _Envelope(msgspec.Struct):
-    """The one envelope field the fold reads; the decoder skips the others without building them."""
-
-    data: Any = None
-
-
-_envelope = msgspec.json.Decoder(_Envelope)
-
-
-def _data(raw: bytes) -> dict[str, Any]:
-    try:
-        data = _envelope.decode(raw).data
-    except msgspec.DecodeError:  # not JSON, or not an object (ValidationError is a DecodeError)
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
 def _digest(raw: bytes) -> str:
-    import hashlib
-
     return hashlib.sha256(raw).hexdigest()[:16]
 
 

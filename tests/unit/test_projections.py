@@ -1,0 +1,84 @@
+"""Projections (``projections.base``): the catalog index gives ``catalog.parse``'s answer, and
+the completeness rules: the fold names every stored event (folded, or ignored on purpose), and
+the CLI has a one-line description for every event. Each rule is shown failing for an event
+added to the catalog without its line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from aios_blocks.projections import INDEX, Fact, Projection, on, stored_events
+from aios_blocks.recovery.fold import Fold
+from aios_blocks.schemas import catalog
+from aios_blocks.schemas.catalog import EVENTS, E, Event, Role
+from aios_blocks.schemas.events import BlockStatus
+
+
+def _example(e: Event[Any]) -> str:
+    return e.subject(**{t: ("x.y" if t == "subject" else "v1") for t in e.tokens})
+
+
+def unfolded(events: tuple[Event[Any], ...]) -> list[str]:
+    """Stored events the fold neither folds nor ignores."""
+    return [e.name for e in events if e.stored and e not in Fold.handlers and e not in Fold.ignores]
+
+
+#: an event a contributor adds to the catalog and forgets to fold
+NEW = Event("block.paused", "aios.block.{bid}.paused", BlockStatus, (Role.CONTROLLER,), "the block is paused",
+            id_rule="{block_id}:{gen}:paused")
+
+
+def test_the_index_parses_every_subject_as_the_catalog_does() -> None:
+    subjects = [_example(e) for e in EVENTS] + [
+        "aios.dlq.cons.aios.block.b1.ready", "aios.block.b1.dry_run.deadline", "aios.output.b1.ok", "nats.x", "aios",
+    ]
+    for s in subjects:
+        want, got = catalog.parse(s), INDEX.parse(s)
+        assert (want and (want[0].name, want[1])) == (got and (got[0].name, got[1])), s
+
+
+def test_the_fold_names_every_stored_event() -> None:
+    assert unfolded(EVENTS) == [], "fold each of these in recovery/fold.py (@on) or add it to fold.IGNORED"
+    assert not set(Fold.handlers) & set(Fold.ignores)
+
+
+def test_an_event_added_without_its_fold_line_is_named() -> None:
+    assert [n for n in unfolded((*EVENTS, NEW)) if n not in unfolded(EVENTS)] == ["block.paused"]
+
+
+def test_a_projection_cannot_both_handle_and_ignore_an_event() -> None:
+    with pytest.raises(TypeError, match=r"block\.ready"):
+        class Both(Projection):
+            ignores = frozenset({E.block_ready})
+
+            @on(E.block_ready)
+            def ready(self, m: Fact[BlockStatus]) -> None: ...
+
+
+def test_a_projection_gets_the_typed_payload_tokens_and_position() -> None:
+    seen: list[Fact[Any]] = []
+
+    class Ready(Projection):
+        @on(E.block_ready, E.block_failed)
+        def ended(self, m: Fact[BlockStatus]) -> None:
+            seen.append(m)
+
+    p = Ready()
+    body = msgspec.json.encode({"id": "i", "type": "t", "time": "2026-01-01T00:00:00Z",
+                                "data": {"block_id": "b1", "gen": 3, "status": "ready"}})
+    assert p.feed("aios.block.b1.ready", body, 7, 1.5)
+    assert not p.feed("aios.block.b1.parsed", body, 8)  # not handled: skipped, not decoded
+    assert not p.feed("aios.block.b1.failed", b'{"data": {"gen": "x"}}', 9)  # does not decode: skipped
+    assert p.undecodable == 1
+    m = seen[0]
+    assert (m.event, m.tokens, m.seq, m.ts, m.time) == (E.block_ready, {"bid": "b1"}, 7, 1.5, "2026-01-01T00:00:00Z")
+    assert isinstance(m.data, BlockStatus) and m.data.gen == 3
+    assert p.feed_doc("aios.block.b1.failed", {"data": {"block_id": "b1", "gen": 4, "status": "failed", "reason": "r"}})
+    assert seen[1].data.reason == "r"
+
+
+def test_every_stored_event_is_one_the_fold_can_meet() -> None:
+    assert {e.name for e in stored_events()} == {e.name for e in EVENTS if e.stored}
