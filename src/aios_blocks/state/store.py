@@ -1,6 +1,9 @@
 """The door to Redis: current state of components, clusters, nodes, blocks, instances and gathers.
 
-Every key is built by ``state.keys`` (the key layout is documented there).
+Every key is built by ``state.keys`` (the key layout is documented there). ``Store`` is one class
+put together by concern: blocks and instances here, clusters and nodes in ``state.nodes``,
+gathers, contexts and the affinity index in ``state.gathers``, the policy registry and the epoch
+in ``state.registry``; the record shapes in ``state.records``.
 """
 
 from __future__ import annotations
@@ -16,12 +19,13 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
-from ..schemas.spec import Cluster, Component, Node
+from ..schemas.spec import Component
 from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
 from .autoscale import AutoscaleStore
 from .connection import is_cluster_client, open_redis
+from .gathers import GatherRecords
 from .health import HealthStore
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
     AFF_LEASE,
@@ -52,15 +56,11 @@ from .keys import (  # noqa: F401  (re-exported: the store's callers import keys
     res_pattern,
 )
 from .metrics import MetricsStore
+from .nodes import NodeRecords, node_view  # noqa: F401  (node_view re-exported: callers import it from here)
+from .records import _block, _dumps, _strs
+from .registry import PolicyRecords
 
 _json = msgspec.json
-
-
-#: Redis connections per process, and how long a caller waits for one before failing
-
-
-def _dumps(v: Any) -> str:
-    return _json.encode(v).decode()
 
 
 class Records(Mapping[str, dict[str, Any]]):
@@ -100,7 +100,7 @@ class StoreUnreachable(ConnectionError):
     """Redis did not answer (``Store.reachable``)."""
 
 
-class Store:
+class Store(NodeRecords, GatherRecords, PolicyRecords):
     def __init__(self, r: aioredis.Redis):
         #: always made with ``decode_responses=True``: redis-py's types cannot say so (they give
         #: ``bytes | str`` for every reply), so the store's own signatures carry the real types
@@ -161,150 +161,6 @@ class Store:
             pipe.get(k)
         values = await pipe.execute() if keys else []
         return {k.split(":", 2)[2]: _json.decode(v) for k, v in zip(keys, values, strict=True) if v}
-
-    # -- clusters and nodes ----------------------------------------------------------------
-    async def put_cluster(self, cluster: Cluster) -> None:
-        # not a transaction (two Redis Cluster slots): the change, then the bump of its index
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(CLUSTERS, cluster.id, cluster.model_dump_json())
-        pipe.incr(index_key(cluster.id))  # its labels decide the filter rule
-        await pipe.execute()
-
-    async def ensure_cluster(self, cluster: Cluster) -> bool:
-        """Register the cluster unless it exists (a node agent may name a new cluster)."""
-        new = bool(await self.r.hsetnx(CLUSTERS, cluster.id, cluster.model_dump_json()))
-        if new:
-            await self.r.incr(index_key(cluster.id))
-        return new
-
-    async def clusters(self) -> dict[str, dict[str, Any]]:
-        raw = await self.r.hgetall(CLUSTERS)
-        return {cid: _json.decode(v) for cid, v in raw.items()}
-
-    async def put_node(self, node: Node, agent: str | None = None) -> None:
-        """Register or update a node's capacity (usage counters are kept). ``agent``: who serves
-        its commands ("" = the simulated fleet; None = leave as it is)."""
-        key = node_key(node.cluster, node.id)
-        fields: dict[str, Any] = {
-            "spec": node.model_dump_json(),
-            "cpu": node.cpu,
-            "memory": node.memory,
-            "healthy": 1 if node.healthy else 0,
-        }
-        if agent is not None:
-            fields["agent"] = agent
-        for g in node.gpus:
-            fields[f"g:{g.id}:total"] = g.memory
-        # the node -> cluster index first (another Redis Cluster slot), then one transaction over
-        # the cluster's own slot: the node, its cluster's node set, the bump of the state index
-        await self.r.hset(NODE_INDEX, node.id, node.cluster)
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(key, mapping=fields)
-        pipe.sadd(cluster_nodes_key(node.cluster), node.id)
-        pipe.incr(index_key(node.cluster))
-        await pipe.execute()
-
-    async def set_node_health(self, cid: str, nid: str, healthy: bool) -> None:
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hset(node_key(cid, nid), "healthy", 1 if healthy else 0)
-        pipe.incr(index_key(cid))
-        await pipe.execute()
-
-    async def node_ids(self, cid: str) -> list[str]:
-        return sorted(await self.r.smembers(cluster_nodes_key(cid)))
-
-    async def node_cluster(self, nid: str) -> str | None:
-        return await self.r.hget(NODE_INDEX, nid)
-
-    async def read_nodes(self, cid: str, nids: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Current view of some nodes: capacity, usage and health, shaped for policies."""
-        nids = list(nids)
-        pipe = self.r.pipeline(transaction=False)
-        for nid in nids:
-            pipe.hgetall(node_key(cid, nid))
-        out: dict[str, dict[str, Any]] = {}
-        for nid, h in zip(nids, await pipe.execute(), strict=True):
-            if h:
-                out[nid] = node_view(h)
-        return out
-
-    # -- reservations ----------------------------------------------------------------------
-    async def reserve_gang(self, cid: str, placements: list[dict[str, Any]]) -> tuple[bool, str, str]:
-        """All-or-nothing reservation of several instances in one cluster (one atomic script)."""
-        keys: list[str] = []
-        for p in placements:
-            keys += [node_key(cid, p["node"]), res_key(cid, p["iid"])]
-        keys.append(index_key(cid))
-        ok, reason, node = await self._reserve(keys=keys, args=[_dumps(placements)])
-        return bool(ok), reason, node
-
-    async def release(self, cid: str, nid: str, iid: str) -> bool:
-        return bool(await self._release(keys=[node_key(cid, nid), res_key(cid, iid), index_key(cid)]))
-
-    async def reservation(self, cid: str, iid: str) -> dict[str, Any] | None:
-        h = await self.r.hgetall(res_key(cid, iid))
-        return h or None
-
-    async def reservations_of(self, cid: str, iids: list[str]) -> list[dict[str, Any] | None]:
-        """The reservations of these instances (None where there is none), one round trip."""
-        pipe = self.r.pipeline(transaction=False)
-        for iid in iids:
-            pipe.hgetall(res_key(cid, iid))
-        return [h or None for h in await pipe.execute()]
-
-    async def reservations(self, cid: str) -> list[dict[str, Any]]:
-        out = []
-        async for key in self.r.scan_iter(match=res_pattern(cid), count=500):
-            h = await self.r.hgetall(key)
-            if h:
-                h["iid"] = key.rsplit(":", 1)[1]
-                out.append(h)
-        return out
-
-    # -- state index (``blocks submit --dry-run`` / ``--if-index``) -------------------------------
-    async def state_indexes(self, cids: Iterable[str] | None = None) -> dict[str, int]:
-        """Each cluster's state index (default: every registered cluster; 0 = never bumped).
-
-        One counter per cluster (``index_key``), bumped in the same atomic step as the change:
-        a reservation taken (``RESERVE_GANG``) or released (``RELEASE``), a node registered or
-        updated (``put_node``), a node's health flipped, a cluster registered or relabelled.
-        Per cluster, not global: a global counter would put every capacity script in one slot.
-        Where the bump is not in the change's own script or transaction, it comes after the change:
-        a reader whose two readings around a snapshot agree may hold a newer state than the index
-        says (a false "changed" later), never an older one."""
-        cids = sorted(await self.r.hkeys(CLUSTERS)) if cids is None else list(cids)
-        if not cids:
-            return {}
-        pipe = self.r.pipeline(transaction=False)
-        for cid in cids:
-            pipe.get(index_key(cid))
-        return {cid: int(v or 0) for cid, v in zip(cids, await pipe.execute(), strict=True)}
-
-    async def state_index(self) -> int:
-        """The state index: the sum of every cluster's index. Each change bumps exactly one
-        cluster's counter by one and counters never go down (``restart_indexes``), so the sum
-        rises with every change anywhere and two equal readings mean nothing placement depends
-        on changed in between. (A maximum would miss a change in any cluster but the top one.)"""
-        return sum((await self.state_indexes()).values())
-
-    async def scan_indexes(self) -> dict[str, int]:
-        """Every cluster index key present, registered cluster or not (``blocks recover``)."""
-        out = {}
-        async for key in self.r.scan_iter(match=index_key("*"), count=1000):
-            raw = await self.r.get(key)
-            if raw is not None:
-                out[index_cluster(key)] = int(raw)
-        return out
-
-    async def restart_indexes(self, cids: Iterable[str], before: dict[str, int], floor: int) -> None:
-        """After ``blocks recover`` rewrote the state: every cluster's index restarts above both its
-        value before (``before``, read from Redis first) and ``floor`` (the stream's last sequence,
-        for a Redis that lost its counters), so an index read before the recover is not matched
-        again by chance."""
-        pipe = self.r.pipeline(transaction=False)
-        for cid in cids:
-            pipe.set(index_key(cid), max(before.get(cid, 0), floor) + 1)
-        await pipe.execute()
 
     # -- blocks ----------------------------------------------------------------------------
     async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
@@ -545,251 +401,9 @@ class Store:
             out[iid] = {**d, "block_id": bid, "gen": int(gen or 0)}
         return out
 
-    async def simulated_nodes_with_instances(self) -> list[dict[str, Any]]:
-        """The specs of the nodes the simulated fleet serves (``agent`` "") that have instances
-        recorded: those a restarted fleet reports (``node.inventory``), since it runs none of them."""
-        nodes = [(cid, nid) for cid in await self.clusters() for nid in await self.node_ids(cid)]
-        if not nodes:
-            return []
-        pipe = self.r.pipeline(transaction=False)
-        for cid, nid in nodes:
-            pipe.hmget(node_key(cid, nid), ["spec", "agent"])
-            pipe.hlen(node_inst_key(nid))
-        raw = await pipe.execute()
-        out: list[dict[str, Any]] = []
-        for n in range(len(nodes)):
-            (spec, agent), count = raw[2 * n], raw[2 * n + 1]
-            if spec is not None and not agent and int(count or 0) > 0:
-                out.append(_json.decode(spec))
-        return out
-
-    async def node_meta(self, nid: str) -> dict[str, Any] | None:
-        """{cluster, agent, healthy, gpus} of a registered node (None if unknown)."""
-        cid = await self.node_cluster(nid)
-        if cid is None:
-            return None
-        spec, agent, healthy = await self.r.hmget(node_key(cid, nid), ["spec", "agent", "healthy"])
-        if spec is None:
-            return None
-        return {"cluster": cid, "agent": agent or "", "healthy": healthy == "1", "spec": _json.decode(spec)}
-
-    async def set_node_agent(self, cid: str, nid: str, agent: str) -> None:
-        await self.r.hset(node_key(cid, nid), "agent", agent)
-
-    async def set_node_health_cas(self, cid: str, nid: str, healthy: bool) -> bool:
-        """Flip the node's health; True only for the caller that changed it (one reporter)."""
-        return bool(await self._health_cas(keys=[node_key(cid, nid), index_key(cid)], args=["1" if healthy else "0"]))
-
-    async def nodes_healthy(self, nodes: list[tuple[str, str]]) -> list[bool | None]:
-        """Health flag of each (cluster, node); None for a node that is not registered."""
-        pipe = self.r.pipeline(transaction=False)
-        for cid, nid in nodes:
-            pipe.hget(node_key(cid, nid), "healthy")
-        return [None if v is None else v == "1" for v in await pipe.execute()]
-
-    async def heartbeats_record(self, seen: dict[str, float]) -> None:
-        if seen:
-            await self.r.zadd(HEARTBEATS, seen)
-
-    async def heartbeats_overdue(self, cutoff: float) -> list[str]:
-        """Nodes whose last heartbeat is older than ``cutoff`` (only nodes that ever sent one)."""
-        return list(await self.r.zrangebyscore(HEARTBEATS, "-inf", cutoff))
-
-    async def heartbeats_forget(self, nid: str) -> None:
-        await self.r.zrem(HEARTBEATS, nid)
-
     async def block_bump(self, bid: str, field: str) -> int:
         """Count something about a block (e.g. instance replacements); returns the new count."""
         return int(await self.r.hincrby(block_key(bid), field, 1))
-
-    # -- affinity placement index (who runs where, by 128-bit id) ------------------------------
-    async def index_add(self, svc: str, lease: str, iid: str, node: str, rack: str) -> None:
-        # not a transaction: two lookups in two Redis Cluster slots, each write idempotent
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hset(aff_svc_key(svc), iid, _dumps([node, rack]))
-        pipe.hset(AFF_LEASE, lease, node)
-        await pipe.execute()
-
-    async def index_remove(self, svc: str, lease: str, iid: str) -> None:
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hdel(aff_svc_key(svc), iid)
-        pipe.hdel(AFF_LEASE, lease)
-        await pipe.execute()
-
-    async def index_read(self, svcs: list[str], leases: list[str]) -> dict[str, Any]:
-        """``{"services": {uuid: [[node, rack], ...]}, "leases": {uuid: node}}`` for these ids."""
-        pipe = self.r.pipeline(transaction=False)
-        for svc in svcs:
-            pipe.hvals(aff_svc_key(svc))
-        if leases:
-            pipe.hmget(AFF_LEASE, leases)
-        out = await pipe.execute()
-        # each service's placements sorted: the order of a hash's values is not state
-        services = {svc: sorted(_json.decode(v) for v in vals) for svc, vals in zip(svcs, out[: len(svcs)], strict=True)}
-        lease_nodes = dict(zip(leases, out[len(svcs)], strict=True)) if leases else {}
-        return {"services": services, "leases": {k: v for k, v in lease_nodes.items() if v}}
-
-    # -- gather ----------------------------------------------------------------------------
-    async def gather_open(
-        self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600, at: int = 0
-    ) -> None:
-        """Open a gather and set its deadline timer (``GATHER_DUE``: the gateways' timer loop
-        claims it when due; nothing about it is stored in the stream). ``at``: the state version
-        the round started from, which a dry_run request asked again carries (``DryRunRequest.at``)."""
-        key = gather_key(bid, gen, attempt)
-        # not a transaction: the timer key is in another Redis Cluster slot, and every write is NX
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hsetnx(key, "expected", _dumps(expected))
-        pipe.hsetnx(key, "deadline", deadline)
-        if at:
-            pipe.hsetnx(key, "at", at)
-        pipe.expire(key, ttl)
-        pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): deadline}, nx=True)
-        await pipe.execute()
-
-    async def gather_claim_due(self, now: float, lease_s: float = 30.0, limit: int = 64) -> tuple[list[tuple[str, int, int]], float | None]:
-        """Gathers whose timer is due, claimed for ``lease_s``; and when the next one is due."""
-        out = await self._claim_due(keys=[GATHER_DUE], args=[now, lease_s, limit])
-        nxt = float(out[-1]) if out and out[-1] != "" else None
-        claimed = []
-        for m in out[:-1]:
-            bid, gen, attempt = m.split("|")
-            claimed.append((bid, int(gen), int(attempt)))
-        return claimed, nxt
-
-    async def gather_timer(self, bid: str, gen: int, attempt: int, at: float | None) -> None:
-        """Move a gather's timer to ``at`` (``None``: it is done, drop it)."""
-        if at is None:
-            await self.r.zrem(GATHER_DUE, due_member(bid, gen, attempt))
-        else:
-            await self.r.zadd(GATHER_DUE, {due_member(bid, gen, attempt): at})
-
-    async def gather_add(
-        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
-    ) -> tuple[int, int]:
-        answered, expected, _, _ = await self.gather_add_state(bid, gen, attempt, cid, result, ttl)
-        return answered, expected
-
-    async def gather_add_state(
-        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
-    ) -> tuple[int, int, str | None, float]:
-        """Record one cluster's answer: (answered, expected, the decision token or None, the
-        deadline), all as of right after the write."""
-        answered, expected, decided, deadline = await self._gather_add(
-            keys=[gather_key(bid, gen, attempt)], args=[cid, _dumps(result), ttl]
-        )
-        return int(answered), int(expected), decided or None, float(deadline or 0)
-
-    async def gather_read(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
-        return _gather(await self.r.hgetall(gather_key(bid, gen, attempt)))
-
-    async def gather_decide_read(
-        self, bid: str, gen: int, attempt: int, token: str
-    ) -> tuple[bool, dict[str, Any] | None, dict[str, Any]]:
-        """``gather_decide``, then the block and the gather as they are after the claim, in one
-        round trip: (this caller decides, the block record, the gather)."""
-        key = gather_key(bid, gen, attempt)
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hsetnx(key, "decided", token)
-        pipe.hgetall(block_key(bid))
-        pipe.hgetall(key)
-        _, block, g = await pipe.execute()
-        return g.get("decided") == token, _block(block), _gather(g)
-
-    async def gather_finish(self, bid: str, gen: int, attempt: int) -> None:
-        """A round whose decision is stored: its timer and its gather go (the answers it holds are
-        in the ``post_dry_run`` now; a late answer finds no open round and decides nothing)."""
-        pipe = self.r.pipeline(transaction=False)  # two slots on Redis Cluster: not one transaction
-        pipe.zrem(GATHER_DUE, due_member(bid, gen, attempt))
-        pipe.delete(gather_key(bid, gen, attempt))
-        await pipe.execute()
-
-    async def gather_decide(self, bid: str, gen: int, attempt: int, token: str) -> bool:
-        """Claim the one decision of this gather (results complete vs deadline race)."""
-        key = gather_key(bid, gen, attempt)
-        if await self.r.hsetnx(key, "decided", token):
-            return True
-        return await self.r.hget(key, "decided") == token
-
-    async def gather_settle(self, bid: str, gen: int, attempt: int, outcome: str) -> str:
-        """Record the round's outcome (a cluster id, or ``!reason``) once; return the recorded one.
-        A decider that runs again (redelivery) publishes what the first run decided."""
-        return str(await self._gather_settle(keys=[gather_key(bid, gen, attempt)], args=[outcome]))
-
-    # -- policy context (seed 000: an external cache shared by all workers) -----------------
-    async def context_load(self, rule_id: str) -> dict[str, Any]:
-        raw = await self.r.hgetall(ctx_key(rule_id))
-        return {k: _json.decode(v) for k, v in raw.items()}
-
-    async def context_save(self, rule_id: str, changed: dict[str, Any], deleted: Iterable[str]) -> None:
-        key = ctx_key(rule_id)
-        pipe = self.r.pipeline(transaction=True)
-        if changed:
-            pipe.hset(key, mapping={k: _dumps(v) for k, v in changed.items()})
-        deleted = list(deleted)
-        if deleted:
-            pipe.hdel(key, *deleted)
-        if changed or deleted:
-            await pipe.execute()
-
-    # -- policy registry -------------------------------------------------------------------
-    async def policy_put(self, name: str, source: str, language: str) -> int:
-        key = policy_key(name)
-        await self.r.sadd(POLICIES, name)  # the list of names is in another Redis Cluster slot
-        pipe = self.r.pipeline(transaction=True)
-        pipe.hincrby(key, "version", 1)
-        pipe.hset(key, mapping={"source": source, "language": language, "updated": time.time()})
-        version, _ = await pipe.execute()
-        await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
-        return int(version)
-
-    async def policy_get(self, name: str, version: int | None = None) -> dict[str, Any] | None:
-        key = policy_key(name)
-        h = await self.r.hgetall(key)
-        if not h:
-            return None
-        if version is not None and int(h["version"]) != version:
-            old = await self.r.hgetall(f"{key}:v{version}")
-            if not old:
-                return None
-            h = {**old, "version": version}
-        h["version"] = int(h["version"])
-        return h
-
-    async def policy_names(self) -> list[str]:
-        return sorted(await self.r.smembers(POLICIES))
-
-    # -- recovery support (event-sourced registry, epoch guard) -----------------------------------
-    async def policy_store(self, name: str, version: int, source: str, language: str) -> None:
-        """Record registry version ``version`` (already published as ``policy.updated``); the
-        head moves only forward, so replays and late writers never roll it back."""
-        key = policy_key(name)
-        await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
-        await self.r.sadd(POLICIES, name)  # another Redis Cluster slot than the head's
-        await self._policy_head(keys=[key], args=[name, str(version), source, language, str(time.time())])
-
-    @property
-    def _policy_head(self) -> Any:
-        return self.r.register_script(scripts.POLICY_HEAD)
-
-    async def epoch(self) -> str | None:
-        """The state epoch: set when Redis holds valid state (fresh system, or after ``blocks
-        recover``). Absent = Redis lost its state: workers wait instead of acting on emptiness."""
-        return await self.r.get(EPOCH_KEY)
-
-    async def set_epoch(self, value: str, only_if_absent: bool = False) -> bool:
-        return bool(await self.r.set(EPOCH_KEY, value, nx=only_if_absent))
-
-
-def _gather(h: dict[str, str]) -> dict[str, Any]:
-    return {
-        "expected": _json.decode(h["expected"]) if "expected" in h else [],
-        "deadline": float(h.get("deadline", 0)),
-        "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
-        "decided": h.get("decided"),
-        "at": int(h.get("at") or 0),
-    }
-
 
 class _Recorder:
     """Stands in for a pipeline on Redis Cluster: records the queued commands, then runs them in
@@ -829,63 +443,3 @@ class _Recorder:
 def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:
     """Queue a registered script in a pipeline by its digest (see ``Store._pipeline``)."""
     pipe.evalsha(script.sha, len(keys), *keys, *args)
-
-
-def _block(h: dict[str, str]) -> dict[str, Any] | None:
-    """A block hash as callers see it: ``ir`` decoded, ``gen``, ``version`` and ``created`` (the
-    create's stream sequence) as ints (`blocks get --json` showed ``"created": "11"``)."""
-    if not h:
-        return None
-    out: dict[str, Any] = dict(h)
-    if "ir" in out:
-        out["ir"] = _json.decode(out["ir"])
-    for k in ("gen", "version", "desired", "desired_seq", "created"):
-        if k in out:
-            out[k] = int(out[k])
-    return out
-
-
-def _strs(fields: dict[str, Any]) -> dict[str, str]:
-    return {k: v if isinstance(v, str) else _dumps(v) for k, v in fields.items()}
-
-
-def node_view(h: dict[str, str]) -> dict[str, Any]:
-    """A node hash -> the dict policies see: capacity, usage, free figures and GPUs."""
-    spec = _json.decode(h["spec"])
-    gpus = []
-    for g in spec.get("gpus", []):
-        gid = g["id"]
-        total = int(h.get(f"g:{gid}:total", g.get("memory", 0)))
-        used = int(h.get(f"g:{gid}:mem", 0))
-        gpus.append(
-            {
-                "id": gid,
-                "model": g.get("model", ""),
-                "memory": total,
-                "memory_used": used,
-                "memory_free": total - used,
-                "instances": int(h.get(f"g:{gid}:n", 0)),
-                "exclusive": h.get(f"g:{gid}:x", "0") == "1",
-                # thousandths of its compute not taken by sharing instances' gpuShare
-                "share_free": 1000 - int(h.get(f"g:{gid}:share", 0)),
-            }
-        )
-    cpu, mem = float(h.get("cpu", 0)), int(h.get("memory", 0))
-    cpu_used, mem_used = float(h.get("cpu_used", 0)), int(h.get("mem_used", 0))
-    view = {
-        "node_id": spec["id"],
-        "cluster": spec["cluster"],
-        "labels": spec.get("labels", {}),
-        # a draining node (``blocks node drain``) takes nothing new: it reads as not healthy
-        "healthy": h.get("healthy") == "1" and h.get("drain") != "1",
-        "cpu": cpu,
-        "cpu_free": round(cpu - cpu_used, 6),
-        "memory": mem,
-        "memory_free": mem - mem_used,
-        "gpus": gpus,
-    }
-    if h.get("vc"):  # its virtual cluster (seed 003, ``state.vcluster``); absent: the primary's
-        view["virtualCluster"] = h["vc"]
-    if h.get("drain") == "1":
-        view["draining"] = True
-    return view

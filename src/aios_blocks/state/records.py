@@ -1,0 +1,31 @@
+"""The records the store keeps, as its callers see them, and the encodings its writes share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+_json = msgspec.json
+
+
+def _dumps(v: Any) -> str:
+    return _json.encode(v).decode()
+
+
+def _block(h: dict[str, str]) -> dict[str, Any] | None:
+    """A block hash as callers see it: ``ir`` decoded, ``gen``, ``version`` and ``created`` (the
+    create's stream sequence) as ints (`blocks get --json` showed ``"created": "11"``)."""
+    if not h:
+        return None
+    out: dict[str, Any] = dict(h)
+    if "ir" in out:
+        out["ir"] = _json.decode(out["ir"])
+    for k in ("gen", "version", "desired", "desired_seq", "created"):
+        if k in out:
+            out[k] = int(out[k])
+    return out
+
+
+def _strs(fields: dict[str, Any]) -> dict[str, str]:
+    return {k: v if isinstance(v, str) else _dumps(v) for k, v in fields.items()}
