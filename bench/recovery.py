@@ -151,8 +151,8 @@ async def _measure(quick: bool) -> list[common.Row]:
 
     rows: list[common.Row] = []
     data = Path(tempfile.mkdtemp(prefix="aios-bench-recovery-"))
-    embedded.NATS_SYNC = "2m"  # generating 1M events: nats-server's default fsync (the figure is the read side)
-    srv = embedded.EmbeddedServers(data_dir=data).start()
+    # generating 1M events: nats-server's default fsync (the figure is the read side)
+    srv = embedded.EmbeddedServers(data_dir=data, nats_sync="2m").start()
     client = await Client.open(srv.nats_url, srv.redis_url)
     try:
         gen = Generator(client.bus)

@@ -18,14 +18,18 @@ HEAVY = (
     "aios_blocks.policies", "aios_blocks.handlers", "aios_blocks.settings", "aios_blocks.workers.auth",
     "aios_blocks.workers.embedded", "aios_blocks.cli.client",
 )
+#: light exceptions under a heavy prefix: the one table of roles and worker kinds (standard library
+#: only; the CLI's help and the servers' lookup name the kinds from it) and its empty package
+LIGHT = ("aios_blocks.schemas", "aios_blocks.schemas.roles")
 
 
 def _loaded(code: str, env: dict[str, str] | None = None) -> list[str]:
     """The HEAVY modules (or their submodules) in sys.modules after ``code`` ran in a new process."""
     body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
     probe = (f"import json, sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
-             f"heavy = {HEAVY!r}\n"
-             "print(json.dumps(sorted({m for m in sys.modules for h in heavy if m == h or m.startswith(h + '.')})),"
+             f"heavy, light = {HEAVY!r}, {LIGHT!r}\n"
+             "print(json.dumps(sorted({m for m in sys.modules for h in heavy if (m == h or m.startswith(h + '.'))"
+             " and m not in light})),"
              " file=sys.__stderr__)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                          env={**os.environ, **(env or {})}, cwd="/")

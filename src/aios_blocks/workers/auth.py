@@ -30,32 +30,21 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..bus import event_ids, subjects
-from ..bus.catalog import EVENTS, E, Role
+from ..bus.catalog import EVENTS, E
+from ..schemas import roles
 from ..schemas.spec import ID_RE
 from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
 from .locate import REDIS_ROLE, redis_role_url, with_userinfo  # noqa: F401  (the light half the CLI uses; re-exported)
 
-#: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems.
-WORKER_ROLES = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
-ROLES = ("admin", *WORKER_ROLES, "upstream", "observer", "sidecar")
+#: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems
+#: (``schemas.roles``, the one table of roles and kinds).
+WORKER_ROLES = roles.KINDS
+ROLES = roles.NATS_USERS
 #: ``blocks worker KIND`` / supervisor kinds -> NATS role (an unknown kind runs with the URL it got).
-KIND_ROLE = {k: k for k in WORKER_ROLES}
-
+KIND_ROLE = roles.KIND_USER
 #: Catalog roles -> NATS users. The admin (CLI) is unrestricted; the simulated fleet (``agent-sim``)
 #: publishes what a node agent does, for every node; every other worker kind has a role of its own.
-ROLE_USERS: dict[Role, tuple[str, ...]] = {
-    Role.UPSTREAM: ("upstream",),
-    Role.ADMIN: (),
-    Role.PARSER: ("parser",),
-    Role.GATEWAY: ("gateway",),
-    Role.CONTROLLER: ("controller",),
-    Role.AGENT: ("agent",),
-    Role.EXECUTOR: ("executor",),
-    Role.AUTOSCALER: ("autoscaler",),
-    Role.CHECKER: ("checker",),
-    Role.SIDECAR: ("sidecar",),
-    Role.RUNNER: (),  # each role gets its own consumers' dead-letter subjects (below)
-}
+ROLE_USERS = roles.ROLE_USERS
 
 #: What a role publishes that the catalog does not list under it (tell the catalog's owner). Empty:
 #: every publish right comes from the catalog.

@@ -23,6 +23,7 @@ from ..bus.router import TRIGGER_SEQ
 from ..bus.runner import ConsumerRunner, CoreRunner, Defer, Delivery, RunnerOptions
 from ..policies import capacity, contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
+from ..schemas import roles
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
     BlockStatus,
@@ -60,7 +61,7 @@ def encode_input(input_data: dict[str, Any]) -> bytes:
 
 #: the worker kinds that read the node inventory (``Worker.inventory``: the gateway's filter, the
 #: controller's placements and virtual clusters); the others never do, so they take no hints
-INVENTORY_KINDS = frozenset({"gateway", "controller"})
+INVENTORY_KINDS = roles.INVENTORY_KINDS
 
 
 @dataclass

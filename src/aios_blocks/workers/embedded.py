@@ -33,10 +33,13 @@ from . import auth as authn
 from . import lifetime
 from .locate import DEFAULT_DATA_DIR, find_data_dir, resolve_urls  # noqa: F401  (re-exported: the CLI and tests)
 
+
 #: JetStream fsync policy for the embedded server. "always" makes every acknowledged event
 #: survive a host crash (nats-server#7564); override with AIOS_NATS_SYNC (e.g. "2m", the default
 #: of nats-server) when throughput matters more than host-crash durability.
-NATS_SYNC = os.environ.get("AIOS_NATS_SYNC", "always")
+def nats_sync_env() -> str:
+    """``AIOS_NATS_SYNC``, read when servers are made (never at import)."""
+    return os.environ.get("AIOS_NATS_SYNC", "always")
 
 
 def free_port() -> int:
@@ -175,6 +178,8 @@ class EmbeddedServers:
     topology_in_child: bool = False
     #: how long that child may take (it is killed after)
     topology_timeout_s: float = 60.0
+    #: JetStream's fsync interval (``nats_sync_env()``: AIOS_NATS_SYNC, default always)
+    nats_sync: str = field(default_factory=nats_sync_env)
     _lock: lifetime.DataDirLock | None = None
 
     @property
@@ -272,7 +277,7 @@ class EmbeddedServers:
             f'listen: "127.0.0.1:{self.nats_port}"\n'
             f"max_payload: 8MB\n"
             f'pid_file: "{self.data_dir / "nats.pid"}"\n'
-            f'jetstream {{ store_dir: "{store}", sync_interval: {NATS_SYNC} }}\n'
+            f'jetstream {{ store_dir: "{store}", sync_interval: {self.nats_sync} }}\n'
         )
         if self.tls:
             cert, key = authn.tls_files(self.data_dir)

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
+from ..schemas.roles import REDIS_USER
+
 #: the data dir when neither ``--data-dir`` nor ``AIOS_DATA_DIR`` names one (the CLI resolves those)
 DEFAULT_DATA_DIR = Path(".aios-data")
 
 #: NATS role -> Redis user (node agents and upstream publishers get no Redis access at all).
-REDIS_ROLE = {"admin": "admin", "parser": "aios", "gateway": "aios", "controller": "aios", "agent-sim": "aios",
-              "executor": "aios", "metrics": "aios", "autoscaler": "aios", "checker": "aios", "observer": "observer"}
+REDIS_ROLE = REDIS_USER
 
 
 def with_userinfo(url: str, user: str, password: str) -> str:

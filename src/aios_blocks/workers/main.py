@@ -25,11 +25,11 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from ..schemas.roles import KINDS  # stdlib only, like this module
+
 if TYPE_CHECKING:
     from .base import Worker
 
-KINDS = ("parser", "gateway", "controller", "agent-sim", "executor", "metrics", "autoscaler", "checker")
-WARM_TIMEOUT_S = float(os.environ.get("AIOS_WARM_TIMEOUT_S", 60))
 #: how long a group's kinds get to stop after SIGTERM (the supervisor kills at 10 s)
 STOP_TIMEOUT_S = 8.0
 
@@ -265,7 +265,7 @@ async def _warm(w: Worker, cluster: str | None) -> None:
     log = structlog.get_logger("aios.worker")
     started = time.perf_counter()
     try:
-        nodes = await asyncio.wait_for(w.inventory.warm(cluster), WARM_TIMEOUT_S)
+        nodes = await asyncio.wait_for(w.inventory.warm(cluster), w.settings.warm_timeout_s)
     except Exception as exc:  # a cold cache is only slower: never fail (or stall) the worker for it
         log.warning("inventory.warm_failed", error=repr(exc))
         return

@@ -24,19 +24,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..schemas import roles
 from . import lifetime
 
-DEFAULT_LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1, "metrics": 1, "autoscaler": 1, "checker": 1}
+DEFAULT_LAYOUT = roles.DEFAULT_LAYOUT
 #: ``blocks up``'s processes (``blocks up --process-per-kind``: one per kind). The controller, the
 #: heaviest kind of a placement burst, runs in a process of its own (no group names it), so on
 #: two cores it and the kinds in front of it (parse, select, gather) work in parallel: +15-25 %
 #: blocks/s against the three of them in one process (docs/benchmarks.md "Stop 27"). The light
 #: services that watch running blocks share the front process; the (simulated) fleet and the task
 #: ingress share another.
-DEFAULT_GROUPS: dict[str, tuple[str, ...]] = {
-    "front": ("parser", "gateway", "metrics", "autoscaler", "checker"),
-    "serve": ("agent-sim", "executor"),
-}
+#: (``schemas.roles``: front holds parser, gateway, metrics, autoscaler, checker; serve agent-sim, executor)
+DEFAULT_GROUPS = roles.DEFAULT_GROUPS
 #: the variables that differ between kinds (a role's credentials, its event-id key): a group process
 #: gets each kind's under ``kind_var(name, kind)``, and none unsuffixed
 PER_KIND_VARS = ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_EVENT_KEY")
