@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from . import blocks, inventory, nodes, policy, servers, state, task, trace, vcluster
+from . import blocks, console, inventory, nodes, policy, servers, state, task, trace, vcluster
 from .common import DataDir, _input_errors, _one_line, err
 
 app = typer.Typer(
@@ -183,6 +183,7 @@ app.command()(blocks.scale)
 app.command()(blocks.reassign)
 app.command()(blocks.delete)
 app.command()(state.watch)
+app.command("console")(console.console_)
 app.command()(blocks.top)
 app.command("prometheus-config")(servers.prometheus_config)
 app.command()(state.replay)

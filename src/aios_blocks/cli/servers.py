@@ -47,6 +47,8 @@ def up(
     autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
     checkers: int = typer.Option(1, min=0, help="Health checkers (copies, like --parsers; one decides a block at a time; docs/health.md)."),
     process_per_kind: bool = ProcessPerKind,
+    console_port: int = typer.Option(0, "--console-port", min=0, max=65535, help="The web console's port (0: the one it had last time, else a free one; docs/console.md)."),
+    no_console: bool = typer.Option(False, "--no-console", help="Start no web console."),
 ) -> None:
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
@@ -58,6 +60,8 @@ def up(
     kind fails is restarted whole. `--controllers N` etc. run N copies of a kind: the first in its
     group, the others as processes of their own.
     `--process-per-kind` runs each kind in a process of its own.
+    The web console (docs/console.md) is served beside them: its URL and admin token are printed
+    (`--console-port`, `--no-console`).
 
     Example: `blocks up --controllers 2`, `blocks up --data-dir /var/lib/aios &`
     """
@@ -66,7 +70,7 @@ def up(
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
               "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
     # the process that stays up is a lean one (cli/up.py): this one's modules would stay resident
-    _up.exec_up(data_dir, layout, process_per_kind)
+    _up.exec_up(data_dir, layout, process_per_kind, None if no_console else console_port)
 
 
 def worker(

@@ -34,7 +34,7 @@ console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
 
 
-def exec_up(data_dir: Path, layout: dict[str, int], process_per_kind: bool) -> NoReturn:
+def exec_up(data_dir: Path, layout: dict[str, int], process_per_kind: bool, console_port: int | None = 0) -> NoReturn:
     """Become the lean `blocks up` process (same pid): ``python -m aios_blocks.cli.up``. The data
     dir's lock is taken first and kept across the exec (``--lock-fd``): from then on a command
     run meanwhile knows a `blocks up` is starting there and waits for it (``locate.starting``)
@@ -42,6 +42,7 @@ def exec_up(data_dir: Path, layout: dict[str, int], process_per_kind: bool) -> N
     argv = [sys.executable, "-m", "aios_blocks.cli.up", "--data-dir", str(data_dir), "--layout", json.dumps(layout)]
     if process_per_kind:
         argv.append("--process-per-kind")
+    argv += ["--no-console"] if console_port is None else ["--console-port", str(console_port)]
     if not (os.environ.get("AIOS_NATS_URL") and os.environ.get("AIOS_REDIS_URL")):  # (else no servers of ours)
         try:
             lock = lifetime.DataDirLock(data_dir).acquire()
@@ -100,9 +101,11 @@ def running(data_dir: Path, layout: dict[str, int] | None = None, process_per_ki
                 servers.stop()
 
 
-def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_fd: int | None = None) -> None:
-    """`blocks up`'s body: start, say where everything is, supervise until stopped."""
-    with running(data_dir, layout, process_per_kind, lock_fd) as (servers, sup):
+def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_fd: int | None = None,
+          console_port: int | None = 0) -> None:
+    """`blocks up`'s body: start, say where everything is, supervise until stopped.
+    ``console_port``: the web console's (0: the one it had last time, else a free one; None: none)."""
+    with running(data_dir, layout, process_per_kind, lock_fd) as (servers, sup), _console(servers, data_dir, console_port):
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         procs = ", ".join(f"{n}-{i} ({'+'.join(k)})" if len(k) > 1 else f"{n}-{i}" for (n, i), k in sup.kinds.items())
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
@@ -113,6 +116,27 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
             console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
         while True:
             time.sleep(1)
+
+
+@contextlib.contextmanager
+def _console(servers: EmbeddedServers | None, data_dir: Path, port: int | None) -> Iterator[None]:
+    """The web console (docs/console.md) as a child process, in ``endpoints.json`` as ``"console"``."""
+    if port is None:
+        yield
+        return
+    from ..console import launch
+
+    if port:
+        os.environ["AIOS_CONSOLE_PORT"] = str(port)
+    _publish_port(servers, "AIOS_CONSOLE_PORT", "AIOS_CONSOLE_HOST", "console")
+    host = os.environ.get("AIOS_CONSOLE_HOST", "127.0.0.1")
+    proc, url, token = launch.start(servers.data_dir if servers else data_dir, int(os.environ["AIOS_CONSOLE_PORT"]), host,
+                                    embedded=servers is not None, preexec=lifetime.die_with_parent())
+    console.print(f"console: {url} (read only); admin: {url}#token={token} (token in {data_dir}/console/token)")
+    try:
+        yield
+    finally:
+        launch.stop(proc)
 
 
 def _http_ingress(servers: EmbeddedServers | None) -> None:
@@ -155,12 +179,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--data-dir", type=Path, required=True)
     p.add_argument("--layout", type=json.loads, required=True, help="worker kind -> copies, as JSON")
     p.add_argument("--process-per-kind", action="store_true")
+    p.add_argument("--console-port", type=int, default=0, help="the web console's port (0: as last time, else free)")
+    p.add_argument("--no-console", action="store_true", help="no web console")
     p.add_argument("--lock-fd", type=int, help="the data dir's lock, held open by the process that exec-ed this one")
     args = p.parse_args(argv)
     layout = args.layout
     if not isinstance(layout, dict) or not all(k in DEFAULT_LAYOUT and type(v) is int and v >= 0 for k, v in layout.items()):
         p.error(f"--layout: a JSON object of worker kind ({', '.join(DEFAULT_LAYOUT)}) -> copies >= 0")
-    serve(args.data_dir, layout, args.process_per_kind, args.lock_fd)
+    serve(args.data_dir, layout, args.process_per_kind, args.lock_fd, None if args.no_console else args.console_port)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,149 @@
+"""The console's read side: a live ``Fold`` of the stream ``AIOS`` fed through a named ordered
+consumer (what an observer may make: it takes nothing from any worker), each block's events for
+its page, a tail of recent events for the live view and server-sent events, and the stream
+folded up to a past sequence (``at``) with the same fold."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from ..bus import subjects
+from ..bus.nats_bus import Bus
+from ..recovery.fold import Fold
+from ..recovery.rebuild import _reply_meta, read_stream
+
+_json = msgspec.json
+
+#: how many recent events the tail keeps (the live view's list, and SSE clients' catch-up)
+TAIL = 2000
+#: past folds kept (a slider dragged back and forth asks the same few again)
+PAST_CACHE = 4
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS wildcards: ``*`` one token, ``>`` the rest; a pattern without either is a substring."""
+    if not pattern:
+        return True
+    if "*" not in pattern and ">" not in pattern:
+        return pattern in subject
+    p, s = pattern.split("."), subject.split(".")
+    for i, tok in enumerate(p):
+        if tok == ">":
+            return len(s) > i
+        if i >= len(s) or (tok != "*" and tok != s[i]):
+            return False
+    return len(p) == len(s)
+
+
+class Feed:
+    """The live fold and what the views need beside it. ``line(subject, env)``: an event's one-line
+    text (``blocks replay``'s)."""
+
+    def __init__(self, bus: Bus, line: Callable[[str, dict[str, Any]], str]):
+        self.bus = bus
+        self.line = line
+        self.fold = Fold()
+        #: block -> [(seq, ts, subject, envelope)]
+        self.events: dict[str, list[tuple[int, float, str, dict[str, Any]]]] = {}
+        self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
+        self.listeners: set[asyncio.Queue[dict[str, Any]]] = set()
+        self.caught_up = asyncio.Event()
+        self._past: OrderedDict[int, Fold] = OrderedDict()
+        self._sub: Any = None
+        #: (monotonic time, step) of recent block events, for the overview's rates
+        self._recent: deque[tuple[float, str]] = deque(maxlen=20000)
+
+    async def start(self) -> None:
+        queue: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def cb(msg: Any) -> None:
+            queue.put_nowait(msg)
+
+        info = await self.bus.js.stream_info(subjects.STREAM)
+        if info.state.messages == 0:
+            self.caught_up.set()
+        cfg = ConsumerConfig(name=f"console-{uuid.uuid4().hex[:12]}", deliver_policy=DeliverPolicy.ALL)
+        self._sub = await self.bus.js.subscribe(f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
+                                                config=cfg, pending_msgs_limit=1_000_000, pending_bytes_limit=512 * 1024 * 1024)
+        self._task = asyncio.create_task(self._drain(queue))
+
+    async def _drain(self, queue: asyncio.Queue[Any]) -> None:
+        while True:
+            msg = await queue.get()
+            seq, ts, pending = _reply_meta(msg)
+            self.apply(msg.subject, msg.data, seq, ts)
+            if pending == 0:
+                self.caught_up.set()
+
+    def apply(self, subject: str, raw: bytes, seq: int, ts: float) -> None:
+        if seq and seq <= self.fold.last_seq:
+            return  # (a redelivery after a reconnect)
+        self.fold.apply(subject, raw, seq, ts)
+        parts = subject.split(".", 3)
+        try:
+            env = _json.decode(raw)
+        except msgspec.DecodeError:
+            env = {}
+        if not isinstance(env, dict):
+            env = {}
+        if len(parts) == 4 and parts[1] == "block":
+            self.events.setdefault(parts[2], []).append((seq, ts, subject, env))
+            self._recent.append((time.monotonic(), parts[3]))
+        try:
+            text = self.line(subject, env)
+        except Exception:  # an event this version cannot describe still shows, as its subject
+            text = ""
+        item = {"seq": seq, "ts": ts, "subject": subject, "line": text}
+        self.tail.append(item)
+        for q in list(self.listeners):
+            with contextlib.suppress(asyncio.QueueFull):
+                q.put_nowait(item)
+
+    def rates(self, window_s: float = 10.0) -> dict[str, float]:
+        """Placements and block events per second over the last ``window_s``."""
+        cutoff = time.monotonic() - window_s
+        recent = [step for t, step in self._recent if t >= cutoff]
+        return {"placements_per_s": round(sum(1 for s in recent if s == "placement") / window_s, 2),
+                "events_per_s": round(len(recent) / window_s, 2)}
+
+    def block_events(self, bid: str, upto: int | None = None) -> list[tuple[int, float, str, dict[str, Any]]]:
+        evs = self.events.get(bid, [])
+        return evs if upto is None else [e for e in evs if e[0] <= upto]
+
+    async def at(self, seq: int) -> Fold:
+        """The stream folded up to ``seq`` (inclusive): the state as it was then."""
+        if seq >= self.fold.last_seq and self.caught_up.is_set():
+            return self.fold
+        hit = self._past.get(seq)
+        if hit is not None:
+            self._past.move_to_end(seq)
+            return hit
+        f = Fold()
+
+        def on_msg(subject: str, raw: bytes, s: int, ts: float) -> None:
+            if s <= seq:
+                f.apply(subject, raw, s, ts)
+
+        await read_stream(self.bus, on_msg)
+        f.last_seq = min(f.last_seq, seq)
+        self._past[seq] = f
+        while len(self._past) > PAST_CACHE:
+            self._past.popitem(last=False)
+        return f
+
+    async def close(self) -> None:
+        task = getattr(self, "_task", None)
+        if task is not None:
+            task.cancel()
+        if self._sub is not None:
+            with contextlib.suppress(Exception):
+                await self._sub.unsubscribe()

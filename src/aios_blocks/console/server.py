@@ -1,0 +1,277 @@
+"""The console's HTTP server (aiohttp, a dependency already): the page and its vendored assets,
+the views' JSON (each takes ``?seq=N``: the stream folded up to N), server-sent events of new
+events, and the admin actions (scale, delete).
+
+Access: reads need nothing (the server itself reads the stream with observer rights); an action
+needs the admin token in the ``X-Console-Token`` header (a header a cross-site form cannot set),
+a JSON body, and an ``Origin`` equal to the page's own (same-origin only). Every response carries
+a content security policy that allows only this server's own scripts and styles, and the page
+writes all user text as text (``textContent``), never as markup."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from . import projection
+from .feed import Feed, subject_matches
+
+STATIC = Path(__file__).resolve().parent / "static"
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+
+#: the admin connection's opener (None: the server has no admin credentials; actions answer 503)
+AdminOpener = Callable[[], Awaitable[Any]]
+
+FEED: web.AppKey[Feed] = web.AppKey("feed", Feed)
+TOKEN: web.AppKey[str] = web.AppKey("token", str)
+ADMIN: web.AppKey[Any] = web.AppKey("admin", object)
+
+
+@web.middleware
+async def _headers(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.StreamResponse:
+    try:
+        resp = await handler(request)
+    except web.HTTPException as exc:
+        resp = exc
+    resp.headers.setdefault("Content-Security-Policy", CSP)
+    resp.headers.setdefault("X-Content-Type-Options", "nosniff")
+    resp.headers.setdefault("X-Frame-Options", "DENY")
+    resp.headers.setdefault("Referrer-Policy", "no-referrer")
+    if isinstance(resp, web.HTTPException):
+        raise resp
+    return resp
+
+
+def _seq(request: web.Request) -> int | None:
+    raw = request.query.get("seq", "")
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise web.HTTPBadRequest(text="seq: a stream sequence number") from None
+    if value < 0:
+        raise web.HTTPBadRequest(text="seq: a stream sequence number")
+    return value
+
+
+async def _fold(request: web.Request) -> Any:
+    feed = request.app[FEED]
+    seq = _seq(request)
+    return feed.fold if seq is None else await feed.at(seq)
+
+
+def _json(data: Any, status: int = 200) -> web.Response:
+    return web.json_response(data, status=status, dumps=lambda v: json.dumps(v, separators=(",", ":"), default=str),
+                             headers={"Cache-Control": "no-store"})
+
+
+def is_admin(request: web.Request) -> bool:
+    given = request.headers.get("X-Console-Token", "")
+    token = request.app[TOKEN]
+    return bool(token) and bool(given) and hmac.compare_digest(given.encode(), token.encode())
+
+
+def _same_origin(request: web.Request) -> bool:
+    """The browser says where the request comes from: ``Origin`` must be this server's own and
+    ``Sec-Fetch-Site``, when sent, ``same-origin``."""
+    origin = request.headers.get("Origin", "")
+    if origin != f"{request.scheme}://{request.host}":
+        return False
+    return request.headers.get("Sec-Fetch-Site", "same-origin") == "same-origin"
+
+
+async def index(request: web.Request) -> web.StreamResponse:
+    return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-store"})
+
+
+async def whoami(request: web.Request) -> web.Response:
+    feed = request.app[FEED]
+    return _json({"admin": is_admin(request), "actions": request.app[ADMIN] is not None, "seq": feed.fold.last_seq})
+
+
+async def overview(request: web.Request) -> web.Response:
+    f = await _fold(request)
+    return _json(projection.overview(f, request.app[FEED].rates() if f is request.app[FEED].fold else {}))
+
+
+async def gpumap(request: web.Request) -> web.Response:
+    return _json(projection.gpumap(await _fold(request), request.query.get("label", "")))
+
+
+async def gpu(request: web.Request) -> web.Response:
+    out = projection.gpu_detail(await _fold(request), request.query.get("node", ""), request.query.get("gpu") or None)
+    return _json(out) if out is not None else _json({"error": "no such node"}, 404)
+
+
+def _int(request: web.Request, name: str, default: int) -> int:
+    try:
+        return int(request.query.get(name, default))
+    except ValueError:
+        raise web.HTTPBadRequest(text=f"{name}: a number") from None
+
+
+async def blocks(request: web.Request) -> web.Response:
+    q = request.query
+    return _json(projection.blocks_page(await _fold(request), q.get("q", ""), q.get("status", ""), q.get("cluster", ""),
+                                        _int(request, "page", 0), _int(request, "per", 50)))
+
+
+async def block(request: web.Request) -> web.Response:
+    feed, bid = request.app[FEED], request.match_info["bid"]
+    seq = _seq(request)
+    out = projection.block_detail(await _fold(request), bid, feed.block_events(bid, seq), feed.line)
+    return _json(out) if out is not None else _json({"error": f"no block {bid}"}, 404)
+
+
+async def tail(request: web.Request) -> web.Response:
+    pattern = request.query.get("subject", "")
+    items = [e for e in request.app[FEED].tail if subject_matches(pattern, e["subject"])]
+    return _json({"events": items[-_int(request, "limit", 200):]})
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-sent events: each new stored event (``subject`` filters them, NATS wildcards)."""
+    feed, pattern = request.app[FEED], request.query.get("subject", "")
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-store",
+                                       "X-Accel-Buffering": "no"})
+    await resp.prepare(request)
+    queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=10_000)
+    feed.listeners.add(queue)
+    try:
+        await resp.write(f"event: hello\ndata: {json.dumps({'seq': feed.fold.last_seq})}\n\n".encode())
+        while True:
+            try:
+                item = await asyncio.wait_for(queue.get(), timeout=15)
+            except TimeoutError:
+                await resp.write(b": keep-alive\n\n")
+                continue
+            if subject_matches(pattern, item["subject"]):
+                await resp.write(f"data: {json.dumps(item, default=str)}\n\n".encode())
+    except (ConnectionResetError, asyncio.CancelledError):
+        pass
+    finally:
+        feed.listeners.discard(queue)
+    return resp
+
+
+async def _action(request: web.Request) -> tuple[Any, dict[str, Any]]:
+    if not is_admin(request):
+        raise web.HTTPForbidden(text="actions need the console's admin token")
+    if not _same_origin(request):
+        raise web.HTTPForbidden(text="cross-origin request refused")
+    if request.content_type != "application/json":
+        raise web.HTTPUnsupportedMediaType(text="a JSON body")
+    opener = request.app[ADMIN]
+    if opener is None:
+        raise web.HTTPServiceUnavailable(text="this console has no admin credentials")
+    try:
+        body = await request.json()
+    except ValueError:
+        raise web.HTTPBadRequest(text="a JSON body") from None
+    return await opener(), body if isinstance(body, dict) else {}
+
+
+async def scale(request: web.Request) -> web.Response:
+    client, body = await _action(request)
+    bid = request.match_info["bid"]
+    target = body.get("target")
+    try:
+        if target is None:
+            req = await client.scale_request(bid)
+            return _json({"ok": True, "request": req.request_id})
+        done = await client.scale_to(bid, int(target), reason="console", source="console")
+    except LookupError as exc:
+        return _json({"error": str(exc.args[0] if exc.args else exc)}, 404)
+    except (ValueError, TypeError) as exc:
+        return _json({"error": str(exc)}, 400)
+    return _json({"ok": True, "request": done.request_id, "target": done.target, "note": done.note})
+
+
+async def delete(request: web.Request) -> web.Response:
+    client, _ = await _action(request)
+    try:
+        req = await client.delete(request.match_info["bid"])
+    except LookupError as exc:
+        return _json({"error": str(exc.args[0] if exc.args else exc)}, 404)
+    except ValueError as exc:
+        return _json({"error": str(exc)}, 400)
+    return _json({"ok": True, "request": req.request_id})
+
+
+def make_app(feed: Feed, token: str, admin: AdminOpener | None) -> web.Application:
+    app = web.Application(middlewares=[_headers])
+    app[FEED], app[TOKEN], app[ADMIN] = feed, token, admin
+    app.router.add_get("/", index)
+    app.router.add_static("/static/", STATIC)
+    app.router.add_get("/api/whoami", whoami)
+    app.router.add_get("/api/overview", overview)
+    app.router.add_get("/api/gpumap", gpumap)
+    app.router.add_get("/api/gpu", gpu)
+    app.router.add_get("/api/blocks", blocks)
+    app.router.add_get("/api/block/{bid}", block)
+    app.router.add_get("/api/tail", tail)
+    app.router.add_get("/api/events", events)
+    app.router.add_post("/api/block/{bid}/scale", scale)
+    app.router.add_post("/api/block/{bid}/delete", delete)
+    return app
+
+
+def admin_opener(nats_url: str | None, redis_url: str | None) -> AdminOpener | None:
+    """One admin ``Client``, opened on the first action and kept."""
+    if not (nats_url and redis_url):
+        return None
+    held: list[Any] = []
+    lock = asyncio.Lock()
+
+    async def open_() -> Any:
+        from ..cli.client import Client
+
+        async with lock:
+            if not held:
+                held.append(await Client.open(nats_url, redis_url))
+        return held[0]
+
+    open_.held = held  # type: ignore[attr-defined]
+    return open_
+
+
+async def serve(nats_url: str, host: str, port: int, token: str, admin: AdminOpener | None,
+                ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None) -> None:
+    """Read the stream as ``nats_url``'s user, serve on ``host:port`` until ``stop`` (or
+    cancelled); ``ready(port)`` once listening (the port chosen when 0)."""
+    from ..bus.nats_bus import Bus
+    from ..cli.render import _line
+
+    bus = await Bus.open(nats_url, source="aios-blocks/console", first_wait_s=10.0)
+    feed = Feed(bus, _line)
+    await feed.start()
+    runner = web.AppRunner(make_app(feed, token, admin), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    bound = port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        bound = server.sockets[0].getsockname()[1]
+    if ready is not None:
+        ready(bound)
+    try:
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await runner.cleanup()
+        await feed.close()
+        held = getattr(admin, "held", [])
+        for c in held:
+            with contextlib.suppress(Exception):
+                await c.close()
+        await bus.close()

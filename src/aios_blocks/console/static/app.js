@@ -1,0 +1,356 @@
+// aios-blocks console: plain JavaScript, no build step, no library (docs/console.md says why).
+// Every piece of user text goes into the page through textContent (el() below), never innerHTML.
+"use strict";
+
+const params = new URLSearchParams(location.search);
+const PAST = params.has("seq") ? params.get("seq") : null;
+const state = { admin: false, actions: false, lastSeq: 0, view: "", refresh: null, blocksQuery: { q: "", status: "", cluster: "", page: 0 } };
+
+// -- the admin token: given once as #token=..., kept for this tab only ------------------------------
+if (location.hash.startsWith("#token=")) {
+  sessionStorage.setItem("aios-console-token", decodeURIComponent(location.hash.slice(7)));
+  history.replaceState(null, "", location.pathname + location.search + "#/");
+}
+const token = () => sessionStorage.getItem("aios-console-token") || "";
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === undefined || v === null || v === false) continue;
+    if (k === "class") node.className = v;
+    else if (k === "on") for (const [ev, fn] of Object.entries(v)) node.addEventListener(ev, fn);
+    else if (k === "dataset") Object.assign(node.dataset, v);
+    else node.setAttribute(k, v === true ? "" : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === undefined || c === null || c === false) continue;
+    node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return node;
+}
+
+function withSeq(url) {
+  if (PAST === null) return url;
+  return url + (url.includes("?") ? "&" : "?") + "seq=" + encodeURIComponent(PAST);
+}
+
+async function api(url) {
+  const headers = token() ? { "X-Console-Token": token() } : {};
+  const r = await fetch(withSeq(url), { headers });
+  if (!r.ok) throw new Error((await r.text()) || r.statusText);
+  return r.json();
+}
+
+async function action(url, body) {
+  const r = await fetch(url, {
+    method: "POST", headers: { "Content-Type": "application/json", "X-Console-Token": token() }, body: JSON.stringify(body || {}),
+  });
+  const text = await r.text();
+  if (!r.ok) throw new Error(text || r.statusText);
+  return JSON.parse(text);
+}
+
+const statusTag = (s) => el("span", { class: "status " + s }, s || "-");
+const blockLink = (bid) => el("a", { href: "#/block/" + encodeURIComponent(bid) }, bid);
+const fmtTime = (ts) => (ts ? new Date(ts * 1000).toISOString().slice(11, 23) : "");
+
+function table(head, rows, id) {
+  return el("table", { id }, el("thead", {}, el("tr", {}, head.map((h) => el("th", {}, h)))), el("tbody", {}, rows));
+}
+
+// -- views ------------------------------------------------------------------------------------------
+async function viewOverview(root) {
+  const o = await api("/api/overview");
+  const t = o.totals;
+  const card = (n, k, id) => el("div", { class: "card", id }, el("div", { class: "n" }, n), el("div", { class: "k" }, k));
+  root.replaceChildren(
+    el("h2", {}, "Overview"),
+    el("div", { class: "cards", id: "overview-cards" },
+      card(o.clusters.length, "clusters", "ov-clusters"), card(t.nodes || 0, "nodes", "ov-nodes"), card(t.gpus || 0, "GPUs", "ov-gpus"),
+      card(t.used || 0, "GPUs used", "ov-used"), card(t.free || 0, "GPUs free", "ov-free"),
+      card(t.stranded || 0, "GPUs stranded (FGD)", "ov-stranded"),
+      card(o.rates.placements_per_s ?? "-", "placements/s", "ov-placements"), card(o.rates.events_per_s ?? "-", "block events/s", "ov-events")),
+    el("h3", {}, "Blocks by status"),
+    el("div", { class: "cards", id: "ov-status" }, Object.entries(o.blocks).map(([s, n]) => card(n, s))),
+    el("h3", {}, "Clusters"),
+    table(["cluster", "nodes", "healthy", "GPUs", "used", "free", "stranded"],
+      o.clusters.map((c) => el("tr", {}, [c.id, c.nodes, c.healthy, c.gpus, c.used, c.free, c.stranded].map((v) => el("td", {}, v)))), "ov-clusters-table"),
+    el("h3", {}, "Pending queue"),
+    o.pending.length ? table(["block", "name", "status", "since"], o.pending.map((b) => el("tr", {},
+      el("td", {}, blockLink(b.id)), el("td", {}, b.name), el("td", {}, statusTag(b.status)), el("td", {}, fmtTime(b.created))))) : el("p", { class: "muted" }, "nothing waiting"),
+    el("h3", {}, "Recent failures"),
+    o.failures.length ? table(["block", "name", "status", "reason"], o.failures.map((b) => el("tr", {},
+      el("td", {}, blockLink(b.id)), el("td", {}, b.name), el("td", {}, statusTag(b.status)), el("td", { class: "reason" }, b.reason))), "ov-failures") : el("p", { class: "muted" }, "none"),
+  );
+}
+
+const CELL = 7, GAP = 1, PAD = 2, PER_ROW = 8, TILE_GAP = 4, HEADER = 20;
+
+function cellColour(alloc, strandedNode) {
+  if (alloc >= 1000) return "#c0392b";
+  if (alloc > 0) {
+    const a = alloc / 1000; // green -> orange -> red by the share held
+    return `rgb(${Math.round(230 + 20 * a)},${Math.round(200 - 120 * a)},${Math.round(90 - 40 * a)})`;
+  }
+  return strandedNode ? "#b9a6e3" : "#bfe3c6";
+}
+
+function layoutMap(nodes, width) {
+  const tiles = [], headers = [];
+  let x = 0, y = 0, rowH = 0, group = null;
+  for (const n of nodes) {
+    const [, cluster, model] = n;
+    const key = cluster + "\u0000" + model;
+    if (key !== group) {
+      if (group !== null) { y += rowH + TILE_GAP; }
+      x = 0; rowH = 0; group = key;
+      headers.push({ y, text: `${cluster} \u00b7 ${model}` });
+      y += HEADER;
+    }
+    const g = n[5].length, cols = Math.max(1, Math.min(g, PER_ROW)), rows = Math.max(1, Math.ceil(g / PER_ROW));
+    const w = cols * (CELL + GAP) - GAP + 2 * PAD, h = rows * (CELL + GAP) - GAP + 2 * PAD;
+    if (x + w > width) { x = 0; y += rowH + TILE_GAP; rowH = 0; }
+    tiles.push({ x, y, w, h, n });
+    x += w + TILE_GAP; rowH = Math.max(rowH, h);
+  }
+  return { tiles, headers, height: y + rowH + TILE_GAP };
+}
+
+async function viewMap(root) {
+  const label = new URLSearchParams(location.hash.split("?")[1] || "").get("label") || "";
+  const m = await api("/api/gpumap" + (label ? "?label=" + encodeURIComponent(label) : ""));
+  const width = Math.max(600, Math.min(1400, root.clientWidth - 420));
+  const { tiles, headers, height } = layoutMap(m.nodes, width);
+  const canvas = el("canvas", { id: "gpu-canvas", width, height, dataset: { nodes: m.nodes.length, gpus: m.gpus } });
+  const ctx = canvas.getContext("2d");
+  ctx.font = "12px system-ui, sans-serif";
+  for (const h of headers) { ctx.fillStyle = "#1d2330"; ctx.fillText(h.text, 2, h.y + 14); }
+  for (const t of tiles) {
+    const [, , , healthy, , cells, stranded] = t.n;
+    ctx.fillStyle = healthy ? "#e9ecf2" : "#5b6170";
+    ctx.fillRect(t.x, t.y, t.w, t.h);
+    cells.forEach((a, i) => {
+      ctx.fillStyle = cellColour(a, stranded > 0);
+      ctx.fillRect(t.x + PAD + (i % PER_ROW) * (CELL + GAP), t.y + PAD + Math.floor(i / PER_ROW) * (CELL + GAP), CELL, CELL);
+    });
+  }
+  const panel = el("div", { id: "gpu-panel" }, el("p", { class: "muted" }, "Click a GPU to see its instances and their blocks."));
+  canvas.addEventListener("click", async (ev) => {
+    const r = canvas.getBoundingClientRect(), px = ev.clientX - r.left, py = ev.clientY - r.top;
+    const t = tiles.find((t) => px >= t.x && px < t.x + t.w && py >= t.y && py < t.y + t.h);
+    if (!t) return;
+    const i = Math.floor((px - t.x - PAD) / (CELL + GAP)) + PER_ROW * Math.floor((py - t.y - PAD) / (CELL + GAP));
+    const d = await api("/api/gpu?node=" + encodeURIComponent(t.n[0]));
+    const gpu = d.gpus[Math.max(0, Math.min(i, d.gpus.length - 1))];
+    const on = gpu ? d.instances.filter((x) => x.gpus.includes(gpu.id)) : d.instances;
+    panel.replaceChildren(
+      el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}`),
+      gpu ? el("p", {}, el("strong", {}, "GPU ", gpu.id), ` ${gpu.model}, ${gpu.memory} MiB, held ${(gpu.alloc / 10).toFixed(1)} %`) : null,
+      on.length ? table(["instance", "block", "status"], on.map((x) => el("tr", {}, el("td", {}, x.instance),
+        el("td", {}, blockLink(x.block), x.name ? el("div", { class: "muted" }, x.name) : null), el("td", {}, x.status))), "gpu-instances") : el("p", { class: "muted", id: "gpu-instances" }, "no instance on it"),
+    );
+  });
+  const filter = el("input", { id: "map-label", placeholder: "label key=value", value: label });
+  filter.addEventListener("change", () => { location.hash = "#/map" + (filter.value ? "?label=" + encodeURIComponent(filter.value) : ""); });
+  root.replaceChildren(
+    el("h2", {}, "GPU map"),
+    el("div", { class: "toolbar" }, el("span", { id: "map-summary" }, `${m.nodes.length} nodes, ${m.gpus} GPUs`), filter,
+      el("span", { class: "legend" }, ...legend())),
+    el("div", { id: "map-wrap" }, canvas, panel),
+  );
+}
+
+function legend() {
+  const item = (c, t) => { const s = el("span"); s.style.background = c; return [s, t]; };
+  return [...item("#bfe3c6", "free"), ...item("#b9a6e3", "free, stranded"), ...item(cellColour(500, false), "shared"), ...item("#c0392b", "held whole"), ...item("#5b6170", "unhealthy node")];
+}
+
+async function viewBlocks(root) {
+  const bq = state.blocksQuery;
+  const qs = new URLSearchParams({ q: bq.q, status: bq.status, cluster: bq.cluster, page: bq.page, per: 50 });
+  const d = await api("/api/blocks?" + qs);
+  const search = el("input", { id: "blocks-search", placeholder: "search id, name, component", value: bq.q });
+  let timer = null;
+  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => { bq.q = search.value; bq.page = 0; render(); }, 250); });
+  const select = (id, values, current, key) => {
+    const s = el("select", { id }, el("option", { value: "" }, "all"), values.map((v) => el("option", { value: v, selected: v === current }, v)));
+    s.addEventListener("change", () => { bq[key] = s.value; bq.page = 0; render(); });
+    return s;
+  };
+  const pages = Math.max(1, Math.ceil(d.total / d.per));
+  const pager = el("div", { class: "pager" },
+    el("button", { id: "prev", disabled: d.page <= 0, on: { click: () => { bq.page--; render(); } } }, "\u2039 prev"),
+    el("span", { id: "page-info" }, `page ${d.page + 1} of ${pages} \u00b7 ${d.total} blocks`),
+    el("button", { id: "next", disabled: d.page + 1 >= pages, on: { click: () => { bq.page++; render(); } } }, "next \u203a"));
+  root.replaceChildren(
+    el("h2", {}, "Blocks"),
+    el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster")),
+    table(["block", "name", "status", "cluster", "instances", "component", "reason"], d.rows.map((b) => el("tr", { dataset: { bid: b.id } },
+      el("td", {}, blockLink(b.id)), el("td", { class: "name" }, b.name), el("td", {}, statusTag(b.status)), el("td", {}, b.cluster),
+      el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.reason))), "blocks-table"),
+    pager,
+  );
+  if (document.activeElement === document.body && bq.q) search.focus();
+}
+
+function explainList(x) {
+  const items = [];
+  if (x.reason) items.push(el("li", {}, el("strong", {}, "reason: "), x.reason));
+  for (const r of x.rounds || []) {
+    items.push(el("li", {}, `round ${r.round}: candidates ${JSON.stringify(r.candidates)}`));
+    for (const [c, why] of Object.entries(r.filtered || {})) items.push(el("li", { class: "lost" }, `cluster ${c} filtered: ${typeof why === "string" ? why : JSON.stringify(why)}`));
+    for (const [c, a] of Object.entries(r.dry_run || {})) {
+      items.push(el("li", {}, `cluster ${c}: dry_run score ${a.score}` + (a.node ? ` on ${a.node} ${JSON.stringify(a.gpus)}` : "") + (a.error ? ` \u2014 ${a.error}` : "")));
+      for (const [n, why] of Object.entries(a.rejected_nodes || {})) items.push(el("li", { class: "lost" }, `  node ${n} lost: ${typeof why === "string" ? why : JSON.stringify(why)}`));
+    }
+    if (r.chosen) items.push(el("li", {}, el("strong", {}, `chosen ${r.chosen}`), r.why ? `: ${r.why}` : ""));
+  }
+  for (const f of x.failures || []) items.push(el("li", { class: "lost" }, "failure: ", typeof f === "string" ? f : JSON.stringify(f)));
+  for (const t of x.targets || []) items.push(el("li", {}, "target: ", JSON.stringify(t)));
+  for (const d of (x.autoscaler || {}).decisions || []) items.push(el("li", {}, "autoscaler: ", JSON.stringify(d)));
+  return el("ul", { class: "why", id: "explain" }, items.length ? items : el("li", { class: "muted" }, "no decision recorded yet"));
+}
+
+async function viewBlock(root, bid) {
+  const d = await api("/api/block/" + encodeURIComponent(bid));
+  const b = d.block;
+  const acts = [];
+  if (state.admin && state.actions && PAST === null && !["deleted", "deleting", "rejected"].includes(b.status)) {
+    const target = el("input", { id: "scale-target", type: "number", min: 0, value: (b.desired || 0) + 1, class: "narrow" });
+    const msg = el("span", { id: "action-result", class: "muted" });
+    const run = async (what, url, body) => {
+      if (!confirm(`${what} block ${bid}?`)) return;
+      try { const r = await action(url, body); msg.textContent = `${what} requested (${r.request})`; } catch (e) { msg.textContent = `${what} refused: ${e.message}`; }
+    };
+    acts.push(el("div", { class: "actions", id: "actions" }, el("strong", {}, "admin"), "scale to", target,
+      el("button", { id: "scale-btn", on: { click: () => run("scale", `/api/block/${encodeURIComponent(bid)}/scale`, { target: Number(target.value) }) } }, "scale"),
+      el("button", { id: "delete-btn", on: { click: () => run("delete", `/api/block/${encodeURIComponent(bid)}/delete`, {}) } }, "delete"), msg));
+  }
+  root.replaceChildren(
+    el("h2", {}, "Block ", el("span", { id: "block-id" }, b.id), " ", el("span", { id: "block-status" }, statusTag(b.status))),
+    b.name ? el("p", {}, "name: ", el("span", { id: "block-name" }, b.name)) : null,
+    el("p", { class: "muted" }, `cluster ${b.cluster || "-"} \u00b7 instances ${b.running ?? 0} running of ${b.desired ?? 0} wanted \u00b7 ${d.ir.blockComponentURI || ""}`),
+    d.desired_reason ? el("p", { class: "muted" }, "size: ", d.desired_reason) : null,
+    ...acts,
+    el("h3", {}, "Why (blocks explain)"), explainList(d.explain),
+    el("h3", {}, "Instances"),
+    d.instances.length ? table(["instance", "node", "GPUs", "status", "endpoint"], d.instances.map((i) => el("tr", {},
+      el("td", {}, i.instance), el("td", {}, i.node), el("td", {}, (i.gpus || []).join(", ")), el("td", {}, i.status), el("td", {}, i.endpoint || ""))), "instances") : el("p", { class: "muted", id: "instances" }, "none"),
+    el("h3", {}, `Story (${d.timeline.length} events)`),
+    el("ol", { class: "timeline", id: "timeline" }, d.timeline.map((e) => el("li", { dataset: { seq: e.seq } },
+      el("a", { href: `?seq=${e.seq}#/block/${encodeURIComponent(bid)}`, title: "the system at this event" }, `#${e.seq}`),
+      el("span", { class: "muted" }, (e.time || "").slice(11, 23) || fmtTime(e.ts)), el("strong", {}, e.step), el("span", { class: "line" }, e.line)))),
+  );
+}
+
+let tailFilter = "";
+function tailRow(e) { return el("div", { dataset: { subject: e.subject } }, `#${e.seq} ${fmtTime(e.ts)} ${e.subject}  ${e.line || ""}`); }
+function subjectMatches(pattern, subject) {
+  if (!pattern) return true;
+  if (!pattern.includes("*") && !pattern.includes(">")) return subject.includes(pattern);
+  const p = pattern.split("."), s = subject.split(".");
+  for (let i = 0; i < p.length; i++) {
+    if (p[i] === ">") return s.length > i;
+    if (i >= s.length || (p[i] !== "*" && p[i] !== s[i])) return false;
+  }
+  return p.length === s.length;
+}
+
+async function viewEvents(root) {
+  const d = await api("/api/tail?limit=300&subject=" + encodeURIComponent(tailFilter));
+  const input = el("input", { id: "tail-filter", placeholder: "subject filter: aios.block.*.ready, aios.node.>", value: tailFilter, size: 40 });
+  input.addEventListener("change", () => { tailFilter = input.value.trim(); render(); });
+  const box = el("div", { class: "tail", id: "tail" }, d.events.slice().reverse().map(tailRow));
+  root.replaceChildren(el("h2", {}, "Live events"), el("div", { class: "toolbar" }, input, el("span", { class: "muted" }, "newest first; like `blocks watch`")), box);
+}
+
+// -- routing, live updates, the moment slider ---------------------------------------------------
+function route() {
+  const h = location.hash.replace(/^#/, "") || "/";
+  const path = h.split("?")[0];
+  if (path.startsWith("/block/")) return ["block", decodeURIComponent(path.slice(7))];
+  if (path === "/map") return ["map"];
+  if (path === "/blocks") return ["blocks"];
+  if (path === "/events") return ["events"];
+  return ["overview"];
+}
+
+let rendering = null, again = false;
+async function render() {
+  if (rendering) { again = true; return rendering; }
+  const [view, arg] = route();
+  state.view = view;
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view || (view === "block" && a.dataset.view === "blocks"));
+  const root = document.getElementById("view");
+  rendering = (async () => {
+    try {
+      if (view === "map") await viewMap(root);
+      else if (view === "blocks") await viewBlocks(root);
+      else if (view === "block") await viewBlock(root, arg);
+      else if (view === "events") await viewEvents(root);
+      else await viewOverview(root);
+      root.dataset.rendered = String(Date.now());
+    } catch (e) {
+      root.replaceChildren(el("p", { class: "reason" }, "could not load: ", e.message));
+    }
+  })();
+  await rendering;
+  rendering = null;
+  if (again) { again = false; return render(); }
+}
+
+function scheduleRefresh(ev) {
+  if (state.view === "events") {
+    const box = document.getElementById("tail");
+    if (box && subjectMatches(tailFilter, ev.subject)) box.prepend(tailRow(ev));
+    return;
+  }
+  if (state.view === "block") {
+    const [, bid] = route();
+    if (!ev.subject.startsWith(`aios.block.${bid}.`)) return;
+  }
+  const delay = state.view === "map" ? 1000 : 150;
+  if (state.refresh) return;
+  state.refresh = setTimeout(() => { state.refresh = null; render(); }, delay);
+}
+
+function setupMoment() {
+  const slider = document.getElementById("seq-slider"), label = document.getElementById("seq-label"), live = document.getElementById("seq-live");
+  slider.max = String(Math.max(1, state.lastSeq));
+  slider.value = PAST === null ? slider.max : PAST;
+  label.textContent = PAST === null ? "live" : `seq ${PAST}`;
+  slider.addEventListener("input", () => { label.textContent = `seq ${slider.value}`; });
+  slider.addEventListener("change", () => { location.search = "?seq=" + slider.value; });
+  live.addEventListener("click", () => { location.href = location.pathname + location.hash; });
+  if (PAST !== null) {
+    const banner = document.getElementById("past-banner");
+    banner.hidden = false;
+    banner.textContent = `The system as it was at stream sequence ${PAST} (the stream folded up to it). Live updates are off.`;
+  }
+}
+
+async function start() {
+  try {
+    const who = await fetch("/api/whoami", { headers: token() ? { "X-Console-Token": token() } : {} }).then((r) => r.json());
+    state.admin = who.admin; state.actions = who.actions; state.lastSeq = who.seq;
+  } catch (e) { /* the view says what failed */ }
+  const role = document.getElementById("role");
+  role.textContent = state.admin ? "admin" : "observer (read only)";
+  role.classList.toggle("admin", state.admin);
+  role.id = "role";
+  setupMoment();
+  window.addEventListener("hashchange", render);
+  await render();
+  if (PAST === null) {
+    const es = new EventSource("/api/events");
+    es.onmessage = (m) => {
+      const ev = JSON.parse(m.data);
+      state.lastSeq = Math.max(state.lastSeq, ev.seq);
+      document.getElementById("seq-slider").max = String(state.lastSeq);
+      if (PAST === null) document.getElementById("seq-slider").value = String(state.lastSeq);
+      scheduleRefresh(ev);
+    };
+  }
+}
+
+start();
