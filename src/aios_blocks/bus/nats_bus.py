@@ -1,5 +1,6 @@
 """The door to NATS: connection, the JetStream streams (``AIOS``, the control events; ``AIOS_OUTPUTS``,
-the blocks' task outputs for side-cars), consumers, publishing.
+the blocks' task outputs for side-cars), consumers, publishing. Connecting is in ``bus.connection``
+and the streams and consumers a ``Bus`` makes in ``bus.topology`` (both re-exported here).
 
 Publishing always sets a deterministic ``Nats-Msg-Id`` so a redelivered step that publishes again
 is dropped by JetStream's duplicate window instead of producing a second event; on the wire it is
@@ -11,44 +12,41 @@ system event. Events go out in the CloudEvents NATS binding's structured mode
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import contextvars
-import math
 import socket
-import ssl
 import uuid
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import msgspec
-import nats
 import structlog
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import (
-    AckPolicy,
-    ConsumerConfig,
-    DeliverPolicy,
-    DiscardPolicy,
     PubAck,
-    RetentionPolicy,
-    StorageType,
-    StreamConfig,
-    StreamSource,
 )
-from nats.js.errors import APIError, BadRequestError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, KeyWrongLastSequenceError, NotFoundError
 
 from ..schemas.events import envelope
 from ..settings import Settings
 from ..settings import current as current_settings
-from ..urls import mask
 from . import event_ids, subjects
 from .catalog import Body, Emit, Event
+from .connection import (  # noqa: F401  (re-exported: callers import them from here)
+    INBOX_PREFIX,
+    RECONNECT_WAIT_S,
+    Unreachable,
+    connect,
+    inbox_hint,
+    may_reply,
+    recent_denials,
+    security_options,
+)
 from .pull import Puller
 from .queries import QuerySender
+from .topology import Topology
 
 log = structlog.get_logger("aios.bus")
 
@@ -121,125 +119,6 @@ class outbox:  # lower case: used as ``with outbox() as box``, like the function
             _OUTBOX.reset(self.token)
 
 
-@dataclass(frozen=True)
-class StreamLimits:
-    max_age_s: float = 7 * 24 * 3600
-    max_bytes: int = 8 * 1024**3
-    duplicate_window_s: float = 120.0
-    replicas: int = 1
-
-    @classmethod
-    def of(cls, s: Settings) -> StreamLimits:
-        return cls(max_age_s=s.stream_max_age_s, max_bytes=s.stream_max_bytes, replicas=s.stream_replicas)
-
-
-def security_options(url: str, ca: str | None = None, settings: Settings | None = None) -> dict[str, Any]:
-    """Connection options from the URL and the settings (docs/security.md):
-
-    * a user in the URL (``nats://user:pass@host``) gets the private reply prefix ``_INBOX.<user>``
-      (the embedded server lets each user subscribe to its own inbox only);
-    * ``ca`` or ``AIOS_NATS_CA``: CA file to verify a ``tls://`` server (the embedded self-signed
-      certificate);
-    * ``AIOS_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed) for operator-mode servers.
-    """
-    s = settings or current_settings()
-    opts: dict[str, Any] = {}
-    first = urlsplit(url.split(",")[0].strip())
-    if first.username:
-        opts["inbox_prefix"] = f"_INBOX.{first.username}"
-    if ca := ca or s.nats_ca:
-        opts["tls"] = ssl.create_default_context(cafile=ca)
-    if creds := s.nats_creds:
-        opts["user_credentials"] = creds
-    return opts
-
-
-#: the prefix of every requester's reply subjects (each user's own: ``_INBOX.<user>``)
-INBOX_PREFIX = "_INBOX."
-
-
-def may_reply(reply: str) -> bool:
-    """Whether a responder may publish its answer to ``reply``: only to an inbox. A responder's
-    user publishes its answers through ``allow_responses``, which NATS grants for *any* reply
-    subject a requester names; a requester that named a stored subject (``aios.block.B.ready``)
-    or a KV key (``$KV.aios-instances.B``) would have the responder write it for them, forging
-    events or state it may not publish itself (docs/security.md)."""
-    return reply.startswith(INBOX_PREFIX)
-
-
-#: the permission violations the server reported to this process's connections, latest last: a
-#: request the server refused is never answered, so its caller sees only a timeout; a command
-#: line tool says which permission was missing instead (``recent_denials``)
-_DENIED: collections.deque[str] = collections.deque(maxlen=8)
-
-
-def recent_denials() -> list[str]:
-    """The latest permission violations reported to this process's connections."""
-    return list(_DENIED)
-
-
-def inbox_hint(denial: str) -> str:
-    """What to set when the server refused a subscription to a reply inbox ("" for any other
-    denial): every answer (a PubAck, a reply) comes to the client's inbox, and each user may read
-    only its own ``_INBOX.<user>.>``, so a client left on the default ``_INBOX.`` prefix sees a
-    permissions violation, and then a timeout, for a publish that was stored."""
-    low = denial.lower()
-    if "subscription" not in low or "_inbox." not in low:
-        return ""
-    return ("answers (PubAcks, replies) come to the client's inbox and each NATS user may read only its own: connect "
-            "with the inbox prefix _INBOX.<user> (a URL with the user name sets it; nats-py inbox_prefix=, nats.js "
-            "inboxPrefix, nats CLI --inbox-prefix, Go nats.CustomInboxPrefix). The publish itself may have been "
-            "stored: retry it with the same Nats-Msg-Id")
-
-
-class Unreachable(ConnectionError):
-    """The first connection to a server could not be made in the time given (``first_wait_s``)."""
-
-
-#: the pause between two connection attempts (first connection and reconnections)
-RECONNECT_WAIT_S = 0.5
-
-
-async def connect(url: str, name: str = "aios", ca: str | None = None, settings: Settings | None = None,
-                  first_wait_s: float | None = None) -> Client:
-    """A connection that, once made, reconnects for ever (a server restart is waited out).
-    ``first_wait_s``: give up the *first* connection after about that long and raise
-    :class:`Unreachable` (a command line tool; nats-py's own default of "for ever" applies to the
-    first connection too, and a CLI pointed at a wrong address would hang). ``None``: wait for
-    the first connection for ever too (a worker or agent started before its server)."""
-    errors: list[str] = []
-
-    async def error_cb(exc: Exception) -> None:
-        if first_wait_s is not None and not connected:  # the caller is told why, once, below
-            errors.append(str(exc) or type(exc).__name__)
-            return
-        if "permissions violation" in str(exc).lower():
-            _DENIED.append(str(exc))
-        log.warning("nats.error", error=str(exc))  # permission violations land here too
-
-    connected = False
-    attempts = -1 if first_wait_s is None else max(1, math.ceil(first_wait_s / RECONNECT_WAIT_S))
-    try:
-        nc = await nats.connect(
-            servers=url.split(","),
-            name=name,
-            error_cb=error_cb,
-            max_reconnect_attempts=attempts,
-            reconnect_time_wait=RECONNECT_WAIT_S,
-            connect_timeout=5 if first_wait_s is None else max(0.5, min(5.0, first_wait_s)),
-            pending_size=64 * 1024 * 1024,
-            **security_options(url, ca, settings),
-        )
-    except Exception as exc:
-        if first_wait_s is None:
-            raise
-        why = errors[-1] if errors else (str(exc) or type(exc).__name__)
-        raise Unreachable(f"cannot connect to NATS at {mask(url)} (tried for {first_wait_s:g}s): {why}") from exc
-    connected = True
-    nc.options["max_reconnect_attempts"] = -1  # read at each reconnection: from now on, for ever
-    return nc
-
-
 #: the CloudEvents NATS binding, structured mode: the whole event is the JSON body
 CLOUDEVENTS_JSON = "application/cloudevents+json"
 
@@ -250,11 +129,6 @@ def source_uri(name: str) -> str:
     if "://" in name:
         return name
     return f"aios-blocks://{socket.gethostname()}/{name.removeprefix('aios-blocks').strip('/') or 'unknown'}"
-
-
-def _ours(cfg: ConsumerConfig) -> bool:
-    """A worker durable as ``ensure_consumer`` makes it: pull, explicit acks, never expiring."""
-    return not cfg.deliver_subject and cfg.ack_policy in (AckPolicy.EXPLICIT, None) and not cfg.inactive_threshold
 
 
 @dataclass
@@ -295,7 +169,7 @@ class _JetStream(JetStreamContext):
                 future.set_exception(err)
 
 
-class Bus:
+class Bus(Topology):
     """A NATS connection with its JetStream context and the project's conventions."""
 
     def __init__(self, nc: Client, source: str = "aios-blocks", event_key: str | None = None, settings: Settings | None = None):
@@ -381,196 +255,6 @@ class Bus:
                 # uvloop refuses to write what was pending to the closed transport. Nothing can be
                 # sent any more; the process is stopping anyway (the traceback ended in the logs)
                 pass
-
-    # -- topology --------------------------------------------------------------------------
-    async def ensure_stream(self, limits: StreamLimits | None = None) -> None:
-        """Create the ``AIOS`` stream (limits retention over ``subjects.STREAM_SUBJECTS``) and the
-        ``AIOS_OUTPUTS`` stream of the task outputs (its own limits, ``subjects.OUTPUT_STREAM_SUBJECTS``)
-        and ``AIOS_INTAKE`` of the creates as sent (``AIOS``'s limits) if they do not exist; a stream made
-        by an older version with other subjects is updated in place (``AIOS`` first: it gives up the
-        create subjects before ``AIOS_INTAKE`` takes them)."""
-        limits = limits or StreamLimits.of(self.settings)
-        await self._ensure_one(subjects.STREAM, subjects.STREAM_SUBJECTS, limits)
-        await self._ensure_one(subjects.STREAM_INTAKE, subjects.INTAKE_STREAM_SUBJECTS, limits)
-        outputs = StreamLimits(max_age_s=self.settings.outputs_max_age_s, max_bytes=self.settings.outputs_max_bytes,
-                               duplicate_window_s=limits.duplicate_window_s, replicas=limits.replicas)
-        await self._ensure_one(subjects.STREAM_OUTPUTS, subjects.OUTPUT_STREAM_SUBJECTS, outputs)
-
-    async def _ensure_one(self, name: str, subject_list: list[str], limits: StreamLimits) -> None:
-        cfg = StreamConfig(
-            name=name,
-            subjects=subject_list,
-            retention=RetentionPolicy.LIMITS,
-            storage=StorageType.FILE,
-            discard=DiscardPolicy.OLD,
-            max_age=limits.max_age_s,
-            max_bytes=limits.max_bytes,
-            duplicate_window=limits.duplicate_window_s,
-            num_replicas=limits.replicas,
-            max_msg_size=-1,
-            allow_atomic=True,  # a fetched batch's events are committed together (``commit``)
-        )
-        try:
-            info = await self.js.stream_info(name)
-            if (info.config.num_replicas or 1) != limits.replicas:  # not changed here: a process
-                # without the setting (default 1) would scale a replicated stream down
-                log.warning("stream.replicas_differ", stream=name, replicas=info.config.num_replicas,
-                            setting=limits.replicas, hint=f"nats stream edit {name} --replicas N")
-            if sorted(info.config.subjects or []) != sorted(cfg.subjects or []) or not info.config.allow_atomic:
-                info.config.subjects = cfg.subjects
-                info.config.allow_atomic = True
-                try:
-                    await self.js.update_stream(info.config)
-                except BadRequestError as exc:  # a server before 2.12: no atomic batches
-                    log.warning("stream.atomic_unsupported", stream=name, error=str(exc))
-                    info.config.allow_atomic = None
-                    await self.js.update_stream(info.config)
-                else:
-                    log.info("stream.updated", stream=name, subjects=cfg.subjects, allow_atomic=True)
-            self._note_atomic(name, bool(info.config.allow_atomic))
-        except NotFoundError:
-            try:
-                info = await self.js.add_stream(cfg)
-                log.info("stream.created", stream=name)
-            except BadRequestError as exc:  # created concurrently by another process, or an old server
-                if "already in use" not in str(exc) and "exists" not in str(exc):
-                    raise
-                info = await self.js.stream_info(name)
-            self._note_atomic(name, bool(info.config.allow_atomic))
-
-    async def ensure_observe_stream(self, limits: StreamLimits | None = None) -> bool:
-        """Create ``AIOS_OBSERVE``, the observers' read-only mirror of ``AIOS``, if it does not exist
-        (a missing one is rebuilt from ``AIOS``, every stored event). Observers may keep any consumer
-        on it, unnamed and ordered ones included, which on ``AIOS`` they may not (the unnamed create
-        names its consumer in the body, out of reach of permissions, and could update a worker's);
-        no worker consumes it (docs/security.md). False, with a warning, when this connection may
-        not create it or it is something else under that name; False, doing nothing, with
-        ``AIOS_OBSERVE_MIRROR=0``."""
-        if not self.settings.observe_mirror:
-            return False
-        limits = limits or StreamLimits.of(self.settings)
-        name = subjects.STREAM_OBSERVE
-        try:
-            info = await self.js.stream_info(name)
-        except NotFoundError:
-            cfg = StreamConfig(name=name, mirror=StreamSource(name=subjects.STREAM), retention=RetentionPolicy.LIMITS,
-                               storage=StorageType.FILE, discard=DiscardPolicy.OLD, max_age=limits.max_age_s,
-                               max_bytes=limits.max_bytes, num_replicas=limits.replicas, max_msg_size=-1)
-            try:
-                await self.js.add_stream(cfg)
-                log.info("stream.created", stream=name, mirror_of=subjects.STREAM)
-                return True
-            except BadRequestError as exc:
-                if "already in use" in str(exc) or "exists" in str(exc):  # made concurrently
-                    return True
-                log.warning("stream.observe_missing", stream=name, error=str(exc))
-                return False
-            except Exception as exc:  # no right to create it (a worker or observer role): the admin's setup does
-                log.warning("stream.observe_missing", stream=name, error=str(exc) or type(exc).__name__,
-                            hint="run any `blocks` command as the admin, or `blocks up`, to create it")
-                return False
-        mirror = info.config.mirror
-        if mirror is None or mirror.name != subjects.STREAM:
-            log.warning("stream.observe_not_a_mirror", stream=name, mirror=mirror.name if mirror else None,
-                        hint=f"nats stream rm {name}: the next setup recreates it as a mirror of {subjects.STREAM}")
-            return False
-        return True
-
-    def _note_atomic(self, stream: str, allowed: bool) -> None:
-        if not allowed:
-            self._no_atomic.add(stream)
-        else:
-            self._no_atomic.discard(stream)
-        if allowed and self.settings.atomic_batch_min > 0:
-            self.atomic_streams.add(stream)
-        else:
-            self.atomic_streams.discard(stream)
-
-    async def ensure_consumer(self, spec: subjects.ConsumerSpec, *, from_start: bool = True) -> None:
-        cfg = ConsumerConfig(
-            durable_name=spec.durable,
-            filter_subjects=list(spec.filters),
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW,
-            ack_wait=30,
-            max_deliver=-1,  # the runner counts deliveries and dead-letters (it knows the error)
-            max_ack_pending=4096,
-            max_waiting=512,
-        )
-        st = spec.stream
-        try:
-            info = await self.js.consumer_info(st, spec.durable)
-            if not _ours(info.config):
-                # made under our name by someone else (e.g. before the name was denied to observers):
-                # a push or expiring consumer cannot be turned into ours, so it is replaced; our
-                # position is not in it, and a fresh durable starts from the first message
-                log.warning("bus.consumer_replaced", consumer=spec.durable, deliver_subject=info.config.deliver_subject,
-                            inactive_threshold=info.config.inactive_threshold)
-                await self.js.delete_consumer(st, spec.durable)
-                await self.js.add_consumer(st, cfg)
-            elif sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) != sorted(spec.filters):
-                await self.js.add_consumer(st, cfg)  # update filters in place
-        except NotFoundError:
-            await self.js.add_consumer(st, cfg)
-
-    async def ensure_sidecar_consumer(self, spec: subjects.ConsumerSpec, max_deliver: int, ack_wait_s: float) -> None:
-        """A side-car's durable on ``AIOS_OUTPUTS`` (every copy pulls from it: a queue group). The
-        server redelivers after ``ack_wait_s`` and stops after ``max_deliver + 1`` deliveries (the
-        SDK dead-letters at ``max_deliver``; the extra one leaves it room to do so)."""
-        cfg = ConsumerConfig(
-            durable_name=spec.durable,
-            filter_subjects=list(spec.filters),
-            ack_policy=AckPolicy.EXPLICIT,
-            deliver_policy=DeliverPolicy.ALL,
-            ack_wait=ack_wait_s,
-            max_deliver=max_deliver + 1,
-            max_ack_pending=1024,
-            max_waiting=512,
-        )
-        try:
-            info = await self.js.consumer_info(spec.stream, spec.durable)
-            same = (sorted(info.config.filter_subjects or [info.config.filter_subject or ""]) == sorted(spec.filters)
-                    and info.config.max_deliver == cfg.max_deliver and float(info.config.ack_wait or 0) == float(ack_wait_s))
-            if not same:
-                await self.js.add_consumer(spec.stream, cfg)  # updated in place (position kept)
-        except NotFoundError:
-            await self.js.add_consumer(spec.stream, cfg)
-
-    async def backlog(self, spec: subjects.ConsumerSpec) -> tuple[int, int] | None:
-        """What a worker kind's durable has not finished: (messages not yet delivered, delivered and
-        not acked). ``None`` when the consumer was never made (no worker of that kind ever ran): then
-        the stream's message count is the backlog's upper bound (``stream_messages``)."""
-        try:
-            info = await self.js.consumer_info(spec.stream, spec.durable)
-        except NotFoundError:
-            return None
-        return int(info.num_pending or 0), int(info.num_ack_pending or 0)
-
-    async def stream_messages(self, stream: str) -> int:
-        """How many messages ``stream`` holds (0 when it does not exist)."""
-        try:
-            return int((await self.js.stream_info(stream)).state.messages or 0)
-        except NotFoundError:
-            return 0
-
-    async def delete_consumer(self, stream: str, durable: str) -> bool:
-        """Delete a durable; ``False`` when there was none."""
-        try:
-            await self.js.delete_consumer(stream, durable)
-            return True
-        except NotFoundError:
-            return False
-
-    async def ensure_topology(self, consumers: Iterable[subjects.ConsumerSpec] = (), *, observe: bool = True) -> None:
-        """Stream plus the shared consumers, so no message published before workers start is lost;
-        with ``observe``, the observers' mirror too (``ensure_observe_stream``: callers that may
-        create streams, the admin's setup and CLI; worker roles may not)."""
-        await self.ensure_stream()
-        if observe:
-            await self.ensure_observe_stream()
-        for spec in (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent(), subjects.MAPPER,
-                     *consumers):
-            await self.ensure_consumer(spec)
 
     # -- publishing ------------------------------------------------------------------------
     def encode(self, subject: str, kind: str, data: Any, msg_id: str) -> bytes:

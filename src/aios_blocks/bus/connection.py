@@ -1,0 +1,127 @@
+"""Connecting to NATS: the options a URL and the settings give (user inbox, TLS, credentials),
+the reply-subject guard, the permission denials this process was told of, and ``connect``."""
+
+from __future__ import annotations
+
+import collections
+import math
+import ssl
+from typing import Any
+from urllib.parse import urlsplit
+
+import nats
+import structlog
+from nats.aio.client import Client
+
+from ..settings import Settings
+from ..settings import current as current_settings
+from ..urls import mask
+
+log = structlog.get_logger("aios.bus")
+
+
+def security_options(url: str, ca: str | None = None, settings: Settings | None = None) -> dict[str, Any]:
+    """Connection options from the URL and the settings (docs/security.md):
+
+    * a user in the URL (``nats://user:pass@host``) gets the private reply prefix ``_INBOX.<user>``
+      (the embedded server lets each user subscribe to its own inbox only);
+    * ``ca`` or ``AIOS_NATS_CA``: CA file to verify a ``tls://`` server (the embedded self-signed
+      certificate);
+    * ``AIOS_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed) for operator-mode servers.
+    """
+    s = settings or current_settings()
+    opts: dict[str, Any] = {}
+    first = urlsplit(url.split(",")[0].strip())
+    if first.username:
+        opts["inbox_prefix"] = f"_INBOX.{first.username}"
+    if ca := ca or s.nats_ca:
+        opts["tls"] = ssl.create_default_context(cafile=ca)
+    if creds := s.nats_creds:
+        opts["user_credentials"] = creds
+    return opts
+
+
+#: the prefix of every requester's reply subjects (each user's own: ``_INBOX.<user>``)
+INBOX_PREFIX = "_INBOX."
+
+
+def may_reply(reply: str) -> bool:
+    """Whether a responder may publish its answer to ``reply``: only to an inbox. A responder's
+    user publishes its answers through ``allow_responses``, which NATS grants for *any* reply
+    subject a requester names; a requester that named a stored subject (``aios.block.B.ready``)
+    or a KV key (``$KV.aios-instances.B``) would have the responder write it for them, forging
+    events or state it may not publish itself (docs/security.md)."""
+    return reply.startswith(INBOX_PREFIX)
+
+
+#: the permission violations the server reported to this process's connections, latest last: a
+#: request the server refused is never answered, so its caller sees only a timeout; a command
+#: line tool says which permission was missing instead (``recent_denials``)
+_DENIED: collections.deque[str] = collections.deque(maxlen=8)
+
+
+def recent_denials() -> list[str]:
+    """The latest permission violations reported to this process's connections."""
+    return list(_DENIED)
+
+
+def inbox_hint(denial: str) -> str:
+    """What to set when the server refused a subscription to a reply inbox ("" for any other
+    denial): every answer (a PubAck, a reply) comes to the client's inbox, and each user may read
+    only its own ``_INBOX.<user>.>``, so a client left on the default ``_INBOX.`` prefix sees a
+    permissions violation, and then a timeout, for a publish that was stored."""
+    low = denial.lower()
+    if "subscription" not in low or "_inbox." not in low:
+        return ""
+    return ("answers (PubAcks, replies) come to the client's inbox and each NATS user may read only its own: connect "
+            "with the inbox prefix _INBOX.<user> (a URL with the user name sets it; nats-py inbox_prefix=, nats.js "
+            "inboxPrefix, nats CLI --inbox-prefix, Go nats.CustomInboxPrefix). The publish itself may have been "
+            "stored: retry it with the same Nats-Msg-Id")
+
+
+class Unreachable(ConnectionError):
+    """The first connection to a server could not be made in the time given (``first_wait_s``)."""
+
+
+#: the pause between two connection attempts (first connection and reconnections)
+RECONNECT_WAIT_S = 0.5
+
+
+async def connect(url: str, name: str = "aios", ca: str | None = None, settings: Settings | None = None,
+                  first_wait_s: float | None = None) -> Client:
+    """A connection that, once made, reconnects for ever (a server restart is waited out).
+    ``first_wait_s``: give up the *first* connection after about that long and raise
+    :class:`Unreachable` (a command line tool; nats-py's own default of "for ever" applies to the
+    first connection too, and a CLI pointed at a wrong address would hang). ``None``: wait for
+    the first connection for ever too (a worker or agent started before its server)."""
+    errors: list[str] = []
+
+    async def error_cb(exc: Exception) -> None:
+        if first_wait_s is not None and not connected:  # the caller is told why, once, below
+            errors.append(str(exc) or type(exc).__name__)
+            return
+        if "permissions violation" in str(exc).lower():
+            _DENIED.append(str(exc))
+        log.warning("nats.error", error=str(exc))  # permission violations land here too
+
+    connected = False
+    attempts = -1 if first_wait_s is None else max(1, math.ceil(first_wait_s / RECONNECT_WAIT_S))
+    try:
+        nc = await nats.connect(
+            servers=url.split(","),
+            name=name,
+            error_cb=error_cb,
+            max_reconnect_attempts=attempts,
+            reconnect_time_wait=RECONNECT_WAIT_S,
+            connect_timeout=5 if first_wait_s is None else max(0.5, min(5.0, first_wait_s)),
+            pending_size=64 * 1024 * 1024,
+            **security_options(url, ca, settings),
+        )
+    except Exception as exc:
+        if first_wait_s is None:
+            raise
+        why = errors[-1] if errors else (str(exc) or type(exc).__name__)
+        raise Unreachable(f"cannot connect to NATS at {mask(url)} (tried for {first_wait_s:g}s): {why}") from exc
+    connected = True
+    nc.options["max_reconnect_attempts"] = -1  # read at each reconnection: from now on, for ever
+    return nc
