@@ -20,6 +20,9 @@ def summarize(action: str, output: Any) -> str:
         return str(named) if named else "default pick"
     if output is None:
         return "-"
+    if action == "preempt":  # the victims, by block (what the preemption acts on)
+        victims = sorted(i for ids in (output.get("victims") or {}).values() for i in ids)
+        return ",".join(victims) or "no preemption"
     if action == "selection":
         return ",".join(contract.cluster_id_of(c) for c in output.get("clusters", []))
     if action == "post_dry_run":

@@ -16,6 +16,8 @@ AUTOSCALER_ACTIONS = ("autoscale",)
 #: stabilityChecker: ``health_check`` once per block per health checker tick (docs/health.md)
 HEALTH_ACTIONS = ("health_check",)
 VERDICTS = ("healthy", "degrade", "unready", "restart", "replace")
+#: preemption: ``preempt`` once per block that fits nowhere (docs/priority.md)
+PREEMPTION_ACTIONS = ("preempt",)
 
 
 class WrongShape(ValueError):
@@ -118,6 +120,12 @@ def check(action: str, result: Any) -> None:
             w = d.get("weight")
             if w is not None and (not _is_number(w) or not 0 < w <= 1):
                 raise WrongShape(f"health_check verdicts[{iid!r}].weight (optional) must be a number in (0, 1], got {_short(w)}")
+    elif action == "preempt":
+        v = result.get("victims") if isinstance(result, dict) else None
+        if not isinstance(v, dict) or not all(
+            isinstance(n, str) and isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) for n, ids in v.items()
+        ):
+            raise WrongShape(f'preempt must return {{"victims": {{node_id: [instance_id, ...]}}}} (empty: none), got {_short(result)}')
     else:
         raise WrongShape(f"unknown action {action!r}")
 

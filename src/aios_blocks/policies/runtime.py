@@ -6,7 +6,7 @@
   ``builtin:least-inflight``, ``builtin:least-queue``, ``builtin:target-inflight``,
   ``builtin:queue-depth``, ``builtin:probe-threshold``, and the FGD paper's ``builtin:random``,
   ``builtin:dot-product``, ``builtin:gpu-packing``, ``builtin:gpu-clustering``, ``builtin:best-fit``,
-  ``builtin:fgd`` (docs/trace.md) - the built-ins;
+  ``builtin:fgd`` (docs/trace.md), ``builtin:preempt-min`` (docs/priority.md) - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -39,6 +39,7 @@ from .builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinP
 from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.fgd_plus import POLICIES as FGD_PLUS_POLICIES
 from .builtin.frag import POLICIES as FRAG_POLICIES
+from .builtin.preempt import PreemptMinPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
@@ -62,6 +63,8 @@ BUILTINS: dict[str, type] = {
     **FRAG_POLICIES,
     # ours: FGD with a look-ahead measure (policies/builtin/fgd_plus.py, docs/trace.md)
     **FGD_PLUS_POLICIES,
+    # the default preemption policy (policies/builtin/preempt.py, docs/priority.md)
+    "builtin:preempt-min": PreemptMinPolicy,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

@@ -54,7 +54,7 @@ def check_id(value: object, what: str = "id") -> str:
     return value
 
 _NUMBERS = (int, float, int | None, float | None)
-POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")
+POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption")
 REQUIRED_POLICIES = ("clusterAllocator", "resourceAllocator")
 
 

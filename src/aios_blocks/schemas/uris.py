@@ -31,6 +31,8 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:fgd": ("resourceAllocator",),
     # ours: FGD with a look-ahead measure (policies/builtin/fgd_plus.py, docs/trace.md)
     "builtin:fgd-plus": ("resourceAllocator",),
+    # the default preemption policy (policies/builtin/preempt.py, docs/priority.md)
+    "builtin:preempt-min": ("preemption",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -61,4 +63,4 @@ def uri_problem(uri: str, slot: str | None = None) -> str | None:
 
 
 #: the slots a built-in may be checked against
-_SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler")
+_SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption")

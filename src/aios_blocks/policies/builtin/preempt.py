@@ -1,0 +1,267 @@
+"""``builtin:preempt-min``: the default ``preemption`` policy (issue 36, docs/priority.md). Pure.
+
+Input (``action: "preempt"``)::
+
+    {"action": "preempt", "minDelta": 10,            # AIOS_PREEMPT_MIN_DELTA, passed in
+     "block": {"block_id", "priority", "minInstances",
+               "resources": {"gpus", "gpuShare", "cpu", "memory", "gpuModels"}},
+     "cluster": {"cluster_id", "nodes": {node_id: {"cpu_free", "mem_free",
+                                                   "gpus": {gpu_id: {"model", "free"}}}}},
+     "candidates": [{"block_id", "priority", "created", "preemptible", "minInstances",
+                     "instances": {iid: {"node_id", "gpus": [gpu_id], "share", "cpu", "memory",
+                                         "created"}}}]}
+
+``free`` is the free part of a GPU (1: whole, 0.25: a quarter of its compute); an instance's
+``share`` is what it holds of each of its GPUs (1: whole). Output::
+
+    {"victims": {node_id: [iid, ...]}, "blocks": {block_id: [iid, ...]},
+     "gpus_freed": float, "fits": {node_id: instances of the block}, "reason": str}
+
+Empty ``victims``: no preemption (the block waits); ``reason`` says why.
+
+Rules (Kubernetes' PostFilter, Nomad's delta, KEP-5710's gang rule):
+
+* only blocks at least ``minDelta`` priority points lower, never one with ``preemptible: false``;
+* **gang-aware**: victims are returned only when a plan shows the whole block (``minInstances``,
+  at least 1) fits once they are gone (``fits``); a victim block pushed below its own
+  ``minInstances`` is one unit: all its instances go;
+* the **lowest** highest victim priority first, then the **fewest** victim instances, then the
+  fewest GPUs freed, then the **youngest** victims; candidate plans: lowest priority and youngest
+  first, the largest units first, and each node alone, each made minimal (no victim it can spare);
+* a plan that frees more GPUs than the block needs plus one node's GPUs is not taken (it waits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+EPS = 1e-9
+DEFAULT_MIN_DELTA = 10
+
+
+@dataclass(frozen=True)
+class Need:
+    """One instance of the preemptor."""
+
+    gpus: int
+    share: float
+    cpu: float
+    memory: float
+    models: frozenset[str]
+    count: int
+
+
+@dataclass
+class _Node:
+    cpu: float
+    mem: float
+    gpus: dict[str, list[Any]] = field(default_factory=dict)  # gpu id -> [model, free]
+
+
+@dataclass(frozen=True)
+class _Block:
+    bid: str
+    priority: int
+    created: float
+    #: eviction levels: levels[k] = the instance ids evicted at level k+1 (the last: all of them)
+    levels: tuple[tuple[str, ...], ...]
+
+
+def need_of(block: Mapping[str, Any]) -> Need:
+    r = block.get("resources") or {}
+    return Need(int(r.get("gpus") or 0), float(r.get("gpuShare") or 0.0), float(r.get("cpu") or 0.0),
+                float(r.get("memory") or 0.0), frozenset(r.get("gpuModels") or ()), max(1, int(block.get("minInstances") or 0)))
+
+
+def _nodes(cluster: Mapping[str, Any]) -> dict[str, _Node]:
+    out = {}
+    for nid, n in sorted((cluster.get("nodes") or {}).items()):
+        gpus = {g: [str(v.get("model", "")), float(v.get("free", 0.0))] for g, v in sorted((n.get("gpus") or {}).items())}
+        out[nid] = _Node(float(n.get("cpu_free") or 0.0), float(n.get("mem_free") or 0.0), gpus)
+    return out
+
+
+def _copy(nodes: Mapping[str, _Node]) -> dict[str, _Node]:
+    return {nid: _Node(n.cpu, n.mem, {g: list(v) for g, v in n.gpus.items()}) for nid, n in nodes.items()}
+
+
+def node_fits(n: _Node, need: Need, limit: int) -> int:
+    """How many instances of ``need`` the node takes (at most ``limit``)."""
+    k = limit
+    if need.cpu > 0:
+        k = min(k, math.floor(n.cpu / need.cpu + EPS))
+    if need.memory > 0:
+        k = min(k, math.floor(n.mem / need.memory + EPS))
+    if need.gpus <= 0 or k <= 0:
+        return max(0, k)
+    frees = [v[1] for v in n.gpus.values() if not need.models or v[0] in need.models]
+    if need.share <= 0:
+        return min(k, sum(1 for f in frees if f >= 1 - EPS) // need.gpus)
+    got = 0
+    frees.sort()
+    while got < k:
+        pick = [i for i, f in enumerate(frees) if f >= need.share - EPS][: need.gpus]  # best fit: the fullest first
+        if len(pick) < need.gpus:
+            break
+        for i in pick:
+            frees[i] -= need.share
+        frees.sort()
+        got += 1
+    return got
+
+
+def placement(nodes: Mapping[str, _Node], need: Need) -> dict[str, int]:
+    """Where the whole gang goes (node -> instances), or {} when it does not fit."""
+    left, out = need.count, {}
+    for nid, n in nodes.items():
+        k = node_fits(n, need, left)
+        if k:
+            out[nid] = k
+            left -= k
+        if left <= 0:
+            return out
+    return {}
+
+
+def _blocks(candidates: Iterable[Mapping[str, Any]], floor: int) -> list[_Block]:
+    out = []
+    for c in candidates:
+        if c.get("preemptible") is False or int(c.get("priority") or 0) > floor:
+            continue
+        insts = c.get("instances") or {}
+        if not insts:
+            continue
+        order = sorted(insts, key=lambda i: (-float(insts[i].get("created") or 0.0), i))  # youngest first
+        surplus = max(0, len(order) - int(c.get("minInstances") or 0))
+        levels = [tuple(order[: k + 1]) for k in range(min(surplus, len(order) - 1))] + [tuple(order)]
+        out.append(_Block(str(c["block_id"]), int(c.get("priority") or 0), float(c.get("created") or 0.0), tuple(levels)))
+    return out
+
+
+class _Plan:
+    def __init__(self, nodes: Mapping[str, _Node], insts: Mapping[str, Mapping[str, Any]]):
+        self.base, self.insts = nodes, insts
+
+    def after(self, evicted: Iterable[str]) -> dict[str, _Node]:
+        nodes = _copy(self.base)
+        for iid in evicted:
+            i = self.insts[iid]
+            n = nodes.get(str(i.get("node_id")))
+            if n is None:
+                continue
+            n.cpu += float(i.get("cpu") or 0.0)
+            n.mem += float(i.get("memory") or 0.0)
+            share = float(i.get("share") or 1.0)
+            for g in i.get("gpus") or ():
+                if g in n.gpus:
+                    n.gpus[g][1] = min(1.0, n.gpus[g][1] + share)
+        return nodes
+
+    def gpus_freed(self, evicted: Iterable[str]) -> float:
+        return sum(len(self.insts[i].get("gpus") or ()) * float(self.insts[i].get("share") or 1.0) for i in evicted)
+
+
+def _evicted(levels: Mapping[str, int], by_id: Mapping[str, _Block]) -> list[str]:
+    return [iid for bid, k in levels.items() if k for iid in by_id[bid].levels[k - 1]]
+
+
+def _greedy(order: list[_Block], plan: _Plan, need: Need) -> dict[str, int] | None:
+    """Raise blocks' eviction levels in ``order`` until the gang fits, then drop every victim it
+    can spare (the highest priority and oldest first). None: it never fits."""
+    by_id = {b.bid: b for b in order}
+    levels: dict[str, int] = {}
+    fits = False
+    for b in order:
+        for k in range(1, len(b.levels) + 1):
+            levels[b.bid] = k
+            if placement(plan.after(_evicted(levels, by_id)), need):
+                fits = True
+                break
+        if fits:
+            break
+    if not fits:
+        return None
+    for b in sorted((by_id[bid] for bid in levels), key=lambda b: (-b.priority, b.created, b.bid)):
+        while levels[b.bid] > 0:
+            trial = {**levels, b.bid: levels[b.bid] - 1}
+            if not placement(plan.after(_evicted(trial, by_id)), need):
+                break
+            levels = trial
+    return {bid: k for bid, k in levels.items() if k}
+
+
+def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[str, Any]:
+    """The victims of one preemption (see the module's docstring)."""
+    block = input_data.get("block") or {}
+    need = need_of(block)
+    delta = int(input_data.get("minDelta", DEFAULT_MIN_DELTA) if min_delta is None else min_delta)
+    nodes = _nodes(input_data.get("cluster") or {})
+    none: dict[str, Any] = {"victims": {}, "blocks": {}, "gpus_freed": 0.0, "fits": {}}
+    now = placement(nodes, need)
+    if now:
+        return {**none, "fits": now, "reason": "fits without preemption"}
+    priority = int(block.get("priority") or 0)
+    blocks = _blocks(input_data.get("candidates") or (), priority - delta)
+    if not blocks:
+        return {**none, "reason": f"no preemptible block {delta} or more priority points below {priority}"}
+    insts = {iid: i for c in input_data.get("candidates") or () for iid, i in (c.get("instances") or {}).items()}
+    p = _Plan(nodes, insts)
+    by_id = {b.bid: b for b in blocks}
+    # the lowest highest-victim priority with which the gang fits at all
+    ceiling = None
+    for level in sorted({b.priority for b in blocks}):
+        if placement(p.after(iid for b in blocks if b.priority <= level for iid in b.levels[-1]), need):
+            ceiling = level
+            break
+    if ceiling is None:
+        return {**none, "reason": "the block does not fit even with every lower-priority block gone"}
+    allowed = [b for b in blocks if b.priority <= ceiling]
+    orders = [
+        sorted(allowed, key=lambda b: (b.priority, -b.created, b.bid)),
+        sorted(allowed, key=lambda b: (b.priority, -len(b.levels[-1]), -b.created, b.bid)),
+    ]
+    for nid in nodes:
+        on = [b for b in orders[0] if any(str(insts[i].get("node_id")) == nid for i in b.levels[-1])]
+        if on:
+            orders.append(on)
+    node_gpus = max((len(n.gpus) for n in nodes.values()), default=0)
+    bound = need.gpus * (need.share or 1.0) * need.count + node_gpus
+    best: tuple[Any, ...] | None = None
+    for order in orders:
+        levels = _greedy(order, p, need)
+        if levels is None:
+            continue
+        evicted = _evicted(levels, by_id)
+        freed = p.gpus_freed(evicted)
+        if freed > bound + EPS:
+            continue
+        key = (max(by_id[b].priority for b in levels), len(evicted), freed, -sum(by_id[b].created for b in levels),
+               sorted(evicted))
+        if best is None or key < best[0]:
+            best = (key, levels, evicted, freed)
+    if best is None:
+        return {**none, "reason": f"every plan frees more than the block's GPUs plus one node's ({bound:g})"}
+    _, levels, evicted, freed = best
+    victims: dict[str, list[str]] = {}
+    for iid in sorted(evicted):
+        victims.setdefault(str(insts[iid].get("node_id")), []).append(iid)
+    return {
+        "victims": victims,
+        "blocks": {bid: sorted(by_id[bid].levels[k - 1]) for bid, k in sorted(levels.items())},
+        "gpus_freed": round(freed, 3),
+        "fits": placement(p.after(evicted), need),
+        "reason": f"priority {priority} preempts {len(evicted)} instance(s) of {len(levels)} block(s) at priority <= {best[0][0]}",
+    }
+
+
+class PreemptMinPolicy:
+    """The seed-000 class shape: ``eval(parameters, input, context)``."""
+
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+        return plan(input_data)

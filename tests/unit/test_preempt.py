@@ -1,0 +1,143 @@
+"""``builtin:preempt-min`` (issue 36): the default preemption policy, case by case."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aios_blocks.handlers.policy_test import summarize
+from aios_blocks.policies import contract
+from aios_blocks.policies.builtin.preempt import plan
+from aios_blocks.policies.runtime import PolicyRuntime
+from aios_blocks.schemas.uris import uri_problem
+
+
+def node(nid: str, gpus: int = 8, free: set[int] | None = None, model: str = "A100") -> tuple[str, dict[str, Any]]:
+    free = set(range(gpus)) if free is None else free
+    return nid, {"cpu_free": 64, "mem_free": 512 * 1024,
+                 "gpus": {f"{nid}-g{g}": {"model": model, "free": 1.0 if g in free else 0.0} for g in range(gpus)}}
+
+
+def cand(bid: str, priority: int, placed: dict[str, tuple[str, list[int]]], min_instances: int = 1,
+         created: float = 0.0, preemptible: bool | None = None) -> dict[str, Any]:
+    c: dict[str, Any] = {
+        "block_id": bid, "priority": priority, "created": created, "minInstances": min_instances,
+        "instances": {iid: {"node_id": n, "gpus": [f"{n}-g{g}" for g in gs], "share": 1.0, "cpu": 0, "memory": 0,
+                            "created": created} for iid, (n, gs) in placed.items()},
+    }
+    if preemptible is not None:
+        c["preemptible"] = preemptible
+    return c
+
+
+def inp(gpus: int, priority: int, nodes: list[tuple[str, dict[str, Any]]], cands: list[dict[str, Any]],
+        min_instances: int = 1, delta: int = 10) -> dict[str, Any]:
+    return {"action": "preempt", "minDelta": delta,
+            "block": {"block_id": "p", "priority": priority, "minInstances": min_instances, "resources": {"gpus": gpus}},
+            "cluster": {"cluster_id": "c1", "nodes": dict(nodes)}, "candidates": cands}
+
+
+FULL = [node("n1", free=set()), node("n2", free=set())]
+
+
+def test_a_block_that_fits_preempts_nothing() -> None:
+    out = plan(inp(2, 100, [node("n1")], []))
+    assert out["victims"] == {} and out["fits"] == {"n1": 1}
+
+
+def test_only_blocks_min_delta_lower_are_victims() -> None:
+    c = [cand("near", 95, {"near-0": ("n1", list(range(8)))}), cand("far", 50, {"far-0": ("n2", list(range(8)))})]
+    out = plan(inp(8, 100, FULL, c))
+    assert out["blocks"] == {"far": ["far-0"]}
+    # with only the near one (5 points below): nothing
+    assert plan(inp(8, 100, FULL, c[:1]))["victims"] == {}
+    assert plan(inp(8, 100, FULL, c[:1], delta=5))["blocks"] == {"near": ["near-0"]}
+
+
+def test_never_a_block_that_is_not_preemptible() -> None:
+    c = [cand("keep", 0, {"keep-0": ("n1", list(range(8)))}, preemptible=False),
+         cand("go", 0, {"go-0": ("n2", list(range(8)))})]
+    assert plan(inp(8, 100, FULL, c))["blocks"] == {"go": ["go-0"]}
+    assert plan(inp(8, 100, FULL, c[:1]))["victims"] == {}
+
+
+def test_lowest_priority_then_fewest_then_youngest() -> None:
+    c = [cand("old", 10, {"old-0": ("n1", list(range(8)))}, created=1.0),
+         cand("young", 10, {"young-0": ("n2", list(range(8)))}, created=2.0),
+         ]
+    assert plan(inp(8, 100, FULL, c))["blocks"] == {"young": ["young-0"]}
+    # a lower priority wins over youth
+    c.append(cand("low", 5, {"low-0": ("n1", [0, 1, 2, 3]), "low-1": ("n1", [4, 5, 6, 7])}, min_instances=2))
+    c[0] = cand("old", 10, {"old-0": ("n3", list(range(8)))}, created=1.0)
+    nodes = [*FULL, node("n3", free=set())]
+    assert plan(inp(8, 100, nodes, c))["blocks"] == {"low": ["low-0", "low-1"]}
+    # fewest: one 8-GPU instance rather than eight 1-GPU ones of the same priority
+    small = cand("small", 10, {f"s{g}": ("n1", [g]) for g in range(8)}, min_instances=0, created=5.0)
+    big = cand("big", 10, {"big-0": ("n2", list(range(8)))}, created=0.0)
+    assert plan(inp(8, 100, FULL, [small, big]))["blocks"] == {"big": ["big-0"]}
+
+
+def test_a_victim_pushed_below_its_min_instances_goes_whole() -> None:
+    # a gang of four 1-GPU instances (min 4) on n1 beside a block that stays: the preemptor needs 2
+    # GPUs, so the gang goes whole (4 instances), not 2 of them
+    keep = cand("keep", 100, {"k0": ("n1", [4, 5, 6, 7]), "k1": ("n2", list(range(8)))})
+    placed = {f"g{i}": ("n1", [i]) for i in range(4)}
+    out = plan(inp(2, 100, FULL, [keep, cand("gang", 0, placed, min_instances=4)]))
+    assert out["blocks"] == {"gang": ["g0", "g1", "g2", "g3"]} and out["gpus_freed"] == 4
+    # min 2 of 4: its surplus goes one by one, two instances are enough (the youngest first)
+    young = {f"g{i}": ("n1", [i]) for i in range(4)}
+    c = cand("gang", 0, young, min_instances=2)
+    for i, inst in enumerate(c["instances"].values()):
+        inst["created"] = float(i)
+    out = plan(inp(2, 100, FULL, [keep, c]))
+    assert out["blocks"] == {"gang": ["g2", "g3"]}
+
+
+def test_gang_aware_the_whole_preemptor_must_fit_after() -> None:
+    # the preemptor needs 3 x 8 GPUs; only two nodes' worth is preemptible: nothing is evicted
+    c = [cand("a", 0, {"a-0": ("n1", list(range(8)))}), cand("b", 0, {"b-0": ("n2", list(range(8)))})]
+    out = plan(inp(8, 100, FULL, c, min_instances=3))
+    assert out["victims"] == {} and "does not fit" in out["reason"]
+    out = plan(inp(8, 100, FULL, c, min_instances=2))
+    assert out["fits"] == {"n1": 1, "n2": 1} and len(out["blocks"]) == 2
+
+
+def test_a_plan_freeing_more_than_the_need_plus_one_node_is_refused() -> None:
+    # the only victim is a 2-node gang of 16 GPUs; the preemptor needs 1 GPU on 4-GPU nodes... 16 > 1 + 8
+    nodes = [node("n1", free=set()), node("n2", free=set()), node("n3", free=set())]
+    gang = cand("gang", 0, {"g0": ("n1", list(range(8))), "g1": ("n2", list(range(8))), "g2": ("n3", list(range(8)))},
+                min_instances=3)
+    out = plan(inp(1, 100, nodes, [gang]))
+    assert out["victims"] == {} and "frees more" in out["reason"]
+
+
+def test_gpu_models_and_shares() -> None:
+    nodes = [node("n1", free=set(), model="T4"), node("n2", free=set(), model="A100")]
+    c = [cand("t4", 0, {"t4-0": ("n1", list(range(8)))}, created=9.0), cand("a100", 0, {"a100-0": ("n2", list(range(8)))})]
+    i = inp(1, 100, nodes, c)
+    i["block"]["resources"]["gpuModels"] = ["A100"]
+    assert plan(i)["blocks"] == {"a100": ["a100-0"]}
+    # a shared GPU: a quarter free + a victim holding a half = room for a 0.7 share
+    n = {"cpu_free": 64, "mem_free": 1024, "gpus": {"g": {"model": "A100", "free": 0.25}}}
+    v = {"block_id": "v", "priority": 0, "minInstances": 0,
+         "instances": {"v-0": {"node_id": "n1", "gpus": ["g"], "share": 0.5}}}
+    s = {"action": "preempt", "block": {"priority": 50, "minInstances": 1, "resources": {"gpus": 1, "gpuShare": 0.7}},
+         "cluster": {"nodes": {"n1": n}}, "candidates": [v]}
+    assert plan(s)["victims"] == {"n1": ["v-0"]}
+
+
+def test_it_is_a_policy_kind_with_a_contract() -> None:
+    assert uri_problem("builtin:preempt-min", "preemption") is None
+    assert "not a resourceAllocator" in (uri_problem("builtin:preempt-min", "resourceAllocator") or "")
+    c = [cand("a", 0, {"a-0": ("n1", list(range(8)))})]
+    rule = {"name": "preemption", "policyRuleURI": "builtin:preempt-min"}
+    out = asyncio.run(PolicyRuntime().invoke(rule, "t", inp(8, 100, FULL, c), {}))
+    assert out["victims"] == {"n1": ["a-0"]}
+    contract.check("preempt", {"victims": {}})
+    for bad in ({}, {"victims": {"n1": "a-0"}}, {"victims": {"n1": [""]}}):
+        try:
+            contract.check("preempt", bad)
+        except contract.WrongShape:
+            continue
+        raise AssertionError(bad)
+    assert summarize("preempt", out) == "a-0" and summarize("preempt", {"victims": {}}) == "no preemption"
