@@ -23,6 +23,7 @@ class Settings(BaseSettings):
     reassign_claim_s: float = Field(60.0, gt=0, description="how long a reassignment's claim on the instance it replaces lasts if its controller dies (longer than a redelivery's wait, 30 s)")
     dry_run_deadline_s: float = Field(5.0, ge=0, description="how long the gateway gathers dry_run answers before deciding")
     dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
+    preempt_min_delta: int = Field(10, ge=1, description="a block preempts only blocks at least this many priority points lower (Nomad's rule against preemption loops; docs/priority.md): builtin:preempt-min's minDelta")
     # -- nodes -------------------------------------------------------------------------------------
     node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
     node_suspect_failures: int = Field(2, ge=1, description="a node is suspect (no placement on it) before its heartbeat times out when every instance on it the health checker probes has failed this many probes in a row and its agent has been silent AIOS_NODE_SUSPECT_SILENCE_S")
