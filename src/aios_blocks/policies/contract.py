@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 from ..schemas.lifecycle import InstanceStatus
@@ -53,81 +54,127 @@ def _is_number(v: Any) -> bool:
 
 def check(action: str, result: Any) -> None:
     """Raise :class:`WrongShape` with a precise message if ``result`` breaks the contract."""
-    if action == "selection":
-        if not isinstance(result, dict) or not isinstance(result.get("clusters"), list):
-            raise WrongShape(f'selection must return {{"clusters": [...]}}, got {_short(result)}')
-        for i, c in enumerate(result["clusters"]):
-            if not (isinstance(c, str) or (isinstance(c, dict) and isinstance(c.get("cluster_id", c.get("id")), str))):
-                raise WrongShape(f"selection clusters[{i}] is neither a cluster entry nor a cluster id: {_short(c)}")
-    elif action == "post_dry_run":
-        if isinstance(result, str):
-            return
-        if not isinstance(result, dict) or not isinstance(result.get("cluster_id", result.get("id")), str):
-            raise WrongShape(f"post_dry_run must return one of the given cluster entries, got {_short(result)}")
-    elif action == "dry_run":
-        ssd = result.get("selection_score_data") if isinstance(result, dict) else None
-        if not isinstance(ssd, dict) or not _is_number(ssd.get("score")):
-            raise WrongShape(f'dry_run must return {{"selection_score_data": {{"score": 0..1, ...}}}}, got {_short(result)}')
-        if not 0.0 <= float(ssd["score"]) <= 1.0:
-            raise WrongShape(f"dry_run score must be between 0 and 1, got {ssd['score']}")
-        node_info = ssd.get("node_info", {})
-        if not isinstance(node_info, dict):
-            raise WrongShape(f"dry_run node_info must be an object, got {_short(node_info)}")
-        placeable = ssd.get("placeable")
-        if placeable is not None and (not isinstance(placeable, int) or isinstance(placeable, bool) or placeable < 0):
-            raise WrongShape(f"dry_run placeable (optional) must be a count of instances >= 0, got {_short(placeable)}")
-    elif action in ("allocation", "scale", "reassignment"):
+    checker = _CHECKS.get(action)
+    if checker is None:
+        raise WrongShape(f"unknown action {action!r}")
+    checker(result)
+
+
+def _check_selection(result: Any) -> None:
+    if not isinstance(result, dict) or not isinstance(result.get("clusters"), list):
+        raise WrongShape(f'selection must return {{"clusters": [...]}}, got {_short(result)}')
+    for i, c in enumerate(result["clusters"]):
+        if not (isinstance(c, str) or (isinstance(c, dict) and isinstance(c.get("cluster_id", c.get("id")), str))):
+            raise WrongShape(f"selection clusters[{i}] is neither a cluster entry nor a cluster id: {_short(c)}")
+
+
+def _check_post_dry_run(result: Any) -> None:
+    if isinstance(result, str):
+        return
+    if not isinstance(result, dict) or not isinstance(result.get("cluster_id", result.get("id")), str):
+        raise WrongShape(f"post_dry_run must return one of the given cluster entries, got {_short(result)}")
+
+
+def _check_dry_run(result: Any) -> None:
+    ssd = result.get("selection_score_data") if isinstance(result, dict) else None
+    if not isinstance(ssd, dict) or not _is_number(ssd.get("score")):
+        raise WrongShape(f'dry_run must return {{"selection_score_data": {{"score": 0..1, ...}}}}, got {_short(result)}')
+    if not 0.0 <= float(ssd["score"]) <= 1.0:
+        raise WrongShape(f"dry_run score must be between 0 and 1, got {ssd['score']}")
+    node_info = ssd.get("node_info", {})
+    if not isinstance(node_info, dict):
+        raise WrongShape(f"dry_run node_info must be an object, got {_short(node_info)}")
+    placeable = ssd.get("placeable")
+    if placeable is not None and (not isinstance(placeable, int) or isinstance(placeable, bool) or placeable < 0):
+        raise WrongShape(f"dry_run placeable (optional) must be a count of instances >= 0, got {_short(placeable)}")
+
+
+def _placement_check(action: str) -> Callable[[Any], None]:
+    """``allocation``, ``scale`` and ``reassignment``: one node and its GPUs."""
+
+    def checker(result: Any) -> None:
         if not isinstance(result, dict) or not isinstance(result.get("node_id"), str) or not result["node_id"]:
             raise WrongShape(f'{action} must return {{"node_id": str, "gpus": [...]}}, got {_short(result)}')
         gpus = result.get("gpus", [])
         if not isinstance(gpus, list) or not all(isinstance(g, str) for g in gpus):
             raise WrongShape(f"{action} gpus must be a list of GPU ids, got {_short(gpus)}")
-    elif action == "scale_down":
-        # {"instance_id": str} names the instance; None or an object without instance_id (a policy
-        # that does not know the action) leaves the choice to the framework's default
-        if result is None:
-            return
-        if not isinstance(result, dict):
-            raise WrongShape(f'scale_down must return {{"instance_id": str}} (or nothing: the default), got {_short(result)}')
-        named = result.get("instance_id")
-        if named is not None and (not isinstance(named, str) or not named):
-            raise WrongShape(f"scale_down instance_id must be an instance id (str), got {_short(named)}")
-    elif action == "route":
-        if not isinstance(result, dict) or not isinstance(result.get("instance_id"), str) or not result["instance_id"]:
-            raise WrongShape(f'route must return {{"instance_id": str}} (one of the given instances), got {_short(result)}')
-    elif action == "weights":
-        w = result.get("weights") if isinstance(result, dict) else None
-        if not isinstance(w, dict) or not all(isinstance(k, str) and _is_number(v) and v >= 0 for k, v in w.items()):
-            raise WrongShape(f'weights must return {{"weights": {{instance_id: number >= 0}}}}, got {_short(result)}')
-    elif action == "autoscale":
-        if not isinstance(result, dict) or "desired" not in result:
-            raise WrongShape(f'autoscale must return {{"desired": N, "reason": "..."}}, got {_short(result)}')
-        if not _is_number(result["desired"]) or result["desired"] < 0:
-            raise WrongShape(f"autoscale desired must be a finite number >= 0, got {_short(result['desired'])}")
-        if not isinstance(result.get("reason", ""), str):
-            raise WrongShape(f"autoscale reason (optional) must be a string, got {_short(result.get('reason'))}")
-    elif action == "health_check":
-        v = result.get("verdicts") if isinstance(result, dict) else None
-        if not isinstance(v, dict):
-            raise WrongShape(f'health_check must return {{"verdicts": {{instance_id: {{"verdict", "reason"}}}}}}, got {_short(result)}')
-        for iid, d in v.items():
-            if not isinstance(iid, str) or not isinstance(d, dict):
-                raise WrongShape(f"health_check verdicts[{_short(iid)}] must be an object, got {_short(d)}")
-            if d.get("verdict") not in VERDICTS:
-                raise WrongShape(f"health_check verdicts[{iid!r}].verdict must be one of {', '.join(VERDICTS)}, got {_short(d.get('verdict'))}")
-            if not isinstance(d.get("reason", ""), str):
-                raise WrongShape(f"health_check verdicts[{iid!r}].reason must be a string, got {_short(d.get('reason'))}")
-            w = d.get("weight")
-            if w is not None and (not _is_number(w) or not 0 < w <= 1):
-                raise WrongShape(f"health_check verdicts[{iid!r}].weight (optional) must be a number in (0, 1], got {_short(w)}")
-    elif action == "preempt":
-        v = result.get("victims") if isinstance(result, dict) else None
-        if not isinstance(v, dict) or not all(
-            isinstance(n, str) and isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) for n, ids in v.items()
-        ):
-            raise WrongShape(f'preempt must return {{"victims": {{node_id: [instance_id, ...]}}}} (empty: none), got {_short(result)}')
-    else:
-        raise WrongShape(f"unknown action {action!r}")
+
+    return checker
+
+
+def _check_scale_down(result: Any) -> None:
+    # {"instance_id": str} names the instance; None or an object without instance_id (a policy
+    # that does not know the action) leaves the choice to the framework's default
+    if result is None:
+        return
+    if not isinstance(result, dict):
+        raise WrongShape(f'scale_down must return {{"instance_id": str}} (or nothing: the default), got {_short(result)}')
+    named = result.get("instance_id")
+    if named is not None and (not isinstance(named, str) or not named):
+        raise WrongShape(f"scale_down instance_id must be an instance id (str), got {_short(named)}")
+
+
+def _check_route(result: Any) -> None:
+    if not isinstance(result, dict) or not isinstance(result.get("instance_id"), str) or not result["instance_id"]:
+        raise WrongShape(f'route must return {{"instance_id": str}} (one of the given instances), got {_short(result)}')
+
+
+def _check_weights(result: Any) -> None:
+    w = result.get("weights") if isinstance(result, dict) else None
+    if not isinstance(w, dict) or not all(isinstance(k, str) and _is_number(v) and v >= 0 for k, v in w.items()):
+        raise WrongShape(f'weights must return {{"weights": {{instance_id: number >= 0}}}}, got {_short(result)}')
+
+
+def _check_autoscale(result: Any) -> None:
+    if not isinstance(result, dict) or "desired" not in result:
+        raise WrongShape(f'autoscale must return {{"desired": N, "reason": "..."}}, got {_short(result)}')
+    if not _is_number(result["desired"]) or result["desired"] < 0:
+        raise WrongShape(f"autoscale desired must be a finite number >= 0, got {_short(result['desired'])}")
+    if not isinstance(result.get("reason", ""), str):
+        raise WrongShape(f"autoscale reason (optional) must be a string, got {_short(result.get('reason'))}")
+
+
+def _check_health(result: Any) -> None:
+    v = result.get("verdicts") if isinstance(result, dict) else None
+    if not isinstance(v, dict):
+        raise WrongShape(f'health_check must return {{"verdicts": {{instance_id: {{"verdict", "reason"}}}}}}, got {_short(result)}')
+    for iid, d in v.items():
+        _check_verdict(iid, d)
+
+
+def _check_verdict(iid: Any, d: Any) -> None:
+    if not isinstance(iid, str) or not isinstance(d, dict):
+        raise WrongShape(f"health_check verdicts[{_short(iid)}] must be an object, got {_short(d)}")
+    if d.get("verdict") not in VERDICTS:
+        raise WrongShape(f"health_check verdicts[{iid!r}].verdict must be one of {', '.join(VERDICTS)}, got {_short(d.get('verdict'))}")
+    if not isinstance(d.get("reason", ""), str):
+        raise WrongShape(f"health_check verdicts[{iid!r}].reason must be a string, got {_short(d.get('reason'))}")
+    w = d.get("weight")
+    if w is not None and (not _is_number(w) or not 0 < w <= 1):
+        raise WrongShape(f"health_check verdicts[{iid!r}].weight (optional) must be a number in (0, 1], got {_short(w)}")
+
+
+def _check_preempt(result: Any) -> None:
+    v = result.get("victims") if isinstance(result, dict) else None
+    if not isinstance(v, dict) or not all(
+        isinstance(n, str) and isinstance(ids, list) and all(isinstance(i, str) and i for i in ids) for n, ids in v.items()
+    ):
+        raise WrongShape(f'preempt must return {{"victims": {{node_id: [instance_id, ...]}}}} (empty: none), got {_short(result)}')
+
+
+#: action -> the check of its answer (``check``)
+_CHECKS: dict[str, Callable[[Any], None]] = {
+    "selection": _check_selection,
+    "post_dry_run": _check_post_dry_run,
+    "dry_run": _check_dry_run,
+    **{action: _placement_check(action) for action in ("allocation", "scale", "reassignment")},
+    "scale_down": _check_scale_down,
+    "route": _check_route,
+    "weights": _check_weights,
+    "autoscale": _check_autoscale,
+    "health_check": _check_health,
+    "preempt": _check_preempt,
+}
 
 
 def cluster_id_of(entry: Any) -> str:
