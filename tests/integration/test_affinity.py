@@ -208,7 +208,7 @@ async def test_adaptive_affinity_moves_a_placement_toward_the_node_whose_instanc
     second, node = await _new_instance(system, bid, set(insts))
     assert node == "adp-n0"  # spread alone would take adp-n1 (more free GPUs)
 
-    from aios_blocks.handlers.explain import explain
+    from aios_blocks.projections.explain import explain
 
     x = explain([(s, e) for s, e, _ in await c.history(bid, idle=0.2)])
     assert x["adapt"]["figure"] == "latency_p50_ms" and x["adapt"]["block_median_ms"] == 10.0

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from aios_blocks.cli.client import Client
-from aios_blocks.handlers.explain import explain
+from aios_blocks.projections.explain import explain
 from aios_blocks.settings import Settings
 from aios_blocks.state.keys import block_key
 from aios_blocks.workers.autoscaler import Autoscaler

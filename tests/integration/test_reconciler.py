@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from aios_blocks.handlers.explain import explain
+from aios_blocks.projections.explain import explain
 from aios_blocks.recovery.invariants import check
 from aios_blocks.state.vcluster import VClusterStore
 

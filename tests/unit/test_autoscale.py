@@ -261,7 +261,7 @@ async def test_the_runtime_fails_a_builtin_call_with_bad_parameters_and_checks_s
 # -- blocks explain --------------------------------------------------------------------------------------
 def test_explain_lists_decisions_failures_and_targets_and_renders_them() -> None:
     from aios_blocks.cli import main as cli
-    from aios_blocks.handlers.explain import explain
+    from aios_blocks.projections.explain import explain
 
     def ev(kind: str, t: str, **data: Any) -> tuple[str, dict[str, Any]]:
         return f"aios.block.bx.{kind}", {"time": f"2026-11-25T20:00:{t}Z", "data": data}
@@ -289,7 +289,7 @@ def test_explain_lists_decisions_failures_and_targets_and_renders_them() -> None
 def test_explain_keeps_an_instances_failure_after_it_is_replaced() -> None:
     # the agent's "exited with code 137" was overwritten by the later removed's "reassigned to ..."
     from aios_blocks.cli import main as cli
-    from aios_blocks.handlers.explain import explain
+    from aios_blocks.projections.explain import explain
 
     def ev(kind: str, **data: Any) -> tuple[str, dict[str, Any]]:
         return f"aios.block.bx.{kind}", {"time": "2026-11-25T20:00:01Z", "data": data}

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from aios_blocks.cli.render import _render_explain
-from aios_blocks.handlers.explain import explain
+from aios_blocks.projections.explain import explain
 
 
 def _ev(kind: str, second: str, **data: Any) -> tuple[str, dict[str, Any]]:

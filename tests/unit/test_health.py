@@ -251,12 +251,15 @@ def test_merged_passive_counts_take_a_completion_just_now_as_progress() -> None:
 
 
 def test_explain_shows_verdicts_with_their_reasons_and_failed_ticks() -> None:
-    from aios_blocks.handlers.explain import explain
+    from aios_blocks.projections.explain import explain
 
     events = [
-        ("aios.block.b.instance.b-0.added", {"data": {"node_id": "n1", "gpus": []}}),
-        ("aios.block.b.instance.b-0.verdict", {"data": {"verdict": "restart", "reason": "no task completed", "policy": "builtin:probe-threshold"}}),
-        ("aios.block.b.health.failed", {"data": {"step": "health_check", "reason": "policy raised"}}),
+        # (the payloads as published: explain reads each into its catalog struct)
+        ("aios.block.b.instance.b-0.added", {"data": {"block_id": "b", "gen": 1, "instance_id": "b-0", "node_id": "n1", "gpus": []}}),
+        ("aios.block.b.instance.b-0.verdict", {"data": {"block_id": "b", "gen": 1, "instance_id": "b-0", "node_id": "n1",
+                                                        "verdict": "restart", "reason": "no task completed",
+                                                        "policy": "builtin:probe-threshold"}}),
+        ("aios.block.b.health.failed", {"data": {"block_id": "b", "gen": 1, "step": "health_check", "reason": "policy raised"}}),
     ]
     x = explain(events)
     inst = x["instances"]["b-0"]

@@ -82,3 +82,31 @@ def test_a_projection_gets_the_typed_payload_tokens_and_position() -> None:
 
 def test_every_stored_event_is_one_the_fold_can_meet() -> None:
     assert {e.name for e in stored_events()} == {e.name for e in EVENTS if e.stored}
+
+
+def undescribed(events: tuple[Event[Any], ...]) -> list[str]:
+    """Events with no line for the CLI (no method of ``Lines``, not in ``lines.PLAIN``) or no
+    one-line meaning in the catalog."""
+    from aios_blocks.projections.lines import Lines
+
+    return [e.name for e in events if e not in Lines.handlers or not e.meaning or "\n" in e.meaning]
+
+
+def test_every_event_has_a_one_line_description_for_the_cli() -> None:
+    assert undescribed(EVENTS) == [], "give each a method in projections/lines.py or add it to lines.PLAIN"
+
+
+def test_an_event_added_without_its_cli_line_is_named() -> None:
+    assert [n for n in undescribed((*EVENTS, NEW)) if n not in undescribed(EVENTS)] == ["block.paused"]
+
+
+def test_a_line_reads_the_payload_struct_and_says_when_it_does_not_decode() -> None:
+    from aios_blocks.projections.lines import line
+
+    ok = {"block_id": "b1", "gen": 2, "instance_id": "b1-0", "node_id": "n1", "gpus": ["g1"], "endpoint": "http://h:1"}
+    assert line("aios.block.b1.instance.b1-0.added", {"data": ok}) == (
+        "instance.b1-0.added", "node=n1 gpus=['g1'] at http://h:1", "cyan")
+    assert line("aios.block.b1.failed", {"data": {"block_id": "b1", "gen": 2, "status": "failed", "reason": "no room"}}) == (
+        "failed", "no room", "red")
+    assert line("aios.block.b1.ready", {"data": {"gen": "two"}}) == ("ready", "(its data is not a BlockStatus)", "green")
+    assert line("aios.dlq.exec.aios.block.b1.ready", {"data": {}})[0] == "aios.block.b1.ready"

@@ -75,7 +75,7 @@ def explain(
 
     Example: `blocks explain blk-1234 --json --inputs`
     """
-    from ..handlers.explain import explain as fold
+    from ..projections.explain import explain as fold
 
     async def go(c: Client) -> int:
         events = [(s, e) for s, e, _ in await c.history(bid)]
@@ -193,11 +193,24 @@ def state_digest(
 
 def subjects_(
     markdown: bool = typer.Option(False, "--markdown", help="Print docs/subjects.md's table (generated from the catalog)."),
+    handlers: bool = typer.Option(False, "--handlers", help="Each durable consumer's subjects and the module:function handling each."),
 ) -> None:
     """Every NATS subject the system uses: who publishes it, whether the stream stores it, which
-    durable consumers take it. Example: `blocks subjects`, `blocks subjects --markdown`"""
+    durable consumers take it; `--handlers`: the function each consumer runs for each subject
+    (read from the workers' bindings). Example: `blocks subjects`, `blocks subjects --handlers --markdown`"""
     from ..bus import catalog_doc
 
+    if handlers:
+        from ..runtime import routes
+
+        if markdown:
+            print(routes.markdown())
+            return
+        t = _table("durable consumer", "subject", "handler")
+        for row in routes.rows():
+            t.add_row(*_plain(*row))
+        console.print(t)
+        return
     if markdown:
         print(catalog_doc.catalog_markdown())
         return
