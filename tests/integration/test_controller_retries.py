@@ -54,10 +54,10 @@ async def test_a_redelivered_placement_keeps_the_status_of_running_instances(wor
     w, client = worker
     ir = {"blockId": BID, "image": "", "resources": {"gpus": 1}, "launch": {}}
     placements = [{"iid": f"{BID}-0", "node": "c1-n0", "gpus": ["g0"]}, {"iid": f"{BID}-1", "node": "c1-n1", "gpus": ["g1"]}]
-    await controller._start(w, ir, 1, "c1", "allocation", placements, 1, key="gang")
+    await controller.start(w, ir, 1, "c1", "allocation", placements, 1, key="gang")
     await w.store.set_instance_status(BID, f"{BID}-0", "running")
     await w.store.set_instance_status(BID, f"{BID}-1", "removing")
-    await controller._start(w, ir, 1, "c1", "allocation", placements, 1, key="gang")  # redelivered
+    await controller.start(w, ir, 1, "c1", "allocation", placements, 1, key="gang")  # redelivered
     insts = await w.store.instances(BID)
     assert {iid: i["status"] for iid, i in insts.items()} == {f"{BID}-0": "running", f"{BID}-1": "removing"}
     assert await _stored(client, subjects.node_command("c1-n0", "instance.create")) == 1  # deduplicated

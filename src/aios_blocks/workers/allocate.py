@@ -1,0 +1,130 @@
+"""The one adapter of allocation (Nomad's plan/apply): read a snapshot, ask the pure
+``handlers.allocation.plan_allocation`` for the reservation, commit it with compare-and-set in
+Redis (``Store.reserve_gang``, all or nothing: never double-booked) and, on a conflict, read the
+touched nodes again and plan again (bounded by ``commit_retries``). ``start`` commits a
+``StartInstances``: the records in one round trip, then the placement and create commands."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import structlog
+
+from ..handlers import allocation as al
+from ..schemas.errors import PlacementFailed
+from ..schemas.events import Decision
+from ..schemas.lifecycle import Step
+from .base import Worker
+from .vcluster import ensure_job_cluster
+
+log = structlog.get_logger("aios.controller")
+
+_locks: dict[str, asyncio.Lock] = {}
+#: id(worker) -> (when read, the suspect nodes then, node -> why): read at most once a second
+_suspect_cache: dict[int, tuple[float, dict[str, str]]] = {}
+SUSPECT_CACHE_S = 1.0
+
+
+async def allocate(
+    w: Worker, req: al.Request, instances: dict[str, Any] | None = None, trace: list[Decision] | None = None,
+) -> tuple[list[dict[str, Any]], int]:
+    """Placements for ``req`` and the attempts it took (0: a redelivered step found its
+    reservations already made and reuses them). The policy calls' records go into ``trace``.
+    Raises PlacementFailed with the reason."""
+    cid = req.cluster_id
+    held = al.reused(req.iids, await w.store.reservations_of(cid, list(req.iids)))
+    if held is not None:
+        return held, 0
+    await ensure_job_cluster(w, req.ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
+    clusters = await w.inventory.clusters()
+    cluster = clusters.get(cid, {"id": cid, "labels": {}})
+    suspects = await suspect_nodes(w)
+    invoke = w.invoker(req.ir, "resourceAllocator", trace)
+    reason = ""
+    for attempt in range(1, w.settings.commit_retries + 1):
+        async with _cluster_lock(cid):
+            snap = al.Snapshot(cluster, await w.inventory.nodes(cid), instances, await w.affinity_index(req.ir), suspects)
+            (reserve,) = await al.plan_allocation(snap, req, invoke)
+            # our view takes the reservation now, as the script will, and the script is sent before
+            # the lock goes: the next plan of this cluster starts on this one's result without
+            # waiting for its round trip (one plan per Redis round trip per cluster was the bound
+            # of a scale burst); a reservation that fails re-reads its nodes
+            w.inventory.apply(cid, reserve.taken, {nid: snap.nodes[nid] for nid in reserve.touched})
+            reserving = asyncio.ensure_future(w.store.reserve_gang(cid, list(reserve.placements)))
+            await asyncio.sleep(0)  # the script queued (autopipeline) before the next plan's
+        ok, reason, node = await _applied(w, reserve, reserving)
+        if ok:
+            return list(reserve.placements), attempt
+        w.inventory.invalidate(cid, reserve.touched + ([node] if node else []))
+        await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
+    raise PlacementFailed(f"reservation conflict after {w.settings.commit_retries} attempts: {reason}")
+
+
+async def _applied(w: Worker, reserve: al.Reserve, reserving: asyncio.Future[tuple[bool, str, str]]) -> tuple[bool, str, str]:
+    """The compare-and-set's outcome; the caches are told what it took."""
+    cid, touched = reserve.cluster_id, reserve.touched
+    try:
+        ok, reason, node = await reserving
+    except BaseException:  # not known to be taken (Redis failed us): re-read rather than trust the view
+        w.inventory.invalidate(cid, touched)
+        raise
+    if ok:
+        if reason != "ok":  # reserved before (a redelivery), not by this plan: re-read what it took
+            w.inventory.invalidate(cid, touched)
+        await w.hint(cid, touched, applied=reason == "ok")
+    return ok, reason, node
+
+
+async def suspect_nodes(w: Worker) -> dict[str, str]:
+    """The nodes suspect now (node -> why; docs/health.md "Suspect nodes"), cached a second per
+    process; Redis away costs the exclusion, never the placement."""
+    now = time.monotonic()
+    hit = _suspect_cache.get(id(w))
+    if hit is not None and now - hit[0] < SUSPECT_CACHE_S:
+        return hit[1]
+    try:
+        marks = {nid: f"suspect: {d.get('reason', '')}" for nid, d in (await w.store.health.suspects()).items()}
+    except Exception as exc:
+        log.warning("controller.suspects_unavailable", error=repr(exc))
+        marks = hit[1] if hit is not None else {}
+    _suspect_cache[id(w)] = (now, marks)
+    return marks
+
+
+def _cluster_lock(cid: str) -> asyncio.Lock:
+    """Plans of one cluster are made one at a time inside a process, each on the view the one
+    before left, so concurrent messages do not all plan from the same snapshot and collide; other
+    processes are the atomic script's job."""
+    return _locks.setdefault(cid, asyncio.Lock())
+
+
+async def start(
+    w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]],
+    attempts: int, key: str, replaces: str = "", trace: list[Decision] | None = None,
+    step: tuple[Step, dict[str, Any]] | None = None, limit: int | None = None,
+) -> list[str]:
+    """Start reserved placements (``allocation.start_effects``, committed by ``commit_start``).
+    Returns the instances refused past ``limit``."""
+    nodes = await w.inventory.nodes(cid)
+    effect = al.start_effects(ir, gen, cid, action, placements, nodes, time.time(), attempts=attempts, key=key,
+                              replaces=replaces, trace=trace or (), step=step, limit=limit)
+    return await commit_start(w, effect)
+
+
+async def commit_start(w: Worker, s: al.StartInstances) -> list[str]:
+    """Record the instances (and the block's step) in one round trip; release what the limit
+    refused; publish the placement and the create commands of the rest."""
+    refused = await w.store.start_instances(s.block_id, s.records, list(s.index), s.step, limit=s.limit)
+    gone = [p for p in s.placements if p["iid"] in refused]
+    for p in gone:
+        await w.store.release(s.cluster_id, p["node"], p["iid"])
+    if gone:
+        await w.hint(s.cluster_id, sorted({p["node"] for p in gone}))
+    kept = [p for p in s.placements if p["iid"] not in refused]
+    if kept:
+        await w.bus.emit_all(al.announce(s, kept))
+    return refused
