@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from aios_blocks.cli import trace as trace_cli
 from aios_blocks.cli.main import app
 from aios_blocks.trace.inventory import load_nodes
-from aios_blocks.trace.replay import ANCHOR_NAMES, replay
+from aios_blocks.trace.replay import ANCHOR_NAMES, DEFAULT_POLICY, policy_uri, replay
 from aios_blocks.trace.workload import load_tasks
 
 DATA = Path(__file__).parent / "data" / "trace"
@@ -63,6 +64,16 @@ def test_the_command_prints_and_writes_the_figures(tmp_path: Path) -> None:
                                  "-p", "random", "-p", "best-fit", "--json", str(two)])
     assert r.exit_code == 0, r.output
     assert [d["policy"] for d in json.loads(two.read_text())] == ["builtin:random", "builtin:best-fit"]
+
+
+def test_without_a_policy_the_command_replays_ours(tmp_path: Path) -> None:
+    # fgd-plus is the default GPU placement policy of the replay (docs/trace.md "Our policy")
+    assert DEFAULT_POLICY == policy_uri(trace_cli.DEFAULT_POLICY) == "builtin:fgd-plus"
+    out = tmp_path / "r.json"
+    r = CliRunner().invoke(app, ["trace", "replay", str(DATA / "nodes.csv"), str(DATA / "pods.csv"), "--in-process",
+                                 "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "builtin:fgd-plus seed 42 on pods" in r.output and json.loads(out.read_text())["policy"] == "builtin:fgd-plus"
 
 
 def test_the_command_refuses_what_it_cannot_do(tmp_path: Path) -> None:

@@ -14,6 +14,10 @@ from rich.markup import escape
 if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
     from .client import Client
 
+#: ``blocks trace replay``'s policy when no ``--policy`` is given: ``trace.replay.DEFAULT_POLICY``
+#: by its short name (not imported here: ``blocks`` starts with typer and rich only)
+DEFAULT_POLICY = "fgd-plus"
+
 
 def _gpu_memory(values: list[str]) -> dict[str, int]:
     out = {}
@@ -101,9 +105,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             False, "--live", help="Through a running system: `blocks up` (a fresh one: no cluster yet), else NATS, Redis and "
             "the workers started by the command for each run. Same decisions as --in-process for the same seed."),
         policy: list[str] = typer.Option(
-            ["fgd"], "--policy", "-p",
-            help="resourceAllocator, repeatable: random, dot-product, gpu-packing, gpu-clustering, best-fit, fgd, fgd-plus (ours), "
-            "binpack, spread, or a policyRuleURI."),
+            [DEFAULT_POLICY], "--policy", "-p",
+            help="resourceAllocator, repeatable: fgd-plus (ours, the default: above FGD's published figures on the trace's "
+            "17 workloads, docs/trace.md), random, dot-product, gpu-packing, gpu-clustering, best-fit, fgd, binpack, spread, "
+            "or a policyRuleURI."),
         seed: list[int] = typer.Option([42], "--seed", "-s", help="Sampling and shuffling seed, repeatable."),
         inflate: float = typer.Option(1.3, "--inflate", min=0.01, max=10.0,
                                       help="Sample tasks until their GPU requests reach this many times the cluster's GPUs."),

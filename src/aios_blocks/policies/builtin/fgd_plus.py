@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import capacity
 from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
 
 #: digits the fragmentation change is rounded to before the pack tie-break applies (the measure
@@ -71,10 +72,9 @@ def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict
     return {m: min(1.0, (c / demand) / (supply[m] / total_supply)) for m, c in constrained.items()}
 
 
-def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
-    """MiB of memory the workload's tasks ask per CPU: ``parameters.memoryPerCpu``, else the
-    target shapes' (weighted) ``memory`` over their ``cpu``, else the request's own ratio; 0
-    (memory ignored) when none is known."""
+def workload_memory_per_cpu(parameters: dict[str, Any]) -> float | None:
+    """``parameters.memoryPerCpu``, else the target shapes' (weighted) ``memory`` over their
+    ``cpu``; None when neither is given (then each request's own ratio applies)."""
     given = parameters.get("memoryPerCpu")
     if isinstance(given, int | float) and given > 0:
         return float(given)
@@ -88,6 +88,19 @@ def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
                 cpu += w * float(s.get("cpu") or 0)
         if mem > 0 and cpu > 0:
             return mem / cpu
+    return None
+
+
+def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
+    """MiB of memory the workload's tasks ask per CPU: ``parameters.memoryPerCpu``, else the
+    target shapes' (weighted) ``memory`` over their ``cpu``, else the request's own ratio; 0
+    (memory ignored) when none is known."""
+    fixed = workload_memory_per_cpu(parameters)
+    return fixed if fixed is not None else request_memory_per_cpu(needs)
+
+
+def request_memory_per_cpu(needs: dict[str, Any]) -> float:
+    """The request's own MiB per CPU (0 when it asks no CPU or no memory)."""
     cpu_asked = float(needs.get("cpu", 0) or 0)
     mem_asked = float(needs.get("memory", 0) or 0)
     return mem_asked / cpu_asked if cpu_asked > 0 and mem_asked > 0 else 0.0
@@ -134,7 +147,9 @@ class FillWorkload:
         free = sum(left)
         if not free:
             return 0.0
-        key = (model, round(cpu_free, 1), tuple(sorted(left)))
+        # the exact CPU: the figure depends on it (how many tasks fit), so a rounded key would
+        # make it depend on which node state was measured first
+        key = (model, cpu_free, tuple(sorted(left)))
         hit = self._memo.get(key)
         if hit is not None:
             return hit
@@ -163,11 +178,21 @@ class BlendedWorkload:
 
     def __init__(self, shapes: list[dict[str, Any]], look_ahead: float = 0.5):
         self.fgd, self.fill, self.look_ahead = Workload(shapes), FillWorkload(shapes), look_ahead
+        #: (model, CPU, free compute per GPU) -> the blend: one look-up where a node state recurs
+        self._memo: dict[tuple[Any, ...], float] = {}
 
     def frag(self, model: str, cpu_free: float, left: tuple[int, ...]) -> float:
+        key = (model, cpu_free, left)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
         a = self.look_ahead
         out = 0.0 if a >= 1 else (1 - a) * self.fgd.frag(model, cpu_free, left)
-        return out + (a * self.fill.frag(model, cpu_free, left) if a > 0 else 0.0)
+        out += a * self.fill.frag(model, cpu_free, left) if a > 0 else 0.0
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
 
 
 class FgdPlusPolicy(_FragBase):
@@ -189,6 +214,8 @@ class FgdPlusPolicy(_FragBase):
             self.pressure_weight = 0.0  # no constrained shape: nothing to keep free
         self.key = (f"{self.key[0]}@{self.pressure_weight}", self.key[1], self.key[2])
         self.pressure: dict[str, float] | None = None
+        #: the workload's memory per CPU when the parameters give it (else each request's own)
+        self.ratio = workload_memory_per_cpu(self.parameters)
 
     def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
         return BlendedWorkload(shapes, self.look_ahead)
@@ -211,19 +238,25 @@ class FgdPlusPolicy(_FragBase):
             return 0.0
         return self.pressure_weight * self.pressure.get(model, 0.0) * taken
 
+    @staticmethod
+    def _before(wl: BlendedWorkload, node: dict[str, Any], model: str, left: tuple[int, ...], ratio: float) -> float:
+        return wl.frag(model, effective_cpu(float(node["cpu_free"]), float(node.get("memory_free", 0)), ratio), left)
+
     def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
                count: int) -> tuple[Any, list[str]]:
         wl = self.fill
+        ratio = self.ratio if self.ratio is not None else request_memory_per_cpu(needs)
+        model = node_model(node)
+        cpu_ask, mem_ask = float(needs.get("cpu", 0) or 0), float(needs.get("memory", 0) or 0)
+        cpu_after = effective_cpu(float(node["cpu_free"]) - cpu_ask, float(node.get("memory_free", 0)) - mem_ask, ratio)
+        left: tuple[int, ...] = capacity.derived(node, "gpu_left", gpu_left)
         if wl is None:  # no target workload: this request's shape alone
             wl = self.measure([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
                                 "gpuShare": units / UNITS if units < UNITS else 0, "weight": 1}])
-        ratio = memory_per_cpu(self.parameters, needs)
-        model = node_model(node)
-        cpu_ask, mem_ask = float(needs.get("cpu", 0) or 0), float(needs.get("memory", 0) or 0)
-        cpu_before = effective_cpu(float(node["cpu_free"]), float(node.get("memory_free", 0)), ratio)
-        cpu_after = effective_cpu(float(node["cpu_free"]) - cpu_ask, float(node.get("memory_free", 0)) - mem_ask, ratio)
-        left = gpu_left(node)
-        before = wl.frag(model, cpu_before, left)
+            before = self._before(wl, node, model, left, ratio)
+        else:  # the node's measure before the task: one figure per view, whatever the task
+            before = capacity.derived(node, ("fgd-plus:before", *self.key, ratio),
+                                      lambda n: self._before(wl, n, model, left, ratio))
         if not count:  # CPU-only: where its CPUs are least needed by the free GPUs left
             delta = wl.frag(model, cpu_after, left) - before
             free = sum(left)
