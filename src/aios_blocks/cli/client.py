@@ -41,6 +41,7 @@ from ..schemas.events import (
 )
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..state.inventory import Inventory, affinity_index
+from ..state.priority import PriorityStore
 from ..state.store import Store
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
@@ -271,7 +272,8 @@ class Client:
             uri = parse.component_uri(outcome.doc)
             component = await self.store.get_component(uri) if uri else None
             versions = await parse.pinned_versions(self.store.policy_get, outcome.doc, component)
-            outcome = parse.build(outcome.doc, component, bid, versions)
+            classes = await PriorityStore(self.store.r).classes()
+            outcome = parse.build(outcome.doc, component, bid, versions, priority_classes=classes)
         if outcome.ir is None:
             return Plan(bid, errors=outcome.errors)
         ir = outcome.ir

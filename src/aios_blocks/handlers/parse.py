@@ -141,13 +141,15 @@ def build(
     block_id: str,
     policy_versions: dict[str, int] | None = None,
     settings: Settings | None = None,
+    priority_classes: dict[str, dict[str, Any]] | None = None,
 ) -> ParseOutcome:
     """Second half: validate and enrich. ``policy_versions`` (policy name -> registry version) pins
     the versions of registry policies the block will be placed with; ``pin_defaults`` writes the
     process defaults the built-in rules would use into the rules, so a recorded decision does not
-    depend on the environment of the worker that re-runs it."""
+    depend on the environment of the worker that re-runs it. ``priority_classes``: the registered
+    classes (docs/priority.md)."""
     try:
-        ir = block_create_IR(doc, component, block_id)
+        ir = block_create_IR(doc, component, block_id, priority_classes)
     except SpecInvalid as exc:
         return ParseOutcome(errors=exc.errors, doc=doc)
     for name, version in (policy_versions or {}).items():

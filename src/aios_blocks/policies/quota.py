@@ -91,6 +91,24 @@ def request_usage(resources: Mapping[str, Any], instances: int, model: str = ANY
     return {m: {r: v * instances for r, v in a.items()} for m, a in one.items()}
 
 
+def holdings_of(rows: Iterable[Mapping[str, Any]], gpu_model: Mapping[str, str]) -> list[Holding]:
+    """The blocks with a tenant and instances (``state.priority.PriorityStore.placed``'s rows),
+    as the accounting sees them: every instance in the state holds its reservation."""
+    out = []
+    for row in rows:
+        ir = row.get("ir") or {}
+        tenant = tenant_of(ir)
+        if tenant is None:
+            continue
+        usage: Usage = {}
+        for inst in (row.get("instances") or {}).values():
+            add(usage, instance_usage(ir.get("resources") or {}, list(inst.get("gpus") or []), gpu_model))
+        if usage:
+            out.append(Holding(str(row["block_id"]), tenant, usage, int(ir.get("priority") or 0),
+                               float(row.get("created") or 0.0), ir.get("preemptible") is not False))
+    return out
+
+
 def add(into: Usage, more: Usage, sign: float = 1.0) -> Usage:
     for model, amounts in more.items():
         row = into.setdefault(model, {})

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -137,11 +138,26 @@ def _sharing_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) 
     return [SpecError(where[w], msg) for w, msg in sharing_problems(rule, resources.model_dump())]
 
 
+def priority_of(name: str | None, classes: Mapping[str, Mapping[str, Any]]) -> tuple[str, int] | SpecError | None:
+    """A block's priority class and value: the one it names, else the default class (None: no
+    class is named and none is the default). An unknown name is an error listing the classes."""
+    if name is None:
+        default = sorted(n for n, c in classes.items() if c.get("default"))
+        return (default[0], int(classes[default[0]]["value"])) if default else None
+    if name in classes:
+        return name, int(classes[name]["value"])
+    known = ", ".join(f"{n} ({classes[n].get('value')})" for n in sorted(classes, key=lambda n: -int(classes[n].get("value", 0))))
+    return SpecError("$.priorityClass", f"unknown priority class {name!r}; " + (
+        f"the classes: {known}" if known else "no priority class is registered (blocks priority-class add)"))
+
+
 def block_create_IR(
-    doc: dict[str, Any], component: dict[str, Any] | None, subject_block_id: str | None = None
+    doc: dict[str, Any], component: dict[str, Any] | None, subject_block_id: str | None = None,
+    priority_classes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Validate ``doc`` against the block spec and build the IR, or raise :class:`SpecInvalid`
-    listing every problem found."""
+    listing every problem found. ``priority_classes``: the registered classes by name
+    (``schemas.priority.PriorityClass`` JSON), for ``priorityClass`` and the default class."""
     errors: list[SpecError] = []
     spec: BlockSpec | None = None
     try:
@@ -201,6 +217,10 @@ def block_create_IR(
             where = "$.jobCluster" if spec.jobCluster is not None else "$.<component>.jobCluster"
             errors.append(SpecError(where, "jobCluster needs virtualClusterId (the divisible virtual cluster to carve it from)"))
 
+    priority = priority_of(spec.priorityClass, priority_classes or {}) if spec is not None else None
+    if isinstance(priority, SpecError):
+        errors.append(priority)
+
     if errors or spec is None or comp is None:
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
             errors.append(SpecError("$", "invalid spec"))
@@ -226,6 +246,12 @@ def block_create_IR(
     ir["outputs"] = bool(ir["sidecars"]) or bool(spec.outputs if spec.outputs is not None else comp.outputs)
     if spec.labels:  # set only when given: a spec without labels keeps its IR (and digest)
         ir["labels"] = dict(spec.labels)
+    # docs/priority.md: set only with a class (named or the default) / when given: a spec without
+    # them keeps its IR (and digest) while no default class is registered
+    if isinstance(priority, tuple):
+        ir["priorityClass"], ir["priority"] = priority
+    if spec.preemptible is not None:
+        ir["preemptible"] = spec.preemptible
     # seed 003: set only when given (the block's, else the component's)
     vid = spec.virtualClusterId or comp.virtualClusterId
     if vid:

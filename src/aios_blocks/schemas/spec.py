@@ -339,6 +339,11 @@ class BlockSpec(_Strict):
     #: The block's labels (an extension): key=value facts about it, kept in the IR's ``labels``
     #: (e.g. the GPU trace's QoS class, ``qos: LS``; docs/trace.md). Absent: none.
     labels: Labels | None = None
+    #: The block's priority class (docs/priority.md; an extension): a registered class's name
+    #: (``blocks priority-class add``). Absent: the default class, if one is registered.
+    priorityClass: str | None = Field(default=None, pattern=ID_PATTERN)
+    #: ``false``: the block is never a preemption victim (absent: it may be one).
+    preemptible: bool | None = None
 
 
 class Cluster(_Strict):

@@ -48,6 +48,8 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
                                       primary's unassigned nodes)
     aios:vcindex                      hash vid -> cid (which cluster a virtual cluster id is in)
     aios:meta:{c:<cid>}:vcout         hash: virtual cluster changes committed, not yet published
+    aios:priorityclasses              hash name -> JSON of a priority class (docs/priority.md)
+    aios:quotas                       hash tenant -> JSON of its quota (docs/priority.md)
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ BLOCKS = f"{P}:blocks"
 HEARTBEATS = f"{P}:heartbeats"
 AFF_LEASE = f"{P}:aff:lease"
 POLICIES = f"{P}:policies"
+#: priority classes and tenants' quotas (``state.priority``; rebuilt from the stream)
+PRIORITY_CLASSES = f"{P}:priorityclasses"
+QUOTAS = f"{P}:quotas"
 #: every open gather's deadline timer (zset: ``bid|gen|attempt`` scored by when it is due)
 GATHER_DUE = f"{P}:gather:due"
 

@@ -13,6 +13,7 @@ from ..bus.router import Inbound, Router
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
+from ..state.priority import PriorityStore
 from .base import Worker
 
 
@@ -36,7 +37,8 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
             uri = parse.component_uri(outcome.doc)
             component = await w.store.get_component(uri) if uri else None
             versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
-            outcome = parse.build(outcome.doc, component, bid, versions, w.settings)
+            classes = await PriorityStore(w.store.r).classes()  # priorityClass / the default (docs/priority.md)
+            outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
         if outcome.ir is not None:
             ok, what = await w.store.create_block(
                 bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
