@@ -164,58 +164,19 @@ def block_create_IR(
         spec = BlockSpec.model_validate(doc)
     except ValidationError as exc:
         errors.extend(pydantic_errors(exc))
-
-    # compare the validated numbers (pydantic accepts 5.0 and "5"); raw ints when validation failed
-    lo, hi = (spec.minInstances, spec.maxInstances) if spec else (doc.get("minInstances"), doc.get("maxInstances"))
-    if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool) and lo > hi:
-        errors.append(SpecError("$.minInstances", f"minInstances ({lo}) is greater than maxInstances ({hi})"))
-
-    block_id = doc.get("blockId") if isinstance(doc.get("blockId"), str) else None
-    if subject_block_id is not None:
-        if block_id is not None and block_id != subject_block_id:
-            errors.append(SpecError("$.blockId", f"blockId {block_id!r} differs from the subject's block id {subject_block_id!r}"))
-        block_id = subject_block_id
-    if block_id is None:
-        errors.append(SpecError("$.blockId", "no block id: set blockId or publish on aios.block.{bid}.create"))
-    elif not ID_RE.match(block_id):
-        errors.append(SpecError("$.blockId", f"block id {block_id!r} is not a valid id ({ID_RE.pattern})"))
-
-    comp: Component | None = None
-    uri = doc.get("blockComponentURI")
-    if isinstance(uri, str) and uri:
-        if component is None:
-            errors.append(SpecError("$.blockComponentURI", f"unknown component {uri!r}: register it first (blocks component add)"))
-        else:
-            try:
-                comp = Component.model_validate(component)
-            except ValidationError as exc:  # stored before a rule that now refuses it
-                errors.extend(pydantic_errors(exc, ("<component>",)))
-
+    errors.extend(_count_errors(doc, spec))
+    block_id = _block_id(doc, subject_block_id, errors)
+    comp = _component(doc, component, errors)
+    policies: dict[str, Any] = {}
     if spec is not None and comp is not None:
         block_rules = [e.values.model_dump() for e in spec.policyRulesSpec] if spec.policyRulesSpec is not None else None
         policies = merge_policies([p.model_dump() for p in comp.policies], block_rules)
-        for name in REQUIRED_POLICIES:
-            if name not in policies:
-                errors.append(
-                    SpecError("$.policyRulesSpec", f"no {name} policy after merging the component's policies with policyRulesSpec")
-                )
-        errors.extend(_sharing_errors(spec, comp, policies))
+        errors.extend(_policy_errors(spec, comp, policies))
     if spec is not None and spec.sidecars:
         errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars))
-    affinity: list[Any] = []
-    try:
-        if any(doc.get(k) is not None for k in ("affinity", "affinityWith", "antiAffinityWith", "affinityTLV")):
-            affinity = normalize(doc.get("affinity"), doc.get("affinityWith"), doc.get("antiAffinityWith"), doc.get("affinityTLV"))
-        elif comp is not None and comp.affinity:
-            affinity = normalize(comp.affinity, path="$.<component>")
-    except SpecInvalid as exc:
-        errors.extend(exc.errors)
-
+    affinity = _affinity(doc, comp, errors)
     if spec is not None and comp is not None:
-        vid = spec.virtualClusterId or comp.virtualClusterId
-        if (spec.jobCluster or comp.jobCluster) is not None and not vid:
-            where = "$.jobCluster" if spec.jobCluster is not None else "$.<component>.jobCluster"
-            errors.append(SpecError(where, "jobCluster needs virtualClusterId (the divisible virtual cluster to carve it from)"))
+        errors.extend(_job_cluster_errors(spec, comp))
 
     priority = priority_of(spec.priorityClass, priority_classes or {}) if spec is not None else None
     if isinstance(priority, SpecError):
@@ -225,7 +186,87 @@ def block_create_IR(
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
             errors.append(SpecError("$", "invalid spec"))
         raise SpecInvalid(errors)
+    ir = _ir(block_id, spec, comp, policies, affinity)
+    # docs/priority.md: set only with a class (named or the default) / when given: a spec without
+    # them keeps its IR (and digest) while no default class is registered
+    if isinstance(priority, tuple):
+        ir["priorityClass"], ir["priority"] = priority
+    if spec.preemptible is not None:
+        ir["preemptible"] = spec.preemptible
+    return ir
 
+
+def _count_errors(doc: dict[str, Any], spec: BlockSpec | None) -> list[SpecError]:
+    """minInstances above maxInstances: the validated numbers compared (pydantic accepts 5.0 and
+    "5"); the raw ints when validation failed."""
+    lo, hi = (spec.minInstances, spec.maxInstances) if spec else (doc.get("minInstances"), doc.get("maxInstances"))
+    if isinstance(lo, int) and isinstance(hi, int) and not isinstance(lo, bool) and lo > hi:
+        return [SpecError("$.minInstances", f"minInstances ({lo}) is greater than maxInstances ({hi})")]
+    return []
+
+
+def _block_id(doc: dict[str, Any], subject_block_id: str | None, errors: list[SpecError]) -> str | None:
+    """The block id: the spec's ``blockId``, or the subject's (which must agree with it)."""
+    block_id = doc.get("blockId") if isinstance(doc.get("blockId"), str) else None
+    if subject_block_id is not None:
+        if block_id is not None and block_id != subject_block_id:
+            errors.append(SpecError("$.blockId", f"blockId {block_id!r} differs from the subject's block id {subject_block_id!r}"))
+        block_id = subject_block_id
+    if block_id is None:
+        errors.append(SpecError("$.blockId", "no block id: set blockId or publish on aios.block.{bid}.create"))
+    elif not ID_RE.match(block_id):
+        errors.append(SpecError("$.blockId", f"block id {block_id!r} is not a valid id ({ID_RE.pattern})"))
+    return block_id
+
+
+def _component(doc: dict[str, Any], component: dict[str, Any] | None, errors: list[SpecError]) -> Component | None:
+    """The registered component the spec names (None, with the error, when it is unknown or no
+    longer valid)."""
+    uri = doc.get("blockComponentURI")
+    if not isinstance(uri, str) or not uri:
+        return None
+    if component is None:
+        errors.append(SpecError("$.blockComponentURI", f"unknown component {uri!r}: register it first (blocks component add)"))
+        return None
+    try:
+        return Component.model_validate(component)
+    except ValidationError as exc:  # stored before a rule that now refuses it
+        errors.extend(pydantic_errors(exc, ("<component>",)))
+        return None
+
+
+def _policy_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) -> list[SpecError]:
+    """Every required policy present after the merge, and GPU sharing the merged allocator allows."""
+    errors = [
+        SpecError("$.policyRulesSpec", f"no {name} policy after merging the component's policies with policyRulesSpec")
+        for name in REQUIRED_POLICIES
+        if name not in policies
+    ]
+    return errors + _sharing_errors(spec, comp, policies)
+
+
+def _affinity(doc: dict[str, Any], comp: Component | None, errors: list[SpecError]) -> list[Any]:
+    """The block's affinity terms, normalised (else the component's)."""
+    try:
+        if any(doc.get(k) is not None for k in ("affinity", "affinityWith", "antiAffinityWith", "affinityTLV")):
+            return normalize(doc.get("affinity"), doc.get("affinityWith"), doc.get("antiAffinityWith"), doc.get("affinityTLV"))
+        if comp is not None and comp.affinity:
+            return normalize(comp.affinity, path="$.<component>")
+    except SpecInvalid as exc:
+        errors.extend(exc.errors)
+    return []
+
+
+def _job_cluster_errors(spec: BlockSpec, comp: Component) -> list[SpecError]:
+    vid = spec.virtualClusterId or comp.virtualClusterId
+    if (spec.jobCluster or comp.jobCluster) is not None and not vid:
+        where = "$.jobCluster" if spec.jobCluster is not None else "$.<component>.jobCluster"
+        return [SpecError(where, "jobCluster needs virtualClusterId (the divisible virtual cluster to carve it from)")]
+    return []
+
+
+def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, Any], affinity: list[Any]) -> dict[str, Any]:
+    """The IR of a valid spec and its component (the block's fields over the component's)."""
     ir: dict[str, Any] = {
         "blockId": block_id,
         "blockComponentURI": spec.blockComponentURI,
@@ -246,12 +287,6 @@ def block_create_IR(
     ir["outputs"] = bool(ir["sidecars"]) or bool(spec.outputs if spec.outputs is not None else comp.outputs)
     if spec.labels:  # set only when given: a spec without labels keeps its IR (and digest)
         ir["labels"] = dict(spec.labels)
-    # docs/priority.md: set only with a class (named or the default) / when given: a spec without
-    # them keeps its IR (and digest) while no default class is registered
-    if isinstance(priority, tuple):
-        ir["priorityClass"], ir["priority"] = priority
-    if spec.preemptible is not None:
-        ir["preemptible"] = spec.preemptible
     # seed 003: set only when given (the block's, else the component's)
     vid = spec.virtualClusterId or comp.virtualClusterId
     if vid:
