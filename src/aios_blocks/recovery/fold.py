@@ -514,18 +514,26 @@ class Fold(Projection):
             if job.get("kind") != "job" or parent is None:
                 continue
             missing = {n: t for n, t in (job.get("nodes") or {}).items() if n not in parent["nodes"]}
-            if not missing:
-                continue
-            in_jobs = {n for (c2, _), r in recs.items() if c2 == cid and r.get("parent") == parent["id"] for n in r["nodes"]}
-            for nid, t in sorted(missing.items()):
-                parent["nodes"][nid] = t
-                dead = sorted(n for n, t2 in parent["nodes"].items() if t2 == t and n not in in_jobs and n in self.nodes
-                              and not self.nodes[n].healthy)
-                if dead:
-                    parent["nodes"].pop(dead[0])
-            parent["nodes"] = dict(sorted(parent["nodes"].items()))
-            self.vclusters[(cid, parent["id"])][1] = dumps(parent)
-            self.anomalies.append(f"virtual cluster {parent['id']} repaired from job cluster {vid}: {sorted(missing)}")
+            if missing:
+                self._repair(cid, vid, parent, missing, recs)
+
+    def _repair(self, cid: str, vid: str, parent: dict[str, Any], missing: dict[str, str],
+                recs: dict[tuple[str, str], dict[str, Any]]) -> None:
+        """Job cluster ``vid``'s nodes ``missing`` from its divisible cluster ``parent``: added,
+        each for one dead node of its type that no job cluster holds."""
+        in_jobs = {n for (c2, _), r in recs.items() if c2 == cid and r.get("parent") == parent["id"] for n in r["nodes"]}
+        for nid, t in sorted(missing.items()):
+            parent["nodes"][nid] = t
+            dead = sorted(n for n, t2 in parent["nodes"].items() if t2 == t and n not in in_jobs and self._dead(n))
+            if dead:
+                parent["nodes"].pop(dead[0])
+        parent["nodes"] = dict(sorted(parent["nodes"].items()))
+        self.vclusters[(cid, parent["id"])][1] = dumps(parent)
+        self.anomalies.append(f"virtual cluster {parent['id']} repaired from job cluster {vid}: {sorted(missing)}")
+
+    def _dead(self, nid: str) -> bool:
+        node = self.nodes.get(nid)
+        return node is not None and not node.healthy
 
     # -- capacity (RESERVE_GANG / RELEASE) -----------------------------------------------------------
     def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: dict[str, Any], seq: int) -> None:
@@ -587,6 +595,17 @@ class Fold(Projection):
     def image(self, include_gathers: bool = True) -> Image:
         """The state as Redis keys -> values (str, dict for hashes, set, or dict of zset scores)."""
         img: Image = {}
+        self._inventory_image(img)
+        self.repair_divisible()
+        self._vcluster_image(img)
+        self._block_image(img)
+        self._registry_image(img)
+        if include_gathers:
+            img.update(self.gather_image(self.gathers))
+        return img
+
+    def _inventory_image(self, img: Image) -> None:
+        """Components, clusters, nodes (with their usage) and reservations."""
         for uri, comp in self.components.items():
             img[k.component_key(uri)] = comp
         if self.clusters:
@@ -599,13 +618,14 @@ class Fold(Projection):
         if index:
             img[k.NODE_INDEX] = index
         for (cid, iid), r in self.reservations.items():
-            img[res_key(cid, iid)] = {
+            h = img[res_key(cid, iid)] = {
                 "node": r["node"], "block": r["block"], "cpu": _num(r["cpu"]), "mem": str(r["mem"]),
                 "gpus": dumps(r["gpus"]), "exclusive": str(r["exclusive"]),
             }
             if r.get("share"):
-                img[res_key(cid, iid)]["share"] = str(r["share"])
-        self.repair_divisible()
+                h["share"] = str(r["share"])
+
+    def _vcluster_image(self, img: Image) -> None:
         vc_index: dict[str, str] = {}
         for (cid, vid), (_, rec) in sorted(self.vclusters.items()):
             if rec is not None:
@@ -614,6 +634,9 @@ class Fold(Projection):
                 vc_index[vid] = cid
         if vc_index:
             img[k.VC_INDEX] = vc_index
+
+    def _block_image(self, img: Image) -> None:
+        """Blocks, their order, instances, the affinity index and each node's instances."""
         for bid, b in self.blocks.items():
             img[k.block_key(bid)] = dict(b)
         order = ZSet({bid: self.block_order.get(bid, 0.0) for bid in self.blocks})
@@ -630,15 +653,14 @@ class Fold(Projection):
         for nid, on_node in self.node_insts.items():
             if on_node:
                 img[k.node_inst_key(nid)] = dict(on_node)
+
+    def _registry_image(self, img: Image) -> None:
         for name, head in self.policies.items():
             img[k.policy_key(name)] = dict(head)
         for (name, version), rec in self.policy_versions.items():
             img[k.policy_version_key(name, version)] = dict(rec)
         if self.policies:
             img[k.POLICIES] = set(self.policies)
-        if include_gathers:
-            img.update(self.gather_image(self.gathers))
-        return img
 
     def gather_image(self, which: Iterable[tuple[str, int, int]]) -> Image:
         """These gathers' keys (those with candidates: a round without any has no gather)."""

@@ -69,17 +69,39 @@ def check_image(
 ) -> Report:
     """Invariants 1-3 over one image (pure: used on Redis's image and on the fold's)."""
     rep = Report()
+    blocks, insts, nodes, res = _split(img)
+    stuck = rep.violations if settled else rep.warnings
+    # 1. blocks accounted for
+    wanted = set(expected or set()) | {b for b in (submitted or set()) if ID_RE.match(b)}
+    for bid in sorted(wanted - set(blocks)):
+        stuck.append(f"block {bid}: submitted, but has no state (missing)")
+    _blocks(blocks, insts, stuck, rep)
+    # 2. capacity: node counters vs reservation records vs capacity
+    want, owners = _reserved(res, nodes, rep)
+    for nk, h in nodes.items():
+        _node(nk, h, want.get(nk, {}), rep.violations)
+    rep.counts["nodes"] = len(nodes)
+    rep.counts["reservations"] = len(res)
+    # 3. instances <-> reservations, one each
+    _instances(insts, res, owners, rep)
+    # and virtual clusters (seed 003): every node in exactly one place, records and places agree,
+    # every instance inside its block's virtual cluster
+    _vclusters(img, nodes, res, blocks, rep.violations if settled else rep.warnings, rep)
+    return rep
+
+
+def _split(img: im.Image) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """The image's blocks and instance hashes (by block id), nodes and reservations (by key)."""
     blocks = {k.split(":", 2)[2]: v for k, v in img.items() if k.startswith("aios:block:") and not k.endswith(":inst")}
     insts = {k.split(":")[2]: v for k, v in img.items() if k.startswith("aios:block:") and k.endswith(":inst")}
     nodes = {k: v for k, v in img.items() if k.startswith("aios:{c:") and ":node:" in k}
     res = {k: v for k, v in img.items() if k.startswith("aios:{c:") and ":res:" in k}
-    stuck = rep.violations if settled else rep.warnings
+    return blocks, insts, nodes, res
 
-    # 1. blocks accounted for
-    wanted = set(expected or set()) | {b for b in (submitted or set()) if ID_RE.match(b)}
+
+def _blocks(blocks: dict[str, Any], insts: dict[str, Any], stuck: list[str], rep: Report) -> None:
+    """Each block's status is known and final (or in flight: ``stuck``), with what it implies."""
     statuses: dict[str, int] = {}
-    for bid in sorted(wanted - set(blocks)):
-        stuck.append(f"block {bid}: submitted, but has no state (missing)")
     for bid, b in blocks.items():
         status = b.get("status", "?")
         statuses[status] = statuses.get(status, 0) + 1
@@ -90,23 +112,32 @@ def check_image(
         elif status in ("failed", "rejected") and not b.get("reason"):
             rep.violations.append(f"block {bid}: {status} without a reason")
         elif status == "ready":
-            ir = msgspec.json.decode(b.get("ir", "{}"))
-            running = sum(1 for v in insts.get(bid, {}).values() if msgspec.json.decode(v).get("status") == "running")
-            if running < int(ir.get("minInstances", 0)):
-                stuck.append(f"block {bid}: ready with {running} running instances < minInstances {ir.get('minInstances')}")
-            held = len(insts.get(bid, {}))
-            if "maxInstances" in ir and held > int(ir["maxInstances"]):  # (a reassignment in flight holds one more)
-                stuck.append(f"block {bid}: {held} instances > maxInstances {ir['maxInstances']}")
+            _ready(bid, b, insts.get(bid, {}), stuck)
         elif status == "deleted" and insts.get(bid):
             stuck.append(f"block {bid}: deleted but still has instances {sorted(insts[bid])}")
     rep.counts.update({f"blocks_{s}": n for s, n in statuses.items()})
 
-    # 2. capacity: node counters vs reservation records vs capacity
+
+def _ready(bid: str, b: dict[str, Any], insts: dict[str, Any], stuck: list[str]) -> None:
+    """A ready block runs at least minInstances and holds at most maxInstances."""
+    ir = msgspec.json.decode(b.get("ir", "{}"))
+    running = sum(1 for v in insts.values() if msgspec.json.decode(v).get("status") == "running")
+    if running < int(ir.get("minInstances", 0)):
+        stuck.append(f"block {bid}: ready with {running} running instances < minInstances {ir.get('minInstances')}")
+    if "maxInstances" in ir and len(insts) > int(ir["maxInstances"]):  # (a reassignment in flight holds one more)
+        stuck.append(f"block {bid}: {len(insts)} instances > maxInstances {ir['maxInstances']}")
+
+
+def _cluster_of(key: str) -> str:
+    return key.split("{c:", 1)[1].split("}", 1)[0]
+
+
+def _reserved(res: dict[str, Any], nodes: dict[str, Any], rep: Report) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """What the reservations add up to on each node's counters, and each instance's cluster."""
     want: dict[str, dict[str, float]] = {}
     owners: dict[str, str] = {}
     for key, r in res.items():
-        cid = key.split("{c:", 1)[1].split("}", 1)[0]
-        iid = key.rsplit(":", 1)[1]
+        cid, iid = _cluster_of(key), key.rsplit(":", 1)[1]
         if iid in owners:
             rep.violations.append(f"instance {iid}: reserved in two clusters ({owners[iid]}, {cid})")
         owners[iid] = cid
@@ -122,30 +153,35 @@ def check_image(
                 w[f"g:{g}:x"] = 1.0
         if nk not in nodes:
             rep.violations.append(f"reservation {iid}: on node {r.get('node')} which is not registered in {cid}")
-    for nk, h in nodes.items():
-        w = want.get(nk, {})
-        for field_ in sorted(set(w) | {f for f in h if f in ("cpu_used", "mem_used") or (f.startswith("g:") and not f.endswith(":total"))}):
-            have, need = _num(h.get(field_)), w.get(field_, 0.0)
-            if field_.endswith(":x"):
-                if have != need:
-                    rep.violations.append(f"{nk}: {field_}={have:g} but reservations say {need:g}")
-            elif abs(have - need) > EPS:
-                rep.violations.append(f"{nk}: {field_}={have:g} but its reservations add up to {need:g}")
-        if _num(h.get("cpu_used")) > _num(h.get("cpu")) + EPS:
-            rep.violations.append(f"{nk}: cpu over capacity ({h.get('cpu_used')} > {h.get('cpu')})")
-        if _num(h.get("mem_used")) > _num(h.get("memory")):
-            rep.violations.append(f"{nk}: memory over capacity ({h.get('mem_used')} > {h.get('memory')})")
-        for f, v in h.items():
-            if f.endswith(":total"):
-                g = f[2:-6]
-                if _num(h.get(f"g:{g}:mem")) > _num(v):
-                    rep.violations.append(f"{nk}: GPU {g} over capacity ({h.get(f'g:{g}:mem')} > {v} MiB)")
-                if h.get(f"g:{g}:x") == "1" and _num(h.get(f"g:{g}:n")) > 1:
-                    rep.violations.append(f"{nk}: GPU {g} is exclusive but has {h.get(f'g:{g}:n')} holders")
-    rep.counts["nodes"] = len(nodes)
-    rep.counts["reservations"] = len(res)
+    return want, owners
 
-    # 3. instances <-> reservations, one each
+
+def _node(nk: str, h: dict[str, Any], w: dict[str, float], out: list[str]) -> None:
+    """One node's counters against its reservations, and its usage against its capacity."""
+    counters = {f for f in h if f in ("cpu_used", "mem_used") or (f.startswith("g:") and not f.endswith(":total"))}
+    for field_ in sorted(set(w) | counters):
+        have, need = _num(h.get(field_)), w.get(field_, 0.0)
+        if field_.endswith(":x"):
+            if have != need:
+                out.append(f"{nk}: {field_}={have:g} but reservations say {need:g}")
+        elif abs(have - need) > EPS:
+            out.append(f"{nk}: {field_}={have:g} but its reservations add up to {need:g}")
+    if _num(h.get("cpu_used")) > _num(h.get("cpu")) + EPS:
+        out.append(f"{nk}: cpu over capacity ({h.get('cpu_used')} > {h.get('cpu')})")
+    if _num(h.get("mem_used")) > _num(h.get("memory")):
+        out.append(f"{nk}: memory over capacity ({h.get('mem_used')} > {h.get('memory')})")
+    for f, v in h.items():
+        if not f.endswith(":total"):
+            continue
+        g = f[2:-6]
+        if _num(h.get(f"g:{g}:mem")) > _num(v):
+            out.append(f"{nk}: GPU {g} over capacity ({h.get(f'g:{g}:mem')} > {v} MiB)")
+        if h.get(f"g:{g}:x") == "1" and _num(h.get(f"g:{g}:n")) > 1:
+            out.append(f"{nk}: GPU {g} is exclusive but has {h.get(f'g:{g}:n')} holders")
+
+
+def _instances(insts: dict[str, Any], res: dict[str, Any], owners: dict[str, str], rep: Report) -> None:
+    """Every instance holds one reservation on its node, and every reservation has its instance."""
     seen: dict[str, str] = {}
     for bid, h in insts.items():
         for iid, raw in h.items():
@@ -162,56 +198,58 @@ def check_image(
         rep.violations.append(f"reservation {iid} in {owners[iid]}: no instance holds it (leaked)")
     rep.counts["instances"] = len(seen)
 
-    # and virtual clusters (seed 003): every node in exactly one place, records and places agree,
-    # every instance inside its block's virtual cluster
-    _vclusters(img, nodes, res, blocks, rep.violations if settled else rep.warnings, rep)
-    return rep
-
 
 def _vclusters(img: im.Image, nodes: dict[str, Any], res: dict[str, Any], blocks: dict[str, Any], out: list[str],
                rep: Report) -> None:
     recs: dict[tuple[str, str], dict[str, Any]] = {}
     for key, raw in img.items():
         if key.startswith("aios:{c:") and ":vc:" in key and isinstance(raw, str):
-            cid = key.split("{c:", 1)[1].split("}", 1)[0]
-            recs[(cid, key.rsplit(":vc:", 1)[1])] = msgspec.json.decode(raw)
-    place: dict[tuple[str, str], str] = {}
-    for nk, h in nodes.items():
-        cid = nk.split("{c:", 1)[1].split("}", 1)[0]
-        place[(cid, nk.rsplit(":node:", 1)[1])] = h.get("vc", "")
+            recs[(_cluster_of(key), key.rsplit(":vc:", 1)[1])] = msgspec.json.decode(raw)
+    place: dict[tuple[str, str], str] = {(_cluster_of(nk), nk.rsplit(":node:", 1)[1]): h.get("vc", "") for nk, h in nodes.items()}
     for (cid, nid), p in place.items():
         if p and nid not in (recs.get((cid, p)) or {}).get("nodes", {}):
             out.append(f"node {nid} of {cid}: placed in virtual cluster {p}, which does not list it")
     owner: dict[tuple[str, str], str] = {}
     for (cid, vid), r in sorted(recs.items()):
-        if r.get("parent"):
-            parent = recs.get((cid, r["parent"]))
-            extra = sorted(set(r.get("nodes", {})) - set((parent or {}).get("nodes", {})))
-            if extra:
-                out.append(f"job cluster {vid}: nodes {extra} are not in its divisible cluster {r['parent']}")
-        jobs = {j for (c2, j), jr in recs.items() if c2 == cid and jr.get("parent") == vid}
-        for nid in r.get("nodes", {}):
-            if not r.get("parent"):
-                if (cid, nid) in owner:
-                    out.append(f"node {nid} of {cid}: in virtual clusters {owner[(cid, nid)]} and {vid}")
-                owner[(cid, nid)] = vid
-            at = place.get((cid, nid))
-            if at is not None and at != vid and at not in jobs:
-                out.append(f"node {nid} of {cid}: listed by {vid} but placed in {at or 'the primary'} (lost)")
+        _vc_record(cid, vid, r, recs, place, owner, out)
     for key, r in res.items():
-        cid = key.split("{c:", 1)[1].split("}", 1)[0]
-        b = blocks.get(r.get("block", ""))
-        if b is None:
-            continue
-        ir = msgspec.json.decode(b.get("ir", "{}")) if isinstance(b.get("ir"), str) else (b.get("ir") or {})
-        want = ir.get("virtualClusterId") or ""
-        if want and ir.get("jobCluster"):
-            want = job_cluster_id(str(ir.get("blockId", "")))
-        p = place.get((cid, r.get("node", "")), "")
-        if p != want:
-            out.append(f"instance {key.rsplit(':', 1)[1]} of {r.get('block')}: on {r.get('node')} in "
-                       f"{p or 'the primary'}, its block's place is {want or 'the primary'}")
+        _vc_instance(key, r, blocks, place, out)
     rep.counts["vclusters"] = len(recs)
+
+
+def _vc_record(cid: str, vid: str, r: dict[str, Any], recs: dict[tuple[str, str], dict[str, Any]],
+               place: dict[tuple[str, str], str], owner: dict[tuple[str, str], str], out: list[str]) -> None:
+    """One virtual cluster's nodes: inside its divisible cluster (a job cluster), in no other
+    virtual cluster, and placed in it (or in one of its job clusters)."""
+    parent = r.get("parent")
+    if parent:
+        extra = sorted(set(r.get("nodes", {})) - set((recs.get((cid, parent)) or {}).get("nodes", {})))
+        if extra:
+            out.append(f"job cluster {vid}: nodes {extra} are not in its divisible cluster {parent}")
+    jobs = {j for (c2, j), jr in recs.items() if c2 == cid and jr.get("parent") == vid}
+    for nid in r.get("nodes", {}):
+        if not parent:
+            if (cid, nid) in owner:
+                out.append(f"node {nid} of {cid}: in virtual clusters {owner[(cid, nid)]} and {vid}")
+            owner[(cid, nid)] = vid
+        at = place.get((cid, nid))
+        if at is not None and at != vid and at not in jobs:
+            out.append(f"node {nid} of {cid}: listed by {vid} but placed in {at or 'the primary'} (lost)")
+
+
+def _vc_instance(key: str, r: dict[str, Any], blocks: dict[str, Any], place: dict[tuple[str, str], str], out: list[str]) -> None:
+    """A reservation's node is in its block's virtual cluster (or job cluster, or the primary)."""
+    b = blocks.get(r.get("block", ""))
+    if b is None:
+        return
+    ir = msgspec.json.decode(b.get("ir", "{}")) if isinstance(b.get("ir"), str) else (b.get("ir") or {})
+    want = ir.get("virtualClusterId") or ""
+    if want and ir.get("jobCluster"):
+        want = job_cluster_id(str(ir.get("blockId", "")))
+    p = place.get((_cluster_of(key), r.get("node", "")), "")
+    if p != want:
+        out.append(f"instance {key.rsplit(':', 1)[1]} of {r.get('block')}: on {r.get('node')} in "
+                   f"{p or 'the primary'}, its block's place is {want or 'the primary'}")
 
 
 #: a block in flight with no event for this long is stuck (``blocks check --stuck-after``)
