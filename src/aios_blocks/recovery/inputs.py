@@ -27,17 +27,20 @@ from typing import Any
 
 import msgspec
 
-from ..bus import catalog
 from ..handlers import controller as hc
 from ..handlers import gateway as hg
 from ..policies import affinity
 from ..policies.capacity import Nodes
+from ..projections.base import parse
+from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
 from ..state.store import node_view
 from .fold import Fold
 
 _json = msgspec.json
+#: the subjects of a block's events start with this
+_BLOCK = f"{ROOT}.block."
 
 #: how many messages past a step's own event its state may still lie (a reservation taken before
 #: the step read Redis, published after the step's event)
@@ -248,61 +251,82 @@ def _scripted(calls: list[Call]) -> tuple[Callable[[dict[str, Any]], Awaitable[A
     return invoke, captured
 
 
+Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
+
+
 async def _run(step: Step, st: State) -> list[bytes] | None:
     """Run the step's payload code on ``st``, answering with the recorded outputs from the step's
     cursor on; the inputs it built, or None when this step cannot be rebuilt on this state."""
-    data, name = step.data, step.event
-    bid = str(data.get("block_id") or step.subject.split(".")[2])
+    bid = str(step.data.get("block_id") or step.subject.split(".")[2])
     block = st.block(bid)
-    if block is None:
+    run = _RUNS.get(step.event) or (_run_plan if step.event in PLAN_STEPS else None)
+    if block is None or run is None:
         return None
-    ir = block["ir"]
-    todo = step.calls[step.cursor:]
-    invoke, captured = _scripted(todo)
-    first = todo[0].decision
+    invoke, captured = _scripted(step.calls[step.cursor:])
     try:
-        if name == "block.selection":
-            await hg.select(ir, st.clusters(), st.all_nodes(), invoke, st.index(ir))
-        elif name == "block.post_dry_run":
-            g = st.gather(bid, int(data.get("gen", 0)), int(data.get("attempt", 0)))
-            if isinstance(data.get("answers"), list):  # the answers it decided on travel with it
-                g["results"] = {str(a.get("cluster_id", "")): a for a in data["answers"] if isinstance(a, dict)}
-            clusters = st.clusters()
-            entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid), st.index(ir)) for cid in g["expected"] if cid in clusters}
-            await hg.choose(g["expected"], g["results"], entries, invoke, int(ir.get("minInstances") or 1))
-        elif name == "block.dry_run.result":
-            cid = str(data.get("cluster_id", ""))
-            cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
-            await hc.dry_run(ir, cluster, st.nodes(cid), invoke, st.index(ir))
-        elif name in PLAN_STEPS:
-            if step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS:
-                return None
-            tname, tdata = step.trigger
-            action = PLAN_TRIGGERS[tname]
-            cid = str(tdata.get("cluster_id", ""))
-            extra: dict[str, Any] = {}
-            instances: dict[str, dict[str, Any]] | None = None
-            if action == "allocation":
-                iids = [hc.instance_id(bid, i) for i in range(int(ir.get("minInstances") or 0))]
-            else:
-                iids = [hc.instance_id(bid, str(tdata.get("request_id", "")))]
-                instances = st.instances(bid)
-                extra["block_metrics"] = (first.get("given") or {}).get("block_metrics", {})
-                if action == "reassignment":
-                    extra["instance_id"] = extra["pod_name"] = tdata.get("instance_id", "")
-                    extra["reason"] = tdata.get("reason", "requested")
-            if (first.get("given") or {}).get("excluded_nodes"):  # suspect / avoided nodes, as the step left them out
-                extra["excluded_nodes"] = first["given"]["excluded_nodes"]
-            cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
-            try:
-                await hc.plan(ir, cluster, st.nodes(cid), action, iids, invoke, instances, st.index(ir), **extra)
-            except PlacementFailed:
-                pass
-        else:
+        if not await run(step, st, bid, block["ir"], invoke):
             return None
     except _Mismatch:
         return None
     return captured
+
+
+async def _run_selection(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+    await hg.select(ir, st.clusters(), st.all_nodes(), invoke, st.index(ir))
+    return True
+
+
+async def _run_post_dry_run(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+    data = step.data
+    g = st.gather(bid, int(data.get("gen", 0)), int(data.get("attempt", 0)))
+    if isinstance(data.get("answers"), list):  # the answers it decided on travel with it
+        g["results"] = {str(a.get("cluster_id", "")): a for a in data["answers"] if isinstance(a, dict)}
+    clusters = st.clusters()
+    entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid), st.index(ir)) for cid in g["expected"] if cid in clusters}
+    await hg.choose(g["expected"], g["results"], entries, invoke, int(ir.get("minInstances") or 1))
+    return True
+
+
+async def _run_dry_run(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+    cid = str(step.data.get("cluster_id", ""))
+    cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
+    await hc.dry_run(ir, cluster, st.nodes(cid), invoke, st.index(ir))
+    return True
+
+
+async def _run_plan(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+    """A resourceAllocator plan, for the command (allocation, scale, reassignment) the step handled."""
+    if step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS:
+        return False
+    tname, tdata = step.trigger
+    action = PLAN_TRIGGERS[tname]
+    given = step.calls[step.cursor].decision.get("given") or {}
+    cid = str(tdata.get("cluster_id", ""))
+    extra: dict[str, Any] = {}
+    instances: dict[str, dict[str, Any]] | None = None
+    if action == "allocation":
+        iids = [hc.instance_id(bid, i) for i in range(int(ir.get("minInstances") or 0))]
+    else:
+        iids = [hc.instance_id(bid, str(tdata.get("request_id", "")))]
+        instances = st.instances(bid)
+        extra["block_metrics"] = given.get("block_metrics", {})
+        if action == "reassignment":
+            extra["instance_id"] = extra["pod_name"] = tdata.get("instance_id", "")
+            extra["reason"] = tdata.get("reason", "requested")
+    if given.get("excluded_nodes"):  # suspect / avoided nodes, as the step left them out
+        extra["excluded_nodes"] = given["excluded_nodes"]
+    cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
+    try:
+        await hc.plan(ir, cluster, st.nodes(cid), action, iids, invoke, instances, st.index(ir), **extra)
+    except PlacementFailed:
+        pass
+    return True
+
+
+#: the steps rebuilt by running their code again, by event (plans: ``PLAN_STEPS``)
+_RUNS: dict[str, Callable[[Step, State, str, dict[str, Any], Invoke], Awaitable[bool]]] = {
+    "block.selection": _run_selection, "block.post_dry_run": _run_post_dry_run, "block.dry_run.result": _run_dry_run,
+}
 
 
 async def _try(step: Step, st: State, seq: int) -> None:
@@ -326,7 +350,7 @@ async def _try(step: Step, st: State, seq: int) -> None:
 
 
 def _event_name(subject: str) -> str:
-    hit = catalog.parse(subject)
+    hit = parse(subject)
     return hit[0].name if hit else ""
 
 
@@ -381,48 +405,57 @@ async def rebuild(
 ) -> list[Step]:
     """Every step with decisions in ``messages`` (stream order; those of ``block_id`` only, when
     given), each call's input rebuilt by replay (``Call.status``, ``Call.input``)."""
+    steps = _steps(messages, block_id)
+    pending = sorted((s for s in steps if not s.done), key=lambda s: s.lo)
+    if pending:
+        await _replay(messages, pending)
+    for step in steps:
+        plan_of_unknown = step.event in PLAN_STEPS and (step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS)
+        if plan_of_unknown or step.event not in PLAN_STEPS | set(_RUNS):
+            for c in step.calls:
+                if c.status == "mismatch":
+                    c.status = "unsupported"
+    return steps
+
+
+def _steps(messages: list[tuple[str, bytes, int, float]], block_id: str | None) -> list[Step]:
+    """The steps with decisions, in stream order (a block's first one replays from its previous event)."""
     steps: list[Step] = []
     last_of_block: dict[str, int] = {}
     by_seq: dict[int, tuple[str, bytes]] = {}
     for subject, raw, seq, ts in messages:
         by_seq[seq] = (subject, raw)
-        parts = subject.split(".")
-        if len(parts) < 4 or parts[1] != "block":
+        found = parse(subject)
+        bid = found[1].get("bid") if found is not None and found[0].pattern.startswith(_BLOCK) else None
+        if bid is None:
             continue
-        bid = parts[2]
         prev = last_of_block.get(bid, 0)
         last_of_block[bid] = seq
         if block_id is not None and bid != block_id:
             continue
-        if not (subject.endswith(".decision") or b'"decisions"' in raw):
+        if found is None or not (found[0] is E.block_decision or b'"decisions"' in raw):
             continue
-        data = _data(raw)
-        name = _event_name(subject)
-        for part_name, part in _parts(name, data):
+        for part_name, part in _parts(found[0].name, _data(raw)):
             recorded = decisions_of(subject, part)
-            if not recorded:
-                continue
-            steps.append(_step(subject, seq, part_name, part, recorded, ts, prev, by_seq))
-    pending = sorted((s for s in steps if not s.done), key=lambda s: s.lo)
-    if not pending:
-        return steps
+            if recorded:
+                steps.append(_step(subject, seq, part_name, part, recorded, ts, prev, by_seq))
+    return steps
+
+
+async def _replay(messages: list[tuple[str, bytes, int, float]], pending: list[Step]) -> None:
+    """Fold the stream; at each state a pending step may have read, try to rebuild its inputs."""
     fold = Fold()
     st = State(fold)
     active: list[Step] = []
     nxt = 0
     for subject, raw, seq, ts in messages:
-        name = _event_name(subject)
-        if name in STATE_EVENTS:
+        changed = _event_name(subject) in STATE_EVENTS
+        if changed:
             st.note(subject, _data(raw))
         fold.apply(subject, raw, seq, ts)
         while nxt < len(pending) and pending[nxt].lo <= seq:
             active.append(pending[nxt])
             nxt += 1
-        if not active:
-            if nxt >= len(pending):
-                break
-            continue
-        changed = name in STATE_EVENTS
         for step in active:
             if seq == step.lo or (changed and seq <= step.hi):
                 key = st.key(step)
@@ -431,14 +464,7 @@ async def rebuild(
                     await _try(step, st, seq)
         active = [s for s in active if seq < s.hi and not s.done]
         if not active and nxt >= len(pending):
-            break
-    for step in steps:
-        plan_of_unknown = step.event in PLAN_STEPS and (step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS)
-        if plan_of_unknown or step.event not in PLAN_STEPS | {"block.selection", "block.post_dry_run", "block.dry_run.result"}:
-            for c in step.calls:
-                if c.status == "mismatch":
-                    c.status = "unsupported"
-    return steps
+            return
 
 
 def calls(steps: Iterable[Step]) -> list[Call]:
