@@ -110,3 +110,11 @@ def test_a_line_reads_the_payload_struct_and_says_when_it_does_not_decode() -> N
         "failed", "no room", "red")
     assert line("aios.block.b1.ready", {"data": {"gen": "two"}}) == ("ready", "(its data is not a BlockStatus)", "green")
     assert line("aios.dlq.exec.aios.block.b1.ready", {"data": {}})[0] == "aios.block.b1.ready"
+
+
+def test_an_events_kind_is_its_subject_after_the_entity_from_the_catalog() -> None:
+    from aios_blocks.projections.lines import kind_of
+
+    for e in EVENTS:
+        s = _example(e)
+        assert kind_of(s) == s.split(".", 3)[3], e.name  # what the CLI and the tests always called it

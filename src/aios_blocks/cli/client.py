@@ -560,9 +560,10 @@ def event_data(env: dict[str, Any]) -> dict[str, Any]:
 
 
 def event_kind(subject: str) -> str:
-    """``aios.block.B.dry_run.result`` -> ``dry_run.result``."""
-    parts = subject.split(".", 3)
-    return parts[3] if len(parts) == 4 else subject
+    """``aios.block.B.dry_run.result`` -> ``dry_run.result``: from the catalog (``projections.lines``)."""
+    from ..projections.lines import kind_of
+
+    return kind_of(subject)
 
 
 def _decode(raw: bytes) -> dict[str, Any]:

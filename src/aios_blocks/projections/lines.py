@@ -39,6 +39,15 @@ def _kind_template(e: Event[Any]) -> str:
 _KIND = {e: _kind_template(e) for e in EVENTS}
 
 
+def kind_of(subject: str) -> str:
+    """What a line names a stored event by (``aios.block.B.instance.I.added`` ->
+    ``instance.I.added``); a subject outside the catalog: its tail."""
+    found = parse(subject)
+    if found is None:
+        return subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
+    return _KIND[found[0]].format_map(found[1])
+
+
 def call_line(c: ev.Decision) -> str:
     """One policy call's record, on one line (its log lines below it)."""
     detail = f"{c.kind}.{c.action} {c.uri}" + (f"@v{c.version}" if c.version else "")
@@ -164,7 +173,7 @@ class Lines(Projection):
         """(kind, detail) of one event as a JSON document (``kind``: the subject's tail)."""
         found = parse(subject)
         if found is None:  # not a catalog subject: its tail, nothing more known
-            return (subject.split(".", 3)[3] if subject.count(".") >= 3 else subject), ""
+            return kind_of(subject), ""
         event, tokens = found
         kind = _KIND[event].format_map(tokens)
         self.detail = ""
@@ -182,4 +191,4 @@ def line(subject: str, env: dict[str, Any]) -> tuple[str, str, str]:
     return kind, detail, COLOUR.get(kind.rpartition(".")[2], "cyan")
 
 
-__all__ = ["COLOUR", "PLAIN", "Lines", "adapt_line", "answer_line", "call_line", "line"]
+__all__ = ["COLOUR", "PLAIN", "Lines", "adapt_line", "answer_line", "call_line", "kind_of", "line"]
