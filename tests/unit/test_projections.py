@@ -41,7 +41,8 @@ def test_the_index_parses_every_subject_as_the_catalog_does() -> None:
 
 
 def test_the_fold_names_every_stored_event() -> None:
-    assert unfolded(EVENTS) == [], "fold each of these in recovery/fold.py (@on) or add it to fold.IGNORED"
+    missing = unfolded(EVENTS)
+    assert not missing, f"stored events the fold does not name: {missing}: fold each in recovery/fold.py (@on) or add it to fold.IGNORED"
     assert not set(Fold.handlers) & set(Fold.ignores)
 
 
@@ -93,7 +94,8 @@ def undescribed(events: tuple[Event[Any], ...]) -> list[str]:
 
 
 def test_every_event_has_a_one_line_description_for_the_cli() -> None:
-    assert undescribed(EVENTS) == [], "give each a method in projections/lines.py or add it to lines.PLAIN"
+    missing = undescribed(EVENTS)
+    assert not missing, f"events without a CLI line: {missing}: give each a method in projections/lines.py or add it to lines.PLAIN"
 
 
 def test_an_event_added_without_its_cli_line_is_named() -> None:
