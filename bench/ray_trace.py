@@ -18,6 +18,7 @@ scoring over every node), and the comparison leans Ray's way.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -50,6 +51,49 @@ def bundle(task: TaskRow) -> dict[str, float]:
     return {k: v for k, v in out.items() if v}
 
 
+def cpu_tree(root: int | None = None) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by ``root`` (this process by default) and every
+    process under it, by program name (the workers by their kinds); Linux ``/proc``, empty
+    elsewhere. Two snapshots around a phase give its CPU per process, free of the machine's load."""
+    import os
+
+    root = root or os.getpid()
+    tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    procs: dict[int, tuple[int, str, float]] = {}
+    try:
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return {}
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat", encoding="utf-8") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+        except OSError:
+            continue
+        rest = stat.rsplit(")", 1)[1].split()
+        name = os.path.basename(args[0].split()[0]) if args else stat.split("(", 1)[1].rsplit(")", 1)[0]
+        if "-m" in args and args.index("-m") + 2 < len(args) and args[args.index("-m") + 1] == "aios_blocks.workers.main":
+            name = args[args.index("-m") + 2]
+        procs[pid] = (int(rest[1]), name, (int(rest[11]) + int(rest[12])) / tick)
+    out: dict[str, float] = {}
+    for pid, (_ppid, name, secs) in procs.items():
+        p, seen = pid, 0
+        while p and p != root and p in procs and seen < 64:
+            p, seen = procs[p][0], seen + 1
+        if p == root:
+            key = "driver" if pid == root else name
+            out[key] = out.get(key, 0.0) + secs
+    return out
+
+
+def cpu_since(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    """CPU seconds per process name between two ``cpu_tree`` snapshots (processes that ended
+    in between are not counted)."""
+    return {k: round(v - before.get(k, 0.0), 3) for k, v in sorted(after.items()) if v - before.get(k, 0.0) > 0}
+
+
 def _wait_all(refs: list[Any], settle_s: float) -> tuple[int, float]:
     """Wait for the groups' ``ready()`` refs: (how many got ready, perf_counter of the last one).
     A group that fits nowhere stays pending in Ray for good: the wait ends ``settle_s`` after the
@@ -68,7 +112,7 @@ def _wait_all(refs: list[Any], settle_s: float) -> tuple[int, float]:
 
 
 def figures(nodes: list[NodeRow], warm: list[TaskRow], one_by_one: list[TaskRow], burst: list[TaskRow],
-            settle_s: float = 3.0) -> dict[str, Any]:
+            settle_s: float = 20.0) -> dict[str, Any]:
     """On a fresh local Ray with ``pools(nodes)``: the ``warm`` groups, then create->ready of each
     ``one_by_one`` group alone (groups that never get ready are counted, not timed), then every
     ``burst`` group created at once; groups are never removed (as our blocks). Returns the
@@ -77,7 +121,7 @@ def figures(nodes: list[NodeRow], warm: list[TaskRow], one_by_one: list[TaskRow]
     from ray.util.placement_group import placement_group
 
     ray.init(num_cpus=1, resources=pools(nodes), include_dashboard=False, object_store_memory=80 * 1024**2,
-             log_to_driver=False, logging_level="ERROR")
+             log_to_driver=False, logging_level=logging.ERROR)
     try:
         _wait_all([placement_group([bundle(t)], strategy="PACK").ready() for t in warm], settle_s)
         lat, unplaced = [], 0
@@ -89,10 +133,10 @@ def figures(nodes: list[NodeRow], warm: list[TaskRow], one_by_one: list[TaskRow]
                 lat.append(time.perf_counter() - t0)
             else:
                 unplaced += 1
-        t0 = time.perf_counter()
+        cpu0, t0 = cpu_tree(), time.perf_counter()
         refs = [placement_group([bundle(t)], strategy="PACK").ready() for t in burst]
         ready, last = _wait_all(refs, settle_s)
         return {"latencies": lat, "one_by_one_unplaced": unplaced, "burst": len(burst), "burst_ready": ready,
-                "burst_seconds": last - t0}
+                "burst_seconds": last - t0, "burst_cpu_s": cpu_since(cpu0, cpu_tree())}
     finally:
         ray.shutdown()

@@ -35,6 +35,7 @@ except ImportError:  # run as a script
     import common  # type: ignore[no-redef]
     import ray_trace  # type: ignore[no-redef]
 
+from aios_blocks.cli.client import Client
 from aios_blocks.schemas.spec import Cluster, Node
 from aios_blocks.trace import live
 from aios_blocks.trace.inventory import load_nodes
@@ -51,7 +52,7 @@ POLICY = "fgd-plus"
 def phases(nodes: list[Node], tasks: list[Task], policy: str, seed: int, lat: int, burst: int) -> tuple[Task, list[Task], list[Task]]:
     """The replay's task list for the seed (``--in-process``'s), cut into the phases: the warm-up
     block, the one-at-a-time ones, the burst."""
-    pods = setup(nodes, tasks, policy, seed, 1.3, 0).pods
+    pods = setup(nodes, tasks, policy, seed, 1.3, 0).pods  # the sampling setting does not change the list
     if len(pods) < 1 + lat + burst:
         raise SystemExit(f"the replay samples {len(pods)} tasks; --lat {lat} + --tasks {burst} + 1 do not fit")
     return pods[0], pods[1:1 + lat], pods[1 + lat:1 + lat + burst]
@@ -64,10 +65,11 @@ def summary(kind: str, lat: list[float], placed: int, decided: int, seconds: flo
 
 
 async def ours_on(client: Any, nodes: list[Node], tasks: list[Task], policy: str = POLICY, seed: int = 42, lat: int = 200,
-                  burst: int = 2000, window: int = 64, timeout: float = 300.0) -> dict[str, Any]:
-    """Our side through the system ``client`` is connected to (one with no cluster yet)."""
+                  burst: int = 2000, window: int = 64, timeout: float = 300.0, sample_nodes: int = 0) -> dict[str, Any]:
+    """Our side through the system ``client`` is connected to (one with no cluster yet);
+    ``sample_nodes``: the resourceAllocator's ``sampleNodes`` (0: every node, as the replay)."""
     warm, one_by_one, many = phases(nodes, tasks, policy, seed, lat, burst)
-    st = setup(nodes, tasks, policy, seed, 1.3, 0)
+    st = setup(nodes, tasks, policy, seed, 1.3, sample_nodes)
     for comp in live.components(st):
         await client.add_component(comp)
     await client.import_nodes(Cluster(id=live.CLUSTER), [n.model_copy(update={"cluster": live.CLUSTER}) for n in nodes])
@@ -75,22 +77,20 @@ async def ours_on(client: Any, nodes: list[Node], tasks: list[Task], policy: str
     await outcomes.attach(client.bus)
     await live.submit(client, outcomes, [warm], 1, timeout)
     timed = await live.submit(client, outcomes, one_by_one, 1, timeout)
-    t0 = time.perf_counter()
+    cpu0, t0 = ray_trace.cpu_tree(), time.perf_counter()
     got = await live.submit(client, outcomes, many, window, timeout)
     seconds = max(d.done for d in got) - t0 if got else 0.0
     return summary("ours", [d.seconds for d in timed], sum(d.kind == "ready" for d in got), len(got), seconds,
-                   window=window, one_by_one_failed=sum(d.kind != "ready" for d in timed),
-                   burst_failed=sum(d.kind != "ready" for d in got))
+                   window=window, sample_nodes=sample_nodes, one_by_one_failed=sum(d.kind != "ready" for d in timed),
+                   burst_failed=sum(d.kind != "ready" for d in got), burst_cpu_s=ray_trace.cpu_since(cpu0, ray_trace.cpu_tree()))
 
 
 async def ours(nodes: list[Node], tasks: list[Task], policy: str, seed: int, lat: int, burst: int, window: int,
-               log: Any = print) -> dict[str, Any]:
-    from aios_blocks.cli.client import Client
-
+               sample_nodes: int = 0, log: Any = print) -> dict[str, Any]:
     async with live.own_system(log) as (nats_url, redis_url, _):
         client = await Client.open(nats_url, redis_url)
         try:
-            return await ours_on(client, nodes, tasks, policy, seed, lat, burst, window)
+            return await ours_on(client, nodes, tasks, policy, seed, lat, burst, window, sample_nodes=sample_nodes)
         finally:
             await client.close()
 
@@ -107,7 +107,8 @@ def ray_side(nodes: list[Node], tasks: list[Task], policy: str, seed: int, lat: 
     warm, one_by_one, many = phases(nodes, tasks, policy, seed, lat, burst)
     got = ray_trace.figures(rows_of(nodes), [row_of(warm)], [row_of(t) for t in one_by_one], [row_of(t) for t in many])
     return summary("ray", got["latencies"], got["burst_ready"], got["burst"], got["burst_seconds"],
-                   one_by_one_failed=got["one_by_one_unplaced"], burst_failed=got["burst"] - got["burst_ready"])
+                   one_by_one_failed=got["one_by_one_unplaced"], burst_failed=got["burst"] - got["burst_ready"],
+                   burst_cpu_s=got["burst_cpu_s"])
 
 
 def table(o: dict[str, Any], r: dict[str, Any] | None) -> str:
@@ -123,6 +124,11 @@ def table(o: dict[str, Any], r: dict[str, Any] | None) -> str:
     lines.append(f"burst: ours {o['burst_placed']} placed of {o['burst_decided']} in {o['burst_seconds']:.2f} s "
                  f"({o['window']} in flight)" + (f"; Ray {r['burst_placed']} of {r['burst_decided']} in "
                                                  f"{r['burst_seconds']:.2f} s (all created at once)" if r else ""))
+    for side in (o, r):
+        if side and side.get("burst_cpu_s") and side["burst_placed"]:
+            per = {k: 1000 * v / side["burst_placed"] for k, v in side["burst_cpu_s"].items()}
+            lines.append(f"{side['side']}: CPU ms per placement in the burst, {sum(per.values()):.1f} in all: "
+                         + ", ".join(f"{k} {v:.1f}" for k, v in sorted(per.items(), key=lambda kv: -kv[1]) if v >= 0.05))
     if r:
         lines.append(f"target (issue 34): placements/s >= Ray's: {'met' if o['per_s'] >= r['per_s'] else 'NOT met'}; "
                      f"p50 <= 4 x Ray's: {'met' if o['p50_ms'] <= 4 * r['p50_ms'] else 'NOT met'}")
@@ -139,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lat", type=int, default=200, help="tasks created one at a time (p50/p99)")
     ap.add_argument("--tasks", type=int, default=2000, help="tasks of the burst (placements/s)")
     ap.add_argument("--window", type=int, default=64, help="our creates in flight in the burst")
+    ap.add_argument("--sample-nodes", type=int, default=0,
+                    help="our resourceAllocator's sampleNodes (0: every node, as `blocks trace replay`; 100: a block's default)")
     ap.add_argument("--sim-start-delay", default="0", help="AIOS_SIM_START_DELAY_S of our simulated fleet")
     ap.add_argument("--skip-ray", action="store_true")
     ap.add_argument("--json", type=Path, default=None)
@@ -148,9 +156,9 @@ def main(argv: list[str] | None = None) -> int:
         nodes = nodes[:a.max_nodes]
     tasks = load_tasks(a.pods)
     print(f"{len(nodes)} nodes, {sum(len(n.gpus) for n in nodes)} GPUs; policy {a.policy}, seed {a.seed}; "
-          f"{a.lat} one at a time, {a.tasks} in the burst", flush=True)
+          f"{a.lat} one at a time, {a.tasks} in the burst; sampleNodes {a.sample_nodes}", flush=True)
     with common.env_set("AIOS_SIM_START_DELAY_S", a.sim_start_delay):
-        o = common.run(ours(nodes, tasks, a.policy, a.seed, a.lat, a.tasks, a.window))
+        o = common.run(ours(nodes, tasks, a.policy, a.seed, a.lat, a.tasks, a.window, a.sample_nodes))
     print(f"ours: {json.dumps(o)}", flush=True)
     r = None
     if a.skip_ray:
