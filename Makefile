@@ -53,9 +53,12 @@ bench-quick: $(STAMP)
 trace-bench: $(STAMP)
 	$(BIN)/python -m bench.trace_replay $(TRACE_ARGS)
 
+# Ray side by side: the uniform peer rows, then the GPU trace's live placement against Ray placement
+# groups (docs/trace.md "Live vs Ray"); PEER_ARGS: e.g. "--tasks 500 --lat 100 --sample-nodes 100"
 bench-peer: $(STAMP)
 	$(BIN)/pip install -q "ray>=2.9"
 	$(BIN)/python -m bench.run_all --only peer
+	$(BIN)/python -m bench.trace_vs_ray $(PEER_ARGS)
 
 # mutation score of the modules whose decisions users rely on (docs/testing.md); not in `make test`.
 # MUTATE_ARGS: e.g. "-m capacity --survivors"
