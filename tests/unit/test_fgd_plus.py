@@ -8,8 +8,16 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from aios_blocks.policies import capacity
-from aios_blocks.policies.builtin.fgd_plus import FgdPlusPolicy, FillWorkload, effective_cpu, memory_per_cpu
+from aios_blocks.policies.builtin.fgd_plus import (
+    BlendedWorkload,
+    FgdPlusPolicy,
+    FillWorkload,
+    effective_cpu,
+    memory_per_cpu,
+)
 from aios_blocks.policies.builtin.frag import Workload
 from aios_blocks.policies.runtime import BUILTINS
 from aios_blocks.policies.uris import BUILTIN_KINDS
@@ -120,3 +128,47 @@ def test_replay_of_the_trace_sample_is_deterministic_per_seed() -> None:
     assert a["policy"] == "builtin:fgd-plus" and a["placed"] > 0 and a["placed"] + a["failed"] == a["blocks"]
     assert a["alloc_curve"] == b["alloc_curve"] and a["failures"] == b["failures"]
     assert a["alloc_at_130"] >= a["alloc_at_100"] > 0
+
+
+class _NoMemo(dict[Any, float]):
+    """A memo that never remembers: every figure computed afresh."""
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        return default
+
+    def __setitem__(self, key: Any, value: float) -> None:
+        pass
+
+
+class _Uncached(FgdPlusPolicy):
+    """fgd-plus without its memos: the slow path."""
+
+    memo_before = False
+
+    def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
+        wl = super().measure(shapes)
+        wl._memo = wl.fgd._memo = wl.fill._memo = _NoMemo()
+        return wl
+
+
+@pytest.mark.parametrize("seed", [42, 7])
+def test_the_memoised_measure_makes_the_decisions_of_the_slow_path(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # memos keyed by the node state (per view, per (model, CPU, free compute per GPU)) change no
+    # decision: every block of the sample goes to the same node and GPUs as measured afresh
+    nodes, tasks = load_nodes(DATA / "nodes.csv", "s"), load_tasks(DATA / "pods.csv")
+    fast = asyncio.run(replay(nodes, tasks, "fgd-plus", seed=seed))
+    monkeypatch.setitem(BUILTINS, "builtin:fgd-plus", _Uncached)
+    slow = asyncio.run(replay(nodes, tasks, "fgd-plus", seed=seed))
+    assert len(fast.placements) > 50 and fast.placements == slow.placements
+    assert fast.as_dict()["frag_curve"] == slow.as_dict()["frag_curve"]
+
+
+def test_the_look_ahead_measure_does_not_depend_on_what_was_measured_before() -> None:
+    # two CPU figures 0.05 apart fit a different number of 12-CPU tasks: a memo keyed by a
+    # rounded CPU would give the second the first's figure
+    shapes = [{"cpu": 12, "gpus": 1, "weight": 1.0}]
+    left = (1000,) * 4
+    a = FillWorkload(shapes)
+    assert (a.frag("G2", 23.97, left), a.frag("G2", 24.0, left)) == (3000, 2000)
+    b = FillWorkload(shapes)
+    assert (b.frag("G2", 24.0, left), b.frag("G2", 23.97, left)) == (2000, 3000)

@@ -154,12 +154,19 @@ class FillWorkload:
         if hit is not None:
             return hit
         out = self.cpu_only * free
-        whole = sum(1 for x in left if x >= UNITS)
+        whole = left.count(UNITS)
+        partial = [x for x in left if x]
+        per_share: dict[int, int] = {}  # shares of one size that fit, per size (shapes repeat sizes)
         for gpus, units, models, items, weight in self.groups:
             if models and model not in models:
                 out += weight * free
                 continue
-            slots = sum(x // units for x in left) if units < UNITS else whole // gpus
+            if units < UNITS:
+                slots = per_share.get(units, -1)
+                if slots < 0:
+                    slots = per_share[units] = sum(x // units for x in partial)
+            else:
+                slots = whole // gpus
             if not slots:
                 out += weight * free
                 continue
@@ -199,6 +206,9 @@ class FgdPlusPolicy(_FragBase):
     """FGD over effective CPU (memory strands GPUs), best fit on ties, best-fit GPU."""
 
     mode = "fgd-plus"
+    #: keep each node view's measure before a task (per memory ratio); off: measured per score
+    #: (the slow path the tests compare the decisions with)
+    memo_before = True
 
     def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
         super().__init__(rule_id, settings, parameters)
@@ -253,6 +263,8 @@ class FgdPlusPolicy(_FragBase):
         if wl is None:  # no target workload: this request's shape alone
             wl = self.measure([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
                                 "gpuShare": units / UNITS if units < UNITS else 0, "weight": 1}])
+            before = self._before(wl, node, model, left, ratio)
+        elif not self.memo_before:
             before = self._before(wl, node, model, left, ratio)
         else:  # the node's measure before the task: one figure per view, whatever the task
             before = capacity.derived(node, ("fgd-plus:before", *self.key, ratio),
