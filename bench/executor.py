@@ -282,7 +282,7 @@ async def _propagation(nats_url: str, redis_url: str, n: int) -> list[common.Row
     workers = [await Worker.open(nats_url, redis_url, f"executor-{k}", settings=settings) for k in range(2)]
     exs = [Executor(w) for w in workers]
     stop = asyncio.Event()
-    runs = [asyncio.ensure_future(e.run(stop)) for e in exs]
+    runs = [asyncio.ensure_future(e.run(stop, mapper_on=True)) for e in exs]
     lat: list[float] = []
     try:
         await asyncio.gather(*(asyncio.wait_for(e.map_ready.wait(), 30) for e in exs))

@@ -92,7 +92,7 @@ async def _figures(rounds: int) -> list[common.Row]:
         wc = await Worker.open(nats_url, redis_url, "checker", settings=settings)
         ex, ch = Executor(wx), Checker(wc)
         stop = asyncio.Event()
-        runs = [asyncio.ensure_future(ex.run(stop)), asyncio.ensure_future(ch.run(stop))]
+        runs = [asyncio.ensure_future(ex.run(stop, mapper_on=True)), asyncio.ensure_future(ch.run(stop))]
         client = await Client.open(nats_url, redis_url)
         maps = InstanceMaps(client.bus)
         children: list[subprocess.Popen[bytes]] = []

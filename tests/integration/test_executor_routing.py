@@ -135,7 +135,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     w = await Worker.open(servers.nats_url, servers.redis_url, "executor", settings=settings)
     ex = Executor(w)
     stop = asyncio.Event()
-    run = asyncio.ensure_future(ex.run(stop))
+    run = asyncio.ensure_future(ex.run(stop, mapper_on=True))
     client = await Client.open(servers.nats_url, servers.redis_url)
     r = Rig(client, ex, InstanceMaps(client.bus), f"http://127.0.0.1:{port}", [], (servers.nats_url, servers.redis_url))
     try:

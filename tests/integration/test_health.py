@@ -153,7 +153,7 @@ async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
     wc = await Worker.open(servers.nats_url, servers.redis_url, "checker", settings=settings)
     ex, ch = Executor(wx), Checker(wc)
     stop = asyncio.Event()
-    runs = [asyncio.ensure_future(ex.run(stop)), asyncio.ensure_future(ch.run(stop))]
+    runs = [asyncio.ensure_future(ex.run(stop, mapper_on=True)), asyncio.ensure_future(ch.run(stop))]
     client = await Client.open(servers.nats_url, servers.redis_url)
     verdicts: list[dict[str, Any]] = []
 

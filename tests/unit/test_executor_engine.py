@@ -12,12 +12,13 @@ from typing import Any
 
 import pytest
 
+from aios_blocks.executor.dispatch import MAX_TASK_TIMEOUT_MS, task_timeout_s
 from aios_blocks.executor.engine import InlinePolicy, InstanceState, Limits, Refused, Route, Weighted
 from aios_blocks.handlers import mapper
 from aios_blocks.policies import contract, uris
 from aios_blocks.policies.builtin.balancer import LeastInflightPolicy, LeastQueuePolicy, RoundRobinPolicy
 from aios_blocks.policies.runtime import BUILTINS, PolicyRuntime
-from aios_blocks.workers.executor import MAX_TASK_TIMEOUT_MS, parse_queue_metrics, task_timeout_s
+from aios_blocks.workers.executor import parse_queue_metrics
 
 
 def inst(iid: str, inflight: int = 0, **metrics: float) -> dict[str, Any]:
@@ -293,7 +294,7 @@ def test_mapper_ignores_facts_of_older_generations_and_other_nodes() -> None:
 
 
 def test_a_map_rebuilt_from_the_state_routes_to_what_runs() -> None:
-    # a lost bucket made anew is refilled from Redis (workers/executor.py, refill_maps)
+    # a lost bucket made anew is refilled from Redis (workers/mapper.py, Mapper.refill)
     insts = {
         "i0": {"node": "n0", "status": "running", "endpoint": "http://127.0.0.1:9000"},
         "i1": {"node": "n1", "status": "starting"},

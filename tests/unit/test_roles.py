@@ -46,7 +46,7 @@ def test_blocks_up_has_an_option_for_each_kind() -> None:
 
 def test_the_table_derives_groups_layout_and_users() -> None:
     assert roles.DEFAULT_GROUPS == {"front": ("parser", "gateway", "metrics", "autoscaler", "checker"),
-                                    "serve": ("agent-sim", "executor")}
+                                    "serve": ("agent-sim", "executor", "mapper")}
     assert set(roles.DEFAULT_LAYOUT) == set(roles.KINDS) and set(roles.DEFAULT_LAYOUT.values()) == {1}
     assert roles.INVENTORY_KINDS == {"gateway", "controller"}
     # every kind logs in as its own NATS user, and reaches Redis as the workers' user

@@ -43,6 +43,7 @@ def up(
     controllers: int = typer.Option(1, min=0, help="Controller workers (copies, like --parsers)."),
     agents: int = typer.Option(1, min=0, help="Simulated node agents (copies, like --parsers)."),
     executors: int = typer.Option(1, min=0, help="Executors (copies, like --parsers; block tasks over NATS and HTTP; they share the HTTP port)."),
+    mappers: int = typer.Option(1, min=0, help="Mappers (copies; the instance maps the executors route by, from lifecycle facts)."),
     collectors: int = typer.Option(1, min=0, help="Metrics collectors (copies, like --parsers; one writes, copies stand by; docs/metrics.md)."),
     autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
     checkers: int = typer.Option(1, min=0, help="Health checkers (copies, like --parsers; one decides a block at a time; docs/health.md)."),
@@ -56,7 +57,7 @@ def up(
 
     The worker kinds run grouped, three processes: front (parser, gateway and the services that
     watch running blocks: metrics, autoscaler, checker), the controller on its own, and serve
-    (agent-sim, executor); each kind keeps its own connections as its own role, and a group whose
+    (agent-sim, executor, mapper); each kind keeps its own connections as its own role, and a group whose
     kind fails is restarted whole. `--controllers N` etc. run N copies of a kind: the first in its
     group, the others as processes of their own.
     `--process-per-kind` runs each kind in a process of its own.
@@ -68,7 +69,7 @@ def up(
     from . import up as _up
 
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
-              "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
+              "mapper": mappers, "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
     # the process that stays up is a lean one (cli/up.py): this one's modules would stay resident
     _up.exec_up(data_dir, layout, process_per_kind, None if no_console else console_port)
 

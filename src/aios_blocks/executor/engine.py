@@ -453,52 +453,61 @@ class Route:
                 now = loop.time()
                 if self.holding():
                     if held_since is None:
-                        if self.held >= self.limits.max_held:
-                            self.rejected += 1
-                            self.stats.rejected[Reject.HOLD_FULL] += 1
-                            ms = 1000
-                            raise Refused(429, f"block {self.block_id} is starting from zero instances and already holds "
-                                               f"{self.held} tasks (the most it holds), retry after {ms} ms", ms)
-                        held_since = now
-                        self.held += 1
-                    end = min(task_end, held_since + self.limits.hold_s)
-                    if end - now <= 0:
-                        self.rejected += 1
-                        self.stats.rejected[Reject.HOLD_TIMEOUT] += 1
-                        why = (f"within the task's time limit ({(task_end - held_since) * 1000:g} ms)" if task_end < held_since + self.limits.hold_s
-                               else f"within {self.limits.hold_s:g} s (activator_hold_s)")
-                        raise Refused(503, f"block {self.block_id} is scaled to zero and no instance became ready {why}", 1000)
+                        held_since = self._hold(now)
+                    end = self._hold_end(held_since, task_end, now)
                     self._activate(now)
                     await self._wait(loop, end - now)
                     continue
                 if held_since is not None:  # an instance is ready: from now on a task of the queue
                     self.held -= 1
                     held_since, start = None, now
-                if self.closed and self.scale_to_zero:
-                    self.rejected += 1
-                    self.stats.rejected[Reject.NO_INSTANCE] += 1
-                    raise Refused(503, f"block {self.block_id} was redeployed or deleted while the task waited", 1000)
-                if self.live() - sum(1 for i in exclude if i in self.views) <= 0:
-                    self.rejected += 1
-                    self.stats.rejected[Reject.NO_INSTANCE] += 1
-                    raise Refused(503, f"block {self.block_id} has no ready instance", 1000)
-                if len(self.waiting) >= self.limits.queue_size:
-                    self.rejected += 1
-                    self.stats.rejected[Reject.OVERLOADED] += 1
-                    ms = self.retry_after_ms()
-                    raise Refused(503, f"block {self.block_id} overloaded ({len(self.waiting)} tasks queued), retry after {ms} ms", ms)
-                remaining = min(task_end, start + self.limits.queue_timeout_s) - now
-                if remaining <= 0:
-                    self.rejected += 1
-                    self.stats.rejected[Reject.QUEUE_TIMEOUT] += 1
-                    # say which limit ended the wait: the task's own (Aios-Timeout-Ms) or the queue's
-                    why = ("within the task's time limit" if task_end < start + self.limits.queue_timeout_s
-                           else f"within {self.limits.queue_timeout_s:g} s (queueTimeoutS)")
-                    raise Refused(503, f"block {self.block_id}: no instance free {why}", self.retry_after_ms())
-                await self._wait(loop, remaining)
+                await self._wait(loop, self._queue_wait(exclude, start, task_end, now))
         finally:
             if held_since is not None:
                 self.held -= 1
+
+    def _refuse(self, why: Reject, status: int, reason: str, retry_after_ms: int | None = None) -> Refused:
+        """A task refused (counted by why), to raise."""
+        self.rejected += 1
+        self.stats.rejected[why] += 1
+        return Refused(status, reason, retry_after_ms)
+
+    def _hold(self, now: float) -> float:
+        """A task held while the block starts from zero: when its hold began (refused if too many)."""
+        if self.held >= self.limits.max_held:
+            ms = 1000
+            raise self._refuse(Reject.HOLD_FULL, 429, f"block {self.block_id} is starting from zero instances and already holds "
+                                                      f"{self.held} tasks (the most it holds), retry after {ms} ms", ms)
+        self.held += 1
+        return now
+
+    def _hold_end(self, held_since: float, task_end: float, now: float) -> float:
+        """When a held task's wait ends (refused when it has)."""
+        end = min(task_end, held_since + self.limits.hold_s)
+        if end - now <= 0:
+            why = (f"within the task's time limit ({(task_end - held_since) * 1000:g} ms)" if task_end < held_since + self.limits.hold_s
+                   else f"within {self.limits.hold_s:g} s (activator_hold_s)")
+            raise self._refuse(Reject.HOLD_TIMEOUT, 503, f"block {self.block_id} is scaled to zero and no instance became ready {why}", 1000)
+        return end
+
+    def _queue_wait(self, exclude: frozenset[str] | set[str], start: float, task_end: float, now: float) -> float:
+        """How long a task may wait in the queue now; refused when the block has no instance left,
+        the queue is full, or its wait has ended."""
+        if self.closed and self.scale_to_zero:
+            raise self._refuse(Reject.NO_INSTANCE, 503, f"block {self.block_id} was redeployed or deleted while the task waited", 1000)
+        if self.live() - sum(1 for i in exclude if i in self.views) <= 0:
+            raise self._refuse(Reject.NO_INSTANCE, 503, f"block {self.block_id} has no ready instance", 1000)
+        if len(self.waiting) >= self.limits.queue_size:
+            ms = self.retry_after_ms()
+            raise self._refuse(Reject.OVERLOADED, 503,
+                               f"block {self.block_id} overloaded ({len(self.waiting)} tasks queued), retry after {ms} ms", ms)
+        remaining = min(task_end, start + self.limits.queue_timeout_s) - now
+        if remaining <= 0:
+            # say which limit ended the wait: the task's own (Aios-Timeout-Ms) or the queue's
+            why = ("within the task's time limit" if task_end < start + self.limits.queue_timeout_s
+                   else f"within {self.limits.queue_timeout_s:g} s (queueTimeoutS)")
+            raise self._refuse(Reject.QUEUE_TIMEOUT, 503, f"block {self.block_id}: no instance free {why}", self.retry_after_ms())
+        return remaining
 
     async def _wait(self, loop: asyncio.AbstractEventLoop, timeout: float) -> None:
         """Wait in the block's FIFO until woken (a slot freed, a map applied) or ``timeout``."""

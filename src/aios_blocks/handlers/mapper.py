@@ -1,6 +1,6 @@
 """The mapper's decisions: lifecycle facts -> the block's next instance map. Pure functions
 ``(fact, current map, block record) -> new map | None`` (``None``: no change); the mapper worker
-(``workers/executor.py``) stores the result in the instance-map bucket with compare-and-set
+(``workers/mapper.py``, ``blocks worker mapper``) stores the result in the instance-map bucket with compare-and-set
 (``bus.instance_map``), so copies of the mapper never lose each other's changes.
 
 The map of a block (one key per block; the bucket's revision is its version)::
@@ -102,16 +102,8 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
     if out is None or iid in out["gone"]:
         return None
     inst = out["instances"].get(iid)
-    if inst is not None:
-        if node and inst.get("node") and inst["node"] != node:
-            return None  # a fact about a copy on another node (a duplicate being stopped)
-        if ORDER[InstanceState(inst["state"])] > ORDER[state]:
-            return None
-        if inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None \
-                and (not boot or inst.get("boot") == boot) and all(out.get(k) == current.get(k) for k in BLOCK_KEYS):
-            return None
-    elif state in (InstanceState.DRAINING, InstanceState.STOPPING) and not endpoint:
-        return None  # never seen running: nothing routes to it
+    if _unchanged(out, current, inst, state, node, endpoint, boot):
+        return None
     new = dict(inst or {})
     new["state"] = str(state)
     new["since"] = now
@@ -128,6 +120,26 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
         out["boots"] = boots
     out["instances"][iid] = new
     return out
+
+
+def _unchanged(out: dict[str, Any], current: dict[str, Any] | None, inst: dict[str, Any] | None, state: InstanceState,
+               node: str, endpoint: str, boot: str) -> bool:
+    """Whether a fact leaves the map as it is: about a copy on another node, older than what the
+    map holds, already there, or a drain of an instance never seen running."""
+    if inst is None:
+        return state in (InstanceState.DRAINING, InstanceState.STOPPING) and not endpoint  # nothing routes to it
+    if node and inst.get("node") and inst["node"] != node:
+        return True  # a fact about a copy on another node (a duplicate being stopped)
+    if ORDER[InstanceState(inst["state"])] > ORDER[state]:
+        return True
+    return _same(out, current, inst, state, endpoint, boot)
+
+
+def _same(out: dict[str, Any], current: dict[str, Any] | None, inst: dict[str, Any], state: InstanceState,
+          endpoint: str, boot: str) -> bool:
+    """The instance already holds this state (and endpoint, boot), and the block's fields are as stored."""
+    return (inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None
+            and (not boot or inst.get("boot") == boot) and all(out.get(k) == current.get(k) for k in BLOCK_KEYS))
 
 
 def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: dict[str, Any] | None,

@@ -248,9 +248,10 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
                 f"{JS}.CONSUMER.DELETE.{subjects.STREAM_OUTPUTS}.*"]
         if role == "agent-sim":
             sub += hints  # the simulated fleet is a Worker like the others
-    elif role == "executor":
+    elif role in ("executor", "mapper"):
         # the mapper's durable, the instance-map bucket (create, read, write, watch through an
-        # ordered consumer), the tasks of every block as a queue group, replies to requesters
+        # ordered consumer); the executor also the tasks of every block as a queue group, replies
+        # to requesters (an executor may run a mapper in its process: in-process tests, benchmarks)
         kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
         # the bucket's stream: create and read, never purge, update or delete
         pub += [*read_topology, *_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
@@ -259,8 +260,8 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
                 f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
                 f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{subjects.INSTANCE_BUCKET}.>", "$JS.FC.>",
                 f"$JS.ACK.{kv_stream}.>"]
-        sub += [*hints, E_TASKS]
-        responses = True
+        sub += [*hints, E_TASKS] if role == "executor" else hints
+        responses = role == "executor"
     elif role in ("metrics", "checker"):
         # the metrics collector publishes no event, the health checker only its verdicts and failed
         # ticks (from the catalog): both read the instance-map bucket (watch through an ordered

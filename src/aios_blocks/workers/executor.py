@@ -1,27 +1,17 @@
 """Executor worker (``blocks worker executor``, started by ``blocks up``): the gateway of every
-block's tasks, and the mapper that keeps the blocks' instance maps.
+block's tasks. Its parts, each a module of its own:
 
-* **Mapper**: a durable consumer (``mapper``, shared by the executors) turns lifecycle facts into
-  each block's versioned instance map in the ``aios-instances`` bucket (``handlers/mapper.py``
-  decides, ``bus/instance_map.py`` stores with compare-and-set).
-* **Map watch**: every executor watches the whole bucket (a full snapshot first, then each change)
-  and keeps one :class:`~aios_blocks.executor.engine.Route` per block.
-* **NATS ingress**: ``aios.block.{bid}.task`` requests, as the queue group ``executor``; the reply
-  is the instance's answer (``Aios-Status`` = its HTTP status, ``Aios-Instance``) or the
-  executor's own error (``Aios-Status`` 404/429/500/502/503/504, ``Aios-Error``, ``Retry-After-Ms``).
-* **Activator**: a block of ``minInstances`` 0 with no ready instance has its tasks held (bounded,
-  with a deadline) while the executor asks for one (``block.scale.target``, target 1).
-* **HTTP ingress** (``AIOS_EXECUTOR_HTTP_PORT``; copies share the port with SO_REUSEPORT):
-  ``POST /blocks/{bid}/tasks`` goes to the component's input protocol path,
-  ``/blocks/{bid}/{path}`` to ``/{path}`` of the instance, any method; responses are streamed.
-* **Dispatch**: one pooled aiohttp session; a task goes to one instance. It is tried on another
-  (bounded, with backoff) only when it never reached the first (connection refused), or when the
-  task is marked ``Aios-Idempotent: true``; otherwise the instance's failure is the answer, so a
-  task is never sent twice without that mark.
-* **Outputs** (blocks with side-cars, or ``outputs: true``): every answered task's output goes to
-  ``aios.output.{bid}.{outcome}`` (stream ``AIOS_OUTPUTS``) through a bounded buffer, after the
-  answer and never awaited by it (``executor/outputs.py``, docs/sidecars.md). Every answer carries
-  its task id (``Aios-Task-Id``: the caller's, else a fresh one), the output's id.
+* **Map watch** (here): every executor watches the whole instance-map bucket (a full snapshot
+  first, then each change) and keeps one :class:`~aios_blocks.executor.engine.Route` per block.
+  The maps are written by the mapper, a worker kind of its own (``workers/mapper.py``).
+* **Ingress** (``executor/ingress.py``): tasks from NATS (``aios.block.{bid}.task``, queue group
+  ``executor``) and HTTP (``AIOS_EXECUTOR_HTTP_PORT``).
+* **Dispatch** (``executor/dispatch.py``): a task to one instance (admission, the loadBalancer,
+  retries only when it never reached one or is marked ``Aios-Idempotent: true``).
+* **Activator** (here): a block of ``minInstances`` 0 with no ready instance has its tasks held
+  (bounded, with a deadline) while the executor asks for one (``block.scale.target``, target 1).
+* **Outputs** (``executor/outputs.py``): every answered task's output of blocks with side-cars (or
+  ``outputs: true``) goes to ``aios.output.{bid}.{outcome}`` after the answer, never awaited by it.
 """
 
 from __future__ import annotations
@@ -29,14 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import random
 import socket
 import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
-import msgspec
 import structlog
 from aiohttp import web
 from prometheus_client import REGISTRY
@@ -44,36 +31,24 @@ from prometheus_client import REGISTRY
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.instance_map import InstanceMaps
-from ..bus.router import Inbound, Router
-from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Refused, Route, Weighted
+from ..executor.dispatch import Dispatcher
+from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Route, Weighted
+from ..executor.ingress import Ingress
 from ..executor.outlier import Outliers
-from ..executor.outputs import OutputPublisher, task_id_of
+from ..executor.outputs import OutputPublisher
 from ..executor.stats import ExecutorCollector
-from ..handlers import mapper
 from ..policies.builtin.balancer import DEFAULT
 from ..policies.runtime import BUILTINS, registry_name
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import ScaleTarget
-from .base import Worker
+from .base import Worker, run_consumers
+from .mapper import Mapper
+from .mapper import bindings as mapper_bindings
 
 log = structlog.get_logger("aios.executor")
 
-HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
-               "proxy-authorization", "proxy-authenticate"}
-RETRY_STATUSES = (502, 503, 504)
 #: policies that never read instance metrics: their blocks' instances are not scraped
 NO_METRICS = ("builtin:round-robin", "builtin:least-inflight")
-#: an HTTP answer of known length up to this size is passed on in one write (others are streamed)
-SMALL_BODY = 256 * 1024
-
-
-def _clean(text: str) -> str:
-    """A header value: one line, bounded."""
-    return " ".join(text.split())[:1000]
-
-
-def _truthy(v: str | None) -> bool:
-    return (v or "").strip().lower() in ("1", "true", "yes", "on")
 
 
 class _Failing(Chooser):
@@ -130,21 +105,31 @@ class Executor:
         #: a pinned executor's per-block responders
         self._serving: dict[str, Any] = {}
         self.s = w.settings
-        self.maps = InstanceMaps(w.bus, on_created=self.refill_maps)
+        self.maps = InstanceMaps(w.bus)
+        # the executors may make the bucket too (whoever comes first): one made here is refilled
+        self.maps.on_created = Mapper(w, self.maps).refill
         self.routes: dict[str, Route] = {}
         #: block -> (revision, monotonic time) of the last map seen (mapper propagation figures)
         self.seen: dict[str, tuple[int, float]] = {}
-        self.session: aiohttp.ClientSession | None = None
         self._weight_tasks: dict[str, asyncio.Task[None]] = {}
         self._map_lock = asyncio.Lock()
         self.map_ready = asyncio.Event()
-        #: tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)
-        self.unknown_tasks = 0
         #: activation publishes in flight (kept referenced until done)
         self._activations: set[asyncio.Task[None]] = set()
         #: blocks whose task outputs are published (side-cars consume them)
         self.outputs_on: set[str] = set()
         self.outputs = OutputPublisher(w.bus, self.s)
+        self.dispatcher = Dispatcher(self.routes, self.s, self.cluster)
+        self.ingress = Ingress(self.dispatcher, self.outputs, self.outputs_on, self.s.outputs_max_msg_bytes)
+
+    @property
+    def session(self) -> aiohttp.ClientSession | None:
+        return self.dispatcher.session
+
+    @property
+    def unknown_tasks(self) -> int:
+        """Tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)."""
+        return self.dispatcher.unknown_tasks
 
     # -- the instance map -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
@@ -193,7 +178,7 @@ class Executor:
         """A pinned executor answers exactly its cluster's blocks' task subjects."""
         serving = self._serving.get(bid)
         if ours and serving is None:
-            self._serving[bid] = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.on_task, bid=bid)
+            self._serving[bid] = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.ingress.on_task, bid=bid)
         elif not ours and serving is not None:
             del self._serving[bid]
             asyncio.get_running_loop().create_task(serving.stop(self.s.executor_task_timeout_s))
@@ -342,264 +327,11 @@ class Executor:
         except Exception as exc:  # the held tasks still get their answer at the deadline
             log.warning("executor.activate_failed", block=target.block_id, error=repr(exc))
 
-    # -- dispatch -------------------------------------------------------------------------------
-    async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str],
-                       consume: Callable[[aiohttp.ClientResponse, dict[str, Any]], Awaitable[Any]]) -> Any:
-        """Send one task to one instance of the block (admission, policy, retries) and hand the
-        accepted response to ``consume``. Raises :class:`Refused` with the reason otherwise."""
-        route = self.routes.get(bid)
-        if route is None:
-            self.unknown_tasks += 1
-            if self.cluster is not None:
-                raise Refused(404, f"block {bid!r} is not served here: this executor serves cluster {self.cluster} only")
-            raise Refused(404, f"unknown block {bid!r}: no instance map (never placed, or deleted)")
-        assert self.session is not None
-        idempotent = _truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
-        tmo = headers.get("Aios-Timeout-Ms") or headers.get("aios-timeout-ms")
-        timeout_s = task_timeout_s(tmo) if tmo else self.s.executor_task_timeout_s
-        target = path if path is not None else route.path
-        fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS and not k.lower().startswith("nats-")}
-        task = {"method": method, "path": target, "bytes": len(body), "idempotent": idempotent,
-                "content_type": headers.get("Content-Type") or headers.get("content-type") or ""}
-        tried: set[str] = set()
-        attempt, last = 0, ""
-        while True:
-            loop = asyncio.get_running_loop()
-            now = loop.time()
-            if attempt == 0:
-                deadline = now + timeout_s  # the task's whole budget: queue, every attempt, backoff
-            if deadline - now <= 0:
-                raise Refused(504, (f"{last}; " if last else "") + f"the task's time limit ({timeout_s * 1000:g} ms) ran out")
-            v = await route.acquire(task, frozenset(tried), deadline)
-            iid = v["id"]
-            if v["inflight"] == 1:  # progress: since when this instance has work (executor.outlier)
-                route.outliers.get(iid).busy_since = time.monotonic()
-            t0 = time.perf_counter()
-            retry, ok, outcome = False, False, ""
-            try:
-                async with self.session.request(method, v["endpoint"] + target, data=body, headers=fwd,
-                                                timeout=aiohttp.ClientTimeout(total=max(0.001, deadline - loop.time()))) as resp:
-                    outcome = "5xx" if resp.status >= 500 else "ok"
-                    if resp.status in RETRY_STATUSES and idempotent and attempt < self.s.executor_retries:
-                        await resp.read()
-                        last, retry = f"instance {iid} answered {resp.status}", True
-                    else:
-                        ok = resp.status < 500
-                        return await consume(resp, v)
-            except aiohttp.ClientConnectorError as exc:  # never reached the instance: safe to try another
-                ok, last, retry, outcome = False, f"instance {iid} unreachable: {exc}", True, "connect"
-            except (aiohttp.ClientError, TimeoutError) as exc:
-                ok = False
-                # a failure after the answer began (the caller went away mid-stream) says nothing of the instance
-                if not outcome:
-                    outcome = "timeout" if isinstance(exc, TimeoutError) else "reset"
-                what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
-                last = f"instance {iid} {what}"
-                if not idempotent:
-                    raise Refused(504 if isinstance(exc, TimeoutError) else 502,
-                                  f"{last}; not retried (the task is not marked Aios-Idempotent: true)")
-                retry = True
-            finally:
-                took = time.perf_counter() - t0
-                route.release(v, took, ok)
-                if outcome:
-                    route.record(v, outcome, last, took)
-            if not retry or attempt >= self.s.executor_retries:
-                raise Refused(502, f"{last}; gave up after {attempt + 1} attempt(s)")
-            attempt += 1
-            tried.add(iid)
-            route.retried += 1
-            route.stats.retries += 1
-            await asyncio.sleep(min(0.5, 0.01 * 2 ** attempt) * (0.5 + random.random()))
-
-    def _gen(self, bid: str) -> int:
-        route = self.routes.get(bid)
-        return route.gen if route is not None else 0
-
-    # -- NATS ingress ---------------------------------------------------------------------------
-    async def on_task(self, tokens: dict[str, str], body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
-        bid = tokens.get("bid", "")
-        task_id, problem = task_id_of(headers)
-        if problem:
-            r = Refused(400, problem)
-            return refusal_body(r), refusal_headers(r)
-
-        async def read_all(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
-            data = await resp.read()
-            h = {"Aios-Status": str(resp.status), "Aios-Instance": v["id"], "Aios-Task-Id": task_id}
-            ct = resp.headers.get("Content-Type")
-            if ct:
-                h["Content-Type"] = ct
-            if bid in self.outputs_on:  # queued, not published: the reply goes first
-                self.outputs.offer(bid, task_id, v["id"], resp.status, data, ct or "", gen=self._gen(bid))
-            return data, h
-
-        try:
-            route = self.routes.get(bid)
-            return await self.dispatch(bid, route.method if route else "POST", None, body, headers, read_all)
-        except Refused as r:
-            return refusal_body(r), {**refusal_headers(r), "Aios-Task-Id": task_id}
-
-    # -- HTTP ingress ---------------------------------------------------------------------------
-    def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
-        app.router.add_post("/blocks/{bid}/tasks", self._http_task)
-        app.router.add_route("*", "/blocks/{bid}/{tail:.*}", self._http_pass)
-        app.router.add_get("/health", self._health)
-        return app
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "blocks": len(self.routes)})
-
-    async def _http_task(self, request: web.Request) -> web.StreamResponse:
-        return await self._http(request, None)  # to the input protocol's path (and method)
-
-    async def _http_pass(self, request: web.Request) -> web.StreamResponse:
-        path = "/" + request.match_info["tail"]
-        if request.query_string:
-            path += "?" + request.query_string
-        return await self._http(request, path)
-
-    async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
-        bid = request.match_info["bid"]
-        body = await request.read()
-        task_id, problem = task_id_of(dict(request.headers))
-        if problem:
-            return web.Response(status=400, body=refusal_body(Refused(400, problem)), content_type="application/json",
-                                headers={"Aios-Error": _clean(problem)})
-        publish = bid in self.outputs_on and path is None  # outputs of tasks, not of pass-through calls
-
-        async def stream(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> web.StreamResponse:
-            headers = {k: val for k, val in resp.headers.items()
-                       if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server")}
-            headers["Aios-Instance"] = v["id"]
-            headers["Aios-Task-Id"] = task_id
-            ct = resp.headers.get("Content-Type", "")
-            n = resp.content_length
-            if n is not None and n <= SMALL_BODY:  # a small answer of known size: one write
-                data = await resp.read()
-                if publish:
-                    self.outputs.offer(bid, task_id, v["id"], resp.status, data, ct, gen=self._gen(bid))
-                return web.Response(status=resp.status, reason=resp.reason, body=data, headers=headers)
-            out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
-            if n is not None:
-                out.content_length = n
-            await out.prepare(request)
-            kept, size, limit = bytearray(), 0, self.s.outputs_max_msg_bytes + 4
-            async for chunk in resp.content.iter_any():  # streamed: each chunk as it comes
-                await out.write(chunk)
-                if publish:
-                    size += len(chunk)
-                    if len(kept) < limit:
-                        kept += chunk[: limit - len(kept)]
-            await out.write_eof()
-            if publish:
-                self.outputs.offer(bid, task_id, v["id"], resp.status, bytes(kept), ct, size=size, gen=self._gen(bid))
-            return out
-
-        try:
-            route = self.routes.get(bid)
-            method = route.method if path is None and route is not None else request.method
-            return await self.dispatch(bid, method, path, body, dict(request.headers), stream)
-        except Refused as r:
-            h = {"Aios-Error": _clean(r.reason), "Aios-Task-Id": task_id}
-            if r.retry_after_ms is not None:
-                h["Retry-After-Ms"] = str(r.retry_after_ms)
-                h["Retry-After"] = str(max(1, -(-r.retry_after_ms // 1000)))
-            return web.Response(status=r.status, body=refusal_body(r), headers=h, content_type="application/json")
-
-    # -- mapper ---------------------------------------------------------------------------------
-    async def refill_maps(self) -> int:
-        """The bucket was made anew by this process (lost with its stream, or deleted): every live
-        block's map rebuilt from the state (``mapper.from_state``) where the bucket has none yet,
-        so blocks already running answer tasks again without waiting for their next fact. A map a
-        fact wrote meanwhile is newer and is kept. Returns the number of maps written."""
-        n = 0
-        try:
-            for bid in await self.w.store.list_blocks(limit=1_000_000):
-                block, insts = await self.w.store.block_view(bid)
-                rebuilt = mapper.from_state(bid, block, insts, time.time())
-                if rebuilt is not None and await self.maps.update(bid, _only_if_absent(rebuilt)):
-                    n += 1
-        except Exception as exc:  # the maps then come back with each block's next fact, as before
-            log.warning("instance_map.refill_failed", error=repr(exc), refilled=n)
-            return n
-        log.info("instance_map.refilled", blocks=n)
-        return n
-
-    def mapper_binding(self) -> tuple[subjects.ConsumerSpec, Any]:
-        router = Router(subjects.MAPPER)
-        w = self.w
-        #: one change of a block's map at a time in this process (its facts come in bursts: a gang
-        #: of instances added together); other mapper copies are kept apart by compare-and-set
-        locks: dict[str, asyncio.Lock] = {}
-
-        async def apply(bid: str, decide: Callable[[dict[str, Any] | None, dict[str, Any] | None, float], dict[str, Any] | None],
-                        need_block: bool = False) -> None:
-            lock = locks.setdefault(bid, asyncio.Lock())
-            try:
-                async with lock:
-                    block = await w.store.get_block(bid)
-                    if need_block and block is None:
-                        return
-                    await self.maps.update(bid, lambda cur: decide(cur, block, time.time()))
-            finally:
-                if not lock.locked() and not getattr(lock, "_waiters", None):
-                    locks.pop(bid, None)
-
-        @router.on(E.block_placement)
-        async def on_placement(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_placement(m.data, cur, b, now), need_block=True)
-
-        @router.on(E.instance_added)
-        async def on_added(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_added(m.data, cur, b, now)
-                        if b is not None and int(b.get("gen", -1)) == m.data.gen else None, need_block=True)
-
-        @router.on(E.node_instance_remove)
-        async def on_remove(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_remove_command(m.data, cur, b, now))
-
-        @router.on(E.instance_failed)
-        @router.on(E.instance_unhealthy)
-        async def on_failed(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_failed(m.data, cur, b, now))
-
-        @router.on(E.instance_verdict)
-        async def on_verdict(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_verdict(m.data, cur, b, now))
-
-        @router.on(E.instance_removed)
-        async def on_removed(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_removed(m.data, cur, b, now))
-
-        @router.on(E.block_ready)
-        async def on_ready(m: Inbound[Any]) -> None:
-            await apply(m.data.block_id, lambda cur, b, now: mapper.on_ready(m.data, cur, b, now), need_block=True)
-
-        @router.on(E.node_inventory)
-        async def on_inventory(m: Inbound[Any]) -> None:
-            # every block with instances recorded on the node: its map takes the node's new boot
-            nid = m.tokens["nid"]
-            if m.data.node_id != nid:
-                return  # the body's node is a claim; the subject's is vouched for by the server
-            bids = sorted({str(rec["block_id"]) for rec in (await w.store.node_instances(nid)).values()})
-            for bid in bids:
-                await apply(bid, lambda cur, b, now: mapper.on_inventory(m.data, cur, now))
-
-        @router.on(E.block_deleted)
-        async def on_deleted(m: Inbound[Any]) -> None:
-            cur, _ = await self.maps.get(m.data.block_id)
-            if cur is not None and int(cur.get("gen", 0)) <= m.data.gen:
-                await self.maps.delete(m.data.block_id)
-
-        return router.binding()
-
     # -- running --------------------------------------------------------------------------------
-    async def run(self, stop: asyncio.Event, mapper_on: bool = True) -> None:
-        from .base import run_consumers
-
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+    async def run(self, stop: asyncio.Event, mapper_on: bool = False) -> None:
+        """Serve until ``stop``. ``mapper_on``: run a mapper in this process too (in-process tests
+        and benchmarks; ``blocks up`` runs the mapper as a worker kind of its own)."""
+        self.dispatcher.session = session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
                                              auto_decompress=False)
         runner: web.AppRunner | None = None
         collector = ExecutorCollector(lambda: self.routes, lambda: self.unknown_tasks)
@@ -610,16 +342,16 @@ class Executor:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.map_ready.wait(), 10)
             if self.cluster is None:  # a pinned one answers its blocks' subjects (on_map)
-                sub = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.on_task)
+                sub = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.ingress.on_task)
             if self.s.executor_http_port:
-                runner = web.AppRunner(self.app(), access_log=None)
+                runner = web.AppRunner(self.ingress.app(), access_log=None)
                 await runner.setup()
                 site = web.TCPSite(runner, self.s.executor_http_host, self.s.executor_http_port, reuse_port=True)
                 await site.start()
             log.info("executor.serving", http=self.s.executor_http_port, blocks=len(self.routes))
             jobs = [self.scrape_loop(stop), self.collected_loop(stop), self.passive_loop(stop), self.outputs.run(stop), stop.wait()]
             if mapper_on:
-                jobs.append(run_consumers(self.w, [self.mapper_binding()], stop))
+                jobs.append(run_consumers(self.w, mapper_bindings(self.w, Mapper(self.w, self.maps)), stop))
             await asyncio.gather(*jobs)
         finally:
             for serving in [*([sub] if sub is not None else []), *self._serving.values()]:
@@ -630,42 +362,9 @@ class Executor:
                 self._stop_weights(bid)
             if runner is not None:
                 await runner.cleanup()
-            await self.session.close()
+            await session.close()
             REGISTRY.unregister(collector)
-
-
-def refusal_headers(r: Refused) -> dict[str, str]:
-    h = {"Aios-Status": str(r.status), "Aios-Error": _clean(r.reason)}
-    if r.retry_after_ms is not None:
-        h["Retry-After-Ms"] = str(r.retry_after_ms)
-    return h
-
-
-def refusal_body(r: Refused) -> bytes:
-    return msgspec.json.encode({"error": r.reason, "status": r.status, "retry_after_ms": r.retry_after_ms})
 
 
 async def run(w: Worker, stop: asyncio.Event, cluster: str | None = None) -> None:
     await Executor(w, cluster).run(stop)
-
-
-#: the longest time limit a task may ask for (``Aios-Timeout-Ms``): one day
-MAX_TASK_TIMEOUT_MS = 86_400_000
-
-
-def task_timeout_s(header: str) -> float:
-    """The task's time limit from its ``Aios-Timeout-Ms`` header, in seconds: a number of
-    milliseconds above 0 and at most a day (``inf``, ``nan``, ``0`` and negatives are refused
-    with 400, not taken as "no time left" or as no limit)."""
-    try:
-        ms = float(header)
-    except ValueError:
-        raise Refused(400, f"Aios-Timeout-Ms must be a number of milliseconds, got {header!r}") from None
-    if not (0 < ms <= MAX_TASK_TIMEOUT_MS):  # nan fails every comparison
-        raise Refused(400, f"Aios-Timeout-Ms must be above 0 and at most {MAX_TASK_TIMEOUT_MS} (a day), got {header!r}")
-    return ms / 1000
-
-
-def _only_if_absent(new: dict[str, Any]) -> Callable[[dict[str, Any] | None], dict[str, Any] | None]:
-    """A map change that writes ``new`` only where the block has no map (a fact's is newer)."""
-    return lambda current: new if current is None else None

@@ -206,6 +206,11 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
 
         await run_executor(w, stop, cluster)
         return
+    if kind == "mapper":
+        from .mapper import run as run_mapper
+
+        await run_mapper(w, stop)
+        return
     if kind == "checker":
         from .checker import run as run_checker
 

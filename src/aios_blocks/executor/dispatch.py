@@ -1,0 +1,158 @@
+"""Dispatch: one task to one instance of its block (admission, the loadBalancer's choice, retries),
+over one pooled aiohttp session. A task is tried on another instance (bounded, with backoff) only
+when it never reached the first (connection refused), or when it is marked
+``Aios-Idempotent: true``; otherwise the instance's failure is the answer, so a task is never sent
+twice without that mark. The ingress (``executor/ingress.py``) turns tasks into calls of
+:meth:`Dispatcher.dispatch`; the routes are the executor's (``workers/executor.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+from ..settings import Settings
+from .engine import Refused, Route
+
+HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
+               "proxy-authorization", "proxy-authenticate"}
+RETRY_STATUSES = (502, 503, 504)
+#: the longest time limit a task may ask for (``Aios-Timeout-Ms``): one day
+MAX_TASK_TIMEOUT_MS = 86_400_000
+
+#: what a caller does with the accepted answer (reads it whole, or streams it on)
+Consume = Callable[[aiohttp.ClientResponse, dict[str, Any]], Awaitable[Any]]
+
+
+def truthy(v: str | None) -> bool:
+    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def task_timeout_s(header: str) -> float:
+    """The task's time limit from its ``Aios-Timeout-Ms`` header, in seconds: a number of
+    milliseconds above 0 and at most a day (``inf``, ``nan``, ``0`` and negatives are refused
+    with 400, not taken as "no time left" or as no limit)."""
+    try:
+        ms = float(header)
+    except ValueError:
+        raise Refused(400, f"Aios-Timeout-Ms must be a number of milliseconds, got {header!r}") from None
+    if not (0 < ms <= MAX_TASK_TIMEOUT_MS):  # nan fails every comparison
+        raise Refused(400, f"Aios-Timeout-Ms must be above 0 and at most {MAX_TASK_TIMEOUT_MS} (a day), got {header!r}")
+    return ms / 1000
+
+
+@dataclass
+class Task:
+    """One task as dispatch sends it: where, what, how long it may take, whether it may be sent twice."""
+
+    method: str
+    target: str
+    body: bytes
+    headers: dict[str, str]
+    idempotent: bool
+    timeout_s: float
+    #: what the loadBalancer policy sees of it
+    info: dict[str, Any]
+    #: the loop time its whole budget ends (queue, every attempt, backoff)
+    deadline: float = 0.0
+
+    @classmethod
+    def of(cls, method: str, target: str, body: bytes, headers: Mapping[str, str], default_timeout_s: float) -> Task:
+        idempotent = truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
+        tmo = headers.get("Aios-Timeout-Ms") or headers.get("aios-timeout-ms")
+        fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS and not k.lower().startswith("nats-")}
+        info = {"method": method, "path": target, "bytes": len(body), "idempotent": idempotent,
+                "content_type": headers.get("Content-Type") or headers.get("content-type") or ""}
+        return cls(method, target, body, fwd, idempotent, task_timeout_s(tmo) if tmo else default_timeout_s, info)
+
+
+class Dispatcher:
+    """Sends tasks to the instances of ``routes`` (the executor's, by block). ``cluster``: a pinned
+    executor's cluster (its refusals say so)."""
+
+    def __init__(self, routes: dict[str, Route], settings: Settings, cluster: str | None = None):
+        self.routes = routes
+        self.s = settings
+        self.cluster = cluster
+        self.session: aiohttp.ClientSession | None = None
+        #: tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)
+        self.unknown_tasks = 0
+
+    def route(self, bid: str) -> Route:
+        route = self.routes.get(bid)
+        if route is not None:
+            return route
+        self.unknown_tasks += 1
+        if self.cluster is not None:
+            raise Refused(404, f"block {bid!r} is not served here: this executor serves cluster {self.cluster} only")
+        raise Refused(404, f"unknown block {bid!r}: no instance map (never placed, or deleted)")
+
+    async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str], consume: Consume) -> Any:
+        """Send one task to one instance of the block (admission, policy, retries) and hand the
+        accepted response to ``consume``. Raises :class:`Refused` with the reason otherwise."""
+        route = self.route(bid)
+        assert self.session is not None
+        task = Task.of(method, path if path is not None else route.path, body, headers, self.s.executor_task_timeout_s)
+        loop = asyncio.get_running_loop()
+        task.deadline = loop.time() + task.timeout_s
+        tried: set[str] = set()
+        last = ""
+        retries = self.s.executor_retries
+        for attempt in range(retries + 1):
+            if task.deadline - loop.time() <= 0:
+                raise Refused(504, (f"{last}; " if last else "") + f"the task's time limit ({task.timeout_s * 1000:g} ms) ran out")
+            v = await route.acquire(task.info, frozenset(tried), task.deadline)
+            done, result, last = await self._attempt(route, v, task, attempt < retries, consume)
+            if done:
+                return result
+            if attempt < retries:
+                tried.add(v["id"])
+                route.retried += 1
+                route.stats.retries += 1
+                await asyncio.sleep(min(0.5, 0.01 * 2 ** (attempt + 1)) * (0.5 + random.random()))
+        raise Refused(502, f"{last}; gave up after {retries + 1} attempt(s)")
+
+    async def _attempt(self, route: Route, v: dict[str, Any], task: Task, may_retry: bool, consume: Consume) -> tuple[bool, Any, str]:
+        """One try at instance ``v``: (True, what ``consume`` made, '') or (False, None, why it
+        failed, to try another). A failure that must not be retried raises Refused."""
+        assert self.session is not None
+        iid = v["id"]
+        if v["inflight"] == 1:  # progress: since when this instance has work (executor.outlier)
+            route.outliers.get(iid).busy_since = time.monotonic()
+        t0 = time.perf_counter()
+        ok, outcome, last = False, "", ""
+        timeout = aiohttp.ClientTimeout(total=max(0.001, task.deadline - asyncio.get_running_loop().time()))
+        try:
+            async with self.session.request(task.method, v["endpoint"] + task.target, data=task.body, headers=task.headers,
+                                            timeout=timeout) as resp:
+                outcome = "5xx" if resp.status >= 500 else "ok"
+                if resp.status in RETRY_STATUSES and task.idempotent and may_retry:
+                    await resp.read()
+                    last = f"instance {iid} answered {resp.status}"
+                    return False, None, last
+                ok = resp.status < 500
+                return True, await consume(resp, v), ""
+        except aiohttp.ClientConnectorError as exc:  # never reached the instance: safe to try another
+            ok, outcome, last = False, "connect", f"instance {iid} unreachable: {exc}"
+            return False, None, last
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            ok = False
+            # a failure after the answer began (the caller went away mid-stream) says nothing of the instance
+            if not outcome:
+                outcome = "timeout" if isinstance(exc, TimeoutError) else "reset"
+            what = "timed out" if isinstance(exc, TimeoutError) else f"failed: {type(exc).__name__}: {exc}"
+            last = f"instance {iid} {what}"
+            if not task.idempotent:
+                raise Refused(504 if isinstance(exc, TimeoutError) else 502,
+                              f"{last}; not retried (the task is not marked Aios-Idempotent: true)") from None
+            return False, None, last
+        finally:
+            took = time.perf_counter() - t0
+            route.release(v, took, ok)
+            if outcome:
+                route.record(v, outcome, last, took)

@@ -1,0 +1,155 @@
+"""Ingress: how tasks reach the executor, each turned into one :meth:`Dispatcher.dispatch`.
+
+* **NATS**: ``aios.block.{bid}.task`` requests, as the queue group ``executor``; the reply is the
+  instance's answer (``Aios-Status`` = its HTTP status, ``Aios-Instance``) or the executor's own
+  error (``Aios-Status`` 404/429/500/502/503/504, ``Aios-Error``, ``Retry-After-Ms``).
+* **HTTP** (``AIOS_EXECUTOR_HTTP_PORT``; copies share the port with SO_REUSEPORT):
+  ``POST /blocks/{bid}/tasks`` goes to the component's input protocol path,
+  ``/blocks/{bid}/{path}`` to ``/{path}`` of the instance, any method; responses are streamed.
+
+Every answer carries its task id (``Aios-Task-Id``: the caller's, else a fresh one); the outputs of
+blocks that publish them are offered to the output publisher after the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import msgspec
+from aiohttp import web
+
+from .dispatch import HOP_HEADERS, Dispatcher
+from .engine import Refused
+from .outputs import OutputPublisher, task_id_of
+
+#: an HTTP answer of known length up to this size is passed on in one write (others are streamed)
+SMALL_BODY = 256 * 1024
+
+
+def clean(text: str) -> str:
+    """A header value: one line, bounded."""
+    return " ".join(text.split())[:1000]
+
+
+def refusal_headers(r: Refused) -> dict[str, str]:
+    h = {"Aios-Status": str(r.status), "Aios-Error": clean(r.reason)}
+    if r.retry_after_ms is not None:
+        h["Retry-After-Ms"] = str(r.retry_after_ms)
+    return h
+
+
+def refusal_body(r: Refused) -> bytes:
+    return msgspec.json.encode({"error": r.reason, "status": r.status, "retry_after_ms": r.retry_after_ms})
+
+
+class Ingress:
+    """The NATS responder and the HTTP app of one executor. ``outputs_on``: the blocks whose task
+    outputs are published (the executor keeps it from their maps)."""
+
+    def __init__(self, dispatcher: Dispatcher, outputs: OutputPublisher, outputs_on: set[str], max_output_bytes: int):
+        self.d = dispatcher
+        self.outputs = outputs
+        self.outputs_on = outputs_on
+        self.max_output_bytes = max_output_bytes
+
+    def _gen(self, bid: str) -> int:
+        route = self.d.routes.get(bid)
+        return route.gen if route is not None else 0
+
+    # -- NATS -------------------------------------------------------------------------------------
+    async def on_task(self, tokens: dict[str, str], body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
+        bid = tokens.get("bid", "")
+        task_id, problem = task_id_of(headers)
+        if problem:
+            r = Refused(400, problem)
+            return refusal_body(r), refusal_headers(r)
+
+        async def read_all(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+            data = await resp.read()
+            h = {"Aios-Status": str(resp.status), "Aios-Instance": v["id"], "Aios-Task-Id": task_id}
+            ct = resp.headers.get("Content-Type")
+            if ct:
+                h["Content-Type"] = ct
+            if bid in self.outputs_on:  # queued, not published: the reply goes first
+                self.outputs.offer(bid, task_id, v["id"], resp.status, data, ct or "", gen=self._gen(bid))
+            return data, h
+
+        try:
+            route = self.d.routes.get(bid)
+            return await self.d.dispatch(bid, route.method if route else "POST", None, body, headers, read_all)
+        except Refused as r:
+            return refusal_body(r), {**refusal_headers(r), "Aios-Task-Id": task_id}
+
+    # -- HTTP -------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_post("/blocks/{bid}/tasks", self._http_task)
+        app.router.add_route("*", "/blocks/{bid}/{tail:.*}", self._http_pass)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "blocks": len(self.d.routes)})
+
+    async def _http_task(self, request: web.Request) -> web.StreamResponse:
+        return await self._http(request, None)  # to the input protocol's path (and method)
+
+    async def _http_pass(self, request: web.Request) -> web.StreamResponse:
+        path = "/" + request.match_info["tail"]
+        if request.query_string:
+            path += "?" + request.query_string
+        return await self._http(request, path)
+
+    async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
+        bid = request.match_info["bid"]
+        body = await request.read()
+        task_id, problem = task_id_of(dict(request.headers))
+        if problem:
+            return web.Response(status=400, body=refusal_body(Refused(400, problem)), content_type="application/json",
+                                headers={"Aios-Error": clean(problem)})
+        publish = bid in self.outputs_on and path is None  # outputs of tasks, not of pass-through calls
+
+        async def stream(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> web.StreamResponse:
+            return await self._stream(request, resp, v, bid, task_id, publish)
+
+        try:
+            route = self.d.routes.get(bid)
+            method = route.method if path is None and route is not None else request.method
+            return await self.d.dispatch(bid, method, path, body, dict(request.headers), stream)
+        except Refused as r:
+            h = {"Aios-Error": clean(r.reason), "Aios-Task-Id": task_id}
+            if r.retry_after_ms is not None:
+                h["Retry-After-Ms"] = str(r.retry_after_ms)
+                h["Retry-After"] = str(max(1, -(-r.retry_after_ms // 1000)))
+            return web.Response(status=r.status, body=refusal_body(r), headers=h, content_type="application/json")
+
+    async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, v: dict[str, Any], bid: str, task_id: str,
+                      publish: bool) -> web.StreamResponse:
+        """The instance's answer passed on: a small one of known size in one write, else chunk by
+        chunk as it comes (the output keeps at most its limit)."""
+        headers = {k: val for k, val in resp.headers.items()
+                   if k.lower() not in HOP_HEADERS and k.lower() not in ("content-encoding", "date", "server")}
+        headers["Aios-Instance"] = v["id"]
+        headers["Aios-Task-Id"] = task_id
+        ct = resp.headers.get("Content-Type", "")
+        n = resp.content_length
+        if n is not None and n <= SMALL_BODY:
+            data = await resp.read()
+            if publish:
+                self.outputs.offer(bid, task_id, v["id"], resp.status, data, ct, gen=self._gen(bid))
+            return web.Response(status=resp.status, reason=resp.reason, body=data, headers=headers)
+        out = web.StreamResponse(status=resp.status, reason=resp.reason, headers=headers)
+        if n is not None:
+            out.content_length = n
+        await out.prepare(request)
+        kept, size, limit = bytearray(), 0, self.max_output_bytes + 4
+        async for chunk in resp.content.iter_any():  # streamed: each chunk as it comes
+            await out.write(chunk)
+            if publish:
+                size += len(chunk)
+                if len(kept) < limit:
+                    kept += chunk[: limit - len(kept)]
+        await out.write_eof()
+        if publish:
+            self.outputs.offer(bid, task_id, v["id"], resp.status, bytes(kept), ct, size=size, gen=self._gen(bid))
+        return out
