@@ -217,10 +217,14 @@ async function viewBlock(root, bid) {
   const acts = [];
   if (state.admin && state.actions && PAST === null && !["deleted", "deleting", "rejected"].includes(b.status)) {
     const target = el("input", { id: "scale-target", type: "number", min: 0, value: (b.desired || 0) + 1, class: "narrow" });
-    const msg = el("span", { id: "action-result", class: "muted" });
+    // (kept across the re-renders the action's own events cause)
+    const msg = el("span", { id: "action-result", class: "muted" }, state.lastAction && state.lastAction.bid === bid ? state.lastAction.text : "");
     const run = async (what, url, body) => {
       if (!confirm(`${what} block ${bid}?`)) return;
-      try { const r = await action(url, body); msg.textContent = `${what} requested (${r.request})`; } catch (e) { msg.textContent = `${what} refused: ${e.message}`; }
+      let text;
+      try { const r = await action(url, body); text = `${what} requested (${r.request})`; } catch (e) { text = `${what} refused: ${e.message}`; }
+      state.lastAction = { bid, text };
+      msg.textContent = text;
     };
     acts.push(el("div", { class: "actions", id: "actions" }, el("strong", {}, "admin"), "scale to", target,
       el("button", { id: "scale-btn", on: { click: () => run("scale", `/api/block/${encodeURIComponent(bid)}/scale`, { target: Number(target.value) }) } }, "scale"),
