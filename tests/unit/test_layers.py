@@ -52,6 +52,8 @@ RULES = (
     Rule("the node agent (agent/) imports no worker, executor or recovery (it is deployed on its own; "
          "what it needs of a worker process is passed in)", f"{PKG}.agent",
          (f"{PKG}.workers", f"{PKG}.executor", f"{PKG}.recovery")),
+    *(Rule(f"{layer}/ imports nothing of runtime/ (the processes around the workers: entry, supervisor, servers)",
+           f"{PKG}.{layer}", (f"{PKG}.runtime",)) for layer in ("handlers", "policies", "schemas", "state", "bus")),
 )
 
 #: known violations a rule still allows, as (rule name, "path:line", imported module): printed by

@@ -50,6 +50,7 @@ import structlog
 from ..bus.catalog import E, Emit
 from ..handlers import autoscale as a
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
+from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import Autoscaled, AutoscaleFailed, ScaleTarget
 from ..schemas.lifecycle import LIVE
@@ -253,16 +254,7 @@ class Autoscaler:
 
     # -- the loop ---------------------------------------------------------------------------------
     async def loop(self, stop: asyncio.Event) -> None:
-        interval = self.s.autoscale_tick_s
-        next_at = time.monotonic()
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except Exception as exc:  # Redis or NATS away for a moment: the next tick tries again
-                log.warning("autoscaler.tick_failed_all", error=repr(exc))
-            next_at = max(next_at + interval, time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+        await Ticker(self.s.autoscale_tick_s, "autoscaler.tick_failed_all", log).run(self.tick, stop)
 
     async def run(self, stop: asyncio.Event) -> None:
         log.info("autoscaler.started", holder=self.holder, tick_s=self.s.autoscale_tick_s, cluster=self.cluster or "all")

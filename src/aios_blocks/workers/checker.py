@@ -45,6 +45,7 @@ from ..bus.instance_map import InstanceMaps
 from ..executor.outlier import max_out
 from ..handlers import reconcile as rc
 from ..handlers import stability as st
+from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import InstanceVerdict, StepFailed
 from ..schemas.protocol import HEALTH_PATH
@@ -203,16 +204,7 @@ class Checker:
         self.ticks += 1
 
     async def loop(self, stop: asyncio.Event) -> None:
-        interval = self.s.health_interval_s
-        next_at = time.monotonic()
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except Exception as exc:  # Redis or NATS away for a moment: the next round tries again
-                log.warning("checker.tick_failed", error=repr(exc))
-            next_at = max(next_at + interval, time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+        await Ticker(self.s.health_interval_s, "checker.tick_failed", log).run(self.tick, stop)
 
     async def run(self, stop: asyncio.Event) -> None:
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0, keepalive_timeout=30))

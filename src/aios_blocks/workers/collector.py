@@ -38,6 +38,7 @@ from ..bus.instance_map import InstanceMaps
 from ..metrics import promconfig, remote_write
 from ..metrics.scrape import ExecBlock, InstanceReading, read_executor, read_instance
 from ..metrics.window import BlockInput, Windows
+from ..runtime.ticker import Ticker
 from ..schemas.protocol import METRICS_PATH
 from .base import Worker
 
@@ -145,16 +146,7 @@ class Collector:
         return True
 
     async def loop(self, stop: asyncio.Event) -> None:
-        interval = self.s.metrics_interval_s
-        next_at = time.monotonic()
-        while not stop.is_set():
-            try:
-                await self.tick()
-            except Exception as exc:  # Redis or NATS away for a moment: the next round tries again
-                log.warning("collector.tick_failed", error=repr(exc))
-            next_at = max(next_at + interval, time.monotonic())
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), max(0.0, next_at - time.monotonic()))
+        await Ticker(self.s.metrics_interval_s, "collector.tick_failed", log).run(self.tick, stop)
 
     # -- discovery for Prometheus --------------------------------------------------------------------
     def app(self) -> web.Application:

@@ -15,6 +15,7 @@ from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
 from ..handlers import gateway as h
+from ..runtime.ticker import Ticker
 from ..schemas.events import (
     AllocationRequest,
     Decision,
@@ -25,7 +26,7 @@ from ..schemas.events import (
     Selection,
 )
 from ..schemas.lifecycle import Step
-from .base import Worker
+from .base import Worker, bound
 
 log = structlog.get_logger("aios.gateway")
 
@@ -37,49 +38,53 @@ async def _snapshot(w: Worker) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.GATEWAY)
-
-    @router.on(E.block_parsed)
-    async def on_parsed(m: Inbound[Parsed]) -> None:
-        ev = m.data
-        bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
-        ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
-        if not ok:
-            return  # superseded (a later selection round, deleted, re-created) or already past this step
-        clusters, nodes = await _snapshot(w)
-        trace: list[Decision] = []
-        sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
-        rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
-        event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n, decisions=trace)
-        if sel.failure:
-            await w.bus.emit(E.block_selection, event)
-            await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
-            return
-        deadline = time.time() + w.settings.dry_run_deadline_s
-        event.deadline = deadline
-        await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq)
-        # the queries (core NATS) go out once the selection is stored (the runner's ``Outbox.after``)
-        out = [Emit(E.block_selection, event)]
-        out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=m.stream_seq)) for cid in sel.candidates]
-        await w.bus.emit_all(out)
-
-    @router.on(E.block_dry_run_result)
-    async def on_result(m: Inbound[DryRunResult]) -> None:
-        # an answer comes over core NATS (not stored): the whole of it is kept in the gather, so
-        # whichever gateway copy decides stores it in the round's post_dry_run
-        ev = m.data
-        answered, expected, decided, deadline = await w.store.gather_add_state(
-            ev.block_id, ev.gen, ev.attempt, ev.cluster_id, msgspec.structs.asdict(ev)
-        )
-        if not expected:
-            return  # no open round: decided and gone (a late answer decides nothing), or never opened
-        if expected and answered >= expected:
-            await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
-        elif h.usable({"score": ev.score, "error": ev.error, "shortfall": ev.shortfall}):
-            # a late usable answer ends a round that is past its deadline and still waiting
-            if not decided and time.time() >= deadline:
-                await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
-
+    router.add(E.block_parsed, bound(on_parsed, w))
+    router.add(E.block_dry_run_result, bound(on_result, w))
     return [router.binding()]
+
+
+async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
+    """A parsed block (or one sent back to selection): select candidates, open the gather, ask each."""
+    ev = m.data
+    bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
+    ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
+    if not ok:
+        return  # superseded (a later selection round, deleted, re-created) or already past this step
+    clusters, nodes = await _snapshot(w)
+    trace: list[Decision] = []
+    sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
+    rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
+    event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n, decisions=trace)
+    if sel.failure:
+        await w.bus.emit(E.block_selection, event)
+        await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
+        return
+    deadline = time.time() + w.settings.dry_run_deadline_s
+    event.deadline = deadline
+    await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq)
+    # the queries (core NATS) go out once the selection is stored (the runner's ``Outbox.after``)
+    out = [Emit(E.block_selection, event)]
+    out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=m.stream_seq)) for cid in sel.candidates]
+    await w.bus.emit_all(out)
+
+
+async def on_result(w: Worker, m: Inbound[DryRunResult]) -> None:
+    """One cluster's dry_run answer: kept in the gather; the round is decided once all answered
+    (or a late usable answer comes after the deadline)."""
+    # an answer comes over core NATS (not stored): the whole of it is kept in the gather, so
+    # whichever gateway copy decides stores it in the round's post_dry_run
+    ev = m.data
+    answered, expected, decided, deadline = await w.store.gather_add_state(
+        ev.block_id, ev.gen, ev.attempt, ev.cluster_id, msgspec.structs.asdict(ev)
+    )
+    if not expected:
+        return  # no open round: decided and gone (a late answer decides nothing), or never opened
+    if expected and answered >= expected:
+        await _decide(w, ev.block_id, ev.gen, ev.attempt, "complete")
+    elif h.usable({"score": ev.score, "error": ev.error, "shortfall": ev.shortfall}):
+        # a late usable answer ends a round that is past its deadline and still waiting
+        if not decided and time.time() >= deadline:
+            await _decide(w, ev.block_id, ev.gen, ev.attempt, f"late:{ev.cluster_id}")
 
 
 async def on_due(w: Worker, bid: str, gen: int, n: int) -> float | None:
@@ -137,16 +142,13 @@ async def fire_due(w: Worker, now: float | None = None) -> tuple[int, float | No
 async def run_timers(w: Worker, stop: asyncio.Event, guard: Any, idle_s: float = 0.1) -> None:
     """The gateway's deadline timers (Redis, not the stream): every copy polls; claims are atomic,
     so each due timer is handled by one of them."""
-    while not stop.is_set():
-        nxt: float | None = None
-        try:
-            await guard.current()  # no valid state (flushed, recover under way): wait
-            _, nxt = await fire_due(w)
-        except Exception as exc:
-            log.warning("gather.timers_paused", error=repr(exc))
-        delay = idle_s if nxt is None else min(idle_s, max(0.0, nxt - time.time()))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=max(delay, 0.005))
+
+    def next_in(fired: tuple[int, float | None] | None) -> float:
+        nxt = None if fired is None else fired[1]  # None: nothing due (or the tick failed)
+        return max(idle_s if nxt is None else min(idle_s, max(0.0, nxt - time.time())), 0.005)
+
+    # no valid state (flushed, recover under way): the guard holds the timers
+    await Ticker(idle_s, "gather.timers_paused", log, next_in=next_in, guard=guard).run(lambda: fire_due(w), stop)
 
 
 async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:

@@ -29,6 +29,7 @@ import structlog
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import may_reply
+from ..runtime.ticker import Ticker
 from ..schemas.events import Heartbeat, NodeHealth, ReassignRequest
 from .base import Worker
 
@@ -51,17 +52,23 @@ class HealthMonitor:
         ]
         sweep_every = max(0.2, min(self.timeout_s / 4, 5.0))
         next_sweep = time.monotonic() + sweep_every
+
+        async def round_() -> None:
+            """The heartbeats seen go to Redis; every ``sweep_every``, silent nodes are marked."""
+            nonlocal next_sweep
+            await self.flush()
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + sweep_every
+                await self.sweep()
+
+        # Redis/NATS trouble: try again next round; one last round once stopped (the last heartbeats)
+        ticker = Ticker(FLUSH_S, "health.round_failed", log, wait_first=True)
         try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), FLUSH_S)
-                try:
-                    await self.flush()
-                    if time.monotonic() >= next_sweep:
-                        next_sweep = time.monotonic() + sweep_every
-                        await self.sweep()
-                except Exception as exc:  # Redis/NATS trouble: try again next round
-                    log.warning("health.round_failed", error=repr(exc))
+            await ticker.run(round_, stop)
+            try:
+                await round_()
+            except Exception as exc:
+                log.warning("health.round_failed", error=repr(exc))
         finally:
             for sub in subs:
                 with contextlib.suppress(Exception):

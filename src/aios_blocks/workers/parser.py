@@ -14,46 +14,47 @@ from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
 from ..state.priority import PriorityStore
-from .base import Worker
+from .base import Worker, bound
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.PARSER)
-
-    @router.on(E.block_create)
-    async def on_create(m: Inbound[bytes]) -> None:
-        d = m.delivery
-        gen = d.stream_seq  # its AIOS_INTAKE sequence: the publisher's PubAck seq
-        # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec)
-        await w.bus.emit_all([parse.submitted(d.subject, m.tokens.get("bid"), gen, d.data, d.headers,
-                                              w.settings.max_spec_bytes)])
-        # a subject token that is no block id (aios.block.*.create, a.b taken by an extra filter)
-        if (refused := parse.invalid_id(d.subject, m.tokens.get("bid"), gen)) is not None:
-            await w.bus.emit_all([refused])
-            return
-        bid = m.tokens["bid"]
-        outcome = parse.read(d.data, w.settings.max_spec_bytes)
-        if outcome.doc is not None:
-            uri = parse.component_uri(outcome.doc)
-            component = await w.store.get_component(uri) if uri else None
-            versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
-            classes = await PriorityStore(w.store.r).classes()  # priorityClass / the default (docs/priority.md)
-            outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
-        if outcome.ir is not None:
-            ok, what = await w.store.create_block(
-                bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
-            )
-            if ok:
-                await w.bus.emit(E.block_parsed, Parsed(bid, gen, outcome.ir))
-                return
-            outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
-        else:
-            await w.store.create_block(
-                bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
-            )
-        await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
-
+    router.add(E.block_create, bound(on_create, w))
     return [router.binding()]
+
+
+async def on_create(w: Worker, m: Inbound[bytes]) -> None:
+    """A create as sent: stored in ``AIOS`` as ``submitted``, then parsed (IR) or rejected."""
+    d = m.delivery
+    gen = d.stream_seq  # its AIOS_INTAKE sequence: the publisher's PubAck seq
+    # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec)
+    await w.bus.emit_all([parse.submitted(d.subject, m.tokens.get("bid"), gen, d.data, d.headers,
+                                          w.settings.max_spec_bytes)])
+    # a subject token that is no block id (aios.block.*.create, a.b taken by an extra filter)
+    if (refused := parse.invalid_id(d.subject, m.tokens.get("bid"), gen)) is not None:
+        await w.bus.emit_all([refused])
+        return
+    bid = m.tokens["bid"]
+    outcome = parse.read(d.data, w.settings.max_spec_bytes)
+    if outcome.doc is not None:
+        uri = parse.component_uri(outcome.doc)
+        component = await w.store.get_component(uri) if uri else None
+        versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
+        classes = await PriorityStore(w.store.r).classes()  # priorityClass / the default (docs/priority.md)
+        outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
+    if outcome.ir is not None:
+        ok, what = await w.store.create_block(
+            bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
+        )
+        if ok:
+            await w.bus.emit(E.block_parsed, Parsed(bid, gen, outcome.ir))
+            return
+        outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
+    else:
+        await w.store.create_block(
+            bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
+        )
+    await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
 
 
 def _summary(errors: list[SpecError]) -> str:

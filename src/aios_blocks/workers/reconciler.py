@@ -22,12 +22,12 @@ import dataclasses
 import os
 import socket
 import time
-from typing import Any
 
 import structlog
 
 from ..bus.catalog import E, Emit
 from ..handlers import reconcile as rc
+from ..runtime.ticker import Ticker
 from ..schemas.events import ScaleTarget
 from ..state.reconcile import ReconcileStore
 from .base import Worker
@@ -100,30 +100,13 @@ class Reconciler:
     async def run(self, stop: asyncio.Event) -> None:
         _running[id(self.w)] = self
         log.info("reconciler.running", resync_s=self.s.reconcile_resync_s, holder=self.holder)
+        # a pass at each resync (sooner when a block's backoff ends), or soon after a poke
+        ticker = Ticker(self._next_wait(), "reconcile.pass_failed", log, next_in=lambda _: self._next_wait(),
+                        wait_first=True, wake=self.wake, debounce_s=DEBOUNCE_S)
         try:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._woken(stop), self._next_wait())
-                if stop.is_set():
-                    break
-                try:
-                    await self.tick()
-                except Exception as exc:  # Redis or NATS away for a moment: the next pass tries again
-                    log.warning("reconcile.pass_failed", error=repr(exc))
+            await ticker.run(self.tick, stop)
         finally:
             _running.pop(id(self.w), None)
-
-    async def _woken(self, stop: asyncio.Event) -> None:
-        """Returns on a poke (after the debounce) or on stop."""
-        waits: list[asyncio.Task[Any]] = [asyncio.ensure_future(self.wake.wait()), asyncio.ensure_future(stop.wait())]
-        try:
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for t in waits:
-                t.cancel()
-        if self.wake.is_set() and not stop.is_set():
-            await asyncio.sleep(DEBOUNCE_S)
-            self.wake.clear()
 
 
 async def run(w: Worker, stop: asyncio.Event) -> None:

@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import REGISTRY
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from ..runtime.ticker import Ticker
 from .base import Worker
 
 log = structlog.get_logger("aios.telemetry")
@@ -72,13 +73,9 @@ async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event, 
                   "cluster": cluster or "", "url": f"http://{s.metrics_host}:{port}/metrics"}
         log.info("telemetry.serving", url=target["url"])
         try:
-            while not stop.is_set():
-                try:
-                    await w.store.metrics.register_target(target, s.metrics_target_ttl_s)
-                except Exception as exc:  # Redis away for a moment: the registration lapses, then comes back
-                    log.warning("telemetry.register_failed", error=repr(exc))
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), s.metrics_target_ttl_s / 3)
+            # Redis away for a moment: the registration lapses, then comes back
+            await Ticker(s.metrics_target_ttl_s / 3, "telemetry.register_failed", log).run(
+                lambda: w.store.metrics.register_target(target, s.metrics_target_ttl_s), stop)
         finally:
             with contextlib.suppress(Exception):
                 await w.store.metrics.unregister_target(target)

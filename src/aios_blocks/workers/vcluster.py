@@ -13,7 +13,6 @@ seed 003 stores without publishing (``blocks recover`` rebuilds from both). A re
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
 from ..handlers import vcluster as h
+from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import BlockStatus
 from ..schemas.vcluster import (
@@ -38,7 +38,7 @@ from ..schemas.vcluster import (
     job_cluster_id,
 )
 from ..state.vcluster import VClusterStore
-from .base import Worker
+from .base import Worker, bound
 
 log = structlog.get_logger("aios.vcluster")
 
@@ -148,111 +148,119 @@ async def apply(w: Worker, cid: str, plan_fn: Planner, drop_claim: str = "") -> 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.VCLUSTER)
-    vs = store_of(w)
-
-    async def redelivered(cid: str, vid: str, op: VClusterOp, request_id: str) -> bool:
-        """A request already applied: publish its outcome (again: same id). From the outbox when
-        its first run died before publishing, else rebuilt from its record."""
-        if await flush_outbox(w, cid, only=request_id):
-            return True
-        rec = (await vs.records(cid)).get(vid)
-        if rec is None or rec.request_id != request_id:
-            return False
-        # its nodes as the record has them, at the cluster's index now: what a lost first
-        # publication (a crash after the commit) would have said
-        ev = h._changed(rec, op, [], request_id)
-        nodes = await w.inventory.nodes(cid)
-        ev.moved = {nid: ["", vid] for nid in rec.nodes if nid in nodes and h.place(nodes[nid]) == vid}
-        ev.index = await vs.index_of(cid)
-        await w.bus.emit(E.vcluster_changed, ev)
-        return True
-
-    async def mismatch(m: Inbound[Any], op: VClusterOp) -> bool:
-        """The body names another virtual cluster than the subject: refused (on the subject's)."""
-        vid = m.tokens.get("vid", "")
-        if vid == m.data.vcluster_id:
-            return False
-        why = f"the subject names virtual cluster {vid!r}, the body {m.data.vcluster_id!r}"
-        await w.bus.emit(E.vcluster_refused, h.refusal(vid, op, h.Refusal(why), m.data.request_id))
-        return True
-
-    @router.on(E.vcluster_create)
-    async def on_create(m: Inbound[VClusterCreate]) -> None:
-        req = m.data
-        if await mismatch(m, VClusterOp.CREATE):
-            return
-        vid, cid = req.vcluster_id, req.cluster_id
-        clusters = await w.inventory.clusters()
-        if not h.id_problem(vid) and cid in clusters:
-            held = await vs.claim(vid, cid)
-            if held == cid and await redelivered(cid, vid, VClusterOp.CREATE, req.request_id):
-                return
-        else:
-            held = None
-        out = await apply(w, cid, lambda nodes, records: h.plan_create(req, m.stream_seq, clusters, nodes, records, held))
-        if isinstance(out, h.Refusal):
-            if held == cid:
-                await vs.release_claim(vid, cid)
-            await _refuse(w, vid, VClusterOp.CREATE, out, req.request_id, cid)
-
-    @router.on(E.vcluster_update)
-    async def on_update(m: Inbound[VClusterUpdate]) -> None:
-        req = m.data
-        if await mismatch(m, VClusterOp.UPDATE):
-            return
-        cid = await vs.cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
-        if cid is None:
-            why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
-            await _refuse(w, req.vcluster_id, VClusterOp.UPDATE, h.Refusal(why), req.request_id)
-            return
-        if await redelivered(cid, req.vcluster_id, VClusterOp.UPDATE, req.request_id):
-            return
-        out = await apply(w, cid, lambda nodes, records: h.plan_update(req, nodes, records))
-        if isinstance(out, h.Refusal):
-            await _refuse(w, req.vcluster_id, VClusterOp.UPDATE, out, req.request_id, cid)
-
-    @router.on(E.vcluster_remove)
-    async def on_remove(m: Inbound[VClusterRemove]) -> None:
-        req = m.data
-        if await mismatch(m, VClusterOp.REMOVE):
-            return
-        cid = await vs.cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
-        if cid is None:
-            # a redelivered remove whose first run committed and died before publishing: the
-            # record and its index entry are gone, its outcome waits in its cluster's outbox
-            for c in sorted(await w.inventory.clusters()):
-                if await flush_outbox(w, c, only=req.request_id):
-                    return
-            why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
-            await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why), req.request_id)
-            return
-        # a block placed inside lives there with or without instances (those with instances the
-        # plan refuses by their nodes): one scaled to zero would be left "ready" in a virtual
-        # cluster that no longer exists, holding its tasks until they time out
-        placed = await w.store.blocks_at_zero(lambda b: (b.get("ir") or {}).get("virtualClusterId") == req.vcluster_id)
-        if placed:
-            rec = await vs.get(req.vcluster_id)
-            why = (f"{req.vcluster_id} still holds blocks scaled to zero (delete them first): " + ", ".join(placed[:10])
-                   + (" ..." if len(placed) > 10 else ""))
-            await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why, rec.revision if rec else 0), req.request_id, cid)
-            return
-        out = await apply(w, cid, lambda nodes, records: h.plan_remove(req, nodes, records), drop_claim=req.vcluster_id)
-        if isinstance(out, h.Refusal):
-            await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, out, req.request_id, cid)
-
-    @router.on(E.block_deleted)
-    @router.on(E.block_failed)
-    async def on_block_end(m: Inbound[BlockStatus]) -> None:
-        ev = m.data
-        if m.event is E.block_failed:
-            await grow_for(w, ev.block_id, ev.gen, ev.reason)
-        jid = job_cluster_id(ev.block_id)
-        cid = await vs.cluster_of(jid)
-        if cid is None:
-            return
-        await destroy_job(w, cid, jid, ev.block_id, ev.gen, f"block {ev.block_id} {ev.status}")
-
+    router.add(E.vcluster_create, bound(on_create, w))
+    router.add(E.vcluster_update, bound(on_update, w))
+    router.add(E.vcluster_remove, bound(on_remove, w))
+    router.add(E.block_deleted, bound(on_block_end, w))
+    router.add(E.block_failed, bound(on_block_end, w))
     return [router.binding()]
+
+
+async def redelivered(w: Worker, cid: str, vid: str, op: VClusterOp, request_id: str) -> bool:
+    """A request already applied: publish its outcome (again: same id). From the outbox when
+    its first run died before publishing, else rebuilt from its record."""
+    if await flush_outbox(w, cid, only=request_id):
+        return True
+    vs = store_of(w)
+    rec = (await vs.records(cid)).get(vid)
+    if rec is None or rec.request_id != request_id:
+        return False
+    # its nodes as the record has them, at the cluster's index now: what a lost first
+    # publication (a crash after the commit) would have said
+    ev = h._changed(rec, op, [], request_id)
+    nodes = await w.inventory.nodes(cid)
+    ev.moved = {nid: ["", vid] for nid in rec.nodes if nid in nodes and h.place(nodes[nid]) == vid}
+    ev.index = await vs.index_of(cid)
+    await w.bus.emit(E.vcluster_changed, ev)
+    return True
+
+
+async def mismatch(w: Worker, m: Inbound[Any], op: VClusterOp) -> bool:
+    """The body names another virtual cluster than the subject: refused (on the subject's)."""
+    vid = m.tokens.get("vid", "")
+    if vid == m.data.vcluster_id:
+        return False
+    why = f"the subject names virtual cluster {vid!r}, the body {m.data.vcluster_id!r}"
+    await w.bus.emit(E.vcluster_refused, h.refusal(vid, op, h.Refusal(why), m.data.request_id))
+    return True
+
+
+async def on_create(w: Worker, m: Inbound[VClusterCreate]) -> None:
+    req = m.data
+    if await mismatch(w, m, VClusterOp.CREATE):
+        return
+    vs = store_of(w)
+    vid, cid = req.vcluster_id, req.cluster_id
+    clusters = await w.inventory.clusters()
+    if not h.id_problem(vid) and cid in clusters:
+        held = await vs.claim(vid, cid)
+        if held == cid and await redelivered(w, cid, vid, VClusterOp.CREATE, req.request_id):
+            return
+    else:
+        held = None
+    out = await apply(w, cid, lambda nodes, records: h.plan_create(req, m.stream_seq, clusters, nodes, records, held))
+    if isinstance(out, h.Refusal):
+        if held == cid:
+            await vs.release_claim(vid, cid)
+        await _refuse(w, vid, VClusterOp.CREATE, out, req.request_id, cid)
+
+
+async def on_update(w: Worker, m: Inbound[VClusterUpdate]) -> None:
+    req = m.data
+    if await mismatch(w, m, VClusterOp.UPDATE):
+        return
+    cid = await store_of(w).cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
+    if cid is None:
+        why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
+        await _refuse(w, req.vcluster_id, VClusterOp.UPDATE, h.Refusal(why), req.request_id)
+        return
+    if await redelivered(w, cid, req.vcluster_id, VClusterOp.UPDATE, req.request_id):
+        return
+    out = await apply(w, cid, lambda nodes, records: h.plan_update(req, nodes, records))
+    if isinstance(out, h.Refusal):
+        await _refuse(w, req.vcluster_id, VClusterOp.UPDATE, out, req.request_id, cid)
+
+
+async def on_remove(w: Worker, m: Inbound[VClusterRemove]) -> None:
+    req = m.data
+    if await mismatch(w, m, VClusterOp.REMOVE):
+        return
+    vs = store_of(w)
+    cid = await vs.cluster_of(req.vcluster_id) if not h.id_problem(req.vcluster_id) else None
+    if cid is None:
+        # a redelivered remove whose first run committed and died before publishing: the
+        # record and its index entry are gone, its outcome waits in its cluster's outbox
+        for c in sorted(await w.inventory.clusters()):
+            if await flush_outbox(w, c, only=req.request_id):
+                return
+        why = h.id_problem(req.vcluster_id) or f"no virtual cluster {req.vcluster_id!r}"
+        await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why), req.request_id)
+        return
+    # a block placed inside lives there with or without instances (those with instances the
+    # plan refuses by their nodes): one scaled to zero would be left "ready" in a virtual
+    # cluster that no longer exists, holding its tasks until they time out
+    placed = await w.store.blocks_at_zero(lambda b: (b.get("ir") or {}).get("virtualClusterId") == req.vcluster_id)
+    if placed:
+        rec = await vs.get(req.vcluster_id)
+        why = (f"{req.vcluster_id} still holds blocks scaled to zero (delete them first): " + ", ".join(placed[:10])
+               + (" ..." if len(placed) > 10 else ""))
+        await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, h.Refusal(why, rec.revision if rec else 0), req.request_id, cid)
+        return
+    out = await apply(w, cid, lambda nodes, records: h.plan_remove(req, nodes, records), drop_claim=req.vcluster_id)
+    if isinstance(out, h.Refusal):
+        await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, out, req.request_id, cid)
+
+
+async def on_block_end(w: Worker, m: Inbound[BlockStatus]) -> None:
+    """A block deleted or failed: its job cluster goes (a failed one may grow its virtual cluster first)."""
+    ev = m.data
+    if m.event is E.block_failed:
+        await grow_for(w, ev.block_id, ev.gen, ev.reason)
+    jid = job_cluster_id(ev.block_id)
+    cid = await store_of(w).cluster_of(jid)
+    if cid is None:
+        return
+    await destroy_job(w, cid, jid, ev.block_id, ev.gen, f"block {ev.block_id} {ev.status}")
 
 
 async def grow_for(w: Worker, bid: str, gen: int, reason: str) -> None:
@@ -405,11 +413,4 @@ async def sweep(w: Worker) -> int:
 async def run_sweeps(w: Worker, stop: asyncio.Event, guard: Any, every_s: float | None = None) -> None:
     """The periodic sweep (every controller copy runs it; the Lua commit lets one change win)."""
     every = w.settings.vcluster_sweep_s if every_s is None else every_s
-    while not stop.is_set():
-        try:
-            await guard.current()
-            await sweep(w)
-        except Exception as exc:  # never die of one pass: try again next time
-            log.warning("vcluster.sweep_failed", error=repr(exc))
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(stop.wait(), timeout=every)
+    await Ticker(every, "vcluster.sweep_failed", log, guard=guard).run(lambda: sweep(w), stop)
