@@ -34,7 +34,8 @@ def test_the_workers_own_handlers_are_theirs() -> None:
     assert by_subject["gateway", "aios.block.{bid}.dry_run.result"] == "aios_blocks.workers.gateway:on_result"
     assert by_subject["vcluster", "aios.block.{bid}.failed"] == "aios_blocks.workers.vcluster:on_block_end"
     assert _resolve("aios_blocks.workers.parser:on_create") is parser.on_create
-    assert gateway.on_parsed and vcluster.on_remove
+    assert _resolve("aios_blocks.workers.gateway:on_parsed") is gateway.on_parsed
+    assert _resolve("aios_blocks.workers.vcluster:on_remove") is vcluster.on_remove
 
 
 def test_docs_subjects_handlers_table_is_current() -> None:
