@@ -22,7 +22,7 @@ def _resolve(name: str) -> object:
 def test_every_route_names_a_module_level_function() -> None:
     rows = routes.rows()
     durables = {d for d, _, _ in rows}
-    assert {"parser", "gateway", "controller", "lifecycle", "vcluster", "agent-sim"} <= durables
+    assert {"parser", "gateway", "controller", "lifecycle", "vcluster", "mapper", "agent-sim"} <= durables
     for durable, subject, name in rows:
         assert "<locals>" not in name, f"{durable} {subject}: {name} is a closure; make it a module-level on_*(w, m)"
         assert callable(_resolve(name)), name

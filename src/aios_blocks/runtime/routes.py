@@ -33,10 +33,10 @@ class _Unbound:
 def factories() -> list[Callable[[Any], list[tuple[Any, Any]]]]:
     """Every consumer's bindings, as the worker kinds build them (``runtime.main``)."""
     from ..agent import fleet
-    from ..workers import controller, gateway, parser, vcluster
+    from ..workers import controller, gateway, mapper, parser, vcluster
 
     return [parser.bindings, gateway.bindings, controller.bindings, controller.lifecycle_bindings, vcluster.bindings,
-            fleet.bindings]
+            mapper.bindings, fleet.bindings]
 
 
 def name_of(handler: Any) -> str:
