@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from . import blocks, console, inventory, nodes, policy, servers, state, task, trace, vcluster
+from . import blocks, console, inventory, nodes, policy, priority, servers, state, task, trace, vcluster
 from .common import DataDir, _input_errors, _one_line, err
 
 app = typer.Typer(
@@ -38,6 +38,10 @@ app.add_typer(cluster_app, name="cluster")
 app.add_typer(node_app, name="node")
 app.add_typer(policy_app, name="policy")
 app.add_typer(state_app, name="state")
+priority_class_app = typer.Typer(help="Register and list priority classes (docs/priority.md).", no_args_is_help=True)
+quota_app = typer.Typer(help="Tenants' GPU quotas that borrow within a cohort (docs/priority.md).", no_args_is_help=True)
+app.add_typer(priority_class_app, name="priority-class")
+app.add_typer(quota_app, name="quota")
 
 def _version(value: bool) -> None:
     """``blocks --version``: the installed package's version (the first thing a stranger asks)."""
@@ -200,6 +204,12 @@ app.command("settings")(servers.settings_)
 app.command()(state.recover)
 app.command()(state.check)
 state_app.command("digest")(state.state_digest)
+priority_class_app.command("add")(priority.priority_class_add)
+priority_class_app.command("list")(priority.priority_class_list)
+priority_class_app.command("remove")(priority.priority_class_remove)
+quota_app.command("set")(priority.quota_set)
+quota_app.command("get")(priority.quota_get)
+quota_app.command("list")(priority.quota_list)
 vcluster.register(app, DataDir)
 nodes.register(node_app, cluster_app, DataDir)
 trace.register(app, cluster_app, DataDir)

@@ -92,6 +92,10 @@ async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
     insts = await c.store.instances(bid)
     reason, errors = block.get("reason") or "", _spec_errors(block.get("reason"))
     title = escape(f"block {bid}: {block['status']}" + (f" ({reason})" if reason and errors is None else ""))
+    ir: dict[str, Any] = block["ir"] if isinstance(block.get("ir"), dict) else {}
+    if ir.get("priorityClass") or ir.get("preemptible") is False:  # docs/priority.md
+        title += escape(f"; priority {ir.get('priorityClass') or '-'} ({ir.get('priority', 0)})"
+                        + ("; not preemptible" if ir.get("preemptible") is False else ""))
     if not insts:  # (a rejected, failed or deleted block: no empty table)
         console.print(title)
         for e in errors or []:

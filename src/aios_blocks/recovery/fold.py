@@ -37,6 +37,7 @@ from ..policies.capacity import share_units
 from ..projections.base import INDEX, Fact, Projection, on
 from ..schemas import events as ev
 from ..schemas import lifecycle as lc
+from ..schemas import priority as pr
 from ..schemas import vcluster as vc
 from ..schemas.catalog import ROOT, E, Event
 from ..schemas.spec import ID_RE, Node
@@ -129,9 +130,9 @@ IGNORED: frozenset[Event[Any]] = frozenset({
     E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_refused,  # requests: vcluster.changed
     E.block_output,  # task outputs (AIOS_OUTPUTS): the side-cars' input, no state
     E.dead_letter,  # a message that kept failing: no state came of it
-    # issue 36 (priority classes, quotas, preemption): in the catalog, no handler writes their state
-    # yet; the one that does folds them here (a method each) and takes them off this list
-    E.priority_class_registered, E.priority_class_removed, E.quota_set, E.block_preempted, E.block_preempting,
+    # issue 36's preemptions: in the catalog, no handler writes their state yet (the pending queue's
+    # will fold them here, a method each, and take them off this list)
+    E.block_preempted, E.block_preempting,
 })
 
 
@@ -154,6 +155,9 @@ class Fold(Projection):
     node_insts: dict[str, dict[str, str]] = field(default_factory=dict)
     policies: dict[str, dict[str, str]] = field(default_factory=dict)
     policy_versions: dict[tuple[str, int], dict[str, str]] = field(default_factory=dict)
+    #: priority classes and tenants' quotas (docs/priority.md): name -> JSON, as ``state.priority``
+    priority_classes: dict[str, str] = field(default_factory=dict)
+    quotas: dict[str, str] = field(default_factory=dict)
     #: open gathers: (bid, gen, attempt) -> {expected, deadline, results, decided}
     gathers: dict[tuple[str, int, int], dict[str, Any]] = field(default_factory=dict)
     #: a create's gen (its AIOS_INTAKE sequence, told by its ``submitted``) -> digest of its body
@@ -416,6 +420,27 @@ class Fold(Projection):
         if head is None or int(head["version"]) < d.version:
             self.policies[d.name] = {"source": d.source, "language": d.language, "version": str(d.version)}
 
+    @on(E.priority_class_registered)
+    def on_priority_class_registered(self, m: Fact[pr.PriorityClassRegistered]) -> None:
+        rec = m.data.record
+        if rec.get("default"):  # one default: as PriorityStore.put_class
+            for name, old in list(self.priority_classes.items()):
+                was = msgspec.json.decode(old)
+                if was.get("default") and name != m.data.name:
+                    self.priority_classes[name] = dumps({**was, "default": False})
+        self.priority_classes[m.data.name] = dumps(rec)
+
+    @on(E.priority_class_removed)
+    def on_priority_class_removed(self, m: Fact[pr.PriorityClassRemoved]) -> None:
+        self.priority_classes.pop(m.data.name, None)
+
+    @on(E.quota_set)
+    def on_quota_set(self, m: Fact[pr.QuotaSet]) -> None:
+        if m.data.record is None:
+            self.quotas.pop(m.data.name, None)
+        else:
+            self.quotas[m.data.name] = dumps(m.data.record)
+
     # -- nodes -----------------------------------------------------------------------------------
     @on(E.node_registered)
     def on_node_registered(self, m: Fact[ev.NodeRegistered]) -> None:
@@ -661,6 +686,10 @@ class Fold(Projection):
             img[k.policy_version_key(name, version)] = dict(rec)
         if self.policies:
             img[k.POLICIES] = set(self.policies)
+        if self.priority_classes:
+            img[k.PRIORITY_CLASSES] = dict(self.priority_classes)
+        if self.quotas:
+            img[k.QUOTAS] = dict(self.quotas)
 
     def gather_image(self, which: Iterable[tuple[str, int, int]]) -> Image:
         """These gathers' keys (those with candidates: a round without any has no gather)."""

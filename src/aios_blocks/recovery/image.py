@@ -62,6 +62,7 @@ LIVE = ("aios:health:", "aios:meta:autoscalers", "aios:meta:{b:")
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
     "aios:aff:", "aios:policy:", "aios:policies", "aios:nodeinst:", "aios:vcindex",
+    "aios:priorityclasses", "aios:quotas",  # docs/priority.md
 )
 
 

@@ -1,0 +1,202 @@
+"""The contended-cluster commands (issue 36, docs/priority.md): ``priority-class add|list|remove``
+and ``quota set|get|list``. Each change is an event first (the stream is what ``blocks recover``
+rebuilds Redis from), then a write to Redis so the next command sees it at once."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from .common import DataDir, _request, console, err
+from .render import _plain, _print_json, _table
+
+if TYPE_CHECKING:
+    from .client import Client
+
+
+def _op_id() -> str:
+    return uuid.uuid4().hex
+
+
+# -- priority classes ------------------------------------------------------------------------------
+def priority_class_add(
+    name: str = typer.Argument(..., help="The class's name (blocks name it as priorityClass)."),
+    value: int = typer.Argument(..., help="Its priority: higher preempts lower by AIOS_PREEMPT_MIN_DELTA points or more."),
+    default: bool = typer.Option(False, "--default", help="The class of blocks that name none (the previous default stops being it)."),
+    description: str = typer.Option("", "--description", help="What the class is for."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Register (or replace) a priority class.
+
+    Example: `blocks priority-class add high 1000 --description "latency-sensitive serving"`,
+    `blocks priority-class add normal 100 --default`
+    """
+    from ..bus.catalog import E
+    from ..schemas.priority import PriorityClass, PriorityClassRegistered
+    from ..state.priority import PriorityStore
+
+    try:
+        pc = PriorityClass(name=name, value=value, default=default, description=description)
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2)
+
+    async def go(c: Client) -> None:
+        record = pc.model_dump(mode="json")
+        await c.bus.emit(E.priority_class_registered, PriorityClassRegistered(name, record), msg_id=f"priorityclass:{_op_id()}")
+        await PriorityStore(c.store.r).put_class(record)
+
+    _request(go, data_dir)
+    console.print(f"priority class [bold]{name}[/] = {value}" + (" (the default)" if default else ""))
+
+
+def priority_class_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """List the priority classes, highest first.
+
+    Example: `blocks priority-class list`
+    """
+    from ..state.priority import PriorityStore
+
+    classes = _request(lambda c: PriorityStore(c.store.r).classes(), data_dir, store_only=True)
+    rows = sorted(classes.values(), key=lambda c: (-int(c["value"]), c["name"]))
+    if as_json:
+        _print_json(rows)
+        return
+    t = _table("class", "value", "default", "description")
+    for c in rows:
+        t.add_row(*_plain(c["name"], c["value"], "yes" if c.get("default") else "", c.get("description", "")))
+    console.print(t)
+
+
+def priority_class_remove(name: str, data_dir: Path = DataDir) -> None:
+    """Remove a priority class (blocks already parsed keep the value their IR holds).
+
+    Example: `blocks priority-class remove batch`
+    """
+    from ..bus.catalog import E
+    from ..schemas.priority import PriorityClassRemoved
+    from ..state.priority import PriorityStore
+
+    async def go(c: Client) -> None:
+        store = PriorityStore(c.store.r)
+        if name not in await store.classes():
+            raise LookupError(f"no priority class {name!r}")
+        op = _op_id()
+        await c.bus.emit(E.priority_class_removed, PriorityClassRemoved(name, op), msg_id=f"priorityclass:{op}")
+        await store.remove_class(name)
+
+    _request(go, data_dir)
+    console.print(f"priority class [bold]{name}[/] removed")
+
+
+# -- quotas ----------------------------------------------------------------------------------------
+def _amounts(values: list[str], option: str) -> dict[str, dict[str, float]]:
+    """``MODEL:RES=N[,RES=N]`` (repeatable) -> model -> resource -> amount."""
+    out: dict[str, dict[str, float]] = {}
+    for v in values:
+        model, sep, rest = v.partition(":")
+        if not sep or not model:
+            raise typer.BadParameter(f"{v!r} is not MODEL:RESOURCE=N[,RESOURCE=N] (MODEL * for any)", param_hint=option)
+        for pair in rest.split(","):
+            res, eq, num = pair.partition("=")
+            try:
+                out.setdefault(model, {})[res.strip()] = float(num)
+            except ValueError:
+                raise typer.BadParameter(f"{pair!r} is not RESOURCE=N", param_hint=option) from None
+            if not eq:
+                raise typer.BadParameter(f"{pair!r} is not RESOURCE=N", param_hint=option)
+    return out
+
+
+def quota_set(
+    tenant: str = typer.Argument(..., help="The tenant: a block's `tenant` label, or its virtual cluster id."),
+    nominal: list[str] = typer.Option([], "--nominal", help="MODEL:RES=N[,RES=N] (repeat; MODEL * = any model; RES gpus, gpuShare, cpu, memory)."),
+    cohort: str = typer.Option(None, "--cohort", help="Tenants of one cohort lend each other what they leave idle."),
+    borrowing_limit: list[str] = typer.Option([], "--borrowing-limit", help="Most it may borrow above nominal, as --nominal."),
+    remove: bool = typer.Option(False, "--remove", help="Remove the tenant's quota."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Set (replace) a tenant's quota: nominal amounts per GPU model, its cohort, a borrowing limit.
+
+    Example: `blocks quota set team-a --nominal A100:gpus=16,cpu=256 --cohort lab`,
+    `blocks quota set team-b --nominal '*:gpus=8' --cohort lab --borrowing-limit '*:gpus=4'`
+    """
+    from pydantic import ValidationError
+
+    from ..bus.catalog import E
+    from ..schemas.priority import Quota, QuotaSet
+    from ..state.priority import PriorityStore
+
+    record: dict[str, Any] | None = None
+    if not remove:
+        try:
+            record = Quota(tenant=tenant, cohort=cohort, nominal=_amounts(nominal, "--nominal"),
+                           borrowingLimit=_amounts(borrowing_limit, "--borrowing-limit") if borrowing_limit else None,
+                           ).model_dump(mode="json")
+        except ValidationError as exc:
+            for e in exc.errors(include_url=False):
+                err.print(f"[red]{'.'.join(str(p) for p in e['loc'])}[/]: {e['msg']}")
+            raise typer.Exit(2)
+
+    async def go(c: Client) -> None:
+        await c.bus.emit(E.quota_set, QuotaSet(tenant, record), msg_id=f"quota:{_op_id()}")
+        await PriorityStore(c.store.r).put_quota(record, tenant)
+
+    _request(go, data_dir)
+    console.print(f"quota of [bold]{tenant}[/] " + ("removed" if remove else "set"))
+
+
+async def _report(c: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    from ..policies.quota import holdings_of, report
+    from ..schemas.priority import Quota
+    from ..state.priority import PriorityStore
+
+    store = PriorityStore(c.store.r)
+    quotas = {t: Quota.model_validate(q) for t, q in (await store.quotas()).items()}
+    rows, models = await store.placed()
+    return {t: q.model_dump(mode="json") for t, q in quotas.items()}, report(quotas, holdings_of(rows, models))
+
+
+def _fmt(amounts: dict[str, Any]) -> str:
+    return ", ".join(f"{k}={v:g}" for k, v in sorted(amounts.items())) or "-"
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    t = _table("tenant", "cohort", "model", "usage", "nominal", "borrowed")
+    for r in rows:
+        t.add_row(*_plain(r["tenant"], r["cohort"], r["model"], _fmt(r["usage"]), _fmt(r["nominal"]), _fmt(r["borrowed"])))
+    console.print(t)
+
+
+def quota_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """Every tenant's usage vs nominal vs borrowed, per GPU model (computed from the state now).
+
+    Example: `blocks quota list`, `blocks quota list --json`
+    """
+    _, rows = _request(_report, data_dir, store_only=True)
+    if as_json:
+        _print_json(rows)
+        return
+    _print_rows(rows)
+
+
+def quota_get(tenant: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """One tenant's quota and its usage vs nominal vs borrowed.
+
+    Example: `blocks quota get team-a`
+    """
+    quotas, rows = _request(_report, data_dir, store_only=True)
+    if tenant not in quotas:
+        err.print(f"[red]no quota for tenant {tenant!r}[/]")
+        raise typer.Exit(1)
+    mine = [r for r in rows if r["tenant"] == tenant]
+    if as_json:
+        _print_json({"quota": quotas[tenant], "usage": mine})
+        return
+    q = quotas[tenant]
+    console.print(f"tenant [bold]{tenant}[/] cohort {q.get('cohort') or '-'}"
+                  + (f", borrowing limit {q['borrowingLimit']}" if q.get("borrowingLimit") else ""))
+    _print_rows(mine)

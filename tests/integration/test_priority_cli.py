@@ -1,0 +1,98 @@
+"""Priority classes and quotas on real servers (issue 36, docs/priority.md): the commands, a block's
+class in its IR and ``blocks get``, usage vs nominal vs borrowed from the state, and ``blocks
+recover``'s fold rebuilding the classes and quotas exactly from the stream."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from typer.testing import CliRunner
+
+from aios_blocks.cli.app import app
+from aios_blocks.recovery import image as im
+from aios_blocks.recovery.rebuild import fold_stream, read_image
+from aios_blocks.state import keys
+
+from .conftest import System
+
+
+class _Done:
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+
+def blocks(system: System, *args: str) -> Any:
+    """The command in this process (a thread: it runs its own event loop), against the servers."""
+    env = {"AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": system.supervisor.redis_url}
+    r = CliRunner().invoke(app, list(args), env=env)
+    return _Done(r.exit_code, r.stdout, r.stderr)
+
+
+async def run(system: System, *args: str) -> Any:
+    return await asyncio.to_thread(blocks, system, *args)
+
+
+async def _ok(system: System, *args: str) -> str:
+    r = await run(system, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    return str(r.stdout)
+
+
+async def test_priority_classes_and_quotas_from_the_command_line(system: System, tmp_path: Path) -> None:
+    await _ok(system, "cluster", "add", "c1", "--nodes", "2", "--gpus", "2")
+    await _ok(system, "priority-class", "add", "high", "1000", "--description", "serving")
+    await _ok(system, "priority-class", "add", "normal", "100", "--default")
+    await _ok(system, "priority-class", "add", "batch", "0", "--default")  # the default moves to batch
+    rows = json.loads(await _ok(system, "priority-class", "list", "--json"))
+    assert [(r["name"], r["value"], r["default"]) for r in rows] == [("high", 1000, False), ("normal", 100, False), ("batch", 0, True)]
+
+    # a block names its class, another gets the default; an unknown class is refused with the classes
+    spec = tmp_path / "b.json"
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "hi", "minInstances": 1,
+                                "maxInstances": 1, "priorityClass": "high", "preemptible": False,
+                                "labels": {"tenant": "team-a"}}))
+    assert "ready" in await _ok(system, "submit", str(spec), "--wait")
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "lo", "minInstances": 2,
+                                "maxInstances": 2, "labels": {"tenant": "team-b"}}))
+    assert "ready" in await _ok(system, "submit", str(spec), "--wait")
+    hi = json.loads(await _ok(system, "get", "hi", "--json"))["ir"]
+    assert (hi["priorityClass"], hi["priority"], hi["preemptible"]) == ("high", 1000, False)
+    lo = json.loads(await _ok(system, "get", "lo", "--json"))["ir"]
+    assert (lo["priorityClass"], lo["priority"]) == ("batch", 0) and "preemptible" not in lo
+    assert "priority high (1000); not preemptible" in await _ok(system, "get", "hi")
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "nope", "minInstances": 1,
+                                "maxInstances": 1, "priorityClass": "urgent"}))
+    r = await run(system, "submit", str(spec), "--wait")
+    assert r.returncode == 4 and "unknown priority class 'urgent'" in r.stdout + r.stderr
+    assert "high (1000), normal (100), batch (0)" in r.stdout + r.stderr
+
+    # quotas: team-b borrows one GPU of team-a's idle nominal in their cohort
+    await _ok(system, "quota", "set", "team-a", "--nominal", "sim-h100:gpus=2,cpu=8", "--cohort", "lab")
+    await _ok(system, "quota", "set", "team-b", "--nominal", "sim-h100:gpus=1", "--cohort", "lab")
+    await _ok(system, "quota", "set", "gone", "--nominal", "*:gpus=1")
+    await _ok(system, "quota", "set", "gone", "--remove")
+    rows = {r["tenant"]: r for r in json.loads(await _ok(system, "quota", "list", "--json"))}
+    assert set(rows) == {"team-a", "team-b"}
+    assert rows["team-a"]["usage"] == {"cpu": 1.0, "memory": 1024.0, "gpus": 1.0} and rows["team-a"]["borrowed"] == {}
+    assert rows["team-b"]["usage"]["gpus"] == 2.0 and rows["team-b"]["borrowed"] == {"gpus": 1.0}
+    got = json.loads(await _ok(system, "quota", "get", "team-b", "--json"))
+    assert got["quota"]["cohort"] == "lab" and got["usage"][0]["nominal"] == {"gpus": 1.0}
+    assert (await run(system, "quota", "get", "nobody")).returncode == 1
+    r = await run(system, "quota", "set", "team-c", "--nominal", "A100:gpus")
+    assert r.returncode == 2
+
+    await _ok(system, "priority-class", "remove", "normal")
+    assert (await run(system, "priority-class", "remove", "normal")).returncode == 1
+    assert [r["name"] for r in json.loads(await _ok(system, "priority-class", "list", "--json"))] == ["high", "batch"]
+
+    # `blocks recover` rebuilds both from the stream: the fold's image equals Redis
+    c = system.client
+    redis_image = await read_image(c.store.r)
+    folded = (await fold_stream(c.bus)).image(include_gathers=False)
+    assert keys.PRIORITY_CLASSES in folded and keys.QUOTAS in folded
+    assert folded[keys.PRIORITY_CLASSES] == redis_image[keys.PRIORITY_CLASSES]
+    assert folded[keys.QUOTAS] == redis_image[keys.QUOTAS]
+    assert im.digest(redis_image) == im.digest(folded), im.diff(redis_image, folded)
