@@ -88,6 +88,16 @@ async def test_priority_classes_and_quotas_from_the_command_line(system: System,
     assert (await run(system, "priority-class", "remove", "normal")).returncode == 1
     assert [r["name"] for r in json.loads(await _ok(system, "priority-class", "list", "--json"))] == ["high", "batch"]
 
+    # a dry run of a preemption: 1 GPU free, a high block of 2 needs lo's (batch, a gang of 2: whole)
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "urgent", "minInstances": 2,
+                                "maxInstances": 2, "priorityClass": "high"}))
+    plan = json.loads(await _ok(system, "preempt", "--dry-run", str(spec), "--cluster", "c1", "--json"))
+    assert plan["input"]["block"]["priority"] == 1000
+    assert {c["block_id"]: c["preemptible"] for c in plan["input"]["candidates"]} == {"hi": False, "lo": True}
+    assert sorted(plan["output"]["blocks"]) == ["lo"] and len(plan["output"]["blocks"]["lo"]) == 2
+    assert "victim block" in await _ok(system, "preempt", "--dry-run", str(spec), "--cluster", "c1")
+    assert json.loads(await _ok(system, "get", "lo", "--json"))["status"] == "ready"  # nothing was evicted
+
     # `blocks recover` rebuilds both from the stream: the fold's image equals Redis
     c = system.client
     redis_image = await read_image(c.store.r)

@@ -141,3 +141,22 @@ def test_it_is_a_policy_kind_with_a_contract() -> None:
             continue
         raise AssertionError(bad)
     assert summarize("preempt", out) == "a-0" and summarize("preempt", {"victims": {}}) == "no preemption"
+
+
+def test_the_input_is_built_from_the_state_views() -> None:
+    from aios_blocks.handlers.preemption import gpu_free, preempt_input
+
+    assert gpu_free({"instances": 0}) == 1.0 and gpu_free({"instances": 1, "exclusive": True}) == 0.0
+    assert gpu_free({"instances": 2, "exclusive": False, "share_free": 250}) == 0.25
+    views = {"n1": {"healthy": True, "cpu_free": 4, "memory_free": 100,
+                    "gpus": [{"id": "g0", "model": "A100", "instances": 1, "exclusive": True}]},
+             "n2": {"healthy": False, "gpus": []}}
+    placed = [{"block_id": "v", "created": 7, "ir": {"priority": 5, "minInstances": 1, "preemptible": False,
+                                                    "resources": {"gpus": 1, "cpu": 2}},
+               "instances": {"v-0": {"node": "n1", "gpus": ["g0"]}, "v-1": {"node": "elsewhere", "gpus": ["x"]}}},
+              {"block_id": "me", "ir": {}, "instances": {"me-0": {"node": "n1", "gpus": []}}}]
+    i = preempt_input("me", {"priority": 100, "minInstances": 1, "resources": {"gpus": 1}}, "c1", views, placed, 10)
+    assert list(i["cluster"]["nodes"]) == ["n1"] and i["cluster"]["nodes"]["n1"]["gpus"]["g0"]["free"] == 0.0
+    (c,) = i["candidates"]
+    assert c["block_id"] == "v" and c["preemptible"] is False and list(c["instances"]) == ["v-0"]
+    assert c["instances"]["v-0"]["share"] == 1.0 and i["minDelta"] == 10 and i["block"]["priority"] == 100

@@ -200,3 +200,75 @@ def quota_get(tenant: str, as_json: bool = typer.Option(False, "--json"), data_d
     console.print(f"tenant [bold]{tenant}[/] cohort {q.get('cohort') or '-'}"
                   + (f", borrowing limit {q['borrowingLimit']}" if q.get("borrowingLimit") else ""))
     _print_rows(mine)
+
+
+# -- preemption, dry run ---------------------------------------------------------------------------
+def preempt(
+    spec_file: Path = typer.Argument(..., help="The block spec (YAML/JSON) that would be placed."),
+    cluster: str = typer.Option(..., "--cluster", help="The cluster to plan in."),
+    policy_uri: str = typer.Option("builtin:preempt-min", "--policy", help="The preemption policy (a policyRuleURI)."),
+    dry_run: bool = typer.Option(True, "--dry-run/--no-dry-run", help="Only a dry run exists today: nothing is evicted."),
+    as_json: bool = typer.Option(False, "--json", help="The policy's input and output as JSON."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Which blocks a spec would preempt in a cluster now (like `nomad job plan`): the victims per
+    node, or why there are none. Changes nothing.
+
+    Example: `blocks preempt --dry-run urgent.yaml --cluster c1`
+    """
+    from ..handlers import parse
+    from ..handlers.preemption import preempt_input
+    from ..policies.runtime import PolicyRuntime
+    from ..schemas.errors import PolicyFailed
+    from ..settings import load as load_settings
+    from ..state.priority import PriorityStore
+    from .common import _load
+
+    if not dry_run:
+        err.print("[red]only --dry-run exists today[/]: the controller preempts by itself (docs/priority.md)")
+        raise typer.Exit(2)
+    doc = _load(spec_file)
+    settings = load_settings()
+
+    async def go(c: Any) -> tuple[dict[str, Any], Any] | list[Any]:
+        store = PriorityStore(c.store.r)
+        uri = parse.component_uri(doc)
+        component = await c.store.get_component(uri) if uri else None
+        bid = str(doc.get("blockId") or "dry-run")
+        out = parse.build({**doc, "blockId": bid}, component, bid, None, settings, await store.classes())
+        if out.ir is None:
+            return out.errors
+        views = await c.store.read_nodes(cluster, await c.store.node_ids(cluster))
+        if not views:
+            raise LookupError(f"no cluster {cluster!r} (or it has no nodes)")
+        placed, _ = await store.placed()
+        data = preempt_input(bid, out.ir, cluster, views, placed, settings.preempt_min_delta)
+        rule = {"name": "preemption", "policyRuleURI": policy_uri}
+        try:
+            return data, await PolicyRuntime().invoke(rule, "cli.preempt", data, {})
+        except PolicyFailed as exc:
+            return data, {"error": str(exc)}
+
+    result = _request(go, data_dir, store_only=True)
+    if isinstance(result, list):
+        for e in result:
+            err.print(f"[red]{e.path}[/]: {e.message}")
+        raise typer.Exit(4)
+    data, output = result
+    if as_json:
+        _print_json({"input": data, "output": output})
+        return
+    if "error" in output:
+        err.print(f"[red]{output['error']}[/]")
+        raise typer.Exit(1)
+    block = data["block"]
+    console.print(f"block at priority {block['priority']} ({block.get('priorityClass') or 'no class'}), "
+                  f"{max(1, block['minInstances'])} instance(s): {output.get('reason', '')}")
+    if output["victims"]:
+        by_block = {c["block_id"]: c for c in data["candidates"]}
+        t = _table("victim block", "priority", "instances", "nodes")
+        for bid, iids in sorted((output.get("blocks") or {}).items()):
+            nodes = sorted({by_block[bid]["instances"][i]["node_id"] for i in iids})
+            t.add_row(*_plain(bid, by_block[bid]["priority"], ", ".join(iids), ", ".join(nodes)))
+        console.print(t)
+        console.print(f"GPUs freed: {output.get('gpus_freed', 0):g}; then placed on {output.get('fits')}")

@@ -1,0 +1,66 @@
+"""The ``preemption`` policy's input, built from the state's views (issue 36, docs/priority.md).
+Pure: node views (``state.nodes.node_view``) and the blocks placed in the cluster in, the seed-
+shaped input of ``builtin:preempt-min`` out. The controller's preemption step (a later session)
+and ``blocks preempt --dry-run`` both build it here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..schemas.priority import NO_CLASS_PRIORITY
+
+
+def gpu_free(g: Mapping[str, Any]) -> float:
+    """The free part of a GPU's compute: whole when nothing uses it, nothing when an instance
+    holds it whole, else what sharing instances left (``share_free`` thousandths)."""
+    if int(g.get("instances") or 0) == 0:
+        return 1.0
+    if g.get("exclusive"):
+        return 0.0
+    return max(0.0, int(g.get("share_free", 0)) / 1000)
+
+
+def cluster_input(cid: str, views: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The healthy nodes as the planner reads them: free CPU, memory and each GPU's free part."""
+    nodes = {}
+    for nid, v in sorted(views.items()):
+        if not v.get("healthy", True):
+            continue
+        nodes[nid] = {"cpu_free": v.get("cpu_free", 0), "mem_free": v.get("memory_free", 0),
+                      "gpus": {g["id"]: {"model": g.get("model", ""), "free": gpu_free(g)} for g in v.get("gpus", [])}}
+    return {"cluster_id": cid, "nodes": nodes}
+
+
+def block_input(bid: str, ir: Mapping[str, Any]) -> dict[str, Any]:
+    return {"block_id": bid, "priority": int(ir.get("priority", NO_CLASS_PRIORITY)),
+            "priorityClass": ir.get("priorityClass", ""), "minInstances": int(ir.get("minInstances") or 0),
+            "resources": dict(ir.get("resources") or {})}
+
+
+def candidates(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], skip: str = "") -> list[dict[str, Any]]:
+    """The blocks with instances on these nodes (rows ``{block_id, ir, created, instances}``), each
+    with its priority, age, ``preemptible``, ``minInstances`` and its instances there."""
+    on = set(nodes)
+    out = []
+    for row in placed:
+        if row["block_id"] == skip:
+            continue
+        ir = row.get("ir") or {}
+        res = ir.get("resources") or {}
+        insts = {iid: {"node_id": i.get("node"), "gpus": list(i.get("gpus") or []),
+                       "share": float(res.get("gpuShare") or 0.0) or 1.0, "cpu": float(res.get("cpu") or 0.0),
+                       "memory": float(res.get("memory") or 0), "created": float(row.get("created") or 0)}
+                 for iid, i in (row.get("instances") or {}).items() if i.get("node") in on}
+        if insts:
+            out.append({**block_input(row["block_id"], ir), "created": float(row.get("created") or 0),
+                        "preemptible": ir.get("preemptible") is not False, "instances": insts})
+    return out
+
+
+def preempt_input(bid: str, ir: Mapping[str, Any], cid: str, views: Mapping[str, Mapping[str, Any]],
+                  placed: Iterable[Mapping[str, Any]], min_delta: int) -> dict[str, Any]:
+    """The whole input of one ``preempt`` call (``min_delta``: ``Settings.preempt_min_delta``)."""
+    cluster = cluster_input(cid, views)
+    return {"action": "preempt", "minDelta": min_delta, "block": block_input(bid, ir), "cluster": cluster,
+            "candidates": candidates(placed, cluster["nodes"], skip=bid)}
