@@ -2,17 +2,15 @@
 block lifecycle facts (instance added/removed, delete) that make a block ready or deleted.
 
 Every handler is a module-level function ``on_*(w, m)``: ``bindings``/``lifecycle_bindings`` only
-name them by event (``bound`` gives each the worker and keeps its ``__module__``/``__qualname__``),
-so a subject is one jump from its function. Allocation is ``workers/allocate.py`` (the one
+name them by event (``workers.base.bound`` gives each its worker and keeps its ``__module__`` and
+``__qualname__``), so a subject is one jump from its function. Allocation is ``workers/allocate.py`` (the one
 plan/apply adapter of the pure ``handlers/allocation.py``)."""
 
 from __future__ import annotations
 
-import functools
 import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 import structlog
@@ -53,22 +51,13 @@ from ..schemas.lifecycle import LIVE, Step
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import reconciler
 from .allocate import allocate, start, suspect_nodes
-from .base import Worker
+from .base import Worker, bound
 from .effects import commit, release
 
 log = structlog.get_logger("aios.controller")
 
 __all__ = ["bindings", "block_metrics", "excluded", "fault_verdict", "lifecycle_bindings", "scale_down", "scale_target",
            "start", "suspect_nodes"]
-
-M = TypeVar("M")
-
-
-def bound(fn: Callable[[Worker, Inbound[M]], Awaitable[None]], w: Worker) -> Callable[[Inbound[M]], Awaitable[None]]:
-    """``fn`` with the worker given; it still names ``fn`` (``__module__``, ``__qualname__``,
-    ``__wrapped__``), so ``blocks subjects`` and a reader go from a subject to the function."""
-    return functools.update_wrapper(functools.partial(fn, w), fn)
-
 
 def bindings(w: Worker, cluster: str | None = None) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.controller(cluster))
