@@ -74,8 +74,8 @@ async def _start_stop(bus: Bus, runtime: Runtime, image: str, command: list[str]
 
 
 async def _heartbeats(nats_url: str, redis_url: str, agents: int, window_s: float) -> dict[str, float]:
+    from aios_blocks.runtime.supervisor import Supervisor
     from aios_blocks.state.store import Store
-    from aios_blocks.workers.supervisor import Supervisor
 
     sup = Supervisor(nats_url, redis_url, {"controller": 1}).start()
     store = Store.open(redis_url)

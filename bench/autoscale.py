@@ -247,7 +247,7 @@ async def _load(client: Any, bid: str, rate: float, seconds: float, stats: dict[
 
 async def _e2e(start_delay_s: float, quick: bool) -> list[common.Row]:
     from aios_blocks.cli.client import Client, event_kind
-    from aios_blocks.workers.supervisor import DEFAULT_LAYOUT, Supervisor
+    from aios_blocks.runtime.supervisor import DEFAULT_LAYOUT, Supervisor
 
     g = f"{GROUP} (end to end, start {start_delay_s:g} s)"
     env_before = {k: os.environ.get(k) for k in ("AIOS_SIM_START_DELAY_S",)}

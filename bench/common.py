@@ -121,7 +121,7 @@ async def servers(tag: str = "bench") -> AsyncIterator[tuple[str, str, Path]]:
         finally:
             shutil.rmtree(data, ignore_errors=True)
         return
-    from aios_blocks.workers.embedded import EmbeddedServers
+    from aios_blocks.runtime.embedded import EmbeddedServers
 
     srv = EmbeddedServers(data_dir=data).start()
     try:
@@ -148,7 +148,7 @@ def cpu_model() -> str:
 
 def machine_info(redis_url: str | None = None) -> dict[str, Any]:
     """What a run is comparable by: cpus, model, python, server versions, commit, date."""
-    from aios_blocks.workers.embedded import nats_binary, redis_binary
+    from aios_blocks.runtime.embedded import nats_binary, redis_binary
 
     info: dict[str, Any] = {
         "cpu_count": os.cpu_count(),

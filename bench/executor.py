@@ -2,7 +2,7 @@
 fast a map change reaches every executor, and what one routing decision costs.
 
 Layout: embedded NATS + Redis; the simulated instances (``SimServer``, real aiohttp sites) in
-their own process; executors as real worker processes (``aios_blocks.workers.main executor``,
+their own process; executors as real worker processes (``aios_blocks.runtime.main executor``,
 sharing one HTTP port); this process generates the load (nats-py and aiohttp clients). Maps are
 written straight into the instance-map bucket (the mapper's own path is measured apart:
 "mapper propagation").
@@ -75,7 +75,7 @@ def _instances(spec: list[float]) -> tuple[subprocess.Popen[str], dict[str, str]
 def _executor(nats_url: str, redis_url: str, http_port: int) -> subprocess.Popen[bytes]:
     env = {**os.environ, "AIOS_NATS_URL": nats_url, "AIOS_REDIS_URL": redis_url, "AIOS_LOG_LEVEL": "warning",
            "AIOS_EXECUTOR_HTTP_PORT": str(http_port), "AIOS_EXECUTOR_SCRAPE_INTERVAL_S": "0.05"}
-    return subprocess.Popen([sys.executable, "-m", "aios_blocks.workers.main", "executor"], env=env,
+    return subprocess.Popen([sys.executable, "-m", "aios_blocks.runtime.main", "executor"], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

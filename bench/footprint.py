@@ -78,8 +78,8 @@ def label(pid: int) -> str:
     except OSError:
         return "?"
     words = [a.decode(errors="replace") for a in argv if a]
-    if "aios_blocks.workers.main" in words:  # a kind, or a group's kinds (parser+gateway+controller)
-        return "".join(words[words.index("aios_blocks.workers.main") + 1:][:1]) or "worker"
+    if "aios_blocks.runtime.main" in words:  # a kind, or a group's kinds (parser+gateway+controller)
+        return "".join(words[words.index("aios_blocks.runtime.main") + 1:][:1]) or "worker"
     first = Path(words[0].split()[0]).name if words else ""
     if first in ("nats-server", "redis-server"):  # redis-server rewrites its title: "redis-server host:port"
         return first
@@ -139,7 +139,7 @@ def _settled(root: int, timeout: float = 20.0) -> list[tuple[int, str, float, fl
 def measure(per_kind: bool = False) -> tuple[list[tuple[int, str, float, float, int]], int]:
     """The settled idle sample of a fresh ``blocks up`` (``--process-per-kind`` with ``per_kind``)
     and the processes left after SIGTERM."""
-    from aios_blocks.workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, units
+    from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, units
 
     data = Path(tempfile.mkdtemp(prefix="aios-footprint-"))
     blocks = Path(sys.executable).parent / "blocks"

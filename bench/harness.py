@@ -25,7 +25,7 @@ from aios_blocks.bus import subjects
 from aios_blocks.bus.catalog import E
 from aios_blocks.cli.client import Client
 from aios_blocks.handlers.controller import instance_id
-from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
 COMPONENT = {
     "componentURI": "aios://bench/model",

@@ -74,7 +74,7 @@ def cpu_tree(root: int | None = None) -> dict[str, float]:
             continue
         rest = stat.rsplit(")", 1)[1].split()
         name = os.path.basename(args[0].split()[0]) if args else stat.split("(", 1)[1].rsplit(")", 1)[0]
-        if "-m" in args and args.index("-m") + 2 < len(args) and args[args.index("-m") + 1] == "aios_blocks.workers.main":
+        if "-m" in args and args.index("-m") + 2 < len(args) and args[args.index("-m") + 1] == "aios_blocks.runtime.main":
             name = args[args.index("-m") + 2]
         procs[pid] = (int(rest[1]), name, (int(rest[11]) + int(rest[12])) / tick)
     out: dict[str, float] = {}

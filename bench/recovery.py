@@ -147,7 +147,7 @@ async def _measure(quick: bool) -> list[common.Row]:
     from aios_blocks.cli.client import Client
     from aios_blocks.recovery import image as im
     from aios_blocks.recovery.rebuild import drop_project_keys, read_image, recover
-    from aios_blocks.workers import embedded
+    from aios_blocks.runtime import embedded
 
     rows: list[common.Row] = []
     data = Path(tempfile.mkdtemp(prefix="aios-bench-recovery-"))

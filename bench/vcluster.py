@@ -42,10 +42,10 @@ async def _measure(quick: bool) -> list[common.Row]:
     from aios_blocks.cli import vcluster as vcli
     from aios_blocks.cli.client import Client
     from aios_blocks.handlers import vcluster as h
+    from aios_blocks.runtime.supervisor import Supervisor
     from aios_blocks.schemas.vcluster import VClusterCreate, VClusterRemove
     from aios_blocks.workers import vcluster as vw
     from aios_blocks.workers.base import Worker
-    from aios_blocks.workers.supervisor import Supervisor
 
     reps = 5 if quick else 15
     rows: list[common.Row] = []

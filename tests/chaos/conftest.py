@@ -13,8 +13,8 @@ import pytest
 
 from aios_blocks.cli.client import Client
 from aios_blocks.recovery.invariants import Report, check
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import Supervisor
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import Supervisor
 
 from ..integration.conftest import COMPONENT, System
 

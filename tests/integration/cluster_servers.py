@@ -16,8 +16,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aios_blocks.workers import lifetime
-from aios_blocks.workers.embedded import nats_binary, redis_binary
+from aios_blocks.runtime import lifetime
+from aios_blocks.runtime.embedded import nats_binary, redis_binary
 
 #: the same fsync policy as the embedded server: an acknowledged event is on disk on each replica
 NATS_SYNC = "always"

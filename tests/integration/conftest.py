@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from aios_blocks.cli.client import TERMINAL, Client, event_kind
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
 pytestmark = pytest.mark.integration
 

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import DEFAULT_LAYOUT, Supervisor
 from aios_blocks.schemas.spec import Cluster, Gpu, Node
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import DEFAULT_LAYOUT, Supervisor
 
 from .conftest import COMPONENT, System
 

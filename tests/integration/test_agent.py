@@ -25,7 +25,7 @@ import pytest
 from aios_blocks.agent.runtime import LaunchSpec, Runtime, RuntimeInstance
 from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.cli.client import Client
-from aios_blocks.workers.auth import url_user
+from aios_blocks.runtime.auth import url_user
 
 from .conftest import COMPONENT, System
 

@@ -27,8 +27,8 @@ from aios_blocks.bus.catalog import E
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
 from aios_blocks.executor.engine import confirmed
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import Supervisor
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import Supervisor
 
 from .conftest import COMPONENT
 
@@ -181,7 +181,7 @@ async def test_after_blocks_up_restarts_the_first_task_never_goes_to_a_dead_endp
     address, and the block runs again."""
     import json
 
-    from aios_blocks.workers.embedded import resolve_urls
+    from aios_blocks.runtime.embedded import resolve_urls
 
     from .test_lifecycle import Up, _env
 

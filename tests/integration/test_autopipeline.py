@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import redis.exceptions
 
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.settings import Settings
 from aios_blocks.state.autopipeline import AutoPipelineRedis
 from aios_blocks.state.connection import open_redis
-from aios_blocks.workers.embedded import EmbeddedServers
 
 
 @pytest.fixture

@@ -22,11 +22,11 @@ import pytest
 
 from aios_blocks.cli.client import Client
 from aios_blocks.projections.explain import explain
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.settings import Settings
 from aios_blocks.state.keys import block_key
 from aios_blocks.workers.autoscaler import Autoscaler
 from aios_blocks.workers.base import Worker
-from aios_blocks.workers.embedded import EmbeddedServers
 
 pytestmark = pytest.mark.integration
 

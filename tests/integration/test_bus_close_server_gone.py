@@ -13,7 +13,7 @@ import time
 import uvloop
 
 from aios_blocks.bus.nats_bus import Bus
-from aios_blocks.workers.embedded import free_port, nats_binary
+from aios_blocks.runtime.embedded import free_port, nats_binary
 
 
 async def _close_after_the_server_died(url: str, server: subprocess.Popen[bytes]) -> None:

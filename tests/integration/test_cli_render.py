@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from aios_blocks.cli.main import app
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
 from .conftest import COMPONENT
 

@@ -27,8 +27,8 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
 from aios_blocks.recovery.rebuild import recover
+from aios_blocks.runtime.supervisor import Supervisor
 from aios_blocks.settings import load as load_settings
-from aios_blocks.workers.supervisor import Supervisor
 
 from ..chaos.conftest import explain, publish_create, settled_check, spec, wait_terminal
 from .cluster_servers import NatsCluster, RedisCluster

@@ -15,11 +15,11 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.settings import Settings
 from aios_blocks.state.keys import block_key
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.collector import Collector
-from aios_blocks.workers.embedded import EmbeddedServers
 
 pytestmark = pytest.mark.integration
 

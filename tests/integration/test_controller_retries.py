@@ -12,10 +12,10 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
 from aios_blocks.handlers.effects import Replace
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.workers import controller
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.effects import commit
-from aios_blocks.workers.embedded import EmbeddedServers
 
 BID = "retry-1"
 

@@ -21,8 +21,8 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import CLOUDEVENTS_JSON, connect
 from aios_blocks.cli.client import Client
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import Supervisor
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import Supervisor
 
 from .conftest import COMPONENT
 

@@ -22,10 +22,10 @@ from aiohttp import web
 from aios_blocks.bus.catalog import E
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.events import InstanceCommand, InstanceEvent
 from aios_blocks.settings import Settings
 from aios_blocks.workers.base import Worker
-from aios_blocks.workers.embedded import EmbeddedServers
 from aios_blocks.workers.executor import Executor
 
 pytestmark = pytest.mark.integration
@@ -202,7 +202,7 @@ async def test_an_upstream_client_gets_its_answer_on_its_own_inbox(rig: Rig, tmp
     import nats
 
     from aios_blocks.bus.nats_bus import security_options
-    from aios_blocks.workers.auth import read_endpoints
+    from aios_blocks.runtime.auth import read_endpoints
 
     ep = read_endpoints(tmp_path / "data")
     assert ep is not None and ep.auth

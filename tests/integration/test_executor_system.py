@@ -17,7 +17,7 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
-from aios_blocks.workers.embedded import resolve_urls
+from aios_blocks.runtime.embedded import resolve_urls
 
 from .conftest import COMPONENT
 from .test_lifecycle import BLOCKS, Up, _env

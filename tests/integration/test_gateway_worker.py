@@ -16,11 +16,11 @@ import pytest
 
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.spec import Cluster, Gpu, Node
 from aios_blocks.settings import Settings
 from aios_blocks.workers import gateway
 from aios_blocks.workers.base import Worker
-from aios_blocks.workers.embedded import EmbeddedServers
 
 from ..unit.views import make_ir
 

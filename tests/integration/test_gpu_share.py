@@ -7,9 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.spec import Gpu, Node
 from aios_blocks.state.store import Store
-from aios_blocks.workers.embedded import EmbeddedServers
 
 from .conftest import System
 

@@ -24,10 +24,10 @@ from aiohttp import web
 
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.settings import Settings
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.checker import Checker
-from aios_blocks.workers.embedded import EmbeddedServers
 from aios_blocks.workers.executor import Executor
 
 pytestmark = pytest.mark.integration

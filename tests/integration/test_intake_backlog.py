@@ -9,8 +9,8 @@ from pathlib import Path
 
 from aios_blocks.cli.client import Client
 from aios_blocks.recovery.invariants import check
-from aios_blocks.workers.embedded import EmbeddedServers
-from aios_blocks.workers.supervisor import DEFAULT_GROUPS, Supervisor
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
 from .conftest import COMPONENT
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from aios_blocks.workers import embedded
-from aios_blocks.workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, units
+from aios_blocks.runtime import embedded
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, units
 
 from .conftest import COMPONENT
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.lifecycle import REUSABLE, TRANSITIONS, BlockStatus, Step
 from aios_blocks.state.store import Store
-from aios_blocks.workers.embedded import EmbeddedServers
 
 
 async def test_the_cas_script_takes_its_rules_from_the_table(tmp_path: Path) -> None:

@@ -23,9 +23,9 @@ import yaml
 from aios_blocks.cli.client import Client
 from aios_blocks.metrics.scrape import read_instance
 from aios_blocks.metrics.window import BlockInput, Windows
+from aios_blocks.runtime.embedded import EmbeddedServers, resolve_urls
 from aios_blocks.settings import Settings
 from aios_blocks.workers.base import Worker
-from aios_blocks.workers.embedded import EmbeddedServers, resolve_urls
 from aios_blocks.workers.executor import Executor
 
 from .conftest import COMPONENT

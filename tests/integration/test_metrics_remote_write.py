@@ -20,7 +20,7 @@ import pytest
 
 from aios_blocks.cli.client import Client
 from aios_blocks.metrics.remote_write import RemoteWrite
-from aios_blocks.workers.embedded import resolve_urls
+from aios_blocks.runtime.embedded import resolve_urls
 
 from .conftest import COMPONENT
 from .test_executor_system import _answered

@@ -22,9 +22,9 @@ from nats.js.errors import NotFoundError
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime import auth
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.settings import Settings
-from aios_blocks.workers import auth
-from aios_blocks.workers.embedded import EmbeddedServers
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,9 +10,9 @@ from typing import Any
 
 from aios_blocks.bus import subjects
 from aios_blocks.recovery.rebuild import read_image, recover
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.spec import Cluster, Gpu, Node
 from aios_blocks.state.store import Store, index_key
-from aios_blocks.workers.embedded import EmbeddedServers
 
 from .conftest import System
 from .test_cli import blocks

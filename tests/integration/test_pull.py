@@ -19,7 +19,7 @@ from nats.js.api import AckPolicy, ConsumerConfig
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.bus.pull import Puller
-from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.runtime.embedded import EmbeddedServers
 
 TIMEOUT = 3600.0  # a take's request expiry: a take that waited for it would take this long
 GUARD = 60.0  # how long a test waits for a take that should return now (it cannot by TIMEOUT)

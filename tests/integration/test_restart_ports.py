@@ -16,7 +16,7 @@ import nats
 import pytest
 
 from aios_blocks.cli.up import _publish_port
-from aios_blocks.workers.embedded import PORTS_FILE, EmbeddedServers, port_again
+from aios_blocks.runtime.embedded import PORTS_FILE, EmbeddedServers, port_again
 
 
 def test_servers_restarted_on_their_data_dir_listen_where_they_did_and_a_client_reconnects(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from nats.js.errors import BadRequestError
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.bus.runner import ConsumerRunner, Delivery, RunnerOptions
-from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.runtime.embedded import EmbeddedServers
 
 
 async def test_failing_message_is_retried_then_dead_lettered_and_others_flow(tmp_path: Path) -> None:

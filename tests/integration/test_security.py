@@ -32,13 +32,13 @@ from aios_blocks.bus.catalog import E
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.bus.nats_bus import connect as nats_connect
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime import auth
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import kind_var
 from aios_blocks.schemas.events import Dangling, Heartbeat
 from aios_blocks.state.store import Store
-from aios_blocks.workers import auth
 from aios_blocks.workers.base import Worker
-from aios_blocks.workers.embedded import EmbeddedServers
 from aios_blocks.workers.health import HealthMonitor
-from aios_blocks.workers.supervisor import kind_var
 
 from .conftest import COMPONENT, System
 
@@ -743,14 +743,14 @@ async def test_secrets_never_appear_in_logs_outputs_or_public_files(tmp_path: Pa
             assert r.returncode == 0, (args, r.stdout, r.stderr)
         # a worker given a wrong password says so without echoing it
         bad = auth.with_userinfo(auth.read_endpoints(data).nats, "parser", "WRONG-pass-0123456789")  # type: ignore[union-attr]
-        said = await asyncio.to_thread(_run_briefly, [sys.executable, "-m", "aios_blocks.workers.main", "parser"],
+        said = await asyncio.to_thread(_run_briefly, [sys.executable, "-m", "aios_blocks.runtime.main", "parser"],
                                        {**env, "AIOS_NATS_URL": bad, "AIOS_REDIS_URL": "redis://127.0.0.1:1/0"})
         outputs.append(said)
         assert "authorization violation" in said.lower() and "WRONG-pass-0123456789" not in said
         # so does one kind of a group process, in lines marked with that kind
         group_env = {**env, "AIOS_REDIS_URL": "redis://127.0.0.1:1/0", kind_var("AIOS_NATS_URL", "parser"): bad,
                      kind_var("AIOS_NATS_URL", "gateway"): bad}
-        said = await asyncio.to_thread(_run_briefly, [sys.executable, "-m", "aios_blocks.workers.main", "parser+gateway"], group_env)
+        said = await asyncio.to_thread(_run_briefly, [sys.executable, "-m", "aios_blocks.runtime.main", "parser+gateway"], group_env)
         outputs.append(said)
         assert "authorization violation" in said.lower() and "WRONG-pass-0123456789" not in said
         assert '"kind": "parser"' in said, said[-2000:]

@@ -26,8 +26,8 @@ from aios_blocks.agent.runtime_process import ProcessRuntime
 from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
-from aios_blocks.workers.auth import url_user
-from aios_blocks.workers.embedded import free_port
+from aios_blocks.runtime.auth import url_user
+from aios_blocks.runtime.embedded import free_port
 
 from .conftest import COMPONENT, System
 from .test_agent import Agents, until

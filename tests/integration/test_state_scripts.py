@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.lifecycle import LIVE, Step
 from aios_blocks.schemas.spec import Gpu, Node
 from aios_blocks.state.store import Store
-from aios_blocks.workers.embedded import EmbeddedServers
 
 pytestmark = pytest.mark.integration
 

@@ -16,7 +16,7 @@ from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
 from aios_blocks.recovery import reader
 from aios_blocks.recovery.rebuild import read_stream
-from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.runtime.embedded import EmbeddedServers
 
 pytestmark = pytest.mark.integration
 

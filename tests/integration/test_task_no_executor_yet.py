@@ -14,7 +14,7 @@ import pytest
 from aios_blocks.bus.catalog import E
 from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.cli.client import send_task
-from aios_blocks.workers.embedded import EmbeddedServers
+from aios_blocks.runtime.embedded import EmbeddedServers
 
 pytestmark = pytest.mark.integration
 

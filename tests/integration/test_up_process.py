@@ -58,7 +58,7 @@ def test_the_supervising_process_makes_the_stream_in_a_child_and_keeps_no_client
 
 
 def test_a_failed_topology_child_fails_the_start_with_its_reason(tmp_path: Path) -> None:
-    from aios_blocks.workers.embedded import EmbeddedServers, free_port
+    from aios_blocks.runtime.embedded import EmbeddedServers, free_port
 
     servers = EmbeddedServers(data_dir=tmp_path / "data", auth=True, tls=False, topology_in_child=True, lock=False,
                               topology_timeout_s=5)

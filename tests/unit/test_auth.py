@@ -12,8 +12,8 @@ import pytest
 
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import security_options
-from aios_blocks.workers import auth
-from aios_blocks.workers.embedded import nats_binary
+from aios_blocks.runtime import auth
+from aios_blocks.runtime.embedded import nats_binary
 
 matches = subjects.matches  # NATS subject matching: ``*`` one token, ``>`` one or more trailing tokens
 

@@ -15,8 +15,8 @@ import textwrap
 HEAVY = (
     "nats", "aiohttp", "redis", "pydantic", "pydantic_settings", "msgspec", "structlog", "yaml", "starlark",
     "asyncio", "typer.rich_utils", "markdown_it", "aios_blocks.bus", "aios_blocks.schemas", "aios_blocks.state",
-    "aios_blocks.policies", "aios_blocks.handlers", "aios_blocks.settings", "aios_blocks.workers.auth",
-    "aios_blocks.workers.embedded", "aios_blocks.cli.client",
+    "aios_blocks.policies", "aios_blocks.handlers", "aios_blocks.settings", "aios_blocks.runtime.auth",
+    "aios_blocks.runtime.embedded", "aios_blocks.cli.client",
 )
 #: light exceptions under a heavy prefix: the one table of roles and worker kinds (standard library
 #: only; the CLI's help and the servers' lookup name the kinds from it) and its empty package

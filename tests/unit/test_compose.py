@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from aios_blocks.workers.embedded import nats_binary
+from aios_blocks.runtime.embedded import nats_binary
 
 ROOT = Path(__file__).resolve().parents[2]
 

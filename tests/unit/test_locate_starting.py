@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from aios_blocks.workers import lifetime
-from aios_blocks.workers.locate import resolve_urls, starting
+from aios_blocks.runtime import lifetime
+from aios_blocks.runtime.locate import resolve_urls, starting
 
 
 @pytest.fixture(autouse=True)

@@ -209,7 +209,7 @@ def test_the_top_table_shows_blocks_and_instances() -> None:
 
 
 def test_the_metrics_role_reads_the_instance_maps_and_publishes_nothing_else() -> None:
-    from aios_blocks.workers import auth
+    from aios_blocks.runtime import auth
 
     perms = auth.permissions("metrics")
     assert perms is not None and "metrics" in auth.WORKER_ROLES and auth.REDIS_ROLE["metrics"] == "aios"

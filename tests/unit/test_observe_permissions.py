@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from aios_blocks.bus import subjects
-from aios_blocks.workers import auth
+from aios_blocks.runtime import auth
 
 JS = "$JS.API"
 OB = subjects.STREAM_OBSERVE

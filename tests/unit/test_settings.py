@@ -85,7 +85,7 @@ def test_the_parser_pins_the_placement_defaults_into_the_rules() -> None:
 def test_workers_collect_young_objects_less_often_as_the_setting_says(monkeypatch: pytest.MonkeyPatch) -> None:
     import gc
 
-    from aios_blocks.workers.main import tune_gc
+    from aios_blocks.runtime.main import tune_gc
 
     before = gc.get_threshold()
     try:

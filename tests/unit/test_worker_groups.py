@@ -11,9 +11,8 @@ from typing import Any
 
 import pytest
 
-from aios_blocks.workers import main, telemetry
-from aios_blocks.workers.base import Worker
-from aios_blocks.workers.supervisor import (
+from aios_blocks.runtime import main
+from aios_blocks.runtime.supervisor import (
     DEFAULT_GROUPS,
     DEFAULT_LAYOUT,
     PER_KIND_VARS,
@@ -21,6 +20,8 @@ from aios_blocks.workers.supervisor import (
     kind_var,
     units,
 )
+from aios_blocks.workers import telemetry
+from aios_blocks.workers.base import Worker
 
 
 def test_the_default_layout_runs_in_three_processes_and_extra_copies_in_their_own() -> None:

@@ -1,4 +1,4 @@
-"""A worker process loads what its kind uses and no more (``workers/main.py``; the idle footprint
+"""A worker process loads what its kind uses and no more (``runtime/main.py``; the idle footprint
 of ``blocks up``, docs/benchmarks.md): no other kind's module, no CLI (typer, rich), no Starlark
 unless a policy is Starlark, no aiohttp in kinds that serve no HTTP. Each check is a fresh
 interpreter importing what the worker's entry imports before it connects."""
@@ -38,7 +38,7 @@ def _module(m: str) -> str:
 def _loaded(modules: tuple[str, ...]) -> set[str]:
     code = (
         "import json, sys\n"
-        "from aios_blocks.workers import main\n"
+        "from aios_blocks.runtime import main\n"
         "main.lean_imports()\n"
         "import aios_blocks.workers.base, aios_blocks.workers.telemetry\n"
         + "".join(f"import {_module(m)}\n" for m in modules)
@@ -60,7 +60,7 @@ def test_a_worker_imports_only_what_its_kind_uses(kind: str) -> None:
 
 
 def test_the_entry_itself_imports_only_the_standard_library() -> None:
-    code = "import sys; before = set(sys.modules); import aios_blocks.workers.main; print(sorted(set(sys.modules) - before))"
+    code = "import sys; before = set(sys.modules); import aios_blocks.runtime.main; print(sorted(set(sys.modules) - before))"
     env = {**os.environ, "PYTHONPATH": SRC + os.pathsep + os.environ.get("PYTHONPATH", "")}
     new = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True).stdout
     assert not {m.split(".")[0] for m in eval(new)} - {"aios_blocks", *sys.stdlib_module_names}
@@ -68,7 +68,7 @@ def test_the_entry_itself_imports_only_the_standard_library() -> None:
 
 def test_lean_imports_leave_the_blocked_extras_importable() -> None:
     code = (
-        "from aios_blocks.workers import main\n"
+        "from aios_blocks.runtime import main\n"
         "main.lean_imports()\n"
         "import nats.aio.transport as t, structlog.dev as d\n"
         "assert t.aiohttp is None and d.rich is None\n"

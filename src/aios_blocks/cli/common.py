@@ -19,8 +19,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from ..runtime.locate import DEFAULT_DATA_DIR, find_data_dir
 from ..urls import mask
-from ..workers.locate import DEFAULT_DATA_DIR, find_data_dir
 
 if TYPE_CHECKING:
     from .client import Client, Request
@@ -139,8 +139,8 @@ def _run(coro: Awaitable[T]) -> T:
 def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
     """URLs from the environment, else a running ``blocks up``'s with ``role``'s credentials
     (default ``AIOS_ROLE``, else the admin)."""
-    from ..workers import lifetime
-    from ..workers.locate import resolve_urls
+    from ..runtime import lifetime
+    from ..runtime.locate import resolve_urls
 
     try:
         urls = resolve_urls(data_dir, role)

@@ -33,7 +33,7 @@ from .common import (
 from .render import _line, _plain, _print_block, _table
 
 if TYPE_CHECKING:
-    from ..workers.supervisor import Supervisor
+    from ..runtime.supervisor import Supervisor
     from .client import Client
 
 def up(
@@ -84,16 +84,16 @@ def worker(
 
     Example: `AIOS_NATS_URL=nats://10.0.0.5:4222 AIOS_REDIS_URL=redis://10.0.0.6 blocks worker controller --cluster c1`
     """
+    from ..runtime.auth import KIND_ROLE
+    from ..runtime.main import configure_logging, run_worker, tune_gc
     from ..settings import load as load_settings
-    from ..workers.auth import KIND_ROLE
-    from ..workers.main import configure_logging, run_worker, tune_gc
 
     if kind not in KINDS:
         err.print(f"[red]unknown worker kind {escape(kind)!r}[/]: one of {', '.join(KINDS)}")
         raise typer.Exit(2)
     nats_url, redis_url = _urls(data_dir, KIND_ROLE[kind])
     if cluster and kind == "controller" and not os.environ.get("AIOS_NATS_URL"):
-        from ..workers.auth import protect_controller
+        from ..runtime.auth import protect_controller
 
         protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
     configure_logging()
@@ -127,10 +127,10 @@ def agent(
     Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack 3 --zone eu-1a`
     """
     from ..agent.main import AgentOptions, run_agent
+    from ..runtime.embedded import agent_nats_url
+    from ..runtime.main import configure_logging, tune_gc
     from ..schemas.spec import Node
     from ..settings import load as load_settings
-    from ..workers.embedded import agent_nats_url
-    from ..workers.main import configure_logging, tune_gc
 
     labels = _labels(label)
     for key, value in (("zone", zone), ("rack", rack), ("trust-domain", trust_domain)):

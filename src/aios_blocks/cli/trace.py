@@ -181,7 +181,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
 def _live_urls(data_dir: Path, runs: int) -> tuple[str, str] | None:
     """A running system's URLs (``AIOS_NATS_URL``/``AIOS_REDIS_URL``, else `blocks up` in the data
     dir), or None: each run starts its own. A running system takes one run: its blocks stay."""
-    from ..workers.locate import resolve_urls
+    from ..runtime.locate import resolve_urls
 
     err = _main().err
     try:

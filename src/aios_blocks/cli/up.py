@@ -25,10 +25,10 @@ from typing import NoReturn
 from rich.console import Console
 from rich.markup import escape
 
-from ..workers import lifetime
-from ..workers.auth import mask
-from ..workers.embedded import EmbeddedServers, port_again, redis_version, write_whole
-from ..workers.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
+from ..runtime import lifetime
+from ..runtime.auth import mask
+from ..runtime.embedded import EmbeddedServers, port_again, redis_version, write_whole
+from ..runtime.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
 
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)

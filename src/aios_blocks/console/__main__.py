@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from ..workers.locate import resolve_urls
+from ..runtime.locate import resolve_urls
 from .token import ensure_token, token_path
 
 

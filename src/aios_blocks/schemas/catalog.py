@@ -9,7 +9,7 @@
 * a one-line meaning (docs, ``blocks subjects``, the AsyncAPI document).
 
 Builders (``Event.subject``), parsing (``Event.match``, ``parse``), consumer filters
-(``Event.filter``), the stream's subjects, NATS permissions (``workers.auth``), the CloudEvents
+(``Event.filter``), the stream's subjects, NATS permissions (``runtime.auth``), the CloudEvents
 ``type``, ``docs/subjects.md`` and ``blocks asyncapi`` all come from :data:`EVENTS`. Publishing is
 ``bus.emit(E.block_ready, payload)``; no handler builds or splits a subject.
 

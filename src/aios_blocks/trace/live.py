@@ -74,8 +74,8 @@ async def own_system(log: Callable[[str], None] = lambda s: None) -> AsyncIterat
     """Embedded NATS JetStream (fsync per ``AIOS_NATS_SYNC``, default always) and Redis in a fresh
     temporary data dir, and the placement path's workers (``LAYOUT``) in `blocks up`'s process
     groups; everything stopped and removed on exit."""
-    from ..workers.embedded import EmbeddedServers
-    from ..workers.supervisor import DEFAULT_GROUPS, Supervisor
+    from ..runtime.embedded import EmbeddedServers
+    from ..runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
     data = Path(tempfile.mkdtemp(prefix="aios-trace-live-"))
     servers = EmbeddedServers(data_dir=data).start()

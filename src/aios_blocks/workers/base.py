@@ -24,6 +24,7 @@ from ..bus.router import TRIGGER_SEQ, Inbound
 from ..bus.runner import ConsumerRunner, CoreRunner, Defer, Delivery, RunnerOptions
 from ..policies import capacity, contract
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
+from ..runtime.auth import url_user
 from ..schemas import roles
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
@@ -40,7 +41,6 @@ from ..settings import Settings
 from ..settings import load as load_settings
 from ..state.inventory import Inventory, affinity_index
 from ..state.store import Store
-from .auth import url_user
 
 log = structlog.get_logger("aios.worker")
 

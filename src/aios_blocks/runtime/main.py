@@ -1,4 +1,4 @@
-"""Worker process entry: ``python -m aios_blocks.workers.main KIND`` (or ``blocks worker KIND``),
+"""Worker process entry: ``python -m aios_blocks.runtime.main KIND`` (or ``blocks worker KIND``),
 or ``... main KIND+KIND...``: a group of kinds in one process (``blocks up``'s default, see
 ``supervisor.DEFAULT_GROUPS``), each with its own connections as its own role (its URLs and event
 key from ``AIOS_NATS_URL_<KIND>``, ``AIOS_REDIS_URL_<KIND>``, ``AIOS_EVENT_KEY_<KIND>``, else the
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..schemas.roles import KINDS  # stdlib only, like this module
 
 if TYPE_CHECKING:
-    from .base import Worker
+    from ..workers.base import Worker
 
 #: how long a group's kinds get to stop after SIGTERM (the supervisor kills at 10 s)
 STOP_TIMEOUT_S = 8.0
@@ -81,12 +81,12 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
         raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
     import structlog
 
-    from .base import Worker, stop_on_signals
+    from ..workers.base import Worker, stop_on_signals
 
     structlog.contextvars.bind_contextvars(kind=kind)  # in every line of this worker's log
     w = await Worker.open(nats_url, redis_url, kind)
     stop = stop or stop_on_signals()
-    from . import telemetry
+    from ..workers import telemetry
 
     served = asyncio.get_running_loop().create_task(telemetry.serve(w, kind, cluster, stop))  # this worker's /metrics
     try:
@@ -129,7 +129,7 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
     import structlog
 
     from ..settings import load as load_settings
-    from .base import Worker, stop_on_signals
+    from ..workers.base import Worker, stop_on_signals
 
     log = structlog.get_logger("aios.worker")
     stop = stop or stop_on_signals()
@@ -147,7 +147,7 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
         structlog.contextvars.bind_contextvars(kind=kind)
         await _run_kind(workers[kind], kind, cluster, stop)
 
-    from . import telemetry
+    from ..workers import telemetry
 
     name = "+".join(kinds)
     structlog.contextvars.bind_contextvars(kind=name)  # the process's own lines; each kind's task binds its own
@@ -199,43 +199,43 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
 
 
 async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
-    from .base import EpochGuard, run_consumers
+    from ..workers.base import EpochGuard, run_consumers
 
     if kind == "executor":
-        from .executor import run as run_executor
+        from ..workers.executor import run as run_executor
 
         await run_executor(w, stop, cluster)
         return
     if kind == "mapper":
-        from .mapper import run as run_mapper
+        from ..workers.mapper import run as run_mapper
 
         await run_mapper(w, stop)
         return
     if kind == "checker":
-        from .checker import run as run_checker
+        from ..workers.checker import run as run_checker
 
         await run_checker(w, stop)
         return
     if kind == "metrics":
-        from .collector import run as run_collector
+        from ..workers.collector import run as run_collector
 
         await run_collector(w, stop, cluster)
         return
     if kind == "autoscaler":
-        from .autoscaler import run as run_autoscaler
+        from ..workers.autoscaler import run as run_autoscaler
 
         await run_autoscaler(w, stop, cluster)
         return
     if kind == "parser":
-        from . import parser
+        from ..workers import parser
 
         binds = parser.bindings(w)
     elif kind == "gateway":
-        from . import gateway
+        from ..workers import gateway
 
         binds = gateway.bindings(w)
     elif kind == "controller":
-        from . import controller, vcluster
+        from ..workers import controller, vcluster
 
         binds = controller.bindings(w, cluster) + controller.lifecycle_bindings(w) + vcluster.bindings(w)
     else:
@@ -249,15 +249,15 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
         await _warm(w, cluster)
     settle_heap()
     if kind == "controller":
-        from .health import HealthMonitor
-        from .reconciler import Reconciler
+        from ..workers.health import HealthMonitor
+        from ..workers.reconciler import Reconciler
 
         await asyncio.gather(
             run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w)),
             Reconciler(w).run(stop),
         )
     elif kind == "gateway":
-        from . import gateway
+        from ..workers import gateway
 
         await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
     else:

@@ -188,6 +188,18 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     return allow, _not_theirs({*WORKER_DURABLES, *protected})
 
 
+def _map_writer_rights() -> list[str]:
+    """The mapper's durable and the instance-map bucket: create and read its stream (never purge,
+    update or delete it), write its keys, watch it through an ordered consumer."""
+    kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
+    return [*_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
+            f"{JS}.STREAM.CREATE.{kv_stream}", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}",
+            f"{JS}.DIRECT.GET.{kv_stream}",
+            f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
+            f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{subjects.INSTANCE_BUCKET}.>", "$JS.FC.>",
+            f"$JS.ACK.{kv_stream}.>"]
+
+
 def permissions(role: str, node: str | None = None, protected: Iterable[str] = ()) -> Permissions | None:
     """The allow lists of a role (``None`` = unrestricted: the admin). ``role="agent"`` with ``node``
     is one real node agent; ``agent-sim`` is the simulated fleet (every node). ``protected``: worker
@@ -252,16 +264,10 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         # the mapper's durable, the instance-map bucket (create, read, write, watch through an
         # ordered consumer); the executor also the tasks of every block as a queue group, replies
         # to requesters (an executor may run a mapper in its process: in-process tests, benchmarks)
-        kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
-        # the bucket's stream: create and read, never purge, update or delete
-        pub += [*read_topology, *_consumer_rights(subjects.MAPPER.durable), f"{JS}.INFO",
-                f"{JS}.STREAM.CREATE.{kv_stream}", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.STREAM.MSG.GET.{kv_stream}",
-                f"{JS}.DIRECT.GET.{kv_stream}",
-                f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.CONSUMER.*.{kv_stream}", f"{JS}.CONSUMER.*.{kv_stream}.>",
-                f"{JS}.CONSUMER.DURABLE.CREATE.{kv_stream}.>", f"$KV.{subjects.INSTANCE_BUCKET}.>", "$JS.FC.>",
-                f"$JS.ACK.{kv_stream}.>"]
-        sub += [*hints, E_TASKS] if role == "executor" else hints
-        responses = role == "executor"
+        pub += [*read_topology, *_map_writer_rights()]
+        serves_tasks = role == "executor"
+        sub += [*hints, *[E_TASKS][: int(serves_tasks)]]
+        responses = serves_tasks
     elif role in ("metrics", "checker"):
         # the metrics collector publishes no event, the health checker only its verdicts and failed
         # ticks (from the catalog): both read the instance-map bucket (watch through an ordered

@@ -6,7 +6,7 @@ that only one process may use at a time (``lifetime.DataDirLock``). Both die wit
 started them, even when it is SIGKILLed (``lifetime.die_with_parent``). Used when ``AIOS_NATS_URL`` / ``AIOS_REDIS_URL`` are
 not set; ``blocks up`` writes the URLs to ``<data dir>/endpoints.json`` for other commands.
 
-Both require credentials unless ``AIOS_AUTH=0`` (``workers/auth.py``, docs/security.md): one NATS
+Both require credentials unless ``AIOS_AUTH=0`` (``runtime/auth.py``, docs/security.md): one NATS
 user per role with its permissions, Redis ACL users. ``nats_url`` / ``redis_url`` are the admin's
 (with credentials); ``endpoints.json`` holds bare URLs, the secrets stay in ``auth/secrets.json``
 (0600). ``AIOS_NATS_TLS=1`` serves NATS over TLS with a self-signed certificate.
@@ -254,7 +254,7 @@ class EmbeddedServers:
     def create_topology(self) -> None:
         """The stream and the shared consumers, made once by the admin: worker roles may only
         inspect them (and create their own consumers). With ``topology_in_child``, in a short-lived
-        process of its own (``python -m aios_blocks.workers.embedded topology DIR``): the NATS
+        process of its own (``python -m aios_blocks.runtime.embedded topology DIR``): the NATS
         client and the bus it needs are ~14 MiB that a long-lived caller (`blocks up`) would keep."""
         if not self.topology_in_child:
             make_topology(self.nats_url, self.endpoints.nats_ca, self._secrets())
@@ -262,7 +262,7 @@ class EmbeddedServers:
         # the admin URL (credentials) goes by environment, never on a command line
         env = {**os.environ, "AIOS_SETUP_NATS_URL": self.nats_url, "AIOS_SETUP_NATS_CA": self.endpoints.nats_ca or ""}
         try:
-            done = subprocess.run([sys.executable, "-m", "aios_blocks.workers.embedded", "topology", str(self.data_dir)],
+            done = subprocess.run([sys.executable, "-m", "aios_blocks.runtime.embedded", "topology", str(self.data_dir)],
                                   env=env, stdin=subprocess.DEVNULL, check=False, timeout=self.topology_timeout_s)
         except subprocess.TimeoutExpired:  # (the client retries a server that does not answer forever)
             raise RuntimeError(f"creating the stream and its consumers failed: no answer from NATS in {self.topology_timeout_s:g} s") from None
@@ -405,12 +405,12 @@ def make_topology(nats_url: str, ca: str | None, secrets: authn.Secrets | None) 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m aios_blocks.workers.embedded topology DIR``: ``make_topology`` for the servers
+    """``python -m aios_blocks.runtime.embedded topology DIR``: ``make_topology`` for the servers
     of data dir DIR, the admin URL (and CA) from ``AIOS_SETUP_NATS_URL`` (``AIOS_SETUP_NATS_CA``);
     what ``EmbeddedServers.create_topology`` runs with ``topology_in_child``."""
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 2 or args[0] != "topology" or not os.environ.get("AIOS_SETUP_NATS_URL"):
-        print("usage: AIOS_SETUP_NATS_URL=... python -m aios_blocks.workers.embedded topology DATA_DIR", file=sys.stderr)
+        print("usage: AIOS_SETUP_NATS_URL=... python -m aios_blocks.runtime.embedded topology DATA_DIR", file=sys.stderr)
         sys.exit(2)
     import structlog
 

@@ -114,7 +114,7 @@ class Supervisor:
         # main thread or the watch thread, both live as long as the workers should)
         try:
             return subprocess.Popen(
-                [sys.executable, "-m", "aios_blocks.workers.main", "+".join(kinds)], env=env, stdout=out, stderr=out,
+                [sys.executable, "-m", "aios_blocks.runtime.main", "+".join(kinds)], env=env, stdout=out, stderr=out,
                 start_new_session=True, preexec_fn=lifetime.die_with_parent(),
             )
         finally:

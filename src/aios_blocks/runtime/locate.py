@@ -3,7 +3,7 @@
 from ``auth/secrets.json`` (read only).
 
 Standard library only: every CLI command resolves its servers through here, and a command's
-start-up should not pay for the permission tables of ``workers.auth`` or the settings model
+start-up should not pay for the permission tables of ``runtime.auth`` or the settings model
 (issue 32: ``blocks list`` within a few times the import of typer and rich).
 """
 
