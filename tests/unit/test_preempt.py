@@ -151,7 +151,7 @@ def test_the_input_is_built_from_the_state_views() -> None:
     views = {"n1": {"healthy": True, "cpu_free": 4, "memory_free": 100,
                     "gpus": [{"id": "g0", "model": "A100", "instances": 1, "exclusive": True}]},
              "n2": {"healthy": False, "gpus": []}}
-    placed = [{"block_id": "v", "created": 7, "ir": {"priority": 5, "minInstances": 1, "preemptible": False,
+    placed: list[dict[str, Any]] = [{"block_id": "v", "created": 7, "ir": {"priority": 5, "minInstances": 1, "preemptible": False,
                                                     "resources": {"gpus": 1, "cpu": 2}},
                "instances": {"v-0": {"node": "n1", "gpus": ["g0"]}, "v-1": {"node": "elsewhere", "gpus": ["x"]}}},
               {"block_id": "me", "ir": {}, "instances": {"me-0": {"node": "n1", "gpus": []}}}]
