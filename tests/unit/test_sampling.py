@@ -73,7 +73,7 @@ def test_sample_nodes_zero_turns_sampling_off() -> None:
     assert len(pl["cluster_metrics"]["nodes"]) == 300 and "sample" not in pl["cluster_metrics"]
 
 
-@pytest.mark.parametrize(("value", "expected"), [(0, 0), (50, 50), ("20", 20), ("x", sampling.DEFAULT_THRESHOLD), (-3, 0)])
+@pytest.mark.parametrize(("value", "expected"), [(0, 0), (50, 50), ("20", 20), ("x", sampling.default_threshold()), (-3, 0)])
 def test_threshold_comes_from_the_allocator_settings(value: Any, expected: int) -> None:
     assert sampling.threshold_of(make_ir(allocator_settings={"sampleNodes": value})) == expected
 

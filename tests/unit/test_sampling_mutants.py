@@ -31,7 +31,7 @@ def rack(value: str, strength: str = "Required") -> dict[str, Any]:
 @pytest.mark.parametrize("ir", [{}, {"policies": None}, {"policies": {"resourceAllocator": {"settings": None}}},
                                 {"policies": {"resourceAllocator": {"settings": {"sampleNodes": None}}}}])
 def test_no_sample_nodes_setting_takes_the_default(ir: dict[str, Any]) -> None:
-    assert sampling.threshold_of(ir) == sampling.DEFAULT_THRESHOLD
+    assert sampling.threshold_of(ir) == sampling.default_threshold()
 
 
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 9, 12, 30, 97])

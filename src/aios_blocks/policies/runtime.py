@@ -44,11 +44,6 @@ from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
 
-#: "process" (default): Starlark calls run in child processes with a memory limit (policies/sandbox.py);
-#: "inline": in the worker's process (faster, but a huge allocation aborts the worker).
-SANDBOX = load_settings().starlark_sandbox
-SANDBOX_TIMEOUT_S = load_settings().starlark_call_timeout_s
-
 BUILTINS: dict[str, type] = {
     "builtin:cluster-rank": ClusterRankPolicy,
     "builtin:binpack": BinPackPolicy,
@@ -115,9 +110,13 @@ def compile_source(source: str, language: str, label: str) -> type:
         from .starlark_runtime import compile_policy
 
         cls = compile_policy(source, label)  # parses and resolves names without running anything
-        if SANDBOX == "inline":
+        # AIOS_STARLARK_SANDBOX "process" (default): calls run in child processes with a memory
+        # limit (policies/sandbox.py); "inline": in the worker's process (faster, but a huge
+        # allocation aborts the worker). Read when a policy compiles, never at import.
+        s = load_settings()
+        if s.starlark_sandbox == "inline":
             return cls
-        return sandboxed_class(source, label, timeout_s=SANDBOX_TIMEOUT_S)
+        return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s)
     if language != "python":
         raise ValueError(f"{label}: unknown policy language {language!r}")
     return policy_class_from_source(source, label)

@@ -22,7 +22,12 @@ from typing import Any
 from ..settings import load as load_settings
 from . import affinity, capacity
 
-DEFAULT_THRESHOLD = load_settings().sample_nodes
+
+def default_threshold() -> int:
+    """``AIOS_SAMPLE_NODES`` (the process's settings, read when a block asks, never at import)."""
+    return load_settings().sample_nodes
+
+
 #: infeasible nodes kept in a sample that found no feasible one, so a policy can show why
 KEEP_INFEASIBLE = 16
 
@@ -30,11 +35,13 @@ KEEP_INFEASIBLE = 16
 def threshold_of(ir: dict[str, Any]) -> int:
     """``settings.sampleNodes`` of the block's resourceAllocator rule, else the default."""
     rule = (ir.get("policies") or {}).get("resourceAllocator") or {}
-    value = (rule.get("settings") or {}).get("sampleNodes", DEFAULT_THRESHOLD)
+    value = (rule.get("settings") or {}).get("sampleNodes")
+    if value is None:
+        return default_threshold()
     try:
         return max(0, int(value))
     except (TypeError, ValueError):
-        return DEFAULT_THRESHOLD
+        return default_threshold()
 
 
 def limit(n: int) -> int:
@@ -108,7 +115,7 @@ def sample(
     needs: capacity.Needs,
     share: bool,
     seed: str,
-    threshold: int = DEFAULT_THRESHOLD,
+    threshold: int | None = None,
     want: int = 1,
     entries: list[dict[str, Any]] | None = None,
     index: affinity.Index | None = None,
@@ -118,6 +125,8 @@ def sample(
     entries = entries or []
     index = index or affinity.empty_index()
     n = len(nodes)
+    if threshold is None:
+        threshold = default_threshold()
     if threshold <= 0 or n <= threshold:
         work = nodes
         if entries:

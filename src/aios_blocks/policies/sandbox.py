@@ -21,9 +21,6 @@ from typing import Any
 
 from ..settings import load as load_settings
 
-MEMORY_MB = load_settings().starlark_memory_mb
-WORKERS = load_settings().starlark_processes
-
 
 class SandboxCrash(RuntimeError):
     """The child process running the scriptlet died (memory limit, abort) or overran."""
@@ -63,9 +60,11 @@ def _call(key: str, source: str, name: str, rule_id: str, settings: dict[str, An
 
 # -- parent side --------------------------------------------------------------------------------
 class SandboxPool:
-    def __init__(self, workers: int = WORKERS, memory_mb: int = MEMORY_MB):
-        self.workers = workers
-        self.memory_mb = memory_mb
+    def __init__(self, workers: int | None = None, memory_mb: int | None = None):
+        """``workers``, ``memory_mb``: AIOS_STARLARK_PROCESSES, AIOS_STARLARK_MEMORY_MB unless given."""
+        s = load_settings()
+        self.workers = s.starlark_processes if workers is None else workers
+        self.memory_mb = s.starlark_memory_mb if memory_mb is None else memory_mb
         self._pool: concurrent.futures.ProcessPoolExecutor | None = None
         self._lock = threading.Lock()
 

@@ -6,8 +6,11 @@ from typing import Any
 
 from ...settings import load as load_settings
 
-#: candidates kept by default (``maxCandidates`` overrides; 0 = every cluster that passed the filter)
-DEFAULT_CANDIDATES = load_settings().max_candidates
+
+def default_candidates() -> int:
+    """Candidates kept by default (``AIOS_MAX_CANDIDATES``, read when asked; ``maxCandidates``
+    overrides; 0 = every cluster that passed the filter)."""
+    return load_settings().max_candidates
 
 
 def _free_gpus(entry: dict[str, Any]) -> int:
@@ -39,7 +42,7 @@ class ClusterRankPolicy:
         params = {**self.parameters, **(parameters or {})}
         if input_data["action"] == "selection":
             ranked = sorted(input_data["filter_result"], key=lambda e: (-_affinity(e), -_free_gpus(e), e["cluster_id"]))
-            limit = int(params.get("maxCandidates", DEFAULT_CANDIDATES) or 0)
+            limit = int(params.get("maxCandidates", default_candidates()) or 0)
             return {"clusters": ranked[:limit] if limit > 0 else ranked}
         if input_data["action"] == "post_dry_run":
             clusters = input_data["clusters"]
