@@ -206,50 +206,68 @@ class ConsumerRunner:
             outcomes = [await self._handle(deliveries[0])]
         else:
             outcomes = list(await asyncio.gather(*(self._handle(d) for d in deliveries)))
-        oks = [o for o in outcomes if o.kind == "ok" and o.deferred]
-        if oks:
-            # the batch's stored events together (atomic batches where they pay); an event that
-            # could not be stored fails its own message only, which comes back and publishes again
-            errors = await self.bus.commit([o.deferred for o in oks], self.options.publish_timeout_s)
-            for o, why in zip(oks, errors, strict=True):
-                if why:
-                    o.kind, o.reason = "error", why
-        pending = [f for o in outcomes if o.kind == "ok" for f in o.pending]
-        if pending:
-            # every publish of the batch at once; a publish that failed (or never got its ack)
-            # fails its own message only, which comes back and publishes again (deduplicated)
-            _, late = await asyncio.wait(pending, timeout=self.options.publish_timeout_s)
-            for f in late:
-                f.cancel()
-            for o in outcomes:
-                if o.kind != "ok":
-                    continue
-                for f in o.pending:
-                    err = f.exception() if f.done() and not f.cancelled() else TimeoutError("no ack from the stream")
-                    if err is not None:
-                        o.kind, o.reason = "error", f"publish failed: {type(err).__name__}: {err}"
-                        break
+        await self._commit_stored(outcomes)
+        await self._await_publishes(outcomes)
         for o in outcomes:  # queries go out once what their handler stored is stored
             if o.kind == "ok" and o.after:
                 for subject, body, headers in o.after:
                     await self.bus.query_sender.send(subject, body, headers)
-        thens = [t for o in outcomes if o.kind == "ok" for t in o.then]
-        if thens:  # and the effects that waited for them (one failing does not fail the message)
-            for res in await asyncio.gather(*(t() for t in thens), return_exceptions=True):
-                if isinstance(res, BaseException):
-                    log.warning("runner.after_commit_failed", consumer=self.spec.durable, error=repr(res))
+        await self._run_then(outcomes)
         if self.guard is not None and any(o.kind == "ok" for o in outcomes):
-            try:
-                valid = await self.guard.still(token)
-            except Exception as exc:  # cannot tell: do the batch again rather than ack it blind
-                log.warning("runner.guard_failed", consumer=self.spec.durable, error=repr(exc))
-                valid = False
-            if not valid:  # state was replaced while we worked: do it again
-                for o in outcomes:
-                    if o.kind == "ok":
-                        o.kind, o.delay = "defer", self.guard.pause_s
+            await self._recheck_guard(outcomes, token)
         for msg, o in zip(msgs, outcomes, strict=True):
             await self._finish(msg, o)
+
+    async def _commit_stored(self, outcomes: list[_Outcome]) -> None:
+        """The batch's stored events together (atomic batches where they pay); an event that could
+        not be stored fails its own message only, which comes back and publishes again."""
+        oks = [o for o in outcomes if o.kind == "ok" and o.deferred]
+        if not oks:
+            return
+        errors = await self.bus.commit([o.deferred for o in oks], self.options.publish_timeout_s)
+        for o, why in zip(oks, errors, strict=True):
+            if why:
+                o.kind, o.reason = "error", why
+
+    async def _await_publishes(self, outcomes: list[_Outcome]) -> None:
+        """Every publish of the batch at once; a publish that failed (or never got its ack) fails
+        its own message only, which comes back and publishes again (deduplicated)."""
+        pending = [f for o in outcomes if o.kind == "ok" for f in o.pending]
+        if not pending:
+            return
+        _, late = await asyncio.wait(pending, timeout=self.options.publish_timeout_s)
+        for f in late:
+            f.cancel()
+        for o in outcomes:
+            if o.kind != "ok":
+                continue
+            for f in o.pending:
+                err = f.exception() if f.done() and not f.cancelled() else TimeoutError("no ack from the stream")
+                if err is not None:
+                    o.kind, o.reason = "error", f"publish failed: {type(err).__name__}: {err}"
+                    break
+
+    async def _run_then(self, outcomes: list[_Outcome]) -> None:
+        """The effects that waited for the batch's events (one failing does not fail the message)."""
+        thens = [t for o in outcomes if o.kind == "ok" for t in o.then]
+        if not thens:
+            return
+        for res in await asyncio.gather(*(t() for t in thens), return_exceptions=True):
+            if isinstance(res, BaseException):
+                log.warning("runner.after_commit_failed", consumer=self.spec.durable, error=repr(res))
+
+    async def _recheck_guard(self, outcomes: list[_Outcome], token: Any) -> None:
+        """State replaced while the batch worked (the guard's token changed): do it again."""
+        assert self.guard is not None
+        try:
+            valid = await self.guard.still(token)
+        except Exception as exc:  # cannot tell: do the batch again rather than ack it blind
+            log.warning("runner.guard_failed", consumer=self.spec.durable, error=repr(exc))
+            valid = False
+        if not valid:
+            for o in outcomes:
+                if o.kind == "ok":
+                    o.kind, o.delay = "defer", self.guard.pause_s
 
     async def _handle(self, d: Delivery) -> _Outcome:
         started = time.perf_counter()
