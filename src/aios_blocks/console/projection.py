@@ -9,9 +9,9 @@ from typing import Any
 
 import msgspec
 
-from ..handlers.explain import explain
 from ..policies.builtin.frag import Workload
 from ..policies.capacity import SHARE_UNITS
+from ..projections.explain import explain
 from ..recovery.fold import Fold, NodeState
 from ..schemas.lifecycle import BlockStatus
 

@@ -250,10 +250,10 @@ async def serve(nats_url: str, host: str, port: int, token: str, admin: AdminOpe
     """Read the stream as ``nats_url``'s user, serve on ``host:port`` until ``stop`` (or
     cancelled); ``ready(port)`` once listening (the port chosen when 0)."""
     from ..bus.nats_bus import Bus
-    from ..cli.render import _line
+    from ..projections.lines import line
 
     bus = await Bus.open(nats_url, source="aios-blocks/console", first_wait_s=10.0)
-    feed = Feed(bus, _line)
+    feed = Feed(bus, lambda subject, env: line(subject, env)[1])  # `blocks replay`'s detail, as text
     await feed.start()
     runner = web.AppRunner(make_app(feed, token, admin), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
