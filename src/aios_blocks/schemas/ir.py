@@ -172,15 +172,13 @@ def block_create_IR(
         block_rules = [e.values.model_dump() for e in spec.policyRulesSpec] if spec.policyRulesSpec is not None else None
         policies = merge_policies([p.model_dump() for p in comp.policies], block_rules)
         errors.extend(_policy_errors(spec, comp, policies))
-    if spec is not None and spec.sidecars:
-        errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars))
+    if spec is not None:
+        errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars or []))
     affinity = _affinity(doc, comp, errors)
     if spec is not None and comp is not None:
         errors.extend(_job_cluster_errors(spec, comp))
 
-    priority = priority_of(spec.priorityClass, priority_classes or {}) if spec is not None else None
-    if isinstance(priority, SpecError):
-        errors.append(priority)
+    priority = _priority(spec, priority_classes, errors)
 
     if errors or spec is None or comp is None:
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
@@ -189,11 +187,25 @@ def block_create_IR(
     ir = _ir(block_id, spec, comp, policies, affinity)
     # docs/priority.md: set only with a class (named or the default) / when given: a spec without
     # them keeps its IR (and digest) while no default class is registered
-    if isinstance(priority, tuple):
+    if priority is not None:
         ir["priorityClass"], ir["priority"] = priority
     if spec.preemptible is not None:
         ir["preemptible"] = spec.preemptible
     return ir
+
+
+def _priority(
+    spec: BlockSpec | None, classes: Mapping[str, Mapping[str, Any]] | None, errors: list[SpecError]
+) -> tuple[str, int] | None:
+    """The block's (priority class, priority): its own class, else the default class; None when
+    neither (or, with the error, an unknown class)."""
+    if spec is None:
+        return None
+    priority = priority_of(spec.priorityClass, classes or {})
+    if isinstance(priority, SpecError):
+        errors.append(priority)
+        return None
+    return priority
 
 
 def _count_errors(doc: dict[str, Any], spec: BlockSpec | None) -> list[SpecError]:
