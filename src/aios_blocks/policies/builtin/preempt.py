@@ -84,10 +84,6 @@ def _nodes(cluster: Mapping[str, Any]) -> dict[str, _Node]:
     return out
 
 
-def _copy(nodes: Mapping[str, _Node]) -> dict[str, _Node]:
-    return {nid: _Node(n.cpu, n.mem, {g: list(v) for g, v in n.gpus.items()}) for nid, n in nodes.items()}
-
-
 def node_fits(n: _Node, need: Need, limit: int) -> int:
     """How many instances of ``need`` the node takes (at most ``limit``)."""
     k = limit
@@ -142,16 +138,25 @@ def _blocks(candidates: Iterable[Mapping[str, Any]], floor: int) -> list[_Block]
 
 
 class _Plan:
-    def __init__(self, nodes: Mapping[str, _Node], insts: Mapping[str, Mapping[str, Any]]):
-        self.base, self.insts = nodes, insts
+    """The cluster with some instances evicted: only the nodes they free are copied and fitted
+    again (the others' fit is computed once)."""
+
+    def __init__(self, nodes: Mapping[str, _Node], insts: Mapping[str, Mapping[str, Any]], need: Need):
+        self.base, self.insts, self.need = nodes, insts, need
+        self.base_fit = {nid: node_fits(n, need, need.count) for nid, n in nodes.items()}
 
     def after(self, evicted: Iterable[str]) -> dict[str, _Node]:
-        nodes = _copy(self.base)
+        """The nodes the evicted instances free, as they are once they are gone."""
+        nodes: dict[str, _Node] = {}
         for iid in evicted:
             i = self.insts[iid]
-            n = nodes.get(str(i.get("node_id")))
-            if n is None:
+            nid = str(i.get("node_id"))
+            base = self.base.get(nid)
+            if base is None:
                 continue
+            n = nodes.get(nid)
+            if n is None:
+                n = nodes[nid] = _Node(base.cpu, base.mem, {g: list(v) for g, v in base.gpus.items()})
             n.cpu += float(i.get("cpu") or 0.0)
             n.mem += float(i.get("memory") or 0.0)
             share = float(i.get("share") or 1.0)
@@ -159,6 +164,19 @@ class _Plan:
                 if g in n.gpus:
                     n.gpus[g][1] = min(1.0, n.gpus[g][1] + share)
         return nodes
+
+    def fits(self, evicted: Iterable[str]) -> dict[str, int]:
+        """Where the whole gang goes once ``evicted`` are gone (node -> instances), or {}."""
+        changed = self.after(evicted)
+        left, out = self.need.count, {}
+        for nid in self.base:
+            k = node_fits(changed[nid], self.need, left) if nid in changed else min(left, self.base_fit[nid])
+            if k:
+                out[nid] = k
+                left -= k
+            if left <= 0:
+                return out
+        return {}
 
     def gpus_freed(self, evicted: Iterable[str]) -> float:
         return sum(len(self.insts[i].get("gpus") or ()) * float(self.insts[i].get("share") or 1.0) for i in evicted)
@@ -177,7 +195,7 @@ def _greedy(order: list[_Block], plan: _Plan, need: Need) -> dict[str, int] | No
     for b in order:
         for k in range(1, len(b.levels) + 1):
             levels[b.bid] = k
-            if placement(plan.after(_evicted(levels, by_id)), need):
+            if plan.fits(_evicted(levels, by_id)):
                 fits = True
                 break
         if fits:
@@ -187,7 +205,7 @@ def _greedy(order: list[_Block], plan: _Plan, need: Need) -> dict[str, int] | No
     for b in sorted((by_id[bid] for bid in levels), key=lambda b: (-b.priority, b.created, b.bid)):
         while levels[b.bid] > 0:
             trial = {**levels, b.bid: levels[b.bid] - 1}
-            if not placement(plan.after(_evicted(trial, by_id)), need):
+            if not plan.fits(_evicted(trial, by_id)):
                 break
             levels = trial
     return {bid: k for bid, k in levels.items() if k}
@@ -208,12 +226,12 @@ def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[st
     if not blocks:
         return {**none, "reason": f"no preemptible block {delta} or more priority points below {priority}"}
     insts = {iid: i for c in input_data.get("candidates") or () for iid, i in (c.get("instances") or {}).items()}
-    p = _Plan(nodes, insts)
+    p = _Plan(nodes, insts, need)
     by_id = {b.bid: b for b in blocks}
     # the lowest highest-victim priority with which the gang fits at all
     ceiling = None
     for level in sorted({b.priority for b in blocks}):
-        if placement(p.after(iid for b in blocks if b.priority <= level for iid in b.levels[-1]), need):
+        if p.fits([iid for b in blocks if b.priority <= level for iid in b.levels[-1]]):
             ceiling = level
             break
     if ceiling is None:
@@ -252,7 +270,7 @@ def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[st
         "victims": victims,
         "blocks": {bid: sorted(by_id[bid].levels[k - 1]) for bid, k in sorted(levels.items())},
         "gpus_freed": round(freed, 3),
-        "fits": placement(p.after(evicted), need),
+        "fits": p.fits(evicted),
         "reason": f"priority {priority} preempts {len(evicted)} instance(s) of {len(levels)} block(s) at priority <= {best[0][0]}",
     }
 
