@@ -96,9 +96,10 @@ def worker(
         from ..runtime.auth import protect_controller
 
         protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
-    configure_logging()
-    tune_gc(load_settings().gc_gen0_threshold)
-    _run(run_worker(kind, nats_url, redis_url, cluster))
+    settings = load_settings()
+    configure_logging(settings.log_level)
+    tune_gc(settings.gc_gen0_threshold)
+    _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings))
 
 
 def agent(
@@ -150,7 +151,7 @@ def agent(
     if not nats_url:
         err.print("[red]No NATS.[/] Set AIOS_NATS_URL (the agent needs only NATS) or run `blocks up` here.")
         raise typer.Exit(2)
-    configure_logging()
+    configure_logging(load_settings().log_level)
     tune_gc(load_settings().gc_gen0_threshold)
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ..schemas.roles import KINDS  # stdlib only, like this module
 
 if TYPE_CHECKING:
+    from ..settings import Settings
     from ..workers.base import Worker
 
 #: how long a group's kinds get to stop after SIGTERM (the supervisor kills at 10 s)
@@ -63,11 +64,13 @@ def lean_imports() -> None:
                 importlib.import_module(pkg)
 
 
-def configure_logging() -> None:
+def configure_logging(level: str = "info") -> None:
+    """JSON lines on stderr at ``level`` (``Settings.log_level``: AIOS_LOG_LEVEL)."""
+    import logging
+
     import structlog
 
-    level = os.environ.get("AIOS_LOG_LEVEL", "info").upper()
-    import logging
+    level = level.upper()
 
     logging.basicConfig(level=getattr(logging, level, logging.INFO), format="%(message)s", stream=sys.stderr)
     structlog.configure(
@@ -76,7 +79,9 @@ def configure_logging() -> None:
     )
 
 
-async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | None = None, stop: asyncio.Event | None = None) -> None:
+async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | None = None, stop: asyncio.Event | None = None,
+                     settings: Settings | None = None) -> None:
+    """One kind in this process, with the process's ``settings`` (built once by the entry point)."""
     if kind not in KINDS:
         raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
     import structlog
@@ -84,7 +89,7 @@ async def run_worker(kind: str, nats_url: str, redis_url: str, cluster: str | No
     from ..workers.base import Worker, stop_on_signals
 
     structlog.contextvars.bind_contextvars(kind=kind)  # in every line of this worker's log
-    w = await Worker.open(nats_url, redis_url, kind)
+    w = await Worker.open(nats_url, redis_url, kind, settings)
     stop = stop or stop_on_signals()
     from ..workers import telemetry
 
@@ -117,7 +122,7 @@ def group_urls(kinds: list[str], environ: Mapping[str, str]) -> dict[str, tuple[
 
 
 async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | None]], cluster: str | None = None,
-                    stop: asyncio.Event | None = None) -> None:
+                    stop: asyncio.Event | None = None, settings: Settings | None = None) -> None:
     """Run ``kinds`` in this process, each its own ``Worker`` (connections, role, event key, log
     ``kind``); one ``/metrics`` target for the process. Raises ``KindStopped`` when a kind fails to
     open or its run ends (with an error or not) before ``stop``."""
@@ -133,7 +138,7 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
 
     log = structlog.get_logger("aios.worker")
     stop = stop or stop_on_signals()
-    base = load_settings()
+    base = settings or load_settings()
     workers: dict[str, Worker] = {}
 
     async def open_kind(kind: str) -> Worker:
@@ -299,10 +304,11 @@ def settle_heap() -> None:
 
 def main() -> None:
     lean_imports()
-    configure_logging()
     from ..settings import load as load_settings
 
-    tune_gc(load_settings().gc_gen0_threshold)
+    settings = load_settings()  # the process's one Settings, passed down to every kind
+    configure_logging(settings.log_level)
+    tune_gc(settings.gc_gen0_threshold)
     kind = sys.argv[1]
     cluster = sys.argv[2] if len(sys.argv) > 2 else None
     try:
@@ -317,7 +323,7 @@ def main() -> None:
 
         def run() -> None:
             try:
-                asyncio.run(run_group(kinds, urls, cluster))
+                asyncio.run(run_group(kinds, urls, cluster, settings=settings))
             except KindStopped as exc:
                 print(f"worker group {kind}: {exc}", file=sys.stderr)
                 sys.exit(1)
@@ -325,7 +331,7 @@ def main() -> None:
         nats_url, redis_url = os.environ["AIOS_NATS_URL"], os.environ["AIOS_REDIS_URL"]
 
         def run() -> None:
-            asyncio.run(run_worker(kind, nats_url, redis_url, cluster))
+            asyncio.run(run_worker(kind, nats_url, redis_url, cluster, settings=settings))
 
     prof_dir = os.environ.get("AIOS_PROFILE_DIR")
     if prof_dir:  # a sampling profile of this worker, written when it stops (docs/benchmarks.md)
