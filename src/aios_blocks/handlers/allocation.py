@@ -30,7 +30,8 @@ class Snapshot:
     affinity index and the nodes suspect now (node -> why)."""
 
     cluster: dict[str, Any]
-    nodes: Mapping[str, dict[str, Any]]
+    #: shared with the inventory cache: read, never written (a plan copies what it takes)
+    nodes: dict[str, dict[str, Any]]
     instances: dict[str, dict[str, Any]] | None = None
     index: affinity.Index | None = None
     suspects: Mapping[str, str] = field(default_factory=dict)
@@ -79,7 +80,7 @@ async def plan_allocation(snap: Snapshot, req: Request, invoke: Invoke) -> list[
     out = excluded(snap.nodes, snap.suspects, req.avoid)
     extra = {**req.extra, **({"excluded_nodes": out} if out else {})}
     try:
-        placements = await plan(req.ir, snap.cluster, dict(snap.nodes), req.action, list(req.iids), invoke,
+        placements = await plan(req.ir, snap.cluster, snap.nodes, req.action, list(req.iids), invoke,
                                 snap.instances, snap.index, **extra)
     except PlacementFailed as exc:
         if out:  # say which nodes were not offered, and why (explain shows the step's failure)
