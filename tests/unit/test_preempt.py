@@ -160,3 +160,23 @@ def test_the_input_is_built_from_the_state_views() -> None:
     (c,) = i["candidates"]
     assert c["block_id"] == "v" and c["preemptible"] is False and list(c["instances"]) == ["v-0"]
     assert c["instances"]["v-0"]["share"] == 1.0 and i["minDelta"] == 10 and i["block"]["priority"] == 100
+
+
+def test_a_plan_becomes_the_preempted_and_preempting_events() -> None:
+    from aios_blocks.handlers.preemption import events
+    from aios_blocks.schemas.catalog import E
+
+    gang = cand("gang", 0, {"g0": ("n1", [0, 1, 2, 3]), "g1": ("n1", [4, 5, 6, 7])}, min_instances=2)
+    gang["gen"] = 3
+    data = inp(8, 100, FULL, [gang])
+    data["block"]["block_id"] = "urgent"
+    out = plan(data)
+    emits = events(data, out, gen=9, request_id="r1")
+    assert [e.event for e in emits] == [E.block_preempted, E.block_preempting]
+    victim, preemptor = emits
+    assert victim.subject() == "aios.block.gang.preempted" and victim.logical_id() == "gang:3:preempted:urgent:9"
+    assert victim.payload.reason == "Priority" and victim.payload.instances == {"g0": "n1", "g1": "n1"}
+    assert victim.payload.priority == 0 and victim.payload.preemptor_priority == 100
+    assert preemptor.subject() == "aios.block.urgent.preempting" and preemptor.logical_id() == "urgent:9:preempting:r1"
+    assert preemptor.payload.victims == {"gang": ["g0", "g1"]} and preemptor.payload.gpus_freed == 8
+    assert events(data, {"victims": {}}, gen=9, request_id="r2") == []

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..schemas.priority import NO_CLASS_PRIORITY
+from ..schemas.catalog import E, Emit
+from ..schemas.priority import NO_CLASS_PRIORITY, Preempted, Preempting, PreemptReason
 
 
 def gpu_free(g: Mapping[str, Any]) -> float:
@@ -53,7 +54,8 @@ def candidates(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], skip: 
                        "memory": float(res.get("memory") or 0), "created": float(row.get("created") or 0)}
                  for iid, i in (row.get("instances") or {}).items() if i.get("node") in on}
         if insts:
-            out.append({**block_input(row["block_id"], ir), "created": float(row.get("created") or 0),
+            out.append({**block_input(row["block_id"], ir), "gen": int(row.get("gen") or 0),
+                        "created": float(row.get("created") or 0),
                         "preemptible": ir.get("preemptible") is not False, "instances": insts})
     return out
 
@@ -64,3 +66,29 @@ def preempt_input(bid: str, ir: Mapping[str, Any], cid: str, views: Mapping[str,
     cluster = cluster_input(cid, views)
     return {"action": "preempt", "minDelta": min_delta, "block": block_input(bid, ir), "cluster": cluster,
             "candidates": candidates(placed, cluster["nodes"], skip=bid)}
+
+
+def events(data: Mapping[str, Any], output: Mapping[str, Any], gen: int, request_id: str,
+           reason: str = PreemptReason.PRIORITY) -> list[Emit]:
+    """The events of a preemption the policy chose (``output``, on the input ``data``): one
+    ``block.preempted`` per victim block (the preemptor, the reason, the instances it loses and
+    where they were), then the preemptor's ``block.preempting`` (its victims, the GPUs freed).
+    None when it chose no victim. The controller's step emits them (a later session)."""
+    chosen = sorted({iid for ids in (output.get("victims") or {}).values() for iid in ids})
+    by_inst = {iid: c for c in data.get("candidates") or () for iid in c.get("instances") or {}}
+    victims: dict[str, list[str]] = {}
+    for iid in chosen:
+        if iid in by_inst:
+            victims.setdefault(str(by_inst[iid]["block_id"]), []).append(iid)
+    if not victims:
+        return []
+    block = data.get("block") or {}
+    bid, priority = str(block.get("block_id")), int(block.get("priority") or 0)
+    by_block = {str(c["block_id"]): c for c in data.get("candidates") or ()}
+    out = [Emit(E.block_preempted, Preempted(
+        v, int(by_block[v].get("gen") or 0), bid, gen, str(reason),
+        {iid: str(by_block[v]["instances"][iid].get("node_id")) for iid in iids},
+        int(by_block[v].get("priority") or 0), priority)) for v, iids in sorted(victims.items())]
+    freed = sum(len(by_inst[i]["instances"][i].get("gpus") or ()) for ids in victims.values() for i in ids)
+    out.append(Emit(E.block_preempting, Preempting(bid, gen, str(reason), victims, freed, request_id)))
+    return out

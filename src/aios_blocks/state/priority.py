@@ -63,7 +63,7 @@ class PriorityStore:
             rec, insts = replies[2 * i], replies[2 * i + 1]
             if not rec or not insts or "ir" not in rec:
                 continue
-            rows.append({"block_id": bid, "status": rec.get("status", ""), "ir": _json.decode(rec["ir"]),
+            rows.append({"block_id": bid, "status": rec.get("status", ""), "gen": int(rec.get("gen") or 0), "ir": _json.decode(rec["ir"]),
                          "created": float(rec.get("created") or 0), "instances": {k: _json.decode(v) for k, v in insts.items()}})
         index = await self.r.hgetall(NODE_INDEX)
         pipe = self.r.pipeline(transaction=False)
