@@ -12,6 +12,7 @@ cannot drift from the wire.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -127,28 +128,36 @@ def _example_value(schema: dict[str, Any], schemas: dict[str, Any], name: str = 
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
         props = schema.get("properties", {})
-        if depth > 6:
-            return {}
-        return {k: _example_value(v, schemas, k, depth + 1) for k, v in props.items()}
+        return {} if depth > 6 else {k: _example_value(v, schemas, k, depth + 1) for k, v in props.items()}
     if kind == "array":
-        items = schema.get("items")
-        if isinstance(items, list):
-            return [_example_value(i, schemas, name, depth + 1) for i in items]
-        return [] if not isinstance(items, dict) or depth > 6 else [_example_value(items, schemas, name, depth + 1)]
+        return _example_array(schema.get("items"), schemas, name, depth)
     if kind == "string":
-        if schema.get("format") == "date-time":
-            return EXAMPLE_TIME
-        for tok, fld in TOKEN_FIELDS.items():
-            if fld == name and tok in EXAMPLE_TOKENS:
-                return EXAMPLE_TOKENS[tok]
-        return {"vcluster_id": "v1", "request_id": "r1", "consumer": "parser", "subject": "aios.block.b1.create"}.get(name, "x")
-    if kind == "integer":
-        return max(1, int(schema.get("minimum", 1)))
-    if kind == "number":
-        return 1.0
-    if kind == "boolean":
-        return True
-    return None
+        return _example_string(schema, name)
+    scalar = _EXAMPLE_SCALARS.get(kind)
+    return None if scalar is None else scalar(schema)
+
+
+def _example_array(items: Any, schemas: dict[str, Any], name: str, depth: int) -> list[Any]:
+    if isinstance(items, list):
+        return [_example_value(i, schemas, name, depth + 1) for i in items]
+    return [] if not isinstance(items, dict) or depth > 6 else [_example_value(items, schemas, name, depth + 1)]
+
+
+def _example_string(schema: dict[str, Any], name: str) -> str:
+    if schema.get("format") == "date-time":
+        return EXAMPLE_TIME
+    for tok, fld in TOKEN_FIELDS.items():
+        if fld == name and tok in EXAMPLE_TOKENS:
+            return EXAMPLE_TOKENS[tok]
+    return {"vcluster_id": "v1", "request_id": "r1", "consumer": "parser", "subject": "aios.block.b1.create"}.get(name, "x")
+
+
+#: JSON Schema scalar type -> its example value
+_EXAMPLE_SCALARS: dict[Any, Callable[[dict[str, Any]], Any]] = {
+    "integer": lambda schema: max(1, int(schema.get("minimum", 1))),
+    "number": lambda schema: 1.0,
+    "boolean": lambda schema: True,
+}
 
 
 def example(e: Event[Any], schemas: dict[str, Any], key: str = EXAMPLE_KEY) -> dict[str, Any]:
@@ -192,6 +201,83 @@ def _example_source(e: Event[Any]) -> str:
     return e.publishers[0].value if e.publishers else "unknown"
 
 
+def _message(e: Event[Any], schemas: dict[str, Any]) -> dict[str, Any]:
+    """The AsyncAPI message of one catalog event: its payload schema, headers, notes, example."""
+    if e.payload is not None:
+        data: dict[str, Any] = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
+    elif e is E_CREATE:
+        data = {"type": "object", "description": "a block spec (docs/spec.md)"}
+    else:
+        data = {"type": "object", "description": "a JSON document"}
+    if e.body is Body.CLOUDEVENT:
+        payload, content_type = _envelope_schema(e, data), "application/cloudevents+json"
+    else:
+        payload, content_type = data, "application/json"
+    if e is E_CREATE:  # another client's bare spec is stored as sent
+        payload = {"oneOf": [payload, {"type": "object", "not": {"required": ["specversion"]},
+                                       "description": "a bare block spec from another client, stored as sent"}]}
+    return {
+        "name": e.name,
+        "title": e.type,
+        "summary": e.meaning,
+        "description": "; ".join(_notes(e)),
+        "contentType": content_type,
+        "headers": _headers_schema(e, content_type),
+        "payload": payload,
+        "examples": [example(e, schemas)],
+    }
+
+
+def _notes(e: Event[Any]) -> list[str]:
+    notes = [f"stored in the {e.stream} stream" if e.stored else "core NATS only, never stored"]
+    if e.id_rule and e.stored:
+        notes.append(f"message id rule `{e.id_rule}` (deduplicated by JetStream)")
+    elif e.id_rule:
+        notes.append(f"CloudEvents id rule `{e.id_rule}` (not stored: nothing deduplicates it)")
+    if e.body is Body.CLOUDEVENT:
+        notes.append("the envelope's `id` is the logical id; the Nats-Msg-Id header is `k1:` + its keyed digest, not the id")
+    return notes
+
+
+def _channel(e: Event[Any], cid: str) -> dict[str, Any]:
+    channel: dict[str, Any] = {
+        "address": e.pattern,
+        "title": e.name,
+        "description": e.meaning,
+        "messages": {cid: {"$ref": f"#/components/messages/{cid}"}},
+    }
+    if e.tokens:
+        channel["parameters"] = {t: {"description": TOKEN_DOCS.get(t, t)} for t in e.tokens}
+    return channel
+
+
+def _operations(e: Event[Any], cid: str) -> dict[str, Any]:
+    """Who sends the event (each publishing role) and which durable consumers receive it."""
+    operations: dict[str, Any] = {}
+    msg_ref = [{"$ref": f"#/channels/{cid}/messages/{cid}"}]
+    for role in e.publishers:
+        op: dict[str, Any] = {
+            "action": "send",
+            "channel": {"$ref": f"#/channels/{cid}"},
+            "title": f"{role.value} sends {e.name}",
+            "messages": msg_ref,
+        }
+        if role is Role.RUNNER:
+            op["description"] = "every worker's consumer runner, for its own consumers' messages"
+        if e.responders:
+            op["description"] = "request/reply: " + ", ".join(r.value for r in e.responders) + " replies"
+        operations[f"{role.value}_sends_{cid}"] = op
+    for c in CONSUMERS:
+        if e in c.events:
+            operations[f"{c.durable.replace('-', '_')}_receives_{cid}"] = {
+                "action": "receive",
+                "channel": {"$ref": f"#/channels/{cid}"},
+                "title": f"durable consumer {c.durable} receives {e.name}",
+                "messages": msg_ref,
+            }
+    return operations
+
+
 def document() -> dict[str, Any]:
     structs = sorted({e.payload for e in EVENTS if e.payload is not None}, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(structs, ref_template=SCHEMA_REF)
@@ -202,67 +288,9 @@ def document() -> dict[str, Any]:
     operations: dict[str, Any] = {}
     for e in EVENTS:
         cid = channel_id(e)
-        if e.payload is not None:
-            data: dict[str, Any] = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
-        elif e is E_CREATE:
-            data = {"type": "object", "description": "a block spec (docs/spec.md)"}
-        else:
-            data = {"type": "object", "description": "a JSON document"}
-        if e.body is Body.CLOUDEVENT:
-            payload, content_type = _envelope_schema(e, data), "application/cloudevents+json"
-        else:
-            payload, content_type = data, "application/json"
-        notes = []
-        notes.append(f"stored in the {e.stream} stream" if e.stored else "core NATS only, never stored")
-        if e.id_rule and e.stored:
-            notes.append(f"message id rule `{e.id_rule}` (deduplicated by JetStream)")
-        elif e.id_rule:
-            notes.append(f"CloudEvents id rule `{e.id_rule}` (not stored: nothing deduplicates it)")
-        if e.body is Body.CLOUDEVENT:
-            notes.append("the envelope's `id` is the logical id; the Nats-Msg-Id header is `k1:` + its keyed digest, not the id")
-        if e is E_CREATE:  # another client's bare spec is stored as sent
-            payload = {"oneOf": [payload, {"type": "object", "not": {"required": ["specversion"]},
-                                           "description": "a bare block spec from another client, stored as sent"}]}
-        messages[cid] = {
-            "name": e.name,
-            "title": e.type,
-            "summary": e.meaning,
-            "description": "; ".join(notes),
-            "contentType": content_type,
-            "headers": _headers_schema(e, content_type),
-            "payload": payload,
-            "examples": [example(e, schemas)],
-        }
-        channel: dict[str, Any] = {
-            "address": e.pattern,
-            "title": e.name,
-            "description": e.meaning,
-            "messages": {cid: {"$ref": f"#/components/messages/{cid}"}},
-        }
-        if e.tokens:
-            channel["parameters"] = {t: {"description": TOKEN_DOCS.get(t, t)} for t in e.tokens}
-        channels[cid] = channel
-        msg_ref = [{"$ref": f"#/channels/{cid}/messages/{cid}"}]
-        for role in e.publishers:
-            op: dict[str, Any] = {
-                "action": "send",
-                "channel": {"$ref": f"#/channels/{cid}"},
-                "title": f"{role.value} sends {e.name}",
-                "messages": msg_ref,
-            }
-            if role is Role.RUNNER:
-                op["description"] = "every worker's consumer runner, for its own consumers' messages"
-            if e.responders:
-                op["description"] = "request/reply: " + ", ".join(r.value for r in e.responders) + " replies"
-            operations[f"{role.value}_sends_{cid}"] = op
-        for c in CONSUMERS:
-            if e in c.events:
-                operations[f"{c.durable.replace('-', '_')}_receives_{cid}"] = {
-                    "action": "receive",
-                    "channel": {"$ref": f"#/channels/{cid}"},
-                    "title": f"durable consumer {c.durable} receives {e.name}",
-                    "messages": msg_ref,
-                }
+        messages[cid] = _message(e, schemas)
+        channels[cid] = _channel(e, cid)
+        operations.update(_operations(e, cid))
     return {
         "asyncapi": "3.0.0",
         "info": {
