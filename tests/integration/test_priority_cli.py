@@ -95,7 +95,15 @@ async def test_priority_classes_and_quotas_from_the_command_line(system: System,
     assert plan["input"]["block"]["priority"] == 1000
     assert {c["block_id"]: c["preemptible"] for c in plan["input"]["candidates"]} == {"hi": False, "lo": True}
     assert sorted(plan["output"]["blocks"]) == ["lo"] and len(plan["output"]["blocks"]["lo"]) == 2
+    assert plan["quota"]["tenant"] is None and plan["quota"]["verdict"] == "admit"
     assert "victim block" in await _ok(system, "preempt", "--dry-run", str(spec), "--cluster", "c1")
+    # team-a asks 2 more within its nominal? it uses 1 of 2: 3 > 2, over; the cohort (3) is full: wait
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "urgent", "minInstances": 1,
+                                "maxInstances": 1, "priorityClass": "high", "labels": {"tenant": "team-a"}}))
+    plan = json.loads(await _ok(system, "preempt", "--dry-run", str(spec), "--cluster", "c1", "--json"))
+    # team-a (1 of its 2) asks 1 more: within its nominal, but team-b borrows the cohort's third GPU
+    assert plan["quota"]["verdict"] == "reclaim" and plan["quota"]["victims"] == ["lo"]
+    assert plan["quota"]["victim_reason"] == "InCohortReclamation"
     assert json.loads(await _ok(system, "get", "lo", "--json"))["status"] == "ready"  # nothing was evicted
 
     # `blocks recover` rebuilds both from the stream: the fold's image equals Redis

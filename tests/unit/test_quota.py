@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from aios_blocks.policies.quota import Holding, Verdict, decide, instance_usage, report, request_usage, tenant_of
+from aios_blocks.policies.quota import (
+    Holding,
+    Verdict,
+    decide,
+    instance_usage,
+    report,
+    request_usage,
+    tenant_of,
+)
 from aios_blocks.schemas.priority import Quota
 
 
@@ -112,3 +120,11 @@ def test_report_shows_usage_nominal_and_borrowed() -> None:
 def test_a_negative_amount_is_refused() -> None:
     with pytest.raises(ValidationError):
         Quota(tenant="a", nominal={"A100": {"gpus": -1}})
+
+
+def test_a_request_on_no_known_model_counts_against_every_models_quota() -> None:
+    quotas = {"a": _q("a", 2)}
+    assert decide("a", {"*": {"gpus": 2}}, quotas, []).verdict is Verdict.ADMIT
+    assert decide("a", {"*": {"gpus": 3}}, quotas, []).verdict is Verdict.WAIT
+    # a request on a known model counts there only
+    assert decide("a", {"H100": {"gpus": 3}, "*": {"gpus": 3}}, quotas, []).verdict is Verdict.ADMIT

@@ -212,14 +212,17 @@ def preempt(
     data_dir: Path = DataDir,
 ) -> None:
     """Which blocks a spec would preempt in a cluster now (like `nomad job plan`): the victims per
-    node, or why there are none. Changes nothing.
+    node, or why there are none, and what its tenant's quota says (admit, admit-borrowing,
+    reclaim, wait). Changes nothing.
 
     Example: `blocks preempt --dry-run urgent.yaml --cluster c1`
     """
     from ..handlers import parse
     from ..handlers.preemption import preempt_input
+    from ..policies.quota import decide, holdings_of, request_usage, tenant_of
     from ..policies.runtime import PolicyRuntime
     from ..schemas.errors import PolicyFailed
+    from ..schemas.priority import Quota
     from ..settings import load as load_settings
     from ..state.priority import PriorityStore
     from .common import _load
@@ -230,7 +233,7 @@ def preempt(
     doc = _load(spec_file)
     settings = load_settings()
 
-    async def go(c: Any) -> tuple[dict[str, Any], Any] | list[Any]:
+    async def go(c: Any) -> tuple[dict[str, Any], Any, dict[str, Any]] | list[Any]:
         store = PriorityStore(c.store.r)
         uri = parse.component_uri(doc)
         component = await c.store.get_component(uri) if uri else None
@@ -241,22 +244,28 @@ def preempt(
         views = await c.store.read_nodes(cluster, await c.store.node_ids(cluster))
         if not views:
             raise LookupError(f"no cluster {cluster!r} (or it has no nodes)")
-        placed, _ = await store.placed()
+        placed, models = await store.placed()
         data = preempt_input(bid, out.ir, cluster, views, placed, settings.preempt_min_delta)
+        quotas = {t: Quota.model_validate(q) for t, q in (await store.quotas()).items()}
+        tenant = tenant_of(out.ir)
+        request = request_usage(out.ir.get("resources") or {}, max(1, int(out.ir.get("minInstances") or 0)))
+        d = decide(tenant, request, quotas, holdings_of(placed, models))
+        quota = {"tenant": tenant, "verdict": str(d.verdict), "reason": d.reason, "borrowed": d.borrowed,
+                 "victims": d.victims, "victim_reason": d.victim_reason}
         rule = {"name": "preemption", "policyRuleURI": policy_uri}
         try:
-            return data, await PolicyRuntime().invoke(rule, "cli.preempt", data, {})
+            return data, await PolicyRuntime().invoke(rule, "cli.preempt", data, {}), quota
         except PolicyFailed as exc:
-            return data, {"error": str(exc)}
+            return data, {"error": str(exc)}, quota
 
     result = _request(go, data_dir, store_only=True)
     if isinstance(result, list):
         for e in result:
             err.print(f"[red]{e.path}[/]: {e.message}")
         raise typer.Exit(4)
-    data, output = result
+    data, output, quota = result
     if as_json:
-        _print_json({"input": data, "output": output})
+        _print_json({"input": data, "output": output, "quota": quota})
         return
     if "error" in output:
         err.print(f"[red]{output['error']}[/]")
@@ -272,3 +281,5 @@ def preempt(
             t.add_row(*_plain(bid, by_block[bid]["priority"], ", ".join(iids), ", ".join(nodes)))
         console.print(t)
         console.print(f"GPUs freed: {output.get('gpus_freed', 0):g}; then placed on {output.get('fits')}")
+    console.print(f"quota of tenant {quota['tenant'] or '-'}: {quota['verdict']} ({quota['reason']})"
+                  + (f"; may reclaim {', '.join(quota['victims'])} ({quota['victim_reason']})" if quota["victims"] else ""))

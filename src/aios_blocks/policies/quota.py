@@ -161,9 +161,10 @@ def decide(tenant: str | None, request: Usage, quotas: Mapping[str, Quota], hold
         return Decision(Verdict.ADMIT, f"tenant {tenant!r} has no quota" if tenant else "the block names no tenant")
     q = quotas[tenant]
     usage = usage_by_tenant(holdings)
+    members = [t for t, tq in quotas.items() if q.cohort and tq.cohort == q.cohort] or [tenant]
+    request = _on_every_model(request, {m for t in members for m in quotas[t].nominal})
     mine = add(add({}, usage.get(tenant, {})), request)
     nominal = _limits(q)
-    members = [t for t, tq in quotas.items() if q.cohort and tq.cohort == q.cohort] or [tenant]
     cohort_nominal = _sum(_limits(quotas[t]) for t in members)
     cohort_use = add(_sum(usage.get(t, {}) for t in members), request)
     within_nominal = not _over(mine, nominal)
@@ -185,6 +186,14 @@ def decide(tenant: str | None, request: Usage, quotas: Mapping[str, Quota], hold
     if not cohort_fits:
         return Decision(Verdict.WAIT, f"over its nominal quota ({what}) and cohort {q.cohort} has not that much idle")
     return Decision(Verdict.ADMIT_BORROWING, f"borrows from cohort {q.cohort}: {what}", borrowed=borrowed(mine, q))
+
+
+def _on_every_model(request: Usage, models: set[str]) -> Usage:
+    """A request whose GPU model is not known yet (only ``*``) counts against every model's quota:
+    it may land on any of them."""
+    if set(request) - {ANY_MODEL} or ANY_MODEL not in request:
+        return request
+    return {**{m: dict(request[ANY_MODEL]) for m in models}, ANY_MODEL: request[ANY_MODEL]}
 
 
 def _reclaim(tenant: str, members: list[str], quotas: Mapping[str, Quota], usage: dict[str, Usage],
