@@ -400,6 +400,17 @@ def _from_json(item: Any, p: str, errors: list[SpecError]) -> AffinityEntry | No
     for key in item:
         if key not in _ENTRY_KEYS:
             errors.append(SpecError(f"{p}.{key}", f"unknown key {key!r} (allowed: {', '.join(_ENTRY_KEYS)})"))
+    names = _names(item, p, errors)
+    anti = _direction(item, p, errors)
+    tt, value = _target(item, names["category"], p, errors)
+    if len(errors) > before:
+        return None
+    assert names["category"] is not None and names["strength"] is not None and tt is not None
+    return AffinityEntry(names["category"], names["strength"], anti, tt, value)
+
+
+def _names(item: dict[str, Any], p: str, errors: list[SpecError]) -> dict[str, str | None]:
+    """An entry's category and strength, checked (None where missing or wrong) and allowed together."""
     names: dict[str, str | None] = {}
     for key, check in (("category", _category), ("strength", _strength)):
         if key not in item:
@@ -416,35 +427,38 @@ def _from_json(item: Any, p: str, errors: list[SpecError]) -> AffinityEntry | No
             _strength_allowed(names["category"], names["strength"])
         except _Bad as exc:
             errors.append(SpecError(f"{p}.strength", str(exc)))
-    anti = _direction(item, p, errors)
-    target, tt, value = item.get("target"), None, ""
+    return names
+
+
+def _target(item: dict[str, Any], category: str | None, p: str, errors: list[SpecError]) -> tuple[str | None, str]:
+    """An entry's target: (its type, its normalised value); (None, "") with the errors when wrong."""
+    target = item.get("target")
     if "target" not in item:
         errors.append(SpecError(f"{p}.target", "missing target ({type, value})"))
-    elif not isinstance(target, dict):
+        return None, ""
+    if not isinstance(target, dict):
         errors.append(SpecError(f"{p}.target", f"target must be a mapping {{type, value}}, not {target!r}"))
-    else:
-        for key in target:
-            if key not in _TARGET_KEYS:
-                errors.append(SpecError(f"{p}.target.{key}", f"unknown key {key!r} (allowed: type, value)"))
-        for key in _TARGET_KEYS:
-            if key not in target:
-                errors.append(SpecError(f"{p}.target.{key}", f"missing target {key}"))
-        if "type" in target:
-            try:
-                tt = _target_type(target["type"])
-                if names["category"] is not None:
-                    _allowed(names["category"], tt)
-            except _Bad as exc:
-                errors.append(SpecError(f"{p}.target.type", str(exc)))
-        if tt is not None and "value" in target:
-            try:
-                value = _norm_target(tt, target["value"])
-            except _Bad as exc:
-                errors.append(SpecError(f"{p}.target.value", str(exc)))
-    if len(errors) > before:
-        return None
-    assert names["category"] is not None and names["strength"] is not None and tt is not None
-    return AffinityEntry(names["category"], names["strength"], anti, tt, value)
+        return None, ""
+    for key in target:
+        if key not in _TARGET_KEYS:
+            errors.append(SpecError(f"{p}.target.{key}", f"unknown key {key!r} (allowed: type, value)"))
+    for key in _TARGET_KEYS:
+        if key not in target:
+            errors.append(SpecError(f"{p}.target.{key}", f"missing target {key}"))
+    tt, value = None, ""
+    if "type" in target:
+        try:
+            tt = _target_type(target["type"])
+            if category is not None:
+                _allowed(category, tt)
+        except _Bad as exc:
+            errors.append(SpecError(f"{p}.target.type", str(exc)))
+    if tt is not None and "value" in target:
+        try:
+            value = _norm_target(tt, target["value"])
+        except _Bad as exc:
+            errors.append(SpecError(f"{p}.target.value", str(exc)))
+    return tt, value
 
 
 def _from_tlv(blob: Any, p: str, errors: list[SpecError]) -> list[AffinityEntry]:
