@@ -128,20 +128,37 @@ def sample(
     if threshold is None:
         threshold = default_threshold()
     if threshold <= 0 or n <= threshold:
-        work = nodes
-        if entries:
-            work = {nid: {**v} for nid, v in nodes.items()}
-            affinity.annotate(work, entries, index)
-        if entries:
-            fits = sum(1 for v in work.values() if feasible(v, needs, share))
-        else:  # feasible = fits one instance: the count kept incrementally per nodes dict and shape
-            fits = capacity.fitting(work, needs, share)
-        passing = sum(1 for v in work.values() if v["affinity"]["pass"]) if entries else n
-        reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
-        return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
+        return _sample_all(nodes, needs, share, entries, index)
     k = max(limit(n), min(max(want, 1), n, threshold))  # want is capped at the threshold
     if not entries and isinstance(nodes, capacity.Nodes):
         return _sample_indexed(nodes, needs, share, seed, n, k)
+    return _sample_walk(nodes, needs, share, seed, k, entries, index)
+
+
+def _sample_all(
+    nodes: dict[str, dict[str, Any]], needs: capacity.Needs, share: bool, entries: list[dict[str, Any]], index: affinity.Index
+) -> Sample:
+    """A small cluster: every node, annotated with its affinity when the block has any."""
+    n = len(nodes)
+    work = nodes
+    if entries:
+        work = {nid: {**v} for nid, v in nodes.items()}
+        affinity.annotate(work, entries, index)
+    if entries:
+        fits = sum(1 for v in work.values() if feasible(v, needs, share))
+    else:  # feasible = fits one instance: the count kept incrementally per nodes dict and shape
+        fits = capacity.fitting(work, needs, share)
+    passing = sum(1 for v in work.values() if v["affinity"]["pass"]) if entries else n
+    reason = affinity.unsatisfiable(work, entries, index) if entries and not passing else ""
+    return Sample(work, n, n, fits, passing, False, unsatisfiable=reason)
+
+
+def _sample_walk(
+    nodes: dict[str, dict[str, Any]], needs: capacity.Needs, share: bool, seed: str, k: int,
+    entries: list[dict[str, Any]], index: affinity.Index,
+) -> Sample:
+    """The seeded walk over the nodes' views until ``k`` feasible ones (else a few infeasible)."""
+    n = len(nodes)
     ids = capacity.node_ids(nodes)
     picked: dict[str, dict[str, Any]] = {}
     others: dict[str, dict[str, Any]] = {}
