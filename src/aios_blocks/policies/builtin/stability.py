@@ -76,9 +76,13 @@ class ProbeThresholdPolicy:
         agent = inst.get("agent")
         if isinstance(agent, dict) and agent.get("report") in ("failed", "unhealthy"):
             return {"verdict": "replace", "reason": f"its node agent reported it {agent['report']}: {agent.get('reason') or '?'}"}
+        return (self._liveness(inst) or self._speed(inst, block_median_s) or self._recovery(inst, block_median_s)
+                or {"verdict": "healthy", "reason": "probes pass and tasks complete"})
+
+    def _liveness(self, inst: dict[str, Any]) -> dict[str, Any] | None:
+        """Stalled tasks, or probes failing while no task completes: restart, replace or unready."""
         probe, passive, prog = inst.get("probe") or {}, inst.get("passive") or {}, inst.get("progress") or {}
         fails = int(_num(probe, "consecutive_failures"))
-        oks = int(_num(probe, "consecutive_successes"))
         inflight = _num(prog, "inflight")
         stalled = _num(prog, "stalled_s")
         since_done = _num(prog, "since_done_s", -1.0)
@@ -87,22 +91,34 @@ class ProbeThresholdPolicy:
         progressing = 0 <= since_done < self.stall_s and not int(_num(passive, "consecutive_errors"))
         if inflight > 0 and stalled >= self.stall_s:
             return self._fix(inst, f"no task completed in {stalled:.1f} s with {inflight:g} in flight (stallS {self.stall_s:g})")
-        if fails and not progressing:
-            if fails >= self.restart_threshold:
-                return self._fix(inst, f"{fails} probes failed in a row (restartThreshold {self.restart_threshold}): "
-                                       f"{probe.get('error') or 'failed'}")
-            if fails >= self.failure_threshold or refused:
-                what = f"{fails} probe(s) failed in a row" + (" and the executors' dispatches failed" if refused else "")
-                return {"verdict": "unready", "reason": f"{what}: {probe.get('error') or passive.get('last_error') or 'failed'}"}
-        mine = _num(passive, "latency_s")
+        if not fails or progressing:
+            return None
+        if fails >= self.restart_threshold:
+            return self._fix(inst, f"{fails} probes failed in a row (restartThreshold {self.restart_threshold}): "
+                                   f"{probe.get('error') or 'failed'}")
+        if fails >= self.failure_threshold or refused:
+            what = f"{fails} probe(s) failed in a row" + (" and the executors' dispatches failed" if refused else "")
+            return {"verdict": "unready", "reason": f"{what}: {probe.get('error') or passive.get('last_error') or 'failed'}"}
+        return None
+
+    def _speed(self, inst: dict[str, Any], block_median_s: float) -> dict[str, Any] | None:
+        """Slower than ``slowFactor`` x the block's median task latency: degraded, by weight."""
+        mine = _num(inst.get("passive") or {}, "latency_s")
         if block_median_s > 0 and mine > self.slow_factor * block_median_s:
             w = max(self.min_weight, min(1.0, block_median_s / mine))
             return {"verdict": "degrade", "weight": round(w, 4),
                     "reason": f"task latency {mine * 1000:.0f} ms is {mine / block_median_s:.1f}x the block median "
                               f"({block_median_s * 1000:.0f} ms; slowFactor {self.slow_factor:g})"}
+        return None
+
+    def _recovery(self, inst: dict[str, Any], block_median_s: float) -> dict[str, Any] | None:
+        """A degraded or unready instance stays so until it recovers (``recoverFactor``,
+        ``successThreshold``)."""
+        mine = _num(inst.get("passive") or {}, "latency_s")
         health = inst.get("health", "ok")
         if health == "degraded" and block_median_s > 0 and mine > self.recover_factor * block_median_s:
             return {"verdict": "degrade", "reason": "still slow", "weight": float(inst.get("weight", 1.0))}
+        oks = int(_num(inst.get("probe") or {}, "consecutive_successes"))
         if health == "unready" and oks < self.success_threshold:
             return {"verdict": "unready", "reason": f"{oks} probe(s) passed (successThreshold {self.success_threshold})"}
-        return {"verdict": "healthy", "reason": "probes pass and tasks complete"}
+        return None
