@@ -126,11 +126,7 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
     """Run ``kinds`` in this process, each its own ``Worker`` (connections, role, event key, log
     ``kind``); one ``/metrics`` target for the process. Raises ``KindStopped`` when a kind fails to
     open or its run ends (with an error or not) before ``stop``."""
-    for kind in kinds:
-        if kind not in KINDS:
-            raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
-    if len(set(kinds)) != len(kinds):
-        raise ValueError(f"a kind twice in one group: {'+'.join(kinds)}")
+    _check_group(kinds)
     import structlog
 
     from ..settings import load as load_settings
@@ -158,7 +154,6 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
     structlog.contextvars.bind_contextvars(kind=name)  # the process's own lines; each kind's task binds its own
     served: asyncio.Task[None] | None = None
     runs: dict[asyncio.Task[None], str] = {}
-    failed: tuple[str, BaseException | None] | None = None
     try:
         for kind in kinds:
             try:
@@ -170,25 +165,7 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
                 return
         served = asyncio.create_task(telemetry.serve(workers[kinds[0]], name, cluster, stop, kinds=kinds))
         runs = {asyncio.create_task(run_kind(k), name=k): k for k in kinds}
-        stopped = asyncio.create_task(stop.wait())
-        done, _ = await asyncio.wait([*runs, stopped], return_when=asyncio.FIRST_COMPLETED)
-        stopped.cancel()
-        for t in runs:
-            if t in done and not stop.is_set():
-                error = None if t.cancelled() else t.exception()
-                failed = (runs[t], error)
-                log.error("group.kind_failed", kind=runs[t], group=name, stage="run",
-                          error=repr(error) if error else "stopped on its own")
-                break
-        stop.set()  # every kind stops (a SIGTERM/SIGINT, or one of them failed)
-        _, pending = await asyncio.wait(list(runs), timeout=STOP_TIMEOUT_S)
-        for t in pending:
-            log.warning("group.kind_slow_to_stop", kind=runs[t], group=name)
-            t.cancel()
-        for t, kind in runs.items():
-            if t not in pending and not t.cancelled() and t.exception() is not None and failed is None:
-                failed = (kind, t.exception())
-                log.error("group.kind_failed", kind=kind, group=name, stage="stop", error=repr(t.exception()))
+        failed = await _first_failure(runs, stop, name, log)
         if failed:
             raise KindStopped(f"{failed[0]}: {failed[1]!r}" if failed[1] else f"{failed[0]} stopped on its own")
     finally:
@@ -201,6 +178,40 @@ async def run_group(kinds: list[str], urls: Mapping[str, tuple[str, str, str | N
         for w in workers.values():
             with contextlib.suppress(Exception):
                 await w.close()
+
+
+def _check_group(kinds: list[str]) -> None:
+    for kind in kinds:
+        if kind not in KINDS:
+            raise ValueError(f"unknown worker kind {kind!r}; one of {', '.join(KINDS)}")
+    if len(set(kinds)) != len(kinds):
+        raise ValueError(f"a kind twice in one group: {'+'.join(kinds)}")
+
+
+async def _first_failure(runs: dict[asyncio.Task[None], str], stop: asyncio.Event, name: str,
+                         log: Any) -> tuple[str, BaseException | None] | None:
+    """Wait for ``stop`` or a kind's run to end, then stop them all: (the kind, its error) of the
+    first that failed or stopped on its own, else ``None``."""
+    failed: tuple[str, BaseException | None] | None = None
+    stopped = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait([*runs, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    ended = [t for t in runs if t in done] if not stop.is_set() else []
+    if ended:
+        t = ended[0]
+        error = None if t.cancelled() else t.exception()
+        failed = (runs[t], error)
+        log.error("group.kind_failed", kind=runs[t], group=name, stage="run", error=repr(error) if error else "stopped on its own")
+    stop.set()  # every kind stops (a SIGTERM/SIGINT, or one of them failed)
+    _, pending = await asyncio.wait(list(runs), timeout=STOP_TIMEOUT_S)
+    for t in pending:
+        log.warning("group.kind_slow_to_stop", kind=runs[t], group=name)
+        t.cancel()
+    for t, kind in runs.items():
+        if failed is None and t not in pending and not t.cancelled() and t.exception() is not None:
+            failed = (kind, t.exception())
+            log.error("group.kind_failed", kind=kind, group=name, stage="stop", error=repr(t.exception()))
+    return failed
 
 
 async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:

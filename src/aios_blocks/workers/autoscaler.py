@@ -108,7 +108,37 @@ class Autoscaler:
 
     # -- one tick ---------------------------------------------------------------------------------
     async def tick(self, now: float | None = None) -> dict[str, TickResult]:
+        """Decide every block this copy holds the lease of: its live blocks with an autoscaler
+        policy, split among the copies."""
         now = time.time() if now is None else now
+        samples, live = await self._live()
+        candidates = [b for b in sorted(live) if b in self.irs and "autoscaler" in (self.irs[b][1].get("policies") or {})]
+        held, handover = await self._lease(candidates, now)
+        if not held:
+            self.ticks += 1
+            return {}
+        store = self.w.store
+        history = max(1, math.ceil(self.defaults.stable_window_s / self.s.metrics_interval_s))
+        # the built-ins read no history: the block's window (most of the bytes) only for other policies
+        windowed = {b for b in held if not stateless(str(self.irs[b][1]["policies"]["autoscaler"].get("policyRuleURI", "")))}
+        data = await store.autoscale.read(held, history, windowed)
+
+        async def one(bid: str) -> tuple[TickResult, a.State]:
+            async with self._sem:
+                return await self.decide(now, bid, live[bid], self.irs[bid][1], samples[bid], data[bid])
+
+        done = await asyncio.gather(*(one(b) for b in held), return_exceptions=True)
+        out, states = _results(held, done)
+        await store.autoscale.save(states, self.holder, 10 * self.defaults.stable_window_s + 600)
+        if handover:
+            await store.autoscale.release(handover, self.holder, leave=False)
+            self.held = [b for b in held if b not in handover]
+        self.ticks += 1
+        return out
+
+    async def _live(self) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+        """The collector's block samples (this copy's cluster) and the live blocks among them
+        (block -> gen), their IRs read once per generation (``self.irs``)."""
         store = self.w.store
         samples = await store.metrics.blocks()
         if self.cluster is not None:
@@ -123,55 +153,24 @@ class Autoscaler:
                 if rec is None or int(rec.get("gen", -1)) != gen:
                     continue
                 self.irs[bid] = (gen, rec.get("ir") or {})
-        candidates = [b for b in sorted(live) if b in self.irs and "autoscaler" in (self.irs[b][1].get("policies") or {})]
-        # split among the live copies (rendezvous hashing): each takes the free leases of its share
-        # and keeps those it holds; a held block of another copy's share is decided this tick and
-        # then given back, so a copy that joins gets its share within a tick or two
+        return samples, live
+
+    async def _lease(self, candidates: list[str], now: float) -> tuple[list[str], list[str]]:
+        """(blocks held this tick, those of them to hand over after it). Split among the live
+        copies (rendezvous hashing): each takes the free leases of its share and keeps those it
+        holds; a held block of another copy's share is decided this tick and then given back, so
+        a copy that joins gets its share within a tick or two."""
+        store = self.w.store
         copies = await store.autoscale.copies(self.holder, self.lease_s, now)
         mine = {b for b in candidates if owner(b, copies) == self.holder}
         was = set(self.held)
         held = await store.autoscale.lease([b for b in candidates if b in mine or b in was], self.holder, self.lease_s)
         self.held = held
-        handover = [b for b in held if b not in mine]
-        if not held:
-            self.ticks += 1
-            return {}
-        history = max(1, math.ceil(self.defaults.stable_window_s / self.s.metrics_interval_s))
-        # the built-ins read no history: the block's window (most of the bytes) only for other policies
-        windowed = {b for b in held if not stateless(str(self.irs[b][1]["policies"]["autoscaler"].get("policyRuleURI", "")))}
-        data = await store.autoscale.read(held, history, windowed)
-
-        async def one(bid: str) -> tuple[str, TickResult, a.State]:
-            async with self._sem:
-                res, st = await self.decide(now, bid, live[bid], self.irs[bid][1], samples[bid], data[bid])
-                return bid, res, st
-
-        done = await asyncio.gather(*(one(b) for b in held), return_exceptions=True)
-        states: dict[str, str] = {}
-        out: dict[str, TickResult] = {}
-        for bid, item in zip(held, done, strict=True):
-            if isinstance(item, BaseException):  # Redis or NATS trouble for this block: next tick
-                log.warning("autoscaler.block_failed", block=bid, error=repr(item))
-                continue
-            _, res, st = item
-            out[bid] = res
-            states[bid] = msgspec.json.encode(st).decode()
-        await store.autoscale.save(states, self.holder, 10 * self.defaults.stable_window_s + 600)
-        if handover:
-            await store.autoscale.release(handover, self.holder, leave=False)
-            self.held = [b for b in held if b not in handover]
-        self.ticks += 1
-        return out
+        return held, [b for b in held if b not in mine]
 
     async def decide(self, now: float, bid: str, gen: int, ir: dict[str, Any], sample: dict[str, Any],
                      data: dict[str, Any]) -> tuple[TickResult, a.State]:
-        raw_state = data.get("state")
-        state = a.State(gen=gen)
-        if raw_state:
-            with contextlib.suppress(msgspec.MsgspecError):
-                got = _state_dec.decode(raw_state)
-                if got.gen == gen:
-                    state = got
+        state = _state_of(data.get("state"), gen)
         current = sum(1 for r in (data.get("instances") or {}).values() if r.get("status") != "removing")
         t = sample.get("t")
         if not isinstance(t, int | float) or now - float(t) > self.stale_s:
@@ -206,13 +205,7 @@ class Autoscaler:
         latest = {"t": round(now, 3), "current": current, "raw": raw, "desired": outcome.desired, "stable": outcome.stable,
                   "burst": outcome.burst, "in_burst": outcome.in_burst, "rules": list(outcome.rules), "reason": reason}
         state.latest = latest
-        if not outcome.changed:
-            return TickResult("hold", outcome, reason), state
-        asked = state.last[-2] if len(state.last) >= 2 else None
-        if asked and asked.get("to") == outcome.desired and asked.get("from") == current and now - float(asked["t"]) < RETARGET_S:
-            # asked for this very step a moment ago and the count has not moved yet: wait for the controller
-            state.last = state.last[:-1]
-            state.latest["waiting"] = f"target {outcome.desired} asked {now - float(asked['t']):.0f} s ago"
+        if not outcome.changed or _waiting(now, current, outcome, state):
             return TickResult("hold", outcome, reason), state
         state.seq += 1
         request_id = f"as{state.seq}-{int(now * 1000)}"
@@ -263,6 +256,42 @@ class Autoscaler:
         finally:
             with contextlib.suppress(Exception):  # a clean stop hands the blocks over at once
                 await self.w.store.autoscale.release(self.held, self.holder)
+
+
+def _state_of(raw: Any, gen: int) -> a.State:
+    """The block's saved autoscaler state, if it is of this generation (else a fresh one)."""
+    if raw:
+        with contextlib.suppress(msgspec.MsgspecError):
+            got = _state_dec.decode(raw)
+            if got.gen == gen:
+                return got
+    return a.State(gen=gen)
+
+
+def _waiting(now: float, current: int, outcome: a.Outcome, state: a.State) -> bool:
+    """Asked for this very step a moment ago and the count has not moved yet: wait for the
+    controller (the step just recorded is dropped)."""
+    asked = state.last[-2] if len(state.last) >= 2 else None
+    if not (asked and asked.get("to") == outcome.desired and asked.get("from") == current and now - float(asked["t"]) < RETARGET_S):
+        return False
+    state.last = state.last[:-1]
+    state.latest["waiting"] = f"target {outcome.desired} asked {now - float(asked['t']):.0f} s ago"
+    return True
+
+
+def _results(held: list[str], done: list[Any]) -> tuple[dict[str, TickResult], dict[str, str]]:
+    """Each block's result and state to save; a block whose decision raised (Redis or NATS
+    trouble for it) is logged and decided again next tick."""
+    states: dict[str, str] = {}
+    out: dict[str, TickResult] = {}
+    for bid, item in zip(held, done, strict=True):
+        if isinstance(item, BaseException):
+            log.warning("autoscaler.block_failed", block=bid, error=repr(item))
+            continue
+        res, st = item
+        out[bid] = res
+        states[bid] = msgspec.json.encode(st).decode()
+    return out, states
 
 
 async def run(w: Worker, stop: asyncio.Event, cluster: str | None = None) -> None:
