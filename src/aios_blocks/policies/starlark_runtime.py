@@ -161,19 +161,9 @@ def attribute_reads_as_keys(source: str) -> str:
         toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)]
     except (tokenize.TokenError, SyntaxError):
         return source
-    edits: list[tuple[int, int, int, str]] = []  # (row, start col, end col, replacement)
-    for i, tok in enumerate(toks):
-        if tok.type != tokenize.OP or tok.string != "." or i == 0 or i + 1 >= len(toks):
-            continue
-        prev, name = toks[i - 1], toks[i + 1]
-        if name.type != tokenize.NAME or name.start[0] != tok.start[0]:
-            continue
-        if not (prev.type in (tokenize.NAME, tokenize.STRING) or (prev.type == tokenize.OP and prev.string in ")]}")):
-            continue
-        nxt = next((t for t in toks[i + 2 :] if t.type not in _SKIP), None)
-        if nxt is not None and nxt.type == tokenize.OP and (nxt.string == "(" or nxt.string in _ASSIGN_OPS):
-            continue
-        edits.append((tok.start[0], tok.start[1], name.end[1], f'["{name.string}"]'))
+    # (row, start col, end col, replacement)
+    edits = [(tok.start[0], tok.start[1], toks[i + 1].end[1], f'["{toks[i + 1].string}"]')
+             for i, tok in enumerate(toks) if _is_attribute_read(toks, i)]
     if not edits:
         return source
     lines = source.splitlines(keepends=True)
@@ -181,6 +171,20 @@ def attribute_reads_as_keys(source: str) -> str:
         line = lines[row - 1]
         lines[row - 1] = line[:c0] + text + line[c1:]
     return "".join(lines)
+
+
+def _is_attribute_read(toks: list[tokenize.TokenInfo], i: int) -> bool:
+    """Whether token ``i`` is the dot of ``x.name`` read as a value (not called, not assigned to)."""
+    tok = toks[i]
+    if tok.type != tokenize.OP or tok.string != "." or i == 0 or i + 1 >= len(toks):
+        return False
+    prev, name = toks[i - 1], toks[i + 1]
+    if name.type != tokenize.NAME or name.start[0] != tok.start[0]:
+        return False
+    if not (prev.type in (tokenize.NAME, tokenize.STRING) or (prev.type == tokenize.OP and prev.string in ")]}")):
+        return False
+    nxt = next((t for t in toks[i + 2 :] if t.type not in _SKIP), None)
+    return not (nxt is not None and nxt.type == tokenize.OP and (nxt.string == "(" or nxt.string in _ASSIGN_OPS))
 
 
 def detect_form(source: str, name: str = "policy") -> str:
