@@ -200,6 +200,100 @@ def _map_writer_rights() -> list[str]:
             f"$JS.ACK.{kv_stream}.>"]
 
 
+@dataclass(frozen=True)
+class _Role:
+    """What a worker role's rights are built from (``permissions``)."""
+
+    role: str
+    node: str | None
+    scope: str
+    protected: tuple[str, ...]
+    #: every worker checks the shared consumers at start (``Bus.ensure_topology``): the parser's is on AIOS_INTAKE
+    read_topology: tuple[str, ...] = (STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.CONSUMER.INFO.{subjects.STREAM}.*",
+                                      f"{JS}.CONSUMER.INFO.{subjects.PARSER.stream}.{subjects.PARSER.durable}")
+    hints: tuple[str, ...] = (subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL)
+
+
+@dataclass
+class _Rights:
+    """A worker role's rights beyond the catalog's publishes and its own inbox."""
+
+    pub: list[str]
+    sub: list[str]
+    responses: bool = False
+    deny: list[str] = field(default_factory=list)
+
+
+def _parser(r: _Role) -> _Rights:
+    # its durable is on AIOS_INTAKE (the creates as sent); what it publishes goes to AIOS
+    return _Rights([*r.read_topology, *_consumer_rights(subjects.PARSER.durable, stream=subjects.PARSER.stream)], [*r.hints])
+
+
+def _gateway(r: _Role) -> _Rights:
+    # and the dry_run answers (core NATS, a queue group)
+    return _Rights([*r.read_topology, *_consumer_rights(subjects.GATEWAY.durable)], [*r.hints, *subjects.GATEWAY.core_filters])
+
+
+def _controller(r: _Role) -> _Rights:
+    # per-cluster durables (controller-<cid>) are named at run time: any consumer name, but
+    # never another worker kind's (deleting or pulling the parser's would suppress its events)
+    deny = _not_theirs(d for d in {*WORKER_DURABLES, *r.protected} if d not in CONTROLLER_DURABLES
+                       and not d.startswith(subjects.controller().durable + "-"))
+    # and its queries (core NATS, a queue group): dry_run; replies to aios.node.*.expected requests
+    return _Rights([*r.read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{subjects.STREAM}.*.>"],
+                   [*r.hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL, *subjects.controller().core_filters],
+                   responses=True, deny=list(deny))
+
+
+def _agent(r: _Role) -> _Rights:
+    durable = subjects.agent(r.node if r.role == "agent" else None).durable
+    # and the side-cars' durables on AIOS_OUTPUTS, deleted when their block goes
+    pub = [*r.read_topology, *_consumer_rights(durable), subjects.node_expected(r.scope),
+           f"{JS}.CONSUMER.DELETE.{subjects.STREAM_OUTPUTS}.*"]
+    return _Rights(pub, [*r.hints] if r.role == "agent-sim" else [])  # the simulated fleet is a Worker like the others
+
+
+def _map_writer(r: _Role) -> _Rights:
+    # the mapper's durable, the instance-map bucket (create, read, write, watch through an
+    # ordered consumer); the executor also the tasks of every block as a queue group, replies
+    # to requesters (an executor may run a mapper in its process: in-process tests, benchmarks)
+    serves_tasks = r.role == "executor"
+    return _Rights([*r.read_topology, *_map_writer_rights()], [*r.hints, *[E_TASKS][: int(serves_tasks)]], responses=serves_tasks)
+
+
+def _map_reader(r: _Role) -> _Rights:
+    # the metrics collector publishes no event, the health checker only its verdicts and failed
+    # ticks (from the catalog): both read the instance-map bucket (watch through an ordered
+    # consumer, direct gets), never write it
+    kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
+    return _Rights([*r.read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
+                    f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>",
+                    f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
+                    f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.STREAM.MSG.GET.{kv_stream}", "$JS.FC.>"], [*r.hints])
+
+
+def _autoscaler(r: _Role) -> _Rights:
+    # publishes its decisions, failed ticks, instance targets and large policy inputs (all from
+    # the catalog); reads the stream's topology; no consumer, no bucket: it reads Redis
+    return _Rights([*r.read_topology], [*r.hints])
+
+
+#: worker role -> its rights beyond the catalog's
+_WORKER_RIGHTS = {"parser": _parser, "gateway": _gateway, "controller": _controller, "agent": _agent, "agent-sim": _agent,
+                  "executor": _map_writer, "mapper": _map_writer, "metrics": _map_reader, "checker": _map_reader,
+                  "autoscaler": _autoscaler}
+
+
+def _sidecar(pub: list[str], sub: list[str]) -> Permissions:
+    # side-cars (docs/sidecars.md): their durables on AIOS_OUTPUTS (only side-cars have consumers
+    # there, so any name), acks, and dead letters of outputs; nothing of the AIOS stream
+    so = subjects.STREAM_OUTPUTS
+    pub += [f"{JS}.CONSUMER.INFO.{so}.*", f"{JS}.CONSUMER.DURABLE.CREATE.{so}.*", f"{JS}.CONSUMER.CREATE.{so}.*",
+            f"{JS}.CONSUMER.CREATE.{so}.*.>", f"{JS}.CONSUMER.MSG.NEXT.{so}.*", f"$JS.ACK.{so}.>",
+            subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>")]
+    return Permissions(tuple(sorted(set(pub))), tuple(sub))
+
+
 def permissions(role: str, node: str | None = None, protected: Iterable[str] = ()) -> Permissions | None:
     """The allow lists of a role (``None`` = unrestricted: the admin). ``role="agent"`` with ``node``
     is one real node agent; ``agent-sim`` is the simulated fleet (every node). ``protected``: worker
@@ -213,78 +307,22 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
     scope = node if role == "agent" and node else "*"
     pub = sorted({_wild(p, scope) for p, r in _catalog_publishers() if r == catalog_role} | set(CATALOG_GAPS.get(role, ())))
     sub = [f"{inbox_prefix(user)}.>"]
-    hints = [subjects.INVENTORY_ALL, subjects.POLICY_UPDATED_ALL]
-    st = subjects.STREAM
-    # every worker checks the shared consumers at start (``Bus.ensure_topology``): the parser's is on AIOS_INTAKE
-    read_topology = [STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.CONSUMER.INFO.{st}.*",
-                     f"{JS}.CONSUMER.INFO.{subjects.PARSER.stream}.{subjects.PARSER.durable}"]
-    responses = False
-    deny: list[str] = []
     if role == "upstream":
         return Permissions(tuple(pub), tuple(sub))
     if role == "sidecar":
-        # side-cars (docs/sidecars.md): their durables on AIOS_OUTPUTS (only side-cars have consumers
-        # there, so any name), acks, and dead letters of outputs; nothing of the AIOS stream
-        so = subjects.STREAM_OUTPUTS
-        pub += [f"{JS}.CONSUMER.INFO.{so}.*", f"{JS}.CONSUMER.DURABLE.CREATE.{so}.*", f"{JS}.CONSUMER.CREATE.{so}.*",
-                f"{JS}.CONSUMER.CREATE.{so}.*.>", f"{JS}.CONSUMER.MSG.NEXT.{so}.*", f"$JS.ACK.{so}.>",
-                subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>")]
-        return Permissions(tuple(sorted(set(pub))), tuple(sub))
+        return _sidecar(pub, sub)
     if role == "observer":
         allow, deny = _observer_permissions(protected)
         # observers read every subject but join no queue group: one that joined the controllers'
         # (queries) or the executors' (tasks) would take messages away from them (suppress them)
         return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny),
                            deny_subscribe=(f"{subjects.ROOT}.> *",))
-    if role == "parser":
-        # its durable is on AIOS_INTAKE (the creates as sent); what it publishes goes to AIOS
-        pub += [*read_topology, *_consumer_rights(subjects.PARSER.durable, stream=subjects.PARSER.stream)]
-        sub += hints
-    elif role == "gateway":
-        pub += [*read_topology, *_consumer_rights(subjects.GATEWAY.durable)]
-        # and the dry_run answers (core NATS, a queue group)
-        sub += [*hints, *subjects.GATEWAY.core_filters]
-    elif role == "controller":
-        # per-cluster durables (controller-<cid>) are named at run time: any consumer name, but
-        # never another worker kind's (deleting or pulling the parser's would suppress its events)
-        pub += [*read_topology, *_consumer_rights("*"), f"{JS}.CONSUMER.CREATE.{st}.*.>"]
-        deny = _not_theirs(d for d in {*WORKER_DURABLES, *protected} if d not in CONTROLLER_DURABLES
-                           and not d.startswith(subjects.controller().durable + "-"))
-        # and its queries (core NATS, a queue group): dry_run
-        sub += [*hints, subjects.HEARTBEAT_ALL, subjects.EXPECTED_ALL, *subjects.controller().core_filters]
-        responses = True  # replies to aios.node.*.expected requests
-    elif role in ("agent", "agent-sim"):
-        durable = subjects.agent(node if role == "agent" else None).durable
-        # and the side-cars' durables on AIOS_OUTPUTS, deleted when their block goes
-        pub += [*read_topology, *_consumer_rights(durable), subjects.node_expected(scope),
-                f"{JS}.CONSUMER.DELETE.{subjects.STREAM_OUTPUTS}.*"]
-        if role == "agent-sim":
-            sub += hints  # the simulated fleet is a Worker like the others
-    elif role in ("executor", "mapper"):
-        # the mapper's durable, the instance-map bucket (create, read, write, watch through an
-        # ordered consumer); the executor also the tasks of every block as a queue group, replies
-        # to requesters (an executor may run a mapper in its process: in-process tests, benchmarks)
-        pub += [*read_topology, *_map_writer_rights()]
-        serves_tasks = role == "executor"
-        sub += [*hints, *[E_TASKS][: int(serves_tasks)]]
-        responses = serves_tasks
-    elif role in ("metrics", "checker"):
-        # the metrics collector publishes no event, the health checker only its verdicts and failed
-        # ticks (from the catalog): both read the instance-map bucket (watch through an ordered
-        # consumer, direct gets), never write it
-        kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"
-        pub += [*read_topology, f"{JS}.INFO", f"{JS}.STREAM.INFO.{kv_stream}", f"{JS}.CONSUMER.CREATE.{kv_stream}",
-                f"{JS}.CONSUMER.CREATE.{kv_stream}.>", f"{JS}.CONSUMER.INFO.{kv_stream}.>", f"{JS}.CONSUMER.DELETE.{kv_stream}.>", f"{JS}.DIRECT.GET.{kv_stream}",
-                f"{JS}.DIRECT.GET.{kv_stream}.>", f"{JS}.STREAM.MSG.GET.{kv_stream}", "$JS.FC.>"]
-        sub += hints
-    elif role == "autoscaler":
-        # publishes its decisions, failed ticks, instance targets and large policy inputs (all from
-        # the catalog); reads the stream's topology; no consumer, no bucket: it reads Redis
-        pub += read_topology
-        sub += hints
-    else:
+    rights = _WORKER_RIGHTS.get(role)
+    if rights is None:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
-    return Permissions(tuple(sorted(set(pub))), tuple(sorted(set(sub))), responses, deny_publish=tuple(deny))
+    got = rights(_Role(role, node, scope, tuple(protected)))
+    return Permissions(tuple(sorted({*pub, *got.pub})), tuple(sorted({*sub, *got.sub})), got.responses,
+                       deny_publish=tuple(got.deny))
 
 
 # -- secrets ----------------------------------------------------------------------------------------
