@@ -4,7 +4,9 @@ one code path. Pure: no I/O; each function returns the JSON a view draws."""
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -27,17 +29,23 @@ LIVE = (*PENDING, BlockStatus.READY)
 DEFAULT_WORKLOAD = ({"cpu": 0.0, "gpus": 1, "weight": 1.0},)
 
 
-def _spec(node: NodeState) -> dict[str, Any]:
-    out: dict[str, Any] = _json.decode(node.spec)
-    return out
-
-
-def _ir(block: dict[str, str]) -> dict[str, Any]:
+@functools.lru_cache(maxsize=16384)
+def _decoded(text: str) -> dict[str, Any]:
+    """A record's JSON, decoded once per distinct text (a node's spec and a block's IR change
+    rarely; each view reads them all): read only, shared between calls."""
     try:
-        out = _json.decode(block.get("ir") or "{}")
+        out = _json.decode(text)
     except msgspec.DecodeError:
         return {}
     return out if isinstance(out, dict) else {}
+
+
+def _spec(node: NodeState) -> dict[str, Any]:
+    return _decoded(node.spec)
+
+
+def _ir(block: dict[str, str]) -> dict[str, Any]:
+    return _decoded(block.get("ir") or "{}")
 
 
 def block_name(ir: dict[str, Any]) -> str:
@@ -77,10 +85,17 @@ def workload(f: Fold) -> Workload:
         want = int(b.get("desired") or ir.get("minInstances") or 1)
         shapes[(float(r.get("cpu", 0) or 0), int(r.get("gpus", 0) or 0), float(r.get("gpuShare", 0) or 0),
                 tuple(r.get("gpuModels") or ()))] += max(1, want)
+    return _workload(tuple(sorted(shapes.items())))
+
+
+@functools.lru_cache(maxsize=8)
+def _workload(shapes: tuple[tuple[tuple[float, int, float, tuple[str, ...]], int], ...]) -> Workload:
+    """One ``Workload`` per distinct set of shapes: its memo of node figures carries over between
+    requests while the live blocks' shapes stay the same."""
     if not shapes:
         return Workload([dict(s) for s in DEFAULT_WORKLOAD])
     return Workload([{"cpu": c, "gpus": g, "gpuShare": s, "gpuModels": list(m), "weight": float(w)}
-                     for (c, g, s, m), w in shapes.items()])
+                     for (c, g, s, m), w in shapes])
 
 
 def node_cells(node: NodeState) -> list[int]:
@@ -124,8 +139,8 @@ def overview(f: Fold, recent: dict[str, float] | None = None) -> dict[str, Any]:
     totals = {k: round(sum(c[k] for c in rows), 2) for k in ("nodes", "healthy", "gpus", "used", "free", "stranded")}
     by_status = Counter(b.get("status", "") for b in f.blocks.values())
     order = sorted(f.blocks, key=lambda bid: f.block_order.get(bid, 0.0), reverse=True)
-    pending = [_row(f, bid) for bid in order if f.blocks[bid].get("status") in PENDING][:20]
-    failures = [_row(f, bid) for bid in order if f.blocks[bid].get("status") in FAILED][:20]
+    pending = [_row(f, bid) for bid in islice((b for b in order if f.blocks[b].get("status") in PENDING), 20)]
+    failures = [_row(f, bid) for bid in islice((b for b in order if f.blocks[b].get("status") in FAILED), 20)]
     return {"seq": f.last_seq, "clusters": rows, "totals": totals, "blocks": dict(sorted(by_status.items())),
             "pending": pending, "failures": failures, "rates": recent or {}}
 
