@@ -27,6 +27,7 @@ from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..bus.router import Inbound
 from ..schemas.events import InstanceCommand, SidecarCommand
+from ..schemas.records import NodeMeta
 from ..schemas.spec import Node
 from ..settings import Settings
 from .gpus import NoGpus
@@ -45,7 +46,7 @@ class FleetState(Protocol):
 
     async def simulated_nodes_with_instances(self) -> list[dict[str, Any]]: ...
 
-    async def node_meta(self, nid: str) -> dict[str, Any] | None: ...
+    async def node_meta(self, nid: str) -> NodeMeta | None: ...
 
 
 class FleetHost(Protocol):

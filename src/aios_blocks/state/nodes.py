@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import NodeMeta
 from ..schemas.spec import Cluster, Node
 from .keys import (
     CLUSTERS,
@@ -196,7 +197,7 @@ class NodeRecords:
                 out.append(_json.decode(spec))
         return out
 
-    async def node_meta(self, nid: str) -> dict[str, Any] | None:
+    async def node_meta(self, nid: str) -> NodeMeta | None:
         """{cluster, agent, healthy, gpus} of a registered node (None if unknown)."""
         cid = await self.node_cluster(nid)
         if cid is None:

@@ -1,0 +1,127 @@
+"""Typed records for the dicts passed most: a block's record and an instance's record as the
+state keeps them (``state.store``), an entry of the executors' instance map (``bus.instance_map``),
+and the seed-000 policy payloads (docs/policies.md).
+
+TypedDicts, not classes: the wire and Redis shapes stay exactly what they were (plain JSON objects
+and hashes), and mypy checks every key a reader names. ``total=False`` where a field is set only
+in some states (a record's fields arrive step by step).
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+# -- the state (Redis) ---------------------------------------------------------------------------
+
+
+class BlockRecord(TypedDict, total=False):
+    """A block's hash as ``Store.get_block`` returns it (``state.records._block``): ``ir`` decoded,
+    ``gen``, ``version``, ``desired``, ``desired_seq`` and ``created`` as ints, every other field
+    the string the lifecycle scripts wrote."""
+
+    gen: int
+    version: int
+    digest: str
+    #: ``schemas.lifecycle.BlockStatus`` value
+    status: str
+    #: the block's IR (``schemas.ir.block_create_IR``)
+    ir: dict[str, Any]
+    #: the create's stream sequence
+    created: int
+    updated: str
+    reason: str
+    #: the cluster it was placed in (set by the step that placed it)
+    cluster: str
+    #: its selection round
+    attempt: str
+    desired: int
+    desired_seq: int
+    desired_reason: str
+    desired_request: str
+    #: instance replacements counted (``Store.block_bump``)
+    replacements: str
+    #: the node its side-cars run on (``handlers.sidecars.NODE_FIELD``)
+    sidecar_node: str
+
+
+class InstanceRecord(TypedDict, total=False):
+    """One instance's record in its block's instance hash (``Store.instances``)."""
+
+    node: str
+    gpus: list[str]
+    cluster: str
+    #: ``schemas.lifecycle.InstanceStatus`` value: starting, running, removing
+    status: str
+    #: the action that placed it (allocation, scale, reassignment)
+    action: str
+    #: when it was placed (the controller's clock, s)
+    since: float
+    endpoint: str
+    #: its block's generation (``Store.node_instances`` adds it with ``block_id``)
+    gen: int
+    block_id: str
+
+
+class NodeMeta(TypedDict):
+    """A registered node's registration (``Store.node_meta``)."""
+
+    cluster: str
+    #: who serves its commands: "" the simulated fleet, else the agent's name
+    agent: str
+    healthy: bool
+    #: its ``schemas.spec.Node`` as JSON
+    spec: dict[str, Any]
+
+
+# -- the instance map (NATS KV ``aios-instances``) -------------------------------------------------
+
+
+class MapEntry(TypedDict, total=False):
+    """One instance of a block's map: where the executors send its tasks."""
+
+    node: str
+    endpoint: str
+    #: ``executor.engine.InstanceState`` value: starting, ready, draining
+    state: str
+    since: float
+    #: the node agent run that reported it (``executor.engine.confirmed``)
+    boot: str
+
+
+# -- the seed-000 policy payloads (docs/policies.md: exact field names) -----------------------------
+
+
+class PolicyInput(TypedDict, total=False):
+    """``input_data`` of a policy call: the action and its payload (resource and autoscaling
+    actions), or the action and its own fields (``selection``: ``filter_result``; ``post_dry_run``:
+    ``clusters``)."""
+
+    action: str
+    payload: dict[str, Any]
+    filter_result: list[dict[str, Any]]
+    clusters: list[Any]
+
+
+class PlacementPayload(TypedDict, total=False):
+    """The resourceAllocator's payload (``dry_run``, ``allocation``, ``scale``, ``reassignment``)."""
+
+    #: the block's entry: its IR and its instances
+    block: dict[str, Any]
+    #: the cluster's entry
+    cluster: dict[str, Any]
+    #: the cluster's metrics (its nodes' views, ``state.nodes.node_view``)
+    cluster_metrics: dict[str, Any]
+    #: the ids of the healthy nodes
+    healthy_nodes: list[str]
+    #: scale, reassignment: the block's metrics
+    block_metrics: dict[str, Any]
+    #: reassignment: the instance being replaced and its pod name
+    instance_id: str
+    pod_name: str
+
+
+class Placement(TypedDict, total=False):
+    """A placement answer (``allocation``, ``scale``, ``reassignment``): a node and its GPUs."""
+
+    node_id: str
+    gpus: list[str]
