@@ -199,38 +199,56 @@ def decide(now: float, current: int, raw: float, lo: int, hi: int, p: Params, st
         rules.append(f"burst held for {burst_until - now:.0f} s more: mean proposal since it began {since:.2f}, no up delay")
         up_since = down_since = None
     else:
-        # -- stable window, tolerance band, delays ---------------------------------------------------
-        band = p.tolerance * max(current, 1)
-        # growing: to the mean; shrinking: to the mean plus the band's headroom (hysteresis: a count
-        # at the band's edge does not go down and come back up)
-        target = _ceil(stable) if stable >= current or stable <= lo + _EPS else _ceil(stable * (1 + p.tolerance))
-        if abs(stable - current) <= band + _EPS or target == current:
-            if _ceil(stable) != current:
-                rules.append(f"tolerance: stable mean {stable:.2f} within {p.tolerance:.0%} of {current}")
-            target, up_since, down_since = current, None, None
-        elif target > current:
-            down_since = None
-            up_since = now if up_since is None else up_since
-            held = now - up_since
-            if held + _EPS < p.upscale_delay_s:
-                rules.append(f"upscale delay: {target} wanted for {held:.1f} of {p.upscale_delay_s:g} s")
-                target = current
-            elif p.upscale_delay_s > 0:
-                rules.append(f"upscale delay: {target} wanted for {held:.1f} s (>= {p.upscale_delay_s:g} s)")
-        elif in_burst:  # the burst is over, its hold is not: no scale-down yet
-            rules.append(f"burst held for {burst_until - now:.0f} s more: no scale-down to {target}")
-            target, up_since, down_since = current, None, None
-        else:
-            up_since = None
-            down_since = now if down_since is None else down_since
-            held = now - down_since
-            if held + _EPS < p.downscale_delay_s:
-                rules.append(f"downscale delay: {target} wanted for {held:.1f} of {p.downscale_delay_s:g} s")
-                target = current
-            elif p.downscale_delay_s > 0:
-                rules.append(f"downscale delay: {target} wanted for {held:.1f} s (>= {p.downscale_delay_s:g} s)")
+        target, up_since, down_since = _stable_step(now, current, lo, stable, p, (in_burst, burst_until), (up_since, down_since), rules)
 
-    # -- rate limits, bounds ------------------------------------------------------------------------
+    target = _limited(target, current, lo, hi, p, rules)
+    out = Outcome(current, float(raw), proposal, target, round(stable, 4), round(burst, 4), in_burst, tuple(rules))
+    new = msgspec.structs.replace(state, history=history, up_since=up_since, down_since=down_since, burst_until=burst_until,
+                                  burst_since=burst_since)
+    if out.changed:  # a step was taken: the next one waits its own delay unless the intent goes on
+        new.last = [*state.last, {"t": round(now, 3), "from": current, "to": target}][-LAST_DECISIONS:]
+    return out, new
+
+
+def _stable_step(
+    now: float, current: int, lo: int, stable: float, p: Params, burst: tuple[bool, float],
+    since: tuple[float | None, float | None], rules: list[str],
+) -> tuple[int, float | None, float | None]:
+    """Out of a burst: the stable window's mean, the tolerance band and the up/down delays.
+    ``burst``: (in a burst's hold, until when); ``since``: (wanted up since, wanted down since).
+    Returns (target, up since, down since)."""
+    in_burst, burst_until = burst
+    up_since, down_since = since
+    band = p.tolerance * max(current, 1)
+    # growing: to the mean; shrinking: to the mean plus the band's headroom (hysteresis: a count
+    # at the band's edge does not go down and come back up)
+    target = _ceil(stable) if stable >= current or stable <= lo + _EPS else _ceil(stable * (1 + p.tolerance))
+    if abs(stable - current) <= band + _EPS or target == current:
+        if _ceil(stable) != current:
+            rules.append(f"tolerance: stable mean {stable:.2f} within {p.tolerance:.0%} of {current}")
+        return current, None, None
+    if target > current:
+        up_since = now if up_since is None else up_since
+        return _delayed(target, current, now - up_since, p.upscale_delay_s, "upscale", rules), up_since, None
+    if in_burst:  # the burst is over, its hold is not: no scale-down yet
+        rules.append(f"burst held for {burst_until - now:.0f} s more: no scale-down to {target}")
+        return current, None, None
+    down_since = now if down_since is None else down_since
+    return _delayed(target, current, now - down_since, p.downscale_delay_s, "downscale", rules), None, down_since
+
+
+def _delayed(target: int, current: int, held: float, delay_s: float, what: str, rules: list[str]) -> int:
+    """``target`` once it has been wanted for ``delay_s``, else ``current``."""
+    if held + _EPS < delay_s:
+        rules.append(f"{what} delay: {target} wanted for {held:.1f} of {delay_s:g} s")
+        return current
+    if delay_s > 0:
+        rules.append(f"{what} delay: {target} wanted for {held:.1f} s (>= {delay_s:g} s)")
+    return target
+
+
+def _limited(target: int, current: int, lo: int, hi: int, p: Params, rules: list[str]) -> int:
+    """The rate limits of one step (x maxUpFactor, / maxDownFactor), then the block's bounds."""
     if target > current:
         limit = max(current + 1, math.ceil(current * p.max_up_factor - _EPS))
         if target > limit:
@@ -244,13 +262,7 @@ def decide(now: float, current: int, raw: float, lo: int, hi: int, p: Params, st
     bounded = min(max(target, lo), hi)
     if bounded != target:
         rules.append(f"bounds: {target} -> {bounded}")
-        target = bounded
-    out = Outcome(current, float(raw), proposal, target, round(stable, 4), round(burst, 4), in_burst, tuple(rules))
-    new = msgspec.structs.replace(state, history=history, up_since=up_since, down_since=down_since, burst_until=burst_until,
-                                  burst_since=burst_since)
-    if out.changed:  # a step was taken: the next one waits its own delay unless the intent goes on
-        new.last = [*state.last, {"t": round(now, 3), "from": current, "to": target}][-LAST_DECISIONS:]
-    return out, new
+    return bounded
 
 
 def failed(now: float, state: State, reason: str, every_s: float) -> tuple[bool, State]:
