@@ -174,23 +174,13 @@ def decide(instances: list[dict[str, Any]], verdicts: dict[str, dict[str, Any]],
         inst = by_id[iid]
         verdict, reason = d["verdict"], str(d.get("reason", ""))[:500]
         health = inst.get("health", "ok")
-        if inst.get("state") != "ready":
-            continue  # starting, draining, stopping: the lifecycle owns it
-        if verdict != "healthy" and inst.get("age_s", 0) < grace_s:
-            continue  # inside the startup grace: no verdict
         t = busy.get(iid)
-        if t is not None and now - t < grace_s:
-            continue  # restarted (or being replaced) just now: the startup grace again
+        if _in_grace(inst, verdict, t, now, grace_s):
+            continue
         weight = 1.0
         if verdict == "degrade":  # no weight given: the current one if degraded already, else half
             weight = float(d.get("weight", inst.get("weight", 1.0) if health == "degraded" else DEFAULT_DEGRADED_WEIGHT))
-        if verdict == "healthy" and health == "ok":
-            continue
-        if verdict == "degrade" and health == "degraded" and abs(weight - float(inst.get("weight", 1.0))) < 0.2 * weight:
-            continue
-        if verdict == "unready" and health == "unready":
-            continue
-        if verdict in ("restart", "replace") and t is not None and now - t < cooldown_s:
+        if _no_change(inst, verdict, health, weight) or (verdict in ("restart", "replace") and t is not None and now - t < cooldown_s):
             continue
         if verdict in OUT and health != "unready":
             if out_now >= cap:
@@ -200,3 +190,22 @@ def decide(instances: list[dict[str, Any]], verdicts: dict[str, dict[str, Any]],
             out_now += 1
         actions.append(Action(iid, str(inst.get("node_id", "")), verdict, reason, weight))
     return actions, held
+
+
+def _in_grace(inst: dict[str, Any], verdict: str, ordered: float | None, now: float, grace_s: float) -> bool:
+    """No verdict carried out on an instance the lifecycle owns or inside a startup grace."""
+    if inst.get("state") != "ready":
+        return True  # starting, draining, stopping: the lifecycle owns it
+    if verdict != "healthy" and inst.get("age_s", 0) < grace_s:
+        return True  # inside the startup grace: no verdict
+    # restarted (or being replaced) just now: the startup grace again
+    return ordered is not None and now - ordered < grace_s
+
+
+def _no_change(inst: dict[str, Any], verdict: str, health: str, weight: float) -> bool:
+    """The verdict is what the instance already is (a degraded weight within 20 %)."""
+    if verdict == "healthy":
+        return bool(health == "ok")
+    if verdict == "degrade":
+        return bool(health == "degraded" and abs(weight - float(inst.get("weight", 1.0))) < 0.2 * weight)
+    return bool(verdict == "unready" and health == "unready")
