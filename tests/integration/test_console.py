@@ -235,6 +235,38 @@ def test_an_admin_scales_a_block_and_an_observer_sees_no_action(up: Up, page: An
     assert len(get_json(f"{up.url}api/block/{bid}")["instances"]) == 2
 
 
+def test_blocks_console_serves_any_running_system_and_up_can_start_without_one(up: Up, page: Any, tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "console", "--port", "0", "--data-dir", str(up.data_dir)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("console: http://127.0.0.1:"), line
+        url = line.split()[1]
+        assert f"#token={up.token}" in line  # the data dir's token, not a new one
+        page.goto(url + "#/blocks")
+        page.wait_for_selector("#blocks-table")
+        assert get_json(url + "api/overview")["totals"]["nodes"] == up.nodes + 2
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    data = tmp_path / "data"
+    other = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "up", "--no-console", "--parsers", "0", "--gateways", "0",
+                              "--controllers", "0", "--agents", "0", "--executors", "0", "--collectors", "0", "--autoscalers", "0",
+                              "--checkers", "0", "--data-dir", str(data)], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    try:
+        assert other.stdout is not None
+        said = [other.stdout.readline() for _ in range(2)]  # (the console's line comes before "up:", when there is one)
+        assert any(line.startswith("up:") for line in said), said
+        assert not any(line.startswith("console:") for line in said), said
+        assert "console" not in json.loads((data / "endpoints.json").read_text())
+        assert not (data / "console" / "token").exists()
+    finally:
+        other.send_signal(signal.SIGTERM)
+        other.wait(30)
+
+
 def test_a_block_named_like_a_script_is_shown_as_text(up: Up, page: Any) -> None:
     name = "<script>alert(1)</script>"
     alerts: list[str] = []

@@ -171,7 +171,8 @@ async function viewBlocks(root) {
   const d = await api("/api/blocks?" + qs);
   const search = el("input", { id: "blocks-search", placeholder: "search id, name, component", value: bq.q });
   let timer = null;
-  search.addEventListener("input", () => { clearTimeout(timer); timer = setTimeout(() => { bq.q = search.value; bq.page = 0; render(); }, 250); });
+  // (the query is kept at once: a live redraw meanwhile keeps what was typed)
+  search.addEventListener("input", () => { bq.q = search.value; bq.page = 0; clearTimeout(timer); timer = setTimeout(render, 250); });
   const select = (id, values, current, key) => {
     const s = el("select", { id }, el("option", { value: "" }, "all"), values.map((v) => el("option", { value: v, selected: v === current }, v)));
     s.addEventListener("change", () => { bq[key] = s.value; bq.page = 0; render(); });
@@ -182,6 +183,7 @@ async function viewBlocks(root) {
     el("button", { id: "prev", disabled: d.page <= 0, on: { click: () => { bq.page--; render(); } } }, "\u2039 prev"),
     el("span", { id: "page-info" }, `page ${d.page + 1} of ${pages} \u00b7 ${d.total} blocks`),
     el("button", { id: "next", disabled: d.page + 1 >= pages, on: { click: () => { bq.page++; render(); } } }, "next \u203a"));
+  const typing = document.activeElement && document.activeElement.id === "blocks-search";
   root.replaceChildren(
     el("h2", {}, "Blocks"),
     el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster")),
@@ -190,7 +192,7 @@ async function viewBlocks(root) {
       el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.reason))), "blocks-table"),
     pager,
   );
-  if (document.activeElement === document.body && bq.q) search.focus();
+  if (typing) { search.focus(); search.setSelectionRange(search.value.length, search.value.length); }
 }
 
 function explainList(x) {
