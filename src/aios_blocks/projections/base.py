@@ -19,7 +19,7 @@ other, so a new event cannot be forgotten by it silently.
 
 from __future__ import annotations
 
-import functools
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
@@ -32,7 +32,7 @@ P = TypeVar("P")
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Fact(Generic[P]):
     """One stored message of a catalog event: its payload, its subject's tokens, where and when
     the stream stored it, and the event's own time (the CloudEvent's ``time``; "" for a raw body)."""
@@ -53,32 +53,52 @@ class _Envelope(msgspec.Struct, Generic[P]):
     time: str = ""
 
 
-def _last_word(pattern: str) -> str | None:
-    """The literal last word of a subject pattern (``None`` when it ends with a token)."""
-    tail = pattern.rsplit(".", 1)[-1]
-    return None if tail.startswith("{") else tail
+def _words(pattern: str) -> tuple[str | None, str | None]:
+    """A pattern's second and last words where they are literal (``None``: a token)."""
+    words = pattern.split(".")
+    second, last = words[1] if len(words) > 2 else None, words[-1]
+    return (None if second is None or second.startswith("{") else second), (None if last.startswith("{") else last)
 
 
 class _Index:
-    """``catalog.parse`` without trying every event: the events a subject can be, by its last
-    word (each pattern's last literal word), and those ending with a token; tried in catalog order,
-    so the answer is ``parse``'s."""
+    """``catalog.parse`` without trying every event: the events a subject can be, by its second
+    and last words (each pattern's literal ones; events whose pattern ends with a token are tried
+    for every last word of their second word), tried in catalog order, so the answer is ``parse``'s."""
 
     def __init__(self, events: Iterable[Event[Any]]):
-        self.order = {e: n for n, e in enumerate(events)}
-        self.by_word: dict[str, list[Event[Any]]] = {}
-        self.open: list[Event[Any]] = []
-        for e in self.order:
-            word = _last_word(e.pattern)
-            (self.open if word is None else self.by_word.setdefault(word, [])).append(e)
-        for word, found in self.by_word.items():
-            self.by_word[word] = sorted(found + self.open, key=self.order.__getitem__)
+        order = {e: n for n, e in enumerate(events)}
+        exact: dict[tuple[str, str], list[Event[Any]]] = {}
+        open_: dict[str, list[Event[Any]]] = {}
+        self.anywhere: list[Event[Any]] = []  # second word a token: any subject may be one
+        for e in order:
+            second, last = _words(e.pattern)
+            if second is None:
+                self.anywhere.append(e)
+            elif last is None:
+                open_.setdefault(second, []).append(e)
+            else:
+                exact.setdefault((second, last), []).append(e)
+
+        def merged(found: list[Event[Any]]) -> tuple[tuple[Event[Any], Callable[[str], re.Match[str] | None]], ...]:
+            """The events in catalog order, each with its subject regex's ``match`` (``Event.match``
+            without a call in between: this runs once per message read)."""
+            return tuple((e, e._regex.match) for e in sorted(set(found) | set(self.anywhere), key=order.__getitem__))
+
+        self.exact = {k: merged(v + open_.get(k[0], [])) for k, v in exact.items()}
+        self.open = {k: merged(v) for k, v in open_.items()}
+        self.rest = merged([])
 
     def parse(self, subject: str) -> tuple[Event[Any], dict[str, str]] | None:
-        for e in self.by_word.get(subject.rpartition(".")[2], self.open):
-            toks = e.match(subject)
-            if toks is not None:
-                return e, toks
+        one = subject.find(".") + 1
+        two = subject.find(".", one)
+        second = subject[one:two] if one and two > 0 else ""
+        found = self.exact.get((second, subject[subject.rfind(".") + 1:]))
+        if found is None:
+            found = self.open.get(second, self.rest)
+        for e, match in found:
+            m = match(subject)
+            if m is not None:
+                return e, m.groupdict()
         return None
 
 
@@ -91,11 +111,15 @@ def parse(subject: str) -> tuple[Event[Any], dict[str, str]] | None:
     return INDEX.parse(subject)
 
 
-@functools.cache
 def _decoder(event: Event[Any]) -> msgspec.json.Decoder[Any] | None:
+    """The event's envelope decoder (``None``: a raw body, handed over as it is)."""
     if event.payload is None or event.body is not Body.CLOUDEVENT:
         return None
-    return msgspec.json.Decoder(_Envelope[event.payload])  # type: ignore[name-defined]
+    return _DECODERS.setdefault(event.name, msgspec.json.Decoder(_Envelope[event.payload]))  # type: ignore[name-defined]
+
+
+#: event name -> its decoder (by name: an ``Event``'s dataclass hash reads every field)
+_DECODERS: dict[str, msgspec.json.Decoder[Any]] = {}
 
 
 def on(*events: Event[Any]) -> Callable[[F], F]:
@@ -127,6 +151,10 @@ class Projection:
         if both:
             raise TypeError(f"{cls.__name__} both handles and ignores {sorted(e.name for e in both)}")
         cls.handlers = table
+        cls._routes = {e.name: (getattr(cls, name), _decoder(e)) for e, name in table.items()}
+
+    #: event name -> (its method, its decoder): what ``feed_event`` looks up per message
+    _routes: ClassVar[dict[str, tuple[Callable[[Any, Fact[Any]], None], msgspec.json.Decoder[Any] | None]]] = {}
 
     #: messages of a handled event whose body did not decode into its payload (a live consumer
     #: dead-letters these, so no state came of them: the projection skips them too)
@@ -140,18 +168,20 @@ class Projection:
     def feed_event(self, event: Event[Any], tokens: dict[str, str], subject: str, raw: bytes, seq: int = 0,
                    ts: float = 0.0) -> bool:
         """``feed`` for a message whose event is known (undecoded unless a method takes it)."""
-        name = self.handlers.get(event)
-        if name is None:
+        route = self._routes.get(event.name)
+        if route is None:
             return False
-        dec = _decoder(event)
+        method, dec = route
         if dec is None:
-            return self._call(name, Fact(event, raw, tokens, seq, ts, "", subject))
+            method(self, Fact(event, raw, tokens, seq, ts, "", subject))
+            return True
         try:
             env = dec.decode(raw)
         except msgspec.DecodeError:
             self.undecodable += 1
             return False
-        return self._call(name, Fact(event, env.data, tokens, seq, ts, env.time, subject))
+        method(self, Fact(event, env.data, tokens, seq, ts, env.time, subject))
+        return True
 
     def feed_doc(self, subject: str, env: dict[str, Any], seq: int = 0, ts: float = 0.0) -> bool:
         """One stored message already decoded to a JSON document (what the CLI's readers hold)."""
