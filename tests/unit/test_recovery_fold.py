@@ -108,6 +108,9 @@ def test_stale_and_foreign_facts_are_ignored() -> None:
         ("aios.block.b1.parsed", b"\xff not json"),
     ])
     assert im.digest(f.image()) == before
+    # the ready without a status and the parsed that is not JSON do not decode into their payloads:
+    # skipped and counted, as a live consumer dead-letters them (the decision is not the fold's)
+    assert f.undecodable == 2
 
 
 def test_one_instance_added_on_two_nodes_is_an_anomaly() -> None:

@@ -306,6 +306,8 @@ async def check(
         rep.warnings.append(f"{len(unknown)} aios:* keys of unknown kind (not covered by the digest), e.g. {unknown[:3]}")
     for a in fold.anomalies:
         rep.violations.append(f"stream: {a}")
+    if fold.undecodable:  # a live consumer dead-letters these: no state came of them, none is rebuilt
+        rep.warnings.append(f"stream: {fold.undecodable} stored message(s) of a folded event whose data is not its payload")
     rebuilt = fold.image(include_gathers=False)
     rep.redis_digest, rep.stream_digest = im.digest(img), im.digest(rebuilt)
     if rep.redis_digest != rep.stream_digest:
