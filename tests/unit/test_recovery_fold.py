@@ -102,7 +102,7 @@ def test_stale_and_foreign_facts_are_ignored() -> None:
     run(f, [
         ("aios.block.b1.instance.b1-0.removed", {**INST, "gen": 1}),  # an older generation
         ("aios.block.b1.instance.b1-0.removed", {**INST, "node_id": "n9"}),  # a copy elsewhere
-        ("aios.block.b1.failed", {"block_id": "b1", "gen": 1, "reason": "old"}),
+        ("aios.block.b1.failed", {"block_id": "b1", "gen": 1, "status": "failed", "reason": "old"}),
         ("aios.block.zz.ready", {"block_id": "zz", "gen": 5}),
         ("aios.block.b1.decision", {"anything": 1}),
         ("aios.block.b1.parsed", b"\xff not json"),
