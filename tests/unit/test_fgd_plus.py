@@ -143,7 +143,7 @@ class _NoMemo(dict[Any, float]):
 class _Uncached(FgdPlusPolicy):
     """fgd-plus without its memos: the slow path."""
 
-    memo_before = False
+    memoise = False
 
     def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
         wl = super().measure(shapes)

@@ -12,7 +12,7 @@ idle are stranded that way (failures "GPU and CPU/memory free on different nodes
    free GPU compute that shape could not use if the node were filled with it, counting how many
    fit by GPU (whole-GPU slots, or shares per GPU) *and* by CPU. The policy descends a blend,
    ``(1 - lookAhead)`` x FGD's measure + ``lookAhead`` x this one (``parameters.lookAhead``,
-   default 0.3: FGD's one-task view still steers multi-GPU work, measured best on the trace).
+   default 0.2: FGD's one-task view still steers multi-GPU work; 0.2 beat 0.3 on default and multigpu40).
 2. **Memory strands GPUs too.** The CPU in both measures is the node's *effective* CPU: the
    fewer of its free CPUs and its free memory over the workload's memory per CPU
    (``parameters.memoryPerCpu`` MiB, else the shapes' own ``memory``, else the request's ratio).
@@ -43,7 +43,7 @@ from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
 #: is in thousandths of a GPU, weighted by frequencies: 1e-6 is far below one task's effect)
 DIGITS = 6
 #: the weight of the look-ahead (fill) measure against FGD's (``parameters.lookAhead``)
-LOOK_AHEAD = 0.3
+LOOK_AHEAD = 0.2
 #: the weight of the per-model pressure of model-constrained demand (``parameters.modelPressure``)
 MODEL_PRESSURE = 0.5
 
@@ -179,6 +179,14 @@ class FillWorkload:
         return out
 
 
+def node_state(node: dict[str, Any]) -> tuple[Any, ...]:
+    """All a score reads from a node view (``capacity.node_fits`` and the measures): two views
+    with the same state get the same score and the same GPU positions."""
+    return (node.get("healthy", True), node["cpu_free"], node["memory_free"],
+            tuple((g["exclusive"], g.get("share_free", UNITS), g["instances"], g["memory_free"], g["memory"],
+                   g.get("model")) for g in node["gpus"]))
+
+
 class BlendedWorkload:
     """The measure the policy descends: ``(1 - look_ahead)`` x FGD's (one next task) plus
     ``look_ahead`` x :class:`FillWorkload`'s (the node filled with the workload)."""
@@ -206,9 +214,10 @@ class FgdPlusPolicy(_FragBase):
     """FGD over effective CPU (memory strands GPUs), best fit on ties, best-fit GPU."""
 
     mode = "fgd-plus"
-    #: keep each node view's measure before a task (per memory ratio); off: measured per score
-    #: (the slow path the tests compare the decisions with)
-    memo_before = True
+    #: keep each node view's measure before a task (per memory ratio) and each score per (node
+    #: state, request); off: everything measured per score (the slow path the tests compare the
+    #: decisions with)
+    memoise = True
 
     def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
         super().__init__(rule_id, settings, parameters)
@@ -226,6 +235,8 @@ class FgdPlusPolicy(_FragBase):
         self.pressure: dict[str, float] | None = None
         #: the workload's memory per CPU when the parameters give it (else each request's own)
         self.ratio = workload_memory_per_cpu(self.parameters)
+        #: (node state, request) -> (score, positions of the GPUs chosen): see ``_score``
+        self._scores: dict[tuple[Any, ...], tuple[Any, tuple[int, ...]]] = {}
 
     def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
         return BlendedWorkload(shapes, self.look_ahead)
@@ -254,6 +265,26 @@ class FgdPlusPolicy(_FragBase):
 
     def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
                count: int) -> tuple[Any, list[str]]:
+        """The score of a node state for a request, once per (state, request): nodes alike (idle
+        nodes of one type, nodes filled alike) share it; the GPUs chosen kept as positions."""
+        if not self.memoise:
+            return self._score_view(node, usable, needs, units, count)
+        models = needs.get("gpuModels")
+        key = (capacity.derived(node, "fgd-plus:state", node_state), needs.get("cpu", 0), needs.get("memory", 0),
+               needs.get("gpuMemory", 0), units, count, tuple(models) if models else ())
+        hit = self._scores.get(key)
+        gpus = node["gpus"]
+        if hit is None:
+            rank, chosen = self._score_view(node, usable, needs, units, count)
+            at = {g["id"]: i for i, g in enumerate(gpus)}
+            hit = (rank, tuple(at[c] for c in chosen))
+            if len(self._scores) > 500_000:
+                self._scores.clear()
+            self._scores[key] = hit
+        return hit[0], [gpus[i]["id"] for i in hit[1]]
+
+    def _score_view(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+                    count: int) -> tuple[Any, list[str]]:
         wl = self.fill
         ratio = self.ratio if self.ratio is not None else request_memory_per_cpu(needs)
         model = node_model(node)
@@ -264,7 +295,7 @@ class FgdPlusPolicy(_FragBase):
             wl = self.measure([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
                                 "gpuShare": units / UNITS if units < UNITS else 0, "weight": 1}])
             before = self._before(wl, node, model, left, ratio)
-        elif not self.memo_before:
+        elif not self.memoise:
             before = self._before(wl, node, model, left, ratio)
         else:  # the node's measure before the task: one figure per view, whatever the task
             before = capacity.derived(node, ("fgd-plus:before", *self.key, ratio),
