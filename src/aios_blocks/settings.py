@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     dry_run_deadline_s: float = Field(5.0, ge=0, description="how long the gateway gathers dry_run answers before deciding")
     dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
     preempt_min_delta: int = Field(10, ge=1, description="a block preempts only blocks at least this many priority points lower (Nomad's rule against preemption loops; docs/priority.md): builtin:preempt-min's minDelta")
+    max_pending_s: float = Field(3600.0, ge=0, description="how long a block that fits nowhere waits in the pending queue before it fails with the reason (0: forever); a spec's maxPendingS overrides it (docs/priority.md)")
+    queue_window: int = Field(16, ge=1, description="how many blocks at the head of each pending queue one capacity event looks at (docs/priority.md): a capacity event costs O(this), not a scan of the queue")
+    queue_resync_s: float = Field(2.0, gt=0, description="the pending queue's periodic pass (expiry of maxPendingS, a capacity event another controller process saw): the queue's head, never the whole queue")
     # -- nodes -------------------------------------------------------------------------------------
     node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
     node_suspect_failures: int = Field(2, ge=1, description="a node is suspect (no placement on it) before its heartbeat times out when every instance on it the health checker probes has failed this many probes in a row and its agent has been silent AIOS_NODE_SUSPECT_SILENCE_S")

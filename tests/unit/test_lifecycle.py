@@ -35,7 +35,17 @@ def test_every_status_is_reachable_and_fail_steps_match_their_status() -> None:
         step = fail_step(status)
         assert TRANSITIONS[step].sources == {status} and TRANSITIONS[step].target is S.FAILED
     assert into(S.READY) == {S.READY, S.PLACING, S.ALLOCATING}
-    assert into(S.FAILED) == {S.FAILED, S.SELECTING, S.ALLOCATING, S.PLACING}
+    assert into(S.FAILED) == {S.FAILED, S.SELECTING, S.ALLOCATING, S.PLACING, S.PENDING}
+
+
+def test_a_block_that_fits_nowhere_waits_then_retries_expires_or_is_deleted() -> None:
+    """The pending queue (docs/priority.md): selecting/allocating -> pending, a whole victim of a
+    preemption too; pending leaves by a retry (back to parsed), expiry (failed) or delete."""
+    assert TRANSITIONS[Step.WAIT].sources == {S.SELECTING, S.ALLOCATING, S.PENDING}
+    assert TRANSITIONS[Step.PREEMPTED].sources == {S.PLACING, S.READY} and TRANSITIONS[Step.PREEMPTED].target is S.PENDING
+    assert {s for s, t in TRANSITIONS.items() if t.allows(S.PENDING)} == {Step.WAIT, Step.RETRY, Step.EXPIRE, Step.DELETE}
+    assert TRANSITIONS[Step.RETRY].target is S.PARSED and TRANSITIONS[Step.EXPIRE].target is S.FAILED
+    assert into(S.PENDING) == {S.PENDING, S.SELECTING, S.ALLOCATING, S.PLACING, S.READY}
 
 
 @pytest.mark.parametrize(("status", "step"), list(itertools.product(list(S), list(Step))))

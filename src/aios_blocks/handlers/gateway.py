@@ -131,6 +131,8 @@ class SelectionDecision:
     filtered: dict[str, str]
     entries: dict[str, dict[str, Any]]
     failure: str = ""
+    #: the failure is "fits nowhere now" (the pending queue's: the block may wait), not a policy's
+    waitable: bool = False
 
 
 async def select(
@@ -144,7 +146,7 @@ async def select(
     entries = {e["cluster_id"]: e for e in passed}
     if not passed:
         why = "; ".join(f"{c}: {r}" for c, r in filtered.items()) or "no clusters registered"
-        return SelectionDecision([], filtered, entries, f"no cluster passed the filter rule ({why})")
+        return SelectionDecision([], filtered, entries, f"no cluster passed the filter rule ({why})", waitable=True)
     try:
         result = await invoke({"action": "selection", "filter_result": passed})
     except PolicyFailed as exc:
@@ -213,6 +215,7 @@ class FinalDecision:
     missing: list[str] = field(default_factory=list)
     errors: dict[str, str] = field(default_factory=dict)
     failure: str = ""
+    waitable: bool = False
 
 
 async def choose(
@@ -231,7 +234,8 @@ async def choose(
     missing = [c for c in expected if c not in results]
     if shortfall := gang_shortfall(expected, results, min_instances):
         return FinalDecision(scores={c: float(results.get(c, {}).get("score", 0.0)) for c in expected}, missing=missing,
-                             errors={c: r["error"] for c, r in results.items() if r.get("error")}, failure=shortfall)
+                             errors={c: r["error"] for c, r in results.items() if r.get("error")}, failure=shortfall,
+                             waitable=True)
     for cid in expected:
         res = results.get(cid, {"score": 0.0, "node_info": {}})
         if res.get("error"):
@@ -256,6 +260,7 @@ async def choose(
             f"{c}: {errors.get(c) or ('no answer in time' if c in missing else 'score 0')}" for c in expected
         )
         decision.failure = f"no candidate cluster can place an instance ({detail})"
+        decision.waitable = True
     else:
         decision.cluster_id = cid
     return decision

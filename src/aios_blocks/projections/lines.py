@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..schemas import events as ev
+from ..schemas import priority as pr
 from ..schemas.catalog import EVENTS, E, Event
 from .base import Fact, Projection, on, parse
 
@@ -23,10 +24,11 @@ PLAIN: frozenset[Event[Any]] = frozenset({
     E.cluster_registered, E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_changed,
     E.vcluster_flushed, E.vcluster_refused, E.node_drain, E.node_removed, E.cluster_removed, E.node_sidecar_start,
     E.node_sidecar_stop, E.block_output, E.sidecar_alert, E.dead_letter, E.priority_class_registered,
-    E.priority_class_removed, E.quota_set, E.block_preempted, E.block_preempting,
+    E.priority_class_removed, E.quota_set,
 })
 #: a line's colour, by the last word of its kind
-COLOUR = {"ready": "green", "failed": "red", "rejected": "red", "deleted": "yellow"}
+COLOUR = {"ready": "green", "failed": "red", "rejected": "red", "deleted": "yellow", "pending": "yellow",
+          "preempted": "magenta"}
 
 
 def _kind_template(e: Event[Any]) -> str:
@@ -137,6 +139,25 @@ class Lines(Projection):
     @on(E.block_ready, E.block_failed, E.block_deleted)
     def on_status(self, m: Fact[ev.BlockStatus]) -> None:
         self.detail = m.data.reason or f"instances={m.data.instances}"
+
+    @on(E.block_pending)
+    def on_pending(self, m: Fact[pr.Pending]) -> None:
+        """Why it waits (per cluster), its priority, and who preempted it."""
+        d = m.data
+        self.detail = (f"waits (priority {d.priority})" + (f", preempted by {d.preempted_by}" if d.preempted_by else "")
+                       + f": {d.reason}" + "".join(f"\n    {c}: {why}" for c, why in sorted(d.reasons.items())))
+
+    @on(E.block_preempted)
+    def on_preempted(self, m: Fact[pr.Preempted]) -> None:
+        d = m.data
+        self.detail = (f"by {d.preemptor} (priority {d.preemptor_priority} over {d.priority}, {d.reason}): "
+                       + ", ".join(f"{i}@{n}" for i, n in sorted(d.instances.items())))
+
+    @on(E.block_preempting)
+    def on_preempting(self, m: Fact[pr.Preempting]) -> None:
+        d = m.data
+        self.detail = (f"{d.reason}: {d.gpus_freed} GPU(s) freed from "
+                       + "; ".join(f"{b} ({', '.join(i)})" for b, i in sorted(d.victims.items())))
 
     @on(E.block_allocation_failed, E.block_scale_failed, E.block_scale_down_failed, E.block_reassignment_failed,
         E.block_health_failed, E.block_autoscale_failed, E.instance_failed)

@@ -42,6 +42,7 @@ from ..schemas import vcluster as vc
 from ..schemas.catalog import ROOT, E, Event
 from ..schemas.spec import ID_RE, Node
 from ..state import keys as k
+from ..state import queue
 from ..state.keys import node_key, res_key
 from .image import Image, ZSet
 
@@ -130,9 +131,9 @@ IGNORED: frozenset[Event[Any]] = frozenset({
     E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_refused,  # requests: vcluster.changed
     E.block_output,  # task outputs (AIOS_OUTPUTS): the side-cars' input, no state
     E.dead_letter,  # a message that kept failing: no state came of it
-    # issue 36's preemptions: in the catalog, no handler writes their state yet (the pending queue's
-    # will fold them here, a method each, and take them off this list)
-    E.block_preempted, E.block_preempting,
+    # issue 36: a victim's state comes with its own block.pending (preempted_by); the instances go
+    # through node.instance.remove and instance.removed
+    E.block_preempted,
 })
 
 
@@ -248,6 +249,8 @@ class Fold(Projection):
         b = self._block(bid, d.gen)  # back through selection after a failed allocation
         if b is not None and b.get("status") == "parsed":
             b["attempt"] = str(d.attempt)
+        elif b is not None and b.get("status") == "pending":  # the queue walker's retry (workers/queue.py)
+            self._step(bid, d.gen, lc.Step.RETRY, attempt=str(d.attempt), preempting="")
         else:
             self._step(bid, d.gen, lc.Step.RESELECT, attempt=str(d.attempt))
 
@@ -389,6 +392,20 @@ class Fold(Projection):
     @on(E.block_failed)
     def on_failed(self, m: Fact[ev.BlockStatus]) -> None:
         self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.FAILED, reason=m.data.reason)
+
+    @on(E.block_pending)
+    def on_pending(self, m: Fact[pr.Pending]) -> None:
+        """Fits nowhere now, or a whole victim of a preemption: waits (``workers.queue``)."""
+        d = m.data
+        fields = {"reason": d.reason[:2000], "pending_since": f"{d.since:.3f}", "pending_deadline": f"{d.deadline:.3f}"}
+        if d.preempted_by:
+            fields["preempted_by"] = d.preempted_by
+        self._reach(m.tokens["bid"], d.gen, lc.BlockStatus.PENDING, **fields)
+
+    @on(E.block_preempting)
+    def on_preempting(self, m: Fact[pr.Preempting]) -> None:
+        """The waiting preemptor is marked (one preemption at a time) until it is retried."""
+        self._step(m.tokens["bid"], m.data.gen, lc.Step.WAIT, preempting=m.data.request_id)
 
     @on(E.block_delete)
     def on_delete(self, m: Fact[ev.DeleteRequest]) -> None:
@@ -664,6 +681,7 @@ class Fold(Projection):
         """Blocks, their order, instances, the affinity index and each node's instances."""
         for bid, b in self.blocks.items():
             img[k.block_key(bid)] = dict(b)
+        self._queue_image(img)
         order = ZSet({bid: self.block_order.get(bid, 0.0) for bid in self.blocks})
         if order:
             img[k.BLOCKS] = order
@@ -678,6 +696,18 @@ class Fold(Projection):
         for nid, on_node in self.node_insts.items():
             if on_node:
                 img[k.node_inst_key(nid)] = dict(on_node)
+
+    def _queue_image(self, img: Image) -> None:
+        """The pending queue (``state.queue``, scratch keys the digest leaves out): an index of the
+        blocks whose record says pending."""
+        rows = []
+        for bid, b in self.blocks.items():
+            if b.get("status") == "pending":
+                ir = _json.decode(b.get("ir", "{}"))
+                rows.append((bid, queue.scope_of(ir), int(ir.get("priority") or 0), float(b.get("pending_since") or 0),
+                             float(b.get("pending_deadline") or 0)))
+        for key, value in queue.image(rows).items():
+            img[key] = ZSet(value) if key.startswith(queue.PREFIX + "q:") or key == queue.DUE else value
 
     def _registry_image(self, img: Image) -> None:
         for name, head in self.policies.items():

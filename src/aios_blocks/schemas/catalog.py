@@ -437,6 +437,12 @@ class E:
         "a tenant's quota set (blocks quota set: nominal per GPU model, cohort, borrowing limit) or removed "
         "(record null); blocks recover rebuilds the quotas from it",
     )
+    block_pending = Event(
+        "block.pending", f"{_B}.pending", pr.Pending, (G, C),
+        "the block fits nowhere now and waits in the pending queue (not failed): the reason per cluster, its "
+        "priority, since when it waits, when it fails if still waiting (maxPendingS), the preemptor of a victim",
+        id_rule="{block_id}:{gen}:pending:{attempt}:{preempted_by}",
+    )
     block_preempted = Event(
         "block.preempted", f"{_B}.preempted", pr.Preempted, (C,),
         "the block was preempted: the preemptor, the reason (Priority, InCohortReclamation), the instances it "

@@ -191,6 +191,10 @@ def block_create_IR(
         ir["priorityClass"], ir["priority"] = priority
     if spec.preemptible is not None:
         ir["preemptible"] = spec.preemptible
+    if spec.queue is not None:  # the pending queue (docs/priority.md): set only when given
+        ir["queue"] = spec.queue
+    if spec.maxPendingS is not None:
+        ir["maxPendingS"] = spec.maxPendingS
     return ir
 
 

@@ -10,6 +10,9 @@ recovery fold applies the same steps to the stored events. Nobody else spells a 
                            ▼                   ▼                       ▼
                         failed ◀──────────── failed ◀──────────────── failed
     any live status ──DELETE──▶ deleting ──DELETED──▶ deleted
+
+    selecting / allocating ──WAIT──▶ pending ──RETRY──▶ parsed      (docs/priority.md, the queue)
+    placing / ready ──PREEMPTED──▶ pending ──EXPIRE (maxPendingS)──▶ failed
 """
 
 from __future__ import annotations
@@ -26,6 +29,8 @@ class BlockStatus(enum.StrEnum):
     PLACING = "placing"
     READY = "ready"
     FAILED = "failed"
+    #: fits nowhere now: waits in the pending queue (docs/priority.md), placed when capacity appears
+    PENDING = "pending"
     DELETING = "deleting"
     DELETED = "deleted"
 
@@ -73,6 +78,10 @@ class Step(enum.StrEnum):
     FAIL_SELECTION = "fail_selection"  # gateway: no cluster can take it
     FAIL_ALLOCATION = "fail_allocation"  # controller: out of selection rounds
     FAIL_PLACEMENT = "fail_placement"  # controller: an instance failed before the block was ready
+    WAIT = "wait"  # gateway / controller: fits nowhere now, the block waits in the pending queue
+    RETRY = "retry"  # queue walker: capacity appeared, the pending block goes through selection again
+    EXPIRE = "expire"  # queue walker: pending longer than its maxPendingS
+    PREEMPTED = "preempted"  # queue walker: a whole victim of a preemption waits again
     DELETE = "delete"  # controller: a delete request arrived
     DELETED = "deleted"  # controller: the last instance is gone
 
@@ -104,7 +113,12 @@ TRANSITIONS: dict[Step, Transition] = {
     Step.FAIL_SELECTION: _t({S.SELECTING}, S.FAILED),
     Step.FAIL_ALLOCATION: _t({S.ALLOCATING}, S.FAILED),
     Step.FAIL_PLACEMENT: _t({S.PLACING}, S.FAILED),
-    Step.DELETE: _t({S.PARSED, S.SELECTING, S.ALLOCATING, S.PLACING, S.READY, S.FAILED, S.DELETING, S.REJECTED}, S.DELETING),
+    Step.WAIT: _t({S.SELECTING, S.ALLOCATING, S.PENDING}, S.PENDING),
+    Step.RETRY: _t({S.PENDING}, S.PARSED),
+    Step.EXPIRE: _t({S.PENDING}, S.FAILED),
+    Step.PREEMPTED: _t({S.PLACING, S.READY}, S.PENDING),
+    Step.DELETE: _t({S.PARSED, S.SELECTING, S.ALLOCATING, S.PLACING, S.READY, S.FAILED, S.DELETING, S.REJECTED, S.PENDING},
+                    S.DELETING),
     Step.DELETED: _t({S.DELETING}, S.DELETED),
 }
 

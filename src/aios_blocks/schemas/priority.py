@@ -130,3 +130,21 @@ class Preempting(msgspec.Struct):
     victims: dict[str, list[str]] = {}
     gpus_freed: int = 0
     request_id: str = ""
+
+
+class Pending(msgspec.Struct):
+    """A block that fits nowhere now waits (docs/priority.md, the pending queue): the reason, per
+    cluster when selection said (cluster -> why), its priority, since when it waits (kept across
+    retries: its place in the queue), when it fails if still waiting (0: never), and, for a victim
+    of a preemption, the block that preempted it (a preempted block that waits never preempts:
+    no cascades)."""
+
+    block_id: str
+    gen: int
+    reason: str
+    reasons: dict[str, str] = {}
+    priority: int = 0
+    since: float = 0.0
+    deadline: float = 0.0
+    attempt: int = 0
+    preempted_by: str = ""

@@ -344,6 +344,12 @@ class BlockSpec(_Strict):
     priorityClass: str | None = Field(default=None, pattern=ID_PATTERN)
     #: ``false``: the block is never a preemption victim (absent: it may be one).
     preemptible: bool | None = None
+    #: ``false`` (``blocks submit --no-queue``): a block that fits nowhere fails at once, as before
+    #: the pending queue (absent: it waits, docs/priority.md).
+    queue: bool | None = None
+    #: Seconds the block may wait in the pending queue before it fails with the reason (absent:
+    #: ``AIOS_MAX_PENDING_S``; 0: forever).
+    maxPendingS: float | None = Field(default=None, ge=0)
 
 
 class Cluster(_Strict):

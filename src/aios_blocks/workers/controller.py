@@ -49,7 +49,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.spec import ID_RE, Cluster, Node
-from . import reconciler
+from . import queue, reconciler
 from .allocate import allocate, start, suspect_nodes
 from .base import Worker, bound
 from .effects import commit, release
@@ -298,6 +298,7 @@ async def on_removed(w: Worker, m: Inbound[InstanceEvent]) -> None:
     ev = m.data
     # instances are read even for an unknown block: a removal after the record went must still release
     await commit(w, lc.on_removed(ev, lc.View(*await w.store.block_view(ev.block_id))))
+    queue.poke(w)  # capacity freed: the pending queue's head is tried (docs/priority.md)
 
 
 async def on_fault(w: Worker, m: Inbound[InstanceEvent]) -> None:
@@ -364,6 +365,7 @@ async def on_inventory(w: Worker, m: Inbound[NodeInventory]) -> None:
     effects = lc.on_inventory(ev, await w.store.node_instances(nid))
     log.info("node.inventory", node=nid, boot=ev.boot, runs=len(ev.instances), lost=sum(len(e.events) for e in effects if isinstance(e, Publish)))
     await commit(w, effects)
+    queue.poke(w)  # a node (re)started: its capacity may take a waiting block
 
 
 async def on_registered(w: Worker, m: Inbound[NodeRegistered]) -> None:
@@ -381,6 +383,7 @@ async def on_registered(w: Worker, m: Inbound[NodeRegistered]) -> None:
     # a (re-)registration refreshes that node only; a cluster new to us refreshes the cluster
     # list everywhere (reloading a 1,000-node cluster per registration stalled placements)
     await w.hint(node.cluster, None if new or not known else [node.id])
+    queue.poke(w)  # a node or cluster added: capacity for the pending queue
 
 
 async def on_scale_target(w: Worker, m: Inbound[ScaleTarget]) -> None:
@@ -465,8 +468,9 @@ async def _reselect_or_fail(
     bid, gen, n = ev.block_id, ev.gen, ev.attempt
     failed = StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n), decisions=trace or [])
     await w.bus.emit(E.block_allocation_failed, failed)
-    if n + 1 >= w.settings.selection_rounds:
-        await w.fail_block(bid, gen, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION, ev.cluster_id)
+    if n + 1 >= w.settings.selection_rounds:  # fits nowhere after its rounds: waits (docs/priority.md)
+        await queue.wait_or_fail(w, bid, gen, ir, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION,
+                                 {ev.cluster_id: reason}, ev.cluster_id)
         return
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
     if ok or info == "parsed":

@@ -26,6 +26,7 @@ from ..schemas.events import (
     Selection,
 )
 from ..schemas.lifecycle import Step
+from . import queue
 from .base import Worker, bound
 
 log = structlog.get_logger("aios.gateway")
@@ -57,7 +58,10 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     event = Selection(bid, gen, sel.candidates, sel.filtered, rule, attempt=n, decisions=trace)
     if sel.failure:
         await w.bus.emit(E.block_selection, event)
-        await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
+        if sel.waitable:  # fits nowhere now: the pending queue (docs/priority.md), unless --no-queue
+            await queue.wait_or_fail(w, bid, gen, ir, sel.failure, Step.FAIL_SELECTION, sel.filtered)
+        else:
+            await w.fail_block(bid, gen, sel.failure, Step.FAIL_SELECTION)
         return
     deadline = time.time() + w.settings.dry_run_deadline_s
     event.deadline = deadline
@@ -169,12 +173,18 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
                               int(ir.get("minInstances") or 1))
     # one outcome per round, even if this decider runs again on more answers than the first time
-    outcome = await w.store.gather_settle(bid, gen, n, f"!{decision.failure}" if decision.failure else decision.cluster_id)
-    failure, cid = (outcome[1:], "") if outcome.startswith("!") else ("", outcome)
+    # a failure is "!why", or "?why" when the block may wait for capacity (the pending queue)
+    mark = "?" if decision.waitable else "!"
+    outcome = await w.store.gather_settle(bid, gen, n, f"{mark}{decision.failure}" if decision.failure else decision.cluster_id)
+    failure, cid = (outcome[1:], "") if outcome[:1] in ("!", "?") else ("", outcome)
     post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n, trace,
                       answers=_answers(bid, gen, n, g))
     await w.bus.emit(E.block_post_dry_run, post)
-    if failure:
+    if failure and outcome.startswith("?"):
+        reasons = {c: decision.errors.get(c) or ("no answer in time" if c in decision.missing else failure)
+                   for c in g["expected"]}
+        await queue.wait_or_fail(w, bid, gen, ir, failure, Step.FAIL_SELECTION, reasons)
+    elif failure:
         await w.fail_block(bid, gen, failure, Step.FAIL_SELECTION)
     else:
         ok, _ = await w.store.transition(bid, gen, Step.CHOOSE, cluster=cid)

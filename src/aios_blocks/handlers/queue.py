@@ -1,0 +1,124 @@
+"""The pending queue's decisions, pure (docs/priority.md): which waiting blocks a capacity event
+sends back through selection, which one may preempt, which expired.
+
+``walk`` reads the head of one scope's queue (priority desc, then age) and the clusters' node
+views, and says, in order: ``retry`` a block whose whole gang (minInstances) fits now on what the
+blocks released before it in this walk left (each one's take is applied to copies of the views);
+``drop`` an entry whose block no longer waits (placed, deleted, re-created: the queue is an index,
+cleaned lazily); ``preempt`` the first block that does not fit, when it may preempt. Backfill: a
+lower block behind one that does not fit is released when it fits on the capacity as it is, since
+the higher one cannot use that capacity now; but nothing behind a block whose preemption is in
+flight (its victims draining) is released: the capacity they free is the preemptor's.
+
+A block that was preempted and waits (``preempted_by``) never preempts: no cascades (kueue#13662).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..policies import capacity
+from . import vcluster
+from .gateway import filter_rule, share_of
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One queue entry as the walk reads it: the block's record (None: gone) and how many
+    instances it still holds (a victim that drains waits for them to go)."""
+
+    bid: str
+    block: Mapping[str, Any] | None
+    holds: int = 0
+
+
+@dataclass
+class Walk:
+    retry: list[tuple[str, int, str]] = field(default_factory=list)  # (bid, gen, cluster it fits in)
+    drop: list[str] = field(default_factory=list)
+    preempt: list[str] = field(default_factory=list)
+    blocked_by: str = ""  # a preemptor whose victims drain: nothing behind it was released
+
+
+def gang_fit(ir: Mapping[str, Any], nodes: Mapping[str, dict[str, Any]], work: dict[str, dict[str, Any]]) -> bool:
+    """Whether the block's minInstances fit on ``nodes`` (first fit, node order); on success
+    ``work`` holds the copies of the nodes it took (the caller keeps them for the next block)."""
+    needs, share = ir.get("resources") or {}, share_of(dict(ir))
+    taken: dict[str, dict[str, Any]] = {}
+    for _ in range(max(int(ir.get("minInstances") or 0), 1)):
+        for nid in sorted(nodes):
+            node = taken.get(nid) or work.get(nid) or nodes[nid]
+            gpus = capacity.node_fits(node, needs, share)
+            if gpus is None:
+                continue
+            copy = taken.get(nid) or capacity.copy_node(node)
+            capacity.take(copy, [g["id"] for g in gpus[: int(needs.get("gpus", 0))]], needs, share)
+            taken[nid] = copy
+            break
+        else:
+            return False
+    work.update(taken)
+    return True
+
+
+def fits(ir: Mapping[str, Any], clusters: Mapping[str, dict[str, Any]], views: Mapping[str, Mapping[str, dict[str, Any]]],
+         work: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The first cluster (the filter rule's order) where the whole gang fits now, on the views as
+    this walk's releases left them (``work``: cluster -> node copies); '' when none."""
+    merged = {cid: {**views.get(cid, {}), **work.get(cid, {})} for cid in clusters}
+    passed, _ = filter_rule(dict(ir), dict(clusters), merged)
+    for entry in passed:
+        cid = entry["cluster_id"]
+        mine = work.setdefault(cid, {})
+        if gang_fit(ir, vcluster.scope(dict(ir), merged[cid]), mine):
+            return cid
+    return ""
+
+
+def may_preempt(block: Mapping[str, Any]) -> bool:
+    """A waiting block may preempt unless it was itself preempted (no cascades), or already
+    preempts (one preemption per block at a time)."""
+    ir = block.get("ir") or {}
+    return not block.get("preempted_by") and not block.get("preempting") and int(ir.get("priority") or 0) > 0
+
+
+def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
+         views: Mapping[str, Mapping[str, dict[str, Any]]], tried: frozenset[str] = frozenset()) -> Walk:
+    """The walk of one scope's head (see the module docstring). It stops at the first block that
+    may preempt (``preempt``: the caller asks the cluster's preemption policy, and walks again
+    with that block in ``tried`` when the policy chose no victim): capacity a preemption plan
+    counts on must not go to a block behind it meanwhile."""
+    out = Walk()
+    work: dict[str, dict[str, dict[str, Any]]] = {}
+    for e in entries:
+        b = e.block
+        if b is None or b.get("status") != "pending":
+            out.drop.append(e.bid)
+            continue
+        if e.holds:  # a victim whose instances still drain: not placeable yet, blocks nobody
+            continue
+        ir = b.get("ir") or {}
+        cid = fits(ir, clusters, views, work)
+        if cid:
+            out.retry.append((e.bid, int(b.get("gen") or 0), cid))
+            continue
+        if b.get("preempting"):
+            out.blocked_by = e.bid
+            break
+        if e.bid not in tried and may_preempt(b):
+            out.preempt.append(e.bid)
+            break
+    return out
+
+
+def deadline(ir: Mapping[str, Any], since: float, default_s: float) -> float:
+    """When a block waiting since ``since`` fails (its ``maxPendingS``, else the default; 0: never)."""
+    limit = float(ir["maxPendingS"]) if ir.get("maxPendingS") is not None else float(default_s)
+    return round(since + limit, 3) if limit > 0 else 0.0
+
+
+def waits(ir: Mapping[str, Any]) -> bool:
+    """Whether a block that fits nowhere waits (``queue`` absent or true) or fails at once."""
+    return ir.get("queue") is not False

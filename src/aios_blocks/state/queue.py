@@ -1,0 +1,127 @@
+"""The pending queue in Redis (docs/priority.md): one sorted set per scope (a virtual cluster, or
+``_`` for the primary's nodes), ordered by priority (highest first) then by since when the block
+waits (oldest first), so a capacity event reads the head of each scope's queue: O(k), never the
+whole queue. The keys are under ``aios:meta:`` (scratch, like the gathers: not in the state
+digest): they index the blocks whose record says ``pending``, and ``blocks recover`` rebuilds them
+from those (``image``; the fold calls it).
+
+    aios:meta:queue:q:<scope> zset: "<since ms, 15 digits>:<bid>" -> -priority (ties: oldest first)
+    aios:meta:queues          set of the scopes that have had a queue
+    aios:meta:queue:index     hash bid -> JSON [scope, member] (to take a block out in O(1))
+    aios:meta:queue:due       zset bid -> when it fails if still waiting (maxPendingS)
+    aios:meta:queue:lease     the controller copy whose queue walker runs now (one at a time)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import msgspec
+
+from .keys import P
+from .scripts import LEASE
+
+PREFIX = f"{P}:meta:queue:"
+SCOPES = f"{P}:meta:queues"
+INDEX = f"{PREFIX}index"
+DUE = f"{PREFIX}due"
+LEASE_KEY = f"{PREFIX}lease"
+PRIMARY = "_"
+
+
+def scope_of(ir: dict[str, Any]) -> str:
+    """The queue a block waits in: its virtual cluster's, else the primary's."""
+    return str(ir.get("virtualClusterId") or PRIMARY)
+
+
+def queue_key(scope: str) -> str:
+    return f"{PREFIX}q:{scope}"
+
+
+def member(bid: str, since: float) -> str:
+    """Equal priorities (equal scores) sort by member: the oldest first."""
+    return f"{round(since * 1000):015d}:{bid}"
+
+
+def bid_of(m: str) -> str:
+    return m.split(":", 1)[1]
+
+
+def image(rows: Iterable[tuple[str, str, int, float, float]]) -> dict[str, Any]:
+    """The keys for these pending blocks (bid, scope, priority, since, deadline): what ``add``
+    leaves, as a recovery image (zsets as ``{member: score}``, marked by the caller)."""
+    out: dict[str, Any] = {}
+    for bid, scope, priority, since, deadline in rows:
+        m = member(bid, since)
+        out.setdefault(queue_key(scope), {})[m] = float(-priority)
+        out.setdefault(SCOPES, set()).add(scope)
+        out.setdefault(INDEX, {})[bid] = msgspec.json.encode([scope, m]).decode()
+        if deadline:
+            out.setdefault(DUE, {})[bid] = float(deadline)
+    return out
+
+
+class PendingQueue:
+    def __init__(self, r: Any):
+        self.r = r
+        self._lease = r.register_script(LEASE)
+
+    async def add(self, bid: str, scope: str, priority: int, since: float, deadline: float) -> None:
+        """Put (or keep) the block in its scope's queue; idempotent (a redelivery adds it again)."""
+        m = member(bid, since)
+        pipe = self.r.pipeline(transaction=False)
+        pipe.zadd(queue_key(scope), {m: float(-priority)})
+        pipe.sadd(SCOPES, scope)
+        pipe.hset(INDEX, bid, msgspec.json.encode([scope, m]).decode())
+        if deadline:
+            pipe.zadd(DUE, {bid: float(deadline)})
+        else:
+            pipe.zrem(DUE, bid)
+        await pipe.execute()
+
+    async def remove(self, bid: str) -> None:
+        """Take the block out (placed, retried, deleted, failed); idempotent."""
+        raw = await self.r.hget(INDEX, bid)
+        pipe = self.r.pipeline(transaction=False)
+        if raw:
+            scope, m = msgspec.json.decode(raw)
+            pipe.zrem(queue_key(scope), m)
+        pipe.hdel(INDEX, bid)
+        pipe.zrem(DUE, bid)
+        await pipe.execute()
+
+    async def scopes(self) -> list[str]:
+        return sorted(str(s) for s in await self.r.smembers(SCOPES))
+
+    async def head(self, scope: str, k: int) -> list[str]:
+        """The first ``k`` blocks of the scope's queue, in order."""
+        return [bid_of(str(m)) for m in await self.r.zrange(queue_key(scope), 0, k - 1)]
+
+    async def due(self, now: float, limit: int = 100) -> list[str]:
+        """Blocks whose wait is over (``maxPendingS``), the longest over first."""
+        return [str(b) for b in await self.r.zrangebyscore(DUE, "-inf", now, start=0, num=limit)]
+
+    async def position(self, bid: str) -> tuple[str, int, int] | None:
+        """(scope, 1-based place, queue length) of a waiting block; None when it waits nowhere."""
+        raw = await self.r.hget(INDEX, bid)
+        if not raw:
+            return None
+        scope, m = msgspec.json.decode(raw)
+        rank = await self.r.zrank(queue_key(scope), m)
+        if rank is None:
+            return None
+        return scope, int(rank) + 1, int(await self.r.zcard(queue_key(scope)))
+
+    async def all(self) -> list[tuple[str, str, int]]:
+        """Every waiting block: (bid, scope, place), each scope's queue in order (``blocks list
+        --pending``: reads the whole queue, unlike a capacity event)."""
+        out = []
+        for scope in await self.scopes():
+            for i, m in enumerate(await self.r.zrange(queue_key(scope), 0, -1)):
+                out.append((bid_of(str(m)), scope, i + 1))
+        return out
+
+    async def lead(self, holder: str, ttl_s: float) -> bool:
+        """Take or keep the walker's lease: one controller copy walks the queue at a time."""
+        return bool(await self._lease(keys=[LEASE_KEY], args=[holder, max(1, int(ttl_s * 1000))]))

@@ -1,0 +1,232 @@
+"""The pending queue's adapter (docs/priority.md): a block that fits nowhere waits (``wait_or_fail``),
+and the queue walker, run by every controller process next to its reconciler, sends waiting
+blocks back through selection when capacity appears (``handlers.queue.walk``), preempts for the
+first one that may (the ``preemption`` policy, default ``builtin:preempt-min``) and fails those
+waiting longer than their ``maxPendingS``.
+
+Event-driven: a capacity event this process handles (an instance removed, a node registered or
+reporting its inventory) ``poke``\\ s the walker, which reads the head of each scope's queue (a
+sorted set, ``state.queue``): O(window) per event, never the whole queue. One copy walks at a time
+(a lease in Redis); a pass every ``AIOS_QUEUE_RESYNC_S`` covers expiry and capacity events another
+process saw. Every step is a compare-and-set on the block (``Step.RETRY``/``EXPIRE``/``PREEMPTED``)
+and every event has a deterministic id: a walk redone after a crash changes nothing twice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import structlog
+
+from ..bus.catalog import E, Emit
+from ..handlers import preemption as pre
+from ..handlers import queue as hq
+from ..schemas.errors import PolicyFailed
+from ..schemas.events import BlockStatus, InstanceCommand, Parsed
+from ..schemas.lifecycle import InstanceStatus, Step
+from ..schemas.priority import Pending
+from ..state.priority import PriorityStore
+from ..state.queue import PendingQueue, scope_of
+from .base import Worker
+
+log = structlog.get_logger("aios.queue")
+
+#: id(worker) -> its walker (``poke``)
+_running: dict[int, QueueWalker] = {}
+DEBOUNCE_S = 0.05
+DEFAULT_POLICY = "builtin:preempt-min"
+
+__all__ = ["QueueWalker", "poke", "wait_or_fail"]
+
+
+def poke(w: Worker) -> None:
+    """Capacity appeared (or may have): ask this process's walker for a pass soon."""
+    q = _running.get(id(w))
+    if q is not None:
+        q.wake.set()
+
+
+async def wait_or_fail(w: Worker, bid: str, gen: int, ir: dict[str, Any], reason: str, step: Step,
+                       reasons: dict[str, str] | None = None, cluster: str = "") -> None:
+    """The block fits nowhere now: it waits in the pending queue (``block.pending`` with the reason
+    per cluster), or, with ``queue: false`` (``submit --no-queue``), fails as before."""
+    if not hq.waits(ir):
+        await w.fail_block(bid, gen, reason, step, cluster)
+        return
+    block = await w.store.get_block(bid) or {}
+    since = round(float(block.get("pending_since") or time.time()), 3)  # kept across retries: its place
+    deadline = hq.deadline(ir, since, w.settings.max_pending_s)
+    by = str(block.get("preempted_by") or "")
+    fields = {"reason": reason[:2000], "pending_since": f"{since:.3f}", "pending_deadline": f"{deadline:.3f}"}
+    ok, info = await w.store.transition(bid, gen, Step.WAIT, reason=fields["reason"], pending_since=fields["pending_since"],
+                                        pending_deadline=fields["pending_deadline"])
+    if not (ok or info == "pending"):
+        return  # moved on (deleted, re-created)
+    await PendingQueue(w.store.r).add(bid, scope_of(ir), int(ir.get("priority") or 0), since, deadline)
+    event = Pending(bid, gen, reason[:2000], dict(reasons or {}), int(ir.get("priority") or 0), since, deadline,
+                    int(block.get("attempt") or 0), by)
+    await w.bus.emit(E.block_pending, event)
+    log.info("queue.pending", block=bid, gen=gen, reason=reason[:200])
+
+
+class QueueWalker:
+    def __init__(self, w: Worker):
+        self.w, self.s = w, w.settings
+        self.q = PendingQueue(w.store.r)
+        self.holder = f"queue-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self.wake = asyncio.Event()
+        self.passes = 0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        _running[id(self.w)] = self
+        try:
+            while not stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), self.s.queue_resync_s)
+                await asyncio.sleep(DEBOUNCE_S)  # a burst of removals is one pass
+                self.wake.clear()
+                try:
+                    await self.tick()
+                except Exception as exc:  # never stop the walker: the next pass looks again
+                    log.warning("queue.pass_failed", error=repr(exc))
+        finally:
+            _running.pop(id(self.w), None)
+
+    async def tick(self) -> bool:
+        if not await self.q.lead(self.holder, max(3 * self.s.queue_resync_s, 10.0)):
+            return False
+        await self.expire(time.time())
+        for scope in await self.q.scopes():
+            await self.walk(scope)
+        self.passes += 1
+        return True
+
+    async def expire(self, now: float) -> None:
+        for bid in await self.q.due(now):
+            block = await self.w.store.get_block(bid)
+            if block is not None and block["status"] == "pending":
+                reason = f"waited longer than maxPendingS in the pending queue: {block.get('reason', '')}"[:2000]
+                ok, _ = await self.w.store.transition(bid, block["gen"], Step.EXPIRE, reason=reason)
+                if ok:
+                    await self.w.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=block["gen"], status="failed",
+                                                                      reason=reason))
+            await self.q.remove(bid)
+
+    async def walk(self, scope: str) -> hq.Walk:
+        entries = []
+        for bid in await self.q.head(scope, self.s.queue_window):
+            block = await self.w.store.get_block(bid)
+            holds = len(await self.w.store.instances(bid)) if block is not None and block.get("status") == "pending" else 0
+            entries.append(hq.Entry(bid, block, holds))
+        clusters = await self.w.inventory.clusters()
+        views = await self.w.inventory.views(list(clusters))
+        tried: frozenset[str] = frozenset()
+        while True:
+            out = hq.walk(entries, clusters, views, tried)
+            if not out.preempt:
+                break
+            if await self.preempt(next(e.block for e in entries if e.bid == out.preempt[0]), clusters, views):
+                break
+            tried |= {out.preempt[0]}
+        for bid in out.drop:
+            await self._drop(bid, next(e.block for e in entries if e.bid == bid))
+        for bid, gen, cid in out.retry:
+            await self.retry(bid, gen, cid)
+        return out
+
+    async def _drop(self, bid: str, block: Mapping[str, Any] | None) -> None:
+        """An entry whose block no longer waits; one retried whose Parsed may not have gone out
+        (a walker stopped in between) is announced again (the stream deduplicates)."""
+        if block is not None and block.get("status") == "parsed" and int(block.get("attempt") or 0) > 0:
+            await self.w.bus.emit(E.block_parsed, Parsed(bid, block["gen"], block["ir"], int(block["attempt"])))
+        await self.q.remove(bid)
+
+    async def retry(self, bid: str, gen: int, cid: str) -> None:
+        block = await self.w.store.get_block(bid)
+        if block is None or block["gen"] != gen:
+            return
+        n = int(block.get("attempt") or 0) + 1
+        ok, info = await self.w.store.transition(bid, gen, Step.RETRY, attempt=str(n), preempting="")
+        if ok:
+            log.info("queue.retry", block=bid, gen=gen, attempt=n, fits=cid)
+            await self.w.bus.emit(E.block_parsed, Parsed(bid, gen, block["ir"], n))
+        if ok or info != "pending":
+            await self.q.remove(bid)
+
+    # -- preemption --------------------------------------------------------------------------------
+    async def preempt(self, block: Mapping[str, Any] | None, clusters: dict[str, Any], views: dict[str, Any]) -> bool:
+        """Ask the preemption policy, cluster by cluster, for victims that let the whole block fit;
+        the first plan is carried out. False when no cluster has one (the block just waits)."""
+        if block is None:
+            return False
+        ir, gen = block["ir"], block["gen"]
+        bid = str(ir["blockId"])
+        placed, _models = await PriorityStore(self.w.store.r).placed()
+        rule = (ir.get("policies") or {}).get("preemption") or {"name": "preemption", "policyRuleURI": DEFAULT_POLICY}
+        pir = {**ir, "policies": {**(ir.get("policies") or {}), "preemption": rule}}
+        for cid in sorted(clusters):
+            data = pre.preempt_input(bid, ir, cid, views.get(cid) or {}, placed, self.s.preempt_min_delta)
+            if not data["candidates"]:
+                continue
+            try:
+                output = await self.w.invoke(pir, "preemption", data)
+            except PolicyFailed as exc:
+                log.warning("queue.preempt_failed", block=bid, cluster=cid, error=str(exc))
+                continue
+            if output.get("victims"):
+                await self._carry_out(bid, gen, ir, data, output, cid)
+                return True
+        return False
+
+    async def _carry_out(self, bid: str, gen: int, ir: dict[str, Any], data: dict[str, Any], output: dict[str, Any],
+                         cid: str) -> None:
+        """Mark the preemptor (one preemption at a time), publish ``block.preempted`` on each
+        victim and ``block.preempting`` on it, then drain the victims: a victim that loses all
+        its instances goes back to ``pending`` (marked: it never preempts); its instances are
+        removed through the nodes' remove path (drained within the grace), and each removal frees
+        capacity (a capacity event: the preemptor is placed)."""
+        request_id = f"{bid}:{gen}:{int(data.get('block', {}).get('priority') or 0)}:{time.time():.3f}"
+        ok, _ = await self.w.store.transition(bid, gen, Step.WAIT, preempting=request_id)
+        if not ok:
+            return
+        events = pre.events(data, output, gen, request_id)
+        await self.w.bus.emit_all(events)
+        by_block = {str(c["block_id"]): c for c in data["candidates"]}
+        for ev in events:
+            if ev.event is not E.block_preempted:
+                continue
+            v = ev.payload
+            await self._evict(v.block_id, v.gen, by_block[v.block_id], list(v.instances), bid, cid)
+        log.warning("queue.preempting", block=bid, cluster=cid, victims=sorted(by_block.keys() & set(output.get("blocks") or {})))
+
+    async def _evict(self, vid: str, vgen: int, cand: dict[str, Any], iids: list[str], preemptor: str, cid: str) -> None:
+        block, insts = await self.w.store.block_view(vid)
+        if block is None or block["gen"] != vgen:
+            return
+        whole = set(iids) >= {i for i, r in insts.items() if r.get("status") != InstanceStatus.REMOVING}
+        if whole:
+            vir = block["ir"]
+            since = round(time.time(), 3)
+            deadline = hq.deadline(vir, since, self.s.max_pending_s)
+            reason = f"preempted by {preemptor}"
+            ok, _ = await self.w.store.transition(vid, vgen, Step.PREEMPTED, reason=reason, pending_since=f"{since:.3f}",
+                                                  pending_deadline=f"{deadline:.3f}", preempted_by=preemptor)
+            if ok:
+                await self.q.add(vid, scope_of(vir), int(vir.get("priority") or 0), since, deadline)
+                await self.w.bus.emit(E.block_pending, Pending(vid, vgen, reason, {cid: reason}, int(vir.get("priority") or 0),
+                                                               since, deadline, int(block.get("attempt") or 0), preemptor))
+        grace = float(self.s.scale_down_grace_s)
+        out = []
+        for iid in iids:
+            rec = insts.get(iid)
+            if rec is None:
+                continue
+            await self.w.store.set_instance_status(vid, iid, "removing")
+            out.append(Emit(E.node_instance_remove, InstanceCommand(vid, vgen, rec["cluster"], iid, rec["node"], [],
+                                                                   reason=f"preempted by {preemptor}", drain_s=grace)))
+        await self.w.bus.emit_all(out)

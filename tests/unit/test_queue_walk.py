@@ -1,0 +1,87 @@
+"""The pending queue's pure decisions (handlers/queue.py): which waiting blocks a capacity event
+retries, in priority-then-age order with backfill, who may preempt, when a wait expires."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from aios_blocks.handlers import queue as hq
+
+
+def node(nid: str, gpus: int, used: int = 0) -> dict[str, Any]:
+    return {"id": nid, "healthy": True, "cpu_free": 64.0, "memory_free": 1 << 20, "labels": {},
+            "gpus": [{"id": f"{nid}-g{i}", "model": "sim", "memory": 80, "memory_free": 0 if i < used else 80,
+                      "memory_used": 80 if i < used else 0, "instances": 1 if i < used else 0, "exclusive": i < used,
+                      "share_free": 1000} for i in range(gpus)]}
+
+
+def block(bid: str, gpus: int, n: int = 1, priority: int = 0, **extra: Any) -> dict[str, Any]:
+    ir = {"blockId": bid, "minInstances": n, "maxInstances": n, "priority": priority,
+          "resources": {"gpus": gpus, "cpu": 1, "memory": 1024, "gpuMemory": 0},
+          "policies": {"clusterAllocator": {"policyRuleURI": "builtin:cluster-rank", "settings": {}},
+                       "resourceAllocator": {"policyRuleURI": "builtin:binpack", "settings": {}}}}
+    return {"gen": 1, "status": "pending", "ir": ir, **extra}
+
+
+CLUSTERS = {"c1": {"id": "c1", "labels": {}}}
+
+
+def views(free: int) -> dict[str, Any]:
+    """One node of 4 GPUs with ``free`` of them free."""
+    return {"c1": {"n1": node("n1", 4, used=4 - free)}}
+
+
+def test_the_head_is_retried_first_and_what_it_takes_is_not_offered_again() -> None:
+    entries = [hq.Entry("hi", block("hi", 2, priority=100)), hq.Entry("lo", block("lo", 2)), hq.Entry("lo2", block("lo2", 1))]
+    out = hq.walk(entries, CLUSTERS, views(3))
+    assert out.retry == [("hi", 1, "c1"), ("lo2", 1, "c1")]  # lo (2 GPUs) no longer fits after hi took 2 of 3
+
+
+def test_backfill_a_smaller_lower_block_when_the_head_cannot_use_the_capacity() -> None:
+    """The head (priority 0: it may not preempt) needs 4 GPUs, 2 are free: a 1-GPU block behind it
+    is released, since the head cannot use those 2 now."""
+    entries = [hq.Entry("big", block("big", 4)), hq.Entry("small", block("small", 1, priority=-1))]
+    out = hq.walk(entries, CLUSTERS, views(2))
+    assert out.retry == [("small", 1, "c1")] and out.preempt == []
+
+
+def test_nothing_behind_a_preemptor_is_released_while_its_victims_drain() -> None:
+    entries = [hq.Entry("big", block("big", 4, priority=100, preempting="r1")), hq.Entry("small", block("small", 1))]
+    out = hq.walk(entries, CLUSTERS, views(2))
+    assert out.retry == [] and out.blocked_by == "big"
+
+
+def test_the_first_block_that_may_preempt_stops_the_walk_until_the_policy_answered() -> None:
+    entries = [hq.Entry("big", block("big", 4, priority=100)), hq.Entry("small", block("small", 1))]
+    first = hq.walk(entries, CLUSTERS, views(2))
+    assert first.preempt == ["big"] and first.retry == []
+    again = hq.walk(entries, CLUSTERS, views(2), tried=frozenset({"big"}))
+    assert again.preempt == [] and again.retry == [("small", 1, "c1")]
+
+
+def test_a_preempted_block_that_waits_never_preempts() -> None:
+    """No cascades: a victim waiting again (``preempted_by``) is never the one that preempts."""
+    victim = block("v", 4, priority=100, preempted_by="hi")
+    assert not hq.may_preempt(victim)
+    assert hq.walk([hq.Entry("v", victim)], CLUSTERS, views(0)).preempt == []
+    assert not hq.may_preempt(block("zero", 1, priority=0))
+    assert hq.may_preempt(block("p", 1, priority=5))
+
+
+def test_gone_entries_are_dropped_and_draining_victims_wait_for_their_instances() -> None:
+    entries = [hq.Entry("gone", None), hq.Entry("placed", {**block("placed", 1), "status": "ready"}),
+               hq.Entry("draining", block("draining", 1), holds=2), hq.Entry("ok", block("ok", 1))]
+    out = hq.walk(entries, CLUSTERS, views(1))
+    assert out.drop == ["gone", "placed"] and out.retry == [("ok", 1, "c1")]
+
+
+def test_a_gang_fits_only_whole() -> None:
+    assert hq.walk([hq.Entry("g", block("g", 2, n=2))], CLUSTERS, views(3)).retry == []
+    assert hq.walk([hq.Entry("g", block("g", 2, n=2))], CLUSTERS, views(4)).retry == [("g", 1, "c1")]
+
+
+def test_deadline_and_queue_flag() -> None:
+    assert hq.deadline({}, 100.0, 60) == 160.0
+    assert hq.deadline({"maxPendingS": 5}, 100.0, 60) == 105.0
+    assert hq.deadline({"maxPendingS": 0}, 100.0, 60) == 0.0 and hq.deadline({}, 100.0, 0) == 0.0
+    assert hq.waits({}) and hq.waits({"queue": True}) and not hq.waits({"queue": False})
