@@ -30,7 +30,7 @@ PAST_CACHE = 4
 #: the stored messages kept in memory for past folds, up to this many bytes of bodies: a past
 #: moment then folds from memory (~0.3 M events/s) instead of reading the stream again through NATS;
 #: a longer stream is read again
-KEEP_BYTES = 128 * 1024 * 1024
+KEEP_BYTES = 256 * 1024 * 1024
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -48,6 +48,14 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(p) == len(s)
 
 
+def _envelope(raw: bytes) -> dict[str, Any]:
+    try:
+        env = _json.decode(raw)
+    except msgspec.DecodeError:
+        return {}
+    return env if isinstance(env, dict) else {}
+
+
 class Feed:
     """The live fold and what the views need beside it. ``line(subject, env)``: an event's one-line
     text (``blocks replay``'s)."""
@@ -59,8 +67,9 @@ class Feed:
         self._kept_bytes, self._keep_bytes = 0, keep_bytes
         self.line = line
         self.fold = Fold()
-        #: block -> [(seq, ts, subject, envelope)]
-        self.events: dict[str, list[tuple[int, float, str, dict[str, Any]]]] = {}
+        #: block -> [(seq, ts, subject, body)]: bodies as stored (the same bytes ``kept`` holds),
+        #: decoded when a block's page asks
+        self.events: dict[str, list[tuple[int, float, str, bytes]]] = {}
         self.tail: deque[dict[str, Any]] = deque(maxlen=TAIL)
         self.listeners: set[asyncio.Queue[dict[str, Any]]] = set()
         self.caught_up = asyncio.Event()
@@ -102,14 +111,9 @@ class Feed:
             else:
                 self.kept.append((subject, raw, seq, ts))
         parts = subject.split(".", 3)
-        try:
-            env = _json.decode(raw)
-        except msgspec.DecodeError:
-            env = {}
-        if not isinstance(env, dict):
-            env = {}
+        env = _envelope(raw)
         if len(parts) == 4 and parts[1] == "block":
-            self.events.setdefault(parts[2], []).append((seq, ts, subject, env))
+            self.events.setdefault(parts[2], []).append((seq, ts, subject, raw))
             self._recent.append((time.monotonic(), parts[3]))
         try:
             text = self.line(subject, env)
@@ -129,8 +133,7 @@ class Feed:
                 "events_per_s": round(len(recent) / window_s, 2)}
 
     def block_events(self, bid: str, upto: int | None = None) -> list[tuple[int, float, str, dict[str, Any]]]:
-        evs = self.events.get(bid, [])
-        return evs if upto is None else [e for e in evs if e[0] <= upto]
+        return [(seq, ts, s, _envelope(raw)) for seq, ts, s, raw in self.events.get(bid, []) if upto is None or seq <= upto]
 
     async def at(self, seq: int) -> Fold:
         """The stream folded up to ``seq`` (inclusive): the state as it was then."""

@@ -5,8 +5,8 @@ one code path. Pure: no I/O; each function returns the JSON a view draws."""
 from __future__ import annotations
 
 import functools
+import heapq
 from collections import Counter
-from itertools import islice
 from typing import Any
 
 import msgspec
@@ -80,12 +80,19 @@ def workload(f: Fold) -> Workload:
     for b in f.blocks.values():
         if b.get("status") not in LIVE:
             continue
-        ir = _ir(b)
-        r = ir.get("resources") or {}
-        want = int(b.get("desired") or ir.get("minInstances") or 1)
-        shapes[(float(r.get("cpu", 0) or 0), int(r.get("gpus", 0) or 0), float(r.get("gpuShare", 0) or 0),
-                tuple(r.get("gpuModels") or ()))] += max(1, want)
+        shape, least = _shape(b.get("ir") or "{}")
+        desired = b.get("desired")
+        shapes[shape] += max(1, int(desired) if desired else least)
     return _workload(tuple(sorted(shapes.items())))
+
+
+@functools.lru_cache(maxsize=65536)
+def _shape(ir_text: str) -> tuple[tuple[float, int, float, tuple[str, ...]], int]:
+    """A block's task shape (CPU, GPUs, gpuShare, GPU models) and its minInstances, per IR text."""
+    ir = _decoded(ir_text)
+    r = ir.get("resources") or {}
+    return ((float(r.get("cpu", 0) or 0), int(r.get("gpus", 0) or 0), float(r.get("gpuShare", 0) or 0),
+             tuple(r.get("gpuModels") or ())), int(ir.get("minInstances") or 1))
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,10 +144,18 @@ def overview(f: Fold, recent: dict[str, float] | None = None) -> dict[str, Any]:
         for k in ("used", "free", "stranded"):
             c[k] = round(c[k], 2)
     totals = {k: round(sum(c[k] for c in rows), 2) for k in ("nodes", "healthy", "gpus", "used", "free", "stranded")}
-    by_status = Counter(b.get("status", "") for b in f.blocks.values())
-    order = sorted(f.blocks, key=lambda bid: f.block_order.get(bid, 0.0), reverse=True)
-    pending = [_row(f, bid) for bid in islice((b for b in order if f.blocks[b].get("status") in PENDING), 20)]
-    failures = [_row(f, bid) for bid in islice((b for b in order if f.blocks[b].get("status") in FAILED), 20)]
+    by_status: Counter[str] = Counter()
+    waiting, failed = [], []
+    for bid, b in f.blocks.items():
+        status = b.get("status", "")
+        by_status[status] += 1
+        if status in PENDING:
+            waiting.append(bid)
+        elif status in FAILED:
+            failed.append(bid)
+    newest = f.block_order.get
+    pending = [_row(f, bid) for bid in heapq.nlargest(20, waiting, key=lambda bid: newest(bid, 0.0))]
+    failures = [_row(f, bid) for bid in heapq.nlargest(20, failed, key=lambda bid: newest(bid, 0.0))]
     return {"seq": f.last_seq, "clusters": rows, "totals": totals, "blocks": dict(sorted(by_status.items())),
             "pending": pending, "failures": failures, "rates": recent or {}}
 
