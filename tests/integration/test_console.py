@@ -296,5 +296,6 @@ def test_a_past_sequence_shows_a_deleted_block_as_it_was(up: Up, page: Any) -> N
     assert page.inner_text("#block-status") == "ready"
     assert page.locator("#instances tbody tr").count() == 1
     assert str(at) in page.inner_text("#past-banner")
+    assert "null" not in page.inner_text("#view")  # (absent parts are left out, not written as "null")
     assert page.input_value("#seq-slider") == str(at)
     shot(page, "past-moment")

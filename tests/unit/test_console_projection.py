@@ -110,6 +110,7 @@ def test_a_blocks_page_has_its_explain_and_timeline() -> None:
     assert d["block"]["status"] == "ready" and d["block"]["name"] == "<b>mine</b>"
     assert [i["instance"] for i in d["instances"]] == ["b1-0"]
     assert [t["step"] for t in d["timeline"]][:2] == ["parsed", "selection"]
+    assert [(t["step"], t["instance"]) for t in d["timeline"]][-2] == ("instance added", "b1-0")
     assert d["explain"]["rounds"][0]["chosen"] == "c1"
     assert pj.block_detail(folded(8), "zz", [], None) is None
 

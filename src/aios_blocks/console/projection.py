@@ -248,6 +248,19 @@ def blocks_page(f: Fold, q: str = "", status: str = "", cluster: str = "", page:
             "statuses": [s.value for s in BlockStatus], "clusters": sorted(f.clusters)}
 
 
+def _step(subject: str) -> str:
+    """``aios.block.B.placement`` -> ``placement``; an instance's ``instance.I.added`` -> ``instance added``."""
+    tail = subject.split(".", 3)[3] if subject.count(".") >= 3 else subject
+    if tail.startswith("instance."):
+        return "instance " + tail.rpartition(".")[2]
+    return tail
+
+
+def _instance(subject: str) -> str:
+    parts = subject.split(".")
+    return parts[4] if len(parts) > 5 and parts[3] == "instance" else ""
+
+
 def block_detail(f: Fold, bid: str, events: list[tuple[int, float, str, dict[str, Any]]],
                  line: Any = None) -> dict[str, Any] | None:
     """A block's record, instances, ``blocks explain``'s fold of its events and its story as a
@@ -258,7 +271,7 @@ def block_detail(f: Fold, bid: str, events: list[tuple[int, float, str, dict[str
     ir = _ir(b)
     row = _row(f, bid) if bid in f.blocks else {"id": bid, "status": "unknown", "name": "", "reason": ""}
     x = explain([(s, env) for _, _, s, env in events])
-    timeline = [{"seq": seq, "time": str(env.get("time") or ""), "ts": ts, "step": s.split(".", 3)[3] if s.count(".") >= 3 else s,
+    timeline = [{"seq": seq, "time": str(env.get("time") or ""), "ts": ts, "step": _step(s), "instance": _instance(s),
                  "line": line(s, env) if line else ""} for seq, ts, s, env in events]
     instances = [{"instance": iid, **{k: v for k, v in inst.items() if k in ("node", "gpus", "cluster", "status", "endpoint", "since")}}
                  for iid, inst in sorted(f.instances.get(bid, {}).items())]

@@ -29,6 +29,11 @@ function el(tag, attrs, ...children) {
   return node;
 }
 
+// replaceChildren without the absent parts (a bare null would show as the text "null")
+function put(node, ...children) {
+  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+}
+
 function withSeq(url) {
   if (PAST === null) return url;
   return url + (url.includes("?") ? "&" : "?") + "seq=" + encodeURIComponent(PAST);
@@ -63,7 +68,7 @@ async function viewOverview(root) {
   const o = await api("/api/overview");
   const t = o.totals;
   const card = (n, k, id) => el("div", { class: "card", id }, el("div", { class: "n" }, n), el("div", { class: "k" }, k));
-  root.replaceChildren(
+  put(root, 
     el("h2", {}, "Overview"),
     el("div", { class: "cards", id: "overview-cards" },
       card(o.clusters.length, "clusters", "ov-clusters"), card(t.nodes || 0, "nodes", "ov-nodes"), card(t.gpus || 0, "GPUs", "ov-gpus"),
@@ -143,7 +148,7 @@ async function viewMap(root) {
     const d = await api("/api/gpu?node=" + encodeURIComponent(t.n[0]));
     const gpu = d.gpus[Math.max(0, Math.min(i, d.gpus.length - 1))];
     const on = gpu ? d.instances.filter((x) => x.gpus.includes(gpu.id)) : d.instances;
-    panel.replaceChildren(
+    put(panel, 
       el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}`),
       gpu ? el("p", {}, el("strong", {}, "GPU ", gpu.id), ` ${gpu.model}, ${gpu.memory} MiB, held ${(gpu.alloc / 10).toFixed(1)} %`) : null,
       on.length ? table(["instance", "block", "status"], on.map((x) => el("tr", {}, el("td", {}, x.instance),
@@ -152,7 +157,7 @@ async function viewMap(root) {
   });
   const filter = el("input", { id: "map-label", placeholder: "label key=value", value: label });
   filter.addEventListener("change", () => { location.hash = "#/map" + (filter.value ? "?label=" + encodeURIComponent(filter.value) : ""); });
-  root.replaceChildren(
+  put(root, 
     el("h2", {}, "GPU map"),
     el("div", { class: "toolbar" }, el("span", { id: "map-summary" }, `${m.nodes.length} nodes, ${m.gpus} GPUs`), filter,
       el("span", { class: "legend" }, ...legend())),
@@ -184,7 +189,7 @@ async function viewBlocks(root) {
     el("span", { id: "page-info" }, `page ${d.page + 1} of ${pages} \u00b7 ${d.total} blocks`),
     el("button", { id: "next", disabled: d.page + 1 >= pages, on: { click: () => { bq.page++; render(); } } }, "next \u203a"));
   const typing = document.activeElement && document.activeElement.id === "blocks-search";
-  root.replaceChildren(
+  put(root, 
     el("h2", {}, "Blocks"),
     el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster")),
     table(["block", "name", "status", "cluster", "instances", "component", "reason"], d.rows.map((b) => el("tr", { dataset: { bid: b.id } },
@@ -232,7 +237,7 @@ async function viewBlock(root, bid) {
       el("button", { id: "scale-btn", on: { click: () => run("scale", `/api/block/${encodeURIComponent(bid)}/scale`, { target: Number(target.value) }) } }, "scale"),
       el("button", { id: "delete-btn", on: { click: () => run("delete", `/api/block/${encodeURIComponent(bid)}/delete`, {}) } }, "delete"), msg));
   }
-  root.replaceChildren(
+  put(root, 
     el("h2", {}, "Block ", el("span", { id: "block-id" }, b.id), " ", el("span", { id: "block-status" }, statusTag(b.status))),
     b.name ? el("p", {}, "name: ", el("span", { id: "block-name" }, b.name)) : null,
     el("p", { class: "muted" }, `cluster ${b.cluster || "-"} \u00b7 instances ${b.running ?? 0} running of ${b.desired ?? 0} wanted \u00b7 ${d.ir.blockComponentURI || ""}`),
@@ -245,7 +250,7 @@ async function viewBlock(root, bid) {
     el("h3", {}, `Story (${d.timeline.length} events)`),
     el("ol", { class: "timeline", id: "timeline" }, d.timeline.map((e) => el("li", { dataset: { seq: e.seq } },
       el("a", { href: `?seq=${e.seq}#/block/${encodeURIComponent(bid)}`, title: "the system at this event" }, `#${e.seq}`),
-      el("span", { class: "muted" }, (e.time || "").slice(11, 23) || fmtTime(e.ts)), el("strong", {}, e.step), el("span", { class: "line" }, e.line)))),
+      el("span", { class: "muted" }, (e.time || "").slice(11, 23) || fmtTime(e.ts)), el("strong", {}, e.step, e.instance ? el("div", { class: "muted" }, e.instance) : null), el("span", { class: "line" }, e.line)))),
   );
 }
 
@@ -267,7 +272,7 @@ async function viewEvents(root) {
   const input = el("input", { id: "tail-filter", placeholder: "subject filter: aios.block.*.ready, aios.node.>", value: tailFilter, size: 40 });
   input.addEventListener("change", () => { tailFilter = input.value.trim(); render(); });
   const box = el("div", { class: "tail", id: "tail" }, d.events.slice().reverse().map(tailRow));
-  root.replaceChildren(el("h2", {}, "Live events"), el("div", { class: "toolbar" }, input, el("span", { class: "muted" }, "newest first; like `blocks watch`")), box);
+  put(root, el("h2", {}, "Live events"), el("div", { class: "toolbar" }, input, el("span", { class: "muted" }, "newest first; like `blocks watch`")), box);
 }
 
 // -- routing, live updates, the moment slider ---------------------------------------------------
@@ -297,7 +302,7 @@ async function render() {
       else await viewOverview(root);
       root.dataset.rendered = String(Date.now());
     } catch (e) {
-      root.replaceChildren(el("p", { class: "reason" }, "could not load: ", e.message));
+      put(root, el("p", { class: "reason" }, "could not load: ", e.message));
     }
   })();
   await rendering;
