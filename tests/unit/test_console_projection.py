@@ -15,7 +15,7 @@ from aios_blocks.recovery.fold import Fold
 IR = {
     "blockId": "b1", "blockComponentURI": "aios://t/m", "minInstances": 1, "maxInstances": 2,
     "resources": {"gpus": 1, "gpuMemory": 0, "cpu": 2, "memory": 100},
-    "parameters": {"name": "<b>mine</b>"},
+    "parameters": {"name": "<b>mine</b>"}, "labels": {"tenant": "t1"},
     "policies": {"resourceAllocator": {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack", "settings": {}}},
 }
 NODE = {"id": "n1", "cluster": "c1", "labels": {"rack": "r1", "zone": "z"}, "cpu": 8, "memory": 1000,
@@ -40,7 +40,7 @@ STORY: list[tuple[str, Any]] = [
     ("aios.block.b1.placement", PLACED),
     ("aios.block.b1.instance.b1-0.added", INST),
     ("aios.block.b1.ready", {"block_id": "b1", "gen": 2, "status": "ready"}),
-    ("aios.block.b2.parsed", {"block_id": "b2", "gen": 9, "ir": {**IR, "blockId": "b2", "parameters": {}}}),
+    ("aios.block.b2.parsed", {"block_id": "b2", "gen": 9, "ir": {**IR, "blockId": "b2", "parameters": {}, "labels": {"tenant": "t2"}}}),
     ("aios.block.b3.rejected", {"block_id": "b3", "gen": 10, "errors": [{"path": "$.minInstances", "message": "too big"}]}),
     ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
     ("aios.block.b1.instance.b1-0.removed", INST),
@@ -99,6 +99,9 @@ def test_the_blocks_table_searches_filters_and_pages_on_the_server() -> None:
     assert [r["id"] for r in pj.blocks_page(f, q="mine")["rows"]] == ["b1"]  # the name, in the IR
     assert [r["id"] for r in pj.blocks_page(f, status="parsed")["rows"]] == ["b2"]
     assert [r["id"] for r in pj.blocks_page(f, cluster="c1")["rows"]] == ["b1"]
+    assert [r["id"] for r in pj.blocks_page(f, label="tenant=t1")["rows"]] == ["b1"]
+    assert [r["id"] for r in pj.blocks_page(f, policy="builtin:binpack")["rows"]] == ["b2", "b1"]
+    assert pj.blocks_page(f, policy="builtin:spread")["rows"] == []
     page = pj.blocks_page(f, page=1, per=2)
     assert page["total"] == 3 and [r["id"] for r in page["rows"]] == ["b1"]
 

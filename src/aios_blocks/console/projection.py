@@ -226,10 +226,23 @@ def _reason(b: dict[str, str]) -> str:
     return raw
 
 
-def blocks_page(f: Fold, q: str = "", status: str = "", cluster: str = "", page: int = 0, per: int = 50) -> dict[str, Any]:
+@functools.lru_cache(maxsize=65536)
+def _facets(ir_text: str) -> tuple[frozenset[str], frozenset[str]]:
+    """A block's labels as ``key=value`` and its policies' URIs, per IR text (the table's filters)."""
+    ir = _decoded(ir_text)
+    labels = ir.get("labels") or {}
+    policies = ir.get("policies") or {}
+    uris = policies.values() if isinstance(policies, dict) else policies
+    return (frozenset(f"{k}={v}" for k, v in labels.items()) if isinstance(labels, dict) else frozenset(),
+            frozenset(str(p.get("policyRuleURI", "")) for p in uris if isinstance(p, dict)))
+
+
+def blocks_page(f: Fold, q: str = "", status: str = "", cluster: str = "", page: int = 0, per: int = 50,
+                label: str = "", policy: str = "") -> dict[str, Any]:
     """One page of the blocks, newest first: ``q`` a substring of the id, name or component;
-    ``status`` and ``cluster`` exact. Filtering reads the fold's records only (no JSON decoded for
-    blocks the filters drop), so it stays quick at 10,000+ blocks."""
+    ``status`` and ``cluster`` exact; ``label`` a ``key=value`` of its labels (a tenant, a QoS
+    class); ``policy`` one of its policies' URIs. Filtering reads the fold's records (each IR
+    decoded once per distinct text), so it stays quick at 10,000+ blocks."""
     per = max(1, min(per, 500))
     needle = q.lower()
     chosen = []
@@ -240,6 +253,10 @@ def blocks_page(f: Fold, q: str = "", status: str = "", cluster: str = "", page:
             continue
         if needle and needle not in bid.lower() and needle not in b.get("ir", "").lower():
             continue
+        if label or policy:
+            labels, uris = _facets(b.get("ir") or "{}")
+            if (label and label not in labels) or (policy and policy not in uris):
+                continue
         chosen.append(bid)
     chosen.sort(key=lambda bid: (f.block_order.get(bid, 0.0), bid), reverse=True)
     page = max(0, page)

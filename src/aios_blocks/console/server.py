@@ -123,7 +123,8 @@ def _int(request: web.Request, name: str, default: int) -> int:
 async def blocks(request: web.Request) -> web.Response:
     q = request.query
     return _json(projection.blocks_page(await _fold(request), q.get("q", ""), q.get("status", ""), q.get("cluster", ""),
-                                        _int(request, "page", 0), _int(request, "per", 50)))
+                                        _int(request, "page", 0), _int(request, "per", 50), q.get("label", ""),
+                                        q.get("policy", "")))
 
 
 async def block(request: web.Request) -> web.Response:

@@ -4,7 +4,7 @@
 
 const params = new URLSearchParams(location.search);
 const PAST = params.has("seq") ? params.get("seq") : null;
-const state = { admin: false, actions: false, lastSeq: 0, view: "", refresh: null, blocksQuery: { q: "", status: "", cluster: "", page: 0 } };
+const state = { admin: false, actions: false, lastSeq: 0, view: "", refresh: null, blocksQuery: { q: "", status: "", cluster: "", label: "", policy: "", page: 0 } };
 
 // -- the admin token: given once as #token=..., kept for this tab only ------------------------------
 if (location.hash.startsWith("#token=")) {
@@ -172,7 +172,7 @@ function legend() {
 
 async function viewBlocks(root) {
   const bq = state.blocksQuery;
-  const qs = new URLSearchParams({ q: bq.q, status: bq.status, cluster: bq.cluster, page: bq.page, per: 50 });
+  const qs = new URLSearchParams({ q: bq.q, status: bq.status, cluster: bq.cluster, label: bq.label, policy: bq.policy, page: bq.page, per: 50 });
   const d = await api("/api/blocks?" + qs);
   const search = el("input", { id: "blocks-search", placeholder: "search id, name, component", value: bq.q });
   let timer = null;
@@ -183,6 +183,11 @@ async function viewBlocks(root) {
     s.addEventListener("change", () => { bq[key] = s.value; bq.page = 0; render(); });
     return s;
   };
+  const field = (id, key, placeholder) => {
+    const f = el("input", { id, placeholder, value: bq[key], size: 16 });
+    f.addEventListener("change", () => { bq[key] = f.value.trim(); bq.page = 0; render(); });
+    return f;
+  };
   const pages = Math.max(1, Math.ceil(d.total / d.per));
   const pager = el("div", { class: "pager" },
     el("button", { id: "prev", disabled: d.page <= 0, on: { click: () => { bq.page--; render(); } } }, "\u2039 prev"),
@@ -191,7 +196,8 @@ async function viewBlocks(root) {
   const typing = document.activeElement && document.activeElement.id === "blocks-search";
   put(root, 
     el("h2", {}, "Blocks"),
-    el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster")),
+    el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster"),
+      field("label-filter", "label", "label key=value"), field("policy-filter", "policy", "policy URI")),
     table(["block", "name", "status", "cluster", "instances", "component", "reason"], d.rows.map((b) => el("tr", { dataset: { bid: b.id } },
       el("td", {}, blockLink(b.id)), el("td", { class: "name" }, b.name), el("td", {}, statusTag(b.status)), el("td", {}, b.cluster),
       el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.reason))), "blocks-table"),
