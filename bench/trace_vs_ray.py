@@ -103,12 +103,13 @@ def row_of(t: Task) -> ray_trace.TaskRow:
     return (t.cpu_milli, t.memory_mib, t.num_gpu, t.gpu_milli, tuple(t.models()))
 
 
-def ray_side(nodes: list[Node], tasks: list[Task], policy: str, seed: int, lat: int, burst: int) -> dict[str, Any]:
+def ray_side(nodes: list[Node], tasks: list[Task], policy: str, seed: int, lat: int, burst: int, window: int = 64) -> dict[str, Any]:
     warm, one_by_one, many = phases(nodes, tasks, policy, seed, lat, burst)
-    got = ray_trace.figures(rows_of(nodes), [row_of(warm)], [row_of(t) for t in one_by_one], [row_of(t) for t in many])
+    got = ray_trace.figures(rows_of(nodes), [row_of(warm)], [row_of(t) for t in one_by_one], [row_of(t) for t in many],
+                            window=window)
     return summary("ray", got["latencies"], got["burst_ready"], got["burst"], got["burst_seconds"],
                    one_by_one_failed=got["one_by_one_unplaced"], burst_failed=got["burst"] - got["burst_ready"],
-                   burst_cpu_s=got["burst_cpu_s"])
+                   window=window, burst_cpu_s=got["burst_cpu_s"])
 
 
 def table(o: dict[str, Any], r: dict[str, Any] | None) -> str:
@@ -123,7 +124,7 @@ def table(o: dict[str, Any], r: dict[str, Any] | None) -> str:
     line("create->ready p99 (one at a time)", "p99_ms", "ms")
     lines.append(f"burst: ours {o['burst_placed']} placed of {o['burst_decided']} in {o['burst_seconds']:.2f} s "
                  f"({o['window']} in flight)" + (f"; Ray {r['burst_placed']} of {r['burst_decided']} in "
-                                                 f"{r['burst_seconds']:.2f} s (all created at once)" if r else ""))
+                                                 f"{r['burst_seconds']:.2f} s ({r['window'] or 'all'} in flight)" if r else ""))
     for side in (o, r):
         if side and side.get("burst_cpu_s") and side["burst_placed"]:
             per = {k: 1000 * v / side["burst_placed"] for k, v in side["burst_cpu_s"].items()}
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lat", type=int, default=200, help="tasks created one at a time (p50/p99)")
     ap.add_argument("--tasks", type=int, default=2000, help="tasks of the burst (placements/s)")
     ap.add_argument("--window", type=int, default=64, help="our creates in flight in the burst")
+    ap.add_argument("--ray-window", type=int, default=64, help="Ray's groups not ready yet in the burst (0: all at once)")
     ap.add_argument("--sample-nodes", type=int, default=0,
                     help="our resourceAllocator's sampleNodes (0: every node, as `blocks trace replay`; 100: a block's default)")
     ap.add_argument("--sim-start-delay", default="0", help="AIOS_SIM_START_DELAY_S of our simulated fleet")
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     elif importlib.util.find_spec("ray") is None:
         print("Ray: skipped, ray is not installed (`make bench-peer` installs it: .venv/bin/pip install 'ray>=2.9')")
     else:
-        r = ray_side(nodes, tasks, a.policy, a.seed, a.lat, a.tasks)
+        r = ray_side(nodes, tasks, a.policy, a.seed, a.lat, a.tasks, a.ray_window)
         print(f"ray: {json.dumps(r)}", flush=True)
     print(table(o, r))
     if a.json:
