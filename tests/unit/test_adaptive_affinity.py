@@ -11,8 +11,8 @@ import msgspec
 import pytest
 
 from aios_blocks.handlers import controller
-from aios_blocks.handlers.explain import explain
 from aios_blocks.policies import affinity
+from aios_blocks.projections.explain import explain
 from aios_blocks.schemas.affinity import normalize
 
 from .views import free_gpus, invoker, make_ir, node, nodes_of
@@ -134,7 +134,8 @@ def test_the_cli_renders_the_adapt_table_and_the_weights(capsys: pytest.CaptureF
     assert "block median 25 ms" in line and "a-slow 40 ms x0.625" in line and "b-fast 10 ms x2" in line
     assert "base weight" in _adapt_line(affinity.adapt({}))
     rec = {"entry": 0, "base": 1.0, "multiplier": 2.0, "weight": 2.0, "why": "w"}
-    placement = {"placements": [{"instance_id": "ad-y", "node_id": "b-fast", "gpus": [], "adaptive": [rec]}], "adapt": table}
+    placement = {"block_id": "ad", "gen": 1, "cluster_id": "c1", "action": "scale",  # (the whole payload, as published)
+                 "placements": [{"instance_id": "ad-y", "node_id": "b-fast", "gpus": [], "adaptive": [rec]}], "adapt": table}
     capsys.readouterr()
     _render_explain(explain([("aios.block.ad.placement", {"data": placement})]))
     lines = capsys.readouterr().out.splitlines()
