@@ -363,9 +363,14 @@ def _data(raw: bytes) -> dict[str, Any]:
     return d if isinstance(d, dict) else {}
 
 
+def _is_decision(subject: str) -> bool:
+    found = parse(subject)
+    return found is not None and found[0] is E.block_decision
+
+
 def decisions_of(subject: str, data: dict[str, Any]) -> list[dict[str, Any]]:
     """The decisions a stored event records (a step event's ``decisions``, or a ``decision``)."""
-    if subject.endswith(".decision"):
+    if _is_decision(subject):
         return [data] if data else []
     found = data.get("decisions")
     return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
