@@ -105,17 +105,7 @@ class Checker:
         gen = int(m.get("gen", 0))
         rule = dict(m.get("stabilityChecker") or DEFAULT_RULE)  # the mapper copies it from the block
         settings = rule.get("settings") or {}
-        # rule settings the checker itself reads: probe (false: no active probe, only passive and
-        # progress signals) and probePath (default the instance protocol's /health)
-        path = str(settings.get("probePath") or HEALTH_PATH)
-        probed = {iid: r for iid, r in insts.items() if r.get("state") == "ready" and r.get("endpoint")}
-        if settings.get("probe") is False:
-            probed = {}
-        results = await asyncio.gather(*(self.probe(r["endpoint"], path) for r in probed.values()))
-        for iid, (ok, lat, status, err) in zip(probed, results, strict=True):
-            rec = self.probes.setdefault(iid, st.ProbeRecord())
-            rec.observe(ok, lat, status, err, now)
-            self._probed.append((str(probed[iid].get("node", "")), iid, rec.consecutive_failures, ok, err))
+        await self._probe_all(insts, settings, now)
         passive = await self.w.store.health.passive(bid, max(5.0, self.s.outlier_publish_s * 10))
         try:
             metrics = await self.w.store.metrics.instances(bid)
@@ -123,10 +113,7 @@ class Checker:
             metrics = {}
         rule.setdefault("name", "stabilityChecker")
         rule.setdefault("policyRuleURI", DEFAULT_RULE["policyRuleURI"])
-        try:
-            grace = float(settings.get("startupGraceS", self.s.health_startup_grace_s))
-        except (TypeError, ValueError):
-            grace = self.s.health_startup_grace_s
+        grace = self._grace(settings)
         inputs = [st.instance_input(iid, r, now, self.probes.get(iid), passive.get(iid, []), self.restarts.get(iid, 0),
                                     metrics.get(iid)) for iid, r in insts.items()]
         routed = sum(1 for r in insts.values() if r.get("state") == "ready")
@@ -150,12 +137,37 @@ class Checker:
             await self.w.bus.emit(E.instance_verdict, InstanceVerdict(bid, gen, a.instance_id, a.node_id, a.verdict, a.reason,
                                                                       a.weight, str(rule["policyRuleURI"]), seq))
             log.info("checker.verdict", block=bid, instance=a.instance_id, verdict=a.verdict, reason=a.reason)
-            if a.verdict in ("restart", "replace"):
-                self.busy[a.instance_id] = now
-                self.probes.pop(a.instance_id, None)  # a fresh record for the restarted instance
-                if a.verdict == "restart":
-                    self.restarts[a.instance_id] = self.restarts.get(a.instance_id, 0) + 1
+            self._carried_out(a, now)
         return actions
+
+    async def _probe_all(self, insts: dict[str, dict[str, Any]], settings: dict[str, Any], now: float) -> None:
+        """Probe the block's routed instances (rule settings the checker itself reads: ``probe``,
+        false: no active probe, only passive and progress signals; ``probePath``, default the
+        instance protocol's /health) and keep each result in its record."""
+        path = str(settings.get("probePath") or HEALTH_PATH)
+        probed = {iid: r for iid, r in insts.items() if r.get("state") == "ready" and r.get("endpoint")}
+        if settings.get("probe") is False:
+            probed = {}
+        results = await asyncio.gather(*(self.probe(r["endpoint"], path) for r in probed.values()))
+        for iid, (ok, lat, status, err) in zip(probed, results, strict=True):
+            rec = self.probes.setdefault(iid, st.ProbeRecord())
+            rec.observe(ok, lat, status, err, now)
+            self._probed.append((str(probed[iid].get("node", "")), iid, rec.consecutive_failures, ok, err))
+
+    def _grace(self, settings: dict[str, Any]) -> float:
+        """The rule's ``startupGraceS``, else AIOS_HEALTH_STARTUP_GRACE_S."""
+        try:
+            return float(settings.get("startupGraceS", self.s.health_startup_grace_s))
+        except (TypeError, ValueError):
+            return self.s.health_startup_grace_s
+
+    def _carried_out(self, a: st.Action, now: float) -> None:
+        """A restarted or replaced instance: busy for a while, probed afresh, its restarts counted."""
+        if a.verdict in ("restart", "replace"):
+            self.busy[a.instance_id] = now
+            self.probes.pop(a.instance_id, None)  # a fresh record for the restarted instance
+            if a.verdict == "restart":
+                self.restarts[a.instance_id] = self.restarts.get(a.instance_id, 0) + 1
 
     async def suspects(self) -> None:
         """Mark, renew or clear suspect nodes from this tick's probes (``handlers.reconcile.suspicion``)."""

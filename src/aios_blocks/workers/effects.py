@@ -5,7 +5,7 @@ changes nothing twice (the stream deduplicates the events by their catalog id ru
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from ..bus.catalog import E, Emit
@@ -36,49 +36,85 @@ async def commit(w: Worker, effects: Iterable[Effect]) -> None:
             return  # a guard failed (the instance is gone): the rest depended on it
 
 
-async def _one(w: Worker, e: Effect, fresh: list[tuple[str, Mapping[str, dict[str, Any]]]]) -> bool:
+Fresh = list[tuple[str, Mapping[str, dict[str, Any]]]]
+Seen = tuple[str, Mapping[str, dict[str, Any]]] | None
+
+
+async def _one(w: Worker, e: Effect, fresh: Fresh) -> bool:
+    """Commit one effect; ``False``: its guard failed (the effects after it depended on it)."""
     seen = fresh.pop() if fresh else None  # good for the effect right after the write only
-    match e:
-        case Publish(events):
-            await w.bus.emit_all(events)
-            if seen is not None:
-                fresh.append(seen)  # publishing changes no state
-        case SetInstance(bid, iid, status, endpoint):
-            rec, insts = await w.store.set_instance_status_all(bid, iid, status.value, endpoint)
-            if rec is None:
-                return False
-            fresh.append((bid, insts))
-        case Transition(bid, gen, step, fields, then, redo):
-            kw: dict[str, Any] = dict(fields)
-            ok, info = await w.store.transition(bid, gen, step, **kw)
-            if ok or (redo and info == TRANSITIONS[step].target):
-                await commit(w, then)
-        case Release(bid, iid, inst):
-            await release(w, bid, iid, inst)
-        case ReadyIfRunning(bid, gen, needed, cid, step):
-            insts = seen[1] if seen is not None and seen[0] == bid else await w.store.instances(bid)
-            if sum(1 for i in insts.values() if i["status"] == InstanceStatus.RUNNING) >= needed:
-                await _ready(w, bid, gen, cid, step, sorted(insts))
-        case DeletedIfEmpty(bid, gen):
-            # read after our own drop: two removals handled at once must not each still see the
-            # other's instance (then neither would mark the block deleted)
-            if not await w.store.instances(bid):
-                deleted = BlockStatus(bid, gen, "deleted")
-                await commit(w, [Transition(bid, gen, Step.DELETED, then=(Publish((Emit(E.block_deleted, deleted),)),))])
-        case RemoveAll(bid, gen, reason):
-            for iid, rec in (await w.store.instances(bid)).items():
-                await w.store.set_instance_status(bid, iid, InstanceStatus.REMOVING.value)
-                await w.bus.emit_all([remove_command(bid, gen, rec["cluster"], iid, rec["node"], reason)])
-        case Replace(bid, gen, cid, iid, reason, request_id, avoid):
-            req = ReassignRequest(bid, cid, request_id, iid, reason, gen=gen, avoid_node=avoid, at=round(time.time(), 3))
-            ack = await w.bus.emit(E.cluster_reassignment, req, sync=True)
-            if not getattr(ack, "duplicate", False):
-                # counted once per request, as the stream holds it once (a redelivered fault is
-                # deduplicated; recover counts the stored requests): the limit is not reached early
-                await w.store.block_bump(bid, "replacements")
-        case _:
-            raise TypeError(f"unknown effect {e!r}")
+    do = _DO.get(type(e))
+    if do is None:
+        raise TypeError(f"unknown effect {e!r}")
+    return await do(w, e, seen, fresh)
+
+
+async def _publish(w: Worker, e: Publish, seen: Seen, fresh: Fresh) -> bool:
+    await w.bus.emit_all(e.events)
+    if seen is not None:
+        fresh.append(seen)  # publishing changes no state
     return True
+
+
+async def _set_instance(w: Worker, e: SetInstance, seen: Seen, fresh: Fresh) -> bool:
+    rec, insts = await w.store.set_instance_status_all(e.block_id, e.instance_id, e.status.value, e.endpoint)
+    if rec is None:
+        return False
+    fresh.append((e.block_id, insts))
+    return True
+
+
+async def _transition(w: Worker, e: Transition, seen: Seen, fresh: Fresh) -> bool:
+    kw: dict[str, Any] = dict(e.fields)
+    ok, info = await w.store.transition(e.block_id, e.gen, e.step, **kw)
+    if ok or (e.redo and info == TRANSITIONS[e.step].target):
+        await commit(w, e.then)
+    return True
+
+
+async def _release(w: Worker, e: Release, seen: Seen, fresh: Fresh) -> bool:
+    await release(w, e.block_id, e.instance_id, e.instance)
+    return True
+
+
+async def _ready_if_running(w: Worker, e: ReadyIfRunning, seen: Seen, fresh: Fresh) -> bool:
+    insts = seen[1] if seen is not None and seen[0] == e.block_id else await w.store.instances(e.block_id)
+    if sum(1 for i in insts.values() if i["status"] == InstanceStatus.RUNNING) >= e.min_instances:
+        await _ready(w, e.block_id, e.gen, e.cluster_id, e.step, sorted(insts))
+    return True
+
+
+async def _deleted_if_empty(w: Worker, e: DeletedIfEmpty, seen: Seen, fresh: Fresh) -> bool:
+    # read after our own drop: two removals handled at once must not each still see the
+    # other's instance (then neither would mark the block deleted)
+    if not await w.store.instances(e.block_id):
+        deleted = BlockStatus(e.block_id, e.gen, "deleted")
+        await commit(w, [Transition(e.block_id, e.gen, Step.DELETED, then=(Publish((Emit(E.block_deleted, deleted),)),))])
+    return True
+
+
+async def _remove_all(w: Worker, e: RemoveAll, seen: Seen, fresh: Fresh) -> bool:
+    for iid, rec in (await w.store.instances(e.block_id)).items():
+        await w.store.set_instance_status(e.block_id, iid, InstanceStatus.REMOVING.value)
+        await w.bus.emit_all([remove_command(e.block_id, e.gen, rec["cluster"], iid, rec["node"], e.reason)])
+    return True
+
+
+async def _replace(w: Worker, e: Replace, seen: Seen, fresh: Fresh) -> bool:
+    req = ReassignRequest(e.block_id, e.cluster_id, e.request_id, e.instance_id, e.reason, gen=e.gen, avoid_node=e.avoid_node, at=round(time.time(), 3))
+    ack = await w.bus.emit(E.cluster_reassignment, req, sync=True)
+    if not getattr(ack, "duplicate", False):
+        # counted once per request, as the stream holds it once (a redelivered fault is
+        # deduplicated; recover counts the stored requests): the limit is not reached early
+        await w.store.block_bump(e.block_id, "replacements")
+    return True
+
+
+#: effect type -> how it is committed
+_DO: dict[type, Callable[[Worker, Any, Seen, Fresh], Awaitable[bool]]] = {
+    Publish: _publish, SetInstance: _set_instance, Transition: _transition, Release: _release,
+    ReadyIfRunning: _ready_if_running, DeletedIfEmpty: _deleted_if_empty, RemoveAll: _remove_all, Replace: _replace,
+}
 
 
 async def _ready(w: Worker, bid: str, gen: int, cid: str, step: Step, instances: list[str]) -> None:
