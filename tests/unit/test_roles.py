@@ -15,7 +15,8 @@ ROOT = Path(aios_blocks.__file__).resolve().parent
 
 
 #: complete lists that must stay spelled out, and why
-ALLOWED = {"cli/servers.py": "`blocks up` has one option per kind (typer declares each); the test below checks its keys"}
+ALLOWED = {"cli/servers.py": "`blocks up` has one option per kind (typer declares each); the test below checks its keys",
+           "runtime/auth.py": "each kind's NATS rights, a function per kind; the test below checks it covers the table"}
 
 
 def _kind_lists(allowed: dict[str, str] = ALLOWED) -> list[str]:
@@ -42,6 +43,12 @@ def test_blocks_up_has_an_option_for_each_kind() -> None:
     layouts = [n.value for n in ast.walk(tree) if isinstance(n, ast.Assign) and any(
         isinstance(t, ast.Name) and t.id == "layout" for t in n.targets) and isinstance(n.value, ast.Dict)]
     assert [{k.value for k in d.keys if isinstance(k, ast.Constant)} for d in layouts] == [set(roles.KINDS)]
+
+
+def test_every_kind_has_its_nats_rights() -> None:
+    from aios_blocks.runtime import auth
+
+    assert set(auth._WORKER_RIGHTS) == {*roles.KINDS, "agent"}
 
 
 def test_the_table_derives_groups_layout_and_users() -> None:
