@@ -142,6 +142,7 @@ def main() -> None:
         while True:
             o = json.loads(get(url + "api/overview")[1])
             total = sum(o["blocks"].values())
+            # (settled: every block ready, failed or waiting for capacity in the pending queue)
             pending = sum(o["blocks"].get(s, 0) for s in ("parsed", "selecting", "allocating", "placing", "deleting"))
             if total >= args.blocks and not pending:
                 break

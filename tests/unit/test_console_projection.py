@@ -69,6 +69,7 @@ def test_the_overview_counts_gpus_used_free_and_blocks_by_status_with_reasons() 
     assert o["blocks"] == {"parsed": 1, "ready": 1, "rejected": 1}
     assert [b["id"] for b in o["pending"]] == ["b2"]
     assert o["failures"][0]["id"] == "b3" and o["failures"][0]["reason"] == "$.minInstances: too big"
+    assert pj.PENDING[0] == "pending"  # a block waiting for capacity is in the queue (docs/priority.md)
 
 
 def test_stranded_is_the_free_compute_the_workload_cannot_use() -> None:

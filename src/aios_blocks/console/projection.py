@@ -19,8 +19,9 @@ from ..schemas.lifecycle import BlockStatus
 
 _json = msgspec.json
 
-#: statuses still on their way to ready (the pending queue)
-PENDING = (BlockStatus.PARSED, BlockStatus.SELECTING, BlockStatus.ALLOCATING, BlockStatus.PLACING)
+#: statuses still on their way to ready: the pending queue (``pending``: fits nowhere now and waits
+#: for capacity, docs/priority.md) and the steps in flight
+PENDING = (BlockStatus.PENDING, BlockStatus.PARSED, BlockStatus.SELECTING, BlockStatus.ALLOCATING, BlockStatus.PLACING)
 #: statuses a failure list shows, with their reasons
 FAILED = (BlockStatus.FAILED, BlockStatus.REJECTED)
 #: statuses whose blocks hold (or want) capacity: their shapes are the workload FGD measures against
