@@ -41,7 +41,8 @@ def anchors(path: Path) -> dict[tuple[str, str], tuple[float, float]]:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workloads", default="default", help="comma-separated, e.g. default,gpushare40,multigpu50,gpuspec33")
-    ap.add_argument("--policies", default=",".join(BASELINES))
+    ap.add_argument("--policies", default=",".join([*BASELINES, "fgd-plus"]),
+                    help="comma-separated; default: the paper's six and ours (fgd-plus, the replay's default)")
     ap.add_argument("--seeds", default="42")
     ap.add_argument("--inflate", type=float, default=1.3)
     ap.add_argument("--traces", type=Path, default=HERE, help="folder of the node list, the pod lists and the anchor")
