@@ -47,6 +47,11 @@ def submit(
         "A check, not a lock: changes after it are not covered.",
     ),
     as_json: bool = typer.Option(False, "--json", help="With --dry-run: the plan as JSON."),
+    no_queue: bool = typer.Option(
+        False, "--no-queue",
+        help="A block that fits nowhere fails at once (exit 3 with --wait) instead of waiting in the pending queue "
+        "(sets the spec's `queue: false`; docs/priority.md).",
+    ),
     data_dir: Path = DataDir,
 ) -> None:
     """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout;
@@ -77,6 +82,8 @@ def submit(
     if as_json and not dry_run:
         raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
     spec = _load(file)
+    if no_queue:
+        spec["queue"] = False
     if dry_run:
         raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
 
@@ -142,12 +149,17 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
 def list_blocks(
     limit: int = typer.Option(100, min=1, help="At most this many blocks."),
     as_json: bool = typer.Option(False, "--json", help="The rows as a JSON list (id, status, cluster, reason, gen, instances)."),
+    pending: bool = typer.Option(False, "--pending", help="Only the blocks waiting in the pending queue, in queue order: "
+                                 "position, priority, age, reason (docs/priority.md)."),
     data_dir: Path = DataDir,
 ) -> None:
     """List blocks, newest first: status, cluster, instance count, reason. Reads Redis only.
 
-    Example: `blocks list --limit 20`, `blocks list --json`
+    Example: `blocks list --limit 20`, `blocks list --json`, `blocks list --pending`
     """
+    if pending:
+        _list_pending(as_json, data_dir)
+        return
     from ..state.views import block_rows, open_reader
 
     try:
@@ -165,6 +177,24 @@ def list_blocks(
     t = _table("block", "status", "cluster", "instances", "reason")
     for row in rows:
         t.add_row(*_plain(row["id"], row["status"], row["cluster"] or "", row["instances"], row["reason"] or ""))
+    console.print(t)
+
+
+def _list_pending(as_json: bool, data_dir: Path) -> None:
+    from .pending import rows
+
+    async def go(c: Client) -> list[dict[str, Any]]:
+        return await rows(c.store)
+
+    out = _request(go, data_dir, store_only=True)
+    if as_json:
+        _print_json(out)
+        return
+    t = _table("block", "queue", "position", "priority", "age", "reason")
+    for r in out:
+        extra = (f" (preempted by {r['preempted_by']})" if r["preempted_by"] else "") + ("; preempting" if r["preempting"] else "")
+        t.add_row(*_plain(r["id"], r["scope"], r["position"], f"{r['priority']} {r['priorityClass']}".strip(),
+                          f"{r['age_s']:g}s", r["reason"] + extra))
     console.print(t)
 
 

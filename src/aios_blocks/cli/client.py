@@ -294,6 +294,11 @@ class Client:
             self._dry_invoker(runtime, ir, "resourceAllocator", calls), aff,
         )
         plan.index, plan.calls = index, calls
+        if not plan.places:  # the pending queue's forecast (docs/priority.md)
+            from ..settings import load as load_settings
+            from .pending import forecast
+
+            plan.notes += await forecast(self.store, ir, sorted(clusters), load_settings().preempt_min_delta)
         if given is None:
             plan.notes.append(f"the spec has no blockId: planned as {bid}; a submit gets another id, and equal GPUs "
                               "are picked by the block id, so give a blockId to get this plan")

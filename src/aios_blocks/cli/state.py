@@ -83,6 +83,11 @@ def explain(
             err.print(f"[yellow]no events for {bid}[/]")
             return 1
         x = fold(events)
+        from .pending import why_waiting
+
+        waiting = await why_waiting(c.store, bid)  # the pending queue, live (docs/priority.md)
+        if waiting is not None:
+            x["pending"] = waiting
         if inputs:
             calls = await c.decisions(bid=bid)
             checks: dict[str, int] = {}
@@ -98,6 +103,13 @@ def explain(
             print(json.dumps(x, indent=2, default=str))
             return 0
         _render_explain(x)
+        if waiting is not None:
+            ahead = ", ".join(waiting["ahead"]) or "nobody"
+            console.print(escape(
+                f"waits in the pending queue {waiting['scope']} at position {waiting['position']} of {waiting['length']} "
+                f"(behind {ahead}): {waiting['reason']}"
+                + (f"; preempted by {waiting['preempted_by']} (it never preempts in turn)" if waiting["preempted_by"] else "")
+                + ("; its preemption is under way (victims draining)" if waiting["preempting"] else "")))
         return 0
 
     raise typer.Exit(_run(_with_client(data_dir, go)))

@@ -32,7 +32,8 @@ from ..state.store import Store
 from . import image as im
 from .rebuild import fold_stream, read_image
 
-TERMINAL = ("ready", "failed", "rejected", "deleted")
+#: (``pending``: settled too, it waits for capacity by design; docs/priority.md)
+TERMINAL = ("ready", "failed", "rejected", "deleted", "pending")
 IN_FLIGHT = ("parsed", "selecting", "allocating", "placing", "deleting")
 EPS = 1e-6
 
@@ -113,8 +114,8 @@ def _blocks(blocks: dict[str, Any], insts: dict[str, Any], stuck: list[str], rep
             rep.violations.append(f"block {bid}: {status} without a reason")
         elif status == "ready":
             _ready(bid, b, insts.get(bid, {}), stuck)
-        elif status == "deleted" and insts.get(bid):
-            stuck.append(f"block {bid}: deleted but still has instances {sorted(insts[bid])}")
+        elif status in ("deleted", "pending") and insts.get(bid):  # (a victim of a preemption drains)
+            stuck.append(f"block {bid}: {status} but still has instances {sorted(insts[bid])}")
     rep.counts.update({f"blocks_{s}": n for s, n in statuses.items()})
 
 

@@ -98,6 +98,10 @@ class PendingQueue:
         """The first ``k`` blocks of the scope's queue, in order."""
         return [bid_of(str(m)) for m in await self.r.zrange(queue_key(scope), 0, k - 1)]
 
+    async def ahead(self, scope: str, priority: int) -> int:
+        """How many blocks a new block of ``priority`` would wait behind (equal or higher: older)."""
+        return int(await self.r.zcount(queue_key(scope), "-inf", float(-priority)))
+
     async def due(self, now: float, limit: int = 100) -> list[str]:
         """Blocks whose wait is over (``maxPendingS``), the longest over first."""
         return [str(b) for b in await self.r.zrangebyscore(DUE, "-inf", now, start=0, num=limit)]

@@ -124,7 +124,10 @@ async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
     if int(block.get("attempt", 0)) != ev.attempt:
         return
     ir = block["ir"]
-    iids = tuple(h.instance_id(ev.block_id, i) for i in range(ir["minInstances"]))
+    # a victim of a preemption placed again (same generation) takes fresh instance ids: the first
+    # gang's commands and facts are in the stream under theirs (docs/priority.md)
+    keys = [f"r{ev.attempt}-{i}" if block.get("preempted_by") else i for i in range(ir["minInstances"])]
+    iids = tuple(h.instance_id(ev.block_id, k) for k in keys)
     if not iids:
         await commit(w, [ReadyIfRunning(ev.block_id, ev.gen, 0, ev.cluster_id, Step.READY_EMPTY)])
         return
@@ -134,7 +137,8 @@ async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
     except PlacementFailed as exc:
         await _reselect_or_fail(w, ir, ev, exc.reason, trace)
         return
-    await start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts, key="gang", trace=trace,
+    await start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts,
+                key=f"gang-r{ev.attempt}" if block.get("preempted_by") else "gang", trace=trace,
                 step=(Step.RESERVE, {"cluster": ev.cluster_id}))
 
 
@@ -391,7 +395,10 @@ async def on_scale_target(w: Worker, m: Inbound[ScaleTarget]) -> None:
 
 
 async def on_delete(w: Worker, m: Inbound[DeleteRequest]) -> None:
-    await commit(w, lc.on_delete(m.data.block_id, await _view(w, m.data.block_id)))
+    view = await _view(w, m.data.block_id)
+    await commit(w, lc.on_delete(m.data.block_id, view))
+    if view.block is not None and view.block["status"] == "pending":  # out of the pending queue
+        await queue.PendingQueue(w.store.r).remove(m.data.block_id)
 
 
 async def fault_verdict(

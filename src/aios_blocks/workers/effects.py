@@ -4,6 +4,7 @@ changes nothing twice (the stream deduplicates the events by their catalog id ru
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
@@ -120,7 +121,16 @@ _DO: dict[type, Callable[[Worker, Any, Seen, Fresh], Awaitable[bool]]] = {
 async def _ready(w: Worker, bid: str, gen: int, cid: str, step: Step, instances: list[str]) -> None:
     ok, info = await w.store.transition(bid, gen, step)
     if ok or info == TRANSITIONS[step].target:  # a redelivery after the CAS re-publishes (deduplicated)
-        await w.bus.emit(E.block_ready, BlockStatus(bid, gen, "ready", "", cid, instances))
+        await w.bus.emit(E.block_ready, BlockStatus(bid, gen, "ready", "", cid, instances), qualifier=ready_qualifier(bid, instances))
+
+
+def ready_qualifier(bid: str, instances: list[str]) -> str:
+    """'' for a block's first ready (its gang ``{bid}-{n}``); a victim of a preemption placed again
+    in the same generation has other instance ids (``controller.on_allocation``), and its ready
+    must not be taken for the first one's duplicate (docs/priority.md)."""
+    if all(i.startswith(f"{bid}-") and i[len(bid) + 1:].isdigit() for i in instances):
+        return ""
+    return hashlib.sha1(",".join(sorted(instances)).encode()).hexdigest()[:8]
 
 
 async def release(w: Worker, bid: str, iid: str, inst: dict[str, Any]) -> None:

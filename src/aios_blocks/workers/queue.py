@@ -24,6 +24,7 @@ from typing import Any
 import structlog
 
 from ..bus.catalog import E, Emit
+from ..bus.runner import Defer
 from ..handlers import preemption as pre
 from ..handlers import queue as hq
 from ..schemas.errors import PolicyFailed
@@ -32,7 +33,7 @@ from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, scope_of
-from .base import Worker
+from .base import EpochGuard, Worker
 
 log = structlog.get_logger("aios.queue")
 
@@ -41,7 +42,7 @@ _running: dict[int, QueueWalker] = {}
 DEBOUNCE_S = 0.05
 DEFAULT_POLICY = "builtin:preempt-min"
 
-__all__ = ["QueueWalker", "poke", "wait_or_fail"]
+__all__ = ["PendingQueue", "QueueWalker", "poke", "wait_or_fail"]
 
 
 def poke(w: Worker) -> None:
@@ -81,6 +82,8 @@ class QueueWalker:
         self.holder = f"queue-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.wake = asyncio.Event()
         self.passes = 0
+        #: no valid state (flushed, ``blocks recover`` under way): no pass; a new epoch: fresh views
+        self.guard = EpochGuard(w)
 
     async def run(self, stop: asyncio.Event) -> None:
         _running[id(self.w)] = self
@@ -98,10 +101,17 @@ class QueueWalker:
             _running.pop(id(self.w), None)
 
     async def tick(self) -> bool:
+        try:
+            epoch = await self.guard.current()
+        except Defer:
+            return False
         if not await self.q.lead(self.holder, max(3 * self.s.queue_resync_s, 10.0)):
             return False
         await self.expire(time.time())
         for scope in await self.q.scopes():
+            if not await self.guard.still(epoch):  # the state was rebuilt under the pass: look again
+                self.wake.set()
+                return False
             await self.walk(scope)
         self.passes += 1
         return True

@@ -1,0 +1,145 @@
+"""The pending queue on real servers (issue 36, docs/priority.md): a block that fits nowhere waits
+(``pending``, with the reason per cluster) and is placed when capacity frees, without being
+submitted again; priority order; maxPendingS; ``queue: false`` (``submit --no-queue``) fails as
+before; preemption sends the victim back to pending, and it returns when capacity does; a block
+that is not preemptible is never a victim; ``blocks recover`` rebuilds the queue."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import pytest
+
+from aios_blocks.recovery.invariants import check
+from aios_blocks.recovery.rebuild import recover
+from aios_blocks.state.queue import PendingQueue
+
+from .conftest import System
+from .test_priority_cli import _ok, run
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def quick_queue(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOS_QUEUE_RESYNC_S", "0.5")  # inherited by the worker processes
+    monkeypatch.setenv("AIOS_SCALE_DOWN_GRACE_S", "0")
+
+
+def spec(bid: str, n: int = 1, **extra: Any) -> dict[str, Any]:
+    return {"blockId": bid, "blockComponentURI": "aios://test/model", "minInstances": n, "maxInstances": n, **extra}
+
+
+async def status_of(system: System, bid: str, want: str, timeout: float = 40) -> dict[str, Any]:
+    block = None
+    try:
+        async with asyncio.timeout(timeout):
+            while True:
+                block = await system.client.store.get_block(bid)
+                if block is not None and block["status"] == want:
+                    return block
+                await asyncio.sleep(0.1)
+    except TimeoutError:
+        kinds = [s.split(".", 3)[3] for s, _, _ in await system.client.history(bid, idle=0.2)]
+        raise AssertionError(f"{bid} is not {want}: {block and {k: v for k, v in block.items() if k != 'ir'}}; {kinds}") from None
+
+
+async def events(system: System, bid: str, tail: str) -> list[dict[str, Any]]:
+    return [e["data"] for s, e, _ in await system.client.history(bid, idle=0.2) if s.endswith(f".{tail}")]
+
+
+async def test_a_block_that_fits_nowhere_waits_and_is_placed_when_another_is_deleted(quick_queue: None, system: System) -> None:
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=2)
+    _, kind, _ = await system.submit_and_wait(spec("a", 2))
+    assert kind == "ready"
+    await c.submit(spec("b"))
+    block = await status_of(system, "b", "pending")
+    assert "no healthy node with capacity" in block["reason"]
+    (pending,) = await events(system, "b", "pending")
+    assert pending["reasons"] == {"c1": "no healthy node with capacity for one instance (1 nodes)"}, pending
+    assert await PendingQueue(c.store.r).position("b") == ("_", 1, 1)
+    out = json.loads(await _ok(system, "list", "--pending", "--json"))
+    assert [(r["id"], r["position"]) for r in out] == [("b", 1)] and "no healthy node" in out[0]["reason"]
+    assert "waits in the pending queue" in await _ok(system, "explain", "b")
+    await c.delete("a")
+    await status_of(system, "b", "ready")  # placed, never submitted again
+    assert await PendingQueue(c.store.r).position("b") is None
+
+
+async def test_priority_order_among_waiting_blocks_and_not_preemptible(quick_queue: None, system: System) -> None:
+    """lo waits first, hi after it; hi is placed first when the GPU frees. hi never preempts
+    ``holder`` (preemptible: false)."""
+    c = system.client
+    await _ok(system, "priority-class", "add", "high", "1000")
+    await c.add_sim_cluster("c1", nodes=1, gpus=1)
+    _, kind, _ = await system.submit_and_wait(spec("holder", preemptible=False))
+    assert kind == "ready"
+    await c.submit(spec("lo"))
+    await status_of(system, "lo", "pending")
+    await c.submit(spec("hi", priorityClass="high"))
+    await status_of(system, "hi", "pending")
+    assert await PendingQueue(c.store.r).position("hi") == ("_", 1, 2)
+    await asyncio.sleep(1.5)  # a few walker passes: hi may not preempt the holder
+    assert (await c.store.get_block("holder") or {}).get("status") == "ready" and not await events(system, "holder", "preempted")
+    await c.delete("holder")
+    await status_of(system, "hi", "ready")
+    assert (await c.store.get_block("lo") or {}).get("status") == "pending"
+
+
+async def test_max_pending_s_fails_a_long_wait_and_no_queue_fails_at_once(quick_queue: None, system: System) -> None:
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=1)
+    _, kind, _ = await system.submit_and_wait(spec("a"))
+    assert kind == "ready"
+    _, kind, env = await system.submit_and_wait(spec("nq", queue=False))
+    assert kind == "failed" and "no healthy node with capacity" in env["data"]["reason"], env
+    assert not await events(system, "nq", "pending")
+    _, kind, env = await system.submit_and_wait(spec("short", maxPendingS=1))
+    assert kind == "failed" and env["data"]["reason"].startswith("waited longer than maxPendingS"), env
+    assert await events(system, "short", "pending")
+    assert await PendingQueue(c.store.r).position("short") is None
+
+
+async def test_a_high_block_preempts_a_low_one_which_waits_and_returns(quick_queue: None, system: System) -> None:
+    c = system.client
+    await _ok(system, "priority-class", "add", "high", "1000")
+    await c.add_sim_cluster("c1", nodes=1, gpus=1)
+    _, kind, _ = await system.submit_and_wait(spec("lo"))
+    assert kind == "ready"
+    await c.submit(spec("hi", priorityClass="high"))
+    await status_of(system, "hi", "ready")
+    (preempted,) = await events(system, "lo", "preempted")
+    assert preempted["preemptor"] == "hi" and preempted["reason"] == "Priority", preempted
+    (preempting,) = await events(system, "hi", "preempting")
+    assert preempting["victims"] == {"lo": ["lo-0"]}, preempting
+    lo = await status_of(system, "lo", "pending")
+    assert lo["preempted_by"] == "hi"
+    # the state the stream folds to is the live one (the victim waiting, the preemptor placed), and
+    # recover rebuilds the queue from the stream
+    rep = await check(c.bus, c.store, settled=False)
+    assert rep.redis_digest == rep.stream_digest and not rep.violations, (rep.diff, rep.violations)
+    await recover(c.bus, c.store, force=True)
+    assert await PendingQueue(c.store.r).position("lo") == ("_", 1, 1)
+    assert (await c.store.get_block("lo") or {}).get("status") == "pending"
+    await c.delete("hi")
+    lo = await status_of(system, "lo", "ready")
+    assert sorted(await c.store.instances("lo")) != ["lo-0"]  # placed again under fresh instance ids
+    await status_of(system, "hi", "deleted")
+    rep = await check(c.bus, c.store, settled=False)
+    assert rep.redis_digest == rep.stream_digest and not rep.violations, (rep.diff, rep.violations)
+
+
+async def test_no_queue_flag_on_the_command_line(quick_queue: None, system: System, tmp_path: Any) -> None:
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=1)
+    _, kind, _ = await system.submit_and_wait(spec("a"))
+    assert kind == "ready"
+    f = tmp_path / "b.json"
+    f.write_text(json.dumps(spec("b")))
+    r = await run(system, "submit", str(f), "--no-queue", "--wait")
+    assert r.returncode == 3, r.stdout + r.stderr
+    r = await run(system, "submit", str(f), "--dry-run")
+    assert "would wait behind 0 block(s)" in r.stdout + r.stderr, r.stdout + r.stderr
