@@ -143,3 +143,19 @@ def test_a_past_moment_is_the_stream_folded_up_to_it() -> None:
         assert [e["seq"] for e in feed.tail][-1] == len(STORY)
 
     asyncio.run(go())
+
+
+def test_a_past_moment_starts_from_the_nearest_checkpoint_of_the_live_fold() -> None:
+    async def go() -> None:
+        feed = Feed(None, lambda s, e: "", check_every=1)  # type: ignore[arg-type]
+        for m in messages():
+            feed.apply(*m)
+        feed.caught_up.set()
+        # 13 events, a checkpoint after each at first: thinned out past CHECKPOINTS=8, the newest kept
+        assert 0 < len(feed.checkpoints) <= 8 and feed.checkpoints[-1][0] == 13 and feed.checkpoints[0][0] == 1
+        for seq in range(1, len(STORY)):
+            then = await feed.at(seq)
+            assert pj.overview(then) == pj.overview(folded(seq)), seq
+            assert then.blocks == folded(seq).blocks and then.last_seq == seq
+
+    asyncio.run(go())

@@ -6,11 +6,14 @@ folded up to a past sequence (``at``) with the same fold."""
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
+import pickle
 import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -31,6 +34,11 @@ PAST_CACHE = 4
 #: moment then folds from memory (~0.3 M events/s) instead of reading the stream again through NATS;
 #: a longer stream is read again
 KEEP_BYTES = 256 * 1024 * 1024
+#: a checkpoint of the live fold (pickled) every this many events at first; at most ``CHECKPOINTS``
+#: are kept (when there are more, every other one goes and the interval doubles): a past moment
+#: starts from the nearest checkpoint before it and folds only the events after it
+CHECK_EVERY = 20_000
+CHECKPOINTS = 8
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -60,8 +68,12 @@ class Feed:
     """The live fold and what the views need beside it. ``line(subject, env)``: an event's one-line
     text (``blocks replay``'s)."""
 
-    def __init__(self, bus: Bus, line: Callable[[str, dict[str, Any]], str], keep_bytes: int = KEEP_BYTES):
+    def __init__(self, bus: Bus, line: Callable[[str, dict[str, Any]], str], keep_bytes: int = KEEP_BYTES,
+                 check_every: int = CHECK_EVERY):
         self.bus = bus
+        #: (sequence, the live fold pickled there), oldest first
+        self.checkpoints: list[tuple[int, bytes]] = []
+        self._check_every, self._since_check = check_every, 0
         #: every stored message so far, while their bodies fit in ``keep_bytes`` (None once they do not)
         self.kept: list[tuple[str, bytes, int, float]] | None = []
         self._kept_bytes, self._keep_bytes = 0, keep_bytes
@@ -104,6 +116,9 @@ class Feed:
         if seq and seq <= self.fold.last_seq:
             return  # (a redelivery after a reconnect)
         self.fold.apply(subject, raw, seq, ts)
+        self._since_check += 1
+        if self._since_check >= self._check_every:
+            self._checkpoint()
         if self.kept is not None:
             self._kept_bytes += len(raw) + len(subject)
             if self._kept_bytes > self._keep_bytes:
@@ -125,6 +140,15 @@ class Feed:
             with contextlib.suppress(asyncio.QueueFull):
                 q.put_nowait(item)
 
+    def _checkpoint(self) -> None:
+        """The live fold as it is now, pickled (a pause of the feed that grows with the state:
+        ~0.2 s for 1,213 nodes and 10,000 blocks here; rarer as the interval doubles)."""
+        self.checkpoints.append((self.fold.last_seq, pickle.dumps(self.fold, protocol=pickle.HIGHEST_PROTOCOL)))
+        self._since_check = 0
+        if len(self.checkpoints) > CHECKPOINTS:
+            self.checkpoints = self.checkpoints[::-1][::2][::-1]  # (the newest stays)
+            self._check_every *= 2
+
     def rates(self, window_s: float = 10.0) -> dict[str, float]:
         """Placements and block events per second over the last ``window_s``."""
         cutoff = time.monotonic() - window_s
@@ -143,16 +167,20 @@ class Feed:
         if hit is not None:
             self._past.move_to_end(seq)
             return hit
-        f = Fold()
+        f, after = Fold(), 0
+        at = bisect.bisect_right(self.checkpoints, seq, key=lambda c: c[0])
+        if at:
+            after, pickled = self.checkpoints[at - 1]
+            f = pickle.loads(pickled)
         if self.kept is not None and self.caught_up.is_set():
-            for subject, raw, s, ts in self.kept:
+            for subject, raw, s, ts in islice(self.kept, bisect.bisect_right(self.kept, after, key=lambda m: m[2]), None):
                 if s > seq:
                     break
                 f.apply(subject, raw, s, ts)
             return self._remember(seq, f)
 
         def on_msg(subject: str, raw: bytes, s: int, ts: float) -> None:
-            if s <= seq:
+            if after < s <= seq:
                 f.apply(subject, raw, s, ts)
 
         await read_stream(self.bus, on_msg)
