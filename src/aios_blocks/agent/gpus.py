@@ -21,6 +21,9 @@ from typing import Any, Protocol
 import structlog
 
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
+from ..schemas.topology import GpuTopology
+from ..schemas.topology import profile as topology_profile
+from .topology import read_topology
 
 log = structlog.get_logger("aios.agent.gpus")
 
@@ -48,6 +51,10 @@ class GpuSource(Protocol):
         """GPU id -> utilisation 0..1 (empty when unknown)."""
         ...
 
+    def topology(self) -> GpuTopology | None:
+        """How the GPUs are connected, pair by pair (None: unknown; docs/topology.md)."""
+        ...
+
 
 class Nvml(Protocol):
     """The handful of pynvml calls used (pynvml itself satisfies it)."""
@@ -59,6 +66,9 @@ class Nvml(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
+    # the topology (agent/topology.py): nvmlDeviceGetPciInfo, nvmlDeviceGetNvLinkState,
+    # nvmlDeviceGetNvLinkRemotePciInfo, nvmlDeviceGetNvLinkRemoteDeviceType (optional) and
+    # nvmlDeviceGetTopologyCommonAncestor; a library without them reports the topology unknown
 
 
 def _text(v: str | bytes) -> str:
@@ -90,6 +100,11 @@ class NvmlSource:
                 continue
         return out
 
+    def topology(self) -> GpuTopology | None:
+        if not self._handles:
+            self.gpus()
+        return read_topology(self.nvml, [h for _, h in self._handles]) if len(self._handles) > 1 else None
+
 
 def sim_uuid(node_id: str, index: int) -> str:
     """A simulated GPU's stable fake UUID (the same after every agent restart)."""
@@ -103,12 +118,17 @@ class SimulatedSource:
     model: str = "sim-gpu"
     memory: int = 81920
     kind: GpuSourceKind = GpuSourceKind.SIMULATED
+    #: a named GPU topology profile (schemas.topology.PROFILES; "": none reported)
+    profile: str = ""
 
     def gpus(self) -> list[GpuInfo]:
         return [GpuInfo(sim_uuid(self.prefix, i), self.model, self.memory, i) for i in range(self.count)]
 
     def utilization(self) -> dict[str, float]:
         return {}
+
+    def topology(self) -> GpuTopology | None:
+        return topology_profile(self.profile) if self.profile else None
 
 
 @dataclass
@@ -121,11 +141,19 @@ class NoGpus:
     def utilization(self) -> dict[str, float]:
         return {}
 
+    def topology(self) -> GpuTopology | None:
+        return None
 
-def detect(simulated: int | None, node_id: str, nvml: Nvml | None = None) -> GpuSource:
-    """``simulated`` GPUs when asked for (``--sim-gpus N``), else NVML, else none."""
+
+def detect(simulated: int | None, node_id: str, nvml: Nvml | None = None, profile: str = "") -> GpuSource:
+    """``simulated`` GPUs when asked for (``--sim-gpus N``; ``profile``: their topology,
+    ``--gpu-topology``, whose GPU count is used when ``simulated`` is 0), else NVML, else none."""
+    if profile and not simulated:
+        simulated = topology_profile(profile).gpus
     if simulated is not None:
-        return SimulatedSource(simulated, node_id)
+        if profile and topology_profile(profile).gpus != simulated:
+            raise ValueError(f"GPU topology {profile!r} has {topology_profile(profile).gpus} GPUs, not {simulated}")
+        return SimulatedSource(simulated, node_id, profile=profile)
     try:
         if nvml is None:
             import pynvml

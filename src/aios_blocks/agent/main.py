@@ -31,6 +31,8 @@ class AgentOptions:
     cpu: float | None = None
     memory: int | None = None
     sim_gpus: int | None = None
+    #: the simulated GPUs' topology profile (``--gpu-topology``; docs/topology.md)
+    gpu_topology: str = ""
     data_dir: Path = Path(".aios-data/agent")
     heartbeat_s: float = 2.0
     metrics_port: int = 0
@@ -83,12 +85,12 @@ def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
     memory = opts.memory if opts.memory is not None else int(psutil.virtual_memory().total // (1024 * 1024))
     return Node(
         id=opts.node_id, cluster=opts.cluster, labels=dict(opts.labels), cpu=cpu, memory=memory,
-        gpus=[Gpu(id=g.id, model=g.model, memory=g.memory) for g in gpus.gpus()],
+        gpus=[Gpu(id=g.id, model=g.model, memory=g.memory) for g in gpus.gpus()], topology=gpus.topology(),
     )
 
 
 async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> None:
-    gpus = detect(opts.sim_gpus, opts.node_id)
+    gpus = detect(opts.sim_gpus, opts.node_id, profile=opts.gpu_topology)
     node = describe_node(opts, gpus)
     data_dir = opts.data_dir / opts.node_id
     runtime = make_runtime(opts.runtime, data_dir, opts.sim_start_delay_s, agent_dir=opts.data_dir)

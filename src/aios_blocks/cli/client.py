@@ -40,6 +40,7 @@ from ..schemas.events import (
     ScaleTarget,
 )
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
+from ..schemas.topology import GpuTopology
 from ..state.inventory import Inventory, affinity_index
 from ..state.priority import PriorityStore
 from ..state.store import Store
@@ -168,14 +169,16 @@ class Client:
     async def add_sim_cluster(
         self, cid: str, nodes: int = 8, gpus: int = 8, gpu_memory: int = 81920, labels: dict[str, str] | None = None,
         model: str = "sim-h100", node_labels: dict[str, str] | None = None, first: int = 0,
+        topology: GpuTopology | None = None,
     ) -> None:
         """A simulated cluster: ``nodes`` nodes with ``gpus`` GPUs each (for demos and tests);
-        ``node_labels`` on each (e.g. ``nodeType``), numbered from ``first``."""
+        ``node_labels`` on each (e.g. ``nodeType``), numbered from ``first``; ``topology``: each
+        node's GPU topology (docs/topology.md)."""
         cluster = Cluster(id=cid, labels=labels or {})
         made = [
             Node(
                 id=f"{cid}-n{n}", cluster=cid, labels={"rack": str(n % 4), **(node_labels or {})}, cpu=64, memory=512 * 1024,
-                gpus=[Gpu(id=f"{cid}-n{n}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)],
+                gpus=[Gpu(id=f"{cid}-n{n}-g{g}", model=model, memory=gpu_memory) for g in range(gpus)], topology=topology,
             )
             for n in range(first, first + nodes)
         ]

@@ -13,6 +13,7 @@ from .common import DataDir, _labels, _load, _request, _run, _with_client, _with
 from .render import _plain, _print_json, _table
 
 if TYPE_CHECKING:
+    from ..schemas.topology import GpuTopology
     from .client import Client
 
 def component_add(file: Path, data_dir: Path = DataDir) -> None:
@@ -138,6 +139,9 @@ def cluster_add(
     gpu_model: str = typer.Option(None, "--gpu-model", show_default=False,
                                   help="Model of the simulated GPUs (what resources.gpuModels matches); default: the --node-type, else sim-h100."),
     node_label: list[str] = typer.Option([], "--node-label", help="key=value on every simulated node, repeatable."),
+    gpu_topology: str = typer.Option(None, "--gpu-topology", show_default=False,
+                                     help="GPU topology profile of the simulated nodes (docs/topology.md): "
+                                          "dgx-nvswitch-8, hybrid-cube-mesh-8, nvlink-pairs-4, pcie-pairs; sets --gpus."),
     data_dir: Path = DataDir,
 ) -> None:
     """Register a cluster, optionally with simulated nodes.
@@ -149,12 +153,14 @@ def cluster_add(
     from ..schemas.spec import Cluster, check_id
 
     check_id(cluster_id, "cluster id")
+    topo = _topology(gpu_topology)
+    gpus = topo.gpus if topo else gpus
 
     async def go(c: Client) -> None:
         if nodes:
             # (an "A100" node type whose GPUs said "sim-h100" puzzled a stranger: the type is the model unless told)
             await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels,
-                                    node_labels=node_labels, model=gpu_model or node_type or "sim-h100")
+                                    node_labels=node_labels, model=gpu_model or node_type or "sim-h100", topology=topo)
         else:
             await c.add_cluster(Cluster(id=cluster_id, labels=labels))
 
@@ -171,19 +177,81 @@ def node_add(
     cpu: float = typer.Option(64, min=0),
     memory: int = typer.Option(512 * 1024, min=1, help="MiB."),
     label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
+    gpu_topology: str = typer.Option(None, "--gpu-topology", show_default=False,
+                                     help="GPU topology profile (docs/topology.md): dgx-nvswitch-8, hybrid-cube-mesh-8, "
+                                          "nvlink-pairs-4, pcie-pairs; sets --gpus to its GPU count."),
     data_dir: Path = DataDir,
 ) -> None:
     """Register a (simulated) node in a cluster.
 
-    Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=2`
+    Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=2`;
+    `blocks node add n10 --cluster c1 --gpu-topology hybrid-cube-mesh-8`
     """
     from ..schemas.spec import Gpu, Node, check_id
 
     check_id(node_id, "node id")
     check_id(cluster, "cluster id")
+    topo = _topology(gpu_topology)
+    gpus = topo.gpus if topo else gpus
     node = Node(
         id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=_labels(label),
-        gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)],
+        gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)], topology=topo,
     )
     _run(_with_client(data_dir, lambda c: c.add_node(node)))
     console.print(f"node [bold]{node_id}[/] registered in {cluster}")
+
+
+def _topology(name: str | None) -> GpuTopology | None:
+    """A ``--gpu-topology`` profile (None: not given); an unknown name exits 2 naming the known ones."""
+    if not name:
+        return None
+    from ..schemas.topology import profile
+
+    try:
+        return profile(name)
+    except ValueError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2)
+
+
+def node_get(
+    node_id: str,
+    as_json: bool = typer.Option(False, "--json", help="Print the node as JSON (its view, with `topology`)."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Show one node: capacity, GPUs and, when it reports one, its GPU topology (docs/topology.md):
+    the profile or source and each GPU pair's link tier, as `nvidia-smi topo -m` prints it.
+
+    Example: `blocks node get c1-n0`
+    """
+
+    async def go(c: Client) -> dict[str, Any]:
+        cid = await c.store.node_cluster(node_id)
+        views = await c.store.read_nodes(cid, [node_id]) if cid else {}
+        if node_id not in views:
+            raise LookupError(f"no node {node_id!r}")
+        return dict(views[node_id])
+
+    node = _request(go, data_dir, store_only=True)
+    if as_json:
+        _print_json(node)
+        return
+    console.print(f"node [bold]{escape(node['node_id'])}[/] in {escape(node['cluster'])}: "
+                  f"CPU {node['cpu_free']:g} / {node['cpu']:g} free, memory {node['memory_free']} / {node['memory']} MiB free")
+    t = _table("GPU", "id", "model", "memory free (MiB)", "instances")
+    for i, g in enumerate(node["gpus"]):
+        t.add_row(str(i), *_plain(g["id"], g["model"], f"{g['memory_free']} / {g['memory']}", str(g["instances"])))
+    console.print(t)
+    topo = node.get("topology")
+    if not topo:
+        console.print("GPU topology: unknown (the node reports none)")
+        return
+    from ..schemas.topology import GpuTopology
+
+    parsed = GpuTopology.model_validate(topo)
+    where = f"profile {parsed.profile}" if parsed.profile else f"read from {parsed.source}"
+    console.print(f"GPU topology ({escape(where)}):")
+    m = _table("", *[f"GPU{b}" for b in range(parsed.gpus)])
+    for a, row in enumerate(parsed.matrix()):
+        m.add_row(f"GPU{a}", *row)
+    console.print(m)

@@ -184,6 +184,9 @@ def _explain_instances(x: dict[str, Any]) -> None:
     if x.get("adapt"):
         console.print("adaptive affinity (adapt stage): " + escape(_adapt_line(x["adapt"])))
     for iid, i in insts:
+        if i.get("topology"):
+            t = i["topology"]
+            console.print(escape(f"  {iid} on {i['node']}: GPU link tier {t['tier']} (best the node had free: {t['best']})"))
         for a in i.get("adaptive") or []:
             console.print(escape(f"  {iid} on {i['node']}: entry {a['entry']} base weight {a['base']:g} -> adapted {a['weight']:g} ({a['why']})"))
 

@@ -113,6 +113,7 @@ def agent(
     cpu: float = typer.Option(None, help="CPUs to offer (default: this host's)."),
     memory: int = typer.Option(None, help="Memory to offer, MiB (default: this host's)."),
     sim_gpus: int = typer.Option(None, "--sim-gpus", help="Offer N simulated GPUs instead of reading NVML."),
+    gpu_topology: str = typer.Option("", "--gpu-topology", help="Simulated GPUs with this topology profile (docs/topology.md; its GPU count unless --sim-gpus)."),
     heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats.", callback=_seconds_over()),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
     agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
@@ -155,7 +156,7 @@ def agent(
     tune_gc(load_settings().gc_gen0_threshold)
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
-        data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
+        gpu_topology=gpu_topology, data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
         drain_grace_s=load_settings().drain_grace_s,
     )
 

@@ -171,8 +171,9 @@ def announce(s: StartInstances, kept: Sequence[dict[str, Any]]) -> list[Emit]:
     """The events of the instances recorded (``kept``): the placement, each node's create command
     and the side-cars' starts."""
     ir, bid = s.ir, s.block_id
+    placed = [Placement(p["iid"], p["node"], p["gpus"], p.get("adaptive") or [], p.get("topology") or {}) for p in kept]
     made = PlacementMade(
-        bid, s.gen, s.cluster_id, s.action, [Placement(p["iid"], p["node"], p["gpus"], p.get("adaptive") or []) for p in kept],
+        bid, s.gen, s.cluster_id, s.action, placed,
         s.attempts, s.replaces, s.key, list(s.trace), next((p["adapt"] for p in kept if p.get("adapt")), {}),
     )
     out = [Emit(E.block_placement, made)]

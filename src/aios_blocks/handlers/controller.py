@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..policies import affinity, capacity
+from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
@@ -230,6 +230,9 @@ async def plan(
         why = check_choice(node_id, gpus, work, needs, share)
         if why:
             raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: {why}")
+        # which GPUs of the chosen node: the best connected set that keeps the node's best sets
+        # free (policies/topology.py, docs/topology.md), when the node reports its topology
+        gpus, link = _by_topology(work[node_id], gpus, needs, share, ir.get("affinity") or [])
         adaptive: list[dict[str, Any]] = []
         if ir.get("affinity"):
             probe = {node_id: {**work[node_id]}}  # annotate a copy: views are shared
@@ -260,10 +263,22 @@ async def plan(
         )
         if share and capacity.share_units(needs):  # its thousandths of each GPU's compute (RESERVE_GANG checks the sum)
             out[-1]["gpu_share"] = capacity.share_units(needs)
+        if link:
+            out[-1]["topology"] = link
         if adaptive:
             out[-1]["adaptive"] = adaptive
             out[-1]["adapt"] = index.get("adapt") or {}
     return out
+
+
+def _by_topology(
+    node: dict[str, Any], gpus: list[str], needs: capacity.Needs, share: bool, entries: list[Any]
+) -> tuple[list[str], dict[str, str]]:
+    """``topology.refine`` on a node view (nothing to do on a node without a topology)."""
+    if not node.get("topology") or not gpus:
+        return gpus, {}
+    usable = capacity.node_fits(node, needs, share) or []
+    return topology.refine(node, gpus, [g["id"] for g in usable], share, entries)
 
 
 def ready(min_instances: int, running: int) -> bool:

@@ -107,5 +107,6 @@ async def make_plan(
         plan.failure, plan.stage = f"{cid}: {exc.reason}", "allocation"
         return plan
     plan.placements = [{"iid": p["iid"], "node": p["node"], "gpus": list(p["gpus"]),
-                        **({"adaptive": p["adaptive"]} if p.get("adaptive") else {})} for p in made]
+                        **({"adaptive": p["adaptive"]} if p.get("adaptive") else {}),
+                        **({"topology": p["topology"]} if p.get("topology") else {})} for p in made]
     return plan

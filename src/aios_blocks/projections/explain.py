@@ -147,6 +147,8 @@ class Explain(Projection):
             self.out["instances"][p.instance_id] = inst
             if p.adaptive:
                 inst["adaptive"] = p.adaptive
+            if p.topology:  # the GPU link tier achieved and the best the node had (docs/topology.md)
+                inst["topology"] = p.topology
         self._calls(d.decisions)
 
     @on(E.block_allocation_failed)

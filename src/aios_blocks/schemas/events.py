@@ -275,6 +275,9 @@ class Placement(msgspec.Struct):
     gpus: list[str]
     #: Adaptive affinity entries on this node: [{"entry", "base", "multiplier", "weight", "why"}]
     adaptive: list[dict[str, Any]] = []
+    #: a multi-GPU instance on a node that reports its GPU topology: {"tier": the link tier its
+    #: GPUs achieve, "best": the best tier the node had free} (docs/topology.md); {}: not known
+    topology: dict[str, str] = {}
 
 
 class PlacementMade(msgspec.Struct):

@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from .sharing import sharing_problems
+from .topology import GpuTopology
 from .uris import uri_problem
 
 #: Ids become NATS subject tokens and Redis key parts: no dots, wildcards, spaces or braces.
@@ -371,3 +372,5 @@ class Node(_Strict):
     memory: int = Field(default=512 * 1024, ge=0, description="MiB")
     gpus: list[Gpu] = Field(default_factory=list)
     healthy: bool = True
+    #: How its GPUs are connected, pair by pair (docs/topology.md; an extension). Absent: unknown.
+    topology: GpuTopology | None = None

@@ -268,6 +268,8 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
         "memory_free": mem - mem_used,
         "gpus": gpus,
     }
+    if spec.get("topology"):  # its GPU topology (docs/topology.md); absent: unknown
+        view["topology"] = spec["topology"]
     if h.get("vc"):  # its virtual cluster (seed 003, ``state.vcluster``); absent: the primary's
         view["virtualCluster"] = h["vc"]
     if h.get("drain") == "1":
