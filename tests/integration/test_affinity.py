@@ -74,7 +74,7 @@ async def test_required_anti_affinity_from_own_block_spreads_over_racks(system: 
     # five at once: the gang cannot be placed; the dry_run already counted 4 (one per rack), so the
     # block fails at post_dry_run with the count, without an allocation round
     aff5 = [{**aff[0], "target": {"type": "ServiceId", "value": "spread-5"}}]
-    _, kind, env = await system.submit_and_wait(_spec("spread-5", aff5, mn=5, mx=5))
+    _, kind, env = await system.submit_and_wait({**_spec("spread-5", aff5, mn=5, mx=5), "queue": False})  # (--no-queue)
     assert kind == "failed" and env["data"]["reason"] == "no cluster can hold minInstances (5) at once: c0 fits 4", env
 
 
@@ -93,7 +93,7 @@ async def test_trust_required_keeps_block_off_unattested_nodes(system: System) -
     # a cluster with no attested node is filtered out at the gateway with the reason
     await _cluster(system, "c9", nodes=2, gpus=4)
     aff_other = [{"category": "Trust", "strength": "Required", "target": {"type": "TrustDomain", "value": "nobody"}}]
-    _, kind, env = await system.submit_and_wait(_spec("untrusted", aff_other))
+    _, kind, env = await system.submit_and_wait({**_spec("untrusted", aff_other), "queue": False})  # (--no-queue)
     assert kind == "failed"
     assert "RequiredAffinityUnsatisfiable" in env["data"]["reason"] and "trust domain nobody" in env["data"]["reason"]
 

@@ -77,7 +77,7 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     huge = tmp_path / "huge.yaml"  # 8 GPUs per instance: no node has them
     huge.write_text(
         "blockComponentURI: aios://test/model\nblockId: cli-huge\nminInstances: 1\nmaxInstances: 1\n"
-        "resources: {gpus: 8}\n"
+        "resources: {gpus: 8}\nqueue: false\n"
     )
     r = blocks(system, "submit", str(huge), "--wait")
     assert r.returncode == 3

@@ -339,7 +339,8 @@ async def test_gather_past_its_deadline_waits_for_a_usable_answer_instead_of_fai
     await c.policy_put("never", NEVER_FITS, "python")
     bid, kind, env = await system.submit_and_wait(
         {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
-         "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:never"}}]},
+         "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:never"}}],
+         "queue": False},  # (--no-queue: "no room" everywhere would wait in the pending queue)
         timeout=50,
     )
     assert kind == "failed" and "no candidate cluster can place an instance" in env["data"]["reason"], env

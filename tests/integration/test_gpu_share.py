@@ -65,14 +65,14 @@ async def test_gpu_models_and_shares_through_the_system(system: System) -> None:
         assert [x["node"] for x in (await c.store.instances(f"v{i}")).values()] == ["tr-v100"]
     _, kind, env = await system.submit_and_wait({
         "blockComponentURI": "aios://test/model", "blockId": "v2", "minInstances": 1, "maxInstances": 1,
-        "resources": {"gpus": 1, "cpu": 1, "memory": 1024, "gpuModels": ["V100M32"]}})
+        "resources": {"gpus": 1, "cpu": 1, "memory": 1024, "gpuModels": ["V100M32"]}, "queue": False})
     assert kind != "ready"
     # shares on the T4: 0.6 + 0.4 fit, one more 0.1 does not (no gpuMemory: the share bounds it)
     kinds = []
     for bid, share in (("s1", 0.6), ("s2", 0.4), ("s3", 0.1)):
         _, kind, env = await system.submit_and_wait({
             "blockComponentURI": "aios://test/model", "blockId": bid, "minInstances": 1, "maxInstances": 1,
-            "policyRulesSpec": sharing, "resources": {"gpus": 1, "cpu": 1, "memory": 1024, "gpuShare": share, "gpuModels": ["T4"]}})
+            "policyRulesSpec": sharing, "resources": {"gpus": 1, "cpu": 1, "memory": 1024, "gpuShare": share, "gpuModels": ["T4"]}, "queue": False})
         kinds.append(kind)
     assert kinds == ["ready", "ready", "failed"]
     views = await c.store.read_nodes("tr", ["tr-t4"])

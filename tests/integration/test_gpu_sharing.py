@@ -75,7 +75,8 @@ async def test_two_instances_share_one_gpu_and_a_third_is_refused(system: System
     assert len(await c.store.instances(bid)) == 2 and (await c.store.get_block(bid))["status"] == "ready"
 
     # a third instance as another block of the same component: no cluster has room, it fails
-    _, kind3, env3 = await system.submit_and_wait({**spec, "blockId": "shared-b", "minInstances": 1, "maxInstances": 1})
+    _, kind3, env3 = await system.submit_and_wait({**spec, "blockId": "shared-b", "minInstances": 1, "maxInstances": 1,
+                                                       "queue": False})
     assert kind3 == "failed" and env3["data"]["reason"] == (
         "no cluster passed the filter rule (share: no healthy node with capacity for one instance (1 nodes))"
     ), env3

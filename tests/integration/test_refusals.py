@@ -43,7 +43,8 @@ async def test_the_parser_rejects_an_unknown_policy_uri_with_its_path(system: Sy
 async def test_a_gang_no_cluster_can_hold_fails_at_once_with_the_counts(system: System) -> None:
     await system.client.add_sim_cluster("c1", nodes=1, gpus=2)
     await system.client.add_sim_cluster("c2", nodes=1, gpus=1)
-    spec = {"blockComponentURI": COMPONENT["componentURI"], "blockId": "gang-3", "minInstances": 3, "maxInstances": 3}
+    spec = {"blockComponentURI": COMPONENT["componentURI"], "blockId": "gang-3", "minInstances": 3, "maxInstances": 3,
+            "queue": False}  # (--no-queue: else it waits in the pending queue, test_pending_queue.py)
     _, kind, env = await system.submit_and_wait(spec)
     assert kind == "failed"
     assert env["data"]["reason"] == "no cluster can hold minInstances (3) at once: c1 fits 2, c2 fits 1"

@@ -208,7 +208,7 @@ async def test_blocks_are_placed_only_in_their_virtual_cluster(system: System) -
     # A is full (2 nodes x 2 GPUs, 3 placed): the 5th A block fails, it never spills into B or the primary
     for n in (3, 4):
         bid, kind, env = await system.submit_and_wait({**SPEC, "blockId": f"bA{n}", "virtualClusterId": "A",
-                                                       "minInstances": 1, "maxInstances": 1})
+                                                       "minInstances": 1, "maxInstances": 1, "queue": False})
     assert kind == "failed", env
     assert {where[i["node"]] for b in ("bA0", "bA1", "bA2", "bA3") for i in (await c.store.instances(b)).values()} == {"A"}
     await partitioned(c, "c1")
@@ -236,7 +236,7 @@ async def test_job_cluster_lifecycle(system: System) -> None:
     assert jtree["id"] == jid and jtree["blocks"] == [bid]
     # D cannot be removed while its job cluster lives; a second job wanting 2 A100 finds 1 undivided
     assert "still holds job clusters" in (await remove(c, "D"))[1]["reason"]
-    _, kind, env = await system.submit_and_wait({**spec, "blockId": "jb2"})
+    _, kind, env = await system.submit_and_wait({**spec, "blockId": "jb2", "queue": False})
     assert kind == "failed" and "not enough idle undivided nodes in D" in env["data"]["reason"]
     # deleted with its block: the nodes go back to D's undivided ones
     await c.delete(bid)
@@ -457,7 +457,7 @@ async def test_autoscaling_grows_when_a_block_cannot_be_placed(system: System) -
     assert (await vcli.describe(c, "v"))["vcluster"]["limits"] == {"A100": [1, 2]}  # `vcluster get` shows them
     spec = {**SPEC, "minInstances": 1, "maxInstances": 1, "virtualClusterId": "v"}
     assert (await system.submit_and_wait({**spec, "blockId": "g1"}))[1] == "ready"
-    assert (await system.submit_and_wait({**spec, "blockId": "g2"}))[1] == "failed"
+    assert (await system.submit_and_wait({**spec, "blockId": "g2", "queue": False}))[1] == "failed"
 
     async def grown() -> bool:
         rec = await VClusterStore(c.store).get("v")
@@ -468,7 +468,7 @@ async def test_autoscaling_grows_when_a_block_cannot_be_placed(system: System) -
     assert [e["op"] for e in events] == ["create", "autoscale"]
     assert "block g2 could not be placed" in events[1]["reason"]
     assert (await system.submit_and_wait({**spec, "blockId": "g3"}))[1] == "ready"
-    assert (await system.submit_and_wait({**spec, "blockId": "g4"}))[1] == "failed"  # at its max: refused, explained
+    assert (await system.submit_and_wait({**spec, "blockId": "g4", "queue": False}))[1] == "failed"  # at its max: refused, explained
 
     async def refused() -> bool:
         return any(r["op"] == "autoscale" for r in [e async for e in _stored(c, "aios.vcluster.v.refused")])

@@ -260,7 +260,9 @@ async def choose(
             f"{c}: {errors.get(c) or ('no answer in time' if c in missing else 'score 0')}" for c in expected
         )
         decision.failure = f"no candidate cluster can place an instance ({detail})"
-        decision.waitable = True
+        # every cluster answered "no room" (score 0, no error): the block may wait for capacity;
+        # a policy error or a silent cluster fails it as before
+        decision.waitable = not errors and not missing
     else:
         decision.cluster_id = cid
     return decision

@@ -63,7 +63,10 @@ def components(st: Setup) -> list[dict[str, Any]]:
 def block_spec(t: Task) -> dict[str, Any]:
     """The block of one task: its resources, the component of its kind, its QoS as a label."""
     spec: dict[str, Any] = {"blockId": block_id(t), "blockComponentURI": COMPONENT_SHARED if t.sharing else COMPONENT_WHOLE,
-                            "minInstances": 1, "maxInstances": 1, "resources": t.resources()}
+                            "minInstances": 1, "maxInstances": 1, "resources": t.resources(),
+                            # the offline replay counts a task that fits nowhere on arrival as failed,
+                            # as the in-process replay does: not the pending queue (docs/priority.md)
+                            "queue": False}
     if t.qos:
         spec["labels"] = labels(t)
     return spec
