@@ -57,3 +57,17 @@ async def test_a_system_with_a_cluster_is_refused(system: System) -> None:
     with pytest.raises(live.LiveError, match="already has clusters"):
         await live.replay_live(system.client, nodes, tasks, "fgd", 42)
     assert "trace" not in await system.client.store.clusters()
+
+
+@pytest.mark.timeout(600)
+async def test_a_window_of_creates_in_flight_decides_every_block_and_adds_up(system: System) -> None:
+    """``window=8``: the creates pipelined (docs/trace.md "Live vs Ray": the order of the plans, so
+    the decisions, may then differ from --in-process); every block gets an outcome and what is
+    read back adds up to the node hashes (``replay_live`` raises ``LiveMismatch`` otherwise)."""
+    nodes, tasks = _sample()
+    got = await live.replay_live(system.client, nodes, tasks, "fgd", 42, 1.3, 0, "default", timeout=120, window=8)
+    pods = rp.setup(nodes, tasks, "fgd", 42, 1.3, 0).pods
+    assert got.blocks == len(pods) and len(got.latencies) == len(pods) - 1
+    assert 0 < got.placed < got.blocks and len(got.placements) == got.placed
+    placed = await live.read_back(system.client, [rp.block_id(t) for t in pods])
+    assert {b: (n, tuple(g)) for b, (n, g) in placed.items()} == got.placements
