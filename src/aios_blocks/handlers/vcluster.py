@@ -182,17 +182,10 @@ def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records, op: VCl
     rec = records.get(req.vcluster_id)
     if rec is None:
         return Refusal(f"no virtual cluster {req.vcluster_id!r}")
-    problems = []
-    if rec.kind == VClusterKind.JOB:
-        problems.append("a job cluster cannot be updated (it lives and dies with its block)")
     if req.revision != rec.revision:
         return Refusal(f"stale revision {req.revision}: the latest is {rec.revision} (get it and try again)", rec.revision)
-    if req.divisible is not None and req.divisible != (rec.kind == VClusterKind.DIVISIBLE):
-        problems.append(f"a virtual cluster cannot change between divisible and indivisible (it is {rec.kind.value})")
-    problems += replica_set_problems(req.replica_sets, types_of(nodes))
     limits = rec.limits if req.limits is None else req.limits
-    problems += _limits_problems(limits, req.replica_sets, rec.kind != VClusterKind.INDIVISIBLE)
-    if problems:
+    if problems := _update_problems(req, rec, nodes, limits):
         return Refusal("; ".join(problems), rec.revision)
     want = {t: int(n) for t, n in req.replica_sets.items()}
     have: dict[str, list[str]] = {}
@@ -200,39 +193,53 @@ def plan_update(req: VClusterUpdate, nodes: NodeViews, records: Records, op: VCl
         have.setdefault(t, []).append(nid)
     new_nodes = dict(rec.nodes)
     moves: list[NodeMove] = []
-    short: list[str] = []
-    for t in sorted(set(want) | set(have)):
-        mine = sorted(have.get(t, []))
-        alive = [n for n in mine if nodes.get(n, {}).get("healthy")]
-        # its own dead nodes leave (job clusters replace theirs); then up or down to the target
-        dead = [n for n in mine if n not in alive and place(nodes.get(n, {})) == rec.id]
-        target = want.get(t, 0)
-        if target > len(alive):
-            pool = _pool(nodes, PRIMARY, t, set())
-            need = target - len(alive)
-            if len(pool) < need:
-                short.append(f"{t}: {need} more wanted, {len(pool)} idle healthy unassigned in the primary")
-                continue
-            for nid in pool[:need]:
-                moves.append(NodeMove(nid, PRIMARY, rec.id))
-                new_nodes[nid] = t
-        surplus = len(alive) - target
-        free = [n for n in alive if place(nodes[n]) == rec.id and idle(nodes[n])]
-        if surplus > len(free):
-            busy = len(alive) - len(free)
-            short.append(f"{t}: {surplus} to give back, {len(free)} idle ({busy} busy or in job clusters)")
-            continue
-        for nid in dead:
-            moves.append(NodeMove(nid, rec.id, PRIMARY, idle=False, alive=False))
-            new_nodes.pop(nid)
-        for nid in free[: max(0, surplus)]:
-            moves.append(NodeMove(nid, rec.id, PRIMARY, idle=True, alive=False))
-            new_nodes.pop(nid)
+    short = [why for t in sorted(set(want) | set(have))
+             if (why := _update_type(rec, nodes, t, sorted(have.get(t, [])), want.get(t, 0), moves, new_nodes))]
     if short:
         return Refusal(f"cannot update {rec.id}: " + "; ".join(short), rec.revision)
     new = _with(rec, revision=rec.revision + 1, replica_sets=want, nodes=dict(sorted(new_nodes.items())),
                 request_id=req.request_id, limits={t: list(mm) for t, mm in limits.items()})
     return Plan([RecordWrite(rec.id, rec.revision, new)], moves, [_changed(new, op, moves, req.request_id, reason=reason)])
+
+
+def _update_problems(req: VClusterUpdate, rec: VClusterRecord, nodes: NodeViews, limits: Mapping[str, Any]) -> list[str]:
+    problems = []
+    if rec.kind == VClusterKind.JOB:
+        problems.append("a job cluster cannot be updated (it lives and dies with its block)")
+    if req.divisible is not None and req.divisible != (rec.kind == VClusterKind.DIVISIBLE):
+        problems.append(f"a virtual cluster cannot change between divisible and indivisible (it is {rec.kind.value})")
+    problems += replica_set_problems(req.replica_sets, types_of(nodes))
+    problems += _limits_problems(limits, req.replica_sets, rec.kind != VClusterKind.INDIVISIBLE)
+    return problems
+
+
+def _update_type(rec: VClusterRecord, nodes: NodeViews, t: str, mine: list[str], target: int, moves: list[NodeMove],
+                 new_nodes: dict[str, str]) -> str:
+    """One node type of an update: its own dead nodes leave (job clusters replace theirs), then up
+    from the primary's idle unassigned nodes or down by idle nodes of its own, to ``target``; the
+    moves go to ``moves`` and ``new_nodes``. Returns why it cannot be met ("" when it can)."""
+    alive = [n for n in mine if nodes.get(n, {}).get("healthy")]
+    dead = [n for n in mine if n not in alive and place(nodes.get(n, {})) == rec.id]
+    if target > len(alive):
+        pool = _pool(nodes, PRIMARY, t, set())
+        need = target - len(alive)
+        if len(pool) < need:
+            return f"{t}: {need} more wanted, {len(pool)} idle healthy unassigned in the primary"
+        for nid in pool[:need]:
+            moves.append(NodeMove(nid, PRIMARY, rec.id))
+            new_nodes[nid] = t
+    surplus = len(alive) - target
+    free = [n for n in alive if place(nodes[n]) == rec.id and idle(nodes[n])]
+    if surplus > len(free):
+        busy = len(alive) - len(free)
+        return f"{t}: {surplus} to give back, {len(free)} idle ({busy} busy or in job clusters)"
+    for nid in dead:
+        moves.append(NodeMove(nid, rec.id, PRIMARY, idle=False, alive=False))
+        new_nodes.pop(nid)
+    for nid in free[: max(0, surplus)]:
+        moves.append(NodeMove(nid, rec.id, PRIMARY, idle=True, alive=False))
+        new_nodes.pop(nid)
+    return ""
 
 
 # -- remove ---------------------------------------------------------------------------------------
@@ -313,20 +320,10 @@ def plan_replenish(rec: VClusterRecord, nodes: NodeViews, records: Records) -> P
     if rec.kind == VClusterKind.JOB and rec.parent not in records:
         return None
     parent = records.get(rec.parent) if rec.kind == VClusterKind.JOB else None
-    pools = [PRIMARY] + ([parent.id] if parent else [])
     moves: list[NodeMove] = []
     new_nodes = dict(rec.nodes)
     parent_nodes = dict(parent.nodes) if parent else {}
-    taken: set[str] = set()
-
-    def take(t: str) -> tuple[str, str] | None:
-        for where in pools:
-            pool = _pool(nodes, where, t, taken)
-            if pool:
-                taken.add(pool[0])
-                return pool[0], where
-        return None
-
+    take = _Taker(nodes, [PRIMARY] + ([parent.id] if parent else []))
     dead = sorted(n for n in rec.nodes if n in nodes and place(nodes[n]) == rec.id and not nodes[n].get("healthy"))
     for nid in dead:
         t = rec.nodes[nid]
@@ -341,18 +338,45 @@ def plan_replenish(rec: VClusterRecord, nodes: NodeViews, records: Records) -> P
             parent_nodes.pop(nid, None)
             parent_nodes[new] = t
     for t, n in sorted(rec.replica_sets.items()):
-        have = sum(1 for x in new_nodes.values() if x == t)
-        for _ in range(n - have):
-            got = take(t)
-            if got is None:
-                break
-            new, where = got
+        for new, where in take.upto(t, n - sum(1 for x in new_nodes.values() if x == t)):
             moves.append(NodeMove(new, where, rec.id))
             new_nodes[new] = t
             if parent is not None:
                 parent_nodes[new] = t
     if not moves:
         return None
+    return _replenished(rec, parent, moves, new_nodes, parent_nodes)
+
+
+class _Taker:
+    """Alive idle nodes of a type, each taken once, from the first pool that has one."""
+
+    def __init__(self, nodes: NodeViews, pools: list[str]) -> None:
+        self.nodes, self.pools = nodes, pools
+        self.taken: set[str] = set()
+
+    def __call__(self, t: str) -> tuple[str, str] | None:
+        for where in self.pools:
+            pool = _pool(self.nodes, where, t, self.taken)
+            if pool:
+                self.taken.add(pool[0])
+                return pool[0], where
+        return None
+
+    def upto(self, t: str, n: int) -> list[tuple[str, str]]:
+        """Up to ``n`` nodes of type ``t`` (fewer when the pools run out)."""
+        out: list[tuple[str, str]] = []
+        for _ in range(n):
+            got = self(t)
+            if got is None:
+                break
+            out.append(got)
+        return out
+
+
+def _replenished(rec: VClusterRecord, parent: VClusterRecord | None, moves: list[NodeMove], new_nodes: dict[str, str],
+                 parent_nodes: dict[str, str]) -> Plan:
+    """The plan of a replenishment: the record (and its divisible parent's when it changed)."""
     new_rec = _with(rec, revision=rec.revision + 1, nodes=dict(sorted(new_nodes.items())))
     published = rec.kind != VClusterKind.DIVISIBLE
     gone = [m.node for m in moves if m.dst == PRIMARY]
