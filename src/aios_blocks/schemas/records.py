@@ -97,7 +97,8 @@ class PolicyInput(TypedDict, total=False):
     ``clusters``)."""
 
     action: str
-    payload: dict[str, Any]
+    #: ``PlacementPayload`` for the resource actions; each other kind's own (docs/policies.md)
+    payload: Any
     filter_result: list[dict[str, Any]]
     clusters: list[Any]
 

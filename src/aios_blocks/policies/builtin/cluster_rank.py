@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...schemas.records import PolicyInput
 from ...settings import load as load_settings
 
 
@@ -38,7 +39,7 @@ class ClusterRankPolicy:
         self.settings = settings
         self.parameters = parameters
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> Any:
+    def eval(self, parameters: dict[str, Any], input_data: PolicyInput, context: Any) -> Any:
         params = {**self.parameters, **(parameters or {})}
         if input_data["action"] == "selection":
             ranked = sorted(input_data["filter_result"], key=lambda e: (-_affinity(e), -_free_gpus(e), e["cluster_id"]))

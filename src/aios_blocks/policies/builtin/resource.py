@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...schemas.records import PlacementPayload, PolicyInput
 from .. import affinity, capacity, contract
 
 
@@ -39,11 +40,11 @@ class _ResourceAllocator:
     def share(self) -> bool:
         return bool(self.settings.get("gpuSharing", False))
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: Any) -> dict[str, Any]:
+    def eval(self, parameters: dict[str, Any], input_data: PolicyInput, context: Any) -> dict[str, Any]:
         action = input_data["action"]
-        payload = input_data["payload"]
         if action == "scale_down":  # the framework's default: the least loaded, newest first
-            return {"instance_id": contract.default_pick(payload["instances"])}
+            return {"instance_id": contract.default_pick(input_data["payload"]["instances"])}
+        payload: PlacementPayload = input_data["payload"]
         index = payload["cluster_metrics"].get("affinity_index") or affinity.empty_index()
         needs = payload["block"]["resources"]
         nodes = payload["cluster_metrics"]["nodes"]
