@@ -180,3 +180,19 @@ def test_a_plan_becomes_the_preempted_and_preempting_events() -> None:
     assert preemptor.subject() == "aios.block.urgent.preempting" and preemptor.logical_id() == "urgent:9:preempting:r1"
     assert preemptor.payload.victims == {"gang": ["g0", "g1"]} and preemptor.payload.gpus_freed == 8
     assert events(data, {"victims": {}}, gen=9, request_id="r2") == []
+
+
+def test_a_preempted_block_that_waits_never_preempts() -> None:
+    """The marker the controller sets on a victim that waits (``block.preemptedBy``): no victims,
+    whatever its priority (no cascades, issue 36)."""
+    from aios_blocks.handlers.preemption import preempt_input
+
+    views = {"n0": {"healthy": True, "cpu_free": 8, "memory_free": 1 << 20,
+                    "gpus": [{"id": "n0-g0", "model": "m", "instances": 1, "exclusive": True}]}}
+    placed = [{"block_id": "lo", "gen": 1, "created": 1.0, "ir": {"priority": 0, "minInstances": 1,
+                                                                   "resources": {"gpus": 1}},
+               "instances": {"lo-0": {"node": "n0", "gpus": ["n0-g0"]}}}]
+    ir = {"priority": 1000, "minInstances": 1, "resources": {"gpus": 1}}
+    assert plan(preempt_input("hi", ir, "c", views, placed, 10))["victims"] == {"n0": ["lo-0"]}
+    out = plan(preempt_input("hi", ir, "c", views, placed, 10, preempted_by="top"))
+    assert out["victims"] == {} and "preempted by top" in out["reason"]

@@ -61,10 +61,15 @@ def candidates(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], skip: 
 
 
 def preempt_input(bid: str, ir: Mapping[str, Any], cid: str, views: Mapping[str, Mapping[str, Any]],
-                  placed: Iterable[Mapping[str, Any]], min_delta: int) -> dict[str, Any]:
-    """The whole input of one ``preempt`` call (``min_delta``: ``Settings.preempt_min_delta``)."""
+                  placed: Iterable[Mapping[str, Any]], min_delta: int, preempted_by: str = "") -> dict[str, Any]:
+    """The whole input of one ``preempt`` call (``min_delta``: ``Settings.preempt_min_delta``).
+    ``preempted_by``: the block waits because that one preempted it (``block.preemptedBy``: the
+    planner then chooses no victim: no cascades)."""
     cluster = cluster_input(cid, views)
-    return {"action": "preempt", "minDelta": min_delta, "block": block_input(bid, ir), "cluster": cluster,
+    block = block_input(bid, ir)
+    if preempted_by:
+        block["preemptedBy"] = preempted_by
+    return {"action": "preempt", "minDelta": min_delta, "block": block, "cluster": cluster,
             "candidates": candidates(placed, cluster["nodes"], skip=bid)}
 
 

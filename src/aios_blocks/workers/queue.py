@@ -180,7 +180,8 @@ class QueueWalker:
         rule = (ir.get("policies") or {}).get("preemption") or {"name": "preemption", "policyRuleURI": DEFAULT_POLICY}
         pir = {**ir, "policies": {**(ir.get("policies") or {}), "preemption": rule}}
         for cid in sorted(clusters):
-            data = pre.preempt_input(bid, ir, cid, views.get(cid) or {}, placed, self.s.preempt_min_delta)
+            data = pre.preempt_input(bid, ir, cid, views.get(cid) or {}, placed, self.s.preempt_min_delta,
+                                     str(block.get("preempted_by") or ""))
             if not data["candidates"]:
                 continue
             try:

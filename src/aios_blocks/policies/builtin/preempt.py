@@ -221,6 +221,8 @@ def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[st
     now = placement(nodes, need)
     if now:
         return {**none, "fits": now, "reason": "fits without preemption"}
+    if block.get("preemptedBy"):  # no cascades: a victim that waits again never preempts in turn
+        return {**none, "reason": f"it was preempted by {block['preemptedBy']} and waits: a preempted block never preempts"}
     priority = int(block.get("priority") or 0)
     blocks = _blocks(input_data.get("candidates") or (), priority - delta)
     if not blocks:
