@@ -114,18 +114,18 @@ class NodeRecords:
     async def release(self, cid: str, nid: str, iid: str) -> bool:
         return bool(await self._release(keys=[node_key(cid, nid), res_key(cid, iid), index_key(cid)]))
 
-    async def reservation(self, cid: str, iid: str) -> dict[str, Any] | None:
+    async def reservation(self, cid: str, iid: str) -> dict[str, str] | None:
         h = await self.r.hgetall(res_key(cid, iid))
         return h or None
 
-    async def reservations_of(self, cid: str, iids: list[str]) -> list[dict[str, Any] | None]:
+    async def reservations_of(self, cid: str, iids: list[str]) -> list[dict[str, str] | None]:
         """The reservations of these instances (None where there is none), one round trip."""
         pipe = self.r.pipeline(transaction=False)
         for iid in iids:
             pipe.hgetall(res_key(cid, iid))
         return [h or None for h in await pipe.execute()]
 
-    async def reservations(self, cid: str) -> list[dict[str, Any]]:
+    async def reservations(self, cid: str) -> list[dict[str, str]]:
         out = []
         async for key in self.r.scan_iter(match=res_pattern(cid), count=500):
             h = await self.r.hgetall(key)
