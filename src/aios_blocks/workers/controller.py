@@ -381,6 +381,7 @@ async def on_registered(w: Worker, m: Inbound[NodeRegistered]) -> None:
         known and meta is not None and meta["cluster"] == node.cluster and meta["agent"] == ev.agent
         and meta["healthy"] == node.healthy and meta["spec"] == node.model_dump(mode="json")
     ):
+        queue.poke(w)  # a node or cluster added (`blocks cluster add` wrote it already): capacity for the queue
         return  # already recorded as announced (`blocks cluster add` writes Redis itself; an agent restarted)
     new = await w.store.ensure_cluster(Cluster(id=node.cluster))
     await w.store.put_node(node, agent=ev.agent)
