@@ -70,6 +70,9 @@ GOLDEN: list[tuple[str, AffinityEntry]] = [
     (f"0910 000d 04 01 05 0008 {ATTESTED_HEX}", E("Trust", "Required", False, "TrustDomain", "attested")),
     (f"0910 000d 04 81 05 0008 {ATTESTED_HEX}", E("Trust", "Required", True, "TrustDomain", "attested")),
     ("0910 000c 04 01 05 0007 7a6f6e652dc3a9", E("Trust", "Required", False, "TrustDomain", "zone-\u00e9")),
+    # the LinkTier extension (docs/topology.md): 1 byte, the tier's code; toward only
+    ("0910 0006 03 01 07 0001 02", E("Topology", "Required", False, "LinkTier", "NVLINK")),
+    ("0910 0006 03 02 07 0001 03", E("Topology", "Preferred", False, "LinkTier", "PCIE_SWITCH")),
 ]
 
 TWO = f"0910 0009 03 81 06 0004 0000002a 0910 000d 04 01 05 0008 {ATTESTED_HEX}"
@@ -100,7 +103,8 @@ def entry(
 
 def test_golden_vectors_cover_every_category_target_type_and_direction() -> None:
     combos = {(e.category, e.target_type, e.anti) for _, e in GOLDEN}
-    assert combos == {(c, t, a) for c, ts in ALLOWED_TARGETS.items() for t in ts for a in (False, True)}
+    assert combos == {(c, t, a) for c, ts in ALLOWED_TARGETS.items() for t in ts for a in (False, True)
+                      if (t, a) != ("LinkTier", True)}  # a link tier is toward only
 
 
 @pytest.mark.parametrize(("hexstr", "expected"), GOLDEN, ids=[e.describe() for _, e in GOLDEN])
@@ -134,6 +138,7 @@ def test_constants() -> None:
         "ServiceId": 4,
         "TrustDomain": 5,
         "RackId": 6,
+        "LinkTier": 7,  # the extension of docs/topology.md
     }
     assert AIOS_NAMESPACE == uuid.UUID("12c8198f-b4ae-5857-b04d-085eabe56645")
 
@@ -184,7 +189,7 @@ def test_encode_rejects_invalid_or_unnormalised_entries() -> None:
         ("0910 0009 03 84 06 0004 0000002a", "unknown strength 0x04"),
         ("0910 0009 03 00 06 0004 0000002a", "unknown strength 0x00"),
         ("0910 0009 03 41 06 0004 0000002a", "unknown strength 0x41"),
-        ("0910 0009 03 01 07 0004 0000002a", "unknown target type 0x07"),
+        ("0910 0009 03 01 08 0004 0000002a", "unknown target type 0x08"),
         ("0910 0009 03 01 00 0004 0000002a", "unknown target type 0x00"),
         (f"0910 0015 04 01 01 0010 {U1_HEX}", "target type NodeId is not allowed for category Trust"),
         (f"0910 0015 01 01 03 0010 {U1_HEX}", "target type LeaseId is not allowed for category Resource"),
@@ -516,6 +521,7 @@ _TARGETS: dict[str, st.SearchStrategy[str]] = {
     **{t: st.uuids().map(str) for t in ("NodeId", "ResourceId", "LeaseId", "ServiceId")},
     "RackId": st.integers(0, 2**32 - 1).map(str),
     "TrustDomain": st.text(min_size=1, max_size=80).filter(lambda s: len(s.encode("utf-8")) <= 255),
+    "LinkTier": st.sampled_from(["NVSWITCH", "NVLINK", "PCIE_SWITCH", "HOST_BRIDGE", "NUMA", "SYSTEM"]),
 }
 
 
@@ -526,7 +532,7 @@ def entries(draw: st.DrawFn) -> AffinityEntry:
     return AffinityEntry(
         category,
         draw(st.sampled_from(ALLOWED_STRENGTHS[category])),
-        draw(st.booleans()),
+        draw(st.booleans()) and target_type != "LinkTier",  # a link tier is toward only
         target_type,
         draw(_TARGETS[target_type]),
     )

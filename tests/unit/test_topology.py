@@ -209,3 +209,73 @@ def test_a_node_without_topology_is_unknown_and_old_specs_still_load() -> None:
     old = {"id": "n1", "cluster": "c1", "gpus": [{"id": "g0"}]}
     assert Node.model_validate(old).topology is None
     assert SimulatedSource(2, "n1").topology() is None
+
+
+# -- seed 002's Topology category: a link tier, Required (filter) or Preferred (score) -----------
+def tier_entry(strength: str, tier: str) -> list[dict[str, Any]]:
+    from aios_blocks.schemas.affinity import normalize
+
+    raw = [{"category": "Topology", "strength": strength, "target": {"type": "LinkTier", "value": tier}}]
+    return [msgspec_to_dict(e) for e in normalize(raw)]
+
+
+def msgspec_to_dict(e: Any) -> dict[str, Any]:
+    import msgspec
+
+    return msgspec.to_builtins(e)
+
+
+def test_link_tier_entries_parse_encode_and_reject_anti() -> None:
+    import base64
+
+    from aios_blocks.schemas.affinity import decode_tlv, encode_tlv, normalize
+    from aios_blocks.schemas.errors import SpecInvalid
+
+    [e] = normalize([{"category": "Topology", "strength": "Required", "target": {"type": "LinkTier", "value": "nvlink"}}])
+    assert e.target == "NVLINK" and decode_tlv(encode_tlv([e])) == [e]
+    assert encode_tlv([e])[-1] == 2
+    assert normalize(affinity_tlv=base64.b64encode(encode_tlv([e])).decode()) == [e]
+    with pytest.raises(SpecInvalid, match="toward only"):
+        normalize([{"category": "Topology", "strength": "Required", "anti": True, "target": {"type": "LinkTier", "value": "NVLINK"}}])
+    with pytest.raises(SpecInvalid, match="LinkTier must be one of"):
+        normalize([{"category": "Topology", "strength": "Required", "target": {"type": "LinkTier", "value": "FAST"}}])
+    with pytest.raises(SpecInvalid, match="not allowed for category Trust"):
+        normalize([{"category": "Trust", "strength": "Required", "target": {"type": "LinkTier", "value": "NVLINK"}}])
+
+
+def test_required_link_tier_filters_nodes_with_the_reason_and_preferred_scores() -> None:
+    from aios_blocks.policies import affinity
+
+    nodes = nodes_of(topo_node("pairs", "nvlink-pairs-4", busy={0, 2}), topo_node("cube", "hybrid-cube-mesh-8", busy={0}),
+                     topo_node("pcie", "pcie-pairs"), node("plain", gpus=free_gpus(8)))
+    index = {**affinity.empty_index(), "gpus": 2}
+    affinity.annotate(nodes, tier_entry("Required", "NVLINK"), index)
+    assert {n: v["affinity"]["pass"] for n, v in nodes.items()} == {"pairs": False, "cube": True, "pcie": False, "plain": False}
+    assert "best tier of 2 free GPUs here: HOST_BRIDGE" in nodes["pairs"]["affinity"]["reasons"][0]
+    assert "reports no GPU topology" in nodes["plain"]["affinity"]["reasons"][0]
+    affinity.annotate(nodes, tier_entry("Required", "PCIE_SWITCH"), index)
+    assert nodes["pcie"]["affinity"]["pass"] and not nodes["pairs"]["affinity"]["pass"]
+    four = {**index, "gpus": 4}
+    affinity.annotate(nodes, tier_entry("Required", "NVLINK"), four)
+    assert nodes["cube"]["affinity"]["pass"]  # 4-7 is still a whole quad
+    affinity.annotate(nodes, tier_entry("Preferred", "NVLINK"), index)
+    assert {n: v["affinity"]["score"] for n, v in nodes.items()} == {"pairs": 0.0, "cube": 1.0, "pcie": 0.0, "plain": 0.0}
+    assert all(v["affinity"]["pass"] for v in nodes.values())
+
+
+async def test_a_required_tier_lands_on_the_node_that_has_it() -> None:
+    """binpack prefers the fuller node (pairs, one NVLink pair broken); Required NVLINK sends the
+    2-GPU instance to the node that still has a free pair; no such node: the reason says why."""
+    ir = make_ir(resources={"gpus": 2, "gpuMemory": 0, "cpu": 1, "memory": 1024})
+    nodes = nodes_of(topo_node("full", "nvlink-pairs-4", busy={0, 2}), topo_node("free", "nvlink-pairs-4"))
+    made = await controller.plan(ir, {"id": "c1", "labels": {}}, nodes, "allocation", ["b1-0"], invoker(ir, "resourceAllocator"))
+    assert made[0]["node"] == "full" and made[0]["topology"] == {"tier": "HOST_BRIDGE", "best": "HOST_BRIDGE"}
+    ir["affinity"] = tier_entry("Required", "NVLINK")
+    index = {**controller.affinity.empty_index(), "gpus": 2}
+    made = await controller.plan(ir, {"id": "c1", "labels": {}}, nodes, "allocation", ["b1-0"], invoker(ir, "resourceAllocator"), None, index)
+    assert made[0]["node"] == "free" and made[0]["topology"] == {"tier": "NVLINK", "best": "NVLINK"}
+    from aios_blocks.schemas.errors import PlacementFailed
+
+    with pytest.raises(PlacementFailed, match=r"RequiredAffinityUnsatisfiable.*GPU link tier NVLINK"):
+        await controller.plan(ir, {"id": "c1", "labels": {}}, nodes_of(topo_node("full", "nvlink-pairs-4", busy={0, 2})),
+                              "allocation", ["b1-0"], invoker(ir, "resourceAllocator"), None, index)

@@ -141,7 +141,7 @@ def referenced(entries: Iterable[dict[str, Any]]) -> tuple[list[str], list[str]]
 
 
 def describe(e: dict[str, Any]) -> str:
-    target = {"RackId": "rack", "TrustDomain": "trust domain"}.get(e["target_type"], e["target_type"])
+    target = {"RackId": "rack", "TrustDomain": "trust domain", "LinkTier": "GPU link tier"}.get(e["target_type"], e["target_type"])
     return f"{e['strength']} {'away from' if e['anti'] else 'toward'} {target} {e['target']}"
 
 
@@ -167,7 +167,38 @@ def _match(e: dict[str, Any], node: dict[str, Any], index: Index) -> tuple[bool,
         return labels.get("rack") == target, []
     if tt == "TrustDomain":
         return labels.get("trust-domain") == target, []
+    if tt == "LinkTier":
+        return _reaches(node, target, index), []
     return False, []
+
+
+def _tier_note(e: dict[str, Any], node: dict[str, Any], index: Index) -> str:
+    """What a node rejected by a LinkTier entry can give instead (explain's reason)."""
+    if e["target_type"] != "LinkTier":
+        return ""
+    from . import topology  # only for LinkTier entries (docs/topology.md)
+
+    topo = node.get("topology")
+    if not topo:
+        return " (the node reports no GPU topology)"
+    free = [i for i, g in enumerate(node["gpus"]) if not g["instances"] and not g["exclusive"]]
+    k = max(int(index.get("gpus") or 2), 2)
+    best = topology.best_tier(topo, free, k)
+    return f" (best tier of {k} free GPUs here: {best.value if best else f'fewer than {k} free'})"
+
+
+def _reaches(node: dict[str, Any], tier: str, index: Index) -> bool:
+    """Can the node give an instance of ``index["gpus"]`` GPUs (2 when not said) a set of its
+    free GPUs linked at ``tier`` or better? A node that reports no topology cannot say it can."""
+    from ..schemas.topology import TIER_RANK, LinkTier
+    from . import topology
+
+    topo = node.get("topology")
+    if not topo:
+        return False
+    free = [i for i, g in enumerate(node["gpus"]) if not g["instances"] and not g["exclusive"]]
+    best = topology.best_tier(topo, free, max(int(index.get("gpus") or 2), 2))
+    return best is not None and TIER_RANK[best] <= TIER_RANK[LinkTier(tier)]
 
 
 def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], index: Index) -> None:
@@ -184,7 +215,7 @@ def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], in
             if e["strength"] == "Required":
                 if not satisfied:
                     ok = False
-                    reasons.append(f"rejected by entry {i}: {describe(e)}")
+                    reasons.append(f"rejected by entry {i}: {describe(e)}" + _tier_note(e, node, index))
                 elif gpus and not e["anti"]:
                     require += gpus
             elif e["strength"] == "Adaptive":

@@ -35,7 +35,12 @@ TARGET_TYPE: dict[str, int] = {
     "ServiceId": 0x04,
     "TrustDomain": 0x05,
     "RackId": 0x06,
+    #: an extension (docs/topology.md): the GPU link tier a multi-GPU instance's GPUs must (Required)
+    #: or should (Preferred) have among themselves; 1 byte, the tier's code (LINK_TIER)
+    "LinkTier": 0x07,
 }
+#: LinkTier targets: the tiers of ``schemas.topology.LinkTier``, best first, and their codes
+LINK_TIER: dict[str, int] = {"NVSWITCH": 1, "NVLINK": 2, "PCIE_SWITCH": 3, "HOST_BRIDGE": 4, "NUMA": 5, "SYSTEM": 6}
 #: Strengths a category allows in v1 (seed §5): Trust is Required only ("only on attested nodes
 #: in domain D": a trust requirement that may be waived is none)
 ALLOWED_STRENGTHS: dict[str, tuple[str, ...]] = {
@@ -47,7 +52,7 @@ ALLOWED_STRENGTHS: dict[str, tuple[str, ...]] = {
 ALLOWED_TARGETS: dict[str, set[str]] = {
     "Resource": {"NodeId", "ResourceId"},
     "State": {"NodeId", "LeaseId"},
-    "Topology": {"NodeId", "RackId", "ServiceId"},
+    "Topology": {"NodeId", "RackId", "ServiceId", "LinkTier"},
     "Trust": {"TrustDomain"},
 }
 #: TLV_LEASE_AFFINITY
@@ -71,6 +76,7 @@ _FACILITY_MSG = "category Facility (0x05) is not supported in v1 (thermal/power/
 _ENTRY_KEYS = ("category", "strength", "anti", "direction", "target")
 _TARGET_KEYS = ("type", "value")
 _DECIMAL_RE = re.compile(r"[0-9]{1,10}")
+_LINK_TIER_ANTI = "a LinkTier target is toward only (a tier the GPUs must or should reach), not away"
 
 
 class AffinityEntry(msgspec.Struct, frozen=True):
@@ -150,7 +156,7 @@ def _target_type(value: Any) -> str:
     """A target type name or code -> its name."""
     names = list(TARGET_TYPE)
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise _Bad(f"target type must be one of {', '.join(names)} (or its code 1..6), not {value!r}")
+        raise _Bad(f"target type must be one of {', '.join(names)} (or its code 1..7), not {value!r}")
     if isinstance(value, int):
         if value in _TARGET_NAME:
             return _TARGET_NAME[value]
@@ -192,6 +198,13 @@ def _norm_target(target_type: str, value: Any) -> str:
                 f"RackId must be an integer 0..4294967295 (u32) or a decimal string of one, not {value!r}"
             )
         return str(value)
+    if target_type == "LinkTier":
+        names = {v: k for k, v in LINK_TIER.items()}
+        if isinstance(value, int) and not isinstance(value, bool) and value in names:
+            return names[value]
+        if isinstance(value, str) and value.upper() in LINK_TIER:
+            return value.upper()
+        raise _Bad(f"LinkTier must be one of {', '.join(LINK_TIER)} (or its code 1..6), not {value!r}")
     # TrustDomain
     if not isinstance(value, str) or not value:
         raise _Bad(f"TrustDomain must be a non-empty string, not {value!r}")
@@ -254,6 +267,8 @@ def _target_bytes(e: AffinityEntry) -> bytes:
         return uuid.UUID(e.target).bytes
     if e.target_type == "RackId":
         return int(e.target).to_bytes(4, "big")
+    if e.target_type == "LinkTier":
+        return bytes([LINK_TIER[e.target]])
     return e.target.encode("utf-8")
 
 
@@ -307,6 +322,8 @@ def _decode_entry(value: bytes) -> AffinityEntry:
     category, target_type = _CATEGORY_NAME[cat_b], _TARGET_NAME[tt_b]
     _allowed(category, target_type)
     _strength_allowed(category, _STRENGTH_NAME[strength])
+    if target_type == "LinkTier" and str_b & ANTI_BIT:
+        raise _Bad(_LINK_TIER_ANTI)
     raw = value[ENTRY_HEADER:]
     if target_type in _ID_TYPES:
         if tlen != 16:
@@ -316,6 +333,10 @@ def _decode_entry(value: bytes) -> AffinityEntry:
         if tlen != 4:
             raise _Bad(f"RackId target must be 4 bytes (u32 BE), got {tlen}")
         target = str(int.from_bytes(raw, "big"))
+    elif target_type == "LinkTier":
+        if tlen != 1 or raw[0] not in LINK_TIER.values():
+            raise _Bad(f"LinkTier target must be 1 byte, a tier code 1..6, got {raw.hex() or 'nothing'}")
+        target = _norm_target("LinkTier", raw[0])
     else:
         if not 1 <= tlen <= TRUST_DOMAIN_MAX:
             raise _Bad(f"TrustDomain target must be 1..{TRUST_DOMAIN_MAX} bytes of UTF-8, got {tlen}")
@@ -403,6 +424,8 @@ def _from_json(item: Any, p: str, errors: list[SpecError]) -> AffinityEntry | No
     names = _names(item, p, errors)
     anti = _direction(item, p, errors)
     tt, value = _target(item, names["category"], p, errors)
+    if tt == "LinkTier" and anti:
+        errors.append(SpecError(f"{p}.anti", _LINK_TIER_ANTI))
     if len(errors) > before:
         return None
     assert names["category"] is not None and names["strength"] is not None and tt is not None

@@ -36,6 +36,8 @@ async def affinity_index(store: Store, ir: dict[str, Any]) -> dict[str, Any]:
             log.warning("affinity.adapt_metrics_unavailable", block=ir.get("blockId"), error=repr(exc))
             samples = {}
         index = {**index, "adapt": affinity.adapt(samples)}
+    if any(e.get("target_type") == "LinkTier" for e in entries):  # the GPU count a link tier is for
+        index = {**index, "gpus": int((ir.get("resources") or {}).get("gpus") or 0)}
     return index
 
 
