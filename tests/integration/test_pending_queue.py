@@ -143,3 +143,16 @@ async def test_no_queue_flag_on_the_command_line(quick_queue: None, system: Syst
     assert r.returncode == 3, r.stdout + r.stderr
     r = await run(system, "submit", str(f), "--dry-run")
     assert "would wait behind 0 block(s)" in r.stdout + r.stderr, r.stdout + r.stderr
+
+
+async def test_a_waiting_block_is_placed_when_a_cluster_is_added(quick_queue: None, system: System) -> None:
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=1)
+    _, kind, _ = await system.submit_and_wait(spec("a"))
+    assert kind == "ready"
+    await c.submit(spec("b", resources={"gpus": 2, "cpu": 1, "memory": 1024}))
+    block = await status_of(system, "b", "pending")
+    assert "no healthy node with capacity" in block["reason"]
+    await c.add_sim_cluster("c2", nodes=1, gpus=2)
+    block = await status_of(system, "b", "ready")
+    assert block["cluster"] == "c2"

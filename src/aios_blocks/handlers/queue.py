@@ -67,7 +67,9 @@ def fits(ir: Mapping[str, Any], clusters: Mapping[str, dict[str, Any]], views: M
          work: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The first cluster (the filter rule's order) where the whole gang fits now, on the views as
     this walk's releases left them (``work``: cluster -> node copies); '' when none."""
-    merged = {cid: {**views.get(cid, {}), **work.get(cid, {})} for cid in clusters}
+    # the views themselves where this walk took nothing yet (their fit index is kept per dict)
+    merged: dict[str, dict[str, dict[str, Any]]] = {
+        cid: {**views.get(cid, {}), **work[cid]} if work.get(cid) else views.get(cid, {}) for cid in clusters}  # type: ignore[misc]
     passed, _ = filter_rule(dict(ir), dict(clusters), merged)
     for entry in passed:
         cid = entry["cluster_id"]

@@ -128,11 +128,7 @@ class QueueWalker:
             await self.q.remove(bid)
 
     async def walk(self, scope: str) -> hq.Walk:
-        entries = []
-        for bid in await self.q.head(scope, self.s.queue_window):
-            block = await self.w.store.get_block(bid)
-            holds = len(await self.w.store.instances(bid)) if block is not None and block.get("status") == "pending" else 0
-            entries.append(hq.Entry(bid, block, holds))
+        entries = await asyncio.gather(*(self._entry(bid) for bid in await self.q.head(scope, self.s.queue_window)))
         clusters = await self.w.inventory.clusters()
         views = await self.w.inventory.views(list(clusters))
         tried: frozenset[str] = frozenset()
@@ -148,6 +144,11 @@ class QueueWalker:
         for bid, gen, cid in out.retry:
             await self.retry(bid, gen, cid)
         return out
+
+    async def _entry(self, bid: str) -> hq.Entry:
+        block = await self.w.store.get_block(bid)
+        holds = len(await self.w.store.instances(bid)) if block is not None and block.get("status") == "pending" else 0
+        return hq.Entry(bid, block, holds)
 
     async def _drop(self, bid: str, block: Mapping[str, Any] | None) -> None:
         """An entry whose block no longer waits; one retried whose Parsed may not have gone out
