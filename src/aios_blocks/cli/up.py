@@ -105,7 +105,7 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
           console_port: int | None = 0) -> None:
     """`blocks up`'s body: start, say where everything is, supervise until stopped.
     ``console_port``: the web console's (0: the one it had last time, else a free one; None: none)."""
-    with running(data_dir, layout, process_per_kind, lock_fd) as (servers, sup), _console(servers, data_dir, console_port):
+    with running(data_dir, layout, process_per_kind, lock_fd) as (servers, sup), _console(servers, data_dir, console_port) as web:
         where = f"  data {servers.data_dir} (Redis {servers.redis_server} v{redis_version(servers.redis_server)})" if servers else ""
         procs = ", ".join(f"{n}-{i} ({'+'.join(k)})" if len(k) > 1 else f"{n}-{i}" for (n, i), k in sup.kinds.items())
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
@@ -114,15 +114,18 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
             console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
         if os.environ.get("AIOS_METRICS_SD_PORT") and layout.get("metrics"):
             console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
+        if web:
+            console.print(web)
         while True:
             time.sleep(1)
 
 
 @contextlib.contextmanager
-def _console(servers: EmbeddedServers | None, data_dir: Path, port: int | None) -> Iterator[None]:
-    """The web console (docs/console.md) as a child process, in ``endpoints.json`` as ``"console"``."""
+def _console(servers: EmbeddedServers | None, data_dir: Path, port: int | None) -> Iterator[str]:
+    """The web console (docs/console.md) as a child process, in ``endpoints.json`` as ``"console"``;
+    yields the line that says where (and its admin token), "" with none."""
     if port is None:
-        yield
+        yield ""
         return
     from ..console import launch
 
@@ -132,9 +135,8 @@ def _console(servers: EmbeddedServers | None, data_dir: Path, port: int | None) 
     host = os.environ.get("AIOS_CONSOLE_HOST", "127.0.0.1")
     proc, url, token = launch.start(servers.data_dir if servers else data_dir, int(os.environ["AIOS_CONSOLE_PORT"]), host,
                                     embedded=servers is not None, preexec=lifetime.die_with_parent())
-    console.print(f"console: {url} (read only); admin: {url}#token={token} (token in {data_dir}/console/token)")
     try:
-        yield
+        yield f"console: {url} (read only); admin: {url}#token={token} (token in {data_dir}/console/token)"
     finally:
         launch.stop(proc)
 

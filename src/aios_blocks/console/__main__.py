@@ -13,7 +13,8 @@ from ..runtime.locate import resolve_urls
 from .token import ensure_token, token_path
 
 
-def run(data_dir: Path, host: str = "127.0.0.1", port: int = 0, say: Callable[[str], None] | None = None) -> None:
+def run(data_dir: Path, host: str = "127.0.0.1", port: int = 0, say: Callable[[str], None] | None = None,
+        show_token: bool = True) -> None:
     """Serve the console of the system in ``data_dir`` (or AIOS_NATS_URL / AIOS_REDIS_URL): reads
     with the observer role's credentials, actions (once the admin token is given) with the admin's
     when this user can read them. Raises LookupError when there is no running system."""
@@ -30,7 +31,8 @@ def run(data_dir: Path, host: str = "127.0.0.1", port: int = 0, say: Callable[[s
 
     def ready(bound: int) -> None:
         url = f"http://{host}:{bound}/"
-        (say or print)(f"console: {url}  (admin: {url}#token={token} ; token in {token_path(data_dir)})")
+        admin = f"{url}#token={token}" if show_token else url + "#token=<the token>"
+        (say or print)(f"console: {url}  (admin: {admin} ; token in {token_path(data_dir)})")
         sys.stdout.flush()
 
     asyncio.run(serve(observer[0], host, port, token, admin_opener(*admin) if admin else None, ready))
@@ -43,7 +45,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--port", type=int, default=0)
     args = p.parse_args(argv)
     try:
-        run(args.data_dir, args.host, args.port)
+        # (`blocks up` prints the token itself: its child's log does not carry it)
+        run(args.data_dir, args.host, args.port, show_token=False)
     except KeyboardInterrupt:
         pass
     except LookupError as exc:
