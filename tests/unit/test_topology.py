@@ -279,3 +279,16 @@ async def test_a_required_tier_lands_on_the_node_that_has_it() -> None:
     with pytest.raises(PlacementFailed, match=r"RequiredAffinityUnsatisfiable.*GPU link tier NVLINK"):
         await controller.plan(ir, {"id": "c1", "labels": {}}, nodes_of(topo_node("full", "nvlink-pairs-4", busy={0, 2})),
                               "allocation", ["b1-0"], invoker(ir, "resourceAllocator"), None, index)
+
+
+def test_cluster_import_applies_a_profile_by_option_or_label() -> None:
+    from aios_blocks.cli.trace import with_topology
+    from aios_blocks.schemas.spec import Gpu
+
+    def n(nid: str, k: int, **labels: str) -> Node:
+        return Node(id=nid, cluster="c1", labels=labels, gpus=[Gpu(id=f"{nid}-g{i}") for i in range(k)])
+
+    out = with_topology([n("a", 8), n("b", 4), n("c", 4, **{"gpu-topology": "nvlink-pairs-4"}), n("d", 2)], "dgx-nvswitch-8")
+    assert [x.topology.profile if x.topology else None for x in out] == ["dgx-nvswitch-8", None, "nvlink-pairs-4", None]
+    with pytest.raises(ValueError, match="has 8 GPUs, the node 4"):
+        with_topology([n("e", 4, **{"gpu-topology": "pcie-pairs"})], None)

@@ -179,7 +179,8 @@ def node_add(
     label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
     gpu_topology: str = typer.Option(None, "--gpu-topology", show_default=False,
                                      help="GPU topology profile (docs/topology.md): dgx-nvswitch-8, hybrid-cube-mesh-8, "
-                                          "nvlink-pairs-4, pcie-pairs; sets --gpus to its GPU count."),
+                                          "nvlink-pairs-4, pcie-pairs; sets --gpus to its GPU count. "
+                                          "Also read from a `gpu-topology` label."),
     data_dir: Path = DataDir,
 ) -> None:
     """Register a (simulated) node in a cluster.
@@ -191,10 +192,11 @@ def node_add(
 
     check_id(node_id, "node id")
     check_id(cluster, "cluster id")
-    topo = _topology(gpu_topology)
+    labels = _labels(label)
+    topo = _topology(gpu_topology or labels.get("gpu-topology"))  # the option, or the label of that name
     gpus = topo.gpus if topo else gpus
     node = Node(
-        id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=_labels(label),
+        id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=labels,
         gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)], topology=topo,
     )
     _run(_with_client(data_dir, lambda c: c.add_node(node)))

@@ -12,6 +12,7 @@ import typer
 from rich.markup import escape
 
 if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
+    from ..schemas.spec import Node
     from .client import Client
 
 #: ``blocks trace replay``'s policy when no ``--policy`` is given: ``trace.replay.DEFAULT_POLICY``
@@ -48,6 +49,9 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         node_label: list[str] = typer.Option([], "--node-label", help="key=value on every node, repeatable."),
         gpu_memory: list[str] = typer.Option(
             [], "--gpu-memory", help="MODEL=MIB: a GPU model's memory (adds to or overrides the built-in table), repeatable."),
+        gpu_topology: str = typer.Option(None, "--gpu-topology", show_default=False,
+                                         help="GPU topology profile of every node with that many GPUs (docs/topology.md); "
+                                              "a node's own `gpu-topology` label wins."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Parse and summarise; register nothing."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
         data_dir: Path = DataDir,
@@ -73,7 +77,13 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         except InventoryError as exc:
             m().err.print(f"[red]{escape(str(file))}: {escape(str(exc))}[/]")
             raise typer.Exit(2) from None
+        try:
+            nodes = with_topology(nodes, gpu_topology)
+        except ValueError as exc:
+            m().err.print(f"[red]{escape(str(exc))}[/]")
+            raise typer.Exit(2) from None
         info = summary(nodes)
+        info["gpu_topology_nodes"] = sum(1 for n in nodes if n.topology is not None)
         labels = m()._labels(label)
         if not dry_run:
             async def go(c: Client) -> bool:
@@ -291,3 +301,22 @@ def draw(results: list[dict[str, Any]], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def with_topology(nodes: list[Node], default: str | None) -> list[Node]:
+    """Each node with the GPU topology profile its ``gpu-topology`` label names, else ``default``
+    when the node has that profile's GPU count (docs/topology.md); ValueError for an unknown
+    profile or a label naming one of another GPU count."""
+    from ..schemas.topology import profile
+
+    out = []
+    for n in nodes:
+        name = n.labels.get("gpu-topology") or default
+        if name and n.topology is None:
+            topo = profile(name)
+            if len(n.gpus) == topo.gpus:
+                n = n.model_copy(update={"topology": topo})
+            elif n.labels.get("gpu-topology"):
+                raise ValueError(f"node {n.id}: gpu-topology {name} has {topo.gpus} GPUs, the node {len(n.gpus)}")
+        out.append(n)
+    return out
