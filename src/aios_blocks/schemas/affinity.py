@@ -18,6 +18,7 @@ import difflib
 import re
 import struct
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -185,27 +186,38 @@ def _strength_allowed(category: str, strength: str) -> None:
 def _norm_target(target_type: str, value: Any) -> str:
     """A user's target value -> the normalised ``AffinityEntry.target`` string."""
     if target_type in _ID_TYPES:
-        if isinstance(value, uuid.UUID):
-            return str(value)
-        if not isinstance(value, str) or not value:
-            raise _Bad(f"{target_type} must be a non-empty string id or UUID, not {value!r}")
-        return str(id128(value))
-    if target_type == "RackId":
-        if isinstance(value, str) and _DECIMAL_RE.fullmatch(value):
-            value = int(value)
-        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
-            raise _Bad(
-                f"RackId must be an integer 0..4294967295 (u32) or a decimal string of one, not {value!r}"
-            )
+        return _norm_id(target_type, value)
+    return _NORM_TARGET.get(target_type, _norm_trust)(value)
+
+
+def _norm_id(target_type: str, value: Any) -> str:
+    if isinstance(value, uuid.UUID):
         return str(value)
-    if target_type == "LinkTier":
-        names = {v: k for k, v in LINK_TIER.items()}
-        if isinstance(value, int) and not isinstance(value, bool) and value in names:
-            return names[value]
-        if isinstance(value, str) and value.upper() in LINK_TIER:
-            return value.upper()
-        raise _Bad(f"LinkTier must be one of {', '.join(LINK_TIER)} (or its code 1..6), not {value!r}")
-    # TrustDomain
+    if not isinstance(value, str) or not value:
+        raise _Bad(f"{target_type} must be a non-empty string id or UUID, not {value!r}")
+    return str(id128(value))
+
+
+def _norm_rack(value: Any) -> str:
+    if isinstance(value, str) and _DECIMAL_RE.fullmatch(value):
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 0xFFFFFFFF:
+        raise _Bad(
+            f"RackId must be an integer 0..4294967295 (u32) or a decimal string of one, not {value!r}"
+        )
+    return str(value)
+
+
+def _norm_link_tier(value: Any) -> str:
+    names = {v: k for k, v in LINK_TIER.items()}
+    if isinstance(value, int) and not isinstance(value, bool) and value in names:
+        return names[value]
+    if isinstance(value, str) and value.upper() in LINK_TIER:
+        return value.upper()
+    raise _Bad(f"LinkTier must be one of {', '.join(LINK_TIER)} (or its code 1..6), not {value!r}")
+
+
+def _norm_trust(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise _Bad(f"TrustDomain must be a non-empty string, not {value!r}")
     try:
@@ -215,6 +227,10 @@ def _norm_target(target_type: str, value: Any) -> str:
     if n > TRUST_DOMAIN_MAX:
         raise _Bad(f"TrustDomain is {n} UTF-8 bytes; at most {TRUST_DOMAIN_MAX}")
     return value
+
+
+#: target type -> its value's normaliser (the id types: ``_norm_id``; any other: TrustDomain's)
+_NORM_TARGET: dict[str, Callable[[Any], str]] = {"RackId": _norm_rack, "LinkTier": _norm_link_tier}
 
 
 # -- wire form -------------------------------------------------------------------------------
