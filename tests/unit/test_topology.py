@@ -292,3 +292,15 @@ def test_cluster_import_applies_a_profile_by_option_or_label() -> None:
     assert [x.topology.profile if x.topology else None for x in out] == ["dgx-nvswitch-8", None, "nvlink-pairs-4", None]
     with pytest.raises(ValueError, match="has 8 GPUs, the node 4"):
         with_topology([n("e", 4, **{"gpu-topology": "pcie-pairs"})], None)
+
+
+def test_a_topology_that_does_not_cover_the_nodes_gpus_is_ignored() -> None:
+    """A node view whose topology is of another GPU count (a stale spec): the policy's choice, no record, no crash."""
+    from aios_blocks.policies import affinity
+
+    n = topo_node("n1", "nvlink-pairs-4") | {"gpus": free_gpus(6, "n1-g")}
+    ids = [g["id"] for g in n["gpus"]]
+    assert tp.refine(n, ids[4:6], ids, share=False) == (ids[4:6], {})
+    assert tp.refine(n, ids[4:6], ids, share=True) == (ids[4:6], {})
+    affinity.annotate({"n1": n}, tier_entry("Required", "NVLINK"), {**affinity.empty_index(), "gpus": 2})
+    assert not n["affinity"]["pass"] and "reports no GPU topology" in n["affinity"]["reasons"][0]

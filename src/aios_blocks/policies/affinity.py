@@ -172,6 +172,12 @@ def _match(e: dict[str, Any], node: dict[str, Any], index: Index) -> tuple[bool,
     return False, []
 
 
+def _covers(node: dict[str, Any]) -> bool:
+    """The node reports a topology of its GPUs (one of another GPU count is none)."""
+    topo = node.get("topology")
+    return bool(topo) and int(topo.get("gpus", 0)) == len(node["gpus"])
+
+
 def _tier_note(e: dict[str, Any], node: dict[str, Any], index: Index) -> str:
     """What a node rejected by a LinkTier entry can give instead (explain's reason)."""
     if e["target_type"] != "LinkTier":
@@ -179,7 +185,7 @@ def _tier_note(e: dict[str, Any], node: dict[str, Any], index: Index) -> str:
     from . import topology  # only for LinkTier entries (docs/topology.md)
 
     topo = node.get("topology")
-    if not topo:
+    if not _covers(node):
         return " (the node reports no GPU topology)"
     free = [i for i, g in enumerate(node["gpus"]) if not g["instances"] and not g["exclusive"]]
     k = max(int(index.get("gpus") or 2), 2)
@@ -194,7 +200,7 @@ def _reaches(node: dict[str, Any], tier: str, index: Index) -> bool:
     from . import topology
 
     topo = node.get("topology")
-    if not topo:
+    if not topo or not _covers(node):
         return False
     free = [i for i, g in enumerate(node["gpus"]) if not g["instances"] and not g["exclusive"]]
     best = topology.best_tier(topo, free, max(int(index.get("gpus") or 2), 2))

@@ -142,7 +142,8 @@ def set_tier(topology: dict[str, Any], gpus: Sequence[int]) -> LinkTier:
 
 def best_tier(topology: dict[str, Any], free: Sequence[int], count: int) -> LinkTier | None:
     """The best tier ``count`` of ``free`` could have (None: fewer free)."""
-    r = compile_topology(topology).best_rank(frozenset(free), count)
+    c = compile_topology(topology)
+    r = c.best_rank(frozenset(g for g in free if 0 <= g < c.n), count)
     return None if r >= _WORST else _tier(r)
 
 
@@ -191,7 +192,7 @@ def refine(
     topology (``{}`` otherwise)."""
     count = len(chosen)
     topo = node.get("topology")
-    if not topo or count < 1:
+    if not topo or count < 1 or int(topo.get("gpus", 0)) != len(node["gpus"]):  # none, or not of these GPUs
         return chosen, {}
     index = {g["id"]: i for i, g in enumerate(node["gpus"])}
     if share or _pins_gpus(entries):
