@@ -174,7 +174,7 @@ def _match(e: dict[str, Any], node: dict[str, Any], index: Index) -> tuple[bool,
 
 def _covers(node: dict[str, Any]) -> bool:
     """The node reports a topology of its GPUs (one of another GPU count is none)."""
-    topo = node.get("topology")
+    topo = node.get("topology") or {}
     return bool(topo) and int(topo.get("gpus", 0)) == len(node["gpus"])
 
 
@@ -184,7 +184,7 @@ def _tier_note(e: dict[str, Any], node: dict[str, Any], index: Index) -> str:
         return ""
     from . import topology  # only for LinkTier entries (docs/topology.md)
 
-    topo = node.get("topology")
+    topo = node.get("topology") or {}
     if not _covers(node):
         return " (the node reports no GPU topology)"
     free = [i for i, g in enumerate(node["gpus"]) if not g["instances"] and not g["exclusive"]]
