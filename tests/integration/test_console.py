@@ -216,7 +216,7 @@ def test_an_admin_scales_a_block_and_an_observer_sees_no_action(up: Up, page: An
     page.goto(up.url + f"#/block/{bid}")
     page.wait_for_selector("#explain")
     assert page.locator("#actions").count() == 0
-    assert page.locator("#scale-btn").count() == 0
+    assert page.locator("#scale-btn").count() == 0 and page.locator("button.reassign").count() == 0
     # an action without the token (as an observer's page would send it) is refused by the server too
     refused = page.evaluate("""async (bid) => (await fetch(`/api/block/${bid}/scale`, {method: 'POST',
         headers: {'Content-Type': 'application/json'}, body: '{"target": 2}'})).status""", bid)
@@ -234,6 +234,11 @@ def test_an_admin_scales_a_block_and_an_observer_sees_no_action(up: Up, page: An
         admin.click("#scale-btn")
         expect(admin.locator("#instances tbody tr")).to_have_count(2, timeout=30_000)
         assert "scale requested" in admin.inner_text("#action-result")
+        # reassign one instance: a new one elsewhere, then the old one goes
+        moved = admin.locator("#instances tbody tr").first.get_attribute("data-instance")
+        admin.locator(f'#instances tr[data-instance="{moved}"] button.reassign').click()
+        expect(admin.locator(f'#instances tr[data-instance="{moved}"]')).to_have_count(0, timeout=30_000)
+        expect(admin.locator("#instances tbody tr")).to_have_count(2, timeout=30_000)
     finally:
         admin.context.close()
     assert len(get_json(f"{up.url}api/block/{bid}")["instances"]) == 2

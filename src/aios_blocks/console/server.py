@@ -198,6 +198,18 @@ async def scale(request: web.Request) -> web.Response:
     return _json({"ok": True, "request": done.request_id, "target": done.target, "note": done.note})
 
 
+async def reassign(request: web.Request) -> web.Response:
+    """Move one instance (action ``reassignment``: a new one elsewhere, then the old one goes)."""
+    client, body = await _action(request)
+    try:
+        req = await client.reassign_request(request.match_info["bid"], str(body.get("instance", "")), reason="console")
+    except LookupError as exc:
+        return _json({"error": str(exc.args[0] if exc.args else exc)}, 404)
+    except ValueError as exc:
+        return _json({"error": str(exc)}, 400)
+    return _json({"ok": True, "request": req.request_id, "instance": req.instance_id})
+
+
 async def delete(request: web.Request) -> web.Response:
     client, _ = await _action(request)
     try:
@@ -223,6 +235,7 @@ def make_app(feed: Feed, token: str, admin: AdminOpener | None) -> web.Applicati
     app.router.add_get("/api/tail", tail)
     app.router.add_get("/api/events", events)
     app.router.add_post("/api/block/{bid}/scale", scale)
+    app.router.add_post("/api/block/{bid}/reassign", reassign)
     app.router.add_post("/api/block/{bid}/delete", delete)
     return app
 

@@ -229,12 +229,14 @@ async function viewBlock(root, bid) {
   const d = await api("/api/block/" + encodeURIComponent(bid));
   const b = d.block;
   const acts = [];
-  if (state.admin && state.actions && PAST === null && !["deleted", "deleting", "rejected"].includes(b.status)) {
+  const admin = state.admin && state.actions && PAST === null && !["deleted", "deleting", "rejected"].includes(b.status);
+  let run = null;
+  if (admin) {
     const target = el("input", { id: "scale-target", type: "number", min: 0, value: (b.desired || 0) + 1, class: "narrow" });
     // (kept across the re-renders the action's own events cause)
     const msg = el("span", { id: "action-result", class: "muted" }, state.lastAction && state.lastAction.bid === bid ? state.lastAction.text : "");
-    const run = async (what, url, body) => {
-      if (!confirm(`${what} block ${bid}?`)) return;
+    run = async (what, url, body) => {
+      if (!confirm(`${what} ${body.instance ? "instance " + body.instance + " of " : ""}block ${bid}?`)) return;
       let text;
       try { const r = await action(url, body); text = `${what} requested (${r.request})`; } catch (e) { text = `${what} refused: ${e.message}`; }
       state.lastAction = { bid, text };
@@ -252,8 +254,9 @@ async function viewBlock(root, bid) {
     ...acts,
     el("h3", {}, "Why (blocks explain)"), explainList(d.explain),
     el("h3", {}, "Instances"),
-    d.instances.length ? table(["instance", "node", "GPUs", "status", "endpoint"], d.instances.map((i) => el("tr", {},
-      el("td", {}, i.instance), el("td", {}, i.node), el("td", {}, (i.gpus || []).join(", ")), el("td", {}, i.status), el("td", {}, i.endpoint || ""))), "instances") : el("p", { class: "muted", id: "instances" }, "none"),
+    d.instances.length ? table(["instance", "node", "GPUs", "status", "endpoint", ""], d.instances.map((i) => el("tr", { dataset: { instance: i.instance } },
+      el("td", {}, i.instance), el("td", {}, i.node), el("td", {}, (i.gpus || []).join(", ")), el("td", {}, i.status), el("td", {}, i.endpoint || ""),
+      el("td", {}, run ? el("button", { class: "reassign", on: { click: () => run("reassign", `/api/block/${encodeURIComponent(bid)}/reassign`, { instance: i.instance }) } }, "reassign") : null))), "instances") : el("p", { class: "muted", id: "instances" }, "none"),
     el("h3", {}, `Story (${d.timeline.length} events)`),
     el("ol", { class: "timeline", id: "timeline" }, d.timeline.map((e) => el("li", { dataset: { seq: e.seq } },
       el("a", { href: `?seq=${e.seq}#/block/${encodeURIComponent(bid)}`, title: "the system at this event" }, `#${e.seq}`),
