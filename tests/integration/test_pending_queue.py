@@ -156,3 +156,19 @@ async def test_a_waiting_block_is_placed_when_a_cluster_is_added(quick_queue: No
     await c.add_sim_cluster("c2", nodes=1, gpus=2)
     block = await status_of(system, "b", "ready")
     assert block["cluster"] == "c2"
+
+
+async def test_a_waiting_block_grows_its_virtual_cluster_and_is_placed_there(quick_queue: None, system: System) -> None:
+    """An indivisible virtual cluster with limits grows by a node for a block that waits (as it
+    did for one that failed), and the waiting block is placed on that node."""
+    from aios_blocks.cli import vcluster as vcli
+
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=3, gpus=1, node_labels={"nodeType": "A100"})
+    ok, _ = await vcli.outcome(c, await vcli.create(c, "v", "c1", {"A100": 1}, limits={"A100": [1, 2]}))
+    assert ok
+    _, kind, _ = await system.submit_and_wait(spec("g1", virtualClusterId="v"))
+    assert kind == "ready"
+    await c.submit(spec("g2", virtualClusterId="v"))
+    await status_of(system, "g2", "ready")
+    assert (await events(system, "g2", "pending"))  # it waited first, then its cluster grew

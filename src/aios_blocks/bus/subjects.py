@@ -191,7 +191,8 @@ MAPPER = consumer(
 EXECUTOR_QUEUE = "executor"
 #: Virtual cluster requests (seed 003), and the ends of blocks whose job clusters go with them.
 #: Shared by all controllers (a request's Lua commit re-checks everything).
-VCLUSTER = consumer("vcluster", E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.block_deleted, E.block_failed)
+VCLUSTER = consumer("vcluster", E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.block_deleted, E.block_failed,
+                    E.block_pending)
 
 
 def agent(node: str | None = None) -> ConsumerSpec:

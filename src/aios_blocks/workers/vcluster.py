@@ -27,6 +27,7 @@ from ..handlers import vcluster as h
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import BlockStatus
+from ..schemas.priority import Pending
 from ..schemas.vcluster import (
     VClusterChanged,
     VClusterCreate,
@@ -153,6 +154,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router.add(E.vcluster_remove, bound(on_remove, w))
     router.add(E.block_deleted, bound(on_block_end, w))
     router.add(E.block_failed, bound(on_block_end, w))
+    router.add(E.block_pending, bound(on_block_pending, w))
     return [router.binding()]
 
 
@@ -261,6 +263,14 @@ async def on_block_end(w: Worker, m: Inbound[BlockStatus]) -> None:
     if cid is None:
         return
     await destroy_job(w, cid, jid, ev.block_id, ev.gen, f"block {ev.block_id} {ev.status}")
+
+
+async def on_block_pending(w: Worker, m: Inbound[Pending]) -> None:
+    """A block that fits nowhere waits (docs/priority.md): its virtual cluster may grow for it, as
+    for a failed one (once per block generation); a waiting victim of a preemption does not grow it."""
+    ev = m.data
+    if not ev.preempted_by:
+        await grow_for(w, ev.block_id, ev.gen, ev.reason)
 
 
 async def grow_for(w: Worker, bid: str, gen: int, reason: str) -> None:
