@@ -227,8 +227,8 @@ def subjects_(
         print(catalog_doc.catalog_markdown())
         return
     t = _table("subject", "published by", "stored", "durable consumers", "message id", "meaning")
-    for row in catalog_doc.catalog_rows():
-        t.add_row(*_plain(*row))
+    for event_row in catalog_doc.catalog_rows():
+        t.add_row(*_plain(*event_row))
     console.print(t)
 
 
