@@ -27,3 +27,36 @@ def test_classes_and_quotas_fold_into_their_hashes() -> None:
     assert classes == {"normal": {"name": "normal", "value": 100, "default": False},
                        "batch": {"name": "batch", "value": 0, "default": True}}
     assert set(img[keys.QUOTAS]) == {"team-a"}
+
+
+def test_the_pending_queue_folds_from_its_events() -> None:
+    """block.pending -> pending (with its reason, since, deadline, the victim's preemptor) and in
+    the queue's scratch keys; block.preempting marks the preemptor; a retry (parsed, attempt 1)
+    takes it back to parsed and out of the queue; an expiry (failed) too."""
+    from aios_blocks.state import queue
+
+    ir = {"blockId": "b", "minInstances": 1, "maxInstances": 1, "priority": 7}
+    f = Fold()
+    run(f, [
+        ("aios.block.b.parsed", {"block_id": "b", "gen": 1, "ir": ir, "attempt": 0}),
+        ("aios.block.b.selection", {"block_id": "b", "gen": 1, "candidates": [], "filtered": {"c1": "full"}, "rule": "r"}),
+        ("aios.block.b.pending", {"block_id": "b", "gen": 1, "reason": "full", "reasons": {"c1": "full"}, "priority": 7,
+                                  "since": 12.5, "deadline": 72.5}),
+        ("aios.block.b.preempting", {"block_id": "b", "gen": 1, "reason": "Priority", "request_id": "r1"}),
+        ("aios.block.c.parsed", {"block_id": "c", "gen": 2, "ir": {**ir, "blockId": "c", "priority": 0}, "attempt": 0}),
+        ("aios.block.c.selection", {"block_id": "c", "gen": 2, "candidates": [], "filtered": {}, "rule": "r"}),
+        ("aios.block.c.pending", {"block_id": "c", "gen": 2, "reason": "full", "since": 10.0, "deadline": 0.0,
+                                  "preempted_by": "x"}),
+    ])
+    b, c = f.blocks["b"], f.blocks["c"]
+    assert (b["status"], b["reason"], b["pending_since"], b["pending_deadline"], b["preempting"]) == (
+        "pending", "full", "12.500", "72.500", "r1")
+    assert (c["status"], c["preempted_by"]) == ("pending", "x")
+    img = f.image()
+    assert img[queue.queue_key("_")] == {queue.member("b", 12.5): -7.0, queue.member("c", 10.0): 0.0}
+    assert img[queue.DUE] == {"b": 72.5}
+    run(f, [("aios.block.b.parsed", {"block_id": "b", "gen": 1, "ir": ir, "attempt": 1}),
+            ("aios.block.c.failed", {"block_id": "c", "gen": 2, "status": "failed", "reason": "waited longer"})])
+    assert (f.blocks["b"]["status"], f.blocks["b"]["attempt"], f.blocks["b"]["preempting"]) == ("parsed", "1", "")
+    assert f.blocks["c"]["status"] == "failed"
+    assert queue.queue_key("_") not in f.image()
