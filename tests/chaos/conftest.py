@@ -62,7 +62,9 @@ def explain(rep: Report) -> str:
 
 
 def spec(**kw: Any) -> dict[str, Any]:
-    return {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 2, **kw}
+    """(``queue: false``: a block that fits nowhere fails, as these tests count it; the pending
+    queue has its own tests, tests/integration/test_pending_queue.py)"""
+    return {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 2, "queue": False, **kw}
 
 
 TERMINAL_STATUSES = ("ready", "failed", "rejected", "deleted")
