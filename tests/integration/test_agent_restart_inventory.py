@@ -34,9 +34,10 @@ from .conftest import COMPONENT
 
 pytestmark = pytest.mark.integration
 
-#: the kinds that place, run and serve blocks; no health checker: nothing probes the instances,
-#: so what brings the block back can only be the restarted agent's own report
-LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1}
+#: the kinds that place, run and serve blocks (the executor routes by the maps the mapper writes);
+#: no health checker: nothing probes the instances, so what brings the block back can only be the
+#: restarted agent's own report
+LAYOUT = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1, "executor": 1, "mapper": 1}
 
 
 @dataclass
