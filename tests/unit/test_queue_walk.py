@@ -46,9 +46,12 @@ def test_backfill_a_smaller_lower_block_when_the_head_cannot_use_the_capacity() 
 
 
 def test_nothing_behind_a_preemptor_is_released_while_its_victims_drain() -> None:
-    entries = [hq.Entry("big", block("big", 4, priority=100, preempting="r1")), hq.Entry("small", block("small", 1))]
-    out = hq.walk(entries, CLUSTERS, views(2))
-    assert out.retry == [] and out.blocked_by == "big"
+    entries = [hq.Entry("big", block("big", 4, priority=100, preempting="big:1:100:1000.000")), hq.Entry("small", block("small", 1))]
+    out = hq.walk(entries, CLUSTERS, views(2), now=1010.0)
+    assert out.retry == [] and out.blocked_by == "big" and out.preempt == []
+    # a mark past PREEMPT_HOLD_S (a walker stopped between the mark and the evictions) holds nothing
+    late = hq.walk(entries, CLUSTERS, views(2), now=1000.0 + hq.PREEMPT_HOLD_S + 1)
+    assert late.blocked_by == "" and late.preempt == ["big"]
 
 
 def test_the_first_block_that_may_preempt_stops_the_walk_until_the_policy_answered() -> None:

@@ -79,15 +79,32 @@ def fits(ir: Mapping[str, Any], clusters: Mapping[str, dict[str, Any]], views: M
     return ""
 
 
-def may_preempt(block: Mapping[str, Any]) -> bool:
+#: how long a preemptor's mark (its victims draining) holds back the blocks behind it and its own
+#: next preemption: past it (a walker stopped between the mark and the evictions, victims that
+#: never drained) the block may preempt again
+PREEMPT_HOLD_S = 120.0
+
+
+def preempting(block: Mapping[str, Any], now: float) -> bool:
+    """Whether the block's own preemption is under way: its mark (``<request>:<time>``) is recent."""
+    mark = str(block.get("preempting") or "")
+    if not mark:
+        return False
+    try:
+        return now - float(mark.rsplit(":", 1)[-1]) < PREEMPT_HOLD_S
+    except ValueError:
+        return True
+
+
+def may_preempt(block: Mapping[str, Any], now: float = 0.0) -> bool:
     """A waiting block may preempt unless it was itself preempted (no cascades), or already
     preempts (one preemption per block at a time)."""
     ir = block.get("ir") or {}
-    return not block.get("preempted_by") and not block.get("preempting") and int(ir.get("priority") or 0) > 0
+    return not block.get("preempted_by") and not preempting(block, now) and int(ir.get("priority") or 0) > 0
 
 
 def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
-         views: Mapping[str, Mapping[str, dict[str, Any]]], tried: frozenset[str] = frozenset()) -> Walk:
+         views: Mapping[str, Mapping[str, dict[str, Any]]], tried: frozenset[str] = frozenset(), now: float = 0.0) -> Walk:
     """The walk of one scope's head (see the module docstring). It stops at the first block that
     may preempt (``preempt``: the caller asks the cluster's preemption policy, and walks again
     with that block in ``tried`` when the policy chose no victim): capacity a preemption plan
@@ -106,10 +123,10 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
         if cid:
             out.retry.append((e.bid, int(b.get("gen") or 0), cid))
             continue
-        if b.get("preempting"):
+        if preempting(b, now):
             out.blocked_by = e.bid
             break
-        if e.bid not in tried and may_preempt(b):
+        if e.bid not in tried and may_preempt(b, now):
             out.preempt.append(e.bid)
             break
     return out

@@ -133,7 +133,7 @@ class QueueWalker:
         views = await self.w.inventory.views(list(clusters))
         tried: frozenset[str] = frozenset()
         while True:
-            out = hq.walk(entries, clusters, views, tried)
+            out = hq.walk(entries, clusters, views, tried, time.time())
             if not out.preempt:
                 break
             if await self.preempt(next(e.block for e in entries if e.bid == out.preempt[0]), clusters, views):
