@@ -39,7 +39,7 @@ log = structlog.get_logger("aios.queue")
 
 #: id(worker) -> its walker (``poke``)
 _running: dict[int, QueueWalker] = {}
-DEBOUNCE_S = 0.05
+DEBOUNCE_S = 0.005
 DEFAULT_POLICY = "builtin:preempt-min"
 
 __all__ = ["PendingQueue", "QueueWalker", "poke", "wait_or_fail"]
