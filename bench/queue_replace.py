@@ -43,8 +43,9 @@ async def run() -> None:
         gaps = []
         for i in range(ROUNDS):
             waiter = await c.submit({**spec, "blockId": f"w{i}"})
-            while ((await c.store.get_block(waiter)) or {}).get("status") != "pending":
-                await asyncio.sleep(0.05)
+            async for subject, _ in c.follow(waiter):  # until it waits
+                if subject.endswith(".pending"):
+                    break
             await c.delete(holder)
             kind, _ = await c.wait(waiter, 120)
             assert kind == "ready", kind
