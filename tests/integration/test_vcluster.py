@@ -413,7 +413,8 @@ async def test_random_operations_on_real_servers_keep_every_node_in_one_place(sy
         elif op == "remove":
             ok, _ = await remove(c, vid)
         elif op == "place":
-            spec = {**SPEC, "blockId": f"r{n}", "minInstances": 1, "maxInstances": 1}
+            # a block that fits nowhere fails (counted refused) rather than waiting in the queue (issue 36)
+            spec = {**SPEC, "blockId": f"r{n}", "minInstances": 1, "maxInstances": 1, "queue": False}
             where = rng.choice(["", "A", "B", "D"])
             if where:
                 spec["virtualClusterId"] = where
