@@ -97,3 +97,22 @@ def events(data: Mapping[str, Any], output: Mapping[str, Any], gen: int, request
     freed = sum(len(by_inst[i]["instances"][i].get("gpus") or ()) for ids in victims.values() for i in ids)
     out.append(Emit(E.block_preempting, Preempting(bid, gen, str(reason), victims, freed, request_id)))
     return out
+
+
+def reclaim_plan(bid: str, ir: Mapping[str, Any], victims: Iterable[str],
+                 placed: Iterable[Mapping[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A quota reclamation as a preemption (``policies.quota.decide``'s ``reclaim``): the input
+    (the block, the victim blocks with all their instances wherever they run) and the output
+    (every instance of each victim, per node) that ``events`` reads, reason ``InCohortReclamation``."""
+    chosen = set(victims)
+    rows = [r for r in placed if r["block_id"] in chosen]
+    nodes = {i.get("node") for r in rows for i in (r.get("instances") or {}).values()}
+    cands = candidates(rows, [n for n in nodes if n], skip=bid)
+    out: dict[str, list[str]] = {}
+    for c in cands:
+        for iid, inst in c["instances"].items():
+            out.setdefault(str(inst["node_id"]), []).append(iid)
+    data = {"action": "preempt", "block": block_input(bid, ir), "candidates": cands}
+    return data, {"victims": {n: sorted(ids) for n, ids in sorted(out.items())},
+                  "blocks": {c["block_id"]: sorted(c["instances"]) for c in cands},
+                  "reason": PreemptReason.IN_COHORT_RECLAMATION}

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import capacity
+from ..policies import quota as qp
+from ..schemas.priority import Quota
 from . import vcluster
 from .gateway import filter_rule, share_of
 
@@ -40,6 +42,48 @@ class Walk:
     drop: list[str] = field(default_factory=list)
     preempt: list[str] = field(default_factory=list)
     blocked_by: str = ""  # a preemptor whose victims drain: nothing behind it was released
+    #: (bid, borrowers' blocks): the owner reclaims its quota by preempting them (InCohortReclamation)
+    reclaim: list[tuple[str, list[str]]] = field(default_factory=list)
+
+
+@dataclass
+class QuotaView:
+    """What the quota gate reads: the tenants' quotas and the running blocks' holdings (the walk
+    adds each block it releases, so two blocks of one tenant are not both admitted on one room)."""
+
+    quotas: Mapping[str, Quota]
+    holdings: list[qp.Holding]
+
+
+def _fmt(u: qp.Usage) -> str:
+    return ", ".join(f"{m}.{r}={v:g}" for m, a in sorted(u.items()) for r, v in sorted(a.items())) or "0"
+
+
+def gate(ir: Mapping[str, Any], view: QuotaView | None) -> tuple[qp.Decision, str] | None:
+    """The quota's verdict on the block's whole gang (minInstances) and the reason a waiting block
+    shows (``quota: ...`` naming the tenant's nominal, used and borrowed); None: no quota applies."""
+    if view is None or not view.quotas:
+        return None
+    tenant = qp.tenant_of(ir)
+    if tenant is None or tenant not in view.quotas:
+        return None
+    request = qp.request_usage(ir.get("resources") or {}, max(int(ir.get("minInstances") or 0), 1))
+    d = qp.decide(tenant, request, view.quotas, view.holdings)
+    q = view.quotas[tenant]
+    used = qp.usage_by_tenant(view.holdings).get(tenant, {})
+    nominal = {m: {str(r): float(v) for r, v in a.items()} for m, a in q.nominal.items()}
+    used = {m: {r: v for r, v in a.items() if r in nominal.get(m, {})} for m, a in used.items() if m in nominal}
+    reason = (f"quota: tenant {tenant} {d.reason}; nominal {_fmt(nominal)}, used {_fmt(used)}, "
+              f"borrowed {_fmt(qp.borrowed(used, q))}")
+    return d, reason
+
+
+def admitted(ir: Mapping[str, Any], bid: str, view: QuotaView | None) -> None:
+    """Count a released block against its tenant's quota for the rest of the walk."""
+    tenant = qp.tenant_of(ir)
+    if view is not None and tenant is not None:
+        request = qp.request_usage(ir.get("resources") or {}, max(int(ir.get("minInstances") or 0), 1))
+        view.holdings.append(qp.Holding(bid, tenant, request, int(ir.get("priority") or 0)))
 
 
 def gang_fit(ir: Mapping[str, Any], nodes: Mapping[str, dict[str, Any]], work: dict[str, dict[str, Any]]) -> bool:
@@ -104,11 +148,17 @@ def may_preempt(block: Mapping[str, Any], now: float = 0.0) -> bool:
 
 
 def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
-         views: Mapping[str, Mapping[str, dict[str, Any]]], tried: frozenset[str] = frozenset(), now: float = 0.0) -> Walk:
+         views: Mapping[str, Mapping[str, dict[str, Any]]], tried: frozenset[str] = frozenset(), now: float = 0.0,
+         quota: QuotaView | None = None) -> Walk:
     """The walk of one scope's head (see the module docstring). It stops at the first block that
     may preempt (``preempt``: the caller asks the cluster's preemption policy, and walks again
     with that block in ``tried`` when the policy chose no victim): capacity a preemption plan
-    counts on must not go to a block behind it meanwhile."""
+    counts on must not go to a block behind it meanwhile.
+
+    Quotas (``quota``) come first: a block its tenant's quota makes wait is skipped (it holds no
+    one back: the room is not its to take); one whose tenant reclaims what borrowers hold is
+    returned in ``reclaim`` (the walk stops there, as for a preemption), unless it is itself a
+    waiting victim (no cascades) or its reclamation is under way (then nothing behind it goes)."""
     out = Walk()
     work: dict[str, dict[str, dict[str, Any]]] = {}
     for e in entries:
@@ -119,9 +169,21 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
         if e.holds:  # a victim whose instances still drain: not placeable yet, blocks nobody
             continue
         ir = b.get("ir") or {}
+        verdict = gate(ir, quota)
+        if verdict is not None and verdict[0].verdict is qp.Verdict.WAIT:
+            continue
+        if verdict is not None and verdict[0].verdict is qp.Verdict.RECLAIM:
+            if preempting(b, now):
+                out.blocked_by = e.bid
+                break
+            if not b.get("preempted_by") and e.bid not in tried:
+                out.reclaim.append((e.bid, list(verdict[0].victims)))
+                break
+            continue
         cid = fits(ir, clusters, views, work)
         if cid:
             out.retry.append((e.bid, int(b.get("gen") or 0), cid))
+            admitted(ir, e.bid, quota)
             continue
         if preempting(b, now):
             out.blocked_by = e.bid

@@ -15,6 +15,8 @@ from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
 from ..handlers import gateway as h
+from ..handlers import queue as h_queue
+from ..policies.quota import Verdict
 from ..runtime.ticker import Ticker
 from ..schemas.events import (
     AllocationRequest,
@@ -51,6 +53,8 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
     if not ok:
         return  # superseded (a later selection round, deleted, re-created) or already past this step
+    if await _quota_holds(w, bid, gen, ir, n):
+        return
     clusters, nodes = await _snapshot(w)
     trace: list[Decision] = []
     sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
@@ -70,6 +74,23 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     out = [Emit(E.block_selection, event)]
     out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=m.stream_seq)) for cid in sel.candidates]
     await w.bus.emit_all(out)
+
+
+async def _quota_holds(w: Worker, bid: str, gen: int, ir: dict[str, Any], n: int) -> bool:
+    """The tenant's quota before placement (docs/priority.md): ``admit`` / ``admit-borrowing`` go
+    on to selection; ``wait`` waits in the pending queue with the quota's reason; ``reclaim`` waits
+    too, and the queue walker preempts the borrowers (InCohortReclamation), then places it."""
+    view, _placed = await queue.quota_view(w)
+    verdict = h_queue.gate(ir, view)
+    if verdict is None or verdict[0].verdict in (Verdict.ADMIT, Verdict.ADMIT_BORROWING):
+        if verdict is not None:
+            log.info("gateway.quota", block=bid, verdict=str(verdict[0].verdict), reason=verdict[1][:200])
+        return False
+    # the round is recorded (no candidate: the quota holds it) so the stream folds to the same state
+    await w.bus.emit(E.block_selection, Selection(bid, gen, [], {}, "quota", attempt=n))
+    await queue.wait_or_fail(w, bid, gen, ir, verdict[1], Step.FAIL_SELECTION, {})
+    queue.poke_all()  # a reclamation is the walker's to carry out
+    return True
 
 
 async def on_result(w: Worker, m: Inbound[DryRunResult]) -> None:

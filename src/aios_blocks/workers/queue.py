@@ -27,10 +27,11 @@ from ..bus.catalog import E, Emit
 from ..bus.runner import Defer
 from ..handlers import preemption as pre
 from ..handlers import queue as hq
+from ..policies import quota as qp
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, InstanceCommand, Parsed
 from ..schemas.lifecycle import InstanceStatus, Step
-from ..schemas.priority import Pending
+from ..schemas.priority import Pending, PreemptReason, Quota
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, scope_of
 from .base import EpochGuard, Worker
@@ -42,13 +43,19 @@ _running: dict[int, QueueWalker] = {}
 DEBOUNCE_S = 0.005
 DEFAULT_POLICY = "builtin:preempt-min"
 
-__all__ = ["PendingQueue", "QueueWalker", "poke", "wait_or_fail"]
+__all__ = ["PendingQueue", "QueueWalker", "poke", "poke_all", "quota_view", "wait_or_fail"]
 
 
 def poke(w: Worker) -> None:
     """Capacity appeared (or may have): ask this process's walker for a pass soon."""
     q = _running.get(id(w))
     if q is not None:
+        q.wake.set()
+
+
+def poke_all() -> None:
+    """Wake every walker of this process (a quota reclamation, seen by another worker)."""
+    for q in list(_running.values()):
         q.wake.set()
 
 
@@ -73,6 +80,17 @@ async def wait_or_fail(w: Worker, bid: str, gen: int, ir: dict[str, Any], reason
                     int(block.get("attempt") or 0), by)
     await w.bus.emit(E.block_pending, event)
     log.info("queue.pending", block=bid, gen=gen, reason=reason[:200])
+
+
+async def quota_view(w: Worker) -> tuple[hq.QuotaView | None, list[dict[str, Any]]]:
+    """The quotas and the running blocks' holdings the quota gate reads (None: no quota set: the
+    scan of the placed blocks is skipped), and the placed rows a reclamation picks its victims in."""
+    store = PriorityStore(w.store.r)
+    records = await store.quotas()
+    if not records:
+        return None, []
+    placed, models = await store.placed()
+    return hq.QuotaView({t: Quota.model_validate(q) for t, q in records.items()}, qp.holdings_of(placed, models)), placed
 
 
 class QueueWalker:
@@ -132,8 +150,16 @@ class QueueWalker:
         clusters = await self.w.inventory.clusters()
         views = await self.w.inventory.views(list(clusters))
         tried: frozenset[str] = frozenset()
+        view, placed = await quota_view(self.w)
         while True:
-            out = hq.walk(entries, clusters, views, tried, time.time())
+            out = hq.walk(entries, clusters, views, tried, time.time(),
+                          None if view is None else hq.QuotaView(view.quotas, list(view.holdings)))
+            if out.reclaim:
+                bid, victims = out.reclaim[0]
+                if await self.reclaim(next(e.block for e in entries if e.bid == bid), victims, placed):
+                    break
+                tried |= {bid}
+                continue
             if not out.preempt:
                 break
             if await self.preempt(next(e.block for e in entries if e.bid == out.preempt[0]), clusters, views):
@@ -169,6 +195,19 @@ class QueueWalker:
         if ok or info != "pending":
             await self.q.remove(bid)
 
+    async def reclaim(self, block: Mapping[str, Any] | None, victims: list[str], placed: list[dict[str, Any]]) -> bool:
+        """The owner takes back its quota: the borrowers' blocks are preempted (reason
+        ``InCohortReclamation``) through the same path as a priority preemption."""
+        if block is None or not victims:
+            return False
+        ir, gen = block["ir"], block["gen"]
+        bid = str(ir["blockId"])
+        data, output = pre.reclaim_plan(bid, ir, victims, placed)
+        if not output["victims"]:
+            return False
+        await self._carry_out(bid, gen, ir, data, output, "", PreemptReason.IN_COHORT_RECLAMATION)
+        return True
+
     # -- preemption --------------------------------------------------------------------------------
     async def preempt(self, block: Mapping[str, Any] | None, clusters: dict[str, Any], views: dict[str, Any]) -> bool:
         """Ask the preemption policy, cluster by cluster, for victims that let the whole block fit;
@@ -196,7 +235,7 @@ class QueueWalker:
         return False
 
     async def _carry_out(self, bid: str, gen: int, ir: dict[str, Any], data: dict[str, Any], output: dict[str, Any],
-                         cid: str) -> None:
+                         cid: str, reason: PreemptReason = PreemptReason.PRIORITY) -> None:
         """Mark the preemptor (one preemption at a time), publish ``block.preempted`` on each
         victim and ``block.preempting`` on it, then drain the victims: a victim that loses all
         its instances goes back to ``pending`` (marked: it never preempts); its instances are
@@ -206,26 +245,28 @@ class QueueWalker:
         ok, _ = await self.w.store.transition(bid, gen, Step.WAIT, preempting=request_id)
         if not ok:
             return
-        events = pre.events(data, output, gen, request_id)
+        events = pre.events(data, output, gen, request_id, reason)
         await self.w.bus.emit_all(events)
         by_block = {str(c["block_id"]): c for c in data["candidates"]}
         for ev in events:
             if ev.event is not E.block_preempted:
                 continue
             v = ev.payload
-            await self._evict(v.block_id, v.gen, by_block[v.block_id], list(v.instances), bid, cid)
+            await self._evict(v.block_id, v.gen, by_block[v.block_id], list(v.instances), bid, cid, reason)
         log.warning("queue.preempting", block=bid, cluster=cid, victims=sorted(by_block.keys() & set(output.get("blocks") or {})))
 
-    async def _evict(self, vid: str, vgen: int, cand: dict[str, Any], iids: list[str], preemptor: str, cid: str) -> None:
+    async def _evict(self, vid: str, vgen: int, cand: dict[str, Any], iids: list[str], preemptor: str, cid: str,
+                     why: PreemptReason = PreemptReason.PRIORITY) -> None:
         block, insts = await self.w.store.block_view(vid)
         if block is None or block["gen"] != vgen:
             return
         whole = set(iids) >= {i for i, r in insts.items() if r.get("status") != InstanceStatus.REMOVING}
+        cid = cid or str(block.get("cluster") or "")
         if whole:
             vir = block["ir"]
             since = round(time.time(), 3)
             deadline = hq.deadline(vir, since, self.s.max_pending_s)
-            reason = f"preempted by {preemptor}"
+            reason = f"preempted by {preemptor}" + ("" if why is PreemptReason.PRIORITY else f" ({why})")
             ok, _ = await self.w.store.transition(vid, vgen, Step.PREEMPTED, reason=reason, pending_since=f"{since:.3f}",
                                                   pending_deadline=f"{deadline:.3f}", preempted_by=preemptor)
             if ok:
