@@ -130,6 +130,15 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         anchor: Path = typer.Option(None, "--anchor", help="The artifact's published means (anchor_fgd_atc23.csv) to print beside "
                                     "ours; default: the one next to PODS, if any."),
         timeout: float = typer.Option(120.0, "--timeout", min=1.0, help="--live: seconds a block may take to be ready or failed."),
+        online: bool = typer.Option(
+            False, "--online", help="Each task arrives at its creation_time and runs until deletion_time - creation_time "
+            "after it is placed, with the pending queue, priorities (QoS) and preemption (docs/priority.md 'Online replay')."),
+        speed: float = typer.Option(1.0, "--speed", min=1e-6, help="--online --live: trace seconds per wall second "
+                                    "(--in-process simulates trace time: no wall clock)."),
+        load: float = typer.Option(1.0, "--load", min=1e-6, help="--online: arrival times divided by this (durations kept): "
+                                   "the trace's own times keep its cluster at ~1 % busy."),
+        no_preemption: bool = typer.Option(False, "--no-preemption", help="--online: a run with the queue but no preemption."),
+        fifo: bool = typer.Option(False, "--fifo", help="--online: a run with the queue by age only (no priority, no preemption)."),
         data_dir: Path = DataDir,
     ) -> None:
         """Replay a GPU trace: tasks sampled with a seed until their GPU requests reach --inflate x the
@@ -169,6 +178,9 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             err.print(f"[red]{escape(str(exc))}[/]")
             raise typer.Exit(2) from None
         workload = pods_file.stem.removeprefix("openb_pod_list_")
+        if online:
+            _online(nodes, pods_file, workload, live, policy, seed, sample_nodes, no_preemption, fifo, json_out, plot, load)
+            return
         anchors = _anchors(anchor or pods_file.with_name("anchor_fgd_atc23.csv"), workload)
         runs = [(rp.policy_uri(p), s) for p in policy for s in seed]
         urls = _live_urls(data_dir, len(runs)) if live else None
@@ -186,6 +198,46 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         if plot is not None:
             draw(results, plot)
             console.print(f"plot written to {escape(str(plot))}")
+
+
+def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy: list[str], seed: list[int],
+            sample_nodes: int, no_preemption: bool, fifo: bool, json_out: Path | None, plot: Path | None,
+            load: float = 1.0) -> None:
+    """``--online``: the runs asked (preemption unless only --no-preemption/--fifo), printed."""
+    import asyncio
+
+    from ..trace import online as on
+
+    console, err = _main().console, _main().err
+    if live:
+        err.print("[red]--online --live is not built yet[/]: use --online --in-process (docs/priority.md 'Online replay')")
+        raise typer.Exit(2)
+    try:
+        timed, drawn = on.load_timed(pods_file, seed[0])
+    except ValueError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(2) from None
+    modes = [on.Mode.NO_PREEMPTION] * no_preemption + [on.Mode.FIFO] * fifo or [on.Mode.PREEMPTION]
+    results = []
+    for p in policy:
+        for s in seed:
+            for mode in modes:
+                r = asyncio.run(on.replay_online(nodes, timed, mode, p, s, sample_nodes, workload=workload, drawn=drawn,
+                                                        load=load))
+                d = r.as_dict()
+                results.append(d)
+                waits = ", ".join(f"{c} p50 {w['p50']:g} s / p99 {w['p99']:g} s" for c, w in d["wait"].items())
+                console.print(f"[bold]{escape(workload or 'trace')}[/] {d['mode']} ({escape(d['policy'])}, seed {s}, "
+                              f"{d['tasks']} tasks, load x{d['load']:g}): mean GPU allocation {d['alloc_mean']:.2f} %; preemptions "
+                              f"{d['preemptions']} ({d['victims']} victims), cascades {d['cascades']}, GPU-seconds lost "
+                              f"{d['gpu_s_lost']:g}, pending at the end {d['pending_end']}")
+                console.print(f"  wait (trace seconds): {escape(waits)}")
+    if json_out is not None:
+        json_out.write_text(json.dumps(results, indent=1) + "\n")
+        console.print(f"figures written to {escape(str(json_out))}")
+    if plot is not None:
+        on.draw(results, plot)
+        console.print(f"plot written to {escape(str(plot))}")
 
 
 def _live_urls(data_dir: Path, runs: int) -> tuple[str, str] | None:
