@@ -205,6 +205,22 @@ async def test_a_killed_instance_is_out_of_routing_after_its_first_failed_dispat
     await rig.put_map("hk", {f"i{k}": p.endpoint for k, p in enumerate(procs)})
     results: list[tuple[int, int, str]] = []  # (loader, status, instance), in the order answered
     stop = asyncio.Event()
+    # this executor's attempts at i2: (when it began, when its outcome was recorded, answered)
+    at_i2: list[tuple[float, float, bool]] = []
+    attempt = rig.executor.dispatcher._attempt
+
+    async def watched(route: Any, v: dict[str, Any], *args: Any) -> tuple[bool, Any, str]:
+        if v["id"] != "i2":
+            return await attempt(route, v, *args)
+        began, answered = time.monotonic(), False
+        try:
+            out = await attempt(route, v, *args)
+            answered = out[0]
+            return out
+        finally:  # after the dispatcher recorded the outcome (and ejected on a failure)
+            at_i2.append((began, time.monotonic(), answered))
+
+    rig.executor.dispatcher._attempt = watched
 
     async def load(k: int) -> None:
         while not stop.is_set():
@@ -225,11 +241,21 @@ async def test_a_killed_instance_is_out_of_routing_after_its_first_failed_dispat
     assert len(failed) == len(set(failed)) <= 8, failed
     after = results[marked:]
     assert after and all(s == 200 and iid != "i2" for _, s, iid in after), after
-    # this executor's dispatches to i2 that failed: the tasks in flight there when it died, and one
-    # per ejection (when an ejection ends before the health checker's verdict, one refused dispatch,
-    # retried elsewhere, ejects it again); with no ejection every dispatch until then failed
+    # this executor's dispatches to i2 that failed: those that began before its first failure was
+    # recorded (in flight when it died, or picking it just after: concurrent tasks may), then only
+    # one per later ejection (when an ejection ends before the health checker's verdict, one refused
+    # dispatch, retried elsewhere, ejects it again); with no ejection every dispatch until then failed
     counts = rig.executor.routes["hk"].outliers.get("i2")
-    assert counts.ejections >= 1 and counts.errors <= len(failed) + counts.ejections, (counts, failed)
+    failures = [(b, e) for b, e, answered in at_i2 if not answered]
+    assert failures and counts.errors == len(failures), (counts, failures)
+    first = min(e for _, e in failures)
+    began_after = [b for b, _ in failures if b > first]
+    assert counts.ejections >= 1 and len(began_after) <= counts.ejections - 1, (counts, [round(b - first, 3) for b in began_after])
+    assert len(failures) - len(began_after) <= 8  # one task in flight per loader at most
+    # and each of those began once an ejection had ended: at least its time after the failure before
+    base_s = rig.executor.routes["hk"].outliers.base_s
+    for b in began_after:
+        assert b - max(e for _, e in failures if e < b) >= base_s - 0.01, [(round(b - first, 3), round(e - first, 3)) for b, e in failures]
     inst = await rig.inst("hk", "i2")
     assert inst["health"] == "unready" and inst["state"] == "ready"
     assert not [v for v in rig.verdicts if v["instance_id"] != "i2"]  # no false verdict on the others
