@@ -10,18 +10,25 @@ import pytest
 from aios_blocks.recovery.invariants import check
 
 from .conftest import System
-from .test_pending_queue import events, quick_queue, spec, status_of
+from .test_pending_queue import events, spec, status_of
 from .test_priority_cli import _ok
 
 pytestmark = pytest.mark.integration
-__all__ = ["quick_queue"]
+
+
+@pytest.fixture
+def event_driven(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No resync pass during the test: every placement below comes from a capacity event (a block
+    removed, the quota raised: ``quota.set``), not from the walker's periodic pass."""
+    monkeypatch.setenv("AIOS_QUEUE_RESYNC_S", "300")  # inherited by the worker processes
+    monkeypatch.setenv("AIOS_SCALE_DOWN_GRACE_S", "0")
 
 
 def of(bid: str, tenant: str) -> dict[str, object]:
     return spec(bid, labels={"tenant": tenant})
 
 
-async def test_borrow_reclaim_wait_and_raise(quick_queue: None, system: System) -> None:
+async def test_borrow_reclaim_wait_and_raise(event_driven: None, system: System) -> None:
     c = system.client
     await c.add_sim_cluster("c1", nodes=1, gpus=4)
     await _ok(system, "quota", "set", "team-a", "--nominal", "*:gpus=1", "--cohort", "lab")

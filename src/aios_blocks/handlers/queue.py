@@ -46,6 +46,10 @@ class Walk:
     reclaim: list[tuple[str, list[str]]] = field(default_factory=list)
 
 
+#: how a quota-held block's reason starts (``gate``)
+QUOTA_REASON = "quota: "
+
+
 @dataclass
 class QuotaView:
     """What the quota gate reads: the tenants' quotas and the running blocks' holdings (the walk
@@ -73,7 +77,7 @@ def gate(ir: Mapping[str, Any], view: QuotaView | None) -> tuple[qp.Decision, st
     used = qp.usage_by_tenant(view.holdings).get(tenant, {})
     nominal = {m: {str(r): float(v) for r, v in a.items()} for m, a in q.nominal.items()}
     used = {m: {r: v for r, v in a.items() if r in nominal.get(m, {})} for m, a in used.items() if m in nominal}
-    reason = (f"quota: tenant {tenant} {d.reason}; nominal {_fmt(nominal)}, used {_fmt(used)}, "
+    reason = (f"{QUOTA_REASON}tenant {tenant} {d.reason}; nominal {_fmt(nominal)}, used {_fmt(used)}, "
               f"borrowed {_fmt(qp.borrowed(used, q))}")
     return d, reason
 

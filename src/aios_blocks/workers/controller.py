@@ -26,6 +26,7 @@ from ..handlers import lifecycle as lc
 from ..handlers import stability as st
 from ..handlers.allocation import excluded
 from ..handlers.effects import Publish, ReadyIfRunning
+from ..handlers.queue import QUOTA_REASON
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import (
     AllocationRequest,
@@ -48,6 +49,7 @@ from ..schemas.events import (
     StepFailed,
 )
 from ..schemas.lifecycle import LIVE, Step
+from ..schemas.priority import Pending, QuotaSet
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import queue, reconciler
 from .allocate import allocate, start, suspect_nodes
@@ -81,6 +83,8 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router.add(E.node_registered, bound(on_registered, w))
     router.add(E.block_scale_target, bound(on_scale_target, w))
     router.add(E.block_delete, bound(on_delete, w))
+    router.add(E.quota_set, bound(on_quota, w))
+    router.add(E.block_pending, bound(on_pending, w))
     return [router.binding()]
 
 
@@ -389,6 +393,18 @@ async def on_registered(w: Worker, m: Inbound[NodeRegistered]) -> None:
     # list everywhere (reloading a 1,000-node cluster per registration stalled placements)
     await w.hint(node.cluster, None if new or not known else [node.id])
     queue.poke(w)  # a node or cluster added: capacity for the pending queue
+
+
+async def on_quota(w: Worker, m: Inbound[QuotaSet]) -> None:
+    """A quota set, raised or removed: quota freed is a capacity event for the pending queue."""
+    queue.poke(w)
+
+
+async def on_pending(w: Worker, m: Inbound[Pending]) -> None:
+    """A block the quota holds (the gateway's ``quota: ...`` wait) may reclaim from borrowers: the
+    walker decides it on its next pass, now rather than at the resync."""
+    if m.data.reason.startswith(QUOTA_REASON):
+        queue.poke(w)
 
 
 async def on_scale_target(w: Worker, m: Inbound[ScaleTarget]) -> None:

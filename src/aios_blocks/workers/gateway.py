@@ -88,8 +88,8 @@ async def _quota_holds(w: Worker, bid: str, gen: int, ir: dict[str, Any], n: int
         return False
     # the round is recorded (no candidate: the quota holds it) so the stream folds to the same state
     await w.bus.emit(E.block_selection, Selection(bid, gen, [], {}, "quota", attempt=n))
+    # its block.pending wakes the controllers' queue walker (controller.on_pending): a reclamation is its to carry out
     await queue.wait_or_fail(w, bid, gen, ir, verdict[1], Step.FAIL_SELECTION, {})
-    queue.poke_all()  # a reclamation is the walker's to carry out
     return True
 
 

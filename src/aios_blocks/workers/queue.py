@@ -43,19 +43,13 @@ _running: dict[int, QueueWalker] = {}
 DEBOUNCE_S = 0.005
 DEFAULT_POLICY = "builtin:preempt-min"
 
-__all__ = ["PendingQueue", "QueueWalker", "poke", "poke_all", "quota_view", "wait_or_fail"]
+__all__ = ["PendingQueue", "QueueWalker", "poke", "quota_view", "wait_or_fail"]
 
 
 def poke(w: Worker) -> None:
     """Capacity appeared (or may have): ask this process's walker for a pass soon."""
     q = _running.get(id(w))
     if q is not None:
-        q.wake.set()
-
-
-def poke_all() -> None:
-    """Wake every walker of this process (a quota reclamation, seen by another worker)."""
-    for q in list(_running.values()):
         q.wake.set()
 
 
