@@ -13,7 +13,7 @@ import uuid
 from pathlib import Path
 
 from aios_blocks.agent.runtime import LABEL_SCOPE, LaunchSpec
-from aios_blocks.agent.runtime_process import LABELS_ENV, ProcessRuntime, process_scope
+from aios_blocks.agent.runtime_process import LABELS_ENV, ProcessRuntime, labelled, process_scope
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -41,6 +41,7 @@ async def test_two_systems_with_the_same_node_name_see_only_their_own_processes(
         labels = spec(node, "old-0").labels()
         env = {"PATH": os.environ.get("PATH", ""), LABELS_ENV: json.dumps(labels)}
         legacy = await asyncio.to_thread(subprocess.Popen, SLEEP, env=env, start_new_session=True)
+        await asyncio.to_thread(labelled, legacy)  # Popen may return while it is still inside execve
         pid = str(legacy.pid)
         for rt in (a, b):
             assert any(i.handle.startswith(pid + "-") for i in await rt.list(node))

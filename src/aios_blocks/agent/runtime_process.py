@@ -71,7 +71,7 @@ class ProcessRuntime:
             raise RuntimeError_("the process runtime needs a command (component launch.command)")
         labels = self._labels_of(spec)
         proc = await asyncio.to_thread(_spawn, spec, labels)
-        handle = _handle(psutil.Process(proc.pid))
+        handle = _handle(await asyncio.to_thread(labelled, proc))
         self._children[handle] = proc
         return RuntimeInstance(handle, labels, True)
 
@@ -181,6 +181,22 @@ def _spawn(spec: LaunchSpec, labels: dict[str, str]) -> subprocess.Popen[bytes]:
     finally:
         if log_path:
             out.close()  # type: ignore[union-attr]
+
+
+#: how long a started process may take to carry its labels (see ``labelled``)
+EXEC_WAIT_S = 5.0
+
+
+def labelled(proc: subprocess.Popen[bytes]) -> psutil.Process:
+    """The started process, once its labels can be read (or it has ended). ``Popen`` forks with
+    vfork, which lets the parent go on while the child is still inside ``execve``: for that moment
+    its ``/proc`` environ reads empty, and a ``list`` or ``find`` right after ``start`` (an agent's
+    inventory) would miss an instance it just started."""
+    p = psutil.Process(proc.pid)
+    deadline = time.monotonic() + EXEC_WAIT_S
+    while not _labels(p) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return p
 
 
 def _labels(p: psutil.Process | None) -> dict[str, str]:
