@@ -137,6 +137,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
                                     "(--in-process simulates trace time: no wall clock)."),
         load: float = typer.Option(1.0, "--load", min=1e-6, help="--online: arrival times divided by this (durations kept): "
                                    "the trace's own times keep its cluster at ~1 % busy."),
+        cluster_share: float = typer.Option(1.0, "--cluster-share", min=1e-6, max=1.0,
+                                            help="--online: a seeded sample of this share of the nodes, per GPU model."),
         no_preemption: bool = typer.Option(False, "--no-preemption", help="--online: a run with the queue but no preemption."),
         fifo: bool = typer.Option(False, "--fifo", help="--online: a run with the queue by age only (no priority, no preemption)."),
         data_dir: Path = DataDir,
@@ -179,7 +181,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             raise typer.Exit(2) from None
         workload = pods_file.stem.removeprefix("openb_pod_list_")
         if online:
-            _online(nodes, pods_file, workload, live, policy, seed, sample_nodes, no_preemption, fifo, json_out, plot, load)
+            _online(nodes, pods_file, workload, live, policy, seed, sample_nodes, no_preemption, fifo, json_out, plot, load,
+                    cluster_share)
             return
         anchors = _anchors(anchor or pods_file.with_name("anchor_fgd_atc23.csv"), workload)
         runs = [(rp.policy_uri(p), s) for p in policy for s in seed]
@@ -202,7 +205,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
 
 def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy: list[str], seed: list[int],
             sample_nodes: int, no_preemption: bool, fifo: bool, json_out: Path | None, plot: Path | None,
-            load: float = 1.0) -> None:
+            load: float = 1.0, cluster_share: float = 1.0) -> None:
     """``--online``: the runs asked (preemption unless only --no-preemption/--fifo), printed."""
     import asyncio
 
@@ -223,12 +226,12 @@ def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy
         for s in seed:
             for mode in modes:
                 r = asyncio.run(on.replay_online(nodes, timed, mode, p, s, sample_nodes, workload=workload, drawn=drawn,
-                                                        load=load))
+                                                        load=load, cluster_share=cluster_share))
                 d = r.as_dict()
                 results.append(d)
                 waits = ", ".join(f"{c} p50 {w['p50']:g} s / p99 {w['p99']:g} s" for c, w in d["wait"].items())
                 console.print(f"[bold]{escape(workload or 'trace')}[/] {d['mode']} ({escape(d['policy'])}, seed {s}, "
-                              f"{d['tasks']} tasks, load x{d['load']:g}): mean GPU allocation {d['alloc_mean']:.2f} %; preemptions "
+                              f"{d['tasks']} tasks, load x{d['load']:g}, {d['nodes']} nodes): mean GPU allocation {d['alloc_mean']:.2f} %; preemptions "
                               f"{d['preemptions']} ({d['victims']} victims), cascades {d['cascades']}, GPU-seconds lost "
                               f"{d['gpu_s_lost']:g}, pending at the end {d['pending_end']}")
                 console.print(f"  wait (trace seconds): {escape(waits)}")

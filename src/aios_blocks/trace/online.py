@@ -43,6 +43,21 @@ WARMUP = 0.1
 CLUSTER = "trace"
 
 
+def shrink(nodes: list[Node], share: float, seed: int) -> list[Node]:
+    """A seeded sample of ``share`` of the nodes, per GPU model (at least one of each): the trace's
+    own cluster is never contended by its tasks (docs/priority.md "Online replay")."""
+    if share >= 1:
+        return list(nodes)
+    rng = random.Random(seed)
+    by_model: dict[str, list[Node]] = {}
+    for n in nodes:
+        by_model.setdefault(n.gpus[0].model if n.gpus else "", []).append(n)
+    keep: set[str] = set()
+    for _model, ns in sorted(by_model.items()):
+        keep |= {n.id for n in rng.sample(ns, max(1, round(share * len(ns))))}
+    return [n for n in nodes if n.id in keep]
+
+
 class Mode(StrEnum):
     PREEMPTION = "preemption"
     NO_PREEMPTION = "no-preemption"
@@ -138,6 +153,7 @@ class Online:
     gpus: int
     tasks: int = 0
     load: float = 1.0
+    cluster_share: float = 1.0
     drawn_times: int = 0
     span_s: float = 0.0
     placed: int = 0
@@ -164,7 +180,7 @@ class Online:
         step = max(1, len(self.series) // points)
         return {
             "workload": self.workload, "mode": self.mode, "policy": self.policy, "seed": self.seed, "nodes": self.nodes,
-            "gpus": self.gpus, "tasks": self.tasks, "load": self.load, "drawn_times": self.drawn_times, "span_s": self.span_s,
+            "gpus": self.gpus, "tasks": self.tasks, "load": self.load, "cluster_share": self.cluster_share, "drawn_times": self.drawn_times, "span_s": self.span_s,
             "placed": self.placed, "preemptions": self.preemptions, "victims": self.victims, "cascades": self.cascades,
             "gpu_s_lost": round(self.gpu_s_lost, 1), "freed_over_bound": self.freed_over_bound,
             "gpus_freed_max_excess": round(self.gpus_freed_max_excess, 3),
@@ -208,7 +224,8 @@ class Sim:
         for t in timed:
             self.push(t.created, 1, block_id(t.task), 0)
             self.jobs[block_id(t.task)] = self.job(t)
-        self.span = max((t.created + t.duration for t in timed), default=0.0)
+        #: the window the figures cover: up to the last arrival (a few tasks run for months after it)
+        self.span = max((t.created for t in timed), default=0.0)
         self.last_t, self.area = 0.0, 0.0
 
     def job(self, t: Timed) -> Job:
@@ -342,37 +359,48 @@ class Sim:
 
     # -- the loop -------------------------------------------------------------------------------
     def tick(self, now: float) -> None:
-        self.area += (now - self.last_t) * self.allocated
-        self.last_t = now
+        now = min(now, self.span)
+        if now > self.last_t:
+            self.area += (now - self.last_t) * self.allocated
+            self.last_t = now
+
+    def snapshot(self) -> None:
+        """What waits at the end of the window."""
+        self.res.pending_end = len(self.pending)
+        by: dict[str, int] = {}
+        for p in self.pending.values():
+            by[p.qos_class] = by.get(p.qos_class, 0) + 1
+        self.res.pending_end_by_class = by
 
     async def run(self) -> Online:
         end = self.span
         res = self.res
+        snapshot = False
         while self.events:
             now, kind, _seq, bid, epoch = heapq.heappop(self.events)
+            if now > end and not snapshot:  # the figures cover the window up to the last arrival
+                self.snapshot()
+                snapshot = True
             self.tick(now)
             j = self.jobs[bid]
             if kind == 0:
                 if bid not in self.running or j.epoch != epoch:
                     continue
                 self.unplace(bid)
-                if j.preempted_by:
-                    j.preempted_by = ""
+                j.preempted_by = ""
                 await self.drain(now)
             else:
                 self.pending[bid] = j
                 if not await self.place(j, now):
                     await self.drain(now)
-            res.series.append((now, 100 * self.allocated / self.cluster_milli, len(self.pending)))
             if now <= end:
-                res.pending_end = len(self.pending)
-                res.pending_end_by_class = {}
-                for p in self.pending.values():
-                    res.pending_end_by_class[p.qos_class] = res.pending_end_by_class.get(p.qos_class, 0) + 1
-        # the blocks never placed: their wait runs to the last event
+                res.series.append((now, 100 * self.allocated / self.cluster_milli, len(self.pending)))
+        if not snapshot:
+            self.snapshot()
+        # the blocks never placed (they fit on no node, ever): their wait runs to the end of the window
         for j in self.jobs.values():
             if j.first_wait is None:
-                w = self.last_t - j.timed.created
+                w = max(0.0, self.last_t - j.timed.created)
                 res.waits.setdefault(j.qos_class, []).append(w)
                 if j.timed.created >= WARMUP * self.span:
                     res.steady_waits.setdefault(j.qos_class, []).append(w)
@@ -383,13 +411,14 @@ class Sim:
 
 async def replay_online(nodes: list[Node], timed: list[Timed], mode: Mode = Mode.PREEMPTION, policy: str = DEFAULT_POLICY,
                         seed: int = 42, sample_nodes: int = 0, head: int = HEAD, min_delta: int = MIN_DELTA,
-                        workload: str = "", drawn: int = 0, load: float = 1.0) -> Online:
+                        workload: str = "", drawn: int = 0, load: float = 1.0, cluster_share: float = 1.0) -> Online:
     """One online replay (see the module's docstring). ``load``: the arrivals' times divided by
     it, the durations kept (the trace's own times keep its cluster nearly idle: docs/priority.md)."""
+    nodes = shrink(nodes, cluster_share, seed)
     if load != 1.0:
         timed = [replace(t, created=t.created / load) for t in timed]
     sim = Sim(nodes, timed, mode, policy, seed, sample_nodes, head, min_delta, workload)
-    sim.res.drawn_times, sim.res.load = drawn, load
+    sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, load, cluster_share
     return await sim.run()
 
 
