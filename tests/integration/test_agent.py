@@ -30,7 +30,11 @@ from aios_blocks.runtime.auth import url_user
 from .conftest import COMPONENT, System
 
 APP = str(Path(__file__).with_name("agent_app.py"))
+#: the controllers' node timeout (fast fault handling); a test whose agent is restarted and must be
+#: back before it sets a longer one (``node_timeout`` marker): a cold `blocks agent` start takes
+#: seconds on a loaded machine, and a node silent that long has its instances moved
 NODE_TIMEOUT_S = 3.0
+RESTART_NODE_TIMEOUT_S = 120.0
 
 
 # -- the Docker engine ---------------------------------------------------------------------------
@@ -151,7 +155,8 @@ def runtime_setup(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     before ``system`` so the worker processes inherit the settings."""
     runtime = request.param
     image = request.getfixturevalue("docker_image") if runtime == "docker" else ""
-    monkeypatch.setenv("AIOS_NODE_TIMEOUT_S", str(NODE_TIMEOUT_S))
+    marker = request.node.get_closest_marker("node_timeout")
+    monkeypatch.setenv("AIOS_NODE_TIMEOUT_S", str(marker.args[0] if marker else NODE_TIMEOUT_S))
     monkeypatch.setenv("AIOS_MAX_REPLACEMENTS", "2")
     return runtime, image
 
@@ -291,6 +296,7 @@ async def test_setup_failing_at_the_container_stage_cleans_up(agents: Agents) ->
     assert not instances_dir.exists() or list(instances_dir.iterdir()) == []
 
 
+@pytest.mark.node_timeout(RESTART_NODE_TIMEOUT_S)  # its node is not declared down while its agent restarts
 async def test_sigkilled_agent_readopts_its_instance_and_reports_a_planted_one_dangling(agents: Agents) -> None:
     c, uri = await setup_block(agents)
     bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=150)
