@@ -129,3 +129,33 @@ class PendingQueue:
     async def lead(self, holder: str, ttl_s: float) -> bool:
         """Take or keep the walker's lease: one controller copy walks the queue at a time."""
         return bool(await self._lease(keys=[LEASE_KEY], args=[holder, max(1, int(ttl_s * 1000))]))
+
+
+def plan_key(bid: str) -> str:
+    """A preemptor's claimed plan (``aios:meta:{b:<bid>}:preempt``: live state, like the other
+    per-block claims, left out of the digest; it expires with the preemptor's hold)."""
+    return f"{P}:meta:{{b:{bid}}}:preempt"
+
+
+class PreemptPlans:
+    """One preemption per block, on any controller copy: the plan is claimed (SET NX PX) before the
+    preemptor is marked and the victims evicted, so a copy that comes second, or one restarted after a
+    SIGKILL mid-way, carries out the same plan (the same request id: the stream drops what was
+    already published) instead of choosing victims again."""
+
+    def __init__(self, r: Any):
+        self.r = r
+
+    async def claim(self, bid: str, plan: dict[str, Any], ttl_s: float) -> bool:
+        return bool(await self.r.set(plan_key(bid), msgspec.json.encode(plan), nx=True, px=max(1, int(ttl_s * 1000))))
+
+    async def get(self, bid: str) -> dict[str, Any] | None:
+        raw = await self.r.get(plan_key(bid))
+        return msgspec.json.decode(raw) if raw else None
+
+    async def finish(self, bid: str, plan: dict[str, Any]) -> None:
+        """The plan carried out to the end (kept, with its expiry, so it is not carried out again)."""
+        await self.r.set(plan_key(bid), msgspec.json.encode(plan), xx=True, keepttl=True)
+
+    async def drop(self, bid: str) -> None:
+        await self.r.delete(plan_key(bid))

@@ -28,12 +28,13 @@ from ..bus.runner import Defer
 from ..handlers import preemption as pre
 from ..handlers import queue as hq
 from ..policies import quota as qp
+from ..runtime import faults
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatus, InstanceCommand, Parsed
 from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
 from ..state.priority import PriorityStore
-from ..state.queue import PendingQueue, scope_of
+from ..state.queue import PendingQueue, PreemptPlans, scope_of
 from .base import EpochGuard, Worker
 
 log = structlog.get_logger("aios.queue")
@@ -154,6 +155,10 @@ class QueueWalker:
                     break
                 tried |= {bid}
                 continue
+            if out.blocked_by:
+                held = [e.block for e in entries if e.bid == out.blocked_by and e.block is not None]
+                await self.resume(out.blocked_by, held[0] if held else {})
+                break
             if not out.preempt:
                 break
             if await self.preempt(next(e.block for e in entries if e.bid == out.preempt[0]), clusters, views):
@@ -184,6 +189,7 @@ class QueueWalker:
         n = int(block.get("attempt") or 0) + 1
         ok, info = await self.w.store.transition(bid, gen, Step.RETRY, attempt=str(n), preempting="")
         if ok:
+            await PreemptPlans(self.w.store.r).drop(bid)  # its preemption is over: a later one is a new plan
             log.info("queue.retry", block=bid, gen=gen, attempt=n, fits=cid)
             await self.w.bus.emit(E.block_parsed, Parsed(bid, gen, block["ir"], n))
         if ok or info != "pending":
@@ -236,17 +242,46 @@ class QueueWalker:
         removed through the nodes' remove path (drained within the grace), and each removal frees
         capacity (a capacity event: the preemptor is placed)."""
         request_id = f"{bid}:{gen}:{int(data.get('block', {}).get('priority') or 0)}:{time.time():.3f}"
+        plans = PreemptPlans(self.w.store.r)
+        plan: dict[str, Any] | None = {"request_id": request_id, "gen": gen, "cluster": cid, "reason": str(reason),
+                                       "data": data, "output": output, "done": False}
+        if not await plans.claim(bid, plan or {}, hq.PREEMPT_HOLD_S):
+            # another copy (or this one before a crash) claimed a plan for this block: that plan, not a second one
+            plan = await plans.get(bid)
+            if plan is None or int(plan["gen"]) != gen or plan.get("done"):
+                return
+        await self._execute(bid, plan or {})
+
+    async def resume(self, bid: str, block: Mapping[str, Any]) -> bool:
+        """A preemptor marked but whose plan is not carried out to the end (its walker was killed
+        between choosing the victims and evicting them): carry the same plan out now."""
+        plan = await PreemptPlans(self.w.store.r).get(bid)
+        if plan is None or plan.get("done") or int(plan["gen"]) != int(block.get("gen") or 0):
+            return False
+        if str(block.get("preempting") or "") not in ("", plan["request_id"]):
+            return False
+        log.warning("queue.preempt_resumed", block=bid, request=plan["request_id"])
+        await self._execute(bid, plan)
+        return True
+
+    async def _execute(self, bid: str, plan: dict[str, Any]) -> None:
+        """Carry out a claimed plan; every step is idempotent (a compare-and-set, or an event with
+        a deterministic id), so a plan carried out again after a crash changes nothing twice."""
+        gen, request_id, cid = int(plan["gen"]), str(plan["request_id"]), str(plan.get("cluster") or "")
+        data, output, reason = plan["data"], plan["output"], PreemptReason(plan["reason"])
         ok, _ = await self.w.store.transition(bid, gen, Step.WAIT, preempting=request_id)
         if not ok:
             return
         events = pre.events(data, output, gen, request_id, reason)
         await self.w.bus.emit_all(events)
+        faults.hit("queue.preempt.after_events")  # the chaos test's SIGKILL: victims chosen, none evicted
         by_block = {str(c["block_id"]): c for c in data["candidates"]}
         for ev in events:
             if ev.event is not E.block_preempted:
                 continue
             v = ev.payload
             await self._evict(v.block_id, v.gen, by_block[v.block_id], list(v.instances), bid, cid, reason)
+        await PreemptPlans(self.w.store.r).finish(bid, {**plan, "done": True})
         log.warning("queue.preempting", block=bid, cluster=cid, victims=sorted(by_block.keys() & set(output.get("blocks") or {})))
 
     async def _evict(self, vid: str, vgen: int, cand: dict[str, Any], iids: list[str], preemptor: str, cid: str,
