@@ -8,6 +8,7 @@ holds one ``block.preempting`` for the preemptor."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,7 @@ async def test_a_controller_killed_mid_preemption(fault: Path, chaos: System) ->
     restarts = chaos.supervisor.restarts
     await c.submit(spec("hi", priorityClass="high"))
     await status_of(chaos, "hi", "ready", timeout=90)
-    assert not fault.exists() and chaos.supervisor.restarts > restarts  # the kill happened
+    assert not await asyncio.to_thread(fault.exists) and chaos.supervisor.restarts > restarts  # the kill happened
     (preempting,) = await events(chaos, "hi", "preempting")  # one preemption, by one plan
     (victim,) = preempting["victims"]
     other = ({"lo1", "lo2"} - {victim}).pop()
