@@ -124,7 +124,8 @@ async def test_replay_gives_every_row_a_time_a_bare_create_too(system: System) -
     d = _data_dir(system)
     # a bare spec, as any NATS client may publish it: no envelope, no `time` of its own; the parser
     # stores it in AIOS as its submitted CloudEvent, the create step replay shows
-    spec = {"blockComponentURI": "aios://test/model", "blockId": "bare-1", "minInstances": 1, "maxInstances": 1}
+    # (no cluster here: with queue: false it fails at once rather than waiting pending, issue 36)
+    spec = {"blockComponentURI": "aios://test/model", "blockId": "bare-1", "minInstances": 1, "maxInstances": 1, "queue": False}
     ack = await system.client.bus.js.publish("aios.block.bare-1.create", json.dumps(spec).encode())
     await system.client.wait("bare-1", 60)
     r = cli("replay", "bare-1", "--json", "--data-dir", d)
