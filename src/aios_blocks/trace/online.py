@@ -36,6 +36,8 @@ from .workload import UNITS, Task, load_tasks, typical_shapes
 
 #: how many waiting blocks one walk reads (the head of the queue, priority then age)
 HEAD = 64
+#: the preemption plans one capacity event may ask for (the walker's budget per event)
+MAX_PLANS = 4
 #: the default minimum priority gap of a preemption (``AIOS_PREEMPT_MIN_DELTA``)
 MIN_DELTA = preempt.DEFAULT_MIN_DELTA
 #: the steady state starts after this share of the trace's span (the empty cluster filling up)
@@ -208,7 +210,7 @@ class Sim:
         if not self.cluster_milli:
             raise ValueError("the inventory has no GPU: nothing to measure")
         self.node_gpus = max((len(n.gpus) for n in nodes), default=0)
-        self.mode, self.head, self.min_delta = mode, head, min_delta
+        self.mode, self.head, self.min_delta, self.max_plans = mode, head, min_delta, MAX_PLANS
         self.st = Setup(policy_uri(policy), seed, sample_nodes, [t.task for t in timed],
                         typical_shapes([t.task for t in timed]), self.cluster_milli)
         self.runtime = PolicyRuntime(lookup=None)
@@ -218,6 +220,10 @@ class Sim:
         self.running: dict[str, Job] = {}
         self.pending: dict[str, Job] = {}
         self.allocated = 0
+        #: (shape, priority) the planner found no victim for, since nothing that could change its
+        #: answer happened: capacity freed (cleared), or a block it could evict placed (its keys
+        #: cleared). Less free capacity and no new candidate never turn a "no" into a plan.
+        self.no_victims: set[tuple[Any, int]] = set()
         self.res = Online(workload, str(mode), self.st.uri, seed, len(nodes), self.cluster_milli // UNITS, len(timed))
         self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0 departure / 1 arrival, seq, bid, epoch)
         self.seq = 0
@@ -263,6 +269,9 @@ class Sim:
         capacity.take(node, gpus, j.timed.task.resources(), j.timed.task.sharing)
         self.views[nid] = node
         self.allocated += j.timed.task.milli_total
+        if self.no_victims:
+            q = int(j.ir["priority"])
+            self.no_victims = {k for k in self.no_victims if k[1] - self.min_delta < q}
         if j.first_wait is None:
             j.first_wait = now - j.timed.created
             self.res.waits.setdefault(j.qos_class, []).append(j.first_wait)
@@ -281,6 +290,7 @@ class Sim:
         nid, gpus = j.place
         self.views[nid] = release(self.views[nid], gpus, j.timed.task.resources(), j.timed.task.sharing)
         self.allocated -= j.timed.task.milli_total
+        self.no_victims.clear()
         j.place = None
         return j
 
@@ -306,7 +316,7 @@ class Sim:
     async def drain(self, now: float) -> None:
         """Walk the queue until it releases nothing and preempts nothing."""
         tried: set[str] = set()
-        no_plan: set[tuple[Any, ...]] = set()  # (shape, priority) the planner found no victim for, this pass
+        plans = 0
         while self.pending:
             entries = self.head_entries()
             if not entries:
@@ -326,14 +336,21 @@ class Sim:
             j = self.pending[bid]
             t = j.timed.task
             key = (capacity.shape(t.resources(), t.sharing), int(j.ir["priority"]))
-            if key in no_plan or not await self.preempt(j, now):
-                no_plan.add(key)
+            if key in self.no_victims:
+                continue
+            plans += 1
+            if not await self.preempt(j, now):
+                self.no_victims.add(key)
+            if plans >= self.max_plans:  # the walker's budget per capacity event
+                tried |= {b for b, p in self.pending.items() if int(p.ir["priority"])}
 
     async def preempt(self, j: Job, now: float) -> bool:
         bid = block_id(j.timed.task)
+        # only the blocks the planner may take (``minDelta`` lower): it passes over the others anyway
+        floor = int(j.ir["priority"]) - self.min_delta
         placed = [{"block_id": b, "ir": r.ir, "created": r.start, "gen": 0,
                    "instances": {f"{b}-0": {"node": r.place[0], "gpus": r.place[1]}}}
-                  for b, r in self.running.items() if r.place is not None]
+                  for b, r in self.running.items() if r.place is not None and int(r.ir["priority"]) <= floor]
         data = pre.preempt_input(bid, j.ir, CLUSTER, self.views, placed, self.min_delta, j.preempted_by)
         out = preempt.plan(data)
         victims = sorted({iid.rsplit("-", 1)[0] for ids in (out.get("victims") or {}).values() for iid in ids})
