@@ -89,11 +89,16 @@ def test_cli_online(tmp_path: Path) -> None:
     (tmp_path / "pods.csv").write_text(
         "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time\n"
         "be,1000,1024,1,1000,,BE,Running,0,100\nls,1000,1024,1,1000,,LS,Running,10,30\n")
-    out = tmp_path / "o.json"
+    out, png = tmp_path / "o.json", tmp_path / "o.png"
     r = CliRunner().invoke(app, ["trace", "replay", str(tmp_path / "nodes.csv"), str(tmp_path / "pods.csv"), "--in-process",
-                                 "--online", "--json", str(out)])
+                                 "--online", "--json", str(out), "--plot", str(png)])
     assert r.exit_code == 0, r.output
     data = json.loads(out.read_text())
     assert [d["mode"] for d in data] == ["preemption"]
     assert data[0]["preemptions"] == 1 and data[0]["cascades"] == 0
     assert "preemptions 1" in r.output
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    r = CliRunner().invoke(app, ["trace", "replay", str(tmp_path / "nodes.csv"), str(tmp_path / "pods.csv"), "--in-process",
+                                 "--online", "--no-preemption", "--fifo", "--json", str(out)])
+    assert r.exit_code == 0, r.output
+    assert [(d["mode"], d["preemptions"]) for d in json.loads(out.read_text())] == [("no-preemption", 0), ("fifo", 0)]
