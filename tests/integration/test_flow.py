@@ -184,7 +184,8 @@ async def test_many_blocks_never_overcommit_a_gpu(system: System) -> None:
         await c.add_sim_cluster(cid, nodes=8, gpus=8)
     capacity = 3 * 8 * 8
     n = int(os.environ.get("AIOS_TEST_BLOCKS", 200))
-    spec = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1}
+    # queue: false: a block beyond the capacity fails (counted below) rather than waiting pending (issue 36)
+    spec = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1, "queue": False}
     started = time.perf_counter()
     bids = set(await asyncio.gather(*(c.submit(dict(spec)) for _ in range(n))))
     done = await system.wait_all(bids, timeout=240)
