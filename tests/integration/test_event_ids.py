@@ -65,6 +65,8 @@ def _spec(bid: str) -> bytes:
 
 
 async def test_an_upstream_create_carrying_a_blocks_step_ids_cannot_freeze_it(parts: Parts) -> None:
+    # room for the victim and its 6 decoys at once (c1 holds 4): the victim never waits behind a decoy
+    await parts.client.add_sim_cluster("c2", nodes=1, gpus=4)
     parts.start("gateway", "controller", "agent-sim")  # the parser comes last: the trap is set first
     ack = await parts.client.bus.js.publish(subjects.block_create("victim"), _spec("victim"))
     gen = ack.seq  # the victim's generation: its create's stream sequence
