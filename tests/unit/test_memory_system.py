@@ -57,7 +57,8 @@ async def test_a_gang_that_fits_nowhere_fails_with_the_reason_and_holds_nothing(
     async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05, dry_run_patience_s=0.05)) as s:
         await s.add_component()
         await s.add_sim_cluster("c1", nodes=1, gpus=1)
-        bid = await s.submit({**SPEC, "minInstances": 3, "maxInstances": 3})
+        # queue: false: it fails rather than waiting pending for capacity (issue 36)
+        bid = await s.submit({**SPEC, "minInstances": 3, "maxInstances": 3, "queue": False})
         await s.run(wait_deferred=1.0)  # the gather waits for its deadline when no cluster can hold it
         block = await s.store.get_block(bid)
         assert block["status"] == "failed" and block["reason"], block
@@ -69,7 +70,7 @@ async def test_a_gang_that_fits_nowhere_fails_with_the_reason_and_holds_nothing(
         await s.add_sim_cluster("c2", nodes=2, gpus=1)
         await s.store.put_node(Node(id="c2-n1", cluster="c2", cpu=64, memory=512))  # too little memory, no GPU
         await s.bus.emit(E.inventory_hint, InventoryHint("c2"))
-        bid2 = await s.submit({**SPEC, "minInstances": 3, "maxInstances": 3})
+        bid2 = await s.submit({**SPEC, "minInstances": 3, "maxInstances": 3, "queue": False})
         await s.run(wait_deferred=1.0)
         reasons = {r["cluster_id"]: r["rejected_nodes"] for r in answers(s, bid2)}
         assert reasons.get("c2") == {"c2-n1": "capacity: memory 512 MiB free < 1024"}, reasons
