@@ -343,7 +343,7 @@ async def test_a_block_that_cannot_be_placed_grows_its_virtual_cluster_and_idle_
         await s.submit({**spec, "blockId": "b1"})
         await s.run()
         assert (await s.store.get_block("b1"))["status"] == "ready"
-        await s.submit({**spec, "blockId": "b2"})  # v is full: b2 fails, v grows by one node
+        await s.submit({**spec, "blockId": "b2", "queue": False})  # v is full: b2 fails (not pending), v grows by one node
         await s.run()
         assert (await s.store.get_block("b2"))["status"] == "failed"
         rec = await vs.get("v")
