@@ -211,6 +211,68 @@ def _greedy(order: list[_Block], plan: _Plan, need: Need) -> dict[str, int] | No
     return {bid: k for bid, k in levels.items() if k}
 
 
+def _ceiling(blocks: list[_Block], p: _Plan) -> int | None:
+    """The lowest highest-victim priority with which the gang fits at all (None: never)."""
+    for level in sorted({b.priority for b in blocks}):
+        if p.fits([iid for b in blocks if b.priority <= level for iid in b.levels[-1]]):
+            return level
+    return None
+
+
+def _orders(allowed: list[_Block], nodes: Mapping[str, _Node], insts: Mapping[str, Mapping[str, Any]]) -> list[list[_Block]]:
+    """The candidate orders: lowest priority and youngest first, the largest units first, each node alone."""
+    orders = [
+        sorted(allowed, key=lambda b: (b.priority, -b.created, b.bid)),
+        sorted(allowed, key=lambda b: (b.priority, -len(b.levels[-1]), -b.created, b.bid)),
+    ]
+    for nid in nodes:
+        on = [b for b in orders[0] if any(str(insts[i].get("node_id")) == nid for i in b.levels[-1])]
+        if on:
+            orders.append(on)
+    return orders
+
+
+def _bound(nodes: Mapping[str, _Node], need: Need) -> float:
+    """The most GPUs a plan may free: the block's own plus one node's."""
+    node_gpus = max((len(n.gpus) for n in nodes.values()), default=0)
+    return need.gpus * (need.share or 1.0) * need.count + node_gpus
+
+
+def _best(orders: list[list[_Block]], p: _Plan, need: Need, by_id: Mapping[str, _Block],
+          bound: float) -> tuple[Any, ...] | None:
+    """The best plan over ``orders`` as (key, levels, evicted, freed), or None (every plan frees too much)."""
+    best: tuple[Any, ...] | None = None
+    for order in orders:
+        levels = _greedy(order, p, need)
+        if levels is None:
+            continue
+        evicted = _evicted(levels, by_id)
+        freed = p.gpus_freed(evicted)
+        if freed > bound + EPS:
+            continue
+        key = (max(by_id[b].priority for b in levels), len(evicted), freed, -sum(by_id[b].created for b in levels),
+               sorted(evicted))
+        if best is None or key < best[0]:
+            best = (key, levels, evicted, freed)
+    return best
+
+
+def _chosen(best: tuple[Any, ...], p: _Plan, insts: Mapping[str, Mapping[str, Any]], by_id: Mapping[str, _Block],
+            priority: int) -> dict[str, Any]:
+    """The output for the best plan."""
+    _, levels, evicted, freed = best
+    victims: dict[str, list[str]] = {}
+    for iid in sorted(evicted):
+        victims.setdefault(str(insts[iid].get("node_id")), []).append(iid)
+    return {
+        "victims": victims,
+        "blocks": {bid: sorted(by_id[bid].levels[k - 1]) for bid, k in sorted(levels.items())},
+        "gpus_freed": round(freed, 3),
+        "fits": p.fits(evicted),
+        "reason": f"priority {priority} preempts {len(evicted)} instance(s) of {len(levels)} block(s) at priority <= {best[0][0]}",
+    }
+
+
 def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[str, Any]:
     """The victims of one preemption (see the module's docstring)."""
     block = input_data.get("block") or {}
@@ -230,51 +292,15 @@ def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[st
     insts = {iid: i for c in input_data.get("candidates") or () for iid, i in (c.get("instances") or {}).items()}
     p = _Plan(nodes, insts, need)
     by_id = {b.bid: b for b in blocks}
-    # the lowest highest-victim priority with which the gang fits at all
-    ceiling = None
-    for level in sorted({b.priority for b in blocks}):
-        if p.fits([iid for b in blocks if b.priority <= level for iid in b.levels[-1]]):
-            ceiling = level
-            break
+    ceiling = _ceiling(blocks, p)
     if ceiling is None:
         return {**none, "reason": "the block does not fit even with every lower-priority block gone"}
-    allowed = [b for b in blocks if b.priority <= ceiling]
-    orders = [
-        sorted(allowed, key=lambda b: (b.priority, -b.created, b.bid)),
-        sorted(allowed, key=lambda b: (b.priority, -len(b.levels[-1]), -b.created, b.bid)),
-    ]
-    for nid in nodes:
-        on = [b for b in orders[0] if any(str(insts[i].get("node_id")) == nid for i in b.levels[-1])]
-        if on:
-            orders.append(on)
-    node_gpus = max((len(n.gpus) for n in nodes.values()), default=0)
-    bound = need.gpus * (need.share or 1.0) * need.count + node_gpus
-    best: tuple[Any, ...] | None = None
-    for order in orders:
-        levels = _greedy(order, p, need)
-        if levels is None:
-            continue
-        evicted = _evicted(levels, by_id)
-        freed = p.gpus_freed(evicted)
-        if freed > bound + EPS:
-            continue
-        key = (max(by_id[b].priority for b in levels), len(evicted), freed, -sum(by_id[b].created for b in levels),
-               sorted(evicted))
-        if best is None or key < best[0]:
-            best = (key, levels, evicted, freed)
+    orders = _orders([b for b in blocks if b.priority <= ceiling], nodes, insts)
+    bound = _bound(nodes, need)
+    best = _best(orders, p, need, by_id, bound)
     if best is None:
         return {**none, "reason": f"every plan frees more than the block's GPUs plus one node's ({bound:g})"}
-    _, levels, evicted, freed = best
-    victims: dict[str, list[str]] = {}
-    for iid in sorted(evicted):
-        victims.setdefault(str(insts[iid].get("node_id")), []).append(iid)
-    return {
-        "victims": victims,
-        "blocks": {bid: sorted(by_id[bid].levels[k - 1]) for bid, k in sorted(levels.items())},
-        "gpus_freed": round(freed, 3),
-        "fits": p.fits(evicted),
-        "reason": f"priority {priority} preempts {len(evicted)} instance(s) of {len(levels)} block(s) at priority <= {best[0][0]}",
-    }
+    return _chosen(best, p, insts, by_id, priority)
 
 
 class PreemptMinPolicy:
