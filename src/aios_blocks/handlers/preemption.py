@@ -73,29 +73,45 @@ def preempt_input(bid: str, ir: Mapping[str, Any], cid: str, views: Mapping[str,
             "candidates": candidates(placed, cluster["nodes"], skip=bid)}
 
 
-def events(data: Mapping[str, Any], output: Mapping[str, Any], gen: int, request_id: str,
-           reason: str = PreemptReason.PRIORITY) -> list[Emit]:
-    """The events of a preemption the policy chose (``output``, on the input ``data``): one
-    ``block.preempted`` per victim block (the preemptor, the reason, the instances it loses and
-    where they were), then the preemptor's ``block.preempting`` (its victims, the GPUs freed).
-    None when it chose no victim. The controller's step emits them (a later session)."""
+def _victims(data: Mapping[str, Any], output: Mapping[str, Any]) -> dict[str, list[str]]:
+    """The chosen instances that are candidates', per victim block (instance ids sorted)."""
     chosen = sorted({iid for ids in (output.get("victims") or {}).values() for iid in ids})
     by_inst = {iid: c for c in data.get("candidates") or () for iid in c.get("instances") or {}}
     victims: dict[str, list[str]] = {}
     for iid in chosen:
         if iid in by_inst:
             victims.setdefault(str(by_inst[iid]["block_id"]), []).append(iid)
+    return victims
+
+
+def _preempted(data: Mapping[str, Any], victims: Mapping[str, list[str]], bid: str, priority: int, gen: int,
+               reason: str) -> list[Emit]:
+    """One ``block.preempted`` per victim block, in block id order."""
+    by_block = {str(c["block_id"]): c for c in data.get("candidates") or ()}
+    return [Emit(E.block_preempted, Preempted(
+        v, int(by_block[v].get("gen") or 0), bid, gen, str(reason),
+        {iid: str(by_block[v]["instances"][iid].get("node_id")) for iid in iids},
+        int(by_block[v].get("priority") or 0), priority)) for v, iids in sorted(victims.items())]
+
+
+def _gpus_freed(data: Mapping[str, Any], victims: Mapping[str, list[str]]) -> int:
+    by_inst = {iid: c for c in data.get("candidates") or () for iid in c.get("instances") or {}}
+    return sum(len(by_inst[i]["instances"][i].get("gpus") or ()) for ids in victims.values() for i in ids)
+
+
+def events(data: Mapping[str, Any], output: Mapping[str, Any], gen: int, request_id: str,
+           reason: str = PreemptReason.PRIORITY) -> list[Emit]:
+    """The events of a preemption the policy chose (``output``, on the input ``data``): one
+    ``block.preempted`` per victim block (the preemptor, the reason, the instances it loses and
+    where they were), then the preemptor's ``block.preempting`` (its victims, the GPUs freed).
+    None when it chose no victim. The controller's step emits them (a later session)."""
+    victims = _victims(data, output)
     if not victims:
         return []
     block = data.get("block") or {}
     bid, priority = str(block.get("block_id")), int(block.get("priority") or 0)
-    by_block = {str(c["block_id"]): c for c in data.get("candidates") or ()}
-    out = [Emit(E.block_preempted, Preempted(
-        v, int(by_block[v].get("gen") or 0), bid, gen, str(reason),
-        {iid: str(by_block[v]["instances"][iid].get("node_id")) for iid in iids},
-        int(by_block[v].get("priority") or 0), priority)) for v, iids in sorted(victims.items())]
-    freed = sum(len(by_inst[i]["instances"][i].get("gpus") or ()) for ids in victims.values() for i in ids)
-    out.append(Emit(E.block_preempting, Preempting(bid, gen, str(reason), victims, freed, request_id)))
+    out = _preempted(data, victims, bid, priority, gen, reason)
+    out.append(Emit(E.block_preempting, Preempting(bid, gen, str(reason), victims, _gpus_freed(data, victims), request_id)))
     return out
 
 
