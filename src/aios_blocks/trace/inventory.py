@@ -56,12 +56,7 @@ def _num(row: dict[str, Any], where: str, *names: str, default: float | None = N
     raise InventoryError(f"{where}: missing {' or '.join(names)}")
 
 
-def node_from_row(row: dict[str, Any], cluster: str, where: str, gpu_memory: dict[str, int] | None = None,
-                  labels: dict[str, str] | None = None) -> Node:
-    """One node list entry -> a ``Node``: CPUs from ``cpu_milli`` (thousandths) or ``cpu`` (cores),
-    memory from ``memory_mib``/``memory`` (MiB), ``gpu``/``gpus`` GPUs of ``model``, each of the
-    model's memory (``gpuMemory`` in the entry, else ``gpu_memory``, else :data:`GPU_MEMORY_MIB`)."""
-    table = {**GPU_MEMORY_MIB, **(gpu_memory or {})}
+def _node_id(row: dict[str, Any], where: str) -> str:
     nid = str(row.get("sn") or row.get("id") or row.get("name") or "").strip()
     if not nid:
         raise InventoryError(f"{where}: missing the node id (sn or id)")
@@ -69,26 +64,51 @@ def node_from_row(row: dict[str, Any], cluster: str, where: str, gpu_memory: dic
         check_id(nid, "node id")
     except ValueError as exc:
         raise InventoryError(f"{where}: {exc}") from None
-    cpu = _num(row, where, "cpu_milli") / 1000 if row.get("cpu_milli") not in (None, "") else _num(row, where, "cpu")
-    memory = int(_num(row, where, "memory_mib", "memory"))
+    return nid
+
+
+def _gpu_count(row: dict[str, Any], where: str) -> int:
     count = _num(row, where, "gpu", "gpus", default=0)
     if count != int(count) or count > 64:
         raise InventoryError(f"{where}: gpu count must be a whole number from 0 to 64, got {count:g}")
+    return int(count)
+
+
+def _model(row: dict[str, Any], where: str, count: int) -> str:
     model = str(row.get("model") or "").strip()
     if model.lower() in _NO_MODEL:
         model = ""
-    if int(count) and not model:
-        raise InventoryError(f"{where}: {int(count)} GPU(s) but no model")
-    gpus: list[Gpu] = []
-    if int(count):
-        mem = row.get("gpuMemory") or row.get("gpu_memory_mib")
-        if mem in (None, ""):
-            if model not in table:
-                raise InventoryError(
-                    f"{where}: unknown GPU model {model!r}: give its memory (--gpu-memory {model}=MIB, or gpuMemory "
-                    f"in the entry); known: {', '.join(sorted(table))}")
-            mem = table[model]
-        gpus = [Gpu(id=f"{nid}-g{i}", model=model, memory=int(mem)) for i in range(int(count))]
+    if count and not model:
+        raise InventoryError(f"{where}: {count} GPU(s) but no model")
+    return model
+
+
+def _gpus(row: dict[str, Any], where: str, nid: str, count: int, model: str, table: dict[str, int]) -> list[Gpu]:
+    """``count`` GPUs of ``model``, each of the entry's ``gpuMemory``, else the table's figure."""
+    if not count:
+        return []
+    mem = row.get("gpuMemory") or row.get("gpu_memory_mib")
+    if mem in (None, ""):
+        if model not in table:
+            raise InventoryError(
+                f"{where}: unknown GPU model {model!r}: give its memory (--gpu-memory {model}=MIB, or gpuMemory "
+                f"in the entry); known: {', '.join(sorted(table))}")
+        mem = table[model]
+    return [Gpu(id=f"{nid}-g{i}", model=model, memory=int(mem)) for i in range(count)]
+
+
+def node_from_row(row: dict[str, Any], cluster: str, where: str, gpu_memory: dict[str, int] | None = None,
+                  labels: dict[str, str] | None = None) -> Node:
+    """One node list entry -> a ``Node``: CPUs from ``cpu_milli`` (thousandths) or ``cpu`` (cores),
+    memory from ``memory_mib``/``memory`` (MiB), ``gpu``/``gpus`` GPUs of ``model``, each of the
+    model's memory (``gpuMemory`` in the entry, else ``gpu_memory``, else :data:`GPU_MEMORY_MIB`)."""
+    table = {**GPU_MEMORY_MIB, **(gpu_memory or {})}
+    nid = _node_id(row, where)
+    cpu = _num(row, where, "cpu_milli") / 1000 if row.get("cpu_milli") not in (None, "") else _num(row, where, "cpu")
+    memory = int(_num(row, where, "memory_mib", "memory"))
+    count = _gpu_count(row, where)
+    model = _model(row, where, count)
+    gpus = _gpus(row, where, nid, count, model, table)
     node_labels = {**(labels or {}), **{str(k): str(v) for k, v in (row.get("labels") or {}).items()}}
     if model:
         node_labels.setdefault(NODE_TYPE_LABEL, model)
