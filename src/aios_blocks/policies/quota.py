@@ -167,16 +167,26 @@ def decide(tenant: str | None, request: Usage, quotas: Mapping[str, Quota], hold
     nominal = _limits(q)
     cohort_nominal = _sum(_limits(quotas[t]) for t in members)
     cohort_use = add(_sum(usage.get(t, {}) for t in members), request)
-    within_nominal = not _over(mine, nominal)
     cohort_fits = not _over(cohort_use, cohort_nominal)
-    if within_nominal and cohort_fits:
-        return Decision(Verdict.ADMIT, "within its nominal quota")
-    if within_nominal:
-        victims = _reclaim(tenant, members, quotas, usage, holdings, cohort_use, cohort_nominal)
-        if victims is not None:
-            return Decision(Verdict.RECLAIM, f"within its nominal quota; borrowers of cohort {q.cohort} hold the room",
-                            victims=victims, victim_reason=PreemptReason.IN_COHORT_RECLAMATION)
-        return Decision(Verdict.WAIT, "within its nominal quota, but the cohort's room is not held by borrowers it may reclaim")
+    if not _over(mine, nominal):
+        if cohort_fits:
+            return Decision(Verdict.ADMIT, "within its nominal quota")
+        return _within_nominal(tenant, q, members, quotas, usage, holdings, cohort_use, cohort_nominal)
+    return _over_nominal(q, mine, nominal, cohort_fits)
+
+
+def _within_nominal(tenant: str, q: Quota, members: list[str], quotas: Mapping[str, Quota], usage: dict[str, Usage],
+                    holdings: list[Holding], cohort_use: Usage, cohort_nominal: Usage) -> Decision:
+    """Within its nominal, but the cohort is full: reclaim from borrowers, or wait."""
+    victims = _reclaim(tenant, members, quotas, usage, holdings, cohort_use, cohort_nominal)
+    if victims is not None:
+        return Decision(Verdict.RECLAIM, f"within its nominal quota; borrowers of cohort {q.cohort} hold the room",
+                        victims=victims, victim_reason=PreemptReason.IN_COHORT_RECLAMATION)
+    return Decision(Verdict.WAIT, "within its nominal quota, but the cohort's room is not held by borrowers it may reclaim")
+
+
+def _over_nominal(q: Quota, mine: Usage, nominal: Usage, cohort_fits: bool) -> Decision:
+    """Over its nominal: borrow from the cohort's idle room, or wait."""
     excess = _over(mine, nominal)
     what = ", ".join(f"{m}.{r} +{x:g}" for m, r, x in excess)
     if not q.cohort:
