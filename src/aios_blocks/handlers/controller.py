@@ -209,11 +209,7 @@ async def plan(
     excluded = extra.get("excluded_nodes") or {}
     if not excluded:
         extra.pop("excluded_nodes", None)
-    # its virtual cluster's nodes only (seed 003); the reservation re-checks each node is still there
-    where = vcluster.place_of(ir, nodes)
-    nodes = vcluster.part(nodes, where)
-    if excluded:
-        nodes = {nid: v for nid, v in nodes.items() if nid not in excluded}
+    where, nodes = _candidate_nodes(ir, nodes, excluded)
     # copy-on-write: only the nodes taken below are copied; one instance takes nothing after its
     # choice, so it plans on the snapshot itself (no O(nodes) copy)
     needs, share = ir["resources"], share_of(ir)
@@ -233,42 +229,66 @@ async def plan(
         # which GPUs of the chosen node: the best connected set that keeps the node's best sets
         # free (policies/topology.py, docs/topology.md), when the node reports its topology
         gpus, link = _by_topology(work[node_id], gpus, needs, share, ir.get("affinity") or [])
-        adaptive: list[dict[str, Any]] = []
-        if ir.get("affinity"):
-            probe = {node_id: {**work[node_id]}}  # annotate a copy: views are shared
-            affinity.annotate(probe, ir["affinity"], index)
-            if not probe[node_id]["affinity"]["pass"]:
-                raise PlacementFailed(
-                    f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: "
-                    + "; ".join(probe[node_id]["affinity"]["reasons"])
-                )
-            adaptive = probe[node_id]["affinity"].get("adaptive") or []
-            index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
+        adaptive, index = _affinity_of(ir, iid, node_id, work, index, action)
         if k < len(iids) - 1:  # the next instance's call sees this one's take
             work[node_id] = capacity.copy_node(work[node_id])
             capacity.take(work[node_id], gpus, needs, share)
-        out.append(
-            {
-                "iid": iid,
-                "block": ir["blockId"],
-                "node": node_id,
-                "gpus": gpus,
-                "cpu": needs.get("cpu", 0),
-                "mem": needs.get("memory", 0),
-                "gpu_mem": needs.get("gpuMemory", 0),
-                "exclusive": not share,
-                "share": share,
-                "vc": where,
-            }
-        )
-        if share and capacity.share_units(needs):  # its thousandths of each GPU's compute (RESERVE_GANG checks the sum)
-            out[-1]["gpu_share"] = capacity.share_units(needs)
-        if link:
-            out[-1]["topology"] = link
-        if adaptive:
-            out[-1]["adaptive"] = adaptive
-            out[-1]["adapt"] = index.get("adapt") or {}
+        out.append(_reservation(ir, iid, node_id, gpus, needs, share, where, link, adaptive, index))
     return out
+
+
+def _candidate_nodes(ir: dict[str, Any], nodes: dict[str, dict[str, Any]],
+                     excluded: dict[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
+    """Its virtual cluster's nodes only (seed 003; the reservation re-checks each node is still
+    there), less the excluded ones: (its place, the nodes)."""
+    where = vcluster.place_of(ir, nodes)
+    nodes = vcluster.part(nodes, where)
+    if excluded:
+        nodes = {nid: v for nid, v in nodes.items() if nid not in excluded}
+    return where, nodes
+
+
+def _affinity_of(ir: dict[str, Any], iid: str, node_id: str, work: dict[str, dict[str, Any]],
+                 index: affinity.Index, action: str) -> tuple[list[dict[str, Any]], affinity.Index]:
+    """The chosen node checked against Required affinity (PlacementFailed if it rejects it): its
+    Adaptive entries, and the index with this instance added. No affinity: nothing, the same index."""
+    if not ir.get("affinity"):
+        return [], index
+    probe = {node_id: {**work[node_id]}}  # annotate a copy: views are shared
+    affinity.annotate(probe, ir["affinity"], index)
+    if not probe[node_id]["affinity"]["pass"]:
+        raise PlacementFailed(
+            f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: "
+            + "; ".join(probe[node_id]["affinity"]["reasons"])
+        )
+    adaptive = probe[node_id]["affinity"].get("adaptive") or []
+    index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
+    return adaptive, index
+
+
+def _reservation(ir: dict[str, Any], iid: str, node_id: str, gpus: list[str], needs: capacity.Needs, share: bool,
+                 where: str, link: dict[str, str], adaptive: list[dict[str, Any]], index: affinity.Index) -> dict[str, Any]:
+    """One reservation record for ``Store.reserve_gang``."""
+    rec: dict[str, Any] = {
+        "iid": iid,
+        "block": ir["blockId"],
+        "node": node_id,
+        "gpus": gpus,
+        "cpu": needs.get("cpu", 0),
+        "mem": needs.get("memory", 0),
+        "gpu_mem": needs.get("gpuMemory", 0),
+        "exclusive": not share,
+        "share": share,
+        "vc": where,
+    }
+    if share and capacity.share_units(needs):  # its thousandths of each GPU's compute (RESERVE_GANG checks the sum)
+        rec["gpu_share"] = capacity.share_units(needs)
+    if link:
+        rec["topology"] = link
+    if adaptive:
+        rec["adaptive"] = adaptive
+        rec["adapt"] = index.get("adapt") or {}
+    return rec
 
 
 def _by_topology(
