@@ -88,6 +88,11 @@ async def quota_view(w: Worker) -> tuple[hq.QuotaView | None, list[dict[str, Any
     return hq.QuotaView({t: Quota.model_validate(q) for t, q in records.items()}, qp.holdings_of(placed, models)), placed
 
 
+def _block_of(entries: list[hq.Entry], bid: str) -> Mapping[str, Any] | None:
+    """The block of the entry ``bid`` (it is one of ``entries``)."""
+    return next(e.block for e in entries if e.bid == bid)
+
+
 class QueueWalker:
     def __init__(self, w: Worker):
         self.w, self.s = w, w.settings
@@ -144,6 +149,17 @@ class QueueWalker:
         entries = await asyncio.gather(*(self._entry(bid) for bid in await self.q.head(scope, self.s.queue_window)))
         clusters = await self.w.inventory.clusters()
         views = await self.w.inventory.views(list(clusters))
+        out = await self._act(entries, clusters, views)
+        for bid in out.drop:
+            await self._drop(bid, _block_of(entries, bid))
+        for bid, gen, cid in out.retry:
+            await self.retry(bid, gen, cid)
+        return out
+
+    async def _act(self, entries: list[hq.Entry], clusters: dict[str, Any], views: dict[str, Any]) -> hq.Walk:
+        """The pure walk and the one action it calls for (a quota reclamation, a plan cut short
+        resumed, a preemption); an entry whose action does nothing is left out and the walk done
+        again. Returns the last walk (its drops and retries are the caller's)."""
         tried: frozenset[str] = frozenset()
         view, placed = await quota_view(self.w)
         while True:
@@ -151,24 +167,19 @@ class QueueWalker:
                           None if view is None else hq.QuotaView(view.quotas, list(view.holdings)))
             if out.reclaim:
                 bid, victims = out.reclaim[0]
-                if await self.reclaim(next(e.block for e in entries if e.bid == bid), victims, placed):
-                    break
+                if await self.reclaim(_block_of(entries, bid), victims, placed):
+                    return out
                 tried |= {bid}
                 continue
             if out.blocked_by:
                 held = [e.block for e in entries if e.bid == out.blocked_by and e.block is not None]
                 await self.resume(out.blocked_by, held[0] if held else {})
-                break
+                return out
             if not out.preempt:
-                break
-            if await self.preempt(next(e.block for e in entries if e.bid == out.preempt[0]), clusters, views):
-                break
+                return out
+            if await self.preempt(_block_of(entries, out.preempt[0]), clusters, views):
+                return out
             tried |= {out.preempt[0]}
-        for bid in out.drop:
-            await self._drop(bid, next(e.block for e in entries if e.bid == bid))
-        for bid, gen, cid in out.retry:
-            await self.retry(bid, gen, cid)
-        return out
 
     async def _entry(self, bid: str) -> hq.Entry:
         block = await self.w.store.get_block(bid)
