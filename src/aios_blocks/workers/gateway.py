@@ -176,23 +176,31 @@ async def run_timers(w: Worker, stop: asyncio.Event, guard: Any, idle_s: float =
     await Ticker(idle_s, "gather.timers_paused", log, next_in=next_in, guard=guard).run(lambda: fire_due(w), stop)
 
 
-async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
-    won, block, g = await w.store.gather_decide_read(bid, gen, n, token)
-    if not won:
-        return
-    if block is None or block.get("gen") != gen or block.get("status") not in ("selecting", "allocating"):
-        return
-    if int(block.get("attempt", 0)) != n:
-        return
-    ir = block["ir"]
+def _deciding(block: dict[str, Any], gen: int, n: int) -> bool:
+    """The block still waits for this round's choice (same generation, selecting, attempt ``n``)."""
+    if block.get("gen") != gen or block.get("status") not in ("selecting", "allocating"):
+        return False
+    return int(block.get("attempt", 0)) == n
+
+
+async def _choose(w: Worker, ir: dict[str, Any], g: dict[str, Any], trace: list[Decision]) -> h.FinalDecision:
+    """The clusterAllocator's choice among the round's answers."""
     clusters = await w.inventory.clusters()
     asked = [cid for cid in g["expected"] if cid in clusters]
     nodes = await w.inventory.views(asked)  # the round's clusters only: the others' views need no refresh here
     index = await w.affinity_index(ir) if ir.get("affinity") else None
     entries = {cid: h.scoped_entry(ir, clusters[cid], nodes[cid], index) for cid in asked}
+    return await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
+                          int(ir.get("minInstances") or 1))
+
+
+async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
+    won, block, g = await w.store.gather_decide_read(bid, gen, n, token)
+    if not won or block is None or not _deciding(block, gen, n):
+        return
+    ir = block["ir"]
     trace: list[Decision] = []
-    decision = await h.choose(g["expected"], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
-                              int(ir.get("minInstances") or 1))
+    decision = await _choose(w, ir, g, trace)
     # one outcome per round, even if this decider runs again on more answers than the first time
     # a failure is "!why", or "?why" when the block may wait for capacity (the pending queue)
     mark = "?" if decision.waitable else "!"
