@@ -137,13 +137,16 @@ class QueueWalker:
     async def expire(self, now: float) -> None:
         for bid in await self.q.due(now):
             block = await self.w.store.get_block(bid)
-            if block is not None and block["status"] == "pending":
-                reason = f"waited longer than maxPendingS in the pending queue: {block.get('reason', '')}"[:2000]
-                ok, _ = await self.w.store.transition(bid, block["gen"], Step.EXPIRE, reason=reason)
-                if ok:
-                    await self.w.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=block["gen"], status="failed",
-                                                                      reason=reason))
+            if block is None or block["status"] != "pending":
+                await self.q.remove(bid)
+                continue
+            reason = f"waited longer than maxPendingS in the pending queue: {block.get('reason', '')}"[:2000]
+            ok, _ = await self.w.store.transition(bid, block["gen"], Step.EXPIRE, reason=reason)
+            # out of the queue before the event: whoever sees block.failed no longer finds it waiting
             await self.q.remove(bid)
+            if ok:
+                await self.w.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=block["gen"], status="failed",
+                                                                  reason=reason))
 
     async def walk(self, scope: str) -> hq.Walk:
         entries = await asyncio.gather(*(self._entry(bid) for bid in await self.q.head(scope, self.s.queue_window)))
