@@ -387,9 +387,9 @@ async def test_the_mapper_keeps_the_map_from_lifecycle_facts(rig: Rig) -> None:
             await asyncio.sleep(0.01)
     s, _, h = await rig.task("real")
     assert s == 503 and "no ready instance" in h["Aios-Error"]
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
 
-    await bus.emit(E.block_deleted, BlockStatus(block_id="real", gen=7, status="deleted"))
+    await bus.emit(E.block_deleted, BlockStatusReport(block_id="real", gen=7, status="deleted"))
     async with asyncio.timeout(10):
         while "real" in rig.executor.routes:
             await asyncio.sleep(0.01)
@@ -513,7 +513,7 @@ async def test_a_task_for_a_block_scaled_to_zero_is_held_until_an_instance_is_re
     """The activator: a block of minInstances 0 gets its map when it becomes ready (no placement),
     its tasks are held while the executor asks once for an instance (block.scale.target, target 1,
     source activator), and answered by the instance the mapper then shows ready."""
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
 
     bus = rig.client.bus
     ir = {"blockId": "zed", "minInstances": 0, "maxInstances": 2}
@@ -525,7 +525,7 @@ async def test_a_task_for_a_block_scaled_to_zero_is_held_until_an_instance_is_re
         targets.append(msgspec.json.decode(m.data)["data"])
 
     sub = await bus.nc.subscribe(E.block_scale_target.subject(bid="zed"), cb=on_target)
-    await bus.emit(E.block_ready, BlockStatus("zed", 3, "ready", "", "c-zed", []))
+    await bus.emit(E.block_ready, BlockStatusReport("zed", 3, "ready", "", "c-zed", []))
     async with asyncio.timeout(10):
         while rig.executor.routes.get("zed") is None:
             await asyncio.sleep(0.01)

@@ -86,7 +86,7 @@ async def test_a_batch_is_acked_once_its_publishes_are_stored_and_a_failed_publi
     comes back on its own (the others of its batch are acked), and publishes again."""
     from aios_blocks.bus.catalog import E
     from aios_blocks.bus.nats_bus import _OUTBOX
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
 
     servers = EmbeddedServers(data_dir=tmp_path)
     servers.start_nats()
@@ -100,7 +100,7 @@ async def test_a_batch_is_acked_once_its_publishes_are_stored_and_a_failed_publi
         async def handler(d: Delivery) -> None:
             seen.append((d.subject, d.deliveries))
             bid = "ok" if d.subject.endswith(".scale") else "flaky"
-            assert await bus.emit(E.block_ready, BlockStatus(bid, d.deliveries, "ready")) is None  # not awaited here
+            assert await bus.emit(E.block_ready, BlockStatusReport(bid, d.deliveries, "ready")) is None  # not awaited here
             box = _OUTBOX.get()
             assert box is not None and (box.pending or box.deferred)  # held for the batch's commit
             if bid == "flaky" and d.deliveries == 1:  # its stream ack failed: as a refused publish would
@@ -137,7 +137,7 @@ async def test_a_task_that_outlives_its_handler_publishes_with_its_ack_awaited(t
     handler is done, what the task publishes is awaited as usual, never left in a closed outbox."""
     from aios_blocks.bus.catalog import E
     from aios_blocks.bus.nats_bus import outbox
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
 
     servers = EmbeddedServers(data_dir=tmp_path)
     servers.start_nats()
@@ -148,10 +148,10 @@ async def test_a_task_that_outlives_its_handler_publishes_with_its_ack_awaited(t
 
         async def later() -> object:
             await go.wait()
-            return await bus.emit(E.block_ready, BlockStatus("late", 1, "ready"))
+            return await bus.emit(E.block_ready, BlockStatusReport("late", 1, "ready"))
 
         with outbox() as box:
-            inside = await bus.emit(E.block_ready, BlockStatus("inside", 1, "ready"))
+            inside = await bus.emit(E.block_ready, BlockStatusReport("inside", 1, "ready"))
             task = asyncio.create_task(later())
         assert inside is None and len(box.pending) == 1 and box.closed
         go.set()
@@ -169,7 +169,7 @@ async def test_a_batch_commits_its_events_atomically_and_a_refused_batch_goes_ev
     server and then stored event by event: nothing is lost and nothing stored twice."""
     from aios_blocks.bus.catalog import E
     from aios_blocks.bus.nats_bus import outbox
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
 
     servers = EmbeddedServers(data_dir=tmp_path)
     servers.start_nats()
@@ -182,7 +182,7 @@ async def test_a_batch_commits_its_events_atomically_and_a_refused_batch_goes_ev
         async def held(first: int, count: int) -> list:  # type: ignore[type-arg]
             with outbox(defer=True) as box:
                 for i in range(first, first + count):
-                    assert await bus.emit(E.block_ready, BlockStatus(f"b{i}", 1, "ready")) is None
+                    assert await bus.emit(E.block_ready, BlockStatusReport(f"b{i}", 1, "ready")) is None
             assert not box.pending and len(box.deferred) == count
             return box.deferred
 
@@ -223,7 +223,7 @@ async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_get
     tries atomic batches on a server that has them; a stream that refuses them (atomic publish
     disabled) gets its events one by one, and is not tried again."""
     from aios_blocks.bus.catalog import E
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
     from aios_blocks.settings import Settings
 
     servers = EmbeddedServers(data_dir=tmp_path)
@@ -236,7 +236,7 @@ async def test_events_emitted_together_are_stored_as_atomic_batches_and_each_get
 
         async def burst(bids: list[str], ids: list[str | None]) -> list:  # type: ignore[type-arg]
             return list(await asyncio.gather(*(
-                bus.emit_together(E.block_ready, BlockStatus(b, 1, "ready"), msg_id=i, bid=b) for b, i in zip(bids, ids, strict=True)
+                bus.emit_together(E.block_ready, BlockStatusReport(b, 1, "ready"), msg_id=i, bid=b) for b, i in zip(bids, ids, strict=True)
             )))
 
         bids = [f"tog{i}" for i in range(25)]
@@ -300,7 +300,7 @@ async def test_a_publish_awaited_inside_a_handler_never_overtakes_its_earlier_ev
     published before it: the stream keeps the handler's order."""
     from aios_blocks.bus.catalog import E
     from aios_blocks.bus.nats_bus import outbox
-    from aios_blocks.schemas.events import BlockStatus
+    from aios_blocks.schemas.events import BlockStatusReport
 
     servers = EmbeddedServers(data_dir=tmp_path)
     servers.start_nats()
@@ -308,9 +308,9 @@ async def test_a_publish_awaited_inside_a_handler_never_overtakes_its_earlier_ev
     try:
         await bus.ensure_stream()
         with outbox(defer=True) as box:
-            await bus.emit(E.block_ready, BlockStatus("ord-a", 1, "ready"))
-            await bus.emit(E.block_ready, BlockStatus("ord-b", 1, "ready"))
-            ack = await bus.emit(E.block_ready, BlockStatus("ord-c", 1, "ready"), sync=True)
+            await bus.emit(E.block_ready, BlockStatusReport("ord-a", 1, "ready"))
+            await bus.emit(E.block_ready, BlockStatusReport("ord-b", 1, "ready"))
+            ack = await bus.emit(E.block_ready, BlockStatusReport("ord-c", 1, "ready"), sync=True)
             assert ack is not None and not box.deferred and len(box.pending) == 2
         await asyncio.gather(*box.pending)
         seqs = [(await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=b))).seq for b in ("ord-a", "ord-b", "ord-c")]
@@ -394,7 +394,7 @@ async def test_a_handlers_queries_go_out_only_once_its_stored_events_are_stored(
     holds a handler's queries until the batch's stored events are stored; a handler that fails
     sends none (its redelivery asks again)."""
     from aios_blocks.bus.catalog import E
-    from aios_blocks.schemas.events import BlockStatus, DryRunRequest
+    from aios_blocks.schemas.events import BlockStatusReport, DryRunRequest
 
     servers = EmbeddedServers(data_dir=tmp_path)
     servers.start_nats()
@@ -407,7 +407,7 @@ async def test_a_handlers_queries_go_out_only_once_its_stored_events_are_stored(
 
         async def handler(d: Delivery) -> None:
             calls["n"] += 1
-            await bus.emit(E.block_ready, BlockStatus(f"o{calls['n']}", 1, "ready"))
+            await bus.emit(E.block_ready, BlockStatusReport(f"o{calls['n']}", 1, "ready"))
             await bus.emit(E.cluster_dry_run, DryRunRequest(f"o{calls['n']}", 1, "order-q"), cid="order-q")
             if calls["n"] == 1:
                 raise RuntimeError("fails once, after publishing")

@@ -54,7 +54,7 @@ def test_a_missing_token_is_an_error_not_a_wrong_subject() -> None:
 
 
 def test_id_rules_resolve_from_payload_fields_and_tokens() -> None:
-    st = ev.BlockStatus("b1", 7, "ready")
+    st = ev.BlockStatusReport("b1", 7, "ready")
     assert Emit(E.block_ready, st).logical_id() == "b1:7:ready"
     assert Emit(E.block_ready, st).subject() == "aios.block.b1.ready"
     cmd = ev.InstanceCommand("b1", 7, "c1", "b1-0", "n3", [])

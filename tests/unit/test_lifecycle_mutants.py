@@ -23,7 +23,7 @@ from aios_blocks.handlers.effects import (
     publish,
 )
 from aios_blocks.schemas.events import (
-    BlockStatus,
+    BlockStatusReport,
     InstanceCommand,
     InstanceEvent,
     InstanceVerdict,
@@ -116,7 +116,7 @@ def test_a_fault_past_the_limit_fails_a_placing_block_with_the_whole_reason() ->
     verdict, effects = lc.on_fault(fact(reason="exit 1"), "failed", view, 3)
     assert verdict.action == "fail_block"
     reason = f"instance b-0 failed: exit 1; {verdict.why}"
-    failed = Emit(E.block_failed, BlockStatus("b", 7, "failed", reason, "c2"))
+    failed = Emit(E.block_failed, BlockStatusReport("b", 7, "failed", reason, "c2"))
     assert effects == [Transition("b", 7, Step.FAIL_PLACEMENT, (("reason", reason),), then=(publish(failed),)),
                        RemoveAll("b", 7, "block failed")]
 
@@ -139,7 +139,7 @@ def test_failing_a_placing_block_stops_its_sidecars_too() -> None:
     b["ir"]["sidecars"] = [SIDECAR]
     out = lc.fail_placing("b", 7, "c1", "no room", lc.View(b, {"b-0": inst()}))
     stop = Emit(E.node_sidecar_stop, SidecarCommand("b", 7, "c1", "n1", "log", dict(SIDECAR), "block failed"), qualifier="n1")
-    failed = Emit(E.block_failed, BlockStatus("b", 7, "failed", "no room", "c1"))
+    failed = Emit(E.block_failed, BlockStatusReport("b", 7, "failed", "no room", "c1"))
     assert out == [Transition("b", 7, Step.FAIL_PLACEMENT, (("reason", "no room"),), then=(publish(failed),)),
                    RemoveAll("b", 7, "block failed"), publish(stop)]
     assert lc.fail_placing("b", 7, "c1", "no room") == out[:2]  # no view: nothing to stop

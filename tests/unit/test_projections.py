@@ -14,7 +14,7 @@ from aios_blocks.projections import INDEX, Fact, Projection, on, stored_events
 from aios_blocks.recovery.fold import Fold
 from aios_blocks.schemas import catalog
 from aios_blocks.schemas.catalog import EVENTS, E, Event, Role
-from aios_blocks.schemas.events import BlockStatus
+from aios_blocks.schemas.events import BlockStatusReport
 
 
 def _example(e: Event[Any]) -> str:
@@ -27,7 +27,7 @@ def unfolded(events: tuple[Event[Any], ...]) -> list[str]:
 
 
 #: an event a contributor adds to the catalog and forgets to fold
-NEW = Event("block.paused", "aios.block.{bid}.paused", BlockStatus, (Role.CONTROLLER,), "the block is paused",
+NEW = Event("block.paused", "aios.block.{bid}.paused", BlockStatusReport, (Role.CONTROLLER,), "the block is paused",
             id_rule="{block_id}:{gen}:paused")
 
 
@@ -56,7 +56,7 @@ def test_a_projection_cannot_both_handle_and_ignore_an_event() -> None:
             ignores = frozenset({E.block_ready})
 
             @on(E.block_ready)
-            def ready(self, m: Fact[BlockStatus]) -> None: ...
+            def ready(self, m: Fact[BlockStatusReport]) -> None: ...
 
 
 def test_a_projection_gets_the_typed_payload_tokens_and_position() -> None:
@@ -64,7 +64,7 @@ def test_a_projection_gets_the_typed_payload_tokens_and_position() -> None:
 
     class Ready(Projection):
         @on(E.block_ready, E.block_failed)
-        def ended(self, m: Fact[BlockStatus]) -> None:
+        def ended(self, m: Fact[BlockStatusReport]) -> None:
             seen.append(m)
 
     p = Ready()
@@ -76,7 +76,7 @@ def test_a_projection_gets_the_typed_payload_tokens_and_position() -> None:
     assert p.undecodable == 1
     m = seen[0]
     assert (m.event, m.tokens, m.seq, m.ts, m.time) == (E.block_ready, {"bid": "b1"}, 7, 1.5, "2026-01-01T00:00:00Z")
-    assert isinstance(m.data, BlockStatus) and m.data.gen == 3
+    assert isinstance(m.data, BlockStatusReport) and m.data.gen == 3
     assert p.feed_doc("aios.block.b1.failed", {"data": {"block_id": "b1", "gen": 4, "status": "failed", "reason": "r"}})
     assert seen[1].data.reason == "r"
 
@@ -110,7 +110,7 @@ def test_a_line_reads_the_payload_struct_and_says_when_it_does_not_decode() -> N
         "instance.b1-0.added", "node=n1 gpus=['g1'] at http://h:1", "cyan")
     assert line("aios.block.b1.failed", {"data": {"block_id": "b1", "gen": 2, "status": "failed", "reason": "no room"}}) == (
         "failed", "no room", "red")
-    assert line("aios.block.b1.ready", {"data": {"gen": "two"}}) == ("ready", "(its data is not a BlockStatus)", "green")
+    assert line("aios.block.b1.ready", {"data": {"gen": "two"}}) == ("ready", "(its data is not a BlockStatusReport)", "green")
     assert line("aios.dlq.exec.aios.block.b1.ready", {"data": {}})[0] == "aios.block.b1.ready"
 
 

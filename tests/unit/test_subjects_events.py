@@ -271,7 +271,7 @@ ROUND_TRIP: list[Any] = [
     events.PlacementMade("b1", 7, "c1", "allocation", [events.Placement("b1-0", "n1", ["g0", "g1"])], attempts=2),
     events.InstanceCommand("b1", 7, "c1", "b1-0", "n1", ["g0"], image="img", env={"A": "1"}),
     events.InstanceEvent("b1", 7, "b1-0", "n1", ["g0"], reason="started"),
-    events.BlockStatus("b1", 7, "ready", cluster_id="c1", instances=["b1-0"]),
+    events.BlockStatusReport("b1", 7, "ready", cluster_id="c1", instances=["b1-0"]),
     events.DeleteRequest("b1", "req-3"),
     events.StepFailed("b1", 7, "scale", "no capacity", "req-1"),
     events.Decision("b1", "resourceAllocator", "resourceAllocator", "registry:p", 3, "allocation", "d1g3st",

@@ -233,9 +233,9 @@ def on_delete(bid: str, view: View) -> list[Effect]:
 def fail_placing(bid: str, gen: int, cluster: str, reason: str, view: View | None = None) -> list[Effect]:
     """Fail a block that is still placing, and stop what it has (its instances, its side-cars):
     a failed block holds nothing."""
-    from ..schemas.events import BlockStatus as StatusEvent
+    from ..schemas.events import BlockStatusReport
 
-    failed = Emit(E.block_failed, StatusEvent(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
+    failed = Emit(E.block_failed, BlockStatusReport(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
     out: list[Effect] = [
         Transition(bid, gen, Step.FAIL_PLACEMENT, (("reason", reason),), then=(publish(failed),)),
         RemoveAll(bid, gen, "block failed"),

@@ -10,7 +10,7 @@ for that event with ``@on(E.block_ready)``::
         ignores = frozenset({E.block_decision})
 
         @on(E.block_ready, E.block_failed)
-        def ended(self, m: Fact[BlockStatus]) -> None: ...
+        def ended(self, m: Fact[BlockStatusReport]) -> None: ...
 
 Events a projection neither handles nor ``ignores`` are skipped too, but the completeness tests
 (``tests/unit/test_projections.py``) require the fold to name every stored event one way or the

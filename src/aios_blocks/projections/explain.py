@@ -107,7 +107,7 @@ class Explain(Projection):
         self.out["reason"] = "; ".join(f"{e.path}: {e.message}" for e in m.data.errors)
 
     @on(E.block_failed)
-    def on_failed(self, m: Fact[ev.BlockStatus]) -> None:
+    def on_failed(self, m: Fact[ev.BlockStatusReport]) -> None:
         self.out["status"], self.out["reason"] = "failed", m.data.reason
         self._failure("block", m.data.reason)
 

@@ -137,7 +137,7 @@ class Lines(Projection):
         self.detail += _calls(m.data)
 
     @on(E.block_ready, E.block_failed, E.block_deleted)
-    def on_status(self, m: Fact[ev.BlockStatus]) -> None:
+    def on_status(self, m: Fact[ev.BlockStatusReport]) -> None:
         self.detail = m.data.reason or f"instances={m.data.instances}"
 
     @on(E.block_pending)

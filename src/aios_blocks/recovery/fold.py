@@ -386,11 +386,11 @@ class Fold(Projection):
             b["replacements"] = str(int(b.get("replacements", "0")) + 1)
 
     @on(E.block_ready)
-    def on_ready(self, m: Fact[ev.BlockStatus]) -> None:
+    def on_ready(self, m: Fact[ev.BlockStatusReport]) -> None:
         self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.READY)
 
     @on(E.block_failed)
-    def on_failed(self, m: Fact[ev.BlockStatus]) -> None:
+    def on_failed(self, m: Fact[ev.BlockStatusReport]) -> None:
         self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.FAILED, reason=m.data.reason)
 
     @on(E.block_pending)
@@ -412,7 +412,7 @@ class Fold(Projection):
         self._step(m.tokens["bid"], None, lc.Step.DELETE)
 
     @on(E.block_deleted)
-    def on_deleted(self, m: Fact[ev.BlockStatus]) -> None:
+    def on_deleted(self, m: Fact[ev.BlockStatusReport]) -> None:
         self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.DELETED)
 
     # -- registry ----------------------------------------------------------------------------------

@@ -373,10 +373,10 @@ class E:
         stored=False, body=Body.CORE, responders=(C,),
     )
     block_ready = Event(
-        "block.ready", f"{_B}.ready", ev.BlockStatus, (C,), "minInstances are running", id_rule="{block_id}:{gen}:ready",
+        "block.ready", f"{_B}.ready", ev.BlockStatusReport, (C,), "minInstances are running", id_rule="{block_id}:{gen}:ready",
     )
     block_failed = Event(
-        "block.failed", f"{_B}.failed", ev.BlockStatus, (G, C), "block cannot be placed, with the reason",
+        "block.failed", f"{_B}.failed", ev.BlockStatusReport, (G, C), "block cannot be placed, with the reason",
         id_rule="{block_id}:{gen}:failed",
     )
     block_scale_failed = Event(
@@ -396,7 +396,7 @@ class E:
         "block.delete", f"{_B}.delete", ev.DeleteRequest, (A,), "delete requested", id_rule="{block_id}:delete:{request_id}",
     )
     block_deleted = Event(
-        "block.deleted", f"{_B}.deleted", ev.BlockStatus, (C,), "every instance removed and released",
+        "block.deleted", f"{_B}.deleted", ev.BlockStatusReport, (C,), "every instance removed and released",
         id_rule="{block_id}:{gen}:deleted",
     )
     block_decision = Event(

@@ -468,7 +468,10 @@ class Dangling(msgspec.Struct):
     labels: dict[str, str] = {}
 
 
-class BlockStatus(msgspec.Struct):
+class BlockStatusReport(msgspec.Struct):
+    """A block reached a status (``block.ready``, ``block.failed``, ``block.deleted``); named apart
+    from the lifecycle's ``schemas.lifecycle.BlockStatus`` enum, whose value ``status`` carries."""
+
     block_id: str
     gen: int
     status: str

@@ -28,7 +28,7 @@ from ..runtime.auth import url_user
 from ..schemas import roles
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
-    BlockStatus,
+    BlockStatusReport,
     Decision,
     InventoryHint,
     input_digest,
@@ -256,7 +256,7 @@ class Worker:
         ok, info = await self.store.transition(bid, gen, step, reason=reason)
         if not (ok or info == "failed"):
             return  # the block moved on (deleted, re-created): nothing to report
-        await self.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
+        await self.bus.emit(E.block_failed, BlockStatusReport(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
 
 
 M = TypeVar("M")

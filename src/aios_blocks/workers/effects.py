@@ -23,7 +23,7 @@ from ..handlers.effects import (
 )
 from ..handlers.lifecycle import remove_command
 from ..policies.affinity import uid
-from ..schemas.events import BlockStatus, ReassignRequest
+from ..schemas.events import BlockStatusReport, ReassignRequest
 from ..schemas.lifecycle import TRANSITIONS, InstanceStatus, Step
 from .base import Worker
 
@@ -89,7 +89,7 @@ async def _deleted_if_empty(w: Worker, e: DeletedIfEmpty, seen: Seen, fresh: Fre
     # read after our own drop: two removals handled at once must not each still see the
     # other's instance (then neither would mark the block deleted)
     if not await w.store.instances(e.block_id):
-        deleted = BlockStatus(e.block_id, e.gen, "deleted")
+        deleted = BlockStatusReport(e.block_id, e.gen, "deleted")
         await commit(w, [Transition(e.block_id, e.gen, Step.DELETED, then=(Publish((Emit(E.block_deleted, deleted),)),))])
     return True
 
@@ -121,7 +121,7 @@ _DO: dict[type, Callable[[Worker, Any, Seen, Fresh], Awaitable[bool]]] = {
 async def _ready(w: Worker, bid: str, gen: int, cid: str, step: Step, instances: list[str]) -> None:
     ok, info = await w.store.transition(bid, gen, step)
     if ok or info == TRANSITIONS[step].target:  # a redelivery after the CAS re-publishes (deduplicated)
-        await w.bus.emit(E.block_ready, BlockStatus(bid, gen, "ready", "", cid, instances), qualifier=ready_qualifier(bid, instances))
+        await w.bus.emit(E.block_ready, BlockStatusReport(bid, gen, "ready", "", cid, instances), qualifier=ready_qualifier(bid, instances))
 
 
 def ready_qualifier(bid: str, instances: list[str]) -> str:

@@ -23,7 +23,7 @@ from ..bus.instance_map import InstanceMaps
 from ..bus.router import Inbound, Router
 from ..handlers import mapper
 from ..schemas.events import (
-    BlockStatus,
+    BlockStatusReport,
     InstanceCommand,
     InstanceEvent,
     InstanceVerdict,
@@ -141,7 +141,7 @@ async def on_removed(mp: Mapper, m: Inbound[InstanceEvent]) -> None:
     await mp.apply(m.data.block_id, lambda cur, b, now: mapper.on_removed(m.data, cur, b, now))
 
 
-async def on_ready(mp: Mapper, m: Inbound[BlockStatus]) -> None:
+async def on_ready(mp: Mapper, m: Inbound[BlockStatusReport]) -> None:
     await mp.apply(m.data.block_id, lambda cur, b, now: mapper.on_ready(m.data, cur, b, now), need_block=True)
 
 
@@ -155,7 +155,7 @@ async def on_inventory(mp: Mapper, m: Inbound[NodeInventory]) -> None:
         await mp.apply(bid, lambda cur, b, now: mapper.on_inventory(m.data, cur, now))
 
 
-async def on_deleted(mp: Mapper, m: Inbound[BlockStatus]) -> None:
+async def on_deleted(mp: Mapper, m: Inbound[BlockStatusReport]) -> None:
     cur, _ = await mp.maps.get(m.data.block_id)
     if cur is not None and int(cur.get("gen", 0)) <= m.data.gen:
         await mp.maps.delete(m.data.block_id)

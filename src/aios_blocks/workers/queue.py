@@ -30,7 +30,7 @@ from ..handlers import queue as hq
 from ..policies import quota as qp
 from ..runtime import faults
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatus, InstanceCommand, Parsed
+from ..schemas.events import BlockStatusReport, InstanceCommand, Parsed
 from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
 from ..state.priority import PriorityStore
@@ -145,7 +145,7 @@ class QueueWalker:
             # out of the queue before the event: whoever sees block.failed no longer finds it waiting
             await self.q.remove(bid)
             if ok:
-                await self.w.bus.emit(E.block_failed, BlockStatus(block_id=bid, gen=block["gen"], status="failed",
+                await self.w.bus.emit(E.block_failed, BlockStatusReport(block_id=bid, gen=block["gen"], status="failed",
                                                                   reason=reason))
 
     async def walk(self, scope: str) -> hq.Walk:

@@ -26,7 +26,7 @@ from ..bus.router import Inbound, Router
 from ..handlers import vcluster as h
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
-from ..schemas.events import BlockStatus
+from ..schemas.events import BlockStatusReport
 from ..schemas.priority import Pending
 from ..schemas.vcluster import (
     VClusterChanged,
@@ -253,7 +253,7 @@ async def on_remove(w: Worker, m: Inbound[VClusterRemove]) -> None:
         await _refuse(w, req.vcluster_id, VClusterOp.REMOVE, out, req.request_id, cid)
 
 
-async def on_block_end(w: Worker, m: Inbound[BlockStatus]) -> None:
+async def on_block_end(w: Worker, m: Inbound[BlockStatusReport]) -> None:
     """A block deleted or failed: its job cluster goes (a failed one may grow its virtual cluster first)."""
     ev = m.data
     if m.event is E.block_failed:
