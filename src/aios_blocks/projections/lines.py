@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..schemas import events as ev
+from ..schemas import moves as mv
 from ..schemas import priority as pr
 from ..schemas.catalog import EVENTS, E, Event
 from .base import Fact, Projection, on, parse
@@ -163,6 +164,20 @@ class Lines(Projection):
         E.block_health_failed, E.block_autoscale_failed, E.instance_failed)
     def on_failed_step(self, m: Fact[ev.StepFailed | ev.AutoscaleFailed | ev.InstanceEvent]) -> None:
         self.detail = m.data.reason + _calls(m.data)
+
+    @on(E.block_move_requested)
+    def on_move_requested(self, m: Fact[mv.MoveRequested]) -> None:
+        d = m.data
+        self.detail = (f"{d.move_id}: {d.instance_id} -> {d.to_node or 'any other node'} by {d.requested_by or '-'}"
+                       + (f": {d.reason}" if d.reason else ""))
+
+    @on(E.block_move_started, E.block_move_switched, E.block_move_completed, E.block_move_failed)
+    def on_move_step(self, m: Fact[mv.MoveStep]) -> None:
+        """Which move, from where to where, and why (a failed one: what went wrong)."""
+        d = m.data
+        to = f"{d.new_instance_id}@{d.to_node}" if d.new_instance_id else (d.to_node or "-")
+        self.detail = f"{d.move_id}: {d.instance_id}@{d.from_node or '-'} -> {to}" + (f": {d.reason}" if d.reason else "")
+        self.detail += _calls(d)
 
     @on(E.block_decision)
     def on_decision(self, m: Fact[ev.Decision]) -> None:

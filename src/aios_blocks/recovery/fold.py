@@ -134,6 +134,9 @@ IGNORED: frozenset[Event[Any]] = frozenset({
     # issue 36: a victim's state comes with its own block.pending (preempted_by); the instances go
     # through node.instance.remove and instance.removed
     E.block_preempted,
+    # issue 38: a move's claim is volatile (aios:meta:, state.moves); its instances' records come
+    # with block.placement, node.instance.remove and instance.removed like any other
+    E.block_move_requested, E.block_move_started, E.block_move_switched, E.block_move_completed, E.block_move_failed,
 })
 
 

@@ -27,6 +27,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from . import events as ev
+from . import moves as mv
 from . import priority as pr
 from . import vcluster as vc
 from .roles import Role as Role  # re-exported: the catalog's publishers
@@ -454,6 +455,34 @@ class E:
         "the block preempts others to be placed: its victims (block -> instances), the reason, the GPUs freed; "
         "sent once a plan shows its whole gang (minInstances) fits after they are gone",
         id_rule="{block_id}:{gen}:preempting:{request_id}",
+    )
+    # -- make-before-break moves (issue 38 item 2, docs/rebalance.md) --------------------------------
+    block_move_requested = Event(
+        "block.move.requested", f"{_B}.move.requested", mv.MoveRequested, (A, C),
+        "move one instance of a placed block, make-before-break (blocks move, the rebalancer): move_id names the "
+        "move (one move per id), to_node a target node or none (placement chooses any other node)",
+        id_rule="{block_id}:move.requested:{move_id}",
+    )
+    block_move_started = Event(
+        "block.move.started", f"{_B}.move.started", mv.MoveStep, (C,),
+        "a move's new instance is reserved on its node and being started (the old one keeps serving)",
+        id_rule="{block_id}:{gen}:move.started:{move_id}",
+    )
+    block_move_switched = Event(
+        "block.move.switched", f"{_B}.move.switched", mv.MoveStep, (C,),
+        "a move's new instance is ready: the mapper routes to it, the old one drains (its tasks in flight finish)",
+        id_rule="{block_id}:{gen}:move.switched:{move_id}",
+    )
+    block_move_completed = Event(
+        "block.move.completed", f"{_B}.move.completed", mv.MoveStep, (C,),
+        "a move is done: the old instance is removed and its reservation released",
+        id_rule="{block_id}:{gen}:move.completed:{move_id}",
+    )
+    block_move_failed = Event(
+        "block.move.failed", f"{_B}.move.failed", mv.MoveStep, (C,),
+        "a move failed (no capacity, disruption budget, rate limit, new instance never ready, block gone), with "
+        "the reason: the old instance keeps serving, the new one (if any) is removed and released",
+        id_rule="{block_id}:move.failed:{move_id}",
     )
     # -- virtual clusters (seed 003): aios.vcluster.{vid}.* ----------------------------------------
     vcluster_create = Event(
