@@ -23,6 +23,8 @@ def summarize(action: str, output: Any) -> str:
     if action == "preempt":  # the victims, by block (what the preemption acts on)
         victims = sorted(i for ids in (output.get("victims") or {}).values() for i in ids)
         return ",".join(victims) or "no preemption"
+    if action == "rebalance":  # the moves (what the rebalancer acts on)
+        return ",".join(f"{m.get('instance_id')}:{m.get('from')}->{m.get('to')}" for m in output.get("moves") or []) or "no move"
     if action == "selection":
         return ",".join(contract.cluster_id_of(c) for c in output.get("clusters", []))
     if action == "post_dry_run":

@@ -19,6 +19,8 @@ HEALTH_ACTIONS = ("health_check",)
 VERDICTS = ("healthy", "degrade", "unready", "restart", "replace")
 #: preemption: ``preempt`` once per block that fits nowhere (docs/priority.md)
 PREEMPTION_ACTIONS = ("preempt",)
+#: rebalancer: ``rebalance`` per trigger (a pending block, fragmentation, ``blocks rebalance``; docs/rebalance.md)
+REBALANCER_ACTIONS = ("rebalance",)
 
 
 class WrongShape(ValueError):
@@ -162,6 +164,19 @@ def _check_preempt(result: Any) -> None:
         raise WrongShape(f'preempt must return {{"victims": {{node_id: [instance_id, ...]}}}} (empty: none), got {_short(result)}')
 
 
+def _check_rebalance(result: Any) -> None:
+    moves = result.get("moves") if isinstance(result, dict) else None
+    if not isinstance(moves, list):
+        raise WrongShape(f'rebalance must return {{"moves": [{{"instance_id", "from", "to", ...}}]}} (empty: none), got {_short(result)}')
+    for i, m in enumerate(moves):
+        if not isinstance(m, dict) or not all(isinstance(m.get(k), str) and m[k] for k in ("instance_id", "from", "to")):
+            raise WrongShape(f"rebalance moves[{i}] must name instance_id, from and to (strings), got {_short(m)}")
+        if m["from"] == m["to"]:
+            raise WrongShape(f"rebalance moves[{i}] moves {m['instance_id']} from {m['from']} to the same node")
+        if not isinstance(m.get("reason", ""), str):
+            raise WrongShape(f"rebalance moves[{i}].reason (optional) must be a string, got {_short(m.get('reason'))}")
+
+
 #: action -> the check of its answer (``check``)
 _CHECKS: dict[str, Callable[[Any], None]] = {
     "selection": _check_selection,
@@ -174,6 +189,7 @@ _CHECKS: dict[str, Callable[[Any], None]] = {
     "autoscale": _check_autoscale,
     "health_check": _check_health,
     "preempt": _check_preempt,
+    "rebalance": _check_rebalance,
 }
 
 

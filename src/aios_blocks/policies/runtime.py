@@ -6,7 +6,7 @@
   ``builtin:least-inflight``, ``builtin:least-queue``, ``builtin:target-inflight``,
   ``builtin:queue-depth``, ``builtin:probe-threshold``, and the FGD paper's ``builtin:random``,
   ``builtin:dot-product``, ``builtin:gpu-packing``, ``builtin:gpu-clustering``, ``builtin:best-fit``,
-  ``builtin:fgd`` (docs/trace.md), ``builtin:preempt-min`` (docs/priority.md) - the built-ins;
+  ``builtin:fgd`` (docs/trace.md), ``builtin:preempt-min`` (docs/priority.md), ``builtin:rebalance-min`` (docs/rebalance.md) - the built-ins;
 * ``package.module:ClassName`` - an importable class (trusted, installed by the operator);
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
@@ -40,6 +40,7 @@ from .builtin.cluster_rank import ClusterRankPolicy
 from .builtin.fgd_plus import POLICIES as FGD_PLUS_POLICIES
 from .builtin.frag import POLICIES as FRAG_POLICIES
 from .builtin.preempt import PreemptMinPolicy
+from .builtin.rebalance import RebalanceMinPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
 from .sandbox import sandboxed_class
@@ -60,6 +61,8 @@ BUILTINS: dict[str, type] = {
     **FGD_PLUS_POLICIES,
     # the default preemption policy (policies/builtin/preempt.py, docs/priority.md)
     "builtin:preempt-min": PreemptMinPolicy,
+    # the default rebalancer policy (policies/builtin/rebalance.py, docs/rebalance.md)
+    "builtin:rebalance-min": RebalanceMinPolicy,
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.

@@ -55,7 +55,7 @@ def check_id(value: object, what: str = "id") -> str:
     return value
 
 _NUMBERS = (int, float, int | None, float | None)
-POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption")
+POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption", "rebalancer")
 REQUIRED_POLICIES = ("clusterAllocator", "resourceAllocator")
 
 
@@ -351,6 +351,9 @@ class BlockSpec(_Strict):
     #: Seconds the block may wait in the pending queue before it fails with the reason (absent:
     #: ``AIOS_MAX_PENDING_S``; 0: forever).
     maxPendingS: float | None = Field(default=None, ge=0)
+    #: The block's disruption budget for make-before-break moves (docs/rebalance.md; an extension,
+    #: like Kubernetes' maxUnavailable): at most this many of its instances move at once (absent: 1).
+    maxMoving: int | None = Field(default=None, ge=1, le=10_000)
 
 
 class Cluster(_Strict):

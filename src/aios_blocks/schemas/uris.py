@@ -33,6 +33,8 @@ BUILTIN_KINDS: dict[str, tuple[str, ...]] = {
     "builtin:fgd-plus": ("resourceAllocator",),
     # the default preemption policy (policies/builtin/preempt.py, docs/priority.md)
     "builtin:preempt-min": ("preemption",),
+    # the default rebalancer policy (policies/builtin/rebalance.py, docs/rebalance.md)
+    "builtin:rebalance-min": ("rebalancer",),
 }
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -63,4 +65,4 @@ def uri_problem(uri: str, slot: str | None = None) -> str | None:
 
 
 #: the slots a built-in may be checked against
-_SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption")
+_SLOTS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption", "rebalancer")

@@ -1,0 +1,429 @@
+"""``builtin:rebalance-min``: the default ``rebalancer`` policy (issue 38, docs/rebalance.md). Pure.
+
+Input (``action: "rebalance"``)::
+
+    {"action": "rebalance", "maxMoves": 2,              # AIOS_REBALANCE_MAX_MOVES (or --max-moves)
+     "trigger": "pending" | "fragmentation" | "manual",
+     "cluster": {"cluster_id", "nodes": {node_id: {"cpu_free", "mem_free",
+                                                   "gpus": {gpu_id: {"model", "free"}}}}},
+     "fragmentation": {"total": float, "ratio": float, "nodes": {node_id: float}},   # FGD, informative
+     "workload": [{"gpus", "gpuShare", "cpu", "gpuModels", "weight"}],   # the shapes FGD measures against
+     "pending": [{"block_id", "priority", "minInstances", "resources": {...}}],      # oldest/highest first
+     "movable": [{"block_id", "priority", "created", "preemptible", "minInstances",
+                  "maxUnavailable", "moving", "gpuModels",
+                  "instances": {iid: {"node_id", "gpus", "share", "cpu", "memory", "created"}}}]}
+
+The cluster's shape is ``builtin:preempt-min``'s (``free``: the free part of a GPU's compute).
+Output::
+
+    {"moves": [{"block_id", "instance_id", "from", "to", "to_gpus", "reason", "gpus_freed",
+                "frag_delta"}],
+     "for": block_id or "",                   # the pending block the moves make room for
+     "fits": {node_id: instances of it},      # where it fits once the moves are done
+     "fragmentation": {"before", "after"},    # the cluster's FGD fragmentation (thousandths of a GPU)
+     "reason": str}
+
+Empty ``moves``: nothing to do (``reason`` says why).
+
+Rules:
+
+* **What moves**: an instance of a block that is not ``preemptible: false`` (the operator said
+  "do not disturb": a move restarts the instance elsewhere, even if make-before-break keeps the
+  block serving), with room in its disruption budget (``maxUnavailable``, default 1, less the
+  instances of it already ``moving``); for a pending block, only blocks of its priority or lower
+  (a block is never moved for a lower one).
+* **A pending block first**: the fewest moves (at most ``maxMoves``) after which its whole gang
+  (``minInstances``) fits; each step frees one more instance's room with the fewest instances,
+  the smallest (GPUs moved) and the lowest priority first, each sent to the node where it
+  fragments least.
+* **Fragmentation otherwise**: greedy moves, each the one that lowers the cluster's FGD
+  fragmentation (``policies.builtin.frag.Workload``, on ``workload``) the most per GPU moved,
+  while one lowers it at all (at most ``maxMoves``).
+* **Never worse**: a move's target never gains more fragmentation than its source loses (the
+  moves that free one room are counted together: the first may not help alone); a plan whose
+  moves would raise the cluster's fragmentation is not taken.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .frag import UNITS, Workload
+from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
+
+DEFAULT_MAX_MOVES = 2
+#: source nodes looked at per room to free (the fewest GPUs short first)
+SOURCES = 24
+#: subsets of one node's instances tried per size
+SUBSETS = 256
+
+
+@dataclass(frozen=True)
+class Inst:
+    """One movable instance."""
+
+    iid: str
+    bid: str
+    node: str
+    gpus: tuple[str, ...]
+    share: float
+    cpu: float
+    memory: float
+    priority: int
+    created: float
+    models: frozenset[str]
+
+    @property
+    def gpu_amount(self) -> float:
+        return len(self.gpus) * self.share
+
+    def need(self) -> Need:
+        return Need(len(self.gpus), 0.0 if self.share >= 1 - EPS else self.share, self.cpu, self.memory, self.models, 1)
+
+
+@dataclass(frozen=True)
+class Move:
+    inst: Inst
+    to: str
+    to_gpus: tuple[str, ...]
+    frag_delta: float
+    reason: str = ""
+
+    def as_dict(self, freed: float) -> dict[str, Any]:
+        return {"block_id": self.inst.bid, "instance_id": self.inst.iid, "from": self.inst.node, "to": self.to,
+                "to_gpus": list(self.to_gpus), "reason": self.reason, "gpus_freed": round(freed, 3),
+                "frag_delta": round(self.frag_delta, 3)}
+
+
+def _copy(n: _Node) -> _Node:
+    return _Node(n.cpu, n.mem, {g: list(v) for g, v in n.gpus.items()})
+
+
+def _left(n: _Node) -> tuple[int, ...]:
+    return tuple(max(0, min(UNITS, round(v[1] * UNITS))) for v in n.gpus.values())
+
+
+def _model(n: _Node) -> str:
+    return str(next(iter(n.gpus.values()))[0]) if n.gpus else ""
+
+
+class Cluster:
+    """Node states, the FGD workload, and the instances where they are now (moves applied)."""
+
+    def __init__(self, nodes: dict[str, _Node], wl: Workload):
+        self.nodes, self.wl = nodes, wl
+
+    def frag(self, nid: str, node: _Node | None = None) -> float:
+        n = node if node is not None else self.nodes[nid]
+        return self.wl.frag(_model(n), n.cpu, _left(n)) if n.gpus else 0.0
+
+    def total(self) -> float:
+        return sum(self.frag(nid) for nid in self.nodes)
+
+    @staticmethod
+    def release(n: _Node, i: Inst) -> None:
+        n.cpu += i.cpu
+        n.mem += i.memory
+        for g in i.gpus:
+            if g in n.gpus:
+                n.gpus[g][1] = min(1.0, n.gpus[g][1] + i.share)
+
+    @staticmethod
+    def pick(n: _Node, i: Inst) -> tuple[str, ...] | None:
+        """The GPUs the instance would take on ``n`` (whole: free ones; a share: the fullest that
+        fits), or None when it does not fit."""
+        if node_fits(n, i.need(), 1) < 1:
+            return None
+        if not i.gpus:
+            return ()
+        ok = [(v[1], g) for g, v in n.gpus.items() if (not i.models or v[0] in i.models)
+              and v[1] >= (1.0 if i.share >= 1 - EPS else i.share) - EPS]
+        ok.sort()
+        return tuple(g for _, g in ok[: len(i.gpus)])
+
+    @staticmethod
+    def take(n: _Node, i: Inst, gpus: Iterable[str]) -> None:
+        n.cpu -= i.cpu
+        n.mem -= i.memory
+        for g in gpus:
+            n.gpus[g][1] = max(0.0, n.gpus[g][1] - i.share)
+
+
+def workload_of(spec: Iterable[Mapping[str, Any]] | None, pending: Iterable[Need], insts: Iterable[Inst]) -> Workload:
+    """The input's ``workload`` when given, else the shapes of the pending blocks and the movable
+    instances (each counted once per instance), normalised to weights that sum to 1."""
+    shapes = [dict(s) for s in spec or () if isinstance(s, Mapping)]
+    if not shapes:
+        counts: dict[tuple[Any, ...], float] = {}
+        for n in pending:
+            key = (n.gpus, n.share, n.cpu, tuple(sorted(n.models)))
+            counts[key] = counts.get(key, 0.0) + max(1, n.count)
+        for i in insts:
+            key = (len(i.gpus), 0.0 if i.share >= 1 - EPS else i.share, i.cpu, tuple(sorted(i.models)))
+            counts[key] = counts.get(key, 0.0) + 1
+        total = sum(counts.values()) or 1.0
+        shapes = [{"gpus": g, "gpuShare": s, "cpu": c, "gpuModels": list(m), "weight": w / total}
+                  for (g, s, c, m), w in sorted(counts.items())]
+    return Workload(shapes)
+
+
+def movable(input_data: Mapping[str, Any], ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
+    """The instances that may move (see the rules) and each block's budget of moves."""
+    out, budget = [], {}
+    for c in input_data.get("movable") or ():
+        if c.get("preemptible") is False:
+            continue
+        prio = int(c.get("priority") or 0)
+        if ceiling is not None and prio > ceiling:
+            continue
+        bid = str(c["block_id"])
+        left = max(1, int(c.get("maxUnavailable") or 1)) - int(c.get("moving") or 0)
+        if left <= 0:
+            continue
+        budget[bid] = left
+        models = frozenset(c.get("gpuModels") or ())
+        for iid, i in sorted((c.get("instances") or {}).items()):
+            out.append(Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), float(i.get("share") or 1.0),
+                            float(i.get("cpu") or 0.0), float(i.get("memory") or 0.0), prio,
+                            float(i.get("created") or c.get("created") or 0.0), models))
+    return out, budget
+
+
+def _count(nodes: Mapping[str, _Node], need: Need) -> int:
+    """How many instances of ``need`` the cluster takes (at most its gang)."""
+    got = 0
+    for n in nodes.values():
+        got += node_fits(n, need, need.count - got)
+        if got >= need.count:
+            break
+    return got
+
+
+def _placement(nodes: Mapping[str, _Node], need: Need) -> dict[str, int]:
+    left, out = need.count, {}
+    for nid, n in nodes.items():
+        k = node_fits(n, need, left)
+        if k:
+            out[nid] = k
+            left -= k
+        if left <= 0:
+            return out
+    return {}
+
+
+def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) -> tuple[str, tuple[str, ...], float] | None:
+    """The node (not in ``avoid``) where the instance fragments least: (node, GPUs, its
+    fragmentation there after minus before), or None when it fits nowhere else."""
+    best: tuple[float, str, tuple[str, ...]] | None = None
+    for nid, n in nodes.items():
+        if nid in avoid or nid == i.node:
+            continue
+        gpus = Cluster.pick(n, i)
+        if gpus is None:
+            continue
+        after = _copy(n)
+        Cluster.take(after, i, gpus)
+        d = c.frag(nid, after) - c.frag(nid, n)
+        if best is None or (d, nid) < (best[0], best[1]):
+            best = (d, nid, gpus)
+    return None if best is None else (best[1], best[2], best[0])
+
+
+def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapping[str, int], limit: int,
+               ) -> tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None:
+    """The fewest instances of node ``src`` (at most ``limit``) whose moves make room for one more
+    instance of ``need`` in the cluster, each sent where it fragments least: (rank, moves, the
+    nodes after), or None."""
+    before = _count(c.nodes, need)
+    order = sorted(insts, key=lambda i: (i.gpu_amount, i.priority, -i.created, i.iid))  # smallest, lowest, youngest
+    for size in range(1, min(limit, len(order)) + 1):
+        best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
+        for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
+            per_block: dict[str, int] = {}
+            for i in subset:
+                per_block[i.bid] = per_block.get(i.bid, 0) + 1
+            if any(k > budget.get(b, 0) for b, k in per_block.items()):
+                continue
+            nodes = dict(c.nodes)
+            src_node = nodes[src] = _copy(c.nodes[src])
+            for i in subset:
+                Cluster.release(src_node, i)
+            if node_fits(src_node, need, 1) < 1 and _count(nodes, need) <= before:
+                continue  # freeing these alone makes no room: the source never takes one more
+            src_saved = c.frag(src) - c.frag(src, src_node)
+            moves, cost, ok = [], 0.0, True
+            for i in subset:
+                dest = _destination(c, nodes, i, {src})
+                if dest is None:
+                    ok = False
+                    break
+                nid, gpus, d = dest
+                n = nodes[nid] = _copy(nodes[nid])
+                Cluster.take(n, i, gpus)
+                moves.append(Move(i, nid, gpus, d))
+                cost += d
+            if not ok or _count(nodes, need) <= before:
+                continue
+            if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
+                continue
+            rank = (size, sum(i.gpu_amount for i in subset), max(i.priority for i in subset), cost - src_saved,
+                    tuple(sorted(i.iid for i in subset)))
+            if best is None or rank < best[0]:
+                best = (rank, moves, nodes)
+        if best is not None:
+            return best
+    return None
+
+
+def _shortfall(n: _Node, need: Need) -> float:
+    """How many GPUs the node is short of one instance of ``need`` (whole GPUs free of an allowed
+    model against what it needs), for ordering the sources: the closest first."""
+    usable = [v for v in n.gpus.values() if not need.models or v[0] in need.models]
+    if len(usable) < need.gpus:
+        return float("inf")
+    threshold = 1.0 if need.share <= 0 else need.share
+    return max(0, need.gpus - sum(1 for v in usable if v[1] >= threshold - EPS))
+
+
+def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, int], max_moves: int,
+                 ) -> tuple[list[Move], str] | None:
+    """The moves (at most ``max_moves``) after which the whole gang fits, or None."""
+    moves: list[Move] = []
+    where = {i.iid: i for i in insts}
+    budget = dict(budget)
+    while not _placement(c.nodes, need):
+        left = max_moves - len(moves)
+        if left <= 0:
+            return None
+        on: dict[str, list[Inst]] = {}
+        for i in where.values():
+            on.setdefault(i.node, []).append(i)
+        sources = sorted((nid for nid in on if nid in c.nodes), key=lambda nid: (_shortfall(c.nodes[nid], need), nid))
+        best = None
+        for src in sources[:SOURCES]:
+            if _shortfall(c.nodes[src], need) == float("inf"):
+                break
+            found = _free_room(c, need, src, on[src], budget, left)
+            if found is not None and (best is None or found[0] < best[0]):
+                best = found
+        if best is None:
+            return None
+        _, step, c.nodes = best
+        for m in step:
+            del where[m.inst.iid]
+            budget[m.inst.bid] -= 1
+            moves.append(m)
+    return moves, ""
+
+
+def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], max_moves: int) -> list[Move]:
+    """Greedy: the move that lowers the cluster's fragmentation most per GPU moved, while one does."""
+    moves: list[Move] = []
+    where = {i.iid: i for i in insts}
+    budget = dict(budget)
+    while len(moves) < max_moves:
+        best: tuple[tuple[Any, ...], Move, _Node, _Node] | None = None
+        for i in where.values():
+            if budget.get(i.bid, 0) <= 0 or i.node not in c.nodes or not i.gpus:
+                continue
+            src = _copy(c.nodes[i.node])
+            Cluster.release(src, i)
+            saved = c.frag(i.node) - c.frag(i.node, src)
+            dest = _destination(c, c.nodes, i, {i.node})
+            if dest is None:
+                continue
+            nid, gpus, cost = dest
+            gain = saved - cost
+            if gain <= EPS:
+                continue
+            rank = (-gain / max(i.gpu_amount, EPS), i.gpu_amount, i.priority, i.iid)
+            if best is None or rank < best[0]:
+                after = _copy(c.nodes[nid])
+                Cluster.take(after, i, gpus)
+                best = (rank, Move(i, nid, gpus, cost - saved), src, after)
+        if best is None:
+            break
+        _, m, src, after = best
+        c.nodes = {**c.nodes, m.inst.node: src, m.to: after}
+        del where[m.inst.iid]
+        budget[m.inst.bid] -= 1
+        moves.append(m)
+    return moves
+
+
+def _reason_pending(m: Move, bid: str, src_free: int, after_free: int) -> str:
+    return (f"makes room for pending {bid}: frees {m.inst.gpu_amount:g} GPU(s) on {m.inst.node} "
+            f"({src_free} -> {after_free} whole GPUs free), fragments least on {m.to}")
+
+
+def _whole_free(n: _Node) -> int:
+    return sum(1 for v in n.gpus.values() if v[1] >= 1 - EPS)
+
+
+def _output(moves: list[Move], start: Mapping[str, _Node], c: Cluster, frag_before: float, reason: str,
+            pending: str = "", fits: dict[str, int] | None = None) -> dict[str, Any]:
+    out = []
+    for m in moves:
+        if pending:
+            m = replace(m, reason=_reason_pending(m, pending, _whole_free(start[m.inst.node]),
+                                                  _whole_free(c.nodes[m.inst.node])))
+        elif not m.reason:
+            m = replace(m, reason=(f"fragmentation: moving {m.inst.gpu_amount:g} GPU(s) from {m.inst.node} to {m.to} "
+                                   f"lowers it by {-m.frag_delta:.1f} thousandths of a GPU"))
+        out.append(m.as_dict(m.inst.gpu_amount))
+    return {"moves": out, "for": pending, "fits": fits or {},
+            "fragmentation": {"before": round(frag_before, 3), "after": round(c.total(), 3)}, "reason": reason}
+
+
+def plan(input_data: Mapping[str, Any], max_moves: int | None = None) -> dict[str, Any]:
+    """The moves of one rebalance (see the module's docstring)."""
+    k = int(input_data.get("maxMoves", DEFAULT_MAX_MOVES) if max_moves is None else max_moves)
+    nodes = _nodes(input_data.get("cluster") or {})
+    pending = [p for p in input_data.get("pending") or () if isinstance(p, Mapping)]
+    needs = [need_of(p) for p in pending]
+    insts_all, _ = movable(input_data, None)
+    wl = workload_of(input_data.get("workload"), needs, insts_all)
+    c = Cluster(nodes, wl)
+    before = c.total()
+    if k <= 0:
+        return _output([], nodes, c, before, "maxMoves is 0: no move")
+    why = []
+    for p, need in zip(pending, needs, strict=True):
+        bid = str(p.get("block_id") or "")
+        now = _placement(nodes, need)
+        if now:
+            why.append(f"{bid} fits without moves")
+            continue
+        insts, budget = movable(input_data, int(p.get("priority") or 0))
+        c = Cluster(dict(nodes), wl)
+        found = plan_pending(c, need, insts, budget, k)
+        if found is None:
+            why.append(f"{bid} does not fit after {k} move(s) or fewer")
+            continue
+        moves, _ = found
+        if c.total() > before + EPS:
+            why.append(f"{bid}: the moves that make its room would raise the cluster's fragmentation")
+            continue
+        return _output(moves, nodes, c, before, f"{len(moves)} move(s) make room for pending {bid}", bid,
+                       _placement(c.nodes, need))
+    if pending and str(input_data.get("trigger") or "") == "pending":
+        return _output([], nodes, c, before, "; ".join(why) or "no pending block")
+    insts, budget = movable(input_data, None)
+    c = Cluster(dict(nodes), wl)
+    moves = plan_fragmentation(c, insts, budget, k)
+    reason = (f"{len(moves)} move(s) lower the fragmentation from {before:.1f} to {c.total():.1f}" if moves
+              else "no move lowers the cluster's fragmentation")
+    return _output(moves, nodes, c, before, "; ".join([*why, reason]))
+
+
+class RebalanceMinPolicy:
+    """The seed-000 class shape: ``eval(parameters, input, context)``."""
+
+    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
+
+    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+        return plan(input_data)
