@@ -48,6 +48,7 @@ import structlog
 
 from .bus import event_ids, subjects
 from .bus.catalog import E
+from .runtime.ticker import Ticker
 from .schemas.events import DeadLetter, SidecarAlert, TaskOutput, decode_envelope
 
 log = structlog.get_logger("aios.sidecar")
@@ -282,23 +283,33 @@ async def serve(handler: Handler, cfg: Config, stop: asyncio.Event | None = None
                 return proc
             break
         log.info("sidecar.start", consumer=spec.durable, filters=spec.filters)
-        while not stop.is_set():
-            try:
-                msgs = await puller.take(cfg.batch, 1.0)
-            except Exception as exc:  # reconnecting (nats-py does it): wait and fetch again
-                if stop.is_set():
-                    break
-                log.warning("sidecar.fetch_error", consumer=spec.durable, error=repr(exc))
-                await _sleep(stop, 0.5)
-                continue
-            for msg in msgs:
-                await _settle(bus, proc, msg, spec.durable)
+        await _fetching(bus, proc, puller, spec.durable, cfg.batch, stop)
         await puller.stop()  # what it took and never handled goes back to the consumer now
     finally:
         if own:
             await bus.close()
     log.info("sidecar.stop", consumer=spec.durable, handled=proc.handled, duplicates=proc.duplicates)
     return proc
+
+
+async def _fetching(bus: Any, proc: Processor, puller: Any, durable: str, batch: int, stop: asyncio.Event) -> None:
+    """Fetch and settle until ``stop``: a ``runtime.ticker.Ticker`` whose tick is one fetch (up to
+    1 s) and the settling of what came; a fetch that raised (NATS away, nats-py reconnecting) is
+    logged and the next one comes 0.5 s later."""
+
+    async def tick() -> bool:
+        try:
+            msgs = await puller.take(batch, 1.0)
+        except Exception:
+            if stop.is_set():  # stopping: not an error
+                return True
+            raise
+        for msg in msgs:
+            await _settle(bus, proc, msg, durable)
+        return True
+
+    ticker = Ticker(0.0, "sidecar.fetch_error", log.bind(consumer=durable), next_in=lambda ok: 0.0 if ok else 0.5)
+    await ticker.run(tick, stop)
 
 
 async def _settle(bus: Any, proc: Processor, msg: Any, durable: str) -> None:

@@ -32,6 +32,7 @@ import structlog
 from prometheus_client import Counter
 
 from ..bus.catalog import E, Emit
+from ..runtime.ticker import Ticker
 from ..schemas.events import TaskOutput
 from ..settings import Settings
 
@@ -121,38 +122,56 @@ class OutputPublisher:
                           truncated or p.size > self.limit, p.at, "ok" if p.status < 400 else "error", p.gen)
 
     async def run(self, stop: asyncio.Event, batch: int = 256) -> None:
-        """Drain the buffer until ``stop`` (what is left then is tried once more, briefly)."""
-        delay = 0.1
-        while not stop.is_set() or self._queue:
-            if not self._queue:
-                self._wake.clear()
-                waker = asyncio.ensure_future(self._wake.wait())
-                stopper = asyncio.ensure_future(stop.wait())
-                await asyncio.wait([waker, stopper], return_when=asyncio.FIRST_COMPLETED)
-                waker.cancel()
-                stopper.cancel()
-                if self.linger_s and not stop.is_set() and len(self._queue) < batch:
-                    await asyncio.sleep(self.linger_s)  # let a batch gather: a publish per output costs ~3x the CPU
-                continue
+        """Drain the buffer until ``stop`` (what is left then is tried once more, briefly). The loop
+        is a ``runtime.ticker.Ticker``: each tick waits for an output or publishes a batch
+        (``_step``) and says when the next is due: at once, or after the backoff of a batch NATS
+        did not store."""
+        self._delay = 0.1
+        ticker = Ticker(0.0, "outputs.step_failed", log, next_in=lambda due: 0.1 if due is None else due)
+        await ticker.run(lambda: self._step(stop, batch), stop)
+        await self._last(batch)
+
+    async def _step(self, stop: asyncio.Event, batch: int) -> float:
+        """Wait for an output (then linger for a batch to gather), or publish one batch: the seconds
+        until the next step (0; the backoff, 0.1 s doubling to 2 s, after a failed batch)."""
+        if not self._queue:
+            self._wake.clear()
+            waker = asyncio.ensure_future(self._wake.wait())
+            stopper = asyncio.ensure_future(stop.wait())
+            await asyncio.wait([waker, stopper], return_when=asyncio.FIRST_COMPLETED)
+            waker.cancel()
+            stopper.cancel()
+            if self.linger_s and not stop.is_set() and len(self._queue) < batch:
+                await asyncio.sleep(self.linger_s)  # let a batch gather: a publish per output costs ~3x the CPU
+            return 0.0
+        items = [self._queue[i] for i in range(min(batch, len(self._queue)))]
+        if await self._publish(items):
+            self._published(items)
+            self._delay = 0.1
+            return 0.0
+        self.retried += len(items)
+        OUTPUTS.labels("retried").inc(len(items))
+        delay, self._delay = self._delay, min(self._delay * 2, 2.0)
+        return delay
+
+    async def _last(self, batch: int) -> None:
+        """Stopping: publish what is left; once NATS refuses a batch, the rest is lost (counted)."""
+        while self._queue:
             items = [self._queue[i] for i in range(min(batch, len(self._queue)))]
-            ok = await self._publish(items)
-            if ok:
-                for _ in items:
-                    self._queue.popleft()
-                self.published += len(items)
-                OUTPUTS.labels("published").inc(len(items))
-                delay = 0.1
+            if await self._publish(items):
+                self._published(items)
                 continue
             self.retried += len(items)
             OUTPUTS.labels("retried").inc(len(items))
-            if stop.is_set():  # shutting down and NATS is away: what is left is lost (counted)
-                self.dropped += len(self._queue)
-                OUTPUTS.labels("dropped").inc(len(self._queue))
-                self._queue.clear()
-                return
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), delay)
-            delay = min(delay * 2, 2.0)
+            self.dropped += len(self._queue)
+            OUTPUTS.labels("dropped").inc(len(self._queue))
+            self._queue.clear()
+
+    def _published(self, items: list[_Pending]) -> None:
+        for _ in items:
+            self._queue.popleft()
+        self.published += len(items)
+        OUTPUTS.labels("published").inc(len(items))
 
     async def _publish(self, items: list[_Pending]) -> bool:
         try:

@@ -13,7 +13,6 @@ a receiver refuses as bad (another 4xx) is dropped, as Prometheus's own remote w
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import struct
 import time
@@ -24,6 +23,8 @@ from typing import Any
 import aiohttp
 import cramjam
 import structlog
+
+from ..runtime.ticker import Ticker
 
 log = structlog.get_logger("aios.remote_write")
 
@@ -206,15 +207,15 @@ class RemoteWrite:
         return {r.url: r.status() for r in self.receivers}
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:
-        """Flush every ``interval_s`` until ``stop``, then once more."""
+        """Flush every ``interval_s`` until ``stop``, then once more (a flush that raises is logged:
+        never the collector's end, the next flush tries again)."""
         async with aiohttp.ClientSession() as session:
-            while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), interval_s)
-                try:
-                    await self.flush(session)
-                except Exception as exc:  # never the collector's end: the next flush tries again
-                    log.warning("remote_write.flush_failed", error=repr(exc))
+            ticker = Ticker(interval_s, "remote_write.flush_failed", log, wait_first=True)
+            await ticker.run(lambda: self.flush(session), stop)
+            try:
+                await self.flush(session)
+            except Exception as exc:
+                log.warning("remote_write.flush_failed", error=repr(exc))
 
 
 def urls_of(setting: str | None) -> list[str]:

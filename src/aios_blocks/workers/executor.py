@@ -39,6 +39,7 @@ from ..executor.outputs import OutputPublisher
 from ..executor.stats import ExecutorCollector
 from ..policies.builtin.balancer import DEFAULT
 from ..policies.runtime import BUILTINS, registry_name
+from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import ScaleTarget
 from .base import Worker, run_consumers
@@ -227,20 +228,24 @@ class Executor:
         return record is not None and record.get("language") == "starlark"
 
     async def _weights_loop(self, bid: str, rule: dict[str, Any], chooser: Weighted) -> None:
-        """A Starlark loadBalancer: ``action: "weights"`` every interval, off the task path."""
+        """A Starlark loadBalancer: ``action: "weights"`` every interval, off the task path; ends
+        when its task is cancelled (``_stop_weights``)."""
         rule = {**rule, "name": "loadBalancer"}
-        while True:
+
+        async def tick() -> None:
             route = self.routes.get(bid)
-            if route is not None:
-                payload = {"block": bid, "instances": [dict(v) for v in route.views.values() if v["state"] == "ready"]}
-                try:
-                    out = await self.w.runtime.invoke(rule, f"{bid}.loadBalancer", {"action": "weights", "payload": payload})
-                    chooser.set(out["weights"])
-                    chooser.error = ""
-                except PolicyFailed as exc:  # keep the last weights; tasks go on
-                    chooser.error = exc.reason
-                    log.warning("executor.weights_failed", block=bid, error=exc.reason)
-            await asyncio.sleep(self.s.executor_weights_interval_s)
+            if route is None:
+                return
+            payload = {"block": bid, "instances": [dict(v) for v in route.views.values() if v["state"] == "ready"]}
+            try:
+                out = await self.w.runtime.invoke(rule, f"{bid}.loadBalancer", {"action": "weights", "payload": payload})
+                chooser.set(out["weights"])
+                chooser.error = ""
+            except PolicyFailed as exc:  # keep the last weights; tasks go on
+                chooser.error = exc.reason
+                log.warning("executor.weights_failed", block=bid, error=exc.reason)
+
+        await Ticker(self.s.executor_weights_interval_s, "executor.weights_failed", log.bind(block=bid)).run(tick, asyncio.Event())
 
     async def scrape_loop(self, stop: asyncio.Event) -> None:
         """Engine queue figures of the instances of blocks whose policy may read them
@@ -249,7 +254,8 @@ class Executor:
         if interval <= 0:
             return
         timeout = aiohttp.ClientTimeout(total=max(0.05, interval))
-        while not stop.is_set():
+
+        async def tick() -> None:
             jobs = []
             for route in list(self.routes.values()):
                 if route.chooser.name in NO_METRICS:
@@ -259,8 +265,8 @@ class Executor:
                         jobs.append(self._scrape(route, v, timeout))
             if jobs:
                 await asyncio.gather(*jobs, return_exceptions=True)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+
+        await Ticker(interval, "executor.scrape_failed", log).run(tick, stop)
 
     async def _scrape(self, route: Route, v: dict[str, Any], timeout: aiohttp.ClientTimeout) -> None:
         assert self.session is not None
@@ -271,22 +277,19 @@ class Executor:
     async def collected_loop(self, stop: asyncio.Event) -> None:
         """The metrics collector's latest instance samples (``state.metrics``) into the routes'
         views: the loadBalancer's input carries them as each instance's ``metrics``."""
-        interval = self.s.metrics_interval_s
-        while not stop.is_set():
-            bids = list(self.routes)
-            if bids:
-                try:
-                    latest = await self.w.store.metrics.instances_many(bids)
-                except Exception as exc:  # Redis away for a moment: routes keep the last figures
-                    log.warning("executor.metrics_read_failed", error=repr(exc))
-                    latest = {}
-                for bid, insts in latest.items():
-                    route = self.routes.get(bid)
-                    if route is not None:
-                        for iid, sample in insts.items():
-                            route.set_collected(iid, sample)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+        await Ticker(self.s.metrics_interval_s, "executor.metrics_read_failed", log).run(self.collected_tick, stop)
+
+    async def collected_tick(self) -> None:
+        """One read of the collected samples (raises with Redis away: the routes keep the last ones)."""
+        bids = list(self.routes)
+        if not bids:
+            return
+        latest = await self.w.store.metrics.instances_many(bids)
+        for bid, insts in latest.items():
+            route = self.routes.get(bid)
+            if route is not None:
+                for iid, sample in insts.items():
+                    route.set_collected(iid, sample)
 
     # -- passive health (docs/health.md) ------------------------------------------------------------
     def new_outliers(self) -> Outliers:
@@ -298,14 +301,13 @@ class Executor:
         in-flight and how long without a completion) where the health checker reads them."""
         interval = self.s.outlier_publish_s
         holder = f"executor-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
-        while not stop.is_set():
+
+        async def tick() -> None:  # Redis away for a moment: the next tick writes again
             per_block = {bid: r.outliers.snapshot(r.views) for bid, r in list(self.routes.items()) if r.views}
-            try:
-                await self.w.store.health.write_passive(holder, per_block, max(5.0, interval * 10))
-            except Exception as exc:  # Redis away for a moment: the next tick writes again
-                log.warning("executor.passive_write_failed", error=repr(exc))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), interval)
+            await self.w.store.health.write_passive(holder, per_block, max(5.0, interval * 10))
+
+        await Ticker(interval, "executor.passive_write_failed", log).run(tick, stop)
+
     # -- the activator (scale-to-zero) ------------------------------------------------------------
     def activate(self, route: Route) -> None:
         """Held tasks of a block at zero need an instance: ask for one (``block.scale.target``,
