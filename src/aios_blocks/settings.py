@@ -27,6 +27,10 @@ class Settings(BaseSettings):
     max_pending_s: float = Field(3600.0, ge=0, description="how long a block that fits nowhere waits in the pending queue before it fails with the reason (0: forever); a spec's maxPendingS overrides it (docs/priority.md)")
     queue_window: int = Field(16, ge=1, description="how many blocks at the head of each pending queue one capacity event looks at (docs/priority.md): a capacity event costs O(this), not a scan of the queue")
     queue_resync_s: float = Field(2.0, gt=0, description="the pending queue's periodic pass (expiry of maxPendingS, a capacity event another controller process saw): the queue's head, never the whole queue")
+    move_rate_limit: int = Field(10, ge=0, description="make-before-break moves (docs/rebalance.md): at most this many start per cluster within AIOS_MOVE_RATE_WINDOW_S; one more fails with the reason (0: no moves)")
+    move_rate_window_s: float = Field(60.0, gt=0, description="the window of AIOS_MOVE_RATE_LIMIT")
+    move_ready_timeout_s: float = Field(120.0, gt=0, description="a move whose new instance is not ready this long after it started is rolled back: the new instance removed and released, the old one keeps serving")
+    move_sweep_s: float = Field(2.0, gt=0, description="how often a controller looks at moves whose time is up (new instance never ready, a controller died mid-move)")
     # -- nodes -------------------------------------------------------------------------------------
     node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
     node_suspect_failures: int = Field(2, ge=1, description="a node is suspect (no placement on it) before its heartbeat times out when every instance on it the health checker probes has failed this many probes in a row and its agent has been silent AIOS_NODE_SUSPECT_SILENCE_S")

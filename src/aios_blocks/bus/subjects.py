@@ -177,7 +177,7 @@ def controller(cluster: str | None = None) -> ConsumerSpec:
 LIFECYCLE = consumer(
     "lifecycle", E.instance_added, E.instance_removed, E.instance_failed, E.instance_unhealthy, E.block_delete,
     E.node_dangling, E.node_registered, E.block_scale_target, E.instance_verdict, E.node_inventory,
-    E.quota_set, E.block_pending,
+    E.quota_set, E.block_pending, E.block_move_requested,
 )
 
 

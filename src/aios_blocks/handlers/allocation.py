@@ -49,6 +49,8 @@ class Request:
     iids: tuple[str, ...]
     avoid: str = ""
     extra: Mapping[str, Any] = field(default_factory=dict)
+    #: place on this node only ("" = any): a move to a named node (docs/rebalance.md)
+    only: str = ""
 
 
 @dataclass(frozen=True)
@@ -77,10 +79,15 @@ def excluded(nodes: Mapping[str, Any], suspects: Mapping[str, str], avoid: str) 
 async def plan_allocation(snap: Snapshot, req: Request, invoke: Invoke) -> list[Reserve]:
     """The reservation that places ``req`` on ``snap`` (one ``Reserve``), or PlacementFailed with
     the reason (naming the nodes left out, and why, when some were)."""
-    out = excluded(snap.nodes, snap.suspects, req.avoid)
+    nodes = snap.nodes
+    if req.only:
+        if req.only not in nodes:
+            raise PlacementFailed(f"node {req.only} is not a node of cluster {req.cluster_id}")
+        nodes = {req.only: nodes[req.only]}
+    out = excluded(nodes, snap.suspects, req.avoid)
     extra = {**req.extra, **({"excluded_nodes": out} if out else {})}
     try:
-        placements = await plan(req.ir, snap.cluster, snap.nodes, req.action, list(req.iids), invoke,
+        placements = await plan(req.ir, snap.cluster, nodes, req.action, list(req.iids), invoke,
                                 snap.instances, snap.index, **extra)
     except PlacementFailed as exc:
         if out:  # say which nodes were not offered, and why (explain shows the step's failure)

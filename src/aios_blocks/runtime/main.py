@@ -266,12 +266,13 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
     settle_heap()
     if kind == "controller":
         from ..workers.health import HealthMonitor
+        from ..workers.moves import MoveSweeper
         from ..workers.queue import QueueWalker
         from ..workers.reconciler import Reconciler
 
         await asyncio.gather(
             run_consumers(w, binds, stop), HealthMonitor(w).run(stop), vcluster.run_sweeps(w, stop, EpochGuard(w)),
-            Reconciler(w).run(stop), QueueWalker(w).run(stop),
+            Reconciler(w).run(stop), QueueWalker(w).run(stop), MoveSweeper(w).run(stop),
         )
     elif kind == "gateway":
         from ..workers import gateway

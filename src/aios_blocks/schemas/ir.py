@@ -195,6 +195,8 @@ def block_create_IR(
         ir["queue"] = spec.queue
     if spec.maxPendingS is not None:
         ir["maxPendingS"] = spec.maxPendingS
+    if spec.maxMoving is not None:  # the disruption budget of moves (docs/rebalance.md): set only when given
+        ir["maxMoving"] = spec.maxMoving
     return ir
 
 

@@ -33,6 +33,10 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
     aios:meta:{b:<bid>}:replace:<iid> the reassignment request that is replacing the instance now
                                       (SET PX, a lease: one replacement at a time, on any copy)
     aios:meta:autoscalers             zset: the live autoscaler copies, scored by when they lapse
+    aios:meta:{b:<bid>}:moves         hash move id -> JSON of a make-before-break move's claim (its
+                                      phase; finished ones kept a while: a redelivery is one move)
+    aios:meta:{c:<cid>}:moverate      zset move id -> when it started (the cluster's move rate limit)
+    aios:meta:moves:due               zset bid|move id -> when an open move is looked at again (sweep)
     aios:health:{b:<bid>}:passive     hash executor id -> JSON of its per-instance passive counts (TTL)
     aios:health:lease:<bid>           the health checker copy that decides a block now
     aios:health:{b:<bid>}:failed      hash reason digest -> when a failing tick was last recorded (TTL)
@@ -185,6 +189,20 @@ def autoscale_state_key(bid: str) -> str:
 
 def replace_claim_key(bid: str, iid: str) -> str:
     return f"{P}:meta:{{b:{bid}}}:replace:{iid}"
+
+
+def move_key(bid: str) -> str:
+    """A block's make-before-break moves (``state.moves``)."""
+    return f"{P}:meta:{{b:{bid}}}:moves"
+
+
+def move_rate_key(cid: str) -> str:
+    """The moves started in a cluster lately (its rate limit, ``state.moves``)."""
+    return f"{P}:meta:{{c:{cid}}}:moverate"
+
+
+#: every open move's next look (the sweep of ``workers.moves``)
+MOVES_DUE = f"{P}:meta:moves:due"
 
 
 # -- health (volatile: the executors' passive counts, the checker's lease; docs/health.md) -----------

@@ -51,7 +51,7 @@ from ..schemas.events import (
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.priority import Pending, QuotaSet
 from ..schemas.spec import ID_RE, Cluster, Node
-from . import queue, reconciler
+from . import moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
 from .base import Worker, bound
 from .effects import commit, release
@@ -85,6 +85,7 @@ def lifecycle_bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router.add(E.block_delete, bound(on_delete, w))
     router.add(E.quota_set, bound(on_quota, w))
     router.add(E.block_pending, bound(on_pending, w))
+    router.add(E.block_move_requested, bound(moves.on_move_requested, w))
     return [router.binding()]
 
 
@@ -300,12 +301,15 @@ async def on_added(w: Worker, m: Inbound[InstanceEvent]) -> None:
     ev = m.data
     block, inst = await w.store.block_and_instance(ev.block_id, ev.instance_id)  # it looks at that one only
     await commit(w, lc.on_added(ev, lc.View(block, {ev.instance_id: inst} if block is not None and inst else {})))
+    await moves.after_added(w, ev)  # a move's new instance ready: its move switches (docs/rebalance.md)
 
 
 async def on_removed(w: Worker, m: Inbound[InstanceEvent]) -> None:
     ev = m.data
     # instances are read even for an unknown block: a removal after the record went must still release
-    await commit(w, lc.on_removed(ev, lc.View(*await w.store.block_view(ev.block_id))))
+    view = lc.View(*await w.store.block_view(ev.block_id))
+    await commit(w, lc.on_removed(ev, view))
+    await moves.after_removed(w, ev, view.instances.get(ev.instance_id), view.block)  # a move's instance gone
     queue.poke(w)  # capacity freed: the pending queue's head is tried (docs/priority.md)
 
 
@@ -313,6 +317,8 @@ async def on_fault(w: Worker, m: Inbound[InstanceEvent]) -> None:
     """``instance.failed`` and ``instance.unhealthy``: through the block's stabilityChecker."""
     ev = m.data
     kind = "failed" if m.event is E.instance_failed else "unhealthy"
+    if await moves.on_new_fault(w, ev, kind):  # a move's new instance before its switch: the move fails
+        return
     v = await _view(w, ev.block_id)
     data = lc.fault_input(ev, kind, v)
     if data is None:  # not live there (an older generation, replaced, another node's): ignored

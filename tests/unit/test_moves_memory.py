@@ -1,0 +1,161 @@
+"""Make-before-break moves on the in-memory system (the real routers, handlers and Lua scripts on
+an in-memory bus and fakeredis; docs/rebalance.md): the whole story of a move, a move that finds
+no room, one request delivered twice, the disruption budget, the cluster's rate limit, a new
+instance that fails before its switch, and the sweep that finishes a move its controller left."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from aios_blocks.bus.catalog import E
+from aios_blocks.handlers import moves as mv
+from aios_blocks.schemas.moves import MoveRequested
+from aios_blocks.settings import Settings
+from aios_blocks.state.moves import MoveStore
+from aios_blocks.testing import MemorySystem
+from aios_blocks.workers.moves import MoveSweeper
+
+
+async def _block(s: MemorySystem, n: int = 2, nodes: int = 3, gpus: int = 1, **spec: Any) -> str:
+    await s.add_component()
+    await s.add_sim_cluster("c1", nodes=nodes, gpus=gpus)
+    bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": n, "maxInstances": n, **spec})
+    await s.run()
+    assert (await s.store.get_block(bid) or {})["status"] == "ready"
+    return bid
+
+
+def _move(bid: str, iid: str, mid: str = "m1", to: str = "") -> MoveRequested:
+    return MoveRequested(bid, mid, iid, to_node=to, reason="test", requested_by="test")
+
+
+def _steps(s: MemorySystem, bid: str) -> list[tuple[str, str]]:
+    out = []
+    for e in (E.block_move_started, E.block_move_switched, E.block_move_completed, E.block_move_failed):
+        out += [(e.name.rsplit(".", 1)[1], d["move_id"]) for d in s.bus.events(e, bid=bid)]
+    return sorted(out)
+
+
+async def test_a_move_starts_the_new_instance_switches_when_it_runs_then_removes_the_old_one() -> None:
+    async with MemorySystem.open() as s:
+        bid = await _block(s)
+        insts = await s.store.instances(bid)
+        old = f"{bid}-0"
+        free = next(n for n in ("c1-n0", "c1-n1", "c1-n2") if n not in {r["node"] for r in insts.values()})
+        await s.bus.emit(E.block_move_requested, _move(bid, old, to=free))
+        await s.run()
+        after = await s.store.instances(bid)
+        new = mv.new_instance_id(bid, "m1")
+        assert old not in after and after[new]["node"] == free and after[new]["status"] == "running"
+        assert _steps(s, bid) == [("completed", "m1"), ("started", "m1"), ("switched", "m1")]
+        # the old one was told to drain (the scale-down's path: drain_s) only after the new one ran
+        (remove,) = [d for d in s.bus.events(E.node_instance_remove) if d["instance_id"] == old]
+        assert remove["drain_s"] == s.worker.settings.scale_down_grace_s
+        order = [m.subject for m in s.bus.stream]
+        assert order.index(f"aios.block.{bid}.instance.{new}.added") < order.index(f"aios.node.{insts[old]['node']}.instance.remove")
+        (started,) = s.bus.events(E.block_move_started, bid=bid)
+        assert started["to_node"] == free and started["from_node"] == insts[old]["node"]
+        rec = await MoveStore(s.store.r).get(bid, "m1")
+        assert rec is not None and rec["phase"] == "completed"
+
+
+async def test_a_move_to_a_full_node_fails_and_the_old_instance_keeps_serving() -> None:
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=2, nodes=2)  # each node's one GPU taken
+        before = await s.store.instances(bid)
+        other = before[f"{bid}-1"]["node"]
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0", to=other))
+        await s.run()
+        assert await s.store.instances(bid) == before
+        (failed,) = s.bus.events(E.block_move_failed, bid=bid)
+        assert failed["reason"].startswith("no room for the new instance") and _steps(s, bid) == [("failed", "m1")]
+
+
+async def test_a_request_delivered_twice_is_one_move() -> None:
+    async with MemorySystem.open() as s:
+        bid = await _block(s)
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0"))
+        (msg,) = [m for m in s.bus.stream if m.subject.endswith(".move.requested")]
+        s.bus.pending.append(msg.seq)  # delivered again, as after a lost ack
+        await s.run()
+        assert _steps(s, bid) == [("completed", "m1"), ("started", "m1"), ("switched", "m1")]
+        assert len(await s.store.instances(bid)) == 2 and mv.new_instance_id(bid, "m1") in await s.store.instances(bid)
+
+
+async def test_two_moves_at_once_respect_the_disruption_budget() -> None:
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=2, nodes=4)
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0", "m1"))
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-1", "m2"))
+        msgs = [m for m in s.bus.stream if m.subject.endswith(".move.requested")]
+        await s.deliver_together(msgs)
+        failed = s.bus.events(E.block_move_failed, bid=bid)
+        assert len(s.bus.events(E.block_move_started, bid=bid)) == 1 and len(failed) == 1
+        assert failed[0]["reason"] == "disruption budget: 1 of the block's moves open, maxMoving 1"
+        await s.run()
+        assert [k for k, _ in _steps(s, bid)].count("completed") == 1
+
+
+async def test_a_budget_of_two_lets_two_move_at_once() -> None:
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=2, nodes=4, maxMoving=2)
+        for i in range(2):
+            await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-{i}", f"m{i}"))
+        await s.deliver_together([m for m in s.bus.stream if m.subject.endswith(".move.requested")])
+        assert len(s.bus.events(E.block_move_started, bid=bid)) == 2
+        await s.run()
+        assert [k for k, _ in _steps(s, bid)].count("completed") == 2
+
+
+async def test_the_cluster_rate_limit_fails_a_move_past_it() -> None:
+    async with MemorySystem.open(Settings(sim_start_delay_s=0.0, move_rate_limit=1)) as s:
+        bid = await _block(s, n=1, nodes=3)
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0", "m1"))
+        await s.run()
+        new = mv.new_instance_id(bid, "m1")
+        await s.bus.emit(E.block_move_requested, _move(bid, new, "m2"))
+        await s.run()
+        (failed,) = s.bus.events(E.block_move_failed, bid=bid)
+        assert failed["move_id"] == "m2" and failed["reason"].startswith("rate limit: 1 move(s) per 60 s in cluster c1")
+
+
+async def test_a_new_instance_that_fails_before_the_switch_fails_the_move_and_leaves_the_old_one() -> None:
+    async with MemorySystem.open(Settings(sim_start_delay_s=0.0, sim_fail_rate=0.0)) as s:
+        bid = await _block(s, n=1, nodes=2)
+        before = await s.store.instances(bid)
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0"))
+        # deliver only the request: the new instance's start is then reported failed by hand
+        while not s.bus.events(E.block_move_started, bid=bid):
+            seq = s.bus.pending.popleft()
+            msg = s.bus.stream[seq - 1]
+            if msg.subject.endswith(".move.requested"):
+                spec, handler = next((sp, h) for sp, h in s.bindings if sp.durable == "lifecycle")
+                await s._deliver(spec.durable, handler, msg)
+        new = mv.new_instance_id(bid, "m1")
+        rec = (await s.store.instances(bid))[new]
+        from aios_blocks.schemas.events import InstanceEvent
+
+        s.bus.pending.clear()
+        await s.bus.emit(E.instance_failed, InstanceEvent(bid, int((await s.store.get_block(bid) or {})["gen"]), new, rec["node"], [], "boom"))
+        await s.run()
+        (failed,) = s.bus.events(E.block_move_failed, bid=bid)
+        assert "failed: boom" in failed["reason"]
+        assert await s.store.instances(bid) == before  # the new one removed and released, the old one as it was
+        assert not s.bus.events(E.cluster_reassignment)  # not replaced: the move owned it
+
+
+async def test_the_sweep_fails_a_claim_its_controller_left_and_releases_the_reservation() -> None:
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=1, nodes=2)
+        block = await s.store.get_block(bid)
+        req = _move(bid, f"{bid}-0")
+        rec = mv.record(req, block, (await s.store.instances(bid))[f"{bid}-0"], time.time() - 2 * mv.CLAIM_S)
+        ms = MoveStore(s.store.r)
+        assert (await ms.claim(rec, 1, time.time(), mv.KEEP_S))[0] == "ok"
+        await ms.due(bid, "m1", rec["due"])
+        assert await MoveSweeper(s.worker).tick() == 1
+        await s.run()
+        (failed,) = s.bus.events(E.block_move_failed, bid=bid)
+        assert "claim lapsed" in failed["reason"]
+        assert (await ms.get(bid, "m1") or {})["phase"] == "failed"
