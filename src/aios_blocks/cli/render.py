@@ -143,6 +143,7 @@ def _render_explain(x: dict[str, Any]) -> None:
     for f in x["failures"]:
         console.print(f"[red]{escape(f['step'])} failed[/]: {escape(f['reason'])}")
     _explain_autoscaler(x.get("autoscaler") or {})
+    _explain_moves(x.get("moves") or [])
     for tg in x.get("targets") or []:
         if tg["source"] != "autoscaler":
             why = f": {tg['reason']}" if tg.get("reason") else ""  # (`blocks scale --to` gives none)
@@ -202,6 +203,17 @@ def _explain_autoscaler(auto: dict[str, Any]) -> None:
     for f in auto.get("failures") or []:
         quiet = f" ({f['quiet']} more failed ticks before, not stored)" if f.get("quiet") else ""
         console.print("[red]autoscaler tick failed[/] " + escape(f"{str(f['time'])[11:19]}: {f['reason']} - count stays {f['count']}{quiet}"))
+
+
+def _explain_moves(moves: list[dict[str, Any]]) -> None:
+    """The block's make-before-break moves (docs/rebalance.md): one line each, then its steps."""
+    colour = {"completed": "green", "failed": "red"}
+    for m in moves:
+        where = f"{m['instance']}@{m['from'] or '?'} -> " + (f"{m['new']}@{m['to']}" if m["new"] else (m["to"] or "any other node"))
+        console.print(f"move {escape(m['move_id'])} [{colour.get(m['status'], 'yellow')}]{escape(m['status'])}[/]: "
+                      + escape(f"{where} (by {m['requested_by'] or '-'}: {m['reason']})"))
+        for st in m["steps"]:
+            console.print(escape(f"  {str(st['time'])[11:19]} {st['step']}" + (f": {st['reason']}" if st["reason"] else "")))
 
 
 def _explain_calls(d: dict[str, Any]) -> None:

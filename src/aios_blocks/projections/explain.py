@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 import msgspec
 
 from ..schemas import events as ev
+from ..schemas import moves as mvs
 from ..schemas.catalog import E, Event
 from .base import Fact, Projection, on, parse
 
@@ -46,6 +47,8 @@ def _empty() -> dict[str, Any]:
         "autoscaler": {"decisions": [], "failures": []},
         #: the latest adapt stage table a placement (or dry_run) used: {} without Adaptive entries
         "adapt": {},
+        #: make-before-break moves (docs/rebalance.md), in the order asked: each with its steps
+        "moves": [],
     }
 
 
@@ -207,6 +210,37 @@ class Explain(Projection):
     # -- its size ---------------------------------------------------------------------------------
     @on(E.block_scale_target)
     def on_target(self, m: Fact[ev.ScaleTarget]) -> None:
+    # -- moves (docs/rebalance.md) -----------------------------------------------------------------
+    def _move(self, mid: str) -> dict[str, Any]:
+        for mv_ in self.out["moves"]:
+            if mv_["move_id"] == mid:
+                return mv_  # type: ignore[no-any-return]
+        mv_ = {"move_id": mid, "instance": "", "from": "", "to": "", "new": "", "status": "requested", "reason": "",
+               "requested_by": "", "steps": []}
+        self.out["moves"].append(mv_)
+        return mv_
+
+    @on(E.block_move_requested)
+    def on_move_requested(self, m: Fact[mvs.MoveRequested]) -> None:
+        d = m.data
+        mv_ = self._move(d.move_id)
+        mv_.update(instance=d.instance_id, to=mv_["to"] or d.to_node, reason=d.reason, requested_by=d.requested_by)
+        mv_["steps"].append({"step": "requested", "time": m.time, "reason": d.reason})
+
+    @on(E.block_move_started, E.block_move_switched, E.block_move_completed, E.block_move_failed)
+    def on_move_step(self, m: Fact[mvs.MoveStep]) -> None:
+        """Each step with its reason; the move's status is its last step."""
+        d, word = m.data, m.event.name.rsplit(".", 1)[1]
+        mv_ = self._move(d.move_id)
+        mv_.update(instance=d.instance_id, status=word, requested_by=d.requested_by or mv_["requested_by"])
+        for key, value in (("from", d.from_node), ("to", d.to_node), ("new", d.new_instance_id)):
+            if value:
+                mv_[key] = value
+        mv_["steps"].append({"step": word, "time": m.time, "reason": d.reason})
+        if m.event is E.block_move_failed:
+            self._failure(f"move {d.move_id}", d.reason)
+        self._calls(d.decisions)
+
         d = m.data
         self.out["targets"].append({"time": m.time, "target": d.target, "source": d.source, "reason": d.reason,
                                     "request_id": d.request_id})
