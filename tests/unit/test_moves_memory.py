@@ -159,3 +159,38 @@ async def test_the_sweep_fails_a_claim_its_controller_left_and_releases_the_rese
         (failed,) = s.bus.events(E.block_move_failed, bid=bid)
         assert "claim lapsed" in failed["reason"]
         assert (await ms.get(bid, "m1") or {})["phase"] == "failed"
+
+
+async def test_explain_and_the_event_lines_tell_a_move_step_by_step_with_its_reasons() -> None:
+    import io
+
+    import msgspec
+    from rich.console import Console
+
+    from aios_blocks.cli import render
+    from aios_blocks.projections.explain import explain
+    from aios_blocks.projections.lines import Lines
+
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=1, nodes=2)
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0", "m1"))
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0", "m2", to="nowhere"))
+        await s.run()
+        story = [(m.subject, msgspec.json.decode(m.data)) for m in s.bus.stream if m.subject.startswith(f"aios.block.{bid}.")]
+        x = explain(story)
+        m1, m2 = x["moves"]
+        assert (m1["move_id"], m1["status"], m1["new"]) == ("m1", "completed", mv.new_instance_id(bid, "m1"))
+        assert [st["step"] for st in m1["steps"]] == ["requested", "started", "switched", "completed"]
+        assert all(st["reason"] == "test" for st in m1["steps"][:2])
+        assert m2["status"] == "failed" and m2["steps"][-1]["reason"] == "node nowhere is not a node of cluster c1"
+        assert {"step": "move m2", "reason": "node nowhere is not a node of cluster c1"} in x["failures"]
+        out = io.StringIO()
+        render.console, saved = Console(file=out, width=200), render.console
+        try:
+            render._render_explain(x)
+        finally:
+            render.console = saved
+        assert f"move m1 completed: {bid}-0@" in out.getvalue() and "move m2 failed" in out.getvalue()
+        lines = Lines()
+        kind, detail = lines.line(*next(d for d in story if d[0].endswith(".move.switched")))
+        assert kind == "move.switched" and detail.startswith(f"m1: {bid}-0@")
