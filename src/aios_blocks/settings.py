@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     move_rate_window_s: float = Field(60.0, gt=0, description="the window of AIOS_MOVE_RATE_LIMIT")
     move_ready_timeout_s: float = Field(120.0, gt=0, description="a move whose new instance is not ready this long after it started is rolled back: the new instance removed and released, the old one keeps serving")
     move_sweep_s: float = Field(2.0, gt=0, description="how often a controller looks at moves whose time is up (new instance never ready, a controller died mid-move)")
+    rebalance_policy: str = Field("builtin:rebalance-min", description="the rebalancer policy (a policyRuleURI) of the rebalancer worker and of blocks rebalance; a pending block's own rebalancer policy, when its spec names one, wins for its moves (docs/rebalance.md)")
+    rebalance_max_moves: int = Field(2, ge=0, description="the most moves one rebalance asks for: a pending block is given room only when it fits after this many moves or fewer (else it may preempt); a fragmentation round stops there (docs/rebalance.md)")
+    rebalance_interval_s: float = Field(10.0, gt=0, description="how often the rebalancer worker looks at each cluster (pending blocks that fit after a few moves, fragmentation above AIOS_REBALANCE_FRAG_THRESHOLD)")
+    rebalance_frag_threshold: float = Field(0.1, ge=0, description="the rebalancer moves instances for fragmentation alone when a cluster's FGD fragmentation (free GPU compute a task of its workload could not use, over its GPU compute) is above this fraction")
+    rebalance_cooldown_s: float = Field(30.0, ge=0, description="the rebalancer's rate limit per cluster: after it asked for moves in a cluster, it asks for none there for this long (the moves themselves are limited by AIOS_MOVE_RATE_LIMIT)")
+    rebalance_hold_s: float = Field(60.0, gt=0, description="after moves were asked for to make room for a pending block, neither the rebalancer nor the queue walker asks for more for it, nor preempts for it, for this long")
     # -- nodes -------------------------------------------------------------------------------------
     node_timeout_s: float = Field(15.0, gt=0, description="a node with no heartbeat for this long is unhealthy (its instances are moved)")
     node_suspect_failures: int = Field(2, ge=1, description="a node is suspect (no placement on it) before its heartbeat times out when every instance on it the health checker probes has failed this many probes in a row and its agent has been silent AIOS_NODE_SUSPECT_SILENCE_S")

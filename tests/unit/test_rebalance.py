@@ -30,7 +30,7 @@ def blk(bid: str, placed: dict[str, tuple[str, list[int]]], priority: int = 0, m
     if preemptible is not None:
         b["preemptible"] = preemptible
     if max_unavailable is not None:
-        b["maxUnavailable"] = max_unavailable
+        b["maxMoving"] = max_unavailable
     return b
 
 
@@ -127,7 +127,7 @@ def test_disruption_budget_limits_moves_per_block() -> None:
     both = [blk("s", {"s-0": ("n1", [0]), "s-1": ("n1", [1])}), blk("t", {"t-0": ("n2", [0, 1])}, preemptible=False)]
     out = plan(inp(nodes, both, [want(4)]))
     assert out["moves"] == [], out
-    both[0]["maxUnavailable"] = 2
+    both[0]["maxMoving"] = 2
     out = plan(inp(nodes, both, [want(4)]))
     assert len(out["moves"]) == 2 and {m["instance_id"] for m in out["moves"]} == {"s-0", "s-1"}
     both[0]["moving"] = 2  # its budget is taken by moves under way

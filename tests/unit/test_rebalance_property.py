@@ -46,7 +46,7 @@ def scenario(seed: int) -> dict[str, Any]:
         if insts:
             movable.append({"block_id": f"b{b}", "priority": rnd.choice((0, 100, 1000)), "created": float(b),
                             "minInstances": len(insts), "preemptible": rnd.random() > 0.15,
-                            "maxUnavailable": rnd.choice((1, 1, 2)), "moving": 0, "instances": insts})
+                            "maxMoving": rnd.choice((1, 1, 2)), "moving": 0, "instances": insts})
     pending = []
     if rnd.random() < 0.8:
         pending = [{"block_id": "p", "priority": rnd.choice((0, 100, 1000)), "minInstances": rnd.choice((1, 1, 2)),
@@ -102,7 +102,7 @@ def check(data: dict[str, Any], out: dict[str, Any]) -> list[str]:
         if p and out["for"] and b["priority"] > p["priority"]:
             bad.append(f"moved {m['instance_id']} (priority {b['priority']}) for a lower block")
         per_block[b["block_id"]] = per_block.get(b["block_id"], 0) + 1
-        if per_block[b["block_id"]] > b["maxUnavailable"]:
+        if per_block[b["block_id"]] > b["maxMoving"]:
             bad.append(f"{b['block_id']} moved beyond its budget")
         if where[m["instance_id"]] != m["from"] or m["from"] == m["to"]:
             bad.append(f"{m['instance_id']} is not on {m['from']}")

@@ -52,7 +52,7 @@ def test_every_kind_has_its_nats_rights() -> None:
 
 
 def test_the_table_derives_groups_layout_and_users() -> None:
-    assert roles.DEFAULT_GROUPS == {"front": ("parser", "gateway", "metrics", "autoscaler", "checker"),
+    assert roles.DEFAULT_GROUPS == {"front": ("parser", "gateway", "metrics", "autoscaler", "checker", "rebalancer"),
                                     "serve": ("agent-sim", "executor", "mapper")}
     assert set(roles.DEFAULT_LAYOUT) == set(roles.KINDS) and set(roles.DEFAULT_LAYOUT.values()) == {1}
     assert roles.INVENTORY_KINDS == {"gateway", "controller"}

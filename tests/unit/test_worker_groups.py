@@ -27,7 +27,7 @@ from aios_blocks.workers.base import Worker
 def test_the_default_layout_runs_in_three_processes_and_extra_copies_in_their_own() -> None:
     # the controller alone: on two cores it places while the front process parses and selects
     assert units(DEFAULT_LAYOUT, DEFAULT_GROUPS) == [
-        ("front", ("parser", "gateway", "metrics", "autoscaler", "checker"), 0),
+        ("front", ("parser", "gateway", "metrics", "autoscaler", "checker", "rebalancer"), 0),
         ("serve", ("agent-sim", "executor", "mapper"), 0),
         ("controller", ("controller",), 0),
     ]

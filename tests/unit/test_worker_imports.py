@@ -25,9 +25,10 @@ KINDS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "executor": (("executor",), ()),
     "metrics": (("collector",), ()),
     "checker": (("checker",), ()),
+    "rebalancer": (("rebalancer",), ("aiohttp",)),
 }
 NEVER = ("rich", "typer", "starlark", "yaml")
-WORKER_MODULES = ("parser", "gateway", "controller", "vcluster", "health", "autoscaler", "agent.fleet", "executor", "collector", "checker")
+WORKER_MODULES = ("parser", "gateway", "controller", "vcluster", "health", "autoscaler", "agent.fleet", "executor", "collector", "checker", "rebalancer")
 
 
 def _module(m: str) -> str:

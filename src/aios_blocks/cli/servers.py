@@ -47,6 +47,7 @@ def up(
     collectors: int = typer.Option(1, min=0, help="Metrics collectors (copies, like --parsers; one writes, copies stand by; docs/metrics.md)."),
     autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
     checkers: int = typer.Option(1, min=0, help="Health checkers (copies, like --parsers; one decides a block at a time; docs/health.md)."),
+    rebalancers: int = typer.Option(1, min=0, help="Rebalancers (copies, like --parsers; one acts at a time, by a lease; docs/rebalance.md)."),
     process_per_kind: bool = ProcessPerKind,
     console_port: int = typer.Option(0, "--console-port", min=0, max=65535, help="The web console's port (0: the one it had last time, else a free one; docs/console.md)."),
     no_console: bool = typer.Option(False, "--no-console", help="Start no web console."),
@@ -56,7 +57,7 @@ def up(
     and workers die with it. One `blocks up` per data dir: a second one exits 1 naming the first.
 
     The worker kinds run grouped, three processes: front (parser, gateway and the services that
-    watch running blocks: metrics, autoscaler, checker), the controller on its own, and serve
+    watch running blocks: metrics, autoscaler, checker, rebalancer), the controller on its own, and serve
     (agent-sim, executor, mapper); each kind keeps its own connections as its own role, and a group whose
     kind fails is restarted whole. `--controllers N` etc. run N copies of a kind: the first in its
     group, the others as processes of their own.
@@ -69,7 +70,8 @@ def up(
     from . import up as _up
 
     layout = {"parser": parsers, "gateway": gateways, "controller": controllers, "agent-sim": agents, "executor": executors,
-              "mapper": mappers, "metrics": collectors, "autoscaler": autoscalers, "checker": checkers}
+              "mapper": mappers, "metrics": collectors, "autoscaler": autoscalers, "checker": checkers,
+              "rebalancer": rebalancers}
     # the process that stays up is a lean one (cli/up.py): this one's modules would stay resident
     _up.exec_up(data_dir, layout, process_per_kind, None if no_console else console_port)
 

@@ -281,7 +281,7 @@ def _autoscaler(r: _Role) -> _Rights:
 #: worker role -> its rights beyond the catalog's
 _WORKER_RIGHTS = {"parser": _parser, "gateway": _gateway, "controller": _controller, "agent": _agent, "agent-sim": _agent,
                   "executor": _map_writer, "mapper": _map_writer, "metrics": _map_reader, "checker": _map_reader,
-                  "autoscaler": _autoscaler}
+                  "autoscaler": _autoscaler, "rebalancer": _autoscaler}
 
 
 def _sidecar(pub: list[str], sub: list[str]) -> Permissions:

@@ -242,6 +242,11 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
 
         await run_autoscaler(w, stop, cluster)
         return
+    if kind == "rebalancer":
+        from ..workers.rebalancer import run as run_rebalancer
+
+        await run_rebalancer(w, stop, cluster)
+        return
     if kind == "parser":
         from ..workers import parser
 

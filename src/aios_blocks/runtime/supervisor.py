@@ -34,7 +34,7 @@ DEFAULT_LAYOUT = roles.DEFAULT_LAYOUT
 #: blocks/s against the three of them in one process (docs/benchmarks.md "Stop 27"). The light
 #: services that watch running blocks share the front process; the (simulated) fleet and the task
 #: ingress share another.
-#: (``schemas.roles``: front holds parser, gateway, metrics, autoscaler, checker; serve agent-sim, executor)
+#: (``schemas.roles``: front holds parser, gateway, metrics, autoscaler, checker, rebalancer; serve agent-sim, executor)
 DEFAULT_GROUPS = roles.DEFAULT_GROUPS
 #: the variables that differ between kinds (a role's credentials, its event-id key): a group process
 #: gets each kind's under ``kind_var(name, kind)``, and none unsuffixed

@@ -458,7 +458,7 @@ class E:
     )
     # -- make-before-break moves (issue 38 item 2, docs/rebalance.md) --------------------------------
     block_move_requested = Event(
-        "block.move.requested", f"{_B}.move.requested", mv.MoveRequested, (A, C),
+        "block.move.requested", f"{_B}.move.requested", mv.MoveRequested, (A, C, Role.REBALANCER),
         "move one instance of a placed block, make-before-break (blocks move, the rebalancer): move_id names the "
         "move (one move per id), to_node a target node or none (placement chooses any other node)",
         id_rule="{block_id}:move.requested:{move_id}",

@@ -32,6 +32,8 @@ class Role(enum.StrEnum):
     SIDECAR = "sidecar"
     #: each role's consumer runner dead-letters its own consumers' messages
     RUNNER = "runner"
+    #: the rebalancer (``blocks worker rebalancer``): move requests (docs/rebalance.md)
+    REBALANCER = "rebalancer"
 
 
 @dataclass(frozen=True)
@@ -63,6 +65,7 @@ WORKER_KINDS: tuple[WorkerKind, ...] = (
     WorkerKind("metrics", None, "front", summary="the metrics collector"),
     WorkerKind("autoscaler", Role.AUTOSCALER, "front", summary="instance targets from the autoscaler policies"),
     WorkerKind("checker", Role.CHECKER, "front", summary="the health checker's verdicts"),
+    WorkerKind("rebalancer", Role.REBALANCER, "front", summary="moves that make room for pending blocks or defragment (docs/rebalance.md)"),
 )
 KINDS: tuple[str, ...] = tuple(k.name for k in WORKER_KINDS)
 BY_NAME: dict[str, WorkerKind] = {k.name: k for k in WORKER_KINDS}

@@ -27,6 +27,7 @@ from ..bus.catalog import E, Emit
 from ..bus.runner import Defer
 from ..handlers import preemption as pre
 from ..handlers import queue as hq
+from ..handlers import rebalance as hr
 from ..policies import quota as qp
 from ..runtime import faults
 from ..schemas.errors import PolicyFailed
@@ -35,6 +36,7 @@ from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, PreemptPlans, scope_of
+from ..state.rebalance import RebalanceState
 from .base import EpochGuard, Worker
 
 log = structlog.get_logger("aios.queue")
@@ -180,6 +182,9 @@ class QueueWalker:
                 return out
             if not out.preempt:
                 return out
+            # moves before preemption: room made by moving instances costs nobody their work
+            if await self.room_by_moves(_block_of(entries, out.preempt[0]), clusters, views):
+                return out
             if await self.preempt(_block_of(entries, out.preempt[0]), clusters, views):
                 return out
             tried |= {out.preempt[0]}
@@ -221,6 +226,45 @@ class QueueWalker:
             return False
         await self._carry_out(bid, gen, ir, data, output, "", PreemptReason.IN_COHORT_RECLAMATION)
         return True
+
+    # -- moves before preemption (issue 38, docs/rebalance.md) ----------------------------------
+    async def room_by_moves(self, block: Mapping[str, Any] | None, clusters: dict[str, Any], views: dict[str, Any]) -> bool:
+        """Ask the rebalancer policy (the block's own, else ``AIOS_REBALANCE_POLICY``), cluster by
+        cluster, for at most ``AIOS_REBALANCE_MAX_MOVES`` moves after which the whole block fits;
+        the first answer's moves are requested (``block.move.requested``) and held for
+        ``AIOS_REBALANCE_HOLD_S``. True while moves for it are asked or under way: the block is
+        not preempted for meanwhile (the moves' removals are capacity events: it is placed then)."""
+        if block is None or self.s.rebalance_max_moves <= 0:
+            return False
+        ir = block["ir"]
+        bid = str(ir["blockId"])
+        state = RebalanceState(self.w.store.r)
+        if await state.held(bid):
+            return True
+        placed, _models = await PriorityStore(self.w.store.r).placed()
+        busy = hr.moving(placed)
+        rule = (ir.get("policies") or {}).get("rebalancer") or {"name": "rebalancer", "policyRuleURI": self.s.rebalance_policy}
+        pir = {**ir, "policies": {**(ir.get("policies") or {}), "rebalancer": rule}}
+        for cid in sorted(clusters):
+            if not hr.matches(ir, clusters[cid]):
+                continue
+            data = hr.rebalance_input(cid, views.get(cid) or {}, placed, [block], self.s.rebalance_max_moves,
+                                      hr.Trigger.PENDING, busy)
+            if not data["movable"]:
+                continue
+            try:
+                output = await self.w.invoke(pir, "rebalancer", data)
+            except PolicyFailed as exc:
+                log.warning("queue.rebalance_failed", block=bid, cluster=cid, error=str(exc))
+                continue
+            events = hr.requests(cid, output, hr.gens(placed), hr.Trigger.PENDING, time.time())
+            if not events:
+                continue
+            if await state.hold(bid, ",".join(e.payload.move_id for e in events), self.s.rebalance_hold_s):
+                await self.w.bus.emit_all(events)
+                log.info("queue.moves", block=bid, cluster=cid, moves=len(events), reason=str(output.get("reason", ""))[:200])
+            return True
+        return False
 
     # -- preemption --------------------------------------------------------------------------------
     async def preempt(self, block: Mapping[str, Any] | None, clusters: dict[str, Any], views: dict[str, Any]) -> bool:

@@ -10,7 +10,7 @@ Input (``action: "rebalance"``)::
      "workload": [{"gpus", "gpuShare", "cpu", "gpuModels", "weight"}],   # the shapes FGD measures against
      "pending": [{"block_id", "priority", "minInstances", "resources": {...}}],      # oldest/highest first
      "movable": [{"block_id", "priority", "created", "preemptible", "minInstances",
-                  "maxUnavailable", "moving", "gpuModels",
+                  "maxMoving", "moving", "gpuModels",
                   "instances": {iid: {"node_id", "gpus", "share", "cpu", "memory", "created"}}}]}
 
 The cluster's shape is ``builtin:preempt-min``'s (``free``: the free part of a GPU's compute).
@@ -29,7 +29,7 @@ Rules:
 
 * **What moves**: an instance of a block that is not ``preemptible: false`` (the operator said
   "do not disturb": a move restarts the instance elsewhere, even if make-before-break keeps the
-  block serving), with room in its disruption budget (``maxUnavailable``, default 1, less the
+  block serving), with room in its disruption budget (its spec's ``maxMoving``, default 1, less the
   instances of it already ``moving``); for a pending block, only blocks of its priority or lower
   (a block is never moved for a lower one).
 * **A pending block first**: the fewest moves (at most ``maxMoves``) after which its whole gang
@@ -180,7 +180,7 @@ def movable(input_data: Mapping[str, Any], ceiling: int | None) -> tuple[list[In
         if ceiling is not None and prio > ceiling:
             continue
         bid = str(c["block_id"])
-        left = max(1, int(c.get("maxUnavailable") or 1)) - int(c.get("moving") or 0)
+        left = max(1, int(c.get("maxMoving") or 1)) - int(c.get("moving") or 0)
         if left <= 0:
             continue
         budget[bid] = left

@@ -1,0 +1,135 @@
+"""The ``rebalancer`` policy's input and what its answer asks for (issue 38, docs/rebalance.md).
+Pure: node views (``state.nodes.node_view``), the placed blocks and the pending ones in, the
+seed-shaped input of ``builtin:rebalance-min`` out; a policy's answer in, the
+``block.move.requested`` events out. ``blocks rebalance``, the rebalancer worker and the queue
+walker (a pending block's moves, tried before any preemption) all build it here."""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..policies.builtin import rebalance as rb
+from ..schemas.catalog import E, Emit
+from ..schemas.lifecycle import BlockStatus, InstanceStatus
+from ..schemas.moves import MoveRequested
+from . import preemption as pre
+
+DEFAULT_POLICY = "builtin:rebalance-min"
+#: who asks, in ``MoveRequested.requested_by``
+REQUESTED_BY = "rebalancer"
+
+
+class Trigger(enum.StrEnum):
+    """Why the rebalancer runs."""
+
+    #: a pending block that would fit after a few moves (tried before any preemption)
+    PENDING = "pending"
+    #: the cluster's fragmentation is above ``AIOS_REBALANCE_FRAG_THRESHOLD``
+    FRAGMENTATION = "fragmentation"
+    #: ``blocks rebalance``
+    MANUAL = "manual"
+
+
+def matches(ir: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
+    """Whether a pending block may go to the cluster at all (its filter rule's labels). Blocks of a
+    virtual cluster or with affinity rules are left to the queue (the rebalancer does not model them)."""
+    if ir.get("virtualClusterId") or ir.get("affinity"):
+        return False
+    rule = (ir.get("policies") or {}).get("clusterAllocator") or {}
+    match = ((rule.get("settings") or {}).get("filter") or {}).get("matchLabels") or {}
+    labels = cluster.get("labels") or {}
+    return all(labels.get(k) == v for k, v in match.items())
+
+
+def movable(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], moving: Mapping[str, int] | None = None,
+            ) -> list[dict[str, Any]]:
+    """The ready blocks' running instances on these nodes, as ``candidates`` of the preemption
+    input plus each block's disruption budget (``maxMoving``, default 1), its moves under way
+    (``moving``) and its GPU models."""
+    rows = []
+    by_id: dict[str, Mapping[str, Any]] = {}
+    for row in placed:
+        if row.get("status") != BlockStatus.READY:
+            continue
+        insts = {iid: i for iid, i in (row.get("instances") or {}).items() if i.get("status", "running") == InstanceStatus.RUNNING}
+        if insts:
+            rows.append({**row, "instances": insts})
+            by_id[str(row["block_id"])] = row
+    out = []
+    for c in pre.candidates(rows, nodes):
+        ir = by_id[c["block_id"]].get("ir") or {}
+        out.append({**c, "maxMoving": max(1, int(ir.get("maxMoving") or 1)), "moving": int((moving or {}).get(c["block_id"], 0)),
+                    "gpuModels": list((ir.get("resources") or {}).get("gpuModels") or [])})
+    return out
+
+
+def rebalance_input(cid: str, views: Mapping[str, Mapping[str, Any]], placed: Iterable[Mapping[str, Any]],
+                    pending: Iterable[Mapping[str, Any]], max_moves: int, trigger: Trigger,
+                    moving: Mapping[str, int] | None = None, workload: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The whole input of one ``rebalance`` call on cluster ``cid``. ``pending``: the waiting
+    blocks' records (``{"ir", ...}``), in queue order; ``moving``: block -> its moves under way."""
+    cluster = pre.cluster_input(cid, views)
+    data: dict[str, Any] = {
+        "action": "rebalance", "maxMoves": int(max_moves), "trigger": str(trigger), "cluster": cluster,
+        "pending": [pre.block_input(str(b["ir"]["blockId"]), b["ir"]) for b in pending],
+        "movable": movable(placed, cluster["nodes"], moving),
+    }
+    if workload:
+        data["workload"] = workload
+    data["fragmentation"] = fragmentation(data)
+    return data
+
+
+def fragmentation(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The cluster's FGD fragmentation (``policies.builtin.frag``) on the input's workload (or the
+    shapes of its pending blocks and movable instances): ``total`` in thousandths of a GPU,
+    ``ratio`` = total / the cluster's GPU compute, ``nodes`` per node."""
+    nodes = rb._nodes(data.get("cluster") or {})
+    insts, _ = rb.movable(data, None)
+    wl = rb.workload_of(data.get("workload"), [rb.need_of(p) for p in data.get("pending") or ()], insts)
+    c = rb.Cluster(nodes, wl)
+    per = {nid: round(c.frag(nid), 3) for nid in nodes}
+    capacity = sum(len(n.gpus) for n in nodes.values()) * rb.UNITS
+    total = sum(per.values())
+    return {"total": round(total, 3), "ratio": round(total / capacity, 4) if capacity else 0.0, "nodes": per}
+
+
+def moving(placed: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Block -> its instances starting or removing (a move under way has one of each): what of
+    its disruption budget is taken."""
+    out = {}
+    for row in placed:
+        n = sum(1 for i in (row.get("instances") or {}).values() if i.get("status", "running") != InstanceStatus.RUNNING)
+        if n:
+            out[str(row["block_id"])] = n
+    return out
+
+
+def gens(placed: Iterable[Mapping[str, Any]]) -> dict[str, int]:
+    """Block -> its generation (the blocks a move may still be asked for)."""
+    return {str(r["block_id"]): int(r.get("gen") or 0) for r in placed}
+
+
+def move_id(cid: str, output: Mapping[str, Any], k: int, at: float) -> str:
+    """A move's id: the round (cluster, time) and the plan's digest, then its place in the plan."""
+    digest = hashlib.sha1(repr((cid, round(at, 3), [(m.get("instance_id"), m.get("to")) for m in output.get("moves") or []]))
+                          .encode()).hexdigest()[:10]
+    return f"rb-{digest}-{k}"
+
+
+def requests(cid: str, output: Mapping[str, Any], gens: Mapping[str, int], trigger: Trigger, at: float) -> list[Emit]:
+    """One ``block.move.requested`` per move of the policy's answer (its target node, its reason
+    prefixed by the trigger), for the blocks still known (``gens``: block -> generation)."""
+    out = []
+    for k, m in enumerate(output.get("moves") or ()):
+        bid = str(m.get("block_id") or "")
+        if bid not in gens:
+            continue
+        reason = f"{trigger}: {m.get('reason') or 'rebalance'}"
+        out.append(Emit(E.block_move_requested, MoveRequested(
+            block_id=bid, move_id=move_id(cid, output, k, at), instance_id=str(m["instance_id"]), to_node=str(m["to"]),
+            reason=reason[:500], requested_by=REQUESTED_BY, gen=int(gens[bid]), at=round(at, 3))))
+    return out

@@ -1,0 +1,101 @@
+"""The rebalancer on real servers (issue 38, docs/rebalance.md): ``blocks rebalance --dry-run
+--json`` lists the moves that make room for a pending block on a fragmented cluster and changes
+nothing; with the moves' mechanics, a pending block that fits after one move is placed through
+that move before anyone is preempted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .conftest import System
+from .test_plan import _settled
+from .test_priority_cli import blocks
+
+
+@pytest.fixture(autouse=True)
+def _walker_moves(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The dry run's test: neither the queue walker nor the rebalancer worker may ask for a move
+    themselves (max 0 moves); the CLI passes --max-moves. Set before the fixture starts the workers."""
+    if "dry_run" in request.node.name:
+        monkeypatch.setenv("AIOS_REBALANCE_MAX_MOVES", "0")
+    yield
+
+
+SPREAD = [{"name": "resourceAllocator", "policyRuleURI": "builtin:spread"}]
+
+
+def spec(bid: str, gpus: int, **extra: Any) -> dict[str, Any]:
+    return {"blockComponentURI": "aios://test/model", "blockId": bid, "minInstances": 1, "maxInstances": 1,
+            "resources": {"gpus": gpus}, "policyRulesSpec": SPREAD, **extra}
+
+
+async def _status(system: System, bid: str, want: str, timeout: float = 60) -> dict[str, Any]:
+    for _ in range(int(timeout / 0.2)):
+        b = await system.client.store.get_block(bid)
+        if b is not None and b.get("status") == want:
+            return b
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"{bid} never {want}: {await system.client.store.get_block(bid)}")
+
+
+async def _fragmented(system: System) -> dict[str, str]:
+    """Two nodes of 4 GPUs, one 1-GPU block on each (spread), and a 4-GPU block that fits on
+    neither (3 free each): it waits. The small blocks' nodes."""
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=2, gpus=4)
+    where = {}
+    for bid in ("s1", "s2"):
+        _, kind, _ = await system.submit_and_wait(spec(bid, 1))
+        assert kind == "ready"
+        (inst,) = (await c.store.instances(bid)).values()
+        where[bid] = inst["node"]
+    assert len(set(where.values())) == 2, where
+    return where
+
+
+async def test_rebalance_dry_run_lists_the_move_and_changes_nothing(system: System) -> None:
+    where = await _fragmented(system)
+    await system.client.submit(spec("p", 4))
+    await _status(system, "p", "pending")
+    before = await _settled(system)
+
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--dry-run", "--json", "--max-moves", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["dry_run"] is True and out["requested"] == 0
+    (move,) = out["moves"]
+    assert move["cluster"] == "c1" and move["block_id"] in ("s1", "s2") and move["gpus_freed"] == 1.0
+    assert move["from"] == where[move["block_id"]] and move["to"] != move["from"]
+    assert "makes room for pending p" in move["reason"]
+    (c1,) = out["clusters"]
+    assert c1["for"] == "p" and c1["trigger"] == "manual" and c1["fragmentation"]["ratio"] > 0
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--dry-run", "--max-moves", "2")
+    assert r.returncode == 0 and "dry run: 1 move(s), nothing requested" in r.stdout, r.stdout + r.stderr
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--dry-run", "--json", "--max-moves", "0")
+    assert json.loads(r.stdout)["moves"] == []
+    # nothing was published, reserved or written: not a message, not a byte of Redis
+    assert await _settled(system) == before
+    assert (await system.client.store.get_block("p") or {})["status"] == "pending"
+
+
+async def test_a_pending_block_is_placed_through_moves_without_preemption(system: System) -> None:
+    """p (priority 1000) could preempt s1 or s2 (priority 0); one move makes room instead."""
+    c = system.client
+    r = await asyncio.to_thread(blocks, system, "priority-class", "add", "high", "1000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    await _fragmented(system)
+    await c.submit(spec("p", 4, priorityClass="high"))
+    await _status(system, "p", "ready", timeout=90)
+    history = await c.history()
+    names = [s.rsplit(".", 2)[-2:] for s, _, _ in history]
+    assert ["move", "completed"] in names, names
+    assert not [s for s, _, _ in history if s.endswith(".preempted") or s.endswith(".preempting")]
+    for bid in ("s1", "s2"):
+        b = await c.store.get_block(bid)
+        assert b is not None and b["status"] == "ready"
+        assert [i["status"] for i in (await c.store.instances(bid)).values()] == ["running"]
