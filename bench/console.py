@@ -58,6 +58,33 @@ def get(url: str) -> tuple[float, bytes]:
     return time.perf_counter() - t0, body
 
 
+async def read_all(data_dir: Path) -> list[tuple[str, bytes, int, float]]:
+    """Every stored message, (subject, body, seq, ts)."""
+    from aios_blocks.bus.nats_bus import Bus
+    from aios_blocks.recovery.rebuild import read_stream
+    from aios_blocks.runtime.locate import resolve_urls
+
+    urls = resolve_urls(data_dir, "admin")
+    assert urls
+    bus = await Bus.open(urls[0], source="bench/console")
+    msgs: list[tuple[str, bytes, int, float]] = []
+    try:
+        await read_stream(bus, lambda s, raw, seq, ts: msgs.append((s, raw, seq, ts)))
+    finally:
+        await bus.close()
+    return msgs
+
+
+def dump_stream(data_dir: Path, path: Path) -> int:
+    """Every stored message pickled to ``path``: the input of ``bench/console_past.py`` and of
+    profiling the views offline."""
+    import pickle
+
+    msgs = asyncio.run(read_all(data_dir))
+    path.write_bytes(pickle.dumps(msgs, protocol=pickle.HIGHEST_PROTOCOL))
+    return len(msgs)
+
+
 def pcts(xs: list[float]) -> tuple[float, float]:
     xs = sorted(xs)
     return statistics.median(xs), xs[min(len(xs) - 1, round(0.95 * (len(xs) - 1)))]
@@ -109,6 +136,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=10_000)
     ap.add_argument("--shots", action="store_true", help="first contentful paint in chromium, and docs/console/*.png")
     ap.add_argument("--settle-s", type=float, default=600, help="wait at most this long for every block to end")
+    ap.add_argument("--dump", type=Path, help="also write the stream's messages here (pickle), for bench/console_past.py")
     args = ap.parse_args()
     base = Path(tempfile.mkdtemp(prefix="aios-console-bench-"))
     data = base / "data"
@@ -157,11 +185,19 @@ def main() -> None:
                  "blocks search": "api/blocks?q=block%2042&status=ready", "block": f"api/block/{bid}",
                  "gpu": f"api/gpu?node={node}"}
         for name, path in views.items():
+            # the views are kept per stream sequence: asked again before a new event, the same
+            # bytes are sent; "computed" asks a new query each time (an unknown parameter makes a
+            # new cache key), the cost of the first request after an event
             times = [get(url + path)[0] for _ in range(30)]
+            cold = [get(url + path + ("&" if "?" in path else "?") + f"bench={i}")[0] for i in range(30)]
             p50, p95 = pcts(times)
+            c50, c95 = pcts(cold)
             size = len(get(url + path)[1])
-            rows.append((f"server time, {name}", f"p50 {p50 * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms ({size / 1024:.1f} KiB)"))
+            rows.append((f"server time, {name}", f"p50 {p50 * 1000:.1f} ms, p95 {p95 * 1000:.1f} ms; computed: p50 "
+                         f"{c50 * 1000:.1f} ms, p95 {c95 * 1000:.1f} ms ({size / 1024:.1f} KiB)"))
         rows.append(("state", f"{o['totals']['nodes']} nodes, {o['totals']['gpus']} GPUs, blocks {o['blocks']}, last seq {o['seq']}"))
+        if args.dump:
+            rows.append(("stream dumped", f"{dump_stream(data, args.dump)} messages to {args.dump}"))
         # the past moment: folded again from the stream (a new sequence each time: no cache)
         past = [get(url + f"api/overview?seq={o['seq'] - 1 - i}")[0] for i in range(3)]
         rows.append(("past moment (overview at seq N)", f"median {statistics.median(past):.2f} s over a {o['seq']}-event stream"))

@@ -52,8 +52,8 @@ def blocks(data_dir: Path, *args: str, timeout: float = 120) -> str:
     return out.stdout
 
 
-def submit(data_dir: Path, name: str | None = None, wait: bool = False) -> str:
-    spec: dict[str, Any] = {"blockComponentURI": COMPONENT["componentURI"], "minInstances": 1, "maxInstances": 4}
+def submit(data_dir: Path, name: str | None = None, wait: bool = False, **more: Any) -> str:
+    spec: dict[str, Any] = {"blockComponentURI": COMPONENT["componentURI"], "minInstances": 1, "maxInstances": 4, **more}
     if name is not None:
         spec["parameters"] = {"name": name}
     path = data_dir.parent / f"block-{time.monotonic_ns()}.yaml"
@@ -307,3 +307,186 @@ def test_a_past_sequence_shows_a_deleted_block_as_it_was(up: Up, page: Any) -> N
     assert "null" not in page.inner_text("#view")  # (absent parts are left out, not written as "null")
     assert page.input_value("#seq-slider") == str(at)
     shot(page, "past-moment")
+
+
+def test_blocks_and_the_gpu_map_filter_by_tenant_and_priority_class(up: Up, page: Any) -> None:
+    blocks(up.data_dir, "priority-class", "add", "console-high", "1000")
+    mine = submit(up.data_dir, labels={"tenant": "team-console"}, priorityClass="console-high")
+    other = submit(up.data_dir, labels={"tenant": "team-other"})
+    up.wait_status(other, "ready")
+    ready = up.wait_status(mine, "ready")
+    page.goto(up.url + "#/blocks")
+    page.wait_for_selector(f'#blocks-table tr[data-bid="{other}"]')
+    page.select_option("#tenant-filter", "team-console")
+    expect(page.locator("#blocks-table tbody tr")).to_have_count(1)
+    assert page.inner_text("#blocks-table tbody tr td.tenant") == "team-console"
+    assert page.inner_text("#blocks-table tbody tr td.priority") == "console-high"
+    page.select_option("#tenant-filter", "")
+    page.select_option("#priority-filter", "console-high")
+    expect(page.locator("#blocks-table tbody tr")).to_have_count(1)
+    assert page.locator(f'#blocks-table tr[data-bid="{mine}"]').count() == 1
+    shot(page, "blocks-filtered")
+    # the map: only the node the tenant's instance is on, its one GPU outlined
+    page.goto(up.url + "#/map?tenant=team-console")
+    expect(page.locator("#map-marked")).to_contain_text("(1 held by the filter's blocks")
+    node = ready["instances"][0]["node"]
+    assert page.locator("#gpu-canvas").get_attribute("data-nodes") == "1"
+    assert get_json(f"{up.url}api/gpumap?priority=console-high")["nodes"][0][0] == node
+    page.fill("#map-tenant", "")
+    page.fill("#map-priority", "console-high")
+    page.press("#map-priority", "Enter")
+    expect(page.locator("#map-marked")).to_contain_text("(1 held")
+
+
+def test_the_gpu_map_groups_the_nodes_by_rack(up: Up, page: Any, tmp_path: Path) -> None:
+    inv = tmp_path / "racked.json"
+    inv.write_text(json.dumps({"nodes": [{"id": f"rk-{i}", "cpu": 32, "memory": 65536, "gpus": 2, "model": "T4",
+                                          "labels": {"rack": f"r{i % 2 + 1}"}} for i in range(5)]}))
+    blocks(up.data_dir, "cluster", "import", str(inv), "--cluster", "racked", "--node-label", "src=racked")
+    page.goto(up.url + "#/map?label=src%3Dracked")
+    expect(page.locator("#map-summary")).to_have_text("5 nodes, 10 GPUs")
+    groups = page.locator("#map-groups li")
+    expect(groups).to_have_count(2)
+    assert [groups.nth(i).inner_text() for i in range(2)] == ["racked \u00b7 T4 \u00b7 rack r1 3 nodes, 6 GPUs",
+                                                             "racked \u00b7 T4 \u00b7 rack r2 2 nodes, 4 GPUs"]
+    # a node's panel names its rack
+    page.locator("#gpu-canvas").click(position={"x": 6, "y": 20 + 16 + 4})
+    expect(page.locator("#gpu-panel")).to_contain_text("rack r1")
+
+
+def test_a_blocks_page_draws_its_latency_in_flight_and_tasks_sparklines(up: Up, page: Any) -> None:
+    bid = submit(up.data_dir)
+    up.wait_status(bid, "ready")
+    page.goto(up.url + f"#/block/{bid}")
+    page.wait_for_selector("#sparks")
+    deadline = time.monotonic() + 60
+    while True:  # tasks through the executor until the collector's window shows them
+        blocks(up.data_dir, "task", bid, "--data", '{"x": 1}')
+        got = get_json(f"{up.url}api/block/{bid}/metrics")["samples"]
+        if any(s.get("rate") for s in got) and any(s.get("latency_ms") is not None for s in got):
+            break
+        assert time.monotonic() < deadline, got
+    # drawn without a reload (the page asks again every 2 s), from the window the server read
+    expect(page.locator("#spark-rate")).to_be_visible(timeout=10_000)
+    expect(page.locator("#spark-latency")).not_to_have_attribute("data-last", "", timeout=10_000)
+    assert int(page.locator("#spark-rate").get_attribute("data-points") or 0) >= 1
+    assert page.locator("#spark-inflight").count() == 1
+    shot(page, "block-sparklines")
+
+
+@pytest.fixture(scope="module")
+def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    """A second `blocks up` with no cluster (a live trace replay needs one of its own) and only the
+    placement path's workers."""
+    base = tmp_path_factory.mktemp("console-fresh")
+    data_dir = base / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_DATA_DIR")}
+    log = open(base / "up.log", "wb")  # (closed below)
+    proc = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "up", "--executors", "0", "--collectors", "0",
+                             "--autoscalers", "0", "--checkers", "0", "--data-dir", str(data_dir)], cwd=base, env=env,
+                            stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 90
+        url = ""
+        while not url:
+            assert proc.poll() is None, (base / "up.log").read_text()
+            assert time.monotonic() < deadline, (base / "up.log").read_text()
+            try:
+                url = json.loads((data_dir / "endpoints.json").read_text()).get("console", "")
+            except (OSError, ValueError):
+                pass
+            time.sleep(0.2)
+        url = url.rstrip("/") + "/"
+        while True:
+            try:
+                get_json(url + "api/whoami")
+                break
+            except OSError:
+                assert time.monotonic() < deadline, (data_dir / "logs" / "console.log").read_text()
+                time.sleep(0.2)
+        yield Up(data_dir, proc, url, "", 0, 0)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
+
+
+def test_a_live_trace_replay_draws_its_allocation_curve_as_it_goes(fresh: Up, page: Any, tmp_path: Path) -> None:
+    nodes = tmp_path / "nodes.csv"
+    nodes.write_text("".join(TRACE.open().readlines()[:13]))  # the header and 12 nodes (22 GPUs)
+    out = tmp_path / "replay.json"
+    page.goto(fresh.url + "#/replay")
+    expect(page.locator("#replay-summary")).to_contain_text("No live trace replay")
+    page.evaluate("window.__same_page = true")
+    replay = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "trace", "replay", str(nodes),
+                               str(TRACE.with_name("openb_pod_list_default.csv")), "--live", "--policy", "fgd", "--json", str(out),
+                               "--data-dir", str(fresh.data_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              cwd=tmp_path)
+    try:
+        # the curve grows while the replay runs: seen part-way, without a reload
+        expect(page.locator("#replay-chart")).not_to_have_attribute("data-points", "0", timeout=60_000)
+        partial = int(page.locator("#replay-chart").get_attribute("data-points") or 0)
+        said, _ = replay.communicate(timeout=300)
+    finally:
+        if replay.poll() is None:
+            replay.kill()
+    assert replay.returncode == 0, said
+    res = json.loads(out.read_text())
+    want = [[int(k), v] for k, v in sorted(res["alloc_curve"].items(), key=lambda kv: int(kv[0]))]
+    assert 0 < partial <= len(want)
+    # the end: the replay's own curve, point for point, on the same page
+    expect(page.locator("#replay-chart")).to_have_attribute("data-points", str(len(want)), timeout=30_000)
+    assert get_json(fresh.url + "api/replay")["curve"] == want
+    assert page.evaluate("window.__same_page") is True
+    assert f"{res['placed']} placed, {res['failed']} failed" in page.inner_text("#replay-summary")
+    shot(page, "trace-replay")
+
+
+def test_a_killed_console_comes_back_on_the_same_url(fresh: Up, page: Any) -> None:
+    pid = get_json(fresh.url + "api/whoami")["pid"]
+    page.goto(fresh.url + "#/events")
+    page.wait_for_selector("#tail")
+    page.evaluate("window.__same_page = true")
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 60
+    while True:  # `blocks up` starts it again, on the port it printed
+        try:
+            again = get_json(fresh.url + "api/whoami")["pid"]
+            if again != pid:
+                break
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, (fresh.data_dir / "logs" / "console.log").read_text()
+        time.sleep(0.2)
+    assert json.loads((fresh.data_dir / "endpoints.json").read_text())["console"].rstrip("/") + "/" == fresh.url
+    # the open page reconnects by itself and shows what is stored afterwards
+    blocks(fresh.data_dir, "cluster", "add", "after-restart", "--nodes", "1", "--gpus", "1")
+    expect(page.locator('#tail div[data-subject^="aios.cluster.after-restart"]').first).to_be_visible(timeout=30_000)
+    assert page.evaluate("window.__same_page") is True
+
+
+def test_the_live_gpu_map_takes_only_the_nodes_that_changed(up: Up, page: Any) -> None:
+    page.goto(up.url + "#/map")
+    page.wait_for_selector("#gpu-canvas")
+    page.evaluate("window.__same_page = true")
+    bid = submit(up.data_dir)
+    up.wait_status(bid, "ready")
+    canvas = page.locator("#gpu-canvas")
+    deadline = time.monotonic() + 15
+    while True:  # (until the page has drawn the map at the server's sequence)
+        full = get_json(up.url + "api/gpumap")
+        if canvas.get_attribute("data-seq") == str(full["seq"]):
+            break
+        assert time.monotonic() < deadline
+        time.sleep(0.3)
+    used = sum(1 for n in full["nodes"] for c in n[5] if c > 0)
+    # redrawn from a delta (the nodes changed since the map the page held), the same as the whole map
+    assert canvas.get_attribute("data-delta") == "1"
+    assert int(canvas.get_attribute("data-sent") or 0) < len(full["nodes"])
+    assert canvas.get_attribute("data-used") == str(used)
+    assert canvas.get_attribute("data-nodes") == str(len(full["nodes"]))
+    assert page.evaluate("window.__same_page") is True

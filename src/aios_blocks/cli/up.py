@@ -133,12 +133,14 @@ def _console(servers: EmbeddedServers | None, data_dir: Path, port: int | None) 
         os.environ["AIOS_CONSOLE_PORT"] = str(port)
     _publish_port(servers, "AIOS_CONSOLE_PORT", "AIOS_CONSOLE_HOST", "console")
     host = os.environ.get("AIOS_CONSOLE_HOST", "127.0.0.1")
-    proc, url, token = launch.start(servers.data_dir if servers else data_dir, int(os.environ["AIOS_CONSOLE_PORT"]), host,
-                                    embedded=servers is not None, preexec=lifetime.die_with_parent())
+    # (kept: a console that exits is started again on the same port, docs/console.md)
+    kept = launch.Kept(servers.data_dir if servers else data_dir, int(os.environ["AIOS_CONSOLE_PORT"]), host,
+                       embedded=servers is not None, preexec=lifetime.die_with_parent())
+    url, token = kept.url, kept.token
     try:
         yield f"console: {url} (read only); admin: {url}#token={token} (token in {data_dir}/console/token)"
     finally:
-        launch.stop(proc)
+        kept.stop()
 
 
 def _http_ingress(servers: EmbeddedServers | None) -> None:

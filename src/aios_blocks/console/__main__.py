@@ -35,7 +35,7 @@ def run(data_dir: Path, host: str = "127.0.0.1", port: int = 0, say: Callable[[s
         (say or print)(f"console: {url}  (admin: {admin} ; token in {token_path(data_dir)})")
         sys.stdout.flush()
 
-    asyncio.run(serve(observer[0], host, port, token, admin_opener(*admin) if admin else None, ready))
+    asyncio.run(serve(observer[0], host, port, token, admin_opener(*admin) if admin else None, ready, redis_url=observer[1]))
 
 
 def main(argv: list[str] | None = None) -> None:

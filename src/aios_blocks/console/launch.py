@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -44,3 +46,47 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+#: a console that exits is started again after this long (doubling, up to ``RESTART_MAX_S``, while
+#: it keeps exiting within ``STEADY_S`` of its start): a crash loop does not spin
+RESTART_S = 0.5
+RESTART_MAX_S = 10.0
+STEADY_S = 30.0
+
+
+class Kept:
+    """`blocks up`'s console child, started again on the same host and port when it exits (a
+    crash, a kill -9): the URL `blocks up` printed and ``endpoints.json`` names keeps working.
+    A watch thread polls it, as ``runtime.supervisor.Supervisor`` does its workers."""
+
+    def __init__(self, data_dir: Path, port: int, host: str = "127.0.0.1", embedded: bool = True,
+                 preexec: Callable[[], None] | None = None):
+        self._args = (data_dir, port, host, embedded, preexec)
+        self.proc, self.url, self.token = start(*self._args)
+        self.restarts = 0
+        self._started = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name="console-keeper")
+        self._thread.start()
+
+    def _watch(self) -> None:
+        delay = RESTART_S
+        while not self._stop.wait(0.2):
+            if self.proc.poll() is None:
+                continue
+            if time.monotonic() - self._started >= STEADY_S:
+                delay = RESTART_S
+            if self._stop.wait(delay):
+                return
+            delay = min(RESTART_MAX_S, delay * 2)
+            self.restarts += 1
+            self._started = time.monotonic()
+            self.proc = start(*self._args)[0]
+
+    def stop(self) -> None:
+        # (the child first: one started by the watch thread gets PDEATHSIG when that thread ends)
+        self._stop.set()
+        stop(self.proc)
+        self._thread.join(timeout=2)
+        stop(self.proc)  # (one started just as it was told to stop)

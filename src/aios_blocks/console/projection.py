@@ -13,9 +13,12 @@ import msgspec
 
 from ..policies.builtin.frag import Workload
 from ..policies.capacity import SHARE_UNITS
+from ..policies.quota import tenant_of
 from ..projections.explain import explain
 from ..recovery.fold import Fold, NodeState
 from ..schemas.lifecycle import BlockStatus
+from ..trace.live import CLUSTER as TRACE_CLUSTER
+from ..trace.live import COMPONENT_SHARED, COMPONENT_WHOLE
 
 _json = msgspec.json
 
@@ -161,11 +164,29 @@ def overview(f: Fold, recent: dict[str, float] | None = None) -> dict[str, Any]:
             "pending": pending, "failures": failures, "rates": recent or {}}
 
 
-def gpumap(f: Fold, label: str = "") -> dict[str, Any]:
+def _held_by(f: Fold, tenant: str, priority: str) -> dict[str, set[str]]:
+    """Node -> the GPUs held by instances of the blocks of ``tenant`` and ``priority`` (class)."""
+    out: dict[str, set[str]] = {}
+    for bid, b in f.blocks.items():
+        t, p = who(b.get("ir") or "{}")
+        if (tenant and t != tenant) or (priority and p != priority):
+            continue
+        for inst in f.instances.get(bid, {}).values():
+            node = inst.get("node")
+            if node:
+                out.setdefault(str(node), set()).update(str(g) for g in inst.get("gpus") or ())
+    return out
+
+
+def gpumap(f: Fold, label: str = "", tenant: str = "", priority: str = "") -> dict[str, Any]:
     """Every node as ``[id, cluster, model, healthy, rack, [thousandths held per GPU], stranded
-    thousandths]``, sorted by cluster, GPU model, rack and id: compact enough to draw 6,000 GPUs at
-    once. ``label``: ``key=value``, only the nodes with that label."""
+    thousandths, [indices of the GPUs the filter's blocks hold]]``, sorted by cluster, GPU model,
+    rack and id: compact enough to draw 6,000 GPUs at once. ``label``: ``key=value``, only the
+    nodes with that label; ``tenant`` / ``priority`` (a class): only the nodes where that
+    tenant's (class's) blocks have instances, their GPUs marked. ``groups``: per cluster, GPU
+    model and rack, its nodes and GPUs (the map's group titles)."""
     key, _, value = label.partition("=")
+    held = _held_by(f, tenant, priority) if tenant or priority else None
     wl = workload(f)
     out: list[list[Any]] = []
     gpus = 0
@@ -174,13 +195,33 @@ def gpumap(f: Fold, label: str = "") -> dict[str, Any]:
         labels = spec.get("labels") or {}
         if key and labels.get(key) != value:
             continue
+        mine: list[int] = []
+        if held is not None:
+            if nid not in held:
+                continue
+            mine = [i for i, g in enumerate(node.gpu_total) if g in held[nid]]
         cells = node_cells(node)
         model = str((spec.get("gpus") or [{}])[0].get("model", "")) if cells else "cpu"
         gpus += len(cells)
         out.append([nid, node.cluster, model, 1 if node.healthy else 0, str(labels.get("rack", "")), cells,
-                    round(stranded_units(node, cells, wl))])
+                    round(stranded_units(node, cells, wl)), mine])
     out.sort(key=lambda n: (n[1], n[2], n[4], n[0]))
-    return {"seq": f.last_seq, "nodes": out, "gpus": gpus}
+    groups: dict[tuple[str, str, str], dict[str, Any]] = {}
+    for n in out:
+        g = groups.setdefault((n[1], n[2], n[4]), {"cluster": n[1], "model": n[2], "rack": n[4], "nodes": 0, "gpus": 0})
+        g["nodes"] += 1
+        g["gpus"] += len(n[5])
+    return {"seq": f.last_seq, "nodes": out, "gpus": gpus, "groups": list(groups.values()),
+            "marked": sum(len(n[7]) for n in out)}
+
+
+def gpumap_delta(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """What changed from the map ``old`` to ``new`` (both ``gpumap``'s): the nodes whose row
+    differs or is new, and the ids of those gone; the page merges them into the map it holds."""
+    was = {n[0]: n for n in old["nodes"]}
+    now = {n[0] for n in new["nodes"]}
+    return {**{k: v for k, v in new.items() if k != "nodes"}, "delta": True, "since": old["seq"],
+            "nodes": [n for n in new["nodes"] if was.get(n[0]) != n], "gone": [nid for nid in was if nid not in now]}
 
 
 def gpu_detail(f: Fold, nid: str, gpu: str | None) -> dict[str, Any] | None:
@@ -208,11 +249,12 @@ def gpu_detail(f: Fold, nid: str, gpu: str | None) -> dict[str, Any] | None:
 def _row(f: Fold, bid: str) -> dict[str, Any]:
     b = f.blocks[bid]
     ir = _ir(b)
+    tenant, priority = who(b.get("ir") or "{}")
     insts = f.instances.get(bid, {})
     return {"id": bid, "name": block_name(ir), "status": b.get("status", ""), "cluster": b.get("cluster", ""),
             "instances": len(insts), "running": sum(1 for i in insts.values() if i.get("status") == "running"),
             "desired": int(b.get("desired") or ir.get("minInstances") or 0), "component": ir.get("blockComponentURI", ""),
-            "reason": _reason(b), "created": f.block_order.get(bid, 0.0)}
+            "reason": _reason(b), "created": f.block_order.get(bid, 0.0), "tenant": tenant, "priority": priority}
 
 
 def _reason(b: dict[str, str]) -> str:
@@ -238,16 +280,36 @@ def _facets(ir_text: str) -> tuple[frozenset[str], frozenset[str]]:
             frozenset(str(p.get("policyRuleURI", "")) for p in uris if isinstance(p, dict)))
 
 
+@functools.lru_cache(maxsize=65536)
+def who(ir_text: str) -> tuple[str, str]:
+    """A block's tenant and priority class, per IR text: its ``tenant`` field when the IR has one,
+    else its ``tenant`` label, else its virtual cluster (``policies.quota.tenant_of``: whom its
+    quota counts); its ``priorityClass`` ("" for either when it has none)."""
+    ir = _decoded(ir_text)
+    tenant = ir.get("tenant")
+    if not isinstance(tenant, str) or not tenant:
+        tenant = tenant_of(ir) or ""
+    return str(tenant), str(ir.get("priorityClass") or "")
+
+
 def blocks_page(f: Fold, q: str = "", status: str = "", cluster: str = "", page: int = 0, per: int = 50,
-                label: str = "", policy: str = "") -> dict[str, Any]:
+                label: str = "", policy: str = "", tenant: str = "", priority: str = "") -> dict[str, Any]:
     """One page of the blocks, newest first: ``q`` a substring of the id, name or component;
-    ``status`` and ``cluster`` exact; ``label`` a ``key=value`` of its labels (a tenant, a QoS
-    class); ``policy`` one of its policies' URIs. Filtering reads the fold's records (each IR
-    decoded once per distinct text), so it stays quick at 10,000+ blocks."""
+    ``status`` and ``cluster`` exact; ``label`` a ``key=value`` of its labels (a QoS class);
+    ``policy`` one of its policies' URIs; ``tenant`` and ``priority`` (class) exact (``who``).
+    Filtering reads the fold's records (each IR decoded once per distinct text), so it stays
+    quick at 10,000+ blocks. ``tenants`` and ``priorities``: the values the filters offer."""
     per = max(1, min(per, 500))
     needle = q.lower()
     chosen = []
+    tenants: set[str] = set()
+    priorities: set[str] = set(f.priority_classes)
     for bid, b in f.blocks.items():
+        t, p = who(b.get("ir") or "{}")
+        tenants.add(t)
+        priorities.add(p)
+        if (tenant and t != tenant) or (priority and p != priority):
+            continue
         if status and b.get("status") != status:
             continue
         if cluster and b.get("cluster") != cluster:
@@ -263,7 +325,8 @@ def blocks_page(f: Fold, q: str = "", status: str = "", cluster: str = "", page:
     page = max(0, page)
     rows = [_row(f, bid) for bid in chosen[page * per:(page + 1) * per]]
     return {"seq": f.last_seq, "total": len(chosen), "page": page, "per": per, "rows": rows,
-            "statuses": [s.value for s in BlockStatus], "clusters": sorted(f.clusters)}
+            "statuses": [s.value for s in BlockStatus], "clusters": sorted(f.clusters),
+            "tenants": sorted(tenants - {""}), "priorities": sorted(priorities - {""})}
 
 
 def _step(subject: str) -> str:
@@ -296,3 +359,54 @@ def block_detail(f: Fold, bid: str, events: list[tuple[int, float, str, dict[str
     return {"seq": f.last_seq, "block": row, "ir": {k: ir.get(k) for k in ("blockComponentURI", "minInstances", "maxInstances",
                                                                            "resources", "labels", "parameters")},
             "desired_reason": b.get("desired_reason", ""), "instances": instances, "explain": x, "timeline": timeline}
+
+
+@functools.lru_cache(maxsize=65536)
+def _trace_task(ir_text: str) -> tuple[bool, int, str]:
+    """Whether the block is a live trace replay's task (its component), the GPU compute it asks
+    in thousandths (``trace.workload.Task.milli_total``), and its resourceAllocator's URI."""
+    ir = _decoded(ir_text)
+    if ir.get("blockComponentURI") not in (COMPONENT_WHOLE, COMPONENT_SHARED):
+        return False, 0, ""
+    r = ir.get("resources") or {}
+    share = float(r.get("gpuShare") or 0)
+    milli = round(share * SHARE_UNITS) if share > 0 else int(r.get("gpus") or 0) * SHARE_UNITS
+    policies = ir.get("policies") or {}
+    rules = policies.values() if isinstance(policies, dict) else policies
+    uri = next((str(p.get("policyRuleURI", "")) for p in rules if isinstance(p, dict) and p.get("name") == "resourceAllocator"), "")
+    return True, milli, uri
+
+
+def replay_curve(f: Fold) -> dict[str, Any]:
+    """A live trace replay's GPU allocation rate against arrived GPU requests (both in % of the
+    cluster ``trace``'s GPUs), at each 1 % arrived: ``trace.replay.Ledger``'s curve, computed
+    from the stream. Its tasks are the blocks of the replay's components in the order they were
+    created; the curve runs over those decided so far (ready: placed, failed: fits nowhere) up to
+    the first one still undecided, so it grows as the replay goes and ends as the replay's own."""
+    cm = sum(len(n.gpu_total) for n in f.nodes.values() if n.cluster == TRACE_CLUSTER) * SHARE_UNITS
+    tasks = []
+    policy = ""
+    for bid, b in f.blocks.items():
+        mine, milli, uri = _trace_task(b.get("ir") or "{}")
+        if mine:
+            tasks.append((f.block_order.get(bid, 0.0), bid, milli, b.get("status", "")))
+            policy = policy or uri
+    tasks.sort()
+    arrived = allocated = placed = failed = 0
+    curve: list[list[float]] = []
+    nxt = 1
+    for _, _, milli, status in tasks:
+        if status == BlockStatus.READY:
+            allocated += milli
+            placed += 1
+        elif status in FAILED:
+            failed += 1
+        else:
+            break  # (not decided yet: the curve stops at the first such task)
+        arrived += milli
+        while cm and arrived * 100 >= nxt * cm:
+            curve.append([nxt, round(100 * allocated / cm, 4)])
+            nxt += 1
+    return {"seq": f.last_seq, "cluster": TRACE_CLUSTER, "gpus": cm // SHARE_UNITS, "policy": policy, "blocks": len(tasks),
+            "placed": placed, "failed": failed, "curve": curve,
+            "arrived": round(100 * arrived / cm, 4) if cm else 0.0, "allocated": round(100 * allocated / cm, 4) if cm else 0.0}

@@ -14,10 +14,14 @@ import asyncio
 import contextlib
 import hmac
 import json
+import os
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
 from . import projection
@@ -34,6 +38,8 @@ AdminOpener = Callable[[], Awaitable[Any]]
 FEED: web.AppKey[Feed] = web.AppKey("feed", Feed)
 TOKEN: web.AppKey[str] = web.AppKey("token", str)
 ADMIN: web.AppKey[Any] = web.AppKey("admin", object)
+#: the metrics store's opener (None: no Redis URL; the sparklines say so)
+METRICS: web.AppKey[Any] = web.AppKey("metrics", object)
 
 
 @web.middleware
@@ -70,9 +76,57 @@ async def _fold(request: web.Request) -> Any:
     return feed.fold if seq is None else await feed.at(seq)
 
 
+_enc = msgspec.json.Encoder(enc_hook=str)
+
+
+def _body(body: bytes, status: int = 200, timing: str = "") -> web.Response:
+    headers = {"Cache-Control": "no-store"}
+    if timing:
+        headers["Server-Timing"] = timing
+    return web.Response(body=body, status=status, content_type="application/json", headers=headers)
+
+
 def _json(data: Any, status: int = 200) -> web.Response:
-    return web.json_response(data, status=status, dumps=lambda v: json.dumps(v, separators=(",", ":"), default=str),
-                             headers={"Cache-Control": "no-store"})
+    return _body(_enc.encode(data), status)
+
+
+class Views:
+    """The views' JSON per stream sequence: a view asked again before a new event is stored is
+    answered from here (a page open on each of a few browsers, the live redraws after one
+    event). Keyed by (view, its query, the fold's last sequence); the last ``size`` kept."""
+
+    def __init__(self, size: int = 64):
+        self.size = size
+        self._cache: OrderedDict[tuple[str, str, int], Any] = OrderedDict()
+        self.hits = self.misses = 0
+
+    def get(self, key: tuple[str, str, int], compute: Callable[[], Any]) -> tuple[Any, bool]:
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            self.hits += 1
+            return hit, True
+        self.misses += 1
+        out = self._cache[key] = compute()
+        while len(self._cache) > self.size:
+            self._cache.popitem(last=False)
+        return out, False
+
+    def peek(self, key: tuple[str, str, int]) -> Any:
+        return self._cache.get(key)
+
+
+VIEWS: web.AppKey[Views] = web.AppKey("views", Views)
+
+
+async def _cached(request: web.Request, view: str, compute: Callable[[Any], Any], raw: bool = True) -> tuple[Any, str]:
+    """``compute(fold)`` for this request's fold, per (view, query, sequence); its JSON bytes when
+    ``raw``. Also the ``Server-Timing`` header's value (``hit`` or the time it took)."""
+    f = await _fold(request)
+    t0 = time.perf_counter()
+    out, hit = request.app[VIEWS].get((view, request.query_string, f.last_seq),
+                                      (lambda: _enc.encode(compute(f))) if raw else (lambda: compute(f)))
+    return out, f"app;dur={(time.perf_counter() - t0) * 1000:.2f};desc={'hit' if hit else 'miss'}"
 
 
 def is_admin(request: web.Request) -> bool:
@@ -96,16 +150,39 @@ async def index(request: web.Request) -> web.StreamResponse:
 
 async def whoami(request: web.Request) -> web.Response:
     feed = request.app[FEED]
-    return _json({"admin": is_admin(request), "actions": request.app[ADMIN] is not None, "seq": feed.fold.last_seq})
+    return _json({"admin": is_admin(request), "actions": request.app[ADMIN] is not None, "seq": feed.fold.last_seq,
+                  "pid": os.getpid()})
 
 
 async def overview(request: web.Request) -> web.Response:
-    f = await _fold(request)
-    return _json(projection.overview(f, request.app[FEED].rates() if f is request.app[FEED].fold else {}))
+    feed = request.app[FEED]
+    out, timing = await _cached(request, "overview", projection.overview, raw=False)
+    # (the rates change with the clock, not the stream: added to the cached view each time)
+    rates = feed.rates() if "seq" not in request.query else {}
+    return _body(_enc.encode({**out, "rates": rates}), timing=timing)
 
 
 async def gpumap(request: web.Request) -> web.Response:
-    return _json(projection.gpumap(await _fold(request), request.query.get("label", "")))
+    """The map; with ``since=SEQ`` (the sequence of the map the page holds) only the nodes that
+    changed since then, when the map at SEQ is still kept (else the whole map)."""
+    q, views = request.query, request.app[VIEWS]
+    filters = (q.get("label", ""), q.get("tenant", ""), q.get("priority", ""))
+    f = await _fold(request)
+    t0 = time.perf_counter()
+    full, hit = views.get(("gpumap", "\0".join(filters), f.last_seq), lambda: projection.gpumap(f, *filters))
+    since = _int(request, "since", -1)
+    old = views.peek(("gpumap", "\0".join(filters), since)) if since >= 0 and "seq" not in q else None
+    if old is not None:
+        out = projection.gpumap_delta(old, full)
+    else:
+        out, _ = views.get(("gpumap-bytes", "\0".join(filters), f.last_seq), lambda: _enc.encode(full))
+    return _body(out if isinstance(out, bytes) else _enc.encode(out),
+                 timing=f"app;dur={(time.perf_counter() - t0) * 1000:.2f};desc={'hit' if hit else 'miss'}")
+
+
+async def replay(request: web.Request) -> web.Response:
+    body, timing = await _cached(request, "replay", projection.replay_curve)
+    return _body(body, timing=timing)
 
 
 async def gpu(request: web.Request) -> web.Response:
@@ -122,9 +199,11 @@ def _int(request: web.Request, name: str, default: int) -> int:
 
 async def blocks(request: web.Request) -> web.Response:
     q = request.query
-    return _json(projection.blocks_page(await _fold(request), q.get("q", ""), q.get("status", ""), q.get("cluster", ""),
-                                        _int(request, "page", 0), _int(request, "per", 50), q.get("label", ""),
-                                        q.get("policy", "")))
+    page, per = _int(request, "page", 0), _int(request, "per", 50)
+    body, timing = await _cached(request, "blocks", lambda f: projection.blocks_page(
+        f, q.get("q", ""), q.get("status", ""), q.get("cluster", ""), page, per, q.get("label", ""), q.get("policy", ""),
+        q.get("tenant", ""), q.get("priority", "")))
+    return _body(body, timing=timing)
 
 
 async def block(request: web.Request) -> web.Response:
@@ -132,6 +211,28 @@ async def block(request: web.Request) -> web.Response:
     seq = _seq(request)
     out = projection.block_detail(await _fold(request), bid, feed.block_events(bid, seq), feed.line)
     return _json(out) if out is not None else _json({"error": f"no block {bid}"}, 404)
+
+
+#: the fields of a block's sample the sparklines draw (docs/metrics.md): ``latency_ms`` is the
+#: executor's dispatch p50 (what a task waited for its answer), else the instances' mean
+SPARK_FIELDS = ("inflight", "rate")
+
+
+async def block_metrics(request: web.Request) -> web.Response:
+    """The metrics collector's window of one block (``state.metrics``: a sample per
+    ``metrics_interval_s``, the last ``metrics_window_s``), for its page's sparklines. Read from
+    the store as it is, with the observer's read-only Redis user: no cost to the executors."""
+    opener = request.app[METRICS]
+    if opener is None:
+        return _json({"samples": [], "why": "this console has no Redis URL: the collector's windows are read from Redis"})
+    try:
+        store = await opener()
+        window = await store.window(request.match_info["bid"])
+    except Exception as exc:  # (the store down: the page says so and asks again)
+        return _json({"samples": [], "why": f"the metrics store did not answer: {exc}"})
+    samples = [{"t": w.get("t"), "latency_ms": w.get("dispatch_p50_ms") if w.get("dispatch_p50_ms") is not None else w.get("latency_mean_ms"),
+                **{k: w.get(k) for k in SPARK_FIELDS}} for w in window]
+    return _json({"samples": samples})
 
 
 async def tail(request: web.Request) -> web.Response:
@@ -221,9 +322,10 @@ async def delete(request: web.Request) -> web.Response:
     return _json({"ok": True, "request": req.request_id})
 
 
-def make_app(feed: Feed, token: str, admin: AdminOpener | None) -> web.Application:
+def make_app(feed: Feed, token: str, admin: AdminOpener | None, metrics: AdminOpener | None = None) -> web.Application:
     app = web.Application(middlewares=[_headers])
-    app[FEED], app[TOKEN], app[ADMIN] = feed, token, admin
+    app[FEED], app[TOKEN], app[ADMIN], app[METRICS] = feed, token, admin, metrics
+    app[VIEWS] = Views()
     app.router.add_get("/", index)
     app.router.add_static("/static/", STATIC)
     app.router.add_get("/api/whoami", whoami)
@@ -232,6 +334,8 @@ def make_app(feed: Feed, token: str, admin: AdminOpener | None) -> web.Applicati
     app.router.add_get("/api/gpu", gpu)
     app.router.add_get("/api/blocks", blocks)
     app.router.add_get("/api/block/{bid}", block)
+    app.router.add_get("/api/block/{bid}/metrics", block_metrics)
+    app.router.add_get("/api/replay", replay)
     app.router.add_get("/api/tail", tail)
     app.router.add_get("/api/events", events)
     app.router.add_post("/api/block/{bid}/scale", scale)
@@ -259,17 +363,41 @@ def admin_opener(nats_url: str | None, redis_url: str | None) -> AdminOpener | N
     return open_
 
 
+def metrics_opener(redis_url: str | None) -> AdminOpener | None:
+    """One read-only metrics store (``state.metrics``) on ``redis_url``, opened on the first ask."""
+    if not redis_url:
+        return None
+    held: list[Any] = []
+    lock = asyncio.Lock()
+
+    async def open_() -> Any:
+        from ..settings import load
+        from ..state.connection import open_redis
+        from ..state.metrics import MetricsStore
+
+        async with lock:
+            if not held:
+                held.append(MetricsStore(open_redis(redis_url, load(), max_connections=4)))
+        return held[0]
+
+    open_.held = held  # type: ignore[attr-defined]
+    return open_
+
+
 async def serve(nats_url: str, host: str, port: int, token: str, admin: AdminOpener | None,
-                ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None) -> None:
-    """Read the stream as ``nats_url``'s user, serve on ``host:port`` until ``stop`` (or
-    cancelled); ``ready(port)`` once listening (the port chosen when 0)."""
+                ready: Callable[[int], None] | None = None, stop: asyncio.Event | None = None,
+                redis_url: str | None = None) -> None:
+    """Read the stream as ``nats_url``'s user (and the metrics windows as ``redis_url``'s), serve
+    on ``host:port`` until ``stop`` (or cancelled); ``ready(port)`` once listening (the port
+    chosen when 0)."""
     from ..bus.nats_bus import Bus
     from ..projections.lines import line
 
     bus = await Bus.open(nats_url, source="aios-blocks/console", first_wait_s=10.0)
     feed = Feed(bus, lambda subject, env: line(subject, env)[1])  # `blocks replay`'s detail, as text
     await feed.start()
-    runner = web.AppRunner(make_app(feed, token, admin), access_log=None, shutdown_timeout=1.0)
+    metrics = metrics_opener(redis_url)
+    runner = web.AppRunner(make_app(feed, token, admin, metrics), access_log=None, shutdown_timeout=1.0)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
@@ -288,4 +416,7 @@ async def serve(nats_url: str, host: str, port: int, token: str, admin: AdminOpe
         for c in held:
             with contextlib.suppress(Exception):
                 await c.close()
+        for m in getattr(metrics, "held", []):
+            with contextlib.suppress(Exception):
+                await m.r.aclose()
         await bus.close()

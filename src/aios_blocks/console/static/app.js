@@ -4,7 +4,7 @@
 
 const params = new URLSearchParams(location.search);
 const PAST = params.has("seq") ? params.get("seq") : null;
-const state = { admin: false, actions: false, lastSeq: 0, view: "", refresh: null, blocksQuery: { q: "", status: "", cluster: "", label: "", policy: "", page: 0 } };
+const state = { admin: false, actions: false, lastSeq: 0, view: "", refresh: null, blocksQuery: { q: "", status: "", cluster: "", tenant: "", priority: "", label: "", policy: "", page: 0 }, sparks: null };
 
 // -- the admin token: given once as #token=..., kept for this tab only ------------------------------
 if (location.hash.startsWith("#token=")) {
@@ -101,17 +101,28 @@ function cellColour(alloc, strandedNode) {
   return strandedNode ? "#b9a6e3" : "#bfe3c6";
 }
 
+const RACK_HEADER = 16;
+
+// Tiles in groups: a title per cluster and GPU model, and within it one per rack (the nodes'
+// `rack` label) when the nodes have one; each rack starts a new line.
 function layoutMap(nodes, width) {
   const tiles = [], headers = [];
-  let x = 0, y = 0, rowH = 0, group = null;
+  let x = 0, y = 0, rowH = 0, group = null, rack = null;
+  const newLine = () => { if (x > 0) { y += rowH + TILE_GAP; } x = 0; rowH = 0; };
   for (const n of nodes) {
-    const [, cluster, model] = n;
+    const [, cluster, model, , nodeRack] = n;
     const key = cluster + "\u0000" + model;
     if (key !== group) {
-      if (group !== null) { y += rowH + TILE_GAP; }
-      x = 0; rowH = 0; group = key;
-      headers.push({ y, text: `${cluster} \u00b7 ${model}` });
+      newLine();
+      group = key; rack = null;
+      headers.push({ y, text: `${cluster} \u00b7 ${model}`, kind: "group" });
       y += HEADER;
+    }
+    if (nodeRack && nodeRack !== rack) {
+      newLine();
+      rack = nodeRack;
+      headers.push({ y, text: `rack ${nodeRack}`, kind: "rack" });
+      y += RACK_HEADER;
     }
     const g = n[5].length, cols = Math.max(1, Math.min(g, PER_ROW)), rows = Math.max(1, Math.ceil(g / PER_ROW));
     const w = cols * (CELL + GAP) - GAP + 2 * PAD, h = rows * (CELL + GAP) - GAP + 2 * PAD;
@@ -122,22 +133,44 @@ function layoutMap(nodes, width) {
   return { tiles, headers, height: y + rowH + TILE_GAP };
 }
 
+const MAP_FILTERS = ["label", "tenant", "priority"];
+
 async function viewMap(root) {
-  const label = new URLSearchParams(location.hash.split("?")[1] || "").get("label") || "";
-  const m = await api("/api/gpumap" + (label ? "?label=" + encodeURIComponent(label) : ""));
+  const hashQuery = new URLSearchParams(location.hash.split("?")[1] || "");
+  const f = Object.fromEntries(MAP_FILTERS.map((k) => [k, hashQuery.get(k) || ""]));
+  const qs = new URLSearchParams(Object.entries(f).filter(([, v]) => v));
+  // live: the map held is brought up to date with the nodes changed since its sequence (a delta)
+  const held = PAST === null && state.map && state.map.filters === qs.toString() ? state.map : null;
+  if (held) qs.set("since", held.seq);
+  const m = await api("/api/gpumap" + (qs.toString() ? "?" + qs : ""));
+  const changed = m.nodes.length;
+  if (m.delta && held) {
+    const byId = new Map(held.nodes.map((n) => [n[0], n]));
+    for (const id of m.gone) byId.delete(id);
+    for (const n of m.nodes) byId.set(n[0], n);
+    const key = (n) => [n[1], n[2], n[4], n[0]];
+    m.nodes = [...byId.values()].sort((a, b) => { const x = key(a), y = key(b); for (let i = 0; i < 4; i++) { if (x[i] < y[i]) return -1; if (x[i] > y[i]) return 1; } return 0; });
+  }
+  if (PAST === null) state.map = { filters: new URLSearchParams(Object.entries(f).filter(([, v]) => v)).toString(), seq: m.seq, nodes: m.nodes };
   const width = Math.max(600, Math.min(1400, root.clientWidth - 420));
   const { tiles, headers, height } = layoutMap(m.nodes, width);
-  const canvas = el("canvas", { id: "gpu-canvas", width, height, dataset: { nodes: m.nodes.length, gpus: m.gpus } });
+  const used = m.nodes.reduce((a, n) => a + n[5].filter((c) => c > 0).length, 0);
+  const canvas = el("canvas", { id: "gpu-canvas", width, height, dataset: { nodes: m.nodes.length, gpus: m.gpus, marked: m.marked, used, seq: m.seq, sent: changed, delta: m.delta ? 1 : 0 } });
   const ctx = canvas.getContext("2d");
-  ctx.font = "12px system-ui, sans-serif";
-  for (const h of headers) { ctx.fillStyle = "#1d2330"; ctx.fillText(h.text, 2, h.y + 14); }
+  for (const h of headers) {
+    ctx.font = h.kind === "rack" ? "11px system-ui, sans-serif" : "bold 12px system-ui, sans-serif";
+    ctx.fillStyle = h.kind === "rack" ? "#6b7385" : "#1d2330";
+    ctx.fillText(h.text, h.kind === "rack" ? 8 : 2, h.y + (h.kind === "rack" ? 12 : 14));
+  }
   for (const t of tiles) {
-    const [, , , healthy, , cells, stranded] = t.n;
+    const [, , , healthy, , cells, stranded, marked] = t.n;
     ctx.fillStyle = healthy ? "#e9ecf2" : "#5b6170";
     ctx.fillRect(t.x, t.y, t.w, t.h);
     cells.forEach((a, i) => {
+      const cx = t.x + PAD + (i % PER_ROW) * (CELL + GAP), cy = t.y + PAD + Math.floor(i / PER_ROW) * (CELL + GAP);
       ctx.fillStyle = cellColour(a, stranded > 0);
-      ctx.fillRect(t.x + PAD + (i % PER_ROW) * (CELL + GAP), t.y + PAD + Math.floor(i / PER_ROW) * (CELL + GAP), CELL, CELL);
+      ctx.fillRect(cx, cy, CELL, CELL);
+      if (marked && marked.includes(i)) { ctx.strokeStyle = "#1d4ed8"; ctx.lineWidth = 2; ctx.strokeRect(cx + 1, cy + 1, CELL - 2, CELL - 2); }
     });
   }
   const panel = el("div", { id: "gpu-panel" }, el("p", { class: "muted" }, "Click a GPU to see its instances and their blocks."));
@@ -150,19 +183,31 @@ async function viewMap(root) {
     const gpu = d.gpus[Math.max(0, Math.min(i, d.gpus.length - 1))];
     const on = gpu ? d.instances.filter((x) => x.gpus.includes(gpu.id)) : d.instances;
     put(panel, 
-      el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}`),
+      el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}` + (d.labels.rack ? ` \u00b7 rack ${d.labels.rack}` : "")),
       gpu ? el("p", {}, el("strong", {}, "GPU ", gpu.id), ` ${gpu.model}, ${gpu.memory} MiB, held ${(gpu.alloc / 10).toFixed(1)} %`) : null,
       on.length ? table(["instance", "block", "status"], on.map((x) => el("tr", {}, el("td", {}, x.instance),
         el("td", {}, blockLink(x.block), x.name ? el("div", { class: "muted" }, x.name) : null), el("td", {}, x.status))), "gpu-instances") : el("p", { class: "muted", id: "gpu-instances" }, "no instance on it"),
     );
   });
-  const filter = el("input", { id: "map-label", placeholder: "label key=value", value: label });
-  filter.addEventListener("change", () => { location.hash = "#/map" + (filter.value ? "?label=" + encodeURIComponent(filter.value) : ""); });
+  const inputs = {
+    label: el("input", { id: "map-label", placeholder: "label key=value", value: f.label }),
+    tenant: el("input", { id: "map-tenant", placeholder: "tenant", value: f.tenant, size: 12 }),
+    priority: el("input", { id: "map-priority", placeholder: "priority class", value: f.priority, size: 12 }),
+  };
+  const apply = () => {
+    const next = new URLSearchParams(MAP_FILTERS.map((k) => [k, inputs[k].value.trim()]).filter(([, v]) => v));
+    location.hash = "#/map" + (next.toString() ? "?" + next : "");
+  };
+  for (const i of Object.values(inputs)) i.addEventListener("change", apply);
+  const groups = el("ul", { id: "map-groups", class: "groups" }, m.groups.map((g) => el("li", { dataset: { cluster: g.cluster, model: g.model, rack: g.rack } },
+    `${g.cluster} \u00b7 ${g.model}` + (g.rack ? ` \u00b7 rack ${g.rack}` : ""), el("span", { class: "muted" }, ` ${g.nodes} nodes, ${g.gpus} GPUs`))));
+  const filtered = f.tenant || f.priority;
   put(root, 
     el("h2", {}, "GPU map"),
-    el("div", { class: "toolbar" }, el("span", { id: "map-summary" }, `${m.nodes.length} nodes, ${m.gpus} GPUs`), filter,
-      el("span", { class: "legend" }, ...legend())),
-    el("div", { id: "map-wrap" }, canvas, panel),
+    el("div", { class: "toolbar" }, el("span", { id: "map-summary" }, `${m.nodes.length} nodes, ${m.gpus} GPUs`),
+      filtered ? el("span", { id: "map-marked", class: "muted" }, `(${m.marked} held by the filter's blocks, outlined)`) : null,
+      inputs.label, inputs.tenant, inputs.priority, el("span", { class: "legend" }, ...legend())),
+    el("div", { id: "map-wrap" }, canvas, el("div", { class: "side" }, panel, el("h3", {}, "Groups"), groups)),
   );
 }
 
@@ -171,9 +216,12 @@ function legend() {
   return [...item("#bfe3c6", "free"), ...item("#b9a6e3", "free, stranded"), ...item(cellColour(500, false), "shared"), ...item("#c0392b", "held whole"), ...item("#5b6170", "unhealthy node")];
 }
 
+// a filter's choices, keeping the chosen one even when no block has it any more
+const withCurrent = (values, current) => (current && !values.includes(current) ? [...values, current] : values);
+
 async function viewBlocks(root) {
   const bq = state.blocksQuery;
-  const qs = new URLSearchParams({ q: bq.q, status: bq.status, cluster: bq.cluster, label: bq.label, policy: bq.policy, page: bq.page, per: 50 });
+  const qs = new URLSearchParams({ q: bq.q, status: bq.status, cluster: bq.cluster, tenant: bq.tenant, priority: bq.priority, label: bq.label, policy: bq.policy, page: bq.page, per: 50 });
   const d = await api("/api/blocks?" + qs);
   const search = el("input", { id: "blocks-search", placeholder: "search id, name, component", value: bq.q });
   let timer = null;
@@ -198,9 +246,12 @@ async function viewBlocks(root) {
   put(root, 
     el("h2", {}, "Blocks"),
     el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster"),
+      "tenant", select("tenant-filter", withCurrent(d.tenants, bq.tenant), bq.tenant, "tenant"),
+      "priority", select("priority-filter", withCurrent(d.priorities, bq.priority), bq.priority, "priority"),
       field("label-filter", "label", "label key=value"), field("policy-filter", "policy", "policy URI")),
-    table(["block", "name", "status", "cluster", "instances", "component", "reason"], d.rows.map((b) => el("tr", { dataset: { bid: b.id } },
+    table(["block", "name", "status", "cluster", "tenant", "priority", "instances", "component", "reason"], d.rows.map((b) => el("tr", { dataset: { bid: b.id } },
       el("td", {}, blockLink(b.id)), el("td", { class: "name" }, b.name), el("td", {}, statusTag(b.status)), el("td", {}, b.cluster),
+      el("td", { class: "tenant" }, b.tenant || ""), el("td", { class: "priority" }, b.priority || ""),
       el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.reason))), "blocks-table"),
     pager,
   );
@@ -228,6 +279,14 @@ function explainList(x) {
 async function viewBlock(root, bid) {
   const d = await api("/api/block/" + encodeURIComponent(bid));
   const b = d.block;
+  // the sparklines keep their own refresh (every 2 s): the samples are not in the stream
+  const sparks = el("div", { class: "sparks", id: "sparks" }, el("p", { class: "muted" }, PAST === null ? "" : "live only: the metrics are not in the stream"));
+  if (PAST === null) {
+    const tick = () => drawSparks(sparks, bid).catch((e) => put(sparks, el("p", { class: "muted" }, "no metrics: ", e.message)));
+    tick();
+    clearInterval(state.sparks);
+    state.sparks = setInterval(() => { if (document.getElementById("sparks") === sparks) tick(); else clearInterval(state.sparks); }, 2000);
+  }
   const acts = [];
   const admin = state.admin && state.actions && PAST === null && !["deleted", "deleting", "rejected"].includes(b.status);
   let run = null;
@@ -257,10 +316,72 @@ async function viewBlock(root, bid) {
     d.instances.length ? table(["instance", "node", "GPUs", "status", "endpoint", ""], d.instances.map((i) => el("tr", { dataset: { instance: i.instance } },
       el("td", {}, i.instance), el("td", {}, i.node), el("td", {}, (i.gpus || []).join(", ")), el("td", {}, i.status), el("td", {}, i.endpoint || ""),
       el("td", {}, run ? el("button", { class: "reassign", on: { click: () => run("reassign", `/api/block/${encodeURIComponent(bid)}/reassign`, { instance: i.instance }) } }, "reassign") : null))), "instances") : el("p", { class: "muted", id: "instances" }, "none"),
+    el("h3", {}, "Load (the metrics collector's window, live)"), sparks,
     el("h3", {}, `Story (${d.timeline.length} events)`),
     el("ol", { class: "timeline", id: "timeline" }, d.timeline.map((e) => el("li", { dataset: { seq: e.seq } },
       el("a", { href: `?seq=${e.seq}#/block/${encodeURIComponent(bid)}`, title: "the system at this event" }, `#${e.seq}`),
       el("span", { class: "muted" }, (e.time || "").slice(11, 23) || fmtTime(e.ts)), el("strong", {}, e.step, e.instance ? el("div", { class: "muted" }, e.instance) : null), el("span", { class: "line" }, e.line)))),
+  );
+}
+
+// -- sparklines: the metrics collector's window of a block (inline SVG, no library) ---------------
+const SVG = "http://www.w3.org/2000/svg";
+function svg(tag, attrs, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, String(v));
+  for (const c of children) node.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  return node;
+}
+
+function sparkline(id, label, unit, points, width = 220, height = 40) {
+  const vals = points.map((p) => p[1]).filter((v) => v !== null && v !== undefined);
+  const last = vals.length ? vals[vals.length - 1] : null;
+  const max = Math.max(1e-9, ...vals), t0 = points.length ? points[0][0] : 0, t1 = points.length ? points[points.length - 1][0] : 1;
+  const xs = (t) => (t1 > t0 ? ((t - t0) / (t1 - t0)) * (width - 4) + 2 : width - 2);
+  const ys = (v) => height - 2 - (v / max) * (height - 6);
+  const line = points.filter((p) => p[1] !== null && p[1] !== undefined).map((p) => `${xs(p[0]).toFixed(1)},${ys(p[1]).toFixed(1)}`).join(" ");
+  const chart = svg("svg", { id, class: "spark", width, height, viewBox: `0 0 ${width} ${height}`, "data-points": vals.length, "data-last": last ?? "" },
+    svg("polyline", { points: line, fill: "none", stroke: "#2457c5", "stroke-width": 1.5 }));
+  return el("div", { class: "spark-box" }, el("div", { class: "k" }, label), chart,
+    el("div", { class: "n" }, last === null ? "-" : `${Number(last.toFixed(2))} ${unit}`), el("div", { class: "muted" }, `max ${Number(max.toFixed(2))}`));
+}
+
+async function drawSparks(box, bid) {
+  const d = await api(`/api/block/${encodeURIComponent(bid)}/metrics`);
+  const series = (key) => d.samples.map((s) => [s.t, s[key]]);
+  put(box, d.samples.length
+    ? [sparkline("spark-latency", "latency (dispatch p50)", "ms", series("latency_ms")), sparkline("spark-inflight", "in flight", "", series("inflight")),
+      sparkline("spark-rate", "tasks/s", "/s", series("rate"))]
+    : el("p", { class: "muted", id: "spark-none" }, d.why || "no sample yet (the metrics collector writes one per interval while the block has instances)"));
+}
+
+// -- a live trace replay: allocation vs arrived GPU requests, growing as it goes ---------------------
+async function viewReplay(root) {
+  const r = await api("/api/replay");
+  const W = 560, H = 340, L = 44, B = 32, T = 10, R = 12;
+  const xmax = Math.max(130, Math.ceil(r.arrived / 10) * 10), ymax = 100;
+  const px = (x) => L + (x / xmax) * (W - L - R), py = (y) => H - B - (y / ymax) * (H - B - T);
+  const parts = [];
+  for (let x = 0; x <= xmax; x += 10) {
+    parts.push(svg("line", { x1: px(x), x2: px(x), y1: py(0), y2: py(ymax), stroke: "#eef1f6" }), svg("text", { x: px(x), y: H - B + 14, "text-anchor": "middle", "font-size": 10, fill: "#6b7385" }, x));
+  }
+  for (let y = 0; y <= ymax; y += 20) {
+    parts.push(svg("line", { x1: px(0), x2: px(xmax), y1: py(y), y2: py(y), stroke: "#eef1f6" }), svg("text", { x: L - 6, y: py(y) + 3, "text-anchor": "end", "font-size": 10, fill: "#6b7385" }, y));
+  }
+  parts.push(svg("line", { x1: px(0), y1: py(0), x2: px(100), y2: py(100), stroke: "#b9a6e3", "stroke-dasharray": "4 3" }),
+    svg("text", { x: px(xmax / 2), y: H - 4, "text-anchor": "middle", "font-size": 11 }, "arrived GPU requests (% of the cluster's GPUs)"),
+    svg("text", { x: 12, y: py(ymax / 2), "font-size": 11, transform: `rotate(-90 12 ${py(ymax / 2)})`, "text-anchor": "middle" }, "GPU allocation (%)"),
+    svg("polyline", { id: "replay-line", points: r.curve.map(([x, y]) => `${px(x).toFixed(1)},${py(y).toFixed(1)}`).join(" "), fill: "none", stroke: "#c0392b", "stroke-width": 2 }));
+  const last = r.curve.length ? r.curve[r.curve.length - 1] : null;
+  const chart = svg("svg", { id: "replay-chart", width: W, height: H, viewBox: `0 0 ${W} ${H}`, "data-points": r.curve.length, "data-last": last ? last[1] : "" }, ...parts);
+  put(root,
+    el("h2", {}, "Trace replay"),
+    r.blocks
+      ? el("p", { id: "replay-summary" }, `${r.policy || "?"} on the cluster ${r.cluster} (${r.gpus} GPUs): ${r.placed + r.failed} of ${r.blocks} tasks decided, ${r.placed} placed, ${r.failed} failed; allocation ${r.allocated.toFixed(2)} % at ${r.arrived.toFixed(1)} % arrived`)
+      : el("p", { class: "muted", id: "replay-summary" }, "No live trace replay in this system: `blocks trace replay NODES PODS --live --data-dir DIR` against a fresh `blocks up` draws its curve here as it runs."),
+    el("div", { class: "chart" }, chart),
+    el("p", { class: "muted" }, "The curve of `blocks trace replay` (docs/trace.md), from the stream: each task's block in the order created, up to the first one not decided yet. Dashed: allocation = arrived."),
+    r.curve.length ? table(["arrived %", "allocation %"], r.curve.slice(-10).reverse().map(([x, y]) => el("tr", {}, el("td", {}, x), el("td", {}, y.toFixed(2)))), "replay-table") : null,
   );
 }
 
@@ -293,6 +414,7 @@ function route() {
   if (path === "/map") return ["map"];
   if (path === "/blocks") return ["blocks"];
   if (path === "/events") return ["events"];
+  if (path === "/replay") return ["replay"];
   return ["overview"];
 }
 
@@ -309,6 +431,7 @@ async function render() {
       else if (view === "blocks") await viewBlocks(root);
       else if (view === "block") await viewBlock(root, arg);
       else if (view === "events") await viewEvents(root);
+      else if (view === "replay") await viewReplay(root);
       else await viewOverview(root);
       root.dataset.rendered = String(Date.now());
     } catch (e) {
@@ -330,7 +453,8 @@ function scheduleRefresh(ev) {
     const [, bid] = route();
     if (!ev.subject.startsWith(`aios.block.${bid}.`)) return;
   }
-  const delay = state.view === "map" ? 1000 : 150;
+  if (state.view === "replay" && !ev.subject.startsWith("aios.block.")) return;
+  const delay = state.view === "map" ? 1000 : state.view === "replay" ? 300 : 150;
   if (state.refresh) return;
   state.refresh = setTimeout(() => { state.refresh = null; render(); }, delay);
 }
@@ -364,6 +488,10 @@ async function start() {
   await render();
   if (PAST === null) {
     const es = new EventSource("/api/events");
+    // (a console restarted by `blocks up` comes back on the same URL: the browser reconnects, and
+    // the view is drawn again for what was stored meanwhile)
+    let hellos = 0;
+    es.addEventListener("hello", () => { if (hellos++ > 0) render(); });
     es.onmessage = (m) => {
       const ev = JSON.parse(m.data);
       state.lastSeq = Math.max(state.lastSeq, ev.seq);
