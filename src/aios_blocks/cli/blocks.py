@@ -134,8 +134,7 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
         if as_json:
             block = await c.store.get_block(bid)
             if block:
-                block["instances"] = await c.store.instances(bid)
-                print(json.dumps(block, indent=2, default=str))
+                print(json.dumps({**block, "instances": await c.store.instances(bid)}, indent=2, default=str))
         else:
             block = await _print_block(c, bid)
         if block is None:

@@ -39,6 +39,7 @@ from ..schemas.events import (
     ScaleRequest,
     ScaleTarget,
 )
+from ..schemas.records import BlockRecord
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..schemas.topology import GpuTopology
 from ..state.inventory import Inventory, affinity_index
@@ -540,7 +541,7 @@ class Client:
         ack = await self.bus.emit(E.block_delete, DeleteRequest(bid, rid))
         return Request(bid, "delete", ack.seq, rid)
 
-    async def _live_block(self, bid: str) -> dict[str, Any]:
+    async def _live_block(self, bid: str) -> BlockRecord:
         check_id(bid, "block id")
         block = await self.store.get_block(bid)
         if block is None:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
+from ..schemas.records import BlockRecord
 from .common import console, err
 
 if TYPE_CHECKING:
@@ -85,7 +86,7 @@ def _render_plan(p: dict[str, Any], file: Path) -> None:
         console.print(f"submit it only if nothing changed meanwhile: blocks submit {escape(str(file))} --if-index {p['index']}")
 
 
-async def _print_block(c: Client, bid: str) -> dict[str, Any] | None:
+async def _print_block(c: Client, bid: str) -> BlockRecord | None:
     block = await c.store.get_block(bid)
     if block is None:
         return None

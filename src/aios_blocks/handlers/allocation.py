@@ -20,6 +20,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
+from ..schemas.records import InstanceRecord
 from . import sidecars
 from .controller import Invoke, env_for, plan
 
@@ -32,7 +33,7 @@ class Snapshot:
     cluster: dict[str, Any]
     #: shared with the inventory cache: read, never written (a plan copies what it takes)
     nodes: dict[str, dict[str, Any]]
-    instances: dict[str, dict[str, Any]] | None = None
+    instances: dict[str, InstanceRecord] | None = None
     index: affinity.Index | None = None
     suspects: Mapping[str, str] = field(default_factory=dict)
 
@@ -135,7 +136,7 @@ class StartInstances:
     cluster_id: str
     action: str
     placements: tuple[dict[str, Any], ...]
-    records: dict[str, dict[str, Any]] = field(hash=False)
+    records: dict[str, InstanceRecord] = field(hash=False)
     index: tuple[tuple[str, str, str, str, str], ...]
     step: tuple[int, Step, dict[str, Any]] | None = field(default=None, hash=False)
     limit: int | None = None
@@ -161,7 +162,7 @@ def start_effects(
     bid = ir["blockId"]
     sc_node = sidecars.sidecar_node(list(placements)) if action == "allocation" and ir.get("sidecars") else ""
     fields = {**step[1], sidecars.NODE_FIELD: sc_node} if step is not None and sc_node else (step[1] if step else {})
-    records = {
+    records: dict[str, InstanceRecord] = {
         p["iid"]: {"node": p["node"], "gpus": p["gpus"], "cluster": cid, "status": "starting", "action": action,
                    "since": round(now, 3)}
         for p in placements

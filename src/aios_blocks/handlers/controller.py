@@ -8,12 +8,13 @@ resourceAllocator, these return scores and placement plans. The worker commits p
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
+from ..schemas.records import InstanceRecord
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
@@ -25,7 +26,7 @@ def payload(
     ir: dict[str, Any],
     cluster: dict[str, Any],
     nodes: dict[str, dict[str, Any]],
-    instances: dict[str, dict[str, Any]] | None = None,
+    instances: Mapping[str, InstanceRecord] | None = None,
     index: affinity.Index | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
@@ -50,8 +51,9 @@ VOLATILE = frozenset({"since"})
 _FIELD_ORDER: dict[tuple[str, ...], tuple[str, ...]] = {}
 
 
-def canonical_record(rec: dict[str, Any]) -> dict[str, Any]:
+def canonical_record(record: InstanceRecord) -> dict[str, Any]:
     """An instance record as a policy input holds it: its fields by name, ``VOLATILE`` left out."""
+    rec: Mapping[str, Any] = record  # read by the names it holds
     keys = tuple(rec)
     order = _FIELD_ORDER.get(keys)
     if order is None:
@@ -63,7 +65,7 @@ def canonical_record(rec: dict[str, Any]) -> dict[str, Any]:
 
 def _payload(
     ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]],
-    instances: dict[str, dict[str, Any]] | None, index: affinity.Index | None, want: int, **extra: Any,
+    instances: Mapping[str, InstanceRecord] | None, index: affinity.Index | None, want: int, **extra: Any,
 ) -> dict[str, Any]:
     """``payload`` with a sample sized for ``want`` instances (dry_run: maxInstances; each
     allocation call places one)."""
@@ -192,7 +194,7 @@ async def plan(
     action: str,
     iids: list[str],
     invoke: Invoke,
-    instances: dict[str, dict[str, Any]] | None = None,
+    instances: Mapping[str, InstanceRecord] | None = None,
     index: affinity.Index | None = None,
     **extra: Any,
 ) -> list[dict[str, Any]]:

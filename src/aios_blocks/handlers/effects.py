@@ -15,6 +15,7 @@ from typing import Any
 
 from ..schemas.catalog import Emit
 from ..schemas.lifecycle import InstanceStatus, Step
+from ..schemas.records import InstanceRecord
 
 
 @dataclass(frozen=True)
@@ -59,7 +60,7 @@ class Release:
 
     block_id: str
     instance_id: str
-    instance: dict[str, Any] = field(hash=False)
+    instance: InstanceRecord = field(hash=False)
 
 
 @dataclass(frozen=True)

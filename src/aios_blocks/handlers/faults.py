@@ -15,9 +15,9 @@ docs/agents.md):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from ..schemas import lifecycle as lc
+from ..schemas.records import BlockRecord, InstanceRecord
 
 LIVE = lc.LIVE
 
@@ -28,7 +28,7 @@ class Verdict:
     why: str
 
 
-def _not_live_here(block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int) -> str:
+def _not_live_here(block: BlockRecord | None, instance: InstanceRecord | None, node: str, gen: int) -> str:
     """Why the state does not hold this instance as live on ``node`` ('' when it does)."""
     if block is None:
         return "unknown block"
@@ -46,7 +46,7 @@ def _not_live_here(block: dict[str, Any] | None, instance: dict[str, Any] | None
 
 
 def on_fault(
-    block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int, replacements: int,
+    block: BlockRecord | None, instance: InstanceRecord | None, node: str, gen: int, replacements: int,
     max_replacements: int,
 ) -> Verdict:
     """An instance ``failed`` / went ``unhealthy`` on ``node``: what to do."""
@@ -61,7 +61,7 @@ def on_fault(
     return Verdict("reassign", "replace it")
 
 
-def on_dangling(block: dict[str, Any] | None, instance: dict[str, Any] | None, node: str, gen: int) -> Verdict:
+def on_dangling(block: BlockRecord | None, instance: InstanceRecord | None, node: str, gen: int) -> Verdict:
     """A labelled instance nobody expected on ``node``: adopt it only if it is exactly what the
     state says should run there, else remove it."""
     why = _not_live_here(block, instance, node, gen)

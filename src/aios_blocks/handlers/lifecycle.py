@@ -12,6 +12,7 @@ from typing import Any
 from ..schemas.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, NodeInventory, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
+from ..schemas.records import BlockRecord, InstanceRecord
 from . import faults, sidecars, stability
 from .effects import (
     DeletedIfEmpty,
@@ -30,8 +31,8 @@ from .effects import (
 class View:
     """What a decision sees: the block record (``None``: unknown id) and its instances."""
 
-    block: dict[str, Any] | None
-    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    block: BlockRecord | None
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
 
     @property
     def status(self) -> str | None:

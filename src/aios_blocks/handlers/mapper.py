@@ -32,10 +32,12 @@ from mapper copies.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..schemas import protocol
 from ..schemas.lifecycle import InstanceState
+from ..schemas.records import BlockRecord, InstanceRecord
 
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256
@@ -44,7 +46,7 @@ BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecke
 DEFAULT_PATH = protocol.DEFAULT_TASK_PATH
 
 
-def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
+def block_fields(block: BlockRecord | None) -> dict[str, Any]:
     """What the executor needs from the block record: the input path, the loadBalancer rule and
     ``minInstances`` (0: scale-to-zero)."""
     ir = (block or {}).get("ir") or {}
@@ -64,7 +66,7 @@ def block_fields(block: dict[str, Any] | None) -> dict[str, Any]:
     return out
 
 
-def _base(bid: str, gen: int, current: dict[str, Any] | None, block: dict[str, Any] | None) -> dict[str, Any] | None:
+def _base(bid: str, gen: int, current: dict[str, Any] | None, block: BlockRecord | None) -> dict[str, Any] | None:
     """The map to change for a fact of generation ``gen`` (None: the fact is about an older one)."""
     if current is not None and int(current.get("gen", 0)) > gen:
         return None
@@ -96,7 +98,7 @@ def latest_boot(known: str | None, boot: str) -> str:
 
 
 def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[str, Any] | None,
-              block: dict[str, Any] | None, now: float, node: str = "", endpoint: str = "",
+              block: BlockRecord | None, now: float, node: str = "", endpoint: str = "",
               boot: str = "") -> dict[str, Any] | None:
     out = _base(bid, gen, current, block)
     if out is None or iid in out["gone"]:
@@ -142,7 +144,7 @@ def _same(out: dict[str, Any], current: dict[str, Any] | None, inst: dict[str, A
             and (not boot or inst.get("boot") == boot) and all(out.get(k) == current.get(k) for k in BLOCK_KEYS))
 
 
-def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: dict[str, Any] | None,
+def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: BlockRecord | None,
          node: str = "") -> dict[str, Any] | None:
     out = _base(bid, gen, current, block)
     if out is None:
@@ -157,7 +159,7 @@ def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: di
     return out
 
 
-def on_added(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_added(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     return set_state(ev.block_id, ev.gen, ev.instance_id, InstanceState.READY, current, block, now,
                      node=ev.node_id, endpoint=str(getattr(ev, "endpoint", "") or ""), boot=str(getattr(ev, "boot", "") or ""))
 
@@ -184,20 +186,20 @@ def on_inventory(inv: Any, current: dict[str, Any] | None, now: float) -> dict[s
     return out
 
 
-def on_remove_command(cmd: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_remove_command(cmd: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     return set_state(cmd.block_id, cmd.gen, cmd.instance_id, InstanceState.DRAINING, current, block, now, node=cmd.node_id)
 
 
-def on_failed(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_failed(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     """``failed`` / ``unhealthy``: no new task (the controller replaces or removes it)."""
     return set_state(ev.block_id, ev.gen, ev.instance_id, InstanceState.STOPPING, current, block, now, node=ev.node_id)
 
 
-def on_removed(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_removed(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     return drop(ev.block_id, ev.gen, ev.instance_id, current, block, node=ev.node_id)
 
 
-def on_placement(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_placement(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     out = current
     changed = False
     if getattr(ev, "cluster_id", "") and (current is None or current.get("cluster") != ev.cluster_id):
@@ -215,7 +217,7 @@ def on_placement(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] 
 VERDICT_HEALTH = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
 
 
-def on_verdict(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_verdict(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     """A health checker verdict: the instance's ``health`` and routing ``weight``."""
     if current is None or int(current.get("gen", 0)) != ev.gen:
         return None
@@ -237,7 +239,7 @@ def on_verdict(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | 
     return out
 
 
-def on_ready(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_ready(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
     """``block.ready``: the map exists with the block's fields, instances or none (a block of
     ``minInstances`` 0 has had no placement: this is its first map). No change: None."""
     if block is None or int(block.get("gen", -1)) != ev.gen or block.get("status") not in ("placing", "ready"):
@@ -256,7 +258,7 @@ def on_ready(ev: Any, current: dict[str, Any] | None, block: dict[str, Any] | No
 _FROM_STATUS = {"starting": InstanceState.STARTING, "running": InstanceState.READY, "removing": InstanceState.DRAINING}
 
 
-def from_state(bid: str, block: dict[str, Any] | None, instances: dict[str, dict[str, Any]], now: float) -> dict[str, Any] | None:
+def from_state(bid: str, block: BlockRecord | None, instances: Mapping[str, InstanceRecord], now: float) -> dict[str, Any] | None:
     """A block's map rebuilt from its state (its Redis record and instances), for a bucket that
     was lost and made anew: the block's fields, its starting and running instances, and those on
     their way out that were reachable (draining: no new task). ``None`` for a block that is not

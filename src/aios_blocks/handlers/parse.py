@@ -14,6 +14,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.events import Rejected, Submitted
 from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, block_create_IR, decode_spec
+from ..schemas.records import BlockRecord
 from ..schemas.spec import ID_RE
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -83,7 +84,7 @@ RETRY_HINT = (
 )
 
 
-def in_use(what: str, existing: dict[str, Any] | None, ir: dict[str, Any]) -> SpecError:
+def in_use(what: str, existing: BlockRecord | None, ir: dict[str, Any]) -> SpecError:
     """The error of a create whose id a live block holds. The same spec again is most likely a
     publisher's retry of a create whose PubAck it never got: say so, that the block is the one the
     first create made, and what to set so that a retry is deduplicated instead."""

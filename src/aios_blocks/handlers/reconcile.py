@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 from ..schemas.lifecycle import BlockStatus
+from ..schemas.records import InstanceRecord
 from . import scaling
 
 SOURCE = "reconciler"
@@ -44,7 +44,7 @@ class BlockSize:
     #: the block's stored target (``desired``; 0: none)
     desired: int = 0
     #: iid -> {status, node, ...} (the instance records)
-    instances: dict[str, dict[str, Any]] = field(default_factory=dict)
+    instances: dict[str, InstanceRecord] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies.contract import ChoiceRefused as ChoiceRefused
 from ..policies.contract import default_pick as default_pick
 from ..schemas.lifecycle import InstanceStatus
+from ..schemas.records import InstanceRecord
 
 #: the instance fields of a ``scale_down`` payload's ``instances`` entries, besides the load
 LOAD_KEYS = ("inflight", "running", "waiting", "rate")
@@ -40,12 +42,12 @@ def target_reason(source: str, reason: str, note: str) -> str:
     return "; ".join(x for x in (f"{source}: {reason}" if reason else source, f"clamped: {note}" if note else "") if x)
 
 
-def live(instances: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def live(instances: Mapping[str, InstanceRecord]) -> dict[str, InstanceRecord]:
     """The instances that count towards the block's size: starting or running (not removing)."""
     return {iid: rec for iid, rec in instances.items() if rec.get("status") != InstanceStatus.REMOVING}
 
 
-def running(instances: dict[str, dict[str, Any]]) -> int:
+def running(instances: Mapping[str, InstanceRecord]) -> int:
     return sum(1 for rec in instances.values() if rec.get("status") == InstanceStatus.RUNNING)
 
 
@@ -61,7 +63,7 @@ class TargetPlan:
 
 
 def plan_target(
-    request_id: str, target: int, instances: dict[str, dict[str, Any]], instance_id: Any,
+    request_id: str, target: int, instances: Mapping[str, InstanceRecord], instance_id: Any,
 ) -> TargetPlan:
     """The steps from the block's instances now to ``target`` (already clamped). Scale-ups are
     named ``{request_id}:{k}`` and skip the k whose instance already exists, so a redelivered
@@ -83,7 +85,7 @@ def plan_target(
 
 
 def candidates(
-    instances: dict[str, dict[str, Any]], metrics: dict[str, dict[str, Any]], now: float,
+    instances: Mapping[str, InstanceRecord], metrics: dict[str, dict[str, Any]], now: float,
 ) -> list[dict[str, Any]]:
     """The ``instances`` of a ``scale_down`` payload: every live instance with its node, GPUs,
     status, when it was placed (``since``, epoch seconds; 0 when unknown) and ``age_s``, and the

@@ -13,10 +13,12 @@ Side-cars reserve nothing (no GPU, CPU or memory): they ride along with the bloc
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..schemas.catalog import E, Emit
 from ..schemas.events import SidecarCommand
+from ..schemas.records import BlockRecord, InstanceRecord
 
 #: the block record field that says where its side-cars run
 NODE_FIELD = "sidecar_node"
@@ -36,7 +38,7 @@ def starts(ir: dict[str, Any], gen: int, cid: str, node: str) -> list[Emit]:
             for sc in ir.get("sidecars") or []]
 
 
-def stops(block: dict[str, Any] | None, instances: dict[str, dict[str, Any]], reason: str) -> list[Emit]:
+def stops(block: BlockRecord | None, instances: Mapping[str, InstanceRecord], reason: str) -> list[Emit]:
     """``node.sidecar.stop`` for every side-car of the block, on its recorded node (else on every
     node of its instances)."""
     if block is None:

@@ -35,6 +35,7 @@ from ..projections.base import parse
 from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
+from ..schemas.records import InstanceRecord
 from ..state.store import node_view
 from .fold import Fold
 
@@ -225,7 +226,7 @@ class State:
             return None
         return {"gen": int(b.get("gen", "0")), "ir": _json.decode(b.get("ir", "{}")), "status": b.get("status", "")}
 
-    def instances(self, bid: str) -> dict[str, dict[str, Any]]:
+    def instances(self, bid: str) -> dict[str, InstanceRecord]:
         return {iid: _json.decode(_json.encode(i)) for iid, i in self.f.instances.get(bid, {}).items()}
 
     def gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
@@ -303,7 +304,7 @@ async def _run_plan(step: Step, st: State, bid: str, ir: dict[str, Any], invoke:
     given = step.calls[step.cursor].decision.get("given") or {}
     cid = str(tdata.get("cluster_id", ""))
     extra: dict[str, Any] = {}
-    instances: dict[str, dict[str, Any]] | None = None
+    instances: dict[str, InstanceRecord] | None = None
     if action == "allocation":
         iids = [hc.instance_id(bid, i) for i in range(int(ir.get("minInstances") or 0))]
     else:

@@ -42,6 +42,12 @@ class BlockRecord(TypedDict, total=False):
     replacements: str
     #: the node its side-cars run on (``handlers.sidecars.NODE_FIELD``)
     sidecar_node: str
+    #: waiting in the pending queue (``workers.queue``): since when and until when (s, as text),
+    #: the preemptor that evicted it, the victims it is preempting for
+    pending_since: str
+    pending_deadline: str
+    preempted_by: str
+    preempting: str
 
 
 class InstanceRecord(TypedDict, total=False):
@@ -60,6 +66,10 @@ class InstanceRecord(TypedDict, total=False):
     #: its block's generation (``Store.node_instances`` adds it with ``block_id``)
     gen: int
     block_id: str
+    #: the node agent's restarts of it (absent: none)
+    restarts: int
+    #: the scale-down request that marked it ``removing`` (``Store.drain_instance``)
+    drain: str
 
 
 class NodeMeta(TypedDict):

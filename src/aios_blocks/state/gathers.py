@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import BlockRecord
 from .keys import AFF_LEASE, GATHER_DUE, aff_svc_key, block_key, ctx_key, due_member, gather_key
 from .records import _block, _dumps
 
@@ -105,7 +106,7 @@ class GatherRecords:
 
     async def gather_decide_read(
         self, bid: str, gen: int, attempt: int, token: str
-    ) -> tuple[bool, dict[str, Any] | None, dict[str, Any]]:
+    ) -> tuple[bool, BlockRecord | None, dict[str, Any]]:
         """``gather_decide``, then the block and the gather as they are after the claim, in one
         round trip: (this caller decides, the block record, the gather)."""
         key = gather_key(bid, gen, attempt)

@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import InstanceRecord
 from .keys import BLOCKS, RECONCILE_LEASE, RECONCILE_STATE, block_key, inst_key
 from .scripts import LEASE
 
@@ -37,7 +38,7 @@ class ReadyBlock(msgspec.Struct, frozen=True):
     min_instances: int
     max_instances: int
     desired: int
-    instances: dict[str, dict[str, Any]]
+    instances: dict[str, InstanceRecord]
 
 
 class ReconcileStore:

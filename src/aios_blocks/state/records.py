@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import msgspec
+
+from ..schemas.records import BlockRecord
 
 _json = msgspec.json
 
@@ -13,7 +15,7 @@ def _dumps(v: Any) -> str:
     return _json.encode(v).decode()
 
 
-def _block(h: dict[str, str]) -> dict[str, Any] | None:
+def _block(h: dict[str, str]) -> BlockRecord | None:
     """A block hash as callers see it: ``ir`` decoded, ``gen``, ``version`` and ``created`` (the
     create's stream sequence) as ints (`blocks get --json` showed ``"created": "11"``)."""
     if not h:
@@ -24,7 +26,7 @@ def _block(h: dict[str, str]) -> dict[str, Any] | None:
     for k in ("gen", "version", "desired", "desired_seq", "created"):
         if k in out:
             out[k] = int(out[k])
-    return out
+    return cast(BlockRecord, out)
 
 
 def _strs(fields: dict[str, Any]) -> dict[str, str]:

@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
+from ..schemas.records import BlockRecord, InstanceRecord
 from ..schemas.spec import Component
 from ..settings import Settings
 from ..settings import current as current_settings
@@ -63,15 +64,15 @@ from .registry import PolicyRecords
 _json = msgspec.json
 
 
-class Records(Mapping[str, dict[str, Any]]):
+class Records(Mapping[str, InstanceRecord]):
     """A block's instance records as a script returned them (id, JSON, id, JSON, ...), decoded
     when first read: most callers want one record, or none of them."""
 
     def __init__(self, flat: list[Any]):
         self._flat = flat
-        self._all: dict[str, dict[str, Any]] | None = None
+        self._all: dict[str, InstanceRecord] | None = None
 
-    def one(self, iid: str) -> dict[str, Any] | None:
+    def one(self, iid: str) -> InstanceRecord | None:
         if self._all is not None:
             return self._all.get(iid)
         flat = self._flat
@@ -80,13 +81,13 @@ class Records(Mapping[str, dict[str, Any]]):
                 return _json.decode(flat[i + 1])
         return None
 
-    def _decoded(self) -> dict[str, dict[str, Any]]:
+    def _decoded(self) -> dict[str, InstanceRecord]:
         if self._all is None:
             flat = self._flat
             self._all = {flat[i]: _json.decode(flat[i + 1]) for i in range(0, len(flat), 2)}
         return self._all
 
-    def __getitem__(self, iid: str) -> dict[str, Any]:
+    def __getitem__(self, iid: str) -> InstanceRecord:
         return self._decoded()[iid]
 
     def __iter__(self) -> Iterator[str]:
@@ -224,10 +225,10 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         """Give the claim back once the reassignment is decided (placed or failed)."""
         await self._lease_release(keys=[replace_claim_key(bid, iid)], args=[request_id])
 
-    async def get_block(self, bid: str) -> dict[str, Any] | None:
+    async def get_block(self, bid: str) -> BlockRecord | None:
         return _block(await self.r.hgetall(block_key(bid)))
 
-    async def block_view(self, bid: str) -> tuple[dict[str, Any] | None, dict[str, dict[str, Any]]]:
+    async def block_view(self, bid: str) -> tuple[BlockRecord | None, dict[str, InstanceRecord]]:
         """The block record and its instances, in one round trip (two slots: not one snapshot,
         as two reads are not)."""
         pipe = self.r.pipeline(transaction=False)
@@ -239,7 +240,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
     async def list_blocks(self, limit: int = 1000) -> list[str]:
         return await self.r.zrevrange(BLOCKS, 0, limit - 1)
 
-    async def blocks_at_zero(self, match: Callable[[dict[str, Any]], bool], limit: int = 1_000_000) -> list[str]:
+    async def blocks_at_zero(self, match: Callable[[BlockRecord], bool], limit: int = 1_000_000) -> list[str]:
         """The ids of the live blocks (placing or ready) with no instance (scaled to zero) whose
         record ``match``es: blocks no instance check sees, yet placed somewhere. A chunk of
         records and instance counts per round trip."""
@@ -259,7 +260,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         return out
 
     # -- instances -------------------------------------------------------------------------
-    async def put_instances(self, bid: str, instances: dict[str, dict[str, Any]]) -> None:
+    async def put_instances(self, bid: str, instances: Mapping[str, InstanceRecord]) -> None:
         """Record new instances. One already recorded keeps its record: a redelivered placement
         must not turn a running (or removing) instance back into a starting one."""
         if instances:
@@ -270,7 +271,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
             await pipe.execute()
 
     async def start_instances(
-        self, bid: str, instances: dict[str, dict[str, Any]], index: list[tuple[str, str, str, str, str]],
+        self, bid: str, instances: Mapping[str, InstanceRecord], index: list[tuple[str, str, str, str, str]],
         transition: tuple[int, Step, dict[str, Any]] | None = None, limit: int | None = None,
     ) -> list[str]:
         """What placing instances records, in one round trip and in this order: the block's step
@@ -340,14 +341,14 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
                     await self.r.script_load(script.script)
         raise AssertionError("unreachable")
 
-    async def set_instance_status(self, bid: str, iid: str, status: str, endpoint: str | None = None) -> dict[str, Any] | None:
+    async def set_instance_status(self, bid: str, iid: str, status: str, endpoint: str | None = None) -> InstanceRecord | None:
         """Set one instance's status (and its ``endpoint`` when given); its record after the change
         (None: not recorded)."""
         return (await self.set_instance_status_all(bid, iid, status, endpoint))[0]
 
     async def set_instance_status_all(
         self, bid: str, iid: str, status: str, endpoint: str | None = None
-    ) -> tuple[dict[str, Any] | None, Mapping[str, dict[str, Any]]]:
+    ) -> tuple[InstanceRecord | None, Mapping[str, InstanceRecord]]:
         """Set one instance's status and, when given, its ``endpoint`` (one atomic script); (its
         record, every instance of the block right after the write, decoded when first read), or
         (None, {}) when the instance is not recorded."""
@@ -358,7 +359,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         insts = Records(flat)
         return insts.one(iid), insts
 
-    async def block_and_instance(self, bid: str, iid: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    async def block_and_instance(self, bid: str, iid: str) -> tuple[BlockRecord | None, InstanceRecord | None]:
         """The block record and one of its instances, in one round trip (a decision about one
         instance need not decode all of them: a block scaled to 64 has 64)."""
         pipe = self.r.pipeline(transaction=False)
@@ -367,7 +368,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         block, raw = await pipe.execute()
         return _block(block), (None if raw is None else _json.decode(raw))
 
-    async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
+    async def instances(self, bid: str) -> dict[str, InstanceRecord]:
         raw = await self.r.hgetall(inst_key(bid))
         return {iid: _json.decode(v) for iid, v in raw.items()}
 

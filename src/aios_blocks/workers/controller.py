@@ -50,6 +50,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.priority import Pending, QuotaSet
+from ..schemas.records import BlockRecord, InstanceRecord
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
@@ -147,7 +148,7 @@ async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
                 step=(Step.RESERVE, {"cluster": ev.cluster_id}))
 
 
-def _scale_refusal(block: dict[str, Any] | None, current: dict[str, Any], iid: str, target_seq: int) -> tuple[str, bool]:
+def _scale_refusal(block: BlockRecord | None, current: dict[str, Any], iid: str, target_seq: int) -> tuple[str, bool]:
     """Why a scale step must not place (``''`` if it may), and whether that is a failure (a target
     reached meanwhile, by another copy's step, is not)."""
     if block is None or block["status"] not in LIVE:
@@ -212,7 +213,7 @@ async def on_reassignment(w: Worker, m: Inbound[ReassignRequest]) -> None:
     await w.store.release_replacement(ev.block_id, ev.instance_id, ev.request_id)
 
 
-def _nothing_to_move(block: dict[str, Any] | None, old: dict[str, Any] | None, iid: str) -> str:
+def _nothing_to_move(block: BlockRecord | None, old: InstanceRecord | None, iid: str) -> str:
     """Why a reassignment has nothing to do ('' when it has)."""
     if block is None or block["status"] not in LIVE or old is None:
         return (f"no such instance: {iid} was already replaced or removed (nothing left to move)" if block and old is None
@@ -280,7 +281,7 @@ async def _replacement(
 
 
 async def _replacement_failed(
-    w: Worker, ev: ReassignRequest, block: dict[str, Any], old: dict[str, Any], node_down: bool, reason: str, trace: list[Decision],
+    w: Worker, ev: ReassignRequest, block: BlockRecord, old: InstanceRecord, node_down: bool, reason: str, trace: list[Decision],
 ) -> None:
     await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, reason, trace)
     if node_down:  # its node is gone: release it anyway, the capacity is not usable
@@ -459,7 +460,7 @@ async def _fail_placing(w: Worker, bid: str, gen: int, inst_cluster: str, reason
     await commit(w, lc.fail_placing(bid, gen, inst_cluster, reason, lc.View(block, insts if block is not None else {})))
 
 
-async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: dict[str, Any], reason: str) -> None:
+async def _evict(w: Worker, bid: str, gen: int, cid: str, iid: str, inst: InstanceRecord, reason: str) -> None:
     """An instance on a dead node: released now (its node cannot be used anyway), recorded as
     removed, and a remove queued in the node's mailbox so a returning node stops it."""
     await release(w, bid, iid, inst)
@@ -510,7 +511,7 @@ async def _reselect_or_fail(
 
 
 async def _step_failed(
-    w: Worker, bid: str, block: dict[str, Any] | None, step: str, request_id: str, reason: str,
+    w: Worker, bid: str, block: BlockRecord | None, step: str, request_id: str, reason: str,
     trace: list[Decision] | None = None,
 ) -> None:
     gen = block["gen"] if block else 0
@@ -521,7 +522,7 @@ async def _step_failed(
 
 
 # -- scaling to a target, scale-down ---------------------------------------------------------------
-def _superseded(block: dict[str, Any], target_seq: int, live: int, up: bool) -> str:
+def _superseded(block: BlockRecord, target_seq: int, live: int, up: bool) -> str:
     """Why a step asked for by target version ``target_seq`` must not act now ('' if it may): a
     later target replaced it, or the block already has what the current target asks."""
     held = int(block.get("desired_seq") or 0)
@@ -569,8 +570,8 @@ class _Down:
     """A scale-down step while it removes its count: what it read, and how far it got."""
 
     ev: ScaleDownRequest
-    block: dict[str, Any]
-    insts: dict[str, dict[str, Any]]
+    block: BlockRecord
+    insts: dict[str, InstanceRecord]
     floor: int
     grace: float
     metrics: dict[str, dict[str, Any]]
@@ -613,7 +614,7 @@ async def _instance_metrics(w: Worker, bid: str) -> dict[str, dict[str, Any]]:
         return {}
 
 
-def _remove_command(s: _Down, iid: str, rec: dict[str, Any]) -> InstanceCommand:
+def _remove_command(s: _Down, iid: str, rec: InstanceRecord) -> InstanceCommand:
     return InstanceCommand(s.ev.block_id, s.block["gen"], rec["cluster"], iid, rec["node"], [],
                            reason=f"scale down ({s.ev.request_id})", drain_s=s.grace)
 

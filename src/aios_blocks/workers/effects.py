@@ -25,20 +25,21 @@ from ..handlers.lifecycle import remove_command
 from ..policies.affinity import uid
 from ..schemas.events import BlockStatusReport, ReassignRequest
 from ..schemas.lifecycle import TRANSITIONS, InstanceStatus, Step
+from ..schemas.records import InstanceRecord
 from .base import Worker
 
 
 async def commit(w: Worker, effects: Iterable[Effect]) -> None:
     #: a block's instances as read atomically with this commit's last write (``SetInstance``):
     #: a guard right after it needs no read of its own
-    fresh: list[tuple[str, Mapping[str, dict[str, Any]]]] = []
+    fresh: Fresh = []
     for effect in effects:
         if not await _one(w, effect, fresh):
             return  # a guard failed (the instance is gone): the rest depended on it
 
 
-Fresh = list[tuple[str, Mapping[str, dict[str, Any]]]]
-Seen = tuple[str, Mapping[str, dict[str, Any]]] | None
+Fresh = list[tuple[str, Mapping[str, InstanceRecord]]]
+Seen = tuple[str, Mapping[str, InstanceRecord]] | None
 
 
 async def _one(w: Worker, e: Effect, fresh: Fresh) -> bool:
@@ -133,7 +134,7 @@ def ready_qualifier(bid: str, instances: list[str]) -> str:
     return hashlib.sha1(",".join(sorted(instances)).encode()).hexdigest()[:8]
 
 
-async def release(w: Worker, bid: str, iid: str, inst: dict[str, Any]) -> None:
+async def release(w: Worker, bid: str, iid: str, inst: InstanceRecord) -> None:
     """Give an instance's reservation back and forget it (idempotent)."""
     await w.store.release(inst["cluster"], inst["node"], iid)
     await w.store.drop_instance(bid, iid)

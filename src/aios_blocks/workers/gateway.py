@@ -28,6 +28,7 @@ from ..schemas.events import (
     Selection,
 )
 from ..schemas.lifecycle import Step
+from ..schemas.records import BlockRecord
 from . import queue
 from .base import Worker, bound
 
@@ -176,7 +177,7 @@ async def run_timers(w: Worker, stop: asyncio.Event, guard: Any, idle_s: float =
     await Ticker(idle_s, "gather.timers_paused", log, next_in=next_in, guard=guard).run(lambda: fire_due(w), stop)
 
 
-def _deciding(block: dict[str, Any], gen: int, n: int) -> bool:
+def _deciding(block: BlockRecord, gen: int, n: int) -> bool:
     """The block still waits for this round's choice (same generation, selecting, attempt ``n``)."""
     if block.get("gen") != gen or block.get("status") not in ("selecting", "allocating"):
         return False

@@ -30,12 +30,13 @@ from ..schemas.events import (
     NodeInventory,
     PlacementMade,
 )
+from ..schemas.records import BlockRecord
 from .base import Worker
 
 log = structlog.get_logger("aios.mapper")
 
 #: a change of a block's map: (its map now, the block's record, now) -> its new map (None: no change)
-Decide = Callable[[dict[str, Any] | None, dict[str, Any] | None, float], dict[str, Any] | None]
+Decide = Callable[[dict[str, Any] | None, BlockRecord | None, float], dict[str, Any] | None]
 C = TypeVar("C")
 M = TypeVar("M")
 

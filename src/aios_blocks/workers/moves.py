@@ -28,6 +28,7 @@ from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceEvent
 from ..schemas.lifecycle import LIVE, InstanceStatus
 from ..schemas.moves import MovePhase, MoveRequested
+from ..schemas.records import BlockRecord, InstanceRecord
 from ..state.moves import MoveStore
 from .allocate import allocate, start
 from .base import Worker
@@ -175,7 +176,7 @@ async def after_added(w: Worker, ev: InstanceEvent) -> None:
     await apply(w, mv.on_new_added(rec, block, insts, time.time(), w.settings.scale_down_grace_s), rec)
 
 
-async def after_removed(w: Worker, ev: InstanceEvent, before: dict[str, Any] | None, block: dict[str, Any] | None) -> None:
+async def after_removed(w: Worker, ev: InstanceEvent, before: InstanceRecord | None, block: BlockRecord | None) -> None:
     """The lifecycle's ``removed`` handled (``before``: the instance's record before it): a move's
     new instance gone before its switch fails the move; a moved instance gone completes it."""
     if before is None or before.get("node") != ev.node_id or block is None or int(block["gen"]) != ev.gen:
