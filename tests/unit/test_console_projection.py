@@ -147,11 +147,12 @@ def test_a_past_moment_is_the_stream_folded_up_to_it() -> None:
 
 def test_a_past_moment_starts_from_the_nearest_checkpoint_of_the_live_fold() -> None:
     async def go() -> None:
-        feed = Feed(None, lambda s, e: "", check_every=1)  # type: ignore[arg-type]
+        feed = Feed(None, lambda s, e: "", check_every=1, checkpoints=8)  # type: ignore[arg-type]
         for m in messages():
             feed.apply(*m)
         feed.caught_up.set()
-        # 13 events, a checkpoint after each at first: thinned out past CHECKPOINTS=8, the newest kept
+        await feed.at(1)  # (the checkpoints are compressed off the event loop: a past moment waits for them)
+        # 13 events, a checkpoint after each at first: thinned out past 8, the newest kept
         assert 0 < len(feed.checkpoints) <= 8 and feed.checkpoints[-1][0] == 13 and feed.checkpoints[0][0] == 1
         for seq in range(1, len(STORY)):
             then = await feed.at(seq)
@@ -159,3 +160,52 @@ def test_a_past_moment_starts_from_the_nearest_checkpoint_of_the_live_fold() -> 
             assert then.blocks == folded(seq).blocks and then.last_seq == seq
 
     asyncio.run(go())
+
+
+def test_the_kept_messages_are_compressed_chunks_and_the_oldest_go_past_the_budget() -> None:
+    from aios_blocks.console.feed import Kept
+
+    msgs = [(f"aios.x.{i}", b"y" * 100, i, float(i)) for i in range(1, 101)]
+    kept = Kept(budget=10**9, chunk=8)
+    for m in msgs:
+        kept.add(*m)
+    assert len(kept.chunks) == 12 and len(kept.open) == 4 and kept.covers(0)
+    for after, upto in ((0, 100), (0, 5), (7, 8), (8, 9), (30, 77), (95, 100), (100, 100)):
+        assert list(kept.between(after, upto)) == msgs[after:upto], (after, upto)
+    small = Kept(budget=sum(len(c[2]) for c in kept.chunks[-3:]), chunk=8)  # room for the last 3 chunks
+    for m in msgs:
+        small.add(*m)
+    assert len(small.chunks) == 3 and small.first == 73
+    assert small.covers(72) and not small.covers(71)
+    assert list(small.between(72, 100)) == msgs[72:]
+
+
+def test_a_past_moment_folds_from_the_kept_chunks_after_the_checkpoint() -> None:
+    async def go() -> None:
+        feed = Feed(None, lambda s, e: "", check_every=5, chunk=2)  # type: ignore[arg-type]
+        for m in messages():
+            feed.apply(*m)
+        feed.caught_up.set()
+        for seq in range(1, len(STORY)):
+            then = await feed.at(seq)
+            assert then.blocks == folded(seq).blocks and then.nodes == folded(seq).nodes and then.last_seq == seq
+        assert [c[0] for c in feed.checkpoints] == [5, 10]
+
+    asyncio.run(go())
+
+
+def test_tenant_and_priority_filters_and_the_maps_rack_groups_and_deltas() -> None:
+    f = folded(10)
+    assert [r["id"] for r in pj.blocks_page(f, tenant="t1")["rows"]] == ["b1"]
+    assert [r["id"] for r in pj.blocks_page(f, tenant="t2")["rows"]] == ["b2"]
+    assert pj.blocks_page(f)["tenants"] == ["t1", "t2"]
+    assert pj.who(msgspec.json.encode({**IR, "priorityClass": "high"}).decode()) == ("t1", "high")
+    assert pj.who(msgspec.json.encode({**IR, "tenant": "own", "labels": {}}).decode()) == ("own", "")  # the IR's field first
+    assert pj.who(msgspec.json.encode({"virtualClusterId": "v1"}).decode()) == ("v1", "")
+    assert pj.blocks_page(f, priority="high")["rows"] == []
+    m = pj.gpumap(folded(8), tenant="t1")  # b1 (t1) holds g1 of n1
+    assert [(n[0], n[7]) for n in m["nodes"]] == [("n1", [0])] and m["marked"] == 1
+    assert pj.gpumap(folded(8), tenant="t2")["nodes"] == []
+    assert [(g["rack"], g["nodes"], g["gpus"]) for g in pj.gpumap(folded(8))["groups"]] == [("r1", 1, 2), ("r2", 1, 1)]
+    delta = pj.gpumap_delta(pj.gpumap(folded(3)), pj.gpumap(folded(8)))  # (b1 placed on n1 meanwhile)
+    assert delta["delta"] and delta["since"] == 3 and [n[0] for n in delta["nodes"]] == ["n1"] and delta["gone"] == []

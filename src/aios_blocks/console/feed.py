@@ -11,9 +11,9 @@ import contextlib
 import pickle
 import time
 import uuid
+import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable
-from itertools import islice
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -30,15 +30,65 @@ _json = msgspec.json
 TAIL = 2000
 #: past folds kept (a slider dragged back and forth asks the same few again)
 PAST_CACHE = 4
-#: the stored messages kept in memory for past folds, up to this many bytes of bodies: a past
-#: moment then folds from memory (~0.3 M events/s) instead of reading the stream again through NATS;
-#: a longer stream is read again
+#: the stored messages kept in memory for past folds, in chunks of ``CHUNK`` messages compressed
+#: (zlib level 1: ~6x on the stream's JSON), up to this many compressed bytes; past that the
+#: oldest chunks go, and a past moment before the oldest kept message reads the stream again
 KEEP_BYTES = 256 * 1024 * 1024
-#: a checkpoint of the live fold (pickled) every this many events at first; at most ``CHECKPOINTS``
-#: are kept (when there are more, every other one goes and the interval doubles): a past moment
-#: starts from the nearest checkpoint before it and folds only the events after it
+CHUNK = 4096
+#: a checkpoint of the live fold (pickled, then compressed off the event loop) every this many
+#: events at first; at most ``CHECKPOINTS`` and ``CHECK_BYTES`` compressed bytes are kept (past
+#: either, every other one goes and the interval doubles): a past moment starts from the nearest
+#: checkpoint before it and folds only the events after it
 CHECK_EVERY = 20_000
-CHECKPOINTS = 8
+CHECKPOINTS = 64
+CHECK_BYTES = 256 * 1024 * 1024
+
+
+class Kept:
+    """The stored messages read so far, oldest first, as ``(subject, body, seq, ts)``: full chunks
+    pickled and compressed, the last one open. ``first``: the oldest sequence still kept (0: none
+    has gone)."""
+
+    def __init__(self, budget: int = KEEP_BYTES, chunk: int = CHUNK):
+        self.budget, self.chunk = budget, chunk
+        #: (first seq, last seq, compressed pickle of the chunk's messages)
+        self.chunks: list[tuple[int, int, bytes]] = []
+        self.open: list[tuple[str, bytes, int, float]] = []
+        self.bytes = 0
+        self.first = 0
+
+    def add(self, subject: str, raw: bytes, seq: int, ts: float) -> None:
+        self.open.append((subject, raw, seq, ts))
+        if len(self.open) >= self.chunk:
+            blob = zlib.compress(pickle.dumps(self.open, protocol=pickle.HIGHEST_PROTOCOL), 1)
+            self.chunks.append((self.open[0][2], self.open[-1][2], blob))
+            self.bytes += len(blob)
+            self.open = []
+            while self.bytes > self.budget and self.chunks:
+                _, last, gone = self.chunks.pop(0)
+                self.bytes -= len(gone)
+                self.first = last + 1
+
+    def covers(self, after: int) -> bool:
+        """Whether every message after sequence ``after`` is still kept."""
+        return self.first == 0 or after + 1 >= self.first
+
+    def between(self, after: int, upto: int) -> Iterator[tuple[str, bytes, int, float]]:
+        """The kept messages with ``after < seq <= upto``, in order."""
+        at = bisect.bisect_right(self.chunks, after, key=lambda c: c[1])
+        for first, _, blob in self.chunks[at:]:
+            if first > upto:
+                return
+            for m in pickle.loads(zlib.decompress(blob)):
+                if m[2] > upto:
+                    return
+                if m[2] > after:
+                    yield m
+        for m in self.open:
+            if m[2] > upto:
+                return
+            if m[2] > after:
+                yield m
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -69,14 +119,17 @@ class Feed:
     text (``blocks replay``'s)."""
 
     def __init__(self, bus: Bus, line: Callable[[str, dict[str, Any]], str], keep_bytes: int = KEEP_BYTES,
-                 check_every: int = CHECK_EVERY):
+                 check_every: int = CHECK_EVERY, chunk: int = CHUNK, checkpoints: int = CHECKPOINTS,
+                 check_bytes: int = CHECK_BYTES):
         self.bus = bus
-        #: (sequence, the live fold pickled there), oldest first
+        #: (sequence, the live fold there: pickled, then compressed), oldest first
         self.checkpoints: list[tuple[int, bytes]] = []
         self._check_every, self._since_check = check_every, 0
-        #: every stored message so far, while their bodies fit in ``keep_bytes`` (None once they do not)
-        self.kept: list[tuple[str, bytes, int, float]] | None = []
-        self._kept_bytes, self._keep_bytes = 0, keep_bytes
+        self._max_checks, self._check_bytes = checkpoints, check_bytes
+        #: the stored messages so far (the newest ``keep_bytes`` of them, compressed)
+        self.kept = Kept(keep_bytes, chunk)
+        #: checkpoints being compressed (a past moment waits for them: the nearest may be one)
+        self._compressing: set[asyncio.Future[bytes]] = set()
         self.line = line
         self.fold = Fold()
         #: block -> [(seq, ts, subject, body)]: bodies as stored (the same bytes ``kept`` holds),
@@ -119,12 +172,7 @@ class Feed:
         self._since_check += 1
         if self._since_check >= self._check_every:
             self._checkpoint()
-        if self.kept is not None:
-            self._kept_bytes += len(raw) + len(subject)
-            if self._kept_bytes > self._keep_bytes:
-                self.kept = None
-            else:
-                self.kept.append((subject, raw, seq, ts))
+        self.kept.add(subject, raw, seq, ts)
         parts = subject.split(".", 3)
         env = _envelope(raw)
         if len(parts) == 4 and parts[1] == "block":
@@ -142,10 +190,30 @@ class Feed:
 
     def _checkpoint(self) -> None:
         """The live fold as it is now, pickled (a pause of the feed that grows with the state:
-        ~0.2 s for 1,213 nodes and 10,000 blocks here; rarer as the interval doubles)."""
-        self.checkpoints.append((self.fold.last_seq, pickle.dumps(self.fold, protocol=pickle.HIGHEST_PROTOCOL)))
+        ~0.2 s for 1,213 nodes and 10,000 blocks here; rarer as the interval doubles), then
+        compressed in a thread (zlib lets go of the GIL)."""
+        seq = self.fold.last_seq
+        pickled = pickle.dumps(self.fold, protocol=pickle.HIGHEST_PROTOCOL)
         self._since_check = 0
-        if len(self.checkpoints) > CHECKPOINTS:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._keep_check(seq, zlib.compress(pickled, 1))
+            return
+        done = loop.run_in_executor(None, zlib.compress, pickled, 1)
+        self._compressing.add(done)
+
+        def keep(f: asyncio.Future[bytes]) -> None:
+            self._compressing.discard(f)
+            if not f.cancelled() and f.exception() is None:
+                self._keep_check(seq, f.result())
+
+        done.add_done_callback(keep)
+
+    def _keep_check(self, seq: int, blob: bytes) -> None:
+        bisect.insort(self.checkpoints, (seq, blob), key=lambda c: c[0])
+        while len(self.checkpoints) > 1 and (len(self.checkpoints) > self._max_checks
+                                             or sum(len(b) for _, b in self.checkpoints) > self._check_bytes):
             self.checkpoints = self.checkpoints[::-1][::2][::-1]  # (the newest stays)
             self._check_every *= 2
 
@@ -167,15 +235,15 @@ class Feed:
         if hit is not None:
             self._past.move_to_end(seq)
             return hit
+        if self._compressing:
+            await asyncio.gather(*self._compressing, return_exceptions=True)
         f, after = Fold(), 0
         at = bisect.bisect_right(self.checkpoints, seq, key=lambda c: c[0])
         if at:
-            after, pickled = self.checkpoints[at - 1]
-            f = pickle.loads(pickled)
-        if self.kept is not None and self.caught_up.is_set():
-            for subject, raw, s, ts in islice(self.kept, bisect.bisect_right(self.kept, after, key=lambda m: m[2]), None):
-                if s > seq:
-                    break
+            after, blob = self.checkpoints[at - 1]
+            f = pickle.loads(zlib.decompress(blob))
+        if self.kept.covers(after) and self.caught_up.is_set():
+            for subject, raw, s, ts in self.kept.between(after, seq):
                 f.apply(subject, raw, s, ts)
             return self._remember(seq, f)
 
