@@ -558,3 +558,23 @@ async def test_an_unknown_builtin_fails_by_name_not_as_a_missing_module() -> Non
     "No module named 'builtin'" (the URI is not a module:Class)."""
     with pytest.raises(ValueError, match=r"unknown built-in policy 'builtin:binpak'; the built-ins are builtin:best-fit, builtin:binpack"):
         await PolicyRuntime().resolve("builtin:binpak")
+
+
+async def test_a_shareable_builtin_is_built_once_for_every_block_and_a_stateful_one_per_block() -> None:
+    """Workers call a policy under the rule id ``{blockId}.{kind}``: the built-in
+    resourceAllocators (``shareable``: what they keep derives from settings and parameters) are
+    built once for all blocks, as ``blocks trace replay --in-process`` uses them; the other
+    built-ins (an autoscaler may keep a block's own figures) and user code stay one per block."""
+    rt = PolicyRuntime(lookup=None)
+    fgd = {"name": "resourceAllocator", "policyRuleURI": "builtin:fgd-plus",
+           "parameters": {"workload": [{"cpu": 4, "gpus": 1, "weight": 1}]}}
+    a, _, _ = await rt.instance(fgd, "b1.resourceAllocator")
+    b, _, _ = await rt.instance(fgd, "b2.resourceAllocator")
+    assert a is b
+    other, _, _ = await rt.instance({**fgd, "parameters": {"workload": [{"cpu": 8, "gpus": 2, "weight": 1}]}}, "b3.resourceAllocator")
+    assert other is not a  # other parameters, another instance
+    assert all(getattr(BUILTINS[uri], "shareable", False) for uri in ("builtin:binpack", "builtin:spread", "builtin:fgd"))
+    rr = {"name": "loadBalancer", "policyRuleURI": "builtin:round-robin"}  # its turn is the block's own
+    x, _, _ = await rt.instance(rr, "b1.loadBalancer")
+    y, _, _ = await rt.instance(rr, "b2.loadBalancer")
+    assert x is not y and (await rt.instance(rr, "b1.loadBalancer"))[0] is x

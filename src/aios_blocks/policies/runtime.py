@@ -207,6 +207,11 @@ class PolicyRuntime:
     async def instance(self, rule: dict[str, Any], rule_id: str) -> tuple[Any, str, int | None]:
         cls, cname, version = await self.resolve(rule["policyRuleURI"], rule.get("version"))
         settings, parameters = rule.get("settings") or {}, rule.get("parameters") or {}
+        if cname in BUILTINS and getattr(cls, "shareable", False):
+            # one instance for every block of the rule (as ``blocks trace replay --in-process``
+            # has): building fgd-plus's workload tables per block was a sixth to a third of a
+            # controller's placement CPU on the GPU trace (docs/trace.md "Live vs Ray")
+            rule_id = cname
         key = (rule_id, cname, version, repr(settings), repr(parameters))
         inst = self._instances.get(key)
         if inst is None:

@@ -30,6 +30,10 @@ def tie_seed(block: dict[str, Any]) -> str:
 
 class _ResourceAllocator:
     mode = "binpack"
+    #: one instance may serve every block of a rule (``PolicyRuntime.instance``): what an instance
+    #: keeps is derived from its settings and parameters (workload tables, memos keyed by node
+    #: state and request), never a block's own state
+    shareable = True
 
     def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
         self.rule_id = rule_id
