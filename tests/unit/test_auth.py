@@ -13,6 +13,7 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import security_options
 from aios_blocks.runtime import auth
+from aios_blocks.runtime import tenants as tn
 from aios_blocks.runtime.embedded import nats_binary
 
 matches = subjects.matches  # NATS subject matching: ``*`` one token, ``>`` one or more trailing tokens
@@ -100,9 +101,14 @@ def test_a_node_agent_publishes_only_its_own_node() -> None:
 
 
 def test_only_the_controller_answers_requests_and_observers_write_nothing() -> None:
-    for role in ("parser", "gateway", "agent-sim", "upstream", "observer"):
+    for role in ("parser", "agent-sim", "upstream", "observer"):
         perms = auth.permissions(role)
         assert perms is not None and not perms.allow_responses, role
+    # the gateway answers tenants' requests (workers.tenants), which reach it only through their
+    # accounts' service imports (the server names the reply subject) or from the admin
+    gw = auth.permissions("gateway")
+    assert gw is not None and gw.allow_responses and "aios.tenant.*.block.*.task" in gw.subscribe
+    assert not [p for p in gw.publish if p.startswith("aios.tenant.") and ".event." not in p]
     obs = auth.permissions("observer")
     assert obs is not None and not [p for p in obs.publish if p.startswith("aios.")]
     # observers keep consumers of their own (durable or ephemeral, pull or push) ...
@@ -148,14 +154,19 @@ def test_agent_users_need_a_valid_node_id(nid: str) -> None:
 def test_generated_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
     s = auth.Secrets.load(tmp_path)
     s.add_agent("gpu-7")
+    s.tenants["team-a"] = tn.Tenant("team-a", {"main": "pw1", "dash": "pw2"}, tn.Limits(connections=3)).to_dict()
     conf = tmp_path / "nats.conf"
-    conf.write_text(f'listen: "127.0.0.1:-1"\n{auth.nats_authorization(s)}')
+    conf.write_text(f'listen: "127.0.0.1:-1"\njetstream {{store_dir: "{tmp_path}/js"}}\n{auth.nats_authorization(s)}')
     r = subprocess.run([nats_binary(), "-t", "-c", str(conf)], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
     text = conf.read_text()
     for role in auth.ROLES:
         assert f'user: "{role}"' in text
     assert 'user: "agent-gpu-7"' in text and '"aios.node.gpu-7.registered"' in text
+    # the tenant: an account of its own, its users, limits, and imports of its own subjects only
+    assert '"tenant-team-a": {' in text and 'user: "team-a.main"' in text and 'user: "team-a.dash"' in text
+    assert "max_connections: 3" in text and '"aios.tenant.team-a.block.*.create"' in text
+    assert "aios.tenant.*" not in text.split('"tenant-team-a": {')[1]
 
 
 def test_redis_acl_turns_the_default_user_off(tmp_path: Path) -> None:

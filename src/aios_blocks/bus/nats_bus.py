@@ -520,8 +520,8 @@ class Bus(Topology):
         """Core-NATS publish for cache-invalidation hints (lost hints only cost a stale read)."""
         await self.nc.publish(subject, msgspec.json.encode(data))
 
-    async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]]) -> Any:
-        return await self.nc.subscribe(subject, cb=cb, pending_msgs_limit=1_000_000)
+    async def subscribe(self, subject: str, cb: Callable[[Any], Awaitable[None]], queue: str = "") -> Any:
+        return await self.nc.subscribe(subject, queue=queue, cb=cb, pending_msgs_limit=1_000_000)
 
     async def puller(self, stream: str, durable: str) -> Puller:
         """Takes durable ``durable``'s messages (``bus.pull``)."""

@@ -155,8 +155,9 @@ def consumer(durable: str, *events: Event[Any], **scope: str) -> ConsumerSpec:
 
 
 #: The parser also takes create subjects whose id held dots (``aios.block.a.b.create``): they can
-#: only be dead-lettered, but they must not sit in the stream unanswered. Its stream is ``AIOS_INTAKE``.
-PARSER = consumer("parser", E.block_create)
+#: only be dead-lettered, but they must not sit in the stream unanswered. Its stream is ``AIOS_INTAKE``;
+#: tenants' creates come there as ``aios.tenant.<t>.block.<bid>.create`` (``runtime.tenants``).
+PARSER = consumer("parser", E.block_create, E.tenant_block_create)
 GATEWAY = consumer("gateway", E.block_parsed, E.block_dry_run_result)
 
 CONTROLLER_EVENTS = (E.cluster_dry_run, E.cluster_allocation, E.cluster_scale, E.cluster_scale_down, E.cluster_reassignment)

@@ -19,7 +19,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from . import blocks, console, inventory, nodes, policy, priority, rebalance, servers, state, task, trace, vcluster
+from . import blocks, console, inventory, nodes, policy, priority, rebalance, servers, state, task, tenants, trace, vcluster
 from .common import DataDir, _input_errors, _one_line, err
 
 app = typer.Typer(
@@ -212,6 +212,7 @@ quota_app.command("set")(priority.quota_set)
 quota_app.command("get")(priority.quota_get)
 quota_app.command("list")(priority.quota_list)
 app.command("preempt")(priority.preempt)
+app.add_typer(tenants.tenant_app, name="tenant")
 app.command("rebalance")(rebalance.rebalance)
 vcluster.register(app, DataDir)
 nodes.register(node_app, cluster_app, DataDir)

@@ -110,6 +110,22 @@ def read(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> ParseOutcome:
         return ParseOutcome(errors=exc.errors)
 
 
+def for_tenant(outcome: ParseOutcome, tenant: str) -> ParseOutcome:
+    """A tenant's create (``aios.tenant.<t>.block.B.create``: the server wrote ``t`` from the
+    account the client logged in to): the block is labelled ``tenant=<t>``, which makes it the
+    tenant's (its requests, its events, its quota, docs/security.md "Tenants"). A spec that names
+    another tenant in its label is refused, not relabelled: its sender meant something else."""
+    assert outcome.doc is not None
+    labels = outcome.doc.get("labels")
+    if labels is not None and not isinstance(labels, dict):
+        return outcome  # the spec's validation says what is wrong with it
+    given = (labels or {}).get("tenant")
+    if given is not None and given != tenant:
+        return ParseOutcome(errors=[SpecError("$.labels.tenant", f"label tenant={given!r}, but this create comes from "
+                                                                 f"tenant {tenant!r}: a tenant's blocks carry its own name")])
+    return ParseOutcome(doc={**outcome.doc, "labels": {**(labels or {}), "tenant": tenant}})
+
+
 def component_uri(doc: dict[str, Any]) -> str | None:
     uri = doc.get("blockComponentURI")
     return uri if isinstance(uri, str) and uri else None

@@ -27,6 +27,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from ..bus import event_ids, subjects
@@ -34,6 +35,7 @@ from ..bus.catalog import EVENTS, E
 from ..schemas import roles
 from ..schemas.spec import ID_RE
 from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
+from . import tenants as tn
 from .locate import REDIS_ROLE, redis_role_url, with_userinfo  # noqa: F401  (the light half the CLI uses; re-exported)
 
 #: Worker roles the supervisor runs, the CLI's admin, and the roles for people and other systems
@@ -230,8 +232,11 @@ def _parser(r: _Role) -> _Rights:
 
 
 def _gateway(r: _Role) -> _Rights:
-    # and the dry_run answers (core NATS, a queue group)
-    return _Rights([*r.read_topology, *_consumer_rights(subjects.GATEWAY.durable)], [*r.hints, *subjects.GATEWAY.core_filters])
+    # and the dry_run answers (core NATS, a queue group); the tenant desk (``workers.tenants``):
+    # tenants' requests (answered through ``allow_responses``), every block event to relay, and the
+    # last ``submitted`` of a block (whose create a ``rejected`` answers)
+    return _Rights([*r.read_topology, *_consumer_rights(subjects.GATEWAY.durable), f"{JS}.STREAM.MSG.GET.{subjects.STREAM}"],
+                   [*r.hints, *subjects.GATEWAY.core_filters, *tn.REQUESTS_ALL, subjects.block_all()], responses=True)
 
 
 def _controller(r: _Role) -> _Rights:
@@ -342,6 +347,8 @@ class Secrets:
     event_key: str = ""
     #: clusters served by their own controller durable (``controller-<cid>``): observers may not touch it
     controllers: list[str] = field(default_factory=list)
+    #: tenant name -> its users' passwords and limits (``runtime.tenants``: one NATS account each)
+    tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, data_dir: Path, create: bool = True) -> Secrets:
@@ -351,6 +358,7 @@ class Secrets:
             d = json.loads(path.read_text())
             s.nats, s.redis, s.agents = d.get("nats", {}), d.get("redis", {}), d.get("agents", {})
             s.event_key, s.controllers = d.get("event_key", ""), d.get("controllers", [])
+            s.tenants = d.get("tenants", {})
         elif not create:
             raise FileNotFoundError(path)
         changed = False
@@ -370,7 +378,11 @@ class Secrets:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         os.chmod(self.path.parent, 0o700)
         write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents,
-                                             "event_key": self.event_key, "controllers": self.controllers}, indent=1))
+                                             "event_key": self.event_key, "controllers": self.controllers,
+                                             "tenants": self.tenants}, indent=1))
+
+    def tenant_list(self) -> list[tn.Tenant]:
+        return [tn.Tenant.from_dict(name, d) for name, d in sorted(self.tenants.items())]
 
     def add_agent(self, nid: str) -> bool:
         agent_user(nid)  # validates
@@ -406,18 +418,20 @@ def locked(data_dir: Path) -> Iterator[None]:
 
 # -- server config ----------------------------------------------------------------------------------
 def nats_authorization(s: Secrets) -> str:
-    """The ``authorization`` block of nats.conf: every role's user and permissions."""
+    """The accounts of nats.conf (``runtime.tenants``): ``AIOS`` with every role's user and
+    permissions and every node agent's, and one account per tenant. It is the config's last part:
+    ``_reload_authorization`` rewrites it from ``accounts {`` on."""
     lines = []
     protected = [subjects.agent(nid).durable for nid in s.agents] + [f"controller-{c}" for c in s.controllers]
     for role in ROLES:
         perms = permissions(role, protected=protected)
         p = f", permissions: {perms.conf()}" if perms else ""
-        lines.append(f"    {{user: {json.dumps(role)}, password: {json.dumps(s.nats[role])}{p}}}")
+        lines.append(f"      {{user: {json.dumps(role)}, password: {json.dumps(s.nats[role])}{p}}}")
     for nid, pw in sorted(s.agents.items()):
         perms = permissions("agent", nid)
         assert perms is not None
-        lines.append(f"    {{user: {json.dumps(agent_user(nid))}, password: {json.dumps(pw)}, permissions: {perms.conf()}}}")
-    return "authorization {\n  users: [\n" + "\n".join(lines) + "\n  ]\n}\n"
+        lines.append(f"      {{user: {json.dumps(agent_user(nid))}, password: {json.dumps(pw)}, permissions: {perms.conf()}}}")
+    return tn.accounts_conf(lines, s.tenant_list())
 
 
 def redis_acl(s: Secrets) -> str:
@@ -549,13 +563,39 @@ def ensure_agent(data_dir: Path, nid: str, timeout: float = 10.0) -> str:
 
 
 def _reload_authorization(data_dir: Path, s: Secrets) -> None:
-    """Rewrite nats.conf's authorization block and tell the server to reload it (call locked)."""
+    """Rewrite nats.conf's accounts and tell the server to reload them (call locked)."""
     conf = data_dir / "nats.conf"
     text = conf.read_text()
-    start = text.index("authorization {")
+    # (``authorization {``: a config written before tenants; the server then still runs it)
+    start = min(i for i in (text.find("accounts {"), text.find("authorization {")) if i >= 0)
     write_private(conf, text[:start] + nats_authorization(s))
     pid = int((data_dir / "nats.pid").read_text().strip())
     os.kill(pid, signal.SIGHUP)  # = nats-server --signal reload=<pid>
+
+
+RELOADED = "Reloaded server configuration"
+
+
+def _reloads(data_dir: Path) -> int:
+    try:
+        return (data_dir / "nats.log").read_text(errors="replace").count(RELOADED)
+    except OSError:
+        return -1
+
+
+def _reload_tenant(data_dir: Path, s: Secrets, timeout: float = 10.0) -> None:
+    """Load a new tenant's account (call locked), and reload once more: nats-server 2.15 leaves the
+    imports of an account that a reload creates unresolved (its clients' requests find "no
+    responders") until the next reload. Each reload waits for the server's log to say it is done
+    (``nats.log``, where the embedded server writes it)."""
+    for _ in range(2):
+        before = _reloads(data_dir)
+        _reload_authorization(data_dir, s)
+        deadline = time.monotonic() + timeout
+        while before >= 0 and _reloads(data_dir) <= before:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"nats-server did not reload its config within {timeout}s (see {data_dir / 'nats.log'})")
+            time.sleep(0.02)
 
 
 def protect_controller(data_dir: Path, cid: str) -> bool:
@@ -599,3 +639,119 @@ def wait_nats_user(url: str, ca: str | None, timeout: float) -> None:
         if time.monotonic() > deadline:
             raise RuntimeError(f"nats-server did not accept the new user {url_user(url)!r} within {timeout}s")
         time.sleep(0.05)
+
+
+# -- tenants (runtime.tenants: one NATS account each) ------------------------------------------------
+def _tenant_endpoints(data_dir: Path) -> Endpoints:
+    ep = read_endpoints(Path(data_dir).resolve())
+    if ep is None:
+        raise RuntimeError(f"no embedded servers running in {data_dir} (start `blocks up`)")
+    if not ep.auth:
+        raise RuntimeError("tenants need servers that require credentials: these run with AIOS_AUTH=0")
+    return ep
+
+
+def credentials_path(data_dir: Path, tenant: str, user: str) -> Path:
+    return Path(data_dir).resolve() / "tenants" / tn.check_name(tenant) / f"{tn.check_name(user, 'user name')}.json"
+
+
+def _write_credentials(ep: Endpoints, tenant: str, user: str, password: str) -> Path:
+    path = credentials_path(ep.data_dir, tenant, user)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent.parent, 0o700)
+    write_private(path, json.dumps(tn.credentials(tenant, user, password, ep.nats, ep.nats_ca), indent=1) + "\n")
+    return path
+
+
+def tenant_user_url(data_dir: Path, tenant: str, user: str = tn.FIRST_USER) -> str:
+    """The NATS URL (with credentials) of a tenant's user."""
+    ep = _tenant_endpoints(data_dir)
+    s = Secrets.load(ep.data_dir, create=False)
+    pw = (s.tenants.get(tenant) or {}).get("users", {}).get(user)
+    if pw is None:
+        raise LookupError(f"no user {user!r} in tenant {tenant!r}")
+    return with_userinfo(ep.nats, tn.user_name(tenant, user), pw)
+
+
+def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, timeout: float = 10.0) -> tuple[bool, Path]:
+    """Make ``tenant``'s account with its first user (``main``) on the running embedded server
+    (config rewrite + reload); (whether it is new, its credentials file). An existing tenant keeps
+    its users; given ``limits`` replace its limits."""
+    ep = _tenant_endpoints(data_dir)
+    tn.check_name(tenant)
+    with locked(ep.data_dir):
+        s = Secrets.load(ep.data_dir, create=False)
+        new = tenant not in s.tenants
+        t = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {}))
+        t.users.setdefault(tn.FIRST_USER, _token())
+        if limits is not None:
+            t.limits = limits
+        if new or limits is not None:
+            s.tenants[tenant] = t.to_dict()
+            s.save()
+            if new:
+                _reload_tenant(ep.data_dir, s)
+            else:
+                _reload_authorization(ep.data_dir, s)
+        path = _write_credentials(ep, tenant, tn.FIRST_USER, t.users[tn.FIRST_USER])
+    wait_nats_user(tenant_user_url(ep.data_dir, tenant), ep.nats_ca, timeout)
+    return new, path
+
+
+def remove_tenant(data_dir: Path, tenant: str) -> bool:
+    """Remove the tenant's account (its connections are closed by the reload) and credentials."""
+    ep = _tenant_endpoints(data_dir)
+    with locked(ep.data_dir):
+        s = Secrets.load(ep.data_dir, create=False)
+        if s.tenants.pop(tn.check_name(tenant), None) is None:
+            return False
+        s.save()
+        _reload_authorization(ep.data_dir, s)
+    folder = Path(ep.data_dir) / "tenants" / tenant
+    for f in folder.glob("*.json"):
+        f.unlink()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
+    return True
+
+
+def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.0) -> tuple[bool, Path]:
+    """A user of its own for one of the tenant's clients; (whether it is new, its credentials file)."""
+    ep = _tenant_endpoints(data_dir)
+    tn.user_name(tenant, user)  # validates both
+    with locked(ep.data_dir):
+        s = Secrets.load(ep.data_dir, create=False)
+        if tenant not in s.tenants:
+            raise LookupError(f"no tenant {tenant!r} (blocks tenant add {tenant})")
+        t = tn.Tenant.from_dict(tenant, s.tenants[tenant])
+        new = user not in t.users
+        if new:
+            t.users[user] = _token()
+            s.tenants[tenant] = t.to_dict()
+            s.save()
+            _reload_authorization(ep.data_dir, s)
+        path = _write_credentials(ep, tenant, user, t.users[user])
+    wait_nats_user(tenant_user_url(ep.data_dir, tenant, user), ep.nats_ca, timeout)
+    return new, path
+
+
+def remove_tenant_user(data_dir: Path, tenant: str, user: str) -> bool:
+    ep = _tenant_endpoints(data_dir)
+    with locked(ep.data_dir):
+        s = Secrets.load(ep.data_dir, create=False)
+        t = s.tenants.get(tenant)
+        if t is None or user not in (t.get("users") or {}):
+            return False
+        del t["users"][user]
+        s.save()
+        _reload_authorization(ep.data_dir, s)
+    with contextlib.suppress(FileNotFoundError):
+        credentials_path(ep.data_dir, tenant, user).unlink()
+    return True
+
+
+def tenants(data_dir: Path) -> list[dict[str, Any]]:
+    """Every tenant: name, account, users, limits (no password)."""
+    s = Secrets.load(Path(data_dir).resolve(), create=False)
+    return [{"tenant": t.name, "account": tn.account(t.name), "users": [tn.user_name(t.name, u) for u in sorted(t.users)],
+             "limits": t.to_dict()["limits"]} for t in s.tenant_list()]

@@ -284,10 +284,11 @@ class EmbeddedServers:
             text += f'tls {{ cert_file: "{cert}", key_file: "{key}" }}\n'
         secrets = self._secrets()
         if secrets:
-            with authn.locked(self.data_dir):  # the authorization block stays last: ensure_agent rewrites it
+            with authn.locked(self.data_dir):  # the accounts stay last: ensure_agent and tenants rewrite them
                 authn.write_private(conf, text + authn.nats_authorization(secrets))
         else:
             authn.write_private(conf, text)
+        move_account_store(store, secrets is not None)
         log = self.data_dir / "nats.log"
         proc = self._popen([nats_binary(), "-c", str(conf), "-l", str(log)])
         self.procs.append(proc)
@@ -351,6 +352,19 @@ class EmbeddedServers:
         if self._lock is not None:
             self._lock.release()
             self._lock = None
+
+
+def move_account_store(store: Path, accounts: bool) -> None:
+    """JetStream keeps each account's streams under ``<store>/jetstream/<account>``. With
+    credentials the system's users live in the account ``AIOS`` (``runtime.tenants``); a data dir
+    made before that (or run with ``AIOS_AUTH=0``) has them under the global account ``$G``: move
+    them (the server is not running yet) so the stream is where the users are."""
+    from .tenants import SYSTEM_ACCOUNT
+
+    root = store / "jetstream"
+    src, dst = (root / "$G", root / SYSTEM_ACCOUNT) if accounts else (root / SYSTEM_ACCOUNT, root / "$G")
+    if src.is_dir() and not dst.exists():
+        src.rename(dst)
 
 
 def agent_nats_url(data_dir: Path, nid: str) -> str | None:

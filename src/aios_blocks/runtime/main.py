@@ -281,8 +281,9 @@ async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Eve
         )
     elif kind == "gateway":
         from ..workers import gateway
+        from ..workers.tenants import TenantDesk
 
-        await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)))
+        await asyncio.gather(run_consumers(w, binds, stop), gateway.run_timers(w, stop, EpochGuard(w)), TenantDesk(w).run(stop))
     else:
         await run_consumers(w, binds, stop)
 

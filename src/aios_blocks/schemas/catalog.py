@@ -187,12 +187,15 @@ TOKEN_FIELDS = {"bid": "block_id", "cid": "cluster_id", "nid": "node_id", "iid":
 _B = f"{ROOT}.block.{{bid}}"
 _C = f"{ROOT}.cluster.{{cid}}"
 _N = f"{ROOT}.node.{{nid}}"
+#: a tenant's subjects in AIOS (runtime.tenants)
+_T = f"{ROOT}.tenant.{{tenant}}"
 _I = f"{_B}.instance.{{iid}}"
 _V = f"{ROOT}.vcluster.{{vid}}"
 _VID = (("vid", "vcluster_id"),)
 U, A, PA, G, C, AG, R = Role.UPSTREAM, Role.ADMIN, Role.PARSER, Role.GATEWAY, Role.CONTROLLER, Role.AGENT, Role.RUNNER
 AS = Role.AUTOSCALER
 HC = Role.CHECKER
+TN = Role.TENANT
 
 
 class E:
@@ -254,12 +257,14 @@ class E:
         id_rule="{block_id}:{gen}:allocation:{attempt}",
     )
     cluster_scale = Event(
-        "cluster.scale", f"{_C}.scale", ev.ScaleRequest, (A, C), "place one more instance (CLI / autoscaler)",
+        "cluster.scale", f"{_C}.scale", ev.ScaleRequest, (A, C, G), "place one more instance (CLI / autoscaler; the gateway "
+        "for a tenant's scale request)",
         id_rule="{block_id}:{gen}:scale:{request_id}",
     )
     block_scale_target = Event(
-        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C, AS, Role.EXECUTOR),
-        "desired instance count (CLI --to, autoscaler, activator): the controller reaches it with scale / scale_down",
+        "block.scale.target", f"{_B}.scale.target", ev.ScaleTarget, (A, C, AS, Role.EXECUTOR, G),
+        "desired instance count (CLI --to, autoscaler, activator, a tenant's scale request): the controller reaches it "
+        "with scale / scale_down",
         id_rule="{block_id}:{gen}:scale.target:{request_id}",
     )
     block_autoscaled = Event(
@@ -363,10 +368,41 @@ class E:
         stored=False, body=Body.CORE,
     )
     block_task: Event[Any] = Event(
-        "block.task", f"{_B}.task", None, (U, A),
+        "block.task", f"{_B}.task", None, (U, A, G),
         "core NATS request/reply, not stored: one task for the block (any body); an executor of the queue group "
         "replies with the instance's answer, or an error status (Aios-Status, Aios-Error, Retry-After-Ms headers)",
         stored=False, body=Body.CORE, responders=(Role.EXECUTOR,),
+    )
+    # -- tenants (docs/security.md "Tenants"): a tenant account's requests reach AIOS under its name -----
+    tenant_block_create: Event[Any] = Event(
+        "tenant.block.create", f"{_T}.block.{{bid}}.create", None, (TN,),
+        "a tenant's create (its clients publish aios.block.B.create in its own account; the server adds the "
+        "tenant's name): stored as sent in AIOS_INTAKE like block.create, the parser labels the block with the tenant",
+        stream=STREAM_INTAKE,
+    )
+    tenant_block_task: Event[Any] = Event(
+        "tenant.block.task", f"{_T}.block.{{bid}}.task", None, (TN,),
+        "core NATS request/reply, not stored: a tenant's task for one of its blocks; the gateway checks the block is "
+        "the tenant's and forwards it as block.task (its answer back, or Aios-Status 403/404)",
+        stored=False, body=Body.CORE, responders=(G,),
+    )
+    tenant_block_scale: Event[Any] = Event(
+        "tenant.block.scale", f"{_T}.block.{{bid}}.scale", None, (TN,),
+        "core NATS request/reply, not stored: a tenant scales one of its blocks (body {\"target\": n}, or empty: one "
+        "more instance); the gateway checks the block is the tenant's and publishes block.scale.target / cluster.scale",
+        stored=False, body=Body.CORE, responders=(G,),
+    )
+    tenant_block_delete: Event[Any] = Event(
+        "tenant.block.delete", f"{_T}.block.{{bid}}.delete", None, (TN,),
+        "core NATS request/reply, not stored: a tenant deletes one of its blocks; the gateway checks the block is the "
+        "tenant's and publishes block.delete",
+        stored=False, body=Body.CORE, responders=(G,),
+    )
+    tenant_event: Event[Any] = Event(
+        "tenant.event", f"{_T}.event.{{subject}}", None, (G,),
+        "core NATS, not stored: a stored event of a tenant's block (aios.block.B.…, as B.…), relayed by the gateway "
+        "to that tenant only; its clients receive it as aios.block.B.…",
+        stored=False, body=Body.CORE,
     )
     node_expected: Event[Any] = Event(
         "node.expected", f"{_N}.expected", None, (AG,),
@@ -394,7 +430,8 @@ class E:
         id_rule="{block_id}:{gen}:reassignment.failed:{request_id}",
     )
     block_delete = Event(
-        "block.delete", f"{_B}.delete", ev.DeleteRequest, (A,), "delete requested", id_rule="{block_id}:delete:{request_id}",
+        "block.delete", f"{_B}.delete", ev.DeleteRequest, (A, G), "delete requested (CLI; the gateway for a tenant's "
+        "delete request)", id_rule="{block_id}:delete:{request_id}",
     )
     block_deleted = Event(
         "block.deleted", f"{_B}.deleted", ev.BlockStatusReport, (C,), "every instance removed and released",

@@ -32,6 +32,8 @@ class Role(enum.StrEnum):
     SIDECAR = "sidecar"
     #: each role's consumer runner dead-letters its own consumers' messages
     RUNNER = "runner"
+    #: a tenant's clients, in its own NATS account (``runtime.tenants``): no user of the system's account
+    TENANT = "tenant"
     #: the rebalancer (``blocks worker rebalancer``): move requests (docs/rebalance.md)
     REBALANCER = "rebalancer"
 
@@ -84,8 +86,8 @@ NATS_USERS: tuple[str, ...] = ("admin", *KINDS, "upstream", "observer", "sidecar
 #: worker kind -> its NATS user (the same name)
 KIND_USER: dict[str, str] = {k: k for k in KINDS}
 #: catalog role -> the NATS users that publish as it: each role's own user (``agent``: the real
-#: agents' permissions), none for the admin (unrestricted) and the runner (each role dead-letters
+#: agents' permissions), none for the admin (unrestricted), tenants (accounts of their own) and the runner (each role dead-letters
 #: its own consumers' messages)
-ROLE_USERS: dict[Role, tuple[str, ...]] = {r: () if r in (Role.ADMIN, Role.RUNNER) else (r.value,) for r in Role}
+ROLE_USERS: dict[Role, tuple[str, ...]] = {r: () if r in (Role.ADMIN, Role.RUNNER, Role.TENANT) else (r.value,) for r in Role}
 #: NATS user -> Redis user (node agents, upstream publishers and side-cars get no Redis access)
 REDIS_USER: dict[str, str] = {"admin": "admin", **{k: "aios" for k in KINDS}, "observer": "observer"}

@@ -13,6 +13,7 @@ from ..bus.router import Inbound, Router
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
+from ..schemas.records import wire_ir
 from ..state.priority import PriorityStore
 from .base import Worker, bound
 
@@ -20,6 +21,7 @@ from .base import Worker, bound
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     router = Router(subjects.PARSER)
     router.add(E.block_create, bound(on_create, w))
+    router.add(E.tenant_block_create, bound(on_create, w))  # a tenant's (docs/security.md "Tenants")
     return [router.binding()]
 
 
@@ -36,6 +38,8 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         return
     bid = m.tokens["bid"]
     outcome = parse.read(d.data, w.settings.max_spec_bytes)
+    if outcome.doc is not None and (tenant := m.tokens.get("tenant")):
+        outcome = parse.for_tenant(outcome, tenant)  # the server put the tenant's name in the subject
     if outcome.doc is not None:
         uri = parse.component_uri(outcome.doc)
         component = await w.store.get_component(uri) if uri else None
@@ -47,7 +51,7 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
         )
         if ok:
-            await w.bus.emit(E.block_parsed, Parsed(bid, gen, outcome.ir))
+            await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(outcome.ir)))
             return
         outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
     else:

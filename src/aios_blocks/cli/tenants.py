@@ -1,0 +1,119 @@
+"""``blocks tenant add|list|remove`` and ``blocks tenant user add|remove``: tenants as NATS
+accounts on the embedded server of a running ``blocks up`` (docs/security.md "Tenants"). Each
+change rewrites the server's accounts and reloads them (``runtime.auth``); running clients of
+other tenants and the workers stay connected."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from .common import DataDir, console
+from .render import _print_json, _table
+
+tenant_app = typer.Typer(help="Tenants: a NATS account each, with its own users and limits (docs/security.md).",
+                         no_args_is_help=True)
+user_app = typer.Typer(help="A tenant's users: one per client, each with its credentials file.", no_args_is_help=True)
+tenant_app.add_typer(user_app, name="user")
+
+
+def _say(tenant: str, user: str, new: bool, path: Path, as_json: bool) -> None:
+    from ..runtime import tenants as tn
+
+    if as_json:
+        _print_json({"tenant": tenant, "account": tn.account(tenant), "user": tn.user_name(tenant, user), "new": new,
+                     "credentials": str(path)})
+        return
+    console.print(f"tenant [bold]{tenant}[/] user [bold]{tn.user_name(tenant, user)}[/]"
+                  f"{'' if new else ' (existed)'}: credentials in {path}")
+
+
+@tenant_app.command("add")
+def tenant_add(
+    tenant: str = typer.Argument(..., help="The tenant's name (a block id's characters): its account is tenant-NAME."),
+    connections: int = typer.Option(None, "--max-connections", min=1, help="Client connections at once (default 64)."),
+    stream_bytes: int = typer.Option(None, "--max-stream-bytes", min=0,
+                                     help="Bytes the tenant's own JetStream streams may hold (default 64 MiB)."),
+    as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Add a tenant (a NATS account of its own) and its first user, `NAME.main`; print where its
+    credentials file is (0600: url, user, password). Again with limits: change them.
+
+    Example: `blocks tenant add team-a --json`, `blocks tenant add team-a --max-connections 8`
+    """
+    from ..runtime import auth
+    from ..runtime import tenants as tn
+
+    limits = None
+    if connections is not None or stream_bytes is not None:
+        s = auth.Secrets.load(Path(data_dir).resolve(), create=False)
+        limits = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {})).limits
+        limits.connections = connections if connections is not None else limits.connections
+        limits.stream_bytes = stream_bytes if stream_bytes is not None else limits.stream_bytes
+    new, path = auth.add_tenant(data_dir, tenant, limits)
+    _say(tenant, tn.FIRST_USER, new, path, as_json)
+
+
+@tenant_app.command("list")
+def tenant_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
+    """The tenants, their users and limits.
+
+    Example: `blocks tenant list`
+    """
+    from ..runtime import auth
+
+    rows = auth.tenants(Path(data_dir))
+    if as_json:
+        _print_json(rows)
+        return
+    table = _table("tenant", "account", "users", "connections", "stream bytes")
+    for r in rows:
+        lim = r["limits"]
+        table.add_row(r["tenant"], r["account"], ", ".join(r["users"]), str(lim["connections"]), str(lim["stream_bytes"]))
+    console.print(table)
+
+
+@tenant_app.command("remove")
+def tenant_remove(tenant: str = typer.Argument(...), data_dir: Path = DataDir) -> None:
+    """Remove a tenant's account: its clients are disconnected and its credentials deleted. Its
+    blocks stay (delete them first: `blocks delete BID`).
+
+    Example: `blocks tenant remove team-a`
+    """
+    from ..runtime import auth
+
+    if not auth.remove_tenant(data_dir, tenant):
+        raise LookupError(f"no tenant {tenant!r}")
+    console.print(f"tenant [bold]{tenant}[/] removed")
+
+
+@user_app.command("add")
+def tenant_user_add(
+    tenant: str = typer.Argument(...),
+    name: str = typer.Argument(..., help="The user's name: it logs in as TENANT.NAME."),
+    as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Add a user to a tenant (one per client): its own password and credentials file.
+
+    Example: `blocks tenant user add team-a dashboard --json`
+    """
+    from ..runtime import auth
+
+    new, path = auth.add_tenant_user(data_dir, tenant, name)
+    _say(tenant, name, new, path, as_json)
+
+
+@user_app.command("remove")
+def tenant_user_remove(tenant: str = typer.Argument(...), name: str = typer.Argument(...), data_dir: Path = DataDir) -> None:
+    """Remove one of a tenant's users (its connections are closed).
+
+    Example: `blocks tenant user remove team-a dashboard`
+    """
+    from ..runtime import auth
+
+    if not auth.remove_tenant_user(data_dir, tenant, name):
+        raise LookupError(f"tenant {tenant!r} has no user {name!r}")
+    console.print(f"tenant [bold]{tenant}[/] user [bold]{name}[/] removed")

@@ -1,0 +1,160 @@
+"""Tenants as NATS accounts (docs/security.md "Tenants"): pure config, no I/O.
+
+The embedded nats-server keeps the system's users (one per role, one per node agent) in the
+account ``AIOS``, and each tenant in an account of its own, ``tenant-<name>``. A tenant's account
+sees nothing of ``AIOS`` but what ``AIOS`` exports to it alone, under the tenant's own subjects:
+
+* its requests, as **service** imports: what its clients send on ``aios.block.B.create`` (a
+  JetStream publish: the stream ``AIOS_INTAKE`` stores it and its PubAck goes back),
+  ``aios.block.B.task``, ``aios.block.B.scale`` and ``aios.block.B.delete`` (core requests) reaches
+  ``AIOS`` as ``aios.tenant.<name>.block.B.<request>``: the server puts the tenant's name in the
+  subject, so no client can speak for another tenant;
+* its blocks' events, as a **stream** import: the gateway relays each stored ``aios.block.B.…``
+  event of a block the tenant owns to ``aios.tenant.<name>.event.B.…``, which the tenant's
+  clients receive as ``aios.block.B.…``.
+
+Replies to a client's requests travel on its own account's ``_INBOX.``: a default client
+configuration works, and no tenant can read another's. Users are config-file users with
+passwords (``<name>.<user>``), added with a config reload as node agents are (``auth``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..schemas.spec import ID_RE
+
+#: the account of the system's own users (roles, node agents): the stream lives there
+SYSTEM_ACCOUNT = "AIOS"
+ROOT = "aios"
+#: what a tenant's clients may ask the system, each a core request (``create`` a JetStream publish)
+REQUESTS = ("create", "task", "scale", "delete")
+#: a tenant's first user (``blocks tenant add``); more with ``blocks tenant user add``
+FIRST_USER = "main"
+
+
+def check_name(name: str, what: str = "tenant name") -> str:
+    if not isinstance(name, str) or not ID_RE.match(name):
+        raise ValueError(f"invalid {what} {name!r}: must match {ID_RE.pattern}")
+    return name
+
+
+def account(tenant: str) -> str:
+    return f"tenant-{check_name(tenant)}"
+
+
+def user_name(tenant: str, user: str) -> str:
+    """A tenant's NATS user: ``<tenant>.<user>``. The dot keeps it apart from every system user
+    (role names and ``agent-<nid>`` hold none) and from every other tenant's users."""
+    return f"{check_name(tenant)}.{check_name(user, 'user name')}"
+
+
+def request_subject(tenant: str, request: str, bid: str = "*") -> str:
+    """Where a tenant's request arrives in ``AIOS``: ``aios.tenant.<t>.block.<bid>.<request>``."""
+    return f"{ROOT}.tenant.{tenant}.block.{bid}.{request}"
+
+
+def event_subject(tenant: str, subject: str) -> str:
+    """The relayed copy of a block event ``aios.block.B.…`` for the tenant that owns B."""
+    return f"{ROOT}.tenant.{tenant}.event.{subject.removeprefix(ROOT + '.block.')}"
+
+
+#: a tenant's requests as the gateway's tenant desk takes them (``workers.tenants``)
+REQUESTS_ALL = tuple(request_subject("*", r) for r in REQUESTS if r != "create")
+
+
+@dataclass
+class Limits:
+    """Per-tenant limits the server enforces (``limits`` and ``jetstream`` of its account)."""
+
+    #: client connections at once (the account's ``max_connections``)
+    connections: int = 64
+    #: bytes the tenant's own JetStream streams may hold (file storage), e.g. to replay its events
+    stream_bytes: int = 64 * 1024 * 1024
+    memory_bytes: int = 8 * 1024 * 1024
+    streams: int = 4
+    consumers: int = 64
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> Limits:
+        known = {k: int(v) for k, v in (d or {}).items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+@dataclass
+class Tenant:
+    name: str
+    #: user name (without the tenant prefix) -> password
+    users: dict[str, str] = field(default_factory=dict)
+    limits: Limits = field(default_factory=Limits)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"users": dict(self.users), "limits": asdict(self.limits)}
+
+    @classmethod
+    def from_dict(cls, name: str, d: Mapping[str, Any]) -> Tenant:
+        return cls(name, dict(d.get("users") or {}), Limits.from_dict(d.get("limits")))
+
+
+def _q(xs: list[str] | tuple[str, ...]) -> str:
+    return ", ".join(json.dumps(x) for x in xs)
+
+
+def user_permissions() -> str:
+    """A tenant user's rights inside its own account: the four requests, its account's own
+    JetStream (bounded by the account's limits), and reading anything there (its inbox, its
+    blocks' events). It may not publish block events, even in its own account (another user of the
+    tenant would read them as the system's)."""
+    pub = [f"{ROOT}.block.*.{r}" for r in REQUESTS] + ["$JS.API.>", "$JS.ACK.>", "$JS.FC.>"]
+    return f"{{publish: {{allow: [{_q(pub)}]}}, subscribe: {{allow: [\">\"]}}}}"
+
+
+def exports(tenants: list[Tenant]) -> list[str]:
+    """``AIOS``'s exports: each tenant's request subjects and event stream. Public (no ``accounts:
+    [...]`` list): only the accounts of this generated config can import anything, and each imports
+    its own tenant's subjects only (``account_block``); tenants cannot change the config."""
+    out = []
+    for t in tenants:
+        for r in REQUESTS:
+            out.append(f"{{service: {json.dumps(request_subject(t.name, r))}}}")
+        out.append(f"{{stream: {json.dumps(event_subject(t.name, f'{ROOT}.block.>'))}}}")
+    return out
+
+
+def account_block(t: Tenant) -> str:
+    """The tenant's account: its users, limits and imports."""
+    lim = t.limits
+    users = ",\n      ".join(f"{{user: {json.dumps(user_name(t.name, u))}, password: {json.dumps(pw)}, "
+                           f"permissions: {user_permissions()}}}" for u, pw in sorted(t.users.items()))
+    sys_ = json.dumps(SYSTEM_ACCOUNT)
+    imports = [f"{{service: {{account: {sys_}, subject: {json.dumps(request_subject(t.name, r))}}}, "
+               f"to: {json.dumps(f'{ROOT}.block.*.{r}')}}}" for r in REQUESTS]
+    imports.append(f"{{stream: {{account: {sys_}, subject: {json.dumps(event_subject(t.name, f'{ROOT}.block.>'))}}}, "
+                   f"to: {json.dumps(f'{ROOT}.block.>')}}}")
+    return (f"  {json.dumps(account(t.name))}: {{\n"
+            f"    limits: {{max_connections: {lim.connections}}}\n"
+            f"    jetstream: {{max_file: {lim.stream_bytes}, max_mem: {lim.memory_bytes}, max_streams: {lim.streams}, "
+            f"max_consumers: {lim.consumers}}}\n"
+            f"    users: [\n      {users}\n    ]\n"
+            f"    imports: [\n      " + ",\n      ".join(imports) + "\n    ]\n  }\n")
+
+
+def accounts_conf(system_users: list[str], tenants: list[Tenant]) -> str:
+    """The ``accounts`` block of nats.conf: ``AIOS`` with the system's users (``system_users``:
+    one ``{user: …}`` entry each) and its exports, then one account per tenant."""
+    ex = exports(tenants)
+    ex_text = ("    exports: [\n      " + ",\n      ".join(ex) + "\n    ]\n") if ex else ""
+    text = (f"accounts {{\n  {SYSTEM_ACCOUNT}: {{\n    jetstream: enabled\n"
+            f"    users: [\n" + "\n".join(system_users) + "\n    ]\n" + ex_text + "  }\n")
+    for t in sorted(tenants, key=lambda t: t.name):
+        text += account_block(t)
+    return text + "}\n"
+
+
+def credentials(tenant: str, user: str, password: str, url: str, ca: str | None) -> dict[str, Any]:
+    """What a tenant's client needs, as the credentials file holds it (JSON, 0600)."""
+    return {"tenant": tenant, "account": account(tenant), "url": url, "user": user_name(tenant, user), "password": password,
+            **({"ca": ca} if ca else {})}

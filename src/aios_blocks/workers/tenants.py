@@ -1,0 +1,231 @@
+"""The gateway's tenant desk (docs/security.md "Tenants"): what reaches the system from a tenant's
+NATS account, and what goes back to it.
+
+* **Requests.** A tenant's client asks ``aios.block.B.task|scale|delete`` in its own account; the
+  server hands it to ``AIOS`` as ``aios.tenant.<t>.block.B.<request>`` (a service import: the
+  tenant's name is the server's word, not the client's). The desk answers only when block B is the
+  tenant's (its ``tenant`` label, set by the parser for the tenant's creates): the task goes on to
+  the executors (``block.task``) and their answer back; a scale becomes ``block.scale.target`` (a
+  ``{"target": n}`` body) or ``cluster.scale`` (one more instance), a delete ``block.delete``.
+  Any other block, another tenant's or none, is answered ``Aios-Status: 404`` alike: a tenant
+  cannot tell another's block from a missing one.
+* **Events.** Every stored event of a block (``aios.block.B.…``) is relayed to
+  ``aios.tenant.<owner>.event.B.…``, which only the owner's account imports (as
+  ``aios.block.B.…``). A create's ``submitted`` and ``rejected`` go to the tenant that sent that
+  create (the subject it came on), so a tenant that tries another's block id hears its own refusal
+  and the owner hears nothing of it.
+
+The relay is core NATS (live, not replayed): a tenant that wants its blocks' history keeps a
+stream of its own in its account (its JetStream limits bound it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections import OrderedDict
+from typing import Any
+
+import msgspec
+import nats.errors
+import structlog
+
+from ..bus import subjects
+from ..bus.catalog import EVENTS, STREAM, E, Event
+from ..runtime import tenants as tn
+from ..schemas.events import DeleteRequest, ScaleRequest, ScaleTarget
+from .base import Worker
+
+log = structlog.get_logger("aios.tenants")
+
+#: queue groups: one gateway of several takes each request and relays each event once
+DESK_QUEUE = "tenant-desk"
+RELAY_QUEUE = "tenant-relay"
+#: the stored events of a block, which the relay passes on to its tenant
+RELAYED: tuple[Event[Any], ...] = tuple(e for e in EVENTS if e.stored and e.stream == STREAM
+                                        and e.pattern.startswith(f"{tn.ROOT}.block.{{bid}}."))
+#: how long a tenant's task may take before the desk answers 504
+TASK_TIMEOUT_S = 60.0
+REQUESTS = (E.tenant_block_task, E.tenant_block_scale, E.tenant_block_delete)
+
+
+def relayed(subject: str) -> Event[Any] | None:
+    """The catalog event of a stored block event (``None``: a request, a query, anything else)."""
+    for e in RELAYED:
+        if e.match(subject) is not None:
+            return e
+    return None
+
+
+def tenant_of_create(subject: str) -> str | None:
+    """The tenant a create came from: ``aios.tenant.<t>.block.B.create`` (``None``: the default)."""
+    toks = E.tenant_block_create.match(subject)
+    return toks["tenant"] if toks else None
+
+
+def block_tenant(block: Any) -> str | None:
+    """Whose a block is: its ``tenant`` label (the parser sets it for a tenant's create; quotas
+    charge it too, docs/priority.md). ``None``: the default tenant's."""
+    labels = ((block or {}).get("ir") or {}).get("labels") or {}
+    tenant = labels.get("tenant") if isinstance(labels, dict) else None
+    return str(tenant) if tenant else None
+
+
+def _answer(status: int, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+    headers = {"Aios-Status": str(status), "Content-Type": "application/json"}
+    if status >= 400:
+        headers["Aios-Error"] = str(body.get("error", ""))
+    return msgspec.json.encode(body), headers
+
+
+class TenantDesk:
+    """Tenants' requests and their blocks' events, for one gateway process."""
+
+    def __init__(self, w: Worker, cache_size: int = 10_000, negative_s: float = 1.0):
+        self.w = w
+        #: block -> its tenant (``None``: none, cached only ``negative_s``)
+        self._owner: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
+        #: (block, gen) of a create -> the tenant that sent it (its ``rejected`` goes there)
+        self._creates: OrderedDict[tuple[str, int], str | None] = OrderedDict()
+        self._size, self._negative_s = cache_size, negative_s
+
+    # -- requests ----------------------------------------------------------------------------------
+    async def _owned(self, tenant: str, bid: str) -> Any:
+        block = await self.w.store.get_block(bid)
+        if block is None or block_tenant(block) != tenant:
+            return None
+        return block
+
+    async def on_request(self, msg: Any) -> None:
+        # a JetStream replay (``$JS.ACK`` reply) or a message without reply is no request
+        if not msg.reply or msg.reply.startswith("$JS."):
+            return
+        for event in REQUESTS:
+            if (toks := event.match(msg.subject)) is not None:
+                break
+        else:
+            return
+        tenant, bid = toks["tenant"], toks["bid"]
+        try:
+            block = await self._owned(tenant, bid)
+            if block is None:
+                body, headers = _answer(404, {"error": f"tenant {tenant} has no block {bid}"})
+            elif event is E.tenant_block_task:
+                body, headers = await self._task(bid, msg)
+            elif event is E.tenant_block_scale:
+                body, headers = await self._scale(bid, block, msg.data)
+            else:
+                body, headers = await self._delete(bid, block)
+        except Exception as exc:  # an answer, always: the client would wait for its timeout else
+            log.warning("tenant.request_failed", tenant=tenant, block=bid, request=event.name, error=repr(exc))
+            body, headers = _answer(500, {"error": f"{type(exc).__name__}: {exc}"})
+        log.info("tenant.request", tenant=tenant, block=bid, request=event.name, status=headers["Aios-Status"])
+        await self.w.bus.nc.publish(msg.reply, body, headers=headers)
+
+    async def _task(self, bid: str, msg: Any) -> tuple[bytes, dict[str, str]]:
+        try:
+            reply = await self.w.bus.request(E.block_task, msg.data, dict(msg.headers or {}),
+                                             TASK_TIMEOUT_S, bid=bid)
+        except nats.errors.NoRespondersError:
+            return _answer(503, {"error": "no executor is running"})
+        except nats.errors.TimeoutError:
+            return _answer(504, {"error": f"no answer from block {bid}"})
+        return reply.data, dict(reply.headers or {})
+
+    async def _scale(self, bid: str, block: dict[str, Any], data: bytes) -> tuple[bytes, dict[str, str]]:
+        if not block.get("cluster") or block.get("status") not in ("ready", "placing"):
+            return _answer(409, {"error": f"block {bid} is {block.get('status')}: it must be placed first"})
+        try:
+            asked = msgspec.json.decode(data) if data.strip() else {}
+        except msgspec.DecodeError:
+            asked = None
+        target = asked.get("target") if isinstance(asked, dict) else None
+        if not isinstance(asked, dict) or (target is not None and (isinstance(target, bool) or not isinstance(target, int)
+                                                                   or target < 0)):
+            return _answer(400, {"error": 'body: empty (one more instance) or {"target": n}, n >= 0'})
+        rid = uuid.uuid4().hex[:12]
+        gen = int(block["gen"])
+        if target is None:
+            ack = await self.w.bus.emit(E.cluster_scale, ScaleRequest(bid, block["cluster"], rid, gen=gen))
+        else:
+            ack = await self.w.bus.emit(E.block_scale_target, ScaleTarget(bid, rid, target, "tenant request", "tenant",
+                                                                           gen=gen))
+        return _answer(200, {"block_id": bid, "request_id": rid, "seq": ack.seq, **({"target": target} if target is not None else {})})
+
+    async def _delete(self, bid: str, block: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+        if block.get("status") == "deleted":
+            return _answer(409, {"error": f"block {bid} is already deleted"})
+        rid = uuid.uuid4().hex[:12]
+        ack = await self.w.bus.emit(E.block_delete, DeleteRequest(bid, rid))
+        return _answer(200, {"block_id": bid, "request_id": rid, "seq": ack.seq})
+
+    # -- events ------------------------------------------------------------------------------------
+    async def owner(self, bid: str) -> str | None:
+        now = time.monotonic()
+        hit = self._owner.get(bid)
+        if hit is not None and (hit[0] is not None or now - hit[1] < self._negative_s):
+            return hit[0]
+        tenant = block_tenant(await self.w.store.get_block(bid))
+        self._remember(self._owner, bid, (tenant, now))
+        return tenant
+
+    def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+        cache[key] = value
+        cache.move_to_end(key)
+        while len(cache) > self._size:
+            cache.popitem(last=False)
+
+    async def _create_tenant(self, bid: str, gen: int) -> str | None:
+        """The tenant of one create: remembered from its ``submitted``, else read from the stream
+        (another gateway relayed the ``submitted``): the block's last ``submitted`` of that gen."""
+        if (bid, gen) in self._creates:
+            return self._creates[(bid, gen)]
+        with contextlib.suppress(Exception):
+            m = await self.w.bus.js.get_last_msg(STREAM, E.block_submitted.subject(bid=bid))
+            data = msgspec.json.decode(m.data or b"{}").get("data") or {}
+            if int(data.get("gen", -1)) == gen:
+                return tenant_of_create(str(data.get("subject", "")))
+        return None
+
+    async def tenant_of_event(self, event: Event[Any], bid: str, data: bytes) -> str | None:
+        if event in (E.block_submitted, E.block_rejected):
+            body = msgspec.json.decode(data).get("data") or {}
+            gen = int(body.get("gen", 0))
+            if event is E.block_submitted:
+                tenant = tenant_of_create(str(body.get("subject", "")))
+                self._remember(self._creates, (bid, gen), tenant)
+                self._owner.pop(bid, None)  # a new create: the id may change hands
+                return tenant
+            return await self._create_tenant(bid, gen)
+        if event is E.block_deleted:
+            tenant = await self.owner(bid)
+            self._owner.pop(bid, None)
+            return tenant
+        return await self.owner(bid)
+
+    async def on_event(self, msg: Any) -> None:
+        event = relayed(msg.subject)
+        if event is None:
+            return
+        bid = msg.subject.split(".")[2]
+        try:
+            tenant = await self.tenant_of_event(event, bid, msg.data)
+        except Exception as exc:
+            log.warning("tenant.relay_failed", subject=msg.subject, error=repr(exc))
+            return
+        if tenant:
+            headers = {k: v for k, v in (msg.headers or {}).items() if not k.startswith("Nats-")}
+            await self.w.bus.nc.publish(tn.event_subject(tenant, msg.subject), msg.data, headers=headers or None)
+
+    # -- running -----------------------------------------------------------------------------------
+    async def run(self, stop: asyncio.Event) -> None:
+        subs = [await self.w.bus.subscribe(s, self.on_request, queue=DESK_QUEUE) for s in tn.REQUESTS_ALL]
+        subs.append(await self.w.bus.subscribe(subjects.block_all(), self.on_event, queue=RELAY_QUEUE))
+        try:
+            await stop.wait()
+        finally:
+            for sub in subs:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()

@@ -1,0 +1,201 @@
+"""Tenants as NATS accounts (docs/security.md "Tenants"), on the real servers and workers, with
+nats-py clients in their DEFAULT configuration (their own ``_INBOX``, no prefix): a tenant
+creates, scales, sends tasks to, watches and deletes its own blocks, and nothing of another's.
+Hostile cases: tenant B asks for A's block, reads A's replies, forges system events, speaks for A,
+reaches the system's stream; per-tenant limits (connections, stream bytes) refuse
+with a reason and cost nobody else anything."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.errors import Error as NatsError
+from nats.js.errors import APIError, NotFoundError
+
+from aios_blocks.bus import subjects
+from aios_blocks.runtime import auth
+from aios_blocks.runtime import tenants as tn
+
+from .conftest import System
+from .test_create_cloudevents import stored
+
+pytestmark = pytest.mark.integration
+SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 3}
+
+
+def create(bid: str, **extra: Any) -> bytes:
+    return json.dumps({"specversion": "1.0", "id": f"ext-{bid}", "source": "urn:tenant", "type": "io.aios.block.create",
+                       "datacontenttype": "application/json", "data": {**SPEC, **extra}}).encode()
+
+
+HEADERS = {"Content-Type": "application/cloudevents+json"}
+
+
+async def login(data_dir: Path, tenant: str, user: str = tn.FIRST_USER, **options: Any) -> nats.NATS:
+    """A tenant's client as a stranger would connect: the credentials file, nats-py's defaults."""
+    creds = json.loads(auth.credentials_path(data_dir, tenant, user).read_text())
+    return await nats.connect(creds["url"], user=creds["user"], password=creds["password"], **options)
+
+
+class Seen:
+    """Every message a client's subscription got."""
+
+    def __init__(self) -> None:
+        self.subjects: list[str] = []
+
+    async def on(self, msg: Any) -> None:
+        self.subjects.append(msg.subject)
+
+    async def until(self, subject: str, timeout: float = 60) -> None:
+        async with asyncio.timeout(timeout):
+            while subject not in self.subjects:
+                await asyncio.sleep(0.05)
+
+
+def status(msg: Any) -> int:
+    return int((msg.headers or {}).get("Aios-Status", "200"))
+
+
+async def test_a_default_client_of_a_tenant_runs_its_block_and_nothing_of_anothers(system: System) -> None:
+    if system.servers is None:
+        pytest.skip("your own servers: tenants are accounts of the embedded one")
+    c = system.client
+    await c.add_sim_cluster("tc", nodes=2, gpus=4)
+    for t in ("ta", "tb"):
+        new, path = auth.add_tenant(system.data_dir, t)
+        assert new and oct(path.stat().st_mode & 0o777) == "0o600"
+    a, b = await login(system.data_dir, "ta"), await login(system.data_dir, "tb")
+    seen_a, seen_b, b_all = Seen(), Seen(), Seen()
+    try:
+        await a.subscribe("aios.block.>", cb=seen_a.on)
+        await b.subscribe("aios.block.>", cb=seen_b.on)
+        await b.subscribe(">", cb=b_all.on)  # everything tenant B's account carries
+        await a.flush()
+        await b.flush()
+        # create with the default inbox: the PubAck comes back (its seq is the block's gen)
+        ack = await a.jetstream(timeout=10).publish("aios.block.ta-b1.create", create("ta-b1"), headers=HEADERS)
+        assert ack.stream == subjects.STREAM_INTAKE and ack.seq > 0
+        await seen_a.until("aios.block.ta-b1.ready")
+        block = await c.store.get_block("ta-b1")
+        assert block is not None and block["ir"]["labels"]["tenant"] == "ta"  # charged to ta's quota
+
+        # a task, the default way: request/reply on the client's own inbox
+        reply = await a.request("aios.block.ta-b1.task", b'{"n": 7}', timeout=60)
+        assert status(reply) == 200 and msgspec.json.decode(reply.data)["output"] == {"n": 7}, reply.headers
+
+        # scale to 2, then one more: tenant requests, answered with the request's id
+        reply = await a.request("aios.block.ta-b1.scale", b'{"target": 2}', timeout=30)
+        assert status(reply) == 200 and msgspec.json.decode(reply.data)["target"] == 2, reply.headers
+        async with asyncio.timeout(60):
+            while len(await c.store.instances("ta-b1")) != 2:
+                await asyncio.sleep(0.1)
+        assert "aios.block.ta-b1.scale.target" in seen_a.subjects
+
+        # B: A's block is "no block of yours", whatever B asks; nothing changes
+        for ask, body in (("task", b"{}"), ("scale", b'{"target": 3}'), ("scale", b""), ("delete", b"")):
+            reply = await b.request(f"aios.block.ta-b1.{ask}", body, timeout=30)
+            assert status(reply) == 404 and "no block ta-b1" in reply.headers["Aios-Error"], (ask, reply.headers)
+        # B's create of A's id: its own refusal comes to B, A hears nothing of it
+        await b.jetstream(timeout=10).publish("aios.block.ta-b1.create", create("ta-b1"), headers=HEADERS)
+        await seen_b.until("aios.block.ta-b1.rejected")
+        # B labelling its block as A's: refused
+        await b.jetstream(timeout=10).publish("aios.block.tb-b2.create", create("tb-b2", labels={"tenant": "ta"}),
+                                             headers=HEADERS)
+        await seen_b.until("aios.block.tb-b2.rejected")
+
+        # A deletes its block
+        reply = await a.request("aios.block.ta-b1.delete", b"", timeout=30)
+        assert status(reply) == 200, reply.headers
+        await seen_a.until("aios.block.ta-b1.deleted")
+    finally:
+        await a.close()
+        await b.close()
+    assert len(await c.store.instances("ta-b1")) == 0
+    # A saw only its block's events, B none of them but its own refusals
+    assert all(s.startswith("aios.block.ta-b1.") for s in seen_a.subjects), seen_a.subjects
+    assert "aios.block.ta-b1.rejected" not in seen_a.subjects
+    # B: its own requests (its account's subjects, once each as it sent them) and its create's answers
+    mine = Counter(s.removeprefix("aios.block.ta-b1.") for s in seen_b.subjects if s.startswith("aios.block.ta-b1."))
+    assert mine == Counter({"scale": 2, "task": 1, "delete": 1, "create": 1, "submitted": 1, "rejected": 1}), mine
+    assert Counter(s for s in b_all.subjects if s.startswith("aios.block.ta-b1.")) == Counter(
+        {f"aios.block.ta-b1.{k}": n for k, n in mine.items()})
+
+
+async def test_a_hostile_tenant_reaches_nothing_of_another_or_of_the_system(system: System) -> None:
+    if system.servers is None:
+        pytest.skip("your own servers: tenants are accounts of the embedded one")
+    c = system.client
+    await c.add_sim_cluster("th", nodes=1, gpus=2)
+    auth.add_tenant(system.data_dir, "victim")
+    auth.add_tenant(system.data_dir, "evil", tn.Limits(connections=2, stream_bytes=1024 * 1024))
+    errors: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        errors.append(str(exc))
+
+    victim = await login(system.data_dir, "victim")
+    evil = await login(system.data_dir, "evil", error_cb=on_error)
+    evil_all = Seen()
+    try:
+        await evil.subscribe(">", cb=evil_all.on)  # every subject of its account, inboxes included
+        await evil.flush()
+        # the victim's create and task replies travel in the victim's account only
+        await victim.jetstream(timeout=10).publish("aios.block.v-b1.create", create("v-b1"), headers=HEADERS)
+        kind, _ = await c.wait("v-b1", 60)
+        assert kind == "ready"
+        assert status(await victim.request("aios.block.v-b1.task", b"{}", timeout=60)) == 200
+
+        # forged system events and another tenant's subjects: refused by the account's permissions
+        forged = ("aios.block.v-b1.ready", "aios.block.v-b1.deleted", "aios.tenant.victim.block.v-b1.delete",
+                  "aios.tenant.victim.event.v-b1.failed", "aios.node.th-n0.heartbeat", "aios.cluster.th.scale")
+        for subject in forged:
+            await evil.publish(subject, b"{}")
+        await evil.flush()
+        async with asyncio.timeout(10):
+            while sum("permissions violation for publish" in e.lower() for e in errors) < len(forged):
+                await asyncio.sleep(0.05)
+        # nothing of it in the system's stream, and the victim's block is untouched
+        kept = [s for _, s, _, _ in await stored(system) if s.startswith("aios.block.v-b1.")]
+        assert kept.count("aios.block.v-b1.ready") == 1 and "aios.block.v-b1.deleted" not in kept
+        block = await c.store.get_block("v-b1")
+        assert block is not None and block["status"] == "ready"
+
+        # the system's streams do not exist in its account: no info, no consumer, no message
+        ejs = evil.jetstream(timeout=5)
+        for stream in (subjects.STREAM, subjects.STREAM_INTAKE, subjects.STREAM_OBSERVE):
+            with pytest.raises(NotFoundError):
+                await ejs.stream_info(stream)
+            with pytest.raises(NotFoundError):
+                await ejs.add_consumer(stream, durable_name="steal")
+            with pytest.raises(NotFoundError):
+                await ejs.get_msg(stream, 1)
+
+        # its own stream, within its bytes limit: kept; beyond: refused with the reason
+        with pytest.raises(APIError) as too_big:
+            await ejs.add_stream(name="MINE", subjects=["aios.block.>"], max_bytes=10 * 1024 * 1024)
+        assert "insufficient storage resources" in str(too_big.value), too_big.value
+        await ejs.add_stream(name="MINE", subjects=["aios.block.>"], max_bytes=512 * 1024)
+
+        # connections: the account's limit (2) refuses the third, with the reason; others unaffected
+        extra = await login(system.data_dir, "evil")
+        with pytest.raises(NatsError, match="maximum account active connections exceeded"):
+            await login(system.data_dir, "evil", allow_reconnect=False, max_reconnect_attempts=0)
+        await extra.close()
+        other = await login(system.data_dir, "victim")
+        await other.close()
+
+        # the victim still creates and is placed
+        await victim.jetstream(timeout=10).publish("aios.block.v-b2.create", create("v-b2"), headers=HEADERS)
+        assert (await c.wait("v-b2", 60))[0] == "ready"
+    finally:
+        await evil.close()
+        await victim.close()
+    # it read nothing of the victim's: no reply, no event, no inbox traffic
+    assert not any("v-b" in s for s in evil_all.subjects), evil_all.subjects
