@@ -115,6 +115,10 @@ async def test_a_high_block_preempts_a_low_one_which_waits_and_returns(quick_que
     assert preempted["preemptor"] == "hi" and preempted["reason"] == "Priority", preempted
     (preempting,) = await events(system, "hi", "preempting")
     assert preempting["victims"] == {"lo": ["lo-0"]}, preempting
+    # the preemption decision replayed from hi's story (its recorded planner input): the same bytes
+    report = json.loads(await _ok(system, "policy", "test", "builtin:preempt-min", "builtin:preempt-min", "--json"))
+    replays = [r for r in report["replays"] if r["block_id"] == "hi"]
+    assert replays and all(r["identical"] for r in replays) and report["counts"]["changed"] == 0, report
     lo = await status_of(system, "lo", "pending")
     assert lo["preempted_by"] == "hi"
     # the state the stream folds to is the live one (the victim waiting, the preemptor placed), and

@@ -103,6 +103,8 @@ def policy_test(
 ) -> None:
     """Re-run recorded decisions of past blocks against a candidate policy version, offline, and
     print what would have changed (different cluster/node, newly failing, newly feasible).
+    Preemption decisions (action preempt) are replayed from their recorded input and compared
+    byte for byte with the recorded output.
 
     Example: `blocks policy test my-packer my_packer_v2.py --since 2h --blocks 50`
     """
@@ -136,6 +138,12 @@ def policy_test(
         f"{report['total']} recorded decisions of [bold]{name}[/]: {c['same']} same, [yellow]{c['changed']} changed[/], "
         f"[red]{c['newly_failing']} newly failing[/], [green]{c['newly_feasible']} newly feasible[/], {c['skipped']} without input"
     )
+    if report["replays"]:
+        console.print(f"{len(report['replays'])} preemption decision(s) replayed byte for byte: "
+                      f"{report['identical']} identical output(s)")
+        for r in report["replays"]:
+            mark = "identical" if r["identical"] else f"[red]differs[/] (recorded {r['recorded_sha256']})"
+            console.print(f"  {r['block_id']}: {r['bytes']} bytes, sha256 {r['replayed_sha256']}: {mark}")
     if report["changes"]:
         t = _table("block", "action", "recorded", "candidate", "verdict")
         for row in report["changes"]:

@@ -4,8 +4,11 @@ recorded traffic (like ``nomad job plan``, for policies). Pure: recorded decisio
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Awaitable, Callable
 from typing import Any
+
+import msgspec
 
 from ..policies import contract
 
@@ -36,9 +39,30 @@ def summarize(action: str, output: Any) -> str:
     return f"{output.get('node_id')}{output.get('gpus', [])}"
 
 
+#: actions whose whole output is recorded (``contract.essential`` keeps it whole) and compared byte
+#: for byte, not by summary: a preemption replayed from its block's story gives the same bytes
+EXACT_ACTIONS = frozenset({"preempt"})
+
+
+def output_bytes(output: Any) -> bytes:
+    """An output as the decision record stores it (``workers.base``: ``msgspec.json.encode``)."""
+    return msgspec.json.encode(output)
+
+
+def _replay(d: dict[str, Any], out: Any) -> dict[str, Any]:
+    """One exact replay: the recorded output's bytes against the candidate's."""
+    before, after = output_bytes(d.get("output")), output_bytes(out)
+    return {"block_id": d["block_id"], "action": d["action"], "identical": before == after,
+            "recorded_sha256": hashlib.sha256(before).hexdigest()[:16], "replayed_sha256": hashlib.sha256(after).hexdigest()[:16],
+            "bytes": len(after)}
+
+
 async def compare(decisions: list[dict[str, Any]], run: Run) -> dict[str, Any]:
-    """Re-run each recorded decision (whose input is available) and classify the difference."""
-    rows = []
+    """Re-run each recorded decision (whose input is available) and classify the difference. A
+    ``preempt`` decision (``EXACT_ACTIONS``) is the same only when the candidate's whole output is
+    byte for byte the recorded one (``replays``: each with both digests); a difference outside its
+    victims shows as ``changed`` with ``(output differs)``."""
+    rows, replays = [], []
     counts = {"same": 0, "changed": 0, "newly_failing": 0, "newly_feasible": 0, "skipped": 0}
     for d in decisions:
         if d.get("input") is None:
@@ -51,6 +75,10 @@ async def compare(decisions: list[dict[str, Any]], run: Run) -> dict[str, Any]:
             contract.check(action, out)
             after = summarize(action, out)
             failed_now = False
+            if action in EXACT_ACTIONS and not d.get("error"):
+                replays.append(_replay(d, out))
+                if after == before and not replays[-1]["identical"]:
+                    after += " (output differs)"
         except Exception as exc:
             after = f"error: {exc}"
             failed_now = True
@@ -65,4 +93,5 @@ async def compare(decisions: list[dict[str, Any]], run: Run) -> dict[str, Any]:
         counts[verdict] += 1
         if verdict != "same":
             rows.append({"block_id": d["block_id"], "action": action, "before": before, "after": after, "verdict": verdict})
-    return {"counts": counts, "changes": rows, "total": len(decisions)}
+    return {"counts": counts, "changes": rows, "total": len(decisions), "replays": replays,
+            "identical": sum(1 for r in replays if r["identical"])}
