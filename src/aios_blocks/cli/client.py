@@ -39,7 +39,7 @@ from ..schemas.events import (
     ScaleRequest,
     ScaleTarget,
 )
-from ..schemas.records import BlockRecord
+from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..schemas.topology import GpuTopology
 from ..state.inventory import Inventory, affinity_index
@@ -311,7 +311,7 @@ class Client:
         return plan
 
     def _dry_invoker(
-        self, runtime: PolicyRuntime, ir: dict[str, Any], kind: str, calls: list[dict[str, Any]]
+        self, runtime: PolicyRuntime, ir: BlockIR, kind: str, calls: list[dict[str, Any]]
     ) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         """Like ``Worker.invoker`` but read-only: the rule's context is loaded once into a copy
         that the plan's calls share and that is never saved; nothing is recorded on the stream."""

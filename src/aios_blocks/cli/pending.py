@@ -10,6 +10,7 @@ from typing import Any
 from ..handlers import queue as hq
 from ..handlers.preemption import preempt_input
 from ..schemas.errors import PolicyFailed
+from ..schemas.records import BlockIR
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, scope_of
 
@@ -46,7 +47,7 @@ async def why_waiting(store: Any, bid: str) -> dict[str, Any] | None:
             "deadline": float(block.get("pending_deadline") or 0)}
 
 
-async def forecast(store: Any, ir: dict[str, Any], cids: list[str], min_delta: int) -> list[str]:
+async def forecast(store: Any, ir: BlockIR, cids: list[str], min_delta: int) -> list[str]:
     """What a block that would not place would do: wait behind N blocks, or preempt some."""
     if not hq.waits(ir):
         return ["queue: false: it would fail at once (--no-queue)"]

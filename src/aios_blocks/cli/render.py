@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from ..schemas.records import BlockRecord
+from ..schemas.records import BlockIR, BlockRecord
 from .common import console, err
 
 if TYPE_CHECKING:
@@ -93,7 +93,7 @@ async def _print_block(c: Client, bid: str) -> BlockRecord | None:
     insts = await c.store.instances(bid)
     reason, errors = block.get("reason") or "", _spec_errors(block.get("reason"))
     title = escape(f"block {bid}: {block['status']}" + (f" ({reason})" if reason and errors is None else ""))
-    ir: dict[str, Any] = block["ir"] if isinstance(block.get("ir"), dict) else {}
+    ir: BlockIR = block["ir"] if isinstance(block.get("ir"), dict) else {}
     if ir.get("priorityClass") or ir.get("preemptible") is False:  # docs/priority.md
         title += escape(f"; priority {ir.get('priorityClass') or '-'} ({ir.get('priority', 0)})"
                         + ("; not preemptible" if ir.get("preemptible") is False else ""))

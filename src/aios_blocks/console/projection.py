@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import heapq
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -17,6 +17,7 @@ from ..policies.quota import tenant_of
 from ..projections.explain import explain
 from ..recovery.fold import Fold, NodeState
 from ..schemas.lifecycle import BlockStatus
+from ..schemas.records import BlockIR
 from ..trace.live import CLUSTER as TRACE_CLUSTER
 from ..trace.live import COMPONENT_SHARED, COMPONENT_WHOLE
 
@@ -48,11 +49,11 @@ def _spec(node: NodeState) -> dict[str, Any]:
     return _decoded(node.spec)
 
 
-def _ir(block: dict[str, str]) -> dict[str, Any]:
-    return _decoded(block.get("ir") or "{}")
+def _ir(block: dict[str, str]) -> BlockIR:
+    return cast(BlockIR, _decoded(block.get("ir") or "{}"))  # (the IR the parser stored)
 
 
-def block_name(ir: dict[str, Any]) -> str:
+def block_name(ir: BlockIR) -> str:
     """What a person named the block: ``blockMetadata.name``, else ``parameters.name`` (free text:
     the page shows it as text, never as markup)."""
     for part in ("blockMetadata", "parameters"):

@@ -20,7 +20,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
-from ..schemas.records import InstanceRecord
+from ..schemas.records import BlockIR, InstanceRecord
 from . import sidecars
 from .controller import Invoke, env_for, plan
 
@@ -44,7 +44,7 @@ class Request:
     scale, reassignment), off node ``avoid``; ``extra``: the action's payload extras
     (``block_metrics``, ``instance_id``, ``pod_name``, ``reason``)."""
 
-    ir: dict[str, Any]
+    ir: BlockIR
     cluster_id: str
     action: str
     iids: tuple[str, ...]
@@ -131,7 +131,7 @@ class StartInstances:
     refused, its reservation released and nothing published for it. Then publish
     ``announce(self, kept)``."""
 
-    ir: dict[str, Any] = field(hash=False)
+    ir: BlockIR = field(hash=False)
     gen: int
     cluster_id: str
     action: str
@@ -152,7 +152,7 @@ class StartInstances:
 
 
 def start_effects(
-    ir: dict[str, Any], gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]], nodes: Mapping[str, dict[str, Any]],
+    ir: BlockIR, gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]], nodes: Mapping[str, dict[str, Any]],
     now: float, *, attempts: int, key: str, replaces: str = "", trace: Sequence[Decision] = (),
     step: tuple[Step, dict[str, Any]] | None = None, limit: int | None = None,
 ) -> StartInstances:

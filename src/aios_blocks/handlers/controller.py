@@ -14,7 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from ..schemas.records import InstanceRecord
+from ..schemas.records import BlockIR, InstanceRecord
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
@@ -23,7 +23,7 @@ Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 def payload(
-    ir: dict[str, Any],
+    ir: BlockIR,
     cluster: dict[str, Any],
     nodes: dict[str, dict[str, Any]],
     instances: Mapping[str, InstanceRecord] | None = None,
@@ -64,7 +64,7 @@ def canonical_record(record: InstanceRecord) -> dict[str, Any]:
 
 
 def _payload(
-    ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]],
+    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, dict[str, Any]],
     instances: Mapping[str, InstanceRecord] | None, index: affinity.Index | None, want: int, **extra: Any,
 ) -> dict[str, Any]:
     """``payload`` with a sample sized for ``want`` instances (dry_run: maxInstances; each
@@ -126,7 +126,7 @@ def affinity_explain(nodes: dict[str, dict[str, Any]]) -> tuple[dict[str, str], 
 
 
 async def dry_run(
-    ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
+    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> DryRunOutcome:
     nodes = vcluster.scope(ir, nodes)  # its virtual cluster's nodes only (seed 003)
@@ -188,7 +188,7 @@ def check_choice(node_id: str, gpus: list[str], nodes: dict[str, dict[str, Any]]
 
 
 async def plan(
-    ir: dict[str, Any],
+    ir: BlockIR,
     cluster: dict[str, Any],
     nodes: dict[str, dict[str, Any]],
     action: str,
@@ -239,7 +239,7 @@ async def plan(
     return out
 
 
-def _candidate_nodes(ir: dict[str, Any], nodes: dict[str, dict[str, Any]],
+def _candidate_nodes(ir: BlockIR, nodes: dict[str, dict[str, Any]],
                      excluded: dict[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
     """Its virtual cluster's nodes only (seed 003; the reservation re-checks each node is still
     there), less the excluded ones: (its place, the nodes)."""
@@ -250,7 +250,7 @@ def _candidate_nodes(ir: dict[str, Any], nodes: dict[str, dict[str, Any]],
     return where, nodes
 
 
-def _affinity_of(ir: dict[str, Any], iid: str, node_id: str, work: dict[str, dict[str, Any]],
+def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, dict[str, Any]],
                  index: affinity.Index, action: str) -> tuple[list[dict[str, Any]], affinity.Index]:
     """The chosen node checked against Required affinity (PlacementFailed if it rejects it): its
     Adaptive entries, and the index with this instance added. No affinity: nothing, the same index."""
@@ -268,7 +268,7 @@ def _affinity_of(ir: dict[str, Any], iid: str, node_id: str, work: dict[str, dic
     return adaptive, index
 
 
-def _reservation(ir: dict[str, Any], iid: str, node_id: str, gpus: list[str], needs: capacity.Needs, share: bool,
+def _reservation(ir: BlockIR, iid: str, node_id: str, gpus: list[str], needs: capacity.Needs, share: bool,
                  where: str, link: dict[str, str], adaptive: list[dict[str, Any]], index: affinity.Index) -> dict[str, Any]:
     """One reservation record for ``Store.reserve_gang``."""
     rec: dict[str, Any] = {
@@ -307,7 +307,7 @@ def ready(min_instances: int, running: int) -> bool:
     return running >= min_instances
 
 
-def env_for(ir: dict[str, Any], iid: str, gpus: list[str]) -> dict[str, Any]:
+def env_for(ir: BlockIR, iid: str, gpus: list[str]) -> dict[str, Any]:
     """What an instance is started with (a runtime turns this into env vars / files). An instance
     that shares its GPUs also gets ``AIOS_GPU_MEMORY_LIMIT_MIB``: the GPU memory it was reserved,
     per GPU, which the node agent turns into the caps its runtime can apply (docs/gpus.md); with a

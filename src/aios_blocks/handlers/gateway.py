@@ -12,13 +12,14 @@ from typing import Any
 
 from ..policies import affinity, capacity, contract, sampling
 from ..schemas.errors import PolicyFailed
+from ..schemas.records import BlockIR
 from . import vcluster
 
 #: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
 Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
-def share_of(ir: dict[str, Any]) -> bool:
+def share_of(ir: BlockIR) -> bool:
     rule = (ir.get("policies") or {}).get("resourceAllocator", {})
     return bool((rule.get("settings") or {}).get("gpuSharing", False))
 
@@ -46,7 +47,7 @@ def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> 
 
 
 def scoped_entry(
-    ir: dict[str, Any], cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None
+    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None
 ) -> dict[str, Any]:
     """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003),
     with the block's Preferred-affinity score there when it has entries: post_dry_run breaks a
@@ -64,7 +65,7 @@ def affinity_score(smp: sampling.Sample) -> float:
 
 
 def sample_for(
-    ir: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None, want: int = 1
+    ir: BlockIR, nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None, want: int = 1
 ) -> sampling.Sample:
     """The nodes the block's placement considers in one cluster (seeded by the block id)."""
     return sampling.sample(
@@ -74,7 +75,7 @@ def sample_for(
 
 
 def filter_rule(
-    ir: dict[str, Any],
+    ir: BlockIR,
     clusters: dict[str, dict[str, Any]],
     nodes: dict[str, dict[str, dict[str, Any]]],
     index: affinity.Index | None = None,
@@ -136,7 +137,7 @@ class SelectionDecision:
 
 
 async def select(
-    ir: dict[str, Any],
+    ir: BlockIR,
     clusters: dict[str, dict[str, Any]],
     nodes: dict[str, dict[str, dict[str, Any]]],
     invoke: Invoke,

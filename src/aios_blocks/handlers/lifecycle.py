@@ -12,7 +12,7 @@ from typing import Any
 from ..schemas.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, NodeInventory, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
-from ..schemas.records import BlockRecord, InstanceRecord
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord
 from . import faults, sidecars, stability
 from .effects import (
     DeletedIfEmpty,
@@ -126,7 +126,7 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
 DEFAULT_STABILITY_RULE = {"name": "stabilityChecker", "policyRuleURI": "builtin:probe-threshold"}
 
 
-def stability_rule(ir: dict[str, Any]) -> dict[str, Any]:
+def stability_rule(ir: BlockIR) -> dict[str, Any]:
     """The block's stabilityChecker rule (the default ``builtin:probe-threshold`` when it names none)."""
     rule = dict((ir.get("policies") or {}).get("stabilityChecker") or DEFAULT_STABILITY_RULE)
     rule.setdefault("name", "stabilityChecker")

@@ -14,7 +14,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.events import Rejected, Submitted
 from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, block_create_IR, decode_spec
-from ..schemas.records import BlockRecord
+from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import ID_RE
 from ..settings import Settings
 from ..settings import load as load_settings
@@ -84,7 +84,7 @@ RETRY_HINT = (
 )
 
 
-def in_use(what: str, existing: BlockRecord | None, ir: dict[str, Any]) -> SpecError:
+def in_use(what: str, existing: BlockRecord | None, ir: BlockIR) -> SpecError:
     """The error of a create whose id a live block holds. The same spec again is most likely a
     publisher's retry of a create whose PubAck it never got: say so, that the block is the one the
     first create made, and what to set so that a retry is deduplicated instead."""
@@ -96,7 +96,7 @@ def in_use(what: str, existing: BlockRecord | None, ir: dict[str, Any]) -> SpecE
 
 @dataclass
 class ParseOutcome:
-    ir: dict[str, Any] | None = None
+    ir: BlockIR | None = None
     errors: list[SpecError] = field(default_factory=list)
     doc: dict[str, Any] | None = None
 
@@ -176,7 +176,7 @@ def build(
     return ParseOutcome(ir=ir, doc=doc)
 
 
-def pin_defaults(ir: dict[str, Any], settings: Settings) -> dict[str, Any]:
+def pin_defaults(ir: BlockIR, settings: Settings) -> BlockIR:
     """Rule settings the placement reads, filled from the settings where the spec left them out:
     the resourceAllocator's ``settings.sampleNodes`` (node sampling) and ``builtin:cluster-rank``'s
     ``parameters.maxCandidates``. Values the spec gives are kept."""

@@ -18,6 +18,7 @@ from typing import Any
 
 from ..policies import affinity
 from ..schemas.errors import PlacementFailed, SpecError
+from ..schemas.records import BlockIR
 from . import controller, gateway
 
 Invoke = gateway.Invoke
@@ -74,7 +75,7 @@ def result_of(out: controller.DryRunOutcome) -> dict[str, Any]:
 
 
 async def make_plan(
-    ir: dict[str, Any],
+    ir: BlockIR,
     clusters: dict[str, dict[str, Any]],
     nodes: dict[str, dict[str, dict[str, Any]]],
     cluster_invoke: Invoke,

@@ -22,6 +22,7 @@ from typing import Any
 from ..policies import capacity
 from ..policies import quota as qp
 from ..schemas.priority import Quota
+from ..schemas.records import BlockIR, BlockRecord
 from . import vcluster
 from .gateway import filter_rule, share_of
 
@@ -32,7 +33,7 @@ class Entry:
     instances it still holds (a victim that drains waits for them to go)."""
 
     bid: str
-    block: Mapping[str, Any] | None
+    block: BlockRecord | None
     holds: int = 0
 
 
@@ -90,10 +91,10 @@ def admitted(ir: Mapping[str, Any], bid: str, view: QuotaView | None) -> None:
         view.holdings.append(qp.Holding(bid, tenant, request, int(ir.get("priority") or 0)))
 
 
-def gang_fit(ir: Mapping[str, Any], nodes: Mapping[str, dict[str, Any]], work: dict[str, dict[str, Any]]) -> bool:
+def gang_fit(ir: BlockIR, nodes: Mapping[str, dict[str, Any]], work: dict[str, dict[str, Any]]) -> bool:
     """Whether the block's minInstances fit on ``nodes`` (first fit, node order); on success
     ``work`` holds the copies of the nodes it took (the caller keeps them for the next block)."""
-    needs, share = ir.get("resources") or {}, share_of(dict(ir))
+    needs, share = ir.get("resources") or {}, share_of(ir)
     taken: dict[str, dict[str, Any]] = {}
     for _ in range(max(int(ir.get("minInstances") or 0), 1)):
         for nid in sorted(nodes):
@@ -111,14 +112,14 @@ def gang_fit(ir: Mapping[str, Any], nodes: Mapping[str, dict[str, Any]], work: d
     return True
 
 
-def fits(ir: Mapping[str, Any], clusters: Mapping[str, dict[str, Any]], views: Mapping[str, Mapping[str, dict[str, Any]]],
+def fits(ir: BlockIR, clusters: Mapping[str, dict[str, Any]], views: Mapping[str, Mapping[str, dict[str, Any]]],
          work: dict[str, dict[str, dict[str, Any]]]) -> str:
     """The first cluster (the filter rule's order) where the whole gang fits now, on the views as
     this walk's releases left them (``work``: cluster -> node copies); '' when none."""
     # the views themselves where this walk took nothing yet (their fit index is kept per dict)
     merged: dict[str, dict[str, dict[str, Any]]] = {
         cid: {**views.get(cid, {}), **work[cid]} if work.get(cid) else views.get(cid, {}) for cid in clusters}  # type: ignore[misc]
-    passed, _ = filter_rule(dict(ir), dict(clusters), merged)
+    passed, _ = filter_rule(ir.copy(), dict(clusters), merged)
     for entry in passed:
         cid = entry["cluster_id"]
         mine = work.setdefault(cid, {})
@@ -172,7 +173,7 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
             continue
         if e.holds:  # a victim whose instances still drain: not placeable yet, blocks nobody
             continue
-        ir = b.get("ir") or {}
+        ir: BlockIR = b.get("ir") or {}
         verdict = gate(ir, quota)
         if verdict is not None and verdict[0].verdict is qp.Verdict.WAIT:
             continue

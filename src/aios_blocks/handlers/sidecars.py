@@ -18,7 +18,7 @@ from typing import Any
 
 from ..schemas.catalog import E, Emit
 from ..schemas.events import SidecarCommand
-from ..schemas.records import BlockRecord, InstanceRecord
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord
 
 #: the block record field that says where its side-cars run
 NODE_FIELD = "sidecar_node"
@@ -29,7 +29,7 @@ def sidecar_node(placements: list[dict[str, Any]]) -> str:
     return str(placements[0]["node"]) if placements else ""
 
 
-def starts(ir: dict[str, Any], gen: int, cid: str, node: str) -> list[Emit]:
+def starts(ir: BlockIR, gen: int, cid: str, node: str) -> list[Emit]:
     """``node.sidecar.start`` for every side-car of the block (none without side-cars or node)."""
     if not node:
         return []

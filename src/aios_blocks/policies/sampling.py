@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..schemas.records import BlockIR
 from ..settings import load as load_settings
 from . import affinity, capacity
 
@@ -32,7 +33,7 @@ def default_threshold() -> int:
 KEEP_INFEASIBLE = 16
 
 
-def threshold_of(ir: dict[str, Any]) -> int:
+def threshold_of(ir: BlockIR) -> int:
     """``settings.sampleNodes`` of the block's resourceAllocator rule, else the default."""
     rule = (ir.get("policies") or {}).get("resourceAllocator") or {}
     value = (rule.get("settings") or {}).get("sampleNodes")

@@ -40,6 +40,7 @@ from ..schemas import lifecycle as lc
 from ..schemas import priority as pr
 from ..schemas import vcluster as vc
 from ..schemas.catalog import ROOT, E, Event
+from ..schemas.records import BlockIR
 from ..schemas.spec import ID_RE, Node
 from ..state import keys as k
 from ..state import queue
@@ -582,7 +583,7 @@ class Fold(Projection):
         return node is not None and not node.healthy
 
     # -- capacity (RESERVE_GANG / RELEASE) -----------------------------------------------------------
-    def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: dict[str, Any], seq: int) -> None:
+    def _reserve(self, cid: str, iid: str, bid: str, nid: str, gpus: list[str], ir: BlockIR, seq: int) -> None:
         if (cid, iid) in self.reservations:
             return  # a redelivered step reuses its reservation
         node = self.nodes.get(nid)

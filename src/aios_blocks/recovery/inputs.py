@@ -35,7 +35,7 @@ from ..projections.base import parse
 from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
-from ..schemas.records import InstanceRecord
+from ..schemas.records import BlockIR, InstanceRecord
 from ..state.store import node_view
 from .fold import Fold
 
@@ -212,7 +212,7 @@ class State:
             versions.append((cid, self._gen.get(cid, 0), getattr(nodes, "version", 0)))
         return (self._clusters_gen, tuple(versions), self._block_events.get(bid, 0), step.cursor)
 
-    def index(self, ir: dict[str, Any]) -> dict[str, Any]:
+    def index(self, ir: BlockIR) -> dict[str, Any]:
         """``state.inventory.affinity_index`` over the fold."""
         svcs, leases = affinity.referenced(ir.get("affinity") or [])
         if not svcs and not leases:
@@ -272,12 +272,12 @@ async def _run(step: Step, st: State) -> list[bytes] | None:
     return captured
 
 
-async def _run_selection(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+async def _run_selection(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke) -> bool:
     await hg.select(ir, st.clusters(), st.all_nodes(), invoke, st.index(ir))
     return True
 
 
-async def _run_post_dry_run(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+async def _run_post_dry_run(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke) -> bool:
     data = step.data
     g = st.gather(bid, int(data.get("gen", 0)), int(data.get("attempt", 0)))
     if isinstance(data.get("answers"), list):  # the answers it decided on travel with it
@@ -288,14 +288,14 @@ async def _run_post_dry_run(step: Step, st: State, bid: str, ir: dict[str, Any],
     return True
 
 
-async def _run_dry_run(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+async def _run_dry_run(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke) -> bool:
     cid = str(step.data.get("cluster_id", ""))
     cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
     await hc.dry_run(ir, cluster, st.nodes(cid), invoke, st.index(ir))
     return True
 
 
-async def _run_plan(step: Step, st: State, bid: str, ir: dict[str, Any], invoke: Invoke) -> bool:
+async def _run_plan(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke) -> bool:
     """A resourceAllocator plan, for the command (allocation, scale, reassignment) the step handled."""
     if step.trigger is None or step.trigger[0] not in PLAN_TRIGGERS:
         return False
@@ -325,7 +325,7 @@ async def _run_plan(step: Step, st: State, bid: str, ir: dict[str, Any], invoke:
 
 
 #: the steps rebuilt by running their code again, by event (plans: ``PLAN_STEPS``)
-_RUNS: dict[str, Callable[[Step, State, str, dict[str, Any], Invoke], Awaitable[bool]]] = {
+_RUNS: dict[str, Callable[[Step, State, str, BlockIR, Invoke], Awaitable[bool]]] = {
     "block.selection": _run_selection, "block.post_dry_run": _run_post_dry_run, "block.dry_run.result": _run_dry_run,
 }
 

@@ -7,13 +7,14 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 from pydantic import ValidationError
 
 from .affinity import normalize
 from .errors import SpecError, SpecInvalid
+from .records import BlockIR
 from .sharing import sharing_problems
 from .spec import ID_RE, REQUIRED_POLICIES, BlockSpec, Component, Sidecar, sidecar_problems
 
@@ -154,7 +155,7 @@ def priority_of(name: str | None, classes: Mapping[str, Mapping[str, Any]]) -> t
 def block_create_IR(
     doc: dict[str, Any], component: dict[str, Any] | None, subject_block_id: str | None = None,
     priority_classes: Mapping[str, Mapping[str, Any]] | None = None,
-) -> dict[str, Any]:
+) -> BlockIR:
     """Validate ``doc`` against the block spec and build the IR, or raise :class:`SpecInvalid`
     listing every problem found. ``priority_classes``: the registered classes by name
     (``schemas.priority.PriorityClass`` JSON), for ``priorityClass`` and the default class."""
@@ -283,7 +284,7 @@ def _job_cluster_errors(spec: BlockSpec, comp: Component) -> list[SpecError]:
     return []
 
 
-def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, Any], affinity: list[Any]) -> dict[str, Any]:
+def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, Any], affinity: list[Any]) -> BlockIR:
     """The IR of a valid spec and its component (the block's fields over the component's)."""
     ir: dict[str, Any] = {
         "blockId": block_id,
@@ -312,4 +313,4 @@ def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[s
         job = spec.jobCluster or comp.jobCluster
         if job is not None:
             ir["jobCluster"] = job.model_dump()
-    return ir
+    return cast(BlockIR, ir)  # (built by name: the inherited fields)

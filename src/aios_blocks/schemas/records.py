@@ -9,7 +9,60 @@ in some states (a record's fields arrive step by step).
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
+
+# -- the block's IR (``schemas.ir.block_create_IR``) ---------------------------------------------
+
+
+class BlockIR(TypedDict, total=False):
+    """A block's intermediate representation: its spec over its component's fields, as the parser
+    builds it (``schemas.ir._ir``), the block record keeps it (``ir``) and policies receive it."""
+
+    blockId: str
+    blockComponentURI: str
+    image: str
+    minInstances: int
+    maxInstances: int
+    #: inherited: the block's, else its component's (``schemas.ir.INHERITED``)
+    blockInitData: Any
+    initSettings: Any
+    parameters: Any
+    blockMetadata: Any
+    inputProtocol: Any
+    outputProtocol: Any
+    tags: Any
+    #: ``schemas.spec.Resources`` as JSON
+    resources: dict[str, Any]
+    #: ``schemas.spec.Launch`` as JSON
+    launch: dict[str, Any]
+    #: the merged policy rules by name (``schemas.ir.merge_policies``)
+    policies: dict[str, Any]
+    affinity: list[Any]
+    sidecars: list[Any]
+    outputs: bool
+    #: set only when given (a spec without them keeps its IR and digest)
+    labels: dict[str, str]
+    virtualClusterId: str
+    jobCluster: dict[str, Any]
+    priorityClass: str
+    priority: int
+    preemptible: bool
+    queue: bool
+    maxPendingS: float
+    maxMoving: int
+
+
+def ir_of(wire: dict[str, Any]) -> BlockIR:
+    """The IR a wire payload carries (``Parsed.ir``, ``DryRunRequest.ir``), typed: the same
+    object. The payload structs keep it a plain JSON object: decoded into a TypedDict, msgspec
+    would drop a field this module does not name."""
+    return cast(BlockIR, wire)
+
+
+def wire_ir(ir: BlockIR) -> dict[str, Any]:
+    """The IR as a wire payload holds it (``ir_of``'s inverse): the same object."""
+    return cast(dict[str, Any], ir)
+
 
 # -- the state (Redis) ---------------------------------------------------------------------------
 
@@ -25,7 +78,7 @@ class BlockRecord(TypedDict, total=False):
     #: ``schemas.lifecycle.BlockStatus`` value
     status: str
     #: the block's IR (``schemas.ir.block_create_IR``)
-    ir: dict[str, Any]
+    ir: BlockIR
     #: the create's stream sequence
     created: int
     updated: str

@@ -17,12 +17,13 @@ import structlog
 
 from ..policies import affinity
 from ..policies.capacity import Nodes
+from ..schemas.records import BlockIR
 from .store import Store
 
 log = structlog.get_logger("aios.inventory")
 
 
-async def affinity_index(store: Store, ir: dict[str, Any]) -> dict[str, Any]:
+async def affinity_index(store: Store, ir: BlockIR) -> dict[str, Any]:
     """Where the instances/blocks named by the block's affinity targets run now, and for a block
     with Adaptive entries the adapt stage's table (``affinity.adapt``) from the latest samples of
     its own instances (the metrics collector's; none, or the store away: the base weight)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import BlockIR
 from .keys import P
 from .scripts import LEASE
 
@@ -30,7 +31,7 @@ LEASE_KEY = f"{PREFIX}lease"
 PRIMARY = "_"
 
 
-def scope_of(ir: dict[str, Any]) -> str:
+def scope_of(ir: BlockIR) -> str:
     """The queue a block waits in: its virtual cluster's, else the primary's."""
     return str(ir.get("virtualClusterId") or PRIMARY)
 

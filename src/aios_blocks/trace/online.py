@@ -29,6 +29,7 @@ from ..handlers import preemption as pre
 from ..handlers import queue
 from ..policies import capacity
 from ..policies.builtin import preempt
+from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import Node
 from . import qos as qosmod
 from .replay import DEFAULT_POLICY, Setup, block_id, labels, policy_uri, views_of
@@ -134,7 +135,7 @@ def release(node: dict[str, Any], gpu_ids: list[str], needs: dict[str, Any], sha
 @dataclass
 class Job:
     timed: Timed
-    ir: dict[str, Any]
+    ir: BlockIR
     qos_class: str
     since: float  # when it last started waiting
     first_wait: float | None = None  # arrival -> first placement
@@ -237,7 +238,7 @@ class Sim:
     def job(self, t: Timed) -> Job:
         cls = qosmod.class_of(t.task.qos)
         prio = 0 if self.mode is Mode.FIFO else qosmod.priority_of(t.task.qos)
-        ir = {"blockId": block_id(t.task), "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
+        ir: BlockIR = {"blockId": block_id(t.task), "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
               "resources": t.task.resources(), "priority": prio, "priorityClass": cls, "labels": labels(t.task),
               "policies": {"resourceAllocator": self.rules[t.task.sharing],
                            "clusterAllocator": {"name": "clusterAllocator", "settings": {"filter": {"capacity": True}}}}}
@@ -294,7 +295,7 @@ class Sim:
         j.place = None
         return j
 
-    def block(self, j: Job) -> dict[str, Any]:
+    def block(self, j: Job) -> BlockRecord:
         return {"status": "pending", "ir": j.ir, "gen": 0, "preempted_by": j.preempted_by}
 
     def head_entries(self) -> list[queue.Entry]:

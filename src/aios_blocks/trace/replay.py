@@ -20,6 +20,7 @@ from typing import Any
 
 from ..policies import capacity
 from ..policies.builtin.frag import Workload, gpu_left, node_model
+from ..schemas.records import BlockIR
 from ..schemas.spec import Node
 from .workload import UNITS, Task, inflate, typical_shapes
 
@@ -241,7 +242,7 @@ async def replay(
     started = time.perf_counter()
     for i, t in enumerate(st.pods):
         rule, bid = rules[t.sharing], block_id(t)
-        ir = {"blockId": bid, "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
+        ir: BlockIR = {"blockId": bid, "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
               "resources": t.resources(), "policies": {"resourceAllocator": rule}, "labels": labels(t)}
 
         async def invoke(inp: dict[str, Any], rule: dict[str, Any] = rule) -> Any:

@@ -18,6 +18,7 @@ from ..handlers import allocation as al
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
 from ..schemas.lifecycle import Step
+from ..schemas.records import BlockIR
 from .base import Worker
 from .vcluster import ensure_job_cluster
 
@@ -103,7 +104,7 @@ def _cluster_lock(cid: str) -> asyncio.Lock:
 
 
 async def start(
-    w: Worker, ir: dict[str, Any], gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]],
+    w: Worker, ir: BlockIR, gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]],
     attempts: int, key: str, replaces: str = "", trace: list[Decision] | None = None,
     step: tuple[Step, dict[str, Any]] | None = None, limit: int | None = None,
 ) -> list[str]:

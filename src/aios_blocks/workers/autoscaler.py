@@ -54,6 +54,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import Autoscaled, AutoscaleFailed, ScaleTarget
 from ..schemas.lifecycle import LIVE
+from ..schemas.records import BlockIR
 from .base import Worker
 
 log = structlog.get_logger("aios.autoscaler")
@@ -92,7 +93,7 @@ class Autoscaler:
         # its own runtime: an autoscaler call's time limit is shorter than a placement's
         self.runtime = PolicyRuntime(lookup=w.store.policy_get, timeout_s=self.s.autoscale_policy_timeout_s)
         self.defaults = a.Params.from_settings(self.s)
-        self.irs: dict[str, tuple[int, dict[str, Any]]] = {}
+        self.irs: dict[str, tuple[int, BlockIR]] = {}
         self.held: list[str] = []
         self.ticks = 0
         self._sem = asyncio.Semaphore(CONCURRENCY)
@@ -168,7 +169,7 @@ class Autoscaler:
         self.held = held
         return held, [b for b in held if b not in mine]
 
-    async def decide(self, now: float, bid: str, gen: int, ir: dict[str, Any], sample: dict[str, Any],
+    async def decide(self, now: float, bid: str, gen: int, ir: BlockIR, sample: dict[str, Any],
                      data: dict[str, Any]) -> tuple[TickResult, a.State]:
         state = _state_of(data.get("state"), gen)
         current = sum(1 for r in (data.get("instances") or {}).values() if r.get("status") != "removing")
@@ -221,7 +222,7 @@ class Autoscaler:
         log.info("autoscaler.scaled", block=bid, current=current, desired=outcome.desired, raw=raw, rules=list(outcome.rules))
         return TickResult("changed", outcome, reason, stored=True), state
 
-    async def _call(self, ir: dict[str, Any], rule: dict[str, Any], input_data: dict[str, Any]) -> tuple[Any, list[list[str]]]:
+    async def _call(self, ir: BlockIR, rule: dict[str, Any], input_data: dict[str, Any]) -> tuple[Any, list[list[str]]]:
         rule_id = f"{ir['blockId']}.autoscaler"
         uri = str(rule.get("policyRuleURI", ""))
         ctx = TrackingDict({} if stateless(uri) else await self.w.store.context_load(rule_id))

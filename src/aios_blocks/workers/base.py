@@ -37,6 +37,7 @@ from ..schemas.events import (
     with_nodes,
 )
 from ..schemas.lifecycle import Step
+from ..schemas.records import BlockIR
 from ..settings import Settings
 from ..settings import load as load_settings
 from ..state.inventory import Inventory, affinity_index
@@ -77,8 +78,8 @@ class Worker:
     #: this process, in the inventory hints it sends (it skips its own when they come back)
     origin: str = field(default_factory=lambda: uuid.uuid4().hex[:16])
     #: (block, gen) -> IR: a generation's IR never changes, and its dry_runs come together
-    _irs: OrderedDict[tuple[str, int], dict[str, Any]] = field(default_factory=OrderedDict)
-    _ir_reads: dict[tuple[str, int], asyncio.Future[dict[str, Any] | None]] = field(default_factory=dict)
+    _irs: OrderedDict[tuple[str, int], BlockIR] = field(default_factory=OrderedDict)
+    _ir_reads: dict[tuple[str, int], asyncio.Future[BlockIR | None]] = field(default_factory=dict)
     #: cluster -> nodes changed this turn of the loop, not yet hinted (``hint``), and the sends
     _hints: dict[str, set[str]] = field(default_factory=dict)
     _hint_tasks: set[asyncio.Task[Any]] = field(default_factory=set)
@@ -122,7 +123,7 @@ class Worker:
         await self.bus.close()
         await self.store.close()
 
-    async def invoke(self, ir: dict[str, Any], kind: str, input_data: dict[str, Any], trace: list[Decision] | None = None) -> Any:
+    async def invoke(self, ir: BlockIR, kind: str, input_data: dict[str, Any], trace: list[Decision] | None = None) -> Any:
         """Run the block's ``kind`` policy with its Redis-backed context (raises PolicyFailed). Its
         decision record goes into ``trace`` (the step's event carries it) or, without one, out as
         a ``decision`` event of its own."""
@@ -188,7 +189,7 @@ class Worker:
             output_digest=out_digest,
         )
 
-    async def block_ir(self, bid: str, gen: int) -> dict[str, Any] | None:
+    async def block_ir(self, bid: str, gen: int) -> BlockIR | None:
         """The IR of generation ``gen`` of a block (None: the block is gone or another generation
         now), read once and kept for the block's other requests."""
         key = (bid, gen)
@@ -203,7 +204,7 @@ class Worker:
             pending.add_done_callback(lambda _f: self._ir_reads.pop(key, None))
         return await asyncio.shield(pending)
 
-    async def _read_ir(self, key: tuple[str, int]) -> dict[str, Any] | None:
+    async def _read_ir(self, key: tuple[str, int]) -> BlockIR | None:
         bid, gen = key
         block = await self.store.get_block(bid)
         if block is None or block.get("gen") != gen or not block.get("ir"):
@@ -213,13 +214,13 @@ class Worker:
             self._irs.popitem(last=False)
         return ir
 
-    def invoker(self, ir: dict[str, Any], kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+    def invoker(self, ir: BlockIR, kind: str, trace: list[Decision] | None = None) -> Callable[[dict[str, Any]], Awaitable[Any]]:
         async def call(input_data: dict[str, Any]) -> Any:
             return await self.invoke(ir, kind, input_data, trace)
 
         return call
 
-    async def affinity_index(self, ir: dict[str, Any]) -> dict[str, Any]:
+    async def affinity_index(self, ir: BlockIR) -> dict[str, Any]:
         """Where the instances/blocks named by the block's affinity targets run now."""
         return await affinity_index(self.store, ir)
 

@@ -50,7 +50,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.priority import Pending, QuotaSet
-from ..schemas.records import BlockRecord, InstanceRecord
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, ir_of, wire_ir
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
@@ -107,7 +107,7 @@ async def on_dry_run(w: Worker, m: Inbound[DryRunRequest]) -> None:
     ev = m.data
     if ev.at:  # a query has no stream sequence: its decision names the state its round started from
         TRIGGER_SEQ.set(ev.at)
-    ir = ev.ir or await w.block_ir(ev.block_id, ev.gen)
+    ir = ir_of(ev.ir) if ev.ir else await w.block_ir(ev.block_id, ev.gen)
     if ir is None:
         return  # the block is gone or was re-created: nobody gathers this answer
     clusters = await w.inventory.clusters()
@@ -264,7 +264,7 @@ async def reassign(w: Worker, m: Inbound[ReassignRequest]) -> None:
 
 
 async def _replacement(
-    w: Worker, ev: ReassignRequest, ir: dict[str, Any], iid: str, current: dict[str, Any], node_down: bool, trace: list[Decision],
+    w: Worker, ev: ReassignRequest, ir: BlockIR, iid: str, current: dict[str, Any], node_down: bool, trace: list[Decision],
 ) -> tuple[list[dict[str, Any]], int]:
     """The replacement's placement, off the node it leaves; when nothing else fits, the node it
     leaves, when its agent is alive after the fault (a one-node cluster replaces a crashed
@@ -492,7 +492,7 @@ def _backoff(deliveries: int) -> float:
 
 
 async def _reselect_or_fail(
-    w: Worker, ir: dict[str, Any], ev: AllocationRequest, reason: str, trace: list[Decision] | None = None
+    w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str, trace: list[Decision] | None = None
 ) -> None:
     """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
     failed): record why and send the block back through selection, a bounded number of rounds."""
@@ -505,7 +505,7 @@ async def _reselect_or_fail(
         return
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
     if ok or info == "parsed":
-        await w.bus.emit(E.block_parsed, Parsed(bid, gen, ir, n + 1))
+        await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(ir), n + 1))
 
 
 

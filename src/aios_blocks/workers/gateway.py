@@ -28,7 +28,7 @@ from ..schemas.events import (
     Selection,
 )
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockRecord
+from ..schemas.records import BlockIR, BlockRecord, ir_of
 from . import queue
 from .base import Worker, bound
 
@@ -50,7 +50,7 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
 async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     """A parsed block (or one sent back to selection): select candidates, open the gather, ask each."""
     ev = m.data
-    bid, gen, ir, n = ev.block_id, ev.gen, ev.ir, ev.attempt
+    bid, gen, ir, n = ev.block_id, ev.gen, ir_of(ev.ir), ev.attempt
     ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
     if not ok:
         return  # superseded (a later selection round, deleted, re-created) or already past this step
@@ -77,7 +77,7 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     await w.bus.emit_all(out)
 
 
-async def _quota_holds(w: Worker, bid: str, gen: int, ir: dict[str, Any], n: int) -> bool:
+async def _quota_holds(w: Worker, bid: str, gen: int, ir: BlockIR, n: int) -> bool:
     """The tenant's quota before placement (docs/priority.md): ``admit`` / ``admit-borrowing`` go
     on to selection; ``wait`` waits in the pending queue with the quota's reason; ``reclaim`` waits
     too, and the queue walker preempts the borrowers (InCohortReclamation), then places it."""
@@ -184,7 +184,7 @@ def _deciding(block: BlockRecord, gen: int, n: int) -> bool:
     return int(block.get("attempt", 0)) == n
 
 
-async def _choose(w: Worker, ir: dict[str, Any], g: dict[str, Any], trace: list[Decision]) -> h.FinalDecision:
+async def _choose(w: Worker, ir: BlockIR, g: dict[str, Any], trace: list[Decision]) -> h.FinalDecision:
     """The clusterAllocator's choice among the round's answers."""
     clusters = await w.inventory.clusters()
     asked = [cid for cid in g["expected"] if cid in clusters]

@@ -13,6 +13,7 @@ from ..bus.router import Inbound, Router
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
+from ..schemas.records import wire_ir
 from ..state.priority import PriorityStore
 from .base import Worker, bound
 
@@ -50,7 +51,7 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
         )
         if ok:
-            await w.bus.emit(E.block_parsed, Parsed(bid, gen, outcome.ir))
+            await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(outcome.ir)))
             return
         outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
     else:

@@ -34,6 +34,7 @@ from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatusReport, InstanceCommand, Parsed
 from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
+from ..schemas.records import BlockIR, wire_ir
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, PreemptPlans, scope_of
 from ..state.rebalance import RebalanceState
@@ -56,7 +57,7 @@ def poke(w: Worker) -> None:
         q.wake.set()
 
 
-async def wait_or_fail(w: Worker, bid: str, gen: int, ir: dict[str, Any], reason: str, step: Step,
+async def wait_or_fail(w: Worker, bid: str, gen: int, ir: BlockIR, reason: str, step: Step,
                        reasons: dict[str, str] | None = None, cluster: str = "") -> None:
     """The block fits nowhere now: it waits in the pending queue (``block.pending`` with the reason
     per cluster), or, with ``queue: false`` (``submit --no-queue``), fails as before."""
@@ -210,7 +211,7 @@ class QueueWalker:
         if ok:
             await PreemptPlans(self.w.store.r).drop(bid)  # its preemption is over: a later one is a new plan
             log.info("queue.retry", block=bid, gen=gen, attempt=n, fits=cid)
-            await self.w.bus.emit(E.block_parsed, Parsed(bid, gen, block["ir"], n))
+            await self.w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(block["ir"]), n))
         if ok or info != "pending":
             await self.q.remove(bid)
 
@@ -244,7 +245,7 @@ class QueueWalker:
         placed, _models = await PriorityStore(self.w.store.r).placed()
         busy = hr.moving(placed)
         rule = (ir.get("policies") or {}).get("rebalancer") or {"name": "rebalancer", "policyRuleURI": self.s.rebalance_policy}
-        pir = {**ir, "policies": {**(ir.get("policies") or {}), "rebalancer": rule}}
+        pir: BlockIR = {**ir, "policies": {**(ir.get("policies") or {}), "rebalancer": rule}}
         for cid in sorted(clusters):
             if not hr.matches(ir, clusters[cid]):
                 continue
@@ -276,7 +277,7 @@ class QueueWalker:
         bid = str(ir["blockId"])
         placed, _models = await PriorityStore(self.w.store.r).placed()
         rule = (ir.get("policies") or {}).get("preemption") or {"name": "preemption", "policyRuleURI": DEFAULT_POLICY}
-        pir = {**ir, "policies": {**(ir.get("policies") or {}), "preemption": rule}}
+        pir: BlockIR = {**ir, "policies": {**(ir.get("policies") or {}), "preemption": rule}}
         for cid in sorted(clusters):
             data = pre.preempt_input(bid, ir, cid, views.get(cid) or {}, placed, self.s.preempt_min_delta,
                                      str(block.get("preempted_by") or ""))
@@ -292,7 +293,7 @@ class QueueWalker:
                 return True
         return False
 
-    async def _carry_out(self, bid: str, gen: int, ir: dict[str, Any], data: dict[str, Any], output: dict[str, Any],
+    async def _carry_out(self, bid: str, gen: int, ir: BlockIR, data: dict[str, Any], output: dict[str, Any],
                          cid: str, reason: PreemptReason = PreemptReason.PRIORITY) -> None:
         """Mark the preemptor (one preemption at a time), publish ``block.preempted`` on each
         victim and ``block.preempting`` on it, then drain the victims: a victim that loses all

@@ -28,6 +28,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import BlockStatusReport
 from ..schemas.priority import Pending
+from ..schemas.records import BlockIR
 from ..schemas.vcluster import (
     VClusterChanged,
     VClusterCreate,
@@ -342,7 +343,7 @@ async def destroy_job(w: Worker, cid: str, jid: str, bid: str, gen: int | None, 
     return True
 
 
-async def ensure_job_cluster(w: Worker, ir: dict[str, Any], cid: str) -> None:
+async def ensure_job_cluster(w: Worker, ir: BlockIR, cid: str) -> None:
     """Before a block with a job-cluster spec is placed: its job cluster exists, carved from its
     divisible cluster's undivided nodes (raises PlacementFailed with the reason when it cannot)."""
     job = ir.get("jobCluster")

@@ -1,0 +1,39 @@
+"""The typed records (``schemas/records.py``) name every field the code keeps in them: a field
+added to the IR without its name in ``BlockIR`` fails here (mypy then checks every reader of it),
+and the wire keeps the IR a plain JSON object (``ir_of``/``wire_ir`` change nothing)."""
+
+from __future__ import annotations
+
+import msgspec
+
+from aios_blocks.schemas.events import Parsed
+from aios_blocks.schemas.ir import block_create_IR
+from aios_blocks.schemas.records import BlockIR, BlockRecord, InstanceRecord, ir_of, wire_ir
+
+from .test_ir import COMPONENT, spec
+from .test_priority_ir import CLASSES
+
+
+def _full_ir() -> BlockIR:
+    doc = spec(priorityClass="high", preemptible=False, queue=True, maxPendingS=60, maxMoving=2,
+               labels={"team": "a"}, virtualClusterId="v1", outputs=True)
+    return block_create_IR(doc, dict(COMPONENT), "b1", CLASSES)
+
+
+def test_every_field_of_the_ir_is_named_by_block_ir() -> None:
+    ir = _full_ir()
+    assert {"priorityClass", "preemptible", "queue", "maxPendingS", "maxMoving", "labels", "virtualClusterId"} <= set(ir)
+    assert set(ir) - set(BlockIR.__annotations__) == set()
+
+
+def test_the_wire_keeps_the_ir_as_it_is() -> None:
+    ir = _full_ir()
+    assert wire_ir(ir) is ir and ir_of(wire_ir(ir)) is ir
+    raw = msgspec.json.encode(Parsed("b1", 1, wire_ir(ir)))
+    assert msgspec.json.decode(raw, type=Parsed).ir == msgspec.json.decode(msgspec.json.encode(ir))
+
+
+def test_the_records_name_the_fields_the_lifecycle_writes() -> None:
+    """Fields written by the queue, the preemption, the scale-down and the agent, read by name."""
+    assert {"pending_since", "pending_deadline", "preempted_by", "preempting", "sidecar_node"} <= set(BlockRecord.__annotations__)
+    assert {"drain", "restarts", "since", "endpoint"} <= set(InstanceRecord.__annotations__)
