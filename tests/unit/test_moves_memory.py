@@ -194,3 +194,23 @@ async def test_explain_and_the_event_lines_tell_a_move_step_by_step_with_its_rea
         lines = Lines()
         kind, detail = lines.line(*next(d for d in story if d[0].endswith(".move.switched")))
         assert kind == "move.switched" and detail.startswith(f"m1: {bid}-0@")
+
+
+async def test_a_claimed_move_delivered_twice_at_once_places_one_new_instance() -> None:
+    """A request whose first delivery claimed the move and stopped (its controller died), then
+    delivered twice at once: one placement (the lease), its reservation where its record is."""
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=1, nodes=4)
+        req = _move(bid, f"{bid}-0")
+        rec = mv.record(req, await s.store.get_block(bid), (await s.store.instances(bid))[f"{bid}-0"], time.time())
+        assert (await MoveStore(s.store.r).claim(rec, 1, time.time(), mv.KEEP_S))[0] == "ok"
+        await s.bus.emit(E.block_move_requested, req)
+        await s.bus.emit(E.block_move_requested, req, qualifier="again")  # a second message, same move
+        await s.deliver_together([m for m in s.bus.stream if m.subject.endswith(".move.requested")])
+        await s.run(wait_deferred=20)
+        assert _steps(s, bid) == [("completed", "m1"), ("started", "m1"), ("switched", "m1")]
+        new = mv.new_instance_id(bid, "m1")
+        (res,) = await s.store.reservations_of("c1", [new])
+        assert res is not None and res["node"] == (await s.store.instances(bid))[new]["node"]
+        assert len(await s.store.reservations("c1")) == 1
+        assert len({d["placements"][0]["node_id"] for d in s.bus.events(E.block_placement, bid=bid) if d["request_id"] == "move-m1"}) == 1

@@ -1,5 +1,6 @@
 """The block commands: ``submit`` (and its dry run), ``get``, ``list``, ``scale``, ``reassign``,
-``delete``, ``top``, and ``examples`` (the shipped specs to submit)."""
+``move`` (make-before-break, docs/rebalance.md), ``delete``, ``top``, and ``examples`` (the shipped
+specs to submit)."""
 
 from __future__ import annotations
 
@@ -248,6 +249,106 @@ def reassign(bid: str, instance_id: str, no_wait: bool = NoWait, timeout: float 
     Example: `blocks reassign blk-1234 blk-1234-0`
     """
     raise typer.Exit(_follow_request(lambda c: c.reassign_request(bid, instance_id), not no_wait, timeout, data_dir))
+
+
+#: how often ``blocks move --wait`` reads the move's record
+MOVE_POLL_S = 0.2
+
+
+def move(
+    bid: str,
+    instance_id: str,
+    to: str = typer.Option("", "--to", metavar="NODE", help="The node to move it to (a node of the block's cluster); "
+                           "default: the resourceAllocator chooses any node but the instance's own."),
+    wait: bool = typer.Option(False, "--wait", "-w", help="Follow the move until it completed or failed."),
+    timeout: float = typer.Option(300.0, "--timeout", help="With --wait: give up after this many seconds (exit 5).",
+                                  callback=_seconds_over()),
+    reason: str = typer.Option("requested by hand", "--reason", help="Why, in words: shown in every step's event and in "
+                               "`blocks explain`."),
+    move_id: str = typer.Option("", "--move-id", help="The move's id (default: a new one); asking again with the same id "
+                                "is the same move."),
+    as_json: bool = typer.Option(False, "--json", help="Print the move as JSON: move_id, block_id, instance_id, to_node, "
+                                 "status (requested, or with --wait completed / failed), new_instance_id, node, reason."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Move one instance of a ready block, make-before-break: a new instance is placed (atomic
+    reservation) and started, traffic switches to it once it is ready, then the old one drains (its
+    tasks in flight finish) and is removed. The block never has fewer ready instances than
+    minInstances, nor more moving at once than its `maxMoving` (default 1); the cluster's moves are
+    rate limited (AIOS_MOVE_RATE_LIMIT). A move that fails leaves the old instance serving. Needs
+    the admin role. Exit 0 requested (with --wait: completed), 3 failed (the reason), 5 timeout,
+    1 unknown block or instance, 2 a bad id.
+
+    Example: `blocks move blk-1234 blk-1234-0 --to n3 --wait`
+    """
+
+    async def go(c: Client) -> int:
+        req = await _publish_move(c, bid, instance_id, to, reason, move_id)
+        out: dict[str, Any] = {"move_id": req.move_id, "block_id": bid, "instance_id": instance_id, "to_node": to,
+                               "status": "requested", "new_instance_id": "", "node": "", "reason": ""}
+        if not as_json:
+            console.print(escape(f"move {req.move_id} of {instance_id} requested; follow with: blocks explain {bid}"))
+        if not wait:
+            if as_json:
+                console.print_json(json.dumps(out))
+            return 0
+        try:
+            rec = await _move_outcome(c, bid, req.move_id, timeout)
+        except TimeoutError:
+            err.print(f"[red]move {escape(req.move_id)} not over after {timeout:g}s[/]; follow with: blocks explain {escape(bid)}")
+            return 5
+        out.update(status=rec["phase"], new_instance_id=rec.get("new", "") if rec.get("node") else "", node=rec.get("node", ""),
+                   reason=rec.get("why", ""))
+        if as_json:
+            console.print_json(json.dumps(out))
+        elif rec["phase"] == "completed":
+            console.print("[green]move done[/]: " + escape(f"{instance_id}@{rec.get('from', '')} -> {rec['new']}@{rec['node']}"))
+        else:
+            err.print(f"[red]move failed[/]: {escape(str(rec.get('why', '')))}")
+        return 0 if rec["phase"] == "completed" else 3
+
+    raise typer.Exit(int(_request(go, data_dir)))
+
+
+async def _publish_move(c: Client, bid: str, iid: str, to: str, reason: str, move_id: str) -> Any:
+    """Check the ids (an unknown block or instance is refused here, exit 1) and publish the request."""
+    import time
+    import uuid
+
+    from ..bus.catalog import E
+    from ..schemas.moves import MoveRequested
+    from ..schemas.spec import check_id
+
+    check_id(bid, "block id")
+    check_id(iid, "instance id")
+    if to:
+        check_id(to, "node id")
+    mid = check_id(move_id, "move id") if move_id else f"mv-{uuid.uuid4().hex[:12]}"
+    block, insts = await c.store.block_view(bid)
+    if block is None:
+        raise LookupError(f"no block {bid!r}")
+    if iid not in insts:
+        raise LookupError(f"block {bid!r} has no instance {iid!r}")
+    req = MoveRequested(bid, mid, iid, to_node=to, reason=reason, requested_by="cli", gen=int(block["gen"]), at=time.time())
+    await c.bus.emit(E.block_move_requested, req)
+    return req
+
+
+async def _move_outcome(c: Client, bid: str, mid: str, timeout: float) -> dict[str, Any]:
+    """The move's record once it is over (completed / failed); TimeoutError after ``timeout``."""
+    import asyncio
+
+    from ..state.moves import MoveStore
+
+    ms = MoveStore(c.store.r)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        rec = await ms.get(bid, mid)
+        if rec is not None and rec.get("phase") in ("completed", "failed"):
+            return rec
+        await asyncio.sleep(MOVE_POLL_S)
+    raise TimeoutError(mid)
 
 
 def delete(bid: str, no_wait: bool = NoWait, timeout: float = Timeout, data_dir: Path = DataDir) -> None:

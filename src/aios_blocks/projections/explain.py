@@ -207,14 +207,11 @@ class Explain(Projection):
         inst["health"] = d.verdict
         inst.setdefault("verdicts", []).append({"verdict": d.verdict, "reason": d.reason, "policy": d.policy})
 
-    # -- its size ---------------------------------------------------------------------------------
-    @on(E.block_scale_target)
-    def on_target(self, m: Fact[ev.ScaleTarget]) -> None:
     # -- moves (docs/rebalance.md) -----------------------------------------------------------------
     def _move(self, mid: str) -> dict[str, Any]:
         for mv_ in self.out["moves"]:
             if mv_["move_id"] == mid:
-                return mv_  # type: ignore[no-any-return]
+                return mv_
         mv_ = {"move_id": mid, "instance": "", "from": "", "to": "", "new": "", "status": "requested", "reason": "",
                "requested_by": "", "steps": []}
         self.out["moves"].append(mv_)
@@ -241,6 +238,9 @@ class Explain(Projection):
             self._failure(f"move {d.move_id}", d.reason)
         self._calls(d.decisions)
 
+    # -- its size ---------------------------------------------------------------------------------
+    @on(E.block_scale_target)
+    def on_target(self, m: Fact[ev.ScaleTarget]) -> None:
         d = m.data
         self.out["targets"].append({"time": m.time, "target": d.target, "source": d.source, "reason": d.reason,
                                     "request_id": d.request_id})

@@ -16,11 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import structlog
 
 from ..bus.router import Inbound
+from ..bus.runner import Defer
 from ..handlers import allocation as al
 from ..handlers import moves as mv
 from ..runtime.ticker import Ticker
@@ -87,7 +89,7 @@ async def on_move_requested(w: Worker, m: Inbound[MoveRequested]) -> None:
     rec = await ms.get(req.block_id, req.move_id)
     if rec is not None:  # this move id was taken before: one move per id
         if rec["phase"] == MovePhase.CLAIMED:
-            await _place(w, rec)  # a redelivery of a request whose controller stopped mid-placement
+            await _place_once(w, rec, m.deliveries)  # a redelivery of a request whose controller stopped mid-placement
         elif rec["phase"] == MovePhase.FAILED and not rec.get("node"):
             await apply(w, mv.failed(rec, rec.get("why", ""), now, {}), rec)  # its failure said again (deduplicated)
         return
@@ -114,7 +116,7 @@ async def on_move_requested(w: Worker, m: Inbound[MoveRequested]) -> None:
     await ms.due(req.block_id, req.move_id, rec["due"])
     log.info("move.claimed", block=req.block_id, move=req.move_id, instance=req.instance_id, to=req.to_node or "any",
              by=req.requested_by)
-    await _place(w, rec)
+    await _place_once(w, rec, m.deliveries)
 
 
 async def _refuse(w: Worker, rec: dict[str, Any], why: str) -> None:
@@ -124,6 +126,23 @@ async def _refuse(w: Worker, rec: dict[str, Any], why: str) -> None:
     if stored.get("phase") == MovePhase.FAILED:
         log.info("move.refused", block=rec["block_id"], move=rec["move_id"], why=stored.get("why"))
         await commit(w, mv.failed(stored, str(stored.get("why", why)), time.time(), {}).effects)
+
+
+async def _place_once(w: Worker, rec: dict[str, Any], deliveries: int) -> None:
+    """One placement of a move at a time, on any copy: two deliveries of one request handled at
+    once (a redelivery in the same batch) could each plan the new instance on another node. The
+    lease is the reassignment's (keyed by the new instance); a delivery that finds it held waits
+    for it, and gives up after its attempts (the holder places it, or the sweep fails the move
+    once its claim lapses)."""
+    token, bid = uuid.uuid4().hex, rec["block_id"]
+    if await w.store.claim_replacement(bid, rec["new"], token, w.settings.reassign_claim_s) != token:
+        if deliveries < w.settings.reassign_attempts:
+            raise Defer(min(2.0 ** deliveries, 15.0))
+        return
+    try:
+        await _place(w, rec)
+    finally:
+        await w.store.release_replacement(bid, rec["new"], token)
 
 
 async def _place(w: Worker, rec: dict[str, Any]) -> None:
