@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ from aios_blocks.runtime import tenants as tn
 
 from .conftest import System
 from .test_create_cloudevents import stored
+from .test_pending_queue import status_of
 
 pytestmark = pytest.mark.integration
 SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 3}
@@ -57,6 +60,16 @@ class Seen:
         async with asyncio.timeout(timeout):
             while subject not in self.subjects:
                 await asyncio.sleep(0.05)
+
+
+async def blocks(*args: str) -> str:
+    """The ``blocks`` command, as run next to ``blocks up`` (no server URL in its environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    proc = await asyncio.create_subprocess_exec(str(Path(sys.executable).with_name("blocks")), *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    assert proc.returncode == 0, (args, out.decode(), err.decode())
+    return out.decode()
 
 
 def status(msg: Any) -> int:
@@ -134,7 +147,13 @@ async def test_a_hostile_tenant_reaches_nothing_of_another_or_of_the_system(syst
     c = system.client
     await c.add_sim_cluster("th", nodes=1, gpus=2)
     auth.add_tenant(system.data_dir, "victim")
-    auth.add_tenant(system.data_dir, "evil", tn.Limits(connections=2, stream_bytes=1024 * 1024))
+    # through the command, as an operator would: limits, and its credentials file's path as JSON
+    out = await blocks("tenant", "add", "evil", "--max-connections", "2", "--max-stream-bytes", str(1024 * 1024),
+                       "--max-pending-creates", "2", "--json", "--data-dir", str(system.data_dir))
+    made = json.loads(out)
+    assert made["user"] == "evil.main" and made["account"] == "tenant-evil" and made["new"] is True
+    assert Path(made["credentials"]) == auth.credentials_path(system.data_dir, "evil", "main")
+    assert os.stat(made["credentials"]).st_mode & 0o777 == 0o600
     errors: list[str] = []
 
     async def on_error(exc: Exception) -> None:
@@ -191,8 +210,19 @@ async def test_a_hostile_tenant_reaches_nothing_of_another_or_of_the_system(syst
         other = await login(system.data_dir, "victim")
         await other.close()
 
-        # the victim still creates and is placed
-        await victim.jetstream(timeout=10).publish("aios.block.v-b2.create", create("v-b2"), headers=HEADERS)
+        # pending creates: two that wait for capacity (2 GPUs each, 1 free), the third refused with the reason
+        ejs10 = evil.jetstream(timeout=10)
+        for n in range(2):
+            await ejs10.publish(f"aios.block.e-p{n}.create", create(f"e-p{n}", minInstances=2, maxInstances=2),
+                                headers=HEADERS)
+            await status_of(system, f"e-p{n}", "pending")
+        await ejs10.publish("aios.block.e-p2.create", create("e-p2"), headers=HEADERS)
+        kind, env = await c.wait("e-p2", 60)
+        message = json.dumps(env["data"])
+        assert kind == "rejected" and "creates pending" in message and "--max-pending-creates" in message, env
+        # ... which costs the victim nothing: its create is taken and placed (1 GPU is free)
+        await victim.jetstream(timeout=10).publish("aios.block.v-b2.create", create("v-b2", maxInstances=1),
+                                                   headers=HEADERS)
         assert (await c.wait("v-b2", 60))[0] == "ready"
     finally:
         await evil.close()

@@ -6,11 +6,15 @@ other tenants and the workers stay connected."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from .common import DataDir, console
+from .common import DataDir, _request, console
 from .render import _print_json, _table
+
+if TYPE_CHECKING:
+    from .client import Client
 
 tenant_app = typer.Typer(help="Tenants: a NATS account each, with its own users and limits (docs/security.md).",
                          no_args_is_help=True)
@@ -29,10 +33,28 @@ def _say(tenant: str, user: str, new: bool, path: Path, as_json: bool) -> None:
                   f"{'' if new else ' (existed)'}: credentials in {path}")
 
 
+def _store_limit(tenant: str, data_dir: Path, remove: bool = False) -> None:
+    """The tenant's pending-create limit where the parser reads it (Redis, ``state.tenants``)."""
+    from ..runtime import auth
+    from ..runtime import tenants as tn
+    from ..state.tenants import TenantStore
+
+    s = auth.Secrets.load(Path(data_dir).resolve(), create=False)
+    limits = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {})).limits
+
+    async def go(c: Client) -> None:
+        store = TenantStore(c.store.r)
+        await (store.forget(tenant) if remove else store.set_limit(tenant, limits.pending_creates))
+
+    _request(go, data_dir, store_only=True)
+
+
 @tenant_app.command("add")
 def tenant_add(
     tenant: str = typer.Argument(..., help="The tenant's name (a block id's characters): its account is tenant-NAME."),
     connections: int = typer.Option(None, "--max-connections", min=1, help="Client connections at once (default 64)."),
+    pending: int = typer.Option(None, "--max-pending-creates", min=1,
+                                help="Its creates not yet placed, failed or deleted (default 100): more are rejected."),
     stream_bytes: int = typer.Option(None, "--max-stream-bytes", min=0,
                                      help="Bytes the tenant's own JetStream streams may hold (default 64 MiB)."),
     as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),
@@ -47,12 +69,14 @@ def tenant_add(
     from ..runtime import tenants as tn
 
     limits = None
-    if connections is not None or stream_bytes is not None:
+    if connections is not None or pending is not None or stream_bytes is not None:
         s = auth.Secrets.load(Path(data_dir).resolve(), create=False)
         limits = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {})).limits
         limits.connections = connections if connections is not None else limits.connections
         limits.stream_bytes = stream_bytes if stream_bytes is not None else limits.stream_bytes
+        limits.pending_creates = pending if pending is not None else limits.pending_creates
     new, path = auth.add_tenant(data_dir, tenant, limits)
+    _store_limit(tenant, data_dir)
     _say(tenant, tn.FIRST_USER, new, path, as_json)
 
 
@@ -68,10 +92,11 @@ def tenant_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = 
     if as_json:
         _print_json(rows)
         return
-    table = _table("tenant", "account", "users", "connections", "stream bytes")
+    table = _table("tenant", "account", "users", "connections", "pending creates", "stream bytes")
     for r in rows:
         lim = r["limits"]
-        table.add_row(r["tenant"], r["account"], ", ".join(r["users"]), str(lim["connections"]), str(lim["stream_bytes"]))
+        table.add_row(r["tenant"], r["account"], ", ".join(r["users"]), str(lim["connections"]), str(lim["pending_creates"]),
+                      str(lim["stream_bytes"]))
     console.print(table)
 
 
@@ -86,6 +111,7 @@ def tenant_remove(tenant: str = typer.Argument(...), data_dir: Path = DataDir) -
 
     if not auth.remove_tenant(data_dir, tenant):
         raise LookupError(f"no tenant {tenant!r}")
+    _store_limit(tenant, data_dir, remove=True)
     console.print(f"tenant [bold]{tenant}[/] removed")
 
 

@@ -68,10 +68,14 @@ REQUESTS_ALL = tuple(request_subject("*", r) for r in REQUESTS if r != "create")
 
 @dataclass
 class Limits:
-    """Per-tenant limits the server enforces (``limits`` and ``jetstream`` of its account)."""
+    """Per-tenant limits: the server enforces the account's (``limits``, ``jetstream``), the parser
+    ``pending_creates``."""
 
     #: client connections at once (the account's ``max_connections``)
     connections: int = 64
+    #: its creates not yet placed, failed, rejected or deleted: the parser refuses more
+    #: (``state.tenants``; ``blocks tenant add`` writes it to Redis)
+    pending_creates: int = 100
     #: bytes the tenant's own JetStream streams may hold (file storage), e.g. to replay its events
     stream_bytes: int = 64 * 1024 * 1024
     memory_bytes: int = 8 * 1024 * 1024

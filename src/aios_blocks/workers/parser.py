@@ -15,6 +15,7 @@ from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
 from ..schemas.records import wire_ir
 from ..state.priority import PriorityStore
+from ..state.tenants import TenantStore
 from .base import Worker, bound
 
 
@@ -38,8 +39,9 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         return
     bid = m.tokens["bid"]
     outcome = parse.read(d.data, w.settings.max_spec_bytes)
-    if outcome.doc is not None and (tenant := m.tokens.get("tenant")):
-        outcome = parse.for_tenant(outcome, tenant)  # the server put the tenant's name in the subject
+    tenant = m.tokens.get("tenant")  # the server put the tenant's name in the subject
+    if outcome.doc is not None and tenant:
+        outcome = await _within_pending(w, tenant, bid, parse.for_tenant(outcome, tenant))
     if outcome.doc is not None:
         uri = parse.component_uri(outcome.doc)
         component = await w.store.get_component(uri) if uri else None
@@ -51,6 +53,8 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
         )
         if ok:
+            if tenant:
+                await TenantStore(w.store.r).add_pending(tenant, bid)
             await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(outcome.ir)))
             return
         outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
@@ -59,6 +63,24 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
         )
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
+
+
+async def _within_pending(w: Worker, tenant: str, bid: str, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
+    """A tenant's create beyond its pending-create limit (``blocks tenant add --max-pending-creates``,
+    docs/security.md "Tenants") is refused with the reason: its blocks placing or waiting for
+    capacity are at the limit. Other tenants' creates are not affected."""
+    if outcome.doc is None:
+        return outcome
+    store = TenantStore(w.store.r)
+    limit = await store.limit(tenant)
+    if limit is None:
+        return outcome
+    pending = await store.pending(tenant)
+    if bid in pending or len(pending) < limit:
+        return outcome
+    why = (f"tenant {tenant} has {len(pending)} creates pending (placing or waiting for capacity), its limit: wait for "
+           f"them to be placed, failed or deleted, or raise it (blocks tenant add {tenant} --max-pending-creates N)")
+    return parse.ParseOutcome(errors=[SpecError("$", why)])
 
 
 def _summary(errors: list[SpecError]) -> str:
