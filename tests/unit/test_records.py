@@ -37,3 +37,11 @@ def test_the_records_name_the_fields_the_lifecycle_writes() -> None:
     """Fields written by the queue, the preemption, the scale-down and the agent, read by name."""
     assert {"pending_since", "pending_deadline", "preempted_by", "preempting", "sidecar_node"} <= set(BlockRecord.__annotations__)
     assert {"drain", "restarts", "since", "endpoint"} <= set(InstanceRecord.__annotations__)
+
+
+def test_needs_names_every_field_of_a_resource_spec() -> None:
+    from aios_blocks.schemas.records import Needs
+    from aios_blocks.schemas.spec import ResourceNeeds
+
+    assert set(ResourceNeeds.model_fields) == set(Needs.__annotations__)
+    assert set(_full_ir()["resources"]) <= set(Needs.__annotations__)

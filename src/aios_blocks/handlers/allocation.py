@@ -20,7 +20,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR, InstanceRecord
+from ..schemas.records import BlockIR, InstanceRecord, Needs, wire
 from . import sidecars
 from .controller import Invoke, env_for, plan
 
@@ -97,7 +97,7 @@ async def plan_allocation(snap: Snapshot, req: Request, invoke: Invoke) -> list[
     return [Reserve(req.cluster_id, tuple(placements), taken(snap.nodes, placements, req.ir["resources"]))]
 
 
-def taken(nodes: Mapping[str, dict[str, Any]], placements: Sequence[dict[str, Any]], needs: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def taken(nodes: Mapping[str, dict[str, Any]], placements: Sequence[dict[str, Any]], needs: Needs) -> dict[str, dict[str, Any]]:
     """The views of the nodes a reservation changes, as the reservation script changes them
     (``capacity.take``): copies, the snapshot is shared."""
     out: dict[str, dict[str, Any]] = {}
@@ -188,7 +188,7 @@ def announce(s: StartInstances, kept: Sequence[dict[str, Any]]) -> list[Emit]:
     out += [
         Emit(E.node_instance_create, InstanceCommand(
             bid, s.gen, s.cluster_id, p["iid"], p["node"], p["gpus"], ir.get("image", ""), env_for(ir, p["iid"], p["gpus"]),
-            launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
+            launch=ir.get("launch") or {}, resources=wire(ir.get("resources") or {}),
         ))
         for p in kept
     ]

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from ..schemas.records import BlockIR, InstanceRecord
+from ..schemas.records import BlockIR, InstanceRecord, Needs
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
@@ -168,7 +168,7 @@ def instance_id(bid: str, key: str | int) -> str:
     return f"{bid}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
-def check_choice(node_id: str, gpus: list[str], nodes: dict[str, dict[str, Any]], needs: dict[str, Any], share: bool) -> str:
+def check_choice(node_id: str, gpus: list[str], nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> str:
     """Why a policy's choice cannot work on the snapshot ('' if it can)."""
     node = nodes.get(node_id)
     if node is None:

@@ -12,7 +12,7 @@ from typing import Any
 from ..schemas.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, NodeInventory, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
-from ..schemas.records import BlockIR, BlockRecord, InstanceRecord
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, wire
 from . import faults, sidecars, stability
 from .effects import (
     DeletedIfEmpty,
@@ -212,7 +212,7 @@ def _restart(bid: str, gen: int, iid: str, node: str, view: View, reason: str, q
     cmd = InstanceCommand(
         bid, gen, inst["cluster"], iid, node, list(inst.get("gpus", [])), ir.get("image", ""),
         env_for(ir, iid, list(inst.get("gpus", []))), reason=reason[:500],
-        launch=ir.get("launch") or {}, resources=ir.get("resources") or {},
+        launch=ir.get("launch") or {}, resources=wire(ir.get("resources") or {}),
     )
     return "restart", [publish(Emit(E.node_instance_restart, cmd, qualifier=qualifier))]
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies.capacity import Nodes, node_fits
+from ..schemas.records import Needs
 from ..schemas.vcluster import (
     PRIMARY,
     NodeMove,
@@ -392,7 +393,7 @@ def _replenished(rec: VClusterRecord, parent: VClusterRecord | None, moves: list
 
 
 # -- autoscaling within limits (beyond the seed) ---------------------------------------------------
-def plan_grow(rec: VClusterRecord, nodes: NodeViews, records: Records, needs: Mapping[str, Any], share: bool,
+def plan_grow(rec: VClusterRecord, nodes: NodeViews, records: Records, needs: Needs, share: bool,
               request_id: str, why: str) -> Plan | Refusal:
     """One more node for ``rec`` (indivisible, with ``limits``): of the first type below its max
     whose idle unassigned primary nodes can take one instance of ``needs``."""
@@ -401,7 +402,7 @@ def plan_grow(rec: VClusterRecord, nodes: NodeViews, records: Records, needs: Ma
     for t, (_, hi) in sorted(rec.limits.items()):
         if rec.replica_sets.get(t, 0) >= hi:
             continue
-        if any(node_fits(nodes[n], dict(needs), share) is not None for n in _pool(nodes, PRIMARY, t, set())):
+        if any(node_fits(nodes[n], needs.copy(), share) is not None for n in _pool(nodes, PRIMARY, t, set())):
             want = {**rec.replica_sets, t: rec.replica_sets.get(t, 0) + 1}
             req = VClusterUpdate(rec.id, rec.revision, want, request_id)
             return plan_update(req, nodes, records, VClusterOp.AUTOSCALE, f"grown by one {t}: {why}")

@@ -14,8 +14,8 @@ from typing import Any
 import msgspec
 
 from ..schemas.events import nodes_root as events_root
+from ..schemas.records import Needs as Needs  # (re-exported: what one instance needs)
 
-Needs = dict[str, Any]  # {"gpus", "gpuMemory", "cpu", "memory", "gpuShare"?, "gpuModels"?}
 #: a GPU's compute, in thousandths: a view's ``share_free`` and a need's ``gpuShare`` x 1000
 SHARE_UNITS = 1000
 
@@ -538,7 +538,7 @@ class _Fits:
 
     def __init__(self, nodes: dict[str, dict[str, Any]], needs: Needs, share: bool):
         self.ref = nodes
-        self.needs, self.share = dict(needs), share
+        self.needs, self.share = needs.copy(), share
         self.parts: dict[str, tuple[dict[str, Any], bool]] = {}
         #: the ids whose view fits one instance (len = count)
         self.ids: set[str] = set()

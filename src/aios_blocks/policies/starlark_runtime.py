@@ -87,6 +87,7 @@ from typing import Any, ClassVar
 import starlark as sl
 
 from ..schemas.events import PlacementReason
+from ..schemas.records import Needs
 from . import capacity
 
 if not hasattr(sl, "EvalOptions"):  # EvalOptions / FrozenModule.call_with arrived in 2026.1.1
@@ -317,7 +318,7 @@ class _CallState:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.all_nodes: dict[str, dict[str, Any]] = {}
         self.members: dict[str, dict[str, Any]] = {}
-        self.needs: dict[str, Any] = {}
+        self.needs: Needs = {}
         self.target: str | None = None
         # raw LXD mode (``run_lxd``): what the helpers return, given by the caller as LXD shapes
         self.raw: dict[str, Any] | None = None
@@ -515,7 +516,7 @@ class _PlacementPolicy(_StarlarkPolicy):
             raise StarlarkError(f"{name}: an instance_placement scriptlet cannot serve action {action!r}")
         payload = input_data.get("payload") or {}
         block = payload.get("block") or {}
-        needs = block.get("resources") or {}
+        needs: Needs = block.get("resources") or Needs()
         nodes: dict[str, dict[str, Any]] = (payload.get("cluster_metrics") or {}).get("nodes") or {}
         healthy = set(payload.get("healthy_nodes") or [nid for nid, n in nodes.items() if n.get("healthy")])
         state = self._begin()
@@ -725,7 +726,7 @@ def member_resources(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def instance_resources(needs: dict[str, Any]) -> dict[str, Any]:
+def instance_resources(needs: Needs) -> dict[str, Any]:
     """LXD's api.InstanceResources from the block's resources (+ gpus, gpu_memory in bytes)."""
     return {
         "cpu_cores": math.ceil(float(needs.get("cpu", 0))),
@@ -753,7 +754,7 @@ def _star_repr(v: Any) -> str:
     return str(v)
 
 
-def _fmt(needs: dict[str, Any]) -> str:
+def _fmt(needs: Needs) -> str:
     return (
         f"{needs.get('gpus', 0)} GPU(s) x {needs.get('gpuMemory', 0)} MiB, "
         f"{needs.get('cpu', 0)} CPU, {needs.get('memory', 0)} MiB"

@@ -9,9 +9,24 @@ in some states (a record's fields arrive step by step).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 # -- the block's IR (``schemas.ir.block_create_IR``) ---------------------------------------------
+
+
+class Needs(TypedDict, total=False):
+    """What one instance needs (``schemas.spec.ResourceNeeds`` as JSON: the IR's ``resources``,
+    a placement's ``needs``). MiB for the memory figures; ``gpuMemory`` per GPU."""
+
+    gpus: int
+    gpuMemory: int
+    cpu: float
+    memory: int
+    #: the fraction of each GPU's compute (with gpuSharing); left out when unset
+    gpuShare: float
+    #: the GPU models it may use (empty: any); left out when unset
+    gpuModels: list[str]
 
 
 class BlockIR(TypedDict, total=False):
@@ -31,8 +46,7 @@ class BlockIR(TypedDict, total=False):
     inputProtocol: Any
     outputProtocol: Any
     tags: Any
-    #: ``schemas.spec.Resources`` as JSON
-    resources: dict[str, Any]
+    resources: Needs
     #: ``schemas.spec.Launch`` as JSON
     launch: dict[str, Any]
     #: the merged policy rules by name (``schemas.ir.merge_policies``)
@@ -62,6 +76,12 @@ def ir_of(wire: dict[str, Any]) -> BlockIR:
 def wire_ir(ir: BlockIR) -> dict[str, Any]:
     """The IR as a wire payload holds it (``ir_of``'s inverse): the same object."""
     return cast(dict[str, Any], ir)
+
+
+def wire(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A typed record as a payload struct's JSON field holds it (``InstanceCommand.resources``:
+    ``Needs``): the same object."""
+    return cast(dict[str, Any], record)
 
 
 # -- the state (Redis) ---------------------------------------------------------------------------

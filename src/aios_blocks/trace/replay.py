@@ -20,7 +20,7 @@ from typing import Any
 
 from ..policies import capacity
 from ..policies.builtin.frag import Workload, gpu_left, node_model
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, Needs
 from ..schemas.spec import Node
 from .workload import UNITS, Task, inflate, typical_shapes
 
@@ -66,7 +66,7 @@ def cluster_frag(views: dict[str, dict[str, Any]], wl: Workload) -> float:
     return sum(node_frag(v, wl) for v in views.values())
 
 
-def failure_reason(views: dict[str, dict[str, Any]], needs: dict[str, Any], share: bool) -> str:
+def failure_reason(views: dict[str, dict[str, Any]], needs: Needs, share: bool) -> str:
     """Why no node took a task, in a few words (counted by reason). The GPU checks read the
     capacity index kept per shape (``capacity.fitting``), not every node."""
     if capacity.fitting(views, needs, share):

@@ -17,6 +17,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from ..schemas.records import Needs
+
 UNITS = 1000
 #: share of the tasks whose shapes make up FGD's target workload (the artifact's
 #: ``podPopularityThreshold: 95``, CPU-only tasks included)
@@ -51,10 +53,10 @@ class Task:
     def models(self) -> list[str]:
         return [m for m in self.gpu_spec.split("|") if m] if self.gpu_spec else []
 
-    def resources(self) -> dict[str, Any]:
+    def resources(self) -> Needs:
         """The block's ``resources``: CPUs, memory, GPUs, and for a GPU-sharing task its
         ``gpuShare``; the allowed models as ``gpuModels``."""
-        out: dict[str, Any] = {"gpus": self.num_gpu, "gpuMemory": 0, "cpu": self.cpu_milli / 1000, "memory": self.memory_mib}
+        out: Needs = {"gpus": self.num_gpu, "gpuMemory": 0, "cpu": self.cpu_milli / 1000, "memory": self.memory_mib}
         if self.sharing:
             out["gpuShare"] = self.gpu_milli / UNITS
         if self.models():

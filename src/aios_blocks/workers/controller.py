@@ -50,7 +50,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.priority import Pending, QuotaSet
-from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, ir_of, wire_ir
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, ir_of, wire, wire_ir
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
@@ -360,7 +360,7 @@ async def on_dangling(w: Worker, m: Inbound[Dangling]) -> None:
         cmd = InstanceCommand(
             ev.block_id, ev.gen, inst["cluster"], ev.instance_id, nid, inst.get("gpus", []),
             block["ir"].get("image", ""), h.env_for(block["ir"], ev.instance_id, inst.get("gpus", [])),
-            reason="adopt dangling", launch=block["ir"].get("launch") or {}, resources=block["ir"].get("resources") or {},
+            reason="adopt dangling", launch=block["ir"].get("launch") or {}, resources=wire(block["ir"].get("resources") or {}),
         )
         await w.bus.emit(E.node_instance_create, cmd, qualifier=f"adopt:{ev.handle}")
     else:

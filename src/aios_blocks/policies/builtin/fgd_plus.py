@@ -36,6 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...schemas.records import Needs
 from .. import capacity
 from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
 
@@ -91,7 +92,7 @@ def workload_memory_per_cpu(parameters: dict[str, Any]) -> float | None:
     return None
 
 
-def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
+def memory_per_cpu(parameters: dict[str, Any], needs: Needs) -> float:
     """MiB of memory the workload's tasks ask per CPU: ``parameters.memoryPerCpu``, else the
     target shapes' (weighted) ``memory`` over their ``cpu``, else the request's own ratio; 0
     (memory ignored) when none is known."""
@@ -99,7 +100,7 @@ def memory_per_cpu(parameters: dict[str, Any], needs: dict[str, Any]) -> float:
     return fixed if fixed is not None else request_memory_per_cpu(needs)
 
 
-def request_memory_per_cpu(needs: dict[str, Any]) -> float:
+def request_memory_per_cpu(needs: Needs) -> float:
     """The request's own MiB per CPU (0 when it asks no CPU or no memory)."""
     cpu_asked = float(needs.get("cpu", 0) or 0)
     mem_asked = float(needs.get("memory", 0) or 0)
@@ -242,7 +243,7 @@ class FgdPlusPolicy(_FragBase):
         return BlendedWorkload(shapes, self.look_ahead)
 
     def _pick(
-        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
+        self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
         if self.pressure is None and self.pressure_weight > 0:  # the cluster's GPUs per model, once
             supply: dict[str, int] = {}
@@ -252,7 +253,7 @@ class FgdPlusPolicy(_FragBase):
             self.pressure = model_pressure(self.shapes, supply)
         return super()._pick(nodes, healthy, needs, avoid, seed)
 
-    def _penalty(self, model: str, needs: dict[str, Any], taken: int) -> float:
+    def _penalty(self, model: str, needs: Needs, taken: int) -> float:
         """What taking ``taken`` thousandths of a ``model`` GPU costs the constrained work: none
         for a task only one model may serve (it has no choice)."""
         if not self.pressure or not taken or len(set(needs.get("gpuModels") or ())) == 1:
@@ -263,7 +264,7 @@ class FgdPlusPolicy(_FragBase):
     def _before(wl: BlendedWorkload, node: dict[str, Any], model: str, left: tuple[int, ...], ratio: float) -> float:
         return wl.frag(model, effective_cpu(float(node["cpu_free"]), float(node.get("memory_free", 0)), ratio), left)
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         """The score of a node state for a request, once per (state, request): nodes alike (idle
         nodes of one type, nodes filled alike) share it; the GPUs chosen kept as positions."""
@@ -283,7 +284,7 @@ class FgdPlusPolicy(_FragBase):
             self._scores[key] = hit
         return hit[0], [gpus[i]["id"] for i in hit[1]]
 
-    def _score_view(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score_view(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                     count: int) -> tuple[Any, list[str]]:
         wl = self.fill
         ratio = self.ratio if self.ratio is not None else request_memory_per_cpu(needs)

@@ -25,6 +25,7 @@ import bisect
 import zlib
 from typing import Any
 
+from ...schemas.records import Needs
 from .. import capacity
 from .resource import _ResourceAllocator
 
@@ -137,7 +138,7 @@ class _FragBase(_ResourceAllocator):
         self.key = (self.mode, self.seed, zlib.crc32(repr(self.parameters.get("workload")).encode()))
 
     def _pick(
-        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
+        self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
         share = self.share
@@ -185,7 +186,7 @@ class _FragBase(_ResourceAllocator):
             return None
         return best[1], capacity.derived(nodes[best[1]], score_key, score)[1]
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         raise NotImplementedError
 
@@ -205,7 +206,7 @@ class RandomFitPolicy(_FragBase):
     mode = "random"
 
     def _pick(
-        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
+        self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
         share = self.share
@@ -239,7 +240,7 @@ class DotProductPolicy(_FragBase):
 
     mode = "dot-product"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         cpu_max, gpu_max = 128.0, 8 * UNITS
         gpu_free = sum(gpu_left(node))
@@ -254,7 +255,7 @@ class BestFitPolicy(_FragBase):
 
     mode = "best-fit"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         cpu_max, gpu_max = 128.0, 8 * UNITS
         left = 0.5 * (node["cpu_free"] - float(needs.get("cpu", 0))) / cpu_max \
@@ -269,7 +270,7 @@ class GpuPackingPolicy(_FragBase):
 
     mode = "gpu-packing"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         if not count:
             return (0,), []
@@ -292,7 +293,7 @@ class GpuClusteringPolicy(_FragBase):
 
     mode = "gpu-clustering"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         gpus = self._best_fit_gpus(usable, units, count)
         if not count:
@@ -314,7 +315,7 @@ class FgdPolicy(_FragBase):
 
     mode = "fgd"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: dict[str, Any], units: int,
+    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         wl = self.workload or Workload([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
                                          "gpuShare": units / UNITS if units < UNITS else 0, "weight": 1}])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemas.records import PlacementPayload, PolicyInput
+from ...schemas.records import Needs, PlacementPayload, PolicyInput
 from .. import affinity, capacity, contract
 
 
@@ -74,7 +74,7 @@ class _ResourceAllocator:
         return {"node_id": pick[0], "gpus": pick[1]}
 
     def _dry_run(
-        self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], index: affinity.Index,
+        self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: Needs, index: affinity.Index,
         seed: str,
     ) -> dict[str, Any]:
         entries = block.get("affinity") or []
@@ -114,7 +114,7 @@ class _ResourceAllocator:
         return {"selection_score_data": {"score": placed / want, "node_info": first, "placeable": placed}}
 
     def _pick(
-        self, nodes: dict[str, Any], healthy: set[str], needs: dict[str, Any], avoid: set[str], seed: str
+        self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
         best: tuple[Any, str, list[dict[str, Any]]] | None = None
@@ -189,5 +189,5 @@ class SpreadPolicy(_ResourceAllocator):
     mode = "spread"
 
 
-def _fmt(needs: dict[str, Any]) -> str:
+def _fmt(needs: Needs) -> str:
     return f"{needs.get('gpus', 0)} GPU(s) x {needs.get('gpuMemory', 0)} MiB, {needs.get('cpu', 0)} CPU, {needs.get('memory', 0)} MiB"
