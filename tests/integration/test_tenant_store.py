@@ -44,3 +44,30 @@ async def test_a_global_account_store_is_adopted_by_the_system_account(tmp_path:
     finally:
         secured.stop()
     assert (data / "jetstream" / "jetstream" / "AIOS").is_dir() and not (data / "jetstream" / "jetstream" / "$G").exists()
+
+
+async def test_tenants_survive_a_restart_of_the_server(tmp_path: Path) -> None:
+    """Accounts come from the generated config: a restarted server (same data dir) loads them with
+    their imports resolved, and a tenant's request reaches the system's account as before."""
+    from aios_blocks.runtime import auth
+
+    s = EmbeddedServers(data_dir=tmp_path / "d", auth=True).start()
+    auth.add_tenant(s.data_dir, "keep")
+    s.stop()
+    s = EmbeddedServers(data_dir=tmp_path / "d", auth=True).start()
+    try:
+        admin = await nats.connect(s.nats_url)
+
+        async def answer(msg: nats.aio.msg.Msg) -> None:
+            await msg.respond(msg.subject.encode())
+
+        await admin.subscribe("aios.tenant.*.block.*.task", cb=answer)
+        await admin.flush()
+        url = auth.tenant_user_url(s.data_dir, "keep")
+        tenant = await nats.connect(url)
+        reply = await tenant.request("aios.block.b1.task", b"", timeout=5)
+        assert reply.data == b"aios.tenant.keep.block.b1.task"
+        await tenant.close()
+        await admin.close()
+    finally:
+        s.stop()
