@@ -19,7 +19,21 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from . import blocks, console, inventory, nodes, policy, priority, rebalance, servers, state, task, tenants, trace, vcluster
+from . import (
+    blocks,
+    console,
+    inventory,
+    nodes,
+    policy,
+    priority,
+    rebalance,
+    servers,
+    state,
+    task,
+    tenants,
+    trace,
+    vcluster,
+)
 from .common import DataDir, _input_errors, _one_line, err
 
 app = typer.Typer(
