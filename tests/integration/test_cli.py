@@ -41,10 +41,11 @@ async def test_submit_wait_exit_codes_get_and_replay(system: System, tmp_path: P
     r = blocks(system, "explain", "cli-good", "--json")
     x = json.loads(r.stdout)
     assert x["status"] == "ready" and x["rounds"][0]["chosen"] == "c1"
-    assert x["rounds"][0]["dry_run"]["c1"]["score"] == 1.0
+    # c1 is the only candidate: no dry run was asked, its skipped answer says so (AIOS_DRY_RUN_SINGLE)
+    assert x["rounds"][0]["dry_run"]["c1"]["score"] == 1.0 and x["rounds"][0]["dry_run"]["c1"]["skipped"]
     [(iid, inst)] = x["instances"].items()
     assert inst["status"] == "running" and inst["node"] == block["instances"][iid]["node"]
-    assert x["decisions"]["count"] == 4 and x["decisions"]["errors"] == 0  # selection, dry_run, post_dry_run, allocation
+    assert x["decisions"]["count"] == 3 and x["decisions"]["errors"] == 0  # selection, post_dry_run, allocation
     r = blocks(system, "explain", "cli-good")
     assert r.returncode == 0 and "clusterAllocator chose c1 with score 1" in r.stdout
 

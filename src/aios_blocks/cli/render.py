@@ -163,7 +163,7 @@ def _round_table(r: dict[str, Any]) -> Table:
         if d is None:
             t.add_row(escape(cid), outcome, "0 (no answer)" if cid in r["missing"] else "-", "", "")
             continue
-        notes, rejected = d["error"], d["rejected_nodes"]
+        notes, rejected = d["error"] or d.get("skipped", ""), d["rejected_nodes"]
         if rejected:
             notes += (" " if notes else "") + f"{len(rejected)} node(s) rejected (affinity, capacity), e.g. " + "; ".join(
                 f"{n}: {w}" for n, w in list(rejected.items())[:3]

@@ -91,7 +91,7 @@ class Explain(Projection):
         """One cluster's dry_run answer in its round."""
         r["dry_run"][a.cluster_id] = {
             "score": a.score, "node": a.node_info.get("node_id", ""), "gpus": a.node_info.get("gpus", []), "error": a.error,
-            "rejected_nodes": a.rejected_nodes, "node_scores": a.node_scores, "adapt": a.adapt,
+            "rejected_nodes": a.rejected_nodes, "node_scores": a.node_scores, "adapt": a.adapt, "skipped": a.skipped,
         }
         if a.adapt:
             self.out["adapt"] = a.adapt
@@ -136,6 +136,9 @@ class Explain(Projection):
             others = ", ".join(f"{c} {s:g}" for c, s in sorted(d.scores.items()) if c != d.cluster_id)
             r["why"] = f"clusterAllocator chose {d.cluster_id} with score {d.scores.get(d.cluster_id, 0):g}" + (
                 f" (others: {others})" if others else "")
+            skipped = next((a.skipped for a in d.answers if a.cluster_id == d.cluster_id and a.skipped), "")
+            if skipped:  # the only candidate: no dry run was asked (workers.gateway.skip_reason)
+                r["why"] += f" ({skipped})"
         self._calls(d.decisions)
 
     @on(E.block_placement)

@@ -121,6 +121,9 @@ class DryRunResult(msgspec.Struct):
     attempt: int = 0
     #: the policy calls this step made (folded into the step's event, not stored apart)
     decisions: list[Decision] = []
+    #: why this answer is not a resourceAllocator's (the gateway skipped the dry_run: the round's
+    #: only candidate, ``workers.gateway.skip_reason``); "" for an answer the cluster gave
+    skipped: str = ""
 
 
 

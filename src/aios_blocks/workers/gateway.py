@@ -71,10 +71,40 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     deadline = time.time() + w.settings.dry_run_deadline_s
     event.deadline = deadline
     await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq)
+    skip = skip_reason(ir, sel.candidates, n, rule, w.settings.dry_run_single)
+    if skip:
+        # the round's answer is recorded in its gather (not asked): deciding it is the path a
+        # complete round takes (its timer finishes a decider that stopped, as for any round)
+        await w.store.gather_add_state(bid, gen, n, sel.candidates[0], skipped_answer(skip))
+        await w.bus.emit(E.block_selection, event)
+        await _decide(w, bid, gen, n, "skipped")
+        return
     # the queries (core NATS) go out once the selection is stored (the runner's ``Outbox.after``)
     out = [Emit(E.block_selection, event)]
     out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=m.stream_seq)) for cid in sel.candidates]
     await w.bus.emit_all(out)
+
+
+#: the clusterAllocator whose post_dry_run, given one candidate with a positive score, chooses it
+SKIPPABLE_RULES = frozenset({"builtin:cluster-rank"})
+
+
+def skip_reason(ir: BlockIR, candidates: list[str], attempt: int, rule: str, ask_single: bool) -> str:
+    """Why this round needs no dry_run ('' when it does): its only candidate is the cluster the
+    built-in clusterAllocator will choose whatever the answer says, and the allocation plans (and
+    checks) the same placement the dry run would have. First rounds only: a block whose allocation
+    failed comes back (round 1) through a dry run, which counts the gang and says, per node, why
+    it does not fit. Not with affinity entries (their dry run carries the per-node reasons and
+    the adapt table explain shows) nor with ``AIOS_DRY_RUN_SINGLE`` on."""
+    if ask_single or len(candidates) != 1 or attempt != 0 or ir.get("affinity") or rule not in SKIPPABLE_RULES:
+        return ""
+    return f"dry run skipped: {candidates[0]} is the only candidate"
+
+
+def skipped_answer(why: str) -> dict[str, Any]:
+    """The gather's answer of a skipped dry run: usable (a positive score, no error), the gang
+    count not said (the allocation checks it)."""
+    return {"score": 1.0, "node_info": {}, "error": "", "placeable": -1, "shortfall": 0, "skipped": why}
 
 
 async def _quota_holds(w: Worker, bid: str, gen: int, ir: BlockIR, n: int) -> bool:
