@@ -39,6 +39,7 @@ from typing import Any
 from ...schemas.records import Needs
 from .. import capacity
 from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
+from .share_prices import SharePrices
 
 #: digits the fragmentation change is rounded to before the pack tie-break applies (the measure
 #: is in thousandths of a GPU, weighted by frequencies: 1e-6 is far below one task's effect)
@@ -47,6 +48,8 @@ DIGITS = 6
 LOOK_AHEAD = 0.2
 #: the weight of the per-model pressure of model-constrained demand (``parameters.modelPressure``)
 MODEL_PRESSURE = 0.5
+#: the weight, in thousandths per GPU lost, of a share's packing loss (``parameters.sharePacking``)
+SHARE_PACKING = 10.0
 
 
 def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict[str, float]:
@@ -233,6 +236,10 @@ class FgdPlusPolicy(_FragBase):
         if not any(s.get("gpuModels") for s in self.shapes):
             self.pressure_weight = 0.0  # no constrained shape: nothing to keep free
         self.key = (f"{self.key[0]}@{self.pressure_weight}", self.key[1], self.key[2])
+        packing = self.parameters.get("sharePacking", SHARE_PACKING)
+        self.packing = max(float(packing), 0.0) if isinstance(packing, int | float) else SHARE_PACKING
+        self.prices = SharePrices.of_shapes(self.shapes) if self.packing > 0 else None
+        self.key = (f"{self.key[0]}@{self.packing}", self.key[1], self.key[2])
         self.pressure: dict[str, float] | None = None
         #: the workload's memory per CPU when the parameters give it (else each request's own)
         self.ratio = workload_memory_per_cpu(self.parameters)
@@ -316,7 +323,10 @@ class FgdPlusPolicy(_FragBase):
                 seen.add(free)
                 after = list(left)
                 after[after.index(free)] -= units
-                d = round(wl.frag(model, cpu_after, tuple(after)) - before + cost, DIGITS)
+                d = wl.frag(model, cpu_after, tuple(after)) - before + cost
+                if self.prices is not None:
+                    d += self.packing * UNITS * self.prices.loss(free, units)
+                d = round(d, DIGITS)
                 if best is None or (d, free) < best[:2]:
                     best = (d, free, g["id"])
             assert best is not None

@@ -1,0 +1,148 @@
+"""Prices of GPU shares from the target workload, for packing shared GPUs (``builtin:fgd-plus``'s
+``sharePacking``; docs/trace.md "Our policy", 5.).
+
+A GPU that tasks share is a bin of ``UNITS`` thousandths; the shares are items. Given how often
+each share size arrives (the target workload's weights: the task-type distribution FGD also
+uses, never the actual future sequence), the cutting-stock LP "cover the expected shares with
+the fewest GPUs" has a dual: a price ``y[s]`` per share size, at most 1 GPU for any set of
+shares that fits on one GPU, as high as possible in total. ``y[s]`` is what a share of size ``s``
+is worth in GPUs when the shares are packed as well as the distribution allows: 0.81 is worth a
+whole GPU (nothing but a rare 0.16 completes it), 0.47 half of one (two fill a GPU), 0.32 a
+third.
+
+A GPU with ``h`` thousandths free is worth ``phi(h)``: the most the prices of shares that fit in
+``h`` add up to (an unbounded knapsack), and an idle GPU 1 (a GPU). Placing a share ``s`` on it
+*loses* ``phi(h) - phi(h - s) - y[s]`` (never negative): 0 when the share takes its part of one
+of the best ways to fill the GPU, more when it spoils the GPU for the shares that would fill it
+(a 0.32 on a GPU holding a 0.47 leaves 0.21, which only a 0.16 can use: it loses 1/6 of a GPU
+where an idle GPU, filled by three 0.32s, loses nothing). Placing each share where it loses
+least is the primal-dual rule of online stochastic bin packing (Gupta and Radovanović, "Interior
+point based online stochastic bin packing", Operations Research 2020, use the same dual prices).
+
+Pure Python (no LP library): the dual is solved by cutting planes, each LP a small dense
+simplex (one variable per share size), each cut the best configuration for the current prices
+(an unbounded knapsack over ``UNITS`` thousandths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+UNITS = 1000
+_EPS = 1e-9
+
+
+def simplex_max(c: Sequence[float], rows: Sequence[Sequence[float]], b: Sequence[float]) -> list[float]:
+    """max ``c . x`` subject to ``rows . x <= b``, ``x >= 0``, with every ``b >= 0`` (the origin is
+    feasible: one phase). Dense tableau, Bland's rule (no cycling). Bounded problems only: the
+    caller's rows bound every variable."""
+    m, n = len(rows), len(c)
+    # tableau: m rows of [x (n) | slacks (m) | rhs], objective row of reduced costs
+    t = [[*map(float, rows[i]), *(1.0 if j == i else 0.0 for j in range(m)), float(b[i])] for i in range(m)]
+    z = [*(-float(v) for v in c), *([0.0] * m), 0.0]
+    basis = [n + i for i in range(m)]
+    for _ in range(10_000):
+        col = next((j for j in range(n + m) if z[j] < -_EPS), -1)  # Bland: the lowest index
+        if col < 0:
+            break
+        best: tuple[float, int, int] | None = None
+        for i in range(m):
+            a = t[i][col]
+            if a > _EPS:
+                cand = (t[i][-1] / a, basis[i], i)
+                if best is None or cand[:2] < best[:2]:
+                    best = cand
+        if best is None:
+            raise ValueError("unbounded LP")
+        r = best[2]
+        pivot = t[r][col]
+        t[r] = [v / pivot for v in t[r]]
+        for i in range(m):
+            if i != r and abs(t[i][col]) > _EPS:
+                f = t[i][col]
+                t[i] = [v - f * w for v, w in zip(t[i], t[r], strict=True)]
+        f = z[col]
+        z = [v - f * w for v, w in zip(z, t[r], strict=True)]
+        basis[r] = col
+    x = [0.0] * n
+    for i, j in enumerate(basis):
+        if j < n:
+            x[j] = t[i][-1]
+    return x
+
+
+def best_fill(sizes: Sequence[int], prices: Sequence[float], room: int) -> tuple[list[float], list[list[int]]]:
+    """Unbounded knapsack over ``0..room`` thousandths: ``value[h]``, the most the prices of shares
+    fitting in ``h`` add up to, and ``take[h]``, how many of each size make it."""
+    value = [0.0] * (room + 1)
+    take: list[list[int]] = [[0] * len(sizes) for _ in range(room + 1)]
+    for h in range(1, room + 1):
+        best, arg = value[h - 1], -1  # leaving a thousandth empty is always possible
+        for k, s in enumerate(sizes):
+            if s <= h and value[h - s] + prices[k] > best + _EPS:
+                best, arg = value[h - s] + prices[k], k
+        value[h] = best
+        if arg < 0:
+            take[h] = take[h - 1]
+        else:
+            take[h] = list(take[h - sizes[arg]])
+            take[h][arg] += 1
+    return value, take
+
+
+def dual_prices(weights: dict[int, float], max_rounds: int = 500) -> dict[int, float]:
+    """The cutting-stock dual for shares arriving with ``weights`` (size in thousandths ->
+    frequency): the prices ``y`` maximising ``sum(weights[s] * y[s])`` with every set of shares
+    that fits on one GPU priced at most 1 GPU. Cutting planes: the LP over the configurations met
+    so far, then the best configuration at its prices; stop when none is priced over 1."""
+    sizes = sorted(s for s, w in weights.items() if 0 < s < UNITS and w > 0)
+    if not sizes:
+        return {}
+    c = [weights[s] for s in sizes]
+    rows: list[list[float]] = [[float(UNITS // s) if j == i else 0.0 for j in range(len(sizes))] for i, s in enumerate(sizes)]
+    y = [0.0] * len(sizes)
+    for _ in range(max_rounds):
+        y = simplex_max(c, rows, [1.0] * len(rows))
+        value, take = best_fill(sizes, y, UNITS)
+        if value[UNITS] <= 1 + 1e-7:
+            break
+        rows.append([float(k) for k in take[UNITS]])
+    return {s: round(v, 9) for s, v in zip(sizes, y, strict=True)}
+
+
+class SharePrices:
+    """The prices of a workload's share sizes and each free amount's worth (``phi``): what
+    placing a share on a GPU loses (:meth:`loss`, in GPUs)."""
+
+    def __init__(self, weights: dict[int, float]):
+        self.prices = dual_prices(weights)
+        sizes = sorted(self.prices)
+        self.phi, _ = best_fill(sizes, [self.prices[s] for s in sizes], UNITS)
+        self._sizes = sizes
+
+    def price(self, units: int) -> float:
+        """A share's price; a size the workload does not have: the price of the largest size
+        within it (what it can stand in for)."""
+        got = self.prices.get(units)
+        if got is not None:
+            return got
+        return max((self.prices[s] for s in self._sizes if s <= units), default=0.0)
+
+    def loss(self, free: int, units: int) -> float:
+        """GPUs lost by placing a share of ``units`` on a GPU with ``free`` thousandths free (an
+        idle GPU is worth 1)."""
+        worth = 1.0 if free >= UNITS else self.phi[free]
+        # rounded: equal losses must compare equal (the prices are LP floats)
+        return max(0.0, round(worth - self.phi[free - units] - self.price(units), 6))
+
+    @classmethod
+    def of_shapes(cls, shapes: Sequence[dict[str, Any]]) -> SharePrices | None:
+        """The prices of a target workload's shares (shapes of one GPU with ``0 < gpuShare < 1``,
+        whatever their models), None when it has none."""
+        weights: dict[int, float] = {}
+        for s in shapes:
+            share = round(float(s.get("gpuShare") or 0) * UNITS)
+            if int(s.get("gpus", 0) or 0) == 1 and 0 < share < UNITS:
+                weights[share] = weights.get(share, 0.0) + float(s.get("weight", 0) or 0)
+        return cls(weights) if any(w > 0 for w in weights.values()) else None

@@ -1,0 +1,111 @@
+"""Share prices (policies/builtin/share_prices.py) and fgd-plus's ``sharePacking`` on hand-built
+nodes (docs/trace.md "Our policy", 5.): the cutting-stock dual of a share distribution, each
+free amount's worth, and the GPU a share is placed on."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import pytest
+
+from aios_blocks.policies import capacity
+from aios_blocks.policies.builtin.fgd_plus import FgdPlusPolicy
+from aios_blocks.policies.builtin.share_prices import SharePrices, best_fill, dual_prices, simplex_max
+from aios_blocks.schemas.spec import Gpu, Node
+from aios_blocks.trace.replay import views_of
+
+#: the default trace's share sizes (thousandths) with their frequencies among its tasks
+DEFAULT_SHARES = {810: 0.141, 650: 0.029, 590: 0.009, 550: 0.009, 470: 0.092, 460: 0.015, 370: 0.006,
+                  320: 0.037, 230: 0.015, 220: 0.005, 160: 0.007}
+
+
+def test_simplex_finds_the_optimum_of_a_small_lp() -> None:
+    # max 3x + 2y, x + y <= 4, x + 3y <= 6, x <= 3: the optimum is (3, 1)
+    x = simplex_max([3, 2], [[1, 1], [1, 3], [1, 0]], [4, 6, 3])
+    assert x == pytest.approx([3, 1])
+
+
+def test_knapsack_counts_the_best_set_of_shares_in_each_free_amount() -> None:
+    value, take = best_fill([320, 470], [1 / 3, 1 / 2], 1000)
+    assert value[1000] == pytest.approx(1.0) and take[1000] in ([3, 0], [0, 2])
+    assert value[530] == pytest.approx(0.5) and value[319] == 0 and value[800] == pytest.approx(5 / 6)
+
+
+def _brute_force_bound(weights: dict[int, float]) -> float:
+    """The cutting-stock LP's value for tiny size sets: every configuration priced at most 1, by
+    trying every price grid point (multiples of 1/12) and keeping the feasible best."""
+    sizes = sorted(weights)
+    confs = [c for c in itertools.product(*(range(1000 // s + 1) for s in sizes))
+             if sum(k * s for k, s in zip(c, sizes, strict=True)) <= 1000]
+    best = 0.0
+    for ys in itertools.product(*(range(13) for _ in sizes)):
+        y = [v / 12 for v in ys]
+        if all(sum(k * p for k, p in zip(c, y, strict=True)) <= 1 + 1e-9 for c in confs):
+            best = max(best, sum(weights[s] * p for s, p in zip(sizes, y, strict=True)))
+    return best
+
+
+@pytest.mark.parametrize("weights", [{500: 1.0}, {810: 0.9, 160: 0.1}, {470: 0.5, 320: 0.5}, {650: 0.3, 320: 0.4, 230: 0.3}])
+def test_dual_prices_are_feasible_and_optimal(weights: dict[int, float]) -> None:
+    y = dual_prices(weights)
+    sizes = sorted(y)
+    value, _ = best_fill(sizes, [y[s] for s in sizes], 1000)
+    assert value[1000] <= 1 + 1e-7  # no set of shares that fits on a GPU is priced above 1 GPU
+    assert sum(weights[s] * y[s] for s in sizes) == pytest.approx(_brute_force_bound(weights), abs=1e-6)
+
+
+def test_the_default_traces_prices() -> None:
+    # 0.81 is worth a whole GPU, 0.47 half of one, 0.32 a third, a 0.16 nothing (the 0.81s'
+    # leftovers have room for more of them than arrive)
+    y = dual_prices(DEFAULT_SHARES)
+    assert y[810] == pytest.approx(1) and y[470] == pytest.approx(0.5) and y[320] == pytest.approx(1 / 3)
+    assert y[160] == pytest.approx(0) and y[650] == pytest.approx(2 / 3)
+
+
+def test_loss_of_a_share_on_a_gpu() -> None:
+    prices = SharePrices({470: 0.5, 320: 0.5})
+    # a 0.32 on an idle GPU: three of them fill it, nothing lost
+    assert prices.loss(1000, 320) == pytest.approx(0)
+    # on a GPU holding a 0.47 (530 free): the 0.47 it was waiting for is shut out, 210 stay idle
+    assert prices.loss(530, 320) == pytest.approx(0.5 - 1 / 3, abs=1e-6)
+    # a 0.47 there completes it
+    assert prices.loss(530, 470) == pytest.approx(0)
+    # a size the workload lacks is priced as the largest size within it
+    assert prices.price(400) == prices.price(320) and prices.loss(1000, 400) >= 0
+    assert SharePrices.of_shapes([{"cpu": 1, "gpus": 1, "weight": 1}]) is None
+
+
+def _node(nid: str, gpus: int) -> Node:
+    return Node(id=nid, cluster="c", cpu=64, memory=262144,
+                gpus=[Gpu(id=f"{nid}-g{i}", model="G2", memory=16384) for i in range(gpus)])
+
+
+def _pick(views: dict[str, Any], needs: dict[str, Any], workload: list[dict[str, Any]], seed: int,
+          **params: Any) -> tuple[str, list[str]]:
+    policy = FgdPlusPolicy("resourceAllocator", {"gpuSharing": True}, {"seed": seed, "workload": workload, **params})
+    out = policy.eval({}, {"action": "allocation", "payload": {
+        "block": {"blockId": "b1", "resources": needs, "instances": {}, "maxInstances": 1},
+        "cluster_metrics": {"nodes": views}, "healthy_nodes": sorted(views)}}, {})
+    return out["node_id"], out["gpus"]
+
+
+def test_a_share_does_not_spoil_the_gpu_another_size_would_fill() -> None:
+    # n-used: a GPU holding a 0.47 (530 free) and an idle GPU; n-idle: two idle GPUs. A 0.32
+    # on the 530 GPU leaves 210 that no share of the workload fits, and shuts out the 0.47 that
+    # would complete it; FGD's measure (sharePacking 0) prefers it (the 530 GPU is already
+    # fragment for whole-GPU tasks). With the prices it opens an idle GPU, where three 0.32s fit.
+    def share(units: float) -> dict[str, Any]:
+        return {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 1024, "gpuShare": units}
+
+    views = views_of([_node("n-used", 2), _node("n-idle", 2)])
+    node = capacity.copy_node(views["n-used"])
+    capacity.take(node, ["n-used-g0"], share(0.47), True)
+    views["n-used"] = node
+    workload = [{"cpu": 1, "gpus": 1, "gpuShare": 0.47, "weight": 0.3},
+                {"cpu": 1, "gpus": 1, "gpuShare": 0.32, "weight": 0.3}, {"cpu": 1, "gpus": 1, "weight": 0.4}]
+    for seed in range(4):
+        assert _pick(views, share(0.32), workload, seed, sharePacking=0) == ("n-used", ["n-used-g0"])
+        assert _pick(views, share(0.32), workload, seed) != ("n-used", ["n-used-g0"])
+        # the 0.47 still completes the GPU with 530 free
+        assert _pick(views, share(0.47), workload, seed) == ("n-used", ["n-used-g0"])
