@@ -167,15 +167,17 @@ async def gpumap(request: web.Request) -> web.Response:
     changed since then, when the map at SEQ is still kept (else the whole map)."""
     q, views = request.query, request.app[VIEWS]
     filters = (q.get("label", ""), q.get("tenant", ""), q.get("priority", ""))
+    # (the map at a sequence is kept per query without ``since``: the delta's two ends)
+    key = "&".join(f"{k}={v}" for k, v in sorted(q.items()) if k != "since")
     f = await _fold(request)
     t0 = time.perf_counter()
-    full, hit = views.get(("gpumap", "\0".join(filters), f.last_seq), lambda: projection.gpumap(f, *filters))
+    full, hit = views.get(("gpumap", key, f.last_seq), lambda: projection.gpumap(f, *filters))
     since = _int(request, "since", -1)
-    old = views.peek(("gpumap", "\0".join(filters), since)) if since >= 0 and "seq" not in q else None
+    old = views.peek(("gpumap", key, since)) if since >= 0 and "seq" not in q else None
     if old is not None:
         out = projection.gpumap_delta(old, full)
     else:
-        out, _ = views.get(("gpumap-bytes", "\0".join(filters), f.last_seq), lambda: _enc.encode(full))
+        out, _ = views.get(("gpumap-bytes", key, f.last_seq), lambda: _enc.encode(full))
     return _body(out if isinstance(out, bytes) else _enc.encode(out),
                  timing=f"app;dur={(time.perf_counter() - t0) * 1000:.2f};desc={'hit' if hit else 'miss'}")
 
