@@ -5,6 +5,7 @@ and ``blocks preempt --dry-run`` both build it here."""
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -132,3 +133,76 @@ def reclaim_plan(bid: str, ir: Mapping[str, Any], victims: Iterable[str],
     return data, {"victims": {n: sorted(ids) for n, ids in sorted(out.items())},
                   "blocks": {c["block_id"]: sorted(c["instances"]) for c in cands},
                   "reason": PreemptReason.IN_COHORT_RECLAMATION}
+
+
+class Index:
+    """The planner's input kept up to date as blocks are placed and removed, instead of rebuilt
+    from every node view and every placed block per plan (``trace/online.py``: one plan read
+    every running block below the preemptor). Holds the healthy nodes in the planner's shape
+    (``cluster_input``) and each placed block's candidate row (``candidates``) by priority and by
+    node. ``input`` returns what ``preempt_input`` returns on the same state: the same dict, the
+    candidates in the order they were added (``tests/unit/test_trace_online.py`` checks it)."""
+
+    def __init__(self, cid: str, views: Mapping[str, Mapping[str, Any]]):
+        self.cid = cid
+        self.nodes: dict[str, Any] = cluster_input(cid, views)["nodes"]
+        self.seq = 0
+        #: priority -> block id -> (seq, candidate row); insertion (seq) order within a priority
+        self.by_priority: dict[int, dict[str, tuple[int, dict[str, Any]]]] = {}
+        #: node id -> block id -> candidate row (the whole row: its instances there are filtered by the reader)
+        self.by_node: dict[str, dict[str, dict[str, Any]]] = {}
+        self._where: dict[str, tuple[int, list[str]]] = {}
+
+    def node(self, nid: str, view: Mapping[str, Any]) -> None:
+        """A node view changed (an instance placed or gone): its planner shape again."""
+        one = cluster_input(self.cid, {nid: view})["nodes"]
+        if nid in one:
+            if nid not in self.nodes:  # keep the sorted order cluster_input gives
+                self.nodes = dict(sorted({**self.nodes, **one}.items()))
+            else:
+                self.nodes[nid] = one[nid]
+        elif nid in self.nodes:
+            del self.nodes[nid]
+
+    def add(self, row: Mapping[str, Any]) -> None:
+        """A placed block (a ``candidates`` row: ``{block_id, ir, created, gen, instances}``)."""
+        rows = candidates([row], self.nodes)
+        if not rows:
+            return
+        c = rows[0]
+        self.seq += 1
+        bid, prio = str(c["block_id"]), int(c["priority"])
+        self.by_priority.setdefault(prio, {})[bid] = (self.seq, c)
+        on = sorted({str(i["node_id"]) for i in c["instances"].values()})
+        for nid in on:
+            self.by_node.setdefault(nid, {})[bid] = c
+        self._where[bid] = (prio, on)
+
+    def remove(self, bid: str) -> None:
+        prio, on = self._where.pop(bid, (None, []))
+        if prio is None:
+            return
+        self.by_priority[prio].pop(bid, None)
+        if not self.by_priority[prio]:
+            del self.by_priority[prio]
+        for nid in on:
+            self.by_node[nid].pop(bid, None)
+
+    def below(self, floor: int, skip: str = "") -> list[dict[str, Any]]:
+        """The candidates at priority <= ``floor`` (all the planner may take), in the order added."""
+        buckets = [list(b.values()) for p, b in self.by_priority.items() if p <= floor]
+        return [c for _s, c in heapq.merge(*buckets, key=lambda t: t[0]) if c["block_id"] != skip]
+
+    def input(self, bid: str, ir: Mapping[str, Any], min_delta: int, preempted_by: str = "",
+              floor: int | None = None) -> dict[str, Any]:
+        """``preempt_input`` on the indexed state (``floor``: only the candidates that low; the
+        planner passes over the others anyway). The node dicts are shared: read, never change."""
+        block = block_input(bid, ir)
+        if preempted_by:
+            block["preemptedBy"] = preempted_by
+        cands = self.below(max(self.by_priority, default=0) if floor is None else floor, skip=bid)
+        return {"action": "preempt", "minDelta": min_delta, "block": block,
+                "cluster": {"cluster_id": self.cid, "nodes": self.nodes}, "candidates": cands}
+
+    def on_node(self, nid: str) -> list[dict[str, Any]]:
+        return list(self.by_node.get(nid, {}).values())

@@ -29,7 +29,7 @@ from ..handlers import preemption as pre
 from ..handlers import queue
 from ..policies import capacity
 from ..policies.builtin import preempt
-from ..schemas.records import BlockIR, BlockRecord, Needs
+from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import Node
 from . import qos as qosmod
 from .replay import DEFAULT_POLICY, Setup, block_id, labels, policy_uri, views_of
@@ -112,7 +112,7 @@ def _rows(path: Path) -> dict[str, dict[str, str]]:
         return {}
 
 
-def release(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) -> dict[str, Any]:
+def release(node: dict[str, Any], gpu_ids: list[str], needs: dict[str, Any], share: bool) -> dict[str, Any]:
     """The inverse of ``capacity.take``: a copy of the node view with one instance gone."""
     out = capacity.copy_node(node)
     out["cpu_free"] = round(out["cpu_free"] + needs.get("cpu", 0), 6)
@@ -203,7 +203,7 @@ class Sim:
     """The cluster, the running and the waiting blocks, and the figures (see the module docstring)."""
 
     def __init__(self, nodes: list[Node], timed: list[Timed], mode: Mode, policy: str, seed: int, sample_nodes: int,
-                 head: int, min_delta: int, workload: str):
+                 head: int, min_delta: int, workload: str, incremental: bool = True):
         from ..policies.runtime import PolicyRuntime
 
         self.views = views_of(nodes)
@@ -225,6 +225,17 @@ class Sim:
         #: answer happened: capacity freed (cleared), or a block it could evict placed (its keys
         #: cleared). Less free capacity and no new candidate never turn a "no" into a plan.
         self.no_victims: set[tuple[Any, int]] = set()
+        #: ``incremental``: the planner's input kept by ``handlers.preemption.Index`` as blocks come
+        #: and go (else rebuilt from every view and running block per plan, as before), and the
+        #: planner's ``NO_FIT`` answers (key -> the block's planner row) kept across capacity
+        #: freed on a node where even with every evictable instance gone the block still does not
+        #: fit (``preempt.node_may_fit``; blocks of one instance). The decisions are the same
+        #: (``decisions``; tests/unit/test_trace_online.py compares both on seeded workloads).
+        self.incremental = incremental
+        self.index = pre.Index(CLUSTER, self.views) if incremental else None
+        self.no_fit: dict[tuple[Any, int], dict[str, Any]] = {}
+        #: each preemption: (preemptor, its victims)
+        self.decisions: list[tuple[str, tuple[str, ...]]] = []
         self.res = Online(workload, str(mode), self.st.uri, seed, len(nodes), self.cluster_milli // UNITS, len(timed))
         self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0 departure / 1 arrival, seq, bid, epoch)
         self.seq = 0
@@ -279,6 +290,9 @@ class Sim:
             if j.timed.created >= WARMUP * self.span:
                 self.res.steady_waits.setdefault(j.qos_class, []).append(j.first_wait)
         j.place, j.start, j.epoch = (nid, gpus), now, j.epoch + 1
+        if self.index is not None:
+            self.index.node(nid, node)
+            self.index.add(self.row(bid, j))
         self.pending.pop(bid, None)
         self.running[bid] = j
         self.res.placed += 1
@@ -292,6 +306,14 @@ class Sim:
         self.views[nid] = release(self.views[nid], gpus, j.timed.task.resources(), j.timed.task.sharing)
         self.allocated -= j.timed.task.milli_total
         self.no_victims.clear()
+        if self.index is not None:
+            self.index.remove(bid)
+            self.index.node(nid, self.views[nid])
+            if self.no_fit:
+                pnode = self.index.nodes.get(nid)
+                on = self.index.on_node(nid)
+                self.no_fit = {k: b for k, b in self.no_fit.items()
+                               if pnode is None or not preempt.node_may_fit(b, nid, pnode, on, self.min_delta)}
         j.place = None
         return j
 
@@ -339,24 +361,39 @@ class Sim:
             key = (capacity.shape(t.resources(), t.sharing), int(j.ir["priority"]))
             if key in self.no_victims:
                 continue
-            plans += 1
-            if not await self.preempt(j, now):
+            plans += 1  # a plan asked for, or known (``no_fit``) to answer what it answered before
+            if key in self.no_fit or not await self.preempt(j, now, key):
                 self.no_victims.add(key)
             if plans >= self.max_plans:  # the walker's budget per capacity event
                 tried |= {b for b, p in self.pending.items() if int(p.ir["priority"])}
 
-    async def preempt(self, j: Job, now: float) -> bool:
-        bid = block_id(j.timed.task)
-        # only the blocks the planner may take (``minDelta`` lower): it passes over the others anyway
+    @staticmethod
+    def row(bid: str, r: Job) -> dict[str, Any]:
+        """A running block as ``handlers.preemption.candidates`` reads it."""
+        assert r.place is not None
+        return {"block_id": bid, "ir": r.ir, "created": r.start, "gen": 0,
+                "instances": {f"{bid}-0": {"node": r.place[0], "gpus": r.place[1]}}}
+
+    def plan_input(self, bid: str, j: Job) -> dict[str, Any]:
+        """The planner's input: only the blocks it may take (``minDelta`` lower; it passes over the
+        others anyway), from the index, or rebuilt from every view and running block."""
         floor = int(j.ir["priority"]) - self.min_delta
-        placed = [{"block_id": b, "ir": r.ir, "created": r.start, "gen": 0,
-                   "instances": {f"{b}-0": {"node": r.place[0], "gpus": r.place[1]}}}
-                  for b, r in self.running.items() if r.place is not None and int(r.ir["priority"]) <= floor]
-        data = pre.preempt_input(bid, j.ir, CLUSTER, self.views, placed, self.min_delta, j.preempted_by)
+        if self.index is not None:
+            return self.index.input(bid, j.ir, self.min_delta, j.preempted_by, floor)
+        placed = [self.row(b, r) for b, r in self.running.items() if r.place is not None and int(r.ir["priority"]) <= floor]
+        return pre.preempt_input(bid, j.ir, CLUSTER, self.views, placed, self.min_delta, j.preempted_by)
+
+    async def preempt(self, j: Job, now: float, key: tuple[Any, int] | None = None) -> bool:
+        bid = block_id(j.timed.task)
+        data = self.plan_input(bid, j)
         out = preempt.plan(data)
         victims = sorted({iid.rsplit("-", 1)[0] for ids in (out.get("victims") or {}).values() for iid in ids})
         if not victims:
+            if key is not None and self.index is not None and out.get("reason") == preempt.NO_FIT \
+                    and int(j.ir.get("minInstances") or 0) <= 1:
+                self.no_fit[key] = data["block"]
             return False
+        self.decisions.append((bid, tuple(victims)))
         self.res.preemptions += 1
         if j.victim_times:
             self.res.cascades += 1
@@ -429,13 +466,14 @@ class Sim:
 
 async def replay_online(nodes: list[Node], timed: list[Timed], mode: Mode = Mode.PREEMPTION, policy: str = DEFAULT_POLICY,
                         seed: int = 42, sample_nodes: int = 0, head: int = HEAD, min_delta: int = MIN_DELTA,
-                        workload: str = "", drawn: int = 0, load: float = 1.0, cluster_share: float = 1.0) -> Online:
+                        workload: str = "", drawn: int = 0, load: float = 1.0, cluster_share: float = 1.0,
+                        incremental: bool = True) -> Online:
     """One online replay (see the module's docstring). ``load``: the arrivals' times divided by
     it, the durations kept (the trace's own times keep its cluster nearly idle: docs/priority.md)."""
     nodes = shrink(nodes, cluster_share, seed)
     if load != 1.0:
         timed = [replace(t, created=t.created / load) for t in timed]
-    sim = Sim(nodes, timed, mode, policy, seed, sample_nodes, head, min_delta, workload)
+    sim = Sim(nodes, timed, mode, policy, seed, sample_nodes, head, min_delta, workload, incremental)
     sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, load, cluster_share
     return await sim.run()
 

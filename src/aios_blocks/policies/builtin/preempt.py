@@ -40,6 +40,9 @@ from typing import Any
 
 EPS = 1e-9
 DEFAULT_MIN_DELTA = 10
+#: the reason of a plan that finds no victims because the block fits nowhere even with every block
+#: it may evict gone (``node_may_fit`` re-checks that answer one node at a time)
+NO_FIT = "the block does not fit even with every lower-priority block gone"
 
 
 @dataclass(frozen=True)
@@ -225,10 +228,11 @@ def _orders(allowed: list[_Block], nodes: Mapping[str, _Node], insts: Mapping[st
         sorted(allowed, key=lambda b: (b.priority, -b.created, b.bid)),
         sorted(allowed, key=lambda b: (b.priority, -len(b.levels[-1]), -b.created, b.bid)),
     ]
-    for nid in nodes:
-        on = [b for b in orders[0] if any(str(insts[i].get("node_id")) == nid for i in b.levels[-1])]
-        if on:
-            orders.append(on)
+    on: dict[str, list[_Block]] = {}  # node -> the blocks with an instance there, in orders[0]'s order
+    for b in orders[0]:
+        for nid in dict.fromkeys(str(insts[i].get("node_id")) for i in b.levels[-1]):
+            on.setdefault(nid, []).append(b)
+    orders.extend(on[nid] for nid in nodes if nid in on)
     return orders
 
 
@@ -294,13 +298,31 @@ def plan(input_data: Mapping[str, Any], min_delta: int | None = None) -> dict[st
     by_id = {b.bid: b for b in blocks}
     ceiling = _ceiling(blocks, p)
     if ceiling is None:
-        return {**none, "reason": "the block does not fit even with every lower-priority block gone"}
+        return {**none, "reason": NO_FIT}
     orders = _orders([b for b in blocks if b.priority <= ceiling], nodes, insts)
     bound = _bound(nodes, need)
     best = _best(orders, p, need, by_id, bound)
     if best is None:
         return {**none, "reason": f"every plan frees more than the block's GPUs plus one node's ({bound:g})"}
     return _chosen(best, p, insts, by_id, priority)
+
+
+def node_may_fit(block: Mapping[str, Any], node_id: str, node: Mapping[str, Any],
+                 candidates: Iterable[Mapping[str, Any]], min_delta: int) -> bool:
+    """Whether one instance of ``block`` fits ``node`` (the planner's node shape) once every
+    candidate instance on it the planner may take (``min_delta`` lower, preemptible) is gone, in
+    the planner's own arithmetic. For a block of one instance (``minInstances`` <= 1) ``plan``'s
+    answer ``NO_FIT`` is the conjunction of this being false on every node (a node's fit only grows
+    as instances leave it), so a caller that kept a ``NO_FIT`` answer need re-plan only when a
+    node whose capacity changed answers True here (``trace/online.py``)."""
+    need = need_of(block)
+    nodes = _nodes({"nodes": {node_id: node}})
+    on = [{**c, "instances": {i: v for i, v in (c.get("instances") or {}).items() if v.get("node_id") == node_id}}
+          for c in candidates]
+    blocks = _blocks(on, int(block.get("priority") or 0) - min_delta)
+    insts = {iid: v for c in on for iid, v in c["instances"].items()}
+    return bool(_Plan(nodes, insts, Need(need.gpus, need.share, need.cpu, need.memory, need.models, 1)).fits(
+        [iid for b in blocks for iid in b.levels[-1]]))
 
 
 class PreemptMinPolicy:
