@@ -72,6 +72,13 @@ async def blocks(*args: str) -> str:
     return out.decode()
 
 
+async def replay(nc: nats.NATS, stream: str) -> list[str]:
+    """Every subject a stream of the client's account holds, in order."""
+    js = nc.jetstream(timeout=10)
+    last = (await js.stream_info(stream)).state.last_seq
+    return [(await js.get_msg(stream, seq)).subject for seq in range(1, last + 1)]
+
+
 def status(msg: Any) -> int:
     return int((msg.headers or {}).get("Aios-Status", "200"))
 
@@ -92,6 +99,8 @@ async def test_a_default_client_of_a_tenant_runs_its_block_and_nothing_of_anothe
         await b.subscribe(">", cb=b_all.on)  # everything tenant B's account carries
         await a.flush()
         await b.flush()
+        # a stream of its own keeps its blocks' events for a replay (events only: docs/security.md "Tenants")
+        await a.jetstream(timeout=10).add_stream(name="MY_EVENTS", subjects=list(tn.REPLAYABLE), max_bytes=1024 * 1024)
         # create with the default inbox: the PubAck comes back (its seq is the block's gen)
         ack = await a.jetstream(timeout=10).publish("aios.block.ta-b1.create", create("ta-b1"), headers=HEADERS)
         assert ack.stream == subjects.STREAM_INTAKE and ack.seq > 0
@@ -127,6 +136,9 @@ async def test_a_default_client_of_a_tenant_runs_its_block_and_nothing_of_anothe
         reply = await a.request("aios.block.ta-b1.delete", b"", timeout=30)
         assert status(reply) == 200, reply.headers
         await seen_a.until("aios.block.ta-b1.deleted")
+        kept = await replay(a, "MY_EVENTS")
+        assert {"aios.block.ta-b1.ready", "aios.block.ta-b1.deleted"} <= set(kept), kept
+        assert all(k.startswith("aios.block.ta-b1.") for k in kept) and "aios.block.ta-b1.rejected" not in kept
     finally:
         await a.close()
         await b.close()
@@ -198,9 +210,9 @@ async def test_a_hostile_tenant_reaches_nothing_of_another_or_of_the_system(syst
 
         # its own stream, within its bytes limit: kept; beyond: refused with the reason
         with pytest.raises(APIError) as too_big:
-            await ejs.add_stream(name="MINE", subjects=["aios.block.>"], max_bytes=10 * 1024 * 1024)
+            await ejs.add_stream(name="MINE", subjects=list(tn.REPLAYABLE), max_bytes=10 * 1024 * 1024)
         assert "insufficient storage resources" in str(too_big.value), too_big.value
-        await ejs.add_stream(name="MINE", subjects=["aios.block.>"], max_bytes=512 * 1024)
+        await ejs.add_stream(name="MINE", subjects=list(tn.REPLAYABLE), max_bytes=512 * 1024)
 
         # connections: the account's limit (2) refuses the third, with the reason; others unaffected
         extra = await login(system.data_dir, "evil")

@@ -66,6 +66,21 @@ def event_subject(tenant: str, subject: str) -> str:
 REQUESTS_ALL = tuple(request_subject("*", r) for r in REQUESTS if r != "create")
 
 
+def _replayable() -> tuple[str, ...]:
+    from ..schemas.catalog import EVENTS, STREAM
+
+    requests = {f"{ROOT}.block.*.{r}" for r in REQUESTS}
+    return tuple(sorted({e.filter() for e in EVENTS if e.stored and e.stream == STREAM
+                         and e.pattern.startswith(f"{ROOT}.block.{{bid}}.")} - requests))
+
+
+#: the subjects of a tenant's blocks' events that a stream in its own account may keep, to replay
+#: them: every relayed event but those on a request's subject (``aios.block.*.delete``). A stream on
+#: ``aios.block.>`` would also take its clients' requests: it would store them and answer them
+#: with its own PubAck (a create's, a task's) before the system does.
+REPLAYABLE = _replayable()
+
+
 @dataclass
 class Limits:
     """Per-tenant limits: the server enforces the account's (``limits``, ``jetstream``), the parser
