@@ -5,13 +5,19 @@ streams apart, so ``EmbeddedServers`` moves the global account's store before na
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 
 from aios_blocks.bus import subjects
 from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.state.tenants import TenantStore
 
 pytestmark = pytest.mark.integration
 
@@ -71,3 +77,67 @@ async def test_tenants_survive_a_restart_of_the_server(tmp_path: Path) -> None:
         await admin.close()
     finally:
         s.stop()
+
+
+async def _blocks(*args: str) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    proc = await asyncio.create_subprocess_exec(str(Path(sys.executable).with_name("blocks")), *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    out, err = await asyncio.wait_for(proc.communicate(), 120)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_tenant_commands_add_list_and_remove_tenants_and_users(tmp_path: Path) -> None:
+    from aios_blocks.runtime import auth
+
+    s = EmbeddedServers(data_dir=tmp_path / "d", auth=True).start()
+    d = str(s.data_dir)
+    try:
+        rc, out, err = await _blocks("tenant", "add", "t1", "--max-pending-creates", "5", "--json", "--data-dir", d)
+        assert rc == 0, err
+        made = json.loads(out)
+        rc, out, err = await _blocks("tenant", "user", "add", "t1", "bob", "--json", "--data-dir", d)
+        assert rc == 0, err
+        bob = json.loads(out)
+        assert bob["user"] == "t1.bob" and bob["credentials"] != made["credentials"]
+        bob_password = _file(bob["credentials"])["password"]
+        for creds in (made["credentials"], bob["credentials"]):
+            c = _file(creds)
+            nc = await nats.connect(c["url"], user=c["user"], password=c["password"])
+            await nc.close()
+        rc, out, _ = await _blocks("tenant", "list", "--json", "--data-dir", d)
+        [row] = json.loads(out)
+        assert row["users"] == ["t1.bob", "t1.main"] and row["limits"]["pending_creates"] == 5
+        assert await TenantStore(await _redis(s)).limit("t1") == 5  # where the parser reads it
+
+        # a user removed: its file goes, its login is refused; the tenant's other user stays
+        rc, _, err = await _blocks("tenant", "user", "remove", "t1", "bob", "--data-dir", d)
+        assert rc == 0, err
+        assert not _exists(bob["credentials"])
+        assert not auth.nats_login(auth.with_userinfo(s.endpoints.nats, "t1.bob", bob_password))
+        assert auth.nats_login(auth.tenant_user_url(s.data_dir, "t1"))
+        # the tenant removed: refused, its limit gone; a second remove says there is none (exit 1)
+        url = auth.tenant_user_url(s.data_dir, "t1")
+        rc, _, err = await _blocks("tenant", "remove", "t1", "--data-dir", d)
+        assert rc == 0, err
+        assert not auth.nats_login(url) and not _exists(made["credentials"])
+        assert await TenantStore(await _redis(s)).limit("t1") is None
+        rc, _, err = await _blocks("tenant", "remove", "t1", "--data-dir", d)
+        assert rc == 1 and "no tenant 't1'" in err
+    finally:
+        s.stop()
+
+
+def _file(path: str) -> dict[str, Any]:
+    out: dict[str, Any] = json.loads(Path(path).read_text())
+    return out
+
+
+def _exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+async def _redis(s: EmbeddedServers) -> Any:
+    import redis.asyncio as aioredis
+
+    return aioredis.from_url(s.redis_url)
