@@ -141,6 +141,9 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
                                             help="--online: a seeded sample of this share of the nodes, per GPU model."),
         no_preemption: bool = typer.Option(False, "--no-preemption", help="--online: a run with the queue but no preemption."),
         fifo: bool = typer.Option(False, "--fifo", help="--online: a run with the queue by age only (no priority, no preemption)."),
+        rebalance: bool = typer.Option(False, "--rebalance", help="--online: each run twice, without and with the rebalancer "
+                                       "(moves before preemption; docs/rebalance.md 'Online replay'): moves, the last third's "
+                                       "allocation, the multi-GPU tasks' wait."),
         data_dir: Path = DataDir,
     ) -> None:
         """Replay a GPU trace: tasks sampled with a seed until their GPU requests reach --inflate x the
@@ -182,7 +185,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         workload = pods_file.stem.removeprefix("openb_pod_list_")
         if online:
             _online(nodes, pods_file, workload, live, policy, seed, sample_nodes, no_preemption, fifo, json_out, plot, load,
-                    cluster_share)
+                    cluster_share, rebalance)
             return
         anchors = _anchors(anchor or pods_file.with_name("anchor_fgd_atc23.csv"), workload)
         runs = [(rp.policy_uri(p), s) for p in policy for s in seed]
@@ -205,11 +208,12 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
 
 def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy: list[str], seed: list[int],
             sample_nodes: int, no_preemption: bool, fifo: bool, json_out: Path | None, plot: Path | None,
-            load: float = 1.0, cluster_share: float = 1.0) -> None:
+            load: float = 1.0, cluster_share: float = 1.0, rebalance: bool = False) -> None:
     """``--online``: the runs asked (preemption unless only --no-preemption/--fifo), printed."""
     import asyncio
 
     from ..trace import online as on
+    from ..trace import online_rebalance as orb
 
     console, err = _main().console, _main().err
     if live:
@@ -224,10 +228,13 @@ def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy
     results = []
     for p in policy:
         for s in seed:
-            for mode in modes:
-                r = asyncio.run(on.replay_online(nodes, timed, mode, p, s, sample_nodes, workload=workload, drawn=drawn,
-                                                        load=load, cluster_share=cluster_share))
-                d = r.as_dict()
+            for mode, moves in [(md, mv) for md in modes for mv in ((False, True) if rebalance else (None,))]:
+                if moves is None:
+                    d = asyncio.run(on.replay_online(nodes, timed, mode, p, s, sample_nodes, workload=workload, drawn=drawn,
+                                                     load=load, cluster_share=cluster_share)).as_dict()
+                else:
+                    d = asyncio.run(orb.replay(nodes, timed, mode, p, s, sample_nodes, workload=workload, drawn=drawn,
+                                               load=load, cluster_share=cluster_share, rebalance=moves))
                 results.append(d)
                 waits = ", ".join(f"{c} p50 {w['p50']:g} s / p99 {w['p99']:g} s" for c, w in d["wait"].items())
                 console.print(f"[bold]{escape(workload or 'trace')}[/] {d['mode']} ({escape(d['policy'])}, seed {s}, "
@@ -235,6 +242,10 @@ def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy
                               f"{d['preemptions']} ({d['victims']} victims), cascades {d['cascades']}, GPU-seconds lost "
                               f"{d['gpu_s_lost']:g}, pending at the end {d['pending_end']}")
                 console.print(f"  wait (trace seconds): {escape(waits)}")
+                if moves is not None:
+                    mg = d["multi_gpu_wait"]
+                    console.print(f"  moves {d['moves']} ({d['moves_per_placement']:g} per placement), GPU allocation of the "
+                                  f"last third {d['alloc_last_third']:.2f} %, multi-GPU wait p50 {mg['p50']:g} s / p99 {mg['p99']:g} s")
     if json_out is not None:
         json_out.write_text(json.dumps(results, indent=1) + "\n")
         console.print(f"figures written to {escape(str(json_out))}")

@@ -218,15 +218,20 @@ def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) 
     """The node (not in ``avoid``) where the instance fragments least: (node, GPUs, its
     fragmentation there after minus before), or None when it fits nowhere else."""
     best: tuple[float, str, tuple[str, ...]] | None = None
+    units = max(0, min(UNITS, round(i.share * UNITS)))
     for nid, n in nodes.items():
         if nid in avoid or nid == i.node:
             continue
         gpus = Cluster.pick(n, i)
         if gpus is None:
             continue
-        after = _copy(n)
-        Cluster.take(after, i, gpus)
-        d = c.frag(nid, after) - c.frag(nid, n)
+        left = _left(n)
+        if n.gpus:  # the node's fragmentation with the instance on it, without copying the node
+            taken = set(gpus)
+            after = tuple(max(0, x - units) if g in taken else x for g, x in zip(n.gpus, left, strict=True))
+            d = c.wl.frag(_model(n), n.cpu - i.cpu, after) - c.wl.frag(_model(n), n.cpu, left)
+        else:
+            d = 0.0
         if best is None or (d, nid) < (best[0], best[1]):
             best = (d, nid, gpus)
     return None if best is None else (best[1], best[2], best[0])

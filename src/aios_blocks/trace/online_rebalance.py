@@ -1,0 +1,204 @@
+"""``blocks trace replay --online --in-process --rebalance``: the online replay (``trace/online.py``)
+with the rebalancer (issue 38, docs/rebalance.md "Online replay"). Pure but for reading the CSV.
+
+The walk and the preemption are the replay's own; the rebalancer comes in where the system has it:
+
+* **before preemption**: a block the walk would preempt for first gets a ``builtin:rebalance-min``
+  plan (at most ``max_moves`` moves, its input built by ``handlers.rebalance.rebalance_input``);
+  when one makes room, its moves are applied and the block is placed, and nobody is preempted;
+* **for the blocks that may not preempt** (priority 0, a waiting victim, the modes without
+  preemption): after each walk, the head of the queue gets the same plans (at most ``MAX_PLANS``
+  per capacity event), as the rebalancer worker's pending trigger does.
+
+A move is make-before-break: the moved task keeps running (no work lost, its departure unchanged),
+on the move's target node and GPUs, from the instant it is decided (the new instance's start-up is
+not modelled). The planner's "no plan" for a shape is kept until capacity changes, as the replay
+keeps the preemption planner's.
+
+Figures added to the replay's (``figures``): ``moves``, ``moves_per_placement``, ``alloc_last_third``
+(the time-weighted GPU allocation % over the last third of the window) and the multi-GPU tasks'
+wait p50/p99 (``multi_gpu_wait``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from ..handlers import rebalance as hr
+from ..policies import capacity
+from ..policies.builtin import rebalance as rb
+from ..schemas.spec import Node
+from . import online as on
+from .online import CLUSTER, Job, Mode, Sim, Timed, release, shrink
+from .replay import DEFAULT_POLICY, block_id
+
+#: the rebalance plans one capacity event may ask for (like the preemption planner's budget)
+MAX_PLANS = 4
+#: the most moves per plan (``AIOS_REBALANCE_MAX_MOVES``)
+MAX_MOVES = 2
+
+
+class RebalanceSim(Sim):
+    def __init__(self, *args: Any, max_moves: int = MAX_MOVES, **kw: Any):
+        super().__init__(*args, **kw)
+        self.max_moves = max_moves
+        self.moves = 0
+        self.plans_with_moves = 0
+        #: shapes (and priority) the planner found no moves for, until capacity changes
+        self.no_moves: set[tuple[Any, int]] = set()
+
+    # -- the planner -----------------------------------------------------------------------------
+    def placed_rows(self, floor: int) -> list[dict[str, Any]]:
+        return [{**self.row(b, r), "status": "ready"} for b, r in self.running.items()
+                if r.place is not None and int(r.ir["priority"]) <= floor]
+
+    def key(self, j: Job) -> tuple[Any, int]:
+        t = j.timed.task
+        return (capacity.shape(t.resources(), t.sharing), int(j.ir["priority"]))
+
+    async def moves_for(self, j: Job, now: float) -> bool:
+        """Apply the moves of a plan that lets ``j`` fit, then place it; False when there is none."""
+        key = self.key(j)
+        if key in self.no_moves or self.max_moves <= 0:
+            return False
+        bid = block_id(j.timed.task)
+        block = self.block(j)
+        data = hr.rebalance_input(CLUSTER, self.views, self.placed_rows(int(j.ir["priority"])), [block], self.max_moves,
+                                  hr.Trigger.PENDING, workload=self.st.shapes)
+        out = rb.plan(data)
+        if not out["moves"] or out.get("for") != bid:
+            self.no_moves.add(key)
+            return False
+        for m in out["moves"]:
+            self.move(m["block_id"], m["to"], list(m["to_gpus"]))
+        self.plans_with_moves += 1
+        if not await self.place(j, now):  # the plan said it fits; a resourceAllocator that refuses leaves it waiting
+            return True
+        return True
+
+    def move(self, bid: str, to: str, gpus: list[str]) -> None:
+        """A running task moved (make-before-break: it keeps running, its departure unchanged)."""
+        j = self.running[bid]
+        assert j.place is not None
+        src, old = j.place
+        t = j.timed.task
+        self.views[src] = release(self.views[src], old, t.resources(), t.sharing)
+        node = capacity.copy_node(self.views[to])
+        capacity.take(node, gpus, t.resources(), t.sharing)
+        self.views[to] = node
+        j.place = (to, gpus)
+        self.moves += 1
+        self.changed()
+        index = getattr(self, "index", None)  # the planner's incremental input, where the replay keeps one
+        if index is not None:
+            index.remove(bid)
+            index.node(src, self.views[src])
+            index.node(to, self.views[to])
+            index.add(self.row(bid, j))
+
+    def changed(self) -> None:
+        """Capacity moved: every "no" of the planners may be a "yes" now."""
+        self.no_victims.clear()
+        self.no_moves.clear()
+        no_fit = getattr(self, "no_fit", None)
+        if no_fit:
+            no_fit.clear()
+
+    def waiting(self) -> list[Job]:
+        """The queue's head in its order (priority desc then age; FIFO: age), the blocks that fit no
+        node now included (``head_entries`` passes over those when they may not preempt: moves may
+        make room for them)."""
+        if self.mode is Mode.FIFO:
+            return sorted(self.pending.values(), key=lambda j: (j.since, block_id(j.timed.task)))[: self.head]
+        return sorted(self.pending.values(), key=lambda j: (-int(j.ir["priority"]), j.since, block_id(j.timed.task)))[: self.head]
+
+    # -- the hooks -------------------------------------------------------------------------------
+    def unplace(self, bid: str) -> Job:
+        self.no_moves.clear()
+        return super().unplace(bid)
+
+    async def preempt(self, j: Job, now: float, key: tuple[Any, int] | None = None) -> bool:
+        if await self.moves_for(j, now):  # moves before preemption
+            return True
+        return await super().preempt(j, now, key)
+
+    async def drain(self, now: float) -> None:
+        await super().drain(now)
+        plans = 0
+        while self.pending and plans < MAX_PLANS:
+            done = False
+            for j in self.waiting():
+                if self.key(j) in self.no_moves:
+                    continue
+                plans += 1
+                if await self.moves_for(j, now):
+                    done = True
+                    break
+                if plans >= MAX_PLANS:
+                    break
+            if not done:
+                return
+            await super().drain(now)
+
+
+def last_third(sim: Sim) -> float:
+    """The time-weighted GPU allocation % over the last third of the window (the series' steps)."""
+    series = sim.res.series
+    if not series or sim.span <= 0:
+        return 0.0
+    start, end = 2 * sim.span / 3, sim.span
+    area, prev_t, prev_a = 0.0, start, None
+    for t, a, _q in series:
+        if t <= start:
+            prev_a = a
+            continue
+        if t > end:
+            break
+        if prev_a is not None:
+            area += (t - prev_t) * prev_a
+        prev_t, prev_a = t, a
+    if prev_a is not None:
+        area += (end - prev_t) * prev_a
+    return area / (end - start)
+
+
+def multi_gpu_waits(sim: Sim) -> list[float]:
+    """Each multi-GPU task's wait (arrival to first placement; never placed: to the window's end)."""
+    out = []
+    for j in sim.jobs.values():
+        if j.timed.task.num_gpu > 1:
+            out.append(j.first_wait if j.first_wait is not None else max(0.0, sim.last_t - j.timed.created))
+    return out
+
+
+def figures(sim: Sim) -> dict[str, Any]:
+    """The replay's figures plus the rebalancer's (see the module's docstring)."""
+    def pct(xs: list[float], q: float) -> float:
+        s = sorted(xs)
+        return round(s[min(len(s) - 1, int(len(s) * q))], 3) if s else 0.0
+
+    d = sim.res.as_dict()
+    moves = int(getattr(sim, "moves", 0))
+    waits = multi_gpu_waits(sim)
+    d.update({"rebalance": isinstance(sim, RebalanceSim), "moves": moves,
+              "moves_per_placement": round(moves / sim.res.placed, 4) if sim.res.placed else 0.0,
+              "alloc_last_third": round(last_third(sim), 3),
+              "multi_gpu_wait": {"n": len(waits), "p50": pct(waits, 0.5), "p99": pct(waits, 0.99)}})
+    if d["rebalance"]:
+        d["mode"] = f"{d['mode']}+rebalance"
+    return d
+
+
+async def replay(nodes: list[Node], timed: list[Timed], mode: Mode = Mode.PREEMPTION, policy: str = DEFAULT_POLICY,
+                 seed: int = 42, sample_nodes: int = 0, workload: str = "", drawn: int = 0, load: float = 1.0,
+                 cluster_share: float = 1.0, rebalance: bool = True, max_moves: int = MAX_MOVES) -> dict[str, Any]:
+    """One online replay, with the rebalancer or without (the same figures for both)."""
+    nodes = shrink(nodes, cluster_share, seed)
+    if load != 1.0:
+        timed = [replace(t, created=t.created / load) for t in timed]
+    args = (nodes, timed, mode, policy, seed, sample_nodes, on.HEAD, on.MIN_DELTA, workload)
+    sim = RebalanceSim(*args, max_moves=max_moves) if rebalance else Sim(*args)
+    sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, load, cluster_share
+    await sim.run()
+    return figures(sim)
