@@ -1,0 +1,62 @@
+"""Tenants' pure parts (docs/security.md "Tenants"): names, subjects, the generated accounts, the
+parser's label, the desk's routing of events."""
+
+from __future__ import annotations
+
+import pytest
+
+from aios_blocks.bus.catalog import E
+from aios_blocks.handlers import parse
+from aios_blocks.runtime import tenants as tn
+from aios_blocks.workers import tenants as desk
+
+
+@pytest.mark.parametrize("bad", ["a.b", "*", ">", "", "a b", "t\n"])
+def test_tenant_and_user_names_are_ids(bad: str) -> None:
+    with pytest.raises(ValueError):
+        tn.account(bad)
+    with pytest.raises(ValueError):
+        tn.user_name("ok", bad)
+
+
+def test_a_tenants_users_never_collide_with_system_users_or_other_tenants() -> None:
+    assert tn.user_name("team-a", "main") == "team-a.main"  # a dot: no role or agent-<nid> has one
+    assert tn.user_name("a_b", "c") != tn.user_name("a", "b_c")
+
+
+def test_the_account_imports_only_its_own_subjects_and_may_publish_only_requests() -> None:
+    t = tn.Tenant("acme", {"main": "pw"}, tn.Limits(connections=5, stream_bytes=1000))
+    conf = tn.accounts_conf(['      {user: "admin", password: "x"}'], [t, tn.Tenant("other", {"main": "pw2"})])
+    mine = conf.split('"tenant-acme": {')[1].split('"tenant-other": {')[0]
+    assert "aios.tenant.other" not in mine and "max_connections: 5" in mine and "max_file: 1000" in mine
+    for r in tn.REQUESTS:
+        assert f'subject: "aios.tenant.acme.block.*.{r}"}}, to: "aios.block.*.{r}"' in mine
+    assert 'subject: "aios.tenant.acme.event.block.>"' not in mine and '"aios.tenant.acme.event.>"' in mine
+    perms = tn.user_permissions()
+    assert '"aios.block.*.create"' in perms and "aios.block.*.ready" not in perms and '"aios.tenant' not in perms
+
+
+def test_replayable_subjects_leave_out_every_request() -> None:
+    assert "aios.block.*.ready" in tn.REPLAYABLE and "aios.block.*.instance.*.added" in tn.REPLAYABLE
+    assert not {f"aios.block.*.{r}" for r in tn.REQUESTS} & set(tn.REPLAYABLE)
+
+
+def test_a_tenants_create_is_labelled_with_its_name_and_may_not_name_another() -> None:
+    out = parse.for_tenant(parse.ParseOutcome(doc={"blockComponentURI": "u", "labels": {"x": "1"}}), "acme")
+    assert out.doc is not None and out.doc["labels"] == {"x": "1", "tenant": "acme"} and not out.errors
+    same = parse.for_tenant(parse.ParseOutcome(doc={"labels": {"tenant": "acme"}}), "acme")
+    assert same.doc is not None and not same.errors
+    other = parse.for_tenant(parse.ParseOutcome(doc={"labels": {"tenant": "victim"}}), "acme")
+    assert other.doc is None and other.errors[0].path == "$.labels.tenant" and "victim" in other.errors[0].message
+
+
+def test_the_desk_relays_stored_block_events_only_and_knows_whose_create_it_was() -> None:
+    assert desk.relayed("aios.block.b1.ready") is E.block_ready
+    assert desk.relayed("aios.block.b1.instance.b1-0.added") is E.instance_added
+    for not_an_event in ("aios.block.b1.task", "aios.block.b1.create", "aios.block.b1.dry_run.result", "aios.node.n.x"):
+        assert desk.relayed(not_an_event) is None, not_an_event
+    assert desk.tenant_of_create("aios.tenant.acme.block.b1.create") == "acme"
+    assert desk.tenant_of_create("aios.block.b1.create") is None
+    assert desk.block_tenant({"ir": {"labels": {"tenant": "acme"}}}) == "acme"
+    assert desk.block_tenant({"ir": {"virtualClusterId": "v1"}}) is None  # a quota tenant, not an account's
+    assert tn.event_subject("acme", "aios.block.b1.ready") == "aios.tenant.acme.event.b1.ready"
