@@ -10,11 +10,15 @@ from those (``image``; the fold calls it).
     aios:meta:queue:index     hash bid -> JSON [scope, member] (to take a block out in O(1))
     aios:meta:queue:due       zset bid -> when it fails if still waiting (maxPendingS)
     aios:meta:queue:lease     the controller copy whose queue walker runs now (one at a time)
+    aios:meta:queue:wake      pub/sub channel: a capacity event another controller copy saw
+                              (``Wakeups``: the leader's walker passes at once)
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import asyncio
+import contextlib
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import msgspec
@@ -28,6 +32,7 @@ SCOPES = f"{P}:meta:queues"
 INDEX = f"{PREFIX}index"
 DUE = f"{PREFIX}due"
 LEASE_KEY = f"{PREFIX}lease"
+WAKE = f"{PREFIX}wake"
 PRIMARY = "_"
 
 
@@ -130,6 +135,39 @@ class PendingQueue:
     async def lead(self, holder: str, ttl_s: float) -> bool:
         """Take or keep the walker's lease: one controller copy walks the queue at a time."""
         return bool(await self._lease(keys=[LEASE_KEY], args=[holder, max(1, int(ttl_s * 1000))]))
+
+
+class Wakeups:
+    """Capacity events across controller copies (docs/priority.md "Event-driven re-placement"):
+    the copy that handled one but does not hold the walker's lease publishes on ``WAKE`` (Redis
+    pub/sub: fire and forget, nothing stored), and every walker listening wakes, so the leader's
+    passes at once instead of at its next periodic pass. A message missed (a listener
+    reconnecting) is covered by that periodic pass."""
+
+    def __init__(self, r: Any):
+        self.r = r
+
+    async def notify(self, sender: str) -> int:
+        """Wake the other copies' walkers; how many listeners got it."""
+        return int(await self.r.publish(WAKE, sender))
+
+    async def listen(self, me: str, on_wake: Callable[[], None], stop: asyncio.Event, poll_s: float = 1.0) -> None:
+        """Call ``on_wake`` for each notice another copy (not ``me``) sends, until ``stop``."""
+        ps = self.r.pubsub(ignore_subscribe_messages=True)
+        try:
+            await ps.subscribe(WAKE)
+            while not stop.is_set():
+                msg = await ps.get_message(ignore_subscribe_messages=True, timeout=poll_s)
+                if msg is None:
+                    continue
+                data = msg.get("data")
+                if (data.decode() if isinstance(data, bytes) else str(data)) != me:
+                    on_wake()
+        finally:
+            with contextlib.suppress(Exception):
+                await ps.unsubscribe(WAKE)
+            with contextlib.suppress(Exception):
+                await ps.aclose()
 
 
 def plan_key(bid: str) -> str:

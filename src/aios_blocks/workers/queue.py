@@ -36,7 +36,7 @@ from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
 from ..schemas.records import BlockIR, wire_ir
 from ..state.priority import PriorityStore
-from ..state.queue import PendingQueue, PreemptPlans, scope_of
+from ..state.queue import PendingQueue, PreemptPlans, Wakeups, scope_of
 from ..state.rebalance import RebalanceState
 from .base import EpochGuard, Worker
 
@@ -51,9 +51,11 @@ __all__ = ["PendingQueue", "QueueWalker", "poke", "quota_view", "wait_or_fail"]
 
 
 def poke(w: Worker) -> None:
-    """Capacity appeared (or may have): ask this process's walker for a pass soon."""
+    """Capacity appeared (or may have): ask this process's walker for a pass soon; when this copy
+    does not hold the walker's lease, its walker wakes the leader's (``state.queue.Wakeups``)."""
     q = _running.get(id(w))
     if q is not None:
+        q.poked = True
         q.wake.set()
 
 
@@ -102,24 +104,46 @@ class QueueWalker:
         self.q = PendingQueue(w.store.r)
         self.holder = f"queue-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.wake = asyncio.Event()
+        #: a capacity event this process handled (``poke``), not a notice from another copy
+        self.poked = False
+        self.wakeups = Wakeups(w.store.r)
         self.passes = 0
         #: no valid state (flushed, ``blocks recover`` under way): no pass; a new epoch: fresh views
         self.guard = EpochGuard(w)
 
     async def run(self, stop: asyncio.Event) -> None:
         _running[id(self.w)] = self
+        listener = asyncio.create_task(self._listen(stop))
         try:
             while not stop.is_set():
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self.wake.wait(), self.s.queue_resync_s)
                 await asyncio.sleep(DEBOUNCE_S)  # a burst of removals is one pass
                 self.wake.clear()
+                poked, self.poked = self.poked, False
                 try:
-                    await self.tick()
+                    if not await self.tick() and poked:
+                        # another copy holds the lease: its walker passes now, not at its periodic pass
+                        await self.wakeups.notify(self.holder)
                 except Exception as exc:  # never stop the walker: the next pass looks again
                     log.warning("queue.pass_failed", error=repr(exc))
         finally:
             _running.pop(id(self.w), None)
+            listener.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await listener
+
+    async def _listen(self, stop: asyncio.Event) -> None:
+        """Notices from the other copies (``state.queue.Wakeups``); reconnects after an error."""
+        while not stop.is_set():
+            try:
+                await self.wakeups.listen(self.holder, self.wake.set, stop)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis away: the periodic pass covers the gap
+                log.warning("queue.wakeups_failed", error=repr(exc))
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), 1.0)
 
     async def tick(self) -> bool:
         try:
