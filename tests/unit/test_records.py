@@ -45,3 +45,16 @@ def test_needs_names_every_field_of_a_resource_spec() -> None:
 
     assert set(ResourceNeeds.model_fields) == set(Needs.__annotations__)
     assert set(_full_ir()["resources"]) <= set(Needs.__annotations__)
+
+
+def test_a_node_view_has_the_fields_node_view_names() -> None:
+    """``state.nodes.node_view`` builds exactly the fields ``NodeView``/``GpuView`` name."""
+    from aios_blocks.schemas.records import GpuView, NodeView
+    from aios_blocks.state.nodes import node_view
+
+    spec = {"id": "n1", "cluster": "c1", "labels": {"rack": "r1"}, "topology": {"profile": "nvlink-pairs-4"},
+            "gpus": [{"id": "g0", "model": "A100", "memory": 40960}]}
+    h = {"spec": msgspec.json.encode(spec).decode(), "healthy": "1", "drain": "1", "vc": "v1", "cpu": "8", "memory": "1024"}
+    view = node_view(h)
+    assert set(view) <= set(NodeView.__annotations__) and {"topology", "virtualCluster", "draining"} <= set(view)
+    assert set(view["gpus"][0]) == set(GpuView.__annotations__)

@@ -20,7 +20,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR, InstanceRecord, Needs, wire
+from ..schemas.records import BlockIR, InstanceRecord, Needs, NodeView, wire
 from . import sidecars
 from .controller import Invoke, env_for, plan
 
@@ -32,7 +32,7 @@ class Snapshot:
 
     cluster: dict[str, Any]
     #: shared with the inventory cache: read, never written (a plan copies what it takes)
-    nodes: dict[str, dict[str, Any]]
+    nodes: dict[str, NodeView]
     instances: dict[str, InstanceRecord] | None = None
     index: affinity.Index | None = None
     suspects: Mapping[str, str] = field(default_factory=dict)
@@ -62,7 +62,7 @@ class Reserve:
 
     cluster_id: str
     placements: tuple[dict[str, Any], ...]
-    taken: dict[str, dict[str, Any]] = field(hash=False)
+    taken: dict[str, NodeView] = field(hash=False)
 
     @property
     def touched(self) -> list[str]:
@@ -97,10 +97,10 @@ async def plan_allocation(snap: Snapshot, req: Request, invoke: Invoke) -> list[
     return [Reserve(req.cluster_id, tuple(placements), taken(snap.nodes, placements, req.ir["resources"]))]
 
 
-def taken(nodes: Mapping[str, dict[str, Any]], placements: Sequence[dict[str, Any]], needs: Needs) -> dict[str, dict[str, Any]]:
+def taken(nodes: Mapping[str, NodeView], placements: Sequence[dict[str, Any]], needs: Needs) -> dict[str, NodeView]:
     """The views of the nodes a reservation changes, as the reservation script changes them
     (``capacity.take``): copies, the snapshot is shared."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, NodeView] = {}
     for p in placements:
         nid = p["node"]
         if nid not in out:
@@ -152,7 +152,7 @@ class StartInstances:
 
 
 def start_effects(
-    ir: BlockIR, gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]], nodes: Mapping[str, dict[str, Any]],
+    ir: BlockIR, gen: int, cid: str, action: str, placements: Sequence[dict[str, Any]], nodes: Mapping[str, NodeView],
     now: float, *, attempts: int, key: str, replaces: str = "", trace: Sequence[Decision] = (),
     step: tuple[Step, dict[str, Any]] | None = None, limit: int | None = None,
 ) -> StartInstances:

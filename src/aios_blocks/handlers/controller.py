@@ -14,7 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from ..schemas.records import BlockIR, InstanceRecord, Needs
+from ..schemas.records import BlockIR, InstanceRecord, Needs, NodeView
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
@@ -25,7 +25,7 @@ Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 def payload(
     ir: BlockIR,
     cluster: dict[str, Any],
-    nodes: dict[str, dict[str, Any]],
+    nodes: dict[str, NodeView],
     instances: Mapping[str, InstanceRecord] | None = None,
     index: affinity.Index | None = None,
     **extra: Any,
@@ -64,7 +64,7 @@ def canonical_record(record: InstanceRecord) -> dict[str, Any]:
 
 
 def _payload(
-    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, dict[str, Any]],
+    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, NodeView],
     instances: Mapping[str, InstanceRecord] | None, index: affinity.Index | None, want: int, **extra: Any,
 ) -> dict[str, Any]:
     """``payload`` with a sample sized for ``want`` instances (dry_run: maxInstances; each
@@ -110,7 +110,7 @@ class DryRunOutcome:
 EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts cover all of them)
 
 
-def affinity_explain(nodes: dict[str, dict[str, Any]]) -> tuple[dict[str, str], dict[str, float]]:
+def affinity_explain(nodes: dict[str, NodeView]) -> tuple[dict[str, str], dict[str, float]]:
     rejected: dict[str, str] = {}
     scores: dict[str, float] = {}
     for nid in sorted(nodes):
@@ -126,7 +126,7 @@ def affinity_explain(nodes: dict[str, dict[str, Any]]) -> tuple[dict[str, str], 
 
 
 async def dry_run(
-    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], invoke: Invoke,
+    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, NodeView], invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> DryRunOutcome:
     nodes = vcluster.scope(ir, nodes)  # its virtual cluster's nodes only (seed 003)
@@ -149,7 +149,7 @@ async def dry_run(
 
 
 def capacity_reasons(
-    nodes: dict[str, dict[str, Any]], needs: capacity.Needs, share: bool, into: dict[str, str]
+    nodes: dict[str, NodeView], needs: capacity.Needs, share: bool, into: dict[str, str]
 ) -> dict[str, str]:
     """Why each node that cannot take one instance cannot (``capacity: ...``), for explain; nodes
     already rejected (by affinity) keep that reason. At most ``EXPLAIN_LIMIT`` in all."""
@@ -168,7 +168,7 @@ def instance_id(bid: str, key: str | int) -> str:
     return f"{bid}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
-def check_choice(node_id: str, gpus: list[str], nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> str:
+def check_choice(node_id: str, gpus: list[str], nodes: dict[str, NodeView], needs: Needs, share: bool) -> str:
     """Why a policy's choice cannot work on the snapshot ('' if it can)."""
     node = nodes.get(node_id)
     if node is None:
@@ -190,7 +190,7 @@ def check_choice(node_id: str, gpus: list[str], nodes: dict[str, dict[str, Any]]
 async def plan(
     ir: BlockIR,
     cluster: dict[str, Any],
-    nodes: dict[str, dict[str, Any]],
+    nodes: dict[str, NodeView],
     action: str,
     iids: list[str],
     invoke: Invoke,
@@ -239,8 +239,8 @@ async def plan(
     return out
 
 
-def _candidate_nodes(ir: BlockIR, nodes: dict[str, dict[str, Any]],
-                     excluded: dict[str, Any]) -> tuple[str, dict[str, dict[str, Any]]]:
+def _candidate_nodes(ir: BlockIR, nodes: dict[str, NodeView],
+                     excluded: dict[str, Any]) -> tuple[str, dict[str, NodeView]]:
     """Its virtual cluster's nodes only (seed 003; the reservation re-checks each node is still
     there), less the excluded ones: (its place, the nodes)."""
     where = vcluster.place_of(ir, nodes)
@@ -250,13 +250,13 @@ def _candidate_nodes(ir: BlockIR, nodes: dict[str, dict[str, Any]],
     return where, nodes
 
 
-def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, dict[str, Any]],
+def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, NodeView],
                  index: affinity.Index, action: str) -> tuple[list[dict[str, Any]], affinity.Index]:
     """The chosen node checked against Required affinity (PlacementFailed if it rejects it): its
     Adaptive entries, and the index with this instance added. No affinity: nothing, the same index."""
     if not ir.get("affinity"):
         return [], index
-    probe = {node_id: {**work[node_id]}}  # annotate a copy: views are shared
+    probe = {node_id: work[node_id].copy()}  # annotate a copy: views are shared
     affinity.annotate(probe, ir["affinity"], index)
     if not probe[node_id]["affinity"]["pass"]:
         raise PlacementFailed(
@@ -294,7 +294,7 @@ def _reservation(ir: BlockIR, iid: str, node_id: str, gpus: list[str], needs: ca
 
 
 def _by_topology(
-    node: dict[str, Any], gpus: list[str], needs: capacity.Needs, share: bool, entries: list[Any]
+    node: NodeView, gpus: list[str], needs: capacity.Needs, share: bool, entries: list[Any]
 ) -> tuple[list[str], dict[str, str]]:
     """``topology.refine`` on a node view (nothing to do on a node without a topology)."""
     if not node.get("topology") or not gpus:

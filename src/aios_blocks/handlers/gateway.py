@@ -12,7 +12,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, contract, sampling
 from ..schemas.errors import PolicyFailed
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, NodeView
 from . import vcluster
 
 #: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
@@ -24,7 +24,7 @@ def share_of(ir: BlockIR) -> bool:
     return bool((rule.get("settings") or {}).get("gpuSharing", False))
 
 
-def cluster_metrics(nodes: dict[str, dict[str, Any]], shown: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+def cluster_metrics(nodes: dict[str, NodeView], shown: dict[str, NodeView] | None = None) -> dict[str, Any]:
     """Totals over all of a cluster's nodes, plus node views under ``nodes``: all of them, or
     ``shown`` (a sample, see ``policies.sampling``) when the cluster is large."""
     t = capacity.totals(nodes)
@@ -40,14 +40,14 @@ def cluster_metrics(nodes: dict[str, dict[str, Any]], shown: dict[str, dict[str,
     }
 
 
-def cluster_entry(cluster: dict[str, Any], nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def cluster_entry(cluster: dict[str, Any], nodes: dict[str, NodeView]) -> dict[str, Any]:
     metrics = cluster_metrics(nodes)
     summary = {k: v for k, v in metrics.items() if k != "nodes"}
     return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
 
 
 def scoped_entry(
-    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None
+    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, NodeView], index: affinity.Index | None = None
 ) -> dict[str, Any]:
     """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003),
     with the block's Preferred-affinity score there when it has entries: post_dry_run breaks a
@@ -65,7 +65,7 @@ def affinity_score(smp: sampling.Sample) -> float:
 
 
 def sample_for(
-    ir: BlockIR, nodes: dict[str, dict[str, Any]], index: affinity.Index | None = None, want: int = 1
+    ir: BlockIR, nodes: dict[str, NodeView], index: affinity.Index | None = None, want: int = 1
 ) -> sampling.Sample:
     """The nodes the block's placement considers in one cluster (seeded by the block id)."""
     return sampling.sample(
@@ -77,7 +77,7 @@ def sample_for(
 def filter_rule(
     ir: BlockIR,
     clusters: dict[str, dict[str, Any]],
-    nodes: dict[str, dict[str, dict[str, Any]]],
+    nodes: dict[str, dict[str, NodeView]],
     index: affinity.Index | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
     """The clusterAllocator's filter rule (``settings.filter``): label selector and capacity.
@@ -139,7 +139,7 @@ class SelectionDecision:
 async def select(
     ir: BlockIR,
     clusters: dict[str, dict[str, Any]],
-    nodes: dict[str, dict[str, dict[str, Any]]],
+    nodes: dict[str, dict[str, NodeView]],
     invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> SelectionDecision:

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..policies import affinity
 from ..schemas.errors import PlacementFailed, SpecError
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, NodeView
 from . import controller, gateway
 
 Invoke = gateway.Invoke
@@ -77,7 +77,7 @@ def result_of(out: controller.DryRunOutcome) -> dict[str, Any]:
 async def make_plan(
     ir: BlockIR,
     clusters: dict[str, dict[str, Any]],
-    nodes: dict[str, dict[str, dict[str, Any]]],
+    nodes: dict[str, dict[str, NodeView]],
     cluster_invoke: Invoke,
     resource_invoke: Invoke,
     index: affinity.Index | None = None,

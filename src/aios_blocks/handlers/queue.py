@@ -22,7 +22,7 @@ from typing import Any
 from ..policies import capacity
 from ..policies import quota as qp
 from ..schemas.priority import Quota
-from ..schemas.records import BlockIR, BlockRecord
+from ..schemas.records import BlockIR, BlockRecord, NodeView
 from . import vcluster
 from .gateway import filter_rule, share_of
 
@@ -91,11 +91,11 @@ def admitted(ir: Mapping[str, Any], bid: str, view: QuotaView | None) -> None:
         view.holdings.append(qp.Holding(bid, tenant, request, int(ir.get("priority") or 0)))
 
 
-def gang_fit(ir: BlockIR, nodes: Mapping[str, dict[str, Any]], work: dict[str, dict[str, Any]]) -> bool:
+def gang_fit(ir: BlockIR, nodes: Mapping[str, NodeView], work: dict[str, NodeView]) -> bool:
     """Whether the block's minInstances fit on ``nodes`` (first fit, node order); on success
     ``work`` holds the copies of the nodes it took (the caller keeps them for the next block)."""
     needs, share = ir.get("resources") or {}, share_of(ir)
-    taken: dict[str, dict[str, Any]] = {}
+    taken: dict[str, NodeView] = {}
     for _ in range(max(int(ir.get("minInstances") or 0), 1)):
         for nid in sorted(nodes):
             node = taken.get(nid) or work.get(nid) or nodes[nid]
@@ -112,12 +112,12 @@ def gang_fit(ir: BlockIR, nodes: Mapping[str, dict[str, Any]], work: dict[str, d
     return True
 
 
-def fits(ir: BlockIR, clusters: Mapping[str, dict[str, Any]], views: Mapping[str, Mapping[str, dict[str, Any]]],
-         work: dict[str, dict[str, dict[str, Any]]]) -> str:
+def fits(ir: BlockIR, clusters: Mapping[str, dict[str, Any]], views: Mapping[str, Mapping[str, NodeView]],
+         work: dict[str, dict[str, NodeView]]) -> str:
     """The first cluster (the filter rule's order) where the whole gang fits now, on the views as
     this walk's releases left them (``work``: cluster -> node copies); '' when none."""
     # the views themselves where this walk took nothing yet (their fit index is kept per dict)
-    merged: dict[str, dict[str, dict[str, Any]]] = {
+    merged: dict[str, dict[str, NodeView]] = {
         cid: {**views.get(cid, {}), **work[cid]} if work.get(cid) else views.get(cid, {}) for cid in clusters}  # type: ignore[misc]
     passed, _ = filter_rule(ir.copy(), dict(clusters), merged)
     for entry in passed:
@@ -153,7 +153,7 @@ def may_preempt(block: Mapping[str, Any], now: float = 0.0) -> bool:
 
 
 def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
-         views: Mapping[str, Mapping[str, dict[str, Any]]], tried: frozenset[str] = frozenset(), now: float = 0.0,
+         views: Mapping[str, Mapping[str, NodeView]], tried: frozenset[str] = frozenset(), now: float = 0.0,
          quota: QuotaView | None = None) -> Walk:
     """The walk of one scope's head (see the module docstring). It stops at the first block that
     may preempt (``preempt``: the caller asks the cluster's preemption policy, and walks again
@@ -165,7 +165,7 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
     returned in ``reclaim`` (the walk stops there, as for a preemption), unless it is itself a
     waiting victim (no cascades) or its reclamation is under way (then nothing behind it goes)."""
     out = Walk()
-    work: dict[str, dict[str, dict[str, Any]]] = {}
+    work: dict[str, dict[str, NodeView]] = {}
     for e in entries:
         b = e.block
         if b is None or b.get("status") != "pending":

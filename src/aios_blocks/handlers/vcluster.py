@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies.capacity import Nodes, node_fits
-from ..schemas.records import Needs
+from ..schemas.records import Needs, NodeView
 from ..schemas.vcluster import (
     PRIMARY,
     NodeMove,
@@ -37,7 +37,7 @@ from ..schemas.vcluster import (
     replica_set_problems,
 )
 
-NodeViews = Mapping[str, dict[str, Any]]
+NodeViews = Mapping[str, NodeView]
 Records = Mapping[str, VClusterRecord]
 #: ids of this prefix are the job clusters' (``job_cluster_id``)
 JOB_PREFIX = "job-"
@@ -61,11 +61,11 @@ class Refusal:
     revision: int = 0
 
 
-def place(view: dict[str, Any]) -> str:
+def place(view: NodeView) -> str:
     return str(view.get("virtualCluster") or PRIMARY)
 
 
-def idle(view: dict[str, Any]) -> bool:
+def idle(view: NodeView) -> bool:
     """Nothing reserved on the node (no CPU, memory or GPU held by an instance)."""
     if abs(float(view.get("cpu", 0)) - float(view.get("cpu_free", 0))) > 1e-9:
         return False
@@ -442,13 +442,13 @@ def place_of(ir: Mapping[str, Any], nodes: NodeViews) -> str:
     return vid
 
 
-def scope(ir: Mapping[str, Any], nodes: NodeViews) -> dict[str, dict[str, Any]]:
+def scope(ir: Mapping[str, Any], nodes: NodeViews) -> dict[str, NodeView]:
     """The node views block ``ir`` may use in this cluster (``place_of``). A cluster without
     virtual clusters is returned as it is (the same object, memos and all)."""
     return part(nodes, place_of(ir, nodes))
 
 
-def part(nodes: NodeViews, where: str) -> dict[str, dict[str, Any]]:
+def part(nodes: NodeViews, where: str) -> dict[str, NodeView]:
     """The node views whose place is ``where`` (kept incrementally for the inventory's views; a
     plain dict is filtered each time, the same dict when no node of it is assigned)."""
     if not isinstance(nodes, Nodes):
@@ -500,7 +500,7 @@ class _Parts:
             if new in self.parts:
                 self.parts[new][nid] = view
 
-    def part(self, where: str) -> dict[str, dict[str, Any]]:
+    def part(self, where: str) -> dict[str, NodeView]:
         self.update()
         if not where and not self.assigned:
             return self.ref

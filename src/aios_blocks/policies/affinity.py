@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..schemas.affinity import AIOS_NAMESPACE, id128
+from ..schemas.records import NodeView
 
 PREFERRED_WEIGHT = 1.0
 #: the adapt stage: an Adaptive entry's weight is PREFERRED_WEIGHT times a multiplier in these bounds
@@ -145,7 +146,7 @@ def describe(e: dict[str, Any]) -> str:
     return f"{e['strength']} {'away from' if e['anti'] else 'toward'} {target} {e['target']}"
 
 
-def _match(e: dict[str, Any], node: dict[str, Any], index: Index) -> tuple[bool, list[str]]:
+def _match(e: dict[str, Any], node: NodeView, index: Index) -> tuple[bool, list[str]]:
     """Does the node match the entry's target? Also the GPUs (by id) the target names on it."""
     tt, target = e["target_type"], e["target"]
     labels = node.get("labels", {})
@@ -172,13 +173,13 @@ def _match(e: dict[str, Any], node: dict[str, Any], index: Index) -> tuple[bool,
     return False, []
 
 
-def _covers(node: dict[str, Any]) -> bool:
+def _covers(node: NodeView) -> bool:
     """The node reports a topology of its GPUs (one of another GPU count is none)."""
     topo = node.get("topology") or {}
     return bool(topo) and int(topo.get("gpus", 0)) == len(node["gpus"])
 
 
-def _tier_note(e: dict[str, Any], node: dict[str, Any], index: Index) -> str:
+def _tier_note(e: dict[str, Any], node: NodeView, index: Index) -> str:
     """What a node rejected by a LinkTier entry can give instead (explain's reason)."""
     if e["target_type"] != "LinkTier":
         return ""
@@ -193,7 +194,7 @@ def _tier_note(e: dict[str, Any], node: dict[str, Any], index: Index) -> str:
     return f" (best tier of {k} free GPUs here: {best.value if best else f'fewer than {k} free'})"
 
 
-def _reaches(node: dict[str, Any], tier: str, index: Index) -> bool:
+def _reaches(node: NodeView, tier: str, index: Index) -> bool:
     """Can the node give an instance of ``index["gpus"]`` GPUs (2 when not said) a set of its
     free GPUs linked at ``tier`` or better? A node that reports no topology cannot say it can."""
     from ..schemas.topology import TIER_RANK, LinkTier
@@ -207,7 +208,7 @@ def _reaches(node: dict[str, Any], tier: str, index: Index) -> bool:
     return best is not None and TIER_RANK[best] <= TIER_RANK[LinkTier(tier)]
 
 
-def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], index: Index) -> None:
+def annotate(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: Index) -> None:
     """Write the ``affinity`` annotation on every node view (in place)."""
     for node in nodes.values():
         ok, score, reasons = True, 0.0, []
@@ -243,7 +244,7 @@ def annotate(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], in
             node["affinity"]["adaptive"] = adaptive
 
 
-def eliminated(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], index: Index) -> dict[int, int]:
+def eliminated(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: Index) -> dict[int, int]:
     """Required entry index -> how many of these nodes it rejects."""
     counts = {i: 0 for i, e in enumerate(entries) if e["strength"] == "Required"}
     for node in nodes.values():
@@ -254,7 +255,7 @@ def eliminated(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], 
     return counts
 
 
-def unsatisfiable(nodes: dict[str, dict[str, Any]], entries: list[dict[str, Any]], index: Index) -> str:
+def unsatisfiable(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: Index) -> str:
     """The ``RequiredAffinityUnsatisfiable`` reason: each Required entry and what it eliminated."""
     counts = eliminated(nodes, entries, index)
     parts = [f"entry {i} ({describe(entries[i])}) eliminated {n} of {len(nodes)} nodes" for i, n in counts.items()]

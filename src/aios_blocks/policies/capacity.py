@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from ..schemas.events import nodes_root as events_root
+from ..schemas.records import GpuView, NodeView
 from ..schemas.records import Needs as Needs  # (re-exported: what one instance needs)
 
 #: a GPU's compute, in thousandths: a view's ``share_free`` and a need's ``gpuShare`` x 1000
@@ -25,7 +26,7 @@ def share_units(needs: Needs) -> int:
     return round(float(needs.get("gpuShare") or 0) * SHARE_UNITS)
 
 
-def gpu_usable(gpu: dict[str, Any], needs: Needs, share: bool) -> bool:
+def gpu_usable(gpu: GpuView, needs: Needs, share: bool) -> bool:
     if gpu["exclusive"]:
         return False
     models = needs.get("gpuModels")
@@ -37,7 +38,7 @@ def gpu_usable(gpu: dict[str, Any], needs: Needs, share: bool) -> bool:
     return gpu["instances"] == 0 and gpu["memory"] >= needs.get("gpuMemory", 0)
 
 
-def node_fits(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str, Any]] | None:
+def node_fits(node: NodeView, needs: Needs, share: bool) -> list[GpuView] | None:
     """The node's usable GPUs if one instance fits on it, else None."""
     if not node.get("healthy", True):
         return None
@@ -63,11 +64,11 @@ def node_fits(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str,
 #: id(view) -> (the view, {what: value}): figures derived from a node view, kept while the view
 #: lives. Views are replaced, never edited in place, except by ``take`` (on copies), which drops
 #: the view's entry; holding the view keeps its id from being reused while the entry exists.
-_VIEWS: dict[int, tuple[dict[str, Any], dict[Any, Any]]] = {}
+_VIEWS: dict[int, tuple[NodeView, dict[Any, Any]]] = {}
 _VIEWS_MAX = 200_000
 
 
-def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
+def derived(node: NodeView, what: Any, compute: Any) -> Any:
     """``compute(node)``, memoised per view (by identity) and ``what``. Callers must not change
     what it returns."""
     hit = _VIEWS.get(id(node))
@@ -83,8 +84,8 @@ def derived(node: dict[str, Any], what: Any, compute: Any) -> Any:
 
 
 def best_fit(
-    nodes: dict[str, dict[str, Any]], skip: Any, fits_key: Any, fits: Any, rank_key: Any, rank: Any, count: int,
-) -> tuple[str, list[dict[str, Any]]] | None:
+    nodes: dict[str, NodeView], skip: Any, fits_key: Any, fits: Any, rank_key: Any, rank: Any, count: int,
+) -> tuple[str, list[GpuView]] | None:
     """The node with the lowest ``(rank(view), node id)`` among those not in ``skip`` whose
     ``fits(view)`` has at least ``count`` GPUs: ``(node id, its usable GPUs)``, or None. Both
     figures are memoised per view (:func:`derived`). For views without affinity annotations (every
@@ -109,7 +110,7 @@ def best_fit(
         return None
     views = _VIEWS
     best_rank: Any = None
-    best: tuple[str, list[dict[str, Any]]] | None = None
+    best: tuple[str, list[GpuView]] | None = None
     for nid, node in nodes.items():
         if nid in skip:
             continue
@@ -135,11 +136,11 @@ class _Ranked:
         self.ref = ref
         self.fits_key, self.fits, self.rank_key, self.rank = fits_key, fits, rank_key, rank
         #: id -> (its view, its sort key or None when it does not fit)
-        self.entries: dict[str, tuple[dict[str, Any], Any]] = {}
+        self.entries: dict[str, tuple[NodeView, Any]] = {}
         self.order: list[tuple[Any, str]] = []
         self.seen = -1
 
-    def _set(self, nid: str, view: dict[str, Any] | None) -> None:
+    def _set(self, nid: str, view: NodeView | None) -> None:
         old = self.entries.get(nid)
         if old is not None:
             if old[0] is view:
@@ -169,7 +170,7 @@ class _Ranked:
             self._set(nid, ref.get(nid))
 
 
-def healthy_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
+def healthy_ids(nodes: dict[str, NodeView]) -> list[str]:
     """The ids of the healthy nodes, sorted (a placement input's ``healthy_nodes``): a new list
     each call. An inventory view keeps the sorted list and catches it up from its change log."""
     def rebuilt() -> list[str]:
@@ -200,7 +201,7 @@ def healthy_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
     return list(ids)
 
 
-def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
+def node_refs(nodes: dict[str, NodeView]) -> msgspec.Raw:
     """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``. An inventory
     view keeps each entry's bytes in its order and catches them up from its change log (a view
     replaced in place keeps its position), so a placement input's digest re-encodes only the
@@ -235,7 +236,7 @@ def node_refs(nodes: dict[str, dict[str, Any]]) -> msgspec.Raw:
     return msgspec.Raw(raw)
 
 
-def nodes_root(nodes: dict[str, dict[str, Any]]) -> str:
+def nodes_root(nodes: dict[str, NodeView]) -> str:
     """``nodes_root(node_refs(nodes))`` (``schemas.events``), the root of a node map's tree (what a
     placement input's digest holds in place of the map): kept per inventory version, as
     :func:`node_refs` is, so the calls between two changes of a cluster hash its reference map
@@ -252,7 +253,7 @@ def nodes_root(nodes: dict[str, dict[str, Any]]) -> str:
     return events_root(bytes(node_refs(nodes)))
 
 
-def _ref_entry(nid: str, view: dict[str, Any]) -> bytes:
+def _ref_entry(nid: str, view: NodeView) -> bytes:
     """One entry of the node-reference map's JSON: ``"<nid>":"sha256:<hex>"``."""
     return _encode(nid) + b":" + _encode(node_ref(view))
 
@@ -260,12 +261,12 @@ def _ref_entry(nid: str, view: dict[str, Any]) -> bytes:
 #: id(view) -> (the view, its compact JSON, ``"sha256:<the JSON's SHA-256>"``): a node view's encoding and digest,
 #: kept while the view lives (bounded; views are replaced, never edited in place except by
 #: ``take``, which drops it)
-_ENCODED: dict[int, tuple[dict[str, Any], bytes, str]] = {}
+_ENCODED: dict[int, tuple[NodeView, bytes, str]] = {}
 _ENCODED_MAX = 8192
 _encode = msgspec.json.Encoder().encode
 
 
-def _encoding(node: dict[str, Any]) -> tuple[dict[str, Any], bytes, str]:
+def _encoding(node: NodeView) -> tuple[NodeView, bytes, str]:
     if "affinity" in node:  # an annotated view is a per-call copy (and annotated in place): never kept
         raw = _encode(node)
         return node, raw, "sha256:" + hashlib.sha256(raw).hexdigest()
@@ -278,25 +279,25 @@ def _encoding(node: dict[str, Any]) -> tuple[dict[str, Any], bytes, str]:
     return hit
 
 
-def encoded(node: dict[str, Any]) -> msgspec.Raw:
+def encoded(node: NodeView) -> msgspec.Raw:
     """``msgspec.json.encode(node)``, memoised per view (by identity): a placement's input holds up
     to ``sampleNodes`` views, mostly the same objects from one call to the next."""
     return msgspec.Raw(_encoding(node)[1])
 
 
-def node_ref(node: dict[str, Any]) -> str:
+def node_ref(node: NodeView) -> str:
     """``"sha256:"`` + the SHA-256 (hex) of ``msgspec.json.encode(node)``, memoised per view like
     :func:`encoded`: what a placement input's digest is made of (``schemas.events.input_digest_of``)."""
     return _encoding(node)[2]
 
 
-def node_fits_cached(node: dict[str, Any], needs: Needs, share: bool) -> list[dict[str, Any]] | None:
+def node_fits_cached(node: NodeView, needs: Needs, share: bool) -> list[GpuView] | None:
     """``node_fits``, memoised per view and shape (a placement looks at every node of a small
     cluster, and only the nodes that changed since the last one are different views)."""
     return derived(node, ("fits", *shape(needs, share)), lambda n: node_fits(n, needs, share))
 
 
-def why_not(node: dict[str, Any], needs: Needs, share: bool) -> str:
+def why_not(node: NodeView, needs: Needs, share: bool) -> str:
     """Human reason a node cannot take one instance (for explain/failed events)."""
     if not node.get("healthy", True):
         return "unhealthy"
@@ -311,7 +312,7 @@ def why_not(node: dict[str, Any], needs: Needs, share: bool) -> str:
     return f"{len(usable)} usable GPUs < {needs.get('gpus', 0)}"
 
 
-def take(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) -> None:
+def take(node: NodeView, gpu_ids: list[str], needs: Needs, share: bool) -> None:
     """Apply one placement to a node view in place (the optimistic twin of RESERVE_GANG)."""
     _VIEWS.pop(id(node), None)  # what was derived from it no longer holds
     _ENCODED.pop(id(node), None)
@@ -330,17 +331,17 @@ def take(node: dict[str, Any], gpu_ids: list[str], needs: Needs, share: bool) ->
                 g["share_free"] = g.get("share_free", SHARE_UNITS) - units
 
 
-def free_gpus(node: dict[str, Any]) -> int:
+def free_gpus(node: NodeView) -> int:
     return sum(1 for g in node["gpus"] if g["instances"] == 0 and not g["exclusive"])
 
 
-def copy_nodes(nodes: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def copy_nodes(nodes: dict[str, NodeView]) -> dict[str, NodeView]:
     """A copy deep enough for ``take`` (node dicts and GPU dicts)."""
     return {nid: copy_node(n) for nid, n in nodes.items()}
 
 
 # -- node views that say what changed -------------------------------------------------------------
-class Nodes(dict[str, dict[str, Any]]):
+class Nodes(dict[str, NodeView]):
     """A cluster's node views (node id -> view) that logs which ids were set or removed, so the
     memos below catch up in O(changes) instead of scanning every node for replaced views. Views are
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
@@ -408,7 +409,7 @@ class Nodes(dict[str, dict[str, Any]]):
             return None
         return self._log[version - self._base:]
 
-    def __setitem__(self, nid: str, view: dict[str, Any]) -> None:
+    def __setitem__(self, nid: str, view: NodeView) -> None:
         if self._ids is not None and not dict.__contains__(self, nid):
             self._members_changed()
         super().__setitem__(nid, view)
@@ -435,7 +436,7 @@ class Nodes(dict[str, dict[str, Any]]):
         for nid, view in dict(*args, **kwargs).items():
             self[nid] = view
 
-    def setdefault(self, nid: str, view: dict[str, Any]) -> dict[str, Any]:
+    def setdefault(self, nid: str, view: NodeView) -> NodeView:
         if nid not in self:
             self[nid] = view
         return self[nid]
@@ -446,14 +447,14 @@ class Nodes(dict[str, dict[str, Any]]):
         self._base += len(self._log) + 1
         self._log = []
 
-    def popitem(self) -> tuple[str, dict[str, Any]]:
+    def popitem(self) -> tuple[str, NodeView]:
         nid, view = super().popitem()
         self._members_changed()
         self._touch(nid)
         return nid, view
 
 
-def node_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
+def node_ids(nodes: dict[str, NodeView]) -> list[str]:
     """``list(nodes)``: cached by an inventory view (``Nodes.ids``), copied from a plain dict."""
     return nodes.ids() if isinstance(nodes, Nodes) else list(nodes)
 
@@ -462,7 +463,7 @@ def node_ids(nodes: dict[str, dict[str, Any]]) -> list[str]:
 TOTAL_KEYS = ("gpus", "gpus_free", "gpu_memory_free", "cpu_free", "memory_free", "healthy_node_count")
 
 
-def node_totals(node: dict[str, Any]) -> tuple[float, ...]:
+def node_totals(node: NodeView) -> tuple[float, ...]:
     """One node's share of the cluster totals (free figures count only when healthy)."""
     if not node["healthy"]:
         return (len(node["gpus"]), 0, 0, 0.0, 0, 0)
@@ -478,9 +479,9 @@ class _Totals:
     scan (a few tens of ns per node) instead of re-summing every GPU of every node.
     """
 
-    def __init__(self, nodes: dict[str, dict[str, Any]]):
+    def __init__(self, nodes: dict[str, NodeView]):
         self.ref = nodes  # keeps id(nodes) from being reused while cached
-        self.parts: dict[str, tuple[dict[str, Any], tuple[float, ...]]] = {}
+        self.parts: dict[str, tuple[NodeView, tuple[float, ...]]] = {}
         self.sum = [0.0] * len(TOTAL_KEYS)
         self.seen = -1  # the Nodes version last caught up with (-1: never)
 
@@ -536,16 +537,16 @@ class _Fits:
     kept as node views are replaced, not by re-checking every GPU of every node per block; a
     sample reads the flags (``fits``) instead of the views."""
 
-    def __init__(self, nodes: dict[str, dict[str, Any]], needs: Needs, share: bool):
+    def __init__(self, nodes: dict[str, NodeView], needs: Needs, share: bool):
         self.ref = nodes
         self.needs, self.share = needs.copy(), share
-        self.parts: dict[str, tuple[dict[str, Any], bool]] = {}
+        self.parts: dict[str, tuple[NodeView, bool]] = {}
         #: the ids whose view fits one instance (len = count)
         self.ids: set[str] = set()
         self.count = 0
         self.seen = -1
 
-    def _set(self, nid: str, view: dict[str, Any] | None) -> None:
+    def _set(self, nid: str, view: NodeView | None) -> None:
         old = self.parts.pop(nid, None) if view is None else self.parts.get(nid)
         if old is not None and old[1]:
             self.count -= 1
@@ -588,7 +589,7 @@ _FITS: dict[tuple[int, tuple[Any, ...]], _Fits] = {}
 _SHAPES_PER_VIEW = 128  # a production trace has ~90 task shapes (docs/trace.md)
 
 
-def fit_index(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> _Fits:
+def fit_index(nodes: dict[str, NodeView], needs: Needs, share: bool) -> _Fits:
     """The capacity index of ``nodes`` for one shape, caught up: kept on an inventory view
     (``Nodes``) for as long as it lives, else in a bounded memo by the dict's identity."""
     key = shape(needs, share)
@@ -609,13 +610,13 @@ def fit_index(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> _F
     return memo
 
 
-def fitting(nodes: dict[str, dict[str, Any]], needs: Needs, share: bool) -> int:
+def fitting(nodes: dict[str, NodeView], needs: Needs, share: bool) -> int:
     """How many of ``nodes`` can take one instance (healthy, CPU, memory, usable GPUs): the
     filter's capacity check, kept incrementally per nodes dict and shape."""
     return fit_index(nodes, needs, share).count
 
 
-def _totals_memo(nodes: dict[str, dict[str, Any]]) -> _Totals:
+def _totals_memo(nodes: dict[str, NodeView]) -> _Totals:
     if isinstance(nodes, Nodes):
         if nodes._totals is None:
             nodes._totals = _Totals(nodes)
@@ -628,7 +629,7 @@ def _totals_memo(nodes: dict[str, dict[str, Any]]) -> _Totals:
     return memo
 
 
-def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def totals(nodes: dict[str, NodeView]) -> dict[str, Any]:
     """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
 
     Memoised per dict (the inventory keeps one ``Nodes`` per cluster, which holds its own): the
@@ -642,7 +643,7 @@ def totals(nodes: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def fork(nodes: dict[str, dict[str, Any]], needs: Needs | None = None, share: bool = False) -> dict[str, dict[str, Any]]:
+def fork(nodes: dict[str, NodeView], needs: Needs | None = None, share: bool = False) -> dict[str, NodeView]:
     """A working copy for tentative placements: shares the node views (replace one with
     ``copy_node`` before changing it) and the totals memo, so totals stay cheap on the copy; an
     inventory view's copy also starts from its capacity index (of ``needs``' shape too, built on
@@ -665,6 +666,6 @@ def fork(nodes: dict[str, dict[str, Any]], needs: Needs | None = None, share: bo
     return work
 
 
-def copy_node(node: dict[str, Any]) -> dict[str, Any]:
+def copy_node(node: NodeView) -> NodeView:
     """A copy of one node view deep enough for ``take``."""
-    return {**node, "gpus": [dict(g) for g in node["gpus"]]}
+    return {**node, "gpus": [g.copy() for g in node["gpus"]]}

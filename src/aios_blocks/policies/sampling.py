@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, NodeView
 from ..settings import load as load_settings
 from . import affinity, capacity
 
@@ -72,7 +72,7 @@ def visit_order(n: int, seed: str) -> Iterator[int]:
         yield (start + i * stride) % n
 
 
-def feasible(node: dict[str, Any], needs: capacity.Needs, share: bool) -> bool:
+def feasible(node: NodeView, needs: capacity.Needs, share: bool) -> bool:
     """Healthy, room for one instance, passes Required affinity (with its Required GPUs free)."""
     aff = node.get("affinity") or {}
     if not aff.get("pass", True):
@@ -88,7 +88,7 @@ def feasible(node: dict[str, Any], needs: capacity.Needs, share: bool) -> bool:
 class Sample:
     """The node views a placement considers (annotated copies when the block has affinity)."""
 
-    nodes: dict[str, dict[str, Any]]
+    nodes: dict[str, NodeView]
     total: int
     visited: int
     feasible: int
@@ -112,7 +112,7 @@ class Sample:
 
 
 def sample(
-    nodes: dict[str, dict[str, Any]],
+    nodes: dict[str, NodeView],
     needs: capacity.Needs,
     share: bool,
     seed: str,
@@ -137,7 +137,7 @@ def sample(
 
 
 def _sample_all(
-    nodes: dict[str, dict[str, Any]], needs: capacity.Needs, share: bool, entries: list[dict[str, Any]], index: affinity.Index
+    nodes: dict[str, NodeView], needs: capacity.Needs, share: bool, entries: list[dict[str, Any]], index: affinity.Index
 ) -> Sample:
     """A small cluster: every node, annotated with its affinity when the block has any."""
     n = len(nodes)
@@ -155,14 +155,14 @@ def _sample_all(
 
 
 def _sample_walk(
-    nodes: dict[str, dict[str, Any]], needs: capacity.Needs, share: bool, seed: str, k: int,
+    nodes: dict[str, NodeView], needs: capacity.Needs, share: bool, seed: str, k: int,
     entries: list[dict[str, Any]], index: affinity.Index,
 ) -> Sample:
     """The seeded walk over the nodes' views until ``k`` feasible ones (else a few infeasible)."""
     n = len(nodes)
     ids = capacity.node_ids(nodes)
-    picked: dict[str, dict[str, Any]] = {}
-    others: dict[str, dict[str, Any]] = {}
+    picked: dict[str, NodeView] = {}
+    others: dict[str, NodeView] = {}
     visited = passing = 0
     for i in visit_order(n, seed):
         nid = ids[i]
@@ -196,7 +196,7 @@ def _sample_indexed(nodes: capacity.Nodes, needs: capacity.Needs, share: bool, s
     ids = nodes.ids()
     start, stride = walk(n, seed)
     count = index.count
-    picked: dict[str, dict[str, Any]] = {}
+    picked: dict[str, NodeView] = {}
     if count == 0:  # the walk would visit every node and keep the first few it saw
         others = {}
         for j in range(min(KEEP_INFEASIBLE, n)):

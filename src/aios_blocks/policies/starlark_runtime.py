@@ -87,7 +87,7 @@ from typing import Any, ClassVar
 import starlark as sl
 
 from ..schemas.events import PlacementReason
-from ..schemas.records import Needs
+from ..schemas.records import GpuView, Needs, NodeAffinity, NodeView
 from . import capacity
 
 if not hasattr(sl, "EvalOptions"):  # EvalOptions / FrozenModule.call_with arrived in 2026.1.1
@@ -315,8 +315,8 @@ class _CallState:
         self.logs: list[tuple[str, str]] = []
         self.dropped = 0
         # placement form
-        self.nodes: dict[str, dict[str, Any]] = {}
-        self.all_nodes: dict[str, dict[str, Any]] = {}
+        self.nodes: dict[str, NodeView] = {}
+        self.all_nodes: dict[str, NodeView] = {}
         self.members: dict[str, dict[str, Any]] = {}
         self.needs: Needs = {}
         self.target: str | None = None
@@ -369,7 +369,7 @@ class _Host:
         state.target = member_name
         return None
 
-    def node(self, member_name: Any) -> dict[str, Any]:
+    def node(self, member_name: Any) -> NodeView:
         state = self.state()
         found = None
         if isinstance(member_name, str):
@@ -517,7 +517,7 @@ class _PlacementPolicy(_StarlarkPolicy):
         payload = input_data.get("payload") or {}
         block = payload.get("block") or {}
         needs: Needs = block.get("resources") or Needs()
-        nodes: dict[str, dict[str, Any]] = (payload.get("cluster_metrics") or {}).get("nodes") or {}
+        nodes: dict[str, NodeView] = (payload.get("cluster_metrics") or {}).get("nodes") or {}
         healthy = set(payload.get("healthy_nodes") or [nid for nid, n in nodes.items() if n.get("healthy")])
         state = self._begin()
         state.needs = needs
@@ -607,13 +607,13 @@ class _PlacementPolicy(_StarlarkPolicy):
 # -- LXD shapes from node views ------------------------------------------------------------------
 
 
-def pick_gpus(usable: list[dict[str, Any]], count: int, aff: dict[str, Any] | None = None) -> list[str]:
+def pick_gpus(usable: list[GpuView], count: int, aff: NodeAffinity | None = None) -> list[str]:
     """Required GPUs first, then preferred, avoided last; then lowest free memory (bin-pack), id."""
     aff = aff or {}
     require, prefer = set(aff.get("require_gpus", [])), set(aff.get("prefer_gpus", []))
     avoid = set(aff.get("avoid_gpus", []))
 
-    def key(g: dict[str, Any]) -> tuple[Any, ...]:
+    def key(g: GpuView) -> tuple[Any, ...]:
         gid = g["id"]
         return (gid not in require, gid not in prefer, gid in avoid, g["memory_free"], gid)
 
@@ -653,7 +653,7 @@ def placement_request(block: dict[str, Any], payload: dict[str, Any], action: st
     }
 
 
-def cluster_member(node: dict[str, Any]) -> dict[str, Any]:
+def cluster_member(node: NodeView) -> dict[str, Any]:
     """LXD's api.ClusterMember for a node view (``config`` = the node's labels)."""
     labels = node.get("labels") or {}
     address = str(labels.get("address", node["node_id"]))
@@ -673,7 +673,7 @@ def cluster_member(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def member_state(node: dict[str, Any]) -> dict[str, Any]:
+def member_state(node: NodeView) -> dict[str, Any]:
     """LXD's api.ClusterMemberState: load averages = CPUs in use; RAM in bytes."""
     load = round(max(float(node["cpu"]) - float(node["cpu_free"]), 0.0), 2)
     return {
@@ -693,7 +693,7 @@ def member_state(node: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def member_resources(node: dict[str, Any]) -> dict[str, Any]:
+def member_resources(node: NodeView) -> dict[str, Any]:
     """LXD's api.Resources (cpu, memory, gpu; empty storage/network). GPU memory in bytes."""
     cards = []
     for g in node.get("gpus", []):

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..schemas.records import NodeView
 from ..schemas.topology import NVLINK_TIERS, TIER_RANK, LinkTier
 
 EXHAUSTIVE_MAX = 5000
@@ -156,7 +157,7 @@ def first_fit(free: Sequence[int], count: int) -> tuple[int, ...]:
     return tuple(sorted(free)[:count])
 
 
-def choose_ids(node: dict[str, Any], usable_ids: Sequence[str], count: int) -> tuple[list[str], Choice] | None:
+def choose_ids(node: NodeView, usable_ids: Sequence[str], count: int) -> tuple[list[str], Choice] | None:
     """``choose`` on a node view: GPU ids in, ids out (None: the node reports no topology, or one
     that does not cover its GPUs)."""
     topo = node.get("topology")
@@ -183,7 +184,7 @@ def _pins_gpus(entries: Sequence[Any]) -> bool:
 
 
 def refine(
-    node: dict[str, Any], chosen: list[str], usable_ids: Sequence[str], share: bool, entries: Sequence[Any] = ()
+    node: NodeView, chosen: list[str], usable_ids: Sequence[str], share: bool, entries: Sequence[Any] = ()
 ) -> tuple[list[str], dict[str, str]]:
     """The GPUs an instance gets on the node a policy chose: the topology's pick among the usable
     ones when the node reports a topology, the instance takes whole GPUs and no affinity entry

@@ -35,7 +35,7 @@ from ..projections.base import parse
 from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
-from ..schemas.records import BlockIR, InstanceRecord
+from ..schemas.records import BlockIR, InstanceRecord, NodeView
 from ..state.store import node_view
 from .fold import Fold
 
@@ -114,7 +114,7 @@ class State:
 
     def __init__(self, fold: Fold):
         self.f = fold
-        self._views: dict[str, tuple[dict[str, str], dict[str, Any]]] = {}
+        self._views: dict[str, tuple[dict[str, str], NodeView]] = {}
         self._nodes: dict[str, Nodes] = {}
         #: cluster -> nodes to re-read (None: the whole cluster)
         self._dirty: dict[str, set[str] | None] = {}
@@ -165,14 +165,14 @@ class State:
     def clusters(self) -> dict[str, dict[str, Any]]:
         return {cid: _json.decode(v) for cid, v in self.f.clusters.items()}
 
-    def _view(self, nid: str) -> dict[str, Any]:
+    def _view(self, nid: str) -> NodeView:
         h = self.f.nodes[nid].hash()
         cached = self._views.get(nid)
         if cached is None or cached[0] != h:
             cached = self._views[nid] = (h, node_view(h))
         return cached[1]
 
-    def nodes(self, cid: str) -> dict[str, dict[str, Any]]:
+    def nodes(self, cid: str) -> dict[str, NodeView]:
         """The cluster's node views, by node id in order (``Store.node_ids``, ``Inventory``)."""
         dirty = self._dirty.pop(cid, set())
         out = self._nodes.get(cid)
@@ -194,7 +194,7 @@ class State:
                 out[nid] = view
         return out
 
-    def all_nodes(self) -> dict[str, dict[str, dict[str, Any]]]:
+    def all_nodes(self) -> dict[str, dict[str, NodeView]]:
         return {cid: self.nodes(cid) for cid in self.clusters()}
 
     def key(self, step: Step) -> tuple[Any, ...]:

@@ -145,6 +145,53 @@ class InstanceRecord(TypedDict, total=False):
     drain: str
 
 
+class GpuView(TypedDict):
+    """One GPU of a node view: its memory (MiB) and what is taken of it."""
+
+    id: str
+    model: str
+    memory: int
+    memory_used: int
+    memory_free: int
+    #: instances on it (exclusive or sharing)
+    instances: int
+    exclusive: bool
+    #: thousandths of its compute not taken by sharing instances' gpuShare
+    share_free: int
+
+
+#: a node's affinity verdict for one block (``policies.affinity.annotate``; ``pass`` is a keyword)
+NodeAffinity = TypedDict("NodeAffinity", {
+    "pass": bool, "score": float, "reasons": list[str],
+    "require_gpus": list[str], "prefer_gpus": list[str], "avoid_gpus": list[str],
+    #: the adaptive terms that applied (docs/affinity.md)
+    "adaptive": Any,
+}, total=False)
+
+
+class NodeView(TypedDict, total=False):
+    """A node as placement and the policies see it (``state.nodes.node_view``): capacity, what is
+    free, its GPUs; ``topology``, ``virtualCluster`` and ``draining`` only when set; the affinity
+    fields only in a policy's input where the block has affinity (``policies.affinity.annotate``)."""
+
+    node_id: str
+    cluster: str
+    labels: dict[str, str]
+    #: healthy and not draining: it may take new instances
+    healthy: bool
+    cpu: float
+    cpu_free: float
+    memory: int
+    memory_free: int
+    gpus: list[GpuView]
+    #: its GPU links (``schemas.topology``)
+    topology: dict[str, Any]
+    virtualCluster: str
+    draining: bool
+    #: in a policy's input, where the block has affinity
+    affinity: NodeAffinity
+
+
 class NodeMeta(TypedDict):
     """A registered node's registration (``Store.node_meta``)."""
 

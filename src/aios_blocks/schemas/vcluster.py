@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 
+from .records import NodeView
 from .spec import ID_RE
 
 NODE_TYPE_LABEL = "nodeType"
@@ -52,7 +53,7 @@ class VClusterOp(enum.StrEnum):
     AUTOSCALE = "autoscale"
 
 
-def node_type(view: dict[str, Any]) -> str:
+def node_type(view: NodeView) -> str:
     """The node's type: its ``nodeType`` label, else its first GPU's model, else ``cpu``."""
     labels = view.get("labels") or {}
     t = labels.get(NODE_TYPE_LABEL)

@@ -17,7 +17,7 @@ import structlog
 
 from ..policies import affinity
 from ..policies.capacity import Nodes
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, NodeView
 from .store import Store
 
 log = structlog.get_logger("aios.inventory")
@@ -49,7 +49,7 @@ class Inventory:
         self.prefetch = prefetch
         self._reloads: set[asyncio.Task[None]] = set()
         self._clusters: dict[str, dict[str, Any]] | None = None
-        self._nodes: dict[str, dict[str, dict[str, Any]]] = {}
+        self._nodes: dict[str, dict[str, NodeView]] = {}
         self._dirty: dict[str, set[str] | None] = {}  # None = reload the whole cluster
         #: one refresh of a cluster's view at a time (clusters refresh independently)
         self._locks: dict[str, asyncio.Lock] = {}
@@ -65,7 +65,7 @@ class Inventory:
             cur.update(nodes)
             self._dirty[cid] = cur
 
-    def apply(self, cid: str, views: dict[str, dict[str, Any]], based_on: dict[str, dict[str, Any]]) -> None:
+    def apply(self, cid: str, views: dict[str, NodeView], based_on: dict[str, NodeView]) -> None:
         """Put views this process computed from its own committed change (a reservation it made)
         in place of a re-read: ``views[nid]`` is ``based_on[nid]`` (the view it planned on) with
         the change applied. A node whose view is no longer that one (re-read meanwhile) or is
@@ -104,7 +104,7 @@ class Inventory:
             self._clusters = await self.store.clusters()
         return self._clusters
 
-    def _fresh(self, cid: str) -> dict[str, dict[str, Any]] | None:
+    def _fresh(self, cid: str) -> dict[str, NodeView] | None:
         """The cluster's view if it is loaded, nothing of it is stale and no refresh of it is in
         flight: what taking its lock would give at once, without the lock."""
         view = self._nodes.get(cid)
@@ -113,7 +113,7 @@ class Inventory:
         lock = self._locks.get(cid)
         return view if lock is None or not lock.locked() else None
 
-    async def views(self, cids: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    async def views(self, cids: list[str]) -> dict[str, dict[str, NodeView]]:
         """:meth:`nodes` of several clusters; the stale ones refreshed together (their reads
         share round trips) rather than one after another."""
         fresh = {cid: self._fresh(cid) for cid in cids}
@@ -124,7 +124,7 @@ class Inventory:
             got = dict(zip(stale, await asyncio.gather(*(self.nodes(c) for c in stale)), strict=True))
         return {cid: got[cid] if v is None else v for cid, v in fresh.items()}
 
-    async def nodes(self, cid: str) -> dict[str, dict[str, Any]]:
+    async def nodes(self, cid: str) -> dict[str, NodeView]:
         """The cluster's node views (shared: copy before changing them)."""
         view = self._fresh(cid)
         if view is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import NodeMeta
+from ..schemas.records import GpuView, NodeMeta, NodeView
 from ..schemas.spec import Cluster, Node
 from .keys import (
     CLUSTERS,
@@ -89,13 +89,13 @@ class NodeRecords:
     async def node_cluster(self, nid: str) -> str | None:
         return await self.r.hget(NODE_INDEX, nid)
 
-    async def read_nodes(self, cid: str, nids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    async def read_nodes(self, cid: str, nids: Iterable[str]) -> dict[str, NodeView]:
         """Current view of some nodes: capacity, usage and health, shaped for policies."""
         nids = list(nids)
         pipe = self.r.pipeline(transaction=False)
         for nid in nids:
             pipe.hgetall(node_key(cid, nid))
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, NodeView] = {}
         for nid, h in zip(nids, await pipe.execute(), strict=True):
             if h:
                 out[nid] = node_view(h)
@@ -233,10 +233,10 @@ class NodeRecords:
         await self.r.zrem(HEARTBEATS, nid)
 
 
-def node_view(h: dict[str, str]) -> dict[str, Any]:
+def node_view(h: dict[str, str]) -> NodeView:
     """A node hash -> the dict policies see: capacity, usage, free figures and GPUs."""
     spec = _json.decode(h["spec"])
-    gpus = []
+    gpus: list[GpuView] = []
     for g in spec.get("gpus", []):
         gid = g["id"]
         total = int(h.get(f"g:{gid}:total", g.get("memory", 0)))
@@ -256,7 +256,7 @@ def node_view(h: dict[str, str]) -> dict[str, Any]:
         )
     cpu, mem = float(h.get("cpu", 0)), int(h.get("memory", 0))
     cpu_used, mem_used = float(h.get("cpu_used", 0)), int(h.get("mem_used", 0))
-    view = {
+    view: NodeView = {
         "node_id": spec["id"],
         "cluster": spec["cluster"],
         "labels": spec.get("labels", {}),

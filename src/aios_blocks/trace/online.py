@@ -29,7 +29,7 @@ from ..handlers import preemption as pre
 from ..handlers import queue
 from ..policies import capacity
 from ..policies.builtin import preempt
-from ..schemas.records import BlockIR, BlockRecord
+from ..schemas.records import BlockIR, BlockRecord, Needs, NodeView
 from ..schemas.spec import Node
 from . import qos as qosmod
 from .replay import DEFAULT_POLICY, Setup, block_id, labels, policy_uri, views_of
@@ -112,7 +112,7 @@ def _rows(path: Path) -> dict[str, dict[str, str]]:
         return {}
 
 
-def release(node: dict[str, Any], gpu_ids: list[str], needs: dict[str, Any], share: bool) -> dict[str, Any]:
+def release(node: NodeView, gpu_ids: list[str], needs: Needs, share: bool) -> NodeView:
     """The inverse of ``capacity.take``: a copy of the node view with one instance gone."""
     out = capacity.copy_node(node)
     out["cpu_free"] = round(out["cpu_free"] + needs.get("cpu", 0), 6)

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..policies import capacity
 from ..policies.builtin.frag import Workload, gpu_left, node_model
-from ..schemas.records import BlockIR, Needs
+from ..schemas.records import BlockIR, Needs, NodeView
 from ..schemas.spec import Node
 from .workload import UNITS, Task, inflate, typical_shapes
 
@@ -56,17 +56,17 @@ def views_of(nodes: list[Node]) -> capacity.Nodes:
     return out
 
 
-def node_frag(view: dict[str, Any], wl: Workload) -> float:
+def node_frag(view: NodeView, wl: Workload) -> float:
     """FGD's fragmentation of one node, in thousandths of a GPU."""
     return wl.frag(node_model(view), float(view["cpu_free"]), gpu_left(view))
 
 
-def cluster_frag(views: dict[str, dict[str, Any]], wl: Workload) -> float:
+def cluster_frag(views: dict[str, NodeView], wl: Workload) -> float:
     """FGD's fragmentation of the cluster: the sum over nodes, in thousandths of a GPU."""
     return sum(node_frag(v, wl) for v in views.values())
 
 
-def failure_reason(views: dict[str, dict[str, Any]], needs: Needs, share: bool) -> str:
+def failure_reason(views: dict[str, NodeView], needs: Needs, share: bool) -> str:
     """Why no node took a task, in a few words (counted by reason). The GPU checks read the
     capacity index kept per shape (``capacity.fitting``), not every node."""
     if capacity.fitting(views, needs, share):
@@ -218,7 +218,7 @@ class Ledger:
         return res
 
 
-def held_milli(views: dict[str, dict[str, Any]]) -> int:
+def held_milli(views: dict[str, NodeView]) -> int:
     """GPU compute held on the views, in thousandths: a GPU held whole counts 1000, a shared one
     what its instances' shares took."""
     return sum(UNITS if g["exclusive"] else UNITS - int(g.get("share_free", UNITS)) for v in views.values() for g in v["gpus"])

@@ -28,7 +28,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import BlockStatusReport
 from ..schemas.priority import Pending
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, NodeView
 from ..schemas.vcluster import (
     VClusterChanged,
     VClusterCreate,
@@ -51,7 +51,7 @@ OUTBOX_GRACE_S = 5.0
 #: blocks in these statuses hold their job clusters
 HOLDING = ("parsed", "selecting", "allocating", "placing", "ready", "deleting")
 
-Planner = Callable[[dict[str, dict[str, Any]], dict[str, VClusterRecord]], "h.Plan | h.Refusal"]
+Planner = Callable[[dict[str, NodeView], dict[str, VClusterRecord]], "h.Plan | h.Refusal"]
 
 
 def store_of(w: Worker) -> VClusterStore:
@@ -295,7 +295,7 @@ async def grow_for(w: Worker, bid: str, gen: int, reason: str) -> None:
     rid = f"autoscale-{bid}-{gen}"
     why = f"block {bid} could not be placed: {reason}"
 
-    def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
+    def plan_fn(nodes: dict[str, NodeView], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
         cur = records.get(str(vid))
         if cur is None:
             return h.Refusal("gone")
@@ -308,7 +308,7 @@ async def grow_for(w: Worker, bid: str, gen: int, reason: str) -> None:
         await _refuse(w, str(vid), VClusterOp.AUTOSCALE, h.Refusal(f"{out.reason} ({why})", rec.revision), rid, cid)
 
 
-def _idle_long(w: Worker, rec: VClusterRecord, nodes: dict[str, dict[str, Any]], now: float) -> set[str]:
+def _idle_long(w: Worker, rec: VClusterRecord, nodes: dict[str, NodeView], now: float) -> set[str]:
     """The nodes of ``rec`` idle for ``vcluster_idle_s`` (this controller's own clock: a
     restarted controller starts counting again)."""
     since: dict[tuple[str, str], float] = getattr(w, "_vcluster_idle", None) or {}
@@ -329,7 +329,7 @@ async def destroy_job(w: Worker, cid: str, jid: str, bid: str, gen: int | None, 
     """Destroy block ``bid``'s job cluster ``jid`` (of generation ``gen``; None: any). Left in place
     while an instance is still on one of its nodes: the sweep tries again (lazy destruction)."""
 
-    def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
+    def plan_fn(nodes: dict[str, NodeView], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
         rec = records.get(jid)
         if rec is None or rec.kind != VClusterKind.JOB or rec.block != bid or (gen is not None and rec.gen != gen):
             return h.Refusal("gone")
@@ -362,7 +362,7 @@ async def ensure_job_cluster(w: Worker, ir: BlockIR, cid: str) -> None:
     if held != cid:
         raise PlacementFailed(f"job cluster {jid} exists in cluster {held}")
 
-    def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
+    def plan_fn(nodes: dict[str, NodeView], records: dict[str, VClusterRecord]) -> h.Plan | h.Refusal:
         if jid in records:
             return h.Plan()  # made meanwhile (a concurrent step of the same block)
         return h.plan_job_create(bid, gen, str(vid), job.get("replicaSets") or {}, cid, nodes, records)
@@ -399,7 +399,7 @@ async def sweep(w: Worker) -> int:
                 if long_idle:
                     rid = f"autoscale-{rec.id}-r{rec.revision}"
 
-                    def shrink(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord], vid: str = vid,
+                    def shrink(nodes: dict[str, NodeView], records: dict[str, VClusterRecord], vid: str = vid,
                                long_idle: set[str] = long_idle, rid: str = rid) -> h.Plan | h.Refusal:
                         cur = records.get(vid)
                         got = h.plan_shrink(cur, nodes, records, long_idle, rid) if cur is not None else None
@@ -409,7 +409,7 @@ async def sweep(w: Worker) -> int:
                         done += 1
                         continue
 
-            def plan_fn(nodes: dict[str, dict[str, Any]], records: dict[str, VClusterRecord], vid: str = vid) -> h.Plan | h.Refusal:
+            def plan_fn(nodes: dict[str, NodeView], records: dict[str, VClusterRecord], vid: str = vid) -> h.Plan | h.Refusal:
                 cur = records.get(vid)
                 got = h.plan_replenish(cur, nodes, records) if cur is not None else None
                 return got if got is not None else h.Refusal("nothing to do")

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemas.records import Needs
+from ...schemas.records import GpuView, Needs, NodeView
 from .. import capacity
 from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
 from .share_prices import SharePrices
@@ -183,7 +183,7 @@ class FillWorkload:
         return out
 
 
-def node_state(node: dict[str, Any]) -> tuple[Any, ...]:
+def node_state(node: NodeView) -> tuple[Any, ...]:
     """All a score reads from a node view (``capacity.node_fits`` and the measures): two views
     with the same state get the same score and the same GPU positions."""
     return (node.get("healthy", True), node["cpu_free"], node["memory_free"],
@@ -268,10 +268,10 @@ class FgdPlusPolicy(_FragBase):
         return self.pressure_weight * self.pressure.get(model, 0.0) * taken
 
     @staticmethod
-    def _before(wl: BlendedWorkload, node: dict[str, Any], model: str, left: tuple[int, ...], ratio: float) -> float:
+    def _before(wl: BlendedWorkload, node: NodeView, model: str, left: tuple[int, ...], ratio: float) -> float:
         return wl.frag(model, effective_cpu(float(node["cpu_free"]), float(node.get("memory_free", 0)), ratio), left)
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         """The score of a node state for a request, once per (state, request): nodes alike (idle
         nodes of one type, nodes filled alike) share it; the GPUs chosen kept as positions."""
@@ -291,7 +291,7 @@ class FgdPlusPolicy(_FragBase):
             self._scores[key] = hit
         return hit[0], [gpus[i]["id"] for i in hit[1]]
 
-    def _score_view(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score_view(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                     count: int) -> tuple[Any, list[str]]:
         wl = self.fill
         ratio = self.ratio if self.ratio is not None else request_memory_per_cpu(needs)

@@ -25,19 +25,19 @@ import bisect
 import zlib
 from typing import Any
 
-from ...schemas.records import Needs
+from ...schemas.records import GpuView, Needs, NodeView
 from .. import capacity
 from .resource import _ResourceAllocator
 
 UNITS = capacity.SHARE_UNITS
 
 
-def gpu_left(node: dict[str, Any]) -> tuple[int, ...]:
+def gpu_left(node: NodeView) -> tuple[int, ...]:
     """Each GPU's free compute in thousandths (0 when held whole), in the node's GPU order."""
     return tuple(0 if g["exclusive"] else int(g.get("share_free", UNITS)) for g in node["gpus"])
 
 
-def node_model(node: dict[str, Any]) -> str:
+def node_model(node: NodeView) -> str:
     gpus = node["gpus"]
     return str(gpus[0].get("model", "")) if gpus else ""
 
@@ -146,17 +146,17 @@ class _FragBase(_ResourceAllocator):
         fits_key = ("fits", *capacity.shape(needs, share))
         score_key = ("score", *self.key, fits_key)
 
-        def fits(n: dict[str, Any]) -> list[dict[str, Any]] | None:
+        def fits(n: NodeView) -> list[GpuView] | None:
             return capacity.node_fits(n, needs, share)
 
-        def score(n: dict[str, Any]) -> tuple[Any, list[str]]:
+        def score(n: NodeView) -> tuple[Any, list[str]]:
             usable = capacity.derived(n, fits_key, fits)
             return self._score(n, usable, needs, units, count)
 
         salt = f"{self.seed}:".encode()
         rank_key = ("rank", *self.key, fits_key)
 
-        def rank(n: dict[str, Any]) -> tuple[Any, ...]:
+        def rank(n: NodeView) -> tuple[Any, ...]:
             nid = str(n["node_id"])
             return (capacity.derived(n, score_key, score)[0], zlib.crc32(salt + nid.encode()), nid)
 
@@ -186,13 +186,13 @@ class _FragBase(_ResourceAllocator):
             return None
         return best[1], capacity.derived(nodes[best[1]], score_key, score)[1]
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         raise NotImplementedError
 
     # -- shared helpers ----------------------------------------------------------------------
     @staticmethod
-    def _best_fit_gpus(usable: list[dict[str, Any]], units: int, count: int) -> list[str]:
+    def _best_fit_gpus(usable: list[GpuView], units: int, count: int) -> list[str]:
         """The GPUs with the least free compute that still fit (whole GPUs: the first free ones)."""
         if units >= UNITS:
             return [g["id"] for g in usable[:count]]
@@ -212,7 +212,7 @@ class RandomFitPolicy(_FragBase):
         share = self.share
         fits_key = ("fits", *capacity.shape(needs, share))
 
-        def fits(n: dict[str, Any]) -> list[dict[str, Any]] | None:
+        def fits(n: NodeView) -> list[GpuView] | None:
             return capacity.node_fits(n, needs, share)
 
         if "affinity" not in next(iter(nodes.values()), {}):
@@ -240,7 +240,7 @@ class DotProductPolicy(_FragBase):
 
     mode = "dot-product"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         cpu_max, gpu_max = 128.0, 8 * UNITS
         gpu_free = sum(gpu_left(node))
@@ -255,7 +255,7 @@ class BestFitPolicy(_FragBase):
 
     mode = "best-fit"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         cpu_max, gpu_max = 128.0, 8 * UNITS
         left = 0.5 * (node["cpu_free"] - float(needs.get("cpu", 0))) / cpu_max \
@@ -270,7 +270,7 @@ class GpuPackingPolicy(_FragBase):
 
     mode = "gpu-packing"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         if not count:
             return (0,), []
@@ -293,7 +293,7 @@ class GpuClusteringPolicy(_FragBase):
 
     mode = "gpu-clustering"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         gpus = self._best_fit_gpus(usable, units, count)
         if not count:
@@ -315,7 +315,7 @@ class FgdPolicy(_FragBase):
 
     mode = "fgd"
 
-    def _score(self, node: dict[str, Any], usable: list[dict[str, Any]], needs: Needs, units: int,
+    def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
         wl = self.workload or Workload([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
                                          "gpuShare": units / UNITS if units < UNITS else 0, "weight": 1}])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemas.records import Needs, PlacementPayload, PolicyInput
+from ...schemas.records import GpuView, Needs, NodeView, PlacementPayload, PolicyInput
 from .. import affinity, capacity, contract
 
 
@@ -117,11 +117,11 @@ class _ResourceAllocator:
         self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
-        best: tuple[Any, str, list[dict[str, Any]]] | None = None
+        best: tuple[Any, str, list[GpuView]] | None = None
         share = self.share
         fits_key, rank_key = ("fits", *capacity.shape(needs, share)), ("rank", self.mode)
 
-        def fits(n: dict[str, Any]) -> list[dict[str, Any]] | None:
+        def fits(n: NodeView) -> list[GpuView] | None:
             return capacity.node_fits(n, needs, share)
 
         if "affinity" not in next(iter(nodes.values()), {}):
@@ -151,7 +151,7 @@ class _ResourceAllocator:
         aff = nodes[best[1]].get("affinity") or {}
         return best[1], self._choose_gpus(best[2], count, aff, seed)
 
-    def _rank(self, node: dict[str, Any]) -> tuple[float, ...]:
+    def _rank(self, node: NodeView) -> tuple[float, ...]:
         # lower is better; bin-pack prefers the fullest node that fits, spread the emptiest
         free = capacity.free_gpus(node)
         mem = sum(g["memory_free"] for g in node["gpus"])
@@ -159,7 +159,7 @@ class _ResourceAllocator:
             return (-free, -mem, -node["cpu_free"])
         return (free, mem, node["cpu_free"])
 
-    def _choose_gpus(self, usable: list[dict[str, Any]], count: int, aff: dict[str, Any], seed: str) -> list[str]:
+    def _choose_gpus(self, usable: list[GpuView], count: int, aff: dict[str, Any], seed: str) -> list[str]:
         """Required GPUs first, then preferred, then by the mode; avoided GPUs last. Equal GPUs are
         taken in node order starting where a hash of the request says, not always from the first:
         controller copies planning different blocks on the same node at once then mostly take
@@ -170,7 +170,7 @@ class _ResourceAllocator:
         off = string_hash(seed) % len(usable) if usable else 0
         turn = {g["id"]: (i - off) % len(usable) for i, g in enumerate(usable)}
 
-        def key(g: dict[str, Any]) -> tuple[Any, ...]:
+        def key(g: GpuView) -> tuple[Any, ...]:
             gid = g["id"]
             return (gid not in require, gid not in prefer, gid in avoid, sign * g["memory_free"], turn[gid], gid)
 
