@@ -332,10 +332,13 @@ def test_blocks_and_the_gpu_map_filter_by_tenant_and_priority_class(up: Up, page
     node = ready["instances"][0]["node"]
     assert page.locator("#gpu-canvas").get_attribute("data-nodes") == "1"
     assert get_json(f"{up.url}api/gpumap?priority=console-high")["nodes"][0][0] == node
-    page.fill("#map-tenant", "")
-    page.fill("#map-priority", "console-high")
+    page.goto(up.url + "#/map")
+    page.wait_for_selector("#gpu-canvas")
+    expect(page.locator("#map-marked")).to_have_count(0)  # (no filter)
+    page.fill("#map-priority", "console-high")  # typed: the filter goes into the view's address
     page.press("#map-priority", "Enter")
     expect(page.locator("#map-marked")).to_contain_text("(1 held")
+    assert page.locator("#gpu-canvas").get_attribute("data-nodes") == "1"
 
 
 def test_the_gpu_map_groups_the_nodes_by_rack(up: Up, page: Any, tmp_path: Path) -> None:
@@ -352,6 +355,7 @@ def test_the_gpu_map_groups_the_nodes_by_rack(up: Up, page: Any, tmp_path: Path)
     # a node's panel names its rack
     page.locator("#gpu-canvas").click(position={"x": 6, "y": 20 + 16 + 4})
     expect(page.locator("#gpu-panel")).to_contain_text("rack r1")
+    shot(page, "gpu-map-racks")
 
 
 def test_a_blocks_page_draws_its_latency_in_flight_and_tasks_sparklines(up: Up, page: Any) -> None:

@@ -1,0 +1,92 @@
+"""The console's past moment on a long stream (issue 37: <= 2 s at 1M events), measured on the
+console's own ``Feed`` (``console/feed.py``: its checkpoints and kept messages, the same code the
+server runs) without a server: the stream of a ``bench/console.py --dump`` run, repeated until it
+has ``--events`` messages (each copy's blocks renamed, so the fold holds every copy's blocks),
+fed to a ``Feed`` as its consumer would, then ``Feed.at(seq)`` and the overview at random
+sequences (each new: no cache).
+
+Run: ``.venv/bin/python -m bench.console --blocks 10000 --dump /tmp/console-stream.pkl`` then
+``.venv/bin/python -m bench.console_past /tmp/console-stream.pkl --events 1000000``
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import pickle
+import random
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+from aios_blocks.console import projection
+from aios_blocks.console.feed import Feed
+from aios_blocks.projections.lines import line
+
+
+def amplified(msgs: list[tuple[str, bytes, int, float]], n: int) -> Iterator[tuple[str, bytes, int, float]]:
+    """``msgs`` then copies of their block events (block ids suffixed ``-cK``) until ``n``."""
+    blocks = [m for m in msgs if m[0].startswith("aios.block.")]
+    seq, ts = 0, msgs[0][3] if msgs else 0.0
+    for subject, raw, _, _ in msgs:
+        seq += 1
+        ts += 0.0001
+        yield subject, raw, seq, ts
+        if seq >= n:
+            return
+    k = 0
+    while seq < n:
+        k += 1
+        for subject, raw, _, _ in blocks:
+            bid = subject.split(".", 3)[2]
+            new = f"{bid}-c{k}"
+            seq += 1
+            ts += 0.0001
+            yield subject.replace(f".{bid}.", f".{new}.", 1), raw.replace(bid.encode(), new.encode()), seq, ts
+            if seq >= n:
+                return
+
+
+async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int) -> None:
+    feed = Feed(None, lambda subject, env: line(subject, env)[1])  # type: ignore[arg-type]  # (kept messages: no stream read)
+    proc = psutil.Process()
+    t0 = time.perf_counter()
+    for i, m in enumerate(amplified(msgs, events)):
+        feed.apply(*m)
+        if i % 20_000 == 0:
+            await asyncio.sleep(0)  # (the checkpoints' compression threads report back)
+    fed = time.perf_counter() - t0
+    feed.caught_up.set()
+    last = feed.fold.last_seq
+    await feed.at(1)  # (waits for the checkpoints being compressed)
+    rng = random.Random(42)
+    times = []
+    for seq in sorted(rng.sample(range(1, last), asks)):
+        t = time.perf_counter()
+        f = await feed.at(seq)
+        projection.overview(f)
+        times.append(time.perf_counter() - t)
+    gaps = [b[0] - a[0] for a, b in zip(feed.checkpoints, feed.checkpoints[1:], strict=False)]
+    print(f"past moment at {last:,} events ({len(msgs):,} from the dump, {len(feed.fold.blocks):,} blocks, "
+          f"{len(feed.fold.nodes):,} nodes at the end): fed in {fed:.1f} s ({last / fed:,.0f} events/s)")
+    print(f"  checkpoints: {len(feed.checkpoints)} ({sum(len(b) for _, b in feed.checkpoints) / 2**20:.0f} MiB compressed, "
+          f"every {max(gaps, default=0):,} events at most now); kept messages: {feed.kept.bytes / 2**20:.0f} MiB compressed, "
+          f"from seq {feed.kept.first or 1:,}; RSS {proc.memory_info().rss / 2**20:.0f} MiB")
+    print(f"  Feed.at(seq) + the overview, {asks} random sequences: median {statistics.median(times):.2f} s, "
+          f"max {max(times):.2f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("dump", type=Path, help="bench/console.py --dump's file")
+    ap.add_argument("--events", type=int, default=1_000_000)
+    ap.add_argument("--asks", type=int, default=10)
+    args = ap.parse_args()
+    asyncio.run(run(pickle.loads(args.dump.read_bytes()), args.events, args.asks))
+
+
+if __name__ == "__main__":
+    main()
