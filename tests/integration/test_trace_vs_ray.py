@@ -45,3 +45,21 @@ def test_ray_side_places_the_same_shapes_as_groups() -> None:
     got = tv.ray_side(nodes, tasks, tv.POLICY, 42, 3, 20)
     assert got["timed"] + got["one_by_one_failed"] == 3
     assert got["burst_decided"] == 20 and 0 < got["burst_placed"] <= 20 and got["per_s"] > 0
+
+
+@pytest.mark.timeout(300)
+async def test_the_step_breakdown_times_every_step_of_a_create(system: System) -> None:
+    """``python -m bench.trace_steps``: each step's event, after the create, for blocks created one
+    at a time; a first round with one candidate asks no dry_run (docs/trace.md "Live vs Ray")."""
+    from bench import trace_steps
+
+    nodes, tasks = _trace()
+    got = await trace_steps.steps_on(system.client, nodes, tasks, tv.POLICY, 42, lat=3, timeout=120)
+    assert got["timed"] == 3 and got["p50_ms"] > 0
+    steps = got["steps"]
+    for step in ("block.create", "block.parsed", "block.selection", "block.post_dry_run", "cluster.allocation",
+                 "block.placement", "node.instance.create", "block.instance.added", "block.ready"):
+        assert steps[step]["blocks"] >= 1, (step, steps)
+    assert "cluster.dry_run" not in steps and "block.dry_run.result" not in steps
+    assert steps["block.create"]["median_ms"] <= steps["block.ready"]["median_ms"]
+    assert trace_steps.step_of("aios.block.b-1.instance.b-1-0.added", "b-1") == "block.instance.added"
