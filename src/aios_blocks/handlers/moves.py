@@ -35,6 +35,9 @@ KEEP_S = 3600.0
 #: a claim whose placement never finished (its controller died and its message was dead-lettered)
 #: is rolled back after this long
 CLAIM_S = 60.0
+#: one placement of a move at a time: the lease a placing delivery holds (shorter than the stream's
+#: 30 s ack wait, so the redelivery of a request whose controller died finds it lapsed)
+PLACE_LEASE_S = 20.0
 
 
 def new_instance_id(bid: str, move_id: str) -> str:

@@ -25,6 +25,7 @@ from ..bus.router import Inbound
 from ..bus.runner import Defer
 from ..handlers import allocation as al
 from ..handlers import moves as mv
+from ..runtime import faults
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceEvent
@@ -62,6 +63,7 @@ async def apply(w: Worker, plan: mv.Plan, rec: dict[str, Any]) -> bool:
         if plan.record["phase"] == MovePhase.FAILED:
             await _release_unstarted(w, plan.record)
         log.info("move.step", block=bid, move=mid, phase=plan.record["phase"], why=plan.record.get("why", ""))
+        faults.hit(f"move.{plan.record['phase']}")  # the chaos tests' SIGKILL: the phase written, its effects not
     await commit(w, plan.effects)
     if plan.due:
         await ms.due(bid, mid, plan.due)
@@ -90,6 +92,8 @@ async def on_move_requested(w: Worker, m: Inbound[MoveRequested]) -> None:
     if rec is not None:  # this move id was taken before: one move per id
         if rec["phase"] == MovePhase.CLAIMED:
             await _place_once(w, rec, m.deliveries)  # a redelivery of a request whose controller stopped mid-placement
+        elif rec["phase"] == MovePhase.STARTED:  # its controller may have stopped before saying so (deduplicated)
+            await commit(w, mv.started(rec, rec["node"], list(rec.get("gpus") or []), now, 0.0).effects)
         elif rec["phase"] == MovePhase.FAILED and not rec.get("node"):
             await apply(w, mv.failed(rec, rec.get("why", ""), now, {}), rec)  # its failure said again (deduplicated)
         return
@@ -135,7 +139,7 @@ async def _place_once(w: Worker, rec: dict[str, Any], deliveries: int) -> None:
     for it, and gives up after its attempts (the holder places it, or the sweep fails the move
     once its claim lapses)."""
     token, bid = uuid.uuid4().hex, rec["block_id"]
-    if await w.store.claim_replacement(bid, rec["new"], token, w.settings.reassign_claim_s) != token:
+    if await w.store.claim_replacement(bid, rec["new"], token, mv.PLACE_LEASE_S) != token:
         if deliveries < w.settings.reassign_attempts:
             raise Defer(min(2.0 ** deliveries, 15.0))
         return
@@ -159,6 +163,7 @@ async def _place(w: Worker, rec: dict[str, Any]) -> None:
                      only=rec.get("to", ""))
     try:
         placements, attempts = await allocate(w, req, insts, trace=trace)
+        faults.hit("move.reserved")  # the chaos tests' SIGKILL: reserved, not started
     except PlacementFailed as exc:
         await store(w).give_rate(cid, rec["move_id"])  # nothing moved: it does not count
         await apply(w, mv.failed(rec, f"no room for the new instance: {exc.reason}", time.time(), insts, trace), rec)
