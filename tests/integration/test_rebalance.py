@@ -23,6 +23,9 @@ def _walker_moves(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
     themselves (max 0 moves); the CLI passes --max-moves. Set before the fixture starts the workers."""
     if "dry_run" in request.node.name:
         monkeypatch.setenv("AIOS_REBALANCE_MAX_MOVES", "0")
+    if "worker" in request.node.name:  # its rounds often, no cooldown
+        monkeypatch.setenv("AIOS_REBALANCE_INTERVAL_S", "0.5")
+        monkeypatch.setenv("AIOS_REBALANCE_COOLDOWN_S", "0")
     yield
 
 
@@ -99,3 +102,18 @@ async def test_a_pending_block_is_placed_through_moves_without_preemption(system
         b = await c.store.get_block(bid)
         assert b is not None and b["status"] == "ready"
         assert [i["status"] for i in (await c.store.instances(bid)).values()] == ["running"]
+
+
+async def test_the_rebalancer_worker_places_a_block_that_may_not_preempt(system: System) -> None:
+    """p has priority 0: it never preempts, so the queue walker never asks for moves for it; the
+    rebalancer worker's round does (its pending trigger), and p is placed through one move."""
+    c = system.client
+    await _fragmented(system)
+    await c.submit(spec("p", 4))
+    await _status(system, "p", "ready", timeout=90)
+    history = await c.history()
+    requested = [e.get("data", e) for s, e, _ in history if s.endswith(".move.requested")]
+    assert len(requested) == 1 and requested[0]["requested_by"] == "rebalancer", requested
+    assert requested[0]["reason"].startswith("pending: makes room for pending p")
+    assert any(s.endswith(".move.completed") for s, _, _ in history)
+    assert not [s for s, _, _ in history if s.endswith(".preempted")]

@@ -116,8 +116,9 @@ class Rebalancer:
         self.last: list[Round] = []
 
     async def invoke(self, rule: dict[str, Any], data: dict[str, Any]) -> Any:
-        ir = {"blockId": "rebalancer", "policies": {"rebalancer": rule}}
-        return await self.w.invoke(ir, "rebalancer", data)
+        """The cluster's policy call (no block's: no decision event; each move request carries the
+        policy's reason)."""
+        return await self.w.runtime.invoke(rule, "rebalancer", data, {})
 
     async def tick(self) -> int:
         """One round (when this copy holds the lease): the moves requested."""
