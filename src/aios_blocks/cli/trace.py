@@ -185,7 +185,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         workload = pods_file.stem.removeprefix("openb_pod_list_")
         if online:
             _online(nodes, pods_file, workload, live, policy, seed, sample_nodes, no_preemption, fifo, json_out, plot, load,
-                    cluster_share, rebalance)
+                    cluster_share, rebalance, speed=speed)
             return
         anchors = _anchors(anchor or pods_file.with_name("anchor_fgd_atc23.csv"), workload)
         runs = [(rp.policy_uri(p), s) for p in policy for s in seed]
@@ -208,7 +208,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
 
 def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy: list[str], seed: list[int],
             sample_nodes: int, no_preemption: bool, fifo: bool, json_out: Path | None, plot: Path | None,
-            load: float = 1.0, cluster_share: float = 1.0, rebalance: bool = False) -> None:
+            load: float = 1.0, cluster_share: float = 1.0, rebalance: bool = False, speed: float = 1.0) -> None:
     """``--online``: the runs asked (preemption unless only --no-preemption/--fifo), printed."""
     import asyncio
 
@@ -216,14 +216,14 @@ def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy
     from ..trace import online_rebalance as orb
 
     console, err = _main().console, _main().err
-    if live:
-        err.print("[red]--online --live is not built yet[/]: use --online --in-process (docs/priority.md 'Online replay')")
-        raise typer.Exit(2)
     try:
         timed, drawn = on.load_timed(pods_file, seed[0])
     except ValueError as exc:
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2) from None
+    if live:
+        _online_live(nodes, timed, workload, policy, seed, no_preemption or fifo or rebalance, json_out, load, cluster_share, speed)
+        return
     modes = [on.Mode.NO_PREEMPTION] * no_preemption + [on.Mode.FIFO] * fifo or [on.Mode.PREEMPTION]
     results = []
     for p in policy:
@@ -252,6 +252,45 @@ def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy
     if plot is not None:
         on.draw(results, plot)
         console.print(f"plot written to {escape(str(plot))}")
+
+
+def _online_live(nodes: list[Any], timed: list[Any], workload: str, policy: list[str], seed: list[int], other_mode: bool,
+                 json_out: Path | None, load: float, cluster_share: float, speed: float) -> None:
+    """``--online --live``: one run through servers and workers started for it (the system's own
+    queue, classes and preemption decide; ``trace/online_live.py``)."""
+    from ..trace import live
+    from ..trace import online_live as ol
+
+    console, err = _main().console, _main().err
+    if other_mode or len(policy) > 1 or len(seed) > 1:
+        err.print("[red]--online --live runs one policy and seed, with preemption[/] (the system's own): "
+                  "--no-preemption, --fifo and --rebalance are --in-process only")
+        raise typer.Exit(2)
+
+    async def go() -> Any:
+        from .client import Client
+
+        async with contextlib.AsyncExitStack() as stack:
+            nats_url, redis_url, _ = await stack.enter_async_context(live.own_system(lambda s: console.print(escape(s))))
+            client = await Client.open(nats_url, redis_url)
+            stack.push_async_callback(client.close)
+            return await ol.replay_online_live(client, nodes, timed, speed, policy[0], seed[0], load, cluster_share,
+                                               workload=workload, progress=lambda s: console.print(escape(s)))
+
+    try:
+        d = _main()._run(go())
+    except live.LiveError as exc:
+        err.print(f"[red]{escape(str(exc))}[/]")
+        raise typer.Exit(1) from None
+    waits = ", ".join(f"{c} p50 {w['p50']:g} s / p99 {w['p99']:g} s" for c, w in d["wait"].items())
+    console.print(f"[bold]{escape(workload or 'trace')}[/] live ({escape(d['policy'])}, seed {d['seed']}, {d['tasks']} tasks, "
+                  f"speed x{d['speed']:g}, load x{d['load']:g}, {d['nodes']} nodes): placed {d['placed']}, preemptions "
+                  f"{d['preemptions']} ({d['victims']} victims), cascades {d['cascades']}, GPU-seconds lost {d['gpu_s_lost']:g}, "
+                  f"pending at the end {d['pending_end']}")
+    console.print(f"  wait (trace seconds): {escape(waits)}")
+    if json_out is not None:
+        json_out.write_text(json.dumps([d], indent=1) + "\n")
+        console.print(f"figures written to {escape(str(json_out))}")
 
 
 def _live_urls(data_dir: Path, runs: int) -> tuple[str, str] | None:

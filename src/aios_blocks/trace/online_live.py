@@ -1,0 +1,187 @@
+"""``blocks trace replay --online --live``: the online replay (``trace.online``) through a running
+system instead of the in-process simulation (issue 36, docs/priority.md "Online replay"). Each task
+is submitted as a block at its ``creation_time`` and, once ready, deleted ``deletion_time -
+creation_time`` later, both compressed by ``speed`` (trace seconds per wall second); the system's
+own pending queue, priority classes (the trace's QoS mapped by ``trace.qos``, registered first)
+and preemption decide. A victim's deletion is put off: it runs its whole duration again once
+ready again, as in the simulation.
+
+The figures come from the blocks' events (a core NATS subscription, no consumer per block): wait
+(submit to the first ``ready``, in trace seconds) p50/p99 per class, preemptions (``preempting``)
+and victims (``preempted``), cascades (a preemptor that had been a victim), GPU-seconds lost (a
+victim's GPUs times the trace time it had run), and the blocks waiting (``pending``) once the last
+task has arrived and ``settle_s`` passed. Wall-clock timing: small samples only (each task is a
+real block through the whole system)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import msgspec
+
+from ..schemas.spec import Cluster, Node
+from . import qos as qosmod
+from .live import CLUSTER, LiveError, block_spec, components
+from .online import Timed, shrink
+from .replay import Setup, block_id, policy_uri
+from .workload import UNITS, typical_shapes
+
+EVENTS = ("ready", "preempted", "preempting", "failed", "rejected")
+
+
+@dataclass
+class Track:
+    """One task's block as the events show it (wall times: ``time.perf_counter``)."""
+
+    timed: Timed
+    qos_class: str
+    submitted: float = 0.0
+    first_ready: float | None = None
+    ready_at: float | None = None
+    victim: bool = False
+    failed: str = ""
+    delete: asyncio.Task[None] | None = None
+
+
+@dataclass
+class LiveOnline:
+    tracks: dict[str, Track] = field(default_factory=dict)
+    preemptions: int = 0
+    victims: int = 0
+    cascades: int = 0
+    gpu_s_lost: float = 0.0
+
+
+async def _register(client: Any, nodes: list[Node], timed: list[Timed], policy: str, seed: int) -> None:
+    from ..bus.catalog import E
+    from ..schemas.priority import PriorityClassRegistered
+    from ..state.priority import PriorityStore
+
+    if await client.store.clusters():
+        raise LiveError("the system already has clusters: an online live replay needs one of its own (start a fresh "
+                        "`blocks up --data-dir DIR`, or let the command start its own servers)")
+    for rec in qosmod.records():
+        await client.bus.emit(E.priority_class_registered, PriorityClassRegistered(rec["name"], rec),
+                              msg_id=f"priorityclass:trace-online:{rec['name']}")
+        await PriorityStore(client.store.r).put_class(rec)
+    tasks = [t.task for t in timed]
+    st = Setup(policy_uri(policy), seed, 0, tasks, typical_shapes(tasks), sum(len(n.gpus) for n in nodes) * UNITS)
+    for comp in components(st):
+        await client.add_component(comp)
+    await client.import_nodes(Cluster(id=CLUSTER), [n.model_copy(update={"cluster": CLUSTER}) for n in nodes])
+
+
+def spec_of(t: Timed) -> dict[str, Any]:
+    """The task's block: waits in the queue (no ``maxPendingS``), its QoS's class."""
+    spec = {k: v for k, v in block_spec(t.task).items() if k != "queue"}
+    spec["priorityClass"] = qosmod.class_of(t.task.qos)
+    spec["maxPendingS"] = 0
+    return spec
+
+
+async def replay_online_live(client: Any, nodes: list[Node], timed: list[Timed], speed: float = 1.0,
+                             policy: str = "builtin:fgd-plus", seed: int = 42, load: float = 1.0, cluster_share: float = 1.0,
+                             settle_s: float = 8.0, workload: str = "",
+                             progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """One online replay through the system ``client`` is connected to (see the module's docstring)."""
+    from ..bus import subjects
+
+    nodes = shrink(nodes, cluster_share, seed)
+    if load != 1.0:
+        timed = [replace(t, created=t.created / load) for t in timed]
+    timed = sorted(timed, key=lambda t: (t.created, block_id(t.task)))
+    await _register(client, nodes, timed, policy, seed)
+    run = LiveOnline({block_id(t.task): Track(t, qosmod.class_of(t.task.qos)) for t in timed})
+    start = timed[0].created if timed else 0.0
+
+    async def delete_later(bid: str, after: float) -> None:
+        await asyncio.sleep(after)
+        with contextlib.suppress(Exception):
+            await client.delete(bid)
+
+    async def on_event(msg: Any) -> None:
+        parts = msg.subject.split(".")
+        bid, kind = parts[2], parts[-1]
+        tr = run.tracks.get(bid)
+        if tr is None:
+            return
+        now = time.perf_counter()
+        data: dict[str, Any] = {}
+        with contextlib.suppress(Exception):
+            data = msgspec.json.decode(msg.data).get("data") or {}
+        if kind == "ready" and tr.ready_at is None:
+            tr.ready_at = now
+            if tr.first_ready is None:
+                tr.first_ready = now
+            # it runs its (whole) duration from now: a victim's earlier run is lost
+            tr.delete = asyncio.ensure_future(delete_later(bid, tr.timed.duration / speed))
+        elif kind == "preempted":
+            run.victims += 1
+            if tr.ready_at is not None:
+                run.gpu_s_lost += tr.timed.task.milli_total / UNITS * (now - tr.ready_at) * speed
+            tr.ready_at, tr.victim = None, True
+            if tr.delete is not None:
+                tr.delete.cancel()
+        elif kind == "preempting":
+            run.preemptions += 1
+            run.cascades += 1 if tr.victim else 0
+        elif kind in ("failed", "rejected"):
+            tr.failed = str(data.get("reason") or data.get("errors") or kind)[:200]
+
+    subs = [await client.bus.subscribe(subjects.block_event("*", kind), on_event) for kind in EVENTS]
+    await client.bus.nc.flush()
+    t0 = time.perf_counter()
+    try:
+        for t in timed:
+            delay = t0 + (t.created - start) / speed - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tr = run.tracks[block_id(t.task)]
+            tr.submitted = time.perf_counter()
+            await client.create(spec_of(t))
+        progress(f"{len(timed)} tasks submitted over {time.perf_counter() - t0:.1f} s")
+        await asyncio.sleep(settle_s)
+        pending = [bid for bid in run.tracks if ((await client.store.get_block(bid)) or {}).get("status") == "pending"]
+    finally:
+        for s in subs:
+            with contextlib.suppress(Exception):
+                await s.unsubscribe()
+        for tr in run.tracks.values():
+            if tr.delete is not None:
+                tr.delete.cancel()
+    return figures(run, pending, speed, workload, policy, seed, load, cluster_share, len(nodes))
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return round(s[min(len(s) - 1, int(len(s) * q))], 3) if s else 0.0
+
+
+def figures(run: LiveOnline, pending: list[str], speed: float, workload: str, policy: str, seed: int, load: float,
+            cluster_share: float, nodes: int) -> dict[str, Any]:
+    """The figures of a live online run; a block never ready counts its wait to the end."""
+    end = time.perf_counter()
+    waits: dict[str, list[float]] = {}
+    for tr in run.tracks.values():
+        w = ((tr.first_ready if tr.first_ready is not None else end) - tr.submitted) * speed
+        waits.setdefault(tr.qos_class, []).append(max(0.0, w))
+    by: dict[str, int] = {}
+    for bid in pending:
+        c = run.tracks[bid].qos_class
+        by[c] = by.get(c, 0) + 1
+    return {
+        "workload": workload, "mode": "live", "policy": policy, "seed": seed, "speed": speed, "load": load,
+        "cluster_share": cluster_share, "nodes": nodes, "tasks": len(run.tracks),
+        "placed": sum(1 for t in run.tracks.values() if t.first_ready is not None),
+        "failed": sum(1 for t in run.tracks.values() if t.failed),
+        "preemptions": run.preemptions, "victims": run.victims, "cascades": run.cascades,
+        "gpu_s_lost": round(run.gpu_s_lost, 1), "pending_end": len(pending), "pending_end_by_class": dict(sorted(by.items())),
+        "wait": {c: {"n": len(w), "p50": _pct(w, 0.5), "p99": _pct(w, 0.99)} for c, w in sorted(waits.items())},
+        "ls_wait_p99": _pct(waits.get(qosmod.LATENCY_SENSITIVE, []), 0.99),
+        "be_wait_p99": _pct(waits.get(qosmod.BEST_EFFORT, []), 0.99),
+    }
