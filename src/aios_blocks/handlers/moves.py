@@ -167,7 +167,7 @@ def switch(rec: Mapping[str, Any], block: Mapping[str, Any] | None, insts: Mappi
     want = int(block["ir"]["minInstances"])
     if old is None:
         return completed(new, now, "the old instance was already gone", expected=(MovePhase.STARTED, MovePhase.SWITCHED))
-    switched = publish(Emit(E.block_move_switched, step(new, detail_ready(after, want))))
+    switched = publish(Emit(E.block_move_switched, step(new, ready_without_old=after, minInstances=want)))
     if old.get("status") == InstanceStatus.REMOVING:  # going already (scaled down, replaced): its removed completes
         return Plan(new, (MovePhase.STARTED,), [switched], new["due"])
     if after < want:
@@ -177,10 +177,6 @@ def switch(rec: Mapping[str, Any], block: Mapping[str, Any] | None, insts: Mappi
         reason=f"moved to {rec['new']}@{rec.get('node', '')} (move {rec['move_id']})"[:500], drain_s=drain_s))
     return Plan(new, (MovePhase.STARTED,), [SetInstance(rec["block_id"], rec["old"], InstanceStatus.REMOVING), switched,
                                             publish(remove)], new["due"])
-
-
-def detail_ready(after: int, want: int) -> str:
-    return f"{after} ready without the old instance (minInstances {want})"
 
 
 def completed(rec: Mapping[str, Any], now: float, why: str = "", expected: tuple[str, ...] = (MovePhase.SWITCHED,)) -> Plan:
