@@ -58,3 +58,18 @@ def test_a_node_view_has_the_fields_node_view_names() -> None:
     view = node_view(h)
     assert set(view) <= set(NodeView.__annotations__) and {"topology", "virtualCluster", "draining"} <= set(view)
     assert set(view["gpus"][0]) == set(GpuView.__annotations__)
+
+
+def test_the_map_the_mapper_writes_has_the_fields_block_map_names() -> None:
+    from aios_blocks.handlers import mapper
+    from aios_blocks.schemas.records import BlockMap, MapEntry
+
+    ir = _full_ir()
+    ir["policies"] = {**ir["policies"], "stabilityChecker": {"name": "stabilityChecker"}}
+    block: BlockRecord = {"gen": 1, "status": "ready", "cluster": "c1", "ir": ir}
+    insts: dict[str, InstanceRecord] = {"b1-0": {"node": "n1", "gpus": [], "cluster": "c1", "status": "running",
+                                                 "endpoint": "http://n1:9000", "since": 1.0}}
+    m = mapper.from_state("b1", block, insts, 2.0)
+    assert m is not None and m["instances"]
+    assert set(m) <= set(BlockMap.__annotations__) and {"stabilityChecker", "minInstances", "outputs"} <= set(m)
+    assert all(set(e) <= set(MapEntry.__annotations__) for e in m["instances"].values())

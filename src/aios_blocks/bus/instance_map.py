@@ -26,6 +26,7 @@ from nats.js.errors import (
     NotFoundError,
 )
 
+from ..schemas.records import BlockMap
 from .nats_bus import Bus
 from .subjects import INSTANCE_BUCKET as BUCKET
 
@@ -35,7 +36,7 @@ log = structlog.get_logger("aios.instance_map")
 REBORN_CHECK_S = 2.0
 
 #: (block id, map or None when deleted, revision)
-OnChange = Callable[[str, dict[str, Any] | None, int], Awaitable[None] | None]
+OnChange = Callable[[str, BlockMap | None, int], Awaitable[None] | None]
 
 
 class InstanceMaps:
@@ -80,7 +81,7 @@ class InstanceMaps:
         log.warning("instance_map.bucket_lost", bucket=BUCKET)
         self._kv = None
 
-    async def get(self, bid: str) -> tuple[dict[str, Any] | None, int]:
+    async def get(self, bid: str) -> tuple[BlockMap | None, int]:
         kv = await self.kv()
         try:
             e = await kv.get(bid)
@@ -90,7 +91,7 @@ class InstanceMaps:
             return None, int(e.revision or 0)
         return msgspec.json.decode(e.value), int(e.revision or 0)
 
-    async def update(self, bid: str, fn: Callable[[dict[str, Any] | None], dict[str, Any] | None],
+    async def update(self, bid: str, fn: Callable[[BlockMap | None], BlockMap | None],
                      attempts: int = 20) -> int | None:
         """Apply ``fn`` to the block's map with compare-and-set; the new revision (None: no change)."""
         lost = False

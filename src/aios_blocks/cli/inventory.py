@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any
 import typer
 from rich.markup import escape
 
-from ..schemas.records import wire
 from .common import DataDir, _labels, _load, _request, _run, _with_client, _with_store, console, err
 from .render import _plain, _print_json, _table
 
@@ -105,6 +104,8 @@ def node_list(
                 raise LookupError(f"no cluster {cluster!r} (known: {', '.join(cids) or 'none'})")
             cids = [cluster]
         out: list[dict[str, Any]] = []
+        from ..schemas.records import wire
+
         for cid in cids:  # (the views as JSON rows: the table adds ``suspect``)
             out += map(wire, (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values())
         suspect = await c.store.health.suspects()

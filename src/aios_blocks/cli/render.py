@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
 
-from ..schemas.records import BlockIR, BlockRecord
 from .common import console, err
 
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from ..schemas.records import BlockIR, BlockRecord
     from .client import Client
 
 def _plain(*values: Any) -> list[str]:

@@ -34,6 +34,7 @@ from .render import _line, _plain, _print_block, _table
 
 if TYPE_CHECKING:
     from ..runtime.supervisor import Supervisor
+    from ..schemas.records import BlockMap
     from .client import Client
 
 def up(
@@ -310,7 +311,7 @@ def prometheus_config(
 
     async def go(c: Client) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         workers = promconfig.worker_targets(await c.store.metrics.targets())
-        maps: dict[str, dict[str, Any]] = {}
+        maps: dict[str, BlockMap] = {}
         clusters: dict[str, str] = {}
         for b in await c.store.list_blocks(100_000):
             insts = await c.store.instances(b)

@@ -38,12 +38,13 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..policies import contract
 from ..schemas.lifecycle import InstanceState as InstanceState
+from ..schemas.records import MapEntry
 from .outlier import Outliers
 from .stats import Reject, RouteStats
 
@@ -52,7 +53,7 @@ LIVE = (InstanceState.READY, InstanceState.STARTING, InstanceState.EJECTED, Inst
         InstanceState.UNCONFIRMED)
 
 
-def confirmed(rec: dict[str, Any], boots: dict[str, Any] | None) -> bool:
+def confirmed(rec: MapEntry, boots: Mapping[str, str] | None) -> bool:
     """The map's instance was reported (``added``, ``node.inventory``) by its node's latest agent
     run, the map's ``boots``. No boot known for its node (maps written before boots): confirmed."""
     latest = (boots or {}).get(rec.get("node", ""))
@@ -255,8 +256,8 @@ class Route:
     _timer_at: float = 0.0
 
     # -- the instance map ----------------------------------------------------------------------
-    def apply(self, instances: dict[str, dict[str, Any]], version: int, gen: int | None = None,
-              boots: dict[str, Any] | None = None) -> None:
+    def apply(self, instances: Mapping[str, MapEntry], version: int, gen: int | None = None,
+              boots: Mapping[str, str] | None = None) -> None:
         """Take a new map (mapper's ``instances`` and ``boots``): views keep their in-flight counts
         and metrics."""
         self.version = version

@@ -37,7 +37,7 @@ from typing import Any
 
 from ..schemas import protocol
 from ..schemas.lifecycle import InstanceState
-from ..schemas.records import BlockRecord, InstanceRecord
+from ..schemas.records import BlockMap, BlockRecord, InstanceRecord, MapEntry
 
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256
@@ -46,7 +46,7 @@ BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecke
 DEFAULT_PATH = protocol.DEFAULT_TASK_PATH
 
 
-def block_fields(block: BlockRecord | None) -> dict[str, Any]:
+def block_fields(block: BlockRecord | None) -> BlockMap:
     """What the executor needs from the block record: the input path, the loadBalancer rule and
     ``minInstances`` (0: scale-to-zero)."""
     ir = (block or {}).get("ir") or {}
@@ -54,7 +54,7 @@ def block_fields(block: BlockRecord | None) -> dict[str, Any]:
     proto = proto if isinstance(proto, dict) else {}
     policies = ir.get("policies") or {}
     rule = policies.get("loadBalancer") or {}
-    out = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule,
+    out: BlockMap = {"path": protocol.task_path(proto), "method": protocol.task_method(proto), "loadBalancer": rule,
            "outputs": bool(ir.get("outputs") or ir.get("sidecars"))}
     if policies.get("stabilityChecker"):  # the health checker's (docs/health.md)
         out["stabilityChecker"] = policies["stabilityChecker"]
@@ -66,14 +66,14 @@ def block_fields(block: BlockRecord | None) -> dict[str, Any]:
     return out
 
 
-def _base(bid: str, gen: int, current: dict[str, Any] | None, block: BlockRecord | None) -> dict[str, Any] | None:
+def _base(bid: str, gen: int, current: BlockMap | None, block: BlockRecord | None) -> BlockMap | None:
     """The map to change for a fact of generation ``gen`` (None: the fact is about an older one)."""
     if current is not None and int(current.get("gen", 0)) > gen:
         return None
     if current is None or int(current.get("gen", 0)) < gen:
         current = {"block_id": bid, "gen": gen, "instances": {}, "gone": []}
-    out = {**current, "instances": {k: dict(v) for k, v in current.get("instances", {}).items()},
-           "gone": list(current.get("gone", []))}
+    out: BlockMap = {**current, "instances": {k: v.copy() for k, v in current.get("instances", {}).items()},
+                     "gone": list(current.get("gone", []))}
     if block is not None and int(block.get("gen", -1)) == gen:
         out.update(block_fields(block))
     out.setdefault("path", DEFAULT_PATH)
@@ -97,16 +97,16 @@ def latest_boot(known: str | None, boot: str) -> str:
     return boot if boot_time(boot) >= boot_time(known) else known
 
 
-def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[str, Any] | None,
+def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: BlockMap | None,
               block: BlockRecord | None, now: float, node: str = "", endpoint: str = "",
-              boot: str = "") -> dict[str, Any] | None:
+              boot: str = "") -> BlockMap | None:
     out = _base(bid, gen, current, block)
     if out is None or iid in out["gone"]:
         return None
     inst = out["instances"].get(iid)
     if _unchanged(out, current, inst, state, node, endpoint, boot):
         return None
-    new = dict(inst or {})
+    new: MapEntry = inst.copy() if inst else {}
     new["state"] = str(state)
     new["since"] = now
     if node:
@@ -124,7 +124,7 @@ def set_state(bid: str, gen: int, iid: str, state: InstanceState, current: dict[
     return out
 
 
-def _unchanged(out: dict[str, Any], current: dict[str, Any] | None, inst: dict[str, Any] | None, state: InstanceState,
+def _unchanged(out: BlockMap, current: BlockMap | None, inst: MapEntry | None, state: InstanceState,
                node: str, endpoint: str, boot: str) -> bool:
     """Whether a fact leaves the map as it is: about a copy on another node, older than what the
     map holds, already there, or a drain of an instance never seen running."""
@@ -137,15 +137,15 @@ def _unchanged(out: dict[str, Any], current: dict[str, Any] | None, inst: dict[s
     return _same(out, current, inst, state, endpoint, boot)
 
 
-def _same(out: dict[str, Any], current: dict[str, Any] | None, inst: dict[str, Any], state: InstanceState,
+def _same(out: BlockMap, current: BlockMap | None, inst: MapEntry, state: InstanceState,
           endpoint: str, boot: str) -> bool:
     """The instance already holds this state (and endpoint, boot), and the block's fields are as stored."""
     return (inst["state"] == state and (not endpoint or inst.get("endpoint") == endpoint) and current is not None
             and (not boot or inst.get("boot") == boot) and all(out.get(k) == current.get(k) for k in BLOCK_KEYS))
 
 
-def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: BlockRecord | None,
-         node: str = "") -> dict[str, Any] | None:
+def drop(bid: str, gen: int, iid: str, current: BlockMap | None, block: BlockRecord | None,
+         node: str = "") -> BlockMap | None:
     out = _base(bid, gen, current, block)
     if out is None:
         return None
@@ -159,12 +159,12 @@ def drop(bid: str, gen: int, iid: str, current: dict[str, Any] | None, block: Bl
     return out
 
 
-def on_added(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_added(ev: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     return set_state(ev.block_id, ev.gen, ev.instance_id, InstanceState.READY, current, block, now,
                      node=ev.node_id, endpoint=str(getattr(ev, "endpoint", "") or ""), boot=str(getattr(ev, "boot", "") or ""))
 
 
-def on_inventory(inv: Any, current: dict[str, Any] | None, now: float) -> dict[str, Any] | None:
+def on_inventory(inv: Any, current: BlockMap | None, now: float) -> BlockMap | None:
     """A node agent started (``node.inventory``): its boot becomes the node's latest in this map,
     and the instances it lists as running are confirmed under it. The map's other instances on that
     node are no longer routed to (their ``boot`` is an older run's) until the agent reports them
@@ -177,7 +177,8 @@ def on_inventory(inv: Any, current: dict[str, Any] | None, now: float) -> dict[s
     if latest_boot(boots.get(nid), boot) != boot:
         return None
     runs = {i.instance_id for i in inv.instances}
-    out = {**current, "instances": {k: dict(v) for k, v in current.get("instances", {}).items()}, "boots": {**boots, nid: boot}}
+    out: BlockMap = {**current, "instances": {k: v.copy() for k, v in current.get("instances", {}).items()},
+                     "boots": {**boots, nid: boot}}
     for iid, rec in out["instances"].items():
         if rec.get("node") == nid and iid in runs:
             rec["boot"] = boot
@@ -186,20 +187,20 @@ def on_inventory(inv: Any, current: dict[str, Any] | None, now: float) -> dict[s
     return out
 
 
-def on_remove_command(cmd: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_remove_command(cmd: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     return set_state(cmd.block_id, cmd.gen, cmd.instance_id, InstanceState.DRAINING, current, block, now, node=cmd.node_id)
 
 
-def on_failed(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_failed(ev: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     """``failed`` / ``unhealthy``: no new task (the controller replaces or removes it)."""
     return set_state(ev.block_id, ev.gen, ev.instance_id, InstanceState.STOPPING, current, block, now, node=ev.node_id)
 
 
-def on_removed(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_removed(ev: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     return drop(ev.block_id, ev.gen, ev.instance_id, current, block, node=ev.node_id)
 
 
-def on_placement(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_placement(ev: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     out = current
     changed = False
     if getattr(ev, "cluster_id", "") and (current is None or current.get("cluster") != ev.cluster_id):
@@ -217,7 +218,7 @@ def on_placement(ev: Any, current: dict[str, Any] | None, block: BlockRecord | N
 VERDICT_HEALTH = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
 
 
-def on_verdict(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_verdict(ev: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     """A health checker verdict: the instance's ``health`` and routing ``weight``."""
     if current is None or int(current.get("gen", 0)) != ev.gen:
         return None
@@ -230,7 +231,7 @@ def on_verdict(ev: Any, current: dict[str, Any] | None, block: BlockRecord | Non
     weight = min(1.0, max(0.01, float(ev.weight))) if health == "degraded" else 1.0
     if inst.get("health", "ok") == health and float(inst.get("weight", 1.0)) == weight:
         return None
-    out = {**current, "instances": {k: dict(v) for k, v in current.get("instances", {}).items()}}
+    out: BlockMap = {**current, "instances": {k: v.copy() for k, v in current.get("instances", {}).items()}}
     rec = out["instances"][ev.instance_id]
     rec["health"], rec["weight"] = health, weight
     rec["health_reason"] = str(ev.reason)[:300]
@@ -239,7 +240,7 @@ def on_verdict(ev: Any, current: dict[str, Any] | None, block: BlockRecord | Non
     return out
 
 
-def on_ready(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None, now: float) -> dict[str, Any] | None:
+def on_ready(ev: Any, current: BlockMap | None, block: BlockRecord | None, now: float) -> BlockMap | None:
     """``block.ready``: the map exists with the block's fields, instances or none (a block of
     ``minInstances`` 0 has had no placement: this is its first map). No change: None."""
     if block is None or int(block.get("gen", -1)) != ev.gen or block.get("status") not in ("placing", "ready"):
@@ -258,7 +259,7 @@ def on_ready(ev: Any, current: dict[str, Any] | None, block: BlockRecord | None,
 _FROM_STATUS = {"starting": InstanceState.STARTING, "running": InstanceState.READY, "removing": InstanceState.DRAINING}
 
 
-def from_state(bid: str, block: BlockRecord | None, instances: Mapping[str, InstanceRecord], now: float) -> dict[str, Any] | None:
+def from_state(bid: str, block: BlockRecord | None, instances: Mapping[str, InstanceRecord], now: float) -> BlockMap | None:
     """A block's map rebuilt from its state (its Redis record and instances), for a bucket that
     was lost and made anew: the block's fields, its starting and running instances, and those on
     their way out that were reachable (draining: no new task). ``None`` for a block that is not

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..policies import contract
+from ..schemas.records import MapEntry
 
 #: verdicts that take an instance out of routing (until ``healthy``)
 OUT = ("unready", "restart", "replace")
@@ -97,7 +98,7 @@ def merge_passive(counts: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
     return passive, progress
 
 
-def instance_input(iid: str, rec: dict[str, Any], now: float, probe: ProbeRecord | None,
+def instance_input(iid: str, rec: MapEntry, now: float, probe: ProbeRecord | None,
                    passive: list[dict[str, Any]], restarts: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     p, prog = merge_passive(passive)
     return {

@@ -17,8 +17,11 @@ collector).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
+
+from ..schemas.records import BlockMap
 
 WORKERS_JOB = "aios-workers"
 INSTANCES_JOB = "aios-instances"
@@ -44,7 +47,7 @@ def worker_targets(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def instance_targets(maps: dict[str, dict[str, Any]], clusters: dict[str, str]) -> list[dict[str, Any]]:
+def instance_targets(maps: Mapping[str, BlockMap], clusters: dict[str, str]) -> list[dict[str, Any]]:
     """http_sd document of the instances of the blocks' instance maps (any that has an endpoint
     and is not stopping)."""
     out = []

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..schemas.records import MapEntry
 from .scrape import ExecBlock, ExecInstance, Histogram, InstanceReading
 
 
@@ -57,7 +58,7 @@ class BlockInput:
 
     cluster: str
     #: the instance map's instances: iid -> {"state", "node", "endpoint"}
-    instances: dict[str, dict[str, Any]]
+    instances: dict[str, MapEntry]
     #: iid -> the instance's page as read (None: it did not answer)
     pages: dict[str, InstanceReading | None] = field(default_factory=dict)
     #: the executors' figures for the block, summed over executors (None: no executor has it)
@@ -101,7 +102,7 @@ class Windows:
             del self._block[bid]
         return out
 
-    def _instance(self, now: float, bid: str, iid: str, rec: dict[str, Any], page: InstanceReading | None,
+    def _instance(self, now: float, bid: str, iid: str, rec: MapEntry, page: InstanceReading | None,
                   ex: ExecInstance) -> tuple[dict[str, Any], Histogram]:
         rd = page or InstanceReading()
         p = _IPoint(now, rd.requests, rd.errors, rd.latency, ex.ok + ex.errors, ex.errors, ex.dispatch)

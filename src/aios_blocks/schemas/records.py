@@ -211,11 +211,40 @@ class MapEntry(TypedDict, total=False):
 
     node: str
     endpoint: str
-    #: ``executor.engine.InstanceState`` value: starting, ready, draining
+    #: ``schemas.lifecycle.InstanceState`` value: starting, ready, draining, stopping
     state: str
     since: float
     #: the node agent run that reported it (``executor.engine.confirmed``)
     boot: str
+    #: the health checker's verdict and the weight it leaves the instance (docs/health.md)
+    health: str
+    weight: float
+    health_reason: str
+    #: read by the stability input (``handlers.stability.instance_input``) before ``since``; no
+    #: writer sets it today, so ``since`` is what counts
+    ready_since: float
+
+
+class BlockMap(TypedDict, total=False):
+    """A block's instance map (one key per block; ``handlers.mapper`` writes it, the executors
+    route by it): the block's fields the executor needs, its instances, its nodes' latest agent
+    boots and the instances gone (so a late ``added`` never brings one back)."""
+
+    block_id: str
+    gen: int
+    cluster: str
+    #: the input protocol's path and method
+    path: str
+    method: str
+    loadBalancer: dict[str, Any]
+    stabilityChecker: dict[str, Any]
+    #: 0: scale-to-zero (the executor holds tasks while one starts)
+    minInstances: int
+    #: whether the executor publishes task outputs (side-cars)
+    outputs: bool
+    instances: dict[str, MapEntry]
+    boots: dict[str, str]
+    gone: list[str]
 
 
 # -- the seed-000 policy payloads (docs/policies.md: exact field names) -----------------------------

@@ -49,6 +49,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import InstanceVerdict, StepFailed
 from ..schemas.protocol import HEALTH_PATH
+from ..schemas.records import BlockMap, MapEntry
 from .base import Worker
 
 log = structlog.get_logger("aios.checker")
@@ -61,7 +62,7 @@ class Checker:
     def __init__(self, w: Worker):
         self.w, self.s = w, w.settings
         self.holder = f"checker-{socket.gethostname()}-{os.getpid()}-{id(self):x}"
-        self.maps: dict[str, dict[str, Any]] = {}
+        self.maps: dict[str, BlockMap] = {}
         self.probes: dict[str, st.ProbeRecord] = {}
         self.restarts: dict[str, int] = {}
         #: iid -> when its last restart/replace was ordered
@@ -76,7 +77,7 @@ class Checker:
         #: nodes this copy marked suspect (their marks are renewed or cleared by it)
         self.suspect: set[str] = set()
 
-    async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
+    async def on_map(self, bid: str, value: BlockMap | None, rev: int) -> None:
         if value is None:
             self.maps.pop(bid, None)
         else:
@@ -98,10 +99,10 @@ class Checker:
                 return False, time.perf_counter() - t0, 0, f"{type(exc).__name__}: {exc}"
 
     # -- one block ---------------------------------------------------------------------------------
-    async def check(self, bid: str, m: dict[str, Any]) -> list[st.Action]:
+    async def check(self, bid: str, m: BlockMap) -> list[st.Action]:
         """One tick of one block; the verdicts carried out."""
         now = time.time()
-        insts: dict[str, dict[str, Any]] = m.get("instances") or {}
+        insts: dict[str, MapEntry] = m.get("instances") or {}
         gen = int(m.get("gen", 0))
         rule = dict(m.get("stabilityChecker") or DEFAULT_RULE)  # the mapper copies it from the block
         settings = rule.get("settings") or {}
@@ -140,7 +141,7 @@ class Checker:
             self._carried_out(a, now)
         return actions
 
-    async def _probe_all(self, insts: dict[str, dict[str, Any]], settings: dict[str, Any], now: float) -> None:
+    async def _probe_all(self, insts: dict[str, MapEntry], settings: dict[str, Any], now: float) -> None:
         """Probe the block's routed instances (rule settings the checker itself reads: ``probe``,
         false: no active probe, only passive and progress signals; ``probePath``, default the
         instance protocol's /health) and keep each result in its record."""

@@ -28,7 +28,6 @@ import math
 import os
 import socket
 import time
-from typing import Any
 
 import aiohttp
 import structlog
@@ -40,6 +39,7 @@ from ..metrics.scrape import ExecBlock, InstanceReading, read_executor, read_ins
 from ..metrics.window import BlockInput, Windows
 from ..runtime.ticker import Ticker
 from ..schemas.protocol import METRICS_PATH
+from ..schemas.records import BlockMap
 from .base import Worker
 
 log = structlog.get_logger("aios.collector")
@@ -56,7 +56,7 @@ class Collector:
         self.scope = cluster or "all"
         self.cluster = cluster
         self.holder = f"collector-{socket.gethostname()}-{os.getpid()}"
-        self.maps: dict[str, dict[str, Any]] = {}
+        self.maps: dict[str, BlockMap] = {}
         #: block -> (generation, cluster): the map's, else the block record's
         self.clusters: dict[str, tuple[int, str]] = {}
         self.windows = Windows(self.s.metrics_rate_span_s)
@@ -70,7 +70,7 @@ class Collector:
                                                self.s.metrics_remote_write_max_samples) if urls else None
 
     # -- the instance maps -----------------------------------------------------------------------
-    async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
+    async def on_map(self, bid: str, value: BlockMap | None, rev: int) -> None:
         if value is None:
             self.maps.pop(bid, None)
             self.clusters.pop(bid, None)
@@ -83,7 +83,7 @@ class Collector:
             block = await self.w.store.get_block(bid)
             self.clusters[bid] = (gen, str((block or {}).get("cluster") or ""))
 
-    def covered(self) -> dict[str, dict[str, Any]]:
+    def covered(self) -> dict[str, BlockMap]:
         if self.cluster is None:
             return dict(self.maps)
         return {b: m for b, m in self.maps.items() if self.clusters.get(b, (0, ""))[1] == self.cluster}
@@ -123,7 +123,7 @@ class Collector:
         pages: dict[str, dict[str, InstanceReading | None]] = {}
         for (bid, iid), text in zip(jobs, texts[: len(jobs)], strict=True):
             pages.setdefault(bid, {})[iid] = read_instance(text) if text is not None else None
-        return {bid: BlockInput(self.cluster_of(bid), dict(m.get("instances") or {}), pages.get(bid, {}), ex.get(bid))
+        return {bid: BlockInput(self.cluster_of(bid), (m.get("instances") or {}).copy(), pages.get(bid, {}), ex.get(bid))
                 for bid, m in maps.items()}
 
     async def tick(self) -> bool:

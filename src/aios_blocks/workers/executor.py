@@ -42,6 +42,7 @@ from ..policies.runtime import BUILTINS, registry_name
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import ScaleTarget
+from ..schemas.records import BlockMap
 from .base import Worker, run_consumers
 from .mapper import Mapper
 from .mapper import bindings as mapper_bindings
@@ -133,7 +134,7 @@ class Executor:
         return self.dispatcher.unknown_tasks
 
     # -- the instance map -----------------------------------------------------------------------
-    async def on_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
+    async def on_map(self, bid: str, value: BlockMap | None, rev: int) -> None:
         async with self._map_lock:  # a chooser may need loading: changes apply in order
             self.seen[bid] = (rev, time.monotonic())
             if self.cluster is not None and value is not None and value.get("cluster") != self.cluster:
@@ -142,7 +143,7 @@ class Executor:
             if self.cluster is not None:  # after the route exists: no task finds it missing
                 await self._pin(bid, value is not None)
 
-    async def _apply_map(self, bid: str, value: dict[str, Any] | None, rev: int) -> None:
+    async def _apply_map(self, bid: str, value: BlockMap | None, rev: int) -> None:
         route = self.routes.get(bid)
         if value is not None and value.get("outputs"):
             self.outputs_on.add(bid)

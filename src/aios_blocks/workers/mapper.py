@@ -30,13 +30,13 @@ from ..schemas.events import (
     NodeInventory,
     PlacementMade,
 )
-from ..schemas.records import BlockRecord
+from ..schemas.records import BlockMap, BlockRecord
 from .base import Worker
 
 log = structlog.get_logger("aios.mapper")
 
 #: a change of a block's map: (its map now, the block's record, now) -> its new map (None: no change)
-Decide = Callable[[dict[str, Any] | None, BlockRecord | None, float], dict[str, Any] | None]
+Decide = Callable[[BlockMap | None, BlockRecord | None, float], BlockMap | None]
 C = TypeVar("C")
 M = TypeVar("M")
 
@@ -89,7 +89,7 @@ class Mapper:
         return n
 
 
-def only_if_absent(new: dict[str, Any]) -> Callable[[dict[str, Any] | None], dict[str, Any] | None]:
+def only_if_absent(new: BlockMap) -> Callable[[BlockMap | None], BlockMap | None]:
     """A map change that writes ``new`` only where the block has no map (a fact's is newer)."""
     return lambda current: new if current is None else None
 
