@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import gc
 import pickle
 import time
 import uuid
@@ -42,6 +43,19 @@ CHUNK = 4096
 CHECK_EVERY = 20_000
 CHECKPOINTS = 64
 CHECK_BYTES = 256 * 1024 * 1024
+
+
+def _unpickle(data: bytes) -> Any:
+    """``pickle.loads`` with the cyclic garbage collector paused: a fold is hundreds of thousands
+    of new containers, and the collections they trigger made unpickling one 2.4x slower (0.7 vs
+    0.3 s for 10,000 blocks on 1,213 nodes, measured here)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        return pickle.loads(data)
+    finally:
+        if was:
+            gc.enable()
 
 
 class Kept:
@@ -241,7 +255,7 @@ class Feed:
         at = bisect.bisect_right(self.checkpoints, seq, key=lambda c: c[0])
         if at:
             after, blob = self.checkpoints[at - 1]
-            f = pickle.loads(zlib.decompress(blob))
+            f = _unpickle(zlib.decompress(blob))
         if self.kept.covers(after) and self.caught_up.is_set():
             for subject, raw, s, ts in self.kept.between(after, seq):
                 f.apply(subject, raw, s, ts)
