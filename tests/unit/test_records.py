@@ -73,3 +73,10 @@ def test_the_map_the_mapper_writes_has_the_fields_block_map_names() -> None:
     assert m is not None and m["instances"]
     assert set(m) <= set(BlockMap.__annotations__) and {"stabilityChecker", "minInstances", "outputs"} <= set(m)
     assert all(set(e) <= set(MapEntry.__annotations__) for e in m["instances"].values())
+
+
+def test_cluster_record_names_every_field_of_a_cluster_spec() -> None:
+    from aios_blocks.schemas.records import ClusterRecord
+    from aios_blocks.schemas.spec import Cluster
+
+    assert set(Cluster.model_fields) == set(ClusterRecord.__annotations__)

@@ -20,7 +20,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR, InstanceRecord, Needs, NodeView, wire
+from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, Needs, NodeView, wire
 from . import sidecars
 from .controller import Invoke, env_for, plan
 
@@ -30,7 +30,7 @@ class Snapshot:
     """What a plan reads: the cluster's record and node views, the block's instances, its
     affinity index and the nodes suspect now (node -> why)."""
 
-    cluster: dict[str, Any]
+    cluster: ClusterRecord
     #: shared with the inventory cache: read, never written (a plan copies what it takes)
     nodes: dict[str, NodeView]
     instances: dict[str, InstanceRecord] | None = None

@@ -14,7 +14,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from ..schemas.records import BlockIR, InstanceRecord, Needs, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, Needs, NodeView
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
@@ -24,7 +24,7 @@ Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 
 def payload(
     ir: BlockIR,
-    cluster: dict[str, Any],
+    cluster: ClusterRecord,
     nodes: dict[str, NodeView],
     instances: Mapping[str, InstanceRecord] | None = None,
     index: affinity.Index | None = None,
@@ -64,7 +64,7 @@ def canonical_record(record: InstanceRecord) -> dict[str, Any]:
 
 
 def _payload(
-    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, NodeView],
+    ir: BlockIR, cluster: ClusterRecord, nodes: dict[str, NodeView],
     instances: Mapping[str, InstanceRecord] | None, index: affinity.Index | None, want: int, **extra: Any,
 ) -> dict[str, Any]:
     """``payload`` with a sample sized for ``want`` instances (dry_run: maxInstances; each
@@ -126,7 +126,7 @@ def affinity_explain(nodes: dict[str, NodeView]) -> tuple[dict[str, str], dict[s
 
 
 async def dry_run(
-    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, NodeView], invoke: Invoke,
+    ir: BlockIR, cluster: ClusterRecord, nodes: dict[str, NodeView], invoke: Invoke,
     index: affinity.Index | None = None,
 ) -> DryRunOutcome:
     nodes = vcluster.scope(ir, nodes)  # its virtual cluster's nodes only (seed 003)
@@ -189,7 +189,7 @@ def check_choice(node_id: str, gpus: list[str], nodes: dict[str, NodeView], need
 
 async def plan(
     ir: BlockIR,
-    cluster: dict[str, Any],
+    cluster: ClusterRecord,
     nodes: dict[str, NodeView],
     action: str,
     iids: list[str],

@@ -12,7 +12,7 @@ from typing import Any
 
 from ..policies import affinity, capacity, contract, sampling
 from ..schemas.errors import PolicyFailed
-from ..schemas.records import BlockIR, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, NodeView
 from . import vcluster
 
 #: invoke(input_data) -> the clusterAllocator's result (raises PolicyFailed)
@@ -40,14 +40,14 @@ def cluster_metrics(nodes: dict[str, NodeView], shown: dict[str, NodeView] | Non
     }
 
 
-def cluster_entry(cluster: dict[str, Any], nodes: dict[str, NodeView]) -> dict[str, Any]:
+def cluster_entry(cluster: ClusterRecord, nodes: dict[str, NodeView]) -> dict[str, Any]:
     metrics = cluster_metrics(nodes)
     summary = {k: v for k, v in metrics.items() if k != "nodes"}
     return {"cluster_id": cluster["id"], "id": cluster["id"], "labels": cluster.get("labels", {}), "metrics": summary}
 
 
 def scoped_entry(
-    ir: BlockIR, cluster: dict[str, Any], nodes: dict[str, NodeView], index: affinity.Index | None = None
+    ir: BlockIR, cluster: ClusterRecord, nodes: dict[str, NodeView], index: affinity.Index | None = None
 ) -> dict[str, Any]:
     """``cluster_entry`` over the nodes the block may use there (its virtual cluster's, seed 003),
     with the block's Preferred-affinity score there when it has entries: post_dry_run breaks a
@@ -76,7 +76,7 @@ def sample_for(
 
 def filter_rule(
     ir: BlockIR,
-    clusters: dict[str, dict[str, Any]],
+    clusters: dict[str, ClusterRecord],
     nodes: dict[str, dict[str, NodeView]],
     index: affinity.Index | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, str]]:
@@ -138,7 +138,7 @@ class SelectionDecision:
 
 async def select(
     ir: BlockIR,
-    clusters: dict[str, dict[str, Any]],
+    clusters: dict[str, ClusterRecord],
     nodes: dict[str, dict[str, NodeView]],
     invoke: Invoke,
     index: affinity.Index | None = None,

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..policies import affinity
 from ..schemas.errors import PlacementFailed, SpecError
-from ..schemas.records import BlockIR, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, NodeView
 from . import controller, gateway
 
 Invoke = gateway.Invoke
@@ -76,7 +76,7 @@ def result_of(out: controller.DryRunOutcome) -> dict[str, Any]:
 
 async def make_plan(
     ir: BlockIR,
-    clusters: dict[str, dict[str, Any]],
+    clusters: dict[str, ClusterRecord],
     nodes: dict[str, dict[str, NodeView]],
     cluster_invoke: Invoke,
     resource_invoke: Invoke,

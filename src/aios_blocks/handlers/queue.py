@@ -22,7 +22,7 @@ from typing import Any
 from ..policies import capacity
 from ..policies import quota as qp
 from ..schemas.priority import Quota
-from ..schemas.records import BlockIR, BlockRecord, NodeView
+from ..schemas.records import BlockIR, BlockRecord, ClusterRecord, NodeView
 from . import vcluster
 from .gateway import filter_rule, share_of
 
@@ -112,7 +112,7 @@ def gang_fit(ir: BlockIR, nodes: Mapping[str, NodeView], work: dict[str, NodeVie
     return True
 
 
-def fits(ir: BlockIR, clusters: Mapping[str, dict[str, Any]], views: Mapping[str, Mapping[str, NodeView]],
+def fits(ir: BlockIR, clusters: Mapping[str, ClusterRecord], views: Mapping[str, Mapping[str, NodeView]],
          work: dict[str, dict[str, NodeView]]) -> str:
     """The first cluster (the filter rule's order) where the whole gang fits now, on the views as
     this walk's releases left them (``work``: cluster -> node copies); '' when none."""
@@ -152,7 +152,7 @@ def may_preempt(block: Mapping[str, Any], now: float = 0.0) -> bool:
     return not block.get("preempted_by") and not preempting(block, now) and int(ir.get("priority") or 0) > 0
 
 
-def walk(entries: Sequence[Entry], clusters: Mapping[str, dict[str, Any]],
+def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
          views: Mapping[str, Mapping[str, NodeView]], tried: frozenset[str] = frozenset(), now: float = 0.0,
          quota: QuotaView | None = None) -> Walk:
     """The walk of one scope's head (see the module docstring). It stops at the first block that

@@ -35,7 +35,7 @@ from ..projections.base import parse
 from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
-from ..schemas.records import BlockIR, InstanceRecord, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, NodeView
 from ..state.store import node_view
 from .fold import Fold
 
@@ -162,7 +162,7 @@ class State:
             cur.add(nid)
             self._dirty[cid] = cur
 
-    def clusters(self) -> dict[str, dict[str, Any]]:
+    def clusters(self) -> dict[str, ClusterRecord]:
         return {cid: _json.decode(v) for cid, v in self.f.clusters.items()}
 
     def _view(self, nid: str) -> NodeView:

@@ -192,6 +192,13 @@ class NodeView(TypedDict, total=False):
     affinity: NodeAffinity
 
 
+class ClusterRecord(TypedDict):
+    """A registered cluster (``schemas.spec.Cluster`` as JSON, ``Store.clusters``)."""
+
+    id: str
+    labels: dict[str, str]
+
+
 class NodeMeta(TypedDict):
     """A registered node's registration (``Store.node_meta``)."""
 

@@ -17,7 +17,7 @@ import structlog
 
 from ..policies import affinity
 from ..policies.capacity import Nodes
-from ..schemas.records import BlockIR, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, NodeView
 from .store import Store
 
 log = structlog.get_logger("aios.inventory")
@@ -48,7 +48,7 @@ class Inventory:
         #: reload a cluster as soon as a hint says all of it changed (workers that place)
         self.prefetch = prefetch
         self._reloads: set[asyncio.Task[None]] = set()
-        self._clusters: dict[str, dict[str, Any]] | None = None
+        self._clusters: dict[str, ClusterRecord] | None = None
         self._nodes: dict[str, dict[str, NodeView]] = {}
         self._dirty: dict[str, set[str] | None] = {}  # None = reload the whole cluster
         #: one refresh of a cluster's view at a time (clusters refresh independently)
@@ -99,7 +99,7 @@ class Inventory:
             if cid in await self.clusters():
                 await self.nodes(cid)
 
-    async def clusters(self) -> dict[str, dict[str, Any]]:
+    async def clusters(self) -> dict[str, ClusterRecord]:
         if self._clusters is None:
             self._clusters = await self.store.clusters()
         return self._clusters

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import GpuView, NodeMeta, NodeView
+from ..schemas.records import ClusterRecord, GpuView, NodeMeta, NodeView
 from ..schemas.spec import Cluster, Node
 from .keys import (
     CLUSTERS,
@@ -50,7 +50,7 @@ class NodeRecords:
             await self.r.incr(index_key(cluster.id))
         return new
 
-    async def clusters(self) -> dict[str, dict[str, Any]]:
+    async def clusters(self) -> dict[str, ClusterRecord]:
         raw = await self.r.hgetall(CLUSTERS)
         return {cid: _json.decode(v) for cid, v in raw.items()}
 

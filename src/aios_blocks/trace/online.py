@@ -29,7 +29,7 @@ from ..handlers import preemption as pre
 from ..handlers import queue
 from ..policies import capacity
 from ..policies.builtin import preempt
-from ..schemas.records import BlockIR, BlockRecord, Needs, NodeView
+from ..schemas.records import BlockIR, BlockRecord, ClusterRecord, Needs, NodeView
 from ..schemas.spec import Node
 from . import qos as qosmod
 from .replay import DEFAULT_POLICY, Setup, block_id, labels, policy_uri, views_of
@@ -216,7 +216,7 @@ class Sim:
                         typical_shapes([t.task for t in timed]), self.cluster_milli)
         self.runtime = PolicyRuntime(lookup=None)
         self.rules = {s: self.st.rule(s) for s in (False, True)}
-        self.clusters = {CLUSTER: {"id": CLUSTER, "labels": {}}}
+        self.clusters: dict[str, ClusterRecord] = {CLUSTER: {"id": CLUSTER, "labels": {}}}
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
         self.pending: dict[str, Job] = {}

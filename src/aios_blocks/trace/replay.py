@@ -20,7 +20,7 @@ from typing import Any
 
 from ..policies import capacity
 from ..policies.builtin.frag import Workload, gpu_left, node_model
-from ..schemas.records import BlockIR, Needs, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, Needs, NodeView
 from ..schemas.spec import Node
 from .workload import UNITS, Task, inflate, typical_shapes
 
@@ -235,7 +235,7 @@ async def replay(
 
     st = setup(nodes, tasks, policy, seed, ratio, sample_nodes)
     runtime = PolicyRuntime(lookup=None)
-    cluster = {"id": nodes[0].cluster, "labels": {}}
+    cluster: ClusterRecord = {"id": nodes[0].cluster, "labels": {}}
     rules = {share: st.rule(share) for share in (False, True)}
     res = Result(st.uri, seed, workload, len(nodes), st.cluster_milli // UNITS, ratio, sample_nodes)
     ledger = Ledger(nodes, st, res)
