@@ -2,14 +2,18 @@
 the simulated fleet's instances serving HTTP (docs/rebalance.md, "Moves"): a move under a steady
 task load loses no task and the block never has fewer ready instances than minInstances; a move
 to a full node fails and the old instance keeps serving; a request delivered twice is one move;
-two requests at once respect the disruption budget."""
+two requests at once respect the disruption budget; and a move between real instance processes
+(the process runtime's agents) under load."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from aios_blocks.bus.catalog import E
 from aios_blocks.bus.instance_map import InstanceMaps
@@ -18,7 +22,9 @@ from aios_blocks.schemas.moves import MoveRequested
 from aios_blocks.state.moves import MoveStore
 
 from .conftest import System
+from .test_agent import Agents
 from .test_cli import blocks
+from .test_instance_sdk import ECHO
 
 
 def _spec(bid: str, n: int, **extra: Any) -> dict[str, Any]:
@@ -168,3 +174,57 @@ async def test_two_requests_at_once_respect_the_disruption_budget(system: System
         most = max(most, open_now)
     assert most == 1
     assert len(await c.store.instances(bid)) == 2 and len(await c.store.reservations("mv-d")) == 2
+
+
+@pytest.fixture
+async def proc_agents(system: System, tmp_path: Path) -> AsyncIterator[Agents]:
+    a = Agents(system, "process", tmp_path)
+    try:
+        yield a
+    finally:
+        a.stop_all()
+        rt = a.runtime()
+        for nid in list(a.procs):
+            for inst in await rt.list(nid):
+                await rt.stop(inst.handle, 0)
+
+
+async def test_a_move_between_real_process_instances_under_load_loses_no_task(proc_agents: Agents) -> None:
+    """The same under the process runtime: two `blocks agent --runtime process` nodes, the SDK's
+    echo instance as a real process, moved from one node to the other while tasks flow."""
+    a = proc_agents
+    c = a.system.client
+    for nid in ("n1", "n2"):
+        a.start(nid)
+    for nid in ("n1", "n2"):
+        await a.wait_registered(nid)
+    await c.add_component(ECHO)
+    bid, kind, env = await a.system.submit_and_wait(
+        {"blockId": "mv-proc", "blockComponentURI": "aios://test/echo-sdk", "minInstances": 1, "maxInstances": 1}, timeout=120)
+    assert kind == "ready", env
+    old, rec = next(iter((await c.store.instances(bid)).items()))
+    to = "n2" if rec["node"] == "n1" else "n1"
+    stop = asyncio.Event()
+    answers: list[tuple[int, str]] = []
+
+    async def load(k: int) -> None:
+        n = 0
+        while not stop.is_set():
+            status, body, _ = await c.task(bid, json.dumps({"k": k, "n": n}).encode(), timeout=30)
+            answers.append((status, json.loads(body).get("instance_id", "") if status == 200 else body.decode()))
+            n += 1
+
+    workers = [asyncio.ensure_future(load(k)) for k in range(3)]
+    await until(lambda: _true(len(answers) >= 10), 90)
+    r = await asyncio.to_thread(blocks, a.system, "move", bid, old, "--to", to, "--wait", "--json", timeout=150)
+    n_during = len(answers)
+    await until(lambda: _true(len(answers) >= n_during + 10), 90)
+    stop.set()
+    await asyncio.gather(*workers)
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert (out["status"], out["node"]) == ("completed", to)
+    assert not [x for x in answers if x[0] != 200], [x for x in answers if x[0] != 200]
+    assert {i for _, i in answers} == {old, out["new_instance_id"]}
+    assert list(await c.store.instances(bid)) == [out["new_instance_id"]]
+    assert not [i for i in await a.runtime().list(rec["node"]) if i.running]  # the old process stopped
