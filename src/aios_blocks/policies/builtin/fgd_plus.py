@@ -26,6 +26,12 @@ idle are stranded that way (failures "GPU and CPU/memory free on different nodes
    share of the cluster's GPUs (capped at 1), times ``parameters.modelPressure`` (default 0.5;
    0: off). On gpuspec33 T4-only tasks ask more GPUs than the cluster's T4s: unconstrained work
    there is work they lose. No constrained shape: no change.
+5. **Shares packed by their prices.** A shared task adds, per GPU, ``parameters.sharePacking``
+   (default 10; 0: off) x 1000 x what the share *loses* there by the cutting-stock dual prices
+   of the workload's share sizes (``share_prices.SharePrices``): 0 where it takes its part of one
+   of the best ways to fill that GPU, more where it spoils the GPU for the shares that would fill
+   it (a 0.32 on a GPU holding a 0.47). Uses the share sizes' frequencies, not the tasks to come.
+   On the trace the GPUs left idle at 100 % arrived are the free parts of shared GPUs.
 
 Same feasibility as every built-in (``capacity.node_fits``), ranked through the same per-shape
 index as the baselines (``_FragBase``); remaining ties by the seeded hash of the node id, so a

@@ -120,6 +120,7 @@ class SharePrices:
         sizes = sorted(self.prices)
         self.phi, _ = best_fill(sizes, [self.prices[s] for s in sizes], UNITS)
         self._sizes = sizes
+        self._losses: dict[int, list[float]] = {}
 
     def price(self, units: int) -> float:
         """A share's price; a size the workload does not have: the price of the largest size
@@ -131,7 +132,13 @@ class SharePrices:
 
     def loss(self, free: int, units: int) -> float:
         """GPUs lost by placing a share of ``units`` on a GPU with ``free`` thousandths free (an
-        idle GPU is worth 1)."""
+        idle GPU is worth 1). A table per share size, made on its first use."""
+        table = self._losses.get(units)
+        if table is None:
+            table = self._losses[units] = [self._loss(h, units) if h >= units else 0.0 for h in range(UNITS + 1)]
+        return table[min(free, UNITS)]
+
+    def _loss(self, free: int, units: int) -> float:
         worth = 1.0 if free >= UNITS else self.phi[free]
         # rounded: equal losses must compare equal (the prices are LP floats)
         return max(0.0, round(worth - self.phi[free - units] - self.price(units), 6))
