@@ -58,6 +58,13 @@ class QuotaView:
 
     quotas: Mapping[str, Quota]
     holdings: list[qp.Holding]
+    #: the holdings are each tenant's total from the usage counters (one per tenant, not per block:
+    #: ``workers.queue.quota_view``): admit, borrow and wait are decided on them as on the blocks';
+    #: a ``reclaim`` names no real block, and the caller decides again on the blocks (``exact``)
+    counted: bool = False
+
+    def exact_needed(self, d: qp.Decision) -> bool:
+        return self.counted and d.verdict is qp.Verdict.RECLAIM
 
 
 def _fmt(u: qp.Usage) -> str:

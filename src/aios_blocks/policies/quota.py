@@ -109,6 +109,47 @@ def holdings_of(rows: Iterable[Mapping[str, Any]], gpu_model: Mapping[str, str])
     return out
 
 
+#: a usage counter's field: tenant, model, resource (``state.keys.quota_usage_key``)
+SEP = "\t"
+#: the block id of a tenant's total (``workers.queue.quota_view`` from the counters: not a block)
+TOTAL = "total:"
+
+
+def fields(tenant: str, usage: Usage) -> dict[str, float]:
+    """A tenant's usage as the counters' fields (``tenant<TAB>model<TAB>resource`` -> amount)."""
+    return {SEP.join((tenant, m, r)): v for m, a in sorted(usage.items()) for r, v in sorted(a.items()) if v}
+
+
+def from_fields(counters: Iterable[Mapping[str, Any]]) -> dict[str, Usage]:
+    """Tenant -> usage, summed over counter hashes (one per cluster); a field at 0 is left out."""
+    out: dict[str, Usage] = {}
+    for h in counters:
+        for f, v in h.items():
+            parts = str(f).split(SEP)
+            if len(parts) != 3 or not float(v):
+                continue
+            tenant, model, res = parts
+            row = out.setdefault(tenant, {}).setdefault(model, {})
+            row[res] = row.get(res, 0.0) + float(v)
+    return out
+
+
+def with_quota(ir: Mapping[str, Any], placements: Iterable[Mapping[str, Any]],
+               nodes: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The reservation records with what each adds to its tenant's usage counters (``quota``: the
+    fields ``instance_usage`` gives for its GPUs' models, as ``holdings_of`` counts it); the
+    records of a block without a tenant unchanged."""
+    tenant = tenant_of(ir)
+    out = [dict(p) for p in placements]
+    if tenant is None:
+        return out
+    for p in out:
+        node = nodes.get(str(p.get("node"))) or {}
+        models = {str(g.get("id")): str(g.get("model") or "") for g in node.get("gpus") or ()}
+        p["quota"] = fields(tenant, instance_usage(ir.get("resources") or {}, list(p.get("gpus") or []), models))
+    return out
+
+
 def add(into: Usage, more: Usage, sign: float = 1.0) -> Usage:
     for model, amounts in more.items():
         row = into.setdefault(model, {})

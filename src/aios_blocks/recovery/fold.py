@@ -32,6 +32,7 @@ from pydantic import ValidationError
 
 from ..handlers import scaling
 from ..handlers.gateway import share_of
+from ..policies import quota as qp
 from ..policies.affinity import uid
 from ..policies.capacity import share_units
 from ..projections.base import INDEX, Fact, Projection, on
@@ -87,6 +88,10 @@ class NodeState:
     drain: bool = False
     #: (spec, its rack label): a cache of ``rack()``
     _rack: tuple[str, str] | None = field(default=None, repr=False, compare=False)
+
+    def gpus_spec(self) -> list[dict[str, Any]]:
+        """The GPUs of its spec (id, model, ...)."""
+        return list(_json.decode(self.spec).get("gpus") or [])
 
     def rack(self) -> str:
         """The ``rack`` label of its spec (decoded once per spec, not once per placement)."""
@@ -155,6 +160,9 @@ class Fold(Projection):
     block_order: dict[str, float] = field(default_factory=dict)
     instances: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     reservations: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: (cluster, iid) -> what the reservation added to its tenant's quota usage counters
+    #: (``state.keys.quota_usage_key``: RESERVE_GANG counts it, RELEASE takes it back)
+    quota_res: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
     aff_svc: dict[str, dict[str, str]] = field(default_factory=dict)
     aff_lease: dict[str, str] = field(default_factory=dict)
     #: node -> {iid: bid} (Store.put_instances: what an agent reconciles against)
@@ -612,8 +620,15 @@ class Fold(Projection):
         }
         if units:
             self.reservations[(cid, iid)]["share"] = units
+        tenant = qp.tenant_of(ir)
+        if tenant is not None:  # what workers.allocate sends the script (policies.quota.with_quota)
+            models = {str(g.get("id")): str(g.get("model") or "") for g in node.gpus_spec()}
+            got = qp.fields(tenant, qp.instance_usage(ir.get("resources") or {}, list(gpus), models))
+            if got:
+                self.quota_res[(cid, iid)] = got
 
     def _release(self, cid: str, nid: str, iid: str) -> None:
+        self.quota_res.pop((cid, iid), None)
         res = self.reservations.pop((cid, iid), None)
         node = self.nodes.get(nid)
         if res is None or node is None:
@@ -671,6 +686,14 @@ class Fold(Projection):
             }
             if r.get("share"):
                 h["share"] = str(r["share"])
+        usage: dict[str, dict[str, float]] = {}
+        for (cid, iid), got in sorted(self.quota_res.items()):
+            img.setdefault(k.quota_res_key(cid), {})[iid] = dumps(got)
+            row = usage.setdefault(cid, {})
+            for f, v in got.items():
+                row[f] = row.get(f, 0.0) + v
+        for cid, row in usage.items():
+            img[k.quota_usage_key(cid)] = {f: repr(v) for f, v in sorted(row.items())}
 
     def _vcluster_image(self, img: Image) -> None:
         vc_index: dict[str, str] = {}

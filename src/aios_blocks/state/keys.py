@@ -119,6 +119,20 @@ def index_key(cid: str) -> str:
     return f"{P}:meta:{{c:{cid}}}:index"
 
 
+def quota_usage_key(cid: str) -> str:
+    """Quota usage held in the cluster (issue 36, docs/priority.md "Quota gating"): hash
+    ``tenant<TAB>model<TAB>resource`` -> amount, changed by the capacity scripts in the same call
+    (and Redis Cluster slot) as the reservation they take or give back. Under ``aios:meta:``: left
+    out of the state digest, rebuilt by ``blocks recover`` from the reservations the stream folds to."""
+    return f"{P}:meta:{{c:{cid}}}:quota"
+
+
+def quota_res_key(cid: str) -> str:
+    """What each reservation added to ``quota_usage_key`` (hash iid -> JSON ``{field: amount}``), so
+    that its release takes back exactly that."""
+    return f"{P}:meta:{{c:{cid}}}:quota:res"
+
+
 def index_cluster(key: str) -> str:
     """The cluster id of an ``index_key``."""
     return key.removeprefix(f"{P}:meta:{{c:").removesuffix("}:index")

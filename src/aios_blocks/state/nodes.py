@@ -19,6 +19,8 @@ from .keys import (
     index_key,
     node_inst_key,
     node_key,
+    quota_res_key,
+    quota_usage_key,
     res_key,
     res_pattern,
 )
@@ -107,12 +109,13 @@ class NodeRecords:
         keys: list[str] = []
         for p in placements:
             keys += [node_key(cid, p["node"]), res_key(cid, p["iid"])]
-        keys.append(index_key(cid))
+        keys += [index_key(cid), quota_usage_key(cid), quota_res_key(cid)]
         ok, reason, node = await self._reserve(keys=keys, args=[_dumps(placements)])
         return bool(ok), reason, node
 
     async def release(self, cid: str, nid: str, iid: str) -> bool:
-        return bool(await self._release(keys=[node_key(cid, nid), res_key(cid, iid), index_key(cid)]))
+        keys = [node_key(cid, nid), res_key(cid, iid), index_key(cid), quota_usage_key(cid), quota_res_key(cid)]
+        return bool(await self._release(keys=keys, args=[iid]))
 
     async def reservation(self, cid: str, iid: str) -> dict[str, str] | None:
         h = await self.r.hgetall(res_key(cid, iid))

@@ -11,7 +11,17 @@ from typing import Any
 
 import msgspec
 
-from .keys import BLOCKS, NODE_INDEX, PRIORITY_CLASSES, QUOTAS, block_key, inst_key, node_key
+from .keys import (
+    BLOCKS,
+    CLUSTERS,
+    NODE_INDEX,
+    PRIORITY_CLASSES,
+    QUOTAS,
+    block_key,
+    inst_key,
+    node_key,
+    quota_usage_key,
+)
 
 _json = msgspec.json
 
@@ -49,6 +59,16 @@ class PriorityStore:
             await self.r.hset(QUOTAS, tenant, _json.encode(record))
 
     # -- what the accounting reads ---------------------------------------------------------------
+    async def usage_counters(self) -> list[dict[str, str]]:
+        """Each cluster's quota usage counters (``quota_usage_key``: ``tenant<TAB>model<TAB>resource``
+        -> amount), kept by the capacity scripts with every reservation taken or given back: one
+        read per cluster, whatever the number of blocks (``policies.quota.from_fields`` sums them)."""
+        cids = sorted(await self.r.hkeys(CLUSTERS))
+        pipe = self.r.pipeline(transaction=False)
+        for cid in cids:
+            pipe.hgetall(quota_usage_key(cid))
+        return list(await pipe.execute()) if cids else []
+
     async def placed(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """The blocks with instances (``{block_id, status, ir, created, instances}``) and every
         GPU's model (gpu id -> model). A scan of every block: for listings, not for hot paths."""

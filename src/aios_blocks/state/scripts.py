@@ -112,10 +112,21 @@ for i = 1, n do
   if share > 0 then redis.call('HSET', KEYS[2*i], 'share', share) end
 end
 if KEYS[2*n+1] then redis.call('INCR', KEYS[2*n+1]) end
+-- quota usage (KEYS[2n+2] usage hash, KEYS[2n+3] per-reservation amounts): in the same call
+if KEYS[2*n+3] then
+  for i = 1, n do
+    local pl = p[i]
+    if pl.quota and next(pl.quota) ~= nil then
+      for f, a in pairs(pl.quota) do redis.call('HINCRBYFLOAT', KEYS[2*n+2], f, a) end
+      redis.call('HSET', KEYS[2*n+3], pl.iid, cjson.encode(pl.quota))
+    end
+  end
+end
 return {1, 'ok', ''}
 """
 
-# KEYS: node, res, [the cluster's state index, bumped when something was released].
+# KEYS: node, res, [the cluster's state index, bumped when something was released], [quota usage,
+# quota per-reservation amounts]; ARGV: [the instance id] (with the quota keys).
 # Returns 1 if released, 0 if there was nothing to release (idempotent).
 RELEASE = r"""
 -- amounts are skipped when zero: Lua renders -0 as "-0", which HINCRBY rejects
@@ -140,6 +151,16 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 redis.call('DEL', KEYS[2])
 if KEYS[3] then redis.call('INCR', KEYS[3]) end
+-- quota usage (KEYS[4] usage hash, KEYS[5] per-reservation amounts, ARGV[1] the iid): taken back
+if KEYS[5] then
+  local q = redis.call('HGET', KEYS[5], ARGV[1])
+  if q then
+    for f, a in pairs(cjson.decode(q)) do
+      if tonumber(a) ~= 0 then redis.call('HINCRBYFLOAT', KEYS[4], f, -tonumber(a)) end
+    end
+    redis.call('HDEL', KEYS[5], ARGV[1])
+  end
+end
 return 1
 """
 

@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from ..handlers import allocation as al
+from ..policies import quota as qp
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
 from ..schemas.lifecycle import Step
@@ -55,7 +56,9 @@ async def allocate(
             # waiting for its round trip (one plan per Redis round trip per cluster was the bound
             # of a scale burst); a reservation that fails re-reads its nodes
             w.inventory.apply(cid, reserve.taken, {nid: snap.nodes[nid] for nid in reserve.touched})
-            reserving = asyncio.ensure_future(w.store.reserve_gang(cid, list(reserve.placements)))
+            # each with what it adds to its tenant's quota usage (the script counts it in the same call)
+            records = qp.with_quota(req.ir, reserve.placements, snap.nodes)
+            reserving = asyncio.ensure_future(w.store.reserve_gang(cid, records))
             await asyncio.sleep(0)  # the script queued (autopipeline) before the next plan's
         ok, reason, node = await _applied(w, reserve, reserving)
         if ok:

@@ -113,6 +113,9 @@ async def _quota_holds(w: Worker, bid: str, gen: int, ir: BlockIR, n: int) -> bo
     too, and the queue walker preempts the borrowers (InCohortReclamation), then places it."""
     view, _placed = await queue.quota_view(w)
     verdict = h_queue.gate(ir, view)
+    if verdict is not None and view is not None and view.exact_needed(verdict[0]):
+        view, _placed = await queue.quota_view(w, exact=True)  # a reclamation: decided on the blocks
+        verdict = h_queue.gate(ir, view)
     if verdict is None or verdict[0].verdict in (Verdict.ADMIT, Verdict.ADMIT_BORROWING):
         if verdict is not None:
             log.info("gateway.quota", block=bid, verdict=str(verdict[0].verdict), reason=verdict[1][:200])

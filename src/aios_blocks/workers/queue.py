@@ -82,15 +82,22 @@ async def wait_or_fail(w: Worker, bid: str, gen: int, ir: BlockIR, reason: str, 
     log.info("queue.pending", block=bid, gen=gen, reason=reason[:200])
 
 
-async def quota_view(w: Worker) -> tuple[hq.QuotaView | None, list[dict[str, Any]]]:
-    """The quotas and the running blocks' holdings the quota gate reads (None: no quota set: the
-    scan of the placed blocks is skipped), and the placed rows a reclamation picks its victims in."""
+async def quota_view(w: Worker, exact: bool = False) -> tuple[hq.QuotaView | None, list[dict[str, Any]]]:
+    """The quotas and the holdings the quota gate reads (None: no quota set). By default each
+    tenant's usage from the counters the capacity scripts keep (``PriorityStore.usage_counters``:
+    one read per cluster, no scan of the placed blocks; ``QuotaView.counted``); ``exact``: every
+    running block's holding and the placed rows a reclamation picks its victims in (a scan: only
+    when a verdict is ``reclaim``)."""
     store = PriorityStore(w.store.r)
     records = await store.quotas()
     if not records:
         return None, []
+    quotas = {t: Quota.model_validate(q) for t, q in records.items()}
+    if not exact:
+        usage = qp.from_fields(await store.usage_counters())
+        return hq.QuotaView(quotas, [qp.Holding(f"{qp.TOTAL}{t}", t, u) for t, u in sorted(usage.items())], counted=True), []
     placed, models = await store.placed()
-    return hq.QuotaView({t: Quota.model_validate(q) for t, q in records.items()}, qp.holdings_of(placed, models)), placed
+    return hq.QuotaView(quotas, qp.holdings_of(placed, models)), placed
 
 
 def _block_of(entries: list[hq.Entry], bid: str) -> Mapping[str, Any] | None:
@@ -194,7 +201,10 @@ class QueueWalker:
         view, placed = await quota_view(self.w)
         while True:
             out = hq.walk(entries, clusters, views, tried, time.time(),
-                          None if view is None else hq.QuotaView(view.quotas, list(view.holdings)))
+                          None if view is None else hq.QuotaView(view.quotas, list(view.holdings), view.counted))
+            if out.reclaim and view is not None and view.counted:  # the victims are blocks: decided on them
+                view, placed = await quota_view(self.w, exact=True)
+                continue
             if out.reclaim:
                 bid, victims = out.reclaim[0]
                 if await self.reclaim(_block_of(entries, bid), victims, placed):
