@@ -230,7 +230,7 @@ class Sim:
         #: planner's ``NO_FIT`` answers (key -> the block's planner row) kept across capacity
         #: freed on a node where even with every evictable instance gone the block still does not
         #: fit (``preempt.node_may_fit``; blocks of one instance). The decisions are the same
-        #: (``decisions``; tests/unit/test_trace_online.py compares both on seeded workloads).
+        #: (``decisions``; tests/unit/test_online_incremental.py compares both on seeded workloads).
         self.incremental = incremental
         self.index = pre.Index(CLUSTER, self.views) if incremental else None
         self.no_fit: dict[tuple[Any, int], dict[str, Any]] = {}
