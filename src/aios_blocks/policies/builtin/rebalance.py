@@ -237,50 +237,52 @@ def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) 
     return None if best is None else (best[1], best[2], best[0])
 
 
-def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapping[str, int], limit: int,
+def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapping[str, int], size: int, before: int,
                ) -> tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None:
-    """The fewest instances of node ``src`` (at most ``limit``) whose moves make room for one more
-    instance of ``need`` in the cluster, each sent where it fragments least: (rank, moves, the
-    nodes after), or None."""
-    before = _count(c.nodes, need)
+    """The best ``size`` instances of node ``src`` whose moves make room for one more instance of
+    ``need`` in the cluster (it takes ``before`` now), each sent where it fragments least: (rank,
+    moves, the nodes after), or None."""
     order = sorted(insts, key=lambda i: (i.gpu_amount, i.priority, -i.created, i.iid))  # smallest, lowest, youngest
-    for size in range(1, min(limit, len(order)) + 1):
-        best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
-        for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
-            per_block: dict[str, int] = {}
-            for i in subset:
-                per_block[i.bid] = per_block.get(i.bid, 0) + 1
-            if any(k > budget.get(b, 0) for b, k in per_block.items()):
-                continue
-            nodes = dict(c.nodes)
-            src_node = nodes[src] = _copy(c.nodes[src])
-            for i in subset:
-                Cluster.release(src_node, i)
-            if node_fits(src_node, need, 1) < 1 and _count(nodes, need) <= before:
-                continue  # freeing these alone makes no room: the source never takes one more
-            src_saved = c.frag(src) - c.frag(src, src_node)
-            moves, cost, ok = [], 0.0, True
-            for i in subset:
-                dest = _destination(c, nodes, i, {src})
-                if dest is None:
-                    ok = False
-                    break
-                nid, gpus, d = dest
-                n = nodes[nid] = _copy(nodes[nid])
-                Cluster.take(n, i, gpus)
-                moves.append(Move(i, nid, gpus, d))
-                cost += d
-            if not ok or _count(nodes, need) <= before:
-                continue
-            if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
-                continue
-            rank = (size, sum(i.gpu_amount for i in subset), max(i.priority for i in subset), cost - src_saved,
-                    tuple(sorted(i.iid for i in subset)))
-            if best is None or rank < best[0]:
-                best = (rank, moves, nodes)
-        if best is not None:
-            return best
-    return None
+    if size > len(order):
+        return None
+    # an instance turns at most its own GPUs into free ones: a source further short than the
+    # ``size`` largest can free is no use at this size
+    if sum(sorted((len(i.gpus) for i in order), reverse=True)[:size]) < _shortfall(c.nodes[src], need):
+        return None
+    best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
+    for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
+        per_block: dict[str, int] = {}
+        for i in subset:
+            per_block[i.bid] = per_block.get(i.bid, 0) + 1
+        if any(k > budget.get(b, 0) for b, k in per_block.items()):
+            continue
+        nodes = dict(c.nodes)
+        src_node = nodes[src] = _copy(c.nodes[src])
+        for i in subset:
+            Cluster.release(src_node, i)
+        if node_fits(src_node, need, 1) < 1 and _count(nodes, need) <= before:
+            continue  # freeing these alone makes no room: the source never takes one more
+        src_saved = c.frag(src) - c.frag(src, src_node)
+        moves, cost, ok = [], 0.0, True
+        for i in subset:
+            dest = _destination(c, nodes, i, {src})
+            if dest is None:
+                ok = False
+                break
+            nid, gpus, d = dest
+            n = nodes[nid] = _copy(nodes[nid])
+            Cluster.take(n, i, gpus)
+            moves.append(Move(i, nid, gpus, d))
+            cost += d
+        if not ok or _count(nodes, need) <= before:
+            continue
+        if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
+            continue
+        rank = (size, sum(i.gpu_amount for i in subset), max(i.priority for i in subset), cost - src_saved,
+                tuple(sorted(i.iid for i in subset)))
+        if best is None or rank < best[0]:
+            best = (rank, moves, nodes)
+    return best
 
 
 def _shortfall(n: _Node, need: Need) -> float:
@@ -307,13 +309,16 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
         for i in where.values():
             on.setdefault(i.node, []).append(i)
         sources = sorted((nid for nid in on if nid in c.nodes), key=lambda nid: (_shortfall(c.nodes[nid], need), nid))
+        sources = [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
+        before = _count(c.nodes, need)
         best = None
-        for src in sources[:SOURCES]:
-            if _shortfall(c.nodes[src], need) == float("inf"):
+        for size in range(1, left + 1):  # the fewest moves anywhere first
+            for src in sources:
+                found = _free_room(c, need, src, on[src], budget, size, before)
+                if found is not None and (best is None or found[0] < best[0]):
+                    best = found
+            if best is not None:
                 break
-            found = _free_room(c, need, src, on[src], budget, left)
-            if found is not None and (best is None or found[0] < best[0]):
-                best = found
         if best is None:
             return None
         _, step, c.nodes = best
