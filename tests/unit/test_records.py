@@ -80,3 +80,17 @@ def test_cluster_record_names_every_field_of_a_cluster_spec() -> None:
     from aios_blocks.schemas.spec import Cluster
 
     assert set(Cluster.model_fields) == set(ClusterRecord.__annotations__)
+
+
+def test_an_executor_route_view_has_the_fields_route_view_names() -> None:
+    from aios_blocks.executor.engine import InlinePolicy, Limits, Route
+    from aios_blocks.policies.runtime import BUILTINS
+    from aios_blocks.schemas.records import RouteView
+
+    uri = "builtin:round-robin"
+    r = Route("b", InlinePolicy(BUILTINS[uri]("b.loadBalancer", {}, {}), uri), Limits())
+    r.apply({"b-0": {"node": "n1", "endpoint": "http://n1:9000", "state": "ready", "since": 1.0, "boot": "x"}}, 1, 1,
+            {"n1": "x"})
+    r.set_collected("b-0", {"inflight": 0})
+    v = r.try_pick({})
+    assert v is not None and set(v) <= set(RouteView.__annotations__) and v["state"] == "ready"

@@ -16,6 +16,7 @@ from typing import Any
 
 import aiohttp
 
+from ..schemas.records import RouteView
 from ..settings import Settings
 from .engine import Refused, Route
 
@@ -26,7 +27,7 @@ RETRY_STATUSES = (502, 503, 504)
 MAX_TASK_TIMEOUT_MS = 86_400_000
 
 #: what a caller does with the accepted answer (reads it whole, or streams it on)
-Consume = Callable[[aiohttp.ClientResponse, dict[str, Any]], Awaitable[Any]]
+Consume = Callable[[aiohttp.ClientResponse, RouteView], Awaitable[Any]]
 
 
 def truthy(v: str | None) -> bool:
@@ -117,7 +118,7 @@ class Dispatcher:
                 await asyncio.sleep(min(0.5, 0.01 * 2 ** (attempt + 1)) * (0.5 + random.random()))
         raise Refused(502, f"{last}; gave up after {retries + 1} attempt(s)")
 
-    async def _attempt(self, route: Route, v: dict[str, Any], task: Task, may_retry: bool, consume: Consume) -> tuple[bool, Any, str]:
+    async def _attempt(self, route: Route, v: RouteView, task: Task, may_retry: bool, consume: Consume) -> tuple[bool, Any, str]:
         """One try at instance ``v``: (True, what ``consume`` made, '') or (False, None, why it
         failed, to try another). A failure that must not be retried raises Refused."""
         assert self.session is not None

@@ -44,7 +44,7 @@ from typing import Any
 
 from ..policies import contract
 from ..schemas.lifecycle import InstanceState as InstanceState
-from ..schemas.records import MapEntry
+from ..schemas.records import MapEntry, RouteView
 from .outlier import Outliers
 from .stats import Reject, RouteStats
 
@@ -129,7 +129,7 @@ class Chooser:
 
     name = "?"
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
         raise NotImplementedError
 
 
@@ -144,7 +144,7 @@ class InlinePolicy(Chooser):
         self.time_limit_s = time_limit_s
         self.context = context if context is not None else {}
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
         input_data = {"action": "route", "payload": {"block": bid, "task": task, "instances": candidates}}
         try:
             if self.time_limit_s > 0:
@@ -179,7 +179,7 @@ class Weighted(Chooser):
     def set(self, weights: dict[str, float]) -> None:
         self.weights = {k: float(v) for k, v in weights.items()}
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
         known = [self.weights[c["id"]] for c in candidates if c["id"] in self.weights]
         mean = (sum(known) / len(known)) if known else 1.0
         ws = [self.weights.get(c["id"], mean) for c in candidates]
@@ -217,7 +217,7 @@ class Route:
     path: str = "/infer"
     method: str = "POST"
     rule: dict[str, Any] = field(default_factory=dict)
-    views: dict[str, dict[str, Any]] = field(default_factory=dict)
+    views: dict[str, RouteView] = field(default_factory=dict)
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)
     #: recent service time (EWMA, seconds): the retry-after estimate
     ewma_s: float = 0.01
@@ -229,7 +229,7 @@ class Route:
     policy_s: float = 0.0
     #: the figures exported for Prometheus and the metrics collector (``executor.stats``)
     stats: RouteStats = field(default_factory=RouteStats)
-    _ready: list[dict[str, Any]] = field(default_factory=list)
+    _ready: list[RouteView] = field(default_factory=list)
     #: ready instances at their in-flight limit (0: every ready instance is a candidate)
     _full: int = 0
     #: the instances' metrics by source (their union is each view's ``metrics``)
@@ -264,9 +264,9 @@ class Route:
         if gen is not None:
             self.gen = gen
         old = self.views
-        new: dict[str, dict[str, Any]] = {}
+        new: dict[str, RouteView] = {}
         for iid, rec in instances.items():
-            v = old.get(iid)
+            v: RouteView | None = old.get(iid)
             if v is None:
                 v = {"id": iid, "inflight": 0, "metrics": {}}
             v["node"] = rec.get("node", "")
@@ -307,7 +307,7 @@ class Route:
             self.activated_at = None  # the next time the block is at zero asks again
         self._wake(len(self.waiting))
 
-    def record(self, v: dict[str, Any], outcome: str, error: str = "", seconds: float | None = None) -> float:
+    def record(self, v: RouteView, outcome: str, error: str = "", seconds: float | None = None) -> float:
         """One dispatch's outcome at ``v`` (``executor.outlier``): a transport failure (or too
         many 5xx in a row) ejects the instance from this executor's routing at once, until its
         ejection time ends. Returns the ejection time (0: not ejected)."""
@@ -385,7 +385,7 @@ class Route:
         return sum(1 for v in self.views.values() if v["state"] in LIVE)
 
     # -- admission ----------------------------------------------------------------------------
-    def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[dict[str, Any]]:
+    def candidates(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[RouteView]:
         """Instances that may take a task now. With none at its limit and nothing excluded this
         is the route's own list (no copy: policies must not change it; custom ones get a copy)."""
         if not self._full and not exclude:
@@ -398,7 +398,7 @@ class Route:
         est = (len(self.waiting) + 1) * self.ewma_s / capacity * 1000
         return int(min(5000, max(5, math.ceil(est))))
 
-    def try_pick(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> dict[str, Any] | None:
+    def try_pick(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> RouteView | None:
         """The instance for this task now (its in-flight count taken), or None when none is free.
         Raises :class:`Refused` (500) when the policy fails."""
         cands = self.candidates(exclude)
@@ -433,7 +433,7 @@ class Route:
         return v
 
     async def acquire(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset(),
-                      deadline: float | None = None) -> dict[str, Any]:
+                      deadline: float | None = None) -> RouteView:
         """An instance for the task, waiting in the block's queue while none is free (at most
         ``queue_timeout_s``) or, for a scale-to-zero block with no ready instance, held while one
         starts (at most ``hold_s``). ``deadline`` (loop time): the task's own limit on both."""
@@ -524,7 +524,7 @@ class Route:
             with contextlib.suppress(ValueError):
                 self.waiting.remove(fut)
 
-    def release(self, v: dict[str, Any], seconds: float | None = None, ok: bool | None = None) -> None:
+    def release(self, v: RouteView, seconds: float | None = None, ok: bool | None = None) -> None:
         """The task at ``v`` is done (``ok``: the instance answered below 500; None: not known,
         e.g. a test's own release)."""
         if v["inflight"] == self.limits.max_ongoing and v["state"] == InstanceState.READY and v["endpoint"]:

@@ -12,12 +12,11 @@ blocks that publish them are offered to the output publisher after the answer.""
 
 from __future__ import annotations
 
-from typing import Any
-
 import aiohttp
 import msgspec
 from aiohttp import web
 
+from ..schemas.records import RouteView
 from .dispatch import HOP_HEADERS, Dispatcher
 from .engine import Refused
 from .outputs import OutputPublisher, task_id_of
@@ -64,7 +63,7 @@ class Ingress:
             r = Refused(400, problem)
             return refusal_body(r), refusal_headers(r)
 
-        async def read_all(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
+        async def read_all(resp: aiohttp.ClientResponse, v: RouteView) -> tuple[bytes, dict[str, str]]:
             data = await resp.read()
             h = {"Aios-Status": str(resp.status), "Aios-Instance": v["id"], "Aios-Task-Id": task_id}
             ct = resp.headers.get("Content-Type")
@@ -109,7 +108,7 @@ class Ingress:
                                 headers={"Aios-Error": clean(problem)})
         publish = bid in self.outputs_on and path is None  # outputs of tasks, not of pass-through calls
 
-        async def stream(resp: aiohttp.ClientResponse, v: dict[str, Any]) -> web.StreamResponse:
+        async def stream(resp: aiohttp.ClientResponse, v: RouteView) -> web.StreamResponse:
             return await self._stream(request, resp, v, bid, task_id, publish)
 
         try:
@@ -123,7 +122,7 @@ class Ingress:
                 h["Retry-After"] = str(max(1, -(-r.retry_after_ms // 1000)))
             return web.Response(status=r.status, body=refusal_body(r), headers=h, content_type="application/json")
 
-    async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, v: dict[str, Any], bid: str, task_id: str,
+    async def _stream(self, request: web.Request, resp: aiohttp.ClientResponse, v: RouteView, bid: str, task_id: str,
                       publish: bool) -> web.StreamResponse:
         """The instance's answer passed on: a small one of known size in one write, else chunk by
         chunk as it comes (the output keeps at most its limit)."""

@@ -16,10 +16,12 @@ transport failure (``connect``: refused / unreachable, ``reset``: the connection
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..handlers.stability import max_out as max_out  # the checker's rule, shared with the ejection cap
+from ..schemas.records import RouteView
 
 TRANSPORT = ("connect", "reset", "timeout")
 OUTCOMES = ("ok", "5xx", *TRANSPORT)
@@ -105,7 +107,7 @@ class Outliers:
         for i in [i for i in self.ejected if i not in iids]:
             del self.ejected[i]
 
-    def snapshot(self, views: dict[str, dict[str, Any]], now: float | None = None) -> dict[str, dict[str, Any]]:
+    def snapshot(self, views: Mapping[str, RouteView], now: float | None = None) -> dict[str, dict[str, Any]]:
         """Per instance of the route: the counts the health checker reads (``passive`` and
         ``progress`` of its policy's input)."""
         now = time.monotonic() if now is None else now

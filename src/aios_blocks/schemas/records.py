@@ -254,6 +254,28 @@ class BlockMap(TypedDict, total=False):
     gone: list[str]
 
 
+class RouteView(TypedDict, total=False):
+    """An executor's view of one instance of a route (``executor.engine.Route``): the map's entry
+    (``MapEntry``) as this executor routes by it, with its own counts; a loadBalancer's
+    ``candidates``."""
+
+    id: str
+    node: str
+    endpoint: str
+    #: what the executor routes by (``schemas.lifecycle.InstanceState``): the map's state less
+    #: this executor's ejections and the health checker's ``unready``
+    state: str
+    map_state: str
+    health: str
+    weight: float
+    #: reported by the node agent run the node runs now (``executor.engine.confirmed``)
+    confirmed: bool
+    inflight: int
+    max_ongoing: int
+    #: the engine's queue figures (scraped) over the collector's latest sample
+    metrics: dict[str, Any]
+
+
 # -- the seed-000 policy payloads (docs/policies.md: exact field names) -----------------------------
 
 

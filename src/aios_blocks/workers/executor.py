@@ -42,7 +42,7 @@ from ..policies.runtime import BUILTINS, registry_name
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import ScaleTarget
-from ..schemas.records import BlockMap
+from ..schemas.records import BlockMap, RouteView
 from .base import Worker, run_consumers
 from .mapper import Mapper
 from .mapper import bindings as mapper_bindings
@@ -59,7 +59,7 @@ class _Failing(Chooser):
     def __init__(self, name: str, reason: str):
         self.name, self.reason = name, reason
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[dict[str, Any]]) -> str:
+    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
         raise PolicyError(self.reason)
 
 
@@ -269,7 +269,7 @@ class Executor:
 
         await Ticker(interval, "executor.scrape_failed", log).run(tick, stop)
 
-    async def _scrape(self, route: Route, v: dict[str, Any], timeout: aiohttp.ClientTimeout) -> None:
+    async def _scrape(self, route: Route, v: RouteView, timeout: aiohttp.ClientTimeout) -> None:
         assert self.session is not None
         async with self.session.get(v["endpoint"] + "/metrics", timeout=timeout) as resp:
             if resp.status == 200:
