@@ -63,12 +63,18 @@ async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int)
     last = feed.fold.last_seq
     await feed.at(1)  # (waits for the checkpoints being compressed)
     rng = random.Random(42)
-    times = []
+    times, folds, views, after = [], [], [], []
     for seq in sorted(rng.sample(range(1, last), asks)):
+        base = max((c[0] for c in feed.checkpoints if c[0] <= seq), default=0)
         t = time.perf_counter()
         f = await feed.at(seq)
+        t1 = time.perf_counter()
         projection.overview(f)
-        times.append(time.perf_counter() - t)
+        t2 = time.perf_counter()
+        times.append(t2 - t)
+        folds.append(t1 - t)
+        views.append(t2 - t1)
+        after.append(seq - base)
     gaps = [b[0] - a[0] for a, b in zip(feed.checkpoints, feed.checkpoints[1:], strict=False)]
     print(f"past moment at {last:,} events ({len(msgs):,} from the dump, {len(feed.fold.blocks):,} blocks, "
           f"{len(feed.fold.nodes):,} nodes at the end): fed in {fed:.1f} s ({last / fed:,.0f} events/s)")
@@ -76,7 +82,9 @@ async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int)
           f"every {max(gaps, default=0):,} events at most now); kept messages: {feed.kept.bytes / 2**20:.0f} MiB compressed, "
           f"from seq {feed.kept.first or 1:,}; RSS {proc.memory_info().rss / 2**20:.0f} MiB")
     print(f"  Feed.at(seq) + the overview, {asks} random sequences: median {statistics.median(times):.2f} s, "
-          f"max {max(times):.2f} s")
+          f"max {max(times):.2f} s (Feed.at: checkpoint restored + events after it folded, median "
+          f"{statistics.median(folds):.2f} s over a median {statistics.median(after):,.0f} events; the overview: median "
+          f"{statistics.median(views):.2f} s)")
 
 
 def main() -> None:
