@@ -94,3 +94,11 @@ def test_an_executor_route_view_has_the_fields_route_view_names() -> None:
     r.set_collected("b-0", {"inflight": 0})
     v = r.try_pick({})
     assert v is not None and set(v) <= set(RouteView.__annotations__) and v["state"] == "ready"
+
+
+def test_a_gather_has_the_fields_gather_record_names() -> None:
+    from aios_blocks.schemas.records import GatherRecord
+    from aios_blocks.state.gathers import _gather
+
+    g = _gather({"expected": '["c1"]', "deadline": "5.5", "r:c1": '{"score": 1.0}', "decided": "t", "at": "7"})
+    assert set(g) == set(GatherRecord.__annotations__) and g["results"] == {"c1": {"score": 1.0}}

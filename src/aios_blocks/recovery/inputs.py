@@ -35,7 +35,7 @@ from ..projections.base import parse
 from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
-from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, NodeView
+from ..schemas.records import BlockIR, ClusterRecord, GatherRecord, InstanceRecord, NodeView
 from ..state.store import node_view
 from .fold import Fold
 
@@ -229,7 +229,7 @@ class State:
     def instances(self, bid: str) -> dict[str, InstanceRecord]:
         return {iid: _json.decode(_json.encode(i)) for iid, i in self.f.instances.get(bid, {}).items()}
 
-    def gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
+    def gather(self, bid: str, gen: int, attempt: int) -> GatherRecord:
         g = self.f.gathers.get((bid, gen, attempt)) or {"expected": [], "results": {}}
         return _json.decode(_json.encode({"expected": g["expected"], "results": g["results"]}))
 

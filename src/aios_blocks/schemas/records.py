@@ -10,7 +10,7 @@ in some states (a record's fields arrive step by step).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, TypedDict, cast
+from typing import Any, NotRequired, TypedDict, cast
 
 # -- the block's IR (``schemas.ir.block_create_IR``) ---------------------------------------------
 
@@ -197,6 +197,20 @@ class ClusterRecord(TypedDict):
 
     id: str
     labels: dict[str, str]
+
+
+class GatherRecord(TypedDict):
+    """A selection round's gather (``Store.gather_read``): the clusters asked, when it is due, the
+    answers so far by cluster (a ``DryRunResult`` as JSON), who decided it, the stream sequence
+    of the fact that opened it."""
+
+    expected: list[str]
+    results: dict[str, dict[str, Any]]
+    #: not in the one ``recovery.inputs`` rebuilds (the decision's inputs need only the above)
+    deadline: NotRequired[float]
+    #: the decider's token (None: not decided yet)
+    decided: NotRequired[str | None]
+    at: NotRequired[int]
 
 
 class NodeMeta(TypedDict):

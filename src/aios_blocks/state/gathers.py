@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import BlockRecord
+from ..schemas.records import BlockRecord, GatherRecord
 from .keys import AFF_LEASE, GATHER_DUE, aff_svc_key, block_key, ctx_key, due_member, gather_key
 from .records import _block, _dumps
 
@@ -101,12 +101,12 @@ class GatherRecords:
         )
         return int(answered), int(expected), decided or None, float(deadline or 0)
 
-    async def gather_read(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
+    async def gather_read(self, bid: str, gen: int, attempt: int) -> GatherRecord:
         return _gather(await self.r.hgetall(gather_key(bid, gen, attempt)))
 
     async def gather_decide_read(
         self, bid: str, gen: int, attempt: int, token: str
-    ) -> tuple[bool, BlockRecord | None, dict[str, Any]]:
+    ) -> tuple[bool, BlockRecord | None, GatherRecord]:
         """``gather_decide``, then the block and the gather as they are after the claim, in one
         round trip: (this caller decides, the block record, the gather)."""
         key = gather_key(bid, gen, attempt)
@@ -154,7 +154,7 @@ class GatherRecords:
             await pipe.execute()
 
 
-def _gather(h: dict[str, str]) -> dict[str, Any]:
+def _gather(h: dict[str, str]) -> GatherRecord:
     return {
         "expected": _json.decode(h["expected"]) if "expected" in h else [],
         "deadline": float(h.get("deadline", 0)),

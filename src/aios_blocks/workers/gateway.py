@@ -28,7 +28,7 @@ from ..schemas.events import (
     Selection,
 )
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR, BlockRecord, ir_of
+from ..schemas.records import BlockIR, BlockRecord, GatherRecord, ir_of
 from . import queue
 from .base import Worker, bound
 
@@ -171,7 +171,7 @@ async def on_due(w: Worker, bid: str, gen: int, n: int) -> float | None:
     return None
 
 
-async def ask_again(w: Worker, bid: str, gen: int, n: int, g: dict[str, Any]) -> list[str]:
+async def ask_again(w: Worker, bid: str, gen: int, n: int, g: GatherRecord) -> list[str]:
     """Send the dry_run query again to every expected cluster that has not answered (the same
     request: an answer that was only late is deduplicated by its message id)."""
     missing = [c for c in g["expected"] if c not in g["results"]]
@@ -217,7 +217,7 @@ def _deciding(block: BlockRecord, gen: int, n: int) -> bool:
     return int(block.get("attempt", 0)) == n
 
 
-async def _choose(w: Worker, ir: BlockIR, g: dict[str, Any], trace: list[Decision]) -> h.FinalDecision:
+async def _choose(w: Worker, ir: BlockIR, g: GatherRecord, trace: list[Decision]) -> h.FinalDecision:
     """The clusterAllocator's choice among the round's answers."""
     clusters = await w.inventory.clusters()
     asked = [cid for cid in g["expected"] if cid in clusters]
@@ -258,7 +258,7 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     await w.bus.after_commit(lambda: w.store.gather_finish(bid, gen, n))
 
 
-def _answers(bid: str, gen: int, n: int, g: dict[str, Any]) -> list[DryRunResult]:
+def _answers(bid: str, gen: int, n: int, g: GatherRecord) -> list[DryRunResult]:
     """The round's answers as the gather holds them (a gather rebuilt by ``blocks recover`` from
     an older stream holds only their scores)."""
     out = []
