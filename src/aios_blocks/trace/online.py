@@ -144,6 +144,10 @@ class Job:
     epoch: int = 0  # bumped at each placement: a departure of an older run is stale
     preempted_by: str = ""
     victim_times: int = 0
+    #: its place in the queue's order (``Sim.qkey``: kept until ``since`` changes) and its task's
+    #: resources (the task never changes): computed once, not per walk
+    qkey: tuple[Any, ...] = ()
+    needs: dict[str, Any] | None = None
 
 
 @dataclass
@@ -320,15 +324,22 @@ class Sim:
     def block(self, j: Job) -> BlockRecord:
         return {"status": "pending", "ir": j.ir, "gen": 0, "preempted_by": j.preempted_by}
 
+    def qkey(self, j: Job) -> tuple[Any, ...]:
+        """The queue's order: priority desc, then age, then id (FIFO: age, then id)."""
+        if not j.qkey or j.qkey[-2] != j.since:
+            bid = block_id(j.timed.task)
+            j.qkey = (j.since, bid) if self.mode is Mode.FIFO else (-int(j.ir["priority"]), j.since, bid)
+        return j.qkey
+
     def head_entries(self) -> list[queue.Entry]:
         """The queue's head (priority desc then age; FIFO: age), without the blocks whose shape
         fits no node now and that may not preempt: the walk passes over those anyway."""
-        key = (lambda j: (j.since, block_id(j.timed.task))) if self.mode is Mode.FIFO else \
-            (lambda j: (-int(j.ir["priority"]), j.since, block_id(j.timed.task)))
         out = []
-        for j in sorted(self.pending.values(), key=key):
+        for j in sorted(self.pending.values(), key=self.qkey):
             t = j.timed.task
-            if not capacity.fitting(self.views, t.resources(), t.sharing) and (
+            if j.needs is None:
+                j.needs = t.resources()
+            if not capacity.fitting(self.views, j.needs, t.sharing) and (
                     self.mode is not Mode.PREEMPTION or j.preempted_by or not int(j.ir["priority"])):
                 continue
             out.append(queue.Entry(block_id(t), self.block(j)))
