@@ -147,7 +147,7 @@ class Job:
     #: its place in the queue's order (``Sim.qkey``: kept until ``since`` changes) and its task's
     #: resources (the task never changes): computed once, not per walk
     qkey: tuple[Any, ...] = ()
-    needs: dict[str, Any] | None = None
+    needs: Needs | None = None
 
 
 @dataclass
@@ -337,9 +337,10 @@ class Sim:
         out = []
         for j in sorted(self.pending.values(), key=self.qkey):
             t = j.timed.task
-            if j.needs is None:
-                j.needs = t.resources()
-            if not capacity.fitting(self.views, j.needs, t.sharing) and (
+            needs = j.needs
+            if needs is None:
+                needs = j.needs = t.resources()
+            if not capacity.fitting(self.views, needs, t.sharing) and (
                     self.mode is not Mode.PREEMPTION or j.preempted_by or not int(j.ir["priority"])):
                 continue
             out.append(queue.Entry(block_id(t), self.block(j)))
