@@ -23,7 +23,7 @@ from pathlib import Path
 import psutil
 
 from aios_blocks.console import projection
-from aios_blocks.console.feed import Feed
+from aios_blocks.console.feed import CHECK_BYTES, Feed
 from aios_blocks.projections.lines import line
 
 
@@ -50,8 +50,8 @@ def amplified(msgs: list[tuple[str, bytes, int, float]], n: int) -> Iterator[tup
                 return
 
 
-async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int) -> None:
-    feed = Feed(None, lambda subject, env: line(subject, env)[1])  # type: ignore[arg-type]  # (kept messages: no stream read)
+async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int, check_bytes: int = CHECK_BYTES) -> None:
+    feed = Feed(None, lambda subject, env: line(subject, env)[1], check_bytes=check_bytes)  # type: ignore[arg-type]  # (no stream read)
     proc = psutil.Process()
     t0 = time.perf_counter()
     for i, m in enumerate(amplified(msgs, events)):
@@ -92,8 +92,9 @@ def main() -> None:
     ap.add_argument("dump", type=Path, help="bench/console.py --dump's file")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--asks", type=int, default=10)
+    ap.add_argument("--check-mib", type=int, default=CHECK_BYTES // 2**20, help="the checkpoints' budget (MiB compressed)")
     args = ap.parse_args()
-    asyncio.run(run(pickle.loads(args.dump.read_bytes()), args.events, args.asks))
+    asyncio.run(run(pickle.loads(args.dump.read_bytes()), args.events, args.asks, args.check_mib * 2**20))
 
 
 if __name__ == "__main__":
