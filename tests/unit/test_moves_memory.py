@@ -214,3 +214,29 @@ async def test_a_claimed_move_delivered_twice_at_once_places_one_new_instance() 
         assert res is not None and res["node"] == (await s.store.instances(bid))[new]["node"]
         assert len(await s.store.reservations("c1")) == 1
         assert len({d["placements"][0]["node_id"] for d in s.bus.events(E.block_placement, bid=bid) if d["request_id"] == "move-m1"}) == 1
+
+
+async def test_a_new_instance_running_before_its_move_said_started_is_switched_at_once(monkeypatch: Any) -> None:
+    """A fast agent: the new instance's ``added`` handled before the move's record said started
+    (``after_added`` found the move only claimed). The placing step switches it then, not the
+    sweep ``AIOS_MOVE_READY_TIMEOUT_S`` later."""
+    from aios_blocks.workers import moves as wm
+
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=1, nodes=2)
+        real_start = wm.start
+
+        async def start_then_run(w: Any, ir: Any, gen: int, cid: str, action: str, placements: Any, *a: Any, **kw: Any) -> Any:
+            out = await real_start(w, ir, gen, cid, action, placements, *a, **kw)
+            for p in placements:  # as the lifecycle's on_added would have recorded it
+                await s.store.set_instance_status(bid, p["iid"], "running", "http://127.0.0.1:1")
+            return out
+
+        monkeypatch.setattr(wm, "start", start_then_run)
+        await s.bus.emit(E.block_move_requested, _move(bid, f"{bid}-0"))
+        (msg,) = [m for m in s.bus.stream if m.subject.endswith(".move.requested")]
+        s.bus.pending.remove(msg.seq)
+        spec, handler = next((sp, h) for sp, h in s.bindings if sp.durable == "lifecycle")
+        await s._deliver(spec.durable, handler, msg)  # that request only: no added is delivered
+        assert [k for k, _ in _steps(s, bid)] == ["started", "switched"]
+        assert (await s.store.instances(bid))[f"{bid}-0"]["status"] == "removing"

@@ -172,7 +172,13 @@ async def _place(w: Worker, rec: dict[str, Any]) -> None:
                 replaces=rec["old"], trace=trace)
     (p,) = placements
     plan = mv.started(rec, p["node"], list(p["gpus"]), time.time(), w.settings.move_ready_timeout_s, trace)
-    if not await apply(w, plan, rec):
+    if await apply(w, plan, rec):
+        # its ``added`` may have been handled before the move said started (a fast agent): the
+        # switch is made now rather than at the sweep's next look
+        block, insts = await w.store.block_view(bid)
+        if plan.record is not None and (insts.get(rec["new"]) or {}).get("status") == InstanceStatus.RUNNING:
+            await apply(w, mv.on_new_added(plan.record, block, insts, time.time(), w.settings.scale_down_grace_s), plan.record)
+    else:
         # the move was failed meanwhile (the sweep found its claim lapsed): the instance this
         # step started goes again
         now_rec = await store(w).get(bid, rec["move_id"])
