@@ -230,7 +230,7 @@ async def on_new_fault(w: Worker, ev: InstanceEvent, kind: str) -> bool:
     if not mv.is_move_instance(ev.block_id, ev.instance_id):
         return False
     rec = await _move_of(w, ev.block_id, "new", ev.instance_id, (MovePhase.CLAIMED, MovePhase.STARTED))
-    if rec is None or rec.get("node") != ev.node_id:
+    if rec is None or (rec.get("node") and rec["node"] != ev.node_id):  # (claimed: its node not yet recorded)
         return False
     _, insts = await w.store.block_view(ev.block_id)
     await apply(w, mv.on_new_gone(rec, insts, time.time(), f"{kind}: {ev.reason}"), rec)
