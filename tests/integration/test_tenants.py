@@ -241,3 +241,40 @@ async def test_a_hostile_tenant_reaches_nothing_of_another_or_of_the_system(syst
         await victim.close()
     # it read nothing of the victim's: no reply, no event, no inbox traffic
     assert not any("v-b" in s for s in evil_all.subjects), evil_all.subjects
+
+
+async def test_a_block_id_used_again_by_another_tenant_tells_the_first_nothing(system: System) -> None:
+    """Tenant A deletes its block; tenant B creates one with the same id: every event of B's block
+    goes to B, none to A (the relay reads the owner of the event's generation)."""
+    if system.servers is None:
+        pytest.skip("your own servers: tenants are accounts of the embedded one")
+    c = system.client
+    await c.add_sim_cluster("tr", nodes=1, gpus=2)
+    auth.add_tenant(system.data_dir, "first")
+    auth.add_tenant(system.data_dir, "second")
+    a, b = await login(system.data_dir, "first"), await login(system.data_dir, "second")
+    seen_a, seen_b = Seen(), Seen()
+    try:
+        await a.subscribe("aios.block.>", cb=seen_a.on)
+        await b.subscribe("aios.block.>", cb=seen_b.on)
+        await a.flush()
+        await b.flush()
+        await a.jetstream(timeout=10).publish("aios.block.reused.create", create("reused"), headers=HEADERS)
+        await seen_a.until("aios.block.reused.ready")
+        assert status(await a.request("aios.block.reused.delete", b"", timeout=30)) == 200
+        await seen_a.until("aios.block.reused.deleted")
+        before = len(seen_a.subjects)
+        await b.jetstream(timeout=10).publish("aios.block.reused.create", create("reused"), headers=HEADERS)
+        await seen_b.until("aios.block.reused.ready")
+        # B's block answers B's requests and not A's any more
+        assert status(await b.request("aios.block.reused.task", b"{}", timeout=60)) == 200
+        assert status(await a.request("aios.block.reused.task", b"{}", timeout=30)) == 404
+        assert status(await b.request("aios.block.reused.delete", b"", timeout=30)) == 200
+        await seen_b.until("aios.block.reused.deleted")
+    finally:
+        await a.close()
+        await b.close()
+    late = [s for s in seen_a.subjects[before:] if not s.endswith((".task",))]  # (A's own request)
+    assert late == [], late
+    block = await c.store.get_block("reused")
+    assert block is not None and block["ir"]["labels"]["tenant"] == "second"

@@ -73,6 +73,16 @@ def block_tenant(block: Any) -> str | None:
     return str(tenant) if tenant else None
 
 
+def _gen_of(data: bytes) -> int | None:
+    """The block generation an event names (``data.gen``), if any."""
+    try:
+        body = msgspec.json.decode(data)
+    except msgspec.DecodeError:
+        return None
+    gen = (body.get("data") or {}).get("gen") if isinstance(body, dict) else None
+    return gen if isinstance(gen, int) and not isinstance(gen, bool) and gen > 0 else None
+
+
 def _answer(status: int, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     headers = {"Aios-Status": str(status), "Content-Type": "application/json"}
     if status >= 400:
@@ -83,13 +93,13 @@ def _answer(status: int, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
 class TenantDesk:
     """Tenants' requests and their blocks' events, for one gateway process."""
 
-    def __init__(self, w: Worker, cache_size: int = 10_000, negative_s: float = 1.0):
+    def __init__(self, w: Worker, cache_size: int = 10_000, negative_s: float = 1.0, positive_s: float = 30.0):
         self.w = w
-        #: block -> its tenant (``None``: none, cached only ``negative_s``)
-        self._owner: OrderedDict[str, tuple[str | None, float]] = OrderedDict()
+        #: block -> (its tenant or ``None``, when read, its gen)
+        self._owner: OrderedDict[str, tuple[str | None, float, int | None]] = OrderedDict()
         #: (block, gen) of a create -> the tenant that sent it (its ``rejected`` goes there)
         self._creates: OrderedDict[tuple[str, int], str | None] = OrderedDict()
-        self._size, self._negative_s = cache_size, negative_s
+        self._size, self._negative_s, self._positive_s = cache_size, negative_s, positive_s
 
     # -- requests ----------------------------------------------------------------------------------
     async def _owned(self, tenant: str, bid: str) -> Any:
@@ -162,14 +172,29 @@ class TenantDesk:
         return _answer(200, {"block_id": bid, "request_id": rid, "seq": ack.seq})
 
     # -- events ------------------------------------------------------------------------------------
-    async def owner(self, bid: str) -> str | None:
+    async def owner(self, bid: str, gen: int | None = None) -> str | None:
+        tenant, known_gen = await self._owner_of(bid, gen)
+        # an event of another generation than the block's now (a late one of a block deleted and
+        # created again, maybe by another tenant): its owner is not known here, so it goes nowhere
+        return None if gen is not None and known_gen is not None and gen != known_gen else tenant
+
+    async def _owner_of(self, bid: str, gen: int | None) -> tuple[str | None, int | None]:
+        """Whose block ``bid`` is, cached: a known owner for ``positive_s`` and while the event's
+        ``gen`` is the one cached (an id deleted and created again by another tenant is a new gen:
+        read again, so no event of the new block goes to the old owner even when another gateway
+        relayed the ``submitted`` that would have dropped the entry), no owner for ``negative_s``."""
         now = time.monotonic()
         hit = self._owner.get(bid)
-        if hit is not None and (hit[0] is not None or now - hit[1] < self._negative_s):
-            return hit[0]
-        tenant = block_tenant(await self.w.store.get_block(bid))
-        self._remember(self._owner, bid, (tenant, now))
-        return tenant
+        if hit is not None:
+            tenant, at, known_gen = hit
+            fresh = now - at < (self._positive_s if tenant is not None else self._negative_s)
+            if fresh and (gen is None or known_gen is None or gen == known_gen):
+                return tenant, known_gen
+        block = await self.w.store.get_block(bid)
+        tenant = block_tenant(block)
+        known = int(block["gen"]) if block is not None and str(block.get("gen", "")).isdigit() else None
+        self._remember(self._owner, bid, (tenant, now, known))
+        return tenant, known
 
     def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         cache[key] = value
@@ -192,18 +217,19 @@ class TenantDesk:
     async def tenant_of_event(self, event: Event[Any], bid: str, data: bytes) -> str | None:
         if event in (E.block_submitted, E.block_rejected):
             body = msgspec.json.decode(data).get("data") or {}
-            gen = int(body.get("gen", 0))
+            create_gen = int(body.get("gen", 0))
             if event is E.block_submitted:
                 tenant = tenant_of_create(str(body.get("subject", "")))
-                self._remember(self._creates, (bid, gen), tenant)
+                self._remember(self._creates, (bid, create_gen), tenant)
                 self._owner.pop(bid, None)  # a new create: the id may change hands
                 return tenant
-            return await self._create_tenant(bid, gen)
+            return await self._create_tenant(bid, create_gen)
+        gen = _gen_of(data)
         if event is E.block_deleted:
-            tenant = await self.owner(bid)
+            tenant = await self.owner(bid, gen)
             self._owner.pop(bid, None)
             return tenant
-        return await self.owner(bid)
+        return await self.owner(bid, gen)
 
     async def on_event(self, msg: Any) -> None:
         event = relayed(msg.subject)
