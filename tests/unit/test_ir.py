@@ -467,7 +467,7 @@ def test_an_unknown_policy_uri_is_refused_with_the_known_builtins() -> None:
     assert ("builtin:best-fit, builtin:binpack, builtin:cluster-rank, builtin:dot-product, builtin:fgd, builtin:fgd-plus, "
             "builtin:gpu-clustering, "
             "builtin:gpu-packing, builtin:least-inflight, builtin:least-queue, builtin:preempt-min, builtin:probe-threshold, builtin:queue-depth, "
-            "builtin:random, builtin:round-robin, builtin:spread, builtin:target-inflight") in by_path["$.policyRulesSpec[0].values.policyRuleURI"]
+            "builtin:random, builtin:rebalance-min, builtin:round-robin, builtin:spread, builtin:target-inflight") in by_path["$.policyRulesSpec[0].values.policyRuleURI"]
     assert "not a clusterAllocator one; for clusterAllocator: builtin:cluster-rank" in by_path["$.policyRulesSpec[1].values.policyRuleURI"]
     assert "is not a policyRuleURI" in by_path["$.policyRulesSpec[2].values.policyRuleURI"]
     assert "registry:NAME" in by_path["$.policyRulesSpec[3].values.policyRuleURI"]
