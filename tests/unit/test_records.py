@@ -102,3 +102,12 @@ def test_a_gather_has_the_fields_gather_record_names() -> None:
 
     g = _gather({"expected": '["c1"]', "deadline": "5.5", "r:c1": '{"score": 1.0}', "decided": "t", "at": "7"})
     assert set(g) == set(GatherRecord.__annotations__) and g["results"] == {"c1": {"score": 1.0}}
+
+
+def test_affinity_term_names_every_field_of_an_affinity_entry() -> None:
+    from aios_blocks.schemas.affinity import AffinityEntry
+    from aios_blocks.schemas.records import AffinityTerm
+
+    assert set(AffinityEntry.__struct_fields__) == set(AffinityTerm.__annotations__)
+    term = msgspec.to_builtins(AffinityEntry("Resource", "Required", False, "RackId", "42"))
+    assert set(term) == set(AffinityTerm.__annotations__)

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..schemas.affinity import AIOS_NAMESPACE, id128
-from ..schemas.records import NodeView
+from ..schemas.records import AffinityTerm, NodeView
 
 PREFERRED_WEIGHT = 1.0
 #: the adapt stage: an Adaptive entry's weight is PREFERRED_WEIGHT times a multiplier in these bounds
@@ -65,7 +65,7 @@ def add_to_index(index: Index, block_id: str, iid: str, node: str, rack: str) ->
     return {**index, "services": services, "leases": {**index["leases"], uid(iid): node}}
 
 
-def has_adaptive(entries: Iterable[dict[str, Any]]) -> bool:
+def has_adaptive(entries: Iterable[AffinityTerm]) -> bool:
     return any(e.get("strength") == "Adaptive" for e in entries)
 
 
@@ -134,19 +134,19 @@ def adapted_weight(node_id: str, table: dict[str, Any] | None) -> tuple[float, f
     return m, round(PREFERRED_WEIGHT * m, 6), why
 
 
-def referenced(entries: Iterable[dict[str, Any]]) -> tuple[list[str], list[str]]:
+def referenced(entries: Iterable[AffinityTerm]) -> tuple[list[str], list[str]]:
     """(service uuids, lease uuids) the entries need resolved."""
     svcs = [e["target"] for e in entries if e["target_type"] == "ServiceId"]
     leases = [e["target"] for e in entries if e["target_type"] == "LeaseId"]
     return svcs, leases
 
 
-def describe(e: dict[str, Any]) -> str:
+def describe(e: AffinityTerm) -> str:
     target = {"RackId": "rack", "TrustDomain": "trust domain", "LinkTier": "GPU link tier"}.get(e["target_type"], e["target_type"])
     return f"{e['strength']} {'away from' if e['anti'] else 'toward'} {target} {e['target']}"
 
 
-def _match(e: dict[str, Any], node: NodeView, index: Index) -> tuple[bool, list[str]]:
+def _match(e: AffinityTerm, node: NodeView, index: Index) -> tuple[bool, list[str]]:
     """Does the node match the entry's target? Also the GPUs (by id) the target names on it."""
     tt, target = e["target_type"], e["target"]
     labels = node.get("labels", {})
@@ -179,7 +179,7 @@ def _covers(node: NodeView) -> bool:
     return bool(topo) and int(topo.get("gpus", 0)) == len(node["gpus"])
 
 
-def _tier_note(e: dict[str, Any], node: NodeView, index: Index) -> str:
+def _tier_note(e: AffinityTerm, node: NodeView, index: Index) -> str:
     """What a node rejected by a LinkTier entry can give instead (explain's reason)."""
     if e["target_type"] != "LinkTier":
         return ""
@@ -208,7 +208,7 @@ def _reaches(node: NodeView, tier: str, index: Index) -> bool:
     return best is not None and TIER_RANK[best] <= TIER_RANK[LinkTier(tier)]
 
 
-def annotate(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: Index) -> None:
+def annotate(nodes: dict[str, NodeView], entries: list[AffinityTerm], index: Index) -> None:
     """Write the ``affinity`` annotation on every node view (in place)."""
     for node in nodes.values():
         ok, score, reasons = True, 0.0, []
@@ -244,7 +244,7 @@ def annotate(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: I
             node["affinity"]["adaptive"] = adaptive
 
 
-def eliminated(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: Index) -> dict[int, int]:
+def eliminated(nodes: dict[str, NodeView], entries: list[AffinityTerm], index: Index) -> dict[int, int]:
     """Required entry index -> how many of these nodes it rejects."""
     counts = {i: 0 for i, e in enumerate(entries) if e["strength"] == "Required"}
     for node in nodes.values():
@@ -255,7 +255,7 @@ def eliminated(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index:
     return counts
 
 
-def unsatisfiable(nodes: dict[str, NodeView], entries: list[dict[str, Any]], index: Index) -> str:
+def unsatisfiable(nodes: dict[str, NodeView], entries: list[AffinityTerm], index: Index) -> str:
     """The ``RequiredAffinityUnsatisfiable`` reason: each Required entry and what it eliminated."""
     counts = eliminated(nodes, entries, index)
     parts = [f"entry {i} ({describe(entries[i])}) eliminated {n} of {len(nodes)} nodes" for i, n in counts.items()]

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..schemas.records import BlockIR, NodeView
+from ..schemas.records import AffinityTerm, BlockIR, NodeView
 from ..settings import load as load_settings
 from . import affinity, capacity
 
@@ -118,7 +118,7 @@ def sample(
     seed: str,
     threshold: int | None = None,
     want: int = 1,
-    entries: list[dict[str, Any]] | None = None,
+    entries: list[AffinityTerm] | None = None,
     index: affinity.Index | None = None,
 ) -> Sample:
     """The nodes to consider for one placement: all of them (annotated) when the cluster is small,
@@ -137,7 +137,7 @@ def sample(
 
 
 def _sample_all(
-    nodes: dict[str, NodeView], needs: capacity.Needs, share: bool, entries: list[dict[str, Any]], index: affinity.Index
+    nodes: dict[str, NodeView], needs: capacity.Needs, share: bool, entries: list[AffinityTerm], index: affinity.Index
 ) -> Sample:
     """A small cluster: every node, annotated with its affinity when the block has any."""
     n = len(nodes)
@@ -156,7 +156,7 @@ def _sample_all(
 
 def _sample_walk(
     nodes: dict[str, NodeView], needs: capacity.Needs, share: bool, seed: str, k: int,
-    entries: list[dict[str, Any]], index: affinity.Index,
+    entries: list[AffinityTerm], index: affinity.Index,
 ) -> Sample:
     """The seeded walk over the nodes' views until ``k`` feasible ones (else a few infeasible)."""
     n = len(nodes)

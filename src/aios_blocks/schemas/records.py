@@ -29,6 +29,20 @@ class Needs(TypedDict, total=False):
     gpuModels: list[str]
 
 
+class AffinityTerm(TypedDict):
+    """One normalised affinity constraint as the IR holds it (``schemas.affinity.AffinityEntry``
+    as JSON)."""
+
+    #: Resource, State, Topology or Trust
+    category: str
+    #: Required, Preferred or Adaptive
+    strength: str
+    #: False: toward, True: away
+    anti: bool
+    target_type: str
+    target: str
+
+
 class BlockIR(TypedDict, total=False):
     """A block's intermediate representation: its spec over its component's fields, as the parser
     builds it (``schemas.ir._ir``), the block record keeps it (``ir``) and policies receive it."""
@@ -51,7 +65,7 @@ class BlockIR(TypedDict, total=False):
     launch: dict[str, Any]
     #: the merged policy rules by name (``schemas.ir.merge_policies``)
     policies: dict[str, Any]
-    affinity: list[Any]
+    affinity: list[AffinityTerm]
     sidecars: list[Any]
     outputs: bool
     #: set only when given (a spec without them keeps its IR and digest)
