@@ -7,6 +7,8 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from aios_blocks.bus.catalog import E
 from aios_blocks.cli import vcluster as vcli
 from aios_blocks.cli.client import Client
@@ -347,10 +349,17 @@ async def test_cli_vcluster_commands_and_exit_codes(system: System) -> None:
     assert r.returncode == 0 and "remove of v1 done" in r.stdout
 
 
-async def test_policy_payloads_see_only_the_virtual_clusters_nodes(system: System) -> None:
+@pytest.fixture
+def dry_run_single(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The workers ask the one candidate cluster a dry_run too (else a first round skips it)."""
+    monkeypatch.setenv("AIOS_DRY_RUN_SINGLE", "true")
+
+
+async def test_policy_payloads_see_only_the_virtual_clusters_nodes(dry_run_single: None, system: System) -> None:
     """The clusterAllocator's filter result and every resourceAllocator payload (``cluster_metrics``
     and its nodes, ``healthy_nodes``) of a block in A hold A's nodes only; a block with no virtual
-    cluster sees the primary's unassigned nodes only."""
+    cluster sees the primary's unassigned nodes only. The dry_run's payload too: the one cluster
+    is asked (``dry_run_single``)."""
     c = system.client
     await typed_cluster(c, "c1", a100=6)
     assert (await create(c, "A", "c1", {"A100": 2}))[0]
