@@ -72,8 +72,9 @@ async def test_policy_input_dumps_a_recorded_input_that_policy_run_takes(system:
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["node_id"] in {"c1-n0", "c1-n1"}
     # stdout by default; the last call with --index -1; clear errors otherwise
-    r = blocks(system, "policy", "input", "ex-in", "--step", "dry_run")
-    assert r.returncode == 0 and json.loads(r.stdout)["action"] == "dry_run"
+    # (c1 is the only candidate: its round asks no dry_run, docs/architecture.md; the selection's input)
+    r = blocks(system, "policy", "input", "ex-in", "--step", "selection")
+    assert r.returncode == 0 and json.loads(r.stdout)["action"] == "selection"
     r = blocks(system, "policy", "input", "ex-in", "--step", "scale")
     assert r.returncode == 1 and "no recorded 'scale' policy call" in r.stderr and "allocation" in r.stderr
     r = blocks(system, "policy", "input", "ex-in", "--index", "5")
