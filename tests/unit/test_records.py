@@ -111,3 +111,19 @@ def test_affinity_term_names_every_field_of_an_affinity_entry() -> None:
     assert set(AffinityEntry.__struct_fields__) == set(AffinityTerm.__annotations__)
     term = msgspec.to_builtins(AffinityEntry("Resource", "Required", False, "RackId", "42"))
     assert set(term) == set(AffinityTerm.__annotations__)
+
+
+def test_the_asyncapi_document_has_the_fields_its_records_name() -> None:
+    """``bus.asyncapi``'s parts (channel, operation, message, example, the document) are built with
+    exactly the fields their TypedDicts name; the JSON Schemas inside them stay open JSON."""
+    from aios_blocks.bus import asyncapi
+
+    doc = asyncapi.document()
+    assert set(doc) == set(asyncapi.Document.__annotations__)
+    assert set(doc["components"]) == set(asyncapi.Components.__annotations__)
+    channels, operations = doc["channels"].values(), doc["operations"].values()
+    assert set().union(*(set(c) for c in channels)) == set(asyncapi.Channel.__annotations__)
+    assert set().union(*(set(o) for o in operations)) == set(asyncapi.Operation.__annotations__)
+    messages = list(doc["components"]["messages"].values())
+    assert set().union(*(set(m) for m in messages)) == set(asyncapi.Message.__annotations__)
+    assert set().union(*(set(x) for m in messages for x in m["examples"])) == set(asyncapi.Example.__annotations__)

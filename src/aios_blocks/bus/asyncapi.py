@@ -12,12 +12,13 @@ cannot drift from the wire.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NotRequired, TypedDict
 
 import msgspec
 
 from .. import __version__
+from ..schemas.records import JSON, JSONObject
 from . import event_ids, subjects
 from .catalog import EVENTS, TOKEN_FIELDS, Body, Event, Role
 
@@ -37,6 +38,70 @@ TOKEN_DOCS = {
 #: durable consumers, as deployed by default (per-node agents and per-cluster controllers use the
 #: same events with one token fixed)
 CONSUMERS = (subjects.PARSER, subjects.GATEWAY, subjects.controller(), subjects.LIFECYCLE, subjects.agent())
+
+
+# The document's own parts are records built by name (below); the JSON Schemas inside them
+# (payloads, headers, msgspec's components) and the examples' payloads are open JSON (``JSON``).
+
+
+class Example(TypedDict):
+    """One example message (``example``): what a publisher of the catalog would store."""
+
+    name: str
+    summary: str
+    headers: dict[str, str]
+    payload: JSON
+
+
+class Message(TypedDict):
+    """An AsyncAPI message (``_message``): one catalog event's payload schema, headers, example."""
+
+    name: str
+    title: str
+    summary: str
+    description: str
+    contentType: str
+    headers: JSONObject
+    payload: JSONObject
+    examples: list[Example]
+
+
+class Channel(TypedDict):
+    """An AsyncAPI channel (``_channel``): one catalog event's subject pattern."""
+
+    address: str
+    title: str
+    description: str
+    messages: dict[str, JSONObject]
+    parameters: NotRequired[dict[str, JSONObject]]
+
+
+class Operation(TypedDict):
+    """An AsyncAPI operation (``_operations``): a role's send or a durable consumer's receive."""
+
+    action: str
+    channel: JSONObject
+    title: str
+    messages: list[JSONObject]
+    description: NotRequired[str]
+
+
+class Components(TypedDict):
+    messages: dict[str, Message]
+    #: msgspec's JSON Schemas of the payload structs, in draft-07
+    schemas: JSONObject
+
+
+class Document(TypedDict):
+    """The AsyncAPI 3.0 document (``document``)."""
+
+    asyncapi: str
+    info: JSONObject
+    defaultContentType: str
+    servers: JSONObject
+    channels: dict[str, Channel]
+    operations: dict[str, Operation]
+    components: Components
 
 
 def channel_id(e: Event[Any]) -> str:
@@ -59,29 +124,30 @@ EXAMPLE_TOKENS = {"bid": "b1", "cid": "c1", "nid": "n1", "iid": "b1-0", "vid": "
 EXAMPLE_TIME = "2026-01-01T00:00:00.000000Z"
 
 
-def _headers_schema(e: Event[Any], content_type: str) -> dict[str, Any]:
+def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
     """The NATS headers of a stored message (a core-NATS one has no message id)."""
     if e.stored and e is E_CREATE:
-        msg_id: dict[str, Any] = {"type": "string", "description": "optional, chosen by the publisher (its own retries are "
+        msg_id: JSONObject = {"type": "string", "description": "optional, chosen by the publisher (its own retries are "
                                   "deduplicated within the stream's duplicate window); the CLI's is `k1:` + the keyed "
                                   "digest of the envelope's `id`"}
     else:
         msg_id = {"type": "string", "pattern": MSG_ID_PATTERN,
                   "description": "`k1:` + keyed BLAKE2b (hex, 20 bytes) of the logical id (the envelope's `id`; for a raw "
                   "body, of the id rule): deterministic, so a redelivered step is deduplicated by JetStream"}
-    props: dict[str, Any] = {"Content-Type": {"type": "string", "description": "the body's framing"}}
+    framing: JSONObject = {"type": "string", "description": "the body's framing"}
+    props: JSONObject = {"Content-Type": framing}
     if e.body is not Body.CORE:
-        props["Content-Type"]["enum"] = [content_type, "application/json"] if e is E_CREATE else [content_type]
+        framing["enum"] = [content_type, "application/json"] if e is E_CREATE else [content_type]
     if e.stored:
         props["Nats-Msg-Id"] = msg_id
-    required = ["Content-Type", "Nats-Msg-Id"] if e.stored and e is not E_CREATE else []
-    out: dict[str, Any] = {"type": "object", "properties": props}
+    required: list[JSON] = ["Content-Type", "Nats-Msg-Id"] if e.stored and e is not E_CREATE else []
+    out: JSONObject = {"type": "object", "properties": props}
     if required:
         out["required"] = required
     return out
 
 
-def _envelope_schema(e: Event[Any], data: dict[str, Any]) -> dict[str, Any]:
+def _envelope_schema(e: Event[Any], data: JSONObject) -> JSONObject:
     return {
         "type": "object",
         "description": "CloudEvents 1.0, structured mode (Content-Type: application/cloudevents+json)",
@@ -99,7 +165,7 @@ def _envelope_schema(e: Event[Any], data: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _draft07(node: Any) -> Any:
+def _draft07(node: JSON) -> JSON:
     """msgspec writes JSON Schema 2020-12; AsyncAPI's default schema format is draft-07-based:
     ``$defs`` refs are already rewritten by ``ref_template``; ``prefixItems`` -> ``items`` list."""
     if isinstance(node, dict):
@@ -112,38 +178,43 @@ def _draft07(node: Any) -> Any:
     return node
 
 
-def _example_value(schema: dict[str, Any], schemas: dict[str, Any], name: str = "", depth: int = 0) -> Any:
+def _object(node: JSON) -> JSONObject:
+    """A JSON Schema's sub-schema (an object; anything else reads as the empty schema)."""
+    return node if isinstance(node, dict) else {}
+
+
+def _example_value(schema: JSONObject, schemas: JSONObject, name: str = "", depth: int = 0) -> JSON:
     """A value that its (draft-07) JSON Schema accepts, every property filled: the examples."""
     if "$ref" in schema:
-        return _example_value(schemas[schema["$ref"].rsplit("/", 1)[-1]], schemas, name, depth)
+        return _example_value(_object(schemas[str(schema["$ref"]).rsplit("/", 1)[-1]]), schemas, name, depth)
     if "const" in schema:
         return schema["const"]
-    if "enum" in schema:
-        return schema["enum"][0]
-    if "anyOf" in schema:
-        options = [o for o in schema["anyOf"] if o.get("type") != "null"] or schema["anyOf"]
-        return _example_value(options[0], schemas, name, depth)
+    if isinstance(enum := schema.get("enum"), list):
+        return enum[0]
+    if isinstance(any_of := schema.get("anyOf"), list):
+        options = [_object(o) for o in any_of]
+        return _example_value(([o for o in options if o.get("type") != "null"] or options)[0], schemas, name, depth)
     kind = schema.get("type")
     if isinstance(kind, list):
         kind = next((k for k in kind if k != "null"), "null")
     if kind == "object":
-        props = schema.get("properties", {})
-        return {} if depth > 6 else {k: _example_value(v, schemas, k, depth + 1) for k, v in props.items()}
+        props = _object(schema.get("properties"))
+        return {} if depth > 6 else {k: _example_value(_object(v), schemas, k, depth + 1) for k, v in props.items()}
     if kind == "array":
         return _example_array(schema.get("items"), schemas, name, depth)
     if kind == "string":
         return _example_string(schema, name)
-    scalar = _EXAMPLE_SCALARS.get(kind)
+    scalar = _EXAMPLE_SCALARS.get(kind) if isinstance(kind, str) else None
     return None if scalar is None else scalar(schema)
 
 
-def _example_array(items: Any, schemas: dict[str, Any], name: str, depth: int) -> list[Any]:
+def _example_array(items: JSON, schemas: JSONObject, name: str, depth: int) -> list[JSON]:
     if isinstance(items, list):
-        return [_example_value(i, schemas, name, depth + 1) for i in items]
+        return [_example_value(_object(i), schemas, name, depth + 1) for i in items]
     return [] if not isinstance(items, dict) or depth > 6 else [_example_value(items, schemas, name, depth + 1)]
 
 
-def _example_string(schema: dict[str, Any], name: str) -> str:
+def _example_string(schema: JSONObject, name: str) -> str:
     if schema.get("format") == "date-time":
         return EXAMPLE_TIME
     for tok, fld in TOKEN_FIELDS.items():
@@ -153,25 +224,29 @@ def _example_string(schema: dict[str, Any], name: str) -> str:
 
 
 #: JSON Schema scalar type -> its example value
-_EXAMPLE_SCALARS: dict[Any, Callable[[dict[str, Any]], Any]] = {
-    "integer": lambda schema: max(1, int(schema.get("minimum", 1))),
+_EXAMPLE_SCALARS: dict[str, Callable[[JSONObject], JSON]] = {
+    "integer": lambda schema: max(1, int(_number(schema.get("minimum", 1)))),
     "number": lambda schema: 1.0,
     "boolean": lambda schema: True,
 }
 
 
-def example(e: Event[Any], schemas: dict[str, Any], key: str = EXAMPLE_KEY) -> dict[str, Any]:
+def _number(v: JSON) -> float:
+    return v if isinstance(v, int | float) else 1
+
+
+def example(e: Event[Any], schemas: JSONObject, key: str = EXAMPLE_KEY) -> Example:
     """One message of ``e`` as a publisher of the catalog would store it: the payload from its
     schema, the subject's tokens from the payload's fields, the id from the id rule, the
     ``Nats-Msg-Id`` from the id with ``key``."""
     if e.payload is not None:
-        data: Any = _example_value({"$ref": SCHEMA_REF.format(name=e.payload.__name__)}, schemas)
+        data: JSON = _example_value({"$ref": SCHEMA_REF.format(name=e.payload.__name__)}, schemas)
     elif e is E_CREATE:
         data = {"blockId": "b1", "blockComponentURI": "aios://models/llama-8b-instruct", "minInstances": 1, "maxInstances": 2}
     else:
         data = {"body": "any JSON"}
     own = dict(e.token_fields)
-    tokens = {}
+    tokens: dict[str, str] = {}
     for tok in e.tokens:
         fld = own.get(tok) or TOKEN_FIELDS.get(tok, tok)
         value = data.get(fld) if isinstance(data, dict) else None
@@ -180,7 +255,7 @@ def example(e: Event[Any], schemas: dict[str, Any], key: str = EXAMPLE_KEY) -> d
     logical = e.msg_id(data, tokens) if e.id_rule else ("create:b1:4f1c2a9e" if e is E_CREATE else "q-1")
     wire = event_ids.EventIds(key).wire(logical)
     if e.body is Body.CLOUDEVENT:
-        payload: Any = {"id": logical, "source": "aios-blocks://host-1/" + _example_source(e), "type": e.type,
+        payload: JSON = {"id": logical, "source": "aios-blocks://host-1/" + _example_source(e), "type": e.type,
                         "subject": subject, "time": EXAMPLE_TIME, "specversion": "1.0",
                         "datacontenttype": "application/json", "data": data}
         content_type = "application/cloudevents+json"
@@ -201,10 +276,10 @@ def _example_source(e: Event[Any]) -> str:
     return e.publishers[0].value if e.publishers else "unknown"
 
 
-def _message(e: Event[Any], schemas: dict[str, Any]) -> dict[str, Any]:
+def _message(e: Event[Any], schemas: JSONObject) -> Message:
     """The AsyncAPI message of one catalog event: its payload schema, headers, notes, example."""
     if e.payload is not None:
-        data: dict[str, Any] = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
+        data: JSONObject = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
     elif e is E_CREATE:
         data = {"type": "object", "description": "a block spec (docs/spec.md)"}
     else:
@@ -239,8 +314,8 @@ def _notes(e: Event[Any]) -> list[str]:
     return notes
 
 
-def _channel(e: Event[Any], cid: str) -> dict[str, Any]:
-    channel: dict[str, Any] = {
+def _channel(e: Event[Any], cid: str) -> Channel:
+    channel: Channel = {
         "address": e.pattern,
         "title": e.name,
         "description": e.meaning,
@@ -251,12 +326,12 @@ def _channel(e: Event[Any], cid: str) -> dict[str, Any]:
     return channel
 
 
-def _operations(e: Event[Any], cid: str) -> dict[str, Any]:
+def _operations(e: Event[Any], cid: str) -> dict[str, Operation]:
     """Who sends the event (each publishing role) and which durable consumers receive it."""
-    operations: dict[str, Any] = {}
-    msg_ref = [{"$ref": f"#/channels/{cid}/messages/{cid}"}]
+    operations: dict[str, Operation] = {}
+    msg_ref: list[JSONObject] = [{"$ref": f"#/channels/{cid}/messages/{cid}"}]
     for role in e.publishers:
-        op: dict[str, Any] = {
+        op: Operation = {
             "action": "send",
             "channel": {"$ref": f"#/channels/{cid}"},
             "title": f"{role.value} sends {e.name}",
@@ -278,14 +353,14 @@ def _operations(e: Event[Any], cid: str) -> dict[str, Any]:
     return operations
 
 
-def document() -> dict[str, Any]:
+def document() -> Document:
     structs = sorted({e.payload for e in EVENTS if e.payload is not None}, key=lambda t: t.__name__)
     _, components = msgspec.json.schema_components(structs, ref_template=SCHEMA_REF)
-    schemas = {k: _draft07(v) for k, v in sorted(components.items())}
+    schemas: JSONObject = {k: _draft07(v) for k, v in sorted(components.items())}
 
-    channels: dict[str, Any] = {}
-    messages: dict[str, Any] = {}
-    operations: dict[str, Any] = {}
+    channels: dict[str, Channel] = {}
+    messages: dict[str, Message] = {}
+    operations: dict[str, Operation] = {}
     for e in EVENTS:
         cid = channel_id(e)
         messages[cid] = _message(e, schemas)
@@ -320,9 +395,14 @@ EVENTS_BY_NAME = {e.name: e for e in EVENTS}
 E_CREATE = EVENTS_BY_NAME["block.create"]
 
 
-def message_schemas(doc: dict[str, Any], event: Event[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def message_schemas(doc: Document, event: Event[Any]) -> tuple[JSONObject, JSONObject]:
     """The JSON Schemas (draft-07) of ``event``'s message in ``doc``: (payload, headers), each one
     self-contained (the document's components go with it, so its ``$ref`` s resolve): what a
     validator checks a stored message's body and headers against."""
     msg = doc["components"]["messages"][channel_id(event)]
-    return {**msg["payload"], "components": doc["components"]}, msg["headers"]
+    return {**msg["payload"], "components": _plain(doc["components"])}, msg["headers"]
+
+
+def _plain(record: Mapping[str, Any]) -> JSONObject:
+    """A record of the document as the JSON object it is (``Components`` inside a schema)."""
+    return dict(record)

@@ -12,6 +12,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, NotRequired, TypedDict, cast
 
+#: A JSON value as a decoder returns it: only for data that is truly open JSON (a JSON Schema
+#: document, a foreign event's body, a policy's own output), never for a record whose fields the
+#: code names (those get a TypedDict below). Readers narrow it with ``isinstance``.
+JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
+#: a JSON object of open shape (``JSON``)
+JSONObject = dict[str, JSON]
+
+
 # -- the block's IR (``schemas.ir.block_create_IR``) ---------------------------------------------
 
 
