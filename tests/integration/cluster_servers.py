@@ -168,6 +168,7 @@ class RedisCluster:
     ports: list[int] = field(default_factory=list)
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     server: str = ""
+    _replicas_then: dict[int, list[int]] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -182,16 +183,7 @@ class RedisCluster:
             if (port := cluster_port()) not in self.ports:
                 self.ports.append(port)
         for port in self.ports:
-            d = self.data_dir / f"redis-{port}"
-            d.mkdir(parents=True, exist_ok=True)
-            proc = _popen([
-                self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
-                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000",
-                "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
-                "--logfile", str(d / "redis.log"),
-            ], d / "stdout.log")
-            self.procs.append(proc)
-            _wait_port(port, proc, f"redis-server :{port}")
+            self.procs.append(self._start_node(port))
         cli = redis_cli(self.server)
         nodes = [f"127.0.0.1:{p}" for p in self.ports]
         subprocess.run([cli, "--cluster", "create", *nodes, "--cluster-replicas", "1", "--cluster-yes"],
@@ -199,12 +191,68 @@ class RedisCluster:
         self._wait_ok(cli, timeout)
         return self
 
-    def _wait_ok(self, cli: str, timeout: float) -> None:
+    def _start_node(self, port: int) -> subprocess.Popen[bytes]:
+        d = self.data_dir / f"redis-{port}"
+        d.mkdir(parents=True, exist_ok=True)
+        proc = _popen([
+            self.server, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(d),
+            "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "3000",
+            "--appendonly", "yes", "--appendfsync", "everysec", "--save", "", "--daemonize", "no",
+            "--logfile", str(d / "redis.log"),
+        ], d / "stdout.log")
+        _wait_port(port, proc, f"redis-server :{port}")
+        return proc
+
+    def _role(self, port: int) -> list[str]:
+        return subprocess.run([redis_cli(self.server), "-p", str(port), "role"], capture_output=True, text=True,
+                              check=False, timeout=5).stdout.split()
+
+    def role(self, port: int) -> str:
+        """``master`` or ``slave`` (what ``ROLE`` says), ``""`` when the node does not answer."""
+        return (self._role(port) or [""])[0]
+
+    def _live(self) -> list[int]:
+        return [p for i, p in enumerate(self.ports) if self.procs[i].poll() is None]
+
+    def primaries(self) -> list[int]:
+        return [p for p in self._live() if self.role(p) == "master"]
+
+    def replicas_of(self, port: int) -> list[int]:
+        """The live nodes replicating primary ``port``."""
+        return [p for p in self._live() if (r := self._role(p))[:1] == ["slave"] and r[2:3] == [str(port)]]
+
+    def wait_promoted(self, port: int, timeout: float = 60.0) -> None:
+        """Until one of ``port``'s nodes is a primary again: a replica promoted after ``port`` was
+        killed (``cluster-node-timeout`` then the election)."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if any(self.role(p) == "master" for p in self._replicas_then.get(port, [])):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"no replica of :{port} was promoted within {timeout}s")
+
+    def kill(self, port: int) -> None:
+        """SIGKILL node ``port`` (its replica is promoted after ``cluster-node-timeout``: see
+        ``wait_promoted``)."""
+        self._replicas_then[port] = self.replicas_of(port)
+        proc = self.procs[self.ports.index(port)]
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def restart(self, port: int) -> None:
+        """Start a killed node again on its port, data and ``nodes.conf`` (a former primary
+        rejoins as a replica of the one promoted in its place)."""
+        self.procs[self.ports.index(port)] = self._start_node(port)
+
+    def wait_ok(self, timeout: float = 60.0) -> None:
+        self._wait_ok(redis_cli(self.server), timeout, self._live())
+
+    def _wait_ok(self, cli: str, timeout: float, ports: list[int] | None = None) -> None:
         """Until every node says ``cluster_state:ok`` (the gossip has spread the slot map)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             states = [subprocess.run([cli, "-p", str(p), "cluster", "info"], capture_output=True, text=True,
-                                     check=False).stdout for p in self.ports]
+                                     check=False).stdout for p in (ports or self.ports)]
             if all("cluster_state:ok" in s for s in states):
                 return
             time.sleep(0.2)

@@ -1,0 +1,291 @@
+"""The distributed rig of the partition suite and the soak: a 3-server NATS cluster whose routes
+and client connections all go through cuttable links (``integration.links.PartitionedNats``),
+the ``AIOS`` stream and key bucket replicated three ways (``AIOS_STREAM_REPLICAS=3``), a 6-node
+Redis Cluster (3 primaries, 3 replicas), and the system's normal workers (the runtime's
+``Supervisor``) pointed at both through ``AIOS_NATS_URL``/``AIOS_REDIS_URL``-style URLs.
+
+The faults (each a method): cut the stream leader off from the other servers and from every
+client, then heal; SIGKILL a Redis primary (its replica is promoted), then start it again (it
+rejoins as a replica); SIGKILL a worker (the supervisor starts another); SIGSTOP a NATS server
+past its timeouts, then SIGCONT. The checks: ``blocks check --json`` as a separate process, then
+``blocks recover --force`` and the digest compared with the one before."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from aios_blocks.bus import subjects
+from aios_blocks.cli.client import Client
+from aios_blocks.runtime.supervisor import Supervisor
+
+from ..integration.cluster_servers import RedisCluster
+from ..integration.conftest import COMPONENT
+from ..integration.links import PartitionedNats
+
+ROOT = Path(__file__).resolve().parents[2]
+LAYOUT = {"parser": 1, "gateway": 2, "controller": 2, "agent-sim": 1}
+
+
+@dataclass
+class Rig:
+    data: Path
+    layout: dict[str, int] = field(default_factory=lambda: dict(LAYOUT))
+    nats: PartitionedNats = field(init=False)
+    redis: RedisCluster = field(init=False)
+    sup: Supervisor = field(init=False)
+    client: Client = field(init=False)
+    log: list[str] = field(default_factory=list)
+
+    async def start(self) -> Rig:
+        """(``AIOS_STREAM_REPLICAS=3`` must be in the environment: the workers inherit it.)"""
+        self.nats = PartitionedNats(self.data / "nats").start()
+        try:
+            self.redis = RedisCluster(self.data / "redis").start()
+        except BaseException:
+            self.nats.stop()
+            raise
+        self.sup = Supervisor(self.nats.url, self.redis.url, layout=dict(self.layout), log_dir=str(self.data / "logs")).start()
+        try:
+            self.client = await open_client(self.nats.url, self.redis.url)
+            await self.client.add_component(COMPONENT)
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def stop(self) -> None:
+        if hasattr(self, "client"):
+            await self.client.close()
+        self.sup.stop()
+        for proc in self.nats.procs.values():  # a server left stopped would not terminate
+            if proc.poll() is None:
+                os.kill(proc.pid, signal.SIGCONT)
+        self.nats.stop()
+        self.redis.stop()
+
+    def note(self, what: str) -> None:
+        self.log.append(f"{time.strftime('%H:%M:%S')} {what}")
+
+    # -- faults ------------------------------------------------------------------------------------
+    async def leader(self, stream: str = subjects.STREAM) -> str:
+        """The server leading ``stream`` (asked of whichever server the client is on)."""
+        for _ in range(60):
+            try:
+                info = await asyncio.wait_for(self.client.bus.js.stream_info(stream), 2.0)
+                if info.cluster is not None and info.cluster.leader:
+                    return str(info.cluster.leader)
+            except Exception:
+                pass
+            await asyncio.sleep(0.5)
+        raise AssertionError(f"no leader of {stream}")
+
+    async def partition_leader(self, seconds: float, stream: str = subjects.STREAM,
+                               probe: Probe | None = None) -> dict[str, float]:
+        """Cut the leader of ``stream`` off from the other servers and every client for
+        ``seconds``, then heal. Figures: ``leader_s``, until the majority named another leader;
+        with ``probe``: ``placed_s``, until a create published after the cut was ready (the
+        pause in placements a minority partition causes)."""
+        old = await self.leader(stream)
+        t0 = time.monotonic()
+        self.nats.isolate(old)
+        self.note(f"isolate {old} (leader of {stream})")
+        figures: dict[str, float] = {"cut_at": t0}
+        if probe is not None:
+            probe.mark(t0)
+        while time.monotonic() - t0 < seconds:
+            if "leader_s" not in figures:
+                try:
+                    info = await asyncio.wait_for(self.client.bus.js.stream_info(stream), 1.0)
+                    if info.cluster and info.cluster.leader and info.cluster.leader != old:
+                        figures["leader_s"] = time.monotonic() - t0
+                except Exception:
+                    pass
+            await asyncio.sleep(0.2)
+        if probe is not None and any(t >= t0 for t in probe.acked.values()):  # still cut: the majority alone
+            await probe.placed_after_mark(timeout=60)
+            if probe.first_ready_after_mark is not None:
+                figures["placed_s"] = probe.first_ready_after_mark - t0
+        self.nats.heal()
+        self.note(f"heal {old} after {time.monotonic() - t0:.1f}s")
+        return figures
+
+    async def redis_failover(self, rng: random.Random) -> int:
+        """SIGKILL a Redis primary; wait for its replica's promotion (every live node says
+        ``cluster_state:ok``); start the killed node again; wait until all six say ok."""
+        port = rng.choice(await asyncio.to_thread(self.redis.primaries))
+        self.redis.kill(port)
+        t0 = time.monotonic()
+        self.note(f"redis kill {port}")
+        await asyncio.to_thread(self.redis.wait_promoted, port, 60.0)
+        self.note(f"redis replica promoted in {time.monotonic() - t0:.1f}s")
+        await asyncio.to_thread(self.redis.wait_ok, 60.0)
+        self.redis.restart(port)
+        await asyncio.to_thread(self.redis.wait_ok, 60.0)
+        self.note(f"redis back {port} as {await asyncio.to_thread(self.redis.role, port)}")
+        return port
+
+    def kill_worker(self, rng: random.Random) -> str:
+        kind = rng.choice(sorted(self.layout))
+        pids = self.sup.pids(kind)
+        if not pids:
+            return ""
+        os.kill(rng.choice(pids), signal.SIGKILL)
+        self.note(f"kill -9 {kind}")
+        return kind
+
+    async def pause_server(self, name: str, seconds: float) -> None:
+        """SIGSTOP server ``name`` for ``seconds`` (past the 2 s route pings and the Raft
+        election timeout), then SIGCONT."""
+        pid = self.nats.procs[name].pid
+        os.kill(pid, signal.SIGSTOP)
+        self.note(f"SIGSTOP {name}")
+        try:
+            await asyncio.sleep(seconds)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            self.note(f"SIGCONT {name}")
+
+    # -- checks ------------------------------------------------------------------------------------
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "AIOS_NATS_URL": self.nats.url, "AIOS_REDIS_URL": self.redis.url}
+
+    async def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "aios_blocks.cli", *args], env=self.env(),
+                                       capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+
+    async def blocks_check(self, settled: bool = True, attempts: int = 30) -> dict[str, Any]:
+        """``blocks check --json`` until it holds (bounded: blocks may still be settling); the
+        last report, with ``rc``."""
+        rep: dict[str, Any] = {}
+        for _ in range(attempts):
+            r = await self.cli("check", "--json", "--settled" if settled else "--live")
+            try:
+                rep = {**json.loads(r.stdout), "rc": r.returncode}
+            except json.JSONDecodeError:
+                rep = {"rc": r.returncode, "violations": [r.stdout[-2000:] + r.stderr[-2000:]]}
+            if r.returncode == 0:
+                return rep
+            await asyncio.sleep(2.0)
+        return rep
+
+    async def recover_and_compare(self, before: str) -> tuple[str, str]:
+        """``blocks recover --force``; the Redis digest then (it must equal ``before``)."""
+        r = await self.cli("recover", "--force")
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        r = await self.cli("state", "digest", "--stream")
+        lines = dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip())
+        return lines.get("redis", ""), lines.get("stream", "")
+
+    async def gpu_holders(self, clusters: list[str]) -> dict[tuple[str, str, str], list[str]]:
+        """Each (cluster, node, GPU) with more than one reservation holding it (exclusive
+        one-GPU instances: must be empty)."""
+        holders: dict[tuple[str, str, str], list[str]] = {}
+        for cid in clusters:
+            for r in await self.client.store.reservations(cid):
+                for g in msgspec.json.decode(r["gpus"]):
+                    holders.setdefault((cid, r["node"], g), []).append(r["iid"])
+        return {k: v for k, v in holders.items() if len(v) > 1}
+
+
+@dataclass
+class Probe:
+    """Creates published one after another, each retried (same message id) until acknowledged,
+    and a watcher that notes when each is first seen ready in Redis: the pause a partition
+    causes in placements is read off these."""
+
+    client: Client
+    body: dict[str, Any]
+    prefix: str
+    acked: dict[str, float] = field(default_factory=dict)
+    ready: dict[str, float] = field(default_factory=dict)
+    mark_at: float | None = None
+    first_ready_after_mark: float | None = None
+    n: int = 0
+
+    def mark(self, t: float) -> None:
+        self.mark_at, self.first_ready_after_mark = t, None
+
+    async def publish(self, bid: str, body: dict[str, Any], deadline_s: float = 120) -> float:
+        start = time.monotonic()
+        payload = msgspec.json.encode({**body, "blockId": bid})
+        while True:
+            try:
+                await asyncio.wait_for(self.client.bus.publish_raw(f"aios.block.{bid}.create", payload, msg_id=f"create:{bid}"), 2.0)
+                break
+            except Exception:
+                if time.monotonic() - start > deadline_s:
+                    raise
+                await asyncio.sleep(0.2)
+        self.acked[bid] = start  # when it was sent (acknowledged by now)
+        return start
+
+    async def run(self, count: int, every_s: float, until: asyncio.Event | None = None) -> None:
+        """``count`` creates, ``every_s`` apart; with ``until``: at least ``count``, and on until
+        it is set."""
+        watcher = asyncio.create_task(self._watch())
+        try:
+            while self.n < count or (until is not None and not until.is_set()):
+                self.n += 1
+                await self.publish(f"{self.prefix}-{self.n}", self.body)
+                await asyncio.sleep(every_s)
+        finally:
+            watcher.cancel()
+
+    async def _watch(self) -> None:
+        while True:
+            await self.poll_ready()
+            await asyncio.sleep(0.1)
+
+    async def poll_ready(self) -> None:
+        todo = [b for b in self.acked if b not in self.ready]
+        if not todo:
+            return
+        try:
+            pipe = self.client.store.r.pipeline(transaction=False)
+            for bid in todo:
+                pipe.hget(f"aios:block:{bid}", "status")
+            got = await pipe.execute()
+        except Exception:  # Redis failing over: poll again
+            return
+        now = time.monotonic()
+        for bid, st in zip(todo, got, strict=True):
+            if st == "ready":
+                self.ready[bid] = now
+                if self.mark_at is not None and self.first_ready_after_mark is None and self.acked[bid] >= self.mark_at:
+                    self.first_ready_after_mark = now
+
+    def latency(self) -> float:
+        """The median time from sent to seen ready (what a create takes here with no fault)."""
+        took = sorted(self.ready[b] - self.acked[b] for b in self.ready)
+        return took[len(took) // 2] if took else float("nan")
+
+    async def placed_after_mark(self, timeout: float) -> None:
+        """Until a create sent after the mark is ready (bounded)."""
+        deadline = time.monotonic() + timeout
+        while self.first_ready_after_mark is None and time.monotonic() < deadline:
+            await self.poll_ready()
+            await asyncio.sleep(0.1)
+
+
+async def open_client(nats_url: str, redis_url: str, attempts: int = 60) -> Client:
+    """The JetStream meta group elects its leader a moment after the servers start."""
+    for n in range(attempts):
+        try:
+            return await Client.open(nats_url, redis_url)
+        except Exception:
+            if n == attempts - 1:
+                raise
+            await asyncio.sleep(0.5)
+    raise AssertionError("unreachable")
