@@ -1,7 +1,7 @@
 """A round whose only candidate is the cluster the built-in clusterAllocator will choose asks no
 dry_run (``workers.gateway.skip_reason``; docs/trace.md "Live vs Ray"): the gateway records a
-skipped answer in the round's gather and decides it at once, so the create crosses two steps
-fewer. What must not change: every step's event (selection, post_dry_run with the answer and
+skipped answer in the round's gather and decides it once its selection is stored, so the create
+crosses two steps fewer. What must not change: every step's event (selection, post_dry_run with the answer and
 why, allocation), the state the stream folds to, the crash path (the round's timer), and a block
 that does not fit still gets a dry run (round 1) saying why."""
 
@@ -123,8 +123,9 @@ class _Stopped(Exception):
 
 
 async def test_a_gateway_that_stops_after_deciding_a_skipped_round_is_finished_by_the_rounds_timer() -> None:
-    """The decision is made in the ``parsed`` handler: a gateway that stops before the allocation
-    is sent leaves the round decided in Redis, and its timer publishes it (once)."""
+    """The decision is made once the selection is stored (the ``parsed`` handler's
+    ``after_commit``): a gateway that stops before the allocation is sent leaves the round
+    decided in Redis, and its timer publishes it (once)."""
     async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05)) as s:
         await s.add_component()
         await s.add_sim_cluster("c1", nodes=2, gpus=2)

@@ -52,11 +52,13 @@ class GatherRecords:
 
     # -- gather ----------------------------------------------------------------------------
     async def gather_open(
-        self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600, at: int = 0
+        self, bid: str, gen: int, attempt: int, expected: list[str], deadline: float, ttl: int = 3600, at: int = 0,
+        due: float | None = None,
     ) -> None:
-        """Open a gather and set its deadline timer (``GATHER_DUE``: the gateways' timer loop
-        claims it when due; nothing about it is stored in the stream). ``at``: the state version
-        the round started from, which a dry_run request asked again carries (``DryRunRequest.at``)."""
+        """Open a gather and set its timer (``GATHER_DUE``: the gateways' timer loop claims it when
+        due; nothing about it is stored in the stream), at ``due`` when given, else at the deadline.
+        ``at``: the state version the round started from, which a dry_run request asked again
+        carries (``DryRunRequest.at``)."""
         key = gather_key(bid, gen, attempt)
         # not a transaction: the timer key is in another Redis Cluster slot, and every write is NX
         pipe = self.r.pipeline(transaction=False)
@@ -65,7 +67,7 @@ class GatherRecords:
         if at:
             pipe.hsetnx(key, "at", at)
         pipe.expire(key, ttl)
-        pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): deadline}, nx=True)
+        pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): deadline if due is None else due}, nx=True)
         await pipe.execute()
 
     async def gather_claim_due(self, now: float, lease_s: float = 30.0, limit: int = 64) -> tuple[list[tuple[str, int, int]], float | None]:
@@ -78,12 +80,13 @@ class GatherRecords:
             claimed.append((bid, int(gen), int(attempt)))
         return claimed, nxt
 
-    async def gather_timer(self, bid: str, gen: int, attempt: int, at: float | None) -> None:
-        """Move a gather's timer to ``at`` (``None``: it is done, drop it)."""
+    async def gather_timer(self, bid: str, gen: int, attempt: int, at: float | None, *, if_set: bool = False) -> None:
+        """Move a gather's timer to ``at`` (``None``: it is done, drop it). ``if_set``: only a
+        timer that is still there (a round finished meanwhile keeps none)."""
         if at is None:
             await self.r.zrem(GATHER_DUE, due_member(bid, gen, attempt))
         else:
-            await self.r.zadd(GATHER_DUE, {due_member(bid, gen, attempt): at})
+            await self.r.zadd(GATHER_DUE, {due_member(bid, gen, attempt): at}, xx=if_set)
 
     async def gather_add(
         self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600

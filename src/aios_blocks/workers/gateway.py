@@ -70,19 +70,49 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
         return
     deadline = time.time() + w.settings.dry_run_deadline_s
     event.deadline = deadline
-    await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq)
+    # Nothing of the round may happen before its selection is stored (the handler's events are
+    # committed with its batch's, after every handler of the batch is done): its timer waits for
+    # that (``_arm``, after the commit), set until then only as the net for an arming that failed
+    await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq, due=_net(w, deadline))
     skip = skip_reason(ir, sel.candidates, n, rule, w.settings.dry_run_single)
     if skip:
-        # the round's answer is recorded in its gather (not asked): deciding it is the path a
-        # complete round takes (its timer finishes a decider that stopped, as for any round)
-        await w.store.gather_add_state(bid, gen, n, sel.candidates[0], skipped_answer(skip))
+        # the round's answer is recorded in its gather (not asked) and decided, by the path a
+        # complete round takes, once the selection is stored: a round decided before that was
+        # taken by its timer for a decider that had stopped, and its post_dry_run and allocation
+        # (then the placement) were stored before the selection
         await w.bus.emit(E.block_selection, event)
-        await _decide(w, bid, gen, n, "skipped")
+        await w.bus.after_commit(lambda: _decide_skipped(w, bid, gen, n, sel.candidates[0], skip, deadline))
         return
     # the queries (core NATS) go out once the selection is stored (the runner's ``Outbox.after``)
     out = [Emit(E.block_selection, event)]
     out += [Emit(E.cluster_dry_run, DryRunRequest(bid, gen, cid, attempt=n, at=m.stream_seq)) for cid in sel.candidates]
     await w.bus.emit_all(out)
+    await w.bus.after_commit(lambda: _arm(w, bid, gen, n, deadline))
+
+
+#: how long past the deadline (at least) a round's timer is first set, until its selection is
+#: stored and ``_arm`` sets it to the deadline
+TIMER_NET_S = 30.0
+
+
+def _net(w: Worker, deadline: float) -> float:
+    """When the timer of a round whose selection is not yet stored is due: only if arming it
+    after the commit failed (a handler's batch is committed long before)."""
+    return deadline + max(w.settings.dry_run_patience_s, TIMER_NET_S)
+
+
+async def _arm(w: Worker, bid: str, gen: int, n: int, deadline: float) -> None:
+    """The round's selection is stored: its timer is due at the deadline (if the round is still on)."""
+    await w.store.gather_timer(bid, gen, n, deadline, if_set=True)
+
+
+async def _decide_skipped(w: Worker, bid: str, gen: int, n: int, cid: str, why: str, deadline: float) -> None:
+    """A round that asks no dry_run, decided once its selection is stored (outside the handler's
+    outbox: the post_dry_run, then the allocation, each stored before the next step). A decider
+    that stops on the way is finished by the round's timer, armed first."""
+    await _arm(w, bid, gen, n, deadline)
+    await w.store.gather_add_state(bid, gen, n, cid, skipped_answer(why))
+    await _decide(w, bid, gen, n, "skipped")
 
 
 #: the clusterAllocator whose post_dry_run, given one candidate with a positive score, chooses it
