@@ -68,9 +68,11 @@ def movable(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], moving: M
 
 def rebalance_input(cid: str, views: Mapping[str, Mapping[str, Any]], placed: Iterable[Mapping[str, Any]],
                     pending: Iterable[Mapping[str, Any]], max_moves: int, trigger: Trigger,
-                    moving: Mapping[str, int] | None = None, workload: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+                    moving: Mapping[str, int] | None = None, workload: list[dict[str, Any]] | None = None,
+                    measure: bool = True) -> dict[str, Any]:
     """The whole input of one ``rebalance`` call on cluster ``cid``. ``pending``: the waiting
-    blocks' records (``{"ir", ...}``), in queue order; ``moving``: block -> its moves under way."""
+    blocks' records (``{"ir", ...}``), in queue order; ``moving``: block -> its moves under way;
+    ``measure``: with the cluster's fragmentation (informative: the policy measures it itself)."""
     cluster = pre.cluster_input(cid, views)
     data: dict[str, Any] = {
         "action": "rebalance", "maxMoves": int(max_moves), "trigger": str(trigger), "cluster": cluster,
@@ -79,7 +81,8 @@ def rebalance_input(cid: str, views: Mapping[str, Mapping[str, Any]], placed: It
     }
     if workload:
         data["workload"] = workload
-    data["fragmentation"] = fragmentation(data)
+    if measure:
+        data["fragmentation"] = fragmentation(data)
     return data
 
 

@@ -47,11 +47,19 @@ class RebalanceSim(Sim):
         self.plans_with_moves = 0
         #: shapes (and priority) the planner found no moves for, until capacity changes
         self.no_moves: set[tuple[Any, int]] = set()
+        #: bumped at each placement, departure and move (the cached rows are stale then)
+        self.version = 0
+        self._rows: tuple[int, int, list[tuple[int, dict[str, Any]]]] | None = None
 
     # -- the planner -----------------------------------------------------------------------------
     def placed_rows(self, floor: int) -> list[dict[str, Any]]:
-        return [{**self.row(b, r), "status": "ready"} for b, r in self.running.items()
-                if r.place is not None and int(r.ir["priority"]) <= floor]
+        """The running tasks at or below ``floor`` as the planner's input reads them (the rows kept
+        until a placement, a departure or a move changes them)."""
+        if self._rows is None or self._rows[0] != len(self.running) or self._rows[1] != self.version:
+            rows = [(int(r.ir["priority"]), {**self.row(b, r), "status": "ready"}) for b, r in self.running.items()
+                    if r.place is not None]
+            self._rows = (len(self.running), self.version, rows)
+        return [row for prio, row in self._rows[2] if prio <= floor]
 
     def key(self, j: Job) -> tuple[Any, int]:
         t = j.timed.task
@@ -62,10 +70,13 @@ class RebalanceSim(Sim):
         key = self.key(j)
         if key in self.no_moves or self.max_moves <= 0:
             return False
+        if not self.room_somewhere(j):  # moves never make capacity: too little is free in all
+            self.no_moves.add(key)
+            return False
         bid = block_id(j.timed.task)
         block = self.block(j)
         data = hr.rebalance_input(CLUSTER, self.views, self.placed_rows(int(j.ir["priority"])), [block], self.max_moves,
-                                  hr.Trigger.PENDING, workload=self.st.shapes)
+                                  hr.Trigger.PENDING, workload=self.st.shapes, measure=False)
         out = rb.plan(data)
         if not out["moves"] or out.get("for") != bid:
             self.no_moves.add(key)
@@ -76,6 +87,31 @@ class RebalanceSim(Sim):
         if not await self.place(j, now):  # the plan said it fits; a resourceAllocator that refuses leaves it waiting
             return True
         return True
+
+    def room_somewhere(self, j: Job) -> bool:
+        """Whether the cluster has, over all its nodes, the GPU compute the task needs free (of a
+        model it may use): moves never make capacity, so no plan exists otherwise (a cheap bound
+        that spares building the planner's input)."""
+        t = j.timed.task
+        needs = t.resources()
+        want = int(needs.get("gpus") or 0)
+        if want <= 0:
+            return True
+        models = set(needs.get("gpuModels") or ())
+        units = capacity.share_units(needs) if t.sharing else 0
+        units = units if 0 < units < capacity.SHARE_UNITS else capacity.SHARE_UNITS
+        free, need = 0, want * units
+        for v in self.views.values():
+            for g in v["gpus"]:
+                if models and g.get("model") not in models:
+                    continue
+                left = 0 if g.get("exclusive") else int(g.get("share_free", capacity.SHARE_UNITS))
+                if int(g.get("instances") or 0) == 0:
+                    left = capacity.SHARE_UNITS
+                free += left
+                if free >= need:
+                    return True
+        return False
 
     def move(self, bid: str, to: str, gpus: list[str]) -> None:
         """A running task moved (make-before-break: it keeps running, its departure unchanged)."""
@@ -89,6 +125,7 @@ class RebalanceSim(Sim):
         self.views[to] = node
         j.place = (to, gpus)
         self.moves += 1
+        self.version += 1
         self.changed()
         index = getattr(self, "index", None)  # the planner's incremental input, where the replay keeps one
         if index is not None:
@@ -116,7 +153,12 @@ class RebalanceSim(Sim):
     # -- the hooks -------------------------------------------------------------------------------
     def unplace(self, bid: str) -> Job:
         self.no_moves.clear()
+        self.version += 1
         return super().unplace(bid)
+
+    async def place(self, j: Job, now: float) -> bool:
+        self.version += 1
+        return await super().place(j, now)
 
     async def preempt(self, j: Job, now: float, key: tuple[Any, int] | None = None) -> bool:
         if await self.moves_for(j, now):  # moves before preemption
