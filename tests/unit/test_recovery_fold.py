@@ -96,6 +96,22 @@ def test_duplicates_change_nothing_and_delete_releases_everything() -> None:
     assert check_image(img, {"b1"}).ok
 
 
+def test_a_delete_stored_before_its_block_still_ends_deleted() -> None:
+    """The delete request published right after the create reaches the stream before the
+    parser's ``submitted``/``parsed`` (soak, issue 39); the controller handled it once the block
+    existed and reported ``deleted``; the gateway's late ``selection`` must not revive it."""
+    f = Fold()
+    run(f, [
+        ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
+        ("aios.block.b1.create", b'{"blockComponentURI": "x", "minInstances": 1, "maxInstances": 2}'),
+        ("aios.block.b1.parsed", {"block_id": "b1", "gen": 2, "ir": IR}),
+        ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"}),
+        ("aios.block.b1.selection", {"block_id": "b1", "gen": 2, "candidates": ["c1"]}),
+    ])
+    assert f.image()["aios:block:b1"]["status"] == "deleted"
+    assert check_image(f.image(), {"b1"}).ok
+
+
 def test_stale_and_foreign_facts_are_ignored() -> None:
     f = placed()
     before = im.digest(f.image())

@@ -426,7 +426,16 @@ class Fold(Projection):
 
     @on(E.block_deleted)
     def on_deleted(self, m: Fact[ev.BlockStatusReport]) -> None:
-        self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.DELETED)
+        """The controller took both steps, DELETE then DELETED. Its delete request can sit in the
+        stream *before* the block (sent right after the create, stored before the parser's
+        ``submitted``): the fold found no block there, the controller, later, did; so a block of
+        this generation still live here takes the DELETE step now (else it stays ``parsed`` and
+        the gateway's late ``selection`` revives it as ``selecting``, where Redis says deleted)."""
+        bid, gen = m.tokens["bid"], m.data.gen
+        b = self._block(bid, gen)
+        if b is not None and b.get("status") != _VALUE[lc.BlockStatus.DELETING]:
+            self._step(bid, gen, lc.Step.DELETE)
+        self._reach(bid, gen, lc.BlockStatus.DELETED)
 
     # -- registry ----------------------------------------------------------------------------------
     @on(E.cluster_registered)
