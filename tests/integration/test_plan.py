@@ -117,6 +117,9 @@ async def test_dry_run_plans_what_submit_gets_changes_nothing_and_if_index_guard
     assert plan["dry_runs"]["c1"]["score"] == 1.0 and plan["dry_runs"]["c2"]["score"] == 0.5  # c2 fits 1 of 2
     assert [p["iid"] for p in plan["placements"]] == ["plan-a-0", "plan-a-1"]
     assert [a["action"] for a in plan["calls"]] == ["selection", "dry_run", "dry_run", "post_dry_run", "allocation", "allocation"]
+    from aios_blocks.handlers.plan import PlanCall
+
+    assert all(set(a) == set(PlanCall.__annotations__) for a in plan["calls"])  # each call has PlanCall's fields
     r = blocks(system, "submit", spec, "--dry-run")  # the table for people
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"at state index {plan['index']}" in r.stdout and "would place 2 instance(s) on c1" in r.stdout

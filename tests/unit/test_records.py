@@ -127,3 +127,74 @@ def test_the_asyncapi_document_has_the_fields_its_records_name() -> None:
     messages = list(doc["components"]["messages"].values())
     assert set().union(*(set(m) for m in messages)) == set(asyncapi.Message.__annotations__)
     assert set().union(*(set(x) for m in messages for x in m["examples"])) == set(asyncapi.Example.__annotations__)
+
+
+def test_decision_record_names_every_field_of_a_decision() -> None:
+    """``DecisionRecord`` is ``schemas.events.Decision`` as JSON: a field added to the struct
+    without its name here fails (``recovery.inputs`` and ``blocks explain``/``policy test`` read it)."""
+    from aios_blocks.schemas.events import Decision
+    from aios_blocks.schemas.records import DecisionGiven, DecisionRecord, ReplayedDecision
+
+    assert {f.name for f in msgspec.structs.fields(Decision)} == set(DecisionRecord.__annotations__)
+    assert set(ReplayedDecision.__annotations__) - set(DecisionRecord.__annotations__) == {"input_check", "state_seq"}
+    assert set(DecisionGiven.__annotations__) == {"block_metrics", "excluded_nodes"}
+
+
+def test_policy_test_report_has_the_fields_its_records_name() -> None:
+    """``handlers.policy_test.compare`` builds its report, its changes and its exact replays with
+    the fields ``Report``/``Change``/``ExactReplay`` name."""
+    import asyncio
+
+    from aios_blocks.handlers import policy_test as pt
+
+    recorded = [
+        {"block_id": "b1", "action": "allocation", "output": {"node_id": "n1", "gpus": ["g0"]}, "input": {"action": "allocation"}},
+        {"block_id": "b2", "action": "preempt", "output": {"victims": {}}, "input": {"action": "preempt"}},
+        {"block_id": "b3", "action": "allocation", "input": None},
+    ]
+
+    async def run(input_data: dict[str, object]) -> object:
+        return {"node_id": "n2", "gpus": ["g1"]} if input_data["action"] == "allocation" else {"victims": {"b9": ["i1"]}}
+
+    report = asyncio.run(pt.compare(recorded, run))  # type: ignore[arg-type]
+    assert set(report) == set(pt.Report.__annotations__)
+    assert report["changes"] and all(set(c) == set(pt.Change.__annotations__) for c in report["changes"])
+    assert report["replays"] and all(set(r) == set(pt.ExactReplay.__annotations__) for r in report["replays"])
+
+
+def test_the_collector_samples_have_the_fields_their_records_name() -> None:
+    """``metrics.window.Windows.tick`` builds a block's and an instance's sample with exactly the
+    fields ``BlockSample``/``InstanceSample`` name (the kv-cache figure only when reported)."""
+    from aios_blocks.metrics.scrape import ExecBlock, InstanceReading
+    from aios_blocks.metrics.window import BlockInput, Windows
+    from aios_blocks.schemas.records import BlockSample, InstanceSample
+
+    w = Windows(span_s=10)
+    page = InstanceReading(running=1, waiting=2, kv_cache_usage_perc=0.5, requests=10, errors=0)
+    tick = {"b1": BlockInput("c1", {"i1": {"state": "ready", "node": "n1"}}, {"i1": page}, ExecBlock())}
+    w.tick(1.0, tick)
+    (block, insts), = w.tick(2.0, tick).values()
+    assert set(block) == set(BlockSample.__annotations__)
+    assert set(insts["i1"]) == set(InstanceSample.__annotations__)
+
+
+def test_metrics_targets_and_target_groups_have_the_fields_their_records_name() -> None:
+    """A worker's announced target (``workers.telemetry.target_of``), the Prometheus target groups
+    and scrape jobs (``metrics.promconfig``) and a remote-write receiver's status."""
+    import yaml
+
+    from aios_blocks.metrics import promconfig
+    from aios_blocks.metrics.remote_write import ReceiverStatus, RemoteWrite
+    from aios_blocks.schemas.records import MetricsTarget
+    from aios_blocks.workers.telemetry import target_of
+
+    target = target_of("front", ["parser", "gateway"], "c1", "http://127.0.0.1:9100/metrics")
+    assert set(target) == set(MetricsTarget.__annotations__)
+    groups = promconfig.worker_targets([target]) + promconfig.instance_targets(
+        {"b1": {"instances": {"i1": {"endpoint": "http://10.0.0.1:8000", "node": "n1", "state": "ready"}}}}, {"b1": "c1"})
+    assert len(groups) == 2 and all(set(g) == set(promconfig.TargetGroup.__annotations__) for g in groups)
+    for sd in (None, "http://127.0.0.1:9200"):
+        jobs = yaml.safe_load(promconfig.config(sd, groups, groups))["scrape_configs"]
+        assert jobs and all(set(j) <= set(promconfig.ScrapeJob.__annotations__) for j in jobs)
+    (status,) = RemoteWrite(["http://127.0.0.1:1/api/v1/write"]).status().values()
+    assert set(status) == set(ReceiverStatus.__annotations__)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -23,7 +23,7 @@ from ..bus.nats_bus import Bus
 from ..bus.subjects import uri_digest
 from ..handlers import parse, scaling
 from ..handlers.controller import instance_id
-from ..handlers.plan import Plan, make_plan
+from ..handlers.plan import Invoke, Plan, PlanCall, make_plan
 from ..policies.runtime import PolicyRuntime
 from ..recovery import inputs
 from ..recovery.rebuild import ensure_epoch, read_stream
@@ -39,7 +39,7 @@ from ..schemas.events import (
     ScaleRequest,
     ScaleTarget,
 )
-from ..schemas.records import BlockIR, BlockRecord
+from ..schemas.records import BlockIR, BlockRecord, DecisionRecord, ReplayedDecision
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..schemas.topology import GpuTopology
 from ..state.inventory import Inventory, affinity_index
@@ -69,7 +69,7 @@ class Request:
     request_id: str = ""
     instance_id: str = ""  # scale / reassignment: the instance it makes
 
-    def outcome(self, kind: str, data: dict[str, Any]) -> tuple[bool, str] | None:
+    def outcome(self, kind: str, data: Mapping[str, object]) -> tuple[bool, str] | None:
         """(succeeded, what happened) when the event ``kind`` ends this request, else None."""
         if self.action == "create":
             if kind in TERMINAL and data.get("gen") == self.seq:
@@ -150,7 +150,7 @@ class Client:
     # Every registration is an event first (the stream is the record ``blocks recover`` rebuilds
     # Redis from), then a direct write to Redis so the caller can use it at once. Message ids are
     # unique per call: a re-registration of the same record is a new fact, not a duplicate.
-    async def add_component(self, comp: Component | dict[str, Any]) -> Component:
+    async def add_component(self, comp: Component | Mapping[str, object]) -> Component:
         comp = comp if isinstance(comp, Component) else Component.model_validate(comp)
         event = ComponentRegistered(comp.componentURI, comp.model_dump(mode="json"))
         await self.bus.emit(E.component_registered, event, msg_id=f"component:{_op_id()}", digest=uri_digest(comp.componentURI))
@@ -292,7 +292,7 @@ class Client:
         else:
             index = -1  # busy: the snapshot may mix states (said in the notes)
         runtime = runtime or PolicyRuntime(lookup=self.store.policy_get)
-        calls: list[dict[str, Any]] = []
+        calls: list[PlanCall] = []
         plan = await make_plan(
             ir, clusters, nodes, self._dry_invoker(runtime, ir, "clusterAllocator", calls),
             self._dry_invoker(runtime, ir, "resourceAllocator", calls), aff,
@@ -311,8 +311,8 @@ class Client:
         return plan
 
     def _dry_invoker(
-        self, runtime: PolicyRuntime, ir: BlockIR, kind: str, calls: list[dict[str, Any]]
-    ) -> Callable[[dict[str, Any]], Awaitable[Any]]:
+        self, runtime: PolicyRuntime, ir: BlockIR, kind: str, calls: list[PlanCall]
+    ) -> Invoke:
         """Like ``Worker.invoker`` but read-only: the rule's context is loaded once into a copy
         that the plan's calls share and that is never saved; nothing is recorded on the stream."""
         rule, rule_id = ir["policies"][kind], f"{ir['blockId']}.{kind}"
@@ -322,7 +322,7 @@ class Client:
             nonlocal context
             if context is None:
                 context = dict(await self.store.context_load(rule_id))
-            record = {"kind": kind, "action": str(input_data.get("action", "?")), "uri": rule.get("policyRuleURI", ""),
+            record: PlanCall = {"kind": kind, "action": str(input_data.get("action", "?")), "uri": rule.get("policyRuleURI", ""),
                       "version": rule.get("version"), "error": ""}
             calls.append(record)
             try:
@@ -425,19 +425,19 @@ class Client:
         await read_stream(self.bus, lambda s, b, q, t: out.append((s, b, q, t)))
         return out
 
-    async def decisions(self, since: float | None = None, idle: float = 0.5, bid: str = "*") -> list[dict[str, Any]]:
+    async def decisions(self, since: float | None = None, idle: float = 0.5, bid: str = "*") -> list[ReplayedDecision]:
         """Recorded policy decisions of one block or all (oldest first), each with its input rebuilt
         by replay (``recovery.inputs``): ``input`` (None unless rebuilt or recorded) and
         ``input_check``: ``rebuilt`` (its digest is the recorded one), ``recorded`` (an older
         record that held its input), ``mismatch`` or ``unsupported`` (not rebuilt)."""
         only = None if _block_or_all(bid) == "*" else bid
         steps = await inputs.rebuild(await self.stream(), only)
-        out: list[dict[str, Any]] = []
+        out: list[ReplayedDecision] = []
         for step in steps:
             if since is not None and step.ts < since:
                 continue
             for c in step.calls:
-                d = {**DECISION_DEFAULTS, **c.decision}
+                d: ReplayedDecision = {**DECISION_DEFAULTS, **c.decision}
                 d["input"] = c.input if c.status in ("rebuilt", "recorded") else None
                 d["input_check"] = c.status
                 d["state_seq"] = c.state_seq
@@ -584,24 +584,29 @@ def _decode(raw: bytes) -> dict[str, Any]:
 
 
 #: a decision record's fields left out of the JSON when empty (``Decision`` omits defaults)
-DECISION_DEFAULTS: dict[str, Any] = {"output": None, "error": "", "duration_us": 0, "logs": [], "at": 0, "given": {},
+DECISION_DEFAULTS: DecisionRecord = {"output": None, "error": "", "duration_us": 0, "logs": [], "at": 0, "given": {},
                                      "output_digest": ""}
 
 
-def decisions_of(subject: str, data: Any) -> list[dict[str, Any]]:
+def decisions_of(subject: str, data: Any) -> list[DecisionRecord]:
     """The policy decisions an event records: a step event's folded ``decisions``, or a
     ``decision`` event itself (a step redone later, or a stream written by an older version),
     with the fields left out when empty filled in."""
     if not isinstance(data, dict):
         return []
     if subject.endswith(".decision"):
-        return [{**DECISION_DEFAULTS, **data}]
+        return [_filled(data)]
     out = []
     if isinstance(data.get("answers"), list):  # a post_dry_run: its dry_run answers' decisions first
         for a in data["answers"]:
             out += decisions_of(subject, a) if isinstance(a, dict) else []
     found = data.get("decisions")
-    return out + ([{**DECISION_DEFAULTS, **d} for d in found if isinstance(d, dict)] if isinstance(found, list) else [])
+    return out + ([_filled(d) for d in found if isinstance(d, dict)] if isinstance(found, list) else [])
+
+
+def _filled(stored: Mapping[str, object]) -> DecisionRecord:
+    """A stored decision (``schemas.events.Decision`` as JSON) with its empty fields filled in."""
+    return cast(DecisionRecord, {**DECISION_DEFAULTS, **stored})
 
 
 #: how long a task waits for an executor to subscribe (one that is starting: a task sent right after

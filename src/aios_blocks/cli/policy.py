@@ -26,6 +26,8 @@ from .common import (
 from .render import _plain, _table
 
 if TYPE_CHECKING:
+    from ..handlers.policy_test import Report
+    from ..schemas.records import ReplayedDecision
     from .client import Client
 
 def policy_run(
@@ -114,7 +116,7 @@ def policy_test(
     cutoff = time.time() - _seconds(since, "--since") if since else None
     runtime = PolicyRuntime(allow_files=True)
 
-    async def go(c: Client) -> dict[str, Any]:
+    async def go(c: Client) -> Report:
         recorded = [
             d for d in await c.decisions(cutoff)
             if name in (d.get("policy"), d.get("uri"), d.get("kind"), d.get("uri", "").removeprefix("registry:"))
@@ -165,7 +167,7 @@ def policy_input(
     then `blocks policy run examples/first_fit.py --input input.json`
     """
 
-    async def go(c: Client) -> list[dict[str, Any]]:
+    async def go(c: Client) -> list[ReplayedDecision]:
         return await c.decisions(bid=bid)
 
     recorded = _run(_with_client(data_dir, go))

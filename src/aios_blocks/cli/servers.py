@@ -33,6 +33,7 @@ from .common import (
 from .render import _line, _plain, _print_block, _table
 
 if TYPE_CHECKING:
+    from ..metrics.promconfig import TargetGroup
     from ..runtime.supervisor import Supervisor
     from ..schemas.records import BlockMap
     from .client import Client
@@ -309,7 +310,7 @@ def prometheus_config(
         if not sd_url and ep.exists():  # (no endpoints.json at all: "No servers" says it, below)
             err.print("[yellow]no metrics collector address in endpoints.json: listing the targets of this moment (--static)[/]")
 
-    async def go(c: Client) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    async def go(c: Client) -> tuple[list[TargetGroup], list[TargetGroup]]:
         workers = promconfig.worker_targets(await c.store.metrics.targets())
         maps: dict[str, BlockMap] = {}
         clusters: dict[str, str] = {}
@@ -321,8 +322,8 @@ def prometheus_config(
             clusters[b] = next((str(r.get("cluster", "")) for r in insts.values()), "")
         return workers, promconfig.instance_targets(maps, clusters)
 
-    workers: list[dict[str, Any]] = []
-    instances: list[dict[str, Any]] = []
+    workers: list[TargetGroup] = []
+    instances: list[TargetGroup] = []
     if not sd_url:
         workers, instances = _request(go, data_dir, store_only=True)
     sys.stdout.write(promconfig.config(sd_url, workers, instances, scrape_interval, refresh_interval))

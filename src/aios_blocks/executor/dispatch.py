@@ -16,7 +16,7 @@ from typing import Any
 
 import aiohttp
 
-from ..schemas.records import RouteView
+from ..schemas.records import RouteView, TaskInfo
 from ..settings import Settings
 from .engine import Refused, Route
 
@@ -58,7 +58,7 @@ class Task:
     idempotent: bool
     timeout_s: float
     #: what the loadBalancer policy sees of it
-    info: dict[str, Any]
+    info: TaskInfo
     #: the loop time its whole budget ends (queue, every attempt, backoff)
     deadline: float = 0.0
 
@@ -67,7 +67,7 @@ class Task:
         idempotent = truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
         tmo = headers.get("Aios-Timeout-Ms") or headers.get("aios-timeout-ms")
         fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS and not k.lower().startswith("nats-")}
-        info = {"method": method, "path": target, "bytes": len(body), "idempotent": idempotent,
+        info: TaskInfo = {"method": method, "path": target, "bytes": len(body), "idempotent": idempotent,
                 "content_type": headers.get("Content-Type") or headers.get("content-type") or ""}
         return cls(method, target, body, fwd, idempotent, task_timeout_s(tmo) if tmo else default_timeout_s, info)
 

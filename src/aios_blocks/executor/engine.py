@@ -44,7 +44,7 @@ from typing import Any
 
 from ..policies import contract
 from ..schemas.lifecycle import InstanceState as InstanceState
-from ..schemas.records import MapEntry, RouteView
+from ..schemas.records import InstanceSample, MapEntry, RouteView, TaskInfo
 from .outlier import Outliers
 from .stats import Reject, RouteStats
 
@@ -129,7 +129,7 @@ class Chooser:
 
     name = "?"
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
+    def choose(self, bid: str, task: TaskInfo, candidates: list[RouteView]) -> str:
         raise NotImplementedError
 
 
@@ -144,7 +144,7 @@ class InlinePolicy(Chooser):
         self.time_limit_s = time_limit_s
         self.context = context if context is not None else {}
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
+    def choose(self, bid: str, task: TaskInfo, candidates: list[RouteView]) -> str:
         input_data = {"action": "route", "payload": {"block": bid, "task": task, "instances": candidates}}
         try:
             if self.time_limit_s > 0:
@@ -179,7 +179,7 @@ class Weighted(Chooser):
     def set(self, weights: dict[str, float]) -> None:
         self.weights = {k: float(v) for k, v in weights.items()}
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
+    def choose(self, bid: str, task: TaskInfo, candidates: list[RouteView]) -> str:
         known = [self.weights[c["id"]] for c in candidates if c["id"] in self.weights]
         mean = (sum(known) / len(known)) if known else 1.0
         ws = [self.weights.get(c["id"], mean) for c in candidates]
@@ -233,8 +233,8 @@ class Route:
     #: ready instances at their in-flight limit (0: every ready instance is a candidate)
     _full: int = 0
     #: the instances' metrics by source (their union is each view's ``metrics``)
-    _scraped: dict[str, dict[str, Any]] = field(default_factory=dict)
-    _collected: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _scraped: dict[str, dict[str, float]] = field(default_factory=dict)
+    _collected: dict[str, InstanceSample] = field(default_factory=dict)
     #: passive health: per-instance outcomes and local ejections (``executor.outlier``)
     outliers: Outliers = field(default_factory=Outliers)
     #: the block may run no instance at all (its ``minInstances`` is 0): tasks that find no ready
@@ -366,7 +366,7 @@ class Route:
             except Exception:  # the hook only schedules a publish; a failure there is not the task's
                 pass
 
-    def set_metrics(self, iid: str, metrics: dict[str, Any]) -> None:
+    def set_metrics(self, iid: str, metrics: dict[str, float]) -> None:
         """The engine's queue figures as this executor just scraped them (builtin:least-queue):
         they win over the collector's older ones of the same name."""
         v = self.views.get(iid)
@@ -374,7 +374,7 @@ class Route:
             self._scraped[iid] = metrics
             v["metrics"] = {**self._collected.get(iid, {}), **metrics}
 
-    def set_collected(self, iid: str, sample: dict[str, Any]) -> None:
+    def set_collected(self, iid: str, sample: InstanceSample) -> None:
         """The metrics collector's latest sample of the instance (docs/metrics.md)."""
         v = self.views.get(iid)
         if v is not None:
@@ -398,7 +398,7 @@ class Route:
         est = (len(self.waiting) + 1) * self.ewma_s / capacity * 1000
         return int(min(5000, max(5, math.ceil(est))))
 
-    def try_pick(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> RouteView | None:
+    def try_pick(self, task: TaskInfo, exclude: frozenset[str] | set[str] = frozenset()) -> RouteView | None:
         """The instance for this task now (its in-flight count taken), or None when none is free.
         Raises :class:`Refused` (500) when the policy fails."""
         cands = self.candidates(exclude)
@@ -432,7 +432,7 @@ class Route:
         self.dispatched += 1
         return v
 
-    async def acquire(self, task: dict[str, Any], exclude: frozenset[str] | set[str] = frozenset(),
+    async def acquire(self, task: TaskInfo, exclude: frozenset[str] | set[str] = frozenset(),
                       deadline: float | None = None) -> RouteView:
         """An instance for the task, waiting in the block's queue while none is free (at most
         ``queue_timeout_s``) or, for a scale-to-zero block with no ready instance, held while one

@@ -14,7 +14,7 @@ Pure: no I/O here besides the invokers.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..policies import affinity
 from ..schemas.errors import PlacementFailed, SpecError
@@ -22,6 +22,18 @@ from ..schemas.records import BlockIR, ClusterRecord, NodeView
 from . import controller, gateway
 
 Invoke = gateway.Invoke
+
+
+class PlanCall(TypedDict):
+    """One policy call a plan made (``cli.client.Client.plan``; ``blocks submit --dry-run``)."""
+
+    #: clusterAllocator or resourceAllocator
+    kind: str
+    action: str
+    uri: str
+    version: int | None
+    #: the policy's failure ("" when it answered)
+    error: str
 
 
 @dataclass
@@ -42,8 +54,8 @@ class Plan:
     #: why it would not place ("" when it would); ``stage`` says which step said so
     failure: str = ""
     stage: str = ""
-    #: the policy calls the plan made: {"kind", "action", "uri", "version", "error"}
-    calls: list[dict[str, Any]] = field(default_factory=list)
+    #: the policy calls the plan made
+    calls: list[PlanCall] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
     @property

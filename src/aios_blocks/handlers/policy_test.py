@@ -5,12 +5,13 @@ recorded traffic (like ``nomad job plan``, for policies). Pure: recorded decisio
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypedDict
 
 import msgspec
 
 from ..policies import contract
+from ..schemas.records import DecisionRecord
 
 #: run(input_data) -> output of the candidate policy (raises on failure)
 Run = Callable[[dict[str, Any]], Awaitable[Any]]
@@ -49,7 +50,39 @@ def output_bytes(output: Any) -> bytes:
     return msgspec.json.encode(output)
 
 
-def _replay(d: dict[str, Any], out: Any) -> dict[str, Any]:
+class ExactReplay(TypedDict):
+    """One exact replay (``EXACT_ACTIONS``): the recorded output's bytes against the candidate's."""
+
+    block_id: str
+    action: str
+    identical: bool
+    recorded_sha256: str
+    replayed_sha256: str
+    bytes: int
+
+
+class Change(TypedDict):
+    """A recorded decision the candidate decides differently: both summaries and the verdict."""
+
+    block_id: str
+    action: str
+    before: str
+    after: str
+    verdict: str
+
+
+class Report(TypedDict):
+    """``compare``'s report (``blocks policy test --json``)."""
+
+    #: decisions by verdict: same, changed, newly_failing, newly_feasible, skipped (no input)
+    counts: dict[str, int]
+    changes: list[Change]
+    total: int
+    replays: list[ExactReplay]
+    identical: int
+
+
+def _replay(d: DecisionRecord, out: Any) -> ExactReplay:
     """One exact replay: the recorded output's bytes against the candidate's."""
     before, after = output_bytes(d.get("output")), output_bytes(out)
     return {"block_id": d["block_id"], "action": d["action"], "identical": before == after,
@@ -57,12 +90,13 @@ def _replay(d: dict[str, Any], out: Any) -> dict[str, Any]:
             "bytes": len(after)}
 
 
-async def compare(decisions: list[dict[str, Any]], run: Run) -> dict[str, Any]:
+async def compare(decisions: Sequence[DecisionRecord], run: Run) -> Report:
     """Re-run each recorded decision (whose input is available) and classify the difference. A
     ``preempt`` decision (``EXACT_ACTIONS``) is the same only when the candidate's whole output is
     byte for byte the recorded one (``replays``: each with both digests); a difference outside its
     victims shows as ``changed`` with ``(output differs)``."""
-    rows, replays = [], []
+    rows: list[Change] = []
+    replays: list[ExactReplay] = []
     counts = {"same": 0, "changed": 0, "newly_failing": 0, "newly_feasible": 0, "skipped": 0}
     for d in decisions:
         if d.get("input") is None:

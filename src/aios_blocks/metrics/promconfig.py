@@ -18,10 +18,10 @@ collector).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import NotRequired, TypedDict
 from urllib.parse import urlsplit
 
-from ..schemas.records import BlockMap
+from ..schemas.records import BlockMap, MetricsTarget
 
 WORKERS_JOB = "aios-workers"
 INSTANCES_JOB = "aios-instances"
@@ -33,9 +33,26 @@ def _address(url: str) -> tuple[str, str]:
     return parts.netloc, parts.path or "/metrics"
 
 
-def worker_targets(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+class TargetGroup(TypedDict):
+    """A Prometheus target group (http_sd and ``static_configs``): addresses and their labels."""
+
+    targets: list[str]
+    labels: dict[str, str]
+
+
+class ScrapeJob(TypedDict):
+    """One ``scrape_configs`` entry of the YAML (``config``): http_sd or static targets."""
+
+    job_name: str
+    scrape_interval: str
+    honor_labels: NotRequired[bool]
+    http_sd_configs: NotRequired[list[dict[str, str]]]
+    static_configs: NotRequired[list[TargetGroup]]
+
+
+def worker_targets(targets: list[MetricsTarget]) -> list[TargetGroup]:
     """http_sd document of the workers' registered targets (``state.metrics``)."""
-    out = []
+    out: list[TargetGroup] = []
     for t in sorted(targets, key=lambda t: str(t.get("id", ""))):
         addr, path = _address(str(t["url"]))
         labels = {"kind": str(t.get("kind", "")), "worker": str(t.get("id", ""))}
@@ -47,10 +64,10 @@ def worker_targets(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def instance_targets(maps: Mapping[str, BlockMap], clusters: dict[str, str]) -> list[dict[str, Any]]:
+def instance_targets(maps: Mapping[str, BlockMap], clusters: dict[str, str]) -> list[TargetGroup]:
     """http_sd document of the instances of the blocks' instance maps (any that has an endpoint
     and is not stopping)."""
-    out = []
+    out: list[TargetGroup] = []
     for bid in sorted(maps):
         for iid, rec in sorted((maps[bid].get("instances") or {}).items()):
             endpoint = rec.get("endpoint") or ""
@@ -62,13 +79,13 @@ def instance_targets(maps: Mapping[str, BlockMap], clusters: dict[str, str]) -> 
     return out
 
 
-def config(sd_url: str | None = None, workers: list[dict[str, Any]] | None = None,
-           instances: list[dict[str, Any]] | None = None, scrape_interval: str = "15s",
+def config(sd_url: str | None = None, workers: list[TargetGroup] | None = None,
+           instances: list[TargetGroup] | None = None, scrape_interval: str = "15s",
            refresh_interval: str = "30s") -> str:
     """The YAML: ``sd_url`` (the collector's ``http://host:port``) -> http_sd jobs; else the given
     static target groups."""
-    def job(name: str, path: str, static: list[dict[str, Any]] | None, honor: bool) -> dict[str, Any]:
-        j: dict[str, Any] = {"job_name": name, "scrape_interval": scrape_interval}
+    def job(name: str, path: str, static: list[TargetGroup] | None, honor: bool) -> ScrapeJob:
+        j: ScrapeJob = {"job_name": name, "scrape_interval": scrape_interval}
         if honor:
             j["honor_labels"] = True
         if sd_url:

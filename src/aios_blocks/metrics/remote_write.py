@@ -18,13 +18,14 @@ import struct
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 import aiohttp
 import cramjam
 import structlog
 
 from ..runtime.ticker import Ticker
+from ..schemas.records import TickSamples
 
 log = structlog.get_logger("aios.remote_write")
 
@@ -59,7 +60,7 @@ def _labels(name: str, labels: dict[str, str]) -> Labels:
     return tuple(sorted({"__name__": name, **{k: v for k, v in labels.items() if v}}.items()))
 
 
-def points(samples: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]]) -> list[Point]:
+def points(samples: TickSamples) -> list[Point]:
     """One collector tick (``Windows.tick``: block -> (block sample, instance -> sample)) as points:
     every numeric field ``F`` of a block's sample is ``aios_block_F{block, cluster}``, of an
     instance's ``aios_block_instance_F{block, instance, cluster, node}`` (booleans 1/0; ``t``,
@@ -134,6 +135,17 @@ def encode(pts: list[Point]) -> bytes:
 # -- the queues ----------------------------------------------------------------------------------
 
 
+class ReceiverStatus(TypedDict):
+    """One receiver's figures (``RemoteWrite.status``): samples queued, sent, dropped (its queue
+    full or a refusal), its last error and when it last took a batch."""
+
+    pending: int
+    sent: int
+    dropped: int
+    last_error: str
+    last_ok: float
+
+
 @dataclass
 class Receiver:
     url: str
@@ -144,7 +156,7 @@ class Receiver:
     last_error: str = ""
     last_ok: float = 0.0
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> ReceiverStatus:
         return {"pending": self.pending, "sent": self.sent, "dropped": self.dropped, "last_error": self.last_error,
                 "last_ok": round(self.last_ok, 3)}
 
@@ -203,7 +215,8 @@ class RemoteWrite:
             r.last_error = repr(exc)
             return "retry"
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> dict[str, ReceiverStatus]:
+        """Each receiver's queue and outcome, by URL (the collector's status page)."""
         return {r.url: r.status() for r in self.receivers}
 
     async def run(self, stop: asyncio.Event, interval_s: float) -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ..schemas.records import MapEntry
+from ..schemas.records import BlockSample, InstanceSample, MapEntry, TickSamples
 from .scrape import ExecBlock, ExecInstance, Histogram, InstanceReading
 
 
@@ -76,22 +76,26 @@ def _span(hist: deque[Any], p: Any, now: float, span_s: float) -> Any:
     return hist[0]
 
 
+#: the instance figures a block's sample sums
+_Summed = Literal["inflight", "running", "waiting", "rate", "error_rate"]
+
+
 class Windows:
     def __init__(self, span_s: float = 10.0):
         self.span_s = span_s
         self._inst: dict[tuple[str, str], deque[_IPoint]] = {}
         self._block: dict[str, deque[_BPoint]] = {}
 
-    def tick(self, now: float, blocks: dict[str, BlockInput]) -> dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]]:
-        out: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]] = {}
+    def tick(self, now: float, blocks: dict[str, BlockInput]) -> TickSamples:
+        out: TickSamples = {}
         seen: set[tuple[str, str]] = set()
         for bid, b in blocks.items():
             ex = b.executor or ExecBlock()
-            insts: dict[str, dict[str, Any]] = {}
+            insts: dict[str, InstanceSample] = {}
             merged = Histogram()  # the block's dispatch latency: every instance's, same bounds
             for iid in sorted(set(b.instances) | set(ex.instances)):
                 seen.add((bid, iid))
-                rec = b.instances.get(iid, {"state": "gone", "node": ""})
+                rec: MapEntry = b.instances.get(iid, {"state": "gone", "node": ""})
                 s, d = self._instance(now, bid, iid, rec, b.pages.get(iid), ex.instances.get(iid) or ExecInstance())
                 insts[iid] = s
                 merged.add(d)
@@ -103,7 +107,7 @@ class Windows:
         return out
 
     def _instance(self, now: float, bid: str, iid: str, rec: MapEntry, page: InstanceReading | None,
-                  ex: ExecInstance) -> tuple[dict[str, Any], Histogram]:
+                  ex: ExecInstance) -> tuple[InstanceSample, Histogram]:
         rd = page or InstanceReading()
         p = _IPoint(now, rd.requests, rd.errors, rd.latency, ex.ok + ex.errors, ex.errors, ex.dispatch)
         base = _span(self._inst.setdefault((bid, iid), deque()), p, now, self.span_s)
@@ -123,7 +127,7 @@ class Windows:
             if p.latency is not None and base.latency is not None:
                 latency = p.latency.minus(base.latency)
             dispatch = p.dispatch.minus(base.dispatch)
-        sample: dict[str, Any] = {
+        sample: InstanceSample = {
             "t": round(now, 3), "state": rec.get("state", ""), "node": rec.get("node", ""), "up": page is not None,
             "inflight": ex.inflight, "running": rd.running, "waiting": rd.waiting,
             "rate": _r(rate), "error_rate": _r(err),
@@ -136,8 +140,8 @@ class Windows:
             sample["kv_cache_usage_perc"] = rd.kv_cache_usage_perc
         return sample, dispatch
 
-    def _blocksample(self, now: float, bid: str, b: BlockInput, ex: ExecBlock, insts: dict[str, dict[str, Any]],
-                     dispatch: Histogram) -> dict[str, Any]:
+    def _blocksample(self, now: float, bid: str, b: BlockInput, ex: ExecBlock, insts: dict[str, InstanceSample],
+                     dispatch: Histogram) -> BlockSample:
         p = _BPoint(now, ex.rejected, ex.retries, ex.queue_wait, ex.policy)
         base = _span(self._block.setdefault(bid, deque()), p, now, self.span_s)
         dt = p.t - base.t
@@ -147,13 +151,12 @@ class Windows:
             rejected, retries = (p.rejected - base.rejected) / dt, (p.retries - base.retries) / dt
             wait, policy = p.queue_wait.minus(base.queue_wait), p.policy.minus(base.policy)
 
-        def total(key: str) -> float | None:
-            vals = [s[key] for s in insts.values() if s.get(key) is not None]
+        def total(key: _Summed) -> float | None:
+            vals = [v for s in insts.values() if (v := s[key]) is not None]
             return round(sum(vals), 3) if vals else None
 
         rate = total("rate")
-        weighted = [(s["latency_mean_ms"], s["rate"]) for s in insts.values()
-                    if s.get("latency_mean_ms") is not None and s.get("rate")]
+        weighted = [(m, r) for s in insts.values() if (m := s["latency_mean_ms"]) is not None and (r := s["rate"])]
         wsum = sum(r for _, r in weighted)
         policy_mean = policy.mean()
         return {

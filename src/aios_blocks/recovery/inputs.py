@@ -21,9 +21,9 @@ the one. A step whose inputs match no state is reported ``mismatch`` (never show
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import msgspec
 
@@ -35,7 +35,18 @@ from ..projections.base import parse
 from ..schemas.catalog import ROOT, E
 from ..schemas.errors import PlacementFailed, PolicyFailed
 from ..schemas.events import input_matches
-from ..schemas.records import BlockIR, ClusterRecord, GatherRecord, InstanceRecord, NodeView
+from ..schemas.records import (
+    JSON,
+    BlockIR,
+    BlockRecord,
+    ClusterRecord,
+    DecisionGiven,
+    DecisionRecord,
+    GatherRecord,
+    InstanceRecord,
+    JSONObject,
+    NodeView,
+)
 from ..state.store import node_view
 from .fold import Fold
 
@@ -66,7 +77,7 @@ PLAN_TRIGGERS = {"cluster.allocation": "allocation", "cluster.scale": "scale", "
 class Call:
     """One recorded decision and, once rebuilt, its input."""
 
-    decision: dict[str, Any]
+    decision: DecisionRecord
     step_subject: str
     step_seq: int
     index: int
@@ -83,12 +94,13 @@ class Step:
     subject: str
     seq: int
     event: str
-    data: dict[str, Any]
+    #: the step event's data (open JSON: each step event has its own payload)
+    data: JSONObject
     calls: list[Call]
     #: when the stream stored it (seconds)
     ts: float = 0.0
     #: the message it handled (``at``), when recorded
-    trigger: tuple[str, dict[str, Any]] | None = None
+    trigger: tuple[str, JSONObject] | None = None
     lo: int = 0
     hi: int = 0
     #: calls before this one are rebuilt (a plan's attempts are rebuilt one after another)
@@ -123,7 +135,7 @@ class State:
         self._block_events: dict[str, int] = {}
         self._clusters_gen = 0
 
-    def note(self, subject: str, data: dict[str, Any]) -> None:
+    def note(self, subject: str, data: JSONObject) -> None:
         """Before the fold applies a message: mark what it may change."""
         parts = subject.split(".")
         if len(parts) < 4:
@@ -136,12 +148,14 @@ class State:
             nid = str(data.get("node_id", ""))
             if nid:
                 self._touch_node(nid)
-            for p in data.get("placements") or []:
+            placements = data.get("placements")
+            for p in placements if isinstance(placements, list) else []:
                 if isinstance(p, dict):
                     self._touch(str(data.get("cluster_id", "")), str(p.get("node_id", "")))
         elif entity == "node":
             if parts[3] == "registered":
-                cid = str((data.get("node") or {}).get("cluster", ""))
+                node = data.get("node")
+                cid = str(node.get("cluster", "")) if isinstance(node, dict) else ""
                 self._dirty[cid] = None
                 self._clusters_gen += 1
             self._touch_node(key)
@@ -212,7 +226,7 @@ class State:
             versions.append((cid, self._gen.get(cid, 0), getattr(nodes, "version", 0)))
         return (self._clusters_gen, tuple(versions), self._block_events.get(bid, 0), step.cursor)
 
-    def index(self, ir: BlockIR) -> dict[str, Any]:
+    def index(self, ir: BlockIR) -> affinity.Index:
         """``state.inventory.affinity_index`` over the fold."""
         svcs, leases = affinity.referenced(ir.get("affinity") or [])
         if not svcs and not leases:
@@ -220,7 +234,7 @@ class State:
         services = {svc: sorted(_json.decode(v) for v in self.f.aff_svc.get(svc, {}).values()) for svc in svcs}
         return {"services": services, "leases": {k: self.f.aff_lease[k] for k in leases if self.f.aff_lease.get(k)}}
 
-    def block(self, bid: str) -> dict[str, Any] | None:
+    def block(self, bid: str) -> BlockRecord | None:
         b = self.f.blocks.get(bid)
         if b is None:
             return None
@@ -234,12 +248,15 @@ class State:
         return _json.decode(_json.encode({"expected": g["expected"], "results": g["results"]}))
 
 
-def _scripted(calls: list[Call]) -> tuple[Callable[[dict[str, Any]], Awaitable[Any]], list[bytes]]:
+Invoke = hc.Invoke
+
+
+def _scripted(calls: list[Call]) -> tuple[Invoke, list[bytes]]:
     """An ``invoke`` that records each input (encoded at once: the caller goes on changing its
     working copy) and answers with the recorded output, or raises the recorded failure."""
     captured: list[bytes] = []
 
-    async def invoke(input_data: dict[str, Any]) -> Any:
+    async def invoke(input_data: Mapping[str, object]) -> Any:
         i = len(captured)
         captured.append(_json.encode(input_data))
         if i >= len(calls):
@@ -250,9 +267,6 @@ def _scripted(calls: list[Call]) -> tuple[Callable[[dict[str, Any]], Awaitable[A
         return d.get("output")
 
     return invoke, captured
-
-
-Invoke = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 async def _run(step: Step, st: State) -> list[bytes] | None:
@@ -279,13 +293,18 @@ async def _run_selection(step: Step, st: State, bid: str, ir: BlockIR, invoke: I
 
 async def _run_post_dry_run(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke) -> bool:
     data = step.data
-    g = st.gather(bid, int(data.get("gen", 0)), int(data.get("attempt", 0)))
-    if isinstance(data.get("answers"), list):  # the answers it decided on travel with it
-        g["results"] = {str(a.get("cluster_id", "")): a for a in data["answers"] if isinstance(a, dict)}
+    g = st.gather(bid, _int(data.get("gen", 0)), _int(data.get("attempt", 0)))
+    if isinstance(answers := data.get("answers"), list):  # the answers it decided on travel with it
+        g["results"] = {str(a.get("cluster_id", "")): a for a in answers if isinstance(a, dict)}
     clusters = st.clusters()
     entries = {cid: hg.scoped_entry(ir, clusters[cid], st.nodes(cid), st.index(ir)) for cid in g["expected"] if cid in clusters}
     await hg.choose(g["expected"], g["results"], entries, invoke, int(ir.get("minInstances") or 1))
     return True
+
+
+def _int(v: JSON) -> int:
+    """A count an event's data holds (``gen``, ``attempt``)."""
+    return int(v) if isinstance(v, int | float | str) else 0
 
 
 async def _run_dry_run(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke) -> bool:
@@ -301,9 +320,9 @@ async def _run_plan(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke
         return False
     tname, tdata = step.trigger
     action = PLAN_TRIGGERS[tname]
-    given = step.calls[step.cursor].decision.get("given") or {}
+    given: DecisionGiven = step.calls[step.cursor].decision.get("given") or {}
     cid = str(tdata.get("cluster_id", ""))
-    extra: dict[str, Any] = {}
+    extra: PlanExtras = {}
     instances: dict[str, InstanceRecord] | None = None
     if action == "allocation":
         iids = [hc.instance_id(bid, i) for i in range(int(ir.get("minInstances") or 0))]
@@ -312,8 +331,8 @@ async def _run_plan(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke
         instances = st.instances(bid)
         extra["block_metrics"] = given.get("block_metrics", {})
         if action == "reassignment":
-            extra["instance_id"] = extra["pod_name"] = tdata.get("instance_id", "")
-            extra["reason"] = tdata.get("reason", "requested")
+            extra["instance_id"] = extra["pod_name"] = str(tdata.get("instance_id", ""))
+            extra["reason"] = str(tdata.get("reason", "requested"))
     if given.get("excluded_nodes"):  # suspect / avoided nodes, as the step left them out
         extra["excluded_nodes"] = given["excluded_nodes"]
     cluster = st.clusters().get(cid, {"id": cid, "labels": {}})
@@ -322,6 +341,17 @@ async def _run_plan(step: Step, st: State, bid: str, ir: BlockIR, invoke: Invoke
     except PlacementFailed:
         pass
     return True
+
+
+class PlanExtras(TypedDict, total=False):
+    """What ``handlers.controller.plan`` is given besides the snapshot, as the step's command and
+    its decision's ``given`` say (its ``**extra``)."""
+
+    block_metrics: JSONObject
+    instance_id: str
+    pod_name: str
+    reason: str
+    excluded_nodes: dict[str, str]
 
 
 #: the steps rebuilt by running their code again, by event (plans: ``PLAN_STEPS``)
@@ -355,7 +385,7 @@ def _event_name(subject: str) -> str:
     return hit[0].name if hit else ""
 
 
-def _data(raw: bytes) -> dict[str, Any]:
+def _data(raw: bytes) -> JSONObject:
     try:
         env = _json.decode(raw)
     except msgspec.DecodeError:
@@ -369,26 +399,32 @@ def _is_decision(subject: str) -> bool:
     return found is not None and found[0] is E.block_decision
 
 
-def decisions_of(subject: str, data: dict[str, Any]) -> list[dict[str, Any]]:
+def decisions_of(subject: str, data: JSONObject) -> list[DecisionRecord]:
     """The decisions a stored event records (a step event's ``decisions``, or a ``decision``)."""
     if _is_decision(subject):
-        return [data] if data else []
+        return [_decision(data)] if data else []
     found = data.get("decisions")
-    return [d for d in found if isinstance(d, dict)] if isinstance(found, list) else []
+    return [_decision(d) for d in found if isinstance(d, dict)] if isinstance(found, list) else []
 
 
-def _parts(name: str, data: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def _decision(d: JSONObject) -> DecisionRecord:
+    """A stored decision (``schemas.events.Decision`` as JSON), typed: the same object (a record
+    of an older version may hold fields no longer named; they are kept, unread)."""
+    return cast(DecisionRecord, d)
+
+
+def _parts(name: str, data: JSONObject) -> list[tuple[str, JSONObject]]:
     """The steps one stored event records: itself, and for a ``post_dry_run`` first each dry_run
     answer it carries (answers travel over core NATS; their decisions are stored with the round's
     decision, each rebuilt as the dry_run step it was)."""
-    out: list[tuple[str, dict[str, Any]]] = []
-    if name == "block.post_dry_run" and isinstance(data.get("answers"), list):
-        out += [("block.dry_run.result", a) for a in data["answers"] if isinstance(a, dict)]
+    out: list[tuple[str, JSONObject]] = []
+    if name == "block.post_dry_run" and isinstance(answers := data.get("answers"), list):
+        out += [("block.dry_run.result", a) for a in answers if isinstance(a, dict)]
     out.append((name, data))
     return out
 
 
-def _step(subject: str, seq: int, name: str, data: dict[str, Any], recorded: list[dict[str, Any]], ts: float, prev: int,
+def _step(subject: str, seq: int, name: str, data: JSONObject, recorded: list[DecisionRecord], ts: float, prev: int,
           by_seq: dict[int, tuple[str, bytes]]) -> Step:
     step = Step(subject, seq, name, data, [Call(d, subject, seq, i) for i, d in enumerate(recorded)], ts)
     for c in step.calls:

@@ -290,6 +290,18 @@ class BlockMap(TypedDict, total=False):
     gone: list[str]
 
 
+class TaskInfo(TypedDict):
+    """What a loadBalancer policy sees of one task (``executor.dispatch.Task.info``; the ``route``
+    action's ``payload.task``)."""
+
+    method: str
+    path: str
+    #: the body's size
+    bytes: int
+    idempotent: bool
+    content_type: str
+
+
 class RouteView(TypedDict, total=False):
     """An executor's view of one instance of a route (``executor.engine.Route``): the map's entry
     (``MapEntry``) as this executor routes by it, with its own counts; a loadBalancer's
@@ -310,6 +322,119 @@ class RouteView(TypedDict, total=False):
     max_ongoing: int
     #: the engine's queue figures (scraped) over the collector's latest sample
     metrics: dict[str, Any]
+
+
+# -- the metrics collector's samples (``metrics.window``, ``state.metrics``; docs/metrics.md) -------
+
+
+class InstanceSample(TypedDict):
+    """One instance's sample at a collector tick. Rates per second over the tick's span, latencies
+    in ms; ``None``: nobody reports the figure (or a first reading has no rate yet)."""
+
+    t: float
+    #: its state in the instance map (``gone``: only an executor still counts it)
+    state: str
+    node: str
+    #: its metrics page answered
+    up: bool
+    #: tasks the executors have in flight on it
+    inflight: float
+    #: the engine's own queue figures
+    running: float | None
+    waiting: float | None
+    rate: float | None
+    error_rate: float | None
+    latency_p50_ms: float | None
+    latency_p99_ms: float | None
+    latency_mean_ms: float | None
+    dispatch_p50_ms: float | None
+    dispatch_p99_ms: float | None
+    #: only when the engine reports it
+    kv_cache_usage_perc: NotRequired[float]
+
+
+class BlockSample(TypedDict):
+    """One block's sample at a collector tick: its instances' figures summed (latency: their
+    rate-weighted mean) and its executors' (queue, rejections, retries, policy time)."""
+
+    t: float
+    cluster: str
+    instances: int
+    ready: int
+    inflight: float
+    running: float | None
+    waiting: float | None
+    queue: float
+    queue_wait_p99_ms: float | None
+    rate: float | None
+    error_rate: float | None
+    rejected_rate: float | None
+    retry_rate: float | None
+    latency_mean_ms: float | None
+    dispatch_p50_ms: float | None
+    dispatch_p99_ms: float | None
+    policy_mean_us: float | None
+
+
+class MetricsTarget(TypedDict):
+    """A worker process's ``/metrics`` target as it announces it (``workers.telemetry``,
+    ``state.metrics``): what the collector scrapes executors by and Prometheus discovers."""
+
+    #: ``<kind>-<host>-<pid>``
+    id: str
+    #: its kind, or its group's ``+``-joined kinds
+    kind: str
+    kinds: list[str]
+    #: a pinned worker's cluster ("" for none)
+    cluster: str
+    url: str
+
+
+#: one collector tick (``metrics.window.Windows.tick``): block -> (its sample, instance -> sample)
+TickSamples = dict[str, tuple[BlockSample, dict[str, InstanceSample]]]
+
+
+# -- the policy decisions (``schemas.events.Decision``) ---------------------------------------------
+
+
+class DecisionGiven(TypedDict, total=False):
+    """The input parts a decision records that are not state (``workers.base``: ``Decision.given``)."""
+
+    #: the metrics collector's figures for the block (open: the collector's own shape)
+    block_metrics: JSONObject
+    #: nodes left out of the policy's input, and why (``handlers.controller.plan``)
+    excluded_nodes: dict[str, str]
+
+
+class DecisionRecord(TypedDict, total=False):
+    """One policy call as the stream stores it (``schemas.events.Decision`` as JSON, its empty
+    fields left out): what ran, on what, what it said. ``input``/``output`` are the policy's own
+    (their shape is the action's: docs/policies.md)."""
+
+    block_id: str
+    kind: str
+    policy: str
+    uri: str
+    version: int | None
+    action: str
+    input_digest: str
+    output: Any
+    error: str
+    duration_us: int
+    input: Any
+    input_subject: str
+    logs: list[list[str]]
+    at: int
+    given: DecisionGiven
+    output_digest: str
+
+
+class ReplayedDecision(DecisionRecord, total=False):
+    """A decision with its input rebuilt by replay (``cli.client.Client.decisions``): how
+    (``recovery.inputs.Call.status``) and from the state after which stream sequence."""
+
+    input_check: str
+    state_seq: int
 
 
 # -- the seed-000 policy payloads (docs/policies.md: exact field names) -----------------------------

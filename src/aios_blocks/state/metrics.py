@@ -20,6 +20,7 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import InstanceSample, MetricsTarget, TickSamples
 from . import scripts
 from .keys import METRICS_BLOCKS, METRICS_TARGETS, metrics_inst_key, metrics_leader_key, metrics_win_key
 
@@ -40,18 +41,18 @@ class MetricsStore:
         self._lease = r.register_script(scripts.LEASE)
 
     # -- the workers' /metrics targets ---------------------------------------------------------------
-    async def register_target(self, target: dict[str, Any], ttl_s: float) -> None:
+    async def register_target(self, target: MetricsTarget, ttl_s: float) -> None:
         """Announce (or refresh) a worker's ``/metrics`` target for ``ttl_s`` seconds."""
         await self.r.zadd(METRICS_TARGETS, {_dumps(target): time.time() + ttl_s})
 
-    async def unregister_target(self, target: dict[str, Any]) -> None:
+    async def unregister_target(self, target: MetricsTarget) -> None:
         await self.r.zrem(METRICS_TARGETS, _dumps(target))
 
-    async def targets(self, kind: str | None = None) -> list[dict[str, Any]]:
+    async def targets(self, kind: str | None = None) -> list[MetricsTarget]:
         """The live targets (lapsed ones are left out, and pruned by whoever may write); with
         ``kind``, those of the processes that run it (alone, or in a group: ``kinds``)."""
         raw = await self.r.zrangebyscore(METRICS_TARGETS, time.time(), "+inf")
-        out = [_json.decode(m) for m in raw]
+        out: list[MetricsTarget] = [_json.decode(m) for m in raw]
         return [t for t in out if kind is None or kind in (t.get("kinds") or [t.get("kind")])]
 
     async def prune_targets(self) -> int:
@@ -63,7 +64,7 @@ class MetricsStore:
         return bool(await self._lease(keys=[metrics_leader_key(scope)], args=[holder, max(1, int(ttl_s * 1000))]))
 
     # -- windows ------------------------------------------------------------------------------------
-    async def write(self, samples: dict[str, tuple[dict[str, Any], dict[str, dict[str, Any]]]], keep: int, ttl_s: float,
+    async def write(self, samples: TickSamples, keep: int, ttl_s: float,
                     gone: tuple[str, ...] | list[str] = ()) -> None:
         """One tick: per block its sample and its instances' samples (latest, and pushed onto the
         windows of at most ``keep`` samples, expiring ``ttl_s`` after the last write); ``gone``:
@@ -101,7 +102,7 @@ class MetricsStore:
         raw = await self.r.hgetall(metrics_inst_key(bid))
         return {iid: _json.decode(v) for iid, v in raw.items()}
 
-    async def instances_many(self, bids: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    async def instances_many(self, bids: list[str]) -> dict[str, dict[str, InstanceSample]]:
         pipe = self.r.pipeline(transaction=False)
         for bid in bids:
             pipe.hgetall(metrics_inst_key(bid))

@@ -42,7 +42,7 @@ from ..policies.runtime import BUILTINS, registry_name
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import ScaleTarget
-from ..schemas.records import BlockMap, RouteView
+from ..schemas.records import BlockMap, RouteView, TaskInfo
 from .base import Worker, run_consumers
 from .mapper import Mapper
 from .mapper import bindings as mapper_bindings
@@ -59,7 +59,7 @@ class _Failing(Chooser):
     def __init__(self, name: str, reason: str):
         self.name, self.reason = name, reason
 
-    def choose(self, bid: str, task: dict[str, Any], candidates: list[RouteView]) -> str:
+    def choose(self, bid: str, task: TaskInfo, candidates: list[RouteView]) -> str:
         raise PolicyError(self.reason)
 
 

@@ -22,6 +22,7 @@ from prometheus_client import REGISTRY
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from ..runtime.ticker import Ticker
+from ..schemas.records import MetricsTarget
 from .base import Worker
 
 log = structlog.get_logger("aios.telemetry")
@@ -59,6 +60,12 @@ async def _handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
             await writer.wait_closed()
 
 
+def target_of(kind: str, kinds: list[str] | None, cluster: str | None, url: str) -> MetricsTarget:
+    """This process's ``/metrics`` target, as ``serve`` announces it."""
+    return {"id": f"{kind}-{socket.gethostname()}-{os.getpid()}", "kind": kind, "kinds": list(kinds or [kind]),
+            "cluster": cluster or "", "url": url}
+
+
 async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event, kinds: list[str] | None = None) -> None:
     """Serve ``/metrics`` and keep this worker's target announced until ``stop``. A group process
     (``kinds``; ``kind`` is their ``+``-joined name) serves and announces one target: its kinds
@@ -69,8 +76,7 @@ async def serve(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event, 
     server = await asyncio.start_server(_handle, s.metrics_host, s.metrics_port)
     try:
         port = int(server.sockets[0].getsockname()[1])  # the port given, or the free one the system chose
-        target = {"id": f"{kind}-{socket.gethostname()}-{os.getpid()}", "kind": kind, "kinds": list(kinds or [kind]),
-                  "cluster": cluster or "", "url": f"http://{s.metrics_host}:{port}/metrics"}
+        target = target_of(kind, kinds, cluster, f"http://{s.metrics_host}:{port}/metrics")
         log.info("telemetry.serving", url=target["url"])
         try:
             # Redis away for a moment: the registration lapses, then comes back
