@@ -188,6 +188,33 @@ class Rig:
         lines = dict(line.split(None, 1) for line in r.stdout.splitlines() if line.strip())
         return lines.get("redis", ""), lines.get("stream", "")
 
+    async def final_checks(self, clusters: list[str]) -> tuple[list[str], dict[str, Any]]:
+        """After healing: ``blocks check`` (settled, retried while blocks settle), ``blocks recover
+        --force``, the digests, ``blocks check`` again, the GPU holders. Returns the violations
+        and the figures. A Redis digest that differs from the stream's *before* the recover is a
+        violation unless a Redis primary was killed in this run (Redis replicates asynchronously:
+        a write its primary acknowledged just before SIGKILL can be lost; ``blocks recover`` is
+        the repair) and nothing else was violated; the keys that differed are in the figures."""
+        before = await self.blocks_check(settled=True, attempts=8)
+        differs = [v for v in before.get("violations", []) if v.startswith("Redis state differs")]
+        others = [v for v in before.get("violations", []) if v not in differs]
+        failed_over = any(" redis kill " in f" {line} " for line in self.log)
+        violations = list(others)
+        if differs and not failed_over:
+            violations += differs + [f"  {d}" for d in before.get("diff", [])[:20]]
+        redis_after, stream_after = await self.recover_and_compare(before.get("redis_digest", ""))
+        if redis_after != stream_after:
+            violations.append(f"after blocks recover: Redis digest {redis_after} != stream digest {stream_after}")
+        after = await self.blocks_check(settled=True, attempts=5)
+        if after["rc"] != 0:
+            violations += [f"after recover: {v}" for v in after.get("violations", [])[:20]]
+        holders = await self.gpu_holders(clusters)
+        violations += [f"GPU {k} held by {v}" for k, v in list(holders.items())[:20]]
+        figures = {"check_before_recover": before["rc"], "diverged_before_recover": before.get("diff", []) if differs else [],
+                   "digest_before": before.get("redis_digest"), "digest_after": redis_after,
+                   "counts": after.get("counts") or before.get("counts")}
+        return violations, figures
+
     async def gpu_holders(self, clusters: list[str]) -> dict[tuple[str, str, str], list[str]]:
         """Each (cluster, node, GPU) with more than one reservation holding it (exclusive
         one-GPU instances: must be empty)."""

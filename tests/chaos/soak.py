@@ -13,7 +13,8 @@ the partition suite's list, at half the peak rate measured first.
 3. Every minute: ``blocks check --live`` (in-flight blocks allowed; a GPU over capacity, an
    instance twice, a block stuck, count as violations).
 4. At the end: every acknowledged create terminal (ready/deleted, or refused with a reason),
-   ``blocks check`` settled, ``blocks recover --force`` to the same digest; the figures printed
+   ``Rig.final_checks`` (``blocks check`` settled, ``blocks recover --force``, Redis digest =
+   stream digest, ``blocks check`` again, no GPU with two holders); the figures printed
    (and written as JSON with ``--json PATH``). Exit 1 on any violation.
 
 Run: ``python -m tests.chaos.soak --minutes 5`` (from the repository root)."""
@@ -165,16 +166,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
         by_status = Counter(final.values())
         no_reason = [b for b, s in final.items() if s in ("failed", "rejected")
                      and not ((await rig.client.store.get_block(b)) or {}).get("reason")]
-        rep = await rig.blocks_check(settled=True)
-        redis_after, stream_after = await rig.recover_and_compare(rep.get("redis_digest", ""))
-        holders = await rig.gpu_holders([f"c{i}" for i in range(CLUSTERS)])
+        checked_violations, checked = await rig.final_checks([f"c{i}" for i in range(CLUSTERS)])
         took = sorted(probe.ready[b] - probe.acked[b] for b in probe.ready)
         violations = (
             [f"unanswered create {b}" for b in unanswered[:20]]
             + [f"refused without reason {b}" for b in no_reason[:20]]
-            + ([] if rep["rc"] == 0 else list(rep.get("violations", []))[:20])
-            + ([] if redis_after == stream_after == rep.get("redis_digest") else [f"digest after recover {redis_after} / {stream_after} / {rep.get('redis_digest')}"])
-            + [f"GPU {k} held by {v}" for k, v in list(holders.items())[:20]]
+            + checked_violations
             + [f"minute check {c['t_min']}: {c['violations']}" for c in checks if c["rc"] != 0]
         )
         fig.update(
@@ -183,7 +180,8 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             create_to_ready_p50_s=round(statistics.median(took), 2) if took else None,
             create_to_ready_p95_s=round(took[int(len(took) * 0.95)], 2) if took else None,
             partitions=partitions, minute_checks=len(checks), minute_checks_failed=sum(c["rc"] != 0 for c in checks),
-            final_check_rc=rep["rc"], final_counts=rep.get("counts"), violations=violations,
+            final_check_before_recover_rc=checked["check_before_recover"], final_counts=checked["counts"],
+            diverged_before_recover=checked["diverged_before_recover"], violations=violations,
             supervisor_restarts=rig.sup.restarts, fault_log=rig.log,
         )
         return fig

@@ -10,9 +10,12 @@ order the seed picks:
 - SIGSTOPs a NATS server past its timeouts, then SIGCONTs it;
 - SIGKILLs a worker during each of these.
 
-After healing: every acknowledged create is ready or rejected/failed with a reason, ``blocks check``
-holds (no block lost or duplicated, no GPU over capacity, Redis = the state folded from the
-stream), no GPU has two holders, and ``blocks recover --force`` ends on the same digest.
+After healing (``Rig.final_checks``): every acknowledged create is ready or rejected/failed with a
+reason, ``blocks check`` holds (no block lost or duplicated, no GPU over capacity, Redis = the
+state folded from the stream: a difference here is tolerated only after a Redis primary was
+killed, whose last acknowledged writes Redis's asynchronous replication may lose, and is printed),
+``blocks recover --force`` makes the Redis digest equal the stream digest, ``blocks check`` holds
+again after it, and no GPU has two holders.
 
 CI runs ``AIOS_PARTITION_SEEDS`` (default 3) schedules; ``AIOS_PARTITION_SEEDS=100`` for the
 figure in docs/reliability.md. Each schedule's election pause is printed (``-s``)."""
@@ -100,12 +103,9 @@ async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> N
     for b in not_ready:  # refused or failed: with a reason
         assert ((await rig.client.store.get_block(b)) or {}).get("reason"), b
 
-    rep = await rig.blocks_check()
-    assert rep["rc"] == 0, f"{rep.get('violations', [])[:20]}\n{rep.get('diff', [])[:20]}\n" + "\n".join(rig.log)
-    assert rep["counts"].get("blocks_ready", 0) == len(blocks) - len(not_ready) > 0, rep["counts"]
-    assert await rig.gpu_holders([f"c{i}" for i in range(CLUSTERS)]) == {}
-
-    redis_after, stream_after = await rig.recover_and_compare(rep["redis_digest"])
-    assert redis_after == stream_after == rep["redis_digest"], (redis_after, stream_after, rep["redis_digest"])
+    violations, checked = await rig.final_checks([f"c{i}" for i in range(CLUSTERS)])
+    assert not violations, "\n".join([*violations, "-- faults --", *rig.log])
+    assert checked["counts"].get("blocks_ready", 0) == len(blocks) - len(not_ready) > 0, checked["counts"]
+    figures["diverged_before_recover"] = len(checked["diverged_before_recover"])
     print(f"\nseed {seed}: {len(blocks)} creates, {len(not_ready)} not ready, create->ready p50 {probe.latency():.2f}s, "
           f"partition {figures}, order {order}, log {rig.log}")
