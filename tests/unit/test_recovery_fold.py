@@ -112,6 +112,41 @@ def test_a_delete_stored_before_its_block_still_ends_deleted() -> None:
     assert check_image(f.image(), {"b1"}).ok
 
 
+def test_a_target_the_controller_refused_after_a_delete_is_taken_back() -> None:
+    """The scale target is stored before the delete, the controller handles the delete first and
+    refuses the target (``scale.failed``): Redis never held it, nor may the fold (soak, issue 39)."""
+    f = placed()
+    run(f, [
+        ("aios.block.b1.scale.target", {"block_id": "b1", "request_id": "t1", "target": 2, "gen": 2}),
+        ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
+        ("aios.block.b1.scale.failed", {"block_id": "b1", "gen": 2, "step": "scale.target", "request_id": "t1",
+                                        "reason": "target 2 not applied: block is deleting"}),
+        ("aios.block.b1.instance.b1-0.removed", INST),
+        ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"}),
+    ])
+    b = f.image()["aios:block:b1"]
+    assert b["status"] == "deleted" and "desired" not in b and "desired_request" not in b
+
+
+def test_a_cluster_chosen_before_a_delete_handled_later_stays_on_the_block() -> None:
+    """The delete request is stored before the gateway's ``post_dry_run``, but the gateway's
+    CHOOSE took first in Redis (its allocation request says so): the deleted block keeps the
+    cluster, as in Redis (soak, issue 39)."""
+    f = Fold()
+    run(f, [
+        ("aios.node.n1.registered", {"node": NODE, "agent": "", "runtime": "sim"}),
+        ("aios.block.b1.create", b'{"blockComponentURI": "x", "minInstances": 1, "maxInstances": 2}'),
+        ("aios.block.b1.parsed", {"block_id": "b1", "gen": 2, "ir": IR}),
+        ("aios.block.b1.selection", {"block_id": "b1", "gen": 2, "candidates": ["c1"]}),
+        ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
+        ("aios.block.b1.post_dry_run", {"block_id": "b1", "gen": 2, "cluster_id": "c1", "scores": {"c1": 1}}),
+        ("aios.cluster.c1.allocation", {"block_id": "b1", "gen": 2, "cluster_id": "c1"}),
+        ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"}),
+    ])
+    b = f.image()["aios:block:b1"]
+    assert b["status"] == "deleted" and b["cluster"] == "c1"
+
+
 def test_stale_and_foreign_facts_are_ignored() -> None:
     f = placed()
     before = im.digest(f.image())
