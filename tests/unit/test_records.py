@@ -198,3 +198,24 @@ def test_metrics_targets_and_target_groups_have_the_fields_their_records_name() 
         assert jobs and all(set(j) <= set(promconfig.ScrapeJob.__annotations__) for j in jobs)
     (status,) = RemoteWrite(["http://127.0.0.1:1/api/v1/write"]).status().values()
     assert set(status) == set(ReceiverStatus.__annotations__)
+
+
+def test_passive_counts_name_every_field_of_an_outlier_snapshot() -> None:
+    """``executor.outlier.Outliers.snapshot`` (what the health checker merges) builds exactly the
+    fields ``PassiveCounts`` names."""
+    from aios_blocks.executor.outlier import Outliers
+    from aios_blocks.schemas.records import PassiveCounts
+
+    snap = Outliers().snapshot({"i1": {"id": "i1", "inflight": 1}}, now=5.0)
+    assert set(snap["i1"]) == set(PassiveCounts.__annotations__)
+
+
+def test_security_options_name_what_the_connection_gets() -> None:
+    """``bus.connection.security_options`` sets only the ``nats.connect`` options ``SecurityOptions``
+    names (a CA would add ``tls``)."""
+    from aios_blocks.bus.connection import SecurityOptions, security_options
+    from aios_blocks.settings import Settings
+
+    opts = security_options("nats://u:p@127.0.0.1:4222", None, Settings(nats_creds="/x.creds", nats_ca=None))
+    assert opts == {"inbox_prefix": "_INBOX.u", "user_credentials": "/x.creds"}
+    assert set(opts) | {"tls"} == set(SecurityOptions.__annotations__)

@@ -26,7 +26,7 @@ import time
 from collections import OrderedDict, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 from prometheus_client import Counter, Gauge
@@ -107,6 +107,18 @@ class AgentConfig:
     sidecar_restart_s: float = 1.0
 
 
+class Placed(TypedDict):
+    """What the agent keeps of an instance it runs (``NodeAgent.meta``): its block and generation,
+    what it was given (``InstanceCommand.resources``, the GPUs) and where it serves."""
+
+    block_id: str
+    gen: int
+    #: ``schemas.records.Needs`` as the command carries it (JSON)
+    resources: dict[str, Any]
+    gpus: list[str]
+    endpoint: str
+
+
 @dataclass
 class NodeAgent:
     bus: Bus
@@ -114,7 +126,7 @@ class NodeAgent:
     gpus: GpuSource
     cfg: AgentConfig
     runners: dict[str, Runner] = field(default_factory=dict)
-    meta: dict[str, dict[str, Any]] = field(default_factory=dict)
+    meta: dict[str, Placed] = field(default_factory=dict)
     _locks: dict[str, asyncio.Lock] = field(default_factory=lambda: defaultdict(asyncio.Lock))
     _tasks: list[asyncio.Task[Any]] = field(default_factory=list)
     _ports: PortProvisioner = field(default_factory=PortProvisioner)
@@ -278,7 +290,7 @@ class NodeAgent:
         await self.create(cmd, msg_key=f"restart:{key or int(time.time() * 1000)}")
 
     async def remove(self, bid: str, gen: int, iid: str, reason: str, drain_s: float = 0.0) -> None:
-        endpoint = str(self.meta.get(iid, {}).get("endpoint") or "")
+        endpoint = self.endpoint(iid)
         if endpoint and not reason.startswith("evicted"):
             if self.cfg.drain_grace_s > 0:
                 await asyncio.sleep(self.cfg.drain_grace_s)  # let every executor see ``draining`` first
@@ -417,7 +429,8 @@ class NodeAgent:
         return endpoint_url(self.cfg.advertise_host, endpoint_port(ports))
 
     def endpoint(self, iid: str) -> str:
-        return str(self.meta.get(iid, {}).get("endpoint", ""))
+        placed = self.meta.get(iid)
+        return placed["endpoint"] if placed is not None else ""
 
     def workdir(self, iid: str) -> Path:
         return (self.cfg.data_dir / "instances" / iid).resolve()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import collections
 import math
 import ssl
-from typing import Any
+from typing import TypedDict
 from urllib.parse import urlsplit
 
 import nats
@@ -20,7 +20,16 @@ from ..urls import mask
 log = structlog.get_logger("aios.bus")
 
 
-def security_options(url: str, ca: str | None = None, settings: Settings | None = None) -> dict[str, Any]:
+class SecurityOptions(TypedDict, total=False):
+    """``nats.connect`` keyword arguments ``security_options`` sets (each only when it applies)."""
+
+    inbox_prefix: str
+    tls: ssl.SSLContext
+    #: a ``.creds`` file
+    user_credentials: str
+
+
+def security_options(url: str, ca: str | None = None, settings: Settings | None = None) -> SecurityOptions:
     """Connection options from the URL and the settings (docs/security.md):
 
     * a user in the URL (``nats://user:pass@host``) gets the private reply prefix ``_INBOX.<user>``
@@ -30,7 +39,7 @@ def security_options(url: str, ca: str | None = None, settings: Settings | None 
     * ``AIOS_NATS_CREDS``: a NATS ``.creds`` file (JWT + nkey seed) for operator-mode servers.
     """
     s = settings or current_settings()
-    opts: dict[str, Any] = {}
+    opts: SecurityOptions = {}
     first = urlsplit(url.split(",")[0].strip())
     if first.username:
         opts["inbox_prefix"] = f"_INBOX.{first.username}"

@@ -16,12 +16,11 @@ transport failure (``connect``: refused / unreachable, ``reset``: the connection
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..handlers.stability import max_out as max_out  # the checker's rule, shared with the ejection cap
-from ..schemas.records import RouteView
+from ..schemas.records import PassiveCounts, RouteView
 
 TRANSPORT = ("connect", "reset", "timeout")
 OUTCOMES = ("ok", "5xx", *TRANSPORT)
@@ -101,17 +100,17 @@ class Outliers:
             del self.ejected[i]
         return done
 
-    def keep(self, iids: set[str] | dict[str, Any]) -> None:
+    def keep(self, iids: Container[str]) -> None:
         for i in [i for i in self.counts if i not in iids]:
             del self.counts[i]
         for i in [i for i in self.ejected if i not in iids]:
             del self.ejected[i]
 
-    def snapshot(self, views: Mapping[str, RouteView], now: float | None = None) -> dict[str, dict[str, Any]]:
+    def snapshot(self, views: Mapping[str, RouteView], now: float | None = None) -> dict[str, PassiveCounts]:
         """Per instance of the route: the counts the health checker reads (``passive`` and
         ``progress`` of its policy's input)."""
         now = time.monotonic() if now is None else now
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, PassiveCounts] = {}
         for iid, v in views.items():
             c = self.counts.get(iid) or Counts()
             inflight = int(v.get("inflight", 0))

@@ -34,6 +34,7 @@ says why a block grew or shrank, and why it did not.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -304,7 +305,7 @@ def read_answer(result: dict[str, Any]) -> tuple[float, str]:
     return float(result["desired"]), str(result.get("reason") or "")
 
 
-def summary(block_metrics: dict[str, Any], instances: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summary(block_metrics: Mapping[str, object], instances: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The inputs that matter, small enough for every stored decision (the whole input is in the
     decision record, by digest when large)."""
     keys = ("t", "instances", "ready", "inflight", "queue", "running", "waiting", "rate", "latency_mean_ms", "dispatch_p99_ms",

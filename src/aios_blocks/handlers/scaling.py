@@ -17,15 +17,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from ..policies.contract import ChoiceRefused as ChoiceRefused
 from ..policies.contract import default_pick as default_pick
 from ..schemas.lifecycle import InstanceStatus
-from ..schemas.records import InstanceRecord
+from ..schemas.records import InstanceRecord, InstanceSample
 
 #: the instance fields of a ``scale_down`` payload's ``instances`` entries, besides the load
-LOAD_KEYS = ("inflight", "running", "waiting", "rate")
+LOAD_KEYS: tuple[Literal["inflight", "running", "waiting", "rate"], ...] = ("inflight", "running", "waiting", "rate")
 
 
 def clamp(target: int, lo: int, hi: int) -> tuple[int, str]:
@@ -85,7 +85,7 @@ def plan_target(
 
 
 def candidates(
-    instances: Mapping[str, InstanceRecord], metrics: dict[str, dict[str, Any]], now: float,
+    instances: Mapping[str, InstanceRecord], metrics: Mapping[str, InstanceSample], now: float,
 ) -> list[dict[str, Any]]:
     """The ``instances`` of a ``scale_down`` payload: every live instance with its node, GPUs,
     status, when it was placed (``since``, epoch seconds; 0 when unknown) and ``age_s``, and the
@@ -99,15 +99,15 @@ def candidates(
             "instance_id": iid, "node_id": rec.get("node", ""), "gpus": list(rec.get("gpus") or []),
             "status": rec.get("status", ""), "since": since, "age_s": round(max(now - since, 0.0), 3) if since else None,
         }
-        sample = metrics.get(iid) or {}
+        sample = metrics.get(iid)
         for k in LOAD_KEYS:
-            entry[k] = sample.get(k)
+            entry[k] = sample[k] if sample else None
         entry["load"] = load_of(sample) if sample else None
         out.append(entry)
     return out
 
 
-def load_of(sample: dict[str, Any]) -> float:
+def load_of(sample: InstanceSample) -> float:
     """An instance's load from its metrics sample: tasks at it (the executors' in-flight, else
     what the instance says it runs) plus tasks waiting in it."""
     inflight = sample.get("inflight")

@@ -14,11 +14,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from ..policies import contract
-from ..schemas.records import MapEntry
+from ..schemas.records import InstanceSample, MapEntry, PassiveCounts
 
 #: verdicts that take an instance out of routing (until ``healthy``)
 OUT = ("unready", "restart", "replace")
@@ -67,7 +68,11 @@ class ProbeRecord:
                 "failing_for_s": round(now - self.first_failure, 3) if self.first_failure else 0.0, "probes": self.probes}
 
 
-def merge_passive(counts: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+#: the passive counts summed over executors
+_SUMMED: tuple[Literal["ok", "errors", "timeouts", "ejections"], ...] = ("ok", "errors", "timeouts", "ejections")
+
+
+def merge_passive(counts: Sequence[PassiveCounts]) -> tuple[dict[str, Any], dict[str, Any]]:
     """Several executors' counts of one instance -> (``passive``, ``progress``): sums of counts,
     the worst consecutive errors, ejected by any, latency the mean of those with one; in flight
     summed, stalled the longest, the most recent completion."""
@@ -76,7 +81,7 @@ def merge_passive(counts: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
     progress: dict[str, Any] = {"inflight": 0, "stalled_s": 0.0, "since_done_s": -1.0}
     lats = []
     for c in counts:
-        for k in ("ok", "errors", "timeouts", "ejections"):
+        for k in _SUMMED:
             passive[k] += int(c.get(k, 0) or 0)
         passive["consecutive_errors"] = max(passive["consecutive_errors"], int(c.get("consecutive_errors", 0) or 0))
         passive["ejected"] = passive["ejected"] or bool(c.get("ejected"))
@@ -99,7 +104,7 @@ def merge_passive(counts: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[st
 
 
 def instance_input(iid: str, rec: MapEntry, now: float, probe: ProbeRecord | None,
-                   passive: list[dict[str, Any]], restarts: int, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
+                   passive: Sequence[PassiveCounts], restarts: int, metrics: InstanceSample | None = None) -> dict[str, Any]:
     p, prog = merge_passive(passive)
     return {
         "instance_id": iid, "node_id": rec.get("node", ""), "endpoint": rec.get("endpoint", ""),

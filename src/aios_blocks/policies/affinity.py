@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..schemas.affinity import AIOS_NAMESPACE, id128
-from ..schemas.records import AffinityTerm, NodeView
+from ..schemas.records import AffinityTerm, InstanceSample, NodeView
 
 PREFERRED_WEIGHT = 1.0
 #: the adapt stage: an Adaptive entry's weight is PREFERRED_WEIGHT times a multiplier in these bounds
@@ -75,7 +75,7 @@ def _median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def adapt(per_instance: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def adapt(per_instance: Mapping[str, InstanceSample]) -> dict[str, Any]:
     """The adapt stage (seed 002 §6), pure: from the latest samples of the block's own instances
     (``{iid: {"node", "latency_p50_ms", "dispatch_p50_ms", ...}}``), per node the multiplier of an
     Adaptive entry's weight:

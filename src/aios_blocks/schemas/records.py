@@ -302,6 +302,27 @@ class TaskInfo(TypedDict):
     content_type: str
 
 
+class PassiveCounts(TypedDict):
+    """One executor's passive-health counts of one instance (``executor.outlier.Outliers.snapshot``,
+    ``state.health``): what the health checker merges into its policy's ``passive`` and
+    ``progress`` (``handlers.stability.merge_passive``; docs/health.md)."""
+
+    ok: int
+    errors: int
+    timeouts: int
+    consecutive_errors: int
+    ejections: int
+    #: ejected by this executor now
+    ejected: bool
+    last_error: str
+    inflight: int
+    latency_s: float
+    #: how long it has had tasks in flight and none completed
+    stalled_s: float
+    #: since its last completion (-1: none yet)
+    since_done_s: float
+
+
 class RouteView(TypedDict, total=False):
     """An executor's view of one instance of a route (``executor.engine.Route``): the map's entry
     (``MapEntry``) as this executor routes by it, with its own counts; a loadBalancer's

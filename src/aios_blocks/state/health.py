@@ -16,10 +16,11 @@ Nothing here is rebuilt from the stream: it is measured again within seconds.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
+from ..schemas.records import PassiveCounts
 from .keys import HEARTBEATS, SUSPECT, health_failed_key, health_lease_key, health_passive_key
 from .scripts import LEASE
 
@@ -31,7 +32,7 @@ class HealthStore:
         self.r = r
         self._lease = r.register_script(LEASE)
 
-    async def write_passive(self, holder: str, per_block: dict[str, dict[str, dict[str, Any]]], ttl_s: float) -> None:
+    async def write_passive(self, holder: str, per_block: dict[str, dict[str, PassiveCounts]], ttl_s: float) -> None:
         """One executor's counts of each block it routes (``per_block``: bid -> iid -> counts)."""
         if not per_block:
             return
@@ -43,11 +44,11 @@ class HealthStore:
             pipe.expire(key, max(1, int(ttl_s)))
         await pipe.execute()
 
-    async def passive(self, bid: str, max_age_s: float) -> dict[str, list[dict[str, Any]]]:
+    async def passive(self, bid: str, max_age_s: float) -> dict[str, list[PassiveCounts]]:
         """Every fresh executor's counts of the block's instances: iid -> [counts, one per executor]."""
         raw = await self.r.hgetall(health_passive_key(bid))
         now = time.time()
-        out: dict[str, list[dict[str, Any]]] = {}
+        out: dict[str, list[PassiveCounts]] = {}
         for v in raw.values():
             try:
                 d = _json.decode(v)
@@ -56,8 +57,8 @@ class HealthStore:
             if not isinstance(d, dict) or now - float(d.get("t", 0)) > max_age_s:
                 continue
             for iid, counts in (d.get("instances") or {}).items():
-                if isinstance(counts, dict):
-                    out.setdefault(iid, []).append(counts)
+                if isinstance(counts, dict):  # as an executor wrote them (``write_passive``)
+                    out.setdefault(iid, []).append(cast(PassiveCounts, counts))
         return out
 
     async def lead(self, bid: str, holder: str, ttl_s: float) -> bool:

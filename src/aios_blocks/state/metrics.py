@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import InstanceSample, MetricsTarget, TickSamples
+from ..schemas.records import BlockSample, InstanceSample, MetricsTarget, TickSamples
 from . import scripts
 from .keys import METRICS_BLOCKS, METRICS_TARGETS, metrics_inst_key, metrics_leader_key, metrics_win_key
 
@@ -88,16 +88,16 @@ class MetricsStore:
                 pipe.delete(metrics_inst_key(bid))
         await pipe.execute()
 
-    async def blocks(self) -> dict[str, dict[str, Any]]:
+    async def blocks(self) -> dict[str, BlockSample]:
         """Every block's latest sample."""
         raw = await self.r.hgetall(METRICS_BLOCKS)
         return {bid: _json.decode(v) for bid, v in raw.items()}
 
-    async def block(self, bid: str) -> dict[str, Any] | None:
-        out: dict[str, Any] | None = _loads(await self.r.hget(METRICS_BLOCKS, bid))
+    async def block(self, bid: str) -> BlockSample | None:
+        out: BlockSample | None = _loads(await self.r.hget(METRICS_BLOCKS, bid))
         return out
 
-    async def instances(self, bid: str) -> dict[str, dict[str, Any]]:
+    async def instances(self, bid: str) -> dict[str, InstanceSample]:
         """The latest sample of each instance of the block."""
         raw = await self.r.hgetall(metrics_inst_key(bid))
         return {iid: _json.decode(v) for iid, v in raw.items()}

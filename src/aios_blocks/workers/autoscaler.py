@@ -54,7 +54,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import Autoscaled, AutoscaleFailed, ScaleTarget
 from ..schemas.lifecycle import LIVE
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, BlockSample
 from .base import Worker
 
 log = structlog.get_logger("aios.autoscaler")
@@ -137,7 +137,7 @@ class Autoscaler:
         self.ticks += 1
         return out
 
-    async def _live(self) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+    async def _live(self) -> tuple[dict[str, BlockSample], dict[str, int]]:
         """The collector's block samples (this copy's cluster) and the live blocks among them
         (block -> gen), their IRs read once per generation (``self.irs``)."""
         store = self.w.store
@@ -169,7 +169,7 @@ class Autoscaler:
         self.held = held
         return held, [b for b in held if b not in mine]
 
-    async def decide(self, now: float, bid: str, gen: int, ir: BlockIR, sample: dict[str, Any],
+    async def decide(self, now: float, bid: str, gen: int, ir: BlockIR, sample: BlockSample,
                      data: dict[str, Any]) -> tuple[TickResult, a.State]:
         state = _state_of(data.get("state"), gen)
         current = sum(1 for r in (data.get("instances") or {}).values() if r.get("status") != "removing")

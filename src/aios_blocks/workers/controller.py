@@ -50,7 +50,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.priority import Pending, QuotaSet
-from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, ir_of, wire, wire_ir
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, InstanceSample, ir_of, wire, wire_ir
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
@@ -574,7 +574,7 @@ class _Down:
     insts: dict[str, InstanceRecord]
     floor: int
     grace: float
-    metrics: dict[str, dict[str, Any]]
+    metrics: dict[str, InstanceSample]
     block_metrics: dict[str, Any]
     done: int = 0
     races: int = 0
@@ -606,7 +606,7 @@ async def scale_down(w: Worker, ev: ScaleDownRequest) -> None:
         return
 
 
-async def _instance_metrics(w: Worker, bid: str) -> dict[str, dict[str, Any]]:
+async def _instance_metrics(w: Worker, bid: str) -> dict[str, InstanceSample]:
     try:
         return await w.store.metrics.instances(bid)
     except Exception as exc:
