@@ -103,3 +103,5 @@ def test_with_a_gpu_reports_device_0_and_a_checked_matmul(gpu_env: None) -> None
     assert a["device_uuid"] == UUID[4:] and a["device_memory_mib"] == 81559  # torch's UUID: no GPU- prefix
     m = a["matmul"]
     assert (m["n"], m["device"], m["max_abs_err"]) == (4, "cuda:0", 0.0) and m["ms"] >= 0
+    # every field the probe reports is named by its record (gpu_probe.Probe, Matmul)
+    assert set(a) == set(gpu_probe.Probe.__annotations__) and set(m) == set(gpu_probe.Matmul.__annotations__)

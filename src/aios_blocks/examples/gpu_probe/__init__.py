@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from aios_blocks.instance import Context, Task, TaskError
 
@@ -40,9 +40,39 @@ def init(ctx: Context) -> None:
         float((warm @ warm).sum())
 
 
-def probe(torch: Any, n: int = 1024, torch_error: str | None = None) -> dict[str, Any]:
+class Matmul(TypedDict):
+    """An n x n matmul on GPU 0: how long it took and how far it is from the CPU's."""
+
+    n: int
+    device: str
+    ms: float
+    max_abs_err: float
+    checksum: float
+
+
+class Probe(TypedDict):
+    """What ``probe`` reports (the task's answer, with ``instance_id``); the device fields and
+    ``matmul`` only when torch sees a GPU."""
+
+    pid: int
+    env: dict[str, str | None]
+    torch: str | None
+    torch_error: str | None
+    cuda_available: bool
+    device_count: int
+    device_name: NotRequired[str]
+    device_uuid: NotRequired[str]
+    device_memory_mib: NotRequired[int]
+    matmul: NotRequired[Matmul]
+
+
+class Answer(Probe):
+    instance_id: str
+
+
+def probe(torch: Any, n: int = 1024, torch_error: str | None = None) -> Probe:
     """What this process sees: its GPU environment, torch's view of CUDA and a matmul on GPU 0."""
-    out: dict[str, Any] = {
+    out: Probe = {
         "pid": os.getpid(),
         "env": {k: os.environ.get(k) for k in ENV_KEYS},
         "torch": None,
@@ -81,7 +111,7 @@ def probe(torch: Any, n: int = 1024, torch_error: str | None = None) -> dict[str
     return out
 
 
-def handle(task: Task, ctx: Context) -> dict[str, Any]:
+def handle(task: Task, ctx: Context) -> Answer:
     data = task.json()
     n = data.get("n", 1024) if isinstance(data, dict) else 1024
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
