@@ -112,6 +112,21 @@ def test_a_delete_stored_before_its_block_still_ends_deleted() -> None:
     assert check_image(f.image(), {"b1"}).ok
 
 
+def test_a_block_whose_deleted_fact_was_stored_before_it_ends_deleted() -> None:
+    """The parser wrote the block to Redis and was slow to store ``submitted``/``parsed`` (killed,
+    or its server cut off); the controller deleted the block it found meanwhile, and its
+    ``deleted`` came first in the stream (soak, issue 39). Not a block left ``parsed``."""
+    f = Fold()
+    run(f, [
+        ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
+        ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"}),
+        ("aios.block.b1.create", b'{"blockComponentURI": "x", "minInstances": 1, "maxInstances": 2}'),
+        ("aios.block.b1.parsed", {"block_id": "b1", "gen": 2, "ir": IR}),
+    ])
+    assert f.image()["aios:block:b1"]["status"] == "deleted"
+    assert check_image(f.image(), {"b1"}).ok
+
+
 def test_a_target_the_controller_refused_after_a_delete_is_taken_back() -> None:
     """The scale target is stored before the delete, the controller handles the delete first and
     refuses the target (``scale.failed``): Redis never held it, nor may the fold (soak, issue 39)."""

@@ -185,6 +185,8 @@ class Fold(Projection):
     #: block -> (the request of the last scale target folded, the desired fields before it): a
     #: ``scale.target`` failure for that request takes it back (``on_scale_failed``)
     desired_before: dict[str, tuple[str, dict[str, str | None]]] = field(default_factory=dict)
+    #: (block, gen) whose ``deleted`` fact was stored before the block itself (``on_deleted``)
+    deleted_ahead: set[tuple[str, int]] = field(default_factory=set)
     #: (cluster, vid) -> [cluster index of its last change, record JSON or None once removed]
     vclusters: dict[tuple[str, str], list[Any]] = field(default_factory=dict)
     anomalies: list[str] = field(default_factory=list)
@@ -257,6 +259,10 @@ class Fold(Projection):
                 return False
         self.blocks[bid] = {**fields, "gen": str(gen), "digest": self.creates.get(gen, ""), "version": "1"}
         self.block_order.setdefault(bid, 0.0)
+        if (bid, int(gen)) in self.deleted_ahead:  # its deleted fact came first (on_deleted)
+            self.deleted_ahead.discard((bid, int(gen)))
+            self._step(bid, gen, lc.Step.DELETE)
+            self._reach(bid, gen, lc.BlockStatus.DELETED)
         return True
 
     @on(E.block_parsed)
@@ -469,6 +475,11 @@ class Fold(Projection):
         the gateway's late ``selection`` revives it as ``selecting``, where Redis says deleted)."""
         bid, gen = m.tokens["bid"], m.data.gen
         b = self._block(bid, gen)
+        if b is None and gen:  # even its block can come later: the parser wrote Redis, then was
+            # slow to store its submitted/parsed (killed, or its server cut off), and the
+            # controller deleted the block it found in Redis meanwhile
+            self.deleted_ahead.add((bid, int(gen)))
+            return
         if b is not None and b.get("status") != _VALUE[lc.BlockStatus.DELETING]:
             self._step(bid, gen, lc.Step.DELETE)
         self._reach(bid, gen, lc.BlockStatus.DELETED)
