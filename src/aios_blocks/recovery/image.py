@@ -57,9 +57,10 @@ TELEMETRY = ("aios:metrics:",)
 #: executors' passive counts (``aios:health:``), the autoscaler's copies, leases and tick memory,
 #: the controllers' claims on instances being replaced (``aios:meta:{b:<bid>}:replace:<iid>``),
 #: the queue walker's lease (``aios:meta:queue:lease``, taken at its first pass, as the
-#: reconciler's is under ``aios:health:``): each changes by itself, is never an event, and expires
-#: or is rewritten on its own
-LIVE = ("aios:health:", "aios:meta:autoscalers", "aios:meta:{b:", "aios:meta:queue:lease")
+#: reconciler's is under ``aios:health:``) and the rebalancer's (``aios:meta:rebalance:lease``,
+#: likewise): each changes by itself, is never an event, and expires or is rewritten on its own
+LIVE = ("aios:health:", "aios:meta:autoscalers", "aios:meta:{b:", "aios:meta:queue:lease",
+        "aios:meta:rebalance:lease")
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
