@@ -11,6 +11,7 @@ from typing import Any
 
 from aios_blocks.agent.gpus import detect
 from aios_blocks.agent.node_agent import AgentConfig, NodeAgent, Placed
+from aios_blocks.agent.provisioners import NodeGpu
 from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
 from aios_blocks.schemas.events import InstanceCommand
 from aios_blocks.schemas.spec import Gpu, Node
@@ -44,6 +45,8 @@ async def test_a_create_delivered_after_its_remove_starts_nothing(tmp_path: Path
         await agent.create(cmd())
         assert [i.instance_id for i in await rt.list("stale-n1") if i.running] == ["b1-0"]
         assert set(agent.meta["b1-0"]) == set(Placed.__annotations__)  # what it keeps names every field
+        assert agent._gpu_prov is not None
+        assert all(set(g) == set(NodeGpu.__annotations__) for g in agent._gpu_prov.node_gpus.values())
         await agent.remove("b1", 1, "b1-0", "evicted: node stale-n1 unhealthy")
         assert not [i for i in await rt.list("stale-n1") if i.running]
         await agent.create(cmd())  # the stale redelivery

@@ -56,6 +56,7 @@ from .provisioners import (
     GpuAssignment,
     GpuProvisioner,
     GpuSpec,
+    NodeGpu,
     PortProvisioner,
     PortSpec,
     Probe,
@@ -151,7 +152,7 @@ class NodeAgent:
 
     def __post_init__(self) -> None:
         found = {g.id: g.index for g in self.gpus.gpus()}  # host indices as the source numbers them
-        gpus = {g.id: {"index": found.get(g.id, i), "memory": g.memory} for i, g in enumerate(self.cfg.node.gpus)}
+        gpus: dict[str, NodeGpu] = {g.id: {"index": found.get(g.id, i), "memory": g.memory} for i, g in enumerate(self.cfg.node.gpus)}
         self._gpu_prov = GpuProvisioner(gpus)
         if self.sidecars is None:
             self.sidecars = SidecarManager(self.bus, self.runtime, self.node_id, self.cfg.data_dir, self.cfg.sidecar_nats_url,

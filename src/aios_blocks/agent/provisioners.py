@@ -13,7 +13,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 
@@ -44,14 +44,23 @@ class GpuAssignment:
     env: dict[str, str]
 
 
+class NodeGpu(TypedDict):
+    """One GPU of the node as the provisioner checks claims against it."""
+
+    #: its host index (as the GPU source numbers it)
+    index: int
+    #: MiB
+    memory: int
+
+
 @dataclass
 class GpuProvisioner(Provisioner[GpuSpec, GpuAssignment]):
     """Checks the GPUs exist on this node and records which instance holds them (the control
     plane reserved them; this is the node-side check that it asked for real devices), and makes
     the instance's GPU environment in the view it will have (``gpus.gpu_env``)."""
 
-    #: GPU UUID -> {"index": host index, "memory": MiB}
-    node_gpus: dict[str, dict[str, Any]]
+    #: by GPU UUID
+    node_gpus: dict[str, NodeGpu]
     claims: dict[str, set[str]] = field(default_factory=dict)
 
     @property
@@ -64,7 +73,7 @@ class GpuProvisioner(Provisioner[GpuSpec, GpuAssignment]):
             raise RuntimeError_(f"GPU(s) {unknown} are not on this node (it has {sorted(self.node_gpus)})")
         for g in spec.gpus:
             self.claims.setdefault(g, set()).add(spec.instance_id)
-        held = [HeldGpu(g, int(self.node_gpus[g].get("index", 0)), int(self.node_gpus[g].get("memory", 0))) for g in spec.gpus]
+        held = [HeldGpu(g, self.node_gpus[g]["index"], self.node_gpus[g]["memory"]) for g in spec.gpus]
         return GpuAssignment(spec.instance_id, list(spec.gpus), gpu_env(held, spec.attached, spec.memory_limit_mib))
 
     async def teardown(self, resource: GpuAssignment) -> None:
