@@ -231,13 +231,14 @@ class Client:
         raise RuntimeError(f"policy {name}: could not take a new version (concurrent writers)")
 
     # -- blocks ----------------------------------------------------------------------------
-    async def submit(self, spec: dict[str, Any]) -> str:
-        """Publish a block-create event; returns the block id (generated when absent). A given
+    async def submit(self, spec: Mapping[str, object]) -> str:
+        """Publish a block-create event (``spec``: a block spec, open JSON: the parser checks it);
+        returns the block id (generated when absent). A given
         ``blockId`` that is not a valid id is refused here: published, it would land on a subject
         the parser never reads (or on several), so nobody would ever reject it."""
         return (await self.create(spec)).bid
 
-    async def create(self, spec: dict[str, Any], if_index: int | None = None) -> Request:
+    async def create(self, spec: Mapping[str, object], if_index: int | None = None) -> Request:
         """``submit``, returning the request: its ``seq`` is the generation every event answering
         this create carries (``gen``), so waiting on it ignores other creates of the same id.
 
@@ -258,7 +259,7 @@ class Client:
     async def state_index(self) -> int:
         return await self.store.state_index()
 
-    async def plan(self, spec: dict[str, Any], runtime: PolicyRuntime | None = None) -> Plan:
+    async def plan(self, spec: Mapping[str, object], runtime: PolicyRuntime | None = None) -> Plan:
         """``submit --dry-run``: where the block would be placed now, computed here against the
         current state with the workers' own steps (``handlers.plan``), changing nothing.
 
