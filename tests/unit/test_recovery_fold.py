@@ -127,22 +127,6 @@ def test_a_block_whose_deleted_fact_was_stored_before_it_ends_deleted() -> None:
     assert check_image(f.image(), {"b1"}).ok
 
 
-def test_a_target_the_controller_refused_after_a_delete_is_taken_back() -> None:
-    """The scale target is stored before the delete, the controller handles the delete first and
-    refuses the target (``scale.failed``): Redis never held it, nor may the fold (soak, issue 39)."""
-    f = placed()
-    run(f, [
-        ("aios.block.b1.scale.target", {"block_id": "b1", "request_id": "t1", "target": 2, "gen": 2}),
-        ("aios.block.b1.delete", {"block_id": "b1", "request_id": "r"}),
-        ("aios.block.b1.scale.failed", {"block_id": "b1", "gen": 2, "step": "scale.target", "request_id": "t1",
-                                        "reason": "target 2 not applied: block is deleting"}),
-        ("aios.block.b1.instance.b1-0.removed", INST),
-        ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"}),
-    ])
-    b = f.image()["aios:block:b1"]
-    assert b["status"] == "deleted" and "desired" not in b and "desired_request" not in b
-
-
 def test_a_cluster_chosen_before_a_delete_handled_later_stays_on_the_block() -> None:
     """The delete request is stored before the gateway's ``post_dry_run``, but the gateway's
     CHOOSE took first in Redis (its allocation request says so): the deleted block keeps the

@@ -59,8 +59,6 @@ _into = functools.cache(lc.into)
 _BLOCK = f"{ROOT}.block."
 #: each status's value (``Enum.value`` is a Python-level property: slow once per event)
 _VALUE = {s: s.value for s in lc.BlockStatus}
-#: the block fields a scale target sets (``scripts.SET_DESIRED``)
-_DESIRED = ("desired", "desired_seq", "desired_request", "desired_reason")
 _GONE = frozenset({_VALUE[lc.BlockStatus.DELETING], _VALUE[lc.BlockStatus.DELETED]})
 
 
@@ -131,7 +129,7 @@ class NodeState:
 IGNORED: frozenset[Event[Any]] = frozenset({
     E.block_decision,  # a policy call no step event carries: recovery.inputs rebuilds its input
     E.block_autoscaled, E.block_autoscale_failed,  # what the autoscaler did: the scale.target after it
-    E.block_allocation_failed, E.block_scale_down_failed, E.block_reassignment_failed,
+    E.block_allocation_failed, E.block_scale_failed, E.block_scale_down_failed, E.block_reassignment_failed,
     E.block_health_failed,  # a failed step changes nothing
     E.cluster_scale, E.cluster_scale_down,  # requests: their outcome is the placement
     E.node_instance_create, E.node_instance_restart, E.node_sidecar_stop,  # commands to agents: their reports count
@@ -182,9 +180,6 @@ class Fold(Projection):
     creates: dict[int, str] = field(default_factory=dict)
     #: (bid, gen, iid) -> nodes where it was reported added and not yet removed
     running_on: dict[tuple[str, int, str], set[str]] = field(default_factory=dict)
-    #: block -> (the request of the last scale target folded, the desired fields before it): a
-    #: ``scale.target`` failure for that request takes it back (``on_scale_failed``)
-    desired_before: dict[str, tuple[str, dict[str, str | None]]] = field(default_factory=dict)
     #: (block, gen) whose ``deleted`` fact was stored before the block itself (``on_deleted``)
     deleted_ahead: set[tuple[str, int]] = field(default_factory=set)
     #: (cluster, vid) -> [cluster index of its last change, record JSON or None once removed]
@@ -389,27 +384,8 @@ class Fold(Projection):
             return
         ir = _json.decode(b.get("ir", "{}"))
         target, note = scaling.clamp(d.target, int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0)))
-        self.desired_before[m.tokens["bid"]] = (d.request_id, {k: b.get(k) for k in _DESIRED})
         b.update(desired=str(target), desired_seq=str(m.seq), desired_request=d.request_id,
                  desired_reason=scaling.target_reason(d.source, d.reason, note))
-
-    @on(E.block_scale_failed)
-    def on_scale_failed(self, m: Fact[ev.StepFailed]) -> None:
-        """A target the controller did not apply (``scale.target`` failed: it found the block no
-        longer live, e.g. a delete stored after the target but handled before it): the fold,
-        which applied it at its place in the stream, takes it back."""
-        bid, d = m.tokens["bid"], m.data
-        b = self.blocks.get(bid)
-        before = self.desired_before.get(bid)
-        if d.step != "scale.target" or b is None or before is None or before[0] != d.request_id:
-            return
-        if b.get("desired_request") == d.request_id:
-            for k, v in before[1].items():
-                if v is None:
-                    b.pop(k, None)
-                else:
-                    b[k] = v
-        del self.desired_before[bid]
 
     @on(E.cluster_allocation)
     def on_allocation(self, m: Fact[ev.AllocationRequest]) -> None:
