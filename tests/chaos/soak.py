@@ -80,6 +80,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
     faults: Counter[str] = Counter()
     checks: list[dict[str, Any]] = []
     partitions: list[dict[str, float]] = []
+    unreachable = 0  # minute checks that could not reach the servers (retried)
     try:
         for i in range(CLUSTERS):
             await rig.client.add_sim_cluster(f"c{i}", nodes=NODES, gpus=GPUS)
@@ -142,7 +143,12 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
                 next_fault = now + rng.uniform(0.5, 1.5) * args.fault_every
             if now >= next_check:
                 next_check = now + 60
-                rep = await rig.blocks_check(settled=False, attempts=1)
+                for _ in range(5):  # rc 2: the command could not reach the servers (a fault under way)
+                    rep = await rig.blocks_check(settled=False, attempts=1)
+                    if rep["rc"] in (0, 1):
+                        break
+                    unreachable += 1
+                    await asyncio.sleep(3)
                 checks.append({"t_min": round((args.minutes * 60 - (t_end - now)) / 60, 1), "rc": rep["rc"],
                                "violations": rep.get("violations", [])[:5]})
                 print(f"check at {checks[-1]['t_min']} min: rc {rep['rc']} {rep.get('violations', [])[:3]}", flush=True)
@@ -179,7 +185,7 @@ async def soak(args: argparse.Namespace) -> dict[str, Any]:
             final_status=dict(by_status), terminal=sum(by_status[s] for s in TERMINAL_STATUSES),
             create_to_ready_p50_s=round(statistics.median(took), 2) if took else None,
             create_to_ready_p95_s=round(took[int(len(took) * 0.95)], 2) if took else None,
-            partitions=partitions, minute_checks=len(checks), minute_checks_failed=sum(c["rc"] != 0 for c in checks),
+            partitions=partitions, minute_checks=len(checks), minute_checks_unreachable_retried=unreachable, minute_checks_failed=sum(c["rc"] != 0 for c in checks),
             final_check_before_recover_rc=checked["check_before_recover"], final_counts=checked["counts"],
             diverged_before_recover=checked["diverged_before_recover"], violations=violations,
             supervisor_restarts=rig.sup.restarts, fault_log=rig.log,
