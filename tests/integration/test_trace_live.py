@@ -1,7 +1,8 @@
 """``blocks trace replay --live`` against ``--in-process`` (docs/trace.md "Same decisions"): the
 same sample of the default GPU trace, placed through the running system (real NATS JetStream,
 Redis and workers) and by the placement code alone, gives the same figures and puts every block
-on the same node and GPUs, for three seeds."""
+on the same node and GPUs, for three seeds, with the system's rebalancer looking often (the replay's blocks
+are never moved: ``live.block_spec``)."""
 
 from __future__ import annotations
 
@@ -27,9 +28,19 @@ def _sample() -> tuple[list, list]:
     return nodes, load_tasks(TRACE / "openb_pod_list_default.csv")
 
 
+@pytest.fixture
+def busy_rebalancer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The system's rebalancer (``blocks up`` runs one) looks every half second, not every 10 s, with
+    no cooldown: a replay block it could move is moved while the replay runs (fragmentation above
+    AIOS_REBALANCE_FRAG_THRESHOLD), not only when a slow run happens to span a tick. Requested
+    before ``system``, whose workers take the environment."""
+    monkeypatch.setenv("AIOS_REBALANCE_INTERVAL_S", "0.5")
+    monkeypatch.setenv("AIOS_REBALANCE_COOLDOWN_S", "0")
+
+
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("seed", [42, 43, 44])
-async def test_live_and_in_process_make_the_same_decisions(system: System, seed: int) -> None:
+async def test_live_and_in_process_make_the_same_decisions(busy_rebalancer: None, system: System, seed: int) -> None:
     nodes, tasks = _sample()
     planned = await rp.replay(nodes, tasks, "fgd", seed, 1.3, 0, "default")
     got = await live.replay_live(system.client, nodes, tasks, "fgd", seed, 1.3, 0, "default", timeout=120)

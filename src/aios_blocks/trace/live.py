@@ -2,8 +2,9 @@
 running system: the node list imported as a cluster (``Client.import_nodes``, what ``blocks
 cluster import`` does), each sampled task submitted as a block through the client's create path
 (``Client.create``) in the replay's order, its outcome awaited (ready, or failed/rejected: the
-task fits nowhere, the replay goes on), nothing deleted. ``window`` creates in flight at most:
-1 (the default) is one at a time, each awaited, the order the in-process mode decides in; more
+task fits nowhere, the replay goes on), nothing deleted or moved (``block_spec``). ``window``
+creates in flight at most: 1 (the default) is one at a time, each awaited, the order the
+in-process mode decides in; more
 pipelines the creates (published in order, gathered into the bus's batches), and the system then
 decides in the order its workers reach the cluster's plan lock (docs/trace.md "Live vs Ray").
 
@@ -61,12 +62,17 @@ def components(st: Setup) -> list[dict[str, Any]]:
 
 
 def block_spec(t: Task) -> dict[str, Any]:
-    """The block of one task: its resources, the component of its kind, its QoS as a label."""
+    """The block of one task: its resources, the component of its kind, its QoS as a label, and
+    never moved nor preempted (``preemptible: false``): the replay measures placement decisions, one
+    at a time and kept, as ``--in-process`` does. A movable block would be moved by the system's
+    rebalancer (``blocks up`` runs one: docs/rebalance.md) whenever its tick lands while the
+    cluster's fragmentation is above ``AIOS_REBALANCE_FRAG_THRESHOLD``, and every later decision
+    would then be taken on other node views: figures that depend on the timing, not the policy."""
     spec: dict[str, Any] = {"blockId": block_id(t), "blockComponentURI": COMPONENT_SHARED if t.sharing else COMPONENT_WHOLE,
                             "minInstances": 1, "maxInstances": 1, "resources": t.resources(),
                             # the offline replay counts a task that fits nowhere on arrival as failed,
                             # as the in-process replay does: not the pending queue (docs/priority.md)
-                            "queue": False}
+                            "queue": False, "preemptible": False}
     if t.qos:
         spec["labels"] = labels(t)
     return spec
