@@ -74,6 +74,13 @@ def test_removed_releases_and_a_deleting_block_may_end() -> None:
     assert lc.on_removed(fact(gen=6), lc.View(block("ready"), {"b-0": rec})) == []
 
 
+def test_a_redelivered_removal_of_a_deleted_block_says_deleted_again() -> None:
+    """The first handling took the DELETED step in Redis and died before publishing ``deleted``
+    (a controller SIGKILLed, issue 39's soak): the redelivery finds the block deleted and the
+    instance gone, and must still end in DeletedIfEmpty (its transition redoes the publish)."""
+    assert lc.on_removed(fact(), lc.View(block("deleted"), {})) == [DeletedIfEmpty("b", 7)]
+
+
 def test_a_lost_instance_of_a_live_block_is_replaced_before_it_is_released() -> None:
     effects = lc.on_removed(fact(reason="lost"), lc.View(block("ready"), {"b-0": inst(status="running")}))
     assert effects == [Replace("b", 7, "c1", "b-0", "lost", "b-0:lost", avoid_node="n1")]

@@ -80,7 +80,10 @@ def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
             return [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, "lost", f"{ev.instance_id}:lost",
                             inst["node"])]
         out.append(Release(ev.block_id, ev.instance_id, inst))
-    if block is not None and view.status == BlockStatus.DELETING:
+    # deleted too: a redelivered removal whose first handling took the DELETED step and died
+    # before publishing ``deleted`` publishes it again (the step's redo; deduplicated), else the
+    # stream never says deleted (issue 39's soak: a SIGKILLed controller)
+    if block is not None and view.status in (BlockStatus.DELETING, BlockStatus.DELETED):
         out.append(DeletedIfEmpty(ev.block_id, block["gen"]))
     return out
 
