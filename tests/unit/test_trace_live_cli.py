@@ -87,3 +87,13 @@ def test_a_replayed_task_s_block_is_never_moved_by_the_rebalancer() -> None:
     for row in placed:
         row["ir"] = {k: v for k, v in row["ir"].items() if k != "preemptible"}
     assert len(plan({**data, "movable": hr.movable(placed, nodes)})["moves"]) == 3
+
+
+def test_an_online_replay_s_block_is_preemptible_as_its_class_says() -> None:
+    """The online replay's blocks wait in the queue and may be preempted (docs/priority.md): they
+    keep none of the offline replay's ``queue: false`` and ``preemptible: false``."""
+    from aios_blocks.trace.online import Timed
+    from aios_blocks.trace.online_live import spec_of
+
+    spec = spec_of(Timed(Task("p1", 1000, 1024, 1, 1000, "", "BE"), 0.0, 10.0))
+    assert "preemptible" not in spec and "queue" not in spec and spec["priorityClass"]

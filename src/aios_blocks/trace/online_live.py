@@ -77,8 +77,9 @@ async def _register(client: Any, nodes: list[Node], timed: list[Timed], policy: 
 
 
 def spec_of(t: Timed) -> dict[str, Any]:
-    """The task's block: waits in the queue (no ``maxPendingS``), its QoS's class."""
-    spec = {k: v for k, v in block_spec(t.task).items() if k != "queue"}
+    """The task's block: waits in the queue (no ``maxPendingS``), its QoS's class, preemptible and
+    movable as its class says (the offline replay's blocks are neither: ``live.block_spec``)."""
+    spec = {k: v for k, v in block_spec(t.task).items() if k not in ("queue", "preemptible")}
     spec["priorityClass"] = qosmod.class_of(t.task.qos)
     spec["maxPendingS"] = 0
     return spec
