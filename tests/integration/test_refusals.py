@@ -27,7 +27,7 @@ def test_component_add_refuses_an_unknown_builtin_and_lists_the_known_ones(syste
     assert ("builtin:best-fit, builtin:binpack, builtin:cluster-rank, builtin:dot-product, builtin:fgd, builtin:fgd-plus, "
             "builtin:gpu-clustering, "
             "builtin:gpu-packing, builtin:least-inflight, builtin:least-queue, builtin:preempt-min, builtin:probe-threshold, builtin:queue-depth, "
-            "builtin:random, builtin:round-robin, builtin:spread, builtin:target-inflight") in r.stderr
+            "builtin:random, builtin:rebalance-min, builtin:round-robin, builtin:spread, builtin:target-inflight") in r.stderr
     assert "aios://test/typo" not in blocks(system, "component", "list").stdout
 
 
