@@ -199,7 +199,7 @@ class Rig:
         violation unless a Redis primary was killed in this run (Redis replicates asynchronously:
         a write its primary acknowledged just before SIGKILL can be lost; ``blocks recover`` is
         the repair) and nothing else was violated; the keys that differed are in the figures."""
-        before = await self.blocks_check(settled=True, attempts=8)
+        before = await self.blocks_check(settled=True, attempts=20)
         differs = [v for v in before.get("violations", []) if v.startswith("Redis state differs")]
         others = [v for v in before.get("violations", []) if v not in differs]
         failed_over = any(" redis kill " in f" {line} " for line in self.log)
