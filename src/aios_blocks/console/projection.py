@@ -16,7 +16,8 @@ from ..policies.builtin.frag import Workload
 from ..policies.capacity import SHARE_UNITS
 from ..policies.quota import tenant_of
 from ..projections.explain import explain
-from ..recovery.fold import Fold, NodeState
+from ..recovery.fold import Fold
+from ..recovery.node_state import NodeState
 from ..schemas.lifecycle import BlockStatus
 from ..schemas.records import BlockIR
 from ..trace.live import CLUSTER as TRACE_CLUSTER
