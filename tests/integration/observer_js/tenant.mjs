@@ -1,14 +1,20 @@
-// A tenant's client with npm `nats` 2.x in its DEFAULT configuration (no inboxPrefix; docs/security.md
-// "Tenants"): `node tenant.mjs CREDS.json BLOCK_ID`. It watches its block (a core subscription),
+// A tenant's client with npm `nats` 2.x, or its 3.x successor (`@nats-io/transport-node` +
+// `@nats-io/jetstream`), in its DEFAULT configuration (no inboxPrefix; docs/security.md "Tenants"):
+// `node tenant.mjs CREDS.json BLOCK_ID [v2|v3]`. It watches its block (a core subscription),
 // creates it (a JetStream publish: the PubAck comes back on its own inbox), waits for `ready`, sends
 // it a task, scales it to 2, asks for a block that is not its own, and deletes its block. Prints one
 // JSON object: what each step got, and the events it saw.
 import fs from "node:fs";
-import { connect, JSONCodec, headers } from "nats";
 
-const [credsPath, bid] = process.argv.slice(2);
+const [credsPath, bid, version = "v2"] = process.argv.slice(2);
 const creds = JSON.parse(fs.readFileSync(credsPath, "utf8"));
-const jc = JSONCodec();
+// the two generations' APIs: 3.x has no JSONCodec and takes JetStream from its own package
+const nats = await import(version === "v3" ? "@nats-io/transport-node" : "nats");
+const { connect, headers } = nats;
+const jetstream = version === "v3" ? (await import("@nats-io/jetstream")).jetstream : (nc) => nc.jetstream();
+const te = new TextEncoder();
+const td = new TextDecoder();
+const jc = { encode: (v) => te.encode(JSON.stringify(v)), decode: (b) => JSON.parse(td.decode(b)) };
 const out = { events: [], errors: [] };
 
 const within = (ms, p, what) => Promise.race([
@@ -45,7 +51,7 @@ async function main() {
   h.set("Content-Type", "application/cloudevents+json");
   const event = { specversion: "1.0", id: `js-${bid}`, source: "urn:js-tenant", type: "io.aios.block.create",
                   data: { blockComponentURI: "aios://test/model", minInstances: 1, maxInstances: 3 } };
-  const ack = await nc.jetstream().publish(`aios.block.${bid}.create`, jc.encode(event), { headers: h });
+  const ack = await jetstream(nc).publish(`aios.block.${bid}.create`, jc.encode(event), { headers: h });
   out.create = { stream: ack.stream, seq: ack.seq };
   await until("ready");
   const task = await nc.request(`aios.block.${bid}.task`, jc.encode({ hello: "js" }), { timeout: 60000 });
