@@ -25,9 +25,12 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from ..handlers import preemption as pre
 from ..handlers import rebalance as hr
 from ..policies import capacity
+from ..policies.builtin import preempt as bp
 from ..policies.builtin import rebalance as rb
+from ..policies.builtin.frag import Workload
 from ..schemas.spec import Node
 from . import online as on
 from .online import CLUSTER, Job, Mode, Sim, Timed, release, shrink
@@ -39,10 +42,79 @@ MAX_PLANS = 4
 MAX_MOVES = 2
 
 
+class MoveIndex:
+    """The rebalance planner's input kept up to date as tasks are placed, leave and move, instead
+    of rebuilt from every node view and every running task per plan (py-spy: most of a
+    ``--rebalance`` replay went there), as ``handlers.preemption.Index`` does for the preemption
+    planner. Holds what ``builtin:rebalance-min`` parses from ``handlers.rebalance.rebalance_input``:
+    each node's ``_Node`` (and its FGD fragmentation on the replay's workload) and each running
+    task's movable instances, in the order the old input listed them (the running tasks' order: a
+    task keeps its place when it moves). It is a ``rb.Prepared``: ``plan(..., prepared=index)``
+    gives the same moves as ``plan(rebalance_input(...))`` (tests/unit/test_online_rebalance_index.py)."""
+
+    def __init__(self, views: dict[str, Any], shapes: list[dict[str, Any]]):
+        self.wl = Workload([dict(s) for s in shapes])
+        self.nodes: dict[str, bp._Node] = {}
+        self.frags: dict[str, tuple[bp._Node, float]] = {}
+        for nid in sorted(views):
+            self.node(nid, views[nid])
+        #: block id -> (priority, its movable instances, its budget of moves), in the running order
+        self.rows: dict[str, tuple[int, list[rb.Inst], int]] = {}
+        #: ``movable``'s answers since the rows last changed (the planner copies what it changes)
+        self._movable: dict[int | None, tuple[list[rb.Inst], dict[str, int]]] = {}
+
+    def node(self, nid: str, view: Any) -> None:
+        """A node view changed: its planner shape and fragmentation again."""
+        one = bp._nodes(pre.cluster_input(CLUSTER, {nid: view}))
+        if nid not in one:
+            self.nodes.pop(nid, None)
+            self.frags.pop(nid, None)
+            return
+        if nid not in self.nodes and self.nodes and nid < next(reversed(self.nodes)):
+            self.nodes = dict(sorted({**self.nodes, **one}.items()))  # keep the sorted order _nodes gives
+        else:
+            self.nodes[nid] = one[nid]
+        n = self.nodes[nid]
+        self.frags[nid] = (n, rb.Cluster({nid: n}, self.wl).frag(nid))
+
+    def put(self, row: dict[str, Any]) -> None:
+        """A running task (``Sim.row``) placed or moved (a moved one keeps its place in the order)."""
+        bid = str(row["block_id"])
+        self._movable.clear()
+        rows = hr.movable([{**row, "status": "ready"}], self.nodes)
+        insts, budget = rb.movable({"movable": rows}, None)
+        if not rows:
+            self.rows.pop(bid, None)
+            return
+        self.rows[bid] = (int(rows[0]["priority"]), insts, budget.get(bid, 0))
+
+    def remove(self, bid: str) -> None:
+        self._movable.clear()
+        self.rows.pop(bid, None)
+
+    def movable(self, ceiling: int | None) -> tuple[list[rb.Inst], dict[str, int]]:
+        """``rb.movable`` of the input: the instances of the tasks at or below ``ceiling``."""
+        if ceiling in self._movable:
+            return self._movable[ceiling]
+        insts: list[rb.Inst] = []
+        budget: dict[str, int] = {}
+        for bid, (prio, its, left) in self.rows.items():
+            if (ceiling is not None and prio > ceiling) or left <= 0:
+                continue
+            budget[bid] = left
+            insts.extend(its)
+        self._movable[ceiling] = (insts, budget)
+        return insts, budget
+
+
 class RebalanceSim(Sim):
-    def __init__(self, *args: Any, max_moves: int = MAX_MOVES, **kw: Any):
+    def __init__(self, *args: Any, max_moves: int = MAX_MOVES, incremental_moves: bool = True, **kw: Any):
         super().__init__(*args, **kw)
         self.max_moves = max_moves
+        #: ``incremental_moves``: the planner's input kept by ``MoveIndex`` (else rebuilt per plan)
+        self.move_index = MoveIndex(self.views, self.st.shapes) if incremental_moves else None
+        #: each move applied: (time, block, from, to, GPUs) (the comparison of old and new reads it)
+        self.move_log: list[tuple[float, str, str, str, tuple[str, ...]]] = []
         self.moves = 0
         self.plans_with_moves = 0
         #: shapes (and priority) the planner found no moves for, until capacity changes
@@ -75,13 +147,19 @@ class RebalanceSim(Sim):
             return False
         bid = block_id(j.timed.task)
         block = self.block(j)
-        data = hr.rebalance_input(CLUSTER, self.views, self.placed_rows(int(j.ir["priority"])), [block], self.max_moves,
-                                  hr.Trigger.PENDING, workload=self.st.shapes, measure=False)
-        out = rb.plan(data)
+        if self.move_index is not None:  # the nodes and instances from the index: only the pending block to say
+            data = {"action": "rebalance", "maxMoves": self.max_moves, "trigger": str(hr.Trigger.PENDING),
+                    "pending": [pre.block_input(bid, j.ir)]}
+            out = rb.plan(data, prepared=self.move_index)
+        else:
+            data = hr.rebalance_input(CLUSTER, self.views, self.placed_rows(int(j.ir["priority"])), [block], self.max_moves,
+                                      hr.Trigger.PENDING, workload=self.st.shapes, measure=False)
+            out = rb.plan(data)
         if not out["moves"] or out.get("for") != bid:
             self.no_moves.add(key)
             return False
         for m in out["moves"]:
+            self.move_log.append((now, m["block_id"], m["from"], m["to"], tuple(m["to_gpus"])))
             self.move(m["block_id"], m["to"], list(m["to_gpus"]))
         self.plans_with_moves += 1
         if not await self.place(j, now):  # the plan said it fits; a resourceAllocator that refuses leaves it waiting
@@ -133,6 +211,10 @@ class RebalanceSim(Sim):
             index.node(src, self.views[src])
             index.node(to, self.views[to])
             index.add(self.row(bid, j))
+        if self.move_index is not None:
+            self.move_index.node(src, self.views[src])
+            self.move_index.node(to, self.views[to])
+            self.move_index.put(self.row(bid, j))
 
     def changed(self) -> None:
         """Capacity moved: every "no" of the planners may be a "yes" now."""
@@ -154,11 +236,22 @@ class RebalanceSim(Sim):
     def unplace(self, bid: str) -> Job:
         self.no_moves.clear()
         self.version += 1
-        return super().unplace(bid)
+        place = self.running[bid].place
+        nid = place[0] if place is not None else None
+        j = super().unplace(bid)
+        if self.move_index is not None and nid is not None:
+            self.move_index.remove(bid)
+            self.move_index.node(nid, self.views[nid])
+        return j
 
     async def place(self, j: Job, now: float) -> bool:
         self.version += 1
-        return await super().place(j, now)
+        if not await super().place(j, now):
+            return False
+        if self.move_index is not None and j.place is not None:
+            self.move_index.node(j.place[0], self.views[j.place[0]])
+            self.move_index.put(self.row(block_id(j.timed.task), j))
+        return True
 
     async def preempt(self, j: Job, now: float, key: tuple[Any, int] | None = None) -> bool:
         if await self.moves_for(j, now):  # moves before preemption

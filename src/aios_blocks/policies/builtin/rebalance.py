@@ -49,7 +49,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from .frag import UNITS, Workload
 from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
@@ -110,14 +110,36 @@ def _model(n: _Node) -> str:
     return str(next(iter(n.gpus.values()))[0]) if n.gpus else ""
 
 
+class Prepared(Protocol):
+    """What a caller that keeps the planner's input incrementally (``trace/online_rebalance.py``
+    ``MoveIndex``) hands ``plan`` instead of having it parse the input again: it must be what
+    ``plan`` would parse from the same input (the same nodes, instances, workload)."""
+
+    #: ``_nodes(input["cluster"])``: never changed by the planner (it copies what it changes)
+    nodes: dict[str, _Node]
+    #: ``workload_of(input["workload"], ...)``
+    wl: Workload
+    #: node id -> (the ``_Node`` of ``nodes``, its fragmentation on ``wl``): a cache ``frag`` reads
+    frags: dict[str, tuple[_Node, float]]
+
+    def movable(self, ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
+        """``movable(input, ceiling)``."""
+        ...
+
+
 class Cluster:
     """Node states, the FGD workload, and the instances where they are now (moves applied)."""
 
-    def __init__(self, nodes: dict[str, _Node], wl: Workload):
+    def __init__(self, nodes: dict[str, _Node], wl: Workload, frags: Mapping[str, tuple[_Node, float]] | None = None):
         self.nodes, self.wl = nodes, wl
+        #: fragmentation known per node state (the very ``_Node`` object: a copy is measured again)
+        self.frags: Mapping[str, tuple[_Node, float]] = frags or {}
 
     def frag(self, nid: str, node: _Node | None = None) -> float:
         n = node if node is not None else self.nodes[nid]
+        known = self.frags.get(nid)
+        if known is not None and known[0] is n:
+            return known[1]
         return self.wl.frag(_model(n), n.cpu, _left(n)) if n.gpus else 0.0
 
     def total(self) -> float:
@@ -388,15 +410,26 @@ def _output(moves: list[Move], start: Mapping[str, _Node], c: Cluster, frag_befo
             "fragmentation": {"before": round(frag_before, 3), "after": round(c.total(), 3)}, "reason": reason}
 
 
-def plan(input_data: Mapping[str, Any], max_moves: int | None = None) -> dict[str, Any]:
-    """The moves of one rebalance (see the module's docstring)."""
+def plan(input_data: Mapping[str, Any], max_moves: int | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
+    """The moves of one rebalance (see the module's docstring). ``prepared``: the input's nodes,
+    instances and workload already parsed (``Prepared``; the same answer, without the parsing)."""
     k = int(input_data.get("maxMoves", DEFAULT_MAX_MOVES) if max_moves is None else max_moves)
-    nodes = _nodes(input_data.get("cluster") or {})
     pending = [p for p in input_data.get("pending") or () if isinstance(p, Mapping)]
     needs = [need_of(p) for p in pending]
-    insts_all, _ = movable(input_data, None)
-    wl = workload_of(input_data.get("workload"), needs, insts_all)
-    c = Cluster(nodes, wl)
+    frags: Mapping[str, tuple[_Node, float]] = {}
+    if prepared is not None:
+        nodes, wl, frags = prepared.nodes, prepared.wl, prepared.frags
+
+        def movable_of(ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
+            return prepared.movable(ceiling)
+    else:
+        nodes = _nodes(input_data.get("cluster") or {})
+        insts_all, _ = movable(input_data, None)
+        wl = workload_of(input_data.get("workload"), needs, insts_all)
+
+        def movable_of(ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
+            return movable(input_data, ceiling)
+    c = Cluster(nodes, wl, frags)
     before = c.total()
     if k <= 0:
         return _output([], nodes, c, before, "maxMoves is 0: no move")
@@ -407,8 +440,8 @@ def plan(input_data: Mapping[str, Any], max_moves: int | None = None) -> dict[st
         if now:
             why.append(f"{bid} fits without moves")
             continue
-        insts, budget = movable(input_data, int(p.get("priority") or 0))
-        c = Cluster(dict(nodes), wl)
+        insts, budget = movable_of(int(p.get("priority") or 0))
+        c = Cluster(dict(nodes), wl, frags)
         found = plan_pending(c, need, insts, budget, k)
         if found is None:
             why.append(f"{bid} does not fit after {k} move(s) or fewer")
@@ -421,8 +454,8 @@ def plan(input_data: Mapping[str, Any], max_moves: int | None = None) -> dict[st
                        _placement(c.nodes, need))
     if pending and str(input_data.get("trigger") or "") == "pending":
         return _output([], nodes, c, before, "; ".join(why) or "no pending block")
-    insts, budget = movable(input_data, None)
-    c = Cluster(dict(nodes), wl)
+    insts, budget = movable_of(None)
+    c = Cluster(dict(nodes), wl, frags)
     moves = plan_fragmentation(c, insts, budget, k)
     reason = (f"{len(moves)} move(s) lower the fragmentation from {before:.1f} to {c.total():.1f}" if moves
               else "no move lowers the cluster's fragmentation")
