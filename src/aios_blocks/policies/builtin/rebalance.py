@@ -46,6 +46,7 @@ Rules:
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -81,6 +82,10 @@ class Inst:
         return len(self.gpus) * self.share
 
     def need(self) -> Need:
+        return self._need
+
+    @functools.cached_property
+    def _need(self) -> Need:  # asked per node tried as a destination: made once
         return Need(len(self.gpus), 0.0 if self.share >= 1 - EPS else self.share, self.cpu, self.memory, self.models, 1)
 
 
@@ -272,6 +277,9 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
     if sum(sorted((len(i.gpus) for i in order), reverse=True)[:size]) < _shortfall(c.nodes[src], need):
         return None
     best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
+    #: a subset's first instance goes where it would from the nodes as they are (only the source,
+    #: which it avoids, differs): its destination once per instance, not once per subset
+    first: dict[str, tuple[str, tuple[str, ...], float] | None] = {}
     for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
         per_block: dict[str, int] = {}
         for i in subset:
@@ -286,8 +294,13 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
             continue  # freeing these alone makes no room: the source never takes one more
         src_saved = c.frag(src) - c.frag(src, src_node)
         moves, cost, ok = [], 0.0, True
-        for i in subset:
-            dest = _destination(c, nodes, i, {src})
+        for k, i in enumerate(subset):
+            if k == 0:
+                if i.iid not in first:
+                    first[i.iid] = _destination(c, nodes, i, {src})
+                dest = first[i.iid]
+            else:
+                dest = _destination(c, nodes, i, {src})
             if dest is None:
                 ok = False
                 break
