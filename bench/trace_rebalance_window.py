@@ -1,0 +1,65 @@
+"""The online replay with or without the rebalancer (issue 38, docs/rebalance.md "Online replay"),
+printing the figures at the window's end (the last arrival: ``Sim.snapshot``) as well as at the end
+of the run: the whole run's tail (the departures after the window, each a capacity event with up
+to 4 plans) is long with the rebalancer. The same settings as
+``blocks trace replay NODES PODS --in-process --online --no-preemption --rebalance --load 300 --cluster-share 0.2``.
+
+    .venv/bin/python -m bench.trace_rebalance_window PODS [--no-rebalance] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from aios_blocks.trace import online
+from aios_blocks.trace import online_rebalance as orb
+from aios_blocks.trace.inventory import load_nodes
+
+NODES = Path(__file__).resolve().parent / "traces" / "openb-2023" / "openb_node_list_gpu_node.csv"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("pods", type=Path)
+    ap.add_argument("--no-rebalance", action="store_true")
+    ap.add_argument("--load", type=float, default=300)
+    ap.add_argument("--cluster-share", type=float, default=0.2)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--json", type=Path)
+    a = ap.parse_args()
+    nodes = online.shrink(load_nodes(NODES, "trace"), a.cluster_share, a.seed)
+    timed, drawn = online.load_timed(a.pods, a.seed)
+    timed = [replace(t, created=t.created / a.load) for t in timed]
+    t0, c0 = time.perf_counter(), time.process_time()
+    base: type[online.Sim] = online.Sim if a.no_rebalance else orb.RebalanceSim
+
+    class Windowed(base):
+        def snapshot(self) -> None:
+            super().snapshot()
+            s = sorted(orb.multi_gpu_waits(self))  # the ones never placed yet: counted to now
+            print(json.dumps({"at": "window end", "placed": self.res.placed, "moves": getattr(self, "moves", 0),
+                              "alloc_last_third": round(orb.last_third(self), 3),
+                              "multi_gpu_wait": {"n": len(s), "p50": round(s[int(len(s) * 0.5)], 3) if s else 0.0,
+                                                 "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3) if s else 0.0},
+                              "pending": len(self.pending), "run_s": round(time.perf_counter() - t0, 1),
+                              "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
+
+    sim = Windowed(nodes, timed, online.Mode.NO_PREEMPTION, online.DEFAULT_POLICY, a.seed, 0, online.HEAD, online.MIN_DELTA,
+                   a.pods.stem.removeprefix("openb_pod_list_"))
+    sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, a.load, a.cluster_share
+    asyncio.run(sim.run())
+    d = orb.figures(sim)
+    d["run_s"], d["cpu_s"] = round(time.perf_counter() - t0, 1), round(time.process_time() - c0, 1)
+    if a.json:
+        a.json.write_text(json.dumps(d) + "\n")
+    keys = ("mode", "placed", "moves", "moves_per_placement", "alloc_last_third", "multi_gpu_wait", "run_s", "cpu_s")
+    print(json.dumps({k: d.get(k) for k in keys}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
