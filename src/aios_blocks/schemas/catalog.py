@@ -400,8 +400,8 @@ class E:
     )
     tenant_event: Event[Any] = Event(
         "tenant.event", f"{_T}.event.{{subject}}", None, (G,),
-        "core NATS, not stored: a stored event of a tenant's block (aios.block.B.…, as B.…), relayed by the gateway "
-        "to that tenant only; its clients receive it as aios.block.B.…",
+        "core NATS, not stored: a stored event of a tenant's block (aios.block.B.>, as B.>), relayed by the gateway "
+        "to that tenant only; its clients receive it as aios.block.B.>",
         stored=False, body=Body.CORE,
     )
     node_expected: Event[Any] = Event(
