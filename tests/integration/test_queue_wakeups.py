@@ -14,6 +14,7 @@ import asyncio
 
 import pytest
 
+from aios_blocks.settings import current as settings_now
 from aios_blocks.state.queue import LEASE_KEY, PendingQueue
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.queue import QueueWalker
@@ -37,7 +38,8 @@ async def test_a_capacity_event_seen_by_a_non_leader_wakes_the_leaders_walker(no
     assert kind == "ready"
     await c.submit(spec("waiter"))
     await status_of(system, "waiter", "pending")
-    leader = await Worker.open(system.supervisor.nats_url, system.supervisor.redis_url, "controller")
+    leader = await Worker.open(system.supervisor.nats_url, system.supervisor.redis_url, "controller",
+                               settings=settings_now())  # the env as set above (load() is cached per process)
     walker = QueueWalker(leader)
     assert walker.s.queue_resync_s == 300
     stop = asyncio.Event()
