@@ -54,6 +54,7 @@ from typing import Any, Protocol
 
 from .frag import UNITS, Workload
 from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
+from .preempt import placement as _placement
 
 DEFAULT_MAX_MOVES = 2
 #: source nodes looked at per room to free (the fewest GPUs short first)
@@ -227,18 +228,6 @@ def _count(nodes: Mapping[str, _Node], need: Need) -> int:
         if got >= need.count:
             break
     return got
-
-
-def _placement(nodes: Mapping[str, _Node], need: Need) -> dict[str, int]:
-    left, out = need.count, {}
-    for nid, n in nodes.items():
-        k = node_fits(n, need, left)
-        if k:
-            out[nid] = k
-            left -= k
-        if left <= 0:
-            return out
-    return {}
 
 
 def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) -> tuple[str, tuple[str, ...], float] | None:
