@@ -346,44 +346,46 @@ def make_app(feed: Feed, token: str, admin: AdminOpener | None, metrics: AdminOp
     return app
 
 
-def admin_opener(nats_url: str | None, redis_url: str | None) -> AdminOpener | None:
-    """One admin ``Client``, opened on the first action and kept."""
-    if not (nats_url and redis_url):
-        return None
+def _once(make: Callable[[], Awaitable[Any]]) -> AdminOpener:
+    """``make()`` on the first call, the same object on every later one."""
     held: list[Any] = []
     lock = asyncio.Lock()
 
     async def open_() -> Any:
-        from ..cli.client import Client
-
         async with lock:
             if not held:
-                held.append(await Client.open(nats_url, redis_url))
+                held.append(await make())
         return held[0]
 
-    open_.held = held  # type: ignore[attr-defined]
     return open_
+
+
+def admin_opener(nats_url: str | None, redis_url: str | None) -> AdminOpener | None:
+    """One admin ``Client``, opened on the first action and kept."""
+    if not (nats_url and redis_url):
+        return None
+
+    async def make() -> Any:
+        from ..cli.client import Client
+
+        return await Client.open(nats_url, redis_url)
+
+    return _once(make)
 
 
 def metrics_opener(redis_url: str | None) -> AdminOpener | None:
     """One read-only metrics store (``state.metrics``) on ``redis_url``, opened on the first ask."""
     if not redis_url:
         return None
-    held: list[Any] = []
-    lock = asyncio.Lock()
 
-    async def open_() -> Any:
+    async def make() -> Any:
         from ..settings import load
         from ..state.connection import open_redis
         from ..state.metrics import MetricsStore
 
-        async with lock:
-            if not held:
-                held.append(MetricsStore(open_redis(redis_url, load(), max_connections=4)))
-        return held[0]
+        return MetricsStore(open_redis(redis_url, load(), max_connections=4))
 
-    open_.held = held  # type: ignore[attr-defined]
-    return open_
+    return _once(make)
 
 
 async def serve(nats_url: str, host: str, port: int, token: str, admin: AdminOpener | None,

@@ -105,6 +105,11 @@ def _block_of(entries: list[hq.Entry], bid: str) -> Mapping[str, Any] | None:
     return next(e.block for e in entries if e.bid == bid)
 
 
+def with_rule(ir: BlockIR, kind: str, default_uri: str) -> BlockIR:
+    """The block's IR with a ``kind`` policy rule: its own when its spec names one, else ``default_uri``."""
+    rule = (ir.get("policies") or {}).get(kind) or {"name": kind, "policyRuleURI": default_uri}
+    return {**ir, "policies": {**(ir.get("policies") or {}), kind: rule}}
+
 class QueueWalker:
     def __init__(self, w: Worker):
         self.w, self.s = w, w.settings
@@ -278,8 +283,7 @@ class QueueWalker:
             return True
         placed, _models = await PriorityStore(self.w.store.r).placed()
         busy = hr.moving(placed)
-        rule = (ir.get("policies") or {}).get("rebalancer") or {"name": "rebalancer", "policyRuleURI": self.s.rebalance_policy}
-        pir: BlockIR = {**ir, "policies": {**(ir.get("policies") or {}), "rebalancer": rule}}
+        pir = with_rule(ir, "rebalancer", self.s.rebalance_policy)
         for cid in sorted(clusters):
             if not hr.matches(ir, clusters[cid]):
                 continue
@@ -310,8 +314,7 @@ class QueueWalker:
         ir, gen = block["ir"], block["gen"]
         bid = str(ir["blockId"])
         placed, _models = await PriorityStore(self.w.store.r).placed()
-        rule = (ir.get("policies") or {}).get("preemption") or {"name": "preemption", "policyRuleURI": DEFAULT_POLICY}
-        pir: BlockIR = {**ir, "policies": {**(ir.get("policies") or {}), "preemption": rule}}
+        pir = with_rule(ir, "preemption", DEFAULT_POLICY)
         for cid in sorted(clusters):
             data = pre.preempt_input(bid, ir, cid, views.get(cid) or {}, placed, self.s.preempt_min_delta,
                                      str(block.get("preempted_by") or ""))
