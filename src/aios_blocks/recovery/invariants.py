@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict, cast
 
 import msgspec
 
 from ..bus import subjects
 from ..bus.nats_bus import Bus
+from ..schemas.records import BlockIR
 from ..schemas.spec import ID_RE
 from ..schemas.vcluster import job_cluster_id
 from ..state import keys
@@ -36,6 +37,30 @@ from .rebuild import fold_stream, read_image
 TERMINAL = ("ready", "failed", "rejected", "deleted", "pending")
 IN_FLIGHT = ("parsed", "selecting", "allocating", "placing", "deleting")
 EPS = 1e-6
+
+
+#: a Redis hash as an image holds it (``recovery.image``): field -> text
+Hash = dict[str, str]
+
+
+class ReportJSON(TypedDict):
+    """A report as ``blocks check --json`` prints it (``Report.as_dict``)."""
+
+    ok: bool
+    violations: list[str]
+    warnings: list[str]
+    counts: dict[str, int]
+    redis_digest: str
+    stream_digest: str
+    diff: list[str]
+
+
+class _VcRec(TypedDict, total=False):
+    """The fields of a virtual cluster's record (``schemas.vcluster.VClusterRecord`` as JSON) the
+    checks read."""
+
+    parent: str
+    nodes: dict[str, str]
 
 
 @dataclass
@@ -51,7 +76,7 @@ class Report:
     def ok(self) -> bool:
         return not self.violations
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> ReportJSON:
         return {
             "ok": self.ok, "violations": self.violations, "warnings": self.warnings, "counts": self.counts,
             "redis_digest": self.redis_digest, "stream_digest": self.stream_digest, "diff": self.diff,
@@ -91,7 +116,7 @@ def check_image(
     return rep
 
 
-def _split(img: im.Image) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], dict[str, Any]]:
+def _split(img: im.Image) -> tuple[dict[str, Hash], dict[str, Hash], dict[str, Hash], dict[str, Hash]]:
     """The image's blocks and instance hashes (by block id), nodes and reservations (by key)."""
     blocks = {k.split(":", 2)[2]: v for k, v in img.items() if k.startswith("aios:block:") and not k.endswith(":inst")}
     insts = {k.split(":")[2]: v for k, v in img.items() if k.startswith("aios:block:") and k.endswith(":inst")}
@@ -100,7 +125,7 @@ def _split(img: im.Image) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any
     return blocks, insts, nodes, res
 
 
-def _blocks(blocks: dict[str, Any], insts: dict[str, Any], stuck: list[str], rep: Report) -> None:
+def _blocks(blocks: dict[str, Hash], insts: dict[str, Hash], stuck: list[str], rep: Report) -> None:
     """Each block's status is known and final (or in flight: ``stuck``), with what it implies."""
     statuses: dict[str, int] = {}
     for bid, b in blocks.items():
@@ -119,7 +144,7 @@ def _blocks(blocks: dict[str, Any], insts: dict[str, Any], stuck: list[str], rep
     rep.counts.update({f"blocks_{s}": n for s, n in statuses.items()})
 
 
-def _ready(bid: str, b: dict[str, Any], insts: dict[str, Any], stuck: list[str]) -> None:
+def _ready(bid: str, b: Hash, insts: Hash, stuck: list[str]) -> None:
     """A ready block runs at least minInstances and holds at most maxInstances."""
     ir = msgspec.json.decode(b.get("ir", "{}"))
     running = sum(1 for v in insts.values() if msgspec.json.decode(v).get("status") == "running")
@@ -133,7 +158,7 @@ def _cluster_of(key: str) -> str:
     return key.split("{c:", 1)[1].split("}", 1)[0]
 
 
-def _reserved(res: dict[str, Any], nodes: dict[str, Any], rep: Report) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+def _reserved(res: dict[str, Hash], nodes: dict[str, Hash], rep: Report) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """What the reservations add up to on each node's counters, and each instance's cluster."""
     want: dict[str, dict[str, float]] = {}
     owners: dict[str, str] = {}
@@ -157,7 +182,7 @@ def _reserved(res: dict[str, Any], nodes: dict[str, Any], rep: Report) -> tuple[
     return want, owners
 
 
-def _node(nk: str, h: dict[str, Any], w: dict[str, float], out: list[str]) -> None:
+def _node(nk: str, h: Hash, w: dict[str, float], out: list[str]) -> None:
     """One node's counters against its reservations, and its usage against its capacity."""
     counters = {f for f in h if f in ("cpu_used", "mem_used") or (f.startswith("g:") and not f.endswith(":total"))}
     for field_ in sorted(set(w) | counters):
@@ -181,7 +206,7 @@ def _node(nk: str, h: dict[str, Any], w: dict[str, float], out: list[str]) -> No
             out.append(f"{nk}: GPU {g} is exclusive but has {h.get(f'g:{g}:n')} holders")
 
 
-def _instances(insts: dict[str, Any], res: dict[str, Any], owners: dict[str, str], rep: Report) -> None:
+def _instances(insts: dict[str, Hash], res: dict[str, Hash], owners: dict[str, str], rep: Report) -> None:
     """Every instance holds one reservation on its node, and every reservation has its instance."""
     seen: dict[str, str] = {}
     for bid, h in insts.items():
@@ -200,9 +225,9 @@ def _instances(insts: dict[str, Any], res: dict[str, Any], owners: dict[str, str
     rep.counts["instances"] = len(seen)
 
 
-def _vclusters(img: im.Image, nodes: dict[str, Any], res: dict[str, Any], blocks: dict[str, Any], out: list[str],
+def _vclusters(img: im.Image, nodes: dict[str, Hash], res: dict[str, Hash], blocks: dict[str, Hash], out: list[str],
                rep: Report) -> None:
-    recs: dict[tuple[str, str], dict[str, Any]] = {}
+    recs: dict[tuple[str, str], _VcRec] = {}
     for key, raw in img.items():
         if key.startswith("aios:{c:") and ":vc:" in key and isinstance(raw, str):
             recs[(_cluster_of(key), key.rsplit(":vc:", 1)[1])] = msgspec.json.decode(raw)
@@ -213,12 +238,12 @@ def _vclusters(img: im.Image, nodes: dict[str, Any], res: dict[str, Any], blocks
     owner: dict[tuple[str, str], str] = {}
     for (cid, vid), r in sorted(recs.items()):
         _vc_record(cid, vid, r, recs, place, owner, out)
-    for key, r in res.items():
-        _vc_instance(key, r, blocks, place, out)
+    for key, held in res.items():
+        _vc_instance(key, held, blocks, place, out)
     rep.counts["vclusters"] = len(recs)
 
 
-def _vc_record(cid: str, vid: str, r: dict[str, Any], recs: dict[tuple[str, str], dict[str, Any]],
+def _vc_record(cid: str, vid: str, r: _VcRec, recs: dict[tuple[str, str], _VcRec],
                place: dict[tuple[str, str], str], owner: dict[tuple[str, str], str], out: list[str]) -> None:
     """One virtual cluster's nodes: inside its divisible cluster (a job cluster), in no other
     virtual cluster, and placed in it (or in one of its job clusters)."""
@@ -238,12 +263,13 @@ def _vc_record(cid: str, vid: str, r: dict[str, Any], recs: dict[tuple[str, str]
             out.append(f"node {nid} of {cid}: listed by {vid} but placed in {at or 'the primary'} (lost)")
 
 
-def _vc_instance(key: str, r: dict[str, Any], blocks: dict[str, Any], place: dict[tuple[str, str], str], out: list[str]) -> None:
+def _vc_instance(key: str, r: Hash, blocks: dict[str, Hash], place: dict[tuple[str, str], str], out: list[str]) -> None:
     """A reservation's node is in its block's virtual cluster (or job cluster, or the primary)."""
     b = blocks.get(r.get("block", ""))
     if b is None:
         return
-    ir = msgspec.json.decode(b.get("ir", "{}")) if isinstance(b.get("ir"), str) else (b.get("ir") or {})
+    raw = b.get("ir", "{}")
+    ir: BlockIR = msgspec.json.decode(raw) if isinstance(raw, str) else cast(BlockIR, raw or {})
     want = ir.get("virtualClusterId") or ""
     if want and ir.get("jobCluster"):
         want = job_cluster_id(str(ir.get("blockId", "")))
