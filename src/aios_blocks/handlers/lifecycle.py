@@ -148,7 +148,7 @@ def fault_input(ev: InstanceEvent, kind: str, view: View) -> dict[str, Any] | No
     assert block is not None and inst is not None
     entry = stability.agent_input(ev.instance_id, ev.node_id, str(inst.get("endpoint") or ""), kind, ev.reason,
                                   int(inst.get("restarts", 0) or 0))
-    return stability.payload(ev.block_id, [entry], 0.0, 1)
+    return wire(stability.payload(ev.block_id, [entry], 0.0, 1))
 
 
 def fault_verdict(result: Any, data: dict[str, Any], iid: str) -> dict[str, Any]:
@@ -157,7 +157,7 @@ def fault_verdict(result: Any, data: dict[str, Any], iid: str) -> dict[str, Any]
     verdicts = stability.validate(result, data["payload"]["instances"])
     if iid not in verdicts:
         raise stability.BadVerdicts(f"no verdict on {iid}, the instance its node agent reported")
-    return verdicts[iid]
+    return wire(verdicts[iid])
 
 
 def on_fault_verdict(

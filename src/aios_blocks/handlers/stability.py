@@ -16,10 +16,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NotRequired, TypedDict, cast
 
 from ..policies import contract
-from ..schemas.records import InstanceSample, MapEntry, PassiveCounts
+from ..schemas.records import InstanceSample, JSONObject, MapEntry, PassiveCounts
 
 #: verdicts that take an instance out of routing (until ``healthy``)
 OUT = ("unready", "restart", "replace")
@@ -29,6 +29,93 @@ SEVERITY = {"replace": 0, "restart": 1, "unready": 2, "degrade": 3, "healthy": 4
 DEFAULT_DEGRADED_WEIGHT = 0.5
 #: map health after each verdict
 HEALTH_AFTER = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
+
+
+class ProbeInput(TypedDict, total=False):
+    """The checker's active probes of one instance as its policy sees them (``ProbeRecord.as_input``;
+    an instance never probed, or an agent's report, has only ``ok`` and the counts)."""
+
+    ok: bool
+    latency_s: float
+    status: int
+    error: str
+    consecutive_failures: int
+    consecutive_successes: int
+    failing_for_s: float
+    probes: int
+
+
+class Passive(TypedDict):
+    """The executors' passive counts of one instance, merged (``merge_passive``)."""
+
+    ok: int
+    errors: int
+    timeouts: int
+    consecutive_errors: int
+    ejections: int
+    ejected: bool
+    last_error: str
+    latency_s: float
+    executors: int
+
+
+class Progress(TypedDict):
+    """What the executors measure of one instance's progress, merged (``merge_passive``)."""
+
+    inflight: int
+    stalled_s: float
+    since_done_s: float
+
+
+class AgentSignal(TypedDict):
+    """A node agent's report on one instance (``agent_input``; docs/health.md, "Agent reports")."""
+
+    report: str
+    reason: str
+
+
+class HealthInstance(TypedDict):
+    """One instance of a ``health_check`` input (docs/health.md): ``instance_input`` builds it
+    from the map, ``agent_input`` from an agent's report."""
+
+    instance_id: str
+    node_id: str
+    endpoint: str
+    #: ``schemas.lifecycle.InstanceState`` value
+    state: str
+    health: str
+    weight: float
+    #: since it was ready (s; absent in an agent's report)
+    age_s: NotRequired[float]
+    probe: ProbeInput
+    passive: Passive
+    progress: Progress
+    restarts: int
+    #: the metrics collector's latest sample of it (empty: none)
+    metrics: InstanceSample | JSONObject
+    agent: NotRequired[AgentSignal]
+
+
+class HealthCheckPayload(TypedDict):
+    block: str
+    instances: list[HealthInstance]
+    startup_grace_s: float
+    max_out_of_routing: int
+
+
+class HealthCheckInput(TypedDict):
+    """A stabilityChecker's input (``payload``)."""
+
+    action: Literal["health_check"]
+    payload: HealthCheckPayload
+
+
+class Verdict(TypedDict, total=False):
+    """One instance's verdict in a stabilityChecker's answer (checked by ``validate``)."""
+
+    verdict: str
+    reason: str
+    weight: float
 
 
 def max_out(n: int, ratio: float) -> int:
@@ -62,7 +149,7 @@ class ProbeRecord:
             self.consecutive_failures += 1
             self.consecutive_successes = 0
 
-    def as_input(self, now: float) -> dict[str, Any]:
+    def as_input(self, now: float) -> ProbeInput:
         return {"ok": self.ok, "latency_s": round(self.latency_s, 6), "status": self.status, "error": self.error,
                 "consecutive_failures": self.consecutive_failures, "consecutive_successes": self.consecutive_successes,
                 "failing_for_s": round(now - self.first_failure, 3) if self.first_failure else 0.0, "probes": self.probes}
@@ -72,13 +159,13 @@ class ProbeRecord:
 _SUMMED: tuple[Literal["ok", "errors", "timeouts", "ejections"], ...] = ("ok", "errors", "timeouts", "ejections")
 
 
-def merge_passive(counts: Sequence[PassiveCounts]) -> tuple[dict[str, Any], dict[str, Any]]:
+def merge_passive(counts: Sequence[PassiveCounts]) -> tuple[Passive, Progress]:
     """Several executors' counts of one instance -> (``passive``, ``progress``): sums of counts,
     the worst consecutive errors, ejected by any, latency the mean of those with one; in flight
     summed, stalled the longest, the most recent completion."""
-    passive: dict[str, Any] = {"ok": 0, "errors": 0, "timeouts": 0, "consecutive_errors": 0, "ejections": 0,
+    passive: Passive = {"ok": 0, "errors": 0, "timeouts": 0, "consecutive_errors": 0, "ejections": 0,
                                "ejected": False, "last_error": "", "latency_s": 0.0, "executors": len(counts)}
-    progress: dict[str, Any] = {"inflight": 0, "stalled_s": 0.0, "since_done_s": -1.0}
+    progress: Progress = {"inflight": 0, "stalled_s": 0.0, "since_done_s": -1.0}
     lats = []
     for c in counts:
         for k in _SUMMED:
@@ -104,7 +191,7 @@ def merge_passive(counts: Sequence[PassiveCounts]) -> tuple[dict[str, Any], dict
 
 
 def instance_input(iid: str, rec: MapEntry, now: float, probe: ProbeRecord | None,
-                   passive: Sequence[PassiveCounts], restarts: int, metrics: InstanceSample | None = None) -> dict[str, Any]:
+                   passive: Sequence[PassiveCounts], restarts: int, metrics: InstanceSample | None = None) -> HealthInstance:
     p, prog = merge_passive(passive)
     return {
         "instance_id": iid, "node_id": rec.get("node", ""), "endpoint": rec.get("endpoint", ""),
@@ -116,7 +203,7 @@ def instance_input(iid: str, rec: MapEntry, now: float, probe: ProbeRecord | Non
     }
 
 
-def agent_input(iid: str, node: str, endpoint: str, report: str, reason: str, restarts: int = 0) -> dict[str, Any]:
+def agent_input(iid: str, node: str, endpoint: str, report: str, reason: str, restarts: int = 0) -> HealthInstance:
     """The input entry of an instance its node agent reported ``failed`` (it exited or could not
     start) or ``unhealthy`` (its launch probe failed): the usual shape (no probe, passive or
     progress figures of the checker's: the controller has none) plus the ``agent`` signal
@@ -132,7 +219,7 @@ def agent_input(iid: str, node: str, endpoint: str, report: str, reason: str, re
     }
 
 
-def payload(bid: str, instances: list[dict[str, Any]], grace_s: float, max_out_n: int) -> dict[str, Any]:
+def payload(bid: str, instances: list[HealthInstance], grace_s: float, max_out_n: int) -> HealthCheckInput:
     return {"action": "health_check",
             "payload": {"block": bid, "instances": instances, "startup_grace_s": grace_s, "max_out_of_routing": max_out_n}}
 
@@ -141,7 +228,7 @@ class BadVerdicts(ValueError):
     pass
 
 
-def validate(result: Any, instances: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+def validate(result: Any, instances: Sequence[HealthInstance]) -> dict[str, Verdict]:
     """The policy's verdicts, checked: the contract's shape, and only instances it was given."""
     try:
         contract.check("health_check", result)
@@ -151,7 +238,7 @@ def validate(result: Any, instances: list[dict[str, Any]]) -> dict[str, dict[str
     unknown = sorted(k for k in result["verdicts"] if k not in known)
     if unknown:
         raise BadVerdicts(f"verdicts name instances it was not given: {', '.join(unknown[:5])}")
-    return {k: dict(v) for k, v in result["verdicts"].items()}
+    return {k: cast(Verdict, dict(v)) for k, v in result["verdicts"].items()}  # (its shape checked above)
 
 
 @dataclass(frozen=True)
@@ -163,7 +250,7 @@ class Action:
     weight: float = 1.0
 
 
-def decide(instances: list[dict[str, Any]], verdicts: dict[str, dict[str, Any]], grace_s: float, max_out_ratio: float,
+def decide(instances: list[HealthInstance], verdicts: dict[str, Verdict], grace_s: float, max_out_ratio: float,
            busy: dict[str, float], now: float, cooldown_s: float) -> tuple[list[Action], list[str]]:
     """The verdicts to carry out now (changes only) and why others are held back.
 
@@ -198,7 +285,7 @@ def decide(instances: list[dict[str, Any]], verdicts: dict[str, dict[str, Any]],
     return actions, held
 
 
-def _in_grace(inst: dict[str, Any], verdict: str, ordered: float | None, now: float, grace_s: float) -> bool:
+def _in_grace(inst: HealthInstance, verdict: str, ordered: float | None, now: float, grace_s: float) -> bool:
     """No verdict carried out on an instance the lifecycle owns or inside a startup grace."""
     if inst.get("state") != "ready":
         return True  # starting, draining, stopping: the lifecycle owns it
@@ -208,7 +295,7 @@ def _in_grace(inst: dict[str, Any], verdict: str, ordered: float | None, now: fl
     return ordered is not None and now - ordered < grace_s
 
 
-def _no_change(inst: dict[str, Any], verdict: str, health: str, weight: float) -> bool:
+def _no_change(inst: HealthInstance, verdict: str, health: str, weight: float) -> bool:
     """The verdict is what the instance already is (a degraded weight within 20 %)."""
     if verdict == "healthy":
         return bool(health == "ok")

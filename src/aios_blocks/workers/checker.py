@@ -49,7 +49,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import InstanceVerdict, StepFailed
 from ..schemas.protocol import HEALTH_PATH
-from ..schemas.records import BlockMap, MapEntry
+from ..schemas.records import BlockMap, MapEntry, wire
 from .base import Worker
 
 log = structlog.get_logger("aios.checker")
@@ -122,7 +122,7 @@ class Checker:
         rule_id = f"{bid}.stabilityChecker"
         try:
             ctx = None if str(rule["policyRuleURI"]).startswith("builtin:") else await self.w.store.context_load(rule_id)
-            result = await self.w.runtime.invoke(rule, rule_id, data, ctx)
+            result = await self.w.runtime.invoke(rule, rule_id, wire(data), ctx)
             verdicts = st.validate(result, inputs)
         except (PolicyFailed, st.BadVerdicts) as exc:
             reason = exc.reason if isinstance(exc, PolicyFailed) else f"stabilityChecker {rule['policyRuleURI']}: {exc}"
