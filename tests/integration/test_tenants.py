@@ -278,3 +278,60 @@ async def test_a_block_id_used_again_by_another_tenant_tells_the_first_nothing(s
     assert late == [], late
     block = await c.store.get_block("reused")
     assert block is not None and block["ir"]["labels"]["tenant"] == "second"
+
+
+async def test_the_default_tenant_may_not_label_a_block_as_a_tenant_with_an_account(system: System) -> None:
+    """The legacy ``upstream`` user (the default tenant) publishes ``aios.block.B.create`` with any
+    labels: a ``tenant`` label naming a tenant with an account is rejected (the block would be
+    charged to its quota and answer its requests); a label naming no account is a quota group of
+    the default tenant and stays; the admin makes a tenant's block on ``aios.tenant.T.block.B.create``."""
+    if system.servers is None:
+        pytest.skip("your own servers: tenants are accounts of the embedded one")
+    c = system.client
+    await c.add_sim_cluster("tl", nodes=1, gpus=4)
+    await blocks("tenant", "add", "owner", "--data-dir", str(system.data_dir))  # the account, and its limit in Redis
+    ep = system.servers.endpoints
+    up = await nats.connect(ep.nats_url("upstream"), inbox_prefix="_INBOX.upstream")
+    admin = await nats.connect(ep.nats_url("admin"), inbox_prefix="_INBOX.admin")
+    owner = await login(system.data_dir, "owner")
+    seen = Seen()
+    try:
+        await owner.subscribe("aios.block.>", cb=seen.on)
+        await owner.flush()
+        ujs = up.jetstream(timeout=10)
+        await ujs.publish("aios.block.u-fake.create", create("u-fake", labels={"tenant": "owner"}), headers=HEADERS)
+        kind, env = await c.wait("u-fake", 60)
+        assert kind == "rejected" and "account of its own" in json.dumps(env["data"]), env
+        assert status(await owner.request("aios.block.u-fake.delete", b"", timeout=30)) == 404
+        # a label that names no account: the default tenant's quota group, as before tenants
+        await ujs.publish("aios.block.u-group.create", create("u-group", labels={"tenant": "team-x"}), headers=HEADERS)
+        assert (await c.wait("u-group", 60))[0] == "ready"
+        block = await c.store.get_block("u-group")
+        assert block is not None and block["ir"]["labels"]["tenant"] == "team-x"
+        # the admin may make a tenant's block: on the subject the tenant's account maps its creates to
+        await admin.jetstream(timeout=10).publish("aios.tenant.owner.block.a-made.create", create("a-made"),
+                                                  headers=HEADERS)
+        await seen.until("aios.block.a-made.ready")
+        block = await c.store.get_block("a-made")
+        assert block is not None and block["ir"]["labels"]["tenant"] == "owner"
+        assert status(await owner.request("aios.block.a-made.task", b"{}", timeout=60)) == 200
+        # the upstream user may not: that subject is not one it may publish
+        errors: list[str] = []
+
+        async def note(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        up2 = await nats.connect(ep.nats_url("upstream"), inbox_prefix="_INBOX.upstream", error_cb=note)
+        await up2.publish("aios.tenant.owner.block.u-sneak.create", create("u-sneak"))
+        await up2.flush()
+        async with asyncio.timeout(10):
+            while not any("permissions violation for publish" in e.lower() for e in errors):
+                await asyncio.sleep(0.05)
+        await up2.close()
+    finally:
+        await up.close()
+        await admin.close()
+        await owner.close()
+    assert await c.store.get_block("u-sneak") is None
+    # the owner heard nothing of either default block (but its own request on u-fake)
+    assert [s for s in seen.subjects if "u-fake" in s or "u-group" in s] == ["aios.block.u-fake.delete"], seen.subjects

@@ -34,6 +34,10 @@ class TenantStore:
     async def forget(self, tenant: str) -> None:
         await self.r.hdel(LIMITS, tenant)
 
+    async def is_account(self, name: str) -> bool:
+        """Whether ``name`` is a tenant with an account (``blocks tenant add`` wrote its limit)."""
+        return bool(await self.r.hexists(LIMITS, name))
+
     async def limit(self, tenant: str) -> int | None:
         """The tenant's pending-create limit (``None``: none set)."""
         raw = await self.r.hget(LIMITS, tenant)

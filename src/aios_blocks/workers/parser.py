@@ -42,6 +42,8 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     tenant = m.tokens.get("tenant")  # the server put the tenant's name in the subject
     if outcome.doc is not None and tenant:
         outcome = await _within_pending(w, tenant, bid, parse.for_tenant(outcome, tenant))
+    elif outcome.doc is not None:
+        outcome = await _no_account_label(w, outcome)
     if outcome.doc is not None:
         uri = parse.component_uri(outcome.doc)
         component = await w.store.get_component(uri) if uri else None
@@ -63,6 +65,23 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
         )
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
+
+
+async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
+    """A create on the system's subject (``aios.block.B.create``: the default tenant, i.e. the
+    ``upstream`` user, the admin's ``blocks submit``) may carry a ``tenant`` label (a quota group of
+    the default tenant, docs/priority.md) but not the name of a tenant with an account: that block
+    would be charged to the tenant's quota and be its block (its requests, its events). Only the
+    tenant's own users, or the admin on ``aios.tenant.T.block.B.create``, make a tenant's blocks
+    (docs/security.md "Tenants")."""
+    assert outcome.doc is not None
+    labels = outcome.doc.get("labels")
+    given = labels.get("tenant") if isinstance(labels, dict) else None
+    if not isinstance(given, str) or not given or not await TenantStore(w.store.r).is_account(given):
+        return outcome
+    why = (f"label tenant={given!r} names a tenant with an account of its own: its blocks are created by its users "
+           f"(or by the admin on aios.tenant.{given}.block.<id>.create), not charged to it from the default tenant")
+    return parse.ParseOutcome(errors=[SpecError("$.labels.tenant", why)])
 
 
 async def _within_pending(w: Worker, tenant: str, bid: str, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
