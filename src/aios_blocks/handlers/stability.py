@@ -16,10 +16,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict, cast
+from typing import Any, Literal, cast
 
 from ..policies import contract
-from ..schemas.records import InstanceSample, JSONObject, MapEntry, PassiveCounts
+from ..schemas.policy_io import (
+    HealthCheckInput,
+    HealthInstance,
+    Passive,
+    ProbeInput,
+    Progress,
+    Verdict,
+)
+from ..schemas.records import InstanceSample, MapEntry, PassiveCounts
 
 #: verdicts that take an instance out of routing (until ``healthy``)
 OUT = ("unready", "restart", "replace")
@@ -29,93 +37,6 @@ SEVERITY = {"replace": 0, "restart": 1, "unready": 2, "degrade": 3, "healthy": 4
 DEFAULT_DEGRADED_WEIGHT = 0.5
 #: map health after each verdict
 HEALTH_AFTER = {"healthy": "ok", "degrade": "degraded", "unready": "unready", "restart": "unready", "replace": "unready"}
-
-
-class ProbeInput(TypedDict, total=False):
-    """The checker's active probes of one instance as its policy sees them (``ProbeRecord.as_input``;
-    an instance never probed, or an agent's report, has only ``ok`` and the counts)."""
-
-    ok: bool
-    latency_s: float
-    status: int
-    error: str
-    consecutive_failures: int
-    consecutive_successes: int
-    failing_for_s: float
-    probes: int
-
-
-class Passive(TypedDict):
-    """The executors' passive counts of one instance, merged (``merge_passive``)."""
-
-    ok: int
-    errors: int
-    timeouts: int
-    consecutive_errors: int
-    ejections: int
-    ejected: bool
-    last_error: str
-    latency_s: float
-    executors: int
-
-
-class Progress(TypedDict):
-    """What the executors measure of one instance's progress, merged (``merge_passive``)."""
-
-    inflight: int
-    stalled_s: float
-    since_done_s: float
-
-
-class AgentSignal(TypedDict):
-    """A node agent's report on one instance (``agent_input``; docs/health.md, "Agent reports")."""
-
-    report: str
-    reason: str
-
-
-class HealthInstance(TypedDict):
-    """One instance of a ``health_check`` input (docs/health.md): ``instance_input`` builds it
-    from the map, ``agent_input`` from an agent's report."""
-
-    instance_id: str
-    node_id: str
-    endpoint: str
-    #: ``schemas.lifecycle.InstanceState`` value
-    state: str
-    health: str
-    weight: float
-    #: since it was ready (s; absent in an agent's report)
-    age_s: NotRequired[float]
-    probe: ProbeInput
-    passive: Passive
-    progress: Progress
-    restarts: int
-    #: the metrics collector's latest sample of it (empty: none)
-    metrics: InstanceSample | JSONObject
-    agent: NotRequired[AgentSignal]
-
-
-class HealthCheckPayload(TypedDict):
-    block: str
-    instances: list[HealthInstance]
-    startup_grace_s: float
-    max_out_of_routing: int
-
-
-class HealthCheckInput(TypedDict):
-    """A stabilityChecker's input (``payload``)."""
-
-    action: Literal["health_check"]
-    payload: HealthCheckPayload
-
-
-class Verdict(TypedDict, total=False):
-    """One instance's verdict in a stabilityChecker's answer (checked by ``validate``)."""
-
-    verdict: str
-    reason: str
-    weight: float
 
 
 def max_out(n: int, ratio: float) -> int:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import SpecError
+from .records import LaunchRecord, Wire
 
 
 class Envelope(msgspec.Struct):
@@ -313,7 +314,7 @@ class InstanceCommand(msgspec.Struct):
     env: dict[str, Any] = {}
     reason: str = ""
     #: how to run it (``schemas.spec.Launch`` JSON) and what it was reserved (cpu, memory, gpus...)
-    launch: dict[str, Any] = {}
+    launch: Wire[LaunchRecord] = {}
     resources: dict[str, Any] = {}
     #: remove commands of a scale-down: the node agent lets tasks in flight at the instance finish,
     #: for at most this many seconds, before it stops it (0: no wait beyond ``drain_grace_s``)

@@ -10,7 +10,7 @@ in some states (a record's fields arrive step by step).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, NotRequired, TypedDict, cast
+from typing import TYPE_CHECKING, Annotated, Any, NotRequired, TypedDict, TypeVar, cast
 
 #: A JSON value as a decoder returns it: only for data that is truly open JSON (a JSON Schema
 #: document, a foreign event's body, a policy's own output), never for a record whose fields the
@@ -18,6 +18,74 @@ from typing import Any, NotRequired, TypedDict, cast
 JSON = None | bool | int | float | str | list["JSON"] | dict[str, "JSON"]
 #: a JSON object of open shape (``JSON``)
 JSONObject = dict[str, JSON]
+
+_T = TypeVar("_T")
+
+if TYPE_CHECKING:
+    #: ``Wire[T]``: a field of a msgspec struct or pydantic model that holds a plain JSON object,
+    #: read by mypy as ``T`` (a record below, or ``JSONObject``). The decoders see the open object
+    #: they always saw: they cannot take the recursive ``JSON`` alias, and decoding into a
+    #: TypedDict would drop the fields it does not name and refuse a wrong value (what is sent and
+    #: what is decoded stay exactly what they were; ``tests/unit/test_records_wire.py`` checks both).
+    Wire = Annotated[_T, "a plain JSON object on the wire"]
+else:
+    class Wire:
+        """At run time ``Wire[T]`` is the plain object the decoders always saw."""
+
+        def __class_getitem__(cls, _item: object) -> object:
+            return dict[str, Any]
+
+
+class PolicyRule(TypedDict, total=False):
+    """One policy rule as the IR keeps it (``schemas.spec.PolicyRule`` as JSON, seed 000's
+    ``{name, policyRuleURI, parameters, settings}``), by kind in ``BlockIR.policies``."""
+
+    name: str
+    policyRuleURI: str
+    #: the policy's own (open JSON)
+    parameters: JSONObject
+    settings: JSONObject
+    #: a registry policy's version, when a caller pins one (absent: the latest)
+    version: int
+
+
+class ProbeRecord(TypedDict, total=False):
+    """``schemas.spec.Probe`` as JSON: how a node agent checks an instance."""
+
+    type: str
+    port: str
+    path: str
+    intervalS: float
+    timeoutS: float
+    failureThreshold: int
+    startTimeoutS: float
+
+
+class LaunchRecord(TypedDict, total=False):
+    """``schemas.spec.Launch`` as JSON (the IR's ``launch``, ``InstanceCommand.launch``)."""
+
+    command: list[str]
+    ports: list[str]
+    probe: ProbeRecord
+    stopGraceS: float
+
+
+class LinkRecord(TypedDict, total=False):
+    """``schemas.topology.GpuLink`` as JSON: how two GPUs (by index) are connected."""
+
+    a: int
+    b: int
+    tier: str
+    nvlinks: int
+
+
+class TopologyRecord(TypedDict, total=False):
+    """``schemas.topology.GpuTopology`` as JSON (a node's ``topology``; docs/topology.md)."""
+
+    profile: str
+    source: str
+    gpus: int
+    links: list[LinkRecord]
 
 
 # -- the block's IR (``schemas.ir.block_create_IR``) ---------------------------------------------
@@ -51,6 +119,12 @@ class AffinityTerm(TypedDict):
     target: str
 
 
+class JobClusterRecord(TypedDict):
+    """``schemas.spec.JobClusterSpec`` as JSON: node type -> count (seed 003)."""
+
+    replicaSets: dict[str, int]
+
+
 class BlockIR(TypedDict, total=False):
     """A block's intermediate representation: its spec over its component's fields, as the parser
     builds it (``schemas.ir._ir``), the block record keeps it (``ir``) and policies receive it."""
@@ -60,26 +134,27 @@ class BlockIR(TypedDict, total=False):
     image: str
     minInstances: int
     maxInstances: int
-    #: inherited: the block's, else its component's (``schemas.ir.INHERITED``)
-    blockInitData: Any
-    initSettings: Any
-    parameters: Any
-    blockMetadata: Any
-    inputProtocol: Any
-    outputProtocol: Any
-    tags: Any
+    #: inherited: the block's, else its component's (``schemas.ir.INHERITED``): the user's JSON
+    blockInitData: JSONObject
+    initSettings: JSONObject
+    parameters: JSONObject
+    blockMetadata: JSONObject
+    inputProtocol: JSONObject
+    outputProtocol: JSONObject
+    tags: list[str]
     resources: Needs
-    #: ``schemas.spec.Launch`` as JSON
-    launch: dict[str, Any]
+    launch: LaunchRecord
     #: the merged policy rules by name (``schemas.ir.merge_policies``)
     policies: dict[str, Any]
     affinity: list[AffinityTerm]
+    #: ``schemas.spec.Sidecar`` entries as JSON
     sidecars: list[Any]
     outputs: bool
     #: set only when given (a spec without them keeps its IR and digest)
     labels: dict[str, str]
     virtualClusterId: str
-    jobCluster: dict[str, Any]
+    #: ``schemas.spec.JobClusterSpec`` as JSON
+    jobCluster: JobClusterRecord
     priorityClass: str
     priority: int
     preemptible: bool

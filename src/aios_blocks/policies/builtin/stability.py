@@ -31,55 +31,61 @@ the instances out of routing at once, only changes carried out (handlers/stabili
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from statistics import median
-from typing import Any
+
+from ...schemas.policy_io import HealthAnswer, HealthCheckInput, HealthInstance, Verdict, as_float, as_int
+from ...schemas.records import JSONObject
 
 
-def _num(d: dict[str, Any], key: str, default: float = 0.0) -> float:
+def _num(d: Mapping[str, object], key: str, default: float = 0.0) -> float:
+    v = d.get(key, default)
+    if not isinstance(v, int | float | str):  # float() of it would raise TypeError
+        return default
     try:
-        return float(d.get(key, default))
-    except (TypeError, ValueError):
+        return float(v)
+    except ValueError:
         return default
 
 
 class ProbeThresholdPolicy:
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
         s = self.settings
-        self.failure_threshold = int(s.get("failureThreshold", 3))
-        self.success_threshold = int(s.get("successThreshold", 1))
-        self.restart_threshold = int(s.get("restartThreshold", 6))
-        self.max_restarts = int(s.get("maxRestarts", 1))
-        self.stall_s = float(s.get("stallS", 10.0))
-        self.slow_factor = float(s.get("slowFactor", 5.0))
-        self.recover_factor = float(s.get("recoverFactor", 2.0))
-        self.min_weight = float(s.get("minWeight", 0.05))
+        self.failure_threshold = as_int(s.get("failureThreshold", 3))
+        self.success_threshold = as_int(s.get("successThreshold", 1))
+        self.restart_threshold = as_int(s.get("restartThreshold", 6))
+        self.max_restarts = as_int(s.get("maxRestarts", 1))
+        self.stall_s = as_float(s.get("stallS", 10.0))
+        self.slow_factor = as_float(s.get("slowFactor", 5.0))
+        self.recover_factor = as_float(s.get("recoverFactor", 2.0))
+        self.min_weight = as_float(s.get("minWeight", 0.05))
         if self.failure_threshold < 1 or self.restart_threshold < self.failure_threshold:
             raise ValueError("probe-threshold: need 1 <= failureThreshold <= restartThreshold")
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: HealthCheckInput, context: JSONObject) -> HealthAnswer:
         insts = input_data["payload"]["instances"]
         lat = {i["instance_id"]: _num(i.get("passive") or {}, "latency_s") for i in insts}
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, Verdict] = {}
         for inst in insts:
             iid = inst["instance_id"]
             others = [v for k, v in lat.items() if k != iid and v > 0]
             out[iid] = self.one(inst, median(others) if others else 0.0)
         return {"verdicts": out}
 
-    def _fix(self, inst: dict[str, Any], why: str) -> dict[str, Any]:
+    def _fix(self, inst: HealthInstance, why: str) -> Verdict:
         if int(inst.get("restarts", 0)) < self.max_restarts:
             return {"verdict": "restart", "reason": why}
         return {"verdict": "replace", "reason": f"{why}; already restarted {inst.get('restarts', 0)} time(s)"}
 
-    def one(self, inst: dict[str, Any], block_median_s: float) -> dict[str, Any]:
+    def one(self, inst: HealthInstance, block_median_s: float) -> Verdict:
         agent = inst.get("agent")
         if isinstance(agent, dict) and agent.get("report") in ("failed", "unhealthy"):
             return {"verdict": "replace", "reason": f"its node agent reported it {agent['report']}: {agent.get('reason') or '?'}"}
         return (self._liveness(inst) or self._speed(inst, block_median_s) or self._recovery(inst, block_median_s)
                 or {"verdict": "healthy", "reason": "probes pass and tasks complete"})
 
-    def _liveness(self, inst: dict[str, Any]) -> dict[str, Any] | None:
+    def _liveness(self, inst: HealthInstance) -> Verdict | None:
         """Stalled tasks, or probes failing while no task completes: restart, replace or unready."""
         probe, passive, prog = inst.get("probe") or {}, inst.get("passive") or {}, inst.get("progress") or {}
         fails = int(_num(probe, "consecutive_failures"))
@@ -101,7 +107,7 @@ class ProbeThresholdPolicy:
             return {"verdict": "unready", "reason": f"{what}: {probe.get('error') or passive.get('last_error') or 'failed'}"}
         return None
 
-    def _speed(self, inst: dict[str, Any], block_median_s: float) -> dict[str, Any] | None:
+    def _speed(self, inst: HealthInstance, block_median_s: float) -> Verdict | None:
         """Slower than ``slowFactor`` x the block's median task latency: degraded, by weight."""
         mine = _num(inst.get("passive") or {}, "latency_s")
         if block_median_s > 0 and mine > self.slow_factor * block_median_s:
@@ -111,7 +117,7 @@ class ProbeThresholdPolicy:
                               f"({block_median_s * 1000:.0f} ms; slowFactor {self.slow_factor:g})"}
         return None
 
-    def _recovery(self, inst: dict[str, Any], block_median_s: float) -> dict[str, Any] | None:
+    def _recovery(self, inst: HealthInstance, block_median_s: float) -> Verdict | None:
         """A degraded or unready instance stays so until it recovers (``recoverFactor``,
         ``successThreshold``)."""
         mine = _num(inst.get("passive") or {}, "latency_s")

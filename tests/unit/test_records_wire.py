@@ -1,0 +1,87 @@
+"""The typed records of the spec's JSON and of the seed-shaped policy payloads
+(``schemas/records.py``, ``schemas/policy_io.py``) name exactly the fields their builders write,
+and a ``Wire[...]`` field decodes and describes itself exactly as the plain JSON object it was."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from aios_blocks.schemas import policy_io
+from aios_blocks.schemas.records import (
+    JobClusterRecord,
+    LaunchRecord,
+    LinkRecord,
+    PolicyRule,
+    ProbeRecord,
+    TopologyRecord,
+    Wire,
+)
+
+
+class _Plain(msgspec.Struct):
+    obj: dict[str, Any] = {}
+
+
+class _Typed(msgspec.Struct):
+    obj: Wire[LaunchRecord] = {}
+
+
+def test_a_wire_field_decodes_and_describes_itself_as_the_plain_object() -> None:
+    """What is decoded keeps the fields the record does not name and values of any type (no
+    validation), and the JSON Schema (AsyncAPI) is the plain object's."""
+    raw = b'{"obj":{"command":["x"],"stopGraceS":"not a number","unnamed":{"a":[1,2.5,null]}}}'
+    assert msgspec.json.decode(raw, type=_Typed).obj == msgspec.json.decode(raw, type=_Plain).obj
+    assert msgspec.json.decode(raw, type=_Typed).obj["unnamed"] == {"a": [1, 2.5, None]}  # type: ignore[typeddict-item]
+    assert msgspec.json.encode(msgspec.json.decode(raw, type=_Typed)) == raw
+    plain, typed = msgspec.json.schema(_Plain), msgspec.json.schema(_Typed)
+    assert plain["$defs"]["_Plain"]["properties"] == typed["$defs"]["_Typed"]["properties"]
+
+
+def test_spec_records_name_every_field_of_their_models() -> None:
+    from aios_blocks.schemas.spec import JobClusterSpec, Launch, Probe
+    from aios_blocks.schemas.spec import PolicyRule as PolicyRuleModel
+    from aios_blocks.schemas.topology import GpuLink, GpuTopology
+
+    assert set(Launch.model_fields) == set(LaunchRecord.__annotations__)
+    assert set(Launch().model_dump()) == set(LaunchRecord.__annotations__)
+    assert set(Probe.model_fields) == set(ProbeRecord.__annotations__)
+    assert set(GpuLink.model_fields) == set(LinkRecord.__annotations__)
+    assert set(GpuTopology.model_fields) == set(TopologyRecord.__annotations__)
+    assert set(JobClusterSpec.model_fields) == set(JobClusterRecord.__annotations__)
+    # the rule as the IR keeps it, plus the version a caller may pin
+    assert set(PolicyRuleModel.model_fields) | {"version"} == set(PolicyRule.__annotations__)
+
+
+def test_health_check_input_has_exactly_the_named_fields() -> None:
+    from aios_blocks.handlers import stability
+
+    rec = {"node": "n1", "endpoint": "http://n1:1", "state": "ready", "since": 1.0}
+    entry = stability.instance_input("i1", rec, 5.0, None, [], 0)  # type: ignore[arg-type]
+    agent = stability.agent_input("i1", "n1", "http://n1:1", "failed", "exit 1")
+    assert set(entry) | {"agent"} == set(policy_io.HealthInstance.__annotations__)
+    assert set(agent) | {"age_s"} == set(policy_io.HealthInstance.__annotations__)
+    assert set(entry["passive"]) == set(policy_io.Passive.__annotations__)
+    assert set(entry["progress"]) == set(policy_io.Progress.__annotations__)
+    data = stability.payload("b1", [entry], 1.0, 1)
+    assert set(data) == set(policy_io.HealthCheckInput.__annotations__)
+    assert set(data["payload"]) == set(policy_io.HealthCheckPayload.__annotations__)
+
+
+@pytest.mark.parametrize("value, expected", [(3, 3), (2.9, 2), ("4", 4), (True, 1)])
+def test_as_int_is_int_of_a_json_value(value: Any, expected: int) -> None:
+    assert policy_io.as_int(value) == int(value) == expected
+
+
+@pytest.mark.parametrize("value", [None, [1], {"a": 1}])
+def test_as_int_and_as_float_raise_what_int_and_float_raise(value: Any) -> None:
+    for mine, builtin in ((policy_io.as_int, int), (policy_io.as_float, float)):
+        with pytest.raises(TypeError) as theirs:
+            builtin(value)
+        with pytest.raises(TypeError, match=str(theirs.value).replace("(", r"\(").replace(")", r"\)")):
+            mine(value)
+    with pytest.raises(ValueError):
+        policy_io.as_float("x")
+    assert policy_io.as_float("0.5") == 0.5
