@@ -19,7 +19,7 @@ from aios_blocks.state.keys import quota_res_key, quota_usage_key
 from aios_blocks.state.priority import PriorityStore
 
 from .conftest import System
-from .test_pending_queue import events, spec
+from .test_pending_queue import events, spec, status_of
 from .test_priority_cli import _ok
 
 pytestmark = pytest.mark.integration
@@ -91,6 +91,56 @@ async def test_usage_counters_equal_a_recount_and_recover_rebuilds_them(quick: N
     assert preempted, "the random run made no preemption"
     # recover rebuilds them from the stream (the counters dropped first: nothing left over)
     await c.store.r.delete(quota_usage_key("c1"), quota_res_key("c1"))
-    assert await counted(store) == {}
     await recover(c.bus, c.store, force=True)
+    assert (await c.store.r.hget(quota_usage_key("c1"), qp.VERSION_FIELD)) == qp.COUNTERS_VERSION  # not migrated again
+    assert not await store.migrate("c1")
     assert await counted(store) == await recounted(store) == a
+
+
+async def test_counters_of_reservations_made_before_them_are_migrated_on_first_use(quick: None, system: System) -> None:
+    """Reservations made before the counters existed (no amounts kept, no usage hash) are counted
+    on first use (the version marker absent: ``PriorityStore.migrate``), together with those the
+    scripts counted since, and a release of an old one (nothing to take back) is not subtracted."""
+    c = system.client
+    store = PriorityStore(c.store.r)
+    await c.add_sim_cluster("c1", nodes=2, gpus=2)
+    for bid, tenant in (("o1", "t-a"), ("o2", "t-a"), ("o3", "t-b")):
+        await c.submit(spec(bid, 1, resources={"gpus": 1, "cpu": 1, "memory": 512}, labels={"tenant": tenant}))
+        await status_of(system, bid, "ready")
+    # what a system before the counters left: reservations, no amounts, no usage hash
+    await c.store.r.delete(quota_usage_key("c1"), quota_res_key("c1"))
+    await c.submit(spec("n1", 1, resources={"gpus": 1, "cpu": 1, "memory": 512}, labels={"tenant": "t-b"}))
+    await status_of(system, "n1", "ready")  # counted by RESERVE_GANG (a hash without the version)
+    assert set(await c.store.r.hkeys(quota_res_key("c1"))) == {i for i in await c.store.instances("n1")}
+    await c.delete("o1")  # an old reservation given back: nothing to take back
+    await status_of(system, "o1", "deleted")
+    a, b = await settled(system, store)
+    assert a == b, (a, b)
+    assert a["t-a"]["*"]["gpus"] == 1 and a["t-b"]["*"]["gpus"] == 2, a
+    assert not await store.migrate("c1")  # at the version now: nothing to do
+    # and it keeps counting: the last old one released subtracts what the migration recorded
+    await c.delete("o2")
+    await status_of(system, "o2", "deleted")
+    a, b = await settled(system, store)
+    assert a == b and "t-a" not in a, (a, b)
+
+
+async def test_counters_after_a_node_is_drained_and_removed(quick: None, system: System) -> None:
+    """A tenant's instance evacuated from a drained node (a reassignment) and the node removed:
+    the counters still equal a recount (the move counts the new reservation and gives back the old)."""
+    from aios_blocks.cli import nodes as ncli
+
+    c = system.client
+    store = PriorityStore(c.store.r)
+    await c.add_sim_cluster("c1", nodes=3, gpus=2)
+    await c.submit(spec("m", 2, resources={"gpus": 1, "cpu": 1, "memory": 512}, labels={"tenant": "t-a"}))
+    await status_of(system, "m", "ready")
+    node = sorted(i["node"] for i in (await c.store.instances("m")).values())[0]
+    await ncli.drain(c, node)
+    assert await ncli.wait_empty(c, node, 60) == 0
+    async with asyncio.timeout(60):
+        while len([i for i in (await c.store.instances("m")).values() if i["status"] == "running"]) != 2:
+            await asyncio.sleep(0.2)
+    await ncli.remove_node(c, node)
+    a, b = await settled(system, store)
+    assert a == b and a["t-a"]["*"]["gpus"] == 2, (a, b)

@@ -111,6 +111,12 @@ def holdings_of(rows: Iterable[Mapping[str, Any]], gpu_model: Mapping[str, str])
 
 #: a usage counter's field: tenant, model, resource (``state.keys.quota_usage_key``)
 SEP = "\t"
+#: the counters' version, in the usage hash's field ``VERSION_FIELD`` (not a ``tenant<TAB>model<TAB>
+#: resource`` field: ``from_fields`` passes over it). A hash without it (reservations made before
+#: the counters existed, or the hash dropped) is rebuilt from the reservations on first use
+#: (``state.priority.PriorityStore.usage_counters``); ``blocks recover`` writes it.
+COUNTERS_VERSION = "1"
+VERSION_FIELD = "v"
 #: the block id of a tenant's total (``workers.queue.quota_view`` from the counters: not a block)
 TOTAL = "total:"
 

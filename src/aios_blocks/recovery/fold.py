@@ -666,6 +666,8 @@ class Fold(Projection):
                 row[f] = row.get(f, 0.0) + v
         for cid, row in usage.items():
             img[k.quota_usage_key(cid)] = {f: repr(v) for f, v in sorted(row.items())}
+        for cid in self.clusters:  # the counters' version: rebuilt here, not migrated on first use
+            img.setdefault(k.quota_usage_key(cid), {})[qp.VERSION_FIELD] = qp.COUNTERS_VERSION
 
     def _vcluster_image(self, img: Image) -> None:
         vc_index: dict[str, str] = {}

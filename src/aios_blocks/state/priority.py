@@ -11,6 +11,7 @@ from typing import Any
 
 import msgspec
 
+from ..policies import quota as qp
 from .keys import (
     BLOCKS,
     CLUSTERS,
@@ -20,8 +21,12 @@ from .keys import (
     block_key,
     inst_key,
     node_key,
+    quota_res_key,
     quota_usage_key,
+    res_key,
+    res_pattern,
 )
+from .scripts import QUOTA_MIGRATE
 
 _json = msgspec.json
 
@@ -62,12 +67,73 @@ class PriorityStore:
     async def usage_counters(self) -> list[dict[str, str]]:
         """Each cluster's quota usage counters (``quota_usage_key``: ``tenant<TAB>model<TAB>resource``
         -> amount), kept by the capacity scripts with every reservation taken or given back: one
-        read per cluster, whatever the number of blocks (``policies.quota.from_fields`` sums them)."""
+        read per cluster, whatever the number of blocks (``policies.quota.from_fields`` sums them).
+        A cluster's hash without the counters' version (``qp.VERSION_FIELD``: reservations made
+        before the counters existed, or the hash dropped) is migrated first (``migrate``)."""
         cids = sorted(await self.r.hkeys(CLUSTERS))
+        hashes = await self._counters(cids)
+        stale = [cid for cid, h in zip(cids, hashes, strict=True) if h.get(qp.VERSION_FIELD) != qp.COUNTERS_VERSION]
+        if not stale:
+            return hashes
+        for cid in stale:
+            await self.migrate(cid)
+        return await self._counters(cids)
+
+    async def _counters(self, cids: list[str]) -> list[dict[str, str]]:
         pipe = self.r.pipeline(transaction=False)
         for cid in cids:
             pipe.hgetall(quota_usage_key(cid))
         return list(await pipe.execute()) if cids else []
+
+    async def migrate(self, cid: str) -> bool:
+        """Bring a cluster's counters to the version: each reservation without its amounts
+        (``quota_res_key``) gets what ``policies.quota.with_quota`` would have given it (its
+        block's tenant, its GPUs' models), and the usage is summed again from the amounts, in one
+        script (``QUOTA_MIGRATE``: a reservation taken or given back meanwhile is not counted
+        twice). A scan of the cluster's reservations, once. Returns whether it migrated."""
+        known = set(await self.r.hkeys(quota_res_key(cid)))
+        missing: list[str] = []
+        async for key in self.r.scan_iter(match=res_pattern(cid), count=500):
+            iid = str(key).rsplit(":", 1)[1]
+            if iid not in known:
+                missing.append(iid)
+        amounts: dict[str, dict[str, float]] = {}
+        if missing:
+            pipe = self.r.pipeline(transaction=False)
+            for iid in missing:
+                pipe.hgetall(res_key(cid, iid))
+            held = dict(zip(missing, await pipe.execute(), strict=True))
+            irs = await self._irs(sorted({h["block"] for h in held.values() if h.get("block")}))
+            models = await self._models(cid, sorted({h["node"] for h in held.values() if h.get("node")}))
+            for iid, h in held.items():
+                ir = irs.get(h.get("block", ""))
+                tenant = qp.tenant_of(ir) if ir else None
+                if tenant is None:
+                    continue
+                gpus = list(_json.decode(h["gpus"])) if h.get("gpus") else []
+                got = qp.fields(tenant, qp.instance_usage(ir.get("resources") or {}, gpus, models.get(h.get("node", ""), {})))  # type: ignore[union-attr]
+                if got:
+                    amounts[iid] = got
+        script = self.r.register_script(QUOTA_MIGRATE)
+        return bool(await script(keys=[quota_usage_key(cid), quota_res_key(cid)],
+                                 args=[_json.encode(amounts).decode(), res_key(cid, ""), qp.COUNTERS_VERSION]))
+
+    async def _irs(self, bids: list[str]) -> dict[str, dict[str, Any]]:
+        pipe = self.r.pipeline(transaction=False)
+        for bid in bids:
+            pipe.hget(block_key(bid), "ir")
+        return {bid: _json.decode(ir) for bid, ir in zip(bids, await pipe.execute() if bids else [], strict=True) if ir}
+
+    async def _models(self, cid: str, nids: list[str]) -> dict[str, dict[str, str]]:
+        """Node -> its GPUs' models (gpu id -> model)."""
+        pipe = self.r.pipeline(transaction=False)
+        for nid in nids:
+            pipe.hget(node_key(cid, nid), "spec")
+        out: dict[str, dict[str, str]] = {}
+        for nid, spec in zip(nids, await pipe.execute() if nids else [], strict=True):
+            if spec:
+                out[nid] = {str(g["id"]): str(g.get("model") or "") for g in _json.decode(spec).get("gpus", [])}
+        return out
 
     async def placed(self) -> tuple[list[dict[str, Any]], dict[str, str]]:
         """The blocks with instances (``{block_id, status, ir, created, instances}``) and every

@@ -164,6 +164,42 @@ end
 return 1
 """
 
+# The quota usage counters' version (the field ``v`` of the usage hash; ``policies.quota.from_fields``
+# reads only ``tenant<TAB>model<TAB>resource`` fields). A cluster whose hash lacks it holds
+# reservations made before the counters existed (or its hash was dropped): ``PriorityStore`` migrates
+# it on first use. KEYS: quota usage, quota per-reservation amounts.  ARGV: JSON {iid: {field:
+# amount}} (what the reservations without an entry add, computed from their blocks and nodes), the
+# reservation key prefix (``res_key(cid, "")``), the version.  An entry is written only while its
+# reservation exists and has none (one taken meanwhile was counted by RESERVE_GANG); entries whose
+# reservation is gone are dropped; the usage is then the sum of the entries. Returns 1 if it
+# migrated, 0 if the hash was already at the version.
+QUOTA_MIGRATE = r"""
+if redis.call('HGET', KEYS[1], 'v') == ARGV[3] then return 0 end
+for iid, q in pairs(cjson.decode(ARGV[1])) do
+  if redis.call('EXISTS', ARGV[2] .. iid) == 1 and redis.call('HEXISTS', KEYS[2], iid) == 0 then
+    redis.call('HSET', KEYS[2], iid, cjson.encode(q))
+  end
+end
+local all = redis.call('HGETALL', KEYS[2])
+local sum, order = {}, {}
+for i = 1, #all, 2 do
+  if redis.call('EXISTS', ARGV[2] .. all[i]) == 0 then
+    redis.call('HDEL', KEYS[2], all[i])
+  else
+    for f, a in pairs(cjson.decode(all[i + 1])) do
+      if sum[f] == nil then table.insert(order, f); sum[f] = 0 end
+      sum[f] = sum[f] + tonumber(a)
+    end
+  end
+end
+redis.call('DEL', KEYS[1])
+for _, f in ipairs(order) do
+  if sum[f] ~= 0 then redis.call('HSET', KEYS[1], f, string.format('%.17g', sum[f])) end
+end
+redis.call('HSET', KEYS[1], 'v', ARGV[3])
+return 1
+"""
+
 # KEYS: due-gathers zset.  ARGV: now, lease seconds, limit.  Claims the gathers due by ``now``:
 # each claimed member's score moves to now + lease (a claimer that dies gives it back when the
 # lease runs out). Returns {members..., next due score or ''}.
