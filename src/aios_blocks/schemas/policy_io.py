@@ -11,19 +11,19 @@ from __future__ import annotations
 
 from typing import Literal, NotRequired, TypedDict
 
-from .records import JSON, BlockSample, InstanceSample, JSONObject, RouteView, TaskInfo
+from .records import BlockSample, InstanceSample, JSONObject, RouteView, TaskInfo
 
 
-def as_int(value: JSON) -> int:
-    """``int(value)`` of a JSON value (a rule's setting): a number or a numeric string; anything
+def as_int(value: object) -> int:
+    """``int(value)`` of a JSON value or figure (a rule's setting): a number or a numeric string; anything
     else raises the ``TypeError`` ``int()`` raises."""
     if isinstance(value, int | float | str):
         return int(value)
     raise TypeError(f"int() argument must be a string, a bytes-like object or a real number, not '{type(value).__name__}'")
 
 
-def as_float(value: JSON) -> float:
-    """``float(value)`` of a JSON value (a rule's setting): a number or a numeric string; anything
+def as_float(value: object) -> float:
+    """``float(value)`` of a JSON value or figure (a rule's setting): a number or a numeric string; anything
     else raises the ``TypeError`` ``float()`` raises."""
     if isinstance(value, int | float | str):
         return float(value)

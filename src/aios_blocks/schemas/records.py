@@ -417,7 +417,7 @@ class RouteView(TypedDict, total=False):
     inflight: int
     max_ongoing: int
     #: the engine's queue figures (scraped) over the collector's latest sample
-    metrics: dict[str, Any]
+    metrics: dict[str, object]
 
 
 # -- the metrics collector's samples (``metrics.window``, ``state.metrics``; docs/metrics.md) -------

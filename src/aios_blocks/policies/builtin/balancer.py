@@ -29,10 +29,13 @@ gives a lower-weight instance less work.
 from __future__ import annotations
 
 import random
-from typing import Any
+from collections.abc import Mapping
+
+from ...schemas.policy_io import RouteAnswer, RouteInput, as_float, as_int
+from ...schemas.records import JSONObject, RouteView
 
 
-def weight_of(inst: dict[str, Any]) -> float:
+def weight_of(inst: RouteView) -> float:
     """The health checker's routing weight of an instance (1 when none; never below 0.01)."""
     try:
         w = float(inst.get("weight", 1.0))
@@ -41,7 +44,7 @@ def weight_of(inst: dict[str, Any]) -> float:
     return min(1.0, max(0.01, w)) if w == w else 1.0
 
 
-def _instances(input_data: dict[str, Any]) -> list[dict[str, Any]]:
+def _instances(input_data: RouteInput) -> list[RouteView]:
     insts = input_data["payload"]["instances"]
     if not insts:
         raise ValueError("no instance to route to")
@@ -49,11 +52,11 @@ def _instances(input_data: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 class RoundRobinPolicy:
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
         self._next = 0
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: RouteInput, context: JSONObject) -> RouteAnswer:
         insts = _instances(input_data)
         n = self._next % len(insts)
         for _ in range(len(insts)):  # a degraded instance may pass its turn to the next
@@ -66,11 +69,11 @@ class RoundRobinPolicy:
 
 
 class LeastInflightPolicy:
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
         self._rand = random.Random()
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: RouteInput, context: JSONObject) -> RouteAnswer:
         insts = _instances(input_data)
         if len(insts) == 1:
             return {"instance_id": insts[0]["id"]}
@@ -82,32 +85,32 @@ class LeastInflightPolicy:
         return {"instance_id": (b if sb < sa else a)["id"]}
 
 
-def queue_score(inst: dict[str, Any], kv_high: float, kv_penalty: float) -> float:
+def queue_score(inst: RouteView, kv_high: float, kv_penalty: float) -> float:
     score = _queue_score(inst, kv_high, kv_penalty)
     w = inst.get("weight", 1.0)
     return score if w == 1.0 else (score + 1) / weight_of(inst)
 
 
-def _queue_score(inst: dict[str, Any], kv_high: float, kv_penalty: float) -> float:
-    m = inst.get("metrics") or {}
+def _queue_score(inst: RouteView, kv_high: float, kv_penalty: float) -> float:
+    m: Mapping[str, object] = inst.get("metrics") or {}
     score = float(inst.get("inflight", 0))
-    score += float(m.get("num_requests_waiting", 0) or 0) + float(m.get("num_requests_running", 0) or 0)
+    score += as_float(m.get("num_requests_waiting", 0) or 0) + as_float(m.get("num_requests_running", 0) or 0)
     kv = m.get("kv_cache_usage_perc")
-    if kv is not None and float(kv) >= kv_high:
+    if kv is not None and as_float(kv) >= kv_high:
         score += kv_penalty
     return score
 
 
 class LeastQueuePolicy:
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
         s = self.settings
-        self.sample = int(s.get("sample", 16))
-        self.kv_high = float(s.get("kvCacheHigh", 0.9))
-        self.kv_penalty = float(s.get("kvCachePenalty", 8))
+        self.sample = as_int(s.get("sample", 16))
+        self.kv_high = as_float(s.get("kvCacheHigh", 0.9))
+        self.kv_penalty = as_float(s.get("kvCachePenalty", 8))
         self._rand = random.Random()
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: RouteInput, context: JSONObject) -> RouteAnswer:
         insts = _instances(input_data)
         if len(insts) > self.sample:
             insts = self._rand.sample(insts, self.sample)
