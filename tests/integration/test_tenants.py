@@ -335,3 +335,55 @@ async def test_the_default_tenant_may_not_label_a_block_as_a_tenant_with_an_acco
     assert await c.store.get_block("u-sneak") is None
     # the owner heard nothing of either default block (but its own request on u-fake)
     assert [s for s in seen.subjects if "u-fake" in s or "u-group" in s] == ["aios.block.u-fake.delete"], seen.subjects
+
+
+async def test_a_block_id_another_tenant_holds_is_refused_without_a_word_of_that_block(system: System) -> None:
+    """Block ids are one namespace: tenant B's create of an id A's live block holds is rejected,
+    telling B only that the id is taken (not the block's status, not whose); A's block is untouched
+    and A hears nothing. A pending create of A's that A deleted, whose id B then took while it
+    waits, is not counted against A's pending-create limit."""
+    if system.servers is None:
+        pytest.skip("your own servers: tenants are accounts of the embedded one")
+    c = system.client
+    await c.add_sim_cluster("ti", nodes=1, gpus=1)
+    for t in ("ia", "ib"):
+        await blocks("tenant", "add", t, "--max-pending-creates", "1", "--data-dir", str(system.data_dir))
+    a, b = await login(system.data_dir, "ia"), await login(system.data_dir, "ib")
+    seen_a, seen_b = Seen(), Seen()
+    try:
+        await a.subscribe("aios.block.>", cb=seen_a.on)
+        await b.subscribe("aios.block.>", cb=seen_b.on)
+        await a.flush()
+        await b.flush()
+        ajs, bjs = a.jetstream(timeout=10), b.jetstream(timeout=10)
+        await ajs.publish("aios.block.held.create", create("held", maxInstances=1), headers=HEADERS)
+        await seen_a.until("aios.block.held.ready")
+        before = await c.store.get_block("held")
+        assert before is not None
+        heard = len(seen_a.subjects)
+        await bjs.publish("aios.block.held.create", create("held", maxInstances=1), headers=HEADERS)
+        await seen_b.until("aios.block.held.rejected")
+        after = await c.store.get_block("held")
+        assert after is not None and after["status"] == "ready" and after["gen"] == before["gen"]
+        assert after["ir"]["labels"]["tenant"] == "ia"
+        rejected = [env for s, env, _ in await c.history("held", idle=0.2) if s.endswith(".rejected")]
+        assert len(rejected) == 1
+        words = json.dumps(rejected[0]["data"])
+        assert "is taken" in words and "status" not in words and "ready" not in words and "tenant ia" not in words, words
+        assert seen_a.subjects[heard:] == [], seen_a.subjects[heard:]  # A heard nothing of B's try
+        assert status(await a.request("aios.block.held.task", b"{}", timeout=60)) == 200
+
+        # A's create that waits (2 instances, 1 GPU), deleted; B takes its id, and waits too
+        await ajs.publish("aios.block.wait1.create", create("wait1", minInstances=2, maxInstances=2), headers=HEADERS)
+        await status_of(system, "wait1", "pending")
+        assert status(await a.request("aios.block.wait1.delete", b"", timeout=30)) == 200
+        await status_of(system, "wait1", "deleted")
+        await bjs.publish("aios.block.wait1.create", create("wait1", minInstances=2, maxInstances=2), headers=HEADERS)
+        await seen_b.until("aios.block.wait1.submitted")
+        await status_of(system, "wait1", "pending")
+        # A's limit (1) is not spent by B's block: A's next create waits too, it is not refused
+        await ajs.publish("aios.block.wait2.create", create("wait2", minInstances=2, maxInstances=2), headers=HEADERS)
+        await status_of(system, "wait2", "pending")
+    finally:
+        await a.close()
+        await b.close()

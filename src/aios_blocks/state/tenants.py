@@ -9,6 +9,7 @@ block's status is the record, so nothing else has to remember to take them out).
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from ..schemas.lifecycle import BlockStatus
@@ -18,6 +19,16 @@ LIMITS = f"{P}:tenants:limits"
 #: the statuses of a create that still waits for its outcome
 PENDING = frozenset({BlockStatus.PARSED, BlockStatus.SELECTING, BlockStatus.ALLOCATING, BlockStatus.PLACING,
                      BlockStatus.PENDING})
+
+
+def _tenant_of(ir: Any) -> str | None:
+    """The ``tenant`` label of a block record's IR (its JSON as stored)."""
+    try:
+        labels = (json.loads(ir) or {}).get("labels") if ir else None
+    except ValueError:
+        return None
+    tenant = labels.get("tenant") if isinstance(labels, dict) else None
+    return str(tenant) if tenant else None
 
 
 def pending_key(tenant: str) -> str:
@@ -51,10 +62,12 @@ class TenantStore:
             return []
         pipe = self.r.pipeline(transaction=False)
         for bid in bids:
-            pipe.hget(block_key(bid), "status")
-        statuses = await pipe.execute()
-        done = [b for b, s in zip(bids, statuses, strict=True)
-                if (s.decode() if isinstance(s, bytes) else s) not in PENDING]
+            pipe.hmget(block_key(bid), "status", "ir")
+        rows = await pipe.execute()
+        # no longer pending, or the id is another tenant's now (this tenant's block was deleted or
+        # failed and another tenant made one with the id before this set was counted)
+        done = [b for b, (s, ir) in zip(bids, rows, strict=True)
+                if (s.decode() if isinstance(s, bytes) else s) not in PENDING or _tenant_of(ir) != tenant]
         if done:
             await self.r.srem(key, *done)
         return [b for b in bids if b not in set(done)]

@@ -17,6 +17,7 @@ from ..schemas.records import wire_ir
 from ..state.priority import PriorityStore
 from ..state.tenants import TenantStore
 from .base import Worker, bound
+from .tenants import block_tenant
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
@@ -59,7 +60,14 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
                 await TenantStore(w.store.r).add_pending(tenant, bid)
             await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(outcome.ir)))
             return
-        outcome.errors.append(parse.in_use(what, await w.store.get_block(bid), outcome.ir))
+        existing = await w.store.get_block(bid)
+        if tenant and block_tenant(existing) != tenant:
+            # another tenant's (or the default tenant's) block: that the id is taken, nothing of it
+            outcome.errors.append(SpecError("$.blockId", f"block id {bid} is taken by a block that is not tenant "
+                                                         f"{tenant}'s: block ids are one namespace for every tenant, "
+                                                         f"choose another (e.g. {tenant}-...)"))
+        else:
+            outcome.errors.append(parse.in_use(what, existing, outcome.ir))
     else:
         await w.store.create_block(
             bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
