@@ -85,3 +85,32 @@ def test_as_int_and_as_float_raise_what_int_and_float_raise(value: Any) -> None:
     with pytest.raises(ValueError):
         policy_io.as_float("x")
     assert policy_io.as_float("0.5") == 0.5
+
+
+def test_autoscale_input_has_exactly_the_named_fields() -> None:
+    """``handlers.autoscale.policy_input`` builds the named fields; an instance is its record's
+    status and node over the collector's sample, the block's metrics its sample and history."""
+    from aios_blocks.handlers import autoscale
+    from aios_blocks.schemas.records import BlockSample, InstanceSample
+
+    data = autoscale.policy_input("b1", {}, {}, 1, 1, 3, autoscale.State())
+    assert set(data) == set(policy_io.AutoscaleInput.__annotations__)
+    assert set(data["payload"]) == set(policy_io.AutoscalePayload.__annotations__)
+    assert set(policy_io.AutoscaleInstance.__annotations__) == {"status", "node"} | set(InstanceSample.__annotations__)
+    assert set(policy_io.AutoscaleMetrics.__annotations__) == {"history"} | set(BlockSample.__annotations__)
+
+
+def test_route_input_names_what_the_executor_sends() -> None:
+    from aios_blocks.executor.engine import InlinePolicy
+
+    seen: list[Any] = []
+
+    class Spy:
+        def eval(self, parameters: Any, input_data: Any, context: Any) -> Any:
+            seen.append(input_data)
+            return {"instance_id": "i1"}
+
+    task = {"method": "POST", "path": "/", "bytes": 1, "idempotent": False, "content_type": ""}
+    assert InlinePolicy(Spy(), "spy").choose("b1", task, [{"id": "i1", "inflight": 0}]) == "i1"  # type: ignore[arg-type]
+    assert set(seen[0]) == set(policy_io.RouteInput.__annotations__)
+    assert set(seen[0]["payload"]) == set(policy_io.RoutePayload.__annotations__)

@@ -23,26 +23,29 @@ tolerance, delays, windows and rate limits are the framework's (``handlers/autos
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Mapping
+
+from ...schemas.policy_io import AutoscaleAnswer, AutoscaleInput
+from ...schemas.records import JSONObject
 
 
-def _positive(parameters: dict[str, Any], key: str, default: float) -> float:
+def _positive(parameters: JSONObject, key: str, default: float) -> float:
     v = (parameters or {}).get(key, default)
     if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v) or v <= 0:
         raise ValueError(f"parameter {key} must be a number > 0, got {v!r}")
     return float(v)
 
 
-def _num(d: dict[str, Any], key: str) -> float | None:
+def _num(d: Mapping[str, object], key: str) -> float | None:
     v = d.get(key)
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
 class TargetInflightPolicy:
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: AutoscaleInput, context: JSONObject) -> AutoscaleAnswer:
         target = _positive(parameters, "target", 2)
         bm = input_data["payload"]["block_metrics"] or {}
         inflight, queue = _num(bm, "inflight") or 0.0, _num(bm, "queue") or 0.0
@@ -52,10 +55,10 @@ class TargetInflightPolicy:
 
 
 class QueueDepthPolicy:
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id, self.settings, self.parameters = rule_id, settings or {}, parameters or {}
 
-    def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: AutoscaleInput, context: JSONObject) -> AutoscaleAnswer:
         target = _positive(parameters, "target", 4)
         running_target = _positive(parameters, "runningTarget", 8)
         bm = input_data["payload"]["block_metrics"] or {}
