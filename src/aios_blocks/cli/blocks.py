@@ -88,7 +88,7 @@ def submit(
     if dry_run:
         raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
 
-    from .client import TERMINAL
+    from .client import TERMINAL, event_data
 
     async def go(c: Client) -> int:
         req = await c.create(spec, if_index=if_index)
@@ -101,7 +101,10 @@ def submit(
             err.print(f"[red]timed out after {timeout}s[/]")
             return 5
         if kind == "rejected":
-            for e in (env.get("data") or {}).get("errors", []):
+            errors = event_data(env).get("errors")
+            for e in errors if isinstance(errors, list) else []:
+                if not isinstance(e, dict):
+                    continue
                 err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")
         return TERMINAL[kind]
 
@@ -181,9 +184,9 @@ def list_blocks(
 
 
 def _list_pending(as_json: bool, data_dir: Path) -> None:
-    from .pending import rows
+    from .pending import PendingRow, rows
 
-    async def go(c: Client) -> list[dict[str, Any]]:
+    async def go(c: Client) -> list[PendingRow]:
         return await rows(c.store)
 
     out = _request(go, data_dir, store_only=True)

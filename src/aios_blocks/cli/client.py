@@ -25,6 +25,7 @@ from ..handlers import parse, scaling
 from ..handlers.controller import instance_id
 from ..handlers.plan import Invoke, Plan, PlanCall, make_plan
 from ..policies.runtime import PolicyRuntime
+from ..projections.base import EventDoc
 from ..recovery import inputs
 from ..recovery.rebuild import ensure_epoch, read_stream
 from ..schemas.errors import PolicyFailed
@@ -39,7 +40,7 @@ from ..schemas.events import (
     ScaleRequest,
     ScaleTarget,
 )
-from ..schemas.records import BlockIR, BlockRecord, DecisionRecord, ReplayedDecision
+from ..schemas.records import JSON, BlockIR, BlockRecord, DecisionRecord, JSONObject, ReplayedDecision
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..schemas.topology import GpuTopology
 from ..state.inventory import Inventory, affinity_index
@@ -335,8 +336,8 @@ class Client:
         return call
 
     async def outcome(
-        self, req: Request, timeout: float = 60.0, on_event: Callable[[str, dict[str, Any]], None] | None = None
-    ) -> tuple[bool, str, dict[str, Any]]:
+        self, req: Request, timeout: float = 60.0, on_event: Callable[[str, EventDoc], None] | None = None
+    ) -> tuple[bool, str, EventDoc]:
         """Follow the block's events from the request on (nothing older) until one ends it:
         (succeeded, what happened, that event). ``TimeoutError`` after ``timeout`` seconds."""
         async with asyncio.timeout(timeout):
@@ -350,8 +351,8 @@ class Client:
         raise TimeoutError(req.bid)  # pragma: no cover - follow() only ends by cancellation
 
     async def wait(
-        self, bid: str, timeout: float = 60.0, on_event: Callable[[str, dict[str, Any]], None] | None = None
-    ) -> tuple[str, dict[str, Any]]:
+        self, bid: str, timeout: float = 60.0, on_event: Callable[[str, EventDoc], None] | None = None
+    ) -> tuple[str, EventDoc]:
         """Follow the block's events from the start of its stream history until a terminal one."""
         async with asyncio.timeout(timeout):
             async for subject, env in self.follow(bid):
@@ -362,7 +363,7 @@ class Client:
         raise TimeoutError(bid)  # pragma: no cover - follow() only ends by cancellation
 
     async def follow(self, bid: str = "*", from_start: bool = True,
-                     from_seq: int | None = None) -> AsyncIterator[tuple[str, dict[str, Any]]]:
+                     from_seq: int | None = None) -> AsyncIterator[tuple[str, EventDoc]]:
         """Live events of one block (or all), through an ordered push consumer: from the start of
         the stream, from ``from_seq`` on, or only new ones (``from_start=False``)."""
         subject = subjects.block_all(_block_or_all(bid))
@@ -408,12 +409,12 @@ class Client:
                 await sub.unsubscribe()
         return out
 
-    async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int]]:
+    async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, EventDoc, int]]:
         """Every stored event of a block (or all blocks), oldest first: (subject, event, seq)."""
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in scanned]
 
-    async def timeline(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, dict[str, Any], int, str]]:
+    async def timeline(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, EventDoc, int, str]]:
         """``history`` with the time the stream stored each message (ISO 8601, UTC): what an event
         without a ``time`` of its own (a bare create, as any NATS client may publish it) is shown at."""
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
@@ -563,7 +564,7 @@ def _op_id() -> str:
     return uuid.uuid4().hex[:16]
 
 
-def event_data(env: dict[str, Any]) -> dict[str, Any]:
+def event_data(env: EventDoc) -> JSONObject:
     """An envelope's ``data`` where it is an object, else ``{}`` (a forged or foreign event)."""
     data = env.get("data")
     return data if isinstance(data, dict) else {}
@@ -576,10 +577,10 @@ def event_kind(subject: str) -> str:
     return kind_of(subject)
 
 
-def _decode(raw: bytes) -> dict[str, Any]:
+def _decode(raw: bytes) -> EventDoc:
     try:
-        doc = msgspec.json.decode(raw)
-        return doc if isinstance(doc, dict) else {"data": doc}
+        doc: JSON = msgspec.json.decode(raw)
+        return cast(EventDoc, doc) if isinstance(doc, dict) else {"data": doc}  # (an envelope's fields, or a foreign object)
     except msgspec.DecodeError:
         return {"data": raw.decode("utf-8", errors="replace")}
 

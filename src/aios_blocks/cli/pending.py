@@ -5,7 +5,7 @@ rows, what ``blocks explain`` adds for a waiting block, and ``submit --dry-run``
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 from ..handlers import queue as hq
 from ..handlers.preemption import preempt_input
@@ -15,10 +15,41 @@ from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, scope_of
 
 
-async def rows(store: Any) -> list[dict[str, Any]]:
+class PendingRow(TypedDict):
+    """One row of ``blocks list --pending`` (``rows``)."""
+
+    id: str
+    scope: str
+    position: int
+    priority: int
+    priorityClass: str
+    age_s: float
+    reason: str
+    preempted_by: str
+    preempting: bool
+    deadline: float
+
+
+class Waiting(TypedDict):
+    """Why a block waits, as ``blocks explain`` shows it (``why_waiting``)."""
+
+    reason: str
+    scope: str
+    position: int
+    length: int
+    #: the blocks ahead of it in its scope's queue
+    ahead: list[str]
+    preempted_by: str
+    preempting: str
+    since: float
+    deadline: float
+
+
+async def rows(store: Any) -> list[PendingRow]:
     """Every waiting block, each scope's queue in order: id, scope, position, priority, age (s),
     the reason, who preempted it, whether its own preemption is under way."""
-    now, out = time.time(), []
+    now = time.time()
+    out: list[PendingRow] = []
     for bid, scope, position in await PendingQueue(store.r).all():
         block = await store.get_block(bid)
         if block is None or block.get("status") != "pending":
@@ -33,7 +64,7 @@ async def rows(store: Any) -> list[dict[str, Any]]:
     return out
 
 
-async def why_waiting(store: Any, bid: str) -> dict[str, Any] | None:
+async def why_waiting(store: Any, bid: str) -> Waiting | None:
     """For a waiting block: the reason, its place, and the blocks ahead of it (behind what)."""
     block = await store.get_block(bid)
     if block is None or block.get("status") != "pending":

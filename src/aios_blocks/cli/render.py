@@ -14,6 +14,8 @@ from .common import console, err
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from ..projections.base import EventDoc
+    from ..projections.explain import AutoscalerStory, Calls, Explanation, MoveStory, Round
     from ..schemas.records import BlockIR, BlockRecord
     from .client import Client
 
@@ -23,7 +25,7 @@ def _plain(*values: Any) -> list[str]:
     return [escape(str(v)) for v in values]
 
 
-def _line(subject: str, env: dict[str, Any]) -> str:
+def _line(subject: str, env: EventDoc) -> str:
     """One stored event on one line (its policy calls indented below): ``projections.lines``."""
     from ..projections.lines import line
 
@@ -132,7 +134,7 @@ def _adapt_line(adapt: dict[str, Any]) -> str:
     return adapt_line(adapt)
 
 
-def _render_explain(x: dict[str, Any]) -> None:
+def _render_explain(x: Explanation) -> None:
     """``blocks explain``'s text: the explanation (``projections.explain``) part by part."""
     colour = {"ready": "green", "failed": "red", "rejected": "red"}.get(x["status"], "yellow")
     console.print(f"[bold]block {escape(x['block_id'])}[/]: [{colour}]{x['status']}[/]" + (f" - {escape(x['reason'])}" if x["reason"] else ""))
@@ -152,7 +154,7 @@ def _render_explain(x: dict[str, Any]) -> None:
     _explain_calls(x["decisions"])
 
 
-def _round_table(r: dict[str, Any]) -> Table:
+def _round_table(r: Round) -> Table:
     """One selection round: filtered clusters, each candidate's dry_run answer, the chosen one."""
     t = _table("cluster", "outcome", "dry_run score", "node / GPUs", "notes", title=escape(f"selection round {r['round']}: " + (r["why"] or "no cluster chosen")))
     for cid, why in sorted(r["filtered"].items()):
@@ -172,7 +174,7 @@ def _round_table(r: dict[str, Any]) -> Table:
     return t
 
 
-def _explain_instances(x: dict[str, Any]) -> None:
+def _explain_instances(x: Explanation) -> None:
     """The instances table, the health checker's verdicts, the adapt stage and adapted weights."""
     insts = sorted(x["instances"].items())
     if insts:
@@ -187,13 +189,13 @@ def _explain_instances(x: dict[str, Any]) -> None:
         console.print("adaptive affinity (adapt stage): " + escape(_adapt_line(x["adapt"])))
     for iid, i in insts:
         if i.get("topology"):
-            t = i["topology"]
-            console.print(escape(f"  {iid} on {i['node']}: GPU link tier {t['tier']} (best the node had free: {t['best']})"))
+            topo = i["topology"]
+            console.print(escape(f"  {iid} on {i['node']}: GPU link tier {topo['tier']} (best the node had free: {topo['best']})"))
         for a in i.get("adaptive") or []:
             console.print(escape(f"  {iid} on {i['node']}: entry {a['entry']} base weight {a['base']:g} -> adapted {a['weight']:g} ({a['why']})"))
 
 
-def _explain_autoscaler(auto: dict[str, Any]) -> None:
+def _explain_autoscaler(auto: AutoscalerStory) -> None:
     """The autoscaler's decisions (a table) and its failed ticks."""
     if auto.get("decisions"):
         t = _table("time", "count", "policy proposal", "policy's reason", "framework rules", title="autoscaler decisions")
@@ -206,7 +208,7 @@ def _explain_autoscaler(auto: dict[str, Any]) -> None:
         console.print("[red]autoscaler tick failed[/] " + escape(f"{str(f['time'])[11:19]}: {f['reason']} - count stays {f['count']}{quiet}"))
 
 
-def _explain_moves(moves: list[dict[str, Any]]) -> None:
+def _explain_moves(moves: list[MoveStory]) -> None:
     """The block's make-before-break moves (docs/rebalance.md): one line each, then its steps."""
     colour = {"completed": "green", "failed": "red"}
     for m in moves:
@@ -217,7 +219,7 @@ def _explain_moves(moves: list[dict[str, Any]]) -> None:
             console.print(escape(f"  {str(st['time'])[11:19]} {st['step']}" + (f": {st['reason']}" if st["reason"] else "")))
 
 
-def _explain_calls(d: dict[str, Any]) -> None:
+def _explain_calls(d: Calls) -> None:
     """The policy calls: how many, how many failed, the time in policies, by policy."""
     if d["count"]:
         console.print(f"{d['count']} policy calls, {d['errors']} failed, {d['total_us'] / 1000:.2f} ms in policies:")

@@ -22,11 +22,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypedDict, TypeVar
 
 import msgspec
 
 from ..schemas.catalog import EVENTS, Body, Event
+from ..schemas.records import JSON, JSONObject
 
 P = TypeVar("P")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -44,6 +45,26 @@ class Fact(Generic[P]):
     ts: float = 0.0
     time: str = ""
     subject: str = ""
+
+
+class EventDoc(TypedDict, total=False):
+    """A stored event decoded to a JSON document (what the CLI's readers hold: ``cli.client``):
+    a CloudEvent's fields (``schemas.events.Envelope``), ``data`` its payload as JSON. A stored
+    body that is not a JSON object (or not JSON) is held under ``data``."""
+
+    id: str
+    source: str
+    type: str
+    subject: str
+    time: str
+    specversion: str
+    datacontenttype: str
+    data: JSON
+
+
+#: what a reader of stored events takes: an ``EventDoc``, or a JSON object a reader decoded without
+#: naming its fields (the console's feed)
+StoredDoc = EventDoc | JSONObject
 
 
 class _Envelope(msgspec.Struct, Generic[P]):
@@ -183,7 +204,7 @@ class Projection:
         method(self, Fact(event, env.data, tokens, seq, ts, env.time, subject))
         return True
 
-    def feed_doc(self, subject: str, env: dict[str, Any], seq: int = 0, ts: float = 0.0) -> bool:
+    def feed_doc(self, subject: str, env: StoredDoc, seq: int = 0, ts: float = 0.0) -> bool:
         """One stored message already decoded to a JSON document (what the CLI's readers hold)."""
         found = INDEX.parse(subject)
         if found is None:

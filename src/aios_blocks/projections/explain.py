@@ -12,14 +12,18 @@ A projection (``projections.base``): one method per catalog event, each reading 
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict
 
 import msgspec
 
 from ..schemas import events as ev
 from ..schemas import moves as mvs
 from ..schemas.catalog import E, Event
-from .base import Fact, Projection, on, parse
+from .base import Fact, Projection, StoredDoc, on, parse
+
+if TYPE_CHECKING:
+    from ..cli.pending import Waiting
 
 _builtins = msgspec.to_builtins
 
@@ -33,7 +37,155 @@ _INSTANCE_STATUS = {E.instance_added: "running", E.instance_removed: "removed", 
 _FAILED_STEP = {E.block_scale_failed: "scale", E.block_reassignment_failed: "reassignment"}
 
 
-def _empty() -> dict[str, Any]:
+class DryRunAnswer(TypedDict):
+    """One cluster's dry_run answer in a round (``ev.DryRunResult``'s fields the story keeps)."""
+
+    score: float
+    node: str
+    gpus: list[str]
+    error: str
+    rejected_nodes: dict[str, str]
+    node_scores: dict[str, float]
+    #: the adapt stage's table (``ev.DryRunResult.adapt``)
+    adapt: Any
+    skipped: str
+
+
+class Round(TypedDict):
+    """One selection round: the candidates, the clusters filtered out and why, their answers."""
+
+    round: int
+    candidates: list[str]
+    filtered: dict[str, str]
+    dry_run: dict[str, DryRunAnswer]
+    chosen: str
+    why: str
+    missing: list[str]
+
+
+class InstanceFailure(TypedDict):
+    event: str
+    reason: str
+
+
+class VerdictNote(TypedDict):
+    verdict: str
+    reason: str
+    policy: str
+
+
+class InstanceStory(TypedDict):
+    """One instance: where it was placed, by what, what became of it."""
+
+    node: str
+    gpus: list[str]
+    action: str
+    status: NotRequired[str]
+    replaces: NotRequired[str]
+    #: ``ev.Placement.adaptive`` and ``.topology`` where set
+    adaptive: NotRequired[Any]
+    topology: NotRequired[dict[str, str]]
+    reason: NotRequired[str]
+    health: NotRequired[str]
+    failures: NotRequired[list[InstanceFailure]]
+    verdicts: NotRequired[list[VerdictNote]]
+
+
+class Failure(TypedDict):
+    step: str
+    #: an allocation's selection round
+    round: NotRequired[int]
+    reason: str
+
+
+class PolicyCalls(TypedDict):
+    calls: int
+    us: int
+    #: action -> calls
+    actions: dict[str, int]
+
+
+class Calls(TypedDict):
+    """The policy calls recorded: how many, failed, time in policies, by ``kind:policy@version``;
+    ``blocks explain --inputs`` adds the replay's checks and the calls themselves."""
+
+    count: int
+    errors: int
+    total_us: int
+    by_policy: dict[str, PolicyCalls]
+    inputs: NotRequired[dict[str, int]]
+    calls: NotRequired[list[dict[str, object]]]
+
+
+class Target(TypedDict):
+    time: str
+    target: int
+    source: str
+    reason: str
+    request_id: str
+
+
+#: one autoscaler decision (``ev.Autoscaled``; ``from`` is a keyword)
+AutoscalerDecision = TypedDict("AutoscalerDecision", {
+    "time": str, "from": int, "to": int, "proposal": float, "reason": str, "rules": list[str], "in_burst": bool,
+    "stable": float, "burst": float, "inputs": Any, "request_id": str,
+})
+
+
+class AutoscalerFailure(TypedDict):
+    time: str
+    reason: str
+    count: int
+    quiet: int
+
+
+class AutoscalerStory(TypedDict):
+    decisions: list[AutoscalerDecision]
+    failures: list[AutoscalerFailure]
+
+
+class MoveStepNote(TypedDict):
+    step: str
+    time: str
+    reason: str
+
+
+#: one make-before-break move and its steps (``from`` is a keyword)
+MoveStory = TypedDict("MoveStory", {
+    "move_id": str, "instance": str, "from": str, "to": str, "new": str, "status": str, "reason": str,
+    "requested_by": str, "steps": list[MoveStepNote],
+})
+
+
+class SpecErrorDoc(TypedDict):
+    """``schemas.errors.SpecError`` as JSON."""
+
+    path: str
+    message: str
+
+
+class Explanation(TypedDict):
+    """``blocks explain``'s document (``--json`` prints it; ``cli.render._render_explain`` shows it)."""
+
+    block_id: str
+    status: str
+    reason: str
+    rounds: list[Round]
+    instances: dict[str, InstanceStory]
+    failures: list[Failure]
+    decisions: Calls
+    rejected_errors: list[SpecErrorDoc]
+    targets: list[Target]
+    autoscaler: AutoscalerStory
+    #: the latest adapt stage table a placement (or dry_run) used: {} without Adaptive entries
+    adapt: Any
+    #: make-before-break moves (docs/rebalance.md), in the order asked: each with its steps
+    moves: list[MoveStory]
+    #: added by ``blocks explain`` for a block in the pending queue (docs/priority.md)
+    pending: NotRequired[Waiting]
+
+
+def _empty() -> Explanation:
     return {
         "block_id": "",
         "status": "unknown",
@@ -45,9 +197,7 @@ def _empty() -> dict[str, Any]:
         "rejected_errors": [],
         "targets": [],
         "autoscaler": {"decisions": [], "failures": []},
-        #: the latest adapt stage table a placement (or dry_run) used: {} without Adaptive entries
         "adapt": {},
-        #: make-before-break moves (docs/rebalance.md), in the order asked: each with its steps
         "moves": [],
     }
 
@@ -60,13 +210,13 @@ class Explain(Projection):
 
     def __init__(self) -> None:
         self.out = _empty()
-        self.rounds: dict[int, dict[str, Any]] = {}
+        self.rounds: dict[int, Round] = {}
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> Explanation:
         self.out["rounds"] = [self.rounds[k] for k in sorted(self.rounds)]
         return self.out
 
-    def _round(self, n: int) -> dict[str, Any]:
+    def _round(self, n: int) -> Round:
         if n not in self.rounds:
             self.rounds[n] = {"round": n, "candidates": [], "filtered": {}, "dry_run": {}, "chosen": "", "why": "", "missing": []}
         return self.rounds[n]
@@ -87,7 +237,7 @@ class Explain(Projection):
     def _failure(self, step: str, reason: str) -> None:
         self.out["failures"].append({"step": step, "reason": reason})
 
-    def _dry_run(self, r: dict[str, Any], a: ev.DryRunResult) -> None:
+    def _dry_run(self, r: Round, a: ev.DryRunResult) -> None:
         """One cluster's dry_run answer in its round."""
         r["dry_run"][a.cluster_id] = {
             "score": a.score, "node": a.node_info.get("node_id", ""), "gpus": a.node_info.get("gpus", []), "error": a.error,
@@ -147,7 +297,7 @@ class Explain(Projection):
         if d.adapt:
             self.out["adapt"] = d.adapt
         for p in d.placements:
-            inst: dict[str, Any] = {
+            inst: InstanceStory = {
                 "node": p.node_id, "gpus": p.gpus, "action": d.action, "status": "placed", "replaces": d.replaces,
             }
             self.out["instances"][p.instance_id] = inst
@@ -186,9 +336,8 @@ class Explain(Projection):
         self._calls([m.data])
 
     # -- instances --------------------------------------------------------------------------------
-    def _instance(self, iid: str, node: str, gpus: list[str]) -> dict[str, Any]:
-        inst: dict[str, Any] = self.out["instances"].setdefault(iid, {"node": node, "gpus": gpus, "action": ""})
-        return inst
+    def _instance(self, iid: str, node: str, gpus: list[str]) -> InstanceStory:
+        return self.out["instances"].setdefault(iid, {"node": node, "gpus": gpus, "action": ""})
 
     @on(E.instance_added, E.instance_removed, E.instance_failed, E.instance_unhealthy)
     def on_instance(self, m: Fact[ev.InstanceEvent]) -> None:
@@ -211,12 +360,12 @@ class Explain(Projection):
         inst.setdefault("verdicts", []).append({"verdict": d.verdict, "reason": d.reason, "policy": d.policy})
 
     # -- moves (docs/rebalance.md) -----------------------------------------------------------------
-    def _move(self, mid: str) -> dict[str, Any]:
-        for mv_ in self.out["moves"]:
-            if mv_["move_id"] == mid:
-                return mv_
-        mv_ = {"move_id": mid, "instance": "", "from": "", "to": "", "new": "", "status": "requested", "reason": "",
-               "requested_by": "", "steps": []}
+    def _move(self, mid: str) -> MoveStory:
+        for known in self.out["moves"]:
+            if known["move_id"] == mid:
+                return known
+        mv_: MoveStory = {"move_id": mid, "instance": "", "from": "", "to": "", "new": "", "status": "requested",
+                          "reason": "", "requested_by": "", "steps": []}
         self.out["moves"].append(mv_)
         return mv_
 
@@ -224,7 +373,8 @@ class Explain(Projection):
     def on_move_requested(self, m: Fact[mvs.MoveRequested]) -> None:
         d = m.data
         mv_ = self._move(d.move_id)
-        mv_.update(instance=d.instance_id, to=mv_["to"] or d.to_node, reason=d.reason, requested_by=d.requested_by)
+        mv_["instance"], mv_["to"], mv_["reason"] = d.instance_id, mv_["to"] or d.to_node, d.reason
+        mv_["requested_by"] = d.requested_by
         mv_["steps"].append({"step": "requested", "time": m.time, "reason": d.reason})
 
     @on(E.block_move_started, E.block_move_switched, E.block_move_completed, E.block_move_failed)
@@ -232,10 +382,11 @@ class Explain(Projection):
         """Each step with its reason; the move's status is its last step."""
         d, word = m.data, m.event.name.rsplit(".", 1)[1]
         mv_ = self._move(d.move_id)
-        mv_.update(instance=d.instance_id, status=word, requested_by=d.requested_by or mv_["requested_by"])
-        for key, value in (("from", d.from_node), ("to", d.to_node), ("new", d.new_instance_id)):
-            if value:
-                mv_[key] = value
+        mv_["instance"], mv_["status"] = d.instance_id, word
+        mv_["requested_by"] = d.requested_by or mv_["requested_by"]
+        mv_["from"] = d.from_node or mv_["from"]
+        mv_["to"] = d.to_node or mv_["to"]
+        mv_["new"] = d.new_instance_id or mv_["new"]
         mv_["steps"].append({"step": word, "time": m.time, "reason": d.reason})
         if m.event is E.block_move_failed:
             self._failure(f"move {d.move_id}", d.reason)
@@ -264,7 +415,7 @@ class Explain(Projection):
         self._calls(d.decisions)
 
 
-def explain(events: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+def explain(events: Sequence[tuple[str, StoredDoc]]) -> Explanation:
     """A block's events (subject, CloudEvent as a JSON document), oldest first -> its explanation."""
     x = Explain()
     for subject, env in events:

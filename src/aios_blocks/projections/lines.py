@@ -14,7 +14,7 @@ from ..schemas import events as ev
 from ..schemas import moves as mv
 from ..schemas import priority as pr
 from ..schemas.catalog import EVENTS, E, Event
-from .base import Fact, Projection, on, parse
+from .base import Fact, Projection, StoredDoc, on, parse
 
 #: events shown by their name alone (and the policy calls they carry)
 PLAIN: frozenset[Event[Any]] = frozenset({
@@ -206,7 +206,7 @@ class Lines(Projection):
     def on_verdict(self, m: Fact[ev.InstanceVerdict]) -> None:
         self.detail = f"node={m.data.node_id} {m.data.verdict}" + (f" reason={m.data.reason}" if m.data.reason else "")
 
-    def line(self, subject: str, env: dict[str, Any]) -> tuple[str, str]:
+    def line(self, subject: str, env: StoredDoc) -> tuple[str, str]:
         """(kind, detail) of one event as a JSON document (``kind``: the subject's tail)."""
         found = parse(subject)
         if found is None:  # not a catalog subject: its tail, nothing more known
@@ -222,7 +222,7 @@ class Lines(Projection):
 _LINES = Lines()
 
 
-def line(subject: str, env: dict[str, Any]) -> tuple[str, str, str]:
+def line(subject: str, env: StoredDoc) -> tuple[str, str, str]:
     """(kind, detail, colour) of one stored event (``cli.render._line`` prints it)."""
     kind, detail = _LINES.line(subject, env)
     return kind, detail, COLOUR.get(kind.rpartition(".")[2], "cyan")
