@@ -2,8 +2,8 @@
 console's own ``Feed`` (``console/feed.py``: its checkpoints and kept messages, the same code the
 server runs) without a server: the stream of a ``bench/console.py --dump`` run, repeated until it
 has ``--events`` messages (each copy's blocks renamed, so the fold holds every copy's blocks),
-fed to a ``Feed`` as its consumer would, then ``Feed.at(seq)`` and the overview at random
-sequences (each new: no cache).
+fed to a ``Feed`` as its consumer would, then ``Feed.at(seq)``, the overview and the GPU map at random
+sequences (each new: no cache), with the load average before and after.
 
 Run: ``.venv/bin/python -m bench.console --blocks 10000 --dump /tmp/console-stream.pkl`` then
 ``.venv/bin/python -m bench.console_past /tmp/console-stream.pkl --events 1000000``
@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import os
 import pickle
 import random
 import statistics
@@ -50,41 +52,49 @@ def amplified(msgs: list[tuple[str, bytes, int, float]], n: int) -> Iterator[tup
                 return
 
 
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
+
+
 async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int, check_bytes: int = CHECK_BYTES) -> None:
     feed = Feed(None, lambda subject, env: line(subject, env)[1], check_bytes=check_bytes)  # type: ignore[arg-type]  # (no stream read)
     proc = psutil.Process()
+    print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
     t0 = time.perf_counter()
     for i, m in enumerate(amplified(msgs, events)):
         feed.apply(*m)
         if i % 20_000 == 0:
-            await asyncio.sleep(0)  # (the checkpoints' compression threads report back)
+            await asyncio.sleep(0)
     fed = time.perf_counter() - t0
     feed.caught_up.set()
     last = feed.fold.last_seq
-    await feed.at(1)  # (waits for the checkpoints being compressed)
     rng = random.Random(42)
     times, folds, views, after = [], [], [], []
     for seq in sorted(rng.sample(range(1, last), asks)):
-        base = max((c[0] for c in feed.checkpoints if c[0] <= seq), default=0)
+        base = max((c.seq for c in feed.checks.items if c.seq <= seq), default=0)
         t = time.perf_counter()
         f = await feed.at(seq)
         t1 = time.perf_counter()
         projection.overview(f)
+        projection.gpumap(f)
         t2 = time.perf_counter()
         times.append(t2 - t)
         folds.append(t1 - t)
         views.append(t2 - t1)
         after.append(seq - base)
-    gaps = [b[0] - a[0] for a, b in zip(feed.checkpoints, feed.checkpoints[1:], strict=False)]
+    items = feed.checks.items
+    gaps = [b.seq - a.seq for a, b in itertools.pairwise(items)]
     print(f"past moment at {last:,} events ({len(msgs):,} from the dump, {len(feed.fold.blocks):,} blocks, "
           f"{len(feed.fold.nodes):,} nodes at the end): fed in {fed:.1f} s ({last / fed:,.0f} events/s)")
-    print(f"  checkpoints: {len(feed.checkpoints)} ({sum(len(b) for _, b in feed.checkpoints) / 2**20:.0f} MiB compressed, "
-          f"every {max(gaps, default=0):,} events at most now); kept messages: {feed.kept.bytes / 2**20:.0f} MiB compressed, "
+    print(f"  checkpoints: {len(items)} (about {feed.checks.bytes() / 2**20:.0f} MiB of their own, every "
+          f"{max(gaps, default=0):,} events at most now); kept messages: {feed.kept.bytes / 2**20:.0f} MiB compressed, "
           f"from seq {feed.kept.first or 1:,}; RSS {proc.memory_info().rss / 2**20:.0f} MiB")
-    print(f"  Feed.at(seq) + the overview, {asks} random sequences: median {statistics.median(times):.2f} s, "
-          f"max {max(times):.2f} s (Feed.at: checkpoint restored + events after it folded, median "
-          f"{statistics.median(folds):.2f} s over a median {statistics.median(after):,.0f} events; the overview: median "
-          f"{statistics.median(views):.2f} s)")
+    print(f"  Feed.at(seq) + the overview + the GPU map, {asks} random sequences: median {statistics.median(times):.2f} s, "
+          f"p95 {pct(times, 0.95):.2f} s, max {max(times):.2f} s (Feed.at: checkpoint restored + events after it "
+          f"folded, median {statistics.median(folds):.2f} s over a median {statistics.median(after):,.0f} events; "
+          f"the two views: median {statistics.median(views):.2f} s)")
+    print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 
 def main() -> None:
@@ -92,7 +102,7 @@ def main() -> None:
     ap.add_argument("dump", type=Path, help="bench/console.py --dump's file")
     ap.add_argument("--events", type=int, default=1_000_000)
     ap.add_argument("--asks", type=int, default=10)
-    ap.add_argument("--check-mib", type=int, default=CHECK_BYTES // 2**20, help="the checkpoints' budget (MiB compressed)")
+    ap.add_argument("--check-mib", type=int, default=CHECK_BYTES // 2**20, help="the checkpoints' budget (MiB, as Checkpoints.bytes estimates it)")
     args = ap.parse_args()
     asyncio.run(run(pickle.loads(args.dump.read_bytes()), args.events, args.asks, args.check_mib * 2**20))
 

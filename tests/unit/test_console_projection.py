@@ -151,9 +151,9 @@ def test_a_past_moment_starts_from_the_nearest_checkpoint_of_the_live_fold() -> 
         for m in messages():
             feed.apply(*m)
         feed.caught_up.set()
-        await feed.at(1)  # (the checkpoints are compressed off the event loop: a past moment waits for them)
         # 13 events, a checkpoint after each at first: thinned out past 8, the newest kept
-        assert 0 < len(feed.checkpoints) <= 8 and feed.checkpoints[-1][0] == 13 and feed.checkpoints[0][0] == 1
+        seqs = [c.seq for c in feed.checks.items]
+        assert 0 < len(seqs) <= 8 and seqs[-1] == 13 and seqs[0] == 1
         for seq in range(1, len(STORY)):
             then = await feed.at(seq)
             assert pj.overview(then) == pj.overview(folded(seq)), seq
@@ -189,7 +189,7 @@ def test_a_past_moment_folds_from_the_kept_chunks_after_the_checkpoint() -> None
         for seq in range(1, len(STORY)):
             then = await feed.at(seq)
             assert then.blocks == folded(seq).blocks and then.nodes == folded(seq).nodes and then.last_seq == seq
-        assert [c[0] for c in feed.checkpoints] == [5, 10]
+        assert [c.seq for c in feed.checks.items] == [5, 10]
 
     asyncio.run(go())
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import gc
 import pickle
 import time
 import uuid
@@ -24,6 +23,7 @@ from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..recovery.fold import Fold
 from ..recovery.rebuild import _reply_meta, read_stream
+from .checkpoints import Checkpoints, freeze, restore
 
 _json = msgspec.json
 
@@ -36,26 +36,14 @@ PAST_CACHE = 4
 #: oldest chunks go, and a past moment before the oldest kept message reads the stream again
 KEEP_BYTES = 256 * 1024 * 1024
 CHUNK = 4096
-#: a checkpoint of the live fold (pickled, then compressed off the event loop) every this many
-#: events at first; at most ``CHECKPOINTS`` and ``CHECK_BYTES`` compressed bytes are kept (past
-#: either, every other one goes and the interval doubles): a past moment starts from the nearest
-#: checkpoint before it and folds only the events after it
-CHECK_EVERY = 20_000
-CHECKPOINTS = 64
-CHECK_BYTES = 256 * 1024 * 1024
-
-
-def _unpickle(data: bytes) -> Any:
-    """``pickle.loads`` with the cyclic garbage collector paused: a fold is hundreds of thousands
-    of new containers, and the collections they trigger made unpickling one 2.4x slower (0.7 vs
-    0.3 s for 10,000 blocks on 1,213 nodes, measured here)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        return pickle.loads(data)
-    finally:
-        if was:
-            gc.enable()
+#: a checkpoint of the live fold (``console.checkpoints``: the entities changed since the one before
+#: it, copied; the rest shared with it) every this many events at first; at most ``CHECKPOINTS``
+#: are kept, holding at most ``CHECK_BYTES`` (past either, every other one goes and the interval
+#: doubles): a past moment starts from the nearest checkpoint before it and folds only the events
+#: after it
+CHECK_EVERY = 10_000
+CHECKPOINTS = 128
+CHECK_BYTES = 1024 * 1024 * 1024
 
 
 class Kept:
@@ -136,16 +124,15 @@ class Feed:
                  check_every: int = CHECK_EVERY, chunk: int = CHUNK, checkpoints: int = CHECKPOINTS,
                  check_bytes: int = CHECK_BYTES):
         self.bus = bus
-        #: (sequence, the live fold there: pickled, then compressed), oldest first
-        self.checkpoints: list[tuple[int, bytes]] = []
+        self.line = line
+        self.fold = Fold()
+        #: the live fold's checkpoints (``checks.items``: oldest first); its dicts note what the
+        #: fold reaches (``checkpoints.Tracked``)
+        self.checks = Checkpoints(self.fold)
         self._check_every, self._since_check = check_every, 0
         self._max_checks, self._check_bytes = checkpoints, check_bytes
         #: the stored messages so far (the newest ``keep_bytes`` of them, compressed)
         self.kept = Kept(keep_bytes, chunk)
-        #: checkpoints being compressed (a past moment waits for them: the nearest may be one)
-        self._compressing: set[asyncio.Future[bytes]] = set()
-        self.line = line
-        self.fold = Fold()
         #: block -> [(seq, ts, subject, body)]: bodies as stored (the same bytes ``kept`` holds),
         #: decoded when a block's page asks
         self.events: dict[str, list[tuple[int, float, str, bytes]]] = {}
@@ -182,7 +169,12 @@ class Feed:
     def apply(self, subject: str, raw: bytes, seq: int, ts: float) -> None:
         if seq and seq <= self.fold.last_seq:
             return  # (a redelivery after a reconnect)
-        self.fold.apply(subject, raw, seq, ts)
+        gate = self.checks.gate
+        gate.open = True
+        try:
+            self.fold.apply(subject, raw, seq, ts)
+        finally:
+            gate.open = False
         self._since_check += 1
         if self._since_check >= self._check_every:
             self._checkpoint()
@@ -203,32 +195,13 @@ class Feed:
                 q.put_nowait(item)
 
     def _checkpoint(self) -> None:
-        """The live fold as it is now, pickled (a pause of the feed that grows with the state:
-        ~0.2 s for 1,213 nodes and 10,000 blocks here; rarer as the interval doubles), then
-        compressed in a thread (zlib lets go of the GIL)."""
-        seq = self.fold.last_seq
-        pickled = pickle.dumps(self.fold, protocol=pickle.HIGHEST_PROTOCOL)
+        """The live fold as it is now: the entities changed since the last checkpoint copied (a
+        pause of the feed that grows with the events since, not with the state)."""
         self._since_check = 0
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            self._keep_check(seq, zlib.compress(pickled, 1))
-            return
-        done = loop.run_in_executor(None, zlib.compress, pickled, 1)
-        self._compressing.add(done)
-
-        def keep(f: asyncio.Future[bytes]) -> None:
-            self._compressing.discard(f)
-            if not f.cancelled() and f.exception() is None:
-                self._keep_check(seq, f.result())
-
-        done.add_done_callback(keep)
-
-    def _keep_check(self, seq: int, blob: bytes) -> None:
-        bisect.insort(self.checkpoints, (seq, blob), key=lambda c: c[0])
-        while len(self.checkpoints) > 1 and (len(self.checkpoints) > self._max_checks
-                                             or sum(len(b) for _, b in self.checkpoints) > self._check_bytes):
-            self.checkpoints = self.checkpoints[::-1][::2][::-1]  # (the newest stays)
+        checks = self.checks
+        checks.take()
+        while len(checks.items) > 1 and (len(checks.items) > self._max_checks or checks.bytes() > self._check_bytes):
+            checks.thin()
             self._check_every *= 2
 
     def rates(self, window_s: float = 10.0) -> dict[str, float]:
@@ -249,24 +222,22 @@ class Feed:
         if hit is not None:
             self._past.move_to_end(seq)
             return hit
-        if self._compressing:
-            await asyncio.gather(*self._compressing, return_exceptions=True)
         f, after = Fold(), 0
-        at = bisect.bisect_right(self.checkpoints, seq, key=lambda c: c[0])
+        items = self.checks.items
+        at = bisect.bisect_right(items, seq, key=lambda c: c.seq)
         if at:
-            after, blob = self.checkpoints[at - 1]
-            f = _unpickle(zlib.decompress(blob))
+            after, f = items[at - 1].seq, restore(items[at - 1])
         if self.kept.covers(after) and self.caught_up.is_set():
             for subject, raw, s, ts in self.kept.between(after, seq):
                 f.apply(subject, raw, s, ts)
-            return self._remember(seq, f)
+            return self._remember(seq, freeze(f))
 
         def on_msg(subject: str, raw: bytes, s: int, ts: float) -> None:
             if after < s <= seq:
                 f.apply(subject, raw, s, ts)
 
         await read_stream(self.bus, on_msg)
-        return self._remember(seq, f)
+        return self._remember(seq, freeze(f))
 
     def _remember(self, seq: int, f: Fold) -> Fold:
         f.last_seq = min(f.last_seq, seq)
