@@ -144,3 +144,29 @@ async def test_counters_after_a_node_is_drained_and_removed(quick: None, system:
     await ncli.remove_node(c, node)
     a, b = await settled(system, store)
     assert a == b and a["t-a"]["*"]["gpus"] == 2, (a, b)
+
+
+async def test_quota_list_reads_the_counters_and_recount_compares(quick: None, system: System) -> None:
+    """``blocks quota list`` shows the counters the gate reads (not a recount of the blocks);
+    ``--recount`` lists where a recount differs, exit 1 (agreeing: exit 0)."""
+    import json
+
+    from .test_priority_cli import run
+
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=2)
+    await _ok(system, "quota", "set", "t-a", "--nominal", "*:gpus=2")
+    await c.submit(spec("k", 1, resources={"gpus": 1, "cpu": 1, "memory": 512}, labels={"tenant": "t-a"}))
+    await status_of(system, "k", "ready")
+    await settled(system, store := PriorityStore(c.store.r))
+    assert "equal a recount" in await _ok(system, "quota", "list", "--recount")
+    # a counter made wrong by hand: the listing shows it, the recount names the difference
+    await store.r.hincrbyfloat(quota_usage_key("c1"), qp.SEP.join(("t-a", "*", "gpus")), 3)
+    (row,) = json.loads(await _ok(system, "quota", "list", "--json"))
+    assert row["usage"]["gpus"] == 4.0 and row["borrowed"] == {"gpus": 2.0}, row
+    r = await run(system, "quota", "list", "--recount", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert json.loads(r.stdout)["differences"] == [
+        {"tenant": "t-a", "model": "*", "resource": "gpus", "counters": 4.0, "recount": 1.0}]
+    r = await run(system, "quota", "list", "--recount")
+    assert r.returncode == 1 and "differ from a recount" in r.stdout, r.stdout

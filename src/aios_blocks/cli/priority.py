@@ -149,15 +149,37 @@ def quota_set(
     console.print(f"quota of [bold]{tenant}[/] " + ("removed" if remove else "set"))
 
 
-async def _report(c: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    from ..policies.quota import holdings_of, report
+async def _report(c: Any, recount: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The quotas, the rows of usage vs nominal vs borrowed from the usage counters the capacity
+    scripts keep (one read per cluster, as the quota gate reads them), and with ``recount`` where
+    a recount of the placed blocks (every block's instances: a scan) differs from them."""
+    from ..policies import quota as qp
     from ..schemas.priority import Quota
     from ..state.priority import PriorityStore
 
     store = PriorityStore(c.store.r)
     quotas = {t: Quota.model_validate(q) for t, q in (await store.quotas()).items()}
-    rows, models = await store.placed()
-    return {t: q.model_dump(mode="json") for t, q in quotas.items()}, report(quotas, holdings_of(rows, models))
+    counted = qp.from_fields(await store.usage_counters())
+    rows = qp.report(quotas, [qp.Holding(f"{qp.TOTAL}{t}", t, u) for t, u in sorted(counted.items())])
+    diffs: list[dict[str, Any]] = []
+    if recount:
+        placed, models = await store.placed()
+        diffs = differences(counted, qp.usage_by_tenant(qp.holdings_of(placed, models)))
+    return {t: q.model_dump(mode="json") for t, q in quotas.items()}, rows, diffs
+
+
+def differences(counted: dict[str, Any], recounted: dict[str, Any]) -> list[dict[str, Any]]:
+    """(tenant, model, resource) where the counters and the recount differ (by more than 1e-6)."""
+    out = []
+    for tenant in sorted(set(counted) | set(recounted)):
+        a, b = counted.get(tenant, {}), recounted.get(tenant, {})
+        for model in sorted(set(a) | set(b)):
+            for res in sorted(set(a.get(model, {})) | set(b.get(model, {}))):
+                x, y = a.get(model, {}).get(res, 0.0), b.get(model, {}).get(res, 0.0)
+                if abs(x - y) > 1e-6:
+                    out.append({"tenant": tenant, "model": model, "resource": res, "counters": round(x, 6),
+                                "recount": round(y, 6)})
+    return out
 
 
 def _fmt(amounts: dict[str, Any]) -> str:
@@ -171,24 +193,40 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
     console.print(t)
 
 
-def quota_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
-    """Every tenant's usage vs nominal vs borrowed, per GPU model (computed from the state now).
+def quota_list(
+    as_json: bool = typer.Option(False, "--json"),
+    recount: bool = typer.Option(False, "--recount", help="Also recount the usage from every placed block (a scan) and "
+                                 "compare it with the counters: each difference listed, exit 1 when there is one."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Every tenant's usage vs nominal vs borrowed, per GPU model (the usage counters the quota
+    gate reads, kept with every reservation taken or given back).
 
-    Example: `blocks quota list`, `blocks quota list --json`
+    Example: `blocks quota list`, `blocks quota list --json`, `blocks quota list --recount`
     """
-    _, rows = _request(_report, data_dir, store_only=True)
+    _, rows, diffs = _request(lambda c: _report(c, recount), data_dir, store_only=True)
     if as_json:
-        _print_json(rows)
-        return
-    _print_rows(rows)
+        _print_json({"rows": rows, "differences": diffs} if recount else rows)
+    else:
+        _print_rows(rows)
+        if recount and diffs:
+            t = _table("tenant", "model", "resource", "counters", "recount")
+            for d in diffs:
+                t.add_row(*_plain(d["tenant"], d["model"], d["resource"], f"{d['counters']:g}", f"{d['recount']:g}"))
+            console.print("[red]the usage counters differ from a recount of the placed blocks[/] (blocks recover rebuilds them):")
+            console.print(t)
+        elif recount:
+            console.print("the usage counters equal a recount of the placed blocks")
+    if diffs:
+        raise typer.Exit(1)
 
 
 def quota_get(tenant: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
-    """One tenant's quota and its usage vs nominal vs borrowed.
+    """One tenant's quota and its usage vs nominal vs borrowed (from the usage counters).
 
     Example: `blocks quota get team-a`
     """
-    quotas, rows = _request(_report, data_dir, store_only=True)
+    quotas, rows, _ = _request(_report, data_dir, store_only=True)
     if tenant not in quotas:
         err.print(f"[red]no quota for tenant {tenant!r}[/]")
         raise typer.Exit(1)
