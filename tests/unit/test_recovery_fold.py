@@ -225,3 +225,28 @@ def test_the_fold_rebuilds_where_a_blocks_sidecars_run() -> None:
     run(f, [("aios.node.n1.sidecar.start", {"block_id": "b1", "gen": 2, "cluster_id": "c1", "node_id": "n1", "name": "store"}),
             ("aios.node.n1.sidecar.start", {"block_id": "b1", "gen": 1, "cluster_id": "c1", "node_id": "n9", "name": "old"})])
     assert f.image()["aios:block:b1"]["sidecar_node"] == "n1"  # an older generation's command changes nothing
+
+
+def test_a_deleted_blocks_scale_target_is_not_compared_but_a_live_ones_is() -> None:
+    """A scale target stored just before a delete: the fold applies it (the block was ready at its
+    place in the stream), the controller may have handled the delete first and refused it (soak
+    finding, docs/reliability.md). Once the block is deleted, the digest leaves ``desired*`` out."""
+    f = placed()
+    target = {"block_id": "b1", "request_id": "t1", "target": 2, "reason": "r", "source": "autoscaler", "gen": 2}
+    run(f, [("aios.block.b1.scale.target", target)])
+    live = f.image()
+    refused = {k: (type(v)(v) if isinstance(v, dict) else v) for k, v in live.items()}
+    for k in ("desired", "desired_seq", "desired_request", "desired_reason"):
+        refused["aios:block:b1"].pop(k)
+    assert im.digest(refused) != im.digest(live)  # a live block's target is state: compared
+    run(f, [("aios.block.b1.delete", {"block_id": "b1", "request_id": "d1"}),
+            ("aios.block.b1.instance.b1-0.removed", INST),
+            ("aios.block.b1.deleted", {"block_id": "b1", "gen": 2, "status": "deleted"})])
+    folded = f.image()
+    assert folded["aios:block:b1"]["status"] == "deleted" and folded["aios:block:b1"]["desired"] == "2"
+    redis = {k: (type(v)(v) if isinstance(v, dict) else v) for k, v in folded.items()}
+    for k in ("desired", "desired_seq", "desired_request", "desired_reason"):
+        redis["aios:block:b1"].pop(k)
+    assert im.digest(redis) == im.digest(folded), im.diff(redis, folded)
+    # the rest of a deleted block is still compared
+    assert im.digest({**redis, "aios:block:b1": {**redis["aios:block:b1"], "cluster": "c9"}}) != im.digest(folded)

@@ -22,6 +22,11 @@ What the digest leaves out, and why:
   time when rebuilt; the scale_down default's "newest first" needs only the order);
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
   retried ones that publish nothing new); the block list's scores (creation times);
+* the scale target (``desired``, ``desired_seq``, ``desired_request``, ``desired_reason``) of a
+  block that ended (deleted, failed, rejected): it moves nothing any more, and a target stored
+  just before a delete may have been applied live (handled before the delete) or refused (after
+  it), which the stream does not say, so the fold cannot know which (the next create of the id
+  starts a fresh record);
 * a policy head's ``updated`` time;
 * usage counters that are zero (``cpu_used``, ``g:*:n``...): Redis keeps a field at "0" after a
   reserve+release where the fold may never have created it; both mean "nothing used".
@@ -96,6 +101,9 @@ def _f(raw: str | None) -> float:
 
 
 _USAGE = ("cpu_used", "mem_used")
+#: a block's scale target, and the statuses in which it no longer counts (the module docstring)
+_DESIRED = ("desired", "desired_seq", "desired_request", "desired_reason")
+_ENDED = ("deleted", "failed", "rejected")
 
 
 def _node(h: dict[str, str]) -> dict[str, Any]:
@@ -150,7 +158,8 @@ def normalise(key: str, value: Any) -> Any:
     if key.startswith("aios:block:"):
         if key.endswith(":inst"):
             return _instances(value)
-        out = {k: v for k, v in value.items() if k not in ("updated", "version")}
+        ended = value.get("status") in _ENDED
+        out = {k: v for k, v in value.items() if k not in ("updated", "version") and not (ended and k in _DESIRED)}
         if "ir" in out:
             out["ir"] = _j(out["ir"])
         return out
