@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import random
+import sys
 from typing import Any
 
 import msgspec
@@ -158,3 +159,24 @@ def test_thaw_shares_no_container() -> None:
     w = thaw(v)
     assert w == v and w is not v and w["a"] is not v["a"] and w["a"][1]["b"] is not v["a"][1]["b"]
     assert w["c"][1] is not v["c"][1] and w["d"] is v["d"]
+
+
+def test_the_checkpoints_bytes_count_each_shard_once_and_thinning_frees_some() -> None:
+    msgs = story(6)
+    f = Fold()
+    checks = Checkpoints(f)
+    for m in msgs:
+        checks.gate.open = True
+        f.apply(*m)
+        checks.gate.open = False
+        if m[2] % 20 == 0:
+            checks.take()
+
+    def distinct() -> int:
+        seen = {id(s): s.bytes + sys.getsizeof(s.entries) for cp in checks.items for ss in cp.shards.values() for s in ss}
+        return sum(seen.values())
+
+    assert checks.bytes() == distinct() > 0
+    before = checks.bytes()
+    checks.thin()
+    assert checks.bytes() == distinct() < before

@@ -242,6 +242,8 @@ class Checkpoints:
         #: field -> key -> the epoch of the shard that holds it in the newest checkpoint
         self._where: dict[str, dict[Any, int]] = {name: {} for name in self.dicts}
         self._epoch = 0
+        #: ``bytes()``, kept up to date: the shards a checkpoint makes are new, the rest shared
+        self._bytes = 0
 
     def take(self) -> Checkpoint:
         """A checkpoint of the live fold now (kept in ``items``)."""
@@ -284,10 +286,12 @@ class Checkpoints:
                         cost += _cost(v)
                 if entries:
                     out[e] = Shard(e, entries, max(cost, 0))
+                    self._bytes += out[e].bytes + sys.getsizeof(entries)
                 else:
                     del out[e]
             if new:
                 out[epoch] = Shard(epoch, new, sum(_cost(v) for v in new.values()))
+                self._bytes += out[epoch].bytes + sys.getsizeof(new)
             shards[name] = list(out.values())
             d.dirty, d.added = set(), {}
         whole = {f.name: thaw(getattr(live, f.name)) for f in dataclasses.fields(live) if f.name not in shards}
@@ -296,18 +300,19 @@ class Checkpoints:
         return cp
 
     def bytes(self) -> int:
-        """What the kept checkpoints hold, roughly: each distinct shard's tables and copies counted
+        """What the kept checkpoints hold, roughly: each distinct shard's table and copies counted
         once (strings are shared with the live fold and not counted)."""
+        return self._bytes
+
+    def thin(self) -> None:
+        """Every other checkpoint dropped (the newest stays)."""
+        self.items = self.items[::-1][::2][::-1]
         seen: dict[int, int] = {}
         for cp in self.items:
             for shards in cp.shards.values():
                 for s in shards:
                     seen[id(s)] = s.bytes + sys.getsizeof(s.entries)
-        return sum(seen.values())
-
-    def thin(self) -> None:
-        """Every other checkpoint dropped (the newest stays)."""
-        self.items = self.items[::-1][::2][::-1]
+        self._bytes = sum(seen.values())
 
 
 def restore(cp: Checkpoint) -> Fold:
