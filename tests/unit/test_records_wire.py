@@ -114,3 +114,18 @@ def test_route_input_names_what_the_executor_sends() -> None:
     assert InlinePolicy(Spy(), "spy").choose("b1", task, [{"id": "i1", "inflight": 0}]) == "i1"  # type: ignore[arg-type]
     assert set(seen[0]) == set(policy_io.RouteInput.__annotations__)
     assert set(seen[0]["payload"]) == set(policy_io.RoutePayload.__annotations__)
+
+
+def test_the_adapt_table_the_index_and_adaptive_terms_have_exactly_the_named_fields() -> None:
+    from aios_blocks.policies import affinity
+    from aios_blocks.schemas.records import AdaptiveTerm, AdaptNode, AdaptTable, AffinityIndex
+
+    table = affinity.adapt({"i0": {"node": "n1", "latency_p50_ms": 10.0}, "i1": {"node": "n2", "latency_p50_ms": 30.0}})  # type: ignore[typeddict-item]
+    assert set(table) == set(AdaptTable.__annotations__)
+    assert all(set(row) == set(AdaptNode.__annotations__) for row in table["nodes"].values())
+    index = affinity.add_to_index(affinity.empty_index(), "b", "b-0", "n1", "r1")
+    assert set(index) | {"adapt", "gpus"} == set(AffinityIndex.__annotations__)
+    nodes = {"n1": {"node_id": "n1", "labels": {"rack": "1"}, "gpus": []}}
+    terms = [{"category": "Topology", "strength": "Adaptive", "anti": False, "target_type": "RackId", "target": "1"}]
+    affinity.annotate(nodes, terms, {**index, "adapt": table})  # type: ignore[arg-type]
+    assert all(set(t) == set(AdaptiveTerm.__annotations__) for t in nodes["n1"]["affinity"]["adaptive"])  # type: ignore[index]

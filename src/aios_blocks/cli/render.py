@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
     from ..projections.base import EventDoc
     from ..projections.explain import AutoscalerStory, Calls, Explanation, MoveStory, Round
-    from ..schemas.records import BlockIR, BlockRecord
+    from ..schemas.records import AdaptTable, BlockIR, BlockRecord
     from .client import Client
 
 def _plain(*values: Any) -> list[str]:
@@ -127,7 +127,7 @@ def _spec_errors(reason: Any) -> list[dict[str, Any]] | None:
     return errors if ok else None
 
 
-def _adapt_line(adapt: dict[str, Any]) -> str:
+def _adapt_line(adapt: AdaptTable) -> str:
     """The adapt stage's table on one line (``projections.lines.adapt_line``)."""
     from ..projections.lines import adapt_line
 

@@ -14,7 +14,15 @@ from typing import Any
 
 from ..policies import affinity, capacity, topology
 from ..schemas.errors import PlacementFailed, PolicyFailed
-from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, Needs, NodeView
+from ..schemas.records import (
+    AdaptiveTerm,
+    AdaptTable,
+    BlockIR,
+    ClusterRecord,
+    InstanceRecord,
+    Needs,
+    NodeView,
+)
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
@@ -104,7 +112,7 @@ class DryRunOutcome:
     #: minInstances - placeable when positive (this cluster cannot take the gang), else 0
     shortfall: int = 0
     #: the adapt stage's table (Adaptive affinity entries; ``affinity.adapt``), else {}
-    adapt: dict[str, Any] = field(default_factory=dict)
+    adapt: AdaptTable = field(default_factory=lambda: AdaptTable())
 
 
 EXPLAIN_LIMIT = 64  # nodes listed per cluster in a dry_run result (the counts cover all of them)
@@ -133,7 +141,7 @@ async def dry_run(
     data = _payload(ir, cluster, nodes, None, index, int(ir.get("maxInstances") or 1))
     # only a block with affinity entries has its node views annotated (``_payload``)
     rejected, scores = affinity_explain(data["cluster_metrics"]["nodes"]) if ir.get("affinity") else ({}, {})
-    adapt = dict((index or {}).get("adapt") or {})
+    adapt: AdaptTable = (index.get("adapt") or {}).copy() if index else {}
     try:
         result = await invoke({"action": "dry_run", "payload": data})
     except PolicyFailed as exc:
@@ -251,7 +259,7 @@ def _candidate_nodes(ir: BlockIR, nodes: dict[str, NodeView],
 
 
 def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, NodeView],
-                 index: affinity.Index, action: str) -> tuple[list[dict[str, Any]], affinity.Index]:
+                 index: affinity.Index, action: str) -> tuple[list[AdaptiveTerm], affinity.Index]:
     """The chosen node checked against Required affinity (PlacementFailed if it rejects it): its
     Adaptive entries, and the index with this instance added. No affinity: nothing, the same index."""
     if not ir.get("affinity"):
@@ -269,7 +277,7 @@ def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, NodeView],
 
 
 def _reservation(ir: BlockIR, iid: str, node_id: str, gpus: list[str], needs: capacity.Needs, share: bool,
-                 where: str, link: dict[str, str], adaptive: list[dict[str, Any]], index: affinity.Index) -> dict[str, Any]:
+                 where: str, link: dict[str, str], adaptive: list[AdaptiveTerm], index: affinity.Index) -> dict[str, Any]:
     """One reservation record for ``Store.reserve_gang``."""
     rec: dict[str, Any] = {
         "iid": iid,

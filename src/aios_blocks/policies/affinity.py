@@ -23,7 +23,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ..schemas.affinity import AIOS_NAMESPACE, id128
-from ..schemas.records import AffinityTerm, InstanceSample, NodeView
+from ..schemas.records import (
+    AdaptiveTerm,
+    AdaptNode,
+    AdaptTable,
+    AffinityIndex,
+    AffinityTerm,
+    InstanceSample,
+    NodeView,
+)
 
 PREFERRED_WEIGHT = 1.0
 #: the adapt stage: an Adaptive entry's weight is PREFERRED_WEIGHT times a multiplier in these bounds
@@ -33,7 +41,7 @@ ADAPT_MAX = 2.0
 #: instance's own p50 latency when any instance of the block reports it, else the executors' p50
 #: dispatch time (send to last byte)
 ADAPT_FIGURES = ("latency_p50_ms", "dispatch_p50_ms")
-Index = dict[str, Any]
+Index = AffinityIndex
 
 
 _NAMESPACE = AIOS_NAMESPACE.bytes
@@ -75,7 +83,7 @@ def _median(xs: list[float]) -> float:
     return xs[n // 2] if n % 2 else (xs[n // 2 - 1] + xs[n // 2]) / 2
 
 
-def adapt(per_instance: Mapping[str, InstanceSample]) -> dict[str, Any]:
+def adapt(per_instance: Mapping[str, InstanceSample]) -> AdaptTable:
     """The adapt stage (seed 002 §6), pure: from the latest samples of the block's own instances
     (``{iid: {"node", "latency_p50_ms", "dispatch_p50_ms", ...}}``), per node the multiplier of an
     Adaptive entry's weight:
@@ -100,8 +108,9 @@ def adapt(per_instance: Mapping[str, InstanceSample]) -> dict[str, Any]:
             continue
         by_node.setdefault(node, []).append(v)
     allv = [v for vs in by_node.values() for v in vs]
-    out: dict[str, Any] = {"figure": figure if allv else "", "block_median_ms": None, "bounds": [ADAPT_MIN, ADAPT_MAX],
-                           "nodes": {}}
+    nodes: dict[str, AdaptNode] = {}
+    out: AdaptTable = {"figure": figure if allv else "", "block_median_ms": None, "bounds": [ADAPT_MIN, ADAPT_MAX],
+                       "nodes": nodes}
     if not allv:
         return out
     med = _median(allv)
@@ -109,7 +118,7 @@ def adapt(per_instance: Mapping[str, InstanceSample]) -> dict[str, Any]:
     for node in sorted(by_node):
         p50 = _median(by_node[node])
         m = ADAPT_MAX if p50 <= 0 else med / p50
-        out["nodes"][node] = {"p50_ms": round(p50, 3), "instances": len(by_node[node]),
+        nodes[node] = {"p50_ms": round(p50, 3), "instances": len(by_node[node]),
                               "multiplier": round(min(ADAPT_MAX, max(ADAPT_MIN, m)), 3)}
     return out
 
@@ -120,7 +129,7 @@ def _num(v: Any) -> float | None:
     return float(v)
 
 
-def adapted_weight(node_id: str, table: dict[str, Any] | None) -> tuple[float, float, str]:
+def adapted_weight(node_id: str, table: AdaptTable | None) -> tuple[float, float, str]:
     """(multiplier, weight, why) of an Adaptive entry a node satisfies."""
     info = (table or {}).get("nodes", {}).get(node_id)
     if not table or not table.get("figure"):
@@ -215,7 +224,7 @@ def annotate(nodes: dict[str, NodeView], entries: list[AffinityTerm], index: Ind
         require: list[Any] = []
         prefer: list[Any] = []
         avoid: list[Any] = []
-        adaptive: list[dict[str, Any]] = []
+        adaptive: list[AdaptiveTerm] = []
         for i, e in enumerate(entries):
             match, gpus = _match(e, node, index)
             satisfied = match != e["anti"]

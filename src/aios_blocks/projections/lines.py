@@ -14,6 +14,7 @@ from ..schemas import events as ev
 from ..schemas import moves as mv
 from ..schemas import priority as pr
 from ..schemas.catalog import EVENTS, E, Event
+from ..schemas.records import AdaptTable
 from .base import Fact, Projection, StoredDoc, on, parse
 
 #: events shown by their name alone (and the policy calls they carry)
@@ -61,11 +62,12 @@ def call_line(c: ev.Decision) -> str:
     return detail
 
 
-def adapt_line(adapt: dict[str, Any]) -> str:
+def adapt_line(adapt: AdaptTable) -> str:
     """The adapt stage's table on one line: the figure, the block median, each node's p50 and multiplier."""
     if not adapt.get("figure"):
         return "no live metrics for the block: every Adaptive entry has its base weight"
-    lo, hi = adapt.get("bounds") or ["?", "?"]
+    bounds: list[float] | list[str] = adapt.get("bounds") or ["?", "?"]
+    lo, hi = bounds
     nodes = ", ".join(f"{n} {v['p50_ms']:g} ms x{v['multiplier']:g}" for n, v in sorted((adapt.get("nodes") or {}).items()))
     return f"{adapt['figure']} block median {adapt['block_median_ms']:g} ms; {nodes} (multiplier = median / node p50, in [{lo:g}, {hi:g}])"
 

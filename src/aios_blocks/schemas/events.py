@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import SpecError
-from .records import LaunchRecord, Wire
+from .records import AdaptiveTerm, AdaptTable, LaunchRecord, Wire
 
 
 class Envelope(msgspec.Struct):
@@ -117,7 +117,7 @@ class DryRunResult(msgspec.Struct):
     rejected_nodes: dict[str, str] = {}
     node_scores: dict[str, float] = {}
     #: the adapt stage's table (Adaptive affinity entries: per node p50 and weight multiplier), else {}
-    adapt: dict[str, Any] = {}
+    adapt: Wire[AdaptTable] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
     #: the policy calls this step made (folded into the step's event, not stored apart)
@@ -278,7 +278,7 @@ class Placement(msgspec.Struct):
     node_id: str
     gpus: list[str]
     #: Adaptive affinity entries on this node: [{"entry", "base", "multiplier", "weight", "why"}]
-    adaptive: list[dict[str, Any]] = []
+    adaptive: list[Wire[AdaptiveTerm]] = []
     #: a multi-GPU instance on a node that reports its GPU topology: {"tier": the link tier its
     #: GPUs achieve, "best": the best tier the node had free} (docs/topology.md); {}: not known
     topology: dict[str, str] = {}

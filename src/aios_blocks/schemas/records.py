@@ -257,12 +257,53 @@ class GpuView(TypedDict):
     share_free: int
 
 
+class AdaptNode(TypedDict):
+    """One node's row of the adapt stage's table: its instances' p50 and the multiplier."""
+
+    p50_ms: float
+    instances: int
+    multiplier: float
+
+
+class AdaptTable(TypedDict, total=False):
+    """The adapt stage's table (``policies.affinity.adapt``; docs/affinity.md): the figure it
+    adapts from, the block's median of it, the multiplier's bounds and each node's row. Empty
+    (``{}``) where a step had no Adaptive entry."""
+
+    figure: str
+    block_median_ms: float | None
+    bounds: list[float]
+    nodes: dict[str, AdaptNode]
+
+
+class AffinityIndex(TypedDict):
+    """What State/Topology affinity read of the other blocks' placements (``policies.affinity``):
+    per block uuid its instances' ``[node, rack]``, per instance uuid its node; and, for a block
+    with Adaptive entries or Topology terms, the adapt table and its GPUs per instance."""
+
+    services: dict[str, list[list[str]]]
+    leases: dict[str, str]
+    adapt: NotRequired[AdaptTable]
+    gpus: NotRequired[int]
+
+
+class AdaptiveTerm(TypedDict):
+    """What one Adaptive affinity entry gave a node (``policies.affinity.annotate``; a placement's
+    ``adaptive``): its base weight, the adapt table's multiplier, the weight and why."""
+
+    entry: int
+    base: float
+    multiplier: float
+    weight: float
+    why: str
+
+
 #: a node's affinity verdict for one block (``policies.affinity.annotate``; ``pass`` is a keyword)
 NodeAffinity = TypedDict("NodeAffinity", {
     "pass": bool, "score": float, "reasons": list[str],
     "require_gpus": list[str], "prefer_gpus": list[str], "avoid_gpus": list[str],
     #: the adaptive terms that applied (docs/affinity.md)
-    "adaptive": Any,
+    "adaptive": list[AdaptiveTerm],
 }, total=False)
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import BlockRecord, GatherRecord
+from ..schemas.records import AffinityIndex, BlockRecord, GatherRecord
 from .keys import AFF_LEASE, GATHER_DUE, aff_svc_key, block_key, ctx_key, due_member, gather_key
 from .records import _block, _dumps
 
@@ -37,7 +37,7 @@ class GatherRecords:
         pipe.hdel(AFF_LEASE, lease)
         await pipe.execute()
 
-    async def index_read(self, svcs: list[str], leases: list[str]) -> dict[str, Any]:
+    async def index_read(self, svcs: list[str], leases: list[str]) -> AffinityIndex:
         """``{"services": {uuid: [[node, rack], ...]}, "leases": {uuid: node}}`` for these ids."""
         pipe = self.r.pipeline(transaction=False)
         for svc in svcs:

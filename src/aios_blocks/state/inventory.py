@@ -23,7 +23,7 @@ from .store import Store
 log = structlog.get_logger("aios.inventory")
 
 
-async def affinity_index(store: Store, ir: BlockIR) -> dict[str, Any]:
+async def affinity_index(store: Store, ir: BlockIR) -> affinity.Index:
     """Where the instances/blocks named by the block's affinity targets run now, and for a block
     with Adaptive entries the adapt stage's table (``affinity.adapt``) from the latest samples of
     its own instances (the metrics collector's; none, or the store away: the base weight)."""

@@ -37,7 +37,7 @@ from ..schemas.events import (
     with_nodes,
 )
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR
+from ..schemas.records import AffinityIndex, BlockIR
 from ..settings import Settings
 from ..settings import load as load_settings
 from ..state.inventory import Inventory, affinity_index
@@ -220,7 +220,7 @@ class Worker:
 
         return call
 
-    async def affinity_index(self, ir: BlockIR) -> dict[str, Any]:
+    async def affinity_index(self, ir: BlockIR) -> AffinityIndex:
         """Where the instances/blocks named by the block's affinity targets run now."""
         return await affinity_index(self.store, ir)
 
