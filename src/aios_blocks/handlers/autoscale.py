@@ -36,9 +36,17 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
+
+from ..schemas.policy_io import (
+    AutoscaleAnswer,
+    AutoscaleInput,
+    AutoscaleInstance,
+    AutoscaleMetrics,
+    LastDecision,
+)
 
 #: per-block overrides read from the autoscaler rule's ``parameters`` -> field of :class:`Params`
 PARAMETERS = {
@@ -108,6 +116,25 @@ class Params:
             raise BadParameters("bad autoscaler parameters: " + "; ".join(problems))
 
 
+class Latest(TypedDict, total=False):
+    """An autoscaler's latest tick as its state keeps it (``State.latest``; ``blocks top`` shows it):
+    skipped, failed, or what it decided (its proposal, the framework's rules, the policy's reason)."""
+
+    t: float
+    current: int
+    skipped: str
+    failed: str
+    #: a step asked a moment ago that the count has not reached yet (``workers.autoscaler``)
+    waiting: str
+    raw: float
+    desired: int
+    stable: float
+    burst: float
+    in_burst: bool
+    rules: list[str]
+    reason: str
+
+
 class State(msgspec.Struct, omit_defaults=True):
     """What the framework remembers of one block between ticks (kept in Redis by the lease holder;
     a copy taking the lease over continues from it)."""
@@ -124,7 +151,7 @@ class State(msgspec.Struct, omit_defaults=True):
     #: decisions stored so far (request ids and message ids count with it)
     seq: int = 0
     #: the last applied decisions, newest last: {"t", "from", "to", "reason"}
-    last: list[dict[str, Any]] = []
+    last: list[LastDecision] = []
     #: failed ticks: when one was last stored, its reason, and how many were not stored since
     failed_at: float = 0.0
     failed_reason: str = ""
@@ -134,7 +161,7 @@ class State(msgspec.Struct, omit_defaults=True):
     timeouts: int = 0
     backoff_until: float = 0.0
     #: the latest tick, whatever it did (``blocks top`` / explain may show it; never an event)
-    latest: dict[str, Any] = {}
+    latest: Latest = {}
 
 
 @dataclass(frozen=True)
@@ -207,7 +234,8 @@ def decide(now: float, current: int, raw: float, lo: int, hi: int, p: Params, st
     new = msgspec.structs.replace(state, history=history, up_since=up_since, down_since=down_since, burst_until=burst_until,
                                   burst_since=burst_since)
     if out.changed:  # a step was taken: the next one waits its own delay unless the intent goes on
-        new.last = [*state.last, {"t": round(now, 3), "from": current, "to": target}][-LAST_DECISIONS:]
+        step: LastDecision = {"t": round(now, 3), "from": current, "to": target}
+        new.last = [*state.last, step][-LAST_DECISIONS:]
     return out, new
 
 
@@ -291,8 +319,8 @@ def recovered(state: State) -> State:
 
 
 # -- the policy's input and answer -------------------------------------------------------------------
-def policy_input(bid: str, instances: dict[str, dict[str, Any]], block_metrics: dict[str, Any], current: int, lo: int, hi: int,
-                 state: State) -> dict[str, Any]:
+def policy_input(bid: str, instances: dict[str, AutoscaleInstance], block_metrics: AutoscaleMetrics, current: int, lo: int,
+                 hi: int, state: State) -> AutoscaleInput:
     """The ``autoscale`` call's input (docs/policies.md)."""
     return {"action": "autoscale", "payload": {
         "block": bid, "instances": instances, "block_metrics": block_metrics, "current": current, "min": lo, "max": hi,
@@ -300,12 +328,12 @@ def policy_input(bid: str, instances: dict[str, dict[str, Any]], block_metrics: 
     }}
 
 
-def read_answer(result: dict[str, Any]) -> tuple[float, str]:
+def read_answer(result: AutoscaleAnswer) -> tuple[float, str]:
     """(desired, reason) of a policy answer already checked by ``policies.contract``."""
     return float(result["desired"]), str(result.get("reason") or "")
 
 
-def summary(block_metrics: Mapping[str, object], instances: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def summary(block_metrics: Mapping[str, object], instances: dict[str, AutoscaleInstance]) -> dict[str, object]:
     """The inputs that matter, small enough for every stored decision (the whole input is in the
     decision record, by digest when large)."""
     keys = ("t", "instances", "ready", "inflight", "queue", "running", "waiting", "rate", "latency_mean_ms", "dispatch_p99_ms",

@@ -12,10 +12,11 @@ state writes.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
+from ..schemas.records import BlockSample, InstanceRecord, InstanceSample
 from .keys import (
     AUTOSCALERS,
     autoscale_lease_key,
@@ -35,6 +36,17 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 return 1
 """
+
+
+class AutoscaleRead(TypedDict):
+    """One block's part of ``AutoscaleStore.read``: its saved state (JSON, or None), its instance
+    records, the collector's latest sample of each, and its window of block samples (oldest first;
+    empty for a block not windowed)."""
+
+    state: str | None
+    instances: dict[str, InstanceRecord]
+    samples: dict[str, InstanceSample]
+    window: list[BlockSample]
 
 
 class AutoscaleStore:
@@ -82,7 +94,7 @@ class AutoscaleStore:
         out = await pipe.execute()
         return sorted(out[2])
 
-    async def read(self, bids: list[str], history: int, windowed: set[str] | None = None) -> dict[str, dict[str, Any]]:
+    async def read(self, bids: list[str], history: int, windowed: set[str] | None = None) -> dict[str, AutoscaleRead]:
         """Per block: ``state`` (raw JSON or None), ``instances`` (records), ``samples`` (the
         instances' latest metrics samples), ``window`` (the block's last ``history`` samples, oldest
         first; only for the blocks in ``windowed``, default all: the window is most of the bytes)."""
@@ -96,7 +108,7 @@ class AutoscaleStore:
             else:
                 pipe.echo("")  # keeps four replies per block
         out = await pipe.execute()
-        res: dict[str, dict[str, Any]] = {}
+        res: dict[str, AutoscaleRead] = {}
         for i, bid in enumerate(bids):
             state, insts, samples, win = out[4 * i: 4 * i + 4]
             win = win if isinstance(win, list) else []

@@ -54,7 +54,9 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import Autoscaled, AutoscaleFailed, ScaleTarget
 from ..schemas.lifecycle import LIVE
-from ..schemas.records import BlockIR, BlockSample
+from ..schemas.policy_io import AutoscaleInput, AutoscaleInstance, AutoscaleMetrics
+from ..schemas.records import BlockIR, BlockSample, wire
+from ..state.autoscale import AutoscaleRead
 from .base import Worker
 
 log = structlog.get_logger("aios.autoscaler")
@@ -170,7 +172,7 @@ class Autoscaler:
         return held, [b for b in held if b not in mine]
 
     async def decide(self, now: float, bid: str, gen: int, ir: BlockIR, sample: BlockSample,
-                     data: dict[str, Any]) -> tuple[TickResult, a.State]:
+                     data: AutoscaleRead) -> tuple[TickResult, a.State]:
         state = _state_of(data.get("state"), gen)
         current = sum(1 for r in (data.get("instances") or {}).values() if r.get("status") != "removing")
         t = sample.get("t")
@@ -179,9 +181,10 @@ class Autoscaler:
             return TickResult("skipped", reason="no fresh metrics"), state
         lo, hi = int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0))
         rule = ir["policies"]["autoscaler"]
-        insts = {iid: {"status": rec.get("status", ""), "node": rec.get("node", ""), **(data["samples"].get(iid) or {})}
-                 for iid, rec in sorted((data.get("instances") or {}).items()) if rec.get("status") != "removing"}
-        block_metrics = {**sample, "history": data.get("window") or []}
+        insts: dict[str, AutoscaleInstance] = {
+            iid: {"status": rec.get("status", ""), "node": rec.get("node", ""), **(data["samples"].get(iid) or {})}
+            for iid, rec in sorted((data.get("instances") or {}).items()) if rec.get("status") != "removing"}
+        block_metrics: AutoscaleMetrics = {**sample, "history": data.get("window") or []}
         input_data = a.policy_input(bid, insts, block_metrics, current, lo, hi, state)
         if now < state.backoff_until:  # its last call timed out: its thread may still be busy
             why = f"{state.failed_reason} (not called again for {state.backoff_until - now:.0f} s)"
@@ -203,7 +206,7 @@ class Autoscaler:
         seconds = time.perf_counter() - started
         state = a.recovered(state)
         outcome, state = a.decide(now, current, raw, lo, hi, params, state)
-        latest = {"t": round(now, 3), "current": current, "raw": raw, "desired": outcome.desired, "stable": outcome.stable,
+        latest: a.Latest = {"t": round(now, 3), "current": current, "raw": raw, "desired": outcome.desired, "stable": outcome.stable,
                   "burst": outcome.burst, "in_burst": outcome.in_burst, "rules": list(outcome.rules), "reason": reason}
         state.latest = latest
         if not outcome.changed or _waiting(now, current, outcome, state):
@@ -212,7 +215,7 @@ class Autoscaler:
         request_id = f"as{state.seq}-{int(now * 1000)}"
         state.last[-1]["reason"] = reason
         state.last[-1]["request_id"] = request_id
-        decision = await self.w.record(bid, KIND, rule, input_data, result, "", seconds, logs)
+        decision = await self.w.record(bid, KIND, rule, wire(input_data), result, "", seconds, logs)
         ev = Autoscaled(bid, gen, request_id, current, outcome.desired, raw, list(outcome.rules), reason, outcome.stable,
                         outcome.burst, outcome.in_burst, a.summary(sample, insts), [decision])
         why = f"autoscaler: {current} -> {outcome.desired}" + (f" ({reason})" if reason else "")
@@ -222,18 +225,18 @@ class Autoscaler:
         log.info("autoscaler.scaled", block=bid, current=current, desired=outcome.desired, raw=raw, rules=list(outcome.rules))
         return TickResult("changed", outcome, reason, stored=True), state
 
-    async def _call(self, ir: BlockIR, rule: dict[str, Any], input_data: dict[str, Any]) -> tuple[Any, list[list[str]]]:
+    async def _call(self, ir: BlockIR, rule: dict[str, Any], input_data: AutoscaleInput) -> tuple[Any, list[list[str]]]:
         rule_id = f"{ir['blockId']}.autoscaler"
         uri = str(rule.get("policyRuleURI", ""))
         ctx = TrackingDict({} if stateless(uri) else await self.w.store.context_load(rule_id))
         trace: dict[str, Any] = {}
-        result = await self.runtime.invoke(rule, rule_id, input_data, ctx, trace)
+        result = await self.runtime.invoke(rule, rule_id, wire(input_data), ctx, trace)
         changed, deleted = ctx.changes()
         if changed or deleted:
             await self.w.store.context_save(rule_id, changed, deleted)
         return result, list(trace.get("logs") or [])
 
-    async def _failed(self, now: float, bid: str, gen: int, rule: dict[str, Any], input_data: dict[str, Any], reason: str,
+    async def _failed(self, now: float, bid: str, gen: int, rule: dict[str, Any], input_data: AutoscaleInput, reason: str,
                       current: int, state: a.State, seconds: float, logs: list[list[str]]) -> tuple[TickResult, a.State]:
         quiet = state.failed_quiet
         store, state = a.failed(now, state, reason, self.s.autoscale_failure_record_s)
@@ -241,7 +244,7 @@ class Autoscaler:
         if store:
             state.seq += 1
             request_id = f"asf{state.seq}-{int(now * 1000)}"
-            decision = await self.w.record(bid, KIND, rule, input_data, None, reason, seconds, logs)
+            decision = await self.w.record(bid, KIND, rule, wire(input_data), None, reason, seconds, logs)
             await self.w.bus.emit(E.block_autoscale_failed, AutoscaleFailed(bid, gen, request_id, reason, current, quiet, [decision]))
             log.warning("autoscaler.tick_failed", block=bid, reason=reason)
         return TickResult("failed", None, reason, stored=store), state
