@@ -26,6 +26,11 @@ from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from ..settings import Settings
 from .autopipeline import AutoPipelineRedis
 
+#: how long a command line tool waits, at its first PING, for a Redis Cluster that has a node down
+#: but others up (a primary's failover: its slots answer again once a replica is promoted, after
+#: ``cluster-node-timeout`` (15 s by default) and the election)
+FAILOVER_WAIT_S = 30.0
+
 #: URL schemes of a Redis Cluster (the scheme without ``+cluster`` is the connection's)
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -38,6 +43,31 @@ def is_cluster_client(r: Any) -> bool:
     if cls is AutoPipelineRedis:
         return False
     return isinstance(r, RedisCluster)
+
+
+async def ping(r: Any, failover_wait_s: float = FAILOVER_WAIT_S) -> None:
+    """PING (every node of a cluster). On a Redis Cluster a connection error to one node while
+    another answers is a failover in progress (the killed primary still owns its slots until its
+    replica is promoted): try again every 0.5 s for up to ``failover_wait_s`` (redis-py's own
+    retries refresh the slot map with no pause, so they are spent within the window). No node
+    answering at all, or a single server, fails at once."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import RedisClusterException
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    deadline = asyncio.get_running_loop().time() + failover_wait_s
+    while True:
+        try:
+            await r.ping()
+            return
+        except RedisClusterException as exc:
+            # "Redis Cluster cannot be connected": no startup node answered CLUSTER SLOTS, none is up
+            if "cannot be connected" in str(exc) or asyncio.get_running_loop().time() >= deadline:
+                raise RedisConnectionError(str(exc)) from exc
+        except (RedisConnectionError, RedisTimeoutError, OSError):
+            if not is_cluster_client(r) or asyncio.get_running_loop().time() >= deadline:
+                raise
+        await asyncio.sleep(0.5)
 
 
 def is_cluster_url(url: str) -> bool:

@@ -25,7 +25,7 @@ from ..settings import Settings
 from ..settings import current as current_settings
 from . import scripts
 from .autoscale import AutoscaleStore
-from .connection import is_cluster_client, open_redis
+from .connection import is_cluster_client, open_redis, ping
 from .gathers import GatherRecords
 from .health import HealthStore
 from .keys import (  # noqa: F401  (re-exported: the store's callers import keys from here too)
@@ -140,9 +140,10 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
 
     async def reachable(self) -> None:
         """Raise :class:`StoreUnreachable` (a ``ConnectionError``) when Redis does not answer a
-        PING: a command line tool says so in one line instead of a redis-py traceback."""
+        PING: a command line tool says so in one line instead of a redis-py traceback. A Redis
+        Cluster in a primary's failover is waited for (``connection.ping``: bounded)."""
         try:
-            await self.r.ping()
+            await ping(self.r)
         except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
             raise StoreUnreachable(f"cannot connect to Redis: {exc}") from exc
 
