@@ -443,8 +443,10 @@ class Bus(Topology):
         for d in held:
             box.pending.append(await self.js.publish_async(d.subject, d.body, headers=d.headers))
 
-    async def commit(self, groups: list[list[Deferred]], timeout: float) -> list[str]:
+    async def commit(self, groups: list[list[Deferred]], timeout: float, seqs: list[list[int]] | None = None) -> list[str]:
         """Store every group's events; per group, ``""`` when all of them are stored, else why not.
+        ``seqs``, when given, is filled per group with each event's stream sequence (0 when not
+        known to be a new message of the stream: not stored, or a duplicate the window dropped).
 
         Per stream, when there are at least ``atomic_batch_min`` events and the stream allows it,
         they go as atomic batches (``Nats-Batch-Id`` / ``-Sequence`` / ``-Commit``: the server
@@ -453,30 +455,36 @@ class Bus(Topology):
         redelivered step's events, error 10201; a server limit) goes again event by event, where
         the duplicate window drops what was stored before."""
         errors = [""] * len(groups)
-        by_stream: dict[str, list[tuple[int, Deferred]]] = {}
+        got: list[list[int]] = seqs if seqs is not None else []
+        got[:] = [[0] * len(group) for group in groups]
+        by_stream: dict[str, list[tuple[int, int, Deferred]]] = {}
         for gi, group in enumerate(groups):
-            for d in group:
-                by_stream.setdefault(d.stream, []).append((gi, d))
+            for di, d in enumerate(group):
+                by_stream.setdefault(d.stream, []).append((gi, di, d))
         if not by_stream:
             return errors
         parts: list[Awaitable[list[tuple[int, str]]]] = []
         for stream, items in by_stream.items():
             if stream in self.atomic_streams and len(items) >= self.settings.atomic_batch_min:
                 step = self.settings.atomic_batch_max
-                parts += [self._atomic(items[i:i + step], timeout) for i in range(0, len(items), step)]
+                parts += [self._atomic(items[i:i + step], timeout, got) for i in range(0, len(items), step)]
             else:
-                parts.append(self._each(items, timeout))
+                parts.append(self._each(items, timeout, got))
         for failures in await asyncio.gather(*parts):
             for gi, why in failures:
                 errors[gi] = errors[gi] or why
         return errors
 
-    async def _atomic(self, items: list[tuple[int, Deferred]], timeout: float) -> list[tuple[int, str]]:
-        ack, why = await self._send_atomic([d for _gi, d in items], timeout)
+    async def _atomic(self, items: list[tuple[int, int, Deferred]], timeout: float,
+                      got: list[list[int]]) -> list[tuple[int, str]]:
+        ack, why = await self._send_atomic([d for _gi, _di, d in items], timeout)
         if ack is not None:
+            last = len(items) - 1
+            for i, (gi, di, _d) in enumerate(items):  # stored in one piece: sequences in a row
+                got[gi][di] = int(ack.seq) - (last - i)
             return []
         log.info("bus.batch_fallback", events=len(items), why=why)
-        return await self._each(items, timeout)
+        return await self._each(items, timeout, got)
 
     async def _send_atomic(self, items: list[Deferred], timeout: float) -> tuple[Any, str]:
         """``items`` as one atomic batch: (the commit's ack, ``""``) when all were stored, else
@@ -498,16 +506,19 @@ class Bus(Topology):
         except Exception as exc:
             return None, f"{type(exc).__name__}: {exc}"
 
-    async def _each(self, items: list[tuple[int, Deferred]], timeout: float) -> list[tuple[int, str]]:
-        futs = [await self.js.publish_async(d.subject, d.body, headers=d.headers) for _gi, d in items]
+    async def _each(self, items: list[tuple[int, int, Deferred]], timeout: float,
+                    got: list[list[int]]) -> list[tuple[int, str]]:
+        futs = [await self.js.publish_async(d.subject, d.body, headers=d.headers) for _gi, _di, d in items]
         _, late = await asyncio.wait(futs, timeout=timeout)
         failures = []
-        for (gi, _d), f in zip(items, futs, strict=True):
+        for (gi, di, _d), f in zip(items, futs, strict=True):
             if f in late:
                 f.cancel()
                 failures.append((gi, "publish failed: TimeoutError: no ack from the stream"))
             elif (err := f.exception()) is not None:
                 failures.append((gi, f"publish failed: {type(err).__name__}: {err}"))
+            elif not getattr(ack := f.result(), "duplicate", False):
+                got[gi][di] = int(getattr(ack, "seq", 0) or 0)
         return failures
 
     async def publish_raw(self, subject: str, payload: bytes, msg_id: str | None = None,

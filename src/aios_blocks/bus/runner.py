@@ -18,6 +18,16 @@ Failures:
 * anything else (a publish of the handler that failed included) - retry with backoff; after
   ``max_deliver`` deliveries, dead-letter it.
 
+Hand-off: once a batch's stored events are committed (acked by the stream), each one a consumer
+of this process takes is given to that consumer's runner at once (:class:`HandOff`), rather than
+after the stream delivers it to that runner's pull loop: the next step runs in the same turn of the
+event loop (parser -> gateway in ``blocks up``'s parser+gateway process). The stream still delivers
+it: that delivery, once the hand-off's batch is settled, is acked unhandled when the hand-off's
+handler succeeded and its effects are stored, else handled as any delivery (so a process killed
+between the commit and the hand-off's settle loses nothing: the event is stored and unacked).
+A hand-off is never retried nor dead-lettered itself: the delivery does that. ``AIOS_HANDOFF=0``
+turns it off.
+
 A dead letter goes to ``aios.dlq.{consumer}.{subject}`` and carries the original body, headers, the
 error and the delivery count. A handler exception never escapes the runner: a worker does not die
 of its input. Several batches may be in flight at once (``concurrency`` messages in all), so a
@@ -28,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -38,6 +50,7 @@ import structlog
 from nats.aio.msg import Msg
 from prometheus_client import Counter, Histogram
 
+from ..runtime import faults
 from ..schemas.events import DeadLetter
 from . import subjects
 from .catalog import E
@@ -47,6 +60,21 @@ log = structlog.get_logger("aios.runner")
 
 HANDLED = Counter("aios_messages_total", "Messages handled", ["consumer", "outcome"])
 LATENCY = Histogram("aios_handler_seconds", "Handler latency", ["consumer"])
+HANDOFFS = Counter("aios_handoffs_total", "Stored events handed to a consumer of the same process after their "
+                   "commit (given), their stream deliveries acked unhandled (skipped) or handled (redone), and "
+                   "those whose delivery was taken before their commit's ack came (pulled_first)",
+                   ["consumer", "outcome"])
+
+#: the JetStream runners of this process by stream (``ConsumerRunner.run`` while it runs): who a
+#: committed event may be handed to
+_LOCAL: dict[str, list[ConsumerRunner]] = {}
+#: stream sequences a runner remembers: handed off and not yet delivered, taken from its pull loop
+REMEMBERED = 8192
+
+
+def handoff_on() -> bool:
+    """Whether runners hand committed events to this process's consumers (``AIOS_HANDOFF``, on by default)."""
+    return os.environ.get("AIOS_HANDOFF", "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 class Defer(Exception):
@@ -96,6 +124,8 @@ class RunnerOptions:
     fetch_timeout_s: float = 1.0
     #: how long a batch waits for the stream to acknowledge what its handlers published
     publish_timeout_s: float = 10.0
+    #: hand committed events to this process's consumers (module docstring, "Hand-off")
+    handoff: bool = field(default_factory=handoff_on)
 
 
 @dataclass
@@ -123,6 +153,8 @@ class ConsumerRunner:
     handler: Handler
     options: RunnerOptions = field(default_factory=RunnerOptions)
     guard: Guard | None = None
+    #: its messages are a JetStream consumer's (hand-offs and deliveries matched by stream sequence)
+    stored = True
 
     def __post_init__(self) -> None:
         # this consumer's labelled metrics, looked up once (a label lookup per message adds up)
@@ -131,10 +163,27 @@ class ConsumerRunner:
         self._latency = LATENCY.labels(durable)
         self._inflight: set[asyncio.Task[None]] = set()
         self._taken = 0  # messages in the batches in flight
+        #: stream seq -> the outcome of its hand-off (True: handled, effects stored), until delivered
+        self._handed: OrderedDict[int, asyncio.Future[bool]] = OrderedDict()
+        #: stream seqs its pull loop took (recent ones): never handed off after that
+        self._pulled: OrderedDict[int, None] = OrderedDict()
+        self._running = False
+        self._stop: asyncio.Event | None = None
 
     async def run(self, stop: asyncio.Event) -> None:
         puller = await self.bus.puller(self.spec.stream, self.spec.durable)
         log.info("consumer.start", consumer=self.spec.durable, filters=self.spec.filters)
+        local = _LOCAL.setdefault(self.spec.stream, [])
+        local.append(self)
+        self._running = True
+        try:
+            await self._pull(stop, puller)
+        finally:
+            self._running = False
+            local.remove(self)
+
+    async def _pull(self, stop: asyncio.Event, puller: Any) -> None:
+        self._stop = stop
 
         async def fetch(n: int) -> list[Any] | None:
             try:
@@ -166,11 +215,14 @@ class ConsumerRunner:
         self._taken += len(msgs)
         task = asyncio.create_task(self.batch(msgs))
         self._inflight.add(task)
-        task.add_done_callback(lambda t, n=len(msgs): self._done(t, n))  # type: ignore[misc]
+        task.add_done_callback(lambda t, m=msgs: self._done(t, m))  # type: ignore[misc]
 
-    def _done(self, task: asyncio.Task[None], n: int) -> None:
+    def _done(self, task: asyncio.Task[None], msgs: list[Any]) -> None:
         self._inflight.discard(task)
-        self._taken -= n
+        self._taken -= len(msgs)
+        for msg in msgs:  # a hand-off whose batch ended unsettled (cancelled): its delivery handles it
+            if isinstance(msg, HandOff):
+                msg.settled(False)
 
     async def _stopped(self) -> None:
         """Wait for the batches in flight, flush what they published."""
@@ -191,7 +243,11 @@ class ConsumerRunner:
             for msg in msgs:
                 await self._settle(msg.nak(delay=1.0))
 
-    async def _batch(self, msgs: list[Msg]) -> None:
+    async def _batch(self, msgs: list[Any]) -> None:
+        if self.stored:
+            msgs = await self._not_handed(msgs)
+            if not msgs:
+                return
         deliveries = [self._delivery(m) for m in msgs]
         token: Any = None
         if self.guard is not None:
@@ -220,14 +276,80 @@ class ConsumerRunner:
 
     async def _commit_stored(self, outcomes: list[_Outcome]) -> None:
         """The batch's stored events together (atomic batches where they pay); an event that could
-        not be stored fails its own message only, which comes back and publishes again."""
+        not be stored fails its own message only, which comes back and publishes again. What was
+        stored is handed to this process's consumers that take it (``_hand_off``)."""
         oks = [o for o in outcomes if o.kind == "ok" and o.deferred]
         if not oks:
             return
-        errors = await self.bus.commit([o.deferred for o in oks], self.options.publish_timeout_s)
+        seqs: list[list[int]] = []
+        errors = await self.bus.commit([o.deferred for o in oks], self.options.publish_timeout_s, seqs)
         for o, why in zip(oks, errors, strict=True):
             if why:
                 o.kind, o.reason = "error", why
+        if self.options.handoff:
+            self._hand_off([(d, seq) for o, got in zip(oks, seqs, strict=True) if o.kind == "ok"
+                            for d, seq in zip(o.deferred, got, strict=True) if seq])
+
+    # -- the hand-off (module docstring) -----------------------------------------------------------
+    @staticmethod
+    def _hand_off(stored: list[tuple[Deferred, int]]) -> None:
+        """Give each stored event to every running consumer of this process that takes it."""
+        given: dict[int, tuple[ConsumerRunner, list[HandOff]]] = {}
+        for d, seq in stored:
+            for r in _LOCAL.get(d.stream, ()):
+                if r.takes(d.subject, seq):
+                    h = r.expect(seq, d)
+                    given.setdefault(id(r), (r, []))[1].append(h)
+        for r, hands in given.values():
+            faults.hit(f"handoff.{r.spec.durable}.given")  # the chaos tests' SIGKILL: stored, not handed
+            r._start(hands)
+
+    def takes(self, subject: str, seq: int) -> bool:
+        """Whether a stored event is handed here: this consumer takes its subject, its pull loop
+        has not taken it already, it is not handed already, and there is room in flight."""
+        if not self._running or (self._stop is not None and self._stop.is_set()):
+            return False
+        if not any(subjects.matches(f, subject) for f in self.spec.filters) or seq in self._handed:
+            return False
+        if seq in self._pulled:  # the stream's delivery came first: it is being handled
+            self._handed_metric("pulled_first").inc()
+            return False
+        return self._taken < self.options.concurrency
+
+    def expect(self, seq: int, d: Deferred) -> HandOff:
+        """Note the hand-off of ``seq`` (its delivery waits for it) and make its message."""
+        fut: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._handed[seq] = fut
+        while len(self._handed) > REMEMBERED:  # delivered elsewhere (another copy took it): forget it
+            self._handed.popitem(last=False)
+        self._handed_metric("given").inc()
+        return HandOff(d.subject, d.body, dict(d.headers), seq, fut)
+
+    def _handed_metric(self, outcome: str) -> Any:
+        return HANDOFFS.labels(self.spec.durable, outcome)
+
+    async def _not_handed(self, msgs: list[Any]) -> list[Any]:
+        """The messages of a fetched batch still to handle: a delivery of an event handed off here
+        waits for the hand-off's outcome, and is acked unhandled if it succeeded."""
+        rest: list[Any] = []
+        for msg in msgs:
+            if isinstance(msg, HandOff):
+                rest.append(msg)
+                continue
+            seq = msg.metadata.sequence.stream
+            self._pulled[seq] = None
+            if len(self._pulled) > REMEMBERED:
+                self._pulled.popitem(last=False)
+            fut = self._handed.pop(seq, None)
+            if fut is None:
+                rest.append(msg)
+            elif await asyncio.shield(fut):  # handled, its effects stored: this delivery is done
+                await self._settle(msg.ack())
+                self._handed_metric("skipped").inc()
+            else:
+                self._handed_metric("redone").inc()
+                rest.append(msg)
+        return rest
 
     async def _await_publishes(self, outcomes: list[_Outcome]) -> None:
         """Every publish of the batch at once; a publish that failed (or never got its ack) fails
@@ -291,8 +413,14 @@ class ConsumerRunner:
             f.add_done_callback(_retrieve)
         return out
 
-    async def _finish(self, msg: Msg, o: _Outcome) -> None:
+    async def _finish(self, msg: Any, o: _Outcome) -> None:
         d = o.delivery
+        if isinstance(msg, HandOff):  # its delivery acks, retries or dead-letters it
+            if o.kind == "ok":
+                faults.hit(f"handoff.{self.spec.durable}.handled")  # the chaos tests' SIGKILL: done, not acked
+                self._handled["ok"].inc()
+            msg.settled(o.kind == "ok")
+            return
         if o.kind == "ok":
             await self._settle(msg.ack())
             self._handled["ok"].inc()
@@ -337,12 +465,41 @@ class ConsumerRunner:
             await coro
 
     @staticmethod
-    def _delivery(msg: Msg) -> Delivery:
+    def _delivery(msg: Any) -> Delivery:
+        if isinstance(msg, HandOff):
+            return Delivery(subject=msg.subject, data=msg.data, headers=msg.headers, deliveries=1, stream_seq=msg.seq)
         meta = msg.metadata
         return Delivery(
             subject=msg.subject, data=msg.data, headers=dict(msg.headers or {}), deliveries=meta.num_delivered,
             stream_seq=meta.sequence.stream,
         )
+
+
+@dataclass
+class HandOff:
+    """A stored event handed to a runner of this process after its commit (its first delivery,
+    ``stream_seq`` its stream sequence). Settling it only tells the stream's delivery of the same
+    event what happened (``settled``): ``ack`` (handled), ``nak``/``term`` (not: the delivery
+    handles it)."""
+
+    subject: str
+    data: bytes
+    headers: dict[str, str]
+    seq: int
+    outcome: asyncio.Future[bool]
+
+    def settled(self, ok: bool) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(ok)
+
+    async def ack(self) -> None:
+        self.settled(True)
+
+    async def nak(self, delay: float = 0.0) -> None:
+        self.settled(False)
+
+    async def term(self) -> None:
+        self.settled(False)
 
 
 @dataclass
@@ -379,6 +536,8 @@ class CoreRunner(ConsumerRunner):
     A query is not stored, so one held by a process that dies is lost: its sender asks again (the
     gateway's gather timer asks a cluster that has not answered by the deadline). A stopping
     runner leaves the group first and handles what it had already taken."""
+
+    stored = False
 
     def __post_init__(self) -> None:
         super().__post_init__()
