@@ -109,3 +109,20 @@ def test_a_share_does_not_spoil_the_gpu_another_size_would_fill() -> None:
         assert _pick(views, share(0.32), workload, seed) != ("n-used", ["n-used-g0"])
         # the 0.47 still completes the GPU with 530 free
         assert _pick(views, share(0.47), workload, seed) == ("n-used", ["n-used-g0"])
+
+
+def test_what_a_share_leaves_is_worth_what_the_nodes_cpus_can_still_take() -> None:
+    # 0.47s ask 8 CPUs, 0.32s 4: a 0.47 on an idle GPU of a node left with 4 CPUs leaves 530
+    # that no 0.47 can take (only a 0.32: worth 1/3, not 1/2), so it loses 1/6 of a GPU
+    prices = SharePrices({470: 0.5, 320: 0.5}, {470: 8.0, 320: 4.0})
+    assert prices.loss(1000, 470) == pytest.approx(0)
+    assert prices.loss(1000, 470, cpu_after=16) == pytest.approx(0)
+    assert prices.loss(1000, 470, cpu_after=4) == pytest.approx(1 - 1 / 3 - 0.5, abs=1e-6)
+    # with CPUs for no share at all, what it leaves is worth nothing
+    assert prices.loss(1000, 470, cpu_after=2) == pytest.approx(0.5, abs=1e-6)
+    # what the GPU had free is worth what the node's CPUs could take before: on a node with 6
+    # CPUs a GPU with 530 free waits for no 0.47, so a 0.32 there loses nothing
+    assert prices.loss(530, 320, cpu_after=2) == pytest.approx(0.5 - 1 / 3, abs=1e-6)
+    assert prices.loss(530, 320, cpu_after=2, cpu_before=6) == pytest.approx(0)
+    assert SharePrices.of_shapes([{"cpu": 8, "gpus": 1, "gpuShare": 0.47, "weight": 1},
+                                  {"cpu": 6, "gpus": 1, "gpuShare": 0.47, "weight": 1}], with_cpus=True).cpus == {470: 6.0}

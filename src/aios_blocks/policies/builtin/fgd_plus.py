@@ -56,6 +56,12 @@ LOOK_AHEAD = 0.2
 MODEL_PRESSURE = 0.5
 #: the weight, in thousandths per GPU lost, of a share's packing loss (``parameters.sharePacking``)
 SHARE_PACKING = 10.0
+#: whether the free compute a share leaves is priced by the sizes its node's CPUs can still take
+#: (``parameters.shareCpu``)
+SHARE_CPU = 0
+#: the weight, in thousandths per GPU, of the share space a task's CPUs leave no size to fill on
+#: its node's partly used GPUs (``parameters.leftoverCpu``)
+LEFTOVER_CPU = 0.0
 
 
 def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict[str, float]:
@@ -244,8 +250,14 @@ class FgdPlusPolicy(_FragBase):
         self.key = (f"{self.key[0]}@{self.pressure_weight}", self.key[1], self.key[2])
         packing = self.parameters.get("sharePacking", SHARE_PACKING)
         self.packing = max(float(packing), 0.0) if isinstance(packing, int | float) else SHARE_PACKING
-        self.prices = SharePrices.of_shapes(self.shapes) if self.packing > 0 else None
-        self.key = (f"{self.key[0]}@{self.packing}", self.key[1], self.key[2])
+        share_cpu = self.parameters.get("shareCpu", SHARE_CPU)
+        self.share_cpu = int(share_cpu) if isinstance(share_cpu, bool | int) else SHARE_CPU
+        stranding = self.parameters.get("leftoverCpu", LEFTOVER_CPU)
+        self.stranding = max(float(stranding), 0.0) if isinstance(stranding, int | float) else LEFTOVER_CPU
+        self.prices = SharePrices.of_shapes(self.shapes, self.share_cpu > 0 or self.stranding > 0) if self.packing > 0 else None
+        if self.prices is None:
+            self.stranding = 0.0
+        self.key = (f"{self.key[0]}@{self.packing}@{self.share_cpu}@{self.stranding}", self.key[1], self.key[2])
         self.pressure: dict[str, float] | None = None
         #: the workload's memory per CPU when the parameters give it (else each request's own)
         self.ratio = workload_memory_per_cpu(self.parameters)
@@ -272,6 +284,10 @@ class FgdPlusPolicy(_FragBase):
         if not self.pressure or not taken or len(set(needs.get("gpuModels") or ())) == 1:
             return 0.0
         return self.pressure_weight * self.pressure.get(model, 0.0) * taken
+
+    def _stranded(self, left: tuple[int, ...], cpu_before: float, cpu_after: float, skip: int = -1) -> float:
+        """The share space a task's CPUs leave no share size to fill on its node (GPUs)."""
+        return self.prices.stranded(left, cpu_before, cpu_after, skip) if self.prices is not None else 0.0
 
     @staticmethod
     def _before(wl: BlendedWorkload, node: NodeView, model: str, left: tuple[int, ...], ratio: float) -> float:
@@ -304,6 +320,7 @@ class FgdPlusPolicy(_FragBase):
         model = node_model(node)
         cpu_ask, mem_ask = float(needs.get("cpu", 0) or 0), float(needs.get("memory", 0) or 0)
         cpu_after = effective_cpu(float(node["cpu_free"]) - cpu_ask, float(node.get("memory_free", 0)) - mem_ask, ratio)
+        cpu_before = effective_cpu(float(node["cpu_free"]), float(node.get("memory_free", 0)), ratio)
         left: tuple[int, ...] = capacity.derived(node, "gpu_left", gpu_left)
         if wl is None:  # no target workload: this request's shape alone
             wl = self.measure([{"cpu": needs.get("cpu", 0), "gpus": count or 0,
@@ -316,6 +333,8 @@ class FgdPlusPolicy(_FragBase):
                                       lambda n: self._before(wl, n, model, left, ratio))
         if not count:  # CPU-only: where its CPUs are least needed by the free GPUs left
             delta = wl.frag(model, cpu_after, left) - before
+            if self.stranding:
+                delta += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after)
             free = sum(left)
             return (round(delta, DIGITS), free, -round(cpu_after * UNITS / free if free else cpu_after, 3)), []
         if units < UNITS:  # one shared GPU: least growth, then the least free compute that fits
@@ -330,8 +349,11 @@ class FgdPlusPolicy(_FragBase):
                 after = list(left)
                 after[after.index(free)] -= units
                 d = wl.frag(model, cpu_after, tuple(after)) - before + cost
+                if self.stranding:
+                    d += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after, left.index(free))
                 if self.prices is not None:
-                    d += self.packing * UNITS * self.prices.loss(free, units)
+                    d += self.packing * UNITS * self.prices.loss(free, units, cpu_after if self.share_cpu else None,
+                                                                 cpu_before if self.share_cpu > 1 else None)
                 d = round(d, DIGITS)
                 if best is None or (d, free) < best[:2]:
                     best = (d, free, g["id"])
@@ -342,6 +364,8 @@ class FgdPlusPolicy(_FragBase):
         for _ in chosen:  # whole GPUs: idle ones, all alike
             after[after.index(UNITS)] = 0
         delta = wl.frag(model, cpu_after, tuple(after)) - before + self._penalty(model, needs, count * UNITS)
+        if self.stranding:
+            delta += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after)
         return (round(delta, DIGITS), sum(after), round(cpu_after, 3)), chosen
 
 

@@ -26,6 +26,7 @@ simplex (one variable per share size), each cut the best configuration for the c
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Sequence
 from typing import Any
 
@@ -113,14 +114,25 @@ def dual_prices(weights: dict[int, float], max_rounds: int = 500) -> dict[int, f
 
 class SharePrices:
     """The prices of a workload's share sizes and each free amount's worth (``phi``): what
-    placing a share on a GPU loses (:meth:`loss`, in GPUs)."""
+    placing a share on a GPU loses (:meth:`loss`, in GPUs).
 
-    def __init__(self, weights: dict[int, float]):
+    ``cpus`` (share size -> the fewest CPUs a shape of that size asks) makes the worth depend on
+    the node's CPUs too: free compute on a node left with fewer CPUs than a size asks cannot
+    take that size, so :meth:`loss` with ``cpu_after`` prices the free compute a share leaves by
+    the sizes the node's CPUs can still take (``phi`` over those sizes only): a share leaving
+    0.53 on a node with CPUs for no 0.47 leaves what only the smaller sizes fill."""
+
+    def __init__(self, weights: dict[int, float], cpus: dict[int, float] | None = None):
         self.prices = dual_prices(weights)
         sizes = sorted(self.prices)
         self.phi, _ = best_fill(sizes, [self.prices[s] for s in sizes], UNITS)
         self._sizes = sizes
-        self._losses: dict[int, list[float]] = {}
+        self._losses: dict[Any, list[float]] = {}
+        #: each size's fewest CPUs (0: unknown, any node can take it)
+        self.cpus = {s: float((cpus or {}).get(s, 0.0)) for s in sizes}
+        #: the distinct CPU thresholds, ascending; level i: the sizes asking at most levels[i] CPUs
+        self.levels = sorted(set(self.cpus.values()))
+        self._phis: dict[int, list[float]] = {}
 
     def price(self, units: int) -> float:
         """A share's price; a size the workload does not have: the price of the largest size
@@ -130,26 +142,65 @@ class SharePrices:
             return got
         return max((self.prices[s] for s in self._sizes if s <= units), default=0.0)
 
-    def loss(self, free: int, units: int) -> float:
+    def loss(self, free: int, units: int, cpu_after: float | None = None, cpu_before: float | None = None) -> float:
         """GPUs lost by placing a share of ``units`` on a GPU with ``free`` thousandths free (an
-        idle GPU is worth 1). A table per share size, made on its first use."""
-        table = self._losses.get(units)
+        idle GPU is worth 1); with ``cpu_after`` (the node's CPUs once the share is placed) what
+        it leaves is worth only what the sizes those CPUs can take fill; with ``cpu_before``
+        (the node's CPUs before) what the GPU had free is worth only what the sizes those CPUs
+        can take fill (an idle GPU still 1). A table per share size (and CPU levels), made on its
+        first use."""
+        after, before = self.level(cpu_after), self.level(cpu_before)
+        table = self._losses.get((units, after, before))
         if table is None:
-            table = self._losses[units] = [self._loss(h, units) if h >= units else 0.0 for h in range(UNITS + 1)]
+            phi, had = self.phi_at(after), self.phi_at(before)
+            table = self._losses[(units, after, before)] = [self._loss(h, units, phi, had) if h >= units else 0.0
+                                                            for h in range(UNITS + 1)]
         return table[min(free, UNITS)]
 
-    def _loss(self, free: int, units: int) -> float:
-        worth = 1.0 if free >= UNITS else self.phi[free]
+    def stranded(self, left: Sequence[int], cpu_before: float, cpu_after: float, skip: int = -1) -> float:
+        """GPUs' worth lost on a node's partly used GPUs (free thousandths ``left``, but the one at
+        ``skip``) when its CPUs go from ``cpu_before`` to ``cpu_after``: free compute the sizes
+        the remaining CPUs cannot take no longer fill."""
+        before, after = self.level(cpu_before), self.level(cpu_after)
+        if before == after:
+            return 0.0
+        had, phi = self.phi_at(before), self.phi_at(after)
+        return round(sum(had[x] - phi[x] for i, x in enumerate(left) if 0 < x < UNITS and i != skip), 6)
+
+    def level(self, cpu: float | None) -> int:
+        """How many CPU thresholds ``cpu`` reaches (``len(levels)``: all of them, or no CPU given)."""
+        if cpu is None or not self.levels or cpu + 1e-9 >= self.levels[-1]:
+            return len(self.levels)
+        return bisect.bisect_right(self.levels, cpu + 1e-9)
+
+    def phi_at(self, level: int) -> list[float]:
+        """``phi`` over the sizes whose fewest CPUs are within the first ``level`` thresholds."""
+        if level >= len(self.levels):
+            return self.phi
+        got = self._phis.get(level)
+        if got is None:
+            within = [s for s in self._sizes if level and self.cpus[s] <= self.levels[level - 1]]
+            got = self._phis[level] = best_fill(within, [self.prices[s] for s in within], UNITS)[0]
+        return got
+
+    def _loss(self, free: int, units: int, after: list[float], before: list[float]) -> float:
+        worth = 1.0 if free >= UNITS else before[free]
         # rounded: equal losses must compare equal (the prices are LP floats)
-        return max(0.0, round(worth - self.phi[free - units] - self.price(units), 6))
+        return max(0.0, round(worth - after[free - units] - self.price(units), 6))
 
     @classmethod
-    def of_shapes(cls, shapes: Sequence[dict[str, Any]]) -> SharePrices | None:
+    def of_shapes(cls, shapes: Sequence[dict[str, Any]], with_cpus: bool = False) -> SharePrices | None:
         """The prices of a target workload's shares (shapes of one GPU with ``0 < gpuShare < 1``,
-        whatever their models), None when it has none."""
+        whatever their models), None when it has none; ``with_cpus``: each size's fewest CPUs
+        too (see the class)."""
         weights: dict[int, float] = {}
+        cpus: dict[int, float] = {}
         for s in shapes:
             share = round(float(s.get("gpuShare") or 0) * UNITS)
             if int(s.get("gpus", 0) or 0) == 1 and 0 < share < UNITS:
                 weights[share] = weights.get(share, 0.0) + float(s.get("weight", 0) or 0)
-        return cls(weights) if any(w > 0 for w in weights.values()) else None
+                cpu = float(s.get("cpu", 0) or 0)
+                cpus[share] = min(cpus.get(share, cpu), cpu)
+        if not any(w > 0 for w in weights.values()):
+            return None
+        return cls(weights, cpus if with_cpus else None)
