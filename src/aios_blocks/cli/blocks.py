@@ -383,8 +383,8 @@ def top(
 
     from . import top as topview
 
-    def missing(data: dict[str, Any]) -> bool:
-        return bid is not None and data.get("block") is None and not data.get("instances")
+    def missing(data: topview.AllBlocks | topview.OneBlock) -> bool:
+        return "blocks" not in data and data.get("block") is None and not data.get("instances")
 
     async def go(c: Client) -> int:
         data = await topview.read(c.store, bid)

@@ -109,7 +109,7 @@ class MetricsStore:
         out = await pipe.execute()
         return {bid: {iid: _json.decode(v) for iid, v in raw.items()} for bid, raw in zip(bids, out, strict=True)}
 
-    async def window(self, bid: str, iid: str | None = None, n: int = -1) -> list[dict[str, Any]]:
+    async def window(self, bid: str, iid: str | None = None, n: int = -1) -> list[BlockSample] | list[InstanceSample]:
         """The block's (or one instance's) samples, oldest first (the last ``n``; -1: all)."""
         raw = await self.r.lrange(metrics_win_key(bid, iid), 0, n - 1 if n > 0 else -1)
         return [_json.decode(x) for x in reversed(raw)]
