@@ -129,3 +129,23 @@ def test_the_adapt_table_the_index_and_adaptive_terms_have_exactly_the_named_fie
     terms = [{"category": "Topology", "strength": "Adaptive", "anti": False, "target_type": "RackId", "target": "1"}]
     affinity.annotate(nodes, terms, {**index, "adapt": table})  # type: ignore[arg-type]
     assert all(set(t) == set(AdaptiveTerm.__annotations__) for t in nodes["n1"]["affinity"]["adaptive"])  # type: ignore[index]
+
+
+def test_placement_payload_parts_have_exactly_the_named_fields() -> None:
+    """The cluster entry and metrics (``handlers.gateway``), a sample's info (``policies.sampling``)
+    and a scale_down candidate (``handlers.scaling.candidates``), in the order the input keeps."""
+    from aios_blocks.handlers import gateway, scaling
+    from aios_blocks.policies.sampling import Sample
+    from aios_blocks.schemas.records import ClusterEntry, ClusterFigures, ClusterMetrics, ScaleDownCandidate, SampleInfo
+
+    entry = gateway.cluster_entry({"id": "c1", "labels": {}}, {})
+    assert set(entry) | {"score_data", "missing"} == set(ClusterEntry.__annotations__)
+    assert set(entry["metrics"]) | {"affinity_score"} == set(ClusterFigures.__annotations__)
+    assert set(gateway.cluster_metrics({})) | {"affinity_score", "sample", "affinity_index"} == set(ClusterMetrics.__annotations__)
+    info = Sample({}, 1, 1, 1, 1, True, unsatisfiable="x").info()
+    assert set(info) == set(SampleInfo.__annotations__)
+    recs = {"i1": {"node": "n1", "gpus": ["g0"], "status": "running", "since": 1.0}, "i2": {"node": "n2", "status": "starting"}}
+    sample = {"inflight": 1.0, "running": 2.0, "waiting": 0.0, "rate": 3.0}
+    cands = scaling.candidates(recs, {"i1": sample}, 5.0)  # type: ignore[arg-type, dict-item]
+    assert all(list(c) == list(ScaleDownCandidate.__annotations__) for c in cands)
+    assert cands[0]["load"] == 1.0 and cands[1]["load"] is None and cands[1]["inflight"] is None

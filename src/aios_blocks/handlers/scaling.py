@@ -22,7 +22,7 @@ from typing import Any, Literal
 from ..policies.contract import ChoiceRefused as ChoiceRefused
 from ..policies.contract import default_pick as default_pick
 from ..schemas.lifecycle import InstanceStatus
-from ..schemas.records import InstanceRecord, InstanceSample
+from ..schemas.records import InstanceRecord, InstanceSample, ScaleDownCandidate
 
 #: the instance fields of a ``scale_down`` payload's ``instances`` entries, besides the load
 LOAD_KEYS: tuple[Literal["inflight", "running", "waiting", "rate"], ...] = ("inflight", "running", "waiting", "rate")
@@ -86,20 +86,21 @@ def plan_target(
 
 def candidates(
     instances: Mapping[str, InstanceRecord], metrics: Mapping[str, InstanceSample], now: float,
-) -> list[dict[str, Any]]:
+) -> list[ScaleDownCandidate]:
     """The ``instances`` of a ``scale_down`` payload: every live instance with its node, GPUs,
     status, when it was placed (``since``, epoch seconds; 0 when unknown) and ``age_s``, and the
     metrics collector's latest figures for it where known (``inflight``, ``running``,
     ``waiting``, ``rate``; ``load`` = inflight + waiting, ``None`` when there is no sample)."""
-    out: list[dict[str, Any]] = []
+    out: list[ScaleDownCandidate] = []
     for iid in sorted(live(instances)):
         rec = instances[iid]
         since = float(rec.get("since") or 0.0)
-        entry: dict[str, Any] = {
+        sample = metrics.get(iid)
+        entry: ScaleDownCandidate = {
             "instance_id": iid, "node_id": rec.get("node", ""), "gpus": list(rec.get("gpus") or []),
             "status": rec.get("status", ""), "since": since, "age_s": round(max(now - since, 0.0), 3) if since else None,
+            "inflight": None, "running": None, "waiting": None, "rate": None, "load": None,
         }
-        sample = metrics.get(iid)
         for k in LOAD_KEYS:
             entry[k] = sample[k] if sample else None
         entry["load"] = load_of(sample) if sample else None
@@ -116,7 +117,7 @@ def load_of(sample: InstanceSample) -> float:
     return float(inflight or 0.0) + float(sample.get("waiting") or 0.0)
 
 
-def choice(result: Any, cands: list[dict[str, Any]]) -> tuple[str, str]:
+def choice(result: Any, cands: list[ScaleDownCandidate]) -> tuple[str, str]:
     """(instance id, ``policy`` | ``default``) from a ``scale_down`` result. A dict with an
     ``instance_id`` names the instance, which must be one of ``cands`` (else ChoiceRefused); any
     other result (``None``, ``{}``, a placement) leaves the choice to :func:`default_pick`."""

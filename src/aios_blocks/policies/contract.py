@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..schemas.lifecycle import InstanceStatus
+from ..schemas.records import ScaleDownCandidate
 
 CLUSTER_ACTIONS = ("selection", "post_dry_run")
 RESOURCE_ACTIONS = ("dry_run", "allocation", "scale", "reassignment", "scale_down")
@@ -31,13 +32,13 @@ class ChoiceRefused(ValueError):
     """The policy's ``scale_down`` answer names no instance this step may remove."""
 
 
-def default_pick(cands: list[dict[str, Any]]) -> str:
+def default_pick(cands: Sequence[ScaleDownCandidate]) -> str:
     """The framework's default: the least loaded instance (no sample counts as 0), the newest
     first among equals (a starting instance before a running one), then the greatest id."""
     if not cands:
         raise ChoiceRefused("no instance to remove")
 
-    def key(c: dict[str, Any]) -> tuple[Any, ...]:
+    def key(c: ScaleDownCandidate) -> tuple[Any, ...]:
         starting = c.get("status") == InstanceStatus.STARTING
         return (float(c.get("load") or 0.0), not starting, -float(c.get("since") or 0.0))
 

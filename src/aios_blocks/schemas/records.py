@@ -577,6 +577,100 @@ class ReplayedDecision(DecisionRecord, total=False):
 # -- the seed-000 policy payloads (docs/policies.md: exact field names) -----------------------------
 
 
+class ClusterFigures(TypedDict, total=False):
+    """A cluster's totals over its nodes (``handlers.gateway.cluster_metrics`` without ``nodes``):
+    a clusterAllocator entry's ``metrics``; ``affinity_score`` where the block has affinity."""
+
+    node_count: int
+    healthy_node_count: int
+    gpus: int
+    gpus_free: int
+    gpu_memory_free: int
+    cpu_free: float
+    memory_free: int
+    #: the best Preferred-affinity score a node of the cluster could get
+    affinity_score: float
+
+
+class SampleInfo(TypedDict):
+    """What a policy sees under ``cluster_metrics["sample"]`` when the cluster was sampled
+    (``policies.sampling.Sample.info``)."""
+
+    total_nodes: int
+    visited: int
+    feasible: int
+    limit: int
+    seed: str
+    #: set when no visited node passes Required affinity
+    unsatisfiable: NotRequired[str]
+
+
+class ClusterMetrics(ClusterFigures, total=False):
+    """A placement payload's ``cluster_metrics``: the totals, the node views (all, or a sample:
+    then ``sample`` says so) and, for a block with affinity, the affinity index."""
+
+    nodes: dict[str, NodeView]
+    sample: SampleInfo
+    affinity_index: AffinityIndex
+
+
+class ScoreData(TypedDict, total=False):
+    """A dry_run's ``selection_score_data`` (and a post_dry_run entry's ``score_data``): the
+    feasibility score, the first instance's placement, how many instances fit (optional)."""
+
+    score: float
+    node_info: Placement
+    placeable: int
+
+
+class DryRunAnswer(TypedDict):
+    """``dry_run``'s answer."""
+
+    selection_score_data: ScoreData
+
+
+class ClusterEntry(TypedDict, total=False):
+    """A clusterAllocator's cluster entry (``handlers.gateway.cluster_entry``): ``selection``'s
+    ``filter_result``, ``post_dry_run``'s ``clusters`` with ``score_data`` (``missing``: no
+    answer in time)."""
+
+    cluster_id: str
+    id: str
+    labels: dict[str, str]
+    metrics: ClusterFigures
+    score_data: ScoreData
+    missing: bool
+
+
+class ScaleDownAnswer(TypedDict):
+    """``scale_down``'s answer when it names the instance (else nothing: the default)."""
+
+    instance_id: str
+
+
+class PolicyBlock(BlockIR, total=False):
+    """A placement payload's ``block``: the IR plus its instances' records by id."""
+
+    instances: dict[str, InstanceRecord]
+
+
+class ScaleDownCandidate(TypedDict):
+    """One of a ``scale_down`` payload's ``instances`` (``handlers.scaling.candidates``): where it
+    runs, its status, when it was placed and the collector's latest figures (None: no sample)."""
+
+    instance_id: str
+    node_id: str
+    gpus: list[str]
+    status: str
+    since: float
+    age_s: float | None
+    inflight: float | None
+    running: float | None
+    waiting: float | None
+    rate: float | None
+    load: float | None
+
+
 class PolicyInput(TypedDict, total=False):
     """``input_data`` of a policy call: the action and its payload (resource and autoscaling
     actions), or the action and its own fields (``selection``: ``filter_result``; ``post_dry_run``:
@@ -585,26 +679,31 @@ class PolicyInput(TypedDict, total=False):
     action: str
     #: ``PlacementPayload`` for the resource actions; each other kind's own (docs/policies.md)
     payload: Any
-    filter_result: list[dict[str, Any]]
-    clusters: list[Any]
+    filter_result: list[ClusterEntry]
+    clusters: list[ClusterEntry]
 
 
 class PlacementPayload(TypedDict, total=False):
-    """The resourceAllocator's payload (``dry_run``, ``allocation``, ``scale``, ``reassignment``)."""
+    """The resourceAllocator's payload (``dry_run``, ``allocation``, ``scale``, ``reassignment``,
+    ``scale_down``)."""
 
     #: the block's entry: its IR and its instances
-    block: dict[str, Any]
+    block: PolicyBlock
     #: the cluster's entry
-    cluster: dict[str, Any]
-    #: the cluster's metrics (its nodes' views, ``state.nodes.node_view``)
-    cluster_metrics: dict[str, Any]
+    cluster: ClusterRecord
+    #: the cluster's metrics (its totals and nodes' views, ``state.nodes.node_view``)
+    cluster_metrics: ClusterMetrics
     #: the ids of the healthy nodes
     healthy_nodes: list[str]
-    #: scale, reassignment: the block's metrics
-    block_metrics: dict[str, Any]
-    #: reassignment: the instance being replaced and its pod name
+    #: scale, reassignment, scale_down: the block's metrics (the collector's, under what the
+    #: request carries: open)
+    block_metrics: JSONObject
+    #: reassignment: the instance being replaced, its pod name and why
     instance_id: str
     pod_name: str
+    reason: str
+    #: scale_down: the live instances to choose from
+    instances: list[ScaleDownCandidate]
 
 
 class Placement(TypedDict, total=False):

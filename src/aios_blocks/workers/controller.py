@@ -50,7 +50,16 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import LIVE, Step
 from ..schemas.priority import Pending, QuotaSet
-from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, InstanceSample, ir_of, wire, wire_ir
+from ..schemas.records import (
+    BlockIR,
+    BlockRecord,
+    InstanceRecord,
+    InstanceSample,
+    ScaleDownCandidate,
+    ir_of,
+    wire,
+    wire_ir,
+)
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
@@ -665,7 +674,7 @@ async def _remove_one(w: Worker, s: _Down) -> tuple[str, list[Decision], bool] |
     return None
 
 
-async def _choose_removal(w: Worker, s: _Down, cands: list[dict[str, Any]], trace: list[Decision]) -> tuple[str, str]:
+async def _choose_removal(w: Worker, s: _Down, cands: list[ScaleDownCandidate], trace: list[Decision]) -> tuple[str, str]:
     """The resourceAllocator's ``scale_down`` choice (instance, ``policy``/``default``)."""
     ir, cid = s.block["ir"], s.block["cluster"]
     nodes = await w.inventory.nodes(cid)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemas.records import PolicyInput
+from ...schemas.policy_io import as_int
+from ...schemas.records import ClusterEntry, JSONObject, PolicyInput
 from ...settings import load as load_settings
 
 
@@ -14,11 +15,11 @@ def default_candidates() -> int:
     return load_settings().max_candidates
 
 
-def _free_gpus(entry: dict[str, Any]) -> int:
+def _free_gpus(entry: ClusterEntry) -> int:
     return int(entry.get("metrics", {}).get("gpus_free", 0))
 
 
-def _affinity(entry: dict[str, Any]) -> float:
+def _affinity(entry: ClusterEntry) -> float:
     return float(entry.get("metrics", {}).get("affinity_score", 0.0))
 
 
@@ -34,16 +35,16 @@ class ClusterRankPolicy:
       more free GPUs, then the smallest id.
     """
 
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id = rule_id
         self.settings = settings
         self.parameters = parameters
 
-    def eval(self, parameters: dict[str, Any], input_data: PolicyInput, context: Any) -> Any:
+    def eval(self, parameters: JSONObject, input_data: PolicyInput, context: Any) -> Any:
         params = {**self.parameters, **(parameters or {})}
         if input_data["action"] == "selection":
             ranked = sorted(input_data["filter_result"], key=lambda e: (-_affinity(e), -_free_gpus(e), e["cluster_id"]))
-            limit = int(params.get("maxCandidates", default_candidates()) or 0)
+            limit = as_int(params.get("maxCandidates", default_candidates()) or 0)
             return {"clusters": ranked[:limit] if limit > 0 else ranked}
         if input_data["action"] == "post_dry_run":
             clusters = input_data["clusters"]

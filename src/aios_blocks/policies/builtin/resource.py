@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...schemas.records import GpuView, Needs, NodeView, PlacementPayload, PolicyInput
+from ...schemas.records import (
+    DryRunAnswer,
+    GpuView,
+    JSONObject,
+    Needs,
+    NodeAffinity,
+    NodeView,
+    Placement,
+    PlacementPayload,
+    PolicyBlock,
+    PolicyInput,
+    ScaleDownAnswer,
+)
 from .. import affinity, capacity, contract
 
 
@@ -23,7 +35,7 @@ def string_hash(s: str) -> int:
     return h - (1 << 32) if h >= 1 << 31 else h
 
 
-def tie_seed(block: dict[str, Any]) -> str:
+def tie_seed(block: PolicyBlock) -> str:
     """What equal GPUs are ordered by, per request: the block and how many instances it has."""
     return f"{block.get('blockId', '')}:{len(block.get('instances') or {})}"
 
@@ -35,7 +47,7 @@ class _ResourceAllocator:
     #: state and request), never a block's own state
     shareable = True
 
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id = rule_id
         self.settings = settings or {}
         self.parameters = parameters or {}
@@ -44,7 +56,7 @@ class _ResourceAllocator:
     def share(self) -> bool:
         return bool(self.settings.get("gpuSharing", False))
 
-    def eval(self, parameters: dict[str, Any], input_data: PolicyInput, context: Any) -> dict[str, Any]:
+    def eval(self, parameters: JSONObject, input_data: PolicyInput, context: Any) -> Placement | DryRunAnswer | ScaleDownAnswer:
         action = input_data["action"]
         if action == "scale_down":  # the framework's default: the least loaded, newest first
             return {"instance_id": contract.default_pick(input_data["payload"]["instances"])}
@@ -64,8 +76,8 @@ class _ResourceAllocator:
         pick = self._pick(nodes, healthy, needs, avoid, seed) or (self._pick(nodes, healthy, needs, set(), seed) if avoid else None)
         if pick is None:
             entries = payload["block"].get("affinity") or []
-            sample = payload["cluster_metrics"].get("sample") or {}
-            if entries and sample.get("unsatisfiable"):  # a large cluster: the reason covers every node
+            sample = payload["cluster_metrics"].get("sample")
+            if entries and sample and sample.get("unsatisfiable"):  # a large cluster: the reason covers every node
                 raise RuntimeError(sample["unsatisfiable"])
             if entries and not sample and not any(n.get("affinity", {}).get("pass", True) for n in nodes.values()):
                 raise RuntimeError(affinity.unsatisfiable(nodes, entries, index))
@@ -74,21 +86,21 @@ class _ResourceAllocator:
         return {"node_id": pick[0], "gpus": pick[1]}
 
     def _dry_run(
-        self, block: dict[str, Any], nodes: dict[str, Any], healthy: set[str], needs: Needs, index: affinity.Index,
+        self, block: PolicyBlock, nodes: dict[str, NodeView], healthy: set[str], needs: Needs, index: affinity.Index,
         seed: str,
-    ) -> dict[str, Any]:
+    ) -> DryRunAnswer:
         entries = block.get("affinity") or []
         # the first pick looks at the input's nodes as they are (an inventory view keeps its
         # nodes in rank order); a simulated placement then works on its own dict: with affinity
         # entries, copies of them all (re-annotated in place after each placement), else each node
         # copied when a placement first changes it (the input is not ours)
-        def healthy_part() -> dict[str, Any]:
+        def healthy_part() -> dict[str, NodeView]:
             return {nid: n for nid, n in nodes.items() if nid in healthy}
 
         work = capacity.copy_nodes(healthy_part()) if entries else nodes
         copied: set[str] = set(work) if entries else set()
         want = max(int(block["maxInstances"]), 1)
-        first: dict[str, Any] = {}
+        first: Placement = {}
         placed = 0
         for i in range(want):
             pick = self._pick(work, healthy, needs, set(), seed)
@@ -114,7 +126,7 @@ class _ResourceAllocator:
         return {"selection_score_data": {"score": placed / want, "node_info": first, "placeable": placed}}
 
     def _pick(
-        self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
+        self, nodes: dict[str, NodeView], healthy: set[str], needs: Needs, avoid: set[str], seed: str
     ) -> tuple[str, list[str]] | None:
         count = int(needs.get("gpus", 0))
         best: tuple[Any, str, list[GpuView]] | None = None
@@ -159,7 +171,7 @@ class _ResourceAllocator:
             return (-free, -mem, -node["cpu_free"])
         return (free, mem, node["cpu_free"])
 
-    def _choose_gpus(self, usable: list[GpuView], count: int, aff: dict[str, Any], seed: str) -> list[str]:
+    def _choose_gpus(self, usable: list[GpuView], count: int, aff: NodeAffinity, seed: str) -> list[str]:
         """Required GPUs first, then preferred, then by the mode; avoided GPUs last. Equal GPUs are
         taken in node order starting where a hash of the request says, not always from the first:
         controller copies planning different blocks on the same node at once then mostly take
