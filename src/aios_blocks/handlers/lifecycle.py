@@ -6,6 +6,7 @@ documented in docs/agents.md and the lifecycle table in ``schemas/lifecycle.py``
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,7 +89,7 @@ def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
     return out
 
 
-def on_inventory(inv: NodeInventory, on_node: dict[str, dict[str, Any]]) -> list[Effect]:
+def on_inventory(inv: NodeInventory, on_node: Mapping[str, InstanceRecord]) -> list[Effect]:
     """A node agent that starts says what it really runs (``node.inventory``): every instance the
     state has ``running`` on that node (``on_node``: ``Store.node_instances``, each with its
     ``block_id`` and block ``gen``) that is not listed died with the agent's last run: it is

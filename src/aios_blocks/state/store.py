@@ -382,7 +382,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         await pipe.execute()
 
     # -- nodes served by agents: who runs what, liveness ------------------------------------------
-    async def node_instances(self, nid: str) -> dict[str, dict[str, Any]]:
+    async def node_instances(self, nid: str) -> dict[str, InstanceRecord]:
         """Instances recorded on node ``nid``: iid -> {block_id, gen, status, ...record}."""
         index = await self.r.hgetall(node_inst_key(nid))
         if not index:
@@ -392,12 +392,12 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
             pipe.hget(inst_key(bid), iid)
             pipe.hget(block_key(bid), "gen")
         raw = await pipe.execute()
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, InstanceRecord] = {}
         for n, (iid, bid) in enumerate(index.items()):
             rec, gen = raw[2 * n], raw[2 * n + 1]
             if rec is None:
                 continue
-            d = _json.decode(rec)
+            d: InstanceRecord = _json.decode(rec)
             if d.get("node") != nid:
                 continue
             out[iid] = {**d, "block_id": bid, "gen": int(gen or 0)}
