@@ -149,3 +149,20 @@ def test_placement_payload_parts_have_exactly_the_named_fields() -> None:
     cands = scaling.candidates(recs, {"i1": sample}, 5.0)  # type: ignore[arg-type, dict-item]
     assert all(list(c) == list(ScaleDownCandidate.__annotations__) for c in cands)
     assert cands[0]["load"] == 1.0 and cands[1]["load"] is None and cands[1]["inflight"] is None
+
+
+async def test_a_registry_record_has_exactly_the_fields_policy_source_names() -> None:
+    """``Store.policy_get`` (what ``PolicyRuntime`` compiles): the head has ``updated``, an older
+    version only the named required fields."""
+    import fakeredis
+
+    from aios_blocks.state.registry import PolicyRecords
+
+    reg = PolicyRecords()
+    reg.r = fakeredis.FakeAsyncRedis(decode_responses=True)
+    await reg.policy_put("p", "x = 1", "python")
+    await reg.policy_put("p", "x = 2", "starlark")
+    head, old = await reg.policy_get("p"), await reg.policy_get("p", 1)
+    assert head is not None and old is not None
+    assert set(head) == set(policy_io.PolicySource.__annotations__) and head["version"] == 2
+    assert set(old) | {"updated"} == set(policy_io.PolicySource.__annotations__) and old["source"] == "x = 1"

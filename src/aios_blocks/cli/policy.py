@@ -198,8 +198,8 @@ def policy_list(data_dir: Path = DataDir) -> None:
     async def go(c: Client) -> None:
         t = _table("name", "version", "language")
         for name in await c.store.policy_names():
-            rec = await c.store.policy_get(name) or {}
-            t.add_row(*_plain(name, rec.get("version", ""), rec.get("language", "")))
+            rec = await c.store.policy_get(name)
+            t.add_row(*_plain(name, rec.get("version", "") if rec else "", rec.get("language", "") if rec else ""))
         console.print(t)
 
     _run(_with_store(data_dir, go))

@@ -14,13 +14,14 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.events import Rejected, Submitted
 from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, block_create_IR, decode_spec
+from ..schemas.policy_io import PolicySource
 from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import ID_RE
 from ..settings import Settings
 from ..settings import load as load_settings
 
 #: (registry name, version or None for the latest) -> its record (``Store.policy_get``)
-PolicyLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
+PolicyLookup = Callable[[str, int | None], Awaitable[PolicySource | None]]
 
 
 #: the subject token of the ``rejected`` answering a create whose subject names no valid block id

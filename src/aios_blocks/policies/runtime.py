@@ -28,10 +28,12 @@ import inspect
 import os
 import types
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from ..schemas.errors import PolicyFailed
+from ..schemas.policy_io import PolicySource
+from ..schemas.records import JSON, JSONObject
 from ..settings import load as load_settings
 from . import contract, uris
 from .builtin.autoscale import QueueDepthPolicy, TargetInflightPolicy
@@ -66,7 +68,7 @@ BUILTINS: dict[str, type] = {
 }
 
 #: (name, version) -> source record; the runtime asks this to fetch registry sources.
-SourceLookup = Callable[[str, int | None], Awaitable[dict[str, Any] | None]]
+SourceLookup = Callable[[str, int | None], Awaitable[PolicySource | None]]
 
 
 def stateless(uri: str) -> bool:
@@ -75,14 +77,14 @@ def stateless(uri: str) -> bool:
     return uri in BUILTINS
 
 
-class TrackingDict(dict):
+class TrackingDict(dict[str, JSON]):
     """The ``context`` a policy sees: a plain dict that remembers what the call changed."""
 
-    def __init__(self, data: dict[str, Any]):
+    def __init__(self, data: JSONObject):
         super().__init__(data)
         self._orig = {k: repr(v) for k, v in data.items()}
 
-    def changes(self) -> tuple[dict[str, Any], list[str]]:
+    def changes(self) -> tuple[JSONObject, list[str]]:
         changed = {k: v for k, v in self.items() if self._orig.get(k) != repr(v)}
         deleted = [k for k in self._orig if k not in self]
         return changed, deleted
@@ -231,13 +233,13 @@ class PolicyRuntime:
         self,
         rule: dict[str, Any],
         rule_id: str,
-        input_data: dict[str, Any],
-        context: dict[str, Any] | None = None,
-        trace: dict[str, Any] | None = None,
+        input_data: Mapping[str, object],
+        context: JSONObject | None = None,
+        trace: MutableMapping[str, object] | None = None,
     ) -> Any:
         """Run one policy call with the seed's arguments. Raises PolicyFailed, never anything else.
         ``trace`` (optional) receives ``version`` and the scriptlet's ``logs`` of this call."""
-        action = input_data.get("action", "?")
+        action = str(input_data.get("action", "?"))
         name = rule.get("name", "?")
         builtin = rule.get("policyRuleURI") in BUILTINS
         try:

@@ -15,10 +15,11 @@ import concurrent.futures
 import hashlib
 import multiprocessing
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
+from ..schemas.records import JSONObject
 from ..settings import load as load_settings
 
 
@@ -38,8 +39,8 @@ def _limit(memory_mb: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 
 
-def _call(key: str, source: str, name: str, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any],
-          input_data: dict[str, Any], context: dict[str, Any]) -> tuple[Any, dict[str, Any], list[list[str]]]:
+def _call(key: str, source: str, name: str, rule_id: str, settings: JSONObject, parameters: JSONObject,
+          input_data: Mapping[str, object], context: JSONObject) -> tuple[Any, JSONObject, list[list[str]]]:
     from .starlark_runtime import compile_policy
 
     cls = _classes.get(key)
@@ -88,8 +89,8 @@ class SandboxPool:
                 proc.kill()
         pool.shutdown(wait=False, cancel_futures=True)
 
-    def call(self, source: str, name: str, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any],
-             input_data: dict[str, Any], context: dict[str, Any], timeout_s: float) -> tuple[Any, dict[str, Any], list[list[str]]]:
+    def call(self, source: str, name: str, rule_id: str, settings: JSONObject, parameters: JSONObject,
+             input_data: Mapping[str, object], context: JSONObject, timeout_s: float) -> tuple[Any, JSONObject, list[list[str]]]:
         key = f"{name}:{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         pool = self._get()
         fut = pool.submit(_call, key, source, name, rule_id, settings, parameters, input_data, dict(context))
@@ -125,13 +126,13 @@ def sandboxed_class(source: str, name: str, timeout_s: float, pool: Callable[[],
     """A seed-shaped class whose ``eval`` runs the scriptlet in the sandbox pool."""
 
     class SandboxedStarlarkPolicy:
-        def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+        def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
             self.rule_id = str(rule_id)
             self.settings = settings or {}
             self.parameters = parameters or {}
             self.logs: list[list[str]] = []
 
-        def eval(self, parameters: dict[str, Any], input_data: dict[str, Any], context: dict[str, Any]) -> Any:
+        def eval(self, parameters: JSONObject, input_data: Mapping[str, object], context: JSONObject | None) -> Any:
             result, ctx_after, self.logs = pool().call(
                 source, name, self.rule_id, self.settings, self.parameters, input_data, dict(context or {}), timeout_s
             )

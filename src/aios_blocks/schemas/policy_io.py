@@ -30,6 +30,17 @@ def as_float(value: object) -> float:
     raise TypeError(f"float() argument must be a string or a real number, not '{type(value).__name__}'")
 
 
+class PolicySource(TypedDict):
+    """A registry policy's version as the runtime compiles it (``Store.policy_get``)."""
+
+    version: int
+    source: str
+    #: ``python`` or ``starlark``
+    language: str
+    #: when the head was last written (s, as Redis keeps it); only on the head's record
+    updated: NotRequired[str]
+
+
 # -- loadBalancer (``executor.engine.InlinePolicy``, ``workers.executor``'s weights loop) -----------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from ..schemas.policy_io import PolicySource
 from . import scripts
 from .keys import EPOCH_KEY, POLICIES, policy_key
 
@@ -25,7 +26,7 @@ class PolicyRecords:
         await self.r.hset(f"{key}:v{version}", mapping={"source": source, "language": language})
         return int(version)
 
-    async def policy_get(self, name: str, version: int | None = None) -> dict[str, Any] | None:
+    async def policy_get(self, name: str, version: int | None = None) -> PolicySource | None:
         key = policy_key(name)
         h = await self.r.hgetall(key)
         if not h:
