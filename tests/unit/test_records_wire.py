@@ -136,7 +136,13 @@ def test_placement_payload_parts_have_exactly_the_named_fields() -> None:
     and a scale_down candidate (``handlers.scaling.candidates``), in the order the input keeps."""
     from aios_blocks.handlers import gateway, scaling
     from aios_blocks.policies.sampling import Sample
-    from aios_blocks.schemas.records import ClusterEntry, ClusterFigures, ClusterMetrics, ScaleDownCandidate, SampleInfo
+    from aios_blocks.schemas.records import (
+        ClusterEntry,
+        ClusterFigures,
+        ClusterMetrics,
+        SampleInfo,
+        ScaleDownCandidate,
+    )
 
     entry = gateway.cluster_entry({"id": "c1", "labels": {}}, {})
     assert set(entry) | {"score_data", "missing"} == set(ClusterEntry.__annotations__)
@@ -166,3 +172,31 @@ async def test_a_registry_record_has_exactly_the_fields_policy_source_names() ->
     assert head is not None and old is not None
     assert set(head) == set(policy_io.PolicySource.__annotations__) and head["version"] == 2
     assert set(old) | {"updated"} == set(policy_io.PolicySource.__annotations__) and old["source"] == "x = 1"
+
+
+def test_the_lxd_shapes_have_exactly_the_named_fields() -> None:
+    """What an ``instance_placement`` scriptlet sees (seed 004), built from a node view."""
+    from aios_blocks.policies.lxd_shapes import (
+        cluster_member,
+        instance_resources,
+        member_resources,
+        member_state,
+        placement_request,
+    )
+    from aios_blocks.schemas import lxd
+
+    view = {"node_id": "n1", "labels": {"rack": "r1"}, "healthy": True, "cpu": 8.0, "cpu_free": 6.0,
+            "memory": 1024, "memory_free": 512,
+            "gpus": [{"id": "g0", "model": "NVIDIA A100", "memory": 40960, "memory_used": 0, "memory_free": 40960,
+                      "instances": 0, "exclusive": False, "share_free": 1000}]}
+    assert set(cluster_member(view)) == set(lxd.ClusterMember.__annotations__)  # type: ignore[arg-type]
+    state = member_state(view)  # type: ignore[arg-type]
+    assert set(state) == set(lxd.MemberState.__annotations__) and set(state["sysinfo"]) == set(lxd.SysInfo.__annotations__)
+    res = member_resources(view)  # type: ignore[arg-type]
+    assert set(res) == set(lxd.MemberResources.__annotations__)
+    assert set(res["gpu"]["cards"][0]) == set(lxd.GpuCard.__annotations__)
+    assert set(res["memory"]) == set(lxd.MemoryResources.__annotations__)
+    assert set(instance_resources({"gpus": 1, "memory": 10})) == set(lxd.InstanceResources.__annotations__)
+    req = placement_request({"blockId": "b1", "resources": {"gpus": 1}}, {"instance_id": "b1-0"}, "allocation")
+    assert set(req) == set(lxd.PlacementRequest.__annotations__)
+    assert set(req["source"]) == set(lxd.InstanceSource.__annotations__)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.markup import escape
@@ -27,6 +27,7 @@ from .render import _plain, _table
 
 if TYPE_CHECKING:
     from ..handlers.policy_test import Report
+    from ..schemas.lxd import LxdArgs
     from ..schemas.records import ReplayedDecision
     from .client import Client
 
@@ -53,7 +54,7 @@ def policy_run(
         from ..policies.starlark_runtime import StarlarkError, run_lxd
 
         try:
-            out = run_lxd(Path(file_or_uri).read_text(), Path(file_or_uri).stem, input_data)
+            out = run_lxd(Path(file_or_uri).read_text(), Path(file_or_uri).stem, cast("LxdArgs", input_data))
         except (OSError, StarlarkError) as exc:
             err.print(f"[red]{exc}[/]")
             raise typer.Exit(1)

@@ -76,7 +76,6 @@ from __future__ import annotations
 import io
 import json
 import logging
-import math
 import re
 import threading
 import time
@@ -86,16 +85,43 @@ from typing import Any, ClassVar
 
 import starlark as sl
 
-from ..schemas.events import PlacementReason
-from ..schemas.records import GpuView, Needs, NodeAffinity, NodeView
+from ..schemas.lxd import (
+    ClusterMember,
+    InstanceResources,
+    LxdArgs,
+    LxdGiven,
+    LxdOutcome,
+    MemberResources,
+    MemberState,
+    PlacementRequest,
+)
+from ..schemas.records import (
+    DryRunAnswer,
+    JSONObject,
+    Needs,
+    NodeView,
+    Placement,
+    PlacementPayload,
+    PolicyBlock,
+    PolicyInput,
+)
 from . import capacity
+from .lxd_shapes import (  # noqa: F401 - the LXD shapes are part of this module's interface
+    MiB,
+    _given,
+    cluster_member,
+    instance_resources,
+    member_resources,
+    member_state,
+    pick_gpus,
+    placement_request,
+)
 
 if not hasattr(sl, "EvalOptions"):  # EvalOptions / FrozenModule.call_with arrived in 2026.1.1
     raise ImportError("aios_blocks.policies.starlark_runtime needs starlark-pyo3 >= 2026.1.1 (EvalOptions)")
 
 log = logging.getLogger("aios_blocks.policies.starlark")
 
-MiB = 1024 * 1024
 #: hard cap on Limits.max_callstack (deeper native recursion can segfault a thread)
 MAX_CALLSTACK = 2000
 #: per call: log lines kept and characters per line
@@ -317,11 +343,11 @@ class _CallState:
         # placement form
         self.nodes: dict[str, NodeView] = {}
         self.all_nodes: dict[str, NodeView] = {}
-        self.members: dict[str, dict[str, Any]] = {}
+        self.members: dict[str, ClusterMember] = {}
         self.needs: Needs = {}
         self.target: str | None = None
         # raw LXD mode (``run_lxd``): what the helpers return, given by the caller as LXD shapes
-        self.raw: dict[str, Any] | None = None
+        self.raw: LxdGiven | None = None
 
     def cancelled(self) -> bool:
         if time.monotonic() >= self.deadline:
@@ -378,34 +404,29 @@ class _Host:
             raise ValueError(f"unknown cluster member {member_name!r}")
         return found
 
-    def _raw(self, kind: str, member_name: Any) -> dict[str, Any] | None:
+    def get_cluster_member_state(self, member_name: Any) -> MemberState:
         raw = self.state().raw
         if raw is None:
-            return None
-        table = raw.get(kind) or {}
-        if member_name not in table:
-            raise ValueError(f"no {kind} given for cluster member {member_name!r}")
-        return table[member_name]
+            return member_state(self.node(member_name))
+        return _given(raw["member_state"], "member_state", member_name)
 
-    def get_cluster_member_state(self, member_name: Any) -> dict[str, Any]:
-        raw = self._raw("member_state", member_name)
-        return raw if raw is not None else member_state(self.node(member_name))
+    def get_cluster_member_resources(self, member_name: Any) -> MemberResources:
+        raw = self.state().raw
+        if raw is None:
+            return member_resources(self.node(member_name))
+        return _given(raw["member_resources"], "member_resources", member_name)
 
-    def get_cluster_member_resources(self, member_name: Any) -> dict[str, Any]:
-        raw = self._raw("member_resources", member_name)
-        return raw if raw is not None else member_resources(self.node(member_name))
-
-    def get_instance_resources(self) -> dict[str, Any]:
+    def get_instance_resources(self) -> InstanceResources | JSONObject:
         raw = self.state().raw
         if raw is not None:
-            return raw.get("instance_resources") or {}
+            return raw["instance_resources"] or {}
         return instance_resources(self.state().needs)
 
 
 class _StarlarkPolicy:
     _program: ClassVar[_Program]
 
-    def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
+    def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
         self.rule_id = rule_id
         self.settings = settings or {}
         self.parameters = parameters or {}
@@ -484,7 +505,7 @@ class _StarlarkPolicy:
 class _SeedPolicy(_StarlarkPolicy):
     """``def eval(parameters, input_data, context)``; context changes are copied back."""
 
-    def eval(self, parameters: Any, input_data: Any, context: dict[str, Any] | None) -> Any:
+    def eval(self, parameters: Any, input_data: Any, context: JSONObject | None) -> Any:
         state = self._begin()
         try:
             ctx_in = dict(context) if context is not None else {}
@@ -507,14 +528,14 @@ class _PlacementPolicy(_StarlarkPolicy):
     def share(self) -> bool:
         return bool(self.settings.get("gpuSharing", False))
 
-    def eval(self, parameters: Any, input_data: dict[str, Any], context: Any) -> dict[str, Any] | None:
+    def eval(self, parameters: Any, input_data: PolicyInput, context: Any) -> Placement | DryRunAnswer | None:
         name = self._program.name
         action = input_data.get("action")
         if action == "scale_down":
             return None  # a placement scriptlet does not choose removals: the framework's default
         if action not in ("dry_run", "allocation", "scale", "reassignment"):
             raise StarlarkError(f"{name}: an instance_placement scriptlet cannot serve action {action!r}")
-        payload = input_data.get("payload") or {}
+        payload: PlacementPayload = input_data.get("payload") or PlacementPayload()
         block = payload.get("block") or {}
         needs: Needs = block.get("resources") or Needs()
         nodes: dict[str, NodeView] = (payload.get("cluster_metrics") or {}).get("nodes") or {}
@@ -528,7 +549,7 @@ class _PlacementPolicy(_StarlarkPolicy):
                 return self._dry_run(state, block, payload)
             avoid: set[str] = set()
             if action == "reassignment":
-                current = (block.get("instances") or {}).get(payload.get("instance_id"), {}) or {}
+                current = (block.get("instances") or {}).get(payload.get("instance_id", ""), {}) or {}
                 if current.get("node"):
                     avoid.add(current["node"])
             req = placement_request(block, payload, action)
@@ -542,10 +563,10 @@ class _PlacementPolicy(_StarlarkPolicy):
         finally:
             self._end(state)
 
-    def _dry_run(self, state: _CallState, block: dict[str, Any], payload: dict[str, Any]) -> dict[str, Any]:
+    def _dry_run(self, state: _CallState, block: PolicyBlock, payload: PlacementPayload) -> DryRunAnswer:
         want = max(int(block.get("maxInstances") or 1), 1)
         bid = str(block.get("blockId", "block"))
-        first: dict[str, Any] = {}
+        first: Placement = {}
         placed = 0
         for i in range(want):
             req = placement_request(block, {**payload, "pod_name": f"{bid}-{i}"}, "dry_run")
@@ -563,7 +584,7 @@ class _PlacementPolicy(_StarlarkPolicy):
             placed += 1
         return {"selection_score_data": {"score": placed / want, "node_info": first}}
 
-    def _place(self, state: _CallState, req: dict[str, Any], avoid: set[str]) -> tuple[str, list[str], str | None] | None:
+    def _place(self, state: _CallState, req: PlacementRequest, avoid: set[str]) -> tuple[str, list[str], str | None] | None:
         """One scriptlet call. None if there is no candidate; else (target, gpus, rejection)."""
         fits = self._candidates(state, avoid) or (self._candidates(state, set()) if avoid else {})
         if not fits:
@@ -604,139 +625,6 @@ class _PlacementPolicy(_StarlarkPolicy):
         return out
 
 
-# -- LXD shapes from node views ------------------------------------------------------------------
-
-
-def pick_gpus(usable: list[GpuView], count: int, aff: NodeAffinity | None = None) -> list[str]:
-    """Required GPUs first, then preferred, avoided last; then lowest free memory (bin-pack), id."""
-    aff = aff or {}
-    require, prefer = set(aff.get("require_gpus", [])), set(aff.get("prefer_gpus", []))
-    avoid = set(aff.get("avoid_gpus", []))
-
-    def key(g: GpuView) -> tuple[Any, ...]:
-        gid = g["id"]
-        return (gid not in require, gid not in prefer, gid in avoid, g["memory_free"], gid)
-
-    return [g["id"] for g in sorted(usable, key=key)[:count]] if count > 0 else []
-
-
-def _str_map(d: Any) -> dict[str, str]:
-    if not isinstance(d, dict):
-        return {}
-    return {str(k): v if isinstance(v, str) else json.dumps(v, default=str) for k, v in d.items()}
-
-
-def placement_request(block: dict[str, Any], payload: dict[str, Any], action: str) -> dict[str, Any]:
-    """LXD's InstancePlacement (api.InstancesPost + reason + project) for one instance."""
-    needs = block.get("resources") or {}
-    config = {**_str_map(block.get("initSettings")), **_str_map(block.get("parameters"))}
-    config["limits.cpu"] = f"{needs.get('cpu', 0):g}"
-    config["limits.memory"] = f"{int(needs.get('memory', 0))}MiB"
-    devices: dict[str, dict[str, str]] = {}
-    if int(needs.get("gpus", 0)) > 0:
-        devices["gpu"] = {"type": "gpu", "count": str(int(needs["gpus"])), "memory": f"{int(needs.get('gpuMemory', 0))}MiB"}
-    name = payload.get("pod_name") or payload.get("instance_id") or block.get("blockId") or ""
-    return {
-        "name": str(name),
-        "project": "default",
-        "reason": str(PlacementReason.of_reassignment(str(payload.get("reason", "")))
-                      if action == "reassignment" else PlacementReason.NEW),
-        "type": "container",
-        "architecture": "x86_64",
-        "profiles": ["default"],
-        "ephemeral": False,
-        "description": str(block.get("blockComponentURI", "")),
-        "config": config,
-        "devices": devices,
-        "source": {"type": "image", "alias": str(block.get("image", ""))},
-        "instance_type": "",
-    }
-
-
-def cluster_member(node: NodeView) -> dict[str, Any]:
-    """LXD's api.ClusterMember for a node view (``config`` = the node's labels)."""
-    labels = node.get("labels") or {}
-    address = str(labels.get("address", node["node_id"]))
-    return {
-        "server_name": node["node_id"],
-        "url": f"https://{address}:8443",
-        "address": address,
-        "database": False,
-        "status": "Online" if node.get("healthy", True) else "Offline",
-        "message": "Fully operational" if node.get("healthy", True) else "Unhealthy",
-        "architecture": str(labels.get("arch", labels.get("architecture", "x86_64"))),
-        "failure_domain": str(labels.get("rack") or "default"),
-        "description": str(labels.get("description", "")),
-        "config": _str_map(labels),
-        "groups": ["default"],
-        "roles": [],
-    }
-
-
-def member_state(node: NodeView) -> dict[str, Any]:
-    """LXD's api.ClusterMemberState: load averages = CPUs in use; RAM in bytes."""
-    load = round(max(float(node["cpu"]) - float(node["cpu_free"]), 0.0), 2)
-    return {
-        "sysinfo": {
-            "uptime": 0,
-            "load_averages": [load, load, load],
-            "total_ram": int(node["memory"]) * MiB,
-            "free_ram": max(int(node["memory_free"]), 0) * MiB,
-            "shared_ram": 0,
-            "buffered_ram": 0,
-            "total_swap": 0,
-            "free_swap": 0,
-            "processes": 0,
-            "logical_cpus": math.floor(float(node["cpu"])),
-        },
-        "storage_pools": {},
-    }
-
-
-def member_resources(node: NodeView) -> dict[str, Any]:
-    """LXD's api.Resources (cpu, memory, gpu; empty storage/network). GPU memory in bytes."""
-    cards = []
-    for g in node.get("gpus", []):
-        model = str(g.get("model", ""))
-        vendor = model.split()[0] if " " in model else ""
-        cards.append(
-            {
-                "driver": "nvidia" if vendor.lower() == "nvidia" else "",
-                "driver_version": "",
-                "product": model,
-                "product_name": model,
-                "product_id": "",
-                "vendor": vendor,
-                "vendor_id": "",
-                "pci_address": g["id"],
-                "numa_node": 0,
-                "memory": {"total": int(g["memory"]) * MiB, "used": int(g["memory_used"]) * MiB,
-                           "free": int(g["memory_free"]) * MiB},
-                "instances": int(g["instances"]),
-                "exclusive": bool(g["exclusive"]),
-            }
-        )
-    mem, free = int(node["memory"]) * MiB, max(int(node["memory_free"]), 0) * MiB
-    return {
-        "cpu": {"architecture": "x86_64", "total": math.floor(float(node["cpu"])), "sockets": []},
-        "memory": {"total": mem, "used": mem - free, "free": free, "hugepages_total": 0, "hugepages_used": 0},
-        "gpu": {"cards": cards, "total": len(cards)},
-        "storage": {"disks": [], "total": 0},
-        "network": {"cards": [], "total": 0},
-    }
-
-
-def instance_resources(needs: Needs) -> dict[str, Any]:
-    """LXD's api.InstanceResources from the block's resources (+ gpus, gpu_memory in bytes)."""
-    return {
-        "cpu_cores": math.ceil(float(needs.get("cpu", 0))),
-        "memory_size": int(needs.get("memory", 0)) * MiB,
-        "root_disk_size": 0,
-        "gpus": int(needs.get("gpus", 0)),
-        "gpu_memory": int(needs.get("gpuMemory", 0)) * MiB,
-    }
-
-
 def _star_repr(v: Any) -> str:
     """A Starlark-looking rendering of a converted value (for log lines and rejections)."""
     if v is None:
@@ -761,7 +649,7 @@ def _fmt(needs: Needs) -> str:
     )
 
 
-def run_lxd(source: str, name: str, args: dict[str, Any], limits: Limits | None = None) -> dict[str, Any]:
+def run_lxd(source: str, name: str, args: LxdArgs, limits: Limits | None = None) -> LxdOutcome:
     """Run an LXD ``instance_placement`` scriptlet on LXD's own arguments:
     ``{"request": {...}, "candidate_members": [...]}`` plus, optionally, ``member_state`` and
     ``member_resources`` (member name -> what the helpers return) and ``instance_resources``.
@@ -774,7 +662,8 @@ def run_lxd(source: str, name: str, args: dict[str, Any], limits: Limits | None 
     members = {m["server_name"]: m for m in args.get("candidate_members", [])}
     state = inst._begin()
     state.members = members
-    state.raw = {k: args.get(k) for k in ("member_state", "member_resources", "instance_resources")}
+    state.raw = {"member_state": args.get("member_state"), "member_resources": args.get("member_resources"),
+                 "instance_resources": args.get("instance_resources")}
     try:
         ret = inst._call(state, LXD_FORM, args.get("request", {}), list(members.values()))
     finally:
