@@ -5,6 +5,12 @@ to 4 plans) is long with the rebalancer. The same settings as
 ``blocks trace replay NODES PODS --in-process --online --no-preemption --rebalance --load 300 --cluster-share 0.2``.
 
     .venv/bin/python -m bench.trace_rebalance_window PODS [--no-rebalance] [--json out.json]
+        [--frag-threshold 0.1 | --no-frag-round] [--max-moves 2] [--frag-moves N]
+
+Also prints ``bound_last_third``: what the allocation of the last third could be at most if
+every pending task that fits some node by its GPU count were placed at once (allocated + the
+smaller of the free GPU compute and those tasks' demand, time-weighted like ``alloc_last_third``):
+defragmentation cannot place more than is free nor more than waits.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ def main() -> None:
     ap.add_argument("--cluster-share", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--frag-threshold", type=float, default=orb.FRAG_THRESHOLD)
+    ap.add_argument("--no-frag-round", action="store_true", help="the worker's periodic round not modelled")
+    ap.add_argument("--max-moves", type=int, default=orb.MAX_MOVES)
+    ap.add_argument("--frag-moves", type=int, default=None)
     a = ap.parse_args()
     nodes = online.shrink(load_nodes(NODES, "trace"), a.cluster_share, a.seed)
     timed, drawn = online.load_timed(a.pods, a.seed)
@@ -39,25 +49,64 @@ def main() -> None:
     base: type[online.Sim] = online.Sim if a.no_rebalance else orb.RebalanceSim
 
     class Windowed(base):
+        bound_area = 0.0
+        _most: dict[tuple[str, ...], int] = {}
+
+        def most_gpus(self, models: tuple[str, ...]) -> int:
+            """The most GPUs (of these models) one node has: a task asking more fits nowhere."""
+            if models not in self._most:
+                self._most[models] = max((sum(1 for g in v["gpus"] if not models or g.get("model") in models)
+                                          for v in self.views.values()), default=0)
+            return self._most[models]
+
+        def bound_now(self) -> float:
+            free = 0
+            for v in self.views.values():
+                for g in v["gpus"]:
+                    if int(g.get("instances") or 0) == 0:
+                        free += online.UNITS
+                    elif not g.get("exclusive"):
+                        free += int(g.get("share_free", 0))
+            want = sum(j.timed.task.milli_total for j in self.pending.values()
+                       if j.timed.task.num_gpu <= self.most_gpus(tuple(sorted(j.timed.task.resources().get("gpuModels") or ()))))
+            return self.allocated + min(free, want)
+
+        def tick(self, now: float) -> None:
+            lo = 2 * self.span / 3
+            t0, t1 = max(self.last_t, lo), min(now, self.span)
+            if t1 > t0:
+                self.bound_area += (t1 - t0) * self.bound_now()
+            super().tick(now)
+
+        def bound_last_third(self) -> float:
+            third = self.span / 3
+            return round(100 * self.bound_area / (self.cluster_milli * third), 3) if third > 0 else 0.0
+
         def snapshot(self) -> None:
             super().snapshot()
             s = sorted(orb.multi_gpu_waits(self))  # the ones never placed yet: counted to now
             print(json.dumps({"at": "window end", "placed": self.res.placed, "moves": getattr(self, "moves", 0),
-                              "alloc_last_third": round(orb.last_third(self), 3),
+                              "alloc_last_third": round(orb.last_third(self), 3), "bound_last_third": self.bound_last_third(),
+                              "rounds": dict(getattr(self, "rounds", {})), "frag_round_moves": getattr(self, "frag_round_moves", 0),
                               "multi_gpu_wait": {"n": len(s), "p50": round(s[int(len(s) * 0.5)], 3) if s else 0.0,
                                                  "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3) if s else 0.0},
                               "pending": len(self.pending), "run_s": round(time.perf_counter() - t0, 1),
                               "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
 
-    sim = Windowed(nodes, timed, online.Mode.NO_PREEMPTION, online.DEFAULT_POLICY, a.seed, 0, online.HEAD, online.MIN_DELTA,
-                   a.pods.stem.removeprefix("openb_pod_list_"))
+    args = (nodes, timed, online.Mode.NO_PREEMPTION, online.DEFAULT_POLICY, a.seed, 0, online.HEAD, online.MIN_DELTA,
+            a.pods.stem.removeprefix("openb_pod_list_"))
+    kw: dict[str, object] = {} if a.no_rebalance else {
+        "max_moves": a.max_moves, "frag_moves": a.frag_moves, "frag_threshold": None if a.no_frag_round else a.frag_threshold}
+    sim = Windowed(*args, **kw)
     sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, a.load, a.cluster_share
     asyncio.run(sim.run())
     d = orb.figures(sim)
     d["run_s"], d["cpu_s"] = round(time.perf_counter() - t0, 1), round(time.process_time() - c0, 1)
     if a.json:
         a.json.write_text(json.dumps(d) + "\n")
-    keys = ("mode", "placed", "moves", "moves_per_placement", "alloc_last_third", "multi_gpu_wait", "run_s", "cpu_s")
+    d["bound_last_third"] = sim.bound_last_third()
+    keys = ("mode", "placed", "moves", "moves_per_placement", "alloc_last_third", "bound_last_third", "multi_gpu_wait",
+            "rounds", "frag_round_moves", "run_s", "cpu_s")
     print(json.dumps({k: d.get(k) for k in keys}), flush=True)
 
 

@@ -240,3 +240,36 @@ async def test_a_new_instance_running_before_its_move_said_started_is_switched_a
         await s._deliver(spec.durable, handler, msg)  # that request only: no added is delivered
         assert [k for k, _ in _steps(s, bid)] == ["started", "switched"]
         assert (await s.store.instances(bid))[f"{bid}-0"]["status"] == "removing"
+
+
+async def test_a_moves_to_gpus_are_the_gpus_the_new_instance_is_reserved() -> None:
+    """The rebalancer's GPUs go through the request to the reservation: on a 4-GPU node the
+    allocator (binpack, the topology pass) would take g0; the move asks for g3 and gets it. GPUs
+    that are not free there fail the move, the old instance serving on."""
+    async with MemorySystem.open() as s:
+        bid = await _block(s, n=1, nodes=2, gpus=4)
+        old = f"{bid}-0"
+        src = (await s.store.instances(bid))[old]["node"]
+        dst = next(n for n in ("c1-n0", "c1-n1") if n != src)
+        req = MoveRequested(bid, "m1", old, to_node=dst, reason="test", requested_by="test", to_gpus=[f"{dst}-g3"])
+        await s.bus.emit(E.block_move_requested, req)
+        await s.run()
+        new = mv.new_instance_id(bid, "m1")
+        after = await s.store.instances(bid)
+        assert after[new]["node"] == dst and after[new]["gpus"] == [f"{dst}-g3"], after
+        (started,) = s.bus.events(E.block_move_started, bid=bid)
+        assert started["gpus"] == [f"{dst}-g3"]
+        (create,) = [d for d in s.bus.events(E.node_instance_create) if d["instance_id"] == new]
+        assert create["gpus"] == [f"{dst}-g3"]
+        # back to the first node, on a GPU that does not exist there: refused at the reservation
+        req2 = MoveRequested(bid, "m2", new, to_node=src, reason="test", requested_by="test", to_gpus=[f"{dst}-g3"])
+        await s.bus.emit(E.block_move_requested, req2)
+        await s.run()
+        (failed,) = s.bus.events(E.block_move_failed, bid=bid)
+        assert failed["move_id"] == "m2" and "the GPUs asked for" in failed["reason"], failed
+        assert (await s.store.instances(bid))[new]["status"] == "running"
+        # GPUs without a node: refused before any claim
+        req3 = MoveRequested(bid, "m3", new, reason="test", requested_by="test", to_gpus=[f"{src}-g1"])
+        await s.bus.emit(E.block_move_requested, req3)
+        await s.run()
+        assert any(d["move_id"] == "m3" and "without a to_node" in d["reason"] for d in s.bus.events(E.block_move_failed, bid=bid))

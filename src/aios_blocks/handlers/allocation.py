@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from ..policies import affinity, capacity
+from ..policies import affinity, capacity, topology
 from ..policies.affinity import uid
 from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
@@ -22,7 +22,7 @@ from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
 from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, Needs, NodeView, wire
 from . import sidecars
-from .controller import Invoke, env_for, plan
+from .controller import Invoke, check_choice, env_for, plan
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,8 @@ class Request:
     extra: Mapping[str, Any] = field(default_factory=dict)
     #: place on this node only ("" = any): a move to a named node (docs/rebalance.md)
     only: str = ""
+    #: and on these GPUs of it (() = the policy's and the topology pass's pick): a move's ``to_gpus``
+    gpus: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,26 @@ async def plan_allocation(snap: Snapshot, req: Request, invoke: Invoke) -> list[
         if out:  # say which nodes were not offered, and why (explain shows the step's failure)
             raise PlacementFailed(f"{exc.reason}; left out: " + "; ".join(f"{n} ({why})" for n, why in out.items())) from exc
         raise
+    if req.gpus:
+        placements = [pinned(p, req, nodes) for p in placements]
     return [Reserve(req.cluster_id, tuple(placements), taken(snap.nodes, placements, req.ir["resources"]))]
+
+
+def pinned(p: dict[str, Any], req: Request, nodes: Mapping[str, NodeView]) -> dict[str, Any]:
+    """The placement on the GPUs the request names (a move's ``to_gpus``), checked as a policy's
+    choice is (``controller.check_choice``); PlacementFailed when they cannot be taken there."""
+    gpus = list(req.gpus)
+    if p["node"] != req.only:
+        raise PlacementFailed(f"GPUs {gpus} named without their node (to_node {req.only!r})")
+    why = check_choice(p["node"], gpus, dict(nodes), req.ir["resources"], bool(p.get("share")))
+    if why:
+        raise PlacementFailed(f"the GPUs asked for: {why}")
+    out = {**p, "gpus": gpus}
+    view = nodes[p["node"]]
+    if p.get("topology") and view.get("topology"):  # the tier these GPUs achieve (the best the node had stays)
+        ids = [g["id"] for g in view["gpus"]]
+        out["topology"] = {**p["topology"], "tier": topology.set_tier(view["topology"], [ids.index(g) for g in gpus]).value}
+    return out
 
 
 def taken(nodes: Mapping[str, NodeView], placements: Sequence[dict[str, Any]], needs: Needs) -> dict[str, NodeView]:

@@ -67,6 +67,7 @@ def record(req: MoveRequested, block: Mapping[str, Any] | None, old: Mapping[str
         "move_id": req.move_id, "block_id": req.block_id, "gen": int(block["gen"]) if block else req.gen,
         "cluster": (old or {}).get("cluster") or (block or {}).get("cluster", ""), "old": req.instance_id,
         "from": (old or {}).get("node", ""), "new": new_instance_id(req.block_id, req.move_id), "to": req.to_node,
+        "to_gpus": list(req.to_gpus),
         "node": "", "gpus": [], "phase": MovePhase.CLAIMED.value, "reason": req.reason, "requested_by": req.requested_by,
         "at": now, "due": now + CLAIM_S, "why": "", "finished_at": 0.0,
     }
@@ -86,6 +87,8 @@ def refusal(req: MoveRequested, block: Mapping[str, Any] | None, insts: Mapping[
         return f"no such instance: {req.instance_id}"
     if old.get("status") != InstanceStatus.RUNNING:
         return f"instance {req.instance_id} is {old.get('status')}: only a running instance moves"
+    if req.to_gpus and not req.to_node:
+        return f"GPUs {list(req.to_gpus)} named without a to_node"
     if req.to_node and req.to_node not in nodes:
         return f"node {req.to_node} is not a node of cluster {old.get('cluster')}"
     if req.to_node and req.to_node == old.get("node"):

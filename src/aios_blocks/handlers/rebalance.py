@@ -11,11 +11,13 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..policies import affinity, topology
 from ..policies.builtin import rebalance as rb
 from ..schemas.catalog import E, Emit
 from ..schemas.lifecycle import BlockStatus, InstanceStatus
 from ..schemas.moves import MoveRequested
 from . import preemption as pre
+from . import vcluster
 
 DEFAULT_POLICY = "builtin:rebalance-min"
 #: who asks, in ``MoveRequested.requested_by``
@@ -33,6 +35,30 @@ class Trigger(enum.StrEnum):
     MANUAL = "manual"
 
 
+def round_trigger(pending: bool, ratio: float, threshold: float, idle: bool = False) -> tuple[Trigger | None, str]:
+    """The periodic round's decision for one cluster (the rebalancer worker's, and the online
+    replay's model of it, ``trace/online_rebalance.py``): the trigger of its policy call, or None
+    and why not. ``pending``: some waiting block may go to the cluster; ``ratio``: its FGD
+    fragmentation ratio; ``idle``: ``AIOS_REBALANCE_FRAG_IDLE``.
+
+    * a pending block and the ratio at or above the threshold: ``FRAGMENTATION`` (the policy tries
+      the pending blocks first, then moves that lower the fragmentation);
+    * a pending block below it: ``PENDING`` (only moves that make room for one);
+    * no pending block: no call, unless ``idle`` and the ratio is at or above the threshold
+      (moves for fragmentation alone). *Decision:* by default nothing moves while nothing waits:
+      a move restarts an instance elsewhere (warm caches, local state) for a benefit that only a
+      block that would not fit can collect, and a quiet cluster's placements stay where they were
+      put (tests and operators that read them see them unchanged)."""
+    above = ratio >= threshold
+    if pending:
+        return (Trigger.FRAGMENTATION, "") if above else (Trigger.PENDING, "")
+    if idle and above:
+        return Trigger.FRAGMENTATION, ""
+    if above:
+        return None, f"fragmentation {ratio:.3f}, no pending block (AIOS_REBALANCE_FRAG_IDLE off)"
+    return None, f"fragmentation {ratio:.3f} below the threshold {threshold:g}, no pending block"
+
+
 def matches(ir: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
     """Whether a pending block may go to the cluster at all (its filter rule's labels). Blocks of a
     virtual cluster or with affinity rules are left to the queue (the rebalancer does not model them)."""
@@ -44,11 +70,54 @@ def matches(ir: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
     return all(labels.get(k) == v for k, v in match.items())
 
 
+def targets(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]], index: Mapping[str, Any] | None,
+            ) -> list[str] | None:
+    """The nodes a move of the block's instances may go to: those a placement of it may use, by
+    the placement's own filters (its virtual cluster's nodes, ``vcluster.scope``, as
+    ``controller.dry_run`` and ``controller.plan`` take them; of those, the ones its Required
+    affinity admits, ``affinity.annotate`` on its affinity ``index``, as ``controller._affinity_of``
+    checks a choice). None: every node (no virtual cluster, no affinity). A block with affinity
+    whose index is not known gets no target (it is not moved: the rebalancer cannot check it)."""
+    scoped = vcluster.scope(ir, views)  # type: ignore[arg-type]
+    entries = list(ir.get("affinity") or [])
+    if not entries:
+        return None if len(scoped) == len(views) else sorted(scoped)
+    if index is None:
+        return []
+    probe: dict[str, Any] = {nid: dict(v) for nid, v in scoped.items()}  # annotate writes on the views: copies
+    affinity.annotate(probe, entries, index)  # type: ignore[arg-type]
+    return sorted(nid for nid, v in probe.items() if v["affinity"]["pass"])
+
+
+def tier_of(view: Mapping[str, Any] | None, gpus: Iterable[str]) -> str:
+    """The link tier of an instance's GPU set on its node (``policies.topology.set_tier``), '' for
+    one GPU or a node that reports no topology of its GPUs."""
+    ids = [g["id"] for g in (view or {}).get("gpus") or ()]
+    topo = (view or {}).get("topology") or {}
+    got = [ids.index(g) for g in gpus if g in ids]
+    if len(got) < 2 or not topo or int(topo.get("gpus", 0)) != len(ids):
+        return ""
+    return str(topology.set_tier(topo, got).value)
+
+
+def topologies(views: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The nodes that report a topology of their GPUs: node -> {"gpus": ids in its order, "topology"}."""
+    out = {}
+    for nid, v in sorted(views.items()):
+        topo = v.get("topology") or {}
+        ids = [g["id"] for g in v.get("gpus") or ()]
+        if topo and int(topo.get("gpus", 0)) == len(ids):
+            out[nid] = {"gpus": ids, "topology": dict(topo)}
+    return out
+
+
 def movable(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], moving: Mapping[str, int] | None = None,
+            views: Mapping[str, Mapping[str, Any]] | None = None, indexes: Mapping[str, Any] | None = None,
             ) -> list[dict[str, Any]]:
     """The ready blocks' running instances on these nodes, as ``candidates`` of the preemption
     input plus each block's disruption budget (``maxMoving``, default 1), its moves under way
-    (``moving``) and its GPU models."""
+    (``moving``) and its GPU models; with ``views``, the nodes it may move to (``targets``: its
+    placement's filters; ``indexes``: block -> its affinity index) and each instance's link tier."""
     rows = []
     by_id: dict[str, Mapping[str, Any]] = {}
     for row in placed:
@@ -61,24 +130,46 @@ def movable(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], moving: M
     out = []
     for c in pre.candidates(rows, nodes):
         ir = by_id[c["block_id"]].get("ir") or {}
-        out.append({**c, "maxMoving": max(1, int(ir.get("maxMoving") or 1)), "moving": int((moving or {}).get(c["block_id"], 0)),
-                    "gpuModels": list((ir.get("resources") or {}).get("gpuModels") or [])})
+        row = {**c, "maxMoving": max(1, int(ir.get("maxMoving") or 1)), "moving": int((moving or {}).get(c["block_id"], 0)),
+               "gpuModels": list((ir.get("resources") or {}).get("gpuModels") or [])}
+        if views is not None:
+            where = targets(ir, views, (indexes or {}).get(c["block_id"]))
+            if where is not None:
+                row["targets"] = where
+            row["instances"] = {iid: ({**i, "tier": t} if (t := tier_of(views.get(i["node_id"]), i["gpus"])) else i)
+                                for iid, i in c["instances"].items()}
+        out.append(row)
+    return out
+
+
+def pending_input(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """A pending block as the policy reads it, with ``targets`` when its placement may use only
+    some nodes (``targets``: its virtual cluster; with affinity, none: its index is not read here)."""
+    out = pre.block_input(str(ir["blockId"]), ir)
+    where = targets(ir, views, None)
+    if where is not None:
+        out["targets"] = where
     return out
 
 
 def rebalance_input(cid: str, views: Mapping[str, Mapping[str, Any]], placed: Iterable[Mapping[str, Any]],
                     pending: Iterable[Mapping[str, Any]], max_moves: int, trigger: Trigger,
                     moving: Mapping[str, int] | None = None, workload: list[dict[str, Any]] | None = None,
-                    measure: bool = True) -> dict[str, Any]:
+                    measure: bool = True, indexes: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The whole input of one ``rebalance`` call on cluster ``cid``. ``pending``: the waiting
     blocks' records (``{"ir", ...}``), in queue order; ``moving``: block -> its moves under way;
-    ``measure``: with the cluster's fragmentation (informative: the policy measures it itself)."""
+    ``measure``: with the cluster's fragmentation (informative: the policy measures it itself);
+    ``indexes``: block -> its affinity index (``state.inventory.affinity_index``; a block with
+    affinity that has none here is not moved)."""
     cluster = pre.cluster_input(cid, views)
     data: dict[str, Any] = {
         "action": "rebalance", "maxMoves": int(max_moves), "trigger": str(trigger), "cluster": cluster,
-        "pending": [pre.block_input(str(b["ir"]["blockId"]), b["ir"]) for b in pending],
-        "movable": movable(placed, cluster["nodes"], moving),
+        "pending": [pending_input(b["ir"], views) for b in pending],
+        "movable": movable(placed, cluster["nodes"], moving, views, indexes),
     }
+    topo = topologies({nid: views[nid] for nid in cluster["nodes"]})
+    if topo:
+        data["topology"] = topo
     if workload:
         data["workload"] = workload
     if measure:
@@ -134,5 +225,6 @@ def requests(cid: str, output: Mapping[str, Any], gens: Mapping[str, int], trigg
         reason = f"{trigger}: {m.get('reason') or 'rebalance'}"
         out.append(Emit(E.block_move_requested, MoveRequested(
             block_id=bid, move_id=move_id(cid, output, k, at), instance_id=str(m["instance_id"]), to_node=str(m["to"]),
-            reason=reason[:500], requested_by=REQUESTED_BY, gen=int(gens[bid]), at=round(at, 3))))
+            reason=reason[:500], requested_by=REQUESTED_BY, gen=int(gens[bid]), at=round(at, 3),
+            to_gpus=[str(g) for g in m.get("to_gpus") or ()])))
     return out

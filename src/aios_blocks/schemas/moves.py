@@ -57,6 +57,9 @@ class MoveRequested(msgspec.Struct):
     gen: int = 0
     #: when the request was made (Unix seconds; 0: not said)
     at: float = 0.0
+    #: the GPUs of ``to_node`` the new instance takes (the rebalancer's pick: topology, fragmentation);
+    #: [] = the resourceAllocator (and the topology pass) picks. Not free then: the move fails
+    to_gpus: list[str] = []
 
 
 class MoveStep(msgspec.Struct):

@@ -8,7 +8,13 @@ The walk and the preemption are the replay's own; the rebalancer comes in where 
   when one makes room, its moves are applied and the block is placed, and nobody is preempted;
 * **for the blocks that may not preempt** (priority 0, a waiting victim, the modes without
   preemption): after each walk, the head of the queue gets the same plans (at most ``MAX_PLANS``
-  per capacity event), as the rebalancer worker's pending trigger does.
+  per capacity event), as the rebalancer worker's pending trigger does;
+* **the worker's periodic round** (``frag_threshold`` given; ``replay`` gives the worker's
+  defaults): at most every ``AIOS_REBALANCE_INTERVAL_S`` of the replay's clock, not within
+  ``AIOS_REBALANCE_COOLDOWN_S`` of the round's last moves, the cluster's trigger is decided by
+  ``handlers.rebalance.round_trigger`` (the worker's own decision) from the queue's head and the
+  cluster's FGD fragmentation ratio; a ``fragmentation`` round calls the policy with that trigger
+  (pending blocks first, then moves that lower the fragmentation, at most ``frag_moves``).
 
 A move is make-before-break: the moved task keeps running (no work lost, its departure unchanged),
 on the move's target node and GPUs, from the instant it is decided (the new instance's start-up is
@@ -40,6 +46,11 @@ from .replay import DEFAULT_POLICY, block_id
 MAX_PLANS = 4
 #: the most moves per plan (``AIOS_REBALANCE_MAX_MOVES``)
 MAX_MOVES = 2
+#: the worker's round and cooldown (``AIOS_REBALANCE_INTERVAL_S``, ``AIOS_REBALANCE_COOLDOWN_S``)
+INTERVAL_S = 10.0
+COOLDOWN_S = 30.0
+#: ``AIOS_REBALANCE_FRAG_THRESHOLD``
+FRAG_THRESHOLD = 0.1
 
 
 class MoveIndex:
@@ -108,9 +119,20 @@ class MoveIndex:
 
 
 class RebalanceSim(Sim):
-    def __init__(self, *args: Any, max_moves: int = MAX_MOVES, incremental_moves: bool = True, **kw: Any):
+    def __init__(self, *args: Any, max_moves: int = MAX_MOVES, incremental_moves: bool = True,
+                 frag_threshold: float | None = None, frag_moves: int | None = None, frag_idle: bool = False,
+                 interval_s: float = INTERVAL_S, cooldown_s: float = COOLDOWN_S, **kw: Any):
         super().__init__(*args, **kw)
         self.max_moves = max_moves
+        #: the worker's periodic round (None: not modelled): its threshold, its moves per call,
+        #: AIOS_REBALANCE_FRAG_IDLE, its interval and its cooldown
+        self.frag_threshold, self.frag_idle = frag_threshold, frag_idle
+        self.frag_moves = max_moves if frag_moves is None else frag_moves
+        self.interval_s, self.cooldown_s = interval_s, cooldown_s
+        self.next_round, self.last_round_moves = 0.0, float("-inf")
+        #: rounds by the trigger decided, and the moves of the fragmentation rounds
+        self.rounds: dict[str, int] = {}
+        self.frag_round_moves = 0
         #: ``incremental_moves``: the planner's input kept by ``MoveIndex`` (else rebuilt per plan)
         self.move_index = MoveIndex(self.views, self.st.shapes) if incremental_moves else None
         #: each move applied: (time, block, from, to, GPUs) (the comparison of old and new reads it)
@@ -259,6 +281,11 @@ class RebalanceSim(Sim):
         return await super().preempt(j, now, key)
 
     async def drain(self, now: float) -> None:
+        await self.drain_pending(now)
+        if await self.worker_round(now):
+            await self.drain_pending(now)
+
+    async def drain_pending(self, now: float) -> None:
         await super().drain(now)
         plans = 0
         while self.pending and plans < MAX_PLANS:
@@ -275,6 +302,43 @@ class RebalanceSim(Sim):
             if not done:
                 return
             await super().drain(now)
+
+    def frag_ratio(self) -> float:
+        """The cluster's FGD fragmentation ratio (``handlers.rebalance.fragmentation``'s, on the
+        replay's workload), from the index's per-node figures."""
+        assert self.move_index is not None
+        return sum(f for _, f in self.move_index.frags.values()) / self.cluster_milli
+
+    async def worker_round(self, now: float) -> bool:
+        """The rebalancer worker's periodic round (module docstring): whether it moved anything."""
+        if self.frag_threshold is None or self.move_index is None or now < self.next_round:
+            return False
+        self.next_round = now + self.interval_s
+        if now - self.last_round_moves < self.cooldown_s:
+            self.rounds["cooldown"] = self.rounds.get("cooldown", 0) + 1
+            return False
+        head = self.waiting()
+        kind, _why = hr.round_trigger(bool(head), self.frag_ratio(), self.frag_threshold, self.frag_idle)
+        self.rounds[str(kind or "skipped")] = self.rounds.get(str(kind or "skipped"), 0) + 1
+        if kind is not hr.Trigger.FRAGMENTATION:
+            return False  # ``pending``: the plans drain_pending asks for at each capacity event
+        # the head's blocks the planner has no answer for since capacity last changed are left out
+        # (the same "no" again); the worker's window is the head (at most MAX_PLANS of them)
+        asks = [j for j in head if self.key(j) not in self.no_moves][:MAX_PLANS]
+        data = {"action": "rebalance", "maxMoves": self.frag_moves, "trigger": str(kind),
+                "pending": [pre.block_input(block_id(j.timed.task), j.ir) for j in asks]}
+        out = rb.plan(data, prepared=self.move_index)
+        if not out["moves"]:
+            return False
+        for m in out["moves"]:
+            self.move_log.append((now, m["block_id"], m["from"], m["to"], tuple(m["to_gpus"])))
+            self.move(m["block_id"], m["to"], list(m["to_gpus"]))
+        if out.get("for"):
+            self.plans_with_moves += 1
+        else:
+            self.frag_round_moves += len(out["moves"])
+        self.last_round_moves = now
+        return True
 
 
 def last_third(sim: Sim) -> float:
@@ -316,6 +380,8 @@ def figures(sim: Sim) -> dict[str, Any]:
     d = sim.res.as_dict()
     moves = int(getattr(sim, "moves", 0))
     waits = multi_gpu_waits(sim)
+    if isinstance(sim, RebalanceSim):
+        d.update({"rounds": dict(sim.rounds), "frag_round_moves": sim.frag_round_moves})
     d.update({"rebalance": isinstance(sim, RebalanceSim), "moves": moves,
               "moves_per_placement": round(moves / sim.res.placed, 4) if sim.res.placed else 0.0,
               "alloc_last_third": round(last_third(sim), 3),
@@ -327,13 +393,15 @@ def figures(sim: Sim) -> dict[str, Any]:
 
 async def replay(nodes: list[Node], timed: list[Timed], mode: Mode = Mode.PREEMPTION, policy: str = DEFAULT_POLICY,
                  seed: int = 42, sample_nodes: int = 0, workload: str = "", drawn: int = 0, load: float = 1.0,
-                 cluster_share: float = 1.0, rebalance: bool = True, max_moves: int = MAX_MOVES) -> dict[str, Any]:
-    """One online replay, with the rebalancer or without (the same figures for both)."""
+                 cluster_share: float = 1.0, rebalance: bool = True, max_moves: int = MAX_MOVES,
+                 frag_threshold: float | None = FRAG_THRESHOLD) -> dict[str, Any]:
+    """One online replay, with the rebalancer or without (the same figures for both);
+    ``frag_threshold``: the worker's periodic round with that threshold (None: not modelled)."""
     nodes = shrink(nodes, cluster_share, seed)
     if load != 1.0:
         timed = [replace(t, created=t.created / load) for t in timed]
     args = (nodes, timed, mode, policy, seed, sample_nodes, on.HEAD, on.MIN_DELTA, workload)
-    sim = RebalanceSim(*args, max_moves=max_moves) if rebalance else Sim(*args)
+    sim = RebalanceSim(*args, max_moves=max_moves, frag_threshold=frag_threshold) if rebalance else Sim(*args)
     sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, load, cluster_share
     await sim.run()
     return figures(sim)

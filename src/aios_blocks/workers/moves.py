@@ -160,7 +160,7 @@ async def _place(w: Worker, rec: dict[str, Any]) -> None:
     trace: list[Decision] = []
     extra = {"instance_id": rec["old"], "pod_name": rec["old"], "reason": rec.get("reason", "")}
     req = al.Request(ir, cid, "reassignment", (rec["new"],), avoid="" if rec.get("to") else rec.get("from", ""), extra=extra,
-                     only=rec.get("to", ""))
+                     only=rec.get("to", ""), gpus=tuple(rec.get("to_gpus") or ()))
     try:
         placements, attempts = await allocate(w, req, insts, trace=trace)
         faults.hit("move.reserved")  # the chaos tests' SIGKILL: reserved, not started

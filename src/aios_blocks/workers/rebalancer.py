@@ -30,6 +30,7 @@ from ..handlers import rebalance as hr
 from ..runtime.ticker import Ticker
 from ..schemas.catalog import Emit
 from ..schemas.errors import PolicyFailed
+from ..state.inventory import affinity_index
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue
 from ..state.rebalance import RebalanceState
@@ -72,18 +73,31 @@ async def pending_blocks(store: Any, window: int) -> list[dict[str, Any]]:
     return out
 
 
+async def affinity_indexes(store: Any, placed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Block -> its affinity index (``state.inventory.affinity_index``, what its placement reads),
+    for the placed blocks with affinity entries: a move's target is checked against them."""
+    out = {}
+    for row in placed:
+        ir = row.get("ir") or {}
+        if ir.get("affinity"):
+            out[str(row["block_id"])] = await affinity_index(store, ir)  # type: ignore[arg-type]
+    return out
+
+
 async def plan_rounds(store: Any, invoke: Invoke, rule: dict[str, Any], max_moves: int, window: int,
                       clusters: list[str] | None = None, threshold: float = 0.0, trigger: hr.Trigger = hr.Trigger.MANUAL,
-                      skip: Mapping[str, str] | None = None) -> list[Round]:
+                      skip: Mapping[str, str] | None = None, idle: bool = False) -> list[Round]:
     """Each cluster's rebalance: its input (the nodes, their fragmentation, the pending blocks that
-    may go there, the movable instances) and the policy's answer. ``threshold``: a cluster with no
-    pending block for it and a fragmentation ratio below it is skipped (the periodic trigger);
+    may go there, the movable instances) and the policy's answer. ``trigger`` MANUAL: every
+    cluster is planned; else the periodic round: ``hr.round_trigger`` decides per cluster from its
+    pending blocks, its fragmentation ratio, ``threshold`` and ``idle`` (AIOS_REBALANCE_FRAG_IDLE);
     ``skip``: clusters not to plan, with why (the cooldown)."""
     known = await store.clusters()
     wanted = sorted(known) if clusters is None else clusters
     placed, _models = await PriorityStore(store.r).placed()
     busy = hr.moving(placed)
     waiting = await pending_blocks(store, window)
+    indexes = await affinity_indexes(store, placed)
     rounds = []
     for cid in wanted:
         if cid not in known:
@@ -91,11 +105,13 @@ async def plan_rounds(store: Any, invoke: Invoke, rule: dict[str, Any], max_move
         views = await store.read_nodes(cid, await store.node_ids(cid))
         mine = [b for b in waiting if hr.matches(b.get("ir") or {}, known[cid])]
         why = (skip or {}).get(cid, "")
-        kind = hr.Trigger.PENDING if mine and trigger is not hr.Trigger.MANUAL else trigger
-        data = hr.rebalance_input(cid, views, placed, mine, max_moves, kind, busy)
-        r = Round(cid, kind, data, skipped=why)
-        if not why and not mine and trigger is not hr.Trigger.MANUAL and data["fragmentation"]["ratio"] < threshold:
-            r.skipped = f"fragmentation {data['fragmentation']['ratio']:.3f} below the threshold {threshold:g}, no pending block"
+        data = hr.rebalance_input(cid, views, placed, mine, max_moves, trigger, busy, indexes=indexes)
+        kind: hr.Trigger | None = trigger
+        if trigger is not hr.Trigger.MANUAL:
+            kind, not_now = hr.round_trigger(bool(mine), float(data["fragmentation"]["ratio"]), threshold, idle)
+            why = why or not_now
+            data["trigger"] = str(kind or trigger)
+        r = Round(cid, kind or trigger, data, skipped=why)
         if not r.skipped:
             try:
                 r.output = await invoke(rule, data)
@@ -129,7 +145,8 @@ class Rebalancer:
         skip = {cid: f"moves requested {now - t:.0f} s ago (AIOS_REBALANCE_COOLDOWN_S {self.s.rebalance_cooldown_s:g})"
                 for cid, t in last.items() if now - t < self.s.rebalance_cooldown_s}
         rounds = await plan_rounds(self.w.store, self.invoke, self.rule, self.s.rebalance_max_moves, self.s.queue_window,
-                                   threshold=self.s.rebalance_frag_threshold, trigger=hr.Trigger.FRAGMENTATION, skip=skip)
+                                   threshold=self.s.rebalance_frag_threshold, trigger=hr.Trigger.FRAGMENTATION, skip=skip,
+                                   idle=self.s.rebalance_frag_idle)
         self.last = rounds
         self.rounds += 1
         placed, _ = await PriorityStore(self.w.store.r).placed()

@@ -8,10 +8,14 @@ Input (``action: "rebalance"``)::
                                                    "gpus": {gpu_id: {"model", "free"}}}}},
      "fragmentation": {"total": float, "ratio": float, "nodes": {node_id: float}},   # FGD, informative
      "workload": [{"gpus", "gpuShare", "cpu", "gpuModels", "weight"}],   # the shapes FGD measures against
-     "pending": [{"block_id", "priority", "minInstances", "resources": {...}}],      # oldest/highest first
+     "pending": [{"block_id", "priority", "minInstances", "resources": {...},
+                  "targets": [node_id]}],     # optional: the only nodes it may use; oldest/highest first
      "movable": [{"block_id", "priority", "created", "preemptible", "minInstances",
                   "maxMoving", "moving", "gpuModels",
-                  "instances": {iid: {"node_id", "gpus", "share", "cpu", "memory", "created"}}}]}
+                  "targets": [node_id],                # optional: the only nodes it may move to
+                  "instances": {iid: {"node_id", "gpus", "share", "cpu", "memory", "created",
+                                      "tier"}}}],      # optional: its GPU set's link tier now
+     "topology": {node_id: {"gpus": [gpu_id], "topology": {...}}}}   # optional: nodes' GPU topology
 
 The cluster's shape is ``builtin:preempt-min``'s (``free``: the free part of a GPU's compute).
 Output::
@@ -42,6 +46,12 @@ Rules:
 * **Never worse**: a move's target never gains more fragmentation than its source loses (the
   moves that free one room are counted together: the first may not help alone); a plan whose
   moves would raise the cluster's fragmentation is not taken.
+* **Where a placement may go**: a block's ``targets`` (the nodes its placement's filters admit:
+  its virtual cluster, its Required affinity; ``handlers.rebalance`` computes them with the
+  placement's own code) are the only nodes its instances move to; on a node with a ``topology``,
+  a whole-GPU instance gets the set ``policies.topology.choose`` picks (the placement's pick: the
+  best connected, keeping the best sets free), and an instance with a ``tier`` is never moved to
+  a set of a worse tier.
 """
 
 from __future__ import annotations
@@ -52,6 +62,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from ...schemas.topology import TIER_RANK, LinkTier
+from .. import topology as topo_mod
 from .frag import UNITS, Workload
 from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
 from .preempt import placement as _placement
@@ -77,6 +89,10 @@ class Inst:
     priority: int
     created: float
     models: frozenset[str]
+    #: the only nodes it may move to (None: any)
+    targets: frozenset[str] | None = None
+    #: its GPU set's link tier rank now (``TIER_RANK``; None: not said / one GPU)
+    tier: int | None = None
 
     @property
     def gpu_amount(self) -> float:
@@ -133,13 +149,41 @@ class Prepared(Protocol):
         ...
 
 
+#: a node without a topology: the worst tier (``_reaches``: a node that reports none cannot say it can)
+_NO_TIER = max(TIER_RANK.values())
+
+
 class Cluster:
     """Node states, the FGD workload, and the instances where they are now (moves applied)."""
 
-    def __init__(self, nodes: dict[str, _Node], wl: Workload, frags: Mapping[str, tuple[_Node, float]] | None = None):
+    def __init__(self, nodes: dict[str, _Node], wl: Workload, frags: Mapping[str, tuple[_Node, float]] | None = None,
+                 topology: Mapping[str, Mapping[str, Any]] | None = None):
         self.nodes, self.wl = nodes, wl
         #: fragmentation known per node state (the very ``_Node`` object: a copy is measured again)
         self.frags: Mapping[str, tuple[_Node, float]] = frags or {}
+        #: node -> {"gpus": its GPU ids in the topology's order, "topology": ...}
+        self.topology: Mapping[str, Mapping[str, Any]] = topology or {}
+        #: the nodes the pending block planned for may use (its ``targets``; None: any)
+        self.room: frozenset[str] | None = None
+
+    def pick_on(self, nid: str, n: _Node, i: Inst) -> tuple[str, ...] | None:
+        """``pick`` on node ``nid``, by its topology when it has one (a whole-GPU instance: the set
+        ``policies.topology.choose`` picks), None when the instance may not go there (not one of
+        its targets, or a set of a worse tier than it has)."""
+        if i.targets is not None and nid not in i.targets:
+            return None
+        gpus = Cluster.pick(n, i)
+        if gpus is None or len(gpus) < 1 or i.share < 1 - EPS:
+            return gpus
+        t = self.topology.get(nid)
+        ids = list((t or {}).get("gpus") or ())
+        if not t or len(ids) != len(n.gpus) or int((t.get("topology") or {}).get("gpus", 0)) != len(ids):
+            return None if i.tier is not None and len(gpus) > 1 and _NO_TIER > i.tier else gpus
+        usable = [k for k, g in enumerate(ids) if (not i.models or n.gpus[g][0] in i.models) and n.gpus[g][1] >= 1 - EPS]
+        choice = topo_mod.choose(t["topology"], usable, len(gpus))
+        if i.tier is not None and len(gpus) > 1 and TIER_RANK[choice.tier] > i.tier:
+            return None
+        return tuple(ids[k] for k in choice.gpus)
 
     def frag(self, nid: str, node: _Node | None = None) -> float:
         n = node if node is not None else self.nodes[nid]
@@ -213,11 +257,18 @@ def movable(input_data: Mapping[str, Any], ceiling: int | None) -> tuple[list[In
             continue
         budget[bid] = left
         models = frozenset(c.get("gpuModels") or ())
+        targets = None if c.get("targets") is None else frozenset(str(t) for t in c["targets"])
         for iid, i in sorted((c.get("instances") or {}).items()):
+            tier = TIER_RANK.get(LinkTier(i["tier"])) if i.get("tier") in LinkTier.__members__.values() else None
             out.append(Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), float(i.get("share") or 1.0),
                             float(i.get("cpu") or 0.0), float(i.get("memory") or 0.0), prio,
-                            float(i.get("created") or c.get("created") or 0.0), models))
+                            float(i.get("created") or c.get("created") or 0.0), models, targets, tier))
     return out, budget
+
+
+def _on(nodes: Mapping[str, _Node], room: frozenset[str] | None) -> Mapping[str, _Node]:
+    """The nodes a pending block may use (``room``: its targets; None: all)."""
+    return nodes if room is None else {nid: n for nid, n in nodes.items() if nid in room}
 
 
 def _count(nodes: Mapping[str, _Node], need: Need) -> int:
@@ -238,7 +289,7 @@ def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) 
     for nid, n in nodes.items():
         if nid in avoid or nid == i.node:
             continue
-        gpus = Cluster.pick(n, i)
+        gpus = c.pick_on(nid, n, i)
         if gpus is None:
             continue
         left = _left(n)
@@ -279,7 +330,7 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
         src_node = nodes[src] = _copy(c.nodes[src])
         for i in subset:
             Cluster.release(src_node, i)
-        if node_fits(src_node, need, 1) < 1 and _count(nodes, need) <= before:
+        if node_fits(src_node, need, 1) < 1 and _count(_on(nodes, c.room), need) <= before:
             continue  # freeing these alone makes no room: the source never takes one more
         src_saved = c.frag(src) - c.frag(src, src_node)
         moves, cost, ok = [], 0.0, True
@@ -298,7 +349,7 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
             Cluster.take(n, i, gpus)
             moves.append(Move(i, nid, gpus, d))
             cost += d
-        if not ok or _count(nodes, need) <= before:
+        if not ok or _count(_on(nodes, c.room), need) <= before:
             continue
         if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
             continue
@@ -325,16 +376,17 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
     moves: list[Move] = []
     where = {i.iid: i for i in insts}
     budget = dict(budget)
-    while not _placement(c.nodes, need):
+    while not _placement(_on(c.nodes, c.room), need):
         left = max_moves - len(moves)
         if left <= 0:
             return None
         on: dict[str, list[Inst]] = {}
         for i in where.values():
             on.setdefault(i.node, []).append(i)
-        sources = sorted((nid for nid in on if nid in c.nodes), key=lambda nid: (_shortfall(c.nodes[nid], need), nid))
+        sources = sorted((nid for nid in on if nid in c.nodes and (c.room is None or nid in c.room)),
+                         key=lambda nid: (_shortfall(c.nodes[nid], need), nid))
         sources = [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
-        before = _count(c.nodes, need)
+        before = _count(_on(c.nodes, c.room), need)
         best = None
         for size in range(1, left + 1):  # the fewest moves anywhere first
             for src in sources:
@@ -431,19 +483,22 @@ def plan(input_data: Mapping[str, Any], max_moves: int | None = None, prepared: 
 
         def movable_of(ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
             return movable(input_data, ceiling)
-    c = Cluster(nodes, wl, frags)
+    topology = {str(k): v for k, v in (input_data.get("topology") or {}).items() if isinstance(v, Mapping)}
+    c = Cluster(nodes, wl, frags, topology)
     before = c.total()
     if k <= 0:
         return _output([], nodes, c, before, "maxMoves is 0: no move")
     why = []
     for p, need in zip(pending, needs, strict=True):
         bid = str(p.get("block_id") or "")
-        now = _placement(nodes, need)
+        room = None if p.get("targets") is None else frozenset(str(t) for t in p["targets"])
+        now = _placement(_on(nodes, room), need)
         if now:
             why.append(f"{bid} fits without moves")
             continue
         insts, budget = movable_of(int(p.get("priority") or 0))
-        c = Cluster(dict(nodes), wl, frags)
+        c = Cluster(dict(nodes), wl, frags, topology)
+        c.room = room
         found = plan_pending(c, need, insts, budget, k)
         if found is None:
             why.append(f"{bid} does not fit after {k} move(s) or fewer")
@@ -453,11 +508,11 @@ def plan(input_data: Mapping[str, Any], max_moves: int | None = None, prepared: 
             why.append(f"{bid}: the moves that make its room would raise the cluster's fragmentation")
             continue
         return _output(moves, nodes, c, before, f"{len(moves)} move(s) make room for pending {bid}", bid,
-                       _placement(c.nodes, need))
+                       _placement(_on(c.nodes, room), need))
     if pending and str(input_data.get("trigger") or "") == "pending":
         return _output([], nodes, c, before, "; ".join(why) or "no pending block")
     insts, budget = movable_of(None)
-    c = Cluster(dict(nodes), wl, frags)
+    c = Cluster(dict(nodes), wl, frags, topology)
     moves = plan_fragmentation(c, insts, budget, k)
     reason = (f"{len(moves)} move(s) lower the fragmentation from {before:.1f} to {c.total():.1f}" if moves
               else "no move lowers the cluster's fragmentation")
