@@ -12,7 +12,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import typer
 from rich.markup import escape
@@ -42,7 +42,7 @@ def _replica_sets(value: Any) -> dict[str, int]:
     return dict(value)
 
 
-def _limits(value: Any, replica_sets: Any) -> dict[str, Any]:
+def _limits(value: Any, replica_sets: Any) -> dict[str, list[int]]:
     from ..schemas.vcluster import limit_problems
 
     problems = limit_problems(value, replica_sets)
@@ -119,6 +119,45 @@ async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool
             await sub.unsubscribe()
 
 
+class DescribedNode(TypedDict):
+    type: str
+    healthy: bool
+    #: the virtual cluster it is placed in ("": the primary; "?": no view of it)
+    place: str
+    idle: bool
+
+
+class DescribedVCluster(TypedDict):
+    """A virtual cluster as ``vcluster get`` shows it (``describe``), its job clusters the same way."""
+
+    id: str
+    cluster: str
+    kind: str
+    revision: int
+    replicaSets: dict[str, int]
+    counts: dict[str, int]
+    nodes: dict[str, DescribedNode]
+    parent: str
+    block: str
+    limits: dict[str, list[int]]
+    blocks: list[str]
+    jobClusters: list[DescribedVCluster]
+
+
+class DescribedPrimary(TypedDict):
+    cluster: str
+    #: node type -> how many no virtual cluster holds
+    unassigned: dict[str, int]
+    nodes: int
+
+
+class Described(TypedDict):
+    """``vcluster get``'s document (``--json`` prints it)."""
+
+    primary: DescribedPrimary
+    vcluster: DescribedVCluster
+
+
 async def records(c: Client) -> list[VClusterRecord]:
     from ..schemas.vcluster import VClusterKind
     from ..state.vcluster import VClusterStore
@@ -130,7 +169,7 @@ async def records(c: Client) -> list[VClusterRecord]:
     return sorted(out, key=lambda r: (r.cluster, r.parent or r.id, r.kind == VClusterKind.JOB, r.id))
 
 
-async def describe(c: Client, vid: str) -> dict[str, Any]:
+async def describe(c: Client, vid: str) -> Described:
     """The virtual cluster as a tree: its primary (the cluster and its unassigned nodes by type),
     itself (kind, revision, replica sets, nodes with type/health/place, blocks running inside) and
     its job clusters, the same way (LookupError: no such virtual cluster)."""
@@ -151,8 +190,8 @@ async def describe(c: Client, vid: str) -> dict[str, Any]:
         if not place(v):
             unassigned[node_type(v)] = unassigned.get(node_type(v), 0) + 1
 
-    async def one(rec: VClusterRecord) -> dict[str, Any]:
-        nodes: dict[str, Any] = {}
+    async def one(rec: VClusterRecord) -> DescribedVCluster:
+        nodes: dict[str, DescribedNode] = {}
         counts: dict[str, int] = {}
         blocks: set[str] = set()
         for nid in sorted(rec.nodes):
@@ -300,7 +339,7 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
         p = d["primary"]
         tree = Tree(f"[bold]{p['cluster']}[/] (primary): {p['nodes']} nodes, unassigned {json.dumps(p['unassigned'])}")
 
-        def add(node: Tree, v: dict[str, Any]) -> None:
+        def add(node: Tree, v: DescribedVCluster) -> None:
             head = (f"[bold]{v['id']}[/] {v['kind']} revision {v['revision']}: {json.dumps(v['counts'])} "
                     f"of {json.dumps(v['replicaSets'])}" + (f", limits {escape(json.dumps(v['limits']))}" if v.get("limits") else ""))
             if v["block"]:
