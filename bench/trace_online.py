@@ -2,7 +2,7 @@
 {preemption, no preemption, FIFO}, in trace time (``trace/online.py``, in-process).
 
     .venv/bin/python -m bench.trace_online [--load 300] [--cluster-share 0.2] [--workloads default,gpushare60,multigpu50]
-        [--json out.json] [--plot out.png]
+        [--modes preemption,no-preemption,fifo] [--rebalance] [--json out.json] [--plot out.png]
 
 Columns: LS+Guaranteed wait p99 (all / steady state: arrivals after the first 10 % of the span),
 BE wait p99, mean GPU allocation, preemptions (victim instances), cascades, GPU-seconds lost,
@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 from aios_blocks.trace import online
+from aios_blocks.trace import online_rebalance as orb
 from aios_blocks.trace.inventory import load_nodes
 
 HERE = Path(__file__).resolve().parent
@@ -42,6 +43,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
+    ap.add_argument("--rebalance", action="store_true",
+                    help="each mode with the rebalancer (moves before preemption and the worker's rounds, "
+                    "trace/online_rebalance.py; mode shown as MODE+rebalance)")
     a = ap.parse_args()
     nodes = load_nodes(pods("default").with_name("openb_node_list_gpu_node.csv"), "trace")
     rows = []
@@ -54,11 +58,15 @@ def main() -> None:
         tag = f"{wl} ({drawn} times drawn)" if drawn else wl
         for mode in a.modes.split(","):
             t0 = time.perf_counter()
-            r = asyncio.run(online.replay_online(nodes, timed, online.Mode(mode), a.policy, a.seed, workload=wl, drawn=drawn,
-                                                 load=a.load, cluster_share=a.cluster_share)).as_dict()
+            if a.rebalance:
+                r = asyncio.run(orb.replay(nodes, timed, online.Mode(mode), a.policy, a.seed, workload=wl, drawn=drawn,
+                                           load=a.load, cluster_share=a.cluster_share))
+            else:
+                r = asyncio.run(online.replay_online(nodes, timed, online.Mode(mode), a.policy, a.seed, workload=wl,
+                                                     drawn=drawn, load=a.load, cluster_share=a.cluster_share)).as_dict()
             r["run_s"] = round(time.perf_counter() - t0, 1)
             rows.append(r)
-            print(f"| {tag} | {mode} | {r['ls_wait_p99']:g} ({r['ls_wait_p99_steady']:g}) "
+            print(f"| {tag} | {r['mode']} | {r['ls_wait_p99']:g} ({r['ls_wait_p99_steady']:g}) "
                   f"| {r['be_wait_p99']:g} | {r['alloc_mean']:.2f} | {r['preemptions']} ({r['victims']}) | {r['cascades']} "
                   f"| {r['gpu_s_lost']:g} | {r['freed_over_bound']} | {r['pending_end']} | {r['run_s']} |", flush=True)
     if a.json:
