@@ -200,3 +200,15 @@ def test_the_lxd_shapes_have_exactly_the_named_fields() -> None:
     req = placement_request({"blockId": "b1", "resources": {"gpus": 1}}, {"instance_id": "b1-0"}, "allocation")
     assert set(req) == set(lxd.PlacementRequest.__annotations__)
     assert set(req["source"]) == set(lxd.InstanceSource.__annotations__)
+
+
+def test_capacity_totals_are_the_named_fields_in_their_order() -> None:
+    from aios_blocks.policies import capacity
+    from aios_blocks.schemas.records import Totals
+
+    view = {"node_id": "n1", "healthy": True, "cpu": 8.0, "cpu_free": 6.12345, "memory": 1024, "memory_free": 512,
+            "gpus": [{"id": "g0", "memory": 100, "memory_used": 0, "memory_free": 100, "instances": 0, "exclusive": False}]}
+    t = capacity.totals({"n1": view})  # type: ignore[dict-item]
+    assert list(t) == list(Totals.__annotations__) == list(capacity.TOTAL_KEYS)
+    assert t == {"gpus": 1, "gpus_free": 1, "gpu_memory_free": 100, "cpu_free": 6.123, "memory_free": 512, "healthy_node_count": 1}
+    assert all(type(v) is int for k, v in t.items() if k != "cpu_free")

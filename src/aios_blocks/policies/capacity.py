@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 
 from ..schemas.events import nodes_root as events_root
-from ..schemas.records import GpuView, NodeView
+from ..schemas.records import GpuView, NodeView, Totals
 from ..schemas.records import Needs as Needs  # (re-exported: what one instance needs)
 
 #: a GPU's compute, in thousandths: a view's ``share_free`` and a need's ``gpuShare`` x 1000
@@ -629,18 +629,15 @@ def _totals_memo(nodes: dict[str, NodeView]) -> _Totals:
     return memo
 
 
-def totals(nodes: dict[str, NodeView]) -> dict[str, Any]:
+def totals(nodes: dict[str, NodeView]) -> Totals:
     """``gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy_node_count`` over all nodes.
 
     Memoised per dict (the inventory keeps one ``Nodes`` per cluster, which holds its own): the
     second call on the same dict only recomputes the nodes whose view was replaced.
     """
-    s = _totals_memo(nodes).update()
-    out = dict(zip(TOTAL_KEYS, s, strict=True))
-    for k in ("gpus", "gpus_free", "gpu_memory_free", "memory_free", "healthy_node_count"):
-        out[k] = int(out[k])
-    out["cpu_free"] = round(out["cpu_free"], 3)
-    return out
+    gpus, gpus_free, gpu_memory_free, cpu_free, memory_free, healthy = _totals_memo(nodes).update()
+    return {"gpus": int(gpus), "gpus_free": int(gpus_free), "gpu_memory_free": int(gpu_memory_free),
+            "cpu_free": round(cpu_free, 3), "memory_free": int(memory_free), "healthy_node_count": int(healthy)}
 
 
 def fork(nodes: dict[str, NodeView], needs: Needs | None = None, share: bool = False) -> dict[str, NodeView]:

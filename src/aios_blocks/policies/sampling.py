@@ -16,10 +16,9 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from ..schemas.records import AffinityTerm, BlockIR, NodeView
+from ..schemas.records import AffinityTerm, BlockIR, NodeView, SampleInfo
 from ..settings import load as load_settings
 from . import affinity, capacity
 
@@ -98,11 +97,10 @@ class Sample:
     limit: int = 0
     #: set when no visited node passes Required affinity: each entry and what it eliminated
     unsatisfiable: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> SampleInfo:
         """What a policy sees under ``cluster_metrics["sample"]`` when the cluster was sampled."""
-        out: dict[str, Any] = {
+        out: SampleInfo = {
             "total_nodes": self.total, "visited": self.visited, "feasible": self.feasible,
             "limit": self.limit, "seed": self.seed,
         }

@@ -577,6 +577,17 @@ class ReplayedDecision(DecisionRecord, total=False):
 # -- the seed-000 policy payloads (docs/policies.md: exact field names) -----------------------------
 
 
+class Totals(TypedDict):
+    """A cluster's capacity totals over all its nodes (``policies.capacity.totals``)."""
+
+    gpus: int
+    gpus_free: int
+    gpu_memory_free: int
+    cpu_free: float
+    memory_free: int
+    healthy_node_count: int
+
+
 class ClusterFigures(TypedDict, total=False):
     """A cluster's totals over its nodes (``handlers.gateway.cluster_metrics`` without ``nodes``):
     a clusterAllocator entry's ``metrics``; ``affinity_score`` where the block has affinity."""
