@@ -26,6 +26,7 @@ from aios_blocks.agent.runtime_process import ProcessRuntime
 from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime import auth
 from aios_blocks.runtime.auth import url_user
 from aios_blocks.runtime.embedded import free_port
 
@@ -226,18 +227,20 @@ async def test_no_output_is_lost_when_nats_restarts_mid_run(agents: Agents, http
     assert set(stored(db)) == want
 
 
-async def test_a_standalone_agents_sidecars_log_in_as_the_sidecar_user_and_store_outputs(standalone_agent: Agents,
+async def test_a_standalone_agents_sidecars_log_in_as_their_blocks_user_and_store_outputs(standalone_agent: Agents,
                                                                                           tmp_path: Path) -> None:
     """The agent of docs/agents.md (`blocks agent` beside `blocks up`, no AIOS_NATS_URL, login
-    required) hands its side-cars the `sidecar` user's URL, as it does the agents started with
-    ``agent_env``: they log in, consume the outputs and go with the block."""
+    required) makes its side-cars' block a user of its own and hands them its URL, as the agents
+    started with ``agent_env`` do: they log in, consume the outputs and go with the block (and the
+    user with them)."""
     c = standalone_agent.system.client
     db = tmp_path / "standalone.db"
     bid = "sc-standalone"
     await place(c, bid, [store_sidecar(db)], n=1)
     (sc,) = await until(lambda: sidecars_running(bid), 60, "the side-car running")
     env = await standalone_agent.environment(sc)
-    assert url_user(env["AIOS_NATS_URL"]) == "sidecar", "the side-car got no credentials"
+    # its block's own user (docs/security.md "Side-cars: a user per block"), made by the agent
+    assert url_user(env["AIOS_NATS_URL"]) == f"sidecar-{bid}", "the side-car got no user of its block's"
     want = set()
     for n in range(5):
         status, _, _ = await c.task(bid, json.dumps({"n": n}).encode(), headers={"Aios-Task-Id": f"s{n}"})
@@ -247,6 +250,9 @@ async def test_a_standalone_agents_sidecars_log_in_as_the_sidecar_user_and_store
     durable = subjects.sidecar_durable(bid, "store")
     await c.delete(bid)
     await until(lambda: _sidecar_gone(c, bid, durable), 30, "the side-car stopped and its consumer deleted")
+    # and its user with it (the last node running its side-cars let it go)
+    await until(lambda: _async(not auth.nats_login(env["AIOS_NATS_URL"], env.get("AIOS_NATS_CA"))), 30,
+                "the block's side-car user removed")
 
 
 async def test_a_sidecar_that_cannot_log_in_stops_at_once_on_sigterm(system: System, tmp_path: Path) -> None:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import structlog
 from prometheus_client import start_http_server
@@ -77,6 +79,17 @@ def strip_userinfo(url: str) -> str:
     return ",".join(out)
 
 
+def _sidecar_users() -> Any:
+    """A user per block for the side-cars (``runtime.sidecar_users``) when the agent runs next to
+    ``blocks up`` with credentials (``AIOS_SIDECAR_USERS_DIR``, from ``Endpoints.agent_env``)."""
+    users_dir = os.environ.get("AIOS_SIDECAR_USERS_DIR")
+    if not users_dir:
+        return None
+    from ..runtime.sidecar_users import SidecarUsers
+
+    return SidecarUsers(Path(users_dir))
+
+
 def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
     """The node as its agent announces it: host figures unless given, GPUs from the source."""
     import psutil
@@ -117,7 +130,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
         data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
         drain_grace_s=opts.drain_grace_s,
         sidecar_nats_url=sidecar_url, sidecar_nats_ca=bus.settings.nats_ca or "",
-        sidecar_restart_s=bus.settings.sidecar_restart_s,
+        sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=_sidecar_users(),
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)

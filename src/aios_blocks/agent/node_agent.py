@@ -106,6 +106,9 @@ class AgentConfig:
     sidecar_nats_url: str = ""
     sidecar_nats_ca: str = ""
     sidecar_restart_s: float = 1.0
+    #: a user per block for its side-cars (``runtime.sidecar_users.SidecarUsers``; ``None``: every
+    #: side-car gets ``sidecar_nats_url``)
+    sidecar_users: Any = None
 
 
 class Placed(TypedDict):
@@ -156,7 +159,8 @@ class NodeAgent:
         self._gpu_prov = GpuProvisioner(gpus)
         if self.sidecars is None:
             self.sidecars = SidecarManager(self.bus, self.runtime, self.node_id, self.cfg.data_dir, self.cfg.sidecar_nats_url,
-                                           self.cfg.sidecar_nats_ca, self.cfg.sidecar_restart_s, self.cfg.workdirs)
+                                           self.cfg.sidecar_nats_ca, self.cfg.sidecar_restart_s, self.cfg.workdirs,
+                                           users=self.cfg.sidecar_users)
 
     # -- start / stop ------------------------------------------------------------------------------
     async def start(self) -> None:

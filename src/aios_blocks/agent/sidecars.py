@@ -70,7 +70,11 @@ class SidecarManager:
     nats_ca: str = ""
     restart_s: float = 1.0
     workdirs: bool = True
+    #: ``runtime.sidecar_users.SidecarUsers``: a NATS user per block (``None``: ``nats_url`` for all)
+    users: Any = None
     copies: dict[str, _Copy] = field(default_factory=dict)
+    #: block -> its side-cars' URL (their block's user), while this node runs some of them
+    _urls: dict[str, str] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: (block, side-car) -> the newest generation stopped here: a start of it that comes late
     #: (redelivered after its stop) is ignored (bounded: the oldest entries go)
@@ -83,6 +87,7 @@ class SidecarManager:
             if self._stopped.get((cmd.block_id, cmd.name), -1) >= cmd.gen:
                 log.info("sidecar.start_ignored", block=cmd.block_id, sidecar=cmd.name, why="already stopped")
                 return
+            await self._grant(cmd)
             for k in range(spec.replicas):
                 cid = copy_id(cmd.block_id, cmd.name, k)
                 copy = self.copies.get(cid)
@@ -121,6 +126,8 @@ class SidecarManager:
                     if self.workdirs:
                         with contextlib.suppress(OSError):
                             shutil.rmtree(self.workdir(inst.instance_id))
+            if not any(c.cmd.block_id == cmd.block_id for c in self.copies.values()):
+                await self._release(cmd.block_id)
         durable = subjects.sidecar_durable(cmd.block_id, cmd.name)
         try:
             deleted = await self.bus.delete_consumer(subjects.STREAM_OUTPUTS, durable)
@@ -128,6 +135,27 @@ class SidecarManager:
             raise RuntimeError(f"could not delete the side-car's consumer {durable}: {exc}") from exc
         log.info("sidecar.stopped", node=self.node_id, block=cmd.block_id, sidecar=cmd.name, consumer_deleted=deleted,
                  reason=cmd.reason)
+
+    async def _grant(self, cmd: SidecarCommand) -> None:
+        """The block's side-car user, with this side-car's rights (a config reload when new). If it
+        cannot be had, the side-car gets ``nats_url`` (the shared ``sidecar`` user), said in the log."""
+        if self.users is None:
+            return
+        try:
+            self._urls[cmd.block_id] = await asyncio.to_thread(self.users.grant, cmd.block_id, cmd.name, self.node_id)
+        except Exception as exc:
+            log.warning("sidecar.user_failed", node=self.node_id, block=cmd.block_id, sidecar=cmd.name, error=repr(exc),
+                        note="it logs in as the shared sidecar user")
+
+    async def _release(self, bid: str) -> None:
+        """This node runs none of the block's side-cars any more: off the block's user (it goes with
+        the last node)."""
+        if self._urls.pop(bid, None) is None or self.users is None:
+            return
+        try:
+            await asyncio.to_thread(self.users.release, bid, self.node_id)
+        except Exception as exc:
+            log.warning("sidecar.user_release_failed", node=self.node_id, block=bid, error=repr(exc))
 
     @staticmethod
     def _is(bid: str, name: str, cmd: SidecarCommand) -> bool:
@@ -162,8 +190,8 @@ class SidecarManager:
             "AIOS_SIDECAR": json.dumps(spec.model_dump(exclude={"env"}), sort_keys=True),
             "AIOS_SIDECAR_PARAMETERS": json.dumps(spec.parameters, sort_keys=True),
         })
-        if self.nats_url:
-            env["AIOS_NATS_URL"] = self.nats_url
+        if url := self._urls.get(cmd.block_id) or self.nats_url:
+            env["AIOS_NATS_URL"] = url
         if self.nats_ca:
             env["AIOS_NATS_CA"] = self.nats_ca
         return env
@@ -227,6 +255,8 @@ class SidecarManager:
                 spec = Sidecar.model_validate(cmd.sidecar)
             except Exception:
                 continue
+            if cmd.block_id not in self._urls:
+                await self._grant(cmd)  # its restarts log in as its block's user again
             copy = _Copy(cmd, int(inst.instance_id.rsplit("-", 1)[1]), inst.handle, started_at=time.monotonic())
             copy.task = asyncio.create_task(self._watch(inst.instance_id, copy, spec), name=f"sidecar:{inst.instance_id}")
             self.copies[inst.instance_id] = copy

@@ -186,10 +186,15 @@ class Topology:
     async def ensure_sidecar_consumer(self, spec: subjects.ConsumerSpec, max_deliver: int, ack_wait_s: float) -> None:
         """A side-car's durable on ``AIOS_OUTPUTS`` (every copy pulls from it: a queue group). The
         server redelivers after ``ack_wait_s`` and stops after ``max_deliver + 1`` deliveries (the
-        SDK dead-letters at ``max_deliver``; the extra one leaves it room to do so)."""
+        SDK dead-letters at ``max_deliver``; the extra one leaves it room to do so). Named, with its
+        one filter: nats-py then sends ``CONSUMER.CREATE.<stream>.<name>.<filter>``, the filter in the
+        subject, which a side-car's user may be limited to (``runtime.sidecar_users``)."""
+        one = spec.filters[0] if len(spec.filters) == 1 else None
         cfg = ConsumerConfig(
+            name=spec.durable,
             durable_name=spec.durable,
-            filter_subjects=list(spec.filters),
+            filter_subject=one,
+            filter_subjects=None if one else list(spec.filters),
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
             ack_wait=ack_wait_s,

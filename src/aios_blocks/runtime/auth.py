@@ -349,6 +349,8 @@ class Secrets:
     controllers: list[str] = field(default_factory=list)
     #: tenant name -> its users' passwords and limits (``runtime.tenants``: one NATS account each)
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: block id -> its side-cars' user (``sidecar-<bid>``): password, side-car names, nodes running them
+    sidecars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @classmethod
     def load(cls, data_dir: Path, create: bool = True) -> Secrets:
@@ -358,7 +360,7 @@ class Secrets:
             d = json.loads(path.read_text())
             s.nats, s.redis, s.agents = d.get("nats", {}), d.get("redis", {}), d.get("agents", {})
             s.event_key, s.controllers = d.get("event_key", ""), d.get("controllers", [])
-            s.tenants = d.get("tenants", {})
+            s.tenants, s.sidecars = d.get("tenants", {}), d.get("sidecars", {})
         elif not create:
             raise FileNotFoundError(path)
         changed = False
@@ -379,7 +381,7 @@ class Secrets:
         os.chmod(self.path.parent, 0o700)
         write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents,
                                              "event_key": self.event_key, "controllers": self.controllers,
-                                             "tenants": self.tenants}, indent=1))
+                                             "tenants": self.tenants, "sidecars": self.sidecars}, indent=1))
 
     def tenant_list(self) -> list[tn.Tenant]:
         return [tn.Tenant.from_dict(name, d) for name, d in sorted(self.tenants.items())]
@@ -431,6 +433,12 @@ def nats_authorization(s: Secrets) -> str:
         perms = permissions("agent", nid)
         assert perms is not None
         lines.append(f"      {{user: {json.dumps(agent_user(nid))}, password: {json.dumps(pw)}, permissions: {perms.conf()}}}")
+    from .sidecar_users import sidecar_permissions, sidecar_user
+
+    for bid, entry in sorted(s.sidecars.items()):
+        perms = sidecar_permissions(bid, entry.get("names", []))
+        lines.append(f"      {{user: {json.dumps(sidecar_user(bid))}, password: {json.dumps(entry['password'])}, "
+                     f"permissions: {perms.conf()}}}")
     return tn.accounts_conf(lines, s.tenant_list())
 
 
@@ -529,6 +537,7 @@ class Endpoints:
         s = Secrets.load(self.data_dir, create=False)
         key = s.event_key
         sidecar = {"AIOS_SIDECAR_NATS_URL": with_userinfo(self.nats, "sidecar", s.nats["sidecar"])} if "sidecar" in s.nats else {}
+        sidecar["AIOS_SIDECAR_USERS_DIR"] = str(self.data_dir)  # a user per block (SidecarUsers)
         return {**env, "AIOS_NATS_URL": url, **({"AIOS_EVENT_KEY": event_ids.agent_key(key, nid)} if key else {}), **sidecar}
 
     def public(self) -> dict[str, object]:
