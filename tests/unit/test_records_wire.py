@@ -212,3 +212,11 @@ def test_capacity_totals_are_the_named_fields_in_their_order() -> None:
     assert list(t) == list(Totals.__annotations__) == list(capacity.TOTAL_KEYS)
     assert t == {"gpus": 1, "gpus_free": 1, "gpu_memory_free": 100, "cpu_free": 6.123, "memory_free": 512, "healthy_node_count": 1}
     assert all(type(v) is int for k, v in t.items() if k != "cpu_free")
+
+
+def test_an_inventory_summary_has_the_named_fields() -> None:
+    from aios_blocks.trace.inventory import InventorySummary, parse_nodes, summary
+
+    nodes = parse_nodes("sn,cpu_milli,memory_mib,gpu,model\nn1,8000,1024,2,T4\n", "c1")
+    added = {"gpu_topology_nodes", "new_cluster", "registered"}  # by blocks cluster import
+    assert set(summary(nodes)) == set(InventorySummary.__annotations__) - added

@@ -12,10 +12,15 @@ from __future__ import annotations
 import csv
 import io
 import json
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import NotRequired, TypedDict, cast
 
+from ..schemas.policy_io import as_float, as_int
 from ..schemas.spec import Gpu, Node, check_id
+
+#: one entry of a node list: a CSV row (text) or a YAML/JSON mapping (any JSON value)
+Row = Mapping[str, object]
 
 #: MiB of one GPU of each model of the trace. V100M16/M32, T4, P100 and A10 are the NVIDIA parts'
 #: sizes; G1-G3 are undisclosed internal codes: the figures are ASSUMED (G1/G2 16 GiB, G3 32 GiB).
@@ -35,17 +40,35 @@ NODE_TYPE_LABEL = "nodeType"
 _NO_MODEL = {"", "nan", "none", "null", "-"}
 
 
+class InventorySummary(TypedDict):
+    """``blocks trace inventory``'s counts of a node list (:func:`summary`)."""
+
+    nodes: int
+    gpu_nodes: int
+    gpus: int
+    cpu: float
+    memory_mib: int
+    gpus_by_model: dict[str, int]
+    #: the models whose GPU memory is an assumption (``ASSUMED_MODELS``)
+    assumed_gpu_memory: list[str]
+    #: added by ``blocks cluster import`` (its ``--json``): nodes with a GPU topology, whether
+    #: the cluster is new, whether the nodes were registered (not a dry run)
+    gpu_topology_nodes: NotRequired[int]
+    new_cluster: NotRequired[bool]
+    registered: NotRequired[bool]
+
+
 class InventoryError(ValueError):
     """A node list that cannot be imported; the message says which row and why."""
 
 
-def _num(row: dict[str, Any], where: str, *names: str, default: float | None = None) -> float:
+def _num(row: Row, where: str, *names: str, default: float | None = None) -> float:
     for name in names:
         value = row.get(name)
         if value is None or value == "":
             continue
         try:
-            out = float(value)
+            out = as_float(value)
         except (TypeError, ValueError):
             raise InventoryError(f"{where}: {name} must be a number, got {value!r}") from None
         if out < 0 or out != out:
@@ -56,7 +79,7 @@ def _num(row: dict[str, Any], where: str, *names: str, default: float | None = N
     raise InventoryError(f"{where}: missing {' or '.join(names)}")
 
 
-def _node_id(row: dict[str, Any], where: str) -> str:
+def _node_id(row: Row, where: str) -> str:
     nid = str(row.get("sn") or row.get("id") or row.get("name") or "").strip()
     if not nid:
         raise InventoryError(f"{where}: missing the node id (sn or id)")
@@ -67,14 +90,14 @@ def _node_id(row: dict[str, Any], where: str) -> str:
     return nid
 
 
-def _gpu_count(row: dict[str, Any], where: str) -> int:
+def _gpu_count(row: Row, where: str) -> int:
     count = _num(row, where, "gpu", "gpus", default=0)
     if count != int(count) or count > 64:
         raise InventoryError(f"{where}: gpu count must be a whole number from 0 to 64, got {count:g}")
     return int(count)
 
 
-def _model(row: dict[str, Any], where: str, count: int) -> str:
+def _model(row: Row, where: str, count: int) -> str:
     model = str(row.get("model") or "").strip()
     if model.lower() in _NO_MODEL:
         model = ""
@@ -83,7 +106,7 @@ def _model(row: dict[str, Any], where: str, count: int) -> str:
     return model
 
 
-def _gpus(row: dict[str, Any], where: str, nid: str, count: int, model: str, table: dict[str, int]) -> list[Gpu]:
+def _gpus(row: Row, where: str, nid: str, count: int, model: str, table: dict[str, int]) -> list[Gpu]:
     """``count`` GPUs of ``model``, each of the entry's ``gpuMemory``, else the table's figure."""
     if not count:
         return []
@@ -94,10 +117,10 @@ def _gpus(row: dict[str, Any], where: str, nid: str, count: int, model: str, tab
                 f"{where}: unknown GPU model {model!r}: give its memory (--gpu-memory {model}=MIB, or gpuMemory "
                 f"in the entry); known: {', '.join(sorted(table))}")
         mem = table[model]
-    return [Gpu(id=f"{nid}-g{i}", model=model, memory=int(mem)) for i in range(count)]
+    return [Gpu(id=f"{nid}-g{i}", model=model, memory=as_int(mem)) for i in range(count)]
 
 
-def node_from_row(row: dict[str, Any], cluster: str, where: str, gpu_memory: dict[str, int] | None = None,
+def node_from_row(row: Row, cluster: str, where: str, gpu_memory: dict[str, int] | None = None,
                   labels: dict[str, str] | None = None) -> Node:
     """One node list entry -> a ``Node``: CPUs from ``cpu_milli`` (thousandths) or ``cpu`` (cores),
     memory from ``memory_mib``/``memory`` (MiB), ``gpu``/``gpus`` GPUs of ``model``, each of the
@@ -109,7 +132,9 @@ def node_from_row(row: dict[str, Any], cluster: str, where: str, gpu_memory: dic
     count = _gpu_count(row, where)
     model = _model(row, where, count)
     gpus = _gpus(row, where, nid, count, model, table)
-    node_labels = {**(labels or {}), **{str(k): str(v) for k, v in (row.get("labels") or {}).items()}}
+    # a mapping in a valid entry (anything else fails here, as it always did)
+    given = cast(Mapping[object, object], row.get("labels") or {})
+    node_labels = {**(labels or {}), **{str(k): str(v) for k, v in given.items()}}
     if model:
         node_labels.setdefault(NODE_TYPE_LABEL, model)
     try:
@@ -167,7 +192,7 @@ def load_nodes(path: Path, cluster: str, gpu_memory: dict[str, int] | None = Non
     return parse_nodes(path.read_text(encoding="utf-8"), cluster, fmt, gpu_memory, labels)
 
 
-def summary(nodes: list[Node]) -> dict[str, Any]:
+def summary(nodes: list[Node]) -> InventorySummary:
     """Node, GPU, CPU and memory counts, and GPUs per model."""
     models: dict[str, int] = {}
     for n in nodes:
