@@ -149,8 +149,9 @@ class SidecarManager:
 
     async def _release(self, bid: str) -> None:
         """This node runs none of the block's side-cars any more: off the block's user (it goes with
-        the last node)."""
-        if self._urls.pop(bid, None) is None or self.users is None:
+        the last node; also after an agent restart that found them stopped: idempotent)."""
+        self._urls.pop(bid, None)
+        if self.users is None:
             return
         try:
             await asyncio.to_thread(self.users.release, bid, self.node_id)
