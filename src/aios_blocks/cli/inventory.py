@@ -13,8 +13,28 @@ from .common import DataDir, _labels, _load, _request, _run, _with_client, _with
 from .render import _plain, _print_json, _table
 
 if TYPE_CHECKING:
+    from typing import TypedDict
+
+    from ..schemas.records import NodeView
     from ..schemas.topology import GpuTopology
+    from ..state.health import SuspectMark
     from .client import Client
+
+    class ClusterRow(TypedDict):
+        """One row of ``cluster list`` (``--json`` prints them)."""
+
+        id: str
+        labels: dict[str, str]
+        nodes: int
+        healthy_nodes: int
+        gpus: int
+        gpus_free: int
+
+    class NodeRow(NodeView, total=False):
+        """One row of ``node list``: the node's view, its mark when suspect and its type."""
+
+        suspect: SuspectMark | None
+        node_type: str
 
 def component_add(file: Path, data_dir: Path = DataDir) -> None:
     """Register (or replace) a component from YAML/JSON.
@@ -63,8 +83,8 @@ def cluster_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path =
     Example: `blocks cluster list`
     """
 
-    async def go(c: Client) -> list[dict[str, Any]]:
-        out = []
+    async def go(c: Client) -> list[ClusterRow]:
+        out: list[ClusterRow] = []
         for cid, cluster in sorted((await c.store.clusters()).items()):
             nodes = await c.store.read_nodes(cid, await c.store.node_ids(cid))
             gpus = [g for n in nodes.values() for g in n["gpus"]]
@@ -97,17 +117,15 @@ def node_list(
     Example: `blocks node list --cluster c1`
     """
 
-    async def go(c: Client) -> list[dict[str, Any]]:
+    async def go(c: Client) -> list[NodeRow]:
         cids = sorted(await c.store.clusters())
         if cluster is not None:
             if cluster not in cids:
                 raise LookupError(f"no cluster {cluster!r} (known: {', '.join(cids) or 'none'})")
             cids = [cluster]
-        out: list[dict[str, Any]] = []
-        from ..schemas.records import wire
-
-        for cid in cids:  # (the views as JSON rows: the table adds ``suspect``)
-            out += map(wire, (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values())
+        out: list[NodeRow] = []
+        for cid in cids:  # (the views as rows: the table adds ``suspect``)
+            out += ({**v} for v in (await c.store.read_nodes(cid, await c.store.node_ids(cid))).values())
         suspect = await c.store.health.suspects()
         for n in out:
             n["suspect"] = suspect.get(n["node_id"])
@@ -229,12 +247,12 @@ def node_get(
     Example: `blocks node get c1-n0`
     """
 
-    async def go(c: Client) -> dict[str, Any]:
+    async def go(c: Client) -> NodeView:
         cid = await c.store.node_cluster(node_id)
         views = await c.store.read_nodes(cid, [node_id]) if cid else {}
         if node_id not in views:
             raise LookupError(f"no node {node_id!r}")
-        return dict(views[node_id])
+        return views[node_id]
 
     node = _request(go, data_dir, store_only=True)
     if as_json:

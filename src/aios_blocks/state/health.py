@@ -16,7 +16,7 @@ Nothing here is rebuilt from the stream: it is measured again within seconds.
 from __future__ import annotations
 
 import time
-from typing import Any, cast
+from typing import Any, TypedDict, cast
 
 import msgspec
 
@@ -25,6 +25,14 @@ from .keys import HEARTBEATS, SUSPECT, health_failed_key, health_lease_key, heal
 from .scripts import LEASE
 
 _json = msgspec.json
+
+
+class SuspectMark(TypedDict):
+    """A suspect node's mark (``mark_suspect``): since when, until when (s), why."""
+
+    since: float
+    until: float
+    reason: str
 
 
 class HealthStore:
@@ -115,10 +123,10 @@ class HealthStore:
             await self.r.hdel(SUSPECT, *held)
         return held
 
-    async def suspects(self) -> dict[str, dict[str, Any]]:
+    async def suspects(self) -> dict[str, SuspectMark]:
         """The nodes suspect now: nid -> {since, until, reason}. Lapsed marks are dropped."""
         now = time.time()
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, SuspectMark] = {}
         lapsed: list[str] = []
         for nid, raw in (await self.r.hgetall(SUSPECT)).items():
             d = _decode(raw)
@@ -131,11 +139,11 @@ class HealthStore:
         return out
 
 
-def _decode(raw: str | None) -> dict[str, Any] | None:
+def _decode(raw: str | None) -> SuspectMark | None:
     if raw is None:
         return None
     try:
         d = _json.decode(raw)
     except msgspec.DecodeError:
         return None
-    return d if isinstance(d, dict) else None
+    return cast(SuspectMark, d) if isinstance(d, dict) else None  # (as ``mark_suspect`` wrote it)
