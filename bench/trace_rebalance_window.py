@@ -41,6 +41,7 @@ def main() -> None:
     ap.add_argument("--no-frag-round", action="store_true", help="the worker's periodic round not modelled")
     ap.add_argument("--max-moves", type=int, default=orb.MAX_MOVES)
     ap.add_argument("--frag-moves", type=int, default=None)
+    ap.add_argument("--frag-wait", type=float, default=orb.FRAG_WAIT_S)
     a = ap.parse_args()
     nodes = online.shrink(load_nodes(NODES, "trace"), a.cluster_share, a.seed)
     timed, drawn = online.load_timed(a.pods, a.seed)
@@ -96,7 +97,8 @@ def main() -> None:
     args = (nodes, timed, online.Mode.NO_PREEMPTION, online.DEFAULT_POLICY, a.seed, 0, online.HEAD, online.MIN_DELTA,
             a.pods.stem.removeprefix("openb_pod_list_"))
     kw: dict[str, object] = {} if a.no_rebalance else {
-        "max_moves": a.max_moves, "frag_moves": a.frag_moves, "frag_threshold": None if a.no_frag_round else a.frag_threshold}
+        "max_moves": a.max_moves, "frag_moves": a.frag_moves, "frag_threshold": None if a.no_frag_round else a.frag_threshold,
+        "frag_wait_s": a.frag_wait}
     sim = Windowed(*args, **kw)
     sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, a.load, a.cluster_share
     asyncio.run(sim.run())

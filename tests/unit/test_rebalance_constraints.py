@@ -133,8 +133,53 @@ def test_the_periodic_rounds_trigger() -> None:
     T = hr.Trigger
     assert hr.round_trigger(True, 0.2, 0.1) == (T.FRAGMENTATION, "")
     assert hr.round_trigger(True, 0.05, 0.1) == (T.PENDING, "")
+    assert hr.round_trigger(True, 0.2, 0.1, waited=False) == (T.PENDING, "")  # nobody has waited long yet
     kind, why = hr.round_trigger(False, 0.2, 0.1)
     assert kind is None and "no pending block" in why and "AIOS_REBALANCE_FRAG_IDLE" in why
     assert hr.round_trigger(False, 0.2, 0.1, idle=True) == (T.FRAGMENTATION, "")
     kind, why = hr.round_trigger(False, 0.05, 0.1, idle=True)
     assert kind is None and "below the threshold" in why
+
+
+async def test_the_worker_round_moves_for_fragmentation_only_while_a_block_has_waited() -> None:
+    """``plan_rounds`` as the rebalancer worker calls it, on the in-memory system: a fragmented
+    cluster where nothing waits is left alone (AIOS_REBALANCE_FRAG_IDLE on: the old behaviour, a
+    fragmentation move); a block that has just arrived gets the pending trigger, one that has
+    waited AIOS_REBALANCE_FRAG_WAIT_S the fragmentation trigger."""
+    import time
+
+    from aios_blocks.policies.runtime import PolicyRuntime
+    from aios_blocks.testing import MemorySystem
+    from aios_blocks.workers.rebalancer import plan_rounds
+
+    runtime = PolicyRuntime()
+    rule = {"name": "rebalancer", "policyRuleURI": "builtin:rebalance-min"}
+
+    async def invoke(r: dict[str, Any], data: dict[str, Any]) -> Any:
+        return await runtime.invoke(r, "test", data, {})
+
+    spread = [{"name": "resourceAllocator", "policyRuleURI": "builtin:spread"}]
+
+    def spec(bid: str, gpus: int) -> dict[str, Any]:
+        return {"blockComponentURI": "aios://test/model", "blockId": bid, "minInstances": 1, "maxInstances": 1,
+                "resources": {"gpus": gpus}, "policyRulesSpec": spread}
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=4)
+        for bid, gpus in (("s1", 1), ("s2", 1), ("t", 2)):
+            await s.submit(spec(bid, gpus))
+            await s.run()
+        kw: dict[str, Any] = {"threshold": 0.01, "trigger": hr.Trigger.FRAGMENTATION, "wait_s": 30.0}
+        (quiet,) = await plan_rounds(s.store, invoke, rule, 2, 16, **kw)
+        assert quiet.data["fragmentation"]["ratio"] >= 0.01 and not quiet.output, quiet.as_dict()
+        assert "AIOS_REBALANCE_FRAG_IDLE off" in quiet.skipped
+        (idle,) = await plan_rounds(s.store, invoke, rule, 2, 16, idle=True, **kw)
+        assert idle.trigger is hr.Trigger.FRAGMENTATION and idle.output["moves"], idle.as_dict()
+        await s.submit(spec("p", 4))
+        await s.run()
+        assert (await s.store.get_block("p") or {}).get("status") == "pending"
+        (fresh,) = await plan_rounds(s.store, invoke, rule, 2, 16, **kw)
+        assert fresh.trigger is hr.Trigger.PENDING and not fresh.skipped
+        (later,) = await plan_rounds(s.store, invoke, rule, 2, 16, now=time.time() + 31, **kw)
+        assert later.trigger is hr.Trigger.FRAGMENTATION and later.data["trigger"] == "fragmentation"

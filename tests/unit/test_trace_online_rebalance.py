@@ -79,3 +79,23 @@ def test_cli_online_rebalance(tmp_path: Path) -> None:
     assert [(d["mode"], d["moves"]) for d in data] == [("no-preemption", 0), ("no-preemption+rebalance", 1)]
     assert data[1]["multi_gpu_wait"]["p99"] < data[0]["multi_gpu_wait"]["p99"]
     assert "moves 1" in r.output and "multi-GPU wait" in r.output
+
+
+def test_the_workers_round_is_modelled_with_its_trigger() -> None:
+    """The pending trigger off (max_moves 0): only the worker's periodic round can move. Its
+    trigger (``handlers.rebalance.round_trigger``) is fragmentation once p has waited
+    ``frag_wait_s``: with 0, the round at p's arrival makes its room (placed at once); with the
+    default 30 s, nothing until the departures (p has not waited long enough at the one round
+    before them); with the round not modelled, the same wait."""
+    args = (nodes(4, 4), SCATTERED, online.Mode.NO_PREEMPTION, online.DEFAULT_POLICY, 42, 0, online.HEAD, online.MIN_DELTA, "hand")
+
+    def go(**kw: object) -> orb.RebalanceSim:
+        s = orb.RebalanceSim(*args, max_moves=0, frag_moves=2, **kw)  # type: ignore[arg-type]
+        asyncio.run(s.run())
+        return s
+
+    now = go(frag_threshold=0.1, frag_wait_s=0.0)
+    assert now.jobs["p"].first_wait == 0 and now.moves == 1 and now.rounds.get("fragmentation") == 1
+    assert go(frag_threshold=0.1).jobs["p"].first_wait == 980.1
+    off = go(frag_threshold=None)
+    assert off.jobs["p"].first_wait == 980.1 and off.moves == 0 and off.rounds == {}

@@ -35,23 +35,28 @@ class Trigger(enum.StrEnum):
     MANUAL = "manual"
 
 
-def round_trigger(pending: bool, ratio: float, threshold: float, idle: bool = False) -> tuple[Trigger | None, str]:
+def round_trigger(pending: bool, ratio: float, threshold: float, idle: bool = False, waited: bool = True,
+                  ) -> tuple[Trigger | None, str]:
     """The periodic round's decision for one cluster (the rebalancer worker's, and the online
     replay's model of it, ``trace/online_rebalance.py``): the trigger of its policy call, or None
-    and why not. ``pending``: some waiting block may go to the cluster; ``ratio``: its FGD
-    fragmentation ratio; ``idle``: ``AIOS_REBALANCE_FRAG_IDLE``.
+    and why not. ``pending``: some waiting block may go to the cluster; ``waited``: one of them has
+    waited ``AIOS_REBALANCE_FRAG_WAIT_S`` or longer; ``ratio``: the cluster's FGD fragmentation
+    ratio; ``idle``: ``AIOS_REBALANCE_FRAG_IDLE``.
 
-    * a pending block and the ratio at or above the threshold: ``FRAGMENTATION`` (the policy tries
-      the pending blocks first, then moves that lower the fragmentation);
-    * a pending block below it: ``PENDING`` (only moves that make room for one);
+    * a block that has waited, and the ratio at or above the threshold: ``FRAGMENTATION`` (the
+      policy tries the pending blocks first, then moves that lower the fragmentation);
+    * else a pending block: ``PENDING`` (only moves that make room for one);
     * no pending block: no call, unless ``idle`` and the ratio is at or above the threshold
-      (moves for fragmentation alone). *Decision:* by default nothing moves while nothing waits:
-      a move restarts an instance elsewhere (warm caches, local state) for a benefit that only a
-      block that would not fit can collect, and a quiet cluster's placements stay where they were
-      put (tests and operators that read them see them unchanged)."""
+      (moves for fragmentation alone).
+
+    *Decision:* by default nothing moves for fragmentation while nothing waits, nor for a block
+    that has only just arrived: a move restarts an instance elsewhere (warm caches, local state)
+    for a benefit only a block that does not fit can collect, and a block that just arrived is
+    usually placed by the queue as capacity comes; a quiet cluster's placements stay where they
+    were put (tests and operators that read them see them unchanged)."""
     above = ratio >= threshold
     if pending:
-        return (Trigger.FRAGMENTATION, "") if above else (Trigger.PENDING, "")
+        return (Trigger.FRAGMENTATION, "") if above and waited else (Trigger.PENDING, "")
     if idle and above:
         return Trigger.FRAGMENTATION, ""
     if above:

@@ -12,8 +12,8 @@ The walk and the preemption are the replay's own; the rebalancer comes in where 
 * **the worker's periodic round** (``frag_threshold`` given; ``replay`` gives the worker's
   defaults): at most every ``AIOS_REBALANCE_INTERVAL_S`` of the replay's clock, not within
   ``AIOS_REBALANCE_COOLDOWN_S`` of the round's last moves, the cluster's trigger is decided by
-  ``handlers.rebalance.round_trigger`` (the worker's own decision) from the queue's head and the
-  cluster's FGD fragmentation ratio; a ``fragmentation`` round calls the policy with that trigger
+  ``handlers.rebalance.round_trigger`` (the worker's own decision) from the queue's head (and
+  whether one of it has waited ``AIOS_REBALANCE_FRAG_WAIT_S``) and the cluster's FGD fragmentation ratio; a ``fragmentation`` round calls the policy with that trigger
   (pending blocks first, then moves that lower the fragmentation, at most ``frag_moves``).
 
 A move is make-before-break: the moved task keeps running (no work lost, its departure unchanged),
@@ -49,8 +49,9 @@ MAX_MOVES = 2
 #: the worker's round and cooldown (``AIOS_REBALANCE_INTERVAL_S``, ``AIOS_REBALANCE_COOLDOWN_S``)
 INTERVAL_S = 10.0
 COOLDOWN_S = 30.0
-#: ``AIOS_REBALANCE_FRAG_THRESHOLD``
+#: ``AIOS_REBALANCE_FRAG_THRESHOLD``, ``AIOS_REBALANCE_FRAG_WAIT_S``
 FRAG_THRESHOLD = 0.1
+FRAG_WAIT_S = 30.0
 
 
 class MoveIndex:
@@ -121,14 +122,15 @@ class MoveIndex:
 class RebalanceSim(Sim):
     def __init__(self, *args: Any, max_moves: int = MAX_MOVES, incremental_moves: bool = True,
                  frag_threshold: float | None = None, frag_moves: int | None = None, frag_idle: bool = False,
-                 interval_s: float = INTERVAL_S, cooldown_s: float = COOLDOWN_S, **kw: Any):
+                 interval_s: float = INTERVAL_S, cooldown_s: float = COOLDOWN_S, frag_wait_s: float = FRAG_WAIT_S,
+                 **kw: Any):
         super().__init__(*args, **kw)
         self.max_moves = max_moves
         #: the worker's periodic round (None: not modelled): its threshold, its moves per call,
         #: AIOS_REBALANCE_FRAG_IDLE, its interval and its cooldown
         self.frag_threshold, self.frag_idle = frag_threshold, frag_idle
         self.frag_moves = max_moves if frag_moves is None else frag_moves
-        self.interval_s, self.cooldown_s = interval_s, cooldown_s
+        self.interval_s, self.cooldown_s, self.frag_wait_s = interval_s, cooldown_s, frag_wait_s
         self.next_round, self.last_round_moves = 0.0, float("-inf")
         #: rounds by the trigger decided, and the moves of the fragmentation rounds
         self.rounds: dict[str, int] = {}
@@ -318,7 +320,8 @@ class RebalanceSim(Sim):
             self.rounds["cooldown"] = self.rounds.get("cooldown", 0) + 1
             return False
         head = self.waiting()
-        kind, _why = hr.round_trigger(bool(head), self.frag_ratio(), self.frag_threshold, self.frag_idle)
+        waited = any(now - j.since >= self.frag_wait_s for j in head)
+        kind, _why = hr.round_trigger(bool(head), self.frag_ratio(), self.frag_threshold, self.frag_idle, waited)
         self.rounds[str(kind or "skipped")] = self.rounds.get(str(kind or "skipped"), 0) + 1
         if kind is not hr.Trigger.FRAGMENTATION:
             return False  # ``pending``: the plans drain_pending asks for at each capacity event

@@ -86,11 +86,13 @@ async def affinity_indexes(store: Any, placed: list[dict[str, Any]]) -> dict[str
 
 async def plan_rounds(store: Any, invoke: Invoke, rule: dict[str, Any], max_moves: int, window: int,
                       clusters: list[str] | None = None, threshold: float = 0.0, trigger: hr.Trigger = hr.Trigger.MANUAL,
-                      skip: Mapping[str, str] | None = None, idle: bool = False) -> list[Round]:
+                      skip: Mapping[str, str] | None = None, idle: bool = False, wait_s: float = 0.0,
+                      now: float | None = None) -> list[Round]:
     """Each cluster's rebalance: its input (the nodes, their fragmentation, the pending blocks that
     may go there, the movable instances) and the policy's answer. ``trigger`` MANUAL: every
     cluster is planned; else the periodic round: ``hr.round_trigger`` decides per cluster from its
-    pending blocks, its fragmentation ratio, ``threshold`` and ``idle`` (AIOS_REBALANCE_FRAG_IDLE);
+    pending blocks (whether one has waited ``wait_s``: AIOS_REBALANCE_FRAG_WAIT_S), its
+    fragmentation ratio, ``threshold`` and ``idle`` (AIOS_REBALANCE_FRAG_IDLE);
     ``skip``: clusters not to plan, with why (the cooldown)."""
     known = await store.clusters()
     wanted = sorted(known) if clusters is None else clusters
@@ -108,7 +110,9 @@ async def plan_rounds(store: Any, invoke: Invoke, rule: dict[str, Any], max_move
         data = hr.rebalance_input(cid, views, placed, mine, max_moves, trigger, busy, indexes=indexes)
         kind: hr.Trigger | None = trigger
         if trigger is not hr.Trigger.MANUAL:
-            kind, not_now = hr.round_trigger(bool(mine), float(data["fragmentation"]["ratio"]), threshold, idle)
+            at = time.time() if now is None else now
+            waited = any(at - float(b.get("pending_since") or at) >= wait_s for b in mine)
+            kind, not_now = hr.round_trigger(bool(mine), float(data["fragmentation"]["ratio"]), threshold, idle, waited)
             why = why or not_now
             data["trigger"] = str(kind or trigger)
         r = Round(cid, kind or trigger, data, skipped=why)
@@ -146,7 +150,7 @@ class Rebalancer:
                 for cid, t in last.items() if now - t < self.s.rebalance_cooldown_s}
         rounds = await plan_rounds(self.w.store, self.invoke, self.rule, self.s.rebalance_max_moves, self.s.queue_window,
                                    threshold=self.s.rebalance_frag_threshold, trigger=hr.Trigger.FRAGMENTATION, skip=skip,
-                                   idle=self.s.rebalance_frag_idle)
+                                   idle=self.s.rebalance_frag_idle, wait_s=self.s.rebalance_frag_wait_s, now=now)
         self.last = rounds
         self.rounds += 1
         placed, _ = await PriorityStore(self.w.store.r).placed()
