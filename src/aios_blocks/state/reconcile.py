@@ -6,7 +6,7 @@ already reached."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -26,7 +26,16 @@ class _Sizes(msgspec.Struct):
 
 
 _sizes = msgspec.json.Decoder(_Sizes)
-_memory = msgspec.json.Decoder(dict[str, Any])
+class MemoryRecord(TypedDict, total=False):
+    """The reconciler's memory of one block as kept (``handlers.reconcile.Memory``'s fields)."""
+
+    since: float
+    attempts: int
+    next_at: float
+    request_id: str
+
+
+_memory = msgspec.json.Decoder(MemoryRecord)
 
 
 class ReadyBlock(msgspec.Struct, frozen=True):
@@ -51,14 +60,14 @@ class ReconcileStore:
         takes over when it lapses."""
         return bool(await self._lease(keys=[RECONCILE_LEASE], args=[holder, max(1, int(ttl_s * 1000))]))
 
-    async def memory(self) -> dict[str, dict[str, Any]]:
+    async def memory(self) -> dict[str, MemoryRecord]:
         """bid -> the reconciler's memory of it (``handlers.reconcile.Memory`` fields); an
         unreadable entry is left out (the block starts afresh)."""
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, MemoryRecord] = {}
         for bid, raw in (await self.r.hgetall(RECONCILE_STATE)).items():
             try:
                 d = _memory.decode(raw)
-            except msgspec.DecodeError:
+            except msgspec.MsgspecError:  # not JSON, or not the record's shape
                 continue
             out[bid] = d
         return out
