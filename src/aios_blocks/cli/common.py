@@ -134,6 +134,16 @@ def _run(coro: Awaitable[T]) -> T:
     except ConnectionError as exc:  # Unreachable (NATS), refused or reset connections
         err.print(f"[red]Cannot reach the servers[/]: {escape(mask(str(exc)))}")
         raise typer.Exit(2) from None
+    except Exception as exc:
+        # JetStream answering 503 (a stream or meta leader election under way, a server away): the
+        # servers cannot say now, which is not a refusal nor a failed check (exit 1)
+        from nats.js.errors import ServiceUnavailableError
+
+        if not isinstance(exc, ServiceUnavailableError):
+            raise
+        err.print(f"[red]Cannot reach the servers[/]: JetStream is unavailable for now ({escape(exc.description or '')}): "
+                  "try again")
+        raise typer.Exit(2) from None
 
 
 def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
