@@ -3,10 +3,20 @@ a pure rule, in the agent's own package (the agent imports neither ``handlers/``
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
+
+from ..schemas.records import InstanceRecord
 
 
-def reconcile(found: dict[str, dict[str, Any]], expected: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+class Found(TypedDict):
+    """An instance the runtime has: its block generation and whether it runs."""
+
+    gen: int
+    running: bool
+
+
+def reconcile(found: Mapping[str, Found], expected: Mapping[str, InstanceRecord]) -> dict[str, list[str]]:
     """Agent start: what the runtime has (``found``: iid -> {gen, running}) against what the state
     says should run here (``expected``: iid -> {gen, status}).
 

@@ -46,6 +46,7 @@ from ..schemas.events import (
     SidecarCommand,
 )
 from ..schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
+from ..schemas.records import InstanceRecord
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ..schemas.spec import Launch, Node
 from . import adoption
@@ -121,6 +122,12 @@ class Placed(TypedDict):
     resources: dict[str, Any]
     gpus: list[str]
     endpoint: str
+
+
+class _Found(adoption.Found):
+    """An instance the runtime has, with its handle (``reconcile_once``)."""
+
+    inst: RuntimeInstance
 
 
 @dataclass
@@ -453,7 +460,7 @@ class NodeAgent:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
 
-    async def expected(self) -> dict[str, dict[str, Any]]:
+    async def expected(self) -> dict[str, InstanceRecord]:
         """Ask the controllers (request/reply) which instances the state has on this node."""
         msg = await self.bus.nc.request(E.node_expected.subject(nid=self.node_id), b"{}", timeout=5)
         reply = json.loads(msg.data)
@@ -464,7 +471,7 @@ class NodeAgent:
     async def reconcile_once(self) -> dict[str, list[str]]:
         found_list = [i for i in await self.runtime.list(self.node_id) if not i.is_sidecar]  # side-cars: SidecarManager
         expected = await self.expected()
-        found: dict[str, dict[str, Any]] = {
+        found: dict[str, _Found] = {
             i.instance_id: {"gen": i.gen, "running": i.running, "inst": i} for i in found_list if i.instance_id
         }
         plan = adoption.reconcile(found, expected)
