@@ -44,7 +44,8 @@ from typing import Any
 
 from ..policies import contract
 from ..schemas.lifecycle import InstanceState as InstanceState
-from ..schemas.records import InstanceSample, MapEntry, RouteView, TaskInfo
+from ..schemas.policy_io import RouteInput
+from ..schemas.records import InstanceSample, JSONObject, MapEntry, RouteView, TaskInfo
 from .outlier import Outliers
 from .stats import Reject, RouteStats
 
@@ -137,15 +138,15 @@ class InlinePolicy(Chooser):
     """A seed-shaped policy object called once per task with ``action: "route"``. Built-ins are
     trusted and called as they are; other Python policies run under ``time_limit_s``."""
 
-    def __init__(self, policy: Any, name: str, parameters: dict[str, Any] | None = None,
-                 time_limit_s: float = 0.0, context: dict[str, Any] | None = None):
+    def __init__(self, policy: Any, name: str, parameters: JSONObject | None = None,
+                 time_limit_s: float = 0.0, context: JSONObject | None = None):
         self.policy, self.name = policy, name
         self.parameters = parameters or {}
         self.time_limit_s = time_limit_s
         self.context = context if context is not None else {}
 
     def choose(self, bid: str, task: TaskInfo, candidates: list[RouteView]) -> str:
-        input_data = {"action": "route", "payload": {"block": bid, "task": task, "instances": candidates}}
+        input_data: RouteInput = {"action": "route", "payload": {"block": bid, "task": task, "instances": candidates}}
         try:
             if self.time_limit_s > 0:
                 with inline_deadline(self.time_limit_s):
