@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .inventory import affinity_index
 from .keys import P
 from .scripts import LEASE
 
@@ -50,3 +51,15 @@ class RebalanceState:
 
     async def release(self, bid: str) -> None:
         await self.r.delete(hold_key(bid))
+
+
+async def affinity_indexes(store: Any, placed: list[dict[str, Any]]) -> dict[str, Any]:
+    """Block -> its affinity index (``state.inventory.affinity_index``, what its placement reads),
+    for the placed blocks with affinity entries: a move's target is checked against it
+    (``handlers.rebalance.targets``; a block with affinity and no index is not moved)."""
+    out = {}
+    for row in placed:
+        ir = row.get("ir") or {}
+        if ir.get("affinity"):
+            out[str(row["block_id"])] = await affinity_index(store, ir)  # type: ignore[arg-type]
+    return out

@@ -37,7 +37,7 @@ from ..schemas.priority import Pending, PreemptReason, Quota
 from ..schemas.records import BlockIR, wire_ir
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue, PreemptPlans, Wakeups, scope_of
-from ..state.rebalance import RebalanceState
+from ..state.rebalance import RebalanceState, affinity_indexes
 from .base import EpochGuard, Worker
 
 log = structlog.get_logger("aios.queue")
@@ -288,7 +288,7 @@ class QueueWalker:
             if not hr.matches(ir, clusters[cid]):
                 continue
             data = hr.rebalance_input(cid, views.get(cid) or {}, placed, [block], self.s.rebalance_max_moves,
-                                      hr.Trigger.PENDING, busy)
+                                      hr.Trigger.PENDING, busy, indexes=await affinity_indexes(self.w.store, placed))
             if not data["movable"]:
                 continue
             try:

@@ -30,10 +30,9 @@ from ..handlers import rebalance as hr
 from ..runtime.ticker import Ticker
 from ..schemas.catalog import Emit
 from ..schemas.errors import PolicyFailed
-from ..state.inventory import affinity_index
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue
-from ..state.rebalance import RebalanceState
+from ..state.rebalance import RebalanceState, affinity_indexes
 
 log = structlog.get_logger("aios.rebalancer")
 
@@ -70,17 +69,6 @@ async def pending_blocks(store: Any, window: int) -> list[dict[str, Any]]:
             if b is None or b.get("status") != "pending" or await store.instances(bid):
                 continue
             out.append(b)
-    return out
-
-
-async def affinity_indexes(store: Any, placed: list[dict[str, Any]]) -> dict[str, Any]:
-    """Block -> its affinity index (``state.inventory.affinity_index``, what its placement reads),
-    for the placed blocks with affinity entries: a move's target is checked against them."""
-    out = {}
-    for row in placed:
-        ir = row.get("ir") or {}
-        if ir.get("affinity"):
-            out[str(row["block_id"])] = await affinity_index(store, ir)  # type: ignore[arg-type]
     return out
 
 
