@@ -41,7 +41,8 @@ def test_a_wire_field_decodes_and_describes_itself_as_the_plain_object() -> None
 
 
 def test_spec_records_name_every_field_of_their_models() -> None:
-    from aios_blocks.schemas.spec import JobClusterSpec, Launch, Probe
+    from aios_blocks.schemas.records import SidecarConsumesRecord, SidecarRecord
+    from aios_blocks.schemas.spec import JobClusterSpec, Launch, Probe, Sidecar, SidecarConsumes
     from aios_blocks.schemas.spec import PolicyRule as PolicyRuleModel
     from aios_blocks.schemas.topology import GpuLink, GpuTopology
 
@@ -51,6 +52,8 @@ def test_spec_records_name_every_field_of_their_models() -> None:
     assert set(GpuLink.model_fields) == set(LinkRecord.__annotations__)
     assert set(GpuTopology.model_fields) == set(TopologyRecord.__annotations__)
     assert set(JobClusterSpec.model_fields) == set(JobClusterRecord.__annotations__)
+    assert set(Sidecar.model_fields) == set(SidecarRecord.__annotations__)
+    assert set(SidecarConsumes.model_fields) == set(SidecarConsumesRecord.__annotations__)
     # the rule as the IR keeps it, plus the version a caller may pin
     assert set(PolicyRuleModel.model_fields) | {"version"} == set(PolicyRule.__annotations__)
 

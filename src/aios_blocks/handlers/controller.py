@@ -22,6 +22,7 @@ from ..schemas.records import (
     InstanceRecord,
     Needs,
     NodeView,
+    Placement,
 )
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
 from . import vcluster
@@ -102,7 +103,7 @@ def _payload(
 @dataclass
 class DryRunOutcome:
     score: float
-    node_info: dict[str, Any]
+    node_info: Placement
     error: str = ""
     #: node -> why Required affinity rejected it / affinity score of the others (explain)
     rejected_nodes: dict[str, str] = field(default_factory=dict)
@@ -153,7 +154,7 @@ async def dry_run(
     score = float(ssd["score"])
     if shortfall or placeable == 0 or score <= 0:  # the cluster cannot (fully) take it: say why, per node
         capacity_reasons(data["cluster_metrics"]["nodes"], ir["resources"], share_of(ir), rejected)
-    return DryRunOutcome(score, ssd.get("node_info") or {}, "", rejected, scores, placeable, shortfall, adapt)
+    return DryRunOutcome(score, ssd.get("node_info") or Placement(), "", rejected, scores, placeable, shortfall, adapt)
 
 
 def capacity_reasons(

@@ -34,7 +34,7 @@ def starts(ir: BlockIR, gen: int, cid: str, node: str) -> list[Emit]:
     if not node:
         return []
     bid = ir["blockId"]
-    return [Emit(E.node_sidecar_start, SidecarCommand(bid, gen, cid, node, sc["name"], dict(sc)))
+    return [Emit(E.node_sidecar_start, SidecarCommand(bid, gen, cid, node, sc["name"], sc.copy()))
             for sc in ir.get("sidecars") or []]
 
 
@@ -51,5 +51,5 @@ def stops(block: BlockRecord | None, instances: Mapping[str, InstanceRecord], re
     recorded = str(block.get(NODE_FIELD) or "")
     nodes = [recorded] if recorded else sorted({str(i["node"]) for i in instances.values() if i.get("node")})
     cid = str(block.get("cluster") or "")
-    return [Emit(E.node_sidecar_stop, SidecarCommand(bid, gen, cid, nid, sc["name"], dict(sc), reason), qualifier=nid)
+    return [Emit(E.node_sidecar_stop, SidecarCommand(bid, gen, cid, nid, sc["name"], sc.copy(), reason), qualifier=nid)
             for nid in nodes for sc in scs]

@@ -15,7 +15,16 @@ from typing import Any, TypeVar
 import msgspec
 
 from .errors import SpecError
-from .records import AdaptiveTerm, AdaptTable, LaunchRecord, Wire
+from .records import (
+    AdaptiveTerm,
+    AdaptTable,
+    BlockIR,
+    JSONObject,
+    LaunchRecord,
+    SidecarRecord,
+    Wire,
+)
+from .records import Placement as PlacementRecord
 
 
 class Envelope(msgspec.Struct):
@@ -32,7 +41,7 @@ class Envelope(msgspec.Struct):
 class Parsed(msgspec.Struct):
     block_id: str
     gen: int
-    ir: dict[str, Any]
+    ir: Wire[BlockIR]
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
 
@@ -50,11 +59,11 @@ class Submitted(msgspec.Struct):
     #: sha256 (16 hex) of the body as sent: the block record's ``digest``
     digest: str
     #: the spec (a CloudEvent's ``data``); ``None`` when the body held none (its rejected says why)
-    spec: dict[str, Any] | None = None
+    spec: Wire[JSONObject] | None = None
     #: ``cloudevent`` or ``bare``: how the publisher framed it
     framing: str = "bare"
     #: the publisher's CloudEvent attributes (id, source, type, time...), without ``data``
-    attributes: dict[str, Any] = {}
+    attributes: Wire[JSONObject] = {}
     #: its headers of note (``Nats-Msg-Id``, ``Content-Type``)
     headers: dict[str, str] = {}
     #: the body's first bytes as text, when it held no spec (not JSON, too large, not an object)
@@ -91,7 +100,7 @@ class DryRunRequest(msgspec.Struct, omit_defaults=True):
     block_id: str
     gen: int
     cluster_id: str
-    ir: dict[str, Any] = {}
+    ir: Wire[BlockIR] = {}
     #: selection round (an allocation that fails sends the block back through selection)
     attempt: int = 0
     #: the state version the round started from (the stream sequence of the ``parsed`` event the
@@ -106,7 +115,7 @@ class DryRunResult(msgspec.Struct):
     gen: int
     cluster_id: str
     score: float
-    node_info: dict[str, Any] = {}
+    node_info: Wire[PlacementRecord] = {}
     #: instances that fit in this cluster, when the resourceAllocator says so; -1: it did not say
     placeable: int = -1
     #: minInstances - placeable when the cluster said it cannot hold the gang (else 0): such an
@@ -179,7 +188,7 @@ class ScaleRequest(msgspec.Struct):
     block_id: str
     cluster_id: str
     request_id: str
-    block_metrics: dict[str, Any] = {}
+    block_metrics: Wire[JSONObject] = {}
     #: the block's generation when the request was made (0: whichever is current)
     gen: int = 0
     #: the version of the block's desired count (``desired_seq``) that asked for this instance;
@@ -198,7 +207,7 @@ class ScaleDownRequest(msgspec.Struct):
     target: int
     #: how many instances this step removes at most
     count: int = 1
-    block_metrics: dict[str, Any] = {}
+    block_metrics: Wire[JSONObject] = {}
     #: the block's generation when the request was made (0: whichever is current)
     gen: int = 0
     #: as ``ScaleRequest.target_seq``: 0 = not from a target
@@ -261,7 +270,7 @@ class ReassignRequest(msgspec.Struct):
     request_id: str
     instance_id: str
     reason: str = "requested"
-    block_metrics: dict[str, Any] = {}
+    block_metrics: Wire[JSONObject] = {}
     #: the block's generation when the request was made (0: whichever is current)
     gen: int = 0
     #: the node the replacement must not land on: the one the instance is moved off (its node
@@ -330,7 +339,7 @@ class SidecarCommand(msgspec.Struct):
     cluster_id: str
     node_id: str
     name: str
-    sidecar: dict[str, Any] = {}
+    sidecar: Wire[SidecarRecord] = {}
     reason: str = ""
 
 
@@ -428,7 +437,7 @@ class NodeRegistered(msgspec.Struct):
     """A node announced by its agent (or by ``blocks node add`` / ``cluster add`` for simulated
     inventory): ``node`` is a ``schemas.spec.Node`` as JSON. The controller records it."""
 
-    node: dict[str, Any]
+    node: Wire[JSONObject]
     #: who serves the node's commands: "" = the simulated fleet (``agent-sim``), else the agent's
     #: name (``{runtime}@{host}``), whose own durable is ``agent-{nid}``
     agent: str = ""
@@ -519,7 +528,7 @@ class Autoscaled(msgspec.Struct):
     stable: float = 0.0
     burst: float = 0.0
     in_burst: bool = False
-    inputs: dict[str, Any] = {}
+    inputs: Wire[dict[str, object]] = {}
     #: the policy call of this tick (folded into the step's event, not stored apart)
     decisions: list[Decision] = []
 
@@ -699,7 +708,7 @@ class ComponentRegistered(msgspec.Struct):
     """A component registered (or replaced): the full record, as ``schemas.spec.Component`` JSON."""
 
     uri: str
-    component: dict[str, Any]
+    component: Wire[JSONObject]
 
 
 class ClusterRegistered(msgspec.Struct):

@@ -119,6 +119,28 @@ class AffinityTerm(TypedDict):
     target: str
 
 
+class SidecarConsumesRecord(TypedDict):
+    event: str
+    status: str
+
+
+class SidecarRecord(TypedDict, total=False):
+    """``schemas.spec.Sidecar`` as JSON: one side-car of the block (the IR's ``sidecars``,
+    ``SidecarCommand.sidecar``; docs/sidecars.md)."""
+
+    name: str
+    image: str
+    command: list[str]
+    consumes: SidecarConsumesRecord
+    #: the side-car's own (open JSON)
+    parameters: JSONObject
+    env: dict[str, str]
+    maxDeliver: int
+    ackWaitS: float
+    replicas: int
+    stopGraceS: float
+
+
 class JobClusterRecord(TypedDict):
     """``schemas.spec.JobClusterSpec`` as JSON: node type -> count (seed 003)."""
 
@@ -148,7 +170,7 @@ class BlockIR(TypedDict, total=False):
     policies: dict[str, Any]
     affinity: list[AffinityTerm]
     #: ``schemas.spec.Sidecar`` entries as JSON
-    sidecars: list[Any]
+    sidecars: list[SidecarRecord]
     outputs: bool
     #: set only when given (a spec without them keeps its IR and digest)
     labels: dict[str, str]
@@ -163,16 +185,15 @@ class BlockIR(TypedDict, total=False):
     maxMoving: int
 
 
-def ir_of(wire: dict[str, Any]) -> BlockIR:
-    """The IR a wire payload carries (``Parsed.ir``, ``DryRunRequest.ir``), typed: the same
-    object. The payload structs keep it a plain JSON object: decoded into a TypedDict, msgspec
-    would drop a field this module does not name."""
-    return cast(BlockIR, wire)
+def ir_of(wire: BlockIR) -> BlockIR:
+    """The IR a wire payload carries (``Parsed.ir``, ``DryRunRequest.ir``: ``Wire[BlockIR]``, a
+    plain JSON object as decoded): the same object."""
+    return wire
 
 
-def wire_ir(ir: BlockIR) -> dict[str, Any]:
+def wire_ir(ir: BlockIR) -> BlockIR:
     """The IR as a wire payload holds it (``ir_of``'s inverse): the same object."""
-    return cast(dict[str, Any], ir)
+    return ir
 
 
 def wire(record: Mapping[str, Any]) -> dict[str, Any]:
