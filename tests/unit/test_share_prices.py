@@ -126,3 +126,38 @@ def test_what_a_share_leaves_is_worth_what_the_nodes_cpus_can_still_take() -> No
     assert prices.loss(530, 320, cpu_after=2, cpu_before=6) == pytest.approx(0)
     assert SharePrices.of_shapes([{"cpu": 8, "gpus": 1, "gpuShare": 0.47, "weight": 1},
                                   {"cpu": 6, "gpus": 1, "gpuShare": 0.47, "weight": 1}], with_cpus=True).cpus == {470: 6.0}
+
+
+def test_the_share_space_a_tasks_cpus_strand_on_its_node() -> None:
+    # a node's partly used GPUs with 530 and 210 free: going from 10 CPUs to 6 leaves no CPUs
+    # for a 0.47 (8), so the 530 is worth a 0.32 (1/3) instead of a 0.47 (1/2); the 210 fits
+    # neither size either way. Below 4 CPUs nothing fits: the 530 is worth nothing
+    prices = SharePrices({470: 0.5, 320: 0.5}, {470: 8.0, 320: 4.0})
+    assert prices.stranded((530, 210, 1000, 0), 10, 6) == pytest.approx(0.5 - 1 / 3, abs=1e-6)
+    assert prices.stranded((530, 210), 10, 2) == pytest.approx(0.5, abs=1e-6)
+    assert prices.stranded((530, 210), 10, 8) == 0 and prices.stranded((1000, 0), 10, 2) == 0
+    assert prices.stranded((530, 530), 10, 6, skip=0) == pytest.approx(1 / 6, abs=1e-6)
+
+
+def test_a_task_pays_for_the_share_space_its_cpus_strand() -> None:
+    # n-a: a GPU holding a 0.47 (530 free) and 18 CPUs (10 left); n-b: a GPU held whole and 8
+    # CPUs (4 left). A CPU-only task of 4 CPUs on n-a leaves 6: no 0.47 can take the 530 any
+    # more. leftoverCpu charges that (1/6 of a GPU x 1000 x the weight) to n-a's score, not to n-b's
+    workload = [{"cpu": 8, "gpus": 1, "gpuShare": 0.47, "weight": 0.3}, {"cpu": 2, "gpus": 1, "gpuShare": 0.32, "weight": 0.2},
+                {"cpu": 4, "gpus": 1, "weight": 0.3}, {"cpu": 8, "gpus": 0, "weight": 0.2}]
+    views = views_of([Node(id="n-a", cluster="c", cpu=18, memory=262144, gpus=[Gpu(id=f"n-a-g{i}", model="G2", memory=16384) for i in range(2)]),
+                      Node(id="n-b", cluster="c", cpu=8, memory=262144, gpus=[Gpu(id=f"n-b-g{i}", model="G2", memory=16384) for i in range(2)])])
+    for nid, gpu, needs, share in (("n-a", "n-a-g0", {"gpus": 1, "gpuMemory": 0, "cpu": 8, "memory": 1024, "gpuShare": 0.47}, True),
+                                   ("n-b", "n-b-g0", {"gpus": 1, "gpuMemory": 0, "cpu": 4, "memory": 1024}, False)):
+        node = capacity.copy_node(views[nid])
+        capacity.take(node, [gpu], needs, share)
+        views[nid] = node
+    task = {"gpus": 0, "gpuMemory": 0, "cpu": 4, "memory": 1024}
+
+    def scores(**params: Any) -> dict[str, float]:
+        policy = FgdPlusPolicy("resourceAllocator", {"gpuSharing": True}, {"seed": 1, "workload": workload, **params})
+        return {nid: policy._score_view(v, [], task, 0, 0)[0][0] for nid, v in views.items()}
+
+    plain, charged = scores(), scores(leftoverCpu=2)
+    assert charged["n-a"] - plain["n-a"] == pytest.approx(2 * 1000 * (0.5 - 1 / 3), abs=1e-3)
+    assert charged["n-b"] == plain["n-b"]
