@@ -223,3 +223,18 @@ def test_an_inventory_summary_has_the_named_fields() -> None:
     nodes = parse_nodes("sn,cpu_milli,memory_mib,gpu,model\nn1,8000,1024,2,T4\n", "c1")
     added = {"gpu_topology_nodes", "new_cluster", "registered"}  # by blocks cluster import
     assert set(summary(nodes)) == set(InventorySummary.__annotations__) - added
+
+
+def test_the_spec_models_see_the_open_objects_they_always_saw() -> None:
+    """``Wire[JSONObject]`` fields of the pydantic spec models validate and describe themselves as
+    ``dict[str, Any]`` (any JSON value kept as given, the same JSON Schema)."""
+    from aios_blocks.schemas.spec import BlockSpec, Component, PolicyRule, Sidecar
+
+    for model, names in ((PolicyRule, ("parameters", "settings")), (Sidecar, ("parameters",)),
+                         (Component, ("componentInitData", "componentParameters", "componentInputProtocol")),
+                         (BlockSpec, ("blockInitData", "initSettings", "parameters"))):
+        for name in names:
+            assert model.model_fields[name].annotation in (dict[str, Any], dict[str, Any] | None), (model, name)
+    rule = PolicyRule.model_validate({"name": "loadBalancer", "policyRuleURI": "builtin:round-robin",
+                                      "parameters": {"a": [1, 2.5, None, {"b": True}]}})
+    assert rule.model_dump()["parameters"] == {"a": [1, 2.5, None, {"b": True}]}

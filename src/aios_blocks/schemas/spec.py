@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from .records import JSONObject, Wire
 from .sharing import sharing_problems
 from .topology import GpuTopology
 from .uris import uri_problem
@@ -77,8 +78,8 @@ class PolicyRule(_Strict):
 
     name: str = Field(min_length=1)
     policyRuleURI: str = Field(min_length=1)
-    parameters: dict[str, Any] = Field(default_factory=dict)
-    settings: dict[str, Any] = Field(default_factory=dict)
+    parameters: Wire[JSONObject] = Field(default_factory=dict)
+    settings: Wire[JSONObject] = Field(default_factory=dict)
 
     @field_validator("name")
     @classmethod
@@ -212,7 +213,7 @@ class Sidecar(_Strict):
     image: str = Field(default="", max_length=512)
     command: list[Annotated[str, StringConstraints(max_length=4096)]] = Field(default_factory=list, max_length=256)
     consumes: SidecarConsumes = Field(default_factory=SidecarConsumes)
-    parameters: dict[str, Any] = Field(default_factory=dict)
+    parameters: Wire[JSONObject] = Field(default_factory=dict)
     env: dict[str, Annotated[str, StringConstraints(max_length=65536)]] = Field(default_factory=dict)
     maxDeliver: int = Field(default=5, ge=1, le=100)
     ackWaitS: float = Field(default=30.0, ge=1, le=3600)
@@ -271,12 +272,12 @@ class Component(_Strict):
 
     componentURI: str = Field(min_length=1, max_length=512, pattern=URI_PATTERN)
     image: str = ""
-    componentInitData: dict[str, Any] = Field(default_factory=dict)
-    componentInitSettings: dict[str, Any] = Field(default_factory=dict)
-    componentParameters: dict[str, Any] = Field(default_factory=dict)
-    componentMetadata: dict[str, Any] = Field(default_factory=dict)
-    componentInputProtocol: dict[str, Any] = Field(default_factory=dict)
-    componentOutputProtocol: dict[str, Any] = Field(default_factory=dict)
+    componentInitData: Wire[JSONObject] = Field(default_factory=dict)
+    componentInitSettings: Wire[JSONObject] = Field(default_factory=dict)
+    componentParameters: Wire[JSONObject] = Field(default_factory=dict)
+    componentMetadata: Wire[JSONObject] = Field(default_factory=dict)
+    componentInputProtocol: Wire[JSONObject] = Field(default_factory=dict)
+    componentOutputProtocol: Wire[JSONObject] = Field(default_factory=dict)
     tags: list[str] = Field(default_factory=list)
     resources: ResourceNeeds = Field(default_factory=ResourceNeeds)
     policies: list[PolicyRule] = Field(default_factory=list)
@@ -314,9 +315,9 @@ class BlockSpec(_Strict):
     blockId: str | None = Field(default=None, pattern=ID_PATTERN)
     minInstances: int = Field(ge=0, le=10_000)
     maxInstances: int = Field(ge=1, le=10_000)
-    blockInitData: dict[str, Any] | None = None
-    initSettings: dict[str, Any] | None = None
-    parameters: dict[str, Any] | None = None
+    blockInitData: Wire[JSONObject] | None = None
+    initSettings: Wire[JSONObject] | None = None
+    parameters: Wire[JSONObject] | None = None
     policyRulesSpec: list[PolicyRuleEntry] | None = None
     #: Per-block override of the component's resource needs (an extension; absent = inherit).
     resources: ResourceNeeds | None = None
