@@ -14,6 +14,7 @@ from .common import console, err
 if TYPE_CHECKING:
     from rich.table import Table
 
+    from ..handlers.plan import PlanDoc
     from ..projections.base import EventDoc
     from ..projections.explain import AutoscalerStory, Calls, Explanation, MoveStory, Round
     from ..schemas.records import AdaptTable, BlockIR, BlockRecord
@@ -55,7 +56,7 @@ def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, default=str))
 
 
-def _render_plan(p: dict[str, Any], file: Path) -> None:
+def _render_plan(p: PlanDoc, file: Path) -> None:
     index = p["index"] if p["index"] >= 0 else "-"
     console.print(f"plan for block [bold]{escape(p['block_id'])}[/] at state index [bold]{index}[/]")
     t = _table("cluster", "outcome", "dry_run score", "fits", "detail")

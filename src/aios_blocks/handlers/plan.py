@@ -14,11 +14,11 @@ Pure: no I/O here besides the invokers.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 from ..policies import affinity
 from ..schemas.errors import PlacementFailed, SpecError
-from ..schemas.records import BlockIR, ClusterRecord, NodeView
+from ..schemas.records import AdaptTable, BlockIR, ClusterRecord, NodeView, Placement
 from . import controller, gateway
 
 Invoke = gateway.Invoke
@@ -34,6 +34,43 @@ class PlanCall(TypedDict):
     version: int | None
     #: the policy's failure ("" when it answered)
     error: str
+
+
+class DryRunDoc(TypedDict):
+    """A dry_run outcome as a plan's JSON holds it (``controller.DryRunOutcome``'s fields, in order)."""
+
+    score: float
+    node_info: Placement
+    error: str
+    rejected_nodes: dict[str, str]
+    node_scores: dict[str, float]
+    placeable: int
+    shortfall: int
+    adapt: AdaptTable
+
+
+class SpecErrorDoc(TypedDict):
+    path: str
+    message: str
+
+
+class PlanDoc(TypedDict):
+    """``blocks submit --dry-run``'s document (``Plan.as_dict``; ``--json`` prints it)."""
+
+    block_id: str
+    index: int
+    places: bool
+    errors: list[SpecErrorDoc]
+    candidates: list[str]
+    filtered: dict[str, str]
+    dry_runs: dict[str, DryRunDoc]
+    cluster_id: str
+    #: one per instance of the gang: {"iid", "node", "gpus"} (``controller.plan``'s records)
+    placements: list[dict[str, Any]]
+    failure: str
+    stage: str
+    calls: list[PlanCall]
+    notes: list[str]
 
 
 @dataclass
@@ -62,7 +99,7 @@ class Plan:
     def places(self) -> bool:
         return not self.errors and not self.failure
 
-    def as_dict(self) -> dict[str, Any]:
+    def as_dict(self) -> PlanDoc:
         return {
             "block_id": self.block_id,
             "index": self.index,
@@ -70,7 +107,7 @@ class Plan:
             "errors": [{"path": e.path, "message": e.message} for e in self.errors],
             "candidates": self.candidates,
             "filtered": self.filtered,
-            "dry_runs": {cid: asdict(out) for cid, out in self.dry_runs.items()},
+            "dry_runs": {cid: cast(DryRunDoc, asdict(out)) for cid, out in self.dry_runs.items()},
             "cluster_id": self.cluster_id,
             "placements": self.placements,
             "failure": self.failure,
