@@ -7,19 +7,22 @@ from __future__ import annotations
 import base64
 import binascii
 from collections.abc import Mapping
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import msgspec
 from pydantic import ValidationError
 
 from .affinity import normalize
 from .errors import SpecError, SpecInvalid
-from .records import BlockIR
+from .records import BlockIR, JobClusterRecord, JSONObject, LaunchRecord, Needs, PolicyRule, SidecarRecord
 from .sharing import sharing_problems
 from .spec import ID_RE, REQUIRED_POLICIES, BlockSpec, Component, Sidecar, sidecar_problems
+from .spec import PolicyRule as PolicyRuleModel
 
 #: block field <- component field, inherited when the block does not set it (seed 000 table).
-INHERITED = (
+#: the IR field a block inherits from its component when it does not set it -> the component's field
+INHERITED: tuple[tuple[Literal["blockInitData", "initSettings", "parameters", "blockMetadata", "inputProtocol",
+                            "outputProtocol", "tags"], str], ...] = (
     ("blockInitData", "componentInitData"),
     ("initSettings", "componentInitSettings"),
     ("parameters", "componentParameters"),
@@ -72,7 +75,7 @@ def _too_deep(doc: Any, limit: int) -> bool:
     return False
 
 
-def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> dict[str, Any]:
+def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> JSONObject:
     """Decode a create message body: a bare spec, or a CloudEvents envelope whose ``data`` is one."""
     if len(raw) > max_bytes:
         raise SpecInvalid([SpecError("$", f"spec is {len(raw)} bytes; the limit is {max_bytes} (AIOS_MAX_SPEC_BYTES)")])
@@ -110,7 +113,12 @@ def _base64_data(value: Any) -> Any:
         raise SpecInvalid([SpecError("$.data_base64", f"does not hold JSON: {exc}")]) from None
 
 
-def merge_policies(component: list[dict[str, Any]], block: list[dict[str, Any]] | None) -> dict[str, Any]:
+def rule_record(rule: PolicyRuleModel) -> PolicyRule:
+    """A policy rule as the IR keeps it: the model's JSON (``PolicyRule`` names exactly its fields)."""
+    return cast(PolicyRule, rule.model_dump())
+
+
+def merge_policies(component: list[PolicyRule], block: list[PolicyRule] | None) -> dict[str, PolicyRule]:
     """Component policies overridden (same name) or extended (new name) by the block's."""
     merged = {p["name"]: p for p in component}
     for rule in block or []:
@@ -118,16 +126,17 @@ def merge_policies(component: list[dict[str, Any]], block: list[dict[str, Any]] 
     return merged
 
 
-def merge_sidecars(component: list[Sidecar], block: list[Sidecar] | None) -> list[dict[str, Any]]:
+def merge_sidecars(component: list[Sidecar], block: list[Sidecar] | None) -> list[SidecarRecord]:
     """The component's side-cars, replaced (same name) or extended (new name) by the block's,
     in order: the component's first, then the block's new ones."""
     merged = {sc.name: sc for sc in component}
     for sc in block or []:
         merged[sc.name] = sc
-    return [sc.model_dump() for sc in merged.values()]
+    # the model's JSON: ``SidecarRecord`` names exactly its fields
+    return [cast(SidecarRecord, sc.model_dump()) for sc in merged.values()]
 
 
-def _sharing_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) -> list[SpecError]:
+def _sharing_errors(spec: BlockSpec, comp: Component, policies: dict[str, PolicyRule]) -> list[SpecError]:
     """GPU sharing of the merged resourceAllocator with the block's resources (see ``sharing``)."""
     resources = spec.resources or comp.resources
     rule = policies.get("resourceAllocator")
@@ -153,7 +162,7 @@ def priority_of(name: str | None, classes: Mapping[str, Mapping[str, Any]]) -> t
 
 
 def block_create_IR(
-    doc: dict[str, Any], component: dict[str, Any] | None, subject_block_id: str | None = None,
+    doc: JSONObject, component: JSONObject | None, subject_block_id: str | None = None,
     priority_classes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BlockIR:
     """Validate ``doc`` against the block spec and build the IR, or raise :class:`SpecInvalid`
@@ -168,10 +177,10 @@ def block_create_IR(
     errors.extend(_count_errors(doc, spec))
     block_id = _block_id(doc, subject_block_id, errors)
     comp = _component(doc, component, errors)
-    policies: dict[str, Any] = {}
+    policies: dict[str, PolicyRule] = {}
     if spec is not None and comp is not None:
-        block_rules = [e.values.model_dump() for e in spec.policyRulesSpec] if spec.policyRulesSpec is not None else None
-        policies = merge_policies([p.model_dump() for p in comp.policies], block_rules)
+        block_rules = [rule_record(e.values) for e in spec.policyRulesSpec] if spec.policyRulesSpec is not None else None
+        policies = merge_policies([rule_record(p) for p in comp.policies], block_rules)
         errors.extend(_policy_errors(spec, comp, policies))
     if spec is not None:
         errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars or []))
@@ -215,7 +224,7 @@ def _priority(
     return priority
 
 
-def _count_errors(doc: dict[str, Any], spec: BlockSpec | None) -> list[SpecError]:
+def _count_errors(doc: JSONObject, spec: BlockSpec | None) -> list[SpecError]:
     """minInstances above maxInstances: the validated numbers compared (pydantic accepts 5.0 and
     "5"); the raw ints when validation failed."""
     lo, hi = (spec.minInstances, spec.maxInstances) if spec else (doc.get("minInstances"), doc.get("maxInstances"))
@@ -224,9 +233,10 @@ def _count_errors(doc: dict[str, Any], spec: BlockSpec | None) -> list[SpecError
     return []
 
 
-def _block_id(doc: dict[str, Any], subject_block_id: str | None, errors: list[SpecError]) -> str | None:
+def _block_id(doc: JSONObject, subject_block_id: str | None, errors: list[SpecError]) -> str | None:
     """The block id: the spec's ``blockId``, or the subject's (which must agree with it)."""
-    block_id = doc.get("blockId") if isinstance(doc.get("blockId"), str) else None
+    given = doc.get("blockId")
+    block_id = given if isinstance(given, str) else None
     if subject_block_id is not None:
         if block_id is not None and block_id != subject_block_id:
             errors.append(SpecError("$.blockId", f"blockId {block_id!r} differs from the subject's block id {subject_block_id!r}"))
@@ -238,7 +248,7 @@ def _block_id(doc: dict[str, Any], subject_block_id: str | None, errors: list[Sp
     return block_id
 
 
-def _component(doc: dict[str, Any], component: dict[str, Any] | None, errors: list[SpecError]) -> Component | None:
+def _component(doc: JSONObject, component: JSONObject | None, errors: list[SpecError]) -> Component | None:
     """The registered component the spec names (None, with the error, when it is unknown or no
     longer valid)."""
     uri = doc.get("blockComponentURI")
@@ -254,7 +264,7 @@ def _component(doc: dict[str, Any], component: dict[str, Any] | None, errors: li
         return None
 
 
-def _policy_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) -> list[SpecError]:
+def _policy_errors(spec: BlockSpec, comp: Component, policies: dict[str, PolicyRule]) -> list[SpecError]:
     """Every required policy present after the merge, and GPU sharing the merged allocator allows."""
     errors = [
         SpecError("$.policyRulesSpec", f"no {name} policy after merging the component's policies with policyRulesSpec")
@@ -264,7 +274,7 @@ def _policy_errors(spec: BlockSpec, comp: Component, policies: dict[str, Any]) -
     return errors + _sharing_errors(spec, comp, policies)
 
 
-def _affinity(doc: dict[str, Any], comp: Component | None, errors: list[SpecError]) -> list[Any]:
+def _affinity(doc: JSONObject, comp: Component | None, errors: list[SpecError]) -> list[Any]:
     """The block's affinity terms, normalised (else the component's)."""
     try:
         if any(doc.get(k) is not None for k in ("affinity", "affinityWith", "antiAffinityWith", "affinityTLV")):
@@ -284,9 +294,10 @@ def _job_cluster_errors(spec: BlockSpec, comp: Component) -> list[SpecError]:
     return []
 
 
-def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, Any], affinity: list[Any]) -> BlockIR:
+def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, PolicyRule], affinity: list[Any]) -> BlockIR:
     """The IR of a valid spec and its component (the block's fields over the component's)."""
-    ir: dict[str, Any] = {
+    assert block_id is not None  # a spec without one has an error: no IR is built
+    ir: BlockIR = {
         "blockId": block_id,
         "blockComponentURI": spec.blockComponentURI,
         "image": comp.image,
@@ -298,8 +309,9 @@ def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[s
     for block_field, comp_field in INHERITED:
         value = given.get(block_field)
         ir[block_field] = value if value is not None else comp_data[comp_field]
-    ir["resources"] = (spec.resources or comp.resources).model_dump()
-    ir["launch"] = comp.launch.model_dump()
+    # the models' JSON: each record names exactly its model's fields (tests/unit/test_records*.py)
+    ir["resources"] = cast(Needs, (spec.resources or comp.resources).model_dump())
+    ir["launch"] = cast(LaunchRecord, comp.launch.model_dump())
     ir["policies"] = policies
     ir["affinity"] = msgspec.to_builtins(affinity)
     ir["sidecars"] = merge_sidecars(comp.sidecars, spec.sidecars)
@@ -312,5 +324,5 @@ def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[s
         ir["virtualClusterId"] = vid
         job = spec.jobCluster or comp.jobCluster
         if job is not None:
-            ir["jobCluster"] = job.model_dump()
-    return cast(BlockIR, ir)  # (built by name: the inherited fields)
+            ir["jobCluster"] = cast(JobClusterRecord, job.model_dump())
+    return ir
