@@ -27,7 +27,7 @@ from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..bus.router import Inbound
 from ..schemas.events import InstanceCommand, SidecarCommand
-from ..schemas.records import NodeMeta
+from ..schemas.records import JSONObject, NodeMeta
 from ..schemas.spec import Node
 from ..settings import Settings
 from .gpus import NoGpus
@@ -44,7 +44,7 @@ class FleetState(Protocol):
     """The two reads of the state the fleet makes (``state.store.Store`` has them): the agent
     package imports no state, the worker passes its store in."""
 
-    async def simulated_nodes_with_instances(self) -> list[dict[str, Any]]: ...
+    async def simulated_nodes_with_instances(self) -> list[JSONObject]: ...
 
     async def node_meta(self, nid: str) -> NodeMeta | None: ...
 

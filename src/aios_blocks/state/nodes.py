@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import ClusterRecord, GpuView, NodeMeta, NodeView
+from ..schemas.records import ClusterRecord, GpuView, JSONObject, NodeMeta, NodeView
 from ..schemas.spec import Cluster, Node
 from .keys import (
     CLUSTERS,
@@ -60,7 +60,7 @@ class NodeRecords:
         """Register or update a node's capacity (usage counters are kept). ``agent``: who serves
         its commands ("" = the simulated fleet; None = leave as it is)."""
         key = node_key(node.cluster, node.id)
-        fields: dict[str, Any] = {
+        fields: dict[str, str | int | float] = {
             "spec": node.model_dump_json(),
             "cpu": node.cpu,
             "memory": node.memory,
@@ -182,7 +182,7 @@ class NodeRecords:
             pipe.set(index_key(cid), max(before.get(cid, 0), floor) + 1)
         await pipe.execute()
 
-    async def simulated_nodes_with_instances(self) -> list[dict[str, Any]]:
+    async def simulated_nodes_with_instances(self) -> list[JSONObject]:
         """The specs of the nodes the simulated fleet serves (``agent`` "") that have instances
         recorded: those a restarted fleet reports (``node.inventory``), since it runs none of them."""
         nodes = [(cid, nid) for cid in await self.clusters() for nid in await self.node_ids(cid)]
@@ -193,7 +193,7 @@ class NodeRecords:
             pipe.hmget(node_key(cid, nid), ["spec", "agent"])
             pipe.hlen(node_inst_key(nid))
         raw = await pipe.execute()
-        out: list[dict[str, Any]] = []
+        out: list[JSONObject] = []
         for n in range(len(nodes)):
             (spec, agent), count = raw[2 * n], raw[2 * n + 1]
             if spec is not None and not agent and int(count or 0) > 0:

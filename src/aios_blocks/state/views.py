@@ -12,7 +12,7 @@ in ``state.store``.
 from __future__ import annotations
 
 import socket
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
 from urllib.parse import unquote, urlsplit
 
 from .keys import BLOCKS, block_key, inst_key
@@ -124,7 +124,20 @@ def open_reader(url: str) -> Pipeline:
     return RedisPyReader(url)
 
 
-def block_rows(r: Pipeline, limit: int = 100) -> list[dict[str, Any]]:
+class BlockRow(TypedDict):
+    """One row of ``blocks list`` (``block_rows``)."""
+
+    id: str
+    #: "?" when it is listed but its record is gone (being deleted)
+    status: str
+    cluster: str | None
+    reason: str | None
+    gen: int | None
+    #: how many instance records it has
+    instances: int
+
+
+def block_rows(r: Pipeline, limit: int = 100) -> list[BlockRow]:
     """The newest ``limit`` blocks, newest first, as ``{"id", "status", "cluster", "reason", "gen",
     "instances"}`` (instances: how many instance records it has), in two round trips."""
     (bids,) = r.pipeline([("ZREVRANGE", BLOCKS, "0", str(limit - 1))])
@@ -134,10 +147,9 @@ def block_rows(r: Pipeline, limit: int = 100) -> list[dict[str, Any]]:
     for bid in bids:
         commands += [("HMGET", block_key(bid), *LIST_FIELDS), ("HLEN", inst_key(bid))]
     replies = r.pipeline(commands)
-    rows = []
+    rows: list[BlockRow] = []
     for bid, values, n in zip(bids, replies[::2], replies[1::2], strict=True):
-        row: dict[str, Any] = {"id": bid, **dict(zip(LIST_FIELDS, values, strict=True)), "instances": n}
-        row["status"] = row["status"] or "?"  # listed but its record gone (being deleted)
-        row["gen"] = int(row["gen"]) if row["gen"] else None
-        rows.append(row)
+        status, cluster, reason, gen = values  # (LIST_FIELDS)
+        rows.append({"id": bid, "status": status or "?", "cluster": cluster, "reason": reason,
+                     "gen": int(gen) if gen else None, "instances": n})
     return rows
