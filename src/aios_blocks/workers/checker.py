@@ -35,7 +35,6 @@ import hashlib
 import os
 import socket
 import time
-from typing import Any
 
 import aiohttp
 import structlog
@@ -48,8 +47,9 @@ from ..handlers import stability as st
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import InstanceVerdict, StepFailed
+from ..schemas.policy_io import as_float
 from ..schemas.protocol import HEALTH_PATH
-from ..schemas.records import BlockMap, MapEntry, wire
+from ..schemas.records import BlockMap, JSONObject, MapEntry, wire
 from .base import Worker
 
 log = structlog.get_logger("aios.checker")
@@ -141,7 +141,7 @@ class Checker:
             self._carried_out(a, now)
         return actions
 
-    async def _probe_all(self, insts: dict[str, MapEntry], settings: dict[str, Any], now: float) -> None:
+    async def _probe_all(self, insts: dict[str, MapEntry], settings: JSONObject, now: float) -> None:
         """Probe the block's routed instances (rule settings the checker itself reads: ``probe``,
         false: no active probe, only passive and progress signals; ``probePath``, default the
         instance protocol's /health) and keep each result in its record."""
@@ -155,10 +155,10 @@ class Checker:
             rec.observe(ok, lat, status, err, now)
             self._probed.append((str(probed[iid].get("node", "")), iid, rec.consecutive_failures, ok, err))
 
-    def _grace(self, settings: dict[str, Any]) -> float:
+    def _grace(self, settings: JSONObject) -> float:
         """The rule's ``startupGraceS``, else AIOS_HEALTH_STARTUP_GRACE_S."""
         try:
-            return float(settings.get("startupGraceS", self.s.health_startup_grace_s))
+            return as_float(settings.get("startupGraceS", self.s.health_startup_grace_s))
         except (TypeError, ValueError):
             return self.s.health_startup_grace_s
 
