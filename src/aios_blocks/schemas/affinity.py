@@ -18,7 +18,7 @@ import difflib
 import re
 import struct
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -448,7 +448,7 @@ def _from_json(item: Any, p: str, errors: list[SpecError]) -> AffinityEntry | No
     return AffinityEntry(names["category"], names["strength"], anti, tt, value)
 
 
-def _names(item: dict[str, Any], p: str, errors: list[SpecError]) -> dict[str, str | None]:
+def _names(item: Mapping[str, object], p: str, errors: list[SpecError]) -> dict[str, str | None]:
     """An entry's category and strength, checked (None where missing or wrong) and allowed together."""
     names: dict[str, str | None] = {}
     for key, check in (("category", _category), ("strength", _strength)):
@@ -469,7 +469,7 @@ def _names(item: dict[str, Any], p: str, errors: list[SpecError]) -> dict[str, s
     return names
 
 
-def _target(item: dict[str, Any], category: str | None, p: str, errors: list[SpecError]) -> tuple[str | None, str]:
+def _target(item: Mapping[str, object], category: str | None, p: str, errors: list[SpecError]) -> tuple[str | None, str]:
     """An entry's target: (its type, its normalised value); (None, "") with the errors when wrong."""
     target = item.get("target")
     if "target" not in item:

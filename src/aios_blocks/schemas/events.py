@@ -9,7 +9,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import msgspec
@@ -21,6 +21,7 @@ from .records import (
     BlockIR,
     JSONObject,
     LaunchRecord,
+    NodeView,
     SidecarRecord,
     Wire,
 )
@@ -600,7 +601,7 @@ def input_digest(raw: bytes) -> str:
     return hashlib.sha256(raw).hexdigest()[:24]
 
 
-def _plain_node_refs(nodes: dict[str, Any]) -> msgspec.Raw:
+def _plain_node_refs(nodes: Mapping[str, object]) -> msgspec.Raw:
     return msgspec.Raw(msgspec.json.encode(
         {nid: "sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest() for nid, v in nodes.items()}
     ))
@@ -611,11 +612,11 @@ def nodes_root(refs: bytes) -> str:
     return "sha256:" + hashlib.sha256(refs).hexdigest()
 
 
-def _plain_nodes_root(nodes: dict[str, Any]) -> str:
+def _plain_nodes_root(nodes: Mapping[str, object]) -> str:
     return nodes_root(bytes(_plain_node_refs(nodes)))
 
 
-def input_digest_of(input_data: dict[str, Any], nodes_digest: Any = _plain_nodes_root) -> str:
+def input_digest_of(input_data: Mapping[str, object], nodes_digest: Callable[[dict[str, NodeView]], str] = _plain_nodes_root) -> str:
     """A policy input's digest (``Decision.input_digest``). An input with a node map
     (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB
     each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with the whole map
@@ -650,8 +651,9 @@ def input_matches(raw: bytes, digest: Any) -> bool:
     return any(d == digest for d in input_digests(raw))
 
 
-def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """A policy input's node views (``payload.cluster_metrics.nodes``), or None when it has none."""
+def node_map(input_data: Mapping[str, object]) -> dict[str, NodeView] | None:
+    """A policy input's node views (``payload.cluster_metrics.nodes``: a mapping of mappings, a
+    placement's), or None when it has none."""
     payload = input_data.get("payload")
     metrics = payload.get("cluster_metrics") if isinstance(payload, dict) else None
     nodes = metrics.get("nodes") if isinstance(metrics, dict) else None
@@ -660,15 +662,18 @@ def node_map(input_data: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     return nodes
 
 
-def _with_node_map(input_data: dict[str, Any], value: Any) -> dict[str, Any]:
+def _with_node_map(input_data: Mapping[str, object], value: object) -> dict[str, object]:
     """A shallow copy of an input that has a :func:`node_map`, the whole map replaced by ``value``."""
     payload = input_data["payload"]
+    assert isinstance(payload, dict)  # it has a node map
     return {**input_data, "payload": {**payload, "cluster_metrics": {**payload["cluster_metrics"], "nodes": value}}}
 
 
-def with_nodes(input_data: dict[str, Any], each: Any) -> dict[str, Any]:
+def with_nodes(input_data: Mapping[str, object], each: Callable[[NodeView], object]) -> dict[str, object]:
     """A shallow copy of an input that has a :func:`node_map`, each node view replaced by ``each(view)``."""
-    nodes = input_data["payload"]["cluster_metrics"]["nodes"]
+    payload = input_data["payload"]
+    assert isinstance(payload, dict)  # it has a node map
+    nodes: dict[str, NodeView] = payload["cluster_metrics"]["nodes"]
     return _with_node_map(input_data, {nid: each(v) for nid, v in nodes.items()})
 
 

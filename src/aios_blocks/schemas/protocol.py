@@ -16,7 +16,7 @@ The node agent picks the endpoint's port from the component's ``launch.ports``: 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
 
 DEFAULT_TASK_PATH = "/infer"
 DEFAULT_TASK_METHOD = "POST"
@@ -26,7 +26,7 @@ METRICS_PATH = "/metrics"
 HTTP_PORT_NAME = "http"
 
 
-def task_path(input_protocol: dict[str, Any] | None) -> str:
+def task_path(input_protocol: Mapping[str, object] | None) -> str:
     """The path tasks are sent to: ``inputProtocol.path`` (made absolute), else ``/infer``."""
     path = (input_protocol or {}).get("path")
     if not isinstance(path, str) or not path.strip():
@@ -35,7 +35,7 @@ def task_path(input_protocol: dict[str, Any] | None) -> str:
     return path if path.startswith("/") else "/" + path
 
 
-def task_method(input_protocol: dict[str, Any] | None) -> str:
+def task_method(input_protocol: Mapping[str, object] | None) -> str:
     method = (input_protocol or {}).get("method")
     return method.upper() if isinstance(method, str) and method.strip() else DEFAULT_TASK_METHOD
 
