@@ -13,7 +13,7 @@ from typing import Any
 from ..schemas.catalog import E, Emit
 from ..schemas.events import InstanceCommand, InstanceEvent, InstanceVerdict, NodeInventory, StepFailed
 from ..schemas.lifecycle import LIVE, BlockStatus, InstanceStatus, Step
-from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, wire
+from ..schemas.records import BlockIR, BlockRecord, InstanceRecord, PolicyRule, wire
 from . import faults, sidecars, stability
 from .effects import (
     DeletedIfEmpty,
@@ -127,12 +127,13 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
 
 
 #: the stabilityChecker a block that names none gets (docs/health.md)
-DEFAULT_STABILITY_RULE = {"name": "stabilityChecker", "policyRuleURI": "builtin:probe-threshold"}
+DEFAULT_STABILITY_RULE: PolicyRule = {"name": "stabilityChecker", "policyRuleURI": "builtin:probe-threshold"}
 
 
-def stability_rule(ir: BlockIR) -> dict[str, Any]:
+def stability_rule(ir: BlockIR) -> PolicyRule:
     """The block's stabilityChecker rule (the default ``builtin:probe-threshold`` when it names none)."""
-    rule = dict((ir.get("policies") or {}).get("stabilityChecker") or DEFAULT_STABILITY_RULE)
+    named: PolicyRule | None = (ir.get("policies") or {}).get("stabilityChecker")
+    rule: PolicyRule = {**(named or DEFAULT_STABILITY_RULE)}
     rule.setdefault("name", "stabilityChecker")
     rule.setdefault("policyRuleURI", DEFAULT_STABILITY_RULE["policyRuleURI"])
     return rule
