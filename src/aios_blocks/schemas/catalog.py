@@ -497,7 +497,8 @@ class E:
     block_move_requested = Event(
         "block.move.requested", f"{_B}.move.requested", mv.MoveRequested, (A, C, Role.REBALANCER),
         "move one instance of a placed block, make-before-break (blocks move, the rebalancer): move_id names the "
-        "move (one move per id), to_node a target node or none (placement chooses any other node)",
+        "move (one move per id), to_node a target node or none (placement chooses any other node), to_gpus its GPUs "
+        "there or none (the resourceAllocator picks)",
         id_rule="{block_id}:move.requested:{move_id}",
     )
     block_move_started = Event(
