@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import typer
 from rich.markup import escape
@@ -287,8 +287,8 @@ def move(
 
     async def go(c: Client) -> int:
         req = await _publish_move(c, bid, instance_id, to, reason, move_id)
-        out: dict[str, Any] = {"move_id": req.move_id, "block_id": bid, "instance_id": instance_id, "to_node": to,
-                               "status": "requested", "new_instance_id": "", "node": "", "reason": ""}
+        out: MoveOutcome = {"move_id": req.move_id, "block_id": bid, "instance_id": instance_id, "to_node": to,
+                            "status": "requested", "new_instance_id": "", "node": "", "reason": ""}
         if not as_json:
             console.print(escape(f"move {req.move_id} of {instance_id} requested; follow with: blocks explain {bid}"))
         if not wait:
@@ -300,8 +300,8 @@ def move(
         except TimeoutError:
             err.print(f"[red]move {escape(req.move_id)} not over after {timeout:g}s[/]; follow with: blocks explain {escape(bid)}")
             return 5
-        out.update(status=rec["phase"], new_instance_id=rec.get("new", "") if rec.get("node") else "", node=rec.get("node", ""),
-                   reason=rec.get("why", ""))
+        out["status"], out["new_instance_id"] = rec["phase"], rec.get("new", "") if rec.get("node") else ""
+        out["node"], out["reason"] = rec.get("node", ""), rec.get("why", "")
         if as_json:
             console.print_json(json.dumps(out))
         elif rec["phase"] == "completed":
@@ -311,6 +311,20 @@ def move(
         return 0 if rec["phase"] == "completed" else 3
 
     raise typer.Exit(int(_request(go, data_dir)))
+
+
+class MoveOutcome(TypedDict):
+    """``blocks move --json``'s document: the request, and with --wait how it ended."""
+
+    move_id: str
+    block_id: str
+    instance_id: str
+    to_node: str
+    #: requested, completed or failed
+    status: str
+    new_instance_id: str
+    node: str
+    reason: str
 
 
 async def _publish_move(c: Client, bid: str, iid: str, to: str, reason: str, move_id: str) -> Any:
