@@ -238,3 +238,12 @@ def test_the_spec_models_see_the_open_objects_they_always_saw() -> None:
     rule = PolicyRule.model_validate({"name": "loadBalancer", "policyRuleURI": "builtin:round-robin",
                                       "parameters": {"a": [1, 2.5, None, {"b": True}]}})
     assert rule.model_dump()["parameters"] == {"a": [1, 2.5, None, {"b": True}]}
+
+
+def test_a_quota_report_row_has_exactly_the_named_fields() -> None:
+    from aios_blocks.policies import quota as qp
+    from aios_blocks.schemas.priority import Quota
+
+    q = Quota.model_validate({"tenant": "t1", "nominal": {"A100": {"gpus": 4}}})
+    rows = qp.report({"t1": q}, [qp.Holding("b1", "t1", {"A100": {"gpus": 2.0}})])
+    assert rows and all(list(r) == list(qp.QuotaRow.__annotations__) for r in rows)

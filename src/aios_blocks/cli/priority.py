@@ -14,6 +14,7 @@ from .common import DataDir, _request, console, err
 from .render import _plain, _print_json, _table
 
 if TYPE_CHECKING:
+    from ..policies.quota import QuotaRow
     from .client import Client
 
 
@@ -149,7 +150,7 @@ def quota_set(
     console.print(f"quota of [bold]{tenant}[/] " + ("removed" if remove else "set"))
 
 
-async def _report(c: Any, recount: bool = False) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+async def _report(c: Any, recount: bool = False) -> tuple[dict[str, Any], list[QuotaRow], list[dict[str, Any]]]:
     """The quotas, the rows of usage vs nominal vs borrowed from the usage counters the capacity
     scripts keep (one read per cluster, as the quota gate reads them), and with ``recount`` where
     a recount of the placed blocks (every block's instances: a scan) differs from them."""
@@ -186,7 +187,7 @@ def _fmt(amounts: dict[str, Any]) -> str:
     return ", ".join(f"{k}={v:g}" for k, v in sorted(amounts.items())) or "-"
 
 
-def _print_rows(rows: list[dict[str, Any]]) -> None:
+def _print_rows(rows: list[QuotaRow]) -> None:
     t = _table("tenant", "cohort", "model", "usage", "nominal", "borrowed")
     for r in rows:
         t.add_row(*_plain(r["tenant"], r["cohort"], r["model"], _fmt(r["usage"]), _fmt(r["nominal"]), _fmt(r["borrowed"])))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from ..schemas.priority import ANY_MODEL, PreemptReason, Quota, QuotaResource
 
@@ -156,6 +156,18 @@ def with_quota(ir: Mapping[str, Any], placements: Iterable[Mapping[str, Any]],
     return out
 
 
+class QuotaRow(TypedDict):
+    """One row of ``blocks quota list`` (:func:`report`): a tenant's use of one GPU model against
+    its quota, by resource."""
+
+    tenant: str
+    cohort: str
+    model: str
+    usage: dict[str, float]
+    nominal: dict[str, float]
+    borrowed: dict[str, float]
+
+
 def add(into: Usage, more: Usage, sign: float = 1.0) -> Usage:
     for model, amounts in more.items():
         row = into.setdefault(model, {})
@@ -274,10 +286,10 @@ def _reclaim(tenant: str, members: list[str], quotas: Mapping[str, Quota], usage
     return victims if victims and not _over(need, cohort_nominal) else None
 
 
-def report(quotas: Mapping[str, Quota], holdings: list[Holding]) -> list[dict[str, Any]]:
+def report(quotas: Mapping[str, Quota], holdings: list[Holding]) -> list[QuotaRow]:
     """Per tenant and model: usage, nominal, borrowed (what ``blocks quota list`` shows)."""
     usage = usage_by_tenant(holdings)
-    rows = []
+    rows: list[QuotaRow] = []
     for tenant in sorted(set(quotas) | set(usage)):
         q = quotas.get(tenant)
         used = usage.get(tenant, {})
