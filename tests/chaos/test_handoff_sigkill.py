@@ -1,4 +1,4 @@
-"""The runner's hand-off (``bus/runner.py``, "Hand-off") under SIGKILL: in ``blocks up``'s front
+"""The runner's hand-off (``bus/runner.py``, "Hand-off"; ``AIOS_HANDOFF=1``) under SIGKILL: in ``blocks up``'s front
 group (parser and gateway in one process) the parser's ``block.parsed`` is handed to the gateway
 right after its commit. The process killed there (fault point ``handoff.gateway.given``: stored,
 not handed) or after the gateway's hand-off handled it and stored its effects but before the
@@ -34,6 +34,7 @@ async def grouped(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: p
     once = tmp_path / "fault-once"
     once.write_text("")
     monkeypatch.setenv("AIOS_FAULT", f"{request.param}:{once}")
+    monkeypatch.setenv("AIOS_HANDOFF", "1")  # off by default (docs/trace.md "Live vs Ray")
     data = tmp_path / "data"
     servers = EmbeddedServers(data_dir=data).start()
     layout = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}

@@ -137,6 +137,7 @@ async def test_a_failed_hand_off_is_handled_by_the_delivery(rig: Rig) -> None:
 
 
 async def test_without_hand_off_the_delivery_handles_it(rig: Rig) -> None:
+    assert not RunnerOptions().handoff  # off by default (AIOS_HANDOFF=1 turns it on)
     seen, seq = await run_pair(rig, "off", handoff=False)
     assert [d.stream_seq for d in seen] == [seq]
     assert count("ho-b-off", "given") == 0 and count("ho-b-off", "skipped") == 0

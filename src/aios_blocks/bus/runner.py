@@ -25,8 +25,12 @@ event loop (parser -> gateway in ``blocks up``'s parser+gateway process). The st
 it: that delivery, once the hand-off's batch is settled, is acked unhandled when the hand-off's
 handler succeeded and its effects are stored, else handled as any delivery (so a process killed
 between the commit and the hand-off's settle loses nothing: the event is stored and unacked).
-A hand-off is never retried nor dead-lettered itself: the delivery does that. ``AIOS_HANDOFF=0``
-turns it off.
+A hand-off is never retried nor dead-lettered itself: the delivery does that.
+
+Off unless ``AIOS_HANDOFF=1`` (docs/trace.md "Live vs Ray": measured, it saves nothing: the
+stream pushes a stored event to the pull request its consumer keeps open as it acks the commit,
+so the delivery comes with the ack, first one time in three; and with several copies of a kind the
+delivery may go to another copy, which then handles the event too).
 
 A dead letter goes to ``aios.dlq.{consumer}.{subject}`` and carries the original body, headers, the
 error and the delivery count. A handler exception never escapes the runner: a worker does not die
@@ -73,8 +77,8 @@ REMEMBERED = 8192
 
 
 def handoff_on() -> bool:
-    """Whether runners hand committed events to this process's consumers (``AIOS_HANDOFF``, on by default)."""
-    return os.environ.get("AIOS_HANDOFF", "1").strip().lower() not in ("0", "false", "no", "off")
+    """Whether runners hand committed events to this process's consumers (``AIOS_HANDOFF=1``; off by default)."""
+    return os.environ.get("AIOS_HANDOFF", "0").strip().lower() in ("1", "true", "yes", "on")
 
 
 class Defer(Exception):
