@@ -94,7 +94,9 @@ async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> N
 
     # the cut took: the majority named another leader, and placed creates sent during the cut
     assert "leader_s" in figures, (figures, rig.log)
-    assert "placed_s" in figures or not any(t >= figures.get("cut_at", 0) for t in probe.acked.values()), (figures, rig.log)
+    # (judged on the creates acknowledged *during* the cut: one sent during it and acknowledged after
+    # the heal says nothing of the majority alone)
+    assert "placed_s" in figures or not figures.get("acked_in_cut"), (figures, rig.log)
 
     status = await wait_terminal(rig.client, blocks, timeout=180)
     missing = sorted(blocks - set(status))
