@@ -16,6 +16,7 @@ from ..policies.builtin import rebalance as rb
 from ..schemas.catalog import E, Emit
 from ..schemas.lifecycle import BlockStatus, InstanceStatus
 from ..schemas.moves import MoveRequested
+from ..schemas.records import TopologyRecord
 from . import preemption as pre
 from . import vcluster
 
@@ -98,7 +99,7 @@ def tier_of(view: Mapping[str, Any] | None, gpus: Iterable[str]) -> str:
     """The link tier of an instance's GPU set on its node (``policies.topology.set_tier``), '' for
     one GPU or a node that reports no topology of its GPUs."""
     ids = [g["id"] for g in (view or {}).get("gpus") or ()]
-    topo = (view or {}).get("topology") or {}
+    topo: TopologyRecord = (view or {}).get("topology") or TopologyRecord()
     got = [ids.index(g) for g in gpus if g in ids]
     if len(got) < 2 or not topo or int(topo.get("gpus", 0)) != len(ids):
         return ""

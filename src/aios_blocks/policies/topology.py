@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..schemas.records import NodeView
+from ..schemas.records import NodeView, TopologyRecord
 from ..schemas.topology import NVLINK_TIERS, TIER_RANK, LinkTier
 
 EXHAUSTIVE_MAX = 5000
@@ -112,13 +112,13 @@ def _compile(key: str, n: int, pairs: tuple[tuple[int, int, str, int], ...]) -> 
     return Compiled(n, tuple(map(tuple, rank)), tuple(map(tuple, links)))
 
 
-def compile_topology(topology: dict[str, Any]) -> Compiled:
+def compile_topology(topology: TopologyRecord) -> Compiled:
     """A node view's ``topology`` (the schema's JSON form) -> its compiled form (cached)."""
     pairs = tuple((int(x["a"]), int(x["b"]), str(x["tier"]), int(x.get("nvlinks", 0))) for x in topology.get("links", []))
     return _compile(str(topology.get("profile", "")), int(topology.get("gpus", 0)), pairs)
 
 
-def choose(topology: dict[str, Any], free: Sequence[int], count: int) -> Choice:
+def choose(topology: TopologyRecord, free: Sequence[int], count: int) -> Choice:
     """The best-connected ``count`` GPUs among ``free`` (indexes) that keep the best sets free."""
     c = compile_topology(topology)
     cands = sorted(g for g in set(free) if 0 <= g < c.n)
@@ -136,12 +136,12 @@ def choose(topology: dict[str, Any], free: Sequence[int], count: int) -> Choice:
     return Choice(tuple(chosen), _tier(c.set_rank(chosen)), _tier(best_possible))
 
 
-def set_tier(topology: dict[str, Any], gpus: Sequence[int]) -> LinkTier:
+def set_tier(topology: TopologyRecord, gpus: Sequence[int]) -> LinkTier:
     """The tier a set of GPU indexes achieves (its worst pair)."""
     return _tier(compile_topology(topology).set_rank(sorted(gpus)))
 
 
-def best_tier(topology: dict[str, Any], free: Sequence[int], count: int) -> LinkTier | None:
+def best_tier(topology: TopologyRecord, free: Sequence[int], count: int) -> LinkTier | None:
     """The best tier ``count`` of ``free`` could have (None: fewer free)."""
     c = compile_topology(topology)
     r = c.best_rank(frozenset(g for g in free if 0 <= g < c.n), count)

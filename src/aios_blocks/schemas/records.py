@@ -344,7 +344,7 @@ class NodeView(TypedDict, total=False):
     memory_free: int
     gpus: list[GpuView]
     #: its GPU links (``schemas.topology``)
-    topology: dict[str, Any]
+    topology: TopologyRecord
     virtualCluster: str
     draining: bool
     #: in a policy's input, where the block has affinity
