@@ -31,6 +31,7 @@ from prometheus_client import REGISTRY
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.instance_map import InstanceMaps
+from ..bus.nats_bus import Serving
 from ..executor.dispatch import Dispatcher
 from ..executor.engine import Chooser, InlinePolicy, Limits, PolicyError, Route, Weighted
 from ..executor.ingress import Ingress
@@ -105,7 +106,7 @@ class Executor:
         self.w = w
         self.cluster = cluster or None
         #: a pinned executor's per-block responders
-        self._serving: dict[str, Any] = {}
+        self._serving: dict[str, Serving] = {}
         self.s = w.settings
         self.maps = InstanceMaps(w.bus)
         # the executors may make the bucket too (whoever comes first): one made here is refilled
