@@ -20,7 +20,7 @@ from ..schemas.catalog import E, Emit
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceCommand, Placement, PlacementMade
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR, ClusterRecord, InstanceRecord, Needs, NodeView, wire
+from ..schemas.records import AdaptTable, BlockIR, ClusterRecord, InstanceRecord, Needs, NodeView, wire
 from . import sidecars
 from .controller import Invoke, check_choice, env_for, plan
 
@@ -203,7 +203,7 @@ def announce(s: StartInstances, kept: Sequence[dict[str, Any]]) -> list[Emit]:
     placed = [Placement(p["iid"], p["node"], p["gpus"], p.get("adaptive") or [], p.get("topology") or {}) for p in kept]
     made = PlacementMade(
         bid, s.gen, s.cluster_id, s.action, placed,
-        s.attempts, s.replaces, s.key, list(s.trace), next((p["adapt"] for p in kept if p.get("adapt")), {}),
+        s.attempts, s.replaces, s.key, list(s.trace), next((p["adapt"] for p in kept if p.get("adapt")), AdaptTable()),
     )
     out = [Emit(E.block_placement, made)]
     out += [

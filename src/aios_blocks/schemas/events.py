@@ -310,7 +310,7 @@ class PlacementMade(msgspec.Struct):
     #: the policy calls this step made (folded into the step's event, not stored apart)
     decisions: list[Decision] = []
     #: the adapt stage's table the placement used (Adaptive affinity entries), else {}
-    adapt: dict[str, Any] = {}
+    adapt: Wire[AdaptTable] = {}
 
 
 class InstanceCommand(msgspec.Struct):
