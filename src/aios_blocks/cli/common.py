@@ -23,6 +23,7 @@ from ..runtime.locate import DEFAULT_DATA_DIR, find_data_dir
 from ..urls import mask
 
 if TYPE_CHECKING:
+    from ..schemas.records import JSONObject
     from .client import Client, Request
 
 console = Console(soft_wrap=True)
@@ -205,7 +206,7 @@ async def _with_store(data_dir: Path, fn: Callable[[Any], Awaitable[T]]) -> T:
         await store.close()
 
 
-def _load(path: Path) -> dict[str, Any]:
+def _load(path: Path) -> JSONObject:
     import yaml
 
     try:
@@ -238,7 +239,7 @@ def _labels(values: list[str], option: str = "--label") -> dict[str, str]:
     return out
 
 
-def _json_option(text: str, option: str) -> dict[str, Any]:
+def _json_option(text: str, option: str) -> JSONObject:
     try:
         value = json.loads(text)
     except ValueError as exc:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import structlog
@@ -31,11 +31,20 @@ from ..bus.catalog import E
 from ..bus.nats_bus import may_reply
 from ..runtime.ticker import Ticker
 from ..schemas.events import Heartbeat, NodeHealth, ReassignRequest
+from ..schemas.records import InstanceRecord
 from .base import Worker
 
 log = structlog.get_logger("aios.health")
 
 FLUSH_S = 1.0
+
+
+class ExpectedReply(TypedDict, total=False):
+    """The answer to a node agent's ``node.expected`` request: the instances the state has on its
+    node (their block, generation and status), or why they could not be read."""
+
+    instances: dict[str, InstanceRecord]
+    error: str
 
 
 class HealthMonitor:
@@ -92,7 +101,7 @@ class HealthMonitor:
             level("expected.ignored", subject=msg.subject, reply=(msg.reply or "")[:120])
             return
         nid = msg.subject.split(".")[2]
-        body: dict[str, Any]
+        body: ExpectedReply
         try:
             insts = await self.w.store.node_instances(nid)
             body = {"instances": {
