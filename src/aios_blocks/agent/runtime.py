@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypedDict
+
+from ..schemas.records import JSONObject
 
 LABEL_BLOCK = "aios.block"
 LABEL_INSTANCE = "aios.instance"
@@ -100,7 +102,18 @@ class RuntimeInstance:
             return 0
 
 
-def labels_to_resources(labels: dict[str, str]) -> dict[str, Any]:
+class Adopted(TypedDict):
+    """What an instance's labels record for its re-adoption (``labels_to_resources``)."""
+
+    workdir: str
+    #: port name -> port (as the agent wrote it)
+    ports: dict[str, int]
+    gpus: list[str]
+    #: what it was given (``InstanceCommand.resources``, JSON)
+    resources: JSONObject
+
+
+def labels_to_resources(labels: dict[str, str]) -> Adopted:
     """Resources recorded on an instance's labels (for re-adoption): workdir, ports, GPUs."""
 
     def _json(key: str, default: Any) -> Any:

@@ -36,6 +36,7 @@ from aiohttp import web
 
 from ..instance.metrics import CONTENT_TYPE, SystemMetrics
 from ..schemas.protocol import HEALTH_PATH, METRICS_PATH, task_path
+from ..schemas.records import JSONObject
 
 
 @dataclass
@@ -49,7 +50,7 @@ class SimBehaviour:
     @classmethod
     def from_env(cls, env: dict[str, str]) -> SimBehaviour:
         """From an instance's environment (``node_agent.instance_env``: JSON strings)."""
-        conf: dict[str, Any] = {}
+        conf: JSONObject = {}
         for key in ("initSettings", "parameters"):
             d = _json_obj(env.get(key, ""))
             nested = d.get("sim")
@@ -61,8 +62,9 @@ class SimBehaviour:
         iid = env.get("AIOS_INSTANCE_ID", "")
         if isinstance(per, dict) and iid:
             for key in (iid.rsplit("-", 1)[-1], iid):
-                if isinstance(per.get(key), dict):
-                    conf.update(per[key])
+                mine = per.get(key)
+                if isinstance(mine, dict):
+                    conf.update(mine)
         proto = _json_obj(env.get("inputProtocol", ""))
         return cls(
             path=task_path(proto),
@@ -73,7 +75,7 @@ class SimBehaviour:
         )
 
 
-def _json_obj(raw: str) -> dict[str, Any]:
+def _json_obj(raw: str) -> JSONObject:
     try:
         d = json.loads(raw) if raw else {}
     except ValueError:
