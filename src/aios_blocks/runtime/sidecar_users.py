@@ -84,11 +84,13 @@ class SidecarUsers:
                 if other != bid and durable in {subjects.sidecar_durable(other, n) for n in e.get("names", [])}:
                     raise ValueError(f"side-car consumer {durable} is block {other}'s already")
             entry = s.sidecars.setdefault(bid, {"password": _token(), "names": [], "nodes": []})
-            changed = name not in entry["names"] or node not in entry["nodes"]
+            rights = name not in entry["names"]  # a new user or a new durable: the config changes
+            saved = rights or node not in entry["nodes"]  # a new node only: the secrets file alone
             entry["names"] = sorted({*entry["names"], name})
             entry["nodes"] = sorted({*entry["nodes"], node})
-            if changed:
+            if saved:
                 s.save()
+            if rights:
                 _reload_and_wait(self.data_dir, s, self.timeout)
             url = with_userinfo(ep.nats, user, entry["password"])
         wait_nats_user(url, ep.nats_ca, self.timeout)
