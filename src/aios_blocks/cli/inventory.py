@@ -4,7 +4,7 @@ undrain and remove are in ``cli/nodes.py``)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from ..schemas.records import NodeView
     from ..schemas.topology import GpuTopology
     from ..state.health import SuspectMark
+    from ..state.store import ComponentRecord
     from .client import Client
 
     class ClusterRow(TypedDict):
@@ -62,7 +63,7 @@ def component_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path
     Example: `blocks component list`, `blocks component list --json`
     """
 
-    async def go(c: Client) -> dict[str, dict[str, Any]]:
+    async def go(c: Client) -> dict[str, ComponentRecord]:
         return await c.store.components()
 
     comps = _run(_with_store(data_dir, go))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 import redis.asyncio as aioredis
@@ -19,7 +19,16 @@ from redis.exceptions import NoScriptError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..schemas.lifecycle import REUSABLE, TRANSITIONS, Step
-from ..schemas.records import BlockRecord, InstanceRecord
+from ..schemas.records import (
+    JSON,
+    BlockRecord,
+    InstanceRecord,
+    JobClusterRecord,
+    JSONObject,
+    LaunchRecord,
+    Needs,
+    PolicyRule,
+)
 from ..schemas.spec import Component
 from ..settings import Settings
 from ..settings import current as current_settings
@@ -97,6 +106,28 @@ class Records(Mapping[str, InstanceRecord]):
         return len(self._flat) // 2
 
 
+class ComponentRecord(TypedDict, total=False):
+    """A registered component as stored (``schemas.spec.Component`` as JSON; ``Store.components``)."""
+
+    componentURI: str
+    image: str
+    componentInitData: JSONObject
+    componentInitSettings: JSONObject
+    componentParameters: JSONObject
+    componentMetadata: JSONObject
+    componentInputProtocol: JSONObject
+    componentOutputProtocol: JSONObject
+    tags: list[str]
+    resources: Needs
+    policies: list[PolicyRule]
+    launch: LaunchRecord
+    affinity: list[JSON] | None
+    virtualClusterId: str | None
+    jobCluster: JobClusterRecord | None
+    sidecars: list[JSONObject]
+    outputs: bool
+
+
 class StoreUnreachable(ConnectionError):
     """Redis did not answer (``Store.reachable``)."""
 
@@ -151,11 +182,11 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
     async def put_component(self, comp: Component) -> None:
         await self.r.set(component_key(comp.componentURI), comp.model_dump_json())
 
-    async def get_component(self, uri: str) -> dict[str, Any] | None:
+    async def get_component(self, uri: str) -> JSONObject | None:
         raw = await self.r.get(component_key(uri))
         return _json.decode(raw) if raw else None
 
-    async def components(self) -> dict[str, dict[str, Any]]:
+    async def components(self) -> dict[str, ComponentRecord]:
         """Every registered component by URI (a SCAN: for listing, not for hot paths)."""
         keys = sorted([k async for k in self.r.scan_iter(match=component_key("*"), count=1000)])
         pipe = self.r.pipeline(transaction=False)  # not MGET: on Redis Cluster the keys are in many slots
