@@ -379,8 +379,8 @@ class NodeMeta(TypedDict):
     #: who serves its commands: "" the simulated fleet, else the agent's name
     agent: str
     healthy: bool
-    #: its ``schemas.spec.Node`` as JSON
-    spec: dict[str, Any]
+    #: its ``schemas.spec.Node`` as JSON, as the agent registered it: read through ``Node.model_validate``
+    spec: JSONObject
 
 
 # -- the instance map (NATS KV ``aios-instances``) -------------------------------------------------
