@@ -43,6 +43,8 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import JSON, JSONObject
+
 _json = msgspec.json
 
 
@@ -86,7 +88,7 @@ def classify(key: str) -> str:
     return "unknown"
 
 
-def _j(raw: str) -> Any:
+def _j(raw: str) -> JSON:
     try:
         return _json.decode(raw)
     except msgspec.DecodeError:
@@ -106,8 +108,8 @@ _DESIRED = ("desired", "desired_seq", "desired_request", "desired_reason")
 _ENDED = ("deleted", "failed", "rejected")
 
 
-def _node(h: dict[str, str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def _node(h: dict[str, str]) -> JSONObject:
+    out: JSONObject = {}
     for k, v in h.items():
         if k == "spec":
             out[k] = _j(v)
@@ -126,7 +128,7 @@ def _node(h: dict[str, str]) -> dict[str, Any]:
     return out
 
 
-def _reservation(h: dict[str, str]) -> dict[str, Any]:
+def _reservation(h: dict[str, str]) -> JSONObject:
     gpus = _j(h.get("gpus", "{}"))
     gpus = {g: _f(str(m)) for g, m in gpus.items()} if isinstance(gpus, dict) else {}
     return {
@@ -135,13 +137,14 @@ def _reservation(h: dict[str, str]) -> dict[str, Any]:
     }
 
 
-def _instances(h: dict[str, str]) -> dict[str, Any]:
-    out = {}
+def _instances(h: dict[str, str]) -> JSONObject:
+    out: JSONObject = {}
     for iid, raw in h.items():
         v = _j(raw)
-        if isinstance(v, dict) and isinstance(v.get("gpus"), list):
-            v = {**v, "gpus": sorted(v["gpus"])}
         if isinstance(v, dict):
+            gpus = v.get("gpus")
+            if isinstance(gpus, list):  # (GPU ids: text, ordered as before)
+                v = {**v, "gpus": sorted(gpus, key=str)}
             v.pop("since", None)  # when it was placed: the controller's clock live, the event's rebuilt
         out[iid] = v
     return out
@@ -172,7 +175,7 @@ def normalise(key: str, value: Any) -> Any:
     return dict(value)
 
 
-def canonical(img: Image) -> dict[str, Any]:
+def canonical(img: Image) -> JSONObject:
     """Keys the digest covers, normalised."""
     return {k: normalise(k, v) for k, v in img.items() if classify(k) == "rebuilt"}
 
