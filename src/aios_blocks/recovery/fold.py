@@ -41,11 +41,12 @@ from ..schemas import lifecycle as lc
 from ..schemas import priority as pr
 from ..schemas import vcluster as vc
 from ..schemas.catalog import ROOT, E, Event
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, InstanceRecord
 from ..schemas.spec import ID_RE, Node
 from ..state import keys as k
 from ..state import queue
 from ..state.keys import node_key, res_key
+from .fold_records import Gather, Reservation, VClusterDoc
 from .image import Image, ZSet
 from .node_state import NodeState, _num, dumps
 
@@ -99,8 +100,8 @@ class Fold(Projection):
     nodes: dict[str, NodeState] = field(default_factory=dict)
     blocks: dict[str, dict[str, str]] = field(default_factory=dict)
     block_order: dict[str, float] = field(default_factory=dict)
-    instances: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-    reservations: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    instances: dict[str, dict[str, InstanceRecord]] = field(default_factory=dict)
+    reservations: dict[tuple[str, str], Reservation] = field(default_factory=dict)
     #: (cluster, iid) -> what the reservation added to its tenant's quota usage counters
     #: (``state.keys.quota_usage_key``: RESERVE_GANG counts it, RELEASE takes it back)
     quota_res: dict[tuple[str, str], dict[str, float]] = field(default_factory=dict)
@@ -114,7 +115,7 @@ class Fold(Projection):
     priority_classes: dict[str, str] = field(default_factory=dict)
     quotas: dict[str, str] = field(default_factory=dict)
     #: open gathers: (bid, gen, attempt) -> {expected, deadline, results, decided}
-    gathers: dict[tuple[str, int, int], dict[str, Any]] = field(default_factory=dict)
+    gathers: dict[tuple[str, int, int], Gather] = field(default_factory=dict)
     #: a create's gen (its AIOS_INTAKE sequence, told by its ``submitted``) -> digest of its body
     #: (the parser stores it on the block)
     creates: dict[int, str] = field(default_factory=dict)
@@ -535,7 +536,8 @@ class Fold(Projection):
         nodes of the same types, outside its job clusters, are dropped. Both records change in one
         atomic commit here (``state.vcluster``), so this finds nothing unless the stream lost an
         event; what it repairs is reported as an anomaly."""
-        recs = {key: _json.decode(rec) for key, (_, rec) in self.vclusters.items() if rec is not None}
+        recs: dict[tuple[str, str], VClusterDoc] = {
+            key: _json.decode(rec) for key, (_, rec) in self.vclusters.items() if rec is not None}
         for (cid, vid), job in recs.items():
             parent = recs.get((cid, job.get("parent") or ""))
             if job.get("kind") != "job" or parent is None:
@@ -544,8 +546,8 @@ class Fold(Projection):
             if missing:
                 self._repair(cid, vid, parent, missing, recs)
 
-    def _repair(self, cid: str, vid: str, parent: dict[str, Any], missing: dict[str, str],
-                recs: dict[tuple[str, str], dict[str, Any]]) -> None:
+    def _repair(self, cid: str, vid: str, parent: VClusterDoc, missing: dict[str, str],
+                recs: dict[tuple[str, str], VClusterDoc]) -> None:
         """Job cluster ``vid``'s nodes ``missing`` from its divisible cluster ``parent``: added,
         each for one dead node of its type that no job cluster holds."""
         in_jobs = {n for (c2, _), r in recs.items() if c2 == cid and r.get("parent") == parent["id"] for n in r["nodes"]}
@@ -619,7 +621,7 @@ class Fold(Projection):
                 use[2] = 0
 
     # -- gathers and the registry ------------------------------------------------------------------
-    def _gather(self, bid: str, gen: int, attempt: int) -> dict[str, Any]:
+    def _gather(self, bid: str, gen: int, attempt: int) -> Gather:
         g = self.gathers.get((bid, gen, attempt))
         if g is None:  # (not setdefault: that builds the empty gather on every event of the round)
             g = self.gathers[(bid, gen, attempt)] = {"expected": [], "deadline": 0.0, "results": {}, "decided": ""}

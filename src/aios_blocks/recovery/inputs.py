@@ -244,8 +244,9 @@ class State:
         return {iid: _json.decode(_json.encode(i)) for iid, i in self.f.instances.get(bid, {}).items()}
 
     def gather(self, bid: str, gen: int, attempt: int) -> GatherRecord:
-        g = self.f.gathers.get((bid, gen, attempt)) or {"expected": [], "results": {}}
-        return _json.decode(_json.encode({"expected": g["expected"], "results": g["results"]}))
+        g = self.f.gathers.get((bid, gen, attempt))
+        expected, results = (g["expected"], g["results"]) if g is not None else ([], {})
+        return _json.decode(_json.encode({"expected": expected, "results": results}))
 
 
 Invoke = hc.Invoke
