@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from typing import Any
+from typing import TypedDict
 
 import structlog
 
@@ -40,6 +40,16 @@ async def affinity_index(store: Store, ir: BlockIR) -> affinity.Index:
     if any(e.get("target_type") == "LinkTier" for e in entries):  # the GPU count a link tier is for
         index = {**index, "gpus": int((ir.get("resources") or {}).get("gpus") or 0)}
     return index
+
+
+class HintDoc(TypedDict, total=False):
+    """An inventory hint as decoded (``schemas.events.InventoryHint`` as JSON)."""
+
+    cluster: str
+    #: empty or absent: the whole cluster
+    nodes: list[str] | None
+    #: the worker process that sent it
+    origin: str
 
 
 class Inventory:
@@ -82,7 +92,7 @@ class Inventory:
             else:
                 self.invalidate(cid, [nid])
 
-    def on_hint(self, hint: dict[str, Any]) -> None:
+    def on_hint(self, hint: HintDoc) -> None:
         cid = hint.get("cluster")
         if isinstance(cid, str):
             nodes = hint.get("nodes")
