@@ -9,6 +9,8 @@ from typing import Any
 
 import msgspec
 
+from ..schemas.records import JSONObject
+
 _json = msgspec.json
 _enc = msgspec.json.Encoder()
 
@@ -41,7 +43,7 @@ class NodeState:
     #: (spec, its rack label): a cache of ``rack()``
     _rack: tuple[str, str] | None = field(default=None, repr=False, compare=False)
 
-    def gpus_spec(self) -> list[dict[str, Any]]:
+    def gpus_spec(self) -> list[JSONObject]:
         """The GPUs of its spec (id, model, ...)."""
         return list(_json.decode(self.spec).get("gpus") or [])
 

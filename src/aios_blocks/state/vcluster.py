@@ -13,7 +13,7 @@ when the create is refused and after a remove.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import msgspec
 
@@ -91,6 +91,16 @@ return {1, 'ok', '', idx}
 """
 
 
+class _RecordWrite(TypedDict):
+    """One record write as ``VC_COMMIT`` takes it: its key's index, the virtual cluster, the new
+    record's JSON ("" removes it) and the revision it expects."""
+
+    k: int
+    vid: str
+    put: str
+    expect: NotRequired[int]
+
+
 @dataclass(frozen=True)
 class CommitResult:
     ok: bool
@@ -158,7 +168,7 @@ class VClusterStore:
         recs, mv = [], []
         for w in writes:
             keys.append(vc_key(cid, w.vid))
-            entry: dict[str, Any] = {"k": len(keys), "vid": w.vid, "put": _enc.encode(w.record).decode() if w.record else ""}
+            entry: _RecordWrite = {"k": len(keys), "vid": w.vid, "put": _enc.encode(w.record).decode() if w.record else ""}
             if w.expect is not None:
                 entry["expect"] = w.expect
             recs.append(entry)
