@@ -70,19 +70,22 @@ async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int,
     feed.caught_up.set()
     last = feed.fold.last_seq
     rng = random.Random(42)
-    times, folds, views, after = [], [], [], []
+    times, cpus, folds, views, after = [], [], [], [], []
     for seq in sorted(rng.sample(range(1, last), asks)):
         base = max((c.seq for c in feed.checks.items if c.seq <= seq), default=0)
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         f = await feed.at(seq)
         t1 = time.perf_counter()
         projection.overview(f)
         projection.gpumap(f)
         t2 = time.perf_counter()
         times.append(t2 - t)
+        cpus.append(time.process_time() - c)
         folds.append(t1 - t)
         views.append(t2 - t1)
         after.append(seq - base)
+        print(f"  seq {seq:,}: {times[-1]:.2f} s ({cpus[-1]:.2f} s of CPU; {after[-1]:,} events folded after the checkpoint)",
+              flush=True)
     items = feed.checks.items
     gaps = [b.seq - a.seq for a, b in itertools.pairwise(items)]
     print(f"past moment at {last:,} events ({len(msgs):,} from the dump, {len(feed.fold.blocks):,} blocks, "
@@ -93,7 +96,8 @@ async def run(msgs: list[tuple[str, bytes, int, float]], events: int, asks: int,
     print(f"  Feed.at(seq) + the overview + the GPU map, {asks} random sequences: median {statistics.median(times):.2f} s, "
           f"p95 {pct(times, 0.95):.2f} s, max {max(times):.2f} s (Feed.at: checkpoint restored + events after it "
           f"folded, median {statistics.median(folds):.2f} s over a median {statistics.median(after):,.0f} events; "
-          f"the two views: median {statistics.median(views):.2f} s)")
+          f"the two views: median {statistics.median(views):.2f} s); the process's CPU time: median "
+          f"{statistics.median(cpus):.2f} s, p95 {pct(cpus, 0.95):.2f} s")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
 
 

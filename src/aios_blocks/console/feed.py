@@ -41,8 +41,8 @@ CHUNK = 4096
 #: are kept, holding at most ``CHECK_BYTES`` (past either, every other one goes and the interval
 #: doubles): a past moment starts from the nearest checkpoint before it and folds only the events
 #: after it
-CHECK_EVERY = 10_000
-CHECKPOINTS = 128
+CHECK_EVERY = 5_000
+CHECKPOINTS = 256
 CHECK_BYTES = 1024 * 1024 * 1024
 
 

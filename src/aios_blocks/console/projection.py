@@ -141,7 +141,9 @@ class _Shaped(msgspec.Struct):
 _shaped = msgspec.json.Decoder(_Shaped)
 
 
-@functools.lru_cache(maxsize=65536)
+#: (past moments of a long stream ask the shapes of every block again: at 170,000 blocks a cache of
+#: 65,536 missed on most of them, and the overview of a past moment decoded every IR again)
+@functools.lru_cache(maxsize=262144)
 def _shape(ir_text: str) -> tuple[tuple[float, int, float, tuple[str, ...]], int]:
     """A block's task shape (CPU, GPUs, gpuShare, GPU models) and its minInstances, per IR text."""
     try:
