@@ -24,7 +24,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import structlog
 
@@ -43,6 +43,14 @@ def _json_obj(raw: str | None) -> dict[str, Any]:
     except ValueError:
         return {}
     return d if isinstance(d, dict) else {}
+
+
+class HealthDoc(TypedDict, total=False):
+    """An instance's ``/health`` answer: starting, ready (with its id) or failed (with why)."""
+
+    status: str
+    error: str
+    instance_id: str
 
 
 @dataclass
@@ -200,7 +208,7 @@ class InstanceApp:
             raise
         self.metrics.system.ready = True
 
-    def health(self) -> tuple[int, dict[str, Any]]:
+    def health(self) -> tuple[int, HealthDoc]:
         if self.init_error:
             return 503, {"status": "failed", "error": self.init_error}
         if not self.ready:
