@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import msgspec
@@ -20,14 +21,14 @@ def _block(h: dict[str, str]) -> BlockRecord | None:
     create's stream sequence) as ints (`blocks get --json` showed ``"created": "11"``)."""
     if not h:
         return None
-    out: dict[str, Any] = dict(h)
-    if "ir" in out:
-        out["ir"] = _json.decode(out["ir"])
+    out: dict[str, object] = dict(h)
+    if "ir" in h:
+        out["ir"] = _json.decode(h["ir"])
     for k in ("gen", "version", "desired", "desired_seq", "created"):
-        if k in out:
-            out[k] = int(out[k])
+        if k in h:
+            out[k] = int(h[k])
     return cast(BlockRecord, out)
 
 
-def _strs(fields: dict[str, Any]) -> dict[str, str]:
+def _strs(fields: Mapping[str, object]) -> dict[str, str]:
     return {k: v if isinstance(v, str) else _dumps(v) for k, v in fields.items()}
