@@ -196,7 +196,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         return {k.split(":", 2)[2]: _json.decode(v) for k, v in zip(keys, values, strict=True) if v}
 
     # -- blocks ----------------------------------------------------------------------------
-    async def create_block(self, bid: str, gen: int, digest: str, fields: dict[str, Any]) -> tuple[bool, str]:
+    async def create_block(self, bid: str, gen: int, digest: str, fields: Mapping[str, object]) -> tuple[bool, str]:
         now = time.time()
 
         def build(pipe: Any) -> None:  # the record and its place in the block list, one round trip
@@ -304,7 +304,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
 
     async def start_instances(
         self, bid: str, instances: Mapping[str, InstanceRecord], index: list[tuple[str, str, str, str, str]],
-        transition: tuple[int, Step, dict[str, Any]] | None = None, limit: int | None = None,
+        transition: tuple[int, Step, Mapping[str, object]] | None = None, limit: int | None = None,
     ) -> list[str]:
         """What placing instances records, in one round trip and in this order: the block's step
         (``transition``: gen, step, fields; a CAS that may find it moved on), the affinity index
