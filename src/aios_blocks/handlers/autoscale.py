@@ -47,6 +47,7 @@ from ..schemas.policy_io import (
     AutoscaleMetrics,
     LastDecision,
 )
+from ..schemas.records import JSONObject
 
 #: per-block overrides read from the autoscaler rule's ``parameters`` -> field of :class:`Params`
 PARAMETERS = {
@@ -84,7 +85,7 @@ class Params:
         return cls(s.autoscale_tolerance, s.autoscale_upscale_delay_s, s.autoscale_downscale_delay_s, s.autoscale_stable_window_s,
                    s.autoscale_burst_window_s, s.autoscale_burst_threshold, s.autoscale_max_up_factor, s.autoscale_max_down_factor)
 
-    def with_parameters(self, parameters: dict[str, Any] | None) -> Params:
+    def with_parameters(self, parameters: JSONObject | None) -> Params:
         """These defaults overridden by a rule's ``parameters`` (unknown keys are the policy's own)."""
         changes: dict[str, float] = {}
         for key, attr in PARAMETERS.items():

@@ -55,7 +55,7 @@ from ..schemas.errors import PolicyFailed
 from ..schemas.events import Autoscaled, AutoscaleFailed, ScaleTarget
 from ..schemas.lifecycle import LIVE
 from ..schemas.policy_io import AutoscaleInput, AutoscaleInstance, AutoscaleMetrics
-from ..schemas.records import BlockIR, BlockSample, wire
+from ..schemas.records import BlockIR, BlockSample, PolicyRule, wire
 from ..state.autoscale import AutoscaleRead
 from .base import Worker
 
@@ -180,7 +180,7 @@ class Autoscaler:
             state.latest = {"t": round(now, 3), "current": current, "skipped": "no fresh metrics"}
             return TickResult("skipped", reason="no fresh metrics"), state
         lo, hi = int(ir.get("minInstances", 0)), int(ir.get("maxInstances", 0))
-        rule = ir["policies"]["autoscaler"]
+        rule: PolicyRule = ir["policies"]["autoscaler"]
         insts: dict[str, AutoscaleInstance] = {
             iid: {"status": rec.get("status", ""), "node": rec.get("node", ""), **(data["samples"].get(iid) or {})}
             for iid, rec in sorted((data.get("instances") or {}).items()) if rec.get("status") != "removing"}
@@ -215,7 +215,7 @@ class Autoscaler:
         request_id = f"as{state.seq}-{int(now * 1000)}"
         state.last[-1]["reason"] = reason
         state.last[-1]["request_id"] = request_id
-        decision = await self.w.record(bid, KIND, rule, wire(input_data), result, "", seconds, logs)
+        decision = await self.w.record(bid, KIND, wire(rule), wire(input_data), result, "", seconds, logs)
         ev = Autoscaled(bid, gen, request_id, current, outcome.desired, raw, list(outcome.rules), reason, outcome.stable,
                         outcome.burst, outcome.in_burst, a.summary(sample, insts), [decision])
         why = f"autoscaler: {current} -> {outcome.desired}" + (f" ({reason})" if reason else "")
@@ -225,18 +225,18 @@ class Autoscaler:
         log.info("autoscaler.scaled", block=bid, current=current, desired=outcome.desired, raw=raw, rules=list(outcome.rules))
         return TickResult("changed", outcome, reason, stored=True), state
 
-    async def _call(self, ir: BlockIR, rule: dict[str, Any], input_data: AutoscaleInput) -> tuple[Any, list[list[str]]]:
+    async def _call(self, ir: BlockIR, rule: PolicyRule, input_data: AutoscaleInput) -> tuple[Any, list[list[str]]]:
         rule_id = f"{ir['blockId']}.autoscaler"
         uri = str(rule.get("policyRuleURI", ""))
         ctx = TrackingDict({} if stateless(uri) else await self.w.store.context_load(rule_id))
         trace: dict[str, Any] = {}
-        result = await self.runtime.invoke(rule, rule_id, wire(input_data), ctx, trace)
+        result = await self.runtime.invoke(wire(rule), rule_id, wire(input_data), ctx, trace)
         changed, deleted = ctx.changes()
         if changed or deleted:
             await self.w.store.context_save(rule_id, changed, deleted)
         return result, list(trace.get("logs") or [])
 
-    async def _failed(self, now: float, bid: str, gen: int, rule: dict[str, Any], input_data: AutoscaleInput, reason: str,
+    async def _failed(self, now: float, bid: str, gen: int, rule: PolicyRule, input_data: AutoscaleInput, reason: str,
                       current: int, state: a.State, seconds: float, logs: list[list[str]]) -> tuple[TickResult, a.State]:
         quiet = state.failed_quiet
         store, state = a.failed(now, state, reason, self.s.autoscale_failure_record_s)
@@ -244,7 +244,7 @@ class Autoscaler:
         if store:
             state.seq += 1
             request_id = f"asf{state.seq}-{int(now * 1000)}"
-            decision = await self.w.record(bid, KIND, rule, wire(input_data), None, reason, seconds, logs)
+            decision = await self.w.record(bid, KIND, wire(rule), wire(input_data), None, reason, seconds, logs)
             await self.w.bus.emit(E.block_autoscale_failed, AutoscaleFailed(bid, gen, request_id, reason, current, quiet, [decision]))
             log.warning("autoscaler.tick_failed", block=bid, reason=reason)
         return TickResult("failed", None, reason, stored=store), state
