@@ -103,6 +103,28 @@ async def test_max_pending_s_fails_a_long_wait_and_no_queue_fails_at_once(quick_
     assert await PendingQueue(c.store.r).position("short") is None
 
 
+@pytest.fixture
+def no_resync(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOS_QUEUE_RESYNC_S", "300")  # inherited by the worker processes
+    monkeypatch.setenv("AIOS_SCALE_DOWN_GRACE_S", "0")
+
+
+async def test_a_block_that_may_preempt_wakes_the_walker_when_it_starts_waiting(no_resync: None, system: System) -> None:
+    """A new waiting block that may preempt is a reason for a pass (the controller's ``on_pending``
+    pokes the walker), not only capacity freed: with the periodic pass 300 s away and no capacity
+    event, the high block still preempts the low one at once."""
+    c = system.client
+    await _ok(system, "priority-class", "add", "high", "1000")
+    await c.add_sim_cluster("c1", nodes=1, gpus=1)
+    _, kind, _ = await system.submit_and_wait(spec("lo"))
+    assert kind == "ready"
+    await asyncio.sleep(1.0)  # the walker's first pass is over: the next periodic one is 300 s away
+    await c.submit(spec("hi", priorityClass="high"))
+    await status_of(system, "hi", "ready", timeout=40)
+    (preempted,) = await events(system, "lo", "preempted")
+    assert preempted["preemptor"] == "hi", preempted
+
+
 async def test_a_high_block_preempts_a_low_one_which_waits_and_returns(quick_queue: None, system: System) -> None:
     c = system.client
     await _ok(system, "priority-class", "add", "high", "1000")

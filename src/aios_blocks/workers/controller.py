@@ -417,9 +417,10 @@ async def on_quota(w: Worker, m: Inbound[QuotaSet]) -> None:
 
 
 async def on_pending(w: Worker, m: Inbound[Pending]) -> None:
-    """A block the quota holds (the gateway's ``quota: ...`` wait) may reclaim from borrowers: the
-    walker decides it on its next pass, now rather than at the resync."""
-    if m.data.reason.startswith(QUOTA_REASON):
+    """A block the quota holds (the gateway's ``quota: ...`` wait) may reclaim from borrowers, and
+    one that may preempt (a priority above 0, not itself a waiting victim) may evict lower blocks:
+    the walker decides it on its next pass, now rather than at the next capacity event or resync."""
+    if m.data.reason.startswith(QUOTA_REASON) or (m.data.priority > 0 and not m.data.preempted_by):
         queue.poke(w)
 
 
