@@ -45,8 +45,9 @@ from ..schemas.events import (
     NodeRegistered,
     SidecarCommand,
 )
+from ..schemas.policy_io import as_float, as_int
 from ..schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
-from ..schemas.records import InstanceRecord
+from ..schemas.records import InstanceRecord, JSONObject
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ..schemas.spec import Launch, Node
 from . import adoption
@@ -119,7 +120,7 @@ class Placed(TypedDict):
     block_id: str
     gen: int
     #: ``schemas.records.Needs`` as the command carries it (JSON)
-    resources: dict[str, Any]
+    resources: JSONObject
     gpus: list[str]
     endpoint: str
 
@@ -502,8 +503,8 @@ class NodeAgent:
 
     def heartbeat_data(self, seq: int) -> Heartbeat:
         node = self.cfg.node
-        cpu = sum(float(m["resources"].get("cpu", 0)) for m in self.meta.values())
-        mem = sum(int(m["resources"].get("memory", 0)) for m in self.meta.values())
+        cpu = sum(as_float(m["resources"].get("cpu", 0)) for m in self.meta.values())
+        mem = sum(as_int(m["resources"].get("memory", 0)) for m in self.meta.values())
         used = {g for m in self.meta.values() for g in m["gpus"]}
         load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
         return Heartbeat(
@@ -581,10 +582,10 @@ def command_router(spec: ConsumerSpec, handler: Any, sidecar_handler: Any = None
     return router
 
 
-def memory_limit(cmd_env: dict[str, Any]) -> int:
+def memory_limit(cmd_env: JSONObject) -> int:
     """The GPU memory cap (MiB per GPU) the controller gave a sharing instance, else 0."""
     try:
-        return max(int(cmd_env.get(GPU_MEMORY_LIMIT_ENV, 0)), 0)
+        return max(as_int(cmd_env.get(GPU_MEMORY_LIMIT_ENV, 0)), 0)
     except (TypeError, ValueError):
         return 0
 
@@ -594,7 +595,7 @@ def bind_host(advertise_host: str) -> str:
     return "127.0.0.1" if advertise_host in ("127.0.0.1", "localhost", "::1") else "0.0.0.0"
 
 
-def instance_env(cmd_env: dict[str, Any], gpu_env: dict[str, str], ports: dict[str, int], host: str = "") -> dict[str, str]:
+def instance_env(cmd_env: JSONObject, gpu_env: dict[str, str], ports: dict[str, int], host: str = "") -> dict[str, str]:
     """The instance's environment: ids, GPUs, ports (``AIOS_PORT_<NAME>``, the first also as
     ``AIOS_PORT``), the address to bind (``AIOS_HOST``), and the seed's ``blockInitData``,
     ``initSettings``, ``parameters`` and ``inputProtocol`` as JSON (the first three are also files
