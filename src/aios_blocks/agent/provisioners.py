@@ -13,10 +13,11 @@ import socket
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 import structlog
 
+from ..schemas.records import JSONObject
 from .gpus import HeldGpu, gpu_env
 from .lifecycle import Provisioner, with_timeout
 from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance
@@ -89,7 +90,8 @@ class GpuProvisioner(Provisioner[GpuSpec, GpuAssignment]):
 @dataclass
 class WorkdirSpec:
     path: Path
-    files: dict[str, Any]
+    #: file name -> its content (JSON)
+    files: JSONObject
 
 
 class WorkdirProvisioner(Provisioner[WorkdirSpec, Path]):

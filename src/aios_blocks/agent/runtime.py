@@ -46,7 +46,7 @@ class LaunchSpec:
     #: attach ``gpus`` as devices (real NVIDIA GPUs and a runtime that can); simulated GPUs only
     #: travel in env
     gpu_devices: bool = False
-    resources: dict[str, Any] = field(default_factory=dict)
+    resources: JSONObject = field(default_factory=dict)
     stop_grace_s: float = 10.0
     #: ``instance`` or ``sidecar`` (a side-car carries the label ``aios.kind=sidecar``)
     kind: str = "instance"
