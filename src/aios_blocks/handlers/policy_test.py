@@ -11,10 +11,10 @@ from typing import Any, TypedDict
 import msgspec
 
 from ..policies import contract
-from ..schemas.records import DecisionRecord
+from ..schemas.records import DecisionRecord, JSONObject
 
 #: run(input_data) -> output of the candidate policy (raises on failure)
-Run = Callable[[dict[str, Any]], Awaitable[Any]]
+Run = Callable[[JSONObject], Awaitable[Any]]
 
 
 def summarize(action: str, output: Any) -> str:

@@ -13,8 +13,7 @@ Side-cars reserve nothing (no GPU, CPU or memory): they ride along with the bloc
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from ..schemas.catalog import E, Emit
 from ..schemas.events import SidecarCommand
@@ -24,7 +23,7 @@ from ..schemas.records import BlockIR, BlockRecord, InstanceRecord
 NODE_FIELD = "sidecar_node"
 
 
-def sidecar_node(placements: list[dict[str, Any]]) -> str:
+def sidecar_node(placements: Sequence[Mapping[str, object]]) -> str:
     """Where a block's side-cars go: the node of its first placed instance ("" when none)."""
     return str(placements[0]["node"]) if placements else ""
 
