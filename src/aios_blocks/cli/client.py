@@ -318,7 +318,7 @@ class Client:
         """Like ``Worker.invoker`` but read-only: the rule's context is loaded once into a copy
         that the plan's calls share and that is never saved; nothing is recorded on the stream."""
         rule, rule_id = ir["policies"][kind], f"{ir['blockId']}.{kind}"
-        context: dict[str, Any] | None = None
+        context: JSONObject | None = None  # the rule's context, loaded once (open JSON: the policy's own)
 
         async def call(input_data: dict[str, Any]) -> Any:
             nonlocal context
