@@ -46,15 +46,15 @@ def run_one(policy: str, seed: int, workload: str, traces: str, extra: dict[str,
             r["parameters"].update(extra)
             return r
 
-        st.rule = rule  # type: ignore[method-assign]
+        st.rule = rule
         return st
 
-    rp.setup = setup  # type: ignore[assignment]
+    rp.setup = setup
     cpu0 = resource.getrusage(resource.RUSAGE_SELF).ru_utime
     try:
         res = asyncio.run(rp.replay(nodes, tasks, policy, seed, ratio, 0, workload)).as_dict()
     finally:
-        rp.setup = orig  # type: ignore[assignment]
+        rp.setup = orig
     cpu = resource.getrusage(resource.RUSAGE_SELF).ru_utime - cpu0
     return {"workload": workload, "seed": seed, "alloc_at_100": res["alloc_at_100"],
             "alloc_at_130": res[f"alloc_at_{round(ratio * 100)}"], "seconds": res["seconds"], "user_s": round(cpu, 1),
