@@ -3,12 +3,12 @@ affinity placement index: the coordination half of the Redis door (a mixin of ``
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
 
-from ..schemas.records import AffinityIndex, BlockRecord, GatherRecord
+from ..schemas.records import AffinityIndex, BlockRecord, GatherRecord, JSONObject
 from .keys import AFF_LEASE, GATHER_DUE, aff_svc_key, block_key, ctx_key, due_member, gather_key
 from .records import _block, _dumps
 
@@ -141,11 +141,11 @@ class GatherRecords:
         return str(await self._gather_settle(keys=[gather_key(bid, gen, attempt)], args=[outcome]))
 
     # -- policy context (seed 000: an external cache shared by all workers) -----------------
-    async def context_load(self, rule_id: str) -> dict[str, Any]:
+    async def context_load(self, rule_id: str) -> JSONObject:
         raw = await self.r.hgetall(ctx_key(rule_id))
         return {k: _json.decode(v) for k, v in raw.items()}
 
-    async def context_save(self, rule_id: str, changed: dict[str, Any], deleted: Iterable[str]) -> None:
+    async def context_save(self, rule_id: str, changed: Mapping[str, object], deleted: Iterable[str]) -> None:
         key = ctx_key(rule_id)
         pipe = self.r.pipeline(transaction=True)
         if changed:
