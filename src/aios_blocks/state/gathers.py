@@ -89,13 +89,13 @@ class GatherRecords:
             await self.r.zadd(GATHER_DUE, {due_member(bid, gen, attempt): at}, xx=if_set)
 
     async def gather_add(
-        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
+        self, bid: str, gen: int, attempt: int, cid: str, result: Mapping[str, object], ttl: int = 3600
     ) -> tuple[int, int]:
         answered, expected, _, _ = await self.gather_add_state(bid, gen, attempt, cid, result, ttl)
         return answered, expected
 
     async def gather_add_state(
-        self, bid: str, gen: int, attempt: int, cid: str, result: dict[str, Any], ttl: int = 3600
+        self, bid: str, gen: int, attempt: int, cid: str, result: Mapping[str, object], ttl: int = 3600
     ) -> tuple[int, int, str | None, float]:
         """Record one cluster's answer: (answered, expected, the decision token or None, the
         deadline), all as of right after the write."""
