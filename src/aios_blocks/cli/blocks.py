@@ -31,6 +31,7 @@ from .common import (
 from .render import _line, _plain, _print_block, _print_json, _render_plan, _table
 
 if TYPE_CHECKING:
+    from ..schemas.records import JSONObject
     from .client import Client
 
 def submit(
@@ -111,7 +112,7 @@ def submit(
     raise typer.Exit(_request(go, data_dir))
 
 
-def _dry_run(spec: dict[str, Any], file: Path, as_json: bool, data_dir: Path) -> int:
+def _dry_run(spec: JSONObject, file: Path, as_json: bool, data_dir: Path) -> int:
     """``submit --dry-run``: 0 would place, 4 would not, 2 bad spec."""
     plan = _request(lambda c: c.plan(spec), data_dir)
     if as_json:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from ..handlers.plan import PlanDoc
     from ..projections.base import EventDoc
     from ..projections.explain import AutoscalerStory, Calls, Explanation, MoveStory, Round
-    from ..schemas.records import AdaptTable, BlockIR, BlockRecord
+    from ..schemas.records import AdaptTable, BlockIR, BlockRecord, JSONObject
     from .client import Client
 
 def _plain(*values: Any) -> list[str]:
@@ -115,7 +115,7 @@ async def _print_block(c: Client, bid: str) -> BlockRecord | None:
     return block
 
 
-def _spec_errors(reason: Any) -> list[dict[str, Any]] | None:
+def _spec_errors(reason: Any) -> list[JSONObject] | None:
     """A rejected block's reason is its spec's errors as JSON (``[{"path", "message"}]``): them,
     to print one per line; ``None`` for any other reason (printed as it is)."""
     if not isinstance(reason, str) or not reason.startswith("["):

@@ -3,7 +3,7 @@ capacity half of the Redis door (a mixin of ``state.store.Store``, the one door 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -104,11 +104,13 @@ class NodeRecords:
         return out
 
     # -- reservations ----------------------------------------------------------------------
-    async def reserve_gang(self, cid: str, placements: list[dict[str, Any]]) -> tuple[bool, str, str]:
-        """All-or-nothing reservation of several instances in one cluster (one atomic script)."""
+    async def reserve_gang(self, cid: str, placements: Sequence[Mapping[str, object]]) -> tuple[bool, str, str]:
+        """All-or-nothing reservation of several instances in one cluster (one atomic script):
+        ``placements`` are ``handlers.controller.plan``'s records (iid, node, gpus, amounts), JSON
+        for ``RESERVE_GANG``."""
         keys: list[str] = []
         for p in placements:
-            keys += [node_key(cid, p["node"]), res_key(cid, p["iid"])]
+            keys += [node_key(cid, str(p["node"])), res_key(cid, str(p["iid"]))]
         keys += [index_key(cid), quota_usage_key(cid), quota_res_key(cid)]
         ok, reason, node = await self._reserve(keys=keys, args=[_dumps(placements)])
         return bool(ok), reason, node
