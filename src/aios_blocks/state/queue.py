@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -185,14 +185,14 @@ class PreemptPlans:
     def __init__(self, r: Any):
         self.r = r
 
-    async def claim(self, bid: str, plan: dict[str, Any], ttl_s: float) -> bool:
+    async def claim(self, bid: str, plan: Mapping[str, object], ttl_s: float) -> bool:
         return bool(await self.r.set(plan_key(bid), msgspec.json.encode(plan), nx=True, px=max(1, int(ttl_s * 1000))))
 
     async def get(self, bid: str) -> dict[str, Any] | None:
         raw = await self.r.get(plan_key(bid))
         return msgspec.json.decode(raw) if raw else None
 
-    async def finish(self, bid: str, plan: dict[str, Any]) -> None:
+    async def finish(self, bid: str, plan: Mapping[str, object]) -> None:
         """The plan carried out to the end (kept, with its expiry, so it is not carried out again)."""
         await self.r.set(plan_key(bid), msgspec.json.encode(plan), xx=True, keepttl=True)
 
