@@ -21,6 +21,7 @@ from .common import _json_option, _request, console, err
 from .render import _plain, _print_json, _table
 
 if TYPE_CHECKING:  # the rest is imported when a command runs: `blocks` starts with typer and rich only
+    from ..schemas.records import JSONObject
     from ..schemas.vcluster import VClusterRecord
     from .client import Client
 
@@ -90,7 +91,7 @@ async def remove(c: Client, vid: str) -> VRequest:
     return VRequest(vid, "remove", rid, ack.seq)
 
 
-async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool, dict[str, Any]]:
+async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool, JSONObject]:
     """(applied, the ``changed`` or ``refused`` event's data) of a request; TimeoutError."""
     import asyncio
 
@@ -230,10 +231,10 @@ def _follow(make: Any, timeout: float, data_dir: Path, as_json: bool = False) ->
             err.print(f"[red]{req.op} of {req.vid} refused[/]: {escape(str(data.get('reason')))}"
                         + (f" (revision {data['revision']})" if data.get("revision") else ""))
             return 1
-        rec = data.get("record") or {}
-        moved = data.get("moved") or {}
+        rec, moved = data.get("record"), data.get("moved")
+        nodes = rec.get("nodes") if isinstance(rec, dict) else None
         console.print(f"[green]{req.op} of {req.vid} done[/]: revision {data.get('revision')}, "
-                        f"{len(rec.get('nodes') or {})} nodes ({len(moved)} moved)")
+                        f"{len(nodes) if isinstance(nodes, dict) else 0} nodes ({len(moved) if isinstance(moved, dict) else 0} moved)")
         return 0
 
     code = int(_request(go, data_dir))
