@@ -28,7 +28,7 @@ from .render import _plain, _table
 if TYPE_CHECKING:
     from ..handlers.policy_test import Report
     from ..schemas.lxd import LxdArgs
-    from ..schemas.records import ReplayedDecision
+    from ..schemas.records import JSONObject, ReplayedDecision
     from .client import Client
 
 def policy_run(
@@ -126,7 +126,7 @@ def policy_test(
             keep = list(dict.fromkeys(d["block_id"] for d in reversed(recorded)))[:blocks_]
             recorded = [d for d in recorded if d["block_id"] in set(keep)]
 
-        async def run(input_data: dict[str, Any]) -> Any:
+        async def run(input_data: JSONObject) -> Any:
             rule = {"name": name, "policyRuleURI": str(file), "parameters": {}, "settings": {}}
             return await runtime.invoke(rule, f"policy-test.{name}", input_data, {})
 
