@@ -29,6 +29,7 @@ from typing import Any, TypedDict
 import structlog
 
 from ..schemas.protocol import task_method, task_path
+from ..schemas.records import JSONObject
 from .metrics import Metrics
 
 log = structlog.get_logger("aios.instance")
@@ -37,7 +38,7 @@ Handler = Callable[["Task", "Context"], Any]
 Init = Callable[["Context"], Any]
 
 
-def _json_obj(raw: str | None) -> dict[str, Any]:
+def _json_obj(raw: str | None) -> JSONObject:
     try:
         d = json.loads(raw) if raw else {}
     except ValueError:
@@ -64,7 +65,7 @@ class Context:
     init_data: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, Any] = field(default_factory=dict)
-    input_protocol: dict[str, Any] = field(default_factory=dict)
+    input_protocol: JSONObject = field(default_factory=dict)
     port: int = 8000
     host: str = "127.0.0.1"
     workdir: Path | None = None

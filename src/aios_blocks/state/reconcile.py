@@ -6,6 +6,7 @@ already reached."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, TypedDict
 
 import msgspec
@@ -72,7 +73,7 @@ class ReconcileStore:
             out[bid] = d
         return out
 
-    async def save(self, changed: dict[str, dict[str, Any]], dropped: list[str]) -> None:
+    async def save(self, changed: Mapping[str, Mapping[str, object]], dropped: list[str]) -> None:
         pipe = self.r.pipeline(transaction=False)
         if changed:
             pipe.hset(RECONCILE_STATE, mapping={bid: _json.encode(m).decode() for bid, m in changed.items()})
