@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.records import BlockSample, InstanceSample, MetricsTarget, TickSamples
+from ..schemas.records import BlockSample, InstanceSample, JSONObject, MetricsTarget, TickSamples
 from . import scripts
 from .keys import METRICS_BLOCKS, METRICS_TARGETS, metrics_inst_key, metrics_leader_key, metrics_win_key
 
@@ -114,7 +114,7 @@ class MetricsStore:
         raw = await self.r.lrange(metrics_win_key(bid, iid), 0, n - 1 if n > 0 else -1)
         return [_json.decode(x) for x in reversed(raw)]
 
-    async def block_metrics(self, bid: str, history: int = -1) -> dict[str, Any]:
+    async def block_metrics(self, bid: str, history: int = -1) -> JSONObject:
         """The resourceAllocator's ``block_metrics`` (docs/policies.md): the block's latest sample,
         its instances' latest samples and its window; ``{}`` when the collector has none."""
         pipe = self.r.pipeline(transaction=False)
