@@ -350,3 +350,25 @@ def test_blocks_split_among_copies_and_a_leaving_copy_moves_only_its_share() -> 
     two = {b: owner(b, ["x1", "x3"]) for b in bids}
     assert all(two[b] == three[b] for b in bids if three[b] != "x2")  # only x2's share moved
     assert owner("b1", []) == ""
+
+
+def test_a_saved_state_decodes_with_its_typed_decisions_and_encodes_to_the_same_bytes() -> None:
+    """``State.last`` / ``State.latest`` are TypedDicts now (msgspec decodes them by name): a state
+    saved before (every kind of latest tick, decisions with and without their reason) reads back
+    and is written again byte for byte, and a latest tick of the wrong shape is refused (the
+    autoscaler then starts the block afresh, ``workers.autoscaler._state_of``)."""
+    import msgspec
+
+    saved = [
+        b'{"gen":3,"history":[[1.0,2.0]],"seq":2,"last":[{"t":1.5,"from":1,"to":2},{"t":9.0,"from":2,"to":3,"reason":"q",'
+        b'"request_id":"as2-9000"}],"latest":{"t":9.0,"current":2,"raw":3.0,"desired":3,"stable":2.5,"burst":0.0,'
+        b'"in_burst":false,"rules":["r"],"reason":"q","waiting":"target 3 asked 1 s ago"}}',
+        b'{"gen":1,"latest":{"t":2.0,"current":1,"skipped":"no fresh metrics"}}',
+        b'{"gen":1,"failed_reason":"x","failed_quiet":2,"latest":{"t":2.0,"current":1,"failed":"x"}}',
+    ]
+    for raw in saved:
+        state = msgspec.json.decode(raw, type=a.State)
+        assert msgspec.json.encode(state) == raw
+    assert msgspec.json.decode(saved[0], type=a.State).last[1]["request_id"] == "as2-9000"
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"gen":1,"latest":{"t":"soon"}}', type=a.State)
