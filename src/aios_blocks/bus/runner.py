@@ -54,7 +54,7 @@ import structlog
 from nats.aio.msg import Msg
 from prometheus_client import Counter, Histogram
 
-from ..runtime import faults
+from .. import faults
 from ..schemas.events import DeadLetter
 from . import subjects
 from .catalog import E

@@ -21,11 +21,11 @@ from typing import Any
 
 import structlog
 
+from .. import faults
 from ..bus.router import Inbound
 from ..bus.runner import Defer
 from ..handlers import allocation as al
 from ..handlers import moves as mv
-from ..runtime import faults
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision, InstanceEvent

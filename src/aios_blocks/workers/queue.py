@@ -23,13 +23,13 @@ from typing import Any
 
 import structlog
 
+from .. import faults
 from ..bus.catalog import E, Emit
 from ..bus.runner import Defer
 from ..handlers import preemption as pre
 from ..handlers import queue as hq
 from ..handlers import rebalance as hr
 from ..policies import quota as qp
-from ..runtime import faults
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import BlockStatusReport, InstanceCommand, Parsed
 from ..schemas.lifecycle import InstanceStatus, Step
