@@ -24,6 +24,7 @@ class Settings(BaseSettings):
     dry_run_deadline_s: float = Field(5.0, ge=0, description="how long the gateway gathers dry_run answers before deciding")
     dry_run_patience_s: float = Field(60.0, ge=0, description="after the deadline, how much longer a round with no usable answer keeps waiting")
     dry_run_single: bool = Field(False, description="ask the one candidate cluster for a dry_run too (off: a block with exactly one candidate, no affinity entries and the built-in clusterAllocator goes straight to allocation in its first round, recorded as a skipped answer in post_dry_run; docs/trace.md \"Live vs Ray\")")
+    handoff: bool = Field(False, description="each worker process hands a stored event it committed to its own consumer of it at once, the stream's later delivery acked unhandled (off: measured, it saves nothing, the server pushes the event as fast; docs/trace.md \"Live vs Ray\")")
     preempt_min_delta: int = Field(10, ge=1, description="a block preempts only blocks at least this many priority points lower (Nomad's rule against preemption loops; docs/priority.md): builtin:preempt-min's minDelta")
     max_pending_s: float = Field(3600.0, ge=0, description="how long a block that fits nowhere waits in the pending queue before it fails with the reason (0: forever); a spec's maxPendingS overrides it (docs/priority.md)")
     queue_window: int = Field(16, ge=1, description="how many blocks at the head of each pending queue one capacity event looks at (docs/priority.md): a capacity event costs O(this), not a scan of the queue")

@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -56,6 +55,7 @@ from prometheus_client import Counter, Histogram
 
 from .. import faults
 from ..schemas.events import DeadLetter
+from ..settings import current as current_settings
 from . import subjects
 from .catalog import E
 from .nats_bus import Bus, Deferred, outbox
@@ -78,7 +78,7 @@ REMEMBERED = 8192
 
 def handoff_on() -> bool:
     """Whether runners hand committed events to this process's consumers (``AIOS_HANDOFF=1``; off by default)."""
-    return os.environ.get("AIOS_HANDOFF", "0").strip().lower() in ("1", "true", "yes", "on")
+    return current_settings().handoff
 
 
 class Defer(Exception):
