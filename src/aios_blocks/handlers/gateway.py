@@ -106,8 +106,8 @@ def filter_rule(
             filtered[cid] = f"no node of virtual cluster {ir['virtualClusterId']} here"
             continue
         entries = ir.get("affinity") or []
-        if not entries:  # capacity alone: the incremental count of nodes that fit (no node scan)
-            if check_capacity and not capacity.fitting(cnodes, ir["resources"], share_of(ir)):
+        if not entries:  # capacity alone: some node fits (capacity.any_fits: no index built for it)
+            if check_capacity and not capacity.any_fits(cnodes, ir["resources"], share_of(ir)):
                 filtered[cid] = f"no healthy node with capacity for one instance ({len(cnodes)} nodes)"
                 continue
             passed.append(cluster_entry(cluster, cnodes))

@@ -347,7 +347,8 @@ class Nodes(dict[str, NodeView]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_root", "_totals")
+    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_root", "_totals",
+                 "_witness")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -359,6 +360,9 @@ class Nodes(dict[str, NodeView]):
         # instance; kept with the view itself, so any number of clusters keeps its own
         self._totals: _Totals | None = None
         self._fits: dict[tuple[Any, ...], _Fits] = {}
+        # per shape not indexed: the id of a node that fitted one instance when last asked
+        # (``any_fits`` checks it first; a hint, never trusted without checking its view)
+        self._witness: dict[tuple[Any, ...], str] = {}
         # per (fits key, rank key): the fitting nodes in rank order (``best_fit``)
         self._ranked: dict[tuple[Any, Any], _Ranked] = {}
         # the node-reference map's JSON (``node_refs``): (version, bytes, each entry's bytes in
@@ -614,6 +618,43 @@ def fitting(nodes: dict[str, NodeView], needs: Needs, share: bool) -> int:
     """How many of ``nodes`` can take one instance (healthy, CPU, memory, usable GPUs): the
     filter's capacity check, kept incrementally per nodes dict and shape."""
     return fit_index(nodes, needs, share).count
+
+
+def any_fits(nodes: dict[str, NodeView], needs: Needs, share: bool) -> bool:
+    """``fitting(nodes, needs, share) > 0``, without indexing a shape not indexed yet: the
+    gateway's filter only asks whether some node fits, and a new block shape would otherwise
+    judge every node to build the index. An inventory view with the shape indexed reads its count
+    (O(changes)); else the node that fitted last time (its witness, kept on the view per shape)
+    is checked first, then the nodes from it on until one fits, each judged once per view
+    (``node_fits_cached``). A scan that finds none leaves the index it has just built (every node
+    judged: none fits), so a full cluster is then judged in O(changes) per block, not O(nodes)."""
+    key = shape(needs, share)
+    if not isinstance(nodes, Nodes):
+        memo = _FITS.get((id(nodes), key))
+        if memo is not None and memo.ref is nodes:
+            return memo.update() > 0
+        return any(node_fits_cached(v, needs, share) is not None for v in nodes.values()) or fitting(nodes, needs, share) > 0
+    index = nodes._fits.get(key)
+    if index is not None:
+        return index.update() > 0
+    ids = nodes.ids()
+    n = len(ids)
+    witness = nodes._witness
+    start = nodes.positions().get(witness.get(key, ""), 0)
+    for j in range(n):
+        nid = ids[(start + j) % n]
+        if node_fits_cached(nodes[nid], needs, share) is not None:
+            if key not in witness and len(witness) >= _SHAPES_PER_VIEW:
+                witness.pop(next(iter(witness)))
+            witness[key] = nid
+            return True
+    witness.pop(key, None)
+    if len(nodes._fits) >= _SHAPES_PER_VIEW:
+        nodes._fits.pop(next(iter(nodes._fits)))
+    index = nodes._fits[key] = _Fits(nodes, needs, share)
+    index.parts = {nid: (nodes[nid], False) for nid in ids}
+    index.seen = nodes.version
+    return False
 
 
 def _totals_memo(nodes: dict[str, NodeView]) -> _Totals:
