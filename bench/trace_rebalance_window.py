@@ -42,6 +42,7 @@ def main() -> None:
     ap.add_argument("--max-moves", type=int, default=orb.MAX_MOVES)
     ap.add_argument("--frag-moves", type=int, default=None)
     ap.add_argument("--frag-wait", type=float, default=orb.FRAG_WAIT_S)
+    ap.add_argument("--progress", type=int, default=0, help="print the counters every N placements")
     a = ap.parse_args()
     nodes = online.shrink(load_nodes(NODES, "trace"), a.cluster_share, a.seed)
     timed, drawn = online.load_timed(a.pods, a.seed)
@@ -82,6 +83,15 @@ def main() -> None:
         def bound_last_third(self) -> float:
             third = self.span / 3
             return round(100 * self.bound_area / (self.cluster_milli * third), 3) if third > 0 else 0.0
+
+        async def place(self, j: online.Job, now: float) -> bool:
+            ok = await super().place(j, now)
+            if ok and a.progress and self.res.placed % a.progress == 0:  # where a long run stands
+                print(json.dumps({"at": round(now, 1), "of": round(self.span, 1), "placed": self.res.placed,
+                                  "moves": getattr(self, "moves", 0), "frag_round_moves": getattr(self, "frag_round_moves", 0),
+                                  "rounds": dict(getattr(self, "rounds", {})), "pending": len(self.pending),
+                                  "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
+            return ok
 
         def snapshot(self) -> None:
             super().snapshot()
