@@ -316,3 +316,67 @@ def test_any_fits_on_a_new_shape_stops_at_the_first_fitting_node(monkeypatch: py
     assert capacity.any_fits(nodes, needs, False) and judged == ["n0"]
     nodes["n0"] = {**roomy, "id": "n0", "cpu_free": 0}  # the witness is full now: the scan goes on from it
     assert capacity.any_fits(nodes, needs, False) and judged == ["n0", "n0", "n1"]
+
+
+_SCAN = capacity._usable  # (the real one: the tests below count calls of the module's)
+
+
+def _fresh_fits(node: dict[str, Any], needs: dict[str, Any], share: bool) -> list[dict[str, Any]] | None:
+    """``node_fits`` computed afresh (no memo): the same checks, GPUs scanned every call."""
+    if not node.get("healthy", True) or node["cpu_free"] + 1e-9 < needs.get("cpu", 0) or node["memory_free"] < needs.get("memory", 0):
+        return None
+    models = needs.get("gpuModels")
+    units = capacity.share_units(needs) if share else 0
+    usable = _SCAN(node, needs.get("gpuMemory", 0), share, units, models)
+    return None if len(usable) < needs.get("gpus", 0) else usable
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_usable_gpus_are_kept_per_view_and_equal_a_fresh_scan(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A new task shape that differs from a known one in CPUs, memory or GPU count reads each
+    view's usable GPUs from the memo (no GPU scanned again); the answers equal a fresh scan on
+    seeded random views, also after ``take`` changed a view in place."""
+    rng = random.Random(seed)
+    views = [{**node(rng, i), "gpus": [{**g, "model": rng.choice(["A", "B"]), "share_free": rng.choice([0, 300, 1000])}
+                                        for g in node(rng, i)["gpus"]]} for i in range(80)]
+    scans: list[str] = []
+    real = capacity._usable
+    monkeypatch.setattr(capacity, "_usable", lambda n, *a: scans.append(n["id"]) or real(n, *a))
+    base = [({"gpuMemory": 40}, True), ({"gpuMemory": 40, "gpuShare": 0.3}, True), ({}, False),
+            ({"gpuModels": ["B"]}, False)]
+    for gpu_needs, share in base:
+        for v in views:
+            capacity.node_fits(v, {"gpus": 1, **gpu_needs}, share)
+        scans.clear()
+        for cpu, memory, gpus in [(0, 0, 1), (1, 1024, 2), (2, 0, 0), (0, 8192, 3)]:
+            needs = {"gpus": gpus, "cpu": cpu, "memory": memory, **gpu_needs}
+            for v in views:
+                assert capacity.node_fits(v, needs, share) == _fresh_fits(v, needs, share)
+        assert scans == []  # the GPUs of no view scanned again for these shapes
+    for v in views[:20]:  # changed in place: the memo of the view is dropped, the answer follows
+        usable = capacity.node_fits(v, {"gpus": 1}, False)
+        if usable:
+            capacity.take(v, [usable[0]["id"]], {"gpus": 1}, False)
+        for gpu_needs, share in base:
+            needs = {"gpus": 1, **gpu_needs}
+            assert capacity.node_fits(v, needs, share) == _fresh_fits(v, needs, share)
+
+
+@pytest.mark.parametrize("policy", ["fgd-plus", "fgd"])
+def test_the_trace_sample_is_placed_the_same_without_the_usable_gpus_memo(policy: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every block of the trace sample goes to the same node and GPUs when each node's usable
+    GPUs are scanned afresh for every shape (``usable_gpus`` not memoised)."""
+    import asyncio
+    from pathlib import Path
+
+    from aios_blocks.trace.inventory import load_nodes
+    from aios_blocks.trace.replay import replay
+    from aios_blocks.trace.workload import load_tasks
+
+    data = Path(__file__).parent / "data" / "trace"
+    nodes, tasks = load_nodes(data / "nodes.csv", "s"), load_tasks(data / "pods.csv")
+    fast = asyncio.run(replay(nodes, tasks, policy, seed=42))
+    monkeypatch.setattr(capacity, "usable_gpus", lambda n, needs, share: capacity._usable(
+        n, needs.get("gpuMemory", 0), share, capacity.share_units(needs) if share else 0, needs.get("gpuModels")))
+    slow = asyncio.run(replay(nodes, tasks, policy, seed=42))
+    assert len(fast.placements) > 50 and fast.placements == slow.placements
