@@ -158,6 +158,6 @@ def test_a_task_pays_for_the_share_space_its_cpus_strand() -> None:
         policy = FgdPlusPolicy("resourceAllocator", {"gpuSharing": True}, {"seed": 1, "workload": workload, **params})
         return {nid: policy._score_view(v, [], task, 0, 0)[0][0] for nid, v in views.items()}
 
-    plain, charged = scores(), scores(leftoverCpu=2)
+    plain, charged = scores(leftoverCpu=0), scores(leftoverCpu=2)
     assert charged["n-a"] - plain["n-a"] == pytest.approx(2 * 1000 * (0.5 - 1 / 3), abs=1e-3)
     assert charged["n-b"] == plain["n-b"]

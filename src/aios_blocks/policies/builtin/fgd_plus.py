@@ -32,6 +32,11 @@ idle are stranded that way (failures "GPU and CPU/memory free on different nodes
    of the best ways to fill that GPU, more where it spoils the GPU for the shares that would fill
    it (a 0.32 on a GPU holding a 0.47). Uses the share sizes' frequencies, not the tasks to come.
    On the trace the GPUs left idle at 100 % arrived are the free parts of shared GPUs.
+6. **Share space needs CPUs.** What a share leaves on its GPU is worth only what the share sizes
+   the node's CPUs can still take fill (``parameters.shareCpu``, default 1: each size's fewest
+   CPUs among the workload's shapes), and any task pays ``parameters.leftoverCpu`` (default 1) x
+   1000 x the worth its CPUs take from the node's partly used GPUs (a CPU-only task that leaves
+   4 CPUs where a 0.53 waits for a 0.47 asking 8). Uses the shapes' CPUs, not the tasks to come.
 
 Same feasibility as every built-in (``capacity.node_fits``), ranked through the same per-shape
 index as the baselines (``_FragBase``); remaining ties by the seeded hash of the node id, so a
@@ -56,12 +61,13 @@ LOOK_AHEAD = 0.2
 MODEL_PRESSURE = 0.5
 #: the weight, in thousandths per GPU lost, of a share's packing loss (``parameters.sharePacking``)
 SHARE_PACKING = 10.0
-#: whether the free compute a share leaves is priced by the sizes its node's CPUs can still take
-#: (``parameters.shareCpu``)
-SHARE_CPU = 0
+#: how the share prices see the node's CPUs (``parameters.shareCpu``): 0 not at all, 1 the free
+#: compute a share leaves is worth what the sizes the node's CPUs can still take fill, 2 also
+#: what the GPU had free (by the CPUs before)
+SHARE_CPU = 1
 #: the weight, in thousandths per GPU, of the share space a task's CPUs leave no size to fill on
-#: its node's partly used GPUs (``parameters.leftoverCpu``)
-LEFTOVER_CPU = 0.0
+#: its node's partly used GPUs (``parameters.leftoverCpu``; 0: off)
+LEFTOVER_CPU = 1.0
 
 
 def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict[str, float]:
