@@ -161,3 +161,19 @@ def test_a_task_pays_for_the_share_space_its_cpus_strand() -> None:
     plain, charged = scores(leftoverCpu=0), scores(leftoverCpu=2)
     assert charged["n-a"] - plain["n-a"] == pytest.approx(2 * 1000 * (0.5 - 1 / 3), abs=1e-3)
     assert charged["n-b"] == plain["n-b"]
+
+
+def test_a_share_goes_where_the_cpus_left_can_still_fill_its_gpu() -> None:
+    # a 0.47 asking 2 CPUs; the workload's 0.47s ask 8, its 0.32s 4. On n-a (6 CPUs) the 0.53 it
+    # leaves would keep 4 CPUs: no 0.47 can complete that GPU, only a 0.32 (1/6 of a GPU lost).
+    # On n-b (40 CPUs) a 0.47 can. FGD's measure descends on n-a (its GPUs are already fragment
+    # for the 8-CPU 0.47s); with the CPUs in the prices (shareCpu, the default) it takes n-b
+    workload = [{"cpu": 8, "gpus": 1, "gpuShare": 0.47, "weight": 0.5}, {"cpu": 4, "gpus": 1, "gpuShare": 0.32, "weight": 0.5}]
+    views = views_of([Node(id=nid, cluster="c", cpu=cpu, memory=262144,
+                           gpus=[Gpu(id=f"{nid}-g{i}", model="G2", memory=16384) for i in range(2)])
+                      for nid, cpu in (("n-a", 6), ("n-b", 40))])
+    task = {"gpus": 1, "gpuMemory": 0, "cpu": 2, "memory": 1024, "gpuShare": 0.47}
+    for seed in range(4):
+        assert _pick(views, task, workload, seed, shareCpu=0, leftoverCpu=0)[0] == "n-a"
+        assert _pick(views, task, workload, seed, leftoverCpu=0)[0] == "n-b"
+        assert _pick(views, task, workload, seed)[0] == "n-b"
