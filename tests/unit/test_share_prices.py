@@ -177,3 +177,12 @@ def test_a_share_goes_where_the_cpus_left_can_still_fill_its_gpu() -> None:
         assert _pick(views, task, workload, seed, shareCpu=0, leftoverCpu=0)[0] == "n-a"
         assert _pick(views, task, workload, seed, leftoverCpu=0)[0] == "n-b"
         assert _pick(views, task, workload, seed)[0] == "n-b"
+
+
+def test_a_sizes_cpus_are_the_fewest_or_a_quantile_of_its_shapes() -> None:
+    shapes = [{"cpu": 8, "gpus": 1, "gpuShare": 0.47, "weight": 0.4}, {"cpu": 12, "gpus": 1, "gpuShare": 0.47, "weight": 0.6},
+              {"cpu": 4, "gpus": 1, "gpuShare": 0.32, "weight": 1}]
+    assert SharePrices.of_shapes(shapes, with_cpus=True).cpus == {470: 8.0, 320: 4.0}
+    assert SharePrices.of_shapes(shapes, with_cpus=True, quantile=0.5).cpus == {470: 12.0, 320: 4.0}
+    assert SharePrices.of_shapes(shapes, with_cpus=True, quantile=0.4).cpus == {470: 8.0, 320: 4.0}
+    assert SharePrices.of_shapes(shapes).cpus == {470: 0.0, 320: 0.0}

@@ -260,10 +260,13 @@ class FgdPlusPolicy(_FragBase):
         self.share_cpu = int(share_cpu) if isinstance(share_cpu, bool | int) else SHARE_CPU
         stranding = self.parameters.get("leftoverCpu", LEFTOVER_CPU)
         self.stranding = max(float(stranding), 0.0) if isinstance(stranding, int | float) else LEFTOVER_CPU
-        self.prices = SharePrices.of_shapes(self.shapes, self.share_cpu > 0 or self.stranding > 0) if self.packing > 0 else None
+        quantile = self.parameters.get("shareCpuQuantile", 0.0)
+        self.quantile = min(max(float(quantile), 0.0), 1.0) if isinstance(quantile, int | float) else 0.0
+        self.prices = (SharePrices.of_shapes(self.shapes, self.share_cpu > 0 or self.stranding > 0, self.quantile)
+                       if self.packing > 0 else None)
         if self.prices is None:
             self.stranding = 0.0
-        self.key = (f"{self.key[0]}@{self.packing}@{self.share_cpu}@{self.stranding}", self.key[1], self.key[2])
+        self.key = (f"{self.key[0]}@{self.packing}@{self.share_cpu}@{self.stranding}@{self.quantile}", self.key[1], self.key[2])
         self.pressure: dict[str, float] | None = None
         #: the workload's memory per CPU when the parameters give it (else each request's own)
         self.ratio = workload_memory_per_cpu(self.parameters)

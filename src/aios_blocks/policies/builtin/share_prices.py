@@ -189,18 +189,30 @@ class SharePrices:
         return max(0.0, round(worth - after[free - units] - self.price(units), 6))
 
     @classmethod
-    def of_shapes(cls, shapes: Sequence[dict[str, Any]], with_cpus: bool = False) -> SharePrices | None:
+    def of_shapes(cls, shapes: Sequence[dict[str, Any]], with_cpus: bool = False,
+                  quantile: float = 0.0) -> SharePrices | None:
         """The prices of a target workload's shares (shapes of one GPU with ``0 < gpuShare < 1``,
-        whatever their models), None when it has none; ``with_cpus``: each size's fewest CPUs
-        too (see the class)."""
+        whatever their models), None when it has none; ``with_cpus``: each size's CPUs too (see
+        the class): the fewest its shapes ask, or with ``quantile`` q the fewest that q of the
+        size's weight asks at most."""
         weights: dict[int, float] = {}
-        cpus: dict[int, float] = {}
+        asks: dict[int, list[tuple[float, float]]] = {}
         for s in shapes:
             share = round(float(s.get("gpuShare") or 0) * UNITS)
             if int(s.get("gpus", 0) or 0) == 1 and 0 < share < UNITS:
-                weights[share] = weights.get(share, 0.0) + float(s.get("weight", 0) or 0)
-                cpu = float(s.get("cpu", 0) or 0)
-                cpus[share] = min(cpus.get(share, cpu), cpu)
+                w = float(s.get("weight", 0) or 0)
+                weights[share] = weights.get(share, 0.0) + w
+                asks.setdefault(share, []).append((float(s.get("cpu", 0) or 0), w))
         if not any(w > 0 for w in weights.values()):
             return None
+        cpus: dict[int, float] = {}
+        for share, items in asks.items():
+            items.sort()
+            total, acc = sum(w for _, w in items), 0.0
+            cpus[share] = items[-1][0]
+            for cpu, w in items:
+                acc += w
+                if acc >= quantile * total - 1e-12:
+                    cpus[share] = cpu
+                    break
         return cls(weights, cpus if with_cpus else None)
