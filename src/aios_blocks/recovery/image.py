@@ -150,6 +150,17 @@ def _instances(h: dict[str, str]) -> JSONObject:
     return out
 
 
+def _block(h: dict[str, str]) -> JSONObject:
+    """A block's hash without its clocks, and without the scale targets of a block that ended (a target
+    stored just before a delete is applied or refused by which the controller took first: the stream
+    does not say; it moves nothing once the block ended)."""
+    ended = h.get("status") in _ENDED
+    out: JSONObject = {k: v for k, v in h.items() if k not in ("updated", "version") and not (ended and k in _DESIRED)}
+    if "ir" in h:
+        out["ir"] = _j(h["ir"])
+    return out
+
+
 def normalise(key: str, value: Any) -> Any:
     """The comparable form of one key's value."""
     if isinstance(value, ZSet):
@@ -159,13 +170,7 @@ def normalise(key: str, value: Any) -> Any:
     if not isinstance(value, dict):
         return _j(value) if key.startswith("aios:component:") or ":vc:" in key else value
     if key.startswith("aios:block:"):
-        if key.endswith(":inst"):
-            return _instances(value)
-        ended = value.get("status") in _ENDED
-        out = {k: v for k, v in value.items() if k not in ("updated", "version") and not (ended and k in _DESIRED)}
-        if "ir" in out:
-            out["ir"] = _j(out["ir"])
-        return out
+        return _instances(value) if key.endswith(":inst") else _block(value)
     if key.startswith("aios:{c:"):
         return _reservation(value) if ":res:" in key else _node(value)
     if key in ("aios:clusters",) or key.startswith("aios:aff:svc:"):
