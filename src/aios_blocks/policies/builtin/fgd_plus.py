@@ -347,27 +347,7 @@ class FgdPlusPolicy(_FragBase):
             free = sum(left)
             return (round(delta, DIGITS), free, -round(cpu_after * UNITS / free if free else cpu_after, 3)), []
         if units < UNITS:  # one shared GPU: least growth, then the least free compute that fits
-            best: tuple[float, int, str] | None = None
-            seen: set[int] = set()
-            cost = self._penalty(model, needs, units)
-            for g in usable:
-                free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
-                if free in seen:
-                    continue
-                seen.add(free)
-                after = list(left)
-                after[after.index(free)] -= units
-                d = wl.frag(model, cpu_after, tuple(after)) - before + cost
-                if self.stranding:
-                    d += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after, left.index(free))
-                if self.prices is not None:
-                    d += self.packing * UNITS * self.prices.loss(free, units, cpu_after if self.share_cpu else None,
-                                                                 cpu_before if self.share_cpu > 1 else None)
-                d = round(d, DIGITS)
-                if best is None or (d, free) < best[:2]:
-                    best = (d, free, g["id"])
-            assert best is not None
-            return (best[0], sum(left) - units, round(cpu_after, 3)), [best[2]]
+            return self._score_share(usable, needs, units, wl, model, left, before, cpu_before, cpu_after)
         chosen = [g["id"] for g in usable[:count]]
         after = list(left)
         for _ in chosen:  # whole GPUs: idle ones, all alike
@@ -376,6 +356,34 @@ class FgdPlusPolicy(_FragBase):
         if self.stranding:
             delta += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after)
         return (round(delta, DIGITS), sum(after), round(cpu_after, 3)), chosen
+
+
+    def _score_share(self, usable: list[GpuView], needs: Needs, units: int, wl: BlendedWorkload, model: str,
+                     left: tuple[int, ...], before: float, cpu_before: float,
+                     cpu_after: float) -> tuple[Any, list[str]]:
+        """One shared GPU: the least fragmentation growth (with the share prices' loss), then the
+        least free compute that fits; one GPU tried per free amount (GPUs alike in it score alike)."""
+        best: tuple[float, int, str] | None = None
+        seen: set[int] = set()
+        cost = self._penalty(model, needs, units)
+        for g in usable:
+            free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
+            if free in seen:
+                continue
+            seen.add(free)
+            after = list(left)
+            after[after.index(free)] -= units
+            d = wl.frag(model, cpu_after, tuple(after)) - before + cost
+            if self.stranding:
+                d += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after, left.index(free))
+            if self.prices is not None:
+                d += self.packing * UNITS * self.prices.loss(free, units, cpu_after if self.share_cpu else None,
+                                                             cpu_before if self.share_cpu > 1 else None)
+            d = round(d, DIGITS)
+            if best is None or (d, free) < best[:2]:
+                best = (d, free, g["id"])
+        assert best is not None
+        return (best[0], sum(left) - units, round(cpu_after, 3)), [best[2]]
 
 
 POLICIES: dict[str, type[FgdPlusPolicy]] = {"builtin:fgd-plus": FgdPlusPolicy}
