@@ -58,7 +58,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -153,6 +153,18 @@ class Prepared(Protocol):
 _NO_TIER = max(TIER_RANK.values())
 
 
+def _worse_tier(i: Inst, count: int, rank: int) -> bool:
+    """Whether a set of ``count`` GPUs of tier ``rank`` is worse than the one the instance has
+    (one GPU, or an instance that said no tier: never)."""
+    return i.tier is not None and count > 1 and rank > i.tier
+
+
+def _whole_free_at(ids: list[str], n: _Node, i: Inst) -> list[int]:
+    """The positions in ``ids`` of the GPUs of ``n`` the whole-GPU instance may take: free, of an
+    allowed model."""
+    return [k for k, g in enumerate(ids) if (not i.models or n.gpus[g][0] in i.models) and n.gpus[g][1] >= 1 - EPS]
+
+
 class Cluster:
     """Node states, the FGD workload, and the instances where they are now (moves applied)."""
 
@@ -175,15 +187,23 @@ class Cluster:
         gpus = Cluster.pick(n, i)
         if gpus is None or len(gpus) < 1 or i.share < 1 - EPS:
             return gpus
+        known = self._topology_of(nid, n)
+        if known is None:
+            return None if _worse_tier(i, len(gpus), _NO_TIER) else gpus
+        t, ids = known
+        choice = topo_mod.choose(t["topology"], _whole_free_at(ids, n, i), len(gpus))
+        if _worse_tier(i, len(gpus), TIER_RANK[choice.tier]):
+            return None
+        return tuple(ids[k] for k in choice.gpus)
+
+    def _topology_of(self, nid: str, n: _Node) -> tuple[Mapping[str, Any], list[str]] | None:
+        """Node ``nid``'s topology entry and its GPU ids in the topology's order, or None when it
+        has none that describes every GPU of ``n`` (then no set can be picked by it)."""
         t = self.topology.get(nid)
         ids = list((t or {}).get("gpus") or ())
         if not t or len(ids) != len(n.gpus) or int((t.get("topology") or {}).get("gpus", 0)) != len(ids):
-            return None if i.tier is not None and len(gpus) > 1 and _NO_TIER > i.tier else gpus
-        usable = [k for k, g in enumerate(ids) if (not i.models or n.gpus[g][0] in i.models) and n.gpus[g][1] >= 1 - EPS]
-        choice = topo_mod.choose(t["topology"], usable, len(gpus))
-        if i.tier is not None and len(gpus) > 1 and TIER_RANK[choice.tier] > i.tier:
             return None
-        return tuple(ids[k] for k in choice.gpus)
+        return t, ids
 
     def frag(self, nid: str, node: _Node | None = None) -> float:
         n = node if node is not None else self.nodes[nid]
@@ -244,26 +264,42 @@ def workload_of(spec: Iterable[Mapping[str, Any]] | None, pending: Iterable[Need
 
 def movable(input_data: Mapping[str, Any], ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
     """The instances that may move (see the rules) and each block's budget of moves."""
-    out, budget = [], {}
+    out: list[Inst] = []
+    budget: dict[str, int] = {}
     for c in input_data.get("movable") or ():
-        if c.get("preemptible") is False:
-            continue
-        prio = int(c.get("priority") or 0)
-        if ceiling is not None and prio > ceiling:
+        if not _may_move(c, ceiling):
             continue
         bid = str(c["block_id"])
         left = max(1, int(c.get("maxMoving") or 1)) - int(c.get("moving") or 0)
-        if left <= 0:
+        if left <= 0:  # its disruption budget is spent
             continue
         budget[bid] = left
-        models = frozenset(c.get("gpuModels") or ())
-        targets = None if c.get("targets") is None else frozenset(str(t) for t in c["targets"])
-        for iid, i in sorted((c.get("instances") or {}).items()):
-            tier = TIER_RANK.get(LinkTier(i["tier"])) if i.get("tier") in LinkTier.__members__.values() else None
-            out.append(Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), float(i.get("share") or 1.0),
-                            float(i.get("cpu") or 0.0), float(i.get("memory") or 0.0), prio,
-                            float(i.get("created") or c.get("created") or 0.0), models, targets, tier))
+        out.extend(_instances(c, bid))
     return out, budget
+
+
+def _may_move(c: Mapping[str, Any], ceiling: int | None) -> bool:
+    """Whether the block's instances may move at all: not ``preemptible: false``, and of priority
+    ``ceiling`` or lower (a block is never moved for a lower one)."""
+    if c.get("preemptible") is False:
+        return False
+    return ceiling is None or int(c.get("priority") or 0) <= ceiling
+
+
+def _tier_of(i: Mapping[str, Any]) -> int | None:
+    """The instance's GPU set's tier rank (None: not said, or not a tier)."""
+    return TIER_RANK.get(LinkTier(i["tier"])) if i.get("tier") in LinkTier.__members__.values() else None
+
+
+def _instances(c: Mapping[str, Any], bid: str) -> list[Inst]:
+    """The block's instances (by instance id), as ``Inst``."""
+    prio = int(c.get("priority") or 0)
+    models = frozenset(c.get("gpuModels") or ())
+    targets = None if c.get("targets") is None else frozenset(str(t) for t in c["targets"])
+    return [Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), float(i.get("share") or 1.0),
+                 float(i.get("cpu") or 0.0), float(i.get("memory") or 0.0), prio,
+                 float(i.get("created") or c.get("created") or 0.0), models, targets, _tier_of(i))
+            for iid, i in sorted((c.get("instances") or {}).items())]
 
 
 def _on(nodes: Mapping[str, _Node], room: frozenset[str] | None) -> Mapping[str, _Node]:
@@ -281,7 +317,11 @@ def _count(nodes: Mapping[str, _Node], need: Need) -> int:
     return got
 
 
-def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) -> tuple[str, tuple[str, ...], float] | None:
+#: where an instance goes: (node, its GPUs there, its fragmentation there after minus before)
+_Dest = tuple[str, tuple[str, ...], float]
+
+
+def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) -> _Dest | None:
     """The node (not in ``avoid``) where the instance fragments least: (node, GPUs, its
     fragmentation there after minus before), or None when it fits nowhere else."""
     best: tuple[float, str, tuple[str, ...]] | None = None
@@ -310,21 +350,14 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
     ``need`` in the cluster (it takes ``before`` now), each sent where it fragments least: (rank,
     moves, the nodes after), or None."""
     order = sorted(insts, key=lambda i: (i.gpu_amount, i.priority, -i.created, i.iid))  # smallest, lowest, youngest
-    if size > len(order):
-        return None
-    # an instance turns at most its own GPUs into free ones: a source further short than the
-    # ``size`` largest can free is no use at this size
-    if sum(sorted((len(i.gpus) for i in order), reverse=True)[:size]) < _shortfall(c.nodes[src], need):
+    if size > len(order) or _too_short(c.nodes[src], need, order, size):
         return None
     best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
     #: a subset's first instance goes where it would from the nodes as they are (only the source,
     #: which it avoids, differs): its destination once per instance, not once per subset
-    first: dict[str, tuple[str, tuple[str, ...], float] | None] = {}
+    first: dict[str, _Dest | None] = {}
     for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
-        per_block: dict[str, int] = {}
-        for i in subset:
-            per_block[i.bid] = per_block.get(i.bid, 0) + 1
-        if any(k > budget.get(b, 0) for b, k in per_block.items()):
+        if not _within_budget(subset, budget):
             continue
         nodes = dict(c.nodes)
         src_node = nodes[src] = _copy(c.nodes[src])
@@ -333,24 +366,10 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
         if node_fits(src_node, need, 1) < 1 and _count(_on(nodes, c.room), need) <= before:
             continue  # freeing these alone makes no room: the source never takes one more
         src_saved = c.frag(src) - c.frag(src, src_node)
-        moves, cost, ok = [], 0.0, True
-        for k, i in enumerate(subset):
-            if k == 0:
-                if i.iid not in first:
-                    first[i.iid] = _destination(c, nodes, i, {src})
-                dest = first[i.iid]
-            else:
-                dest = _destination(c, nodes, i, {src})
-            if dest is None:
-                ok = False
-                break
-            nid, gpus, d = dest
-            n = nodes[nid] = _copy(nodes[nid])
-            Cluster.take(n, i, gpus)
-            moves.append(Move(i, nid, gpus, d))
-            cost += d
-        if not ok or _count(_on(nodes, c.room), need) <= before:
+        placed = _send_away(c, nodes, subset, src, first)
+        if placed is None or _count(_on(nodes, c.room), need) <= before:
             continue
+        moves, cost = placed
         if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
             continue
         rank = (size, sum(i.gpu_amount for i in subset), max(i.priority for i in subset), cost - src_saved,
@@ -358,6 +377,46 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
         if best is None or rank < best[0]:
             best = (rank, moves, nodes)
     return best
+
+
+def _too_short(n: _Node, need: Need, order: list[Inst], size: int) -> bool:
+    """Whether source ``n`` is further short of one instance of ``need`` than its ``size``
+    largest instances can free (an instance turns at most its own GPUs into free ones): then no
+    subset of that size is any use."""
+    return sum(sorted((len(i.gpus) for i in order), reverse=True)[:size]) < _shortfall(n, need)
+
+
+def _within_budget(subset: Iterable[Inst], budget: Mapping[str, int]) -> bool:
+    """Whether moving all of ``subset`` keeps each block within its budget of moves."""
+    per_block: dict[str, int] = {}
+    for i in subset:
+        per_block[i.bid] = per_block.get(i.bid, 0) + 1
+    return not any(k > budget.get(b, 0) for b, k in per_block.items())
+
+
+def _send_away(c: Cluster, nodes: dict[str, _Node], subset: tuple[Inst, ...], src: str,
+               first: dict[str, _Dest | None]) -> tuple[list[Move], float] | None:
+    """Send each instance of ``subset`` in turn where it fragments least (never back to ``src``),
+    taking its room in ``nodes`` (copied node by node, in place of the dict's entries): (the
+    moves, their total fragmentation cost), or None when one fits nowhere. ``first`` caches the
+    first instance's destination across subsets (see ``_free_room``)."""
+    moves: list[Move] = []
+    cost = 0.0
+    for k, i in enumerate(subset):
+        if k == 0:
+            if i.iid not in first:
+                first[i.iid] = _destination(c, nodes, i, {src})
+            dest = first[i.iid]
+        else:
+            dest = _destination(c, nodes, i, {src})
+        if dest is None:
+            return None
+        nid, gpus, d = dest
+        n = nodes[nid] = _copy(nodes[nid])
+        Cluster.take(n, i, gpus)
+        moves.append(Move(i, nid, gpus, d))
+        cost += d
+    return moves, cost
 
 
 def _shortfall(n: _Node, need: Need) -> float:
@@ -464,59 +523,85 @@ def _output(moves: list[Move], start: Mapping[str, _Node], c: Cluster, frag_befo
             "fragmentation": {"before": round(frag_before, 3), "after": round(c.total(), 3)}, "reason": reason}
 
 
+@dataclass(frozen=True)
+class _Parsed:
+    """The input as the planner reads it: the nodes (never changed: each plan copies them), the
+    workload, the fragmentation cache, the nodes' topology, and the movable instances (and
+    budgets) under a priority ceiling."""
+
+    nodes: dict[str, _Node]
+    wl: Workload
+    frags: Mapping[str, tuple[_Node, float]]
+    topology: dict[str, Mapping[str, Any]]
+    movable_of: Callable[[int | None], tuple[list[Inst], dict[str, int]]]
+
+    def cluster(self) -> Cluster:
+        """A fresh cluster to plan on (its own node map)."""
+        return Cluster(dict(self.nodes), self.wl, self.frags, self.topology)
+
+
+def _parse(input_data: Mapping[str, Any], needs: list[Need], prepared: Prepared | None) -> _Parsed:
+    """The input parsed, or taken from ``prepared`` (see ``Prepared``)."""
+    frags: Mapping[str, tuple[_Node, float]] = {}
+    movable_of: Callable[[int | None], tuple[list[Inst], dict[str, int]]]
+    if prepared is not None:
+        nodes, wl, frags, movable_of = prepared.nodes, prepared.wl, prepared.frags, prepared.movable
+    else:
+        nodes = _nodes(input_data.get("cluster") or {})
+        insts_all, _ = movable(input_data, None)
+        wl = workload_of(input_data.get("workload"), needs, insts_all)
+        movable_of = functools.partial(movable, input_data)
+    topology = {str(k): v for k, v in (input_data.get("topology") or {}).items() if isinstance(v, Mapping)}
+    return _Parsed(nodes, wl, frags, topology, movable_of)
+
+
+def _try_pending(src: _Parsed, p: Mapping[str, Any], need: Need, k: int, before: float,
+                 ) -> tuple[Cluster | None, dict[str, Any] | str]:
+    """Plan the moves that make room for pending block ``p``: (the cluster planned on, None when
+    it fits without moves; the output when its moves are taken, else why they are not)."""
+    bid = str(p.get("block_id") or "")
+    room = None if p.get("targets") is None else frozenset(str(t) for t in p["targets"])
+    if _placement(_on(src.nodes, room), need):
+        return None, f"{bid} fits without moves"
+    insts, budget = src.movable_of(int(p.get("priority") or 0))
+    c = src.cluster()
+    c.room = room
+    found = plan_pending(c, need, insts, budget, k)
+    if found is None:
+        return c, f"{bid} does not fit after {k} move(s) or fewer"
+    moves, _ = found
+    if c.total() > before + EPS:
+        return c, f"{bid}: the moves that make its room would raise the cluster's fragmentation"
+    return c, _output(moves, src.nodes, c, before, f"{len(moves)} move(s) make room for pending {bid}", bid,
+                      _placement(_on(c.nodes, room), need))
+
+
 def plan(input_data: Mapping[str, Any], max_moves: int | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
     """The moves of one rebalance (see the module's docstring). ``prepared``: the input's nodes,
     instances and workload already parsed (``Prepared``; the same answer, without the parsing)."""
     k = int(input_data.get("maxMoves", DEFAULT_MAX_MOVES) if max_moves is None else max_moves)
     pending = [p for p in input_data.get("pending") or () if isinstance(p, Mapping)]
     needs = [need_of(p) for p in pending]
-    frags: Mapping[str, tuple[_Node, float]] = {}
-    if prepared is not None:
-        nodes, wl, frags = prepared.nodes, prepared.wl, prepared.frags
-
-        def movable_of(ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
-            return prepared.movable(ceiling)
-    else:
-        nodes = _nodes(input_data.get("cluster") or {})
-        insts_all, _ = movable(input_data, None)
-        wl = workload_of(input_data.get("workload"), needs, insts_all)
-
-        def movable_of(ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
-            return movable(input_data, ceiling)
-    topology = {str(k): v for k, v in (input_data.get("topology") or {}).items() if isinstance(v, Mapping)}
-    c = Cluster(nodes, wl, frags, topology)
+    src = _parse(input_data, needs, prepared)
+    c = Cluster(src.nodes, src.wl, src.frags, src.topology)
     before = c.total()
     if k <= 0:
-        return _output([], nodes, c, before, "maxMoves is 0: no move")
+        return _output([], src.nodes, c, before, "maxMoves is 0: no move")
     why = []
     for p, need in zip(pending, needs, strict=True):
-        bid = str(p.get("block_id") or "")
-        room = None if p.get("targets") is None else frozenset(str(t) for t in p["targets"])
-        now = _placement(_on(nodes, room), need)
-        if now:
-            why.append(f"{bid} fits without moves")
-            continue
-        insts, budget = movable_of(int(p.get("priority") or 0))
-        c = Cluster(dict(nodes), wl, frags, topology)
-        c.room = room
-        found = plan_pending(c, need, insts, budget, k)
-        if found is None:
-            why.append(f"{bid} does not fit after {k} move(s) or fewer")
-            continue
-        moves, _ = found
-        if c.total() > before + EPS:
-            why.append(f"{bid}: the moves that make its room would raise the cluster's fragmentation")
-            continue
-        return _output(moves, nodes, c, before, f"{len(moves)} move(s) make room for pending {bid}", bid,
-                       _placement(_on(c.nodes, room), need))
+        planned, got = _try_pending(src, p, need, k, before)
+        c = planned or c  # a refused plan's cluster is what the output below measures (as before)
+        if isinstance(got, dict):
+            return got
+        why.append(got)
     if pending and str(input_data.get("trigger") or "") == "pending":
-        return _output([], nodes, c, before, "; ".join(why) or "no pending block")
-    insts, budget = movable_of(None)
-    c = Cluster(dict(nodes), wl, frags, topology)
+        return _output([], src.nodes, c, before, "; ".join(why) or "no pending block")
+    insts, budget = src.movable_of(None)
+    c = src.cluster()
     moves = plan_fragmentation(c, insts, budget, k)
     reason = (f"{len(moves)} move(s) lower the fragmentation from {before:.1f} to {c.total():.1f}" if moves
               else "no move lowers the cluster's fragmentation")
-    return _output(moves, nodes, c, before, "; ".join([*why, reason]))
+    return _output(moves, src.nodes, c, before, "; ".join([*why, reason]))
 
 
 class RebalanceMinPolicy:
