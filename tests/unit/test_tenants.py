@@ -3,6 +3,8 @@ parser's label, the desk's routing of events."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from aios_blocks.bus.catalog import E
@@ -60,3 +62,31 @@ def test_the_desk_relays_stored_block_events_only_and_knows_whose_create_it_was(
     assert desk.block_tenant({"ir": {"labels": {"tenant": "acme"}}}) == "acme"
     assert desk.block_tenant({"ir": {"virtualClusterId": "v1"}}) is None  # a quota tenant, not an account's
     assert tn.event_subject("acme", "aios.block.b1.ready") == "aios.tenant.acme.event.b1.ready"
+
+
+def _ev(gen: int | None = None, subject: str = "") -> bytes:
+    data: dict[str, object] = {"block_id": "b1"}
+    if gen is not None:
+        data["gen"] = gen
+    if subject:
+        data["subject"] = subject
+    return json.dumps({"specversion": "1.0", "data": data}).encode()
+
+
+def test_history_owners_give_each_event_to_the_tenant_whose_create_made_it() -> None:
+    """Block id b1: A's create (gen 10), B's refused create of the id (gen 20), A's block deleted,
+    C's create (gen 30), a default-tenant create (gen 40) of the block now labelled C's (a quota
+    group made a tenant); events without a gen go to the last create parsed before them."""
+    owners = desk.HistoryOwners({"gen": "40", "ir": {"labels": {"tenant": "c"}}})
+    submitted = [(1, 10, "aios.tenant.a.block.b1.create"), (5, 20, "aios.tenant.b.block.b1.create"),
+                 (9, 30, "aios.tenant.c.block.b1.create"), (13, 40, "aios.block.b1.create")]
+    for seq, gen, subject in submitted:
+        owners.created(seq, E.block_submitted, _ev(gen, subject))
+    for seq, gen in ((2, 10), (10, 30), (14, 40)):
+        owners.created(seq, E.block_parsed, _ev(gen))
+    assert [owners.owner(s, _ev(g)) for s, g in ((1, 10), (3, 10), (6, 20), (7, 10), (11, 30), (15, 40))] == \
+        ["a", "a", "b", "a", "c", "c"]
+    # without a gen: A's delete request (seq 8), C's decision (12); before any parse: nobody's
+    assert [owners.owner(s, _ev()) for s in (8, 12, 16, 1)] == ["a", "c", "c", None]
+    # a gen no create of the stream names (the stream lost it) that is not the block's now: nobody's
+    assert owners.owner(20, _ev(99)) is None

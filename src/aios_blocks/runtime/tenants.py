@@ -6,7 +6,8 @@ sees nothing of ``AIOS`` but what ``AIOS`` exports to it alone, under the tenant
 
 * its requests, as **service** imports: what its clients send on ``aios.block.B.create`` (a
   JetStream publish: the stream ``AIOS_INTAKE`` stores it and its PubAck goes back),
-  ``aios.block.B.task``, ``aios.block.B.scale`` and ``aios.block.B.delete`` (core requests) reaches
+  ``aios.block.B.task``, ``aios.block.B.scale``, ``aios.block.B.delete`` and ``aios.block.B.history``
+  (core requests) reaches
   ``AIOS`` as ``aios.tenant.<name>.block.B.<request>``: the server puts the tenant's name in the
   subject, so no client can speak for another tenant;
 * its blocks' events, as a **stream** import: the gateway relays each stored ``aios.block.B.…``
@@ -30,8 +31,9 @@ from ..schemas.spec import ID_RE
 #: the account of the system's own users (roles, node agents): the stream lives there
 SYSTEM_ACCOUNT = "AIOS"
 ROOT = "aios"
-#: what a tenant's clients may ask the system, each a core request (``create`` a JetStream publish)
-REQUESTS = ("create", "task", "scale", "delete")
+#: what a tenant's clients may ask the system, each a core request (``create`` a JetStream publish;
+#: ``history`` a page of its block's stored events, read by the desk from ``AIOS``)
+REQUESTS = ("create", "task", "scale", "delete", "history")
 #: a tenant's first user (``blocks tenant add``); more with ``blocks tenant user add``
 FIRST_USER = "main"
 

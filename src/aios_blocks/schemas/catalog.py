@@ -398,6 +398,13 @@ class E:
         "tenant's and publishes block.delete",
         stored=False, body=Body.CORE, responders=(G,),
     )
+    tenant_block_history: Event[Any] = Event(
+        "tenant.block.history", f"{_T}.block.{{bid}}.history", None, (TN,),
+        "core NATS request/reply, not stored: a page of one of the tenant's blocks' stored events, oldest first (body "
+        "{\"from\": seq, \"limit\": n}, both optional); the gateway reads them from AIOS and answers only those of the "
+        "tenant's own creates (Aios-Status 404 for a block that is not the tenant's, as for none)",
+        stored=False, body=Body.CORE, responders=(G,),
+    )
     tenant_event: Event[Any] = Event(
         "tenant.event", f"{_T}.event.{{subject}}", None, (G,),
         "core NATS, not stored: a stored event of a tenant's block (aios.block.B.>, as B.>), relayed by the gateway "

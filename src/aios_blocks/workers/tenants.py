@@ -15,8 +15,13 @@ NATS account, and what goes back to it.
   create (the subject it came on), so a tenant that tries another's block id hears its own refusal
   and the owner hears nothing of it.
 
-The relay is core NATS (live, not replayed): a tenant that wants its blocks' history keeps a
-stream of its own in its account (its JetStream limits bound it).
+* **History.** ``aios.block.B.history`` (``aios.tenant.<t>.block.B.history`` here) answers a page
+  of block B's stored events, read from ``AIOS`` (``bus.history``), oldest first: those the relay
+  would have sent the tenant, i.e. of its own creates only (a generation's events go to the tenant
+  whose create made it, ``HistoryOwners``), never an earlier owner's of the same id, never another
+  tenant's refused create. Any other block is ``404`` as above.
+
+The relay is core NATS (live); the history replays what the stream still holds.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import structlog
 
 from ..bus import subjects
 from ..bus.catalog import EVENTS, STREAM, E, Event
+from ..bus.history import stored_from
 from ..runtime import tenants as tn
 from ..schemas.events import DeleteRequest, ScaleRequest, ScaleTarget
 from .base import Worker
@@ -48,7 +54,10 @@ RELAYED: tuple[Event[Any], ...] = tuple(e for e in EVENTS if e.stored and e.stre
                                         and e.pattern.startswith(f"{tn.ROOT}.block.{{bid}}."))
 #: how long a tenant's task may take before the desk answers 504
 TASK_TIMEOUT_S = 60.0
-REQUESTS = (E.tenant_block_task, E.tenant_block_scale, E.tenant_block_delete)
+REQUESTS = (E.tenant_block_task, E.tenant_block_scale, E.tenant_block_delete, E.tenant_block_history)
+#: a history page: events at most (``limit``, default), bytes of events at most (a reply stays far
+#: below NATS's 1 MiB max_payload), stored messages read at most (other tenants' included)
+HISTORY_LIMIT, HISTORY_DEFAULT, HISTORY_BYTES, HISTORY_SCAN = 500, 100, 512 * 1024, 5000
 
 
 def relayed(subject: str) -> Event[Any] | None:
@@ -124,6 +133,8 @@ class TenantDesk:
                 body, headers = _answer(404, {"error": f"tenant {tenant} has no block {bid}"})
             elif event is E.tenant_block_task:
                 body, headers = await self._task(bid, msg)
+            elif event is E.tenant_block_history:
+                body, headers = await self._history(tenant, bid, block, msg.data)
             elif event is E.tenant_block_scale:
                 body, headers = await self._scale(bid, block, msg.data)
             else:
@@ -170,6 +181,18 @@ class TenantDesk:
         rid = uuid.uuid4().hex[:12]
         ack = await self.w.bus.emit(E.block_delete, DeleteRequest(bid, rid))
         return _answer(200, {"block_id": bid, "request_id": rid, "seq": ack.seq})
+
+    async def _history(self, tenant: str, bid: str, block: dict[str, Any], data: bytes) -> tuple[bytes, dict[str, str]]:
+        try:
+            asked = msgspec.json.decode(data) if data.strip() else {}
+        except msgspec.DecodeError:
+            asked = None
+        start = asked.get("from", 1) if isinstance(asked, dict) else None
+        limit = asked.get("limit", HISTORY_DEFAULT) if isinstance(asked, dict) else None
+        if not (isinstance(start, int) and isinstance(limit, int) and not isinstance(start, bool)
+                and not isinstance(limit, bool) and start >= 1 and 1 <= limit <= HISTORY_LIMIT):
+            return _answer(400, {"error": f'body: empty or {{"from": seq >= 1, "limit": 1..{HISTORY_LIMIT}}}'})
+        return _answer(200, await history_page(self.w.bus.js, tenant, bid, block, start, limit))
 
     # -- events ------------------------------------------------------------------------------------
     async def owner(self, bid: str, gen: int | None = None) -> str | None:
@@ -255,3 +278,74 @@ class TenantDesk:
             for sub in subs:
                 with contextlib.suppress(Exception):
                     await sub.unsubscribe()
+
+
+# -- history -----------------------------------------------------------------------------------------
+class HistoryOwners:
+    """Whose each stored event of one block id is, from its creates' events: a ``submitted`` and its
+    ``rejected`` are the tenant's that sent that create (the subject it came on); an event of
+    generation g (``data.gen``) the tenant's whose create made g (the block's ``tenant`` label for
+    the block's generation now, when its create came from the default tenant: a quota group made a
+    tenant); an event without a generation (``block.delete``, ``block.decision``) the tenant's whose
+    create was the last one parsed before it. Nothing known: nobody's (left out)."""
+
+    def __init__(self, block: Any) -> None:
+        self.block_gen = int(block["gen"]) if str((block or {}).get("gen", "")).isdigit() else None
+        self.block_owner = block_tenant(block)
+        #: generation -> the tenant that sent its create
+        self.of_gen: dict[int, str | None] = {}
+        #: (seq, tenant) of each parsed create, by seq
+        self.parsed: list[tuple[int, str | None]] = []
+
+    def created(self, seq: int, event: Event[Any], data: bytes) -> None:
+        """Learn from a ``submitted`` or ``parsed`` (in stream order)."""
+        gen = _gen_of(data)
+        if gen is None:
+            return
+        if event is E.block_submitted:
+            body = msgspec.json.decode(data).get("data") or {}
+            self.of_gen[gen] = tenant_of_create(str(body.get("subject", "")))
+        elif event is E.block_parsed:
+            self.parsed.append((seq, self.gen_owner(gen)))
+
+    def gen_owner(self, gen: int) -> str | None:
+        tenant = self.of_gen.get(gen)
+        if tenant is None and gen == self.block_gen:
+            return self.block_owner
+        return tenant
+
+    def owner(self, seq: int, data: bytes) -> str | None:
+        gen = _gen_of(data)
+        if gen is not None:
+            return self.gen_owner(gen)
+        last = None
+        for at, tenant in self.parsed:
+            if at >= seq:
+                break
+            last = tenant
+        return last
+
+
+async def history_page(js: Any, tenant: str, bid: str, block: Any, start: int, limit: int) -> dict[str, Any]:
+    """A page of block ``bid``'s stored events that are ``tenant``'s, from stream sequence
+    ``start``: ``{"block_id", "events": [{"seq", "subject", "event"}], "next", "more"}``; ask
+    again from ``next`` while ``more``. The caller has checked the block is ``tenant``'s."""
+    owners = HistoryOwners(block)
+    for creates in (E.block_submitted, E.block_parsed):
+        async for m in stored_from(js, STREAM, creates.subject(bid=bid), 1):
+            owners.created(m.seq, creates, m.data)
+    events: list[dict[str, Any]] = []
+    size = scanned = 0
+    nxt, more = start, False
+    async for m in stored_from(js, STREAM, subjects.block_all(bid), start):
+        if len(events) >= limit or scanned >= HISTORY_SCAN or (events and size + len(m.data) > HISTORY_BYTES):
+            nxt, more = m.seq, True
+            break
+        scanned += 1
+        nxt = m.seq + 1
+        event = relayed(m.subject)
+        if event is None or owners.owner(m.seq, m.data) != tenant:
+            continue
+        events.append({"seq": m.seq, "subject": m.subject, "event": msgspec.json.decode(m.data)})
+        size += len(m.data)
+    return {"block_id": bid, "events": events, "next": nxt, "more": more}
