@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import sys
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -19,7 +22,7 @@ from aios_blocks.runtime import auth
 from aios_blocks.workers import tenants as desk
 
 from .conftest import System
-from .test_tenants import HEADERS, Seen, create, login, status
+from .test_tenants import HEADERS, Seen, blocks, create, login, status
 
 pytestmark = pytest.mark.integration
 
@@ -44,6 +47,15 @@ async def pages(nc: nats.NATS, bid: str, limit: int) -> tuple[list[dict[str, Any
             return out, n
         assert page["next"] > start
         start = page["next"]
+
+
+async def refused(*args: str) -> tuple[int, str]:
+    """A ``blocks`` command expected to fail: (exit code, stderr)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    proc = await asyncio.create_subprocess_exec(str(Path(sys.executable).with_name("blocks")), *args, env=env,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, err = await asyncio.wait_for(proc.communicate(), 120)
+    return int(proc.returncode or 0), err.decode()
 
 
 async def system_view(system: System, bid: str) -> list[tuple[int, str, dict[str, Any]]]:
@@ -120,6 +132,15 @@ async def test_a_tenant_replays_its_blocks_events_and_nothing_of_anothers(system
         # a body that is not a page: 400
         assert (await ask(a, "ha-b1", limit=0))[0] == 400
         assert (await ask(a, "ha-b1", **{"from": "x"}))[0] == 400
+
+        # the tenant's command line: its credentials file, every page
+        creds = {t: str(auth.credentials_path(system.data_dir, t, "main")) for t in ("ha", "hb")}
+        out = json.loads(await blocks("tenant", "history", "ha-b1", "-c", creds["ha"], "--all", "--limit", "4", "--json"))
+        assert out["events"] == page["events"] and out["more"] is False
+        table = await blocks("tenant", "history", "ha-b1", "-c", creds["ha"], "--limit", "2")
+        assert "submitted" in table and f"--from {expected[2][0]}" in table
+        rc, err = await refused("tenant", "history", "ha-b1", "-c", creds["hb"])
+        assert rc == 1 and "tenant hb has no block ha-b1" in err
     finally:
         await a.close()
         await b.close()

@@ -1,12 +1,13 @@
 """``blocks tenant add|list|remove`` and ``blocks tenant user add|remove``: tenants as NATS
 accounts on the embedded server of a running ``blocks up`` (docs/security.md "Tenants"). Each
 change rewrites the server's accounts and reloads them (``runtime.auth``); running clients of
-other tenants and the workers stay connected."""
+other tenants and the workers stay connected. ``blocks tenant history`` is the tenant's side: its
+block's events, asked with its credentials file."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -143,3 +144,57 @@ def tenant_user_remove(tenant: str = typer.Argument(...), name: str = typer.Argu
     if not auth.remove_tenant_user(data_dir, tenant, name):
         raise LookupError(f"tenant {tenant!r} has no user {name!r}")
     console.print(f"tenant [bold]{tenant}[/] user [bold]{name}[/] removed")
+
+
+@tenant_app.command("history")
+def tenant_history(
+    bid: str = typer.Argument(..., help="One of the tenant's blocks."),
+    credentials: Path = typer.Option(..., "--credentials", "-c", exists=True, dir_okay=False,
+                                     help="The tenant user's credentials file (`blocks tenant add T --json`: credentials)."),
+    start: int = typer.Option(1, "--from", min=1, help="From this stream sequence (a page's `next`)."),
+    limit: int = typer.Option(100, "--limit", min=1, max=500, help="Events per page."),
+    every: bool = typer.Option(False, "--all", help="Every page from --from to the end."),
+    as_json: bool = typer.Option(False, "--json", help="Print {block_id, events: [{seq, subject, event}], next, more}."),
+) -> None:
+    """A tenant's block's stored events, oldest first, as the tenant may see them (its own creates'
+    only), asked as the tenant (request `aios.block.B.history`). Not the tenant's block, or none:
+    exit 1.
+
+    Example: `blocks tenant history team-a-web -c data/tenants/team-a/main.json --all`
+    """
+    import json
+
+    from rich.markup import escape
+
+    from ..bus.connection import connect
+    from ..bus.history import ask_all_history, ask_history
+    from ..runtime.locate import with_userinfo
+    from .common import _run, err
+
+    creds = json.loads(credentials.read_text())
+
+    async def go() -> dict[str, Any]:
+        nc = await connect(with_userinfo(creds["url"], creds["user"], creds["password"]), name="blocks-tenant",
+                           ca=creds.get("ca"), first_wait_s=10)
+        try:
+            if every:
+                return await ask_all_history(nc, bid, start, limit)
+            return await ask_history(nc, bid, start, limit)
+        finally:
+            await nc.close()
+
+    try:
+        page = _run(go())
+    except LookupError as exc:  # not the tenant's block, or none: the desk says which alike
+        err.print(f"[red]{escape(str(exc.args[0]))}[/]")
+        raise typer.Exit(1) from None
+    if as_json:
+        _print_json(page)
+        return
+    table = _table("seq", "time", "event")
+    for e in page["events"]:
+        table.add_row(str(e["seq"]), str((e.get("event") or {}).get("time", "")),
+                      e["subject"].removeprefix(f"aios.block.{bid}."))
+    console.print(table)
+    if page["more"]:
+        console.print(f"more: --from {page['next']}")
