@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.errors
 import pytest
 
 from aios_blocks.runtime import auth
@@ -126,6 +127,17 @@ async def test_a_tenant_replays_its_blocks_events_and_nothing_of_anothers(system
             code, answer, err = await ask(b, "ha-b1", **body)
             assert (code, err) == (404, "tenant hb has no block ha-b1"), (body, code, err)
             assert "events" not in answer
+        # nor may B ask on the subject the desk serves in the system account (not B's to publish)
+        errors: list[str] = []
+
+        async def note(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        b2 = await login(system.data_dir, "hb", error_cb=note)
+        with pytest.raises(nats.errors.TimeoutError):
+            await b2.request("aios.tenant.ha.block.ha-b1.history", b"", timeout=2)
+        assert any("permissions violation for publish" in e.lower() for e in errors), errors
+        await b2.close()
         # A naming B in its body still gets its own history, nothing else
         code, forged, _ = await ask(a, "ha-b1", tenant="hb", limit=500)
         assert code == 200 and forged["events"] == page["events"]
