@@ -598,13 +598,19 @@ def _reload_tenant(data_dir: Path, s: Secrets, timeout: float = 10.0) -> None:
     responders") until the next reload. Each reload waits for the server's log to say it is done
     (``nats.log``, where the embedded server writes it)."""
     for _ in range(2):
-        before = _reloads(data_dir)
-        _reload_authorization(data_dir, s)
-        deadline = time.monotonic() + timeout
-        while before >= 0 and _reloads(data_dir) <= before:
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"nats-server did not reload its config within {timeout}s (see {data_dir / 'nats.log'})")
-            time.sleep(0.02)
+        reload_and_wait(data_dir, s, timeout)
+
+
+def reload_and_wait(data_dir: Path, s: Secrets, timeout: float) -> None:
+    """``_reload_authorization``, then wait for the server's log to say it reloaded (a login test
+    would not tell that a user's *new* permissions are in force). Call locked."""
+    before = _reloads(data_dir)
+    _reload_authorization(data_dir, s)
+    deadline = time.monotonic() + timeout
+    while before >= 0 and _reloads(data_dir) <= before:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nats-server did not reload its config within {timeout}s (see {data_dir / 'nats.log'})")
+        time.sleep(0.02)
 
 
 def protect_controller(data_dir: Path, cid: str) -> bool:

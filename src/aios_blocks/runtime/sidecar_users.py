@@ -12,7 +12,6 @@ as for a node agent (``auth.ensure_agent``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,12 +23,11 @@ from .auth import (
     Endpoints,
     Permissions,
     Secrets,
-    _reload_authorization,
-    _reloads,
     _token,
     inbox_prefix,
     locked,
     read_endpoints,
+    reload_and_wait,
     wait_nats_user,
     with_userinfo,
 )
@@ -91,7 +89,7 @@ class SidecarUsers:
             if saved:
                 s.save()
             if rights:
-                _reload_and_wait(self.data_dir, s, self.timeout)
+                reload_and_wait(self.data_dir, s, self.timeout)
             url = with_userinfo(ep.nats, user, entry["password"])
         wait_nats_user(url, ep.nats_ca, self.timeout)
         return url
@@ -109,17 +107,5 @@ class SidecarUsers:
                 return False
             del s.sidecars[bid]
             s.save()
-            _reload_and_wait(self.data_dir, s, self.timeout)
+            reload_and_wait(self.data_dir, s, self.timeout)
             return True
-
-
-def _reload_and_wait(data_dir: Path, s: Secrets, timeout: float) -> None:
-    """``_reload_authorization``, then wait for the server's log to say it reloaded (a login test
-    would not tell that a user's *new* permissions are in force). Call locked."""
-    before = _reloads(data_dir)
-    _reload_authorization(data_dir, s)
-    deadline = time.monotonic() + timeout
-    while before >= 0 and _reloads(data_dir) <= before:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nats-server did not reload its config within {timeout}s (see {data_dir / 'nats.log'})")
-        time.sleep(0.02)
