@@ -21,6 +21,8 @@ from aios_blocks.trace import online
 from aios_blocks.trace import online_rebalance as orb
 from aios_blocks.trace.inventory import load_nodes
 
+from .common import _cmd
+
 HERE = Path(__file__).resolve().parent
 DIRS = (HERE.parent.parent / "shared" / "traces" / "openb-2023", HERE / "traces" / "openb-2023")
 
@@ -31,6 +33,15 @@ def pods(workload: str) -> Path:
         if p.exists():
             return p
     raise SystemExit(f"no openb_pod_list_{workload}.csv in {', '.join(map(str, DIRS))}")
+
+
+def code_version() -> str:
+    """The code a run measured: the commit, and the files of src/ changed from it (a shared tree's
+    uncommitted edits decide too). Two runs that differ are first compared by this line: the
+    replay itself is deterministic (tests/unit/test_online_determinism.py)."""
+    commit = _cmd(["git", "rev-parse", "--short", "HEAD"]) or "?"
+    dirty = _cmd(["git", "diff", "--name-only", "HEAD", "--", "src"]).split()
+    return commit + (f" + uncommitted {', '.join(sorted(dirty))}" if dirty else "")
 
 
 def main() -> None:
@@ -49,7 +60,8 @@ def main() -> None:
     a = ap.parse_args()
     nodes = load_nodes(pods("default").with_name("openb_node_list_gpu_node.csv"), "trace")
     rows = []
-    print(f"load x{a.load:g}, cluster share {a.cluster_share:g}, policy {a.policy}, seed {a.seed}")
+    code = code_version()
+    print(f"load x{a.load:g}, cluster share {a.cluster_share:g}, policy {a.policy}, seed {a.seed}; code {code}")
     print("| workload | mode | LS+G wait p99 s (steady) | BE wait p99 s | mean GPU alloc % | preemptions (victims) | cascades "
           "| GPU-s lost | over bound | pending at end | run s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -65,6 +77,7 @@ def main() -> None:
                 r = asyncio.run(online.replay_online(nodes, timed, online.Mode(mode), a.policy, a.seed, workload=wl,
                                                      drawn=drawn, load=a.load, cluster_share=a.cluster_share)).as_dict()
             r["run_s"] = round(time.perf_counter() - t0, 1)
+            r["code"] = code
             rows.append(r)
             print(f"| {tag} | {r['mode']} | {r['ls_wait_p99']:g} ({r['ls_wait_p99_steady']:g}) "
                   f"| {r['be_wait_p99']:g} | {r['alloc_mean']:.2f} | {r['preemptions']} ({r['victims']}) | {r['cascades']} "

@@ -35,7 +35,7 @@ from aios_blocks.trace import online_rebalance as orb
 from aios_blocks.trace import qos as qosmod
 from aios_blocks.trace.inventory import load_nodes
 
-from .trace_online import pods
+from .trace_online import code_version, pods
 
 
 def classify(sim: online.Sim, j: online.Job) -> tuple[str, dict[str, Any]]:
@@ -167,7 +167,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
         return round(s[min(len(s) - 1, int(len(s) * q))], 1) if s else 0.0
 
     gpus_per_node = Counter(len(n.gpus) for n in nodes)
-    return {"workload": a.workload, "mode": a.mode, "only_ls": a.only_ls, "load": a.load, "cluster_share": a.cluster_share,
+    return {"code": code_version(), "workload": a.workload, "mode": a.mode, "only_ls": a.only_ls, "load": a.load, "cluster_share": a.cluster_share,
             "cpu_s": round(time.process_time() - t0, 1), "stopped_at": round(sim.last_t, 1) if stopped else None,
             "span_s": sim.span, "rebalance": a.rebalance, "moves": getattr(sim, "moves", 0),
             "ls_steady_so_far": {"n": len(ls), "waited_over_2s": sum(1 for x in ls if x > 2), "p50": pct(ls, 0.5),
