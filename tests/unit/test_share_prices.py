@@ -186,3 +186,24 @@ def test_a_sizes_cpus_are_the_fewest_or_a_quantile_of_its_shapes() -> None:
     assert SharePrices.of_shapes(shapes, with_cpus=True, quantile=0.5).cpus == {470: 12.0, 320: 4.0}
     assert SharePrices.of_shapes(shapes, with_cpus=True, quantile=0.4).cpus == {470: 8.0, 320: 4.0}
     assert SharePrices.of_shapes(shapes).cpus == {470: 0.0, 320: 0.0}
+
+
+def test_a_share_is_not_charged_for_space_the_nodes_cpus_had_already_left_to_no_size() -> None:
+    # n-a: a GPU holding a 0.47 (530 free) with 6 CPUs free: no 0.47 (8 CPUs) could take the 530
+    # before the 0.32 (4 CPUs) either; it was worth a 0.32 (1/3), which the 0.32 takes: nothing
+    # lost. By default (shareCpu 2) the price sees that; shareCpu 1 charges the 0.32 for the
+    # 0.47 that could never have come (1/2 - 1/3 of a GPU x sharePacking x 1000)
+    workload = [{"cpu": 8, "gpus": 1, "gpuShare": 0.47, "weight": 0.5}, {"cpu": 4, "gpus": 1, "gpuShare": 0.32, "weight": 0.5}]
+    views = views_of([Node(id="n-a", cluster="c", cpu=14, memory=262144, gpus=[Gpu(id="n-a-g0", model="G2", memory=16384)])])
+    node = capacity.copy_node(views["n-a"])
+    capacity.take(node, ["n-a-g0"], {"gpus": 1, "gpuMemory": 0, "cpu": 8, "memory": 1024, "gpuShare": 0.47}, True)
+    task = {"gpus": 1, "gpuMemory": 0, "cpu": 4, "memory": 1024, "gpuShare": 0.32}
+
+    def score(**params: Any) -> float:
+        policy = FgdPlusPolicy("resourceAllocator", {"gpuSharing": True}, {"seed": 1, "workload": workload, **params})
+        usable = capacity.node_fits(node, task, True)
+        assert usable
+        return float(policy._score_view(node, usable, task, 320, 1)[0][0])
+
+    assert score(shareCpu=1) - score() == pytest.approx(10 * 1000 * (0.5 - 1 / 3), abs=1e-2)
+    assert score() == score(shareCpu=2)

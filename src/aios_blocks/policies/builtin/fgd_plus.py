@@ -33,8 +33,9 @@ idle are stranded that way (failures "GPU and CPU/memory free on different nodes
    it (a 0.32 on a GPU holding a 0.47). Uses the share sizes' frequencies, not the tasks to come.
    On the trace the GPUs left idle at 100 % arrived are the free parts of shared GPUs.
 6. **Share space needs CPUs.** What a share leaves on its GPU is worth only what the share sizes
-   the node's CPUs can still take fill (``parameters.shareCpu``, default 1: each size's fewest
-   CPUs among the workload's shapes), and any task pays ``parameters.leftoverCpu`` (default 1) x
+   the node's CPUs can still take fill, and what the GPU had free only what the sizes its CPUs
+   could take before fill (``parameters.shareCpu``, default 2; 1: the space left only; each
+   size's CPUs: its fewest among the workload's shapes), and any task pays ``parameters.leftoverCpu`` (default 1) x
    1000 x the worth its CPUs take from the node's partly used GPUs (a CPU-only task that leaves
    4 CPUs where a 0.53 waits for a 0.47 asking 8). Uses the shapes' CPUs, not the tasks to come.
 
@@ -62,9 +63,10 @@ MODEL_PRESSURE = 0.5
 #: the weight, in thousandths per GPU lost, of a share's packing loss (``parameters.sharePacking``)
 SHARE_PACKING = 10.0
 #: how the share prices see the node's CPUs (``parameters.shareCpu``): 0 not at all, 1 the free
-#: compute a share leaves is worth what the sizes the node's CPUs can still take fill, 2 also
-#: what the GPU had free (by the CPUs before)
-SHARE_CPU = 1
+#: compute a share leaves is worth what the sizes the node's CPUs can still take fill, 2 (the
+#: default) also what the GPU had free (by the CPUs before): a share is not charged for space
+#: the node's CPUs had already left to no size
+SHARE_CPU = 2
 #: the weight, in thousandths per GPU, of the share space a task's CPUs leave no size to fill on
 #: its node's partly used GPUs (``parameters.leftoverCpu``; 0: off)
 LEFTOVER_CPU = 1.0
