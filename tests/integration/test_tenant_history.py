@@ -193,3 +193,30 @@ async def test_an_id_used_again_by_another_tenant_replays_only_the_new_owners_bl
     finally:
         await a.close()
         await b.close()
+
+
+async def test_a_create_the_parser_refused_is_in_its_senders_history_only(system: System) -> None:
+    """A tenant's create refused at parse leaves no block record with a spec (no owner label): its
+    ``submitted`` and ``rejected`` are still its sender's history (it heard them live; found trying
+    it as a stranger: the answer was a 404); another tenant asking gets the 404 of a missing block."""
+    if system.servers is None:
+        pytest.skip("your own servers: tenants are accounts of the embedded one")
+    for t in ("pa", "pb"):
+        auth.add_tenant(system.data_dir, t)
+    a, b = await login(system.data_dir, "pa"), await login(system.data_dir, "pb")
+    seen_a = Seen()
+    try:
+        await a.subscribe("aios.block.>", cb=seen_a.on)
+        await a.flush()
+        await a.jetstream(timeout=10).publish("aios.block.pa-bad.create", create("pa-bad", bogusField=1),
+                                              headers=HEADERS)
+        await seen_a.until("aios.block.pa-bad.rejected")
+        code, page, err = await ask(a, "pa-bad", limit=500)
+        assert code == 200, err
+        kinds = [e["subject"].removeprefix("aios.block.pa-bad.") for e in page["events"]]
+        assert kinds == ["submitted", "rejected"], kinds
+        assert "bogusField" in json.dumps(page["events"][-1]["event"]["data"])  # the reason, as it heard it
+        assert (await ask(b, "pa-bad"))[::2] == (404, "tenant pb has no block pa-bad")
+    finally:
+        await a.close()
+        await b.close()

@@ -117,6 +117,20 @@ class TenantDesk:
             return None
         return block
 
+    async def _refused_own(self, tenant: str, bid: str) -> Any:
+        """For a history request: block ``bid`` when no spec of it was ever parsed (no record, or
+        one without its IR: every create of the id refused by the parser) and ``tenant`` sent a
+        create of it. Its history is then the tenant's own creates' ``submitted`` and ``rejected``
+        (``HistoryOwners``: by generation), which the tenant heard live; anything else: ``None``."""
+        block = await self.w.store.get_block(bid)
+        if block is not None and block.get("ir"):
+            return None
+        async for m in stored_from(self.w.bus.js, STREAM, E.block_submitted.subject(bid=bid), 1):
+            body = msgspec.json.decode(m.data).get("data") or {}
+            if tenant_of_create(str(body.get("subject", ""))) == tenant:
+                return block or {}
+        return None
+
     async def on_request(self, msg: Any) -> None:
         # a JetStream replay (``$JS.ACK`` reply) or a message without reply is no request
         if not msg.reply or msg.reply.startswith("$JS."):
@@ -129,6 +143,8 @@ class TenantDesk:
         tenant, bid = toks["tenant"], toks["bid"]
         try:
             block = await self._owned(tenant, bid)
+            if block is None and event is E.tenant_block_history:
+                block = await self._refused_own(tenant, bid)
             if block is None:
                 body, headers = _answer(404, {"error": f"tenant {tenant} has no block {bid}"})
             elif event is E.tenant_block_task:
