@@ -50,7 +50,7 @@ from typing import Any
 
 from ...schemas.records import GpuView, Needs, NodeView
 from .. import capacity
-from .frag import UNITS, Workload, _FragBase, gpu_left, node_model
+from .frag import UNITS, Workload, _FragBase, gpu_left, node_model, share_options
 from .share_prices import SharePrices
 
 #: digits the fragmentation change is rounded to before the pack tie-break applies (the measure
@@ -366,16 +366,9 @@ class FgdPlusPolicy(_FragBase):
         """One shared GPU: the least fragmentation growth (with the share prices' loss), then the
         least free compute that fits; one GPU tried per free amount (GPUs alike in it score alike)."""
         best: tuple[float, int, str] | None = None
-        seen: set[int] = set()
         cost = self._penalty(model, needs, units)
-        for g in usable:
-            free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
-            if free in seen:
-                continue
-            seen.add(free)
-            after = list(left)
-            after[after.index(free)] -= units
-            d = wl.frag(model, cpu_after, tuple(after)) - before + cost
+        for g, free, after in share_options(usable, left, units):
+            d = wl.frag(model, cpu_after, after) - before + cost
             if self.stranding:
                 d += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after, left.index(free))
             if self.prices is not None:

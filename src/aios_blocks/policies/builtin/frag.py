@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import zlib
+from collections.abc import Iterator
 from typing import Any
 
 from ...schemas.records import GpuView, Needs, NodeView
@@ -327,15 +328,8 @@ class FgdPolicy(_FragBase):
             return round(wl.frag(model, after_cpu, left) - before, 9), []
         if units < UNITS:  # one shared GPU: the one whose use fragments least
             best: tuple[float, str] | None = None
-            seen: set[int] = set()
-            for g in usable:  # GPUs with as much free compute are alike: the first of each
-                free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
-                if free in seen:
-                    continue
-                seen.add(free)
-                after = list(left)
-                after[after.index(free)] -= units
-                d = wl.frag(model, after_cpu, tuple(after)) - before
+            for g, _free, shared in share_options(usable, left, units):
+                d = wl.frag(model, after_cpu, shared) - before
                 if best is None or d < best[0] - 1e-9:
                     best = (d, g["id"])
             assert best is not None
@@ -346,6 +340,21 @@ class FgdPolicy(_FragBase):
             after[after.index(UNITS)] = 0
         return round(wl.frag(model, after_cpu, tuple(after)) - before, 9), chosen
 
+
+def share_options(usable: list[GpuView], left: tuple[int, ...],
+                  units: int) -> Iterator[tuple[GpuView, int, tuple[int, ...]]]:
+    """Where one share of ``units`` may go on a node: for each free amount among ``usable``, its
+    first GPU (GPUs with as much free compute are alike), that amount, and the node's free
+    compute per GPU (``left``) once the share took it."""
+    seen: set[int] = set()
+    for g in usable:
+        free = 0 if g["exclusive"] else int(g.get("share_free", UNITS))
+        if free in seen:
+            continue
+        seen.add(free)
+        after = list(left)
+        after[after.index(free)] -= units
+        yield g, free, tuple(after)
 
 POLICIES: dict[str, type[_ResourceAllocator]] = {
     "builtin:random": RandomFitPolicy,
