@@ -73,7 +73,22 @@ class Gate:
         self.open = False
 
 
-class Tracked(dict[Any, Any]):
+class _ThroughItems(dict[Any, Any]):
+    """``update`` and ``popitem`` through the subclass's own ``__setitem__`` and ``pop`` (``dict``'s
+    would bypass what ``Tracked`` notes and what ``Cow`` copies)."""
+
+    __slots__ = ()
+
+    def update(self, *args: Any, **kw: Any) -> None:
+        for k, v in dict(*args, **kw).items():
+            self[k] = v
+
+    def popitem(self) -> tuple[Any, Any]:
+        k = next(reversed(self))
+        return k, self.pop(k)
+
+
+class Tracked(_ThroughItems):
     """A dict of the live fold that notes, while its gate is open, the keys reached (``dirty``) and
     the keys inserted, in order (``added``: a key deleted afterwards leaves it)."""
 
@@ -121,14 +136,6 @@ class Tracked(dict[Any, Any]):
             self.added.pop(k, None)
         return dict.pop(self, k, *default)
 
-    def update(self, *args: Any, **kw: Any) -> None:
-        for k, v in dict(*args, **kw).items():
-            self[k] = v
-
-    def popitem(self) -> tuple[Any, Any]:
-        k = next(reversed(self))
-        return k, self.pop(k)
-
     def clear(self) -> None:
         for k in list(self):
             del self[k]
@@ -141,7 +148,7 @@ class Frozen(dict[Any, Any]):
     owned: set[Any]
 
 
-class Cow(Frozen):
+class Cow(_ThroughItems, Frozen):
     """A past fold's dict while it folds: an entry is the checkpoint's object until the fold first
     reaches it, then a copy of it (``thaw``), so the checkpoint is never changed."""
 
@@ -181,14 +188,6 @@ class Cow(Frozen):
         if default:
             return default[0]
         raise KeyError(k)
-
-    def update(self, *args: Any, **kw: Any) -> None:
-        for k, v in dict(*args, **kw).items():
-            self[k] = v
-
-    def popitem(self) -> tuple[Any, Any]:
-        k = next(reversed(self))
-        return k, self.pop(k)
 
     def clear(self) -> None:
         self.owned.clear()
