@@ -381,9 +381,14 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
 
 def _too_short(n: _Node, need: Need, order: list[Inst], size: int) -> bool:
     """Whether source ``n`` is further short of one instance of ``need`` than its ``size``
-    largest instances can free (an instance turns at most its own GPUs into free ones): then no
-    subset of that size is any use."""
-    return sum(sorted((len(i.gpus) for i in order), reverse=True)[:size]) < _shortfall(n, need)
+    largest instances can free, in GPUs (an instance turns at most its own GPUs into free ones),
+    CPU or memory (at most its own): then no subset of that size is any use."""
+    def most(xs: Iterable[float]) -> float:
+        return sum(sorted(xs, reverse=True)[:size])
+
+    _, cpu, mem = _short_of(n, need)
+    return (most(len(i.gpus) for i in order) < _shortfall(n, need) or most(i.cpu for i in order) < cpu - EPS
+            or most(i.memory for i in order) < mem - EPS)
 
 
 def _within_budget(subset: Iterable[Inst], budget: Mapping[str, int]) -> bool:
@@ -419,6 +424,20 @@ def _send_away(c: Cluster, nodes: dict[str, _Node], subset: tuple[Inst, ...], sr
     return moves, cost
 
 
+def _short_of(n: _Node, need: Need) -> tuple[float, float, float]:
+    """What the node is short of one instance of ``need``: (GPUs (``_shortfall``), CPU, memory)."""
+    return _shortfall(n, need), max(0.0, need.cpu - n.cpu), max(0.0, need.memory - n.mem)
+
+
+def _source_key(n: _Node, need: Need) -> tuple[float, float]:
+    """How far a source is from holding one instance of ``need``, for ordering them (the closest
+    first): the GPUs it is short of, then its CPU and memory shortfalls as fractions of the need
+    (a node with the GPUs free but its CPU or memory taken is a source too: moving a CPU-heavy
+    instance off it frees what blocks the pending one)."""
+    gpus, cpu, mem = _short_of(n, need)
+    return gpus, (cpu / need.cpu if need.cpu > 0 else 0.0) + (mem / need.memory if need.memory > 0 else 0.0)
+
+
 def _shortfall(n: _Node, need: Need) -> float:
     """How many GPUs the node is short of one instance of ``need`` (whole GPUs free of an allowed
     model against what it needs), for ordering the sources: the closest first."""
@@ -443,7 +462,7 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
         for i in where.values():
             on.setdefault(i.node, []).append(i)
         sources = sorted((nid for nid in on if nid in c.nodes and (c.room is None or nid in c.room)),
-                         key=lambda nid: (_shortfall(c.nodes[nid], need), nid))
+                         key=lambda nid: (*_source_key(c.nodes[nid], need), nid))
         sources = [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
         before = _count(_on(c.nodes, c.room), need)
         best = None
@@ -500,7 +519,8 @@ def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], ma
 
 
 def _reason_pending(m: Move, bid: str, src_free: int, after_free: int) -> str:
-    return (f"makes room for pending {bid}: frees {m.inst.gpu_amount:g} GPU(s) on {m.inst.node} "
+    also = "".join(f", {v:g} {unit}" for v, unit in ((m.inst.cpu, "CPU"), (m.inst.memory, "MiB of memory")) if v > 0)
+    return (f"makes room for pending {bid}: frees {m.inst.gpu_amount:g} GPU(s){also} on {m.inst.node} "
             f"({src_free} -> {after_free} whole GPUs free), fragments least on {m.to}")
 
 
