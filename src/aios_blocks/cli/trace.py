@@ -133,8 +133,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         online: bool = typer.Option(
             False, "--online", help="Each task arrives at its creation_time and runs until deletion_time - creation_time "
             "after it is placed, with the pending queue, priorities (QoS) and preemption (docs/priority.md 'Online replay')."),
-        speed: float = typer.Option(1.0, "--speed", min=1e-6, help="--online --live: trace seconds per wall second "
-                                    "(--in-process simulates trace time: no wall clock)."),
+        speed: float | None = typer.Option(None, "--speed", min=1e-6, help="--online --live: submit and delete on the wall clock, "
+                                    "this many trace seconds per wall second; without it the replay steps trace time one "
+                                    "event at a time, each once the system is quiet: the same decisions as --in-process "
+                                    "(docs/priority.md 'Same decisions')."),
         load: float = typer.Option(1.0, "--load", min=1e-6, help="--online: arrival times divided by this (durations kept): "
                                    "the trace's own times keep its cluster at ~1 % busy."),
         cluster_share: float = typer.Option(1.0, "--cluster-share", min=1e-6, max=1.0,
@@ -208,7 +210,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
 
 def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy: list[str], seed: list[int],
             sample_nodes: int, no_preemption: bool, fifo: bool, json_out: Path | None, plot: Path | None,
-            load: float = 1.0, cluster_share: float = 1.0, rebalance: bool = False, speed: float = 1.0) -> None:
+            load: float = 1.0, cluster_share: float = 1.0, rebalance: bool = False, speed: float | None = None) -> None:
     """``--online``: the runs asked (preemption unless only --no-preemption/--fifo), printed."""
     import asyncio
 
@@ -255,9 +257,13 @@ def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy
 
 
 def _online_live(nodes: list[Any], timed: list[Any], workload: str, policy: list[str], seed: list[int], other_mode: bool,
-                 json_out: Path | None, load: float, cluster_share: float, speed: float) -> None:
+                 json_out: Path | None, load: float, cluster_share: float, speed: float | None) -> None:
     """``--online --live``: one run through servers and workers started for it (the system's own
-    queue, classes and preemption decide; ``trace/online_live.py``)."""
+    queue, classes and preemption decide; ``trace/online_live.py``): in trace time, one event at a
+    time (``replay_online_lockstep``, its workers' settings ``LOCKSTEP_ENV`` unless set), or on the
+    wall clock at ``speed``."""
+    import os
+
     from ..trace import live
     from ..trace import online_live as ol
 
@@ -274,8 +280,15 @@ def _online_live(nodes: list[Any], timed: list[Any], workload: str, policy: list
             nats_url, redis_url, _ = await stack.enter_async_context(live.own_system(lambda s: console.print(escape(s))))
             client = await Client.open(nats_url, redis_url)
             stack.push_async_callback(client.close)
+            if speed is None:
+                return await ol.replay_online_lockstep(client, nodes, timed, policy[0], seed[0], load, cluster_share,
+                                                       workload=workload, progress=lambda s: console.print(escape(s)))
             return await ol.replay_online_live(client, nodes, timed, speed, policy[0], seed[0], load, cluster_share,
                                                workload=workload, progress=lambda s: console.print(escape(s)))
+
+    if speed is None:
+        for k, v in ol.LOCKSTEP_ENV.items():
+            os.environ.setdefault(k, v)
 
     try:
         d = _main()._run(go())
@@ -284,7 +297,8 @@ def _online_live(nodes: list[Any], timed: list[Any], workload: str, policy: list
         raise typer.Exit(1) from None
     waits = ", ".join(f"{c} p50 {w['p50']:g} s / p99 {w['p99']:g} s" for c, w in d["wait"].items())
     console.print(f"[bold]{escape(workload or 'trace')}[/] live ({escape(d['policy'])}, seed {d['seed']}, {d['tasks']} tasks, "
-                  f"speed x{d['speed']:g}, load x{d['load']:g}, {d['nodes']} nodes): placed {d['placed']}, preemptions "
+                  f"{'trace time, lockstep' if speed is None else f'speed x{speed:g}'}, load x{d['load']:g}, {d['nodes']} nodes): "
+                  f"placed {d['placed']}, preemptions "
                   f"{d['preemptions']} ({d['victims']} victims), cascades {d['cascades']}, GPU-seconds lost {d['gpu_s_lost']:g}, "
                   f"pending at the end {d['pending_end']}")
     console.print(f"  wait (trace seconds): {escape(waits)}")

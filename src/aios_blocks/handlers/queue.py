@@ -45,6 +45,14 @@ class Walk:
     blocked_by: str = ""  # a preemptor whose victims drain: nothing behind it was released
     #: (bid, borrowers' blocks): the owner reclaims its quota by preempting them (InCohortReclamation)
     reclaim: list[tuple[str, list[str]]] = field(default_factory=list)
+    #: cluster -> the node copies the blocks in ``retry`` take (first fit): what is left for the
+    #: block in ``preempt`` once they are placed is these over the views (``after``)
+    work: dict[str, dict[str, NodeView]] = field(default_factory=dict)
+
+    def after(self, views: Mapping[str, Mapping[str, NodeView]]) -> dict[str, dict[str, NodeView]]:
+        """The views as the blocks released ahead of the one to preempt for leave them: a
+        preemption plan made on the views alone counts on capacity those blocks are about to take."""
+        return {cid: {**nodes, **self.work[cid]} if self.work.get(cid) else dict(nodes) for cid, nodes in views.items()}
 
 
 #: how a quota-held block's reason starts (``gate``)
@@ -172,7 +180,7 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
     returned in ``reclaim`` (the walk stops there, as for a preemption), unless it is itself a
     waiting victim (no cascades) or its reclamation is under way (then nothing behind it goes)."""
     out = Walk()
-    work: dict[str, dict[str, NodeView]] = {}
+    work = out.work
     for e in entries:
         b = e.block
         if b is None or b.get("status") != "pending":

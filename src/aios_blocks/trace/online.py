@@ -240,6 +240,9 @@ class Sim:
         self.no_fit: dict[tuple[Any, int], dict[str, Any]] = {}
         #: each preemption: (preemptor, its victims)
         self.decisions: list[tuple[str, tuple[str, ...]]] = []
+        #: every decision in order: ("place", trace time, block, node, GPUs), ("preempt", trace time,
+        #: preemptor, victims): what ``online_live.replay_online_lockstep`` logs the same way
+        self.log: list[tuple[Any, ...]] = []
         self.res = Online(workload, str(mode), self.st.uri, seed, len(nodes), self.cluster_milli // UNITS, len(timed))
         self.events: list[tuple[float, int, int, str, int]] = []  # (time, kind 0 departure / 1 arrival, seq, bid, epoch)
         self.seq = 0
@@ -300,6 +303,7 @@ class Sim:
         self.pending.pop(bid, None)
         self.running[bid] = j
         self.res.placed += 1
+        self.log.append(("place", now, bid, nid, gpus))
         self.push(now + j.timed.duration, 0, bid, j.epoch)
         return True
 
@@ -406,6 +410,7 @@ class Sim:
                 self.no_fit[key] = data["block"]
             return False
         self.decisions.append((bid, tuple(victims)))
+        self.log.append(("preempt", now, bid, tuple(victims)))
         self.res.preemptions += 1
         if j.victim_times:
             self.res.cascades += 1

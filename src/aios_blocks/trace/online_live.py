@@ -11,7 +11,16 @@ The figures come from the blocks' events (a core NATS subscription, no consumer 
 and victims (``preempted``), cascades (a preemptor that had been a victim), GPU-seconds lost (a
 victim's GPUs times the trace time it had run), and the blocks waiting (``pending``) once the last
 task has arrived and ``settle_s`` passed. Wall-clock timing: small samples only (each task is a
-real block through the whole system)."""
+real block through the whole system).
+
+``replay_online_lockstep`` (``--online --live --lockstep``): the same trace in *trace* time, the
+way ``trace.online.Sim`` steps it, so that the two make the same decisions: one event at a time
+(arrivals and departures in the simulation's order, departures first at one instant), each
+followed by a wait for the system to be quiet (every block ready, waiting with no instance left,
+failed or deleted, no block event for ``quiet_s``) before the next; a block's departure is its
+``ready``'s trace time plus its duration. Run against workers with ``LOCKSTEP_ENV`` (no periodic
+queue pass, no moves before preemption, no drain grace, the queue's head as wide as the
+simulation's): docs/priority.md "Same decisions live and in process"."""
 
 from __future__ import annotations
 
@@ -176,7 +185,7 @@ def figures(run: LiveOnline, pending: list[str], speed: float, workload: str, po
         c = run.tracks[bid].qos_class
         by[c] = by.get(c, 0) + 1
     return {
-        "workload": workload, "mode": "live", "policy": policy, "seed": seed, "speed": speed, "load": load,
+        "workload": workload, "mode": "live", "clock": "wall", "policy": policy, "seed": seed, "speed": speed, "load": load,
         "cluster_share": cluster_share, "nodes": nodes, "tasks": len(run.tracks),
         "placed": sum(1 for t in run.tracks.values() if t.first_ready is not None),
         "failed": sum(1 for t in run.tracks.values() if t.failed),
@@ -186,3 +195,182 @@ def figures(run: LiveOnline, pending: list[str], speed: float, workload: str, po
         "ls_wait_p99": _pct(waits.get(qosmod.LATENCY_SENSITIVE, []), 0.99),
         "be_wait_p99": _pct(waits.get(qosmod.BEST_EFFORT, []), 0.99),
     }
+
+
+#: the workers' settings a lockstep replay decides with (``trace.online.Sim``'s): the queue is
+#: walked on capacity events only (no periodic pass landing between two trace events), its head as
+#: wide as the simulation's, no moves before a preemption (the simulation has none without
+#: ``--rebalance``), victims drained and instances started at once
+LOCKSTEP_ENV = {"AIOS_QUEUE_RESYNC_S": "3600", "AIOS_QUEUE_WINDOW": "64", "AIOS_REBALANCE_MAX_MOVES": "0",
+                "AIOS_SCALE_DOWN_GRACE_S": "0", "AIOS_SIM_START_DELAY_S": "0"}
+SETTLED = ("ready", "pending", "failed", "rejected", "deleted")
+
+
+@dataclass
+class Step:
+    """A lockstep replay's state: the trace clock, the events to come, each block's run."""
+
+    now: float = 0.0
+    events: list[tuple[float, int, int, str, int]] = field(default_factory=list)
+    seq: int = 0
+    epoch: dict[str, int] = field(default_factory=dict)
+    started: dict[str, float] = field(default_factory=dict)  # block -> trace time of its current run's ready
+    first_wait: dict[str, float] = field(default_factory=dict)
+    became_ready: list[str] = field(default_factory=list)  # since the last quiet point
+    #: the decisions in order: ("place", trace time, block, node, GPUs) and ("preempt", trace time, preemptor, victims)
+    log: list[tuple[Any, ...]] = field(default_factory=list)
+    last_event: float = 0.0
+
+    def push(self, at: float, kind: int, bid: str, epoch: int) -> None:
+        import heapq
+
+        self.seq += 1
+        heapq.heappush(self.events, (at, kind, self.seq, bid, epoch))
+
+
+async def quiet(client: Any, st: Step, live: list[str], gone: set[str], quiet_s: float, timeout: float) -> None:
+    """Wait until the system has nothing left to do for the blocks ``live``: no block event for
+    ``quiet_s`` and every one settled (ready with its instance running, waiting with no instance,
+    failed; deleted when in ``gone``). Raises ``LiveError`` after ``timeout`` seconds."""
+    deadline = time.perf_counter() + timeout
+    while True:
+        gap = time.perf_counter() - st.last_event
+        if gap < quiet_s:
+            await asyncio.sleep(quiet_s - gap)
+            continue
+        mark = st.last_event
+        unsettled = [bid for bid, (b, insts) in zip(live, await asyncio.gather(*(client.store.block_view(x) for x in live)),
+                                                    strict=True) if not _settled(b, insts, bid in gone)]
+        if not unsettled and st.last_event == mark:
+            return
+        if time.perf_counter() > deadline:
+            raise LiveError(f"the system did not settle within {timeout:g} s at trace time {st.now:g}: {unsettled[:5]}")
+        await asyncio.sleep(quiet_s / 2)
+
+
+def _settled(block: Any, insts: dict[str, Any], deleted: bool) -> bool:
+    if block is None or deleted:
+        return deleted and (block is None or (block.get("status") == "deleted" and not insts))
+    status = str(block.get("status"))
+    if status not in SETTLED:
+        return False
+    if status == "ready":
+        return bool(insts) and all(r.get("status") == "running" for r in insts.values())
+    if status == "pending":
+        return not insts and not block.get("preempting")
+    return True
+
+
+async def replay_online_lockstep(client: Any, nodes: list[Node], timed: list[Timed], policy: str = "builtin:fgd-plus",
+                                 seed: int = 42, load: float = 1.0, cluster_share: float = 1.0, workload: str = "",
+                                 quiet_s: float = 0.3, timeout: float = 60.0,
+                                 progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The online replay through the system in trace time, one event at a time (see the module's
+    docstring). The figures are ``trace.online.Online``'s, in trace seconds, and ``log`` the
+    decisions in order, as ``trace.online.Sim.log`` has them."""
+    import heapq
+
+    from ..bus import subjects
+    from .online import WARMUP, Online
+
+    nodes = shrink(nodes, cluster_share, seed)
+    if load != 1.0:
+        timed = [replace(t, created=t.created / load) for t in timed]
+    await _register(client, nodes, timed, policy, seed)
+    st = Step()
+    by_bid = {block_id(t.task): t for t in timed}
+    for t in timed:  # the simulation's order: (time, departures first, the list's order)
+        st.push(t.created, 1, block_id(t.task), 0)
+        st.epoch[block_id(t.task)] = 0
+    res = Online(workload, "live", policy_uri(policy), seed, len(nodes), sum(len(n.gpus) for n in nodes), len(timed))
+    res.load, res.cluster_share = load, cluster_share
+    span = max((t.created for t in timed), default=0.0)
+    cls = {bid: qosmod.class_of(t.task.qos) for bid, t in by_bid.items()}
+    been_victim: set[str] = set()
+
+    async def on_event(msg: Any) -> None:
+        parts = msg.subject.split(".")
+        bid, kind = parts[2], parts[-1]
+        st.last_event = time.perf_counter()
+        t = by_bid.get(bid)
+        if t is None:
+            return
+        if kind == "ready":
+            st.became_ready.append(bid)
+        elif kind == "preempted":
+            if bid in st.started:
+                res.gpu_s_lost += t.task.milli_total / UNITS * (st.now - st.started.pop(bid))
+            st.epoch[bid] += 1  # its departure is stale: it runs its whole duration again
+            res.victims += 1
+            been_victim.add(bid)
+        elif kind == "preempting":
+            data: dict[str, Any] = {}
+            with contextlib.suppress(Exception):
+                data = msgspec.json.decode(msg.data).get("data") or {}
+            victims = sorted(str(v) for v in (data.get("victims") or {}))
+            res.cascades += 1 if bid in been_victim else 0
+            st.log.append(("preempt", st.now, bid, tuple(victims)))
+            res.preemptions += 1
+
+    sub = await client.bus.subscribe(subjects.block_all("*"), on_event)
+    await client.bus.nc.flush()
+    live: list[str] = []
+    gone: set[str] = set()
+    snapshot = False
+    try:
+        while st.events:
+            at, kind, _seq, bid, epoch = heapq.heappop(st.events)
+            if at > span and not snapshot:  # what waits at the end of the window (``Sim.snapshot``)
+                waiting = [b for b in live if b not in st.started and b not in gone]
+                res.pending_end = len(waiting)
+                for b in waiting:
+                    res.pending_end_by_class[cls[b]] = res.pending_end_by_class.get(cls[b], 0) + 1
+                snapshot = True
+            st.now = at
+            if kind == 0:
+                if epoch != st.epoch[bid] or bid not in st.started:
+                    continue
+                st.started.pop(bid)
+                gone.add(bid)
+                await client.delete(bid)
+            else:
+                live.append(bid)
+                await client.create(spec_of(by_bid[bid]))
+            st.last_event = time.perf_counter()
+            await quiet(client, st, live, gone, quiet_s, timeout)
+            for rb in st.became_ready:
+                if rb in st.started:
+                    continue
+                insts = await client.store.instances(rb)
+                rec = next(iter(insts.values()), None)
+                if rec is None:
+                    continue
+                st.log.append(("place", at, rb, str(rec["node"]), [str(g) for g in rec.get("gpus") or []]))
+                st.started[rb] = at
+                res.placed += 1
+                t = by_bid[rb]
+                if rb not in st.first_wait:
+                    w = st.first_wait[rb] = at - t.created
+                    res.waits.setdefault(cls[rb], []).append(w)
+                    if t.created >= WARMUP * span:
+                        res.steady_waits.setdefault(cls[rb], []).append(w)
+                st.push(at + t.duration, 0, rb, st.epoch[rb])
+            st.became_ready.clear()
+            if kind == 1 and len(live) % 50 == 0:
+                progress(f"{len(live)} of {len(timed)} tasks arrived (trace time {at:g} s)")
+        if not snapshot:
+            waiting = [b for b in live if b not in st.started and b not in gone]
+            res.pending_end = len(waiting)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+    end = min(st.now, span)
+    for bid, t in by_bid.items():  # never placed: the wait runs to the end of the window (``Sim.run``)
+        if bid not in st.first_wait:
+            res.waits.setdefault(cls[bid], []).append(max(0.0, end - t.created))
+            if t.created >= WARMUP * span:
+                res.steady_waits.setdefault(cls[bid], []).append(max(0.0, end - t.created))
+    res.span_s = span
+    d = res.as_dict()
+    d["mode"], d["clock"], d["log"] = "live", "trace", [list(x) for x in st.log]
+    return d

@@ -222,10 +222,13 @@ class QueueWalker:
                 return out
             if not out.preempt:
                 return out
+            # the room the blocks released ahead of it take is not there for it: moves and
+            # victims are chosen on the views those blocks leave (docs/priority.md)
+            after = out.after(views)
             # moves before preemption: room made by moving instances costs nobody their work
-            if await self.room_by_moves(_block_of(entries, out.preempt[0]), clusters, views):
+            if await self.room_by_moves(_block_of(entries, out.preempt[0]), clusters, after):
                 return out
-            if await self.preempt(_block_of(entries, out.preempt[0]), clusters, views):
+            if await self.preempt(_block_of(entries, out.preempt[0]), clusters, after):
                 return out
             tried |= {out.preempt[0]}
 
@@ -372,16 +375,19 @@ class QueueWalker:
         await self.w.bus.emit_all(events)
         faults.hit("queue.preempt.after_events")  # the chaos test's SIGKILL: victims chosen, none evicted
         by_block = {str(c["block_id"]): c for c in data["candidates"]}
+        # one time for the plan's victims: they wait in the queue in one place, by id among
+        # themselves (not by which of them this loop reached first)
+        since = round(time.time(), 3)
         for ev in events:
             if ev.event is not E.block_preempted:
                 continue
             v = ev.payload
-            await self._evict(v.block_id, v.gen, by_block[v.block_id], list(v.instances), bid, cid, reason)
+            await self._evict(v.block_id, v.gen, by_block[v.block_id], list(v.instances), bid, cid, reason, since)
         await PreemptPlans(self.w.store.r).finish(bid, {**plan, "done": True})
         log.warning("queue.preempting", block=bid, cluster=cid, victims=sorted(by_block.keys() & set(output.get("blocks") or {})))
 
     async def _evict(self, vid: str, vgen: int, cand: dict[str, Any], iids: list[str], preemptor: str, cid: str,
-                     why: PreemptReason = PreemptReason.PRIORITY) -> None:
+                     why: PreemptReason = PreemptReason.PRIORITY, since: float = 0.0) -> None:
         block, insts = await self.w.store.block_view(vid)
         if block is None or block["gen"] != vgen:
             return
@@ -389,7 +395,7 @@ class QueueWalker:
         cid = cid or str(block.get("cluster") or "")
         if whole:
             vir = block["ir"]
-            since = round(time.time(), 3)
+            since = since or round(time.time(), 3)
             deadline = hq.deadline(vir, since, self.s.max_pending_s)
             reason = f"preempted by {preemptor}" + ("" if why is PreemptReason.PRIORITY else f" ({why})")
             ok, _ = await self.w.store.transition(vid, vgen, Step.PREEMPTED, reason=reason, pending_since=f"{since:.3f}",
