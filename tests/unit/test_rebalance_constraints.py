@@ -183,3 +183,63 @@ async def test_the_worker_round_moves_for_fragmentation_only_while_a_block_has_w
         assert fresh.trigger is hr.Trigger.PENDING and not fresh.skipped
         (later,) = await plan_rounds(s.store, invoke, rule, 2, 16, now=time.time() + 31, **kw)
         assert later.trigger is hr.Trigger.FRAGMENTATION and later.data["trigger"] == "fragmentation"
+
+
+def _toward(strength: str, *nodes: str) -> list[dict[str, Any]]:
+    raw = [{"category": "Topology", "strength": strength, "anti": False,
+            "target": {"type": "NodeId", "value": affinity.uid(n)}} for n in nodes]
+    return [msgspec.to_builtins(e) for e in normalize(raw)]
+
+
+#: n0 and n1 each one 1-GPU instance short of a 4-GPU block (s0, s1); n2 has 2 GPUs free (t stays)
+def _two_rooms() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    views = nodes_of(view("n0", {0}), view("n1", {0}), view("n2", {0, 1}))
+    return views, [row("s0", "n0", [0]), row("s1", "n1", [0]), row("t", "n2", [0, 1], preemptible=False)]
+
+
+def test_a_pending_block_with_required_affinity_gets_room_where_it_may_go() -> None:
+    """p must run on n1 (Required): its room is made there (s1 moves off n1), not on n0, which a
+    block without affinity gets. Before, a pending block with affinity got no moves at all."""
+    views, placed = _two_rooms()
+    free = plan(hr.rebalance_input("c1", views, placed, [pending()], 2, hr.Trigger.PENDING))
+    assert free["fits"] == {"n0": 1}, free  # the first room by name, without affinity
+    p = pending(affinity=_toward("Required", "n1"))
+    assert hr.matches(p["ir"], {"labels": {}})
+    data = hr.rebalance_input("c1", views, placed, [p], 2, hr.Trigger.PENDING, indexes={"p": affinity.empty_index()})
+    assert data["pending"][0]["targets"] == ["n1"]
+    out = plan(data)
+    assert [(m["instance_id"], m["from"]) for m in out["moves"]] == [("s1-0", "n1")] and out["fits"] == {"n1": 1}, out
+    # its index unknown (not read): no room anywhere, rather than room it may not use
+    assert plan(hr.rebalance_input("c1", views, placed, [p], 2, hr.Trigger.PENDING))["moves"] == []
+
+
+def test_a_pending_block_with_preferred_affinity_gets_room_on_its_preferred_node() -> None:
+    """p prefers n1 (Preferred, and Adaptive: the same score here, no samples): both rooms cost one
+    move; the room is made on n1. Without its ``prefer`` the planner makes it on n0."""
+    views, placed = _two_rooms()
+    for strength in ("Preferred", "Adaptive"):
+        p = pending(affinity=_toward(strength, "n1"))
+        data = hr.rebalance_input("c1", views, placed, [p], 2, hr.Trigger.PENDING, indexes={"p": affinity.empty_index()})
+        assert data["pending"][0]["prefer"] == {"n0": 0.0, "n1": 1.0, "n2": 0.0}, data["pending"][0]
+        assert plan(without(data, "prefer"))["fits"] == {"n0": 1}
+        out = plan(data)
+        assert [m["from"] for m in out["moves"]] == ["n1"] and out["fits"] == {"n1": 1}, (strength, out)
+
+
+def test_a_moved_instance_keeps_its_preferred_affinity() -> None:
+    """s (on n1) prefers n1 and n2; p's room is on n1; n0 and n2 each take s as well (the same
+    fragmentation): s goes to n2 (score kept), not n0 (first by name, score lower)."""
+    views = nodes_of(view("n0", {0, 1, 2}), view("n1", {0}), view("n2", {0, 1, 2}))
+    placed = [row("a", "n0", [0, 1, 2], preemptible=False), row("b", "n2", [0, 1, 2], preemptible=False),
+              row("s", "n1", [0], affinity=_toward("Preferred", "n1", "n2"))]
+    data = hr.rebalance_input("c1", views, placed, [pending()], 2, hr.Trigger.PENDING, indexes={"s": affinity.empty_index()})
+    (s,) = [m for m in data["movable"] if m["block_id"] == "s"]
+    assert s["prefer"] == {"n0": 0.0, "n1": 1.0, "n2": 1.0}
+    assert [m["to"] for m in plan(without(data, "prefer"))["moves"]] == ["n0"]
+    out = plan(data)
+    assert [(m["instance_id"], m["to"]) for m in out["moves"]] == [("s-0", "n2")], out
+    # only n0 left for it (n2 full): no move rather than a worse place
+    views = nodes_of(view("n0", {0, 1, 2}), view("n1", {0}), view("n2", {0, 1, 2, 3}))
+    placed[1] = row("b", "n2", [0, 1, 2, 3], preemptible=False)
+    data = hr.rebalance_input("c1", views, placed, [pending()], 2, hr.Trigger.PENDING, indexes={"s": affinity.empty_index()})
+    assert plan(without(data, "prefer"))["moves"] and plan(data)["moves"] == []

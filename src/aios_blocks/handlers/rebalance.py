@@ -67,13 +67,34 @@ def round_trigger(pending: bool, ratio: float, threshold: float, idle: bool = Fa
 
 def matches(ir: Mapping[str, Any], cluster: Mapping[str, Any]) -> bool:
     """Whether a pending block may go to the cluster at all (its filter rule's labels). Blocks of a
-    virtual cluster or with affinity rules are left to the queue (the rebalancer does not model them)."""
-    if ir.get("virtualClusterId") or ir.get("affinity"):
+    virtual cluster are left to the queue; a block with affinity rules gets moves where its
+    Required entries admit it (``pending_input``, with its affinity index), its Preferred and
+    Adaptive entries ranking the nodes where room is made."""
+    if ir.get("virtualClusterId"):
         return False
     rule = (ir.get("policies") or {}).get("clusterAllocator") or {}
     match = ((rule.get("settings") or {}).get("filter") or {}).get("matchLabels") or {}
     labels = cluster.get("labels") or {}
     return all(labels.get(k) == v for k, v in match.items())
+
+
+def placement_filters(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]], index: Mapping[str, Any] | None,
+                      ) -> tuple[list[str] | None, dict[str, float] | None]:
+    """``targets`` and the block's affinity score per node of them (``affinity.annotate``'s
+    ``score``: its Preferred entries, and its Adaptive ones with the adapt stage's weight, as the
+    placement ranks a node): None when every target scores the same (no Preferred or Adaptive
+    entry, or none that tells the nodes apart)."""
+    scoped = vcluster.scope(ir, views)  # type: ignore[arg-type]
+    entries = list(ir.get("affinity") or [])
+    if not entries:
+        return (None if len(scoped) == len(views) else sorted(scoped)), None
+    if index is None:
+        return [], None
+    probe: dict[str, Any] = {nid: dict(v) for nid, v in scoped.items()}  # annotate writes on the views: copies
+    affinity.annotate(probe, entries, index)  # type: ignore[arg-type]
+    where = sorted(nid for nid, v in probe.items() if v["affinity"]["pass"])
+    scores = {nid: float(probe[nid]["affinity"]["score"]) for nid in where}
+    return where, (scores if len(set(scores.values())) > 1 else None)
 
 
 def targets(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]], index: Mapping[str, Any] | None,
@@ -84,15 +105,7 @@ def targets(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]], index
     affinity admits, ``affinity.annotate`` on its affinity ``index``, as ``controller._affinity_of``
     checks a choice). None: every node (no virtual cluster, no affinity). A block with affinity
     whose index is not known gets no target (it is not moved: the rebalancer cannot check it)."""
-    scoped = vcluster.scope(ir, views)  # type: ignore[arg-type]
-    entries = list(ir.get("affinity") or [])
-    if not entries:
-        return None if len(scoped) == len(views) else sorted(scoped)
-    if index is None:
-        return []
-    probe: dict[str, Any] = {nid: dict(v) for nid, v in scoped.items()}  # annotate writes on the views: copies
-    affinity.annotate(probe, entries, index)  # type: ignore[arg-type]
-    return sorted(nid for nid, v in probe.items() if v["affinity"]["pass"])
+    return placement_filters(ir, views, index)[0]
 
 
 def tier_of(view: Mapping[str, Any] | None, gpus: Iterable[str]) -> str:
@@ -139,22 +152,29 @@ def movable(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], moving: M
         row = {**c, "maxMoving": max(1, int(ir.get("maxMoving") or 1)), "moving": int((moving or {}).get(c["block_id"], 0)),
                "gpuModels": list((ir.get("resources") or {}).get("gpuModels") or [])}
         if views is not None:
-            where = targets(ir, views, (indexes or {}).get(c["block_id"]))
+            where, prefer = placement_filters(ir, views, (indexes or {}).get(c["block_id"]))
             if where is not None:
                 row["targets"] = where
+            if prefer is not None:
+                row["prefer"] = prefer
             row["instances"] = {iid: ({**i, "tier": t} if (t := tier_of(views.get(i["node_id"]), i["gpus"])) else i)
                                 for iid, i in c["instances"].items()}
         out.append(row)
     return out
 
 
-def pending_input(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def pending_input(ir: Mapping[str, Any], views: Mapping[str, Mapping[str, Any]], index: Mapping[str, Any] | None = None,
+                  ) -> dict[str, Any]:
     """A pending block as the policy reads it, with ``targets`` when its placement may use only
-    some nodes (``targets``: its virtual cluster; with affinity, none: its index is not read here)."""
+    some nodes (its virtual cluster, of those the ones its Required affinity admits on its
+    affinity ``index``; with affinity and no index, none) and ``prefer`` (its Preferred/Adaptive
+    score per target, when they differ: room is made on the best it can be)."""
     out = pre.block_input(str(ir["blockId"]), ir)
-    where = targets(ir, views, None)
+    where, prefer = placement_filters(ir, views, index)
     if where is not None:
         out["targets"] = where
+    if prefer is not None:
+        out["prefer"] = prefer
     return out
 
 
@@ -166,11 +186,11 @@ def rebalance_input(cid: str, views: Mapping[str, Mapping[str, Any]], placed: It
     blocks' records (``{"ir", ...}``), in queue order; ``moving``: block -> its moves under way;
     ``measure``: with the cluster's fragmentation (informative: the policy measures it itself);
     ``indexes``: block -> its affinity index (``state.inventory.affinity_index``; a block with
-    affinity that has none here is not moved)."""
+    affinity that has none here is not moved, and a pending one gets no room)."""
     cluster = pre.cluster_input(cid, views)
     data: dict[str, Any] = {
         "action": "rebalance", "maxMoves": int(max_moves), "trigger": str(trigger), "cluster": cluster,
-        "pending": [pending_input(b["ir"], views) for b in pending],
+        "pending": [pending_input(b["ir"], views, (indexes or {}).get(str(b["ir"]["blockId"]))) for b in pending],
         "movable": movable(placed, cluster["nodes"], moving, views, indexes),
     }
     topo = topologies({nid: views[nid] for nid in cluster["nodes"]})

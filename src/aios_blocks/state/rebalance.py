@@ -55,11 +55,13 @@ class RebalanceState:
 
 async def affinity_indexes(store: Any, placed: list[dict[str, Any]]) -> dict[str, Any]:
     """Block -> its affinity index (``state.inventory.affinity_index``, what its placement reads),
-    for the placed blocks with affinity entries: a move's target is checked against it
-    (``handlers.rebalance.targets``; a block with affinity and no index is not moved)."""
+    for the blocks with affinity entries (placed rows, or pending block records: ``ir.blockId``):
+    a move's target is checked against it, and a pending block's room is made where it admits
+    (``handlers.rebalance.placement_filters``; a block with affinity and no index is not moved, nor
+    gets room)."""
     out = {}
     for row in placed:
         ir = row.get("ir") or {}
         if ir.get("affinity"):
-            out[str(row["block_id"])] = await affinity_index(store, ir)  # type: ignore[arg-type]
+            out[str(row.get("block_id") or ir.get("blockId"))] = await affinity_index(store, ir)  # type: ignore[arg-type]
     return out

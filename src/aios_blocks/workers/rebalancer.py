@@ -87,7 +87,7 @@ async def plan_rounds(store: Any, invoke: Invoke, rule: dict[str, Any], max_move
     placed, _models = await PriorityStore(store.r).placed()
     busy = hr.moving(placed)
     waiting = await pending_blocks(store, window)
-    indexes = await affinity_indexes(store, placed)
+    indexes = await affinity_indexes(store, [*placed, *waiting])
     rounds = []
     for cid in wanted:
         if cid not in known:

@@ -9,10 +9,12 @@ Input (``action: "rebalance"``)::
      "fragmentation": {"total": float, "ratio": float, "nodes": {node_id: float}},   # FGD, informative
      "workload": [{"gpus", "gpuShare", "cpu", "gpuModels", "weight"}],   # the shapes FGD measures against
      "pending": [{"block_id", "priority", "minInstances", "resources": {...},
-                  "targets": [node_id]}],     # optional: the only nodes it may use; oldest/highest first
+                  "targets": [node_id],       # optional: the only nodes it may use; oldest/highest first
+                  "prefer": {node_id: score}}],   # optional: its Preferred/Adaptive affinity score per node
      "movable": [{"block_id", "priority", "created", "preemptible", "minInstances",
                   "maxMoving", "moving", "gpuModels",
                   "targets": [node_id],                # optional: the only nodes it may move to
+                  "prefer": {node_id: score},          # optional: its Preferred/Adaptive affinity score per node
                   "instances": {iid: {"node_id", "gpus", "share", "cpu", "memory", "created",
                                       "tier"}}}],      # optional: its GPU set's link tier now
      "topology": {node_id: {"gpus": [gpu_id], "topology": {...}}}}   # optional: nodes' GPU topology
@@ -38,8 +40,10 @@ Rules:
   (a block is never moved for a lower one).
 * **A pending block first**: the fewest moves (at most ``maxMoves``) after which its whole gang
   (``minInstances``) fits; each step frees one more instance's room with the fewest instances,
-  the smallest (GPUs moved) and the lowest priority first, each sent to the node where it
-  fragments least.
+  on the node it ``prefer``s most, the smallest (GPUs moved) and the lowest priority first, each
+  sent to the node where it fragments least. The sources are the nodes closest to holding one
+  instance of it: the fewest GPUs short, then the least CPU and memory short (a node with the
+  GPUs free whose CPU or memory is taken gets room by moving a CPU- or memory-heavy instance off).
 * **Fragmentation otherwise**: greedy moves, each the one that lowers the cluster's FGD
   fragmentation (``policies.builtin.frag.Workload``, on ``workload``) the most per GPU moved,
   while one lowers it at all (at most ``maxMoves``).
@@ -51,7 +55,8 @@ Rules:
   placement's own code) are the only nodes its instances move to; on a node with a ``topology``,
   a whole-GPU instance gets the set ``policies.topology.choose`` picks (the placement's pick: the
   best connected, keeping the best sets free), and an instance with a ``tier`` is never moved to
-  a set of a worse tier.
+  a set of a worse tier; an instance whose block ``prefer``s nodes is never moved to a node it
+  scores lower than its own (of equal fragmentation, the higher score first).
 """
 
 from __future__ import annotations
@@ -59,7 +64,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from ...schemas.topology import TIER_RANK, LinkTier
@@ -93,6 +98,12 @@ class Inst:
     targets: frozenset[str] | None = None
     #: its GPU set's link tier rank now (``TIER_RANK``; None: not said / one GPU)
     tier: int | None = None
+    #: its block's affinity score per node it may go to (Preferred/Adaptive; None: all the same)
+    prefer: Mapping[str, float] | None = field(default=None, compare=False)
+
+    def score(self, nid: str) -> float:
+        """Its block's affinity score on node ``nid`` (0 without ``prefer``)."""
+        return 0.0 if self.prefer is None else float(self.prefer.get(nid, 0.0))
 
     @property
     def gpu_amount(self) -> float:
@@ -177,12 +188,20 @@ class Cluster:
         self.topology: Mapping[str, Mapping[str, Any]] = topology or {}
         #: the nodes the pending block planned for may use (its ``targets``; None: any)
         self.room: frozenset[str] | None = None
+        #: its affinity score per node (its ``prefer``: room is made on the best first; None: all equal)
+        self.prefer: Mapping[str, float] = {}
+
+    def room_score(self, nid: str) -> float:
+        """The pending block's affinity score on node ``nid`` (``prefer``; 0 when not said)."""
+        return float(self.prefer.get(nid, 0.0))
 
     def pick_on(self, nid: str, n: _Node, i: Inst) -> tuple[str, ...] | None:
         """``pick`` on node ``nid``, by its topology when it has one (a whole-GPU instance: the set
         ``policies.topology.choose`` picks), None when the instance may not go there (not one of
         its targets, or a set of a worse tier than it has)."""
         if i.targets is not None and nid not in i.targets:
+            return None
+        if i.score(nid) < i.score(i.node) - EPS:  # its Preferred/Adaptive affinity never worse
             return None
         gpus = Cluster.pick(n, i)
         if gpus is None or len(gpus) < 1 or i.share < 1 - EPS:
@@ -296,10 +315,17 @@ def _instances(c: Mapping[str, Any], bid: str) -> list[Inst]:
     prio = int(c.get("priority") or 0)
     models = frozenset(c.get("gpuModels") or ())
     targets = None if c.get("targets") is None else frozenset(str(t) for t in c["targets"])
+    prefer = _prefer_of(c)
     return [Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), float(i.get("share") or 1.0),
                  float(i.get("cpu") or 0.0), float(i.get("memory") or 0.0), prio,
-                 float(i.get("created") or c.get("created") or 0.0), models, targets, _tier_of(i))
+                 float(i.get("created") or c.get("created") or 0.0), models, targets, _tier_of(i), prefer)
             for iid, i in sorted((c.get("instances") or {}).items())]
+
+
+def _prefer_of(c: Mapping[str, Any]) -> dict[str, float] | None:
+    """A block's ``prefer`` (node -> its affinity score), or None when not given."""
+    got = c.get("prefer")
+    return {str(k): float(v) for k, v in got.items()} if isinstance(got, Mapping) and got else None
 
 
 def _on(nodes: Mapping[str, _Node], room: frozenset[str] | None) -> Mapping[str, _Node]:
@@ -339,7 +365,7 @@ def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) 
             d = c.wl.frag(_model(n), n.cpu - i.cpu, after) - c.wl.frag(_model(n), n.cpu, left)
         else:
             d = 0.0
-        if best is None or (d, nid) < (best[0], best[1]):
+        if best is None or (d, -i.score(nid), nid) < (best[0], -i.score(best[1]), best[1]):
             best = (d, nid, gpus)
     return None if best is None else (best[1], best[2], best[0])
 
@@ -462,15 +488,18 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
         for i in where.values():
             on.setdefault(i.node, []).append(i)
         sources = sorted((nid for nid in on if nid in c.nodes and (c.room is None or nid in c.room)),
-                         key=lambda nid: (*_source_key(c.nodes[nid], need), nid))
+                         key=lambda nid: (-c.room_score(nid), *_source_key(c.nodes[nid], need), nid))
         sources = [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
         before = _count(_on(c.nodes, c.room), need)
-        best = None
+        best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
         for size in range(1, left + 1):  # the fewest moves anywhere first
             for src in sources:
                 found = _free_room(c, need, src, on[src], budget, size, before)
-                if found is not None and (best is None or found[0] < best[0]):
-                    best = found
+                if found is None:
+                    continue
+                rank = (-c.room_score(src), *found[0])  # of as few moves, room on its most preferred node
+                if best is None or rank < best[0]:
+                    best = (rank, found[1], found[2])
             if best is not None:
                 break
         if best is None:
@@ -585,7 +614,7 @@ def _try_pending(src: _Parsed, p: Mapping[str, Any], need: Need, k: int, before:
         return None, f"{bid} fits without moves"
     insts, budget = src.movable_of(int(p.get("priority") or 0))
     c = src.cluster()
-    c.room = room
+    c.room, c.prefer = room, _prefer_of(p) or {}
     found = plan_pending(c, need, insts, budget, k)
     if found is None:
         return c, f"{bid} does not fit after {k} move(s) or fewer"
