@@ -196,3 +196,73 @@ def test_a_preempted_block_that_waits_never_preempts() -> None:
     assert plan(preempt_input("hi", ir, "c", views, placed, 10))["victims"] == {"n0": ["lo-0"]}
     out = plan(preempt_input("hi", ir, "c", views, placed, 10, preempted_by="top"))
     assert out["victims"] == {} and "preempted by top" in out["reason"]
+
+
+def _cpu_node(nid: str, cpu_free: float, mem_free: float, free_gpus: int, gpus: int = 8) -> tuple[str, dict[str, Any]]:
+    return nid, {"cpu_free": cpu_free, "mem_free": mem_free,
+                 "gpus": {f"{nid}-g{g}": {"model": "G2", "free": 1.0 if g < free_gpus else 0.0} for g in range(gpus)}}
+
+
+def _holder(bid: str, priority: int, nid: str, gpus: list[int], cpu: float, memory: float,
+            created: float = 0.0) -> dict[str, Any]:
+    """A block of one instance on ``nid`` holding ``gpus`` (none: a CPU-only block), CPU and memory."""
+    return {"block_id": bid, "priority": priority, "created": created, "minInstances": 1,
+            "instances": {f"{bid}-0": {"node_id": nid, "gpus": [f"{nid}-g{g}" for g in gpus], "share": 1.0,
+                                       "cpu": cpu, "memory": memory, "created": created}}}
+
+
+def _cpu_inp(gpus: int, cpu: float, memory: float, nodes: list[tuple[str, dict[str, Any]]],
+             cands: list[dict[str, Any]], priority: int = 1000) -> dict[str, Any]:
+    return {"action": "preempt", "minDelta": 10,
+            "block": {"block_id": "p", "priority": priority, "minInstances": 1,
+                      "resources": {"gpus": gpus, "cpu": cpu, "memory": memory}},
+            "cluster": {"cluster_id": "c1", "nodes": dict(nodes)}, "candidates": cands}
+
+
+def test_a_cpu_only_victim_frees_the_cpu_a_node_lacks() -> None:
+    """The GPUs are free, the CPU is not: the victim is the lower CPU-only block that holds it (0 GPUs
+    freed), not a GPU holder elsewhere; memory the same (the trace's 8-GPU LS task: 64 CPUs, 257 GiB
+    on a 96-CPU, 384 GiB node). Fails when the planner does not give a victim's CPU or memory back."""
+    nodes = [_cpu_node("n1", cpu_free=40, mem_free=300_000, free_gpus=8), _cpu_node("n2", 96, 393_216, free_gpus=0)]
+    cands = [_holder("cpu-be", 0, "n1", [], cpu=32, memory=1024), _holder("gpu-be", 0, "n2", list(range(8)), 8, 1024)]
+    out = plan(_cpu_inp(8, 64, 263_168, nodes, cands[:1]))
+    assert out["blocks"] == {"cpu-be": ["cpu-be-0"]} and out["gpus_freed"] == 0 and out["fits"] == {"n1": 1}
+    # n2's GPU holder frees a whole node too: the planner still takes the one that frees no GPU
+    # (fewest GPUs freed), here both free enough
+    nodes[1] = _cpu_node("n2", 96, 393_216, free_gpus=0)
+    assert plan(_cpu_inp(8, 64, 263_168, nodes, cands))["blocks"] == {"cpu-be": ["cpu-be-0"]}
+    # memory the binding resource
+    mem_nodes = [_cpu_node("n1", cpu_free=96, mem_free=100_000, free_gpus=8)]
+    mem = [_holder("mem-be", 0, "n1", [], cpu=8, memory=200_000)]
+    assert plan(_cpu_inp(8, 64, 263_168, mem_nodes, mem))["blocks"] == {"mem-be": ["mem-be-0"]}
+
+
+def test_gpus_from_one_victim_cpu_from_another_on_the_same_node() -> None:
+    """n1's GPUs held by a lower GPU block, its CPU by a lower CPU-only block: both go (neither alone
+    is enough); a same-priority CPU-only block holding the CPU instead leaves no victim (the delta
+    rule), and an idle node elsewhere with the GPUs but not the CPU changes nothing."""
+    nodes = [_cpu_node("n1", cpu_free=0, mem_free=393_216, free_gpus=0), _cpu_node("n2", 8, 393_216, free_gpus=8)]
+    gpu_lo = _holder("gpu-lo", 0, "n1", list(range(8)), cpu=8, memory=1024, created=1.0)
+    cpu_lo = _holder("cpu-lo", 100, "n1", [], cpu=56, memory=1024, created=2.0)
+    ls = _holder("cpu-ls", 1000, "n1", [], cpu=32, memory=1024)
+    out = plan(_cpu_inp(8, 64, 1024, nodes, [gpu_lo, cpu_lo, ls]))
+    assert out["blocks"] == {"cpu-lo": ["cpu-lo-0"], "gpu-lo": ["gpu-lo-0"]} and out["gpus_freed"] == 8
+    assert out["fits"] == {"n1": 1}
+    same = {**cpu_lo, "priority": 995}
+    out = plan(_cpu_inp(8, 64, 1024, nodes, [gpu_lo, same, ls]))
+    assert out["victims"] == {} and out["reason"] == "the block does not fit even with every lower-priority block gone"
+    keep = {**cpu_lo, "preemptible": False}
+    assert plan(_cpu_inp(8, 64, 1024, nodes, [gpu_lo, keep, ls]))["victims"] == {}
+
+
+def test_a_cpu_only_preemptor_takes_the_lowest_youngest_cpu_holder() -> None:
+    """A CPU-only preemptor (636 LS tasks of multigpu50 ask no GPU): the lowest priority, then the
+    youngest holder of enough CPU; a GPU holder is taken only when it frees the CPU, within the bound."""
+    nodes = [_cpu_node("n1", cpu_free=4, mem_free=393_216, free_gpus=0)]
+    old = _holder("old", 0, "n1", [], cpu=16, memory=1024, created=1.0)
+    young = _holder("young", 0, "n1", [], cpu=16, memory=1024, created=5.0)
+    burst = _holder("burst", 100, "n1", [], cpu=16, memory=1024, created=9.0)
+    assert plan(_cpu_inp(0, 12, 1024, nodes, [burst, old, young]))["blocks"] == {"young": ["young-0"]}
+    gpu = _holder("gpu", 0, "n1", list(range(8)), cpu=16, memory=1024)
+    out = plan(_cpu_inp(0, 12, 1024, nodes, [gpu]))
+    assert out["blocks"] == {"gpu": ["gpu-0"]} and out["gpus_freed"] == 8  # 8 <= 0 + one node's 8
