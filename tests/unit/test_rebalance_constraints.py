@@ -243,3 +243,14 @@ def test_a_moved_instance_keeps_its_preferred_affinity() -> None:
     placed[1] = row("b", "n2", [0, 1, 2, 3], preemptible=False)
     data = hr.rebalance_input("c1", views, placed, [pending()], 2, hr.Trigger.PENDING, indexes={"s": affinity.empty_index()})
     assert plan(without(data, "prefer"))["moves"] and plan(data)["moves"] == []
+
+
+async def test_the_worker_reads_a_waiting_blocks_affinity_index() -> None:
+    """``plan_rounds`` asks ``affinity_indexes`` for the placed rows and the waiting blocks' records
+    (``{"ir": ...}``, no ``block_id``): a waiting block with affinity gets its index, by its
+    ``ir.blockId`` (without it, its room would be on no node)."""
+    from aios_blocks.state.rebalance import affinity_indexes
+
+    p = pending(affinity=_toward("Required", "n1"))
+    got = await affinity_indexes(None, [row("s0", "n0", [0]), p])
+    assert set(got) == {"p"} and got["p"]["services"] == {} and got["p"]["leases"] == {}
