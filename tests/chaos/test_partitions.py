@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -38,7 +39,10 @@ from .rig import Probe, Rig
 
 pytestmark = pytest.mark.integration
 
-SEEDS = int(os.environ.get("AIOS_PARTITION_SEEDS", "3"))
+#: the schedules run: ``AIOS_PARTITION_SEEDS`` of them from ``AIOS_PARTITION_SEED_START`` (so a long
+#: run can be split into chunks or resumed where it stopped)
+SEED_START = int(os.environ.get("AIOS_PARTITION_SEED_START", "0"))
+SEEDS = range(SEED_START, SEED_START + int(os.environ.get("AIOS_PARTITION_SEEDS", "3")))
 CLUSTERS, NODES, GPUS = 3, 3, 8
 BURST = 24  # creates at least, 0.5 s apart: and on until the last fault is over
 FAULTS = ("partition", "redis", "sigstop")
@@ -59,7 +63,7 @@ async def rig(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[
 
 
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("seed", range(SEEDS))
+@pytest.mark.parametrize("seed", SEEDS)
 async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> None:
     rng = random.Random(seed)
     order = list(FAULTS)
@@ -82,6 +86,8 @@ async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> N
                 await rig.pause_server(name, rng.uniform(6.0, 10.0))
             await asyncio.sleep(rng.uniform(0.5, 2.0))
 
+    took: dict[str, float] = {}
+    t = time.monotonic()
     done = asyncio.Event()
     burst = asyncio.create_task(probe.run(BURST, every_s=0.5, until=done))
     try:
@@ -89,6 +95,7 @@ async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> N
     finally:
         done.set()
     await burst
+    took["faults"] = time.monotonic() - t
     blocks = set(probe.acked)
     assert len(blocks) == probe.n >= BURST
 
@@ -98,16 +105,20 @@ async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> N
     # the heal says nothing of the majority alone)
     assert "placed_s" in figures or not figures.get("acked_in_cut"), (figures, rig.log)
 
+    t = time.monotonic()
     status = await wait_terminal(rig.client, blocks, timeout=180)
+    took["terminal"] = time.monotonic() - t
     missing = sorted(blocks - set(status))
     assert not missing, f"acknowledged creates never answered: {missing[:10]}\n" + "\n".join(rig.log)
     not_ready = {b: s for b, s in status.items() if s != "ready"}
     for b in not_ready:  # refused or failed: with a reason
         assert ((await rig.client.store.get_block(b)) or {}).get("reason"), b
 
+    t = time.monotonic()
     violations, checked = await rig.final_checks([f"c{i}" for i in range(CLUSTERS)])
+    took["checks"] = time.monotonic() - t
     assert not violations, "\n".join([*violations, "-- faults --", *rig.log])
     assert checked["counts"].get("blocks_ready", 0) == len(blocks) - len(not_ready) > 0, checked["counts"]
     figures["diverged_before_recover"] = len(checked["diverged_before_recover"])
     print(f"\nseed {seed}: {len(blocks)} creates, {len(not_ready)} not ready, create->ready p50 {probe.latency():.2f}s, "
-          f"partition {figures}, order {order}, log {rig.log}")
+          f"partition {figures}, order {order}, log {rig.log}, took {took}, cli {rig.cli_log}")

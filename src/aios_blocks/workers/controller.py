@@ -134,6 +134,11 @@ async def on_dry_run(w: Worker, m: Inbound[DryRunRequest]) -> None:
 async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
     ev = m.data
     block = await w.store.get_block(ev.block_id)
+    if block is not None and _reselected(block, ev):
+        # this request's reselect step is stored, its events may not be (their publish failed and
+        # the request came again): publish them again (the stream deduplicates them by id)
+        await _reselect_events(w, block["ir"], ev, "(the first try's reason was not stored)")
+        return
     if block is None or block["gen"] != ev.gen or block["status"] not in ("allocating", "placing"):
         return
     if int(block.get("attempt", 0)) != ev.attempt:
@@ -516,6 +521,20 @@ async def _reselect_or_fail(
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
     if ok or info == "parsed":
         await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(ir), n + 1))
+
+
+def _reselected(block: BlockRecord, ev: AllocationRequest) -> bool:
+    """The block is where this request's reselect step left it (``parsed``, the next round) and
+    no gateway took that round yet."""
+    return block["gen"] == ev.gen and block["status"] == "parsed" and int(block.get("attempt", 0)) == ev.attempt + 1
+
+
+async def _reselect_events(w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str) -> None:
+    """A reselect step's events again (``_reselect_or_fail``'s): why the cluster could not take the
+    gang (the first one stored keeps its reason), the block back to selection."""
+    bid, gen, n = ev.block_id, ev.gen, ev.attempt
+    await w.bus.emit(E.block_allocation_failed, StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)))
+    await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(ir), n + 1))
 
 
 
