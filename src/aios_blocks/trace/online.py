@@ -148,6 +148,9 @@ class Job:
     #: resources (the task never changes): computed once, not per walk
     qkey: tuple[Any, ...] = ()
     needs: Needs | None = None
+    #: its place in the arrival order: the age the planner reads (``created``; the live system's
+    #: is the create's stream sequence: the same order, not the time it was last placed)
+    order: int = 0
 
 
 @dataclass
@@ -249,6 +252,8 @@ class Sim:
         for t in timed:
             self.push(t.created, 1, block_id(t.task), 0)
             self.jobs[block_id(t.task)] = self.job(t)
+        for k, i in enumerate(sorted(range(len(timed)), key=lambda i: (timed[i].created, i))):
+            self.jobs[block_id(timed[i].task)].order = k + 1
         #: the window the figures cover: up to the last arrival (a few tasks run for months after it)
         self.span = max((t.created for t in timed), default=0.0)
         self.last_t, self.area = 0.0, 0.0
@@ -387,7 +392,7 @@ class Sim:
     def row(bid: str, r: Job) -> dict[str, Any]:
         """A running block as ``handlers.preemption.candidates`` reads it."""
         assert r.place is not None
-        return {"block_id": bid, "ir": r.ir, "created": r.start, "gen": 0,
+        return {"block_id": bid, "ir": r.ir, "created": float(r.order), "gen": 0,
                 "instances": {f"{bid}-0": {"node": r.place[0], "gpus": r.place[1]}}}
 
     def plan_input(self, bid: str, j: Job) -> dict[str, Any]:
