@@ -53,11 +53,15 @@ def pool(tasks: list[tuple[float, int, float]], capacity: int, smallest_first: b
 def bound(workload: str, load: float, share: float, seed: int) -> dict[str, Any]:
     nodes = online.shrink(load_nodes(pods("default").with_name("openb_node_list_gpu_node.csv"), "trace"), share, seed)
     gpus = sum(len(n.gpus) for n in nodes)
+    cpus, mem = sum(n.cpu for n in nodes), sum(n.memory for n in nodes)
     timed, _ = online.load_timed(pods(workload), seed)
     span = max(t.created for t in timed) / load
     ls = [(t.created / load, t.task.milli_total, t.duration) for t in timed
           if qosmod.class_of(t.task.qos) == qosmod.LATENCY_SENSITIVE]
-    out: dict[str, Any] = {"workload": workload, "load": load, "cluster_share": share, "gpus": gpus, "ls_tasks": len(ls)}
+    ls_cm = [(t.created / load, t.task.cpu_milli / 1000, t.task.memory_mib, t.duration) for t in timed
+             if qosmod.class_of(t.task.qos) == qosmod.LATENCY_SENSITIVE]
+    out: dict[str, Any] = {"workload": workload, "load": load, "cluster_share": share, "gpus": gpus, "cpus": cpus,
+                           "memory_mib": mem, "ls_tasks": len(ls)}
     for name, small in (("fifo_backfill", False), ("smallest_first", True)):
         w = sorted(x for c, x in pool(ls, gpus * 1000, small) if c >= online.WARMUP * span)
         out[name] = {"p50": round(w[len(w) // 2], 1), "p99": round(w[int(0.99 * len(w))], 1),
@@ -65,7 +69,11 @@ def bound(workload: str, load: float, share: float, seed: int) -> dict[str, Any]
     demand = []
     for a in (span - 9000, span - 6000, span - 3000):
         busy = sum(m / 1000 * max(0.0, min(c + d, a + 3000) - max(c, a)) for c, m, d in ls) / 3000
-        demand.append({"from": round(a), "to": round(a + 3000), "ls_gpus_busy": round(busy), "pct": round(100 * busy / gpus)})
+        # the same for CPU and memory (the pool above has none: a node's CPU or memory can bind first)
+        cpu = sum(x * max(0.0, min(c + d, a + 3000) - max(c, a)) for c, x, _m, d in ls_cm) / 3000
+        mib = sum(m * max(0.0, min(c + d, a + 3000) - max(c, a)) for c, _x, m, d in ls_cm) / 3000
+        demand.append({"from": round(a), "to": round(a + 3000), "ls_gpus_busy": round(busy), "pct": round(100 * busy / gpus),
+                       "cpu_pct": round(100 * cpu / cpus), "mem_pct": round(100 * mib / mem)})
     out["ls_demand"] = demand
     return out
 
