@@ -87,6 +87,41 @@ def classify(sim: online.Sim, j: online.Job) -> tuple[str, dict[str, Any]]:
     return "same_priority", info
 
 
+def holders(sim: online.Sim, j: online.Job) -> dict[str, Any]:
+    """For a ``cpu_mem`` state: the node with the GPUs (once the lower blocks go) that comes closest
+    to the CPU, and who holds its CPU and memory: blocks the planner may take (``lo_*``: GPU holders
+    and CPU-only ones) and blocks it may not (``hi_*``: its own priority or higher), in cores / MiB."""
+    t = j.timed.task
+    floor = int(j.ir["priority"]) - sim.min_delta
+    models = set(t.models() or ())
+    best: tuple[float, dict[str, Any]] | None = None
+    for nid, v in sim.views.items():
+        gs = [g for g in v["gpus"] if not models or g["model"] in models]
+        if len(gs) < t.num_gpu:
+            continue
+        held: dict[str, float] = {"lo_gpu_cpu": 0.0, "lo_cpu_cpu": 0.0, "hi_gpu_cpu": 0.0, "hi_cpu_cpu": 0.0,
+                                  "lo_mem": 0.0, "hi_gpu_mem": 0.0, "hi_cpu_mem": 0.0, "hi_cpu_n": 0}
+        hard: set[str] = set()
+        for r in sim.running.values():
+            if r.place is None or r.place[0] != nid:
+                continue
+            rt, hi = r.timed.task, int(r.ir["priority"]) > floor
+            kind = ("hi" if hi else "lo") + ("_gpu" if rt.num_gpu or rt.gpu_milli else "_cpu")
+            held[kind + "_cpu"] += rt.cpu_milli / 1000
+            held[kind + "_mem" if hi else "lo_mem"] += rt.memory_mib
+            if hi:
+                hard.update(r.place[1])
+                held["hi_cpu_n"] += kind == "hi_cpu"
+        if sum(1 for g in gs if g["id"] not in hard) < t.num_gpu:
+            continue
+        short = t.cpu_milli / 1000 - (v["cpu_free"] + held["lo_gpu_cpu"] + held["lo_cpu_cpu"])
+        row = {"node": nid, "gpus": t.num_gpu, "need_cpu": t.cpu_milli / 1000, "need_mem": t.memory_mib,
+               "cpu_free": v["cpu_free"], "mem_free": v["memory_free"], **held}
+        if best is None or short < best[0]:
+            best = (short, row)
+    return best[1] if best else {}
+
+
 class Stop(Exception):
     pass
 
@@ -122,7 +157,8 @@ class Why(online.Sim):
             self.why[c] += 1
             self.why_gpus[(c, j.timed.task.num_gpu)] += 1
             if info and len(self.samples) < 4000:
-                self.samples.append({"t": round(now, 1), "class": c, **info})
+                self.samples.append({"t": round(now, 1), "class": c, **info,
+                                     **({"holders": holders(self, j)} if c == "cpu_mem" else {})})
         return ok
 
 
@@ -177,7 +213,15 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             "waiting_ls_sampled": dict(sim.waiting_ls),
             "ls_steady_wait_by_gpus": {g: {"n": len(w), "waited": sum(1 for x in w if x > 2), "p50": pct(w, 0.5),
                                            "p99": pct(w, 0.99)} for g, w in sorted(by_gpus.items())},
+            "cpu_mem_holders_mean": _mean_holders(sim.samples),
             "samples": sim.samples[:: max(1, len(sim.samples) // 40)]}
+
+
+def _mean_holders(samples: list[dict[str, Any]]) -> dict[str, float]:
+    """The mean of each ``holders`` figure over the ``cpu_mem`` samples (cores, MiB, counts)."""
+    rows = [s["holders"] for s in samples if s.get("holders")]
+    keys = [k for k in (rows[0] if rows else {}) if k != "node"]
+    return {"n": len(rows), **{k: round(sum(float(r[k]) for r in rows) / len(rows), 1) for k in keys}}
 
 
 def main() -> None:
