@@ -63,3 +63,16 @@ def test_no_move_when_no_instance_there_holds_enough_cpu() -> None:
     movable[-2] = blk("s", "m0", [0], cpu=4)
     out = plan(inp(nodes, movable, {"gpus": 4, "cpu": 16}))
     assert out["moves"] == [], out
+
+
+def test_the_instances_that_free_the_cpu_are_among_the_subsets_tried() -> None:
+    # m0 (GPUs free) is short of 20 CPU: 30 young 0.5-CPU instances and the two oldest hold 12
+    # each; only that pair frees enough (size 1: 12 < 20), and it is the last of the 435 pairs in
+    # the old order (youngest first), beyond the 256 subsets tried per size
+    nodes = [node("m0", {0}, cpu=0), node("z9", {0, 1, 2, 3, 4, 5, 6}, cpu=60)]
+    movable = [blk("g", "m0", [0], cpu=1)]
+    movable += [{**blk(f"c{k:02d}", "m0", [], cpu=0.5), "created": 100.0 + k} for k in range(30)]
+    movable += [{**blk(f"h{k}", "m0", [], cpu=12), "created": float(k)} for k in range(2)]
+    out = plan(inp(nodes, movable, {"gpus": 4, "cpu": 20}))
+    assert sorted(m["instance_id"] for m in out["moves"]) == ["h0-0", "h1-0"], out
+    assert out["fits"] == {"m0": 1}

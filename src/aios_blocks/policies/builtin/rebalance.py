@@ -375,7 +375,14 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
     """The best ``size`` instances of node ``src`` whose moves make room for one more instance of
     ``need`` in the cluster (it takes ``before`` now), each sent where it fragments least: (rank,
     moves, the nodes after), or None."""
-    order = sorted(insts, key=lambda i: (i.gpu_amount, i.priority, -i.created, i.iid))  # smallest, lowest, youngest
+    _, cpu, mem = _short_of(c.nodes[src], need)
+
+    def frees(i: Inst) -> float:  # of the CPU and memory the source is short of, what the instance frees
+        return (min(1.0, i.cpu / cpu) if cpu > 0 else 0.0) + (min(1.0, i.memory / mem) if mem > 0 else 0.0)
+
+    # smallest, then (where CPU or memory is short) the most of it first, lowest, youngest: the
+    # subsets tried (at most SUBSETS per size) are the ones that free what blocks the pending block
+    order = sorted(insts, key=lambda i: (i.gpu_amount, -frees(i), i.priority, -i.created, i.iid))
     if size > len(order) or _too_short(c.nodes[src], need, order, size):
         return None
     best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
