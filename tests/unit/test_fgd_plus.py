@@ -141,9 +141,10 @@ class _NoMemo(dict[Any, float]):
 
 
 class _Uncached(FgdPlusPolicy):
-    """fgd-plus without its memos: the slow path."""
+    """fgd-plus without its memos: the slow path (each node scored, every figure afresh)."""
 
     memoise = False
+    rank_by_state = False
 
     def measure(self, shapes: list[dict[str, Any]]) -> BlendedWorkload:
         wl = super().measure(shapes)

@@ -16,9 +16,11 @@ import msgspec
 from ..schemas.events import nodes_root as events_root
 from ..schemas.records import GpuView, NodeView, Totals
 from ..schemas.records import Needs as Needs  # (re-exported: what one instance needs)
-
-#: a GPU's compute, in thousandths: a view's ``share_free`` and a need's ``gpuShare`` x 1000
-SHARE_UNITS = 1000
+from .views import _VIEWS, Ranked, States
+from .views import SHARE_UNITS as SHARE_UNITS  # (re-exported: a GPU's compute, in thousandths)
+from .views import derived as derived  # (re-exported: figures memoised per view)
+from .views import node_state as node_state  # (re-exported: all a score reads of a view)
+from .views import state_id as state_id
 
 
 def share_units(needs: Needs) -> int:
@@ -76,44 +78,28 @@ def _usable(node: NodeView, mem: int, share: bool, units: int, models: Any) -> l
     return usable
 
 
-#: id(view) -> (the view, {what: value}): figures derived from a node view, kept while the view
-#: lives. Views are replaced, never edited in place, except by ``take`` (on copies), which drops
-#: the view's entry; holding the view keeps its id from being reused while the entry exists.
-_VIEWS: dict[int, tuple[NodeView, dict[Any, Any]]] = {}
-_VIEWS_MAX = 200_000
-
-
-def derived(node: NodeView, what: Any, compute: Any) -> Any:
-    """``compute(node)``, memoised per view (by identity) and ``what``. Callers must not change
-    what it returns."""
-    hit = _VIEWS.get(id(node))
-    if hit is None or hit[0] is not node:
-        if len(_VIEWS) >= _VIEWS_MAX:
-            _VIEWS.clear()
-        hit = _VIEWS[id(node)] = (node, {})
-    memo = hit[1]
-    if what in memo:
-        return memo[what]
-    value = memo[what] = compute(node)
-    return value
-
-
 def best_fit(
     nodes: dict[str, NodeView], skip: Any, fits_key: Any, fits: Any, rank_key: Any, rank: Any, count: int,
+    by_state: tuple[Any, Any] | None = None,
 ) -> tuple[str, list[GpuView]] | None:
     """The node with the lowest ``(rank(view), node id)`` among those not in ``skip`` whose
     ``fits(view)`` has at least ``count`` GPUs: ``(node id, its usable GPUs)``, or None. Both
     figures are memoised per view (:func:`derived`). For views without affinity annotations (every
     view of a block with no affinity entries): an inventory view (:class:`Nodes`) keeps its
-    fitting nodes in rank order, caught up in O(changes) (``_Ranked``), so the answer is the first
-    one not skipped; a plain dict is scanned once."""
+    fitting nodes in rank order, caught up in O(changes) (``views.Ranked``), so the answer is the first
+    one not skipped; a plain dict is scanned once.
+
+    ``by_state``, ``(score, tie)``: ``rank(view)`` is ``(score(view), *tie(node id))`` and
+    ``score`` reads nothing of a view but its :func:`node_state` (as ``fits`` does): the index
+    then scores each distinct node state once per shape, not each node (1,213 nodes of the trace,
+    a few hundred states), and ranks a node by its state's score and its id's ``tie``."""
     if isinstance(nodes, Nodes):
         key = (fits_key, rank_key)
         index = nodes._ranked.get(key)
         if index is None:
             if len(nodes._ranked) >= _SHAPES_PER_VIEW:
                 nodes._ranked.pop(next(iter(nodes._ranked)))
-            index = nodes._ranked[key] = _Ranked(nodes, fits_key, fits, rank_key, rank)
+            index = nodes._ranked[key] = Ranked(nodes, fits_key, fits, rank_key, rank, by_state)
         index.update()
         entries = index.entries
         for _r, nid in index.order:
@@ -141,48 +127,6 @@ def best_fit(
         if best is None or r < best_rank or (r == best_rank and nid < best[0]):
             best_rank, best = r, (nid, usable)
     return best
-
-
-class _Ranked:
-    """Per (inventory view, shape, rank): the ids of the nodes that fit one instance, sorted by
-    ``(rank(view), id)``, kept from the view's change log like ``_Fits``."""
-
-    def __init__(self, ref: Nodes, fits_key: Any, fits: Any, rank_key: Any, rank: Any) -> None:
-        self.ref = ref
-        self.fits_key, self.fits, self.rank_key, self.rank = fits_key, fits, rank_key, rank
-        #: id -> (its view, its sort key or None when it does not fit)
-        self.entries: dict[str, tuple[NodeView, Any]] = {}
-        self.order: list[tuple[Any, str]] = []
-        self.seen = -1
-
-    def _set(self, nid: str, view: NodeView | None) -> None:
-        old = self.entries.get(nid)
-        if old is not None:
-            if old[0] is view:
-                return
-            del self.entries[nid]
-            if old[1] is not None:
-                i = bisect_left(self.order, (old[1], nid))
-                del self.order[i]
-        if view is None:
-            return
-        usable = derived(view, self.fits_key, self.fits)
-        r = derived(view, self.rank_key, self.rank) if usable is not None else None
-        self.entries[nid] = (view, r)
-        if r is not None:
-            insort(self.order, (r, nid))
-
-    def update(self) -> None:
-        ref = self.ref
-        changed = ref.changed_since(self.seen) if self.seen >= 0 else None
-        self.seen = ref.version
-        if changed is None:
-            self.entries, self.order = {}, []
-            for nid, view in ref.items():
-                self._set(nid, view)
-            return
-        for nid in set(changed):
-            self._set(nid, ref.get(nid))
 
 
 def healthy_ids(nodes: dict[str, NodeView]) -> list[str]:
@@ -362,8 +306,8 @@ class Nodes(dict[str, NodeView]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_root", "_totals",
-                 "_witness")
+    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_root", "_states",
+                 "_totals", "_witness")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -379,7 +323,9 @@ class Nodes(dict[str, NodeView]):
         # (``any_fits`` checks it first; a hint, never trusted without checking its view)
         self._witness: dict[tuple[Any, ...], str] = {}
         # per (fits key, rank key): the fitting nodes in rank order (``best_fit``)
-        self._ranked: dict[tuple[Any, Any], _Ranked] = {}
+        self._ranked: dict[tuple[Any, Any], Ranked] = {}
+        # each node's state id and the nodes of each state (``states``)
+        self._states: States | None = None
         # the node-reference map's JSON (``node_refs``): (version, bytes, each entry's bytes in
         # order, the ``ids()`` list they follow)
         self._refs: tuple[int, bytes, list[bytes], list[str]] | None = None
@@ -396,6 +342,13 @@ class Nodes(dict[str, NodeView]):
             ids = self._ids = list(dict.keys(self))
             self._pos = None
         return ids
+
+    def states(self) -> dict[int, dict[str, None]]:
+        """State id (``views.state_id``) -> the ids of the nodes in that state, caught up (callers
+        must not change it)."""
+        if self._states is None:
+            self._states = States(self)
+        return self._states.update()
 
     def positions(self) -> dict[str, int]:
         """Each id's index in ``ids()``, cached the same way."""

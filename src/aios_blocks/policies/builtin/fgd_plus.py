@@ -203,14 +203,6 @@ class FillWorkload:
         return out
 
 
-def node_state(node: NodeView) -> tuple[Any, ...]:
-    """All a score reads from a node view (``capacity.node_fits`` and the measures): two views
-    with the same state get the same score and the same GPU positions."""
-    return (node.get("healthy", True), node["cpu_free"], node["memory_free"],
-            tuple((g["exclusive"], g.get("share_free", UNITS), g["instances"], g["memory_free"], g["memory"],
-                   g.get("model")) for g in node["gpus"]))
-
-
 class BlendedWorkload:
     """The measure the policy descends: ``(1 - look_ahead)`` x FGD's (one next task) plus
     ``look_ahead`` x :class:`FillWorkload`'s (the node filled with the workload)."""
@@ -311,7 +303,7 @@ class FgdPlusPolicy(_FragBase):
         if not self.memoise:
             return self._score_view(node, usable, needs, units, count)
         models = needs.get("gpuModels")
-        key = (capacity.derived(node, "fgd-plus:state", node_state), needs.get("cpu", 0), needs.get("memory", 0),
+        key = (capacity.state_id(node), needs.get("cpu", 0), needs.get("memory", 0),
                needs.get("gpuMemory", 0), units, count, tuple(models) if models else ())
         hit = self._scores.get(key)
         gpus = node["gpus"]

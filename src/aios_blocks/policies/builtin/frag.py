@@ -129,6 +129,9 @@ class _FragBase(_ResourceAllocator):
     """Feasibility as the built-ins, then the lowest ``_score`` (ties: a seeded hash of the id)."""
 
     mode = "frag"
+    #: rank an inventory view's nodes by their state's score, each distinct state scored once per
+    #: shape (``capacity.best_fit``'s ``by_state``); off: each node scored (the tests' slow path)
+    rank_by_state = True
 
     def __init__(self, rule_id: str, settings: dict[str, Any], parameters: dict[str, Any]):
         super().__init__(rule_id, settings, parameters)
@@ -137,6 +140,7 @@ class _FragBase(_ResourceAllocator):
         # what the per-view score memo is keyed by besides the shape: the same views scored for
         # another workload or seed are other figures
         self.key = (self.mode, self.seed, zlib.crc32(repr(self.parameters.get("workload")).encode()))
+        self._ties: dict[str, tuple[int, str]] = {}
 
     def _pick(
         self, nodes: dict[str, Any], healthy: set[str], needs: Needs, avoid: set[str], seed: str
@@ -154,19 +158,20 @@ class _FragBase(_ResourceAllocator):
             usable = capacity.derived(n, fits_key, fits)
             return self._score(n, usable, needs, units, count)
 
-        salt = f"{self.seed}:".encode()
         rank_key = ("rank", *self.key, fits_key)
+        tie = self._tie
 
         def rank(n: NodeView) -> tuple[Any, ...]:
-            nid = str(n["node_id"])
-            return (capacity.derived(n, score_key, score)[0], zlib.crc32(salt + nid.encode()), nid)
+            return (capacity.derived(n, score_key, score)[0], *tie(str(n["node_id"])))
 
         if "affinity" not in next(iter(nodes.values()), {}):
             # no affinity annotations (a view is annotated with all the others or not at all): the
             # lowest (score, seeded hash of the id) among the fitting nodes, which an inventory
-            # view keeps in order per shape (``capacity.best_fit``), caught up in O(changes)
+            # view keeps in order per shape (``capacity.best_fit``), caught up in O(changes); a
+            # score reads only the node's state, so the index scores each distinct state once
             skip = (nodes.keys() - healthy) | avoid
-            found = capacity.best_fit(nodes, skip, fits_key, fits, rank_key, rank, count)
+            by_state = (lambda n: capacity.derived(n, score_key, score)[0], tie) if self.rank_by_state else None
+            found = capacity.best_fit(nodes, skip, fits_key, fits, rank_key, rank, count, by_state)
             if found is None:
                 return None
             return found[0], capacity.derived(nodes[found[0]], score_key, score)[1]
@@ -187,8 +192,19 @@ class _FragBase(_ResourceAllocator):
             return None
         return best[1], capacity.derived(nodes[best[1]], score_key, score)[1]
 
+    def _tie(self, nid: str) -> tuple[int, str]:
+        """What breaks equal scores: a hash of the node id with the seed, then the id (kept per id)."""
+        hit = self._ties.get(nid)
+        if hit is None:
+            if len(self._ties) >= 100_000:
+                self._ties.clear()
+            hit = self._ties[nid] = (zlib.crc32(f"{self.seed}:{nid}".encode()), nid)
+        return hit
+
     def _score(self, node: NodeView, usable: list[GpuView], needs: Needs, units: int,
                count: int) -> tuple[Any, list[str]]:
+        """The node's score for one instance (lower is better; it must read nothing of the view
+        but its ``capacity.node_state``) and the GPUs it would take."""
         raise NotImplementedError
 
     # -- shared helpers ----------------------------------------------------------------------
