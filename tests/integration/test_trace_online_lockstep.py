@@ -73,3 +73,31 @@ async def test_lockstep_live_makes_the_in_process_decisions(lockstep: None, syst
     assert want["preemptions"] >= 3 and want["pending_end"] > 0, want  # the sample contends the cluster
     assert by_instant(got["log"]) == by_instant(sim.log)
     assert {k: got[k] for k in FIGURES} == {k: want[k] for k in FIGURES}
+
+
+def test_cli_online_live_steps_trace_time_without_speed(tmp_path: Path) -> None:
+    """Without ``--speed`` the command replays in trace time (its own servers and workers, with
+    ``LOCKSTEP_ENV``): the JSON carries the decisions, the same as ``--in-process`` makes."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from aios_blocks.cli.main import app
+
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,1,V100M32\n")
+    (tmp_path / "pods.csv").write_text(
+        "name,cpu_milli,memory_mib,num_gpu,gpu_milli,gpu_spec,qos,pod_phase,creation_time,deletion_time\n"
+        "be,1000,1024,1,1000,,BE,Running,0,1000\nls,1000,1024,1,1000,,LS,Running,100,120\n")
+    args = ["trace", "replay", str(tmp_path / "nodes.csv"), str(tmp_path / "pods.csv"), "--online"]
+    r = CliRunner().invoke(app, [*args, "--live", "--json", str(tmp_path / "live.json")])
+    assert r.exit_code == 0, r.output
+    assert "trace time, lockstep" in r.output and "preemptions 1 (1 victims)" in r.output, r.output
+    r = CliRunner().invoke(app, [*args, "--in-process", "--json", str(tmp_path / "ip.json")])
+    assert r.exit_code == 0, r.output
+    (got,), (want,) = json.loads((tmp_path / "live.json").read_text()), json.loads((tmp_path / "ip.json").read_text())
+    assert (got["mode"], got["clock"]) == ("live", "trace")
+    # be placed at 0, preempted by ls at 100, ls gone at 120, be placed again then
+    assert got["log"] == [["place", 0.0, "be", "n0", ["n0-g0"]], ["preempt", 100.0, "ls", ["be"]],
+                          ["place", 100.0, "ls", "n0", ["n0-g0"]], ["place", 120.0, "be", "n0", ["n0-g0"]]], got["log"]
+    for k in ("placed", "preemptions", "victims", "cascades", "gpu_s_lost", "pending_end", "wait"):
+        assert got[k] == want[k], k

@@ -286,15 +286,18 @@ def _online_live(nodes: list[Any], timed: list[Any], workload: str, policy: list
             return await ol.replay_online_live(client, nodes, timed, speed, policy[0], seed[0], load, cluster_share,
                                                workload=workload, progress=lambda s: console.print(escape(s)))
 
-    if speed is None:
-        for k, v in ol.LOCKSTEP_ENV.items():
-            os.environ.setdefault(k, v)
+    # the workers it starts take the environment: LOCKSTEP_ENV for a lockstep run, unless set (put back after)
+    added = {k: v for k, v in ol.LOCKSTEP_ENV.items() if k not in os.environ} if speed is None else {}
+    os.environ.update(added)
 
     try:
         d = _main()._run(go())
     except live.LiveError as exc:
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(1) from None
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
     waits = ", ".join(f"{c} p50 {w['p50']:g} s / p99 {w['p99']:g} s" for c, w in d["wait"].items())
     console.print(f"[bold]{escape(workload or 'trace')}[/] live ({escape(d['policy'])}, seed {d['seed']}, {d['tasks']} tasks, "
                   f"{'trace time, lockstep' if speed is None else f'speed x{speed:g}'}, load x{d['load']:g}, {d['nodes']} nodes): "

@@ -263,7 +263,7 @@ def _settled(block: Any, insts: dict[str, Any], deleted: bool) -> bool:
 
 async def replay_online_lockstep(client: Any, nodes: list[Node], timed: list[Timed], policy: str = "builtin:fgd-plus",
                                  seed: int = 42, load: float = 1.0, cluster_share: float = 1.0, workload: str = "",
-                                 quiet_s: float = 0.3, timeout: float = 60.0,
+                                 quiet_s: float = 0.5, timeout: float = 120.0,
                                  progress: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """The online replay through the system in trace time, one event at a time (see the module's
     docstring). The figures are ``trace.online.Online``'s, in trace seconds, and ``log`` the
