@@ -90,3 +90,20 @@ def test_history_owners_give_each_event_to_the_tenant_whose_create_made_it() -> 
     assert [owners.owner(s, _ev()) for s in (8, 12, 16, 1)] == ["a", "c", "c", None]
     # a gen no create of the stream names (the stream lost it) that is not the block's now: nobody's
     assert owners.owner(20, _ev(99)) is None
+
+
+def test_a_tenants_watch_shows_each_event_once_by_subject_and_id() -> None:
+    """``bus.history.Once`` (``blocks watch -c``): the relay is core NATS and may pass one stored
+    event twice (same subject, same CloudEvent id); a new id, or the same id on another subject, is
+    a new event; an event without an id is always shown; only the last ``size`` keys are kept."""
+    from aios_blocks.bus.history import Once
+
+    once = Once(size=2)
+    ready = {"id": "b1:1:ready", "data": {}}
+    assert once.first("aios.block.b1.ready", ready) is True
+    assert once.first("aios.block.b1.ready", dict(ready)) is False  # the relay's second delivery
+    assert once.first("aios.block.b1.ready", {"id": "b1:2:ready"}) is True  # another generation's
+    assert once.first("aios.block.b2.ready", ready) is True  # another subject
+    assert once.first("aios.block.b1.ready", {"data": {}}) is True
+    assert once.first("aios.block.b1.ready", {"data": {}}) is True  # no id: nothing to tell it by
+    assert once.first("aios.block.b1.ready", ready) is True  # forgotten: two newer keys since

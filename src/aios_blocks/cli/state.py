@@ -3,34 +3,83 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import typer
 from rich.markup import escape
 
 from .common import DataDir, _request, _run, _seconds_over, _with_client, console, err
 from .render import _line, _plain, _render_explain, _table
+from .tenants import Credentials
 
 if TYPE_CHECKING:
+    from ..projections.base import EventDoc
     from .client import Client
 
-def watch(bid: str = typer.Argument("*", help="Block id, or all blocks."), data_dir: Path = DataDir) -> None:
-    """Print lifecycle events live as they happen (Ctrl-C stops).
+T = TypeVar("T")
 
-    Example: `blocks watch` or `blocks watch blk-1234`
+def watch(
+    bid: str = typer.Argument("*", help="Block id, or all blocks."),
+    since: int = typer.Option(None, "--since", min=1,
+                              help="First the stored events from this stream sequence on (a `replay`'s or "
+                                   "`tenant history`'s seq), then the live ones."),
+    credentials: Path = Credentials,
+    data_dir: Path = DataDir,
+) -> None:
+    """Print lifecycle events live as they happen (Ctrl-C stops). As a tenant (`-c CREDS`): its own
+    blocks' events, each once; `--since` needs a block id then, and another's block is refused as
+    a missing one (exit 1).
+
+    Example: `blocks watch`, `blocks watch blk-1234 --since 1`, `blocks watch team-a-web -c CREDS --since 1`
     """
+    if credentials is not None:
+        _tenant_watch(bid, since, credentials)
+        return
 
     async def go(c: Client) -> None:
-        async for subject, env in c.follow(bid, from_start=False):
+        async for subject, env in c.follow(bid, from_start=False, from_seq=since):
             console.print(f"{env.get('time', '')[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
 
     try:
         _request(go, data_dir)
     except KeyboardInterrupt:
         pass
+
+
+def _as_tenant(coro: Coroutine[Any, Any, T]) -> T:
+    """Run a tenant's command: a block that is not its own (or none) exits 1 with the desk's words,
+    a usage mistake 2."""
+    try:
+        return _run(coro)
+    except LookupError as exc:
+        err.print(f"[red]{escape(str(exc.args[0]))}[/]")
+        raise typer.Exit(1) from None
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        raise typer.Exit(2) from None
+
+
+def _tenant_watch(bid: str, since: int | None, credentials: Path) -> None:
+    """``blocks watch -c``: the desk's history from ``since``, then the relay's live events (``bus.history.follow``)."""
+    from ..bus.history import follow
+    from ..schemas.spec import check_id
+    from .tenants import tenant_connection
+
+    async def go() -> None:
+        if bid != "*":
+            check_id(bid, "block id")
+        async with tenant_connection(credentials) as nc:
+            async for _, subject, env in follow(nc, bid, since):
+                doc = cast("EventDoc", env)
+                console.print(f"{str(doc.get('time', ''))[11:23]} {subject.split('.')[2]:<20} {_line(subject, doc)}")
+
+    with contextlib.suppress(KeyboardInterrupt):
+        _as_tenant(go())
 
 
 def replay(
@@ -66,16 +115,26 @@ def explain(
     bid: str,
     as_json: bool = typer.Option(False, "--json", help="The explanation as one JSON document."),
     inputs: bool = typer.Option(False, "--inputs", help="Rebuild every policy call's input by replaying the stream and check it against the recorded digest."),
+    credentials: Path = Credentials,
     data_dir: Path = DataDir,
 ) -> None:
     """Why the block is where it is, from the stream alone: candidates and filtered clusters, each
     cluster's dry_run score and node/GPUs (and nodes rejected by affinity), why the final cluster
     won, each instance's node and GPUs, failures with reasons, policy calls. With ``--inputs``,
     each call's input is rebuilt by replay (inputs are not stored) and checked against its digest.
+    As a tenant (`-c CREDS`): from its block's history (the gateway's tenant desk), no `--inputs`
+    nor pending-queue line (they read the whole system); another's block is refused as a missing
+    one (exit 1).
 
-    Example: `blocks explain blk-1234 --json --inputs`
+    Example: `blocks explain blk-1234 --json --inputs`, `blocks explain team-a-web -c CREDS`
     """
     from ..projections.explain import explain as fold
+
+    if credentials is not None:
+        if inputs:
+            err.print("[red]error:[/] --inputs replays the whole system stream: not for a tenant (-c)")
+            raise typer.Exit(2)
+        raise typer.Exit(_as_tenant(_tenant_explain(bid, credentials, as_json)))
 
     async def go(c: Client) -> int:
         events = [(s, e) for s, e, _ in await c.history(bid)]
@@ -113,6 +172,27 @@ def explain(
         return 0
 
     raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+async def _tenant_explain(bid: str, credentials: Path, as_json: bool) -> int:
+    """``blocks explain -c``: the fold of the tenant's history of ``bid`` (every page)."""
+    from ..bus.history import ask_all_history
+    from ..projections.explain import explain as fold
+    from ..schemas.spec import check_id
+    from .tenants import tenant_connection
+
+    check_id(bid, "block id")
+    async with tenant_connection(credentials) as nc:
+        page = await ask_all_history(nc, bid, 1, 500)
+    if not page["events"]:
+        err.print(f"[yellow]no events for {escape(bid)}[/]")
+        return 1
+    x = fold([(e["subject"], e["event"]) for e in page["events"]])
+    if as_json:
+        print(json.dumps(x, indent=2, default=str))
+    else:
+        _render_explain(x)
+    return 0
 
 
 def recover(

@@ -2,10 +2,13 @@
 accounts on the embedded server of a running ``blocks up`` (docs/security.md "Tenants"). Each
 change rewrites the server's accounts and reloads them (``runtime.auth``); running clients of
 other tenants and the workers stay connected. ``blocks tenant history`` is the tenant's side: its
-block's events, asked with its credentials file."""
+block's events, asked with its credentials file (as ``blocks explain|watch -c CREDS``,
+``tenant_connection``)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,6 +19,30 @@ from .render import _print_json, _table
 
 if TYPE_CHECKING:
     from .client import Client
+
+#: ``-c CREDS``: observe as a tenant (``blocks tenant history``, ``blocks explain``, ``blocks watch``)
+Credentials = typer.Option(None, "--credentials", "-c", exists=True, dir_okay=False,
+                           help="As a tenant: its user's credentials file (`blocks tenant add T --json`: credentials); "
+                                "only its own blocks, through the gateway's tenant desk (docs/security.md).")
+
+
+@contextlib.asynccontextmanager
+async def tenant_connection(credentials: Path) -> AsyncIterator[Any]:
+    """A NATS connection as the tenant user of ``credentials`` (its file: url, user, password, ca),
+    in nats-py's default configuration (its own account's ``_INBOX``)."""
+    import asyncio
+    import json
+
+    from ..bus.connection import connect
+    from ..runtime.locate import with_userinfo
+
+    creds = json.loads(await asyncio.to_thread(Path(credentials).read_text))
+    nc = await connect(with_userinfo(creds["url"], creds["user"], creds["password"]), name="blocks-tenant",
+                       ca=creds.get("ca"), first_wait_s=10)
+    try:
+        yield nc
+    finally:
+        await nc.close()
 
 tenant_app = typer.Typer(help="Tenants: a NATS account each, with its own users and limits (docs/security.md).",
                          no_args_is_help=True)
@@ -162,26 +189,16 @@ def tenant_history(
 
     Example: `blocks tenant history team-a-web -c data/tenants/team-a/main.json --all`
     """
-    import json
-
     from rich.markup import escape
 
-    from ..bus.connection import connect
     from ..bus.history import ask_all_history, ask_history
-    from ..runtime.locate import with_userinfo
     from .common import _run, err
 
-    creds = json.loads(credentials.read_text())
-
     async def go() -> dict[str, Any]:
-        nc = await connect(with_userinfo(creds["url"], creds["user"], creds["password"]), name="blocks-tenant",
-                           ca=creds.get("ca"), first_wait_s=10)
-        try:
+        async with tenant_connection(credentials) as nc:
             if every:
                 return await ask_all_history(nc, bid, start, limit)
             return await ask_history(nc, bid, start, limit)
-        finally:
-            await nc.close()
 
     try:
         page = _run(go())

@@ -38,8 +38,8 @@ import nats.errors
 import structlog
 
 from ..bus import subjects
-from ..bus.catalog import EVENTS, STREAM, E, Event
-from ..bus.history import stored_from
+from ..bus.catalog import STREAM, E, Event
+from ..bus.history import relayed, stored_from
 from ..runtime import tenants as tn
 from ..schemas.events import DeleteRequest, ScaleRequest, ScaleTarget
 from .base import Worker
@@ -49,23 +49,12 @@ log = structlog.get_logger("aios.tenants")
 #: queue groups: one gateway of several takes each request and relays each event once
 DESK_QUEUE = "tenant-desk"
 RELAY_QUEUE = "tenant-relay"
-#: the stored events of a block, which the relay passes on to its tenant
-RELAYED: tuple[Event[Any], ...] = tuple(e for e in EVENTS if e.stored and e.stream == STREAM
-                                        and e.pattern.startswith(f"{tn.ROOT}.block.{{bid}}."))
 #: how long a tenant's task may take before the desk answers 504
 TASK_TIMEOUT_S = 60.0
 REQUESTS = (E.tenant_block_task, E.tenant_block_scale, E.tenant_block_delete, E.tenant_block_history)
 #: a history page: events at most (``limit``, default), bytes of events at most (a reply stays far
 #: below NATS's 1 MiB max_payload), stored messages read at most (other tenants' included)
 HISTORY_LIMIT, HISTORY_DEFAULT, HISTORY_BYTES, HISTORY_SCAN = 500, 100, 512 * 1024, 5000
-
-
-def relayed(subject: str) -> Event[Any] | None:
-    """The catalog event of a stored block event (``None``: a request, a query, anything else)."""
-    for e in RELAYED:
-        if e.match(subject) is not None:
-            return e
-    return None
 
 
 def tenant_of_create(subject: str) -> str | None:
