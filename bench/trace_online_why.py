@@ -13,6 +13,11 @@ and gets no victim, the state is classified, from the planner's own rules (victi
   the GPUs are held by blocks of its own priority (or higher);
 * ``cpu_mem``: the GPUs would be there on a node but not its CPU or memory.
 
+Only the nodes whose whole CPU and memory can hold the task count (``too_small``: those that have
+the GPUs but not that much CPU or memory in all, e.g. an 8-GPU task of 120 cores on a 96-core
+node). Before, such nodes made ``cpu_mem`` (the GPUs there, the CPU never), so a task only the
+few largest nodes can take, whose GPUs LS blocks held, was counted as CPU held by others.
+
 It also counts the LS waits by GPUs asked and the share of the eligible GPUs LS holds.
 
     .venv/bin/python -m bench.trace_online_why --workload multigpu50 --load 300 --cluster-share 0.2
@@ -61,9 +66,13 @@ def classify(sim: online.Sim, j: online.Job) -> tuple[str, dict[str, Any]]:
     tot_free = tot_avail = ls_held = eligible = 0
     best_avail = 0
     gpu_ok_node = False
+    too_small = 0
     for nid, v in sim.views.items():
         gs = [g for g in v["gpus"] if not models or g["model"] in models]
         if len(gs) < need:
+            continue
+        if float(v.get("cpu") or 0) + 1e-9 < cpu or int(v.get("memory") or 0) < mem:
+            too_small += 1  # its whole CPU or memory is less than the task asks: never a host
             continue
         eligible += len(gs)
         free = sum(1 for g in gs if g["instances"] == 0 and not g["exclusive"])
@@ -77,7 +86,7 @@ def classify(sim: online.Sim, j: online.Job) -> tuple[str, dict[str, Any]]:
             if v["cpu_free"] + low_cpu.get(nid, 0.0) + 1e-9 >= cpu and v["memory_free"] + low_mem.get(nid, 0) >= mem:
                 return "one_node", {}
     info = {"need": need, "free": tot_free, "avail": tot_avail, "best": best_avail, "held_hi": ls_held,
-            "eligible": eligible}
+            "eligible": eligible, "too_small": too_small}
     if gpu_ok_node:
         return "cpu_mem", info
     if tot_free >= need:
@@ -97,7 +106,8 @@ def holders(sim: online.Sim, j: online.Job) -> dict[str, Any]:
     best: tuple[float, dict[str, Any]] | None = None
     for nid, v in sim.views.items():
         gs = [g for g in v["gpus"] if not models or g["model"] in models]
-        if len(gs) < t.num_gpu:
+        if len(gs) < t.num_gpu or float(v.get("cpu") or 0) + 1e-9 < t.cpu_milli / 1000 \
+                or int(v.get("memory") or 0) < t.memory_mib:
             continue
         held: dict[str, float] = {"lo_gpu_cpu": 0.0, "lo_cpu_cpu": 0.0, "hi_gpu_cpu": 0.0, "hi_cpu_cpu": 0.0,
                                   "lo_mem": 0.0, "hi_gpu_mem": 0.0, "hi_cpu_mem": 0.0, "hi_cpu_n": 0}
