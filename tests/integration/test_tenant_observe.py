@@ -59,7 +59,7 @@ class Watch:
         """Lines of event ``word`` (``added``: any instance's ``instance.I.added``)."""
         return sum(k == word or k.endswith(f".{word}") for k in self.kinds(bid))
 
-    async def until(self, word: str, bid: str, n: int = 1, timeout: float = 60) -> None:
+    async def until(self, word: str, bid: str, n: int = 1, timeout: float = 120) -> None:
         async with asyncio.timeout(timeout):
             while self.count(word, bid) < n:
                 if self._reader.done():
@@ -159,6 +159,10 @@ async def test_a_tenant_explains_and_watches_its_block_and_nothing_of_anothers(s
             assert kinds["ready"] == 1 and kinds["scale.target"] == 1 and kinds["deleted"] == 1, w.lines
             assert kinds["delete"] == 1  # the delete request's stored event, not the request itself
         assert wb.lines == [] and wb_all.lines == []  # B: not a line of A's block
+        # the admin's watch --since: the system stream from seq 1 (then live)
+        async with watching("oa-1", "--since", "1", "--data-dir", str(system.data_dir)) as admin_w:
+            await admin_w.until("deleted", "oa-1")
+        assert admin_w.count("submitted", "oa-1") == 1 and admin_w.count("ready", "oa-1") == 1
     finally:
         await a.close()
 
