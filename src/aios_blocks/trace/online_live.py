@@ -261,6 +261,89 @@ def _settled(block: Any, insts: dict[str, Any], deleted: bool) -> bool:
     return True
 
 
+class Lockstep:
+    """One lockstep replay's figures, kept from the blocks' events and the quiet points."""
+
+    def __init__(self, st: Step, timed: list[Timed], res: Any):
+        from .online import WARMUP
+
+        self.st, self.res = st, res
+        self.by_bid = {block_id(t.task): t for t in timed}
+        self.cls = {bid: qosmod.class_of(t.task.qos) for bid, t in self.by_bid.items()}
+        self.span = max((t.created for t in timed), default=0.0)
+        self.steady_from = WARMUP * self.span
+        self.been_victim: set[str] = set()
+        self.live: list[str] = []
+        self.gone: set[str] = set()
+        self.snapshot = False
+
+    async def on_event(self, msg: Any) -> None:
+        parts = msg.subject.split(".")
+        bid, kind = parts[2], parts[-1]
+        st, res = self.st, self.res
+        st.last_event = time.perf_counter()
+        t = self.by_bid.get(bid)
+        if t is None:
+            return
+        if kind == "ready":
+            st.became_ready.append(bid)
+        elif kind == "preempted":
+            if bid in st.started:
+                res.gpu_s_lost += t.task.milli_total / UNITS * (st.now - st.started.pop(bid))
+            st.epoch[bid] += 1  # its departure is stale: it runs its whole duration again
+            res.victims += 1
+            self.been_victim.add(bid)
+        elif kind == "preempting":
+            data: dict[str, Any] = {}
+            with contextlib.suppress(Exception):
+                data = msgspec.json.decode(msg.data).get("data") or {}
+            res.cascades += 1 if bid in self.been_victim else 0
+            st.log.append(("preempt", st.now, bid, tuple(sorted(str(v) for v in (data.get("victims") or {})))))
+            res.preemptions += 1
+
+    def wait(self, bid: str, w: float) -> None:
+        self.res.waits.setdefault(self.cls[bid], []).append(w)
+        if self.by_bid[bid].created >= self.steady_from:
+            self.res.steady_waits.setdefault(self.cls[bid], []).append(w)
+
+    async def placed(self, client: Any, at: float) -> None:
+        """The blocks that became ready during the event at ``at``: logged, their departures set."""
+        st = self.st
+        for rb in st.became_ready:
+            rec = None if rb in st.started else next(iter((await client.store.instances(rb)).values()), None)
+            if rec is None:
+                continue
+            st.log.append(("place", at, rb, str(rec["node"]), [str(g) for g in rec.get("gpus") or []]))
+            st.started[rb] = at
+            self.res.placed += 1
+            t = self.by_bid[rb]
+            if rb not in st.first_wait:
+                st.first_wait[rb] = at - t.created
+                self.wait(rb, at - t.created)
+            st.push(at + t.duration, 0, rb, st.epoch[rb])
+        st.became_ready.clear()
+
+    def take_snapshot(self) -> None:
+        """What waits at the end of the window (``Sim.snapshot``)."""
+        waiting = [b for b in self.live if b not in self.st.started and b not in self.gone]
+        self.res.pending_end = len(waiting)
+        for b in waiting:
+            self.res.pending_end_by_class[self.cls[b]] = self.res.pending_end_by_class.get(self.cls[b], 0) + 1
+        self.snapshot = True
+
+    def figures(self) -> dict[str, Any]:
+        if not self.snapshot:
+            self.take_snapshot()
+        end = min(self.st.now, self.span)
+        for bid, t in self.by_bid.items():  # never placed: the wait runs to the end of the window (``Sim.run``)
+            if bid not in self.st.first_wait:
+                self.wait(bid, max(0.0, end - t.created))
+        self.res.span_s = self.span
+        d: dict[str, Any] = self.res.as_dict()
+        d["mode"], d["clock"], d["log"] = "live", "trace", [list(x) for x in self.st.log]
+        return d
+
+
 async def replay_online_lockstep(client: Any, nodes: list[Node], timed: list[Timed], policy: str = "builtin:fgd-plus",
                                  seed: int = 42, load: float = 1.0, cluster_share: float = 1.0, workload: str = "",
                                  quiet_s: float = 0.5, timeout: float = 120.0,
@@ -271,106 +354,42 @@ async def replay_online_lockstep(client: Any, nodes: list[Node], timed: list[Tim
     import heapq
 
     from ..bus import subjects
-    from .online import WARMUP, Online
+    from .online import Online
 
     nodes = shrink(nodes, cluster_share, seed)
     if load != 1.0:
         timed = [replace(t, created=t.created / load) for t in timed]
     await _register(client, nodes, timed, policy, seed)
     st = Step()
-    by_bid = {block_id(t.task): t for t in timed}
     for t in timed:  # the simulation's order: (time, departures first, the list's order)
         st.push(t.created, 1, block_id(t.task), 0)
         st.epoch[block_id(t.task)] = 0
     res = Online(workload, "live", policy_uri(policy), seed, len(nodes), sum(len(n.gpus) for n in nodes), len(timed))
     res.load, res.cluster_share = load, cluster_share
-    span = max((t.created for t in timed), default=0.0)
-    cls = {bid: qosmod.class_of(t.task.qos) for bid, t in by_bid.items()}
-    been_victim: set[str] = set()
-
-    async def on_event(msg: Any) -> None:
-        parts = msg.subject.split(".")
-        bid, kind = parts[2], parts[-1]
-        st.last_event = time.perf_counter()
-        t = by_bid.get(bid)
-        if t is None:
-            return
-        if kind == "ready":
-            st.became_ready.append(bid)
-        elif kind == "preempted":
-            if bid in st.started:
-                res.gpu_s_lost += t.task.milli_total / UNITS * (st.now - st.started.pop(bid))
-            st.epoch[bid] += 1  # its departure is stale: it runs its whole duration again
-            res.victims += 1
-            been_victim.add(bid)
-        elif kind == "preempting":
-            data: dict[str, Any] = {}
-            with contextlib.suppress(Exception):
-                data = msgspec.json.decode(msg.data).get("data") or {}
-            victims = sorted(str(v) for v in (data.get("victims") or {}))
-            res.cascades += 1 if bid in been_victim else 0
-            st.log.append(("preempt", st.now, bid, tuple(victims)))
-            res.preemptions += 1
-
-    sub = await client.bus.subscribe(subjects.block_all("*"), on_event)
+    run = Lockstep(st, timed, res)
+    sub = await client.bus.subscribe(subjects.block_all("*"), run.on_event)
     await client.bus.nc.flush()
-    live: list[str] = []
-    gone: set[str] = set()
-    snapshot = False
     try:
         while st.events:
             at, kind, _seq, bid, epoch = heapq.heappop(st.events)
-            if at > span and not snapshot:  # what waits at the end of the window (``Sim.snapshot``)
-                waiting = [b for b in live if b not in st.started and b not in gone]
-                res.pending_end = len(waiting)
-                for b in waiting:
-                    res.pending_end_by_class[cls[b]] = res.pending_end_by_class.get(cls[b], 0) + 1
-                snapshot = True
+            if at > run.span and not run.snapshot:
+                run.take_snapshot()
             st.now = at
             if kind == 0:
                 if epoch != st.epoch[bid] or bid not in st.started:
                     continue
                 st.started.pop(bid)
-                gone.add(bid)
+                run.gone.add(bid)
                 await client.delete(bid)
             else:
-                live.append(bid)
-                await client.create(spec_of(by_bid[bid]))
+                run.live.append(bid)
+                await client.create(spec_of(run.by_bid[bid]))
             st.last_event = time.perf_counter()
-            await quiet(client, st, live, gone, quiet_s, timeout)
-            for rb in st.became_ready:
-                if rb in st.started:
-                    continue
-                insts = await client.store.instances(rb)
-                rec = next(iter(insts.values()), None)
-                if rec is None:
-                    continue
-                st.log.append(("place", at, rb, str(rec["node"]), [str(g) for g in rec.get("gpus") or []]))
-                st.started[rb] = at
-                res.placed += 1
-                t = by_bid[rb]
-                if rb not in st.first_wait:
-                    w = st.first_wait[rb] = at - t.created
-                    res.waits.setdefault(cls[rb], []).append(w)
-                    if t.created >= WARMUP * span:
-                        res.steady_waits.setdefault(cls[rb], []).append(w)
-                st.push(at + t.duration, 0, rb, st.epoch[rb])
-            st.became_ready.clear()
-            if kind == 1 and len(live) % 50 == 0:
-                progress(f"{len(live)} of {len(timed)} tasks arrived (trace time {at:g} s)")
-        if not snapshot:
-            waiting = [b for b in live if b not in st.started and b not in gone]
-            res.pending_end = len(waiting)
+            await quiet(client, st, run.live, run.gone, quiet_s, timeout)
+            await run.placed(client, at)
+            if kind == 1 and len(run.live) % 50 == 0:
+                progress(f"{len(run.live)} of {len(timed)} tasks arrived (trace time {at:g} s)")
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
-    end = min(st.now, span)
-    for bid, t in by_bid.items():  # never placed: the wait runs to the end of the window (``Sim.run``)
-        if bid not in st.first_wait:
-            res.waits.setdefault(cls[bid], []).append(max(0.0, end - t.created))
-            if t.created >= WARMUP * span:
-                res.steady_waits.setdefault(cls[bid], []).append(max(0.0, end - t.created))
-    res.span_s = span
-    d = res.as_dict()
-    d["mode"], d["clock"], d["log"] = "live", "trace", [list(x) for x in st.log]
-    return d
+    return run.figures()
