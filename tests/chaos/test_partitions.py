@@ -117,7 +117,8 @@ async def test_partition_schedule_keeps_the_invariants(rig: Rig, seed: int) -> N
     t = time.monotonic()
     violations, checked = await rig.final_checks([f"c{i}" for i in range(CLUSTERS)])
     took["checks"] = time.monotonic() - t
-    assert not violations, "\n".join([*violations, "-- faults --", *rig.log])
+    assert not violations, "\n".join([*violations, "-- faults --", *rig.log, "-- Redis vs stream before the recover --",
+                                       *checked["diverged_before_recover"][:40]])
     assert checked["counts"].get("blocks_ready", 0) == len(blocks) - len(not_ready) > 0, checked["counts"]
     figures["diverged_before_recover"] = len(checked["diverged_before_recover"])
     print(f"\nseed {seed}: {len(blocks)} creates, {len(not_ready)} not ready, create->ready p50 {probe.latency():.2f}s, "
