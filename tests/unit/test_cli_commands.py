@@ -71,7 +71,8 @@ def test_a_spec_file_that_cannot_be_read_is_named(cli: CliRunner, tmp_path: Path
 
 
 # -- offline commands -------------------------------------------------------------------------------
-def test_policy_run_answers_with_the_policys_result(cli: CliRunner) -> None:
+def test_policy_run_answers_with_the_policys_result(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIOS_STARLARK_CALL_TIMEOUT_S", "120")  # the answer is checked, not the time (a loaded box)
     r = cli.invoke(app, ["policy", "run", "builtin:binpack", "--input", str(EXAMPLES / "allocation_input.json")])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
