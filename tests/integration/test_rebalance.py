@@ -21,7 +21,7 @@ from .test_priority_cli import blocks
 def _walker_moves(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """The dry run's test: neither the queue walker nor the rebalancer worker may ask for a move
     themselves (max 0 moves); the CLI passes --max-moves. Set before the fixture starts the workers."""
-    if "dry_run" in request.node.name:
+    if "dry_run" in request.node.name or "no_moves" in request.node.name:
         monkeypatch.setenv("AIOS_REBALANCE_MAX_MOVES", "0")
     if "worker" in request.node.name:  # its rounds often, no cooldown
         monkeypatch.setenv("AIOS_REBALANCE_INTERVAL_S", "0.5")
@@ -102,6 +102,43 @@ async def test_a_pending_block_is_placed_through_moves_without_preemption(system
         b = await c.store.get_block(bid)
         assert b is not None and b["status"] == "ready"
         assert [i["status"] for i in (await c.store.instances(bid)).values()] == ["running"]
+
+
+async def test_a_pending_block_with_required_affinity_gets_its_room_by_a_move_not_a_preemption(system: System) -> None:
+    """p (priority 1000) must run on s1's node (Required): the queue walker's moves before
+    preemption read p's own affinity index, so s1 moves off that node and p lands there. Before,
+    the walker passed only the placed blocks' indexes: p's room was on no node, and s1 or s2 was
+    preempted."""
+    c = system.client
+    r = await asyncio.to_thread(blocks, system, "priority-class", "add", "high", "1000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = await _fragmented(system)
+    aff = [{"category": "Topology", "strength": "Required", "target": {"type": "NodeId", "value": where["s1"]}}]
+    await c.submit(spec("p", 4, priorityClass="high", affinity=aff))
+    await _status(system, "p", "ready", timeout=90)
+    history = await c.history()
+    assert not [s for s, _, _ in history if s.endswith(".preempted") or s.endswith(".preempting")]
+    moved = [e.get("data", e) for s, e, _ in history if s.endswith(".move.requested")]
+    assert [m["block_id"] for m in moved] == ["s1"], moved
+    assert [i["node"] for i in (await c.store.instances("p")).values()] == [where["s1"]]
+    assert [i["node"] for i in (await c.store.instances("s1")).values()] == [where["s2"]]
+
+
+async def test_with_no_moves_a_preemptor_with_required_affinity_takes_its_victim_where_it_may_go(system: System) -> None:
+    """No moves (max 0): p (priority 1000, 4 GPUs) must run on s1's node, so s1 is the victim, not
+    s2 (the younger, which the planner takes first when every node is offered: its room p may not
+    use, and s2 was evicted for nothing)."""
+    c = system.client
+    r = await asyncio.to_thread(blocks, system, "priority-class", "add", "high", "1000")
+    assert r.returncode == 0, r.stdout + r.stderr
+    where = await _fragmented(system)
+    aff = [{"category": "Topology", "strength": "Required", "target": {"type": "NodeId", "value": where["s1"]}}]
+    await c.submit(spec("p", 4, priorityClass="high", affinity=aff))
+    await _status(system, "p", "ready", timeout=90)
+    history = await c.history()
+    assert [s for s, _, _ in history if s.endswith(".preempted")] == ["aios.block.s1.preempted"]
+    assert [i["node"] for i in (await c.store.instances("p")).values()] == [where["s1"]]
+    assert (await c.store.get_block("s2") or {}).get("status") == "ready"
 
 
 async def test_the_rebalancer_worker_places_a_block_that_may_not_preempt(system: System) -> None:

@@ -9,6 +9,7 @@ the state digest, not rebuilt from the stream): losing it costs at most one earl
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from .inventory import affinity_index
@@ -53,7 +54,7 @@ class RebalanceState:
         await self.r.delete(hold_key(bid))
 
 
-async def affinity_indexes(store: Any, placed: list[dict[str, Any]]) -> dict[str, Any]:
+async def affinity_indexes(store: Any, placed: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     """Block -> its affinity index (``state.inventory.affinity_index``, what its placement reads),
     for the blocks with affinity entries (placed rows, or pending block records: ``ir.blockId``):
     a move's target is checked against it, and a pending block's room is made where it admits

@@ -287,11 +287,13 @@ class QueueWalker:
         placed, _models = await PriorityStore(self.w.store.r).placed()
         busy = hr.moving(placed)
         pir = with_rule(ir, "rebalancer", self.s.rebalance_policy)
+        # the waiting block's own index too: with affinity and none, its room would be on no node
+        indexes = await affinity_indexes(self.w.store, [*placed, block])
         for cid in sorted(clusters):
             if not hr.matches(ir, clusters[cid]):
                 continue
             data = hr.rebalance_input(cid, views.get(cid) or {}, placed, [block], self.s.rebalance_max_moves,
-                                      hr.Trigger.PENDING, busy, indexes=await affinity_indexes(self.w.store, placed))
+                                      hr.Trigger.PENDING, busy, indexes=indexes)
             if not data["movable"]:
                 continue
             try:
@@ -318,8 +320,15 @@ class QueueWalker:
         bid = str(ir["blockId"])
         placed, _models = await PriorityStore(self.w.store.r).placed()
         pir = with_rule(ir, "preemption", DEFAULT_POLICY)
+        index = (await affinity_indexes(self.w.store, [block])).get(bid)
         for cid in sorted(clusters):
-            data = pre.preempt_input(bid, ir, cid, views.get(cid) or {}, placed, self.s.preempt_min_delta,
+            # victims only on the nodes the block's placement may use (its virtual cluster's, those
+            # its Required affinity admits): room elsewhere is evicted for nothing
+            nodes = views.get(cid) or {}
+            where = hr.targets(ir, nodes, index)
+            if where is not None:
+                nodes = {nid: v for nid, v in nodes.items() if nid in set(where)}
+            data = pre.preempt_input(bid, ir, cid, nodes, placed, self.s.preempt_min_delta,
                                      str(block.get("preempted_by") or ""))
             if not data["candidates"]:
                 continue
