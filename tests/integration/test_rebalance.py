@@ -104,11 +104,9 @@ async def test_a_pending_block_is_placed_through_moves_without_preemption(system
         assert [i["status"] for i in (await c.store.instances(bid)).values()] == ["running"]
 
 
-async def test_a_pending_block_with_required_affinity_gets_its_room_by_a_move_not_a_preemption(system: System) -> None:
-    """p (priority 1000) must run on s1's node (Required): the queue walker's moves before
-    preemption read p's own affinity index, so s1 moves off that node and p lands there. Before,
-    the walker passed only the placed blocks' indexes: p's room was on no node, and s1 or s2 was
-    preempted."""
+async def _preemptor_bound_to_s1s_node(system: System) -> tuple[dict[str, str], list[Any]]:
+    """s1 and s2 on two nodes (``_fragmented``); p (priority 1000, 4 GPUs) must run on s1's node
+    (Required affinity): p ready, and the stream's history. The nodes of s1 and s2."""
     c = system.client
     r = await asyncio.to_thread(blocks, system, "priority-class", "add", "high", "1000")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -116,29 +114,27 @@ async def test_a_pending_block_with_required_affinity_gets_its_room_by_a_move_no
     aff = [{"category": "Topology", "strength": "Required", "target": {"type": "NodeId", "value": where["s1"]}}]
     await c.submit(spec("p", 4, priorityClass="high", affinity=aff))
     await _status(system, "p", "ready", timeout=90)
-    history = await c.history()
+    assert [i["node"] for i in (await c.store.instances("p")).values()] == [where["s1"]]
+    return where, await c.history()
+
+
+async def test_a_pending_block_with_required_affinity_gets_its_room_by_a_move_not_a_preemption(system: System) -> None:
+    """The queue walker's moves before preemption read p's own affinity index, so s1 moves off its
+    node and p lands there. Before, the walker passed only the placed blocks' indexes: p's room was
+    on no node, and s2 was preempted."""
+    where, history = await _preemptor_bound_to_s1s_node(system)
     assert not [s for s, _, _ in history if s.endswith(".preempted") or s.endswith(".preempting")]
     moved = [e.get("data", e) for s, e, _ in history if s.endswith(".move.requested")]
     assert [m["block_id"] for m in moved] == ["s1"], moved
-    assert [i["node"] for i in (await c.store.instances("p")).values()] == [where["s1"]]
-    assert [i["node"] for i in (await c.store.instances("s1")).values()] == [where["s2"]]
+    assert [i["node"] for i in (await system.client.store.instances("s1")).values()] == [where["s2"]]
 
 
 async def test_with_no_moves_a_preemptor_with_required_affinity_takes_its_victim_where_it_may_go(system: System) -> None:
-    """No moves (max 0): p (priority 1000, 4 GPUs) must run on s1's node, so s1 is the victim, not
-    s2 (the younger, which the planner takes first when every node is offered: its room p may not
-    use, and s2 was evicted for nothing)."""
-    c = system.client
-    r = await asyncio.to_thread(blocks, system, "priority-class", "add", "high", "1000")
-    assert r.returncode == 0, r.stdout + r.stderr
-    where = await _fragmented(system)
-    aff = [{"category": "Topology", "strength": "Required", "target": {"type": "NodeId", "value": where["s1"]}}]
-    await c.submit(spec("p", 4, priorityClass="high", affinity=aff))
-    await _status(system, "p", "ready", timeout=90)
-    history = await c.history()
+    """No moves (max 0): s1 is the victim, not s2 (the younger, which the planner takes first when
+    every node is offered: room p may not use; s2 was evicted for nothing and p waited for good)."""
+    _, history = await _preemptor_bound_to_s1s_node(system)
     assert [s for s, _, _ in history if s.endswith(".preempted")] == ["aios.block.s1.preempted"]
-    assert [i["node"] for i in (await c.store.instances("p")).values()] == [where["s1"]]
-    assert (await c.store.get_block("s2") or {}).get("status") == "ready"
+    assert (await system.client.store.get_block("s2") or {}).get("status") == "ready"
 
 
 async def test_the_rebalancer_worker_places_a_block_that_may_not_preempt(system: System) -> None:

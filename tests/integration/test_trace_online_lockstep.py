@@ -13,13 +13,14 @@ order the walker evicted them (each its own time), not together by id as in the 
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 
 from aios_blocks.trace import online, online_live
 from aios_blocks.trace.inventory import node_from_row
+from bench.trace_online_lockstep import by_instant
+from bench.trace_online_lockstep import sample as bench_sample
 
 from .conftest import System
 
@@ -31,31 +32,6 @@ FIGURES = ("placed", "preemptions", "victims", "cascades", "gpu_s_lost", "pendin
            "wait_steady")
 
 
-def sample(path: Path, n: int = 30, start: float = 0.85) -> Path:
-    """``n`` consecutive tasks of the trace (one GPU or less, no model pin) from ``start`` of its span on."""
-    with TRACE.open(encoding="utf-8") as f:
-        rows = [r for r in csv.DictReader(f)
-                if r["creation_time"] and r["deletion_time"] and not r["gpu_spec"] and int(r["num_gpu"]) <= 1]
-    rows.sort(key=lambda r: float(r["creation_time"]))
-    span = float(rows[-1]["creation_time"])
-    i = next(k for k, r in enumerate(rows) if float(r["creation_time"]) >= start * span)
-    with path.open("w", encoding="utf-8", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows[i:i + n])
-    return path
-
-
-def by_instant(log: list) -> dict[float, list[str]]:
-    """The decisions per trace instant, in an order of their own (within one instant the system's
-    events arrive in the order its workers finish them)."""
-    out: dict[float, list[str]] = {}
-    for x in log:
-        row = [x[0], x[2], *([sorted(x[3])] if x[0] == "preempt" else [x[3], sorted(x[4])])]
-        out.setdefault(round(float(x[1]), 6), []).append(repr(row))
-    return {t: sorted(v) for t, v in out.items()}
-
-
 @pytest.fixture
 def lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
     for k, v in online_live.LOCKSTEP_ENV.items():
@@ -65,7 +41,8 @@ def lockstep(monkeypatch: pytest.MonkeyPatch) -> None:
 async def test_lockstep_live_makes_the_in_process_decisions(lockstep: None, system: System, tmp_path: Path) -> None:
     nodes = [node_from_row({"sn": f"n{i:02d}", "cpu_milli": 96000, "memory_mib": 786432, "gpu": 8, "model": "V100M32"},
                            "trace", "t") for i in range(2)]
-    timed, _ = online.load_timed(sample(tmp_path / "pods.csv"))
+    # 30 consecutive tasks (one GPU or less, no model pin) from 85 % of the trace's span on
+    timed, _ = online.load_timed(bench_sample(tmp_path / "pods.csv", 30, 0.85, one_gpu=False))
     sim = online.Sim(nodes, [online.replace(t, created=t.created / LOAD) for t in timed], online.Mode.PREEMPTION,
                      "fgd-plus", 42, 0, online.HEAD, online.MIN_DELTA, "default")
     want = (await sim.run()).as_dict()
