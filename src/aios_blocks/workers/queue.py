@@ -327,7 +327,8 @@ class QueueWalker:
             nodes = views.get(cid) or {}
             where = hr.targets(ir, nodes, index)
             if where is not None:
-                nodes = {nid: v for nid, v in nodes.items() if nid in set(where)}
+                keep = set(where)
+                nodes = {nid: v for nid, v in nodes.items() if nid in keep}
             data = pre.preempt_input(bid, ir, cid, nodes, placed, self.s.preempt_min_delta,
                                      str(block.get("preempted_by") or ""))
             if not data["candidates"]:
