@@ -94,7 +94,11 @@ async def test_usage_counters_equal_a_recount_and_recover_rebuilds_them(quick: N
     await recover(c.bus, c.store, force=True)
     assert (await c.store.r.hget(quota_usage_key("c1"), qp.VERSION_FIELD)) == qp.COUNTERS_VERSION  # not migrated again
     assert not await store.migrate("c1")
-    assert await counted(store) == await recounted(store) == a
+    # equal to what the reservations (rebuilt too) add up to; not compared with ``a``: a block
+    # waiting behind a preemption's drain may be placed after ``settled`` returned (a t-c block
+    # was, once at load 5: the counters had moved on with it, rightly)
+    after = await counted(store)
+    assert after == await recounted(store) and after, after
 
 
 async def test_counters_of_reservations_made_before_them_are_migrated_on_first_use(quick: None, system: System) -> None:
