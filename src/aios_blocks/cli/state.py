@@ -43,12 +43,17 @@ def watch(
 
     async def go(c: Client) -> None:
         async for subject, env in c.follow(bid, from_start=False, from_seq=since):
-            console.print(f"{env.get('time', '')[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
+            _print_watched(subject, env)
 
     try:
         _request(go, data_dir)
     except KeyboardInterrupt:
         pass
+
+
+def _print_watched(subject: str, env: EventDoc) -> None:
+    """One line of ``blocks watch`` (the admin's and a tenant's): time, block, what happened."""
+    console.print(f"{str(env.get('time', ''))[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
 
 
 def _as_tenant(coro: Coroutine[Any, Any, T]) -> T:
@@ -75,8 +80,7 @@ def _tenant_watch(bid: str, since: int | None, credentials: Path) -> None:
             check_id(bid, "block id")
         async with tenant_connection(credentials) as nc:
             async for _, subject, env in follow(nc, bid, since):
-                doc = cast("EventDoc", env)
-                console.print(f"{str(doc.get('time', ''))[11:23]} {subject.split('.')[2]:<20} {_line(subject, doc)}")
+                _print_watched(subject, cast("EventDoc", env))
 
     with contextlib.suppress(KeyboardInterrupt):
         _as_tenant(go())
