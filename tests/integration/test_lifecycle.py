@@ -65,8 +65,20 @@ class Up:
         return Path(self.log.name).read_text(errors="replace")
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*BLOCKS, *args, "--data-dir", str(self.data)], env=self.env, capture_output=True,
-                              text=True, timeout=timeout)
+        try:
+            return subprocess.run([*BLOCKS, *args, "--data-dir", str(self.data)], env=self.env, capture_output=True,
+                                  text=True, timeout=timeout)
+        except subprocess.TimeoutExpired as exc:  # say what the workers were doing (a CI run hung here once)
+            out = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            raise AssertionError(f"`blocks {' '.join(args)}` ran past {timeout} s; it printed:\n{out}\n{self.worker_logs()}") from None
+
+    def worker_logs(self, lines: int = 40) -> str:
+        """The last ``lines`` of each worker's log and of `blocks up`'s own output."""
+        parts = [f"--- blocks up ---\n{self.output()[-4000:]}"]
+        for log in sorted((self.data / "logs").glob("*.log")):
+            tail = log.read_text(errors="replace").splitlines()[-lines:]
+            parts.append(f"--- {log.name} ---\n" + "\n".join(tail))
+        return "\n".join(parts)
 
     def descendants(self) -> list[int]:
         return descendants(self.proc.pid)
