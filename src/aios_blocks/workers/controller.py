@@ -512,15 +512,13 @@ async def _reselect_or_fail(
     """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
     failed): record why and send the block back through selection, a bounded number of rounds."""
     bid, gen, n = ev.block_id, ev.gen, ev.attempt
-    failed = StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n), decisions=trace or [])
-    await w.bus.emit(E.block_allocation_failed, failed)
     if n + 1 >= w.settings.selection_rounds:  # fits nowhere after its rounds: waits (docs/priority.md)
+        await _allocation_failed(w, ev, reason, trace)
         await queue.wait_or_fail(w, bid, gen, ir, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION,
                                  {ev.cluster_id: reason}, ev.cluster_id)
         return
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
-    if ok or info == "parsed":
-        await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(ir), n + 1))
+    await _reselect_events(w, ir, ev, reason, trace, back=ok or info == "parsed")
 
 
 def _reselected(block: BlockRecord, ev: AllocationRequest) -> bool:
@@ -529,12 +527,19 @@ def _reselected(block: BlockRecord, ev: AllocationRequest) -> bool:
     return block["gen"] == ev.gen and block["status"] == "parsed" and int(block.get("attempt", 0)) == ev.attempt + 1
 
 
-async def _reselect_events(w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str) -> None:
-    """A reselect step's events again (``_reselect_or_fail``'s): why the cluster could not take the
-    gang (the first one stored keeps its reason), the block back to selection."""
-    bid, gen, n = ev.block_id, ev.gen, ev.attempt
-    await w.bus.emit(E.block_allocation_failed, StepFailed(bid, gen, "allocation", f"{ev.cluster_id}: {reason}", str(n)))
-    await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(ir), n + 1))
+async def _allocation_failed(w: Worker, ev: AllocationRequest, reason: str, trace: list[Decision] | None) -> None:
+    await w.bus.emit(E.block_allocation_failed, StepFailed(ev.block_id, ev.gen, "allocation", f"{ev.cluster_id}: {reason}",
+                                                           str(ev.attempt), decisions=trace or []))
+
+
+async def _reselect_events(w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str,
+                           trace: list[Decision] | None = None, back: bool = True) -> None:
+    """A reselect step's events (``_reselect_or_fail``'s, and again when its request comes back):
+    why the cluster could not take the gang (the first one stored keeps its reason) and, ``back``
+    (the step is taken), the block back to selection."""
+    await _allocation_failed(w, ev, reason, trace)
+    if back:
+        await w.bus.emit(E.block_parsed, Parsed(ev.block_id, ev.gen, wire_ir(ir), ev.attempt + 1))
 
 
 
