@@ -14,6 +14,10 @@ stores in Redis: a copy that takes the lease over goes on from it, and asks with
 request id (deduplicated by the stream) rather than a new one. Instances on a dead node still
 count: moving them is the eviction's job; once it released them they no longer count.
 
+**Announcements.** A status step's events not yet acked by the stream (``state.announce``) are
+published again when they have waited ``after_s`` and their block holds the step's target now (same
+generation); dropped when it does not (the block moved on or is gone: its later steps say so).
+
 **Suspect nodes.** A node whose every probed instance has failed ``threshold`` probes in a row, and
 whose agent has been silent a while, is suspect before its heartbeat times out: no placement goes
 there. One passing probe on it, or its agent beating again, clears the mark.
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from ..schemas.lifecycle import BlockStatus
 from ..schemas.records import InstanceRecord
@@ -128,6 +133,39 @@ def decide(blocks: Iterable[BlockSize], memory: Mapping[str, Memory], now: float
         out[b.block_id] = mem
         short[b.block_id] = reason
     return Outcome(asks, out, sorted(bid for bid in memory if bid not in out), short)
+
+
+# -- announcements not acked ------------------------------------------------------------------------
+class Unannounced(Protocol):
+    """A status step's announcement the stream has not acked (``state.announce.Pending``)."""
+
+    @property
+    def key(self) -> str: ...
+    @property
+    def block_id(self) -> str: ...
+    @property
+    def gen(self) -> int: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def at(self) -> float: ...
+
+
+def announcements(pending: Iterable[Unannounced], now_status: Mapping[str, tuple[str, int]], now: float, after_s: float
+                  ) -> tuple[list[str], list[str]]:
+    """(keys to publish again, keys to drop). ``now_status``: bid -> (status, gen) as read now
+    (absent: no such block). One that has waited ``after_s`` is published again while its block
+    holds the step's target in the same generation (the step was taken, the stream may not know);
+    otherwise it is dropped (the CAS did not take, or the block moved on: its later steps are
+    announced by their own). A younger one is left to its publisher."""
+    again: list[str] = []
+    drop: list[str] = []
+    for p in pending:
+        if now - p.at < after_s:
+            continue
+        status, gen = now_status.get(p.block_id, ("", -1))
+        (again if status == p.target and gen == p.gen else drop).append(p.key)
+    return again, drop
 
 
 # -- suspect nodes ---------------------------------------------------------------------------------

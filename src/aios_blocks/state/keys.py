@@ -44,6 +44,9 @@ Key layout (``{c:<cid>}`` is a hash tag: all capacity keys of one cluster share 
                                       instance of which fails (no placement there until ``until``)
     aios:health:reconcile:lease       the controller copy whose reconciler runs now
     aios:health:reconcile:state       hash bid -> JSON: the reconciler's memory of a block that is short
+    aios:health:announce              hash event id -> JSON {bid, gen, target, at, events}: a status step's
+                                      events not yet acked by the stream (set before the step's CAS, dropped
+                                      after the publish; the reconciler publishes what stays)
     aios:meta:{c:<cid>}:index         the cluster's state index: a counter bumped by every change a
                                       placement depends on (see ``Store.state_index``)
     aios:{c:<cid>}:vcs                set of the cluster's virtual cluster ids (seed 003)
@@ -240,6 +243,8 @@ SUSPECT = f"{HEALTH}:suspect"
 #: the reconciler: its lease (one controller copy at a time) and its memory of short blocks
 RECONCILE_LEASE = f"{HEALTH}:reconcile:lease"
 RECONCILE_STATE = f"{HEALTH}:reconcile:state"
+#: status steps' announcements not yet acked by the stream (``state.announce``)
+ANNOUNCE = f"{HEALTH}:announce"
 
 
 #: the live autoscaler copies (zset: holder -> when its registration lapses); blocks are split among them

@@ -18,7 +18,7 @@ import msgspec
 import structlog
 
 from ..bus import subjects
-from ..bus.catalog import E
+from ..bus.catalog import E, Emit
 from ..bus.nats_bus import Bus
 from ..bus.router import TRIGGER_SEQ, Inbound
 from ..bus.runner import ConsumerRunner, CoreRunner, Defer, Delivery, RunnerOptions
@@ -42,6 +42,7 @@ from ..settings import Settings
 from ..settings import load as load_settings
 from ..state.inventory import Inventory, affinity_index
 from ..state.store import Store
+from . import announce
 
 log = structlog.get_logger("aios.worker")
 
@@ -254,10 +255,13 @@ class Worker:
 
     async def fail_block(self, bid: str, gen: int, reason: str, step: Step, cluster: str = "") -> None:
         """Move the block to ``failed`` by ``step`` (CAS) and publish the failed event with the reason."""
+        failed = Emit(E.block_failed, BlockStatusReport(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
+        key = await announce.mark(self, bid, gen, step, [failed])  # published again if this publish fails
         ok, info = await self.store.transition(bid, gen, step, reason=reason)
-        if not (ok or info == "failed"):
-            return  # the block moved on (deleted, re-created): nothing to report
-        await self.bus.emit(E.block_failed, BlockStatusReport(block_id=bid, gen=gen, status="failed", reason=reason, cluster_id=cluster))
+        moved = ok or info == "failed"
+        if moved:  # else the block moved on (deleted, re-created): nothing to report
+            await self.bus.emit_all([failed])
+        await announce.settle(self, key, moved)
 
 
 M = TypeVar("M")

@@ -12,6 +12,10 @@ words) that the controller reaches with scale steps, each one's failure stored w
 could take it. Asks for one block are spaced by an exponential backoff (``AIOS_RECONCILE_BACKOFF_S``
 doubled, at most ``AIOS_RECONCILE_MAX_BACKOFF_S``), kept in Redis with the lease, so `blocks
 explain` shows one ask and one failure per wait, not one per pass.
+
+The same pass publishes again the status steps' announcements the stream has not acked after
+``ANNOUNCE_AFTER_S`` (``workers.announce``): a block made ready in Redis whose ``block.ready``
+publish failed is announced even when the handler's redelivery decided otherwise.
 """
 
 from __future__ import annotations
@@ -30,12 +34,16 @@ from ..handlers import reconcile as rc
 from ..runtime.ticker import Ticker
 from ..schemas.events import ScaleTarget
 from ..state.reconcile import ReconcileStore
+from . import announce
 from .base import Worker
 
 log = structlog.get_logger("aios.reconciler")
 
 #: a poke waits this long for more before the pass (a burst of failures is one pass)
 DEBOUNCE_S = 0.3
+#: a step's announcement still not acked this long after it was marked is published again (its
+#: handler's own publish, retried, has had its chance; a repeat is deduplicated anyway)
+ANNOUNCE_AFTER_S = 5.0
 #: id(worker) -> its reconciler (``poke``)
 _running: dict[int, Reconciler] = {}
 
@@ -57,6 +65,8 @@ class Reconciler:
         #: the last pass's outcome (None: not the leader), for tests and logs
         self.last: rc.Outcome | None = None
         self.passes = 0
+        #: the last pass's (announcements published again, dropped)
+        self.announced = (0, 0)
 
     async def tick(self) -> rc.Outcome | None:
         """One pass, if this copy holds the lease: read, decide, ask, remember."""
@@ -85,6 +95,7 @@ class Reconciler:
         for bid in out.dropped:
             if bid in memory and any(b.block_id == bid for b in blocks):
                 log.info("reconcile.converged", block=bid, attempts=memory[bid].attempts)
+        self.announced = await announce.republish(self.w, ANNOUNCE_AFTER_S)
         self.last = out
         self.passes += 1
         return out

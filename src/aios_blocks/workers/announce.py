@@ -1,0 +1,79 @@
+"""A status step's announcement made at least once (docs/reliability.md, "Announcements"): its
+events are marked pending (``state.announce``) before the step's compare-and-set and unmarked
+once the stream acked them; the reconciler's pass publishes again what stays marked
+(:func:`republish`), so a step taken in Redis is never left unsaid on the stream when its publish
+failed and its redelivery decided otherwise.
+
+    key = await announce.mark(w, bid, gen, step, events)
+    ok, info = await w.store.transition(bid, gen, step)
+    if moved: await w.bus.emit_all(events)
+    await announce.settle(w, key, moved)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import structlog
+
+from ..handlers import reconcile as rc
+from ..schemas.catalog import Emit
+from ..schemas.lifecycle import TRANSITIONS, Step
+from ..state.announce import Announcements
+
+if TYPE_CHECKING:
+    from .base import Worker
+
+log = structlog.get_logger("aios.announce")
+
+
+def _store(w: Worker) -> Announcements:
+    return Announcements(w.store.r)
+
+
+async def mark(w: Worker, bid: str, gen: int, step: Step, events: Sequence[Emit]) -> str:
+    """Mark ``events`` pending before ``step``'s CAS ("" when there are none)."""
+    if not events:
+        return ""
+    return await _store(w).mark(bid, gen, TRANSITIONS[step].target.value, events, time.time())
+
+
+async def settle(w: Worker, key: str, published: bool) -> None:
+    """Unmark: once what the handler published is stored (``published``), else now (the CAS did
+    not take: nothing to announce)."""
+    if not key:
+        return
+    ann = _store(w)
+    if published:
+        await w.bus.after_commit(lambda: ann.done(key))
+    else:
+        await ann.done(key)
+
+
+async def republish(w: Worker, after_s: float) -> tuple[int, int]:
+    """Publish again the announcements marked at least ``after_s`` ago whose block holds their
+    step's target; drop the others (``handlers.reconcile.announcements``). Returns (published,
+    dropped); one whose publish fails stays for the next pass."""
+    ann = _store(w)
+    pending = await ann.pending()
+    if not pending:
+        return 0, 0
+    again, drop = rc.announcements(pending, await ann.statuses(p.block_id for p in pending), time.time(), after_s)
+    await ann.done(*drop)
+    by_key = {p.key: p for p in pending}
+    # all at once: with the stream out of reach each waits its ack timeout, the pass once
+    results = await asyncio.gather(*(w.bus.emit_all(by_key[k].events) for k in again), return_exceptions=True)
+    acked = []
+    for key, res in zip(again, results, strict=True):
+        p = by_key[key]
+        if isinstance(res, BaseException):  # the next pass tries again
+            log.warning("announce.republish_failed", block=p.block_id, key=key, error=repr(res))
+            continue
+        acked.append(key)
+        log.warning("announce.republished", block=p.block_id, gen=p.gen, status=p.target, key=key,
+                    waited_s=round(time.time() - p.at, 1))
+    await ann.done(*acked)
+    return len(acked), len(drop)

@@ -1,0 +1,90 @@
+"""A block made ready in Redis whose ``block.ready`` never went out is still announced
+(docs/reliability.md, "Announcements"), on real NATS JetStream and Redis with the real worker
+processes: the partition suite's seeds 33 and 48 made deterministic.
+
+The controller is SIGKILLed right after its CAS to ``ready`` (fault point
+``lifecycle.ready.stored``: the step in Redis, its announcement not published), and the simulated
+agents are SIGKILLed with it (their instances die: the restarted fleet reports them ``lost``, and
+the block's instance is replaced on the other node). The ``instance.added`` that made the block
+ready is redelivered only after the consumer's ack wait (30 s), when its instance is gone ("not
+wanted here"); the replacement's ``added`` found the block ready already. Before the fix the
+stream never said ``ready`` (the create's waiter timed out, ``blocks recover`` wrote ``placing``);
+now the reconciler publishes the announcement marked before the CAS.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from aios_blocks.cli.client import Client
+from aios_blocks.recovery.invariants import check
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
+
+from ..integration.conftest import COMPONENT, System
+from ..integration.test_pending_queue import events, spec, status_of
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def grouped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[System, Path]]:
+    once = tmp_path / "fault-once"
+    once.write_text("")
+    monkeypatch.setenv("AIOS_FAULT", f"lifecycle.ready.stored:{once}")
+    monkeypatch.setenv("AIOS_RECONCILE_RESYNC_S", "2")  # the restarted reconciler's lease and passes come sooner
+    data = tmp_path / "data"
+    servers = EmbeddedServers(data_dir=data).start()
+    layout = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
+    sup = Supervisor(servers.nats_url, servers.redis_url, layout=layout, log_dir=str(data / "logs"),
+                     groups=DEFAULT_GROUPS).start()
+    client = await Client.open(servers.nats_url, servers.redis_url)
+    await client.add_component(COMPONENT)
+    try:
+        yield System(servers, sup, client, data), once
+    finally:
+        await client.close()
+        sup.stop()
+        servers.stop()
+
+
+async def test_a_ready_not_announced_when_its_instance_was_lost_and_replaced_is_announced(
+    grouped: tuple[System, Path],
+) -> None:
+    system, once = grouped
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=2, gpus=1)  # the replacement goes to the other node
+    await c.submit(spec("r1"))
+    async with asyncio.timeout(90):
+        while await asyncio.to_thread(once.exists):  # the controller died after its CAS
+            await asyncio.sleep(0.05)
+    for pid in system.supervisor.pids("agent-sim"):  # the simulated agents die now: the instance is lost
+        os.kill(pid, signal.SIGKILL)
+    (first,) = (await c.store.instances("r1")).keys()
+    assert (await c.store.get_block("r1") or {})["status"] == "ready"
+
+    try:
+        kind, _ = await c.wait("r1", timeout=120)  # the create's answer: ready, not a timeout
+    except TimeoutError:
+        story = [s.split(".", 3)[3] for s, _, _ in await c.history("r1", idle=0.2)]
+        status = (await c.store.get_block("r1") or {}).get("status")
+        raise AssertionError(f"r1 never announced: Redis says {status}, the stream {story}") from None
+    assert kind == "ready"
+
+    insts = await c.store.instances("r1")
+    assert first not in insts and [i["status"] for i in insts.values()] == ["running"], insts  # replaced, running
+    (ready,) = await events(system, "r1", "ready")
+    assert ready["instances"] == [first]  # the announcement of the step taken before the kill
+    # ... made after the replacement ran (the bug's sequence happened: nothing else announced it)
+    (second,) = insts
+    story = [s.split(".", 3)[3] for s, _, _ in await c.history("r1", idle=0.2)]
+    assert story.index(f"instance.{second}.added") < story.index("ready"), story
+    await status_of(system, "r1", "ready", timeout=5)
+    rep = await check(c.bus, c.store, settled=False)
+    assert not rep.violations and rep.redis_digest == rep.stream_digest, (rep.violations, rep.diff)
