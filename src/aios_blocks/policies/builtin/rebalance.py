@@ -116,6 +116,13 @@ class Inst:
     def _need(self) -> Need:  # asked per node tried as a destination: made once
         return Need(len(self.gpus), 0.0 if self.share >= 1 - EPS else self.share, self.cpu, self.memory, self.models, 1)
 
+    @functools.cached_property
+    def dest_key(self) -> tuple[Any, ...]:
+        """What decides where the instance may go and what it costs there (``_entry``): two
+        instances with the same key have the same destinations (``_Dests`` ranks them once)."""
+        prefer = None if self.prefer is None else (frozenset(self.prefer.items()), self.node)
+        return (len(self.gpus), self.share, self.cpu, self.memory, self.models, self.targets, self.tier, prefer)
+
 
 @dataclass(frozen=True)
 class Move:
@@ -347,34 +354,95 @@ def _count(nodes: Mapping[str, _Node], need: Need) -> int:
 _Dest = tuple[str, tuple[str, ...], float]
 
 
-def _destination(c: Cluster, nodes: dict[str, _Node], i: Inst, avoid: set[str]) -> _Dest | None:
-    """The node (not in ``avoid``) where the instance fragments least: (node, GPUs, its
-    fragmentation there after minus before), or None when it fits nowhere else."""
-    best: tuple[float, str, tuple[str, ...]] | None = None
-    units = max(0, min(UNITS, round(i.share * UNITS)))
-    for nid, n in nodes.items():
-        if nid in avoid or nid == i.node:
-            continue
-        gpus = c.pick_on(nid, n, i)
-        if gpus is None:
-            continue
+def _entry(c: Cluster, nid: str, n: _Node, i: Inst) -> tuple[float, float, str, tuple[str, ...]] | None:
+    """Node ``nid`` (state ``n``) as a destination of ``i``: (its fragmentation there after minus
+    before, minus its block's score there, the node, the GPUs it takes), None when it may not go
+    there. Where it goes is the node of the least of these (``_Dests``)."""
+    gpus = c.pick_on(nid, n, i)
+    if gpus is None:
+        return None
+    if n.gpus:  # the node's fragmentation with the instance on it, without copying the node
+        units = max(0, min(UNITS, round(i.share * UNITS)))
         left = _left(n)
-        if n.gpus:  # the node's fragmentation with the instance on it, without copying the node
-            taken = set(gpus)
-            after = tuple(max(0, x - units) if g in taken else x for g, x in zip(n.gpus, left, strict=True))
-            d = c.wl.frag(_model(n), n.cpu - i.cpu, after) - c.wl.frag(_model(n), n.cpu, left)
-        else:
-            d = 0.0
-        if best is None or (d, -i.score(nid), nid) < (best[0], -i.score(best[1]), best[1]):
-            best = (d, nid, gpus)
-    return None if best is None else (best[1], best[2], best[0])
+        taken = set(gpus)
+        after = tuple(max(0, x - units) if g in taken else x for g, x in zip(n.gpus, left, strict=True))
+        d = c.wl.frag(_model(n), n.cpu - i.cpu, after) - c.wl.frag(_model(n), n.cpu, left)
+    else:
+        d = 0.0
+    return (d, -i.score(nid), nid, gpus)
+
+
+class _Dests:
+    """Where instances go from the nodes of one planning step (``base``, never changed while it is
+    used), ranked once per ``Inst.dest_key`` instead of every node tried per instance: the answer
+    for a subset's later instance, once earlier ones took room on a few nodes (``changed``), is
+    the best ranked node not changed, or one of the changed ones measured again. ``entries``
+    (shared by the steps of one plan) keeps each node's entry per key while the node's state is
+    the same object (the planner copies a node it changes)."""
+
+    def __init__(self, c: Cluster, base: Mapping[str, _Node],
+                 entries: dict[tuple[Any, str], tuple[_Node, Any]]):
+        self.c, self.base, self.entries = c, base, entries
+        self.ranked: dict[tuple[Any, ...], list[tuple[float, float, str, tuple[str, ...]]]] = {}
+
+    def _ranked(self, i: Inst) -> list[tuple[float, float, str, tuple[str, ...]]]:
+        key = i.dest_key
+        got = self.ranked.get(key)
+        if got is None:
+            got = []
+            for nid, n in self.base.items():
+                known = self.entries.get((key, nid))
+                if known is None or known[0] is not n:
+                    known = (n, _entry(self.c, nid, n, i))
+                    self.entries[(key, nid)] = known
+                if known[1] is not None:
+                    got.append(known[1])
+            got.sort(key=lambda e: e[:3])
+            self.ranked[key] = got
+        return got
+
+    def find(self, nodes: Mapping[str, _Node], i: Inst, avoid: set[str], changed: Iterable[str] = ()) -> _Dest | None:
+        """The node of ``nodes`` (not in ``avoid``, not the instance's own) where the instance
+        fragments least: (node, GPUs, its fragmentation there after minus before), or None when it
+        fits nowhere else; ``nodes`` is ``base`` but for the nodes ``changed``. The same answer as
+        measuring every node (tests/unit/test_rebalance_search.py)."""
+        changed = set(changed)
+        skip = avoid | changed | {i.node}
+        best = next((e for e in self._ranked(i) if e[2] not in skip), None)
+        for nid in changed:
+            if nid in avoid or nid == i.node:
+                continue
+            e = _entry(self.c, nid, nodes[nid], i)
+            if e is not None and (best is None or e[:3] < best[:3]):
+                best = e
+        return None if best is None else (best[2], best[3], best[0])
+
+
+class _Counts:
+    """``_count(_on(nodes, room), need)`` where ``nodes`` is ``base`` but for a few nodes: the
+    base's count per node made once per planning step."""
+
+    def __init__(self, base: Mapping[str, _Node], room: frozenset[str] | None, need: Need):
+        self.base, self.room, self.need = base, room, need
+        self.per = {nid: node_fits(n, need, need.count) for nid, n in _on(base, room).items()}
+        self.total = sum(self.per.values())
+
+    def count(self, nodes: Mapping[str, _Node], changed: Iterable[str]) -> int:
+        got = self.total
+        for nid in set(changed):
+            if nid in self.per:
+                got += node_fits(nodes[nid], self.need, self.need.count) - self.per[nid]
+        return min(self.need.count, got)
 
 
 def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapping[str, int], size: int, before: int,
+               search: _Search | None = None, bound: tuple[Any, ...] | None = None,
                ) -> tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None:
     """The best ``size`` instances of node ``src`` whose moves make room for one more instance of
     ``need`` in the cluster (it takes ``before`` now), each sent where it fragments least: (rank,
-    moves, the nodes after), or None."""
+    moves, the nodes after), or None. ``search``: the step's destinations and counts (made here
+    when not given); ``bound``: the best plan's rank found so far (``plan_pending``'s, the
+    source's room score first): a subset whose rank cannot be lower is not tried."""
     _, cpu, mem = _short_of(c.nodes[src], need)
 
     def frees(i: Inst) -> float:  # of the CPU and memory the source is short of, what the instance frees
@@ -385,31 +453,45 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
     order = sorted(insts, key=lambda i: (i.gpu_amount, -frees(i), i.priority, -i.created, i.iid))
     if size > len(order) or _too_short(c.nodes[src], need, order, size):
         return None
+    s = search or _Search(c, need, {})
+    score = -c.room_score(src)
     best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
-    #: a subset's first instance goes where it would from the nodes as they are (only the source,
-    #: which it avoids, differs): its destination once per instance, not once per subset
-    first: dict[str, _Dest | None] = {}
     for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
         if not _within_budget(subset, budget):
+            continue
+        amount, prio = sum(i.gpu_amount for i in subset), max(i.priority for i in subset)
+        # the rank's first parts are known before any destination: a subset that loses on them
+        # to the best plan so far (or this source's) cannot win on the rest
+        if bound is not None and (score, size, amount, prio) > bound[:4]:
+            continue
+        if best is not None and (size, amount, prio) > best[0][:3]:
             continue
         nodes = dict(c.nodes)
         src_node = nodes[src] = _copy(c.nodes[src])
         for i in subset:
             Cluster.release(src_node, i)
-        if node_fits(src_node, need, 1) < 1 and _count(_on(nodes, c.room), need) <= before:
+        if node_fits(src_node, need, 1) < 1 and s.counts.count(nodes, (src,)) <= before:
             continue  # freeing these alone makes no room: the source never takes one more
         src_saved = c.frag(src) - c.frag(src, src_node)
-        placed = _send_away(c, nodes, subset, src, first)
-        if placed is None or _count(_on(nodes, c.room), need) <= before:
+        placed = _send_away(s.dests, nodes, subset, src)
+        if placed is None or s.counts.count(nodes, (src, *(m.to for m in placed[0]))) <= before:
             continue
         moves, cost = placed
         if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
             continue
-        rank = (size, sum(i.gpu_amount for i in subset), max(i.priority for i in subset), cost - src_saved,
-                tuple(sorted(i.iid for i in subset)))
+        rank = (size, amount, prio, cost - src_saved, tuple(sorted(i.iid for i in subset)))
         if best is None or rank < best[0]:
             best = (rank, moves, nodes)
     return best
+
+
+class _Search:
+    """What one planning step of ``plan_pending`` shares over its sources and subsets: the
+    destinations (``_Dests``) and the pending block's count (``_Counts``) on the step's nodes."""
+
+    def __init__(self, c: Cluster, need: Need, entries: dict[tuple[Any, str], tuple[_Node, Any]]):
+        self.dests = _Dests(c, c.nodes, entries)
+        self.counts = _Counts(c.nodes, c.room, need)
 
 
 def _too_short(n: _Node, need: Need, order: list[Inst], size: int) -> bool:
@@ -432,21 +514,16 @@ def _within_budget(subset: Iterable[Inst], budget: Mapping[str, int]) -> bool:
     return not any(k > budget.get(b, 0) for b, k in per_block.items())
 
 
-def _send_away(c: Cluster, nodes: dict[str, _Node], subset: tuple[Inst, ...], src: str,
-               first: dict[str, _Dest | None]) -> tuple[list[Move], float] | None:
+def _send_away(dests: _Dests, nodes: dict[str, _Node], subset: tuple[Inst, ...], src: str,
+               ) -> tuple[list[Move], float] | None:
     """Send each instance of ``subset`` in turn where it fragments least (never back to ``src``),
-    taking its room in ``nodes`` (copied node by node, in place of the dict's entries): (the
-    moves, their total fragmentation cost), or None when one fits nowhere. ``first`` caches the
-    first instance's destination across subsets (see ``_free_room``)."""
+    taking its room in ``nodes`` (``dests.base`` with ``src`` changed; copied node by node, in
+    place of the dict's entries): (the moves, their total fragmentation cost), or None when one
+    fits nowhere."""
     moves: list[Move] = []
     cost = 0.0
-    for k, i in enumerate(subset):
-        if k == 0:
-            if i.iid not in first:
-                first[i.iid] = _destination(c, nodes, i, {src})
-            dest = first[i.iid]
-        else:
-            dest = _destination(c, nodes, i, {src})
+    for i in subset:
+        dest = dests.find(nodes, i, {src}, (m.to for m in moves))
         if dest is None:
             return None
         nid, gpus, d = dest
@@ -487,6 +564,7 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
     moves: list[Move] = []
     where = {i.iid: i for i in insts}
     budget = dict(budget)
+    entries: dict[tuple[Any, str], tuple[_Node, Any]] = {}  # the destinations' cache over the steps
     while not _placement(_on(c.nodes, c.room), need):
         left = max_moves - len(moves)
         if left <= 0:
@@ -498,10 +576,13 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
                          key=lambda nid: (-c.room_score(nid), *_source_key(c.nodes[nid], need), nid))
         sources = [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
         before = _count(_on(c.nodes, c.room), need)
+        search = _Search(c, need, entries)
         best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
         for size in range(1, left + 1):  # the fewest moves anywhere first
             for src in sources:
-                found = _free_room(c, need, src, on[src], budget, size, before)
+                if best is not None and -c.room_score(src) > best[0][0]:
+                    break  # the sources are in that order: none after this one can win
+                found = _free_room(c, need, src, on[src], budget, size, before, search, None if best is None else best[0])
                 if found is None:
                     continue
                 rank = (-c.room_score(src), *found[0])  # of as few moves, room on its most preferred node
@@ -524,7 +605,9 @@ def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], ma
     moves: list[Move] = []
     where = {i.iid: i for i in insts}
     budget = dict(budget)
+    entries: dict[tuple[Any, str], tuple[_Node, Any]] = {}
     while len(moves) < max_moves:
+        dests = _Dests(c, c.nodes, entries)
         best: tuple[tuple[Any, ...], Move, _Node, _Node] | None = None
         for i in where.values():
             if budget.get(i.bid, 0) <= 0 or i.node not in c.nodes or not i.gpus:
@@ -532,7 +615,7 @@ def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], ma
             src = _copy(c.nodes[i.node])
             Cluster.release(src, i)
             saved = c.frag(i.node) - c.frag(i.node, src)
-            dest = _destination(c, c.nodes, i, {i.node})
+            dest = dests.find(c.nodes, i, {i.node})
             if dest is None:
                 continue
             nid, gpus, cost = dest
