@@ -88,3 +88,31 @@ def test_deadline_and_queue_flag() -> None:
     assert hq.deadline({"maxPendingS": 5}, 100.0, 60) == 105.0
     assert hq.deadline({"maxPendingS": 0}, 100.0, 60) == 0.0 and hq.deadline({}, 100.0, 0) == 0.0
     assert hq.waits({}) and hq.waits({"queue": True}) and not hq.waits({"queue": False})
+
+
+def test_the_room_a_preemption_freed_stays_the_retried_preemptors() -> None:
+    """The preemptor (2 GPUs) was retried and is on its way through selection; its victims wait
+    again, and the 2 GPUs they freed are free in the views: the next pass does not give them to
+    the victims (nor to a block of its own priority), only a higher block may take them."""
+    two = {"c1": {"n1": node("n1", 4, used=2), "n2": node("n2", 4, used=4)}}
+    hi = hq.Nominee("hi", block("hi", 1, n=2, priority=100)["ir"], ("n1",))
+    victims = [hq.Entry(v, block(v, 1, preempted_by="hi")) for v in ("v1", "v2")]
+    assert hq.walk(victims, CLUSTERS, two).retry == [("v1", 1, "c1"), ("v2", 1, "c1")]  # no nomination: they take it
+    held = hq.walk(victims, CLUSTERS, two, nominated=[hi])
+    assert held.retry == [] and held.work["c1"]["n1"]["gpus"][3]["instances"] == 1  # n1's free GPUs are hi's
+    same = hq.walk([hq.Entry("peer", block("peer", 1, priority=100))], CLUSTERS, two, nominated=[hi])
+    assert same.retry == []
+    top = hq.walk([hq.Entry("top", block("top", 1, priority=1000)), *victims], CLUSTERS, two, nominated=[hi])
+    # the higher block first; hi's whole gang no longer fits in the 1 GPU left: nothing is held for it
+    assert top.retry == [("top", 1, "c1"), ("v1", 1, "c1")]
+    # room beside the nominee's is still anybody's
+    three = {"c1": {"n1": node("n1", 4, used=1)}}
+    assert hq.walk(victims, CLUSTERS, three, nominated=[hi]).retry == [("v1", 1, "c1")]
+
+
+def test_a_nominee_prefers_the_nodes_its_victims_freed() -> None:
+    """First fit would take n1's free GPU; the nominee's room is on n2, where its victim was."""
+    nodes = {"c1": {"n1": node("n1", 4, used=3), "n2": node("n2", 4, used=3)}}
+    hi = hq.Nominee("hi", block("hi", 1, priority=100)["ir"], ("n2",))
+    out = hq.walk([hq.Entry("lo", block("lo", 1))], CLUSTERS, nodes, nominated=[hi])
+    assert out.retry == [("lo", 1, "c1")] and "n1" in out.work["c1"] and out.work["c1"]["n2"]["gpus"][3]["instances"] == 1

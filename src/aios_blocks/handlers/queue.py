@@ -11,6 +11,11 @@ the higher one cannot use that capacity now; but nothing behind a block whose pr
 flight (its victims draining) is released: the capacity they free is the preemptor's.
 
 A block that was preempted and waits (``preempted_by``) never preempts: no cascades (kueue#13662).
+
+A preemptor sent back through selection is out of the queue until it is placed; the room its
+victims freed stays its own meanwhile (``Nominee``, kube-scheduler's nominatedNodeName): the walk
+counts it as taken for every block of the preemptor's priority or lower, so the next pass (the
+next victim's removal) does not give it to the victims or the blocks behind.
 """
 
 from __future__ import annotations
@@ -143,6 +148,39 @@ def fits(ir: BlockIR, clusters: Mapping[str, ClusterRecord], views: Mapping[str,
     return ""
 
 
+#: how long the room a preemption freed stays nominated for its preemptor once it is retried:
+#: past it (a selection round that never ends) the room is everybody's again
+NOMINATION_S = 30.0
+
+
+@dataclass(frozen=True)
+class Nominee:
+    """A preemptor on its way through selection (retried, not placed yet) and the nodes its
+    victims were on (``workers.queue``: the plan's): its room is held for it (``walk``)."""
+
+    bid: str
+    ir: BlockIR
+    nodes: tuple[str, ...] = ()
+
+
+def priority(ir: Mapping[str, Any]) -> int:
+    return int(ir.get("priority") or 0)
+
+
+def reserve(n: Nominee, clusters: Mapping[str, ClusterRecord], views: Mapping[str, Mapping[str, NodeView]],
+            work: dict[str, dict[str, NodeView]]) -> str:
+    """Take the nominee's whole gang in ``work`` (first fit on the nodes its victims freed, then
+    anywhere, as ``fits``); the cluster it took it in, '' when it fits nowhere (its room is gone)."""
+    if n.nodes:
+        keep = set(n.nodes)
+        for cid in sorted(clusters):
+            mine = work.setdefault(cid, {})
+            nodes = {nid: mine.get(nid) or v for nid, v in (views.get(cid) or {}).items() if nid in keep}
+            if nodes and gang_fit(n.ir, vcluster.scope(dict(n.ir), nodes), mine):
+                return cid
+    return fits(n.ir, clusters, views, work)
+
+
 #: how long a preemptor's mark (its victims draining) holds back the blocks behind it and its own
 #: next preemption: past it (a walker stopped between the mark and the evictions, victims that
 #: never drained) the block may preempt again
@@ -169,7 +207,7 @@ def may_preempt(block: Mapping[str, Any], now: float = 0.0) -> bool:
 
 def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
          views: Mapping[str, Mapping[str, NodeView]], tried: frozenset[str] = frozenset(), now: float = 0.0,
-         quota: QuotaView | None = None) -> Walk:
+         quota: QuotaView | None = None, nominated: Sequence[Nominee] = ()) -> Walk:
     """The walk of one scope's head (see the module docstring). It stops at the first block that
     may preempt (``preempt``: the caller asks the cluster's preemption policy, and walks again
     with that block in ``tried`` when the policy chose no victim): capacity a preemption plan
@@ -178,9 +216,13 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
     Quotas (``quota``) come first: a block its tenant's quota makes wait is skipped (it holds no
     one back: the room is not its to take); one whose tenant reclaims what borrowers hold is
     returned in ``reclaim`` (the walk stops there, as for a preemption), unless it is itself a
-    waiting victim (no cascades) or its reclamation is under way (then nothing behind it goes)."""
+    waiting victim (no cascades) or its reclamation is under way (then nothing behind it goes).
+
+    ``nominated``: preemptors retried and not placed yet; before the first block of a nominee's
+    priority or lower, the nominee's room is taken (``reserve``), as if it still waited at its place."""
     out = Walk()
     work = out.work
+    noms = sorted(nominated, key=lambda n: (-priority(n.ir), n.bid))
     for e in entries:
         b = e.block
         if b is None or b.get("status") != "pending":
@@ -200,6 +242,11 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
                 out.reclaim.append((e.bid, list(verdict[0].victims)))
                 break
             continue
+        while noms and priority(noms[0].ir) >= priority(ir):
+            if noms[0].bid != e.bid:
+                reserve(noms.pop(0), clusters, views, work)
+            else:
+                noms.pop(0)
         cid = fits(ir, clusters, views, work)
         if cid:
             out.retry.append((e.bid, int(b.get("gen") or 0), cid))

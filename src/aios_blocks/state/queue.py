@@ -12,6 +12,8 @@ from those (``image``; the fold calls it).
     aios:meta:queue:lease     the controller copy whose queue walker runs now (one at a time)
     aios:meta:queue:wake      pub/sub channel: a capacity event another controller copy saw
                               (``Wakeups``: the leader's walker passes at once)
+    aios:meta:queue:nominated hash bid -> JSON {gen, nodes, until}: preemptors retried, not placed
+                              yet, whose freed room is held for them (``Nominations``)
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ INDEX = f"{PREFIX}index"
 DUE = f"{PREFIX}due"
 LEASE_KEY = f"{PREFIX}lease"
 WAKE = f"{PREFIX}wake"
+NOMINATED = f"{PREFIX}nominated"
 PRIMARY = "_"
 
 
@@ -198,3 +201,24 @@ class PreemptPlans:
 
     async def drop(self, bid: str) -> None:
         await self.r.delete(plan_key(bid))
+
+
+class Nominations:
+    """The room a preemption freed, held for its preemptor from its retry until it is placed
+    (kube-scheduler's nominatedNodeName; ``handlers.queue.Nominee``): one hash field per
+    preemptor (its generation, the nodes its victims were on, until when). Live state, left out
+    of the digest; a field whose block moved on is dropped by the walker that reads it."""
+
+    def __init__(self, r: Any):
+        self.r = r
+
+    async def nominate(self, bid: str, gen: int, nodes: Iterable[str], until: float) -> None:
+        await self.r.hset(NOMINATED, bid, msgspec.json.encode({"gen": gen, "nodes": sorted(nodes), "until": until}))
+
+    async def all(self) -> dict[str, dict[str, Any]]:
+        raw = await self.r.hgetall(NOMINATED)
+        return {(k.decode() if isinstance(k, bytes) else str(k)): msgspec.json.decode(v) for k, v in raw.items()}
+
+    async def drop(self, bid: str) -> bool:
+        """Placed, waiting again, gone or expired: the room is everybody's; True if it was held."""
+        return bool(await self.r.hdel(NOMINATED, bid))

@@ -20,6 +20,8 @@ from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
 from ..schemas.lifecycle import Step
 from ..schemas.records import BlockIR
+from ..state.queue import Nominations
+from . import queue
 from .base import Worker
 from .vcluster import ensure_job_cluster
 
@@ -131,4 +133,8 @@ async def commit_start(w: Worker, s: al.StartInstances) -> list[str]:
     kept = [p for p in s.placements if p["iid"] not in refused]
     if kept:
         await w.bus.emit_all(al.announce(s, kept))
+    if s.step is not None and s.step[1] is Step.RESERVE and await Nominations(w.store.r).drop(s.block_id):
+        # a preemptor placed: the room held for it is its instances' now; the walker looks again
+        # (the blocks held back by a nominated take other than the one its placement chose)
+        queue.poke(w)
     return refused

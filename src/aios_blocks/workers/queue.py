@@ -36,7 +36,7 @@ from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
 from ..schemas.records import BlockIR, wire_ir
 from ..state.priority import PriorityStore
-from ..state.queue import PendingQueue, PreemptPlans, Wakeups, scope_of
+from ..state.queue import Nominations, PendingQueue, PreemptPlans, Wakeups, scope_of
 from ..state.rebalance import RebalanceState, affinity_indexes
 from .base import EpochGuard, Worker
 
@@ -75,6 +75,7 @@ async def wait_or_fail(w: Worker, bid: str, gen: int, ir: BlockIR, reason: str, 
                                         pending_deadline=fields["pending_deadline"])
     if not (ok or info == "pending"):
         return  # moved on (deleted, re-created)
+    await Nominations(w.store.r).drop(bid)  # a preemptor that did not get its room waits at its place again
     await PendingQueue(w.store.r).add(bid, scope_of(ir), int(ir.get("priority") or 0), since, deadline)
     event = Pending(bid, gen, reason[:2000], dict(reasons or {}), int(ir.get("priority") or 0), since, deadline,
                     int(block.get("attempt") or 0), by)
@@ -191,14 +192,31 @@ class QueueWalker:
         entries = await asyncio.gather(*(self._entry(bid) for bid in await self.q.head(scope, self.s.queue_window)))
         clusters = await self.w.inventory.clusters()
         views = await self.w.inventory.views(list(clusters))
-        out = await self._act(entries, clusters, views)
+        out = await self._act(entries, clusters, views, await self.nominees(scope))
         for bid in out.drop:
             await self._drop(bid, _block_of(entries, bid))
         for bid, gen, cid in out.retry:
             await self.retry(bid, gen, cid)
         return out
 
-    async def _act(self, entries: list[hq.Entry], clusters: dict[str, Any], views: dict[str, Any]) -> hq.Walk:
+    async def nominees(self, scope: str) -> list[hq.Nominee]:
+        """The preemptors of this scope retried and not placed yet (their room is held for them,
+        ``handlers.queue.Nominee``); a nomination whose block was placed, waits again, is gone or
+        whose hold ended is dropped."""
+        noms = Nominations(self.w.store.r)
+        out = []
+        now = time.time()
+        for bid, n in sorted((await noms.all()).items()):
+            block = await self.w.store.get_block(bid)
+            if (block is None or int(block["gen"]) != int(n.get("gen") or 0) or float(n.get("until") or 0) < now
+                    or block["status"] not in ("parsed", "selecting", "allocating")):
+                await noms.drop(bid)
+            elif scope_of(block["ir"]) == scope:
+                out.append(hq.Nominee(bid, block["ir"], tuple(n.get("nodes") or ())))
+        return out
+
+    async def _act(self, entries: list[hq.Entry], clusters: dict[str, Any], views: dict[str, Any],
+                   nominated: list[hq.Nominee] | None = None) -> hq.Walk:
         """The pure walk and the one action it calls for (a quota reclamation, a plan cut short
         resumed, a preemption); an entry whose action does nothing is left out and the walk done
         again. Returns the last walk (its drops and retries are the caller's)."""
@@ -206,7 +224,8 @@ class QueueWalker:
         view, placed = await quota_view(self.w)
         while True:
             out = hq.walk(entries, clusters, views, tried, time.time(),
-                          None if view is None else hq.QuotaView(view.quotas, list(view.holdings), view.counted))
+                          None if view is None else hq.QuotaView(view.quotas, list(view.holdings), view.counted),
+                          nominated or ())
             if out.reclaim and view is not None and view.counted:  # the victims are blocks: decided on them
                 view, placed = await quota_view(self.w, exact=True)
                 continue
@@ -249,11 +268,19 @@ class QueueWalker:
         if block is None or block["gen"] != gen:
             return
         n = int(block.get("attempt") or 0) + 1
+        plan = await PreemptPlans(self.w.store.r).get(bid) if block.get("preempting") else None
+        if plan is not None and int(plan.get("gen") or 0) == gen:
+            # the room its victims freed is its own until it is placed: a pass meanwhile (the next
+            # victim's removal) must not give it to the victims or the blocks behind it
+            await Nominations(self.w.store.r).nominate(bid, gen, (plan.get("output") or {}).get("victims") or {},
+                                                       time.time() + hq.NOMINATION_S)
         ok, info = await self.w.store.transition(bid, gen, Step.RETRY, attempt=str(n), preempting="")
         if ok:
             await PreemptPlans(self.w.store.r).drop(bid)  # its preemption is over: a later one is a new plan
             log.info("queue.retry", block=bid, gen=gen, attempt=n, fits=cid)
             await self.w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(block["ir"]), n))
+        elif plan is not None:
+            await Nominations(self.w.store.r).drop(bid)
         if ok or info != "pending":
             await self.q.remove(bid)
 
