@@ -6,7 +6,8 @@ replay: the preemptor then waited again and preempted a second time).
 
 Real servers, the system's workers; the queue is walked by a walker copy of this test (it holds
 the walker's lease), so each pass is one the test asks for; the gateway is SIGSTOPped so the
-preemptor's retry stays on its way through selection while the next pass runs."""
+preemptor's retry stays on its way through selection while the next pass runs, and while a
+lower block's allocation is tried."""
 
 from __future__ import annotations
 
@@ -16,8 +17,11 @@ import signal
 
 import pytest
 
+from aios_blocks.handlers import allocation as al
 from aios_blocks.recovery.invariants import check
+from aios_blocks.schemas.errors import PlacementFailed
 from aios_blocks.state.queue import LEASE_KEY, PRIMARY, Nominations
+from aios_blocks.workers.allocate import allocate
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.queue import QueueWalker
 
@@ -75,6 +79,11 @@ async def test_the_victims_do_not_take_back_the_room_freed_for_the_preemptor(wal
         assert second.retry == [], second.retry
         for bid in ("lo1", "lo2"):
             assert (await c.store.get_block(bid) or {})["status"] == "pending", bid
+        # nor does the placement of a lower block (a submit does not go through the queue): its
+        # allocation on c1 finds no room (without the hold: a GPU of hi's reserved for it)
+        lo = (await c.store.get_block("lo1") or {})["ir"]
+        with pytest.raises(PlacementFailed):
+            await allocate(w, al.Request(lo, "c1", "allocation", ("lo1-probe",)))
     finally:
         if stopped:
             for pid in gateway:

@@ -116,3 +116,14 @@ def test_a_nominee_prefers_the_nodes_its_victims_freed() -> None:
     hi = hq.Nominee("hi", block("hi", 1, priority=100)["ir"], ("n2",))
     out = hq.walk([hq.Entry("lo", block("lo", 1))], CLUSTERS, nodes, nominated=[hi])
     assert out.retry == [("lo", 1, "c1")] and "n1" in out.work["c1"] and out.work["c1"]["n2"]["gpus"][3]["instances"] == 1
+
+
+def test_the_placement_of_a_lower_block_sees_the_nominated_room_taken() -> None:
+    nodes = {"n1": node("n1", 4, used=2)}
+    hi = hq.Nominee("hi", block("hi", 1, n=2, priority=100)["ir"], ("n1",))
+    lo = block("lo", 1)["ir"]
+    free = lambda v: sum(1 for g in v["n1"]["gpus"] if not g["instances"])  # noqa: E731
+    assert free(hq.held("lo", lo, "c1", CLUSTERS["c1"], nodes, [hi])) == 0
+    assert free(hq.held("hi", hi.ir, "c1", CLUSTERS["c1"], nodes, [hi])) == 2  # its own room
+    assert free(hq.held("top", block("top", 1, priority=1000)["ir"], "c1", CLUSTERS["c1"], nodes, [hi])) == 2
+    assert free(nodes) == 2  # on copies

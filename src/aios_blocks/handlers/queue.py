@@ -181,6 +181,17 @@ def reserve(n: Nominee, clusters: Mapping[str, ClusterRecord], views: Mapping[st
     return fits(n.ir, clusters, views, work)
 
 
+def held(bid: str, ir: Mapping[str, Any], cid: str, cluster: ClusterRecord, nodes: Mapping[str, NodeView],
+         nominated: Sequence[Nominee]) -> Mapping[str, NodeView]:
+    """The cluster's node views as the placement of ``bid`` may use them: the room nominated for a
+    preemptor of its priority or higher (not itself) taken (``reserve``, on copies)."""
+    work: dict[str, dict[str, NodeView]] = {}
+    for n in sorted(nominated, key=lambda n: (-priority(n.ir), n.bid)):
+        if n.bid != bid and priority(n.ir) >= priority(ir):
+            reserve(n, {cid: cluster}, {cid: nodes}, work)
+    return {**nodes, **work[cid]} if work.get(cid) else nodes
+
+
 #: how long a preemptor's mark (its victims draining) holds back the blocks behind it and its own
 #: next preemption: past it (a walker stopped between the mark and the evictions, victims that
 #: never drained) the block may preempt again

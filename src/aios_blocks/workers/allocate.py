@@ -15,6 +15,7 @@ from typing import Any
 import structlog
 
 from ..handlers import allocation as al
+from ..handlers import queue as hq
 from ..policies import quota as qp
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
@@ -48,10 +49,16 @@ async def allocate(
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
     suspects = await suspect_nodes(w)
     invoke = w.invoker(req.ir, "resourceAllocator", trace)
+    # the room a preemption freed is its preemptor's until it is placed (docs/priority.md): not
+    # for a block of its priority or lower (a held view is a copy: the cache re-reads that node)
+    nominated = await queue.nominees(w)
     reason = ""
     for attempt in range(1, w.settings.commit_retries + 1):
         async with _cluster_lock(cid):
-            snap = al.Snapshot(cluster, await w.inventory.nodes(cid), instances, await w.affinity_index(req.ir), suspects)
+            nodes = await w.inventory.nodes(cid)
+            if nominated:
+                nodes = dict(hq.held(str(req.ir["blockId"]), req.ir, cid, cluster, nodes, nominated))
+            snap = al.Snapshot(cluster, nodes, instances, await w.affinity_index(req.ir), suspects)
             (reserve,) = await al.plan_allocation(snap, req, invoke)
             # our view takes the reservation now, as the script will, and the script is sent before
             # the lock goes: the next plan of this cluster starts on this one's result without

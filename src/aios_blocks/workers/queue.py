@@ -47,7 +47,7 @@ _running: dict[int, QueueWalker] = {}
 DEBOUNCE_S = 0.005
 DEFAULT_POLICY = "builtin:preempt-min"
 
-__all__ = ["PendingQueue", "QueueWalker", "poke", "quota_view", "wait_or_fail"]
+__all__ = ["PendingQueue", "QueueWalker", "nominees", "poke", "quota_view", "wait_or_fail"]
 
 
 def poke(w: Worker) -> None:
@@ -99,6 +99,28 @@ async def quota_view(w: Worker, exact: bool = False) -> tuple[hq.QuotaView | Non
         return hq.QuotaView(quotas, [qp.Holding(f"{qp.TOTAL}{t}", t, u) for t, u in sorted(usage.items())], counted=True), []
     placed, models = await store.placed()
     return hq.QuotaView(quotas, qp.holdings_of(placed, models)), placed
+
+
+#: a nominee's statuses: on its way through selection (retried, not reserved yet)
+IN_FLIGHT = ("parsed", "selecting", "allocating")
+
+
+async def nominees(w: Worker, scope: str | None = None, drop: bool = False) -> list[hq.Nominee]:
+    """The preemptors retried and not placed yet (of ``scope``; None: all), whose room is held for
+    them (``handlers.queue.Nominee``). ``drop`` (the walker): a nomination whose block was placed,
+    waits again, is gone or whose hold ended is dropped. One read when none is held."""
+    noms = Nominations(w.store.r)
+    out = []
+    now = time.time()
+    for bid, n in sorted((await noms.all()).items()):
+        block = await w.store.get_block(bid)
+        if (block is None or int(block["gen"]) != int(n.get("gen") or 0) or float(n.get("until") or 0) < now
+                or block["status"] not in IN_FLIGHT):
+            if drop:
+                await noms.drop(bid)
+        elif scope is None or scope_of(block["ir"]) == scope:
+            out.append(hq.Nominee(bid, block["ir"], tuple(n.get("nodes") or ())))
+    return out
 
 
 def _block_of(entries: list[hq.Entry], bid: str) -> Mapping[str, Any] | None:
@@ -200,20 +222,7 @@ class QueueWalker:
         return out
 
     async def nominees(self, scope: str) -> list[hq.Nominee]:
-        """The preemptors of this scope retried and not placed yet (their room is held for them,
-        ``handlers.queue.Nominee``); a nomination whose block was placed, waits again, is gone or
-        whose hold ended is dropped."""
-        noms = Nominations(self.w.store.r)
-        out = []
-        now = time.time()
-        for bid, n in sorted((await noms.all()).items()):
-            block = await self.w.store.get_block(bid)
-            if (block is None or int(block["gen"]) != int(n.get("gen") or 0) or float(n.get("until") or 0) < now
-                    or block["status"] not in ("parsed", "selecting", "allocating")):
-                await noms.drop(bid)
-            elif scope_of(block["ir"]) == scope:
-                out.append(hq.Nominee(bid, block["ir"], tuple(n.get("nodes") or ())))
-        return out
+        return await nominees(self.w, scope, drop=True)
 
     async def _act(self, entries: list[hq.Entry], clusters: dict[str, Any], views: dict[str, Any],
                    nominated: list[hq.Nominee] | None = None) -> hq.Walk:
