@@ -216,6 +216,16 @@ def may_preempt(block: Mapping[str, Any], now: float = 0.0) -> bool:
     return not block.get("preempted_by") and not preempting(block, now) and int(ir.get("priority") or 0) > 0
 
 
+def _nominated_first(noms: list[Nominee], bid: str, ir: BlockIR, clusters: Mapping[str, ClusterRecord],
+                     views: Mapping[str, Mapping[str, NodeView]], work: dict[str, dict[str, NodeView]]) -> None:
+    """Before block ``bid`` is tried: the nominees (``noms``, highest first) of its priority or
+    higher take their room, each once (popped)."""
+    while noms and priority(noms[0].ir) >= priority(ir):
+        n = noms.pop(0)
+        if n.bid != bid:
+            reserve(n, clusters, views, work)
+
+
 def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
          views: Mapping[str, Mapping[str, NodeView]], tried: frozenset[str] = frozenset(), now: float = 0.0,
          quota: QuotaView | None = None, nominated: Sequence[Nominee] = ()) -> Walk:
@@ -253,11 +263,7 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
                 out.reclaim.append((e.bid, list(verdict[0].victims)))
                 break
             continue
-        while noms and priority(noms[0].ir) >= priority(ir):
-            if noms[0].bid != e.bid:
-                reserve(noms.pop(0), clusters, views, work)
-            else:
-                noms.pop(0)
+        _nominated_first(noms, e.bid, ir, clusters, views, work)
         cid = fits(ir, clusters, views, work)
         if cid:
             out.retry.append((e.bid, int(b.get("gen") or 0), cid))
