@@ -89,6 +89,17 @@ def node_expected(nid: str) -> str:
     return f"{ROOT}.node.{nid}.expected"
 
 
+def node_sidecar_grant(nid: str) -> str:
+    """Core NATS request/reply (not stored) of node ``nid``'s agent on an external NATS: the
+    credentials of a block's side-car user, from ``blocks sidecar-auth`` (runtime/sidecar_callout.py)."""
+    return f"{ROOT}.node.{nid}.sidecar.grant"
+
+
+def node_sidecar_release(nid: str) -> str:
+    """Core NATS request/reply: node ``nid`` runs none of a block's side-cars any more."""
+    return f"{ROOT}.node.{nid}.sidecar.release"
+
+
 HEARTBEAT_ALL = f"{ROOT}.node.*.heartbeat"
 EXPECTED_ALL = f"{ROOT}.node.*.expected"
 

@@ -1,0 +1,182 @@
+"""Side-cars on an external NATS: a user per block through auth callout (docs/security.md
+"Side-cars on your own NATS: auth callout"). A separate nats-server plays the operator's own
+server: config-file accounts that we do not rewrite, JetStream, and the ``auth_callout`` block
+``blocks sidecar-auth init`` prints. The service (``runtime.sidecar_callout``) answers its callouts
+and a node agent's grant requests; block A's side-car user makes, pulls and acks its own durable on
+``AIOS_OUTPUTS`` and reaches nothing of block B's; a wrong or missing credential is refused, and
+the service says why; the configured users (the admin, the agent) log in without the service."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+
+from aios_blocks.bus import event_ids, subjects
+from aios_blocks.bus.nats_bus import Bus
+from aios_blocks.bus.nats_bus import connect as nats_connect
+from aios_blocks.runtime import auth
+from aios_blocks.runtime.embedded import nats_binary
+from aios_blocks.runtime.sidecar_callout import (
+    CALLOUT_ACCOUNT,
+    CalloutSidecarUsers,
+    Registry,
+    SidecarAuthService,
+    config_block,
+    service_user_conf,
+)
+
+from .test_sidecar_users import raw
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class External:
+    url: str  # no credentials
+    reg: Registry
+    proc: subprocess.Popen[bytes]
+
+    def as_(self, user: str, password: str) -> str:
+        return auth.with_userinfo(self.url, user, password)
+
+
+@pytest.fixture
+def external(tmp_path: Path) -> Iterator[External]:
+    """The operator's server: the system's users in account AIOS (the admin, the service, node
+    agent n1 with its grant rights), the callout block as printed, JetStream."""
+    reg = Registry.load(tmp_path / "sidecar-auth")
+    port = _free_port()
+    agent = auth.permissions("agent", node="n1")
+    assert agent is not None
+    conf = tmp_path / "nats.conf"
+    conf.write_text(
+        f"listen: 127.0.0.1:{port}\njetstream {{ store_dir: {json.dumps(str(tmp_path / 'js'))} }}\n"
+        f"accounts {{\n  AIOS: {{ jetstream: enabled, users: [\n    {{user: admin, password: apw}},\n"
+        f"    {service_user_conf('spw')},\n    {{user: agent-n1, password: npw, permissions: {agent.conf()}}}\n  ]}}\n"
+        f"  {CALLOUT_ACCOUNT}: {{}}\n}}\n"
+        + config_block(reg.issuer))
+    proc = subprocess.Popen([nats_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=open(tmp_path / "nats.log", "wb"))
+    deadline = time.monotonic() + 15
+    while True:
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            break
+        assert proc.poll() is None, (tmp_path / "nats.log").read_text()
+        assert time.monotonic() < deadline, "nats-server did not start"
+        time.sleep(0.05)
+    try:
+        yield External(f"nats://127.0.0.1:{port}", reg, proc)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+async def _refused(url: str) -> str:
+    """The error of a login the server refuses."""
+    try:
+        nc = await nats.connect(servers=[url], allow_reconnect=False, connect_timeout=5, max_reconnect_attempts=0)
+    except Exception as exc:
+        return str(exc)
+    await nc.close()
+    return ""
+
+
+async def test_a_blocks_sidecar_reaches_only_its_own_outputs_on_an_external_server(external: External) -> None:
+    admin = await nats.connect(external.as_("admin", "apw"), inbox_prefix="_INBOX.admin")
+    service = await nats_connect(external.as_("sidecar-auth", "spw"), "test/sidecar-auth")
+    svc = SidecarAuthService(service, external.reg)
+    await svc.start()
+    agent = await nats_connect(external.as_("agent-n1", "npw"), "test/agent-n1")
+    buses: list[Bus] = []
+    a = None
+    try:
+        ajs = admin.jetstream(timeout=10)
+        await ajs.add_stream(name=subjects.STREAM_OUTPUTS, subjects=["aios.output.*.*"])
+        for bid in ("ba", "bb"):
+            await ajs.publish(f"aios.output.{bid}.ok", json.dumps({"block_id": bid}).encode())
+
+        # the agent asks the service for each block's side-car user (its private inbox gets it)
+        users = CalloutSidecarUsers(agent, asyncio.get_running_loop(), external.url)
+        url_a = await asyncio.to_thread(users.grant, "ba", "store", "n1")
+        url_b = await asyncio.to_thread(users.grant, "bb", "store", "n1")
+        assert auth.url_user(url_a) == "sidecar-ba" and auth.url_user(url_b) == "sidecar-bb"
+        assert await asyncio.to_thread(users.grant, "ba", "store", "n1") == url_a  # the same again
+        await asyncio.to_thread(users.grant, "a", "b-x", "n1")
+        with pytest.raises(RuntimeError, match="is block a's already"):  # one durable name, two blocks
+            await asyncio.to_thread(users.grant, "a-b", "x", "n1")
+
+        for u in (url_a, url_b):
+            buses.append(Bus(await nats_connect(u, "test/sidecar"), "test/sidecar", event_key=event_ids.new_key()))
+        a_bus, b_bus = buses
+        for bus, bid in ((a_bus, "ba"), (b_bus, "bb")):  # as the SDK does
+            await bus.ensure_sidecar_consumer(subjects.sidecar(bid, "store"), 5, 30.0)
+        puller = await a_bus.js.pull_subscribe_bind(durable=subjects.sidecar_durable("ba", "store"),
+                                                    stream=subjects.STREAM_OUTPUTS)
+        (msg,) = await puller.fetch(1, timeout=10)
+        assert msg.subject == "aios.output.ba.ok"
+        await msg.ack_sync()
+
+        a = await raw(url_a)
+        so, theirs = subjects.STREAM_OUTPUTS, subjects.sidecar_durable("bb", "store")
+        mine = subjects.sidecar_durable("ba", "store")
+        for subject in (f"$JS.API.CONSUMER.CREATE.{so}.{theirs}.aios.output.bb.>",
+                        f"$JS.API.CONSUMER.CREATE.{so}.{mine}.aios.output.bb.>",
+                        f"$JS.API.CONSUMER.DURABLE.CREATE.{so}.{mine}", f"$JS.API.CONSUMER.CREATE.{so}",
+                        f"$JS.API.CONSUMER.MSG.NEXT.{so}.{theirs}", f"$JS.API.CONSUMER.INFO.{so}.{theirs}",
+                        f"$JS.API.CONSUMER.DELETE.{so}.{theirs}", f"$JS.ACK.{so}.{theirs}.1.2.2.0.0",
+                        "aios.block.bb.sidecar.store.alert", "aios.dlq.sidecar-bb-store.aios.output.bb.ok",
+                        "aios.output.bb.ok", "$SYS.REQ.USER.AUTH", subjects.node_sidecar_grant("n1")):
+            await a.nc.publish(subject, b"{}")
+            assert await a.denied(subject), subject
+        for subject in ("aios.output.bb.>", "aios.output.>", "_INBOX.sidecar-bb.>", "_INBOX.agent-n1.>", ">"):
+            await a.nc.subscribe(subject)
+            assert await a.denied(subject, "subscription"), subject
+        assert (await ajs.consumer_info(so, theirs)).num_pending == 1  # B's output still waits for B
+
+        # wrong or missing credentials: refused by the server, the reason in the service's log
+        pw_a = url_a.split("@")[0].rsplit(":", 1)[1]
+        for url, why in ((external.as_("sidecar-ba", "nope"), "wrong password for 'sidecar-ba'"),
+                         (external.as_("sidecar-bb", pw_a), "wrong password for 'sidecar-bb'"),
+                         (external.as_("sidecar-zz", pw_a), "'sidecar-zz' is no running block's side-car user"),
+                         (external.as_("agent-n1", "nope"), "'agent-n1' is no running block's side-car user"),
+                         (external.url, "no user name")):
+            assert "authorization violation" in (await _refused(url)).lower(), url
+            assert any(why in r for r in svc.refused), (why, svc.refused)
+        # the block goes with its last node: its password no longer logs in
+        assert await asyncio.to_thread(users.release, "ba", "n1") is True
+        assert "authorization violation" in (await _refused(url_a)).lower()
+        assert await asyncio.to_thread(auth.nats_login, url_b)
+    finally:
+        if a is not None:
+            await a.nc.close()
+        for bus in buses:
+            await bus.close()
+        await svc.stop()
+        for nc in (agent, service, admin):
+            await nc.close()
+
+
+async def test_without_the_service_no_sidecar_logs_in_and_configured_users_still_do(external: External) -> None:
+    """The callout is the only way in for a side-car: with the service down its login is refused
+    (the server's callout times out), while the configured users do not depend on the service."""
+    external.reg.grant("ba", "store", "n1")
+    password = external.reg.blocks["ba"]["password"]
+    assert "authorization violation" in (await _refused(external.as_("sidecar-ba", password))).lower()
+    for user, pw in (("admin", "apw"), ("agent-n1", "npw"), ("sidecar-auth", "spw")):
+        assert await asyncio.to_thread(auth.nats_login, external.as_(user, pw)), user
