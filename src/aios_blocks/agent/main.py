@@ -79,15 +79,20 @@ def strip_userinfo(url: str) -> str:
     return ",".join(out)
 
 
-def _sidecar_users() -> Any:
-    """A user per block for the side-cars (``runtime.sidecar_users``) when the agent runs next to
-    ``blocks up`` with credentials (``AIOS_SIDECAR_USERS_DIR``, from ``Endpoints.agent_env``)."""
-    users_dir = os.environ.get("AIOS_SIDECAR_USERS_DIR")
-    if not users_dir:
-        return None
-    from ..runtime.sidecar_users import SidecarUsers
+def _sidecar_users(bus: Bus, sidecar_url: str) -> Any:
+    """A user per block for the side-cars: made in the config of ``blocks up`` when the agent runs
+    next to it with credentials (``AIOS_SIDECAR_USERS_DIR``, from ``Endpoints.agent_env``;
+    ``runtime.sidecar_users``), else asked of ``blocks sidecar-auth`` on an external NATS with
+    ``AIOS_SIDECAR_AUTH=callout`` (``runtime.sidecar_callout``); ``None``: the shared user."""
+    if users_dir := os.environ.get("AIOS_SIDECAR_USERS_DIR"):
+        from ..runtime.sidecar_users import SidecarUsers
 
-    return SidecarUsers(Path(users_dir))
+        return SidecarUsers(Path(users_dir))
+    if os.environ.get("AIOS_SIDECAR_AUTH", "").strip().lower() == "callout":
+        from ..runtime.sidecar_callout import CalloutSidecarUsers
+
+        return CalloutSidecarUsers(bus.nc, asyncio.get_running_loop(), strip_userinfo(sidecar_url))
+    return None
 
 
 def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
@@ -130,7 +135,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
         data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
         drain_grace_s=opts.drain_grace_s,
         sidecar_nats_url=sidecar_url, sidecar_nats_ca=bus.settings.nats_ca or "",
-        sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=_sidecar_users(),
+        sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=_sidecar_users(bus, sidecar_url),
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)
