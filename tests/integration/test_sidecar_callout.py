@@ -186,9 +186,9 @@ async def test_without_the_service_no_sidecar_logs_in_and_configured_users_still
 
 async def test_a_remote_agents_sidecar_logs_in_as_its_blocks_user_and_stores_outputs(external: External,
                                                                                     tmp_path: Path) -> None:
-    """The whole remote path: `blocks agent` on the external server as its node's configured user,
-    with ``AIOS_SIDECAR_AUTH=callout``, gets a start command from the stream, asks the service for
-    the block's user, and runs the SQLite side-car, which logs in through the callout and stores
+    """The whole remote path: `blocks sidecar-auth serve` and `blocks agent` on the external server
+    as their configured users, the agent with ``AIOS_SIDECAR_AUTH=callout``: it gets a start command
+    from the stream, asks the service for the block's user, and runs the SQLite side-car, which logs in through the callout and stores
     its block's outputs only; the stop command stops it, deletes its consumer and lets the block go."""
     from aios_blocks.bus.catalog import E
     from aios_blocks.schemas.events import SidecarCommand, TaskOutput
@@ -198,14 +198,15 @@ async def test_a_remote_agents_sidecar_logs_in_as_its_blocks_user_and_stores_out
     from .test_sidecars import STORE, stored
 
     admin = Bus(await nats_connect(external.as_("admin", "apw"), "test/admin"), "test/admin", event_key=event_ids.new_key())
-    service = await nats_connect(external.as_("sidecar-auth", "spw"), "test/sidecar-auth")
-    svc = SidecarAuthService(service, external.reg)
-    await svc.start()
     await admin.ensure_stream()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
-    env.update({"AIOS_NATS_URL": external.as_("agent-n1", "npw"), "AIOS_SIDECAR_AUTH": "callout",
-                "AIOS_SIDECAR_RESTART_S": "0.2"})
-    agent = _spawn_agent(tmp_path, env)
+    state = external.reg.path.parent
+    service = _spawn(tmp_path / "service.log", {**env, "AIOS_NATS_URL": external.as_("sidecar-auth", "spw")},
+                     "sidecar-auth", "serve", "--state-dir", str(state))
+    agent = _spawn(tmp_path / "agent.log", {**env, "AIOS_NATS_URL": external.as_("agent-n1", "npw"),
+                                            "AIOS_SIDECAR_AUTH": "callout", "AIOS_SIDECAR_RESTART_S": "0.2"},
+                   "agent", "--node-id", "n1", "--cluster", "c1", "--runtime", "process", "--sim-gpus", "1", "--cpu", "2",
+                   "--memory", "1024", "--heartbeat-s", "0.5", "--agent-dir", str(tmp_path / "agent"))
     db = tmp_path / "outputs.db"
     spec = Sidecar.model_validate({"name": "store", "command": STORE, "parameters": {"path": str(db)}, "ackWaitS": 2,
                                    "stopGraceS": 1}).model_dump()
@@ -217,7 +218,7 @@ async def test_a_remote_agents_sidecar_logs_in_as_its_blocks_user_and_stores_out
             await admin.emit(E.block_output, TaskOutput(bid, task, f"{bid}-0", 200, "hello", gen=1))
         await until(lambda: _async(set(stored(db)) >= {"t1", "t3"}), 90,
                     f"ba's outputs stored; agent log: {(tmp_path / 'agent.log').read_text()[-3000:]}")
-        assert set(stored(db)) == {"t1", "t3"} and "ba" in external.reg.blocks
+        assert set(stored(db)) == {"t1", "t3"} and "ba" in Registry.load(state).blocks
         await admin.emit(E.node_sidecar_stop, SidecarCommand("ba", 1, "c1", "n1", "store", spec, "deleted"))
 
         async def gone() -> bool:
@@ -225,22 +226,20 @@ async def test_a_remote_agents_sidecar_logs_in_as_its_blocks_user_and_stores_out
                 await admin.js.consumer_info(subjects.STREAM_OUTPUTS, durable)
                 return False
             except nats.js.errors.NotFoundError:
-                return "ba" not in external.reg.blocks
+                return "ba" not in Registry.load(state).blocks
         await until(gone, 60, "the side-car's consumer deleted and its block released")
     finally:
-        agent.terminate()
-        await asyncio.to_thread(agent.wait, 30)
-        await svc.stop()
-        await service.close()
+        for proc in (agent, service):
+            proc.terminate()
+            await asyncio.to_thread(proc.wait, 30)
         await admin.close()
 
 
-def _spawn_agent(tmp_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    with open(tmp_path / "agent.log", "ab") as log:
-        return subprocess.Popen(
-            [sys.executable, "-m", "aios_blocks.cli", "agent", "--node-id", "n1", "--cluster", "c1", "--runtime", "process",
-             "--sim-gpus", "1", "--cpu", "2", "--memory", "1024", "--heartbeat-s", "0.5", "--agent-dir", str(tmp_path / "agent")],
-            env=env, stdout=log, stderr=log, start_new_session=True)
+def _spawn(log_file: Path, env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    """``blocks ARGS`` in the background, its output in ``log_file``."""
+    with open(log_file, "ab") as log:
+        return subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", *args], env=env, stdout=log, stderr=log,
+                                start_new_session=True)
 
 
 async def _async(value: bool) -> bool:

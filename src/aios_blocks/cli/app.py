@@ -28,6 +28,7 @@ from . import (
     priority,
     rebalance,
     servers,
+    sidecar_auth,
     state,
     task,
     tenants,
@@ -228,6 +229,7 @@ quota_app.command("get")(priority.quota_get)
 quota_app.command("list")(priority.quota_list)
 app.command("preempt")(priority.preempt)
 app.add_typer(tenants.tenant_app, name="tenant")
+app.add_typer(sidecar_auth.app, name="sidecar-auth")
 app.command("rebalance")(rebalance.rebalance)
 vcluster.register(app, DataDir)
 nodes.register(node_app, cluster_app, DataDir)

@@ -280,12 +280,12 @@ class SidecarAuthService:
         await self._answer(msg, {"released": released})
 
 
-async def serve(url: str, state_dir: Path, stop: asyncio.Event, ca: str | None = None) -> None:
+async def serve(url: str, state_dir: Path, stop: asyncio.Event, account: str = ACCOUNT) -> None:
     """``blocks sidecar-auth serve``: the service on ``url`` (its user in ``auth_users``) until ``stop``."""
     from ..bus.connection import connect
 
-    nc = await connect(url, name="aios-sidecar-auth", ca=ca)
-    svc = SidecarAuthService(nc, Registry.load(state_dir, create=False))
+    nc = await connect(url, name="aios-sidecar-auth")
+    svc = SidecarAuthService(nc, Registry.load(state_dir, create=False), account)
     await svc.start()
     log.info("sidecar_auth.serving", issuer=svc.reg.issuer, account=svc.account)
     try:
