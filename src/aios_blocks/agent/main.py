@@ -127,7 +127,8 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
             log.warning("agent.waiting_for_stream", error=repr(exc))
             await asyncio.sleep(1.0)
     sidecar_url = bus.settings.sidecar_nats_url or strip_userinfo(nats_url)
-    if not bus.settings.sidecar_nats_url and sidecar_url != nats_url:
+    sidecar_users = _sidecar_users(bus, sidecar_url)
+    if not bus.settings.sidecar_nats_url and sidecar_url != nats_url and sidecar_users is None:
         log.warning("agent.sidecar_url_without_credentials", node=opts.node_id,
                     note="AIOS_SIDECAR_NATS_URL is not set: side-cars get this agent's URL without its credentials")
     cfg = AgentConfig(
@@ -135,7 +136,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
         data_dir=data_dir, heartbeat_s=opts.heartbeat_s, advertise_host=opts.advertise_host,
         drain_grace_s=opts.drain_grace_s,
         sidecar_nats_url=sidecar_url, sidecar_nats_ca=bus.settings.nats_ca or "",
-        sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=_sidecar_users(bus, sidecar_url),
+        sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=sidecar_users,
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)

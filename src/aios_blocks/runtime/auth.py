@@ -254,9 +254,7 @@ def _agent(r: _Role) -> _Rights:
     durable = subjects.agent(r.node if r.role == "agent" else None).durable
     # and the side-cars' durables on AIOS_OUTPUTS, deleted when their block goes
     pub = [*r.read_topology, *_consumer_rights(durable), subjects.node_expected(r.scope),
-           f"{JS}.CONSUMER.DELETE.{subjects.STREAM_OUTPUTS}.*",
-           # on an external NATS, its side-cars' users from the auth callout service (sidecar_callout)
-           subjects.node_sidecar_grant(r.scope), subjects.node_sidecar_release(r.scope)]
+           f"{JS}.CONSUMER.DELETE.{subjects.STREAM_OUTPUTS}.*"]
     return _Rights(pub, [*r.hints] if r.role == "agent-sim" else [])  # the simulated fleet is a Worker like the others
 
 

@@ -416,6 +416,18 @@ class E:
         "core NATS request/reply, not stored: instances the node should run (the controller replies)",
         stored=False, body=Body.CORE, responders=(C,),
     )
+    node_sidecar_grant: Event[Any] = Event(
+        "node.sidecar.grant", f"{_N}.sidecar.grant", None, (AG,),
+        "core NATS request/reply, not stored: on your own NATS, the credentials of a block's side-car user "
+        "(body {\"block_id\", \"name\"}); blocks sidecar-auth serve replies, to the agent's inbox only (docs/security.md)",
+        stored=False, body=Body.CORE,
+    )
+    node_sidecar_release: Event[Any] = Event(
+        "node.sidecar.release", f"{_N}.sidecar.release", None, (AG,),
+        "core NATS request/reply, not stored: the node runs none of a block's side-cars any more (body {\"block_id\"}); "
+        "blocks sidecar-auth serve replies; with the last node the block's side-car user goes",
+        stored=False, body=Body.CORE,
+    )
     block_ready = Event(
         "block.ready", f"{_B}.ready", ev.BlockStatusReport, (C,), "minInstances are running", id_rule="{block_id}:{gen}:ready",
     )
