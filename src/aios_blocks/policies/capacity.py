@@ -160,6 +160,27 @@ def healthy_ids(nodes: dict[str, NodeView]) -> list[str]:
     return list(ids)
 
 
+def healthy_set(nodes: dict[str, NodeView], ids: list[str]) -> set[str]:
+    """``set(ids)`` for a policy input's ``healthy_nodes`` (``ids``): when they are the healthy
+    nodes an inventory view keeps for ``nodes`` now (``healthy_ids``, equal item for item), that
+    view's set, not a new one of every id (callers must not change it)."""
+    if isinstance(nodes, Nodes):
+        memo = nodes._healthy
+        if memo is not None and memo[0] == nodes.version and memo[1] == ids:
+            return memo[2]
+    return set(ids)
+
+
+def unhealthy(nodes: dict[str, NodeView], healthy: set[str]) -> set[str]:
+    """``nodes.keys() - healthy``: empty at once when ``healthy`` is the set ``healthy_set`` gave
+    for ``nodes`` now and holds every node (a new set each call)."""
+    if isinstance(nodes, Nodes):
+        memo = nodes._healthy
+        if memo is not None and memo[2] is healthy and memo[0] == nodes.version and len(healthy) == len(nodes):
+            return set()
+    return set(nodes.keys() - healthy)
+
+
 def node_refs(nodes: dict[str, NodeView]) -> msgspec.Raw:
     """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``. An inventory
     view keeps each entry's bytes in its order and catches them up from its change log (a view

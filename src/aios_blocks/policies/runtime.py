@@ -31,6 +31,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
+import msgspec
+
 from ..schemas.errors import PolicyFailed
 from ..schemas.policy_io import PolicySource
 from ..schemas.records import JSON, JSONObject
@@ -143,6 +145,21 @@ def policy_class_from_source(source: str, label: str) -> type:
     return classes[0]
 
 
+_PACK = msgspec.msgpack.Encoder()
+
+
+def fingerprint(value: Any) -> bytes | str:
+    """What tells a rule's settings (or parameters) from another's, for the policy instances'
+    key: their MessagePack encoding (about 10 us for ``fgd-plus``'s workload of 35 shapes, where
+    ``repr`` took about 90, once per policy call), their ``repr`` where it cannot encode them.
+    MessagePack keeps apart what ``repr`` does (1 and 1.0 and True, None and NaN, "1" and 1 as
+    keys) but lists, tuples and sets with the same items, which JSON input never holds."""
+    try:
+        return _PACK.encode(value)
+    except (msgspec.EncodeError, TypeError, ValueError, OverflowError):
+        return repr(value)
+
+
 class PolicyRuntime:
     def __init__(
         self,
@@ -214,7 +231,7 @@ class PolicyRuntime:
             # has): building fgd-plus's workload tables per block was a sixth to a third of a
             # controller's placement CPU on the GPU trace (docs/trace.md "Live vs Ray")
             rule_id = cname
-        key = (rule_id, cname, version, repr(settings), repr(parameters))
+        key = (rule_id, cname, version, fingerprint(settings), fingerprint(parameters))
         inst = self._instances.get(key)
         if inst is None:
             if cname in BUILTINS:

@@ -164,19 +164,42 @@ class FillWorkload:
             groups.setdefault(key, []).append((float(s.get("cpu", 0) or 0), weight))
         #: (gpus, units, allowed models, [(cpu, weight)], total weight)
         self.groups = [(g, u, frozenset(m), items, sum(w for _, w in items)) for (g, u, m), items in sorted(groups.items())]
+        #: the shapes' distinct CPU figures (> 0): a node's CPU enters the measure only as how many
+        #: tasks of each fit it (``int((cpu + 1e-9) // c)``), the key of ``_by_level``
+        self.cpus = sorted({c for *_, items, _w in self.groups for c, _ in items if c > 0})
+        #: (model, exact CPU, free compute per GPU sorted) -> the figure
         self._memo: dict[tuple[Any, ...], float] = {}
+        #: (model, tasks of each CPU figure that fit, free compute per GPU sorted) -> the figure:
+        #: the same figure for every CPU giving the same counts (the exact CPUs differ per request
+        #: shape through the memory ratio; few of them change a count)
+        self._by_level: dict[tuple[Any, ...], float] = {}
 
     def frag(self, model: str, cpu_free: float, left: tuple[int, ...]) -> float:
         """The node's expected GPU compute (thousandths) a workload's shape could not fill."""
         free = sum(left)
         if not free:
             return 0.0
-        # the exact CPU: the figure depends on it (how many tasks fit), so a rounded key would
-        # make it depend on which node state was measured first
-        key = (model, cpu_free, tuple(sorted(left)))
+        ordered = tuple(sorted(left))
+        key = (model, cpu_free, ordered)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        cpu = cpu_free + 1e-9
+        level = (model, tuple([int(cpu // c) for c in self.cpus]), ordered)
+        out = self._by_level.get(level)
+        if out is None:
+            out = self._measure(model, cpu, left, free)
+            if len(self._by_level) > 500_000:
+                self._by_level.clear()
+            self._by_level[level] = out
+        if len(self._memo) > 500_000:
+            self._memo.clear()
+        self._memo[key] = out
+        return out
+
+    def _measure(self, model: str, cpu: float, left: tuple[int, ...], free: int) -> float:
+        """The figure itself (``cpu``: the node's free CPUs + 1e-9); it reads the CPU only through
+        ``int(cpu // c)`` for the shapes' CPU figures ``c`` (the key of ``_by_level``)."""
         out = self.cpu_only * free
         whole = left.count(UNITS)
         partial = [x for x in left if x]
@@ -188,18 +211,18 @@ class FillWorkload:
             if units < UNITS:
                 slots = per_share.get(units, -1)
                 if slots < 0:
-                    slots = per_share[units] = sum(x // units for x in partial)
+                    slots = 0
+                    for x in partial:
+                        slots += x // units
+                    per_share[units] = slots
             else:
                 slots = whole // gpus
             if not slots:
                 out += weight * free
                 continue
-            for cpu, w in items:
-                k = min(slots, int((cpu_free + 1e-9) // cpu)) if cpu > 0 else slots
-                out += w * (free - k * gpus * units)
-        if len(self._memo) > 500_000:
-            self._memo.clear()
-        self._memo[key] = out
+            for c, w in items:
+                k = int(cpu // c) if c > 0 else slots
+                out += w * (free - (k if k < slots else slots) * gpus * units)
         return out
 
 

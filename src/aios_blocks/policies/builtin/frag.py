@@ -169,7 +169,7 @@ class _FragBase(_ResourceAllocator):
             # lowest (score, seeded hash of the id) among the fitting nodes, which an inventory
             # view keeps in order per shape (``capacity.best_fit``), caught up in O(changes); a
             # score reads only the node's state, so the index scores each distinct state once
-            skip = (nodes.keys() - healthy) | avoid
+            skip = capacity.unhealthy(nodes, healthy) | avoid
             by_state = (lambda n: capacity.derived(n, score_key, score)[0], tie) if self.rank_by_state else None
             found = capacity.best_fit(nodes, skip, fits_key, fits, rank_key, rank, count, by_state)
             if found is None:

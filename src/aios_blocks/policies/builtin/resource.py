@@ -64,7 +64,7 @@ class _ResourceAllocator:
         index = payload["cluster_metrics"].get("affinity_index") or affinity.empty_index()
         needs = payload["block"]["resources"]
         nodes = payload["cluster_metrics"]["nodes"]
-        healthy = set(payload["healthy_nodes"])
+        healthy = capacity.healthy_set(nodes, payload["healthy_nodes"])
         seed = tie_seed(payload["block"])
         if action == "dry_run":
             return self._dry_run(payload["block"], nodes, healthy, needs, index, seed)
@@ -140,7 +140,7 @@ class _ResourceAllocator:
             # no affinity annotations (the block has no entries; a view is annotated with all the
             # others or not at all, so its first says): every node's score is 0 and it passes,
             # so the best is the lowest (rank, id) that fits; the same choice, in one pass
-            skip = (nodes.keys() - healthy) | avoid
+            skip = capacity.unhealthy(nodes, healthy) | avoid
             found = capacity.best_fit(nodes, skip, fits_key, fits, rank_key, self._rank, count)
             return None if found is None else (found[0], self._choose_gpus(found[1], count, {}, seed))
         for nid, node in nodes.items():
