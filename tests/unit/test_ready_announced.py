@@ -149,3 +149,35 @@ async def test_an_announcement_not_yet_due_is_left_to_its_publisher_and_a_moved_
     again, drop = rc.announcements(pending, status, now=10.0, after_s=5.0)
     assert again == ["a", "f"]
     assert drop == ["b", "c", "e"]  # moved on, another generation, no block; "d" is not due yet
+
+
+async def test_a_pending_whose_publish_failed_is_announced_by_the_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The queue's ``wait`` step (``workers.queue.wait_or_fail``): the block fits nowhere and is
+    made pending in Redis; its ``block.pending`` gets no ack, and the redelivered ``parsed`` finds
+    the block past its selection step and does nothing: the reconciler announces it."""
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=1, gpus=1)
+        real_emit = s.bus._emit
+        failed: list[str] = []
+
+        async def no_ack_for_pending(e: Emit) -> Any:
+            if e.event is E.block_pending and not failed:
+                failed.append(e.payload.block_id)
+                raise TimeoutError("no ack from the stream")
+            return await real_emit(e)
+
+        monkeypatch.setattr(s.bus, "_emit", no_ack_for_pending)
+        bid = await s.submit({**SPEC, "minInstances": 2, "maxInstances": 2})  # 2 GPUs on a 1-GPU cluster
+        await s.run()
+        block = await s.store.get_block(bid) or {}
+        assert failed == [bid] and block.get("status") == "pending", block
+        assert s.bus.events(E.block_pending, bid=bid) == []  # the redelivery did not announce it
+        assert await s.store.r.hlen(ANNOUNCE) == 1
+
+        monkeypatch.setattr(reconciler, "ANNOUNCE_AFTER_S", 0.0)
+        r = reconciler.Reconciler(s.worker)
+        await r.tick()
+        (pending,) = s.bus.events(E.block_pending, bid=bid)
+        assert r.announced == (1, 0) and pending["gen"] == block["gen"] and await s.store.r.hlen(ANNOUNCE) == 0
+        assert (await folds_to_the_state(s, bid))["status"] == "pending"

@@ -38,6 +38,7 @@ from ..schemas.records import BlockIR, wire_ir
 from ..state.priority import PriorityStore
 from ..state.queue import Nominations, PendingQueue, PreemptPlans, Wakeups, scope_of
 from ..state.rebalance import RebalanceState, affinity_indexes
+from . import announce
 from .base import EpochGuard, Worker
 
 log = structlog.get_logger("aios.queue")
@@ -71,16 +72,20 @@ async def wait_or_fail(w: Worker, bid: str, gen: int, ir: BlockIR, reason: str, 
     deadline = hq.deadline(ir, since, w.settings.max_pending_s)
     by = str(block.get("preempted_by") or "")
     fields = {"reason": reason[:2000], "pending_since": f"{since:.3f}", "pending_deadline": f"{deadline:.3f}"}
+    pending = Emit(E.block_pending, Pending(bid, gen, reason[:2000], dict(reasons or {}), int(ir.get("priority") or 0), since,
+                                            deadline, int(block.get("attempt") or 0), by))
+    # marked before the CAS: a publish that fails after it, whose redelivery finds the block
+    # pending and acts no more (the allocation request's), is published by the reconciler (announce)
+    key = await announce.mark(w, bid, gen, Step.WAIT, [pending])
     ok, info = await w.store.transition(bid, gen, Step.WAIT, reason=fields["reason"], pending_since=fields["pending_since"],
                                         pending_deadline=fields["pending_deadline"])
-    if not (ok or info == "pending"):
-        return  # moved on (deleted, re-created)
-    await Nominations(w.store.r).drop(bid)  # a preemptor that did not get its room waits at its place again
-    await PendingQueue(w.store.r).add(bid, scope_of(ir), int(ir.get("priority") or 0), since, deadline)
-    event = Pending(bid, gen, reason[:2000], dict(reasons or {}), int(ir.get("priority") or 0), since, deadline,
-                    int(block.get("attempt") or 0), by)
-    await w.bus.emit(E.block_pending, event)
-    log.info("queue.pending", block=bid, gen=gen, reason=reason[:200])
+    moved = ok or info == "pending"
+    if moved:  # else it moved on (deleted, re-created)
+        await Nominations(w.store.r).drop(bid)  # a preemptor that did not get its room waits at its place again
+        await PendingQueue(w.store.r).add(bid, scope_of(ir), int(ir.get("priority") or 0), since, deadline)
+        await w.bus.emit_all([pending])
+        log.info("queue.pending", block=bid, gen=gen, reason=reason[:200])
+    await announce.settle(w, key, moved)
 
 
 async def quota_view(w: Worker, exact: bool = False) -> tuple[hq.QuotaView | None, list[dict[str, Any]]]:
