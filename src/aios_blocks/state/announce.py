@@ -63,7 +63,9 @@ def key_of(events: Iterable[Emit]) -> str:
 
 
 def _wire(e: Emit) -> _Event:
-    return _Event(e.event.name, msgspec.to_builtins(e.payload), e.qualifier, dict(e.tokens), e.msg_id)
+    # through JSON, not ``to_builtins``: a payload may hold ``msgspec.Raw`` (a decision's policy
+    # input and output), which only the encoder takes
+    return _Event(e.event.name, msgspec.json.decode(msgspec.json.encode(e.payload)), e.qualifier, dict(e.tokens), e.msg_id)
 
 
 def _emit(e: _Event) -> Emit:

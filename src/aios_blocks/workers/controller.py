@@ -61,7 +61,7 @@ from ..schemas.records import (
     wire_ir,
 )
 from ..schemas.spec import ID_RE, Cluster, Node
-from . import moves, queue, reconciler
+from . import announce, moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
 from .base import Worker, bound
 from .effects import commit, release
@@ -517,8 +517,12 @@ async def _reselect_or_fail(
         await queue.wait_or_fail(w, bid, gen, ir, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION,
                                  {ev.cluster_id: reason}, ev.cluster_id)
         return
+    # marked before the CAS (announce): a reselect whose publish failed is published by the
+    # reconciler even when the request does not come back to find the block ``_reselected``
+    key = await announce.mark(w, bid, gen, Step.RESELECT, _reselect_emits(ir, ev, reason, trace))
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
     await _reselect_events(w, ir, ev, reason, trace, back=ok or info == "parsed")
+    await announce.settle(w, key, ok or info == "parsed")
 
 
 def _reselected(block: BlockRecord, ev: AllocationRequest) -> bool:
@@ -528,18 +532,22 @@ def _reselected(block: BlockRecord, ev: AllocationRequest) -> bool:
 
 
 async def _allocation_failed(w: Worker, ev: AllocationRequest, reason: str, trace: list[Decision] | None) -> None:
-    await w.bus.emit(E.block_allocation_failed, StepFailed(ev.block_id, ev.gen, "allocation", f"{ev.cluster_id}: {reason}",
-                                                           str(ev.attempt), decisions=trace or []))
+    await w.bus.emit_all(_reselect_emits(None, ev, reason, trace))
+
+
+def _reselect_emits(ir: BlockIR | None, ev: AllocationRequest, reason: str, trace: list[Decision] | None) -> list[Emit]:
+    """Why the cluster could not take the gang (the first one stored keeps its reason) and, with
+    ``ir``, the block back to selection (its next round)."""
+    failed = Emit(E.block_allocation_failed, StepFailed(ev.block_id, ev.gen, "allocation", f"{ev.cluster_id}: {reason}",
+                                                        str(ev.attempt), decisions=trace or []))
+    return [failed] if ir is None else [failed, Emit(E.block_parsed, Parsed(ev.block_id, ev.gen, wire_ir(ir), ev.attempt + 1))]
 
 
 async def _reselect_events(w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str,
                            trace: list[Decision] | None = None, back: bool = True) -> None:
-    """A reselect step's events (``_reselect_or_fail``'s, and again when its request comes back):
-    why the cluster could not take the gang (the first one stored keeps its reason) and, ``back``
-    (the step is taken), the block back to selection."""
-    await _allocation_failed(w, ev, reason, trace)
-    if back:
-        await w.bus.emit(E.block_parsed, Parsed(ev.block_id, ev.gen, wire_ir(ir), ev.attempt + 1))
+    """A reselect step's events (``_reselect_or_fail``'s, and again when its request comes back);
+    the block back to selection only when the step is taken (``back``)."""
+    await w.bus.emit_all(_reselect_emits(ir if back else None, ev, reason, trace))
 
 
 
