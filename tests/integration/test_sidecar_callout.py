@@ -30,11 +30,13 @@ from aios_blocks.runtime import auth
 from aios_blocks.runtime.embedded import nats_binary
 from aios_blocks.runtime.sidecar_callout import (
     CALLOUT_ACCOUNT,
+    XKEY_HEADER,
     CalloutSidecarUsers,
     Registry,
     SidecarAuthService,
     config_block,
     service_user_conf,
+    xkey_public,
 )
 
 from .test_sidecar_users import raw
@@ -72,7 +74,7 @@ def external(tmp_path: Path) -> Iterator[External]:
         f"accounts {{\n  AIOS: {{ jetstream: enabled, users: [\n    {{user: admin, password: apw}},\n"
         f"    {service_user_conf('spw')},\n    {{user: agent-n1, password: npw, permissions: {agent.conf()}}}\n  ]}}\n"
         f"  {CALLOUT_ACCOUNT}: {{}}\n}}\n"
-        + config_block(reg.issuer))
+        + config_block(reg.issuer, xkey_public(reg.xkey_private)))
     proc = subprocess.Popen([nats_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL,
                             stderr=open(tmp_path / "nats.log", "wb"))
     deadline = time.monotonic() + 15
@@ -151,8 +153,17 @@ async def test_a_blocks_sidecar_reaches_only_its_own_outputs_on_an_external_serv
             assert await a.denied(subject, "subscription"), subject
         assert (await ajs.consumer_info(so, theirs)).num_pending == 1  # B's output still waits for B
 
-        # wrong or missing credentials: refused by the server, the reason in the service's log
+        # the server's requests carry the password encrypted to the service's xkey: a user allowed to
+        # listen on the callout subject (here the admin) reads no password
         pw_a = url_a.split("@")[0].rsplit(":", 1)[1]
+        seen = await admin.subscribe("$SYS.REQ.USER.AUTH")
+        await admin.flush()
+        assert await asyncio.to_thread(auth.nats_login, url_a)
+        req = await seen.next_msg(timeout=10)
+        assert req.data.startswith(b"xkv1") and pw_a.encode() not in req.data
+        assert (req.headers or {}).get(XKEY_HEADER, "").startswith("X")
+        await seen.unsubscribe()
+        # wrong or missing credentials: refused by the server, the reason in the service's log
         for url, why in ((external.as_("sidecar-ba", "nope"), "wrong password for 'sidecar-ba'"),
                          (external.as_("sidecar-bb", pw_a), "wrong password for 'sidecar-bb'"),
                          (external.as_("sidecar-zz", pw_a), "'sidecar-zz' is no running block's side-car user"),

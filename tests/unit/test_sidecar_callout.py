@@ -9,6 +9,7 @@ import json
 import stat
 from pathlib import Path
 
+import nacl.exceptions
 import nkeys
 import pytest
 from typer.testing import CliRunner
@@ -36,6 +37,17 @@ def test_a_jwt_is_nats_shaped_and_its_signature_is_checked() -> None:
     forged = sc._b64(json.dumps({**claims, "sub": "V"}, separators=(",", ":")).encode())
     with pytest.raises(nkeys.ErrInvalidSignature):
         sc.decode_jwt(f"{head}.{forged}.{token.split('.')[2]}")
+
+
+def test_sealed_messages_open_only_for_their_recipient_from_their_sender() -> None:
+    a, b, c = (bytes([n]) * 32 for n in (1, 2, 3))
+    box = sc.seal(b"secret", a, sc.xkey_public(b))
+    assert box.startswith(b"xkv1") and b"secret" not in box and sc.xkey_public(a).startswith("X")
+    assert sc.unseal(box, b, sc.xkey_public(a)) == b"secret"
+    with pytest.raises(nacl.exceptions.CryptoError):
+        sc.unseal(box, c, sc.xkey_public(a))
+    with pytest.raises(ValueError, match="not an xkey"):
+        sc.seal(b"x", a, nkeys.from_seed(sc.new_account_seed()).public_key.decode())
 
 
 def test_the_registry_grants_checks_and_forgets(tmp_path: Path) -> None:
@@ -86,6 +98,8 @@ def test_init_prints_the_config_and_keeps_the_issuer(tmp_path: Path) -> None:
     assert out.exit_code == 0, out.output
     issuer = sc.Registry.load(tmp_path / "s", create=False).issuer
     assert f"issuer: {issuer}" in out.output and "allowed_accounts: [ AIOS_SIDECAR_CALLOUT ]" in out.output
+    xkey = sc.xkey_public(sc.Registry.load(tmp_path / "s").xkey_private)
+    assert f"xkey: {xkey}" in out.output
     again = CliRunner().invoke(app, ["sidecar-auth", "init", "--state-dir", str(tmp_path / "s")])
     assert f"issuer: {issuer}" in again.output
     refused = CliRunner().invoke(app, ["sidecar-auth", "serve", "--state-dir", str(tmp_path / "none")],

@@ -49,7 +49,7 @@ def init(state_dir: Path = StateDir, account: str = Account) -> None:
         f"#    and an account with no users, so that only unknown logins go to the service:\n"
         f"  {account}: {{ users: [ ..., {sc.service_user_conf(password)} ] }}\n"
         f"  {sc.CALLOUT_ACCOUNT}: {{}}\n"
-        f"# 2. At the top level:\n{sc.config_block(reg.issuer, account)}"
+        f"# 2. At the top level:\n{sc.config_block(reg.issuer, sc.xkey_public(reg.xkey_private), account)}"
         f"# 3. Each node agent's user may publish aios.node.<node id>.sidecar.grant and .release;\n"
         f"#    run the agents with AIOS_SIDECAR_AUTH=callout.\n"
         f"# 4. Reload the server, then run the service (the password above; keep it and {state_dir} secret):\n"

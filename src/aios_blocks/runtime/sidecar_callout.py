@@ -17,7 +17,9 @@ them from the secrets file. The registry also refuses a side-car name whose dura
 block's (``sidecar-a`` + ``b-x`` = ``sidecar-a-b`` + ``x``) and forgets a block when its last
 node lets go (``.release``). JWTs are written here (nats-io/jwt v2 claims: header
 ``{"typ":"JWT","alg":"ed25519-nkey"}``, base64url without padding, ``jti`` the base32 SHA-256 of
-the claims) and signed with ``nkeys`` (the ``sidecar-auth`` extra).
+the claims) and signed with ``nkeys`` (the ``sidecar-auth`` extra). With the config's ``xkey`` the
+server's requests (the password among them) and our answers are sealed (nkeys' ``xkv1``: X25519,
+NaCl's box, through PyNaCl), so another listener on the callout subject reads nothing.
 """
 
 from __future__ import annotations
@@ -88,6 +90,50 @@ def encode_jwt(claims: dict[str, Any], seed: bytes) -> str:
     return f"{head}.{payload}.{_b64(kp.sign(f'{head}.{payload}'.encode()))}"
 
 
+#: an xkey (X25519 curve key) public key's first byte: base32 ``X``
+PREFIX_BYTE_CURVE = 23 << 3
+#: nkeys' sealed box: this version, a 24-byte nonce, then NaCl's box (tag and ciphertext)
+XKV1 = b"xkv1"
+#: the header in which the server names its xkey when it encrypts its requests
+XKEY_HEADER = "Nats-Server-Xkey"
+
+
+def xkey_public(private: bytes) -> str:
+    """The ``X...`` public key of a raw X25519 private key."""
+    import nacl.public
+    import nkeys
+
+    raw = bytes([PREFIX_BYTE_CURVE]) + bytes(nacl.public.PrivateKey(private).public_key)
+    return base64.b32encode(raw + nkeys.crc16_checksum(raw)).decode().rstrip("=")
+
+
+def _xkey_raw(public: str) -> bytes:
+    import nkeys
+
+    raw = base64.b32decode(public + "=" * (-len(public) % 8))
+    if len(raw) != 35 or raw[0] != PREFIX_BYTE_CURVE or nkeys.crc16_checksum(raw[:-2]) != raw[-2:]:
+        raise ValueError(f"not an xkey public key: {public!r}")
+    return raw[1:-2]
+
+
+def seal(data: bytes, private: bytes, recipient: str) -> bytes:
+    """``data`` encrypted for ``recipient`` (an ``X...`` key) as nkeys' ``Seal`` does."""
+    import nacl.public
+    import nacl.utils
+
+    box = nacl.public.Box(nacl.public.PrivateKey(private), nacl.public.PublicKey(_xkey_raw(recipient)))
+    return XKV1 + bytes(box.encrypt(data, nacl.utils.random(24)))
+
+
+def unseal(data: bytes, private: bytes, sender: str) -> bytes:
+    import nacl.public
+
+    if not data.startswith(XKV1):
+        raise ValueError("not an xkv1 sealed message")
+    box = nacl.public.Box(nacl.public.PrivateKey(private), nacl.public.PublicKey(_xkey_raw(sender)))
+    return bytes(box.decrypt(data[len(XKV1) + 24:], data[len(XKV1):len(XKV1) + 24]))
+
+
 def decode_jwt(token: str) -> dict[str, Any]:
     """The claims of ``token``, its signature checked against its own issuer (``iss``): the server's
     key for a request (the subject only the server publishes on is what vouches for it)."""
@@ -123,25 +169,31 @@ def response_claims(user_nkey: str, server_id: str, user_jwt: str = "", error: s
 # -- the registry: a password and side-car names per block ---------------------------------------
 @dataclass
 class Registry:
-    """``sidecar-auth.json`` (0600, its directory 0700): the issuer's seed and, per block whose
-    side-cars run somewhere, its password, side-car names and nodes."""
+    """``sidecar-auth.json`` (0600, its directory 0700): the issuer's seed, the xkey the server
+    encrypts its requests to and, per block whose side-cars run somewhere, its password, side-car
+    names and nodes."""
 
     path: Path
     seed: str = ""
     blocks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    xkey: str = ""  # the X25519 private key, base64
 
     @classmethod
     def load(cls, state_dir: Path, create: bool = True) -> Registry:
         path = Path(state_dir) / STATE_FILE
         if path.exists():
             data = json.loads(path.read_text())
-            return cls(path, data["issuer_seed"], data.get("blocks", {}))
+            return cls(path, data["issuer_seed"], data.get("blocks", {}), data["xkey"])
         if not create:
             raise FileNotFoundError(f"{path}: run `blocks sidecar-auth init` first")
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        reg = cls(path, new_account_seed().decode())
+        reg = cls(path, new_account_seed().decode(), xkey=base64.b64encode(os.urandom(32)).decode())
         reg.save()
         return reg
+
+    @property
+    def xkey_private(self) -> bytes:
+        return base64.b64decode(self.xkey)
 
     @property
     def issuer(self) -> str:
@@ -153,7 +205,7 @@ class Registry:
         tmp = self.path.with_suffix(".tmp")
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
-            json.dump({"issuer_seed": self.seed, "blocks": self.blocks}, f, indent=1, sort_keys=True)
+            json.dump({"issuer_seed": self.seed, "xkey": self.xkey, "blocks": self.blocks}, f, indent=1, sort_keys=True)
         os.replace(tmp, self.path)
 
     def grant(self, bid: str, name: str, node: str) -> str:
@@ -193,11 +245,13 @@ class Registry:
         return bid, list(entry["names"])
 
 
-def config_block(issuer: str, account: str = ACCOUNT, service_user: str = SERVICE_USER) -> str:
-    """The server config's ``authorization`` block for the callout. The ``accounts`` block must also
+def config_block(issuer: str, xkey: str = "", account: str = ACCOUNT, service_user: str = SERVICE_USER) -> str:
+    """The server config's ``authorization`` block for the callout (``xkey``: the server encrypts
+    its requests, which carry the side-car's password, to it). The ``accounts`` block must also
     hold ``CALLOUT_ACCOUNT: {}`` (a second ``accounts`` block would replace the first) and the
     service's user in ``account`` (``service_user_conf``)."""
-    return (f"authorization {{\n  auth_callout {{\n    issuer: {issuer}\n    account: {account}\n"
+    xkey_line = f"    xkey: {xkey}\n" if xkey else ""
+    return (f"authorization {{\n  auth_callout {{\n    issuer: {issuer}\n{xkey_line}    account: {account}\n"
             f"    auth_users: [ {service_user} ]\n    allowed_accounts: [ {CALLOUT_ACCOUNT} ]\n  }}\n}}\n")
 
 
@@ -231,7 +285,7 @@ class SidecarAuthService:
                 await sub.unsubscribe()
 
     def authorize(self, request_jwt: str) -> str:
-        """The signed answer to one ``$SYS.REQ.USER.AUTH`` request."""
+        """The signed answer to one ``$SYS.REQ.USER.AUTH`` request (decrypted)."""
         req = decode_jwt(request_jwt)["nats"]
         user_nkey, server_id = req["user_nkey"], req["server_id"]["id"]
         opts = req.get("connect_opts", {})
@@ -248,7 +302,12 @@ class SidecarAuthService:
 
     async def _on_auth(self, msg: Any) -> None:
         try:
-            await msg.respond(self.authorize(msg.data.decode()).encode())
+            server_xkey = (msg.headers or {}).get(XKEY_HEADER, "")
+            if server_xkey:  # encrypted to our xkey: the answer is encrypted to the server's
+                request = unseal(msg.data, self.reg.xkey_private, server_xkey).decode()
+                await msg.respond(seal(self.authorize(request).encode(), self.reg.xkey_private, server_xkey))
+            else:
+                await msg.respond(self.authorize(msg.data.decode()).encode())
         except Exception as exc:  # a malformed request: no answer (the server refuses the login)
             log.warning("sidecar_auth.bad_request", error=repr(exc))
 
