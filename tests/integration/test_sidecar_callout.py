@@ -19,11 +19,13 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import nats
 import pytest
 
 from aios_blocks.bus import event_ids, subjects
+from aios_blocks.bus.catalog import E
 from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.bus.nats_bus import connect as nats_connect
 from aios_blocks.runtime import auth
@@ -38,6 +40,7 @@ from aios_blocks.runtime.sidecar_callout import (
     service_user_conf,
     xkey_public,
 )
+from aios_blocks.schemas.events import SidecarCommand
 
 from .test_sidecar_users import raw
 
@@ -107,27 +110,48 @@ async def test_a_blocks_sidecar_reaches_only_its_own_outputs_on_an_external_serv
     svc = SidecarAuthService(service, external.reg)
     await svc.start()
     agent = await nats_connect(external.as_("agent-n1", "npw"), "test/agent-n1")
-    buses: list[Bus] = []
+    ab = Bus(await nats_connect(external.as_("admin", "apw"), "test/admin"), "test/admin", event_key=event_ids.new_key())
+    buses: list[Bus] = [ab]
     a = None
     try:
         ajs = admin.jetstream(timeout=10)
-        await ajs.add_stream(name=subjects.STREAM_OUTPUTS, subjects=["aios.output.*.*"])
+        await ab.ensure_stream()
         for bid in ("ba", "bb"):
             await ajs.publish(f"aios.output.{bid}.ok", json.dumps({"block_id": bid}).encode())
 
-        # the agent asks the service for each block's side-car user (its private inbox gets it)
+        async def started(bid: str, name: str, node: str = "n1") -> int:
+            """The controller's start command for the side-car, stored: its stream sequence."""
+            return int((await ab.emit(E.node_sidecar_start, SidecarCommand(bid, 1, "c1", node, name))).seq)
+
+        seq = {(bid, name): await started(bid, name) for bid, name in (("ba", "store"), ("bb", "store"), ("a", "b-x"),
+                                                                       ("a-b", "x"))}
+        elsewhere = await started("bb", "alert", "n2")
+        # the agent asks the service for each block's side-car user (its private inbox gets it),
+        # naming the stored command it runs
         users = CalloutSidecarUsers(agent, asyncio.get_running_loop(), external.url)
-        url_a = await asyncio.to_thread(users.grant, "ba", "store", "n1")
-        url_b = await asyncio.to_thread(users.grant, "bb", "store", "n1")
+
+        def grant(bid: str, name: str, at: int) -> Any:
+            return asyncio.to_thread(users.grant, bid, name, "n1", at)
+
+        url_a, url_b = await grant("ba", "store", seq["ba", "store"]), await grant("bb", "store", seq["bb", "store"])
         assert auth.url_user(url_a) == "sidecar-ba" and auth.url_user(url_b) == "sidecar-bb"
-        assert await asyncio.to_thread(users.grant, "ba", "store", "n1") == url_a  # the same again
-        await asyncio.to_thread(users.grant, "a", "b-x", "n1")
+        assert await grant("ba", "store", seq["ba", "store"]) == url_a  # the same again
+        await grant("a", "b-x", seq["a", "b-x"])
         with pytest.raises(RuntimeError, match="is block a's already"):  # one durable name, two blocks
-            await asyncio.to_thread(users.grant, "a-b", "x", "n1")
+            await grant("a-b", "x", seq["a-b", "x"])
+        # only what a stored command sent to this node
+        for bid, name, at, why in (("ba", "alert", 0, "no node.sidecar.start command named"),
+                                   ("bb", "store", seq["ba", "store"], "does not start side-car 'store' of block 'bb'"),
+                                   ("ba", "store", seq["bb", "store"], "does not start side-car 'store' of block 'ba'"),
+                                   ("bb", "alert", elsewhere, "on node 'n1'"),
+                                   ("bb", "alert", 10**6, "no stored command at sequence 1000000")):
+            with pytest.raises(RuntimeError, match=why):
+                await grant(bid, name, at)
+        assert sorted(external.reg.blocks) == ["a", "ba", "bb"] and external.reg.blocks["bb"]["names"] == ["store"]
 
         for u in (url_a, url_b):
             buses.append(Bus(await nats_connect(u, "test/sidecar"), "test/sidecar", event_key=event_ids.new_key()))
-        a_bus, b_bus = buses
+        a_bus, b_bus = buses[1:]
         for bus, bid in ((a_bus, "ba"), (b_bus, "bb")):  # as the SDK does
             await bus.ensure_sidecar_consumer(subjects.sidecar(bid, "store"), 5, 30.0)
         puller = await a_bus.js.pull_subscribe_bind(durable=subjects.sidecar_durable("ba", "store"),
@@ -201,8 +225,7 @@ async def test_a_remote_agents_sidecar_logs_in_as_its_blocks_user_and_stores_out
     as their configured users, the agent with ``AIOS_SIDECAR_AUTH=callout``: it gets a start command
     from the stream, asks the service for the block's user, and runs the SQLite side-car, which logs in through the callout and stores
     its block's outputs only; the stop command stops it, deletes its consumer and lets the block go."""
-    from aios_blocks.bus.catalog import E
-    from aios_blocks.schemas.events import SidecarCommand, TaskOutput
+    from aios_blocks.schemas.events import TaskOutput
     from aios_blocks.schemas.spec import Sidecar
 
     from .test_agent import until

@@ -13,7 +13,9 @@ The credentials are the embedded path's: user ``sidecar-<bid>`` and a random pas
 kept by this service (``sidecar-auth.json``, 0600, with the issuer's seed) and handed to the node
 agent that runs the block's side-cars on request (``aios.node.<nid>.sidecar.grant``, core NATS:
 the answer goes to the agent's private inbox, never to a stream), as ``SidecarUsers.grant`` reads
-them from the secrets file. The registry also refuses a side-car name whose durable is another
+them from the secrets file. The request names the stream sequence of the ``node.sidecar.start``
+command the agent runs (only the controller publishes those): the service reads it from ``AIOS``
+and grants only the block and side-car that command sent to that node. The registry also refuses a side-car name whose durable is another
 block's (``sidecar-a`` + ``b-x`` = ``sidecar-a-b`` + ``x``) and forgets a block when its last
 node lets go (``.release``). JWTs are written here (nats-io/jwt v2 claims: header
 ``{"typ":"JWT","alg":"ed25519-nkey"}``, base64url without padding, ``jti`` the base32 SHA-256 of
@@ -40,6 +42,7 @@ from typing import Any
 import structlog
 
 from ..bus import subjects
+from ..bus.catalog import E
 from ..schemas.spec import ID_RE
 from .sidecar_users import sidecar_permissions, sidecar_user
 
@@ -257,9 +260,11 @@ def config_block(issuer: str, xkey: str = "", account: str = ACCOUNT, service_us
 
 def service_user_conf(password: str, user: str = SERVICE_USER) -> str:
     """The service's user in the system account's ``users``: it hears the callout requests and the
-    agents' grant and release requests, and publishes nothing but its answers."""
-    sub = ", ".join(json.dumps(s) for s in (AUTH_SUBJECT, grant_subject("*"), release_subject("*")))
-    return (f"{{user: {json.dumps(user)}, password: {json.dumps(password)}, permissions: {{publish: {{deny: [\">\"]}}, "
+    agents' grant and release requests, reads the start commands of ``AIOS`` one by sequence, and
+    publishes nothing else but its answers."""
+    sub = ", ".join(json.dumps(s) for s in (AUTH_SUBJECT, grant_subject("*"), release_subject("*"), f"_INBOX.{user}.>"))
+    pub = json.dumps(f"$JS.API.STREAM.MSG.GET.{subjects.STREAM}")
+    return (f"{{user: {json.dumps(user)}, password: {json.dumps(password)}, permissions: {{publish: {{allow: [{pub}]}}, "
             f"subscribe: {{allow: [{sub}]}}, allow_responses: true}}}}")
 
 
@@ -315,6 +320,22 @@ class SidecarAuthService:
         if msg.reply.startswith("_INBOX."):  # an answer carries a password: only to an inbox
             await msg.respond(json.dumps(body).encode())
 
+    async def _sent(self, node: str, bid: str, name: str, seq: int) -> None:
+        """Whether the stored command ``seq`` started side-car ``name`` of ``bid`` on ``node``
+        (``PermissionError`` saying why not): an agent may ask only for what it was sent."""
+        if seq <= 0:
+            raise PermissionError("no node.sidecar.start command named (seq)")
+        try:
+            stored = await self.nc.jetstream(timeout=5).get_msg(subjects.STREAM, seq)
+        except Exception as exc:
+            raise PermissionError(f"no stored command at sequence {seq} of {subjects.STREAM}: {exc!r}") from exc
+        cmd: dict[str, Any] = {}
+        if stored.subject == E.node_sidecar_start.subject(nid=node):
+            cmd = json.loads(stored.data or b"{}").get("data") or {}
+        if (cmd.get("block_id"), cmd.get("name"), cmd.get("node_id")) != (bid, name, node):
+            raise PermissionError(f"sequence {seq} of {subjects.STREAM} does not start side-car {name!r} of block "
+                                  f"{bid!r} on node {node!r}")
+
     async def _on_grant(self, msg: Any) -> None:
         node = msg.subject.split(".")[2]
         try:
@@ -322,6 +343,7 @@ class SidecarAuthService:
             bid, name = str(req["block_id"]), str(req["name"])
             if not (ID_RE.match(bid) and ID_RE.match(name)):
                 raise ValueError(f"invalid block id or side-car name: {bid!r}, {name!r}")
+            await self._sent(node, bid, name, int(req.get("seq") or 0))
             password = self.reg.grant(bid, name, node)
         except Exception as exc:
             await self._answer(msg, {"error": str(exc)})
@@ -372,10 +394,14 @@ class CalloutSidecarUsers:
             raise RuntimeError(f"sidecar-auth refused: {answer['error']}")
         return answer
 
-    def grant(self, bid: str, name: str, node: str) -> str:
+    def grant(self, bid: str, name: str, node: str, seq: int | None = None) -> str:
+        """``seq``: the stream sequence of the ``node.sidecar.start`` command being run (default: the
+        message whose handler is running, ``bus.router.TRIGGER_SEQ``, which ``asyncio.to_thread`` carries)."""
+        from ..bus.router import TRIGGER_SEQ
         from .locate import with_userinfo
 
-        answer = self._request(grant_subject(node), {"block_id": bid, "name": name})
+        seq = TRIGGER_SEQ.get() if seq is None else seq
+        answer = self._request(grant_subject(node), {"block_id": bid, "name": name, "seq": seq})
         return ",".join(with_userinfo(u.strip(), answer["user"], answer["password"]) for u in self.base_url.split(","))
 
     def release(self, bid: str, node: str) -> bool:
