@@ -30,10 +30,13 @@ def derived(node: NodeView, what: Any, compute: Any) -> Any:
             _VIEWS.clear()
         hit = _VIEWS[id(node)] = (node, {})
     memo = hit[1]
-    if what in memo:
-        return memo[what]
-    value = memo[what] = compute(node)
+    value = memo.get(what, _MISSING)  # one look-up: a key is a tuple, hashed afresh at each one
+    if value is _MISSING:
+        value = memo[what] = compute(node)
     return value
+
+
+_MISSING = object()
 
 
 def node_state(node: NodeView) -> tuple[Any, ...]:

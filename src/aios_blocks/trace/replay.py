@@ -227,7 +227,7 @@ def held_milli(views: dict[str, NodeView]) -> int:
 
 
 #: blocks between two collections of the young generations while a replay holds the collector off
-GC_EVERY = 500
+GC_EVERY = 2000
 
 
 @contextmanager
