@@ -5,7 +5,7 @@ to 4 plans) is long with the rebalancer. The same settings as
 ``blocks trace replay NODES PODS --in-process --online --no-preemption --rebalance --load 300 --cluster-share 0.2``.
 
     .venv/bin/python -m bench.trace_rebalance_window PODS [--no-rebalance] [--json out.json]
-        [--frag-threshold 0.1 | --no-frag-round] [--max-moves 2] [--frag-moves N]
+        [--frag-threshold 0.1 | --no-frag-round] [--max-moves 2] [--frag-moves N] [--any-priority]
 
 Also prints ``bound_last_third``: what the allocation of the last third could be at most if
 every pending task that fits some node by its GPU count were placed at once (allocated + the
@@ -43,7 +43,12 @@ def main() -> None:
     ap.add_argument("--frag-moves", type=int, default=None)
     ap.add_argument("--frag-wait", type=float, default=orb.FRAG_WAIT_S)
     ap.add_argument("--progress", type=int, default=0, help="print the counters every N placements")
+    ap.add_argument("--any-priority", action="store_true",
+                    help="experiment: a pending block's moves may take blocks of any priority (the rule: its own or lower)")
     a = ap.parse_args()
+    if a.any_priority:
+        movable = orb.MoveIndex.movable
+        orb.MoveIndex.movable = lambda self, ceiling: movable(self, None)
     nodes = online.shrink(load_nodes(NODES, "trace"), a.cluster_share, a.seed)
     timed, drawn = online.load_timed(a.pods, a.seed)
     timed = [replace(t, created=t.created / a.load) for t in timed]

@@ -460,11 +460,7 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
         if not _within_budget(subset, budget):
             continue
         amount, prio = sum(i.gpu_amount for i in subset), max(i.priority for i in subset)
-        # the rank's first parts are known before any destination: a subset that loses on them
-        # to the best plan so far (or this source's) cannot win on the rest
-        if bound is not None and (score, size, amount, prio) > bound[:4]:
-            continue
-        if best is not None and (size, amount, prio) > best[0][:3]:
+        if _loses((score, size, amount, prio), bound, best and best[0]):
             continue
         nodes = dict(c.nodes)
         src_node = nodes[src] = _copy(c.nodes[src])
@@ -492,6 +488,13 @@ class _Search:
     def __init__(self, c: Cluster, need: Need, entries: dict[tuple[Any, str], tuple[_Node, Any]]):
         self.dests = _Dests(c, c.nodes, entries)
         self.counts = _Counts(c.nodes, c.room, need)
+
+
+def _loses(head: tuple[Any, ...], bound: tuple[Any, ...] | None, own: tuple[Any, ...] | None) -> bool:
+    """Whether a subset whose rank begins ``head`` (room score, size, GPUs moved, priority: known
+    before any destination) loses to the best plan so far (``bound``, with the room score) or to
+    its source's best (``own``, without): then it cannot win on the rest of the rank."""
+    return (bound is not None and head > bound[:4]) or (own is not None and head[1:] > own[:3])
 
 
 def _too_short(n: _Node, need: Need, order: list[Inst], size: int) -> bool:
@@ -558,6 +561,39 @@ def _shortfall(n: _Node, need: Need) -> float:
     return max(0, need.gpus - sum(1 for v in usable if v[1] >= threshold - EPS))
 
 
+def _sources(c: Cluster, need: Need, on: Mapping[str, list[Inst]]) -> list[str]:
+    """The source nodes a step searches, the most preferred then the closest to holding one
+    instance of ``need`` first (``SOURCES`` of them, less those that never can)."""
+    sources = sorted((nid for nid in on if nid in c.nodes and (c.room is None or nid in c.room)),
+                     key=lambda nid: (-c.room_score(nid), *_source_key(c.nodes[nid], need), nid))
+    return [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
+
+
+_Step = tuple[tuple[Any, ...], list[Move], dict[str, _Node]]
+
+
+def _best_step(c: Cluster, need: Need, on: Mapping[str, list[Inst]], budget: Mapping[str, int], left: int,
+               search: _Search) -> _Step | None:
+    """The best room for one more instance of ``need``: of the fewest moves (at most ``left``),
+    on its most preferred node, then ``_free_room``'s rank: (rank, moves, the nodes after)."""
+    before = _count(_on(c.nodes, c.room), need)
+    sources = _sources(c, need, on)
+    best: _Step | None = None
+    for size in range(1, left + 1):  # the fewest moves anywhere first
+        for src in sources:
+            if best is not None and -c.room_score(src) > best[0][0]:
+                break  # the sources are in that order: none after this one can win
+            found = _free_room(c, need, src, on[src], budget, size, before, search, best and best[0])
+            if found is None:
+                continue
+            rank = (-c.room_score(src), *found[0])  # of as few moves, room on its most preferred node
+            if best is None or rank < best[0]:
+                best = (rank, found[1], found[2])
+        if best is not None:
+            return best
+    return None
+
+
 def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, int], max_moves: int,
                  ) -> tuple[list[Move], str] | None:
     """The moves (at most ``max_moves``) after which the whole gang fits, or None."""
@@ -572,24 +608,7 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
         on: dict[str, list[Inst]] = {}
         for i in where.values():
             on.setdefault(i.node, []).append(i)
-        sources = sorted((nid for nid in on if nid in c.nodes and (c.room is None or nid in c.room)),
-                         key=lambda nid: (-c.room_score(nid), *_source_key(c.nodes[nid], need), nid))
-        sources = [nid for nid in sources[:SOURCES] if _shortfall(c.nodes[nid], need) != float("inf")]
-        before = _count(_on(c.nodes, c.room), need)
-        search = _Search(c, need, entries)
-        best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
-        for size in range(1, left + 1):  # the fewest moves anywhere first
-            for src in sources:
-                if best is not None and -c.room_score(src) > best[0][0]:
-                    break  # the sources are in that order: none after this one can win
-                found = _free_room(c, need, src, on[src], budget, size, before, search, None if best is None else best[0])
-                if found is None:
-                    continue
-                rank = (-c.room_score(src), *found[0])  # of as few moves, room on its most preferred node
-                if best is None or rank < best[0]:
-                    best = (rank, found[1], found[2])
-            if best is not None:
-                break
+        best = _best_step(c, need, on, budget, left, _Search(c, need, entries))
         if best is None:
             return None
         _, step, c.nodes = best
