@@ -88,3 +88,31 @@ async def test_a_ready_not_announced_when_its_instance_was_lost_and_replaced_is_
     await status_of(system, "r1", "ready", timeout=5)
     rep = await check(c.bus, c.store, settled=False)
     assert not rep.violations and rep.redis_digest == rep.stream_digest, (rep.violations, rep.diff)
+
+
+async def test_a_recover_before_the_reconciler_announced_the_ready_keeps_it(grouped: tuple[System, Path]) -> None:
+    """The same step, every worker stopped before any pass announced it, then `blocks recover
+    --force` (what the partition suite does right after its faults; seed 14 found it: the Redis
+    primary's failover made the settle check tolerate the difference, and the recover rebuilt the
+    block ``placing``, where nothing takes it again). The recover publishes the marked
+    announcements first, so the rebuilt state keeps the step."""
+    from aios_blocks.recovery.rebuild import recover
+
+    system, once = grouped
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=2, gpus=1)
+    await c.submit(spec("r2"))
+    async with asyncio.timeout(90):
+        while await asyncio.to_thread(once.exists):  # the controller died after its CAS
+            await asyncio.sleep(0.05)
+    await asyncio.to_thread(system.supervisor.stop)  # no reconciler pass, no redelivery
+    assert (await c.store.get_block("r2") or {})["status"] == "ready"
+    assert await events(system, "r2", "ready") == []  # the stream has not heard it
+
+    rep = await recover(c.bus, c.store, force=True)
+    assert rep.announced == 1
+    assert (await c.store.get_block("r2") or {})["status"] == "ready"  # rebuilt ready, not placing
+    (ready,) = await events(system, "r2", "ready")
+    assert ready["instances"] == list((await c.store.instances("r2")).keys())
+    after = await check(c.bus, c.store, settled=False)
+    assert after.redis_digest == after.stream_digest, after.diff

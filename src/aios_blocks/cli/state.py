@@ -223,6 +223,9 @@ def recover(
             f"(read+fold {rep.seconds_read:.2f}s, write {rep.seconds_write:.2f}s, {rep.dropped} old keys dropped)"
         )
         console.print(f"digest {rep.digest}")
+        if rep.announced:
+            console.print(f"{rep.announced} status steps Redis had taken were published to the stream first "
+                          "(their publish had failed: docs/reliability.md, Announcements)")
         for a in rep.anomalies[:20]:
             err.print(f"[yellow]anomaly[/] {escape(a)}")
         return 0

@@ -292,6 +292,8 @@ class RecoverReport:
     seconds_write: float
     dropped: int = 0
     anomalies: list[str] = field(default_factory=list)
+    #: steps Redis had taken whose events the stream had not acked, published before the read
+    announced: int = 0
 
 
 async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
@@ -302,6 +304,14 @@ async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
     if present and not force:
         raise RecoverRefused(f"{len(present)} project keys already in Redis (e.g. {present[0]}); use --force to replace them")
     dropped = 0
+    # first what Redis took and the stream has not heard (docs/reliability.md, "Announcements"):
+    # rebuilt without it, the block would go back to the step before, and nothing takes it again
+    from ..workers.announce import publish_pending  # (workers import this module)
+
+    announced, _dropped, failed = await publish_pending(r, bus, 0.0)
+    if failed:
+        raise RecoverRefused(f"{failed} status steps taken in Redis could not be published to the stream "
+                             "(is it reachable?): recovering now would undo them; try again")
     indexes = await store.scan_indexes()  # state indexes only ever go up, across recovers too
     if force:
         await r.delete(EPOCH_KEY)  # workers pause before anything changes under them
@@ -329,7 +339,7 @@ async def recover(bus: Bus, store: Store, force: bool = False) -> RecoverReport:
     for cid in f.clusters:
         with contextlib.suppress(Exception):
             await bus.emit(E.inventory_hint, InventoryHint(cid))
-    return RecoverReport(f.events, keys, digest, read_s, write_s, dropped, f.anomalies)
+    return RecoverReport(f.events, keys, digest, read_s, write_s, dropped, f.anomalies, announced)
 
 
 async def ensure_epoch(bus: Bus, store: Store) -> str | None:

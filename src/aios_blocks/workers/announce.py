@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import structlog
 
@@ -25,6 +25,7 @@ from ..schemas.lifecycle import TRANSITIONS, Step
 from ..state.announce import Announcements
 
 if TYPE_CHECKING:
+    from ..bus.nats_bus import Bus
     from .base import Worker
 
 log = structlog.get_logger("aios.announce")
@@ -57,15 +58,24 @@ async def republish(w: Worker, after_s: float) -> tuple[int, int]:
     """Publish again the announcements marked at least ``after_s`` ago whose block holds their
     step's target; drop the others (``handlers.reconcile.announcements``). Returns (published,
     dropped); one whose publish fails stays for the next pass."""
-    ann = _store(w)
+    published, dropped, _failed = await publish_pending(w.store.r, w.bus, after_s)
+    return published, dropped
+
+
+async def publish_pending(r: Any, bus: Bus, after_s: float) -> tuple[int, int, int]:
+    """:func:`republish` on a Redis connection and a bus (``blocks recover`` calls it first, with
+    ``after_s`` 0: a step Redis took and the stream has not heard would else be rebuilt away, its
+    block back to the step before, and nothing would take it again). Returns (published,
+    dropped, failed)."""
+    ann = Announcements(r)
     pending = await ann.pending()
     if not pending:
-        return 0, 0
+        return 0, 0, 0
     again, drop = rc.announcements(pending, await ann.statuses(p.block_id for p in pending), time.time(), after_s)
     await ann.done(*drop)
     by_key = {p.key: p for p in pending}
     # all at once: with the stream out of reach each waits its ack timeout, the pass once
-    results = await asyncio.gather(*(w.bus.emit_all(by_key[k].events) for k in again), return_exceptions=True)
+    results = await asyncio.gather(*(bus.emit_all(by_key[k].events) for k in again), return_exceptions=True)
     acked = []
     for key, res in zip(again, results, strict=True):
         p = by_key[key]
@@ -76,4 +86,4 @@ async def republish(w: Worker, after_s: float) -> tuple[int, int]:
         log.warning("announce.republished", block=p.block_id, gen=p.gen, status=p.target, key=key,
                     waited_s=round(time.time() - p.at, 1))
     await ann.done(*acked)
-    return len(acked), len(drop)
+    return len(acked), len(drop), len(again) - len(acked)
