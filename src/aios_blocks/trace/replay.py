@@ -235,8 +235,8 @@ def young_gc_only() -> Any:
     """The cyclic garbage collector's full passes held off while a replay runs, the young
     generations collected every ``GC_EVERY`` blocks instead (``collect_young``). The policies'
     memos grow by a few hundred thousand small objects that live to the end, which the full
-    passes walked again and again: about 40 % of the default replay's CPU (8 s of its full
-    passes, 11 s in all, seed 42). Nothing a decision reads depends on it."""
+    passes walked again and again: about a third of the default replay's time (11 s of
+    collections, 8 s of them full passes, seed 42, docs/trace.md). No decision depends on it."""
     was = gc.isenabled()
     gc.disable()
     try:
