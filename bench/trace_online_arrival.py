@@ -37,6 +37,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from aios_blocks.policies import capacity
+from aios_blocks.policies.builtin import preempt
 from aios_blocks.trace import online
 from aios_blocks.trace import qos as qosmod
 from aios_blocks.trace.inventory import load_nodes
@@ -129,9 +131,18 @@ class Arrival(online.Sim):
                 and j.qos_class == qosmod.LATENCY_SENSITIVE:
             self.floor = int(j.ir["priority"]) - self.min_delta
             c, info = could(self, j, holders(self, self.floor))
+            t = j.timed.task
             self.cls[bid], self.info[bid] = c, info
             if c == "could":
                 self.min_wait[bid] = 0.0
+                # the blocks ahead of it in the queue then: its priority, older, the same shape
+                shape = (t.num_gpu, t.gpu_milli, t.cpu_milli, t.memory_mib, t.gpu_spec)
+                info["ahead_same_shape"] = sum(
+                    1 for b, p in self.pending.items() if b != bid and int(p.ir["priority"]) == int(j.ir["priority"])
+                    and p.since < now and (p.timed.task.num_gpu, p.timed.task.gpu_milli, p.timed.task.cpu_milli,
+                                           p.timed.task.memory_mib, p.timed.task.gpu_spec) == shape)
+                info["ahead"] = sum(1 for b, p in self.pending.items()
+                                    if b != bid and int(p.ir["priority"]) >= int(j.ir["priority"]))
                 self.arriving = bid
                 self.asked[bid] = "not_asked"
             else:
@@ -147,12 +158,22 @@ class Arrival(online.Sim):
         bid = block_id(j.timed.task)
         if bid == self.arriving and self.asked.get(bid) == "not_asked":
             self.asked[bid] = "asked" if ok else "no_victim"
+        elif self.arriving and ok:  # the drain at its arrival preempted for another block
+            self.info[self.arriving]["preempted_for_others"] = self.info[self.arriving].get("preempted_for_others", 0) + 1
         return ok
 
     async def drain(self, now: float) -> None:
         # a departure (the only event that can make a watched block feasible: one above the floor
         # leaving) or an arrival that did not place: the watched blocks checked on the state after
         await super().drain(now)
+        b = self.arriving
+        if b and b in self.pending:  # it could, and waits after the walk: what the planner says now
+            j = self.jobs[b]
+            t = j.timed.task
+            key = (capacity.shape(t.resources(), t.sharing), int(j.ir["priority"]))
+            out = preempt.plan(self.plan_input(b, j))
+            self.info[b].update({"after_walk": "victims" if out.get("victims") else str(out.get("reason") or "none"),
+                                 "key_no_victims": key in self.no_victims, "key_no_fit": key in self.no_fit})
         self.arriving = ""
         self.check(now)
 
@@ -180,6 +201,8 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
     nodes = online.shrink(nodes, a.cluster_share, a.seed)
     timed = [replace(t, created=t.created / a.load) for t in timed]
     sim = Arrival(nodes, timed, online.Mode.PREEMPTION, a.policy, a.seed, 0, online.HEAD, online.MIN_DELTA, a.workload)
+    if a.max_plans:  # the replay's budget of plans per capacity event (the live walker has none)
+        sim.max_plans = a.max_plans
     t0 = time.process_time()
     res = await sim.run()
     d = res.as_dict()
@@ -214,7 +237,7 @@ async def run(a: argparse.Namespace) -> dict[str, Any]:
             mw = sim.min_wait.get(bid)
             bound.append(mw if mw is not None else wait(j))
     return {"code": code_version(), "workload": a.workload, "load": a.load, "cluster_share": a.cluster_share,
-            "seed": a.seed, "cpu_s": round(time.process_time() - t0, 1), "preemptions": res.preemptions,
+            "seed": a.seed, "max_plans": sim.max_plans, "cpu_s": round(time.process_time() - t0, 1), "preemptions": res.preemptions,
             "placed": res.placed, "ls_wait_p99_steady": d["ls_wait_p99_steady"],
             "steady_ls": len(steady), "waited_over_2s": len(over),
             "not_placed_at_arrival": len(sim.cls), "classes_at_arrival": dict(Counter(sim.cls.values())),
@@ -230,6 +253,8 @@ def main() -> None:
     ap.add_argument("--cluster-share", type=float, default=0.2)
     ap.add_argument("--policy", default=online.DEFAULT_POLICY)
     ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--max-plans", type=int, default=0,
+                    help=f"plans per capacity event (default the replay's {online.MAX_PLANS}; the live walker: no limit)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     out = asyncio.run(run(a))
