@@ -110,3 +110,60 @@ async def test_the_packed_image_writer_writes_what_pipelines_write(client: Clien
     assert await rebuild.read_image(r) == packed
     assert packed["aios:blocks"] == {"w1": 1.5, "w2": 1e-7, "w3": 3.0} and "aios:policies" not in packed
     assert packed["aios:block:w7"] == img["aios:block:w7"] and packed["aios:{c:c0}:nodes"] == {"n1", "n2"}
+
+
+async def test_a_read_served_by_a_replica_behind_its_leader_reads_on_to_the_leaders_last(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The read's consumer (R1) may sit on a replica that has not caught up with its leader (a
+    server just back from a partition: the partition suite's seed 14, whose recover then wrote 20
+    blocks fewer than the stream held). Here the first read ends 200 messages early, as such a
+    replica's would; the read goes on from where it ended, and every message is handed out once."""
+    real = reader.read
+    calls: list[int] = []
+
+    async def behind_then_caught_up(js: Any, nc: Any, stream: str, on_msg: Any, filters: list[str], idle_s: float = 10.0,
+                                    from_seq: int = 0) -> int:
+        calls.append(from_seq)
+        if len(calls) > 1:
+            return await real(js, nc, stream, on_msg, filters, idle_s, from_seq=from_seq)
+        n = 0
+
+        def until_the_replicas_last(s: str, b: bytes, q: int, t: float) -> None:
+            nonlocal n
+            if q <= N - 200:
+                n += 1
+                on_msg(s, b, q, t)
+
+        await real(js, nc, stream, until_the_replicas_last, filters, idle_s)
+        return n
+
+    monkeypatch.setattr(reader, "read", behind_then_caught_up)
+    got = await _read(client, wire=True)
+    assert [q for _, _, q, _ in got] == list(range(1, N + 1)) and calls == [0, N - 200 + 1]
+
+
+async def test_a_read_that_stays_behind_fails_rather_than_hand_out_a_partial_history(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aios_blocks.recovery import rebuild
+
+    real = reader.read
+
+    async def always_behind(js: Any, nc: Any, stream: str, on_msg: Any, filters: list[str], idle_s: float = 10.0,
+                            from_seq: int = 0) -> int:
+        n = 0
+
+        def short(s: str, b: bytes, q: int, t: float) -> None:
+            nonlocal n
+            if from_seq <= q <= N - 200:
+                n += 1
+                on_msg(s, b, q, t)
+
+        await real(js, nc, stream, short, filters, idle_s, from_seq=from_seq)
+        return n
+
+    monkeypatch.setattr(reader, "read", always_behind)
+    monkeypatch.setattr(rebuild, "READ_SHORT_WAITS_S", (0.01, 0.01))
+    with pytest.raises(TimeoutError, match=f"ended at sequence {N - 200}, before the last one its leader reported \\({N}\\)"):
+        await read_stream(client.bus, lambda *a: None)

@@ -203,9 +203,10 @@ class _Tap:
             self.nc._ps = self.inner
 
 
-async def read(js: Any, nc: Any, stream: str, on_msg: OnMsg, filters: list[str], idle_s: float = 10.0) -> int:
-    """Feed every stored message of ``stream`` matching ``filters`` to ``on_msg``, oldest first;
-    returns how many. ``usable(nc)`` must hold."""
+async def read(js: Any, nc: Any, stream: str, on_msg: OnMsg, filters: list[str], idle_s: float = 10.0,
+               from_seq: int = 0) -> int:
+    """Feed every stored message of ``stream`` matching ``filters`` (from ``from_seq``, else the
+    first) to ``on_msg``, oldest first; returns how many. ``usable(nc)`` must hold."""
     tap = _Tap(nc, on_msg)
     nc._ps = tap
     sub: Any = None
@@ -250,7 +251,7 @@ async def read(js: Any, nc: Any, stream: str, on_msg: OnMsg, filters: list[str],
             consumer = ""
 
     try:
-        await start(0)
+        await start(from_seq)
         while not tap.done.is_set():
             waiter = asyncio.ensure_future(tap.done.wait())
             lost = asyncio.ensure_future(tap.gap.wait())
