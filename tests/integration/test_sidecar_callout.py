@@ -40,7 +40,7 @@ from aios_blocks.runtime.sidecar_callout import (
     service_user_conf,
     xkey_public,
 )
-from aios_blocks.schemas.events import SidecarCommand
+from aios_blocks.schemas.events import BlockStatusReport, Parsed, SidecarCommand
 
 from .test_sidecar_users import raw
 
@@ -206,6 +206,66 @@ async def test_a_blocks_sidecar_reaches_only_its_own_outputs_on_an_external_serv
             await bus.close()
         await svc.stop()
         for nc in (agent, service, admin):
+            await nc.close()
+
+
+async def test_a_grant_of_a_start_command_the_stream_later_undid_is_refused(external: External) -> None:
+    """A stored start command no longer grants once a later stored event undid it: its block deleted,
+    re-created (another generation) or its side-car stopped on that node. Events of other blocks,
+    other side-cars, other nodes and the controller's ``parsed`` again of the same generation leave
+    a grant valid; so does a start sent after the stop."""
+    service = await nats_connect(external.as_("sidecar-auth", "spw"), "test/sidecar-auth")
+    svc = SidecarAuthService(service, external.reg)
+    await svc.start()
+    agent = await nats_connect(external.as_("agent-n1", "npw"), "test/agent-n1")
+    ab = Bus(await nats_connect(external.as_("admin", "apw"), "test/admin"), "test/admin", event_key=event_ids.new_key())
+    try:
+        await ab.ensure_stream()
+
+        async def emit(event: Any, payload: Any, qualifier: str = "", msg_id: str | None = None) -> int:
+            return int((await ab.emit(event, payload, qualifier=qualifier, msg_id=msg_id)).seq)
+
+        def start(bid: str, name: str, gen: int = 1, node: str = "n1", again: bool = False) -> Any:
+            msg_id = f"{bid}:{gen}:sidecar.start:{name}:again" if again else None  # not a duplicate of the first
+            return emit(E.node_sidecar_start, SidecarCommand(bid, gen, "c1", node, name), msg_id=msg_id)
+
+        def stop(bid: str, name: str, gen: int = 1, node: str = "n1") -> Any:
+            return emit(E.node_sidecar_stop, SidecarCommand(bid, gen, "c1", node, name, {}, "deleted"), node)
+
+        users = CalloutSidecarUsers(agent, asyncio.get_running_loop(), external.url)
+
+        def grant(bid: str, name: str, at: int) -> Any:
+            return asyncio.to_thread(users.grant, bid, name, "n1", at)
+
+        s_del, s_new, s_stop, s_keep = (await start("bdel", "store"), await start("bnew", "store"),
+                                        await start("bstop", "store"), await start("bkeep", "store"))
+        s_keep2 = await start("bkeep", "alert")
+        await emit(E.block_deleted, BlockStatusReport("bdel", 1, "deleted"))
+        await emit(E.block_parsed, Parsed("bnew", 2, {}))
+        await stop("bstop", "store")
+        # none of these undoes bkeep's side-cars on n1
+        await emit(E.block_parsed, Parsed("bkeep", 1, {}, 1))  # back to selection, same generation
+        await stop("bkeep", "store", node="n2")
+        await stop("bkeep", "other")
+        await emit(E.block_deleted, BlockStatusReport("bother", 1, "deleted"))
+        await grant("bkeep", "store", s_keep)
+        await grant("bkeep", "alert", s_keep2)
+        for bid, at, why in (("bdel", s_del, f"block 'bdel' was deleted \\(sequence \\d+\\) after the start command "
+                                             f"at sequence {s_del}"),
+                             ("bnew", s_new, "block 'bnew' was re-created \\(generation 2"),
+                             ("bstop", s_stop, "side-car 'store' of block 'bstop' was stopped on node 'n1'")):
+            with pytest.raises(RuntimeError, match=why):
+                await grant(bid, "store", at)
+            assert any(why.split(" \\(")[0] in r for r in svc.refused), (why, svc.refused)
+        assert sorted(external.reg.blocks) == ["bkeep"]
+        # the side-car started again after its stop (and the new generation's start) are granted
+        await grant("bstop", "store", await start("bstop", "store", again=True))
+        await grant("bnew", "store", await start("bnew", "store", gen=2))
+        assert sorted(external.reg.blocks) == ["bkeep", "bnew", "bstop"]
+    finally:
+        await ab.close()
+        await svc.stop()
+        for nc in (agent, service):
             await nc.close()
 
 

@@ -268,6 +268,30 @@ def service_user_conf(password: str, user: str = SERVICE_USER) -> str:
             f"subscribe: {{allow: [{sub}]}}, allow_responses: true}}}}")
 
 
+def superseded(cmd: dict[str, Any], seq: int, later: list[tuple[int, str, dict[str, Any]]]) -> str | None:
+    """Why the start command ``cmd`` (stored at ``seq``) no longer holds, given the stored events
+    ``later`` (sequence, subject, data) after it: its block deleted (``block.deleted`` of its
+    generation or a newer one), re-created (``block.parsed`` of another generation: a create refused
+    for a live block has none), or the side-car stopped on that node (``node.sidecar.stop`` of the
+    same block, generation and name). ``None``: it still holds (events of other blocks, side-cars or
+    nodes, and the controller's ``parsed`` again of the same generation, change nothing)."""
+    bid, name, node, gen = cmd.get("block_id"), cmd.get("name"), cmd.get("node_id"), int(cmd.get("gen") or 0)
+    for at, subject, data in sorted(later, key=lambda e: e[0]):
+        if at <= seq or data.get("block_id") != bid:
+            continue
+        other = int(data.get("gen") or 0)
+        if subject == E.block_deleted.subject(bid=bid) and other >= gen:
+            return f"block {bid!r} was deleted (sequence {at}) after the start command at sequence {seq}"
+        if subject == E.block_parsed.subject(bid=bid) and other != gen:
+            return (f"block {bid!r} was re-created (generation {other}, sequence {at}) after the start command of "
+                    f"generation {gen} at sequence {seq}")
+        if (subject == E.node_sidecar_stop.subject(nid=str(node)) and data.get("name") == name and other == gen
+                and data.get("node_id") == node):
+            return (f"side-car {name!r} of block {bid!r} was stopped on node {node!r} (sequence {at}) after the "
+                    f"start command at sequence {seq}")
+    return None
+
+
 # -- the service -----------------------------------------------------------------------------------
 class SidecarAuthService:
     """Answers the server's auth callouts and the agents' grant and release requests (one service
@@ -335,6 +359,26 @@ class SidecarAuthService:
         if (cmd.get("block_id"), cmd.get("name"), cmd.get("node_id")) != (bid, name, node):
             raise PermissionError(f"sequence {seq} of {subjects.STREAM} does not start side-car {name!r} of block "
                                   f"{bid!r} on node {node!r}")
+        later: list[tuple[int, str, dict[str, Any]]] = []
+        for subject in (E.block_deleted.subject(bid=bid), E.block_parsed.subject(bid=bid),
+                        E.node_sidecar_stop.subject(nid=node)):
+            later += await self._after(subject, seq)
+        if (why := superseded(cmd, seq, later)) is not None:
+            raise PermissionError(why)
+
+    async def _after(self, subject: str, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
+        """The stored events on ``subject`` after sequence ``seq`` (``next_by_subj``, one read each)."""
+        js, found = self.nc.jetstream(timeout=5), []
+        while True:
+            try:
+                msg = await js.get_msg(subjects.STREAM, seq + 1, subject=subject, next=True)
+            except Exception as exc:  # none left (404), or the stream unreadable: then refuse, never grant blind
+                if "no message found" in str(exc).lower() or getattr(exc, "code", None) == 404:
+                    return found
+                raise PermissionError(f"cannot read {subject} after sequence {seq} of {subjects.STREAM}: "
+                                      f"{exc!r}") from exc
+            seq = int(msg.seq or 0)
+            found.append((seq, str(msg.subject), json.loads(msg.data or b"{}").get("data") or {}))
 
     async def _on_grant(self, msg: Any) -> None:
         node = msg.subject.split(".")[2]
@@ -346,6 +390,8 @@ class SidecarAuthService:
             await self._sent(node, bid, name, int(req.get("seq") or 0))
             password = self.reg.grant(bid, name, node)
         except Exception as exc:
+            self.refused = [*self.refused[-99:], str(exc)]
+            log.warning("sidecar_auth.grant_refused", node=node, reason=str(exc))
             await self._answer(msg, {"error": str(exc)})
             return
         log.info("sidecar_auth.grant", node=node, block=bid, sidecar=name)
