@@ -105,3 +105,21 @@ def test_init_prints_the_config_and_keeps_the_issuer(tmp_path: Path) -> None:
     refused = CliRunner().invoke(app, ["sidecar-auth", "serve", "--state-dir", str(tmp_path / "none")],
                                  env={"AIOS_NATS_URL": "nats://x:y@127.0.0.1:1"})
     assert refused.exit_code == 2 and "sidecar-auth init" in refused.output
+
+
+def test_superseded_says_which_later_event_undid_a_start_command() -> None:
+    cmd = {"block_id": "b", "gen": 3, "node_id": "n1", "name": "store"}
+    deleted, parsed, stop = "aios.block.b.deleted", "aios.block.b.parsed", "aios.node.n1.sidecar.stop"
+    still = [(9, deleted, {"block_id": "b", "gen": 3}),  # before the start (seq 10)
+             (11, deleted, {"block_id": "b", "gen": 2}),  # an older generation's
+             (12, parsed, {"block_id": "b", "gen": 3}),  # back to selection, same generation
+             (13, stop, {"block_id": "b", "gen": 3, "node_id": "n1", "name": "alert"}),  # another side-car
+             (14, stop, {"block_id": "b", "gen": 2, "node_id": "n1", "name": "store"}),  # another generation's
+             (15, "aios.block.c.deleted", {"block_id": "c", "gen": 3})]  # another block
+    assert sc.superseded(cmd, 10, still) is None
+    for event, why in (((20, deleted, {"block_id": "b", "gen": 3}), "block 'b' was deleted (sequence 20)"),
+                       ((20, deleted, {"block_id": "b", "gen": 4}), "block 'b' was deleted"),
+                       ((20, parsed, {"block_id": "b", "gen": 4}), "re-created (generation 4, sequence 20)"),
+                       ((20, stop, {"block_id": "b", "gen": 3, "node_id": "n1", "name": "store"}),
+                        "side-car 'store' of block 'b' was stopped on node 'n1' (sequence 20)")):
+        assert why in (sc.superseded(cmd, 10, [*still, event]) or ""), event
