@@ -275,7 +275,7 @@ def superseded(cmd: dict[str, Any], seq: int, later: list[tuple[int, str, dict[s
     for a live block has none), or the side-car stopped on that node (``node.sidecar.stop`` of the
     same block, generation and name). ``None``: it still holds (events of other blocks, side-cars or
     nodes, and the controller's ``parsed`` again of the same generation, change nothing)."""
-    bid, name, node, gen = cmd.get("block_id"), cmd.get("name"), cmd.get("node_id"), int(cmd.get("gen") or 0)
+    bid, name, node, gen = str(cmd.get("block_id")), cmd.get("name"), str(cmd.get("node_id")), int(cmd.get("gen") or 0)
     for at, subject, data in sorted(later, key=lambda e: e[0]):
         if at <= seq or data.get("block_id") != bid:
             continue
@@ -285,7 +285,7 @@ def superseded(cmd: dict[str, Any], seq: int, later: list[tuple[int, str, dict[s
         if subject == E.block_parsed.subject(bid=bid) and other != gen:
             return (f"block {bid!r} was re-created (generation {other}, sequence {at}) after the start command of "
                     f"generation {gen} at sequence {seq}")
-        if (subject == E.node_sidecar_stop.subject(nid=str(node)) and data.get("name") == name and other == gen
+        if (subject == E.node_sidecar_stop.subject(nid=node) and data.get("name") == name and other == gen
                 and data.get("node_id") == node):
             return (f"side-car {name!r} of block {bid!r} was stopped on node {node!r} (sequence {at}) after the "
                     f"start command at sequence {seq}")
@@ -368,7 +368,7 @@ class SidecarAuthService:
 
     async def _after(self, subject: str, seq: int) -> list[tuple[int, str, dict[str, Any]]]:
         """The stored events on ``subject`` after sequence ``seq`` (``next_by_subj``, one read each)."""
-        js, found = self.nc.jetstream(timeout=5), []
+        js, found = self.nc.jetstream(timeout=5), list[tuple[int, str, dict[str, Any]]]()
         while True:
             try:
                 msg = await js.get_msg(subjects.STREAM, seq + 1, subject=subject, next=True)
