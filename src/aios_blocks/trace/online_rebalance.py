@@ -44,8 +44,10 @@ from .replay import DEFAULT_POLICY, block_id
 
 #: the rebalance plans one capacity event may ask for (like the preemption planner's budget)
 MAX_PLANS = 4
-#: the most moves per plan (``AIOS_REBALANCE_MAX_MOVES``)
-MAX_MOVES = 2
+#: the most moves per plan for a pending block (``AIOS_REBALANCE_MAX_MOVES``) and per fragmentation round
+#: (``AIOS_REBALANCE_FRAG_MOVES``)
+MAX_MOVES = 8
+FRAG_MOVES = 2
 #: the worker's round and cooldown (``AIOS_REBALANCE_INTERVAL_S``, ``AIOS_REBALANCE_COOLDOWN_S``)
 INTERVAL_S = 10.0
 COOLDOWN_S = 30.0
@@ -129,7 +131,7 @@ class RebalanceSim(Sim):
         #: the worker's periodic round (None: not modelled): its threshold, its moves per call,
         #: AIOS_REBALANCE_FRAG_IDLE, its interval and its cooldown
         self.frag_threshold, self.frag_idle = frag_threshold, frag_idle
-        self.frag_moves = max_moves if frag_moves is None else frag_moves
+        self.frag_moves = FRAG_MOVES if frag_moves is None else frag_moves
         self.interval_s, self.cooldown_s, self.frag_wait_s = interval_s, cooldown_s, frag_wait_s
         self.next_round, self.last_round_moves = 0.0, float("-inf")
         #: rounds by the trigger decided, and the moves of the fragmentation rounds

@@ -136,7 +136,7 @@ class Rebalancer:
         last = await self.state.last()
         skip = {cid: f"moves requested {now - t:.0f} s ago (AIOS_REBALANCE_COOLDOWN_S {self.s.rebalance_cooldown_s:g})"
                 for cid, t in last.items() if now - t < self.s.rebalance_cooldown_s}
-        rounds = await plan_rounds(self.w.store, self.invoke, self.rule, self.s.rebalance_max_moves, self.s.queue_window,
+        rounds = await plan_rounds(self.w.store, self.invoke, self.rule, self.s.rebalance_frag_moves, self.s.queue_window,
                                    threshold=self.s.rebalance_frag_threshold, trigger=hr.Trigger.FRAGMENTATION, skip=skip,
                                    idle=self.s.rebalance_frag_idle, wait_s=self.s.rebalance_frag_wait_s, now=now)
         self.last = rounds

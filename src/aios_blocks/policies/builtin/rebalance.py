@@ -73,7 +73,7 @@ from .frag import UNITS, Workload
 from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
 from .preempt import placement as _placement
 
-DEFAULT_MAX_MOVES = 2
+DEFAULT_MAX_MOVES = 8
 #: source nodes looked at per room to free (the fewest GPUs short first)
 SOURCES = 24
 #: subsets of one node's instances tried per size
