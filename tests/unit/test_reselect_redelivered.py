@@ -23,27 +23,7 @@ async def test_an_allocation_redelivered_after_its_reselect_step_publishes_the_p
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     async with MemorySystem.open() as s:
-        await s.add_component()
-        await s.add_sim_cluster("c1", nodes=2, gpus=2)
-        real_allocate = controller.allocate
-        calls = {"allocate": 0, "parsed_failed": 0}
-
-        async def full_once(w: Any, req: Any, *a: Any, **kw: Any) -> Any:
-            calls["allocate"] += 1
-            if calls["allocate"] == 1:  # the chosen cluster filled up since its dry run
-                raise PlacementFailed("no room left")
-            return await real_allocate(w, req, *a, **kw)
-
-        real_emit = s.bus._emit
-
-        async def lose_first_reselect(e: Emit) -> Any:
-            if e.event is E.block_parsed and getattr(e.payload, "attempt", 0) == 1 and not calls["parsed_failed"]:
-                calls["parsed_failed"] += 1  # the stream has no quorum: no ack
-                raise TimeoutError("no ack from the stream")
-            return await real_emit(e)
-
-        monkeypatch.setattr(controller, "allocate", full_once)
-        monkeypatch.setattr(s.bus, "_emit", lose_first_reselect)
+        calls = await _full_once_and_the_reselect_unacked(s, monkeypatch)
         bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1})
         await s.run()
 
@@ -64,28 +44,8 @@ async def test_a_reselect_whose_publish_failed_is_announced_by_the_reconciler_wh
     from aios_blocks.workers import reconciler
 
     async with MemorySystem.open() as s:
-        await s.add_component()
-        await s.add_sim_cluster("c1", nodes=2, gpus=2)
-        real_allocate = controller.allocate
-        calls = {"allocate": 0, "parsed_failed": 0}
-
-        async def full_once(w: Any, req: Any, *a: Any, **kw: Any) -> Any:
-            calls["allocate"] += 1
-            if calls["allocate"] == 1:
-                raise PlacementFailed("no room left")
-            return await real_allocate(w, req, *a, **kw)
-
-        real_emit = s.bus._emit
-
-        async def lose_first_reselect(e: Emit) -> Any:
-            if e.event is E.block_parsed and getattr(e.payload, "attempt", 0) == 1 and not calls["parsed_failed"]:
-                calls["parsed_failed"] += 1
-                raise TimeoutError("no ack from the stream")
-            return await real_emit(e)
-
-        monkeypatch.setattr(controller, "allocate", full_once)
+        await _full_once_and_the_reselect_unacked(s, monkeypatch)
         monkeypatch.setattr(controller, "_reselected", lambda block, ev: False)
-        monkeypatch.setattr(s.bus, "_emit", lose_first_reselect)
         bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1})
         await s.run()
         block = await s.store.get_block(bid) or {}
@@ -98,3 +58,30 @@ async def test_a_reselect_whose_publish_failed_is_announced_by_the_reconciler_wh
         await s.run()
         assert (await s.store.get_block(bid) or {}).get("status") == "ready"
         assert [p["attempt"] for p in s.bus.events(E.block_parsed, bid=bid)] == [0, 1]
+
+
+async def _full_once_and_the_reselect_unacked(s: MemorySystem, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """A cluster c1 whose first allocation finds no room (it filled up since its dry run), and the
+    stream without quorum for the first reselect's ``block.parsed`` (no ack). Returns the counts."""
+    await s.add_component()
+    await s.add_sim_cluster("c1", nodes=2, gpus=2)
+    real_allocate = controller.allocate
+    calls = {"allocate": 0, "parsed_failed": 0}
+
+    async def full_once(w: Any, req: Any, *a: Any, **kw: Any) -> Any:
+        calls["allocate"] += 1
+        if calls["allocate"] == 1:
+            raise PlacementFailed("no room left")
+        return await real_allocate(w, req, *a, **kw)
+
+    real_emit = s.bus._emit
+
+    async def lose_first_reselect(e: Emit) -> Any:
+        if e.event is E.block_parsed and getattr(e.payload, "attempt", 0) == 1 and not calls["parsed_failed"]:
+            calls["parsed_failed"] += 1
+            raise TimeoutError("no ack from the stream")
+        return await real_emit(e)
+
+    monkeypatch.setattr(controller, "allocate", full_once)
+    monkeypatch.setattr(s.bus, "_emit", lose_first_reselect)
+    return calls
