@@ -4,6 +4,7 @@ end every scenario in the invariant check (``recovery.invariants``) instead of a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 from aios_blocks.cli.client import Client
 from aios_blocks.recovery.invariants import Report, check
 from aios_blocks.runtime.embedded import EmbeddedServers
-from aios_blocks.runtime.supervisor import Supervisor
+from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
 from ..integration.conftest import COMPONENT, System
 
@@ -103,3 +104,29 @@ async def publish_create(c: Client, bid: str, body: dict[str, Any], attempts: in
             if n == attempts - 1:
                 raise
             await asyncio.sleep(0.5)
+
+
+@contextlib.asynccontextmanager
+async def grouped_system(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault_point: str,
+                         **env: str) -> AsyncIterator[tuple[System, Path]]:
+    """The placement path's workers in ``blocks up``'s groups (parser+gateway in one process), the
+    first process that reaches ``fault_point`` SIGKILLing itself there (once: the file yielded
+    with the system is gone once it did); ``env``: more variables for the workers."""
+    once = tmp_path / "fault-once"
+    once.write_text("")
+    monkeypatch.setenv("AIOS_FAULT", f"{fault_point}:{once}")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    data = tmp_path / "data"
+    servers = EmbeddedServers(data_dir=data).start()
+    layout = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
+    sup = Supervisor(servers.nats_url, servers.redis_url, layout=layout, log_dir=str(data / "logs"),
+                     groups=DEFAULT_GROUPS).start()
+    client = await Client.open(servers.nats_url, servers.redis_url)
+    await client.add_component(COMPONENT)
+    try:
+        yield System(servers, sup, client, data), once
+    finally:
+        await client.close()
+        sup.stop()
+        servers.stop()

@@ -14,13 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from aios_blocks.cli.client import Client
 from aios_blocks.recovery.invariants import check
-from aios_blocks.runtime.embedded import EmbeddedServers
-from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
-from ..integration.conftest import COMPONENT, System
+from ..integration.conftest import System
 from ..integration.test_pending_queue import events, spec, status_of
+from .conftest import grouped_system
 
 pytestmark = pytest.mark.integration
 
@@ -31,23 +29,9 @@ POINTS = ("handoff.gateway.given", "handoff.gateway.handled")
 async def grouped(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[System, Path]]:
     """The placement path's workers in ``blocks up``'s groups (parser+gateway in one process), the
     first process that reaches the fault point SIGKILLing itself there (once)."""
-    once = tmp_path / "fault-once"
-    once.write_text("")
-    monkeypatch.setenv("AIOS_FAULT", f"{request.param}:{once}")
-    monkeypatch.setenv("AIOS_HANDOFF", "1")  # off by default (docs/trace.md "Live vs Ray")
-    data = tmp_path / "data"
-    servers = EmbeddedServers(data_dir=data).start()
-    layout = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
-    sup = Supervisor(servers.nats_url, servers.redis_url, layout=layout, log_dir=str(data / "logs"),
-                     groups=DEFAULT_GROUPS).start()
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    await client.add_component(COMPONENT)
-    try:
-        yield System(servers, sup, client, data), once
-    finally:
-        await client.close()
-        sup.stop()
-        servers.stop()
+    # (AIOS_HANDOFF: off by default, docs/trace.md "Live vs Ray")
+    async with grouped_system(tmp_path, monkeypatch, request.param, AIOS_HANDOFF="1") as got:
+        yield got
 
 
 async def test_a_front_process_killed_at_a_hand_off_loses_nothing(grouped: tuple[System, Path]) -> None:

@@ -22,36 +22,20 @@ from pathlib import Path
 
 import pytest
 
-from aios_blocks.cli.client import Client
 from aios_blocks.recovery.invariants import check
-from aios_blocks.runtime.embedded import EmbeddedServers
-from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
-from ..integration.conftest import COMPONENT, System
+from ..integration.conftest import System
 from ..integration.test_pending_queue import events, spec, status_of
+from .conftest import grouped_system
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
 async def grouped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[System, Path]]:
-    once = tmp_path / "fault-once"
-    once.write_text("")
-    monkeypatch.setenv("AIOS_FAULT", f"lifecycle.ready.stored:{once}")
-    monkeypatch.setenv("AIOS_RECONCILE_RESYNC_S", "2")  # the restarted reconciler's lease and passes come sooner
-    data = tmp_path / "data"
-    servers = EmbeddedServers(data_dir=data).start()
-    layout = {"parser": 1, "gateway": 1, "controller": 1, "agent-sim": 1}
-    sup = Supervisor(servers.nats_url, servers.redis_url, layout=layout, log_dir=str(data / "logs"),
-                     groups=DEFAULT_GROUPS).start()
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    await client.add_component(COMPONENT)
-    try:
-        yield System(servers, sup, client, data), once
-    finally:
-        await client.close()
-        sup.stop()
-        servers.stop()
+    # AIOS_RECONCILE_RESYNC_S: the restarted reconciler's lease and passes come sooner
+    async with grouped_system(tmp_path, monkeypatch, "lifecycle.ready.stored", AIOS_RECONCILE_RESYNC_S="2") as got:
+        yield got
 
 
 async def test_a_ready_not_announced_when_its_instance_was_lost_and_replaced_is_announced(
