@@ -4,6 +4,9 @@ handlers that finish together."""
 from __future__ import annotations
 
 import asyncio
+import gc
+import weakref
+from typing import Any
 
 from aios_blocks.workers.base import EpochProbe
 
@@ -53,3 +56,35 @@ async def test_a_failed_read_fails_its_callers_only() -> None:
     except ConnectionError:
         pass
     assert await probe.after() == "e1"
+
+
+# The probe holds its read loop's task: the event loop keeps only a weak reference to a task, and
+# a task whose only other holder is the read it awaits (a cycle: task -> coroutine -> future ->
+# the task's wake-up) can be collected mid-read, leaving every caller of ``after`` waiting on a
+# future nobody sets (a consumer runner's batch stuck in its guard for good).
+
+
+class _SlowStore:
+    """``epoch()`` waits on a future only its own coroutine holds (the test keeps a weak reference)."""
+
+    def __init__(self) -> None:
+        self.pending: weakref.ref[asyncio.Future[str]] | None = None
+
+    async def epoch(self) -> str:
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.pending = weakref.ref(fut)
+        return await fut
+
+
+async def test_a_read_in_flight_survives_a_garbage_collection() -> None:
+    store = _SlowStore()
+    probe = EpochProbe(store)  # type: ignore[arg-type]
+    waiter: asyncio.Task[Any] = asyncio.ensure_future(probe.after())
+    for _ in range(3):  # the read loop starts and reaches its read
+        await asyncio.sleep(0)
+    assert store.pending is not None
+    gc.collect()
+    fut = store.pending()
+    assert fut is not None, "the read loop's task was collected mid-read: its callers would wait forever"
+    fut.set_result("e1")
+    assert await asyncio.wait_for(waiter, timeout=5) == "e1"

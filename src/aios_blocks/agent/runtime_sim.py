@@ -37,6 +37,8 @@ class SimRuntime:
     gpu_devices: bool = False
     server: SimServer | None = None
     _items: dict[str, RuntimeInstance] = field(default_factory=dict)
+    #: removals from the server in flight (held: the loop keeps only a weak reference to a task)
+    _removing: set[asyncio.Task[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         if self.state_dir is not None:
@@ -97,7 +99,9 @@ class SimRuntime:
         inst.running, inst.exit_code = False, exit_code
         if self.server is not None:
             with contextlib.suppress(RuntimeError):  # no running loop: nothing is served either
-                asyncio.get_running_loop().create_task(self.server.remove(inst.instance_id, grace_s=0))
+                task = asyncio.get_running_loop().create_task(self.server.remove(inst.instance_id, grace_s=0))
+                self._removing.add(task)
+                task.add_done_callback(self._removing.discard)
         self._save(inst)
 
     async def stop(self, handle: str, grace_s: float) -> None:

@@ -301,6 +301,9 @@ class EpochProbe:
         self.store = store
         self._next: asyncio.Future[str | None] | None = None
         self._reading = False
+        #: the read loop's task, held: the loop keeps only a weak reference to a task, and one
+        #: collected mid-read would leave its callers waiting on a future nobody sets
+        self._task: asyncio.Task[None] | None = None
         #: the last value read and when (monotonic)
         self.last: tuple[float, str | None] = (float("-inf"), None)
 
@@ -310,7 +313,7 @@ class EpochProbe:
         fut = self._next
         if not self._reading:
             self._reading = True
-            asyncio.get_running_loop().create_task(self._read_loop())
+            self._task = asyncio.get_running_loop().create_task(self._read_loop())
         return await fut
 
     async def _read_loop(self) -> None:

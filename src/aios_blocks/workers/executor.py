@@ -117,7 +117,7 @@ class Executor:
         self._weight_tasks: dict[str, asyncio.Task[None]] = {}
         self._map_lock = asyncio.Lock()
         self.map_ready = asyncio.Event()
-        #: activation publishes in flight (kept referenced until done)
+        #: activation publishes and serving stops in flight (kept referenced until done)
         self._activations: set[asyncio.Task[None]] = set()
         #: blocks whose task outputs are published (side-cars consume them)
         self.outputs_on: set[str] = set()
@@ -184,7 +184,9 @@ class Executor:
             self._serving[bid] = await self.w.bus.serve(E.block_task, subjects.EXECUTOR_QUEUE, self.ingress.on_task, bid=bid)
         elif not ours and serving is not None:
             del self._serving[bid]
-            asyncio.get_running_loop().create_task(serving.stop(self.s.executor_task_timeout_s))
+            task = asyncio.get_running_loop().create_task(serving.stop(self.s.executor_task_timeout_s))
+            self._activations.add(task)  # held until done, as the activations (a weak reference only otherwise)
+            task.add_done_callback(self._activations.discard)
 
     def _stop_weights(self, bid: str) -> None:
         t = self._weight_tasks.pop(bid, None)
