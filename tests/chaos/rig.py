@@ -53,6 +53,8 @@ SHORT = re.compile(r"block (\S+): ready with \d+ running instances < minInstance
 #: after the recover, how many tries (2 s apart) a short block gets to come back by itself: past
 #: the reconciler's longest backoff (AIOS_RECONCILE_MAX_BACKOFF_S, 60 s) between its asks
 SHORT_ATTEMPTS = 45
+#: `blocks recover --force` runs again while it answers "try again" (JetStream not available yet)
+RECOVER_TRIES = 5
 
 
 @dataclass
@@ -265,7 +267,11 @@ class Rig:
         violations = [v for v in before.get("violations", []) if v not in differs]
         if differs and not failed_over:
             violations += differs + [f"  {d}" for d in before.get("diff", [])[:20]]
-        r = await self.cli("recover", "--force")
+        for _ in range(RECOVER_TRIES):  # as a user does when the command says "try again" (JetStream's
+            r = await self.cli("recover", "--force")  # meta group still electing after a heal: seed 67)
+            if r.returncode == 0 or "try again" not in r.stdout + r.stderr:
+                break
+            await asyncio.sleep(3.0)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
         after = await self.blocks_check(settled=True, attempts=5)
         after, short, freed = await self._short_come_back(after)
