@@ -46,7 +46,7 @@ from .replay import DEFAULT_POLICY, block_id
 MAX_PLANS = 4
 #: the most moves per plan for a pending block (``AIOS_REBALANCE_MAX_MOVES``) and per fragmentation round
 #: (``AIOS_REBALANCE_FRAG_MOVES``)
-MAX_MOVES = 8
+MAX_MOVES = rb.DEFAULT_MAX_MOVES
 FRAG_MOVES = 2
 #: the worker's round and cooldown (``AIOS_REBALANCE_INTERVAL_S``, ``AIOS_REBALANCE_COOLDOWN_S``)
 INTERVAL_S = 10.0

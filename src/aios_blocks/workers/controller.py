@@ -519,10 +519,12 @@ async def _reselect_or_fail(
         return
     # marked before the CAS (announce): a reselect whose publish failed is published by the
     # reconciler even when the request does not come back to find the block ``_reselected``
-    key = await announce.mark(w, bid, gen, Step.RESELECT, _reselect_emits(ir, ev, reason, trace))
+    events = _reselect_emits(ir, ev, reason, trace)
+    key = await announce.mark(w, bid, gen, Step.RESELECT, events)
     ok, info = await w.store.transition(bid, gen, Step.RESELECT, attempt=str(n + 1))
-    await _reselect_events(w, ir, ev, reason, trace, back=ok or info == "parsed")
-    await announce.settle(w, key, ok or info == "parsed")
+    back = ok or info == "parsed"
+    await w.bus.emit_all(events if back else events[:1])  # the block back to selection only if the step took
+    await announce.settle(w, key, back)
 
 
 def _reselected(block: BlockRecord, ev: AllocationRequest) -> bool:
@@ -543,11 +545,9 @@ def _reselect_emits(ir: BlockIR | None, ev: AllocationRequest, reason: str, trac
     return [failed] if ir is None else [failed, Emit(E.block_parsed, Parsed(ev.block_id, ev.gen, wire_ir(ir), ev.attempt + 1))]
 
 
-async def _reselect_events(w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str,
-                           trace: list[Decision] | None = None, back: bool = True) -> None:
-    """A reselect step's events (``_reselect_or_fail``'s, and again when its request comes back);
-    the block back to selection only when the step is taken (``back``)."""
-    await w.bus.emit_all(_reselect_emits(ir if back else None, ev, reason, trace))
+async def _reselect_events(w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str) -> None:
+    """A reselect step's events again, when its request comes back after the step was taken."""
+    await w.bus.emit_all(_reselect_emits(ir, ev, reason, None))
 
 
 
