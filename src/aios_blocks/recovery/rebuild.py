@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from ..bus import subjects
 from ..bus.catalog import E
 from ..bus.nats_bus import Bus
+from ..gcpause import gc_paused
 from ..schemas.events import InventoryHint
 from ..state.store import EPOCH_KEY, GATHER_DUE, Store, due_member
 from . import image as im
@@ -150,20 +150,6 @@ def _reply_meta(msg: Any) -> tuple[int, float, int]:
         return int(t[7]), int(t[9]) / 1e9, int(t[10])
     meta = msg.metadata  # raises NotJSMessageError, as before
     return meta.sequence.stream, meta.timestamp.timestamp() if meta.timestamp else 0.0, meta.num_pending
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """No cyclic garbage collection while the fold builds its state: it makes hundreds of
-    thousands of long-lived dicts, and each full collection walks all of them again (at 1M events
-    a third of the fold's time). Whatever cycles appear meanwhile are collected afterwards."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
 
 
 async def fold_stream(bus: Bus) -> Fold:

@@ -16,10 +16,10 @@ import gc
 import time
 from collections import Counter
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..gcpause import gc_paused
 from ..policies import capacity
 from ..policies.builtin.frag import Workload, gpu_left, node_model
 from ..schemas.records import BlockIR, ClusterRecord, Needs, NodeView
@@ -230,22 +230,6 @@ def held_milli(views: dict[str, NodeView]) -> int:
 GC_EVERY = 2000
 
 
-@contextmanager
-def young_gc_only() -> Any:
-    """The cyclic garbage collector's full passes held off while a replay runs, the young
-    generations collected every ``GC_EVERY`` blocks instead (``collect_young``). The policies'
-    memos grow by a few hundred thousand small objects that live to the end, which the full
-    passes walked again and again: about a third of the default replay's time (11 s of
-    collections, 8 s of them full passes, seed 42, docs/trace.md). No decision depends on it."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was:
-            gc.enable()
-
-
 def collect_young(i: int) -> None:
     """Every ``GC_EVERY`` blocks, a collection of the young generations (cycles made since)."""
     if i % GC_EVERY == GC_EVERY - 1:
@@ -268,7 +252,7 @@ async def replay(
     res = Result(st.uri, seed, workload, len(nodes), st.cluster_milli // UNITS, ratio, sample_nodes)
     ledger = Ledger(nodes, st, res)
     started = time.perf_counter()
-    with young_gc_only():
+    with gc_paused():  # full passes held off; collect_young every GC_EVERY blocks (gcpause)
         for i, t in enumerate(st.pods):
             rule, bid = rules[t.sharing], block_id(t)
             ir: BlockIR = {"blockId": bid, "blockComponentURI": "aios://trace/task", "minInstances": 1, "maxInstances": 1,
