@@ -5,12 +5,25 @@ to 4 plans) is long with the rebalancer. The same settings as
 ``blocks trace replay NODES PODS --in-process --online --no-preemption --rebalance --load 300 --cluster-share 0.2``.
 
     .venv/bin/python -m bench.trace_rebalance_window PODS [--no-rebalance] [--json out.json]
-        [--frag-threshold 0.1 | --no-frag-round] [--max-moves 2] [--frag-moves N] [--any-priority]
+        [--frag-threshold 0.1 | --no-frag-round] [--max-moves 8] [--frag-moves N] [--any-priority]
+        [--window-only] [--sources N] [--subsets N] [--max-plans N]
 
 Also prints ``bound_last_third``: what the allocation of the last third could be at most if
 every pending task that fits some node by its GPU count were placed at once (allocated + the
 smaller of the free GPU compute and those tasks' demand, time-weighted like ``alloc_last_third``):
 defragmentation cannot place more than is free nor more than waits.
+
+And ``zero_wait_last_third``: the allocation of the last third if every task that fits some node
+by its GPU count were placed the instant it arrived and ran its trace duration (no wait at all:
+a figure of the trace and the sampled nodes alone, the same for every run), with ``by_gpus``: the
+last third's allocation per task GPU count, this run's against the zero-wait one (percentage
+points of the cluster; ``by_priority``: the multi-GPU tasks by GPU count and priority), and
+``spill``: the points the run's tasks add to the last third beyond their zero-wait share (delayed into it) and lose below it (waiting in it, or still waiting).
+``ceiling_last_third``: the most any schedule could put in the last third, capacity ignored (each
+task started at the best instant at or after its arrival: a task that arrived before the third
+may gain by being delayed into it); no scheduler, with or without moves, allocates more.
+``--sources``, ``--subsets``, ``--max-plans``: experiments with the planner's search limits
+(``rebalance.SOURCES``, ``SUBSETS``) and the replay's plans per capacity event (``MAX_PLANS``).
 """
 
 from __future__ import annotations
@@ -21,12 +34,17 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from aios_blocks.trace import online
 from aios_blocks.trace import online_rebalance as orb
 from aios_blocks.trace.inventory import load_nodes
 
 NODES = Path(__file__).resolve().parent / "traces" / "openb-2023" / "openb_node_list_gpu_node.csv"
+
+
+class _WindowEnd(Exception):
+    """``--window-only``: the figures at the window's end are printed; the run stops there."""
 
 
 def main() -> None:
@@ -45,7 +63,14 @@ def main() -> None:
     ap.add_argument("--progress", type=int, default=0, help="print the counters every N placements")
     ap.add_argument("--any-priority", action="store_true",
                     help="experiment: a pending block's moves may take blocks of any priority (the rule: its own or lower)")
+    ap.add_argument("--window-only", action="store_true", help="stop at the window's end (its figures only)")
+    ap.add_argument("--sources", type=int, default=None, help="experiment: rebalance.SOURCES")
+    ap.add_argument("--subsets", type=int, default=None, help="experiment: rebalance.SUBSETS")
+    ap.add_argument("--max-plans", type=int, default=None, help="experiment: online_rebalance.MAX_PLANS")
     a = ap.parse_args()
+    for mod, name, value in ((orb.rb, "SOURCES", a.sources), (orb.rb, "SUBSETS", a.subsets), (orb, "MAX_PLANS", a.max_plans)):
+        if value is not None:
+            setattr(mod, name, value)
     if a.any_priority:
         movable = orb.MoveIndex.movable
         orb.MoveIndex.movable = lambda self, ceiling: movable(self, None)
@@ -98,16 +123,53 @@ def main() -> None:
                                   "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
             return ok
 
+        def by_gpus(self) -> dict[str, Any]:
+            """This run's last-third allocation per task GPU count against the zero-wait one
+            (module docstring), in points of the cluster, and what waiting shifted."""
+            lo, third = 2 * self.span / 3, self.span / 3
+            pts = 100 / (self.cluster_milli * third) if third > 0 else 0.0
+            run: dict[int, float] = {}
+            ideal: dict[int, float] = {}
+            prio: dict[str, list[float]] = {}  # "GPUs/priority" of the multi-GPU tasks -> [run, zero wait]
+            gained = lost = ceiling = 0.0
+            for j in self.jobs.values():
+                t = j.timed.task
+                if t.num_gpu > self.most_gpus(tuple(sorted(t.resources().get("gpuModels") or ()))):
+                    continue
+                zero = max(0.0, min(j.timed.created + j.timed.duration, self.span) - max(j.timed.created, lo))
+                # the most any start at or after its arrival (before the window's end) gives it
+                if j.timed.created < self.span:
+                    ceiling += min(j.timed.duration, self.span - max(j.timed.created, lo)) * t.milli_total * pts
+                ran = 0.0
+                if j.first_wait is not None:
+                    s0 = j.timed.created + j.first_wait
+                    ran = max(0.0, min(s0 + j.timed.duration, self.span) - max(s0, lo))
+                ideal[t.num_gpu] = ideal.get(t.num_gpu, 0.0) + zero * t.milli_total * pts
+                run[t.num_gpu] = run.get(t.num_gpu, 0.0) + ran * t.milli_total * pts
+                if t.num_gpu > 1:
+                    k = prio.setdefault(f"{t.num_gpu}/{int(j.ir['priority'])}", [0.0, 0.0])
+                    k[0] += ran * t.milli_total * pts
+                    k[1] += zero * t.milli_total * pts
+                gained += max(0.0, ran - zero) * t.milli_total * pts
+                lost += max(0.0, zero - ran) * t.milli_total * pts
+            return {"zero_wait_last_third": round(sum(ideal.values()), 3), "ceiling_last_third": round(ceiling, 3),
+                    "by_gpus": {str(g): [round(run.get(g, 0.0), 3), round(ideal[g], 3)] for g in sorted(ideal)},
+                    "by_priority": {k: [round(v[0], 3), round(v[1], 3)] for k, v in sorted(prio.items())},
+                    "spill": {"delayed_in": round(gained, 3), "lost": round(lost, 3)}}
+
         def snapshot(self) -> None:
             super().snapshot()
+            self.window = self.by_gpus()
             s = sorted(orb.multi_gpu_waits(self))  # the ones never placed yet: counted to now
             print(json.dumps({"at": "window end", "placed": self.res.placed, "moves": getattr(self, "moves", 0),
                               "alloc_last_third": round(orb.last_third(self), 3), "bound_last_third": self.bound_last_third(),
                               "rounds": dict(getattr(self, "rounds", {})), "frag_round_moves": getattr(self, "frag_round_moves", 0),
                               "multi_gpu_wait": {"n": len(s), "p50": round(s[int(len(s) * 0.5)], 3) if s else 0.0,
                                                  "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3) if s else 0.0},
-                              "pending": len(self.pending), "run_s": round(time.perf_counter() - t0, 1),
+                              **self.window, "pending": len(self.pending), "run_s": round(time.perf_counter() - t0, 1),
                               "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
+            if a.window_only:
+                raise _WindowEnd
 
     args = (nodes, timed, online.Mode.NO_PREEMPTION, online.DEFAULT_POLICY, a.seed, 0, online.HEAD, online.MIN_DELTA,
             a.pods.stem.removeprefix("openb_pod_list_"))
@@ -116,7 +178,10 @@ def main() -> None:
         "frag_wait_s": a.frag_wait}
     sim = Windowed(*args, **kw)
     sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, a.load, a.cluster_share
-    asyncio.run(sim.run())
+    try:
+        asyncio.run(sim.run())
+    except _WindowEnd:
+        return
     d = orb.figures(sim)
     d["run_s"], d["cpu_s"] = round(time.perf_counter() - t0, 1), round(time.process_time() - c0, 1)
     if a.json:
