@@ -60,35 +60,41 @@ def test_a_copy_is_not_its_original() -> None:
 def test_the_tree_digest_covers_every_node_and_matches_a_plain_rebuild() -> None:
     """``input_digest_of`` with the per-version root memo (the worker) equals it computed from the
     input decoded from its JSON (``recovery.inputs``), and any byte of any node changes it; the
-    older forms a record may hold (the reference map inline, the flat JSON) still match."""
+    older forms a record may hold (the root of the whole reference map, the reference map inline,
+    the flat JSON) still match."""
     import hashlib
 
+    from aios_blocks.policies import node_digest
     from aios_blocks.schemas.events import input_digest, input_digest_of, input_digests, input_matches
 
     nodes = capacity.Nodes({f"n{i}": _node(f"n{i}") for i in range(10)})
     data = _input(nodes)
-    tree = input_digest_of(data, capacity.nodes_root)
+    tree = input_digest_of(data, node_digest.nodes_root)
     assert tree == input_digest_of(msgspec.json.decode(msgspec.json.encode(data)))
-    # the map's place holds its root: the SHA-256 of the reference map (each view's SHA-256)
-    refs = {nid: "sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest() for nid, v in nodes.items()}
-    root = "sha256:" + hashlib.sha256(msgspec.json.encode(refs)).hexdigest()
+    # the map's place holds its root: the SHA-256 of the count and of the reference map's chunks
+    # of 64 entries (each view's SHA-256); 10 nodes: one chunk
+    entries = [msgspec.json.encode(nid) + b":" + msgspec.json.encode("sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest())
+               for nid, v in nodes.items()]
+    root = "sha256c64:" + hashlib.sha256(b"10:" + hashlib.sha256(b",".join(entries)).digest()).hexdigest()
     by_hand = {**data, "payload": {**data["payload"], "cluster_metrics": {**data["payload"]["cluster_metrics"], "nodes": root}}}
     assert tree == input_digest(msgspec.json.encode(by_hand))
     # kept per inventory version: a replaced view changes it, and it still equals a plain rebuild
-    assert input_digest_of(data, capacity.nodes_root) == tree and nodes._root is not None
+    assert input_digest_of(data, node_digest.nodes_root) == tree and node_digest._KEPT[id(nodes)].ref is nodes
     nodes["n3"] = {**nodes["n3"], "cpu_free": 0.5}
-    changed = input_digest_of(data, capacity.nodes_root)
+    changed = input_digest_of(data, node_digest.nodes_root)
     assert changed != tree and changed == input_digest_of(msgspec.json.decode(msgspec.json.encode(data)))
     raw = msgspec.json.encode(data)
     assert tree != input_digest(raw)  # not the flat form
     twin = msgspec.json.decode(msgspec.json.encode(data))
     twin["payload"]["cluster_metrics"]["nodes"]["n7"]["gpus"][3]["memory_free"] -= 1
     assert input_digest_of(twin) != changed
-    # a record made before the root (the reference map inline) or before the tree (flat) matches
+    # a record made before the chunked root (the whole map's root), before the root (the reference
+    # map inline) or before the tree (flat) matches
+    whole = input_digest_of(data, capacity.nodes_root)
     refs_now = {nid: "sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest() for nid, v in nodes.items()}
     inline = {**data, "payload": {**data["payload"], "cluster_metrics": {**data["payload"]["cluster_metrics"], "nodes": refs_now}}}
     older = input_digest(msgspec.json.encode(inline))
-    assert list(input_digests(raw)) == [changed, older, input_digest(raw)]
-    assert all(input_matches(raw, d) for d in (changed, older, input_digest(raw))) and not input_matches(raw, tree)
+    assert list(input_digests(raw)) == [changed, whole, older, input_digest(raw)]
+    assert all(input_matches(raw, d) for d in (changed, whole, older, input_digest(raw))) and not input_matches(raw, tree)
     other = {"action": "autoscale", "payload": {"x": 1}}  # no node map: the flat form
     assert input_digest_of(other) == input_digest(msgspec.json.encode(other))

@@ -608,25 +608,59 @@ def _plain_node_refs(nodes: Mapping[str, object]) -> msgspec.Raw:
 
 
 def nodes_root(refs: bytes) -> str:
-    """The root of a node map's tree: ``"sha256:"`` + the SHA-256 of its reference map's JSON."""
+    """The root of a node map's tree in the form before :func:`chunked_root` (:func:`input_digests`'
+    second): ``"sha256:"`` + the SHA-256 of its whole reference map's JSON."""
     return "sha256:" + hashlib.sha256(refs).hexdigest()
 
 
+#: entries of the reference map per chunk of the chunked root (:func:`chunked_root`)
+ROOT_CHUNK = 64
+#: what a chunked root starts with (the form's name: SHA-256 over chunks of 64 entries)
+CHUNKED_PREFIX = "sha256c64:"
+
+
+def ref_entry(nid: str, ref: str) -> bytes:
+    """One entry of a node-reference map's JSON, ``"<nid>":"sha256:<hex>"``, as
+    ``msgspec.json.encode({nid: ref})`` writes it between its braces."""
+    return _encoder.encode(nid) + b":" + _encoder.encode(ref)
+
+
+def chunk_digest(entries: list[bytes]) -> bytes:
+    """The SHA-256 (32 bytes) of one chunk: its entries joined by commas, as in the map's JSON."""
+    return hashlib.sha256(b",".join(entries)).digest()
+
+
+def chunked_root(count: int, digests: list[bytes]) -> str:
+    """The root of a node map's tree (the newest form): the reference map's entries in the map's
+    order, cut into chunks of ``ROOT_CHUNK`` (the last one shorter), each chunk's SHA-256
+    (:func:`chunk_digest`), and ``"sha256c64:"`` + the SHA-256 of the entry count in decimal, a
+    colon and those digests (32 bytes each) in order. A worker keeps each chunk's digest, so a
+    changed node re-hashes its chunk (~5 KB) and the ~20 digests of the trace's 1,213 nodes instead
+    of the whole ~110 KB reference map (``policies.node_digest``)."""
+    return CHUNKED_PREFIX + hashlib.sha256(str(count).encode() + b":" + b"".join(digests)).hexdigest()
+
+
+def chunked_root_of(entries: list[bytes]) -> str:
+    """:func:`chunked_root` of a whole list of reference-map entries."""
+    return chunked_root(len(entries), [chunk_digest(entries[i:i + ROOT_CHUNK]) for i in range(0, len(entries), ROOT_CHUNK)])
+
+
 def _plain_nodes_root(nodes: Mapping[str, object]) -> str:
-    return nodes_root(bytes(_plain_node_refs(nodes)))
+    return chunked_root_of([ref_entry(nid, "sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest())
+                            for nid, v in nodes.items()])
 
 
 def input_digest_of(input_data: Mapping[str, object], nodes_digest: Callable[[dict[str, NodeView]], str] = _plain_nodes_root) -> str:
     """A policy input's digest (``Decision.input_digest``). An input with a node map
     (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB
     each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with the whole map
-    replaced by its root, ``"sha256:<SHA-256 of the reference map's JSON>"``, the reference map
-    being ``{nid: "sha256:<SHA-256 of the view's JSON>"}`` (``nodes_digest(nodes)``: that root).
-    A worker keeps the root per inventory version and each view's reference per view
-    (``capacity.nodes_root``), so a call hashes ~1 KB plus the views that changed instead of ~100 KB
-    (or the ~10 KB reference map). Every byte of the input is still covered. Any other input:
-    :func:`input_digest` of its JSON. Records made before a form existed hold an older one
-    (:func:`input_digests`)."""
+    replaced by its root (``nodes_digest(nodes)``: :func:`chunked_root` of the reference map
+    ``{nid: "sha256:<SHA-256 of the view's JSON>"}``). A worker keeps each view's reference per
+    view and each chunk's digest per inventory version (``policies.node_digest.nodes_root``), so a
+    call hashes ~1 KB plus the chunks of the views that changed instead of ~100 KB (or the whole
+    reference map: ~110 KB for the trace's 1,213 nodes). Every byte of the input is still covered.
+    Any other input: :func:`input_digest` of its JSON. Records made before a form existed hold an
+    older one (:func:`input_digests`)."""
     nodes = node_map(input_data)
     if nodes is None:
         return input_digest(msgspec.json.encode(input_data))
@@ -634,15 +668,18 @@ def input_digest_of(input_data: Mapping[str, object], nodes_digest: Callable[[di
 
 
 def input_digests(raw: bytes) -> Iterator[str]:
-    """Every digest a recorded input (its JSON, ``raw``) may carry, newest form first: the rooted
-    tree (:func:`input_digest_of`), the tree of stops 22-28 (the node map replaced by the whole
-    reference map) and the flat one (the JSON itself). ``recovery.inputs`` checks a rebuilt input
-    against them; lazily, as the first usually matches."""
+    """Every digest a recorded input (its JSON, ``raw``) may carry, newest form first: the tree
+    with the chunked root (:func:`input_digest_of`), the tree before it (the root hashing the whole
+    reference map, :func:`nodes_root`), the tree of stops 22-28 (the node map replaced by the
+    whole reference map) and the flat one (the JSON itself). ``recovery.inputs`` checks a rebuilt
+    input against them; lazily, as the first usually matches."""
     data = msgspec.json.decode(raw)
     yield input_digest_of(data)
     nodes = node_map(data)
     if nodes is not None:
-        yield input_digest(msgspec.json.encode(_with_node_map(data, _plain_node_refs(nodes))))
+        refs = _plain_node_refs(nodes)
+        yield input_digest(msgspec.json.encode(_with_node_map(data, nodes_root(bytes(refs)))))
+        yield input_digest(msgspec.json.encode(_with_node_map(data, refs)))
     yield input_digest(raw)
 
 
@@ -657,7 +694,9 @@ def node_map(input_data: Mapping[str, object]) -> dict[str, NodeView] | None:
     payload = input_data.get("payload")
     metrics = payload.get("cluster_metrics") if isinstance(payload, dict) else None
     nodes = metrics.get("nodes") if isinstance(metrics, dict) else None
-    if not isinstance(nodes, dict) or not nodes or not all(type(v) is dict for v in nodes.values()):
+    # every value a dict: the set of their types, built in C (a generator over the trace's 1,213
+    # views took ~0.1 ms of every placement's decision record)
+    if not isinstance(nodes, dict) or not nodes or set(map(type, nodes.values())) != {dict}:
         return None
     return nodes
 

@@ -22,7 +22,7 @@ from ..bus.catalog import E, Emit
 from ..bus.nats_bus import Bus
 from ..bus.router import TRIGGER_SEQ, Inbound
 from ..bus.runner import ConsumerRunner, CoreRunner, Defer, Delivery, RunnerOptions
-from ..policies import capacity, contract
+from ..policies import capacity, contract, node_digest
 from ..policies.runtime import PolicyRuntime, TrackingDict, stateless
 from ..runtime.auth import url_user
 from ..schemas import roles
@@ -161,7 +161,7 @@ class Worker:
         handled), the input's digest and the parts of it that are not in the stream;
         ``recovery.inputs`` rebuilds it by replay. Other calls keep their input inline
         (``REPLAYED_ACTIONS``)."""
-        digest = input_digest_of(input_data, capacity.nodes_root)
+        digest = input_digest_of(input_data, node_digest.nodes_root)
         given: dict[str, Any] = {}
         payload = input_data.get("payload")
         if isinstance(payload, dict) and "block_metrics" in payload:
