@@ -34,11 +34,19 @@ _suspect_cache: dict[int, tuple[float, dict[str, str]]] = {}
 SUSPECT_CACHE_S = 1.0
 
 
+#: the suspect nodes and the nominated preemptors, as a step read them together with its own
+#: first read (``controller.on_allocation``): one Redis exchange with it, not one each after it
+Ahead = tuple[dict[str, str], list[hq.Nominee]]
+
+
 async def allocate(
     w: Worker, req: al.Request, instances: dict[str, Any] | None = None, trace: list[Decision] | None = None,
+    ahead: Ahead | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Placements for ``req`` and the attempts it took (0: a redelivered step found its
     reservations already made and reuses them). The policy calls' records go into ``trace``.
+    ``ahead``: the suspect nodes and the nominees (``suspect_nodes``, ``queue.nominees``) as the
+    step read them (neither depends on the block), else read here.
     Raises PlacementFailed with the reason."""
     cid = req.cluster_id
     held = al.reused(req.iids, await w.store.reservations_of(cid, list(req.iids)))
@@ -47,11 +55,10 @@ async def allocate(
     await ensure_job_cluster(w, req.ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
     clusters = await w.inventory.clusters()
     cluster = clusters.get(cid, {"id": cid, "labels": {}})
-    suspects = await suspect_nodes(w)
+    suspects, nominated = ahead if ahead is not None else await asyncio.gather(suspect_nodes(w), queue.nominees(w))
     invoke = w.invoker(req.ir, "resourceAllocator", trace)
     # the room a preemption freed is its preemptor's until it is placed (docs/priority.md): not
     # for a block of its priority or lower (a held view is a copy: the cache re-reads that node)
-    nominated = await queue.nominees(w)
     reason = ""
     for attempt in range(1, w.settings.commit_retries + 1):
         async with _cluster_lock(cid):
@@ -131,7 +138,13 @@ async def start(
 async def commit_start(w: Worker, s: al.StartInstances) -> list[str]:
     """Record the instances (and the block's step) in one round trip; release what the limit
     refused; publish the placement and the create commands of the rest."""
-    refused = await w.store.start_instances(s.block_id, s.records, list(s.index), s.step, limit=s.limit)
+    placed = s.step is not None and s.step[1] is Step.RESERVE
+    if placed:  # the nomination's HDEL in the same Redis exchange, after the records (it reads nothing of them)
+        refused, held = await asyncio.gather(
+            w.store.start_instances(s.block_id, s.records, list(s.index), s.step, limit=s.limit),
+            Nominations(w.store.r).drop(s.block_id))
+    else:
+        refused, held = await w.store.start_instances(s.block_id, s.records, list(s.index), s.step, limit=s.limit), False
     gone = [p for p in s.placements if p["iid"] in refused]
     for p in gone:
         await w.store.release(s.cluster_id, p["node"], p["iid"])
@@ -140,7 +153,7 @@ async def commit_start(w: Worker, s: al.StartInstances) -> list[str]:
     kept = [p for p in s.placements if p["iid"] not in refused]
     if kept:
         await w.bus.emit_all(al.announce(s, kept))
-    if s.step is not None and s.step[1] is Step.RESERVE and await Nominations(w.store.r).drop(s.block_id):
+    if placed and held:
         # a preemptor placed: the room held for it is its instances' now; the walker looks again
         # (the blocks held back by a nominated take other than the one its placement chose)
         queue.poke(w)

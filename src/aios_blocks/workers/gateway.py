@@ -109,9 +109,10 @@ async def _arm(w: Worker, bid: str, gen: int, n: int, deadline: float) -> None:
 async def _decide_skipped(w: Worker, bid: str, gen: int, n: int, cid: str, why: str, deadline: float) -> None:
     """A round that asks no dry_run, decided once its selection is stored (outside the handler's
     outbox: the post_dry_run, then the allocation, each stored before the next step). A decider
-    that stops on the way is finished by the round's timer, armed first."""
-    await _arm(w, bid, gen, n, deadline)
-    await w.store.gather_add_state(bid, gen, n, cid, skipped_answer(why))
+    that stops on the way is finished by the round's timer, armed first: the timer and the answer
+    go to Redis in one exchange (the timer first; neither reads the other), and the decision reads
+    the gather once both are written."""
+    await asyncio.gather(_arm(w, bid, gen, n, deadline), w.store.gather_add_state(bid, gen, n, cid, skipped_answer(why)))
     await _decide(w, bid, gen, n, "skipped")
 
 

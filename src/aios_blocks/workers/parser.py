@@ -3,6 +3,7 @@ a CloudEvent in ``AIOS``), then ``parsed`` (IR) or ``rejected`` (every error).""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import msgspec
@@ -13,7 +14,7 @@ from ..bus.router import Inbound, Router
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
-from ..schemas.records import wire_ir
+from ..schemas.records import JSONObject, wire_ir
 from ..state.priority import PriorityStore
 from ..state.tenants import TenantStore
 from .base import Worker, bound
@@ -47,9 +48,10 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         outcome = await _no_account_label(w, outcome)
     if outcome.doc is not None:
         uri = parse.component_uri(outcome.doc)
-        component = await w.store.get_component(uri) if uri else None
+        # the component and the priority classes (priorityClass / the default, docs/priority.md)
+        # in one Redis exchange: neither read depends on the other
+        component, classes = await asyncio.gather(_component(w, uri), PriorityStore(w.store.r).classes())
         versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
-        classes = await PriorityStore(w.store.r).classes()  # priorityClass / the default (docs/priority.md)
         outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
     if outcome.ir is not None:
         ok, what = await w.store.create_block(
@@ -73,6 +75,10 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
         )
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
+
+
+async def _component(w: Worker, uri: str | None) -> JSONObject | None:
+    return await w.store.get_component(uri) if uri else None
 
 
 async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
