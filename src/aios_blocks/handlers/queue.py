@@ -136,9 +136,12 @@ def fits(ir: BlockIR, clusters: Mapping[str, ClusterRecord], views: Mapping[str,
          work: dict[str, dict[str, NodeView]]) -> str:
     """The first cluster (the filter rule's order) where the whole gang fits now, on the views as
     this walk's releases left them (``work``: cluster -> node copies); '' when none."""
-    # the views themselves where this walk took nothing yet (their fit index is kept per dict)
+    # the views themselves where this walk took nothing yet (their fit index is kept per dict);
+    # else the views with this walk's copies over them (``capacity.Overlay``: judged from the
+    # views' own fit index and the copies, not node by node)
     merged: dict[str, dict[str, NodeView]] = {
-        cid: {**views.get(cid, {}), **work[cid]} if work.get(cid) else views.get(cid, {}) for cid in clusters}  # type: ignore[misc]
+        cid: capacity.overlay(views.get(cid, {}), work[cid]) if work.get(cid) else views.get(cid, {})  # type: ignore[arg-type,misc]
+        for cid in clusters}
     passed, _ = filter_rule(ir.copy(), dict(clusters), merged)
     for entry in passed:
         cid = entry["cluster_id"]

@@ -609,6 +609,25 @@ def fitting(nodes: dict[str, NodeView], needs: Needs, share: bool) -> int:
     return fit_index(nodes, needs, share).count
 
 
+class Overlay(dict[str, NodeView]):
+    """``{**base, **over}``: a cluster's views (``base``, an inventory view) with some replaced by
+    copies (``over``: what a queue walk's releases took), remembering both parts, so ``any_fits``
+    judges it from ``base``'s per-shape index and the replaced views alone (O(replaced)) instead of
+    every node of a dict it has never seen. Read-only by contract (built per walk step)."""
+
+    __slots__ = ("base", "over")
+
+    def __init__(self, base: Nodes, over: dict[str, NodeView]):
+        super().__init__(base)
+        dict.update(self, over)
+        self.base, self.over = base, over
+
+
+def overlay(base: dict[str, NodeView], over: dict[str, NodeView]) -> dict[str, NodeView]:
+    """``{**base, **over}``, as an ``Overlay`` when ``base`` is an inventory view."""
+    return Overlay(base, over) if isinstance(base, Nodes) else {**base, **over}
+
+
 def any_fits(nodes: dict[str, NodeView], needs: Needs, share: bool) -> bool:
     """``fitting(nodes, needs, share) > 0``, without indexing a shape not indexed yet: the
     gateway's filter only asks whether some node fits, and a new block shape would otherwise
@@ -618,6 +637,14 @@ def any_fits(nodes: dict[str, NodeView], needs: Needs, share: bool) -> bool:
     (``node_fits_cached``). A scan that finds none leaves the index it has just built (every node
     judged: none fits), so a full cluster is then judged in O(changes) per block, not O(nodes)."""
     key = shape(needs, share)
+    if isinstance(nodes, Overlay):
+        base = nodes.base._fits.get(key)
+        if base is not None:  # the nodes not replaced: the base's index; the replaced: judged here
+            base.update()
+            over = nodes.over
+            if any(node_fits_cached(v, needs, share) is not None for v in over.values()):
+                return True
+            return any(nid not in over for nid in base.ids)
     if not isinstance(nodes, Nodes):
         memo = _FITS.get((id(nodes), key))
         if memo is not None and memo.ref is nodes:

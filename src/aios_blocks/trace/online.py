@@ -17,8 +17,10 @@ Modes: ``preemption`` (the default), ``no-preemption`` (the queue without the pl
 
 from __future__ import annotations
 
+import bisect
 import csv
 import heapq
+import itertools
 import random
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
@@ -153,6 +155,102 @@ class Job:
     order: int = 0
 
 
+class Pending(dict[str, Job]):
+    """``Sim.pending``: the waiting blocks by id, also kept per group in the queue's order, so the
+    walk's head is read without sorting every waiting block at every capacity event (multigpu50
+    waits 2,000+ at once). A group is a shape (``capacity.shape``: whether some node fits one
+    instance depends on it alone) and whether its blocks are left out of the head when they fit no
+    node (``Sim.must_fit``); each group holds its blocks' ``Sim.qkey`` sorted. A block's key and
+    group are taken when it is put in (its ``since``, priority and ``preempted_by`` are set before
+    and do not change while it waits); ``Sim.head_entries_sorted`` is the computation it replaces
+    (tests/unit/test_online_pending.py compares the two)."""
+
+    def __init__(self, sim: Sim):
+        super().__init__()
+        self.sim = sim
+        #: group -> the blocks' queue keys, sorted; group -> (needs, sharing) to judge its fit
+        self.groups: dict[tuple[Any, ...], list[tuple[Any, ...]]] = {}
+        self.needs: dict[tuple[Any, ...], tuple[Needs, bool]] = {}
+        self._where: dict[str, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
+
+    def __setitem__(self, bid: str, j: Job) -> None:
+        if bid in self:
+            self._drop(bid)
+        super().__setitem__(bid, j)
+        sim, t = self.sim, j.timed.task
+        needs = j.needs
+        if needs is None:
+            needs = j.needs = t.resources()
+        group = (capacity.shape(needs, t.sharing), sim.must_fit(j))
+        key = sim.qkey(j)
+        keys = self.groups.get(group)
+        if keys is None:
+            keys = self.groups[group] = []
+            self.needs[group] = (needs, t.sharing)
+        bisect.insort(keys, key)
+        self._where[bid] = (group, key)
+
+    def _drop(self, bid: str) -> None:
+        group, key = self._where.pop(bid)
+        keys = self.groups[group]
+        del keys[bisect.bisect_left(keys, key)]
+        if not keys:
+            del self.groups[group], self.needs[group]
+
+    def __delitem__(self, bid: str) -> None:
+        super().__delitem__(bid)
+        self._drop(bid)
+
+    def pop(self, bid: str, *default: Any) -> Any:
+        if bid not in self:
+            if default:
+                return default[0]
+            raise KeyError(bid)
+        self._drop(bid)
+        return super().pop(bid)
+
+    def clear(self) -> None:
+        super().clear()
+        self.groups.clear()
+        self.needs.clear()
+        self._where.clear()
+
+    def popitem(self) -> tuple[str, Job]:
+        raise NotImplementedError("Pending: pop a block by id")
+
+    def setdefault(self, *args: Any) -> Any:
+        raise NotImplementedError("Pending: set a block by id")
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for bid, j in dict(*args, **kwargs).items():
+            self[bid] = j
+
+    def first(self, n: int) -> list[Job]:
+        """The first ``n`` waiting blocks in the queue's order (``Sim.qkey``), every group's: what
+        ``sorted(pending.values(), key=sim.qkey)[:n]`` gives, without sorting them all."""
+        return [self[key[-1]] for key in itertools.islice(heapq.merge(*self.groups.values()), n)]
+
+    def head(self, views: dict[str, NodeView], n: int) -> list[str]:
+        """The first ``n`` waiting blocks in the queue's order, those of a group that must fit and
+        fits no node in ``views`` left out (a group is judged when the merge reaches it, as the
+        sorted walk judged each block it reached)."""
+        heap = [(keys[0], 0, group) for group, keys in self.groups.items()]
+        heapq.heapify(heap)
+        out: list[str] = []
+        while heap and len(out) < n:
+            key, i, group = heap[0]
+            if i == 0 and group[1] and not capacity.fitting(views, *self.needs[group]):
+                heapq.heappop(heap)
+                continue
+            out.append(key[-1])
+            keys = self.groups[group]
+            if i + 1 < len(keys):
+                heapq.heapreplace(heap, (keys[i + 1], i + 1, group))
+            else:
+                heapq.heappop(heap)
+        return out
+
+
 @dataclass
 class Online:
     workload: str
@@ -226,7 +324,7 @@ class Sim:
         self.clusters: dict[str, ClusterRecord] = {CLUSTER: {"id": CLUSTER, "labels": {}}}
         self.jobs: dict[str, Job] = {}
         self.running: dict[str, Job] = {}
-        self.pending: dict[str, Job] = {}
+        self.pending: Pending = Pending(self)
         self.allocated = 0
         #: (shape, priority) the planner found no victim for, since nothing that could change its
         #: answer happened: capacity freed (cleared), or a block it could evict placed (its keys
@@ -340,17 +438,26 @@ class Sim:
             j.qkey = (j.since, bid) if self.mode is Mode.FIFO else (-int(j.ir["priority"]), j.since, bid)
         return j.qkey
 
+    def must_fit(self, j: Job) -> bool:
+        """Whether the head leaves the block out when its shape fits no node now: it may not
+        preempt (the walk passes over it anyway)."""
+        return self.mode is not Mode.PREEMPTION or bool(j.preempted_by) or not int(j.ir["priority"])
+
     def head_entries(self) -> list[queue.Entry]:
         """The queue's head (priority desc then age; FIFO: age), without the blocks whose shape
-        fits no node now and that may not preempt: the walk passes over those anyway."""
+        fits no node now and that may not preempt: the walk passes over those anyway. Read from
+        ``Pending``'s groups; ``head_entries_sorted`` is the same from every waiting block."""
+        return [queue.Entry(bid, self.block(self.pending[bid])) for bid in self.pending.head(self.views, self.head)]
+
+    def head_entries_sorted(self) -> list[queue.Entry]:
+        """``head_entries`` computed from scratch: every waiting block sorted, then judged."""
         out = []
         for j in sorted(self.pending.values(), key=self.qkey):
             t = j.timed.task
             needs = j.needs
             if needs is None:
                 needs = j.needs = t.resources()
-            if not capacity.fitting(self.views, needs, t.sharing) and (
-                    self.mode is not Mode.PREEMPTION or j.preempted_by or not int(j.ir["priority"])):
+            if not capacity.fitting(self.views, needs, t.sharing) and self.must_fit(j):
                 continue
             out.append(queue.Entry(block_id(t), self.block(j)))
             if len(out) >= self.head:
