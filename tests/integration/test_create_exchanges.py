@@ -103,6 +103,8 @@ async def test_a_create_s_gateway_and_controller_steps_share_their_independent_e
     g_seen = _noted(gw)
     parsed = Parsed(BID, 1, ir, 0)
     await _run(gw, gateway.on_parsed, Inbound(E.block_parsed, parsed, {}, Delivery(E.block_parsed.subject(bid=BID), b"", {}, 1, 7)))
+    # the selection step's CAS and the quotas: one exchange
+    _with(g_seen, ("EVALSHA", "aios:block:"), ("HGETALL", "aios:quotas"))
     # the skipped dry run: its timer armed and its answer recorded in one exchange, the timer first
     ex = _with(g_seen, ("ZADD", "aios:gather:due"), ("EVALSHA", "aios:gather:"))
     assert _first(ex, "ZADD", "aios:gather:due") < _first(ex, "EVALSHA", "aios:gather:")

@@ -51,12 +51,15 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     """A parsed block (or one sent back to selection): select candidates, open the gather, ask each."""
     ev = m.data
     bid, gen, ir, n = ev.block_id, ev.gen, ir_of(ev.ir), ev.attempt
-    ok, _status = await w.store.transition(bid, gen, Step.SELECT, in_round=n)
+    # the step's CAS, the quotas and the inventory in one Redis exchange: the reads depend on no
+    # block's status (the quota usage is the capacity scripts' counters), only go unused when
+    # the CAS does not take
+    (ok, _status), quota, (clusters, nodes) = await asyncio.gather(
+        w.store.transition(bid, gen, Step.SELECT, in_round=n), queue.quota_view(w), _snapshot(w))
     if not ok:
         return  # superseded (a later selection round, deleted, re-created) or already past this step
-    if await _quota_holds(w, bid, gen, ir, n):
+    if await _quota_holds(w, bid, gen, ir, n, quota[0]):
         return
-    clusters, nodes = await _snapshot(w)
     trace: list[Decision] = []
     sel = await h.select(ir, clusters, nodes, w.invoker(ir, "clusterAllocator", trace), await w.affinity_index(ir))
     rule = ir["policies"]["clusterAllocator"]["policyRuleURI"]
@@ -138,11 +141,11 @@ def skipped_answer(why: str) -> dict[str, Any]:
     return {"score": 1.0, "node_info": {}, "error": "", "placeable": -1, "shortfall": 0, "skipped": why}
 
 
-async def _quota_holds(w: Worker, bid: str, gen: int, ir: BlockIR, n: int) -> bool:
+async def _quota_holds(w: Worker, bid: str, gen: int, ir: BlockIR, n: int, view: h_queue.QuotaView | None) -> bool:
     """The tenant's quota before placement (docs/priority.md): ``admit`` / ``admit-borrowing`` go
     on to selection; ``wait`` waits in the pending queue with the quota's reason; ``reclaim`` waits
-    too, and the queue walker preempts the borrowers (InCohortReclamation), then places it."""
-    view, _placed = await queue.quota_view(w)
+    too, and the queue walker preempts the borrowers (InCohortReclamation), then places it.
+    ``view``: ``queue.quota_view``'s (from the counters)."""
     verdict = h_queue.gate(ir, view)
     if verdict is not None and view is not None and view.exact_needed(verdict[0]):
         view, _placed = await queue.quota_view(w, exact=True)  # a reclamation: decided on the blocks
