@@ -24,7 +24,7 @@ from ..policies import capacity
 from ..policies.builtin.frag import Workload, gpu_left, node_model
 from ..schemas.records import BlockIR, ClusterRecord, Needs, NodeView
 from ..schemas.spec import Node
-from .workload import UNITS, Task, inflate, typical_shapes
+from .workload import UNITS, Task, inflate, multi_gpu_shapes, typical_shapes
 
 #: short names for ``--policy`` (any ``builtin:``/``registry:`` resourceAllocator URI works too)
 POLICY_NAMES: dict[str, str] = {
@@ -147,11 +147,16 @@ class Setup:
     pods: list[Task]
     shapes: list[dict[str, Any]]
     cluster_milli: int
+    #: the multi-GPU shapes ``shapes`` (FGD's 95 % cut) leaves out (``workload.multi_gpu_shapes``):
+    #: ``parameters.multiGpu``, read by ``builtin:fgd-plus`` alone (the baselines keep FGD's workload)
+    multi: list[dict[str, Any]] = field(default_factory=list)
 
     def rule(self, share: bool) -> dict[str, Any]:
+        params: dict[str, Any] = {"seed": self.seed, "workload": self.shapes}
+        if self.multi:
+            params["multiGpu"] = self.multi
         return {"name": "resourceAllocator", "policyRuleURI": self.uri,
-                "settings": {"gpuSharing": share, "sampleNodes": self.sample_nodes},
-                "parameters": {"seed": self.seed, "workload": self.shapes}}
+                "settings": {"gpuSharing": share, "sampleNodes": self.sample_nodes}, "parameters": params}
 
 
 def block_id(t: Task) -> str:
@@ -169,8 +174,9 @@ def setup(nodes: list[Node], tasks: list[Task], policy: str, seed: int, ratio: f
     cluster_milli = sum(len(n.gpus) for n in nodes) * UNITS
     if not cluster_milli:
         raise ValueError("the inventory has no GPU: nothing to measure")
-    return Setup(policy_uri(policy), seed, sample_nodes, inflate(tasks, cluster_milli, ratio, seed), typical_shapes(tasks),
-                 cluster_milli)
+    typical = typical_shapes(tasks)
+    return Setup(policy_uri(policy), seed, sample_nodes, inflate(tasks, cluster_milli, ratio, seed), typical,
+                 cluster_milli, multi_gpu_shapes(tasks, typical))
 
 
 class Ledger:
