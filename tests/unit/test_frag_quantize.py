@@ -1,6 +1,6 @@
 """``parameters.quantize`` of ``builtin:fgd`` and ``builtin:dot-product`` (policies/builtin/frag.py):
-the FGD artifact's integer node scores (0-100) and kube-scheduler's draw among the nodes with the
-top one, per block and seed."""
+the FGD artifact's integer node scores (0-100), equal ones in the seeded order of the node ids, and
+``drawTies``: kube-scheduler's draw among the nodes with the top one, per block and seed."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ def _node(nid: str, gpus: int, cpu: float = 32) -> Node:
 def _pick(uri: str, views: dict[str, Any], needs: dict[str, Any], share: bool, bid: str,
           params: dict[str, Any]) -> str:
     policy = POLICIES[uri]("resourceAllocator", {"gpuSharing": share}, {"seed": 1, **params})
+    assert policy.quantize is (params.get("quantize", True) is not False)  # type: ignore[attr-defined]
     out: Any = policy.eval({}, {"action": "allocation", "payload": {
         "block": {"blockId": bid, "resources": needs, "instances": {}, "maxInstances": 1},
         "cluster_metrics": {"nodes": views}, "healthy_nodes": sorted(views)}}, {})
@@ -64,20 +65,38 @@ SHARE3: Any = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 1024, "gpuShare": 
 WHOLE: Any = {"gpus": 1, "gpuMemory": 0, "cpu": 1, "memory": 1024}
 
 
-@pytest.mark.parametrize(("uri", "views", "needs", "share", "exact", "params"), [
+CASES = [
     ("builtin:fgd", _fgd_cluster, SHARE3, True, "a", {"workload": FGD_WORKLOAD}),
     # idle nodes with 32 and 33 CPUs: dot products 32/16384 + 1/8 against 33/16384 + 1/8, both 93
     ("builtin:dot-product", lambda: views_of([_node("a", 2, cpu=32), _node("b", 2, cpu=33)]), WHOLE, False, "a", {}),
-])
-def test_equal_integer_scores_are_drawn_per_block(uri: str, views: Any, needs: dict[str, Any], share: bool,
-                                                  exact: str, params: dict[str, Any]) -> None:
+]
+
+
+@pytest.mark.parametrize(("uri", "views", "needs", "share", "exact", "params"), CASES)
+def test_equal_integer_scores_go_in_the_seeded_order(uri: str, views: Any, needs: dict[str, Any], share: bool,
+                                                     exact: str, params: dict[str, Any]) -> None:
+    """The default: integer scores, equal ones in the seed's order of the node ids (the per-shape
+    index's): one node for every block of a seed, either over seeds; exact scores: always ``exact``."""
+    v = views()
+    by_seed = {}
+    for s in range(12):
+        assert {_pick(uri, v, needs, share, f"blk{i}", {**params, "seed": s, "quantize": False})
+                for i in range(5)} == {exact}
+        picks = {_pick(uri, v, needs, share, f"blk{i}", {**params, "seed": s}) for i in range(5)}
+        assert len(picks) == 1
+        by_seed[s] = picks.pop()
+    assert set(by_seed.values()) == {"a", "b"}
+
+
+@pytest.mark.parametrize(("uri", "views", "needs", "share", "exact", "params"), CASES)
+def test_draw_ties_draws_per_block(uri: str, views: Any, needs: dict[str, Any], share: bool,
+                                   exact: str, params: dict[str, Any]) -> None:
     v = views()
     bids = [f"blk{i}" for i in range(40)]
-    assert {_pick(uri, v, needs, share, b, {**params, "quantize": False}) for b in bids} == {exact}
-    picks = [_pick(uri, v, needs, share, b, {**params, "quantize": True}) for b in bids]
+    picks = [_pick(uri, v, needs, share, b, {**params, "drawTies": True}) for b in bids]
     assert set(picks) == {"a", "b"}
     # deterministic per block and seed
-    assert picks == [_pick(uri, v, needs, share, b, {**params, "quantize": True}) for b in bids]
+    assert picks == [_pick(uri, v, needs, share, b, {**params, "drawTies": True}) for b in bids]
 
 
 def test_quantize_keeps_a_better_integer_score_first() -> None:
@@ -88,5 +107,7 @@ def test_quantize_keeps_a_better_integer_score_first() -> None:
     capacity.take(node, ["a-g0"], {**SHARE3, "gpuShare": 0.7}, True)
     views["a"] = node
     wl = [{"cpu": 1, "gpus": 1, "weight": 1.0}]
-    picks = {_pick("builtin:fgd", views, SHARE3, True, f"blk{i}", {"workload": wl, "quantize": True}) for i in range(20)}
-    assert picks == {"a"}
+    for extra in ({}, {"drawTies": True}):
+        picks = {_pick("builtin:fgd", views, SHARE3, True, f"blk{i}", {"workload": wl, "seed": s, **extra})
+                 for i in range(5) for s in range(8)}
+        assert picks == {"a"}
