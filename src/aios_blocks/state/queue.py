@@ -212,8 +212,13 @@ class Nominations:
     def __init__(self, r: Any):
         self.r = r
 
-    async def nominate(self, bid: str, gen: int, nodes: Iterable[str], until: float) -> None:
-        await self.r.hset(NOMINATED, bid, msgspec.json.encode({"gen": gen, "nodes": sorted(nodes), "until": until}))
+    async def nominate(self, bid: str, gen: int, nodes: Iterable[str], until: float, moves: bool = False) -> None:
+        """``moves``: the room is what moves for a block still waiting free (the rebalancer's,
+        docs/rebalance.md): held while it is ``pending`` too, not only on its way through selection."""
+        doc: dict[str, Any] = {"gen": gen, "nodes": sorted(nodes), "until": until}
+        if moves:
+            doc["moves"] = True
+        await self.r.hset(NOMINATED, bid, msgspec.json.encode(doc))
 
     async def all(self) -> dict[str, dict[str, Any]]:
         raw = await self.r.hgetall(NOMINATED)

@@ -108,6 +108,20 @@ async def quota_view(w: Worker, exact: bool = False) -> tuple[hq.QuotaView | Non
 
 #: a nominee's statuses: on its way through selection (retried, not reserved yet)
 IN_FLIGHT = ("parsed", "selecting", "allocating")
+#: ... and one whose room moves make: also while it still waits for them
+MOVED_FOR = ("pending", *IN_FLIGHT)
+
+
+async def nominate_moved_room(w: Worker, bid: str, output: Mapping[str, Any], hold_s: float) -> None:
+    """The room the moves requested for waiting block ``bid`` free (their source nodes) is held for
+    it, as a preemption's room is for its preemptor (``Nominations``): a block of its priority or
+    lower (a direct submit's allocation, a walker pass) does not take it between a move's old
+    instance going and the walker's pass that places ``bid``. Until it is placed, waits no more, or
+    ``hold_s`` (the moves' hold) ends."""
+    block = await w.store.get_block(bid)
+    nodes = {str(m.get("from") or "") for m in output.get("moves") or ()} - {""}
+    if block is not None and nodes:
+        await Nominations(w.store.r).nominate(bid, int(block["gen"]), nodes, time.time() + hold_s, moves=True)
 
 
 async def nominees(w: Worker, scope: str | None = None, drop: bool = False) -> list[hq.Nominee]:
@@ -120,7 +134,7 @@ async def nominees(w: Worker, scope: str | None = None, drop: bool = False) -> l
     for bid, n in sorted((await noms.all()).items()):
         block = await w.store.get_block(bid)
         if (block is None or int(block["gen"]) != int(n.get("gen") or 0) or float(n.get("until") or 0) < now
-                or block["status"] not in IN_FLIGHT):
+                or block["status"] not in (MOVED_FOR if n.get("moves") else IN_FLIGHT)):
             if drop:
                 await noms.drop(bid)
         elif scope is None or scope_of(block["ir"]) == scope:
@@ -346,6 +360,7 @@ class QueueWalker:
             if not events:
                 continue
             if await state.hold(bid, ",".join(e.payload.move_id for e in events), self.s.rebalance_hold_s):
+                await nominate_moved_room(self.w, bid, output, self.s.rebalance_hold_s)
                 await self.w.bus.emit_all(events)
                 log.info("queue.moves", block=bid, cluster=cid, moves=len(events), reason=str(output.get("reason", ""))[:200])
             return True

@@ -33,6 +33,7 @@ from ..schemas.errors import PolicyFailed
 from ..state.priority import PriorityStore
 from ..state.queue import PendingQueue
 from ..state.rebalance import RebalanceState, affinity_indexes
+from .queue import nominate_moved_room
 
 log = structlog.get_logger("aios.rebalancer")
 
@@ -157,6 +158,8 @@ class Rebalancer:
         target = str(r.output.get("for") or "")
         if target and not await self.state.hold(target, ",".join(e.payload.move_id for e in events), self.s.rebalance_hold_s):
             return 0  # moves for it are under way already
+        if target:
+            await nominate_moved_room(self.w, target, r.output, self.s.rebalance_hold_s)
         await self.state.mark(r.cluster, now)
         await self.w.bus.emit_all(events)
         log.info("rebalance.moves", cluster=r.cluster, trigger=str(r.trigger), moves=len(events), target=target,
