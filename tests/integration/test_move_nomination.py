@@ -17,6 +17,7 @@ import pytest
 from aios_blocks.handlers import allocation as al
 from aios_blocks.recovery.invariants import check
 from aios_blocks.schemas.errors import PlacementFailed
+from aios_blocks.settings import current
 from aios_blocks.state.queue import LEASE_KEY, PRIMARY, Nominations
 from aios_blocks.workers.allocate import allocate
 from aios_blocks.workers.base import Worker
@@ -51,7 +52,9 @@ async def test_a_lower_block_does_not_take_the_room_moves_made_for_a_waiting_blo
     r = await asyncio.to_thread(blocks, system, "priority-class", "add", "high", "1000")
     assert r.returncode == 0, r.stdout + r.stderr
     where = await _fragmented(system)  # s1 and s2 (1 GPU each) on two nodes of 4 GPUs
-    w = await Worker.open(system.supervisor.nats_url, system.supervisor.redis_url, "controller")
+    # settings as the environment says now (the process-wide cached ones may be an earlier test's,
+    # e.g. a lockstep replay's AIOS_REBALANCE_MAX_MOVES=0: then the walker preempts, no moves)
+    w = await Worker.open(system.supervisor.nats_url, system.supervisor.redis_url, "controller", settings=current())
     try:
         t = QueueWalker(w)
         await c.store.r.set(LEASE_KEY, t.holder, px=600_000)  # the system's walker passes no more
