@@ -205,8 +205,9 @@ class PreemptPlans:
 
 class Nominations:
     """The room a preemption freed, held for its preemptor from its retry until it is placed
-    (kube-scheduler's nominatedNodeName; ``handlers.queue.Nominee``): one hash field per
-    preemptor (its generation, the nodes its victims were on, until when). Live state, left out
+    (kube-scheduler's nominatedNodeName; ``handlers.queue.Nominee``), and the room moves make for
+    a waiting block, from their request (``moves``): one hash field per block (its generation,
+    the nodes its victims were on or its moves leave, until when). Live state, left out
     of the digest; a field whose block moved on is dropped by the walker that reads it."""
 
     def __init__(self, r: Any):
