@@ -80,12 +80,14 @@ def test_healthy_ids_follow_the_view_and_are_a_new_list_each_call() -> None:
     assert capacity.healthy_ids(dict(nodes)) == capacity.healthy_ids(nodes)
 
 
-def test_healthy_ids_and_node_refs_caught_up_from_the_change_log_equal_a_rebuild() -> None:
-    """Both are kept on an inventory view and caught up from its change log (views replaced in
-    place, added, removed, marked unhealthy): after every change they equal a plain rebuild."""
+def test_healthy_ids_and_node_root_caught_up_from_the_change_log_equal_a_rebuild() -> None:
+    """Both are kept per inventory view and caught up from its change log (views replaced in
+    place, added, removed, marked unhealthy): after every change they equal a plain rebuild (the
+    node map's root, ``node_digest.nodes_root``, in its chunked form and in the form before)."""
     import msgspec
 
-    from aios_blocks.policies import capacity
+    from aios_blocks.policies import capacity, node_digest
+    from aios_blocks.schemas import events
 
     rng = random.Random(11)
     nodes = capacity.Nodes({f"n{i}": _view(i, rng) for i in range(25)})
@@ -101,5 +103,9 @@ def test_healthy_ids_and_node_refs_caught_up_from_the_change_log_equal_a_rebuild
         if rng.random() < 0.7:  # not every change is followed by a call: several caught up at once
             plain = dict(nodes)
             assert capacity.healthy_ids(nodes) == capacity.healthy_ids(plain)
-            assert bytes(capacity.node_refs(nodes)) == bytes(capacity.node_refs(plain))
-            assert msgspec.json.decode(bytes(capacity.node_refs(nodes))) == {k: capacity.node_ref(v) for k, v in plain.items()}
+            assert node_digest.nodes_root(nodes) == node_digest.nodes_root(plain)
+            entries = [events.ref_entry(k, capacity.node_ref(v)) for k, v in plain.items()]
+            assert node_digest.nodes_root(nodes) == events.chunked_root_of(entries)
+            refs = bytes(events._plain_node_refs(nodes))  # the form before: each view's JSON hashed afresh
+            assert msgspec.json.decode(refs) == {k: capacity.node_ref(v) for k, v in plain.items()}
+            assert events.nodes_root(refs) == events.nodes_root(b"{" + b",".join(entries) + b"}")

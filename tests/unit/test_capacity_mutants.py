@@ -11,6 +11,8 @@ import msgspec
 import pytest
 
 from aios_blocks.policies import capacity as cap
+from aios_blocks.policies import node_digest
+from aios_blocks.schemas import events as ev
 
 
 def gpu(gid: str = "g0", memory: int = 100, used: int = 0, n: int = 0, x: bool = False, model: str = "H100",
@@ -118,25 +120,41 @@ def refs_of(nodes: dict[str, dict[str, Any]]) -> bytes:
     return msgspec.json.encode({nid: cap.node_ref(v) for nid, v in nodes.items()})
 
 
-def test_node_refs_and_root_of_an_inventory_view_follow_its_changes_and_its_annotated_copies() -> None:
+def root_of(nodes: dict[str, dict[str, Any]]) -> str:
+    """The chunked root of a node map, from scratch (each view's ``node_ref``)."""
+    return ev.chunked_root_of([ev.ref_entry(nid, cap.node_ref(v)) for nid, v in nodes.items()])
+
+
+def older_root(nodes: dict[str, dict[str, Any]]) -> str:
+    """The root in the form before the chunked one, as ``input_digests`` computes it."""
+    return ev.nodes_root(bytes(ev._plain_node_refs(nodes)))
+
+
+def test_node_references_and_roots_of_an_inventory_view_follow_its_changes_and_its_annotated_copies() -> None:
     plain = {"a": view("a"), "b": view("b")}
     nodes = cap.Nodes(plain)
-    assert bytes(cap.node_refs(nodes)) == bytes(cap.node_refs(plain)) == refs_of(plain)
-    root = cap.nodes_root(nodes)
-    assert root == cap.nodes_root(plain) == "sha256:" + hashlib.sha256(refs_of(plain)).hexdigest()
+    assert bytes(ev._plain_node_refs(nodes)) == bytes(ev._plain_node_refs(plain)) == refs_of(plain)
+    root = node_digest.nodes_root(nodes)
+    assert root == node_digest.nodes_root(plain) == root_of(plain)
+    old = older_root(nodes)
+    assert old == older_root(plain) == "sha256:" + hashlib.sha256(refs_of(plain)).hexdigest()
     nodes["b"] = view("b", cpu_free=1.0)  # replaced in place: same ids
-    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
-    assert cap.nodes_root(nodes) != root and cap.nodes_root(nodes) == cap.nodes_root(dict(nodes))
+    assert bytes(ev._plain_node_refs(nodes)) == refs_of(dict(nodes))
+    assert node_digest.nodes_root(nodes) != root and node_digest.nodes_root(nodes) == root_of(dict(nodes))
+    assert older_root(nodes) != old and older_root(nodes) == "sha256:" + hashlib.sha256(refs_of(dict(nodes))).hexdigest()
     # annotated views replacing some (a block with affinity, per call): the map follows them
     for nid in ("a", "b"):
         nodes[nid] = {**nodes[nid], "affinity": {"pass": True, "score": 0.0}}
-    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
+    assert bytes(ev._plain_node_refs(nodes)) == refs_of(dict(nodes))
+    assert node_digest.nodes_root(nodes) == root_of(dict(nodes))
     nodes["a"]["affinity"]["score"] = 5.0  # changed in place: nothing of it was kept
-    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
-    assert cap.nodes_root(nodes) == cap.nodes_root(dict(nodes))
+    assert bytes(ev._plain_node_refs(nodes)) == refs_of(dict(nodes))
+    assert node_digest.nodes_root(nodes) == root_of(dict(nodes)) == node_digest.nodes_root(dict(nodes))
+    assert older_root(nodes) == "sha256:" + hashlib.sha256(refs_of(dict(nodes))).hexdigest()
     # then plain views again
     nodes["a"], nodes["b"] = view("a"), view("b", memory_free=5)
-    assert bytes(cap.node_refs(nodes)) == refs_of(dict(nodes))
+    assert bytes(ev._plain_node_refs(nodes)) == refs_of(dict(nodes))
+    assert node_digest.nodes_root(nodes) == root_of(dict(nodes))
 
 
 def test_healthy_ids_follow_an_inventory_view_as_nodes_come_go_and_flip() -> None:

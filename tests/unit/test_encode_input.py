@@ -65,7 +65,14 @@ def test_the_tree_digest_covers_every_node_and_matches_a_plain_rebuild() -> None
     import hashlib
 
     from aios_blocks.policies import node_digest
-    from aios_blocks.schemas.events import input_digest, input_digest_of, input_digests, input_matches
+    from aios_blocks.schemas.events import (
+        _plain_node_refs,
+        input_digest,
+        input_digest_of,
+        input_digests,
+        input_matches,
+        nodes_root,
+    )
 
     nodes = capacity.Nodes({f"n{i}": _node(f"n{i}") for i in range(10)})
     data = _input(nodes)
@@ -90,8 +97,11 @@ def test_the_tree_digest_covers_every_node_and_matches_a_plain_rebuild() -> None
     assert input_digest_of(twin) != changed
     # a record made before the chunked root (the whole map's root), before the root (the reference
     # map inline) or before the tree (flat) matches
-    whole = input_digest_of(data, capacity.nodes_root)
+    whole = input_digest_of(data, lambda n: nodes_root(bytes(_plain_node_refs(n))))
     refs_now = {nid: "sha256:" + hashlib.sha256(msgspec.json.encode(v)).hexdigest() for nid, v in nodes.items()}
+    whole_root = "sha256:" + hashlib.sha256(msgspec.json.encode(refs_now)).hexdigest()
+    assert whole == input_digest(msgspec.json.encode(
+        {**data, "payload": {**data["payload"], "cluster_metrics": {**data["payload"]["cluster_metrics"], "nodes": whole_root}}}))
     inline = {**data, "payload": {**data["payload"], "cluster_metrics": {**data["payload"]["cluster_metrics"], "nodes": refs_now}}}
     older = input_digest(msgspec.json.encode(inline))
     assert list(input_digests(raw)) == [changed, whole, older, input_digest(raw)]

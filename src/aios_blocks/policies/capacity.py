@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 
-from ..schemas.events import nodes_root as events_root
 from ..schemas.records import GpuView, NodeView, Totals
 from ..schemas.records import Needs as Needs  # (re-exported: what one instance needs)
 from .views import _VIEWS, Ranked, States
@@ -181,63 +180,6 @@ def unhealthy(nodes: dict[str, NodeView], healthy: set[str]) -> set[str]:
     return set(nodes.keys() - healthy)
 
 
-def node_refs(nodes: dict[str, NodeView]) -> msgspec.Raw:
-    """``msgspec.json.encode({nid: node_ref(view) for nid, view in nodes.items()})``. An inventory
-    view keeps each entry's bytes in its order and catches them up from its change log (a view
-    replaced in place keeps its position), so a placement input's digest re-encodes only the
-    nodes that changed since the last call."""
-    if not isinstance(nodes, Nodes):
-        return msgspec.Raw(_encode({nid: node_ref(v) for nid, v in nodes.items()}))
-    memo = nodes._refs
-    version = nodes.version
-    if memo is not None and memo[0] == version:
-        return msgspec.Raw(memo[1])
-    changed = nodes.changed_since(memo[0]) if memo is not None else None
-    if memo is not None and changed is not None and memo[3] is nodes.ids():
-        # the same ids in the same order (``Nodes.ids`` is cached until one is added or removed)
-        _, _, parts, ids = memo
-        pos = nodes.positions()
-        for nid in set(changed):
-            view = nodes[nid]
-            if "affinity" in view:
-                break
-            parts[pos[nid]] = _ref_entry(nid, view)
-        else:
-            raw = b"{" + b",".join(parts) + b"}"
-            nodes._refs = (version, raw, parts, ids)
-            return msgspec.Raw(raw)
-    parts = []
-    annotated = False  # an annotated view is a per-call copy, changed in place: never kept
-    for nid, view in nodes.items():
-        annotated = annotated or "affinity" in view
-        parts.append(_ref_entry(nid, view))
-    raw = b"{" + b",".join(parts) + b"}"
-    nodes._refs = None if annotated else (version, raw, parts, nodes.ids())
-    return msgspec.Raw(raw)
-
-
-def nodes_root(nodes: dict[str, NodeView]) -> str:
-    """``nodes_root(node_refs(nodes))`` (``schemas.events``), the root of a node map's tree (what a
-    placement input's digest holds in place of the map): kept per inventory version, as
-    :func:`node_refs` is, so the calls between two changes of a cluster hash its reference map
-    once."""
-    if isinstance(nodes, Nodes):
-        memo = nodes._root
-        if memo is not None and memo[0] == nodes.version:
-            return memo[1]
-        raw = bytes(node_refs(nodes))
-        root = events_root(raw)
-        if nodes._refs is not None:  # not an annotated (per-call) map
-            nodes._root = (nodes.version, root)
-        return root
-    return events_root(bytes(node_refs(nodes)))
-
-
-def _ref_entry(nid: str, view: NodeView) -> bytes:
-    """One entry of the node-reference map's JSON: ``"<nid>":"sha256:<hex>"``."""
-    return _encode(nid) + b":" + _encode(node_ref(view))
-
-
 #: id(view) -> (the view, its compact JSON, ``"sha256:<the JSON's SHA-256>"``): a node view's encoding and digest,
 #: kept while the view lives (bounded; views are replaced, never edited in place except by
 #: ``take``, which drops it)
@@ -327,8 +269,7 @@ class Nodes(dict[str, NodeView]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_refs", "_root", "_states",
-                 "_totals", "_witness")
+    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_states", "_totals", "_witness")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -347,11 +288,6 @@ class Nodes(dict[str, NodeView]):
         self._ranked: dict[tuple[Any, Any], Ranked] = {}
         # each node's state id and the nodes of each state (``states``)
         self._states: States | None = None
-        # the node-reference map's JSON (``node_refs``): (version, bytes, each entry's bytes in
-        # order, the ``ids()`` list they follow)
-        self._refs: tuple[int, bytes, list[bytes], list[str]] | None = None
-        # (version, the root of that map: ``nodes_root``)
-        self._root: tuple[int, str] | None = None
         # (version, the healthy nodes' ids sorted, the same as a set): ``healthy_ids``
         self._healthy: tuple[int, list[str], set[str]] | None = None
 
