@@ -1,6 +1,6 @@
 """``builtin:fgd-plus`` sees the multi-GPU shapes FGD's 95 % cut leaves out (``parameters.multiGpu``,
 ``multiGpuWeight``; docs/trace.md "Our policy", 7.): a small task keeps off the node that alone
-still holds an 8-GPU task, and the replay passes those shapes."""
+still holds an 8-GPU task, and the replays (offline, online in-process and live) pass those shapes."""
 
 from __future__ import annotations
 
@@ -74,3 +74,70 @@ def test_the_replay_passes_the_multi_gpu_shapes_the_95_percent_cut_drops() -> No
     st = setup([_node("n", 8, 96)], tasks, "fgd-plus", 7, 1.0, 0)
     assert st.rule(False)["parameters"]["multiGpu"] == multi
     assert st.rule(False)["parameters"]["workload"] == typical
+
+
+def _online_tasks() -> list[Task]:
+    # 60 one-GPU tasks, then 2-, 4- and 8-GPU tasks (4.8 %: past the 95 % the cut keeps)
+    return [_task(f"t{i:02}", 1, 4000) for i in range(60)] + [_task("two", 2, 8000), _task("four", 4, 16000),
+                                                              _task("eight", 8, 64000)]
+
+
+def test_the_online_replays_pass_the_multi_gpu_shapes_too() -> None:
+    """``trace.online.Sim`` (``--online --in-process``, the rebalance window's too) builds its
+    rules with the replay's setup: ``parameters.multiGpu`` holds the 2/4/8-GPU shapes."""
+    from aios_blocks.trace import online, online_rebalance
+
+    tasks = _online_tasks()
+    multi = multi_gpu_shapes(tasks, typical_shapes(tasks))
+    assert [s["gpus"] for s in multi] == [2, 4, 8]
+    timed = [online.Timed(t, float(i), 10.0) for i, t in enumerate(tasks)]
+    for cls in (online.Sim, online_rebalance.RebalanceSim):
+        sim = cls([_node("n", 8, 96)], timed, online.Mode.PREEMPTION, "fgd-plus", 7, 0, online.HEAD, online.MIN_DELTA, "hand")
+        for share in (False, True):
+            assert sim.rules[share]["parameters"]["multiGpu"] == multi
+            assert sim.rules[share]["parameters"]["workload"] == typical_shapes(tasks)
+
+
+def test_the_online_live_replay_registers_the_multi_gpu_shapes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trace.online_live`` (``--online --live``) registers components whose resourceAllocator
+    rules hold ``parameters.multiGpu``, as the offline live replay's do."""
+    import asyncio
+
+    from aios_blocks.state import priority
+    from aios_blocks.trace import online, online_live
+
+    class Store:
+        r = None
+
+        async def clusters(self) -> list[Any]:
+            return []
+
+    class Classes:
+        def __init__(self, r: Any) -> None:
+            pass
+
+        async def put_class(self, record: dict[str, Any]) -> None:
+            pass
+
+    class Bus:
+        async def emit(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    class Client:
+        def __init__(self) -> None:
+            self.store, self.bus = Store(), Bus()
+            self.components: list[dict[str, Any]] = []
+
+        async def add_component(self, comp: dict[str, Any]) -> None:
+            self.components.append(comp)
+
+        async def import_nodes(self, cluster: Any, nodes: list[Node]) -> None:
+            pass
+
+    monkeypatch.setattr(priority, "PriorityStore", Classes)
+    tasks = _online_tasks()
+    client = Client()
+    asyncio.run(online_live._register(client, [_node("n", 8, 96)], [online.Timed(t, 0.0, 1.0) for t in tasks], "fgd-plus", 7))
+    rules = [p for c in client.components for p in c["policies"] if p["name"] == "resourceAllocator"]
+    assert len(rules) == 2
+    assert all(r["parameters"]["multiGpu"] == multi_gpu_shapes(tasks, typical_shapes(tasks)) for r in rules)

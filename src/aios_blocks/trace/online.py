@@ -34,8 +34,8 @@ from ..policies.builtin import preempt
 from ..schemas.records import BlockIR, BlockRecord, ClusterRecord, Needs, NodeView
 from ..schemas.spec import Node
 from . import qos as qosmod
-from .replay import DEFAULT_POLICY, Setup, block_id, labels, policy_uri, views_of
-from .workload import UNITS, Task, load_tasks, typical_shapes
+from .replay import DEFAULT_POLICY, block_id, labels, setup_of, views_of
+from .workload import UNITS, Task, load_tasks
 
 #: how many waiting blocks one walk reads (the head of the queue, priority then age)
 HEAD = 64
@@ -317,8 +317,8 @@ class Sim:
             raise ValueError("the inventory has no GPU: nothing to measure")
         self.node_gpus = max((len(n.gpus) for n in nodes), default=0)
         self.mode, self.head, self.min_delta, self.max_plans = mode, head, min_delta, MAX_PLANS
-        self.st = Setup(policy_uri(policy), seed, sample_nodes, [t.task for t in timed],
-                        typical_shapes([t.task for t in timed]), self.cluster_milli)
+        tasks = [t.task for t in timed]
+        self.st = setup_of(policy, seed, sample_nodes, tasks, tasks, self.cluster_milli)
         self.runtime = PolicyRuntime(lookup=None)
         self.rules = {s: self.st.rule(s) for s in (False, True)}
         self.clusters: dict[str, ClusterRecord] = {CLUSTER: {"id": CLUSTER, "labels": {}}}

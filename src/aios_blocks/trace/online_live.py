@@ -37,8 +37,8 @@ from ..schemas.spec import Cluster, Node
 from . import qos as qosmod
 from .live import CLUSTER, LiveError, block_spec, components
 from .online import Timed, shrink
-from .replay import Setup, block_id, policy_uri
-from .workload import UNITS, typical_shapes
+from .replay import block_id, policy_uri, setup_of
+from .workload import UNITS
 
 EVENTS = ("ready", "preempted", "preempting", "failed", "rejected")
 
@@ -79,7 +79,7 @@ async def _register(client: Any, nodes: list[Node], timed: list[Timed], policy: 
                               msg_id=f"priorityclass:trace-online:{rec['name']}")
         await PriorityStore(client.store.r).put_class(rec)
     tasks = [t.task for t in timed]
-    st = Setup(policy_uri(policy), seed, 0, tasks, typical_shapes(tasks), sum(len(n.gpus) for n in nodes) * UNITS)
+    st = setup_of(policy, seed, 0, tasks, tasks, sum(len(n.gpus) for n in nodes) * UNITS)
     for comp in components(st):
         await client.add_component(comp)
     await client.import_nodes(Cluster(id=CLUSTER), [n.model_copy(update={"cluster": CLUSTER}) for n in nodes])

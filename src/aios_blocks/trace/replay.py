@@ -174,9 +174,15 @@ def setup(nodes: list[Node], tasks: list[Task], policy: str, seed: int, ratio: f
     cluster_milli = sum(len(n.gpus) for n in nodes) * UNITS
     if not cluster_milli:
         raise ValueError("the inventory has no GPU: nothing to measure")
+    return setup_of(policy, seed, sample_nodes, inflate(tasks, cluster_milli, ratio, seed), tasks, cluster_milli)
+
+
+def setup_of(policy: str, seed: int, sample_nodes: int, pods: list[Task], tasks: list[Task], cluster_milli: int) -> Setup:
+    """The setup of a run submitting ``pods``, its policy's parameters drawn from ``tasks``: FGD's
+    target workload (``typical_shapes``) and the multi-GPU shapes it leaves out (``multi_gpu_shapes``,
+    fgd-plus 7.). The replay's (pods: the inflated tasks) and the online replays' (the timed tasks)."""
     typical = typical_shapes(tasks)
-    return Setup(policy_uri(policy), seed, sample_nodes, inflate(tasks, cluster_milli, ratio, seed), typical,
-                 cluster_milli, multi_gpu_shapes(tasks, typical))
+    return Setup(policy_uri(policy), seed, sample_nodes, pods, typical, cluster_milli, multi_gpu_shapes(tasks, typical))
 
 
 class Ledger:
