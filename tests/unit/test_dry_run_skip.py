@@ -1,7 +1,7 @@
 """A round whose only candidate is the cluster the built-in clusterAllocator will choose asks no
 dry_run (``workers.gateway.skip_reason``; docs/trace.md "Live vs Ray"): the gateway records a
-skipped answer in the round's gather and decides it once its selection is stored, so the create
-crosses two steps fewer. What must not change: every step's event (selection, post_dry_run with the answer and
+skipped answer in the round's gather and decides it in the same handler, its selection,
+post_dry_run and allocation stored in one commit, so the create crosses two steps fewer. What must not change: every step's event (selection, post_dry_run with the answer and
 why, allocation), the state the stream folds to, the crash path (the round's timer), and a block
 that does not fit still gets a dry run (round 1) saying why."""
 
@@ -122,14 +122,15 @@ class _Stopped(Exception):
     pass
 
 
-async def test_a_gateway_that_stops_after_deciding_a_skipped_round_is_finished_by_the_rounds_timer() -> None:
-    """The decision is made once the selection is stored (the ``parsed`` handler's
-    ``after_commit``): a gateway that stops before the allocation is sent leaves the round
-    decided in Redis, and its timer publishes it (once)."""
+async def test_a_gateway_that_stops_after_deciding_a_skipped_round_is_finished_by_the_parsed_delivered_again() -> None:
+    """The round is decided in the ``parsed`` handler (``gateway._decide_now``: the block's
+    CHOOSE in Redis before its events are stored): a gateway that stops before the allocation is
+    stored leaves the round chosen in Redis and nothing stored; the ``parsed`` delivered again
+    finds it chosen and publishes the recorded round (once), the selection first."""
     async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05)) as s:
         await s.add_component()
         await s.add_sim_cluster("c1", nodes=2, gpus=2)
-        emit = s.bus.emit
+        emit, emit_all = s.bus.emit, s.bus.emit_all
         stopped: list[object] = []
 
         async def emit_or_stop(event, payload, **kw):  # type: ignore[no-untyped-def]
@@ -138,7 +139,15 @@ async def test_a_gateway_that_stops_after_deciding_a_skipped_round_is_finished_b
                 raise _Stopped
             return await emit(event, payload, **kw)
 
+        async def emit_all_or_stop(effects):  # type: ignore[no-untyped-def]
+            effects = list(effects)
+            if any(e.event is E.cluster_allocation for e in effects) and not stopped:
+                stopped.append(effects)
+                raise _Stopped
+            return await emit_all(effects)
+
         s.bus.emit = emit_or_stop  # type: ignore[method-assign]
+        s.bus.emit_all = emit_all_or_stop  # type: ignore[method-assign]
         bid = await s.submit(dict(SPEC))
         await s.run(wait_deferred=1.0)
         assert stopped
@@ -146,6 +155,8 @@ async def test_a_gateway_that_stops_after_deciding_a_skipped_round_is_finished_b
         assert block is not None and block["status"] == "ready", block
         assert len(s.bus.events(E.block_post_dry_run, bid=bid)) == 1
         assert len(s.bus.events(E.cluster_allocation)) == 1
+        steps = [subj.rsplit(".", 1)[1] for subj, _ in story(s, bid)]
+        assert steps.index("selection") < steps.index("post_dry_run") and steps.count("selection") == 1, steps
         assert asked(s) == []
         assert await s.store.gather_claim_due(time.time() + 3600) == ([], None)
         await folds_to_the_state(s, bid)

@@ -369,6 +369,9 @@ class GatherRecord(TypedDict):
     deadline: NotRequired[float]
     #: the decider's token (None: not decided yet)
     decided: NotRequired[str | None]
+    #: a round that asked no dry_run: its ``block.selection`` (JSON), stored first by whichever
+    #: decider stores the round's decision (``workers.gateway._decide``)
+    selection: NotRequired[str]
     at: NotRequired[int]
 
 

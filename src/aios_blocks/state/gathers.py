@@ -22,6 +22,8 @@ class GatherRecords:
     _gather_add: Any
     _gather_settle: Any
     _claim_due: Any
+    _transition: Any
+    _pipeline: Any
 
     # -- affinity placement index (who runs where, by 128-bit id) ------------------------------
     async def index_add(self, svc: str, lease: str, iid: str, node: str, rack: str) -> None:
@@ -69,6 +71,36 @@ class GatherRecords:
         pipe.expire(key, ttl)
         pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): deadline if due is None else due}, nx=True)
         await pipe.execute()
+
+    async def gather_skip(
+        self, bid: str, gen: int, attempt: int, cid: str, answer: Mapping[str, object], selection: bytes,
+        deadline: float, due: float, choose: list[str], ttl: int = 3600, at: int = 0,
+    ) -> tuple[bool, str, bool]:
+        """A round that asks no dry_run (``workers.gateway.skip_reason``), opened and decided in one
+        exchange, in this order: the gather (``gather_open``, its timer at ``due``, and the round's
+        ``selection`` event, which a decider that runs again stores first), its skipped answer
+        (``gather_add``), its decision (``skipped``), its outcome ``cid`` (``gather_settle``) and
+        the block's CHOOSE step (``choose``: ``store.transition_args``). Every write is idempotent
+        (NX, or the same value again: a redelivery redoes it; a crash leaves a prefix of it).
+        Returns (this call opened the round: its selection was not there, the recorded outcome,
+        the CHOOSE was done)."""
+        key = gather_key(bid, gen, attempt)
+
+        def build(pipe: Any) -> None:
+            pipe.hsetnx(key, "expected", _dumps([cid]))
+            pipe.hsetnx(key, "deadline", deadline)
+            pipe.hsetnx(key, "at", at)
+            pipe.hsetnx(key, "selection", selection)
+            pipe.expire(key, ttl)
+            pipe.zadd(GATHER_DUE, {due_member(bid, gen, attempt): due}, nx=True)
+            pipe.evalsha(self._gather_add.sha, 1, key, cid, _dumps(answer), ttl)
+            pipe.hsetnx(key, "decided", "skipped")
+            pipe.evalsha(self._gather_settle.sha, 1, key, cid)
+            pipe.evalsha(self._transition.sha, 1, block_key(bid), *choose)
+
+        out = await self._pipeline(build)
+        opened, outcome, (chosen, _info) = out[3], out[8], out[9]
+        return bool(opened), str(outcome), bool(chosen)
 
     async def gather_claim_due(self, now: float, lease_s: float = 30.0, limit: int = 64) -> tuple[list[tuple[str, int, int]], float | None]:
         """Gathers whose timer is due, claimed for ``lease_s``; and when the next one is due."""
@@ -158,10 +190,13 @@ class GatherRecords:
 
 
 def _gather(h: dict[str, str]) -> GatherRecord:
-    return {
+    g: GatherRecord = {
         "expected": _json.decode(h["expected"]) if "expected" in h else [],
         "deadline": float(h.get("deadline", 0)),
         "results": {k[2:]: _json.decode(v) for k, v in h.items() if k.startswith("r:")},
         "decided": h.get("decided"),
         "at": int(h.get("at") or 0),
     }
+    if "selection" in h:
+        g["selection"] = h["selection"]
+    return g

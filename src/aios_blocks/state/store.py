@@ -215,12 +215,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         from the step's source statuses, only if ``gen`` matches (and, with ``in_round``, only if
         the block is in that selection round, its ``attempt``). Returns (done, new version or the
         status that blocked it)."""
-        rule = TRANSITIONS[step]
-        fields["updated"] = time.time()
-        args = ["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
-        if in_round is not None:
-            args.append(str(in_round))
-        ok, info = await self._transition(keys=[block_key(bid)], args=args)
+        ok, info = await self._transition(keys=[block_key(bid)], args=transition_args(gen, step, in_round, fields))
         return bool(ok), str(info)
 
     async def set_desired(
@@ -471,6 +466,16 @@ class _Recorder:
                 pending.append(call)
         await flush()
         return out
+
+
+def transition_args(gen: int | None, step: Step, in_round: int | None, fields: dict[str, Any]) -> list[str]:
+    """``scripts.TRANSITION``'s arguments for one lifecycle step (``Store.transition``)."""
+    rule = TRANSITIONS[step]
+    fields["updated"] = time.time()
+    args = ["" if gen is None else str(gen), rule.allowed(), rule.target.value, _dumps(_strs(fields))]
+    if in_round is not None:
+        args.append(str(in_round))
+    return args
 
 
 def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import msgspec
 import structlog
 
+from .. import faults
 from ..bus import subjects
 from ..bus.catalog import E, Emit
 from ..bus.router import Inbound, Router
@@ -29,6 +30,7 @@ from ..schemas.events import (
 )
 from ..schemas.lifecycle import Step
 from ..schemas.records import BlockIR, BlockRecord, GatherRecord, ir_of
+from ..state.store import transition_args
 from . import queue
 from .base import Worker, bound
 
@@ -54,9 +56,11 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     # the step's CAS, the quotas and the inventory in one Redis exchange: the reads depend on no
     # block's status (the quota usage is the capacity scripts' counters), only go unused when
     # the CAS does not take
-    (ok, _status), quota, (clusters, nodes) = await asyncio.gather(
+    (ok, status), quota, (clusters, nodes) = await asyncio.gather(
         w.store.transition(bid, gen, Step.SELECT, in_round=n), queue.quota_view(w), _snapshot(w))
     if not ok:
+        if status == "allocating":  # this round chose already: its decision may not be stored yet
+            await _redo_skipped(w, bid, gen, n)
         return  # superseded (a later selection round, deleted, re-created) or already past this step
     if await _quota_holds(w, bid, gen, ir, n, quota[0]):
         return
@@ -73,12 +77,14 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
         return
     deadline = time.time() + w.settings.dry_run_deadline_s
     event.deadline = deadline
+    skip = skip_reason(ir, sel.candidates, n, rule, w.settings.dry_run_single)
+    if skip and await _decide_now(w, m.stream_seq, event, ir, clusters, nodes, skip):
+        return  # decided here, its three events in this handler's commit
     # Nothing of the round may happen before its selection is stored (the handler's events are
     # committed with its batch's, after every handler of the batch is done): its timer waits for
     # that (``_arm``, after the commit), set until then only as the net for an arming that failed
     await w.store.gather_open(bid, gen, n, sel.candidates, deadline, at=m.stream_seq, due=_net(w, deadline))
-    skip = skip_reason(ir, sel.candidates, n, rule, w.settings.dry_run_single)
-    if skip:
+    if skip:  # not decided in the handler (``_decide_now``: its choice failed here): after the commit
         # the round's answer is recorded in its gather (not asked) and decided, by the path a
         # complete round takes, once the selection is stored: a round decided before that was
         # taken by its timer for a decider that had stopped, and its post_dry_run and allocation
@@ -107,6 +113,55 @@ def _net(w: Worker, deadline: float) -> float:
 async def _arm(w: Worker, bid: str, gen: int, n: int, deadline: float) -> None:
     """The round's selection is stored: its timer is due at the deadline (if the round is still on)."""
     await w.store.gather_timer(bid, gen, n, deadline, if_set=True)
+
+
+async def _decide_now(w: Worker, at: int, event: Selection, ir: BlockIR, clusters: dict[str, Any],
+                      nodes: dict[str, Any], why: str) -> bool:
+    """A round that asks no dry_run, decided in its ``parsed`` handler: the selection, the
+    post_dry_run and the allocation go out in the handler's outbox, one commit, in that order.
+    False (nothing done but the gather's writes): the block goes on as a round decided after
+    its selection is stored (``_decide_skipped``).
+
+    Redis first, in one exchange (``Store.gather_skip``): the gather with its timer (at the net,
+    ``_net``), the round's selection, the skipped answer, the decision, its outcome and the
+    block's CHOOSE step. A crash after it and before the commit leaves the block ``allocating``
+    with nothing stored: the ``parsed`` delivery comes back, its SELECT finds the round chosen
+    and ``_redo_skipped`` stores what the gather recorded, the selection first (as the timer
+    does if that delivery never comes: ``_decide``). Only the first delivery (its selection not
+    recorded before) publishes what it computed: any later one publishes the recorded round."""
+    bid, gen, n, cid = event.block_id, event.gen, event.attempt, event.candidates[0]
+    answer = skipped_answer(why)
+    g: GatherRecord = {"expected": [cid], "results": {cid: answer}}
+    trace: list[Decision] = []
+    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes[cid])} if cid in clusters else {}
+    decision = await h.choose([cid], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
+                              int(ir.get("minInstances") or 1))
+    if decision.failure or decision.cluster_id != cid:
+        return False
+    opened, outcome, chosen = await w.store.gather_skip(
+        bid, gen, n, cid, answer, msgspec.json.encode(event), event.deadline, _net(w, event.deadline),
+        transition_args(gen, Step.CHOOSE, None, {"cluster": cid}), at=at)
+    faults.hit("gateway.skip.chosen")  # the chaos tests' SIGKILL: chosen in Redis, nothing stored
+    if not (opened and chosen and outcome == cid):
+        await _decide(w, bid, gen, n, "skipped")  # what the gather recorded, the selection first
+        return True
+    post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n, trace,
+                      answers=_answers(bid, gen, n, g))
+    await w.bus.emit_all([Emit(E.block_selection, event), Emit(E.block_post_dry_run, post),
+                          Emit(E.cluster_allocation, AllocationRequest(bid, gen, cid, n))])
+    # the timer (at the net) and the gather go once the three are stored
+    await w.bus.after_commit(lambda: w.store.gather_finish(bid, gen, n))
+    return True
+
+
+async def _redo_skipped(w: Worker, bid: str, gen: int, n: int) -> None:
+    """A ``parsed`` delivered again to a round that chose (the block ``allocating``): a round
+    decided in its handler (``_decide_now``) whose gather is still there may have stored nothing
+    (its process stopped before the commit): its decision again, the recorded selection first
+    (what was stored already is dropped as a duplicate)."""
+    g = await w.store.gather_read(bid, gen, n)
+    if g.get("selection") and g.get("decided"):
+        await _decide(w, bid, gen, n, str(g["decided"]))
 
 
 async def _decide_skipped(w: Worker, bid: str, gen: int, n: int, cid: str, why: str, deadline: float) -> None:
@@ -276,6 +331,8 @@ async def _decide(w: Worker, bid: str, gen: int, n: int, token: str) -> None:
     failure, cid = (outcome[1:], "") if outcome[:1] in ("!", "?") else ("", outcome)
     post = PostDryRun(bid, gen, cid, decision.scores, decision.missing, decision.errors, n, trace,
                       answers=_answers(bid, gen, n, g))
+    if g.get("selection"):  # a round decided in its handler (``_decide_now``): its selection may not be stored
+        await w.bus.emit(E.block_selection, msgspec.json.decode(g["selection"], type=Selection))
     await w.bus.emit(E.block_post_dry_run, post)
     if failure and outcome.startswith("?"):
         reasons = {c: decision.errors.get(c) or ("no answer in time" if c in decision.missing else failure)
