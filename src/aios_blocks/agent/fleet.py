@@ -46,7 +46,7 @@ class FleetState(Protocol):
 
     async def simulated_nodes_with_instances(self) -> list[JSONObject]: ...
 
-    async def node_meta(self, nid: str) -> NodeMeta | None: ...
+    async def node_meta(self, nid: str, cluster: str = "") -> NodeMeta | None: ...
 
 
 class FleetHost(Protocol):
@@ -86,8 +86,9 @@ class Fleet:
             await agent.announce_running()
         return len(specs)
 
-    async def owner(self, nid: str) -> str | None:
-        """"" when the fleet serves the node, an agent name when a real agent does, None if unknown."""
+    async def owner(self, nid: str, cluster: str = "") -> str | None:
+        """"" when the fleet serves the node, an agent name when a real agent does, None if unknown.
+        ``cluster``: the command's, read with the node index in one exchange (``Store.node_meta``)."""
         now = time.monotonic()
         hit = self._owner.get(nid)
         if hit and now - hit[0] < OWNER_TTL_S:
@@ -95,12 +96,12 @@ class Fleet:
         # one read for the commands to a node that arrive together (a burst placing on it)
         pending = self._owner_reads.get(nid)
         if pending is None:
-            pending = self._owner_reads[nid] = asyncio.ensure_future(self._read_owner(nid))
+            pending = self._owner_reads[nid] = asyncio.ensure_future(self._read_owner(nid, cluster))
             pending.add_done_callback(lambda _f: self._owner_reads.pop(nid, None))
         return await asyncio.shield(pending)
 
-    async def _read_owner(self, nid: str) -> str | None:
-        meta = await self.w.store.node_meta(nid)
+    async def _read_owner(self, nid: str, cluster: str = "") -> str | None:
+        meta = await self.w.store.node_meta(nid, cluster)
         owner = None if meta is None else meta["agent"]
         self._owner[nid] = (time.monotonic(), owner)
         if meta is not None and owner == "" and nid not in self.agents:
@@ -117,7 +118,7 @@ class Fleet:
 
     async def on_command(self, m: Inbound[InstanceCommand]) -> None:
         nid = m.tokens["nid"]
-        owner = await self.owner(nid)
+        owner = await self.owner(nid, m.data.cluster_id)
         if owner is None:
             # a node nobody registered: answer for it so the block's story still ends
             if nid not in self.agents:
@@ -130,7 +131,7 @@ class Fleet:
     async def on_command_sidecar(self, m: Inbound[SidecarCommand]) -> None:
         """A side-car of a simulated node: run (as a record) by the simulated runtime."""
         nid = m.tokens["nid"]
-        owner = await self.owner(nid)
+        owner = await self.owner(nid, m.data.cluster_id)
         if owner is None and nid not in self.agents:
             self.agents[nid] = self._agent(Node(id=nid, cluster="unknown"))
         elif owner not in (None, ""):

@@ -3,6 +3,7 @@ capacity half of the Redis door (a mixin of ``state.store.Store``, the one door 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -202,12 +203,26 @@ class NodeRecords:
                 out.append(_json.decode(spec))
         return out
 
-    async def node_meta(self, nid: str) -> NodeMeta | None:
-        """{cluster, agent, healthy, gpus} of a registered node (None if unknown)."""
-        cid = await self.node_cluster(nid)
-        if cid is None:
-            return None
-        spec, agent, healthy = await self.r.hmget(node_key(cid, nid), ["spec", "agent", "healthy"])
+    async def node_meta(self, nid: str, cluster: str = "") -> NodeMeta | None:
+        """{cluster, agent, healthy, gpus} of a registered node (None if unknown).
+
+        ``cluster``: the cluster the caller has the node in (a command's ``cluster_id``): the node
+        index and that cluster's record of the node are read together (one exchange through the
+        autopipeline, not two one after the other); the index decides, as without it: where it
+        names another cluster (or none), that one is read, as before."""
+        fields = ["spec", "agent", "healthy"]
+        if cluster:
+            cid, got = await asyncio.gather(self.node_cluster(nid), self.r.hmget(node_key(cluster, nid), fields))
+            if cid is None:
+                return None
+            if cid != cluster:
+                got = await self.r.hmget(node_key(cid, nid), fields)
+        else:
+            cid = await self.node_cluster(nid)
+            if cid is None:
+                return None
+            got = await self.r.hmget(node_key(cid, nid), fields)
+        spec, agent, healthy = got
         if spec is None:
             return None
         return {"cluster": cid, "agent": agent or "", "healthy": healthy == "1", "spec": _json.decode(spec)}

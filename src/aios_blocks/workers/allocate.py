@@ -37,19 +37,23 @@ SUSPECT_CACHE_S = 1.0
 #: the suspect nodes and the nominated preemptors, as a step read them together with its own
 #: first read (``controller.on_allocation``): one Redis exchange with it, not one each after it
 Ahead = tuple[dict[str, str], list[hq.Nominee]]
+#: one instance's reservation (None: none), as a step read it with its own first read: the
+#: gang's first member's, ``controller.on_allocation``
+Reserved = tuple[str, dict[str, str] | None]
 
 
 async def allocate(
     w: Worker, req: al.Request, instances: dict[str, Any] | None = None, trace: list[Decision] | None = None,
-    ahead: Ahead | None = None,
+    ahead: Ahead | None = None, reserved: Reserved | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Placements for ``req`` and the attempts it took (0: a redelivered step found its
     reservations already made and reuses them). The policy calls' records go into ``trace``.
     ``ahead``: the suspect nodes and the nominees (``suspect_nodes``, ``queue.nominees``) as the
-    step read them (neither depends on the block), else read here.
+    step read them (neither depends on the block), else read here. ``reserved``: the first
+    instance's reservation as the step read it (``_reservations``).
     Raises PlacementFailed with the reason."""
     cid = req.cluster_id
-    held = al.reused(req.iids, await w.store.reservations_of(cid, list(req.iids)))
+    held = al.reused(req.iids, await _reservations(w, cid, req.iids, reserved))
     if held is not None:
         return held, 0
     await ensure_job_cluster(w, req.ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
@@ -82,6 +86,17 @@ async def allocate(
         w.inventory.invalidate(cid, reserve.touched + ([node] if node else []))
         await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
     raise PlacementFailed(f"reservation conflict after {w.settings.commit_retries} attempts: {reason}")
+
+
+async def _reservations(w: Worker, cid: str, iids: Sequence[str], ahead: Reserved | None) -> list[dict[str, str] | None]:
+    """The reservations ``iids`` hold (None where none), for ``al.reused``: a redelivered step's
+    check. ``ahead``, the first instance's read with the step's own first read (one Redis exchange
+    with the block's, not one more after it), answers it where it can: the only instance's, or a
+    first instance without one (``reused`` wants every instance reserved, so the others' do not
+    matter); else every instance's is read here, as without it."""
+    if ahead is not None and iids and ahead[0] == iids[0] and (ahead[1] is None or len(iids) == 1):
+        return [ahead[1], *[None] * (len(iids) - 1)]
+    return await w.store.reservations_of(cid, list(iids))
 
 
 async def _applied(w: Worker, reserve: al.Reserve, reserving: asyncio.Future[tuple[bool, str, str]]) -> tuple[bool, str, str]:

@@ -135,8 +135,12 @@ async def on_dry_run(w: Worker, m: Inbound[DryRunRequest]) -> None:
 async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
     ev = m.data
     # the suspect nodes and nominees the allocation reads go to Redis with the block's read (one
-    # exchange, not three one after the other on the create's path)
-    block, suspects, nominated = await asyncio.gather(w.store.get_block(ev.block_id), suspect_nodes(w), queue.nominees(w))
+    # exchange, not three one after the other on the create's path), and so does the redelivery
+    # check's reservation of the gang's first instance (``allocate._reservations``: the instance
+    # ids depend on the block, the first one's is ``{bid}-0`` unless the block was preempted)
+    first = h.instance_id(ev.block_id, 0)
+    block, suspects, nominated, reserved = await asyncio.gather(
+        w.store.get_block(ev.block_id), suspect_nodes(w), queue.nominees(w), w.store.reservation(ev.cluster_id, first))
     if block is not None and _reselected(block, ev):
         # this request's reselect step is stored, its events may not be (their publish failed and
         # the request came again): publish them again (the stream deduplicates them by id)
@@ -156,7 +160,8 @@ async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
         return
     trace: list[Decision] = []
     try:
-        placements, attempts = await allocate(w, al.Request(ir, ev.cluster_id, "allocation", iids), trace=trace, ahead=(suspects, nominated))
+        placements, attempts = await allocate(w, al.Request(ir, ev.cluster_id, "allocation", iids), trace=trace, ahead=(suspects, nominated),
+                                              reserved=(first, reserved))
     except PlacementFailed as exc:
         await _reselect_or_fail(w, ir, ev, exc.reason, trace)
         return
