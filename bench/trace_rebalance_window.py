@@ -6,7 +6,7 @@ to 4 plans) is long with the rebalancer. The same settings as
 
     .venv/bin/python -m bench.trace_rebalance_window PODS [--no-rebalance] [--json out.json]
         [--frag-threshold 0.1 | --no-frag-round] [--max-moves 8] [--frag-moves N] [--any-priority]
-        [--window-only] [--sources N] [--subsets N] [--max-plans N]
+        [--window-only] [--sources N] [--subsets N] [--max-plans N] [--aged-plans N --age-s S]
 
 Also prints ``bound_last_third``: what the allocation of the last third could be at most if
 every pending task that fits some node by its GPU count were placed at once (allocated + the
@@ -67,6 +67,9 @@ def main() -> None:
     ap.add_argument("--sources", type=int, default=None, help="experiment: rebalance.SOURCES")
     ap.add_argument("--subsets", type=int, default=None, help="experiment: rebalance.SUBSETS")
     ap.add_argument("--max-plans", type=int, default=None, help="experiment: online_rebalance.MAX_PLANS")
+    ap.add_argument("--aged-plans", type=int, default=0,
+                    help="experiment: plans per capacity event for the longest-waiting multi-GPU blocks")
+    ap.add_argument("--age-s", type=float, default=0.0, help="with --aged-plans: the least wait (trace s)")
     a = ap.parse_args()
     for mod, name, value in ((orb.rb, "SOURCES", a.sources), (orb.rb, "SUBSETS", a.subsets), (orb, "MAX_PLANS", a.max_plans)):
         if value is not None:
@@ -162,6 +165,7 @@ def main() -> None:
             self.window = self.by_gpus()
             s = sorted(orb.multi_gpu_waits(self))  # the ones never placed yet: counted to now
             print(json.dumps({"at": "window end", "placed": self.res.placed, "moves": getattr(self, "moves", 0),
+                              "aged_moves": getattr(self, "aged_moves", 0),
                               "alloc_last_third": round(orb.last_third(self), 3), "bound_last_third": self.bound_last_third(),
                               "rounds": dict(getattr(self, "rounds", {})), "frag_round_moves": getattr(self, "frag_round_moves", 0),
                               "multi_gpu_wait": {"n": len(s), "p50": round(s[int(len(s) * 0.5)], 3) if s else 0.0,
@@ -175,7 +179,7 @@ def main() -> None:
             a.pods.stem.removeprefix("openb_pod_list_"))
     kw: dict[str, object] = {} if a.no_rebalance else {
         "max_moves": a.max_moves, "frag_moves": a.frag_moves, "frag_threshold": None if a.no_frag_round else a.frag_threshold,
-        "frag_wait_s": a.frag_wait}
+        "frag_wait_s": a.frag_wait, "aged_plans": a.aged_plans, "age_s": a.age_s}
     sim = Windowed(*args, **kw)
     sim.res.drawn_times, sim.res.load, sim.res.cluster_share = drawn, a.load, a.cluster_share
     try:

@@ -76,6 +76,9 @@ class MoveIndex:
         self.rows: dict[str, tuple[int, list[rb.Inst], int]] = {}
         #: ``movable``'s answers since the rows last changed (the planner copies what it changes)
         self._movable: dict[int | None, tuple[list[rb.Inst], dict[str, int]]] = {}
+        #: the planner's destinations per node state and instance shape, kept across plans (a node
+        #: that changes gets a new ``_Node``: its entries are measured again)
+        self.dest_cache = rb.DestCache()
 
     def node(self, nid: str, view: Any) -> None:
         """A node view changed: its planner shape and fragmentation again."""
@@ -125,9 +128,13 @@ class RebalanceSim(Sim):
     def __init__(self, *args: Any, max_moves: int = MAX_MOVES, incremental_moves: bool = True,
                  frag_threshold: float | None = None, frag_moves: int | None = None, frag_idle: bool = False,
                  interval_s: float = INTERVAL_S, cooldown_s: float = COOLDOWN_S, frag_wait_s: float = FRAG_WAIT_S,
-                 **kw: Any):
+                 aged_plans: int = 0, age_s: float = 0.0, **kw: Any):
         super().__init__(*args, **kw)
         self.max_moves = max_moves
+        #: plans per capacity event for the longest-waiting multi-GPU blocks (waited ``age_s`` at
+        #: least), after the head's: blocks behind the head (lower priority) get room made too
+        self.aged_plans, self.age_s = aged_plans, age_s
+        self.aged_moves = 0
         #: the worker's periodic round (None: not modelled): its threshold, its moves per call,
         #: AIOS_REBALANCE_FRAG_IDLE, its interval and its cooldown
         self.frag_threshold, self.frag_idle = frag_threshold, frag_idle
@@ -290,6 +297,28 @@ class RebalanceSim(Sim):
             await self.drain_pending(now)
 
     async def drain_pending(self, now: float) -> None:
+        await self.drain_head(now)
+        if self.aged_plans > 0:
+            await self.drain_aged(now)
+
+    async def drain_aged(self, now: float) -> None:
+        """Up to ``aged_plans`` plans for the multi-GPU blocks that have waited longest (at least
+        ``age_s``), in the order they came, wherever they are in the queue."""
+        aged = sorted((j for j in self.pending.values() if j.timed.task.num_gpu > 1 and now - j.since >= self.age_s),
+                      key=lambda j: (j.since, block_id(j.timed.task)))
+        plans = 0
+        for j in aged:
+            if plans >= self.aged_plans:
+                return
+            if self.key(j) in self.no_moves or block_id(j.timed.task) not in self.pending:
+                continue
+            plans += 1
+            before = self.moves
+            if await self.moves_for(j, now):
+                self.aged_moves += self.moves - before
+                await super().drain(now)
+
+    async def drain_head(self, now: float) -> None:
         await super().drain(now)
         plans = 0
         while self.pending and plans < MAX_PLANS:

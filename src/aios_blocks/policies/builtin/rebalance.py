@@ -72,6 +72,22 @@ from .. import topology as topo_mod
 from .frag import UNITS, Workload
 from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
 from .preempt import placement as _placement
+from .rebalance_dests import DestCache, _count, _Counts, _Dests, _entry, _left, _model, _on
+
+__all__ = [
+    "UNITS",
+    "Cluster",
+    "DestCache",
+    "Inst",
+    "Move",
+    "_Counts",
+    "_count",
+    "_entry",
+    "_on",
+    "plan",
+    "plan_fragmentation",
+    "plan_pending",
+]
 
 DEFAULT_MAX_MOVES = 8
 #: source nodes looked at per room to free (the fewest GPUs short first)
@@ -142,14 +158,6 @@ def _copy(n: _Node) -> _Node:
     return _Node(n.cpu, n.mem, {g: list(v) for g, v in n.gpus.items()})
 
 
-def _left(n: _Node) -> tuple[int, ...]:
-    return tuple(max(0, min(UNITS, round(v[1] * UNITS))) for v in n.gpus.values())
-
-
-def _model(n: _Node) -> str:
-    return str(next(iter(n.gpus.values()))[0]) if n.gpus else ""
-
-
 class Prepared(Protocol):
     """What a caller that keeps the planner's input incrementally (``trace/online_rebalance.py``
     ``MoveIndex``) hands ``plan`` instead of having it parse the input again: it must be what
@@ -165,6 +173,9 @@ class Prepared(Protocol):
     def movable(self, ceiling: int | None) -> tuple[list[Inst], dict[str, int]]:
         """``movable(input, ceiling)``."""
         ...
+
+    # optional: ``dest_cache``, a ``DestCache`` the plans on it share (its nodes replaced, not
+    # changed in place, when their state changes: the cache keys on the state object)
 
 
 #: a node without a topology: the worst tier (``_reaches``: a node that reports none cannot say it can)
@@ -335,106 +346,6 @@ def _prefer_of(c: Mapping[str, Any]) -> dict[str, float] | None:
     return {str(k): float(v) for k, v in got.items()} if isinstance(got, Mapping) and got else None
 
 
-def _on(nodes: Mapping[str, _Node], room: frozenset[str] | None) -> Mapping[str, _Node]:
-    """The nodes a pending block may use (``room``: its targets; None: all)."""
-    return nodes if room is None else {nid: n for nid, n in nodes.items() if nid in room}
-
-
-def _count(nodes: Mapping[str, _Node], need: Need) -> int:
-    """How many instances of ``need`` the cluster takes (at most its gang)."""
-    got = 0
-    for n in nodes.values():
-        got += node_fits(n, need, need.count - got)
-        if got >= need.count:
-            break
-    return got
-
-
-#: where an instance goes: (node, its GPUs there, its fragmentation there after minus before)
-_Dest = tuple[str, tuple[str, ...], float]
-
-
-def _entry(c: Cluster, nid: str, n: _Node, i: Inst) -> tuple[float, float, str, tuple[str, ...]] | None:
-    """Node ``nid`` (state ``n``) as a destination of ``i``: (its fragmentation there after minus
-    before, minus its block's score there, the node, the GPUs it takes), None when it may not go
-    there. Where it goes is the node of the least of these (``_Dests``)."""
-    gpus = c.pick_on(nid, n, i)
-    if gpus is None:
-        return None
-    if n.gpus:  # the node's fragmentation with the instance on it, without copying the node
-        units = max(0, min(UNITS, round(i.share * UNITS)))
-        left = _left(n)
-        taken = set(gpus)
-        after = tuple(max(0, x - units) if g in taken else x for g, x in zip(n.gpus, left, strict=True))
-        d = c.wl.frag(_model(n), n.cpu - i.cpu, after) - c.wl.frag(_model(n), n.cpu, left)
-    else:
-        d = 0.0
-    return (d, -i.score(nid), nid, gpus)
-
-
-class _Dests:
-    """Where instances go from the nodes of one planning step (``base``, never changed while it is
-    used), ranked once per ``Inst.dest_key`` instead of every node tried per instance: the answer
-    for a subset's later instance, once earlier ones took room on a few nodes (``changed``), is
-    the best ranked node not changed, or one of the changed ones measured again. ``entries``
-    (shared by the steps of one plan) keeps each node's entry per key while the node's state is
-    the same object (the planner copies a node it changes)."""
-
-    def __init__(self, c: Cluster, base: Mapping[str, _Node],
-                 entries: dict[tuple[Any, str], tuple[_Node, Any]]):
-        self.c, self.base, self.entries = c, base, entries
-        self.ranked: dict[tuple[Any, ...], list[tuple[float, float, str, tuple[str, ...]]]] = {}
-
-    def _ranked(self, i: Inst) -> list[tuple[float, float, str, tuple[str, ...]]]:
-        key = i.dest_key
-        got = self.ranked.get(key)
-        if got is None:
-            got = []
-            for nid, n in self.base.items():
-                known = self.entries.get((key, nid))
-                if known is None or known[0] is not n:
-                    known = (n, _entry(self.c, nid, n, i))
-                    self.entries[(key, nid)] = known
-                if known[1] is not None:
-                    got.append(known[1])
-            got.sort(key=lambda e: e[:3])
-            self.ranked[key] = got
-        return got
-
-    def find(self, nodes: Mapping[str, _Node], i: Inst, avoid: set[str], changed: Iterable[str] = ()) -> _Dest | None:
-        """The node of ``nodes`` (not in ``avoid``, not the instance's own) where the instance
-        fragments least: (node, GPUs, its fragmentation there after minus before), or None when it
-        fits nowhere else; ``nodes`` is ``base`` but for the nodes ``changed``. The same answer as
-        measuring every node (tests/unit/test_rebalance_search.py)."""
-        changed = set(changed)
-        skip = avoid | changed | {i.node}
-        best = next((e for e in self._ranked(i) if e[2] not in skip), None)
-        for nid in changed:
-            if nid in avoid or nid == i.node:
-                continue
-            e = _entry(self.c, nid, nodes[nid], i)
-            if e is not None and (best is None or e[:3] < best[:3]):
-                best = e
-        return None if best is None else (best[2], best[3], best[0])
-
-
-class _Counts:
-    """``_count(_on(nodes, room), need)`` where ``nodes`` is ``base`` but for a few nodes: the
-    base's count per node made once per planning step."""
-
-    def __init__(self, base: Mapping[str, _Node], room: frozenset[str] | None, need: Need):
-        self.base, self.room, self.need = base, room, need
-        self.per = {nid: node_fits(n, need, need.count) for nid, n in _on(base, room).items()}
-        self.total = sum(self.per.values())
-
-    def count(self, nodes: Mapping[str, _Node], changed: Iterable[str]) -> int:
-        got = self.total
-        for nid in set(changed):
-            if nid in self.per:
-                got += node_fits(nodes[nid], self.need, self.need.count) - self.per[nid]
-        return min(self.need.count, got)
-
-
 def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapping[str, int], size: int, before: int,
                search: _Search | None = None, bound: tuple[Any, ...] | None = None,
                ) -> tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None:
@@ -443,20 +354,15 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
     moves, the nodes after), or None. ``search``: the step's destinations and counts (made here
     when not given); ``bound``: the best plan's rank found so far (``plan_pending``'s, the
     source's room score first): a subset whose rank cannot be lower is not tried."""
-    _, cpu, mem = _short_of(c.nodes[src], need)
-
-    def frees(i: Inst) -> float:  # of the CPU and memory the source is short of, what the instance frees
-        return (min(1.0, i.cpu / cpu) if cpu > 0 else 0.0) + (min(1.0, i.memory / mem) if mem > 0 else 0.0)
-
-    # smallest, then (where CPU or memory is short) the most of it first, lowest, youngest: the
-    # subsets tried (at most SUBSETS per size) are the ones that free what blocks the pending block
-    order = sorted(insts, key=lambda i: (i.gpu_amount, -frees(i), i.priority, -i.created, i.iid))
-    if size > len(order) or _too_short(c.nodes[src], need, order, size):
+    s = search or _Search(c, need, DestCache())
+    o = s.source(c, need, src, insts)
+    if size > len(o.order) or o.too_short(size):
         return None
-    s = search or _Search(c, need, {})
     score = -c.room_score(src)
     best: tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None = None
-    for subset in itertools.islice(itertools.combinations(order, size), SUBSETS):
+    for subset in itertools.islice(itertools.combinations(o.order, size), SUBSETS):
+        if o.never_fits(subset):
+            continue  # freeing these alone makes no room on the source (below), known without a copy
         if not _within_budget(subset, budget):
             continue
         amount, prio = sum(i.gpu_amount for i in subset), max(i.priority for i in subset)
@@ -481,13 +387,61 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
     return best
 
 
+class _Source:
+    """A source of one planning step, as ``_free_room`` reads it at every size: its instances in
+    the order their subsets are tried, whether ``size`` of them are too few (``_too_short``), and
+    whether freeing a subset can make room on it at all."""
+
+    def __init__(self, n: _Node, need: Need, insts: list[Inst]):
+        _, cpu, mem = _short_of(n, need)
+
+        def frees(i: Inst) -> float:  # of the CPU and memory the source is short of, what the instance frees
+            return (min(1.0, i.cpu / cpu) if cpu > 0 else 0.0) + (min(1.0, i.memory / mem) if mem > 0 else 0.0)
+
+        # smallest, then (where CPU or memory is short) the most of it first, lowest, youngest: the
+        # subsets tried (at most SUBSETS per size) are the ones that free what blocks the pending block
+        self.order = sorted(insts, key=lambda i: (i.gpu_amount, -frees(i), i.priority, -i.created, i.iid))
+        self.n, self.need, self.cpu_short, self.mem_short = n, need, cpu, mem
+        self.gpus_short = _shortfall(n, need)
+        # the most ``size`` instances free (``_too_short``'s sums, in its order: the same floats)
+        self.most = [list(itertools.accumulate(sorted(xs, reverse=True)))
+                     for xs in ([len(i.gpus) for i in self.order], [i.cpu for i in self.order],
+                                [i.memory for i in self.order])]
+        # a whole-GPU need: the GPUs of its models free on the source; released ones add at most theirs
+        self.whole = need.gpus > 0 and need.share <= 0
+        self.free = need.gpus - self.gpus_short if self.whole and self.gpus_short != float("inf") else 0
+
+    def too_short(self, size: int) -> bool:
+        """``_too_short(n, need, order, size)``."""
+        g, c, m = (most[size - 1] for most in self.most)
+        return g < self.gpus_short or c < self.cpu_short - EPS or m < self.mem_short - EPS
+
+    def never_fits(self, subset: tuple[Inst, ...]) -> bool:
+        """Whether the source, these released, surely takes no instance of the need: fewer whole
+        GPUs free than it asks (each instance frees at most its own), or clearly too little CPU
+        or memory (a margin over the float sums ``Cluster.release`` makes)."""
+        if self.whole and self.free + sum(len(i.gpus) for i in subset) < self.need.gpus:
+            return True
+        n, need = self.n, self.need
+        return (need.cpu > 0 and n.cpu + sum(i.cpu for i in subset) < need.cpu * (1 - EPS) - 1e-6) or \
+            (need.memory > 0 and n.mem + sum(i.memory for i in subset) < need.memory * (1 - EPS) - 1e-6)
+
+
 class _Search:
     """What one planning step of ``plan_pending`` shares over its sources and subsets: the
-    destinations (``_Dests``) and the pending block's count (``_Counts``) on the step's nodes."""
+    destinations (``_Dests``), the pending block's count (``_Counts``) on the step's nodes, and
+    each source's order (``_Source``, made once for all sizes)."""
 
-    def __init__(self, c: Cluster, need: Need, entries: dict[tuple[Any, str], tuple[_Node, Any]]):
+    def __init__(self, c: Cluster, need: Need, entries: DestCache):
         self.dests = _Dests(c, c.nodes, entries)
         self.counts = _Counts(c.nodes, c.room, need)
+        self.sources: dict[str, _Source] = {}
+
+    def source(self, c: Cluster, need: Need, src: str, insts: list[Inst]) -> _Source:
+        got = self.sources.get(src)
+        if got is None or got.n is not c.nodes[src]:
+            got = self.sources[src] = _Source(c.nodes[src], need, insts)
+        return got
 
 
 def _loses(head: tuple[Any, ...], bound: tuple[Any, ...] | None, own: tuple[Any, ...] | None) -> bool:
@@ -595,12 +549,13 @@ def _best_step(c: Cluster, need: Need, on: Mapping[str, list[Inst]], budget: Map
 
 
 def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, int], max_moves: int,
-                 ) -> tuple[list[Move], str] | None:
-    """The moves (at most ``max_moves``) after which the whole gang fits, or None."""
+                 entries: DestCache | None = None) -> tuple[list[Move], str] | None:
+    """The moves (at most ``max_moves``) after which the whole gang fits, or None (``entries``:
+    the destinations' cache, kept across plans by a ``Prepared``; else the plan's own)."""
     moves: list[Move] = []
     where = {i.iid: i for i in insts}
     budget = dict(budget)
-    entries: dict[tuple[Any, str], tuple[_Node, Any]] = {}  # the destinations' cache over the steps
+    entries = DestCache() if entries is None else entries  # the destinations' cache over the steps
     while not _placement(_on(c.nodes, c.room), need):
         left = max_moves - len(moves)
         if left <= 0:
@@ -619,12 +574,13 @@ def plan_pending(c: Cluster, need: Need, insts: list[Inst], budget: dict[str, in
     return moves, ""
 
 
-def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], max_moves: int) -> list[Move]:
+def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], max_moves: int,
+                       entries: DestCache | None = None) -> list[Move]:
     """Greedy: the move that lowers the cluster's fragmentation most per GPU moved, while one does."""
     moves: list[Move] = []
     where = {i.iid: i for i in insts}
     budget = dict(budget)
-    entries: dict[tuple[Any, str], tuple[_Node, Any]] = {}
+    entries = DestCache() if entries is None else entries
     while len(moves) < max_moves:
         dests = _Dests(c, c.nodes, entries)
         best: tuple[tuple[Any, ...], Move, _Node, _Node] | None = None
@@ -692,6 +648,8 @@ class _Parsed:
     frags: Mapping[str, tuple[_Node, float]]
     topology: dict[str, Mapping[str, Any]]
     movable_of: Callable[[int | None], tuple[list[Inst], dict[str, int]]]
+    #: the destinations' cache kept across plans (``Prepared.dest_cache``), or None (each plan its own)
+    entries: DestCache | None = None
 
     def cluster(self) -> Cluster:
         """A fresh cluster to plan on (its own node map)."""
@@ -710,7 +668,8 @@ def _parse(input_data: Mapping[str, Any], needs: list[Need], prepared: Prepared 
         wl = workload_of(input_data.get("workload"), needs, insts_all)
         movable_of = functools.partial(movable, input_data)
     topology = {str(k): v for k, v in (input_data.get("topology") or {}).items() if isinstance(v, Mapping)}
-    return _Parsed(nodes, wl, frags, topology, movable_of)
+    entries = getattr(prepared, "dest_cache", None)
+    return _Parsed(nodes, wl, frags, topology, movable_of, entries if isinstance(entries, DestCache) else None)
 
 
 def _try_pending(src: _Parsed, p: Mapping[str, Any], need: Need, k: int, before: float,
@@ -724,7 +683,7 @@ def _try_pending(src: _Parsed, p: Mapping[str, Any], need: Need, k: int, before:
     insts, budget = src.movable_of(int(p.get("priority") or 0))
     c = src.cluster()
     c.room, c.prefer = room, _prefer_of(p) or {}
-    found = plan_pending(c, need, insts, budget, k)
+    found = plan_pending(c, need, insts, budget, k, src.entries)
     if found is None:
         return c, f"{bid} does not fit after {k} move(s) or fewer"
     moves, _ = found
@@ -756,7 +715,7 @@ def plan(input_data: Mapping[str, Any], max_moves: int | None = None, prepared: 
         return _output([], src.nodes, c, before, "; ".join(why) or "no pending block")
     insts, budget = src.movable_of(None)
     c = src.cluster()
-    moves = plan_fragmentation(c, insts, budget, k)
+    moves = plan_fragmentation(c, insts, budget, k, src.entries)
     reason = (f"{len(moves)} move(s) lower the fragmentation from {before:.1f} to {c.total():.1f}" if moves
               else "no move lowers the cluster's fragmentation")
     return _output(moves, src.nodes, c, before, "; ".join([*why, reason]))
