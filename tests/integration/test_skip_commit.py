@@ -174,3 +174,19 @@ async def test_a_round_chosen_but_not_stored_is_stored_by_its_timer(rig: tuple[W
     assert await w.store.gather_claim_due(time.time() + 7200) == ([], None)
     await _handle(w, phase)  # the delivery comes back after all: nothing twice
     assert await _stored(client) == STEPS
+
+
+async def test_a_commit_slower_than_the_timer_s_net_stores_nothing_twice(rig: tuple[Worker, Client]) -> None:
+    w, client = rig
+    await _new_block(w)
+    with outbox(defer=bool(w.bus.atomic_streams)) as box:  # the handler done, its batch not committed yet
+        await gateway.on_parsed(w, _parsed())
+    fired, _ = await gateway.fire_due(w, now=time.time() + 3600)  # past the net: the timer takes the round
+    assert fired == 1 and await _stored(client) == STEPS  # the recorded selection first
+    assert await w.bus.commit([box.deferred], 10.0) == [""]  # the batch's commit at last: duplicates dropped
+    for effect in box.then:
+        await effect()
+    assert await _stored(client) == STEPS
+    block = await _block(w)
+    assert block["status"] == "allocating" and block["cluster"] == "c0", block
+    assert await w.store.gather_claim_due(time.time() + 7200) == ([], None)
