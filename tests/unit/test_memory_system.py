@@ -307,7 +307,9 @@ async def test_a_gateway_that_stops_after_deciding_is_finished_by_the_rounds_tim
     recorded outcome, published once)."""
     import time
 
-    async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05)) as s:
+    # the one cluster is asked its dry_run (``dry_run_single``): the decision is the answer's
+    # handler's, not the parsed handler's (a skipped round's, tests/integration/test_skip_commit.py)
+    async with MemorySystem.open(Settings(sim_start_delay_s=0, dry_run_deadline_s=0.05, dry_run_single=True)) as s:
         await s.add_component()
         await s.add_sim_cluster("c1", nodes=2, gpus=2)
         i = next(i for i, (spec, _) in enumerate(s.bindings) if E.block_dry_run_result.filter() in spec.core_filters)

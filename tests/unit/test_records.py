@@ -100,8 +100,12 @@ def test_a_gather_has_the_fields_gather_record_names() -> None:
     from aios_blocks.schemas.records import GatherRecord
     from aios_blocks.state.gathers import _gather
 
-    g = _gather({"expected": '["c1"]', "deadline": "5.5", "r:c1": '{"score": 1.0}', "decided": "t", "at": "7"})
+    g = _gather({"expected": '["c1"]', "deadline": "5.5", "r:c1": '{"score": 1.0}', "decided": "t", "at": "7",
+                 "selection": '{"block_id": "b"}'})
     assert set(g) == set(GatherRecord.__annotations__) and g["results"] == {"c1": {"score": 1.0}}
+    assert g["selection"] == '{"block_id": "b"}'
+    # a round that asked its dry_runs keeps no selection in its gather (only a skipped one does)
+    assert "selection" not in _gather({"expected": '["c1"]', "deadline": "5.5", "decided": "t", "at": "7"})
 
 
 def test_affinity_term_names_every_field_of_an_affinity_entry() -> None:
