@@ -207,3 +207,28 @@ def test_a_share_is_not_charged_for_space_the_nodes_cpus_had_already_left_to_no_
 
     assert score(shareCpu=1) - score() == pytest.approx(10 * 1000 * (0.5 - 1 / 3), abs=1e-2)
     assert score() == score(shareCpu=2)
+
+
+def test_a_loss_is_computed_on_its_first_use_only_and_as_the_whole_table_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a node state new to a shape asks one free amount's loss: the entry, not the 1,001 of the
+    # table (each a _loss call: ~1 ms per new table on a live create's path)
+    prices = SharePrices(DEFAULT_SHARES, cpus={810: 8, 470: 4, 320: 2})
+    calls: list[tuple[int, int]] = []
+    plain = SharePrices._loss
+
+    def counted(self: SharePrices, free: int, units: int, after: list[float], before: list[float]) -> float:
+        calls.append((free, units))
+        return plain(self, free, units, after, before)
+
+    monkeypatch.setattr(SharePrices, "_loss", counted)
+    first = prices.loss(530, 320, cpu_after=3.0, cpu_before=9.0)
+    assert calls == [(530, 320)]
+    assert prices.loss(530, 320, cpu_after=3.0, cpu_before=9.0) == first and calls == [(530, 320)]
+    assert prices.loss(200, 320, cpu_after=3.0, cpu_before=9.0) == 0.0 and calls == [(530, 320)]  # under the share
+    # every entry as the whole table computed it
+    for cpu_after, cpu_before in ((3.0, 9.0), (None, None), (1.0, 4.0)):
+        phi, had = prices.phi_at(prices.level(cpu_after)), prices.phi_at(prices.level(cpu_before))
+        for units in (320, 470, 400):
+            table = [plain(prices, h, units, phi, had) if h >= units else 0.0 for h in range(1001)]
+            assert [prices.loss(h, units, cpu_after, cpu_before) for h in range(1001)] == table
+            assert prices.loss(1500, units, cpu_after, cpu_before) == table[1000]

@@ -127,7 +127,8 @@ class SharePrices:
         sizes = sorted(self.prices)
         self.phi, _ = best_fill(sizes, [self.prices[s] for s in sizes], UNITS)
         self._sizes = sizes
-        self._losses: dict[Any, list[float]] = {}
+        #: (share, CPU levels after, before) -> (each free amount's loss, None until asked; phi after; phi before)
+        self._losses: dict[Any, tuple[list[float | None], list[float], list[float]]] = {}
         #: each size's fewest CPUs (0: unknown, any node can take it)
         self.cpus = {s: float((cpus or {}).get(s, 0.0)) for s in sizes}
         #: the distinct CPU thresholds, ascending; level i: the sizes asking at most levels[i] CPUs
@@ -147,15 +148,21 @@ class SharePrices:
         idle GPU is worth 1); with ``cpu_after`` (the node's CPUs once the share is placed) what
         it leaves is worth only what the sizes those CPUs can take fill; with ``cpu_before``
         (the node's CPUs before) what the GPU had free is worth only what the sizes those CPUs
-        can take fill (an idle GPU still 1). A table per share size (and CPU levels), made on its
-        first use."""
+        can take fill (an idle GPU still 1). A table per share size (and CPU levels), each free
+        amount's entry computed on its first use: a node state new to a shape asks one or two of
+        the 1,001 (filling them all at once cost ~1 ms per new table, on a live create's path)."""
         after, before = self.level(cpu_after), self.level(cpu_before)
-        table = self._losses.get((units, after, before))
+        key = (units, after, before)
+        table = self._losses.get(key)
         if table is None:
-            phi, had = self.phi_at(after), self.phi_at(before)
-            table = self._losses[(units, after, before)] = [self._loss(h, units, phi, had) if h >= units else 0.0
-                                                            for h in range(UNITS + 1)]
-        return table[min(free, UNITS)]
+            table = self._losses[key] = ([None] * (UNITS + 1), self.phi_at(after), self.phi_at(before))
+        h = min(free, UNITS)
+        if h < 0:  # as the whole table's negative index read (never asked: a GPU's free share)
+            h += UNITS + 1
+        got = table[0][h]
+        if got is None:
+            got = table[0][h] = self._loss(h, units, table[1], table[2]) if h >= units else 0.0
+        return got
 
     def stranded(self, left: Sequence[int], cpu_before: float, cpu_after: float, skip: int = -1) -> float:
         """GPUs' worth lost on a node's partly used GPUs (free thousandths ``left``, but the one at
