@@ -104,3 +104,81 @@ def test_a_new_shape_scores_each_node_state_once() -> None:
     second = policy._pick(nodes, set(nodes), needs, set(), "s")
     assert second is not None and calls[0] == first[0] and calls[1:] in ([], [second[0]])
     assert second == policy._pick(_annotated(nodes), set(nodes), needs, set(), "s")
+
+
+class _Score:
+    """A state's score that counts its comparisons (equal scores from different states too)."""
+
+    compared = 0
+
+    def __init__(self, v: float) -> None:
+        self.v = v
+
+    def __hash__(self) -> int:
+        return hash(self.v)
+
+    def __eq__(self, other: object) -> bool:
+        _Score.compared += 1
+        return isinstance(other, _Score) and self.v == other.v
+
+    def __lt__(self, other: _Score) -> bool:
+        _Score.compared += 1
+        return self.v < other.v
+
+
+def test_a_full_pass_orders_the_nodes_by_state_score_then_tie_without_sorting_every_node() -> None:
+    # a shape's first pass over 600 nodes in 6 states (two pairs of them scoring alike): the nodes
+    # in the view's tie order (Nodes.tie_order, made once, kept for every shape) bucketed by
+    # score, the few scores sorted; the same order as sorting ((score, *tie), id), which compares
+    # scores ~n log n times (thousands) where the buckets compare them a few dozen times
+    from aios_blocks.policies.views import Ranked, state_id
+
+    rng = random.Random(7)
+    templates = [{"cpu": c, "memory": 65536, "gpus": 2, "model": "A"} for c in (4, 8, 12, 16, 20, 24)]
+    nodes = capacity.Nodes({f"n{i:03d}": _view(f"n{i:03d}", rng.choice(templates)) for i in range(600)})
+    values = {8: 0.5, 12: 0.5, 16: 0.25, 20: 0.75, 24: 0.75}  # cpu 4: does not fit
+    by_sid = {state_id(v): values.get(v["cpu_free"]) for v in nodes.values()}
+
+    def fits(v: dict[str, Any]) -> Any:
+        return v["gpus"] if v["cpu_free"] > 4 else None
+
+    def score(v: dict[str, Any]) -> _Score:
+        return _Score(values[v["cpu_free"]])
+
+    def tie(nid: str) -> tuple[int, str]:
+        return (hash(("seed", nid)) % 97, nid)
+
+    index = Ranked(nodes, "fits-t", fits, "rank-t", None, by_state=(score, tie))
+    _Score.compared = 0
+    index.update()
+    assert _Score.compared < 60
+    want = sorted(((by_sid[state_id(v)], *tie(nid)), nid) for nid, v in nodes.items() if v["cpu_free"] > 4)
+    assert [(r[0].v, *r[1:], nid) for r, nid in index.order] == [(*r, nid) for r, nid in want]
+    assert nodes.tie_order(tie) is nodes.tie_order(tie)  # kept while no id is added or removed
+    # changes caught up one by one, then a node added: its index and a new one agree with a sort
+    nodes["n000"] = _view("n000", templates[3])
+    nodes["n600"] = _view("n600", templates[5])
+    index.update()
+    fresh = Ranked(nodes, "fits-t", fits, "rank-t", None, by_state=(score, tie))
+    fresh.update()
+    by_sid = {state_id(v): values.get(v["cpu_free"]) for v in nodes.values()}
+    want = sorted(((by_sid[state_id(v)], *tie(nid)), nid) for nid, v in nodes.items() if v["cpu_free"] > 4)
+    for got in (index, fresh):
+        assert [(r[0].v, *r[1:], nid) for r, nid in got.order] == [(*r, nid) for r, nid in want]
+
+
+def test_a_full_pass_with_scores_no_bucket_can_key_sorts_as_before() -> None:
+    # unhashable scores (a list) and a NaN: the plain sort of every node, as before the buckets
+    from aios_blocks.policies.views import Ranked
+
+    nodes = capacity.Nodes({f"n{i}": _view(f"n{i}", {"cpu": 8 + i % 3, "memory": 65536, "gpus": 1, "model": "A"})
+                            for i in range(30)})
+    for make in (lambda c: [c % 2, c], lambda c: float("nan") if c == 9 else float(c)):
+        index = Ranked(nodes, ("fits-u", id(make)), lambda v: v["gpus"], "rank-u", None,
+                       by_state=(lambda v, make=make: make(v["cpu_free"]), lambda nid: (len(nid), nid)))
+        index.update()
+        # the old pass: each state's nodes in turn (a NaN's place depends on that order), one sort
+        plain = [((make(nodes[nid]["cpu_free"]), len(nid), nid), nid) for members in nodes.states().values()
+                 for nid in members]
+        plain.sort()
+        assert [nid for _r, nid in index.order] == [nid for _r, nid in plain]

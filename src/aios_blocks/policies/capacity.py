@@ -269,7 +269,7 @@ class Nodes(dict[str, NodeView]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_states", "_totals", "_witness")
+    __slots__ = ("_base", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_states", "_ties", "_totals", "_witness")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -290,6 +290,8 @@ class Nodes(dict[str, NodeView]):
         self._states: States | None = None
         # (version, the healthy nodes' ids sorted, the same as a set): ``healthy_ids``
         self._healthy: tuple[int, list[str], set[str]] | None = None
+        # per tie function: (the ``ids()`` it was made from, the ids in tie order): ``tie_order``
+        self._ties: dict[Any, tuple[list[str], list[str]]] = {}
 
     def ids(self) -> list[str]:
         """``list(self)`` (insertion order), cached until an id is added or removed: replacing a
@@ -306,6 +308,25 @@ class Nodes(dict[str, NodeView]):
         if self._states is None:
             self._states = States(self)
         return self._states.update()
+
+    def state_ids(self) -> dict[str, int]:
+        """Each node's state id (``views.state_id``), caught up as :meth:`states` (callers must not
+        change it)."""
+        self.states()
+        assert self._states is not None
+        return self._states.of
+
+    def tie_order(self, tie: Any) -> list[str]:
+        """The ids sorted by ``(tie(id), id)``, made once per ``tie`` (a policy's ``_tie``: it
+        reads the id alone) and kept until an id is added or removed: every shape's full pass of
+        ``views.Ranked`` walks it instead of sorting every node again (callers must not change it)."""
+        ids = self.ids()
+        hit = self._ties.get(tie)
+        if hit is None or hit[0] is not ids:
+            if hit is None and len(self._ties) >= 8:
+                self._ties.clear()
+            hit = self._ties[tie] = (ids, sorted(ids, key=lambda nid: (tie(nid), nid)))
+        return hit[1]
 
     def positions(self) -> dict[str, int]:
         """Each id's index in ``ids()``, cached the same way."""

@@ -188,8 +188,16 @@ class Ranked:
                     order.append((r, nid))
         else:  # each state scored once, its nodes ranked by their ties
             tie = self.tie
+            knowns: dict[int, Any] = {}
             for sid, members in ref.states().items():
                 known = self._known(sid, ref[next(iter(members))])
+                if known is not _NO_FIT:
+                    knowns[sid] = known
+            if self._by_buckets(ref, knowns, entries, order):
+                self.entries, self.order = entries, order
+                return
+            for sid, members in ref.states().items():
+                known = knowns.get(sid, _NO_FIT)
                 if known is _NO_FIT:
                     continue
                 for nid in members:
@@ -198,3 +206,43 @@ class Ranked:
                     order.append((r, nid))
         order.sort()
         self.entries, self.order = entries, order
+
+    def _by_buckets(self, ref: Any, knowns: dict[int, Any], entries: dict[str, tuple[NodeView, Any]],
+                    order: list[tuple[Any, str]]) -> bool:
+        """A full pass's ``order`` (and ``entries``) without sorting every node: the view's ids in
+        tie order (``Nodes.tie_order``, kept while no id is added or removed: the same for every
+        shape) put in buckets of equal state score, the few distinct scores sorted (each state's
+        score hashed once, not each node's). The same list
+        as sorting ``((score, *tie(id)), id)``: a tie is unique per id (it ends with the id).
+        False (nothing filled) when a score cannot key a bucket (unhashable, or not equal to
+        itself: a NaN, which the sort orders its own way)."""
+        groups: dict[Any, list[int]] = {}  # score -> its states
+        try:
+            for sid, known in knowns.items():
+                group = groups.get(known)
+                if group is None:
+                    groups[known] = [sid]
+                else:
+                    group.append(sid)
+        except TypeError:
+            return False
+        if any(k != k for k in groups):
+            return False
+        slot: dict[int, int] = {}  # state -> its score's place among the distinct scores
+        ranked = sorted(groups)
+        for i, k in enumerate(ranked):
+            for sid in groups[k]:
+                slot[sid] = i
+        buckets: list[list[str]] = [[] for _ in ranked]
+        of = ref.state_ids()
+        for nid in ref.tie_order(self.tie):
+            at = slot.get(of[nid])
+            if at is not None:
+                buckets[at].append(nid)
+        tie = self.tie
+        for bucket in buckets:
+            for nid in bucket:
+                r = (knowns[of[nid]], *tie(nid))
+                entries[nid] = (ref[nid], r)
+                order.append((r, nid))
+        return True
