@@ -368,23 +368,32 @@ def _free_room(c: Cluster, need: Need, src: str, insts: list[Inst], budget: Mapp
         amount, prio = sum(i.gpu_amount for i in subset), max(i.priority for i in subset)
         if _loses((score, size, amount, prio), bound, best and best[0]):
             continue
-        nodes = dict(c.nodes)
-        src_node = nodes[src] = _copy(c.nodes[src])
-        for i in subset:
-            Cluster.release(src_node, i)
-        if node_fits(src_node, need, 1) < 1 and s.counts.count(nodes, (src,)) <= before:
-            continue  # freeing these alone makes no room: the source never takes one more
-        src_saved = c.frag(src) - c.frag(src, src_node)
-        placed = _send_away(s.dests, nodes, subset, src)
-        if placed is None or s.counts.count(nodes, (src, *(m.to for m in placed[0]))) <= before:
-            continue
-        moves, cost = placed
-        if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
-            continue
-        rank = (size, amount, prio, cost - src_saved, tuple(sorted(i.iid for i in subset)))
-        if best is None or rank < best[0]:
-            best = (rank, moves, nodes)
+        got = _try_subset(c, s, need, src, subset, before, (size, amount, prio))
+        if got is not None and (best is None or got[0] < best[0]):
+            best = got
     return best
+
+
+def _try_subset(c: Cluster, s: _Search, need: Need, src: str, subset: tuple[Inst, ...], before: int,
+                head: tuple[int, float, int]) -> tuple[tuple[Any, ...], list[Move], dict[str, _Node]] | None:
+    """``_free_room``'s one subset, on a copy of the source: (rank, moves, the nodes after) when
+    moving it makes room for one more instance of ``need`` (the cluster takes ``before`` now) and
+    the targets gain less fragmentation than the source loses, else None. ``head``: the rank's
+    (size, GPU amount, priority)."""
+    nodes = dict(c.nodes)
+    src_node = nodes[src] = _copy(c.nodes[src])
+    for i in subset:
+        Cluster.release(src_node, i)
+    if node_fits(src_node, need, 1) < 1 and s.counts.count(nodes, (src,)) <= before:
+        return None  # freeing these alone makes no room: the source never takes one more
+    src_saved = c.frag(src) - c.frag(src, src_node)
+    placed = _send_away(s.dests, nodes, subset, src)
+    if placed is None or s.counts.count(nodes, (src, *(m.to for m in placed[0]))) <= before:
+        return None
+    moves, cost = placed
+    if cost > src_saved + EPS:  # the targets would gain more fragmentation than the source loses
+        return None
+    return (*head, cost - src_saved, tuple(sorted(i.iid for i in subset))), moves, nodes
 
 
 class _Source:
