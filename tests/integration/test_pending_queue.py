@@ -182,6 +182,9 @@ async def test_a_waiting_block_is_placed_when_a_cluster_is_added(quick_queue: No
     await c.add_sim_cluster("c2", nodes=1, gpus=2)
     block = await status_of(system, "b", "ready")
     assert block["cluster"] == "c2"
+    assert not block.get("reason"), block  # the wait's reason went with the wait (`blocks list` showed it)
+    rep = await check(c.bus, c.store, settled=False)  # and the stream's fold agrees (no reason either)
+    assert not rep.violations and rep.redis_digest == rep.stream_digest, (rep.violations, rep.diff)
 
 
 async def test_a_waiting_block_grows_its_virtual_cluster_and_is_placed_there(quick_queue: None, system: System) -> None:

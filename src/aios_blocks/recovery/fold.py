@@ -211,7 +211,7 @@ class Fold(Projection):
         if b is not None and b.get("status") == "parsed":
             b["attempt"] = str(d.attempt)
         elif b is not None and b.get("status") == "pending":  # the queue walker's retry (workers/queue.py)
-            self._step(bid, d.gen, lc.Step.RETRY, attempt=str(d.attempt), preempting="")
+            self._step(bid, d.gen, lc.Step.RETRY, attempt=str(d.attempt), preempting="", reason="")
         else:
             self._step(bid, d.gen, lc.Step.RESELECT, attempt=str(d.attempt))
 

@@ -302,7 +302,9 @@ class QueueWalker:
             # victim's removal) must not give it to the victims or the blocks behind it
             await Nominations(self.w.store.r).nominate(bid, gen, (plan.get("output") or {}).get("victims") or {},
                                                        time.time() + hq.NOMINATION_S)
-        ok, info = await self.w.store.transition(bid, gen, Step.RETRY, attempt=str(n), preempting="")
+        # its waiting reason goes with the wait (``blocks list``/``get`` showed a placed block's old
+        # "no cluster passed ..."); a wait again sets its own
+        ok, info = await self.w.store.transition(bid, gen, Step.RETRY, attempt=str(n), preempting="", reason="")
         if ok:
             await PreemptPlans(self.w.store.r).drop(bid)  # its preemption is over: a later one is a new plan
             log.info("queue.retry", block=bid, gen=gen, attempt=n, fits=cid)
