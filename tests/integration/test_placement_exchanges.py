@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -27,30 +26,11 @@ from aios_blocks.workers import controller
 from aios_blocks.workers.base import Worker
 
 from ..unit.views import make_ir
+from .test_create_exchanges import Exchanges, _noted
 
 pytestmark = pytest.mark.integration
 
 BID = "px-1"
-Exchanges = list[list[tuple[str, str]]]
-
-
-def _noted(w: Worker) -> Exchanges:
-    """Note each exchange of ``w``'s Redis client: [(command, first key or script's first key)]."""
-    r: Any = w.store.r
-    seen: Exchanges = []
-    real = r._exchange
-
-    async def exchange(commands: list[Any]) -> list[Any]:
-        names = []
-        for args, _opts in commands:
-            name = str(args[0]).upper()
-            key = str(args[3]) if name == "EVALSHA" and len(args) > 3 else str(args[1]) if len(args) > 1 else ""
-            names.append((name, key))
-        seen.append(names)
-        return await real(commands)
-
-    r._exchange = exchange
-    return seen
 
 
 def _holding(seen: Exchanges, name: str, key: str) -> list[int]:
