@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ import pytest
 from aios_blocks.cli.client import TERMINAL, Client, event_kind
 from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
+from aios_blocks.schemas.spec import Cluster, Gpu, Node
+from aios_blocks.settings import Settings
+from aios_blocks.workers.base import Worker
 
 pytestmark = pytest.mark.integration
 
@@ -79,6 +83,26 @@ async def system(tmp_path: Path) -> AsyncIterator[System]:
         sup.stop()
         if servers:
             servers.stop()
+
+
+@asynccontextmanager
+async def worker_rig(tmp_path: Path, kind: str, settings: Settings | None = None,
+                     clusters: Sequence[str] = ()) -> AsyncIterator[tuple[Worker, Client]]:
+    """One worker of ``kind`` (its handlers called by the test, no runner) on embedded servers of
+    its own, a client, and per cluster id one node with one GPU (``{cid}-n0``, ``{cid}-g0``): the
+    rig of the single-worker tests. ``settings`` None: the worker's own (``settings.load()``)."""
+    servers = EmbeddedServers(data_dir=tmp_path).start()
+    w = await Worker.open(servers.nats_url, servers.redis_url, kind, settings=settings)
+    client = await Client.open(servers.nats_url, servers.redis_url)
+    try:
+        for cid in clusters:
+            await client.add_cluster(Cluster(id=cid))
+            await client.add_node(Node(id=f"{cid}-n0", cluster=cid, gpus=[Gpu(id=f"{cid}-g0")]))
+        yield w, client
+    finally:
+        await client.close()
+        await w.close()
+        servers.stop()
 
 
 async def gpu_usage(client: Client, cid: str) -> dict[str, int]:

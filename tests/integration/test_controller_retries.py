@@ -12,25 +12,19 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
 from aios_blocks.handlers.effects import Replace
-from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.workers import controller
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.effects import commit
+
+from .conftest import worker_rig
 
 BID = "retry-1"
 
 
 @pytest.fixture
 async def worker(tmp_path: Path) -> AsyncIterator[tuple[Worker, Client]]:
-    servers = EmbeddedServers(data_dir=tmp_path).start()
-    w = await Worker.open(servers.nats_url, servers.redis_url, "controller")
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    try:
-        yield w, client
-    finally:
-        await client.close()
-        await w.close()
-        servers.stop()
+    async with worker_rig(tmp_path, "controller") as got:
+        yield got
 
 
 async def _stored(client: Client, subject: str) -> int:

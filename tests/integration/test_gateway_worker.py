@@ -16,13 +16,12 @@ import pytest
 
 from aios_blocks.bus import subjects
 from aios_blocks.cli.client import Client
-from aios_blocks.runtime.embedded import EmbeddedServers
-from aios_blocks.schemas.spec import Cluster, Gpu, Node
 from aios_blocks.settings import Settings
 from aios_blocks.workers import gateway
 from aios_blocks.workers.base import Worker
 
 from ..unit.views import make_ir
+from .conftest import worker_rig
 
 pytestmark = pytest.mark.integration
 
@@ -31,19 +30,8 @@ BID = "gw-1"
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[tuple[Worker, Client]]:
-    servers = EmbeddedServers(data_dir=tmp_path).start()
-    w = await Worker.open(servers.nats_url, servers.redis_url, "gateway",
-                          settings=Settings(dry_run_deadline_s=5, dry_run_patience_s=60))
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    for cid in ("c0", "c1"):
-        await client.add_cluster(Cluster(id=cid))
-        await client.add_node(Node(id=f"{cid}-n0", cluster=cid, gpus=[Gpu(id=f"{cid}-g0")]))
-    try:
-        yield w, client
-    finally:
-        await client.close()
-        await w.close()
-        servers.stop()
+    async with worker_rig(tmp_path, "gateway", Settings(dry_run_deadline_s=5, dry_run_patience_s=60), ["c0", "c1"]) as got:
+        yield got
 
 
 async def _round(w: Worker, deadline: float, status: str = "selecting", attempt: int = 1) -> None:

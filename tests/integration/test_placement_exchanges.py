@@ -18,14 +18,13 @@ from aios_blocks.bus.nats_bus import outbox
 from aios_blocks.bus.router import Inbound
 from aios_blocks.bus.runner import Delivery
 from aios_blocks.cli.client import Client
-from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.events import AllocationRequest, InstanceCommand
-from aios_blocks.schemas.spec import Cluster, Gpu, Node
 from aios_blocks.settings import Settings
 from aios_blocks.workers import controller
 from aios_blocks.workers.base import Worker
 
 from ..unit.views import make_ir
+from .conftest import worker_rig
 from .test_create_exchanges import Exchanges, _noted
 
 pytestmark = pytest.mark.integration
@@ -40,18 +39,8 @@ def _holding(seen: Exchanges, name: str, key: str) -> list[int]:
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[tuple[Worker, Client]]:
-    servers = EmbeddedServers(data_dir=tmp_path).start()
-    settings = Settings(sim_start_delay_s=0)
-    w = await Worker.open(servers.nats_url, servers.redis_url, "controller", settings=settings)
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    await client.add_cluster(Cluster(id="c0"))
-    await client.add_node(Node(id="c0-n0", cluster="c0", gpus=[Gpu(id="c0-g0")]))
-    try:
-        yield w, client
-    finally:
-        await client.close()
-        await w.close()
-        servers.stop()
+    async with worker_rig(tmp_path, "controller", Settings(sim_start_delay_s=0), ["c0"]) as got:
+        yield got
 
 
 async def _allocate(w: Worker) -> Exchanges:

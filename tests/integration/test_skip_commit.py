@@ -24,14 +24,13 @@ from aios_blocks.bus.nats_bus import outbox
 from aios_blocks.bus.router import Inbound
 from aios_blocks.bus.runner import Delivery
 from aios_blocks.cli.client import Client
-from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.schemas.events import Parsed
-from aios_blocks.schemas.spec import Cluster, Gpu, Node
 from aios_blocks.settings import Settings
 from aios_blocks.workers import gateway
 from aios_blocks.workers.base import Worker
 
 from ..unit.views import make_ir
+from .conftest import worker_rig
 
 pytestmark = pytest.mark.integration
 
@@ -41,17 +40,9 @@ STEPS = ["selection", "post_dry_run", "allocation"]
 
 @pytest.fixture
 async def rig(tmp_path: Path) -> AsyncIterator[tuple[Worker, Client]]:
-    servers = EmbeddedServers(data_dir=tmp_path).start()
-    w = await Worker.open(servers.nats_url, servers.redis_url, "gateway", settings=Settings())
-    client = await Client.open(servers.nats_url, servers.redis_url)
-    await client.add_cluster(Cluster(id="c0"))  # the only candidate: the round asks no dry_run
-    await client.add_node(Node(id="c0-n0", cluster="c0", gpus=[Gpu(id="c0-g0")]))
-    try:
-        yield w, client
-    finally:
-        await client.close()
-        await w.close()
-        servers.stop()
+    # the one cluster is the only candidate: the round asks no dry_run
+    async with worker_rig(tmp_path, "gateway", Settings(), ["c0"]) as got:
+        yield got
 
 
 def _step(subject: str) -> str:
