@@ -28,7 +28,7 @@ from __future__ import annotations
 import bisect
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from ...schemas.records import GpuView, Needs, NodeView
@@ -204,15 +204,8 @@ class _FragBase(_ResourceAllocator):
             return found[0], capacity.derived(nodes[found[0]], score_key, score)[1]
         # annotated views (per-call copies): Required affinity filters, the same order picks
         best: tuple[Any, str] | None = None
-        for nid, node in nodes.items():
-            if nid not in healthy or nid in avoid:
-                continue
-            if not node["affinity"].get("pass", True):
-                continue
-            usable = capacity.derived(node, fits_key, fits)
-            if usable is None or len(usable) < count:
-                continue
-            r = rank(node)
+        for nid in _fitting(nodes, _passing(nodes, healthy, avoid), fits_key, fits, count):
+            r = rank(nodes[nid])
             if best is None or r < best[0]:
                 best = (r, nid)
         if best is None:
@@ -231,15 +224,10 @@ class _FragBase(_ResourceAllocator):
         if "affinity" not in next(iter(nodes.values()), {}):
             ids: Any = capacity.fit_index(nodes, needs, self.share).ids & healthy - avoid
         else:
-            ids = [nid for nid, n in nodes.items() if nid in healthy and nid not in avoid
-                   and n["affinity"].get("pass", True)]
+            ids = _passing(nodes, healthy, avoid)
         top, tied = -1, []
-        for nid in ids:
-            node = nodes[nid]
-            usable = capacity.derived(node, fits_key, fits)
-            if usable is None or len(usable) < count:
-                continue
-            q = self._integer(capacity.derived(node, score_key, score)[0])
+        for nid in _fitting(nodes, ids, fits_key, fits, count):
+            q = self._integer(capacity.derived(nodes[nid], score_key, score)[0])
             if q > top:
                 top, tied = q, [nid]
             elif q == top:
@@ -426,6 +414,19 @@ class FgdPolicy(_FragBase):
         """The artifact's FGD: ``int(100 x sigmoid((before - after) / 1000))`` for the growth
         ``after - before`` of the node's fragmentation (thousandths of a GPU)."""
         return fgd_integer(float(score))
+
+
+def _passing(nodes: dict[str, Any], healthy: set[str], avoid: set[str]) -> list[str]:
+    """An annotated view's healthy nodes, not avoided, that its Required affinity lets through."""
+    return [nid for nid, n in nodes.items() if nid in healthy and nid not in avoid and n["affinity"].get("pass", True)]
+
+
+def _fitting(nodes: dict[str, Any], ids: Iterable[str], fits_key: Any, fits: Any, count: int) -> Iterator[str]:
+    """Those of ``ids`` whose usable GPUs for the shape (``capacity.derived``) are ``count`` at least."""
+    for nid in ids:
+        usable = capacity.derived(nodes[nid], fits_key, fits)
+        if usable is not None and len(usable) >= count:
+            yield nid
 
 
 def fgd_integer(growth: float) -> int:
