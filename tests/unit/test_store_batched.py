@@ -57,6 +57,47 @@ async def test_block_and_instance_reads_the_block_and_that_one_instance() -> Non
     assert await st.block_and_instance("nope", "x") == (None, None)
 
 
+async def test_block_and_instances_reads_the_block_and_every_record() -> None:
+    st = store()
+    await st.create_block("b1", 7, "d", {"status": "placing", "ir": {"blockId": "b1"}})
+    a = {"node": "n1", "gpus": [], "cluster": "c1", "status": "starting", "action": "allocation"}
+    await st.put_instances("b1", {"b1-0": a, "b1-1": {**a, "node": "n2"}})
+    block, insts = await st.block_and_instances("b1")
+    assert block is not None and block["gen"] == 7 and block["status"] == "placing"
+    assert insts.one("b1-1") == {**a, "node": "n2"} and insts.one("b1-9") is None
+    assert dict(insts) == {"b1-0": a, "b1-1": {**a, "node": "n2"}}
+    block, insts = await st.block_and_instances("nope")
+    assert block is None and len(insts) == 0
+
+
+async def test_set_status_then_ready_takes_the_step_only_when_enough_run_of_the_expected_instances() -> None:
+    st = store()
+    a = {"node": "n1", "gpus": [], "cluster": "c1", "status": "starting", "action": "allocation"}
+    await st.create_block("b1", 7, "d", {"status": "placing", "ir": {"blockId": "b1"}})
+    await st.put_instances("b1", {"b1-0": a, "b1-1": {**a, "node": "n2"}})
+    # the instance absent: nothing written, not tried
+    assert await st.set_status_then_ready("b1", "b1-9", "running", None, 1, ["b1-0", "b1-1"], 7, Step.READY) == (None, {}, None)
+    # one of two running, two wanted: the status set, the step not tried
+    rec, insts, cas = await st.set_status_then_ready("b1", "b1-0", "running", "http://x:1", 2, ["b1-0", "b1-1"], 7, Step.READY)
+    assert rec == {**a, "status": "running", "endpoint": "http://x:1"} and cas is None
+    assert dict(insts) == {"b1-0": rec, "b1-1": {**a, "node": "n2"}}
+    assert (await st.get_block("b1"))["status"] == "placing"  # type: ignore[index]
+    # both running, but the caller expected other instances: not tried
+    rec, insts, cas = await st.set_status_then_ready("b1", "b1-1", "running", None, 2, ["b1-1"], 7, Step.READY)
+    assert rec == {**a, "node": "n2", "status": "running"} and cas is None and len(insts) == 2
+    assert (await st.get_block("b1"))["status"] == "placing"  # type: ignore[index]
+    # as expected: the step taken, as Store.transition takes it (a stale gen refused)
+    assert (await st.set_status_then_ready("b1", "b1-1", "running", None, 2, ["b1-0", "b1-1"], 6, Step.READY))[2] \
+        == (False, "stale-gen:7")
+    rec, insts, cas = await st.set_status_then_ready("b1", "b1-1", "running", None, 2, ["b1-1", "b1-0"], 7, Step.READY)
+    assert cas == (True, "2") and len(insts) == 2
+    block = await st.get_block("b1")
+    assert block is not None and block["status"] == "ready" and block["version"] == 2
+    # again (a redelivery): the step refused, the block already holds its target
+    assert (await st.set_status_then_ready("b1", "b1-1", "running", None, 2, ["b1-0", "b1-1"], 7, Step.READY))[2] \
+        == (False, "ready")
+
+
 async def test_a_pipeline_whose_scripts_were_flushed_loads_them_and_runs_again() -> None:
     st = store()
     await st.create_block("b1", 1, "d", {"status": "allocating", "ir": {}})

@@ -320,6 +320,33 @@ redis.call('HSET', KEYS[1], ARGV[1], new)
 return redis.call('HGETALL', KEYS[1])
 """
 
+# KEYS: the block's instances hash, the block.  ARGV: instance id, new status, the endpoint
+# (JSON-encoded, '' for none), the gang's minInstances, the instance ids the caller expects after
+# the write (sorted, comma-joined), then TRANSITION's arguments for the block's ``ready`` step.
+# SET_INSTANCE_STATUS, then, when at least minInstances run and the block has exactly the expected
+# instances, TRANSITION: an ``added`` that makes its block ready in one step (``Store.
+# set_status_then_ready``). Returns {} when the instance is not recorded (nothing written),
+# {records} when the CAS was not tried (fewer run, or other instances than expected), else
+# {records, TRANSITION's two results}. Two keys in two Redis Cluster slots: for one server only
+# (on a Redis Cluster the caller takes SET_INSTANCE_STATUS and TRANSITION one after the other).
+SET_STATUS_THEN_READY = (
+    "local function set_status(KEYS, ARGV)\n" + SET_INSTANCE_STATUS + "\nend\n"
+    + "local function transition(KEYS, ARGV)\n" + TRANSITION + "\nend\n"
+    + r"""
+local all = set_status({KEYS[1]}, {ARGV[1], ARGV[2], ARGV[3] ~= '' and ARGV[3] or nil})
+if not all then return {} end
+if all.err then return all end
+local running, ids = 0, {}
+for i = 1, #all, 2 do
+  ids[#ids + 1] = all[i]
+  if cjson.decode(all[i + 1]).status == 'running' then running = running + 1 end
+end
+table.sort(ids)
+if running < tonumber(ARGV[4]) or table.concat(ids, ',') ~= ARGV[5] then return {all} end
+local done = transition({KEYS[2]}, {ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]})
+return {all, done[1], done[2]}
+""")
+
 # KEYS: block.  ARGV: gen ('' = any), live statuses (comma list), target, target version (the
 # stream sequence of the target event), JSON of extra fields (reason, source...).
 # The block's desired instance count: set only if the block is live, of that generation, and the

@@ -152,6 +152,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         #: the executors' passive counts and the health checker's lease (``state.health``)
         self.health = HealthStore(r)
         self._set_status = r.register_script(scripts.SET_INSTANCE_STATUS)
+        self._set_status_ready = r.register_script(scripts.SET_STATUS_THEN_READY)
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)
         self._add_instances = r.register_script(scripts.ADD_INSTANCES)
@@ -159,7 +160,7 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         self._lease_release = r.register_script(scripts.LEASE_RELEASE)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
                          self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain,
-                         self._add_instances)
+                         self._add_instances, self._set_status_ready)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -385,6 +386,32 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
             return None, {}
         insts = Records(flat)
         return insts.one(iid), insts
+
+    async def set_status_then_ready(
+        self, bid: str, iid: str, status: str, endpoint: str | None, min_instances: int, expected: list[str], gen: int,
+        step: Step,
+    ) -> tuple[InstanceRecord | None, Mapping[str, InstanceRecord], tuple[bool, str] | None]:
+        """:meth:`set_instance_status_all` and, when then at least ``min_instances`` run and the
+        block's instances are exactly ``expected``, :meth:`transition` by ``step``, as one script
+        (``scripts.SET_STATUS_THEN_READY``: one server only, its two keys are two Redis Cluster
+        slots). (the instance's record, every record after the write, the transition's (done,
+        version or blocking status) or None when it was not tried); (None, {}, None) when the
+        instance is not recorded."""
+        args = [iid, status, _dumps(endpoint) if endpoint else "", str(int(min_instances)), ",".join(sorted(expected)),
+                *transition_args(gen, step, None, {})]
+        got = await self._set_status_ready(keys=[inst_key(bid), block_key(bid)], args=args)
+        if not got:
+            return None, {}, None
+        insts = Records(got[0])
+        return insts.one(iid), insts, ((bool(got[1]), str(got[2])) if len(got) > 1 else None)
+
+    async def block_and_instances(self, bid: str) -> tuple[BlockRecord | None, Records]:
+        """The block record and its instance records (decoded when first read), in one round trip."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(block_key(bid))
+        pipe.hgetall(inst_key(bid))
+        block, flat = await pipe.execute()
+        return _block(block), Records([x for kv in flat.items() for x in kv])
 
     async def block_and_instance(self, bid: str, iid: str) -> tuple[BlockRecord | None, InstanceRecord | None]:
         """The block record and one of its instances, in one round trip (a decision about one

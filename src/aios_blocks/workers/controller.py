@@ -65,7 +65,7 @@ from ..schemas.spec import ID_RE, Cluster, Node
 from . import announce, moves, queue, reconciler
 from .allocate import allocate, start, suspect_nodes
 from .base import Worker, bound
-from .effects import commit, release
+from .effects import commit, commit_added, release
 
 log = structlog.get_logger("aios.controller")
 
@@ -322,8 +322,11 @@ async def _view(w: Worker, bid: str) -> lc.View:
 
 async def on_added(w: Worker, m: Inbound[InstanceEvent]) -> None:
     ev = m.data
-    block, inst = await w.store.block_and_instance(ev.block_id, ev.instance_id)  # it looks at that one only
-    await commit(w, lc.on_added(ev, lc.View(block, {ev.instance_id: inst} if block is not None and inst else {})))
+    # the block and its instances in one exchange; the decision looks at this one only, its commit
+    # at all of them (the ready's mark, status and CAS in one more exchange: effects.commit_added)
+    block, insts = await w.store.block_and_instances(ev.block_id)
+    inst = insts.one(ev.instance_id)
+    await commit_added(w, lc.on_added(ev, lc.View(block, {ev.instance_id: inst} if block is not None and inst else {})), insts)
     await moves.after_added(w, ev)  # a move's new instance ready: its move switches (docs/rebalance.md)
 
 

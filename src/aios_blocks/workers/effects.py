@@ -128,8 +128,64 @@ _DO: dict[type, Callable[[Worker, Any, Seen, Fresh], Awaitable[bool]]] = {
 }
 
 
+async def commit_added(w: Worker, effects: list[Effect], insts: Mapping[str, InstanceRecord]) -> None:
+    """An ``added``'s effects (``lifecycle.on_added``; ``insts``: its block's instance records as
+    read with the block). The common one, the instance ``running`` and then its block ready when
+    enough run, goes to Redis as one exchange when ``insts`` says the write makes the block ready:
+    the ready's announcement mark (of the instances read), then one script that sets the status and
+    takes the ``ready`` step only if as many run and the block has those instances
+    (``Store.set_status_then_ready``), which is what ``commit`` decides from the instances right
+    after the write. Otherwise, and on a Redis Cluster (two slots), ``commit`` as before."""
+    pair = _makes_ready(w, effects, insts)
+    if pair is None:
+        await commit(w, effects)
+        return
+    s, r = pair
+    ids = sorted(insts)
+    ready = ready_event(r.block_id, r.gen, r.cluster_id, ids)
+    key, (rec, after, cas) = await asyncio.gather(
+        announce.mark(w, r.block_id, r.gen, r.step, [ready]),
+        w.store.set_status_then_ready(s.block_id, s.instance_id, s.status.value, s.endpoint, r.min_instances, ids, r.gen,
+                                      r.step))
+    if cas is None:  # not tried: the instance gone (nothing written, nothing after it), or other records
+        await announce.settle(w, key, False)
+        if rec is not None:
+            await _ready_if_running(w, r, (r.block_id, after), [])
+        return
+    await _announced(w, r.step, key, *cas, ready)
+
+
+def _makes_ready(w: Worker, effects: list[Effect], insts: Mapping[str, InstanceRecord]
+                 ) -> tuple[SetInstance, ReadyIfRunning] | None:
+    """``effects`` when they are an instance set ``running`` and then its block's ready, which the
+    records ``insts`` say the write makes ready, on one Redis server; else None."""
+    if len(effects) != 2 or type(w.store.r) is not AutoPipelineRedis:
+        return None
+    s, r = effects
+    if not (isinstance(s, SetInstance) and isinstance(r, ReadyIfRunning)) or s.block_id != r.block_id \
+            or s.status != InstanceStatus.RUNNING or s.instance_id not in insts:
+        return None
+    running = sum(1 for iid, i in insts.items() if iid == s.instance_id or i["status"] == InstanceStatus.RUNNING)
+    return (s, r) if running >= r.min_instances else None
+
+
+def ready_event(bid: str, gen: int, cid: str, instances: list[str]) -> Emit:
+    """A block's ``ready``, listing its instances (sorted)."""
+    return Emit(E.block_ready, BlockStatusReport(bid, gen, "ready", "", cid, instances), qualifier=ready_qualifier(bid, instances))
+
+
+async def _announced(w: Worker, step: Step, key: str, ok: bool, info: str, ready: Emit) -> None:
+    """After the ``ready`` step's CAS (``ok``, ``info``): published if the block is ready (a
+    redelivery after the CAS re-publishes, deduplicated), and its mark settled."""
+    moved = ok or info == TRANSITIONS[step].target
+    if moved:
+        faults.hit("lifecycle.ready.stored")  # the chaos test's SIGKILL: ready in Redis, not announced
+        await w.bus.emit_all([ready])
+    await announce.settle(w, key, moved)
+
+
 async def _ready(w: Worker, bid: str, gen: int, cid: str, step: Step, instances: list[str]) -> None:
-    ready = Emit(E.block_ready, BlockStatusReport(bid, gen, "ready", "", cid, instances), qualifier=ready_qualifier(bid, instances))
+    ready = ready_event(bid, gen, cid, instances)
     # marked before the CAS: if the publish fails and the redelivery finds the instance gone (lost,
     # replaced meanwhile: the replacement's ``added`` sees the block ready already), the
     # reconciler still publishes it (partition suite seeds 33 and 48). Through one connection
@@ -141,11 +197,7 @@ async def _ready(w: Worker, bid: str, gen: int, cid: str, step: Step, instances:
     else:
         key = await announce.mark(w, bid, gen, step, [ready])
         ok, info = await w.store.transition(bid, gen, step)
-    moved = ok or info == TRANSITIONS[step].target
-    if moved:  # a redelivery after the CAS re-publishes (deduplicated)
-        faults.hit("lifecycle.ready.stored")  # the chaos test's SIGKILL: ready in Redis, not announced
-        await w.bus.emit_all([ready])
-    await announce.settle(w, key, moved)
+    await _announced(w, step, key, ok, info, ready)
 
 
 def ready_qualifier(bid: str, instances: list[str]) -> str:
