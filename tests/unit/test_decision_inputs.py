@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from aios_blocks.handlers import controller as hc
-from aios_blocks.policies import contract
+from aios_blocks.policies import contract, node_digest
 from aios_blocks.recovery import inputs
 from aios_blocks.schemas import events as ev
 from aios_blocks.schemas.spec import Gpu, Node
@@ -139,3 +139,92 @@ def test_an_instance_record_in_a_policy_input_is_the_same_whatever_order_its_fie
     assert list(hc.canonical_record(rec2)) == ["endpoint", "gen", "gpus", "node", "status"]
     # the input's digest does not depend on the order either
     assert ev.input_digest_of({"instances": {"i": first}}) == ev.input_digest_of({"instances": {"i": second}})
+
+
+# -- plans stored out of the order they reserved in (recovery.inputs.Placed) ------------------------
+#: each block's one instance: the GPU its plan chose
+CHOSEN = {"ra": ("rc1-n0", "rc1-n0-g0"), "rb": ("rc1-n0", "rc1-n0-g1"), "rc": ("rc1-n1", "rc1-n1-g0")}
+
+
+def plan_digest(bid: str, taken: list[str]) -> str:
+    """The digest of ``bid``'s allocation input as the controller records it (``Worker.record``),
+    planned on Redis views where the blocks ``taken`` hold their GPUs."""
+    views = {nid: node_view(h) for nid, h in sorted(hashes({CHOSEN[b][1]: CHOSEN[b][0] for b in taken}).items())}
+    got: list[str] = []
+
+    async def invoke(data: dict[str, Any]) -> Any:
+        got.append(ev.input_digest_of(data, node_digest.nodes_root))
+        return {"node_id": CHOSEN[bid][0], "gpus": [CHOSEN[bid][1]]}
+
+    asyncio.run(hc.plan({**IR, "blockId": bid}, {"id": "rc1", "labels": {}}, views, "allocation", [hc.instance_id(bid, 0)], invoke))
+    assert len(got) == 1
+    return got[0]
+
+
+def plans_stream(views: dict[str, list[str]], stored: list[str]) -> list[tuple[str, bytes, int, float]]:
+    """Three blocks' allocation requests, in the order ra, rb, rc; each plan recorded on the view
+    ``views[bid]``; their placements stored in the order ``stored``."""
+    facts: list[tuple[str, Any]] = [("aios.cluster.rc1.registered", ev.ClusterRegistered({"id": "rc1", "labels": {}}))]
+    facts += [(f"aios.node.{n.id}.registered", ev.NodeRegistered(n.model_dump(mode="json"))) for n in NODES]
+    facts += [(f"aios.block.{b}.parsed", ev.Parsed(b, 3, {**IR, "blockId": b})) for b in CHOSEN]
+    at = {}
+    for b in CHOSEN:
+        facts.append(("aios.cluster.rc1.allocation", ev.AllocationRequest(b, 3, "rc1")))
+        at[b] = len(facts)
+    for b in stored:
+        nid, gpu = CHOSEN[b]
+        decision = ev.Decision(b, "resourceAllocator", "resourceAllocator", "builtin:binpack", None, "allocation",
+                               plan_digest(b, views[b]), {"node_id": nid, "gpus": [gpu]}, at=at[b])
+        facts.append((f"aios.block.{b}.placement", ev.PlacementMade(b, 3, "rc1", "allocation", [ev.Placement(hc.instance_id(b, 0), nid, [gpu])],
+                                                                    decisions=[decision])))
+    return [msg(subject, data, seq) for seq, (subject, data) in enumerate(facts, start=1)]
+
+
+def test_a_plan_whose_view_held_reservations_stored_after_a_later_requests_is_rebuilt() -> None:
+    """One controller planned ra, rb, rc in their requests' order, each view holding the
+    reservations before it, but stored rc's placement first (handled alone, its batch committed
+    before the batch of ra and rb): rb's view (ra's GPU taken, not rc's) and rc's (both taken) are
+    no state of the stream as stored; they are the state at their request with the reservations
+    of the earlier requests, stored later, taken."""
+    views = {"ra": [], "rb": ["ra"], "rc": ["ra", "rb"]}
+    messages = plans_stream(views, stored=["rc", "ra", "rb"])
+    steps = asyncio.run(inputs.rebuild(messages))
+    got = {s.calls[0].decision["block_id"]: s.calls[0] for s in steps}
+    assert {b: c.status for b, c in got.items()} == {"ra": "rebuilt", "rb": "rebuilt", "rc": "rebuilt"}
+    # each at its own request's state, the input as the controller built it
+    assert {b: c.state_seq for b, c in got.items()} == {"ra": 7, "rb": 8, "rc": 9}
+    used = {b: sorted(g["id"] for n in c.input["payload"]["cluster_metrics"]["nodes"].values() for g in n["gpus"] if g["instances"])
+            for b, c in got.items()}
+    assert used == {"ra": [], "rb": ["rc1-n0-g0"], "rc": ["rc1-n0-g0", "rc1-n0-g1"]}
+
+
+def test_reservations_taken_ahead_are_put_back() -> None:
+    """``State.taken``: inside, the fold's nodes and reservations hold the placements; after, the
+    fold is as it was (its node hashes, reservations and anomalies), so the stream's own placement
+    event later takes the reservation as it would have."""
+    messages = plans_stream({"ra": [], "rb": ["ra"], "rc": ["ra", "rb"]}, stored=["rc", "ra", "rb"])
+    fold = inputs.Fold()
+    for subject, raw, seq, ts in messages[:-3]:  # up to the requests, no placement stored yet
+        fold.apply(subject, raw, seq, ts)
+    st = inputs.State(fold)
+    before = ({nid: n.hash() for nid, n in fold.nodes.items()}, dict(fold.reservations), list(fold.anomalies))
+    placed = inputs.Placed(messages)
+    ahead = [p for p in placed.items if p.block in ("ra", "rb")]
+    with st.taken("rc1", ahead):
+        n0 = st.nodes("rc1")["rc1-n0"]
+        assert sorted(g["id"] for g in n0["gpus"] if g["instances"]) == ["rc1-n0-g0", "rc1-n0-g1"]
+        assert set(fold.reservations) == {("rc1", "ra-0"), ("rc1", "rb-0")}
+    assert ({nid: n.hash() for nid, n in fold.nodes.items()}, dict(fold.reservations), list(fold.anomalies)) == before
+    assert not [g for g in st.nodes("rc1")["rc1-n0"]["gpus"] if g["instances"]]
+    for subject, raw, seq, ts in messages[-3:]:
+        fold.apply(subject, raw, seq, ts)
+    assert set(fold.reservations) == {("rc1", "ra-0"), ("rc1", "rb-0"), ("rc1", "rc-0")}
+
+
+def test_a_view_holding_a_later_request_s_reservation_is_still_a_mismatch() -> None:
+    """Only the reservations of requests taken before the step's own are tried ahead of the
+    stream: rb's view holding rc's reservation (rc requested after rb) with ra's stored first
+    matches no state."""
+    messages = plans_stream({"ra": [], "rb": ["rc"], "rc": ["ra"]}, stored=["ra", "rb", "rc"])
+    got = {s.calls[0].decision["block_id"]: s.calls[0].status for s in asyncio.run(inputs.rebuild(messages))}
+    assert got == {"ra": "rebuilt", "rb": "mismatch", "rc": "rebuilt"}

@@ -15,13 +15,18 @@ A step reads Redis, which runs slightly ahead of the stream (a reservation is ta
 placement is published; hints reach a cache a little later), so the state it saw is the fold
 at ``at`` or at one of the next state changes: each is tried in order, from ``at`` to a little
 past the step's own event, and the first whose rebuilt inputs all have the recorded digests is
-the one. A step whose inputs match no state is reported ``mismatch`` (never shown as its input).
+the one. A plan that matches none is tried once more with the reservations of earlier requests
+stored after it taken (``Placed``: a controller's batches are stored in the order they finish,
+not the order its plans reserved in). A step whose inputs match no state is reported
+``mismatch`` (never shown as its input).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+import contextlib
+import copy
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
 
@@ -178,6 +183,37 @@ class State:
 
     def clusters(self) -> dict[str, ClusterRecord]:
         return {cid: _json.decode(v) for cid, v in self.f.clusters.items()}
+
+    @contextlib.contextmanager
+    def taken(self, cid: str, placements: list[_Placement]) -> Iterator[None]:
+        """The fold with ``placements``' reservations taken (``Fold._reserve``) while inside, its
+        nodes and reservation records as they were after."""
+        f = self.f
+        nids = {nid for p in placements for _iid, nid, _g in p.parts if nid in f.nodes}
+        nodes = {nid: copy.deepcopy(f.nodes[nid]) for nid in nids}
+        added: list[tuple[str, str]] = []
+        anomalies = len(f.anomalies)
+        try:
+            for p in placements:
+                b = f.blocks.get(p.block)
+                if b is None or int(b.get("gen", "0")) != p.gen:
+                    continue
+                ir = _json.decode(b.get("ir", "{}"))
+                for iid, nid, gpus in p.parts:
+                    if (cid, iid) not in f.reservations:
+                        added.append((cid, iid))
+                        f._reserve(cid, iid, p.block, nid, list(gpus), ir, p.seq)
+            for nid in nids:
+                self._touch(cid, nid)
+            yield
+        finally:
+            f.nodes.update(nodes)
+            for key in added:
+                f.reservations.pop(key, None)
+                f.quota_res.pop(key, None)
+            del f.anomalies[anomalies:]
+            for nid in nids:
+                self._touch(cid, nid)
 
     def _view(self, nid: str) -> NodeView:
         h = self.f.nodes[nid].hash()
@@ -361,24 +397,94 @@ _RUNS: dict[str, Callable[[Step, State, str, BlockIR, Invoke], Awaitable[bool]]]
 }
 
 
-async def _try(step: Step, st: State, seq: int) -> None:
+async def _try(step: Step, st: State, seq: int, placed: Placed | None = None) -> None:
     """Rebuild what this state can: the calls of one run of the step's code (a plan attempt, or
-    the one call of the other steps), then the next attempt's on the same state, and so on."""
+    the one call of the other steps), then the next attempt's on the same state, and so on. A
+    plan that matches no state as stored is tried once more on the state with the reservations
+    taken ahead of it (``Placed.ahead``)."""
     while not step.done:
         captured = await _run(step, st)
         if not captured:
             return
         todo = step.calls[step.cursor:step.cursor + len(captured)]
-        if len(todo) != len(captured) or any(
-            not input_matches(raw, c.decision.get("input_digest"))
-            for raw, c in zip(captured, todo, strict=True)
-        ):
+        if not _all_match(captured, todo) and placed is not None and step.event in PLAN_STEPS:
+            captured = await _run_ahead(step, st, seq, placed)
+            todo = step.calls[step.cursor:step.cursor + len(captured or [])]
+        if not captured or not _all_match(captured, todo):
             return
         for raw, c in zip(captured, todo, strict=True):
             c.status, c.input, c.state_seq = "rebuilt", _json.decode(raw), seq
         step.cursor += len(captured)
         while not step.done and step.calls[step.cursor].status == "recorded":
             step.cursor += 1
+
+
+def _strs(v: JSON) -> tuple[str, ...]:
+    return tuple(str(x) for x in v) if isinstance(v, list) else ()
+
+
+def _all_match(captured: list[bytes], todo: list[Call]) -> bool:
+    return len(todo) == len(captured) and all(
+        input_matches(raw, c.decision.get("input_digest")) for raw, c in zip(captured, todo, strict=True))
+
+
+@dataclass(frozen=True)
+class _Placement:
+    """A stored ``placement`` with the trigger sequence its plan recorded (``Decision.at``)."""
+
+    seq: int
+    at: int
+    block: str
+    gen: int
+    cluster: str
+    #: (instance, node, GPUs) of each placement
+    parts: tuple[tuple[str, str, tuple[str, ...]], ...]
+
+
+class Placed:
+    """The stream's planned placements, for the reservations a plan's view held before their
+    events were stored.
+
+    One controller plans a cluster's requests one at a time in the order it took them (its
+    cluster lock) and its view takes each reservation at once, but it stores them with its
+    batches: a later request handled alone may be stored before an earlier batch's. A plan's view
+    then holds reservations stored after the state it would otherwise match: those of the
+    requests taken before its own. ``ahead`` names them (same cluster, planned on an earlier
+    trigger, stored after ``seq`` and within the step's slack)."""
+
+    def __init__(self, messages: list[tuple[str, bytes, int, float]]):
+        self.items: list[_Placement] = []
+        for subject, raw, seq, _ts in messages:
+            if _event_name(subject) != "block.placement" or b'"decisions"' not in raw:
+                continue
+            data = _data(raw)
+            ats = [int(d.get("at") or 0) for d in decisions_of(subject, data)]
+            at = min((a for a in ats if a), default=0)
+            found = data.get("placements")
+            if not at or not isinstance(found, list):
+                continue
+            parts = tuple((str(p.get("instance_id", "")), str(p.get("node_id", "")), _strs(p.get("gpus")))
+                          for p in found if isinstance(p, dict))
+            self.items.append(_Placement(seq, at, subject.split(".")[2], _int(data.get("gen", 0)),
+                                         str(data.get("cluster_id", "")), parts))
+
+    def ahead(self, step: Step, seq: int, cid: str) -> list[_Placement]:
+        bid = str(step.data.get("block_id") or step.subject.split(".")[2])
+        at = min((int(c.decision.get("at") or 0) for c in step.calls), default=0)
+        return [p for p in self.items if seq < p.seq <= step.hi and p.at < at and p.cluster == cid and p.block != bid]
+
+
+async def _run_ahead(step: Step, st: State, seq: int, placed: Placed) -> list[bytes] | None:
+    """The step's code run on the state at ``seq`` with ``Placed.ahead``'s reservations taken as
+    the fold takes them (then put back as they were)."""
+    if step.trigger is None:
+        return None
+    cid = str(step.trigger[1].get("cluster_id", ""))
+    ahead = placed.ahead(step, seq, cid)
+    if not ahead:
+        return None
+    with st.taken(cid, ahead):
+        return await _run(step, st)
 
 
 def _event_name(subject: str) -> str:
@@ -489,6 +595,7 @@ async def _replay(messages: list[tuple[str, bytes, int, float]], pending: list[S
     """Fold the stream; at each state a pending step may have read, try to rebuild its inputs."""
     fold = Fold()
     st = State(fold)
+    placed = Placed(messages)
     active: list[Step] = []
     nxt = 0
     for subject, raw, seq, ts in messages:
@@ -504,7 +611,7 @@ async def _replay(messages: list[tuple[str, bytes, int, float]], pending: list[S
                 key = st.key(step)
                 if key != step.tried:  # what it reads changed since it last tried
                     step.tried = key
-                    await _try(step, st, seq)
+                    await _try(step, st, seq, placed)
         active = [s for s in active if seq < s.hi and not s.done]
         if not active and nxt >= len(pending):
             return
