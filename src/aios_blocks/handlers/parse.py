@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,14 +133,16 @@ def component_uri(doc: dict[str, Any]) -> str | None:
     return uri if isinstance(uri, str) and uri else None
 
 
-async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: dict[str, Any] | None) -> dict[str, int]:
-    """Current registry version of every registry policy the block names (pinned into its IR by
-    ``build``): the component's policies, overridden by the block's ``policyRulesSpec``."""
+def registry_policies(doc: dict[str, Any], component: dict[str, Any] | None) -> dict[str, str]:
+    """Policy name -> registry name of every registry policy the block names at its latest version
+    (``registry:NAME``, a ``.py``/``.star`` path; not ``registry:NAME@V``): the component's
+    policies, overridden by the block's ``policyRulesSpec``. ``component`` None: the block's own."""
     rules: dict[str, str] = {}
     for p in (component or {}).get("policies", []):
         if isinstance(p, dict) and isinstance(p.get("policyRuleURI"), str):
             rules[p.get("name", "")] = p["policyRuleURI"]
-    for e in doc.get("policyRulesSpec") or []:
+    given = doc.get("policyRulesSpec")
+    for e in given if isinstance(given, list) else []:  # not a list: the spec's validation says so
         v = e.get("values", e) if isinstance(e, dict) else None
         if isinstance(v, dict) and isinstance(v.get("policyRuleURI"), str):
             rules[v.get("name", "")] = v["policyRuleURI"]
@@ -147,9 +150,31 @@ async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: 
     for name, uri in rules.items():
         reg = registry_name(uri)
         if reg and reg[1] is None:
-            rec = await lookup(reg[0], None)
-            if rec:
-                out[name] = int(rec["version"])
+            out[name] = reg[0]
+    return out
+
+
+async def registry_heads(lookup: PolicyLookup, names: Iterable[str]) -> dict[str, PolicySource | None]:
+    """The current record of each registry policy in ``names``, looked up together (through one
+    Redis connection: one exchange, ``state.autopipeline``)."""
+    wanted = list(dict.fromkeys(names))
+    return dict(zip(wanted, await asyncio.gather(*(lookup(n, None) for n in wanted)), strict=True))
+
+
+async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: dict[str, Any] | None,
+                          known: Mapping[str, PolicySource | None] | None = None) -> dict[str, int]:
+    """Current registry version of every registry policy the block names (pinned into its IR by
+    ``build``): the component's policies, overridden by the block's ``policyRulesSpec``. ``known``:
+    records already read (``registry_heads`` of the block's own, read ahead with its component);
+    the others are looked up together."""
+    names = registry_policies(doc, component)
+    heads = dict(known or {})
+    heads.update(await registry_heads(lookup, [n for n in names.values() if n not in heads]))
+    out = {}
+    for name, reg in names.items():
+        rec = heads.get(reg)
+        if rec:
+            out[name] = int(rec["version"])
     return out
 
 

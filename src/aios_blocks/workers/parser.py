@@ -43,16 +43,23 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     outcome = parse.read(d.data, w.settings.max_spec_bytes)
     tenant = m.tokens.get("tenant")  # the server put the tenant's name in the subject
     if outcome.doc is not None and tenant:
-        outcome = await _within_pending(w, tenant, bid, parse.for_tenant(outcome, tenant))
-    elif outcome.doc is not None:
-        outcome = await _no_account_label(w, outcome)
+        outcome = parse.for_tenant(outcome, tenant)
     if outcome.doc is not None:
-        uri = parse.component_uri(outcome.doc)
-        # the component and the priority classes (priorityClass / the default, docs/priority.md)
-        # in one Redis exchange: neither read depends on the other
-        component, classes = await asyncio.gather(_component(w, uri), PriorityStore(w.store.r).classes())
-        versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component)
-        outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
+        doc = outcome.doc
+        own = list(dict.fromkeys(parse.registry_policies(doc, None).values()))
+        # in one Redis exchange, as no read depends on another (each its own awaitable of this
+        # gather: a nested gather's reads would start a turn later, in an exchange of their own):
+        # the component, the priority classes (priorityClass / the default, docs/priority.md), the
+        # tenant check's first read and the registry policies the block names itself (read ahead
+        # for pinned_versions)
+        component, classes, outcome, *heads = await asyncio.gather(
+            _component(w, parse.component_uri(doc)), PriorityStore(w.store.r).classes(),
+            _within_pending(w, tenant, bid, outcome) if tenant else _no_account_label(w, outcome),
+            *(w.store.policy_get(name, None) for name in own))
+        if outcome.doc is not None:
+            versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component,
+                                                   dict(zip(own, heads, strict=True)))
+            outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
     if outcome.ir is not None:
         ok, what = await w.store.create_block(
             bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
