@@ -97,3 +97,31 @@ def test_node_map_is_a_map_of_dicts_only() -> None:
     assert ev.node_map({"payload": {"cluster_metrics": {"nodes": views}}}) is views
     for nodes in ({}, {"a": _node("a"), "b": "sha256:x"}, {"a": capacity.Nodes()}, ["a"], "sha256c64:x"):
         assert ev.node_map({"payload": {"cluster_metrics": {"nodes": nodes}}}) is None
+
+
+def test_node_map_of_an_inventory_view_reads_only_the_views_changed_since() -> None:
+    """An inventory view answers ``node_map``'s check from its change log: after the first
+    answer, no pass over every view (the old check read each view's type at every record), and a
+    view replaced by a non-dict (or back) changes the answer."""
+    reads: list[int] = []
+
+    class Counted(capacity.Nodes):
+        def values(self):  # type: ignore[no-untyped-def,override]
+            reads.append(len(self))
+            return super().values()
+
+    views = Counted({f"n{i}": _node(f"n{i}") for i in range(50)})
+    inp = {"payload": {"cluster_metrics": {"nodes": views}}}
+    assert ev.node_map(inp) is views
+    reads.clear()
+    for i in range(10):
+        views[f"n{i}"] = _node(f"n{i}", cpu=i)
+        assert ev.node_map(inp) is views
+    assert reads == []
+    views["n3"] = "sha256:x"  # type: ignore[assignment]
+    assert ev.node_map(inp) is None
+    views["n3"] = _node("n3")
+    assert ev.node_map(inp) is views
+    del views["n4"]
+    views["n9"] = {**_node("n9"), "cpu_free": 1.0}
+    assert ev.node_map(inp) is views
