@@ -232,3 +232,28 @@ def test_a_loss_is_computed_on_its_first_use_only_and_as_the_whole_table_was(mon
             table = [plain(prices, h, units, phi, had) if h >= units else 0.0 for h in range(1001)]
             assert [prices.loss(h, units, cpu_after, cpu_before) for h in range(1001)] == table
             assert prices.loss(1500, units, cpu_after, cpu_before) == table[1000]
+
+
+def test_each_free_amounts_worth_is_the_knapsack_value_without_its_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    # phi and each CPU level's phi: best_fill's value to the last bit (random prices with ties
+    # and near-ties, sizes in any order), computed without best_fill's counts (a list copied per
+    # thousandth, ~1.6 ms a level on a live create's path): no best_fill call for a level
+    import random
+
+    from aios_blocks.policies.builtin import share_prices as sp
+
+    rng = random.Random(3)
+    for _ in range(40):
+        sizes = rng.sample(range(50, 1000, 10), rng.randint(1, 8))
+        prices = [rng.choice([0.0, 0.25, 1 / 3, 0.5, 0.5 + 1e-10, rng.random()]) for _ in sizes]
+        for order in (sorted(range(len(sizes)), key=lambda k: sizes[k]), list(range(len(sizes)))):
+            s, p = [sizes[k] for k in order], [prices[k] for k in order]
+            assert sp.best_value(s, p, 1000) == best_fill(s, p, 1000)[0]
+    shares = SharePrices(DEFAULT_SHARES, cpus={810: 8, 650: 6, 470: 4, 320: 2, 230: 1})
+    calls: list[int] = []
+    plain = sp.best_fill
+    monkeypatch.setattr(sp, "best_fill", lambda *a: calls.append(1) or plain(*a))
+    for level in range(len(shares.levels) + 1):
+        within = [s for s in shares._sizes if level and shares.cpus[s] <= shares.levels[level - 1]]
+        assert shares.phi_at(level) == plain(within, [shares.prices[s] for s in within], 1000)[0]
+    assert calls == []

@@ -92,6 +92,46 @@ def best_fill(sizes: Sequence[int], prices: Sequence[float], room: int) -> tuple
     return value, take
 
 
+def best_value(sizes: Sequence[int], prices: Sequence[float], room: int) -> list[float]:
+    """:func:`best_fill`'s ``value`` alone, the same floats (the same comparisons in the same
+    order; a size above ``h`` is skipped there too), without its ``take`` (a list copied per
+    thousandth), kept per (sizes, prices): ``phi`` and each CPU level's
+    (:meth:`SharePrices.phi_at`, met on a live create's path the first time a node's CPUs reach
+    a level: ~1.6 ms each with ``take``, half without; callers must not change the list)."""
+    key = (tuple(sizes), tuple(prices), room)
+    got = _VALUES.get(key)
+    if got is not None:
+        return got
+    if len(_VALUES) >= 256:
+        _VALUES.clear()
+    got = _VALUES[key] = _best_value(sizes, prices, room)
+    return got
+
+
+#: (sizes, prices, room) -> :func:`best_value`'s list (shared: callers must not change it): the
+#: policy instances of one workload (a rule with and one without ``gpuSharing``) share the prices
+#: and so each level's table
+_VALUES: dict[tuple[tuple[int, ...], tuple[float, ...], int], list[float]] = {}
+
+
+def _best_value(sizes: Sequence[int], prices: Sequence[float], room: int) -> list[float]:
+    order = sorted(range(len(sizes)), key=lambda k: sizes[k])
+    if order != list(range(len(sizes))):  # not ascending: best_fill's own loop
+        return best_fill(sizes, prices, room)[0]
+    pairs = list(zip(sizes, prices, strict=True))
+    value = [0.0] * (room + 1)
+    for h in range(1, room + 1):
+        best = value[h - 1]  # leaving a thousandth empty is always possible
+        for s, p in pairs:
+            if s > h:
+                break
+            v = value[h - s] + p
+            if v > best + _EPS:
+                best = v
+        value[h] = best
+    return value
+
+
 def dual_prices(weights: dict[int, float], max_rounds: int = 500) -> dict[int, float]:
     """The cutting-stock dual for shares arriving with ``weights`` (size in thousandths ->
     frequency): the prices ``y`` maximising ``sum(weights[s] * y[s])`` with every set of shares
@@ -125,7 +165,7 @@ class SharePrices:
     def __init__(self, weights: dict[int, float], cpus: dict[int, float] | None = None):
         self.prices = dual_prices(weights)
         sizes = sorted(self.prices)
-        self.phi, _ = best_fill(sizes, [self.prices[s] for s in sizes], UNITS)
+        self.phi = best_value(sizes, [self.prices[s] for s in sizes], UNITS)
         self._sizes = sizes
         #: (share, CPU levels after, before) -> (each free amount's loss, None until asked; phi after; phi before)
         self._losses: dict[Any, tuple[list[float | None], list[float], list[float]]] = {}
@@ -187,7 +227,7 @@ class SharePrices:
         got = self._phis.get(level)
         if got is None:
             within = [s for s in self._sizes if level and self.cpus[s] <= self.levels[level - 1]]
-            got = self._phis[level] = best_fill(within, [self.prices[s] for s in within], UNITS)[0]
+            got = self._phis[level] = best_value(within, [self.prices[s] for s in within], UNITS)
         return got
 
     def _loss(self, free: int, units: int, after: list[float], before: list[float]) -> float:
