@@ -7,6 +7,7 @@ to 4 plans) is long with the rebalancer. The same settings as
     .venv/bin/python -m bench.trace_rebalance_window PODS [--no-rebalance] [--json out.json]
         [--frag-threshold 0.1 | --no-frag-round] [--max-moves 8] [--frag-moves N] [--any-priority]
         [--window-only] [--sources N] [--subsets N] [--max-plans N] [--aged-plans N --age-s S]
+        [--param key=json ...] [--top N]
 
 Also prints ``bound_last_third``: what the allocation of the last third could be at most if
 every pending task that fits some node by its GPU count were placed at once (allocated + the
@@ -24,6 +25,8 @@ task started at the best instant at or after its arrival: a task that arrived be
 may gain by being delayed into it); no scheduler, with or without moves, allocates more.
 ``--sources``, ``--subsets``, ``--max-plans``: experiments with the planner's search limits
 (``rebalance.SOURCES``, ``SUBSETS``) and the replay's plans per capacity event (``MAX_PLANS``).
+``--param key=json``: a parameter added to the resourceAllocator's (fgd-plus's ``hostPressure=1``);
+``--top N``: the N longest multi-GPU waits at the window's end (wait, GPUs, CPUs, priority, placed).
 """
 
 from __future__ import annotations
@@ -70,7 +73,21 @@ def main() -> None:
     ap.add_argument("--aged-plans", type=int, default=0,
                     help="experiment: plans per capacity event for the longest-waiting multi-GPU blocks")
     ap.add_argument("--age-s", type=float, default=0.0, help="with --aged-plans: the least wait (trace s)")
+    ap.add_argument("--top", type=int, default=0, help="print the N longest multi-GPU waits at the window's end")
+    ap.add_argument("--param", action="append", default=[],
+                    help="a policy parameter added to the resourceAllocator's, key=json (repeatable; e.g. hostPressure=1)")
     a = ap.parse_args()
+    extra = {k: json.loads(v) for k, v in (p.split("=", 1) for p in a.param)}
+    if extra:
+        setup_of = online.setup_of
+
+        def with_params(*args: Any, **kw: Any) -> Any:
+            st = setup_of(*args, **kw)
+            rule = st.rule
+            st.rule = lambda share: {**rule(share), "parameters": {**rule(share)["parameters"], **extra}}  # type: ignore[method-assign]
+            return st
+
+        online.setup_of = with_params
     for mod, name, value in ((orb.rb, "SOURCES", a.sources), (orb.rb, "SUBSETS", a.subsets), (orb, "MAX_PLANS", a.max_plans)):
         if value is not None:
             setattr(mod, name, value)
@@ -172,6 +189,15 @@ def main() -> None:
                                                  "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3) if s else 0.0},
                               **self.window, "pending": len(self.pending), "run_s": round(time.perf_counter() - t0, 1),
                               "cpu_s": round(time.process_time() - c0, 1)}), flush=True)
+            if a.top:  # the longest-waiting multi-GPU tasks: shape, priority, wait, placed or not
+                rows = []
+                for j in self.jobs.values():
+                    t = j.timed.task
+                    if t.num_gpu > 1 and j.timed.created <= self.last_t:
+                        w = j.first_wait if j.first_wait is not None else max(0.0, self.last_t - j.timed.created)
+                        rows.append((round(w, 1), t.num_gpu, t.cpu_milli / 1000, int(j.ir["priority"]),
+                                     j.first_wait is not None))
+                print(json.dumps({"top_multi_gpu_waits": sorted(rows, reverse=True)[:a.top]}), flush=True)
             if a.window_only:
                 raise _WindowEnd
 

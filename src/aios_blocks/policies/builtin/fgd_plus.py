@@ -44,6 +44,16 @@ idle are stranded that way (failures "GPU and CPU/memory free on different nodes
    node for them and they fail while GPUs are idle elsewhere. ``parameters.multiGpu`` (the
    replay passes them: ``trace.workload.multi_gpu_shapes``) joins both measures at
    ``parameters.multiGpuWeight`` (default 0.5; 0: off) x their frequencies.
+8. **Nodes only the large shapes fit** (opt-in). A shape of the workload (with the ``multiGpu``
+   ones) that only a few nodes can hold at all, by their size (GPUs, CPUs, memory, model: at most
+   ``parameters.hostShare`` of the cluster's GPUs, default 0.1; the 8-GPU tasks asking 120 CPUs
+   fit only 128-CPU nodes), puts its demand on those nodes: per node class (GPU model and count)
+   its *host pressure*, that demand split over the classes holding the shape by their GPUs, as
+   a share of all GPU demand, over the class's share of the cluster's GPUs (capped at 1), as
+   4. does for models. A task pays ``parameters.hostPressure`` (default 0: off) x that pressure
+   x what it takes there (its GPU compute, or its CPUs counted in GPUs at the class's CPUs per GPU,
+   the larger): work that fits elsewhere leaves those nodes to the shapes only they hold. A task
+   only such nodes fit pays alike on each. docs/rebalance.md "Keeping the few large nodes".
 
 Same feasibility as every built-in (``capacity.node_fits``), ranked through the same per-shape
 index as the baselines (``_FragBase``); remaining ties by the seeded hash of the node id, so a
@@ -80,6 +90,59 @@ LEFTOVER_CPU = 1.0
 #: the factor on the frequencies of the multi-GPU shapes FGD's 95 % cut leaves out
 #: (``parameters.multiGpu``) when they join the measure (``parameters.multiGpuWeight``; 0: off)
 MULTI_GPU_WEIGHT = 0.5
+#: the weight of the host pressure of the shapes only a few nodes fit (``parameters.hostPressure``; 0: off)
+HOST_PRESSURE = 0.0
+#: a shape only nodes with at most this share of the cluster's GPUs can hold is scarce (``parameters.hostShare``)
+HOST_SHARE = 0.1
+
+
+def node_class(node: NodeView) -> tuple[str, int]:
+    """What the host pressure is kept per: the node's GPU model and count (read from its state)."""
+    return node_model(node), len(node.get("gpus") or ())
+
+
+def holds(node: NodeView, gpus: int, cpu: float, memory: float, models: Any) -> bool:
+    """Whether the node, empty, could hold a task of ``gpus`` GPUs (0: CPU only; a share counts
+    as 1), ``cpu`` CPUs and ``memory`` MiB on one of ``models`` (empty: any)."""
+    return (len(node.get("gpus") or ()) >= gpus and float(node.get("cpu", 0) or 0) + 1e-9 >= cpu
+            and float(node.get("memory", 0) or 0) >= memory and (not gpus or not models or node_model(node) in models))
+
+
+def host_pressure(shapes: list[dict[str, Any]], nodes: list[NodeView],
+                  share: float) -> dict[tuple[str, int], tuple[float, float]]:
+    """The shapes only a few nodes can hold (rule 8): per node class (:func:`node_class`) that
+    holds one, (its host pressure, its CPUs per GPU). A shape is scarce when the nodes that could
+    hold it empty (GPUs, CPUs, memory, model) have at most ``share`` of the cluster's GPUs; its GPU
+    demand (frequency x GPUs) is split over those nodes' classes by their GPUs; a class's pressure
+    is that demand as a share of all the shapes' GPU demand, over the class's share of the
+    cluster's GPUs, capped at 1."""
+    supply: dict[tuple[str, int], int] = {}
+    cpus: dict[tuple[str, int], float] = {}
+    for n in nodes:
+        if n.get("gpus"):
+            c = node_class(n)
+            supply[c] = supply.get(c, 0) + len(n["gpus"])
+            cpus[c] = cpus.get(c, 0.0) + float(n.get("cpu", 0) or 0)
+    total = sum(supply.values())
+    demand = 0.0
+    held: dict[tuple[str, int], float] = {}
+    for s in shapes:
+        w, gpus = float(s.get("weight", 0) or 0), int(s.get("gpus", 0) or 0)
+        if w <= 0 or not gpus:
+            continue
+        part = float(s.get("gpuShare") or 0)
+        d = w * gpus * (part if 0 < part < 1 else 1.0)
+        demand += d
+        cpu, mem, models = float(s.get("cpu", 0) or 0), float(s.get("memory", 0) or 0), set(s.get("gpuModels") or ())
+        hosts = [n for n in nodes if n.get("gpus") and holds(n, gpus, cpu, mem, models)]
+        able = sum(len(n["gpus"]) for n in hosts)
+        if not able or able > share * total:
+            continue
+        for n in hosts:
+            held[node_class(n)] = held.get(node_class(n), 0.0) + d * len(n["gpus"]) / able
+    if demand <= 0 or total <= 0:
+        return {}
+    return {c: (min(1.0, (h / demand) / (supply[c] / total)), cpus[c] / supply[c]) for c, h in held.items() if h > 0}
 
 
 def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict[str, float]:
@@ -302,6 +365,15 @@ class FgdPlusPolicy(_FragBase):
         if self.prices is None:
             self.stranding = 0.0
         self.key = (f"{self.key[0]}@{self.packing}@{self.share_cpu}@{self.stranding}@{self.quantile}", self.key[1], self.key[2])
+        host = self.parameters.get("hostPressure", HOST_PRESSURE)
+        self.host_weight = max(float(host), 0.0) if isinstance(host, int | float) else HOST_PRESSURE
+        host_share = self.parameters.get("hostShare", HOST_SHARE)
+        self.host_share = min(max(float(host_share), 0.0), 1.0) if isinstance(host_share, int | float) else HOST_SHARE
+        #: the shapes whose demand the host pressure reads (the ``multiGpu`` ones at their own frequency)
+        self.host_shapes = self.shapes + given if self.host_weight > 0 else []
+        self.key = (f"{self.key[0]}@{self.host_weight}@{self.host_share}", self.key[1], self.key[2])
+        #: node class -> (host pressure, CPUs per GPU), made from the first call's nodes
+        self.host: dict[tuple[str, int], tuple[float, float]] | None = None
         self.pressure: dict[str, float] | None = None
         #: the workload's memory per CPU when the parameters give it (else each request's own)
         self.ratio = workload_memory_per_cpu(self.parameters)
@@ -320,6 +392,8 @@ class FgdPlusPolicy(_FragBase):
                 if n.get("gpus"):
                     supply[node_model(n)] = supply.get(node_model(n), 0) + len(n["gpus"])
             self.pressure = model_pressure(self.shapes, supply)
+        if self.host is None and self.host_shapes:  # the classes the scarce shapes need, once
+            self.host = host_pressure(self.host_shapes, list(nodes.values()), self.host_share)
         return super()._pick(nodes, healthy, needs, avoid, seed)
 
     def _penalty(self, model: str, needs: Needs, taken: int) -> float:
@@ -328,6 +402,18 @@ class FgdPlusPolicy(_FragBase):
         if not self.pressure or not taken or len(set(needs.get("gpuModels") or ())) == 1:
             return 0.0
         return self.pressure_weight * self.pressure.get(model, 0.0) * taken
+
+    def _host_cost(self, node: NodeView, needs: Needs, taken: int) -> float:
+        """What taking ``taken`` thousandths of GPU compute and the request's CPUs on ``node``
+        costs the scarce shapes its class alone holds (rule 8; reads the node's state only)."""
+        if not self.host:
+            return 0.0
+        hit = self.host.get(node_class(node))
+        if hit is None:
+            return 0.0
+        pressure, per_gpu = hit
+        cpu = float(needs.get("cpu", 0) or 0)
+        return self.host_weight * pressure * max(float(taken), UNITS * cpu / per_gpu if per_gpu > 0 else 0.0)
 
     def _stranded(self, left: tuple[int, ...], cpu_before: float, cpu_after: float, skip: int = -1) -> float:
         """The share space a task's CPUs leave no share size to fill on its node (GPUs)."""
@@ -376,18 +462,20 @@ class FgdPlusPolicy(_FragBase):
             before = capacity.derived(node, ("fgd-plus:before", *self.key, ratio),
                                       lambda n: self._before(wl, n, model, left, ratio))
         if not count:  # CPU-only: where its CPUs are least needed by the free GPUs left
-            delta = wl.frag(model, cpu_after, left) - before
+            delta = wl.frag(model, cpu_after, left) - before + self._host_cost(node, needs, 0)
             if self.stranding:
                 delta += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after)
             free = sum(left)
             return (round(delta, DIGITS), free, -round(cpu_after * UNITS / free if free else cpu_after, 3)), []
         if units < UNITS:  # one shared GPU: least growth, then the least free compute that fits
-            return self._score_share(usable, needs, units, wl, model, left, before, cpu_before, cpu_after)
+            return self._score_share(usable, needs, units, wl, model, left, before, cpu_before, cpu_after,
+                                     self._host_cost(node, needs, units))
         chosen = [g["id"] for g in usable[:count]]
         after = list(left)
         for _ in chosen:  # whole GPUs: idle ones, all alike
             after[after.index(UNITS)] = 0
-        delta = wl.frag(model, cpu_after, tuple(after)) - before + self._penalty(model, needs, count * UNITS)
+        delta = (wl.frag(model, cpu_after, tuple(after)) - before + self._penalty(model, needs, count * UNITS)
+                 + self._host_cost(node, needs, count * UNITS))
         if self.stranding:
             delta += self.stranding * UNITS * self._stranded(left, cpu_before, cpu_after)
         return (round(delta, DIGITS), sum(after), round(cpu_after, 3)), chosen
@@ -395,11 +483,11 @@ class FgdPlusPolicy(_FragBase):
 
     def _score_share(self, usable: list[GpuView], needs: Needs, units: int, wl: BlendedWorkload, model: str,
                      left: tuple[int, ...], before: float, cpu_before: float,
-                     cpu_after: float) -> tuple[Any, list[str]]:
+                     cpu_after: float, host: float = 0.0) -> tuple[Any, list[str]]:
         """One shared GPU: the least fragmentation growth (with the share prices' loss), then the
         least free compute that fits; one GPU tried per free amount (GPUs alike in it score alike)."""
         best: tuple[float, int, str] | None = None
-        cost = self._penalty(model, needs, units)
+        cost = self._penalty(model, needs, units) + host
         for g, free, after in share_options(usable, left, units):
             d = wl.frag(model, cpu_after, after) - before + cost
             if self.stranding:
