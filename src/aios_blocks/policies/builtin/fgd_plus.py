@@ -108,6 +108,35 @@ def holds(node: NodeView, gpus: int, cpu: float, memory: float, models: Any) -> 
             and float(node.get("memory", 0) or 0) >= memory and (not gpus or not models or node_model(node) in models))
 
 
+def _gpu_demand(shape: dict[str, Any]) -> float:
+    """A target shape's GPU demand: its frequency x GPUs (x its share of one GPU); 0 for a
+    shape of no weight or no GPU."""
+    w, gpus = float(shape.get("weight", 0) or 0), int(shape.get("gpus", 0) or 0)
+    if w <= 0 or not gpus:
+        return 0.0
+    part = float(shape.get("gpuShare") or 0)
+    return w * gpus * (part if 0 < part < 1 else 1.0)
+
+
+def _class_supply(nodes: list[NodeView]) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], float]]:
+    """Per node class (:func:`node_class`) of the GPU nodes: its GPUs and its CPUs."""
+    supply: dict[tuple[str, int], int] = {}
+    cpus: dict[tuple[str, int], float] = {}
+    for n in nodes:
+        if n.get("gpus"):
+            c = node_class(n)
+            supply[c] = supply.get(c, 0) + len(n["gpus"])
+            cpus[c] = cpus.get(c, 0.0) + float(n.get("cpu", 0) or 0)
+    return supply, cpus
+
+
+def _hosts(shape: dict[str, Any], nodes: list[NodeView]) -> list[NodeView]:
+    """The GPU nodes that, empty, could hold the shape (:func:`holds`)."""
+    gpus, cpu, mem = int(shape.get("gpus", 0) or 0), float(shape.get("cpu", 0) or 0), float(shape.get("memory", 0) or 0)
+    models = set(shape.get("gpuModels") or ())
+    return [n for n in nodes if n.get("gpus") and holds(n, gpus, cpu, mem, models)]
+
+
 def host_pressure(shapes: list[dict[str, Any]], nodes: list[NodeView],
                   share: float) -> dict[tuple[str, int], tuple[float, float]]:
     """The shapes only a few nodes can hold (rule 8): per node class (:func:`node_class`) that
@@ -116,25 +145,16 @@ def host_pressure(shapes: list[dict[str, Any]], nodes: list[NodeView],
     demand (frequency x GPUs) is split over those nodes' classes by their GPUs; a class's pressure
     is that demand as a share of all the shapes' GPU demand, over the class's share of the
     cluster's GPUs, capped at 1."""
-    supply: dict[tuple[str, int], int] = {}
-    cpus: dict[tuple[str, int], float] = {}
-    for n in nodes:
-        if n.get("gpus"):
-            c = node_class(n)
-            supply[c] = supply.get(c, 0) + len(n["gpus"])
-            cpus[c] = cpus.get(c, 0.0) + float(n.get("cpu", 0) or 0)
+    supply, cpus = _class_supply(nodes)
     total = sum(supply.values())
     demand = 0.0
     held: dict[tuple[str, int], float] = {}
     for s in shapes:
-        w, gpus = float(s.get("weight", 0) or 0), int(s.get("gpus", 0) or 0)
-        if w <= 0 or not gpus:
+        d = _gpu_demand(s)
+        if not d:
             continue
-        part = float(s.get("gpuShare") or 0)
-        d = w * gpus * (part if 0 < part < 1 else 1.0)
         demand += d
-        cpu, mem, models = float(s.get("cpu", 0) or 0), float(s.get("memory", 0) or 0), set(s.get("gpuModels") or ())
-        hosts = [n for n in nodes if n.get("gpus") and holds(n, gpus, cpu, mem, models)]
+        hosts = _hosts(s, nodes)
         able = sum(len(n["gpus"]) for n in hosts)
         if not able or able > share * total:
             continue
@@ -154,11 +174,9 @@ def model_pressure(shapes: list[dict[str, Any]], supply: dict[str, int]) -> dict
     demand = 0.0
     constrained: dict[str, float] = {}
     for s in shapes:
-        w, gpus = float(s.get("weight", 0) or 0), int(s.get("gpus", 0) or 0)
-        if w <= 0 or not gpus:
+        d = _gpu_demand(s)
+        if not d:
             continue
-        share = float(s.get("gpuShare") or 0)
-        d = w * gpus * (share if 0 < share < 1 else 1.0)
         demand += d
         allowed = [m for m in dict.fromkeys(s.get("gpuModels") or ()) if supply.get(m)]
         cap = sum(supply[m] for m in allowed)
