@@ -119,19 +119,23 @@ async def test_a_gang_is_ready_at_its_last_added_with_every_instance(rig: tuple[
     assert await _readies(client) == [[f"{BID}-0", f"{BID}-1"]]
 
 
-async def test_records_that_changed_since_the_read_decide_as_before(rig: tuple[Worker, Client]) -> None:
-    w, client = rig
+async def _decided_on_the_read(w: Worker) -> tuple[Any, Any]:
+    """A one-instance block placing, its ``added`` decided on the block and instance records as
+    the turn's first exchange read them: (the decision's effects, the records read)."""
     await _placing(w, 1)
-    block = await w.store.get_block(BID)
+    block, insts = await w.store.block_and_instances(BID)
     assert block is not None
     ev = InstanceEvent(BID, 1, f"{BID}-0", "c0-n0", ["c0-g0"], endpoint=EP)
-    inst = (await w.store.instances(BID))[f"{BID}-0"]
-    decided = lc.on_added(ev, lc.View(block, {f"{BID}-0": inst}))
-    read = await w.store.block_and_instances(BID)
+    return lc.on_added(ev, lc.View(block, {f"{BID}-0": insts.one(f"{BID}-0")})), insts  # type: ignore[dict-item]
+
+
+async def test_records_that_changed_since_the_read_decide_as_before(rig: tuple[Worker, Client]) -> None:
+    w, client = rig
+    decided, insts = await _decided_on_the_read(w)
     # a second instance recorded after the read (a replacement): the script refuses the step; the
     # records it returns decide, and ready lists both
     await w.store.put_instances(BID, {f"{BID}-1": _rec("running", "c0-n1")})
-    await _commit(w, lambda: effects.commit_added(w, decided, read[1]))
+    await _commit(w, lambda: effects.commit_added(w, decided, insts))
     assert (await w.store.get_block(BID))["status"] == "ready"  # type: ignore[index]
     assert await _readies(client) == [[f"{BID}-0", f"{BID}-1"]]
     assert await w.store.r.hlen(ANNOUNCE) == 0
@@ -139,12 +143,7 @@ async def test_records_that_changed_since_the_read_decide_as_before(rig: tuple[W
 
 async def test_an_instance_gone_since_the_read_changes_nothing(rig: tuple[Worker, Client]) -> None:
     w, client = rig
-    await _placing(w, 1)
-    block = await w.store.get_block(BID)
-    assert block is not None
-    ev = InstanceEvent(BID, 1, f"{BID}-0", "c0-n0", ["c0-g0"], endpoint=EP)
-    _, insts = await w.store.block_and_instances(BID)
-    decided = lc.on_added(ev, lc.View(block, {f"{BID}-0": insts.one(f"{BID}-0")}))  # type: ignore[dict-item]
+    decided, insts = await _decided_on_the_read(w)
     await w.store.drop_instance(BID, f"{BID}-0")  # released meanwhile
     await _commit(w, lambda: effects.commit_added(w, decided, insts))
     assert (await w.store.get_block(BID))["status"] == "placing"  # type: ignore[index]
