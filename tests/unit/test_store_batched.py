@@ -45,18 +45,6 @@ async def test_set_instance_status_all_returns_every_record_after_the_write() ->
     assert len(insts) == 2 and sorted(insts) == ["b1-0", "b1-1"] and insts["b1-1"]["status"] == "removing"
 
 
-async def test_block_and_instance_reads_the_block_and_that_one_instance() -> None:
-    st = store()
-    await st.create_block("b1", 7, "d", {"status": "placing", "ir": {"blockId": "b1"}})
-    a = {"node": "n1", "gpus": [], "cluster": "c1", "status": "starting", "action": "allocation"}
-    await st.put_instances("b1", {"b1-0": a, "b1-1": {**a, "node": "n2"}})
-    block, inst = await st.block_and_instance("b1", "b1-1")
-    assert block is not None and block["gen"] == 7 and block["status"] == "placing"
-    assert inst == {**a, "node": "n2"}
-    assert (await st.block_and_instance("b1", "b1-9"))[1] is None
-    assert await st.block_and_instance("nope", "x") == (None, None)
-
-
 async def test_block_and_instances_reads_the_block_and_every_record() -> None:
     st = store()
     await st.create_block("b1", 7, "d", {"status": "placing", "ir": {"blockId": "b1"}})

@@ -413,15 +413,6 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         block, flat = await pipe.execute()
         return _block(block), Records([x for kv in flat.items() for x in kv])
 
-    async def block_and_instance(self, bid: str, iid: str) -> tuple[BlockRecord | None, InstanceRecord | None]:
-        """The block record and one of its instances, in one round trip (a decision about one
-        instance need not decode all of them: a block scaled to 64 has 64)."""
-        pipe = self.r.pipeline(transaction=False)
-        pipe.hgetall(block_key(bid))
-        pipe.hget(inst_key(bid), iid)
-        block, raw = await pipe.execute()
-        return _block(block), (None if raw is None else _json.decode(raw))
-
     async def instances(self, bid: str) -> dict[str, InstanceRecord]:
         raw = await self.r.hgetall(inst_key(bid))
         return {iid: _json.decode(v) for iid, v in raw.items()}
