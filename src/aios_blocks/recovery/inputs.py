@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+from bisect import bisect_right
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict, cast
@@ -454,6 +455,8 @@ class Placed:
 
     def __init__(self, messages: list[tuple[str, bytes, int, float]]):
         self.items: list[_Placement] = []
+        #: cluster -> its placements' stream sequences and the placements, in stream order
+        self._by_cluster: dict[str, tuple[list[int], list[_Placement]]] = {}
         for subject, raw, seq, _ts in messages:
             if _event_name(subject) != "block.placement" or b'"decisions"' not in raw:
                 continue
@@ -465,13 +468,20 @@ class Placed:
                 continue
             parts = tuple((str(p.get("instance_id", "")), str(p.get("node_id", "")), _strs(p.get("gpus")))
                           for p in found if isinstance(p, dict))
-            self.items.append(_Placement(seq, at, subject.split(".")[2], _int(data.get("gen", 0)),
-                                         str(data.get("cluster_id", "")), parts))
+            item = _Placement(seq, at, subject.split(".")[2], _int(data.get("gen", 0)), str(data.get("cluster_id", "")), parts)
+            self.items.append(item)
+            seqs, items = self._by_cluster.setdefault(item.cluster, ([], []))
+            seqs.append(seq)
+            items.append(item)
 
     def ahead(self, step: Step, seq: int, cid: str) -> list[_Placement]:
+        """The cluster's placements stored after ``seq`` (up to the step's slack) whose plans
+        were triggered before the step's, other blocks' (a search in the cluster's window)."""
         bid = str(step.data.get("block_id") or step.subject.split(".")[2])
         at = min((int(c.decision.get("at") or 0) for c in step.calls), default=0)
-        return [p for p in self.items if seq < p.seq <= step.hi and p.at < at and p.cluster == cid and p.block != bid]
+        seqs, items = self._by_cluster.get(cid, ([], []))
+        window = items[bisect_right(seqs, seq):bisect_right(seqs, step.hi)]
+        return [p for p in window if p.at < at and p.block != bid]
 
 
 async def _run_ahead(step: Step, st: State, seq: int, placed: Placed) -> list[bytes] | None:
