@@ -320,6 +320,81 @@ async def test_a_publish_awaited_inside_a_handler_never_overtakes_its_earlier_ev
         servers.stop()
 
 
+async def test_an_early_event_of_a_batch_of_one_is_stored_while_its_handler_still_works(tmp_path: Path) -> None:
+    """``Emit.early`` (the parser's ``submitted``): in a batch of one delivery it is published at
+    once, so it is stored while the handler goes on (its disk sync overlaps the handler's work);
+    the input is acked only after everything is stored, in the handler's order. In a batch of
+    several (atomic batches to join) and behind an event already held, it is held like the rest."""
+    from aios_blocks.bus.catalog import E, Emit
+    from aios_blocks.bus.nats_bus import outbox
+    from aios_blocks.schemas.events import BlockStatusReport
+
+    servers = EmbeddedServers(data_dir=tmp_path)
+    servers.start_nats()
+    bus = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        assert bus.atomic_streams  # the runner holds a handler's events for its batch's commit
+        spec = subjects.ConsumerSpec("early-test", ("aios.cluster.early-test.*",))
+        await bus.ensure_consumer(spec)
+        stored_while_handling: dict[str, bool] = {}
+
+        async def stored(bid: str) -> bool:
+            try:
+                await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=bid))
+                return True
+            except Exception:
+                return False
+
+        async def handler(d: Delivery) -> None:
+            name = d.subject.rsplit(".", 1)[-1]
+            await bus.emit_all([Emit(E.block_ready, BlockStatusReport(f"{name}-early", 1, "ready"), early=True)])
+            await bus.emit(E.block_ready, BlockStatusReport(f"{name}-late", 1, "ready"))
+            seen = False
+            for _ in range(40):  # stored by now if it went out (a few ms), never if it is held
+                if seen := await stored(f"{name}-early"):
+                    break
+                await asyncio.sleep(0.05)
+            stored_while_handling[name] = seen
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(ConsumerRunner(bus, spec, handler, RunnerOptions(fetch_timeout_s=0.2)).run(stop))
+        await bus.publish_raw("aios.cluster.early-test.scale", b"{}", msg_id="e-1")
+        for _ in range(100):
+            if "scale" in stored_while_handling:
+                break
+            await asyncio.sleep(0.05)
+        stop.set()
+        await asyncio.wait_for(task, 10)
+        # two at once: one batch of two deliveries, their events held for the batch's commit
+        spec2 = subjects.ConsumerSpec("early-test-2", ("aios.cluster.early-test-2.*",))
+        await bus.ensure_consumer(spec2)
+        for name, mid in (("allocation", "e-2"), ("reassignment", "e-3")):
+            await bus.publish_raw(f"aios.cluster.early-test-2.{name}", b"{}", msg_id=mid)
+        sub = await bus.js.pull_subscribe_bind(spec2.durable, subjects.STREAM)
+        msgs = await sub.fetch(2, timeout=5)
+        assert len(msgs) == 2
+        await ConsumerRunner(bus, spec2, handler, RunnerOptions(fetch_timeout_s=0.2)).batch(msgs)
+        assert stored_while_handling == {"scale": True, "allocation": False, "reassignment": False}
+        for name in ("scale", "allocation", "reassignment"):  # all stored, in each handler's order
+            early, late = [(await bus.js.get_last_msg(subjects.STREAM, E.block_ready.subject(bid=f"{name}-{w}"))).seq
+                           for w in ("early", "late")]
+            assert early < late
+        for durable in (spec.durable, spec2.durable):  # acked once stored
+            info = await bus.js.consumer_info(subjects.STREAM, durable)
+            assert info.num_ack_pending == 0 and info.num_pending == 0
+        # held like the rest behind an event held before it, and where early is not allowed
+        for early_ok, before in ((False, False), (True, True)):
+            with outbox(defer=True, early=early_ok) as box:
+                if before:
+                    await bus.emit(E.block_ready, BlockStatusReport("held-first", 1, "ready"))
+                await bus.emit_all([Emit(E.block_ready, BlockStatusReport("held-early", 1, "ready"), early=True)])
+            assert not box.pending and len(box.deferred) == 1 + before
+    finally:
+        await bus.close()
+        servers.stop()
+
+
 async def test_a_query_runner_takes_each_query_once_commits_its_events_retries_and_dead_letters(tmp_path: Path) -> None:
     """``CoreRunner`` on a real server: queries (core NATS, not stored) reach one of the queue
     group's runners each; what a handler publishes is stored with its batch; a handler that keeps

@@ -72,6 +72,9 @@ class Outbox:
     #: events are kept here, not published, until the whole batch's handlers are done
     defer: bool = False
     deferred: list[Deferred] = field(default_factory=list)
+    #: whether an ``Emit.early`` event goes out at once in spite of ``defer`` (a batch of one
+    #: delivery: no atomic batch to join) while nothing is held before it (the order stays)
+    early: bool = False
     #: queries (core NATS, not stored) the handler sent: the runner sends them once the handler's
     #: stored events are stored, so an answer never lands in the stream before the facts that
     #: asked for it (and a handler that fails sends none: its redelivery asks again)
@@ -105,8 +108,8 @@ class outbox:  # lower case: used as ``with outbox() as box``, like the function
 
     __slots__ = ("box", "token")
 
-    def __init__(self, defer: bool = False) -> None:
-        self.box = Outbox(defer=defer)
+    def __init__(self, defer: bool = False, early: bool = False) -> None:
+        self.box = Outbox(defer=defer, early=early)
         self.token: contextvars.Token[Outbox | None] | None = None
 
     def __enter__(self) -> Outbox:
@@ -329,7 +332,7 @@ class Bus(Topology):
         d = await self._stored(e, subject, mid)
         if wait:
             return await self.js.publish(subject, d.body, headers=d.headers)
-        if box is not None and box.defer:
+        if box is not None and box.defer and not (e.early and box.early and not box.deferred):
             box.deferred.append(d)
             return None
         return await self.js.publish_async(subject, d.body, headers=d.headers)

@@ -263,7 +263,7 @@ class ConsumerRunner:
                     self._handled["deferred"].inc()
                 return
         if len(deliveries) == 1:  # no task for a batch of one (the unloaded path)
-            outcomes = [await self._handle(deliveries[0])]
+            outcomes = [await self._handle(deliveries[0], early=not self.options.handoff)]
         else:
             outcomes = list(await asyncio.gather(*(self._handle(d) for d in deliveries)))
         await self._commit_stored(outcomes)
@@ -395,9 +395,12 @@ class ConsumerRunner:
                 if o.kind == "ok":
                     o.kind, o.delay = "defer", self.guard.pause_s
 
-    async def _handle(self, d: Delivery) -> _Outcome:
+    async def _handle(self, d: Delivery, early: bool = False) -> _Outcome:
+        """Run the handler in an outbox; ``early``: its ``Emit.early`` events may go out at once
+        (a batch of one: no atomic batch to join; not with hand-offs, which hand what the commit
+        stores)."""
         started = time.perf_counter()
-        with outbox(defer=bool(self.bus.atomic_streams)) as box:
+        with outbox(defer=bool(self.bus.atomic_streams), early=early) as box:
             try:
                 await self.handler(d)
                 return _Outcome("ok", d, pending=box.pending, deferred=box.deferred, after=box.after, then=box.then)

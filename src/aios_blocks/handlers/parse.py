@@ -74,7 +74,7 @@ def submitted(subject: str, bid: str | None, gen: int, raw: bytes, headers: dict
         out.spec = decode_spec(raw, max_bytes)
     except SpecInvalid:
         out.body = raw[:BODY_EXCERPT].decode(errors="replace")
-    return Emit(E.block_submitted, out, {"bid": given if valid else INVALID_ID})
+    return Emit(E.block_submitted, out, {"bid": given if valid else INVALID_ID}, early=True)
 
 
 #: how a publisher retries a create without a second answer "in use" (docs/subjects.md)

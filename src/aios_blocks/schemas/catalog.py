@@ -171,6 +171,11 @@ class Emit:
     msg_id: str | None = None
     #: extra NATS headers (e.g. ``Content-Encoding`` of a compressed raw body)
     headers: tuple[tuple[str, str], ...] = ()
+    #: an event the same on every attempt of its handler (``block.submitted``: the create as
+    #: taken): where the runner holds a handler's events for its batch's commit and the batch is
+    #: one delivery, it is published at once if nothing is held before it, so its disk sync
+    #: overlaps the handler's work (``Outbox.early``); the input is still acked only once it is stored
+    early: bool = False
 
     def subject(self) -> str:
         return self.event.subject(**self.event.resolve(self.payload, self.tokens))
