@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from ..policies.runtime import registry_name
 from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.events import Rejected, Submitted
-from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, block_create_IR, decode_spec
+from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, KnownComponent, block_create_IR, decode_spec
 from ..schemas.policy_io import PolicySource
 from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import ID_RE
@@ -57,6 +58,13 @@ def submitted(subject: str, bid: str | None, gen: int, raw: bytes, headers: dict
     ``AIOS_INTAKE``, whatever its publisher sent (a bare spec, a CloudEvent, no JSON at all): the
     spec, gen, the subject and headers it came with. Its id derives from gen, so a redelivered
     create stores it once. A subject with no valid id puts it on ``aios.block._invalid.submitted``."""
+    return intake(subject, bid, gen, raw, headers, max_bytes)[0]
+
+
+def intake(subject: str, bid: str | None, gen: int, raw: bytes, headers: dict[str, str] | None,
+           max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> tuple[Emit, ParseOutcome]:
+    """:func:`submitted` and :func:`read` of one create, its body decoded once (the parser's turn
+    decoded it three times: for the framing, for the submitted's spec and for the parse)."""
     valid = bid is not None and ID_RE.match(bid) is not None
     given = bid if bid is not None else subject.removeprefix("aios.block.").removesuffix(".create")
     out = Submitted(given, gen, subject, digest(raw),
@@ -70,11 +78,12 @@ def submitted(subject: str, bid: str | None, gen: int, raw: bytes, headers: dict
     if isinstance(doc, dict) and "specversion" in doc:
         out.framing = "cloudevent"
         out.attributes = {k: v for k, v in doc.items() if k not in ("data", "data_base64")}
-    try:
-        out.spec = decode_spec(raw, max_bytes)
-    except SpecInvalid:
+    outcome = read(raw, max_bytes, doc)
+    if outcome.doc is not None:
+        out.spec = outcome.doc
+    else:
         out.body = raw[:BODY_EXCERPT].decode(errors="replace")
-    return Emit(E.block_submitted, out, {"bid": given if valid else INVALID_ID}, early=True)
+    return Emit(E.block_submitted, out, {"bid": given if valid else INVALID_ID}, early=True), outcome
 
 
 #: how a publisher retries a create without a second answer "in use" (docs/subjects.md)
@@ -103,11 +112,11 @@ class ParseOutcome:
     doc: dict[str, Any] | None = None
 
 
-def read(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> ParseOutcome:
+def read(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: Any = None) -> ParseOutcome:
     """First half: decode the body (bare spec or CloudEvent) so the worker can look up the component;
-    ``max_bytes``: ``Settings.max_spec_bytes``."""
+    ``max_bytes``: ``Settings.max_spec_bytes``; ``decoded``: the body's JSON if decoded already."""
     try:
-        return ParseOutcome(doc=decode_spec(raw, max_bytes))
+        return ParseOutcome(doc=decode_spec(raw, max_bytes, decoded))
     except SpecInvalid as exc:
         return ParseOutcome(errors=exc.errors)
 
@@ -128,17 +137,53 @@ def for_tenant(outcome: ParseOutcome, tenant: str) -> ParseOutcome:
     return ParseOutcome(doc={**outcome.doc, "labels": {**(labels or {}), "tenant": tenant}})
 
 
+#: the records of components the parser keeps validated (``ComponentCache``)
+COMPONENT_CACHE = 256
+
+
+class ComponentCache:
+    """The components the parser has read, each stored record (its JSON text, as Redis holds it)
+    decoded and validated once (``schemas.ir.KnownComponent``): a component's record is read for
+    every create that names it, and validating it and dumping its models again was a third of
+    the parser's turn on the GPU trace (docs/trace.md). Keyed by the whole record: a component
+    registered again is another key, so nothing is ever stale; the least recently used goes
+    beyond ``size``."""
+
+    def __init__(self, size: int = COMPONENT_CACHE) -> None:
+        self.size = size
+        self._known: OrderedDict[str, KnownComponent] = OrderedDict()
+
+    def get(self, raw: str | bytes | None) -> KnownComponent | None:
+        """The record ``raw`` (None or empty: no such component) decoded and validated."""
+        if not raw:
+            return None
+        key = raw if isinstance(raw, str) else raw.decode()
+        known = self._known.get(key)
+        if known is None:
+            known = self._known[key] = KnownComponent(msgspec.json.decode(key))
+            if len(self._known) > self.size:
+                self._known.popitem(last=False)
+        else:
+            self._known.move_to_end(key)
+        return known
+
+
+def record_of(component: dict[str, Any] | KnownComponent | None) -> dict[str, Any] | None:
+    """A component's record (its JSON), given it or a ``KnownComponent`` of it."""
+    return component.doc if isinstance(component, KnownComponent) else component
+
+
 def component_uri(doc: dict[str, Any]) -> str | None:
     uri = doc.get("blockComponentURI")
     return uri if isinstance(uri, str) and uri else None
 
 
-def registry_policies(doc: dict[str, Any], component: dict[str, Any] | None) -> dict[str, str]:
+def registry_policies(doc: dict[str, Any], component: dict[str, Any] | KnownComponent | None) -> dict[str, str]:
     """Policy name -> registry name of every registry policy the block names at its latest version
     (``registry:NAME``, a ``.py``/``.star`` path; not ``registry:NAME@V``): the component's
     policies, overridden by the block's ``policyRulesSpec``. ``component`` None: the block's own."""
     rules: dict[str, str] = {}
-    for p in (component or {}).get("policies", []):
+    for p in (record_of(component) or {}).get("policies", []):
         if isinstance(p, dict) and isinstance(p.get("policyRuleURI"), str):
             rules[p.get("name", "")] = p["policyRuleURI"]
     given = doc.get("policyRulesSpec")
@@ -161,7 +206,7 @@ async def registry_heads(lookup: PolicyLookup, names: Iterable[str]) -> dict[str
     return dict(zip(wanted, await asyncio.gather(*(lookup(n, None) for n in wanted)), strict=True))
 
 
-async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: dict[str, Any] | None,
+async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: dict[str, Any] | KnownComponent | None,
                           known: Mapping[str, PolicySource | None] | None = None) -> dict[str, int]:
     """Current registry version of every registry policy the block names (pinned into its IR by
     ``build``): the component's policies, overridden by the block's ``policyRulesSpec``. ``known``:
@@ -180,7 +225,7 @@ async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: 
 
 def build(
     doc: dict[str, Any],
-    component: dict[str, Any] | None,
+    component: dict[str, Any] | KnownComponent | None,
     block_id: str,
     policy_versions: dict[str, int] | None = None,
     settings: Settings | None = None,
@@ -190,7 +235,7 @@ def build(
     the versions of registry policies the block will be placed with; ``pin_defaults`` writes the
     process defaults the built-in rules would use into the rules, so a recorded decision does not
     depend on the environment of the worker that re-runs it. ``priority_classes``: the registered
-    classes (docs/priority.md)."""
+    classes (docs/priority.md). ``component``: its record, or a ``KnownComponent`` of it (the same IR)."""
     try:
         ir = block_create_IR(doc, component, block_id, priority_classes)
     except SpecInvalid as exc:

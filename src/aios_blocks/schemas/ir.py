@@ -75,12 +75,14 @@ def _too_deep(doc: Any, limit: int) -> bool:
     return False
 
 
-def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES) -> JSONObject:
-    """Decode a create message body: a bare spec, or a CloudEvents envelope whose ``data`` is one."""
+def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: Any = None) -> JSONObject:
+    """Decode a create message body: a bare spec, or a CloudEvents envelope whose ``data`` is one.
+    ``decoded``: the body's JSON already decoded (``msgspec.json.decode(raw)``, not changed
+    since), so it is not decoded again; None: decode it here."""
     if len(raw) > max_bytes:
         raise SpecInvalid([SpecError("$", f"spec is {len(raw)} bytes; the limit is {max_bytes} (AIOS_MAX_SPEC_BYTES)")])
     try:
-        doc = msgspec.json.decode(raw)
+        doc = msgspec.json.decode(raw) if decoded is None else decoded
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise SpecInvalid([SpecError("$", f"body is not valid JSON: {exc}")]) from None
     except RecursionError:
@@ -111,6 +113,31 @@ def _base64_data(value: Any) -> Any:
         return msgspec.json.decode(raw)
     except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise SpecInvalid([SpecError("$.data_base64", f"does not hold JSON: {exc}")]) from None
+
+
+class KnownComponent:
+    """A registered component's record decoded and validated once, with the parts of it every
+    IR built from it takes (``block_create_IR`` given one instead of the record): the parser keeps
+    one per stored record (``handlers.parse.ComponentCache``) rather than validating the record
+    and dumping its models again for every create. Read-only: an IR built from it holds its
+    parts (``data``'s values) as they are; only the policy rules, which ``handlers.parse``
+    changes, are copied per IR."""
+
+    __slots__ = ("data", "doc", "errors", "model", "rules")
+
+    def __init__(self, doc: JSONObject) -> None:
+        #: the record as stored (its JSON)
+        self.doc = doc
+        #: the validated component (None: the record no longer passes, ``errors`` say why)
+        self.model: Component | None = None
+        self.errors: list[SpecError] = []
+        try:
+            self.model = Component.model_validate(doc)
+        except ValidationError as exc:  # stored before a rule that now refuses it
+            self.errors = pydantic_errors(exc, ("<component>",))
+        #: the model's JSON (``Component.model_dump()``) and its policy rules as the IR keeps them
+        self.data: dict[str, Any] = self.model.model_dump() if self.model is not None else {}
+        self.rules: list[PolicyRule] = [rule_record(p) for p in self.model.policies] if self.model is not None else []
 
 
 def rule_record(rule: PolicyRuleModel) -> PolicyRule:
@@ -162,12 +189,13 @@ def priority_of(name: str | None, classes: Mapping[str, Mapping[str, Any]]) -> t
 
 
 def block_create_IR(
-    doc: JSONObject, component: JSONObject | None, subject_block_id: str | None = None,
+    doc: JSONObject, component: JSONObject | KnownComponent | None, subject_block_id: str | None = None,
     priority_classes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BlockIR:
     """Validate ``doc`` against the block spec and build the IR, or raise :class:`SpecInvalid`
     listing every problem found. ``priority_classes``: the registered classes by name
-    (``schemas.priority.PriorityClass`` JSON), for ``priorityClass`` and the default class."""
+    (``schemas.priority.PriorityClass`` JSON), for ``priorityClass`` and the default class.
+    ``component``: the record, or a :class:`KnownComponent` of it (validated once: the same IR)."""
     errors: list[SpecError] = []
     spec: BlockSpec | None = None
     try:
@@ -177,10 +205,13 @@ def block_create_IR(
     errors.extend(_count_errors(doc, spec))
     block_id = _block_id(doc, subject_block_id, errors)
     comp = _component(doc, component, errors)
+    known = component if isinstance(component, KnownComponent) else None
     policies: dict[str, PolicyRule] = {}
     if spec is not None and comp is not None:
         block_rules = [rule_record(e.values) for e in spec.policyRulesSpec] if spec.policyRulesSpec is not None else None
-        policies = merge_policies([rule_record(p) for p in comp.policies], block_rules)
+        # a known component's rules copied (their values shared): ``handlers.parse`` sets keys of the IR's rules
+        comp_rules = [cast(PolicyRule, dict(r)) for r in known.rules] if known is not None else [rule_record(p) for p in comp.policies]
+        policies = merge_policies(comp_rules, block_rules)
         errors.extend(_policy_errors(spec, comp, policies))
     if spec is not None:
         errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars or []))
@@ -194,7 +225,7 @@ def block_create_IR(
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
             errors.append(SpecError("$", "invalid spec"))
         raise SpecInvalid(errors)
-    ir = _ir(block_id, spec, comp, policies, affinity)
+    ir = _ir(block_id, spec, comp, policies, affinity, known.data if known is not None else None)
     # docs/priority.md: set only with a class (named or the default) / when given: a spec without
     # them keeps its IR (and digest) while no default class is registered
     if priority is not None:
@@ -248,7 +279,7 @@ def _block_id(doc: JSONObject, subject_block_id: str | None, errors: list[SpecEr
     return block_id
 
 
-def _component(doc: JSONObject, component: JSONObject | None, errors: list[SpecError]) -> Component | None:
+def _component(doc: JSONObject, component: JSONObject | KnownComponent | None, errors: list[SpecError]) -> Component | None:
     """The registered component the spec names (None, with the error, when it is unknown or no
     longer valid)."""
     uri = doc.get("blockComponentURI")
@@ -257,6 +288,9 @@ def _component(doc: JSONObject, component: JSONObject | None, errors: list[SpecE
     if component is None:
         errors.append(SpecError("$.blockComponentURI", f"unknown component {uri!r}: register it first (blocks component add)"))
         return None
+    if isinstance(component, KnownComponent):
+        errors.extend(component.errors)
+        return component.model
     try:
         return Component.model_validate(component)
     except ValidationError as exc:  # stored before a rule that now refuses it
@@ -294,8 +328,10 @@ def _job_cluster_errors(spec: BlockSpec, comp: Component) -> list[SpecError]:
     return []
 
 
-def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, PolicyRule], affinity: list[Any]) -> BlockIR:
-    """The IR of a valid spec and its component (the block's fields over the component's)."""
+def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[str, PolicyRule], affinity: list[Any],
+        comp_data: dict[str, Any] | None = None) -> BlockIR:
+    """The IR of a valid spec and its component (the block's fields over the component's).
+    ``comp_data``: ``comp.model_dump()`` made before (``KnownComponent.data``), its values taken as they are."""
     assert block_id is not None  # a spec without one has an error: no IR is built
     ir: BlockIR = {
         "blockId": block_id,
@@ -305,13 +341,19 @@ def _ir(block_id: str | None, spec: BlockSpec, comp: Component, policies: dict[s
         "maxInstances": spec.maxInstances,
     }
     given = spec.model_dump(exclude_unset=True)
-    comp_data = comp.model_dump()
+    dumped = comp_data is not None
+    if comp_data is None:
+        comp_data = comp.model_dump()
     for block_field, comp_field in INHERITED:
         value = given.get(block_field)
         ir[block_field] = value if value is not None else comp_data[comp_field]
-    # the models' JSON: each record names exactly its model's fields (tests/unit/test_records*.py)
-    ir["resources"] = cast(Needs, (spec.resources or comp.resources).model_dump())
-    ir["launch"] = cast(LaunchRecord, comp.launch.model_dump())
+    # the models' JSON: each record names exactly its model's fields (tests/unit/test_records*.py);
+    # a component's dumped before: its parts of that dump (a nested model dumps as it does alone)
+    if spec.resources is not None or not dumped:
+        ir["resources"] = cast(Needs, (spec.resources or comp.resources).model_dump())
+    else:
+        ir["resources"] = cast(Needs, comp_data["resources"])
+    ir["launch"] = cast(LaunchRecord, comp_data["launch"] if dumped else comp.launch.model_dump())
     ir["policies"] = policies
     ir["affinity"] = msgspec.to_builtins(affinity)
     ir["sidecars"] = merge_sidecars(comp.sidecars, spec.sidecars)

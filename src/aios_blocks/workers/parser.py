@@ -4,7 +4,7 @@ a CloudEvent in ``AIOS``), then ``parsed`` (IR) or ``rejected`` (every error).""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -14,7 +14,9 @@ from ..bus.router import Inbound, Router
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
-from ..schemas.records import JSONObject, wire_ir
+from ..schemas.ir import KnownComponent
+from ..schemas.records import BlockIR
+from ..state.keys import component_key
 from ..state.priority import PriorityStore
 from ..state.tenants import TenantStore
 from .base import Worker, bound
@@ -28,19 +30,24 @@ def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
     return [router.binding()]
 
 
+#: the components this process has read, each record validated once (``parse.ComponentCache``)
+COMPONENTS = parse.ComponentCache()
+
+
 async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     """A create as sent: stored in ``AIOS`` as ``submitted``, then parsed (IR) or rejected."""
     d = m.delivery
     gen = d.stream_seq  # its AIOS_INTAKE sequence: the publisher's PubAck seq
-    # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec)
-    await w.bus.emit_all([parse.submitted(d.subject, m.tokens.get("bid"), gen, d.data, d.headers,
-                                          w.settings.max_spec_bytes)])
+    # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec);
+    # its body decoded once for that and for the parse (``parse.intake``)
+    sub, outcome = parse.intake(d.subject, m.tokens.get("bid"), gen, d.data, d.headers, w.settings.max_spec_bytes)
+    await w.bus.emit_all([sub])
     # a subject token that is no block id (aios.block.*.create, a.b taken by an extra filter)
     if (refused := parse.invalid_id(d.subject, m.tokens.get("bid"), gen)) is not None:
         await w.bus.emit_all([refused])
         return
     bid = m.tokens["bid"]
-    outcome = parse.read(d.data, w.settings.max_spec_bytes)
+    digest = sub.payload.digest  # the body's (``parse.digest``), which the block record keeps too
     tenant = m.tokens.get("tenant")  # the server put the tenant's name in the subject
     if outcome.doc is not None and tenant:
         outcome = parse.for_tenant(outcome, tenant)
@@ -61,13 +68,16 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
                                                    dict(zip(own, heads, strict=True)))
             outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
     if outcome.ir is not None:
+        # the IR's JSON once, for the block record (which keeps it as that text) and the parsed
+        # event (the same bytes in its body: ``msgspec.Raw``)
+        ir_json = msgspec.json.encode(outcome.ir)
         ok, what = await w.store.create_block(
-            bid, gen, parse.digest(d.data), {"status": "parsed", "ir": outcome.ir, "created": d.stream_seq}
+            bid, gen, digest, {"status": "parsed", "ir": ir_json.decode(), "created": d.stream_seq}
         )
         if ok:
             if tenant:
                 await TenantStore(w.store.r).add_pending(tenant, bid)
-            await w.bus.emit(E.block_parsed, Parsed(bid, gen, wire_ir(outcome.ir)))
+            await w.bus.emit(E.block_parsed, Parsed(bid, gen, cast(BlockIR, msgspec.Raw(ir_json))))
             return
         existing = await w.store.get_block(bid)
         if tenant and block_tenant(existing) != tenant:
@@ -79,13 +89,15 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             outcome.errors.append(parse.in_use(what, existing, outcome.ir))
     else:
         await w.store.create_block(
-            bid, gen, parse.digest(d.data), {"status": "rejected", "reason": _summary(outcome.errors)}
+            bid, gen, digest, {"status": "rejected", "reason": _summary(outcome.errors)}
         )
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
 
 
-async def _component(w: Worker, uri: str | None) -> JSONObject | None:
-    return await w.store.get_component(uri) if uri else None
+async def _component(w: Worker, uri: str | None) -> KnownComponent | None:
+    """The component's record (``Store.get_component``'s read), validated once per record
+    (``COMPONENTS``): the same for every create of it until it is registered again."""
+    return COMPONENTS.get(await w.store.r.get(component_key(uri))) if uri else None
 
 
 async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
