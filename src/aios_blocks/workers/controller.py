@@ -63,7 +63,7 @@ from ..schemas.records import (
 )
 from ..schemas.spec import ID_RE, Cluster, Node
 from . import announce, moves, queue, reconciler
-from .allocate import allocate, start, suspect_nodes
+from .allocate import Turn, allocate, start, suspect_nodes
 from .base import Worker, bound
 from .effects import commit, commit_added, release
 
@@ -134,40 +134,46 @@ async def on_dry_run(w: Worker, m: Inbound[DryRunRequest]) -> None:
 
 async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
     ev = m.data
-    # the suspect nodes and nominees the allocation reads go to Redis with the block's read (one
-    # exchange, not three one after the other on the create's path), and so does the redelivery
-    # check's reservation of the gang's first instance (``allocate._reservations``: the instance
-    # ids depend on the block, the first one's is ``{bid}-0`` unless the block was preempted)
-    first = h.instance_id(ev.block_id, 0)
-    block, suspects, nominated, reserved = await asyncio.gather(
-        w.store.get_block(ev.block_id), suspect_nodes(w), queue.nominees(w), w.store.reservation(ev.cluster_id, first))
-    if block is not None and _reselected(block, ev):
-        # this request's reselect step is stored, its events may not be (their publish failed and
-        # the request came again): publish them again (the stream deduplicates them by id)
-        await _reselect_events(w, block["ir"], ev, "(the first try's reason was not stored)")
-        return
-    if block is None or block["gen"] != ev.gen or block["status"] not in ("allocating", "placing"):
-        return
-    if int(block.get("attempt", 0)) != ev.attempt:
-        return
-    ir = block["ir"]
-    # a victim of a preemption placed again (same generation) takes fresh instance ids: the first
-    # gang's commands and facts are in the stream under theirs (docs/priority.md)
-    keys = [f"r{ev.attempt}-{i}" if block.get("preempted_by") else i for i in range(ir["minInstances"])]
-    iids = tuple(h.instance_id(ev.block_id, k) for k in keys)
-    if not iids:
-        await commit(w, [ReadyIfRunning(ev.block_id, ev.gen, 0, ev.cluster_id, Step.READY_EMPTY)])
-        return
-    trace: list[Decision] = []
+    # its place among this process's steps of the cluster, taken before the first await: the
+    # cluster's requests are planned in the order they were delivered (``allocate.Turn``)
+    turn = Turn(ev.cluster_id)
     try:
-        placements, attempts = await allocate(w, al.Request(ir, ev.cluster_id, "allocation", iids), trace=trace, ahead=(suspects, nominated),
-                                              reserved=(first, reserved))
-    except PlacementFailed as exc:
-        await _reselect_or_fail(w, ir, ev, exc.reason, trace)
-        return
-    await start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts,
-                key=f"gang-r{ev.attempt}" if block.get("preempted_by") else "gang", trace=trace,
-                step=(Step.RESERVE, {"cluster": ev.cluster_id}))
+        # the suspect nodes and nominees the allocation reads go to Redis with the block's read (one
+        # exchange, not three one after the other on the create's path), and so does the redelivery
+        # check's reservation of the gang's first instance (``allocate._reservations``: the instance
+        # ids depend on the block, the first one's is ``{bid}-0`` unless the block was preempted)
+        first = h.instance_id(ev.block_id, 0)
+        block, suspects, nominated, reserved = await asyncio.gather(
+            w.store.get_block(ev.block_id), suspect_nodes(w), queue.nominees(w), w.store.reservation(ev.cluster_id, first))
+        if block is not None and _reselected(block, ev):
+            # this request's reselect step is stored, its events may not be (their publish failed and
+            # the request came again): publish them again (the stream deduplicates them by id)
+            await _reselect_events(w, block["ir"], ev, "(the first try's reason was not stored)")
+            return
+        if block is None or block["gen"] != ev.gen or block["status"] not in ("allocating", "placing"):
+            return
+        if int(block.get("attempt", 0)) != ev.attempt:
+            return
+        ir = block["ir"]
+        # a victim of a preemption placed again (same generation) takes fresh instance ids: the first
+        # gang's commands and facts are in the stream under theirs (docs/priority.md)
+        keys = [f"r{ev.attempt}-{i}" if block.get("preempted_by") else i for i in range(ir["minInstances"])]
+        iids = tuple(h.instance_id(ev.block_id, k) for k in keys)
+        if not iids:
+            await commit(w, [ReadyIfRunning(ev.block_id, ev.gen, 0, ev.cluster_id, Step.READY_EMPTY)])
+            return
+        trace: list[Decision] = []
+        try:
+            placements, attempts = await allocate(w, al.Request(ir, ev.cluster_id, "allocation", iids), trace=trace, ahead=(suspects, nominated),
+                                                  reserved=(first, reserved), turn=turn)
+        except PlacementFailed as exc:
+            await _reselect_or_fail(w, ir, ev, exc.reason, trace)
+            return
+        await start(w, ir, ev.gen, ev.cluster_id, "allocation", placements, attempts,
+                    key=f"gang-r{ev.attempt}" if block.get("preempted_by") else "gang", trace=trace,
+                    step=(Step.RESERVE, {"cluster": ev.cluster_id}))
+    finally:
+        turn.leave()
 
 
 def _scale_refusal(block: BlockRecord | None, current: dict[str, Any], iid: str, target_seq: int) -> tuple[str, bool]:
