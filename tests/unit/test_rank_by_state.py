@@ -182,3 +182,70 @@ def test_a_full_pass_with_scores_no_bucket_can_key_sorts_as_before() -> None:
                  for nid in members]
         plain.sort()
         assert [nid for _r, nid in index.order] == [nid for _r, nid in plain]
+
+
+def test_a_new_shape_ranks_its_nodes_in_buckets_without_a_tie_per_node() -> None:
+    # a shape's full pass puts each state's nodes in its score's bucket (a C-level extend per
+    # state), and a pick puts in tie order only the buckets it reads (Nodes.tie_positions, made
+    # once per view): no tie computed, no rank tuple built, per node. The old pass built
+    # ((score, *tie(id)), id) for every fitting node of every new shape (~450 tie calls each here)
+    rng = random.Random(11)
+    templates = [{"cpu": c, "memory": 65536, "gpus": 2, "model": "A"} for c in (4, 8, 12, 16)]
+    nodes = capacity.Nodes({f"n{i:03d}": _view(f"n{i:03d}", rng.choice(templates)) for i in range(600)})
+    ties: list[str] = []
+
+    def tie(nid: str) -> tuple[int, str]:
+        ties.append(nid)
+        return (hash(("seed", nid)) % 97, nid)
+
+    def fits(v: dict[str, Any]) -> Any:
+        return v["gpus"] if v["cpu_free"] > 4 else None
+
+    nodes.tie_order(tie)  # the view's tie order: once, whatever the shape
+    ties.clear()
+    for shape in range(3):
+        got = capacity.best_fit(nodes, set(), ("fits-b", shape), fits, "rank-b", None, 1,
+                                by_state=(lambda v, shape=shape: (v["cpu_free"] * (shape + 1)) % 7, tie))
+        assert got is not None and ties == [], len(ties)
+        want = min((((nodes[n]["cpu_free"] * (shape + 1)) % 7, *tie(n)), n) for n in nodes if nodes[n]["cpu_free"] > 4)[1]
+        ties.clear()
+        assert got[0] == want
+
+
+def test_the_buckets_follow_changes_as_a_sort_of_every_node() -> None:
+    # views replaced (new states, new scores), added and removed between picks; some buckets
+    # walked (in tie order), others not yet: the order and each pick (with nodes skipped and
+    # GPU counts) equal a plain sort of every fitting node's ((score, *tie), id)
+    rng = random.Random(5)
+    buckets: Any = None
+    templates = [{"cpu": c, "memory": 65536, "gpus": g, "model": "A"} for c in (4, 8, 12, 16, 20) for g in (1, 2, 4)]
+    nodes = capacity.Nodes({f"n{i:03d}": _view(f"n{i:03d}", rng.choice(templates)) for i in range(150)})
+
+    def fits(v: dict[str, Any]) -> Any:
+        return v["gpus"] if v["cpu_free"] > 4 else None
+
+    def score(v: dict[str, Any]) -> tuple[int, int]:
+        return (v["cpu_free"] % 12, -len(v["gpus"]) // 3)
+
+    def tie(nid: str) -> tuple[int, str]:
+        return (hash(("t", nid)) % 13, nid)
+
+    for step in range(200):
+        want = sorted(((score(v), *tie(nid)), nid) for nid, v in nodes.items() if fits(v) is not None)
+        skip = {nid for nid in nodes if rng.random() < 0.3}
+        count = rng.choice([1, 2, 4])
+        first = next((nid for _r, nid in want if nid not in skip and len(fits(nodes[nid])) >= count), None)
+        got = capacity.best_fit(nodes, skip, "fits-c", fits, "rank-c", None, count, by_state=(score, tie))
+        assert (got[0] if got else None) == first, step
+        index = nodes._ranked["fits-c", "rank-c"]
+        buckets = buckets if step else index.buckets  # the first pass's
+        if step % 7 == 0:
+            assert index.order == want, step
+        for _ in range(rng.randint(1, 6)):
+            change = rng.random()
+            nid = f"n{rng.randint(0, 170):03d}"
+            if change < 0.8:
+                nodes[nid] = _view(nid, rng.choice(templates))
+            elif nid in nodes:
+                del nodes[nid]
+    assert buckets is not None and index.buckets is buckets  # caught up change by change: no full pass since

@@ -100,14 +100,7 @@ def best_fit(
                 nodes._ranked.pop(next(iter(nodes._ranked)))
             index = nodes._ranked[key] = Ranked(nodes, fits_key, fits, rank_key, rank, by_state)
         index.update()
-        entries = index.entries
-        for _r, nid in index.order:
-            if nid in skip:
-                continue
-            usable = derived(entries[nid][0], fits_key, fits)
-            if len(usable) >= count:
-                return nid, usable
-        return None
+        return index.first(skip, count)
     views = _VIEWS
     best_rank: Any = None
     best: tuple[str, list[GpuView]] | None = None
@@ -291,8 +284,9 @@ class Nodes(dict[str, NodeView]):
         self._states: States | None = None
         # (version, the healthy nodes' ids sorted, the same as a set): ``healthy_ids``
         self._healthy: tuple[int, list[str], set[str]] | None = None
-        # per tie function: (the ``ids()`` it was made from, the ids in tie order): ``tie_order``
-        self._ties: dict[Any, tuple[list[str], list[str]]] = {}
+        # per tie function: [the ``ids()`` it was made from, the ids in tie order, each id's place
+        # in that order or None until asked]: ``tie_order``, ``tie_positions``
+        self._ties: dict[Any, list[Any]] = {}
         # (version, whether every view is a dict then): ``all_dicts``
         self._dicts: tuple[int, bool] | None = None
 
@@ -323,13 +317,7 @@ class Nodes(dict[str, NodeView]):
         """The ids sorted by ``(tie(id), id)``, made once per ``tie`` (a policy's ``_tie``: it
         reads the id alone) and kept until an id is added or removed: every shape's full pass of
         ``views.Ranked`` walks it instead of sorting every node again (callers must not change it)."""
-        ids = self.ids()
-        hit = self._ties.get(tie)
-        if hit is None or hit[0] is not ids:
-            if hit is None and len(self._ties) >= 8:
-                self._ties.clear()
-            hit = self._ties[tie] = (ids, sorted(ids, key=lambda nid: (tie(nid), nid)))
-        return hit[1]
+        return self._tie_entry(tie)[1]
 
     def all_dicts(self) -> bool:
         """Whether every view is a ``dict`` (``schemas.events.node_map``: a decision record's
@@ -347,6 +335,23 @@ class Nodes(dict[str, NodeView]):
             ok = all(type(v) is dict for v in map(self.get, changed) if v is not None)
         self._dicts = (version, ok)
         return ok
+
+    def tie_positions(self, tie: Any) -> dict[str, int]:
+        """Each id's place in :meth:`tie_order` (kept with it): ``views.Ranked`` keeps a bucket of
+        equal scores in tie order by it (callers must not change it)."""
+        hit = self._tie_entry(tie)
+        if hit[2] is None:
+            hit[2] = {nid: i for i, nid in enumerate(hit[1])}
+        return hit[2]
+
+    def _tie_entry(self, tie: Any) -> list[Any]:
+        ids = self.ids()
+        hit = self._ties.get(tie)
+        if hit is None or hit[0] is not ids:
+            if hit is None and len(self._ties) >= 8:
+                self._ties.clear()
+            hit = self._ties[tie] = [ids, sorted(ids, key=lambda nid: (tie(nid), nid)), None]
+        return hit
 
     def positions(self) -> dict[str, int]:
         """Each id's index in ``ids()``, cached the same way."""

@@ -116,10 +116,16 @@ _STATES_PER_INDEX = 50_000
 
 
 class Ranked:
-    """Per (inventory view, shape, rank): the ids of the nodes that fit one instance, sorted by
-    ``(rank(view), id)``, kept from the view's change log. With ``by_state`` (``score, tie``:
+    """Per (inventory view, shape, rank): the ids of the nodes that fit one instance, in
+    ``(rank(view), id)`` order, kept from the view's change log. With ``by_state`` (``score, tie``:
     ``capacity.best_fit``), whether a node fits and its score are kept per node state, each
-    distinct state scored once, and a node's rank is its state's score and its id's tie."""
+    distinct state scored once, and a node's rank is its state's score and its id's tie: the
+    nodes are then kept in buckets of equal score (``buckets``, the scores sorted in ``scores``),
+    each bucket put in tie order only when a pick first walks it (:meth:`first`). A new shape's
+    full pass thus costs O(states) plus a C-level extend per state, not a rank tuple and a sorted
+    entry per node (~0.8 ms on the trace's 1,213 nodes, most of a new shape's plan), and its
+    first pick sorts the one bucket it reads. Scores no bucket can key (unhashable, NaN), and
+    ranks without ``by_state``: one sorted list of ``(rank, id)`` (``order``)."""
 
     def __init__(self, ref: Any, fits_key: Any, fits: Any, rank_key: Any, rank: Any,
                  by_state: tuple[Any, Any] | None = None) -> None:
@@ -129,11 +135,57 @@ class Ranked:
         self.tie: Any = by_state[1] if by_state is not None else None
         #: state id -> its score, or ``_NO_FIT``
         self.by_state: dict[int, Any] = {}
-        #: id -> (its view, its sort key or None when it does not fit); with ``by_state`` the
-        #: nodes that did not fit at the last full pass may be absent
+        #: the list form: id -> (its view, its sort key or None when it does not fit); with
+        #: ``by_state`` the nodes that did not fit at the last full pass may be absent
         self.entries: dict[str, tuple[NodeView, Any]] = {}
-        self.order: list[tuple[Any, str]] = []
+        self._order: list[tuple[Any, str]] = []
+        #: the bucket form (None: the list form): score -> the ids of its nodes (in tie order
+        #: unless the score is in ``loose``), the scores sorted, and each fitting id's score
+        self.buckets: dict[Any, list[str]] | None = None
+        self.scores: list[Any] = []
+        self.loose: set[Any] = set()
+        self.where: dict[str, Any] = {}
         self.seen = -1
+
+    @property
+    def order(self) -> list[tuple[Any, str]]:
+        """Every fitting node's ``(rank, id)`` in rank order (the bucket form: a new list)."""
+        if self.buckets is None:
+            return self._order
+        tie = self.tie
+        return [((s, *tie(nid)), nid) for s in self.scores for nid in self._bucket(s)]
+
+    def first(self, skip: Any, count: int) -> tuple[str, list[Any]] | None:
+        """The first node in rank order not in ``skip`` with ``count`` usable GPUs at least:
+        ``(id, its usable GPUs)``, or None (``capacity.best_fit``; call :meth:`update` first)."""
+        fits_key, fits = self.fits_key, self.fits
+        if self.buckets is None:
+            entries = self.entries
+            for _r, nid in self._order:
+                if nid in skip:
+                    continue
+                usable = derived(entries[nid][0], fits_key, fits)
+                if len(usable) >= count:
+                    return nid, usable
+            return None
+        ref = self.ref
+        for s in self.scores:
+            for nid in self._bucket(s):
+                if nid in skip:
+                    continue
+                usable = derived(ref[nid], fits_key, fits)
+                if len(usable) >= count:
+                    return nid, usable
+        return None
+
+    def _bucket(self, s: Any) -> list[str]:
+        """The ids of score ``s``, put in tie order first if they are not yet."""
+        assert self.buckets is not None
+        members = self.buckets[s]
+        if s in self.loose:
+            members.sort(key=self.ref.tie_positions(self.tie).__getitem__)
+            self.loose.discard(s)
+        return members
 
     def _known(self, sid: int, view: NodeView) -> Any:
         """The score of the state ``sid`` (``view`` has it), or ``_NO_FIT``."""
@@ -160,24 +212,28 @@ class Ranked:
                 return
             del self.entries[nid]
             if old[1] is not None:
-                i = bisect_left(self.order, (old[1], nid))
-                del self.order[i]
+                i = bisect_left(self._order, (old[1], nid))
+                del self._order[i]
         if view is None:
             return
         r = self._key(nid, view)
         self.entries[nid] = (view, r)
         if r is not None:
-            insort(self.order, (r, nid))
+            insort(self._order, (r, nid))
 
     def update(self) -> None:
         ref = self.ref
         changed = ref.changed_since(self.seen) if self.seen >= 0 else None
         self.seen = ref.version
         if changed is not None:
-            for nid in set(changed):
-                self._set(nid, ref.get(nid))
-            return
+            if self.buckets is None:
+                for nid in set(changed):
+                    self._set(nid, ref.get(nid))
+                return
+            if self._catch_up(set(changed)):
+                return
         # every node: one sort, not an insertion each
+        self.buckets = None
         entries: dict[str, tuple[NodeView, Any]] = {}
         order: list[tuple[Any, str]] = []
         if self.score is None:
@@ -193,8 +249,8 @@ class Ranked:
                 known = self._known(sid, ref[next(iter(members))])
                 if known is not _NO_FIT:
                     knowns[sid] = known
-            if self._by_buckets(ref, knowns, entries, order):
-                self.entries, self.order = entries, order
+            if self._by_buckets(ref, knowns):
+                self.entries, self._order = {}, []
                 return
             for sid, members in ref.states().items():
                 known = knowns.get(sid, _NO_FIT)
@@ -205,17 +261,16 @@ class Ranked:
                     entries[nid] = (ref[nid], r)
                     order.append((r, nid))
         order.sort()
-        self.entries, self.order = entries, order
+        self.entries, self._order = entries, order
 
-    def _by_buckets(self, ref: Any, knowns: dict[int, Any], entries: dict[str, tuple[NodeView, Any]],
-                    order: list[tuple[Any, str]]) -> bool:
-        """A full pass's ``order`` (and ``entries``) without sorting every node: the view's ids in
-        tie order (``Nodes.tie_order``, kept while no id is added or removed: the same for every
-        shape) put in buckets of equal state score, the few distinct scores sorted (each state's
-        score hashed once, not each node's). The same list
-        as sorting ``((score, *tie(id)), id)``: a tie is unique per id (it ends with the id).
-        False (nothing filled) when a score cannot key a bucket (unhashable, or not equal to
-        itself: a NaN, which the sort orders its own way)."""
+    def _by_buckets(self, ref: Any, knowns: dict[int, Any]) -> bool:
+        """A full pass in the bucket form: each state's nodes put in the bucket of its score (the
+        few distinct scores sorted; each state's score hashed once, not each node's), each
+        bucket left to be put in tie order (``Nodes.tie_positions``, kept while no id is added or
+        removed: the same for every shape) when a pick first reads it. The same order as sorting
+        ``((score, *tie(id)), id)``: a tie is unique per id (it ends with the id). False (nothing
+        changed) when a score cannot key a bucket (unhashable, or not equal to itself: a NaN,
+        which the sort orders its own way)."""
         groups: dict[Any, list[int]] = {}  # score -> its states
         try:
             for sid, known in knowns.items():
@@ -228,21 +283,84 @@ class Ranked:
             return False
         if any(k != k for k in groups):
             return False
-        slot: dict[int, int] = {}  # state -> its score's place among the distinct scores
-        ranked = sorted(groups)
-        for i, k in enumerate(ranked):
-            for sid in groups[k]:
-                slot[sid] = i
-        buckets: list[list[str]] = [[] for _ in ranked]
-        of = ref.state_ids()
-        for nid in ref.tie_order(self.tie):
-            at = slot.get(of[nid])
-            if at is not None:
-                buckets[at].append(nid)
-        tie = self.tie
-        for bucket in buckets:
-            for nid in bucket:
-                r = (knowns[of[nid]], *tie(nid))
-                entries[nid] = (ref[nid], r)
-                order.append((r, nid))
+        states = ref.states()
+        buckets: dict[Any, list[str]] = {}
+        where: dict[str, Any] = {}
+        for known, sids in groups.items():
+            members: list[str] = []
+            for sid in sids:
+                ids = states[sid]
+                members.extend(ids)
+                where.update(dict.fromkeys(ids, known))
+            buckets[known] = members
+        self.buckets, self.where, self.scores = buckets, where, sorted(groups)
+        self.loose = {k for k, members in buckets.items() if len(members) > 1}
         return True
+
+    def _catch_up(self, changed: set[str]) -> bool:
+        """The bucket form brought to the view's version: each changed node moved to its new
+        score's bucket (kept in tie order where it was). False when a new score cannot key a
+        bucket (the caller makes a full pass)."""
+        assert self.buckets is not None
+        ref = self.ref
+        moves: list[tuple[str, Any]] = []
+        for nid in changed:
+            view = ref.get(nid)
+            known = _NO_FIT if view is None else self._known(state_id(view), view)
+            if known is not _NO_FIT:
+                try:
+                    hash(known)
+                except TypeError:
+                    return False
+                if known != known:
+                    return False
+            moves.append((nid, known))
+        # the nodes removed from the view first: a bucket in tie order is searched by the view's
+        # positions, which hold only its ids
+        moves.sort(key=lambda m: m[0] in ref)
+        for nid, known in moves:
+            self._move(nid, known)
+        return True
+
+    def _move(self, nid: str, known: Any) -> None:
+        assert self.buckets is not None
+        buckets, where = self.buckets, self.where
+        old = where.get(nid, _NO_FIT)
+        if old is not _NO_FIT:
+            if known is not _NO_FIT and (known is old or known == old):
+                return  # the same score: the same bucket, the same place in it
+            del where[nid]
+            members = buckets[old]
+            if len(members) == 1:
+                del buckets[old]
+                self.loose.discard(old)
+                _remove_sorted(self.scores, old)
+            elif old in self.loose or nid not in self.ref:
+                members.remove(nid)
+            else:
+                pos = self.ref.tie_positions(self.tie)
+                i = bisect_left(members, pos[nid], key=pos.__getitem__)
+                if i < len(members) and members[i] == nid:
+                    del members[i]
+                else:
+                    members.remove(nid)
+        if known is _NO_FIT:
+            return
+        where[nid] = known
+        into = buckets.get(known)
+        if into is None:
+            buckets[known] = [nid]
+            insort(self.scores, known)
+        elif known in self.loose:
+            into.append(nid)
+        else:
+            insort(into, nid, key=self.ref.tie_positions(self.tie).__getitem__)
+
+
+def _remove_sorted(items: list[Any], x: Any) -> None:
+    """Remove ``x`` from the sorted list ``items`` (by bisection; by search if not found there)."""
+    i = bisect_left(items, x)
+    if i < len(items) and items[i] == x:
+        del items[i]
+    else:
+        items.remove(x)
