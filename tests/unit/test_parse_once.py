@@ -125,3 +125,28 @@ def test_intake_is_submitted_and_read_with_the_body_decoded_once(body: bytes) ->
     assert (outcome.doc, outcome.errors) == (again.doc, again.errors)
     if outcome.doc is not None:  # the submitted's spec is the parse's: one decode for both
         assert sub.payload.spec is outcome.doc
+
+
+async def test_a_create_without_a_tenant_label_has_no_tenant_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    from aios_blocks.workers import parser
+
+    checked: list[Any] = []
+    check = parser._no_account_label
+
+    async def counted(w: Any, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
+        checked.append(outcome.doc)
+        return await check(w, outcome)
+
+    monkeypatch.setattr(parser, "_no_account_label", counted)
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=4)
+        plain = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1})
+        labelled = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
+                                   "labels": {"tenant": "team-a"}})  # a quota group, no account: allowed
+        await s.run()
+        for bid in (plain, labelled):
+            block = await s.store.get_block(bid)
+            assert block is not None and block["status"] == "ready", block
+    # the labelled create's label checked (no account of that name); the plain one's not at all (was: a task each)
+    assert [d["blockId"] for d in checked] == [labelled]

@@ -133,7 +133,8 @@ class Worker:
         # the built-ins never touch their context: no Redis read (nor write) for them
         ctx = TrackingDict({} if stateless(rule.get("policyRuleURI", "")) else await self.store.context_load(rule_id))
         started = time.perf_counter()
-        result, error, call = None, "", dict[str, Any]()
+        result, error = None, ""
+        call: dict[str, Any] = {}  # a literal: ``dict[str, Any]()`` built a generic alias per call
         try:
             result = await self.runtime.invoke(rule, rule_id, input_data, ctx, call)
         except PolicyFailed as exc:

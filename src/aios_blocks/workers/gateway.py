@@ -78,7 +78,7 @@ async def on_parsed(w: Worker, m: Inbound[Parsed]) -> None:
     deadline = time.time() + w.settings.dry_run_deadline_s
     event.deadline = deadline
     skip = skip_reason(ir, sel.candidates, n, rule, w.settings.dry_run_single)
-    if skip and await _decide_now(w, m.stream_seq, event, ir, clusters, nodes, skip):
+    if skip and await _decide_now(w, m.stream_seq, event, ir, sel.entries, skip):
         return  # decided here, its three events in this handler's commit
     # Nothing of the round may happen before its selection is stored (the handler's events are
     # committed with its batch's, after every handler of the batch is done): its timer waits for
@@ -115,8 +115,8 @@ async def _arm(w: Worker, bid: str, gen: int, n: int, deadline: float) -> None:
     await w.store.gather_timer(bid, gen, n, deadline, if_set=True)
 
 
-async def _decide_now(w: Worker, at: int, event: Selection, ir: BlockIR, clusters: dict[str, Any],
-                      nodes: dict[str, Any], why: str) -> bool:
+async def _decide_now(w: Worker, at: int, event: Selection, ir: BlockIR, entries: dict[str, dict[str, Any]],
+                      why: str) -> bool:
     """A round that asks no dry_run, decided in its ``parsed`` handler: the selection, the
     post_dry_run and the allocation go out in the handler's outbox, one commit, in that order.
     False (nothing done but the gather's writes): the block goes on as a round decided after
@@ -128,14 +128,17 @@ async def _decide_now(w: Worker, at: int, event: Selection, ir: BlockIR, cluster
     with nothing stored: the ``parsed`` delivery comes back, its SELECT finds the round chosen
     and ``_redo_skipped`` stores what the gather recorded, the selection first (as the timer
     does if that delivery never comes: ``_decide``). Only the first delivery (its selection not
-    recorded before) publishes what it computed: any later one publishes the recorded round."""
+    recorded before) publishes what it computed: any later one publishes the recorded round.
+
+    ``entries``: the selection's (``SelectionDecision.entries``): the cluster's entry the filter
+    made over this snapshot is the one ``h.scoped_entry`` would make again (a skipped round has
+    no affinity entries, so no score of its own), not made a second time."""
     bid, gen, n, cid = event.block_id, event.gen, event.attempt, event.candidates[0]
     answer = skipped_answer(why)
     g: GatherRecord = {"expected": [cid], "results": {cid: answer}}
     trace: list[Decision] = []
-    entries = {cid: h.scoped_entry(ir, clusters[cid], nodes[cid])} if cid in clusters else {}
-    decision = await h.choose([cid], g["results"], entries, w.invoker(ir, "clusterAllocator", trace),
-                              int(ir.get("minInstances") or 1))
+    decision = await h.choose([cid], g["results"], {cid: entries[cid]} if cid in entries else {},
+                              w.invoker(ir, "clusterAllocator", trace), int(ir.get("minInstances") or 1))
     if decision.failure or decision.cluster_id != cid:
         return False
     opened, outcome, chosen = await w.store.gather_skip(

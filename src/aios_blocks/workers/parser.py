@@ -59,10 +59,16 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         # the component, the priority classes (priorityClass / the default, docs/priority.md), the
         # tenant check's first read and the registry policies the block names itself (read ahead
         # for pinned_versions)
-        component, classes, outcome, *heads = await asyncio.gather(
+        # (a create with no tenant label, on the system's subject, has no tenant check: no task for it)
+        check = (_within_pending(w, tenant, bid, outcome) if tenant
+                 else _no_account_label(w, outcome) if _label_tenant(doc) else None)
+        component, classes, *rest = await asyncio.gather(
             _component(w, parse.component_uri(doc)), PriorityStore(w.store.r).classes(),
-            _within_pending(w, tenant, bid, outcome) if tenant else _no_account_label(w, outcome),
-            *(w.store.policy_get(name, None) for name in own))
+            *([check] if check is not None else []), *(w.store.policy_get(name, None) for name in own))
+        if check is not None:
+            outcome, *heads = rest
+        else:
+            heads = rest
         if outcome.doc is not None:
             versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component,
                                                    dict(zip(own, heads, strict=True)))
@@ -108,13 +114,19 @@ async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.Par
     tenant's own users, or the admin on ``aios.tenant.T.block.B.create``, make a tenant's blocks
     (docs/security.md "Tenants")."""
     assert outcome.doc is not None
-    labels = outcome.doc.get("labels")
-    given = labels.get("tenant") if isinstance(labels, dict) else None
-    if not isinstance(given, str) or not given or not await TenantStore(w.store.r).is_account(given):
+    given = _label_tenant(outcome.doc)
+    if not given or not await TenantStore(w.store.r).is_account(given):
         return outcome
     why = (f"label tenant={given!r} names a tenant with an account of its own: its blocks are created by its users "
            f"(or by the admin on aios.tenant.{given}.block.<id>.create), not charged to it from the default tenant")
     return parse.ParseOutcome(errors=[SpecError("$.labels.tenant", why)])
+
+
+def _label_tenant(doc: dict[str, Any]) -> str | None:
+    """The spec's ``tenant`` label, when it is a non-empty string (what ``_no_account_label`` checks)."""
+    labels = doc.get("labels")
+    given = labels.get("tenant") if isinstance(labels, dict) else None
+    return given if isinstance(given, str) and given else None
 
 
 async def _within_pending(w: Worker, tenant: str, bid: str, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
