@@ -93,12 +93,25 @@ class Fleet:
         hit = self._owner.get(nid)
         if hit and now - hit[0] < OWNER_TTL_S:
             return hit[1]
-        # one read for the commands to a node that arrive together (a burst placing on it)
+        # one read for the commands to a node that arrive together (a burst placing on it): the
+        # first reads in its caller's task (no task of its own: one turn of the loop less on every
+        # first command to a node), the others wait for its answer
         pending = self._owner_reads.get(nid)
-        if pending is None:
-            pending = self._owner_reads[nid] = asyncio.ensure_future(self._read_owner(nid, cluster))
-            pending.add_done_callback(lambda _f: self._owner_reads.pop(nid, None))
-        return await asyncio.shield(pending)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        shared = self._owner_reads[nid] = asyncio.get_running_loop().create_future()
+        try:
+            owner = await self._read_owner(nid, cluster)
+        except BaseException as exc:
+            # the others' reads fail too (their commands come back), whatever ended this one
+            shared.set_exception(exc if isinstance(exc, Exception) else ConnectionError(f"owner read ended: {exc!r}"))
+            shared.exception()  # retrieved: nobody else may be waiting
+            raise
+        else:
+            shared.set_result(owner)
+            return owner
+        finally:
+            self._owner_reads.pop(nid, None)
 
     async def _read_owner(self, nid: str, cluster: str = "") -> str | None:
         meta = await self.w.store.node_meta(nid, cluster)

@@ -67,7 +67,7 @@ from .provisioners import (
     WorkdirProvisioner,
     WorkdirSpec,
 )
-from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance, labels_to_resources
+from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance, json_text, labels_to_resources
 from .sidecars import SidecarManager
 
 log = structlog.get_logger("aios.agent")
@@ -151,6 +151,9 @@ class NodeAgent:
     sidecars: SidecarManager | None = None
     #: this start of the agent (``new_boot``): carried by its ``inventory`` and every fact it reports
     boot: str = field(default_factory=lambda: new_boot())
+    #: this node's children of ``INSTANCES`` and ``EVENTS`` (by fact), made at their first use
+    _instances_gauge: Gauge | None = None
+    _event_counters: dict[str, Counter] = field(default_factory=dict)
 
     @property
     def node_id(self) -> str:
@@ -288,7 +291,7 @@ class NodeAgent:
             endpoint = self._endpoint_of(_resource(runner, self.runtime.name), _resource(runner, "ports") or {})
             self.meta[iid] = {"block_id": cmd.block_id, "gen": cmd.gen, "resources": cmd.resources, "gpus": cmd.gpus,
                               "endpoint": endpoint}
-            INSTANCES.labels(self.node_id).set(len(self.runners))
+            self._count_instances()
             await self._fact(cmd.block_id, cmd.gen, iid, "added", "", cmd.gpus, endpoint=endpoint, msg_key=msg_key)
 
     async def restart(self, cmd: InstanceCommand, key: str = "") -> None:
@@ -314,7 +317,7 @@ class NodeAgent:
             while len(self.removed) > REMOVED_KEEP:
                 self.removed.popitem(last=False)
             await self._stop(iid)
-            INSTANCES.labels(self.node_id).set(len(self.runners))
+            self._count_instances()
             await self._fact(bid, gen, iid, "removed", reason, [])
 
     async def _stop(self, iid: str) -> None:
@@ -431,7 +434,7 @@ class NodeAgent:
             self.runners[iid] = runner
             self.meta[iid] = {"block_id": inst.block_id, "gen": inst.gen, "resources": res["resources"], "gpus": res["gpus"],
                               "endpoint": self._endpoint_of(inst, ports)}
-            INSTANCES.labels(self.node_id).set(len(self.runners))
+            self._count_instances()
         return runner
 
     def _endpoint_of(self, inst: RuntimeInstance | None, ports: dict[str, int]) -> str:
@@ -499,7 +502,16 @@ class NodeAgent:
     ) -> None:
         ev = InstanceEvent(bid, gen, iid, self.node_id, list(gpus), reason, endpoint, self.boot)
         await self.bus.emit(FACTS[event], ev, qualifier=msg_key)
-        EVENTS.labels(self.node_id, event).inc()
+        counter = self._event_counters.get(event)
+        if counter is None:  # ``labels`` locks and checks its values at each call: once per kind here
+            counter = self._event_counters[event] = EVENTS.labels(self.node_id, event)
+        counter.inc()
+
+    def _count_instances(self) -> None:
+        """``aios_agent_instances`` of this node: the runners it holds."""
+        if self._instances_gauge is None:
+            self._instances_gauge = INSTANCES.labels(self.node_id)
+        self._instances_gauge.set(len(self.runners))
 
     def heartbeat_data(self, seq: int) -> Heartbeat:
         node = self.cfg.node
@@ -602,7 +614,7 @@ def instance_env(cmd_env: JSONObject, gpu_env: dict[str, str], ports: dict[str, 
     in the working directory)."""
     env: dict[str, str] = {"AIOS_HOST": host} if host else {}
     for k, v in cmd_env.items():
-        env[k] = v if isinstance(v, str) else json.dumps(v, sort_keys=True)
+        env[k] = v if isinstance(v, str) else json_text(v)
     env.update(gpu_env)
     for n, (name, port) in enumerate(ports.items()):
         env[f"AIOS_PORT_{name.upper().replace('-', '_')}"] = str(port)

@@ -28,6 +28,22 @@ from .sim_serve import SimBehaviour, SimServer
 LABEL_SIM = "aios.sim"
 
 
+#: a behaviour's label by its values (most instances of a fleet behave alike: one JSON text)
+_LABELS: dict[tuple[object, ...], str] = {}
+
+
+def _behaviour_label(b: SimBehaviour) -> str:
+    """``json.dumps(b.__dict__, sort_keys=True)``, made once per distinct behaviour (kept for 1,024)."""
+    values = tuple(b.__dict__.values())
+    key = (values, tuple(map(type, values)))  # 0 and 0.0 are equal keys, not the same text
+    text = _LABELS.get(key)
+    if text is None:
+        text = json.dumps(b.__dict__, sort_keys=True)
+        if len(_LABELS) < 1024:
+            _LABELS[key] = text
+    return text
+
+
 @dataclass
 class SimRuntime:
     start_delay_s: float = 0.05
@@ -71,7 +87,7 @@ class SimRuntime:
             served = await self.server.add(spec.instance_id, behaviour, endpoint_port(spec.ports) or 0)
             if not spec.ports:  # a port of its own: recorded so a restored instance gets it back
                 labels[LABEL_PORTS] = json.dumps({"http": served.port})
-            labels[LABEL_SIM] = json.dumps(behaviour.__dict__, sort_keys=True)
+            labels[LABEL_SIM] = _behaviour_label(behaviour)
             inst.endpoint = endpoint_url(self.server.host, served.port)
         self._items[handle] = inst
         self._save(inst)

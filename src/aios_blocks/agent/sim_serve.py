@@ -76,6 +76,8 @@ class SimBehaviour:
 
 
 def _json_obj(raw: str) -> JSONObject:
+    if not raw or raw == "{}":  # a block's settings, mostly
+        return {}
     try:
         d = json.loads(raw) if raw else {}
     except ValueError:

@@ -3,7 +3,6 @@ capacity half of the Redis door (a mixin of ``state.store.Store``, the one door 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -212,7 +211,10 @@ class NodeRecords:
         names another cluster (or none), that one is read, as before."""
         fields = ["spec", "agent", "healthy"]
         if cluster:
-            cid, got = await asyncio.gather(self.node_cluster(nid), self.r.hmget(node_key(cluster, nid), fields))
+            pipe = self.r.pipeline(transaction=False)  # one exchange, no task per read (a gather's)
+            pipe.hget(NODE_INDEX, nid)
+            pipe.hmget(node_key(cluster, nid), fields)
+            cid, got = await pipe.execute()
             if cid is None:
                 return None
             if cid != cluster:
