@@ -9,6 +9,7 @@ changed since the read, and an instance gone each end as before."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from aios_blocks.bus.runner import Delivery
 from aios_blocks.cli.client import Client
 from aios_blocks.handlers import lifecycle as lc
 from aios_blocks.schemas.events import InstanceEvent
+from aios_blocks.schemas.lifecycle import Step
 from aios_blocks.settings import Settings
 from aios_blocks.state.announce import ANNOUNCE
 from aios_blocks.workers import controller, effects
@@ -150,3 +152,43 @@ async def test_an_instance_gone_since_the_read_changes_nothing(rig: tuple[Worker
     assert await w.store.instances(BID) == {}
     assert await _readies(client) == []
     assert await w.store.r.hlen(ANNOUNCE) == 0
+
+
+async def test_the_turn_gathers_no_task_of_its_own(rig: tuple[Worker, Client]) -> None:
+    """The mark and the script go to Redis as one pipeline the store builds (``Store.set_status_then_ready``
+    with its ``mark``; ``Store.mark_then_transition`` for a ready on its own), not as two calls
+    gathered in tasks: the only tasks of the turn are the auto-pipeline's flushes, one per exchange."""
+    w, client = rig
+    await _placing(w)
+    await w.bus.ids()  # the bus's event key, looked up once per process (a task of its own)
+    seen = _noted(w)
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    before = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    loop.set_task_factory(factory)
+    try:
+        with outbox(defer=bool(w.bus.atomic_streams)) as box:
+            ev = InstanceEvent(BID, 1, f"{BID}-0", "c0-n0", ["c0-g0"], endpoint=EP)
+            subject = E.instance_added.subject(bid=BID, iid=ev.instance_id)
+            await controller.on_added(w, Inbound(E.instance_added, ev, {}, Delivery(subject, b"", {}, 1, 20)))
+            made_in_turn = list(made)
+            made.clear()
+            await effects._ready(w, BID, 1, "c0", Step.READY, [f"{BID}-0"])  # a ready alone: the mark, then the CAS
+    finally:
+        loop.set_task_factory(before)
+    assert made_in_turn == ["AutoPipelineRedis._flush"] * 2, made_in_turn
+    assert made == ["AutoPipelineRedis._flush"], made
+    assert seen == [[("HGETALL", f"aios:block:{BID}"), ("HGETALL", f"aios:block:{BID}:inst")],
+                    [("HSET", ANNOUNCE), ("EVALSHA", f"aios:block:{BID}:inst")],
+                    [("HSET", ANNOUNCE), ("EVALSHA", f"aios:block:{BID}")]], seen
+    assert await w.bus.commit([box.deferred], 10.0) == [""]
+    for effect in box.then:
+        await effect()
+    assert (await w.store.get_block(BID))["status"] == "ready"  # type: ignore[index]
+    assert await _readies(client) == [[f"{BID}-0"]]
+    assert await w.store.r.hlen(ANNOUNCE) == 0  # both marks (one key: the same ready) settled once it is stored

@@ -74,16 +74,21 @@ def _emit(e: _Event) -> Emit:
     return Emit(event, payload, e.t, e.q, e.id)
 
 
+def entry(bid: str, gen: int, target: str, events: Iterable[Emit], at: float) -> tuple[str, str]:
+    """An announcement as :meth:`Announcements.mark` keeps it: (its key, its text), the field and
+    value of the ``ANNOUNCE`` hash (written by ``mark``, or with the step's CAS in one exchange)."""
+    evs = list(events)
+    return key_of(evs), msgspec.json.encode(_Entry(bid, gen, target, round(at, 3), [_wire(e) for e in evs])).decode()
+
+
 class Announcements:
     def __init__(self, r: Any):
         self.r = r
 
     async def mark(self, bid: str, gen: int, target: str, events: Iterable[Emit], at: float) -> str:
         """Keep ``events`` (a step of ``bid`` to ``target``) until :meth:`done`; returns the key."""
-        evs = list(events)
-        key = key_of(evs)
-        entry = _Entry(bid, gen, target, round(at, 3), [_wire(e) for e in evs])
-        await self.r.hset(ANNOUNCE, key, msgspec.json.encode(entry).decode())
+        key, text = entry(bid, gen, target, events, at)
+        await self.r.hset(ANNOUNCE, key, text)
         return key
 
     async def done(self, *keys: str) -> None:

@@ -167,6 +167,12 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         """One server (``redis://``) or a Redis Cluster (``redis+cluster://``): ``state.connection``."""
         return cls(open_redis(url, settings or current_settings(), max_connections))
 
+    @property
+    def one_server(self) -> bool:
+        """Whether the state is on one Redis server (not a Redis Cluster: ``is_cluster_client``),
+        where a script may take keys of any slot (``set_status_then_ready``'s two)."""
+        return not is_cluster_client(self.r)
+
     async def close(self) -> None:
         await self.r.aclose()
 
@@ -217,6 +223,14 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         the block is in that selection round, its ``attempt``). Returns (done, new version or the
         status that blocked it)."""
         ok, info = await self._transition(keys=[block_key(bid)], args=transition_args(gen, step, in_round, fields))
+        return bool(ok), str(info)
+
+    async def mark_then_transition(self, mark: Mark, bid: str, gen: int | None, step: Step) -> tuple[bool, str]:
+        """``mark`` (a hash field: the step's announcement) written, then :meth:`transition` by
+        ``step``, in that order: one exchange on one server (a pipeline, so no task or gathered
+        call per write), the mark first on a Redis Cluster (``_pipeline``: a script goes alone)."""
+        args = transition_args(gen, step, None, {})
+        _, (ok, info) = await self._pipeline(lambda pipe: _then_script(pipe, mark, self._transition, [block_key(bid)], args))
         return bool(ok), str(info)
 
     async def set_desired(
@@ -389,17 +403,22 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
 
     async def set_status_then_ready(
         self, bid: str, iid: str, status: str, endpoint: str | None, min_instances: int, expected: list[str], gen: int,
-        step: Step,
+        step: Step, mark: Mark | None = None,
     ) -> tuple[InstanceRecord | None, Mapping[str, InstanceRecord], tuple[bool, str] | None]:
         """:meth:`set_instance_status_all` and, when then at least ``min_instances`` run and the
         block's instances are exactly ``expected``, :meth:`transition` by ``step``, as one script
         (``scripts.SET_STATUS_THEN_READY``: one server only, its two keys are two Redis Cluster
-        slots). (the instance's record, every record after the write, the transition's (done,
-        version or blocking status) or None when it was not tried); (None, {}, None) when the
-        instance is not recorded."""
+        slots; ``one_server``). ``mark``: a hash field written first, in the same exchange (the
+        step's announcement). (the instance's record, every record after the write, the
+        transition's (done, version or blocking status) or None when it was not tried); (None, {},
+        None) when the instance is not recorded."""
         args = [iid, status, _dumps(endpoint) if endpoint else "", str(int(min_instances)), ",".join(sorted(expected)),
                 *transition_args(gen, step, None, {})]
-        got = await self._set_status_ready(keys=[inst_key(bid), block_key(bid)], args=args)
+        keys = [inst_key(bid), block_key(bid)]
+        if mark is None:
+            got = await self._set_status_ready(keys=keys, args=args)
+        else:
+            got = (await self._pipeline(lambda pipe: _then_script(pipe, mark, self._set_status_ready, keys, args)))[1]
         if not got:
             return None, {}, None
         insts = Records(got[0])
@@ -494,6 +513,16 @@ def transition_args(gen: int | None, step: Step, in_round: int | None, fields: d
     if in_round is not None:
         args.append(str(in_round))
     return args
+
+
+#: a hash field written before a step, in its exchange: (key, field, value) (``workers.announce.entry``)
+Mark = tuple[str, str, str]
+
+
+def _then_script(pipe: Any, mark: Mark, script: Any, keys: list[str], args: list[Any]) -> None:
+    """``mark``'s HSET, then ``script``: queued in that order (``Store._pipeline``)."""
+    pipe.hset(mark[0], mark[1], mark[2])
+    _queue_script(pipe, script, keys, args)
 
 
 def _queue_script(pipe: Any, script: Any, keys: list[str], args: list[Any]) -> None:

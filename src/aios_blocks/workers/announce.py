@@ -23,6 +23,8 @@ from ..handlers import reconcile as rc
 from ..schemas.catalog import Emit
 from ..schemas.lifecycle import TRANSITIONS, Step
 from ..state.announce import Announcements
+from ..state.announce import entry as state_entry
+from ..state.keys import ANNOUNCE
 
 if TYPE_CHECKING:
     from ..bus.nats_bus import Bus
@@ -40,6 +42,14 @@ async def mark(w: Worker, bid: str, gen: int, step: Step, events: Sequence[Emit]
     if not events:
         return ""
     return await _store(w).mark(bid, gen, TRANSITIONS[step].target.value, events, time.time())
+
+
+def entry(bid: str, gen: int, step: Step, events: Sequence[Emit]) -> tuple[str, str, str]:
+    """What :func:`mark` writes, to write it with the step's CAS in one exchange, first
+    (``Store.mark_then_transition``, ``Store.set_status_then_ready``): (the hash, the key, the
+    text); ``events`` not empty. The key is what :func:`settle` takes."""
+    key, text = state_entry(bid, gen, TRANSITIONS[step].target.value, events, time.time())
+    return ANNOUNCE, key, text
 
 
 async def settle(w: Worker, key: str, published: bool) -> None:

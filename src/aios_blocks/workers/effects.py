@@ -4,7 +4,6 @@ changes nothing twice (the stream deduplicates the events by their catalog id ru
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -28,7 +27,6 @@ from ..policies.affinity import uid
 from ..schemas.events import BlockStatusReport, ReassignRequest
 from ..schemas.lifecycle import TRANSITIONS, InstanceStatus, Step
 from ..schemas.records import InstanceRecord
-from ..state.autopipeline import AutoPipelineRedis
 from . import announce
 from .base import Worker
 
@@ -143,10 +141,10 @@ async def commit_added(w: Worker, effects: list[Effect], insts: Mapping[str, Ins
     s, r = pair
     ids = sorted(insts)
     ready = ready_event(r.block_id, r.gen, r.cluster_id, ids)
-    key, (rec, after, cas) = await asyncio.gather(
-        announce.mark(w, r.block_id, r.gen, r.step, [ready]),
-        w.store.set_status_then_ready(s.block_id, s.instance_id, s.status.value, s.endpoint, r.min_instances, ids, r.gen,
-                                      r.step))
+    mark = announce.entry(r.block_id, r.gen, r.step, [ready])
+    key = mark[1]
+    rec, after, cas = await w.store.set_status_then_ready(s.block_id, s.instance_id, s.status.value, s.endpoint, r.min_instances,
+                                                          ids, r.gen, r.step, mark=mark)
     if cas is None:  # not tried: the instance gone (nothing written, nothing after it), or other records
         await announce.settle(w, key, False)
         if rec is not None:
@@ -159,7 +157,7 @@ def _makes_ready(w: Worker, effects: list[Effect], insts: Mapping[str, InstanceR
                  ) -> tuple[SetInstance, ReadyIfRunning] | None:
     """``effects`` when they are an instance set ``running`` and then its block's ready, which the
     records ``insts`` say the write makes ready, on one Redis server; else None."""
-    if len(effects) != 2 or type(w.store.r) is not AutoPipelineRedis:
+    if len(effects) != 2 or not w.store.one_server:
         return None
     s, r = effects
     if not (isinstance(s, SetInstance) and isinstance(r, ReadyIfRunning)) or s.block_id != r.block_id \
@@ -188,16 +186,13 @@ async def _ready(w: Worker, bid: str, gen: int, cid: str, step: Step, instances:
     ready = ready_event(bid, gen, cid, instances)
     # marked before the CAS: if the publish fails and the redelivery finds the instance gone (lost,
     # replaced meanwhile: the replacement's ``added`` sees the block ready already), the
-    # reconciler still publishes it (partition suite seeds 33 and 48). Through one connection
-    # (``AutoPipelineRedis``) the mark and the CAS go to Redis in one exchange, the mark first:
-    # Redis runs a connection's commands in order, so a CAS that ran had its mark written first.
-    # A Redis Cluster client sends each on its own: the mark is awaited first.
-    if type(w.store.r) is AutoPipelineRedis:
-        key, (ok, info) = await asyncio.gather(announce.mark(w, bid, gen, step, [ready]), w.store.transition(bid, gen, step))
-    else:
-        key = await announce.mark(w, bid, gen, step, [ready])
-        ok, info = await w.store.transition(bid, gen, step)
-    await _announced(w, step, key, ok, info, ready)
+    # reconciler still publishes it (partition suite seeds 33 and 48). The mark and the CAS go to
+    # Redis in that order (``Store.mark_then_transition``: one pipeline on one server, whose
+    # commands Redis runs in order, so a CAS that ran had its mark written first; on a Redis
+    # Cluster the mark first, then the script alone).
+    mark = announce.entry(bid, gen, step, [ready])
+    ok, info = await w.store.mark_then_transition(mark, bid, gen, step)
+    await _announced(w, step, mark[1], ok, info, ready)
 
 
 def ready_qualifier(bid: str, instances: list[str]) -> str:
