@@ -40,3 +40,17 @@ async def test_every_event_of_a_create_gets_the_whole_decodes_answer() -> None:
     assert len(events) >= 8
     gens = [tenants._gen_of(e) for e in events]
     assert gens == [tenants._gen_of_any(e) for e in events] and any(g for g in gens)
+
+
+def test_the_relays_event_lookup_is_the_catalogs_match() -> None:
+    from aios_blocks.bus.history import RELAYED, relayed
+
+    subjects = [e.subject(**{t: f"x{i}" for i, t in enumerate(e.tokens)}) for e in RELAYED]
+    subjects += [s.replace("x0", "b-1_a") for s in subjects]
+    subjects += ["aios.block.b1.create", "aios.block.b1.task", "aios.block._invalid.rejected", "aios.block..parsed",
+                 "aios.block.b1.instance..added", "aios.block.b1.instance.i1.added.x", "aios.block.b1", "aios.block",
+                 "aios.block.b1.parsed.x", "aios.cluster.c1.allocation", "aios.block.b1.instance.i1", "aios.block.b1.",
+                 "x.block.b1.parsed", "aios.block.b1.scale.target", "aios.block.b1.scale", ""]
+    for s in subjects:
+        assert tenants.relayed_event(s) is relayed(s), s
+    assert all(tenants.relayed_event(e.subject(**{t: "a" for t in e.tokens})) is e for e in RELAYED)

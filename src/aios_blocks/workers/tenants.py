@@ -39,7 +39,7 @@ import structlog
 
 from ..bus import subjects
 from ..bus.catalog import STREAM, E, Event
-from ..bus.history import relayed, stored_from
+from ..bus.history import RELAYED, relayed, stored_from
 from ..runtime import tenants as tn
 from ..schemas.events import DeleteRequest, ScaleRequest, ScaleTarget
 from .base import Worker
@@ -105,6 +105,27 @@ def _gen_of_any(data: bytes) -> int | None:
         return None
     gen = (body.get("data") or {}).get("gen") if isinstance(body, dict) else None
     return gen if isinstance(gen, int) and not isinstance(gen, bool) and gen > 0 else None
+
+
+#: the relayed events by the rest of their subject after the block id, an instance id as ``*``
+#: (every relayed pattern is ``aios.block.{bid}.`` then literals, or ``instance.{iid}.`` and one)
+_BY_REST: dict[str, Event[Any]] = {e.pattern.split(".", 3)[3].replace("{iid}", "*"): e for e in RELAYED}
+assert len(_BY_REST) == len(RELAYED) and all("{" not in k for k in _BY_REST), "a relayed pattern of another shape"
+
+
+def relayed_event(subject: str) -> Event[Any] | None:
+    """``bus.history.relayed``: the catalog event of a stored block event, by one dict lookup on
+    the subject's tokens after the block id (the relay asks it of every block event: matching each
+    relayed kind's pattern in turn took a quarter of its CPU); any other subject as before."""
+    parts = subject.split(".")
+    if len(parts) >= 4 and parts[0] == subjects.ROOT and parts[1] == "block" and all(parts[2:]):
+        rest = parts[3:]
+        if len(rest) == 3 and rest[0] == "instance":
+            rest = ["instance", "*", rest[2]]
+        event = _BY_REST.get(".".join(rest))
+        if event is not None:
+            return event
+    return relayed(subject)
 
 
 def _answer(status: int, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
@@ -286,7 +307,7 @@ class TenantDesk:
         return await self.owner(bid, gen)
 
     async def on_event(self, msg: Any) -> None:
-        event = relayed(msg.subject)
+        event = relayed_event(msg.subject)
         if event is None:
             return
         bid = msg.subject.split(".")[2]
