@@ -54,3 +54,37 @@ def test_the_relays_event_lookup_is_the_catalogs_match() -> None:
     for s in subjects:
         assert tenants.relayed_event(s) is relayed(s), s
     assert all(tenants.relayed_event(e.subject(**{t: "a" for t in e.tokens})) is e for e in RELAYED)
+
+
+async def test_the_relays_owner_read_is_the_records() -> None:
+    """``TenantDesk._read_owner`` reads a block's ``gen`` and its IR's labels alone: the tenant and
+    generation that the whole record (``Store.get_block``) gives, for a labelled block, a plain
+    one, a missing one and records of other shapes."""
+    from aios_blocks.state.keys import block_key
+
+    async with MemorySystem.open() as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=2, gpus=2)
+        plain = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1})
+        team = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
+                               "labels": {"tenant": "team-a", "qos": "LS"}})
+        await s.run()
+        await s.store.r.hset(block_key("odd1"), mapping={"gen": "3", "ir": '{"labels": ["x"]}'})
+        await s.store.r.hset(block_key("odd2"), mapping={"gen": "4", "ir": "[1, 2]"})
+        await s.store.r.hset(block_key("odd3"), mapping={"status": "parsed"})
+        await s.store.r.hset(block_key("odd4"), mapping={"gen": "5", "ir": '{"labels": {"tenant": ""}}'})
+        desk = tenants.TenantDesk(s.worker)
+        for bid in (plain, team, "missing", "odd1", "odd2", "odd3", "odd4"):
+            block = await s.store.get_block(bid)
+            whole: Any
+            try:
+                whole = (tenants.block_tenant(block),
+                         int(block["gen"]) if block is not None and str(block.get("gen", "")).isdigit() else None)
+            except Exception as exc:
+                whole = type(exc)
+            try:
+                got: Any = await desk._read_owner(bid)
+            except Exception as exc:
+                got = type(exc)
+            assert got == whole, bid
+        assert (await desk._read_owner(team))[0] == "team-a" and (await desk._read_owner(plain))[0] is None

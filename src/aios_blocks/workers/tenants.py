@@ -42,6 +42,7 @@ from ..bus.catalog import STREAM, E, Event
 from ..bus.history import RELAYED, relayed, stored_from
 from ..runtime import tenants as tn
 from ..schemas.events import DeleteRequest, ScaleRequest, ScaleTarget
+from ..state.keys import block_key
 from .base import Worker
 
 log = structlog.get_logger("aios.tenants")
@@ -126,6 +127,14 @@ def relayed_event(subject: str) -> Event[Any] | None:
         if event is not None:
             return event
     return relayed(subject)
+
+
+class _Labelled(msgspec.Struct):
+    labels: Any = None
+
+
+#: what the relay reads of a block's IR: its labels (its ``tenant``)
+_LABELS = msgspec.json.Decoder(_Labelled)
 
 
 def _answer(status: int, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
@@ -265,11 +274,26 @@ class TenantDesk:
             fresh = now - at < (self._positive_s if tenant is not None else self._negative_s)
             if fresh and (gen is None or known_gen is None or gen == known_gen):
                 return tenant, known_gen
-        block = await self.w.store.get_block(bid)
-        tenant = block_tenant(block)
-        known = int(block["gen"]) if block is not None and str(block.get("gen", "")).isdigit() else None
+        tenant, known = await self._read_owner(bid)
         self._remember(self._owner, bid, (tenant, now, known))
         return tenant, known
+
+    async def _read_owner(self, bid: str) -> tuple[str | None, int | None]:
+        """The block's tenant (``block_tenant``) and generation, from its record's ``gen`` and
+        ``ir`` alone (not the whole record, ``Store.get_block``) and of the IR its labels alone
+        (``_LABELS``: the rest, a policy's parameters, skipped by the decoder, not built)."""
+        gen, ir = await self.w.store.r.hmget(block_key(bid), ["gen", "ir"])
+        known = int(gen) if gen is not None else None  # a record's gen is an int (``records._block``)
+        if known is not None and not str(known).isdigit():
+            known = None
+        if ir is None:
+            return None, known
+        try:
+            labels = _LABELS.decode(ir).labels
+        except msgspec.ValidationError:  # an IR that is no object: read whole, as before
+            return block_tenant({"ir": msgspec.json.decode(ir)}), known
+        tenant = labels.get("tenant") if isinstance(labels, dict) else None
+        return (str(tenant) if tenant else None), known
 
     def _remember(self, cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
         cache[key] = value
