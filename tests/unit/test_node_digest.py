@@ -125,3 +125,41 @@ def test_node_map_of_an_inventory_view_reads_only_the_views_changed_since() -> N
     del views["n4"]
     views["n9"] = {**_node("n9"), "cpu_free": 1.0}
     assert ev.node_map(inp) is views
+
+
+def test_a_digest_reuses_the_healthy_list_s_encoding_while_it_does_not_change() -> None:
+    """A placement input's ``healthy_nodes`` from an inventory view (``capacity.healthy_ids``) is
+    encoded once while the list stays the same (``Nodes.healthy_json``), and the digest is the one
+    of the plain input (the list encoded with the rest) after every change: views replaced,
+    nodes turned unhealthy and back, added and removed; a list that is not the view's is encoded
+    as given."""
+    rng = random.Random(3)
+    nodes = capacity.Nodes({f"n{i:03d}": _node(f"n{i:03d}") for i in range(150)})
+
+    def digests() -> tuple[str, str]:
+        ids = capacity.healthy_ids(nodes)
+        inp = {"action": "allocation", "payload": {"block": {"blockId": "b"}, "cluster_metrics": {"nodes": nodes},
+                                                    "healthy_nodes": ids}}
+        plain = {"action": "allocation", "payload": {"block": {"blockId": "b"}, "cluster_metrics": {"nodes": dict(nodes)},
+                                                      "healthy_nodes": list(ids)}}
+        return ev.input_digest_of(inp, node_digest.nodes_root), ev.input_digest_of(plain)
+
+    got, want = digests()
+    assert got == want
+    raw = nodes.healthy_json(capacity.healthy_ids(nodes))
+    assert raw == msgspec.json.encode(capacity.healthy_ids(nodes))
+    nodes["n000"] = _node("n000", cpu=4.0)  # a view replaced, the healthy list the same: not encoded again
+    assert nodes.healthy_json(capacity.healthy_ids(nodes)) is raw
+    for _step in range(200):
+        nid = f"n{rng.randint(0, 170):03d}"
+        change = rng.random()
+        if change < 0.5 and nid in nodes:
+            nodes[nid] = {**nodes[nid], "healthy": not nodes[nid]["healthy"]}
+        elif change < 0.8:
+            nodes[nid] = _node(nid, cpu=rng.choice([2.0, 8.0]))
+        elif nid in nodes:
+            del nodes[nid]
+        got, want = digests()
+        assert got == want, _step
+    ids = capacity.healthy_ids(nodes)
+    assert nodes.healthy_json(ids[:-1]) is None  # not the view's list: None, encoded with the rest

@@ -136,7 +136,7 @@ def healthy_ids(nodes: dict[str, NodeView]) -> list[str]:
     changed = nodes.changed_since(memo[0]) if memo is not None else None
     if memo is None or changed is None:
         ids = rebuilt()
-        nodes._healthy = (version, ids, set(ids))
+        nodes._healthy, nodes._healthy_json = (version, ids, set(ids)), None
         return list(ids)
     _, ids, members = memo
     for nid in set(changed):
@@ -145,9 +145,11 @@ def healthy_ids(nodes: dict[str, NodeView]) -> list[str]:
         if now and nid not in members:
             insort(ids, nid)
             members.add(nid)
+            nodes._healthy_json = None
         elif not now and nid in members:
             del ids[bisect_left(ids, nid)]
             members.discard(nid)
+            nodes._healthy_json = None
     nodes._healthy = (version, ids, members)
     return list(ids)
 
@@ -262,8 +264,8 @@ class Nodes(dict[str, NodeView]):
     replaced, never edited in place (``copy_node`` before ``take``). The log is compacted when it
     grows past the dict's size; a memo older than the compaction rescans once."""
 
-    __slots__ = ("_base", "_dicts", "_fits", "_healthy", "_ids", "_log", "_pos", "_ranked", "_states", "_ties", "_totals",
-                 "_witness")
+    __slots__ = ("_base", "_dicts", "_fits", "_healthy", "_healthy_json", "_ids", "_log", "_pos", "_ranked", "_states",
+                 "_ties", "_totals", "_witness")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -284,6 +286,8 @@ class Nodes(dict[str, NodeView]):
         self._states: States | None = None
         # (version, the healthy nodes' ids sorted, the same as a set): ``healthy_ids``
         self._healthy: tuple[int, list[str], set[str]] | None = None
+        # that list's JSON (None: not encoded since it last changed): ``healthy_json``
+        self._healthy_json: bytes | None = None
         # per tie function: [the ``ids()`` it was made from, the ids in tie order, each id's place
         # in that order or None until asked]: ``tie_order``, ``tie_positions``
         self._ties: dict[Any, list[Any]] = {}
@@ -352,6 +356,19 @@ class Nodes(dict[str, NodeView]):
                 self._ties.clear()
             hit = self._ties[tie] = [ids, sorted(ids, key=lambda nid: (tie(nid), nid)), None]
         return hit
+
+    def healthy_json(self, ids: list[str]) -> bytes | None:
+        """``msgspec.json.encode(ids)`` when ``ids`` are the healthy nodes this view keeps now
+        (``healthy_ids``, equal item for item), encoded once until that list changes; else None.
+        A decision record's digest (``schemas.events.input_digest_of``) encodes a placement
+        input's ``healthy_nodes`` (the trace's 1,213 ids, ~22 KB) at every call otherwise."""
+        memo = self._healthy
+        if memo is None or memo[0] != self.version or memo[1] != ids:
+            return None
+        raw = self._healthy_json
+        if raw is None:
+            raw = self._healthy_json = _encode(memo[1])
+        return raw
 
     def positions(self) -> dict[str, int]:
         """Each id's index in ``ids()``, cached the same way."""

@@ -664,7 +664,20 @@ def input_digest_of(input_data: Mapping[str, object], nodes_digest: Callable[[di
     nodes = node_map(input_data)
     if nodes is None:
         return input_digest(msgspec.json.encode(input_data))
-    return input_digest(msgspec.json.encode(_with_node_map(input_data, nodes_digest(nodes))))
+    return input_digest(msgspec.json.encode(_with_node_map(input_data, nodes_digest(nodes), _healthy_json(input_data, nodes))))
+
+
+def _healthy_json(input_data: Mapping[str, object], nodes: dict[str, NodeView]) -> bytes | None:
+    """The JSON of the input's ``healthy_nodes`` as its inventory view keeps it
+    (``capacity.Nodes.healthy_json``: encoded once while the list does not change; the same bytes
+    as encoding the list here), or None (encoded with the rest)."""
+    known = getattr(nodes, "healthy_json", None)
+    payload = input_data["payload"]
+    ids = payload.get("healthy_nodes") if isinstance(payload, dict) else None
+    if known is None or not isinstance(ids, list):
+        return None
+    raw: bytes | None = known(ids)
+    return raw
 
 
 def input_digests(raw: bytes) -> Iterator[str]:
@@ -705,11 +718,15 @@ def node_map(input_data: Mapping[str, object]) -> dict[str, NodeView] | None:
     return nodes
 
 
-def _with_node_map(input_data: Mapping[str, object], value: object) -> dict[str, object]:
-    """A shallow copy of an input that has a :func:`node_map`, the whole map replaced by ``value``."""
+def _with_node_map(input_data: Mapping[str, object], value: object, healthy: bytes | None = None) -> dict[str, object]:
+    """A shallow copy of an input that has a :func:`node_map`, the whole map replaced by ``value``
+    (and ``healthy_nodes`` by ``healthy``, its JSON, when given: it keeps its place)."""
     payload = input_data["payload"]
     assert isinstance(payload, dict)  # it has a node map
-    return {**input_data, "payload": {**payload, "cluster_metrics": {**payload["cluster_metrics"], "nodes": value}}}
+    copy = {**payload, "cluster_metrics": {**payload["cluster_metrics"], "nodes": value}}
+    if healthy is not None:
+        copy["healthy_nodes"] = msgspec.Raw(healthy)
+    return {**input_data, "payload": copy}
 
 
 def with_nodes(input_data: Mapping[str, object], each: Callable[[NodeView], object]) -> dict[str, object]:
