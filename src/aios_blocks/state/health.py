@@ -16,6 +16,7 @@ Nothing here is rebuilt from the stream: it is measured again within seconds.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any, TypedDict, cast
 
 import msgspec
@@ -123,12 +124,13 @@ class HealthStore:
             await self.r.hdel(SUSPECT, *held)
         return held
 
-    async def suspects(self) -> dict[str, SuspectMark]:
-        """The nodes suspect now: nid -> {since, until, reason}. Lapsed marks are dropped."""
+    async def suspects(self, read: Mapping[str, str] | None = None) -> dict[str, SuspectMark]:
+        """The nodes suspect now: nid -> {since, until, reason}. Lapsed marks are dropped.
+        ``read``: the marks' hash as the caller read it (``SUSPECT``), else read here."""
         now = time.time()
         out: dict[str, SuspectMark] = {}
         lapsed: list[str] = []
-        for nid, raw in (await self.r.hgetall(SUSPECT)).items():
+        for nid, raw in (read if read is not None else await self.r.hgetall(SUSPECT)).items():
             d = _decode(raw)
             if d is None or float(d.get("until", 0)) <= now:
                 lapsed.append(nid)

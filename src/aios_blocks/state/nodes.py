@@ -29,6 +29,15 @@ from .records import _dumps
 _json = msgspec.json
 
 
+def reserve_keys(cid: str, placements: Sequence[Mapping[str, object]]) -> list[str]:
+    """``scripts.RESERVE_GANG``'s keys: each placement's node and reservation, then the cluster's
+    state index, quota usage and quota reservations."""
+    keys: list[str] = []
+    for p in placements:
+        keys += [node_key(cid, str(p["node"])), res_key(cid, str(p["iid"]))]
+    return [*keys, index_key(cid), quota_usage_key(cid), quota_res_key(cid)]
+
+
 class NodeRecords:
     """``Store``'s methods over clusters and nodes (they use its client and scripts)."""
 
@@ -108,11 +117,7 @@ class NodeRecords:
         """All-or-nothing reservation of several instances in one cluster (one atomic script):
         ``placements`` are ``handlers.controller.plan``'s records (iid, node, gpus, amounts), JSON
         for ``RESERVE_GANG``."""
-        keys: list[str] = []
-        for p in placements:
-            keys += [node_key(cid, str(p["node"])), res_key(cid, str(p["iid"]))]
-        keys += [index_key(cid), quota_usage_key(cid), quota_res_key(cid)]
-        ok, reason, node = await self._reserve(keys=keys, args=[_dumps(placements)])
+        ok, reason, node = await self._reserve(keys=reserve_keys(cid, placements), args=[_dumps(placements)])
         return bool(ok), reason, node
 
     async def release(self, cid: str, nid: str, iid: str) -> bool:

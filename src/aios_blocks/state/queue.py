@@ -222,7 +222,11 @@ class Nominations:
         await self.r.hset(NOMINATED, bid, msgspec.json.encode(doc))
 
     async def all(self) -> dict[str, dict[str, Any]]:
-        raw = await self.r.hgetall(NOMINATED)
+        return self.decode(await self.r.hgetall(NOMINATED))
+
+    @staticmethod
+    def decode(raw: Mapping[Any, Any]) -> dict[str, dict[str, Any]]:
+        """The nominations of the hash ``NOMINATED`` as read."""
         return {(k.decode() if isinstance(k, bytes) else str(k)): msgspec.json.decode(v) for k, v in raw.items()}
 
     async def drop(self, bid: str) -> bool:

@@ -347,6 +347,44 @@ local done = transition({KEYS[2]}, {ARGV[6], ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 return {all, done[1], done[2]}
 """)
 
+# KEYS: RESERVE_GANG's (two per placement, the cluster's state index, quota usage and quota
+# reservations: 2n+3), then the block, its instances hash, the affinity lease hash, the nominations
+# hash, one node-instance hash per record, one affinity service hash per index entry.  ARGV:
+# RESERVE_GANG's JSON, the block id, '1' to drop the block's nomination ('' not), TRANSITION's four
+# arguments for the block's step (all '' for none), the number of records, then (iid, record) per
+# record and (lease, iid, node, entry) per index entry.
+# RESERVE_GANG, then, only if it reserved, what ``Store.start_instances`` (no limit) writes, in its
+# order: the step's CAS (its outcome not read, as there), the affinity index, the records (HSETNX:
+# one recorded keeps its record) with their nodes' entries; then the nomination's HDEL (the gang's
+# step, ``allocate.commit_start``). A refused reservation writes nothing. Returns RESERVE_GANG's
+# three results and, after a reservation, the HDEL's. Keys of many Redis Cluster slots: for one
+# server only (on a Redis Cluster the caller reserves, then records, as two calls).
+RESERVE_THEN_START = (
+    "local function reserve(KEYS, ARGV)\n" + RESERVE_GANG + "\nend\n"
+    + "local function transition(KEYS, ARGV)\n" + TRANSITION + "\nend\n"
+    + r"""
+local n = #cjson.decode(ARGV[1])
+local m = 2 * n + 3
+local got = reserve({unpack(KEYS, 1, m)}, {ARGV[1]})
+if got[1] ~= 1 then return got end
+local bid = ARGV[2]
+if ARGV[6] ~= '' then transition({KEYS[m + 1]}, {ARGV[4], ARGV[5], ARGV[6], ARGV[7]}) end
+local k = tonumber(ARGV[8])
+local a, nk = 9 + 2 * k, m + 5 + k
+while a <= #ARGV do
+  redis.call('HSET', KEYS[nk], ARGV[a + 1], ARGV[a + 3])
+  redis.call('HSET', KEYS[m + 3], ARGV[a], ARGV[a + 2])
+  a, nk = a + 4, nk + 1
+end
+for i = 1, k do
+  redis.call('HSETNX', KEYS[m + 2], ARGV[7 + 2 * i], ARGV[8 + 2 * i])
+  redis.call('HSET', KEYS[m + 4 + i], ARGV[7 + 2 * i], bid)
+end
+local held = 0
+if ARGV[3] == '1' then held = redis.call('HDEL', KEYS[m + 4], bid) end
+return {got[1], got[2], got[3], held}
+""")
+
 # KEYS: block.  ARGV: gen ('' = any), live statuses (comma list), target, target version (the
 # stream sequence of the target event), JSON of extra fields (reason, source...).
 # The block's desired instance count: set only if the block is live, of that generation, and the

@@ -9,7 +9,7 @@ in ``state.registry``; the record shapes in ``state.records``.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypedDict
 
 import msgspec
@@ -66,7 +66,8 @@ from .keys import (  # noqa: F401  (re-exported: the store's callers import keys
     res_pattern,
 )
 from .metrics import MetricsStore
-from .nodes import NodeRecords, node_view  # noqa: F401  (node_view re-exported: callers import it from here)
+from .nodes import NodeRecords, node_view, reserve_keys  # noqa: F401  (node_view re-exported: callers import it from here)
+from .queue import NOMINATED
 from .records import _block, _dumps, _strs
 from .registry import PolicyRecords
 
@@ -156,11 +157,12 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
         self._set_desired = r.register_script(scripts.SET_DESIRED)
         self._drain = r.register_script(scripts.DRAIN_INSTANCE)
         self._add_instances = r.register_script(scripts.ADD_INSTANCES)
+        self._reserve_start = r.register_script(scripts.RESERVE_THEN_START)
         self._lease = r.register_script(scripts.LEASE)
         self._lease_release = r.register_script(scripts.LEASE_RELEASE)
         self._scripts = (self._reserve, self._release, self._transition, self._create, self._gather_add,
                          self._gather_settle, self._health_cas, self._claim_due, self._set_status, self._set_desired, self._drain,
-                         self._add_instances, self._set_status_ready)
+                         self._add_instances, self._set_status_ready, self._reserve_start)
 
     @classmethod
     def open(cls, url: str, max_connections: int | None = None, settings: Settings | None = None) -> Store:
@@ -352,6 +354,34 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
 
         await self._pipeline(build)
         return refused
+
+    async def reserve_then_start(
+        self, cid: str, placements: Sequence[Mapping[str, object]], bid: str, instances: Mapping[str, InstanceRecord],
+        index: list[tuple[str, str, str, str, str]], transition: tuple[int, Step, Mapping[str, object]] | None,
+        drop_nomination: bool,
+    ) -> tuple[bool, str, str, bool]:
+        """:meth:`reserve_gang` and, only if it reserved, :meth:`start_instances` (no limit) and,
+        with ``drop_nomination``, the block's nomination dropped (``Nominations.drop``), as one
+        script (``scripts.RESERVE_THEN_START``: one server only, its keys are in many Redis Cluster
+        slots). (the reservation's ok, reason and node, whether a nomination was dropped); a refused
+        reservation wrote nothing."""
+        keys = [*reserve_keys(cid, placements), block_key(bid), inst_key(bid), AFF_LEASE, NOMINATED]
+        args: list[Any] = [_dumps(placements), bid, "1" if drop_nomination else ""]
+        if transition is not None:
+            gen, step, fields = transition
+            rule = TRANSITIONS[step]  # as start_instances sends it
+            args += [str(gen), rule.allowed(), rule.target.value, _dumps(_strs({**fields, "updated": time.time()}))]
+        else:
+            args += ["", "", "", ""]
+        args.append(str(len(instances)))
+        for iid, v in instances.items():
+            args += [iid, _dumps(v)]
+            keys.append(node_inst_key(v["node"]))
+        for svc, lease, iid, node, rack in index:
+            args += [lease, iid, node, _dumps([node, rack])]
+            keys.append(aff_svc_key(svc))
+        got = await self._reserve_start(keys=keys, args=args)
+        return bool(got[0]), str(got[1]), str(got[2]), bool(got[3]) if len(got) > 3 else False
 
     async def _pipeline(self, build: Callable[[Any], None]) -> list[Any]:
         """Run the commands ``build`` queues as one pipeline (one round trip; not a transaction).

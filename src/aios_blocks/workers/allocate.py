@@ -2,14 +2,16 @@
 ``handlers.allocation.plan_allocation`` for the reservation, commit it with compare-and-set in
 Redis (``Store.reserve_gang``, all or nothing: never double-booked) and, on a conflict, read the
 touched nodes again and plan again (bounded by ``commit_retries``). ``start`` commits a
-``StartInstances``: the records in one round trip, then the placement and create commands."""
+``StartInstances``: the records in one round trip, then the placement and create commands. A step
+that starts what it reserves (``allocate``'s ``then``, the gang's) sends the reservation and the
+records as one script on one Redis server (``Store.reserve_then_start``)."""
 
 from __future__ import annotations
 
 import asyncio
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import structlog
@@ -20,8 +22,10 @@ from ..policies import quota as qp
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
 from ..schemas.lifecycle import Step
-from ..schemas.records import BlockIR
-from ..state.queue import Nominations
+from ..schemas.records import BlockIR, BlockRecord, NodeView
+from ..state.keys import SUSPECT, block_key, res_key
+from ..state.queue import NOMINATED, Nominations
+from ..state.records import _block
 from . import queue
 from .base import Worker
 from .vcluster import ensure_job_cluster
@@ -40,6 +44,9 @@ Ahead = tuple[dict[str, str], list[hq.Nominee]]
 #: one instance's reservation (None: none), as a step read it with its own first read: the
 #: gang's first member's, ``controller.on_allocation``
 Reserved = tuple[str, dict[str, str] | None]
+#: what starting a step's placements takes, given them, the attempts and the nodes' views
+#: (``allocation.start_effects`` with the step's own arguments): ``allocate``'s ``then``
+StartOf = Callable[[list[dict[str, Any]], int, Mapping[str, NodeView]], al.StartInstances]
 
 
 class Turn:
@@ -86,17 +93,24 @@ _turns: dict[str, asyncio.Future[None]] = {}
 async def allocate(
     w: Worker, req: al.Request, instances: dict[str, Any] | None = None, trace: list[Decision] | None = None,
     ahead: Ahead | None = None, reserved: Reserved | None = None, turn: Turn | None = None,
+    then: StartOf | None = None,
 ) -> tuple[list[dict[str, Any]], int]:
     """Placements for ``req`` and the attempts it took (0: a redelivered step found its
     reservations already made and reuses them). The policy calls' records go into ``trace``.
     ``ahead``: the suspect nodes and the nominees (``suspect_nodes``, ``queue.nominees``) as the
     step read them (neither depends on the block), else read here. ``reserved``: the first
     instance's reservation as the step read it (``_reservations``). ``turn``: the step's place in
-    its delivery order (``Turn``; the caller leaves it when the step ends).
+    its delivery order (``Turn``; the caller leaves it when the step ends). ``then``: the
+    placements are started here too (``commit_start`` of what it makes), as ``start`` would after
+    this; on one Redis server the records go in the reservation's own script, written only if it
+    reserves (``Store.reserve_then_start``: one exchange, not two one after the other; what a
+    crash leaves is what one after today's second exchange left, or nothing).
     Raises PlacementFailed with the reason."""
     cid = req.cluster_id
     held = al.reused(req.iids, await _reservations(w, cid, req.iids, reserved))
     if held is not None:
+        if then is not None:
+            await commit_start(w, then(held, 0, await w.inventory.nodes(cid)))
         return held, 0
     await ensure_job_cluster(w, req.ir, cid)  # seed 003: a job-cluster block's own nodes, carved first
     clusters = await w.inventory.clusters()
@@ -124,10 +138,19 @@ async def allocate(
             w.inventory.apply(cid, reserve.taken, {nid: snap.nodes[nid] for nid in reserve.touched})
             # each with what it adds to its tenant's quota usage (the script counts it in the same call)
             records = qp.with_quota(req.ir, reserve.placements, snap.nodes)
-            reserving = asyncio.ensure_future(w.store.reserve_gang(cid, records))
+            # the start the reservation makes, sent with it where one script may (its racks are
+            # the nodes' labels: a reservation does not change them)
+            started = then(list(reserve.placements), attempt, snap.nodes) if then is not None and w.store.one_server else None
+            if started is not None and started.limit is not None:  # (a bound is ADD_INSTANCES' first)
+                started = None
+            reserving = asyncio.ensure_future(_reserve(w, cid, records, started))
             await asyncio.sleep(0)  # the script queued (autopipeline) before the next plan's
-        ok, reason, node = await _applied(w, reserve, reserving)
+        ok, reason, node, nominated_held = await _applied(w, reserve, reserving)
         if ok:
+            if started is not None:
+                await _started(w, started, [], nominated_held)
+            elif then is not None:
+                await commit_start(w, then(list(reserve.placements), attempt, await w.inventory.nodes(cid)))
             return list(reserve.placements), attempt
         w.inventory.invalidate(cid, reserve.touched + ([node] if node else []))
         await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
@@ -145,11 +168,23 @@ async def _reservations(w: Worker, cid: str, iids: Sequence[str], ahead: Reserve
     return await w.store.reservations_of(cid, list(iids))
 
 
-async def _applied(w: Worker, reserve: al.Reserve, reserving: asyncio.Future[tuple[bool, str, str]]) -> tuple[bool, str, str]:
+async def _reserve(w: Worker, cid: str, records: Sequence[dict[str, Any]], started: al.StartInstances | None
+                   ) -> tuple[bool, str, str, bool]:
+    """The reservation (``Store.reserve_gang``), and with ``started`` its records in the same
+    script (``Store.reserve_then_start``): (ok, reason, node, whether a nomination was dropped)."""
+    if started is None:
+        ok, reason, node = await w.store.reserve_gang(cid, records)
+        return ok, reason, node, False
+    s = started
+    return await w.store.reserve_then_start(cid, records, s.block_id, s.records, list(s.index), s.step, _drops_nomination(s))
+
+
+async def _applied(w: Worker, reserve: al.Reserve, reserving: asyncio.Future[tuple[bool, str, str, bool]]
+                   ) -> tuple[bool, str, str, bool]:
     """The compare-and-set's outcome; the caches are told what it took."""
     cid, touched = reserve.cluster_id, reserve.touched
     try:
-        ok, reason, node = await reserving
+        ok, reason, node, held = await reserving
     except BaseException:  # not known to be taken (Redis failed us): re-read rather than trust the view
         w.inventory.invalidate(cid, touched)
         raise
@@ -157,23 +192,50 @@ async def _applied(w: Worker, reserve: al.Reserve, reserving: asyncio.Future[tup
         if reason != "ok":  # reserved before (a redelivery), not by this plan: re-read what it took
             w.inventory.invalidate(cid, touched)
         await w.hint(cid, touched, applied=reason == "ok")
-    return ok, reason, node
+    return ok, reason, node, held
 
 
-async def suspect_nodes(w: Worker) -> dict[str, str]:
+async def suspect_nodes(w: Worker, read: Mapping[str, str] | Exception | None = None) -> dict[str, str]:
     """The nodes suspect now (node -> why; docs/health.md "Suspect nodes"), cached a second per
-    process; Redis away costs the exclusion, never the placement."""
+    process; Redis away costs the exclusion, never the placement. ``read``: the marks as the
+    caller read them (``first_reads``; its error if the read failed), else read here when the
+    copy is older than a second."""
     now = time.monotonic()
     hit = _suspect_cache.get(id(w))
-    if hit is not None and now - hit[0] < SUSPECT_CACHE_S:
+    if read is None and hit is not None and now - hit[0] < SUSPECT_CACHE_S:
         return hit[1]
     try:
-        marks = {nid: f"suspect: {d.get('reason', '')}" for nid, d in (await w.store.health.suspects()).items()}
+        if isinstance(read, Exception):
+            raise read
+        marks = {nid: f"suspect: {d.get('reason', '')}" for nid, d in (await w.store.health.suspects(read)).items()}
     except Exception as exc:
         log.warning("controller.suspects_unavailable", error=repr(exc))
         marks = hit[1] if hit is not None else {}
     _suspect_cache[id(w)] = (now, marks)
     return marks
+
+
+async def first_reads(w: Worker, bid: str, cid: str, first: str) -> tuple[BlockRecord | None, Ahead, dict[str, str] | None]:
+    """An allocation step's first reads: the block, the suspect nodes (``suspect_nodes``: the
+    marks read when the process's copy is older than a second), the nominees (``queue.nominees``:
+    the nominations read, then the block of each, if any) and ``first``'s reservation (the
+    redelivery check's, ``_reservations``), as one pipeline: one exchange, with no task each (a
+    gather's tasks cost a loop turn before it)."""
+    now = time.monotonic()
+    hit = _suspect_cache.get(id(w))
+    fresh = hit is not None and now - hit[0] < SUSPECT_CACHE_S
+    pipe = w.store.r.pipeline(transaction=False)
+    pipe.hgetall(block_key(bid))
+    pipe.hgetall(res_key(cid, first))
+    pipe.hgetall(NOMINATED)
+    if not fresh:
+        pipe.hgetall(SUSPECT)
+    got = await pipe.execute(raise_on_error=False)
+    for x in got[:3]:
+        if isinstance(x, Exception):
+            raise x
+    suspects = hit[1] if fresh and hit is not None else await suspect_nodes(w, got[3])
+    return _block(got[0]), (suspects, await queue.nominees(w, read=got[2])), got[1] or None
 
 
 def _cluster_lock(cid: str) -> asyncio.Lock:
@@ -199,13 +261,24 @@ async def start(
 async def commit_start(w: Worker, s: al.StartInstances) -> list[str]:
     """Record the instances (and the block's step) in one round trip; release what the limit
     refused; publish the placement and the create commands of the rest."""
-    placed = s.step is not None and s.step[1] is Step.RESERVE
+    placed = _drops_nomination(s)
     if placed:  # the nomination's HDEL in the same Redis exchange, after the records (it reads nothing of them)
         refused, held = await asyncio.gather(
             w.store.start_instances(s.block_id, s.records, list(s.index), s.step, limit=s.limit),
             Nominations(w.store.r).drop(s.block_id))
     else:
         refused, held = await w.store.start_instances(s.block_id, s.records, list(s.index), s.step, limit=s.limit), False
+    return await _started(w, s, refused, held)
+
+
+def _drops_nomination(s: al.StartInstances) -> bool:
+    """Whether recording ``s`` drops its block's nomination (the gang's step: it is placed)."""
+    return s.step is not None and s.step[1] is Step.RESERVE
+
+
+async def _started(w: Worker, s: al.StartInstances, refused: list[str], held: bool) -> list[str]:
+    """After ``s``'s records (``refused``: past its limit; ``held``: a nomination was dropped):
+    release what the limit refused, publish the placement and the create commands of the rest."""
     gone = [p for p in s.placements if p["iid"] in refused]
     for p in gone:
         await w.store.release(s.cluster_id, p["node"], p["iid"])
@@ -214,7 +287,7 @@ async def commit_start(w: Worker, s: al.StartInstances) -> list[str]:
     kept = [p for p in s.placements if p["iid"] not in refused]
     if kept:
         await w.bus.emit_all(al.announce(s, kept))
-    if placed and held:
+    if held:
         # a preemptor placed: the room held for it is its instances' now; the walker looks again
         # (the blocks held back by a nominated take other than the one its placement chose)
         queue.poke(w)

@@ -124,14 +124,16 @@ async def nominate_moved_room(w: Worker, bid: str, output: Mapping[str, Any], ho
         await Nominations(w.store.r).nominate(bid, int(block["gen"]), nodes, time.time() + hold_s, moves=True)
 
 
-async def nominees(w: Worker, scope: str | None = None, drop: bool = False) -> list[hq.Nominee]:
+async def nominees(w: Worker, scope: str | None = None, drop: bool = False, read: Mapping[str, str] | None = None
+                   ) -> list[hq.Nominee]:
     """The preemptors retried and not placed yet (of ``scope``; None: all), whose room is held for
     them (``handlers.queue.Nominee``). ``drop`` (the walker): a nomination whose block was placed,
-    waits again, is gone or whose hold ended is dropped. One read when none is held."""
+    waits again, is gone or whose hold ended is dropped. One read when none is held; ``read``:
+    the nominations' hash as the caller read it (``Nominations.all``'s), else read here."""
     noms = Nominations(w.store.r)
     out = []
     now = time.time()
-    for bid, n in sorted((await noms.all()).items()):
+    for bid, n in sorted((await noms.all() if read is None else Nominations.decode(read)).items()):
         block = await w.store.get_block(bid)
         if (block is None or int(block["gen"]) != int(n.get("gen") or 0) or float(n.get("until") or 0) < now
                 or block["status"] not in (MOVED_FOR if n.get("moves") else IN_FLIGHT)):
