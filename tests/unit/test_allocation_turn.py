@@ -41,3 +41,23 @@ async def test_a_cancelled_step_does_not_hold_the_next_one() -> None:
     assert not blocked.done()  # still behind the first
     first.leave()
     await asyncio.wait_for(blocked, 1.0)
+
+
+def test_a_step_left_behind_by_a_closed_event_loop_holds_no_step_of_a_new_one() -> None:
+    """A worker stopped with a step in flight whose loop was closed before its ``finally`` ran
+    leaves that step's turn unpassed: a later loop's steps of the same cluster do not wait for it."""
+    loop = asyncio.new_event_loop()
+
+    async def stranded() -> None:
+        Turn("f")  # taken, never left
+
+    loop.run_until_complete(stranded())
+    loop.close()
+
+    async def fresh() -> None:
+        turn = Turn("f")
+        await asyncio.wait_for(turn.wait(), 1.0)
+        turn.leave()
+
+    asyncio.run(fresh())
+    assert "f" not in _turns

@@ -62,8 +62,12 @@ class Turn:
 
     def __init__(self, cid: str) -> None:
         self.cid = cid
-        self.before = _turns.get(cid)
-        self.passed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        before = _turns.get(cid)
+        # a step of an event loop that is gone (a worker stopped with steps in flight, its loop
+        # closed before their ``finally`` ran) never passes: nobody of this loop waits for it
+        self.before = before if before is not None and before.get_loop() is loop else None
+        self.passed: asyncio.Future[None] = loop.create_future()
         _turns[cid] = self.passed
 
     async def wait(self) -> None:
