@@ -7,6 +7,7 @@ an account refused with the same reason)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,36 @@ async def test_a_label_naming_an_account_is_checked_with_the_component(rig: tupl
     assert ("HEXISTS", LIMITS) in seen[0] and ("GET", "aios:component:aios://test/model") in seen[0], seen
     block = await w.store.get_block("l-1")
     assert block is not None and block["status"] == "rejected" and "names a tenant with an account" in block["reason"]
+
+
+async def test_the_turn_gathers_no_task_of_its_own(rig: tuple[Worker, Client]) -> None:
+    """The reads before the parse (the component, the priority classes, the block's own registry
+    policies) go to Redis as one pipeline, not as calls gathered in a task each: a create with no
+    tenant check starts no task but the auto-pipeline's flushes, one per exchange."""
+    w, client = rig
+    await client.add_component(COMPONENT)  # no registry policy of its own: no second read
+    spec = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
+            "policyRulesSpec": [{"name": "autoscaler", "policyRuleURI": "registry:mine"}]}
+    # once per process, each a task of its own: the bus's event key, the ack subscription
+    assert (await _create(w, "nt-0", spec))[0] == ["submitted", "parsed"]
+    loop = asyncio.get_running_loop()
+    made: list[str] = []
+    before = loop.get_task_factory()
+
+    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
+        made.append(coro.__qualname__)
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    loop.set_task_factory(factory)
+    try:
+        events, seen = await _create(w, "nt-1", spec, seq=6)
+    finally:
+        loop.set_task_factory(before)
+    assert events == ["submitted", "parsed"]
+    assert len(seen) == 2, seen
+    assert _reads(seen[0]) == {("GET", "aios:component:aios://test/model"), ("HGETALL", "aios:priorityclasses"),
+                               ("HGETALL", "aios:policy:mine")}, seen
+    assert made == ["AutoPipelineRedis._flush"] * 2, made
+    block = await w.store.get_block("nt-1")
+    assert block is not None and block["ir"]["policies"]["autoscaler"]["version"] == 2
+

@@ -31,6 +31,12 @@ from .scripts import QUOTA_MIGRATE
 _json = msgspec.json
 
 
+def classes_of(raw: dict[str, str]) -> dict[str, dict[str, Any]]:
+    """The classes by name from the hash ``PRIORITY_CLASSES`` as read (``PriorityStore.classes``;
+    the parser reads it in a pipeline of its own reads)."""
+    return {k: _json.decode(v) for k, v in raw.items()}
+
+
 class PriorityStore:
     def __init__(self, r: Any):
         self.r = r
@@ -38,7 +44,7 @@ class PriorityStore:
     # -- priority classes ------------------------------------------------------------------------
     async def classes(self) -> dict[str, dict[str, Any]]:
         """Every class by name (``schemas.priority.PriorityClass`` JSON)."""
-        return {k: _json.decode(v) for k, v in (await self.r.hgetall(PRIORITY_CLASSES)).items()}
+        return classes_of(await self.r.hgetall(PRIORITY_CLASSES))
 
     async def put_class(self, record: dict[str, Any]) -> None:
         """Store a class; a new default class takes the flag from the old one (one default)."""

@@ -10,6 +10,15 @@ from . import scripts
 from .keys import EPOCH_KEY, POLICIES, policy_key
 
 
+def policy_head(h: dict[str, Any]) -> PolicySource | None:
+    """A policy's latest version from its hash as read (``policy_get(name)``; the parser reads it
+    in a pipeline of its own reads): None when it has none."""
+    if not h:
+        return None
+    h["version"] = int(h["version"])
+    return h  # type: ignore[return-value]
+
+
 class PolicyRecords:
     """``Store``'s methods over the policy registry and the epoch guard."""
 
@@ -29,9 +38,11 @@ class PolicyRecords:
     async def policy_get(self, name: str, version: int | None = None) -> PolicySource | None:
         key = policy_key(name)
         h = await self.r.hgetall(key)
+        if version is None:
+            return policy_head(h)
         if not h:
             return None
-        if version is not None and int(h["version"]) != version:
+        if int(h["version"]) != version:
             old = await self.r.hgetall(f"{key}:v{version}")
             if not old:
                 return None

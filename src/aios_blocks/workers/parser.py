@@ -15,9 +15,11 @@ from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
 from ..schemas.ir import KnownComponent
+from ..schemas.policy_io import PolicySource
 from ..schemas.records import BlockIR
-from ..state.keys import component_key
-from ..state.priority import PriorityStore
+from ..state.keys import PRIORITY_CLASSES, component_key, policy_key
+from ..state.priority import classes_of
+from ..state.registry import policy_head
 from ..state.tenants import TenantStore
 from .base import Worker, bound
 from .tenants import block_tenant
@@ -54,24 +56,24 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     if outcome.doc is not None:
         doc = outcome.doc
         own = list(dict.fromkeys(parse.registry_policies(doc, None).values()))
-        # in one Redis exchange, as no read depends on another (each its own awaitable of this
-        # gather: a nested gather's reads would start a turn later, in an exchange of their own):
-        # the component, the priority classes (priorityClass / the default, docs/priority.md), the
-        # tenant check's first read and the registry policies the block names itself (read ahead
-        # for pinned_versions)
+        # in one Redis exchange, as no read depends on another: the component, the priority
+        # classes (priorityClass / the default, docs/priority.md) and the registry policies the
+        # block names itself (read ahead for pinned_versions), as one pipeline (no task per read:
+        # ``reads``), and the tenant check's first read, in a task started before it (so its
+        # first command is queued in the same turn of the loop as the pipeline's)
         # (a create with no tenant label, on the system's subject, has no tenant check: no task for it)
-        check = (_within_pending(w, tenant, bid, outcome) if tenant
-                 else _no_account_label(w, outcome) if _label_tenant(doc) else None)
-        component, classes, *rest = await asyncio.gather(
-            _component(w, parse.component_uri(doc)), PriorityStore(w.store.r).classes(),
-            *([check] if check is not None else []), *(w.store.policy_get(name, None) for name in own))
+        check = (asyncio.ensure_future(_within_pending(w, tenant, bid, outcome)) if tenant
+                 else asyncio.ensure_future(_no_account_label(w, outcome)) if _label_tenant(doc) else None)
+        try:
+            component, classes, heads = await reads(w, parse.component_uri(doc), own)
+        except BaseException:
+            if check is not None and not check.cancel() and not check.cancelled():
+                check.exception()  # done already: its outcome (or error) is not wanted now
+            raise
         if check is not None:
-            outcome, *heads = rest
-        else:
-            heads = rest
+            outcome = await check
         if outcome.doc is not None:
-            versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component,
-                                                   dict(zip(own, heads, strict=True)))
+            versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component, heads)
             outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
     if outcome.ir is not None:
         # the IR's JSON once, for the block record (which keeps it as that text) and the parsed
@@ -100,10 +102,23 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
 
 
-async def _component(w: Worker, uri: str | None) -> KnownComponent | None:
-    """The component's record (``Store.get_component``'s read), validated once per record
-    (``COMPONENTS``): the same for every create of it until it is registered again."""
-    return COMPONENTS.get(await w.store.r.get(component_key(uri))) if uri else None
+async def reads(w: Worker, uri: str | None, own: list[str]
+                ) -> tuple[KnownComponent | None, dict[str, dict[str, Any]], dict[str, PolicySource | None]]:
+    """A create's reads before its parse, as one pipeline (one exchange; no task per read): the
+    component's record (``Store.get_component``'s read; validated once per record,
+    ``COMPONENTS``: the same for every create of it until it is registered again), the priority
+    classes (``PriorityStore.classes``) and the latest version of each registry policy in ``own``
+    (``Store.policy_get(name)``)."""
+    pipe = w.store.r.pipeline(transaction=False)
+    if uri:
+        pipe.get(component_key(uri))
+    pipe.hgetall(PRIORITY_CLASSES)
+    for name in own:
+        pipe.hgetall(policy_key(name))
+    got = await pipe.execute()
+    raw = got.pop(0) if uri else None
+    return (COMPONENTS.get(raw) if uri else None, classes_of(got[0]),
+            {name: policy_head(h) for name, h in zip(own, got[1:], strict=True)})
 
 
 async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
