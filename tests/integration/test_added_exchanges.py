@@ -9,7 +9,6 @@ changed since the read, and an instance gone each end as before."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from aios_blocks.workers.base import Worker
 
 from ..unit.views import make_ir
 from .conftest import worker_rig
+from .loop_tasks import tasks_made
 from .test_create_exchanges import _noted
 
 pytestmark = pytest.mark.integration
@@ -162,16 +162,7 @@ async def test_the_turn_gathers_no_task_of_its_own(rig: tuple[Worker, Client]) -
     await _placing(w)
     await w.bus.ids()  # the bus's event key, looked up once per process (a task of its own)
     seen = _noted(w)
-    loop = asyncio.get_running_loop()
-    made: list[str] = []
-    before = loop.get_task_factory()
-
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
-        made.append(coro.__qualname__)
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    loop.set_task_factory(factory)
-    try:
+    with tasks_made() as made:
         with outbox(defer=bool(w.bus.atomic_streams)) as box:
             ev = InstanceEvent(BID, 1, f"{BID}-0", "c0-n0", ["c0-g0"], endpoint=EP)
             subject = E.instance_added.subject(bid=BID, iid=ev.instance_id)
@@ -179,8 +170,6 @@ async def test_the_turn_gathers_no_task_of_its_own(rig: tuple[Worker, Client]) -
             made_in_turn = list(made)
             made.clear()
             await effects._ready(w, BID, 1, "c0", Step.READY, [f"{BID}-0"])  # a ready alone: the mark, then the CAS
-    finally:
-        loop.set_task_factory(before)
     assert made_in_turn == ["AutoPipelineRedis._flush"] * 2, made_in_turn
     assert made == ["AutoPipelineRedis._flush"], made
     assert seen == [[("HGETALL", f"aios:block:{BID}"), ("HGETALL", f"aios:block:{BID}:inst")],

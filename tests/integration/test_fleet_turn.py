@@ -10,7 +10,6 @@ import asyncio
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
@@ -26,6 +25,7 @@ from aios_blocks.settings import Settings
 from aios_blocks.workers.base import Worker
 
 from .conftest import worker_rig
+from .loop_tasks import tasks_made
 from .test_create_exchanges import _noted
 
 pytestmark = pytest.mark.integration
@@ -48,20 +48,9 @@ async def test_a_first_command_to_a_node_makes_no_task_but_its_one_exchange(rig:
     seen = _noted(w)
     cmd = InstanceCommand(BID, 1, "c0", f"{BID}-0", "c0-n0", ["c0-g0"], env={"AIOS_INSTANCE_ID": f"{BID}-0"})
     m = Inbound(E.node_instance_create, cmd, {"nid": "c0-n0"}, Delivery(E.node_instance_create.subject(nid="c0-n0"), b"", {}, 1, 11))
-    loop = asyncio.get_running_loop()
-    made: list[str] = []
-    before = loop.get_task_factory()
-
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
-        made.append(coro.__qualname__)
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    loop.set_task_factory(factory)
-    try:
+    with tasks_made() as made:
         with outbox(defer=bool(w.bus.atomic_streams)) as box:
             await fleet.on_command(m)
-    finally:
-        loop.set_task_factory(before)
     assert made == ["AutoPipelineRedis._flush"], made
     assert seen == [[("HGET", "aios:nodeindex"), ("HMGET", "aios:{c:c0}:node:c0-n0")]], seen
     assert [d.subject for d in box.deferred] == [E.instance_added.subject(bid=BID, iid=f"{BID}-0")]
@@ -82,20 +71,9 @@ async def test_the_commit_of_a_turn_s_events_to_one_stream_makes_no_task(rig: tu
     assert await w.bus.commit([box.deferred], 10.0) == [""]  # the first publish subscribes to its acks (a task)
     with outbox(defer=bool(w.bus.atomic_streams)) as box:
         await w.bus.emit(E.node_instance_remove, ev)
-    loop = asyncio.get_running_loop()
-    made: list[str] = []
-    before = loop.get_task_factory()
-
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
-        made.append(coro.__qualname__)
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    loop.set_task_factory(factory)
-    try:
+    with tasks_made() as made:
         seqs: list[list[int]] = []
         assert await w.bus.commit([box.deferred], 10.0, seqs) == [""]
-    finally:
-        loop.set_task_factory(before)
     assert made == [], made
     assert seqs[0][0] > 0  # stored, at its sequence
     assert E.node_instance_remove.subject(nid="c0-n0") in [s for s, _b, _q, _t in await client.stream()]

@@ -7,7 +7,6 @@ an account refused with the same reason)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from aios_blocks.workers import parser
 from aios_blocks.workers.base import Worker
 
 from .conftest import COMPONENT, worker_rig
+from .loop_tasks import tasks_made
 from .test_create_exchanges import Exchanges, _noted
 
 pytestmark = pytest.mark.integration
@@ -137,19 +137,8 @@ async def test_the_turn_gathers_no_task_of_its_own(rig: tuple[Worker, Client]) -
             "policyRulesSpec": [{"name": "autoscaler", "policyRuleURI": "registry:mine"}]}
     # once per process, each a task of its own: the bus's event key, the ack subscription
     assert (await _create(w, "nt-0", spec))[0] == ["submitted", "parsed"]
-    loop = asyncio.get_running_loop()
-    made: list[str] = []
-    before = loop.get_task_factory()
-
-    def factory(loop: asyncio.AbstractEventLoop, coro: Any, **kw: Any) -> asyncio.Task[Any]:
-        made.append(coro.__qualname__)
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    loop.set_task_factory(factory)
-    try:
+    with tasks_made() as made:
         events, seen = await _create(w, "nt-1", spec, seq=6)
-    finally:
-        loop.set_task_factory(before)
     assert events == ["submitted", "parsed"]
     assert len(seen) == 2, seen
     assert _reads(seen[0]) == {("GET", "aios:component:aios://test/model"), ("HGETALL", "aios:priorityclasses"),
