@@ -272,6 +272,12 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
     async def get_block(self, bid: str) -> BlockRecord | None:
         return _block(await self.r.hgetall(block_key(bid)))
 
+    async def block_gen_and_ir(self, bid: str) -> tuple[Any, Any]:
+        """A block record's ``gen`` and ``ir`` fields as stored (None where absent), not the whole
+        record: what the tenant relay needs of a block it relays an event of (its owner)."""
+        gen, ir = await self.r.hmget(block_key(bid), ["gen", "ir"])
+        return gen, ir
+
     async def block_view(self, bid: str) -> tuple[BlockRecord | None, dict[str, InstanceRecord]]:
         """The block record and its instances, in one round trip (two slots: not one snapshot,
         as two reads are not)."""

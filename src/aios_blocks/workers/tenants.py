@@ -42,7 +42,6 @@ from ..bus.catalog import STREAM, E, Event
 from ..bus.history import RELAYED, relayed, stored_from
 from ..runtime import tenants as tn
 from ..schemas.events import DeleteRequest, ScaleRequest, ScaleTarget
-from ..state.keys import block_key
 from .base import Worker
 
 log = structlog.get_logger("aios.tenants")
@@ -282,7 +281,7 @@ class TenantDesk:
         """The block's tenant (``block_tenant``) and generation, from its record's ``gen`` and
         ``ir`` alone (not the whole record, ``Store.get_block``) and of the IR its labels alone
         (``_LABELS``: the rest, a policy's parameters, skipped by the decoder, not built)."""
-        gen, ir = await self.w.store.r.hmget(block_key(bid), ["gen", "ir"])
+        gen, ir = await self.w.store.block_gen_and_ir(bid)
         known = int(gen) if gen is not None else None  # a record's gen is an int (``records._block``)
         if known is not None and not str(known).isdigit():
             known = None
