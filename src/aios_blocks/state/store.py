@@ -46,6 +46,8 @@ from .keys import (  # noqa: F401  (re-exported: the store's callers import keys
     HEARTBEATS,
     NODE_INDEX,
     POLICIES,
+    PRIORITY_CLASSES,
+    SUSPECT,
     P,
     aff_svc_key,
     block_key,
@@ -271,6 +273,39 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
 
     async def get_block(self, bid: str) -> BlockRecord | None:
         return _block(await self.r.hgetall(block_key(bid)))
+
+    async def allocation_reads(self, bid: str, cid: str, first: str, suspects: bool
+                               ) -> tuple[BlockRecord | None, dict[str, str] | None, Any, Any]:
+        """An allocation step's first reads as one pipeline (one exchange, no task per read): the
+        block's record, instance ``first``'s reservation in cluster ``cid`` (None: none), the
+        nominations' hash as read and, with ``suspects``, the suspect marks' hash (None without;
+        its read's exception if that read alone failed: the caller goes on without them). A
+        failed read of the first three raises."""
+        pipe = self.r.pipeline(transaction=False)
+        pipe.hgetall(block_key(bid))
+        pipe.hgetall(res_key(cid, first))
+        pipe.hgetall(NOMINATED)
+        if suspects:
+            pipe.hgetall(SUSPECT)
+        got = list(await pipe.execute(raise_on_error=False))
+        for x in got[:3]:
+            if isinstance(x, Exception):
+                raise x
+        return _block(got[0]), got[1] or None, got[2], got[3] if suspects else None
+
+    async def parse_reads(self, uri: str | None, policies: Sequence[str]) -> tuple[Any, Any, list[Any]]:
+        """A create's reads before its parse as one pipeline (one exchange, no task per read): the
+        component's stored record (None without ``uri``), the priority classes' hash and each
+        registry policy's hash, as read."""
+        pipe = self.r.pipeline(transaction=False)
+        if uri:
+            pipe.get(component_key(uri))
+        pipe.hgetall(PRIORITY_CLASSES)
+        for name in policies:
+            pipe.hgetall(policy_key(name))
+        got = list(await pipe.execute())
+        raw = got.pop(0) if uri else None
+        return raw, got[0], got[1:]
 
     async def block_gen_and_ir(self, bid: str) -> tuple[Any, Any]:
         """A block record's ``gen`` and ``ir`` fields as stored (None where absent), not the whole

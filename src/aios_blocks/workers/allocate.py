@@ -23,9 +23,7 @@ from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
 from ..schemas.lifecycle import Step
 from ..schemas.records import BlockIR, BlockRecord, NodeView
-from ..state.keys import SUSPECT, block_key, res_key
-from ..state.queue import NOMINATED, Nominations
-from ..state.records import _block
+from ..state.queue import Nominations
 from . import queue
 from .base import Worker
 from .vcluster import ensure_job_cluster
@@ -228,18 +226,9 @@ async def first_reads(w: Worker, bid: str, cid: str, first: str) -> tuple[BlockR
     now = time.monotonic()
     hit = _suspect_cache.get(id(w))
     fresh = hit is not None and now - hit[0] < SUSPECT_CACHE_S
-    pipe = w.store.r.pipeline(transaction=False)
-    pipe.hgetall(block_key(bid))
-    pipe.hgetall(res_key(cid, first))
-    pipe.hgetall(NOMINATED)
-    if not fresh:
-        pipe.hgetall(SUSPECT)
-    got = await pipe.execute(raise_on_error=False)
-    for x in got[:3]:
-        if isinstance(x, Exception):
-            raise x
-    suspects = hit[1] if fresh and hit is not None else await suspect_nodes(w, got[3])
-    return _block(got[0]), (suspects, await queue.nominees(w, read=got[2])), got[1] or None
+    block, reserved, nominated, marks = await w.store.allocation_reads(bid, cid, first, suspects=not fresh)
+    suspects = hit[1] if fresh and hit is not None else await suspect_nodes(w, marks)
+    return block, (suspects, await queue.nominees(w, read=nominated)), reserved
 
 
 def _cluster_lock(cid: str) -> asyncio.Lock:

@@ -17,7 +17,6 @@ from ..schemas.events import Parsed, Rejected
 from ..schemas.ir import KnownComponent
 from ..schemas.policy_io import PolicySource
 from ..schemas.records import BlockIR
-from ..state.keys import PRIORITY_CLASSES, component_key, policy_key
 from ..state.priority import classes_of
 from ..state.registry import policy_head
 from ..state.tenants import TenantStore
@@ -109,16 +108,9 @@ async def reads(w: Worker, uri: str | None, own: list[str]
     ``COMPONENTS``: the same for every create of it until it is registered again), the priority
     classes (``PriorityStore.classes``) and the latest version of each registry policy in ``own``
     (``Store.policy_get(name)``)."""
-    pipe = w.store.r.pipeline(transaction=False)
-    if uri:
-        pipe.get(component_key(uri))
-    pipe.hgetall(PRIORITY_CLASSES)
-    for name in own:
-        pipe.hgetall(policy_key(name))
-    got = await pipe.execute()
-    raw = got.pop(0) if uri else None
-    return (COMPONENTS.get(raw) if uri else None, classes_of(got[0]),
-            {name: policy_head(h) for name, h in zip(own, got[1:], strict=True)})
+    raw, classes, heads = await w.store.parse_reads(uri, own)
+    return (COMPONENTS.get(raw) if uri else None, classes_of(classes),
+            {name: policy_head(h) for name, h in zip(own, heads, strict=True)})
 
 
 async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
