@@ -83,3 +83,26 @@ def test_the_reference_parser_validates_every_example(tmp_path: Path) -> None:
     broken["components"]["messages"]["block_ready"]["examples"][0]["headers"]["Nats-Msg-Id"] = "b1:1:ready"
     r = run(broken)
     assert r.returncode == 1 and "block_ready headers" in r.stderr, r.stdout + r.stderr
+
+
+def test_the_creates_an_upstream_client_sends_are_what_the_document_describes() -> None:
+    """A create as README "Publishing a block from any NATS client" sends it (a CloudEvent with the
+    attributes CloudEvents requires: no ``subject``, no ``time``; its spec in ``data`` or
+    ``data_base64``; its own Nats-Msg-Id or none), or a bare spec, fits the document's block.create
+    and tenant.block.create (stored as sent in AIOS_INTAKE), while one without ``id`` or without
+    the spec does not. The document used to require ``subject`` and ``time`` of it, as of the
+    events the system stores, and tenants' creates a ``k1:`` Nats-Msg-Id and a CloudEvent."""
+    doc = asyncapi.document()
+    spec = {"blockComponentURI": "aios://models/llama-8b-instruct", "minInstances": 2, "maxInstances": 4}
+    readme = {"specversion": "1.0", "id": "my-create-1", "source": "urn:me", "type": "io.aios.block.create", "data": spec}
+    b64 = {**{k: v for k, v in readme.items() if k != "data"}, "data_base64": "eyJtaW5JbnN0YW5jZXMiOiAxfQ=="}
+    for e in (catalog.E.block_create, catalog.E.tenant_block_create):
+        payload, headers = asyncapi.message_schemas(doc, e)
+        for body in (readme, b64, spec):
+            assert _errors(payload, body) == [], (e.name, body)
+        for sent in ({"Content-Type": "application/cloudevents+json", "Nats-Msg-Id": "my-create-1"},
+                     {"Content-Type": "application/json"}, {}):
+            assert _errors(headers, sent) == [], (e.name, sent)
+        assert _errors(payload, {k: v for k, v in readme.items() if k != "id"}), e.name
+        assert _errors(payload, {k: v for k, v in readme.items() if k != "data"}), e.name
+        assert _errors(payload, {**readme, "specversion": "0.3"}), e.name

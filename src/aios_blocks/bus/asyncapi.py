@@ -126,7 +126,7 @@ EXAMPLE_TIME = "2026-01-01T00:00:00.000000Z"
 
 def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
     """The NATS headers of a stored message (a core-NATS one has no message id)."""
-    if e.stored and e is E_CREATE:
+    if e.stored and e in CREATES:
         msg_id: JSONObject = {"type": "string", "description": "optional, chosen by the publisher (its own retries are "
                                   "deduplicated within the stream's duplicate window); the CLI's is `k1:` + the keyed "
                                   "digest of the envelope's `id`"}
@@ -137,10 +137,10 @@ def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
     framing: JSONObject = {"type": "string", "description": "the body's framing"}
     props: JSONObject = {"Content-Type": framing}
     if e.body is not Body.CORE:
-        framing["enum"] = [content_type, "application/json"] if e is E_CREATE else [content_type]
+        framing["enum"] = [content_type, "application/json"] if e in CREATES else [content_type]
     if e.stored:
         props["Nats-Msg-Id"] = msg_id
-    required: list[JSON] = ["Content-Type", "Nats-Msg-Id"] if e.stored and e is not E_CREATE else []
+    required: list[JSON] = ["Content-Type", "Nats-Msg-Id"] if e.stored and e not in CREATES else []
     out: JSONObject = {"type": "object", "properties": props}
     if required:
         out["required"] = required
@@ -148,6 +148,8 @@ def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
 
 
 def _envelope_schema(e: Event[Any], data: JSONObject) -> JSONObject:
+    if e in CREATES:
+        return _create_envelope_schema(e, data)
     return {
         "type": "object",
         "description": "CloudEvents 1.0, structured mode (Content-Type: application/cloudevents+json)",
@@ -161,6 +163,31 @@ def _envelope_schema(e: Event[Any], data: JSONObject) -> JSONObject:
             "specversion": {"type": "string", "const": "1.0"},
             "datacontenttype": {"type": "string", "const": "application/json"},
             "data": data,
+        },
+    }
+
+
+def _create_envelope_schema(e: Event[Any], data: JSONObject) -> JSONObject:
+    """A create as an upstream client sends it (README "Publishing a block from any NATS client"):
+    the attributes CloudEvents 1.0 requires (``specversion``, ``id``, ``source``, ``type``) and the
+    spec in ``data`` or ``data_base64``; ``subject`` and ``time`` are optional there, as in
+    CloudEvents (the events the system stores carry both)."""
+    return {
+        "type": "object",
+        "description": "CloudEvents 1.0, structured mode (Content-Type: application/cloudevents+json): the spec in "
+                       "`data`, or base64 of its JSON in `data_base64`",
+        "required": ["id", "source", "type", "specversion"],
+        "anyOf": [{"required": ["data"]}, {"required": ["data_base64"]}],
+        "properties": {
+            "id": {"type": "string", "description": ID_DOC, "not": {"pattern": "^" + event_ids.PREFIX}},
+            "source": {"type": "string", "description": "a URI naming the publisher"},
+            "type": {"type": "string", "const": E_CREATE.type, "description": "a tenant's clients send the same type"},
+            "subject": {"type": "string", "description": "optional"},
+            "time": {"type": "string", "format": "date-time", "description": "optional"},
+            "specversion": {"type": "string", "const": "1.0"},
+            "datacontenttype": {"type": "string", "const": "application/json"},
+            "data": data,
+            "data_base64": {"type": "string", "contentEncoding": "base64", "description": "base64 of the spec's JSON"},
         },
     }
 
@@ -241,7 +268,7 @@ def example(e: Event[Any], schemas: JSONObject, key: str = EXAMPLE_KEY) -> Examp
     ``Nats-Msg-Id`` from the id with ``key``."""
     if e.payload is not None:
         data: JSON = _example_value({"$ref": SCHEMA_REF.format(name=e.payload.__name__)}, schemas)
-    elif e is E_CREATE:
+    elif e in CREATES:
         data = {"blockId": "b1", "blockComponentURI": "aios://models/llama-8b-instruct", "minInstances": 1, "maxInstances": 2}
     else:
         data = {"body": "any JSON"}
@@ -252,10 +279,11 @@ def example(e: Event[Any], schemas: JSONObject, key: str = EXAMPLE_KEY) -> Examp
         value = data.get(fld) if isinstance(data, dict) else None
         tokens[tok] = value if isinstance(value, str) and value else EXAMPLE_TOKENS.get(tok, "x")
     subject = e.subject(**tokens)
-    logical = e.msg_id(data, tokens) if e.id_rule else ("create:b1:4f1c2a9e" if e is E_CREATE else "q-1")
+    logical = e.msg_id(data, tokens) if e.id_rule else ("create:b1:4f1c2a9e" if e in CREATES else "q-1")
     wire = event_ids.EventIds(key).wire(logical)
     if e.body is Body.CLOUDEVENT:
-        payload: JSON = {"id": logical, "source": "aios-blocks://host-1/" + _example_source(e), "type": e.type,
+        payload: JSON = {"id": logical, "source": "aios-blocks://host-1/" + _example_source(e),
+                         "type": E_CREATE.type if e in CREATES else e.type,
                         "subject": subject, "time": EXAMPLE_TIME, "specversion": "1.0",
                         "datacontenttype": "application/json", "data": data}
         content_type = "application/cloudevents+json"
@@ -280,7 +308,7 @@ def _message(e: Event[Any], schemas: JSONObject) -> Message:
     """The AsyncAPI message of one catalog event: its payload schema, headers, notes, example."""
     if e.payload is not None:
         data: JSONObject = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
-    elif e is E_CREATE:
+    elif e in CREATES:
         data = {"type": "object", "description": "a block spec (docs/spec.md)"}
     else:
         data = {"type": "object", "description": "a JSON document"}
@@ -288,7 +316,7 @@ def _message(e: Event[Any], schemas: JSONObject) -> Message:
         payload, content_type = _envelope_schema(e, data), "application/cloudevents+json"
     else:
         payload, content_type = data, "application/json"
-    if e is E_CREATE:  # another client's bare spec is stored as sent
+    if e in CREATES:  # another client's bare spec is stored as sent
         payload = {"oneOf": [payload, {"type": "object", "not": {"required": ["specversion"]},
                                        "description": "a bare block spec from another client, stored as sent"}]}
     return {
@@ -393,6 +421,9 @@ def document() -> Document:
 
 EVENTS_BY_NAME = {e.name: e for e in EVENTS}
 E_CREATE = EVENTS_BY_NAME["block.create"]
+#: the creates, stored in AIOS_INTAKE as their publishers sent them (a block's, a tenant's): a
+#: CloudEvent or a bare spec, the Nats-Msg-Id the publisher's own
+CREATES = (E_CREATE, EVENTS_BY_NAME["tenant.block.create"])
 
 
 def message_schemas(doc: Document, event: Event[Any]) -> tuple[JSONObject, JSONObject]:
