@@ -171,3 +171,19 @@ def test_a_server_that_cannot_be_reached_is_one_line_and_exit_2_not_a_hang(syste
         assert r.returncode == 2, r.stderr
         assert len(lines) == 1 and "Cannot reach the servers" in lines[0] and says in lines[0], r.stderr
         assert "secret" not in r.stderr + r.stdout and "Traceback" not in r.stderr
+
+
+def test_blocks_up_that_cannot_start_its_servers_says_why_in_one_line_and_exits_2(tmp_path: Path) -> None:
+    # were a RuntimeError's traceback and exit 1 (no such Redis binary, one that exits at once), and
+    # "[Errno 17] File exists" for a --data-dir that is a file
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    (tmp_path / "a-file").write_text("")
+    for extra, data, says in (({"AIOS_REDIS_SERVER": "/nonexistent/redis-server"}, tmp_path / "d1", "AIOS_REDIS_SERVER=/nonexistent/redis-server: no such executable"),
+                              ({"AIOS_REDIS_SERVER": "/bin/false"}, tmp_path / "d2", "redis-server exited with 1"),
+                              ({}, tmp_path / "a-file", f"--data-dir {tmp_path / 'a-file'} is not a directory")):
+        r = subprocess.run([*BLOCKS, "up", "--data-dir", str(data)], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                           env={**env, **extra})
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, (extra, r.stderr)
+        assert len(lines) == 1 and says in lines[0], (extra, r.stderr)
+        assert not (data / "endpoints.json").exists()

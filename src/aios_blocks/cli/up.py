@@ -43,6 +43,9 @@ def exec_up(data_dir: Path, layout: dict[str, int], process_per_kind: bool, cons
     if process_per_kind:
         argv.append("--process-per-kind")
     argv += ["--no-console"] if console_port is None else ["--console-port", str(console_port)]
+    if data_dir.exists() and not data_dir.is_dir():
+        err.print(f"[red]--data-dir {escape(str(data_dir))} is not a directory[/]")
+        raise SystemExit(2)
     if not (os.environ.get("AIOS_NATS_URL") and os.environ.get("AIOS_REDIS_URL")):  # (else no servers of ours)
         try:
             lock = lifetime.DataDirLock(data_dir).acquire()
@@ -78,6 +81,9 @@ def running(data_dir: Path, layout: dict[str, int] | None = None, process_per_ki
                 except lifetime.DataDirBusy as exc:
                     err.print(f"[red]{escape(str(exc))}[/]")
                     raise SystemExit(1) from None
+                except (RuntimeError, OSError) as exc:  # no server binary, one that exits at start...: what, not a traceback
+                    err.print(f"[red]cannot start the servers[/]: {escape(str(exc))}")
+                    raise SystemExit(2) from None
                 nats_url, redis_url = nats_url or servers.nats_url, redis_url or servers.redis_url
                 os.environ.setdefault("AIOS_NATS_URL", nats_url)
                 os.environ.setdefault("AIOS_REDIS_URL", redis_url)

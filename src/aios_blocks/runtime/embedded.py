@@ -152,7 +152,8 @@ def _wait_port(port: int, proc: subprocess.Popen[bytes], what: str, log: Path, t
     deadline = time.time() + timeout
     while time.time() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}:\n{log.read_text()[-2000:]}")
+            said = log.read_text()[-2000:] if log.exists() else ""
+            raise RuntimeError(f"{what} exited with {proc.returncode}" + (f"; see {log}:\n{said}" if said else f" before writing {log}"))
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=0.2):
             return
         time.sleep(0.05)
