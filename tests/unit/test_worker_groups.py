@@ -6,7 +6,14 @@ an error, a stop ends every kind."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -90,6 +97,33 @@ def test_pids_and_logs_of_a_kind_are_its_processes() -> None:
     assert sup.log_file("parser") == "/logs/core-0.log"
     with pytest.raises(KeyError):
         sup.log_file("parser", 1)
+
+
+class _SleepySupervisor(Supervisor):
+    """Its processes sleep instead of running workers (what is watched is the same ``Popen``)."""
+
+    def _spawn(self, key: tuple[str, int]) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
+
+
+def test_a_worker_that_dies_is_started_again_and_says_so(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # a SIGKILLed worker was replaced without a word: nothing on blocks up's terminal, nothing in its log
+    sup = _SleepySupervisor("n", "r", layout={"controller": 1}, log_dir=str(tmp_path)).start()
+    try:
+        first = sup.procs[("controller", 0)]
+        os.kill(first.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while sup.procs[("controller", 0)] is first:
+            assert time.monotonic() < deadline, "not restarted"
+            time.sleep(0.05)
+        assert sup.restarts == 1
+    finally:
+        sup.stop()
+    err = capsys.readouterr().err
+    assert "worker process controller-0 exited with signal SIGKILL; started again (restart 1)" in err, err
+    lines = [json.loads(line) for line in (tmp_path / "controller-0.log").read_text().splitlines()]
+    assert [(d["event"], d["process"], d["kinds"], d["exit_code"], d["restarts"]) for d in lines] == [
+        ("supervisor.restart", "controller-0", ["controller"], -signal.SIGKILL, 1)]
 
 
 # -- a group process's run, with fake workers ---------------------------------------------------------

@@ -15,7 +15,11 @@ beyond the first (``layout``: ``blocks up --controllers 2``) run as processes of
 
 from __future__ import annotations
 
+import contextlib
+import datetime
+import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -39,6 +43,11 @@ DEFAULT_GROUPS = roles.DEFAULT_GROUPS
 #: the variables that differ between kinds (a role's credentials, its event-id key): a group process
 #: gets each kind's under ``kind_var(name, kind)``, and none unsuffixed
 PER_KIND_VARS = ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_EVENT_KEY")
+
+
+def _utc_now() -> str:
+    """Now as the workers' log lines write it (structlog's ISO timestamp, UTC, ``Z``)."""
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
 def kind_var(name: str, kind: str) -> str:
@@ -134,7 +143,24 @@ class Supervisor:
             for key, proc in list(self.procs.items()):
                 if proc.poll() is not None and not self._stop.is_set():
                     self.restarts += 1
+                    self._note_exit(key, proc.returncode)
                     self.procs[key] = self._spawn(key)
+
+    def _note_exit(self, key: tuple[str, int], code: int) -> None:
+        """Say that a worker process died and is started again: one line on this process's stderr
+        (the terminal of `blocks up`) and a ``supervisor.restart`` JSON line in the process's log
+        (before its replacement's first line). A restart was silent before: a SIGKILLed or
+        crash-looping worker left no trace anywhere."""
+        name, idx = key
+        kinds = self.kinds[key]
+        how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"code {code}"
+        what = f"{name}-{idx}" + (f" ({'+'.join(kinds)})" if len(kinds) > 1 else "")
+        print(f"worker process {what} exited with {how}; started again (restart {self.restarts})", file=sys.stderr, flush=True)
+        if self.log_dir:
+            line = {"event": "supervisor.restart", "process": f"{name}-{idx}", "kinds": list(kinds), "exit_code": code,
+                    "exited": how, "restarts": self.restarts, "level": "warning", "timestamp": _utc_now()}
+            with contextlib.suppress(OSError), open(os.path.join(self.log_dir, f"{name}-{idx}.log"), "a") as f:
+                f.write(json.dumps(line) + "\n")
 
     def pids(self, kind: str) -> list[int]:
         """The live processes running ``kind`` (alone or in a group)."""
