@@ -250,3 +250,14 @@ def test_a_deleted_blocks_scale_target_is_not_compared_but_a_live_ones_is() -> N
     assert im.digest(redis) == im.digest(folded), im.diff(redis, folded)
     # the rest of a deleted block is still compared
     assert im.digest({**redis, "aios:block:b1": {**redis["aios:block:b1"], "cluster": "c9"}}) != im.digest(folded)
+
+
+def test_the_tenants_keys_are_known_kept_by_recover_and_not_digested() -> None:
+    # `blocks check` warned "1 aios:* keys of unknown kind ... ['aios:tenants:limits']" after a plain
+    # `blocks tenant add`: the limits (copied from the auth file) and the parser's pending sets
+    from aios_blocks.state import tenants
+
+    for key in (tenants.LIMITS, tenants.pending_key("team-a")):
+        assert im.classify(key) == "kept", key
+        assert im.classify(key) not in ("rebuilt", "volatile")  # the kinds recover drops (rebuild.drop_project_keys)
+    assert im.classify("aios:tenantsomething") == "unknown"

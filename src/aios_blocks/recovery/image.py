@@ -18,6 +18,10 @@ What the digest leaves out, and why:
   figures with a TTL, never events (docs/metrics.md); kind ``telemetry``, not read as state;
   likewise the health checker's and autoscaler's live keys (``LIVE``: leases, passive counts,
   tick memory);
+* ``aios:tenants:limits`` and ``aios:tenant:{T}:pending`` - kind ``kept``: the tenants'
+  pending-create limits, copied into Redis by ``blocks tenant add`` from the data dir's auth file
+  (their source, not an event), and each tenant's set of creates the parser counts (it drops those
+  no longer pending when it counts; ``state.tenants``): neither digested nor dropped by recover;
 * an instance's ``since`` (when it was placed: the controller's clock live, the placement event's
   time when rebuilt; the scale_down default's "newest first" needs only the order);
 * block ``updated`` (a wall-clock time) and ``version`` (counts CAS transitions, including
@@ -68,6 +72,10 @@ TELEMETRY = ("aios:metrics:",)
 #: likewise): each changes by itself, is never an event, and expires or is rewritten on its own
 LIVE = ("aios:health:", "aios:meta:autoscalers", "aios:meta:{b:", "aios:meta:queue:lease",
         "aios:meta:rebalance:lease")
+#: configuration copied into Redis from outside the stream (``blocks tenant add``'s limits) and the
+#: parser's self-cleaning count of each tenant's pending creates: not state the stream holds, so
+#: neither in the digest nor dropped by recover (``state.tenants``, docs/security.md "Tenants")
+KEPT = ("aios:tenants:", "aios:tenant:")
 #: prefixes of keys the stream rebuilds
 REBUILT = (
     "aios:component:", "aios:clusters", "aios:{c:", "aios:nodeindex", "aios:block:", "aios:blocks",
@@ -77,10 +85,12 @@ REBUILT = (
 
 
 def classify(key: str) -> str:
-    """``volatile``, ``rebuilt``, ``telemetry`` or ``unknown`` (a key this version does not know:
-    reported)."""
+    """``volatile``, ``rebuilt``, ``telemetry``, ``kept`` or ``unknown`` (a key this version does
+    not know: reported)."""
     if key.startswith(TELEMETRY) or key.startswith(LIVE):
         return "telemetry"
+    if key.startswith(KEPT):
+        return "kept"
     if key.startswith(VOLATILE):
         return "volatile"
     if key.startswith(REBUILT):
