@@ -91,3 +91,16 @@ def test_the_command_refuses_what_it_cannot_do(tmp_path: Path) -> None:
         assert r.exit_code == 2 and "--plot needs matplotlib" in r.output
     else:
         assert r.exit_code == 0 and (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_trace_the_docs_name_says_where_to_get_it_where_it_is_missing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # from an installed wheel (or outside the repository) the docs' command said only "cannot read
+    # bench/traces/openb-2023/openb_node_list_gpu_node.csv: No such file or directory"
+    monkeypatch.chdir(tmp_path)
+    nodes, pods = (f"{trace_cli.TRACE_DIR}/openb_node_list_gpu_node.csv", f"{trace_cli.TRACE_DIR}/openb_pod_list_default.csv")
+    for args in (["trace", "replay", nodes, pods, "--in-process"], ["cluster", "import", nodes, "--cluster", "openb"]):
+        r = CliRunner().invoke(app, args)
+        assert r.exit_code == 2 and f"cannot read {nodes}" in r.output, r.output
+        assert "not in the wheel" in r.output and "alibaba/clusterdata" in r.output, r.output
+    r = CliRunner().invoke(app, ["trace", "replay", "nope.csv", pods, "--in-process"])  # any other file: just that
+    assert r.exit_code == 2 and "cannot read nope.csv" in r.output and "wheel" not in r.output

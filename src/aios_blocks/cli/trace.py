@@ -33,6 +33,20 @@ def _gpu_memory(values: list[str]) -> dict[str, int]:
     return out
 
 
+#: where the trace the docs and examples name lives; the wheel does not carry it (its owners allow
+#: research and study use only: bench/traces/openb-2023/README.md)
+TRACE_DIR = "bench/traces/openb-2023"
+
+
+def missing_trace_hint(path: Path | str) -> str:
+    """What to add to "cannot read PATH" when PATH is one of the trace files the docs name and is not
+    here (an installed wheel, or a command run outside the repository): where to get it."""
+    if TRACE_DIR not in str(path) or Path(path).exists():
+        return ""
+    return (f" (the trace is not in the wheel: run this from a checkout of the repository, which has {TRACE_DIR}/,"
+            " or take the csv folder of cluster-trace-gpu-v2023 from github.com/alibaba/clusterdata; docs/trace.md)")
+
+
 def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
     """Add ``cluster import`` to the ``cluster`` group and the ``trace`` group to the app."""
 
@@ -72,7 +86,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         try:
             nodes = load_nodes(file, cluster, _gpu_memory(gpu_memory), m()._labels(node_label, "--node-label"))
         except OSError as exc:
-            m().err.print(f"[red]cannot read {escape(str(file))}: {escape(str(exc))}[/]")
+            m().err.print(f"[red]cannot read {escape(str(file))}: {escape(str(exc))}[/]{escape(missing_trace_hint(file))}")
             raise typer.Exit(2) from None
         except InventoryError as exc:
             m().err.print(f"[red]{escape(str(file))}: {escape(str(exc))}[/]")
@@ -179,7 +193,8 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             nodes = load_nodes(nodes_file, "trace")
             tasks = load_tasks(pods_file)
         except OSError as exc:
-            err.print(f"[red]cannot read {escape(str(exc.filename or ''))}: {escape(exc.strerror or str(exc))}[/]")
+            err.print(f"[red]cannot read {escape(str(exc.filename or ''))}: {escape(exc.strerror or str(exc))}[/]"
+                      f"{escape(missing_trace_hint(exc.filename or ''))}")
             raise typer.Exit(2) from None
         except (InventoryError, WorkloadError) as exc:
             err.print(f"[red]{escape(str(exc))}[/]")
