@@ -1,7 +1,7 @@
 """A real model behind a block: text recognition (OCR) with RapidOCR — PP-OCRv4 detection,
 direction and recognition ONNX models that ship inside the ``rapidocr-onnxruntime`` wheel (about
 16 MB), run on CPU by onnxruntime. Nothing is fetched at run time. Install with the ``ocr`` extra
-(``pip install -e '.[ocr]'``).
+(``pip install 'aios-blocks[ocr]'``; in a checkout ``pip install -e '.[ocr]'``).
 
 Run as an instance (the node agent does it, process runtime): ``python -m aios_blocks.examples.ocr``.
 
@@ -35,7 +35,8 @@ def available() -> str | None:
         import rapidocr_onnxruntime  # noqa: F401
         from PIL import Image  # noqa: F401
     except ImportError as exc:
-        return f"the OCR example needs the `ocr` extra (pip install -e '.[ocr]'): {exc}"
+        # (an installed wheel has no '.' to install from: the package's name first)
+        return f"the OCR example needs the `ocr` extra (pip install 'aios-blocks[ocr]'; in a checkout: pip install -e '.[ocr]'): {exc}"
     return None
 
 
