@@ -172,6 +172,11 @@ async def test_the_discovery_documents_list_what_the_collector_covers(w: Worker,
             await c.tick()
             assert (await (await http.get("/health")).json())["leading"] is True
             assert set(await (await http.get("/blocks")).json()) == {"b"}
+            # a wrong path or method: JSON with its status, as every error of the servers users call
+            for method, path, status in (("GET", "/sd/nothing", 404), ("POST", "/blocks", 405)):
+                async with http.request(method, path) as r:
+                    assert r.status == status and r.content_type == "application/json", (path, await r.text())
+                    assert (await r.json())["status"] == status
     finally:
         assert c.session is not None
         await c.session.close()

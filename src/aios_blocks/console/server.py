@@ -24,6 +24,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
+from ..runtime.httperrors import json_errors
 from . import projection
 from .feed import Feed, subject_matches
 
@@ -87,6 +88,8 @@ def _body(body: bytes, status: int = 200, timing: str = "") -> web.Response:
 
 
 def _json(data: Any, status: int = 200) -> web.Response:
+    if status >= 400 and isinstance(data, dict) and "error" in data:
+        data = {**data, "status": status}  # the shape of every error answer (runtime.httperrors)
     return _body(_enc.encode(data), status)
 
 
@@ -325,7 +328,8 @@ async def delete(request: web.Request) -> web.Response:
 
 
 def make_app(feed: Feed, token: str, admin: AdminOpener | None, metrics: AdminOpener | None = None) -> web.Application:
-    app = web.Application(middlewares=[_headers])
+    # inside _headers: its errors (a bad query, no token, a wrong method, an unknown path) as JSON
+    app = web.Application(middlewares=[_headers, json_errors()])
     app[FEED], app[TOKEN], app[ADMIN], app[METRICS] = feed, token, admin, metrics
     app[VIEWS] = Views()
     app.router.add_get("/", index)

@@ -16,6 +16,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from ..runtime.httperrors import json_errors
 from ..schemas.records import RouteView
 from .dispatch import HOP_HEADERS, Dispatcher
 from .engine import Refused
@@ -81,7 +82,8 @@ class Ingress:
 
     # -- HTTP -------------------------------------------------------------------------------------
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        # an unknown path or a wrong method: JSON like every refusal (runtime.httperrors)
+        app = web.Application(client_max_size=256 * 1024 * 1024, middlewares=[json_errors(retry_after_ms=None)])
         app.router.add_post("/blocks/{bid}/tasks", self._http_task)
         app.router.add_route("*", "/blocks/{bid}/{tail:.*}", self._http_pass)
         app.router.add_get("/health", self._health)

@@ -37,6 +37,7 @@ from ..bus.instance_map import InstanceMaps
 from ..metrics import promconfig, remote_write
 from ..metrics.scrape import ExecBlock, InstanceReading, read_executor, read_instance
 from ..metrics.window import BlockInput, Windows
+from ..runtime.httperrors import json_errors
 from ..runtime.ticker import Ticker
 from ..schemas.protocol import METRICS_PATH
 from ..schemas.records import BlockMap
@@ -166,7 +167,7 @@ class Collector:
                 doc["remote_write"] = self.remote.status()
             return web.json_response(doc)
 
-        app = web.Application()
+        app = web.Application(middlewares=[json_errors()])  # an unknown path, a wrong method: JSON
         app.router.add_get("/sd/workers", sd_workers)
         app.router.add_get("/sd/instances", sd_instances)
         app.router.add_get("/blocks", blocks)

@@ -42,8 +42,17 @@ function withSeq(url) {
 async function api(url) {
   const headers = token() ? { "X-Console-Token": token() } : {};
   const r = await fetch(withSeq(url), { headers });
-  if (!r.ok) throw new Error((await r.text()) || r.statusText);
+  if (!r.ok) throw failure(r, await r.text());
   return r.json();
+}
+
+// an error answer's reason: the server answers {"error": ..., "status": ...} (runtime/httperrors.py)
+function failure(r, text) {
+  try {
+    const body = JSON.parse(text);
+    if (body && typeof body.error === "string") return new Error(body.error);
+  } catch (e) { /* not JSON: the text as it is */ }
+  return new Error(text || r.statusText);
 }
 
 async function action(url, body) {
@@ -51,7 +60,7 @@ async function action(url, body) {
     method: "POST", headers: { "Content-Type": "application/json", "X-Console-Token": token() }, body: JSON.stringify(body || {}),
   });
   const text = await r.text();
-  if (!r.ok) throw new Error(text || r.statusText);
+  if (!r.ok) throw failure(r, text);
   return JSON.parse(text);
 }
 

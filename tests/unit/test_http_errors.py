@@ -1,0 +1,73 @@
+"""The HTTP servers users call answer every error as JSON with its status (runtime/httperrors.py):
+an unknown path, a wrong method, a bad query, a refused action. aiohttp's own answers to those were
+plain text (``405: Method Not Allowed``), unlike the same servers' other errors."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from aios_blocks.console.feed import Feed
+from aios_blocks.console.server import make_app
+from aios_blocks.executor.ingress import Ingress
+from aios_blocks.runtime.httperrors import json_errors
+
+
+async def _json_error(http: TestClient[Any, Any], method: str, path: str, status: int) -> dict[str, Any]:
+    async with http.request(method, path) as r:
+        assert r.status == status, (method, path, r.status, await r.text())
+        assert r.content_type == "application/json", (method, path, r.content_type, await r.text())
+        body = await r.json()
+        assert body["status"] == status and isinstance(body["error"], str) and body["error"], body
+        return cast(dict[str, Any], body)
+
+
+async def test_the_consoles_api_answers_its_errors_as_json() -> None:
+    feed = Feed(cast(Any, None), lambda subject, env: subject)  # not started: an empty fold
+    async with TestClient(TestServer(make_app(feed, "t0ken", None))) as http:
+        assert (await _json_error(http, "GET", "/api/nothing", 404))["error"] == "no such endpoint: GET /api/nothing"
+        wrong = await _json_error(http, "POST", "/api/overview", 405)
+        assert wrong["error"].startswith("method POST not allowed on /api/overview") and "GET" in wrong["error"]
+        async with http.post("/api/overview") as r:
+            assert "GET" in r.headers["Allow"] and r.headers["X-Frame-Options"] == "DENY"  # (kept, and _headers' too)
+        assert (await _json_error(http, "GET", "/api/blocks?page=abc", 400))["error"] == "page: a number"
+        assert (await _json_error(http, "GET", "/api/overview?seq=-1", 400))["error"] == "seq: a stream sequence number"
+        assert (await _json_error(http, "POST", "/api/block/b1/scale", 403))["error"] == "actions need the console's admin token"
+        assert (await _json_error(http, "GET", "/api/block/b1/scale", 405))["error"].startswith("method GET not allowed")
+        assert (await _json_error(http, "GET", "/api/block/nope", 404))["error"] == "no block nope"  # (was JSON already)
+        async with http.get("/api/whoami") as r:  # answers are left as they were
+            assert r.status == 200 and (await r.json())["admin"] is False
+
+
+async def test_the_executors_http_ingress_answers_an_unknown_path_and_a_wrong_method_as_json() -> None:
+    ingress = Ingress(cast(Any, None), cast(Any, None), set(), 0)  # (neither reached: no task goes through)
+    async with TestClient(TestServer(ingress.app())) as http:
+        body = await _json_error(http, "GET", "/nothing", 404)
+        assert body == {"error": "no such endpoint: GET /nothing", "status": 404, "retry_after_ms": None}  # its refusals' shape
+        assert (await _json_error(http, "POST", "/health", 405))["error"] == "method POST not allowed on /health; allowed: GET,HEAD"
+
+
+async def test_the_middleware_leaves_answers_and_redirects_alone() -> None:
+    async def fine(request: web.Request) -> web.Response:
+        return web.Response(text="plain and fine", status=418)
+
+    async def moved(request: web.Request) -> web.Response:
+        raise web.HTTPFound("/fine")
+
+    async def teapot(request: web.Request) -> web.Response:
+        raise web.HTTPServiceUnavailable(text="not now", headers={"Retry-After": "3"})
+
+    app = web.Application(middlewares=[json_errors(extra_field=1)])
+    app.router.add_get("/fine", fine)
+    app.router.add_get("/moved", moved)
+    app.router.add_get("/busy", teapot)
+    async with TestClient(TestServer(app)) as http:
+        async with http.get("/fine") as r:
+            assert r.status == 418 and await r.text() == "plain and fine"
+        async with http.get("/moved", allow_redirects=False) as r:
+            assert r.status == 302 and r.headers["Location"] == "/fine"
+        async with http.get("/busy") as r:
+            assert r.status == 503 and r.headers["Retry-After"] == "3"
+            assert await r.json() == {"error": "not now", "status": 503, "extra_field": 1}
