@@ -9,6 +9,7 @@ from typing import Any, cast
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from aios_blocks.cli.client import Client
 from aios_blocks.console.feed import Feed
 from aios_blocks.console.server import make_app
 from aios_blocks.executor.ingress import Ingress
@@ -71,3 +72,30 @@ async def test_the_middleware_leaves_answers_and_redirects_alone() -> None:
         async with http.get("/busy") as r:
             assert r.status == 503 and r.headers["Retry-After"] == "3"
             assert await r.json() == {"error": "not now", "status": 503, "extra_field": 1}
+
+
+async def test_the_consoles_actions_refuse_what_is_no_count_or_no_object_and_tail_counts_from_the_end() -> None:
+    """A scale target that is no count is the client's ValueError (``"abc"`` was Python's
+    ``invalid literal for int()``, ``2.5`` and ``true`` were taken as 2 and 1); a body that is JSON
+    but no object is refused (a list was taken as ``{}``: a scale by one more instance); the tail's
+    ``limit`` counts events from the end (0 gave them all, -1 all but the first)."""
+    client = Client(None, None)  # type: ignore[arg-type]  # (no bus, no store: a 400 proves nothing was touched)
+
+    async def admin() -> Client:
+        return client
+
+    feed = Feed(cast(Any, None), lambda subject, env: subject)
+    for seq in (1, 2, 3):
+        feed.tail.append({"seq": seq, "ts": 0.0, "subject": f"aios.block.b{seq}.ready", "line": ""})
+    async with TestClient(TestServer(make_app(feed, "t0ken", admin))) as http:
+        headers = {"X-Console-Token": "t0ken", "Origin": f"http://{http.host}:{http.port}"}
+        for target in ("abc", 2.5, True, -1):
+            async with http.post("/api/block/b1/scale", json={"target": target}, headers=headers) as r:
+                assert r.status == 400, (target, await r.text())
+                assert (await r.json())["error"] == f"target must be a count of instances >= 0, got {target!r}"
+        for body in ([1], "2", 3):
+            async with http.post("/api/block/b1/scale", json=body, headers=headers) as r:
+                assert r.status == 400 and (await r.json())["error"].startswith("a JSON object, got "), (body, await r.text())
+        for limit, seqs in (("0", []), ("2", [2, 3]), ("9", [1, 2, 3]), ("-1", [])):
+            async with http.get(f"/api/tail?limit={limit}") as r:
+                assert [e["seq"] for e in (await r.json())["events"]] == seqs, limit

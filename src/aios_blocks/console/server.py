@@ -243,7 +243,8 @@ async def block_metrics(request: web.Request) -> web.Response:
 async def tail(request: web.Request) -> web.Response:
     pattern = request.query.get("subject", "")
     items = [e for e in request.app[FEED].tail if subject_matches(pattern, e["subject"])]
-    return _json({"events": items[-_int(request, "limit", 200):]})
+    limit = max(0, _int(request, "limit", 200))  # (0 gave every event, -1 all but the first)
+    return _json({"events": items[max(0, len(items) - limit):]})
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -285,7 +286,9 @@ async def _action(request: web.Request) -> tuple[Any, dict[str, Any]]:
         body = await request.json()
     except ValueError:
         raise web.HTTPBadRequest(text="a JSON body") from None
-    return await opener(), body if isinstance(body, dict) else {}
+    if not isinstance(body, dict):  # (a list was taken as {}: a scale by one more instance)
+        raise web.HTTPBadRequest(text=f"a JSON object, got {type(body).__name__}")
+    return await opener(), body
 
 
 async def scale(request: web.Request) -> web.Response:
@@ -296,7 +299,8 @@ async def scale(request: web.Request) -> web.Response:
         if target is None:
             req = await client.scale_request(bid)
             return _json({"ok": True, "request": req.request_id})
-        done = await client.scale_to(bid, int(target), reason="console", source="console")
+        # as given: the client refuses what is no count ("2", 2.5, true were taken as 2, 2, 1)
+        done = await client.scale_to(bid, target, reason="console", source="console")
     except LookupError as exc:
         return _json({"error": str(exc.args[0] if exc.args else exc)}, 404)
     except (ValueError, TypeError) as exc:
