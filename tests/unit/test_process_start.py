@@ -5,13 +5,14 @@ taken right after a start must not miss the instance. Real processes, started an
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 import uuid
 from pathlib import Path
 
 from aios_blocks.agent.runtime import LaunchSpec
-from aios_blocks.agent.runtime_process import ProcessRuntime, labelled, process_scope
+from aios_blocks.agent.runtime_process import ProcessRuntime, labelled, last_output, process_scope
 
 
 async def test_an_instance_is_listed_and_found_as_soon_as_it_is_started(tmp_path: Path) -> None:
@@ -34,3 +35,25 @@ def test_labelled_returns_when_the_process_has_ended_without_labels() -> None:
         assert labelled(proc).pid == proc.pid
     finally:
         proc.wait()
+
+
+async def test_an_instance_that_exits_says_why_with_its_last_output(tmp_path: Path) -> None:
+    # it was reported as only "exited with code 1" (e.g. `python -m ...` on a PATH whose python lacks
+    # the package): its output was in instance.log, which goes with its working directory
+    rt = ProcessRuntime(scope=process_scope(tmp_path / "agent"))
+    work = tmp_path / "work"
+    work.mkdir()
+    code = "import sys; print('loading', flush=True); print('ModuleNotFoundError: No module named x', file=sys.stderr); sys.exit(1)"
+    inst = await rt.start(LaunchSpec(instance_id="i0", block_id="b", node_id=f"exit-{uuid.uuid4().hex[:8]}", gen=1,
+                                     command=[sys.executable, "-c", code], workdir=work))
+    try:
+        for _ in range(200):
+            st = await rt.status(inst.handle)
+            if st is not None and not st.running:
+                break
+            await asyncio.sleep(0.05)
+        assert st is not None and not st.running and st.exit_code == 1
+        assert st.detail == "last output 'loading | ModuleNotFoundError: No module named x'", st.detail
+    finally:
+        await rt.stop(inst.handle, 0)
+    assert last_output(None) == "" and last_output(tmp_path / "none.log") == ""

@@ -56,6 +56,9 @@ class ProcessRuntime:
     #: "" : every process of a node, whatever started it (tools, tests); else this scope's only
     scope: str = ""
     _children: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    #: handle -> the instance's output file (``instance.log`` in its working directory), whose last
+    #: lines say why it exited (the directory is removed with the instance)
+    _logs: dict[str, Path] = field(default_factory=dict)
 
     def _labels_of(self, spec: LaunchSpec) -> dict[str, str]:
         labels = spec.labels()
@@ -73,6 +76,8 @@ class ProcessRuntime:
         proc = await asyncio.to_thread(_spawn, spec, labels)
         handle = _handle(await asyncio.to_thread(labelled, proc))
         self._children[handle] = proc
+        if spec.workdir:
+            self._logs[handle] = spec.workdir / "instance.log"
         return RuntimeInstance(handle, labels, True)
 
     def _proc(self, handle: str) -> psutil.Process | None:
@@ -90,7 +95,8 @@ class ProcessRuntime:
         if child is not None:
             code = child.poll()
             labels = _labels(self._proc(handle)) if code is None else {}
-            return RuntimeInstance(handle, labels, code is None, code)
+            detail = "" if code is None else await asyncio.to_thread(last_output, self._logs.get(handle))
+            return RuntimeInstance(handle, labels, code is None, code, detail)
         p = self._proc(handle)
         if p is None:
             return None
@@ -104,6 +110,7 @@ class ProcessRuntime:
         pid, _ = _split(handle)
         p = self._proc(handle)
         child = self._children.pop(handle, None)
+        self._logs.pop(handle, None)
         if p is None and child is None:
             return
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -162,6 +169,23 @@ class ProcessRuntime:
 
     async def close(self) -> None:
         return None
+
+
+def last_output(log: Path | None, lines: int = 2, limit: int = 300) -> str:
+    """The last non-empty lines of an instance's output, quoted (its exit's reason: a Python
+    traceback ends with the exception), or "" when it wrote none. An instance that exited before its
+    probe was reported as only "exited with code 1", its output removed with its directory."""
+    if log is None:
+        return ""
+    try:
+        with open(log, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - 4096))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    tail = " | ".join([line.strip() for line in text.splitlines() if line.strip()][-lines:])
+    return f"last output {tail[-limit:]!r}" if tail else ""
 
 
 def _spawn(spec: LaunchSpec, labels: dict[str, str]) -> subprocess.Popen[bytes]:
