@@ -261,3 +261,32 @@ def test_the_tenants_keys_are_known_kept_by_recover_and_not_digested() -> None:
         assert im.classify(key) == "kept", key
         assert im.classify(key) not in ("rebuilt", "volatile")  # the kinds recover drops (rebuild.drop_project_keys)
     assert im.classify("aios:tenantsomething") == "unknown"
+
+
+def test_check_counts_a_sharing_instances_share_of_its_gpu_compute() -> None:
+    # after `blocks trace replay --live` every GPU holding gpuShare instances was a violation:
+    # "g:<gpu>:share=990 but its reservations add up to 0" (the reservation's `share` was not counted)
+    ir = {**IR, "resources": {"gpus": 1, "gpuMemory": 100, "gpuShare": 0.4, "cpu": 2, "memory": 100},
+          "policies": {"resourceAllocator": {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack",
+                                             "settings": {"gpuSharing": True}}}}
+    f = Fold()
+    run(f, [
+        ("aios.node.n1.registered", {"node": NODE, "agent": "", "runtime": "sim"}),
+        ("aios.block.b1.create", b'{"blockComponentURI": "x", "minInstances": 1, "maxInstances": 2}'),
+        ("aios.block.b1.parsed", {"block_id": "b1", "gen": 2, "ir": ir}),
+        ("aios.block.b1.selection", {"block_id": "b1", "gen": 2, "candidates": ["c1"]}),
+        ("aios.block.b1.post_dry_run", {"block_id": "b1", "gen": 2, "cluster_id": "c1", "scores": {"c1": 1}}),
+        ("aios.block.b1.placement", PLACED),
+        ("aios.block.b1.instance.b1-0.added", INST),
+        ("aios.block.b1.ready", {"block_id": "b1", "gen": 2, "status": "ready"}),
+    ])
+    img = f.image()
+    node = img[keys.node_key("c1", "n1")]
+    assert node["g:g1:share"] == "400" and img[keys.res_key("c1", "b1-0")]["share"] == "400"  # as the script writes them
+    rep = check_image(img, {"b1"})
+    assert rep.ok, rep.violations
+    node["g:g1:share"] = "1400"  # more than the GPU's compute, with reservations that say so
+    img[keys.res_key("c1", "b1-0")]["share"] = "1400"
+    assert check_image(img, {"b1"}).violations == [f"{keys.node_key('c1', 'n1')}: GPU g1 compute over capacity (1400 > 1000 thousandths)"]
+    img[keys.res_key("c1", "b1-0")]["share"] = "400"  # a counter its reservations do not explain
+    assert any("g:g1:share=1400 but its reservations add up to 400" in v for v in check_image(img, {"b1"}).violations)

@@ -172,11 +172,14 @@ def _reserved(res: dict[str, Hash], nodes: dict[str, Hash], rep: Report) -> tupl
         w["cpu_used"] = w.get("cpu_used", 0.0) + _num(r.get("cpu"))
         w["mem_used"] = w.get("mem_used", 0.0) + _num(r.get("mem"))
         taken = msgspec.json.decode(r.get("gpus", "{}"))
+        share = _num(r.get("share"))  # a sharing instance's thousandths of each GPU's compute (gpuShare)
         for g, m in (taken.items() if isinstance(taken, dict) else []):
             w[f"g:{g}:mem"] = w.get(f"g:{g}:mem", 0.0) + _num(m)
             w[f"g:{g}:n"] = w.get(f"g:{g}:n", 0.0) + 1
             if r.get("exclusive") == "1":
                 w[f"g:{g}:x"] = 1.0
+            if share:
+                w[f"g:{g}:share"] = w.get(f"g:{g}:share", 0.0) + share
         if nk not in nodes:
             rep.violations.append(f"reservation {iid}: on node {r.get('node')} which is not registered in {cid}")
     return want, owners
@@ -204,6 +207,8 @@ def _node(nk: str, h: Hash, w: dict[str, float], out: list[str]) -> None:
             out.append(f"{nk}: GPU {g} over capacity ({h.get(f'g:{g}:mem')} > {v} MiB)")
         if h.get(f"g:{g}:x") == "1" and _num(h.get(f"g:{g}:n")) > 1:
             out.append(f"{nk}: GPU {g} is exclusive but has {h.get(f'g:{g}:n')} holders")
+        if _num(h.get(f"g:{g}:share")) > 1000:
+            out.append(f"{nk}: GPU {g} compute over capacity ({h.get(f'g:{g}:share')} > 1000 thousandths)")
 
 
 def _instances(insts: dict[str, Hash], res: dict[str, Hash], owners: dict[str, str], rep: Report) -> None:
