@@ -46,6 +46,24 @@ def test_an_unknown_class_is_an_error_listing_the_classes() -> None:
     assert "no priority class is registered" in exc.value.errors[0].message
 
 
+
+def test_an_unknown_class_is_listed_with_the_specs_other_problems() -> None:
+    """Every problem in one ``rejected``: an unknown class was left out when another field failed
+    validation (a policy URI, a count of the wrong type), though listed next to min > max."""
+    for bad in ({"policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "builtin:nope"}}]},
+                {"maxInstances": "x"}, {"colour": "red", "minInstances": -1}):
+        with pytest.raises(SpecInvalid) as exc:
+            block_create_IR(spec(priorityClass="urgent", **bad), COMPONENT, "b1", CLASSES)
+        paths = [e.path for e in exc.value.errors]
+        assert "$.priorityClass" in paths and len(paths) >= 2, (bad, paths)
+    with pytest.raises(SpecInvalid) as exc:  # a class that is there: no error of its own
+        block_create_IR(spec(priorityClass="high", maxInstances="x"), COMPONENT, "b1", CLASSES)
+    assert [e.path for e in exc.value.errors] == ["$.maxInstances"]
+    with pytest.raises(SpecInvalid) as exc:  # no string: the type error only, once
+        block_create_IR(spec(priorityClass=5, maxInstances="x"), COMPONENT, "b1", CLASSES)
+    assert sorted(e.path for e in exc.value.errors) == ["$.maxInstances", "$.priorityClass"]
+
+
 def test_preemptible_false_is_kept_and_must_be_a_boolean() -> None:
     assert block_create_IR(spec(preemptible=False), COMPONENT, "b1")["preemptible"] is False
     with pytest.raises(SpecInvalid) as exc:

@@ -219,7 +219,7 @@ def block_create_IR(
     if spec is not None and comp is not None:
         errors.extend(_job_cluster_errors(spec, comp))
 
-    priority = _priority(spec, priority_classes, errors)
+    priority = _priority(doc, spec, priority_classes, errors)
 
     if errors or spec is None or comp is None:
         if not errors:  # pragma: no cover - defensive: spec invalid always yields errors
@@ -242,11 +242,15 @@ def block_create_IR(
 
 
 def _priority(
-    spec: BlockSpec | None, classes: Mapping[str, Mapping[str, Any]] | None, errors: list[SpecError]
+    doc: JSONObject, spec: BlockSpec | None, classes: Mapping[str, Mapping[str, Any]] | None, errors: list[SpecError]
 ) -> tuple[str, int] | None:
     """The block's (priority class, priority): its own class, else the default class; None when
-    neither (or, with the error, an unknown class)."""
+    neither (or, with the error, an unknown class). A spec that failed validation elsewhere still
+    gets an unknown class named among its errors (every problem in one ``rejected``)."""
     if spec is None:
+        name = doc.get("priorityClass")
+        if isinstance(name, str) and isinstance(found := priority_of(name, classes or {}), SpecError):
+            errors.append(found)
         return None
     priority = priority_of(spec.priorityClass, classes or {})
     if isinstance(priority, SpecError):
