@@ -78,7 +78,7 @@ def test_the_reference_parser_validates_every_example(tmp_path: Path) -> None:
 
     r = run(asyncapi.document())
     assert r.returncode == 0, r.stdout + r.stderr
-    assert f"over {len(catalog.EVENTS)} messages" in r.stdout
+    assert f"over {len(catalog.EVENTS) + len(asyncapi.TASKS)} messages" in r.stdout
     broken = asyncapi.document()
     broken["components"]["messages"]["block_ready"]["examples"][0]["headers"]["Nats-Msg-Id"] = "b1:1:ready"
     r = run(broken)
@@ -106,3 +106,28 @@ def test_the_creates_an_upstream_client_sends_are_what_the_document_describes() 
         assert _errors(payload, {k: v for k, v in readme.items() if k != "id"}), e.name
         assert _errors(payload, {k: v for k, v in readme.items() if k != "data"}), e.name
         assert _errors(payload, {**readme, "specversion": "0.3"}), e.name
+
+
+def test_a_task_is_any_body_with_its_headers_and_its_answer_is_the_operations_reply() -> None:
+    """block.task (and a tenant's) as docs/executor.md has it: any body (it said a JSON object),
+    the request headers Aios-Task-Id, Aios-Idempotent, Aios-Timeout-Ms, and the answer on the
+    requester's inbox, each send operation's ``reply``: Aios-Status always, an error's Aios-Error,
+    Retry-After-Ms and JSON body (none of which the document had)."""
+    doc = asyncapi.document()
+    for e in asyncapi.TASKS:
+        payload, headers = asyncapi.message_schemas(doc, e)
+        for body in ("hello", 7, [1], {"prompt": "hi"}, None):
+            assert _errors(payload, body) == [], (e.name, body)
+        props = headers["properties"]
+        assert {"Aios-Task-Id", "Aios-Idempotent", "Aios-Timeout-Ms"} <= set(props), e.name
+        assert _errors(headers, {"Aios-Task-Id": "t-1", "Aios-Idempotent": "true", "Aios-Timeout-Ms": "5000"}) == []
+        assert _errors(headers, {"Aios-Task-Id": "no spaces"}), e.name
+        rid = asyncapi.reply_id(e)
+        sends = [op for op in doc["operations"].values() if op["channel"]["$ref"] == f"#/channels/{asyncapi.channel_id(e)}"
+                 and op["action"] == "send"]
+        assert sends and all(op["reply"]["channel"]["$ref"] == f"#/channels/{rid}" for op in sends), e.name
+        assert doc["channels"][rid]["address"] is None  # the requester's own inbox
+        reply = doc["components"]["messages"][rid]
+        assert reply["headers"]["required"] == ["Aios-Status"]
+        assert _errors(reply["headers"], {"Aios-Status": "200", "Aios-Instance": "b1-0", "Aios-Task-Id": "t-1"}) == []
+        assert _errors(reply["headers"], {"Aios-Error": "no status"}), e.name

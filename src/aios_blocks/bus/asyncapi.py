@@ -67,9 +67,10 @@ class Message(TypedDict):
 
 
 class Channel(TypedDict):
-    """An AsyncAPI channel (``_channel``): one catalog event's subject pattern."""
+    """An AsyncAPI channel (``_channel``): one catalog event's subject pattern (None: a reply's,
+    the requester's own inbox)."""
 
-    address: str
+    address: str | None
     title: str
     description: str
     messages: dict[str, JSONObject]
@@ -84,6 +85,8 @@ class Operation(TypedDict):
     title: str
     messages: list[JSONObject]
     description: NotRequired[str]
+    #: a task's answer (``_reply_parts``): its channel and message
+    reply: NotRequired[JSONObject]
 
 
 class Components(TypedDict):
@@ -140,6 +143,8 @@ def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
         framing["enum"] = [content_type, "application/json"] if e in CREATES else [content_type]
     if e.stored:
         props["Nats-Msg-Id"] = msg_id
+    if e in TASKS:
+        props.update(TASK_HEADERS)
     required: list[JSON] = ["Content-Type", "Nats-Msg-Id"] if e.stored and e not in CREATES else []
     out: JSONObject = {"type": "object", "properties": props}
     if required:
@@ -310,6 +315,8 @@ def _message(e: Event[Any], schemas: JSONObject) -> Message:
         data: JSONObject = {"$ref": SCHEMA_REF.format(name=e.payload.__name__)}
     elif e in CREATES:
         data = {"type": "object", "description": "a block spec (docs/spec.md)"}
+    elif e in TASKS:
+        data = {"description": "any body: the instance's input as sent (JSON or not; passed on to its input protocol)"}
     else:
         data = {"type": "object", "description": "a JSON document"}
     if e.body is Body.CLOUDEVENT:
@@ -354,6 +361,56 @@ def _channel(e: Event[Any], cid: str) -> Channel:
     return channel
 
 
+#: a task's request headers (docs/executor.md); any other header is passed on to the instance
+TASK_HEADERS: JSONObject = {
+    "Aios-Task-Id": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,128}$",
+                     "description": "optional: the task's id (else the executor makes one); every answer carries it back"},
+    "Aios-Idempotent": {"type": "string", "description": "optional: `true` lets the executor retry the task on another instance"},
+    "Aios-Timeout-Ms": {"type": "string", "description": "optional: the task's whole time limit in ms (above 0, at most "
+                        "86400000): queue wait, every attempt and backoff; else AIOS_EXECUTOR_TASK_TIMEOUT_S"},
+}
+
+
+def reply_id(e: Event[Any]) -> str:
+    """The channel and message id of a task's answer."""
+    return channel_id(e) + "_reply"
+
+
+def _reply_parts(e: Event[Any], rid: str) -> tuple[Channel, Message]:
+    """A task's answer, on the requester's inbox: the instance's answer as it sent it, or an error
+    the executor (or, for a tenant, the gateway) makes itself (docs/executor.md "Answers")."""
+    channel: Channel = {
+        "address": None,
+        "title": f"{e.name} reply",
+        "description": "the requester's own inbox (`_INBOX.<user>.…`): the request's reply subject (NATS request/reply)",
+        "messages": {rid: {"$ref": f"#/components/messages/{rid}"}},
+    }
+    reason = "no instance free within the queue timeout"
+    error: JSONObject = {"error": reason, "status": 503, "retry_after_ms": 250}
+    message: Message = {
+        "name": f"{e.name}.reply",
+        "title": f"{e.type}.reply",
+        "summary": f"the answer to a {e.name}",
+        "description": "the instance's answer as it sent it (Aios-Status: its HTTP status; Aios-Instance), or an error "
+                       "of the executor's (400 bad header, 404 unknown block, 429, 500, 502, 503, 504; for a tenant, "
+                       "the gateway's 403/404) with Aios-Error and the JSON body {error, status, retry_after_ms}",
+        "contentType": "application/json",
+        "headers": {"type": "object", "required": ["Aios-Status"], "properties": {
+            "Aios-Status": {"type": "string", "pattern": "^[1-5][0-9][0-9]$", "description": "the instance's HTTP status, or the error's"},
+            "Aios-Error": {"type": "string", "description": "an error's reason (one line)"},
+            "Retry-After-Ms": {"type": "string", "pattern": "^[0-9]+$", "description": "an overload's (429, 503): when to ask again"},
+            "Aios-Instance": {"type": "string", "description": "the instance that answered"},
+            "Aios-Task-Id": {"type": "string", "description": "the task's id (the request's, or the executor's)"},
+        }},
+        "payload": {"description": "the instance's answer (any body), or an error: {error, status, retry_after_ms}"},
+        "examples": [{"name": rid, "summary": "an overloaded block's answer",
+                      "headers": {"Aios-Status": "503", "Aios-Error": reason, "Retry-After-Ms": "250",
+                                  "Aios-Task-Id": "t-1"},
+                      "payload": error}],
+    }
+    return channel, message
+
+
 def _operations(e: Event[Any], cid: str) -> dict[str, Operation]:
     """Who sends the event (each publishing role) and which durable consumers receive it."""
     operations: dict[str, Operation] = {}
@@ -369,6 +426,9 @@ def _operations(e: Event[Any], cid: str) -> dict[str, Operation]:
             op["description"] = "every worker's consumer runner, for its own consumers' messages"
         if e.responders:
             op["description"] = "request/reply: " + ", ".join(r.value for r in e.responders) + " replies"
+        if e in TASKS:
+            rid = reply_id(e)
+            op["reply"] = {"channel": {"$ref": f"#/channels/{rid}"}, "messages": [{"$ref": f"#/channels/{rid}/messages/{rid}"}]}
         operations[f"{role.value}_sends_{cid}"] = op
     for c in CONSUMERS:
         if e in c.events:
@@ -394,6 +454,9 @@ def document() -> Document:
         messages[cid] = _message(e, schemas)
         channels[cid] = _channel(e, cid)
         operations.update(_operations(e, cid))
+        if e in TASKS:
+            rid = reply_id(e)
+            channels[rid], messages[rid] = _reply_parts(e, rid)
     return {
         "asyncapi": "3.0.0",
         "info": {
@@ -424,6 +487,9 @@ E_CREATE = EVENTS_BY_NAME["block.create"]
 #: the creates, stored in AIOS_INTAKE as their publishers sent them (a block's, a tenant's): a
 #: CloudEvent or a bare spec, the Nats-Msg-Id the publisher's own
 CREATES = (E_CREATE, EVENTS_BY_NAME["tenant.block.create"])
+#: the tasks (core NATS request/reply): any body in, the instance's answer (or an error) back on
+#: the requester's inbox (``reply_id``)
+TASKS = (EVENTS_BY_NAME["block.task"], EVENTS_BY_NAME["tenant.block.task"])
 
 
 def message_schemas(doc: Document, event: Event[Any]) -> tuple[JSONObject, JSONObject]:
