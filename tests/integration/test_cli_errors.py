@@ -187,3 +187,20 @@ def test_blocks_up_that_cannot_start_its_servers_says_why_in_one_line_and_exits_
         assert r.returncode == 2 and "Traceback" not in r.stderr + r.stdout, (extra, r.stderr)
         assert len(lines) == 1 and says in lines[0], (extra, r.stderr)
         assert not (data / "endpoints.json").exists()
+
+
+def test_blocks_console_finds_no_system_as_every_command_does(tmp_path: Path) -> None:
+    # it said "no running `blocks up` in .aios-data" (not where it looked), and with an endpoints.json
+    # left by a `blocks up` that died it tried to connect for 10 s before "cannot connect to NATS"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    stale = tmp_path / "stale"
+    stale.mkdir()
+    (stale / "endpoints.json").write_text(json.dumps({"nats": f"nats://127.0.0.1:{_closed_port()}",
+                                                      "redis": f"redis://127.0.0.1:{_closed_port()}/0", "auth": False}))
+    for args, says in ((["--data-dir", str(tmp_path / "none")], f"No running `blocks up` found in {tmp_path / 'none'} (--data-dir)"),
+                       ([], f"every parent directory of {tmp_path}"),
+                       (["--data-dir", str(stale)], "is left from a `blocks up` that is no longer running")):
+        r = subprocess.run([*BLOCKS, "console", *args], capture_output=True, text=True, timeout=30, cwd=tmp_path, env=env)
+        lines = [line for line in r.stderr.splitlines() if line.strip()]
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
+        assert len(lines) == 1 and "No servers" in lines[0] and says in lines[0], (args, r.stderr)

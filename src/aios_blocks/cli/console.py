@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from .common import DataDir, _quiet_library_logs, console, err
+from .common import DataDir, _quiet_library_logs, _urls, console, err
 
 
 def console_(
@@ -24,6 +24,10 @@ def console_(
     from ..console.__main__ import run
 
     _quiet_library_logs()
+    # found as every command finds the system, and refused as they are (one line, exit 2): none
+    # anywhere, an endpoints.json left by a `blocks up` that died (it tried to connect for 10 s),
+    # credentials it cannot read (it printed "[Errno 2] ... secrets.json")
+    _urls(data_dir, "observer")
     try:
         run(data_dir, host, port, say=lambda line: console.print(escape(line)))
     except KeyboardInterrupt:
