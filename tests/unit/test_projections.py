@@ -120,3 +120,25 @@ def test_an_events_kind_is_its_subject_after_the_entity_from_the_catalog() -> No
     for e in EVENTS:
         s = _example(e)
         assert kind_of(s) == s.split(".", 3)[3], e.name  # what the CLI and the tests always called it
+
+
+def test_a_run_of_alike_policy_calls_is_one_line_and_a_count() -> None:
+    # a 100-instance gang's allocation printed 67 "policy resourceAllocator.allocation ..." lines
+    # under one event in `blocks submit --wait` / watch / replay
+    from aios_blocks.projections.lines import line
+
+    def call(us: int, error: str = "") -> dict[str, object]:
+        return {"block_id": "b1", "kind": "resourceAllocator", "policy": "resourceAllocator", "uri": "builtin:binpack",
+                "version": None, "action": "allocation", "input_digest": "d", "duration_us": us, "error": error}
+
+    data = {"block_id": "b1", "gen": 2, "step": "allocation", "reason": "no room",
+            "decisions": [call(100), *[call(10)] * 65, call(5, "raised RuntimeError: no room")]}
+    _, detail, _ = line("aios.block.b1.allocation.failed", {"data": data})
+    assert detail.splitlines() == [
+        "no room",
+        "    policy resourceAllocator.allocation builtin:binpack 100µs",
+        "    policy resourceAllocator.allocation builtin:binpack x65 more alike, 650µs in all",
+        "    policy resourceAllocator.allocation builtin:binpack 5µs error=raised RuntimeError: no room",
+    ]
+    few = {**data, "decisions": [call(1), call(2), call(3)]}  # up to RUN alike calls: each on its line
+    assert len(line("aios.block.b1.allocation.failed", {"data": few})[1].splitlines()) == 4

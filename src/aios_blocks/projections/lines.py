@@ -88,8 +88,33 @@ def answer_line(a: ev.DryRunResult, indent: str) -> str:
     return detail
 
 
+#: a run of more alike calls than this (one per instance of a gang's allocation: 100 lines for 100
+#: instances) is shown as its first call and a count: ``x N more alike, T µs in all``
+RUN = 3
+
+
+def _alike(a: ev.Decision, b: ev.Decision) -> bool:
+    """Calls a line may count together: the same policy, action and version, neither failed nor logged."""
+    return ((a.kind, a.action, a.uri, a.version) == (b.kind, b.action, b.uri, b.version)
+            and not (a.error or b.error or a.logs or b.logs))
+
+
 def _calls(data: Any) -> str:
-    return "".join("\n    policy " + call_line(c) for c in getattr(data, "decisions", ()))
+    calls: list[ev.Decision] = list(getattr(data, "decisions", ()))
+    out: list[str] = []
+    i = 0
+    while i < len(calls):
+        j = i + 1
+        while j < len(calls) and _alike(calls[i], calls[j]):
+            j += 1
+        if j - i > RUN:  # the first of the run, then how many more and their time
+            c = calls[i]
+            out += [call_line(c), f"{c.kind}.{c.action} {c.uri} x{j - i - 1} more alike, "
+                    f"{sum(d.duration_us for d in calls[i + 1:j])}µs in all"]
+        else:
+            out += [call_line(d) for d in calls[i:j]]
+        i = j
+    return "".join("\n    policy " + line for line in out)
 
 
 class Lines(Projection):
