@@ -60,6 +60,33 @@ async def test_instances_share_one_server_and_answer_by_their_own_port() -> None
         await server.close()
 
 
+async def test_an_instance_s_start_and_stop_go_through_no_aiohttp_site() -> None:
+    """An instance is served by the event loop's server on its own socket, not by an aiohttp
+    site: a site registers in the runner's list of sites, which every site's start and stop scan
+    (a cost per instance that grew with the instances served: docs/trace.md "The simulated fleet's
+    start"). Each instance still serves HTTP, a removed one refuses, ``close`` stops every one."""
+    server = SimServer()
+    try:
+        insts = [await server.add(f"i{k}", SimBehaviour()) for k in range(3)]
+        runner = server._runner
+        assert runner is not None and runner.sites == set()  # old code: one site per instance
+        assert all(i.server is not None and i.server.is_serving() for i in insts)
+        async with aiohttp.ClientSession() as http:
+            for i in insts:
+                async with http.get(f"http://127.0.0.1:{i.port}/health") as r:
+                    assert r.status == 200 and (await r.json())["instance_id"] == i.instance_id
+            await server.remove("i1")
+            assert not insts[1].server.is_serving()  # type: ignore[union-attr]
+            with pytest.raises(aiohttp.ClientConnectionError):
+                async with http.get(f"http://127.0.0.1:{insts[1].port}/health", timeout=aiohttp.ClientTimeout(total=5)):
+                    pass
+            async with http.get(f"http://127.0.0.1:{insts[2].port}/health") as r:
+                assert r.status == 200
+    finally:
+        await server.close()
+    assert not any(i.server.is_serving() for i in insts)  # type: ignore[union-attr]
+
+
 async def test_a_task_hung_on_a_stopped_instance_is_cut_after_the_grace() -> None:
     # a restarted or replaced instance's hung task kept its requester waiting for its whole time
     # limit (60 s): a stopping process's task is cut when the SIGKILL after its grace would come

@@ -1,7 +1,8 @@
 """Simulated instances that really serve HTTP: every simulated instance of a process is one
-listening socket on 127.0.0.1 of one shared aiohttp server (one ``web.AppRunner``, one site per
-instance; a request finds its instance by the local port it came in on), so 1,000 instances cost
-1,000 sockets and a few small objects, not 1,000 servers.
+listening socket on 127.0.0.1 of one shared aiohttp server (one ``web.AppRunner``; per instance
+the event loop's server on its socket, not an aiohttp site; a request finds its instance by the
+local port it came in on), so 1,000 instances cost 1,000 sockets and a few small objects, not
+1,000 servers.
 
 Each answers like a real instance (``schemas.protocol``):
 
@@ -37,6 +38,9 @@ from aiohttp import web
 from ..instance.metrics import CONTENT_TYPE, SystemMetrics
 from ..schemas.protocol import HEALTH_PATH, METRICS_PATH, task_path
 from ..schemas.records import JSONObject
+
+#: the listen backlog of an instance's socket (aiohttp's default)
+BACKLOG = 128
 
 
 @dataclass
@@ -97,7 +101,8 @@ class SimInstance:
     behaviour: SimBehaviour
     port: int = 0
     metrics: SystemMetrics = field(default_factory=SystemMetrics)
-    site: web.BaseSite | None = None
+    #: the event loop's server on the instance's socket
+    server: asyncio.AbstractServer | None = None
     slots: asyncio.Semaphore | None = None
 
     def service_time(self) -> float:
@@ -137,21 +142,25 @@ class SimServer:
             runner = await self._ensure()
             # a socket of our own, bound to the numeric host: ``TCPSite`` would resolve the host
             # through the event loop's resolver first (~60 us more per instance, a simulated
-            # fleet's largest cost per start)
+            # fleet's largest cost per start). Served by the loop's server with the runner's
+            # protocol factory (what ``web.SockSite.start`` does), not by an aiohttp site: a site
+            # registers in the runner's list, which every start and stop scans (``_reg_site``,
+            # ``_unreg_site``: a cost per instance growing with the instances served) and names
+            # itself by a URL it builds; nothing here reads either
             family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
             sock = socket.socket(family, socket.SOCK_STREAM)
             try:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.bind((self.host, port))
-                sock.listen(128)
+                sock.listen(BACKLOG)
                 sock.setblocking(False)
-                site = web.SockSite(runner, sock)
-                await site.start()
+                assert runner.server is not None
+                server = await asyncio.get_running_loop().create_server(runner.server, sock=sock, backlog=BACKLOG)
             except BaseException:
                 sock.close()
                 raise
             actual = int(sock.getsockname()[1])
-            inst = SimInstance(instance_id, behaviour, actual, site=site)
+            inst = SimInstance(instance_id, behaviour, actual, server=server)
             if behaviour.max_concurrency:
                 inst.slots = asyncio.Semaphore(behaviour.max_concurrency)
                 inst.metrics.kv_cache_usage = 0.0
@@ -168,9 +177,9 @@ class SimServer:
         if inst is None:
             return
         self.by_port.pop(inst.port, None)
-        if inst.site is not None:
+        if inst.server is not None:
             with contextlib.suppress(Exception):
-                await inst.site.stop()
+                inst.server.close()  # no new connection (``web.BaseSite.stop``)
         # its open keep-alive connections end too (after the task in flight, as a stopping server's)
         for conn in self._connections(inst.port):
             if getattr(conn, "_request_in_progress", True) and grace_s != 0:
