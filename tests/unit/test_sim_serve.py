@@ -87,6 +87,31 @@ async def test_an_instance_s_start_and_stop_go_through_no_aiohttp_site() -> None
     assert not any(i.server.is_serving() for i in insts)  # type: ignore[union-attr]
 
 
+async def test_any_free_port_is_bound_without_reuseaddr_a_recorded_one_with_it() -> None:
+    """A port of its own is the kernel's bind(0) without SO_REUSEADDR: with it, Linux looks in the
+    lower half of the ephemeral range only, and past ~7,000 instances of a process each bind searched
+    every port (1.5-2 ms: docs/trace.md "The simulated fleet's start"). A recorded port (a restart)
+    is bound again with it, so its old connections in TIME_WAIT do not block it."""
+    import socket
+
+    server = SimServer()
+    try:
+        own = await server.add("own", SimBehaviour())
+        with socket.socket() as probe:  # a free port, as a restored instance's recorded one
+            probe.bind(("127.0.0.1", 0))
+            recorded = probe.getsockname()[1]
+        again = await server.add("again", SimBehaviour(), port=recorded)
+        assert again.port == recorded
+        for inst, reuse in ((own, 0), (again, 1)):
+            assert inst.server is not None
+            (sock,) = inst.server.sockets
+            assert (sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) != 0) == bool(reuse), inst.instance_id
+            async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{inst.port}/health") as r:
+                assert r.status == 200
+    finally:
+        await server.close()
+
+
 async def test_a_task_hung_on_a_stopped_instance_is_cut_after_the_grace() -> None:
     # a restarted or replaced instance's hung task kept its requester waiting for its whole time
     # limit (60 s): a stopping process's task is cut when the SIGKILL after its grace would come
