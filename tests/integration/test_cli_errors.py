@@ -204,3 +204,28 @@ def test_blocks_console_finds_no_system_as_every_command_does(tmp_path: Path) ->
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2 and "Traceback" not in r.stderr, (args, r.stderr)
         assert len(lines) == 1 and "No servers" in lines[0] and says in lines[0], (args, r.stderr)
+
+
+def test_blocks_up_on_servers_that_do_not_answer_says_so(tmp_path: Path) -> None:
+    # with AIOS_NATS_URL / AIOS_REDIS_URL to nothing it printed "up: ..." and the workers retried in
+    # their logs only, so nothing said why no command worked
+    import signal
+    import time
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(AIOS_NATS_URL=f"nats://u:secret@127.0.0.1:{_closed_port()}", AIOS_REDIS_URL=f"redis://127.0.0.1:{_closed_port()}/0")
+    err = tmp_path / "err"
+    with err.open("w") as f:
+        proc = subprocess.Popen([*BLOCKS, "up", "--no-console", "--data-dir", str(tmp_path / "d")], cwd=tmp_path, env=env,
+                                stdout=subprocess.DEVNULL, stderr=f, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while err.read_text().count("warning: nothing answers at") < 2:
+            assert proc.poll() is None and time.monotonic() < deadline, err.read_text()
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+    text = err.read_text()
+    assert "nats://u:***@127.0.0.1:" in text and "(NATS): the workers keep trying" in text and "(Redis)" in text, text
+    assert "secret" not in text and "Traceback" not in text

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
+from urllib.parse import urlsplit
 
 from rich.console import Console
 from rich.markup import escape
@@ -122,8 +123,26 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
             console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
         if web:
             console.print(web)
+        if servers is None:  # your own servers (AIOS_NATS_URL / AIOS_REDIS_URL): say so if none answers
+            for what, url, port in (("NATS", sup.nats_url, 4222), ("Redis", sup.redis_url, 6379)):
+                if not answers(url, port):
+                    err.print(f"[yellow]warning[/]: nothing answers at {escape(mask(url))} ({what}): the workers keep "
+                              f"trying until it does (their logs: {sup.log_dir})")
         while True:
             time.sleep(1)
+
+
+def answers(url: str, default_port: int, timeout: float = 2.0) -> bool:
+    """Whether any server of ``url`` (``nats://a:4222,nats://b:4222``, ``redis+cluster://a:7001,b:7002``,
+    credentials and a path allowed) accepts a TCP connection within ``timeout`` seconds."""
+    for part in url.split(","):
+        try:
+            where = urlsplit("//" + part.split("://", 1)[-1])  # (a list's later entries may lack the scheme)
+            with socket.create_connection((where.hostname or "127.0.0.1", where.port or default_port), timeout=timeout):
+                return True
+        except (OSError, ValueError):
+            continue
+    return False
 
 
 @contextlib.contextmanager
