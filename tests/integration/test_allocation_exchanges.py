@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
+from unittest.mock import patch
 
 import pytest
 
@@ -17,7 +19,10 @@ from aios_blocks.bus.nats_bus import outbox
 from aios_blocks.bus.router import Inbound
 from aios_blocks.bus.runner import Delivery
 from aios_blocks.cli.client import Client
-from aios_blocks.schemas.events import AllocationRequest
+from aios_blocks.policies import node_digest
+from aios_blocks.policies.capacity import node_ref
+from aios_blocks.schemas import events
+from aios_blocks.schemas.events import AllocationRequest, chunked_root_of, ref_entry
 from aios_blocks.settings import Settings
 from aios_blocks.state.keys import AFF_LEASE, node_inst_key
 from aios_blocks.workers import controller
@@ -89,3 +94,77 @@ async def test_a_refused_reservation_writes_no_record(rig: tuple[Worker, Client]
     block = await w.store.get_block(BID)
     # its one step the reselection's (allocating -> parsed), none to placing before it
     assert block is not None and block["status"] == "parsed" and block["version"] == 2, block
+
+
+async def test_the_events_are_made_while_the_script_is_in_flight(rig: tuple[Worker, Client]) -> None:
+    """The decision record's input digest (the JSON and hash of the input's parts other than the
+    node map: ``LaterDigests``) and the placement's events (``allocation.announce``, their
+    messages: ``allocate._prepare``) are made once the reservation's script is written and before
+    its answer is read, not before the script and after its answer: on the path, they overlap
+    Redis's round trip. Published as before, the digest the input's (test_decision_inputs)."""
+    w, _client = rig
+    await w.store.create_block(BID, 1, "d", {"status": "allocating", "ir": make_ir(bid=BID), "attempt": "0", "cluster": "c0"})
+    await w.inventory.nodes("c0")
+    await w.bus.ids()  # the event key looked up before (as on the path: a worker's first event does)
+    order: list[str] = []
+    r: Any = w.store.r
+    real_exchange, real_stored = r._exchange, w.bus._stored
+
+    async def exchange(commands: list[Any]) -> list[Any]:
+        script = any(str(args[0]).upper() == "EVALSHA" for args, _ in commands)
+        if script:
+            order.append("script sent")
+        got = await real_exchange(commands)
+        if script:
+            order.append("script answered")
+        return list(got)
+
+    async def stored(e: Any, subject: str, mid: str) -> Any:
+        order.append(f"made {e.event.name}")
+        return await real_stored(e, subject, mid)
+
+    def digest(raw: bytes) -> str:
+        order.append("digested")
+        return real_digest(raw)
+
+    r._exchange = exchange
+    w.bus._stored = stored  # type: ignore[method-assign]
+    real_digest = events.input_digest
+    with patch.object(events, "input_digest", digest):
+        _seen, published = await _allocate(w)
+    assert order == ["script sent", "digested", "made block.placement", "made node.instance.create", "script answered"], order
+    assert published == [E.block_placement.subject(bid=BID), E.node_instance_create.subject(nid="c0-n0")]
+
+
+async def test_the_next_placement_finds_the_views_memos_caught_up(rig: tuple[Worker, Client]) -> None:
+    """Once a placement's events are stored (``Bus.after_commit``), the view's memos every
+    placement input reads are caught up with its change (``node_digest.settle``): the next
+    placement's decision record re-hashes no chunk of the node map's root (one, the last
+    placement's node, without it) and its input is the same."""
+    w, _client = rig
+    bids = ["ax-1", "ax-2"]
+    for bid in bids:
+        await w.store.create_block(bid, 1, "d", {"status": "allocating", "ir": make_ir(bid=bid), "attempt": "0", "cluster": "c0"})
+    await w.inventory.nodes("c0")
+    hashed: list[int] = []
+    real = node_digest.chunk_digest
+
+    def chunk(entries: list[bytes]) -> bytes:
+        hashed.append(len(entries))
+        return real(entries)
+
+    digests = []
+    for bid in bids:
+        with patch.object(node_digest, "chunk_digest", chunk), outbox(defer=bool(w.bus.atomic_streams)) as box:
+            req = AllocationRequest(bid, 1, "c0", 0)
+            await controller.on_allocation(w, Inbound(E.cluster_allocation, req, {}, Delivery(E.cluster_allocation.subject(cid="c0"), b"", {}, 1, 9)))
+            in_turn = len(hashed)
+            assert await w.bus.commit([box.deferred], 10.0) == [""]
+            for then in box.then:  # the runner's, once the batch's events are stored
+                await then()
+        digests.append(in_turn)
+        hashed.clear()
+    # the first turn may build the root; the second finds it caught up by the first's settle
+    assert digests[1] == 0, digests
+    view = await w.inventory.nodes("c0")
+    assert node_digest.nodes_root(view) == chunked_root_of([ref_entry(nid, node_ref(v)) for nid, v in view.items()])

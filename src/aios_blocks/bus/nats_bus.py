@@ -93,6 +93,16 @@ class Deferred:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True)
+class Prepared:
+    """An event encoded ahead of its publish (:meth:`Bus.prepare`): ``Bus.emit_all`` sends it as
+    it sends ``emit``, without encoding it again. ``stored`` None: not a stored event (a query or
+    a core message: encoded when sent)."""
+
+    emit: Emit
+    stored: Deferred | None
+
+
 def _open_outbox() -> Outbox | None:
     box = _OUTBOX.get()
     return None if box is None or box.closed else box
@@ -294,9 +304,10 @@ class Bus(Topology):
             box.pending.append(fut)
         return None
 
-    async def emit_all(self, effects: Iterable[Emit]) -> list[Any]:
+    async def emit_all(self, effects: Iterable[Emit | Prepared]) -> list[Any]:
         """Publish several catalog events concurrently and wait for every stored one's ack (inside
-        an :func:`outbox`: leave the acks to it and return ``[]``)."""
+        an :func:`outbox`: leave the acks to it and return ``[]``); a :class:`Prepared` one as it was
+        encoded then."""
         box = _open_outbox()
         futs = [f for f in [await self._emit_one(e, wait=False, box=box) for e in effects] if f is not None]
         if box is not None:
@@ -314,7 +325,28 @@ class Bus(Topology):
         else:
             await effect()
 
-    async def _emit_one(self, e: Emit, wait: bool, box: Outbox | None = None) -> Any:
+    async def prepare(self, effects: Iterable[Emit]) -> list[Prepared]:
+        """``effects`` with their stored events' messages made now (body, id, headers: what
+        ``emit_all`` would make), for an ``emit_all`` of them later, which sends them as they are.
+        Nothing is published: one never passed to ``emit_all`` is never sent. A handler encodes
+        its events while it waits for something they do not depend on (the allocation's, while
+        its reservation's script is in flight: ``workers.allocate``). The envelope's ``time`` is
+        when it was made."""
+        out: list[Prepared] = []
+        for e in effects:
+            ev = e.event
+            if ev.body is Body.CORE or not ev.stored:
+                out.append(Prepared(e, None))
+            else:
+                subject = e.subject()
+                out.append(Prepared(e, await self._stored(e, subject, e.logical_id())))
+        return out
+
+    async def _emit_one(self, e: Emit | Prepared, wait: bool, box: Outbox | None = None) -> Any:
+        if isinstance(e, Prepared):
+            if e.stored is not None:
+                return await self._send_stored(e.emit, e.stored, wait, box)
+            e = e.emit
         ev = e.event
         subject = e.subject()
         if ev.body is Body.CORE:
@@ -329,13 +361,17 @@ class Bus(Topology):
             else:
                 await self.query_sender.send(subject, body, headers)
             return None
-        d = await self._stored(e, subject, mid)
+        return await self._send_stored(e, await self._stored(e, subject, mid), wait, box)
+
+    async def _send_stored(self, e: Emit, d: Deferred, wait: bool, box: Outbox | None) -> Any:
+        """Publish a stored event's message (``_emit_one``): held in ``box`` for its batch's commit
+        when the box defers, else with ``publish_async`` (or awaited, ``wait``)."""
         if wait:
-            return await self.js.publish(subject, d.body, headers=d.headers)
+            return await self.js.publish(d.subject, d.body, headers=d.headers)
         if box is not None and box.defer and not (e.early and box.early and not box.deferred):
             box.deferred.append(d)
             return None
-        return await self.js.publish_async(subject, d.body, headers=d.headers)
+        return await self.js.publish_async(d.subject, d.body, headers=d.headers)
 
     async def _stored(self, e: Emit, subject: str, mid: str) -> Deferred:
         """A stored event's message: its body framed as the catalog says, its id and headers."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..schemas.events import ROOT_CHUNK, chunk_digest, chunked_root, chunked_root_of, ref_entry
 from ..schemas.records import NodeView
+from . import capacity
 from .capacity import Nodes, node_ref
 
 #: inventory views kept (one per cluster a worker places on; an older view is dropped first)
@@ -91,3 +92,19 @@ def _catch_up(kept: _Kept, nodes: Nodes) -> bool:
     kept.root = chunked_root(len(entries), kept.digests)
     kept.version = nodes.version
     return True
+
+
+def settle(nodes: dict[str, NodeView]) -> None:
+    """Catch up now, from the view's change log, what every placement's input and decision record
+    read of an inventory view whatever the block: the node map's root (:func:`nodes_root`), the
+    totals, the healthy ids and their JSON, the check that every view is a dict, and each node's
+    state id. The controller calls it once a placement's events are stored (``Bus.after_commit``),
+    so the next placement's call finds them current instead of catching up the last one's change
+    on its own path. Values are the same either way (each is a function of the view's version)."""
+    if not isinstance(nodes, Nodes):
+        return
+    nodes_root(nodes)
+    capacity.totals(nodes)
+    nodes.healthy_json(capacity.healthy_ids(nodes))
+    nodes.all_dicts()
+    nodes.states()

@@ -657,14 +657,22 @@ def input_digest_of(input_data: Mapping[str, object], nodes_digest: Callable[[di
     replaced by its root (``nodes_digest(nodes)``: :func:`chunked_root` of the reference map
     ``{nid: "sha256:<SHA-256 of the view's JSON>"}``). A worker keeps each view's reference per
     view and each chunk's digest per inventory version (``policies.node_digest.nodes_root``), so a
-    call hashes ~1 KB plus the chunks of the views that changed instead of ~100 KB (or the whole
-    reference map: ~110 KB for the trace's 1,213 nodes). Every byte of the input is still covered.
-    Any other input: :func:`input_digest` of its JSON. Records made before a form existed hold an
-    older one (:func:`input_digests`)."""
+    call hashes ~1 KB plus the chunks of the views that changed instead of ~100 KB (or ~110 KB of
+    reference map for the trace's 1,213 nodes). Every byte of the input is covered (in two parts:
+    :func:`input_digest_later`). Any other input: :func:`input_digest` of its JSON. Records made
+    before a form existed hold an older one (:func:`input_digests`)."""
+    return input_digest_later(input_data, nodes_digest)()
+
+
+def input_digest_later(input_data: Mapping[str, object], nodes_digest: Callable[[dict[str, NodeView]], str] = _plain_nodes_root) -> Callable[[], str]:
+    """:func:`input_digest_of` in two parts: what reads the node map (a live inventory view, changed
+    in place: its root, its healthy ids' JSON) now, the rest's JSON and hash when the function is called."""
     nodes = node_map(input_data)
     if nodes is None:
-        return input_digest(msgspec.json.encode(input_data))
-    return input_digest(msgspec.json.encode(_with_node_map(input_data, nodes_digest(nodes), _healthy_json(input_data, nodes))))
+        digest = input_digest(msgspec.json.encode(input_data))
+        return lambda: digest
+    root, healthy = nodes_digest(nodes), _healthy_json(input_data, nodes)
+    return lambda: input_digest(msgspec.json.encode(_with_node_map(input_data, root, healthy)))
 
 
 def _healthy_json(input_data: Mapping[str, object], nodes: dict[str, NodeView]) -> bytes | None:

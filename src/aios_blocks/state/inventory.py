@@ -114,6 +114,11 @@ class Inventory:
             self._clusters = await self.store.clusters()
         return self._clusters
 
+    def loaded(self, cid: str) -> dict[str, NodeView] | None:
+        """The cluster's view as it is now if nothing of it is stale (:meth:`nodes` without a read:
+        None where that would read Redis)."""
+        return self._fresh(cid)
+
     def _fresh(self, cid: str) -> dict[str, NodeView] | None:
         """The cluster's view if it is loaded, nothing of it is stale and no refresh of it is in
         flight: what taking its lock would give at once, without the lock."""

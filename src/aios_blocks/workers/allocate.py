@@ -18,6 +18,7 @@ import structlog
 
 from ..handlers import allocation as al
 from ..handlers import queue as hq
+from ..policies import node_digest
 from ..policies import quota as qp
 from ..schemas.errors import PlacementFailed
 from ..schemas.events import Decision
@@ -25,7 +26,7 @@ from ..schemas.lifecycle import Step
 from ..schemas.records import BlockIR, BlockRecord, NodeView
 from ..state.queue import Nominations
 from . import queue
-from .base import Worker
+from .base import LaterDigests, Worker
 from .vcluster import ensure_job_cluster
 
 log = structlog.get_logger("aios.controller")
@@ -123,40 +124,74 @@ async def allocate(
     # for a block of its priority or lower (a held view is a copy: the cache re-reads that node)
     reason = ""
     for attempt in range(1, w.settings.commit_retries + 1):
-        if turn is not None:
-            await turn.wait()
-        async with _cluster_lock(cid):
+        # the decision records' digests, like the placement's events below, are computed while the
+        # reservation's script is in flight (``LaterDigests``), finished before anything is published
+        later = LaterDigests()
+        try:
             if turn is not None:
-                turn.leave()
-            nodes = await w.inventory.nodes(cid)
-            if nominated:
-                nodes = dict(hq.held(str(req.ir["blockId"]), req.ir, cid, cluster, nodes, nominated))
-            snap = al.Snapshot(cluster, nodes, instances, await w.affinity_index(req.ir), suspects)
-            (reserve,) = await al.plan_allocation(snap, req, invoke)
-            # our view takes the reservation now, as the script will, and the script is sent before
-            # the lock goes: the next plan of this cluster starts on this one's result without
-            # waiting for its round trip (one plan per Redis round trip per cluster was the bound
-            # of a scale burst); a reservation that fails re-reads its nodes
-            w.inventory.apply(cid, reserve.taken, {nid: snap.nodes[nid] for nid in reserve.touched})
-            # each with what it adds to its tenant's quota usage (the script counts it in the same call)
-            records = qp.with_quota(req.ir, reserve.placements, snap.nodes)
-            # the start the reservation makes, sent with it where one script may (its racks are
-            # the nodes' labels: a reservation does not change them)
-            started = then(list(reserve.placements), attempt, snap.nodes) if then is not None and w.store.one_server else None
-            if started is not None and started.limit is not None:  # (a bound is ADD_INSTANCES' first)
-                started = None
-            reserving = asyncio.ensure_future(_reserve(w, cid, records, started))
-            await asyncio.sleep(0)  # the script queued (autopipeline) before the next plan's
+                await turn.wait()
+            async with _cluster_lock(cid):
+                if turn is not None:
+                    turn.leave()
+                nodes = await w.inventory.nodes(cid)
+                if nominated:
+                    nodes = dict(hq.held(str(req.ir["blockId"]), req.ir, cid, cluster, nodes, nominated))
+                snap = al.Snapshot(cluster, nodes, instances, await w.affinity_index(req.ir), suspects)
+                with later:
+                    (reserve,) = await al.plan_allocation(snap, req, invoke)
+                # our view takes the reservation now, as the script will, and the script is sent before
+                # the lock goes: the next plan of this cluster starts on this one's result without
+                # waiting for its round trip (one plan per Redis round trip per cluster was the bound
+                # of a scale burst); a reservation that fails re-reads its nodes
+                w.inventory.apply(cid, reserve.taken, {nid: snap.nodes[nid] for nid in reserve.touched})
+                # each with what it adds to its tenant's quota usage (the script counts it in the same call)
+                records = qp.with_quota(req.ir, reserve.placements, snap.nodes)
+                # the start the reservation makes, sent with it where one script may (its racks are
+                # the nodes' labels: a reservation does not change them)
+                started = then(list(reserve.placements), attempt, snap.nodes) if then is not None and w.store.one_server else None
+                if started is not None and started.limit is not None:  # (a bound is ADD_INSTANCES' first)
+                    started = None
+                reserving = asyncio.ensure_future(_reserve(w, cid, records, started))
+                await asyncio.sleep(0)  # the script queued (autopipeline) before the next plan's
+            # the script's exchange is written on this turn of the loop: what follows overlaps its
+            # round trip (the placement's events are dropped if it does not reserve)
+            await asyncio.sleep(0)
+        finally:
+            later.finish()
+        prepared = await _prepare(w, started) if started is not None else None
         ok, reason, node, nominated_held = await _applied(w, reserve, reserving)
         if ok:
             if started is not None:
-                await _started(w, started, [], nominated_held)
+                await _started(w, started, [], nominated_held, prepared)
             elif then is not None:
                 await commit_start(w, then(list(reserve.placements), attempt, await w.inventory.nodes(cid)))
+            # what every placement's input reads of the view (the node map's root, the totals, the
+            # healthy ids), caught up with this one's change once its events are stored: off the
+            # next placement's path (``node_digest.settle``)
+            await w.bus.after_commit(lambda: _settle(w, cid))
             return list(reserve.placements), attempt
         w.inventory.invalidate(cid, reserve.touched + ([node] if node else []))
         await asyncio.sleep(random.uniform(0, 0.01 * attempt))  # de-synchronise competing controllers
     raise PlacementFailed(f"reservation conflict after {w.settings.commit_retries} attempts: {reason}")
+
+
+async def _prepare(w: Worker, s: al.StartInstances) -> list[Any] | None:
+    """``s``'s events (``allocation.announce`` of every placement: the one-script start refuses
+    none) made now (``Bus.prepare``), once the reservation's script is written (the autopipeline
+    sends it on the next turn of the loop), so that they are made while its answer is on its
+    way. None for a bus that does not prepare (they are made when published)."""
+    prepare = getattr(w.bus, "prepare", None)
+    if prepare is None:
+        return None
+    got: list[Any] = await prepare(al.announce(s, s.placements))
+    return got
+
+
+async def _settle(w: Worker, cid: str) -> None:
+    """``node_digest.settle`` of the cluster's view, if it is loaded and current (never a read)."""
+    nodes = w.inventory.loaded(cid)
+    if nodes is not None:
+        node_digest.settle(nodes)
 
 
 async def _reservations(w: Worker, cid: str, iids: Sequence[str], ahead: Reserved | None) -> list[dict[str, str] | None]:
@@ -269,9 +304,11 @@ def _drops_nomination(s: al.StartInstances) -> bool:
     return s.step is not None and s.step[1] is Step.RESERVE
 
 
-async def _started(w: Worker, s: al.StartInstances, refused: list[str], held: bool) -> list[str]:
+async def _started(w: Worker, s: al.StartInstances, refused: list[str], held: bool,
+                   prepared: list[Any] | None = None) -> list[str]:
     """After ``s``'s records (``refused``: past its limit; ``held``: a nomination was dropped):
-    release what the limit refused, publish the placement and the create commands of the rest."""
+    release what the limit refused, publish the placement and the create commands of the rest
+    (``prepared``: those of every placement, made before: ``_prepare``)."""
     gone = [p for p in s.placements if p["iid"] in refused]
     for p in gone:
         await w.store.release(s.cluster_id, p["node"], p["iid"])
@@ -279,7 +316,7 @@ async def _started(w: Worker, s: al.StartInstances, refused: list[str], held: bo
         await w.hint(s.cluster_id, sorted({p["node"] for p in gone}))
     kept = [p for p in s.placements if p["iid"] not in refused]
     if kept:
-        await w.bus.emit_all(al.announce(s, kept))
+        await w.bus.emit_all(prepared if prepared is not None and not gone else al.announce(s, kept))
     if held:
         # a preemptor placed: the room held for it is its instances' now; the walker looks again
         # (the blocks held back by a nominated take other than the one its placement chose)

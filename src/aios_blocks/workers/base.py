@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import functools
 import signal
 import time
@@ -32,7 +33,7 @@ from ..schemas.events import (
     Decision,
     InventoryHint,
     input_digest,
-    input_digest_of,
+    input_digest_later,
     node_map,
     with_nodes,
 )
@@ -52,6 +53,38 @@ IR_CACHE = 4096  # blocks whose IR a worker keeps (``Worker.block_ir``)
 #: keeps its input in the record, up to INLINE_INPUT_MAX bytes
 REPLAYED_ACTIONS = frozenset({"selection", "post_dry_run", "dry_run", "allocation", "scale", "reassignment"})
 INLINE_INPUT_MAX = 256 * 1024
+
+
+class LaterDigests:
+    """The decision records made inside it (``with``: ``Worker.record`` in this task) get their
+    input's digest when :meth:`finish` is called, not at once: what reads the node map (a live
+    inventory view, changed in place) is taken at the call, the JSON and hash of the rest of the
+    input later (``events.input_digest_later``). The allocation computes them while its
+    reservation's script is in flight (``workers.allocate``); it finishes them before any of them
+    can be published, and leaving the block by an exception finishes them at once."""
+
+    def __init__(self) -> None:
+        self.pending: list[tuple[Decision, Callable[[], str]]] = []
+        self._token: contextvars.Token[LaterDigests | None] | None = None
+
+    def __enter__(self) -> LaterDigests:
+        self._token = _LATER.set(self)
+        return self
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if self._token is not None:
+            _LATER.reset(self._token)
+            self._token = None
+        if exc_type is not None:
+            self.finish()
+
+    def finish(self) -> None:
+        pending, self.pending = self.pending, []
+        for decision, digest in pending:
+            decision.input_digest = digest()
+
+
+_LATER: contextvars.ContextVar[LaterDigests | None] = contextvars.ContextVar("aios_later_digests", default=None)
 
 
 def encode_input(input_data: dict[str, Any]) -> bytes:
@@ -142,7 +175,9 @@ class Worker:
             raise
         finally:
             decision = await self.record(
-                ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started, call.get("logs", [])
+                ir["blockId"], kind, rule, input_data, result, error, time.perf_counter() - started, call.get("logs", []),
+                # a record that goes out on its own (no trace) is published now: its digest too
+                later=_LATER.get() if trace is not None else None,
             )
             if trace is not None:
                 trace.append(decision)
@@ -155,14 +190,15 @@ class Worker:
 
     async def record(
         self, bid: str, kind: str, rule: dict[str, Any], input_data: dict[str, Any], output: Any, error: str, seconds: float,
-        logs: list[list[str]] | None = None,
+        logs: list[list[str]] | None = None, later: LaterDigests | None = None,
     ) -> Decision:
         """The decision record of one policy call. A placement step's input is not stored: the
         record names the state version it was built from (the stream sequence of the message being
         handled), the input's digest and the parts of it that are not in the stream;
         ``recovery.inputs`` rebuilds it by replay. Other calls keep their input inline
-        (``REPLAYED_ACTIONS``)."""
-        digest = input_digest_of(input_data, node_digest.nodes_root)
+        (``REPLAYED_ACTIONS``). With ``later`` its digest is set when ``later`` finishes."""
+        digest_later = input_digest_later(input_data, node_digest.nodes_root)
+        digest = "" if later is not None else digest_later()
         given: dict[str, Any] = {}
         payload = input_data.get("payload")
         if isinstance(payload, dict) and "block_metrics" in payload:
@@ -185,11 +221,14 @@ class Worker:
             part = contract.essential(action, output)
             if part is not output:
                 kept, out_digest = msgspec.json.encode(part), input_digest(whole)
-        return Decision(
+        decision = Decision(
             bid, kind, rule.get("name", kind), rule.get("policyRuleURI", ""), rule.get("version"), action, digest,
             msgspec.Raw(kept), error, int(seconds * 1e6), inline, where, logs=logs or [], at=TRIGGER_SEQ.get(), given=given,
             output_digest=out_digest,
         )
+        if later is not None:
+            later.pending.append((decision, digest_later))
+        return decision
 
     async def block_ir(self, bid: str, gen: int) -> BlockIR | None:
         """The IR of generation ``gen`` of a block (None: the block is gone or another generation
