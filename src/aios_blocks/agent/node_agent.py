@@ -71,6 +71,11 @@ from .runtime import LaunchSpec, Runtime, RuntimeError_, RuntimeInstance, json_t
 from .sidecars import SidecarManager
 
 log = structlog.get_logger("aios.agent")
+
+#: a create that carries no launch (every simulated one): the default, validated once and only read
+#: (``_build`` copies its lists), not an empty dict validated again per command
+NO_LAUNCH = Launch()
+
 #: removed instance ids an agent remembers (stale creates of them start nothing)
 REMOVED_KEEP = 4096
 
@@ -354,7 +359,7 @@ class NodeAgent:
     # -- building and adopting runners ---------------------------------------------------------------
     def _build(self, cmd: InstanceCommand, msg_key: str = "") -> Runner:
         iid = cmd.instance_id
-        launch = Launch.model_validate(cmd.launch or {})
+        launch = Launch.model_validate(cmd.launch) if cmd.launch else NO_LAUNCH
         assert self._gpu_prov is not None
         stages: list[tuple[Stage[Any, Any], Any]] = []
         gpu_stage = ProvisionStage(self._gpu_prov)
