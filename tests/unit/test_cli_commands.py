@@ -137,3 +137,34 @@ def test_examples_lists_the_shipped_files(cli: CliRunner) -> None:
 def test_prometheus_config_without_servers_says_so(cli: CliRunner) -> None:
     r = cli.invoke(app, ["prometheus-config"])
     assert "No servers" in r.output, r.output
+
+
+def test_an_unknown_agent_runtime_is_a_usage_error_before_it_connects(cli: CliRunner) -> None:
+    # it connected first (adding the node's user to a running blocks up), then "agent failed: unknown
+    # runtime 'nope'", exit 1
+    r = cli.invoke(app, ["agent", "--node-id", "n1", "--cluster", "c1", "--runtime", "nope"])
+    assert r.exit_code == 2 and "'nope' is no runtime: docker, process, sim" in _one_line(r.output), r.output
+    assert "No NATS" not in r.output
+
+
+def test_an_agents_instance_directories_are_under_its_data_dir(cli: CliRunner, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # they were in ./.aios-data/agent wherever the agent started, whatever its --data-dir: a stray
+    # .aios-data there, and two systems' agents started from one directory shared a process scope
+    from aios_blocks.agent import main as agent_main
+    from aios_blocks.runtime import embedded
+
+    got: list[object] = []
+
+    async def run_agent(opts: object, url: str, stop: object) -> None:
+        got.append(opts)
+
+    monkeypatch.setattr(embedded, "agent_nats_url", lambda data_dir, nid: "nats://127.0.0.1:4222")
+    monkeypatch.setattr(agent_main, "run_agent", run_agent)
+    monkeypatch.chdir(tmp_path)
+    for extra, where in (([], tmp_path / "data" / "agent"), (["--data-dir", str(tmp_path / "d2")], tmp_path / "d2" / "agent"),
+                         (["--agent-dir", str(tmp_path / "own")], tmp_path / "own")):
+        r = cli.invoke(app, ["agent", "--node-id", "n1", "--cluster", "c1", "--runtime", "sim", *extra])
+        assert r.exit_code == 0, r.output
+        assert got.pop().data_dir == where, extra  # type: ignore[attr-defined]
+    assert not (tmp_path / ".aios-data").exists()

@@ -106,10 +106,20 @@ def worker(
     _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings))
 
 
+RUNTIMES = ("docker", "process", "sim")
+
+
+def _runtime_name(value: str) -> str:
+    """``--runtime`` is one of ``RUNTIMES`` (an unknown one failed after connecting, exit 1)."""
+    if value not in RUNTIMES:
+        raise typer.BadParameter(f"{value!r} is no runtime: {', '.join(RUNTIMES)}")
+    return value
+
+
 def agent(
     node_id: str = typer.Option(..., "--node-id", help="This node's id (a subject token: letters, digits, - and _)."),
     cluster: str = typer.Option(..., "--cluster", help="The cluster this node belongs to (registered if new)."),
-    runtime: str = typer.Option("docker", help="docker | process | sim"),
+    runtime: str = typer.Option("docker", help="docker | process | sim", callback=_runtime_name),
     label: list[str] = typer.Option([], "--label", "-l", help="Node label key=value (repeatable)."),
     zone: str = typer.Option(None, help="Shorthand for --label zone=..."),
     rack: str = typer.Option(None, help="Shorthand for --label rack=N: a number, what RackId affinity matches (docs/affinity.md)."),
@@ -120,7 +130,8 @@ def agent(
     gpu_topology: str = typer.Option("", "--gpu-topology", help="Simulated GPUs with this topology profile (docs/topology.md; its GPU count unless --sim-gpus)."),
     heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats.", callback=_seconds_over()),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
-    agent_dir: Path = typer.Option(Path(".aios-data/agent"), "--agent-dir", help="Working directories of instances."),
+    agent_dir: Path = typer.Option(None, "--agent-dir", show_default="<data dir>/agent",
+                                   help="Working directories of instances (and the process runtime's scope: docs/agents.md)."),
     advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Host part of instance endpoints (http://HOST:PORT): an address the executors reach this node at."),
     data_dir: Path = DataDir,
 ) -> None:
@@ -158,6 +169,9 @@ def agent(
         raise typer.Exit(2)
     configure_logging(load_settings().log_level)
     tune_gc(load_settings().gc_gen0_threshold)
+    # (was ./.aios-data/agent wherever the agent was started, whatever its --data-dir: two systems'
+    # agents started from one directory shared a process scope, and a stray .aios-data appeared)
+    agent_dir = agent_dir or Path(data_dir) / "agent"
     opts = AgentOptions(
         node_id=node_id, cluster=cluster, runtime=runtime, labels=labels, cpu=cpu, memory=memory, sim_gpus=sim_gpus,
         gpu_topology=gpu_topology, data_dir=agent_dir, heartbeat_s=heartbeat_s, metrics_port=metrics_port, advertise_host=advertise_host,
