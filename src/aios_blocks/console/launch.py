@@ -7,6 +7,7 @@ environment."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -77,6 +78,11 @@ class Kept:
                 continue
             if time.monotonic() - self._started >= STEADY_S:
                 delay = RESTART_S
+            code = self.proc.returncode
+            how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"code {code}"
+            # (said, as the supervisor says a worker's restart: it was silent; its own log is logs/console.log)
+            print(f"console exited with {how}; started again on {self.url} in {delay:g} s (restart {self.restarts + 1})",
+                  file=sys.stderr, flush=True)
             if self._stop.wait(delay):
                 return
             delay = min(RESTART_MAX_S, delay * 2)
