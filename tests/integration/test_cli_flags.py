@@ -120,6 +120,35 @@ async def test_top_json_leaves_deleted_blocks_out(system: System) -> None:
     assert "top-live" in shown and not shown & {"top-gone", "top-ghost"}, shown
 
 
+async def test_top_piped_prints_a_table_each_interval(system: System) -> None:
+    # piped (`blocks top | less`, a log), the live view wrote nothing until it was stopped
+    import asyncio
+    import signal
+
+    d = _data_dir(system)
+    await system.client.add_sim_cluster("c1", nodes=1, gpus=2)
+    _, kind, _ = await system.submit_and_wait({"blockComponentURI": "aios://test/model", "blockId": "top-piped",
+                                               "minInstances": 1, "maxInstances": 1})
+    assert kind == "ready"
+    sample: dict[str, Any] = {"cluster": "c1", "ready": 1, "instances": 1, "t": 0}
+    await system.client.store.metrics.write({"top-piped": (sample, {})}, 5, 60)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    proc = await asyncio.create_subprocess_exec(*BLOCKS, "top", "--interval", "0.2", "--data-dir", d, env=env, cwd=ROOT,
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                                start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        titles = 0
+        async with asyncio.timeout(60):
+            while titles < 2:  # (a line at a time: the pipe is read as it is written)
+                line = (await proc.stdout.readline()).decode()
+                assert line, "blocks top ended"
+                titles += line.startswith("blocks (metrics collector")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        await proc.wait()
+
+
 async def test_replay_gives_every_row_a_time_a_bare_create_too(system: System) -> None:
     d = _data_dir(system)
     # a bare spec, as any NATS client may publish it: no envelope, no `time` of its own; the parser

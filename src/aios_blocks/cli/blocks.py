@@ -412,6 +412,11 @@ def top(
                 err.print(f"[red]no metrics for block {escape(bid or '')}[/] (unknown, not serving yet, or no collector: `blocks up` starts one)")
                 return 1
             return 0
+        if not console.is_terminal:  # piped: a Live view writes nothing until it ends (Ctrl-C, a kill)
+            while True:
+                console.print(topview.table(data, bid))  # (rich flushes each print)
+                await asyncio.sleep(interval)
+                data = await topview.read(c.store, bid)
         with Live(topview.table(data, bid), console=console, refresh_per_second=4) as live:
             while True:
                 await asyncio.sleep(interval)
