@@ -82,3 +82,14 @@ async def test_a_window_of_creates_in_flight_decides_every_block_and_adds_up(sys
     assert 0 < got.placed < got.blocks and len(got.placements) == got.placed
     placed = await live.read_back(system.client, [rp.block_id(t) for t in pods])
     assert {b: (n, tuple(g)) for b, (n, g) in placed.items()} == got.placements
+
+
+async def test_its_own_system_writes_no_log_line_on_stdout(capfd: pytest.CaptureFixture[str]) -> None:
+    # `blocks trace replay --live` without a running system printed the stream's creation as log lines
+    # among its figures on stdout ("[info ] stream.created stream=AIOS", four of them)
+    said: list[str] = []
+    async with live.own_system(said.append) as (_, _, data):
+        assert (data / "endpoints.json").exists()
+    out = capfd.readouterr().out
+    assert "stream.created" not in out and out == "", out
+    assert said and said[0].startswith("started NATS, Redis and the workers")

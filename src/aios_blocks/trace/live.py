@@ -87,7 +87,9 @@ async def own_system(log: Callable[[str], None] = lambda s: None) -> AsyncIterat
     from ..runtime.supervisor import DEFAULT_GROUPS, Supervisor
 
     data = Path(tempfile.mkdtemp(prefix="aios-trace-live-"))
-    servers = EmbeddedServers(data_dir=data).start()
+    # (the stream and consumers made by a child, as `blocks up` makes them: their creation's log lines
+    # went to this process's stdout, among the figures)
+    servers = EmbeddedServers(data_dir=data, topology_in_child=True).start()
     sup = None
     try:
         sup = Supervisor(servers.nats_url, servers.redis_url, dict(LAYOUT), log_dir=str(data / "logs"),
