@@ -233,6 +233,22 @@ def test_sigint_stops_blocks_up_started_in_the_background(tmp_path: Path) -> Non
     assert wait_gone(children, up.ports) == ([], [])
 
 
+def test_blocks_down_stops_the_blocks_up_of_its_data_dir_and_leaves_nothing_running(tmp_path: Path) -> None:
+    # there was no command for it: `blocks up &` then `kill PID`, the PID looked up by hand
+    up = Up(tmp_path / "data", _env())
+    children = up.descendants()
+    try:
+        r = up.cli("down", timeout=90)
+        assert r.returncode == 0 and f"stopped `blocks up` (pid {up.proc.pid})" in r.stdout, r.stdout + r.stderr
+        assert up.proc.wait(timeout=30) == 0
+    finally:
+        up.stop(signal.SIGTERM)
+    assert wait_gone(children, up.ports) == ([], [])
+    assert not (tmp_path / "data" / "endpoints.json").exists()
+    r = up.cli("down")  # none runs there now
+    assert r.returncode == 1 and "no `blocks up` runs in" in r.stderr, r.stderr
+
+
 def test_a_second_blocks_up_on_the_same_data_dir_refuses_and_names_the_first(tmp_path: Path) -> None:
     data = tmp_path / "data"
     first = Up(data, _env())

@@ -184,6 +184,7 @@ def run() -> None:
 
 # -- the commands, in the order `blocks --help` lists them ----------------------------------------
 app.command()(servers.up)
+app.command()(servers.down)
 app.command()(task.task)
 app.command()(servers.worker)
 app.command()(servers.agent)

@@ -78,6 +78,46 @@ def up(
     _up.exec_up(data_dir, layout, process_per_kind, None if no_console else console_port)
 
 
+def down(
+    data_dir: Path = DataDir,
+    timeout: float = typer.Option(60.0, "--timeout", help="Seconds to wait for it to have stopped.",
+                                  callback=_seconds_over()),
+) -> None:
+    """Stop the `blocks up` (or `blocks demo`) that runs in the data dir, as Ctrl-C or `kill PID` do:
+    its workers, then NATS and Redis; wait until all are gone. Exit 0 stopped, 1 none runs there,
+    5 still running after --timeout.
+
+    Example: `blocks down`, `blocks down --data-dir /var/lib/aios`
+    """
+    import signal
+
+    import psutil
+
+    from ..runtime import lifetime
+
+    pid = lifetime.holder(data_dir)
+    if not lifetime.in_use(data_dir) or pid is None:
+        err.print(f"[red]no `blocks up` runs in {escape(str(data_dir))}[/] (nothing holds its lock)")
+        raise typer.Exit(1)
+    try:
+        argv = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        argv = []
+    cmd = " ".join(argv)
+    if not any("aios_blocks" in a or Path(a).name == "blocks" for a in argv):
+        # the lock is held (by the servers of a `blocks up` that was killed hard?) but its pid is not ours
+        err.print(f"[red]{escape(str(data_dir))} is held, but process {pid} is no `blocks up`[/]: {escape(cmd[:120]) or 'gone'}")
+        raise typer.Exit(1)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while lifetime.in_use(data_dir):
+        if time.monotonic() > deadline:
+            err.print(f"[red]`blocks up` (pid {pid}) still runs in {escape(str(data_dir))} after {timeout:g} s[/]")
+            raise typer.Exit(5)
+        time.sleep(0.1)
+    console.print(f"stopped `blocks up` (pid {pid}) in {escape(str(data_dir))}")
+
+
 def worker(
     kind: str = typer.Argument(..., help=" | ".join(KINDS)),
     cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks."),
