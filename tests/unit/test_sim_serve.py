@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -87,13 +88,25 @@ async def test_an_instance_s_start_and_stop_go_through_no_aiohttp_site() -> None
     assert not any(i.server.is_serving() for i in insts)  # type: ignore[union-attr]
 
 
-async def test_any_free_port_is_bound_without_reuseaddr_a_recorded_one_with_it() -> None:
+async def test_any_free_port_is_bound_without_reuseaddr_a_recorded_one_with_it(monkeypatch: Any) -> None:
     """A port of its own is the kernel's bind(0) without SO_REUSEADDR: with it, Linux looks in the
     lower half of the ephemeral range only, and past ~7,000 instances of a process each bind searched
     every port (1.5-2 ms: docs/trace.md "The simulated fleet's start"). A recorded port (a restart)
-    is bound again with it, so its old connections in TIME_WAIT do not block it."""
+    is bound again with it, so its old connections in TIME_WAIT do not block it; and every listening
+    socket has it once bound (before listen), so the connections it accepts inherit it and that
+    restart's bind over their TIME_WAIT succeeds (tests/integration/test_agent_restart_inventory.py)."""
     import socket
 
+    from aios_blocks.agent import sim_serve
+
+    at_bind: dict[int, int] = {}
+
+    class Recording(socket.socket):
+        def bind(self, address: Any) -> None:
+            at_bind[address[1]] = self.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR)
+            super().bind(address)
+
+    monkeypatch.setattr(sim_serve.socket, "socket", Recording)
     server = SimServer()
     try:
         own = await server.add("own", SimBehaviour())
@@ -102,10 +115,11 @@ async def test_any_free_port_is_bound_without_reuseaddr_a_recorded_one_with_it()
             recorded = probe.getsockname()[1]
         again = await server.add("again", SimBehaviour(), port=recorded)
         assert again.port == recorded
-        for inst, reuse in ((own, 0), (again, 1)):
+        assert at_bind == {0: 0, recorded: 1}  # bind(0) without the flag, the recorded port with it
+        for inst in (own, again):
             assert inst.server is not None
             (sock,) = inst.server.sockets
-            assert (sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) != 0) == bool(reuse), inst.instance_id
+            assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR) != 0, inst.instance_id
             async with aiohttp.ClientSession() as http, http.get(f"http://127.0.0.1:{inst.port}/health") as r:
                 assert r.status == 200
     finally:

@@ -156,6 +156,9 @@ class SimServer:
                 # half of the ephemeral range only (~7,000 ports of one parity there, then a search of
                 # every port: 1.5-2 ms a bind past ~7,000 instances; without it, flat to ~12,000)
                 sock.bind((self.host, port))
+                # then set, before listen: the connections it accepts inherit it, so after a restart
+                # the port is bound again over their TIME_WAIT (Linux checks both sides' flag)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 sock.listen(BACKLOG)
                 sock.setblocking(False)
                 assert runner.server is not None
