@@ -115,7 +115,12 @@ def test_asyncapi_prints_the_document(cli: CliRunner) -> None:
     r = cli.invoke(app, ["asyncapi"])
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
-    assert doc["asyncapi"] == "3.0.0" and len(doc["channels"]) == len(catalog.EVENTS)
+    assert doc["asyncapi"] == "3.0.0"
+    # a channel per catalog event, with its address; and the replies (channels without one: the
+    # requester's inbox) of the events that are answered, as a task is (docs/subjects.md)
+    addressed = {k for k, c in doc["channels"].items() if c.get("address")}
+    assert addressed == {e.name.replace(".", "_") for e in catalog.EVENTS}
+    assert set(doc["channels"]) - addressed == {"block_task_reply", "tenant_block_task_reply"}
 
 
 def test_subjects_lists_every_event_of_the_catalog(cli: CliRunner) -> None:
