@@ -181,6 +181,49 @@ async def test_a_restarted_fleet_has_its_lost_instances_removed_at_once_and_rout
         await trap.stop()
 
 
+async def test_a_lost_instance_on_a_full_node_is_released_and_its_block_runs_again_there(sys_: Sys) -> None:
+    """The lost instance's node is the only one and full (one GPU, the instance's): its replacement,
+    off that node or beside the lost one's reservation, fits nowhere. The instance is gone all the
+    same, so it is released (never left ``running`` at a dead endpoint, as it was: the block stayed
+    ``ready`` with it for good and Redis differed from the state rebuilt from the stream, which drops
+    it at its ``removed``); the reconciler then asks for the instance the block is short of, which
+    the freed GPU takes."""
+    from aios_blocks.recovery.invariants import check
+
+    client = sys_.client
+    await client.add_sim_cluster("c0", nodes=1, gpus=1)
+    bid = await client.submit({"blockComponentURI": COMPONENT["componentURI"], "blockId": "one", "minInstances": 1,
+                               "maxInstances": 1, "parameters": {"sim": {"serviceTimeMs": 5}}})
+    kind, _ = await client.wait(bid, 60)
+    assert kind == "ready"
+    (old,) = (await ready_at(client, bid)).keys()
+    seen: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+    follower = asyncio.ensure_future(lost_fact(client, bid, old, seen))
+    await asyncio.sleep(0.3)  # the follower's consumer exists before the fleet goes
+    try:
+        (pid,) = sys_.sup.pids("agent-sim")
+        os.kill(pid, signal.SIGKILL)
+        removed = await asyncio.wait_for(seen.get(), 90)
+        assert removed["reason"] == "lost"
+        # the block runs again, on the one node, without the lost instance
+        after = await ready_at(client, bid, 90)
+        assert after and old not in after and [r["node"] for r in after.values()] == ["c0-n0"]
+        assert old not in await client.store.instances(bid)
+        status, body, headers = await client.task(bid, b'{"n": 3}')
+        assert status == 200 and headers.get("Aios-Instance") in after, (status, body, headers)
+        # and what Redis holds is what the stream says (blocks check)
+        for _ in range(60):
+            rep = await check(client.bus, client.store, expected={bid})
+            if not rep.violations:
+                break
+            await asyncio.sleep(0.5)
+        assert not rep.violations, rep.violations
+    finally:
+        follower.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await follower
+
+
 async def test_after_blocks_up_restarts_the_first_task_never_goes_to_a_dead_endpoint(tmp_path: Path) -> None:
     """The issue as reported: `blocks up` stopped and started again on its data dir; its simulated
     instances died with it. The block's old instance is lost at once, the first `blocks task`

@@ -67,6 +67,12 @@ def on_added(ev: InstanceEvent, view: View) -> list[Effect]:
     return out
 
 
+def lost_request(iid: str) -> str:
+    """The id of the reassignment that replaces instance ``iid`` once it is ``lost`` (one per
+    instance: a redelivered ``removed`` asks once); an operator's request has an id of its own."""
+    return f"{iid}:lost"
+
+
 def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
     """An instance stopped (removed, start failed, lost, evicted): its reservation is released; a
     ``lost`` one of a live block is replaced first (the reassignment then removes this record), so
@@ -78,7 +84,7 @@ def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
     out: list[Effect] = []
     if inst is not None and inst["node"] == ev.node_id:
         if ev.reason == "lost" and block is not None and view.status in LIVE and inst["status"] != InstanceStatus.REMOVING:
-            return [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, "lost", f"{ev.instance_id}:lost",
+            return [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, "lost", lost_request(ev.instance_id),
                             inst["node"])]
         out.append(Release(ev.block_id, ev.instance_id, inst))
     # deleted too: a redelivered removal whose first handling took the DELETED step and died
