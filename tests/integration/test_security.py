@@ -627,10 +627,13 @@ async def test_a_responder_answers_only_an_inbox_so_no_requester_writes_through_
     up = await Bus.open(ep.nats_url("upstream"), "test/upstream")
     agent = await Bus.open(auth.ensure_agent(system.data_dir, "fn1"), "test/agent-fn1")
     try:
-        async with asyncio.timeout(60):  # the executor serves (an unknown block is answered 404)
+        # the executor serves (an unknown block is answered 404) and the controller answers `expected`
+        # (its own process, which may start later: a request before it is "no responders")
+        async with asyncio.timeout(60):
             while True:
                 try:
                     answer = await up.nc.request(E.block_task.subject(bid="nosuch"), b"{}", timeout=2)
+                    await agent.nc.request(subjects.node_expected("fn1"), b"{}", timeout=2)
                     if (answer.headers or {}).get("Aios-Status") == "404":
                         break
                 except Exception:
