@@ -252,8 +252,33 @@ def test_a_sidecar_consumes_outputs_and_dead_letters_them_only() -> None:
 
 def test_observers_may_not_join_a_queue_group() -> None:
     obs = auth.permissions("observer")
-    assert obs is not None and obs.deny_subscribe == ("aios.> *",)
-    assert 'subscribe: {allow: [' in obs.conf() and 'deny: ["aios.> *"]}' in obs.conf()
-    for role in ("parser", "gateway", "controller", "executor", "agent-sim", "upstream"):
+    assert obs is not None and obs.deny_subscribe == ("aios.> *", *auth.TASK_DATA)
+    assert 'subscribe: {allow: [' in obs.conf() and 'deny: ["aios.> *", "aios.block.*.task", ' in obs.conf()
+    for role in ("parser", "controller", "executor", "agent-sim", "upstream"):
         perms = auth.permissions(role)
         assert perms is not None and perms.deny_subscribe == (), role
+
+
+def test_task_data_is_denied_to_observers_and_the_gateways_relay() -> None:
+    """docs/security.md "Tasks and outputs are not events": the denied subjects come from the
+    catalog; an observer may subscribe to no subject that names a block and could carry its tasks
+    (NATS filters denied subjects only out of a subscription that covers them whole), but to every
+    event, of one block or all."""
+    from aios_blocks.bus.catalog import EVENTS, E
+    from aios_blocks.bus.subjects import matches
+
+    assert auth.TASK_DATA == (E.block_task.filter(), E.tenant_block_task.filter(), E.block_output.filter(),
+                              "aios.dlq.*.aios.output.>")
+    obs = auth.permissions("observer")
+    assert obs is not None
+    allowed = lambda s: any(matches(a, s) for a in obs.subscribe)  # noqa: E731  (a subscription's subject, wildcards as tokens)
+    for s in ("aios.block.b1.>", "aios.block.b1.*", "aios.block.*.>", "aios.block.b1.task", "aios.tenant.t.>",
+              "aios.tenant.t.block.b1.*", "aios.output.b1.*", "aios.output.b1.>"):
+        assert not allowed(s), s
+    for s in ("aios.>", "aios.block.>", "aios.output.>", "aios.node.>", "aios.node.n1.>", "aios.block.b1.ready"):
+        assert allowed(s), s
+    for e in EVENTS:
+        if e.filter() not in auth.TASK_DATA:
+            assert allowed(e.filter()) and allowed(e.subject(**{t: "x" for t in e.tokens})), e.name
+    gw = auth.permissions("gateway")
+    assert gw is not None and gw.deny_subscribe == ("aios.block.*.task",)

@@ -55,6 +55,12 @@ CATALOG_GAPS: dict[str, tuple[str, ...]] = {}
 JS = "$JS.API"
 #: every block's task requests (the executors' queue group)
 E_TASKS = E.block_task.filter()
+#: what tasks carry, the users' data (docs/security.md "Tasks and outputs are not events"): task
+#: requests (a tenant's too), outputs, and outputs' dead letters. Only the roles on the task path
+#: read them; every other role with a wide subscribe allow has them denied (NATS filters a denied
+#: subject out of the deliveries of a wildcard subscription that covers it whole, e.g. ``aios.>``)
+TASK_DATA = (E_TASKS, E.tenant_block_task.filter(), E.block_output.filter(),
+             subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>"))
 
 
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
@@ -190,6 +196,20 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     return allow, _not_theirs({*WORKER_DURABLES, *protected})
 
 
+def _observer_subscribe() -> list[str]:
+    """What an observer may subscribe to: NATS filters ``TASK_DATA`` out of a wildcard subscription
+    only if it covers a denied pattern whole (``aios.>``); one naming a block (``aios.block.B.>``,
+    ``aios.block.B.*``) would get B's tasks. So: ``aios.>`` and ``aios.<family>.>`` (``aios.*``,
+    ``aios.*.*``: they cover every denied pattern of theirs), whole families that carry no task data
+    (``aios.node.>``), and in the others each event's own filter, any id literal or not."""
+    tainted = {f.split(".")[1] for f in TASK_DATA}
+    out = [f"{subjects.ROOT}.*", f"{subjects.ROOT}.*.*"]
+    for e in EVENTS:
+        family = e.pattern.split(".")[1]
+        out += [f for f in e.filters() if f not in TASK_DATA] if family in tainted else [f"{subjects.ROOT}.{family}.>"]
+    return sorted(set(out))
+
+
 def _map_writer_rights() -> list[str]:
     """The mapper's durable and the instance-map bucket: create and read its stream (never purge,
     update or delete it), write its keys, watch it through an ordered consumer."""
@@ -224,6 +244,7 @@ class _Rights:
     sub: list[str]
     responses: bool = False
     deny: list[str] = field(default_factory=list)
+    sub_deny: tuple[str, ...] = ()
 
 
 def _parser(r: _Role) -> _Rights:
@@ -235,8 +256,11 @@ def _gateway(r: _Role) -> _Rights:
     # and the dry_run answers (core NATS, a queue group); the tenant desk (``workers.tenants``):
     # tenants' requests (answered through ``allow_responses``), every block event to relay, and the
     # last ``submitted`` of a block (whose create a ``rejected`` answers)
+    # (not block tasks: the relay's aios.block.*.> would get every task's input, which it drops; it
+    # forwards a tenant's task, and the answer comes to its inbox)
     return _Rights([*r.read_topology, *_consumer_rights(subjects.GATEWAY.durable), f"{JS}.STREAM.MSG.GET.{subjects.STREAM}"],
-                   [*r.hints, *subjects.GATEWAY.core_filters, *tn.REQUESTS_ALL, subjects.block_all()], responses=True)
+                   [*r.hints, *subjects.GATEWAY.core_filters, *tn.REQUESTS_ALL, subjects.block_all()], responses=True,
+                   sub_deny=(E_TASKS,))
 
 
 def _controller(r: _Role) -> _Rights:
@@ -318,16 +342,16 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         return _sidecar(pub, sub)
     if role == "observer":
         allow, deny = _observer_permissions(protected)
-        # observers read every subject but join no queue group: one that joined the controllers'
-        # (queries) or the executors' (tasks) would take messages away from them (suppress them)
-        return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny),
-                           deny_subscribe=(f"{subjects.ROOT}.> *",))
+        # observers read every event but no task data (``_observer_subscribe``) and join no queue
+        # group: one that joined the controllers' (queries) would take messages away from them
+        return Permissions(tuple(allow), (*sub, *_observer_subscribe()), deny_publish=tuple(deny),
+                           deny_subscribe=(f"{subjects.ROOT}.> *", *TASK_DATA))
     rights = _WORKER_RIGHTS.get(role)
     if rights is None:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
     got = rights(_Role(role, node, scope, tuple(protected)))
     return Permissions(tuple(sorted({*pub, *got.pub})), tuple(sorted({*sub, *got.sub})), got.responses,
-                       deny_publish=tuple(got.deny))
+                       deny_publish=tuple(got.deny), deny_subscribe=got.sub_deny)
 
 
 # -- secrets ----------------------------------------------------------------------------------------
