@@ -54,10 +54,20 @@ def submit(
         help="A block that fits nowhere fails at once (exit 3 with --wait) instead of waiting in the pending queue "
         "(sets the spec's `queue: false`; docs/priority.md).",
     ),
+    tenant: str = typer.Option(None, "--tenant", "-t", metavar="T",
+                               help="Submit as tenant T (its user T.main, whose credentials `blocks tenant add T` wrote in "
+                                    "the data dir; or -c FILE): the block is T's (docs/security.md \"Tenants\")."),
+    credentials: Path = typer.Option(None, "--credentials", "-c", exists=True, dir_okay=False,
+                                     help="Submit as the tenant user of this credentials file (`blocks tenant add T --json`, "
+                                          "`blocks tenant user add T NAME --json`: credentials)."),
     data_dir: Path = DataDir,
 ) -> None:
     """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout;
     1 when --if-index finds the state changed.
+
+    As a tenant (--tenant T, or -c CREDS): logs in as the tenant's user and publishes the tenant's
+    create; --wait follows the tenant's own events of the block (what `blocks watch -c` shows).
+    A password the server refuses exits 2, an unknown tenant 1.
 
     --wait follows only what answers this submission (events whose `gen` is this create's stream
     sequence): re-submitting an id in use prints the rejection and exits 4.
@@ -83,13 +93,18 @@ def submit(
         raise typer.BadParameter("--dry-run publishes nothing: it takes neither --wait nor --if-index", param_hint="--dry-run")
     if as_json and not dry_run:
         raise typer.BadParameter("--json goes with --dry-run", param_hint="--json")
+    if (tenant is not None or credentials is not None) and (dry_run or if_index is not None):
+        raise typer.BadParameter("a tenant's submit publishes through its own account: no --dry-run, no --if-index "
+                                 "(they read the system's state)", param_hint="--tenant")
     spec = _load(file)
     if no_queue:
         spec["queue"] = False
+    if tenant is not None or credentials is not None:
+        raise typer.Exit(_tenant_submit(spec, tenant, credentials, wait, timeout, data_dir))
     if dry_run:
         raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
 
-    from .client import TERMINAL, event_data
+    from .client import TERMINAL
 
     async def go(c: Client) -> int:
         req = await c.create(spec, if_index=if_index)
@@ -101,15 +116,60 @@ def submit(
         except TimeoutError:
             err.print(f"[red]timed out after {timeout}s[/]")
             return 5
-        if kind == "rejected":
-            errors = event_data(env).get("errors")
-            for e in errors if isinstance(errors, list) else []:
-                if not isinstance(e, dict):
-                    continue
-                err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")
+        _print_rejection(kind, env)
         return TERMINAL[kind]
 
     raise typer.Exit(_request(go, data_dir))
+
+
+def _print_rejection(kind: str, env: Any) -> None:
+    """A rejected create's every problem, one line each (its JSON path, what is wrong)."""
+    from .client import event_data
+
+    errors = event_data(env).get("errors") if kind == "rejected" else None
+    for e in errors if isinstance(errors, list) else []:
+        if isinstance(e, dict):
+            err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")
+
+
+def _tenant_submit(spec: JSONObject, tenant: str | None, credentials: Path | None, wait: bool, timeout: float,
+                   data_dir: Path) -> int:
+    """``submit --tenant T`` / ``-c CREDS``: as ``submit``'s exit codes; 1 an unknown tenant or a
+    create nobody took, 2 refused credentials or a usage mistake."""
+    from ..bus.connection import Unreachable
+    from .client import TERMINAL
+    from .tenants import submit_as_tenant, tenant_credentials
+
+    async def go(path: Path) -> tuple[str, int, str | None, Any]:
+        try:
+            return await submit_as_tenant(path, dict(spec), wait, timeout, lambda s, e: console.print(_line(s, e)),
+                                          lambda b, g, t: console.print(f"submitted [bold]{b}[/] as tenant [bold]{t}[/] "
+                                                                        f"(gen {g})"))
+        except Unreachable as exc:  # a password the server refuses is no unreachable server
+            if "authorization" in str(exc).lower():
+                raise PermissionError(str(exc)) from None
+            raise
+
+    try:
+        path = tenant_credentials(tenant, credentials, data_dir)
+        _, _, kind, env = _run(go(path))
+    except LookupError as exc:
+        err.print(f"[red]{escape(str(exc.args[0]))}[/]")
+        return 1
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        return 2
+    except TimeoutError:
+        err.print(f"[red]timed out after {timeout}s[/]")
+        return 5
+    except PermissionError:
+        err.print(f"[red]the server refused the credentials in {escape(str(path))}[/]: wrong password, or the tenant "
+                  "or its user was removed (`blocks tenant list`; `blocks tenant add T` writes the first user's file again)")
+        return 2
+    if kind is None:
+        return 0
+    _print_rejection(kind, env)
+    return TERMINAL[kind]
 
 
 def _dry_run(spec: JSONObject, file: Path, as_json: bool, data_dir: Path) -> int:

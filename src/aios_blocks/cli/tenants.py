@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 
@@ -18,6 +18,7 @@ from .common import DataDir, _request, console
 from .render import _print_json, _table
 
 if TYPE_CHECKING:
+    from ..projections.base import EventDoc
     from .client import Client
 
 #: ``-c CREDS``: observe as a tenant (``blocks tenant history``, ``blocks explain``, ``blocks watch``)
@@ -215,3 +216,89 @@ def tenant_history(
     console.print(table)
     if page["more"]:
         console.print(f"more: --from {page['next']}")
+
+
+# -- `blocks submit --tenant T` / `-c CREDS`: a block of the tenant's own -------------------------------
+def tenant_credentials(tenant: str | None, credentials: Path | None, data_dir: Path) -> Path:
+    """The credentials file a tenant's command logs in with: ``-c FILE`` as given (its tenant must
+    be ``tenant``, when named), else ``--tenant T``'s first user's, which ``blocks tenant add T``
+    wrote into the data dir. An unknown tenant is :class:`LookupError` (exit 1)."""
+    import json
+
+    from ..runtime import auth
+    from ..runtime import tenants as tn
+
+    if credentials is None:
+        assert tenant is not None
+        path = auth.credentials_path(data_dir, tenant, tn.FIRST_USER)  # ValueError: not a tenant name
+        if not path.exists():
+            raise LookupError(f"no tenant {tenant!r} in {Path(data_dir).resolve()}: `blocks tenant add {tenant}` makes it "
+                              f"(and its credentials file {path}), or give the file with -c")
+        return path
+    try:
+        named = json.loads(Path(credentials).read_text()).get("tenant")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{credentials} is no tenant credentials file (`blocks tenant add T --json`): {exc}") from None
+    if tenant is not None and named != tenant:
+        raise ValueError(f"{credentials} is tenant {named!r}'s credentials, not {tenant!r}'s")
+    return Path(credentials)
+
+
+async def submit_as_tenant(credentials: Path, spec: dict[str, Any], wait: bool, timeout: float, on_event: Any,
+                           on_submitted: Any = None) -> tuple[str, int, str | None, dict[str, Any]]:
+    """Publish ``spec`` as the tenant's create (``aios.block.B.create`` in its account: the server
+    makes it ``aios.tenant.T.block.B.create``; the PubAck's seq is the block's gen) and, with
+    ``wait``, follow the tenant's relayed events of B (subscribed before the publish: the relay is
+    live) until the one that ends this create, ``gen`` equal to it: (block id, gen, terminal kind or
+    ``None`` without ``wait``, its event). ``TimeoutError`` past ``timeout``. ``on_submitted(bid,
+    gen, tenant)`` once the PubAck came, ``on_event(subject, event)`` for each event of this create."""
+    import asyncio
+    import json
+    import uuid
+
+    import nats.errors
+
+    from ..bus import subjects
+    from ..bus.catalog import E
+    from ..bus.history import relayed
+    from ..schemas.spec import check_id
+    from .client import Request, event_data, event_kind
+
+    given = spec.get("blockId")
+    bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
+    spec = {**spec, "blockId": bid}
+    msg_id = f"create:{bid}:{uuid.uuid4().hex}"
+    body = json.dumps({"specversion": "1.0", "id": msg_id, "source": "urn:aios-blocks:blocks-submit", "type": E.block_create.type,
+                       "datacontenttype": "application/json", "data": spec}).encode()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    async with tenant_connection(credentials) as nc:
+        if wait:
+            await nc.subscribe(subjects.block_all(bid), cb=queue.put)
+            await nc.flush()
+        try:
+            ack = await nc.jetstream(timeout=10).publish(E.block_create.subject(bid=bid), body, headers={
+                "Content-Type": "application/cloudevents+json", "Nats-Msg-Id": msg_id})
+        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+            raise LookupError(f"the system did not take the create ({type(exc).__name__}): is `blocks up` running, "
+                              "and the tenant still there (`blocks tenant list`)?") from None
+        if on_submitted is not None:
+            tenant = json.loads(await asyncio.to_thread(Path(credentials).read_text)).get("tenant")
+            on_submitted(bid, ack.seq, tenant)
+        if not wait:
+            return bid, ack.seq, None, {}
+        req = Request(bid, "create", ack.seq)
+        async with asyncio.timeout(timeout):
+            while True:
+                msg = await queue.get()
+                if msg.reply or relayed(msg.subject) is None:  # a request of the tenant's, not an event
+                    continue
+                try:
+                    env = json.loads(msg.data)
+                except ValueError:
+                    continue
+                data = event_data(cast("EventDoc", env)) if isinstance(env, dict) else {}
+                if data.get("gen") in (None, ack.seq):
+                    on_event(msg.subject, env)
+                ended = req.outcome(event_kind(msg.subject), data)
+                if ended is not None:
+                    return bid, ack.seq, event_kind(msg.subject), env
