@@ -1,8 +1,9 @@
 """Tasks and their outputs are the users' data, not events (docs/security.md "Tasks and outputs are
 not events"): on real servers with credentials, an observer reads every event but no task
 (``aios.block.B.task``, a tenant's ``aios.tenant.T.block.B.task``), no output (``aios.output.>``)
-and no output's dead letter, whether it subscribes to ``aios.>`` (NATS filters them out) or names
-a block (refused); the executors still take the tasks, and the gateway's relay gets none."""
+and no output's dead letter, whatever wildcard it subscribes to (``aios.>``, one block's
+``aios.block.B.>``: NATS filters them out of its deliveries; a subscription to them is refused); the
+executors still take the tasks, and the gateway's relay gets none."""
 
 from __future__ import annotations
 
@@ -68,16 +69,18 @@ async def test_an_observer_reads_events_but_no_task_output_or_dead_letter(connec
     async def on(msg: Any) -> None:
         seen.append((msg.subject, msg.data))
 
-    # every event, and narrower subscriptions that carry no task data (or cover the denied subjects
-    # whole, which NATS then filters out of their deliveries: aios.output.>)
-    for subject in ("aios.>", "aios.block.>", "aios.block.*.ready", "aios.block.priv-1.ready", "aios.node.>",
-                    "aios.tenant.t1.event.>", "aios.output.>"):
+    # every event, through any wildcard (NATS filters the denied task data out of their deliveries:
+    # one block's whole life, aios.block.B.>, as README shows), and narrower ones
+    wide = ("aios.>", "aios.block.>", "aios.block.*.ready", "aios.block.priv-1.ready", "aios.block.priv-1.>",
+            "aios.block.priv-1.*", "aios.block.*.>", "aios.node.>", "aios.tenant.t1.>", "aios.tenant.t1.event.>",
+            "aios.output.>", "aios.dlq.>")
+    for subject in wide:
         await ob.subscribe(subject, cb=on)
     await ob.flush()
     assert ob_errors == [], ob_errors
-    # a subscription that names a block (NATS would not filter it) or a task subject is refused
-    for subject in ("aios.block.priv-1.>", "aios.block.priv-1.*", "aios.block.priv-1.task", "aios.block.*.task",
-                    "aios.block.*.>", "aios.tenant.t1.>", "aios.tenant.t1.block.priv-1.task", "aios.output.priv-1.*", "aios.dlq.*.aios.output.>"):
+    # a subscription to task data itself is refused
+    for subject in ("aios.block.priv-1.task", "aios.block.*.task", "aios.tenant.t1.block.priv-1.task",
+                    "aios.output.priv-1.*", "aios.dlq.*.aios.output.>"):
         await ob.subscribe(subject, cb=on)
         assert await _denied(ob, ob_errors, subject), subject
 
@@ -101,7 +104,8 @@ async def test_an_observer_reads_events_but_no_task_output_or_dead_letter(connec
     await admin.publish("aios.block.priv-1.ready", b'{"marker": 1}')
     await admin.flush()
     async with asyncio.timeout(10):
-        while len([s for s, _ in seen if s == "aios.block.priv-1.ready"]) < 4:  # aios.>, .block.>, *.ready, priv-1.ready
+        # aios.>, .block.>, *.ready, priv-1.ready, priv-1.>, priv-1.*, *.>
+        while len([s for s, _ in seen if s == "aios.block.priv-1.ready"]) < 7:
             await asyncio.sleep(0.02)
     await asyncio.sleep(0.2)
     assert not [s for s, d in seen if b"secret" in d], seen

@@ -57,8 +57,9 @@ JS = "$JS.API"
 E_TASKS = E.block_task.filter()
 #: what tasks carry, the users' data (docs/security.md "Tasks and outputs are not events"): task
 #: requests (a tenant's too), outputs, and outputs' dead letters. Only the roles on the task path
-#: read them; every other role with a wide subscribe allow has them denied (NATS filters a denied
-#: subject out of the deliveries of a wildcard subscription that covers it whole, e.g. ``aios.>``)
+#: read them; every other role with a wide subscribe allow has them denied (NATS refuses a
+#: subscription to a denied subject and filters it out of the deliveries of every wildcard one that
+#: overlaps it: ``aios.>``, ``aios.block.B.>``, ``aios.block.*.*``, checked on nats-server 2.15)
 TASK_DATA = (E_TASKS, E.tenant_block_task.filter(), E.block_output.filter(),
              subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>"))
 
@@ -196,20 +197,6 @@ def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str
     return allow, _not_theirs({*WORKER_DURABLES, *protected})
 
 
-def _observer_subscribe() -> list[str]:
-    """What an observer may subscribe to: NATS filters ``TASK_DATA`` out of a wildcard subscription
-    only if it covers a denied pattern whole (``aios.>``); one naming a block (``aios.block.B.>``,
-    ``aios.block.B.*``) would get B's tasks. So: ``aios.>`` and ``aios.<family>.>`` (``aios.*``,
-    ``aios.*.*``: they cover every denied pattern of theirs), whole families that carry no task data
-    (``aios.node.>``), and in the others each event's own filter, any id literal or not."""
-    tainted = {f.split(".")[1] for f in TASK_DATA}
-    out = [f"{subjects.ROOT}.*", f"{subjects.ROOT}.*.*"]
-    for e in EVENTS:
-        family = e.pattern.split(".")[1]
-        out += [f for f in e.filters() if f not in TASK_DATA] if family in tainted else [f"{subjects.ROOT}.{family}.>"]
-    return sorted(set(out))
-
-
 def _map_writer_rights() -> list[str]:
     """The mapper's durable and the instance-map bucket: create and read its stream (never purge,
     update or delete it), write its keys, watch it through an ordered consumer."""
@@ -342,9 +329,11 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         return _sidecar(pub, sub)
     if role == "observer":
         allow, deny = _observer_permissions(protected)
-        # observers read every event but no task data (``_observer_subscribe``) and join no queue
-        # group: one that joined the controllers' (queries) would take messages away from them
-        return Permissions(tuple(allow), (*sub, *_observer_subscribe()), deny_publish=tuple(deny),
+        # observers read every event but no task data (``TASK_DATA``: NATS refuses a subscription
+        # to them and filters them out of every wider one's deliveries, aios.block.B.> included)
+        # and join no queue group: one that joined the controllers' (queries) would take messages
+        # away from them (suppress them)
+        return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny),
                            deny_subscribe=(f"{subjects.ROOT}.> *", *TASK_DATA))
     rights = _WORKER_RIGHTS.get(role)
     if rights is None:
