@@ -82,6 +82,18 @@ def test_policy_run_answers_with_the_policys_result(cli: CliRunner, monkeypatch:
     assert r.exit_code == 0 and json.loads(r.stdout)["node_id"] == out["node_id"], r.output
 
 
+def test_policy_run_keeps_stdout_the_result_when_the_policy_prints(cli: CliRunner, tmp_path: Path) -> None:
+    # seed 000's clusterAllocator example prints its arguments; `blocks policy run ... | jq` must
+    # still read the result: the printed lines go to stderr
+    selector = Path(__file__).parent / "seed_policies" / "cluster_selector.py"
+    inp = tmp_path / "selection.json"
+    inp.write_text(json.dumps({"action": "selection", "filter_result": [{"cluster_id": "c1", "id": "c1", "labels": {}}]}))
+    r = cli.invoke(app, ["policy", "run", str(selector), "--kind", "clusterAllocator", "--input", str(inp)])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"clusters": [{"cluster_id": "c1", "id": "c1", "labels": {}}]}
+    assert "[print] {} {'action': 'selection'" in r.stderr
+
+
 def test_policy_run_of_an_lxd_scriptlet_prints_its_target(cli: CliRunner) -> None:
     r = cli.invoke(app, ["policy", "run", str(EXAMPLES / "lxd_most_free_memory.star"), "--kind", "lxd",
                          "--input", str(EXAMPLES / "lxd_args.json")])

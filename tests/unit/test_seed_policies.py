@@ -9,7 +9,13 @@ from typing import Any
 import pytest
 
 from aios_blocks.handlers import controller, gateway
-from aios_blocks.policies.runtime import PolicyRuntime, TrackingDict, policy_class_from_source
+from aios_blocks.policies.runtime import (
+    MAX_PRINT_CHARS,
+    MAX_PRINT_LINES,
+    PolicyRuntime,
+    TrackingDict,
+    policy_class_from_source,
+)
 from aios_blocks.schemas.errors import PlacementFailed, PolicyFailed
 
 from .views import EXAMPLES, busy_gpu, free_gpus, gpu, invoker, make_ir, node, nodes_of
@@ -76,10 +82,45 @@ async def test_without_file_access_a_py_uri_names_the_registry_entry() -> None:
 
 async def test_selection_returns_the_filter_result_as_is(capsys: pytest.CaptureFixture[str]) -> None:
     clusters = entries(3, 0, 5)
-    result = await run(selector_rule(parameters={"p": 1}), {"action": "selection", "filter_result": clusters}, {"k": "v"})
+    trace: dict[str, Any] = {}
+    rule = selector_rule(parameters={"p": 1})
+    input_data = {"action": "selection", "filter_result": clusters}
+    result = await PolicyRuntime(allow_files=True).invoke(rule, "b1.rule", input_data, {"k": "v"}, trace)
     assert result == {"clusters": clusters}
-    printed = capsys.readouterr().out  # the example prints its arguments
-    assert "'action': 'selection'" in printed and "{'p': 1}" in printed and "{'k': 'v'}" in printed
+    # the example prints its arguments: the call's log lines (its decision record, blocks replay),
+    # not the worker's stdout (its JSON log) nor blocks policy run's (the result's JSON)
+    ((level, printed),) = trace["logs"]
+    assert level == "print" and printed == f"{{'p': 1}} {input_data} {{'k': 'v'}}"
+    assert capsys.readouterr().out == ""
+
+
+async def test_what_a_policy_prints_is_bounded_and_print_keeps_its_arguments() -> None:
+    src = (
+        "import io\n"
+        "class P:\n"
+        "    def __init__(self, rule_id, settings, parameters):\n"
+        "        pass\n"
+        "    def eval(self, parameters, input_data, context):\n"
+        "        print('a', 1, sep='-', end='!')\n"
+        "        buf = io.StringIO()\n"
+        "        print('to a file', file=buf)\n"
+        "        print('x' * 5000)\n"
+        "        for i in range(300):\n"
+        "            print(i)\n"
+        "        return {'clusters': [buf.getvalue()]}\n"
+    )
+
+    async def lookup(name: str, version: int | None) -> dict[str, Any] | None:
+        return {"source": src, "version": 1, "language": "python"}
+
+    trace: dict[str, Any] = {}
+    result = await PolicyRuntime(lookup=lookup).invoke(
+        {"name": "clusterAllocator", "policyRuleURI": "registry:p"}, "r", {"action": "selection", "filter_result": []}, {}, trace
+    )
+    assert result == {"clusters": ["to a file\n"]}  # print(file=...) still writes there
+    logs = trace["logs"]
+    assert logs[0] == ["print", "a-1"] and logs[1] == ["print", "x" * MAX_PRINT_CHARS]
+    assert len(logs) == MAX_PRINT_LINES + 1 and logs[-1] == ["warn", "(more printed lines dropped)"]
 
 
 async def test_selection_with_an_empty_filter_result_fails_the_step() -> None:

@@ -46,6 +46,8 @@ def policy_run(
     Example: `blocks policy run my_policy.py --kind clusterAllocator --input selection.json`,
     `blocks policy run placement.star --kind lxd --input lxd_args.json`
     """
+    from rich.markup import escape
+
     from ..policies.runtime import PolicyRuntime
     from ..schemas.errors import PolicyFailed
 
@@ -65,11 +67,15 @@ def policy_run(
     rule = {"name": kind, "policyRuleURI": file_or_uri, "parameters": _json_option(parameters, "--parameters"),
             "settings": _json_option(settings, "--settings")}
     runtime = PolicyRuntime(allow_files=True)
+    trace: dict[str, Any] = {}
     try:
-        result = _run(runtime.invoke(rule, f"cli.{kind}", input_data, {}))
+        result = _run(runtime.invoke(rule, f"cli.{kind}", input_data, {}, trace))
     except PolicyFailed as exc:
         err.print(f"[red]{exc}[/]")
         raise typer.Exit(1)
+    finally:  # what the policy printed (or logged): stderr, so stdout stays the result's JSON
+        for level, text in trace.get("logs") or ():
+            err.print(f"[dim]\\[{escape(level)}][/] {escape(text)}", highlight=False, soft_wrap=True)
     print(json.dumps(result, indent=2, default=str))
 
 

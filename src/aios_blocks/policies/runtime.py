@@ -21,11 +21,14 @@ the time limit frees the step, not the thread. Untrusted tenants' policies belon
 from __future__ import annotations
 
 import asyncio
+import builtins
 import concurrent.futures
 import hashlib
 import importlib
 import inspect
 import os
+import sys
+import threading
 import types
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -133,6 +136,7 @@ def policy_class_from_source(source: str, label: str) -> type:
     """Execute trusted Python source and return the one class defining ``eval``."""
     module = types.ModuleType(f"aios_policy_{hashlib.sha1(label.encode()).hexdigest()[:10]}")
     module.__file__ = label
+    module.__dict__["print"] = _policy_print  # the call's log lines, not the worker's stdout
     exec(compile(source, label, "exec"), module.__dict__)
     classes = [
         obj
@@ -143,6 +147,40 @@ def policy_class_from_source(source: str, label: str) -> type:
         names = ", ".join(c.__name__ for c in classes) or "none"
         raise ValueError(f"{label}: expected exactly one class with an eval method, found {names}")
     return classes[0]
+
+
+# What a Python policy source prints during a call becomes that call's log lines (``["print",
+# text]``, one per print call), kept in its decision record like a Starlark scriptlet's log_info
+# and shown by ``blocks replay`` / ``blocks explain``; ``blocks policy run`` writes them to stderr.
+# Bounded: an event must stay far below NATS' payload limit.
+MAX_PRINT_LINES = 100
+MAX_PRINT_CHARS = 2000
+_printed = threading.local()  # .lines: the running call's list (set by _captured), else None
+
+
+def _policy_print(*values: object, sep: str | None = " ", end: str | None = "\n", file: Any = None,
+                  flush: bool = False) -> None:
+    """``print`` as a Python policy source sees it. Outside a call (the module's top level, the
+    constructor) or with ``file=``, it prints to that file, else to stderr, never to stdout
+    (a worker's stdout is its JSON log; ``blocks policy run``'s is the result)."""
+    lines: list[list[str]] | None = getattr(_printed, "lines", None)
+    if file is not None or lines is None:
+        builtins.print(*values, sep=sep, end=end, file=file if file is not None else sys.stderr, flush=flush)
+        return
+    text = (" " if sep is None else sep).join(map(str, values))
+    if len(lines) < MAX_PRINT_LINES:
+        lines.append(["print", text[:MAX_PRINT_CHARS]])
+    elif len(lines) == MAX_PRINT_LINES:
+        lines.append(["warn", "(more printed lines dropped)"])
+
+
+def _captured(lines: list[list[str]], fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one policy call in this (pool) thread with its prints going to ``lines``."""
+    _printed.lines = lines
+    try:
+        return _guarded(fn, *args)
+    finally:
+        _printed.lines = None
 
 
 _PACK = msgspec.msgpack.Encoder()
@@ -270,16 +308,21 @@ class PolicyRuntime:
             raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}")
         params = rule.get("parameters") or {}
         ctx = context if context is not None else {}
+        printed: list[list[str]] = []
         try:
             try:
                 if builtin:  # our own code: inline, no thread hop (~0.1 ms a call) and no time limit
                     result = _guarded(inst.eval, params, input_data, ctx)
                 else:
-                    fut = asyncio.get_running_loop().run_in_executor(self._pool, _guarded, inst.eval, params, input_data, ctx)
+                    fut = asyncio.get_running_loop().run_in_executor(
+                        self._pool, _captured, printed, inst.eval, params, input_data, ctx
+                    )
                     result = await asyncio.wait_for(fut, timeout=self.timeout_s)
             finally:
-                if trace is not None and getattr(inst, "logs", None):
-                    trace["logs"] = [list(line) for line in inst.logs]
+                if trace is not None:
+                    lines = [list(line) for line in getattr(inst, "logs", None) or ()] + printed[:MAX_PRINT_LINES + 1]
+                    if lines:
+                        trace["logs"] = lines
         except TimeoutError:
             raise PolicyFailed(name, action, f"timed out after {self.timeout_s:g}s")
         except Exception as exc:
