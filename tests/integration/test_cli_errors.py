@@ -173,6 +173,25 @@ def test_a_server_that_cannot_be_reached_is_one_line_and_exit_2_not_a_hang(syste
         assert "secret" not in r.stderr + r.stdout and "Traceback" not in r.stderr
 
 
+def test_a_reader_that_closes_the_pipe_is_not_a_server_that_cannot_be_reached(system: System, tmp_path: Path) -> None:
+    # `blocks replay --json | head -1`: the BrokenPipeError of stdout (a ConnectionError) was said
+    # as "Cannot reach the servers" with exit 2; now the command stops quietly (exit 0)
+    spec = tmp_path / "b.yaml"
+    spec.write_text("blockComponentURI: aios://test/model\nblockId: pipe-1\nminInstances: 1\nmaxInstances: 1\n")
+    assert blocks(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "1").returncode == 0
+    assert blocks(system, "submit", str(spec), "--wait").returncode == 0
+    env = {**os.environ, "AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": system.supervisor.redis_url}
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first line: every write to stdout fails
+    try:
+        r = subprocess.run([*BLOCKS, "replay", "pipe-1", "--json"], stdout=write_end, stderr=subprocess.PIPE, text=True,
+                           timeout=90, cwd=ROOT, env=env)
+    finally:
+        os.close(write_end)
+    assert r.returncode == 0, r.stderr
+    assert "Cannot reach the servers" not in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
 def test_blocks_up_that_cannot_start_its_servers_says_why_in_one_line_and_exits_2(tmp_path: Path) -> None:
     # were a RuntimeError's traceback and exit 1 (no such Redis binary, one that exits at once), and
     # "[Errno 17] File exists" for a --data-dir that is a file

@@ -124,6 +124,30 @@ def _quiet_library_logs() -> None:
     )
 
 
+def _stdout_gone() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll says POLLERR on its write end):
+    a BrokenPipeError from there, not from a server's socket."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poller.poll(0))
+    except (OSError, ValueError, AttributeError):  # no real fd (a test's runner), no poll
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's last flush does not raise again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):
+        pass
+
+
 def _run(coro: Awaitable[T]) -> T:
     """Run a command's coroutine; a server it cannot reach is a one-line error (exit 2), not a
     traceback nor a hang."""
@@ -133,6 +157,10 @@ def _run(coro: Awaitable[T]) -> T:
     try:
         return asyncio.run(coro)  # type: ignore[arg-type]
     except ConnectionError as exc:  # Unreachable (NATS), refused or reset connections
+        if isinstance(exc, BrokenPipeError) and _stdout_gone():
+            # `blocks replay --json | head`: the reader has what it wanted; not a server's fault
+            _silence_stdout()
+            raise typer.Exit(0) from None
         err.print(f"[red]Cannot reach the servers[/]: {escape(mask(str(exc)))}")
         raise typer.Exit(2) from None
     except Exception as exc:
