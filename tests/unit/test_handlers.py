@@ -179,7 +179,12 @@ async def test_select_rejects_a_filtered_cluster_chosen_by_the_policy() -> None:
     ir = make_ir(selector="registry:odd")
     call = invoker(ir, "clusterAllocator", runtime_with(odd=returning("{'clusters': ['full']}")))
     sel = await gateway.select(ir, clusters, nodes, call)
-    assert sel.candidates == [] and "full" in sel.failure
+    # the reason says why that cluster is no candidate (the filter rule's reason), not "unknown"
+    assert sel.candidates == [] and sel.failure == (
+        f"clusterAllocator selected cluster(s) that are not candidates (full: {sel.filtered['full']}); "
+        f"candidates: {[c for c in ('eu1', 'eu2', 'us1') if c not in sel.filtered]}"
+    ), sel.failure
+    assert "unknown" not in sel.failure
 
 
 async def test_select_when_the_policy_selects_nothing() -> None:

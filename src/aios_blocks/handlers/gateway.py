@@ -155,7 +155,10 @@ async def select(
     chosen = [contract.cluster_id_of(c) for c in result["clusters"]]
     unknown = [c for c in chosen if c not in entries]
     if unknown:
-        return SelectionDecision([], filtered, entries, f"clusterAllocator selected unknown cluster(s) {unknown}")
+        # a cluster the filter rule took out, or none at all: say which, and why
+        why = "; ".join(f"{c}: {filtered.get(c, 'unknown cluster')}" for c in dict.fromkeys(unknown))
+        return SelectionDecision([], filtered, entries,
+                                 f"clusterAllocator selected cluster(s) that are not candidates ({why}); candidates: {list(entries)}")
     chosen = list(dict.fromkeys(chosen))
     for cid in entries:
         if cid not in chosen:
