@@ -494,3 +494,103 @@ def test_the_live_gpu_map_takes_only_the_nodes_that_changed(up: Up, page: Any) -
     assert canvas.get_attribute("data-used") == str(used)
     assert canvas.get_attribute("data-nodes") == str(len(full["nodes"]))
     assert page.evaluate("window.__same_page") is True
+
+
+def _redrawn_after(page: Any, action: Any) -> None:
+    """Do action (a CLI call that stores events) and wait until the open view is drawn again live."""
+    before = page.get_attribute("#view", "data-rendered")
+    action()
+    expect(page.locator("#view")).not_to_have_attribute("data-rendered", before or "", timeout=15_000)
+
+
+def test_a_live_redraw_keeps_what_is_typed_and_the_clicked_gpu(up: Up, page: Any) -> None:
+    # the GPU map: a GPU clicked and a label filter half typed, then events redraw the map
+    page.goto(up.url + "#/map")
+    page.wait_for_selector("#gpu-canvas")
+    for y in range(16, 120, 4):  # (down the first column, past the group's and the rack's titles, to a tile)
+        page.locator("#gpu-canvas").click(position={"x": 4, "y": y})
+        if page.locator("#gpu-panel h3").count():
+            break
+        page.wait_for_timeout(100)
+    expect(page.locator("#gpu-panel h3")).to_contain_text("node ")
+    picked = page.inner_text("#gpu-panel h3")
+    page.click("#map-label")
+    page.keyboard.type("src=op")
+    _redrawn_after(page, lambda: submit(up.data_dir, wait=True))
+    assert page.input_value("#map-label") == "src=op"  # (before: emptied, or applied half typed)
+    assert page.evaluate("document.activeElement.id") == "map-label"
+    assert "label=" not in page.evaluate("location.hash")
+    assert page.inner_text("#gpu-panel h3") == picked  # (before: back to 'Click a GPU ...')
+    page.keyboard.type("enb")
+    page.keyboard.press("Enter")  # the filter applies as typed
+    expect(page.locator("#map-summary")).to_have_text(f"{up.nodes} nodes, {up.gpus} GPUs")
+    # the blocks table: a label filter half typed while a block is submitted
+    page.goto(up.url + "#/blocks")
+    page.wait_for_selector("#blocks-table")
+    page.click("#label-filter")
+    page.keyboard.type("qos=L")
+    _redrawn_after(page, lambda: submit(up.data_dir))
+    assert page.input_value("#label-filter") == "qos=L"
+    assert page.evaluate("document.activeElement.id") == "label-filter"
+    page.keyboard.type("S")
+    page.keyboard.press("Enter")
+    expect(page.locator("#page-info")).to_contain_text(" 0 blocks")  # (no block has qos=LS here)
+    assert page.input_value("#label-filter") == "qos=LS"
+
+
+def test_an_observer_is_told_how_to_get_the_actions_and_the_page_loads_without_errors(up: Up, page: Any, browser: Any) -> None:
+    errors: list[str] = []
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    bid = submit(up.data_dir)
+    for view in ("#/", "#/map", "#/blocks", "#/events", "#/replay", f"#/block/{bid}"):
+        page.goto(up.url + view)
+        page.wait_for_selector("#view h2")
+    # (before: the browser's /favicon.ico was a 404, an error in the console on every page)
+    assert errors == []
+    hint = page.inner_text("#actions-hint")
+    assert "need the admin token" in hint and "admin URL" in hint
+    # a tab holding a token the console refuses (a new blocks up made a new one) says so
+    stale = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    try:
+        stale.goto(up.url + "#token=not-the-token")
+        stale.wait_for_selector("#ov-nodes")
+        assert stale.inner_text("#role") == "observer (admin token refused)"
+        stale.goto(up.url + f"#/block/{bid}")
+        expect(stale.locator("#actions-hint")).to_contain_text("was refused")
+        assert stale.locator("#scale-btn").count() == 0
+    finally:
+        stale.context.close()
+
+
+def test_an_admins_scale_says_its_target_and_an_emptied_field_scales_nothing(up: Up, browser: Any) -> None:
+    bid = submit(up.data_dir)  # (minInstances 1, maxInstances 4)
+    up.wait_status(bid, "ready")
+    admin = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
+    asked: list[str] = []
+
+    def answer(d: Any) -> None:
+        asked.append(d.message)
+        d.dismiss()
+    try:
+        admin.on("dialog", answer)
+        admin.goto(up.url + f"#token={up.token}")
+        admin.wait_for_selector("#ov-nodes")
+        admin.goto(up.url + f"#/block/{bid}")
+        admin.wait_for_selector("#scale-btn")
+        # an emptied field was Number("") = 0: a scale to zero instances, asked as 'scale block B?'
+        admin.fill("#scale-target", "")
+        admin.click("#scale-btn")
+        expect(admin.locator("#action-result")).to_have_text("scale: give a whole number of instances, 0 or more")
+        assert asked == []
+        admin.fill("#scale-target", "9")
+        admin.click("#scale-btn")
+        expect(admin.locator("#action-result")).to_have_text("")  # (dismissed: nothing sent)
+        assert asked == [f"scale block {bid} to 9 instances, from 1 (its maxInstances is 4: it gets 4)?"]
+        admin.fill("#scale-target", "0")
+        admin.click("#scale-btn")
+        assert asked[-1] == f"scale block {bid} to 0 instances, from 1: it stops serving?"
+    finally:
+        admin.context.close()
+    d = get_json(f"{up.url}api/block/{bid}")
+    assert d["block"]["desired"] == 1 and len(d["instances"]) == 1

@@ -30,8 +30,12 @@ function el(tag, attrs, ...children) {
 }
 
 // replaceChildren without the absent parts (a bare null would show as the text "null")
+// (a field being typed in that a redraw takes away says change then: `replacing` tells its handler
+// that nobody pressed Enter or left it, render() keeps its text in the new field)
+let replacing = false;
 function put(node, ...children) {
-  node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false));
+  replacing = true;
+  try { node.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false)); } finally { replacing = false; }
 }
 
 function withSeq(url) {
@@ -183,21 +187,20 @@ async function viewMap(root) {
     });
   }
   const panel = el("div", { id: "gpu-panel" }, el("p", { class: "muted" }, "Click a GPU to see its instances and their blocks."));
-  canvas.addEventListener("click", async (ev) => {
+  canvas.addEventListener("click", (ev) => {
     const r = canvas.getBoundingClientRect(), px = ev.clientX - r.left, py = ev.clientY - r.top;
     const t = tiles.find((t) => px >= t.x && px < t.x + t.w && py >= t.y && py < t.y + t.h);
     if (!t) return;
     const i = Math.floor((px - t.x - PAD) / (CELL + GAP)) + PER_ROW * Math.floor((py - t.y - PAD) / (CELL + GAP));
-    const d = await api("/api/gpu?node=" + encodeURIComponent(t.n[0]));
-    const gpu = d.gpus[Math.max(0, Math.min(i, d.gpus.length - 1))];
-    const on = gpu ? d.instances.filter((x) => x.gpus.includes(gpu.id)) : d.instances;
-    put(panel, 
-      el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}` + (d.labels.rack ? ` \u00b7 rack ${d.labels.rack}` : "")),
-      gpu ? el("p", {}, el("strong", {}, "GPU ", gpu.id), ` ${gpu.model}, ${gpu.memory} MiB, held ${(gpu.alloc / 10).toFixed(1)} %`) : null,
-      on.length ? table(["instance", "block", "status"], on.map((x) => el("tr", {}, el("td", {}, x.instance),
-        el("td", {}, blockLink(x.block), x.name ? el("div", { class: "muted" }, x.name) : null), el("td", {}, x.status))), "gpu-instances") : el("p", { class: "muted", id: "gpu-instances" }, "no instance on it"),
-    );
+    state.gpuPick = { route: location.hash, node: t.n[0], i };
+    showGpu(panel, t.n[0], i);
   });
+  // a live redraw keeps the GPU that was clicked, its instances read again
+  if (state.gpuPick && state.gpuPick.route === location.hash) {
+    const before = document.getElementById("gpu-panel");
+    if (before) panel.replaceChildren(...before.childNodes); // (no flash of the hint while it is read)
+    showGpu(panel, state.gpuPick.node, state.gpuPick.i);
+  }
   const inputs = {
     label: el("input", { id: "map-label", placeholder: "label key=value", value: f.label }),
     tenant: el("input", { id: "map-tenant", placeholder: "tenant", value: f.tenant, size: 12 }),
@@ -207,7 +210,7 @@ async function viewMap(root) {
     const next = new URLSearchParams(MAP_FILTERS.map((k) => [k, inputs[k].value.trim()]).filter(([, v]) => v));
     location.hash = "#/map" + (next.toString() ? "?" + next : "");
   };
-  for (const i of Object.values(inputs)) i.addEventListener("change", apply);
+  for (const i of Object.values(inputs)) i.addEventListener("change", () => { if (!replacing) apply(); });
   const groups = el("ul", { id: "map-groups", class: "groups" }, m.groups.map((g) => el("li", { dataset: { cluster: g.cluster, model: g.model, rack: g.rack } },
     `${g.cluster} \u00b7 ${g.model}` + (g.rack ? ` \u00b7 rack ${g.rack}` : ""), el("span", { class: "muted" }, ` ${g.nodes} nodes, ${g.gpus} GPUs`))));
   const filtered = f.tenant || f.priority;
@@ -217,6 +220,24 @@ async function viewMap(root) {
       filtered ? el("span", { id: "map-marked", class: "muted" }, `(${m.marked} held by the filter's blocks, outlined)`) : null,
       inputs.label, inputs.tenant, inputs.priority, el("span", { class: "legend" }, ...legend())),
     el("div", { id: "map-wrap" }, canvas, el("div", { class: "side" }, panel, el("h3", {}, "Groups"), groups)),
+  );
+}
+
+// the panel beside the map: one GPU's instances and their blocks (read when clicked, and again on
+// each live redraw while it stays picked)
+async function showGpu(panel, node, i) {
+  let d;
+  try { d = await api("/api/gpu?node=" + encodeURIComponent(node)); } catch (e) {
+    put(panel, el("h3", {}, "node ", node), el("p", { class: "reason", id: "gpu-instances" }, "could not load: ", e.message));
+    return;
+  }
+  const gpu = d.gpus[Math.max(0, Math.min(i, d.gpus.length - 1))];
+  const on = gpu ? d.instances.filter((x) => x.gpus.includes(gpu.id)) : d.instances;
+  put(panel,
+    el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}` + (d.labels.rack ? ` \u00b7 rack ${d.labels.rack}` : "")),
+    gpu ? el("p", {}, el("strong", {}, "GPU ", gpu.id), ` ${gpu.model}, ${gpu.memory} MiB, held ${(gpu.alloc / 10).toFixed(1)} %`) : null,
+    on.length ? table(["instance", "block", "status"], on.map((x) => el("tr", {}, el("td", {}, x.instance),
+      el("td", {}, blockLink(x.block), x.name ? el("div", { class: "muted" }, x.name) : null), el("td", {}, x.status))), "gpu-instances") : el("p", { class: "muted", id: "gpu-instances" }, "no instance on it"),
   );
 }
 
@@ -243,7 +264,7 @@ async function viewBlocks(root) {
   };
   const field = (id, key, placeholder) => {
     const f = el("input", { id, placeholder, value: bq[key], size: 16 });
-    f.addEventListener("change", () => { bq[key] = f.value.trim(); bq.page = 0; render(); });
+    f.addEventListener("change", () => { if (!replacing) { bq[key] = f.value.trim(); bq.page = 0; render(); } });
     return f;
   };
   const pages = Math.max(1, Math.ceil(d.total / d.per));
@@ -303,16 +324,32 @@ async function viewBlock(root, bid) {
     const target = el("input", { id: "scale-target", type: "number", min: 0, value: (b.desired || 0) + 1, class: "narrow" });
     // (kept across the re-renders the action's own events cause)
     const msg = el("span", { id: "action-result", class: "muted" }, state.lastAction && state.lastAction.bid === bid ? state.lastAction.text : "");
-    run = async (what, url, body) => {
-      if (!confirm(`${what} ${body.instance ? "instance " + body.instance + " of " : ""}block ${bid}?`)) return;
+    run = async (what, url, body, detail) => {
+      if (!confirm(`${what} ${body.instance ? "instance " + body.instance + " of " : ""}block ${bid}${detail || ""}?`)) return;
       let text;
       try { const r = await action(url, body); text = `${what} requested (${r.request})`; } catch (e) { text = `${what} refused: ${e.message}`; }
       state.lastAction = { bid, text };
       msg.textContent = text;
     };
     acts.push(el("div", { class: "actions", id: "actions" }, el("strong", {}, "admin"), "scale to", target,
-      el("button", { id: "scale-btn", on: { click: () => run("scale", `/api/block/${encodeURIComponent(bid)}/scale`, { target: Number(target.value) }) } }, "scale"),
+      el("button", { id: "scale-btn", on: { click: () => {
+        // (an emptied field is no count: Number("") is 0, a scale to nothing; the server clamps to maxInstances)
+        const n = target.value.trim();
+        if (!/^\d+$/.test(n)) { msg.textContent = "scale: give a whole number of instances, 0 or more"; return; }
+        msg.textContent = "";
+        const hi = d.ir.maxInstances, want = Number(n);
+        const clamp = hi != null && want > hi ? ` (its maxInstances is ${hi}: it gets ${hi})` : "";
+        run("scale", `/api/block/${encodeURIComponent(bid)}/scale`, { target: want },
+          ` to ${want} instance${want === 1 ? "" : "s"}, from ${b.desired ?? 0}` + (want === 0 ? ": it stops serving" : "") + clamp);
+      } } }, "scale"),
       el("button", { id: "delete-btn", on: { click: () => run("delete", `/api/block/${encodeURIComponent(bid)}/delete`, {}) } }, "delete"), msg));
+  } else if (PAST === null && !["deleted", "deleting", "rejected"].includes(b.status)) {
+    // an observer is told why there is no action, and how to get them
+    acts.push(el("p", { class: "muted", id: "actions-hint" }, !state.actions
+      ? "Scale, reassign and delete: this console has no admin credentials (use the CLI)."
+      : token()
+        ? "Scale, reassign and delete: the admin token this tab holds was refused (a new `blocks up` makes a new one): open the admin URL that `blocks up` printed."
+        : "Scale, reassign and delete need the admin token: open the admin URL that `blocks up` printed (…/#token=…; the token is in the data dir's console/token)."));
   }
   put(root, 
     el("h2", {}, "Block ", el("span", { id: "block-id" }, b.id), " ", el("span", { id: "block-status" }, statusTag(b.status))),
@@ -428,12 +465,36 @@ function route() {
 }
 
 let rendering = null, again = false;
+
+// (the old fields themselves are held, and read once the new ones are drawn: what is typed while
+// the view's data is fetched counts too)
+function typed(root) {
+  return { fields: [...root.querySelectorAll("input[id]")].filter((f) => f.type !== "range"), focus: document.activeElement };
+}
+
+function retype(kept) {
+  for (const old of kept.fields) {
+    const f = document.getElementById(old.id);
+    if (!f || f === old || f.tagName !== "INPUT") continue;
+    // (focused first, then given the text: leaving it or Enter then says change, as for the old one)
+    if (kept.focus === old && document.activeElement !== f) f.focus();
+    if (old.value !== old.defaultValue) f.value = old.value;
+    if (kept.focus === old) {
+      try { f.setSelectionRange(old.selectionStart, old.selectionEnd); } catch (e) { /* a number field has no selection */ }
+    }
+  }
+}
+
 async function render() {
   if (rendering) { again = true; return rendering; }
   const [view, arg] = route();
   state.view = view;
   for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.dataset.view === view || (view === "block" && a.dataset.view === "blocks"));
   const root = document.getElementById("view");
+  // a live redraw of the same view keeps what is being typed: the focused field and any field
+  // edited but not applied yet (a filter applies on Enter or when it loses focus)
+  const kept = location.hash === state.drawn ? typed(root) : null;
+  state.drawn = location.hash;
   rendering = (async () => {
     try {
       if (view === "map") await viewMap(root);
@@ -442,6 +503,7 @@ async function render() {
       else if (view === "events") await viewEvents(root);
       else if (view === "replay") await viewReplay(root);
       else await viewOverview(root);
+      if (kept) retype(kept);
       root.dataset.rendered = String(Date.now());
     } catch (e) {
       put(root, el("p", { class: "reason" }, "could not load: ", e.message));
@@ -489,7 +551,7 @@ async function start() {
     state.admin = who.admin; state.actions = who.actions; state.lastSeq = who.seq;
   } catch (e) { /* the view says what failed */ }
   const role = document.getElementById("role");
-  role.textContent = state.admin ? "admin" : "observer (read only)";
+  role.textContent = state.admin ? "admin" : token() ? "observer (admin token refused)" : "observer (read only)";
   role.classList.toggle("admin", state.admin);
   role.id = "role";
   setupMoment();
