@@ -23,8 +23,9 @@ A node agent starts the side-car with its block (``AIOS_NATS_URL``, ``AIOS_BLOCK
   should be idempotent by task id (the SQLite example's primary key).
 * **Retries, then a dead letter**: a handler that raises is retried with backoff (``nak`` with a
   delay); on the ``maxDeliver``-th failed delivery the output goes to
-  ``aios.dlq.sidecar-{bid}-{name}.aios.output.{bid}.{outcome}`` (the project's dead-letter
-  convention; ``DeadLetter`` with the reason, the body cut to 8 KiB) and is terminated.
+  ``aios.output.{bid}.dlq.{name}.{outcome}`` (catalog ``output.dlq``: ``DeadLetter`` with the
+  reason, the body cut to 8 KiB, stored in ``AIOS_OUTPUTS`` with the outputs, which observers
+  cannot read) and is terminated.
 * An output of another generation of the block id (``gen``) is acknowledged and skipped.
 """
 
@@ -54,7 +55,7 @@ from .schemas.events import DeadLetter, SidecarAlert, TaskOutput, decode_envelop
 log = structlog.get_logger("aios.sidecar")
 T = TypeVar("T")
 
-#: how much of an output a dead letter keeps (dead letters live in the AIOS stream)
+#: how much of an output a dead letter keeps (dead letters stay small)
 DLQ_DATA_BYTES = 8 * 1024
 #: task ids remembered for dedupe
 SEEN_MAX = 100_000
@@ -327,8 +328,12 @@ async def _settle(bus: Any, proc: Processor, msg: Any, durable: str) -> None:
                 stream_seq=meta.sequence.stream, data=msg.data[:DLQ_DATA_BYTES].decode("utf-8", errors="replace"),
                 headers={k: v for k, v in (msg.headers or {}).items() if k != "Nats-Msg-Id"},
             )
-            await bus.emit(E.dead_letter, letter, consumer=durable, subject=msg.subject, sync=True)
-            log.error("sidecar.dead_letter", consumer=durable, subject=msg.subject, error=v.reason)
+            # in AIOS_OUTPUTS with the outputs (users' data), not in AIOS where observers read
+            outcome = (E.block_output.match(msg.subject) or {}).get("outcome") or msg.subject.rsplit(".", 1)[-1]
+            tokens = {"bid": proc.cfg.block_id, "name": proc.cfg.name, "outcome": outcome}
+            await bus.emit(E.output_dead_letter, letter, sync=True, **tokens)
+            log.error("sidecar.dead_letter", consumer=durable, subject=msg.subject, letter=E.output_dead_letter.subject(**tokens),
+                      error=v.reason)
             await msg.term()
     except Exception as exc:  # could not settle (NATS away): the server sends it again after ackWaitS
         log.warning("sidecar.settle_failed", consumer=durable, action=v.action, error=repr(exc))

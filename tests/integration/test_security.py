@@ -856,12 +856,13 @@ async def test_a_sidecar_reads_task_outputs_and_nothing_of_the_control_stream(se
     (msg,) = await sub.fetch(1, timeout=5)
     assert b'"task_id":"t1"' in msg.data
     await msg.ack_sync()
-    dlq = subjects.dead_letter(spec.durable, msg.subject)
-    await sc.nc.publish(dlq, b"{}")
+    # an output's dead letter stays with the outputs (output.dlq, in AIOS_OUTPUTS), not in AIOS
+    await sc.nc.publish(E.output_dead_letter.subject(bid="sec-b1", name="store", outcome="ok"), b"{}")
     await sc.nc.publish("aios.block.sec-b1.sidecar.store.alert", b"{}")
     await sc.nc.flush()
     assert not any("permissions violation" in e.lower() for e in sc.errors), sc.errors
     for subject in ("aios.block.sec-b1.create", "aios.block.sec-b1.delete", "aios.output.sec-b1.ok", "aios.dlq.parser.x",
+                    subjects.dead_letter(spec.durable, msg.subject),
                     f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.parser", f"$JS.API.CONSUMER.DURABLE.CREATE.{subjects.STREAM}.mine"):
         await sc.nc.publish(subject, b"{}")
         assert await sc.denied(subject), subject

@@ -169,7 +169,7 @@ async def test_a_blocks_sidecar_reaches_only_its_own_outputs_on_an_external_serv
                         f"$JS.API.CONSUMER.MSG.NEXT.{so}.{theirs}", f"$JS.API.CONSUMER.INFO.{so}.{theirs}",
                         f"$JS.API.CONSUMER.DELETE.{so}.{theirs}", f"$JS.ACK.{so}.{theirs}.1.2.2.0.0",
                         "aios.block.bb.sidecar.store.alert", "aios.dlq.sidecar-bb-store.aios.output.bb.ok",
-                        "aios.output.bb.ok", "$SYS.REQ.USER.AUTH", subjects.node_sidecar_grant("n1")):
+                        "aios.output.bb.dlq.store.ok", "aios.output.bb.ok", "$SYS.REQ.USER.AUTH", subjects.node_sidecar_grant("n1")):
             await a.nc.publish(subject, b"{}")
             assert await a.denied(subject), subject
         for subject in ("aios.output.bb.>", "aios.output.>", "_INBOX.sidecar-bb.>", "_INBOX.agent-n1.>", ">"):

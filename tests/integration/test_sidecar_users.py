@@ -15,11 +15,13 @@ import nats
 import pytest
 
 from aios_blocks.bus import event_ids, subjects
+from aios_blocks.bus.catalog import E
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.bus.nats_bus import connect as nats_connect
 from aios_blocks.runtime import auth
 from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.runtime.sidecar_users import SidecarUsers
+from aios_blocks.schemas.events import DeadLetter
 
 from .test_security import Conn
 
@@ -82,9 +84,13 @@ async def test_a_blocks_sidecar_user_reaches_only_its_own_blocks_outputs(servers
                         f"$JS.API.CONSUMER.MSG.NEXT.{so}.{theirs}", f"$JS.API.CONSUMER.INFO.{so}.{theirs}",
                         f"$JS.API.CONSUMER.DELETE.{so}.{theirs}", f"$JS.ACK.{so}.{theirs}.1.2.2.0.0",
                         "aios.block.bb.sidecar.store.alert", "aios.dlq.sidecar-bb-store.aios.output.bb.ok",
-                        "aios.output.bb.ok", f"$JS.API.STREAM.INFO.{so}"):
+                        "aios.output.bb.dlq.store.ok", "aios.output.bb.ok", f"$JS.API.STREAM.INFO.{so}"):
             await a.nc.publish(subject, b"{}")
             assert await a.denied(subject), subject
+        # its own block's output dead letter, stored with the outputs (as the SDK sends it)
+        letter = DeadLetter(subject="aios.output.ba.ok", consumer=mine, error="refused", deliveries=5, stream_seq=1, data="{}")
+        ack = await a_bus.emit(E.output_dead_letter, letter, sync=True, bid="ba", name="store", outcome="ok")
+        assert ack.stream == so and (await ajs.get_last_msg(so, "aios.output.ba.dlq.store.ok")).seq == ack.seq
         for subject in ("aios.output.bb.>", "aios.output.>", "_INBOX.sidecar-bb.>", "_INBOX.>"):
             await a.nc.subscribe(subject)
             assert await a.denied(subject, "subscription"), subject

@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 
 from aios_blocks.agent.runtime_process import ProcessRuntime
 from aios_blocks.bus import subjects
+from aios_blocks.bus.catalog import E
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
 from aios_blocks.runtime import auth
@@ -178,20 +179,94 @@ async def test_a_failing_handler_dead_letters_each_output_with_the_reason_after_
     await until(lambda: sidecars_running(bid), 60, "the side-car running")
     status, _, _ = await c.task(bid, b'{"bad": 1}', headers={"Aios-Task-Id": "bad-1"})
     assert status == 200  # a side-car's failure never touches the task
-    dlq = subjects.dead_letter(subjects.sidecar_durable(bid, "refuse"), f"aios.output.{bid}.ok")
+    # an output is the users' data: its dead letter stays with the outputs, in AIOS_OUTPUTS
+    # (catalog output.dlq), not in AIOS with the workers' dead letters, where observers read
+    dlq = E.output_dead_letter.subject(bid=bid, name="refuse", outcome="ok")
 
     async def letter() -> Any:
         try:
-            return await c.bus.js.get_last_msg(subjects.STREAM, dlq)
+            return await c.bus.js.get_last_msg(subjects.STREAM_OUTPUTS, dlq)
         except NotFoundError:
             return None
 
     msg = await until(letter, 60, "the dead letter")
     dead = json.loads(msg.data)["data"]
     assert dead["consumer"] == f"sidecar-{bid}-refuse" and dead["deliveries"] == 2
+    assert dead["subject"] == f"aios.output.{bid}.ok"
     assert "RuntimeError: refusing outputs that contain 'output'" in dead["error"] and "after 2 deliveries" in dead["error"]
     assert '"task_id":"bad-1"' in dead["data"]
     assert stored(db) == {}
+    with pytest.raises(NotFoundError):  # where it went before
+        await c.bus.js.get_last_msg(subjects.STREAM, subjects.dead_letter(f"sidecar-{bid}-refuse", f"aios.output.{bid}.ok"))
+    if agents.system.servers is None:
+        return  # your own servers: no observer user to check
+    # the admin's dead-letter listing shows it ...
+    listed = await _blocks_json("dlq", "--json", "--data-dir", str(agents.system.data_dir))
+    mine = [d for d in listed if d["subject"] == dlq]
+    assert len(mine) == 1 and mine[0]["stream"] == subjects.STREAM_OUTPUTS, listed
+    assert mine[0]["event"]["data"]["error"] == dead["error"]
+    table = await _blocks("dlq", "--data-dir", str(agents.system.data_dir))
+    assert "AIOS_OUTPUTS" in table and f"sidecar-{bid}-refuse" in table, table
+    # ... and an observer's consumers on AIOS and on its mirror AIOS_OBSERVE (every event, aios.>)
+    # never get it: it is not in the streams they may read
+    seen = await _observer_reads(agents.system.servers.endpoints.nats_url("observer"))
+    assert seen[subjects.STREAM] and seen[subjects.STREAM_OBSERVE], seen  # they do read the events
+    for stream, got in seen.items():
+        assert not [s for s, d in got if s.startswith("aios.dlq.") or b"bad-1" in d], (stream, got)
+
+
+async def _blocks(*args: str) -> str:
+    """``blocks ARGS`` as the admin runs it next to ``blocks up`` (no server URL in its environment)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")} | {"COLUMNS": "200"}
+    r = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "aios_blocks.cli", *args], env=env,
+                                capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, (r.stdout, r.stderr)
+    return r.stdout
+
+
+async def _blocks_json(*args: str) -> list[dict[str, Any]]:
+    """``blocks ARGS`` (``--json``): one JSON document a line."""
+    return [json.loads(line) for line in (await _blocks(*args)).splitlines() if line.strip()]
+
+
+async def _observer_reads(url: str) -> dict[str, list[tuple[str, bytes]]]:
+    """Every stored message an observer's consumer with filter ``aios.>`` gets, on ``AIOS`` (a
+    named ephemeral pull consumer: the kind it may make there) and on ``AIOS_OBSERVE`` (an ordered
+    one, as any client makes)."""
+    import nats
+    from nats.js.api import ConsumerConfig
+
+    from aios_blocks.bus.nats_bus import security_options
+
+    nc = await nats.connect(servers=[url], allow_reconnect=False, connect_timeout=5, **security_options(url))
+    out: dict[str, list[tuple[str, bytes]]] = {subjects.STREAM: [], subjects.STREAM_OBSERVE: []}
+    try:
+        js = nc.jetstream(timeout=10)
+        pull = await js.pull_subscribe("aios.>", stream=subjects.STREAM,
+                                       config=ConsumerConfig(name=f"dlq-look-{uuid.uuid4().hex[:8]}", inactive_threshold=30))
+        while True:
+            try:
+                msgs = await pull.fetch(256, timeout=2)
+            except nats.errors.TimeoutError:
+                break
+            for m in msgs:
+                out[subjects.STREAM].append((m.subject, m.data))
+                await m.ack()
+        mirror = (await js.stream_info(subjects.STREAM)).state.last_seq
+        async with asyncio.timeout(30):  # the mirror caught up with AIOS
+            while (await js.stream_info(subjects.STREAM_OBSERVE)).state.last_seq < mirror:
+                await asyncio.sleep(0.1)
+        ordered = await js.subscribe("aios.>", stream=subjects.STREAM_OBSERVE, ordered_consumer=True)
+        while True:
+            try:
+                m = await ordered.next_msg(timeout=2)
+            except nats.errors.TimeoutError:
+                break
+            out[subjects.STREAM_OBSERVE].append((m.subject, m.data))
+        await ordered.unsubscribe()
+    finally:
+        await nc.close()
+    return out
 
 
 async def test_no_output_is_lost_when_nats_restarts_mid_run(agents: Agents, http_port: int, tmp_path: Path) -> None:

@@ -80,7 +80,8 @@ async def test_an_observer_reads_events_but_no_task_output_or_dead_letter(connec
     assert ob_errors == [], ob_errors
     # a subscription to task data itself is refused
     for subject in ("aios.block.priv-1.task", "aios.block.*.task", "aios.tenant.t1.block.priv-1.task",
-                    "aios.output.priv-1.*", "aios.dlq.*.aios.output.>"):
+                    "aios.output.priv-1.*", "aios.output.*.dlq.*.*", "aios.output.priv-1.dlq.store.ok",
+                    "aios.dlq.*.aios.output.>"):
         await ob.subscribe(subject, cb=on)
         assert await _denied(ob, ob_errors, subject), subject
 
@@ -98,7 +99,8 @@ async def test_an_observer_reads_events_but_no_task_output_or_dead_letter(connec
     reply = await up.request("aios.block.priv-1.task", SECRET, timeout=5)
     assert reply.data == b'{"answer": "the output"}' and tasks == [SECRET] and ex_errors == []
     admin, _ = await connect("admin")
-    for subject in ("aios.tenant.t1.block.priv-1.task", "aios.output.priv-1.ok",
+    # an output's dead letter (output.dlq; and where an older version put it, in AIOS)
+    for subject in ("aios.tenant.t1.block.priv-1.task", "aios.output.priv-1.ok", "aios.output.priv-1.dlq.store.ok",
                     "aios.dlq.sidecar-priv-1-store.aios.output.priv-1.ok"):
         await admin.publish(subject, SECRET)
     await admin.publish("aios.block.priv-1.ready", b'{"marker": 1}')

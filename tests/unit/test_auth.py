@@ -243,7 +243,8 @@ def test_a_sidecar_consumes_outputs_and_dead_letters_them_only() -> None:
     assert perms is not None and not perms.allow_responses
     assert perms.subscribe == ("_INBOX.sidecar.>",)
     aios = [p for p in perms.publish if p.startswith("aios.")]
-    assert sorted(aios) == ["aios.block.*.sidecar.*.alert", "aios.dlq.*.aios.output.>"]
+    # its dead letters stay with the outputs in AIOS_OUTPUTS (catalog output.dlq), not in AIOS
+    assert sorted(aios) == ["aios.block.*.sidecar.*.alert", "aios.output.*.dlq.*.*"]
     js = [p for p in perms.publish if p.startswith("$JS")]
     assert js and all(".AIOS_OUTPUTS." in p for p in js)  # nothing of the control stream
     agent = auth.permissions("agent", "n1")
@@ -267,9 +268,12 @@ def test_task_data_is_denied_to_observers_and_the_gateways_relay() -> None:
     from aios_blocks.bus.subjects import matches
 
     assert auth.TASK_DATA == (E.block_task.filter(), E.tenant_block_task.filter(), E.block_output.filter(),
-                              "aios.dlq.*.aios.output.>")
+                              E.output_dead_letter.filter(), "aios.dlq.*.aios.output.>")
+    # every stored one is in AIOS_OUTPUTS, where observers have no JetStream right
+    assert {e.stream for e in auth.TASK_DATA_EVENTS if e.stored} == {"AIOS_OUTPUTS"}
     obs = auth.permissions("observer")
     assert obs is not None
+    assert [p for p in obs.publish if "AIOS_OUTPUTS" in p] == ["$JS.API.STREAM.INFO.AIOS_OUTPUTS"]  # no consumer, no get
     for denied in auth.TASK_DATA:
         assert denied in obs.deny_subscribe, denied
     allowed = lambda s: any(matches(a, s) for a in obs.subscribe)  # noqa: E731  (a subscription's subject, wildcards as tokens)

@@ -42,9 +42,13 @@ def test_no_two_events_share_a_subject_and_every_stored_event_is_in_the_stream()
         subject = e.subject(**sample_tokens(e))
         assert [x.name for x in EVENTS if x.match(subject) is not None] == [e.name]
     assert set(stream_subjects()) >= {e.filter() for e in EVENTS if e.stored and e.stream == subjects.STREAM}
-    assert stream_subjects(subjects.STREAM_OUTPUTS) == [E.block_output.filter()]
+    # the outputs and their dead letters (users' data: docs/security.md), nothing else
+    assert stream_subjects(subjects.STREAM_OUTPUTS) == [E.block_output.filter(), E.output_dead_letter.filter()]
     # the two streams never capture the same subject (JetStream refuses overlapping streams)
-    assert not any(subjects.matches(f, E.block_output.subject(bid="b1", outcome="ok")) for f in stream_subjects())
+    for output in (E.block_output.subject(bid="b1", outcome="ok"), E.output_dead_letter.subject(bid="b1", name="s", outcome="ok")):
+        assert not any(subjects.matches(f, output) for f in stream_subjects()), output
+    # a side-car's consumer (the block's outputs, one token after the block) never takes a dead letter
+    assert not subjects.matches(subjects.sidecar("b1", "s").filters[0], E.output_dead_letter.subject(bid="b1", name="s", outcome="ok"))
     assert not any(subjects.matches(f, E.node_heartbeat.subject(nid="n1")) for f in stream_subjects())
 
 

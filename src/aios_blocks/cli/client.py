@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from ..bus import subjects
 from ..bus.catalog import E, Emit
@@ -420,6 +421,21 @@ class Client:
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream,
                  m.metadata.timestamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")) for m in scanned]
+
+    async def dead_letters(self, idle: float = 0.5) -> list[tuple[str, int, str, str, EventDoc]]:
+        """Every stored dead letter, oldest first in each stream: (stream, seq, stored at, subject,
+        event). The workers' are in ``AIOS`` (``aios.dlq.>``); the side-cars' outputs in
+        ``AIOS_OUTPUTS`` (``output.dlq``: users' data, docs/security.md), with any an older version
+        left in ``AIOS`` under ``aios.dlq.sidecar-…``."""
+        out: list[tuple[str, int, str, str, EventDoc]] = []
+        for stream, filter_ in ((subjects.STREAM, subjects.DLQ_ALL), (subjects.STREAM_OUTPUTS, E.output_dead_letter.filter())):
+            try:
+                scanned = await self._scan(filter_, idle)
+            except NotFoundError:  # a stream of an older version without the subject
+                scanned = []
+            out += [(stream, m.metadata.sequence.stream, m.metadata.timestamp.isoformat(timespec="milliseconds")
+                     .replace("+00:00", "Z"), m.subject, _decode(m.data)) for m in scanned]
+        return out
 
     async def stream(self) -> list[tuple[str, bytes, int, float]]:
         """Every stored message, oldest first: (subject, body, sequence, timestamp)."""

@@ -59,9 +59,12 @@ E_TASKS = E.block_task.filter()
 #: requests (a tenant's too), outputs, and outputs' dead letters. Only the roles on the task path
 #: read them; every other role with a wide subscribe allow has them denied (NATS refuses a
 #: subscription to a denied subject and filters it out of the deliveries of every wildcard one that
-#: overlaps it: ``aios.>``, ``aios.block.B.>``, ``aios.block.*.*``, checked on nats-server 2.15)
-TASK_DATA = (E_TASKS, E.tenant_block_task.filter(), E.block_output.filter(),
-             subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>"))
+#: overlaps it: ``aios.>``, ``aios.block.B.>``, ``aios.block.*.*``, checked on nats-server 2.15).
+#: The stored ones (outputs and their dead letters) are in ``AIOS_OUTPUTS``, where observers have no
+#: consumer; an output dead-lettered before ``output.dlq`` existed stays in ``AIOS`` as
+#: ``aios.dlq.sidecar-B-N.aios.output.>`` (docs/security.md), so that subject stays denied too
+TASK_DATA_EVENTS = (E.block_task, E.tenant_block_task, E.block_output, E.output_dead_letter)
+TASK_DATA = (*(e.filter() for e in TASK_DATA_EVENTS), subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>"))
 
 
 STREAM_INFO = f"{JS}.STREAM.INFO.{subjects.STREAM}"
@@ -302,11 +305,11 @@ _WORKER_RIGHTS = {"parser": _parser, "gateway": _gateway, "controller": _control
 
 def _sidecar(pub: list[str], sub: list[str]) -> Permissions:
     # side-cars (docs/sidecars.md): their durables on AIOS_OUTPUTS (only side-cars have consumers
-    # there, so any name), acks, and dead letters of outputs; nothing of the AIOS stream
+    # there, so any name), acks; dead letters of outputs (output.dlq, in AIOS_OUTPUTS) and alerts
+    # come from the catalog; nothing of the AIOS stream
     so = subjects.STREAM_OUTPUTS
     pub += [f"{JS}.CONSUMER.INFO.{so}.*", f"{JS}.CONSUMER.DURABLE.CREATE.{so}.*", f"{JS}.CONSUMER.CREATE.{so}.*",
-            f"{JS}.CONSUMER.CREATE.{so}.*.>", f"{JS}.CONSUMER.MSG.NEXT.{so}.*", f"$JS.ACK.{so}.>",
-            subjects.dead_letter("*", E.block_output.filter().rsplit(".", 2)[0] + ".>")]
+            f"{JS}.CONSUMER.CREATE.{so}.*.>", f"{JS}.CONSUMER.MSG.NEXT.{so}.*", f"$JS.ACK.{so}.>"]
     return Permissions(tuple(sorted(set(pub))), tuple(sub))
 
 

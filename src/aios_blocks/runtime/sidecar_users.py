@@ -51,7 +51,7 @@ def sidecar_permissions(bid: str, names: Iterable[str]) -> Permissions:
     for name in sorted(set(names)):
         d = subjects.sidecar_durable(bid, name)
         pub += [f"{JS}.CONSUMER.INFO.{so}.{d}", f"{JS}.CONSUMER.CREATE.{so}.{d}.{outputs}.>",
-                f"{JS}.CONSUMER.MSG.NEXT.{so}.{d}", f"$JS.ACK.{so}.{d}.>", subjects.dead_letter(d, f"{outputs}.>"),
+                f"{JS}.CONSUMER.MSG.NEXT.{so}.{d}", f"$JS.ACK.{so}.{d}.>", E.output_dead_letter.subject(bid=bid, name=name, outcome="*"),
                 E.sidecar_alert.subject(bid=bid, name=name)]
     return Permissions(tuple(pub), (f"{inbox_prefix(sidecar_user(bid))}.>",))
 

@@ -609,6 +609,15 @@ class E:
         "(its own limits), consumed by the block's side-cars",
         id_rule="output:{block_id}:{task_id}", stream=STREAM_OUTPUTS,
     )
+    #: an output is the users' data (docs/security.md "Tasks and outputs are not events"): its dead
+    #: letter stays in AIOS_OUTPUTS, which observers cannot read, not in AIOS with the other dead letters
+    output_dead_letter = Event(
+        "output.dlq", f"{ROOT}.output.{{bid}}.dlq.{{name}}.{{outcome}}", ev.DeadLetter, (Role.SIDECAR,),
+        "an output the block's side-car {name} gave up on (maxDeliver failed deliveries, or malformed), with the "
+        "error and the output cut to 8 KiB; stored in AIOS_OUTPUTS with the outputs (users' data: no observer reads "
+        "it); blocks dlq lists it with the other dead letters",
+        id_rule="dlq:sidecar-{bid}-{name}:{stream_seq}", stream=STREAM_OUTPUTS,
+    )
     sidecar_alert = Event(
         "block.sidecar.alert", f"{_B}.sidecar.{{name}}.alert", ev.SidecarAlert, (Role.SIDECAR,),
         "core NATS, not stored: a side-car found something in an output (the alerting example)",
@@ -616,7 +625,8 @@ class E:
     )
     dead_letter = Event(
         "dlq", f"{ROOT}.dlq.{{consumer}}.{{subject}}", ev.DeadLetter, (R,),
-        "message that kept failing, with the error (a CloudEvent like every event the system stores)",
+        "message that kept failing, with the error (a CloudEvent like every event the system stores); a "
+        "side-car's output goes to output.dlq instead",
         id_rule="dlq:{consumer}:{stream_seq}",
     )
 
