@@ -594,3 +594,17 @@ def test_an_admins_scale_says_its_target_and_an_emptied_field_scales_nothing(up:
         admin.context.close()
     d = get_json(f"{up.url}api/block/{bid}")
     assert d["block"]["desired"] == 1 and len(d["instances"]) == 1
+
+
+def test_a_drained_node_shows_as_drained_on_the_gpu_map(up: Up, page: Any) -> None:
+    blocks(up.data_dir, "node", "add", "drn-1", "--cluster", "c1", "--gpus", "2", "-l", "drainme=yes")
+    page.goto(up.url + "#/map?label=drainme%3Dyes")
+    canvas = page.locator("#gpu-canvas")
+    expect(canvas).to_have_attribute("data-nodes", "1")
+    assert canvas.get_attribute("data-drained") == "0"
+    blocks(up.data_dir, "node", "drain", "drn-1")
+    # live: the drain event redraws the map; before, a drained node looked like any other
+    expect(canvas).to_have_attribute("data-drained", "1", timeout=15_000)
+    canvas.click(position={"x": 4, "y": 24})  # (its only tile, under the group's title)
+    expect(page.locator("#gpu-panel")).to_contain_text("drained (blocks node drain)")
+    assert "drained node" in page.inner_text(".legend")

@@ -229,7 +229,8 @@ def _held_by(f: Fold, tenant: str, priority: str) -> dict[str, set[str]]:
 
 def gpumap(f: Fold, label: str = "", tenant: str = "", priority: str = "") -> dict[str, Any]:
     """Every node as ``[id, cluster, model, healthy, rack, [thousandths held per GPU], stranded
-    thousandths, [indices of the GPUs the filter's blocks hold]]``, sorted by cluster, GPU model,
+    thousandths, [indices of the GPUs the filter's blocks hold], drained (1: ``blocks node
+    drain``)]``, sorted by cluster, GPU model,
     rack and id: compact enough to draw 6,000 GPUs at once. ``label``: ``key=value``, only the
     nodes with that label; ``tenant`` / ``priority`` (a class): only the nodes where that
     tenant's (class's) blocks have instances, their GPUs marked. ``groups``: per cluster, GPU
@@ -253,7 +254,7 @@ def gpumap(f: Fold, label: str = "", tenant: str = "", priority: str = "") -> di
         model = str((spec.get("gpus") or [{}])[0].get("model", "")) if cells else "cpu"
         gpus += len(cells)
         out.append([nid, node.cluster, model, 1 if node.healthy else 0, str(labels.get("rack", "")), cells,
-                    round(stranded_units(node, cells, wl)), mine])
+                    round(stranded_units(node, cells, wl)), mine, 1 if node.drain else 0])
     out.sort(key=lambda n: (n[1], n[2], n[4], n[0]))
     groups: dict[tuple[str, str, str], dict[str, Any]] = {}
     for n in out:
@@ -291,8 +292,8 @@ def gpu_detail(f: Fold, nid: str, gpu: str | None) -> dict[str, Any] | None:
         b = f.blocks.get(bid, {})
         instances.append({"instance": iid, "block": bid, "name": block_name(_ir(b)), "status": inst.get("status", ""),
                           "gpus": inst.get("gpus", []), "block_status": b.get("status", "")})
-    return {"seq": f.last_seq, "node": nid, "cluster": node.cluster, "healthy": node.healthy, "labels": spec.get("labels") or {},
-            "cpu": node.cpu, "cpu_used": node.cpu_used or 0.0, "gpu": gpu or "", "gpus": gpus, "instances": instances}
+    return {"seq": f.last_seq, "node": nid, "cluster": node.cluster, "healthy": node.healthy, "drain": node.drain,
+            "labels": spec.get("labels") or {}, "cpu": node.cpu, "cpu_used": node.cpu_used or 0.0, "gpu": gpu or "", "gpus": gpus, "instances": instances}
 
 
 def _row(f: Fold, bid: str) -> dict[str, Any]:

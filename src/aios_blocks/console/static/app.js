@@ -114,7 +114,7 @@ function cellColour(alloc, strandedNode) {
   return strandedNode ? "#b9a6e3" : "#bfe3c6";
 }
 
-const RACK_HEADER = 16;
+const RACK_HEADER = 16, DRAINED = "#e0a526";
 
 // Tiles in groups: a title per cluster and GPU model, and within it one per rack (the nodes'
 // `rack` label) when the nodes have one; each rack starts a new line.
@@ -168,7 +168,7 @@ async function viewMap(root) {
   const width = Math.max(600, Math.min(1400, root.clientWidth - 420));
   const { tiles, headers, height } = layoutMap(m.nodes, width);
   const used = m.nodes.reduce((a, n) => a + n[5].filter((c) => c > 0).length, 0);
-  const canvas = el("canvas", { id: "gpu-canvas", width, height, dataset: { nodes: m.nodes.length, gpus: m.gpus, marked: m.marked, used, seq: m.seq, sent: changed, delta: m.delta ? 1 : 0 } });
+  const canvas = el("canvas", { id: "gpu-canvas", width, height, dataset: { nodes: m.nodes.length, gpus: m.gpus, marked: m.marked, used, drained: m.nodes.filter((n) => n[8]).length, seq: m.seq, sent: changed, delta: m.delta ? 1 : 0 } });
   const ctx = canvas.getContext("2d");
   for (const h of headers) {
     ctx.font = h.kind === "rack" ? "11px system-ui, sans-serif" : "bold 12px system-ui, sans-serif";
@@ -176,8 +176,8 @@ async function viewMap(root) {
     ctx.fillText(h.text, h.kind === "rack" ? 8 : 2, h.y + (h.kind === "rack" ? 12 : 14));
   }
   for (const t of tiles) {
-    const [, , , healthy, , cells, stranded, marked] = t.n;
-    ctx.fillStyle = healthy ? "#e9ecf2" : "#5b6170";
+    const [, , , healthy, , cells, stranded, marked, drained] = t.n;
+    ctx.fillStyle = !healthy ? "#5b6170" : drained ? DRAINED : "#e9ecf2";
     ctx.fillRect(t.x, t.y, t.w, t.h);
     cells.forEach((a, i) => {
       const cx = t.x + PAD + (i % PER_ROW) * (CELL + GAP), cy = t.y + PAD + Math.floor(i / PER_ROW) * (CELL + GAP);
@@ -234,7 +234,7 @@ async function showGpu(panel, node, i) {
   const gpu = d.gpus[Math.max(0, Math.min(i, d.gpus.length - 1))];
   const on = gpu ? d.instances.filter((x) => x.gpus.includes(gpu.id)) : d.instances;
   put(panel,
-    el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"} \u00b7 CPU ${d.cpu_used}/${d.cpu}` + (d.labels.rack ? ` \u00b7 rack ${d.labels.rack}` : "")),
+    el("h3", {}, "node ", d.node), el("div", { class: "muted" }, `cluster ${d.cluster} \u00b7 ${d.healthy ? "healthy" : "unhealthy"}${d.drain ? " \u00b7 drained (blocks node drain): nothing new is placed here" : ""} \u00b7 CPU ${d.cpu_used}/${d.cpu}` + (d.labels.rack ? ` \u00b7 rack ${d.labels.rack}` : "")),
     gpu ? el("p", {}, el("strong", {}, "GPU ", gpu.id), ` ${gpu.model}, ${gpu.memory} MiB, held ${(gpu.alloc / 10).toFixed(1)} %`) : null,
     on.length ? table(["instance", "block", "status"], on.map((x) => el("tr", {}, el("td", {}, x.instance),
       el("td", {}, blockLink(x.block), x.name ? el("div", { class: "muted" }, x.name) : null), el("td", {}, x.status))), "gpu-instances") : el("p", { class: "muted", id: "gpu-instances" }, "no instance on it"),
@@ -243,7 +243,7 @@ async function showGpu(panel, node, i) {
 
 function legend() {
   const item = (c, t) => { const s = el("span"); s.style.background = c; return [s, t]; };
-  return [...item("#bfe3c6", "free"), ...item("#b9a6e3", "free, stranded"), ...item(cellColour(500, false), "shared"), ...item("#c0392b", "held whole"), ...item("#5b6170", "unhealthy node")];
+  return [...item("#bfe3c6", "free"), ...item("#b9a6e3", "free, stranded"), ...item(cellColour(500, false), "shared"), ...item("#c0392b", "held whole"), ...item(DRAINED, "drained node"), ...item("#5b6170", "unhealthy node")];
 }
 
 // a filter's choices, keeping the chosen one even when no block has it any more
