@@ -608,3 +608,15 @@ def test_a_drained_node_shows_as_drained_on_the_gpu_map(up: Up, page: Any) -> No
     canvas.click(position={"x": 4, "y": 24})  # (its only tile, under the group's title)
     expect(page.locator("#gpu-panel")).to_contain_text("drained (blocks node drain)")
     assert "drained node" in page.inner_text(".legend")
+
+
+def test_a_past_moment_after_the_last_event_or_no_number_says_so(up: Up, page: Any) -> None:
+    last = get_json(up.url + "api/whoami")["seq"]
+    page.goto(up.url + f"?seq={last + 1000}#/")
+    page.wait_for_selector("#ov-nodes")
+    # (before: 'The system as it was at stream sequence N', of a sequence not stored yet)
+    expect(page.locator("#past-banner")).to_contain_text(f"after the last stored event ({last}")
+    page.goto(up.url + "?seq=abc#/")
+    expect(page.locator("#past-banner")).to_have_text("?seq=abc is no stream sequence number: use the slider, or the live button.")
+    page.goto(up.url + f"?seq={last}#/")
+    expect(page.locator("#past-banner")).to_contain_text(f"as it was at stream sequence {last} ")

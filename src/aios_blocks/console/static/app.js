@@ -541,7 +541,11 @@ function setupMoment() {
   if (PAST !== null) {
     const banner = document.getElementById("past-banner");
     banner.hidden = false;
-    banner.textContent = `The system as it was at stream sequence ${PAST} (the stream folded up to it). Live updates are off.`;
+    // (a sequence after the last stored event folds the whole stream: the system now, not 'as it was')
+    banner.textContent = !/^\d+$/.test(PAST) ? `?seq=${PAST} is no stream sequence number: use the slider, or the live button.`
+      : state.lastSeq && Number(PAST) > state.lastSeq
+        ? `Sequence ${PAST} is after the last stored event (${state.lastSeq}): this is the system as it is now, folded from the stream. Live updates are off.`
+        : `The system as it was at stream sequence ${PAST} (the stream folded up to it). Live updates are off.`;
   }
 }
 
