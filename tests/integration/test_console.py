@@ -620,3 +620,23 @@ def test_a_past_moment_after_the_last_event_or_no_number_says_so(up: Up, page: A
     expect(page.locator("#past-banner")).to_have_text("?seq=abc is no stream sequence number: use the slider, or the live button.")
     page.goto(up.url + f"?seq={last}#/")
     expect(page.locator("#past-banner")).to_contain_text(f"as it was at stream sequence {last} ")
+
+
+def test_the_live_events_page_keeps_the_newest_300(up: Up, page: Any) -> None:
+    page.goto(up.url + "#/events")
+    page.wait_for_selector("#tail div")
+    page.evaluate("window.__same_page = true")
+    first = int(page.locator("#tail div").first.inner_text().split()[0].lstrip("#"))
+    # 320 nodes registered at once: more events than the page shows, all while it is open
+    rows = list(csv.DictReader(TRACE.open()))[100:420]
+    more = up.data_dir.parent / "openb-320.csv"
+    with more.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    blocks(up.data_dir, "cluster", "import", str(more), "--cluster", "tailtest", "--node-label", "src=tailtest")
+    last = get_json(up.url + "api/whoami")["seq"]
+    expect(page.locator("#tail div").first).to_contain_text(f"#{last} ", timeout=15_000)
+    assert last - first > 300
+    assert page.locator("#tail div").count() == 300  # (before: every event since the page opened, without end)
+    assert page.evaluate("window.__same_page") is True

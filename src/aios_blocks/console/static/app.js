@@ -432,6 +432,7 @@ async function viewReplay(root) {
 }
 
 let tailFilter = "";
+const TAIL_ROWS = 300;
 function tailRow(e) { return el("div", { dataset: { subject: e.subject } }, `#${e.seq} ${fmtTime(e.ts)} ${e.subject}  ${e.line || ""}`); }
 function subjectMatches(pattern, subject) {
   if (!pattern) return true;
@@ -445,7 +446,7 @@ function subjectMatches(pattern, subject) {
 }
 
 async function viewEvents(root) {
-  const d = await api("/api/tail?limit=300&subject=" + encodeURIComponent(tailFilter));
+  const d = await api(`/api/tail?limit=${TAIL_ROWS}&subject=` + encodeURIComponent(tailFilter));
   const input = el("input", { id: "tail-filter", placeholder: "subject filter: aios.block.*.ready, aios.node.>", value: tailFilter, size: 40 });
   input.addEventListener("change", () => { tailFilter = input.value.trim(); render(); });
   const box = el("div", { class: "tail", id: "tail" }, d.events.slice().reverse().map(tailRow));
@@ -517,7 +518,12 @@ async function render() {
 function scheduleRefresh(ev) {
   if (state.view === "events") {
     const box = document.getElementById("tail");
-    if (box && subjectMatches(tailFilter, ev.subject)) box.prepend(tailRow(ev));
+    if (box && subjectMatches(tailFilter, ev.subject)) {
+      box.prepend(tailRow(ev));
+      // (the newest TAIL_ROWS, as the first draw: a busy system's thousands of events a second
+      // would otherwise grow the page without end)
+      while (box.childElementCount > TAIL_ROWS) box.lastElementChild.remove();
+    }
     return;
   }
   if (state.view === "block") {
