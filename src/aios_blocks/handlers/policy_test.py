@@ -45,6 +45,25 @@ def summarize(action: str, output: Any) -> str:
 EXACT_ACTIONS = frozenset({"preempt"})
 
 
+def refused(action: str, input_data: Any, output: Any) -> str:
+    """Why the gateway would refuse a clusterAllocator's (well-shaped) answer to this input, as its
+    ``select`` / ``choose`` do: a cluster that is not a candidate, or none; ``""`` when it would act on it."""
+    if action == "selection":
+        candidates = [contract.cluster_id_of(c) for c in input_data.get("filter_result") or []]
+        chosen = [contract.cluster_id_of(c) for c in output.get("clusters", [])]
+        outside = [c for c in dict.fromkeys(chosen) if c not in candidates]
+        if outside:
+            return f"clusterAllocator selected cluster(s) that are not candidates: {outside}; candidates: {candidates}"
+        if not chosen:
+            return "clusterAllocator selected no cluster"
+    elif action == "post_dry_run":
+        candidates = [contract.cluster_id_of(c) for c in input_data.get("clusters") or []]
+        cid = contract.cluster_id_of(output)
+        if cid not in candidates:
+            return f"clusterAllocator chose {cid!r}, which was not a candidate"
+    return ""
+
+
 def output_bytes(output: Any) -> bytes:
     """An output as the decision record stores it (``workers.base``: ``msgspec.json.encode``)."""
     return msgspec.json.encode(output)
@@ -104,9 +123,15 @@ async def compare(decisions: Sequence[DecisionRecord], run: Run) -> Report:
             continue
         action = d["action"]
         before = "error: " + d["error"] if d.get("error") else summarize(action, d.get("output"))
+        recorded_refused = "" if d.get("error") or d.get("output") is None else refused(action, d["input"], d["output"])
+        if recorded_refused:  # the policy answered, the gateway refused its answer: the step failed
+            before = "error: " + recorded_refused
         try:
             out = await run(d["input"])
             contract.check(action, out)
+            why = refused(action, d["input"], out)  # the flow's own checks, not only the shape's
+            if why:
+                raise ValueError(why)
             after = summarize(action, out)
             failed_now = False
             if action in EXACT_ACTIONS and not d.get("error"):
@@ -118,9 +143,9 @@ async def compare(decisions: Sequence[DecisionRecord], run: Run) -> Report:
             failed_now = True
         if after == before:
             verdict = "same"
-        elif failed_now and not d.get("error"):
+        elif failed_now and not (d.get("error") or recorded_refused):
             verdict = "newly_failing"
-        elif d.get("error") and not failed_now:
+        elif (d.get("error") or recorded_refused) and not failed_now:
             verdict = "newly_feasible"
         else:
             verdict = "changed"
