@@ -608,6 +608,13 @@ def test_a_drained_node_shows_as_drained_on_the_gpu_map(up: Up, page: Any) -> No
     canvas.click(position={"x": 4, "y": 24})  # (its only tile, under the group's title)
     expect(page.locator("#gpu-panel")).to_contain_text("drained (blocks node drain)")
     assert "drained node" in page.inner_text(".legend")
+    # the overview counts it as `blocks cluster list` does: drained, not healthy (before: healthy)
+    listed = next(c for c in json.loads(blocks(up.data_dir, "cluster", "list", "--json")) if c["id"] == "c1")
+    page.goto(up.url + "#/")
+    cells = page.locator('#ov-clusters-table tr[data-cluster="c1"] td')
+    expect(cells).to_have_count(8)
+    assert [cells.nth(i).inner_text() for i in range(4)] == ["c1", str(listed["nodes"]), str(listed["healthy_nodes"]), "1"]
+    assert listed["healthy_nodes"] == listed["nodes"] - 1
 
 
 def test_a_past_moment_after_the_last_event_or_no_number_says_so(up: Up, page: Any) -> None:

@@ -186,14 +186,17 @@ def overview(f: Fold, recent: dict[str, float] | None = None) -> dict[str, Any]:
     recent failures with their reasons; ``recent``: event rates (per second) the feed measured."""
     wl = workload(f)
     clusters: dict[str, dict[str, Any]] = {
-        cid: {"id": cid, "nodes": 0, "healthy": 0, "gpus": 0, "used": 0.0, "free": 0.0, "stranded": 0.0} for cid in f.clusters
+        cid: {"id": cid, "nodes": 0, "healthy": 0, "drained": 0, "gpus": 0, "used": 0.0, "free": 0.0, "stranded": 0.0}
+        for cid in f.clusters
     }
     for node in f.nodes.values():
-        c = clusters.setdefault(node.cluster, {"id": node.cluster, "nodes": 0, "healthy": 0, "gpus": 0, "used": 0.0,
-                                               "free": 0.0, "stranded": 0.0})
+        c = clusters.setdefault(node.cluster, {"id": node.cluster, "nodes": 0, "healthy": 0, "drained": 0, "gpus": 0,
+                                               "used": 0.0, "free": 0.0, "stranded": 0.0})
         cells = node_cells(node)
         c["nodes"] += 1
-        c["healthy"] += 1 if node.healthy else 0
+        # (healthy: takes placements, as `blocks cluster list` counts it: a drained node is not)
+        c["healthy"] += 1 if node.healthy and not node.drain else 0
+        c["drained"] += 1 if node.drain else 0
         c["gpus"] += len(cells)
         used = sum(cells) / SHARE_UNITS
         c["used"] += used
@@ -203,7 +206,7 @@ def overview(f: Fold, recent: dict[str, float] | None = None) -> dict[str, Any]:
     for c in rows:
         for k in ("used", "free", "stranded"):
             c[k] = round(c[k], 2)
-    totals = {k: round(sum(c[k] for c in rows), 2) for k in ("nodes", "healthy", "gpus", "used", "free", "stranded")}
+    totals = {k: round(sum(c[k] for c in rows), 2) for k in ("nodes", "healthy", "drained", "gpus", "used", "free", "stranded")}
     counted = census(f)
     by_status, waiting, failed = counted.by_status, counted.waiting, counted.failed
     newest = f.block_order.get
