@@ -14,6 +14,7 @@ from aios_blocks.policies import contract
 from aios_blocks.policies.builtin.resource import BinPackPolicy
 from aios_blocks.policies.runtime import (
     BUILTINS,
+    POLICY_THREADS,
     PolicyRuntime,
     TrackingDict,
     policy_class_from_source,
@@ -162,6 +163,39 @@ async def test_the_runtime_keeps_working_after_a_timeout() -> None:
         assert await rt.invoke(rule("registry:fast"), "r", {"action": "allocation"}) == {"node_id": "fast", "gpus": []}
     finally:
         release.set()
+
+
+async def test_calls_that_overran_are_counted_and_when_they_hold_every_thread_a_new_call_says_so() -> None:
+    """A Python call past its limit keeps its thread (it cannot be stopped). Found as a stranger: a
+    policy spinning for ever held a worker thread with nothing said anywhere, and once such calls
+    held all the pool's threads, every other Python policy call 'timed out after 5s' without
+    having run. Now each overrun is counted (and logged) until its call returns, and a call that
+    could not start says why."""
+    import asyncio
+
+    release = threading.Event()
+    reg = Registry()
+    reg.put("slow", SLEEPER)
+    reg.put("fast", src("return {'node_id': 'fast', 'gpus': []}"))
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.3)
+    try:
+        hung = await asyncio.gather(*(failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release})
+                                      for _ in range(POLICY_THREADS)))
+        assert all(e.reason == "timed out after 0.3s" for e in hung), [e.reason for e in hung]
+        assert rt.overrunning == POLICY_THREADS
+        busy = " without starting: all 16 policy threads are still running calls that overran their time limit (16)"
+        exc = await failed(rt, rule("registry:fast"), {"action": "allocation"})  # its constructor cannot run
+        assert exc.reason.startswith("loading timed out after 0.3s" + busy), exc.reason
+        exc = await failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release})  # built: its eval
+        assert exc.reason.startswith("timed out after 0.3s" + busy), exc.reason
+    finally:
+        release.set()
+    for _ in range(100):  # the overrunning calls return once released: the count goes back to 0
+        if rt.overrunning == 0:
+            break
+        await asyncio.sleep(0.05)
+    assert rt.overrunning == 0
+    assert await rt.invoke(rule("registry:fast"), "r", {"action": "allocation"}) == {"node_id": "fast", "gpus": []}
 
 
 @pytest.mark.parametrize(

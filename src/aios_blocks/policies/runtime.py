@@ -174,8 +174,13 @@ def _policy_print(*values: object, sep: str | None = " ", end: str | None = "\n"
         lines.append(["warn", "(more printed lines dropped)"])
 
 
-def _captured(lines: list[list[str]], fn: Callable[..., Any], *args: Any) -> Any:
-    """Run one policy call in this (pool) thread with its prints going to ``lines``."""
+POLICY_THREADS = 16
+
+
+def _captured(lines: list[list[str]], started: list[bool], fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one policy call in this (pool) thread with its prints going to ``lines``; ``started``
+    tells the caller, at its time limit, whether the call ever began."""
+    started.append(True)
     _printed.lines = lines
     try:
         return _guarded(fn, *args)
@@ -213,7 +218,11 @@ class PolicyRuntime:
         self._classes: dict[tuple[str, int | None], type] = {}
         self._instances: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._max_instances = max_instances
-        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="policy")
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=POLICY_THREADS, thread_name_prefix="policy")
+        #: calls past their time limit whose thread still runs them (a timed-out Python call cannot
+        #: be stopped): when they hold every pool thread, a new call never starts
+        self.overrunning = 0
+        self._overrun_lock = threading.Lock()
 
     def forget(self, name: str) -> None:
         """Drop cached classes/instances of a registry policy (on ``aios.policy.NAME.updated``)."""
@@ -303,28 +312,31 @@ class PolicyRuntime:
             else:
                 inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
         except TimeoutError:
-            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s")
+            busy = self._busy() if self.overrunning >= POLICY_THREADS else ""
+            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}")
         except Exception as exc:
             raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}")
         params = rule.get("parameters") or {}
         ctx = context if context is not None else {}
         printed: list[list[str]] = []
+        started: list[bool] = []
         try:
             try:
                 if builtin:  # our own code: inline, no thread hop (~0.1 ms a call) and no time limit
                     result = _guarded(inst.eval, params, input_data, ctx)
                 else:
-                    fut = asyncio.get_running_loop().run_in_executor(
-                        self._pool, _captured, printed, inst.eval, params, input_data, ctx
-                    )
-                    result = await asyncio.wait_for(fut, timeout=self.timeout_s)
+                    cfut = self._pool.submit(_captured, printed, started, inst.eval, params, input_data, ctx)
+                    try:
+                        result = await asyncio.wait_for(asyncio.wrap_future(cfut), timeout=self.timeout_s)
+                    except TimeoutError:
+                        raise PolicyFailed(name, action, self._overran(cfut, started, rule, action)) from None
             finally:
                 if trace is not None:
                     lines = [list(line) for line in getattr(inst, "logs", None) or ()] + printed[:MAX_PRINT_LINES + 1]
                     if lines:
                         trace["logs"] = lines
-        except TimeoutError:
-            raise PolicyFailed(name, action, f"timed out after {self.timeout_s:g}s")
+        except PolicyFailed:
+            raise
         except Exception as exc:
             cause: BaseException = exc.__cause__ if isinstance(exc, _Escaped) and exc.__cause__ else exc
             raise PolicyFailed(name, action, f"raised {type(cause).__name__}: {cause}")
@@ -335,6 +347,37 @@ class PolicyRuntime:
         except Exception as exc:  # e.g. a result whose repr raises
             raise PolicyFailed(name, action, f"unreadable result: {type(exc).__name__}: {exc}")
         return result
+
+
+    def _overran(self, cfut: concurrent.futures.Future[Any], started: list[bool], rule: dict[str, Any], action: str) -> str:
+        """The reason of a call past its time limit. One that never started (every pool thread
+        held by calls that overran theirs) says so; one that did keeps its thread until it returns,
+        counted in ``overrunning`` and logged, since the worker is slower while it spins."""
+        if not started and cfut.cancel():
+            return f"timed out after {self.timeout_s:g}s{self._busy()}"
+        with self._overrun_lock:
+            self.overrunning += 1
+
+        def done(_: concurrent.futures.Future[Any]) -> None:
+            with self._overrun_lock:
+                self.overrunning -= 1
+
+        cfut.add_done_callback(done)
+        _log().warning("policy.overran", uri=rule.get("policyRuleURI"), action=action, limit_s=self.timeout_s,
+                       overrunning=self.overrunning,
+                       note="a Python policy call cannot be stopped: its thread runs until the call returns")
+        return f"timed out after {self.timeout_s:g}s"
+
+
+    def _busy(self) -> str:
+        return (f" without starting: all {POLICY_THREADS} policy threads are still running calls that overran their "
+                f"time limit ({self.overrunning}); fix those policies and restart the worker to free them")
+
+
+def _log() -> Any:
+    import structlog
+
+    return structlog.get_logger("aios.policy")
 
 
 class _Escaped(Exception):
