@@ -419,6 +419,35 @@ def fresh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
         log.close()
 
 
+def test_an_empty_system_says_what_to_do_on_each_page(fresh: Up, page: Any) -> None:
+    # (before the replay below fills `fresh`: no cluster, no block; before, blank tables and an
+    # empty canvas)
+    page.goto(fresh.url + "#/")
+    expect(page.locator("#ov-clusters-table")).to_contain_text("No cluster yet: `blocks cluster add")
+    assert "No block yet: `blocks submit SPEC`" in page.inner_text("#ov-status")
+    page.goto(fresh.url + "#/map")
+    expect(page.locator("#map-empty")).to_contain_text("No cluster yet")
+    page.goto(fresh.url + "#/blocks")
+    expect(page.locator("#blocks-empty")).to_contain_text("No block yet")
+    page.goto(fresh.url + "#/events")
+    page.wait_for_selector("#tail-filter")
+    if page.locator("#tail div").count() == 0:  # (blocks up may have stored an event of its own)
+        assert "No event stored yet" in page.inner_text("#tail-empty")
+    page.fill("#tail-filter", "aios.nothing.>")
+    page.keyboard.press("Enter")
+    expect(page.locator("#tail-empty")).to_contain_text("No stored event matches this filter")
+    page.fill("#tail-filter", "")
+    page.keyboard.press("Enter")
+    # filters that match nothing say so, on a system that has nodes and blocks too
+    page.goto(fresh.url + "#/map?label=no%3Dsuch")
+    expect(page.locator("#map-empty")).to_have_text("No node matches these filters.")
+    page.goto(fresh.url + "#/blocks")
+    page.wait_for_selector("#blocks-empty")
+    page.fill("#label-filter", "no=such")
+    page.keyboard.press("Enter")
+    expect(page.locator("#blocks-empty")).to_have_text("No block matches these filters.")
+
+
 def test_a_live_trace_replay_draws_its_allocation_curve_as_it_goes(fresh: Up, page: Any, tmp_path: Path) -> None:
     nodes = tmp_path / "nodes.csv"
     nodes.write_text("".join(TRACE.open().readlines()[:13]))  # the header and 12 nodes (22 GPUs)

@@ -89,10 +89,12 @@ async function viewOverview(root) {
       card(t.stranded || 0, "GPUs stranded (FGD)", "ov-stranded"),
       card(o.rates.placements_per_s ?? "-", "placements/s", "ov-placements"), card(o.rates.events_per_s ?? "-", "block events/s", "ov-events")),
     el("h3", {}, "Blocks by status"),
-    el("div", { class: "cards", id: "ov-status" }, Object.entries(o.blocks).map(([s, n]) => card(n, s))),
+    Object.keys(o.blocks).length ? el("div", { class: "cards", id: "ov-status" }, Object.entries(o.blocks).map(([s, n]) => card(n, s)))
+      : el("p", { class: "muted", id: "ov-status" }, PAST === null ? "No block yet: `blocks submit SPEC` (examples/block.yaml) sends one." : "no block then"),
     el("h3", {}, "Clusters"),
-    table(["cluster", "nodes", "healthy", "drained", "GPUs", "used", "free", "stranded"],
-      o.clusters.map((c) => el("tr", { dataset: { cluster: c.id } }, [c.id, c.nodes, c.healthy, c.drained, c.gpus, c.used, c.free, c.stranded].map((v) => el("td", {}, v)))), "ov-clusters-table"),
+    o.clusters.length ? table(["cluster", "nodes", "healthy", "drained", "GPUs", "used", "free", "stranded"],
+      o.clusters.map((c) => el("tr", { dataset: { cluster: c.id } }, [c.id, c.nodes, c.healthy, c.drained, c.gpus, c.used, c.free, c.stranded].map((v) => el("td", {}, v)))), "ov-clusters-table")
+      : el("p", { class: "muted", id: "ov-clusters-table" }, PAST === null ? NO_CLUSTER : "no cluster then"),
     el("h3", {}, "Pending queue"),
     o.pending.length ? table(["block", "name", "status", "since", "why it waits"], o.pending.map((b) => el("tr", {},
       el("td", {}, blockLink(b.id)), el("td", {}, b.name), el("td", {}, statusTag(b.status)), el("td", {}, fmtTime(b.created)),
@@ -102,6 +104,8 @@ async function viewOverview(root) {
       el("td", {}, blockLink(b.id)), el("td", {}, b.name), el("td", {}, statusTag(b.status)), el("td", { class: "reason" }, b.reason))), "ov-failures") : el("p", { class: "muted" }, "none"),
   );
 }
+
+const NO_CLUSTER = "No cluster yet: `blocks cluster add c1 --nodes 2 --gpus 4` registers a simulated one, `blocks cluster import FILE --cluster NAME` an inventory.";
 
 const CELL = 7, GAP = 1, PAD = 2, PER_ROW = 8, TILE_GAP = 4, HEADER = 20;
 
@@ -219,6 +223,8 @@ async function viewMap(root) {
     el("div", { class: "toolbar" }, el("span", { id: "map-summary" }, `${m.nodes.length} nodes, ${m.gpus} GPUs`),
       filtered ? el("span", { id: "map-marked", class: "muted" }, `(${m.marked} held by the filter's blocks, outlined)`) : null,
       inputs.label, inputs.tenant, inputs.priority, el("span", { class: "legend" }, ...legend())),
+    m.nodes.length ? null : el("p", { class: "muted", id: "map-empty" }, f.label || filtered ? "No node matches these filters."
+      : PAST === null ? NO_CLUSTER : "No node then."),
     el("div", { id: "map-wrap" }, canvas, el("div", { class: "side" }, panel, el("h3", {}, "Groups"), groups)),
   );
 }
@@ -283,6 +289,8 @@ async function viewBlocks(root) {
       el("td", {}, blockLink(b.id)), el("td", { class: "name" }, b.name), el("td", {}, statusTag(b.status)), el("td", {}, b.cluster),
       el("td", { class: "tenant" }, b.tenant || ""), el("td", { class: "priority" }, b.priority || ""),
       el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.reason))), "blocks-table"),
+    d.rows.length ? null : el("p", { class: "muted", id: "blocks-empty" }, [bq.q, bq.status, bq.cluster, bq.tenant, bq.priority, bq.label, bq.policy].some((v) => v)
+      ? "No block matches these filters." : PAST === null ? "No block yet: `blocks submit SPEC` (examples/block.yaml) sends one." : "No block then."),
     pager,
   );
   if (typing) { search.focus(); search.setSelectionRange(search.value.length, search.value.length); }
@@ -450,7 +458,8 @@ async function viewEvents(root) {
   const input = el("input", { id: "tail-filter", placeholder: "subject filter: aios.block.*.ready, aios.node.>", value: tailFilter, size: 40 });
   input.addEventListener("change", () => { tailFilter = input.value.trim(); render(); });
   const box = el("div", { class: "tail", id: "tail" }, d.events.slice().reverse().map(tailRow));
-  put(root, el("h2", {}, "Live events"), el("div", { class: "toolbar" }, input, el("span", { class: "muted" }, "newest first; like `blocks watch`")), box);
+  const none = d.events.length ? null : el("p", { class: "muted", id: "tail-empty" }, tailFilter ? "No stored event matches this filter (new ones appear here)." : "No event stored yet (new ones appear here).");
+  put(root, el("h2", {}, "Live events"), el("div", { class: "toolbar" }, input, el("span", { class: "muted" }, "newest first; like `blocks watch`")), none, box);
 }
 
 // -- routing, live updates, the moment slider ---------------------------------------------------
@@ -520,6 +529,7 @@ function scheduleRefresh(ev) {
     const box = document.getElementById("tail");
     if (box && subjectMatches(tailFilter, ev.subject)) {
       box.prepend(tailRow(ev));
+      document.getElementById("tail-empty")?.remove();
       // (the newest TAIL_ROWS, as the first draw: a busy system's thousands of events a second
       // would otherwise grow the page without end)
       while (box.childElementCount > TAIL_ROWS) box.lastElementChild.remove();
