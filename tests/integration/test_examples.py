@@ -51,6 +51,24 @@ def test_first_fit_scores_the_recorded_dry_run_input() -> None:
     assert json.loads(r.stdout)["selection_score_data"]["score"] == 1.0
 
 
+def test_seeds_cluster_selector_runs_on_the_recorded_cluster_inputs() -> None:
+    # seed 000's clusterAllocator example, as a user copies it, on inputs recorded from a real
+    # placement: selection keeps the filter's clusters, post_dry_run picks the best score (the
+    # first of equals); its print of its arguments goes to stderr, stdout stays the result
+    assert (EXAMPLES / "cluster_selector.py").read_text() == (ROOT / "tests" / "unit" / "seed_policies" / "cluster_selector.py").read_text()
+    sel = json.loads((EXAMPLES / "selection_input.json").read_text())
+    r = run("policy", "run", str(EXAMPLES / "cluster_selector.py"), "--kind", "clusterAllocator",
+            "--input", str(EXAMPLES / "selection_input.json"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {"clusters": sel["filter_result"]} and "'action': 'selection'" in r.stderr
+    post = json.loads((EXAMPLES / "post_dry_run_input.json").read_text())
+    r = run("policy", "run", str(EXAMPLES / "cluster_selector.py"), "--kind", "clusterAllocator",
+            "--input", str(EXAMPLES / "post_dry_run_input.json"))
+    assert r.returncode == 0, r.stderr
+    best = max(c["score_data"]["score"] for c in post["clusters"])
+    assert json.loads(r.stdout) == next(c for c in post["clusters"] if c["score_data"]["score"] == best)
+
+
 def test_lxd_scriptlet_targets_the_member_with_most_free_memory() -> None:
     r = run("policy", "run", str(EXAMPLES / "lxd_most_free_memory.star"), "--kind", "lxd", "--input", str(EXAMPLES / "lxd_args.json"))
     assert r.returncode == 0, r.stderr

@@ -13,7 +13,6 @@ from rich.markup import escape
 
 from ..urls import mask
 from .common import (
-    EXAMPLES,
     DataDir,
     NoWait,
     Timeout,
@@ -28,7 +27,7 @@ from .common import (
     console,
     err,
 )
-from .render import _line, _plain, _print_block, _print_json, _render_plan, _table
+from .render import _line, _plain, _print_block, _print_json, _render_plan, _table, print_rejection
 
 if TYPE_CHECKING:
     from ..schemas.records import JSONObject
@@ -100,7 +99,9 @@ def submit(
     if no_queue:
         spec["queue"] = False
     if tenant is not None or credentials is not None:
-        raise typer.Exit(_tenant_submit(spec, tenant, credentials, wait, timeout, data_dir))
+        from .tenants import submit_command
+
+        raise typer.Exit(submit_command(spec, tenant, credentials, wait, timeout, data_dir))
     if dry_run:
         raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
 
@@ -116,60 +117,10 @@ def submit(
         except TimeoutError:
             err.print(f"[red]timed out after {timeout}s[/]")
             return 5
-        _print_rejection(kind, env)
+        print_rejection(kind, env)
         return TERMINAL[kind]
 
     raise typer.Exit(_request(go, data_dir))
-
-
-def _print_rejection(kind: str, env: Any) -> None:
-    """A rejected create's every problem, one line each (its JSON path, what is wrong)."""
-    from .client import event_data
-
-    errors = event_data(env).get("errors") if kind == "rejected" else None
-    for e in errors if isinstance(errors, list) else []:
-        if isinstance(e, dict):
-            err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")
-
-
-def _tenant_submit(spec: JSONObject, tenant: str | None, credentials: Path | None, wait: bool, timeout: float,
-                   data_dir: Path) -> int:
-    """``submit --tenant T`` / ``-c CREDS``: as ``submit``'s exit codes; 1 an unknown tenant or a
-    create nobody took, 2 refused credentials or a usage mistake."""
-    from ..bus.connection import Unreachable
-    from .client import TERMINAL
-    from .tenants import submit_as_tenant, tenant_credentials
-
-    async def go(path: Path) -> tuple[str, int, str | None, Any]:
-        try:
-            return await submit_as_tenant(path, dict(spec), wait, timeout, lambda s, e: console.print(_line(s, e)),
-                                          lambda b, g, t: console.print(f"submitted [bold]{b}[/] as tenant [bold]{t}[/] "
-                                                                        f"(gen {g})"))
-        except Unreachable as exc:  # a password the server refuses is no unreachable server
-            if "authorization" in str(exc).lower():
-                raise PermissionError(str(exc)) from None
-            raise
-
-    try:
-        path = tenant_credentials(tenant, credentials, data_dir)
-        _, _, kind, env = _run(go(path))
-    except LookupError as exc:
-        err.print(f"[red]{escape(str(exc.args[0]))}[/]")
-        return 1
-    except ValueError as exc:
-        err.print(f"[red]error:[/] {escape(str(exc))}")
-        return 2
-    except TimeoutError:
-        err.print(f"[red]timed out after {timeout}s[/]")
-        return 5
-    except PermissionError:
-        err.print(f"[red]the server refused the credentials in {escape(str(path))}[/]: wrong password, or the tenant "
-                  "or its user was removed (`blocks tenant list`; `blocks tenant add T` writes the first user's file again)")
-        return 2
-    if kind is None:
-        return 0
-    _print_rejection(kind, env)
-    return TERMINAL[kind]
 
 
 def _dry_run(spec: JSONObject, file: Path, as_json: bool, data_dir: Path) -> int:
@@ -486,67 +437,3 @@ def top(
         raise typer.Exit(_request(go, data_dir, store_only=True))
     except KeyboardInterrupt:
         pass
-
-
-#: what the JSON examples are (they cannot carry a comment)
-_EXAMPLE_NOTES = {
-    "allocation_input.json": "what a resourceAllocator got for `allocation` (blocks policy run --input)",
-    "dry_run_input.json": "what a resourceAllocator got for `dry_run` (blocks policy run --input)",
-    "lxd_args.json": "LXD's scriptlet arguments (blocks policy run --kind lxd --input)",
-}
-
-
-def _example_files() -> list[Path]:
-    """The example files shipped in the package (``aios_blocks/examples``; the repository's
-    ``examples/`` is a link to it): specs, components, policies and recorded inputs."""
-    return sorted(p for p in EXAMPLES.iterdir() if p.is_file() and p.suffix in (".yaml", ".json", ".star", ".py")
-                  and not p.name.startswith("__"))
-
-
-def _example_note(path: Path) -> str:
-    """The first sentence of the example's leading comment, however many lines it takes (its first
-    line alone ended mid-sentence: "..., the Starlark twin of builtin:binpack:"), a long one cut at
-    its first colon; or its entry in ``_EXAMPLE_NOTES``."""
-    if path.name in _EXAMPLE_NOTES:
-        return _EXAMPLE_NOTES[path.name]
-    words: list[str] = []
-    for line in path.read_text().splitlines():
-        if not line.startswith("#"):
-            break
-        words += line.lstrip("#").split()
-    text = " ".join(words)
-    end = next((i + 1 for i, ch in enumerate(text) if ch == "." and (i + 1 == len(text) or text[i + 1] == " ")), len(text))
-    sentence = text[:end]
-    if len(sentence) > 200 and ": " in sentence:
-        sentence = sentence[:sentence.index(": ")]
-    return sentence
-
-
-def examples_(
-    copy: Path = typer.Option(None, "--copy", metavar="DIR", help="Write the examples into DIR (made if missing)."),
-    force: bool = typer.Option(False, "--force", help="With --copy: overwrite files that exist in DIR."),
-) -> None:
-    """List the example files shipped with the package (specs, components, policies, recorded
-    policy inputs), or write them into a directory: the README and the `--help` examples name
-    them as `examples/FILE`, which `blocks examples --copy examples` makes from an installed wheel.
-
-    Example: `blocks examples`, `blocks examples --copy examples && blocks component add examples/component.yaml`
-    """
-    files = _example_files()
-    if copy is None:
-        t = _table("file", "what it is")
-        for f in files:
-            t.add_row(*_plain(f.name, _example_note(f)))
-        console.print(t)
-        console.print(escape(f"in {EXAMPLES}; `blocks examples --copy DIR` writes them into DIR"))
-        return
-    if copy.exists() and not copy.is_dir():
-        raise typer.BadParameter(f"{copy} exists and is not a directory", param_hint="--copy")
-    there = [f.name for f in files if (copy / f.name).exists()]
-    if there and not force:
-        err.print(f"[red]not copied[/]: {escape(', '.join(there))} already in {escape(str(copy))} (--force overwrites)")
-        raise typer.Exit(1)
-    copy.mkdir(parents=True, exist_ok=True)
-    for f in files:
-        (copy / f.name).write_bytes(f.read_bytes())
-    console.print(escape(f"wrote {len(files)} examples into {copy}/: e.g. blocks component add {copy / 'component.yaml'}"))
