@@ -30,7 +30,7 @@ def test_a_target_asked_without_a_reason_ends_its_line_without_a_dangling_colon(
 def test_blocks_examples_describes_each_file_by_a_whole_sentence() -> None:
     # its first comment line alone ended mid-sentence: "... the Starlark twin of builtin:binpack:",
     # "... (written against", "... (RapidOCR; the ONNX models ship in the"
-    from aios_blocks.cli.blocks import EXAMPLES, _example_files, _example_note
+    from aios_blocks.cli.examples import EXAMPLES, _example_files, _example_note
 
     notes = {f.name: _example_note(f) for f in _example_files()}
     assert notes["binpack.star"].endswith("GPUs with the least free memory first (ties by a hash of the request).")

@@ -22,6 +22,7 @@ from rich.markup import escape
 from . import (
     blocks,
     console,
+    examples,
     inventory,
     nodes,
     policy,
@@ -189,7 +190,7 @@ app.command()(task.task)
 app.command()(servers.worker)
 app.command()(servers.agent)
 app.command()(servers.demo)
-app.command("examples")(blocks.examples_)
+app.command("examples")(examples.examples_)
 component_app.command("add")(inventory.component_add)
 component_app.command("list")(inventory.component_list)
 cluster_app.command("list")(inventory.cluster_list)

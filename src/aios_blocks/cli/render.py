@@ -226,3 +226,13 @@ def _explain_calls(d: Calls) -> None:
         console.print(f"{d['count']} policy calls, {d['errors']} failed, {d['total_us'] / 1000:.2f} ms in policies:")
         for key, per in sorted(d["by_policy"].items()):
             console.print(escape(f"  {key}: {per['calls']} calls {per['actions']} {per['us'] / 1000:.2f} ms"))
+
+
+def print_rejection(kind: str, env: Any) -> None:
+    """A rejected create's every problem, one line each (its JSON path, what is wrong)."""
+    from .client import event_data
+
+    errors = event_data(env).get("errors") if kind == "rejected" else None
+    for e in errors if isinstance(errors, list) else []:
+        if isinstance(e, dict):
+            err.print(f"[red]rejected[/] {escape(str(e.get('path')))}: {escape(str(e.get('message')))}")

@@ -13,12 +13,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import typer
+from rich.markup import escape
 
-from .common import DataDir, _request, console
-from .render import _print_json, _table
+from .common import DataDir, _request, _run, console, err
+from .render import _line, _print_json, _table, print_rejection
 
 if TYPE_CHECKING:
     from ..projections.base import EventDoc
+    from ..schemas.records import JSONObject
     from .client import Client
 
 #: ``-c CREDS``: observe as a tenant (``blocks tenant history``, ``blocks explain``, ``blocks watch``)
@@ -190,7 +192,6 @@ def tenant_history(
 
     Example: `blocks tenant history team-a-web -c data/tenants/team-a/main.json --all`
     """
-    from rich.markup import escape
 
     from ..bus.history import ask_all_history, ask_history
     from .common import _run, err
@@ -302,3 +303,42 @@ async def submit_as_tenant(credentials: Path, spec: dict[str, Any], wait: bool, 
                 ended = req.outcome(event_kind(msg.subject), data)
                 if ended is not None:
                     return bid, ack.seq, event_kind(msg.subject), env
+
+
+def submit_command(spec: JSONObject, tenant: str | None, credentials: Path | None, wait: bool, timeout: float,
+                   data_dir: Path) -> int:
+    """``blocks submit --tenant T`` / ``-c CREDS`` (``cli.blocks.submit``): as ``submit``'s exit codes; 1 an unknown tenant or a
+    create nobody took, 2 refused credentials or a usage mistake."""
+    from ..bus.connection import Unreachable
+    from .client import TERMINAL
+
+    async def go(path: Path) -> tuple[str, int, str | None, Any]:
+        try:
+            return await submit_as_tenant(path, dict(spec), wait, timeout, lambda s, e: console.print(_line(s, e)),
+                                          lambda b, g, t: console.print(f"submitted [bold]{b}[/] as tenant [bold]{t}[/] "
+                                                                        f"(gen {g})"))
+        except Unreachable as exc:  # a password the server refuses is no unreachable server
+            if "authorization" in str(exc).lower():
+                raise PermissionError(str(exc)) from None
+            raise
+
+    try:
+        path = tenant_credentials(tenant, credentials, data_dir)
+        _, _, kind, env = _run(go(path))
+    except LookupError as exc:
+        err.print(f"[red]{escape(str(exc.args[0]))}[/]")
+        return 1
+    except ValueError as exc:
+        err.print(f"[red]error:[/] {escape(str(exc))}")
+        return 2
+    except TimeoutError:
+        err.print(f"[red]timed out after {timeout}s[/]")
+        return 5
+    except PermissionError:
+        err.print(f"[red]the server refused the credentials in {escape(str(path))}[/]: wrong password, or the tenant "
+                  "or its user was removed (`blocks tenant list`; `blocks tenant add T` writes the first user's file again)")
+        return 2
+    if kind is None:
+        return 0
+    print_rejection(kind, env)
+    return TERMINAL[kind]
