@@ -676,3 +676,13 @@ def test_the_live_events_page_keeps_the_newest_300(up: Up, page: Any) -> None:
     assert last - first > 300
     assert page.locator("#tail div").count() == 300  # (before: every event since the page opened, without end)
     assert page.evaluate("window.__same_page") is True
+
+
+def test_an_unknown_block_id_says_so_and_links_the_blocks_page(up: Up, page: Any) -> None:
+    page.goto(up.url + "#/block/blk-no-such")
+    # (before: 'could not load: no block blk-no-such', as if the console had failed)
+    expect(page.locator("#block-missing")).to_have_text("No block blk-no-such in this system (a mistyped id?): the Blocks page lists them.")
+    page.click("#block-missing a")
+    page.wait_for_selector("#blocks-table")
+    page.goto(up.url + "?seq=1#/block/blk-no-such")
+    expect(page.locator("#block-missing")).to_contain_text("No block blk-no-such at sequence 1 (created later, or never)")

@@ -46,7 +46,7 @@ function withSeq(url) {
 async function api(url) {
   const headers = token() ? { "X-Console-Token": token() } : {};
   const r = await fetch(withSeq(url), { headers });
-  if (!r.ok) throw failure(r, await r.text());
+  if (!r.ok) { const e = failure(r, await r.text()); e.status = r.status; throw e; }
   return r.json();
 }
 
@@ -315,7 +315,14 @@ function explainList(x) {
 }
 
 async function viewBlock(root, bid) {
-  const d = await api("/api/block/" + encodeURIComponent(bid));
+  let d;
+  try { d = await api("/api/block/" + encodeURIComponent(bid)); } catch (e) {
+    if (e.status !== 404) throw e;
+    put(root, el("h2", {}, "Block ", el("span", { id: "block-id" }, bid)),
+      el("p", { id: "block-missing" }, PAST === null ? `No block ${bid} in this system (a mistyped id?): ` : `No block ${bid} at sequence ${PAST} (created later, or never): `,
+        el("a", { href: "#/blocks" }, "the Blocks page"), " lists them."));
+    return;
+  }
   const b = d.block;
   // the sparklines keep their own refresh (every 2 s): the samples are not in the stream
   const sparks = el("div", { class: "sparks", id: "sparks" }, el("p", { class: "muted" }, PAST === null ? "" : "live only: the metrics are not in the stream"));
