@@ -109,6 +109,45 @@ def _replay(d: DecisionRecord, out: Any) -> ExactReplay:
             "bytes": len(after)}
 
 
+def _recorded(d: DecisionRecord) -> tuple[str, bool]:
+    """What the decision recorded, summarized, and whether that step failed: an error, or an
+    answer the gateway refused (the policy answered, the flow's checks failed the step)."""
+    action = d["action"]
+    if d.get("error"):
+        return "error: " + d["error"], True
+    why = "" if d.get("output") is None else refused(action, d["input"], d["output"])
+    return ("error: " + why, True) if why else (summarize(action, d.get("output")), False)
+
+
+async def _rerun(d: DecisionRecord, run: Run, before: str) -> tuple[str, bool, ExactReplay | None]:
+    """The candidate's answer to the recorded input, summarized; whether it fails (raises, the
+    wrong shape, an answer the flow refuses); an exact action's byte-for-byte replay."""
+    action = d["action"]
+    try:
+        out = await run(d["input"])
+        contract.check(action, out)
+        why = refused(action, d["input"], out)  # the flow's own checks, not only the shape's
+        if why:
+            raise ValueError(why)
+    except Exception as exc:
+        return f"error: {exc}", True, None
+    after = summarize(action, out)
+    replay = _replay(d, out) if action in EXACT_ACTIONS and not d.get("error") else None
+    if replay is not None and after == before and not replay["identical"]:
+        after += " (output differs)"
+    return after, False, replay
+
+
+def _verdict(before: str, after: str, failed_before: bool, failed_now: bool) -> str:
+    if after == before:
+        return "same"
+    if failed_now and not failed_before:
+        return "newly_failing"
+    if failed_before and not failed_now:
+        return "newly_feasible"
+    return "changed"
+
+
 async def compare(decisions: Sequence[DecisionRecord], run: Run) -> Report:
     """Re-run each recorded decision (whose input is available) and classify the difference. A
     ``preempt`` decision (``EXACT_ACTIONS``) is the same only when the candidate's whole output is
@@ -121,36 +160,13 @@ async def compare(decisions: Sequence[DecisionRecord], run: Run) -> Report:
         if d.get("input") is None:
             counts["skipped"] += 1
             continue
-        action = d["action"]
-        before = "error: " + d["error"] if d.get("error") else summarize(action, d.get("output"))
-        recorded_refused = "" if d.get("error") or d.get("output") is None else refused(action, d["input"], d["output"])
-        if recorded_refused:  # the policy answered, the gateway refused its answer: the step failed
-            before = "error: " + recorded_refused
-        try:
-            out = await run(d["input"])
-            contract.check(action, out)
-            why = refused(action, d["input"], out)  # the flow's own checks, not only the shape's
-            if why:
-                raise ValueError(why)
-            after = summarize(action, out)
-            failed_now = False
-            if action in EXACT_ACTIONS and not d.get("error"):
-                replays.append(_replay(d, out))
-                if after == before and not replays[-1]["identical"]:
-                    after += " (output differs)"
-        except Exception as exc:
-            after = f"error: {exc}"
-            failed_now = True
-        if after == before:
-            verdict = "same"
-        elif failed_now and not (d.get("error") or recorded_refused):
-            verdict = "newly_failing"
-        elif (d.get("error") or recorded_refused) and not failed_now:
-            verdict = "newly_feasible"
-        else:
-            verdict = "changed"
+        before, failed_before = _recorded(d)
+        after, failed_now, replay = await _rerun(d, run, before)
+        if replay is not None:
+            replays.append(replay)
+        verdict = _verdict(before, after, failed_before, failed_now)
         counts[verdict] += 1
         if verdict != "same":
-            rows.append({"block_id": d["block_id"], "action": action, "before": before, "after": after, "verdict": verdict})
+            rows.append({"block_id": d["block_id"], "action": d["action"], "before": before, "after": after, "verdict": verdict})
     return {"counts": counts, "changes": rows, "total": len(decisions), "replays": replays,
             "identical": sum(1 for r in replays if r["identical"])}
