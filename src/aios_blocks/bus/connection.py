@@ -96,6 +96,17 @@ class Unreachable(ConnectionError):
 RECONNECT_WAIT_S = 0.5
 
 
+def why_not_connected(errors: list[str], exc: BaseException) -> str:
+    """What to say of a first connection that failed: the server's refusal of the credentials
+    (``Authorization Violation``) when any attempt got it, as the cause (the server closes the
+    connection after it, so a later attempt's error is often only ``Connection reset by peer``),
+    else the last attempt's error, else the exception's."""
+    refused = [e for e in errors if "authorization" in e.lower()]
+    if refused:
+        return refused[-1]
+    return errors[-1] if errors else (str(exc) or type(exc).__name__)
+
+
 async def connect(url: str, name: str = "aios", ca: str | None = None, settings: Settings | None = None,
                   first_wait_s: float | None = None) -> Client:
     """A connection that, once made, reconnects for ever (a server restart is waited out).
@@ -129,7 +140,7 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
     except Exception as exc:
         if first_wait_s is None:
             raise
-        why = errors[-1] if errors else (str(exc) or type(exc).__name__)
+        why = why_not_connected(errors, exc)
         raise Unreachable(f"cannot connect to NATS at {mask(url)} (tried for {first_wait_s:g}s): {why}") from exc
     connected = True
     nc.options["max_reconnect_attempts"] = -1  # read at each reconnection: from now on, for ever
