@@ -276,7 +276,7 @@ async def reassign(w: Worker, m: Inbound[ReassignRequest]) -> None:
     try:
         placements, attempts = await _replacement(w, ev, ir, iid, current, node_down, trace)
     except PlacementFailed as exc:
-        if not node_down and not _lost(ev) and m.deliveries < w.settings.reassign_attempts:
+        if not node_down and m.deliveries < w.settings.reassign_attempts:
             # the capacity may be held by instances on their way out (a failed one's remove is
             # in flight): try again shortly rather than leave the block short of an instance;
             # no step event carries this attempt's policy calls, so they are recorded on their own
@@ -317,15 +317,17 @@ async def _replacement_failed(
     w: Worker, ev: ReassignRequest, block: BlockRecord, old: InstanceRecord, node_down: bool, reason: str, trace: list[Decision],
 ) -> None:
     await _step_failed(w, ev.block_id, block, "reassignment", ev.request_id, reason, trace)
-    if node_down or _lost(ev):
-        # its node is gone (the capacity is not usable), or the instance is (its agent started
-        # again without it): released anyway, as the stream's ``removed`` already says; the
-        # reconciler then asks for the instance the block is short of, on any node, its own too
+    if node_down:  # its node is gone: release it anyway, the capacity is not usable
         await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
     elif block["status"] == "placing":
         # never became ready and cannot replace what it lost: its story ends here
         await _fail_placing(w, ev.block_id, block["gen"], inst_cluster=old["cluster"],
                             reason=f"replacement of {ev.instance_id} could not be placed: {reason}")
+    elif _lost(ev):
+        # a ready block's instance that is gone (its agent started again without it): released
+        # anyway, as the stream's ``removed`` already says; the reconciler then asks for the
+        # instance the block is short of, on any node, its own too
+        await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
 
 
 def _lost(ev: ReassignRequest) -> bool:
