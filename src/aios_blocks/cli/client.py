@@ -419,8 +419,7 @@ class Client:
         """``history`` with the time the stream stored each message (ISO 8601, UTC): what an event
         without a ``time`` of its own (a bare create, as any NATS client may publish it) is shown at."""
         scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
-        return [(m.subject, _decode(m.data), m.metadata.sequence.stream,
-                 m.metadata.timestamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")) for m in scanned]
+        return [(m.subject, _decode(m.data), m.metadata.sequence.stream, _stored_at(m)) for m in scanned]
 
     async def dead_letters(self, idle: float = 0.5) -> list[tuple[str, int, str, str, EventDoc]]:
         """Every stored dead letter, oldest first in each stream: (stream, seq, stored at, subject,
@@ -433,8 +432,7 @@ class Client:
                 scanned = await self._scan(filter_, idle)
             except NotFoundError:  # a stream of an older version without the subject
                 scanned = []
-            out += [(stream, m.metadata.sequence.stream, m.metadata.timestamp.isoformat(timespec="milliseconds")
-                     .replace("+00:00", "Z"), m.subject, _decode(m.data)) for m in scanned]
+            out += [(stream, m.metadata.sequence.stream, _stored_at(m), m.subject, _decode(m.data)) for m in scanned]
         return out
 
     async def stream(self) -> list[tuple[str, bytes, int, float]]:
@@ -591,6 +589,11 @@ def event_kind(subject: str) -> str:
     from ..projections.lines import kind_of
 
     return kind_of(subject)
+
+
+def _stored_at(msg: Any) -> str:
+    """When the stream stored ``msg`` (ISO 8601, UTC, milliseconds, ``Z``)."""
+    return str(msg.metadata.timestamp.isoformat(timespec="milliseconds").replace("+00:00", "Z"))
 
 
 def _decode(raw: bytes) -> EventDoc:
