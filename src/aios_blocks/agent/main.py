@@ -19,7 +19,7 @@ from ..bus.runner import ConsumerRunner, RunnerOptions
 from ..schemas.spec import Gpu, Node
 from .gpus import GpuSource, detect
 from .node_agent import AgentConfig, NodeAgent, command_router
-from .runtime import Runtime
+from .runtime import RUNTIMES, Runtime
 
 log = structlog.get_logger("aios.agent")
 
@@ -64,7 +64,7 @@ def make_runtime(kind: str, data_dir: Path, sim_delay: float = 0.05, agent_dir: 
         from .sim_serve import SimServer
 
         return SimRuntime(start_delay_s=sim_delay, state_dir=data_dir / "sim-engine", server=SimServer())
-    raise ValueError(f"unknown runtime {kind!r}: docker, process or sim")
+    raise ValueError(f"unknown runtime {kind!r}: {', '.join(RUNTIMES)}")
 
 
 def strip_userinfo(url: str) -> str:

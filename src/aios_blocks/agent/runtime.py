@@ -143,6 +143,10 @@ class RuntimeError_(Exception):
     """A runtime could not do what was asked (image missing, exec failed...)."""
 
 
+#: the runtimes an agent runs instances with (``agent.main.make_runtime``; ``blocks agent --runtime``)
+RUNTIMES = ("docker", "process", "sim")
+
+
 class Runtime(Protocol):
     name: str
     #: the runtime attaches real GPUs to an instance as devices (Docker); without it an instance

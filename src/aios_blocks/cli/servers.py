@@ -146,11 +146,10 @@ def worker(
     _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings))
 
 
-RUNTIMES = ("docker", "process", "sim")
-
-
 def _runtime_name(value: str) -> str:
     """``--runtime`` is one of ``RUNTIMES`` (an unknown one failed after connecting, exit 1)."""
+    from ..agent.runtime import RUNTIMES
+
     if value not in RUNTIMES:
         raise typer.BadParameter(f"{value!r} is no runtime: {', '.join(RUNTIMES)}")
     return value
