@@ -147,3 +147,30 @@ async def test_the_turn_gathers_no_task_of_its_own(rig: tuple[Worker, Client]) -
     block = await w.store.get_block("nt-1")
     assert block is not None and block["ir"]["policies"]["autoscaler"]["version"] == 2
 
+
+
+async def test_an_unregistered_policy_is_refused_from_the_same_reads(rig: tuple[Worker, Client]) -> None:
+    """The registry check reads nothing more than the parse did: the block's own registry
+    policies and whether each version it pins is stored go with the component, the component's
+    together after it; the create is refused with every unregistered one."""
+    w, _client = rig
+    spec = {"blockComponentURI": URI, "minInstances": 1, "maxInstances": 1, "policyRulesSpec": [
+        {"name": "autoscaler", "policyRuleURI": "registry:mine@7"},
+        {"name": "loadBalancer", "policyRuleURI": "registry:nope"}]}
+    await w.store.policy_store("mine", 1, "def x(): pass", "python")  # versions 1 and 2 stored, no 7
+    events, seen = await _create(w, "rp-3", spec)
+    assert events == ["submitted", "rejected"]
+    assert len(seen) == 3, seen
+    assert _reads(seen[0]) == {("GET", f"aios:component:{URI}"), ("HGETALL", "aios:priorityclasses"),
+                               ("HGETALL", "aios:policy:mine"), ("HGETALL", "aios:policy:nope"),
+                               ("EXISTS", "aios:policy:mine:v7")}, seen
+    assert seen[1] == [("HGETALL", "aios:policy:packer")], seen
+    block = await w.store.get_block("rp-3")
+    assert block is not None and block["status"] == "rejected"
+    assert "policy 'mine' has no version 7 (its latest is version 2)" in block["reason"], block
+    assert "no policy 'nope' is registered" in block["reason"], block
+    # a stored version: placed with it, from the same reads
+    events, seen = await _create(w, "rp-4", {**spec, "policyRulesSpec": [
+        {"name": "autoscaler", "policyRuleURI": "registry:mine@1"}]}, seq=6)
+    assert events == ["submitted", "parsed"] and len(seen) == 3, seen
+    assert ("EXISTS", "aios:policy:mine:v1") in seen[0], seen

@@ -40,6 +40,38 @@ async def test_the_parser_rejects_an_unknown_policy_uri_with_its_path(system: Sy
     assert "unknown built-in policy 'builtin:binpak'" in err["message"] and "builtin:spread" in err["message"]
 
 
+async def test_a_registry_policy_that_is_not_stored_is_refused_at_parse_with_the_spec_s_other_problems(
+    system: System, tmp_path: Path
+) -> None:
+    """``registry:NAME`` of no stored policy and ``registry:NAME@V`` of no stored version: refused by
+    the parser (``rejected``, every problem listed, ``blocks explain`` says why), not placed and
+    failed at its dry_run and allocation; once added, the same spec is placed."""
+    await system.client.add_sim_cluster("c1", nodes=1, gpus=2)
+    await system.client.policy_put("packer", SLOW_ON_C2, "python")
+    spec = tmp_path / "typo.yaml"
+    spec.write_text("blockComponentURI: aios://test/model\nblockId: reg-1\nminInstances: 2\nmaxInstances: 1\n"
+                    "policyRulesSpec:\n- values: {name: resourceAllocator, policyRuleURI: 'registry:packr'}\n"
+                    "- values: {name: autoscaler, policyRuleURI: 'registry:packer@4'}\n")
+    r = blocks(system, "submit", str(spec), "--wait")
+    assert r.returncode == 4, r.stdout + r.stderr
+    out = " ".join(r.stderr.split())
+    assert "$.minInstances" in out, out
+    assert ("$.policyRulesSpec[0].values.policyRuleURI: resourceAllocator policy 'registry:packr': no policy "
+            "'packr' is registered; add it first (blocks policy add packr FILE)") in out, out
+    assert "$.policyRulesSpec[1].values.policyRuleURI: autoscaler policy 'registry:packer@4': policy 'packer' " \
+           "has no version 4 (its latest is version 1)" in out, out
+    kinds = [event_kind(s) for s, _, _ in await system.client.history("reg-1")]
+    assert "rejected" in kinds and "selection" not in kinds and "allocation.failed" not in kinds, kinds
+    r = blocks(system, "explain", "reg-1")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "no policy 'packr' is registered" in " ".join(r.stdout.split()), r.stdout
+    # on the public create subject, a block that names a stored policy and version is placed
+    _, kind, env = await system.submit_and_wait(
+        {"blockComponentURI": COMPONENT["componentURI"], "blockId": "reg-2", "minInstances": 1, "maxInstances": 1,
+         "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:packer@1"}}]})
+    assert kind == "ready", env["data"]
+
+
 async def test_a_gang_no_cluster_can_hold_fails_at_once_with_the_counts(system: System) -> None:
     await system.client.add_sim_cluster("c1", nodes=1, gpus=2)
     await system.client.add_sim_cluster("c2", nodes=1, gpus=1)

@@ -278,9 +278,10 @@ class Client:
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
             component = await self.store.get_component(uri) if uri else None
-            versions = await parse.pinned_versions(self.store.policy_get, outcome.doc, component)
+            versions, unknown = await parse.registry_check(self.store.policy_get, outcome.doc, component,
+                                                           has=self.store.policy_has)
             classes = await PriorityStore(self.store.r).classes()
-            outcome = parse.build(outcome.doc, component, bid, versions, priority_classes=classes)
+            outcome = parse.build(outcome.doc, component, bid, versions, priority_classes=classes, unknown=unknown)
         if outcome.ir is None:
             return Plan(bid, errors=outcome.errors)
         ir = outcome.ir

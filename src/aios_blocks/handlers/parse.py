@@ -19,11 +19,14 @@ from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, KnownComponent, block_create_IR
 from ..schemas.policy_io import PolicySource
 from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import ID_RE
+from ..schemas.uris import uri_problem
 from ..settings import Settings
 from ..settings import load as load_settings
 
 #: (registry name, version or None for the latest) -> its record (``Store.policy_get``)
 PolicyLookup = Callable[[str, int | None], Awaitable[PolicySource | None]]
+#: (registry name, version) -> whether that version is stored (``Store.policy_has``)
+VersionLookup = Callable[[str, int], Awaitable[bool]]
 
 
 #: the subject token of the ``rejected`` answering a create whose subject names no valid block id
@@ -178,25 +181,74 @@ def component_uri(doc: dict[str, Any]) -> str | None:
     return uri if isinstance(uri, str) and uri else None
 
 
+@dataclass(frozen=True)
+class RegistryRef:
+    """A registry policy a block is placed with (``registry:NAME[@V]``, ``NAME.py``, ``NAME.star``):
+    its slot (``PolicyRule.name``), where the spec or its component names it, the URI as given,
+    the registry name and the version it pins (None: the latest)."""
+
+    slot: str
+    path: str
+    uri: str
+    name: str
+    version: int | None
+
+
+def registry_refs(doc: dict[str, Any], component: dict[str, Any] | KnownComponent | None) -> list[RegistryRef]:
+    """Every registry policy the block is placed with: the component's policies, overridden (same
+    slot) by the block's ``policyRulesSpec``. ``component`` None: the block's own. A URI the spec's
+    validation refuses (``uri_problem``, e.g. ``registry:x@abc``) is left to it."""
+    rules: dict[str, tuple[str, str]] = {}
+    for i, p in enumerate((record_of(component) or {}).get("policies", [])):
+        if isinstance(p, dict) and isinstance(p.get("policyRuleURI"), str) and isinstance(p.get("name", ""), str):
+            rules[p.get("name", "")] = (f"$.<component>.policies[{i}].policyRuleURI", p["policyRuleURI"])
+    given = doc.get("policyRulesSpec")
+    for i, e in enumerate(given if isinstance(given, list) else []):  # not a list: the spec's validation says so
+        v = e.get("values", e) if isinstance(e, dict) else None
+        if isinstance(v, dict) and isinstance(v.get("policyRuleURI"), str) and isinstance(v.get("name", ""), str):
+            where = f"$.policyRulesSpec[{i}].values" if v is not e else f"$.policyRulesSpec[{i}]"
+            rules[v.get("name", "")] = (f"{where}.policyRuleURI", v["policyRuleURI"])
+    out = []
+    for slot, (path, uri) in rules.items():
+        reg = registry_name(uri) if uri_problem(uri) is None else None
+        if reg is not None:
+            out.append(RegistryRef(slot, path, uri, reg[0], reg[1]))
+    return out
+
+
 def registry_policies(doc: dict[str, Any], component: dict[str, Any] | KnownComponent | None) -> dict[str, str]:
     """Policy name -> registry name of every registry policy the block names at its latest version
     (``registry:NAME``, a ``.py``/``.star`` path; not ``registry:NAME@V``): the component's
     policies, overridden by the block's ``policyRulesSpec``. ``component`` None: the block's own."""
-    rules: dict[str, str] = {}
-    for p in (record_of(component) or {}).get("policies", []):
-        if isinstance(p, dict) and isinstance(p.get("policyRuleURI"), str):
-            rules[p.get("name", "")] = p["policyRuleURI"]
-    given = doc.get("policyRulesSpec")
-    for e in given if isinstance(given, list) else []:  # not a list: the spec's validation says so
-        v = e.get("values", e) if isinstance(e, dict) else None
-        if isinstance(v, dict) and isinstance(v.get("policyRuleURI"), str):
-            rules[v.get("name", "")] = v["policyRuleURI"]
-    out = {}
-    for name, uri in rules.items():
-        reg = registry_name(uri)
-        if reg and reg[1] is None:
-            out[name] = reg[0]
-    return out
+    return {r.slot: r.name for r in registry_refs(doc, component) if r.version is None}
+
+
+def registry_pins(doc: dict[str, Any], component: dict[str, Any] | KnownComponent | None) -> list[tuple[str, int]]:
+    """(registry name, version) of every ``registry:NAME@V`` the block is placed with."""
+    return list(dict.fromkeys((r.name, r.version) for r in registry_refs(doc, component) if r.version is not None))
+
+
+def unregistered(refs: Iterable[RegistryRef], heads: Mapping[str, PolicySource | None],
+                 versions: Mapping[tuple[str, int], bool]) -> list[SpecError]:
+    """One error for each registry policy in ``refs`` that the registry does not hold: ``heads``,
+    each name's latest record (None: no such policy); ``versions``, whether each pinned
+    (name, version) is stored. A block naming one was placed nowhere: its dry_run and allocation
+    could only fail, round after round; refused here, with the spec's other problems."""
+    errors = []
+    for r in refs:
+        head = heads.get(r.name)
+        if head is None:
+            file = r.uri if r.uri.endswith((".py", ".star")) else "FILE"
+            stem = " (the registry entry named by the file's stem)" if file == r.uri else ""
+            errors.append(SpecError(r.path, f"{r.slot} policy {r.uri!r}: no policy {r.name!r} is registered{stem}; "
+                                            f"add it first (blocks policy add {r.name} {file}), or name another "
+                                            f"(blocks policy list)"))
+        elif r.version is not None and not versions.get((r.name, r.version)):
+            errors.append(SpecError(r.path, f"{r.slot} policy {r.uri!r}: policy {r.name!r} has no version {r.version} "
+                                            f"(its latest is version {head['version']}): pin a stored version, name "
+                                            f"registry:{r.name} for the latest, or add a new version (blocks policy "
+                                            f"add {r.name} FILE)"))
+    return errors
 
 
 async def registry_heads(lookup: PolicyLookup, names: Iterable[str]) -> dict[str, PolicySource | None]:
@@ -223,6 +275,31 @@ async def pinned_versions(lookup: PolicyLookup, doc: dict[str, Any], component: 
     return out
 
 
+async def registry_check(
+    lookup: PolicyLookup, doc: dict[str, Any], component: dict[str, Any] | KnownComponent | None,
+    known: Mapping[str, PolicySource | None] | None = None, has: VersionLookup | None = None,
+    known_versions: Mapping[tuple[str, int], bool] | None = None,
+) -> tuple[dict[str, int], list[SpecError]]:
+    """``pinned_versions`` and the errors of the registry policies the registry does not hold
+    (``unregistered``), from one look-up of what ``known`` / ``known_versions`` (read ahead with
+    the component) do not hold: each name's latest record and whether each pinned version is
+    stored (``has``; without it, ``lookup(name, version)``), all together (one exchange)."""
+    refs = registry_refs(doc, component)
+    heads, have = dict(known or {}), dict(known_versions or {})
+    names = list(dict.fromkeys(r.name for r in refs if r.name not in heads))
+    pins = list(dict.fromkeys((r.name, r.version) for r in refs if r.version is not None and (r.name, r.version) not in have))
+    if names or pins:  # no look-up, no task
+        got: list[Any] = await asyncio.gather(*(lookup(n, None) for n in names), *(_stored(lookup, has, n, v) for n, v in pins))
+        heads.update(zip(names, got[:len(names)], strict=True))
+        have.update(zip(pins, got[len(names):], strict=True))
+    versions = {r.slot: int(rec["version"]) for r in refs if r.version is None and (rec := heads.get(r.name))}
+    return versions, unregistered(refs, heads, have)
+
+
+async def _stored(lookup: PolicyLookup, has: VersionLookup | None, name: str, version: int) -> bool:
+    return await has(name, version) if has is not None else await lookup(name, version) is not None
+
+
 def build(
     doc: dict[str, Any],
     component: dict[str, Any] | KnownComponent | None,
@@ -230,16 +307,21 @@ def build(
     policy_versions: dict[str, int] | None = None,
     settings: Settings | None = None,
     priority_classes: dict[str, dict[str, Any]] | None = None,
+    unknown: list[SpecError] | None = None,
 ) -> ParseOutcome:
     """Second half: validate and enrich. ``policy_versions`` (policy name -> registry version) pins
     the versions of registry policies the block will be placed with; ``pin_defaults`` writes the
     process defaults the built-in rules would use into the rules, so a recorded decision does not
     depend on the environment of the worker that re-runs it. ``priority_classes``: the registered
-    classes (docs/priority.md). ``component``: its record, or a ``KnownComponent`` of it (the same IR)."""
+    classes (docs/priority.md). ``component``: its record, or a ``KnownComponent`` of it (the same IR).
+    ``unknown``: the registry policies it names that the registry does not hold (``registry_check``),
+    listed with the spec's other problems."""
     try:
         ir = block_create_IR(doc, component, block_id, priority_classes)
     except SpecInvalid as exc:
-        return ParseOutcome(errors=exc.errors, doc=doc)
+        return ParseOutcome(errors=exc.errors + (unknown or []), doc=doc)
+    if unknown:
+        return ParseOutcome(errors=list(unknown), doc=doc)
     for name, version in (policy_versions or {}).items():
         if name in ir["policies"]:
             ir["policies"][name] = {**ir["policies"][name], "version": version}

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..schemas.policy_io import PolicySource
 from . import scripts
-from .keys import EPOCH_KEY, POLICIES, policy_key
+from .keys import EPOCH_KEY, POLICIES, policy_key, policy_version_key
 
 
 def policy_head(h: dict[str, Any]) -> PolicySource | None:
@@ -49,6 +49,11 @@ class PolicyRecords:
             h = {**old, "version": version}
         h["version"] = int(h["version"])
         return h
+
+    async def policy_has(self, name: str, version: int) -> bool:
+        """Whether version ``version`` of policy ``name`` is stored (every version is kept under
+        its own key, the latest too: ``policy_put``, ``policy_store``, ``blocks recover``)."""
+        return bool(await self.r.exists(policy_version_key(name, version)))
 
     async def policy_names(self) -> list[str]:
         return sorted(await self.r.smembers(POLICIES))

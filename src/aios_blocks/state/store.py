@@ -293,19 +293,24 @@ class Store(NodeRecords, GatherRecords, PolicyRecords):
                 raise x
         return _block(got[0]), got[1] or None, got[2], got[3] if suspects else None
 
-    async def parse_reads(self, uri: str | None, policies: Sequence[str]) -> tuple[Any, Any, list[Any]]:
+    async def parse_reads(self, uri: str | None, policies: Sequence[str], pins: Sequence[tuple[str, int]] = ()
+                          ) -> tuple[Any, Any, list[Any], list[bool]]:
         """A create's reads before its parse as one pipeline (one exchange, no task per read): the
-        component's stored record (None without ``uri``), the priority classes' hash and each
-        registry policy's hash, as read."""
+        component's stored record (None without ``uri``), the priority classes' hash, each
+        registry policy's hash, as read, and whether each pinned (name, version) is stored
+        (``policy_has``)."""
         pipe = self.r.pipeline(transaction=False)
         if uri:
             pipe.get(component_key(uri))
         pipe.hgetall(PRIORITY_CLASSES)
         for name in policies:
             pipe.hgetall(policy_key(name))
+        for name, version in pins:
+            pipe.exists(policy_version_key(name, version))
         got = list(await pipe.execute())
         raw = got.pop(0) if uri else None
-        return raw, got[0], got[1:]
+        n = 1 + len(policies)
+        return raw, got[0], got[1:n], [bool(x) for x in got[n:]]
 
     async def block_gen_and_ir(self, bid: str) -> tuple[Any, Any]:
         """A block record's ``gen`` and ``ir`` fields as stored (None where absent), not the whole

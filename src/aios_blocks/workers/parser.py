@@ -54,17 +54,20 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         outcome = parse.for_tenant(outcome, tenant)
     if outcome.doc is not None:
         doc = outcome.doc
-        own = list(dict.fromkeys(parse.registry_policies(doc, None).values()))
+        refs = parse.registry_refs(doc, None)
+        own = list(dict.fromkeys(r.name for r in refs))
+        pins = parse.registry_pins(doc, None)
         # in one Redis exchange, as no read depends on another: the component, the priority
         # classes (priorityClass / the default, docs/priority.md) and the registry policies the
-        # block names itself (read ahead for pinned_versions), as one pipeline (no task per read:
-        # ``reads``), and the tenant check's first read, in a task started before it (so its
+        # block names itself (read ahead for registry_check: their latest versions, and whether
+        # each version it pins is stored), as one pipeline (no task per read: ``reads``), and
+        # the tenant check's first read, in a task started before it (so its
         # first command is queued in the same turn of the loop as the pipeline's)
         # (a create with no tenant label, on the system's subject, has no tenant check: no task for it)
         check = (asyncio.ensure_future(_within_pending(w, tenant, bid, outcome)) if tenant
                  else asyncio.ensure_future(_no_account_label(w, outcome)) if _label_tenant(doc) else None)
         try:
-            component, classes, heads = await reads(w, parse.component_uri(doc), own)
+            component, classes, heads, stored = await reads(w, parse.component_uri(doc), own, pins)
         except BaseException:
             if check is not None and not check.cancel() and not check.cancelled():
                 check.exception()  # done already: its outcome (or error) is not wanted now
@@ -72,8 +75,11 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         if check is not None:
             outcome = await check
         if outcome.doc is not None:
-            versions = await parse.pinned_versions(w.store.policy_get, outcome.doc, component, heads)
-            outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes)
+            # the component's registry policies the block does not override, in one more exchange;
+            # one the registry does not hold is an error of the spec, listed with the others
+            versions, unknown = await parse.registry_check(w.store.policy_get, outcome.doc, component, heads,
+                                                           w.store.policy_has, stored)
+            outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes, unknown)
     if outcome.ir is not None:
         # the IR's JSON once, for the block record (which keeps it as that text) and the parsed
         # event (the same bytes in its body: ``msgspec.Raw``)
@@ -101,16 +107,18 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
 
 
-async def reads(w: Worker, uri: str | None, own: list[str]
-                ) -> tuple[KnownComponent | None, dict[str, dict[str, Any]], dict[str, PolicySource | None]]:
+async def reads(w: Worker, uri: str | None, own: list[str], pins: list[tuple[str, int]] | None = None
+                ) -> tuple[KnownComponent | None, dict[str, dict[str, Any]], dict[str, PolicySource | None],
+                           dict[tuple[str, int], bool]]:
     """A create's reads before its parse, as one pipeline (one exchange; no task per read): the
     component's record (``Store.get_component``'s read; validated once per record,
     ``COMPONENTS``: the same for every create of it until it is registered again), the priority
-    classes (``PriorityStore.classes``) and the latest version of each registry policy in ``own``
-    (``Store.policy_get(name)``)."""
-    raw, classes, heads = await w.store.parse_reads(uri, own)
+    classes (``PriorityStore.classes``), the latest version of each registry policy in ``own``
+    (``Store.policy_get(name)``) and whether each (name, version) in ``pins`` is stored
+    (``Store.policy_has``)."""
+    raw, classes, heads, stored = await w.store.parse_reads(uri, own, pins or [])
     return (COMPONENTS.get(raw) if uri else None, classes_of(classes),
-            {name: policy_head(h) for name, h in zip(own, heads, strict=True)})
+            {name: policy_head(h) for name, h in zip(own, heads, strict=True)}, dict(zip(pins or [], stored, strict=True)))
 
 
 async def _no_account_label(w: Worker, outcome: parse.ParseOutcome) -> parse.ParseOutcome:
