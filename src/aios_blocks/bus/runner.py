@@ -74,6 +74,9 @@ HANDOFFS = Counter("aios_handoffs_total", "Stored events handed to a consumer of
 _LOCAL: dict[str, list[ConsumerRunner]] = {}
 #: stream sequences a runner remembers: handed off and not yet delivered, taken from its pull loop
 REMEMBERED = 8192
+#: how much of a message a dead letter keeps (characters of its body read as UTF-8): ``blocks dlq
+#: replay`` takes a longer one from the stream, where the original still is
+DLQ_DATA_CHARS = 65536
 
 
 def handoff_on() -> bool:
@@ -451,7 +454,7 @@ class ConsumerRunner:
             error=reason[:4000],
             deliveries=d.deliveries,
             stream_seq=d.stream_seq,
-            data=d.data.decode("utf-8", errors="replace")[:65536],
+            data=d.data.decode("utf-8", errors="replace")[:DLQ_DATA_CHARS],
             headers=d.headers,
         )
         subject = E.dead_letter.subject(consumer=self.spec.durable, subject=d.subject)

@@ -26,7 +26,7 @@ PLAIN: frozenset[Event[Any]] = frozenset({
     E.cluster_registered, E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_changed,
     E.vcluster_flushed, E.vcluster_refused, E.node_drain, E.node_removed, E.cluster_removed, E.node_sidecar_start,
     E.node_sidecar_stop, E.node_sidecar_grant, E.node_sidecar_release, E.block_output, E.sidecar_alert, E.dead_letter,
-    E.output_dead_letter, E.priority_class_registered,
+    E.output_dead_letter, E.dlq_replayed, E.priority_class_registered,
     E.priority_class_removed, E.quota_set, E.tenant_block_create, E.tenant_block_task, E.tenant_block_scale,
     E.tenant_block_delete, E.tenant_block_history, E.tenant_event,
 })

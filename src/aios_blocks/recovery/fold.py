@@ -79,6 +79,7 @@ IGNORED: frozenset[Event[Any]] = frozenset({
     E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_refused,  # requests: vcluster.changed
     E.block_output,  # task outputs (AIOS_OUTPUTS): the side-cars' input, no state
     E.dead_letter, E.output_dead_letter,  # a message that kept failing (an output a side-car gave up on): no state
+    E.dlq_replayed,  # a dead letter put back (its copy is folded as the original event it is): no state
     E.tenant_block_create,  # a tenant's create, in AIOS_INTAKE: the parser stores it in AIOS as block.submitted
     # issue 36: a victim's state comes with its own block.pending (preempted_by); the instances go
     # through node.instance.remove and instance.removed

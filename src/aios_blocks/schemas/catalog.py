@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from . import dlq as dq
 from . import events as ev
 from . import moves as mv
 from . import priority as pr
@@ -628,6 +629,15 @@ class E:
         "message that kept failing, with the error (a CloudEvent like every event the system stores); a "
         "side-car's output goes to output.dlq instead",
         id_rule="dlq:{consumer}:{stream_seq}",
+    )
+    #: the letter's mark (not a header on the copy only): ``blocks dlq`` shows it, and a second
+    #: replay of the same letter is refused without --force. Only the admin replays (it alone may
+    #: publish every original subject again); it carries no payload of the original (an output's is users' data)
+    dlq_replayed = Event(
+        "dlq.replayed", f"{ROOT}.replayed.{{stream}}.{{seq}}", dq.DlqReplayed, (A,),
+        "a dead letter (stream, seq) republished on its original subject by blocks dlq replay: by whom, when, the "
+        "copy's sequence, the attempt (2 and up: --force)",
+        id_rule="dlq.replayed:{stream}:{seq}:{attempt}",
     )
 
 

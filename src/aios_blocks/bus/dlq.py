@@ -1,0 +1,326 @@
+"""Dead letters put back (``blocks dlq replay``; docs/dead-letters.md), as a redrive
+(SQS) or a shovel back to the queue (RabbitMQ) does it: the original message, on its original
+subject, so the consumer that gave up on it takes it again once its cause is fixed.
+
+What a replay sends and why:
+
+* **the bytes**: the original message as its stream still holds it (at the letter's
+  ``stream_seq``, the same subject); else the copy the letter kept, unless that copy was cut
+  (a worker's letter keeps 64 Ki characters, a side-car's 8 KiB) or is not the text it was
+  (bytes that were not UTF-8): then it is refused, not sent half;
+* **the headers**: the original's, less the ``Nats-*`` ones (JetStream's own: id, expectations,
+  batches), plus ``Aios-Replay-Of: STREAM:SEQ`` (the letter) and a ``Nats-Msg-Id`` of its own;
+* **the ids**: the body, and so the CloudEvent ``id``, is unchanged: the handlers are idempotent by
+  it (each step they take is a compare-and-set whose events carry ids derived from it, deduplicated
+  by JetStream), so whatever the failing attempts did store is not done twice, and every other
+  consumer of that subject, which handled it already, takes the copy as the redelivery at-least-once
+  means. The wire ``Nats-Msg-Id`` is new (the keyed digest of ``replay:STREAM:SEQ:ATTEMPT``): the
+  original's would make the stream drop the copy as a duplicate within its window. It is the same
+  for the same attempt, so a command cut between its publish and its mark, run again, stores no
+  second copy (within the duplicate window);
+* **the mark**: ``dlq.replayed`` (catalog, published by the admin only), after the copy is stored:
+  ``blocks dlq`` shows the letter as replayed, and another replay of it is refused unless
+  ``--force`` (attempt 2 and up).
+
+Selection, the ids and the message made are plain functions here (tests/unit/test_dlq_replay.py);
+``replay`` publishes.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ..schemas.dlq import DlqReplayed
+from . import subjects
+from .catalog import E, parse, stream_of
+
+#: the header a replayed copy carries: the letter it came from (``STREAM:SEQ``)
+REPLAY_OF = "Aios-Replay-Of"
+_REF = re.compile(r"^(?:(?P<stream>[A-Z][A-Z0-9_]*):)?(?P<seq>[0-9]+)$")
+
+
+class Refused(Exception):
+    """This letter is not replayed: the reason, for the operator."""
+
+
+@dataclass(frozen=True)
+class Letter:
+    """One stored dead letter: where it is (``stream``, ``seq``), when it was stored and what it says."""
+
+    stream: str
+    seq: int
+    stored: str
+    subject: str
+    event: Mapping[str, Any]
+
+    @property
+    def key(self) -> str:
+        return f"{self.stream}:{self.seq}"
+
+    @property
+    def data(self) -> Mapping[str, Any]:
+        d = self.event.get("data")
+        return d if isinstance(d, dict) else {}
+
+    @property
+    def id(self) -> str:
+        return str(self.event.get("id") or "")
+
+    @property
+    def original_subject(self) -> str:
+        return str(self.data.get("subject") or "")
+
+    @property
+    def consumer(self) -> str:
+        return str(self.data.get("consumer") or "")
+
+    @property
+    def error(self) -> str:
+        return str(self.data.get("error") or "")
+
+    @property
+    def original_seq(self) -> int:
+        return int(self.data.get("stream_seq") or 0)
+
+    @property
+    def sidecar(self) -> bool:
+        """An output a side-car gave up on (``output.dlq``, or ``aios.dlq.sidecar-…`` of an older version)."""
+        return self.subject.startswith(E.output_dead_letter.filter().split("*", 1)[0]) or self.consumer.startswith("sidecar-")
+
+
+@dataclass(frozen=True)
+class Filter:
+    """What ``--subject``, ``--consumer``, ``--reason`` (substrings) and ``--since`` (epoch seconds) keep."""
+
+    subject: str = ""
+    consumer: str = ""
+    reason: str = ""
+    since: float | None = None
+
+    def given(self) -> bool:
+        return bool(self.subject or self.consumer or self.reason) or self.since is not None
+
+    def keeps(self, letter: Letter) -> bool:
+        if self.subject and self.subject not in letter.original_subject:
+            return False
+        if self.consumer and self.consumer not in letter.consumer:
+            return False
+        if self.reason and self.reason.lower() not in letter.error.lower():
+            return False
+        return self.since is None or stored_epoch(letter.stored) >= self.since
+
+
+@dataclass
+class Selection:
+    """Letters to replay, in the order given (ids) or stored (filters); ``missing``: ids that name
+    none (or more than one); ``refused``: letters replayed before, without ``--force``."""
+
+    chosen: list[Letter] = field(default_factory=list)
+    missing: list[tuple[str, str]] = field(default_factory=list)
+    refused: list[tuple[Letter, str]] = field(default_factory=list)
+
+
+def stored_epoch(iso: str) -> float:
+    """``2026-11-30T16:20:00.123Z`` -> epoch seconds (0 for what is not a time)."""
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0
+
+
+def replays_by_letter(records: Iterable[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """``dlq.replayed`` events' payloads by the letter they replayed (``STREAM:SEQ``), oldest first."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        if r.get("stream") and r.get("seq") is not None:
+            out.setdefault(f"{r['stream']}:{r['seq']}", []).append(r)
+    return out
+
+
+def _find(letters: list[Letter], ref: str) -> list[Letter]:
+    m = _REF.match(ref.strip())
+    if m is None:  # the letter's event id (``dlq:CONSUMER:SEQ``)
+        return [lt for lt in letters if lt.id == ref]
+    seq, stream = int(m["seq"]), m["stream"]
+    return [lt for lt in letters if lt.seq == seq and (stream is None or lt.stream == stream)]
+
+
+def already(history: list[Mapping[str, Any]]) -> str:
+    """How a letter's last replay reads: ``replayed by X at T as AIOS:N (attempt K)``."""
+    last = history[-1]
+    at = datetime.fromtimestamp(float(last.get("at") or 0)).astimezone().isoformat(timespec="seconds")
+    return (f"replayed by {last.get('by', '?')} at {at} as {last.get('replay_stream', '?')}:{last.get('replay_seq', '?')}"
+            f" (attempt {last.get('attempt', 1)})")
+
+
+def select(letters: list[Letter], refs: list[str], flt: Filter, everything: bool,
+           replays: Mapping[str, list[Mapping[str, Any]]], force: bool = False) -> Selection:
+    """Which letters a replay takes. ``refs`` (``SEQ``, ``STREAM:SEQ`` or the letter's event id)
+    take those letters, each once, the filter narrowing them; else the filter's letters; else,
+    with ``everything``, all of them. A letter replayed before is refused unless ``force``. Raises
+    ValueError when nothing selects (neither ids, a filter nor ``everything``)."""
+    if not refs and not flt.given() and not everything:
+        raise ValueError("say which dead letters: their ids (SEQ, STREAM:SEQ or the letter's event id), a filter "
+                         "(--subject, --consumer, --reason, --since), or --all for every one")
+    sel = Selection()
+    picked: list[Letter] = []
+    if refs:
+        for ref in refs:
+            found = _find(letters, ref)
+            if not found:
+                sel.missing.append((ref, f"no dead letter {ref} (blocks dlq lists them)"))
+            elif len(found) > 1:
+                where = " or ".join(lt.key for lt in found)
+                sel.missing.append((ref, f"{ref} names more than one dead letter: say which, {where}"))
+            elif found[0] not in picked:
+                picked.append(found[0])
+    else:
+        picked = list(letters)
+    for lt in picked:
+        if not flt.keeps(lt):
+            continue
+        history = replays.get(lt.key, [])
+        if history and not force:
+            sel.refused.append((lt, f"already {already(history)}; --force replays it again"))
+        else:
+            sel.chosen.append(lt)
+    return sel
+
+
+def target(letter: Letter) -> tuple[str, str]:
+    """(the stream that stores the original subject now, the subject); Refused when this version's
+    catalog has no stored event of that subject (renamed or gone, or never stored)."""
+    subject = letter.original_subject
+    if not subject:
+        raise Refused("the letter names no original subject")
+    found = parse(subject)
+    if found is None:
+        raise Refused(f"its subject {subject} is no event of this version's catalog (renamed or removed: "
+                      "blocks subjects lists them); not replayed")
+    stream = stream_of(found[0])
+    if stream is None:
+        raise Refused(f"its subject {subject} ({found[0].name}) is core NATS, stored by no stream; not replayed")
+    return stream, subject
+
+
+def replay_msg_id(letter: Letter, attempt: int) -> str:
+    """The copy's logical message id (the wire one is its keyed digest): one per letter and attempt."""
+    return f"replay:{letter.key}:{attempt}"
+
+
+def letter_body(letter: Letter) -> bytes:
+    """The body the letter kept, when it is the whole original (else Refused)."""
+    from ..sidecar import DLQ_DATA_BYTES
+    from .runner import DLQ_DATA_CHARS
+
+    text = str(letter.data.get("data") or "")
+    cut = len(text.encode()) >= DLQ_DATA_BYTES if letter.sidecar else len(text) >= DLQ_DATA_CHARS
+    if cut:
+        raise Refused("its original is no longer in the stream (its limits dropped it) and the letter kept only "
+                      "the first part of it; not replayed")
+    if "\ufffd" in text:
+        raise Refused("its original is no longer in the stream and the letter's copy is not its bytes (they were "
+                      "not UTF-8); not replayed")
+    return text.encode()
+
+
+def replay_headers(original: Mapping[str, str], letter: Letter, msg_id: str) -> dict[str, str]:
+    """The original's headers less JetStream's own (``Nats-*``), with the copy's id and where it came from."""
+    out = {k: str(v) for k, v in original.items() if not k.lower().startswith("nats-") and k != REPLAY_OF}
+    out.setdefault("Content-Type", "application/json")
+    out["Nats-Msg-Id"] = msg_id
+    out[REPLAY_OF] = letter.key
+    return out
+
+
+@dataclass
+class Result:
+    """What became of one letter: ``replayed`` (``seq``: where the copy is), ``dry-run``, ``refused``."""
+
+    letter: Letter
+    outcome: str
+    reason: str = ""
+    stream: str = ""
+    seq: int = 0
+    source: str = ""
+    attempt: int = 1
+    duplicate: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        lt = self.letter
+        return {"letter": lt.key, "id": lt.id, "subject": lt.original_subject, "consumer": lt.consumer,
+                "outcome": self.outcome, "reason": self.reason, "attempt": self.attempt,
+                "replay": f"{self.stream}:{self.seq}" if self.seq else "", "source": self.source}
+
+
+async def _original(bus: Any, stream: str, letter: Letter) -> tuple[bytes, dict[str, str]] | None:
+    """The original message as its stream holds it (None: gone, or something else at that sequence)."""
+    from nats.js.errors import NotFoundError
+
+    if not letter.original_seq:
+        return None
+    try:
+        msg = await bus.js.get_msg(stream, letter.original_seq)
+    except NotFoundError:
+        return None
+    if msg.subject != letter.original_subject:
+        return None
+    return bytes(msg.data or b""), dict(msg.headers or {})
+
+
+async def _check_consumer(bus: Any, stream: str, letter: Letter) -> None:
+    """The consumer that gave up still exists and still takes the subject (else nobody it was meant
+    for handles the copy)."""
+    from nats.js.errors import NotFoundError
+
+    try:
+        info = await bus.js.consumer_info(stream, letter.consumer)
+    except NotFoundError:
+        raise Refused(f"its consumer {letter.consumer} is no longer on {stream} (its block, node or cluster is gone?): "
+                      "nobody it was meant for would take it; --force sends it anyway") from None
+    cfg = info.config
+    filters = [f for f in (cfg.filter_subjects or [cfg.filter_subject]) if f]
+    if filters and not any(subjects.matches(f, letter.original_subject) for f in filters):
+        raise Refused(f"its consumer {letter.consumer} no longer takes {letter.original_subject} (it takes "
+                      f"{', '.join(filters)}); --force sends it anyway")
+
+
+async def prepare(bus: Any, letter: Letter, force: bool) -> tuple[str, bytes, dict[str, str], str]:
+    """(stream, body, original headers, source) of a letter's copy, or Refused with why."""
+    stream, _ = target(letter)
+    if not force and letter.consumer:
+        await _check_consumer(bus, stream, letter)
+    original = await _original(bus, stream, letter)
+    if original is not None:
+        return stream, original[0], original[1], "stream"
+    headers = letter.data.get("headers")
+    return stream, letter_body(letter), dict(headers) if isinstance(headers, dict) else {}, "letter"
+
+
+async def replay(bus: Any, letter: Letter, attempt: int, by: str, force: bool = False, dry_run: bool = False) -> Result:
+    """Republish one letter's original (or say why not), then mark the letter replayed."""
+    from nats.errors import NoRespondersError
+
+    try:
+        stream, body, original_headers, source = await prepare(bus, letter, force)
+    except Refused as exc:
+        return Result(letter, "refused", str(exc), attempt=attempt)
+    if dry_run:
+        return Result(letter, "dry-run", stream=stream, source=source, attempt=attempt)
+    logical = replay_msg_id(letter, attempt)
+    headers = replay_headers(original_headers, letter, (await bus.ids()).wire(logical))
+    try:
+        ack = await bus.js.publish(letter.original_subject, body, headers=headers)
+    except NoRespondersError:
+        return Result(letter, "refused", f"no stream stores {letter.original_subject} now; not replayed", attempt=attempt)
+    mark = DlqReplayed(stream=letter.stream, seq=letter.seq, letter_id=letter.id, subject=letter.original_subject,
+                       consumer=letter.consumer, original_seq=letter.original_seq, replay_stream=str(ack.stream),
+                       replay_seq=int(ack.seq), source=source, by=by, at=time.time(), attempt=attempt)
+    await bus.emit(E.dlq_replayed, mark, sync=True)
+    return Result(letter, "replayed", stream=str(ack.stream), seq=int(ack.seq), source=source, attempt=attempt,
+                  duplicate=bool(getattr(ack, "duplicate", False)))
