@@ -5,6 +5,7 @@ allocation. The registry is read through the store, with the parser's other read
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from aios_blocks.bus.catalog import E
@@ -118,3 +119,18 @@ async def test_the_in_memory_system_rejects_the_create_and_places_it_once_the_po
         block = await s.store.get_block(bid) or {}
         assert block.get("status") == "ready", block
         assert block["ir"]["policies"]["resourceAllocator"]["version"] == 1
+
+
+def test_the_in_process_trace_replay_says_it_has_no_registry(tmp_path: Path) -> None:
+    """``blocks trace replay --in-process --policy registry:NAME`` placed nothing and reported every
+    task failed ("placement refused"): the in-process replay has no registry to read it from."""
+    from typer.testing import CliRunner
+
+    from aios_blocks.cli.main import app
+
+    (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,1,V100M32\n")
+    (tmp_path / "pods.csv").write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\nt0,1000,1024,1,1000\n")
+    r = CliRunner().invoke(app, ["trace", "replay", str(tmp_path / "nodes.csv"), str(tmp_path / "pods.csv"),
+                                 "--in-process", "--policy", "fgd", "--policy", "registry:gone"])
+    assert r.exit_code == 2, r.output
+    assert "--in-process has no policy registry for registry:gone" in " ".join(r.output.split()), r.output

@@ -81,7 +81,8 @@ def policy_run(
 
 def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:
     """Store a policy (Python `.py`, trusted; Starlark `.star`, sandboxed) in the registry as a new
-    version and tell workers; blocks use it as `registry:NAME` (their IR pins the version).
+    version and tell workers; blocks use it as `registry:NAME` (their IR pins the version) or
+    `registry:NAME@VERSION`. A block naming a policy or version not stored is rejected at its parse.
 
     Example: `blocks policy add my-packer my_packer.py`, `blocks policy add lxd-mem most_free.star`
     """

@@ -183,6 +183,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             err.print("[red]give --in-process[/] (the policies and the placement code in this process) [red]or --live[/] "
                       "(through a running system)")
             raise typer.Exit(2)
+        if in_process and (stored := [p for p in policy if p.startswith("registry:") or p.endswith((".py", ".star"))]):
+            err.print(f"[red]--in-process has no policy registry[/] for {escape(', '.join(stored))}: give --live (a system "
+                      "whose registry holds it: blocks policy add), a built-in or package.module:Class")
+            raise typer.Exit(2)
         if plot is not None:
             try:
                 import matplotlib  # noqa: F401

@@ -26,7 +26,7 @@ from ..schemas.records import BlockIR, ClusterRecord, Needs, NodeView
 from ..schemas.spec import Node
 from .workload import UNITS, Task, inflate, multi_gpu_shapes, typical_shapes
 
-#: short names for ``--policy`` (any ``builtin:``/``registry:`` resourceAllocator URI works too)
+#: short names for ``--policy`` (any ``builtin:`` resourceAllocator URI works too; ``registry:`` ones with ``--live`` only)
 POLICY_NAMES: dict[str, str] = {
     "random": "builtin:random", "dot-product": "builtin:dot-product", "gpu-packing": "builtin:gpu-packing",
     "gpu-clustering": "builtin:gpu-clustering", "best-fit": "builtin:best-fit", "fgd": "builtin:fgd",
