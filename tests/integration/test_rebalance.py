@@ -86,6 +86,37 @@ async def test_rebalance_dry_run_lists_the_move_and_changes_nothing(system: Syst
     assert (await system.client.store.get_block("p") or {})["status"] == "pending"
 
 
+SHARING = [{"name": "resourceAllocator", "policyRuleURI": "builtin:spread", "settings": {"gpuSharing": True}}]
+
+
+async def test_rebalance_dry_run_counts_each_gpus_memory(system: System) -> None:
+    """Two nodes of one 80 GiB GPU, each shared by a 0.25 / 8 GiB block: 0.75 of each GPU's compute
+    is free but only 72 GiB of its memory, and p asks 0.5 and all 80 GiB (``gpuMemory``). One move
+    (the two sharers onto one GPU) makes its room. Before issue 38's fix the planner did not count
+    GPU memory: the dry run said p fits without moves and listed none (p waited for good)."""
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=2, gpus=1)
+    small = {"gpus": 1, "gpuShare": 0.25, "gpuMemory": 8192}
+    where = {}
+    for bid in ("s1", "s2"):
+        _, kind, _ = await system.submit_and_wait(spec(bid, 1, resources=small, policyRulesSpec=SHARING))
+        assert kind == "ready"
+        (inst,) = (await c.store.instances(bid)).values()
+        where[bid] = inst["node"]
+    assert len(set(where.values())) == 2, where
+    await c.submit(spec("p", 1, resources={"gpus": 1, "gpuShare": 0.5, "gpuMemory": 81920}, policyRulesSpec=SHARING))
+    await _status(system, "p", "pending")
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--dry-run", "--json", "--max-moves", "2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    (move,) = out["moves"]
+    other = {"s1": where["s2"], "s2": where["s1"]}
+    assert move["block_id"] in where and move["from"] == where[move["block_id"]] and move["to"] == other[move["block_id"]]
+    assert "makes room for pending p" in move["reason"], move
+    (c1,) = out["clusters"]
+    assert c1["for"] == "p"
+
+
 async def test_a_pending_block_is_placed_through_moves_without_preemption(system: System) -> None:
     """p (priority 1000) could preempt s1 or s2 (priority 0); one move makes room instead."""
     c = system.client

@@ -11,6 +11,7 @@ from typing import Any
 
 from ..schemas.catalog import E, Emit
 from ..schemas.priority import NO_CLASS_PRIORITY, Preempted, Preempting, PreemptReason
+from ..schemas.sharing import SHARING_KEY
 
 
 def gpu_free(g: Mapping[str, Any]) -> float:
@@ -23,21 +24,36 @@ def gpu_free(g: Mapping[str, Any]) -> float:
     return max(0.0, int(g.get("share_free", 0)) / 1000)
 
 
+def share_of(ir: Mapping[str, Any]) -> bool:
+    """Whether the block's instances share their GPUs (``gateway.share_of``: its resourceAllocator's
+    ``gpuSharing``), on an IR read as a mapping."""
+    rule = (ir.get("policies") or {}).get("resourceAllocator") or {}
+    return bool((rule.get("settings") or {}).get(SHARING_KEY, False))
+
+
+def gpu_input(g: Mapping[str, Any]) -> dict[str, Any]:
+    """One GPU as the planner reads it: its model, its free part, its memory and what of it is
+    free (MiB), its instances and whether one holds it whole (``capacity.gpu_usable`` reads these)."""
+    return {"model": g.get("model", ""), "free": gpu_free(g), "memory": int(g.get("memory") or 0),
+            "memory_free": int(g.get("memory_free") or 0), "instances": int(g.get("instances") or 0),
+            "exclusive": bool(g.get("exclusive"))}
+
+
 def cluster_input(cid: str, views: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """The healthy nodes as the planner reads them: free CPU, memory and each GPU's free part."""
+    """The healthy nodes as the planner reads them: free CPU, memory and each GPU (``gpu_input``)."""
     nodes = {}
     for nid, v in sorted(views.items()):
         if not v.get("healthy", True):
             continue
         nodes[nid] = {"cpu_free": v.get("cpu_free", 0), "mem_free": v.get("memory_free", 0),
-                      "gpus": {g["id"]: {"model": g.get("model", ""), "free": gpu_free(g)} for g in v.get("gpus", [])}}
+                      "gpus": {g["id"]: gpu_input(g) for g in v.get("gpus", [])}}
     return {"cluster_id": cid, "nodes": nodes}
 
 
 def block_input(bid: str, ir: Mapping[str, Any]) -> dict[str, Any]:
     return {"block_id": bid, "priority": int(ir.get("priority", NO_CLASS_PRIORITY)),
             "priorityClass": ir.get("priorityClass", ""), "minInstances": int(ir.get("minInstances") or 0),
-            "resources": dict(ir.get("resources") or {})}
+            "resources": dict(ir.get("resources") or {}), "gpuSharing": share_of(ir)}
 
 
 def candidates(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], skip: str = "") -> list[dict[str, Any]]:
@@ -50,9 +66,13 @@ def candidates(placed: Iterable[Mapping[str, Any]], nodes: Iterable[str], skip: 
             continue
         ir = row.get("ir") or {}
         res = ir.get("resources") or {}
+        sharing = share_of(ir)
+        # what it holds of each GPU's compute: its gpuShare when it shares (0: memory alone), else all
+        share = float(res.get("gpuShare") or 0.0) if sharing else 1.0
         insts = {iid: {"node_id": i.get("node"), "gpus": list(i.get("gpus") or []),
-                       "share": float(res.get("gpuShare") or 0.0) or 1.0, "cpu": float(res.get("cpu") or 0.0),
-                       "memory": float(res.get("memory") or 0), "created": float(row.get("created") or 0)}
+                       "share": share, "cpu": float(res.get("cpu") or 0.0),
+                       "memory": float(res.get("memory") or 0), "created": float(row.get("created") or 0),
+                       "gpuMemory": float(res.get("gpuMemory") or 0), "gpuSharing": sharing}
                  for iid, i in (row.get("instances") or {}).items() if i.get("node") in on}
         if insts:
             out.append({**block_input(row["block_id"], ir), "gen": int(row.get("gen") or 0),

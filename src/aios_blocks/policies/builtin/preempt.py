@@ -6,13 +6,21 @@ Input (``action: "preempt"``)::
      "block": {"block_id", "priority", "minInstances",
                "resources": {"gpus", "gpuShare", "cpu", "memory", "gpuModels"}},
      "cluster": {"cluster_id", "nodes": {node_id: {"cpu_free", "mem_free",
-                                                   "gpus": {gpu_id: {"model", "free"}}}}},
+                                                   "gpus": {gpu_id: {"model", "free", "memory", "memory_free",
+                                                                     "instances", "exclusive"}}}}},
      "candidates": [{"block_id", "priority", "created", "preemptible", "minInstances",
                      "instances": {iid: {"node_id", "gpus": [gpu_id], "share", "cpu", "memory",
-                                         "created"}}}]}
+                                         "created", "gpuMemory", "gpuSharing"}}}]}
 
 ``free`` is the free part of a GPU (1: whole, 0.25: a quarter of its compute); an instance's
-``share`` is what it holds of each of its GPUs (1: whole). Output::
+``share`` is what it holds of each of its GPUs (1: whole). A GPU's ``memory``/``memory_free``
+(MiB), ``instances`` and ``exclusive``, an instance's ``gpuMemory`` (MiB it holds of each GPU when
+it shares) and ``gpuSharing``, and the block's ``gpuSharing`` (its resourceAllocator's setting)
+are optional (issue 38): with them a GPU is usable by ``capacity.gpu_usable``'s rules (one of less
+memory than ``gpuMemory`` never; a shared one with ``gpuMemory`` free and its share of compute; an
+exclusive instance only an empty one), and an instance gone gives its GPUs back its memory (all of
+it when it was the last). Without them: memory never binds, and a block shares iff ``gpuShare`` > 0
+(the first shape's reading). Output::
 
     {"victims": {node_id: [iid, ...]}, "blocks": {block_id: [iid, ...]},
      "gpus_freed": float, "fits": {node_id: instances of the block}, "reason": str}
@@ -35,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 EPS = 1e-9
@@ -55,13 +63,75 @@ class Need:
     memory: float
     models: frozenset[str]
     count: int
+    #: MiB of each of its GPUs' memory (``gpuMemory``)
+    gpu_memory: float = 0.0
+    #: whether it shares GPUs (``gpuSharing``; None, not given: iff ``share`` > 0, set so at init)
+    sharing: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharing is None:
+            object.__setattr__(self, "sharing", self.share > 0)
+
+
+#: a GPU's places in the planner's list (``_gpu``)
+MODEL, FREE, MEM_FREE, MEM, INSTANCES, EXCLUSIVE = range(6)
 
 
 @dataclass
 class _Node:
     cpu: float
     mem: float
-    gpus: dict[str, list[Any]] = field(default_factory=dict)  # gpu id -> [model, free]
+    gpus: dict[str, list[Any]] = field(default_factory=dict)  # gpu id -> _gpu's list
+
+
+def _gpu(v: Mapping[str, Any]) -> list[Any]:
+    """A GPU as the planner keeps it: [model, free, memory free, memory, instances, exclusive];
+    without ``memory`` its memory never binds, without ``instances`` (-1: not said) an empty GPU is
+    one with all its compute free, without ``exclusive`` one with none free is taken whole."""
+    free = float(v.get("free", 0.0))
+    mem = float(v["memory"]) if v.get("memory") is not None else math.inf
+    mem_free = float(v["memory_free"]) if v.get("memory_free") is not None else mem
+    insts = int(v["instances"]) if v.get("instances") is not None else -1
+    exclusive = bool(v["exclusive"]) if v.get("exclusive") is not None else free <= EPS
+    return [str(v.get("model", "")), free, mem_free, mem, insts, exclusive]
+
+
+def gpu_usable(v: list[Any], need: Need) -> bool:
+    """Whether one instance of ``need`` may use this GPU (``_gpu``'s list): the placement's own
+    rules (``policies.capacity.gpu_usable``): an allowed model, at least ``gpuMemory`` of memory;
+    an instance that shares: not held exclusively, ``gpuMemory`` free and its share of compute;
+    one that does not: nothing on it."""
+    if (need.models and v[MODEL] not in need.models) or v[MEM] < need.gpu_memory:
+        return False
+    if not need.sharing:
+        return v[INSTANCES] == 0 if v[INSTANCES] >= 0 else v[FREE] >= 1 - EPS
+    return not v[EXCLUSIVE] and v[MEM_FREE] >= need.gpu_memory and v[FREE] >= need.share - EPS
+
+
+def release_gpu(v: list[Any], share: float, gpu_memory: float) -> None:
+    """One instance that held ``share`` of the GPU's compute and (sharing) ``gpu_memory`` MiB of
+    its memory is gone: the last one leaves it whole (all its memory, not exclusive)."""
+    v[FREE] = min(1.0, v[FREE] + share)
+    if v[INSTANCES] > 0:
+        v[INSTANCES] -= 1
+    if v[INSTANCES] == 0:
+        v[FREE], v[MEM_FREE], v[EXCLUSIVE] = 1.0, v[MEM], False
+    else:
+        v[MEM_FREE] = min(v[MEM], v[MEM_FREE] + gpu_memory)
+        if v[INSTANCES] < 0:
+            v[EXCLUSIVE] = v[FREE] <= EPS
+
+
+def take_gpu(v: list[Any], share: float, gpu_memory: float, sharing: bool) -> None:
+    """One instance takes the GPU: its ``share`` of compute and ``gpu_memory`` MiB (sharing), or
+    all of it (``capacity.take``)."""
+    v[FREE] = max(0.0, v[FREE] - share)
+    if v[INSTANCES] >= 0:
+        v[INSTANCES] += 1
+    if sharing:
+        v[MEM_FREE] -= gpu_memory
+    else:
+        v[FREE], v[MEM_FREE], v[EXCLUSIVE] = 0.0, 0.0, True
 
 
 @dataclass(frozen=True)
@@ -73,22 +143,32 @@ class _Block:
     levels: tuple[tuple[str, ...], ...]
 
 
+def share_of(inst: Mapping[str, Any]) -> float:
+    """What an instance holds of each of its GPUs' compute (``share``; not given: all of it)."""
+    share = inst.get("share")
+    return 1.0 if share is None else float(share)
+
+
 def need_of(block: Mapping[str, Any]) -> Need:
     r = block.get("resources") or {}
+    sharing = block.get("gpuSharing")
     return Need(int(r.get("gpus") or 0), float(r.get("gpuShare") or 0.0), float(r.get("cpu") or 0.0),
-                float(r.get("memory") or 0.0), frozenset(r.get("gpuModels") or ()), max(1, int(block.get("minInstances") or 0)))
+                float(r.get("memory") or 0.0), frozenset(r.get("gpuModels") or ()), max(1, int(block.get("minInstances") or 0)),
+                float(r.get("gpuMemory") or 0.0), None if sharing is None else bool(sharing))
 
 
 def _nodes(cluster: Mapping[str, Any]) -> dict[str, _Node]:
     out = {}
     for nid, n in sorted((cluster.get("nodes") or {}).items()):
-        gpus = {g: [str(v.get("model", "")), float(v.get("free", 0.0))] for g, v in sorted((n.get("gpus") or {}).items())}
+        gpus = {g: _gpu(v) for g, v in sorted((n.get("gpus") or {}).items())}
         out[nid] = _Node(float(n.get("cpu_free") or 0.0), float(n.get("mem_free") or 0.0), gpus)
     return out
 
 
 def node_fits(n: _Node, need: Need, limit: int) -> int:
-    """How many instances of ``need`` the node takes (at most ``limit``)."""
+    """How many instances of ``need`` the node takes (at most ``limit``): its GPUs by
+    ``gpu_usable``; sharing ones best fit (the fullest first), each instance taking its share of
+    compute and its ``gpuMemory`` of memory of each GPU it gets."""
     k = limit
     if need.cpu > 0:
         k = min(k, math.floor(n.cpu / need.cpu + EPS))
@@ -96,18 +176,30 @@ def node_fits(n: _Node, need: Need, limit: int) -> int:
         k = min(k, math.floor(n.mem / need.memory + EPS))
     if need.gpus <= 0 or k <= 0:
         return max(0, k)
-    frees = [v[1] for v in n.gpus.values() if not need.models or v[0] in need.models]
-    if need.share <= 0:
-        return min(k, sum(1 for f in frees if f >= 1 - EPS) // need.gpus)
+    if not need.sharing:
+        return min(k, sum(1 for v in n.gpus.values() if gpu_usable(v, need)) // need.gpus)
+    if need.gpu_memory <= 0:  # compute alone binds (the trace's shares): its free parts, as floats
+        frees = sorted(v[FREE] for v in n.gpus.values() if gpu_usable(v, need))
+        got = 0
+        while got < k:
+            pick = [i for i, f in enumerate(frees) if f >= need.share - EPS][: need.gpus]
+            if len(pick) < need.gpus:
+                break
+            for i in pick:
+                frees[i] -= need.share
+            frees.sort()
+            got += 1
+        return got
+    pairs = sorted([v[FREE], v[MEM_FREE]] for v in n.gpus.values() if gpu_usable(v, need))
     got = 0
-    frees.sort()
     while got < k:
-        pick = [i for i, f in enumerate(frees) if f >= need.share - EPS][: need.gpus]  # best fit: the fullest first
-        if len(pick) < need.gpus:
+        took = [f for f in pairs if f[0] >= need.share - EPS and f[1] >= need.gpu_memory][: need.gpus]
+        if len(took) < need.gpus:
             break
-        for i in pick:
-            frees[i] -= need.share
-        frees.sort()
+        for f in took:
+            f[0] -= need.share
+            f[1] -= need.gpu_memory
+        pairs.sort()
         got += 1
     return got
 
@@ -162,10 +254,10 @@ class _Plan:
                 n = nodes[nid] = _Node(base.cpu, base.mem, {g: list(v) for g, v in base.gpus.items()})
             n.cpu += float(i.get("cpu") or 0.0)
             n.mem += float(i.get("memory") or 0.0)
-            share = float(i.get("share") or 1.0)
+            share, gpu_memory = share_of(i), float(i.get("gpuMemory") or 0.0)
             for g in i.get("gpus") or ():
                 if g in n.gpus:
-                    n.gpus[g][1] = min(1.0, n.gpus[g][1] + share)
+                    release_gpu(n.gpus[g], share, gpu_memory)
         return nodes
 
     def fits(self, evicted: Iterable[str]) -> dict[str, int]:
@@ -182,7 +274,7 @@ class _Plan:
         return {}
 
     def gpus_freed(self, evicted: Iterable[str]) -> float:
-        return sum(len(self.insts[i].get("gpus") or ()) * float(self.insts[i].get("share") or 1.0) for i in evicted)
+        return sum(len(self.insts[i].get("gpus") or ()) * share_of(self.insts[i]) for i in evicted)
 
 
 def _evicted(levels: Mapping[str, int], by_id: Mapping[str, _Block]) -> list[str]:
@@ -321,7 +413,7 @@ def node_may_fit(block: Mapping[str, Any], node_id: str, node: Mapping[str, Any]
           for c in candidates]
     blocks = _blocks(on, int(block.get("priority") or 0) - min_delta)
     insts = {iid: v for c in on for iid, v in c["instances"].items()}
-    return bool(_Plan(nodes, insts, Need(need.gpus, need.share, need.cpu, need.memory, need.models, 1)).fits(
+    return bool(_Plan(nodes, insts, replace(need, count=1)).fits(
         [iid for b in blocks for iid in b.levels[-1]]))
 
 

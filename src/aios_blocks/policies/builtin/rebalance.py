@@ -16,10 +16,14 @@ Input (``action: "rebalance"``)::
                   "targets": [node_id],                # optional: the only nodes it may move to
                   "prefer": {node_id: score},          # optional: its Preferred/Adaptive affinity score per node
                   "instances": {iid: {"node_id", "gpus", "share", "cpu", "memory", "created",
-                                      "tier"}}}],      # optional: its GPU set's link tier now
+                                      "tier",          # optional: its GPU set's link tier now
+                                      "gpuMemory", "gpuSharing"}}}],   # optional, as preempt-min's
      "topology": {node_id: {"gpus": [gpu_id], "topology": {...}}}}   # optional: nodes' GPU topology
 
-The cluster's shape is ``builtin:preempt-min``'s (``free``: the free part of a GPU's compute).
+The cluster's shape is ``builtin:preempt-min``'s (``free``: the free part of a GPU's compute; a
+GPU's memory, instances and exclusive flag, and a block's or instance's ``gpuSharing``, optional:
+with them a GPU is usable by the placement's rules, ``preempt.gpu_usable``, and a moved instance
+gives its source GPUs back the memory it held and takes its own on its target's).
 Output::
 
     {"moves": [{"block_id", "instance_id", "from", "to", "to_gpus", "reason", "gpus_freed",
@@ -70,7 +74,7 @@ from typing import Any, Protocol
 from ...schemas.topology import TIER_RANK, LinkTier
 from .. import topology as topo_mod
 from .frag import UNITS, Workload
-from .preempt import EPS, Need, _Node, _nodes, need_of, node_fits
+from .preempt import EPS, Need, _Node, _nodes, gpu_usable, need_of, node_fits, release_gpu, share_of, take_gpu
 from .preempt import placement as _placement
 from .rebalance_dests import DestCache, _count, _Counts, _Dests, _entry, _left, _model, _on
 
@@ -116,6 +120,14 @@ class Inst:
     tier: int | None = None
     #: its block's affinity score per node it may go to (Preferred/Adaptive; None: all the same)
     prefer: Mapping[str, float] | None = field(default=None, compare=False)
+    #: MiB of each GPU's memory it needs (and holds, sharing), and whether it shares (None, not
+    #: given: iff its share < 1, set so at init)
+    gpu_memory: float = 0.0
+    sharing: bool | None = None
+
+    def __post_init__(self) -> None:
+        if self.sharing is None:
+            object.__setattr__(self, "sharing", self.share < 1 - EPS)
 
     def score(self, nid: str) -> float:
         """Its block's affinity score on node ``nid`` (0 without ``prefer``)."""
@@ -130,14 +142,16 @@ class Inst:
 
     @functools.cached_property
     def _need(self) -> Need:  # asked per node tried as a destination: made once
-        return Need(len(self.gpus), 0.0 if self.share >= 1 - EPS else self.share, self.cpu, self.memory, self.models, 1)
+        return Need(len(self.gpus), self.share if self.sharing else 0.0, self.cpu, self.memory, self.models, 1,
+                    self.gpu_memory, self.sharing)
 
     @functools.cached_property
     def dest_key(self) -> tuple[Any, ...]:
         """What decides where the instance may go and what it costs there (``_entry``): two
         instances with the same key have the same destinations (``_Dests`` ranks them once)."""
         prefer = None if self.prefer is None else (frozenset(self.prefer.items()), self.node)
-        return (len(self.gpus), self.share, self.cpu, self.memory, self.models, self.targets, self.tier, prefer)
+        return (len(self.gpus), self.share, self.cpu, self.memory, self.models, self.targets, self.tier, prefer,
+                self.gpu_memory, self.sharing)
 
 
 @dataclass(frozen=True)
@@ -189,9 +203,10 @@ def _worse_tier(i: Inst, count: int, rank: int) -> bool:
 
 
 def _whole_free_at(ids: list[str], n: _Node, i: Inst) -> list[int]:
-    """The positions in ``ids`` of the GPUs of ``n`` the whole-GPU instance may take: free, of an
-    allowed model."""
-    return [k for k, g in enumerate(ids) if (not i.models or n.gpus[g][0] in i.models) and n.gpus[g][1] >= 1 - EPS]
+    """The positions in ``ids`` of the GPUs of ``n`` the whole-GPU instance may take
+    (``gpu_usable``: free, of an allowed model and enough memory)."""
+    need = i.need()
+    return [k for k, g in enumerate(ids) if gpu_usable(n.gpus[g], need)]
 
 
 class Cluster:
@@ -258,7 +273,7 @@ class Cluster:
         n.mem += i.memory
         for g in i.gpus:
             if g in n.gpus:
-                n.gpus[g][1] = min(1.0, n.gpus[g][1] + i.share)
+                release_gpu(n.gpus[g], i.share, i.gpu_memory)
 
     @staticmethod
     def pick(n: _Node, i: Inst) -> tuple[str, ...] | None:
@@ -268,8 +283,8 @@ class Cluster:
             return None
         if not i.gpus:
             return ()
-        ok = [(v[1], g) for g, v in n.gpus.items() if (not i.models or v[0] in i.models)
-              and v[1] >= (1.0 if i.share >= 1 - EPS else i.share) - EPS]
+        need = i.need()
+        ok = [(v[1], g) for g, v in n.gpus.items() if gpu_usable(v, need)]
         ok.sort()
         return tuple(g for _, g in ok[: len(i.gpus)])
 
@@ -278,7 +293,7 @@ class Cluster:
         n.cpu -= i.cpu
         n.mem -= i.memory
         for g in gpus:
-            n.gpus[g][1] = max(0.0, n.gpus[g][1] - i.share)
+            take_gpu(n.gpus[g], i.share, i.gpu_memory, bool(i.sharing))
 
 
 def workload_of(spec: Iterable[Mapping[str, Any]] | None, pending: Iterable[Need], insts: Iterable[Inst]) -> Workload:
@@ -334,9 +349,10 @@ def _instances(c: Mapping[str, Any], bid: str) -> list[Inst]:
     models = frozenset(c.get("gpuModels") or ())
     targets = None if c.get("targets") is None else frozenset(str(t) for t in c["targets"])
     prefer = _prefer_of(c)
-    return [Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), float(i.get("share") or 1.0),
+    return [Inst(str(iid), bid, str(i.get("node_id")), tuple(i.get("gpus") or ()), share_of(i),
                  float(i.get("cpu") or 0.0), float(i.get("memory") or 0.0), prio,
-                 float(i.get("created") or c.get("created") or 0.0), models, targets, _tier_of(i), prefer)
+                 float(i.get("created") or c.get("created") or 0.0), models, targets, _tier_of(i), prefer,
+                 float(i.get("gpuMemory") or 0.0), None if i.get("gpuSharing") is None else bool(i["gpuSharing"]))
             for iid, i in sorted((c.get("instances") or {}).items())]
 
 
@@ -417,7 +433,7 @@ class _Source:
                      for xs in ([len(i.gpus) for i in self.order], [i.cpu for i in self.order],
                                 [i.memory for i in self.order])]
         # a whole-GPU need: the GPUs of its models free on the source; released ones add at most theirs
-        self.whole = need.gpus > 0 and need.share <= 0
+        self.whole = need.gpus > 0 and not need.sharing
         self.free = need.gpus - self.gpus_short if self.whole and self.gpus_short != float("inf") else 0
 
     def too_short(self, size: int) -> bool:
@@ -515,13 +531,13 @@ def _source_key(n: _Node, need: Need) -> tuple[float, float]:
 
 
 def _shortfall(n: _Node, need: Need) -> float:
-    """How many GPUs the node is short of one instance of ``need`` (whole GPUs free of an allowed
-    model against what it needs), for ordering the sources: the closest first."""
-    usable = [v for v in n.gpus.values() if not need.models or v[0] in need.models]
+    """How many GPUs the node is short of one instance of ``need`` (its GPUs ``gpu_usable`` now
+    against what it needs; infinite when too few are of an allowed model and memory), for
+    ordering the sources: the closest first."""
+    usable = [v for v in n.gpus.values() if (not need.models or v[0] in need.models) and v[3] >= need.gpu_memory]
     if len(usable) < need.gpus:
         return float("inf")
-    threshold = 1.0 if need.share <= 0 else need.share
-    return max(0, need.gpus - sum(1 for v in usable if v[1] >= threshold - EPS))
+    return max(0, need.gpus - sum(1 for v in usable if gpu_usable(v, need)))
 
 
 def _sources(c: Cluster, need: Need, on: Mapping[str, list[Inst]]) -> list[str]:
