@@ -179,17 +179,7 @@ def node_fits(n: _Node, need: Need, limit: int) -> int:
     if not need.sharing:
         return min(k, sum(1 for v in n.gpus.values() if gpu_usable(v, need)) // need.gpus)
     if need.gpu_memory <= 0:  # compute alone binds (the trace's shares): its free parts, as floats
-        frees = sorted(v[FREE] for v in n.gpus.values() if gpu_usable(v, need))
-        got = 0
-        while got < k:
-            pick = [i for i, f in enumerate(frees) if f >= need.share - EPS][: need.gpus]
-            if len(pick) < need.gpus:
-                break
-            for i in pick:
-                frees[i] -= need.share
-            frees.sort()
-            got += 1
-        return got
+        return _shares_fit(sorted(v[FREE] for v in n.gpus.values() if gpu_usable(v, need)), need, k)
     pairs = sorted([v[FREE], v[MEM_FREE]] for v in n.gpus.values() if gpu_usable(v, need))
     got = 0
     while got < k:
@@ -200,6 +190,21 @@ def node_fits(n: _Node, need: Need, limit: int) -> int:
             f[0] -= need.share
             f[1] -= need.gpu_memory
         pairs.sort()
+        got += 1
+    return got
+
+
+def _shares_fit(frees: list[float], need: Need, k: int) -> int:
+    """``node_fits`` of a sharing need whose ``gpuMemory`` is 0 on its usable GPUs' free parts
+    (sorted; changed): best fit, the fullest first."""
+    got = 0
+    while got < k:
+        pick = [i for i, f in enumerate(frees) if f >= need.share - EPS][: need.gpus]
+        if len(pick) < need.gpus:
+            break
+        for i in pick:
+            frees[i] -= need.share
+        frees.sort()
         got += 1
     return got
 
