@@ -146,6 +146,7 @@ def test_the_rebalancer_makes_room_by_freeing_the_memory_of_the_gpus_the_gang_ge
     for m in out["moves"]:  # each move as the placement does it: the target takes it, the source gives it back
         r = by_iid[m["instance_id"]]
         assert m["from"] == "n0" and m["to"] == "n1" and set(m["to_gpus"]) <= set(usable(views["n1"], r["ir"]))
+        assert "frees 0.25 GPU(s), 1 CPU, 1024 MiB of memory, 8192 MiB of each GPU's memory on n0" in m["reason"], m
         remove(views, rows, {m["instance_id"]})
         put(views, rows, r["ir"], m["to"], m["to_gpus"])
     assert len(usable(views["n0"], gang)) == 2, views["n0"]["gpus"]

@@ -638,7 +638,9 @@ def plan_fragmentation(c: Cluster, insts: list[Inst], budget: dict[str, int], ma
 
 
 def _reason_pending(m: Move, bid: str, src_free: int, after_free: int) -> str:
-    also = "".join(f", {v:g} {unit}" for v, unit in ((m.inst.cpu, "CPU"), (m.inst.memory, "MiB of memory")) if v > 0)
+    gpu_mem = m.inst.gpu_memory if m.inst.sharing else 0.0  # an exclusive one frees its GPUs whole
+    also = "".join(f", {v:g} {unit}" for v, unit in ((m.inst.cpu, "CPU"), (m.inst.memory, "MiB of memory"),
+                                                      (gpu_mem, "MiB of each GPU's memory")) if v > 0)
     return (f"makes room for pending {bid}: frees {m.inst.gpu_amount:g} GPU(s){also} on {m.inst.node} "
             f"({src_free} -> {after_free} whole GPUs free), fragments least on {m.to}")
 
