@@ -43,7 +43,7 @@ async def test_list_json_and_data_dir_before_or_after_the_command(system: System
         r = cli(*args)
         assert r.returncode == 0, (args, r.stderr)
         rows = json.loads(r.stdout)
-        assert {"id": "flags-1", "status": "ready", "cluster": "c1", "reason": None, "instances": 1} \
+        assert {"id": "flags-1", "status": "ready", "cluster": "c1", "reason": None, "instances": 1, "short": None} \
             == {k: v for k, v in rows[0].items() if k != "gen"}, rows
     r = cli("--data-dir", d, "list", "--data-dir", "/nowhere")
     assert r.returncode == 2 and "/nowhere" in r.stderr

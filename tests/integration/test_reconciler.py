@@ -7,6 +7,10 @@ the member's agent is SIGKILLed (its simulated instances die with it). The healt
 it fails its probes), the heartbeat eviction's reassignment may fail while the virtual cluster is
 being refilled with the spare node, and the reconciler must then bring the block back to one
 running instance, on the spare node.
+
+With no node left to take it, the block is marked *short* (docs/reliability.md "Short blocks"):
+its record, ``blocks get``/``list``/``explain``, the console's fold, the controllers' gauge and one
+``block.degraded``; whole again when a node joins, with one ``block.restored``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from aios_blocks.console.projection import blocks_page
 from aios_blocks.projections.explain import explain
 from aios_blocks.recovery.invariants import check
+from aios_blocks.recovery.rebuild import fold_stream
 from aios_blocks.state.vcluster import VClusterStore
+from aios_blocks.state.views import short_of
 
 from .conftest import System
 from .test_cli import blocks
@@ -143,6 +151,23 @@ async def test_block_below_its_minimum_after_its_node_dies_comes_back_on_the_spa
     assert rep.ok, rep.violations
 
 
+async def _short_gauge(system: System) -> float:
+    """``aios_reconciler_short_blocks`` over the controllers' /metrics: the largest (the lease
+    holder's; the others say 0)."""
+    values: list[float] = []
+    async with aiohttp.ClientSession() as http:
+        for t in await system.client.store.metrics.targets("controller"):
+            async with http.get(t["url"]) as resp:
+                text = await resp.text()
+            values += [float(line.split()[-1]) for line in text.splitlines() if line.startswith("aios_reconciler_short_blocks ")]
+    assert values, "no controller serves aios_reconciler_short_blocks"
+    return max(values)
+
+
+def _named(stored: list[tuple[str, dict[str, Any]]], tail: str) -> list[dict[str, Any]]:
+    return [env for s, env in stored if s.endswith(tail)]
+
+
 @pytest.fixture
 def quick_reconciler(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before ``system``: short waits between the reconciler's asks, so the test sees several."""
@@ -191,6 +216,34 @@ async def test_block_short_with_no_capacity_says_why_and_comes_back_when_a_node_
     assert len({t["request_id"] for t in asks}) == len(asks)
     refused = [f["reason"] for f in x["failures"] if f["step"] == "scale"]
     assert refused and all("no healthy node can host" in r for r in refused), refused
+    # short: its record says so (a condition beside the status, which stays ready), with the reason
+    async def marked() -> dict[str, Any] | None:
+        b = await c.store.get_block(bid)
+        return short_of(b.get("short")) if b and b["status"] == "ready" else None
+
+    short = await until(marked, 30, f"{bid} marked short")
+    assert (short["live"], short["min_instances"]) == (0, 1) and "failed: " in short["reason"], short
+    assert "no healthy node" in short["reason"], short
+    r = blocks(system, "get", bid)
+    assert r.returncode == 0 and "b6: ready (short 0/1 since " in " ".join(r.stdout.split()), r.stdout + r.stderr
+    r = blocks(system, "list", "--json")
+    (row,) = [b for b in json.loads(r.stdout) if b["id"] == bid]
+    assert row["status"] == "ready" and row["short"]["live"] == 0 and row["short"]["since"] == short["since"], row
+    assert (await _short_gauge(system)) == 1
+    # announced once however many passes and asks follow
+    n_asks = len(asks)
+    await until(lambda: _more_asks(system, bid, n_asks + 2), 60, "two more asks of the reconciler")
+    stored = await _stored(system, bid)
+    (degraded,) = _named(stored, ".degraded")
+    assert degraded["data"]["since"] == short["since"] and degraded["data"]["min_instances"] == 1
+    assert _named(stored, ".restored") == []
+    x = explain(stored)
+    (spell,) = x["short"]
+    assert spell["restored"] == "" and spell["live"] == 0, spell
+    # the console (the stream's fold) shows it too
+    (crow,) = [b for b in blocks_page(await fold_stream(c.bus), q=bid)["rows"] if b["id"] == bid]
+    assert crow["status"] == "ready" and crow["short"].startswith("short 0/1 since "), crow
+
     # the dead node was suspect (every instance on it failing, its agent silent) before its heartbeat timed out
     r = blocks(system, "node", "list", "--json")
     assert r.returncode == 0, r.stderr
@@ -204,5 +257,26 @@ async def test_block_short_with_no_capacity_says_why_and_comes_back_when_a_node_
         return len(insts) == 1 and all(i["status"] == "running" and i["node"] == "c5-b" for i in insts.values())
 
     await until(back_on_spare, 90, f"one running instance of {bid} on the new node c5-b")
+
+    async def whole_again() -> list[dict[str, Any]]:
+        b = await c.store.get_block(bid)
+        return _named(await _stored(system, bid), ".restored") if b and "short" not in b else []
+
+    (restored,) = await until(whole_again, 30, f"{bid} whole again: its mark cleared, block.restored")
+    assert restored["data"]["since"] == short["since"] and restored["data"]["live"] == 1, restored
+    stored = await _stored(system, bid)
+    assert len(_named(stored, ".degraded")) == 1
+    (spell,) = explain(stored)["short"]
+    assert spell["restored"] and "1 live >= minInstances 1" in spell["restored_reason"], spell
+    r = blocks(system, "get", bid)
+    assert "b6: ready" in " ".join(r.stdout.split()) and "short" not in r.stdout, r.stdout
+    assert (await _short_gauge(system)) == 0
+    (crow,) = [b for b in blocks_page(await fold_stream(c.bus), q=bid)["rows"] if b["id"] == bid]
+    assert crow["short"] == "", crow
     rep = await check(c.bus, c.store, expected={bid})
     assert rep.ok, rep.violations
+
+
+async def _more_asks(system: System, bid: str, n: int) -> bool:
+    x = explain(await _stored(system, bid))
+    return len([t for t in x["targets"] if t["source"] == "reconciler"]) >= n

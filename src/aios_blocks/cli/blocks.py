@@ -150,7 +150,10 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
         if as_json:
             block = await c.store.get_block(bid)
             if block:
-                print(json.dumps({**block, "instances": await c.store.instances(bid)}, indent=2, default=str))
+                from ..state.views import short_of
+
+                short = {"short": short_of(block["short"])} if "short" in block else {}
+                print(json.dumps({**block, **short, "instances": await c.store.instances(bid)}, indent=2, default=str))
         else:
             block = await _print_block(c, bid)
         if block is None:
@@ -163,19 +166,22 @@ def get(bid: str, as_json: bool = typer.Option(False, "--json"), data_dir: Path 
 
 def list_blocks(
     limit: int = typer.Option(100, min=1, help="At most this many blocks."),
-    as_json: bool = typer.Option(False, "--json", help="The rows as a JSON list (id, status, cluster, reason, gen, instances)."),
+    as_json: bool = typer.Option(False, "--json", help="The rows as a JSON list (id, status, cluster, reason, gen, instances, short)."),
     pending: bool = typer.Option(False, "--pending", help="Only the blocks waiting in the pending queue, in queue order: "
                                  "position, priority, age, reason (docs/priority.md)."),
     data_dir: Path = DataDir,
 ) -> None:
     """List blocks, newest first: status, cluster, instance count, reason. Reads Redis only.
 
+    A ready block below its minInstances that the reconciler could not bring back shows as
+    `ready (short 0/1 since 12:01:03: why)` (docs/reliability.md, "Short blocks").
+
     Example: `blocks list --limit 20`, `blocks list --json`, `blocks list --pending`
     """
     if pending:
         _list_pending(as_json, data_dir)
         return
-    from ..state.views import block_rows, open_reader
+    from ..state.views import block_rows, describe_short, open_reader
 
     try:
         r = open_reader(_urls(data_dir)[1])
@@ -191,7 +197,8 @@ def list_blocks(
         return
     t = _table("block", "status", "cluster", "instances", "reason")
     for row in rows:
-        t.add_row(*_plain(row["id"], row["status"], row["cluster"] or "", row["instances"], row["reason"] or ""))
+        status = row["status"] + (f" ({describe_short(row['short'])})" if row["short"] else "")
+        t.add_row(*_plain(row["id"], status, row["cluster"] or "", row["instances"], row["reason"] or ""))
     console.print(t)
 
 

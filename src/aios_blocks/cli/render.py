@@ -95,7 +95,10 @@ async def _print_block(c: Client, bid: str) -> BlockRecord | None:
         return None
     insts = await c.store.instances(bid)
     reason, errors = block.get("reason") or "", _spec_errors(block.get("reason"))
-    title = escape(f"block {bid}: {block['status']}" + (f" ({reason})" if reason and errors is None else ""))
+    from ..state.views import status_text
+
+    title = escape(f"block {bid}: {status_text(block['status'], block.get('short'))}"
+                   + (f" ({reason})" if reason and errors is None else ""))
     ir: BlockIR = block["ir"] if isinstance(block.get("ir"), dict) else {}
     if ir.get("priorityClass") or ir.get("preemptible") is False:  # docs/priority.md
         title += escape(f"; priority {ir.get('priorityClass') or '-'} ({ir.get('priority', 0)})"
@@ -144,6 +147,7 @@ def _render_explain(x: Explanation) -> None:
     for r in x["rounds"]:
         console.print(_round_table(r))
     _explain_instances(x)
+    _explain_short(x)
     for f in x["failures"]:
         console.print(f"[red]{escape(f['step'])} failed[/]: {escape(f['reason'])}")
     _explain_autoscaler(x.get("autoscaler") or {})
@@ -153,6 +157,16 @@ def _render_explain(x: Explanation) -> None:
             why = f": {tg['reason']}" if tg.get("reason") else ""  # (`blocks scale --to` gives none)
             console.print(escape(f"instance target {tg['target']} asked by {tg['source']} {str(tg['time'])[11:19]}{why}"))
     _explain_calls(x["decisions"])
+
+
+def _explain_short(x: Explanation) -> None:
+    """Its spells below minInstances that the reconciler could not bring back (docs/reliability.md)."""
+    from ..state.views import describe_short
+
+    for sp in x.get("short") or []:
+        line = describe_short(dict(sp))
+        back = f"; whole again {str(sp['restored'])[11:19]}: {sp['restored_reason']}" if sp["restored"] else " (still short)"
+        console.print(f"[{'yellow' if sp['restored'] else 'red'}]{escape(line + back)}[/]")
 
 
 def _round_table(r: Round) -> Table:

@@ -20,6 +20,7 @@ from ..recovery.fold import Fold
 from ..recovery.node_state import NodeState
 from ..schemas.lifecycle import BlockStatus
 from ..schemas.records import BlockIR
+from ..state.views import describe_short, short_of
 from ..trace.live import CLUSTER as TRACE_CLUSTER
 from ..trace.live import COMPONENT_SHARED, COMPONENT_WHOLE
 
@@ -307,7 +308,14 @@ def _row(f: Fold, bid: str) -> dict[str, Any]:
     return {"id": bid, "name": block_name(ir), "status": b.get("status", ""), "cluster": b.get("cluster", ""),
             "instances": len(insts), "running": sum(1 for i in insts.values() if i.get("status") == "running"),
             "desired": int(b.get("desired") or ir.get("minInstances") or 0), "component": ir.get("blockComponentURI", ""),
-            "reason": _reason(b), "created": f.block_order.get(bid, 0.0), "tenant": tenant, "priority": priority}
+            "reason": _reason(b), "created": f.block_order.get(bid, 0.0), "tenant": tenant, "priority": priority,
+            "short": _short(b)}
+
+
+def _short(b: dict[str, str]) -> str:
+    """A ready block's short condition in words ('' when whole; docs/reliability.md "Short blocks")."""
+    d = short_of(b.get("short")) if b.get("status") == BlockStatus.READY else None
+    return describe_short(d) if d else ""
 
 
 def _reason(b: dict[str, str]) -> str:

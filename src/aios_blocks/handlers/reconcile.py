@@ -14,6 +14,15 @@ stores in Redis: a copy that takes the lease over goes on from it, and asks with
 request id (deduplicated by the stream) rather than a new one. Instances on a dead node still
 count: moving them is the eviction's job; once it released them they no longer count.
 
+**Short blocks.** A ``ready`` block still short at a pass after the reconciler's first ask
+(the ask placed nothing: no node could take it) is *short*, a condition beside its status
+(``schemas.condition``): :func:`decide` says when to set the record's mark and announce it
+(``block.degraded``, once per spell), when to update the mark silently (fewer or more live, a new
+reason: the latest failed ``scale``/``reassignment`` step of the block the controller noted,
+:class:`Note`), and when to clear it (``block.restored`` once it is whole again; silently when it
+left ``ready``). Whether a spell was announced is the memory's ``degraded`` or the mark itself, so
+a lost memory or a lost mark (``blocks recover``) does not announce it twice.
+
 **Announcements.** A status step's events not yet acked by the stream (``state.announce``) are
 published again when they have waited ``after_s`` and their block holds the step's target now (same
 generation); dropped when it does not (the block moved on or is gone: its later steps say so).
@@ -29,6 +38,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from ..schemas.condition import BlockShort
 from ..schemas.lifecycle import BlockStatus
 from ..schemas.records import InstanceRecord
 from . import scaling
@@ -50,6 +60,19 @@ class BlockSize:
     desired: int = 0
     #: iid -> {status, node, ...} (the instance records)
     instances: dict[str, InstanceRecord] = field(default_factory=dict)
+    #: the record's short mark (``schemas.condition``), None when it has none
+    short: BlockShort | None = None
+
+
+@dataclass(frozen=True)
+class Note:
+    """A ``scale`` or ``reassignment`` step of the block that failed, as the controller noted it
+    (``state.reconcile``): the reason a short block's mark gives."""
+
+    gen: int
+    step: str
+    reason: str
+    at: float
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,8 @@ class Memory:
     next_at: float = 0.0
     #: the last ask's request id
     request_id: str = ""
+    #: its ``block.degraded`` was published (the spell is announced)
+    degraded: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +121,12 @@ class Outcome:
     dropped: list[str]
     #: bid -> why it is short now and what was done (logs, status)
     short: dict[str, str]
+    #: ``block.degraded`` to publish (a spell begins) and ``block.restored`` (whole again)
+    degraded: list[BlockShort] = field(default_factory=list)
+    restored: list[BlockShort] = field(default_factory=list)
+    #: bid -> the mark to write on its record (new or changed); (bid, gen) whose mark goes
+    marks: dict[str, BlockShort] = field(default_factory=dict)
+    unmark: list[tuple[str, int]] = field(default_factory=list)
 
 
 def request_id(bid: str, gen: int, mem: Memory) -> str:
@@ -104,35 +135,86 @@ def request_id(bid: str, gen: int, mem: Memory) -> str:
     return f"reconcile-{gen}-{int(mem.since * 1000)}-{mem.attempts}"
 
 
-def decide(blocks: Iterable[BlockSize], memory: Mapping[str, Memory], now: float, backoff: Backoff) -> Outcome:
+def episode(since: float) -> str:
+    """A short spell's id (its start in ms): both of its events' ids name it."""
+    return str(int(since * 1000))
+
+
+def decide(blocks: Iterable[BlockSize], memory: Mapping[str, Memory], now: float, backoff: Backoff,
+           notes: Mapping[str, Note] | None = None, note_window_s: float = 5.0) -> Outcome:
     """One pass over every block. A ``ready`` block with fewer live instances than
     ``minInstances`` gets an :class:`Ask` for ``max(minInstances, desired)`` (clamped to
     ``maxInstances``) unless its backoff runs; the memory of every other block (not short, not
-    ready, not in ``blocks``: gone) is dropped."""
-    asks: list[Ask] = []
-    out: dict[str, Memory] = {}
-    short: dict[str, str] = {}
+    ready, not in ``blocks``: gone) is dropped. The short condition (module doc): ``notes``, bid ->
+    the block's latest failed step; one of this generation at most ``note_window_s`` older than
+    the spell is its reason."""
+    out = Outcome([], {}, [], {})
     for b in blocks:
+        if b.status != BlockStatus.READY or not b.cluster:
+            if b.short is not None:  # left ready (deleted, preempted...): its own steps say so
+                out.unmark.append((b.block_id, b.gen))
+            continue
         live = scaling.live(b.instances)
-        if b.status != BlockStatus.READY or not b.cluster or len(live) >= b.min_instances:
-            continue
+        before = memory.get(b.block_id)
         running = sum(1 for rec in live.values() if rec.get("status") == "running")
-        mem = memory.get(b.block_id) or Memory(since=now)
-        what = f"{len(live)} live ({running} running) < minInstances {b.min_instances}"
-        if now < mem.next_at:
-            out[b.block_id] = mem
-            short[b.block_id] = f"{what}; next ask in {mem.next_at - now:.1f} s (attempt {mem.attempts})"
+        if len(live) >= b.min_instances:
+            _whole(b, before, len(live), running, now, out)
             continue
-        target, _ = scaling.clamp(max(b.min_instances, b.desired), b.min_instances, b.max_instances)
-        mem = replace(mem, attempts=mem.attempts + 1)
-        delay = backoff.delay(mem.attempts)
-        mem = replace(mem, next_at=now + delay, request_id=request_id(b.block_id, b.gen, mem))
-        reason = (f"{what} for {now - mem.since:.0f} s: asking for {target} (attempt {mem.attempts}; "
-                  f"again in {delay:g} s while short)")
-        asks.append(Ask(b.block_id, b.gen, target, mem.request_id, reason))
-        out[b.block_id] = mem
-        short[b.block_id] = reason
-    return Outcome(asks, out, sorted(bid for bid in memory if bid not in out), short)
+        mem, target = _ask(b, before, len(live), running, now, backoff, out)
+        note = (notes or {}).get(b.block_id)
+        if note is not None and (note.gen != b.gen or note.at < mem.since - note_window_s):
+            note = None
+        out.memory[b.block_id] = _short(b, before, mem, len(live), running, target, note, out)
+    out.dropped.extend(sorted(bid for bid in memory if bid not in out.memory))
+    return out
+
+
+def _ask(b: BlockSize, before: Memory | None, live: int, running: int, now: float, backoff: Backoff, out: Outcome
+         ) -> tuple[Memory, int]:
+    """The ask for a short block's missing instances, unless its backoff runs: the memory after it."""
+    mem = before or Memory(since=now)
+    what = f"{live} live ({running} running) < minInstances {b.min_instances}"
+    target, _ = scaling.clamp(max(b.min_instances, b.desired), b.min_instances, b.max_instances)
+    if now < mem.next_at:
+        out.short[b.block_id] = f"{what}; next ask in {mem.next_at - now:.1f} s (attempt {mem.attempts})"
+        return mem, target
+    mem = replace(mem, attempts=mem.attempts + 1)
+    delay = backoff.delay(mem.attempts)
+    mem = replace(mem, next_at=now + delay, request_id=request_id(b.block_id, b.gen, mem))
+    reason = (f"{what} for {now - mem.since:.0f} s: asking for {target} (attempt {mem.attempts}; "
+              f"again in {delay:g} s while short)")
+    out.asks.append(Ask(b.block_id, b.gen, target, mem.request_id, reason))
+    out.short[b.block_id] = reason
+    return mem, target
+
+
+def _short(b: BlockSize, before: Memory | None, mem: Memory, live: int, running: int, target: int, note: Note | None,
+           out: Outcome) -> Memory:
+    """The condition of a block short now: announced once its earlier ask placed nothing (a pass
+    after the first ask finds it still short), its mark kept up to date silently after that."""
+    announced = b.short is not None or (before is not None and before.degraded)
+    if not announced and (before is None or before.attempts < 1):
+        return mem  # not asked yet, or asked in this very pass: the ask may still place it
+    since = b.short.since if b.short is not None else mem.since
+    why = (f"{note.step} failed: {note.reason}" if note is not None
+           else f"the reconciler's ask for {target} placed nothing yet (attempt {mem.attempts})")
+    mark = BlockShort(b.block_id, b.gen, live, running, b.min_instances, since, why, episode(since))
+    if not announced:
+        out.degraded.append(mark)
+    if mark != b.short:
+        out.marks[b.block_id] = mark
+    return replace(mem, degraded=True)
+
+
+def _whole(b: BlockSize, before: Memory | None, live: int, running: int, now: float, out: Outcome) -> None:
+    """A ready block with its minimum: a spell announced (its mark, or the memory's word) ends."""
+    if b.short is None and (before is None or not before.degraded):
+        return
+    since = b.short.since if b.short is not None else before.since if before is not None else now
+    out.restored.append(BlockShort(b.block_id, b.gen, live, running, b.min_instances, since,
+                                   f"{live} live >= minInstances {b.min_instances} after {now - since:.0f} s short",
+                                   episode(since)))
+    out.unmark.append((b.block_id, b.gen))
 
 
 # -- announcements not acked ------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, NotRequired, TypedDict
 
 import msgspec
 
+from ..schemas import condition as cond
 from ..schemas import events as ev
 from ..schemas import moves as mvs
 from ..schemas.catalog import E, Event
@@ -164,6 +165,19 @@ class SpecErrorDoc(TypedDict):
     message: str
 
 
+class ShortSpell(TypedDict):
+    """A spell below ``minInstances`` the reconciler could not bring back (``block.degraded``, then
+    ``block.restored``; docs/reliability.md "Short blocks")."""
+
+    since: float
+    live: int
+    min_instances: int
+    reason: str
+    #: when it was whole again ("" while it lasts), and how
+    restored: str
+    restored_reason: str
+
+
 class Explanation(TypedDict):
     """``blocks explain``'s document (``--json`` prints it; ``cli.render._render_explain`` shows it)."""
 
@@ -181,6 +195,8 @@ class Explanation(TypedDict):
     adapt: Any
     #: make-before-break moves (docs/rebalance.md), in the order asked: each with its steps
     moves: list[MoveStory]
+    #: its spells short of minInstances, oldest first (the last one open while ``restored`` is "")
+    short: list[ShortSpell]
     #: added by ``blocks explain`` for a block in the pending queue (docs/priority.md)
     pending: NotRequired[Waiting]
 
@@ -199,6 +215,7 @@ def _empty() -> Explanation:
         "autoscaler": {"decisions": [], "failures": []},
         "adapt": {},
         "moves": [],
+        "short": [],
     }
 
 
@@ -317,6 +334,18 @@ class Explain(Projection):
     def on_step_failed(self, m: Fact[ev.StepFailed]) -> None:
         self._failure(m.data.step or _FAILED_STEP[m.event], m.data.reason)
         self._calls(m.data.decisions)
+
+    @on(E.block_degraded)
+    def on_degraded(self, m: Fact[cond.BlockShort]) -> None:
+        d = m.data
+        self.out["short"].append({"since": d.since, "live": d.live, "min_instances": d.min_instances, "reason": d.reason,
+                                  "restored": "", "restored_reason": ""})
+
+    @on(E.block_restored)
+    def on_restored(self, m: Fact[cond.BlockShort]) -> None:
+        spells = self.out["short"]
+        if spells and not spells[-1]["restored"]:
+            spells[-1]["restored"], spells[-1]["restored_reason"] = m.time, m.data.reason
 
     @on(E.block_health_failed)
     def on_health_failed(self, m: Fact[ev.StepFailed]) -> None:

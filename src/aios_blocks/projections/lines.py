@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..schemas import condition as cd
 from ..schemas import events as ev
 from ..schemas import moves as mv
 from ..schemas import priority as pr
@@ -31,7 +32,7 @@ PLAIN: frozenset[Event[Any]] = frozenset({
     E.tenant_block_delete, E.tenant_block_history, E.tenant_event,
 })
 #: a line's colour, by the last word of its kind
-COLOUR = {"ready": "green", "failed": "red", "rejected": "red", "deleted": "yellow", "pending": "yellow",
+COLOUR = {"ready": "green", "restored": "green", "degraded": "red", "failed": "red", "rejected": "red", "deleted": "yellow", "pending": "yellow",
           "preempted": "magenta"}
 
 
@@ -207,6 +208,12 @@ class Lines(Projection):
         to = f"{d.new_instance_id}@{d.to_node}" if d.new_instance_id else (d.to_node or "-")
         self.detail = f"{d.move_id}: {d.instance_id}@{d.from_node or '-'} -> {to}" + (f": {d.reason}" if d.reason else "")
         self.detail += _calls(d)
+
+    @on(E.block_degraded, E.block_restored)
+    def on_short(self, m: Fact[cd.BlockShort]) -> None:
+        """A ready block short of its minInstances, or whole again (docs/reliability.md "Short blocks")."""
+        d = m.data
+        self.detail = f"{d.live} live ({d.running} running) of minInstances {d.min_instances}: {d.reason}"
 
     @on(E.block_decision)
     def on_decision(self, m: Fact[ev.Decision]) -> None:

@@ -36,6 +36,7 @@ from ..policies import quota as qp
 from ..policies.affinity import uid
 from ..policies.capacity import share_units
 from ..projections.base import INDEX, Fact, Projection, on
+from ..schemas import condition as cond
 from ..schemas import events as ev
 from ..schemas import lifecycle as lc
 from ..schemas import priority as pr
@@ -183,6 +184,8 @@ class Fold(Projection):
             return False
         b["version"] = str(int(b.get("version", "0")) + 1)
         b["status"] = _VALUE[target]
+        if target != lc.BlockStatus.READY:
+            b.pop(cond.FIELD, None)  # a short mark is a ready block's (the reconciler clears it)
         if fields:
             b.update(fields)
         return True
@@ -361,6 +364,18 @@ class Fold(Projection):
     @on(E.block_ready)
     def on_ready(self, m: Fact[ev.BlockStatusReport]) -> None:
         self._reach(m.tokens["bid"], m.data.gen, lc.BlockStatus.READY)
+
+    @on(E.block_degraded, E.block_restored)
+    def on_short(self, m: Fact[cond.BlockShort]) -> None:
+        """A ready block's short mark (``schemas.condition``), as its events give it; not digested
+        (``recovery.image``): Redis holds the reconciler's latest figures."""
+        b = self._block(m.tokens["bid"], m.data.gen)
+        if b is None or b.get("status") != _VALUE[lc.BlockStatus.READY]:
+            return
+        if m.event is E.block_degraded:
+            b[cond.FIELD] = cond.encode(m.data)
+        else:
+            b.pop(cond.FIELD, None)
 
     @on(E.block_failed)
     def on_failed(self, m: Fact[ev.BlockStatusReport]) -> None:

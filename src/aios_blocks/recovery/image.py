@@ -31,6 +31,10 @@ What the digest leaves out, and why:
   just before a delete may have been applied live (handled before the delete) or refused (after
   it), which the stream does not say, so the fold cannot know which (the next create of the id
   starts a fresh record);
+* a block's ``short`` mark (``schemas.condition``): the reconciler writes it after its
+  ``block.degraded`` and keeps its figures and reason up to date silently, and clears a block's
+  that left ``ready`` at its next pass, where the fold clears it with the step; the fold keeps the
+  mark its events give (the console shows it, and a recover keeps it), Redis the reconciler's;
 * a policy head's ``updated`` time;
 * usage counters that are zero (``cpu_used``, ``g:*:n``...): Redis keeps a field at "0" after a
   reserve+release where the fold may never have created it; both mean "nothing used".
@@ -116,6 +120,8 @@ _USAGE = ("cpu_used", "mem_used")
 #: a block's scale target, and the statuses in which it no longer counts (the module docstring)
 _DESIRED = ("desired", "desired_seq", "desired_request", "desired_reason")
 _ENDED = ("deleted", "failed", "rejected")
+#: a block's fields the digest leaves out (the module docstring): its clocks and its short mark
+_CLOCKS = ("updated", "version", "short")
 
 
 def _node(h: dict[str, str]) -> JSONObject:
@@ -161,11 +167,11 @@ def _instances(h: dict[str, str]) -> JSONObject:
 
 
 def _block(h: dict[str, str]) -> JSONObject:
-    """A block's hash without its clocks, and without the scale targets of a block that ended (a target
+    """A block's hash without its clocks and short mark, and without the scale targets of a block that ended (a target
     stored just before a delete is applied or refused by which the controller took first: the stream
     does not say; it moves nothing once the block ended)."""
     ended = h.get("status") in _ENDED
-    out: JSONObject = {k: v for k, v in h.items() if k not in ("updated", "version") and not (ended and k in _DESIRED)}
+    out: JSONObject = {k: v for k, v in h.items() if k not in _CLOCKS and not (ended and k in _DESIRED)}
     if "ir" in h:
         out["ir"] = _j(h["ir"])
     return out

@@ -26,6 +26,7 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from . import condition as cd
 from . import dlq as dq
 from . import events as ev
 from . import moves as mv
@@ -453,6 +454,18 @@ class E:
     block_reassignment_failed = Event(
         "block.reassignment.failed", f"{_B}.reassignment.failed", ev.StepFailed, (C,), "a reassignment step failed",
         id_rule="{block_id}:{gen}:reassignment.failed:{request_id}",
+    )
+    block_degraded = Event(
+        "block.degraded", f"{_B}.degraded", cd.BlockShort, (C,),
+        "a ready block is short of its minInstances and the reconciler's ask for the missing instances placed "
+        "nothing (no node can take them): live, running, minInstances, since when, why (the failed step's reason); "
+        "it stays ready (a condition beside the status: blocks get/list show it), once per spell",
+        id_rule="{block_id}:{gen}:degraded:{episode}",
+    )
+    block_restored = Event(
+        "block.restored", f"{_B}.restored", cd.BlockShort, (C,),
+        "a short block is whole again (minInstances live): live now, since when it was short, how long; once per spell",
+        id_rule="{block_id}:{gen}:restored:{episode}",
     )
     block_delete = Event(
         "block.delete", f"{_B}.delete", ev.DeleteRequest, (A, G), "delete requested (CLI; the gateway for a tenant's "

@@ -239,6 +239,9 @@ class BlockRecord(TypedDict, total=False):
     pending_deadline: str
     preempted_by: str
     preempting: str
+    #: a ready block below its minInstances that the reconciler could not bring back: the
+    #: condition as JSON (``schemas.condition.BlockShort``; docs/reliability.md "Short blocks")
+    short: str
 
 
 class InstanceRecord(TypedDict, total=False):

@@ -243,6 +243,9 @@ SUSPECT = f"{HEALTH}:suspect"
 #: the reconciler: its lease (one controller copy at a time) and its memory of short blocks
 RECONCILE_LEASE = f"{HEALTH}:reconcile:lease"
 RECONCILE_STATE = f"{HEALTH}:reconcile:state"
+#: the latest failed scale / reassignment step per block, as the controller noted it (the reason a
+#: short block's mark gives; docs/reliability.md "Short blocks")
+RECONCILE_FAILED = f"{HEALTH}:reconcile:failed"
 #: status steps' announcements not yet acked by the stream (``state.announce``)
 ANNOUNCE = f"{HEALTH}:announce"
 

@@ -468,6 +468,17 @@ if not cur then
 end
 return 0
 """
+#: a ready block's short mark (``schemas.condition``): KEYS[1] the block; ARGV gen, the mark's JSON
+#: ('': clear it). Set only on a ``ready`` block of that generation, cleared on one of that
+#: generation whatever its status -> 1 if written
+SHORT_MARK = """
+local cur = redis.call('HMGET', KEYS[1], 'gen', 'status')
+if cur[1] ~= ARGV[1] then return 0 end
+if ARGV[2] == '' then return redis.call('HDEL', KEYS[1], 'short') end
+if cur[2] ~= 'ready' then return 0 end
+redis.call('HSET', KEYS[1], 'short', ARGV[2])
+return 1
+"""
 #: give a lease back: KEYS[1] lease key; ARGV holder -> 1 if it was ours and is gone
 LEASE_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end

@@ -11,14 +11,16 @@ in ``state.store``.
 
 from __future__ import annotations
 
+import json
 import socket
+import time
 from typing import Any, Protocol, TypedDict
 from urllib.parse import unquote, urlsplit
 
 from .keys import BLOCKS, block_key, inst_key
 
 #: the block record's fields a listing shows (the rest, the IR first, is ``blocks get``'s)
-LIST_FIELDS = ("status", "cluster", "reason", "gen")
+LIST_FIELDS = ("status", "cluster", "reason", "gen", "short")
 #: seconds to connect, and to wait for each reply (a CLI gives up, as its NATS connection does)
 WAIT_S = 5.0
 
@@ -135,6 +137,9 @@ class BlockRow(TypedDict):
     gen: int | None
     #: how many instance records it has
     instances: int
+    #: a ready block below its minInstances that the reconciler could not bring back
+    #: (``schemas.condition.BlockShort``: live, running, min_instances, since, reason), else None
+    short: dict[str, Any] | None
 
 
 def block_rows(r: Pipeline, limit: int = 100) -> list[BlockRow]:
@@ -149,7 +154,42 @@ def block_rows(r: Pipeline, limit: int = 100) -> list[BlockRow]:
     replies = r.pipeline(commands)
     rows: list[BlockRow] = []
     for bid, values, n in zip(bids, replies[::2], replies[1::2], strict=True):
-        status, cluster, reason, gen = values  # (LIST_FIELDS)
+        status, cluster, reason, gen, short = values  # (LIST_FIELDS)
         rows.append({"id": bid, "status": status or "?", "cluster": cluster, "reason": reason,
-                     "gen": int(gen) if gen else None, "instances": n})
+                     "gen": int(gen) if gen else None, "instances": n,
+                     "short": short_of(short) if status == "ready" else None})
     return rows
+
+
+# -- a ready block's short condition (``schemas.condition``), read with the standard library ------
+def short_of(raw: object) -> dict[str, Any] | None:
+    """The record's ``short`` field decoded (None: absent or unreadable)."""
+    if not raw or not isinstance(raw, str | bytes):
+        return None
+    try:
+        d = json.loads(raw)
+    except ValueError:
+        return None
+    return d if isinstance(d, dict) else None
+
+
+def clock(t: object) -> str:
+    """``HH:MM:SS`` (UTC), as ``blocks explain`` prints its times."""
+    try:
+        return time.strftime("%H:%M:%S", time.gmtime(float(t)))  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return "?"
+
+
+def describe_short(d: dict[str, Any]) -> str:
+    """``short 0/1 since 12:01:03: scale failed: no healthy node ...``."""
+    reason = d.get("reason") or ""
+    return f"short {d.get('live', '?')}/{d.get('min_instances', '?')} since {clock(d.get('since'))}" + (f": {reason}" if reason else "")
+
+
+def status_text(status: str, raw: object) -> str:
+    """A block's status as the listings show it: ``ready (short 0/1 since ...)`` while its record
+    carries the condition, else the status alone (a mark left on a block no longer ``ready`` is
+    not shown: the reconciler clears it at its next pass)."""
+    d = short_of(raw) if status == "ready" else None
+    return status if d is None else f"{status} ({describe_short(d)})"

@@ -596,6 +596,8 @@ async def _step_failed(
     event = {"scale": E.block_scale_failed, "scale.target": E.block_scale_failed, "scale_down": E.block_scale_down_failed}.get(
         step, E.block_reassignment_failed)
     await w.bus.emit(event, StepFailed(bid, gen, step, reason, request_id, decisions=trace or []))
+    if step in ("scale", "reassignment") and block is not None:
+        await reconciler.note_failed(w, bid, gen, step, reason)  # why a short block is short
 
 
 # -- scaling to a target, scale-down ---------------------------------------------------------------

@@ -288,7 +288,7 @@ async function viewBlocks(root) {
     table(["block", "name", "status", "cluster", "tenant", "priority", "instances", "component", "reason"], d.rows.map((b) => el("tr", { dataset: { bid: b.id } },
       el("td", {}, blockLink(b.id)), el("td", { class: "name" }, b.name), el("td", {}, statusTag(b.status)), el("td", {}, b.cluster),
       el("td", { class: "tenant" }, b.tenant || ""), el("td", { class: "priority" }, b.priority || ""),
-      el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.reason))), "blocks-table"),
+      el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.short || b.reason))), "blocks-table"),
     d.rows.length ? null : el("p", { class: "muted", id: "blocks-empty" }, [bq.q, bq.status, bq.cluster, bq.tenant, bq.priority, bq.label, bq.policy].some((v) => v)
       ? "No block matches these filters." : PAST === null ? "No block yet: `blocks submit SPEC` (examples/block.yaml) sends one." : "No block then."),
     pager,
@@ -370,6 +370,7 @@ async function viewBlock(root, bid) {
     el("h2", {}, "Block ", el("span", { id: "block-id" }, b.id), " ", el("span", { id: "block-status" }, statusTag(b.status))),
     b.name ? el("p", {}, "name: ", el("span", { id: "block-name" }, b.name)) : null,
     el("p", { class: "muted" }, `cluster ${b.cluster || "-"} \u00b7 instances ${b.running ?? 0} running of ${b.desired ?? 0} wanted \u00b7 ${d.ir.blockComponentURI || ""}`),
+    b.short ? el("p", { class: "short", id: "block-short" }, b.short) : null,
     d.desired_reason ? el("p", { class: "muted" }, "size: ", d.desired_reason) : null,
     ...acts,
     el("h3", {}, "Why (blocks explain)"), explainList(d.explain),
