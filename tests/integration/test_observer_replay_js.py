@@ -1,7 +1,8 @@
 """Observers replay stored events with the official JavaScript clients (npm ``nats`` 2.x, and its
-3.x successor ``@nats-io/jetstream`` + ``@nats-io/transport-node``): every consumer kind they have
-(ordered pull, ordered push, unnamed ephemeral) works on ``AIOS_OBSERVE``, the observers' mirror of
-``AIOS``, while the workers' consumers on ``AIOS`` stay out of their reach (docs/security.md)."""
+3.x successor ``@nats-io/jetstream`` + ``@nats-io/transport-node``) on ``AIOS_OBSERVE``, the
+observers' mirror of ``AIOS``, through consumers named after their user (docs/security.md
+"Observers: a user each"): the clients' ordered consumers, which name themselves, are refused, and
+another observer's consumer and the workers' consumers on ``AIOS`` stay out of their reach."""
 
 from __future__ import annotations
 
@@ -17,12 +18,13 @@ from urllib.parse import urlsplit
 
 import nats
 import pytest
+from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from aios_blocks.bus import subjects
 from aios_blocks.bus.nats_bus import Bus, security_options
 from aios_blocks.cli.client import Client
-from aios_blocks.runtime import auth
+from aios_blocks.runtime import auth, observers
 from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.settings import Settings
 
@@ -93,7 +95,7 @@ def run_node(where: Path, gen: str, config: dict[str, Any], tmp_path: Path) -> d
 
 
 @pytest.mark.parametrize("gen", ["v2", "v3"])
-async def test_an_observer_replays_through_every_consumer_kind_of_the_js_client(
+async def test_an_observer_replays_through_its_own_named_consumer_with_the_js_client(
         servers: EmbeddedServers, admin: Bus, js_clients: Path, gen: str, tmp_path: Path) -> None:
     bid = f"js-{gen}"
     stored = [f"aios.block.{bid}.rejected", f"aios.block.{bid}.selection", f"aios.block.{bid}.autoscaled"]
@@ -102,17 +104,27 @@ async def test_an_observer_replays_through_every_consumer_kind_of_the_js_client(
     await mirrored(admin, stored[-1])
     # a worker's consumer on AIOS (the parser's is on AIOS_INTAKE, out of observers' reach altogether)
     parser_before = await admin.js.consumer_info(subjects.STREAM, subjects.GATEWAY.durable)
+    # another observer's consumer on the mirror
+    other_url = json.loads((await asyncio.to_thread(observers.add_observer, servers.data_dir, "js-other"))[1].read_text())["nats_url"]
+    other = await nats.connect(servers=[other_url], allow_reconnect=False, connect_timeout=5, **security_options(other_url))
+    theirs = "observer-js-other_1"
+    await other.jetstream(timeout=5).add_consumer(OBSERVE, ConsumerConfig(name=theirs, filter_subject=f"aios.block.{bid}.>",
+                                                                          inactive_threshold=120))
     u = urlsplit(servers.endpoints.nats_url("observer"))
     out = run_node(js_clients, gen, {
         "servers": f"{u.hostname}:{u.port}", "user": u.username, "pass": u.password, "stream": OBSERVE,
-        "subject": f"aios.block.{bid}.>", "expected": stored,
+        "subject": f"aios.block.{bid}.>", "expected": stored, "otherConsumer": theirs,
         "workerStream": subjects.STREAM, "workerConsumer": subjects.GATEWAY.durable}, tmp_path)
     replays = out["replays"]
-    assert set(replays) == {"ordered_pull", "ordered_pull_list", "ordered_push", "ephemeral"}, out
-    for kind in ("ordered_pull", "ordered_pull_list", "ordered_push"):
-        assert replays[kind] == stored, (kind, out)
-    assert replays["ephemeral"]["subjects"] == stored and replays["ephemeral"]["ack_pending"] == 0, out
+    assert replays["named"]["subjects"] == stored and replays["named"]["ack_pending"] == 0, out
+    assert replays["named"]["named"] == "observer_1", out
     assert out["replay_errors"] == [], out  # no permissions violation, no flood of status errors
+    assert "error" in replays["ordered_pull"], out  # names itself: refused
+    # the other observer's consumer: no info, no pull, not deleted; untouched
+    assert set(out["other"]) == {"info_error", "pull_error", "delete_error"}, out
+    info = await other.jetstream(timeout=5).consumer_info(OBSERVE, theirs)
+    assert info.num_pending == len(stored) and info.delivered.stream_seq == 0
+    await other.close()
     # the worker's consumer on AIOS stays out of reach: nothing pulled, its config not updated
     assert not out["worker"].get("pulled") and not out["worker"].get("updated"), out
     assert "permissions violation" in out["worker"]["update_error"].lower(), out
@@ -138,13 +150,13 @@ async def test_a_push_consumer_on_the_mirror_injects_nothing_into_the_stream(ser
         target = "aios.block.inj-dst.ready"
         sub = await nc.subscribe(target)  # the delivery needs interest: the observer's own
         await nc.flush()
-        body = {"stream_name": OBSERVE, "config": {"name": "inject", "deliver_subject": target, "ack_policy": "none",
+        body = {"stream_name": OBSERVE, "config": {"name": "observer_9", "deliver_subject": target, "ack_policy": "none",
                                                    "filter_subject": "aios.block.inj-src.rejected", "deliver_policy": "all"}}
-        reply = await nc.request(f"$JS.API.CONSUMER.CREATE.{OBSERVE}", json.dumps(body).encode(), timeout=5)
+        reply = await nc.request(f"$JS.API.CONSUMER.CREATE.{OBSERVE}.observer_9", json.dumps(body).encode(), timeout=5)
         assert "error" not in json.loads(reply.data), reply.data
         msg = await sub.next_msg(timeout=10)
         assert msg.data == b'{"x": 1}' and msg.reply.startswith(f"$JS.ACK.{OBSERVE}.")
-        await nc.request(f"$JS.API.CONSUMER.DELETE.{OBSERVE}.inject", b"", timeout=5)
+        await nc.request(f"$JS.API.CONSUMER.DELETE.{OBSERVE}.observer_9", b"", timeout=5)
     finally:
         await nc.close()
     with pytest.raises(NotFoundError):

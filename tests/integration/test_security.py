@@ -261,9 +261,12 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
     ob = await connect(ep.nats_url("observer"))
     js = ob.nc.jetstream(timeout=5)
     subject = "aios.block.obs-2.>"
-    durable = await js.pull_subscribe(subject, durable="dash-pull", stream=subjects.STREAM)
-    # ephemeral ones are named too (the unnamed create is refused: see below)
-    ephemeral = await js.pull_subscribe(subject, stream=subjects.STREAM, config=ConsumerConfig(name="dash-eph-pull", inactive_threshold=30))
+    # named after its user (observer_1 .. observer_32: docs/security.md "Observers: a user each")
+    durable = await js.pull_subscribe(subject, durable="observer_11", stream=subjects.STREAM)
+    # ephemeral ones are named too (the unnamed create is refused: see below; nats-py's
+    # pull_subscribe names an ephemeral one itself, so it is made first, then bound)
+    await js.add_consumer(subjects.STREAM, ConsumerConfig(name="observer_12", filter_subject=subject, inactive_threshold=30))
+    ephemeral = await js.pull_subscribe_bind("observer_12", stream=subjects.STREAM)
     for sub in (durable, ephemeral):
         [msg] = await sub.fetch(1, timeout=5)
         assert msg.subject == "aios.block.obs-2.ready"
@@ -278,14 +281,16 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
             await msg.ack()
         return on
 
-    await js.subscribe(subject, durable="dash-push", cb=cb("push-durable"), stream=subjects.STREAM)
+    await js.subscribe(subject, durable="observer_13", cb=cb("push-durable"), stream=subjects.STREAM)
     await js.subscribe(subject, cb=cb("push-ephemeral"), stream=subjects.STREAM,
-                       config=ConsumerConfig(name="dash-eph-push", inactive_threshold=30))
+                       config=ConsumerConfig(name="observer_14", inactive_threshold=30))
     for name, fut in got.items():
         assert await asyncio.wait_for(fut, 10) == "aios.block.obs-2.ready", name
-    info = await admin.js.consumer_info(subjects.STREAM, "dash-pull")
+    info = await admin.js.consumer_info(subjects.STREAM, "observer_11")
     assert info.num_ack_pending == 0 and info.delivered.stream_seq > 0  # its own durable, acked
-    await js.delete_consumer(subjects.STREAM, "dash-pull")  # and removable by it
+    await js.delete_consumer(subjects.STREAM, "observer_11")  # and removable by it
+    for name in ("observer_12", "observer_13", "observer_14"):
+        await js.delete_consumer(subjects.STREAM, name)
     # workers' consumers are untouched: their pending counts did not move, nothing was taken
     # (the parser's is on AIOS_INTAKE, the creates as sent, where observers have no rights at all)
     st = {"parser": subjects.STREAM_INTAKE, "lifecycle": subjects.STREAM}
@@ -313,16 +318,19 @@ async def test_observers_keep_durable_and_ephemeral_consumers_of_their_own(serve
     assert parser_after.filter_subjects == parser_before.filter_subjects and not parser_after.inactive_threshold
 
 
-async def test_a_consumer_squatting_a_future_agents_name_is_replaced_by_the_agent(servers: EmbeddedServers, admin: Bus,
-                                                                                   connect: Any) -> None:
-    """Before node n9's agent exists its durable's name is not denied yet: an observer may take it
-    (a push consumer that expires). The agent, once it comes, replaces it with its own."""
+async def test_no_observer_squats_a_future_agents_consumer_name(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
+    """Before node n9's agent exists its durable's name was not denied yet, and an observer could
+    take it (a push consumer that expires). Observers now create only consumers named after their
+    user: the squat is refused, and the agent makes its own when it comes."""
     ob = await connect(servers.endpoints.nats_url("observer"))
     squat = {"stream_name": subjects.STREAM, "config": {
         "name": "agent-n9", "deliver_subject": "_INBOX.observer.squat", "filter_subject": "aios.node.n9.>",
         "ack_policy": "none", "inactive_threshold": 3_600_000_000_000}}
-    reply = await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.agent-n9", json.dumps(squat).encode(), timeout=5)
-    assert "error" not in json.loads(reply.data), reply.data
+    with pytest.raises(nats.errors.TimeoutError):
+        await ob.nc.request(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.agent-n9", json.dumps(squat).encode(), timeout=2)
+    assert await ob.denied(f"$JS.API.CONSUMER.CREATE.{subjects.STREAM}.agent-n9")
+    with pytest.raises(NotFoundError):
+        await admin.js.consumer_info(subjects.STREAM, "agent-n9")
     agent = await Bus.open(auth.ensure_agent(servers.data_dir, "n9"), "aios-blocks/agent/n9")
     try:
         await agent.ensure_consumer(subjects.agent("n9"))
@@ -331,7 +339,6 @@ async def test_a_consumer_squatting_a_future_agents_name_is_replaced_by_the_agen
     cfg = (await admin.js.consumer_info(subjects.STREAM, "agent-n9")).config
     assert not cfg.deliver_subject and not cfg.inactive_threshold and cfg.ack_policy == AckPolicy.EXPLICIT
     assert sorted(cfg.filter_subjects or []) == sorted(subjects.agent("n9").filters)
-    # and the name is now denied to observers
     await ob.nc.publish(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.agent-n9", b"{}")
     assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.agent-n9")
 
@@ -413,7 +420,7 @@ async def test_replies_reach_only_the_requester(servers: EmbeddedServers, connec
     assert not controller.errors
 
 
-async def _replay_onto(observer: Conn, stored_subject: str, deliver_subject: str) -> None:
+async def _replay_onto(observer: Conn, stored_subject: str, deliver_subject: str, name: str) -> None:
     """What an observer can do: an ephemeral push consumer that delivers stored messages onto a core
     subject the stream does not capture (the deliver subject is in the body, which permissions
     cannot see). The server delivers once the subject has interest outside a queue group, which the
@@ -421,7 +428,6 @@ async def _replay_onto(observer: Conn, stored_subject: str, deliver_subject: str
     then receives the messages too, each with a ``$JS.ACK.`` reply subject."""
     await observer.nc.subscribe(deliver_subject)
     await observer.nc.flush()
-    name = f"replay-{abs(hash(deliver_subject)) % 10**8}"
     config = {"name": name, "deliver_subject": deliver_subject, "filter_subject": stored_subject, "ack_policy": "none",
               "deliver_policy": "all", "inactive_threshold": 30_000_000_000}
     body = {"stream_name": subjects.STREAM, "config": config}
@@ -453,8 +459,8 @@ async def test_replayed_stream_messages_are_neither_heartbeats_nor_expected_requ
         beat = msgspec.json.encode(Heartbeat("replayed", "c-x", 1, 1.0, 1, 1, 0))
         await up.nc.jetstream(timeout=5).publish("aios.block.hb-replay.create", beat)
         observer = await connect(ep.nats_url("observer"))
-        await _replay_onto(observer, "aios.block.hb-replay.create", subjects.node_heartbeat("replayed"))
-        await _replay_onto(observer, "aios.block.hb-replay.create", subjects.node_expected("replayed"))
+        await _replay_onto(observer, "aios.block.hb-replay.create", subjects.node_heartbeat("replayed"), "observer_21")
+        await _replay_onto(observer, "aios.block.hb-replay.create", subjects.node_expected("replayed"), "observer_22")
         # a real heartbeat (plain publish, as agents send them) from a real agent user
         agent = await connect(auth.ensure_agent(servers.data_dir, "hb-real"))
         await agent.nc.publish(subjects.node_heartbeat("hb-real"), msgspec.json.encode(Heartbeat("hb-real", "c-x", 1, 1.0, 1, 1, 0)))
@@ -926,7 +932,7 @@ async def test_observers_join_no_queue_group_and_a_replayed_query_is_dropped(
         await admin.publish_raw("aios.block.q-replay.submitted", body)
         # ... replayed by an observer onto the query subject
         with structlog.testing.capture_logs() as logs:
-            await _replay_onto(ob, "aios.block.q-replay.submitted", subject)
+            await _replay_onto(ob, "aios.block.q-replay.submitted", subject, "observer_23")
             await gateway.emit(E.cluster_dry_run, DryRunRequest("genuine", 1, "c1"), cid="c1")
             async with asyncio.timeout(10):
                 while "genuine" not in handled or len(watched) < 2:

@@ -230,9 +230,9 @@ async def _blocks_json(*args: str) -> list[dict[str, Any]]:
 
 
 async def _observer_reads(url: str) -> dict[str, list[tuple[str, bytes]]]:
-    """Every stored message an observer's consumer with filter ``aios.>`` gets, on ``AIOS`` (a
-    named ephemeral pull consumer: the kind it may make there) and on ``AIOS_OBSERVE`` (an ordered
-    one, as any client makes)."""
+    """Every stored message an observer's consumer with filter ``aios.>`` gets, on ``AIOS`` (an
+    ephemeral pull consumer) and on ``AIOS_OBSERVE`` (an ordered one), each named after the
+    observer's user (the only names it may use: docs/security.md "Observers: a user each")."""
     import nats
     from nats.js.api import ConsumerConfig
 
@@ -242,8 +242,8 @@ async def _observer_reads(url: str) -> dict[str, list[tuple[str, bytes]]]:
     out: dict[str, list[tuple[str, bytes]]] = {subjects.STREAM: [], subjects.STREAM_OBSERVE: []}
     try:
         js = nc.jetstream(timeout=10)
-        pull = await js.pull_subscribe("aios.>", stream=subjects.STREAM,
-                                       config=ConsumerConfig(name=f"dlq-look-{uuid.uuid4().hex[:8]}", inactive_threshold=30))
+        await js.add_consumer(subjects.STREAM, ConsumerConfig(name="observer_31", filter_subject="aios.>", inactive_threshold=30))
+        pull = await js.pull_subscribe_bind("observer_31", stream=subjects.STREAM)
         while True:
             try:
                 msgs = await pull.fetch(256, timeout=2)
@@ -256,7 +256,8 @@ async def _observer_reads(url: str) -> dict[str, list[tuple[str, bytes]]]:
         async with asyncio.timeout(30):  # the mirror caught up with AIOS
             while (await js.stream_info(subjects.STREAM_OBSERVE)).state.last_seq < mirror:
                 await asyncio.sleep(0.1)
-        ordered = await js.subscribe("aios.>", stream=subjects.STREAM_OBSERVE, ordered_consumer=True)
+        ordered = await js.subscribe("aios.>", stream=subjects.STREAM_OBSERVE, ordered_consumer=True,
+                                     config=ConsumerConfig(name="observer_32"))
         while True:
             try:
                 m = await ordered.next_msg(timeout=2)
@@ -264,6 +265,8 @@ async def _observer_reads(url: str) -> dict[str, list[tuple[str, bytes]]]:
                 break
             out[subjects.STREAM_OBSERVE].append((m.subject, m.data))
         await ordered.unsubscribe()
+        for st, name in ((subjects.STREAM, "observer_31"), (subjects.STREAM_OBSERVE, "observer_32")):
+            await js.delete_consumer(st, name)
     finally:
         await nc.close()
     return out

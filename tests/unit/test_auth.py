@@ -111,22 +111,24 @@ def test_only_the_controller_answers_requests_and_observers_write_nothing() -> N
     assert not [p for p in gw.publish if p.startswith("aios.tenant.") and ".event." not in p]
     obs = auth.permissions("observer")
     assert obs is not None and not [p for p in obs.publish if p.startswith("aios.")]
-    # observers keep consumers of their own (durable or ephemeral, pull or push) ...
-    for subject in ("$JS.API.CONSUMER.DURABLE.CREATE.AIOS.dash", "$JS.API.CONSUMER.CREATE.AIOS.dash.aios.block.>",
-                    "$JS.API.CONSUMER.CREATE.AIOS.dash", "$JS.API.CONSUMER.MSG.NEXT.AIOS.dash", "$JS.ACK.AIOS.dash.1.2.3.4.5",
-                    "$JS.API.CONSUMER.DELETE.AIOS.dash"):
+    # observers keep consumers of their own (durable or ephemeral, pull or push), named after their user ...
+    for subject in ("$JS.API.CONSUMER.DURABLE.CREATE.AIOS.observer_1", "$JS.API.CONSUMER.CREATE.AIOS.observer_2.aios.block.>",
+                    "$JS.API.CONSUMER.CREATE.AIOS.observer_3", "$JS.API.CONSUMER.MSG.NEXT.AIOS.observer_4",
+                    "$JS.ACK.AIOS.observer_5.1.2.3.4.5", "$JS.API.CONSUMER.DELETE.AIOS.observer_6"):
         assert allowed("observer", subject), subject
     # ... always named: the unnamed create names its consumer in the body, out of the permissions' sight
     assert not allowed("observer", "$JS.API.CONSUMER.CREATE.AIOS")
-    # ... and never touch a worker's: taking or acking its messages would suppress events
-    for durable in auth.WORKER_DURABLES:
+    # ... and never touch a worker's (taking or acking its messages would suppress events) nor
+    # another observer's: only their info, for a worker's
+    for durable in (*auth.WORKER_DURABLES, "dash", "observer-x_1"):
         for subject in (f"$JS.API.CONSUMER.MSG.NEXT.AIOS.{durable}", f"$JS.ACK.AIOS.{durable}.1.2.3.4.5",
                         f"$JS.API.CONSUMER.DELETE.AIOS.{durable}", f"$JS.API.CONSUMER.DURABLE.CREATE.AIOS.{durable}",
                         f"$JS.API.CONSUMER.CREATE.AIOS.{durable}", f"$JS.API.CONSUMER.CREATE.AIOS.{durable}.aios.>"):
             assert not allowed("observer", subject), subject
     extra = auth.permissions("observer", protected=["agent-n1", "controller-c1"])
-    assert extra is not None and "$JS.API.CONSUMER.MSG.NEXT.AIOS.agent-n1" in extra.deny_publish
-    assert "$JS.API.CONSUMER.MSG.NEXT.AIOS.controller-c1" in extra.deny_publish
+    assert extra is not None and "$JS.API.CONSUMER.INFO.AIOS.agent-n1" in extra.publish
+    assert "$JS.API.CONSUMER.INFO.AIOS.controller-c1" in extra.publish and not [p for p in extra.publish if "agent-n1" in p
+                                                                                and "INFO" not in p]
 
 
 @pytest.mark.parametrize("role", ["parser", "gateway", "agent-sim"])

@@ -20,6 +20,7 @@ from nats.js.errors import NotFoundError
 
 from ..bus import subjects
 from ..bus.catalog import E, Emit
+from ..bus.consumer_names import consumer_name
 from ..bus.nats_bus import Bus
 from ..bus.subjects import uri_digest
 from ..handlers import parse, scaling
@@ -42,6 +43,7 @@ from ..schemas.events import (
     ScaleTarget,
 )
 from ..schemas.records import JSON, BlockIR, BlockRecord, DecisionRecord, JSONObject, ReplayedDecision
+from ..schemas.roles import is_observer
 from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
 from ..schemas.topology import GpuTopology
 from ..state.inventory import Inventory, affinity_index
@@ -122,7 +124,7 @@ class Client:
         within ``CONNECT_WAIT_S``."""
         bus = await Bus.open(nats_url, source="aios-blocks/cli", first_wait_s=CONNECT_WAIT_S)
         # the admin (or your own server's user) also (re)creates the observers' mirror; an observer may not
-        await bus.ensure_topology(observe=urlsplit(nats_url.split(",")[0].strip()).username != "observer")
+        await bus.ensure_topology(observe=not is_observer(urlsplit(nats_url.split(",")[0].strip()).username))
         store = Store.open(redis_url)
         try:
             await store.reachable()
@@ -375,9 +377,9 @@ class Client:
             await queue.put(msg)
 
         if from_seq is not None:
-            config = _named(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
+            config = await _named(self.bus, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
         else:
-            config = _named(deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW)
+            config = await _named(self.bus, deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW)
         sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, config=config)
         try:
             while True:
@@ -396,7 +398,8 @@ class Client:
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
-        sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, config=_named(deliver_policy=DeliverPolicy.ALL))
+        config = await _named(self.bus, deliver_policy=DeliverPolicy.ALL)
+        sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, config=config)
         try:
             while True:
                 try:
@@ -568,11 +571,10 @@ class Client:
         return block
 
 
-def _named(**fields: Any) -> ConsumerConfig:
-    """An ordered consumer's config with a name of its own: the NATS permissions of observers let
-    them create only *named* consumers (an unnamed create names its consumer in the body, out of
-    the permissions' sight, docs/security.md)."""
-    return ConsumerConfig(name=f"cli-{uuid.uuid4().hex[:16]}", **fields)
+async def _named(bus: Bus, **fields: Any) -> ConsumerConfig:
+    """An ordered consumer's config (on ``AIOS``) with a name of its own: an observer may create
+    only consumers named after its user (``bus.consumer_names``, docs/security.md)."""
+    return ConsumerConfig(name=await consumer_name(bus.nc, subjects.STREAM, "cli"), **fields)
 
 
 def _op_id() -> str:

@@ -105,7 +105,7 @@ async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool
     async def cb(msg: Any) -> None:
         await queue.put(msg)
 
-    config = _named(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=req.seq)
+    config = await _named(c.bus, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=req.seq)
     sub = await c.bus.js.subscribe(f"aios.vcluster.{req.vid}.>", cb=cb, ordered_consumer=True, config=config)
     try:
         async with asyncio.timeout(timeout):

@@ -22,11 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from ..bus.consumer_names import consumer_name
 
 OnMsg = Callable[[str, bytes, int, float], None]
 
@@ -222,10 +223,10 @@ async def read(js: Any, nc: Any, stream: str, on_msg: OnMsg, filters: list[str],
         tap.sid = str(sub._id).encode()
         tap.ours.add(tap.sid)
         tap.gap.clear()
-        # named: observers may create only named consumers (an unnamed create carries the name in
-        # its body, out of the permissions' sight; docs/security.md), so `blocks check` works as one
+        # named: an observer may create only consumers named after its user (docs/security.md),
+        # so `blocks check` works as one
         cfg = ConsumerConfig(
-            name=f"read-{uuid.uuid4().hex[:16]}", deliver_subject=inbox, ack_policy=AckPolicy.NONE, max_deliver=1, flow_control=True,
+            name=await consumer_name(nc, stream, "read"), deliver_subject=inbox, ack_policy=AckPolicy.NONE, max_deliver=1, flow_control=True,
             idle_heartbeat=HEARTBEAT_S, mem_storage=True, num_replicas=1, inactive_threshold=60.0,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if from_seq else DeliverPolicy.ALL,
             opt_start_seq=from_seq or None,

@@ -28,6 +28,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..bus import subjects
 from ..bus.catalog import E
+from ..bus.consumer_names import consumer_name
 from ..bus.nats_bus import Bus
 from ..gcpause import gc_paused
 from ..schemas.events import InventoryHint
@@ -117,8 +118,9 @@ async def _read_ordered(bus: Bus, on_msg: Callable[[str, bytes, int, float], Non
         if pending == 0:
             done.set()
 
-    # named, as every consumer an observer may make (recovery.reader)
-    cfg = ConsumerConfig(name=f"read-{uuid.uuid4().hex[:16]}", filter_subjects=filters if len(filters) > 1 else None)
+    # named after the user for an observer (bus.consumer_names)
+    name = await consumer_name(bus.nc, subjects.STREAM, "read")
+    cfg = ConsumerConfig(name=name, filter_subjects=filters if len(filters) > 1 else None)
     sub = await bus.js.subscribe(
         filters[0] if len(filters) == 1 else f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
         deliver_policy=DeliverPolicy.ALL, config=cfg, pending_msgs_limit=1_000_000,
@@ -136,6 +138,8 @@ async def _read_ordered(bus: Bus, on_msg: Callable[[str, bytes, int, float], Non
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+        with contextlib.suppress(Exception):  # its name free again at once (an observer has few)
+            await bus.js.delete_consumer(subjects.STREAM, name)
     return count
 
 

@@ -176,30 +176,6 @@ def _not_theirs(durables: Iterable[str]) -> list[str]:
 CONTROLLER_DURABLES = (subjects.controller().durable, subjects.LIFECYCLE.durable, subjects.VCLUSTER.durable)
 
 
-def _observer_permissions(protected: Iterable[str]) -> tuple[list[str], list[str]]:
-    """Observers read everything and may keep consumers of their own, durable or ephemeral, push
-    or pull (create, pull, ack, delete), but never touch a worker's: pulling or acking from it
-    would take events away from the worker (suppress them). Consumer names are one token and NATS
-    has no prefix wildcards, so the workers' names are denied one by one (NATS checks deny first)."""
-    st = subjects.STREAM
-    # only *named* creates: the unnamed ``CONSUMER.CREATE.AIOS`` carries the consumer's name in its
-    # body, which permissions cannot see, so it could update (narrow, expire) a worker's consumer
-    # $JS.API.INFO (account info): the Node client's jetstreamManager() asks it first
-    # (on AIOS_INTAKE, the creates as sent, only the info of the parser's consumer: a client's
-    # ``ensure_topology`` checks it; each create is in AIOS as its ``submitted``)
-    allow = [f"{JS}.INFO", STREAM_INFO, OUTPUTS_INFO, INTAKE_INFO, f"{JS}.CONSUMER.INFO.{subjects.PARSER.stream}.{subjects.PARSER.durable}",
-             f"{JS}.STREAM.NAMES", f"{JS}.STREAM.MSG.GET.{st}",
-             f"{JS}.CONSUMER.CREATE.{st}.>", f"{JS}.CONSUMER.DURABLE.CREATE.{st}.*", f"{JS}.CONSUMER.INFO.{st}.*",
-             f"{JS}.CONSUMER.MSG.NEXT.{st}.*", f"{JS}.CONSUMER.DELETE.{st}.*", f"$JS.ACK.{st}.>", "$JS.FC.>"]
-    # ... and every consumer kind on AIOS_OBSERVE, the mirror no worker consumes (unnamed creates:
-    # the JS clients' ordered and ephemeral consumers; names and list, for their tools)
-    ob = subjects.STREAM_OBSERVE
-    allow += [f"{JS}.STREAM.INFO.{ob}", f"{JS}.STREAM.MSG.GET.{ob}", f"{JS}.CONSUMER.CREATE.{ob}", f"{JS}.CONSUMER.CREATE.{ob}.>",
-              f"{JS}.CONSUMER.DURABLE.CREATE.{ob}.*", f"{JS}.CONSUMER.INFO.{ob}.*", f"{JS}.CONSUMER.MSG.NEXT.{ob}.*",
-              f"{JS}.CONSUMER.DELETE.{ob}.*", f"{JS}.CONSUMER.NAMES.{ob}", f"{JS}.CONSUMER.LIST.{ob}", f"$JS.ACK.{ob}.>"]
-    return allow, _not_theirs({*WORKER_DURABLES, *protected})
-
-
 def _map_writer_rights() -> list[str]:
     """The mapper's durable and the instance-map bucket: create and read its stream (never purge,
     update or delete it), write its keys, watch it through an ordered consumer."""
@@ -316,7 +292,8 @@ def _sidecar(pub: list[str], sub: list[str]) -> Permissions:
 def permissions(role: str, node: str | None = None, protected: Iterable[str] = ()) -> Permissions | None:
     """The allow lists of a role (``None`` = unrestricted: the admin). ``role="agent"`` with ``node``
     is one real node agent; ``agent-sim`` is the simulated fleet (every node). ``protected``: worker
-    consumers beyond ``WORKER_DURABLES`` that observers must not touch."""
+    consumers beyond ``WORKER_DURABLES``, which the controller kind must not touch and observers may
+    only read the info of (they touch only consumers named after them: ``runtime.observers``)."""
     if role == "admin":
         return None
     if role == "agent" and node is None:
@@ -330,14 +307,10 @@ def permissions(role: str, node: str | None = None, protected: Iterable[str] = (
         return Permissions(tuple(pub), tuple(sub))
     if role == "sidecar":
         return _sidecar(pub, sub)
-    if role == "observer":
-        allow, deny = _observer_permissions(protected)
-        # observers read every event but no task data (``TASK_DATA``: NATS refuses a subscription
-        # to them and filters them out of every wider one's deliveries, aios.block.B.> included)
-        # and join no queue group: one that joined the controllers' (queries) would take messages
-        # away from them (suppress them)
-        return Permissions(tuple(allow), (*sub, f"{subjects.ROOT}.>"), deny_publish=tuple(deny),
-                           deny_subscribe=(f"{subjects.ROOT}.> *", *TASK_DATA))
+    if role == "observer":  # the data dir's own; each other observer is a user of its own (runtime.observers)
+        from .observers import observer_permissions
+
+        return observer_permissions(protected=protected)
     rights = _WORKER_RIGHTS.get(role)
     if rights is None:
         raise ValueError(f"unknown role {role!r}; one of {', '.join(ROLES)} or agent")
@@ -361,12 +334,14 @@ class Secrets:
     agents: dict[str, str] = field(default_factory=dict)
     #: the key of the system's wire message ids (``bus.event_ids``), hex
     event_key: str = ""
-    #: clusters served by their own controller durable (``controller-<cid>``): observers may not touch it
+    #: clusters served by their own controller durable (``controller-<cid>``)
     controllers: list[str] = field(default_factory=list)
     #: tenant name -> its users' passwords and limits (``runtime.tenants``: one NATS account each)
     tenants: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: block id -> its side-cars' user (``sidecar-<bid>``): password, side-car names, nodes running them
     sidecars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: observer name -> its user's password (``observer-<name>``: runtime.observers)
+    observers: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def load(cls, data_dir: Path, create: bool = True) -> Secrets:
@@ -376,7 +351,7 @@ class Secrets:
             d = json.loads(path.read_text())
             s.nats, s.redis, s.agents = d.get("nats", {}), d.get("redis", {}), d.get("agents", {})
             s.event_key, s.controllers = d.get("event_key", ""), d.get("controllers", [])
-            s.tenants, s.sidecars = d.get("tenants", {}), d.get("sidecars", {})
+            s.tenants, s.sidecars, s.observers = d.get("tenants", {}), d.get("sidecars", {}), d.get("observers", {})
         elif not create:
             raise FileNotFoundError(path)
         changed = False
@@ -397,7 +372,8 @@ class Secrets:
         os.chmod(self.path.parent, 0o700)
         write_private(self.path, json.dumps({"nats": self.nats, "redis": self.redis, "agents": self.agents,
                                              "event_key": self.event_key, "controllers": self.controllers,
-                                             "tenants": self.tenants, "sidecars": self.sidecars}, indent=1))
+                                             "tenants": self.tenants, "sidecars": self.sidecars, "observers": self.observers},
+                                            indent=1))
 
     def tenant_list(self) -> list[tn.Tenant]:
         return [tn.Tenant.from_dict(name, d) for name, d in sorted(self.tenants.items())]
@@ -455,7 +431,9 @@ def nats_authorization(s: Secrets) -> str:
         perms = sidecar_permissions(bid, entry.get("names", []))
         lines.append(f"      {{user: {json.dumps(sidecar_user(bid))}, password: {json.dumps(entry['password'])}, "
                      f"permissions: {perms.conf()}}}")
-    return tn.accounts_conf(lines, s.tenant_list())
+    from .observers import conf_lines
+
+    return tn.accounts_conf([*lines, *conf_lines(s, protected)], s.tenant_list())
 
 
 def redis_acl(s: Secrets) -> str:
@@ -630,8 +608,9 @@ def reload_and_wait(data_dir: Path, s: Secrets, timeout: float) -> None:
 
 
 def protect_controller(data_dir: Path, cid: str) -> bool:
-    """Before a per-cluster controller creates ``controller-<cid>``: deny it to observers on the
-    running embedded server. False when there is nothing to do (no embedded server, no auth)."""
+    """Before a per-cluster controller creates ``controller-<cid>``: add it to the workers' durables
+    on the running embedded server (other worker kinds may not touch it, observers only read its
+    info). False when there is nothing to do (no embedded server, no auth)."""
     ep = read_endpoints(Path(data_dir).resolve())
     if ep is None or not ep.auth:
         return False

@@ -91,3 +91,20 @@ KIND_USER: dict[str, str] = {k: k for k in KINDS}
 ROLE_USERS: dict[Role, tuple[str, ...]] = {r: () if r in (Role.ADMIN, Role.RUNNER, Role.TENANT) else (r.value,) for r in Role}
 #: NATS user -> Redis user (node agents, upstream publishers and side-cars get no Redis access)
 REDIS_USER: dict[str, str] = {"admin": "admin", **{k: "aios" for k in KINDS}, "observer": "observer"}
+
+#: observers (people, dashboards; docs/security.md "Observers: a user each"): the data dir's own
+#: ``observer`` and one user per client (``blocks observer add NAME``: ``observer-NAME``). Each may
+#: create, read, pull from and delete only the consumers named after it, ``<user>_1`` to
+#: ``<user>_<OBSERVER_CONSUMERS>`` (NATS permissions have no prefix wildcards: each name is listed)
+OBSERVER = "observer"
+OBSERVER_CONSUMERS = 32
+
+
+def is_observer(user: str | None) -> bool:
+    """Whether the NATS user ``user`` is an observer (``observer`` or ``observer-<name>``)."""
+    return user is not None and (user == OBSERVER or user.startswith(OBSERVER + "-"))
+
+
+def observer_consumers(user: str) -> tuple[str, ...]:
+    """The consumer names the observer ``user`` may use, on ``AIOS`` and ``AIOS_OBSERVE``."""
+    return tuple(f"{user}_{n}" for n in range(1, OBSERVER_CONSUMERS + 1))

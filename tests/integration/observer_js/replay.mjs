@@ -1,9 +1,11 @@
-// An observer replaying stored events with the official JavaScript clients (docs/security.md):
-// `node replay.mjs v2|v3 CONFIG.json`, v2 = npm `nats` 2.x, v3 = `@nats-io/jetstream` +
-// `@nats-io/transport-node` 3.x. Replays the config's subject from its stream through every kind
-// of consumer the client has (ordered pull, ordered push, an unnamed ephemeral one), then tries a
-// worker's consumer on the workers' stream (pull from it, and the unnamed create that names it in
-// its body). Prints one JSON object: what each replay got, and the client's error statuses.
+// An observer replaying stored events with the official JavaScript clients (docs/security.md
+// "Observers: a user each"): `node replay.mjs v2|v3 CONFIG.json`, v2 = npm `nats` 2.x, v3 =
+// `@nats-io/jetstream` + `@nats-io/transport-node` 3.x. Replays the config's subject from its stream
+// through a consumer named after the observer's user (`<user>_<n>`, the only names it may use),
+// acked message by message; then checks that an ordered consumer (which the client names itself)
+// is refused, that another observer's consumer is out of reach (info, pull, delete), and a worker's
+// consumer on the workers' stream too (pull from it, and the unnamed create that names it in its
+// body). Prints one JSON object: what each replay got, and the client's error statuses.
 import fs from "node:fs";
 
 const [gen, configPath] = process.argv.slice(2);
@@ -57,32 +59,10 @@ async function main() {
   const stream = cfg.stream;
   const filter = gen === "v2" ? "filterSubjects" : "filter_subjects";
 
-  // the ordered pull consumer (what `js.consumers.get(stream)` gives): one filter (the named create)
-  // and a list of them (the unnamed create, the name only in the body)
-  for (const [name, filters] of [["ordered_pull", cfg.subject], ["ordered_pull_list", [cfg.subject]]]) {
-    await attempt(name, async () => {
-      const c = await js.consumers.get(stream, { [filter]: filters });
-      const msgs = await c.consume();
-      return await take(msgs, want, () => msgs.stop());
-    });
-  }
-  // the ordered push consumer
-  if (gen === "v2") {
-    await attempt("ordered_push", async () => {
-      const o = api.consumerOpts().orderedConsumer().bindStream(stream).deliverAll();
-      const sub = await js.subscribe(cfg.subject, o);
-      return await take(sub, want, () => sub.unsubscribe());
-    });
-  } else {
-    await attempt("ordered_push", async () => {
-      const c = await js.consumers.getPushConsumer(stream, { [filter]: [cfg.subject] });
-      const msgs = await c.consume();
-      return await take(msgs, want, () => msgs.stop());
-    });
-  }
-  // an unnamed ephemeral consumer (the server names it), acked message by message
-  await attempt("ephemeral", async () => {
-    const ci = await jsm.consumers.add(stream, { ack_policy: "explicit", filter_subject: cfg.subject,
+  // a consumer named after the observer's user, acked message by message, then deleted
+  await attempt("named", async () => {
+    const name = `${cfg.user}_1`;
+    const ci = await jsm.consumers.add(stream, { name, ack_policy: "explicit", filter_subject: cfg.subject,
                                                  inactive_threshold: 30_000_000_000 });
     const c = await js.consumers.get(stream, ci.name);
     const got = [];
@@ -98,8 +78,33 @@ async function main() {
     await jsm.consumers.delete(stream, ci.name);
     return { subjects: got, ack_pending: after.num_ack_pending, named: ci.name };
   });
+  out.replay_errors = [...out.errors]; // none expected: the replay above is permitted
 
-  out.replay_errors = [...out.errors]; // none expected: every replay above is permitted
+  // the ordered pull consumer (`js.consumers.get(stream, {filter})`) names itself (a random prefix):
+  // refused, as is every name not the observer's own
+  await attempt("ordered_pull", async () => {
+    const c = await js.consumers.get(stream, { [filter]: cfg.subject });
+    const msgs = await c.consume();
+    return await take(msgs, want, () => msgs.stop());
+  });
+  // another observer's consumer: no info, no pull, no delete
+  for (const [what, fn] of [
+    ["info", () => jsm.consumers.info(stream, cfg.otherConsumer)],
+    ["pull", async () => {
+      const it = await (await js.consumers.get(stream, cfg.otherConsumer)).fetch({ max_messages: 1, expires: 2000 });
+      const got = [];
+      for await (const m of it) got.push(m.subject);
+      return got;
+    }],
+    ["delete", () => jsm.consumers.delete(stream, cfg.otherConsumer)],
+  ]) {
+    try {
+      out.other = { ...out.other, [what]: await within(5000, fn(), what) };
+    } catch (err) {
+      out.other = { ...out.other, [`${what}_error`]: String(err && err.message || err) };
+    }
+  }
+
   // a worker's consumer stays out of reach: a pull from it gets nothing ...
   try {
     const w = await js.consumers.get(cfg.workerStream, cfg.workerConsumer);

@@ -1,0 +1,229 @@
+"""Observers are a user each (docs/security.md "Observers: a user each"), on real servers: one
+observer cannot delete, read the state of, pull from or take over another's consumer, on the
+observers' mirror ``AIOS_OBSERVE`` or on ``AIOS``, nor read its deliveries; each creates, reads and
+deletes its own (named ``<user>_<n>``), and the ``blocks`` reads work as one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.aio.client import Client as NC
+from nats.js.api import ConsumerConfig
+from nats.js.errors import NotFoundError
+
+from aios_blocks.bus import subjects
+from aios_blocks.bus.consumer_names import consumer_name
+from aios_blocks.bus.nats_bus import Bus, security_options
+from aios_blocks.cli.client import Client
+from aios_blocks.runtime import auth, observers
+from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.schemas.roles import OBSERVER_CONSUMERS, observer_consumers
+
+pytestmark = pytest.mark.integration
+BIN = Path(sys.executable).parent
+OB, ST = subjects.STREAM_OBSERVE, subjects.STREAM
+API = "$JS.API"
+
+
+@pytest.fixture(scope="module")
+def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServers]:
+    s = EmbeddedServers(data_dir=tmp_path_factory.mktemp("observers"), auth=True).start()
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture
+async def admin(servers: EmbeddedServers) -> AsyncIterator[Bus]:
+    bus = await Bus.open(servers.nats_url)
+    yield bus
+    await bus.close()
+
+
+@dataclass
+class Conn:
+    """A raw nats-py connection as one observer (a third-party client), with the server's errors."""
+
+    nc: NC
+    user: str
+    errors: list[str] = field(default_factory=list)
+
+    async def denied(self, subject: str, what: str = "publish") -> bool:
+        needle = f'permissions violation for {what} to "{subject}"'.lower()
+        for _ in range(250):
+            await self.nc.flush(timeout=5)
+            if any(needle in e.lower() for e in self.errors):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def refused(self, subject: str, body: dict[str, Any] | None = None) -> bool:
+        """A JetStream API request the server drops as a permissions violation (no answer)."""
+        with pytest.raises(nats.errors.TimeoutError):
+            await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=0.75)
+        return await self.denied(subject)
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Any]:
+    conns: list[Conn] = []
+
+    async def open_(url: str) -> Conn:
+        c = Conn(None, url.split("//", 1)[1].split(":", 1)[0])  # type: ignore[arg-type]
+
+        async def error_cb(exc: Exception) -> None:
+            c.errors.append(str(exc))
+
+        c.nc = await nats.connect(servers=[url], error_cb=error_cb, allow_reconnect=False, connect_timeout=5,
+                                  **security_options(url))
+        conns.append(c)
+        return c
+
+    yield open_
+    for c in conns:
+        await c.nc.close()
+
+
+def observer_url(servers: EmbeddedServers, name: str) -> str:
+    _, path = observers.add_observer(servers.data_dir, name)
+    creds = json.loads(path.read_text())
+    assert path.stat().st_mode & 0o077 == 0 and creds["user"] == f"observer-{name}"
+    url: str = creds["nats_url"]
+    return url
+
+
+async def mirrored(admin: Bus, subject: str, timeout: float = 20.0) -> None:
+    want = (await admin.js.get_last_msg(ST, subject)).data
+    for _ in range(int(timeout / 0.05)):
+        try:
+            if (await admin.js.get_last_msg(OB, subject)).data == want:
+                return
+        except NotFoundError:
+            pass
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"{OB} did not get {subject} within {timeout}s")
+
+
+@pytest.mark.parametrize("stream", [OB, ST])
+async def test_an_observer_cannot_touch_another_observers_consumer(servers: EmbeddedServers, admin: Bus, connect: Any,
+                                                                   stream: str) -> None:
+    bid = f"dash-{stream.lower().replace('_', '')}"
+    for i in range(3):
+        await admin.publish_raw(f"aios.block.{bid}.ready", json.dumps({"i": i}).encode(), msg_id=f"{bid}-{i}")
+    await mirrored(admin, f"aios.block.{bid}.ready")
+    a = await connect(observer_url(servers, "dash-a"))
+    b = await connect(observer_url(servers, "dash-b"))
+    shared = await connect(servers.endpoints.nats_url("observer"))  # the data dir's own observer
+    mine = observer_consumers(a.user)[0]
+    assert mine == "observer-dash-a_1"
+    a_js = a.nc.jetstream(timeout=5)
+    pull = await a_js.pull_subscribe(f"aios.block.{bid}.>", durable=mine, stream=stream)
+
+    for other in (b, shared):
+        # delete, info, pull, ack: each refused (the server drops the request), nothing changed
+        assert await other.refused(f"{API}.CONSUMER.DELETE.{stream}.{mine}"), other.user
+        assert await other.refused(f"{API}.CONSUMER.INFO.{stream}.{mine}"), other.user
+        assert await other.refused(f"{API}.CONSUMER.MSG.NEXT.{stream}.{mine}", {"batch": 3}), other.user
+        await other.nc.publish(f"$JS.ACK.{stream}.{mine}.1.1.1.1.0", b"+ACK")
+        assert await other.denied(f"$JS.ACK.{stream}.{mine}.1.1.1.1.0")
+        # take it over: an update under its name (its deliveries to the other's inbox), by name in
+        # the subject or in the body of the unnamed create (which nats-server 2.15 would apply)
+        body = {"stream_name": stream, "config": {"name": mine, "durable_name": mine, "deliver_subject": f"_INBOX.{other.user}.x",
+                                                  "filter_subject": f"aios.block.{bid}.>", "ack_policy": "none"}}
+        for api in (f"{API}.CONSUMER.CREATE.{stream}.{mine}", f"{API}.CONSUMER.CREATE.{stream}.{mine}.aios.block.{bid}.>",
+                    f"{API}.CONSUMER.DURABLE.CREATE.{stream}.{mine}", f"{API}.CONSUMER.CREATE.{stream}"):
+            assert await other.refused(api, body), (other.user, api)
+        # no listing either (it shows every consumer's state); no reading of A's inbox
+        for api in (f"{API}.CONSUMER.LIST.{stream}", f"{API}.CONSUMER.NAMES.{stream}"):
+            assert await other.refused(api), (other.user, api)
+        await other.nc.subscribe(f"_INBOX.{a.user}.>")
+        assert await other.denied(f"_INBOX.{a.user}.>", "subscription"), other.user
+
+    info = await admin.js.consumer_info(stream, mine)
+    assert info.num_pending == 3 and info.delivered.stream_seq == 0 and not info.config.deliver_subject
+    # A reads and deletes its own
+    assert (await a_js.consumer_info(stream, mine)).num_pending == 3
+    got = await pull.fetch(3, timeout=5)
+    assert [json.loads(m.data)["i"] for m in got] == [0, 1, 2]
+    for m in got:
+        await m.ack()
+    await a_js.delete_consumer(stream, mine)
+    with pytest.raises(NotFoundError):
+        await admin.js.consumer_info(stream, mine)
+    # B has consumers of its own (an ordered push one here), which A cannot touch in turn
+    seen: asyncio.Queue[str] = asyncio.Queue()
+
+    async def cb(msg: Any) -> None:
+        await seen.put(msg.subject)
+
+    b_js = b.nc.jetstream(timeout=5)
+    refusals = len(b.errors)
+    its = await consumer_name(b.nc, stream, "dash")
+    assert its in observer_consumers(b.user)
+    sub = await b_js.subscribe(f"aios.block.{bid}.>", stream=stream, cb=cb, ordered_consumer=True,
+                               config=ConsumerConfig(name=its))
+    assert await asyncio.wait_for(seen.get(), 10) == f"aios.block.{bid}.ready"
+    assert await a.refused(f"{API}.CONSUMER.DELETE.{stream}.{its}")
+    assert (await admin.js.consumer_info(stream, its)).name == its
+    await sub.unsubscribe()
+    await b_js.delete_consumer(stream, its)
+    assert not [e for e in b.errors[refusals:] if "permissions" in e.lower()], b.errors[refusals:]
+
+
+async def test_an_added_observer_reads_events_but_no_task_data(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
+    c = await connect(observer_url(servers, "dash-c"))
+    for subject in ("aios.block.*.task", "aios.output.*.*"):
+        await c.nc.subscribe(subject)
+        assert await c.denied(subject, "subscription"), subject
+    await c.nc.publish("aios.block.x.create", b"{}")
+    assert await c.denied("aios.block.x.create")
+    await c.nc.subscribe(f"_INBOX.{c.user}.own")  # its own inbox
+    await c.nc.flush(timeout=5)
+    assert not [e for e in c.errors if f"_INBOX.{c.user}" in e]
+
+
+def _read_json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+async def test_blocks_reads_work_as_an_added_observer_and_take_only_its_own_names(servers: EmbeddedServers,
+                                                                                  admin: Bus) -> None:
+    new, path = await asyncio.to_thread(observers.add_observer, servers.data_dir, "console-2")
+    assert new and not (await asyncio.to_thread(observers.add_observer, servers.data_dir, "console-2"))[0]
+    creds = await asyncio.to_thread(_read_json, path)
+    await admin.publish_raw("aios.block.dash-cli.ready", b'{"x": 1}', msg_id="dash-cli-ready")
+    client = await Client.open(creds["nats_url"], creds["redis_url"])
+    try:
+        history = await client.history("dash-cli")  # a stream read through a consumer named after it
+        assert [s for s, _, _ in history] == ["aios.block.dash-cli.ready"]
+        got: list[str] = []
+        async for subject, _ in client.follow("dash-cli"):  # `blocks watch`: an ordered consumer
+            got.append(subject)
+            break
+        assert got == ["aios.block.dash-cli.ready"]
+    finally:
+        await client.close()
+    assert "observer-console-2" in {o["user"] for o in observers.observers(servers.data_dir)}
+    assert observers.remove_observer(servers.data_dir, "console-2")
+    assert not await asyncio.to_thread(path.exists)
+    assert not auth.nats_login(creds["nats_url"])
+
+
+async def test_an_observer_whose_names_are_all_taken_is_told_so(servers: EmbeddedServers, connect: Any) -> None:
+    d = await connect(observer_url(servers, "dash-d"))
+    js = d.nc.jetstream(timeout=5)
+    for name in observer_consumers(d.user):
+        await js.add_consumer(OB, ConsumerConfig(name=name, inactive_threshold=60))
+    with pytest.raises(RuntimeError, match=f"all its {OBSERVER_CONSUMERS} consumer names in use"):
+        await consumer_name(d.nc, OB, "read")
+    await js.delete_consumer(OB, observer_consumers(d.user)[4])
+    assert await consumer_name(d.nc, OB, "read") == observer_consumers(d.user)[4]
