@@ -240,7 +240,8 @@ def replay_headers(original: Mapping[str, str], letter: Letter, msg_id: str) -> 
 
 @dataclass
 class Result:
-    """What became of one letter: ``replayed`` (``seq``: where the copy is), ``dry-run``, ``refused``."""
+    """What became of one letter: ``replayed`` (``seq``: where the copy is), ``dry-run``, ``refused``,
+    ``skipped`` (replayed before, taken by a filter or --all), ``unmarked`` (sent, its mark not stored)."""
 
     letter: Letter
     outcome: str
@@ -321,6 +322,12 @@ async def replay(bus: Any, letter: Letter, attempt: int, by: str, force: bool = 
     mark = DlqReplayed(stream=letter.stream, seq=letter.seq, letter_id=letter.id, subject=letter.original_subject,
                        consumer=letter.consumer, original_seq=letter.original_seq, replay_stream=str(ack.stream),
                        replay_seq=int(ack.seq), source=source, by=by, at=time.time(), attempt=attempt)
-    await bus.emit(E.dlq_replayed, mark, sync=True)
+    try:
+        await bus.emit(E.dlq_replayed, mark, sync=True)
+    except Exception as exc:  # the copy is stored: say so, and that running it again stores no second one
+        return Result(letter, "unmarked", f"replayed as {ack.stream}:{ack.seq} but not marked ({type(exc).__name__}: "
+                      f"{exc}); run the same replay again within 2 minutes: its copy is the same message id, "
+                      "deduplicated, and the mark is made", stream=str(ack.stream), seq=int(ack.seq), source=source,
+                      attempt=attempt)
     return Result(letter, "replayed", stream=str(ack.stream), seq=int(ack.seq), source=source, attempt=attempt,
                   duplicate=bool(getattr(ack, "duplicate", False)))
