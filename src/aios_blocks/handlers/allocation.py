@@ -94,11 +94,27 @@ async def plan_allocation(snap: Snapshot, req: Request, invoke: Invoke) -> list[
                                 snap.instances, snap.index, **extra)
     except PlacementFailed as exc:
         if out:  # say which nodes were not offered, and why (explain shows the step's failure)
-            raise PlacementFailed(f"{exc.reason}; left out: " + "; ".join(f"{n} ({why})" for n, why in out.items())) from exc
+            raise PlacementFailed(f"{exc.reason}; left out: " + "; ".join(f"{n} ({why})" for n, why in out.items()),
+                                  policy=exc.policy) from exc
         raise
     if req.gpus:
         placements = [pinned(p, req, nodes) for p in placements]
     return [Reserve(req.cluster_id, tuple(placements), taken(snap.nodes, placements, req.ir["resources"]))]
+
+
+def after_failure(exc: PlacementFailed, attempt: int, rounds: int) -> str:
+    """What an allocation whose chosen cluster could not take the gang does next: ``reselect``
+    (another selection round: the cluster filled up since its dry_run, its reservations lost a
+    race; other copies' placements may have left room elsewhere; a resourceAllocator that raised,
+    which is how a seed-shaped one, and the built-ins, say that nothing fits: the framework
+    cannot tell that from a bug), ``wait`` (its ``rounds`` spent: the pending queue, or failed
+    with ``queue: false``: ``queue.wait_or_fail``), or ``fail`` (its resourceAllocator gave no
+    answer: timed out, returned the wrong shape, could not be loaded; another round would call it
+    again and fail again, so the block fails at once with the policy's error, as a policy's
+    failure at selection or post_dry_run fails it: docs/priority.md)."""
+    if exc.policy:
+        return "fail"
+    return "wait" if attempt + 1 >= rounds else "reselect"
 
 
 def pinned(p: dict[str, Any], req: Request, nodes: Mapping[str, NodeView]) -> dict[str, Any]:

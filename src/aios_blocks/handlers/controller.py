@@ -251,7 +251,7 @@ async def plan(
             data = _payload(ir, cluster, work, instances, index, 1, **extra)
             result = await invoke({"action": action, "payload": data})
         except PolicyFailed as exc:
-            raise PlacementFailed(f"{exc} (instance {len(out) + 1} of {len(iids)})")
+            raise PlacementFailed(f"{exc} (instance {len(out) + 1} of {len(iids)})", policy=exc.no_answer) from exc
         node_id, gpus = result["node_id"], list(result.get("gpus", []))
         why = check_choice(node_id, gpus, work, needs, share)
         if why:

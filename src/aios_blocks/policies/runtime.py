@@ -313,9 +313,9 @@ class PolicyRuntime:
                 inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
         except TimeoutError:
             busy = self._busy() if self.overrunning >= POLICY_THREADS else ""
-            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}")
+            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}", "timed_out")
         except Exception as exc:
-            raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}")
+            raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}", "load")
         params = rule.get("parameters") or {}
         ctx = context if context is not None else {}
         printed: list[list[str]] = []
@@ -329,7 +329,7 @@ class PolicyRuntime:
                     try:
                         result = await asyncio.wait_for(asyncio.wrap_future(cfut), timeout=self.timeout_s)
                     except TimeoutError:
-                        raise PolicyFailed(name, action, self._overran(cfut, started, rule, action)) from None
+                        raise PolicyFailed(name, action, self._overran(cfut, started, rule, action), "timed_out") from None
             finally:
                 if trace is not None:
                     lines = [list(line) for line in getattr(inst, "logs", None) or ()] + printed[:MAX_PRINT_LINES + 1]
@@ -339,13 +339,13 @@ class PolicyRuntime:
             raise
         except Exception as exc:
             cause: BaseException = exc.__cause__ if isinstance(exc, _Escaped) and exc.__cause__ else exc
-            raise PolicyFailed(name, action, f"raised {type(cause).__name__}: {cause}")
+            raise PolicyFailed(name, action, f"raised {type(cause).__name__}: {cause}", "raised")
         try:
             contract.check(action, result)
         except contract.WrongShape as exc:
-            raise PolicyFailed(name, action, f"wrong return shape: {exc}")
+            raise PolicyFailed(name, action, f"wrong return shape: {exc}", "wrong_shape")
         except Exception as exc:  # e.g. a result whose repr raises
-            raise PolicyFailed(name, action, f"unreadable result: {type(exc).__name__}: {exc}")
+            raise PolicyFailed(name, action, f"unreadable result: {type(exc).__name__}: {exc}", "wrong_shape")
         return result
 
 

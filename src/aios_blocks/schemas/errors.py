@@ -20,19 +20,38 @@ class SpecInvalid(Exception):
         super().__init__("; ".join(f"{e.path}: {e.message}" for e in errors))
 
 
-class PolicyFailed(Exception):
-    """A policy raised, timed out or returned the wrong shape. Fails one step, never a worker."""
+#: ``PolicyFailed.kind`` of a call that gave no answer at all: it timed out, its result has the
+#: wrong shape (or cannot be read), or its code could not be loaded
+NO_ANSWER = ("timed_out", "wrong_shape", "load")
 
-    def __init__(self, policy: str, action: str, reason: str):
+
+class PolicyFailed(Exception):
+    """A policy raised, timed out or returned the wrong shape. Fails one step, never a worker.
+    ``kind``: ``raised`` (the policy's own exception), ``timed_out``, ``wrong_shape``, ``load``
+    (``NO_ANSWER``), or "" (not said: taken as ``raised``)."""
+
+    def __init__(self, policy: str, action: str, reason: str, kind: str = ""):
         self.policy = policy
         self.action = action
         self.reason = reason
+        self.kind = kind
         super().__init__(f"policy {policy!r} ({action}) failed: {reason}")
+
+    @property
+    def no_answer(self) -> bool:
+        """The call gave no answer (``NO_ANSWER``): the same call fails again. A raise is an
+        answer: a resourceAllocator's way, in the seed's contract, to say that nothing fits."""
+        return self.kind in NO_ANSWER
 
 
 class PlacementFailed(Exception):
-    """A placement could not be made or committed; ``reason`` says why, for the failed event."""
+    """A placement could not be made or committed; ``reason`` says why, for the failed event.
+    ``policy``: the step's own policy gave no answer (timed out, returned the wrong shape, could
+    not be loaded: ``PolicyFailed.no_answer``), which says nothing of the cluster's room: the same
+    call would fail again, so the step fails once, not retried as a lost race is
+    (docs/architecture.md "Re-selection")."""
 
-    def __init__(self, reason: str):
+    def __init__(self, reason: str, policy: bool = False):
         self.reason = reason
+        self.policy = policy
         super().__init__(reason)

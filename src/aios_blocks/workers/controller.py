@@ -175,7 +175,7 @@ async def on_allocation(w: Worker, m: Inbound[AllocationRequest]) -> None:
             await allocate(w, al.Request(ir, ev.cluster_id, "allocation", iids), trace=trace, ahead=(suspects, nominated),
                            reserved=(first, reserved), turn=turn, then=started)
         except PlacementFailed as exc:
-            await _reselect_or_fail(w, ir, ev, exc.reason, trace)
+            await _reselect_or_fail(w, ir, ev, exc, trace)
             return
     finally:
         turn.leave()
@@ -276,9 +276,10 @@ async def reassign(w: Worker, m: Inbound[ReassignRequest]) -> None:
     try:
         placements, attempts = await _replacement(w, ev, ir, iid, current, node_down, trace)
     except PlacementFailed as exc:
-        if not node_down and m.deliveries < w.settings.reassign_attempts:
+        if not node_down and not exc.policy and m.deliveries < w.settings.reassign_attempts:
             # the capacity may be held by instances on their way out (a failed one's remove is
-            # in flight): try again shortly rather than leave the block short of an instance;
+            # in flight): try again shortly rather than leave the block short of an instance (a
+            # policy that gave no answer, timed out or the wrong shape, would only fail again);
             # no step event carries this attempt's policy calls, so they are recorded on their own
             await w.bus.emit_all([Emit(E.block_decision, d) for d in trace])
             raise Defer(_backoff(m.deliveries)) from exc
@@ -542,12 +543,19 @@ def _backoff(deliveries: int) -> float:
 
 
 async def _reselect_or_fail(
-    w: Worker, ir: BlockIR, ev: AllocationRequest, reason: str, trace: list[Decision] | None = None
+    w: Worker, ir: BlockIR, ev: AllocationRequest, exc: PlacementFailed, trace: list[Decision] | None = None
 ) -> None:
     """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
-    failed): record why and send the block back through selection, a bounded number of rounds."""
-    bid, gen, n = ev.block_id, ev.gen, ev.attempt
-    if n + 1 >= w.settings.selection_rounds:  # fits nowhere after its rounds: waits (docs/priority.md)
+    raised): record why and send the block back through selection, a bounded number of rounds.
+    A resourceAllocator that gave no answer (timed out, wrong shape) fails the block at once
+    (``al.after_failure``: another round would fail the same way)."""
+    bid, gen, n, reason = ev.block_id, ev.gen, ev.attempt, exc.reason
+    then = al.after_failure(exc, n, w.settings.selection_rounds)
+    if then == "fail":  # the policy's error, as a policy's failure at selection fails the block
+        await _allocation_failed(w, ev, reason, trace)
+        await w.fail_block(bid, gen, reason, Step.FAIL_ALLOCATION, ev.cluster_id)
+        return
+    if then == "wait":  # fits nowhere after its rounds: waits (docs/priority.md)
         await _allocation_failed(w, ev, reason, trace)
         await queue.wait_or_fail(w, bid, gen, ir, f"{reason} (after {n + 1} selection rounds)", Step.FAIL_ALLOCATION,
                                  {ev.cluster_id: reason}, ev.cluster_id)
