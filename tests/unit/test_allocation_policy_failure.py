@@ -132,3 +132,29 @@ async def test_a_reassignment_whose_policy_gives_no_answer_fails_at_once_not_aft
         (failed,) = s.bus.events(E.block_reassignment_failed, bid=bid)
         assert "wrong return shape: reassignment must return" in failed["reason"], failed
         assert not s.delayed and list(await s.store.instances(bid)) == [old]
+
+
+@pytest.mark.parametrize(("source", "kind"), [
+    ("raise KeyError('gpus')", "raised"),
+    ("return {'node': 'n0'}", "wrong_shape"),
+    ("import time\ntime.sleep(0.5)\nreturn {'node_id': 'n0', 'gpus': []}", "timed_out"),
+    (None, "load"),  # not in the registry
+    ("unavailable", "unavailable"),  # the registry's store did not answer
+])
+async def test_the_runtime_says_how_a_call_failed(source: str | None, kind: str) -> None:
+    from aios_blocks.policies.runtime import PolicyRuntime
+
+    async def lookup(name: str, version: int | None) -> Any:
+        if source == "unavailable":
+            raise ConnectionError("Redis is loading the dataset in memory")
+        body = "\n".join("        " + line for line in (source or "").splitlines())
+        return None if source is None else {"source": "class P:\n    def __init__(self, rule_id, settings, parameters):\n"
+                                                      "        pass\n\n    def eval(self, parameters, input_data, context):\n"
+                                                      f"{body}\n", "language": "python", "version": 1}
+
+    rule = {"name": "resourceAllocator", "policyRuleURI": "registry:p"}
+    with pytest.raises(PolicyFailed) as err:
+        await PolicyRuntime(lookup=lookup, timeout_s=0.2).invoke(rule, "r", {"action": "allocation"})
+    assert err.value.kind == kind and err.value.no_answer == (kind in ("wrong_shape", "timed_out", "load")), err.value
+    if kind == "unavailable":
+        assert "cannot read 'registry:p' from the registry: ConnectionError: Redis is loading" in err.value.reason

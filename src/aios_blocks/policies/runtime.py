@@ -253,7 +253,10 @@ class PolicyRuntime:
             key = (f"registry:{name}", version)
             if version is not None and key in self._classes:
                 return self._classes[key], key[0], version
-            record = await self.lookup(name, version)
+            try:
+                record = await self.lookup(name, version)
+            except Exception as exc:  # the registry's store (Redis) did not answer: not the policy's fault
+                raise RegistryUnavailable(f"{type(exc).__name__}: {exc}") from exc
             if record is None:
                 raise ValueError(f"policy {name!r} (version {version or 'latest'}) is not in the registry")
             key = (f"registry:{name}", int(record["version"]))
@@ -314,6 +317,9 @@ class PolicyRuntime:
         except TimeoutError:
             busy = self._busy() if self.overrunning >= POLICY_THREADS else ""
             raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}", "timed_out")
+        except RegistryUnavailable as exc:  # a step asked again may find it: not a policy that gave no answer
+            raise PolicyFailed(name, action, f"cannot read {rule.get('policyRuleURI')!r} from the registry: {exc}",
+                               "unavailable")
         except Exception as exc:
             raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}", "load")
         params = rule.get("parameters") or {}
@@ -378,6 +384,11 @@ def _log() -> Any:
     import structlog
 
     return structlog.get_logger("aios.policy")
+
+
+class RegistryUnavailable(Exception):
+    """The policy registry's look-up raised (its store did not answer), as opposed to a policy
+    that is not there or does not load."""
 
 
 class _Escaped(Exception):
