@@ -182,12 +182,15 @@ async def test_calls_that_overran_are_counted_and_when_they_hold_every_thread_a_
         hung = await asyncio.gather(*(failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release})
                                       for _ in range(POLICY_THREADS)))
         assert all(e.reason == "timed out after 0.3s" for e in hung), [e.reason for e in hung]
+        assert all(e.no_answer for e in hung)  # its own call ran past the limit: it fails its step once
         assert rt.overrunning == POLICY_THREADS
         busy = " without starting: all 16 policy threads are still running calls that overran their time limit (16)"
         exc = await failed(rt, rule("registry:fast"), {"action": "allocation"})  # its constructor cannot run
         assert exc.reason.startswith("loading timed out after 0.3s" + busy), exc.reason
+        assert (exc.kind, exc.no_answer) == ("unavailable", False)  # others' overruns: a step asked again may run it
         exc = await failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release})  # built: its eval
         assert exc.reason.startswith("timed out after 0.3s" + busy), exc.reason
+        assert (exc.kind, exc.no_answer) == ("unavailable", False)  # never started: not this call's answer
     finally:
         release.set()
     for _ in range(100):  # the overrunning calls return once released: the count goes back to 0

@@ -316,7 +316,9 @@ class PolicyRuntime:
                 inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
         except TimeoutError:
             busy = self._busy() if self.overrunning >= POLICY_THREADS else ""
-            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}", "timed_out")
+            # slow Redis, a loaded worker or threads held by other policies' overruns: not this
+            # policy's answer, so a step asked again may load it (not ``NO_ANSWER``)
+            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}", "unavailable")
         except RegistryUnavailable as exc:  # a step asked again may find it: not a policy that gave no answer
             raise PolicyFailed(name, action, f"cannot read {rule.get('policyRuleURI')!r} from the registry: {exc}",
                                "unavailable")
@@ -335,7 +337,7 @@ class PolicyRuntime:
                     try:
                         result = await asyncio.wait_for(asyncio.wrap_future(cfut), timeout=self.timeout_s)
                     except TimeoutError:
-                        raise PolicyFailed(name, action, self._overran(cfut, started, rule, action), "timed_out") from None
+                        raise PolicyFailed(name, action, *self._overran(cfut, started, rule, action)) from None
             finally:
                 if trace is not None:
                     lines = [list(line) for line in getattr(inst, "logs", None) or ()] + printed[:MAX_PRINT_LINES + 1]
@@ -355,12 +357,15 @@ class PolicyRuntime:
         return result
 
 
-    def _overran(self, cfut: concurrent.futures.Future[Any], started: list[bool], rule: dict[str, Any], action: str) -> str:
-        """The reason of a call past its time limit. One that never started (every pool thread
-        held by calls that overran theirs) says so; one that did keeps its thread until it returns,
-        counted in ``overrunning`` and logged, since the worker is slower while it spins."""
+    def _overran(self, cfut: concurrent.futures.Future[Any], started: list[bool], rule: dict[str, Any],
+                 action: str) -> tuple[str, str]:
+        """The reason and ``PolicyFailed.kind`` of a call past its time limit. One that never
+        started (every pool thread held by calls that overran theirs) says so, and is
+        ``unavailable``: not this policy's fault, a step asked again may run it; one that did is
+        ``timed_out`` and keeps its thread until it returns, counted in ``overrunning`` and
+        logged, since the worker is slower while it spins."""
         if not started and cfut.cancel():
-            return f"timed out after {self.timeout_s:g}s{self._busy()}"
+            return f"timed out after {self.timeout_s:g}s{self._busy()}", "unavailable"
         with self._overrun_lock:
             self.overrunning += 1
 
@@ -372,7 +377,7 @@ class PolicyRuntime:
         _log().warning("policy.overran", uri=rule.get("policyRuleURI"), action=action, limit_s=self.timeout_s,
                        overrunning=self.overrunning,
                        note="a Python policy call cannot be stopped: its thread runs until the call returns")
-        return f"timed out after {self.timeout_s:g}s"
+        return f"timed out after {self.timeout_s:g}s", "timed_out"
 
 
     def _busy(self) -> str:

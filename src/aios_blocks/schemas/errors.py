@@ -28,7 +28,8 @@ NO_ANSWER = ("timed_out", "wrong_shape", "load")
 class PolicyFailed(Exception):
     """A policy raised, timed out or returned the wrong shape. Fails one step, never a worker.
     ``kind``: ``raised`` (the policy's own exception), ``timed_out``, ``wrong_shape``, ``load``
-    (``NO_ANSWER``), ``unavailable`` (the registry could not be read: may pass when asked again)
+    (``NO_ANSWER``), ``unavailable`` (the registry could not be read, the code's loading timed out, or the call
+    never started because other calls' overruns held every thread: may pass when asked again)
     or "" (not said: taken as ``raised``)."""
 
     def __init__(self, policy: str, action: str, reason: str, kind: str = ""):
