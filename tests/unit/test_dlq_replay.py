@@ -2,11 +2,14 @@
 (ids, filters, --all, refused when replayed before unless --force), where a copy goes, what it
 carries (the original's headers less JetStream's, an id of its own per letter and attempt), when
 the letter's own copy of the body may stand in for the original; only the admin may mark a replay
-(the catalog's publishers)."""
+(the catalog's publishers); the command refuses a selection of nothing before it connects."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from typer.testing import CliRunner
 
 from aios_blocks.bus import dlq as dl
 from aios_blocks.bus import subjects
@@ -133,3 +136,20 @@ def test_only_the_admin_may_mark_a_replay() -> None:
             continue
         assert not any(subjects.matches(p, mark) for p in perms.publish), role
     assert not subjects.matches(subjects.DLQ_ALL, mark)  # never listed as a dead letter itself
+
+
+def test_the_command_refuses_a_selection_of_nothing_and_a_role_not_the_admin_before_it_connects(
+        tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from aios_blocks.cli.main import app
+
+    for key in [k for k in __import__("os").environ if k.startswith("AIOS_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("AIOS_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("COLUMNS", "200")
+    r = CliRunner().invoke(app, ["dlq", "replay"])
+    assert r.exit_code == 2 and "--all for every one" in r.output and "No servers" not in r.output, r.output
+    r = CliRunner().invoke(app, ["dlq", "replay", "--since", "soon"])
+    assert r.exit_code == 2 and "expected seconds or a duration" in " ".join(r.output.split()), r.output
+    monkeypatch.setenv("AIOS_ROLE", "observer")
+    r = CliRunner().invoke(app, ["dlq", "replay", "5"])
+    assert r.exit_code == 1 and "only the admin replays dead letters" in r.output, r.output

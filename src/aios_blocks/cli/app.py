@@ -1,6 +1,6 @@
 """The ``blocks`` command: the typer app, its global options, its help and its entry point
 (``run``). Each command lives in the module of its noun (``blocks``, ``inventory``, ``vcluster``,
-``policy``, ``state``, ``servers``, ``task``, ``trace``; shared parts in ``common`` and ``render``)
+``policy``, ``state``, ``dlq``, ``servers``, ``task``, ``trace``; shared parts in ``common`` and ``render``)
 and is registered below, in the order ``blocks --help`` lists them: one jump from a command's name
 to its function.
 
@@ -22,6 +22,7 @@ from rich.markup import escape
 from . import (
     blocks,
     console,
+    dlq,
     examples,
     inventory,
     nodes,
@@ -210,7 +211,7 @@ app.command("console")(console.console_)
 app.command()(blocks.top)
 app.command("prometheus-config")(servers.prometheus_config)
 app.command()(state.replay)
-app.command()(state.dlq)
+app.add_typer(dlq.app, name="dlq")
 app.command()(state.explain)
 policy_app.command("run")(policy.policy_run)
 policy_app.command("add")(policy.policy_add)

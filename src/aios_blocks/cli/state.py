@@ -1,4 +1,4 @@
-"""What the stream and the state hold: ``watch``, ``replay``, ``dlq``, ``explain``, ``recover``, ``check``,
+"""What the stream and the state hold: ``watch``, ``replay``, ``explain``, ``recover``, ``check``,
 ``state digest``, and the contract they follow (``subjects``, ``asyncapi``)."""
 
 from __future__ import annotations
@@ -110,40 +110,6 @@ def replay(
         for subject, env, seq, stored in events:
             at = str(env.get("time") or stored)  # a bare create has no time of its own: when it was stored
             console.print(f"{seq:>7} {at[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
-        return 0
-
-    raise typer.Exit(_request(go, data_dir))
-
-
-def dlq(
-    as_json: bool = typer.Option(False, "--json", help="One JSON dead letter per line."),
-    data_dir: Path = DataDir,
-) -> None:
-    """Every stored dead letter (the admin's): the workers' from `AIOS` (`aios.dlq.>`) and the
-    outputs the side-cars gave up on from `AIOS_OUTPUTS` (`aios.output.B.dlq.NAME.OUTCOME`: users'
-    data, which observers cannot read): stream, sequence, when stored, consumer, the failing
-    message's subject, deliveries, error. `--json` lines carry the whole letter (its `data` too).
-
-    Example: `blocks dlq`, `blocks dlq --json`
-    """
-
-    async def go(c: Client) -> int:
-        letters = await c.dead_letters()
-        if as_json:
-            for stream, seq, stored, subject, env in letters:
-                print(json.dumps({"stream": stream, "seq": seq, "stored": stored, "subject": subject, "event": env},
-                                 default=str))
-            return 0
-        if not letters:
-            console.print("no dead letters")
-            return 0
-        t = _table("stream", "seq", "stored", "consumer", "subject", "deliveries", "error")
-        for stream, seq, stored, _, env in letters:
-            data = env.get("data")
-            d = data if isinstance(data, dict) else {}
-            t.add_row(stream, str(seq), stored[:23], escape(str(d.get("consumer", ""))), escape(str(d.get("subject", ""))),
-                      str(d.get("deliveries", "")), escape(str(d.get("error", ""))))
-        console.print(t)
         return 0
 
     raise typer.Exit(_request(go, data_dir))
