@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
@@ -227,3 +228,24 @@ async def test_an_observer_whose_names_are_all_taken_is_told_so(servers: Embedde
         await consumer_name(d.nc, OB, "read")
     await js.delete_consumer(OB, observer_consumers(d.user)[4])
     assert await consumer_name(d.nc, OB, "read") == observer_consumers(d.user)[4]
+
+
+def _blocks(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(BIN / "blocks"), *args], capture_output=True, text=True, timeout=60)
+
+
+async def test_blocks_observer_add_list_remove(servers: EmbeddedServers) -> None:
+    d = str(servers.data_dir)
+    r = await asyncio.to_thread(_blocks, "observer", "add", "cli-dash", "--json", "--data-dir", d)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["user"] == "observer-cli-dash" and out["new"] is True
+    creds = await asyncio.to_thread(_read_json, Path(out["credentials"]))
+    assert auth.nats_login(creds["nats_url"]) and creds["inbox_prefix"] == "_INBOX.observer-cli-dash"
+    listed = await asyncio.to_thread(_blocks, "observer", "list", "--json", "--data-dir", d)
+    assert "observer-cli-dash" in {o["user"] for o in json.loads(listed.stdout)}
+    r = await asyncio.to_thread(_blocks, "observer", "remove", "cli-dash", "--data-dir", d)
+    assert r.returncode == 0 and "removed" in r.stdout, r.stderr
+    assert not auth.nats_login(creds["nats_url"])
+    r = await asyncio.to_thread(_blocks, "observer", "add", "a.b", "--data-dir", d)
+    assert r.returncode != 0 and "invalid observer name" in (r.stdout + r.stderr)

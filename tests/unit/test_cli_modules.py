@@ -16,7 +16,7 @@ from aios_blocks.cli import main
 CLI = Path(aios_blocks.cli.__file__).parent
 #: the modules commands live in, and their shared parts
 NOUNS = ("blocks", "inventory", "nodes", "vcluster", "policy", "state", "servers", "task", "trace", "priority", "console", "rebalance", "tenants", "examples",
-         "sidecar_auth", "dlq")
+         "sidecar_auth", "dlq", "observers")
 SHARED = ("app", "common", "render")
 
 

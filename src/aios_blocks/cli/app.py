@@ -26,6 +26,7 @@ from . import (
     examples,
     inventory,
     nodes,
+    observers,
     policy,
     priority,
     rebalance,
@@ -234,6 +235,7 @@ quota_app.command("list")(priority.quota_list)
 app.command("preempt")(priority.preempt)
 app.add_typer(tenants.tenant_app, name="tenant")
 app.add_typer(sidecar_auth.app, name="sidecar-auth")
+app.add_typer(observers.app, name="observer")
 app.command("rebalance")(rebalance.rebalance)
 vcluster.register(app, DataDir)
 nodes.register(node_app, cluster_app, DataDir)
