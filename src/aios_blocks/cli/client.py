@@ -389,7 +389,7 @@ class Client:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _scan(self, subject: str, idle: float) -> list[Any]:
+    async def scan(self, subject: str, idle: float) -> list[Any]:
         """Every stored message on ``subject``, oldest first (ordered push consumer from the start;
         stops when none is pending or nothing came for ``idle`` seconds)."""
         out: list[Any] = []
@@ -416,13 +416,13 @@ class Client:
 
     async def history(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, EventDoc, int]]:
         """Every stored event of a block (or all blocks), oldest first: (subject, event, seq)."""
-        scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
+        scanned = await self.scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream) for m in scanned]
 
     async def timeline(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, EventDoc, int, str]]:
         """``history`` with the time the stream stored each message (ISO 8601, UTC): what an event
         without a ``time`` of its own (a bare create, as any NATS client may publish it) is shown at."""
-        scanned = await self._scan(subjects.block_all(_block_or_all(bid)), idle)
+        scanned = await self.scan(subjects.block_all(_block_or_all(bid)), idle)
         return [(m.subject, _decode(m.data), m.metadata.sequence.stream, _stored_at(m)) for m in scanned]
 
     async def dead_letters(self, idle: float = 0.5) -> list[tuple[str, int, str, str, EventDoc]]:
@@ -433,7 +433,7 @@ class Client:
         out: list[tuple[str, int, str, str, EventDoc]] = []
         for stream, filter_ in ((subjects.STREAM, subjects.DLQ_ALL), (subjects.STREAM_OUTPUTS, E.output_dead_letter.filter())):
             try:
-                scanned = await self._scan(filter_, idle)
+                scanned = await self.scan(filter_, idle)
             except NotFoundError:  # a stream of an older version without the subject
                 scanned = []
             out += [(stream, m.metadata.sequence.stream, _stored_at(m), m.subject, _decode(m.data)) for m in scanned]

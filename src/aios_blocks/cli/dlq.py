@@ -35,7 +35,7 @@ async def _letters(c: Client) -> tuple[list[Letter], dict[str, list[Mapping[str,
 
     letters = [Letter(stream, seq, stored, subject, env) for stream, seq, stored, subject, env in await c.dead_letters(IDLE_S)]
     try:
-        marks = [m.data for m in await c._scan(E.dlq_replayed.filter(), IDLE_S)]
+        marks = [m.data for m in await c.scan(E.dlq_replayed.filter(), IDLE_S)]
     except NotFoundError:  # a stream of a version before dlq.replayed: none replayed yet
         marks = []
     records = [d.get("data") for d in (json.loads(raw) for raw in marks)]
