@@ -61,7 +61,7 @@ async def test_two_instances_share_one_gpu_and_a_third_is_refused(system: System
     [view] = (await c.store.read_nodes("share", ["share-n0"])).values()
     assert view["gpus"][0]["instances"] == 2 and view["gpus"][0]["memory_free"] == 0
     # each instance was started with its cap
-    creates = [msgspec.json.decode(m.data)["data"] for m in await c._scan(subjects.node_command("share-n0", "instance.create"), 1.0)]
+    creates = [msgspec.json.decode(m.data)["data"] for m in await c.scan(subjects.node_command("share-n0", "instance.create"), 1.0)]
     assert sorted(cmd["instance_id"] for cmd in creates) == sorted(insts)
     assert all(cmd["gpus"] == [GPU] and cmd["env"]["AIOS_GPU_MEMORY_LIMIT_MIB"] == "40000" for cmd in creates)
 

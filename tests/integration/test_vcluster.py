@@ -114,7 +114,7 @@ async def test_create_prechecks_refuse_whole_with_the_reason(system: System) -> 
 async def _stored(c: Client, subject: str) -> Any:
     import msgspec
 
-    for msg in await c._scan(subject, 0.5):
+    for msg in await c.scan(subject, 0.5):
         yield msgspec.json.decode(msg.data)["data"]
 
 
