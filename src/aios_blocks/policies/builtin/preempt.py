@@ -108,6 +108,14 @@ def gpu_usable(v: list[Any], need: Need) -> bool:
     return not v[EXCLUSIVE] and v[MEM_FREE] >= need.gpu_memory and v[FREE] >= need.share - EPS
 
 
+def usable_count(gpus: Iterable[list[Any]], need: Need) -> int:
+    """How many of ``gpus`` are ``gpu_usable`` by ``need``: of a need of any model and no
+    ``gpuMemory`` that does not share (the multi-GPU ones of the trace: the hot path), its rule inlined."""
+    if need.sharing or need.models or need.gpu_memory > 0:
+        return sum(1 for v in gpus if gpu_usable(v, need))
+    return sum(1 for v in gpus if (v[INSTANCES] == 0 if v[INSTANCES] >= 0 else v[FREE] >= 1 - EPS))
+
+
 def release_gpu(v: list[Any], share: float, gpu_memory: float) -> None:
     """One instance that held ``share`` of the GPU's compute and (sharing) ``gpu_memory`` MiB of
     its memory is gone: the last one leaves it whole (all its memory, not exclusive)."""
@@ -177,7 +185,7 @@ def node_fits(n: _Node, need: Need, limit: int) -> int:
     if need.gpus <= 0 or k <= 0:
         return max(0, k)
     if not need.sharing:
-        return min(k, sum(1 for v in n.gpus.values() if gpu_usable(v, need)) // need.gpus)
+        return min(k, usable_count(n.gpus.values(), need) // need.gpus)
     if need.gpu_memory <= 0:  # compute alone binds (the trace's shares): its free parts, as floats
         return _shares_fit(sorted(v[FREE] for v in n.gpus.values() if gpu_usable(v, need)), need, k)
     pairs = sorted([v[FREE], v[MEM_FREE]] for v in n.gpus.values() if gpu_usable(v, need))

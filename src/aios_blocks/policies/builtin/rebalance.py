@@ -74,7 +74,19 @@ from typing import Any, Protocol
 from ...schemas.topology import TIER_RANK, LinkTier
 from .. import topology as topo_mod
 from .frag import UNITS, Workload
-from .preempt import EPS, Need, _Node, _nodes, gpu_usable, need_of, node_fits, release_gpu, share_of, take_gpu
+from .preempt import (
+    EPS,
+    Need,
+    _Node,
+    _nodes,
+    gpu_usable,
+    need_of,
+    node_fits,
+    release_gpu,
+    share_of,
+    take_gpu,
+    usable_count,
+)
 from .preempt import placement as _placement
 from .rebalance_dests import DestCache, _count, _Counts, _Dests, _entry, _left, _model, _on
 
@@ -537,7 +549,7 @@ def _shortfall(n: _Node, need: Need) -> float:
     usable = [v for v in n.gpus.values() if (not need.models or v[0] in need.models) and v[3] >= need.gpu_memory]
     if len(usable) < need.gpus:
         return float("inf")
-    return max(0, need.gpus - sum(1 for v in usable if gpu_usable(v, need)))
+    return max(0, need.gpus - usable_count(usable, need))
 
 
 def _sources(c: Cluster, need: Need, on: Mapping[str, list[Inst]]) -> list[str]:
