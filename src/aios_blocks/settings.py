@@ -84,6 +84,8 @@ class Settings(BaseSettings):
     )
     # -- policies ----------------------------------------------------------------------------------
     policy_timeout_s: float = Field(5.0, gt=0, description="time limit of one Python registry policy call")
+    python_policy_sandbox: Literal["process", "thread"] = Field("process", description="where Python registry policies (registry:NAME, NAME.py) run: child processes, stopped at their time limit, or threads of the worker (a call past its limit keeps its thread)")
+    python_policy_processes: int = Field(4, ge=1, description="Python policy processes per worker (AIOS_PYTHON_POLICY_SANDBOX=process), started on first use")
     starlark_sandbox: Literal["process", "inline"] = Field("process", description="where Starlark policies run: a sandbox process pool, or inline (tests)")
     starlark_call_timeout_s: float = Field(4.0, gt=0, description="time limit of one Starlark policy call")
     starlark_memory_mb: int = Field(1024, ge=64, description="memory limit of a Starlark sandbox process")

@@ -37,6 +37,8 @@ def src(body: str, name: str = "P") -> str:
 
 #: A policy that "sleeps" 5 s: it waits on the event it finds in its context, which the test sets
 #: once it is done, so the abandoned worker thread ends promptly instead of holding up the run.
+#: (Thread mode, AIOS_PYTHON_POLICY_SANDBOX=thread: an Event does not cross into a policy process;
+#: process mode's time limit: tests/unit/test_python_policy_sandbox.py.)
 SLEEPER = src("context['release'].wait(5)\nreturn {'node_id': 'n1', 'gpus': []}")
 
 
@@ -143,7 +145,7 @@ async def test_a_policy_that_runs_too_long_times_out() -> None:
     release, returned = threading.Event(), threading.Event()
     reg = Registry()
     reg.put("slow", src("context['release'].wait(60)\ncontext['returned'].set()\nreturn {'node_id': 'n1', 'gpus': []}"))
-    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.2)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.2, python_sandbox="thread")
     try:
         exc = await failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release, "returned": returned})
         assert "timed out" in exc.reason
@@ -157,7 +159,7 @@ async def test_the_runtime_keeps_working_after_a_timeout() -> None:
     reg = Registry()
     reg.put("slow", SLEEPER)
     reg.put("fast", src("return {'node_id': 'fast', 'gpus': []}"))
-    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.2)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.2, python_sandbox="thread")
     try:
         await failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release})
         assert await rt.invoke(rule("registry:fast"), "r", {"action": "allocation"}) == {"node_id": "fast", "gpus": []}
@@ -177,7 +179,7 @@ async def test_calls_that_overran_are_counted_and_when_they_hold_every_thread_a_
     reg = Registry()
     reg.put("slow", SLEEPER)
     reg.put("fast", src("return {'node_id': 'fast', 'gpus': []}"))
-    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.3)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.3, python_sandbox="thread")
     try:
         hung = await asyncio.gather(*(failed(rt, rule("registry:slow"), {"action": "allocation"}, {"release": release})
                                       for _ in range(POLICY_THREADS)))
@@ -281,7 +283,7 @@ async def test_a_slow_constructor_is_time_limited() -> None:
     reg = Registry()
     reg.put("p", "class P:\n    def __init__(self, r, s, p):\n        s['release'].wait(60)\n        s['built'].set()\n"
                  "    def eval(self, p, i, c):\n        return {'node_id': 'n1', 'gpus': []}\n")
-    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.1)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.1, python_sandbox="thread")
     try:
         with pytest.raises(PolicyFailed, match="timed out"):
             await rt.invoke(rule("registry:p", settings={"release": release, "built": built}), "r", {"action": "allocation"})

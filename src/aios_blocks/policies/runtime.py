@@ -11,11 +11,15 @@
 * ``registry:NAME`` or ``registry:NAME@VERSION`` - Python source stored with ``blocks policy add``;
   a URI ending in ``.py`` means the registry entry named by the file's stem.
 
-Python policy sources are trusted operator input: they run in the worker's process. Each call runs
-in a worker thread with a time limit; a call that raises, overruns or returns the wrong shape raises
-:class:`PolicyFailed` for that step only. The built-ins (this package's own code, bounded by their
-input) run inline on the event loop: no thread hop, no time limit, the same failure rules. (A Python call that never returns keeps its thread busy;
-the time limit frees the step, not the thread. Untrusted tenants' policies belong in a sandbox.)
+Python policy sources (``registry:``, ``NAME.py``) run, by default (AIOS_PYTHON_POLICY_SANDBOX=
+process), in child processes (policies/sandbox.py): a call past its time limit has its process
+killed and replaced, so the worker is whole again at once; their instances live there. With
+``thread``, they run in the worker's process, each call in a worker thread with a time limit (a
+call that never returns keeps its thread busy: the time limit frees the step, not the thread).
+Either way a call that raises, overruns or returns the wrong shape raises :class:`PolicyFailed`
+for that step only. ``module:Class`` policies (installed by the operator) run in threads. The
+built-ins (this package's own code, bounded by their input) run inline on the event loop: no
+thread hop, no time limit, the same failure rules.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import hashlib
 import importlib
 import inspect
 import os
+import pickle
 import sys
 import threading
 import types
@@ -50,7 +55,15 @@ from .builtin.preempt import PreemptMinPolicy
 from .builtin.rebalance import RebalanceMinPolicy
 from .builtin.resource import BinPackPolicy, SpreadPolicy
 from .builtin.stability import ProbeThresholdPolicy
-from .sandbox import sandboxed_class
+from .sandbox import (
+    START_ALLOWANCE_S,
+    SandboxBusy,
+    SandboxCrash,
+    SandboxLoadError,
+    SandboxTimeout,
+    python_sandboxed_class,
+    sandboxed_class,
+)
 
 BUILTINS: dict[str, type] = {
     "builtin:cluster-rank": ClusterRankPolicy,
@@ -112,9 +125,12 @@ def language_of(path: str) -> str:
     return "starlark" if path.endswith(".star") else "python"
 
 
-def compile_source(source: str, language: str, label: str) -> type:
-    """Source -> a class in the seed's shape (Python: the one class with ``eval``; Starlark: a
-    sandboxed scriptlet, seed-000 ``eval`` or LXD ``instance_placement`` form)."""
+def compile_source(source: str, language: str, label: str, timeout_s: float | None = None,
+                   python_sandbox: str | None = None) -> type:
+    """Source -> a class in the seed's shape (Python: the one class with ``eval``, or with
+    ``python_sandbox`` "process" (AIOS_PYTHON_POLICY_SANDBOX unless given) a class whose instances
+    run in a child process, ``timeout_s`` a call; Starlark: a sandboxed scriptlet, seed-000 ``eval``
+    or LXD ``instance_placement`` form)."""
     if language == "starlark":
         # imported here: the starlark extension (~4 MiB per process) only where a policy is Starlark
         from .starlark_runtime import compile_policy
@@ -129,6 +145,9 @@ def compile_source(source: str, language: str, label: str) -> type:
         return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s)
     if language != "python":
         raise ValueError(f"{label}: unknown policy language {language!r}")
+    s = load_settings()
+    if (python_sandbox or s.python_policy_sandbox) == "process":
+        return python_sandboxed_class(source, label, s.policy_timeout_s if timeout_s is None else timeout_s)
     return policy_class_from_source(source, label)
 
 
@@ -210,12 +229,16 @@ class PolicyRuntime:
         timeout_s: float | None = None,
         max_instances: int = 4096,
         allow_files: bool = False,
+        python_sandbox: str | None = None,
     ):
         #: read ``*.py`` URIs from the local disk (``blocks policy run`` only; workers use the registry)
         self.allow_files = allow_files
         self.lookup = lookup
-        self.timeout_s = load_settings().policy_timeout_s if timeout_s is None else timeout_s
-        self._classes: dict[tuple[str, int | None], type] = {}
+        s = load_settings()
+        self.timeout_s = s.policy_timeout_s if timeout_s is None else timeout_s
+        #: "process" or "thread": where Python sources run (AIOS_PYTHON_POLICY_SANDBOX unless given)
+        self.python_sandbox = python_sandbox or s.python_policy_sandbox
+        self._classes: dict[tuple[str, int | None, str], type] = {}
         self._instances: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._max_instances = max_instances
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=POLICY_THREADS, thread_name_prefix="policy")
@@ -231,18 +254,21 @@ class PolicyRuntime:
         for key in [k for k in self._instances if k[1] == f"registry:{name}"]:
             del self._instances[key]
 
-    async def resolve(self, uri: str, version: int | None = None) -> tuple[type, str, int | None]:
-        """-> (class, cache name, version) for a policyRuleURI."""
+    async def resolve(self, uri: str, version: int | None = None, inline: bool = False) -> tuple[type, str, int | None]:
+        """-> (class, cache name, version) for a policyRuleURI. ``inline``: a Python source's class
+        in this process, whatever ``python_sandbox`` says (the executor's per-task loadBalancer,
+        which has its own inline time limit)."""
         if uri in BUILTINS:
             return BUILTINS[uri], uri, None
         if uri.startswith("builtin:"):  # e.g. a component stored before the parser refused it
             raise ValueError(f"unknown built-in policy {uri!r}; the built-ins are {uris.known_builtins()}")
-        key: tuple[str, int | None]
+        key: tuple[str, int | None, str]
+        mode = "thread" if inline else self.python_sandbox
         if self.allow_files and uri.endswith((".py", ".star")) and os.path.exists(uri):  # noqa: ASYNC240
-            key = (uri, None)
+            key = (uri, None, mode)
             if key not in self._classes:
                 with open(uri) as f:  # noqa: ASYNC230 - CLI-only, once per file
-                    self._classes[key] = compile_source(f.read(), language_of(uri), uri)
+                    self._classes[key] = compile_source(f.read(), language_of(uri), uri, self.timeout_s, mode)
             return self._classes[key], uri, None
         reg = registry_name(uri)
         if reg is not None:
@@ -250,7 +276,7 @@ class PolicyRuntime:
             version = pinned if pinned is not None else version
             if self.lookup is None:
                 raise ValueError(f"{uri}: no policy registry available")
-            key = (f"registry:{name}", version)
+            key = (f"registry:{name}", version, mode)
             if version is not None and key in self._classes:
                 return self._classes[key], key[0], version
             try:
@@ -259,29 +285,30 @@ class PolicyRuntime:
                 raise RegistryUnavailable(f"{type(exc).__name__}: {exc}") from exc
             if record is None:
                 raise ValueError(f"policy {name!r} (version {version or 'latest'}) is not in the registry")
-            key = (f"registry:{name}", int(record["version"]))
+            key = (f"registry:{name}", int(record["version"]), mode)
             if key not in self._classes:  # compile off the loop: a top level may be slow
                 self._classes[key] = await asyncio.get_running_loop().run_in_executor(
-                    self._pool, compile_source, record["source"], record.get("language", "python"), f"{name}-v{key[1]}"
+                    self._pool, compile_source, record["source"], record.get("language", "python"), f"{name}-v{key[1]}",
+                    self.timeout_s, mode,
                 )
             return self._classes[key], key[0], key[1]
         if ":" in uri:
             mod_name, _, cls_name = uri.partition(":")
-            key = (uri, None)
+            key = (uri, None, "thread")
             if key not in self._classes:
                 self._classes[key] = getattr(importlib.import_module(mod_name), cls_name)
             return self._classes[key], uri, None
         raise ValueError(f"unknown policyRuleURI {uri!r} (use builtin:..., module:Class, registry:NAME or NAME.py)")
 
-    async def instance(self, rule: dict[str, Any], rule_id: str) -> tuple[Any, str, int | None]:
-        cls, cname, version = await self.resolve(rule["policyRuleURI"], rule.get("version"))
+    async def instance(self, rule: dict[str, Any], rule_id: str, inline: bool = False) -> tuple[Any, str, int | None]:
+        cls, cname, version = await self.resolve(rule["policyRuleURI"], rule.get("version"), inline)
         settings, parameters = rule.get("settings") or {}, rule.get("parameters") or {}
         if cname in BUILTINS and getattr(cls, "shareable", False):
             # one instance for every block of the rule (as ``blocks trace replay --in-process``
             # has): building fgd-plus's workload tables per block was a sixth to a third of a
             # controller's placement CPU on the GPU trace (docs/trace.md "Live vs Ray")
             rule_id = cname
-        key = (rule_id, cname, version, fingerprint(settings), fingerprint(parameters))
+        key = (rule_id, cname, version, fingerprint(settings), fingerprint(parameters), getattr(cls, "sandboxed", False))
         inst = self._instances.get(key)
         if inst is None:
             if cname in BUILTINS:
@@ -309,21 +336,7 @@ class PolicyRuntime:
         action = str(input_data.get("action", "?"))
         name = rule.get("name", "?")
         builtin = rule.get("policyRuleURI") in BUILTINS
-        try:
-            if builtin:
-                inst, _, _ = await self.instance(rule, rule_id)
-            else:
-                inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self.timeout_s)
-        except TimeoutError:
-            busy = self._busy() if self.overrunning >= POLICY_THREADS else ""
-            # slow Redis, a loaded worker or threads held by other policies' overruns: not this
-            # policy's answer, so a step asked again may load it (not ``NO_ANSWER``)
-            raise PolicyFailed(name, action, f"loading timed out after {self.timeout_s:g}s{busy}", "unavailable")
-        except RegistryUnavailable as exc:  # a step asked again may find it: not a policy that gave no answer
-            raise PolicyFailed(name, action, f"cannot read {rule.get('policyRuleURI')!r} from the registry: {exc}",
-                               "unavailable")
-        except Exception as exc:
-            raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}", "load")
+        inst = await self._loaded(rule, rule_id, name, action, builtin)
         params = rule.get("parameters") or {}
         ctx = context if context is not None else {}
         printed: list[list[str]] = []
@@ -332,6 +345,8 @@ class PolicyRuntime:
             try:
                 if builtin:  # our own code: inline, no thread hop (~0.1 ms a call) and no time limit
                     result = _guarded(inst.eval, params, input_data, ctx)
+                elif getattr(inst, "sandboxed", False):  # in its process, stopped at the limit
+                    result = await self._sandboxed(inst, name, action, params, input_data, ctx, printed)
                 else:
                     cfut = self._pool.submit(_captured, printed, started, inst.eval, params, input_data, ctx)
                     try:
@@ -357,6 +372,48 @@ class PolicyRuntime:
         return result
 
 
+    async def _loaded(self, rule: dict[str, Any], rule_id: str, name: str, action: str, builtin: bool) -> Any:
+        """``invoke``'s policy instance; raises PolicyFailed when it cannot be had."""
+        try:
+            if builtin:
+                inst, _, _ = await self.instance(rule, rule_id)
+            else:
+                inst, _, _ = await asyncio.wait_for(self.instance(rule, rule_id), timeout=self._load_limit())
+        except TimeoutError:
+            busy = self._busy() if self.overrunning >= POLICY_THREADS else ""
+            # slow Redis, a loaded worker or threads held by other policies' overruns: not this
+            # policy's answer, so a step asked again may load it (not ``NO_ANSWER``)
+            raise PolicyFailed(name, action, f"loading timed out after {self._load_limit():g}s{busy}", "unavailable")
+        except SandboxLoadError as exc:  # the source or its constructor failed in its process
+            raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {exc}", "load")
+        except RegistryUnavailable as exc:  # a step asked again may find it: not a policy that gave no answer
+            raise PolicyFailed(name, action, f"cannot read {rule.get('policyRuleURI')!r} from the registry: {exc}",
+                               "unavailable")
+        except Exception as exc:
+            raise PolicyFailed(name, action, f"cannot load {rule.get('policyRuleURI')!r}: {type(exc).__name__}: {exc}", "load")
+        return inst
+
+    async def _sandboxed(self, inst: Any, name: str, action: str, params: JSONObject, input_data: Mapping[str, object],
+                         ctx: JSONObject, printed: list[list[str]]) -> Any:
+        """One call of a Python policy in its process (``sandbox.python_sandboxed_class``): the
+        pool's own limit stops it (a thread here only waits, never longer than the limit)."""
+        try:
+            status, value, lines = await asyncio.get_running_loop().run_in_executor(
+                self._pool, inst.call, params, input_data, ctx, self.timeout_s)
+        except SandboxTimeout as exc:
+            _log().warning("policy.overran", policy=name, action=action, limit_s=self.timeout_s, note=str(exc))
+            raise PolicyFailed(name, action, str(exc), "timed_out") from None
+        except SandboxBusy as exc:  # other calls held its process: a step asked again may run it
+            raise PolicyFailed(name, action, str(exc), "unavailable") from None
+        except SandboxCrash as exc:  # os._exit, a segfault, killed from outside: this call's doing
+            raise PolicyFailed(name, action, str(exc), "raised") from None
+        printed.extend(lines)
+        if status == "ok":
+            return pickle.loads(value)
+        if status == "load":
+            raise PolicyFailed(name, action, f"cannot load its instance: {value}", "load")
+        raise PolicyFailed(name, action, f"raised {value}" if status == "raised" else value, status)
+
     def _overran(self, cfut: concurrent.futures.Future[Any], started: list[bool], rule: dict[str, Any],
                  action: str) -> tuple[str, str]:
         """The reason and ``PolicyFailed.kind`` of a call past its time limit. One that never
@@ -379,6 +436,13 @@ class PolicyRuntime:
                        note="a Python policy call cannot be stopped: its thread runs until the call returns")
         return f"timed out after {self.timeout_s:g}s", "timed_out"
 
+
+    def _load_limit(self) -> float:
+        """Loading's time limit: a process-sandboxed source is checked, then its instance built,
+        each in a child that may be starting (whose own limit stops a runaway top level)."""
+        if self.python_sandbox == "process":
+            return 2 * (self.timeout_s + START_ALLOWANCE_S)
+        return self.timeout_s
 
     def _busy(self) -> str:
         return (f" without starting: all {POLICY_THREADS} policy threads are still running calls that overran their "

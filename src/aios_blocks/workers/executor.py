@@ -212,7 +212,8 @@ class Executor:
                 return InlinePolicy(BUILTINS[uri](rule_id, settings, params), uri, params), limits
             if await self._is_starlark(uri, rule.get("version")):
                 return Weighted(uri), limits
-            inst, _, _ = await asyncio.wait_for(self.w.runtime.instance({**rule, "policyRuleURI": uri}, rule_id),
+            inst, _, _ = await asyncio.wait_for(self.w.runtime.instance({**rule, "policyRuleURI": uri}, rule_id,
+                                                                        inline=True),  # its own inline limit, per task
                                                 self.s.policy_timeout_s)
             ctx = await self.w.store.context_load(rule_id)
             return InlinePolicy(inst, uri, params, self.s.executor_policy_time_limit_ms / 1000, ctx), limits

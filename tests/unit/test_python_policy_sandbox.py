@@ -1,0 +1,164 @@
+"""User Python policies in child processes (AIOS_PYTHON_POLICY_SANDBOX=process, the default): a
+call past its limit is stopped (its process killed and replaced), one that kills its own process
+fails its step only, and the worker's next calls run. In threads, such a call spun for ever: its
+thread (and a share of the GIL) was lost until the worker restarted, and 16 of them stopped every
+Python policy of that worker (tests/unit/test_policy_runtime.py keeps thread mode's own tests)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import operator
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from aios_blocks.policies import sandbox
+from aios_blocks.policies.runtime import PolicyRuntime
+from aios_blocks.schemas.errors import PolicyFailed
+
+from .test_policy_runtime import Registry, rule, src
+
+PID = "import os\n" + src("if input_data.get('spin'):\n    while True:\n        pass\nreturn {'node_id': str(os.getpid()), 'gpus': []}")
+GOOD = src("print('placing', input_data['payload'])\nreturn {'node_id': 'n1', 'gpus': []}")
+
+
+@pytest.fixture
+def pool() -> Iterator[sandbox.SandboxPool]:
+    """A fresh ``python`` pool of 2 processes for the test (the worker's is shared)."""
+    p = sandbox.SandboxPool(workers=2, memory_mb=0, what="policy")
+    before = sandbox._shared.get("python")
+    sandbox._shared["python"] = p
+    try:
+        yield p
+    finally:
+        p.close()
+        if before is None:
+            sandbox._shared.pop("python", None)
+        else:
+            sandbox._shared["python"] = before
+
+
+def alive(pid: int) -> bool:
+    return os.path.exists(f"/proc/{pid}") and "zombie" not in open(f"/proc/{pid}/status").read()
+
+
+async def call(rt: PolicyRuntime, name: str, rule_id: str = "b1.r", **inp: Any) -> Any:
+    return await rt.invoke(rule(f"registry:{name}"), rule_id, {"action": "allocation", **inp}, {})
+
+
+async def fails(rt: PolicyRuntime, name: str, rule_id: str = "b1.r", **inp: Any) -> PolicyFailed:
+    with pytest.raises(PolicyFailed) as info:
+        await call(rt, name, rule_id, **inp)
+    return info.value
+
+
+async def test_a_spinning_policy_is_stopped_at_its_limit_and_its_process_is_gone(pool: sandbox.SandboxPool) -> None:
+    reg = Registry()
+    reg.put("spin", PID)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.5)
+    assert rt.python_sandbox == "process"  # the default
+    pid = int((await call(rt, "spin"))["node_id"])
+    assert pid != os.getpid() and pid in pool.pids()
+    exc = await fails(rt, "spin", spin=True)
+    assert exc.reason == "timed out after 0.5s (its process was stopped)"
+    assert (exc.kind, exc.no_answer) == ("timed_out", True)
+    assert rt.overrunning == 0
+    assert not alive(pid) and pid not in pool.pids()  # the CPU it held is free: no process runs it
+    again = int((await call(rt, "spin"))["node_id"])  # the same instance, built again in a new process
+    assert again != pid and again in pool.pids()
+
+
+async def test_after_twenty_runaway_calls_a_normal_call_still_runs(pool: sandbox.SandboxPool) -> None:
+    reg = Registry()
+    reg.put("spin", PID)
+    reg.put("good", GOOD)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.25)
+    for i in range(21):  # more runaways than the thread pool's 16 threads
+        exc = await fails(rt, "spin", f"b{i}.r", spin=True)
+        assert exc.kind == "timed_out", exc.reason
+    assert rt.overrunning == 0 and len(pool.pids()) <= pool.workers
+    trace: dict[str, Any] = {}
+    got = await rt.invoke(rule("registry:good"), "g.r", {"action": "allocation", "payload": 7}, {}, trace)
+    assert got == {"node_id": "n1", "gpus": []}
+    assert trace["logs"] == [["print", "placing 7"]]  # its print lines still come back
+
+
+@pytest.mark.parametrize(
+    ("body", "reason"),
+    [
+        ("os._exit(3)", "its process died (exit code 3)"),
+        ("import ctypes\nctypes.string_at(0)", "its process died (signal SIGSEGV)"),
+    ],
+)
+async def test_a_policy_that_kills_its_process_fails_its_step_only(pool: sandbox.SandboxPool, body: str, reason: str) -> None:
+    reg = Registry()
+    reg.put("die", "import os\n" + src(body))
+    reg.put("good", GOOD)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=5)
+    exc = await fails(rt, "die")
+    assert exc.reason == reason and exc.kind == "raised"
+    assert await call(rt, "good", payload=1) == {"node_id": "n1", "gpus": []}
+    exc = await fails(rt, "die")  # built again in the new process, and dies again
+    assert exc.reason == reason
+
+
+async def test_the_source_runs_in_no_worker_thread(pool: sandbox.SandboxPool) -> None:
+    """A top level that spins is stopped when the source is checked; the worker's thread is free."""
+    reg = Registry()
+    reg.put("top", "while True:\n    pass\n" + src("return {}"))
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.4)
+    exc = await fails(rt, "top")
+    assert exc.reason == "cannot load 'registry:top': SandboxTimeout: timed out after 0.4s (its process was stopped)"
+    assert exc.kind == "load" and rt.overrunning == 0
+    assert len(pool.pids()) <= 1  # the replacement, started at once
+
+
+async def test_raised_wrong_shape_and_unreadable_results_keep_their_kinds(pool: sandbox.SandboxPool) -> None:
+    reg = Registry()
+    reg.put("boom", src("print('before')\nraise KeyError('gpus')"))
+    reg.put("self", src("return self"))
+    reg.put("exit", "import sys\n" + src("sys.exit(3)"))
+    rt = PolicyRuntime(lookup=reg.lookup)
+    trace: dict[str, Any] = {}
+    with pytest.raises(PolicyFailed) as info:
+        await rt.invoke(rule("registry:boom"), "r", {"action": "allocation"}, {}, trace)
+    assert (info.value.reason, info.value.kind) == ("raised KeyError: 'gpus'", "raised")
+    assert trace["logs"] == [["print", "before"]]
+    exc = await fails(rt, "self")
+    assert exc.kind == "wrong_shape" and exc.reason.startswith("unreadable result: "), exc.reason
+    exc = await fails(rt, "exit")
+    assert (exc.reason, exc.kind) == ("raised SystemExit: 3", "raised")
+
+
+def test_a_call_stopped_for_another_calls_overrun_runs_again_in_the_new_process() -> None:
+    p = sandbox.SandboxPool(workers=1, memory_mb=0, what="policy")
+    try:
+        assert p.run(operator.add, (1, 2), 30) == 3  # started
+        with concurrent.futures.ThreadPoolExecutor(2) as ex:
+            slow = ex.submit(p.run, time.sleep, (60,), 1.0)
+            time.sleep(0.2)
+            queued = ex.submit(p.run, operator.add, (2, 3), 30)  # behind the sleeper, in its process
+            with pytest.raises(sandbox.SandboxTimeout, match=r"timed out after 1s \(its process was stopped\)"):
+                slow.result()
+            assert queued.result() == 5
+    finally:
+        p.close()
+
+
+def test_a_call_that_never_started_is_busy_and_stops_nothing() -> None:
+    p = sandbox.SandboxPool(workers=1, memory_mb=0, what="policy", start_allowance_s=0.2)
+    try:
+        assert p.run(operator.add, (1, 2), 30) == 3
+        pid = p.pids()[0]
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            slow = ex.submit(p.run, time.sleep, (1.5,), 30)
+            time.sleep(0.2)
+            with pytest.raises(sandbox.SandboxBusy, match="without starting: its policy process was busy"):
+                p.run(operator.add, (2, 3), 0.3)
+            assert slow.result() is None
+        assert p.pids() == [pid]
+    finally:
+        p.close()
