@@ -41,6 +41,29 @@ def test_without_servers_a_command_says_so_and_exits_2(cli: CliRunner, args: lis
     assert "(no endpoints.json)" in r.output and "AIOS_NATS_URL" in r.output
 
 
+@pytest.mark.parametrize("args", [["observer", "add", "grafana"], ["observer", "remove", "grafana"], ["observer", "list"],
+                                  ["tenant", "add", "team-a"], ["tenant", "remove", "team-a"], ["tenant", "list"],
+                                  ["tenant", "user", "add", "team-a", "dash"], ["tenant", "user", "remove", "team-a", "dash"]])
+def test_the_commands_that_change_nats_users_say_no_servers_too(cli: CliRunner, args: list[str]) -> None:
+    """``blocks observer`` / ``blocks tenant`` change the running server's users: without one they
+    say so in one line and exit 2, as every command does (they raised a RuntimeError's traceback, and
+    the lists printed a bare path: ``error: .../auth/secrets.json``)."""
+    r = cli.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert "No servers. No running `blocks up` found in" in _one_line(r.output), r.output
+
+
+def test_an_observer_added_to_a_blocks_up_no_longer_running_is_refused_in_one_line(cli: CliRunner, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    (data / "auth").mkdir(parents=True)
+    (data / "auth" / "secrets.json").write_text("{}")
+    (data / "endpoints.json").write_text(json.dumps({"nats": "nats://127.0.0.1:9", "redis": "redis://127.0.0.1:9/0", "auth": True}))
+    r = cli.invoke(app, ["observer", "add", "grafana"])
+    assert r.exit_code == 2 and "is left from a `blocks up` that is no longer running" in _one_line(r.output), r.output
+    r = cli.invoke(app, ["observer", "list", "--json"])  # the list reads the data dir only
+    assert r.exit_code == 0 and json.loads(r.stdout) == [], r.output
+
+
 @pytest.mark.parametrize("args", [["task", "a{b}"], ["top", "a{b}"]])
 def test_an_invalid_block_id_is_refused_before_anything_is_sent(cli: CliRunner, args: list[str]) -> None:
     r = cli.invoke(app, args, input="")

@@ -13,7 +13,7 @@ import os
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -187,18 +187,49 @@ def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
         err.print(f"[red]Cannot read the credentials of the servers in {data_dir}[/]: {type(exc).__name__}")
         raise typer.Exit(2)
     if urls is None:
-        looked = "; ".join(_LOOKED) or str(data_dir)
-        err.print(
-            f"[red]No servers.[/] No running `blocks up` found in {escape(looked)} (no endpoints.json). "
-            "Start one with [bold]blocks up[/], pass [bold]--data-dir[/] or set AIOS_DATA_DIR, "
-            "or set AIOS_NATS_URL and AIOS_REDIS_URL."
-        )
-        raise typer.Exit(2)
+        _no_servers(data_dir)
     if not (os.environ.get("AIOS_NATS_URL") and os.environ.get("AIOS_REDIS_URL")) and not lifetime.in_use(data_dir):
-        err.print(f"[red]No servers.[/] {escape(str(data_dir))}/endpoints.json is left from a `blocks up` that is no "
-                  "longer running (nothing holds its lock): start it again with [bold]blocks up[/].")
-        raise typer.Exit(2)
+        _left_over(data_dir)
     return urls
+
+
+def _no_servers(data_dir: Path, what: str = "no endpoints.json") -> NoReturn:
+    looked = "; ".join(_LOOKED) or str(data_dir)
+    err.print(
+        f"[red]No servers.[/] No running `blocks up` found in {escape(looked)} ({what}). "
+        "Start one with [bold]blocks up[/], pass [bold]--data-dir[/] or set AIOS_DATA_DIR, "
+        "or set AIOS_NATS_URL and AIOS_REDIS_URL."
+    )
+    raise typer.Exit(2)
+
+
+def _left_over(data_dir: Path) -> NoReturn:
+    err.print(f"[red]No servers.[/] {escape(str(data_dir))}/endpoints.json is left from a `blocks up` that is no "
+              "longer running (nothing holds its lock): start it again with [bold]blocks up[/].")
+    raise typer.Exit(2)
+
+
+def embedded(data_dir: Path, what: str, running: bool = True) -> Path:
+    """The data dir of the ``blocks up`` whose NATS users ``blocks tenant`` / ``blocks observer``
+    change (``running``: it must run, with credentials on; else its secrets file must exist, for the
+    lists): otherwise one line and exit 2, as every command without servers, not a traceback."""
+    from ..runtime import lifetime
+    from ..runtime.auth import read_endpoints
+
+    d = Path(data_dir).resolve()
+    if not running:
+        if not (d / "auth" / "secrets.json").exists():
+            _no_servers(data_dir, "no auth/secrets.json")
+        return d
+    ep = read_endpoints(d)
+    if ep is None:
+        _no_servers(data_dir)
+    if not lifetime.in_use(d):
+        _left_over(data_dir)
+    if not ep.auth:
+        err.print(f"[red]error:[/] {what} need servers that require credentials: these run with AIOS_AUTH=0")
+        raise typer.Exit(2)
+    return d
 
 
 async def _with_client(data_dir: Path, fn: Callable[[Client], Awaitable[T]]) -> T:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from .common import DataDir, console
+from .common import DataDir, console, embedded
 from .render import _print_json, _table
 
 app = typer.Typer(help="Observers: a NATS user each, reading every event, touching only its own consumers "
@@ -25,11 +25,11 @@ def observer_add(
     """Add an observer (one per dashboard or client): its own NATS user and credentials file (0600:
     nats_url, inbox_prefix, its consumer names, the read-only redis_url). Again: the same user.
 
-    Example: `blocks observer add grafana --json`; then `AIOS_NATS_URL=<nats_url> blocks watch`
+    Example: `blocks observer add grafana --json`; then `AIOS_NATS_URL=<nats_url> AIOS_REDIS_URL=<redis_url> blocks watch`
     """
     from ..runtime import observers
 
-    new, path = observers.add_observer(data_dir, name)
+    new, path = observers.add_observer(embedded(data_dir, "observers"), name)
     user = observers.observer_user(name)
     if as_json:
         _print_json({"observer": name, "user": user, "new": new, "credentials": str(path)})
@@ -45,7 +45,7 @@ def observer_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path 
     """
     from ..runtime import observers
 
-    rows = observers.observers(Path(data_dir))
+    rows = observers.observers(embedded(data_dir, "observers", running=False))
     if as_json:
         _print_json(rows)
         return
@@ -63,6 +63,6 @@ def observer_remove(name: str = typer.Argument(...), data_dir: Path = DataDir) -
     """
     from ..runtime import observers
 
-    if not observers.remove_observer(data_dir, name):
+    if not observers.remove_observer(embedded(data_dir, "observers"), name):
         raise LookupError(f"no observer {name!r}")
     console.print(f"observer [bold]{name}[/] removed")

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 import typer
 from rich.markup import escape
 
-from .common import DataDir, _request, _run, console, err
+from .common import DataDir, _request, _run, console, embedded, err
 from .render import _line, _print_json, _table, print_rejection
 
 if TYPE_CHECKING:
@@ -99,6 +99,7 @@ def tenant_add(
     from ..runtime import auth
     from ..runtime import tenants as tn
 
+    data_dir = embedded(data_dir, "tenants")
     limits = None
     if connections is not None or pending is not None or stream_bytes is not None:
         s = auth.Secrets.load(Path(data_dir).resolve(), create=False)
@@ -119,7 +120,7 @@ def tenant_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = 
     """
     from ..runtime import auth
 
-    rows = auth.tenants(Path(data_dir))
+    rows = auth.tenants(embedded(data_dir, "tenants", running=False))
     if as_json:
         _print_json(rows)
         return
@@ -140,6 +141,7 @@ def tenant_remove(tenant: str = typer.Argument(...), data_dir: Path = DataDir) -
     """
     from ..runtime import auth
 
+    data_dir = embedded(data_dir, "tenants")
     if not auth.remove_tenant(data_dir, tenant):
         raise LookupError(f"no tenant {tenant!r}")
     _store_limit(tenant, data_dir, remove=True)
@@ -159,7 +161,7 @@ def tenant_user_add(
     """
     from ..runtime import auth
 
-    new, path = auth.add_tenant_user(data_dir, tenant, name)
+    new, path = auth.add_tenant_user(embedded(data_dir, "tenants"), tenant, name)
     _say(tenant, name, new, path, as_json)
 
 
@@ -171,7 +173,7 @@ def tenant_user_remove(tenant: str = typer.Argument(...), name: str = typer.Argu
     """
     from ..runtime import auth
 
-    if not auth.remove_tenant_user(data_dir, tenant, name):
+    if not auth.remove_tenant_user(embedded(data_dir, "tenants"), tenant, name):
         raise LookupError(f"tenant {tenant!r} has no user {name!r}")
     console.print(f"tenant [bold]{tenant}[/] user [bold]{name}[/] removed")
 
