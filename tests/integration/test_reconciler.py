@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,7 +39,7 @@ from aios_blocks.state.vcluster import VClusterStore
 from aios_blocks.state.views import short_of
 
 from .conftest import System
-from .test_cli import blocks
+from .test_cli import BLOCKS, ROOT, blocks
 from .test_vcluster import create
 
 NODE_TIMEOUT_S = 6.0
@@ -229,6 +230,14 @@ async def test_block_short_with_no_capacity_says_why_and_comes_back_when_a_node_
     r = blocks(system, "list", "--json")
     (row,) = [b for b in json.loads(r.stdout) if b["id"] == bid]
     assert row["status"] == "ready" and row["short"]["live"] == 0 and row["short"]["since"] == short["since"], row
+    # the table: the condition beside the status, its why in the reason column (not a status cell
+    # dozens of lines tall beside an empty reason)
+    r = await asyncio.to_thread(subprocess.run, [*BLOCKS, "list"], capture_output=True, text=True, timeout=90, cwd=ROOT, env={
+        **os.environ, "AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": system.supervisor.redis_url, "COLUMNS": "1000"})
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("│ b6 ")]
+    cells = [cell.strip() for cell in line.strip("│").split("│")]
+    assert re.fullmatch(r"ready \(short 0/1 since \d\d:\d\d:\d\d\)", cells[1]), cells
+    assert "no healthy node" in cells[4] and "failed: " in cells[4], cells
     assert (await _short_gauge(system)) == 1
     # announced once however many passes and asks follow
     n_asks = len(asks)

@@ -174,7 +174,7 @@ def list_blocks(
     """List blocks, newest first: status, cluster, instance count, reason. Reads Redis only.
 
     A ready block below its minInstances that the reconciler could not bring back shows as
-    `ready (short 0/1 since 12:01:03: why)` (docs/reliability.md, "Short blocks").
+    `ready (short 0/1 since 12:01:03)`, with why in its reason column (docs/reliability.md, "Short blocks").
 
     Example: `blocks list --limit 20`, `blocks list --json`, `blocks list --pending`
     """
@@ -197,8 +197,10 @@ def list_blocks(
         return
     t = _table("block", "status", "cluster", "instances", "reason")
     for row in rows:
-        status = row["status"] + (f" ({describe_short(row['short'])})" if row["short"] else "")
-        t.add_row(*_plain(row["id"], status, row["cluster"] or "", row["instances"], row["reason"] or ""))
+        short = row["short"]  # the condition beside the status, its why in the reason column (one line a block)
+        status = row["status"] + (f" ({describe_short({**short, 'reason': ''})})" if short else "")
+        reason = (short.get("reason") if short else None) or row["reason"] or ""
+        t.add_row(*_plain(row["id"], status, row["cluster"] or "", row["instances"], reason))
     console.print(t)
 
 
