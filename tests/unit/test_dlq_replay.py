@@ -153,3 +153,6 @@ def test_the_command_refuses_a_selection_of_nothing_and_a_role_not_the_admin_bef
     monkeypatch.setenv("AIOS_ROLE", "observer")
     r = CliRunner().invoke(app, ["dlq", "replay", "5"])
     assert r.exit_code == 1 and "only the admin replays dead letters" in r.output, r.output
+    # the list too (it reads AIOS_OUTPUTS: a permissions violation, with a log line, after connecting)
+    r = CliRunner().invoke(app, ["dlq"])
+    assert r.exit_code == 1 and "only the admin lists dead letters" in r.output, r.output

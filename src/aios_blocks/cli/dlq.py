@@ -60,6 +60,10 @@ def dlq(
     """
     if ctx.invoked_subcommand is not None:
         return
+    role = os.environ.get("AIOS_ROLE", "")
+    if role and role != "admin":  # it reads AIOS_OUTPUTS, users' data (docs/dead-letters.md)
+        err.print(f"[red]refused:[/] only the admin lists dead letters (AIOS_ROLE={escape(role)})")
+        raise typer.Exit(1)
 
     async def go(c: Client) -> int:
         letters, replays = await _letters(c)
