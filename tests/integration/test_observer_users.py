@@ -234,7 +234,7 @@ def _blocks(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(BIN / "blocks"), *args], capture_output=True, text=True, timeout=60)
 
 
-async def test_blocks_observer_add_list_remove(servers: EmbeddedServers) -> None:
+async def test_blocks_observer_add_list_remove(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
     d = str(servers.data_dir)
     r = await asyncio.to_thread(_blocks, "observer", "add", "cli-dash", "--json", "--data-dir", d)
     assert r.returncode == 0, r.stderr
@@ -244,8 +244,15 @@ async def test_blocks_observer_add_list_remove(servers: EmbeddedServers) -> None
     assert auth.nats_login(creds["nats_url"]) and creds["inbox_prefix"] == "_INBOX.observer-cli-dash"
     listed = await asyncio.to_thread(_blocks, "observer", "list", "--json", "--data-dir", d)
     assert "observer-cli-dash" in {o["user"] for o in json.loads(listed.stdout)}
+    dash = await connect(creds["nats_url"])  # a durable of its own on each stream: removed with it
+    mine = observer_consumers("observer-cli-dash")[0]
+    for stream in (OB, ST):
+        await dash.nc.jetstream().add_consumer(stream, ConsumerConfig(durable_name=mine, filter_subject="aios.block.x.>"))
     r = await asyncio.to_thread(_blocks, "observer", "remove", "cli-dash", "--data-dir", d)
-    assert r.returncode == 0 and "removed" in r.stdout, r.stderr
+    assert r.returncode == 0 and "removed (2 consumers deleted)" in r.stdout, (r.stdout, r.stderr)
     assert not auth.nats_login(creds["nats_url"])
+    for stream in (OB, ST):  # the same name added again starts from none, not at the old one's position
+        with pytest.raises(NotFoundError):
+            await admin.js.consumer_info(stream, mine)
     r = await asyncio.to_thread(_blocks, "observer", "add", "a.b", "--data-dir", d)
     assert r.returncode != 0 and "invalid observer name" in (r.stdout + r.stderr)

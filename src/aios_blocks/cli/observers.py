@@ -6,11 +6,15 @@ can delete, read or take over another's; each change rewrites the server's users
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from .common import DataDir, console, embedded
+from .common import DataDir, _request, console, embedded
 from .render import _print_json, _table
+
+if TYPE_CHECKING:
+    from .client import Client
 
 app = typer.Typer(help="Observers: a NATS user each, reading every event, touching only its own consumers "
                        "(docs/security.md).", no_args_is_help=True)
@@ -57,12 +61,29 @@ def observer_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path 
 
 @app.command("remove")
 def observer_remove(name: str = typer.Argument(...), data_dir: Path = DataDir) -> None:
-    """Remove an observer's user: its connections are closed and its credentials file deleted.
+    """Remove an observer's user: its connections are closed, its consumers deleted (on `AIOS` and
+    `AIOS_OBSERVE`: an observer added again by the same name starts from none) and its credentials
+    file deleted.
 
     Example: `blocks observer remove grafana`
     """
     from ..runtime import observers
 
-    if not observers.remove_observer(embedded(data_dir, "observers"), name):
+    d = embedded(data_dir, "observers")
+    if not observers.remove_observer(d, name):
         raise LookupError(f"no observer {name!r}")
-    console.print(f"observer [bold]{name}[/] removed")
+    dropped = _request(lambda c: _drop_consumers(c, observers.observer_user(name)), d)
+    console.print(f"observer [bold]{name}[/] removed" + (f" ({dropped} consumer{'s' * (dropped != 1)} deleted)" if dropped else ""))
+
+
+async def _drop_consumers(c: Client, user: str) -> int:
+    """Delete the consumers named after ``user`` (admin's right): none is left for a later user of
+    that name to take over with its position."""
+    from ..bus import subjects
+    from ..schemas.roles import observer_consumers
+
+    n = 0
+    for stream in (subjects.STREAM, subjects.STREAM_OBSERVE):
+        for durable in observer_consumers(user):
+            n += await c.bus.delete_consumer(stream, durable)
+    return n

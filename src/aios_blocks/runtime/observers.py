@@ -143,7 +143,7 @@ def add_observer(data_dir: Path, name: str, timeout: float = 10.0) -> tuple[bool
 
 def remove_observer(data_dir: Path, name: str, timeout: float = 10.0) -> bool:
     """Remove the observer's user (the reload closes its connections) and credentials file; its
-    consumers go when they expire or are deleted (an admin's ``nats consumer rm``)."""
+    consumers are deleted by ``blocks observer remove`` (the admin's right)."""
     ep = _endpoints(data_dir)
     observer_user(name)
     with locked(ep.data_dir):
