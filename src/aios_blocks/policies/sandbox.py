@@ -40,7 +40,6 @@ from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from ..schemas.records import JSONObject
-from ..settings import load as load_settings
 
 #: how long a call may wait for its process to start (a spawned child imports this package) on top
 #: of its own time limit, which counts from when it starts there
@@ -112,7 +111,7 @@ MAX_PY_INSTANCES = 4096
 
 
 def _py_class(key: str, source: str, label: str) -> type:
-    from .runtime import policy_class_from_source
+    from .pysource import policy_class_from_source
 
     cls = _classes.get(key)
     if cls is None:
@@ -144,7 +143,7 @@ def _py_call(key: str, source: str, label: str, iid: int, rule_id: str, settings
              ) -> tuple[str, Any, JSONObject, list[list[str]]]:
     """-> (``ok``, the pickled result, the context after, the printed lines), or (``load`` /
     ``raised`` / ``wrong_shape``, the reason, the context after, the printed lines)."""
-    from .runtime import _printed
+    from .pysource import _printed
 
     lines: list[list[str]] = []
     if iid not in _py_instances:  # built in a process since replaced: build it again here
@@ -212,9 +211,11 @@ class SandboxPool:
         AIOS_STARLARK_MEMORY_MB unless given. ``what``: the calls' name in reasons. ``preload``:
         modules a process imports when it starts (the runtime of its calls)."""
         if preload is None:
-            preload = (f"{__package__}.runtime",) if what == "policy" else (f"{__package__}.starlark_runtime",)
+            preload = (f"{__package__}.pysource",) if what == "policy" else (f"{__package__}.starlark_runtime",)
         self.preload = preload
         self.start_allowance_s = start_allowance_s
+        from ..settings import load as load_settings  # here: a policy process need not import it
+
         s = load_settings()
         self.workers = s.starlark_processes if workers is None else workers
         self.memory_mb = s.starlark_memory_mb if memory_mb is None else memory_mb
@@ -237,6 +238,9 @@ class SandboxPool:
                 i = min(range(self.workers), key=lambda j: (self._slots[j].inflight if self._slots[j] else 0.5, j))  # type: ignore[union-attr]
             else:
                 i = int.from_bytes(hashlib.blake2b(route.encode(), digest_size=4).digest(), "big") % self.workers
+            if all(s is None for s in self._slots):  # first use: start them all (their imports overlap)
+                for j in range(self.workers):
+                    self._slots[j] = self._started()
             slot = self._slots[i]
             if slot is None:
                 slot = self._slots[i] = _Slot(self.memory_mb, self.preload)
@@ -251,10 +255,15 @@ class SandboxPool:
         """Kill the slot's process; its replacement starts now (the next call does not wait)."""
         with self._lock:
             if self._slots[i] is slot:
-                fresh = self._slots[i] = _Slot(self.memory_mb, self.preload)
-                fresh.executor.submit(int)  # starts the process
-                fresh.procs = list((getattr(fresh.executor, "_processes", None) or {}).values())
+                self._slots[i] = self._started()
         slot.kill()
+
+    def _started(self) -> _Slot:
+        """A new slot whose process is starting (a no-op submitted: the executor starts on a call)."""
+        fresh = _Slot(self.memory_mb, self.preload)
+        fresh.executor.submit(int)
+        fresh.procs = list((getattr(fresh.executor, "_processes", None) or {}).values())
+        return fresh
 
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, route: str | None = None) -> Any:
         """``fn(*args)`` in a child process, ``timeout_s`` from when it starts there (a process
@@ -335,6 +344,8 @@ def shared(kind: str = "starlark") -> SandboxPool:
         pool = _shared.get(kind)
         if pool is None:
             if kind == "python":
+                from ..settings import load as load_settings
+
                 pool = SandboxPool(workers=load_settings().python_policy_processes, memory_mb=0, what="policy")
             else:
                 pool = SandboxPool()

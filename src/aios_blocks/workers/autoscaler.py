@@ -22,10 +22,11 @@ Every ``AIOS_AUTOSCALE_TICK_S`` (2 s) it:
    are wrong) changes nothing either: it publishes ``block.autoscale.failed`` with the reason, at
    most once per ``AIOS_AUTOSCALE_FAILURE_RECORD_S`` per block unless the reason changes.
 
-A Python policy call that overruns its time limit keeps its thread (Python cannot stop it): the
-block's policy is then not called again for ``tick * 2^n`` (n consecutive timeouts, at most
-60 s), those ticks failing with the same reason, so a hung policy takes a thread a minute at
-most, not one per tick.
+A Python policy call that overruns its time limit is stopped (its policy process killed and
+replaced; with AIOS_PYTHON_POLICY_SANDBOX=thread it keeps its thread: Python cannot stop it): the
+block's policy is then not called again for ``tick * 2^n`` from that failure (n consecutive
+timeouts, at most 60 s), those ticks failing with the same reason, so a hung policy costs a time
+limit (and a process, or a thread) a minute at most, not one per tick.
 
 A target already asked for and not yet reached is not asked again for ``RETARGET_S`` (a controller
 that cannot place more must not get a new event every tick).
@@ -201,7 +202,8 @@ class Autoscaler:
         except (PolicyFailed, a.BadParameters) as exc:
             why = f"autoscaler policy {rule.get('policyRuleURI', '?')} {exc.reason}" if isinstance(exc, PolicyFailed) else str(exc)
             if isinstance(exc, PolicyFailed) and exc.reason.startswith(("timed out", "loading timed out")):
-                state = a.timed_out(now, state, self.s.autoscale_tick_s)
+                # from when it failed: loading it (a policy process starting) may have taken a while
+                state = a.timed_out(now + time.perf_counter() - started, state, self.s.autoscale_tick_s)
             return await self._failed(now, bid, gen, rule, input_data, why, current, state, time.perf_counter() - started, logs)
         seconds = time.perf_counter() - started
         state = a.recovered(state)
