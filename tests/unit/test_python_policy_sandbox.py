@@ -162,3 +162,20 @@ def test_a_call_that_never_started_is_busy_and_stops_nothing() -> None:
         assert p.pids() == [pid]
     finally:
         p.close()
+
+
+def test_a_call_given_up_before_it_started_is_still_stopped_at_its_limit() -> None:
+    """Next in its process's queue it cannot be withdrawn: once it starts, its limit stops it, or
+    it would hold that process (and every call routed there) for as long as it spins."""
+    p = sandbox.SandboxPool(workers=1, memory_mb=0, what="policy", start_allowance_s=0.2)
+    try:
+        assert p.run(operator.add, (1, 2), 30) == 3
+        with concurrent.futures.ThreadPoolExecutor(1) as ex:
+            slow = ex.submit(p.run, time.sleep, (1.0,), 30)
+            time.sleep(0.2)
+            with pytest.raises(sandbox.SandboxBusy):
+                p.run(time.sleep, (120,), 0.3)  # busy; it starts once the first call ends, and spins
+            assert slow.result() is None
+        assert p.run(operator.add, (2, 3), 5) == 5  # the sleeper was stopped: its process is free
+    finally:
+        p.close()

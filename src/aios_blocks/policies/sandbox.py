@@ -115,6 +115,8 @@ def _py_class(key: str, source: str, label: str) -> type:
 
     cls = _classes.get(key)
     if cls is None:
+        if len(_classes) > 1024:  # a bound: sources are few
+            _classes.clear()
         cls = _classes[key] = policy_class_from_source(source, label)
     return cls
 
@@ -180,8 +182,10 @@ class _Slot:
         self.procs: list[Any] = []  # its process (kept: the executor forgets it once it dies)
         self.stopped = False  # killed on purpose (a call's overrun), not died of its own
 
-    def kill(self) -> None:
-        self.stopped = True
+    def kill(self, deliberate: bool = True) -> None:
+        """``deliberate``: for a call's overrun (its other calls run again elsewhere), not the
+        clean-up of a process that died of its own."""
+        self.stopped = self.stopped or deliberate
         procs = list((getattr(self.executor, "_processes", None) or {}).values())
         for proc in procs:
             if proc.is_alive():
@@ -251,12 +255,25 @@ class SandboxPool:
             slot.inflight += 1
         return i, slot, call_id, fut
 
-    def _stop(self, i: int, slot: _Slot) -> None:
+    def _stop(self, i: int, slot: _Slot, deliberate: bool = True) -> None:
         """Kill the slot's process; its replacement starts now (the next call does not wait)."""
         with self._lock:
             if self._slots[i] is slot:
                 self._slots[i] = self._started()
-        slot.kill()
+        slot.kill(deliberate)
+
+    def _watch(self, i: int, slot: _Slot, call_id: int, fut: concurrent.futures.Future[Any], timeout_s: float) -> None:
+        """A call given up before it started that could not be withdrawn (next in its process's
+        queue): it is stopped at its limit all the same, or it could hold its process for ever."""
+        while not fut.done() and not slot.stopped and slot.current.value < call_id:
+            time.sleep(POLL_S)
+        try:
+            fut.result(timeout=timeout_s)
+        except concurrent.futures.TimeoutError:
+            if not slot.stopped:
+                self._stop(i, slot)
+        except BaseException:
+            pass
 
     def _started(self) -> _Slot:
         """A new slot whose process is starting (a no-op submitted: the executor starts on a call)."""
@@ -288,7 +305,9 @@ class SandboxPool:
                     if started or slot.current.value >= call_id:  # it started: stop it
                         self._stop(i, slot)
                         raise SandboxTimeout(f"timed out after {timeout_s:g}s (its process was stopped)") from None
-                    fut.cancel()
+                    if not fut.cancel():
+                        threading.Thread(target=self._watch, args=(i, slot, call_id, fut, timeout_s), daemon=True,
+                                         name="sandbox-watch").start()
                     raise SandboxBusy(f"timed out after {timeout_s:g}s without starting: its {self.what} process was "
                                       "busy with other calls") from None
             except (BrokenProcessPool, concurrent.futures.CancelledError):
@@ -296,11 +315,11 @@ class SandboxPool:
                 for proc in procs:
                     proc.join(1)
                 mine = not slot.stopped and slot.current.value == call_id
-                self._stop(i, slot)
+                self._stop(i, slot, deliberate=False)
                 if mine:
-                    raise SandboxCrash(f"its process died{_how_it_died(procs)}"
-                                       + (f" (memory limit {self.memory_mb} MiB exceeded, or it aborted)"
-                                          if self.memory_mb and not _how_it_died(procs) else "")) from None
+                    how = _how_it_died(procs)
+                    hint = f"memory limit {self.memory_mb} MiB exceeded, or it aborted" if self.memory_mb else ""
+                    raise SandboxCrash(f"its process died{how}" + (f" ({hint})" if hint else "")) from None
                 if time.monotonic() >= start_by:
                     raise SandboxBusy(f"timed out after {timeout_s:g}s without starting: its {self.what} process "
                                       "was stopped for another call") from None
@@ -322,7 +341,7 @@ class SandboxPool:
         except SandboxBusy:
             raise
         except SandboxCrash as exc:
-            raise SandboxCrash(f"the scriptlet's {exc}") from None
+            raise SandboxCrash(f"the scriptlet's {str(exc).removeprefix('its ')}") from None
         return result
 
     def close(self) -> None:
