@@ -131,6 +131,16 @@ async def test_a_dead_letter_replayed_after_the_fix_is_handled_by_its_consumer_o
         assert rc == 0 and res["outcome"] == "replayed" and res["attempt"] == 2, (out, errs)
         await asyncio.wait_for(got(3), 20)
         assert handled[2] == (BAD, body, 1, f"AIOS:{bad}") and len((await listed(servers))[bad]["replayed"]) == 2
+        # a replay that fails again is a new letter, which says which letter it is a replay of
+        disk_full = True
+        rc, out, errs = await blocks(servers, "dlq", "replay", str(bad), "--force")
+        assert rc == 0, (out, errs)
+        again = await asyncio.wait_for(letters.get(), 20)
+        assert again["data"]["subject"] == BAD
+        rows = await listed(servers)
+        assert [r["replay_of"] for r in rows.values() if r["replay_of"]] == [f"AIOS:{bad}"], rows
+        rc, out, _ = await blocks(servers, "dlq")
+        assert f"a replay of AIOS:{bad}" in " ".join(out.split()), out
 
         # the consumer gone (its block, node or cluster removed): nobody it was meant for would take it
         stop.set()

@@ -88,6 +88,12 @@ class Letter:
         return int(self.data.get("stream_seq") or 0)
 
     @property
+    def replay_of(self) -> str:
+        """The letter (``STREAM:SEQ``) whose replay failed again into this one, or ""."""
+        h = self.data.get("headers")
+        return str(h.get(REPLAY_OF) or "") if isinstance(h, dict) else ""
+
+    @property
     def sidecar(self) -> bool:
         """An output a side-car gave up on (``output.dlq``, or ``aios.dlq.sidecar-…`` of an older version)."""
         return self.subject.startswith(E.output_dead_letter.filter().split("*", 1)[0]) or self.consumer.startswith("sidecar-")

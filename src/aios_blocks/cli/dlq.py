@@ -70,7 +70,8 @@ def dlq(
         if as_json:
             for lt in letters:
                 print(json.dumps({"stream": lt.stream, "seq": lt.seq, "stored": lt.stored, "subject": lt.subject,
-                                  "event": lt.event, "replayed": replays.get(lt.key, [])}, default=str))
+                                  "event": lt.event, "replayed": replays.get(lt.key, []),
+                                  "replay_of": lt.replay_of or None}, default=str))
             return 0
         if not letters:
             console.print("no dead letters")
@@ -79,6 +80,8 @@ def dlq(
         for lt in letters:
             marks = replays.get(lt.key, [])
             done = f"{len(marks)}x, as {marks[-1].get('replay_stream')}:{marks[-1].get('replay_seq')}" if marks else ""
+            if lt.replay_of:  # a replay that failed again: say which letter it came from
+                done = "; ".join(x for x in (done, f"a replay of {lt.replay_of}") if x)
             t.add_row(lt.stream, str(lt.seq), lt.stored[:23], escape(lt.consumer), escape(lt.original_subject),
                       str(lt.data.get("deliveries", "")), escape(lt.error), done)
         console.print(t)
