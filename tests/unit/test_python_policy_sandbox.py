@@ -179,3 +179,37 @@ def test_a_call_given_up_before_it_started_is_still_stopped_at_its_limit() -> No
         assert p.run(operator.add, (2, 3), 5) == 5  # the sleeper was stopped: its process is free
     finally:
         p.close()
+
+
+PARENT = """
+import sys, time
+from aios_blocks.policies import sandbox
+if __name__ == "__main__":
+    p = sandbox.SandboxPool(workers=1, memory_mb=0, what="policy")
+    p.run(int, (), 60)
+    print(p.pids()[0], flush=True)
+    p.run(time.sleep, (600,), 600)
+"""
+
+
+def test_a_policy_process_does_not_outlive_its_worker(tmp_path: Any) -> None:
+    """A worker killed (or restarted) while a call runs: its policy process exits too, rather than
+    spin on with nobody to stop it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "parent.py"
+    script.write_text(PARENT)
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert alive(child)
+    finally:
+        parent.kill()
+        parent.wait()
+    for _ in range(200):  # it polls its parent every second
+        if not alive(child):
+            break
+        time.sleep(0.05)
+    assert not alive(child)

@@ -30,6 +30,7 @@ import concurrent.futures
 import hashlib
 import itertools
 import multiprocessing
+import os
 import pickle
 import signal
 import threading
@@ -73,11 +74,19 @@ def _init(memory_mb: int, current: Any, preload: tuple[str, ...]) -> None:
     for module in preload:  # before any call: an import is no call's time
         importlib.import_module(module)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a ^C in the worker's terminal is the worker's
+    threading.Thread(target=_orphaned, args=(os.getppid(),), daemon=True, name="sandbox-parent").start()
     if memory_mb > 0:
         import resource
 
         limit = memory_mb * 1024 * 1024
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+def _orphaned(parent: int) -> None:
+    """Exit once the worker is gone (killed, restarted): a call spinning here would outlive it."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(1)
 
 
 def _run(call_id: int, fn: Callable[..., Any], *args: Any) -> Any:
