@@ -94,7 +94,8 @@ class Autoscaler:
         self.cluster = cluster
         self.holder = holder or f"autoscaler-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         # its own runtime: an autoscaler call's time limit is shorter than a placement's
-        self.runtime = PolicyRuntime(lookup=w.store.policy_get, timeout_s=self.s.autoscale_policy_timeout_s)
+        self.runtime = PolicyRuntime(lookup=w.store.policy_get, timeout_s=self.s.autoscale_policy_timeout_s,
+                                     python_sandbox=self.s.python_policy_sandbox)
         self.defaults = a.Params.from_settings(self.s)
         self.irs: dict[str, tuple[int, BlockIR]] = {}
         self.held: list[str] = []

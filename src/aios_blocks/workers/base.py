@@ -126,7 +126,7 @@ class Worker:
         s = settings or load_settings()
         bus = await Bus.open(nats_url, source=f"aios-blocks/{name}", settings=s)
         store = Store.open(redis_url, settings=s)
-        runtime = PolicyRuntime(lookup=store.policy_get, timeout_s=s.policy_timeout_s)
+        runtime = PolicyRuntime(lookup=store.policy_get, timeout_s=s.policy_timeout_s, python_sandbox=s.python_policy_sandbox)
         w = cls(bus, store, Inventory(store), runtime, name, s)
         # a worker role may not create streams; the observers' mirror is the admin's setup's, unless
         # the servers need no credentials (AIOS_AUTH=0: nobody else may come to make it)
