@@ -195,7 +195,7 @@ class _Slot:
         """``deliberate``: for a call's overrun (its other calls run again elsewhere), not the
         clean-up of a process that died of its own."""
         self.stopped = self.stopped or deliberate
-        procs = list((getattr(self.executor, "_processes", None) or {}).values())
+        procs = {p.pid: p for p in [*self.procs, *(getattr(self.executor, "_processes", None) or {}).values()]}.values()
         for proc in procs:
             if proc.is_alive():
                 proc.kill()
@@ -238,7 +238,7 @@ class SandboxPool:
         self._ids = itertools.count(1)
 
     def pids(self) -> list[int]:
-        """The process ids of the live children (started on their slot's first call)."""
+        """The process ids of the live children (all started on the pool's first call)."""
         with self._lock:
             slots = [s for s in self._slots if s is not None]
         return [p.pid for s in slots for p in list((getattr(s.executor, "_processes", None) or {}).values())
