@@ -652,12 +652,14 @@ def wait_nats_user(url: str, ca: str | None, timeout: float) -> None:
 
 
 # -- tenants (runtime.tenants: one NATS account each) ------------------------------------------------
-def _tenant_endpoints(data_dir: Path) -> Endpoints:
+def secured_endpoints(data_dir: Path, what: str) -> Endpoints:
+    """The running embedded servers' endpoints, which must require credentials for ``what``
+    (``"tenants"``, ``"observers"``: users are added to them); RuntimeError saying why not."""
     ep = read_endpoints(Path(data_dir).resolve())
     if ep is None:
         raise RuntimeError(f"no embedded servers running in {data_dir} (start `blocks up`)")
     if not ep.auth:
-        raise RuntimeError("tenants need servers that require credentials: these run with AIOS_AUTH=0")
+        raise RuntimeError(f"{what} need servers that require credentials: these run with AIOS_AUTH=0")
     return ep
 
 
@@ -675,7 +677,7 @@ def _write_credentials(ep: Endpoints, tenant: str, user: str, password: str) -> 
 
 def tenant_user_url(data_dir: Path, tenant: str, user: str = tn.FIRST_USER) -> str:
     """The NATS URL (with credentials) of a tenant's user."""
-    ep = _tenant_endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "tenants")
     s = Secrets.load(ep.data_dir, create=False)
     pw = (s.tenants.get(tenant) or {}).get("users", {}).get(user)
     if pw is None:
@@ -687,7 +689,7 @@ def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, tim
     """Make ``tenant``'s account with its first user (``main``) on the running embedded server
     (config rewrite + reload); (whether it is new, its credentials file). An existing tenant keeps
     its users; given ``limits`` replace its limits."""
-    ep = _tenant_endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "tenants")
     tn.check_name(tenant)
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
@@ -710,7 +712,7 @@ def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, tim
 
 def remove_tenant(data_dir: Path, tenant: str) -> bool:
     """Remove the tenant's account (its connections are closed by the reload) and credentials."""
-    ep = _tenant_endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "tenants")
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
         if s.tenants.pop(tn.check_name(tenant), None) is None:
@@ -727,7 +729,7 @@ def remove_tenant(data_dir: Path, tenant: str) -> bool:
 
 def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.0) -> tuple[bool, Path]:
     """A user of its own for one of the tenant's clients; (whether it is new, its credentials file)."""
-    ep = _tenant_endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "tenants")
     tn.user_name(tenant, user)  # validates both
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
@@ -746,7 +748,7 @@ def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.
 
 
 def remove_tenant_user(data_dir: Path, tenant: str, user: str) -> bool:
-    ep = _tenant_endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "tenants")
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
         t = s.tenants.get(tenant)

@@ -43,8 +43,8 @@ from .auth import (
     _token,
     inbox_prefix,
     locked,
-    read_endpoints,
     reload_and_wait,
+    secured_endpoints,
     wait_nats_user,
     with_userinfo,
     write_private,
@@ -96,15 +96,6 @@ def conf_lines(s: Secrets, protected: Iterable[str]) -> list[str]:
             f"permissions: {observer_permissions(observer_user(name), protected).conf()}}}" for name, pw in sorted(s.observers.items())]
 
 
-def _endpoints(data_dir: Path) -> Endpoints:
-    ep = read_endpoints(Path(data_dir).resolve())
-    if ep is None:
-        raise RuntimeError(f"no embedded servers running in {data_dir} (start `blocks up`)")
-    if not ep.auth:
-        raise RuntimeError("observers need servers that require credentials: these run with AIOS_AUTH=0")
-    return ep
-
-
 def credentials_path(data_dir: Path, name: str) -> Path:
     observer_user(name)  # validates
     return Path(data_dir).resolve() / "observers" / f"{name}.json"
@@ -124,7 +115,7 @@ def credentials(ep: Endpoints, name: str, password: str) -> dict[str, Any]:
 def add_observer(data_dir: Path, name: str, timeout: float = 10.0) -> tuple[bool, Path]:
     """Make the observer ``name``'s user on the running embedded server (config rewrite + reload),
     or keep an existing one; (whether it is new, its credentials file)."""
-    ep = _endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "observers")
     user = observer_user(name)
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
@@ -144,7 +135,7 @@ def add_observer(data_dir: Path, name: str, timeout: float = 10.0) -> tuple[bool
 def remove_observer(data_dir: Path, name: str, timeout: float = 10.0) -> bool:
     """Remove the observer's user (the reload closes its connections) and credentials file; its
     consumers are deleted by ``blocks observer remove`` (the admin's right)."""
-    ep = _endpoints(data_dir)
+    ep = secured_endpoints(data_dir, "observers")
     observer_user(name)
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
