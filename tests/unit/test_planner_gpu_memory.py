@@ -189,3 +189,17 @@ def test_a_memory_only_sharer_keeps_its_gpu_from_an_exclusive_instance() -> None
     assert data["cluster"]["nodes"]["n0"]["gpus"]["n0-g0"]["free"] == 1.0
     out = preempt.plan(data)
     assert out["victims"] == {"n0": ["m-0"]} and out["gpus_freed"] == 0.0, out
+
+
+def test_blocks_preempt_says_the_gpu_memory_its_victims_free() -> None:
+    """``blocks preempt --dry-run`` printed only "GPUs freed" (compute): 0.5 here, though what made
+    the room was the 36 GiB of memory the two victims held on n0-g0 (found in a stranger's pass)."""
+    from aios_blocks.cli.priority import gpu_memory_freed
+
+    views, rows = cluster(1, gpus=1), []
+    put(views, rows, ir("x", 1, 0.25, 4 * GIB), "n0", ["n0-g0"])
+    put(views, rows, ir("y", 1, 0.5, 32 * GIB), "n0", ["n0-g0"])
+    data = pre.preempt_input("p", ir("p", 1, 0.5, A100, priority=100), "c1", views, rows, 10)
+    out = preempt.plan(data)
+    by_block = {c["block_id"]: c for c in data["candidates"]}
+    assert sorted(out["blocks"]) == ["x", "y"] and gpu_memory_freed(out, by_block) == 36 * GIB, out

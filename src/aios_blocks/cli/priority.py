@@ -5,6 +5,7 @@ rebuilds Redis from), then a write to Redis so the next command sees it at once.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -241,6 +242,14 @@ def quota_get(tenant: str, as_json: bool = typer.Option(False, "--json"), data_d
     _print_rows(mine)
 
 
+def gpu_memory_freed(output: Mapping[str, Any], by_block: Mapping[str, Mapping[str, Any]]) -> float:
+    """MiB of GPU memory the plan's victims free (each instance's ``gpuMemory`` on each of its
+    GPUs): what a need whose ``gpuMemory`` binds is placed on, where ``gpus_freed`` counts compute."""
+    return sum(len(inst.get("gpus") or ()) * float(inst.get("gpuMemory") or 0)
+               for bid, iids in (output.get("blocks") or {}).items() for i in iids
+               for inst in [by_block[bid]["instances"][i]])
+
+
 # -- preemption, dry run ---------------------------------------------------------------------------
 def preempt(
     spec_file: Path = typer.Argument(..., help="The block spec (YAML/JSON) that would be placed."),
@@ -319,6 +328,8 @@ def preempt(
             nodes = sorted({by_block[bid]["instances"][i]["node_id"] for i in iids})
             t.add_row(*_plain(bid, by_block[bid]["priority"], ", ".join(iids), ", ".join(nodes)))
         console.print(t)
-        console.print(f"GPUs freed: {output.get('gpus_freed', 0):g}; then placed on {output.get('fits')}")
+        mib = gpu_memory_freed(output, by_block)
+        console.print(f"GPUs freed: {output.get('gpus_freed', 0):g}" + (f", GPU memory freed: {mib / 1024:g} GiB" if mib else "")
+                      + f"; then placed on {output.get('fits')}")
     console.print(f"quota of tenant {quota['tenant'] or '-'}: {quota['verdict']} ({quota['reason']})"
                   + (f"; may reclaim {', '.join(quota['victims'])} ({quota['victim_reason']})" if quota["victims"] else ""))
