@@ -4,15 +4,18 @@ per test under its own data dir, plus the real worker processes under a supervis
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
 
+from aios_blocks.bus.nats_bus import security_options
 from aios_blocks.cli.client import TERMINAL, Client, event_kind
 from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.runtime.supervisor import DEFAULT_GROUPS, Supervisor
@@ -114,3 +117,50 @@ async def gpu_usage(client: Client, cid: str) -> dict[str, int]:
         for g in msgspec.json.decode(r["gpus"]):
             usage[g] = usage.get(g, 0) + 1
     return usage
+
+
+@dataclass
+class Conn:
+    """A raw nats-py connection as one user (a third-party client), collecting the server's
+    asynchronous errors (``connect`` below)."""
+
+    nc: Any
+    user: str
+    errors: list[str] = field(default_factory=list)
+
+    async def denied(self, subject: str, what: str = "publish") -> bool:
+        """Whether the server reported this violation (its -ERR may trail the next PONG a little)."""
+        needle = f'permissions violation for {what} to "{subject}"'.lower()  # nats-py lowercases it
+        for _ in range(250):
+            await self.nc.flush(timeout=5)
+            if any(needle in e.lower() for e in self.errors):
+                return True
+            await asyncio.sleep(0.02)
+        return False
+
+    async def refused(self, subject: str, body: dict[str, Any] | None = None) -> bool:
+        """A JetStream API request the server drops as a permissions violation (no answer)."""
+        with pytest.raises(nats.errors.TimeoutError):
+            await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=0.75)
+        return await self.denied(subject)
+
+
+@pytest.fixture
+async def connect() -> AsyncIterator[Any]:
+    """``await connect(url)``: a ``Conn`` as the URL's user, closed after the test."""
+    conns: list[Conn] = []
+
+    async def open_(url: str) -> Conn:
+        c = Conn(None, url.split("//", 1)[1].split(":", 1)[0] if "@" in url else "")
+
+        async def error_cb(exc: Exception) -> None:
+            c.errors.append(str(exc))
+
+        c.nc = await nats.connect(servers=[url], error_cb=error_cb, allow_reconnect=False, connect_timeout=5,
+                                  **security_options(url))
+        conns.append(c)
+        return c
+
+    yield open_
+    for c in conns:
+        await c.nc.close()

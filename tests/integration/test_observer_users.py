@@ -10,19 +10,16 @@ import json
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import nats
 import pytest
-from nats.aio.client import Client as NC
 from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from aios_blocks.bus import subjects
 from aios_blocks.bus.consumer_names import consumer_name
-from aios_blocks.bus.nats_bus import Bus, security_options
+from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.cli.client import Client
 from aios_blocks.runtime import auth, observers
 from aios_blocks.runtime.embedded import EmbeddedServers
@@ -48,50 +45,6 @@ async def admin(servers: EmbeddedServers) -> AsyncIterator[Bus]:
     bus = await Bus.open(servers.nats_url)
     yield bus
     await bus.close()
-
-
-@dataclass
-class Conn:
-    """A raw nats-py connection as one observer (a third-party client), with the server's errors."""
-
-    nc: NC
-    user: str
-    errors: list[str] = field(default_factory=list)
-
-    async def denied(self, subject: str, what: str = "publish") -> bool:
-        needle = f'permissions violation for {what} to "{subject}"'.lower()
-        for _ in range(250):
-            await self.nc.flush(timeout=5)
-            if any(needle in e.lower() for e in self.errors):
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-    async def refused(self, subject: str, body: dict[str, Any] | None = None) -> bool:
-        """A JetStream API request the server drops as a permissions violation (no answer)."""
-        with pytest.raises(nats.errors.TimeoutError):
-            await self.nc.request(subject, json.dumps(body or {}).encode(), timeout=0.75)
-        return await self.denied(subject)
-
-
-@pytest.fixture
-async def connect() -> AsyncIterator[Any]:
-    conns: list[Conn] = []
-
-    async def open_(url: str) -> Conn:
-        c = Conn(None, url.split("//", 1)[1].split(":", 1)[0])  # type: ignore[arg-type]
-
-        async def error_cb(exc: Exception) -> None:
-            c.errors.append(str(exc))
-
-        c.nc = await nats.connect(servers=[url], error_cb=error_cb, allow_reconnect=False, connect_timeout=5,
-                                  **security_options(url))
-        conns.append(c)
-        return c
-
-    yield open_
-    for c in conns:
-        await c.nc.close()
 
 
 def observer_url(servers: EmbeddedServers, name: str) -> str:

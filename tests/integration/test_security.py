@@ -13,7 +13,6 @@ import stat
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 
 from aios_blocks.bus import event_ids, subjects
 from aios_blocks.bus.catalog import E
-from aios_blocks.bus.nats_bus import Bus, security_options
+from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.bus.nats_bus import connect as nats_connect
 from aios_blocks.cli.client import Client
 from aios_blocks.runtime import auth
@@ -40,7 +39,7 @@ from aios_blocks.state.store import Store
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.health import HealthMonitor
 
-from .conftest import COMPONENT, System
+from .conftest import COMPONENT, Conn, System
 
 pytestmark = pytest.mark.integration
 BIN = Path(sys.executable).parent
@@ -53,44 +52,6 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EmbeddedServer
         yield s
     finally:
         s.stop()
-
-
-@dataclass
-class Conn:
-    """A raw NATS connection as one user, collecting the server's asynchronous errors."""
-
-    nc: NC
-    errors: list[str] = field(default_factory=list)
-
-    async def denied(self, subject: str, what: str = "publish") -> bool:
-        """Whether the server reported this violation (its -ERR may trail the next PONG a little)."""
-        needle = f'permissions violation for {what} to "{subject}"'.lower()  # nats-py lowercases it
-        for _ in range(250):
-            await self.nc.flush(timeout=5)
-            if any(needle in e.lower() for e in self.errors):
-                return True
-            await asyncio.sleep(0.02)
-        return False
-
-
-@pytest.fixture
-async def connect() -> AsyncIterator[Any]:
-    conns: list[Conn] = []
-
-    async def open_(url: str) -> Conn:
-        c = Conn(None)  # type: ignore[arg-type]
-
-        async def error_cb(exc: Exception) -> None:
-            c.errors.append(str(exc))
-
-        c.nc = await nats.connect(servers=[url], error_cb=error_cb, allow_reconnect=False, connect_timeout=5,
-                                  **security_options(url))
-        conns.append(c)
-        return c
-
-    yield open_
-    for c in conns:
-        await c.nc.close()
 
 
 async def stored(admin: Bus, subject: str, stream: str = subjects.STREAM) -> bool:
