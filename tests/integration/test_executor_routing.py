@@ -559,3 +559,28 @@ async def test_a_task_for_a_block_scaled_to_zero_is_held_until_an_instance_is_re
     assert len(targets) == 1, targets
     s, _, _ = await rig.task("zed")
     assert s == 200
+
+
+async def test_a_task_finds_a_map_the_bucket_holds_before_the_watch_brings_it(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A caller that saw block.ready and sent a task at once got 404 "no instance map" when this
+    executor's watch had not yet applied the map the bucket held (the activator test, in CI): the
+    executor now reads the bucket itself when a task finds no route."""
+    a = await rig.backend("a")
+    watched = rig.executor.on_map
+
+    async def trailing(bid: str, value: Any, rev: int) -> None:  # the watch never brings "late"
+        if bid != "late":
+            await watched(bid, value, rev)
+
+    monkeypatch.setattr(rig.executor, "on_map", trailing)
+    value = {"block_id": "late", "gen": 1, "cluster": "c0", "path": "/infer", "method": "POST", "loadBalancer": {},
+             "instances": {"i-a": {"node": "n1", "endpoint": a.endpoint, "state": "ready"}}, "gone": []}
+    assert await rig.maps.update("late", lambda _cur: value) is not None
+    unknown = rig.executor.unknown_tasks
+    answers = await asyncio.gather(*(rig.task("late", b'{"n": %d}' % n) for n in range(3)))
+    assert [s for s, _, _ in answers] == [200, 200, 200], answers
+    assert {h["Aios-Instance"] for _, _, h in answers} == {"i-a"} and len(a.hits) == 3
+    assert rig.executor.unknown_tasks == unknown
+    status, _, h = await rig.task("never-placed")  # no map in the bucket either: still 404
+    assert status == 404 and "unknown block 'never-placed'" in h["Aios-Error"]
+    assert rig.executor.unknown_tasks == unknown + 1

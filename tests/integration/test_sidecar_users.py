@@ -23,7 +23,7 @@ from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.runtime.sidecar_users import SidecarUsers
 from aios_blocks.schemas.events import DeadLetter
 
-from .test_security import Conn
+from .conftest import Conn
 
 pytestmark = pytest.mark.integration
 
@@ -38,7 +38,7 @@ def servers(tmp_path: Path) -> Iterator[EmbeddedServers]:
 
 
 async def raw(url: str) -> Conn:
-    c = Conn(None)  # type: ignore[arg-type]
+    c = Conn(None, auth.url_user(url) or "")
 
     async def error_cb(exc: Exception) -> None:
         c.errors.append(str(exc))

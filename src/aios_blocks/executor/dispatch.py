@@ -76,27 +76,54 @@ class Dispatcher:
     """Sends tasks to the instances of ``routes`` (the executor's, by block). ``cluster``: a pinned
     executor's cluster (its refusals say so)."""
 
-    def __init__(self, routes: dict[str, Route], settings: Settings, cluster: str | None = None):
+    def __init__(self, routes: dict[str, Route], settings: Settings, cluster: str | None = None,
+                 fetch: Callable[[str], Awaitable[Route | None]] | None = None):
         self.routes = routes
         self.s = settings
         self.cluster = cluster
+        #: reads a block's map from the bucket when ``routes`` has none yet: the map watch may trail
+        #: the bucket (a caller that saw block.ready and sent a task at once got 404)
+        self.fetch = fetch
+        self._fetching: dict[str, asyncio.Future[Route | None]] = {}
         self.session: aiohttp.ClientSession | None = None
         #: tasks for a block with no map (one unlabelled counter: block ids from callers are unbounded)
         self.unknown_tasks = 0
 
-    def route(self, bid: str) -> Route:
+    async def route(self, bid: str) -> Route:
         route = self.routes.get(bid)
         if route is not None:
             return route
+        if self.fetch is not None:
+            route = await self._fetch_once(bid)
+            if route is not None:
+                return route
         self.unknown_tasks += 1
         if self.cluster is not None:
             raise Refused(404, f"block {bid!r} is not served here: this executor serves cluster {self.cluster} only")
         raise Refused(404, f"unknown block {bid!r}: no instance map (never placed, or deleted)")
 
+    async def _fetch_once(self, bid: str) -> Route | None:
+        """One bucket read for all the tasks that miss the same block at once."""
+        assert self.fetch is not None
+        pending = self._fetching.get(bid)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[Route | None] = asyncio.get_running_loop().create_future()
+        self._fetching[bid] = fut
+        route: Route | None = None
+        try:
+            route = await self.fetch(bid)
+        except Exception:  # the bucket unreadable for a moment: the task is told the block is unknown
+            route = None
+        finally:  # cancelled too: the others waiting are answered
+            del self._fetching[bid]
+            fut.set_result(route)
+        return route
+
     async def dispatch(self, bid: str, method: str, path: str | None, body: bytes, headers: dict[str, str], consume: Consume) -> Any:
         """Send one task to one instance of the block (admission, policy, retries) and hand the
         accepted response to ``consume``. Raises :class:`Refused` with the reason otherwise."""
-        route = self.route(bid)
+        route = await self.route(bid)
         assert self.session is not None
         task = Task.of(method, path if path is not None else route.path, body, headers, self.s.executor_task_timeout_s)
         loop = asyncio.get_running_loop()

@@ -122,7 +122,7 @@ class Executor:
         #: blocks whose task outputs are published (side-cars consume them)
         self.outputs_on: set[str] = set()
         self.outputs = OutputPublisher(w.bus, self.s)
-        self.dispatcher = Dispatcher(self.routes, self.s, self.cluster)
+        self.dispatcher = Dispatcher(self.routes, self.s, self.cluster, fetch=self.fetch_map)
         self.ingress = Ingress(self.dispatcher, self.outputs, self.outputs_on, self.s.outputs_max_msg_bytes)
 
     @property
@@ -137,12 +137,26 @@ class Executor:
     # -- the instance map -----------------------------------------------------------------------
     async def on_map(self, bid: str, value: BlockMap | None, rev: int) -> None:
         async with self._map_lock:  # a chooser may need loading: changes apply in order
-            self.seen[bid] = (rev, time.monotonic())
-            if self.cluster is not None and value is not None and value.get("cluster") != self.cluster:
-                value = None  # not ours (any more)
-            await self._apply_map(bid, value, rev)
-            if self.cluster is not None:  # after the route exists: no task finds it missing
-                await self._pin(bid, value is not None)
+            await self.on_map_locked(bid, value, rev)
+
+    async def on_map_locked(self, bid: str, value: BlockMap | None, rev: int) -> None:
+        self.seen[bid] = (rev, time.monotonic())
+        if self.cluster is not None and value is not None and value.get("cluster") != self.cluster:
+            value = None  # not ours (any more)
+        await self._apply_map(bid, value, rev)
+        if self.cluster is not None:  # after the route exists: no task finds it missing
+            await self._pin(bid, value is not None)
+
+    async def fetch_map(self, bid: str) -> Route | None:
+        """The block's route from its map in the bucket, for a task that found none: the watch may
+        not have brought a map the bucket already holds (the block just became ready)."""
+        value, rev = await self.maps.get(bid)
+        if value is None:
+            return None
+        async with self._map_lock:
+            if bid not in self.routes:  # the watch may have applied it (or a newer one) meanwhile
+                await self.on_map_locked(bid, value, rev)
+        return self.routes.get(bid)
 
     async def _apply_map(self, bid: str, value: BlockMap | None, rev: int) -> None:
         route = self.routes.get(bid)
@@ -343,7 +357,7 @@ class Executor:
         runner: web.AppRunner | None = None
         collector = ExecutorCollector(lambda: self.routes, lambda: self.unknown_tasks)
         REGISTRY.register(collector)  # served by the worker's /metrics (workers/telemetry.py)
-        watch = asyncio.get_running_loop().create_task(self.maps.watch(self.on_map, stop, self.map_ready))
+        watch = asyncio.get_running_loop().create_task(self.maps.watch(lambda b, v, r: self.on_map(b, v, r), stop, self.map_ready))
         sub = None
         try:
             with contextlib.suppress(TimeoutError):
