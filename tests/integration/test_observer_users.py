@@ -18,7 +18,7 @@ from nats.js.api import ConsumerConfig
 from nats.js.errors import NotFoundError
 
 from aios_blocks.bus import subjects
-from aios_blocks.bus.consumer_names import consumer_name
+from aios_blocks.bus.consumer_names import NoConsumerName, create_named, subscribe_ordered
 from aios_blocks.bus.nats_bus import Bus
 from aios_blocks.cli.client import Client
 from aios_blocks.runtime import auth, observers
@@ -121,10 +121,8 @@ async def test_an_observer_cannot_touch_another_observers_consumer(servers: Embe
 
     b_js = b.nc.jetstream(timeout=5)
     refusals = len(b.errors)
-    its = await consumer_name(b.nc, stream, "dash")
+    its, sub = await subscribe_ordered(b.nc, b_js, f"aios.block.{bid}.>", stream, "dash", ConsumerConfig(), cb=cb)
     assert its in observer_consumers(b.user)
-    sub = await b_js.subscribe(f"aios.block.{bid}.>", stream=stream, cb=cb, ordered_consumer=True,
-                               config=ConsumerConfig(name=its))
     assert await asyncio.wait_for(seen.get(), 10) == f"aios.block.{bid}.ready"
     assert await a.refused(f"{API}.CONSUMER.DELETE.{stream}.{its}")
     assert (await admin.js.consumer_info(stream, its)).name == its
@@ -177,10 +175,49 @@ async def test_an_observer_whose_names_are_all_taken_is_told_so(servers: Embedde
     js = d.nc.jetstream(timeout=5)
     for name in observer_consumers(d.user):
         await js.add_consumer(OB, ConsumerConfig(name=name, inactive_threshold=60))
-    with pytest.raises(RuntimeError, match=f"all its {OBSERVER_CONSUMERS} consumer names in use"):
-        await consumer_name(d.nc, OB, "read")
+
+    async def create(j: Any, name: str) -> Any:  # (a config of its own, as every reader's: its inbox)
+        return await j.add_consumer(OB, ConsumerConfig(name=name, inactive_threshold=60, description="mine"))
+
+    with pytest.raises(NoConsumerName, match=f"all its {OBSERVER_CONSUMERS} consumer names in use"):
+        await create_named(d.nc, js, OB, "read", create)
+    assert [(await js.consumer_info(OB, n)).config.description for n in observer_consumers(d.user)] == [None] * OBSERVER_CONSUMERS
     await js.delete_consumer(OB, observer_consumers(d.user)[4])
-    assert await consumer_name(d.nc, OB, "read") == observer_consumers(d.user)[4]
+    name, info = await create_named(d.nc, js, OB, "read", create)
+    assert name == info.name == observer_consumers(d.user)[4] and info.config.description == "mine"
+
+
+@pytest.mark.parametrize("stream", [OB, ST])
+async def test_two_clients_of_one_observer_starting_at_once_never_share_a_consumer_name(
+        servers: EmbeddedServers, connect: Any, stream: str) -> None:
+    """Each takes a name by creating it (``"action": "create"``), not by looking for a free one and
+    then creating it: two clients that saw the same name free both created it, and the second
+    create updated the first's consumer (its deliveries sent to the second's inbox). Two clients
+    of one user, each starting half its names' worth of readers at the same moment."""
+    url = observer_url(servers, f"twins-{stream.lower().replace('_', '')}")
+    a, b = await connect(url), await connect(url)
+    half = OBSERVER_CONSUMERS // 2
+
+    async def ignore(msg: Any) -> None:
+        pass
+
+    async def reader(c: Any) -> tuple[str, Any, str]:
+        name, sub = await subscribe_ordered(c.nc, c.nc.jetstream(timeout=5), "aios.block.*.ready", stream, "dash",
+                                            ConsumerConfig(inactive_threshold=60), cb=ignore)
+        return name, sub, c.user
+
+    opened = await asyncio.gather(*(reader(c) for c in (a, b) for _ in range(half)))
+    names = [name for name, _, _ in opened]
+    assert len(set(names)) == len(names) == OBSERVER_CONSUMERS, sorted(names)
+    assert set(names) == set(observer_consumers(a.user))
+    js = a.nc.jetstream(timeout=5)
+    for name, sub, _ in opened:  # each consumer still delivers to the client that made it
+        assert (await js.consumer_info(stream, name)).config.deliver_subject == sub.subject
+    with pytest.raises(NoConsumerName):
+        await reader(a)
+    for name, sub, _ in opened:
+        await sub.unsubscribe()
+        await js.delete_consumer(stream, name)
 
 
 def _blocks(*args: str) -> subprocess.CompletedProcess[str]:

@@ -20,7 +20,7 @@ from nats.js.errors import NotFoundError
 
 from ..bus import subjects
 from ..bus.catalog import E, Emit
-from ..bus.consumer_names import consumer_name
+from ..bus.consumer_names import subscribe_ordered
 from ..bus.nats_bus import Bus
 from ..bus.subjects import uri_digest
 from ..handlers import parse, scaling
@@ -377,10 +377,10 @@ class Client:
             await queue.put(msg)
 
         if from_seq is not None:
-            config = await _named(self.bus, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=from_seq)
         else:
-            config = await _named(self.bus, deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW)
-        sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, config=config)
+            config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL if from_start else DeliverPolicy.NEW)
+        sub = await _ordered(self.bus, subject, config, cb)
         try:
             while True:
                 msg = await queue.get()
@@ -398,8 +398,7 @@ class Client:
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
-        config = await _named(self.bus, deliver_policy=DeliverPolicy.ALL)
-        sub = await self.bus.js.subscribe(subject, cb=cb, ordered_consumer=True, config=config)
+        sub = await _ordered(self.bus, subject, ConsumerConfig(deliver_policy=DeliverPolicy.ALL), cb)
         try:
             while True:
                 try:
@@ -571,10 +570,10 @@ class Client:
         return block
 
 
-async def _named(bus: Bus, **fields: Any) -> ConsumerConfig:
-    """An ordered consumer's config (on ``AIOS``) with a name of its own: an observer may create
-    only consumers named after its user (``bus.consumer_names``, docs/security.md)."""
-    return ConsumerConfig(name=await consumer_name(bus.nc, subjects.STREAM, "cli"), **fields)
+async def _ordered(bus: Bus, subject: str, config: ConsumerConfig, cb: Any) -> Any:
+    """An ordered consumer on ``AIOS`` with a name of its own: an observer may create only
+    consumers named after its user, taken race-free (``bus.consumer_names``, docs/security.md)."""
+    return (await subscribe_ordered(bus.nc, bus.js, subject, subjects.STREAM, "cli", config, cb=cb))[1]
 
 
 def _op_id() -> str:

@@ -96,17 +96,17 @@ async def outcome(c: Client, req: VRequest, timeout: float = 60.0) -> tuple[bool
     import asyncio
 
     import msgspec
-    from nats.js.api import DeliverPolicy
+    from nats.js.api import ConsumerConfig, DeliverPolicy
 
-    from .client import _named
+    from .client import _ordered
 
     queue: asyncio.Queue[Any] = asyncio.Queue()
 
     async def cb(msg: Any) -> None:
         await queue.put(msg)
 
-    config = await _named(c.bus, deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=req.seq)
-    sub = await c.bus.js.subscribe(f"aios.vcluster.{req.vid}.>", cb=cb, ordered_consumer=True, config=config)
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=req.seq)
+    sub = await _ordered(c.bus, f"aios.vcluster.{req.vid}.>", config, cb)
     try:
         async with asyncio.timeout(timeout):
             while True:

@@ -19,7 +19,7 @@ import msgspec
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..bus import subjects
-from ..bus.consumer_names import consumer_name
+from ..bus.consumer_names import subscribe_ordered
 from ..bus.nats_bus import Bus
 from ..recovery.fold import Fold
 from ..recovery.rebuild import _reply_meta, read_stream
@@ -153,9 +153,9 @@ class Feed:
         info = await self.bus.js.stream_info(subjects.STREAM)
         if info.state.messages == 0:
             self.caught_up.set()
-        cfg = ConsumerConfig(name=await consumer_name(self.bus.nc, subjects.STREAM, "console"), deliver_policy=DeliverPolicy.ALL)
-        self._sub = await self.bus.js.subscribe(f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
-                                                config=cfg, pending_msgs_limit=1_000_000, pending_bytes_limit=512 * 1024 * 1024)
+        _, self._sub = await subscribe_ordered(self.bus.nc, self.bus.js, f"{subjects.ROOT}.>", subjects.STREAM, "console",
+                                               ConsumerConfig(deliver_policy=DeliverPolicy.ALL), cb=cb,
+                                               pending_msgs_limit=1_000_000, pending_bytes_limit=512 * 1024 * 1024)
         self._task = asyncio.create_task(self._drain(queue))
 
     async def _drain(self, queue: asyncio.Queue[Any]) -> None:

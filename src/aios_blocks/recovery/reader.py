@@ -27,7 +27,7 @@ from typing import Any
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from ..bus.consumer_names import consumer_name
+from ..bus.consumer_names import create_named
 
 OnMsg = Callable[[str, bytes, int, float], None]
 
@@ -226,7 +226,7 @@ async def read(js: Any, nc: Any, stream: str, on_msg: OnMsg, filters: list[str],
         # named: an observer may create only consumers named after its user (docs/security.md),
         # so `blocks check` works as one
         cfg = ConsumerConfig(
-            name=await consumer_name(nc, stream, "read"), deliver_subject=inbox, ack_policy=AckPolicy.NONE, max_deliver=1, flow_control=True,
+            deliver_subject=inbox, ack_policy=AckPolicy.NONE, max_deliver=1, flow_control=True,
             idle_heartbeat=HEARTBEAT_S, mem_storage=True, num_replicas=1, inactive_threshold=60.0,
             deliver_policy=DeliverPolicy.BY_START_SEQUENCE if from_seq else DeliverPolicy.ALL,
             opt_start_seq=from_seq or None,
@@ -235,8 +235,8 @@ async def read(js: Any, nc: Any, stream: str, on_msg: OnMsg, filters: list[str],
             cfg.filter_subject = filters[0]
         else:
             cfg.filter_subjects = filters
-        info = await js.add_consumer(stream, config=cfg)
-        consumer = info.name
+        consumer, info = await create_named(nc, js, stream, "read",
+                                            lambda j, name: j.add_consumer(stream, config=cfg.evolve(name=name)))
         if info.num_pending == 0 and tap.next_dseq == 1:
             tap._finish()  # nothing (more) matches: no message will come to end the read
 

@@ -28,7 +28,7 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from ..bus import subjects
 from ..bus.catalog import E
-from ..bus.consumer_names import consumer_name
+from ..bus.consumer_names import subscribe_ordered
 from ..bus.nats_bus import Bus
 from ..gcpause import gc_paused
 from ..schemas.events import InventoryHint
@@ -118,13 +118,11 @@ async def _read_ordered(bus: Bus, on_msg: Callable[[str, bytes, int, float], Non
         if pending == 0:
             done.set()
 
-    # named after the user for an observer (bus.consumer_names)
-    name = await consumer_name(bus.nc, subjects.STREAM, "read")
-    cfg = ConsumerConfig(name=name, filter_subjects=filters if len(filters) > 1 else None)
-    sub = await bus.js.subscribe(
-        filters[0] if len(filters) == 1 else f"{subjects.ROOT}.>", stream=subjects.STREAM, cb=cb, ordered_consumer=True,
-        deliver_policy=DeliverPolicy.ALL, config=cfg, pending_msgs_limit=1_000_000,
-        pending_bytes_limit=512 * 1024 * 1024,
+    # named after the user for an observer, race-free (bus.consumer_names)
+    cfg = ConsumerConfig(filter_subjects=filters if len(filters) > 1 else None)
+    name, sub = await subscribe_ordered(
+        bus.nc, bus.js, filters[0] if len(filters) == 1 else f"{subjects.ROOT}.>", subjects.STREAM, "read", cfg, cb=cb,
+        deliver_policy=DeliverPolicy.ALL, pending_msgs_limit=1_000_000, pending_bytes_limit=512 * 1024 * 1024,
     )
     try:
         ci = await sub.consumer_info()
