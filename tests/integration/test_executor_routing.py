@@ -584,3 +584,49 @@ async def test_a_task_finds_a_map_the_bucket_holds_before_the_watch_brings_it(ri
     status, _, h = await rig.task("never-placed")  # no map in the bucket either: still 404
     assert status == 404 and "unknown block 'never-placed'" in h["Aios-Error"]
     assert rig.executor.unknown_tasks == unknown + 1
+
+
+async def test_a_task_for_an_instance_whose_port_now_serves_another_block_s_is_not_run_there(rig: Rig) -> None:
+    """The map (behind) still names i-old at an endpoint where an SDK instance of another block,
+    i-new, now listens on the same port. The executor names the instance it means
+    (Aios-Instance); i-new answers 421 without running the task, and the executor tries the
+    block's other instance (a plain task too: nothing ran), or says why when it has none."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from aios_blocks.executor.stats import ExecutorCollector
+    from aios_blocks.instance import Context, InstanceApp, Task, web_app
+    from aios_blocks.instance.metrics import parse_text
+
+    ran: list[bytes] = []
+
+    async def other_block(task: Task, ctx: Context) -> Any:
+        ran.append(task.body)
+        return {"instance": ctx.instance_id, "block": ctx.block_id}
+
+    app = InstanceApp(other_block, context=Context(instance_id="i-new", block_id="other"))
+    await app.start()
+    runner = web.AppRunner(web_app(app), access_log=None)
+    await runner.setup()
+    reused = Backend("reused-port", port=free_port())  # only its endpoint: the SDK instance listens there
+    await web.TCPSite(runner, "127.0.0.1", reused.port).start()
+    try:
+        good = await rig.backend("good")
+        await rig.put_map("blk", {"i-old": (reused, "ready"), "i-good": (good, "ready")}, {"policyRuleURI": "builtin:round-robin"})
+        answers = [await rig.task("blk", b'{"n": %d}' % n) for n in range(6)]  # not marked idempotent
+        assert [(s, h["Aios-Instance"]) for s, _, h in answers] == [(200, "i-good")] * 6
+        assert ran == [] and app.metrics.system.requests == 0  # the other block's handler never ran
+        assert len(good.hits) == 6
+        route = rig.executor.routes["blk"]
+        assert route.stats.misdirected >= 1 and route.views["i-old"]["state"] == "ejected"
+        reg = CollectorRegistry()
+        reg.register(ExecutorCollector(lambda: rig.executor.routes, lambda: 0))
+        page = parse_text(generate_latest(reg).decode())
+        assert page['aios_executor_misdirected_total{block="blk"}'] == route.stats.misdirected
+
+        # the block's only instance in the map is the one that left: a clear error, nothing run
+        await rig.put_map("lone", {"i-old": (reused, "ready")})
+        status, _, h = await rig.task("lone", b'{"n": 9}')
+        assert status in (502, 503) and "421 Misdirected Request" in h["Aios-Error"] and "not run" in h["Aios-Error"], h
+        assert ran == []
+    finally:
+        await runner.cleanup()

@@ -202,6 +202,41 @@ async def test_the_server_answers_the_protocol_path_health_metrics_and_streams_c
         await server.close()
 
 
+async def test_a_task_meant_for_another_instance_is_refused_421_unrun() -> None:
+    """An executor whose map is behind sends a task for i-old to a port that now serves i-new
+    (another block's): the SDK answers 421 from its Aios-Instance header and never runs it."""
+    ran: list[Any] = []
+
+    async def h(task: Task, ctx: Context) -> Any:
+        ran.append(task.json())
+        return {"by": ctx.instance_id}
+
+    app = await started(h, context=Context(instance_id="i-new"))
+    r = await app.call(Task(b'{"n": 1}', {"Aios-Instance": "i-old"}))
+    assert r.status == 421 and "this is instance i-new, not i-old" in r.json()["error"]
+    assert r.headers["Aios-Instance"] == "i-new"
+    assert ran == [] and app.metrics.system.requests == 0  # not run, not counted
+    for headers in ({"Aios-Instance": "i-new"}, {}):  # its own id, or a direct caller with no header
+        assert (await app.call(Task(b'{"n": 2}', headers))).status == 200
+    anonymous = await started(h)  # no AIOS_INSTANCE_ID (run by hand): nothing to check against
+    assert (await anonymous.call(Task(b'{"n": 3}', {"Aios-Instance": "i-old"}))).status == 200
+    assert ran == [{"n": 2}, {"n": 2}, {"n": 3}]
+
+    server = TestServer(web_app(app))  # the same over HTTP, whatever the header's case
+    await server.start_server()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for name in ("Aios-Instance", "aios-instance"):
+                async with http.post(f"http://127.0.0.1:{server.port}/infer", json={"n": 4}, headers={name: "i-old"}) as resp:
+                    assert resp.status == 421 and resp.headers["Aios-Instance"] == "i-new"
+                    assert "not i-old" in (await resp.json())["error"]
+            async with http.post(f"http://127.0.0.1:{server.port}/infer", json={"n": 5}, headers={"Aios-Instance": "i-new"}) as resp:
+                assert resp.status == 200
+    finally:
+        await server.close()
+    assert ran[3:] == [{"n": 5}]
+
+
 def test_the_metrics_page_is_valid_prometheus_text() -> None:
     from prometheus_client.parser import text_string_to_metric_families
 

@@ -61,6 +61,25 @@ async def test_instances_share_one_server_and_answer_by_their_own_port() -> None
         await server.close()
 
 
+async def test_a_task_meant_for_another_instance_is_refused_421_unrun() -> None:
+    """A port that served i-old now serves i-new: a task an executor still sends for i-old
+    (Aios-Instance) is answered 421, not run, not counted."""
+    server = SimServer()
+    try:
+        inst = await server.add("i-new", SimBehaviour())
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"http://127.0.0.1:{inst.port}/infer", json={"q": 1}, headers={"Aios-Instance": "i-old"}) as r:
+                assert r.status == 421 and r.headers["Aios-Instance"] == "i-new"
+                assert "not i-old" in (await r.json())["error"]
+            assert inst.metrics.requests == 0
+            for headers in ({"Aios-Instance": "i-new"}, {}):
+                async with http.post(f"http://127.0.0.1:{inst.port}/infer", json={"q": 2}, headers=headers) as r:
+                    assert r.status == 200 and await r.json() == {"instance_id": "i-new", "output": {"q": 2}}
+            assert inst.metrics.requests == 2
+    finally:
+        await server.close()
+
+
 async def test_an_instance_s_start_and_stop_go_through_no_aiohttp_site() -> None:
     """An instance is served by the event loop's server on its own socket, not by an aiohttp
     site: a site registers in the runner's list of sites, which every site's start and stop scan

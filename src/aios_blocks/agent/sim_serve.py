@@ -9,6 +9,8 @@ Each answers like a real instance (``schemas.protocol``):
 * ``POST {inputProtocol.path}`` (default ``/infer``): waits the service time, then answers
   ``200 {"instance_id", "output": <the task's JSON>}``, or ``500 {"error": ...}`` at the failure
   rate; a task ``{"stream": N}`` is answered as N chunked lines (for streaming tests);
+  a task whose ``Aios-Instance`` header names another instance (an executor whose map is behind
+  sent it to a port that now serves this one) is answered ``421 Misdirected Request`` unrun;
 * ``GET /health``: 200 ``{"status": "ready"}``;
 * ``GET /metrics``: Prometheus text of ``instance.metrics.SystemMetrics``.
 
@@ -36,7 +38,7 @@ from typing import Any
 from aiohttp import web
 
 from ..instance.metrics import CONTENT_TYPE, SystemMetrics
-from ..schemas.protocol import HEALTH_PATH, METRICS_PATH, task_path
+from ..schemas.protocol import HEALTH_PATH, INSTANCE_HEADER, METRICS_PATH, MISDIRECTED, misdirected, task_path
 from ..schemas.records import JSONObject
 
 #: the listen backlog of an instance's socket (aiohttp's default)
@@ -230,6 +232,11 @@ class SimServer:
         if path == METRICS_PATH and request.method == "GET":
             return web.Response(body=inst.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
         if path == inst.behaviour.path and request.method == "POST":
+            meant = request.headers.get(INSTANCE_HEADER)
+            if misdirected(inst.instance_id, meant):
+                return web.json_response({"error": f"misdirected: this is instance {inst.instance_id}, not {meant} (the task "
+                                                   "was not run)", "instance_id": inst.instance_id}, status=MISDIRECTED,
+                                         headers={INSTANCE_HEADER: inst.instance_id})
             return await self._task(inst, request)
         return web.json_response({"error": f"no route {request.method} {path}"}, status=404)
 

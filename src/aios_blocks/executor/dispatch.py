@@ -1,9 +1,11 @@
 """Dispatch: one task to one instance of its block (admission, the loadBalancer's choice, retries),
 over one pooled aiohttp session. A task is tried on another instance (bounded, with backoff) only
-when it never reached the first (connection refused), or when it is marked
-``Aios-Idempotent: true``; otherwise the instance's failure is the answer, so a task is never sent
-twice without that mark. The ingress (``executor/ingress.py``) turns tasks into calls of
-:meth:`Dispatcher.dispatch`; the routes are the executor's (``workers/executor.py``)."""
+when it never reached the first (connection refused, or ``421 Misdirected Request``: another
+instance now serves that endpoint and ran nothing), or when it is marked ``Aios-Idempotent:
+true``; otherwise the instance's failure is the answer, so a task is never sent twice without that
+mark. Each attempt names its instance (``Aios-Instance``, ``schemas.protocol``). The ingress
+(``executor/ingress.py``) turns tasks into calls of :meth:`Dispatcher.dispatch`; the routes are the
+executor's (``workers/executor.py``)."""
 
 from __future__ import annotations
 
@@ -16,12 +18,15 @@ from typing import Any
 
 import aiohttp
 
+from ..schemas.protocol import INSTANCE_HEADER, MISDIRECTED
 from ..schemas.records import RouteView, TaskInfo
 from ..settings import Settings
 from .engine import Refused, Route
 
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
                "proxy-authorization", "proxy-authenticate"}
+#: a task's headers the executor does not pass on: hop-by-hop ones, and ``Aios-Instance``, which it sets
+DROP_HEADERS = HOP_HEADERS | {INSTANCE_HEADER.lower()}
 RETRY_STATUSES = (502, 503, 504)
 #: the longest time limit a task may ask for (``Aios-Timeout-Ms``): one day
 MAX_TASK_TIMEOUT_MS = 86_400_000
@@ -66,7 +71,7 @@ class Task:
     def of(cls, method: str, target: str, body: bytes, headers: Mapping[str, str], default_timeout_s: float) -> Task:
         idempotent = truthy(headers.get("Aios-Idempotent") or headers.get("aios-idempotent"))
         tmo = headers.get("Aios-Timeout-Ms") or headers.get("aios-timeout-ms")
-        fwd = {k: v for k, v in headers.items() if k.lower() not in HOP_HEADERS and not k.lower().startswith("nats-")}
+        fwd = {k: v for k, v in headers.items() if k.lower() not in DROP_HEADERS and not k.lower().startswith("nats-")}
         info: TaskInfo = {"method": method, "path": target, "bytes": len(body), "idempotent": idempotent,
                 "content_type": headers.get("Content-Type") or headers.get("content-type") or ""}
         return cls(method, target, body, fwd, idempotent, task_timeout_s(tmo) if tmo else default_timeout_s, info)
@@ -134,7 +139,12 @@ class Dispatcher:
         for attempt in range(retries + 1):
             if task.deadline - loop.time() <= 0:
                 raise Refused(504, (f"{last}; " if last else "") + f"the task's time limit ({task.timeout_s * 1000:g} ms) ran out")
-            v = await route.acquire(task.info, frozenset(tried), task.deadline)
+            try:
+                v = await route.acquire(task.info, frozenset(tried), task.deadline)
+            except Refused as r:  # no other instance: say what became of the last try too
+                if last:
+                    r.reason = f"{last}; {r.reason}"
+                raise
             done, result, last = await self._attempt(route, v, task, attempt < retries, consume)
             if done:
                 return result
@@ -155,9 +165,17 @@ class Dispatcher:
         t0 = time.perf_counter()
         ok, outcome, last = False, "", ""
         timeout = aiohttp.ClientTimeout(total=max(0.001, task.deadline - asyncio.get_running_loop().time()))
+        task.headers[INSTANCE_HEADER] = iid  # the instance meant: another one at that endpoint refuses (421)
         try:
             async with self.session.request(task.method, v["endpoint"] + task.target, data=task.body, headers=task.headers,
                                             timeout=timeout) as resp:
+                if resp.status == MISDIRECTED:  # another instance serves the endpoint now; it ran nothing
+                    await resp.read()
+                    route.stats.misdirected += 1
+                    outcome = "connect"  # as unreachable: ejected here until the map catches up
+                    last = (f"instance {iid} is no longer at {v['endpoint']}: another instance there answered "
+                            f"421 Misdirected Request (the task was not run)")
+                    return False, None, last
                 outcome = "5xx" if resp.status >= 500 else "ok"
                 if resp.status in RETRY_STATUSES and task.idempotent and may_retry:
                     await resp.read()

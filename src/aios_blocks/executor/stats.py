@@ -18,6 +18,7 @@ name                                     type       labels                      
 ``aios_executor_activations_total``      counter    block                          requests for a first instance (``block.scale.target`` from the activator)
 ``aios_executor_rejected_total``         counter    block, reason                  tasks the executor answered itself: ``overloaded``, ``no_instance``, ``queue_timeout``, ``policy_error``, ``hold_full``, ``hold_timeout``
 ``aios_executor_retries_total``          counter    block                          retries on another instance
+``aios_executor_misdirected_total``       counter    block                          tries answered 421 Misdirected Request: another instance at the endpoint, nothing run
 ``aios_executor_policy_seconds``         histogram  block                          time of one loadBalancer decision
 ``aios_executor_unknown_block_total``    counter    (none)                         tasks for a block with no instance map
 =======================================  =========  =============================  =====================================
@@ -107,6 +108,8 @@ class RouteStats:
     policy: Hist = field(default_factory=lambda: Hist(POLICY_BUCKETS))
     rejected: dict[Reject, int] = field(default_factory=lambda: dict.fromkeys(Reject, 0))
     retries: int = 0
+    #: tries answered 421 by another instance at the endpoint (the map was behind; nothing ran)
+    misdirected: int = 0
 
     def instance(self, iid: str) -> InstanceStats:
         st = self.instances.get(iid)
@@ -153,6 +156,8 @@ class ExecutorCollector(Collector):
         wait = HistogramMetricFamily("aios_executor_queue_wait_seconds", "Time a task waited for its instance.", labels=["block"])
         rejected = CounterMetricFamily("aios_executor_rejected", "Tasks the executor answered itself.", labels=["block", "reason"])
         retries = CounterMetricFamily("aios_executor_retries", "Retries on another instance.", labels=["block"])
+        misdirected = CounterMetricFamily("aios_executor_misdirected", "Tries answered 421 by another instance at the endpoint.",
+                                          labels=["block"])
         policy = HistogramMetricFamily("aios_executor_policy_seconds", "Time of one loadBalancer decision.", labels=["block"])
         for bid, route in list(self.routes().items()):
             st = route.stats
@@ -170,7 +175,8 @@ class ExecutorCollector(Collector):
             for reason, n in st.rejected.items():
                 rejected.add_metric([bid, reason.value], float(n))
             retries.add_metric([bid], float(st.retries))
+            misdirected.add_metric([bid], float(st.misdirected))
             _hist(policy, [bid], st.policy)
         unknown = CounterMetricFamily("aios_executor_unknown_block", "Tasks for a block with no instance map.")
         unknown.add_metric([], float(self.unknown()))
-        yield from (tasks, inflight, dispatch, queue, wait, held, activations, rejected, retries, policy, unknown)
+        yield from (tasks, inflight, dispatch, queue, wait, held, activations, rejected, retries, misdirected, policy, unknown)

@@ -28,7 +28,7 @@ from typing import Any, TypedDict
 
 import structlog
 
-from ..schemas.protocol import task_method, task_path
+from ..schemas.protocol import INSTANCE_HEADER, MISDIRECTED, misdirected, task_method, task_path
 from ..schemas.records import JSONObject
 from .metrics import Metrics
 
@@ -216,14 +216,33 @@ class InstanceApp:
             return 503, {"status": "starting"}
         return 200, {"status": "ready", "instance_id": self.ctx.instance_id}
 
+    def misdirected(self, headers: Mapping[str, str]) -> Reply | None:
+        """``421 Misdirected Request`` for a task meant for another instance (its ``Aios-Instance``
+        header, which the executor sets, names another id than this instance's
+        ``AIOS_INSTANCE_ID``): the endpoint's port now serves this instance while the executor's
+        map still names the one that left. None: the task is this instance's (or carries no
+        header, or this instance has no id). Nothing is run or counted."""
+        meant = headers.get(INSTANCE_HEADER)
+        if not misdirected(self.ctx.instance_id, meant):
+            return None
+        reply = _error(MISDIRECTED, f"misdirected: this is instance {self.ctx.instance_id}, not {meant} "
+                                    "(the task was not run)")
+        reply.headers[INSTANCE_HEADER] = self.ctx.instance_id
+        return reply
+
     async def call(self, task: Task | bytes | Any) -> Reply:
         """Handle one task as the server does (readiness, limit, metrics, errors). ``task``: a
         :class:`Task`, raw bytes, or a JSON-able value. A streamed reply's ``body`` is an async
-        iterator of bytes; the task counts as running until it is drained or closed."""
+        iterator of bytes; the task counts as running until it is drained or closed. A task meant
+        for another instance (``Aios-Instance``) is answered 421 unrun (:meth:`misdirected`)."""
         if isinstance(task, bytes):
             task = Task(task, path=self.ctx.task_path)
         elif not isinstance(task, Task):
             task = Task(json.dumps(task).encode(), {"Content-Type": "application/json"}, self.ctx.task_path)
+        elif task.headers:
+            wrong = self.misdirected(task.headers)
+            if wrong is not None:
+                return wrong
         if not self.ready:
             why = f"init failed: {self.init_error}" if self.init_error else "not ready: the instance is still starting"
             return _error(503, why)

@@ -10,6 +10,12 @@ An instance is any HTTP server at its ``endpoint`` (``InstanceEvent.endpoint``, 
 * ``GET {endpoint}/metrics`` — Prometheus text (``aios_instance_*`` from the instance SDK, or an
   engine's own names such as vLLM's ``vllm:num_requests_running``).
 
+Every task the executor sends carries ``Aios-Instance: <instance id>``, the instance it means
+(its map's entry for that endpoint). An instance that knows its own id and is another answers
+``421 Misdirected Request`` without running the task (the instance SDK and the simulated fleet
+do): an endpoint whose port now serves another instance, while an executor's map is behind, never
+runs a task meant for the one that left. The executor takes 421 as "never reached".
+
 The node agent picks the endpoint's port from the component's ``launch.ports``: the one named
 ``http`` if there is one, else the first; a simulated instance gets its own port.
 """
@@ -22,6 +28,10 @@ DEFAULT_TASK_PATH = "/infer"
 DEFAULT_TASK_METHOD = "POST"
 HEALTH_PATH = "/health"
 METRICS_PATH = "/metrics"
+#: request header: the instance a task is meant for (answer header: the instance that answered)
+INSTANCE_HEADER = "Aios-Instance"
+#: an instance's answer to a task meant for another instance id: nothing was run
+MISDIRECTED = 421
 #: the launch port the endpoint prefers
 HTTP_PORT_NAME = "http"
 
@@ -38,6 +48,12 @@ def task_path(input_protocol: Mapping[str, object] | None) -> str:
 def task_method(input_protocol: Mapping[str, object] | None) -> str:
     method = (input_protocol or {}).get("method")
     return method.upper() if isinstance(method, str) and method.strip() else DEFAULT_TASK_METHOD
+
+
+def misdirected(own_id: str, meant: str | None) -> bool:
+    """A task meant (``Aios-Instance``) for another instance than ``own_id``: refuse it unrun.
+    No header (a direct caller) or no own id (run by hand): never misdirected."""
+    return bool(meant) and bool(own_id) and meant != own_id
 
 
 def endpoint_port(ports: dict[str, int]) -> int | None:
