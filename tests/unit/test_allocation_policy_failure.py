@@ -35,6 +35,10 @@ class FailsAtAllocation(BinPackPolicy):
         if input_data["action"] == "{ACTION}":
             if "{MODE}" == "shape":
                 return {"node": "n0"}
+            if "{MODE}" == "ghost":  # the framework refuses these choices: no such node, 0 GPUs of 1
+                return {"node_id": "ghost", "gpus": []}
+            if "{MODE}" == "taken":  # 2 GPUs of 1, not of the node, twice the same
+                return {"node_id": "c1-n0", "gpus": ["c1-n0-g7", "c1-n0-g7"]}
             if "{MODE}" == "slow":
                 time.sleep(0.5)
             else:
@@ -97,6 +101,34 @@ async def test_a_resource_allocator_that_gives_no_answer_at_allocation_fails_the
         assert "selection rounds" not in done["reason"] and not s.bus.events(E.block_pending, bid=bid)
 
 
+REFUSED = {
+    "ghost": "node 'ghost' is not in this cluster; 0 GPUs chosen, block needs 1",
+    "taken": "2 GPUs chosen, block needs 1; GPU(s) ['c1-n0-g7'] are not GPUs of c1-n0; the same GPU was chosen twice",
+}
+
+
+@pytest.mark.parametrize("mode", list(REFUSED))
+async def test_a_choice_the_framework_refuses_fails_the_block_once_with_every_problem_of_it(mode: str) -> None:
+    """Refused on the very snapshot the policy was given (``controller.choice_problems``): asked
+    again in the next round, the same policy with the same input chooses the same. It went through
+    every selection round (3 ``allocation.failed``, 3 ``parsed``) and waited in the queue."""
+    async with MemorySystem.open(Settings(sim_start_delay_s=0.0, dry_run_deadline_s=5.0)) as s:
+        await s.add_component()
+        await s.add_sim_cluster("c1", nodes=1, gpus=2)
+        await s.store.policy_put("refused", _policy(mode), "python")
+        bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
+                              "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:refused"}}]})
+        await s.run()
+        why = f"resourceAllocator allocation chose an impossible placement: {REFUSED[mode]}"
+        (failed,) = s.bus.events(E.block_allocation_failed, bid=bid)  # one step, not one per selection round
+        assert failed["reason"] == f"c1: {why}", failed
+        assert [p["attempt"] for p in s.bus.events(E.block_parsed, bid=bid)] == [0]
+        assert (await s.store.get_block(bid) or {}).get("status") == "failed"
+        (done,) = s.bus.events(E.block_failed, bid=bid)
+        assert done["reason"] == why, done
+        assert not s.bus.events(E.block_pending, bid=bid) and not await s.store.instances(bid)
+
+
 async def test_a_resource_allocator_that_raises_is_still_asked_again_for_the_rounds() -> None:
     """By design: the raise may be the policy's "nothing fits here" after the room its dry_run saw
     was taken; the next rounds may choose elsewhere, then the block waits (docs/priority.md)."""
@@ -114,14 +146,15 @@ async def test_a_resource_allocator_that_raises_is_still_asked_again_for_the_rou
         assert pending["reason"].endswith("(after 3 selection rounds)"), pending
 
 
-async def test_a_reassignment_whose_policy_gives_no_answer_fails_at_once_not_after_its_retries() -> None:
+@pytest.mark.parametrize("mode", ["shape", "ghost"])
+async def test_a_reassignment_whose_policy_gives_no_answer_fails_at_once_not_after_its_retries(mode: str) -> None:
     """A reassignment that finds no room is delivered again with backoff (``AIOS_REASSIGN_ATTEMPTS``,
     5: room held by instances on their way out); one whose resourceAllocator returned the wrong
-    shape fails that step at once with the policy's error."""
+    shape, or a choice the framework refuses, fails that step at once with the reason."""
     async with MemorySystem.open() as s:
         await s.add_component()
         await s.add_sim_cluster("c1", nodes=2, gpus=2)
-        await s.store.policy_put("fails", _policy("shape", "reassignment"), "python")
+        await s.store.policy_put("fails", _policy(mode, "reassignment"), "python")
         bid = await s.submit({"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1,
                               "policyRulesSpec": [{"values": {"name": "resourceAllocator", "policyRuleURI": "registry:fails"}}]})
         await s.run()
@@ -130,7 +163,8 @@ async def test_a_reassignment_whose_policy_gives_no_answer_fails_at_once_not_aft
         await s.bus.emit(E.cluster_reassignment, ReassignRequest(bid, "c1", "re1", old, "test"))
         await s.run()  # (a deferred delivery is not waited for)
         (failed,) = s.bus.events(E.block_reassignment_failed, bid=bid)
-        assert "wrong return shape: reassignment must return" in failed["reason"], failed
+        why = "wrong return shape: reassignment must return" if mode == "shape" else f"impossible placement: {REFUSED[mode]}"
+        assert why in failed["reason"], failed
         assert not s.delayed and list(await s.store.instances(bid)) == [old]
 
 

@@ -345,6 +345,33 @@ async def test_plan_fails_when_the_policy_picks_a_node_outside_the_cluster() -> 
     with pytest.raises(PlacementFailed) as info:
         await controller.plan(ir, CLUSTER, two_by_two(), "allocation", ["b1-0"], call)
     assert info.value.reason == "resourceAllocator allocation chose an impossible placement: node 'ghost' is not in this cluster"
+    assert info.value.policy  # the policy's answer refused: the block fails at once (allocation.after_failure)
+
+
+@pytest.mark.parametrize(("gpus", "problems"), [
+    ("['a0']", []),  # a choice that works, but on a node Required affinity rejects
+    ("['zz', 'a0']", ["2 GPUs chosen, block needs 1", "GPU(s) ['zz'] are not GPUs of n1"]),
+])
+async def test_a_refused_choice_names_every_problem_and_is_the_policy_s(gpus: str, problems: list[str]) -> None:
+    """Refused on the very snapshot the policy was given: no other round can help (``policy``,
+    ``allocation.after_failure``: the block fails at once, not re-selected)."""
+    import msgspec
+
+    from aios_blocks.schemas.affinity import normalize
+
+    ir = make_ir(allocator="registry:odd")
+    ir["affinity"] = msgspec.to_builtins(normalize([{"category": "Trust", "strength": "Required",
+                                                     "target": {"type": "TrustDomain", "value": "attested"}}]))
+    call = invoker(ir, "resourceAllocator", runtime_with(odd=returning(f"{{'node_id': 'n1', 'gpus': {gpus}}}")))
+    with pytest.raises(PlacementFailed) as info:
+        await controller.plan(ir, CLUSTER, two_by_two(), "allocation", ["b1-0"], call)
+    reason, rejects = info.value.reason, "Required affinity rejects n1: "
+    assert info.value.policy, reason
+    if problems:
+        assert reason.startswith("resourceAllocator allocation chose an impossible placement: " + "; ".join(problems) + "; " + rejects)
+    else:
+        assert reason.startswith("resourceAllocator allocation chose n1, which Required affinity rejects: ")
+    assert "attested" in reason, reason
 
 
 async def test_plan_fails_when_a_naive_policy_reuses_a_gpu_across_the_gang() -> None:
@@ -408,10 +435,15 @@ def choice_nodes() -> dict[str, dict[str, Any]]:
         ("n1", ["a0", "a1"], ""),
         ("n9", ["a0", "a1"], "node 'n9' is not in this cluster"),
         ("n1", ["a0"], "1 GPUs chosen, block needs 2"),
-        ("n1", ["a0", "a1", "a2"], "3 GPUs chosen, block needs 2"),
+        ("n1", ["a0", "a1", "a2"], "3 GPUs chosen, block needs 2; GPU(s) ['a2'] on n1 are not free for this instance"),
         ("n1", ["a0", "a2"], "GPU(s) ['a2'] on n1 are not free for this instance"),
-        ("n1", ["a0", "zz"], "GPU(s) ['zz'] on n1 are not free for this instance"),
+        ("n1", ["a0", "zz"], "GPU(s) ['zz'] are not GPUs of n1"),
         ("n1", ["a0", "a0"], "the same GPU was chosen twice"),
+        # every problem of the choice, not the first only
+        ("n9", ["a0"], "node 'n9' is not in this cluster; 1 GPUs chosen, block needs 2"),
+        ("n1", ["a2", "a2", "zz"], "3 GPUs chosen, block needs 2; GPU(s) ['zz'] are not GPUs of n1; "
+                                   "GPU(s) ['a2'] on n1 are not free for this instance; the same GPU was chosen twice"),
+        ("n2", ["b0"], "1 GPUs chosen, block needs 2; node n2 cannot host the instance: cpu 0.5 free < 1"),
         ("n2", ["b0", "b1"], "node n2 cannot host the instance: cpu 0.5 free < 1"),
         ("n3", ["c0", "c1"], "node n3 cannot host the instance: unhealthy"),
     ],

@@ -109,9 +109,11 @@ def after_failure(exc: PlacementFailed, attempt: int, rounds: int) -> str:
     which is how a seed-shaped one, and the built-ins, say that nothing fits: the framework
     cannot tell that from a bug), ``wait`` (its ``rounds`` spent: the pending queue, or failed
     with ``queue: false``: ``queue.wait_or_fail``), or ``fail`` (its resourceAllocator gave no
-    answer: timed out, returned the wrong shape, could not be loaded; another round would call it
-    again and fail again, so the block fails at once with the policy's error, as a policy's
-    failure at selection or post_dry_run fails it: docs/priority.md)."""
+    answer: timed out, returned the wrong shape, could not be loaded; or a choice the framework
+    refuses, a node or GPUs that cannot hold the instance on the very snapshot the policy was given,
+    ``controller.refused``; another round would call it again and fail again, so the block fails at
+    once with the policy's error or every problem of its choice, as a policy's failure at
+    selection or post_dry_run fails it: docs/priority.md)."""
     if exc.policy:
         return "fail"
     return "wait" if attempt + 1 >= rounds else "reselect"

@@ -22,6 +22,7 @@ from ..schemas.records import (
     ClusterRecord,
     InstanceRecord,
     Needs,
+    NodeAffinity,
     NodeView,
     Placement,
     SampleInfo,
@@ -197,22 +198,30 @@ def instance_id(bid: str, key: str | int) -> str:
 
 
 def check_choice(node_id: str, gpus: list[str], nodes: dict[str, NodeView], needs: Needs, share: bool) -> str:
-    """Why a policy's choice cannot work on the snapshot ('' if it can)."""
-    node = nodes.get(node_id)
-    if node is None:
-        return f"node {node_id!r} is not in this cluster"
-    if len(gpus) != int(needs.get("gpus", 0)):
-        return f"{len(gpus)} GPUs chosen, block needs {needs.get('gpus', 0)}"
-    usable = capacity.node_fits(node, needs, share)
-    if usable is None:
-        return f"node {node_id} cannot host the instance: {capacity.why_not(node, needs, share)}"
-    usable_ids = {g["id"] for g in usable}
-    bad = [g for g in gpus if g not in usable_ids]
-    if bad:
-        return f"GPU(s) {bad} on {node_id} are not free for this instance"
+    """Why a policy's choice cannot work on the snapshot, every problem of it ('' if it can)."""
+    return "; ".join(choice_problems(node_id, gpus, nodes, needs, share))
+
+
+def choice_problems(node_id: str, gpus: list[str], nodes: dict[str, NodeView], needs: Needs, share: bool) -> list[str]:
+    """Each problem of a policy's choice (node ``node_id``, GPUs ``gpus``) on the snapshot ``nodes``."""
+    node, want = nodes.get(node_id), int(needs.get("gpus", 0))
+    out = [] if node is not None else [f"node {node_id!r} is not in this cluster"]
+    if len(gpus) != want:
+        out.append(f"{len(gpus)} GPUs chosen, block needs {want}")
+    if node is not None:
+        usable = capacity.node_fits(node, needs, share)
+        if usable is None:
+            out.append(f"node {node_id} cannot host the instance: {capacity.why_not(node, needs, share)}")
+        on_node, usable_ids = {g["id"] for g in node["gpus"]}, {g["id"] for g in usable or []}
+        unknown = [g for g in dict.fromkeys(gpus) if g not in on_node]
+        if unknown:
+            out.append(f"GPU(s) {unknown} are not GPUs of {node_id}")
+        busy = [g for g in dict.fromkeys(gpus) if g in on_node and g not in usable_ids]
+        if busy and usable is not None:  # (not one GPU usable: said above)
+            out.append(f"GPU(s) {busy} on {node_id} are not free for this instance")
     if len(set(gpus)) != len(gpus):
-        return "the same GPU was chosen twice"
-    return ""
+        out.append("the same GPU was chosen twice")
+    return out
 
 
 async def plan(
@@ -253,9 +262,9 @@ async def plan(
         except PolicyFailed as exc:
             raise PlacementFailed(f"{exc} (instance {len(out) + 1} of {len(iids)})", policy=exc.no_answer) from exc
         node_id, gpus = result["node_id"], list(result.get("gpus", []))
-        why = check_choice(node_id, gpus, work, needs, share)
-        if why:
-            raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: {why}")
+        problems = choice_problems(node_id, gpus, work, needs, share)
+        if problems:  # (with Required affinity's verdict too; alone, ``_affinity_of`` says it)
+            refused(ir, action, node_id, problems, work, index)
         # which GPUs of the chosen node: the best connected set that keeps the node's best sets
         # free (policies/topology.py, docs/topology.md), when the node reports its topology
         gpus, link = _by_topology(work[node_id], gpus, needs, share, ir.get("affinity") or [])
@@ -278,20 +287,42 @@ def _candidate_nodes(ir: BlockIR, nodes: dict[str, NodeView],
     return where, nodes
 
 
+def refused(ir: BlockIR, action: str, node_id: str, problems: list[str], work: dict[str, NodeView],
+            index: affinity.Index) -> None:
+    """PlacementFailed listing every problem of the choice, when it has one: ``problems`` (its
+    node and GPUs on the snapshot: ``choice_problems``) and Required affinity's rejection of its
+    node. ``policy``: checked on the very snapshot the policy was given, so asked again with the
+    same input the same policy chooses the same and is refused the same: the step fails once,
+    not re-selected (``allocation.after_failure``, docs/architecture.md "Re-selection")."""
+    if node_id in work and ir.get("affinity"):
+        verdict = _affinity_verdict(ir, node_id, work, index)
+        if not verdict.get("pass", True):
+            rejects = "; ".join(verdict.get("reasons", []))
+            if not problems:
+                raise PlacementFailed(f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: {rejects}",
+                                      policy=True)
+            problems = [*problems, f"Required affinity rejects {node_id}: {rejects}"]
+    if problems:
+        raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: " + "; ".join(problems), policy=True)
+
+
+def _affinity_verdict(ir: BlockIR, node_id: str, work: dict[str, NodeView], index: affinity.Index) -> NodeAffinity:
+    """Required and Adaptive affinity on the chosen node (``pass``, ``reasons``, ``adaptive``)."""
+    probe = {node_id: work[node_id].copy()}  # annotate a copy: views are shared
+    affinity.annotate(probe, ir["affinity"], index)
+    return probe[node_id]["affinity"]
+
+
 def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, NodeView],
                  index: affinity.Index, action: str) -> tuple[list[AdaptiveTerm], affinity.Index]:
     """The chosen node checked against Required affinity (PlacementFailed if it rejects it): its
     Adaptive entries, and the index with this instance added. No affinity: nothing, the same index."""
     if not ir.get("affinity"):
         return [], index
-    probe = {node_id: work[node_id].copy()}  # annotate a copy: views are shared
-    affinity.annotate(probe, ir["affinity"], index)
-    if not probe[node_id]["affinity"]["pass"]:
-        raise PlacementFailed(
-            f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: "
-            + "; ".join(probe[node_id]["affinity"]["reasons"])
-        )
-    adaptive = probe[node_id]["affinity"].get("adaptive") or []
+    verdict = _affinity_verdict(ir, node_id, work, index)
+    if not verdict.get("pass", True):
+        refused(ir, action, node_id, [], work, index)
+    adaptive = verdict.get("adaptive") or []
     index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
     return adaptive, index
 

@@ -279,7 +279,8 @@ async def reassign(w: Worker, m: Inbound[ReassignRequest]) -> None:
         if not node_down and not exc.policy and m.deliveries < w.settings.reassign_attempts:
             # the capacity may be held by instances on their way out (a failed one's remove is
             # in flight): try again shortly rather than leave the block short of an instance (a
-            # policy that gave no answer, timed out or the wrong shape, would only fail again);
+            # policy that gave no answer, timed out or the wrong shape, or a choice refused on the
+            # snapshot it was given, would only fail again);
             # no step event carries this attempt's policy calls, so they are recorded on their own
             await w.bus.emit_all([Emit(E.block_decision, d) for d in trace])
             raise Defer(_backoff(m.deliveries)) from exc
@@ -547,8 +548,8 @@ async def _reselect_or_fail(
 ) -> None:
     """The chosen cluster could not take the gang (it filled up since its dry_run, or its policy
     raised): record why and send the block back through selection, a bounded number of rounds.
-    A resourceAllocator that gave no answer (timed out, wrong shape) fails the block at once
-    (``al.after_failure``: another round would fail the same way)."""
+    A resourceAllocator that gave no answer (timed out, wrong shape) or a choice the framework
+    refuses fails the block at once (``al.after_failure``: another round would fail the same way)."""
     bid, gen, n, reason = ev.block_id, ev.gen, ev.attempt, exc.reason
     then = al.after_failure(exc, n, w.settings.selection_rounds)
     if then == "fail":  # the policy's error, as a policy's failure at selection fails the block
