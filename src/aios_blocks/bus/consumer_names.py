@@ -101,7 +101,10 @@ async def create_named(nc: Any, js: Any, stream: str, kind: str,
 
     Not an observer: ``<kind>-<random>`` through ``js``. An observer: each of its own names in
     random order, through a context whose first create fails if the name is in use, until one is
-    created; ``NoConsumerName`` when every one is in use on ``stream``."""
+    created; ``NoConsumerName`` when every one is in use on ``stream``. ``create`` must give the
+    consumer a config of its own (a push consumer's own inbox): the server answers a create whose
+    config equals the existing consumer's with that consumer (nats-server before 2.10 ignores
+    ``action`` and updates a consumer in use, as a plain create does)."""
     user = connected_user(nc)
     if user is None or not is_observer(user):
         name = f"{kind}-{uuid.uuid4().hex[:16]}"
