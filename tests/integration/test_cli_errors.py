@@ -64,6 +64,8 @@ def _bad_invocations(tmp: Path) -> list[tuple[tuple[str, ...], int, str]]:
         (("policy", "run", pol, "--input", "/nope.json"), 2, "cannot read /nope.json"),
         (("policy", "run", pol, "--input", inp, "--parameters", "{bad"), 2, "--parameters: not JSON"),
         (("policy", "run", pol, "--input", inp, "--settings", "[1]"), 2, "--settings: expected a JSON object"),
+        (("policy", "run", str(tmp / "nope.py"), "--input", inp), 2, f"no policy file {tmp / 'nope.py'}"),  # was: exit 1, "no policy registry available"
+        (("policy", "run", pol, "--input", inp, "--kind", "bogus"), 2, "--kind 'bogus': expected one of"),  # was: run as "bogus"
         (("policy", "show", "nosuch"), 1, "no policy nosuch"),
         (("policy", "input", "a.b"), 2, "is not a valid id"),
         (("policy", "input", "x", "--index", "x"), 2, "'--index'"),

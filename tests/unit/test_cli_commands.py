@@ -134,6 +134,61 @@ def test_policy_run_refuses_bad_parameters_and_a_policy_that_fails(cli: CliRunne
     assert r.exit_code != 0 and "raised RuntimeError: no idea" in _one_line(r.output), r.output
 
 
+@pytest.mark.parametrize("policy", ["first_fit.py", "binpack.star"])
+def test_policy_run_starts_one_sandbox_process_and_stops_it(cli: CliRunner, monkeypatch: pytest.MonkeyPatch, policy: str) -> None:
+    # one call needs one process: it started the worker's shared pool, all of
+    # AIOS_PYTHON_POLICY_PROCESSES (4; Starlark's 2) at its first call, and left them running
+    from aios_blocks.policies import sandbox
+
+    monkeypatch.setattr(sandbox, "_shared", {})  # no shared pool started yet (as in a fresh `blocks`)
+    slots: list[sandbox._Slot] = []
+    real = sandbox._Slot.__init__
+
+    def counted(self: sandbox._Slot, *args: object) -> None:
+        real(self, *args)  # type: ignore[arg-type]
+        slots.append(self)
+
+    monkeypatch.setattr(sandbox._Slot, "__init__", counted)
+    try:
+        r = cli.invoke(app, ["policy", "run", str(EXAMPLES / policy), "--input", str(EXAMPLES / "allocation_input.json")])
+    finally:
+        for pool in sandbox._shared.values():
+            pool.close()
+    assert r.exit_code == 0 and json.loads(r.stdout)["node_id"], r.output
+    assert len(slots) == 1, f"{len(slots)} policy processes for one call"
+    assert slots[0].procs and not any(p.is_alive() for p in slots[0].procs)
+
+
+def test_policy_run_lists_every_problem_of_its_arguments_at_once(cli: CliRunner, tmp_path: Path) -> None:
+    # a policy file that is not there read as "no policy registry available" (exit 1), and only
+    # after the input's problem had stopped the command; --kind was not checked at all
+    r = cli.invoke(app, ["policy", "run", str(tmp_path / "nope.py"), "--kind", "bogus", "--input", str(tmp_path / "in.json"),
+                         "--parameters", "{bad", "--settings", "[1]"])
+    lines = [_one_line(line) for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2 and len(lines) == 5, r.output
+    assert lines[0].startswith("error: --kind 'bogus': expected one of clusterAllocator, resourceAllocator,"), lines
+    assert lines[1] == f"error: no policy file {tmp_path / 'nope.py'} (expected a .py or .star file, builtin:NAME or module:Class)"
+    assert lines[2].startswith(f"error: cannot read {tmp_path / 'in.json'}: "), lines
+    assert lines[3].startswith("error: Invalid value for --parameters: not JSON"), lines
+    assert lines[4] == "error: Invalid value for --settings: expected a JSON object"
+
+
+@pytest.mark.parametrize(("policy", "kind", "says"), [
+    ("registry:my-packer", "resourceAllocator", "registry:my-packer: `blocks policy run` runs a file and needs no servers, "
+                                                "so it reads no registry; save the source (`blocks policy show my-packer`)"),
+    ("builtin:nosuch", "resourceAllocator", "unknown built-in policy 'builtin:nosuch'; the built-ins are builtin:best-fit,"),
+    ("builtin:cluster-rank", "resourceAllocator", "builtin:cluster-rank is a clusterAllocator policy, not a resourceAllocator one"),
+    ("nosuch_module:Policy", "resourceAllocator", "nosuch_module:Policy: no module named 'nosuch_module'"),
+    ("first_fit.py", "lxd", "--kind lxd runs an LXD placement scriptlet, a .star file, not "),
+    ("nope.star", "lxd", "no policy file nope.star"),
+])
+def test_policy_run_names_a_policy_it_cannot_run(cli: CliRunner, policy: str, kind: str, says: str) -> None:
+    path = str(EXAMPLES / policy) if policy == "first_fit.py" else policy
+    r = cli.invoke(app, ["policy", "run", path, "--kind", kind, "--input", str(EXAMPLES / "allocation_input.json")])
+    lines = [_one_line(line) for line in r.stderr.splitlines() if line.strip()]
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {says}"), r.output
+
+
 def test_settings_lists_every_setting_with_its_default(cli: CliRunner) -> None:
     from aios_blocks.settings import Settings
 

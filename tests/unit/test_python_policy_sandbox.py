@@ -9,6 +9,7 @@ from __future__ import annotations
 import concurrent.futures
 import operator
 import os
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -131,6 +132,37 @@ async def test_raised_wrong_shape_and_unreadable_results_keep_their_kinds(pool: 
     assert exc.kind == "wrong_shape" and exc.reason.startswith("unreadable result: "), exc.reason
     exc = await fails(rt, "exit")
     assert (exc.reason, exc.kind) == ("raised SystemExit: 3", "raised")
+
+
+async def test_an_input_that_cannot_be_sent_to_its_process_is_wrong_input_not_a_raise(pool: sandbox.SandboxPool, tmp_path: Any) -> None:
+    """An input the sandbox cannot pickle never reached the policy: it read as the policy having
+    ``raised`` a bare ``TypeError: cannot pickle '_thread.lock' object``. It is ``wrong_input``
+    (not ``no_answer``: the step is asked again, as a call that never ran is), naming the part
+    that could not be sent; the policy's process is untouched and its next call runs."""
+    reg = Registry()
+    reg.put("good", GOOD)
+    rt = PolicyRuntime(lookup=reg.lookup)
+    assert await call(rt, "good", payload=1) == {"node_id": "n1", "gpus": []}
+    pids = pool.pids()
+    nodes = [{"id": "n1"}, {"id": "n2", "handle": threading.Lock()}]
+    exc = await fails(rt, "good", payload={"nodes": nodes})
+    assert (exc.kind, exc.no_answer) == ("wrong_input", False), (exc.kind, exc.reason)
+    assert exc.reason == ("input_data['payload']['nodes'][1]['handle'] cannot be sent to its process: "
+                          "TypeError: cannot pickle '_thread.lock' object")
+    assert await call(rt, "good", payload=2) == {"node_id": "n1", "gpus": []}
+    assert pool.pids() == pids
+    # a Starlark scriptlet's process alike (its own pool of one process: processes=1)
+    star = tmp_path / "first.star"
+    star.write_text("def eval(parameters, input_data, context):\n    return {'node_id': 'n1', 'gpus': []}\n")
+    own = PolicyRuntime(allow_files=True, processes=1)
+    try:
+        with pytest.raises(PolicyFailed) as info:
+            await own.invoke(rule(str(star)), "r", {"action": "allocation", "payload": {"handle": threading.Lock()}}, {})
+        assert info.value.kind == "wrong_input" and info.value.reason.startswith(
+            "input_data['payload']['handle'] cannot be sent to its process: TypeError: cannot pickle"), info.value.reason
+        assert await own.invoke(rule(str(star)), "r", {"action": "allocation"}, {}) == {"node_id": "n1", "gpus": []}
+    finally:
+        own.close()
 
 
 def test_a_call_stopped_for_another_calls_overrun_runs_again_in_the_new_process() -> None:

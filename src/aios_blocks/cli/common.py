@@ -266,25 +266,32 @@ async def _with_store(data_dir: Path, fn: Callable[[Any], Awaitable[T]]) -> T:
 
 
 def _load(path: Path) -> JSONObject:
+    doc, problem = _read_object(path)
+    if problem:
+        err.print(f"[red]{escape(problem)}[/]", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+    return doc
+
+
+def _read_object(path: Path) -> tuple[JSONObject, str]:
+    """``path``'s JSON (``.json``) or YAML object and "", or {} and why not, in one line (for a
+    command that lists every problem of its arguments before it stops)."""
     import yaml
 
     try:
         text = path.read_text()
     except OSError as exc:
-        err.print(f"[red]cannot read {path}: {exc}[/]")
-        raise typer.Exit(2)
+        return {}, f"cannot read {path}: {exc}"
     try:
         doc = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (ValueError, yaml.YAMLError) as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
         what = getattr(exc, "problem", None) or str(exc)
-        err.print(f"[red]{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}[/]: {escape(where + ' '.join(str(what).split()))}")
-        raise typer.Exit(2)
+        return {}, f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {where + ' '.join(str(what).split())}"
     if not isinstance(doc, dict):
-        err.print(f"[red]{path} must hold an object[/]")
-        raise typer.Exit(2)
-    return doc
+        return {}, f"{path} must hold an object"
+    return doc, ""
 
 
 def _labels(values: list[str], option: str = "--label") -> dict[str, str]:

@@ -14,7 +14,7 @@ from rich.markup import escape
 from .common import (
     DataDir,
     _json_option,
-    _load,
+    _read_object,
     _request,
     _run,
     _seconds,
@@ -41,17 +41,21 @@ def policy_run(
     """Run one policy once with the seed's interface and print its result as JSON (no servers).
     With `--kind lxd`, run an LXD placement scriptlet on LXD's own arguments (optionally with
     `member_state` / `member_resources` / `instance_resources` for the helpers) and print the
-    chosen target; a rejection exits 1 with the scriptlet's message.
+    chosen target; a rejection exits 1 with the scriptlet's message. A policy that fails exits 1;
+    problems with the arguments (the policy, --kind, --input, --parameters, --settings) are all
+    listed at once, before anything runs, and exit 2.
 
     Example: `blocks policy run my_policy.py --kind clusterAllocator --input selection.json`,
     `blocks policy run placement.star --kind lxd --input lxd_args.json`
     """
-    from rich.markup import escape
-
     from ..policies.runtime import PolicyRuntime
     from ..schemas.errors import PolicyFailed
 
-    input_data = _load(input_file)
+    problems, input_data, options = _run_arguments(file_or_uri, kind, input_file, parameters, settings)
+    for problem in problems:  # every one at once: nothing has run
+        err.print(f"[red]error:[/] {escape(problem)}", highlight=False, soft_wrap=True)
+    if problems:
+        raise typer.Exit(2)
     if kind == "lxd":
         from ..policies.starlark_runtime import StarlarkError, run_lxd
 
@@ -64,19 +68,73 @@ def policy_run(
             err.print(f"[dim][{level}][/] {text}")
         print(json.dumps({"target": out["target"]}))
         return
-    rule = {"name": kind, "policyRuleURI": file_or_uri, "parameters": _json_option(parameters, "--parameters"),
-            "settings": _json_option(settings, "--settings")}
-    runtime = PolicyRuntime(allow_files=True)
+    rule = {"name": kind, "policyRuleURI": file_or_uri, **options}
+    # one call: one sandbox process, its own (the worker's shared pool starts all of
+    # AIOS_PYTHON_POLICY_PROCESSES at its first call), stopped when the call is done
+    runtime = PolicyRuntime(allow_files=True, processes=1)
     trace: dict[str, Any] = {}
     try:
         result = _run(runtime.invoke(rule, f"cli.{kind}", input_data, {}, trace))
     except PolicyFailed as exc:
-        err.print(f"[red]{exc}[/]")
+        err.print(f"[red]{escape(str(exc))}[/]", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     finally:  # what the policy printed (or logged): stderr, so stdout stays the result's JSON
+        runtime.close()
         for level, text in trace.get("logs") or ():
             err.print(f"[dim]\\[{escape(level)}][/] {escape(text)}", highlight=False, soft_wrap=True)
     print(json.dumps(result, indent=2, default=str))
+
+
+def _run_arguments(uri: str, kind: str, input_file: Path, parameters: str, settings: str
+                   ) -> tuple[list[str], JSONObject, dict[str, JSONObject]]:
+    """``policy run``'s arguments read and checked: (every problem, the input, the rule's
+    ``parameters`` and ``settings``)."""
+    from ..schemas.spec import POLICY_KINDS
+
+    problems: list[str] = []
+    kinds = (*POLICY_KINDS, "lxd")
+    if kind not in kinds:
+        problems.append(f"--kind {kind!r}: expected one of {', '.join(kinds)}")
+    policy = _policy_problem(uri, kind if kind in kinds else None)
+    if policy:
+        problems.append(policy)
+    input_data, unreadable = _read_object(input_file)
+    if unreadable:
+        problems.append(unreadable)
+    options: dict[str, JSONObject] = {}
+    for name, text in (("parameters", parameters), ("settings", settings)):
+        try:
+            options[name] = _json_option(text, f"--{name}")
+        except typer.BadParameter as exc:
+            problems.append(exc.format_message())
+    return problems, input_data, options
+
+
+def _policy_problem(uri: str, kind: str | None) -> str | None:
+    """Why ``policy run`` cannot run ``uri`` as a ``kind`` policy (None: it may; a module that is
+    there but fails to load, or a source that does not compile, says so when it loads)."""
+    import importlib.util
+
+    from ..schemas.uris import uri_problem
+
+    if kind == "lxd" and not uri.endswith(".star"):
+        return f"--kind lxd runs an LXD placement scriptlet, a .star file, not {uri!r}"
+    if uri.startswith("registry:"):
+        name = uri.removeprefix("registry:").partition("@")[0]
+        return (f"{uri}: `blocks policy run` runs a file and needs no servers, so it reads no registry; "
+                f"save the source (`blocks policy show {name}`) as {name}.py (or .star) and run that")
+    if uri.endswith((".py", ".star")):
+        return None if Path(uri).is_file() else f"no policy file {uri} (expected a .py or .star file, builtin:NAME or module:Class)"
+    problem = uri_problem(uri, None if kind == "lxd" else kind)
+    if problem is None and not uri.startswith("builtin:"):  # module:Class
+        module = uri.partition(":")[0]
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):  # a parent package that is not there
+            found = False
+        if not found:
+            return f"{uri}: no module named {module!r} (module:Class names an importable class)"
+    return problem
 
 
 def policy_add(name: str, file: Path, data_dir: Path = DataDir) -> None:

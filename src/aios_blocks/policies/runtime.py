@@ -57,7 +57,10 @@ from .sandbox import (
     SandboxBusy,
     SandboxCrash,
     SandboxLoadError,
+    SandboxPool,
     SandboxTimeout,
+    SandboxUnsendable,
+    new_pool,
     python_sandboxed_class,
     sandboxed_class,
 )
@@ -123,11 +126,12 @@ def language_of(path: str) -> str:
 
 
 def compile_source(source: str, language: str, label: str, timeout_s: float | None = None,
-                   python_sandbox: str | None = None) -> type:
+                   python_sandbox: str | None = None, pools: Callable[[str], SandboxPool] | None = None) -> type:
     """Source -> a class in the seed's shape (Python: the one class with ``eval``, or with
     ``python_sandbox`` "process" (AIOS_PYTHON_POLICY_SANDBOX unless given) a class whose instances
     run in a child process, ``timeout_s`` a call; Starlark: a sandboxed scriptlet, seed-000 ``eval``
-    or LXD ``instance_placement`` form)."""
+    or LXD ``instance_placement`` form). ``pools``: kind (``python``, ``starlark``) -> the
+    sandbox pool its calls run in (the worker's shared ones unless given)."""
     if language == "starlark":
         # imported here: the starlark extension (~4 MiB per process) only where a policy is Starlark
         from .starlark_runtime import compile_policy
@@ -139,12 +143,15 @@ def compile_source(source: str, language: str, label: str, timeout_s: float | No
         s = load_settings()
         if s.starlark_sandbox == "inline":
             return cls
-        return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s)
+        if pools is None:
+            return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s)
+        return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s, pool=lambda: pools("starlark"))
     if language != "python":
         raise ValueError(f"{label}: unknown policy language {language!r}")
     s = load_settings()
     if (python_sandbox or s.python_policy_sandbox) == "process":
-        return python_sandboxed_class(source, label, s.policy_timeout_s if timeout_s is None else timeout_s)
+        return python_sandboxed_class(source, label, s.policy_timeout_s if timeout_s is None else timeout_s,
+                                      None if pools is None else lambda: pools("python"))
     return policy_class_from_source(source, label)
 
 
@@ -185,9 +192,16 @@ class PolicyRuntime:
         max_instances: int = 4096,
         allow_files: bool = False,
         python_sandbox: str | None = None,
+        processes: int | None = None,
     ):
+        """``processes``: its own sandbox pools of that many processes each, started by the first
+        call that needs one and stopped by :meth:`close` (``blocks policy run``: 1, where the
+        worker's shared pools start AIOS_PYTHON_POLICY_PROCESSES at once for a single call)."""
         #: read ``*.py`` URIs from the local disk (``blocks policy run`` only; workers use the registry)
         self.allow_files = allow_files
+        self.processes = processes
+        self._own_pools: dict[str, SandboxPool] = {}
+        self._own_lock = threading.Lock()
         self.lookup = lookup
         s = load_settings()
         self.timeout_s = s.policy_timeout_s if timeout_s is None else timeout_s
@@ -201,6 +215,27 @@ class PolicyRuntime:
         #: be stopped): when they hold every pool thread, a new call never starts
         self.overrunning = 0
         self._overrun_lock = threading.Lock()
+
+    def _pools(self) -> Callable[[str], SandboxPool] | None:
+        """compile_source's ``pools``: this runtime's own (``processes``), else None (the shared)."""
+        if self.processes is None:
+            return None
+        size = self.processes
+
+        def pool(kind: str) -> SandboxPool:
+            with self._own_lock:
+                if kind not in self._own_pools:
+                    self._own_pools[kind] = new_pool(kind, size)
+                return self._own_pools[kind]
+
+        return pool
+
+    def close(self) -> None:
+        """Stop the processes of this runtime's own pools (``processes``); the shared are the worker's."""
+        with self._own_lock:
+            pools, self._own_pools = list(self._own_pools.values()), {}
+        for pool in pools:
+            pool.close()
 
     def forget(self, name: str) -> None:
         """Drop cached classes/instances of a registry policy (on ``aios.policy.NAME.updated``)."""
@@ -223,7 +258,8 @@ class PolicyRuntime:
             key = (uri, None, mode)
             if key not in self._classes:
                 with open(uri) as f:  # noqa: ASYNC230 - CLI-only, once per file
-                    self._classes[key] = compile_source(f.read(), language_of(uri), uri, self.timeout_s, mode)
+                    self._classes[key] = compile_source(f.read(), language_of(uri), uri, self.timeout_s, mode,
+                                                        self._pools())
             return self._classes[key], uri, None
         reg = registry_name(uri)
         if reg is not None:
@@ -244,7 +280,7 @@ class PolicyRuntime:
             if key not in self._classes:  # compile off the loop: a top level may be slow
                 self._classes[key] = await asyncio.get_running_loop().run_in_executor(
                     self._pool, compile_source, record["source"], record.get("language", "python"), f"{name}-v{key[1]}",
-                    self.timeout_s, mode,
+                    self.timeout_s, mode, self._pools(),
                 )
             return self._classes[key], key[0], key[1]
         if ":" in uri:
@@ -315,6 +351,8 @@ class PolicyRuntime:
                         trace["logs"] = lines
         except PolicyFailed:
             raise
+        except SandboxUnsendable as exc:  # its input never reached its process: the call never ran
+            raise PolicyFailed(name, action, str(exc), "wrong_input") from None
         except Exception as exc:
             cause: BaseException = exc.__cause__ if isinstance(exc, _Escaped) and exc.__cause__ else exc
             raise PolicyFailed(name, action, f"raised {type(cause).__name__}: {cause}", "raised")

@@ -60,6 +60,11 @@ class SandboxBusy(SandboxCrash):
     """The call did not start within its time limit: its process was busy with other calls."""
 
 
+class SandboxUnsendable(Exception):
+    """The call's arguments could not be pickled to its process: it never ran there (nothing of
+    the policy's was called). The message names what did not pickle."""
+
+
 # -- child side ---------------------------------------------------------------------------------
 _classes: dict[str, type] = {}
 _instances: dict[tuple[str, str, str], Any] = {}
@@ -89,10 +94,59 @@ def _orphaned(parent: int) -> None:
     os._exit(1)
 
 
-def _run(call_id: int, fn: Callable[..., Any], *args: Any) -> Any:
+def _run(call_id: int, fn: Callable[..., Any], args: Any) -> Any:
+    """``fn(*args)`` in the child; ``args``: a :class:`_Payload` where it was sent, its tuple here."""
     if _current is not None:
         _current.value = call_id
     return fn(*args)
+
+
+class _Payload:
+    """A call's arguments, pickled where the executor sends the call (its queue's feeder thread):
+    arguments that do not pickle fail the call's future with :class:`SandboxUnsendable`, naming
+    which part did not (the executor's own pickling error is a bare ``TypeError`` that read as if
+    the policy had raised it). It arrives in the child as the plain tuple."""
+
+    __slots__ = ("args", "names")
+
+    def __init__(self, args: tuple[Any, ...], names: tuple[str, ...]):
+        self.args, self.names = args, names
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        try:
+            blob = pickle.dumps(self.args, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception:
+            where, exc = _unpicklable(self.args, self.names)
+            raise SandboxUnsendable(f"{where} cannot be sent to its process: {_failure(exc)}") from None
+        return pickle.loads, (blob,)
+
+
+def _unpicklable(args: tuple[Any, ...], names: tuple[str, ...]) -> tuple[str, BaseException]:
+    """The deepest part of ``args`` that does not pickle, as ``input_data['payload']['x']``, and
+    why (only once pickling the whole has failed)."""
+
+    def find(value: Any, where: str, depth: int) -> tuple[str, BaseException] | None:
+        try:
+            pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+            return None
+        except Exception as exc:
+            found: tuple[str, BaseException] = (where, exc)
+        items: Any = ()
+        if depth < 64 and isinstance(value, Mapping):
+            items = list(value.items())
+        elif depth < 64 and isinstance(value, (list, tuple)):
+            items = enumerate(value)
+        for k, v in items:
+            deeper = find(v, f"{where}[{k!r}]", depth + 1)
+            if deeper is not None:
+                return deeper
+        return found
+
+    for i, arg in enumerate(args):
+        bad = find(arg, names[i] if i < len(names) else f"argument {i}", 0)
+        if bad is not None:
+            return bad
+    return "the call's arguments", TypeError("they do not pickle")
 
 
 def _call(key: str, source: str, name: str, rule_id: str, settings: JSONObject, parameters: JSONObject,
@@ -244,7 +298,7 @@ class SandboxPool:
         return [p.pid for s in slots for p in list((getattr(s.executor, "_processes", None) or {}).values())
                 if p.is_alive()]
 
-    def _submit(self, route: str | None, fn: Callable[..., Any], args: tuple[Any, ...]
+    def _submit(self, route: str | None, fn: Callable[..., Any], args: tuple[Any, ...], names: tuple[str, ...]
                 ) -> tuple[int, _Slot, int, concurrent.futures.Future[Any]]:
         with self._lock:
             if route is None:  # the least busy slot (a started one first)
@@ -258,7 +312,7 @@ class SandboxPool:
             if slot is None:
                 slot = self._slots[i] = _Slot(self.memory_mb, self.preload)
             call_id = next(self._ids)
-            fut = slot.executor.submit(_run, call_id, fn, *args)  # in id order: a slot runs them in order
+            fut = slot.executor.submit(_run, call_id, fn, _Payload(args, names))  # in id order: a slot runs them in order
             if not slot.procs:
                 slot.procs = list((getattr(slot.executor, "_processes", None) or {}).values())
             slot.inflight += 1
@@ -291,14 +345,17 @@ class SandboxPool:
         fresh.procs = list((getattr(fresh.executor, "_processes", None) or {}).values())
         return fresh
 
-    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, route: str | None = None) -> Any:
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], timeout_s: float, route: str | None = None,
+            names: tuple[str, ...] = ()) -> Any:
         """``fn(*args)`` in a child process, ``timeout_s`` from when it starts there (a process
         starting up does not count against it). Raises SandboxTimeout (it ran past the limit: its
         process was killed), SandboxBusy (it did not start within ``timeout_s`` +
-        ``start_allowance_s``), SandboxCrash (its process died running it), or what ``fn`` raised."""
+        ``start_allowance_s``), SandboxCrash (its process died running it), SandboxUnsendable
+        (``args`` do not pickle: ``names``, the arguments' names, say which), or what ``fn``
+        raised."""
         start_by = time.monotonic() + timeout_s + self.start_allowance_s
         while True:
-            i, slot, call_id, fut = self._submit(route, fn, args)
+            i, slot, call_id, fut = self._submit(route, fn, args, names)
             started = 0.0
             try:
                 while True:
@@ -343,8 +400,8 @@ class SandboxPool:
         key = f"{name}:{hashlib.sha256(source.encode()).hexdigest()[:16]}"
         try:
             result: tuple[Any, JSONObject, list[list[str]]] = self.run(
-                _call, (key, source, name, rule_id, settings, parameters, input_data, dict(context)), timeout_s
-            )
+                _call, (key, source, name, rule_id, settings, parameters, input_data, dict(context)), timeout_s,
+                names=_CALL_ARGS)
         except SandboxTimeout:
             raise SandboxCrash(f"the scriptlet's process did not answer within {timeout_s:g}s and was killed") from None
         except SandboxBusy:
@@ -371,14 +428,19 @@ def shared(kind: str = "starlark") -> SandboxPool:
     with _shared_lock:
         pool = _shared.get(kind)
         if pool is None:
-            if kind == "python":
-                from ..settings import load as load_settings
-
-                pool = SandboxPool(workers=load_settings().python_policy_processes, memory_mb=0, what="policy")
-            else:
-                pool = SandboxPool()
-            _shared[kind] = pool
+            pool = _shared[kind] = new_pool(kind)
         return pool
+
+
+def new_pool(kind: str, workers: int | None = None) -> SandboxPool:
+    """A pool for ``kind`` as :func:`shared` makes it, of ``workers`` processes (the setting's
+    number unless given): ``blocks policy run`` has its own of 1, started by its one call."""
+    if kind == "python":
+        from ..settings import load as load_settings
+
+        return SandboxPool(workers=load_settings().python_policy_processes if workers is None else workers,
+                           memory_mb=0, what="policy")
+    return SandboxPool(workers=workers)
 
 
 def sandboxed_class(source: str, name: str, timeout_s: float, pool: Callable[[], SandboxPool] = shared) -> type:
@@ -419,6 +481,10 @@ class SandboxFailure(Exception):
 
 
 _iids = itertools.count(1)
+#: the names of ``_call``'s and ``_py_call``'s arguments, for what did not pickle
+_CALL_ARGS = ("key", "source", "name", "rule_id", "settings", "parameters", "input_data", "context")
+_PY_CALL_ARGS = ("key", "source", "label", "iid", "rule_id", "settings", "init_parameters", "parameters",
+                 "input_data", "context")
 
 
 def python_sandboxed_class(source: str, label: str, timeout_s: float, pool: Callable[[], SandboxPool] | None = None) -> type:
@@ -449,11 +515,11 @@ def python_sandboxed_class(source: str, label: str, timeout_s: float, pool: Call
         def call(self, parameters: JSONObject, input_data: Mapping[str, object], context: JSONObject | None,
                  limit_s: float | None = None) -> tuple[str, Any, list[list[str]]]:
             """-> (status, pickled result or reason, printed lines) as ``_py_call``; raises the
-            pool's SandboxTimeout / SandboxBusy / SandboxCrash."""
+            pool's SandboxTimeout / SandboxBusy / SandboxCrash / SandboxUnsendable."""
             status, value, ctx_after, lines = get().run(
                 _py_call, (key, source, label, self.iid, self.rule_id, self.settings, self.parameters, parameters,
                            input_data, dict(context or {})),
-                timeout_s if limit_s is None else limit_s, route=str(self.iid))
+                timeout_s if limit_s is None else limit_s, route=str(self.iid), names=_PY_CALL_ARGS)
             if context is not None:
                 for k in [k for k in context if k not in ctx_after]:
                     del context[k]

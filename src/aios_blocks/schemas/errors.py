@@ -29,7 +29,9 @@ class PolicyFailed(Exception):
     """A policy raised, timed out or returned the wrong shape. Fails one step, never a worker.
     ``kind``: ``raised`` (the policy's own exception), ``timed_out``, ``wrong_shape``, ``load``
     (``NO_ANSWER``), ``unavailable`` (the registry could not be read, the code's loading timed out, or the call
-    never started because other calls' overruns held every thread: may pass when asked again)
+    never started because other calls' overruns held every thread: may pass when asked again),
+    ``wrong_input`` (its input could not be sent to its policy process: the call never ran, so it
+    is no answer of the policy's and, like ``unavailable``, the step is asked again, not failed)
     or "" (not said: taken as ``raised``)."""
 
     def __init__(self, policy: str, action: str, reason: str, kind: str = ""):
