@@ -389,16 +389,16 @@ class Client:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def scan(self, subject: str, idle: float) -> list[Any]:
-        """Every stored message on ``subject``, oldest first (ordered push consumer from the start;
-        stops when none is pending or nothing came for ``idle`` seconds)."""
+    async def scan(self, subject: str, idle: float, stream: str = subjects.STREAM) -> list[Any]:
+        """Every stored message on ``subject`` of ``stream``, oldest first (ordered push consumer from
+        the start; stops when none is pending or nothing came for ``idle`` seconds)."""
         out: list[Any] = []
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
-        sub = await _ordered(self.bus, subject, ConsumerConfig(deliver_policy=DeliverPolicy.ALL), cb)
+        sub = await _ordered(self.bus, subject, ConsumerConfig(deliver_policy=DeliverPolicy.ALL), cb, stream)
         try:
             while True:
                 try:
@@ -432,7 +432,7 @@ class Client:
         out: list[tuple[str, int, str, str, EventDoc]] = []
         for stream, filter_ in ((subjects.STREAM, subjects.DLQ_ALL), (subjects.STREAM_OUTPUTS, E.output_dead_letter.filter())):
             try:
-                scanned = await self.scan(filter_, idle)
+                scanned = await self.scan(filter_, idle, stream)
             except NotFoundError:  # a stream of an older version without the subject
                 scanned = []
             out += [(stream, m.metadata.sequence.stream, _stored_at(m), m.subject, _decode(m.data)) for m in scanned]
@@ -570,10 +570,11 @@ class Client:
         return block
 
 
-async def _ordered(bus: Bus, subject: str, config: ConsumerConfig, cb: Any) -> Any:
-    """An ordered consumer on ``AIOS`` with a name of its own: an observer may create only
-    consumers named after its user, taken race-free (``bus.consumer_names``, docs/security.md)."""
-    return (await subscribe_ordered(bus.nc, bus.js, subject, subjects.STREAM, "cli", config, cb=cb))[1]
+async def _ordered(bus: Bus, subject: str, config: ConsumerConfig, cb: Any, stream: str = subjects.STREAM) -> Any:
+    """An ordered consumer on ``stream`` (``AIOS``; the side-cars' dead letters: ``AIOS_OUTPUTS``)
+    with a name of its own: an observer may create only consumers named after its user, taken
+    race-free (``bus.consumer_names``, docs/security.md)."""
+    return (await subscribe_ordered(bus.nc, bus.js, subject, stream, "cli", config, cb=cb))[1]
 
 
 def _op_id() -> str:
