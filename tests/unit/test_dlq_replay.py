@@ -106,7 +106,11 @@ def test_the_copy_keeps_the_originals_headers_but_jetstreams_and_has_an_id_per_l
                 "traceparent": "00-1-2-01", "Aios-Replay-Of": "AIOS:1"}
     h = dl.replay_headers(original, lt, "k1:new")
     assert h == {"Content-Type": "application/cloudevents+json", "traceparent": "00-1-2-01", "Nats-Msg-Id": "k1:new",
-                 "Aios-Replay-Of": "AIOS:5"}
+                 "Aios-Replay-Of": "AIOS:5", "Aios-Replay-Seq": "50"}  # the original's sequence (the letter's stream_seq)
+    # a copy's letter: the first original's sequence goes on (every copy is a copy of it); a publisher's own
+    # Aios-Replay-Seq on a message that is no copy is not taken
+    assert dl.replay_headers({**original, "Aios-Replay-Seq": "7"}, lt, "k1:new")["Aios-Replay-Seq"] == "7"
+    assert dl.replay_headers({"Aios-Replay-Seq": "7"}, lt, "k1:new")["Aios-Replay-Seq"] == "50"
     assert dl.replay_msg_id(lt, 1) == "replay:AIOS:5:1" != dl.replay_msg_id(lt, 2)
     assert dl.replay_msg_id(LETTERS[2], 1) == "replay:AIOS_OUTPUTS:5:1"  # not the same letter as AIOS:5
 

@@ -23,14 +23,16 @@ What a replay sends and why:
   ``--force`` (attempt 2 and up).
 
 Selection, the ids and the message made are plain functions here (tests/unit/test_dlq_replay.py);
-``replay`` publishes.
+``replay_many`` publishes: a window of letters at a time, their copies' acks awaited together,
+then their marks' (one letter at a time, a publish and a mark each awaited, made 86 letters/s).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -41,6 +43,8 @@ from .catalog import E, parse, stream_of
 
 #: the header a replayed copy carries: the letter it came from (``STREAM:SEQ``)
 REPLAY_OF = "Aios-Replay-Of"
+#: and the sequence of the message it is a copy of, in its stream (``replay_headers``)
+REPLAY_SEQ = "Aios-Replay-Seq"
 _REF = re.compile(r"^(?:(?P<stream>[A-Z][A-Z0-9_]*):)?(?P<seq>[0-9]+)$")
 
 
@@ -236,18 +240,27 @@ def letter_body(letter: Letter) -> bytes:
 
 
 def replay_headers(original: Mapping[str, str], letter: Letter, msg_id: str) -> dict[str, str]:
-    """The original's headers less JetStream's own (``Nats-*``), with the copy's id and where it came from."""
-    out = {k: str(v) for k, v in original.items() if not k.lower().startswith("nats-") and k != REPLAY_OF}
+    """The original's headers less JetStream's own (``Nats-*``), with the copy's id and where it came
+    from: the letter (``Aios-Replay-Of``) and the first original's sequence in its stream
+    (``Aios-Replay-Seq``: the letter's ``stream_seq``, or, when that message was itself a copy,
+    the one it carried), by which a consumer may take the copy as that message again (the parser:
+    a create at its own gen, docs/dead-letters.md)."""
+    copy = REPLAY_OF in original and str(original.get(REPLAY_SEQ, "")).isdigit()
+    out = {k: str(v) for k, v in original.items() if not k.lower().startswith("nats-") and k not in (REPLAY_OF, REPLAY_SEQ)}
     out.setdefault("Content-Type", "application/json")
     out["Nats-Msg-Id"] = msg_id
     out[REPLAY_OF] = letter.key
+    first = str(original[REPLAY_SEQ]) if copy else str(letter.original_seq or "")
+    if first and first != "0":
+        out[REPLAY_SEQ] = first
     return out
 
 
 @dataclass
 class Result:
     """What became of one letter: ``replayed`` (``seq``: where the copy is), ``dry-run``, ``refused``,
-    ``skipped`` (replayed before, taken by a filter or --all), ``unmarked`` (sent, its mark not stored)."""
+    ``skipped`` (replayed before, taken by a filter or --all), ``failed`` (its copy's publish not
+    acked: maybe stored), ``unmarked`` (sent, its mark not stored)."""
 
     letter: Letter
     outcome: str
@@ -265,28 +278,39 @@ class Result:
                 "replay": f"{self.stream}:{self.seq}" if self.seq else "", "source": self.source}
 
 
-async def _original(bus: Any, stream: str, letter: Letter) -> tuple[bytes, dict[str, str]] | None:
-    """The original message as its stream holds it (None: gone, or something else at that sequence)."""
+async def stored_at(bus: Any, stream: str, seq: int, subject: str) -> tuple[bytes, dict[str, str]] | None:
+    """The message ``stream`` holds at ``seq`` when it is on ``subject`` (None: gone, or something
+    else at that sequence)."""
     from nats.js.errors import NotFoundError
 
-    if not letter.original_seq:
+    if seq <= 0:
         return None
     try:
-        msg = await bus.js.get_msg(stream, letter.original_seq)
+        msg = await bus.js.get_msg(stream, seq)
     except NotFoundError:
         return None
-    if msg.subject != letter.original_subject:
+    if msg.subject != subject:
         return None
     return bytes(msg.data or b""), dict(msg.headers or {})
 
 
-async def _check_consumer(bus: Any, stream: str, letter: Letter) -> None:
+async def _original(bus: Any, stream: str, letter: Letter) -> tuple[bytes, dict[str, str]] | None:
+    """The original message as its stream holds it (None: gone, or something else at that sequence)."""
+    return await stored_at(bus, stream, letter.original_seq, letter.original_subject)
+
+
+async def _check_consumer(bus: Any, stream: str, letter: Letter,
+                          consumers: dict[tuple[str, str], asyncio.Future[Any]] | None = None) -> None:
     """The consumer that gave up still exists and still takes the subject (else nobody it was meant
-    for handles the copy)."""
+    for handles the copy). ``consumers``: each one's info, looked up once for every letter of it."""
     from nats.js.errors import NotFoundError
 
+    key = (stream, letter.consumer)
+    cache = consumers if consumers is not None else {}
+    if key not in cache:
+        cache[key] = asyncio.ensure_future(bus.js.consumer_info(stream, letter.consumer))
     try:
-        info = await bus.js.consumer_info(stream, letter.consumer)
+        info = await asyncio.shield(cache[key])
     except NotFoundError:
         raise Refused(f"its consumer {letter.consumer} is no longer on {stream} (its block, node or cluster is gone?): "
                       "nobody it was meant for would take it; --force sends it anyway") from None
@@ -297,11 +321,12 @@ async def _check_consumer(bus: Any, stream: str, letter: Letter) -> None:
                       f"{', '.join(filters)}); --force sends it anyway")
 
 
-async def prepare(bus: Any, letter: Letter, force: bool) -> tuple[str, bytes, dict[str, str], str]:
+async def prepare(bus: Any, letter: Letter, force: bool,
+                  consumers: dict[tuple[str, str], asyncio.Future[Any]] | None = None) -> tuple[str, bytes, dict[str, str], str]:
     """(stream, body, original headers, source) of a letter's copy, or Refused with why."""
     stream, _ = target(letter)
     if not force and letter.consumer:
-        await _check_consumer(bus, stream, letter)
+        await _check_consumer(bus, stream, letter, consumers)
     original = await _original(bus, stream, letter)
     if original is not None:
         return stream, original[0], original[1], "stream"
@@ -309,31 +334,95 @@ async def prepare(bus: Any, letter: Letter, force: bool) -> tuple[str, bytes, di
     return stream, letter_body(letter), dict(headers) if isinstance(headers, dict) else {}, "letter"
 
 
-async def replay(bus: Any, letter: Letter, attempt: int, by: str, force: bool = False, dry_run: bool = False) -> Result:
-    """Republish one letter's original (or say why not), then mark the letter replayed."""
-    from nats.errors import NoRespondersError
+#: letters a replay has in flight at once: their originals read together, then their copies
+#: published with their acks awaited together, then their marks likewise (``replay_many``)
+WINDOW = 256
+#: how long a window's publishes wait for their acks
+ACK_TIMEOUT_S = 10.0
 
+
+async def replay_many(bus: Any, letters: list[tuple[Letter, int]], by: str, force: bool = False, dry_run: bool = False,
+                      window: int = WINDOW) -> AsyncIterator[Result]:
+    """Replay each (letter, attempt), ``window`` at a time: each window's originals (and their
+    consumers) are read concurrently; its copies are published in the order given, on one
+    connection, so the streams store them in that order, their acks awaited together; then
+    the marks of those stored, likewise. Yields each letter's :class:`Result` in the order given,
+    a window at a time (the caller's progress). What a letter's copy or mark could not do is
+    its own result (``refused``, ``failed``, ``unmarked``): the others go on."""
+    consumers: dict[tuple[str, str], asyncio.Future[Any]] = {}
+    for lo in range(0, len(letters), max(1, window)):
+        for r in await _window(bus, letters[lo:lo + window], by, force, dry_run, consumers):
+            yield r
+
+
+async def _prepared(bus: Any, letter: Letter, force: bool,
+                    consumers: dict[tuple[str, str], asyncio.Future[Any]]) -> tuple[str, bytes, dict[str, str], str] | str:
+    """``prepare``, or why it is refused; a consumer looked up once per command."""
     try:
-        stream, body, original_headers, source = await prepare(bus, letter, force)
+        return await prepare(bus, letter, force, consumers)
     except Refused as exc:
-        return Result(letter, "refused", str(exc), attempt=attempt)
-    if dry_run:
-        return Result(letter, "dry-run", stream=stream, source=source, attempt=attempt)
-    logical = replay_msg_id(letter, attempt)
-    headers = replay_headers(original_headers, letter, (await bus.ids()).wire(logical))
-    try:
-        ack = await bus.js.publish(letter.original_subject, body, headers=headers)
-    except NoRespondersError:
-        return Result(letter, "refused", f"no stream stores {letter.original_subject} now; not replayed", attempt=attempt)
-    mark = DlqReplayed(stream=letter.stream, seq=letter.seq, letter_id=letter.id, subject=letter.original_subject,
-                       consumer=letter.consumer, original_seq=letter.original_seq, replay_stream=str(ack.stream),
-                       replay_seq=int(ack.seq), source=source, by=by, at=time.time(), attempt=attempt)
-    try:
-        await bus.emit(E.dlq_replayed, mark, sync=True)
-    except Exception as exc:  # the copy is stored: say so, and that running it again stores no second one
-        return Result(letter, "unmarked", f"replayed as {ack.stream}:{ack.seq} but not marked ({type(exc).__name__}: "
-                      f"{exc}); run the same replay again within 2 minutes: its copy is the same message id, "
-                      "deduplicated, and the mark is made", stream=str(ack.stream), seq=int(ack.seq), source=source,
-                      attempt=attempt)
-    return Result(letter, "replayed", stream=str(ack.stream), seq=int(ack.seq), source=source, attempt=attempt,
-                  duplicate=bool(getattr(ack, "duplicate", False)))
+        return str(exc)
+
+
+async def _acks(futs: list[Any]) -> list[tuple[Any, BaseException | None]]:
+    """Each publish's (ack, None) or (None, why not), the acks awaited together."""
+    if not futs:
+        return []
+    _, late = await asyncio.wait(futs, timeout=ACK_TIMEOUT_S)
+    out: list[tuple[Any, BaseException | None]] = []
+    for f in futs:
+        if f in late:
+            f.cancel()
+            out.append((None, TimeoutError(f"no ack from the stream in {ACK_TIMEOUT_S:.0f} s")))
+        else:
+            out.append((None, f.exception()) if f.exception() is not None else (f.result(), None))
+    return out
+
+
+async def _window(bus: Any, chunk: list[tuple[Letter, int]], by: str, force: bool, dry_run: bool,
+                  consumers: dict[tuple[str, str], asyncio.Future[Any]]) -> list[Result]:
+    from nats.errors import NoRespondersError
+    from nats.js.errors import NoStreamResponseError
+
+    from ..schemas.catalog import Emit
+
+    preps = await asyncio.gather(*(_prepared(bus, lt, force, consumers) for lt, _ in chunk))
+    results: list[Result | None] = [None] * len(chunk)
+    sent: list[tuple[int, str, Any]] = []  # (index, source, the copy's ack future)
+    ids = await bus.ids()
+    for i, ((lt, attempt), prep) in enumerate(zip(chunk, preps, strict=True)):
+        if isinstance(prep, str):
+            results[i] = Result(lt, "refused", prep, attempt=attempt)
+            continue
+        stream, body, original_headers, source = prep
+        if dry_run:
+            results[i] = Result(lt, "dry-run", stream=stream, source=source, attempt=attempt)
+            continue
+        headers = replay_headers(original_headers, lt, ids.wire(replay_msg_id(lt, attempt)))
+        sent.append((i, source, await bus.js.publish_async(lt.original_subject, body, headers=headers)))
+    marks: list[tuple[int, str, Any]] = []
+    for (i, source, _f), (ack, exc) in zip(sent, await _acks([f for _i, _s, f in sent]), strict=True):
+        lt, attempt = chunk[i]
+        if isinstance(exc, (NoStreamResponseError, NoRespondersError)):
+            results[i] = Result(lt, "refused", f"no stream stores {lt.original_subject} now; not replayed", attempt=attempt)
+        elif exc is not None:  # it may be stored all the same: its message id makes a second run store no second copy
+            results[i] = Result(lt, "failed", f"its copy's publish failed ({type(exc).__name__}: {exc}); it may be stored: "
+                                f"run the same replay again within 2 minutes (the same message id, deduplicated)",
+                                attempt=attempt, source=source)
+        else:
+            results[i] = Result(lt, "replayed", stream=str(ack.stream), seq=int(ack.seq), source=source, attempt=attempt,
+                                duplicate=bool(getattr(ack, "duplicate", False)))
+            mark = DlqReplayed(stream=lt.stream, seq=lt.seq, letter_id=lt.id, subject=lt.original_subject,
+                               consumer=lt.consumer, original_seq=lt.original_seq, replay_stream=str(ack.stream),
+                               replay_seq=int(ack.seq), source=source, by=by, at=time.time(), attempt=attempt)
+            (prepared,) = await bus.prepare([Emit(E.dlq_replayed, mark)])
+            d = prepared.stored
+            marks.append((i, source, await bus.js.publish_async(d.subject, d.body, headers=d.headers)))
+    for (i, _source, _f), (_ack, exc) in zip(marks, await _acks([f for _i, _s, f in marks]), strict=True):
+        r = results[i]
+        if exc is not None and r is not None:  # the copy is stored: say so, and that running it again stores no second one
+            results[i] = Result(r.letter, "unmarked", f"replayed as {r.stream}:{r.seq} but not marked ({type(exc).__name__}: "
+                                f"{exc}); run the same replay again within 2 minutes: its copy is the same message id, "
+                                "deduplicated, and the mark is made", stream=r.stream, seq=r.seq, source=r.source,
+                                attempt=r.attempt)
+    return [r for r in results if r is not None]

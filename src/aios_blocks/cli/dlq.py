@@ -160,7 +160,10 @@ def replay(
     whom, when, the copy's sequence), `blocks dlq` shows it, and replaying it again is refused
     without `--force`. A letter whose subject this version no longer has, whose consumer is gone,
     or whose original the stream dropped while the letter kept only part of it, is refused.
-    Admin only (the CLI's own user). Exit 0: all replayed; 1: any refused or not found; 2: usage.
+    Letters go 256 at a time (their copies published together, in order, then their marks), one
+    line each.
+    Admin only (the CLI's own user). Exit 0: all replayed; 1: any refused, failed, unmarked or
+    not found; 2: usage.
 
     Example: `blocks dlq replay 42`, `blocks dlq replay AIOS:42 AIOS_OUTPUTS:7`, `blocks dlq replay
     --consumer gateway --since 1h --dry-run`, `blocks dlq replay --all`
@@ -210,16 +213,23 @@ async def _replay(c: Client, ids: list[str], flt: Any, everything: bool, force: 
             console.print(f"nothing to replay: {len(sel.refused)} replayed before (--force replays them again)"
                           if sel.refused else "no dead letter matches: nothing to replay")
         return 1 if failed else 0
-    by, n, counts = _operator(), len(sel.chosen), {"replayed": 0, "dry-run": 0, "refused": 0, "unmarked": 0}
-    for i, lt in enumerate(sel.chosen, 1):
-        r = await dl.replay(c.bus, lt, len(replays.get(lt.key, [])) + 1, by, force=force, dry_run=dry_run)
+    n, counts = len(sel.chosen), {"replayed": 0, "dry-run": 0, "refused": 0, "failed": 0, "unmarked": 0}
+    todo = [(lt, len(replays.get(lt.key, [])) + 1) for lt in sel.chosen]
+    i = 0
+    async for r in dl.replay_many(c.bus, todo, _operator(), force=force, dry_run=dry_run):  # a window at a time
+        i += 1
         counts[r.outcome] += 1
         _say(r, i, n, as_json)
     if not as_json and (n > 1 or sel.refused):
-        done = f"{counts['dry-run']} would be replayed" if dry_run else f"{counts['replayed']} replayed"
-        skipped = f", {len(sel.refused)} skipped: replayed before (--force)" if sel.refused else ""
-        console.print(f"{done}, {counts['refused']} refused{skipped}")
-    return 1 if failed or counts["refused"] or counts["unmarked"] else 0
+        _summary(counts, len(sel.refused), dry_run)
+    return 1 if failed or counts["refused"] or counts["failed"] or counts["unmarked"] else 0
+
+
+def _summary(counts: dict[str, int], skipped: int, dry_run: bool) -> None:
+    """The last line of a replay of several letters: how many of each outcome."""
+    done = f"{counts['dry-run']} would be replayed" if dry_run else f"{counts['replayed']} replayed"
+    bad = "".join(f", {counts[k]} {k}" for k in ("failed", "unmarked") if counts[k])
+    console.print(f"{done}, {counts['refused']} refused{bad}" + (f", {skipped} skipped: replayed before (--force)" if skipped else ""))
 
 
 app.command("replay", short_help="Put dead letters back on their original subjects, once their cause is fixed.")(replay)
