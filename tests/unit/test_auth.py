@@ -169,6 +169,7 @@ def test_generated_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
     assert '"tenant-team-a": {' in text and 'user: "team-a.main"' in text and 'user: "team-a.dash"' in text
     assert "max_connections: 3" in text and '"aios.tenant.team-a.block.*.create"' in text
     assert "aios.tenant.*" not in text.split('"tenant-team-a": {')[1]
+    assert '"tenant-team-a.dash": {' in text  # each further user: an account of its own
 
 
 def test_redis_acl_turns_the_default_user_off(tmp_path: Path) -> None:

@@ -38,6 +38,23 @@ def test_the_account_imports_only_its_own_subjects_and_may_publish_only_requests
     assert '"aios.block.*.create"' in perms and "aios.block.*.ready" not in perms and '"aios.tenant' not in perms
 
 
+def test_each_user_of_a_tenant_has_an_account_of_its_own_with_the_tenants_imports() -> None:
+    """What one user publishes (its tasks) and its answers stay in its account: no other user of the
+    tenant can subscribe to them or capture them with a stream (tests/integration/test_tenant_users.py)."""
+    assert tn.account("acme") == tn.account("acme", "main") == "tenant-acme"  # the tenant's first account, as before
+    assert tn.account("acme", "dash") == "tenant-acme.dash" != tn.account("acme-dash")
+    t = tn.Tenant("acme", {"main": "pw", "dash": "pw2"}, tn.Limits(connections=5))
+    conf = tn.accounts_conf([], [t])
+    dash = conf.split('"tenant-acme.dash": {')[1].split('"tenant-acme": {')[0]
+    main = conf.split('"tenant-acme": {')[1]
+    assert 'user: "acme.dash"' in dash and "acme.main" not in dash and "max_connections: 5" in dash
+    assert 'user: "acme.main"' in main and "acme.dash" not in main
+    for r in tn.REQUESTS:
+        assert f'subject: "aios.tenant.acme.block.*.{r}"}}, to: "aios.block.*.{r}"' in dash
+    assert '{stream: {account: "AIOS", subject: "aios.tenant.acme.event.>"}, to: "aios.block.>"}' in dash
+    assert tn.credentials("acme", "dash", "pw2", "nats://h:1", None)["account"] == "tenant-acme.dash"
+
+
 def test_replayable_subjects_leave_out_every_request() -> None:
     assert "aios.block.*.ready" in tn.REPLAYABLE and "aios.block.*.instance.*.added" in tn.REPLAYABLE
     assert not {f"aios.block.*.{r}" for r in tn.REQUESTS} & set(tn.REPLAYABLE)

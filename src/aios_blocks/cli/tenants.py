@@ -49,7 +49,7 @@ async def tenant_connection(credentials: Path) -> AsyncIterator[Any]:
 
 tenant_app = typer.Typer(help="Tenants: a NATS account each, with its own users and limits (docs/security.md).",
                          no_args_is_help=True)
-user_app = typer.Typer(help="A tenant's users: one per client, each with its credentials file.", no_args_is_help=True)
+user_app = typer.Typer(help="A tenant's users: one per client, each with its credentials file and account.", no_args_is_help=True)
 tenant_app.add_typer(user_app, name="user")
 
 
@@ -57,7 +57,7 @@ def _say(tenant: str, user: str, new: bool, path: Path, as_json: bool) -> None:
     from ..runtime import tenants as tn
 
     if as_json:
-        _print_json({"tenant": tenant, "account": tn.account(tenant), "user": tn.user_name(tenant, user), "new": new,
+        _print_json({"tenant": tenant, "account": tn.account(tenant, user), "user": tn.user_name(tenant, user), "new": new,
                      "credentials": str(path)})
         return
     console.print(f"tenant [bold]{tenant}[/] user [bold]{tn.user_name(tenant, user)}[/]"
@@ -83,11 +83,11 @@ def _store_limit(tenant: str, data_dir: Path, remove: bool = False) -> None:
 @tenant_app.command("add")
 def tenant_add(
     tenant: str = typer.Argument(..., help="The tenant's name (a block id's characters): its account is tenant-NAME."),
-    connections: int = typer.Option(None, "--max-connections", min=1, help="Client connections at once (default 64)."),
+    connections: int = typer.Option(None, "--max-connections", min=1, help="Client connections at once, per user (default 64)."),
     pending: int = typer.Option(None, "--max-pending-creates", min=1,
                                 help="Its creates not yet placed, failed or deleted (default 100): more are rejected."),
     stream_bytes: int = typer.Option(None, "--max-stream-bytes", min=0,
-                                     help="Bytes the tenant's own JetStream streams may hold (default 64 MiB)."),
+                                     help="Bytes the JetStream streams of each of its users may hold (default 64 MiB)."),
     as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),
     data_dir: Path = DataDir,
 ) -> None:
@@ -155,7 +155,8 @@ def tenant_user_add(
     as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),
     data_dir: Path = DataDir,
 ) -> None:
-    """Add a user to a tenant (one per client): its own password and credentials file.
+    """Add a user to a tenant (one per client): its own password, credentials file and NATS account
+    (tenant-TENANT.NAME), so no other user of the tenant reads its tasks or their answers.
 
     Example: `blocks tenant user add team-a dashboard --json`
     """

@@ -565,18 +565,29 @@ def ensure_agent(data_dir: Path, nid: str, timeout: float = 10.0) -> str:
     return url
 
 
-def _reload_authorization(data_dir: Path, s: Secrets) -> None:
-    """Rewrite nats.conf's accounts and tell the server to reload them (call locked)."""
+def _reload_authorization(data_dir: Path, s: Secrets, timeout: float = 10.0) -> int:
+    """Rewrite nats.conf's accounts and tell the server to reload them (call locked); how many
+    reloads it signalled. nats-server 2.15 leaves the imports of an account that a reload creates
+    unresolved (its clients' requests find "no responders") until the next reload, so a config that
+    adds an account (a tenant, a tenant's user: ``runtime.tenants.account``; the first config after
+    tenants' users got an account each) is reloaded twice, the second once the first is done."""
     conf = data_dir / "nats.conf"
     text = conf.read_text()
     # (``authorization {``: a config written before tenants; the server then still runs it)
     start = min(i for i in (text.find("accounts {"), text.find("authorization {")) if i >= 0)
-    write_private(conf, text[:start] + nats_authorization(s))
+    new = text[:start] + nats_authorization(s)
+    added = set(_ACCOUNT.findall(new)) - set(_ACCOUNT.findall(text))
+    write_private(conf, new)
     pid = int((data_dir / "nats.pid").read_text().strip())
+    if added:
+        _signal_and_wait(data_dir, pid, timeout)
     os.kill(pid, signal.SIGHUP)  # = nats-server --signal reload=<pid>
+    return 2 if added else 1
 
 
 RELOADED = "Reloaded server configuration"
+#: a tenant user's account in nats.conf (``runtime.tenants._user_account``)
+_ACCOUNT = re.compile(r'^  "(tenant-[^"]+)": \{$', re.M)
 
 
 def _reloads(data_dir: Path) -> int:
@@ -586,25 +597,33 @@ def _reloads(data_dir: Path) -> int:
         return -1
 
 
+def _signal_and_wait(data_dir: Path, pid: int, timeout: float) -> None:
+    before = _reloads(data_dir)
+    os.kill(pid, signal.SIGHUP)
+    _wait_reloads(data_dir, before + 1, timeout)
+
+
+def _wait_reloads(data_dir: Path, count: int, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while count > 0 and 0 <= _reloads(data_dir) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"nats-server did not reload its config within {timeout}s (see {data_dir / 'nats.log'})")
+        time.sleep(0.02)
+
+
 def _reload_tenant(data_dir: Path, s: Secrets, timeout: float = 10.0) -> None:
-    """Load a new tenant's account (call locked), and reload once more: nats-server 2.15 leaves the
-    imports of an account that a reload creates unresolved (its clients' requests find "no
-    responders") until the next reload. Each reload waits for the server's log to say it is done
-    (``nats.log``, where the embedded server writes it)."""
-    for _ in range(2):
-        reload_and_wait(data_dir, s, timeout)
+    """Load a new tenant's or tenant user's account (call locked): reloaded twice, and awaited
+    (``_reload_authorization``)."""
+    reload_and_wait(data_dir, s, timeout)
 
 
 def reload_and_wait(data_dir: Path, s: Secrets, timeout: float) -> None:
     """``_reload_authorization``, then wait for the server's log to say it reloaded (a login test
     would not tell that a user's *new* permissions are in force). Call locked."""
     before = _reloads(data_dir)
-    _reload_authorization(data_dir, s)
-    deadline = time.monotonic() + timeout
-    while before >= 0 and _reloads(data_dir) <= before:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"nats-server did not reload its config within {timeout}s (see {data_dir / 'nats.log'})")
-        time.sleep(0.02)
+    n = _reload_authorization(data_dir, s, timeout)
+    if before >= 0:
+        _wait_reloads(data_dir, before + n, timeout)
 
 
 def protect_controller(data_dir: Path, cid: str) -> bool:
@@ -741,7 +760,7 @@ def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.
             t.users[user] = _token()
             s.tenants[tenant] = t.to_dict()
             s.save()
-            _reload_authorization(ep.data_dir, s)
+            _reload_tenant(ep.data_dir, s)  # a new account: the user's own (runtime.tenants.account)
         path = _write_credentials(ep, tenant, user, t.users[user])
     wait_nats_user(tenant_user_url(ep.data_dir, tenant, user), ep.nats_ca, timeout)
     return new, path
@@ -763,7 +782,8 @@ def remove_tenant_user(data_dir: Path, tenant: str, user: str) -> bool:
 
 
 def tenants(data_dir: Path) -> list[dict[str, Any]]:
-    """Every tenant: name, account, users, limits (no password)."""
+    """Every tenant: name, account (its first user's), users, each user's account, limits (no password)."""
     s = Secrets.load(Path(data_dir).resolve(), create=False)
     return [{"tenant": t.name, "account": tn.account(t.name), "users": [tn.user_name(t.name, u) for u in sorted(t.users)],
+             "accounts": {tn.user_name(t.name, u): tn.account(t.name, u) for u in sorted(t.users)},
              "limits": t.to_dict()["limits"]} for t in s.tenant_list()]

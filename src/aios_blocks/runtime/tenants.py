@@ -14,9 +14,14 @@ sees nothing of ``AIOS`` but what ``AIOS`` exports to it alone, under the tenant
   event of a block the tenant owns to ``aios.tenant.<name>.event.B.…``, which the tenant's
   clients receive as ``aios.block.B.…``.
 
-Replies to a client's requests travel on its own account's ``_INBOX.``: a default client
-configuration works, and no tenant can read another's. Users are config-file users with
-passwords (``<name>.<user>``), added with a config reload as node agents are (``auth``).
+**An account per user.** Each of a tenant's users has an account of its own (``account``: the
+first user's is ``tenant-<name>``, each further user's ``tenant-<name>.<user>``), with the same
+imports: what one user publishes (its tasks, creates, scales, deletes, history requests) and the
+answers to it (on its account's ``_INBOX.``) never enter another user's account, so no other user
+can subscribe to them, capture them with a JetStream stream of its own or answer them first. The
+relayed events reach every user's account alike (a tenant's blocks are all its users'). A default
+client configuration works (no inbox prefix). Users are config-file users with passwords
+(``<name>.<user>``), added with a config reload as node agents are (``auth``).
 """
 
 from __future__ import annotations
@@ -44,8 +49,12 @@ def check_name(name: str, what: str = "tenant name") -> str:
     return name
 
 
-def account(tenant: str) -> str:
-    return f"tenant-{check_name(tenant)}"
+def account(tenant: str, user: str = FIRST_USER) -> str:
+    """The NATS account of one of a tenant's users: ``tenant-<tenant>`` for its first user (the
+    tenant's account before users had one each: its streams stay there), ``tenant-<tenant>.<user>``
+    for any other (no tenant name holds a dot)."""
+    base = f"tenant-{check_name(tenant)}"
+    return base if check_name(user, "user name") == FIRST_USER else f"{base}.{user}"
 
 
 def user_name(tenant: str, user: str) -> str:
@@ -85,10 +94,10 @@ REPLAYABLE = _replayable()
 
 @dataclass
 class Limits:
-    """Per-tenant limits: the server enforces the account's (``limits``, ``jetstream``), the parser
-    ``pending_creates``."""
+    """Per-tenant limits: the server enforces the account's (``limits``, ``jetstream``) on each of
+    the tenant's users' accounts, so per user; the parser ``pending_creates``, per tenant."""
 
-    #: client connections at once (the account's ``max_connections``)
+    #: client connections at once, per user (its account's ``max_connections``)
     connections: int = 64
     #: its creates not yet placed, failed, rejected or deleted: the parser refuses more
     #: (``state.tenants``; ``blocks tenant add`` writes it to Redis)
@@ -125,10 +134,10 @@ def _q(xs: list[str] | tuple[str, ...]) -> str:
 
 
 def user_permissions() -> str:
-    """A tenant user's rights inside its own account: the four requests, its account's own
-    JetStream (bounded by the account's limits), and reading anything there (its inbox, its
-    blocks' events). It may not publish block events, even in its own account (another user of the
-    tenant would read them as the system's)."""
+    """A tenant user's rights inside its own account (it is that account's only user): the five
+    requests, its account's own JetStream (bounded by the account's limits), and reading anything
+    there (its inbox, its own requests, the tenant's relayed events). It may not publish block
+    events, even in its own account (its own clients would read them as the system's)."""
     pub = [f"{ROOT}.block.*.{r}" for r in REQUESTS] + ["$JS.API.>", "$JS.ACK.>", "$JS.FC.>"]
     return f"{{publish: {{allow: [{_q(pub)}]}}, subscribe: {{allow: [\">\"]}}}}"
 
@@ -146,20 +155,24 @@ def exports(tenants: list[Tenant]) -> list[str]:
 
 
 def account_block(t: Tenant) -> str:
-    """The tenant's account: its users, limits and imports."""
+    """The tenant's accounts, one per user (``account``): each with the tenant's limits, that one
+    user and the tenant's imports."""
+    return "".join(_user_account(t, u, pw) for u, pw in sorted(t.users.items()))
+
+
+def _user_account(t: Tenant, user: str, password: str) -> str:
     lim = t.limits
-    users = ",\n      ".join(f"{{user: {json.dumps(user_name(t.name, u))}, password: {json.dumps(pw)}, "
-                           f"permissions: {user_permissions()}}}" for u, pw in sorted(t.users.items()))
     sys_ = json.dumps(SYSTEM_ACCOUNT)
     imports = [f"{{service: {{account: {sys_}, subject: {json.dumps(request_subject(t.name, r))}}}, "
                f"to: {json.dumps(f'{ROOT}.block.*.{r}')}}}" for r in REQUESTS]
     imports.append(f"{{stream: {{account: {sys_}, subject: {json.dumps(event_subject(t.name, f'{ROOT}.block.>'))}}}, "
                    f"to: {json.dumps(f'{ROOT}.block.>')}}}")
-    return (f"  {json.dumps(account(t.name))}: {{\n"
+    return (f"  {json.dumps(account(t.name, user))}: {{\n"
             f"    limits: {{max_connections: {lim.connections}}}\n"
             f"    jetstream: {{max_file: {lim.stream_bytes}, max_mem: {lim.memory_bytes}, max_streams: {lim.streams}, "
             f"max_consumers: {lim.consumers}}}\n"
-            f"    users: [\n      {users}\n    ]\n"
+            f"    users: [\n      {{user: {json.dumps(user_name(t.name, user))}, password: {json.dumps(password)}, "
+            f"permissions: {user_permissions()}}}\n    ]\n"
             f"    imports: [\n      " + ",\n      ".join(imports) + "\n    ]\n  }\n")
 
 
@@ -177,5 +190,5 @@ def accounts_conf(system_users: list[str], tenants: list[Tenant]) -> str:
 
 def credentials(tenant: str, user: str, password: str, url: str, ca: str | None) -> dict[str, Any]:
     """What a tenant's client needs, as the credentials file holds it (JSON, 0600)."""
-    return {"tenant": tenant, "account": account(tenant), "url": url, "user": user_name(tenant, user), "password": password,
+    return {"tenant": tenant, "account": account(tenant, user), "url": url, "user": user_name(tenant, user), "password": password,
             **({"ca": ca} if ca else {})}
