@@ -161,7 +161,8 @@ def replay(
     without `--force`. A letter whose subject this version no longer has, whose consumer is gone,
     or whose original the stream dropped while the letter kept only part of it, is refused.
     Letters go 256 at a time (their copies published together, in order, then their marks), one
-    line each.
+    line each. A replayed block create is that create again, at its own gen: it makes its block
+    once, or does nothing where it made it already.
     Admin only (the CLI's own user). Exit 0: all replayed; 1: any refused, failed, unmarked or
     not found; 2: usage.
 

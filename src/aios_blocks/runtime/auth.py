@@ -214,8 +214,10 @@ class _Rights:
 
 
 def _parser(r: _Role) -> _Rights:
-    # its durable is on AIOS_INTAKE (the creates as sent); what it publishes goes to AIOS
-    return _Rights([*r.read_topology, *_consumer_rights(subjects.PARSER.durable, stream=subjects.PARSER.stream)], [*r.hints])
+    # its durable is on AIOS_INTAKE (the creates as sent); what it publishes goes to AIOS; and a
+    # create by its sequence there (a replayed create's original: workers.parser.generation)
+    return _Rights([*r.read_topology, *_consumer_rights(subjects.PARSER.durable, stream=subjects.PARSER.stream),
+                    f"{JS}.STREAM.MSG.GET.{subjects.STREAM_INTAKE}"], [*r.hints])
 
 
 def _gateway(r: _Role) -> _Rights:

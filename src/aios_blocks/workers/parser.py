@@ -7,21 +7,27 @@ import asyncio
 from typing import Any, cast
 
 import msgspec
+import structlog
 
 from ..bus import subjects
 from ..bus.catalog import E
+from ..bus.dlq import REPLAY_OF, REPLAY_SEQ, stored_at
 from ..bus.router import Inbound, Router
+from ..bus.runner import Delivery
 from ..handlers import parse
 from ..schemas.errors import SpecError
 from ..schemas.events import Parsed, Rejected
 from ..schemas.ir import KnownComponent
 from ..schemas.policy_io import PolicySource
-from ..schemas.records import BlockIR
+from ..schemas.records import BlockIR, BlockRecord
+from ..schemas.spec import ID_RE
 from ..state.priority import classes_of
 from ..state.registry import policy_head
 from ..state.tenants import TenantStore
 from .base import Worker, bound
 from .tenants import block_tenant
+
+log = structlog.get_logger("aios.parser")
 
 
 def bindings(w: Worker) -> list[tuple[subjects.ConsumerSpec, Any]]:
@@ -38,7 +44,8 @@ COMPONENTS = parse.ComponentCache()
 async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     """A create as sent: stored in ``AIOS`` as ``submitted``, then parsed (IR) or rejected."""
     d = m.delivery
-    gen = d.stream_seq  # its AIOS_INTAKE sequence: the publisher's PubAck seq
+    # its AIOS_INTAKE sequence, the publisher's PubAck seq; a replayed create's, the create it copies
+    gen, existing = await generation(w, d, m.tokens.get("bid"))
     # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec);
     # its body decoded once for that and for the parse (``parse.intake``)
     sub, outcome = parse.intake(d.subject, m.tokens.get("bid"), gen, d.data, d.headers, w.settings.max_spec_bytes)
@@ -48,6 +55,9 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         await w.bus.emit_all([refused])
         return
     bid = m.tokens["bid"]
+    if done := replay_done(existing, gen, d.stream_seq):
+        log.info("parser.replay_done", bid=bid, gen=gen, copy=d.stream_seq, why=done)
+        return
     digest = sub.payload.digest  # the body's (``parse.digest``), which the block record keeps too
     tenant = m.tokens.get("tenant")  # the server put the tenant's name in the subject
     if outcome.doc is not None and tenant:
@@ -105,6 +115,50 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             bid, gen, digest, {"status": "rejected", "reason": _summary(outcome.errors)}
         )
     await w.bus.emit(E.block_rejected, Rejected(bid, gen, outcome.errors))
+
+
+async def generation(w: Worker, d: Delivery, bid: str | None) -> tuple[int, BlockRecord | None]:
+    """A create's gen (its ``AIOS_INTAKE`` sequence), and the block's record when it was read
+    (only for a replay's copy). A copy ``blocks dlq replay`` put back (``Aios-Replay-Of``) is
+    the create it copies, once more, as a redelivery is: its gen is that create's sequence
+    (``Aios-Replay-Seq``), not the copy's, when that is shown to be this very create (a header
+    alone proves nothing: any publisher may set one): the block's record holds that gen with
+    this body's digest, or ``AIOS_INTAKE`` still holds this body on this subject at that
+    sequence. So a replayed create makes its block at the gen its publisher was told, once,
+    and a create whose record was made before it failed goes on from that record (docs/dead-letters.md)."""
+    claimed = str(d.headers.get(REPLAY_SEQ, ""))
+    if REPLAY_OF not in d.headers or not claimed.isdigit() or bid is None or not ID_RE.match(bid):
+        return d.stream_seq, None
+    first = int(claimed)
+    if not 0 < first < d.stream_seq:  # a copy is stored after what it copies
+        return d.stream_seq, None
+    digest = parse.digest(d.data)
+    existing = await w.store.get_block(bid)
+    if existing is not None and existing.get("gen") == first and existing.get("digest") == digest:
+        return first, existing
+    try:
+        held = await stored_at(w.bus, subjects.STREAM_INTAKE, first, d.subject)
+    except Exception as exc:  # not readable now: taken as a create of its own (its own gen), as before
+        log.warning("parser.replay_unchecked", bid=bid, claimed=first, error=repr(exc))
+        held = None
+    if held is not None and parse.digest(held[0]) == digest:
+        return first, existing
+    return d.stream_seq, existing
+
+
+def replay_done(existing: BlockRecord | None, gen: int, seq: int) -> str:
+    """Why a replayed create of generation ``gen`` (stored again at ``seq``: a copy when they
+    differ) has nothing left to do ("": it goes on): a later create made the block since, or this
+    one made it and it moved on past what this create's own step writes (``parsed``,
+    ``rejected``), so its events went out then. A record that stopped at that step (its event
+    never sent: the handler failed after it) goes on, as a redelivery does."""
+    if existing is None or gen == seq:
+        return ""
+    if existing.get("gen", 0) > gen:
+        return f"superseded: the block is a later create's (gen {existing.get('gen')})"
+    if existing.get("gen") == gen and existing.get("status") not in ("parsed", "rejected"):
+        return f"made by this create already, now {existing.get('status')}"
+    return ""
 
 
 async def reads(w: Worker, uri: str | None, own: list[str], pins: list[tuple[str, int]] | None = None
