@@ -51,9 +51,10 @@ class PolicyFailed(Exception):
 class PlacementFailed(Exception):
     """A placement could not be made or committed; ``reason`` says why, for the failed event.
     ``policy``: the step's own policy gave no answer (timed out, returned the wrong shape, could
-    not be loaded: ``PolicyFailed.no_answer``), which says nothing of the cluster's room: the same
-    call would fail again, so the step fails once, not retried as a lost race is
-    (docs/architecture.md "Re-selection")."""
+    not be loaded: ``PolicyFailed.no_answer``), or its choice was refused on the very snapshot it
+    was given (``handlers.controller.refused``: a node not in the cluster, GPUs not there or not
+    free, Required affinity), which says nothing of the cluster's room: the same call would fail
+    again, so the step fails once, not retried as a lost race is (docs/architecture.md "Re-selection")."""
 
     def __init__(self, reason: str, policy: bool = False):
         self.reason = reason
