@@ -90,3 +90,37 @@ async def test_many_letters_go_a_window_at_a_time_copies_then_marks_each_in_orde
     finally:
         await bus.close()
         servers.stop()
+
+
+async def test_letters_a_replay_cannot_read_or_send_with_nats_gone_are_each_listed_failed(tmp_path: Path) -> None:
+    """NATS gone under a replay: each letter is its own ``failed`` result with the error (the others
+    of its window too), not the end of the command with a traceback, and nothing is stored."""
+    import msgspec
+
+    servers = EmbeddedServers(data_dir=tmp_path / "data").start()
+    bus = await Bus.open(servers.nats_url)
+    gone = await Bus.open(servers.nats_url)
+    try:
+        await bus.ensure_stream()
+        await bus.ensure_consumer(subjects.ConsumerSpec(DURABLE, ("aios.cluster.dlq-many.*",)))
+        letters = []
+        for i in range(4):
+            a = await bus.publish_raw(SUBJECT, json.dumps({"id": f"evt-{i}"}).encode(), msg_id=f"evt-{i}")
+            # two with their originals in the stream (read first), two from the letter's copy (sent at once)
+            seq = int(a.seq) if i < 2 else 0
+            letter = DeadLetter(subject=SUBJECT, consumer=DURABLE, error="disk full", deliveries=5, stream_seq=seq,
+                                data=json.dumps({"id": f"evt-{i}"}))
+            ack = await bus.emit(E.dead_letter, letter, consumer=DURABLE, subject=SUBJECT, qualifier=str(i))
+            letters.append((dl.Letter(subjects.STREAM, int(ack.seq), "", subjects.dead_letter(DURABLE, SUBJECT),
+                                      {"id": f"dlq:{DURABLE}:{seq}:{i}", "data": msgspec.to_builtins(letter)}), 1))
+        before = (await bus.js.stream_info(subjects.STREAM)).state.last_seq
+        await gone.nc.close()
+        for force in (False, True):  # with --force, the letters' copies need no read: their publishes fail
+            results = [r async for r in dl.replay_many(gone, letters, "ops@host", force=force)]
+            assert [r.outcome for r in results] == ["failed"] * 4, [(r.outcome, r.reason) for r in results]
+            assert all("ConnectionClosed" in r.reason for r in results), [r.reason for r in results]
+        assert (await bus.js.stream_info(subjects.STREAM)).state.last_seq == before
+    finally:
+        await gone.close()
+        await bus.close()
+        servers.stop()

@@ -355,13 +355,26 @@ async def replay_many(bus: Any, letters: list[tuple[Letter, int]], by: str, forc
             yield r
 
 
-async def _prepared(bus: Any, letter: Letter, force: bool,
-                    consumers: dict[tuple[str, str], asyncio.Future[Any]]) -> tuple[str, bytes, dict[str, str], str] | str:
-    """``prepare``, or why it is refused; a consumer looked up once per command."""
+async def _prepared(bus: Any, letter: Letter, force: bool, consumers: dict[tuple[str, str], asyncio.Future[Any]]
+                    ) -> tuple[str, bytes, dict[str, str], str] | Refused | Exception:
+    """``prepare``; or why it is refused; or the error that kept it from reading the original or
+    the consumer (NATS gone: that letter ``failed``, nothing sent). A consumer is looked up once
+    per command."""
     try:
         return await prepare(bus, letter, force, consumers)
-    except Refused as exc:
-        return str(exc)
+    except Exception as exc:
+        return exc
+
+
+async def _send(bus: Any, subject: str, body: bytes, headers: dict[str, str]) -> asyncio.Future[Any]:
+    """``publish_async``'s future of the ack; one failed with the error when the publish itself
+    raised (the connection gone): that letter's result, not the command's end."""
+    try:
+        fut: asyncio.Future[Any] = await bus.js.publish_async(subject, body, headers=headers)
+    except Exception as exc:
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_exception(exc)
+    return fut
 
 
 async def _acks(futs: list[Any]) -> list[tuple[Any, BaseException | None]]:
@@ -391,15 +404,16 @@ async def _window(bus: Any, chunk: list[tuple[Letter, int]], by: str, force: boo
     sent: list[tuple[int, str, Any]] = []  # (index, source, the copy's ack future)
     ids = await bus.ids()
     for i, ((lt, attempt), prep) in enumerate(zip(chunk, preps, strict=True)):
-        if isinstance(prep, str):
-            results[i] = Result(lt, "refused", prep, attempt=attempt)
+        if isinstance(prep, Exception):
+            results[i] = (Result(lt, "refused", str(prep), attempt=attempt) if isinstance(prep, Refused) else
+                          Result(lt, "failed", f"not replayed: {type(prep).__name__}: {prep}", attempt=attempt))
             continue
         stream, body, original_headers, source = prep
         if dry_run:
             results[i] = Result(lt, "dry-run", stream=stream, source=source, attempt=attempt)
             continue
         headers = replay_headers(original_headers, lt, ids.wire(replay_msg_id(lt, attempt)))
-        sent.append((i, source, await bus.js.publish_async(lt.original_subject, body, headers=headers)))
+        sent.append((i, source, await _send(bus, lt.original_subject, body, headers)))
     marks: list[tuple[int, str, Any]] = []
     for (i, source, _f), (ack, exc) in zip(sent, await _acks([f for _i, _s, f in sent]), strict=True):
         lt, attempt = chunk[i]
@@ -417,7 +431,7 @@ async def _window(bus: Any, chunk: list[tuple[Letter, int]], by: str, force: boo
                                replay_seq=int(ack.seq), source=source, by=by, at=time.time(), attempt=attempt)
             (prepared,) = await bus.prepare([Emit(E.dlq_replayed, mark)])
             d = prepared.stored
-            marks.append((i, source, await bus.js.publish_async(d.subject, d.body, headers=d.headers)))
+            marks.append((i, source, await _send(bus, d.subject, d.body, d.headers)))
     for (i, _source, _f), (_ack, exc) in zip(marks, await _acks([f for _i, _s, f in marks]), strict=True):
         r = results[i]
         if exc is not None and r is not None:  # the copy is stored: say so, and that running it again stores no second one
