@@ -106,8 +106,9 @@ async def test_a_policy_that_kills_its_process_fails_its_step_only(pool: sandbox
     assert exc.reason == reason
 
 
-async def test_the_source_runs_in_no_worker_thread(pool: sandbox.SandboxPool) -> None:
+async def test_the_source_runs_in_no_worker_thread(pool: sandbox.SandboxPool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A top level that spins is stopped when the source is checked; the worker's thread is free."""
+    monkeypatch.setattr(sandbox, "LOAD_TIMEOUT_FLOOR_S", 0.4)  # (a build's own floor: the next test)
     reg = Registry()
     reg.put("top", "while True:\n    pass\n" + src("return {}"))
     rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.4)
@@ -115,6 +116,21 @@ async def test_the_source_runs_in_no_worker_thread(pool: sandbox.SandboxPool) ->
     assert exc.reason == "cannot load 'registry:top': SandboxTimeout: timed out after 0.4s (its process was stopped)"
     assert exc.kind == "load" and rt.overrunning == 0
     assert len(pool.pids()) <= pool.workers  # the one that ran it was replaced, not added to
+
+
+async def test_a_build_has_more_time_than_a_short_call_limit(pool: sandbox.SandboxPool) -> None:
+    """A build (the source compiled, ``__init__``) may wait for its process to start and import:
+    with a short call limit (0.2 s) a busy machine failed the load ("cannot load ...
+    SandboxTimeout", kind load). Builds get ``LOAD_TIMEOUT_FLOOR_S``; calls keep their limit."""
+    slow_init = ("import time\nclass P:\n    def __init__(self, rule_id, settings, parameters):\n"
+                 "        time.sleep(0.6)\n    def eval(self, parameters, input_data, context):\n"
+                 "        if input_data.get('spin'):\n            time.sleep(2)\n        return {'node_id': 'n1', 'gpus': []}\n")
+    reg = Registry()
+    reg.put("slowinit", slow_init)
+    rt = PolicyRuntime(lookup=reg.lookup, timeout_s=0.2)
+    assert await call(rt, "slowinit", payload=1) == {"node_id": "n1", "gpus": []}
+    exc = await fails(rt, "slowinit", spin=True)
+    assert exc.kind == "timed_out" and "timed out after 0.2s" in exc.reason, exc
 
 
 async def test_raised_wrong_shape_and_unreadable_results_keep_their_kinds(pool: sandbox.SandboxPool) -> None:

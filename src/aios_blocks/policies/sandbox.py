@@ -482,6 +482,9 @@ class SandboxFailure(Exception):
 
 _iids = itertools.count(1)
 #: the names of ``_call``'s and ``_py_call``'s arguments, for what did not pickle
+#: the least time a Python policy's build (its source compiled, an instance's ``__init__``) gets
+#: in its process, whatever the call limit: the first build may wait for the process to start
+LOAD_TIMEOUT_FLOOR_S = 10.0
 _CALL_ARGS = ("key", "source", "name", "rule_id", "settings", "parameters", "input_data", "context")
 _PY_CALL_ARGS = ("key", "source", "label", "iid", "rule_id", "settings", "init_parameters", "parameters",
                  "input_data", "context")
@@ -494,7 +497,10 @@ def python_sandboxed_class(source: str, label: str, timeout_s: float, pool: Call
     stopped). Nothing of the source runs in this process."""
     get = pool or (lambda: shared("python"))
     key = f"{label}:{hashlib.sha256(source.encode()).hexdigest()[:16]}"
-    error, cls_name = get().run(_py_build, (key, source, label, 0, "", {}, {}), timeout_s)
+    # building (compile, __init__) may wait for a process to start and import: a short call limit
+    # (AIOS_POLICY_TIMEOUT_S 0.2) failed a busy machine's loads, so they have a floor of their own
+    load_s = max(timeout_s, LOAD_TIMEOUT_FLOOR_S)
+    error, cls_name = get().run(_py_build, (key, source, label, 0, "", {}, {}), load_s)
     if error is not None:
         raise SandboxLoadError(error)
 
@@ -508,7 +514,7 @@ def python_sandboxed_class(source: str, label: str, timeout_s: float, pool: Call
             self.iid = next(_iids)
             self.logs: list[list[str]] = []
             built, _ = get().run(_py_build, (key, source, label, self.iid, self.rule_id, self.settings, self.parameters),
-                              timeout_s, route=str(self.iid))
+                                 load_s, route=str(self.iid))
             if built is not None:
                 raise SandboxLoadError(built)
 
