@@ -95,7 +95,7 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
         # event (the same bytes in its body: ``msgspec.Raw``)
         ir_json = msgspec.json.encode(outcome.ir)
         ok, what = await w.store.create_block(
-            bid, gen, digest, {"status": "parsed", "ir": ir_json.decode(), "created": d.stream_seq}
+            bid, gen, digest, {"status": "parsed", "ir": ir_json.decode(), "created": gen}
         )
         if ok:
             if tenant:
