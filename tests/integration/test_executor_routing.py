@@ -628,5 +628,11 @@ async def test_a_task_for_an_instance_whose_port_now_serves_another_block_s_is_n
         status, _, h = await rig.task("lone", b'{"n": 9}')
         assert status in (502, 503) and "421 Misdirected Request" in h["Aios-Error"] and "not run" in h["Aios-Error"], h
         assert ran == []
+
+        # the executor's scrape of i-old's queue figures (builtin:least-queue reads them) is named
+        # too: the other block's instance answers 421, so i-old gets none of its figures
+        lone = rig.executor.routes["lone"]
+        await rig.executor._scrape(lone, lone.views["i-old"], aiohttp.ClientTimeout(total=5))
+        assert "i-old" not in lone._scraped
     finally:
         await runner.cleanup()

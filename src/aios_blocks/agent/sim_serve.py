@@ -12,7 +12,8 @@ Each answers like a real instance (``schemas.protocol``):
   a task whose ``Aios-Instance`` header names another instance (an executor whose map is behind
   sent it to a port that now serves this one) is answered ``421 Misdirected Request`` unrun;
 * ``GET /health``: 200 ``{"status": "ready"}``;
-* ``GET /metrics``: Prometheus text of ``instance.metrics.SystemMetrics``.
+* ``GET /metrics``: Prometheus text of ``instance.metrics.SystemMetrics`` (421, as a task, when its
+  ``Aios-Instance`` names another instance: an executor's scrape meant for the one that left).
 
 Behaviour comes from the block's ``initSettings`` and ``parameters`` (parameters win), key
 ``sim`` (or flat ``sim.<key>``): ``serviceTimeMs`` (mean, default 0), ``serviceJitterMs`` (uniform
@@ -229,14 +230,16 @@ class SimServer:
         path = request.path
         if path == HEALTH_PATH and request.method == "GET":
             return web.json_response({"status": "ready", "instance_id": inst.instance_id})
-        if path == METRICS_PATH and request.method == "GET":
+        scrape = path == METRICS_PATH and request.method == "GET"
+        task = path == inst.behaviour.path and request.method == "POST"
+        meant = request.headers.get(INSTANCE_HEADER)
+        if (scrape or task) and misdirected(inst.instance_id, meant):  # meant for the instance that left
+            return web.json_response({"error": f"misdirected: this is instance {inst.instance_id}, not {meant} (the "
+                                               f"{'task' if task else 'request'} was not run)", "instance_id": inst.instance_id},
+                                     status=MISDIRECTED, headers={INSTANCE_HEADER: inst.instance_id})
+        if scrape:
             return web.Response(body=inst.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
-        if path == inst.behaviour.path and request.method == "POST":
-            meant = request.headers.get(INSTANCE_HEADER)
-            if misdirected(inst.instance_id, meant):
-                return web.json_response({"error": f"misdirected: this is instance {inst.instance_id}, not {meant} (the task "
-                                                   "was not run)", "instance_id": inst.instance_id}, status=MISDIRECTED,
-                                         headers={INSTANCE_HEADER: inst.instance_id})
+        if task:
             return await self._task(inst, request)
         return web.json_response({"error": f"no route {request.method} {path}"}, status=404)
 

@@ -46,7 +46,11 @@ async def _health(request: web.Request) -> web.Response:
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[APP_KEY].metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    app = request.app[APP_KEY]
+    wrong = app.misdirected(request.headers)  # an executor's scrape meant for the instance that left
+    if wrong is not None:
+        return web.Response(body=wrong.body, status=wrong.status, content_type="application/json", headers=wrong.headers)
+    return web.Response(body=app.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _task(request: web.Request) -> web.StreamResponse:

@@ -43,6 +43,7 @@ from ..policies.runtime import BUILTINS, registry_name
 from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import ScaleTarget
+from ..schemas.protocol import INSTANCE_HEADER, METRICS_PATH
 from ..schemas.records import BlockMap, RouteView, TaskInfo
 from .base import Worker, run_consumers
 from .mapper import Mapper
@@ -289,7 +290,9 @@ class Executor:
 
     async def _scrape(self, route: Route, v: RouteView, timeout: aiohttp.ClientTimeout) -> None:
         assert self.session is not None
-        async with self.session.get(v["endpoint"] + "/metrics", timeout=timeout) as resp:
+        # named like a task: an instance now at a reused port answers 421, not its own figures
+        async with self.session.get(v["endpoint"] + METRICS_PATH, timeout=timeout,
+                                    headers={INSTANCE_HEADER: v["id"]}) as resp:
             if resp.status == 200:
                 route.set_metrics(v["id"], parse_queue_metrics(await resp.text()))
 
