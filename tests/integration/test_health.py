@@ -456,3 +456,30 @@ async def test_the_probe_path_is_the_rules_and_probes_can_be_turned_off(rig: Rig
     await rig.until(lambda: len(rig.checker.last) >= 2, 20)  # both blocks decided at least once
     await asyncio.sleep(1.5)  # several more ticks
     assert not rig.of("b") and "b" not in rig.checker.probes
+
+
+async def test_a_probe_of_a_port_another_instance_now_serves_is_no_reading(rig: Rig) -> None:
+    """The map (behind) names i-old at an address where an SDK instance of another block, i-new,
+    now listens. The checker's probe names the instance it means (Aios-Instance); i-new answers
+    421, and the probe counts neither for nor against i-old (it read i-new's health as i-old's)."""
+    from aios_blocks.instance import Context, InstanceApp, web_app
+
+    app = InstanceApp(lambda task, ctx: {}, context=Context(instance_id="i-new", block_id="other"))
+    await app.start()
+    runner = web.AppRunner(web_app(app), access_log=None)
+    await runner.setup()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    try:
+        ep = f"http://127.0.0.1:{port}"
+        await rig.put_map("left", {"i-old": ep})
+        await rig.put_map("other", {"i-new": ep})
+        # two ticks that probed i-new: the same ticks probed i-old's address
+        await rig.until(lambda: rig.checker.probes.get("i-new") is not None and rig.checker.probes["i-new"].probes >= 2)
+        assert "i-old" not in rig.checker.probes, rig.checker.probes["i-old"]
+        assert rig.checker.probes["i-new"].consecutive_failures == 0
+        assert not rig.of("i-old") and not rig.of("i-new")
+    finally:
+        await runner.cleanup()

@@ -233,8 +233,11 @@ async def test_a_task_meant_for_another_instance_is_refused_421_unrun() -> None:
             async with http.post(f"http://127.0.0.1:{server.port}/infer", json={"n": 5}, headers={"Aios-Instance": "i-new"}) as resp:
                 assert resp.status == 200
             # an executor's scrape of the queue figures, named the same way: not the other's figures
-            async with http.get(f"http://127.0.0.1:{server.port}/metrics", headers={"Aios-Instance": "i-old"}) as resp:
-                assert resp.status == 421 and "not i-old" in (await resp.json())["error"]
+            for path in ("/metrics", "/health"):  # and the checker's probe
+                async with http.get(f"http://127.0.0.1:{server.port}" + path, headers={"Aios-Instance": "i-old"}) as resp:
+                    assert resp.status == 421 and "not i-old" in (await resp.json())["error"], path
+            async with http.get(f"http://127.0.0.1:{server.port}/health", headers={"Aios-Instance": "i-new"}) as resp:
+                assert resp.status == 200
             for headers in ({"Aios-Instance": "i-new"}, {}):  # its own, or Prometheus with no header
                 async with http.get(f"http://127.0.0.1:{server.port}/metrics", headers=headers) as resp:
                     assert resp.status == 200 and "aios_instance_" in await resp.text()

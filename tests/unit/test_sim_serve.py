@@ -77,8 +77,11 @@ async def test_a_task_meant_for_another_instance_is_refused_421_unrun() -> None:
                     assert r.status == 200 and await r.json() == {"instance_id": "i-new", "output": {"q": 2}}
             assert inst.metrics.requests == 2
             # an executor's scrape of the queue figures, named the same way: not the other's figures
-            async with http.get(f"http://127.0.0.1:{inst.port}/metrics", headers={"Aios-Instance": "i-old"}) as r:
-                assert r.status == 421 and "not i-old" in (await r.json())["error"]
+            for path in ("/metrics", "/health"):  # and the checker's probe
+                async with http.get(f"http://127.0.0.1:{inst.port}" + path, headers={"Aios-Instance": "i-old"}) as r:
+                    assert r.status == 421 and "not i-old" in (await r.json())["error"], path
+            async with http.get(f"http://127.0.0.1:{inst.port}/health", headers={"Aios-Instance": "i-new"}) as r:
+                assert r.status == 200
             for headers in ({"Aios-Instance": "i-new"}, {}):
                 async with http.get(f"http://127.0.0.1:{inst.port}/metrics", headers=headers) as r:
                     assert r.status == 200 and "aios_instance_" in await r.text()

@@ -11,7 +11,7 @@ Each answers like a real instance (``schemas.protocol``):
   rate; a task ``{"stream": N}`` is answered as N chunked lines (for streaming tests);
   a task whose ``Aios-Instance`` header names another instance (an executor whose map is behind
   sent it to a port that now serves this one) is answered ``421 Misdirected Request`` unrun;
-* ``GET /health``: 200 ``{"status": "ready"}``;
+* ``GET /health``: 200 ``{"status": "ready"}`` (421 when its ``Aios-Instance`` names another instance);
 * ``GET /metrics``: Prometheus text of ``instance.metrics.SystemMetrics`` (421, as a task, when its
   ``Aios-Instance`` names another instance: an executor's scrape meant for the one that left).
 
@@ -228,15 +228,16 @@ class SimServer:
         if inst is None:
             return web.json_response({"error": "no such instance (it was removed)"}, status=503)
         path = request.path
-        if path == HEALTH_PATH and request.method == "GET":
-            return web.json_response({"status": "ready", "instance_id": inst.instance_id})
+        probe = path == HEALTH_PATH and request.method == "GET"
         scrape = path == METRICS_PATH and request.method == "GET"
         task = path == inst.behaviour.path and request.method == "POST"
         meant = request.headers.get(INSTANCE_HEADER)
-        if (scrape or task) and misdirected(inst.instance_id, meant):  # meant for the instance that left
+        if (probe or scrape or task) and misdirected(inst.instance_id, meant):  # meant for the instance that left
             return web.json_response({"error": f"misdirected: this is instance {inst.instance_id}, not {meant} (the "
                                                f"{'task' if task else 'request'} was not run)", "instance_id": inst.instance_id},
                                      status=MISDIRECTED, headers={INSTANCE_HEADER: inst.instance_id})
+        if probe:
+            return web.json_response({"status": "ready", "instance_id": inst.instance_id})
         if scrape:
             return web.Response(body=inst.metrics.render().encode(), headers={"Content-Type": CONTENT_TYPE})
         if task:

@@ -40,17 +40,25 @@ def web_app(app: InstanceApp, client_max_size: int = 64 * 1024 * 1024) -> web.Ap
     return wa
 
 
+def _misdirected(request: web.Request) -> web.Response | None:
+    """421 for a probe or scrape meant for another instance (the checker's, an executor's)."""
+    wrong = request.app[APP_KEY].misdirected(request.headers)
+    if wrong is None:
+        return None
+    return web.Response(body=wrong.body, status=wrong.status, content_type="application/json", headers=wrong.headers)
+
+
 async def _health(request: web.Request) -> web.Response:
+    if (wrong := _misdirected(request)) is not None:
+        return wrong
     status, body = request.app[APP_KEY].health()
     return web.json_response(body, status=status)
 
 
 async def _metrics(request: web.Request) -> web.Response:
-    app = request.app[APP_KEY]
-    wrong = app.misdirected(request.headers)  # an executor's scrape meant for the instance that left
-    if wrong is not None:
-        return web.Response(body=wrong.body, status=wrong.status, content_type="application/json", headers=wrong.headers)
-    return web.Response(body=app.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    if (wrong := _misdirected(request)) is not None:
+        return wrong
+    return web.Response(body=request.app[APP_KEY].metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def _task(request: web.Request) -> web.StreamResponse:

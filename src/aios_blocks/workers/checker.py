@@ -48,7 +48,7 @@ from ..runtime.ticker import Ticker
 from ..schemas.errors import PolicyFailed
 from ..schemas.events import InstanceVerdict, StepFailed
 from ..schemas.policy_io import as_float
-from ..schemas.protocol import HEALTH_PATH
+from ..schemas.protocol import HEALTH_PATH, INSTANCE_HEADER, MISDIRECTED
 from ..schemas.records import BlockMap, JSONObject, MapEntry, wire
 from .base import Worker
 
@@ -84,12 +84,13 @@ class Checker:
             self.maps[bid] = value
 
     # -- probes ----------------------------------------------------------------------------------
-    async def probe(self, endpoint: str, path: str = HEALTH_PATH) -> tuple[bool, float, int, str]:
+    async def probe(self, endpoint: str, path: str = HEALTH_PATH, iid: str = "") -> tuple[bool, float, int, str]:
+        """One probe; ``iid``: the instance meant (``Aios-Instance``: one now at a reused port answers 421)."""
         assert self.session is not None
         t0 = time.perf_counter()
         async with self._sem:
             try:
-                async with self.session.get(endpoint + path,
+                async with self.session.get(endpoint + path, headers={INSTANCE_HEADER: iid} if iid else None,
                                             timeout=aiohttp.ClientTimeout(total=self.s.health_probe_timeout_s)) as r:
                     await r.read()
                     return r.status == 200, time.perf_counter() - t0, r.status, "" if r.status == 200 else f"HTTP {r.status}"
@@ -149,8 +150,11 @@ class Checker:
         probed = {iid: r for iid, r in insts.items() if r.get("state") == "ready" and r.get("endpoint")}
         if settings.get("probe") is False:
             probed = {}
-        results = await asyncio.gather(*(self.probe(r["endpoint"], path) for r in probed.values()))
+        results = await asyncio.gather(*(self.probe(r["endpoint"], path, iid) for iid, r in probed.items()))
         for iid, (ok, lat, status, err) in zip(probed, results, strict=True):
+            if status == MISDIRECTED:  # another instance answers at its address: the map is behind, no reading
+                log.info("checker.misdirected", instance=iid, endpoint=probed[iid].get("endpoint"), error=err)
+                continue
             rec = self.probes.setdefault(iid, st.ProbeRecord())
             rec.observe(ok, lat, status, err, now)
             self._probed.append((str(probed[iid].get("node", "")), iid, rec.consecutive_failures, ok, err))
