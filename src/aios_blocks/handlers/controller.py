@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from ..policies import affinity, capacity, topology
 from ..policies.sampling import threshold_of
@@ -264,7 +264,8 @@ async def plan(
         node_id, gpus = result["node_id"], list(result.get("gpus", []))
         problems = choice_problems(node_id, gpus, work, needs, share)
         if problems:  # (with Required affinity's verdict too; alone, ``_affinity_of`` says it)
-            refused(ir, action, node_id, problems, work, index)
+            refused(action, node_id, problems,
+                    _affinity_verdict(ir, node_id, work, index) if node_id in work and ir.get("affinity") else None)
         # which GPUs of the chosen node: the best connected set that keeps the node's best sets
         # free (policies/topology.py, docs/topology.md), when the node reports its topology
         gpus, link = _by_topology(work[node_id], gpus, needs, share, ir.get("affinity") or [])
@@ -287,23 +288,20 @@ def _candidate_nodes(ir: BlockIR, nodes: dict[str, NodeView],
     return where, nodes
 
 
-def refused(ir: BlockIR, action: str, node_id: str, problems: list[str], work: dict[str, NodeView],
-            index: affinity.Index) -> None:
-    """PlacementFailed listing every problem of the choice, when it has one: ``problems`` (its
-    node and GPUs on the snapshot: ``choice_problems``) and Required affinity's rejection of its
-    node. ``policy``: checked on the very snapshot the policy was given, so asked again with the
-    same input the same policy chooses the same and is refused the same: the step fails once,
-    not re-selected (``allocation.after_failure``, docs/architecture.md "Re-selection")."""
-    if node_id in work and ir.get("affinity"):
-        verdict = _affinity_verdict(ir, node_id, work, index)
-        if not verdict.get("pass", True):
-            rejects = "; ".join(verdict.get("reasons", []))
-            if not problems:
-                raise PlacementFailed(f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: {rejects}",
-                                      policy=True)
-            problems = [*problems, f"Required affinity rejects {node_id}: {rejects}"]
-    if problems:
-        raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: " + "; ".join(problems), policy=True)
+def refused(action: str, node_id: str, problems: list[str], verdict: NodeAffinity | None) -> NoReturn:
+    """PlacementFailed listing every problem of a refused choice: ``problems`` (its node and GPUs
+    on the snapshot: ``choice_problems``) and Required affinity's rejection of its node in
+    ``verdict`` (the node's, None: no affinity). ``policy``: checked on the very snapshot the
+    policy was given, so asked again with the same input the same policy chooses the same and is
+    refused the same: the step fails once, not re-selected (``allocation.after_failure``,
+    docs/architecture.md "Re-selection")."""
+    if verdict is not None and not verdict.get("pass", True):
+        rejects = "; ".join(verdict.get("reasons", []))
+        if not problems:
+            raise PlacementFailed(f"resourceAllocator {action} chose {node_id}, which Required affinity rejects: {rejects}",
+                                  policy=True)
+        problems = [*problems, f"Required affinity rejects {node_id}: {rejects}"]
+    raise PlacementFailed(f"resourceAllocator {action} chose an impossible placement: " + "; ".join(problems), policy=True)
 
 
 def _affinity_verdict(ir: BlockIR, node_id: str, work: dict[str, NodeView], index: affinity.Index) -> NodeAffinity:
@@ -321,7 +319,7 @@ def _affinity_of(ir: BlockIR, iid: str, node_id: str, work: dict[str, NodeView],
         return [], index
     verdict = _affinity_verdict(ir, node_id, work, index)
     if not verdict.get("pass", True):
-        refused(ir, action, node_id, [], work, index)
+        refused(action, node_id, [], verdict)
     adaptive = verdict.get("adaptive") or []
     index = affinity.add_to_index(index, ir["blockId"], iid, node_id, work[node_id]["labels"].get("rack", ""))
     return adaptive, index
