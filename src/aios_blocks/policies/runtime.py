@@ -143,9 +143,8 @@ def compile_source(source: str, language: str, label: str, timeout_s: float | No
         s = load_settings()
         if s.starlark_sandbox == "inline":
             return cls
-        if pools is None:
-            return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s)
-        return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s, pool=lambda: pools("starlark"))
+        return sandboxed_class(source, label, timeout_s=s.starlark_call_timeout_s,
+                               pool=None if pools is None else lambda: pools("starlark"))
     if language != "python":
         raise ValueError(f"{label}: unknown policy language {language!r}")
     s = load_settings()

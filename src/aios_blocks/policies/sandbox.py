@@ -443,8 +443,10 @@ def new_pool(kind: str, workers: int | None = None) -> SandboxPool:
     return SandboxPool(workers=workers)
 
 
-def sandboxed_class(source: str, name: str, timeout_s: float, pool: Callable[[], SandboxPool] = shared) -> type:
-    """A seed-shaped class whose ``eval`` runs the scriptlet in the sandbox pool."""
+def sandboxed_class(source: str, name: str, timeout_s: float, pool: Callable[[], SandboxPool] | None = None) -> type:
+    """A seed-shaped class whose ``eval`` runs the scriptlet in the sandbox pool (``pool``: the
+    worker's shared one unless given)."""
+    get = pool or shared
 
     class SandboxedStarlarkPolicy:
         def __init__(self, rule_id: str, settings: JSONObject, parameters: JSONObject):
@@ -454,7 +456,7 @@ def sandboxed_class(source: str, name: str, timeout_s: float, pool: Callable[[],
             self.logs: list[list[str]] = []
 
         def eval(self, parameters: JSONObject, input_data: Mapping[str, object], context: JSONObject | None) -> Any:
-            result, ctx_after, self.logs = pool().call(
+            result, ctx_after, self.logs = get().call(
                 source, name, self.rule_id, self.settings, self.parameters, input_data, dict(context or {}), timeout_s
             )
             if context is not None:
@@ -481,10 +483,10 @@ class SandboxFailure(Exception):
 
 
 _iids = itertools.count(1)
-#: the names of ``_call``'s and ``_py_call``'s arguments, for what did not pickle
 #: the least time a Python policy's build (its source compiled, an instance's ``__init__``) gets
 #: in its process, whatever the call limit: the first build may wait for the process to start
 LOAD_TIMEOUT_FLOOR_S = 10.0
+#: the names of ``_call``'s and ``_py_call``'s arguments, for what did not pickle
 _CALL_ARGS = ("key", "source", "name", "rule_id", "settings", "parameters", "input_data", "context")
 _PY_CALL_ARGS = ("key", "source", "label", "iid", "rule_id", "settings", "init_parameters", "parameters",
                  "input_data", "context")
