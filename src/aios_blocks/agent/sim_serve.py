@@ -231,11 +231,10 @@ class SimServer:
         probe = path == HEALTH_PATH and request.method == "GET"
         scrape = path == METRICS_PATH and request.method == "GET"
         task = path == inst.behaviour.path and request.method == "POST"
-        meant = request.headers.get(INSTANCE_HEADER)
-        if (probe or scrape or task) and misdirected(inst.instance_id, meant):  # meant for the instance that left
-            return web.json_response({"error": f"misdirected: this is instance {inst.instance_id}, not {meant} (the "
-                                               f"{'task' if task else 'request'} was not run)", "instance_id": inst.instance_id},
-                                     status=MISDIRECTED, headers={INSTANCE_HEADER: inst.instance_id})
+        why = misdirected(inst.instance_id, request.headers.get(INSTANCE_HEADER), "task" if task else "request")
+        if (probe or scrape or task) and why:  # meant for the instance that left
+            return web.json_response({"error": why, "instance_id": inst.instance_id}, status=MISDIRECTED,
+                                     headers={INSTANCE_HEADER: inst.instance_id})
         if probe:
             return web.json_response({"status": "ready", "instance_id": inst.instance_id})
         if scrape:

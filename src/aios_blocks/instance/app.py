@@ -216,17 +216,16 @@ class InstanceApp:
             return 503, {"status": "starting"}
         return 200, {"status": "ready", "instance_id": self.ctx.instance_id}
 
-    def misdirected(self, headers: Mapping[str, str]) -> Reply | None:
+    def misdirected(self, headers: Mapping[str, str], what: str = "task") -> Reply | None:
         """``421 Misdirected Request`` for a task meant for another instance (its ``Aios-Instance``
         header, which the executor sets, names another id than this instance's
         ``AIOS_INSTANCE_ID``): the endpoint's port now serves this instance while the executor's
         map still names the one that left. None: the task is this instance's (or carries no
         header, or this instance has no id). Nothing is run or counted."""
-        meant = headers.get(INSTANCE_HEADER)
-        if not misdirected(self.ctx.instance_id, meant):
+        why = misdirected(self.ctx.instance_id, headers.get(INSTANCE_HEADER), what)
+        if not why:
             return None
-        reply = _error(MISDIRECTED, f"misdirected: this is instance {self.ctx.instance_id}, not {meant} "
-                                    "(the task was not run)")
+        reply = _error(MISDIRECTED, why)
         reply.headers[INSTANCE_HEADER] = self.ctx.instance_id
         return reply
 

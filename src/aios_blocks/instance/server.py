@@ -42,7 +42,7 @@ def web_app(app: InstanceApp, client_max_size: int = 64 * 1024 * 1024) -> web.Ap
 
 def _misdirected(request: web.Request) -> web.Response | None:
     """421 for a probe or scrape meant for another instance (the checker's, an executor's)."""
-    wrong = request.app[APP_KEY].misdirected(request.headers)
+    wrong = request.app[APP_KEY].misdirected(request.headers, "request")
     if wrong is None:
         return None
     return web.Response(body=wrong.body, status=wrong.status, content_type="application/json", headers=wrong.headers)

@@ -50,10 +50,13 @@ def task_method(input_protocol: Mapping[str, object] | None) -> str:
     return method.upper() if isinstance(method, str) and method.strip() else DEFAULT_TASK_METHOD
 
 
-def misdirected(own_id: str, meant: str | None) -> bool:
-    """A task meant (``Aios-Instance``) for another instance than ``own_id``: refuse it unrun.
-    No header (a direct caller) or no own id (run by hand): never misdirected."""
-    return bool(meant) and bool(own_id) and meant != own_id
+def misdirected(own_id: str, meant: str | None, what: str = "task") -> str:
+    """Why a ``what`` (task, request) meant (``Aios-Instance``) for another instance than
+    ``own_id`` is refused unrun (421), "" when it is not. No header (a direct caller) or no own id
+    (run by hand): never misdirected."""
+    if not meant or not own_id or meant == own_id:
+        return ""
+    return f"misdirected: this is instance {own_id}, not {meant} (the {what} was not run)"
 
 
 def endpoint_port(ports: dict[str, int]) -> int | None:
