@@ -235,6 +235,44 @@ sys.exit(fails)
 EOF
 FAILS=$((FAILS + $?))
 
+# -- 2b. the topology NVML gives ---------------------------------------------------------------
+step "2b. NVML topology: each call agent/topology.py makes, raw, then read_topology"
+if [ "$MODE" = real ]; then
+"$PY" - <<'EOF'
+import pynvml as n
+from aios_blocks.agent.topology import read_topology
+n.nvmlInit()
+count = n.nvmlDeviceGetCount()
+handles = [n.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
+print("driver", n.nvmlSystemGetDriverVersion(), "| NVML_NVLINK_MAX_LINKS", getattr(n, "NVML_NVLINK_MAX_LINKS", None))
+def call(f, *a):
+    try:
+        return repr(f(*a))
+    except Exception as exc:
+        return f"raises {type(exc).__name__}: {exc}"
+for i, h in enumerate(handles):
+    pci = n.nvmlDeviceGetPciInfo(h)
+    print(f"GPU {i}: pci {pci.domain:04x}:{pci.bus:02x}:{pci.device:02x} busId {pci.busId!r}")
+    for link in range(int(getattr(n, "NVML_NVLINK_MAX_LINKS", 18))):
+        state = call(n.nvmlDeviceGetNvLinkState, h, link)
+        kind = call(getattr(n, "nvmlDeviceGetNvLinkRemoteDeviceType", lambda *_: "absent"), h, link)
+        print(f"  link {link:2d}: state {state}; remote type {kind}")
+        if state.startswith("raises"):
+            break
+    for j in range(i + 1, count):
+        print(f"  common ancestor with GPU {j}:", call(n.nvmlDeviceGetTopologyCommonAncestor, h, handles[j]))
+topo = read_topology(n, handles)
+print("read_topology:", topo.model_dump_json() if topo is not None else None)
+print(("CHECK ok: " if topo is not None and topo.source == "nvml" and topo.gpus == count else "CHECK FAIL: ")
+      + f"read_topology reads the {count} GPU(s) from NVML (pairs: {len(topo.links) if topo else '-'})")
+sys_exit = 0 if topo is not None else 1
+raise SystemExit(sys_exit)
+EOF
+FAILS=$((FAILS + $?))
+else
+    skip "NVML topology (mode sim)"
+fi
+
 # -- 3. the control plane --------------------------------------------------------------------------
 step "3a. blocks up --data-dir $DATA --agents 0"
 "$PY" -m aios_blocks.cli up --data-dir "$DATA" --agents 0 > "$WORK/up.log" 2>&1 &
@@ -292,6 +330,13 @@ if got != want or not got:
     print(f"CHECK FAIL: node {node} registered GPUs {got}, the inventory has {want}"); sys.exit(1)
 print(f"CHECK ok: node {node} registered (healthy={mine[0]['healthy']}) with its GPU(s) {got}")
 EOF
+
+echo "blocks node get $NODE:"
+blocks node get "$NODE" | tee "$WORK/node_get.txt"
+if [ "$MODE" = real ]; then
+    grep -q "read from nvml" "$WORK/node_get.txt" && ok "blocks node get shows the topology read from NVML" \
+        || fail "blocks node get does not show a topology read from NVML"
+fi
 
 step "3d. submit block $BID: 1 instance, resources {gpus: 1}, --wait"
 cat > "$WORK/block.yaml" <<EOF
@@ -410,6 +455,132 @@ print(("CHECK ok: " if free else "CHECK FAIL: ") + f"the node's GPUs are free ag
 sys.exit(0 if free else 1)
 EOF
 FAILS=$((FAILS + $?))
+
+# -- 4. sharing the GPU -------------------------------------------------------------------------
+SHARE_BID="$BID-share" SHARE_MIB=20000
+step "4. two instances of one sharing block on the one GPU: $SHARE_BID (gpuShare 0.5, gpuMemory $SHARE_MIB MiB)"
+cat > "$WORK/gpu_probe_shared.yaml" <<EOF
+# The GPU probe sharing its GPU: half its compute (gpuShare), $SHARE_MIB MiB of its memory.
+componentURI: aios://examples/gpu-probe-shared
+componentInputProtocol: {type: http, path: /infer, method: POST}
+tags: [gpu, check, shared]
+resources: {gpus: 1, gpuShare: 0.5, gpuMemory: $SHARE_MIB, cpu: 1, memory: 2048}
+launch:
+  command: [$PY, -m, $PROBE]
+  ports: [http]
+  probe: {type: http, port: http, path: /health, intervalS: 1, failureThreshold: 3, startTimeoutS: 120}
+  stopGraceS: 10
+policies:
+  - {name: clusterAllocator, policyRuleURI: "builtin:cluster-rank"}
+  - {name: resourceAllocator, policyRuleURI: "builtin:binpack", settings: {gpuSharing: true}}
+EOF
+blocks component add "$WORK/gpu_probe_shared.yaml" && ok "sharing component registered" || fail "blocks component add (sharing)"
+cat > "$WORK/block_shared.yaml" <<EOF
+blockId: $SHARE_BID
+blockComponentURI: aios://examples/gpu-probe-shared
+minInstances: 2
+maxInstances: 2
+resources: {gpus: 1, gpuShare: 0.5, gpuMemory: $SHARE_MIB, cpu: 1, memory: 2048}
+affinity:
+  - {category: Resource, strength: Required, target: {type: NodeId, value: $NODE}}
+EOF
+# with CUDA MPS here, its control daemon runs (default pipe directory, which the instances reach)
+# while the sharing instances run, so CUDA itself holds each to CUDA_MPS_PINNED_DEVICE_MEM_LIMIT
+MPS=0
+if [ "$MODE" = real ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    nvidia-cuda-mps-control -d && MPS=1 && echo "MPS control daemon started (default pipe directory)" \
+        || echo "nvidia-cuda-mps-control -d failed: the instances share without MPS"
+fi
+if blocks submit "$WORK/block_shared.yaml" --wait --timeout 180; then
+    ok "sharing block $SHARE_BID ready"
+    blocks get "$SHARE_BID" --json > "$WORK/block_shared.json"
+    # each instance directly (its endpoint, named by Aios-Instance): the matmul, then a buffer over its figure and one under
+    "$PY" - "$MODE" "$WORK/block_shared.json" "$WORK/inventory.json" "$SHARE_MIB" "$WORK/shared_answers.json" "$MPS" <<'EOF'
+import json, sys, urllib.request
+mode, block, inv, share_mib, out = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3])), int(sys.argv[4]), sys.argv[5]
+mps = sys.argv[6] == "1"
+fails = 0
+def check(cond, what):
+    global fails
+    print(("CHECK ok: " if cond else "CHECK FAIL: ") + what)
+    fails += not cond
+insts = block["instances"]
+gpus = {g["id"]: g for g in inv}
+check(len(insts) == 2 and all(i["status"] == "running" for i in insts.values()), f"2 instances running: {[(k, i['status'], i['gpus']) for k, i in insts.items()]}")
+held = {tuple(i["gpus"]) for i in insts.values()}
+check(len(held) == 1 and len(next(iter(held))) == 1 and next(iter(held))[0] in gpus, f"both hold the same one GPU: {held}")
+answers = {}
+for iid, inst in insts.items():
+    url = inst["endpoint"].rstrip("/") + "/infer"
+    for alloc in (share_mib + 5000, share_mib // 2):
+        req = urllib.request.Request(url, data=json.dumps({"n": 2048, "alloc_mib": alloc}).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", "Aios-Instance": iid})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            a = json.loads(r.read())
+        answers.setdefault(iid, []).append(a)
+        print(iid, json.dumps({k: a.get(k) for k in ("pid", "env", "device_name", "cuda_free_mib", "memory_fraction", "matmul", "alloc")}))
+json.dump(answers, open(out, "w"))
+for iid, (over, under) in answers.items():
+    env = over["env"]
+    check(over["instance_id"] == iid, f"{iid} answered for itself")
+    check(env["AIOS_GPU_MEMORY_LIMIT_MIB"] == str(share_mib) and env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"0={share_mib}M",
+          f"{iid}: AIOS_GPU_MEMORY_LIMIT_MIB={env['AIOS_GPU_MEMORY_LIMIT_MIB']}, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={env['CUDA_MPS_PINNED_DEVICE_MEM_LIMIT']}")
+    check(env["AIOS_GPU_SHARE"] == "0.500" and env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50",
+          f"{iid}: AIOS_GPU_SHARE={env['AIOS_GPU_SHARE']}, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={env['CUDA_MPS_ACTIVE_THREAD_PERCENTAGE']}")
+    if mode == "real":
+        m = over.get("matmul") or {}
+        check(over["device_count"] == 1 and m.get("device") == "cuda:0" and m.get("max_abs_err", 1e9) < 0.05,
+              f"{iid}: torch sees 1 device ({over.get('device_name')}), 2048x2048 matmul {m.get('ms')} ms, err {m.get('max_abs_err')}")
+        check(over["memory_fraction"] is not None and over["alloc"]["ok"] is False and under["alloc"]["ok"] is True,
+              f"{iid}: keeps to its {share_mib} MiB (fraction {over['memory_fraction']}): {over['alloc']['mib']} MiB refused "
+              f"({over['alloc']['error']}), {under['alloc']['mib']} MiB held")
+        if mps:
+            check(0 < over["cuda_free_mib"] <= share_mib,
+                  f"{iid}: under MPS, CUDA says {over['cuda_free_mib']} MiB free to it (<= its {share_mib} MiB: CUDA enforces the figure)")
+        else:
+            print(f"CHECK skip: {iid}: no MPS here: CUDA says {over['cuda_free_mib']} MiB free to it (only torch's cap holds it)")
+sys.exit(fails)
+EOF
+    FAILS=$((FAILS + $?))
+    if [ "$MODE" = real ]; then
+        echo "nvidia-smi compute apps (both instances on one GPU):"
+        nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader | tee "$WORK/apps_shared.csv"
+        nvidia-smi | sed -n '/Processes:/,$p'
+    fi
+    blocks node get "$NODE"
+    blocks delete "$SHARE_BID" --timeout 60 && ok "sharing block deleted" || fail "blocks delete $SHARE_BID"
+else
+    fail "sharing block $SHARE_BID not ready"
+    blocks get "$SHARE_BID" || true
+    blocks delete "$SHARE_BID" --timeout 60 || true
+fi
+[ "$MPS" = 1 ] && { echo quit | nvidia-cuda-mps-control; echo "MPS control daemon stopped"; }
+
+# -- 5. MPS on this host -------------------------------------------------------------------------
+step "5. CUDA MPS: is the control daemon here, and does it enforce the pinned memory limit?"
+if [ "$MODE" = real ] && command -v nvidia-cuda-mps-control >/dev/null; then
+    export CUDA_MPS_PIPE_DIRECTORY="$WORK/mps-pipe" CUDA_MPS_LOG_DIRECTORY="$WORK/mps-log"
+    mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+    if nvidia-cuda-mps-control -d; then
+        sleep 1
+        CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2000M CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=50 timeout 120 "$PY" - <<'EOF'
+import torch
+small = torch.empty(1000 * 2**20, dtype=torch.uint8, device="cuda:0")
+try:
+    torch.empty(4000 * 2**20, dtype=torch.uint8, device="cuda:0")
+    over = "held (MPS did not enforce the 2000 MiB limit)"
+except Exception as exc:
+    over = f"refused: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
+print(f"under MPS with CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2000M: 1000 MiB held; 4000 MiB {over}")
+EOF
+        echo "MPS client exit $?"; echo quit | nvidia-cuda-mps-control; tail -n 5 "$CUDA_MPS_LOG_DIRECTORY"/control.log 2>/dev/null
+    else
+        echo "nvidia-cuda-mps-control -d failed ($?)"
+    fi
+    unset CUDA_MPS_PIPE_DIRECTORY CUDA_MPS_LOG_DIRECTORY
+else
+    skip "MPS: no nvidia-cuda-mps-control on this host (mode $MODE)"
+fi
 
 step "3i. SIGTERM the agent and blocks up"
 snapshot_tree

@@ -205,6 +205,18 @@ def test_the_agent_reports_the_topology_in_its_node() -> None:
         detect(8, "n3", profile="nvlink-pairs-4")
 
 
+def test_a_single_gpu_without_nvlink_reports_its_topology_read_from_nvml() -> None:
+    """As an H200 in a VM answered (bench/gpu_check.sh, docs/topology.md): NvLinkState refuses link 0
+    (NotSupported). The node still reports a topology read from NVML, of one GPU and no pairs, so
+    `blocks node get` says so instead of "unknown"; placement is the same (no pair to choose)."""
+    from aios_blocks.agent.main import AgentOptions, describe_node
+
+    src = detect(None, "h200", nvml=FakeNvml(1, {}, {}, links_per_gpu=0))
+    topo = describe_node(AgentOptions("h200", "c1", cpu=1, memory=1), src).topology
+    assert topo is not None and (topo.source, topo.gpus, topo.links) == ("nvml", 1, []) and topo.matrix() == [["X"]]
+    assert detect(None, "none", nvml=FakeNvml(0, {}, {})).topology() is None  # no GPU: nothing to say
+
+
 def test_a_node_without_topology_is_unknown_and_old_specs_still_load() -> None:
     old = {"id": "n1", "cluster": "c1", "gpus": [{"id": "g0"}]}
     assert Node.model_validate(old).topology is None

@@ -103,7 +103,8 @@ class NvmlSource:
     def topology(self) -> GpuTopology | None:
         if not self._handles:
             self.gpus()
-        return read_topology(self.nvml, [h for _, h in self._handles]) if len(self._handles) > 1 else None
+        # one GPU has no pairs, but the node still says where its topology came from (docs/topology.md)
+        return read_topology(self.nvml, [h for _, h in self._handles]) if self._handles else None
 
 
 def sim_uuid(node_id: str, index: int) -> str:

@@ -273,7 +273,7 @@ def node_get(
 
     parsed = GpuTopology.model_validate(topo)
     where = f"profile {parsed.profile}" if parsed.profile else f"read from {parsed.source}"
-    console.print(f"GPU topology ({escape(where)}):")
+    console.print(f"GPU topology ({escape(where)}){': one GPU, no pairs' if parsed.gpus == 1 else ''}:")
     m = _table("", *[f"GPU{b}" for b in range(parsed.gpus)])
     for a, row in enumerate(parsed.matrix()):
         m.add_row(f"GPU{a}", *row)
