@@ -386,6 +386,12 @@ print(body.decode())
 EOF
 [ $? -eq 0 ] && ok "task over HTTP answered" || fail "task over HTTP"
 INSTANCE_PID="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["pid"])' "$WORK/answer_nats.json" 2>/dev/null)"
+WHOLE_TFLOPS=0
+if [ "$MODE" = real ]; then  # the whole GPU's bf16 throughput, for the sharing instances' (step 4)
+    blocks task "$BID" --data '{"n": 64, "tflops": 8192}' --timeout 120 > "$WORK/answer_tflops.json" \
+        && WHOLE_TFLOPS="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["throughput"]["tflops"])' "$WORK/answer_tflops.json")"
+    echo "the instance holding the whole GPU: bf16 8192x8192 matmuls at $WHOLE_TFLOPS TFLOP/s"
+fi
 [ "$MODE" = real ] && { echo "nvidia-smi compute apps:"; nvidia-smi --query-compute-apps=pid,gpu_uuid,used_memory --format=csv,noheader | tee "$WORK/apps.csv"; }
 cp "$(find "$AGENT_DIR" -name instance.log | head -n 1)" "$WORK/instance.log" 2>/dev/null
 echo "instance.log:"; sed 's/^/  /' "$WORK/instance.log" 2>/dev/null | tail -n 20
@@ -495,10 +501,10 @@ if blocks submit "$WORK/block_shared.yaml" --wait --timeout 180; then
     ok "sharing block $SHARE_BID ready"
     blocks get "$SHARE_BID" --json > "$WORK/block_shared.json"
     # each instance directly (its endpoint, named by Aios-Instance): the matmul, then a buffer over its figure and one under
-    "$PY" - "$MODE" "$WORK/block_shared.json" "$WORK/inventory.json" "$SHARE_MIB" "$WORK/shared_answers.json" "$MPS" <<'EOF'
+    "$PY" - "$MODE" "$WORK/block_shared.json" "$WORK/inventory.json" "$SHARE_MIB" "$WORK/shared_answers.json" "$MPS" "$WHOLE_TFLOPS" <<'EOF'
 import json, sys, urllib.request
 mode, block, inv, share_mib, out = sys.argv[1], json.load(open(sys.argv[2])), json.load(open(sys.argv[3])), int(sys.argv[4]), sys.argv[5]
-mps = sys.argv[6] == "1"
+mps, whole = sys.argv[6] == "1", float(sys.argv[7])
 fails = 0
 def check(cond, what):
     global fails
@@ -512,13 +518,14 @@ check(len(held) == 1 and len(next(iter(held))) == 1 and next(iter(held))[0] in g
 answers = {}
 for iid, inst in insts.items():
     url = inst["endpoint"].rstrip("/") + "/infer"
-    for alloc in (share_mib + 5000, share_mib // 2):
-        req = urllib.request.Request(url, data=json.dumps({"n": 2048, "alloc_mib": alloc}).encode(), method="POST",
+    for alloc in (share_mib + 5000, share_mib // 2):  # one instance at a time: each alone on the GPU
+        ask = {"n": 2048, "alloc_mib": alloc, "tflops": 8192 if mode == "real" and alloc < share_mib else 0}
+        req = urllib.request.Request(url, data=json.dumps(ask).encode(), method="POST",
                                      headers={"Content-Type": "application/json", "Aios-Instance": iid})
         with urllib.request.urlopen(req, timeout=120) as r:
             a = json.loads(r.read())
         answers.setdefault(iid, []).append(a)
-        print(iid, json.dumps({k: a.get(k) for k in ("pid", "env", "device_name", "cuda_free_mib", "memory_fraction", "matmul", "alloc")}))
+        print(iid, json.dumps({k: a.get(k) for k in ("pid", "env", "device_name", "cuda_free_mib", "memory_fraction", "matmul", "alloc", "throughput")}))
 json.dump(answers, open(out, "w"))
 for iid, (over, under) in answers.items():
     env = over["env"]
@@ -537,6 +544,10 @@ for iid, (over, under) in answers.items():
         if mps:
             check(0 < over["cuda_free_mib"] <= share_mib,
                   f"{iid}: under MPS, CUDA says {over['cuda_free_mib']} MiB free to it (<= its {share_mib} MiB: CUDA enforces the figure)")
+            got = (under.get("throughput") or {}).get("tflops", 0)
+            check(whole > 0 and 0 < got <= 0.75 * whole,
+                  f"{iid}: under MPS at 50 % of the SMs, alone on the GPU: {got} TFLOP/s bf16, {got / whole if whole else 0:.2f} x "
+                  f"the whole-GPU instance's {whole} (its gpuShare 0.5 reaches CUDA)")
         else:
             print(f"CHECK skip: {iid}: no MPS here: CUDA says {over['cuda_free_mib']} MiB free to it (only torch's cap holds it)")
 sys.exit(fails)

@@ -53,8 +53,9 @@ def fake_torch(gpus: int) -> Any:
         def manual_seed(self, seed: int) -> random.Random:
             return random.Random(seed)
 
-    def randn(n: int, m: int, generator: random.Random, dtype: Any = None) -> FakeTensor:
-        return FakeTensor([[generator.gauss(0, 1) for _ in range(m)] for _ in range(n)])
+    def randn(n: int, m: int, generator: random.Random | None = None, dtype: Any = None, device: str = "cpu") -> FakeTensor:
+        g = generator or random.Random(1)
+        return FakeTensor([[g.gauss(0, 1) for _ in range(m)] for _ in range(n)], device)
 
     cuda = SimpleNamespace(
         is_available=lambda: gpus > 0,
@@ -77,7 +78,7 @@ def fake_torch(gpus: int) -> Any:
 
     cuda.set_per_process_memory_fraction = set_per_process_memory_fraction
     return SimpleNamespace(__version__="2.11.0+fake", cuda=cuda, Generator=Generator, randn=randn,
-                           float32="float32", uint8="uint8", empty=empty, cap=cap)
+                           float32="float32", uint8="uint8", bfloat16="bfloat16", empty=empty, cap=cap)
 
 
 @pytest.fixture
@@ -106,8 +107,8 @@ async def test_answers_its_gpu_environment_without_torch(monkeypatch: pytest.Mon
     for bad in ({"n": 0}, {"n": "8"}, {"n": True}, {"n": gpu_probe.MAX_N + 1}):
         r = await app.call(bad)
         assert r.status == 422 and "n must be" in r.json()["error"]
-    r = await app.call({"n": 0, "alloc_mib": -1})  # both problems at once
-    assert r.status == 422 and "n must be" in r.json()["error"] and "alloc_mib must be" in r.json()["error"]
+    r = await app.call({"n": 0, "alloc_mib": -1, "tflops": 8})  # every problem at once
+    assert r.status == 422 and all(f"{k} must be" in r.json()["error"] for k in ("n", "alloc_mib", "tflops"))
 
 
 def test_torch_without_a_gpu_reports_no_device() -> None:
@@ -117,7 +118,7 @@ def test_torch_without_a_gpu_reports_no_device() -> None:
 
 
 def test_with_a_gpu_reports_device_0_and_a_checked_matmul(gpu_env: None) -> None:
-    a = gpu_probe.probe(fake_torch(1), n=4, alloc_mib=1000)
+    a = gpu_probe.probe(fake_torch(1), n=4, alloc_mib=1000, tflops_n=16)
     assert a["device_count"] == 1 and a["device_name"] == "NVIDIA H100 80GB HBM3"
     assert a["device_uuid"] == UUID[4:] and a["device_memory_mib"] == 81559  # torch's UUID: no GPU- prefix
     assert a["cuda_free_mib"] == 80000
@@ -126,6 +127,8 @@ def test_with_a_gpu_reports_device_0_and_a_checked_matmul(gpu_env: None) -> None
     # every field the probe reports is named by its record (gpu_probe.Probe, Matmul)
     assert set(a) == set(gpu_probe.Probe.__annotations__) and set(m) == set(gpu_probe.Matmul.__annotations__)
     assert a["alloc"] == {"mib": 1000, "ok": True, "error": None} and a["memory_fraction"] is None
+    t = a["throughput"]
+    assert (t["n"], t["reps"]) == (16, 10) and t["tflops"] >= 0 and set(t) == set(gpu_probe.Throughput.__annotations__)
 
 
 def test_a_sharing_instance_keeps_to_its_memory_figure(gpu_env: None) -> None:

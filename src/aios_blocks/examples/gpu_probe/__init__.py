@@ -6,7 +6,8 @@ instance with ``python -m aios_blocks.examples.gpu_probe``.
 instance that shares its GPU (``AIOS_GPU_MEMORY_LIMIT_MIB`` set, docs/gpus.md) keeps to that figure
 the way docs/gpus.md tells a program to: ``torch.cuda.set_per_process_memory_fraction``. Each task
 (JSON, optional ``{"n": N}``, the matrix size, 1..8192, default 1024, and ``{"alloc_mib": M}``, a
-buffer of M MiB to try on GPU 0 and free again) answers::
+buffer of M MiB to try on GPU 0 and free again, and ``{"tflops": K}``, the bf16 throughput of K x K
+matmuls on GPU 0, 0 or 16..16384: how much of the GPU's compute this instance gets) answers::
 
     {"instance_id", "pid", "env": {CUDA_VISIBLE_DEVICES, AIOS_GPUS, AIOS_GPU_INDICES, NVIDIA_VISIBLE_DEVICES,
                                    and the sharing ones: AIOS_GPU_MEMORY_LIMIT_MIB, AIOS_GPU_SHARE,
@@ -16,7 +17,8 @@ buffer of M MiB to try on GPU 0 and free again) answers::
      "cuda_free_mib",                                           # what CUDA says is free to this process
      "memory_fraction",                                         # set from AIOS_GPU_MEMORY_LIMIT_MIB, or null
      "matmul": {"n", "ms", "max_abs_err", "checksum"},          # an n x n float32 product on GPU 0
-     "alloc": {"mib", "ok", "error"}}                           # only when alloc_mib was asked
+     "alloc": {"mib", "ok", "error"},                           # only when alloc_mib was asked
+     "throughput": {"n", "tflops", "reps"}}                     # only when tflops was asked
 
 ``max_abs_err`` compares the GPU's product with the CPU's (same random inputs, fixed seed).
 Without torch or a GPU the probe still answers: the environment, and why the rest is missing.
@@ -38,6 +40,7 @@ ENV_KEYS = (
 )
 MAX_N = 8192
 MAX_ALLOC_MIB = 1 << 20
+MAX_TFLOPS_N = 16384
 
 
 def init(ctx: Context) -> None:
@@ -86,6 +89,14 @@ class Alloc(TypedDict):
     error: str | None
 
 
+class Throughput(TypedDict):
+    """bf16 ``n`` x ``n`` matmuls on GPU 0: TFLOP/s over ``reps`` timed products (after 3 warm-ups)."""
+
+    n: int
+    tflops: float
+    reps: int
+
+
 class Probe(TypedDict):
     """What ``probe`` reports (the task's answer, with ``instance_id``); the device fields and
     ``matmul`` only when torch sees a GPU."""
@@ -103,6 +114,7 @@ class Probe(TypedDict):
     memory_fraction: NotRequired[float | None]
     matmul: NotRequired[Matmul]
     alloc: NotRequired[Alloc]
+    throughput: NotRequired[Throughput]
 
 
 class Answer(Probe):
@@ -110,7 +122,8 @@ class Answer(Probe):
 
 
 def probe(
-    torch: Any, n: int = 1024, torch_error: str | None = None, alloc_mib: int = 0, memory_fraction: float | None = None
+    torch: Any, n: int = 1024, torch_error: str | None = None, alloc_mib: int = 0, memory_fraction: float | None = None,
+    tflops_n: int = 0,
 ) -> Probe:
     """What this process sees: its GPU environment, torch's view of CUDA and a matmul on GPU 0
     (and, with ``alloc_mib``, whether a buffer that large fits)."""
@@ -155,7 +168,25 @@ def probe(
     }
     if alloc_mib:
         out["alloc"] = try_alloc(torch, alloc_mib)
+    if tflops_n:
+        out["throughput"] = throughput(torch, tflops_n)
     return out
+
+
+def throughput(torch: Any, n: int, reps: int = 10) -> Throughput:
+    """TFLOP/s of bf16 ``n`` x ``n`` products on GPU 0 (under CUDA MPS, capped by the instance's
+    ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``: its ``gpuShare`` of the SMs)."""
+    a = torch.randn(n, n, dtype=torch.bfloat16, device="cuda:0")
+    b = torch.randn(n, n, dtype=torch.bfloat16, device="cuda:0")
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(0)
+    started = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize(0)
+    seconds = max(time.perf_counter() - started, 1e-9)
+    return {"n": n, "tflops": round(2 * n**3 * reps / seconds / 1e12, 1), "reps": reps}
 
 
 def try_alloc(torch: Any, mib: int) -> Alloc:
@@ -173,12 +204,16 @@ def handle(task: Task, ctx: Context) -> Answer:
     data = task.json()
     n = data.get("n", 1024) if isinstance(data, dict) else 1024
     alloc = data.get("alloc_mib", 0) if isinstance(data, dict) else 0
+    tflops = data.get("tflops", 0) if isinstance(data, dict) else 0
     problems = []
     if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_N:
         problems.append(f"n must be an integer 1..{MAX_N}")
     if not isinstance(alloc, int) or isinstance(alloc, bool) or not 0 <= alloc <= MAX_ALLOC_MIB:
         problems.append(f"alloc_mib must be an integer 0..{MAX_ALLOC_MIB}")
+    if not isinstance(tflops, int) or isinstance(tflops, bool) or not (tflops == 0 or 16 <= tflops <= MAX_TFLOPS_N):
+        problems.append(f"tflops must be 0 or an integer 16..{MAX_TFLOPS_N}")
     if problems:
         raise TaskError(422, "; ".join(problems))
-    answer = probe(ctx.state.get("torch"), n, ctx.state.get("torch_error"), alloc, ctx.state.get("memory_fraction"))
+    answer = probe(ctx.state.get("torch"), n, ctx.state.get("torch_error"), alloc, ctx.state.get("memory_fraction"),
+                   tflops)
     return {"instance_id": ctx.instance_id, **answer}
