@@ -287,12 +287,13 @@ grep -q '^tasks:' "$WORK/up.log" && ok "blocks up started (pid $UP_PID)" || abor
 cat "$DATA/endpoints.json"; echo
 
 step "3b. the gpu-probe component (process runtime)"
-cat > "$WORK/gpu_probe_component.yaml" <<EOF
-# The GPU probe (aios_blocks.examples.gpu_probe) for the process runtime: 1 GPU, one HTTP port.
-componentURI: aios://examples/gpu-probe
+probe_component() {  # NAME RESOURCES RESOURCE_ALLOCATOR_SETTINGS COMMENT: the GPU probe as a component
+    cat <<EOF
+# $4
+componentURI: aios://examples/$1
 componentInputProtocol: {type: http, path: /infer, method: POST}
 tags: [gpu, check]
-resources: {gpus: 1, cpu: 1, memory: 2048}
+resources: $2
 launch:
   command: [$PY, -m, $PROBE]
   ports: [http]
@@ -300,8 +301,11 @@ launch:
   stopGraceS: 10
 policies:
   - {name: clusterAllocator, policyRuleURI: "builtin:cluster-rank"}
-  - {name: resourceAllocator, policyRuleURI: "builtin:binpack"}
+  - {name: resourceAllocator, policyRuleURI: "builtin:binpack", settings: $3}
 EOF
+}
+probe_component gpu-probe "{gpus: 1, cpu: 1, memory: 2048}" "{}" \
+    "The GPU probe (aios_blocks.examples.gpu_probe) for the process runtime: 1 GPU, one HTTP port." > "$WORK/gpu_probe_component.yaml"
 cat "$WORK/gpu_probe_component.yaml"
 blocks component add "$WORK/gpu_probe_component.yaml" && ok "component registered" || abort "blocks component add"
 
@@ -465,21 +469,8 @@ FAILS=$((FAILS + $?))
 # -- 4. sharing the GPU -------------------------------------------------------------------------
 SHARE_BID="$BID-share" SHARE_MIB=20000
 step "4. two instances of one sharing block on the one GPU: $SHARE_BID (gpuShare 0.5, gpuMemory $SHARE_MIB MiB)"
-cat > "$WORK/gpu_probe_shared.yaml" <<EOF
-# The GPU probe sharing its GPU: half its compute (gpuShare), $SHARE_MIB MiB of its memory.
-componentURI: aios://examples/gpu-probe-shared
-componentInputProtocol: {type: http, path: /infer, method: POST}
-tags: [gpu, check, shared]
-resources: {gpus: 1, gpuShare: 0.5, gpuMemory: $SHARE_MIB, cpu: 1, memory: 2048}
-launch:
-  command: [$PY, -m, $PROBE]
-  ports: [http]
-  probe: {type: http, port: http, path: /health, intervalS: 1, failureThreshold: 3, startTimeoutS: 120}
-  stopGraceS: 10
-policies:
-  - {name: clusterAllocator, policyRuleURI: "builtin:cluster-rank"}
-  - {name: resourceAllocator, policyRuleURI: "builtin:binpack", settings: {gpuSharing: true}}
-EOF
+probe_component gpu-probe-shared "{gpus: 1, gpuShare: 0.5, gpuMemory: $SHARE_MIB, cpu: 1, memory: 2048}" "{gpuSharing: true}" \
+    "The GPU probe sharing its GPU: half its compute (gpuShare), $SHARE_MIB MiB of its memory." > "$WORK/gpu_probe_shared.yaml"
 blocks component add "$WORK/gpu_probe_shared.yaml" && ok "sharing component registered" || fail "blocks component add (sharing)"
 cat > "$WORK/block_shared.yaml" <<EOF
 blockId: $SHARE_BID
