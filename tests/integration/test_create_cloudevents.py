@@ -106,3 +106,22 @@ async def test_every_stored_message_is_a_cloudevent_and_an_invalid_id_is_answere
     # the creates themselves, as the parser stored them from AIOS_INTAKE (test_create_intake.py)
     creates = [msgspec.json.decode(b) for _, s, _, b in messages if s.endswith(".submitted")]
     assert {(e["data"].get("spec") or {}).get("blockId") for e in creates} >= {"ce-cli", "ce-bad"}
+
+
+async def test_a_cloudevent_create_with_wrong_attributes_is_rejected_with_each_not_placed(system: System) -> None:
+    """A plain NATS client's create whose CloudEvent attributes are not the ones docs/subjects.md
+    requires (specversion 1.0, id, source, type io.aios.block.create) was placed as a block: it is
+    rejected, every wrong attribute listed with its path, and nothing is placed."""
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=1, gpus=2)
+    up = await connect_as(system, "upstream", inbox_prefix="_INBOX.upstream")
+    try:
+        event = {"specversion": "0.3", "type": "io.aios.block.delete", "data": {**SPEC}}
+        ack = await up.jetstream(timeout=10).publish("aios.block.ce-wrong.create", json.dumps(event).encode(),
+                                                     headers={"Content-Type": "application/cloudevents+json"})
+    finally:
+        await up.close()
+    kind, env = await c.wait("ce-wrong", 60)
+    assert kind == "rejected" and env["data"]["gen"] == ack.seq, env
+    assert [e["path"] for e in env["data"]["errors"]] == ["$.specversion", "$.id", "$.source", "$.type"], env
+    assert not (await c.store.get_block("ce-wrong") or {}).get("cluster")

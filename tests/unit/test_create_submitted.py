@@ -19,9 +19,9 @@ def test_a_bare_spec_and_a_cloudevent_carry_the_spec_and_gen() -> None:
     p = e.payload
     assert (p.block_id, p.gen, p.spec, p.framing, p.headers) == ("b1", 7, SPEC, "bare", {"Nats-Msg-Id": "m1"})
     assert p.digest == parse.digest(bare) and p.body == "" and p.attributes == {}
-    ce = json.dumps({"specversion": "1.0", "id": "x1", "source": "urn:s", "type": "t", "data": SPEC}).encode()
+    ce = json.dumps({"specversion": "1.0", "id": "x1", "source": "urn:s", "type": "io.aios.block.create", "data": SPEC}).encode()
     p = parse.submitted("aios.block.b1.create", "b1", 8, ce, None).payload
-    assert (p.spec, p.framing, p.attributes) == (SPEC, "cloudevent", {"specversion": "1.0", "id": "x1", "source": "urn:s", "type": "t"})
+    assert (p.spec, p.framing, p.attributes) == (SPEC, "cloudevent", {"specversion": "1.0", "id": "x1", "source": "urn:s", "type": "io.aios.block.create"})
 
 
 def test_its_id_is_the_creates_so_a_redelivery_is_deduplicated() -> None:

@@ -401,7 +401,7 @@ def test_decode_non_object(raw: bytes, kind: str) -> None:
 
 def test_decoded_envelope_builds_the_same_ir_as_the_bare_spec() -> None:
     doc = spec(blockInitData={"k": "v"})
-    env = {"specversion": "1.0", "id": "1", "source": "s", "type": "t", "data": doc}
+    env = {"specversion": "1.0", "id": "1", "source": "s", "type": "io.aios.block.create", "data": doc}
     assert build(decode_spec(json.dumps(env).encode())) == build(decode_spec(json.dumps(doc).encode()))
 
 
@@ -517,7 +517,7 @@ def test_a_policy_name_far_from_every_kind_still_extends_the_set() -> None:
 
 @pytest.mark.parametrize(("data", "got"), [('"notaspec"', "str"), ("[1]", "list"), ("null", "nothing")])
 def test_a_cloudevent_whose_data_is_not_an_object_says_so(data: str, got: str) -> None:
-    raw = ('{"specversion": "1.0", "id": "x", "source": "s", "type": "t", "data": ' + data + "}").encode()
+    raw = ('{"specversion": "1.0", "id": "x", "source": "s", "type": "io.aios.block.create", "data": ' + data + "}").encode()
     with pytest.raises(SpecInvalid) as info:
         decode_spec(raw)
     assert info.value.errors == [SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}")]
@@ -527,10 +527,34 @@ def test_a_cloudevent_with_data_base64_carries_the_spec_too() -> None:
     import base64
 
     doc = {"blockComponentURI": "aios://models/m", "minInstances": 1, "maxInstances": 2}
-    env = {"specversion": "1.0", "id": "x", "source": "s", "type": "t",
+    env = {"specversion": "1.0", "id": "x", "source": "s", "type": "io.aios.block.create",
            "data_base64": base64.b64encode(json.dumps(doc).encode()).decode()}
     assert decode_spec(json.dumps(env).encode()) == doc
     for bad, says in (("%%%", "not base64 text"), (base64.b64encode(b"{no").decode(), "does not hold JSON")):
         with pytest.raises(SpecInvalid) as info:
             decode_spec(json.dumps({**env, "data_base64": bad}).encode())
         assert info.value.errors[0].path == "$.data_base64" and says in info.value.errors[0].message
+
+
+def test_a_cloudevent_create_with_wrong_attributes_is_refused_listing_each() -> None:
+    """A create sent as a CloudEvent of another version, type, or without id and source was placed
+    as if it were right (docs/subjects.md and the AsyncAPI document require them): now every wrong
+    attribute is an error of its own, with the data's, in one rejection."""
+    from aios_blocks.schemas.catalog import E
+    from aios_blocks.schemas.ir import CREATE_TYPE
+
+    assert CREATE_TYPE == E.block_create.type
+    raw = json.dumps({"specversion": "0.3", "type": "com.example.thing", "source": "", "data": [1]}).encode()
+    with pytest.raises(SpecInvalid) as info:
+        decode_spec(raw)
+    assert [e.path for e in info.value.errors] == ["$.specversion", "$.id", "$.source", "$.type", "$.data"]
+    assert "'0.3'" in info.value.errors[0].message and "got nothing" in info.value.errors[1].message
+    assert "'io.aios.block.create'" in info.value.errors[3].message and "com.example.thing" in info.value.errors[3].message
+    # a bad data_base64 is listed with them, not instead of them
+    with pytest.raises(SpecInvalid) as info:
+        decode_spec(json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "data_base64": "%%"}).encode())
+    assert [e.path for e in info.value.errors] == ["$.type", "$.data_base64"]
+    # the README's create is taken as it is
+    doc = spec()
+    assert decode_spec(json.dumps({"specversion": "1.0", "id": "my-create-1", "source": "urn:me",
+                                   "type": "io.aios.block.create", "data": doc}).encode()) == doc

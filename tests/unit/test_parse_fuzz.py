@@ -68,7 +68,7 @@ def test_any_json_document(doc: Any) -> None:
 @given(st.sampled_from(FIELDS), json_values, st.booleans())
 def test_valid_spec_with_one_field_replaced(field: str, value: Any, as_cloudevent: bool) -> None:
     doc = {**VALID, field: value}
-    body = {"specversion": "1.0", "id": "x", "source": "fuzz", "type": "t", "data": doc} if as_cloudevent else doc
+    body = {"specversion": "1.0", "id": "x", "source": "fuzz", "type": "io.aios.block.create", "data": doc} if as_cloudevent else doc
     outcome = run(json.dumps(body).encode())
     assert_outcome(outcome)
     if field == "colour":

@@ -108,10 +108,10 @@ async def test_the_parser_validates_a_components_record_once_for_its_creates(mon
 
 BODIES = [
     json.dumps(SPECS[0]).encode(),
-    json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "data": SPECS[1]}).encode(),
-    json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "t",
+    json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "io.aios.block.create", "data": SPECS[1]}).encode(),
+    json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "io.aios.block.create",
                 "data_base64": base64.b64encode(json.dumps(SPECS[0]).encode()).decode()}).encode(),
-    json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "t", "data": 3}).encode(),
+    json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "io.aios.block.create", "data": 3}).encode(),
     b"null", b"[1]", b"not json \xff", b"[" * 80 + b"]" * 80, b"x" * 300,
 ]
 

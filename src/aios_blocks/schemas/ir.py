@@ -89,16 +89,43 @@ def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: An
         raise SpecInvalid([SpecError("$", f"body nests deeper than {MAX_SPEC_DEPTH} levels")]) from None
     if _too_deep(doc, MAX_SPEC_DEPTH + 2):  # +2: a CloudEvent wraps the spec in one more object
         raise SpecInvalid([SpecError("$", f"body nests deeper than {MAX_SPEC_DEPTH} levels")])
-    if isinstance(doc, dict) and "specversion" in doc and "data_base64" in doc and "data" not in doc:
-        doc = {**doc, "data": _base64_data(doc["data_base64"])}  # the CloudEvents JSON form for binary data
     if isinstance(doc, dict) and "specversion" in doc:  # a CloudEvent: its data is the spec
+        errors = cloudevent_problems(doc)
+        if "data_base64" in doc and "data" not in doc:
+            try:
+                doc = {**doc, "data": _base64_data(doc["data_base64"])}  # the CloudEvents JSON form for binary data
+            except SpecInvalid as exc:
+                raise SpecInvalid(errors + exc.errors) from None
         if not isinstance(doc.get("data"), dict):
             got = "nothing" if doc.get("data") is None else type(doc.get("data")).__name__
-            raise SpecInvalid([SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}")])
+            errors.append(SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}"))
+        if errors:
+            raise SpecInvalid(errors)
         doc = doc["data"]
     if not isinstance(doc, dict):
         raise SpecInvalid([SpecError("$", f"spec must be a JSON object, got {type(doc).__name__}")])
     return doc
+
+
+#: the ``type`` of a create sent as a CloudEvent (``E.block_create.type``; a tenant's clients send it too)
+CREATE_TYPE = "io.aios.block.create"
+
+
+def cloudevent_problems(doc: Mapping[str, Any]) -> list[SpecError]:
+    """The attributes CloudEvents 1.0 requires of a create, each one wrong or missing (docs/subjects.md,
+    the AsyncAPI document's create envelope): ``specversion`` "1.0", ``id`` and ``source`` non-empty
+    strings, ``type`` :data:`CREATE_TYPE`. A CloudEvent of another version or type is no create, so it
+    is refused rather than placed as one."""
+    out = []
+    if doc.get("specversion") != "1.0":
+        out.append(SpecError("$.specversion", f"must be \"1.0\" (CloudEvents 1.0); got {doc.get('specversion')!r}"))
+    for name in ("id", "source"):
+        if not isinstance(doc.get(name), str) or not doc[name]:
+            got = "nothing" if doc.get(name) is None else repr(doc.get(name))
+            out.append(SpecError(f"$.{name}", f"a CloudEvent needs {name}, a non-empty string; got {got}"))
+    if doc.get("type") != CREATE_TYPE:
+        out.append(SpecError("$.type", f"a create's type is {CREATE_TYPE!r}; got {doc.get('type')!r}"))
+    return out
 
 
 def _base64_data(value: Any) -> Any:
