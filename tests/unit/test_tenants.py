@@ -47,12 +47,51 @@ def test_each_user_of_a_tenant_has_an_account_of_its_own_with_the_tenants_import
     conf = tn.accounts_conf([], [t])
     dash = conf.split('"tenant-acme.dash": {')[1].split('"tenant-acme": {')[0]
     main = conf.split('"tenant-acme": {')[1]
-    assert 'user: "acme.dash"' in dash and "acme.main" not in dash and "max_connections: 5" in dash
+    assert 'user: "acme.dash"' in dash and "acme.main" not in dash and "max_connections: 2" in dash  # its share
     assert 'user: "acme.main"' in main and "acme.dash" not in main
     for r in tn.REQUESTS:
         assert f'subject: "aios.tenant.acme.block.*.{r}"}}, to: "aios.block.*.{r}"' in dash
     assert '{stream: {account: "AIOS", subject: "aios.tenant.acme.event.>"}, to: "aios.block.>"}' in dash
     assert tn.credentials("acme", "dash", "pw2", "nats://h:1", None)["account"] == "tenant-acme.dash"
+
+
+def test_a_tenants_limits_are_split_across_its_users_accounts_and_add_up_to_its_own() -> None:
+    """nats-server limits accounts one by one: each user's account gets a share, so the tenant's
+    users together never get more than its operator set (tests/integration/test_tenant_limits.py)."""
+    lim = tn.Limits(connections=5, stream_bytes=1001, memory_bytes=0, streams=4, consumers=64)
+    t = tn.Tenant("acme", {"zed": "p", "main": "p", "dash": "p"}, lim)
+    split = tn.shares(t)
+    assert list(split) == ["main", "dash", "zed"]  # main first: the remainder one each from it
+    assert [s["connections"] for s in split.values()] == [2, 2, 1]
+    assert [s["stream_bytes"] for s in split.values()] == [334, 334, 333]
+    assert [s["memory_bytes"] for s in split.values()] == [0, 0, 0]  # none for the tenant: none for each
+    for name in tn.SPLIT:
+        assert sum(s[name] for s in split.values()) == getattr(lim, name), name
+    conf = tn.accounts_conf([], [t])
+    assert conf.count("max_connections: 2") == 2 and conf.count("max_connections: 1") == 1
+    assert "max_file: 334," in conf and "max_file: 333," in conf and "max_connections: 5" not in conf
+    one = tn.accounts_conf([], [tn.Tenant("solo", {"main": "p"}, lim)])
+    assert "max_connections: 5" in one and "max_file: 1001," in one  # one user: the whole of it
+    row = tn.describe(t)
+    assert row["limits"]["connections"] == 5 and row["fits"] is True
+    assert row["shares"] == {"tenant-acme": split["main"], "tenant-acme.dash": split["dash"], "tenant-acme.zed": split["zed"]}
+
+
+@pytest.mark.parametrize(("field", "flag", "total"), [("connections", "--max-connections", 2), ("streams", "--max-streams", 2),
+                                                      ("consumers", "--max-consumers", 2),
+                                                      ("stream_bytes", "--max-stream-bytes", 2)])
+def test_a_limit_that_cannot_give_each_user_one_is_refused_naming_its_flag(field: str, flag: str, total: int) -> None:
+    t = tn.Tenant("acme", {"main": "p", "a": "p", "b": "p"}, tn.Limits(**{field: total}))
+    with pytest.raises(ValueError, match=f"{flag} {total} cannot give each of its 3 users") as refused:
+        tn.check(t)
+    assert f"blocks tenant add acme {flag} 3" in str(refused.value)
+    assert tn.describe(t)["fits"] is False
+    # a config written before (no check then) still gives every account at least 1: a 0 would read
+    # as no limit (streams, consumers) or no connection at all
+    assert all(s[field] >= 1 for s in tn.shares(t).values()) or field not in tn.AT_LEAST_ONE
+    assert tn.check(tn.Tenant("acme", {"main": "p", "a": "p"}, t.limits)) is not None
+    # bytes may be 0 for the tenant: none for each of its accounts
+    assert tn.check(tn.Tenant("acme", {"main": "p", "a": "p", "b": "p"}, tn.Limits(stream_bytes=0))) is not None
 
 
 def test_replayable_subjects_leave_out_every_request() -> None:
@@ -124,3 +163,18 @@ def test_a_tenants_watch_shows_each_event_once_by_subject_and_id() -> None:
     assert once.first("aios.block.b1.ready", {"data": {}}) is True
     assert once.first("aios.block.b1.ready", {"data": {}}) is True  # no id: nothing to tell it by
     assert once.first("aios.block.b1.ready", ready) is True  # forgotten: two newer keys since
+
+
+def test_only_a_split_that_shrinks_an_accounts_jetstream_share_reads_its_use() -> None:
+    """``runtime.tenant_usage``: nats-server keeps an account's streams when its limits shrink, so
+    such a split is checked against what the account holds (logged in as its user); raising a
+    limit, or lowering connections only (the server closes those beyond it), reads nothing."""
+    from aios_blocks.runtime import tenant_usage
+
+    old = tn.Tenant("acme", {"main": "p", "dash": "p"}, tn.Limits(connections=8))
+    more = tn.Tenant("acme", {"main": "p", "dash": "p", "ops": "p"}, old.limits)
+    assert tenant_usage.shrunk(more, old) == ["main", "dash"]  # the new user has no account yet
+    assert tenant_usage.shrunk(tn.Tenant("acme", old.users, tn.Limits(connections=2)), old) == []
+    assert tenant_usage.shrunk(tn.Tenant("acme", old.users, tn.Limits(stream_bytes=1 << 30)), old) == []
+    assert tenant_usage.shrunk(tn.Tenant("acme", old.users, tn.Limits(streams=3)), old) == ["dash"]  # 2+2 -> 2+1
+    assert tenant_usage.shrunk(old, tn.Tenant("acme", {})) == []  # a new tenant

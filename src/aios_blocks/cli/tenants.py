@@ -83,16 +83,24 @@ def _store_limit(tenant: str, data_dir: Path, remove: bool = False) -> None:
 @tenant_app.command("add")
 def tenant_add(
     tenant: str = typer.Argument(..., help="The tenant's name (a block id's characters): its account is tenant-NAME."),
-    connections: int = typer.Option(None, "--max-connections", min=1, help="Client connections at once, per user (default 64)."),
+    connections: int = typer.Option(None, "--max-connections", min=1,
+                                    help="Client connections at once, all its users together (default 64)."),
     pending: int = typer.Option(None, "--max-pending-creates", min=1,
                                 help="Its creates not yet placed, failed or deleted (default 100): more are rejected."),
     stream_bytes: int = typer.Option(None, "--max-stream-bytes", min=0,
-                                     help="Bytes the JetStream streams of each of its users may hold (default 64 MiB)."),
+                                     help="Bytes its users' JetStream streams may hold on disk, together (default 64 MiB)."),
+    memory_bytes: int = typer.Option(None, "--max-memory-bytes", min=0,
+                                     help="Bytes its users' memory streams may hold, together (default 8 MiB)."),
+    streams: int = typer.Option(None, "--max-streams", min=1, help="JetStream streams, all its users together (default 4)."),
+    consumers: int = typer.Option(None, "--max-consumers", min=1,
+                                  help="JetStream consumers, all its users together (default 64)."),
     as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),
     data_dir: Path = DataDir,
 ) -> None:
     """Add a tenant (a NATS account of its own) and its first user, `NAME.main`; print where its
-    credentials file is (0600: url, user, password). Again with limits: change them.
+    credentials file is (0600: url, user, password). Again with limits: change them. The limits are
+    the tenant's: split across its users' accounts (`blocks tenant get NAME` shows each share);
+    one that cannot give each user at least one is refused.
 
     Example: `blocks tenant add team-a --json`, `blocks tenant add team-a --max-connections 8`
     """
@@ -100,21 +108,29 @@ def tenant_add(
     from ..runtime import tenants as tn
 
     data_dir = embedded(data_dir, "tenants")
+    given = {"connections": connections, "pending_creates": pending, "stream_bytes": stream_bytes,
+             "memory_bytes": memory_bytes, "streams": streams, "consumers": consumers}
     limits = None
-    if connections is not None or pending is not None or stream_bytes is not None:
+    if any(v is not None for v in given.values()):
         s = auth.Secrets.load(Path(data_dir).resolve(), create=False)
         limits = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {})).limits
-        limits.connections = connections if connections is not None else limits.connections
-        limits.stream_bytes = stream_bytes if stream_bytes is not None else limits.stream_bytes
-        limits.pending_creates = pending if pending is not None else limits.pending_creates
+        for name, value in given.items():
+            if value is not None:
+                setattr(limits, name, value)
     new, path = auth.add_tenant(data_dir, tenant, limits)
     _store_limit(tenant, data_dir)
     _say(tenant, tn.FIRST_USER, new, path, as_json)
 
 
+def _limit(row: dict[str, Any], name: str) -> str:
+    """A limit as the tenant's total and its accounts' shares: ``8 (3+3+2)``."""
+    parts = [str(s[name]) for s in row["shares"].values()]
+    return str(row["limits"][name]) + (f" ({'+'.join(parts)})" if len(parts) > 1 else "")
+
+
 @tenant_app.command("list")
 def tenant_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = DataDir) -> None:
-    """The tenants, their users and limits.
+    """The tenants, their users and limits: the tenant's, and (in brackets) each user account's share.
 
     Example: `blocks tenant list`
     """
@@ -126,10 +142,36 @@ def tenant_list(as_json: bool = typer.Option(False, "--json"), data_dir: Path = 
         return
     table = _table("tenant", "account", "users", "connections", "pending creates", "stream bytes")
     for r in rows:
-        lim = r["limits"]
-        table.add_row(r["tenant"], r["account"], ", ".join(r["users"]), str(lim["connections"]), str(lim["pending_creates"]),
-                      str(lim["stream_bytes"]))
+        table.add_row(r["tenant"], r["account"], ", ".join(r["users"]), _limit(r, "connections"),
+                      str(r["limits"]["pending_creates"]), _limit(r, "stream_bytes"))
     console.print(table)
+
+
+@tenant_app.command("get")
+def tenant_get(tenant: str = typer.Argument(...), as_json: bool = typer.Option(False, "--json"),
+               data_dir: Path = DataDir) -> None:
+    """One tenant: its limits (the tenant's totals) and each of its users' accounts' share of them.
+
+    Example: `blocks tenant get team-a --json`
+    """
+    from ..runtime import auth
+    from ..runtime import tenants as tn
+
+    row = next((r for r in auth.tenants(embedded(data_dir, "tenants", running=False)) if r["tenant"] == tenant), None)
+    if row is None:
+        raise LookupError(f"no tenant {tenant!r} (blocks tenant list)")
+    if as_json:
+        _print_json(row)
+        return
+    table = _table("account", *tn.SPLIT)
+    table.add_row("[bold]tenant total[/]", *(str(row["limits"][n]) for n in tn.SPLIT))
+    for acc, share in row["shares"].items():
+        table.add_row(acc, *(str(share[n]) for n in tn.SPLIT))
+    console.print(table)
+    console.print(f"pending creates: {row['limits']['pending_creates']} (the tenant's, counted by the parser)")
+    if not row["fits"]:
+        err.print("[yellow]its limits are smaller than its users: some accounts got 1 (more than the tenant's "
+                  "figure in all); raise the limit or remove a user[/]")
 
 
 @tenant_app.command("remove")
@@ -156,7 +198,9 @@ def tenant_user_add(
     data_dir: Path = DataDir,
 ) -> None:
     """Add a user to a tenant (one per client): its own password, credentials file and NATS account
-    (tenant-TENANT.NAME), so no other user of the tenant reads its tasks or their answers.
+    (tenant-TENANT.NAME), so no other user of the tenant reads its tasks or their answers. The
+    tenant's limits are split anew, one more share: refused (exit 2, naming the flag to raise) when
+    a limit cannot give each user at least one, or an account holds more than its new share.
 
     Example: `blocks tenant user add team-a dashboard --json`
     """
@@ -168,7 +212,8 @@ def tenant_user_add(
 
 @user_app.command("remove")
 def tenant_user_remove(tenant: str = typer.Argument(...), name: str = typer.Argument(...), data_dir: Path = DataDir) -> None:
-    """Remove one of a tenant's users (its connections are closed).
+    """Remove one of a tenant's users (its connections are closed; its share of the limits goes
+    back to the tenant's other users).
 
     Example: `blocks tenant user remove team-a dashboard`
     """

@@ -35,6 +35,7 @@ from ..bus.catalog import EVENTS, E
 from ..schemas import roles
 from ..schemas.spec import ID_RE
 from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
+from . import tenant_usage
 from . import tenants as tn
 from .locate import REDIS_ROLE, redis_role_url, with_userinfo  # noqa: F401  (the light half the CLI uses; re-exported)
 
@@ -716,16 +717,16 @@ def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, tim
         s = Secrets.load(ep.data_dir, create=False)
         new = tenant not in s.tenants
         t = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {}))
+        old = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {}))
         t.users.setdefault(tn.FIRST_USER, _token())
         if limits is not None:
             t.limits = limits
-        if new or limits is not None:
+        if new or limits is not None:  # the new limits split across its users (ValueError: which to raise)
+            tenant_usage.check(t, old, ep.nats, ep.nats_ca)
             s.tenants[tenant] = t.to_dict()
             s.save()
-            if new:
-                _reload_tenant(ep.data_dir, s)
-            else:
-                _reload_authorization(ep.data_dir, s)
+            # awaited: its (re-split) limits are in force once this returns
+            (_reload_tenant if new else reload_and_wait)(ep.data_dir, s, 10.0)
         path = _write_credentials(ep, tenant, tn.FIRST_USER, t.users[tn.FIRST_USER])
     wait_nats_user(tenant_user_url(ep.data_dir, tenant), ep.nats_ca, timeout)
     return new, path
@@ -758,9 +759,9 @@ def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.
             raise LookupError(f"no tenant {tenant!r} (blocks tenant add {tenant})")
         t = tn.Tenant.from_dict(tenant, s.tenants[tenant])
         new = user not in t.users
-        if new:
+        if new:  # its limits split anew, one more share (ValueError: which to raise, or what holds too much)
             t.users[user] = _token()
-            s.tenants[tenant] = t.to_dict()
+            s.tenants[tenant] = tenant_usage.check(t, tn.Tenant.from_dict(tenant, s.tenants[tenant]), ep.nats, ep.nats_ca).to_dict()
             s.save()
             _reload_tenant(ep.data_dir, s)  # a new account: the user's own (runtime.tenants.account)
         path = _write_credentials(ep, tenant, user, t.users[user])
@@ -777,15 +778,12 @@ def remove_tenant_user(data_dir: Path, tenant: str, user: str) -> bool:
             return False
         del t["users"][user]
         s.save()
-        _reload_authorization(ep.data_dir, s)
+        reload_and_wait(ep.data_dir, s, 10.0)  # its share back to the others' accounts, in force on return
     with contextlib.suppress(FileNotFoundError):
         credentials_path(ep.data_dir, tenant, user).unlink()
     return True
 
 
 def tenants(data_dir: Path) -> list[dict[str, Any]]:
-    """Every tenant: name, account (its first user's), users, each user's account, limits (no password)."""
-    s = Secrets.load(Path(data_dir).resolve(), create=False)
-    return [{"tenant": t.name, "account": tn.account(t.name), "users": [tn.user_name(t.name, u) for u in sorted(t.users)],
-             "accounts": {tn.user_name(t.name, u): tn.account(t.name, u) for u in sorted(t.users)},
-             "limits": t.to_dict()["limits"]} for t in s.tenant_list()]
+    """Every tenant as ``runtime.tenants.describe`` shows it: users, accounts, limits, shares."""
+    return [tn.describe(t) for t in Secrets.load(Path(data_dir).resolve(), create=False).tenant_list()]

@@ -22,6 +22,12 @@ can subscribe to them, capture them with a JetStream stream of its own or answer
 relayed events reach every user's account alike (a tenant's blocks are all its users'). A default
 client configuration works (no inbox prefix). Users are config-file users with passwords
 (``<name>.<user>``), added with a config reload as node agents are (``auth``).
+
+**Limits are the tenant's.** nats-server limits an account (connections, JetStream bytes, streams,
+consumers), not a group of them, so the tenant's figures are split across its users' accounts
+(``shares``: equal, the remainder one each from ``main`` on) and split anew whenever a user comes
+or goes (the config is rewritten then anyway): all its users together never hold more than the
+tenant's figure. A split that cannot give every account at least one of each is refused (``check``).
 """
 
 from __future__ import annotations
@@ -94,10 +100,11 @@ REPLAYABLE = _replayable()
 
 @dataclass
 class Limits:
-    """Per-tenant limits: the server enforces the account's (``limits``, ``jetstream``) on each of
-    the tenant's users' accounts, so per user; the parser ``pending_creates``, per tenant."""
+    """A tenant's limits, for the tenant as a whole: the server enforces the account ones
+    (``SPLIT``) on each of its users' accounts, so each account gets a share (``shares``) and the
+    shares add up to the tenant's figure; the parser ``pending_creates``, per tenant."""
 
-    #: client connections at once, per user (its account's ``max_connections``)
+    #: client connections at once (its accounts' ``max_connections``, split)
     connections: int = 64
     #: its creates not yet placed, failed, rejected or deleted: the parser refuses more
     #: (``state.tenants``; ``blocks tenant add`` writes it to Redis)
@@ -112,6 +119,72 @@ class Limits:
     def from_dict(cls, d: Mapping[str, Any] | None) -> Limits:
         known = {k: int(v) for k, v in (d or {}).items() if k in cls.__dataclass_fields__}
         return cls(**known)
+
+
+#: the limits the server enforces per account, split across a tenant's users' accounts, and the
+#: ``blocks tenant add`` flag that sets each
+SPLIT = {"connections": "--max-connections", "stream_bytes": "--max-stream-bytes", "memory_bytes": "--max-memory-bytes",
+         "streams": "--max-streams", "consumers": "--max-consumers"}
+#: those of them a share may not be 0 of: nats-server reads ``max_streams``/``max_consumers`` 0 as
+#: no limit, and an account with ``max_connections`` 0 lets its user in never (a byte limit of 0
+#: is "none": a tenant's 0 gives every account 0)
+AT_LEAST_ONE = ("connections", "streams", "consumers")
+
+
+def ordered(users: Mapping[str, str] | list[str]) -> list[str]:
+    """A tenant's users in the order shares are dealt: ``main`` first, then by name."""
+    return sorted(users, key=lambda u: (u != FIRST_USER, u))
+
+
+def _split(total: int, n: int) -> list[int]:
+    """``total`` over ``n`` accounts: equal shares, the remainder one each from the first."""
+    if n <= 0:
+        return []
+    base, rest = divmod(max(total, 0), n)
+    return [base + (i < rest) for i in range(n)]
+
+
+def shares(t: Tenant) -> dict[str, dict[str, int]]:
+    """Each user's account's share of the tenant's limits (``SPLIT``): they add up to the tenant's
+    figure. A split ``unfit`` refuses (a config written before gets 1 where it would be 0: more
+    than the tenant's figure until its operator raises it or removes a user; ``describe`` says so)."""
+    users = ordered(t.users)
+    out: dict[str, dict[str, int]] = {u: {} for u in users}
+    for name in SPLIT:
+        for u, n in zip(users, _split(getattr(t.limits, name), len(users)), strict=True):
+            out[u][name] = max(n, 1) if name in AT_LEAST_ONE else n
+    return out
+
+
+def unfit(t: Tenant) -> str | None:
+    """Why the tenant's limits cannot give each of its users' accounts a share, or ``None``."""
+    n = len(t.users)
+    for name, flag in SPLIT.items():
+        total = getattr(t.limits, name)
+        if n and total < n and (name in AT_LEAST_ONE or total > 0):
+            what = name.replace("_", " ").removesuffix("s")
+            return (f"tenant {t.name!r}: {flag} {total} cannot give each of its {n} users' accounts at least one "
+                    f"{what} (the limit is the tenant's, split across its users): raise it "
+                    f"(`blocks tenant add {t.name} {flag} {n}` or more) or remove a user")
+    return None
+
+
+def check(t: Tenant) -> Tenant:
+    """``t``, or ValueError when its limits cannot be split across its users (``unfit``)."""
+    if (why := unfit(t)) is not None:
+        raise ValueError(why)
+    return t
+
+
+def describe(t: Tenant) -> dict[str, Any]:
+    """A tenant as ``blocks tenant list|get --json`` shows it (no password): its users and their
+    accounts, its limits (the tenant's totals) and each account's ``shares``; ``fits`` false: a
+    split that gives some account 1 of a limit smaller than its users (``shares``)."""
+    split = shares(t)
+    return {"tenant": t.name, "account": account(t.name), "users": [user_name(t.name, u) for u in sorted(t.users)],
+            "accounts": {user_name(t.name, u): account(t.name, u) for u in sorted(t.users)},
+            "limits": asdict(t.limits), "fits": unfit(t) is None,
+            "shares": {account(t.name, u): split[u] for u in ordered(t.users)}}
 
 
 @dataclass
@@ -155,22 +228,23 @@ def exports(tenants: list[Tenant]) -> list[str]:
 
 
 def account_block(t: Tenant) -> str:
-    """The tenant's accounts, one per user (``account``): each with the tenant's limits, that one
-    user and the tenant's imports."""
-    return "".join(_user_account(t, u, pw) for u, pw in sorted(t.users.items()))
+    """The tenant's accounts, one per user (``account``): each with its share of the tenant's
+    limits (``shares``), that one user and the tenant's imports."""
+    split = shares(t)
+    return "".join(_user_account(t, u, pw, split[u]) for u, pw in sorted(t.users.items()))
 
 
-def _user_account(t: Tenant, user: str, password: str) -> str:
-    lim = t.limits
+def _user_account(t: Tenant, user: str, password: str, share: Mapping[str, int] | None = None) -> str:
+    lim = share if share is not None else shares(t).get(user) or asdict(t.limits)
     sys_ = json.dumps(SYSTEM_ACCOUNT)
     imports = [f"{{service: {{account: {sys_}, subject: {json.dumps(request_subject(t.name, r))}}}, "
                f"to: {json.dumps(f'{ROOT}.block.*.{r}')}}}" for r in REQUESTS]
     imports.append(f"{{stream: {{account: {sys_}, subject: {json.dumps(event_subject(t.name, f'{ROOT}.block.>'))}}}, "
                    f"to: {json.dumps(f'{ROOT}.block.>')}}}")
     return (f"  {json.dumps(account(t.name, user))}: {{\n"
-            f"    limits: {{max_connections: {lim.connections}}}\n"
-            f"    jetstream: {{max_file: {lim.stream_bytes}, max_mem: {lim.memory_bytes}, max_streams: {lim.streams}, "
-            f"max_consumers: {lim.consumers}}}\n"
+            f"    limits: {{max_connections: {lim['connections']}}}\n"
+            f"    jetstream: {{max_file: {lim['stream_bytes']}, max_mem: {lim['memory_bytes']}, "
+            f"max_streams: {lim['streams']}, max_consumers: {lim['consumers']}}}\n"
             f"    users: [\n      {{user: {json.dumps(user_name(t.name, user))}, password: {json.dumps(password)}, "
             f"permissions: {user_permissions()}}}\n    ]\n"
             f"    imports: [\n      " + ",\n      ".join(imports) + "\n    ]\n  }\n")
