@@ -250,3 +250,20 @@ def test_blocks_up_on_servers_that_do_not_answer_says_so(tmp_path: Path) -> None
     text = err.read_text()
     assert "nats://u:***@127.0.0.1:" in text and "(NATS): the workers keep trying" in text and "(Redis)" in text, text
     assert "secret" not in text and "Traceback" not in text
+
+
+async def test_list_shows_a_rejected_blocks_problems_as_words_not_json(system: System,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """`blocks list` printed a rejected block's reason as the JSON list it is stored as
+    (`[{"path":"$.colour","message":"unknown field"},...]`); it now says each problem as `blocks get`
+    does, `$.path: message`, while `--json` keeps the stored reason."""
+    _, kind, _ = await system.submit_and_wait({"blockComponentURI": "aios://test/model", "blockId": "l-bad",
+                                               "minInstances": 2, "maxInstances": 1, "colour": "red"})
+    assert kind == "rejected"
+    monkeypatch.setenv("COLUMNS", "400")  # one line a block
+    r = blocks(system, "list")
+    line = next(line for line in r.stdout.splitlines() if "l-bad" in line)
+    assert "$.colour: unknown field" in line and "$.minInstances: minInstances (2) is greater" in line, line
+    assert '"path"' not in r.stdout and '"message"' not in r.stdout, r.stdout
+    [row] = [b for b in json.loads(blocks(system, "list", "--json").stdout) if b["id"] == "l-bad"]
+    assert [e["path"] for e in json.loads(row["reason"])] == ["$.colour", "$.minInstances"]

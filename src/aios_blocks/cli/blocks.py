@@ -27,7 +27,16 @@ from .common import (
     console,
     err,
 )
-from .render import _line, _plain, _print_block, _print_json, _render_plan, _table, print_rejection
+from .render import (
+    _line,
+    _plain,
+    _print_block,
+    _print_json,
+    _render_plan,
+    _spec_errors,
+    _table,
+    print_rejection,
+)
 
 if TYPE_CHECKING:
     from ..schemas.records import JSONObject
@@ -175,6 +184,7 @@ def list_blocks(
 
     A ready block below its minInstances that the reconciler could not bring back shows as
     `ready (short 0/1 since 12:01:03)`, with why in its reason column (docs/reliability.md, "Short blocks").
+    A rejected block's reason is each problem of its spec, `$.path: message` (`--json`: as stored, a JSON list).
 
     Example: `blocks list --limit 20`, `blocks list --json`, `blocks list --pending`
     """
@@ -200,6 +210,9 @@ def list_blocks(
         short = row["short"]  # the condition beside the status, its why in the reason column (one line a block)
         status = row["status"] + (f" ({describe_short({**short, 'reason': ''})})" if short else "")
         reason = (short.get("reason") if short else None) or row["reason"] or ""
+        errors = _spec_errors(reason)  # a rejected block's: each problem as `blocks get` says it, not JSON
+        if errors is not None:
+            reason = "; ".join(f"{e.get('path')}: {e.get('message')}" for e in errors)
         t.add_row(*_plain(row["id"], status, row["cluster"] or "", row["instances"], reason))
     console.print(t)
 
