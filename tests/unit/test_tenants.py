@@ -171,7 +171,7 @@ def test_only_a_split_that_shrinks_an_accounts_jetstream_share_reads_its_use() -
     limit, or lowering connections only (the server closes those beyond it), reads nothing."""
     from aios_blocks.runtime import tenant_usage
 
-    old = tn.Tenant("acme", {"main": "p", "dash": "p"}, tn.Limits(connections=8))
+    old = tn.Tenant("acme", {"main": "p", "dash": "p"}, tn.Limits(connections=8, streams=4))
     more = tn.Tenant("acme", {"main": "p", "dash": "p", "ops": "p"}, old.limits)
     assert tenant_usage.shrunk(more, old) == ["main", "dash"]  # the new user has no account yet
     assert tenant_usage.shrunk(tn.Tenant("acme", old.users, tn.Limits(connections=2)), old) == []

@@ -91,7 +91,7 @@ def tenant_add(
                                      help="Bytes its users' JetStream streams may hold on disk, together (default 64 MiB)."),
     memory_bytes: int = typer.Option(None, "--max-memory-bytes", min=0,
                                      help="Bytes its users' memory streams may hold, together (default 8 MiB)."),
-    streams: int = typer.Option(None, "--max-streams", min=1, help="JetStream streams, all its users together (default 4)."),
+    streams: int = typer.Option(None, "--max-streams", min=1, help="JetStream streams, all its users together, at least 1 per user (default 16)."),
     consumers: int = typer.Option(None, "--max-consumers", min=1,
                                   help="JetStream consumers, all its users together (default 64)."),
     as_json: bool = typer.Option(False, "--json", help="Print {tenant, account, user, new, credentials}."),

@@ -112,7 +112,8 @@ class Limits:
     #: bytes the tenant's own JetStream streams may hold (file storage), e.g. to replay its events
     stream_bytes: int = 64 * 1024 * 1024
     memory_bytes: int = 8 * 1024 * 1024
-    streams: int = 4
+    #: at least 1 per user account (nats-server reads 0 as no limit): the default admits 16 users
+    streams: int = 16
     consumers: int = 64
 
     @classmethod
