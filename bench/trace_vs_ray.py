@@ -7,7 +7,9 @@ trace replay --live`` starts them (``trace.live.own_system``), the trace's node 
 42, the same protocol as ``--in-process``) created through the client: the first alone (the
 workers' start-up), then ``--lat`` one at a time (create -> outcome, unloaded), then ``--tasks``
 with ``--window`` creates in flight (placements/s: blocks placed / seconds from the first create
-to the last outcome). The simulated fleet's instance start is off (``AIOS_SIM_START_DELAY_S=0``,
+to the last outcome). Beside create -> ready (the issue's figure: our instance added and the block
+ready) it prints create -> placement (the reservation committed and announced), the step a Ray
+placement group's ready stands for. The simulated fleet's instance start is off (``AIOS_SIM_START_DELAY_S=0``,
 ``--sim-start-delay`` sets it): a placement group starts nothing either.
 
 Ray: a local Ray with the same inventory as custom resources and the same tasks as one-bundle
@@ -73,15 +75,21 @@ async def ours_on(client: Any, nodes: list[Node], tasks: list[Task], policy: str
     for comp in live.components(st):
         await client.add_component(comp)
     await client.import_nodes(Cluster(id=live.CLUSTER), [n.model_copy(update={"cluster": live.CLUSTER}) for n in nodes])
-    outcomes = live.Outcomes()
+    outcomes = live.Outcomes(steps=("placement",))
     await outcomes.attach(client.bus)
     await live.submit(client, outcomes, [warm], 1, timeout)
     timed = await live.submit(client, outcomes, one_by_one, 1, timeout)
+    # create -> placement: the reservation committed and announced (the instance not started yet),
+    # what a Ray placement group's ready means; beside create -> ready, the issue's figure
+    placed_at = outcomes.seen["placement"]
+    reserved = [placed_at[d.bid] - d.created for d in timed if d.bid in placed_at]
     cpu0, t0 = ray_trace.cpu_tree(), time.perf_counter()
     got = await live.submit(client, outcomes, many, window, timeout)
     seconds = max(d.done for d in got) - t0 if got else 0.0
     return summary("ours", [d.seconds for d in timed], sum(d.kind == "ready" for d in got), len(got), seconds,
                    window=window, sample_nodes=sample_nodes, one_by_one_failed=sum(d.kind != "ready" for d in timed),
+                   placement_p50_ms=1000 * common.pct(reserved, 50) if reserved else float("nan"),
+                   placement_p99_ms=1000 * common.pct(reserved, 99) if reserved else float("nan"),
                    burst_failed=sum(d.kind != "ready" for d in got), burst_cpu_s=ray_trace.cpu_since(cpu0, ray_trace.cpu_tree()))
 
 
@@ -122,6 +130,10 @@ def table(o: dict[str, Any], r: dict[str, Any] | None) -> str:
     line("placements/s (burst, placed)", "per_s", "/s")
     line("create->ready p50 (one at a time)", "p50_ms", "ms")
     line("create->ready p99 (one at a time)", "p99_ms", "ms")
+    if "placement_p50_ms" in o:  # ours reserved (placement event) against Ray's group ready: the same step
+        a, b = o["placement_p50_ms"], (r or {}).get("p50_ms", float("nan"))
+        lines.append(f"{'create->placement p50 (reserved)':34} {a:>10.1f}ms {b:>10.1f}ms "
+                     f"{a / b if b == b and b else float('nan'):>9.2f}x")
     lines.append(f"burst: ours {o['burst_placed']} placed of {o['burst_decided']} in {o['burst_seconds']:.2f} s "
                  f"({o['window']} in flight)" + (f"; Ray {r['burst_placed']} of {r['burst_decided']} in "
                                                  f"{r['burst_seconds']:.2f} s ({r['window'] or 'all'} in flight)" if r else ""))

@@ -105,11 +105,15 @@ async def own_system(log: Callable[[str], None] = lambda s: None) -> AsyncIterat
 
 class Outcomes:
     """Terminal events of the blocks, by block id, from a core NATS subscription (no consumer
-    per block): (kind, when received, the event's data)."""
+    per block): (kind, when received, the event's data). ``steps``: events on the way to also
+    note when they arrived (``seen``: step -> block id -> ``time.perf_counter``), e.g.
+    ``("placement",)``, the reservation committed (what a Ray placement group's ready means)."""
 
-    def __init__(self) -> None:
+    def __init__(self, steps: tuple[str, ...] = ()) -> None:
         self.done: dict[str, tuple[str, float, dict[str, Any]]] = {}
         self.waiting: dict[str, asyncio.Future[None]] = {}
+        self.steps = steps
+        self.seen: dict[str, dict[str, float]] = {step: {} for step in steps}
 
     async def attach(self, bus: Any) -> None:
         from ..bus import subjects
@@ -126,8 +130,14 @@ class Outcomes:
             if fut is not None and not fut.done():
                 fut.set_result(None)
 
+        async def on_step(msg: Any) -> None:
+            bid, step = msg.subject.split(".")[2], msg.subject.rsplit(".", 1)[1]
+            self.seen[step].setdefault(bid, time.perf_counter())
+
         for kind in TERMINAL:
             await bus.subscribe(subjects.block_event("*", kind), on_terminal)
+        for step in self.steps:
+            await bus.subscribe(subjects.block_event("*", step), on_step)
         await bus.nc.flush()
 
     async def wait(self, bid: str, timeout: float) -> tuple[str, float, dict[str, Any]]:
