@@ -99,3 +99,30 @@ async def test_the_consoles_actions_refuse_what_is_no_count_or_no_object_and_tai
         for limit, seqs in (("0", []), ("2", [2, 3]), ("9", [1, 2, 3]), ("-1", [])):
             async with http.get(f"/api/tail?limit={limit}") as r:
                 assert [e["seq"] for e in (await r.json())["events"]] == seqs, limit
+
+
+async def test_the_consoles_actions_refuse_a_field_they_do_not_take_naming_every_problem() -> None:
+    """``{"target": 2, "colour": 1}`` scaled the block to 2 and said nothing of ``colour``; a
+    delete or a reassign took any field too. Each action now refuses a body with a field it does not
+    take, every such field named with the action's own problems, before anything is sent (the client
+    has no bus: a 400 proves nothing was touched)."""
+    client = Client(None, None)  # type: ignore[arg-type]
+
+    async def admin() -> Client:
+        return client
+
+    feed = Feed(cast(Any, None), lambda subject, env: subject)
+    async with TestClient(TestServer(make_app(feed, "t0ken", admin))) as http:
+        headers = {"X-Console-Token": "t0ken", "Origin": f"http://{http.host}:{http.port}"}
+        cases = [
+            ("scale", {"target": 2, "colour": 1}, "colour: unknown field (a scale takes target)"),
+            ("scale", {"target": "x", "colour": 1, "size": 2},
+             "colour: unknown field (a scale takes target); size: unknown field (a scale takes target); "
+             "target must be a count of instances >= 0, got 'x'"),
+            ("reassign", {"instance": "b1-0", "node": "n2"}, "node: unknown field (a reassign takes instance)"),
+            ("delete", {"force": True}, "force: unknown field (a delete takes no field)"),
+        ]
+        for action, body, says in cases:
+            async with http.post(f"/api/block/b1/{action}", json=body, headers=headers) as r:
+                assert r.status == 400, (action, body, r.status, await r.text())
+                assert await r.json() == {"error": says, "status": 400}, (action, body)

@@ -272,7 +272,22 @@ async def events(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _action(request: web.Request) -> tuple[Any, dict[str, Any]]:
+#: the fields each action's body may hold (the page sends exactly these)
+ACTION_FIELDS = {"scale": ("target",), "reassign": ("instance",), "delete": ()}
+
+
+def _target_problem(target: Any) -> str | None:
+    if target is None or (isinstance(target, int) and not isinstance(target, bool) and target >= 0):
+        return None
+    return f"target must be a count of instances >= 0, got {target!r}"
+
+
+async def _action(request: web.Request, name: str,
+                  problem: Callable[[dict[str, Any]], str | None] | None = None) -> tuple[Any, dict[str, Any]]:
+    """The admin client and the body of action ``name``, once the token, the origin and the body
+    are right. A body with fields the action does not take is refused, every such field named with
+    ``problem`` (the action's own check of its fields), not half done (``{"target": 2, "colour": 1}``
+    scaled to 2)."""
     if not is_admin(request):
         raise web.HTTPForbidden(text="actions need the console's admin token")
     if not _same_origin(request):
@@ -288,11 +303,18 @@ async def _action(request: web.Request) -> tuple[Any, dict[str, Any]]:
         raise web.HTTPBadRequest(text="a JSON body") from None
     if not isinstance(body, dict):  # (a list was taken as {}: a scale by one more instance)
         raise web.HTTPBadRequest(text=f"a JSON object, got {type(body).__name__}")
+    allowed = ACTION_FIELDS[name]
+    problems = [f"{k}: unknown field (a {name} takes {', '.join(allowed) or 'no field'})"
+                for k in body if k not in allowed]
+    given = problem(body) if problem is not None else None
+    problems += [given] if given else []
+    if problems:
+        raise web.HTTPBadRequest(text="; ".join(problems))
     return await opener(), body
 
 
 async def scale(request: web.Request) -> web.Response:
-    client, body = await _action(request)
+    client, body = await _action(request, "scale", lambda b: _target_problem(b.get("target")))
     bid = request.match_info["bid"]
     target = body.get("target")
     try:
@@ -310,7 +332,7 @@ async def scale(request: web.Request) -> web.Response:
 
 async def reassign(request: web.Request) -> web.Response:
     """Move one instance (action ``reassignment``: a new one elsewhere, then the old one goes)."""
-    client, body = await _action(request)
+    client, body = await _action(request, "reassign")
     try:
         req = await client.reassign_request(request.match_info["bid"], str(body.get("instance", "")), reason="console")
     except LookupError as exc:
@@ -321,7 +343,7 @@ async def reassign(request: web.Request) -> web.Response:
 
 
 async def delete(request: web.Request) -> web.Response:
-    client, _ = await _action(request)
+    client, _ = await _action(request, "delete")
     try:
         req = await client.delete(request.match_info["bid"])
     except LookupError as exc:
