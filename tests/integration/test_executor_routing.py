@@ -195,6 +195,18 @@ async def test_tasks_over_nats_and_http_and_their_error_statuses(rig: Rig) -> No
                 assert r.status == 400 and "Aios-Timeout-Ms" in r.headers["Aios-Error"], (bad, r.status)
             status, _, h = await rig.task("blk", b"{}", Aios_Timeout_Ms=bad)
             assert status == 400 and "Aios-Timeout-Ms" in h["Aios-Error"] and h.get("Aios-Task-Id"), (bad, h)
+        # every wrong request header in one refusal (a bad task id hid a bad time limit, and
+        # Aios-Idempotent: maybe was taken as no)
+        wrong = {"Aios-Task-Id": "a b", "Aios-Timeout-Ms": "soon", "Aios-Idempotent": "maybe"}
+        async with http.post(f"{rig.http}/blocks/blk/tasks", data=b"{}", headers=wrong) as r:
+            says = (await r.json())["error"]
+            assert r.status == 400 and says == r.headers["Aios-Error"], (r.status, says)
+        status, body, h = await rig.task("blk", b"{}", **{k.replace("-", "_"): v for k, v in wrong.items()})
+        assert status == 400 and msgspec.json.decode(body)["error"] == says == h["Aios-Error"], (status, h)
+        assert all(f"{name} must" in says for name in wrong), says
+        assert "got 'a b'" in says and "got 'soon'" in says and "got 'maybe'" in says, says
+        status, _, h = await rig.task("blk", b"{}", Aios_Idempotent="maybe")
+        assert status == 400 and h["Aios-Error"] == "Aios-Idempotent must be true or false, got 'maybe'" and h["Aios-Task-Id"]
     assert len(a.hits) + len(b.hits) == hits  # none reached an instance
 
 

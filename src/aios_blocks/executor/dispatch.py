@@ -35,8 +35,29 @@ MAX_TASK_TIMEOUT_MS = 86_400_000
 Consume = Callable[[aiohttp.ClientResponse, RouteView], Awaitable[Any]]
 
 
+#: the values ``Aios-Idempotent`` may take (any case): yes, and no
+TRUE_WORDS, FALSE_WORDS = ("1", "true", "yes", "on"), ("0", "false", "no", "off", "")
+
+
 def truthy(v: str | None) -> bool:
-    return (v or "").strip().lower() in ("1", "true", "yes", "on")
+    return (v or "").strip().lower() in TRUE_WORDS
+
+
+def header_problems(headers: Mapping[str, str]) -> list[str]:
+    """Every problem of a task's ``Aios-Timeout-Ms`` and ``Aios-Idempotent`` headers, as the caller
+    gets them in one refusal (400) beside its ``Aios-Task-Id``'s (``outputs.task_id_of``): a bad
+    time limit was reported alone, and ``Aios-Idempotent: maybe`` was taken as no."""
+    out = []
+    tmo = headers.get("Aios-Timeout-Ms") or headers.get("aios-timeout-ms")
+    if tmo:
+        try:
+            task_timeout_s(tmo)
+        except Refused as r:
+            out.append(r.reason)
+    idem = headers.get("Aios-Idempotent") or headers.get("aios-idempotent")
+    if idem is not None and idem.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
+        out.append(f"Aios-Idempotent must be true or false, got {idem[:40]!r}")
+    return out
 
 
 def task_timeout_s(header: str) -> float:

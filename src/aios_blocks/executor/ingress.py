@@ -18,7 +18,7 @@ from aiohttp import web
 
 from ..runtime.httperrors import json_errors
 from ..schemas.records import RouteView
-from .dispatch import HOP_HEADERS, Dispatcher
+from .dispatch import HOP_HEADERS, Dispatcher, header_problems
 from .engine import Refused
 from .outputs import OutputPublisher, task_id_of
 
@@ -29,6 +29,14 @@ SMALL_BODY = 256 * 1024
 def clean(text: str) -> str:
     """A header value: one line, bounded."""
     return " ".join(text.split())[:1000]
+
+
+def refused_headers(headers: dict[str, str]) -> tuple[str, Refused | None]:
+    """(task id, the refusal of a task whose ``Aios-*`` request headers are wrong, every problem
+    named, or ``None``): checked before the task goes anywhere."""
+    task_id, problem = task_id_of(headers)
+    problems = ([problem] if problem else []) + header_problems(headers)
+    return task_id, Refused(400, "; ".join(problems)) if problems else None
 
 
 def refusal_headers(r: Refused) -> dict[str, str]:
@@ -59,10 +67,9 @@ class Ingress:
     # -- NATS -------------------------------------------------------------------------------------
     async def on_task(self, tokens: dict[str, str], body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         bid = tokens.get("bid", "")
-        task_id, problem = task_id_of(headers)
-        if problem:
-            r = Refused(400, problem)
-            return refusal_body(r), refusal_headers(r)
+        task_id, refused = refused_headers(headers)
+        if refused is not None:
+            return refusal_body(refused), {**refusal_headers(refused), **({"Aios-Task-Id": task_id} if task_id else {})}
 
         async def read_all(resp: aiohttp.ClientResponse, v: RouteView) -> tuple[bytes, dict[str, str]]:
             data = await resp.read()
@@ -104,10 +111,10 @@ class Ingress:
     async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
         bid = request.match_info["bid"]
         body = await request.read()
-        task_id, problem = task_id_of(dict(request.headers))
-        if problem:
-            return web.Response(status=400, body=refusal_body(Refused(400, problem)), content_type="application/json",
-                                headers={"Aios-Error": clean(problem)})
+        task_id, refused = refused_headers(dict(request.headers))
+        if refused is not None:
+            return web.Response(status=400, body=refusal_body(refused), content_type="application/json",
+                                headers={"Aios-Error": clean(refused.reason), **({"Aios-Task-Id": task_id} if task_id else {})})
         publish = bid in self.outputs_on and path is None  # outputs of tasks, not of pass-through calls
 
         async def stream(resp: aiohttp.ClientResponse, v: RouteView) -> web.StreamResponse:
