@@ -269,3 +269,42 @@ def test_an_agents_instance_directories_are_under_its_data_dir(cli: CliRunner, t
         assert r.exit_code == 0, r.output
         assert got.pop().data_dir == where, extra  # type: ignore[attr-defined]
     assert not (tmp_path / ".aios-data").exists()
+
+
+@pytest.mark.parametrize(("secrets", "says"), [
+    (None, "auth/secrets.json does not exist"),
+    ('{"nats": {', "auth/secrets.json is not JSON (Expecting property name enclosed in double quotes at line 1 column 11)"),
+    ("[]", "auth/secrets.json does not hold a JSON object"),  # was a TypeError traceback
+    ('{"nats": {}, "redis": {}}', "auth/secrets.json has no NATS password for role 'admin'; "),  # was: "KeyError"
+    ('{"nats": {"admin": "pw"}, "redis": {"aios": "pw"}}', "auth/secrets.json has no Redis password for user 'admin'"),
+])
+def test_a_data_dirs_credentials_that_cannot_log_in_are_named_with_what_is_wrong(
+        cli: CliRunner, tmp_path: Path, secrets: str | None, says: str) -> None:
+    """A secrets file that is missing, no JSON, no object or without the role's passwords: one line
+    naming the file and what is wrong, exit 2 (was the exception's kind alone, `FileNotFoundError`,
+    `KeyError`, or a traceback), never a password."""
+    data = tmp_path / "data"
+    (data / "auth").mkdir(parents=True)
+    (data / "endpoints.json").write_text(json.dumps({"nats": "nats://127.0.0.1:1", "redis": "redis://127.0.0.1:1/0",
+                                                     "auth": True}))
+    if secrets is not None:
+        (data / "auth" / "secrets.json").write_text(secrets)
+    for args in (["list"], ["submit", str(EXAMPLES / "block.yaml")]):
+        r = cli.invoke(app, args)
+        assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit)), (args, r.output)
+        text = _one_line(r.output)
+        assert text.startswith(f"Cannot read the credentials of the servers in {data}: {data}/") and says in text, text
+        assert "pw" not in text and "Traceback" not in r.output
+
+
+def test_an_endpoints_file_without_addresses_says_each_missing_one(cli: CliRunner, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "endpoints.json").write_text('{"auth": false}')
+    r = cli.invoke(app, ["list"])
+    assert r.exit_code == 2, r.output
+    assert _one_line(r.output).endswith(f"{data}/endpoints.json has no 'nats' address; "
+                                        f"{data}/endpoints.json has no 'redis' address"), r.output
+    (data / "endpoints.json").write_text("garbage")
+    r = cli.invoke(app, ["list"])
+    assert r.exit_code == 2 and f"{data}/endpoints.json is not JSON (Expecting value at line 1 column 1)" in r.output

@@ -175,6 +175,14 @@ def _run(coro: Awaitable[T]) -> T:
         raise typer.Exit(2) from None
 
 
+def _why(exc: BaseException) -> str:
+    """A credentials file's problem in words (``CredentialsUnreadable`` says which file and what is
+    wrong); another error by its kind only, as before (its text might quote the file)."""
+    from ..runtime.locate import CredentialsUnreadable
+
+    return escape(str(exc)) if isinstance(exc, CredentialsUnreadable) else type(exc).__name__
+
+
 def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
     """URLs from the environment, else a running ``blocks up``'s with ``role``'s credentials
     (default ``AIOS_ROLE``, else the admin)."""
@@ -184,7 +192,7 @@ def _urls(data_dir: Path, role: str | None = None) -> tuple[str, str]:
     try:
         urls = resolve_urls(data_dir, role)
     except (OSError, KeyError) as exc:
-        err.print(f"[red]Cannot read the credentials of the servers in {data_dir}[/]: {type(exc).__name__}")
+        err.print(f"[red]Cannot read the credentials of the servers in {escape(str(data_dir))}[/]: {_why(exc)}")
         raise typer.Exit(2)
     if urls is None:
         _no_servers(data_dir)

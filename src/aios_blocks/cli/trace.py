@@ -333,12 +333,14 @@ def _live_urls(data_dir: Path, runs: int) -> tuple[str, str] | None:
     """A running system's URLs (``AIOS_NATS_URL``/``AIOS_REDIS_URL``, else `blocks up` in the data
     dir), or None: each run starts its own. A running system takes one run: its blocks stay."""
     from ..runtime.locate import resolve_urls
+    from .common import _why
 
     err = _main().err
     try:
         urls = resolve_urls(data_dir, wait_s=0)
     except (OSError, KeyError) as exc:
-        err.print(f"[red]Cannot read the credentials of the servers in {escape(str(data_dir))}[/]: {type(exc).__name__}")
+        err.print(f"[red]Cannot read the credentials of the servers in {escape(str(data_dir))}[/]: "
+                  f"{_why(exc)}")
         raise typer.Exit(2) from None
     if urls is not None and runs > 1:
         err.print(f"[red]{runs} runs asked (policies x seeds), and a running system takes one[/]: a live replay's blocks are "

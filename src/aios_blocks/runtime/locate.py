@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 from ..schemas.roles import REDIS_USER
@@ -47,6 +48,59 @@ def secret_values(data_dir: Path) -> dict[str, dict[str, str]]:
     ``auth.Secrets`` creates and completes the file)."""
     doc: dict[str, dict[str, str]] = json.loads((Path(data_dir) / "auth" / "secrets.json").read_text())
     return doc
+
+
+class CredentialsUnreadable(OSError):
+    """``endpoints.json`` or ``auth/secrets.json`` of a data dir cannot give a role its login: the
+    message names the file and what is wrong with it (never a secret). An ``OSError``, as the
+    missing or unreadable file it was before (``except (OSError, KeyError)`` still holds)."""
+
+
+def _json_object(path: Path, what: str) -> dict[str, Any]:
+    """The JSON object in ``path``, else :class:`CredentialsUnreadable` saying why (``what``: the file's role)."""
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CredentialsUnreadable(f"{path} does not exist ({what})") from None
+    except PermissionError:
+        raise CredentialsUnreadable(f"{path} is not readable by this user ({what}: only the user who ran "
+                                    "`blocks up` may read it)") from None
+    except OSError as exc:
+        raise CredentialsUnreadable(f"{path} cannot be read: {exc.strerror or type(exc).__name__}") from None
+    except json.JSONDecodeError as exc:  # (its position only: no byte of the file is shown)
+        raise CredentialsUnreadable(f"{path} is not JSON ({exc.msg} at line {exc.lineno} column {exc.colno}): "
+                                    f"{what}") from None
+    except ValueError:
+        raise CredentialsUnreadable(f"{path} is not UTF-8 text ({what})") from None
+    if not isinstance(doc, dict):
+        raise CredentialsUnreadable(f"{path} does not hold a JSON object ({what})")
+    return doc
+
+
+def _check_login(data_dir: Path, endpoints: dict[str, Any], auth: bool, acl: bool, role: str) -> None:
+    """Whether ``endpoints`` and the secrets file give ``role`` what it logs in with, every missing
+    part named in one :class:`CredentialsUnreadable` (a ``KeyError`` said only ``KeyError``)."""
+    ep = Path(data_dir) / "endpoints.json"
+    problems = [f"{ep} has no {k!r} address" for k in ("nats", "redis") if not isinstance(endpoints.get(k), str)]
+    if auth:
+        problems += _login_problems(Path(data_dir) / "auth" / "secrets.json", acl, role)
+    if problems:
+        raise CredentialsUnreadable("; ".join(problems))
+
+
+def _login_problems(path: Path, acl: bool, role: str) -> list[str]:
+    """What the secrets file ``path`` lacks for ``role``'s NATS and Redis logins."""
+    try:
+        doc = _json_object(path, "the role passwords `blocks up` wrote")
+    except CredentialsUnreadable as exc:
+        return [str(exc)]
+    nats, redis, user = doc.get("nats"), doc.get("redis"), REDIS_ROLE.get(role)
+    problems = []
+    if not isinstance(nats, dict) or not isinstance(nats.get(role), str):
+        problems.append(f"{path} has no NATS password for role {role!r}")
+    if user is not None and (not isinstance(redis, dict) or not isinstance(redis.get(user if acl else "admin"), str)):
+        problems.append(f"{path} has no Redis password for user {user if acl else 'admin'!r}")
+    return problems
 
 
 def nats_role_url(bare: str, data_dir: Path, auth: bool, role: str) -> str:
@@ -111,7 +165,8 @@ def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None, wai
     """URLs from the environment, else from a running ``blocks up`` in ``data_dir`` with the
     credentials of ``role`` (default ``AIOS_ROLE``, else admin; the secrets file must be readable);
     one that is still starting there is waited for (up to ``wait_s``, ``wait_while_starting``).
-    Sets ``AIOS_NATS_CA`` when the embedded NATS serves TLS. ``None``: neither."""
+    Sets ``AIOS_NATS_CA`` when the embedded NATS serves TLS. ``None``: neither.
+    :class:`CredentialsUnreadable` when either file cannot give ``role`` its login (it says why)."""
     nats_url, redis_url = os.environ.get("AIOS_NATS_URL"), os.environ.get("AIOS_REDIS_URL")
     if nats_url and redis_url:
         return nats_url, redis_url
@@ -120,9 +175,10 @@ def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None, wai
         wait_while_starting(data_dir, wait_s, on_wait)
     if not ep.exists():
         return None
-    d = json.loads(ep.read_text())
+    d = _json_object(ep, "where the running servers listen, written by `blocks up`")
     auth, where = bool(d.get("auth")), Path(data_dir).resolve()
     role = role or os.environ.get("AIOS_ROLE") or "admin"
+    _check_login(where, d, auth, bool(d.get("redis_acl", True)), role)
     if d.get("nats_ca"):
         os.environ.setdefault("AIOS_NATS_CA", d["nats_ca"])
         if "aios_blocks.settings" in sys.modules:  # the process's settings now include the CA
