@@ -308,3 +308,6 @@ def test_an_endpoints_file_without_addresses_says_each_missing_one(cli: CliRunne
     (data / "endpoints.json").write_text("garbage")
     r = cli.invoke(app, ["list"])
     assert r.exit_code == 2 and f"{data}/endpoints.json is not JSON (Expecting value at line 1 column 1)" in r.output
+    for args in (["observer", "add", "zz"], ["tenant", "add", "tt"]):  # (were "error: Expecting value: ...", no file named)
+        r = cli.invoke(app, args)
+        assert r.exit_code == 2 and f"{data}/endpoints.json is not JSON (Expecting value at line 1 column 1)" in r.output, r.output

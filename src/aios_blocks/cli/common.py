@@ -229,7 +229,19 @@ def embedded(data_dir: Path, what: str, running: bool = True) -> Path:
         if not (d / "auth" / "secrets.json").exists():
             _no_servers(data_dir, "no auth/secrets.json")
         return d
-    ep = read_endpoints(d)
+    try:
+        ep = read_endpoints(d)
+    except (ValueError, KeyError, TypeError):  # a file that is not what `blocks up` writes: say what is wrong
+        from ..runtime.locate import CredentialsUnreadable, _check_login, _json_object
+
+        try:
+            _check_login(d, _json_object(d / "endpoints.json", "where the running servers listen, written by `blocks up`"),
+                         False, True, "admin")
+            why = f"{d / 'endpoints.json'} is not what `blocks up` writes"
+        except CredentialsUnreadable as exc:
+            why = str(exc)
+        err.print(f"[red]Cannot read the credentials of the servers in {escape(str(data_dir))}[/]: {escape(why)}")
+        raise typer.Exit(2) from None
     if ep is None:
         _no_servers(data_dir)
     if not lifetime.in_use(d):
