@@ -311,3 +311,26 @@ def test_an_endpoints_file_without_addresses_says_each_missing_one(cli: CliRunne
     for args in (["observer", "add", "zz"], ["tenant", "add", "tt"]):  # (were "error: Expecting value: ...", no file named)
         r = cli.invoke(app, args)
         assert r.exit_code == 2 and f"{data}/endpoints.json is not JSON (Expecting value at line 1 column 1)" in r.output, r.output
+
+
+@pytest.mark.parametrize(("creds", "says"), [
+    ("{}", "no 'url', no 'user', no 'password'"),  # was "url", exit 1 (a KeyError taken for an unknown tenant)
+    ('{"url": "nats://127.0.0.1:1", "tenant": "t"}', "no 'user', no 'password'"),
+    ("[1]", "not a JSON object"),
+])
+def test_a_tenant_credentials_file_without_its_fields_says_each_missing_one(
+        cli: CliRunner, tmp_path: Path, creds: str, says: str) -> None:
+    path = tmp_path / "creds.json"
+    path.write_text(creds)
+    import os
+    import subprocess
+    import sys
+
+    for args in (["submit", str(EXAMPLES / "block.yaml"), "-c", str(path)], ["watch", "b1", "-c", str(path)],
+                 ["explain", "b1", "-c", str(path)], ["tenant", "history", "b1", "-c", str(path)]):
+        # as the installed command runs (its entry point turns an input error into one line, exit 2)
+        r = subprocess.run([sys.executable, "-m", "aios_blocks.cli", *args], capture_output=True, text=True,
+                           timeout=60, env={**os.environ, "COLUMNS": "400"})
+        text = _one_line(r.stdout + r.stderr)
+        assert r.returncode == 2 and "Traceback" not in text, (args, r.returncode, text)
+        assert f"{path} is no tenant credentials file (`blocks tenant add T --json`): {says}" in text, (args, text)

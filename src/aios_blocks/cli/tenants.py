@@ -29,17 +29,35 @@ Credentials = typer.Option(None, "--credentials", "-c", exists=True, dir_okay=Fa
                                 "only its own blocks, through the gateway's tenant desk (docs/security.md).")
 
 
+def read_credentials(text: str, path: Path) -> dict[str, Any]:
+    """A tenant user's credentials file (``url``, ``user``, ``password``, optional ``ca``), else
+    ``ValueError`` naming the file and every field it lacks (a file without ``url`` said only
+    ``url``, exit 1)."""
+    import json
+
+    try:
+        creds = json.loads(text)
+    except ValueError as exc:
+        raise ValueError(f"{path} is no tenant credentials file (`blocks tenant add T --json`): not JSON ({exc})") from None
+    if not isinstance(creds, dict):
+        raise ValueError(f"{path} is no tenant credentials file (`blocks tenant add T --json`): not a JSON object")
+    missing = [k for k in ("url", "user", "password") if not isinstance(creds.get(k), str) or not creds[k]]
+    if missing:
+        raise ValueError(f"{path} is no tenant credentials file (`blocks tenant add T --json`): "
+                         + ", ".join(f"no {k!r}" for k in missing))
+    return creds
+
+
 @contextlib.asynccontextmanager
 async def tenant_connection(credentials: Path) -> AsyncIterator[Any]:
     """A NATS connection as the tenant user of ``credentials`` (its file: url, user, password, ca),
     in nats-py's default configuration (its own account's ``_INBOX``)."""
     import asyncio
-    import json
 
     from ..bus.connection import connect
     from ..runtime.locate import with_userinfo
 
-    creds = json.loads(await asyncio.to_thread(Path(credentials).read_text))
+    creds = read_credentials(await asyncio.to_thread(Path(credentials).read_text), credentials)
     nc = await connect(with_userinfo(creds["url"], creds["user"], creds["password"]), name="blocks-tenant",
                        ca=creds.get("ca"), first_wait_s=10)
     try:
@@ -272,7 +290,6 @@ def tenant_credentials(tenant: str | None, credentials: Path | None, data_dir: P
     """The credentials file a tenant's command logs in with: ``-c FILE`` as given (its tenant must
     be ``tenant``, when named), else ``--tenant T``'s first user's, which ``blocks tenant add T``
     wrote into the data dir. An unknown tenant is :class:`LookupError` (exit 1)."""
-    import json
 
     from ..runtime import auth
     from ..runtime import tenants as tn
@@ -285,9 +302,10 @@ def tenant_credentials(tenant: str | None, credentials: Path | None, data_dir: P
                               f"(and its credentials file {path}), or give the file with -c")
         return path
     try:
-        named = json.loads(Path(credentials).read_text()).get("tenant")
-    except (OSError, ValueError, AttributeError) as exc:
+        text = Path(credentials).read_text()
+    except OSError as exc:
         raise ValueError(f"{credentials} is no tenant credentials file (`blocks tenant add T --json`): {exc}") from None
+    named = read_credentials(text, credentials).get("tenant")  # (ValueError: every field it lacks)
     if tenant is not None and named != tenant:
         raise ValueError(f"{credentials} is tenant {named!r}'s credentials, not {tenant!r}'s")
     return Path(credentials)
