@@ -160,3 +160,29 @@ def test_the_command_refuses_a_selection_of_nothing_and_a_role_not_the_admin_bef
     # the list too (it reads AIOS_OUTPUTS: a permissions violation, with a log line, after connecting)
     r = CliRunner().invoke(app, ["dlq"])
     assert r.exit_code == 1 and "only the admin lists dead letters" in r.output, r.output
+
+
+@pytest.mark.parametrize("raw", [
+    b"Content-Type: application/json\r\nNats-Msg-Id: evt-1\r\n\r\n", b"A:b\r\nA: c\r\n\r\n", b"A:  \t b  \r\n\r\n",
+    b"A: x: y\r\n\r\n", b"A:\r\n\r\n", b"A: b\r\n c\r\n\r\n", b"A: caf\xc3\xa9\r\n\r\n", b"A: b\r\n", b"A: b\r\n\r\nbody",
+    b"A: b\x0bc\r\n\r\n", b"A b: c\r\n\r\n", b"\r\n\r\n", b"", b"From x: y\r\n\r\n", b"A: b\rc\r\n\r\n",
+])
+def test_a_stored_messages_headers_read_as_nats_py_reads_them(raw: bytes) -> None:
+    """``stored_many`` splits plain ``Key: value`` lines itself; what it gives is what nats-py's
+    ``get_msg`` gave (the email parser's headers: the last of a key given twice, a value without
+    its leading blanks), for those and for every other shape (continued lines, other bytes, a
+    body after them), which go to that parser."""
+    from email.parser import BytesParser
+
+    assert dl.header_lines(raw) == dict(BytesParser().parsebytes(raw).items())
+
+
+def test_header_lines_agree_with_the_email_parser_on_random_lines() -> None:
+    import random
+    from email.parser import BytesParser
+
+    rng = random.Random(7)
+    parts = [b"A", b"b", b":", b" ", b"\t", b"\r\n", b"\r", b"\n", b"\x0b", b"\xc3\xa9", b"From ", b"-", b"\x00", b"\r\n\r\n"]
+    for _ in range(20000):
+        raw = b"".join(rng.choice(parts) for _ in range(rng.randint(0, 12))) + rng.choice([b"", b"\r\n\r\n"])
+        assert dl.header_lines(raw) == dict(BytesParser().parsebytes(raw).items()), raw

@@ -391,24 +391,39 @@ class Client:
 
     async def scan(self, subject: str, idle: float, stream: str = subjects.STREAM) -> list[Any]:
         """Every stored message on ``subject`` of ``stream``, oldest first (ordered push consumer from
-        the start; stops when none is pending or nothing came for ``idle`` seconds)."""
+        the start; stops when none is pending, when the consumer's info says it has none to deliver,
+        or when nothing came for ``idle`` seconds)."""
         out: list[Any] = []
         queue: asyncio.Queue[Any] = asyncio.Queue()
 
         async def cb(msg: Any) -> None:
             await queue.put(msg)
 
+        async def none_stored() -> None:
+            """No message to deliver (none pending, none delivered): ends the scan at once, not
+            after ``idle`` (a filter nothing matches: most often the side-cars' dead letters, the
+            replays of dead letters; recovery.rebuild reads the same way). Any error (a role
+            without CONSUMER.INFO on it) leaves it to ``idle``, as before."""
+            with contextlib.suppress(Exception):
+                ci = await sub.consumer_info()
+                if ci.num_pending == 0 and (ci.delivered is None or not ci.delivered.consumer_seq):
+                    await queue.put(None)
+
         sub = await _ordered(self.bus, subject, ConsumerConfig(deliver_policy=DeliverPolicy.ALL), cb, stream)
+        counted = asyncio.ensure_future(none_stored())
         try:
             while True:
                 try:
                     msg = await asyncio.wait_for(queue.get(), timeout=idle)
                 except TimeoutError:
                     break
+                if msg is None:
+                    break
                 out.append(msg)
                 if msg.metadata.num_pending == 0:
                     break
         finally:
+            counted.cancel()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
         return out
