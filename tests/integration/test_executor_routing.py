@@ -207,6 +207,12 @@ async def test_tasks_over_nats_and_http_and_their_error_statuses(rig: Rig) -> No
         assert "got 'a b'" in says and "got 'soon'" in says and "got 'maybe'" in says, says
         status, _, h = await rig.task("blk", b"{}", Aios_Idempotent="maybe")
         assert status == 400 and h["Aios-Error"] == "Aios-Idempotent must be true or false, got 'maybe'" and h["Aios-Task-Id"]
+        # a block id that is no id is the caller's mistake (400, with the others), not an unknown block (404)
+        async with http.post(f"{rig.http}/blocks/a%20b/tasks", data=b"{}", headers={"Aios-Timeout-Ms": "soon"}) as r:
+            says = (await r.json())["error"]
+            assert r.status == 400 and says.startswith("block id 'a b' is not a valid id") and "Aios-Timeout-Ms" in says, says
+        status, _, h = await rig.task("*")  # (a literal `*` token: what the subject permissions let through)
+        assert status == 400 and h["Aios-Error"].startswith("block id '*' is not a valid id"), (status, h)
     assert len(a.hits) + len(b.hits) == hits  # none reached an instance
 
 

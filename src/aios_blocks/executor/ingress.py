@@ -18,6 +18,7 @@ from aiohttp import web
 
 from ..runtime.httperrors import json_errors
 from ..schemas.records import RouteView
+from ..schemas.spec import ID_RE
 from .dispatch import HOP_HEADERS, Dispatcher, header_problems
 from .engine import Refused
 from .outputs import OutputPublisher, task_id_of
@@ -31,11 +32,16 @@ def clean(text: str) -> str:
     return " ".join(text.split())[:1000]
 
 
-def refused_headers(headers: dict[str, str]) -> tuple[str, Refused | None]:
-    """(task id, the refusal of a task whose ``Aios-*`` request headers are wrong, every problem
-    named, or ``None``): checked before the task goes anywhere."""
+def refused_headers(headers: dict[str, str], bid: str = "") -> tuple[str, Refused | None]:
+    """(task id, the refusal of a task whose block id (``bid``, when given) or ``Aios-*`` request
+    headers are wrong, every problem named, or ``None``): checked before the task goes anywhere. A
+    block id that is no id (``/blocks/a%20b/tasks``, ``aios.block.*.task``) was "unknown block"
+    (404), as if such a block could exist."""
     task_id, problem = task_id_of(headers)
-    problems = ([problem] if problem else []) + header_problems(headers)
+    problems = [] if not bid or ID_RE.match(bid) else [
+        f"block id {bid[:130]!r} is not a valid id: letters, digits, '-' and '_', at most 128, starting with a "
+        "letter or digit"]
+    problems += ([problem] if problem else []) + header_problems(headers)
     return task_id, Refused(400, "; ".join(problems)) if problems else None
 
 
@@ -67,7 +73,7 @@ class Ingress:
     # -- NATS -------------------------------------------------------------------------------------
     async def on_task(self, tokens: dict[str, str], body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         bid = tokens.get("bid", "")
-        task_id, refused = refused_headers(headers)
+        task_id, refused = refused_headers(headers, bid)
         if refused is not None:
             return refusal_body(refused), {**refusal_headers(refused), **({"Aios-Task-Id": task_id} if task_id else {})}
 
@@ -111,7 +117,7 @@ class Ingress:
     async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
         bid = request.match_info["bid"]
         body = await request.read()
-        task_id, refused = refused_headers(dict(request.headers))
+        task_id, refused = refused_headers(dict(request.headers), bid)
         if refused is not None:
             return web.Response(status=400, body=refusal_body(refused), content_type="application/json",
                                 headers={"Aios-Error": clean(refused.reason), **({"Aios-Task-Id": task_id} if task_id else {})})
