@@ -115,6 +115,9 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
     first connection too, and a CLI pointed at a wrong address would hang). ``None``: wait for
     the first connection for ever too (a worker or agent started before its server)."""
     errors: list[str] = []
+    #: a command's connection that lost its server: the error said once, not at every attempt
+    #: (twice a second: a `blocks watch` left open over a `blocks down` filled its terminal)
+    said: list[str] = []
 
     async def error_cb(exc: Exception) -> None:
         if first_wait_s is not None and not connected:  # the caller is told why, once, below
@@ -122,7 +125,18 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
             return
         if "permissions violation" in str(exc).lower():
             _DENIED.append(str(exc))
+        elif first_wait_s is not None:
+            if str(exc) in said:
+                return
+            said.append(str(exc))
+            log.warning("nats.error", error=str(exc), note="reconnecting until the server is back; said once")
+            return
         log.warning("nats.error", error=str(exc))  # permission violations land here too
+
+    async def reconnected_cb() -> None:
+        if said:  # (a command's connection only)
+            said.clear()
+            log.warning("nats.reconnected", url=mask(url))
 
     connected = False
     attempts = -1 if first_wait_s is None else max(1, math.ceil(first_wait_s / RECONNECT_WAIT_S))
@@ -131,6 +145,7 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
             servers=url.split(","),
             name=name,
             error_cb=error_cb,
+            reconnected_cb=reconnected_cb,
             max_reconnect_attempts=attempts,
             reconnect_time_wait=RECONNECT_WAIT_S,
             connect_timeout=5 if first_wait_s is None else max(0.5, min(5.0, first_wait_s)),
