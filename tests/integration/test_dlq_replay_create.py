@@ -111,3 +111,31 @@ async def test_a_replayed_create_makes_its_block_once_at_its_own_gen_and_a_repla
     # the state rebuilt from the stream is Redis's: the fold took each replayed create as the live parser did
     rc, out, errs = await blocks(system.servers, "check", "--json")
     assert rc == 0, out
+
+
+async def test_a_replayed_create_whose_original_left_the_intake_keeps_its_gen_by_its_letter(system: System) -> None:
+    """Once the stream's limits dropped a dead-lettered create from ``AIOS_INTAKE`` (its record never
+    made), its replay still makes the block at the gen its publisher was told: the parser reads the
+    letter the copy names. A copy naming that letter for another block is not that create."""
+    assert system.servers is not None
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=4)
+    await c.store.r.set(block_key("rc-gone"), "not a hash")
+    req = await c.create(spec("rc-gone"))
+    letter = await _letter(system, E.block_create.subject(bid="rc-gone"))
+    await c.store.r.delete(block_key("rc-gone"))  # the fix
+    await c.bus.js.delete_msg(subjects.STREAM_INTAKE, req.seq)  # as the intake's age or size limit drops it
+
+    # a create of another block claiming that letter and that gen: its own gen
+    other = await c.bus.js.publish(E.block_create.subject(bid="rc-other"), json.dumps(spec("rc-other")).encode(),
+                                   headers={"Nats-Msg-Id": "rc-other-1", "Content-Type": "application/json",
+                                            "Aios-Replay-Of": f"AIOS:{letter.seq}", "Aios-Replay-Seq": str(req.seq)})
+    block = await status_of(system, "rc-other", "ready")
+    assert int(block["gen"]) == other.seq != req.seq, (block["gen"], other.seq)
+
+    rc, out, errs = await blocks(system.servers, "dlq", "replay", f"AIOS:{letter.seq}")
+    assert rc == 0 and "replayed" in out, (out, errs)
+    block = await status_of(system, "rc-gone", "ready")
+    assert int(block["gen"]) == req.seq, (block["gen"], req.seq)  # not the copy's sequence
+    kinds = await _kinds(system, "rc-gone")
+    assert kinds.count("parsed") == 1 and "rejected" not in kinds, kinds

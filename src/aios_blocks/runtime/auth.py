@@ -216,9 +216,10 @@ class _Rights:
 
 def _parser(r: _Role) -> _Rights:
     # its durable is on AIOS_INTAKE (the creates as sent); what it publishes goes to AIOS; and a
-    # create by its sequence there (a replayed create's original: workers.parser.generation)
+    # create by its sequence there (a replayed create's original: workers.parser.generation), or
+    # its own dead letter in AIOS once that original is gone (workers.parser.letter_vouches)
     return _Rights([*r.read_topology, *_consumer_rights(subjects.PARSER.durable, stream=subjects.PARSER.stream),
-                    f"{JS}.STREAM.MSG.GET.{subjects.STREAM_INTAKE}"], [*r.hints])
+                    f"{JS}.STREAM.MSG.GET.{subjects.STREAM_INTAKE}", f"{JS}.STREAM.MSG.GET.{subjects.STREAM}"], [*r.hints])
 
 
 def _gateway(r: _Role) -> _Rights:

@@ -11,7 +11,7 @@ import structlog
 
 from ..bus import subjects
 from ..bus.catalog import E
-from ..bus.dlq import REPLAY_OF, REPLAY_SEQ, stored_at
+from ..bus.dlq import REPLAY_OF, REPLAY_SEQ, Letter, Refused, letter_body, stored_at
 from ..bus.router import Inbound, Router
 from ..bus.runner import Delivery
 from ..handlers import parse
@@ -124,8 +124,11 @@ async def generation(w: Worker, d: Delivery, bid: str | None) -> tuple[int, Bloc
     (``Aios-Replay-Seq``), not the copy's, when that is shown to be this very create (a header
     alone proves nothing: any publisher may set one): the block's record holds that gen with
     this body's digest, or ``AIOS_INTAKE`` still holds this body on this subject at that
-    sequence. So a replayed create makes its block at the gen its publisher was told, once,
-    and a create whose record was made before it failed goes on from that record (docs/dead-letters.md)."""
+    sequence, or, once the stream's limits dropped it, the dead letter the copy names
+    (``Aios-Replay-Of``; only the system writes letters) is of this create at that sequence with
+    this body (``letter_vouches``). So a replayed create makes its block at the gen its publisher
+    was told, once, and a create whose record was made before it failed goes on from that record
+    (docs/dead-letters.md)."""
     claimed = str(d.headers.get(REPLAY_SEQ, ""))
     if REPLAY_OF not in d.headers or not claimed.isdigit() or bid is None or not ID_RE.match(bid):
         return d.stream_seq, None
@@ -143,7 +146,33 @@ async def generation(w: Worker, d: Delivery, bid: str | None) -> tuple[int, Bloc
         held = None
     if held is not None and parse.digest(held[0]) == digest:
         return first, existing
+    if held is None and await letter_vouches(w, str(d.headers.get(REPLAY_OF, "")), first, d.subject, d.data):
+        return first, existing
     return d.stream_seq, existing
+
+
+async def letter_vouches(w: Worker, ref: str, first: int, subject: str, body: bytes) -> bool:
+    """Whether the parser's dead letter at ``ref`` (``AIOS:SEQ``, a copy's ``Aios-Replay-Of``) is
+    of the create on ``subject`` stored at ``first`` (or of a copy that carried ``first``) and
+    kept this very body: the proof that a copy is that create once its original left
+    ``AIOS_INTAKE``. A letter is on a subject only the system's roles publish, so a header
+    naming one proves nothing until the letter is read and found to match."""
+    stream, _, seq = ref.partition(":")
+    if stream != subjects.STREAM or not seq.isdigit():
+        return False
+    try:
+        got = await stored_at(w.bus, stream, int(seq), subjects.dead_letter(subjects.PARSER.durable, subject))
+        if got is None:
+            return False
+        letter = Letter(stream, int(seq), "", subject, msgspec.json.decode(got[0]))
+        carried = str((letter.data.get("headers") or {}).get(REPLAY_SEQ, ""))
+        return (letter.original_subject == subject and first in (letter.original_seq, int(carried) if carried.isdigit() else 0)
+                and letter_body(letter) == body)
+    except Refused:  # the letter kept only part of the body, or not its bytes: it cannot vouch
+        return False
+    except Exception as exc:  # not readable now: taken as a create of its own (its own gen), as before
+        log.warning("parser.replay_unchecked", ref=ref, claimed=first, error=repr(exc))
+        return False
 
 
 def replay_done(existing: BlockRecord | None, gen: int, seq: int) -> str:
