@@ -167,7 +167,9 @@ def test_generated_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
     assert 'user: "agent-gpu-7"' in text and '"aios.node.gpu-7.registered"' in text
     # the tenant: an account of its own, its users, limits, and imports of its own subjects only
     assert '"tenant-team-a": {' in text and 'user: "team-a.main"' in text and 'user: "team-a.dash"' in text
-    assert "max_connections: 3" in text and '"aios.tenant.team-a.block.*.create"' in text
+    # the tenant's 3 connections split across its two users' accounts (docs/security.md "Per-tenant limits")
+    assert "max_connections: 2" in text and "max_connections: 1" in text and "max_connections: 3" not in text
+    assert '"aios.tenant.team-a.block.*.create"' in text
     assert "aios.tenant.*" not in text.split('"tenant-team-a": {')[1]
     assert '"tenant-team-a.dash": {' in text  # each further user: an account of its own
 
