@@ -148,12 +148,15 @@ def _silence_stdout() -> None:
         pass
 
 
-def _run(coro: Awaitable[T]) -> T:
+def _run(coro: Awaitable[T], quiet: bool = True) -> T:
     """Run a command's coroutine; a server it cannot reach is a one-line error (exit 2), not a
-    traceback nor a hang."""
+    traceback nor a hang. ``quiet``: library logs at warning and up only (a command's output is for
+    people); ``False`` for the daemons (`blocks worker`, `blocks agent`) whose own JSON log at
+    ``AIOS_LOG_LEVEL`` ``configure_logging`` set up (their info lines were dropped)."""
     import asyncio
 
-    _quiet_library_logs()
+    if quiet:
+        _quiet_library_logs()
     try:
         return asyncio.run(coro)  # type: ignore[arg-type]
     except ConnectionError as exc:  # Unreachable (NATS), refused or reset connections

@@ -143,7 +143,7 @@ def worker(
     settings = load_settings()
     configure_logging(settings.log_level)
     tune_gc(settings.gc_gen0_threshold)
-    _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings))
+    _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings), quiet=False)  # its log as configured
 
 
 def _runtime_name(value: str) -> str:
@@ -223,7 +223,7 @@ def agent(
         await run_agent(opts, nats_url, stop_on_signals())
 
     try:
-        _run(go())
+        _run(go(), quiet=False)  # its JSON log at AIOS_LOG_LEVEL, as configured above
     except Exception as exc:  # e.g. no Docker engine
         err.print(f"[red]agent failed[/]: {escape(str(exc))}")
         raise typer.Exit(1)
