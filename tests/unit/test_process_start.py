@@ -11,6 +11,8 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
+
 from aios_blocks.agent.runtime import LaunchSpec
 from aios_blocks.agent.runtime_process import ProcessRuntime, labelled, last_output, process_scope
 
@@ -57,3 +59,27 @@ async def test_an_instance_that_exits_says_why_with_its_last_output(tmp_path: Pa
     finally:
         await rt.stop(inst.handle, 0)
     assert last_output(None) == "" and last_output(tmp_path / "none.log") == ""
+
+
+async def test_a_commands_python_is_the_agents_own_when_its_venv_is_not_on_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`.venv/bin/blocks agent` run without activating the venv: the shipped examples' `python -m
+    aios_blocks.examples.echo` could not exec `python` (or got one without the package); the
+    agent's own Python's directory now comes first on the instance's PATH."""
+    monkeypatch.setenv("PATH", str(tmp_path / "no-python-here"))
+    rt = ProcessRuntime(scope=process_scope(tmp_path / "agent"))
+    work = tmp_path / "work"
+    work.mkdir()
+    code = "import sys, aios_blocks; print('ran', sys.prefix, flush=True); sys.exit(3)"
+    inst = await rt.start(LaunchSpec(instance_id="i0", block_id="b", node_id=f"py-{uuid.uuid4().hex[:8]}", gen=1,
+                                     command=["python", "-c", code], workdir=work))
+    try:
+        for _ in range(400):
+            st = await rt.status(inst.handle)
+            if st is not None and not st.running:
+                break
+            await asyncio.sleep(0.05)
+        assert st is not None and not st.running and st.exit_code == 3, st
+        assert st.detail == f"last output 'ran {sys.prefix}'", st.detail
+    finally:
+        await rt.stop(inst.handle, 0)

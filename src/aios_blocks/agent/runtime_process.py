@@ -3,7 +3,8 @@
 Its labels travel in its environment (``AIOS_LABELS``, JSON), so after an agent restart the agent
 finds its processes by reading ``/proc/<pid>/environ`` — the process itself is the record, as
 container labels are for Docker. The agent's own environment (which may hold credentials) is not
-inherited: an instance gets ``PATH``/``HOME``/``LANG`` and what its spec says.
+inherited: an instance gets ``PATH`` (the agent's own Python's directory first, :func:`base_env`),
+``HOME``/``LANG`` and what its spec says.
 
 Processes are host-wide, so a runtime with a ``scope`` (the agent's: a digest of its agent
 directory, :func:`process_scope`) labels what it starts with it (``aios.scope``) and sees only
@@ -23,6 +24,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,8 +190,23 @@ def last_output(log: Path | None, lines: int = 2, limit: int = 300) -> str:
     return f"last output {tail[-limit:]!r}" if tail else ""
 
 
-def _spawn(spec: LaunchSpec, labels: dict[str, str]) -> subprocess.Popen[bytes]:
+def base_env() -> dict[str, str]:
+    """What an instance inherits of the agent's environment (``BASE_ENV``), with the directory of
+    the agent's own Python first on ``PATH`` when it is not there: a command's ``python`` (the
+    shipped examples' ``python -m aios_blocks.examples.echo``) is then the interpreter the agent
+    runs in, whose packages it has, as when its venv is active. An agent started as
+    ``.venv/bin/blocks agent`` without activating the venv ran ``python`` from wherever ``PATH``
+    pointed (``cannot exec 'python'``, or one without the package)."""
     env = {k: os.environ[k] for k in BASE_ENV if k in os.environ}
+    own = str(Path(sys.executable).parent)
+    path = env.get("PATH", os.defpath)
+    if sys.executable and own not in path.split(os.pathsep):
+        env["PATH"] = own + os.pathsep + path
+    return env
+
+
+def _spawn(spec: LaunchSpec, labels: dict[str, str]) -> subprocess.Popen[bytes]:
+    env = base_env()
     env.update(spec.env)
     env[LABELS_ENV] = json.dumps(labels, sort_keys=True)
     cwd = str(spec.workdir) if spec.workdir else None
