@@ -126,3 +126,24 @@ async def test_the_consoles_actions_refuse_a_field_they_do_not_take_naming_every
             async with http.post(f"/api/block/b1/{action}", json=body, headers=headers) as r:
                 assert r.status == 400, (action, body, r.status, await r.text())
                 assert await r.json() == {"error": says, "status": 400}, (action, body)
+
+
+async def test_an_action_without_origin_says_what_is_missing_and_another_origin_names_both() -> None:
+    """An action from a script (curl, no Origin) was told "cross-origin request refused", as if it
+    came from another site: it now says that the Origin is missing and that scripts use the CLI;
+    another site's request names its Origin and the console's."""
+    async def admin() -> Client:
+        raise AssertionError("refused before the client is opened")
+
+    feed = Feed(cast(Any, None), lambda subject, env: subject)
+    async with TestClient(TestServer(make_app(feed, "t0ken", admin))) as http:
+        own = f"http://{http.host}:{http.port}"
+        for headers, says in (
+            ({}, f"no Origin header: actions come from the console's own page (Origin {own}); from a script, use the CLI"),
+            ({"Origin": "http://evil.example"}, f"cross-origin request refused: Origin 'http://evil.example' is not this "
+                                                f"console's ({own})"),
+            ({"Origin": own, "Sec-Fetch-Site": "cross-site"}, "cross-origin request refused: Sec-Fetch-Site is 'cross-site'"),
+        ):
+            async with http.post("/api/block/b1/delete", json={}, headers={"X-Console-Token": "t0ken", **headers}) as r:
+                body = await r.json()
+                assert r.status == 403 and body["error"].startswith(says), (headers, body)

@@ -291,7 +291,14 @@ async def _action(request: web.Request, name: str,
     if not is_admin(request):
         raise web.HTTPForbidden(text="actions need the console's admin token")
     if not _same_origin(request):
-        raise web.HTTPForbidden(text="cross-origin request refused")
+        own = f"{request.scheme}://{request.host}"
+        if "Origin" not in request.headers:  # (a script's request, not another site's: say what is missing)
+            raise web.HTTPForbidden(text=f"no Origin header: actions come from the console's own page (Origin {own}); "
+                                         "from a script, use the CLI (blocks scale, blocks reassign, blocks delete)")
+        origin = request.headers["Origin"]
+        why = (f"Sec-Fetch-Site is {request.headers.get('Sec-Fetch-Site', '')[:40]!r}" if origin == own
+               else f"Origin {origin[:100]!r} is not this console's ({own})")
+        raise web.HTTPForbidden(text=f"cross-origin request refused: {why}")
     if request.content_type != "application/json":
         raise web.HTTPUnsupportedMediaType(text="a JSON body")
     opener = request.app[ADMIN]
