@@ -213,7 +213,17 @@ async def test_tasks_over_nats_and_http_and_their_error_statuses(rig: Rig) -> No
             assert r.status == 400 and says.startswith("block id 'a b' is not a valid id") and "Aios-Timeout-Ms" in says, says
         status, _, h = await rig.task("*")  # (a literal `*` token: what the subject permissions let through)
         assert status == 400 and h["Aios-Error"].startswith("block id '*' is not a valid id"), (status, h)
+        # header names in any case (HTTP's are case-insensitive): AIOS-TIMEOUT-MS was forwarded unread
+        async with http.post(f"{rig.http}/blocks/blk/tasks", data=b"{}", headers={"AIOS-TIMEOUT-MS": "soon"}) as r:
+            assert r.status == 400 and "Aios-Timeout-Ms must be" in (await r.json())["error"], r.status
+        status, _, h = await rig.task("blk", b"{}", AIOS_TIMEOUT_MS="soon")
+        assert status == 400 and "Aios-Timeout-Ms must be" in h["Aios-Error"], (status, h)
     assert len(a.hits) + len(b.hits) == hits  # none reached an instance
+    async with aiohttp.ClientSession() as http:  # and a task id given as AIOS-TASK-ID is the task's
+        async with http.post(f"{rig.http}/blocks/blk/tasks", data=b"{}", headers={"AIOS-TASK-ID": "mine-1"}) as r:
+            assert r.status == 200 and r.headers["Aios-Task-Id"] == "mine-1", dict(r.headers)
+    status, _, h = await rig.task("blk", b"{}", AIOS_TASK_ID="mine-2")
+    assert status == 200 and h["Aios-Task-Id"] == "mine-2", h
 
 
 async def test_an_upstream_client_gets_its_answer_on_its_own_inbox(rig: Rig, tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ blocks that publish them are offered to the output publisher after the answer.""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import aiohttp
 import msgspec
 from aiohttp import web
@@ -30,6 +32,18 @@ SMALL_BODY = 256 * 1024
 def clean(text: str) -> str:
     """A header value: one line, bounded."""
     return " ".join(text.split())[:1000]
+
+
+#: the request headers the executor reads, by their lower-case names (HTTP header names are
+#: case-insensitive: ``AIOS-TIMEOUT-MS`` is ``Aios-Timeout-Ms``)
+OWN_HEADERS = {h.lower(): h for h in ("Aios-Task-Id", "Aios-Timeout-Ms", "Aios-Idempotent")}
+
+
+def canonical(headers: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """A request's headers with the executor's own under their canonical names, whatever case the
+    caller wrote them in (``AIOS-TIMEOUT-MS: abc`` was forwarded to the instance unread, and
+    ``AIOS-IDEMPOTENT: true`` taken as no); the others as given."""
+    return {OWN_HEADERS.get(k.lower(), k): v for k, v in headers}
 
 
 def refused_headers(headers: dict[str, str], bid: str = "") -> tuple[str, Refused | None]:
@@ -73,6 +87,7 @@ class Ingress:
     # -- NATS -------------------------------------------------------------------------------------
     async def on_task(self, tokens: dict[str, str], body: bytes, headers: dict[str, str]) -> tuple[bytes, dict[str, str]]:
         bid = tokens.get("bid", "")
+        headers = canonical(headers.items())
         task_id, refused = refused_headers(headers, bid)
         if refused is not None:
             return refusal_body(refused), {**refusal_headers(refused), **({"Aios-Task-Id": task_id} if task_id else {})}
@@ -117,7 +132,8 @@ class Ingress:
     async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
         bid = request.match_info["bid"]
         body = await request.read()
-        task_id, refused = refused_headers(dict(request.headers), bid)
+        headers = canonical(request.headers.items())
+        task_id, refused = refused_headers(headers, bid)
         if refused is not None:
             return web.Response(status=400, body=refusal_body(refused), content_type="application/json",
                                 headers={"Aios-Error": clean(refused.reason), **({"Aios-Task-Id": task_id} if task_id else {})})
@@ -129,7 +145,7 @@ class Ingress:
         try:
             route = self.d.routes.get(bid)
             method = route.method if path is None and route is not None else request.method
-            return await self.d.dispatch(bid, method, path, body, dict(request.headers), stream)
+            return await self.d.dispatch(bid, method, path, body, headers, stream)
         except Refused as r:
             h = {"Aios-Error": clean(r.reason), "Aios-Task-Id": task_id}
             if r.retry_after_ms is not None:
