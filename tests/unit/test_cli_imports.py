@@ -64,3 +64,49 @@ def test_list_loads_only_its_own_redis_reader() -> None:
     # (pydantic: typer converts option values through it when a command runs)
     assert [m for m in loaded if not m.startswith("pydantic")
             and m not in ("aios_blocks.state", "aios_blocks.state.keys", "aios_blocks.state.views")] == []
+
+
+#: what the workers run and the CLI's client needs only for some commands (``plan``, ``decisions``,
+#: ``scale``, ...): ``cli/client.py`` imports them in those methods, not at its top
+WORKER_STEPS = (
+    "aios_blocks.handlers", "aios_blocks.policies", "aios_blocks.recovery", "aios_blocks.projections",
+    "aios_blocks.state.inventory", "aios_blocks.state.priority",
+    "multiprocessing", "statistics",
+)
+
+
+def _modules(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """Every module in sys.modules after ``code`` ran in a new process (SystemExit caught)."""
+    body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
+    probe = (f"import json, sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
+             "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, **(env or {})}, cwd="/")
+    return list(json.loads(out.stderr.strip().splitlines()[-1]))
+
+
+def _steps(mods: list[str]) -> list[str]:
+    return [m for m in mods if any(m == w or m.startswith(w + ".") for w in WORKER_STEPS)]
+
+
+def test_the_client_loads_no_handlers_policies_or_recovery() -> None:
+    # (instance_id: how `blocks scale` / `reassign` name the instance they ask for)
+    mods = _modules("import aios_blocks.cli.client as c; assert c.instance_id('b', 0) == 'b-0'")
+    assert "aios_blocks.cli.client" in mods and "aios_blocks.bus.nats_bus" in mods
+    assert _steps(mods) == []
+    # the CLI's own import (the entry point) loads none of them either
+    assert _steps(_modules("import aios_blocks.cli.main")) == []
+
+
+def test_dlq_connects_without_loading_handlers_policies_or_recovery() -> None:
+    with socket.socket() as s:  # a port nothing listens on: the command fails to connect, after its imports
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {"AIOS_NATS_URL": f"nats://127.0.0.1:{port}", "AIOS_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    mods = _modules("""
+        sys.argv = ["blocks", "dlq"]
+        from aios_blocks.cli.main import run
+        run()
+    """, env)
+    assert "aios_blocks.cli.client" in mods  # it did open a Client (and failed to reach NATS)
+    assert _steps(mods) == []

@@ -2,6 +2,11 @@
 
 Upstream systems need none of this: publishing a spec to ``aios.block.{bid}.create`` with any NATS
 client is the whole API.
+
+Start-up: every command that talks to the servers imports this module, so it imports at the top
+only the bus, the store and the schemas; the workers' steps (handlers, policies, recovery) are
+imported by the methods that run them (``plan``, ``decisions``, ``scale_to``, ...), not by
+``blocks dlq`` or ``blocks watch`` (tests/unit/test_cli_imports.py holds it to that).
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import msgspec
@@ -23,14 +28,6 @@ from ..bus.catalog import E, Emit
 from ..bus.consumer_names import subscribe_ordered
 from ..bus.nats_bus import Bus
 from ..bus.subjects import uri_digest
-from ..handlers import parse, scaling
-from ..handlers.controller import instance_id
-from ..handlers.plan import Invoke, Plan, PlanCall, make_plan
-from ..policies.runtime import PolicyRuntime
-from ..projections.base import EventDoc
-from ..recovery import inputs
-from ..recovery.rebuild import ensure_epoch, read_stream
-from ..schemas.errors import PolicyFailed
 from ..schemas.events import (
     ClusterRegistered,
     ComponentRegistered,
@@ -44,11 +41,14 @@ from ..schemas.events import (
 )
 from ..schemas.records import JSON, BlockIR, BlockRecord, DecisionRecord, JSONObject, ReplayedDecision
 from ..schemas.roles import is_observer
-from ..schemas.spec import Cluster, Component, Gpu, Node, check_id
-from ..schemas.topology import GpuTopology
-from ..state.inventory import Inventory, affinity_index
-from ..state.priority import PriorityStore
+from ..schemas.spec import Cluster, Component, Gpu, Node, check_id, instance_id
 from ..state.store import Store
+
+if TYPE_CHECKING:  # (imported where used: see the module's docstring)
+    from ..handlers.plan import Invoke, Plan, PlanCall
+    from ..policies.runtime import PolicyRuntime
+    from ..projections.base import EventDoc
+    from ..schemas.topology import GpuTopology
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
 #: how often ``Client.plan`` re-reads a snapshot that changed while it was read
@@ -132,7 +132,10 @@ class Client:
             await bus.close()
             await store.close()
             raise
-        await ensure_epoch(bus, store)  # a fresh system starts its state epoch (recovery.rebuild)
+        if await store.epoch() is None:  # a fresh system starts its state epoch (recovery.rebuild)
+            from ..recovery.rebuild import ensure_epoch
+
+            await ensure_epoch(bus, store)
         return cls(bus, store)
 
     async def close(self) -> None:
@@ -272,10 +275,15 @@ class Client:
         (re-read when something changed meanwhile), and the plan carries that index. Policies
         run with their block's current context, loaded into a throwaway copy: what they write is
         dropped, and no decision record is published."""
+        from ..handlers import parse
+        from ..handlers.plan import Plan, make_plan
+        from ..policies.runtime import PolicyRuntime
+        from ..settings import load as load_settings
+        from ..state.inventory import Inventory, affinity_index
+        from ..state.priority import PriorityStore
+
         given = spec.get("blockId")
         bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
-        from ..settings import load as load_settings
-
         outcome = parse.read(msgspec.json.encode({**spec, "blockId": bid}), load_settings().max_spec_bytes)
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
@@ -305,7 +313,6 @@ class Client:
         )
         plan.index, plan.calls = index, calls
         if not plan.places:  # the pending queue's forecast (docs/priority.md)
-            from ..settings import load as load_settings
             from .pending import forecast
 
             plan.notes += await forecast(self.store, ir, sorted(clusters), load_settings().preempt_min_delta)
@@ -321,6 +328,8 @@ class Client:
     ) -> Invoke:
         """Like ``Worker.invoker`` but read-only: the rule's context is loaded once into a copy
         that the plan's calls share and that is never saved; nothing is recorded on the stream."""
+        from ..schemas.errors import PolicyFailed
+
         rule, rule_id = ir["policies"][kind], f"{ir['blockId']}.{kind}"
         context: JSONObject | None = None  # the rule's context, loaded once (open JSON: the policy's own)
 
@@ -455,6 +464,8 @@ class Client:
 
     async def stream(self) -> list[tuple[str, bytes, int, float]]:
         """Every stored message, oldest first: (subject, body, sequence, timestamp)."""
+        from ..recovery.rebuild import read_stream
+
         out: list[tuple[str, bytes, int, float]] = []
         await read_stream(self.bus, lambda s, b, q, t: out.append((s, b, q, t)))
         return out
@@ -464,6 +475,8 @@ class Client:
         by replay (``recovery.inputs``): ``input`` (None unless rebuilt or recorded) and
         ``input_check``: ``rebuilt`` (its digest is the recorded one), ``recorded`` (an older
         record that held its input), ``mismatch`` or ``unsupported`` (not rebuilt)."""
+        from ..recovery import inputs
+
         only = None if _block_or_all(bid) == "*" else bid
         steps = await inputs.rebuild(await self.stream(), only)
         out: list[ReplayedDecision] = []
@@ -492,6 +505,8 @@ class Client:
     async def scale_to(self, bid: str, target: int, reason: str = "", source: str = "cli") -> ScaleTo:
         """Set the block's desired instance count (``block.scale.target``); the controller clamps
         it to ``[minInstances, maxInstances]`` and reaches it with scale-ups and scale-downs."""
+        from ..handlers import scaling
+
         if isinstance(target, bool) or not isinstance(target, int) or target < 0:
             raise ValueError(f"target must be a count of instances >= 0, got {target!r}")
         block = await self._live_block(bid)
@@ -617,7 +632,7 @@ def _stored_at(msg: Any) -> str:
 def _decode(raw: bytes) -> EventDoc:
     try:
         doc: JSON = msgspec.json.decode(raw)
-        return cast(EventDoc, doc) if isinstance(doc, dict) else {"data": doc}  # (an envelope's fields, or a foreign object)
+        return cast("EventDoc", doc) if isinstance(doc, dict) else {"data": doc}  # (an envelope's fields, or a foreign object)
     except msgspec.DecodeError:
         return {"data": raw.decode("utf-8", errors="replace")}
 

@@ -7,7 +7,6 @@ resourceAllocator, these return scores and placement plans. The worker commits p
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
@@ -28,6 +27,7 @@ from ..schemas.records import (
     SampleInfo,
 )
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV, GPU_SHARE_ENV
+from ..schemas.spec import instance_id as instance_id  # (re-exported: it lives with the ids, for the CLI)
 from . import vcluster
 from .gateway import cluster_metrics, sample_for, share_of
 
@@ -188,13 +188,6 @@ def capacity_reasons(
         if nid not in into and capacity.node_fits(nodes[nid], needs, share) is None:
             into[nid] = "capacity: " + capacity.why_not(nodes[nid], needs, share)
     return into
-
-
-def instance_id(bid: str, key: str | int) -> str:
-    """Gang members are ``{bid}-{n}``; later instances take a short digest of their request id."""
-    if isinstance(key, int):
-        return f"{bid}-{key}"
-    return f"{bid}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
 
 
 def check_choice(node_id: str, gpus: list[str], nodes: dict[str, NodeView], needs: Needs, share: bool) -> str:

@@ -7,6 +7,7 @@ spec is reported instead of silently ignored.
 from __future__ import annotations
 
 import difflib
+import hashlib
 import re
 from typing import Annotated, Any, Literal
 
@@ -54,6 +55,14 @@ def check_id(value: object, what: str = "id") -> str:
         raise ValueError(f"{what} {value!r} is not a valid id: letters, digits, '-' and '_', at most 128, "
                          "starting with a letter or digit")
     return value
+
+
+def instance_id(bid: str, key: str | int) -> str:
+    """Gang members are ``{bid}-{n}``; later instances take a short digest of their request id."""
+    if isinstance(key, int):
+        return f"{bid}-{key}"
+    return f"{bid}-{hashlib.sha1(key.encode()).hexdigest()[:8]}"
+
 
 _NUMBERS = (int, float, int | None, float | None)
 POLICY_KINDS = ("clusterAllocator", "resourceAllocator", "loadBalancer", "stabilityChecker", "autoscaler", "preemption", "rebalancer")
