@@ -147,3 +147,18 @@ async def test_an_action_without_origin_says_what_is_missing_and_another_origin_
             async with http.post("/api/block/b1/delete", json={}, headers={"X-Console-Token": "t0ken", **headers}) as r:
                 body = await r.json()
                 assert r.status == 403 and body["error"].startswith(says), (headers, body)
+
+
+async def test_the_blocks_query_refuses_what_would_match_nothing_naming_every_problem() -> None:
+    """`/api/blocks?status=bogus&size=2&label=gold` answered an empty page (a status that is none,
+    a label that is no key=value and an unknown parameter each matched nothing, silently): now one
+    400 naming each; the page's own queries still answer."""
+    feed = Feed(cast(Any, None), lambda subject, env: subject)
+    async with TestClient(TestServer(make_app(feed, "t0ken", None))) as http:
+        body = await _json_error(http, "GET", "/api/blocks?status=bogus&size=2&label=gold", 400)
+        assert body["error"].split("; ")[0] == ("size: unknown parameter (the blocks take q, status, cluster, page, per, "
+                                                "label, policy, tenant, priority, seq)"), body
+        assert "status: 'bogus' is no status; one of parsed, rejected" in body["error"], body
+        assert body["error"].endswith("label: expected key=value, got 'gold'"), body
+        async with http.get("/api/blocks?q=&status=ready&cluster=&tenant=&priority=&label=qos%3Dgold&policy=&page=0&per=50") as r:
+            assert r.status == 200 and (await r.json())["rows"] == []

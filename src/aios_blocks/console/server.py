@@ -202,8 +202,28 @@ def _int(request: web.Request, name: str, default: int) -> int:
         raise web.HTTPBadRequest(text=f"{name}: a number") from None
 
 
+#: the query the blocks view takes (``seq``: the moment, as every view)
+BLOCKS_QUERY = ("q", "status", "cluster", "page", "per", "label", "policy", "tenant", "priority", "seq")
+
+
+def _blocks_query_problems(q: Any) -> list[str]:
+    """What is wrong with a blocks query, every problem: an unknown parameter, a status that is
+    none, a label that is no ``key=value`` (each matched nothing and said so with an empty page)."""
+    from ..schemas.lifecycle import BlockStatus
+
+    out = [f"{k}: unknown parameter (the blocks take {', '.join(BLOCKS_QUERY)})" for k in q if k not in BLOCKS_QUERY]
+    statuses = [s.value for s in BlockStatus]
+    if q.get("status") and q["status"] not in statuses:
+        out.append(f"status: {q['status'][:40]!r} is no status; one of {', '.join(statuses)}")
+    if q.get("label") and "=" not in q["label"]:
+        out.append(f"label: expected key=value, got {q['label'][:40]!r}")
+    return out
+
+
 async def blocks(request: web.Request) -> web.Response:
     q = request.query
+    if problems := _blocks_query_problems(q):
+        raise web.HTTPBadRequest(text="; ".join(problems))
     page, per = _int(request, "page", 0), _int(request, "per", 50)
     body, timing = await _cached(request, "blocks", lambda f: projection.blocks_page(
         f, q.get("q", ""), q.get("status", ""), q.get("cluster", ""), page, per, q.get("label", ""), q.get("policy", ""),
