@@ -41,6 +41,18 @@ async def _letter(system: System, subject: str) -> Any:
     return await until(get, 60, f"the dead letter of {subject}")
 
 
+async def _dead_lettered_unmade(system: System, bid: str) -> tuple[Any, Any]:
+    """A create of ``bid`` the parser dead-letters before it makes anything (the record's key is no
+    hash: its script fails first, 5 deliveries), then the cause fixed: (its request, its letter)."""
+    c = system.client
+    await c.store.r.set(block_key(bid), "not a hash")
+    req = await c.create(spec(bid))
+    letter = await _letter(system, E.block_create.subject(bid=bid))
+    assert "WRONGTYPE" in json.loads(letter.data)["data"]["error"]
+    await c.store.r.delete(block_key(bid))  # the fix
+    return req, letter
+
+
 async def _taken(system: System) -> None:
     """Until the parser has handled every create in AIOS_INTAKE (its ack floor at the stream's end)."""
     js = system.client.bus.js
@@ -65,11 +77,7 @@ async def test_a_replayed_create_makes_its_block_once_at_its_own_gen_and_a_repla
 
     # 1. a create that never made its block: its record's key is no hash (its script fails before it
     # writes anything), 5 deliveries, dead-lettered
-    await c.store.r.set(block_key("rc-new"), "not a hash")
-    req = await c.create(spec("rc-new"))
-    letter = await _letter(system, E.block_create.subject(bid="rc-new"))
-    assert "WRONGTYPE" in json.loads(letter.data)["data"]["error"]
-    await c.store.r.delete(block_key("rc-new"))  # the fix
+    req, letter = await _dead_lettered_unmade(system, "rc-new")
     rc, out, errs = await blocks(system.servers, "dlq", "replay", f"AIOS:{letter.seq}")
     assert rc == 0 and "replayed" in out, (out, errs)
     block = await status_of(system, "rc-new", "ready")
@@ -120,10 +128,7 @@ async def test_a_replayed_create_whose_original_left_the_intake_keeps_its_gen_by
     assert system.servers is not None
     c = system.client
     await c.add_sim_cluster("c1", nodes=1, gpus=4)
-    await c.store.r.set(block_key("rc-gone"), "not a hash")
-    req = await c.create(spec("rc-gone"))
-    letter = await _letter(system, E.block_create.subject(bid="rc-gone"))
-    await c.store.r.delete(block_key("rc-gone"))  # the fix
+    req, letter = await _dead_lettered_unmade(system, "rc-gone")
     await c.bus.js.delete_msg(subjects.STREAM_INTAKE, req.seq)  # as the intake's age or size limit drops it
 
     # a create of another block claiming that letter and that gen: its own gen
