@@ -160,11 +160,12 @@ async def letter_vouches(w: Worker, ref: str, first: int, subject: str, body: by
     stream, _, seq = ref.partition(":")
     if stream != subjects.STREAM or not seq.isdigit():
         return False
+    where = subjects.dead_letter(subjects.PARSER.durable, subject)
     try:
-        got = await stored_at(w.bus, stream, int(seq), subjects.dead_letter(subjects.PARSER.durable, subject))
+        got = await stored_at(w.bus, stream, int(seq), where)
         if got is None:
             return False
-        letter = Letter(stream, int(seq), "", subject, msgspec.json.decode(got[0]))
+        letter = Letter(stream, int(seq), "", where, msgspec.json.decode(got[0]))
         carried = str((letter.data.get("headers") or {}).get(REPLAY_SEQ, ""))
         return (letter.original_subject == subject and first in (letter.original_seq, int(carried) if carried.isdigit() else 0)
                 and letter_body(letter) == body)
