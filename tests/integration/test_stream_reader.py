@@ -73,6 +73,7 @@ async def test_the_wire_reader_reads_what_the_ordered_consumer_reads(client: Cli
     assert some == await _read(c, wire=False, filters=filters)
     assert some == [m for m in ordered if m[0].startswith("aios.node.") or m[0].startswith("aios.block.b3.")]
     assert await _read(c, wire=True, filters=["aios.block.nobody.>"]) == []  # nothing matches: no wait
+    assert await _read(c, wire=False, filters=["aios.block.nobody.>"]) == []  # nor through the ordered consumer
     # the connection still serves requests and other subscriptions
     assert (await c.bus.js.stream_info(subjects.STREAM)).state.messages == len(ordered)
 
