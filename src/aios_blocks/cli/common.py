@@ -235,14 +235,9 @@ def embedded(data_dir: Path, what: str, running: bool = True) -> Path:
     try:
         ep = read_endpoints(d)
     except (ValueError, KeyError, TypeError):  # a file that is not what `blocks up` writes: say what is wrong
-        from ..runtime.locate import CredentialsUnreadable, _check_login, _json_object
+        from ..runtime.locate import endpoints_problem
 
-        try:
-            _check_login(d, _json_object(d / "endpoints.json", "where the running servers listen, written by `blocks up`"),
-                         False, True, "admin")
-            why = f"{d / 'endpoints.json'} is not what `blocks up` writes"
-        except CredentialsUnreadable as exc:
-            why = str(exc)
+        why = endpoints_problem(d)
         err.print(f"[red]Cannot read the credentials of the servers in {escape(str(data_dir))}[/]: {escape(why)}")
         raise typer.Exit(2) from None
     if ep is None:

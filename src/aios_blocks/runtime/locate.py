@@ -77,6 +77,21 @@ def _json_object(path: Path, what: str) -> dict[str, Any]:
     return doc
 
 
+#: what ``endpoints.json`` is, in the messages that say what is wrong with it
+ENDPOINTS_WHAT = "where the running servers listen, written by `blocks up`"
+
+
+def endpoints_problem(data_dir: Path) -> str:
+    """Why ``data_dir``'s ``endpoints.json`` is not what ``blocks up`` writes (for a reader that
+    failed on it): the file and every problem :func:`_check_login` names, else that it is not."""
+    ep = Path(data_dir) / "endpoints.json"
+    try:
+        _check_login(data_dir, _json_object(ep, ENDPOINTS_WHAT), False, True, "admin")
+    except CredentialsUnreadable as exc:
+        return str(exc)
+    return f"{ep} is not what `blocks up` writes"
+
+
 def _check_login(data_dir: Path, endpoints: dict[str, Any], auth: bool, acl: bool, role: str) -> None:
     """Whether ``endpoints`` and the secrets file give ``role`` what it logs in with, every missing
     part named in one :class:`CredentialsUnreadable` (a ``KeyError`` said only ``KeyError``)."""
@@ -175,7 +190,7 @@ def resolve_urls(data_dir: Path = DEFAULT_DATA_DIR, role: str | None = None, wai
         wait_while_starting(data_dir, wait_s, on_wait)
     if not ep.exists():
         return None
-    d = _json_object(ep, "where the running servers listen, written by `blocks up`")
+    d = _json_object(ep, ENDPOINTS_WHAT)
     auth, where = bool(d.get("auth")), Path(data_dir).resolve()
     role = role or os.environ.get("AIOS_ROLE") or "admin"
     _check_login(where, d, auth, bool(d.get("redis_acl", True)), role)
