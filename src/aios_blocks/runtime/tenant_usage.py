@@ -94,7 +94,7 @@ def over(new: tn.Tenant, old: tn.Tenant, nats_url: str, ca: str | None) -> str |
 def check(new: tn.Tenant, old: tn.Tenant, nats_url: str, ca: str | None) -> tn.Tenant:
     """``new``, or ValueError: its limits do not split across its users (``tenants.unfit``), or an
     account it has already holds more than its new share (``over``)."""
-    why = tn.unfit(new) or over(new, old, nats_url, ca)
-    if why is not None:
+    tn.check(new)
+    if (why := over(new, old, nats_url, ca)) is not None:
         raise ValueError(why)
     return new
