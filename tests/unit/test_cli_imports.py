@@ -23,17 +23,27 @@ HEAVY = (
 LIGHT = ("aios_blocks.schemas", "aios_blocks.schemas.roles")
 
 
-def _loaded(code: str, env: dict[str, str] | None = None) -> list[str]:
-    """The HEAVY modules (or their submodules) in sys.modules after ``code`` ran in a new process."""
+def _modules(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """Every module in sys.modules after ``code`` ran in a new process (SystemExit caught)."""
     body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
     probe = (f"import json, sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
-             f"heavy, light = {HEAVY!r}, {LIGHT!r}\n"
-             "print(json.dumps(sorted({m for m in sys.modules for h in heavy if (m == h or m.startswith(h + '.'))"
-             " and m not in light})),"
-             " file=sys.__stderr__)\n")
+             "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                          env={**os.environ, **(env or {})}, cwd="/")
     return list(json.loads(out.stderr.strip().splitlines()[-1]))
+
+
+def _loaded(code: str, env: dict[str, str] | None = None) -> list[str]:
+    """The HEAVY modules (or their submodules) in sys.modules after ``code`` ran in a new process."""
+    return [m for m in _modules(code, env) if m not in LIGHT and any(m == h or m.startswith(h + ".") for h in HEAVY)]
+
+
+def _unreachable() -> dict[str, str]:
+    """NATS and Redis URLs of a port nothing listens on: a command fails to connect, after its imports."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"AIOS_NATS_URL": f"nats://127.0.0.1:{port}", "AIOS_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
 
 
 def test_importing_the_entry_point_loads_only_typer_and_rich() -> None:
@@ -51,10 +61,7 @@ def test_help_loads_nothing_heavy_not_even_typers_help_module() -> None:
 
 
 def test_list_loads_only_its_own_redis_reader() -> None:
-    with socket.socket() as s:  # a port nothing listens on: the command fails to connect, after its imports
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"AIOS_NATS_URL": f"nats://127.0.0.1:{port}", "AIOS_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    env = _unreachable()
     loaded = _loaded("""
         sys.argv = ["blocks", "list"]
         from aios_blocks.cli.main import run
@@ -75,16 +82,6 @@ WORKER_STEPS = (
 )
 
 
-def _modules(code: str, env: dict[str, str] | None = None) -> list[str]:
-    """Every module in sys.modules after ``code`` ran in a new process (SystemExit caught)."""
-    body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
-    probe = (f"import json, sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
-             "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n")
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, **(env or {})}, cwd="/")
-    return list(json.loads(out.stderr.strip().splitlines()[-1]))
-
-
 def _steps(mods: list[str]) -> list[str]:
     return [m for m in mods if any(m == w or m.startswith(w + ".") for w in WORKER_STEPS)]
 
@@ -99,10 +96,7 @@ def test_the_client_loads_no_handlers_policies_or_recovery() -> None:
 
 
 def test_dlq_connects_without_loading_handlers_policies_or_recovery() -> None:
-    with socket.socket() as s:  # a port nothing listens on: the command fails to connect, after its imports
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {"AIOS_NATS_URL": f"nats://127.0.0.1:{port}", "AIOS_REDIS_URL": f"redis://127.0.0.1:{port}/0"}
+    env = _unreachable()
     mods = _modules("""
         sys.argv = ["blocks", "dlq"]
         from aios_blocks.cli.main import run
