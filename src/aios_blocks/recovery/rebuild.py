@@ -126,7 +126,9 @@ async def _read_ordered(bus: Bus, on_msg: Callable[[str, bytes, int, float], Non
     )
     try:
         ci = await sub.consumer_info()
-        if ci.num_pending == 0 and (ci.delivered is None or ci.delivered.stream_seq == 0) and count == 0:
+        # nothing to read: none pending and none delivered (by the consumer's own count: its
+        # delivered stream sequence moves past messages its filter skips, to the stream's last)
+        if ci.num_pending == 0 and (ci.delivered is None or not ci.delivered.consumer_seq) and count == 0:
             return 0
         while not done.is_set():
             with contextlib.suppress(TimeoutError):
