@@ -26,8 +26,10 @@ LIGHT = ("aios_blocks.schemas", "aios_blocks.schemas.roles")
 def _modules(code: str, env: dict[str, str] | None = None) -> list[str]:
     """Every module in sys.modules after ``code`` ran in a new process (SystemExit caught)."""
     body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
+    # (a module still standing in for one not loaded, ``aios_blocks.OnFirstUse``, is not loaded)
     probe = (f"import json, sys\ntry:\n{body}\nexcept SystemExit:\n    pass\n"
-             "print(json.dumps(sorted(sys.modules)), file=sys.__stderr__)\n")
+             "print(json.dumps(sorted(n for n, m in sys.modules.items() if type(m).__name__ != 'OnFirstUse')),"
+             " file=sys.__stderr__)\n")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
                          env={**os.environ, **(env or {})}, cwd="/")
     return list(json.loads(out.stderr.strip().splitlines()[-1]))
@@ -104,3 +106,29 @@ def test_dlq_connects_without_loading_handlers_policies_or_recovery() -> None:
     """, env)
     assert "aios_blocks.cli.client" in mods  # it did open a Client (and failed to reach NATS)
     assert _steps(mods) == []
+
+
+def test_a_command_that_connects_to_nats_does_not_load_aiohttp() -> None:
+    # nats-py imports aiohttp for its websocket transport, which a nats:// URL never uses: it
+    # stands unloaded (aios_blocks.OnFirstUse) until something uses it (it was ~0.3 s a command)
+    env = _unreachable()
+    mods = _modules("""
+        sys.argv = ["blocks", "dlq"]
+        from aios_blocks.cli.main import run
+        run()
+    """, env)
+    assert "nats.aio.transport" in mods  # nats-py was imported, its websocket transport with it
+    assert [m for m in mods if m == "aiohttp" or m.startswith("aiohttp.")] == []
+
+
+def test_aiohttp_loads_whole_at_its_first_use_whichever_way_it_is_used() -> None:
+    # the transport's own reference, a plain import, and a submodule imported first
+    for first_use in ("import nats.aio.transport as t; t.aiohttp.WSMsgType.BINARY",
+                      "import aiohttp; aiohttp.ClientSession",
+                      "from aiohttp import web; web.Application"):
+        mods = _modules(f"import aios_blocks, nats.aio.transport\n{first_use}\n"
+                        "import aiohttp; from aiohttp import web\n"
+                        "assert aiohttp.ClientSession.__module__ == 'aiohttp.client', aiohttp.ClientSession\n"
+                        "assert web.Application.__name__ == 'Application'\n"
+                        "assert type(sys.modules['aiohttp']).__name__ == 'module'")
+        assert "aiohttp" in mods and "aiohttp.client" in mods and "aiohttp.web" in mods, first_use
