@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -84,6 +85,32 @@ async def test_rebalance_dry_run_lists_the_move_and_changes_nothing(system: Syst
     # nothing was published, reserved or written: not a message, not a byte of Redis
     assert await _settled(system) == before
     assert (await system.client.store.get_block("p") or {})["status"] == "pending"
+
+
+async def test_rebalance_and_preempt_dry_runs_run_a_policy_of_the_registry(system: System, tmp_path: Path) -> None:
+    """``blocks rebalance --policy registry:NAME --dry-run`` (docs/rebalance.md, as written) and
+    ``blocks preempt --dry-run --policy registry:NAME`` run the system's stored version. The CLI's
+    policy runtime had no registry: both answered 'no policy registry available' (exit 1 / no plan)."""
+    await _fragmented(system)
+    await system.client.submit(spec("p", 4))
+    await _status(system, "p", "pending")
+    reb, pre = tmp_path / "reb.star", tmp_path / "pre.star"
+    reb.write_text('def eval(parameters, input_data, context):\n    return {"moves": [], "reason": "my rebalancer says no"}\n')
+    pre.write_text('def eval(parameters, input_data, context):\n    return {"victims": {}, "reason": "my preemption says no"}\n')
+    for name, f in (("my-rebalancer", reb), ("my-preemption", pre)):
+        r = await asyncio.to_thread(blocks, system, "policy", "add", name, str(f))
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--policy", "registry:my-rebalancer", "--dry-run", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (c1,) = json.loads(r.stdout)["clusters"]
+    assert c1["error"] == "" and c1["reason"] == "my rebalancer says no", c1
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(spec("q", 4)))
+    r = await asyncio.to_thread(blocks, system, "preempt", "--dry-run", str(f), "--cluster", "c1",
+                                "--policy", "registry:my-preemption", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert json.loads(r.stdout)["output"] == {"victims": {}, "reason": "my preemption says no"}
 
 
 SHARING = [{"name": "resourceAllocator", "policyRuleURI": "builtin:spread", "settings": {"gpuSharing": True}}]

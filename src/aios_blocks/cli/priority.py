@@ -302,7 +302,7 @@ def preempt(
                  "victims": d.victims, "victim_reason": d.victim_reason}
         rule = {"name": "preemption", "policyRuleURI": policy_uri}
         try:
-            return data, await PolicyRuntime().invoke(rule, "cli.preempt", data, {}), quota
+            return data, await PolicyRuntime(lookup=c.store.policy_get).invoke(rule, "cli.preempt", data, {}), quota
         except PolicyFailed as exc:
             return data, {"error": str(exc)}, quota
 

@@ -45,12 +45,13 @@ def rebalance(
     settings = load_settings()
     k = settings.rebalance_max_moves if max_moves < 0 else max_moves
     rule = {"name": "rebalancer", "policyRuleURI": policy_uri or settings.rebalance_policy}
-    runtime = PolicyRuntime()
-
-    async def invoke(r: dict[str, Any], data: dict[str, Any]) -> Any:
-        return await runtime.invoke(r, "cli.rebalance", data, {})
 
     async def go(c: Client) -> tuple[list[Any], int]:
+        runtime = PolicyRuntime(lookup=c.store.policy_get)  # registry:NAME from the system's registry
+
+        async def invoke(r: dict[str, Any], data: dict[str, Any]) -> Any:
+            return await runtime.invoke(r, "cli.rebalance", data, {})
+
         rounds = await plan_rounds(c.store, invoke, rule, k, settings.queue_window, list(cluster) or None,
                                    trigger=hr.Trigger.MANUAL)
         if dry_run:
