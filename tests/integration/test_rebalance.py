@@ -113,6 +113,17 @@ async def test_rebalance_and_preempt_dry_runs_run_a_policy_of_the_registry(syste
     assert json.loads(r.stdout)["output"] == {"victims": {}, "reason": "my preemption says no"}
 
 
+async def test_rebalance_dry_run_json_exits_1_when_the_policy_fails(system: System) -> None:
+    """--json printed the failing cluster's "error" and exited 0, where the text output exits 1."""
+    await system.client.add_sim_cluster("c1", nodes=1, gpus=1)
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--dry-run", "--policy", "bogus")
+    assert r.returncode == 1 and "the rebalancer policy failed in some cluster" in r.stderr, r.stdout + r.stderr
+    r = await asyncio.to_thread(blocks, system, "rebalance", "--dry-run", "--policy", "bogus", "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    (c1,) = json.loads(r.stdout)["clusters"]
+    assert "unknown policyRuleURI 'bogus'" in c1["error"], c1
+
+
 SHARING = [{"name": "resourceAllocator", "policyRuleURI": "builtin:spread", "settings": {"gpuSharing": True}}]
 
 

@@ -32,7 +32,8 @@ def rebalance(
     FGD fragmentation, the pending blocks that may go there and the movable instances; each move
     it answers is requested (block.move.requested: make-before-break, the old instance serves
     until the new one is ready). `--dry-run` lists every move, the GPUs it frees on its source
-    and the fragmentation before and after, and changes nothing.
+    and the fragmentation before and after, and changes nothing. Exit 0 done, 1 an unknown cluster or
+    the policy failed in some cluster (--json too: that cluster's "error" says why).
 
     Example: `blocks rebalance --dry-run`, `blocks rebalance --cluster c1 --max-moves 4 --json`
     """
@@ -65,8 +66,11 @@ def rebalance(
 
     rounds, asked = _request(go, data_dir, store_only=dry_run)
     moves = [{"cluster": r.cluster, **m} for r in rounds for m in r.output.get("moves") or []]
+    failed = any(r.error for r in rounds)
     if as_json:
         _print_json({"dry_run": dry_run, "moves": moves, "requested": asked, "clusters": [r.as_dict() for r in rounds]})
+        if failed:  # each cluster's "error" says why
+            raise typer.Exit(1)
         return
     for r in rounds:
         f = r.data.get("fragmentation") or {}
@@ -86,6 +90,6 @@ def rebalance(
         console.print(f"dry run: {len(moves)} move(s), nothing requested")
     else:
         console.print(f"{asked} move(s) requested; follow with: blocks watch BID")
-    if any(r.error for r in rounds):
+    if failed:
         err.print("[red]the rebalancer policy failed in some cluster[/]")
         raise typer.Exit(1)
