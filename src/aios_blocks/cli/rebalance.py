@@ -20,7 +20,8 @@ if TYPE_CHECKING:
 
 def rebalance(
     dry_run: bool = typer.Option(False, "--dry-run", help="List every move and the capacity it frees; change nothing."),
-    max_moves: int = typer.Option(-1, "--max-moves", help="The most moves per cluster (default: AIOS_REBALANCE_MAX_MOVES)."),
+    max_moves: int | None = typer.Option(None, "--max-moves", min=0,
+                                         help="The most moves per cluster, 0 or more (default: AIOS_REBALANCE_MAX_MOVES)."),
     cluster: list[str] = typer.Option([], "--cluster", help="Only this cluster (repeat for more; default: every cluster)."),
     policy_uri: str = typer.Option("", "--policy", help="The rebalancer policy (a policyRuleURI; default: AIOS_REBALANCE_POLICY)."),
     as_json: bool = typer.Option(False, "--json", help='An object with "moves" (one entry per move, its cluster) and "clusters" (each one\'s input summary and reason).'),
@@ -44,7 +45,7 @@ def rebalance(
     from ..workers.rebalancer import plan_rounds
 
     settings = load_settings()
-    k = settings.rebalance_max_moves if max_moves < 0 else max_moves
+    k = settings.rebalance_max_moves if max_moves is None else max_moves
     rule = {"name": "rebalancer", "policyRuleURI": policy_uri or settings.rebalance_policy}
 
     async def go(c: Client) -> tuple[list[Any], int]:
