@@ -27,3 +27,27 @@ def test_rebalance_refuses_a_negative_max_moves(cli: CliRunner) -> None:
     r = cli.invoke(app, ["rebalance", "--dry-run", "--max-moves", "-5"])
     assert r.exit_code == 2, r.output
     assert "--max-moves" in r.output and "greater than or equal to 0" in r.output, r.output
+
+
+def test_list_pending_names_a_victims_preemptor_once(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A victim's reason is 'preempted by B': the table said 'preempted by B (preempted by B)'."""
+    from aios_blocks.cli import blocks
+
+    victim = {"id": "lo", "scope": "_", "position": 1, "priority": 0, "priorityClass": "low", "age_s": 1.0,
+              "reason": "preempted by hi", "preempted_by": "hi", "preempting": False, "deadline": 0.0}
+    # a victim retried then waiting for another reason keeps who preempted it, said after that reason
+    again = {**victim, "id": "lo2", "reason": "no cluster passed the filter rule"}
+    monkeypatch.setattr(blocks, "_request", lambda *a, **k: [victim, again])
+    r = cli.invoke(app, ["list", "--pending"])
+    assert r.exit_code == 0, r.output
+    assert r.output.count("preempted by hi") == 2, r.output
+    assert "no cluster passed the filter rule; preempted by hi" in r.output, r.output
+
+
+def test_explain_says_who_preempted_a_waiting_block_once() -> None:
+    from aios_blocks.cli.pending import preempted_note
+
+    note = "(it never preempts in turn)"
+    assert preempted_note("preempted by hi", "hi", note) == " (it never preempts in turn)"
+    assert preempted_note("no room", "hi", note) == "; preempted by hi (it never preempts in turn)"
+    assert preempted_note("no room", "", note) == ""

@@ -218,7 +218,7 @@ def list_blocks(
 
 
 def _list_pending(as_json: bool, data_dir: Path) -> None:
-    from .pending import PendingRow, rows
+    from .pending import PendingRow, preempted_note, rows
 
     async def go(c: Client) -> list[PendingRow]:
         return await rows(c.store)
@@ -229,7 +229,7 @@ def _list_pending(as_json: bool, data_dir: Path) -> None:
         return
     t = _table("block", "queue", "position", "priority", "age", "reason")
     for r in out:
-        extra = (f" (preempted by {r['preempted_by']})" if r["preempted_by"] else "") + ("; preempting" if r["preempting"] else "")
+        extra = preempted_note(r["reason"], r["preempted_by"]) + ("; preempting" if r["preempting"] else "")
         t.add_row(*_plain(r["id"], r["scope"], r["position"], f"{r['priority']} {r['priorityClass']}".strip(),
                           f"{r['age_s']:g}s", r["reason"] + extra))
     console.print(t)

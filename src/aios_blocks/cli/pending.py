@@ -45,6 +45,14 @@ class Waiting(TypedDict):
     deadline: float
 
 
+def preempted_note(reason: str, preempted_by: str, note: str = "") -> str:
+    """``; preempted by B`` (and ``note``) after a waiting block's reason, unless that reason says so
+    already (a victim's reason is ``preempted by B``: the lists said it twice)."""
+    if not preempted_by or f"preempted by {preempted_by}" in reason:
+        return f" {note}" if preempted_by and note else ""
+    return f"; preempted by {preempted_by}" + (f" {note}" if note else "")
+
+
 async def rows(store: Any) -> list[PendingRow]:
     """Every waiting block, each scope's queue in order: id, scope, position, priority, age (s),
     the reason, who preempted it, whether its own preemption is under way."""

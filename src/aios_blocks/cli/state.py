@@ -146,7 +146,7 @@ def explain(
             err.print(f"[yellow]no events for {bid}[/]")
             return 1
         x = fold(events)
-        from .pending import why_waiting
+        from .pending import preempted_note, why_waiting
 
         waiting = await why_waiting(c.store, bid)  # the pending queue, live (docs/priority.md)
         if waiting is not None:
@@ -171,7 +171,7 @@ def explain(
             console.print(escape(
                 f"waits in the pending queue {waiting['scope']} at position {waiting['position']} of {waiting['length']} "
                 f"(behind {ahead}): {waiting['reason']}"
-                + (f"; preempted by {waiting['preempted_by']} (it never preempts in turn)" if waiting["preempted_by"] else "")
+                + preempted_note(waiting["reason"], waiting["preempted_by"], "(it never preempts in turn)")
                 + ("; its preemption is under way (victims draining)" if waiting["preempting"] else "")))
         return 0
 
