@@ -51,3 +51,12 @@ def test_explain_says_who_preempted_a_waiting_block_once() -> None:
     assert preempted_note("preempted by hi", "hi", note) == " (it never preempts in turn)"
     assert preempted_note("no room", "hi", note) == "; preempted by hi (it never preempts in turn)"
     assert preempted_note("no room", "", note) == ""
+
+
+def test_priority_class_add_names_every_problem_on_one_line(cli: CliRunner) -> None:
+    """It printed pydantic's dump ('1 validation error for PriorityClass', the pattern, a URL)."""
+    r = cli.invoke(app, ["priority-class", "add", "bad name!", "99999999999"])
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "name: String should match pattern" in out and "value: Input should be less than or equal to" in out, out
+    assert "validation error" not in out and "errors.pydantic.dev" not in out, out

@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
+from rich.markup import escape
 
-from .common import DataDir, _request, console, err
+from .common import DataDir, _one_line, _request, console, err
 from .render import _plain, _print_json, _table
 
 if TYPE_CHECKING:
@@ -34,7 +35,8 @@ def priority_class_add(
     """Register (or replace) a priority class.
 
     Example: `blocks priority-class add high 1000 --description "latency-sensitive serving"`,
-    `blocks priority-class add normal 100 --default`
+    `blocks priority-class add normal 100 --default`; a negative value after `--` (options before
+    it): `blocks priority-class add scavenger --description spare -- -10`
     """
     from ..bus.catalog import E
     from ..schemas.priority import PriorityClass, PriorityClassRegistered
@@ -42,8 +44,8 @@ def priority_class_add(
 
     try:
         pc = PriorityClass(name=name, value=value, default=default, description=description)
-    except ValueError as exc:
-        err.print(f"[red]error:[/] {exc}")
+    except ValueError as exc:  # pydantic's problems, every one, on one line
+        err.print(f"[red]error:[/] {escape(_one_line(exc))}")
         raise typer.Exit(2)
 
     async def go(c: Client) -> None:
