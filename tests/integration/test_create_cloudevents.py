@@ -125,3 +125,30 @@ async def test_a_cloudevent_create_with_wrong_attributes_is_rejected_with_each_n
     assert kind == "rejected" and env["data"]["gen"] == ack.seq, env
     assert [e["path"] for e in env["data"]["errors"]] == ["$.specversion", "$.id", "$.source", "$.type"], env
     assert not (await c.store.get_block("ce-wrong") or {}).get("cluster")
+
+
+async def test_a_cloudevent_create_with_wrong_attributes_and_a_wrong_spec_is_rejected_once_listing_both(
+        system: System) -> None:
+    """"Every problem listed at once": the spec of a CloudEvent with wrong attributes was checked
+    only once they were right, so its client saw the spec's problems in a second round. Now one
+    rejected lists the attributes' problems, then the spec's (the event's shape as before), and
+    the create as sent is stored with its spec."""
+    c = system.client
+    await c.add_sim_cluster("c0", nodes=1, gpus=2)
+    up = await connect_as(system, "upstream", inbox_prefix="_INBOX.upstream")
+    try:
+        event = {"specversion": "0.3", "type": "io.aios.block.delete",
+                 "data": {**SPEC, "minInstances": 3, "colour": "red"}}
+        ack = await up.jetstream(timeout=10).publish("aios.block.ce-both.create", json.dumps(event).encode(),
+                                                     headers={"Content-Type": "application/cloudevents+json"})
+    finally:
+        await up.close()
+    kind, env = await c.wait("ce-both", 60)
+    assert kind == "rejected" and env["data"]["gen"] == ack.seq, env
+    paths = [e["path"] for e in env["data"]["errors"]]
+    assert paths[:4] == ["$.specversion", "$.id", "$.source", "$.type"], env
+    assert {"$.colour", "$.minInstances"} <= set(paths[4:]), env
+    assert set(env["data"]) == {"block_id", "gen", "errors"}, env
+    assert (await c.store.get_block("ce-both") or {}).get("status") == "rejected"
+    [created] = [msgspec.json.decode(b) for _, s, _, b in await stored(system) if s == "aios.block.ce-both.submitted"]
+    assert created["data"]["spec"] == event["data"] and created["data"]["framing"] == "cloudevent", created

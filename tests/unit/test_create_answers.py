@@ -49,3 +49,36 @@ def test_every_event_the_system_stores_is_a_cloudevent() -> None:
     from aios_blocks.bus.catalog import EVENTS, Body
 
     assert [e.name for e in EVENTS if e.stored and e.body is not Body.CLOUDEVENT] == []
+
+
+def test_a_cloudevent_with_wrong_attributes_is_refused_with_its_specs_problems_too() -> None:
+    """A create sent as a CloudEvent with wrong attributes was refused for them alone, its spec
+    checked only once they were right: a client needed two rounds to see every problem. Now the
+    spec is read all the same and one rejection lists both, the attributes' first; it is never
+    placed, however right its spec."""
+    import json
+
+    from aios_blocks.settings import Settings
+
+    component = {"componentURI": "aios://test/model", "resources": {"gpus": 1, "cpu": 1, "memory": 1024}, "policies": [
+        {"name": "clusterAllocator", "policyRuleURI": "builtin:cluster-rank", "parameters": {}, "settings": {}},
+        {"name": "resourceAllocator", "policyRuleURI": "builtin:binpack", "parameters": {}, "settings": {}}]}
+    bad = {"blockComponentURI": "aios://test/model", "minInstances": 3, "maxInstances": 1, "colour": "red"}
+    attributes = ["$.specversion", "$.id", "$.source", "$.type"]
+    first = parse.read(json.dumps({"specversion": "0.3", "type": "io.aios.block.delete", "data": bad}).encode())
+    assert first.doc == bad and [e.path for e in first.errors] == attributes
+    envelope = parse.envelope_errors(first)
+    out = parse.refused(parse.build(bad, component, "b1", None, Settings(), {}), envelope)
+    assert out.ir is None and [e.path for e in out.errors][:4] == attributes, out.errors
+    assert {"$.colour", "$.minInstances"} <= {e.path for e in out.errors[4:]}, out.errors
+    # a right spec under wrong attributes: refused for them alone, no IR
+    good = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 1}
+    built = parse.build(good, component, "b1", None, Settings(), {})
+    assert built.ir is not None
+    assert parse.refused(built, envelope) == parse.ParseOutcome(errors=envelope, doc=good)
+    # right attributes, or no spec to read: nothing added
+    right = parse.read(json.dumps({"specversion": "1.0", "id": "x", "source": "s", "type": "io.aios.block.create",
+                                   "data": good}).encode())
+    assert right.errors == [] and parse.envelope_errors(right) == [] and parse.refused(built, []) is built
+    none = parse.read(json.dumps({"specversion": "0.3", "data": [1]}).encode())
+    assert none.doc is None and parse.envelope_errors(none) == []

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from aios_blocks.schemas.errors import SpecError, SpecInvalid
-from aios_blocks.schemas.ir import block_create_IR, decode_spec
+from aios_blocks.schemas.ir import block_create_IR, decode_create, decode_spec
 
 CLUSTER_RULE = {
     "name": "clusterAllocator",
@@ -558,3 +558,16 @@ def test_a_cloudevent_create_with_wrong_attributes_is_refused_listing_each() -> 
     doc = spec()
     assert decode_spec(json.dumps({"specversion": "1.0", "id": "my-create-1", "source": "urn:me",
                                    "type": "io.aios.block.create", "data": doc}).encode()) == doc
+
+
+def test_a_cloudevent_with_wrong_attributes_still_gives_its_spec_to_check() -> None:
+    """``decode_create``: the spec of a CloudEvent with wrong attributes beside their problems (so
+    the spec's own are listed with them in one rejection); ``decode_spec`` refuses it as before."""
+    doc = spec(minInstances=3, maxInstances=1)
+    raw = json.dumps({"specversion": "0.3", "id": "", "source": "urn:me", "type": "x", "data": doc}).encode()
+    got, errors = decode_create(raw)
+    assert got == doc and [e.path for e in errors] == ["$.specversion", "$.id", "$.type"]
+    with pytest.raises(SpecInvalid) as info:
+        decode_spec(raw)
+    assert info.value.errors == errors
+    assert decode_create(json.dumps(doc).encode()) == (doc, [])

@@ -33,11 +33,13 @@ FIELDS = [
 
 
 def run(raw: bytes) -> parse.ParseOutcome:
+    """As the parser worker: read, build, and a CloudEvent's wrong attributes listed with the spec's."""
     outcome = parse.read(raw)
+    envelope = parse.envelope_errors(outcome)
     if outcome.doc is not None:
         uri = parse.component_uri(outcome.doc)
         outcome = parse.build(outcome.doc, COMPONENT if uri == COMPONENT["componentURI"] else None, "fuzz-1")
-    return outcome
+    return parse.refused(outcome, envelope)
 
 
 def assert_outcome(outcome: parse.ParseOutcome) -> None:

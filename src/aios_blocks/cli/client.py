@@ -285,6 +285,7 @@ class Client:
         given = spec.get("blockId")
         bid = check_id(given, "blockId") if given is not None else f"blk-{uuid.uuid4().hex[:12]}"
         outcome = parse.read(msgspec.json.encode({**spec, "blockId": bid}), load_settings().max_spec_bytes)
+        envelope = parse.envelope_errors(outcome)  # a CloudEvent's wrong attributes: listed with the spec's
         if outcome.doc is not None:
             uri = parse.component_uri(outcome.doc)
             component = await self.store.get_component(uri) if uri else None
@@ -292,6 +293,7 @@ class Client:
                                                            has=self.store.policy_has)
             classes = await PriorityStore(self.store.r).classes()
             outcome = parse.build(outcome.doc, component, bid, versions, priority_classes=classes, unknown=unknown)
+        outcome = parse.refused(outcome, envelope)
         if outcome.ir is None:
             return Plan(bid, errors=outcome.errors)
         ir = outcome.ir

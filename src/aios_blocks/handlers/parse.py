@@ -15,7 +15,7 @@ from ..policies.runtime import registry_name
 from ..schemas.catalog import E, Emit
 from ..schemas.errors import SpecError, SpecInvalid
 from ..schemas.events import Rejected, Submitted
-from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, KnownComponent, block_create_IR, decode_spec
+from ..schemas.ir import DEFAULT_MAX_SPEC_BYTES, KnownComponent, block_create_IR, decode_create
 from ..schemas.policy_io import PolicySource
 from ..schemas.records import BlockIR, BlockRecord
 from ..schemas.spec import ID_RE
@@ -110,6 +110,10 @@ def in_use(what: str, existing: BlockRecord | None, ir: BlockIR) -> SpecError:
 
 @dataclass
 class ParseOutcome:
+    """A create's IR, or its errors. ``read`` gives the spec (``doc``), with errors beside it when
+    the CloudEvent that carried it has wrong attributes: the create is refused whatever its spec
+    (``refused``), which is still checked, so one ``rejected`` lists every problem."""
+
     ir: BlockIR | None = None
     errors: list[SpecError] = field(default_factory=list)
     doc: dict[str, Any] | None = None
@@ -117,11 +121,30 @@ class ParseOutcome:
 
 def read(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: Any = None) -> ParseOutcome:
     """First half: decode the body (bare spec or CloudEvent) so the worker can look up the component;
-    ``max_bytes``: ``Settings.max_spec_bytes``; ``decoded``: the body's JSON if decoded already."""
+    ``max_bytes``: ``Settings.max_spec_bytes``; ``decoded``: the body's JSON if decoded already. A
+    CloudEvent with wrong attributes: its spec and, as errors, the attributes' problems (``refused``)."""
     try:
-        return ParseOutcome(doc=decode_spec(raw, max_bytes, decoded))
+        doc, envelope = decode_create(raw, max_bytes, decoded)
     except SpecInvalid as exc:
         return ParseOutcome(errors=exc.errors)
+    return ParseOutcome(doc=doc, errors=envelope)
+
+
+def envelope_errors(outcome: ParseOutcome) -> list[SpecError]:
+    """The problems of the CloudEvent that carried ``read``'s spec (its errors beside a spec; none
+    when no spec could be read: those errors are the whole answer already)."""
+    return list(outcome.errors) if outcome.doc is not None else []
+
+
+def refused(outcome: ParseOutcome, envelope: list[SpecError]) -> ParseOutcome:
+    """The outcome of a create whose CloudEvent has wrong attributes (``envelope``:
+    ``envelope_errors`` of its ``read``), after its spec was checked: no IR, whatever the spec; the
+    attributes' problems first, then the spec's own, each once (every problem in one ``rejected``;
+    before, the spec was checked only once the attributes were right: two rounds). No ``envelope``:
+    ``outcome`` as it is."""
+    if not envelope:
+        return outcome
+    return ParseOutcome(errors=[*envelope, *(e for e in outcome.errors if e not in envelope)], doc=outcome.doc)
 
 
 def for_tenant(outcome: ParseOutcome, tenant: str) -> ParseOutcome:

@@ -229,7 +229,8 @@ class E:
         id_rule="{block_id}:{gen}:parsed:{attempt}",
     )
     block_rejected = Event(
-        "block.rejected", f"{_B}.rejected", ev.Rejected, (PA,), "invalid spec, with every error and its JSON path",
+        "block.rejected", f"{_B}.rejected", ev.Rejected, (PA,),
+        "invalid create, with every error and its JSON path at once (a CloudEvent's wrong attributes and its spec's)",
         id_rule="{block_id}:{gen}:rejected",
     )
     block_selection = Event(

@@ -78,7 +78,22 @@ def _too_deep(doc: Any, limit: int) -> bool:
 def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: Any = None) -> JSONObject:
     """Decode a create message body: a bare spec, or a CloudEvents envelope whose ``data`` is one.
     ``decoded``: the body's JSON already decoded (``msgspec.json.decode(raw)``, not changed
-    since), so it is not decoded again; None: decode it here."""
+    since), so it is not decoded again; None: decode it here. A CloudEvent with wrong attributes
+    raises too (:func:`decode_create` gives its spec beside them)."""
+    doc, errors = decode_create(raw, max_bytes, decoded)
+    if errors:
+        raise SpecInvalid(errors)
+    return doc
+
+
+def decode_create(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: Any = None) -> tuple[JSONObject, list[SpecError]]:
+    """A create message body's spec, and the problems of the CloudEvent that carried it (its
+    attributes wrong or missing, :func:`cloudevent_problems`; none for a bare spec or a right
+    CloudEvent). Such a create is refused whatever its spec, but the spec is still given, to be
+    checked, so that one rejection lists the attributes' problems and the spec's own. Raises
+    :class:`SpecInvalid` when the body holds no spec at all (too big, not JSON, too deep, not an
+    object, a CloudEvent's ``data`` that is none), with the attributes' problems among its errors.
+    ``decoded``: as for :func:`decode_spec`."""
     if len(raw) > max_bytes:
         raise SpecInvalid([SpecError("$", f"spec is {len(raw)} bytes; the limit is {max_bytes} (AIOS_MAX_SPEC_BYTES)")])
     try:
@@ -98,13 +113,11 @@ def decode_spec(raw: bytes, max_bytes: int = DEFAULT_MAX_SPEC_BYTES, decoded: An
                 raise SpecInvalid(errors + exc.errors) from None
         if not isinstance(doc.get("data"), dict):
             got = "nothing" if doc.get("data") is None else type(doc.get("data")).__name__
-            errors.append(SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}"))
-        if errors:
-            raise SpecInvalid(errors)
-        doc = doc["data"]
+            raise SpecInvalid([*errors, SpecError("$.data", f"a CloudEvent's data must be the spec, a JSON object; got {got}")])
+        return doc["data"], errors
     if not isinstance(doc, dict):
         raise SpecInvalid([SpecError("$", f"spec must be a JSON object, got {type(doc).__name__}")])
-    return doc
+    return doc, []
 
 
 #: the ``type`` of a create sent as a CloudEvent (``E.block_create.type``; a tenant's clients send it too)

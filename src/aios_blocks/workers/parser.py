@@ -49,6 +49,8 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
     # first the create itself, as a CloudEvent in AIOS (its publisher may have sent a bare spec);
     # its body decoded once for that and for the parse (``parse.intake``)
     sub, outcome = parse.intake(d.subject, m.tokens.get("bid"), gen, d.data, d.headers, w.settings.max_spec_bytes)
+    # a CloudEvent's wrong attributes: refused whatever its spec, which is checked all the same
+    envelope = parse.envelope_errors(outcome)
     await w.bus.emit_all([sub])
     # a subject token that is no block id (aios.block.*.create, a.b taken by an extra filter)
     if (refused := parse.invalid_id(d.subject, m.tokens.get("bid"), gen)) is not None:
@@ -90,6 +92,7 @@ async def on_create(w: Worker, m: Inbound[bytes]) -> None:
             versions, unknown = await parse.registry_check(w.store.policy_get, outcome.doc, component, heads,
                                                            w.store.policy_has, stored)
             outcome = parse.build(outcome.doc, component, bid, versions, w.settings, classes, unknown)
+    outcome = parse.refused(outcome, envelope)  # with the attributes' problems, the spec's in one rejected
     if outcome.ir is not None:
         # the IR's JSON once, for the block record (which keeps it as that text) and the parsed
         # event (the same bytes in its body: ``msgspec.Raw``)
