@@ -60,3 +60,18 @@ def test_priority_class_add_names_every_problem_on_one_line(cli: CliRunner) -> N
     out = " ".join(r.output.split())
     assert "name: String should match pattern" in out and "value: Input should be less than or equal to" in out, out
     assert "validation error" not in out and "errors.pydantic.dev" not in out, out
+
+
+@pytest.mark.parametrize(("module", "args", "extra"), [
+    ("matplotlib", ["trace", "replay", "n.csv", "p.csv", "--in-process", "--plot", "out.png"], "aios-blocks[trace]"),
+    ("nkeys", ["sidecar-auth", "init", "--state-dir", "st"], "aios-blocks[sidecar-auth]"),
+])
+def test_a_missing_extra_is_named_with_its_brackets(cli: CliRunner, monkeypatch: pytest.MonkeyPatch, module: str,
+                                                    args: list[str], extra: str) -> None:
+    """Rich read '[trace]' as markup and printed pip install 'aios-blocks', which installs nothing new."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, module, None)  # import raises ImportError
+    r = cli.invoke(app, args)
+    assert r.exit_code == 2, r.output
+    assert f"pip install '{extra}'" in r.output, r.output

@@ -27,7 +27,7 @@ def _nkeys() -> None:
     try:
         import nkeys  # noqa: F401
     except ImportError:
-        err.print("[red]nkeys is not installed.[/] pip install 'aios-blocks[sidecar-auth]'")
+        err.print("[red]nkeys is not installed.[/] pip install 'aios-blocks\\[sidecar-auth]'")
         raise typer.Exit(2) from None
 
 

@@ -191,7 +191,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
-                err.print("[red]--plot needs matplotlib[/]: pip install 'aios-blocks[trace]' (or pip install matplotlib)")
+                err.print("[red]--plot needs matplotlib[/]: pip install 'aios-blocks\\[trace]' (or pip install matplotlib)")
                 raise typer.Exit(2) from None
         try:
             nodes = load_nodes(nodes_file, "trace")
