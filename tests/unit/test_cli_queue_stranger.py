@@ -75,3 +75,17 @@ def test_a_missing_extra_is_named_with_its_brackets(cli: CliRunner, monkeypatch:
     r = cli.invoke(app, args)
     assert r.exit_code == 2, r.output
     assert f"pip install '{extra}'" in r.output, r.output
+
+
+def test_trace_replay_refuses_every_policy_it_cannot_load_before_replaying(cli: CliRunner, tmp_path: Path) -> None:
+    """-p bogus replayed the whole sample, each task 'placement refused', 0 % allocated, exit 0."""
+    nodes, pods = tmp_path / "n.csv", tmp_path / "p.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n")
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,1000\n")
+    r = cli.invoke(app, ["trace", "replay", str(nodes), str(pods), "--in-process",
+                         "-p", "bogus", "-p", "fgd", "-p", "nomod:X", "-p", "builtin:nope"])
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert "--policy bogus: unknown policyRuleURI 'bogus'" in out and "the short names: random" in out, out
+    assert "--policy nomod:X: No module named 'nomod'" in out and "--policy builtin:nope: unknown built-in" in out, out
+    assert "--policy fgd" not in out and "allocation" not in out, out

@@ -187,6 +187,10 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             err.print(f"[red]--in-process has no policy registry[/] for {escape(', '.join(stored))}: give --live (a system "
                       "whose registry holds it: blocks policy add), a built-in or package.module:Class")
             raise typer.Exit(2)
+        if problems := rp.policy_problems(policy):
+            for line in problems:
+                err.print(f"[red]{escape(line)}[/]", emoji=False)
+            raise typer.Exit(2)
         if plot is not None:
             try:
                 import matplotlib  # noqa: F401

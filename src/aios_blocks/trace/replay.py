@@ -46,6 +46,26 @@ def policy_uri(name: str) -> str:
     return POLICY_NAMES.get(name, name)
 
 
+def policy_problems(names: list[str]) -> list[str]:
+    """One line per ``--policy`` that names no policy this process can load (a ``registry:`` one or a
+    file is the running system's to find): before, each task of the run failed 'placement refused'
+    and the replay exited 0 with 0 % allocated."""
+    import asyncio
+
+    from ..policies.runtime import PolicyRuntime
+
+    runtime, out = PolicyRuntime(lookup=None), []
+    for name in names:
+        uri = policy_uri(name)
+        if uri.startswith("registry:") or uri.endswith((".py", ".star")):
+            continue
+        try:
+            asyncio.run(runtime.resolve(uri))
+        except (ValueError, ImportError, AttributeError) as exc:
+            out.append(f"--policy {name}: {exc}; the short names: {', '.join(POLICY_NAMES)}")
+    return out
+
+
 def views_of(nodes: list[Node]) -> capacity.Nodes:
     """Idle node views, made by the store's own ``node_view`` from the hash it would hold."""
     from ..state.store import node_view
