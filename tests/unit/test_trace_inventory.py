@@ -71,3 +71,18 @@ def test_the_shipped_trace_node_list_loads_whole() -> None:
     assert (info["nodes"], info["gpus"]) == (1213, 6212)
     assert info["gpus_by_model"] == {"A10": 2, "G2": 4392, "G3": 312, "P100": 265, "T4": 842, "V100M16": 195, "V100M32": 204}
     assert info["assumed_gpu_memory"] == ["G2", "G3"]
+
+
+def test_every_bad_row_is_named_at_once() -> None:
+    """Only the first bad row was said: a fix, a run, the next row, another run."""
+    text = "sn,cpu_milli,memory_mib,gpu,model\nn1,-5,1024,2,ZZZ\nn2,1000,abc,1,T4\nn3,1000,1024,1,T4\nn3,1000,1024,1,T4\n"
+    with pytest.raises(InventoryError) as exc:
+        parse_nodes(text, "c")
+    assert str(exc.value).splitlines() == ["line 2: cpu_milli must be >= 0, got '-5'", "line 3: memory_mib must be a number, got 'abc'",
+                                           "node id 'n3' appears twice"]
+    many = "sn,cpu_milli,memory_mib,gpu,model\n" + "".join(f"n{i},-1,1024,0,\n" for i in range(25))
+    with pytest.raises(InventoryError) as exc:
+        parse_nodes(many, "c")
+    assert len(str(exc.value).splitlines()) == 21 and str(exc.value).endswith("... and 5 more")
+    with pytest.raises(InventoryError, match=r"nodes\[0\]: expected a mapping, got int\nnodes\[1\]: missing the node id"):
+        parse_nodes("[3, {cpu: 1, memory: 1}]", "c")

@@ -59,7 +59,11 @@ class InventorySummary(TypedDict):
 
 
 class InventoryError(ValueError):
-    """A node list that cannot be imported; the message says which row and why."""
+    """A node list that cannot be imported; the message says which rows and why, one line each."""
+
+
+#: the most rows' problems one error lists (then how many more)
+MAX_PROBLEMS = 20
 
 
 def _num(row: Row, where: str, *names: str, default: float | None = None) -> float:
@@ -151,13 +155,21 @@ def parse_nodes(text: str, cluster: str, fmt: str = "auto", gpu_memory: dict[str
         first = text.lstrip().split("\n", 1)[0]
         fmt = "csv" if ("," in first and ":" not in first and not first.startswith(("[", "{", "-"))) else "yaml"
     nodes: list[Node] = []
+    problems: list[str] = []  # every row's, said at once
+
+    def add(row: Row, where: str) -> None:
+        try:
+            nodes.append(node_from_row(row, cluster, where, gpu_memory, labels))
+        except InventoryError as exc:
+            problems.append(str(exc))
+
     if fmt == "csv":
         reader = csv.DictReader(io.StringIO(text))
         missing = {"sn", "cpu_milli", "memory_mib", "gpu", "model"} - set(reader.fieldnames or [])
         if missing:
             raise InventoryError(f"CSV header lacks {', '.join(sorted(missing))} (expected sn,cpu_milli,memory_mib,gpu,model)")
         for i, row in enumerate(reader, start=2):
-            nodes.append(node_from_row(row, cluster, f"line {i}", gpu_memory, labels))
+            add(row, f"line {i}")
     elif fmt in ("yaml", "json"):
         import yaml
 
@@ -170,15 +182,19 @@ def parse_nodes(text: str, cluster: str, fmt: str = "auto", gpu_memory: dict[str
             raise InventoryError("expected a list of nodes, or {nodes: [...]}")
         for i, entry in enumerate(entries):
             if not isinstance(entry, dict):
-                raise InventoryError(f"nodes[{i}]: expected a mapping, got {type(entry).__name__}")
-            nodes.append(node_from_row(entry, cluster, f"nodes[{i}]", gpu_memory, labels))
+                problems.append(f"nodes[{i}]: expected a mapping, got {type(entry).__name__}")
+                continue
+            add(entry, f"nodes[{i}]")
     else:
         raise InventoryError(f"unknown format {fmt!r} (csv, yaml, json)")
     seen: set[str] = set()
     for n in nodes:
         if n.id in seen:
-            raise InventoryError(f"node id {n.id!r} appears twice")
+            problems.append(f"node id {n.id!r} appears twice")
         seen.add(n.id)
+    if problems:
+        more = f"\n... and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+        raise InventoryError("\n".join(problems[:MAX_PROBLEMS]) + more)
     if not nodes:
         raise InventoryError("the node list is empty")
     return nodes
