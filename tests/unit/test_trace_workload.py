@@ -60,3 +60,12 @@ def test_typical_shapes_cover_95_percent_of_the_tasks_most_frequent_first() -> N
     shapes = typical_shapes(tasks)  # 60 + 33 < 95 tasks: the third shape is in, the fourth is not
     assert shapes == [{"cpu": 6.0, "gpus": 1, "weight": 0.6, "gpuShare": 0.46}, {"cpu": 8.0, "gpus": 0, "weight": 0.33},
                       {"cpu": 4.0, "gpus": 2, "weight": 0.05, "gpuModels": ["T4"]}]
+
+
+def test_every_bad_task_row_is_named_at_once() -> None:
+    """Only the first bad row was said."""
+    text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np1,-1,100,1,1000\np2,100,abc,1,1000\np3,100,100,1,1000\np4,100,100,1,5000\n"
+    with pytest.raises(WorkloadError) as exc:
+        parse_tasks(text)
+    assert str(exc.value).splitlines() == ["line 2: cpu_milli must be >= 0, got '-1'", "line 3: memory_mib must be a number, got 'abc'",
+                                           "line 5: gpu_milli is per GPU, at most 1000, got 5000"]

@@ -26,7 +26,11 @@ TYPICAL_SHARE = 0.95
 
 
 class WorkloadError(ValueError):
-    """A task list that cannot be read; the message says which line and why."""
+    """A task list that cannot be read; the message says which lines and why, one line each."""
+
+
+#: the most rows' problems one error lists (then how many more)
+MAX_PROBLEMS = 20
 
 
 @dataclass(frozen=True)
@@ -85,20 +89,29 @@ def parse_tasks(text: str) -> list[Task]:
     missing = {"name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"} - set(reader.fieldnames or [])
     if missing:
         raise WorkloadError(f"CSV header lacks {', '.join(sorted(missing))} (expected name,cpu_milli,memory_mib,num_gpu,gpu_milli,...)")
-    out = []
+    out, problems = [], []  # every row's problems, said at once
     for i, row in enumerate(reader, start=2):
-        where = f"line {i}"
-        num_gpu, gpu_milli = _int(row, "num_gpu", where), _int(row, "gpu_milli", where)
-        if gpu_milli > UNITS:
-            raise WorkloadError(f"{where}: gpu_milli is per GPU, at most {UNITS}, got {gpu_milli}")
-        if num_gpu and not gpu_milli:
-            gpu_milli = UNITS
-        spec = str(row.get("gpu_spec") or "").strip()
-        out.append(Task(str(row["name"]), _int(row, "cpu_milli", where), _int(row, "memory_mib", where), num_gpu,
-                        gpu_milli if num_gpu else 0, "" if spec.lower() == "nan" else spec, str(row.get("qos") or "")))
+        try:
+            out.append(_task(row, f"line {i}"))
+        except WorkloadError as exc:
+            problems.append(str(exc))
+    if problems:
+        more = f"\n... and {len(problems) - MAX_PROBLEMS} more" if len(problems) > MAX_PROBLEMS else ""
+        raise WorkloadError("\n".join(problems[:MAX_PROBLEMS]) + more)
     if not out:
         raise WorkloadError("the task list is empty")
     return out
+
+
+def _task(row: dict[str, Any], where: str) -> Task:
+    num_gpu, gpu_milli = _int(row, "num_gpu", where), _int(row, "gpu_milli", where)
+    if gpu_milli > UNITS:
+        raise WorkloadError(f"{where}: gpu_milli is per GPU, at most {UNITS}, got {gpu_milli}")
+    if num_gpu and not gpu_milli:
+        gpu_milli = UNITS
+    spec = str(row.get("gpu_spec") or "").strip()
+    return Task(str(row["name"]), _int(row, "cpu_milli", where), _int(row, "memory_mib", where), num_gpu,
+                gpu_milli if num_gpu else 0, "" if spec.lower() == "nan" else spec, str(row.get("qos") or ""))
 
 
 def load_tasks(path: Path) -> list[Task]:
