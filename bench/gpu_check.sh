@@ -379,9 +379,14 @@ RC=$?
 cat "$WORK/answer_nats.json"; echo
 [ $RC -eq 0 ] && ok "task over NATS answered" || fail "blocks task exit $RC"
 HTTP_URL="$("$PY" -c 'import json,sys; print(json.load(open(sys.argv[1]))["http"])' "$DATA/endpoints.json")"
-"$PY" - "$HTTP_URL/blocks/$BID/tasks" "$WORK/answer_http.json" <<'EOF'
-import json, sys, urllib.request
-req = urllib.request.Request(sys.argv[1], data=b'{"n": 256}', headers={"Content-Type": "application/json"}, method="POST")
+"$PY" - "$HTTP_URL/blocks/$BID/tasks" "$WORK/answer_http.json" "$DATA" <<'EOF'
+import base64, json, os, sys, urllib.request
+headers = {"Content-Type": "application/json"}
+secrets = os.path.join(sys.argv[3], "auth", "secrets.json")
+if os.path.exists(secrets):  # auth on: the HTTP port asks for an upstream client's credentials (HTTP Basic)
+    password = json.load(open(secrets))["nats"]["upstream"]
+    headers["Authorization"] = "Basic " + base64.b64encode(f"upstream:{password}".encode()).decode()
+req = urllib.request.Request(sys.argv[1], data=b'{"n": 256}', headers=headers, method="POST")
 with urllib.request.urlopen(req, timeout=60) as r:
     body = r.read()
     print(f"HTTP {r.status} from {sys.argv[1]} (Aios-Instance: {r.headers.get('Aios-Instance')})")

@@ -96,6 +96,7 @@ class Settings(BaseSettings):
     # -- executor (block tasks) -------------------------------------------------------------------
     executor_http_port: int = Field(0, ge=0, le=65535, description="HTTP ingress port of the executors (blocks up picks a free one and writes it to endpoints.json as http; 0 = none)")
     executor_http_host: str = Field("127.0.0.1", description="address the executors' HTTP ingress listens on")
+    executor_http_users: str = Field("", description="file of the users that may send tasks over the executors' HTTP port (HTTP Basic, hashed passwords; blocks up names <data dir>/auth/task-users.json when auth is on); empty: the port takes no credentials (docs/security.md)")
     executor_max_ongoing: int = Field(100, ge=1, description="default per-instance in-flight limit (loadBalancer rule setting maxOngoing)")
     executor_queue_size: int = Field(1000, ge=0, description="default per-block queue of tasks waiting for a free instance (rule setting queueSize)")
     executor_queue_timeout_s: float = Field(10.0, gt=0, description="how long a task waits in the block's queue before it is refused")

@@ -6,6 +6,7 @@ task."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import subprocess
 from pathlib import Path
@@ -17,6 +18,7 @@ import pytest
 from aios_blocks.bus import subjects
 from aios_blocks.bus.instance_map import InstanceMaps
 from aios_blocks.cli.client import Client
+from aios_blocks.runtime import auth
 from aios_blocks.runtime.embedded import resolve_urls
 
 from .conftest import COMPONENT
@@ -67,7 +69,10 @@ async def test_blocks_up_serves_a_block_over_nats_http_and_the_cli(tmp_path: Pat
             assert served == set(insts)  # every instance took some (least-inflight, the default)
             assert all(msgspec.json.decode(b)["output"] == {"n": n} for n, (_, b, _) in enumerate(answers))
 
-            async with aiohttp.ClientSession() as http:
+            # the HTTP port asks for an upstream client's credentials (HTTP Basic, docs/security.md)
+            password = auth.Secrets.load(data, create=False).nats["upstream"]
+            upstream = "Basic " + base64.b64encode(f"upstream:{password}".encode()).decode()
+            async with aiohttp.ClientSession(headers={"Authorization": upstream}) as http:
                 async with http.post(f"{ep['http']}/blocks/svc/tasks", json={"x": 1}) as r:
                     assert r.status == 200 and (await r.json())["output"] == {"x": 1}
                 async with http.post(f"{ep['http']}/blocks/svc/tasks", json={"stream": 4}) as r:

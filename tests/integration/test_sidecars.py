@@ -33,6 +33,7 @@ from aios_blocks.runtime.embedded import free_port
 
 from .conftest import COMPONENT, System
 from .test_agent import Agents, until
+from .test_executor_http_auth import upstream_header
 
 pytestmark = pytest.mark.integration
 
@@ -285,7 +286,7 @@ async def test_no_output_is_lost_when_nats_restarts_mid_run(agents: Agents, http
 
     async def load(k: int) -> None:
         n = 0
-        async with aiohttp.ClientSession() as http:
+        async with aiohttp.ClientSession(headers=upstream_header(system.data_dir)) as http:  # the port asks who
             while not stop.is_set():
                 status, tid = await http_task(http, http_port, bid, k * 100_000 + n)
                 n += 1

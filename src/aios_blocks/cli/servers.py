@@ -44,7 +44,7 @@ def up(
     gateways: int = typer.Option(1, min=0, help="Gateway workers (copies, like --parsers)."),
     controllers: int = typer.Option(1, min=0, help="Controller workers (copies, like --parsers)."),
     agents: int = typer.Option(1, min=0, help="Simulated node agents (copies, like --parsers)."),
-    executors: int = typer.Option(1, min=0, help="Executors (copies, like --parsers; block tasks over NATS and HTTP; they share the HTTP port)."),
+    executors: int = typer.Option(1, min=0, help="Executors (copies, like --parsers; block tasks over NATS and HTTP; they share the HTTP port, which asks for HTTP Basic credentials of upstream, admin or a tenant's user when auth is on)."),
     mappers: int = typer.Option(1, min=0, help="Mappers (copies; the instance maps the executors route by, from lifecycle facts)."),
     collectors: int = typer.Option(1, min=0, help="Metrics collectors (copies, like --parsers; one writes, copies stand by; docs/metrics.md)."),
     autoscalers: int = typer.Option(1, min=0, help="Autoscalers (copies, like --parsers; each block decided by the one holding its lease; docs/autoscaling.md)."),
@@ -141,6 +141,12 @@ def worker(
 
         protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
     settings = load_settings()
+    if kind == "executor" and not settings.executor_http_users and not os.environ.get("AIOS_NATS_URL"):
+        from ..runtime import auth, task_users
+
+        ep = auth.read_endpoints(data_dir)  # its HTTP port asks for the users' credentials, as blocks up's does
+        if ep is not None and ep.auth:
+            settings = settings.model_copy(update={"executor_http_users": str(task_users.path(data_dir))})
     configure_logging(settings.log_level)
     tune_gc(settings.gc_gen0_threshold)
     _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings), quiet=False)  # its log as configured

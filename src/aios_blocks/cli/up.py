@@ -118,7 +118,8 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
         console.print(f"[green]up[/]: NATS {mask(sup.nats_url)}  Redis {mask(sup.redis_url)}  workers {procs}{where}")
         console.print(f"logs: {sup.log_dir}/<process>-<n>.log" + (f", {servers.data_dir}/nats.log, {servers.data_dir}/redis.log" if servers else ""))
         if os.environ.get("AIOS_EXECUTOR_HTTP_PORT") and layout.get("executor"):
-            console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks, or `blocks task <bid>`")
+            creds = " (HTTP Basic: curl -u upstream:PASSWORD, from auth/secrets.json)" if servers and servers.auth else ""
+            console.print(f"tasks: POST http://127.0.0.1:{os.environ['AIOS_EXECUTOR_HTTP_PORT']}/blocks/<bid>/tasks{creds}, or `blocks task <bid>`")
         if os.environ.get("AIOS_METRICS_SD_PORT") and layout.get("metrics"):
             console.print("metrics: `blocks top`, `blocks prometheus-config` (docs/metrics.md)")
         if web:

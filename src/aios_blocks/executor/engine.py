@@ -217,6 +217,9 @@ class Route:
     gen: int = 0
     path: str = "/infer"
     method: str = "POST"
+    #: the block's tenant (its map's ``tenant``; None: the default tenant's): whose users may send it
+    #: tasks over HTTP (``executor.task_auth``)
+    tenant: str | None = None
     rule: dict[str, Any] = field(default_factory=dict)
     views: dict[str, RouteView] = field(default_factory=dict)
     waiting: deque[asyncio.Future[None]] = field(default_factory=deque)

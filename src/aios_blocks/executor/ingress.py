@@ -7,6 +7,10 @@
   ``POST /blocks/{bid}/tasks`` goes to the component's input protocol path,
   ``/blocks/{bid}/{path}`` to ``/{path}`` of the instance, any method; responses are streamed.
 
+With a users file (``AIOS_EXECUTOR_HTTP_USERS``; ``blocks up`` names its own when auth is on) the
+HTTP paths under ``/blocks/`` need HTTP Basic credentials of a user who may send that block a task
+over NATS (``executor.task_auth``); ``/health`` stays open.
+
 Every answer carries its task id (``Aios-Task-Id``: the caller's, else a fresh one); the outputs of
 blocks that publish them are offered to the output publisher after the answer."""
 
@@ -22,8 +26,9 @@ from ..runtime.httperrors import json_errors
 from ..schemas.records import RouteView
 from ..schemas.spec import ID_RE
 from .dispatch import HOP_HEADERS, Dispatcher, header_problems
-from .engine import Refused
+from .engine import Refused, Route
 from .outputs import OutputPublisher, task_id_of
+from .task_auth import CHALLENGE, TaskUsers, authenticate, authorize
 
 #: an HTTP answer of known length up to this size is passed on in one write (others are streamed)
 SMALL_BODY = 256 * 1024
@@ -74,8 +79,11 @@ class Ingress:
     """The NATS responder and the HTTP app of one executor. ``outputs_on``: the blocks whose task
     outputs are published (the executor keeps it from their maps)."""
 
-    def __init__(self, dispatcher: Dispatcher, outputs: OutputPublisher, outputs_on: set[str], max_output_bytes: int):
+    def __init__(self, dispatcher: Dispatcher, outputs: OutputPublisher, outputs_on: set[str], max_output_bytes: int,
+                 users: TaskUsers | None = None):
         self.d = dispatcher
+        #: who may send tasks over HTTP (None: anyone who reaches the port, as without auth)
+        self.users = users
         self.outputs = outputs
         self.outputs_on = outputs_on
         self.max_output_bytes = max_output_bytes
@@ -129,10 +137,33 @@ class Ingress:
             path += "?" + request.query_string
         return await self._http(request, path)
 
+    async def _refused_caller(self, request: web.Request, bid: str) -> web.Response | None:
+        """401 without the credentials of a task user, 403 for a tenant's user and another's block
+        (or none): before the request's body or headers are read."""
+        if self.users is None:
+            return None
+        who = authenticate(self.users.users(), request.headers.get("Authorization"))
+        refused = who if isinstance(who, Refused) else None
+        if not isinstance(who, Refused) and who.tenant is not None:
+            try:
+                route: Route | None = await self.d.route(bid) if ID_RE.match(bid) else None
+            except Refused:
+                route = None
+            refused = authorize(who, bid, route.tenant if route is not None else None)
+        if refused is None:
+            return None
+        return web.Response(status=refused.status, body=refusal_body(refused), content_type="application/json",
+                            headers={"Aios-Error": clean(refused.reason), **(CHALLENGE if refused.status == 401 else {})})
+
     async def _http(self, request: web.Request, path: str | None) -> web.StreamResponse:
         bid = request.match_info["bid"]
+        denied = await self._refused_caller(request, bid)
+        if denied is not None:
+            return denied
         body = await request.read()
         headers = canonical(request.headers.items())
+        if self.users is not None:  # the caller's password is the executor's, never the instance's
+            headers = {k: v for k, v in headers.items() if k.lower() != "authorization"}
         task_id, refused = refused_headers(headers, bid)
         if refused is not None:
             return web.Response(status=400, body=refusal_body(refused), content_type="application/json",

@@ -9,6 +9,7 @@ The map of a block (one key per block; the bucket's revision is its version)::
      "stabilityChecker": rule (only when the block names one),
      "minInstances": the spec's (0: scale-to-zero, the executor holds tasks while one starts),
      "outputs": whether the executor publishes its task outputs (side-cars),
+     "tenant": the block's tenant (its ``tenant`` label; only a tenant's block has it),
      "instances": {iid: {"node", "endpoint", "state", "since"[, "boot", "health", "weight", "health_reason"]}},
      "boots": {node: the latest boot id of its agent (``node.inventory``, ``instance.added``)},
      "gone": [iid, ...]}
@@ -42,7 +43,7 @@ from ..schemas.records import BlockMap, BlockRecord, InstanceRecord, MapEntry
 ORDER = {InstanceState.STARTING: 0, InstanceState.READY: 1, InstanceState.DRAINING: 2, InstanceState.STOPPING: 3}
 GONE_KEEP = 256
 #: the map's fields that come from the block record (``block_fields``)
-BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecker", "outputs")
+BLOCK_KEYS = ("path", "method", "loadBalancer", "minInstances", "stabilityChecker", "outputs", "tenant")
 DEFAULT_PATH = protocol.DEFAULT_TASK_PATH
 
 
@@ -61,6 +62,9 @@ def block_fields(block: BlockRecord | None) -> BlockMap:
     mi = ir.get("minInstances")
     if isinstance(mi, int) and not isinstance(mi, bool):
         out["minInstances"] = mi
+    labels = ir.get("labels")
+    if isinstance(labels, dict) and labels.get("tenant"):  # whose users may send it tasks over HTTP
+        out["tenant"] = str(labels["tenant"])
     if (block or {}).get("cluster"):
         out["cluster"] = str(block["cluster"])  # type: ignore[index]
     return out

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..settings import load as settings_load
 from . import auth as authn
-from . import lifetime
+from . import lifetime, task_users
 from .locate import DEFAULT_DATA_DIR, find_data_dir, resolve_urls  # noqa: F401  (re-exported: the CLI and tests)
 
 
@@ -182,6 +182,8 @@ class EmbeddedServers:
     #: JetStream's fsync interval (``nats_sync_env()``: AIOS_NATS_SYNC, default always)
     nats_sync: str = field(default_factory=nats_sync_env)
     _lock: lifetime.DataDirLock | None = None
+    #: keeps auth/task-users.json in step with the secrets (auth on)
+    _task_users: task_users.Keeper | None = None
 
     @property
     def endpoints(self) -> authn.Endpoints:
@@ -205,8 +207,9 @@ class EmbeddedServers:
         return url
 
     def worker_env(self, kind: str) -> dict[str, str]:
-        """Environment of a worker process of ``kind`` (``Supervisor(role_env=...)``)."""
-        return self.endpoints.env(kind)
+        """Environment of a worker process of ``kind`` (``Supervisor(role_env=...)``): its role's
+        URLs, and for an executor with auth on the users its HTTP port lets in (``task_users``)."""
+        return {**self.endpoints.env(kind), **(task_users.env(self.data_dir) if kind == "executor" and self.auth else {})}
 
     def agent_env(self, nid: str) -> dict[str, str]:
         """Environment of the real agent process of node ``nid``: a URL with ``agent-<nid>``'s
@@ -228,6 +231,8 @@ class EmbeddedServers:
             self.start_redis()
             if self.auth:
                 self.create_topology()
+                # who may send tasks over the executors' HTTP port (hashes), rewritten as the secrets change
+                self._task_users = task_users.Keeper(self.data_dir).start()
         except BaseException:
             self.stop()
             raise
@@ -338,6 +343,9 @@ class EmbeddedServers:
         return ["--include", str(conf)]
 
     def stop(self) -> None:
+        if self._task_users is not None:
+            self._task_users.stop()
+            self._task_users = None
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()

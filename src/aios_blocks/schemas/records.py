@@ -428,6 +428,8 @@ class BlockMap(TypedDict, total=False):
     minInstances: int
     #: whether the executor publishes task outputs (side-cars)
     outputs: bool
+    #: the block's tenant (its ``tenant`` label): its users may send it tasks over HTTP
+    tenant: str
     instances: dict[str, MapEntry]
     boots: dict[str, str]
     gone: list[str]

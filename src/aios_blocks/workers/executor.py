@@ -38,6 +38,7 @@ from ..executor.ingress import Ingress
 from ..executor.outlier import Outliers
 from ..executor.outputs import OutputPublisher
 from ..executor.stats import ExecutorCollector
+from ..executor.task_auth import TaskUsers
 from ..policies.builtin.balancer import DEFAULT
 from ..policies.runtime import BUILTINS, registry_name
 from ..runtime.ticker import Ticker
@@ -124,7 +125,8 @@ class Executor:
         self.outputs_on: set[str] = set()
         self.outputs = OutputPublisher(w.bus, self.s)
         self.dispatcher = Dispatcher(self.routes, self.s, self.cluster, fetch=self.fetch_map)
-        self.ingress = Ingress(self.dispatcher, self.outputs, self.outputs_on, self.s.outputs_max_msg_bytes)
+        users = TaskUsers(self.s.executor_http_users) if self.s.executor_http_users else None
+        self.ingress = Ingress(self.dispatcher, self.outputs, self.outputs_on, self.s.outputs_max_msg_bytes, users)
 
     @property
     def session(self) -> aiohttp.ClientSession | None:
@@ -188,6 +190,7 @@ class Executor:
                 self._weight_tasks[bid] = asyncio.get_running_loop().create_task(self._weights_loop(bid, rule, chooser))
         route.path = str(value.get("path") or "/infer")
         route.method = str(value.get("method") or "POST")
+        route.tenant = str(value.get("tenant") or "") or None
         mi = value.get("minInstances")
         route.scale_to_zero = isinstance(mi, int) and mi == 0  # maps written before the field: as before
         route.apply(value.get("instances") or {}, rev, gen, value.get("boots") or {})
