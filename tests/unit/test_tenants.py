@@ -178,3 +178,32 @@ def test_only_a_split_that_shrinks_an_accounts_jetstream_share_reads_its_use() -
     assert tenant_usage.shrunk(tn.Tenant("acme", old.users, tn.Limits(stream_bytes=1 << 30)), old) == []
     assert tenant_usage.shrunk(tn.Tenant("acme", old.users, tn.Limits(streams=3)), old) == ["dash"]  # 2+2 -> 2+1
     assert tenant_usage.shrunk(old, tn.Tenant("acme", {})) == []  # a new tenant
+
+
+def test_the_system_accounts_one_user_may_only_ask_an_accounts_jetstream_use() -> None:
+    """``tenants.monitor_block``: while tenants exist, nats-server's system account gets one user,
+    with which the admin side reads a tenant account's JetStream use without a connection of that
+    account's (whose share may be all in use: tests/integration/test_tenant_limits.py)."""
+    t = tn.Tenant("acme", {"main": "pw"})
+    assert '"$SYS"' not in tn.accounts_conf([], [t]) and '"$SYS"' not in tn.accounts_conf([], [], "pw")
+    conf = tn.accounts_conf([], [t], "sekret")
+    block = conf.split('"$SYS": {')[1]
+    assert 'user: "aios-monitor", password: "sekret"' in block
+    assert 'publish: {allow: ["$SYS.REQ.SERVER.PING.JSZ"]}' in block and 'subscribe: {allow: ["_INBOX.aios-usage"]}' in block
+    assert conf.rstrip().endswith("}") and conf.count("{") == conf.count("}")
+
+
+def test_an_accounts_jsz_is_read_as_its_own_jetstream_info_would_say() -> None:
+    """``tenant_usage.jsz_use``: the JSZ's ``reserved_*`` are the account's limits, so what its
+    streams reserve is summed from their ``max_bytes``, by storage; streams and consumers counted."""
+    from aios_blocks.runtime import tenant_usage
+
+    data = {"storage": 10, "memory": 3, "reserved_storage": 1_000_000, "reserved_memory": 2**64 - 1, "stream_detail": [
+        {"config": {"max_bytes": 1000, "storage": "file"}, "state": {"consumer_count": 0}},
+        {"config": {"max_bytes": 5000, "storage": "file"}, "state": {"consumer_count": 2}},
+        {"config": {"max_bytes": -1, "storage": "file"}, "state": {"consumer_count": 1}},
+        {"config": {"max_bytes": 700, "storage": "memory"}, "state": {}}]}
+    assert tenant_usage.jsz_use(data) == {"storage": 10, "memory": 3, "reserved_storage": 6000, "reserved_memory": 700,
+                                          "streams": 4, "consumers": 3}
+    assert tenant_usage.jsz_use({}) == {"storage": 0, "memory": 0, "reserved_storage": 0, "reserved_memory": 0,
+                                        "streams": 0, "consumers": 0}

@@ -47,6 +47,18 @@ ROOT = "aios"
 REQUESTS = ("create", "task", "scale", "delete", "history")
 #: a tenant's first user (``blocks tenant add``); more with ``blocks tenant user add``
 FIRST_USER = "main"
+#: nats-server's own system account (its default name: no ``system_account`` setting), given one
+#: user while tenants exist, the admin side's reader of a tenant account's JetStream use
+#: (``runtime.tenant_usage``) without a connection of that account's, whose share may be all in use
+MONITOR_ACCOUNT = "$SYS"
+#: that user (its password in the secrets file, ``auth.Secrets.nats``, as the roles' are)
+MONITOR_USER = "aios-monitor"
+#: all it may ask (the server's JetStream use, by account: ``$SYS.REQ.SERVER.PING.JSZ``; not
+#: ``$SYS.REQ.ACCOUNT.<account>.JSZ``, whose one token cannot name a further user's account,
+#: ``tenant-T.U``), and the one inbox its answers come to: not the server's other requests
+#: (connections, reload, kick)
+MONITOR_ASKS = "$SYS.REQ.SERVER.PING.JSZ"
+MONITOR_INBOX = "_INBOX.aios-usage"
 
 
 def check_name(name: str, what: str = "tenant name") -> str:
@@ -251,16 +263,27 @@ def _user_account(t: Tenant, user: str, password: str, share: Mapping[str, int] 
             f"    imports: [\n      " + ",\n      ".join(imports) + "\n    ]\n  }\n")
 
 
-def accounts_conf(system_users: list[str], tenants: list[Tenant]) -> str:
+def accounts_conf(system_users: list[str], tenants: list[Tenant], monitor: str | None = None) -> str:
     """The ``accounts`` block of nats.conf: ``AIOS`` with the system's users (``system_users``:
-    one ``{user: …}`` entry each) and its exports, then one account per tenant."""
+    one ``{user: …}`` entry each) and its exports, then one account per tenant, then, while there
+    are tenants and with ``monitor`` (its password), the system account's one user (``monitor_block``)."""
     ex = exports(tenants)
     ex_text = ("    exports: [\n      " + ",\n      ".join(ex) + "\n    ]\n") if ex else ""
     text = (f"accounts {{\n  {SYSTEM_ACCOUNT}: {{\n    jetstream: enabled\n"
             f"    users: [\n" + "\n".join(system_users) + "\n    ]\n" + ex_text + "  }\n")
     for t in sorted(tenants, key=lambda t: t.name):
         text += account_block(t)
+    if monitor and tenants:
+        text += monitor_block(monitor)
     return text + "}\n"
+
+
+def monitor_block(password: str) -> str:
+    """nats-server's system account (``MONITOR_ACCOUNT``) with ``MONITOR_USER``, who may ask an
+    account's JetStream use and read the answer, nothing more."""
+    perms = f"{{publish: {{allow: [{_q([MONITOR_ASKS])}]}}, subscribe: {{allow: [{_q([MONITOR_INBOX])}]}}}}"
+    return (f"  {json.dumps(MONITOR_ACCOUNT)}: {{\n    users: [\n      {{user: {json.dumps(MONITOR_USER)}, "
+            f"password: {json.dumps(password)}, permissions: {perms}}}\n    ]\n  }}\n")
 
 
 def credentials(tenant: str, user: str, password: str, url: str, ca: str | None) -> dict[str, Any]:
