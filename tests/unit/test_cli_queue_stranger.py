@@ -89,3 +89,21 @@ def test_trace_replay_refuses_every_policy_it_cannot_load_before_replaying(cli: 
     assert "--policy bogus: unknown policyRuleURI 'bogus'" in out and "the short names: random" in out, out
     assert "--policy nomod:X: No module named 'nomod'" in out and "--policy builtin:nope: unknown built-in" in out, out
     assert "--policy fgd" not in out and "allocation" not in out, out
+
+
+def test_vcluster_get_wraps_a_long_line_instead_of_cutting_it(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Piped (80 columns) or narrow, the tree cut its job cluster's line at the width: '..., block b'."""
+    from aios_blocks.cli import vcluster
+
+    bid = "blk-dbbe55edf64f"
+    node = {"type": "A100", "healthy": True, "place": f"job-{bid}", "idle": False}
+    job = {"id": f"job-{bid}", "kind": "job", "revision": 1, "counts": {"A100": 2}, "replicaSets": {"A100": 2},
+           "block": bid, "nodes": {"c3-n4": node}, "blocks": [bid], "jobClusters": []}
+    top = {**job, "id": "batch", "kind": "divisible", "block": "", "blocks": [], "jobClusters": [job],
+           "nodes": {"c3-n4": node}}
+    monkeypatch.setenv("COLUMNS", "60")
+    monkeypatch.setattr(vcluster, "_request", lambda *a, **k: {"primary": {"cluster": "c3", "nodes": 8, "unassigned": {}},
+                                                               "vcluster": top})
+    r = cli.invoke(app, ["vcluster", "get", "batch"])
+    assert r.exit_code == 0, r.output
+    assert f"block {bid}" in " ".join(r.output.split()), r.output

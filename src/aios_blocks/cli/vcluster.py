@@ -356,4 +356,4 @@ def register(parent: typer.Typer, DataDir: Any) -> None:
                 add(branch, j)
 
         add(tree, d["vcluster"])
-        console.print(tree)
+        console.print(tree, soft_wrap=False)  # a long line wraps under its branch (soft wrap cut it at the width)
