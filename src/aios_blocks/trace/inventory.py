@@ -12,7 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import NotRequired, TypedDict, cast
 
@@ -150,43 +150,18 @@ def node_from_row(row: Row, cluster: str, where: str, gpu_memory: dict[str, int]
 def parse_nodes(text: str, cluster: str, fmt: str = "auto", gpu_memory: dict[str, int] | None = None,
                 labels: dict[str, str] | None = None) -> list[Node]:
     """The nodes of a node list: ``fmt`` ``csv``, ``yaml``/``json`` or ``auto`` (a first line with
-    ``sn,`` or commas and no colon reads as CSV). Node ids must be unique."""
+    ``sn,`` or commas and no colon reads as CSV). Node ids must be unique. Every bad entry is said
+    at once (the first :data:`MAX_PROBLEMS`, then how many more)."""
     if fmt == "auto":
         first = text.lstrip().split("\n", 1)[0]
         fmt = "csv" if ("," in first and ":" not in first and not first.startswith(("[", "{", "-"))) else "yaml"
     nodes: list[Node] = []
-    problems: list[str] = []  # every row's, said at once
-
-    def add(row: Row, where: str) -> None:
+    problems: list[str] = []
+    for row, where in _entries(text, fmt, problems):
         try:
             nodes.append(node_from_row(row, cluster, where, gpu_memory, labels))
         except InventoryError as exc:
             problems.append(str(exc))
-
-    if fmt == "csv":
-        reader = csv.DictReader(io.StringIO(text))
-        missing = {"sn", "cpu_milli", "memory_mib", "gpu", "model"} - set(reader.fieldnames or [])
-        if missing:
-            raise InventoryError(f"CSV header lacks {', '.join(sorted(missing))} (expected sn,cpu_milli,memory_mib,gpu,model)")
-        for i, row in enumerate(reader, start=2):
-            add(row, f"line {i}")
-    elif fmt in ("yaml", "json"):
-        import yaml
-
-        try:
-            data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError) as exc:
-            raise InventoryError(f"not valid {fmt.upper()}: {exc}") from None
-        entries = data.get("nodes") if isinstance(data, dict) else data
-        if not isinstance(entries, list):
-            raise InventoryError("expected a list of nodes, or {nodes: [...]}")
-        for i, entry in enumerate(entries):
-            if not isinstance(entry, dict):
-                problems.append(f"nodes[{i}]: expected a mapping, got {type(entry).__name__}")
-                continue
-            add(entry, f"nodes[{i}]")
-    else:
-        raise InventoryError(f"unknown format {fmt!r} (csv, yaml, json)")
     seen: set[str] = set()
     for n in nodes:
         if n.id in seen:
@@ -198,6 +173,35 @@ def parse_nodes(text: str, cluster: str, fmt: str = "auto", gpu_memory: dict[str
     if not nodes:
         raise InventoryError("the node list is empty")
     return nodes
+
+
+def _entries(text: str, fmt: str, problems: list[str]) -> Iterator[tuple[Row, str]]:
+    """A node list's entries, each with where it is (``line N`` of a CSV, ``nodes[i]``); an entry
+    that is no mapping goes to ``problems``. Raises InventoryError for a list that cannot be read."""
+    if fmt == "csv":
+        reader = csv.DictReader(io.StringIO(text))
+        missing = {"sn", "cpu_milli", "memory_mib", "gpu", "model"} - set(reader.fieldnames or [])
+        if missing:
+            raise InventoryError(f"CSV header lacks {', '.join(sorted(missing))} (expected sn,cpu_milli,memory_mib,gpu,model)")
+        for i, row in enumerate(reader, start=2):
+            yield row, f"line {i}"
+        return
+    if fmt not in ("yaml", "json"):
+        raise InventoryError(f"unknown format {fmt!r} (csv, yaml, json)")
+    import yaml
+
+    try:
+        data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise InventoryError(f"not valid {fmt.upper()}: {exc}") from None
+    entries = data.get("nodes") if isinstance(data, dict) else data
+    if not isinstance(entries, list):
+        raise InventoryError("expected a list of nodes, or {nodes: [...]}")
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            yield entry, f"nodes[{i}]"
+        else:
+            problems.append(f"nodes[{i}]: expected a mapping, got {type(entry).__name__}")
 
 
 def load_nodes(path: Path, cluster: str, gpu_memory: dict[str, int] | None = None,
