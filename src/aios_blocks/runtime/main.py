@@ -35,9 +35,10 @@ if TYPE_CHECKING:
 STOP_TIMEOUT_S = 8.0
 
 #: package -> optional packages it imports when they are installed, which no worker uses through it:
-#: structlog's rich (pretty console tracebacks; workers log JSON), nats-py's aiohttp (the websocket
-#: transport; workers connect over nats:// or tls://). ~5 and ~11 MiB per process.
-UNUSED_EXTRAS = {"structlog": ("rich",), "nats": ("aiohttp",)}
+#: structlog's rich (pretty console tracebacks; workers log JSON), ~5 MiB per process. (nats-py's
+#: aiohttp, its websocket transport, ~11 MiB, is not loaded until used in any process that imports
+#: aios_blocks: ``aios_blocks.OnFirstUse``.)
+UNUSED_EXTRAS = {"structlog": ("rich",)}
 
 
 @contextlib.contextmanager
