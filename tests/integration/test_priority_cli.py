@@ -114,3 +114,13 @@ async def test_priority_classes_and_quotas_from_the_command_line(system: System,
     assert folded[keys.PRIORITY_CLASSES] == redis_image[keys.PRIORITY_CLASSES]
     assert folded[keys.QUOTAS] == redis_image[keys.QUOTAS]
     assert im.digest(redis_image) == im.digest(folded), im.diff(redis_image, folded)
+
+
+async def test_removing_a_quota_that_is_not_there_is_refused(system: System) -> None:
+    """It said 'quota of t removed' (exit 0) and stored a removal for a tenant that had none."""
+    await _ok(system, "quota", "set", "team-a", "--nominal", "*:gpus=8", "--cohort", "lab")
+    assert "removed" in await _ok(system, "quota", "set", "team-a", "--remove")
+    r = await run(system, "quota", "set", "team-a", "--remove")
+    assert r.returncode == 1 and "no quota for tenant 'team-a'" in r.stderr, r.stdout + r.stderr
+    r = await run(system, "quota", "set", "nobody", "--remove")
+    assert r.returncode == 1 and "no quota for tenant 'nobody'" in r.stderr, r.stdout + r.stderr

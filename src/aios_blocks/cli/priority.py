@@ -124,6 +124,7 @@ def quota_set(
     data_dir: Path = DataDir,
 ) -> None:
     """Set (replace) a tenant's quota: nominal amounts per GPU model, its cohort, a borrowing limit.
+    `--remove` of a tenant without a quota is refused (exit 1).
 
     Example: `blocks quota set team-a --nominal A100:gpus=16,cpu=256 --cohort lab`,
     `blocks quota set team-b --nominal '*:gpus=8' --cohort lab --borrowing-limit '*:gpus=4'`
@@ -146,6 +147,8 @@ def quota_set(
             raise typer.Exit(2)
 
     async def go(c: Client) -> None:
+        if remove and tenant not in await PriorityStore(c.store.r).quotas():
+            raise LookupError(f"no quota for tenant {tenant!r}")  # as quota get: exit 1, nothing stored
         await c.bus.emit(E.quota_set, QuotaSet(tenant, record), msg_id=f"quota:{_op_id()}")
         await PriorityStore(c.store.r).put_quota(record, tenant)
 
