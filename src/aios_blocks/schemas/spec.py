@@ -23,6 +23,7 @@ from pydantic import (
 )
 
 from .records import JSONObject, Wire
+from .rule_params import rule_problems
 from .sharing import sharing_problems
 from .topology import GpuTopology
 from .uris import uri_problem
@@ -110,6 +111,15 @@ class PolicyRule(_Strict):
         if problem:
             raise ValueError(problem)
         return uri
+
+    @model_validator(mode="after")
+    def _usable_parameters(self) -> PolicyRule:
+        # an autoscaler / stabilityChecker rule the framework or its built-in cannot read would fail
+        # every tick of the block's autoscaler or checker, one reason at a time: refused here, all at once
+        problems = rule_problems(self.name, self.policyRuleURI, self.parameters, self.settings)
+        if problems:
+            raise ValueError(f"{self.name} rule {self.policyRuleURI}: " + "; ".join(problems))
+        return self
 
 
 class PolicyRuleEntry(_Strict):
