@@ -107,3 +107,19 @@ def test_vcluster_get_wraps_a_long_line_instead_of_cutting_it(cli: CliRunner, mo
     r = cli.invoke(app, ["vcluster", "get", "batch"])
     assert r.exit_code == 0, r.output
     assert f"block {bid}" in " ".join(r.output.split()), r.output
+
+
+async def test_rebalance_names_every_unknown_cluster() -> None:
+    """--cluster nope1 --cluster nope2 said only 'no cluster 'nope1''."""
+    from aios_blocks.handlers import rebalance as hr
+    from aios_blocks.workers.rebalancer import plan_rounds
+
+    class Store:
+        async def clusters(self) -> dict[str, dict[str, str]]:
+            return {"c1": {}}
+
+    async def invoke(rule: object, data: object) -> object:
+        raise AssertionError("no plan before the clusters are checked")
+
+    with pytest.raises(LookupError, match=r"^no cluster 'nope1', 'nope2'$"):
+        await plan_rounds(Store(), invoke, {}, 1, 16, ["c1", "nope1", "nope2"], trigger=hr.Trigger.MANUAL)

@@ -85,14 +85,14 @@ async def plan_rounds(store: Any, invoke: Invoke, rule: dict[str, Any], max_move
     ``skip``: clusters not to plan, with why (the cooldown)."""
     known = await store.clusters()
     wanted = sorted(known) if clusters is None else clusters
+    if unknown := [cid for cid in wanted if cid not in known]:  # every one named, before any plan
+        raise LookupError("no cluster " + ", ".join(repr(cid) for cid in unknown))
     placed, _models = await PriorityStore(store.r).placed()
     busy = hr.moving(placed)
     waiting = await pending_blocks(store, window)
     indexes = await affinity_indexes(store, [*placed, *waiting])
     rounds = []
     for cid in wanted:
-        if cid not in known:
-            raise LookupError(f"no cluster {cid!r}")
         views = await store.read_nodes(cid, await store.node_ids(cid))
         mine = [b for b in waiting if hr.matches(b.get("ir") or {}, known[cid])]
         why = (skip or {}).get(cid, "")
