@@ -359,3 +359,32 @@ async def test_an_agent_runs_restarts_and_stops_sidecars_and_ignores_a_late_star
     await m.start(SidecarCommand("b1", 5, "c1", "n1", "store", sc))  # the next generation of the id runs
     assert sorted(m.copies) == ["sc-b1-store-0", "sc-b1-store-1"]
     m.shutdown()
+
+
+async def test_a_sidecar_that_exits_is_logged_with_its_last_output(tmp_path: Any) -> None:
+    """A crash-looping side-car (a module that is not installed, a bad parameter) said only its exit
+    code in the agent's log: its output, the reason, was in a working directory the user never saw."""
+    import sys
+
+    from structlog.testing import capture_logs
+
+    from aios_blocks.agent.runtime_process import ProcessRuntime, process_scope
+    from aios_blocks.agent.sidecars import SidecarManager
+    from aios_blocks.schemas.events import SidecarCommand
+    from aios_blocks.schemas.spec import Sidecar
+
+    rt = ProcessRuntime(scope=process_scope(tmp_path))
+    m = SidecarManager(_Consumers(), rt, "n1", tmp_path, nats_url="nats://sidecar@h:1", restart_s=30)
+    sc = Sidecar.model_validate({"name": "crashy", "command": [
+        sys.executable, "-c", "import sys; print('starting'); print('boom: no database at /nope'); sys.exit(3)"]}).model_dump()
+    with capture_logs() as logs:
+        await m.start(SidecarCommand("b1", 1, "c1", "n1", "crashy", sc))
+        try:
+            async with asyncio.timeout(10):
+                while not any(e["event"] == "sidecar.exited" for e in logs):
+                    await asyncio.sleep(0.05)
+        finally:
+            await m.stop(SidecarCommand("b1", 1, "c1", "n1", "crashy", sc, "test over"))
+            m.shutdown()
+    exited = next(e for e in logs if e["event"] == "sidecar.exited")
+    assert exited["exit_code"] == 3 and "boom: no database at /nope" in exited["output"], exited

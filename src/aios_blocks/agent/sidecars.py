@@ -227,8 +227,9 @@ class SidecarManager:
                 continue
             if copy.stopping:
                 return
+            # ``output``: its last lines, where the runtime has them (why it exited: a module not found ...)
             log.warning("sidecar.exited", node=self.node_id, sidecar=cid, exit_code=None if st is None else st.exit_code,
-                        restart_in_s=delay)
+                        output=None if st is None else st.detail, restart_in_s=delay)
             await asyncio.sleep(delay)
             if copy.stopping:
                 return
