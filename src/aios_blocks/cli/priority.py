@@ -4,6 +4,7 @@ rebuilds Redis from), then a write to Redis so the next command sees it at once.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,21 +98,25 @@ def priority_class_remove(name: str, data_dir: Path = DataDir) -> None:
 
 
 # -- quotas ----------------------------------------------------------------------------------------
-def _amounts(values: list[str], option: str) -> dict[str, dict[str, float]]:
-    """``MODEL:RES=N[,RES=N]`` (repeatable) -> model -> resource -> amount."""
+def _amounts(values: list[str], option: str, problems: list[str]) -> dict[str, dict[str, float]]:
+    """``MODEL:RES=N[,RES=N]`` (repeatable) -> model -> resource -> amount; each value that is not
+    that goes to ``problems`` (all of them, not the first)."""
     out: dict[str, dict[str, float]] = {}
     for v in values:
         model, sep, rest = v.partition(":")
         if not sep or not model:
-            raise typer.BadParameter(f"{v!r} is not MODEL:RESOURCE=N[,RESOURCE=N] (MODEL * for any)", param_hint=option)
+            problems.append(f"{option}: {v!r} is not MODEL:RESOURCE=N[,RESOURCE=N] (MODEL * for any)")
+            continue
         for pair in rest.split(","):
             res, eq, num = pair.partition("=")
             try:
-                out.setdefault(model, {})[res.strip()] = float(num)
+                amount = float(num)
             except ValueError:
-                raise typer.BadParameter(f"{pair!r} is not RESOURCE=N", param_hint=option) from None
-            if not eq:
-                raise typer.BadParameter(f"{pair!r} is not RESOURCE=N", param_hint=option)
+                amount = math.nan
+            if not eq or not math.isfinite(amount):
+                problems.append(f"{option}: {pair!r} is not RESOURCE=N")
+                continue
+            out.setdefault(model, {})[res.strip()] = amount
     return out
 
 
@@ -137,13 +142,17 @@ def quota_set(
 
     record: dict[str, Any] | None = None
     if not remove:
+        problems: list[str] = []  # every one, the values' and the quota's, at once
+        amounts = _amounts(nominal, "--nominal", problems)
+        limit = _amounts(borrowing_limit, "--borrowing-limit", problems) if borrowing_limit else None
         try:
-            record = Quota(tenant=tenant, cohort=cohort, nominal=_amounts(nominal, "--nominal"),
-                           borrowingLimit=_amounts(borrowing_limit, "--borrowing-limit") if borrowing_limit else None,
-                           ).model_dump(mode="json")
+            record = Quota(tenant=tenant, cohort=cohort, nominal=amounts, borrowingLimit=limit).model_dump(mode="json")
         except ValidationError as exc:
-            for e in exc.errors(include_url=False):
-                err.print(f"[red]{'.'.join(str(p) for p in e['loc'])}[/]: {e['msg']}")
+            problems += [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg'].removeprefix('Value error, ')}"
+                         for e in exc.errors(include_url=False)]
+        for line in problems:
+            err.print(f"[red]error:[/] {escape(line)}")
+        if problems:
             raise typer.Exit(2)
 
     async def go(c: Client) -> None:

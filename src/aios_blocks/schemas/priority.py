@@ -11,6 +11,7 @@ GPU shares, CPU, memory) per GPU model; tenants in a cohort may borrow what the 
 from __future__ import annotations
 
 import enum
+import math
 from typing import Annotated, Any
 
 import msgspec
@@ -69,8 +70,8 @@ class Quota(_Strict):
     def _non_negative(cls, value: dict[str, dict[QuotaResource, float]] | None) -> Any:
         for model, amounts in (value or {}).items():
             for res, n in amounts.items():
-                if n < 0:
-                    raise ValueError(f"{model}.{res} is {n}: a quota amount is >= 0")
+                if not n >= 0 or n == math.inf:  # NaN too: stored, it broke every later read of the quotas
+                    raise ValueError(f"{model}.{res} is {n}: a quota amount is a finite number >= 0")
         return value
 
 
