@@ -87,6 +87,16 @@ def test_a_sidecar_needs_an_image_or_a_command_and_a_unique_name() -> None:
     assert "reserved" in errs["$.sidecars[0].env"]
 
 
+def test_a_repeated_sidecar_name_is_reported_with_the_lists_other_problems() -> None:
+    """The names were checked only when every side-car was valid otherwise: fixing the reported
+    problems then brought a new one to light."""
+    errs = errors_of(spec(sidecars=[{"name": "store", "command": ["x"], "env": {"AIOS_X": "1"}}, {"name": "other"},
+                                    {"name": "store", "command": ["y"], "maxDeliver": 0}]))
+    assert "reserved" in errs["$.sidecars[0].env"] and "needs an image or a command" in errs["$.sidecars[1]"]
+    assert "$.sidecars[2].maxDeliver" in errs
+    assert errs["$.sidecars[2].name"] == "side-car name 'store' is used twice (also at index 0)"
+
+
 def test_the_instance_map_says_whether_outputs_are_published() -> None:
     block = {"gen": 1, "ir": {"sidecars": [STORE], "inputProtocol": {}}}
     assert mapper.block_fields(block)["outputs"] is True

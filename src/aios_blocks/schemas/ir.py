@@ -253,8 +253,8 @@ def block_create_IR(
         comp_rules = [cast(PolicyRule, dict(r)) for r in known.rules] if known is not None else [rule_record(p) for p in comp.policies]
         policies = merge_policies(comp_rules, block_rules)
         errors.extend(_policy_errors(spec, comp, policies))
-    if spec is not None:
-        errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(spec.sidecars or []))
+    if isinstance(raw_sidecars := doc.get("sidecars"), list):  # the spec's own list: reported with its other problems
+        errors.extend(SpecError(f"$.sidecars[{i}].name", msg) for i, msg in sidecar_problems(raw_sidecars))
     affinity = _affinity(doc, comp, errors)
     if spec is not None and comp is not None:
         errors.extend(_job_cluster_errors(spec, comp))

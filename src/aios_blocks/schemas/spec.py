@@ -9,6 +9,7 @@ from __future__ import annotations
 import difflib
 import hashlib
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -260,14 +261,19 @@ class Sidecar(_Strict):
         return self
 
 
-def sidecar_problems(entries: list[Sidecar]) -> list[tuple[int, str]]:
-    """(index, problem) of a side-car list: names must be unique."""
+def sidecar_problems(entries: Sequence[Sidecar | object]) -> list[tuple[int, str]]:
+    """(index, problem) of a side-car list: names must be unique. ``entries``: the models, or the
+    spec's own JSON (its entries that are no object or have no string name are skipped), so that a
+    list with other problems still has its repeated names reported with them."""
     seen: dict[str, int] = {}
     out = []
     for i, sc in enumerate(entries):
-        if sc.name in seen:
-            out.append((i, f"side-car name {sc.name!r} is used twice (also at index {seen[sc.name]})"))
-        seen.setdefault(sc.name, i)
+        name = sc.name if isinstance(sc, Sidecar) else sc.get("name") if isinstance(sc, dict) else None
+        if not isinstance(name, str):
+            continue
+        if name in seen:
+            out.append((i, f"side-car name {name!r} is used twice (also at index {seen[name]})"))
+        seen.setdefault(name, i)
     return out
 
 
