@@ -145,3 +145,21 @@ def test_quota_set_names_every_problem_of_its_values_at_once(cli: CliRunner) -> 
     for bad in (math.nan, math.inf):  # the schema too (the console and replayed events make quotas)
         with pytest.raises(ValueError, match="a quota amount is a finite number >= 0"):
             Quota(tenant="t", nominal={"*": {"gpus": bad}})
+
+
+async def test_vcluster_requests_name_every_problem_of_their_arguments_at_once() -> None:
+    """The id, then the limits, then the replica sets: each problem took a run of its own."""
+    from aios_blocks.cli import vcluster
+
+    with pytest.raises(ValueError) as exc:  # nothing is sent: the client (None here) is never used
+        await vcluster.update(None, "bad id", 0, {"A100": 1, "B": "x"}, limits={"A100": [-1, 1]})  # type: ignore[arg-type]
+    said = str(exc.value)
+    for part in ("virtual cluster id 'bad id' is not a valid id", "--revision must be >= 1, got 0",
+                 "--replica-sets: count of 'B' must be an integer, got 'x'", "--limits: limits of 'A100' must be [min, max]"):
+        assert part in said, said
+    with pytest.raises(ValueError) as exc:
+        await vcluster.create(None, "v1", "bad cluster", {"A100": -1}, limits={"A100": [2, 1]})  # type: ignore[arg-type]
+    said = str(exc.value)
+    for part in ("cluster id 'bad cluster' is not a valid id", "--replica-sets: count of 'A100' must be >= 0, got -1",
+                 "--limits: limits of 'A100'"):
+        assert part in said, said

@@ -34,49 +34,46 @@ class VRequest:
     seq: int
 
 
-def _replica_sets(value: Any) -> dict[str, int]:
-    from ..schemas.vcluster import replica_set_problems
+def _checked(ids: dict[str, str], replica_sets: Any, limits: Any, revision: int | None = None) -> None:
+    """Every problem of a request's arguments at once, as one ValueError (exit 2): the ids
+    (``{what: value}``), the revision, ``--replica-sets`` and ``--limits``."""
+    from ..schemas.spec import check_id
+    from ..schemas.vcluster import limit_problems, replica_set_problems
 
-    problems = replica_set_problems(value)
+    problems = []
+    for what, value in ids.items():
+        try:
+            check_id(value, what)
+        except ValueError as exc:
+            problems.append(str(exc))
+    if revision is not None and revision < 1:
+        problems.append(f"--revision must be >= 1, got {revision}")
+    problems += [f"--replica-sets: {p}" for p in replica_set_problems(replica_sets)]
+    if limits:
+        problems += [f"--limits: {p}" for p in limit_problems(limits, replica_sets)]
     if problems:
-        raise ValueError("--replica-sets: " + "; ".join(problems))
-    return dict(value)
-
-
-def _limits(value: Any, replica_sets: Any) -> dict[str, list[int]]:
-    from ..schemas.vcluster import limit_problems
-
-    problems = limit_problems(value, replica_sets)
-    if problems:
-        raise ValueError("--limits: " + "; ".join(problems))
-    return dict(value)
+        raise ValueError("; ".join(problems))
 
 
 async def create(c: Client, vid: str, cid: str, replica_sets: Any, divisible: bool = False, limits: Any = None) -> VRequest:
     from ..bus.catalog import E
-    from ..schemas.spec import check_id
     from ..schemas.vcluster import VClusterCreate
 
-    check_id(vid, "virtual cluster id")
-    check_id(cid, "cluster id")
+    _checked({"virtual cluster id": vid, "cluster id": cid}, replica_sets, limits)
     rid = uuid.uuid4().hex[:12]
-    lim = _limits(limits, replica_sets) if limits else {}
-    ack = await c.bus.emit(E.vcluster_create, VClusterCreate(vid, cid, _replica_sets(replica_sets), rid, divisible, lim))
+    ack = await c.bus.emit(E.vcluster_create, VClusterCreate(vid, cid, dict(replica_sets), rid, divisible, dict(limits or {})))
     return VRequest(vid, "create", rid, ack.seq)
 
 
 async def update(c: Client, vid: str, revision: int, replica_sets: Any, divisible: bool | None = None,
                  limits: Any = None) -> VRequest:
     from ..bus.catalog import E
-    from ..schemas.spec import check_id
     from ..schemas.vcluster import VClusterUpdate
 
-    check_id(vid, "virtual cluster id")
-    if revision < 1:
-        raise ValueError(f"--revision must be >= 1, got {revision}")
+    _checked({"virtual cluster id": vid}, replica_sets, limits, revision)
     rid = uuid.uuid4().hex[:12]
-    lim = _limits(limits, replica_sets) if limits is not None else None
-    ack = await c.bus.emit(E.vcluster_update, VClusterUpdate(vid, revision, _replica_sets(replica_sets), rid, divisible, lim))
+    lim = dict(limits) if limits is not None else None
+    ack = await c.bus.emit(E.vcluster_update, VClusterUpdate(vid, revision, dict(replica_sets), rid, divisible, lim))
     return VRequest(vid, "update", rid, ack.seq)
 
 
