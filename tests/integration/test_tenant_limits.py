@@ -17,9 +17,10 @@ import pytest
 from nats.errors import Error as NatsError
 from nats.js.errors import APIError
 
-from aios_blocks.runtime import auth
+from aios_blocks.runtime import auth, tenant_usage
 from aios_blocks.runtime import tenants as tn
 from aios_blocks.runtime.embedded import EmbeddedServers
+from aios_blocks.runtime.locate import with_userinfo
 
 from .test_tenants import login
 
@@ -73,13 +74,11 @@ async def test_a_tenants_users_together_open_no_more_connections_than_the_tenant
     # one user: the whole of it
     held = await open_all(data_dir, "tl", "main", 10)
     assert len(held) == 4
-    # a second user would shrink its JetStream share, which is read first as its user: not while it
-    # uses every connection it has (refused, saying what to do); with one free, the split is made, and
-    # the server closes what the first user holds beyond its new share (2)
-    with pytest.raises(ValueError, match="account tenant-tl uses every connection of its share") as full:
-        auth.add_tenant_user(data_dir, "tl", "two")
-    assert "raise --max-connections by 1" in str(full.value), full.value
-    await held.pop().close()
+    # a second user shrinks its JetStream share, whose use is read first: through the server's
+    # system account, so while it uses every connection it has too (read as its user, that needed
+    # one more: refused, "try again once one closes"); the split is made, and the server closes
+    # what the first user holds beyond its new share (2)
+    assert all(nc.is_connected for nc in held)
     auth.add_tenant_user(data_dir, "tl", "two")
     async with asyncio.timeout(30):
         while sum(nc.is_connected for nc in held) != 2:
@@ -129,6 +128,15 @@ async def test_a_tenants_users_streams_together_reserve_no_more_bytes_than_the_t
     # one user's stream holds the whole of it: a second user (half each) would add its share to it
     # (nats-server keeps an account's streams when its limits shrink): refused, saying what to do
     await main.jetstream(timeout=10).add_stream(name="ALL", subjects=list(tn.REPLAYABLE), max_bytes=1024 * KIB)
+    # read through the system account, its use is what its own JetStream says
+    ep, s = auth.read_endpoints(data_dir), auth.Secrets.load(data_dir, create=False)
+    assert ep is not None
+    jsz = tenant_usage.account_jsz(with_userinfo(ep.nats, tn.MONITOR_USER, s.nats[tn.MONITOR_USER]), "tenant-tb",
+                                   ep.nats_ca)
+    info = tenant_usage.account_info(auth.tenant_user_url(data_dir, "tb"), ep.nats_ca)
+    assert {k: jsz[k] for k in ("reserved_storage", "streams", "consumers")} == \
+        {k: info[k] for k in ("reserved_storage", "streams", "consumers")} == \
+        {"reserved_storage": 1024 * KIB, "streams": 1, "consumers": 0}, (jsz, info)
     with pytest.raises(ValueError, match=r"account tenant-tb .* holds 1048576 stream bytes .* more than its share 524288") as over:
         auth.add_tenant_user(data_dir, "tb", "two")
     assert "--max-stream-bytes" in str(over.value)

@@ -189,7 +189,8 @@ def test_secrets_are_private_and_stable(tmp_path: Path) -> None:
     assert stat.S_IMODE(s.path.stat().st_mode) == 0o600 and stat.S_IMODE(s.path.parent.stat().st_mode) == 0o700
     again = auth.Secrets.load(tmp_path)
     assert again.nats == s.nats and again.redis == s.redis
-    assert len(set(s.nats.values())) == len(auth.ROLES)  # one secret per role
+    # one secret per role, and the system account's user's (it reads tenants' JetStream use)
+    assert len(set(s.nats.values())) == len(auth.ROLES) + 1 and tn.MONITOR_USER in s.nats
     assert all(re.fullmatch(r"[A-Za-z0-9_-]{32}", v) for v in [*s.nats.values(), *s.redis.values()])
     assert s.add_agent("n1") and not s.add_agent("n1")
     assert json.loads(s.path.read_text())["agents"]["n1"] == s.agents["n1"]

@@ -207,3 +207,35 @@ def test_an_accounts_jsz_is_read_as_its_own_jetstream_info_would_say() -> None:
                                           "streams": 4, "consumers": 3}
     assert tenant_usage.jsz_use({}) == {"storage": 0, "memory": 0, "reserved_storage": 0, "reserved_memory": 0,
                                         "streams": 0, "consumers": 0}
+
+
+def test_a_server_without_the_monitor_user_is_read_as_the_accounts_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server whose config predates ``tenants.MONITOR_USER`` refuses its login: the account's use
+    is then read as its own user (as before); any other failure is not hidden."""
+    from aios_blocks.runtime import tenant_usage
+
+    t = tn.Tenant("acme", {"main": "pw"})
+    asked: list[str] = []
+
+    def jsz(url: str, account: str, ca: str | None) -> dict[str, int]:
+        asked.append(f"jsz {account}")
+        raise RuntimeError("nats-server refused 'aios-monitor': -ERR 'Authorization Violation'")
+
+    def info(url: str, ca: str | None) -> dict[str, int]:
+        asked.append(url.split("@")[0])
+        return {"streams": 1}
+
+    monkeypatch.setattr(tenant_usage, "account_jsz", jsz)
+    monkeypatch.setattr(tenant_usage, "account_info", info)
+    assert tenant_usage._use(t, "main", "nats://127.0.0.1:4222", None, "secret") == {"streams": 1}
+    assert asked == ["jsz tenant-acme", "nats://acme.main:pw"]
+    asked.clear()
+    assert tenant_usage._use(t, "main", "nats://127.0.0.1:4222", None, None) == {"streams": 1}
+    assert asked == ["nats://acme.main:pw"]  # no password: as before
+
+    def down(url: str, account: str, ca: str | None) -> dict[str, int]:
+        raise RuntimeError("nats-server closed the connection of 'aios-monitor' before answering")
+
+    monkeypatch.setattr(tenant_usage, "account_jsz", down)
+    with pytest.raises(RuntimeError, match="before answering"):
+        tenant_usage._use(t, "main", "nats://127.0.0.1:4222", None, "secret")

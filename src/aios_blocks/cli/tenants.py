@@ -218,7 +218,8 @@ def tenant_user_add(
     """Add a user to a tenant (one per client): its own password, credentials file and NATS account
     (tenant-TENANT.NAME), so no other user of the tenant reads its tasks or their answers. The
     tenant's limits are split anew, one more share: refused (exit 2, naming the flag to raise) when
-    a limit cannot give each user at least one, or an account holds more than its new share.
+    a limit cannot give each user at least one, or an account holds more than its new share (read
+    through the server's system account: an account using every connection of its share is read too).
 
     Example: `blocks tenant user add team-a dashboard --json`
     """

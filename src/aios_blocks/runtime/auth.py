@@ -361,7 +361,7 @@ class Secrets:
         changed = False
         if not s.event_key and create:
             s.event_key, changed = event_ids.new_key(), True
-        for role in ROLES:
+        for role in (*ROLES, tn.MONITOR_USER):  # the system account's user too (tenants.monitor_block)
             if role not in s.nats:
                 s.nats[role], changed = _token(), True
         for user in REDIS_USERS:
@@ -437,7 +437,7 @@ def nats_authorization(s: Secrets) -> str:
                      f"permissions: {perms.conf()}}}")
     from .observers import conf_lines
 
-    return tn.accounts_conf([*lines, *conf_lines(s, protected)], s.tenant_list())
+    return tn.accounts_conf([*lines, *conf_lines(s, protected)], s.tenant_list(), s.nats.get(tn.MONITOR_USER))
 
 
 def redis_acl(s: Secrets) -> str:
@@ -723,7 +723,7 @@ def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, tim
         if limits is not None:
             t.limits = limits
         if new or limits is not None:  # the new limits split across its users (ValueError: which to raise)
-            tenant_usage.check(t, old, ep.nats, ep.nats_ca)
+            tenant_usage.check(t, old, ep.nats, ep.nats_ca, s.nats.get(tn.MONITOR_USER))
             s.tenants[tenant] = t.to_dict()
             s.save()
             # awaited: its (re-split) limits are in force once this returns
@@ -762,7 +762,8 @@ def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.
         new = user not in t.users
         if new:  # its limits split anew, one more share (ValueError: which to raise, or what holds too much)
             t.users[user] = _token()
-            s.tenants[tenant] = tenant_usage.check(t, tn.Tenant.from_dict(tenant, s.tenants[tenant]), ep.nats, ep.nats_ca).to_dict()
+            s.tenants[tenant] = tenant_usage.check(t, tn.Tenant.from_dict(tenant, s.tenants[tenant]), ep.nats, ep.nats_ca,
+                                                   s.nats.get(tn.MONITOR_USER)).to_dict()
             s.save()
             _reload_tenant(ep.data_dir, s)  # a new account: the user's own (runtime.tenants.account)
         path = _write_credentials(ep, tenant, user, t.users[user])
