@@ -163,3 +163,13 @@ async def test_vcluster_requests_name_every_problem_of_their_arguments_at_once()
     for part in ("cluster id 'bad cluster' is not a valid id", "--replica-sets: count of 'A100' must be >= 0, got -1",
                  "--limits: limits of 'A100'"):
         assert part in said, said
+
+
+@pytest.mark.parametrize("args", [["node", "add", "n10", "--cluster", "c1"], ["cluster", "add", "c2", "--nodes", "2"]])
+def test_gpus_that_the_topology_profile_contradicts_are_refused(cli: CliRunner, args: list[str]) -> None:
+    """--gpus 4 --gpu-topology hybrid-cube-mesh-8 registered 8 GPUs, the 4 dropped unsaid."""
+    r = cli.invoke(app, [*args, "--gpus", "4", "--gpu-topology", "hybrid-cube-mesh-8"])
+    assert r.exit_code == 2, r.output
+    assert "--gpus 4 but the GPU topology hybrid-cube-mesh-8 has 8 GPUs" in " ".join(r.output.split()), r.output
+    r = cli.invoke(app, [*args, "--gpus", "8", "--gpu-topology", "hybrid-cube-mesh-8"])  # the same count: fine
+    assert "No servers" in r.output, r.output

@@ -154,7 +154,7 @@ def cluster_add(
     cluster_id: str,
     label: list[str] = typer.Option([], "--label", "-l", help="key=value, repeatable."),
     nodes: int = typer.Option(None, min=1, help="Also add this many simulated nodes (at least 1)."),
-    gpus: int = typer.Option(8, min=0, help="GPUs per simulated node."),
+    gpus: int | None = typer.Option(None, min=0, show_default=False, help="GPUs per simulated node (default 8)."),
     gpu_memory: int = typer.Option(81920, min=1, help="MiB per simulated GPU."),
     node_type: str = typer.Option(None, "--node-type", help="nodeType label of the simulated nodes (virtual clusters' replica sets)."),
     gpu_model: str = typer.Option(None, "--gpu-model", show_default=False,
@@ -175,12 +175,12 @@ def cluster_add(
 
     check_id(cluster_id, "cluster id")
     topo = _topology(gpu_topology)
-    gpus = topo.gpus if topo else gpus
+    count = _gpu_count(gpus, topo, gpu_topology)
 
     async def go(c: Client) -> None:
         if nodes:
             # (an "A100" node type whose GPUs said "sim-h100" puzzled a stranger: the type is the model unless told)
-            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=gpus, gpu_memory=gpu_memory, labels=labels,
+            await c.add_sim_cluster(cluster_id, nodes=nodes, gpus=count, gpu_memory=gpu_memory, labels=labels,
                                     node_labels=node_labels, model=gpu_model or node_type or "sim-h100", topology=topo)
         else:
             await c.add_cluster(Cluster(id=cluster_id, labels=labels))
@@ -192,7 +192,7 @@ def cluster_add(
 def node_add(
     node_id: str,
     cluster: str = typer.Option(..., "--cluster", "-c"),
-    gpus: int = typer.Option(8, min=0),
+    gpus: int | None = typer.Option(None, min=0, show_default=False, help="GPUs (default 8)."),
     gpu_memory: int = typer.Option(81920, min=1, help="MiB per GPU."),
     gpu_model: str = typer.Option("sim-gpu"),
     cpu: float = typer.Option(64, min=0),
@@ -215,10 +215,10 @@ def node_add(
     check_id(cluster, "cluster id")
     labels = _labels(label)
     topo = _topology(gpu_topology or labels.get("gpu-topology"))  # the option, or the label of that name
-    gpus = topo.gpus if topo else gpus
+    count = _gpu_count(gpus, topo, gpu_topology or labels.get("gpu-topology"))
     node = Node(
         id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=labels,
-        gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(gpus)], topology=topo,
+        gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(count)], topology=topo,
     )
     _run(_with_client(data_dir, lambda c: c.add_node(node)))
     console.print(f"node [bold]{node_id}[/] registered in {cluster}")
@@ -235,6 +235,18 @@ def _topology(name: str | None) -> GpuTopology | None:
     except ValueError as exc:
         err.print(f"[red]{escape(str(exc))}[/]")
         raise typer.Exit(2)
+
+
+def _gpu_count(gpus: int | None, topo: GpuTopology | None, name: str | None) -> int:
+    """The GPUs of a simulated node: the topology profile's count, else ``--gpus`` (8 when neither);
+    a ``--gpus`` the profile contradicts exits 2 (it was dropped for the profile's, unsaid)."""
+    if topo is None:
+        return 8 if gpus is None else gpus
+    if gpus is not None and gpus != topo.gpus:
+        err.print(f"[red]error:[/] --gpus {gpus} but the GPU topology {escape(str(name))} has {topo.gpus} GPUs: "
+                  "give one of them, or the same count")
+        raise typer.Exit(2)
+    return topo.gpus
 
 
 def node_get(
