@@ -124,3 +124,17 @@ async def test_removing_a_quota_that_is_not_there_is_refused(system: System) -> 
     assert r.returncode == 1 and "no quota for tenant 'team-a'" in r.stderr, r.stdout + r.stderr
     r = await run(system, "quota", "set", "nobody", "--remove")
     assert r.returncode == 1 and "no quota for tenant 'nobody'" in r.stderr, r.stdout + r.stderr
+
+
+async def test_a_preemption_dry_run_whose_policy_fails_exits_1_and_says_why_as_written(system: System, tmp_path: Path) -> None:
+    """--json printed the policy's "error" and exited 0; the text output read its brackets as markup."""
+    await _ok(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "1")
+    spec = tmp_path / "b.json"
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "b", "minInstances": 1, "maxInstances": 1}))
+    r = await run(system, "preempt", "--dry-run", str(spec), "--cluster", "c1", "--policy", "bogus", "--json")
+    assert r.returncode == 1 and "unknown policyRuleURI 'bogus'" in json.loads(r.stdout)["output"]["error"], r.stdout + r.stderr
+    bad = tmp_path / "bad.star"
+    bad.write_text('def eval(parameters, input_data, context):\n    fail("needs [bold]more[/bold] room")\n')
+    await _ok(system, "policy", "add", "bad-preempt", str(bad))
+    r = await run(system, "preempt", "--dry-run", str(spec), "--cluster", "c1", "--policy", "registry:bad-preempt")
+    assert r.returncode == 1 and "needs [bold]more[/bold] room" in r.stderr, r.stdout + r.stderr

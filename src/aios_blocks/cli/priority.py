@@ -275,7 +275,8 @@ def preempt(
 ) -> None:
     """Which blocks a spec would preempt in a cluster now (like `nomad job plan`): the victims per
     node, or why there are none, and what its tenant's quota says (admit, admit-borrowing,
-    reclaim, wait). Changes nothing.
+    reclaim, wait). Changes nothing. Exit 0 planned, 1 an unknown cluster or the policy failed (with
+    --json too: the output's "error" says why), 2 bad input, 4 the spec is rejected.
 
     Example: `blocks preempt --dry-run urgent.yaml --cluster c1`
     """
@@ -323,14 +324,16 @@ def preempt(
     result = _request(go, data_dir, store_only=True)
     if isinstance(result, list):
         for e in result:
-            err.print(f"[red]{e.path}[/]: {e.message}")
+            err.print(f"[red]{escape(e.path)}[/]: {escape(e.message)}")
         raise typer.Exit(4)
     data, output, quota = result
     if as_json:
         _print_json({"input": data, "output": output, "quota": quota})
+        if "error" in output:  # the policy failed: its "error" says why
+            raise typer.Exit(1)
         return
     if "error" in output:
-        err.print(f"[red]{output['error']}[/]")
+        err.print(f"[red]{escape(output['error'])}[/]")
         raise typer.Exit(1)
     block = data["block"]
     console.print(f"block at priority {block['priority']} ({block.get('priorityClass') or 'no class'}), "
