@@ -334,3 +334,17 @@ def test_a_tenant_credentials_file_without_its_fields_says_each_missing_one(
         text = _one_line(r.stdout + r.stderr)
         assert r.returncode == 2 and "Traceback" not in text, (args, r.returncode, text)
         assert f"{path} is no tenant credentials file (`blocks tenant add T --json`): {says}" in text, (args, text)
+
+
+def test_blocks_agent_names_every_bad_option_before_looking_for_servers(cli: CliRunner) -> None:
+    """--sim-gpus -1 offered no GPU, --gpu-topology and --metrics-port failed after connecting
+    ('agent failed', exit 1), and a bad node id hid them all."""
+    r = cli.invoke(app, ["agent", "--node-id", "bad id", "--cluster", "lab", "--runtime", "process", "--sim-gpus", "-1",
+                         "--gpu-topology", "nope", "--metrics-port", "99999", "--cpu", "0", "--memory", "-5"])
+    out = _one_line(r.output)
+    assert r.exit_code == 2, r.output
+    for part in ("invalid node: id:", "--sim-gpus must be >= 0, got -1", "unknown GPU topology profile 'nope'",
+                 "--metrics-port must be a port 1-65535 (0: off), got 99999", "--cpu must be a number of CPUs > 0, got 0.0",
+                 "--memory must be MiB > 0, got -5"):
+        assert part in out, (part, out)
+    assert "No NATS" not in out and "agent failed" not in out

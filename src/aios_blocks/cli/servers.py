@@ -4,6 +4,7 @@ processes and their configuration."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -161,6 +162,26 @@ def _runtime_name(value: str) -> str:
     return value
 
 
+def _agent_problems(sim_gpus: int | None, gpu_topology: str, metrics_port: int, cpu: float | None,
+                    memory: int | None) -> list[str]:
+    """What is wrong with ``blocks agent``'s offer and options, every problem (they failed one at a
+    time, after connecting, as 'agent failed', exit 1; a negative --sim-gpus offered none)."""
+    from ..schemas.topology import PROFILES
+
+    out = []
+    if sim_gpus is not None and sim_gpus < 0:
+        out.append(f"--sim-gpus must be >= 0, got {sim_gpus}")
+    if gpu_topology and gpu_topology not in PROFILES:
+        out.append(f"--gpu-topology: unknown GPU topology profile {gpu_topology!r} (known: {', '.join(PROFILES)})")
+    if not 0 <= metrics_port <= 65535:
+        out.append(f"--metrics-port must be a port 1-65535 (0: off), got {metrics_port}")
+    if cpu is not None and not (math.isfinite(cpu) and cpu > 0):
+        out.append(f"--cpu must be a number of CPUs > 0, got {cpu}")
+    if memory is not None and memory <= 0:
+        out.append(f"--memory must be MiB > 0, got {memory}")
+    return out
+
+
 def agent(
     node_id: str = typer.Option(..., "--node-id", help="This node's id (a subject token: letters, digits, - and _)."),
     cluster: str = typer.Option(..., "--cluster", help="The cluster this node belongs to (registered if new)."),
@@ -198,10 +219,14 @@ def agent(
     for key, value in (("zone", zone), ("rack", rack), ("trust-domain", trust_domain)):
         if value is not None:
             labels[key] = value
+    problems = _agent_problems(sim_gpus, gpu_topology, metrics_port, cpu, memory)
     try:
         Node(id=node_id, cluster=cluster, labels=labels)
     except Exception as exc:
-        err.print(f"[red]invalid node[/]: {escape(_one_line(exc))}")
+        problems.insert(0, f"invalid node: {_one_line(exc)}")
+    if problems:
+        for problem in problems:
+            err.print(f"[red]{escape(problem)}[/]")
         raise typer.Exit(2)
     try:  # with a local `blocks up`: as user agent-<node id>, added to the server on first use
         nats_url = agent_nats_url(data_dir, node_id)
