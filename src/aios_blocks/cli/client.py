@@ -170,6 +170,7 @@ class Client:
         await self.bus.emit(E.inventory_hint, InventoryHint(cluster.id))
 
     async def add_node(self, node: Node) -> None:
+        await self._unique([node])
         await self._publish_nodes([node])
         await self.store.put_node(node)
         await self.bus.emit(E.inventory_hint, InventoryHint(node.cluster, [node.id]))
@@ -190,6 +191,7 @@ class Client:
             )
             for n in range(first, first + nodes)
         ]
+        await self._unique(made)
         await self._publish_cluster(cluster)
         await self._publish_nodes(made)
         await self.store.put_cluster(cluster)
@@ -201,6 +203,7 @@ class Client:
         """Register ``nodes`` (an imported inventory, ``blocks cluster import``) in ``cluster``,
         registering the cluster first unless it exists; simulated nodes (served by the simulated
         fleet) until an agent claims one. Returns whether the cluster is new."""
+        await self._unique(nodes)
         new = cluster.id not in await self.store.clusters()
         if new:
             await self._publish_cluster(cluster)
@@ -210,6 +213,17 @@ class Client:
             await self.store.put_node(node)
         await self.bus.emit(E.inventory_hint, InventoryHint(cluster.id))
         return new
+
+    async def _unique(self, nodes: list[Node]) -> None:
+        """Refuse (LookupError, exit 1; nothing registered) nodes whose ids another cluster holds: a
+        node id is one node everywhere (its subjects, the node index, the stream's fold), so a second
+        registration moved it in the stream while Redis kept both (blocks check: a violation)."""
+        held = await self.store.node_clusters([n.id for n in nodes])
+        taken = sorted(f"{n.id} (in {held[n.id]})" for n in nodes if held.get(n.id, n.cluster) != n.cluster)
+        if taken:
+            more = f" and {len(taken) - 10} more" if len(taken) > 10 else ""
+            raise LookupError(f"node ids are unique across clusters: {', '.join(taken[:10])}{more} already registered "
+                              "in another cluster (blocks node remove NID there first, or give other ids)")
 
     async def _publish_cluster(self, cluster: Cluster) -> None:
         event = ClusterRegistered(cluster.model_dump(mode="json"))

@@ -100,6 +100,11 @@ class NodeRecords:
     async def node_cluster(self, nid: str) -> str | None:
         return await self.r.hget(NODE_INDEX, nid)
 
+    async def node_clusters(self, nids: list[str]) -> dict[str, str]:
+        """The cluster of each of ``nids`` that is registered (one read)."""
+        found = await self.r.hmget(NODE_INDEX, nids) if nids else []
+        return {nid: cid for nid, cid in zip(nids, found, strict=True) if cid is not None}
+
     async def read_nodes(self, cid: str, nids: Iterable[str]) -> dict[str, NodeView]:
         """Current view of some nodes: capacity, usage and health, shaped for policies."""
         nids = list(nids)
