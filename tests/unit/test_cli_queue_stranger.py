@@ -173,3 +173,26 @@ def test_gpus_that_the_topology_profile_contradicts_are_refused(cli: CliRunner, 
     assert "--gpus 4 but the GPU topology hybrid-cube-mesh-8 has 8 GPUs" in " ".join(r.output.split()), r.output
     r = cli.invoke(app, [*args, "--gpus", "8", "--gpu-topology", "hybrid-cube-mesh-8"])  # the same count: fine
     assert "No servers" in r.output, r.output
+
+
+async def test_the_first_waiting_block_waits_behind_nobody() -> None:
+    """explain said 'position 1 of 1 (behind <itself>)': head(scope, 0) read ZRANGE 0 -1, the whole queue."""
+    import fakeredis
+
+    from aios_blocks.cli.pending import why_waiting
+    from aios_blocks.state.queue import PendingQueue
+    from aios_blocks.state.store import Store
+
+    store = Store(fakeredis.aioredis.FakeRedis(decode_responses=True))
+    q = PendingQueue(store.r)
+    await q.add("first", "_", 0, 1.0, 0.0)
+    await q.add("second", "_", 0, 2.0, 0.0)
+    assert await q.head("_", 0) == [] and await q.head("_", 1) == ["first"]
+
+    async def pending(bid: str) -> dict[str, str]:
+        return {"status": "pending", "reason": "no room"}
+
+    store.get_block = pending  # type: ignore[method-assign,assignment]
+    first, second = await why_waiting(store, "first"), await why_waiting(store, "second")
+    assert first is not None and (first["position"], first["ahead"]) == (1, [])
+    assert second is not None and (second["position"], second["ahead"]) == (2, ["first"])

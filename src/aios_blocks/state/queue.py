@@ -104,7 +104,10 @@ class PendingQueue:
         return sorted(str(s) for s in await self.r.smembers(SCOPES))
 
     async def head(self, scope: str, k: int) -> list[str]:
-        """The first ``k`` blocks of the scope's queue, in order."""
+        """The first ``k`` blocks of the scope's queue, in order (none for ``k`` <= 0: ZRANGE 0 -1 is
+        the whole queue, so the first block was 'behind' itself)."""
+        if k <= 0:
+            return []
         return [bid_of(str(m)) for m in await self.r.zrange(queue_key(scope), 0, k - 1)]
 
     async def ahead(self, scope: str, priority: int) -> int:
