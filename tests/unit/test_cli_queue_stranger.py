@@ -196,3 +196,16 @@ async def test_the_first_waiting_block_waits_behind_nobody() -> None:
     first, second = await why_waiting(store, "first"), await why_waiting(store, "second")
     assert first is not None and (first["position"], first["ahead"]) == (1, [])
     assert second is not None and (second["position"], second["ahead"]) == (2, ["first"])
+
+
+def test_trace_replay_refuses_outputs_it_could_not_write_before_replaying(cli: CliRunner, tmp_path: Path) -> None:
+    """--json in a missing directory failed after the whole replay (its figures not written)."""
+    nodes, pods = tmp_path / "n.csv", tmp_path / "p.csv"
+    nodes.write_text("sn,cpu_milli,memory_mib,gpu,model\nn0,64000,262144,2,P100\n")
+    pods.write_text("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np0,1000,1024,1,1000\n")
+    r = cli.invoke(app, ["trace", "replay", str(nodes), str(pods), "--in-process", "--json", str(tmp_path / "no" / "o.json"),
+                         "--plot", str(tmp_path), "-p", "bogus"])
+    assert r.exit_code == 2, r.output
+    out = " ".join(r.output.split())
+    assert f"--json {tmp_path / 'no' / 'o.json'}: there is no directory {tmp_path / 'no'}" in out, out
+    assert f"--plot {tmp_path}: is a directory" in out and "--policy bogus" in out and "allocation" not in out, out

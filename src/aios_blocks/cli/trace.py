@@ -187,7 +187,7 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
             err.print(f"[red]--in-process has no policy registry[/] for {escape(', '.join(stored))}: give --live (a system "
                       "whose registry holds it: blocks policy add), a built-in or package.module:Class")
             raise typer.Exit(2)
-        if problems := rp.policy_problems(policy):
+        if problems := rp.policy_problems(policy) + _unwritable({"--json": json_out, "--plot": plot}):
             for line in problems:
                 err.print(f"[red]{escape(line)}[/]", emoji=False)
             raise typer.Exit(2)
@@ -229,6 +229,20 @@ def register(app: typer.Typer, cluster_app: typer.Typer, DataDir: Any) -> None:
         if plot is not None:
             draw(results, plot)
             console.print(f"plot written to {escape(str(plot))}")
+
+
+def _unwritable(outputs: dict[str, Path | None]) -> list[str]:
+    """Each output file the replay could not write at its end (its work lost): a directory, or
+    in a directory that is not there. Checked before the replay."""
+    out = []
+    for option, path in outputs.items():
+        if path is None:
+            continue
+        if path.is_dir():
+            out.append(f"{option} {path}: is a directory")
+        elif not path.parent.is_dir():
+            out.append(f"{option} {path}: there is no directory {path.parent}")
+    return out
 
 
 def _online(nodes: list[Any], pods_file: Path, workload: str, live: bool, policy: list[str], seed: list[int],
