@@ -291,3 +291,37 @@ async def test_after_blocks_up_restarts_the_first_task_never_goes_to_a_dead_endp
     finally:
         await asyncio.to_thread(up.stop)
         await trap.stop()
+
+
+async def test_a_failed_instance_on_a_full_node_is_released_and_its_block_runs_again_there(sys_: Sys) -> None:
+    """The same node as above, the instance reported ``failed`` by its agent (it exited: a crash,
+    ``kill -9``). Its replacement fits nowhere while the dead instance holds the node's only GPU, so
+    it was never made: the block stayed ``ready`` one instance short for good, the dead one
+    ``running`` in ``blocks get``. Now it is released like a lost one (its agent told to tear down what
+    is left of it) and the reconciler's new instance takes the freed GPU."""
+    from aios_blocks.schemas.events import InstanceEvent
+
+    client = sys_.client
+    await client.add_sim_cluster("c0", nodes=1, gpus=1)
+    bid = await client.submit({"blockComponentURI": COMPONENT["componentURI"], "blockId": "crashy", "minInstances": 1,
+                               "maxInstances": 1, "parameters": {"sim": {"serviceTimeMs": 5}}})
+    kind, _ = await client.wait(bid, 60)
+    assert kind == "ready"
+    (old,) = (await ready_at(client, bid)).keys()
+    rec = (await client.store.instances(bid))[old]
+    block = await client.store.get_block(bid)
+    assert block is not None
+    gen = block["gen"]
+    # what the node's agent reports when the instance exits (the simulated fleet's runtime has no crash of its own)
+    await client.bus.emit(E.instance_failed, InstanceEvent(bid, gen, old, rec["node"], rec.get("gpus", []),
+                                                           reason="instance exited with code -9"))
+    async with asyncio.timeout(90):
+        while True:
+            after = {i: r for i, r in (await client.store.instances(bid)).items() if r["status"] == "running"}
+            if after and old not in after:
+                break
+            await asyncio.sleep(0.2)
+    after = await ready_at(client, bid, 60)
+    assert [r["node"] for r in after.values()] == ["c0-n0"] and old not in await client.store.instances(bid)
+    status, _, headers = await client.task(bid, b'{"n": 3}')
+    assert status == 200 and headers.get("Aios-Instance") in after, (status, headers)

@@ -73,6 +73,12 @@ def lost_request(iid: str) -> str:
     return f"{iid}:lost"
 
 
+def fault_request(iid: str, kind: str) -> str:
+    """The id of the reassignment that replaces instance ``iid`` after its agent reported it
+    ``failed`` / ``unhealthy`` (or the checker's ``replace``): one per instance and kind."""
+    return f"{iid}:{kind}"
+
+
 def on_removed(ev: InstanceEvent, view: View) -> list[Effect]:
     """An instance stopped (removed, start failed, lost, evicted): its reservation is released; a
     ``lost`` one of a live block is replaced first (the reassignment then removes this record), so
@@ -122,12 +128,12 @@ def on_fault(ev: InstanceEvent, kind: str, view: View, max_replacements: int) ->
         return verdict, []
     why = f"instance {ev.instance_id} {kind}: {ev.reason}"
     if verdict.action == "reassign":
-        return verdict, [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, why, f"{ev.instance_id}:{kind}",
+        return verdict, [Replace(ev.block_id, block["gen"], inst["cluster"], ev.instance_id, why, fault_request(ev.instance_id, kind),
                                  inst["node"])]
     if verdict.action == "fail_block":
         return verdict, fail_placing(ev.block_id, ev.gen, inst["cluster"], f"{why}; {verdict.why}", view)
     if verdict.action == "give_up":
-        failed = StepFailed(ev.block_id, block["gen"], "reassignment", f"{why}; {verdict.why}", f"{ev.instance_id}:{kind}")
+        failed = StepFailed(ev.block_id, block["gen"], "reassignment", f"{why}; {verdict.why}", fault_request(ev.instance_id, kind))
         return verdict, [publish(Emit(E.block_reassignment_failed, failed))]
     return verdict, []
 

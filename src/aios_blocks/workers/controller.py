@@ -325,19 +325,21 @@ async def _replacement_failed(
         # never became ready and cannot replace what it lost: its story ends here
         await _fail_placing(w, ev.block_id, block["gen"], inst_cluster=old["cluster"],
                             reason=f"replacement of {ev.instance_id} could not be placed: {reason}")
-    elif _lost(ev):
-        # a ready block's instance that is gone (its agent started again without it): released
-        # anyway, as the stream's ``removed`` already says; the reconciler then asks for the
-        # instance the block is short of, on any node, its own too
+    elif _gone(ev):
+        # a ready block's instance that runs nowhere (its agent started again without it, or it
+        # exited): released anyway, its agent told to tear down what is left of it; the reconciler
+        # then asks for the instance the block is short of, on any node, its own too
         await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
 
 
-def _lost(ev: ReassignRequest) -> bool:
-    """A replacement of an instance that is gone: the lifecycle's answer to a ``removed`` of reason
-    ``lost`` (``handlers.lifecycle.on_removed``, request ``lost_request(iid)``; an operator's has an
-    id of its own). Its reservation holds nothing that runs, and the fold of the stream has dropped
-    it already."""
-    return ev.request_id == lc.lost_request(ev.instance_id)
+def _gone(ev: ReassignRequest) -> bool:
+    """A replacement of an instance that runs nowhere: the lifecycle's answer to a ``removed`` of
+    reason ``lost`` (``handlers.lifecycle.on_removed``, request ``lost_request(iid)``; the fold of the
+    stream has dropped it already) or to its agent's ``failed`` (it exited or could not start:
+    ``fault_request(iid, "failed")``). Its reservation holds nothing that runs: kept, a crashed
+    instance of a full node (a one-node cluster the block fills) was never replaced. An operator's
+    request has an id of its own; an ``unhealthy`` instance or the checker's ``replace`` may still run."""
+    return ev.request_id in (lc.lost_request(ev.instance_id), lc.fault_request(ev.instance_id, "failed"))
 
 
 # -- the block lifecycle facts -----------------------------------------------------------------------
