@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from aios_blocks.cli.app import app
@@ -126,8 +127,11 @@ async def test_removing_a_quota_that_is_not_there_is_refused(system: System) -> 
     assert r.returncode == 1 and "no quota for tenant 'nobody'" in r.stderr, r.stdout + r.stderr
 
 
-async def test_a_preemption_dry_run_whose_policy_fails_exits_1_and_says_why_as_written(system: System, tmp_path: Path) -> None:
+async def test_a_preemption_dry_run_whose_policy_fails_exits_1_and_says_why_as_written(
+        system: System, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--json printed the policy's "error" and exited 0; the text output read its brackets as markup."""
+    monkeypatch.setenv("AIOS_POLICY_TIMEOUT_S", "120")  # the CLI's own call, on a loaded machine: fails, not times out
+    monkeypatch.setenv("AIOS_STARLARK_CALL_TIMEOUT_S", "120")
     await _ok(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "1")
     spec = tmp_path / "b.json"
     spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "b", "minInstances": 1, "maxInstances": 1}))
