@@ -87,10 +87,13 @@ async def test_rebalance_dry_run_lists_the_move_and_changes_nothing(system: Syst
     assert (await system.client.store.get_block("p") or {})["status"] == "pending"
 
 
-async def test_rebalance_and_preempt_dry_runs_run_a_policy_of_the_registry(system: System, tmp_path: Path) -> None:
+async def test_rebalance_and_preempt_dry_runs_run_a_policy_of_the_registry(system: System, tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """``blocks rebalance --policy registry:NAME --dry-run`` (docs/rebalance.md, as written) and
     ``blocks preempt --dry-run --policy registry:NAME`` run the system's stored version. The CLI's
     policy runtime had no registry: both answered 'no policy registry available' (exit 1 / no plan)."""
+    monkeypatch.setenv("AIOS_POLICY_TIMEOUT_S", "120")  # the CLI's own calls, on a loaded machine
+    monkeypatch.setenv("AIOS_STARLARK_CALL_TIMEOUT_S", "120")
     await _fragmented(system)
     await system.client.submit(spec("p", 4))
     await _status(system, "p", "pending")
