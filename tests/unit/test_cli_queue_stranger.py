@@ -209,3 +209,29 @@ def test_trace_replay_refuses_outputs_it_could_not_write_before_replaying(cli: C
     out = " ".join(r.output.split())
     assert f"--json {tmp_path / 'no' / 'o.json'}: there is no directory {tmp_path / 'no'}" in out, out
     assert f"--plot {tmp_path}: is a directory" in out and "--policy bogus" in out and "allocation" not in out, out
+
+
+def test_top_of_a_block_without_metrics_says_so_at_once_live_too(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The live view of an unknown block drew an empty table every second, saying nothing."""
+    import asyncio
+
+    from aios_blocks.cli import blocks, top
+
+    reads = []
+
+    async def read(store: object, bid: str | None) -> dict[str, object]:
+        reads.append(bid)
+        if len(reads) > 1:
+            raise KeyboardInterrupt  # (Ctrl-C) the old code's second refresh
+        return {"block": None, "instances": {}}
+
+    class C:
+        store = None
+
+    monkeypatch.setattr(top, "read", read)
+    monkeypatch.setattr(blocks, "_request", lambda fn, *a, **k: asyncio.run(fn(C())))
+    for args in (["top", "nope", "--interval", "0.1"], ["top", "nope", "--once"]):
+        reads.clear()
+        r = cli.invoke(app, args)
+        assert r.exit_code == 1 and "no metrics for block nope" in r.output, (args, r.output)
+        assert "┏" not in r.output, r.output  # no empty table

@@ -421,7 +421,7 @@ def top(
 ) -> None:
     """Live per-block or per-instance in-flight, task rate, latency and errors, from the metrics
     collector's windows (docs/metrics.md; `blocks up` runs a collector). Ctrl-C stops. Exit 1
-    when the collector has nothing for BID (yet).
+    at once (the live view too) when the collector has nothing for BID (yet).
 
     Example: `blocks top`, `blocks top blk-1234`, `blocks top blk-1234 --json`
     """
@@ -436,14 +436,14 @@ def top(
 
     async def go(c: Client) -> int:
         data = await topview.read(c.store, bid)
+        if as_json:
+            print(json.dumps(data, indent=1, sort_keys=True))
+        if missing(data):  # said, not an empty table (the live view showed one for ever)
+            err.print(f"[red]no metrics for block {escape(bid or '')}[/] (unknown, not serving yet, or no collector: `blocks up` starts one)")
+            return 1
         if as_json or once:
-            if as_json:
-                print(json.dumps(data, indent=1, sort_keys=True))
-            else:
+            if not as_json:
                 console.print(topview.table(data, bid))
-            if missing(data):
-                err.print(f"[red]no metrics for block {escape(bid or '')}[/] (unknown, not serving yet, or no collector: `blocks up` starts one)")
-                return 1
             return 0
         if not console.is_terminal:  # piped: a Live view writes nothing until it ends (Ctrl-C, a kill)
             while True:
