@@ -160,3 +160,21 @@ async def test_a_tenants_users_streams_together_reserve_no_more_bytes_than_the_t
     finally:
         await main.close()
         await two.close()
+
+
+async def test_a_command_of_a_tenant_whose_connections_are_all_in_use_says_so_and_what_to_do(data_dir: Path) -> None:
+    """``blocks submit --tenant`` / ``tenant history -c`` while the tenant's connections are all in
+    use: the server's refusal and the flag to raise, not the ``Connection reset by peer`` of the
+    attempts after it (what it said), nor "cannot reach" alone."""
+    code, _, err = await blocks("tenant", "add", "tc", "--max-connections", "1", "--data-dir", str(data_dir))
+    assert code == 0, err
+    held = await open_all(data_dir, "tc", "main", 1)
+    assert len(held) == 1
+    try:
+        code, _, err = await blocks("tenant", "history", "blk-1", "-c", str(auth.credentials_path(data_dir, "tc", "main")))
+    finally:
+        await close(held)
+    assert code != 0
+    assert "maximum account active connections exceeded" in err, err
+    assert "--max-connections N" in err and "blocks tenant get T" in err, err
+    assert "Connection reset" not in err, err

@@ -19,3 +19,13 @@ def test_else_the_last_attempts_error_or_the_exceptions() -> None:
                              OSError()) == "[Errno 104] Connection reset by peer"
     assert why_not_connected([], TimeoutError("timed out")) == "timed out"
     assert why_not_connected([], TimeoutError()) == "TimeoutError"
+
+
+def test_a_connection_limits_refusal_is_the_cause_with_what_to_do() -> None:
+    # a tenant whose connections are all in use: the server says so and closes the connection, the
+    # next attempts end in a reset, and the command said only "Connection reset by peer"
+    errors = ["nats: 'maximum account active connections exceeded'", "[Errno 104] Connection reset by peer"]
+    why = why_not_connected(errors, ConnectionResetError())
+    assert why.startswith("nats: 'maximum account active connections exceeded': every connection the account may have")
+    assert "blocks tenant add T --max-connections N" in why and "blocks tenant get T" in why
+    assert "blocks tenant add" in why_not_connected(["nats: 'maximum connections exceeded'"], OSError())

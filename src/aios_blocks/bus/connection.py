@@ -96,14 +96,26 @@ class Unreachable(ConnectionError):
 RECONNECT_WAIT_S = 0.5
 
 
+#: what a server says when it refuses a connection, before it closes it: the credentials
+#: (``Authorization Violation``), or a connection limit, an account's (a tenant's share: its
+#: ``max_connections``) or the server's
+REFUSALS = ("authorization", "maximum account active connections exceeded", "maximum connections exceeded")
+
+#: said after a connection limit's refusal: which limit, and what to do
+LIMIT_HINT = ("every connection the account may have is in use; a tenant's limit is the tenant's, split across its "
+              "users (`blocks tenant get T` shows each user's share): close one of them, or raise it with "
+              "`blocks tenant add T --max-connections N`")
+
+
 def why_not_connected(errors: list[str], exc: BaseException) -> str:
-    """What to say of a first connection that failed: the server's refusal of the credentials
-    (``Authorization Violation``) when any attempt got it, as the cause (the server closes the
-    connection after it, so a later attempt's error is often only ``Connection reset by peer``),
-    else the last attempt's error, else the exception's."""
-    refused = [e for e in errors if "authorization" in e.lower()]
+    """What to say of a first connection that failed: the server's refusal (of the credentials,
+    ``Authorization Violation``, or for a connection limit) when any attempt got it, as the cause
+    (the server closes the connection after it, so a later attempt's error is often only
+    ``Connection reset by peer``), with what to do about a limit; else the last attempt's error,
+    else the exception's."""
+    refused = [e for e in errors if any(r in e.lower() for r in REFUSALS)]
     if refused:
-        return refused[-1]
+        return refused[-1] if "authorization" in refused[-1].lower() else f"{refused[-1]}: {LIMIT_HINT}"
     return errors[-1] if errors else (str(exc) or type(exc).__name__)
 
 
