@@ -561,3 +561,24 @@ async def test_real_gpus_reach_the_docker_engine_as_a_device_request(docker_imag
         for inst in await rt.list("gpu-n1"):
             await rt.stop(inst.handle, 0)
         await rt.close()
+
+
+async def test_a_docker_instance_that_exits_says_its_last_output(docker_image: str) -> None:
+    """The process runtime's exits carry the instance's last lines (its ``failed`` reason, a
+    side-car's ``sidecar.exited``); a container said only 'exited with code 3'."""
+    from aios_blocks.agent.runtime_docker import DockerRuntime
+
+    rt = DockerRuntime()
+    spec = LaunchSpec(instance_id="dies-1", block_id="dies", node_id="dock-n1", gen=1, image=docker_image,
+                      command=["sh", "-c", "echo starting; echo 'boom: no model at /models/x'; exit 3"])
+    try:
+        started = await rt.start(spec)
+        async with asyncio.timeout(30):
+            while (st := await rt.status(started.handle)) is not None and st.running:
+                await asyncio.sleep(0.1)
+        assert st is not None and st.exit_code == 3, st
+        assert st.detail == "last output 'starting | boom: no model at /models/x'", st
+    finally:
+        for inst in await rt.list("dock-n1"):
+            await rt.stop(inst.handle, 0)
+        await rt.close()

@@ -21,6 +21,7 @@ from docker.errors import APIError, DockerException, ImageNotFound, NotFound
 from docker.types import DeviceRequest
 
 from .runtime import LABEL_INSTANCE, LABEL_NODE, LaunchSpec, RuntimeError_, RuntimeInstance
+from .runtime_process import quoted_tail
 
 WORKDIR_IN_CONTAINER = "/aios/work"
 
@@ -106,7 +107,12 @@ class DockerRuntime:
 
     def _status(self, handle: str) -> RuntimeInstance | None:
         try:
-            return _instance(self.client().containers.get(handle))
+            container = self.client().containers.get(handle)
+            inst = _instance(container)
+            if not inst.running and not inst.detail:  # why it exited: its last lines, as the process runtime says
+                with contextlib.suppress(DockerException):
+                    inst.detail = quoted_tail(container.logs(tail=5).decode("utf-8", "replace"))
+            return inst
         except NotFound:
             return None
 

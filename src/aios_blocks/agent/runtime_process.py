@@ -186,6 +186,11 @@ def last_output(log: Path | None, lines: int = 2, limit: int = 300) -> str:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+    return quoted_tail(text, lines, limit)
+
+
+def quoted_tail(text: str, lines: int = 2, limit: int = 300) -> str:
+    """``last output '<line> | <line>'``: the last non-empty lines of an output, or ""."""
     tail = " | ".join([line.strip() for line in text.splitlines() if line.strip()][-lines:])
     return f"last output {tail[-limit:]!r}" if tail else ""
 
