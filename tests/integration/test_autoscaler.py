@@ -257,3 +257,29 @@ async def test_a_block_grows_under_load_and_shrinks_back_to_min_after_it(system:
     assert [(d["from"], d["to"]) for d in x["autoscaler"]["decisions"]] == [(d["current"], d["desired"]) for d in decisions]
     log = (system.data_dir / "nats.log").read_text()
     assert "Violation" not in log
+
+
+async def test_a_hung_policy_backs_off_from_when_it_failed_not_from_its_call(env: Env) -> None:
+    # the tick's reads (or the blocks ahead of it) take longer than the back-off (tick 1 s x 2):
+    # measured from the call alone, the back-off was over by the next tick, and the hung policy
+    # (whose thread may still be busy) was called again on a loaded machine
+    source, _ = BAD["as-hang"]
+    await env.admin.policy_put("phang", source, "python")
+    await env.block("as-hang", instances=3, inflight=40, policy={"policyRuleURI": "registry:phang"})
+    w = await env.worker()
+    scaler = Autoscaler(w, holder="copy-s")
+    live = scaler._live
+
+    async def slow_live() -> Any:
+        await asyncio.sleep(3 * SETTINGS.autoscale_tick_s)
+        return await live()
+
+    scaler._live = slow_live  # type: ignore[method-assign]
+    try:
+        first = await scaler.tick()
+        assert "timed out" in first["as-hang"].reason and "not called again" not in first["as-hang"].reason
+        await env.load("as-hang", 40)  # fresh metrics for the next tick
+        second = await scaler.tick()  # starts ~3.5 s after the first's now, inside the 2 s from the failure
+        assert "not called again" in second["as-hang"].reason, second["as-hang"].reason
+    finally:
+        await w.close()

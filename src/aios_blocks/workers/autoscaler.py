@@ -116,6 +116,7 @@ class Autoscaler:
         """Decide every block this copy holds the lease of: its live blocks with an autoscaler
         policy, split among the copies."""
         now = time.time() if now is None else now
+        begun = time.perf_counter()  # ``now``, on the clock a failure's time is read from
         samples, live = await self._live()
         candidates = [b for b in sorted(live) if b in self.irs and "autoscaler" in (self.irs[b][1].get("policies") or {})]
         held, handover = await self._lease(candidates, now)
@@ -130,7 +131,7 @@ class Autoscaler:
 
         async def one(bid: str) -> tuple[TickResult, a.State]:
             async with self._sem:
-                return await self.decide(now, bid, live[bid], self.irs[bid][1], samples[bid], data[bid])
+                return await self.decide(now, bid, live[bid], self.irs[bid][1], samples[bid], data[bid], begun)
 
         done = await asyncio.gather(*(one(b) for b in held), return_exceptions=True)
         out, states = _results(held, done)
@@ -174,7 +175,10 @@ class Autoscaler:
         return held, [b for b in held if b not in mine]
 
     async def decide(self, now: float, bid: str, gen: int, ir: BlockIR, sample: BlockSample,
-                     data: AutoscaleRead) -> tuple[TickResult, a.State]:
+                     data: AutoscaleRead, begun: float | None = None) -> tuple[TickResult, a.State]:
+        """One block's decision at ``now`` (the tick's time; ``begun``: ``time.perf_counter()`` then,
+        so that a failure's own time is ``now`` plus what passed since, whatever the block waited
+        for before its call: the tick's reads, the other blocks ahead of it in ``_sem``)."""
         state = _state_of(data.get("state"), gen)
         current = sum(1 for r in (data.get("instances") or {}).values() if r.get("status") != "removing")
         t = sample.get("t")
@@ -203,8 +207,12 @@ class Autoscaler:
         except (PolicyFailed, a.BadParameters) as exc:
             why = f"autoscaler policy {rule.get('policyRuleURI', '?')} {exc.reason}" if isinstance(exc, PolicyFailed) else str(exc)
             if isinstance(exc, PolicyFailed) and exc.reason.startswith(("timed out", "loading timed out")):
-                # from when it failed: loading it (a policy process starting) may have taken a while
-                state = a.timed_out(now + time.perf_counter() - started, state, self.s.autoscale_tick_s)
+                # from when it failed, not from the tick's start: loading it (a policy process
+                # starting), the tick's reads and the blocks decided before it may have taken a while
+                # (measured from its own call only, a loaded machine's next tick found the back-off
+                # over and called the hung policy again)
+                failed_at = now + time.perf_counter() - (started if begun is None else begun)
+                state = a.timed_out(failed_at, state, self.s.autoscale_tick_s)
             return await self._failed(now, bid, gen, rule, input_data, why, current, state, time.perf_counter() - started, logs)
         seconds = time.perf_counter() - started
         state = a.recovered(state)
