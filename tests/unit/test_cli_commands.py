@@ -348,3 +348,19 @@ def test_blocks_agent_names_every_bad_option_before_looking_for_servers(cli: Cli
                  "--memory must be MiB > 0, got -5"):
         assert part in out, (part, out)
     assert "No NATS" not in out and "agent failed" not in out
+
+
+@pytest.mark.parametrize("args", [["settings"], ["worker", "autoscaler"]])
+def test_settings_that_do_not_fit_are_bad_input_exit_2(args: list[str], tmp_path: Path) -> None:
+    """Each AIOS_* setting that does not fit is named (one line each) and the exit code is 2, bad
+    input, as for every other command's; it was 1 ('refused')."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
+    env.update(AIOS_AUTOSCALE_TICK_S="0", AIOS_HEALTH_INTERVAL_S="-1", AIOS_DATA_DIR=str(tmp_path / "data"),
+               AIOS_NATS_URL="nats://127.0.0.1:1", AIOS_REDIS_URL="redis://127.0.0.1:1/0")
+    r = subprocess.run([sys.executable, "-m", "aios_blocks.cli", *args], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "AIOS_AUTOSCALE_TICK_S" in r.stderr and "AIOS_HEALTH_INTERVAL_S" in r.stderr and "Traceback" not in r.stderr, r.stderr

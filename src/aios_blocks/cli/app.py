@@ -156,6 +156,13 @@ def run() -> None:
         if message.strip():  # (no arguments at all: the help was printed, nothing to add)
             err.print(f"[red]error:[/] {escape(message)}{hint}")
         sys.exit(int(getattr(exc, "exit_code", 2)))
+    except SystemExit as exc:  # AIOS_* settings that do not fit (settings.BadSettings, one line each): bad input
+        from ..settings import BadSettings
+
+        if not isinstance(exc, BadSettings):
+            raise
+        print(exc, file=sys.stderr)
+        sys.exit(2)
     except TimeoutError as exc:  # a request the server refused is never answered: say which, if so
         if os.environ.get("AIOS_DEBUG"):
             raise
