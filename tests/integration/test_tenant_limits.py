@@ -178,3 +178,25 @@ async def test_a_command_of_a_tenant_whose_connections_are_all_in_use_says_so_an
     assert "maximum account active connections exceeded" in err, err
     assert "--max-connections N" in err and "blocks tenant get T" in err, err
     assert "Connection reset" not in err, err
+
+
+async def test_a_tenants_first_user_is_not_removed_alone_and_tenant_add_brings_it_back(data_dir: Path) -> None:
+    """``tenant user remove T main`` took the tenant's account with it: ``submit --tenant T`` said
+    "no tenant", and ``tenant add T`` wrote a main.json whose password the server never got
+    ("no user 'main'", exit 1, each run another). Now: refused (exit 2, naming what to do), and a
+    first user an older version removed is brought back by ``tenant add T``."""
+    assert (await blocks("tenant", "add", "tm", "--data-dir", str(data_dir)))[0] == 0
+    assert (await blocks("tenant", "user", "add", "tm", "two", "--data-dir", str(data_dir)))[0] == 0
+    code, _, err = await blocks("tenant", "user", "remove", "tm", "main", "--data-dir", str(data_dir))
+    assert code == 2 and "'tm.main' is the first user of tenant 'tm'" in err and "blocks tenant remove tm" in err, err
+    assert "main" in auth.Secrets.load(data_dir, create=False).tenants["tm"]["users"]
+    await close([await login(data_dir, "tm", "main")])
+    # a data dir where it was removed (as before): tenant add gives it back, logging in
+    s = auth.Secrets.load(data_dir, create=False)
+    del s.tenants["tm"]["users"]["main"]
+    s.save()
+    auth.credentials_path(data_dir, "tm", "main").unlink()
+    code, _, err = await blocks("tenant", "add", "tm", "--data-dir", str(data_dir))
+    assert code == 0, err
+    assert "main" in auth.Secrets.load(data_dir, create=False).tenants["tm"]["users"]
+    await close([await login(data_dir, "tm", "main"), await login(data_dir, "tm", "two")])

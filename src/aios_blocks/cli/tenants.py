@@ -232,7 +232,7 @@ def tenant_user_add(
 @user_app.command("remove")
 def tenant_user_remove(tenant: str = typer.Argument(...), name: str = typer.Argument(...), data_dir: Path = DataDir) -> None:
     """Remove one of a tenant's users (its connections are closed; its share of the limits goes
-    back to the tenant's other users).
+    back to the tenant's other users). Not its first user, main (exit 2): that goes with the tenant.
 
     Example: `blocks tenant user remove team-a dashboard`
     """

@@ -722,7 +722,9 @@ def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, tim
         t.users.setdefault(tn.FIRST_USER, _token())
         if limits is not None:
             t.limits = limits
-        if new or limits is not None:  # the new limits split across its users (ValueError: which to raise)
+        # the new limits split across its users (ValueError: which to raise); a first user that an
+        # older version let `tenant user remove` take comes back (its file alone would not log in)
+        if new or limits is not None or tn.FIRST_USER not in old.users:
             tenant_usage.check(t, old, ep.nats, ep.nats_ca, s.nats.get(tn.MONITOR_USER))
             s.tenants[tenant] = t.to_dict()
             s.save()
@@ -778,6 +780,11 @@ def remove_tenant_user(data_dir: Path, tenant: str, user: str) -> bool:
         t = s.tenants.get(tenant)
         if t is None or user not in (t.get("users") or {}):
             return False
+        if user == tn.FIRST_USER:
+            raise ValueError(f"{tn.user_name(tenant, user)!r} is the first user of tenant {tenant!r}: its account "
+                             f"{tn.account(tenant)!r} (the streams made there) and the file `blocks submit --tenant {tenant}` "
+                             f"uses go with it, so it stays while the tenant does: remove the tenant (`blocks tenant remove "
+                             f"{tenant}`), or only users added with `blocks tenant user add`")
         del t["users"][user]
         s.save()
         reload_and_wait(ep.data_dir, s, 10.0)  # its share back to the others' accounts, in force on return
