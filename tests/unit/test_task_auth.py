@@ -62,6 +62,10 @@ def test_a_tenants_user_may_task_only_its_tenants_blocks(tmp_path: Path) -> None
     for user, tenant in (("ta.main", "tb"), ("ta.main", None), ("tb.main", "ta")):
         r = authorize(u[user], "b1", tenant)
         assert r is not None and r.status == 403 and user in r.reason
+    # said plainly: "tenant 'ta''s blocks" read as one odd quote
+    r = authorize(u["ta.main"], "b1", "tb")
+    assert r is not None and r.reason == ("user 'ta.main' may send tasks only to the blocks of tenant 'ta', "
+                                          "and block 'b1' is not one of them")
 
 
 def test_the_file_is_read_again_when_it_changes(tmp_path: Path) -> None:

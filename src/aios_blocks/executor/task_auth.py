@@ -95,7 +95,7 @@ def authorize(user: User, bid: str, block_tenant: str | None) -> Refused | None:
     tenant's, or no such block) a task: as over NATS, a tenant's user only its own tenant's blocks."""
     if user.tenant is None or user.tenant == block_tenant:
         return None
-    return Refused(403, f"user {user.name!r} may send tasks only to tenant {user.tenant!r}'s blocks, "
+    return Refused(403, f"user {user.name!r} may send tasks only to the blocks of tenant {user.tenant!r}, "
                         f"and block {bid!r} is not one of them")
 
 
