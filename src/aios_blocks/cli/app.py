@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import typer
 from rich.console import Console
@@ -150,12 +151,7 @@ def run() -> None:
     except typer.Exit as exc:
         sys.exit(exc.exit_code)
     except typer.TyperException as exc:  # usage errors: bad option values, missing arguments
-        ctx = getattr(exc, "ctx", None)
-        hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
-        message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
-        if message.strip():  # (no arguments at all: the help was printed, nothing to add)
-            err.print(f"[red]error:[/] {escape(message)}{hint}")
-        sys.exit(int(getattr(exc, "exit_code", 2)))
+        _usage_error(exc)
     except SystemExit as exc:  # AIOS_* settings that do not fit (settings.BadSettings, one line each): bad input
         from ..settings import BadSettings
 
@@ -166,19 +162,7 @@ def run() -> None:
     except TimeoutError as exc:  # a request the server refused is never answered: say which, if so
         if os.environ.get("AIOS_DEBUG"):
             raise
-        from ..bus.nats_bus import inbox_hint, recent_denials
-
-        denied = recent_denials()
-        if not denied:
-            err.print(f"[red]error:[/] {escape(_one_line(exc) or 'timed out')}")
-            sys.exit(2)
-        if hint := inbox_hint(denied[-1]):  # the answer could not be read: say what to set
-            err.print(f"[red]refused:[/] {escape(denied[-1])}: {escape(hint)}")
-            sys.exit(1)
-        role = f" (AIOS_ROLE={os.environ['AIOS_ROLE']})" if os.environ.get("AIOS_ROLE") else ""
-        err.print(f"[red]refused:[/] {escape(denied[-1])}: this command's NATS user{escape(role)} may not do that "
-                  "(docs/security.md lists each role's rights)")
-        sys.exit(1)
+        _timed_out(exc)
     except _input_errors() as exc:
         if os.environ.get("AIOS_DEBUG"):
             raise
@@ -190,6 +174,34 @@ def run() -> None:
         err.print(f"[red]{escape(_one_line(exc))}[/]")
         sys.exit(1)
     sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _usage_error(exc: typer.TyperException) -> NoReturn:
+    """A usage error (a bad option value, a missing argument): one line, the command's help named."""
+    ctx = getattr(exc, "ctx", None)
+    hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+    message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    if message.strip():  # (no arguments at all: the help was printed, nothing to add)
+        err.print(f"[red]error:[/] {escape(message)}{hint}")
+    sys.exit(int(getattr(exc, "exit_code", 2)))
+
+
+def _timed_out(exc: TimeoutError) -> NoReturn:
+    """A request never answered: the server's refusal it met, if any, and what to set (exit 1), else
+    the timeout (exit 2)."""
+    from ..bus.nats_bus import inbox_hint, recent_denials
+
+    denied = recent_denials()
+    if not denied:
+        err.print(f"[red]error:[/] {escape(_one_line(exc) or 'timed out')}")
+        sys.exit(2)
+    if hint := inbox_hint(denied[-1]):  # the answer could not be read: say what to set
+        err.print(f"[red]refused:[/] {escape(denied[-1])}: {escape(hint)}")
+        sys.exit(1)
+    role = f" (AIOS_ROLE={os.environ['AIOS_ROLE']})" if os.environ.get("AIOS_ROLE") else ""
+    err.print(f"[red]refused:[/] {escape(denied[-1])}: this command's NATS user{escape(role)} may not do that "
+              "(docs/security.md lists each role's rights)")
+    sys.exit(1)
 
 
 # -- the commands, in the order `blocks --help` lists them ----------------------------------------
