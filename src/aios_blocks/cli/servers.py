@@ -58,6 +58,8 @@ def up(
     """Start the embedded NATS+Redis (unless AIOS_*_URL are set) and every worker. Ctrl-C,
     SIGTERM or SIGHUP stop everything in order; if this process is killed outright, its servers
     and workers die with it. One `blocks up` per data dir: a second one exits 1 naming the first.
+    An embedded server or worker process that dies is started again (a server on its port, with its
+    data) and said; a server that dies 5 times within 60 s stops everything (exit 2).
 
     The worker kinds run grouped, three processes: front (parser, gateway and the services that
     watch running blocks: metrics, autoscaler, checker, rebalancer), the controller on its own, and serve

@@ -29,6 +29,7 @@ from rich.markup import escape
 from ..runtime import lifetime
 from ..runtime.auth import mask
 from ..runtime.embedded import EmbeddedServers, port_again, redis_version, write_whole
+from ..runtime.server_keeper import ServerKeeper, ServersGiveUp
 from ..runtime.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
 
 console = Console(soft_wrap=True)
@@ -129,8 +130,15 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
                 if not answers(url, port):
                     err.print(f"[yellow]warning[/]: nothing answers at {escape(mask(url))} ({what}): the workers keep "
                               f"trying until it does (their logs: {sup.log_dir})")
+        keeper = ServerKeeper(servers) if servers else None  # a dead embedded server is started again
         while True:
-            time.sleep(1)
+            time.sleep(0.2)
+            if keeper:
+                try:
+                    keeper.check()
+                except ServersGiveUp as exc:
+                    err.print(f"[red]error[/]: {escape(str(exc))}")
+                    raise SystemExit(2) from None
 
 
 def answers(url: str, default_port: int, timeout: float = 2.0) -> bool:

@@ -312,6 +312,19 @@ class EmbeddedServers:
             self.procs.remove(proc)
         self.start_nats()
 
+    def dead(self) -> list[tuple[str, int, int]]:
+        """The servers that exited on their own: (program, pid, exit status), each forgotten here
+        (``server_keeper.ServerKeeper`` starts it again with ``start_again``)."""
+        gone = [p for p in self.procs if p.poll() is not None]
+        for proc in gone:
+            self.procs.remove(proc)
+        return [(_program(p), p.pid, p.returncode) for p in gone]
+
+    def start_again(self, program: str) -> None:
+        """Start ``program`` (``nats-server``, ``redis-server``) again, on its port with its config
+        (rewritten from the current secrets) and data dir."""
+        {"nats-server": self.start_nats, "redis-server": self.start_redis}[program]()
+
     def start_redis(self) -> None:
         self.redis_port = self.redis_port or port_again(self.data_dir, "redis")
         rdir = self.data_dir / "redis"
