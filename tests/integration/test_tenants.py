@@ -119,6 +119,14 @@ async def test_a_default_client_of_a_tenant_runs_its_block_and_nothing_of_anothe
             while len(await c.store.instances("ta-b1")) != 2:
                 await asyncio.sleep(0.1)
         assert "aios.block.ta-b1.scale.target" in seen_a.subjects
+        # beyond maxInstances: the answer says what the block will reach, not only what was asked
+        reply = await a.request("aios.block.ta-b1.scale", b'{"target": 1000}', timeout=30)
+        answer = msgspec.json.decode(reply.data)
+        assert status(reply) == 200 and answer["target"] == 1000, reply.headers
+        hi = block["ir"]["maxInstances"]
+        assert answer["clamped"] == hi and answer["note"] == f"1000 lowered to maxInstances {hi}", answer
+        reply = await a.request("aios.block.ta-b1.scale", b'{"target": 2}', timeout=30)
+        assert status(reply) == 200 and msgspec.json.decode(reply.data)["clamped"] == 2
 
         # B: A's block is "no block of yours", whatever B asks; nothing changes
         for ask, body in (("task", b"{}"), ("scale", b'{"target": 3}'), ("scale", b""), ("delete", b"")):

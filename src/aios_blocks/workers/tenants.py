@@ -233,7 +233,7 @@ class TenantDesk:
         else:
             ack = await self.w.bus.emit(E.block_scale_target, ScaleTarget(bid, rid, target, "tenant request", "tenant",
                                                                            gen=gen))
-        return _answer(200, {"block_id": bid, "request_id": rid, "seq": ack.seq, **({"target": target} if target is not None else {})})
+        return _answer(200, {"block_id": bid, "request_id": rid, "seq": ack.seq, **_clamped(target, block)})
 
     async def _delete(self, bid: str, block: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
         if block.get("status") == "deleted":
@@ -424,3 +424,16 @@ async def history_page(js: Any, tenant: str, bid: str, block: Any, start: int, l
         events.append({"seq": m.seq, "subject": m.subject, "event": msgspec.json.decode(m.data)})
         size += len(m.data)
     return {"block_id": bid, "events": events, "next": nxt, "more": more}
+
+
+def _clamped(target: int | None, block: dict[str, Any]) -> dict[str, Any]:
+    """What a scale answer says of its target: as asked, what the controller will reach (clamped to
+    ``[minInstances, maxInstances]``, as ``blocks scale --to`` says it) and how (``note``); nothing for
+    a request of one more instance. It echoed a target of 1000 for a block of at most 4 alone."""
+    if target is None:
+        return {}
+    from ..handlers import scaling
+
+    ir = block.get("ir") or {}
+    clamped, note = scaling.clamp(target, int(ir.get("minInstances", 0)), int(ir.get("maxInstances", target)))
+    return {"target": target, "clamped": clamped, **({"note": note} if note else {})}
