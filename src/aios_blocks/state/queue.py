@@ -216,12 +216,18 @@ class Nominations:
     def __init__(self, r: Any):
         self.r = r
 
-    async def nominate(self, bid: str, gen: int, nodes: Iterable[str], until: float, moves: bool = False) -> None:
+    async def nominate(self, bid: str, gen: int, nodes: Iterable[str], until: float, moves: bool = False,
+                       replaces: str = "") -> None:
         """``moves``: the room is what moves for a block still waiting free (the rebalancer's,
-        docs/rebalance.md): held while it is ``pending`` too, not only on its way through selection."""
+        docs/rebalance.md): held while it is ``pending`` too, not only on its way through selection.
+        ``replaces``: the instance of a ``ready`` block that runs nowhere (lost, failed) and whose
+        replacement fits nowhere beside its reservation: the room it frees is held for the block's
+        missing instances while it is short (``workers.queue.nominees``)."""
         doc: dict[str, Any] = {"gen": gen, "nodes": sorted(nodes), "until": until}
         if moves:
             doc["moves"] = True
+        if replaces:
+            doc["replaces"] = replaces
         await self.r.hset(NOMINATED, bid, msgspec.json.encode(doc))
 
     async def all(self) -> dict[str, dict[str, Any]]:

@@ -24,6 +24,7 @@ from ..handlers import allocation as al
 from ..handlers import controller as h
 from ..handlers import faults, scaling
 from ..handlers import lifecycle as lc
+from ..handlers import queue as hq
 from ..handlers import stability as st
 from ..handlers.allocation import excluded
 from ..handlers.effects import Publish, ReadyIfRunning
@@ -63,6 +64,7 @@ from ..schemas.records import (
     wire_ir,
 )
 from ..schemas.spec import ID_RE, Cluster, Node
+from ..state.queue import Nominations
 from . import announce, moves, queue, reconciler
 from .allocate import Turn, allocate, first_reads, start, suspect_nodes
 from .base import Worker, bound
@@ -328,7 +330,12 @@ async def _replacement_failed(
     elif _gone(ev):
         # a ready block's instance that runs nowhere (its agent started again without it, or it
         # exited): released anyway, its agent told to tear down what is left of it; the reconciler
-        # then asks for the instance the block is short of, on any node, its own too
+        # then asks for the instance the block is short of, on any node, its own too. Until it
+        # has it, the room it frees is the block's (a nomination, as a preemptor's): a lower
+        # block the queue walker (poked by this release) or an allocation would place there took
+        # it for good, since a short block never preempts (docs/priority.md)
+        await Nominations(w.store.r).nominate(ev.block_id, block["gen"], [old["node"]], time.time() + hq.NOMINATION_S,
+                                              replaces=ev.instance_id)
         await _evict(w, ev.block_id, block["gen"], ev.cluster_id, ev.instance_id, old, f"evicted: {ev.reason}")
 
 

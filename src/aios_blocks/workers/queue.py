@@ -110,6 +110,9 @@ async def quota_view(w: Worker, exact: bool = False) -> tuple[hq.QuotaView | Non
 IN_FLIGHT = ("parsed", "selecting", "allocating")
 #: ... and one whose room moves make: also while it still waits for them
 MOVED_FOR = ("pending", *IN_FLIGHT)
+#: ... and a ready block short of instances whose lost or failed one's room is held for it
+#: (``Nominations.nominate(replaces=...)``)
+SHORT = ("ready",)
 
 
 async def nominate_moved_room(w: Worker, bid: str, output: Mapping[str, Any], hold_s: float) -> None:
@@ -127,21 +130,39 @@ async def nominate_moved_room(w: Worker, bid: str, output: Mapping[str, Any], ho
 async def nominees(w: Worker, scope: str | None = None, drop: bool = False, read: Mapping[str, str] | None = None
                    ) -> list[hq.Nominee]:
     """The preemptors retried and not placed yet (of ``scope``; None: all), whose room is held for
-    them (``handlers.queue.Nominee``). ``drop`` (the walker): a nomination whose block was placed,
-    waits again, is gone or whose hold ended is dropped. One read when none is held; ``read``:
+    them (``handlers.queue.Nominee``), and the ready blocks short of the instances whose room is
+    held for them (a lost one's, ``_short_of``). ``drop`` (the walker): a nomination whose block was
+    placed, waits again, is whole again, is gone or whose hold ended is dropped. One read when none is held; ``read``:
     the nominations' hash as the caller read it (``Nominations.all``'s), else read here."""
     noms = Nominations(w.store.r)
     out = []
     now = time.time()
     for bid, n in sorted((await noms.all() if read is None else Nominations.decode(read)).items()):
         block = await w.store.get_block(bid)
-        if (block is None or int(block["gen"]) != int(n.get("gen") or 0) or float(n.get("until") or 0) < now
-                or block["status"] not in (MOVED_FOR if n.get("moves") else IN_FLIGHT)):
+        ir = block["ir"] if block is not None else {}
+        if block is not None and n.get("replaces") and block["status"] == "ready":
+            ir = await _short_of(w, bid, ir, str(n["replaces"]))
+        if block is None or not _still_held(block, ir, n, now):
             if drop:
                 await noms.drop(bid)
         elif scope is None or scope_of(block["ir"]) == scope:
-            out.append(hq.Nominee(bid, block["ir"], tuple(n.get("nodes") or ())))
+            out.append(hq.Nominee(bid, ir, tuple(n.get("nodes") or ())))
     return out
+
+
+def _still_held(block: Mapping[str, Any], ir: BlockIR, n: Mapping[str, Any], now: float) -> bool:
+    """Whether nomination ``n`` still holds room for ``block`` (``ir``: its nominee's IR)."""
+    statuses = SHORT if n.get("replaces") else MOVED_FOR if n.get("moves") else IN_FLIGHT
+    return (int(block["gen"]) == int(n.get("gen") or 0) and float(n.get("until") or 0) >= now
+            and block["status"] in statuses and (not n.get("replaces") or int(ir.get("minInstances") or 0) > 0))
+
+
+async def _short_of(w: Worker, bid: str, ir: BlockIR, replaced: str) -> BlockIR:
+    """A short block's nominee: its IR with ``minInstances`` the instances it is short of (those
+    not on their way out, the replaced one left out: it runs nowhere); 0 once it is whole again."""
+    live = sum(1 for iid, r in (await w.store.instances(bid)).items()
+               if iid != replaced and r.get("status") != InstanceStatus.REMOVING)
+    return {**ir, "minInstances": max(int(ir.get("minInstances") or 0) - live, 0)}
 
 
 def _block_of(entries: list[hq.Entry], bid: str) -> Mapping[str, Any] | None:
