@@ -18,18 +18,6 @@ from aios_blocks.cli.main import app
 EXAMPLES = Path(__file__).resolve().parents[2] / "src" / "aios_blocks" / "examples"
 
 
-@pytest.fixture
-def cli(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> CliRunner:
-    """A runner with no servers to find: no AIOS_* in the environment, an empty data dir."""
-    import os
-
-    for key in [k for k in os.environ if k.startswith("AIOS_")]:
-        monkeypatch.delenv(key)
-    monkeypatch.setenv("AIOS_DATA_DIR", str(tmp_path / "data"))
-    monkeypatch.setenv("COLUMNS", "200")
-    return CliRunner()
-
-
 def _one_line(text: str) -> str:
     return " ".join(text.split())
 
