@@ -115,6 +115,18 @@ async def ready_at(client: Client, bid: str, timeout: float = 60) -> dict[str, A
     return {iid: r for iid, r in (await client.store.instances(bid)).items() if r["status"] == "running"}
 
 
+async def one_on_a_full_node(client: Client, bid: str) -> tuple[str, str]:
+    """Block ``bid`` of one instance, ready on the one GPU of the one node of cluster ``c0``: its id
+    and its instance's (a replacement fits nowhere while that instance holds the GPU)."""
+    await client.add_sim_cluster("c0", nodes=1, gpus=1)
+    await client.submit({"blockComponentURI": COMPONENT["componentURI"], "blockId": bid, "minInstances": 1,
+                         "maxInstances": 1, "parameters": {"sim": {"serviceTimeMs": 5}}})
+    kind, _ = await client.wait(bid, 60)
+    assert kind == "ready"
+    (old,) = (await ready_at(client, bid)).keys()
+    return bid, str(old)
+
+
 async def lost_fact(client: Client, bid: str, iid: str, seen: asyncio.Queue[dict[str, Any]]) -> None:
     """Every ``removed`` of the block's instance ``iid`` into ``seen`` (new events only)."""
     async for subject, env in client.follow(bid, from_start=False):
@@ -195,12 +207,7 @@ async def test_a_lost_instance_on_a_full_node_is_released_and_its_block_runs_aga
     from aios_blocks.recovery.invariants import check
 
     client = sys_.client
-    await client.add_sim_cluster("c0", nodes=1, gpus=1)
-    bid = await client.submit({"blockComponentURI": COMPONENT["componentURI"], "blockId": "one", "minInstances": 1,
-                               "maxInstances": 1, "parameters": {"sim": {"serviceTimeMs": 5}}})
-    kind, _ = await client.wait(bid, 60)
-    assert kind == "ready"
-    (old,) = (await ready_at(client, bid)).keys()
+    bid, old = await one_on_a_full_node(client, "one")
     seen: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
     follower = asyncio.ensure_future(lost_fact(client, bid, old, seen))
     await asyncio.sleep(0.3)  # the follower's consumer exists before the fleet goes
@@ -302,12 +309,7 @@ async def test_a_failed_instance_on_a_full_node_is_released_and_its_block_runs_a
     from aios_blocks.schemas.events import InstanceEvent
 
     client = sys_.client
-    await client.add_sim_cluster("c0", nodes=1, gpus=1)
-    bid = await client.submit({"blockComponentURI": COMPONENT["componentURI"], "blockId": "crashy", "minInstances": 1,
-                               "maxInstances": 1, "parameters": {"sim": {"serviceTimeMs": 5}}})
-    kind, _ = await client.wait(bid, 60)
-    assert kind == "ready"
-    (old,) = (await ready_at(client, bid)).keys()
+    bid, old = await one_on_a_full_node(client, "crashy")
     rec = (await client.store.instances(bid))[old]
     block = await client.store.get_block(bid)
     assert block is not None
