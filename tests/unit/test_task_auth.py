@@ -81,18 +81,20 @@ def test_the_file_is_read_again_when_it_changes(tmp_path: Path) -> None:
     assert tu.users() == {}
 
 
-def test_the_keeper_rewrites_the_file_when_the_secrets_change(tmp_path: Path) -> None:
+def test_the_file_is_written_with_the_secrets_and_for_a_data_dir_made_before_it(tmp_path: Path) -> None:
+    from aios_blocks.runtime.auth import Secrets
+
     auth_dir = tmp_path / "auth"
     auth_dir.mkdir()
-    secrets = auth_dir / "secrets.json"
-    secrets.write_text(json.dumps({"nats": NATS, "tenants": {}}))
-    keeper = task_users.Keeper(tmp_path)
-    assert keeper.sync() and not keeper.sync()  # written once, then only on a change
+    (auth_dir / "secrets.json").write_text(json.dumps({"nats": NATS, "tenants": {}}))  # no task-users.json yet
+    assert task_users.sync(tmp_path) == task_users.path(tmp_path)  # what blocks up does at start
     tu = TaskUsers(str(task_users.path(tmp_path)))
     assert sorted(tu.users()) == ["admin", "upstream"]
-    tmp = auth_dir / "secrets.json.tmp"  # as auth.write_private replaces it: whole
-    tmp.write_text(json.dumps({"nats": NATS, "tenants": TENANTS}))
-    os.replace(tmp, secrets)
-    assert keeper.sync() and "ta.two" in tu.users()
+    s = Secrets.load(tmp_path)  # a tenant user added by any process: written with the secrets
+    s.tenants = TENANTS
+    s.save()
+    assert "ta.two" in tu.users() and tu.users()["ta.two"].tenant == "ta"
     os.remove(task_users.path(tmp_path))
-    assert keeper.sync()  # a file removed is written again
+    Secrets.load(tmp_path).save()  # a file removed is written again
+    assert "ta.two" in TaskUsers(str(task_users.path(tmp_path))).users()
+    assert task_users.sync(tmp_path / "none") is None  # no secrets: nothing

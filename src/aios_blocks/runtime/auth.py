@@ -378,6 +378,10 @@ class Secrets:
                                              "event_key": self.event_key, "controllers": self.controllers,
                                              "tenants": self.tenants, "sidecars": self.sidecars, "observers": self.observers},
                                             indent=1))
+        # who may send tasks over the executors' HTTP port, as these secrets say (hashes, beside them)
+        from . import task_users
+
+        task_users.write(self.path, self.nats, self.tenants)
 
     def tenant_list(self) -> list[tn.Tenant]:
         return [tn.Tenant.from_dict(name, d) for name, d in sorted(self.tenants.items())]

@@ -182,8 +182,6 @@ class EmbeddedServers:
     #: JetStream's fsync interval (``nats_sync_env()``: AIOS_NATS_SYNC, default always)
     nats_sync: str = field(default_factory=nats_sync_env)
     _lock: lifetime.DataDirLock | None = None
-    #: keeps auth/task-users.json in step with the secrets (auth on)
-    _task_users: task_users.Keeper | None = None
 
     @property
     def endpoints(self) -> authn.Endpoints:
@@ -231,8 +229,9 @@ class EmbeddedServers:
             self.start_redis()
             if self.auth:
                 self.create_topology()
-                # who may send tasks over the executors' HTTP port (hashes), rewritten as the secrets change
-                self._task_users = task_users.Keeper(self.data_dir).start()
+                # who may send tasks over the executors' HTTP port (hashes): written here for a data dir
+                # made before the file was, then by every change of the secrets (``Secrets.save``)
+                task_users.sync(self.data_dir)
         except BaseException:
             self.stop()
             raise
@@ -356,9 +355,6 @@ class EmbeddedServers:
         return ["--include", str(conf)]
 
     def stop(self) -> None:
-        if self._task_users is not None:
-            self._task_users.stop()
-            self._task_users = None
         for proc in reversed(self.procs):
             if proc.poll() is None:
                 proc.terminate()

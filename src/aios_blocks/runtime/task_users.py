@@ -3,10 +3,10 @@
 Over NATS the server decides: the ``upstream`` and ``admin`` roles may request
 ``aios.block.B.task``, and a tenant's users their own blocks' (through the gateway's tenant desk).
 The executors' HTTP port asks for the same users with the same passwords (HTTP Basic), so it
-needs to know them. It is given **hashes**, not the passwords: the process that runs the embedded
-servers (``blocks up``: ``EmbeddedServers``) writes ``<data dir>/auth/task-users.json`` (0600), one
-salted SHA-256 per user that may send tasks, when it starts and again whenever ``secrets.json``
-changes (``Keeper``: tenant users added or removed by any ``blocks tenant`` command); the executor
+needs to know them. It is given **hashes**, not the passwords: ``<data dir>/auth/task-users.json``
+(0600), one salted SHA-256 per user that may send tasks, written beside ``secrets.json`` each time
+that is saved (``auth.Secrets.save``: tenant users added or removed by any ``blocks tenant``
+command) and when the embedded servers start (``sync``: a data dir made before it); the executor
 re-reads it when its stat changes (``executor.task_auth``). An executor
 process (the ``serve`` group, an executor on another host) then holds no password that would let
 it log in to NATS as the admin or as a tenant. The passwords are random 192-bit tokens
@@ -27,9 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
-import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -81,59 +79,11 @@ def env(data_dir: Path) -> dict[str, str]:
     return {"AIOS_EXECUTOR_HTTP_USERS": str(path(data_dir))}
 
 
-def exists(data_dir: Path) -> bool:
-    return os.path.exists(path(data_dir))
-
-
-def _stat(p: Path) -> tuple[int, int, int] | None:
+def sync(data_dir: Path) -> Path | None:
+    """Write the task users of the data dir's secrets (none there yet: nothing)."""
+    secrets_path = Path(data_dir).resolve() / "auth" / "secrets.json"
     try:
-        st = os.stat(p)
-    except OSError:
+        d = json.loads(secrets_path.read_text())
+    except FileNotFoundError:
         return None
-    return st.st_ino, st.st_size, st.st_mtime_ns
-
-
-class Keeper:
-    """Keeps ``task-users.json`` in step with ``secrets.json`` (both replaced whole, never written in
-    place): ``sync`` rewrites it when the secrets' stat changed since the last sync; ``start`` runs
-    that every ``interval`` seconds in a daemon thread of the process that runs the servers (a
-    tenant user added or removed by another process is let in or out within that)."""
-
-    def __init__(self, data_dir: Path, interval: float = 0.25):
-        self.secrets = Path(data_dir).resolve() / "auth" / "secrets.json"
-        self.interval = interval
-        self._seen: tuple[int, int, int] | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def sync(self) -> bool:
-        """Whether it wrote the file (the secrets changed, or it is missing)."""
-        key = _stat(self.secrets)
-        if key is None or (key == self._seen and exists(self.secrets.parent.parent)):
-            return False
-        try:
-            d = json.loads(self.secrets.read_text())
-        except (OSError, ValueError):  # replaced between the stat and the read: the next round
-            return False
-        write(self.secrets, d.get("nats") or {}, d.get("tenants") or {})
-        self._seen = key
-        return True
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self.sync()
-            except Exception:  # a full disk, say: keep trying; the executors keep the last file
-                continue
-
-    def start(self) -> Keeper:
-        self.sync()
-        self._thread = threading.Thread(target=self._run, name="task-users", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(5)
-            self._thread = None
+    return write(secrets_path, d.get("nats") or {}, d.get("tenants") or {})
