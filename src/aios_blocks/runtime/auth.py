@@ -35,7 +35,7 @@ from ..bus.catalog import EVENTS, E
 from ..schemas import roles
 from ..schemas.spec import ID_RE
 from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
-from . import tenant_usage
+from . import task_users, tenant_usage
 from . import tenants as tn
 from .locate import REDIS_ROLE, redis_role_url, with_userinfo  # noqa: F401  (the light half the CLI uses; re-exported)
 
@@ -378,10 +378,7 @@ class Secrets:
                                              "event_key": self.event_key, "controllers": self.controllers,
                                              "tenants": self.tenants, "sidecars": self.sidecars, "observers": self.observers},
                                             indent=1))
-        # who may send tasks over the executors' HTTP port, as these secrets say (hashes, beside them)
-        from . import task_users
-
-        task_users.write(self.path, self.nats, self.tenants)
+        task_users.write(self.path, self.nats, self.tenants)  # the executors' HTTP port's users (hashes), beside them
 
     def tenant_list(self) -> list[tn.Tenant]:
         return [tn.Tenant.from_dict(name, d) for name, d in sorted(self.tenants.items())]
