@@ -71,6 +71,12 @@ class Up:
     def __init__(self, data_dir: Path, proc: subprocess.Popen[bytes], url: str, token: str, nodes: int, gpus: int):
         self.data_dir, self.proc, self.url, self.token, self.nodes, self.gpus = data_dir, proc, url, token, nodes, gpus
 
+    def wait_desired(self, bid: str, n: int, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while get_json(f"{self.url}api/block/{bid}")["block"].get("desired") != n:
+            assert time.monotonic() < deadline, f"{bid} does not want {n} instances"
+            time.sleep(0.2)
+
     def wait_status(self, bid: str, status: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while True:
@@ -594,13 +600,16 @@ def test_an_observer_is_told_how_to_get_the_actions_and_the_page_loads_without_e
 
 def test_an_admins_scale_says_its_target_and_an_emptied_field_scales_nothing(up: Up, browser: Any) -> None:
     bid = submit(up.data_dir)  # (minInstances 1, maxInstances 4)
+    zero = submit(up.data_dir, minInstances=0)
     up.wait_status(bid, "ready")
+    up.wait_status(zero, "ready")
     admin = browser.new_context(viewport={"width": 1400, "height": 900}).new_page()
     asked: list[str] = []
+    accept = False
 
     def answer(d: Any) -> None:
         asked.append(d.message)
-        d.dismiss()
+        d.accept() if accept else d.dismiss()
     try:
         admin.on("dialog", answer)
         admin.goto(up.url + f"#token={up.token}")
@@ -616,9 +625,28 @@ def test_an_admins_scale_says_its_target_and_an_emptied_field_scales_nothing(up:
         admin.click("#scale-btn")
         expect(admin.locator("#action-result")).to_have_text("")  # (dismissed: nothing sent)
         assert asked == [f"scale block {bid} to 9 instances, from 1 (its maxInstances is 4: it gets 4)?"]
+        # the controller clamps to [minInstances, maxInstances]: 0 for a block of minInstances 1 keeps
+        # it at 1, serving (the confirmation said 'it stops serving', and the answer not what it got)
         admin.fill("#scale-target", "0")
         admin.click("#scale-btn")
-        assert asked[-1] == f"scale block {bid} to 0 instances, from 1: it stops serving?"
+        assert asked[-1] == f"scale block {bid} to 0 instances, from 1 (its minInstances is 1: it gets 1)?"
+        accept = True
+        admin.click("#scale-btn")
+        expect(admin.locator("#action-result")).to_contain_text(": 0 raised to minInstances 1")
+        # a block of minInstances 0 (ready with none) scaled to 1, then asked for 0, does stop serving
+        admin.goto(up.url + f"#/block/{zero}")
+        admin.wait_for_selector("#scale-btn")
+        admin.fill("#scale-target", "1")
+        admin.click("#scale-btn")
+        assert asked[-1] == f"scale block {zero} to 1 instance, from 0?"
+        expect(admin.locator("#action-result")).to_contain_text("scale requested")
+        up.wait_desired(zero, 1)
+        accept = False
+        admin.reload()
+        admin.wait_for_selector("#scale-btn")
+        admin.fill("#scale-target", "0")
+        admin.click("#scale-btn")
+        assert asked[-1] == f"scale block {zero} to 0 instances, from 1: it stops serving?"
     finally:
         admin.context.close()
     d = get_json(f"{up.url}api/block/{bid}")

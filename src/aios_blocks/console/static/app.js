@@ -342,7 +342,8 @@ async function viewBlock(root, bid) {
     run = async (what, url, body, detail) => {
       if (!confirm(`${what} ${body.instance ? "instance " + body.instance + " of " : ""}block ${bid}${detail || ""}?`)) return;
       let text;
-      try { const r = await action(url, body); text = `${what} requested (${r.request})`; } catch (e) { text = `${what} refused: ${e.message}`; }
+      // (a scale's answer says what the block will reach when it was clamped: '0 raised to minInstances 2')
+      try { const r = await action(url, body); text = `${what} requested (${r.request})` + (r.note ? `: ${r.note}` : ""); } catch (e) { text = `${what} refused: ${e.message}`; }
       state.lastAction = { bid, text };
       msg.textContent = text;
     };
@@ -352,10 +353,14 @@ async function viewBlock(root, bid) {
         const n = target.value.trim();
         if (!/^\d+$/.test(n)) { msg.textContent = "scale: give a whole number of instances, 0 or more"; return; }
         msg.textContent = "";
-        const hi = d.ir.maxInstances, want = Number(n);
-        const clamp = hi != null && want > hi ? ` (its maxInstances is ${hi}: it gets ${hi})` : "";
+        // (the controller clamps to [minInstances, maxInstances]: a block of minInstances 2 asked for 0
+        // keeps 2 and keeps serving, so only a target that stays 0 'stops serving')
+        const lo = d.ir.minInstances, hi = d.ir.maxInstances, want = Number(n);
+        const clamp = hi != null && want > hi ? ` (its maxInstances is ${hi}: it gets ${hi})`
+          : lo != null && want < lo ? ` (its minInstances is ${lo}: it gets ${lo})` : "";
+        const gets = hi != null && want > hi ? hi : lo != null && want < lo ? lo : want;
         run("scale", `/api/block/${encodeURIComponent(bid)}/scale`, { target: want },
-          ` to ${want} instance${want === 1 ? "" : "s"}, from ${b.desired ?? 0}` + (want === 0 ? ": it stops serving" : "") + clamp);
+          ` to ${want} instance${want === 1 ? "" : "s"}, from ${b.desired ?? 0}` + (gets === 0 && (b.desired ?? 0) > 0 ? ": it stops serving" : "") + clamp);
       } } }, "scale"),
       el("button", { id: "delete-btn", on: { click: () => run("delete", `/api/block/${encodeURIComponent(bid)}/delete`, {}) } }, "delete"), msg));
   } else if (PAST === null && !["deleted", "deleting", "rejected"].includes(b.status)) {
