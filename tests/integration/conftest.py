@@ -66,6 +66,20 @@ class System:
         return done
 
 
+async def desk_ready(client: Client, timeout: float = 60) -> None:
+    """Until the gateway's tenant desk answers (a history request of no block: 404): a tenant's
+    create reaches ``AIOS_INTAKE`` through it (``workers.tenants``), so a tenant's client that
+    publishes before the gateway runs finds no responders, as a real one would."""
+    subject = "aios.tenant._up.block._up.history"
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                await client.bus.nc.request(subject, b"", timeout=2)
+                return
+            except (nats.errors.NoRespondersError, nats.errors.TimeoutError):
+                await asyncio.sleep(0.1)
+
+
 @pytest.fixture
 async def system(tmp_path: Path) -> AsyncIterator[System]:
     data = tmp_path / "data"
@@ -80,6 +94,7 @@ async def system(tmp_path: Path) -> AsyncIterator[System]:
     client = await Client.open(nats_url, redis_url)
     await client.add_component(COMPONENT)
     try:
+        await desk_ready(client)
         yield System(servers, sup, client, data)
     finally:
         await client.close()

@@ -108,7 +108,13 @@ def test_only_the_controller_answers_requests_and_observers_write_nothing() -> N
     # accounts' service imports (the server names the reply subject) or from the admin
     gw = auth.permissions("gateway")
     assert gw is not None and gw.allow_responses and "aios.tenant.*.block.*.task" in gw.subscribe
-    assert not [p for p in gw.publish if p.startswith("aios.tenant.") and ".event." not in p]
+    # it takes a tenant's create where the server hands it (the desk) and stores it in AIOS_INTAKE,
+    # its Nats-Msg-Id scoped to the tenant; it publishes no other tenant subject but the relayed events
+    assert "aios.tenant.*.intake.*.create" in gw.subscribe
+    assert [p for p in gw.publish if p.startswith("aios.tenant.") and ".event." not in p] == ["aios.tenant.*.block.*.create"]
+    # the upstream may not store a create as a tenant's (only the desk does, with the tenant's scoped id)
+    upstream = auth.permissions("upstream")
+    assert upstream is not None and not [p for p in upstream.publish if p.startswith("aios.tenant.")]
     obs = auth.permissions("observer")
     assert obs is not None and not [p for p in obs.publish if p.startswith("aios.")]
     # observers keep consumers of their own (durable or ephemeral, pull or push), named after their user ...
@@ -169,7 +175,7 @@ def test_generated_config_is_accepted_by_nats_server(tmp_path: Path) -> None:
     assert '"tenant-team-a": {' in text and 'user: "team-a.main"' in text and 'user: "team-a.dash"' in text
     # the tenant's 3 connections split across its two users' accounts (docs/security.md "Per-tenant limits")
     assert "max_connections: 2" in text and "max_connections: 1" in text and "max_connections: 3" not in text
-    assert '"aios.tenant.team-a.block.*.create"' in text
+    assert '"aios.tenant.team-a.intake.*.create"' in text
     assert "aios.tenant.*" not in text.split('"tenant-team-a": {')[1]
     assert '"tenant-team-a.dash": {' in text  # each further user: an account of its own
 

@@ -32,7 +32,9 @@ def test_the_account_imports_only_its_own_subjects_and_may_publish_only_requests
     mine = conf.split('"tenant-acme": {')[1].split('"tenant-other": {')[0]
     assert "aios.tenant.other" not in mine and "max_connections: 5" in mine and "max_file: 1000" in mine
     for r in tn.REQUESTS:
-        assert f'subject: "aios.tenant.acme.block.*.{r}"}}, to: "aios.block.*.{r}"' in mine
+        assert f'subject: "{tn.import_subject("acme", r)}"}}, to: "aios.block.*.{r}"' in mine
+    # a create goes to the desk, which stores it with its Nats-Msg-Id scoped to the tenant (workers.tenants)
+    assert 'subject: "aios.tenant.acme.intake.*.create"}, to: "aios.block.*.create"' in mine
     assert 'subject: "aios.tenant.acme.event.block.>"' not in mine and '"aios.tenant.acme.event.>"' in mine
     perms = tn.user_permissions()
     assert '"aios.block.*.create"' in perms and "aios.block.*.ready" not in perms and '"aios.tenant' not in perms
@@ -50,7 +52,7 @@ def test_each_user_of_a_tenant_has_an_account_of_its_own_with_the_tenants_import
     assert 'user: "acme.dash"' in dash and "acme.main" not in dash and "max_connections: 2" in dash  # its share
     assert 'user: "acme.main"' in main and "acme.dash" not in main
     for r in tn.REQUESTS:
-        assert f'subject: "aios.tenant.acme.block.*.{r}"}}, to: "aios.block.*.{r}"' in dash
+        assert f'subject: "{tn.import_subject("acme", r)}"}}, to: "aios.block.*.{r}"' in dash
     assert '{stream: {account: "AIOS", subject: "aios.tenant.acme.event.>"}, to: "aios.block.>"}' in dash
     assert tn.credentials("acme", "dash", "pw2", "nats://h:1", None)["account"] == "tenant-acme.dash"
 

@@ -129,10 +129,11 @@ EXAMPLE_TIME = "2026-01-01T00:00:00.000000Z"
 
 def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
     """The NATS headers of a stored message (a core-NATS one has no message id)."""
-    if e.stored and e in CREATES:
+    if e in CREATES:
         msg_id: JSONObject = {"type": "string", "description": "optional, chosen by the publisher (its own retries are "
                                   "deduplicated within the stream's duplicate window); the CLI's is `k1:` + the keyed "
-                                  "digest of the envelope's `id`"}
+                                  "digest of the envelope's `id`; a tenant's is stored as `tenant:<t>:<its id>`, so "
+                                  "only the tenant's own retries are deduplicated"}
     else:
         msg_id = {"type": "string", "pattern": MSG_ID_PATTERN,
                   "description": "`k1:` + keyed BLAKE2b (hex, 20 bytes) of the logical id (the envelope's `id`; for a raw "
@@ -141,7 +142,7 @@ def _headers_schema(e: Event[Any], content_type: str) -> JSONObject:
     props: JSONObject = {"Content-Type": framing}
     if e.body is not Body.CORE:
         framing["enum"] = [content_type, "application/json"] if e in CREATES else [content_type]
-    if e.stored:
+    if e.stored or e in CREATES:
         props["Nats-Msg-Id"] = msg_id
     if e in TASKS:
         props.update(TASK_HEADERS)
@@ -486,7 +487,7 @@ EVENTS_BY_NAME = {e.name: e for e in EVENTS}
 E_CREATE = EVENTS_BY_NAME["block.create"]
 #: the creates, stored in AIOS_INTAKE as their publishers sent them (a block's, a tenant's): a
 #: CloudEvent or a bare spec, the Nats-Msg-Id the publisher's own
-CREATES = (E_CREATE, EVENTS_BY_NAME["tenant.block.create"])
+CREATES = (E_CREATE, EVENTS_BY_NAME["tenant.block.create"], EVENTS_BY_NAME["tenant.create.request"])
 #: the tasks (core NATS request/reply): any body in, the instance's answer (or an error) back on
 #: the requester's inbox (``reply_id``)
 TASKS = (EVENTS_BY_NAME["block.task"], EVENTS_BY_NAME["tenant.block.task"])

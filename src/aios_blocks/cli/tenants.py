@@ -315,7 +315,8 @@ def tenant_credentials(tenant: str | None, credentials: Path | None, data_dir: P
 async def submit_as_tenant(credentials: Path, spec: dict[str, Any], wait: bool, timeout: float, on_event: Any,
                            on_submitted: Any = None) -> tuple[str, int, str | None, dict[str, Any]]:
     """Publish ``spec`` as the tenant's create (``aios.block.B.create`` in its account: the server
-    makes it ``aios.tenant.T.block.B.create``; the PubAck's seq is the block's gen) and, with
+    hands it to the gateway, which stores it as ``aios.tenant.T.block.B.create``; the PubAck's seq
+    is the block's gen) and, with
     ``wait``, follow the tenant's relayed events of B (subscribed before the publish: the relay is
     live) until the one that ends this create, ``gen`` equal to it: (block id, gen, terminal kind or
     ``None`` without ``wait``, its event). ``TimeoutError`` past ``timeout``. ``on_submitted(bid,
@@ -325,6 +326,7 @@ async def submit_as_tenant(credentials: Path, spec: dict[str, Any], wait: bool, 
     import uuid
 
     import nats.errors
+    from nats.js.errors import NoStreamResponseError
 
     from ..bus import subjects
     from ..bus.catalog import E
@@ -346,7 +348,8 @@ async def submit_as_tenant(credentials: Path, spec: dict[str, Any], wait: bool, 
         try:
             ack = await nc.jetstream(timeout=10).publish(E.block_create.subject(bid=bid), body, headers={
                 "Content-Type": "application/cloudevents+json", "Nats-Msg-Id": msg_id})
-        except (nats.errors.NoRespondersError, nats.errors.TimeoutError) as exc:
+        except (nats.errors.NoRespondersError, NoStreamResponseError, nats.errors.TimeoutError) as exc:
+            # (no responders: the gateway, which stores a tenant's create, is not running)
             raise LookupError(f"the system did not take the create ({type(exc).__name__}): is `blocks up` running, "
                               "and the tenant still there (`blocks tenant list`)?") from None
         if on_submitted is not None:

@@ -4,12 +4,13 @@ The embedded nats-server keeps the system's users (one per role, one per node ag
 account ``AIOS``, and each tenant in an account of its own, ``tenant-<name>``. A tenant's account
 sees nothing of ``AIOS`` but what ``AIOS`` exports to it alone, under the tenant's own subjects:
 
-* its requests, as **service** imports: what its clients send on ``aios.block.B.create`` (a
-  JetStream publish: the stream ``AIOS_INTAKE`` stores it and its PubAck goes back),
-  ``aios.block.B.task``, ``aios.block.B.scale``, ``aios.block.B.delete`` and ``aios.block.B.history``
-  (core requests) reaches
-  ``AIOS`` as ``aios.tenant.<name>.block.B.<request>``: the server puts the tenant's name in the
-  subject, so no client can speak for another tenant;
+* its requests, as **service** imports: what its clients send on ``aios.block.B.task``,
+  ``aios.block.B.scale``, ``aios.block.B.delete`` and ``aios.block.B.history`` (core requests)
+  reaches ``AIOS`` as ``aios.tenant.<name>.block.B.<request>``, and ``aios.block.B.create`` (a
+  JetStream publish) as ``aios.tenant.<name>.intake.B.create``, where the gateway's desk stores it
+  in ``AIOS_INTAKE`` (as ``aios.tenant.<name>.block.B.create``, its ``Nats-Msg-Id`` scoped to the
+  tenant: ``scoped_msg_id``) and answers the stream's PubAck: the server puts the tenant's name in
+  the subject, so no client can speak for another tenant, nor suppress another's create;
 * its blocks' events, as a **stream** import: the gateway relays each stored ``aios.block.B.…``
   event of a block the tenant owns to ``aios.tenant.<name>.event.B.…``, which the tenant's
   clients receive as ``aios.block.B.…``.
@@ -91,8 +92,31 @@ def event_subject(tenant: str, subject: str) -> str:
     return f"{ROOT}.tenant.{tenant}.event.{subject.removeprefix(ROOT + '.block.')}"
 
 
-#: a tenant's requests as the gateway's tenant desk takes them (``workers.tenants``)
-REQUESTS_ALL = tuple(request_subject("*", r) for r in REQUESTS if r != "create")
+def import_subject(tenant: str, request: str, bid: str = "*") -> str:
+    """Where the server hands a tenant's request to ``AIOS`` (the service import's subject): a
+    create to the gateway's desk, ``aios.tenant.<t>.intake.<bid>.create``, which stores it in
+    ``AIOS_INTAKE`` as ``request_subject(t, "create")`` with its ``Nats-Msg-Id`` scoped to the tenant
+    (``scoped_msg_id``); any other request at ``request_subject``, where the desk answers it."""
+    if request == "create":
+        return f"{ROOT}.tenant.{tenant}.intake.{bid}.create"
+    return request_subject(tenant, request, bid)
+
+
+#: the prefix of a tenant's create's ``Nats-Msg-Id`` in ``AIOS_INTAKE``
+MSG_ID_PREFIX = "tenant:"
+
+
+def scoped_msg_id(tenant: str, msg_id: str) -> str:
+    """A tenant's create's ``Nats-Msg-Id`` as stored: ``tenant:<t>:<the client's>``. JetStream
+    deduplicates a stream's messages by that header whoever sent them; scoped, a tenant's retries
+    are still dropped as repeats, and no other publisher (another tenant, ``upstream``) can send
+    an id that drops it, nor learn from a ``duplicate`` PubAck that it was used."""
+    return f"{MSG_ID_PREFIX}{tenant}:{msg_id}"
+
+
+#: a tenant's requests as the gateway's tenant desk takes them (``workers.tenants``): the create's
+#: first (``import_subject``)
+REQUESTS_ALL = tuple(import_subject("*", r) for r in REQUESTS)
 
 
 def _replayable() -> tuple[str, ...]:
@@ -235,7 +259,7 @@ def exports(tenants: list[Tenant]) -> list[str]:
     out = []
     for t in tenants:
         for r in REQUESTS:
-            out.append(f"{{service: {json.dumps(request_subject(t.name, r))}}}")
+            out.append(f"{{service: {json.dumps(import_subject(t.name, r))}}}")
         out.append(f"{{stream: {json.dumps(event_subject(t.name, f'{ROOT}.block.>'))}}}")
     return out
 
@@ -250,7 +274,7 @@ def account_block(t: Tenant) -> str:
 def _user_account(t: Tenant, user: str, password: str, share: Mapping[str, int] | None = None) -> str:
     lim = share if share is not None else shares(t).get(user) or asdict(t.limits)
     sys_ = json.dumps(SYSTEM_ACCOUNT)
-    imports = [f"{{service: {{account: {sys_}, subject: {json.dumps(request_subject(t.name, r))}}}, "
+    imports = [f"{{service: {{account: {sys_}, subject: {json.dumps(import_subject(t.name, r))}}}, "
                f"to: {json.dumps(f'{ROOT}.block.*.{r}')}}}" for r in REQUESTS]
     imports.append(f"{{stream: {{account: {sys_}, subject: {json.dumps(event_subject(t.name, f'{ROOT}.block.>'))}}}, "
                    f"to: {json.dumps(f'{ROOT}.block.>')}}}")

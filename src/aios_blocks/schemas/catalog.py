@@ -382,10 +382,18 @@ class E:
         stored=False, body=Body.CORE, responders=(Role.EXECUTOR,),
     )
     # -- tenants (docs/security.md "Tenants"): a tenant account's requests reach AIOS under its name -----
+    tenant_create_request: Event[Any] = Event(
+        "tenant.create.request", f"{_T}.intake.{{bid}}.create", None, (TN,),
+        "a tenant's create as its clients send it (a JetStream publish of aios.block.B.create in its own account; the "
+        "server adds the tenant's name), not stored here: the gateway stores it in AIOS_INTAKE as tenant.block.create, "
+        "its Nats-Msg-Id scoped to the tenant (tenant:<t>:<id>, so no other publisher's id can suppress it), and "
+        "answers the stream's PubAck",
+        stored=False, responders=(G,),
+    )
     tenant_block_create: Event[Any] = Event(
-        "tenant.block.create", f"{_T}.block.{{bid}}.create", None, (TN,),
-        "a tenant's create (its clients publish aios.block.B.create in its own account; the server adds the "
-        "tenant's name): stored as sent in AIOS_INTAKE like block.create, the parser labels the block with the tenant",
+        "tenant.block.create", f"{_T}.block.{{bid}}.create", None, (G,),
+        "a tenant's create, stored as sent in AIOS_INTAKE like block.create by the gateway (tenant.create.request), "
+        "its Nats-Msg-Id tenant:<t>:<the client's>; the parser labels the block with the tenant",
         stream=STREAM_INTAKE,
     )
     tenant_block_task: Event[Any] = Event(

@@ -9,6 +9,12 @@ NATS account, and what goes back to it.
   ``{"target": n}`` body) or ``cluster.scale`` (one more instance), a delete ``block.delete``.
   Any other block, another tenant's or none, is answered ``Aios-Status: 404`` alike: a tenant
   cannot tell another's block from a missing one.
+* **Creates.** A tenant's client publishes ``aios.block.B.create`` (JetStream) in its account; the
+  server hands it here as ``aios.tenant.<t>.intake.B.create``, and the desk stores it in
+  ``AIOS_INTAKE`` as ``aios.tenant.<t>.block.B.create`` with its ``Nats-Msg-Id`` scoped to the
+  tenant (``tenant:<t>:<id>``), then answers the stream's PubAck. JetStream drops a message whose
+  id another publisher used within the duplicate window: stored as sent, one tenant's guessed id
+  suppressed another's create (and its ``duplicate`` PubAck said the id was used).
 * **Events.** Every stored event of a block (``aios.block.B.…``) is relayed to
   ``aios.tenant.<owner>.event.B.…``, which only the owner's account imports (as
   ``aios.block.B.…``). A create's ``submitted`` and ``rejected`` go to the tenant that sent that
@@ -136,6 +142,28 @@ class _Labelled(msgspec.Struct):
 _LABELS = msgspec.json.Decoder(_Labelled)
 
 
+#: how long the desk waits for ``AIOS_INTAKE``'s PubAck of a tenant's create (a client's own
+#: JetStream publish gives up sooner, 5 s by default in nats-py, 5 s in nats.js)
+CREATE_TIMEOUT_S = 10.0
+#: headers of a tenant's create that ask about the whole stream (another publisher's last message):
+#: not passed on, so they cannot tell a tenant anything of another's creates
+STREAM_WIDE = frozenset({"Nats-Expected-Last-Sequence", "Nats-Expected-Last-Msg-Id"})
+
+
+def create_headers(tenant: str, headers: dict[str, str] | None) -> dict[str, str] | None:
+    """A tenant's create's headers as stored: its ``Nats-Msg-Id`` scoped (``tn.scoped_msg_id``),
+    the stream-wide expectations dropped, the rest as sent (``Content-Type``, a CloudEvent's)."""
+    out = {k: v for k, v in (headers or {}).items() if k not in STREAM_WIDE}
+    if out.get("Nats-Msg-Id"):
+        out["Nats-Msg-Id"] = tn.scoped_msg_id(tenant, out["Nats-Msg-Id"])
+    return out or None
+
+
+def _stream_error(code: int, description: str) -> bytes:
+    """An answer shaped as JetStream's own error reply (clients raise it as an API error)."""
+    return msgspec.json.encode({"error": {"code": code, "description": description}})
+
+
 def _answer(status: int, body: dict[str, Any]) -> tuple[bytes, dict[str, str]]:
     headers = {"Aios-Status": str(status), "Content-Type": "application/json"}
     if status >= 400:
@@ -204,6 +232,28 @@ class TenantDesk:
             body, headers = _answer(500, {"error": f"{type(exc).__name__}: {exc}"})
         log.info("tenant.request", tenant=tenant, block=bid, request=event.name, status=headers["Aios-Status"])
         await self.w.bus.nc.publish(msg.reply, body, headers=headers)
+
+    async def on_create(self, msg: Any) -> None:
+        """A tenant's create as its client sent it (``tenant.create.request``): stored in
+        ``AIOS_INTAKE`` as ``tenant.block.create``, its ``Nats-Msg-Id`` scoped to the tenant
+        (``create_headers``), and the stream's answer (its PubAck, or its error) sent back as the
+        server would have. A core publish without a reply is stored all the same."""
+        toks = E.tenant_create_request.match(msg.subject)
+        if toks is None or (msg.reply or "").startswith("$JS."):
+            return
+        tenant, bid = toks["tenant"], toks["bid"]
+        stored = tn.request_subject(tenant, "create", bid)
+        try:
+            ack = await self.w.bus.nc.request(stored, msg.data, timeout=CREATE_TIMEOUT_S,
+                                              headers=create_headers(tenant, msg.headers))
+            body = ack.data
+        except nats.errors.NoRespondersError:
+            body = _stream_error(503, f"no stream takes {stored}: the intake stream {subjects.STREAM_INTAKE} is missing")
+        except nats.errors.TimeoutError:
+            body = _stream_error(503, f"the intake stream {subjects.STREAM_INTAKE} did not answer in {CREATE_TIMEOUT_S:g} s")
+        log.info("tenant.create", tenant=tenant, block=bid, stored=body[:120].decode(errors="replace"))
+        if msg.reply:
+            await self.w.bus.nc.publish(msg.reply, body)
 
     async def _task(self, bid: str, msg: Any) -> tuple[bytes, dict[str, str]]:
         try:
@@ -345,7 +395,8 @@ class TenantDesk:
 
     # -- running -----------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
-        subs = [await self.w.bus.subscribe(s, self.on_request, queue=DESK_QUEUE) for s in tn.REQUESTS_ALL]
+        subs = [await self.w.bus.subscribe(s, self.on_create if s == tn.import_subject("*", "create") else self.on_request,
+                                           queue=DESK_QUEUE) for s in tn.REQUESTS_ALL]
         subs.append(await self.w.bus.subscribe(subjects.block_all(), self.on_event, queue=RELAY_QUEUE))
         try:
             await stop.wait()
