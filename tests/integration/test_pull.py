@@ -143,3 +143,34 @@ async def test_messages_delivered_and_not_taken_are_given_back_at_stop(bus: Bus)
         assert len(set(got)) == 3
     finally:
         await second.stop()
+
+
+async def test_a_runner_stops_without_waiting_out_its_idle_take_and_loses_nothing(bus: Bus) -> None:
+    """``stop`` ends a consumer runner whose take is waiting on an idle consumer at once, not at
+    its request's expiry (an hour here; the agent's is 5 s, a worker's 1 s: every `blocks agent`
+    and worker stop waited that out). A message published after the stop is not swallowed by the
+    request left open: the next copy takes it now (the consumer's ack wait is an hour)."""
+    from aios_blocks.bus.runner import ConsumerRunner, Delivery, RunnerOptions
+
+    await bus.js.add_consumer(subjects.STREAM, ConsumerConfig(
+        durable_name="pull-stop", filter_subject="aios.cluster.pull-test.*", ack_policy=AckPolicy.EXPLICIT, ack_wait=TIMEOUT))
+    handled: list[Delivery] = []
+
+    async def handler(d: Delivery) -> None:
+        handled.append(d)
+
+    spec = subjects.ConsumerSpec("pull-stop", ("aios.cluster.pull-test.*",))
+    runner = ConsumerRunner(bus, spec, handler, RunnerOptions(fetch_timeout_s=TIMEOUT, handoff=False))
+    stop = asyncio.Event()
+    running = asyncio.create_task(runner.run(stop))
+    await _waiting(bus, "pull-stop", 1)  # its take has asked, with nothing there
+    stop.set()
+    async with asyncio.timeout(GUARD):  # a runner that waited for its take's expiry is still running
+        await running
+    assert handled == []
+    await _publish(bus, 1, "after-stop")
+    second = await bus.puller(subjects.STREAM, "pull-stop")
+    try:
+        assert len(await _take_all(second, 1, 128)) == 1  # now, not after the hour's ack wait
+    finally:
+        await second.stop()

@@ -208,15 +208,27 @@ class ConsumerRunner:
     # -- batches in flight (shared with CoreRunner) ------------------------------------------------
     async def _batches(self, stop: asyncio.Event, take: Callable[[int], Awaitable[list[Any] | None]]) -> None:
         """Until ``stop``: ``take(n)`` up to n messages (``None`` or ``[]``: idle) and handle them
-        as a batch of its own task; at most ``concurrency`` messages in the batches in flight."""
-        while not stop.is_set():
-            free = self.options.concurrency - self._taken
-            if free <= 0:
-                await asyncio.wait(self._inflight, return_when=asyncio.FIRST_COMPLETED)
-                continue
-            msgs = await take(min(self.options.batch, free))
-            if msgs:
-                self._start(msgs)
+        as a batch of its own task; at most ``concurrency`` messages in the batches in flight. A
+        take still waiting when ``stop`` is set is cancelled (what reaches a puller after that, its
+        ``stop`` gives back): a stop does not wait out an idle fetch's timeout."""
+        stopped = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.options.concurrency - self._taken
+                if free <= 0:
+                    await asyncio.wait({*self._inflight, stopped}, return_when=asyncio.FIRST_COMPLETED)
+                    continue
+                taking = asyncio.ensure_future(take(min(self.options.batch, free)))
+                await asyncio.wait((taking, stopped), return_when=asyncio.FIRST_COMPLETED)
+                if not taking.done():
+                    taking.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await taking
+                    break
+                if msgs := taking.result():
+                    self._start(msgs)
+        finally:
+            stopped.cancel()
 
     def _start(self, msgs: list[Any]) -> None:
         self._taken += len(msgs)
