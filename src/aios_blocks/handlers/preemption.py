@@ -121,10 +121,11 @@ def _gpus_freed(data: Mapping[str, Any], victims: Mapping[str, list[str]]) -> in
 
 
 def events(data: Mapping[str, Any], output: Mapping[str, Any], gen: int, request_id: str,
-           reason: str = PreemptReason.PRIORITY) -> list[Emit]:
+           reason: str = PreemptReason.PRIORITY, short: int = 0) -> list[Emit]:
     """The events of a preemption the policy chose (``output``, on the input ``data``): one
     ``block.preempted`` per victim block (the preemptor, the reason, the instances it loses and
-    where they were), then the preemptor's ``block.preempting`` (its victims, the GPUs freed).
+    where they were), then the preemptor's ``block.preempting`` (its victims, the GPUs freed;
+    ``short``: the missing instances of a short ready preemptor it is for, 0 for a waiting one).
     None when it chose no victim. The controller's step emits them (a later session)."""
     victims = _victims(data, output)
     if not victims:
@@ -132,7 +133,8 @@ def events(data: Mapping[str, Any], output: Mapping[str, Any], gen: int, request
     block = data.get("block") or {}
     bid, priority = str(block.get("block_id")), int(block.get("priority") or 0)
     out = _preempted(data, victims, bid, priority, gen, reason)
-    out.append(Emit(E.block_preempting, Preempting(bid, gen, str(reason), victims, _gpus_freed(data, victims), request_id)))
+    out.append(Emit(E.block_preempting, Preempting(bid, gen, str(reason), victims, _gpus_freed(data, victims), request_id,
+                                                   short)))
     return out
 
 

@@ -16,6 +16,12 @@ A preemptor sent back through selection is out of the queue until it is placed; 
 victims freed stays its own meanwhile (``Nominee``, kube-scheduler's nominatedNodeName): the walk
 counts it as taken for every block of the preemptor's priority or lower, so the next pass (the
 next victim's removal) does not give it to the victims or the blocks behind.
+
+A ``ready`` block short of instances (``Entry.short``: the reconciler's ask for them placed
+nothing) is walked as a pending placement of its priority: its missing instances, in its own
+cluster (``with_short`` puts it in the head's order). It is never retried or dropped (it is not in
+the queue): when they fit it is in ``ask`` (the walker asks for them), else it preempts as a
+waiting block would, by the same rules.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from typing import Any
 
 from ..policies import capacity
 from ..policies import quota as qp
+from ..schemas.lifecycle import InstanceStatus
 from ..schemas.priority import Quota
 from ..schemas.records import BlockIR, BlockRecord, ClusterRecord, NodeView
 from . import vcluster
@@ -40,6 +47,9 @@ class Entry:
     bid: str
     block: BlockRecord | None
     holds: int = 0
+    #: a ``ready`` block short of instances (not a queue member): ``block`` is its record with
+    #: ``minInstances`` the instances it is short of, placed in its own cluster only
+    short: bool = False
 
 
 @dataclass
@@ -50,6 +60,8 @@ class Walk:
     blocked_by: str = ""  # a preemptor whose victims drain: nothing behind it was released
     #: (bid, borrowers' blocks): the owner reclaims its quota by preempting them (InCohortReclamation)
     reclaim: list[tuple[str, list[str]]] = field(default_factory=list)
+    #: (bid, gen, cluster): short ready blocks whose missing instances fit now (asked for, not retried)
+    ask: list[tuple[str, int, str]] = field(default_factory=list)
     #: cluster -> the node copies the blocks in ``retry`` take (first fit): what is left for the
     #: block in ``preempt`` once they are placed is these over the views (``after``)
     work: dict[str, dict[str, NodeView]] = field(default_factory=dict)
@@ -164,6 +176,8 @@ class Nominee:
     bid: str
     ir: BlockIR
     nodes: tuple[str, ...] = ()
+    #: a short ready block's nominee (its missing instances): its own cluster, the only one it takes room in
+    cluster: str = ""
 
 
 def priority(ir: Mapping[str, Any]) -> int:
@@ -173,7 +187,10 @@ def priority(ir: Mapping[str, Any]) -> int:
 def reserve(n: Nominee, clusters: Mapping[str, ClusterRecord], views: Mapping[str, Mapping[str, NodeView]],
             work: dict[str, dict[str, NodeView]]) -> str:
     """Take the nominee's whole gang in ``work`` (first fit on the nodes its victims freed, then
-    anywhere, as ``fits``); the cluster it took it in, '' when it fits nowhere (its room is gone)."""
+    anywhere, as ``fits``; a short block's in its own cluster only); the cluster it took it in, ''
+    when it fits nowhere (its room is gone)."""
+    if n.cluster:
+        clusters = {n.cluster: clusters[n.cluster]} if n.cluster in clusters else {}
     if n.nodes:
         keep = set(n.nodes)
         for cid in sorted(clusters):
@@ -229,6 +246,46 @@ def _nominated_first(noms: list[Nominee], bid: str, ir: BlockIR, clusters: Mappi
             reserve(n, clusters, views, work)
 
 
+def _walked(e: Entry, out: Walk) -> bool:
+    """Whether the walk looks at entry ``e``: a waiting block whose instances do not drain, or a
+    short block still ``ready``; an entry whose block no longer waits is dropped (``out.drop``)."""
+    b = e.block
+    if e.short:  # whole again, or gone: not a queue member, nothing to drop
+        return b is not None and b.get("status") == "ready"
+    if b is None or b.get("status") != "pending":
+        out.drop.append(e.bid)
+        return False
+    return not e.holds  # a victim whose instances still drain: not placeable yet, blocks nobody
+
+
+def short_of(ir: BlockIR, instances: Mapping[str, Mapping[str, Any]], replaced: str = "") -> BlockIR:
+    """A ready block's missing instances as a pending placement: its IR with ``minInstances`` the
+    instances it is short of (its live ones counted: not on their way out; ``replaced``, one that
+    runs nowhere, left out); 0 once it is whole."""
+    live = sum(1 for iid, r in instances.items() if iid != replaced and r.get("status") != InstanceStatus.REMOVING)
+    return {**ir, "minInstances": max(int(ir.get("minInstances") or 0) - live, 0)}
+
+
+def own(block: Mapping[str, Any], clusters: Mapping[str, ClusterRecord]) -> dict[str, ClusterRecord]:
+    """The one cluster a short block's missing instances may go to: its own (scale steps place
+    there); none when it is not known."""
+    cid = str(block.get("cluster") or "")
+    return {cid: clusters[cid]} if cid in clusters else {}
+
+
+def with_short(head: Sequence[Entry], short: Sequence[Entry]) -> list[Entry]:
+    """The entries a walk reads: the queue's head (in its order) and the short ready blocks, each
+    before the first waiting block of its priority or lower (ahead of those of its own priority:
+    it was placed before they came), the highest first, then by id."""
+    out = list(head)
+    for s in sorted(short, key=lambda e: (-priority((e.block or {}).get("ir") or {}), e.bid)):
+        p = priority((s.block or {}).get("ir") or {})
+        at = next((i for i, e in enumerate(out)
+                   if not e.short and e.block is not None and priority(e.block.get("ir") or {}) <= p), len(out))
+        out.insert(at, s)
+    return out
+
+
 def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
          views: Mapping[str, Mapping[str, NodeView]], tried: frozenset[str] = frozenset(), now: float = 0.0,
          quota: QuotaView | None = None, nominated: Sequence[Nominee] = ()) -> Walk:
@@ -249,11 +306,9 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
     noms = sorted(nominated, key=lambda n: (-priority(n.ir), n.bid))
     for e in entries:
         b = e.block
-        if b is None or b.get("status") != "pending":
-            out.drop.append(e.bid)
+        if not _walked(e, out):
             continue
-        if e.holds:  # a victim whose instances still drain: not placeable yet, blocks nobody
-            continue
+        assert b is not None  # (``_walked``)
         ir: BlockIR = b.get("ir") or {}
         verdict = gate(ir, quota)
         if verdict is not None and verdict[0].verdict is qp.Verdict.WAIT:
@@ -267,9 +322,9 @@ def walk(entries: Sequence[Entry], clusters: Mapping[str, ClusterRecord],
                 break
             continue
         _nominated_first(noms, e.bid, ir, clusters, views, work)
-        cid = fits(ir, clusters, views, work)
+        cid = fits(ir, own(b, clusters) if e.short else clusters, views, work)
         if cid:
-            out.retry.append((e.bid, int(b.get("gen") or 0), cid))
+            (out.ask if e.short else out.retry).append((e.bid, int(b.get("gen") or 0), cid))
             admitted(ir, e.bid, quota)
             continue
         if preempting(b, now):

@@ -188,7 +188,8 @@ class Lines(Projection):
     def on_preempting(self, m: Fact[pr.Preempting]) -> None:
         d = m.data
         self.detail = (f"{d.reason}: {d.gpus_freed} GPU(s) freed from "
-                       + "; ".join(f"{b} ({', '.join(i)})" for b, i in sorted(d.victims.items())))
+                       + "; ".join(f"{b} ({', '.join(i)})" for b, i in sorted(d.victims.items()))
+                       + (f" for its {d.short} missing instance(s) (ready, short)" if d.short else ""))
 
     @on(E.block_allocation_failed, E.block_scale_failed, E.block_scale_down_failed, E.block_reassignment_failed,
         E.block_health_failed, E.block_autoscale_failed, E.instance_failed)

@@ -123,7 +123,9 @@ class Preempted(msgspec.Struct):
 
 class Preempting(msgspec.Struct):
     """On the preemptor: its victims (block -> instances), the reason and the plan that shows the
-    whole gang (minInstances) fits once they are gone."""
+    whole gang (minInstances) fits once they are gone. ``short``: the preemptor is a ``ready``
+    block short of that many instances (the reconciler's ask placed nothing), and the plan is for
+    them (docs/priority.md "A short block preempts"); 0: a waiting block, for its whole gang."""
 
     block_id: str
     gen: int
@@ -131,6 +133,7 @@ class Preempting(msgspec.Struct):
     victims: dict[str, list[str]] = {}
     gpus_freed: int = 0
     request_id: str = ""
+    short: int = 0
 
 
 class Pending(msgspec.Struct):

@@ -13,7 +13,8 @@ from those (``image``; the fold calls it).
     aios:meta:queue:wake      pub/sub channel: a capacity event another controller copy saw
                               (``Wakeups``: the leader's walker passes at once)
     aios:meta:queue:nominated hash bid -> JSON {gen, nodes, until}: preemptors retried, not placed
-                              yet, whose freed room is held for them (``Nominations``)
+                              yet, whose freed room is held for them, and short ready blocks'
+                              missing instances (``Nominations``)
 """
 
 from __future__ import annotations
@@ -217,17 +218,21 @@ class Nominations:
         self.r = r
 
     async def nominate(self, bid: str, gen: int, nodes: Iterable[str], until: float, moves: bool = False,
-                       replaces: str = "") -> None:
+                       replaces: str = "", short: bool = False) -> None:
         """``moves``: the room is what moves for a block still waiting free (the rebalancer's,
         docs/rebalance.md): held while it is ``pending`` too, not only on its way through selection.
         ``replaces``: the instance of a ``ready`` block that runs nowhere (lost, failed) and whose
         replacement fits nowhere beside its reservation: the room it frees is held for the block's
-        missing instances while it is short (``workers.queue.nominees``)."""
+        missing instances while it is short (``workers.queue.nominees``). ``short``: the room a short
+        ready block's missing instances fit in (its preemption freed it, or it was free) while the
+        walker's ask for them places them: held the same way."""
         doc: dict[str, Any] = {"gen": gen, "nodes": sorted(nodes), "until": until}
         if moves:
             doc["moves"] = True
         if replaces:
             doc["replaces"] = replaces
+        if short:
+            doc["short"] = True
         await self.r.hset(NOMINATED, bid, msgspec.json.encode(doc))
 
     async def all(self) -> dict[str, dict[str, Any]]:

@@ -9,7 +9,13 @@ reporting its inventory) ``poke``\\ s the walker, which reads the head of each s
 sorted set, ``state.queue``): O(window) per event, never the whole queue. One copy walks at a time
 (a lease in Redis); a pass every ``AIOS_QUEUE_RESYNC_S`` covers expiry and capacity events another
 process saw. Every step is a compare-and-set on the block (``Step.RETRY``/``EXPIRE``/``PREEMPTED``)
-and every event has a deterministic id: a walk redone after a crash changes nothing twice."""
+and every event has a deterministic id: a walk redone after a crash changes nothing twice.
+
+A ``ready`` block the reconciler marked short (its ask for the missing instances placed nothing:
+``degraded`` in its memory) is walked with the waiting blocks, its missing instances as a pending
+placement of its priority (``short_entries``): it preempts lower blocks for them as a waiting block
+would, and once they fit the walker asks for them (``ask``: a ``block.scale.target``, source
+``queue``) and holds their room for them (a nomination) until it is whole."""
 
 from __future__ import annotations
 
@@ -29,15 +35,17 @@ from ..bus.runner import Defer
 from ..handlers import preemption as pre
 from ..handlers import queue as hq
 from ..handlers import rebalance as hr
+from ..handlers import scaling
 from ..policies import quota as qp
 from ..schemas.errors import PolicyFailed
-from ..schemas.events import BlockStatusReport, InstanceCommand, Parsed
+from ..schemas.events import BlockStatusReport, InstanceCommand, Parsed, ScaleTarget
 from ..schemas.lifecycle import InstanceStatus, Step
 from ..schemas.priority import Pending, PreemptReason, Quota
 from ..schemas.records import BlockIR, wire_ir
 from ..state.priority import PriorityStore
 from ..state.queue import Nominations, PendingQueue, PreemptPlans, Wakeups, scope_of
 from ..state.rebalance import RebalanceState, affinity_indexes
+from ..state.reconcile import ReconcileStore
 from . import announce
 from .base import EpochGuard, Worker
 
@@ -48,7 +56,9 @@ _running: dict[int, QueueWalker] = {}
 DEBOUNCE_S = 0.005
 DEFAULT_POLICY = "builtin:preempt-min"
 
-__all__ = ["PendingQueue", "QueueWalker", "nominees", "poke", "quota_view", "wait_or_fail"]
+__all__ = ["PendingQueue", "QueueWalker", "nominees", "poke", "quota_view", "short_entries", "wait_or_fail"]
+#: who asks for a short block's missing instances once they fit (``ScaleTarget.source``)
+SOURCE = "queue"
 
 
 def poke(w: Worker) -> None:
@@ -110,8 +120,8 @@ async def quota_view(w: Worker, exact: bool = False) -> tuple[hq.QuotaView | Non
 IN_FLIGHT = ("parsed", "selecting", "allocating")
 #: ... and one whose room moves make: also while it still waits for them
 MOVED_FOR = ("pending", *IN_FLIGHT)
-#: ... and a ready block short of instances whose lost or failed one's room is held for it
-#: (``Nominations.nominate(replaces=...)``)
+#: ... and a ready block short of instances whose lost or failed one's room, or the room freed
+#: for its missing ones, is held for it (``Nominations.nominate(replaces=..., short=True)``)
 SHORT = ("ready",)
 
 
@@ -124,14 +134,16 @@ async def nominate_moved_room(w: Worker, bid: str, output: Mapping[str, Any], ho
     block = await w.store.get_block(bid)
     nodes = {str(m.get("from") or "") for m in output.get("moves") or ()} - {""}
     if block is not None and nodes:
-        await Nominations(w.store.r).nominate(bid, int(block["gen"]), nodes, time.time() + hold_s, moves=True)
+        # a short ready block's: held while it is ready and short (``_still_held``)
+        await Nominations(w.store.r).nominate(bid, int(block["gen"]), nodes, time.time() + hold_s, moves=True,
+                                              short=block["status"] == "ready")
 
 
 async def nominees(w: Worker, scope: str | None = None, drop: bool = False, read: Mapping[str, str] | None = None
                    ) -> list[hq.Nominee]:
     """The preemptors retried and not placed yet (of ``scope``; None: all), whose room is held for
     them (``handlers.queue.Nominee``), and the ready blocks short of the instances whose room is
-    held for them (a lost one's, ``_short_of``). ``drop`` (the walker): a nomination whose block was
+    held for them (a lost one's, or the room its preemption freed: ``_short_of``). ``drop`` (the walker): a nomination whose block was
     placed, waits again, is whole again, is gone or whose hold ended is dropped. One read when none is held; ``read``:
     the nominations' hash as the caller read it (``Nominations.all``'s), else read here."""
     noms = Nominations(w.store.r)
@@ -140,29 +152,53 @@ async def nominees(w: Worker, scope: str | None = None, drop: bool = False, read
     for bid, n in sorted((await noms.all() if read is None else Nominations.decode(read)).items()):
         block = await w.store.get_block(bid)
         ir = block["ir"] if block is not None else {}
-        if block is not None and n.get("replaces") and block["status"] == "ready":
-            ir = await _short_of(w, bid, ir, str(n["replaces"]))
+        short = _short(n)
+        if block is not None and short and block["status"] == "ready":
+            ir = await _short_of(w, bid, ir, str(n.get("replaces") or ""))
         if block is None or not _still_held(block, ir, n, now):
             if drop:
                 await noms.drop(bid)
         elif scope is None or scope_of(block["ir"]) == scope:
-            out.append(hq.Nominee(bid, ir, tuple(n.get("nodes") or ())))
+            out.append(hq.Nominee(bid, ir, tuple(n.get("nodes") or ()), str(block.get("cluster") or "") if short else ""))
     return out
+
+
+def _short(n: Mapping[str, Any]) -> bool:
+    """Whether nomination ``n`` holds room for a short ready block's missing instances."""
+    return bool(n.get("replaces") or n.get("short"))
 
 
 def _still_held(block: Mapping[str, Any], ir: BlockIR, n: Mapping[str, Any], now: float) -> bool:
     """Whether nomination ``n`` still holds room for ``block`` (``ir``: its nominee's IR)."""
-    statuses = SHORT if n.get("replaces") else MOVED_FOR if n.get("moves") else IN_FLIGHT
+    statuses = SHORT if _short(n) else MOVED_FOR if n.get("moves") else IN_FLIGHT
     return (int(block["gen"]) == int(n.get("gen") or 0) and float(n.get("until") or 0) >= now
-            and block["status"] in statuses and (not n.get("replaces") or int(ir.get("minInstances") or 0) > 0))
+            and block["status"] in statuses and (not _short(n) or int(ir.get("minInstances") or 0) > 0))
 
 
 async def _short_of(w: Worker, bid: str, ir: BlockIR, replaced: str) -> BlockIR:
     """A short block's nominee: its IR with ``minInstances`` the instances it is short of (those
     not on their way out, the replaced one left out: it runs nowhere); 0 once it is whole again."""
-    live = sum(1 for iid, r in (await w.store.instances(bid)).items()
-               if iid != replaced and r.get("status") != InstanceStatus.REMOVING)
-    return {**ir, "minInstances": max(int(ir.get("minInstances") or 0) - live, 0)}
+    return hq.short_of(ir, await w.store.instances(bid), replaced)
+
+
+async def short_entries(w: Worker) -> list[hq.Entry]:
+    """The ready blocks the reconciler marked short (``degraded`` in its memory: its ask for their
+    missing instances placed nothing), as the walk reads them (``hq.Entry.short``): the record with
+    ``minInstances`` the instances it is short of, its preemption under way (``preempting``: its
+    claimed plan's request) and no ``preempted_by`` (placed again, a former victim no longer waits
+    as one). One read when none is short."""
+    out = []
+    for bid, m in sorted((await ReconcileStore(w.store.r).memory()).items()):
+        block = await w.store.get_block(bid) if m.get("degraded") else None
+        if block is None or block["status"] != "ready" or not block.get("cluster"):
+            continue
+        ir = await _short_of(w, bid, block["ir"], "")
+        if int(ir.get("minInstances") or 0) <= 0:
+            continue
+        plan = await PreemptPlans(w.store.r).get(bid)
+        mark = str(plan["request_id"]) if plan and plan.get("short") and int(plan.get("gen") or 0) == int(block["gen"]) else ""
+        out.append(hq.Entry(bid, {**block, "ir": ir, "preempting": mark, "preempted_by": ""}, short=True))
+    return out
 
 
 def _block_of(entries: list[hq.Entry], bid: str) -> Mapping[str, Any] | None:
@@ -230,11 +266,12 @@ class QueueWalker:
         if not await self.q.lead(self.holder, max(3 * self.s.queue_resync_s, 10.0)):
             return False
         await self.expire(time.time())
-        for scope in await self.q.scopes():
+        short = await short_entries(self.w)
+        for scope in sorted({*await self.q.scopes(), *(scope_of((e.block or {})["ir"]) for e in short)}):
             if not await self.guard.still(epoch):  # the state was rebuilt under the pass: look again
                 self.wake.set()
                 return False
-            await self.walk(scope)
+            await self.walk(scope, [e for e in short if scope_of((e.block or {})["ir"]) == scope])
         self.passes += 1
         return True
 
@@ -252,15 +289,22 @@ class QueueWalker:
                 await self.w.bus.emit(E.block_failed, BlockStatusReport(block_id=bid, gen=block["gen"], status="failed",
                                                                   reason=reason))
 
-    async def walk(self, scope: str) -> hq.Walk:
-        entries = await asyncio.gather(*(self._entry(bid) for bid in await self.q.head(scope, self.s.queue_window)))
+    async def walk(self, scope: str, short: list[hq.Entry] | None = None) -> hq.Walk:
+        """One pass over the scope's head and its short ready blocks (``short``; None: read here)."""
+        head = await asyncio.gather(*(self._entry(bid) for bid in await self.q.head(scope, self.s.queue_window)))
+        if short is None:
+            short = [e for e in await short_entries(self.w) if scope_of((e.block or {})["ir"]) == scope]
+        entries = hq.with_short(head, short)
         clusters = await self.w.inventory.clusters()
         views = await self.w.inventory.views(list(clusters))
-        out = await self._act(entries, clusters, views, await self.nominees(scope))
+        nominated = await self.nominees(scope)
+        out = await self._act(entries, clusters, views, nominated)
         for bid in out.drop:
             await self._drop(bid, _block_of(entries, bid))
         for bid, gen, cid in out.retry:
             await self.retry(bid, gen, cid)
+        for bid, gen, cid in out.ask:
+            await self.ask(bid, gen, cid, any(n.bid == bid for n in nominated))
         return out
 
     async def nominees(self, scope: str) -> list[hq.Nominee]:
@@ -295,10 +339,13 @@ class QueueWalker:
             # the room the blocks released ahead of it take is not there for it: moves and
             # victims are chosen on the views those blocks leave (docs/priority.md)
             after = out.after(views)
+            block = _block_of(entries, out.preempt[0])
+            # a short block's missing instances go to its own cluster: room elsewhere is for nothing
+            where = hq.own(block, clusters) if block is not None and block.get("status") == "ready" else clusters
             # moves before preemption: room made by moving instances costs nobody their work
-            if await self.room_by_moves(_block_of(entries, out.preempt[0]), clusters, after):
+            if await self.room_by_moves(block, where, after):
                 return out
-            if await self.preempt(_block_of(entries, out.preempt[0]), clusters, after):
+            if await self.preempt(block, where, after):
                 return out
             tried |= {out.preempt[0]}
 
@@ -337,6 +384,33 @@ class QueueWalker:
         if ok or info != "pending":
             await self.q.remove(bid)
 
+    async def ask(self, bid: str, gen: int, cid: str, held: bool) -> None:
+        """A short ready block's missing instances fit (in ``cid``, its cluster): the room is held for
+        them (a nomination, on its preemption's victims' nodes if it preempted, ``NOMINATION_S``) and
+        they are asked for now (a ``block.scale.target``, source ``queue``), not at the reconciler's
+        next ask (its backoff may be a minute), so a lower block does not take the room meanwhile.
+        ``held``: its room is held already (an ask of this walker's, or its lost instance's): the
+        step under way places it; one ask per hold. Its preemption, if any, is over (its plan dropped)."""
+        block = await self.w.store.get_block(bid)
+        plans = PreemptPlans(self.w.store.r)
+        plan = await plans.get(bid)
+        mine = plan is not None and bool(plan.get("short")) and int(plan.get("gen") or 0) == gen
+        if block is None or block["status"] != "ready" or int(block["gen"]) != gen or (held and not mine):
+            return
+        nodes = (plan.get("output") or {}).get("victims") or {} if plan is not None and mine else {}
+        await Nominations(self.w.store.r).nominate(bid, gen, nodes, time.time() + hq.NOMINATION_S, short=True)
+        ir = block["ir"]
+        lo, hi = int(ir.get("minInstances") or 0), int(ir.get("maxInstances") or 0)
+        target, _ = scaling.clamp(max(lo, int(block.get("desired") or 0)), lo, hi)
+        live = len(scaling.live(await self.w.store.instances(bid)))
+        why = (f"{live} live < minInstances {lo}: the missing instances fit in {cid}"
+               + (f" once its preemption's victims are gone ({plan['request_id']})" if plan is not None and mine else ""))
+        await self.w.bus.emit(E.block_scale_target, ScaleTarget(bid, f"queue-{gen}-{int(time.time() * 1000)}", target, why,
+                                                                source=SOURCE, gen=gen))
+        if mine:
+            await plans.drop(bid)  # its preemption is over: a later one is a new plan
+        log.info("queue.ask", block=bid, gen=gen, target=target, cluster=cid, preempted=mine)
+
     async def reclaim(self, block: Mapping[str, Any] | None, victims: list[str], placed: list[dict[str, Any]]) -> bool:
         """The owner takes back its quota: the borrowers' blocks are preempted (reason
         ``InCohortReclamation``) through the same path as a priority preemption."""
@@ -347,7 +421,8 @@ class QueueWalker:
         data, output = pre.reclaim_plan(bid, ir, victims, placed)
         if not output["victims"]:
             return False
-        await self._carry_out(bid, gen, ir, data, output, "", PreemptReason.IN_COHORT_RECLAMATION)
+        await self._carry_out(bid, gen, ir, data, output, "", PreemptReason.IN_COHORT_RECLAMATION,
+                              short=block.get("status") == "ready")
         return True
 
     # -- moves before preemption (issue 38, docs/rebalance.md) ----------------------------------
@@ -420,21 +495,25 @@ class QueueWalker:
                 log.warning("queue.preempt_failed", block=bid, cluster=cid, error=str(exc))
                 continue
             if output.get("victims"):
-                await self._carry_out(bid, gen, ir, data, output, cid)
+                await self._carry_out(bid, gen, ir, data, output, cid, short=block.get("status") == "ready")
                 return True
         return False
 
     async def _carry_out(self, bid: str, gen: int, ir: BlockIR, data: dict[str, Any], output: dict[str, Any],
-                         cid: str, reason: PreemptReason = PreemptReason.PRIORITY) -> None:
+                         cid: str, reason: PreemptReason = PreemptReason.PRIORITY, short: bool = False) -> None:
         """Mark the preemptor (one preemption at a time), publish ``block.preempted`` on each
         victim and ``block.preempting`` on it, then drain the victims: a victim that loses all
         its instances goes back to ``pending`` (marked: it never preempts); its instances are
         removed through the nodes' remove path (drained within the grace), and each removal frees
-        capacity (a capacity event: the preemptor is placed)."""
+        capacity (a capacity event: the preemptor is placed). ``short``: the preemptor is a short
+        ready block (``ir``'s ``minInstances`` its missing instances): it stays ``ready``, its
+        claimed plan is its mark (``short_entries``), and the walker asks for them once they fit."""
         request_id = f"{bid}:{gen}:{int(data.get('block', {}).get('priority') or 0)}:{time.time():.3f}"
         plans = PreemptPlans(self.w.store.r)
         plan: dict[str, Any] | None = {"request_id": request_id, "gen": gen, "cluster": cid, "reason": str(reason),
                                        "data": data, "output": output, "done": False}
+        if short:
+            plan = {**(plan or {}), "short": int(ir.get("minInstances") or 0)}
         if not await plans.claim(bid, plan or {}, hq.PREEMPT_HOLD_S):
             # another copy (or this one before a crash) claimed a plan for this block: that plan, not a second one
             plan = await plans.get(bid)
@@ -459,10 +538,15 @@ class QueueWalker:
         a deterministic id), so a plan carried out again after a crash changes nothing twice."""
         gen, request_id, cid = int(plan["gen"]), str(plan["request_id"]), str(plan.get("cluster") or "")
         data, output, reason = plan["data"], plan["output"], PreemptReason(plan["reason"])
-        ok, _ = await self.w.store.transition(bid, gen, Step.WAIT, preempting=request_id)
+        short = int(plan.get("short") or 0)
+        if short:  # a short ready block stays ready: its claimed plan is its mark
+            block = await self.w.store.get_block(bid)
+            ok = block is not None and block["status"] == "ready" and int(block["gen"]) == gen
+        else:
+            ok, _ = await self.w.store.transition(bid, gen, Step.WAIT, preempting=request_id)
         if not ok:
             return
-        events = pre.events(data, output, gen, request_id, reason)
+        events = pre.events(data, output, gen, request_id, reason, short)
         await self.w.bus.emit_all(events)
         faults.hit("queue.preempt.after_events")  # the chaos test's SIGKILL: victims chosen, none evicted
         by_block = {str(c["block_id"]): c for c in data["candidates"]}

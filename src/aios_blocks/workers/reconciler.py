@@ -16,7 +16,9 @@ explain` shows one ask and one failure per wait, not one per pass.
 A block still short at a pass after the first ask (it placed nothing) is marked *short* on its
 record and announced once (``block.degraded``); once whole again its mark goes and
 ``block.restored`` says so (docs/reliability.md, "Short blocks"); ``aios_reconciler_short_blocks``
-counts them.
+counts them. A block marked short is one the queue walker walks with the waiting blocks (its
+missing instances may preempt lower blocks, docs/priority.md "A short block preempts"): the mark
+pokes it.
 
 The same pass publishes again the status steps' announcements the stream has not acked after
 ``ANNOUNCE_AFTER_S`` (``workers.announce``): a block made ready in Redis whose ``block.ready``
@@ -41,7 +43,7 @@ from ..runtime.ticker import Ticker
 from ..schemas import condition as cond
 from ..schemas.events import ScaleTarget
 from ..state.reconcile import ReconcileStore
-from . import announce
+from . import announce, queue
 from .base import Worker
 
 log = structlog.get_logger("aios.reconciler")
@@ -111,6 +113,8 @@ class Reconciler:
         await self._publish(out)
         changed = {bid: dataclasses.asdict(m) for bid, m in out.memory.items() if memory.get(bid) != m}
         await self.rs.save(changed, out.dropped)
+        if out.degraded:  # their missing instances may preempt (docs/priority.md): the walker looks now
+            queue.poke(self.w)
         # the marks after their events (at least once): a pass cut in between publishes them again
         # with the same ids, and the memory or the mark says the spell was announced
         await self.rs.mark({bid: (m.gen, cond.encode(m)) for bid, m in out.marks.items()}, out.unmark)
