@@ -115,3 +115,14 @@ def test_the_planner_takes_what_the_missing_instances_need_by_the_same_rules() -
     assert _victims(0, missing=2) == {"n0": ["o-0", "o-1"]}
     assert _victims(995) == {} and _victims(1000) == {}  # within the delta rule, or its own priority
     assert _victims(0, preemptible=False) == {}
+
+
+def test_the_preempting_line_says_a_short_block_preempts_for_its_missing_instances() -> None:
+    from aios_blocks.projections.lines import line
+
+    data = {"block_id": "hi", "gen": 1, "reason": "Priority", "victims": {"lo": ["lo-0"]}, "gpus_freed": 1,
+            "request_id": "r", "short": 1}
+    _, detail, _ = line("aios.block.hi.preempting", {"data": data})
+    assert detail == "Priority: 1 GPU(s) freed from lo (lo-0) for its 1 missing instance(s) (ready, short)"
+    _, detail, _ = line("aios.block.hi.preempting", {"data": {**data, "short": 0}})
+    assert detail == "Priority: 1 GPU(s) freed from lo (lo-0)"

@@ -537,7 +537,8 @@ class E:
     block_preempting = Event(
         "block.preempting", f"{_B}.preempting", pr.Preempting, (C,),
         "the block preempts others to be placed: its victims (block -> instances), the reason, the GPUs freed; "
-        "sent once a plan shows its whole gang (minInstances) fits after they are gone",
+        "sent once a plan shows its whole gang (minInstances) fits after they are gone; short: a ready block short "
+        "of that many instances preempts for them (it stays ready), 0 for a waiting block",
         id_rule="{block_id}:{gen}:preempting:{request_id}",
     )
     # -- make-before-break moves (issue 38 item 2, docs/rebalance.md) --------------------------------
