@@ -28,7 +28,8 @@ PLAIN: frozenset[Event[Any]] = frozenset({
     E.vcluster_flushed, E.vcluster_refused, E.node_drain, E.node_removed, E.cluster_removed, E.node_sidecar_start,
     E.node_sidecar_stop, E.node_sidecar_grant, E.node_sidecar_release, E.block_output, E.sidecar_alert, E.dead_letter,
     E.output_dead_letter, E.dlq_replayed, E.priority_class_registered,
-    E.priority_class_removed, E.quota_set, E.tenant_block_create, E.tenant_block_task, E.tenant_block_scale,
+    E.priority_class_removed, E.quota_set, E.tenant_create_request, E.tenant_block_create, E.tenant_block_task,
+    E.tenant_block_scale,
     E.tenant_block_delete, E.tenant_block_history, E.tenant_event,
 })
 #: a line's colour, by the last word of its kind
