@@ -202,8 +202,37 @@ def test_labels_round_trip_to_resources() -> None:
     spec = LaunchSpec("i", "b", "n", 3, workdir=None, ports={"http": 81}, gpus=["g0", "g1"], resources={"cpu": 2})
     labels = spec.labels()
     assert labels["aios.block"] == "b" and labels["aios.instance"] == "i" and labels["aios.node"] == "n"
-    assert labels_to_resources(labels) == {"workdir": "", "ports": {"http": 81}, "gpus": ["g0", "g1"], "resources": {"cpu": 2}}
+    assert labels_to_resources(labels) == {"workdir": "", "ports": {"http": 81}, "gpus": ["g0", "g1"], "resources": {"cpu": 2},
+                                           "stop_grace_s": 10.0}
     assert labels_to_resources({"aios.ports": "{broken"})["ports"] == {}
+    assert labels_to_resources({"aios.stop-grace": "x"})["stop_grace_s"] == 10.0  # unreadable: the default
+
+
+async def test_a_readopted_instance_is_stopped_with_its_own_stop_grace(tmp_path: Any) -> None:
+    """An instance found running after its agent restarted is re-adopted from its labels; its
+    stop (a delete, a dangling one's removal) waits its spec's stopGraceS, not the default 10 s
+    (a spec's 60 s was cut to 10, its 2 s stretched to 10). The runtime records the stop asked
+    of it (tests/integration/test_agent.py's re-adoption test runs the real runtimes)."""
+    from aios_blocks.agent.node_agent import AgentConfig, NodeAgent
+    from aios_blocks.agent.runtime import RuntimeInstance
+    from aios_blocks.schemas.spec import Gpu, Node
+
+    stops: list[tuple[str, float]] = []
+
+    class StopRecorder:
+        name, gpu_devices = "process", False
+
+        async def stop(self, handle: str, grace_s: float) -> None:
+            stops.append((handle, grace_s))
+
+    gpus = detect(1, "n")
+    node = Node(id="n", cluster="c", gpus=[Gpu(id=g.id) for g in gpus.gpus()])
+    cfg = AgentConfig(node=node, data_dir=tmp_path, register=False, reconcile=False, heartbeat=False, workdirs=False, probes=False)
+    agent = NodeAgent(None, StopRecorder(), gpus, cfg)  # type: ignore[arg-type]  # no fact is published here
+    for grace in (2.0, 60.0):
+        spec = LaunchSpec(f"i-{grace:g}", "b", "n", 1, gpus=[node.gpus[0].id], ports={"http": 81}, stop_grace_s=grace)
+        await agent._adopt(RuntimeInstance(f"h-{grace:g}", spec.labels(), running=True), watch=False).close()
+    assert stops == [("h-2", 2.0), ("h-60", 60.0)]
 
 
 # -- GPU sources ----------------------------------------------------------------------------------

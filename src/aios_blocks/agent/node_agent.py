@@ -428,7 +428,7 @@ class NodeAgent:
         if res["workdir"]:
             stages.append(ProvisionStage.adopted(WorkdirProvisioner(), Path(res["workdir"])))
         stages.append(ProvisionStage.adopted(self._ports, ports))
-        stages.append(ProvisionStage.adopted(ContainerProvisioner(self.runtime), inst))
+        stages.append(ProvisionStage.adopted(ContainerProvisioner(self.runtime, grace_s=res["stop_grace_s"]), inst))
         if watch and self.cfg.probes:
             prov = self._probe_provisioner(inst.block_id, inst.gen, iid)
             spec = ProbeSpec(inst.handle, "running")

@@ -24,6 +24,8 @@ LABEL_WORKDIR = "aios.workdir"
 LABEL_PORTS = "aios.ports"
 LABEL_GPUS = "aios.gpus"
 LABEL_RESOURCES = "aios.resources"
+#: the spec's stopGraceS, so a re-adopted instance is stopped with its own grace, not the default
+LABEL_STOP_GRACE = "aios.stop-grace"
 #: the process runtime's scope: which agent directory (and so which system) started the instance
 LABEL_SCOPE = "aios.scope"
 #: ``sidecar`` on a block's side-car (absent on instances): reconcile leaves side-cars alone
@@ -74,6 +76,7 @@ class LaunchSpec:
             LABEL_PORTS: json_text(self.ports),
             LABEL_GPUS: ",".join(self.gpus),
             LABEL_RESOURCES: json_text(self.resources),
+            LABEL_STOP_GRACE: f"{self.stop_grace_s:g}",
         }
 
 
@@ -119,10 +122,12 @@ class Adopted(TypedDict):
     gpus: list[str]
     #: what it was given (``InstanceCommand.resources``, JSON)
     resources: JSONObject
+    #: its spec's stopGraceS (10, the default, for an instance labelled before it was recorded)
+    stop_grace_s: float
 
 
 def labels_to_resources(labels: dict[str, str]) -> Adopted:
-    """Resources recorded on an instance's labels (for re-adoption): workdir, ports, GPUs."""
+    """Resources recorded on an instance's labels (for re-adoption): workdir, ports, GPUs, stop grace."""
 
     def _json(key: str, default: Any) -> Any:
         try:
@@ -136,7 +141,15 @@ def labels_to_resources(labels: dict[str, str]) -> Adopted:
         "ports": _json(LABEL_PORTS, {}),
         "gpus": gpus,
         "resources": _json(LABEL_RESOURCES, {}),
+        "stop_grace_s": _float(labels.get(LABEL_STOP_GRACE), LaunchSpec.stop_grace_s),
     }
+
+
+def _float(text: str | None, default: float) -> float:
+    try:
+        return float(text) if text else default
+    except ValueError:
+        return default
 
 
 class RuntimeError_(Exception):
