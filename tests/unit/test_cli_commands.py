@@ -259,6 +259,22 @@ def test_an_agents_instance_directories_are_under_its_data_dir(cli: CliRunner, t
     assert not (tmp_path / ".aios-data").exists()
 
 
+def test_an_agent_that_loses_its_servers_says_so_once_with_exit_2(cli: CliRunner, monkeypatch: pytest.MonkeyPatch) -> None:
+    # _run's 'Cannot reach the servers' (exit 2) was caught as any error: a second line 'agent
+    # failed: 2' and exit 1 (tests/integration/test_agent_stop.py: the real agent on a real server)
+    from aios_blocks.agent import main as agent_main
+    from aios_blocks.runtime import embedded
+
+    async def run_agent(opts: object, url: str, stop: object) -> None:
+        raise ConnectionResetError("Connection lost")
+
+    monkeypatch.setattr(embedded, "agent_nats_url", lambda data_dir, nid: "nats://127.0.0.1:4222")
+    monkeypatch.setattr(agent_main, "run_agent", run_agent)
+    r = cli.invoke(app, ["agent", "--node-id", "n1", "--cluster", "c1", "--runtime", "sim"])
+    assert r.exit_code == 2, r.output
+    assert "Cannot reach the servers: Connection lost" in _one_line(r.output) and "agent failed" not in r.output, r.output
+
+
 @pytest.mark.parametrize(("secrets", "says"), [
     (None, "auth/secrets.json does not exist"),
     ('{"nats": {', "auth/secrets.json is not JSON (Expecting property name enclosed in double quotes at line 1 column 11)"),

@@ -107,6 +107,22 @@ def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
     )
 
 
+async def _open_unless_stopped(nats_url: str, node_id: str, stop: asyncio.Event) -> Bus | None:
+    """The agent's bus, or ``None`` when ``stop`` comes first. An agent started before its NATS
+    waits for it for ever (``connect``), and a SIGTERM meanwhile only set ``stop``, which nothing
+    looked at until NATS answered: ``kill PID`` left it running, ``kill -9`` was the only way."""
+    opening = asyncio.ensure_future(Bus.open(nats_url, source=f"aios-blocks/agent/{node_id}"))
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([opening, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if opening.done():
+        return opening.result()
+    opening.cancel()
+    with contextlib.suppress(BaseException):
+        await opening
+    return None
+
+
 async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> None:
     gpus = detect(opts.sim_gpus, opts.node_id, profile=opts.gpu_topology)
     node = describe_node(opts, gpus)
@@ -114,7 +130,10 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
     runtime = make_runtime(opts.runtime, data_dir, opts.sim_start_delay_s, agent_dir=opts.data_dir)
     if opts.metrics_port:
         start_http_server(opts.metrics_port, addr="127.0.0.1")
-    bus = await Bus.open(nats_url, source=f"aios-blocks/agent/{opts.node_id}")
+    bus = await _open_unless_stopped(nats_url, opts.node_id, stop)
+    if bus is None:  # stopped (SIGTERM, Ctrl-C) before its NATS ever answered
+        log.info("agent.stop", node=node.id, note="stopped before NATS answered")
+        return
     spec = subjects.agent(opts.node_id)
     while True:  # the stream may not exist yet when an agent starts before the control plane
         try:

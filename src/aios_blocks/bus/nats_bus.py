@@ -263,10 +263,12 @@ class Bus(Topology):
                 pass
             try:
                 await self.nc.close()  # acks were flushed above; drain() waits on idle pull subs
-            except RuntimeError:
+            except (RuntimeError, ConnectionError):
                 # the server went away first (a SIGKILLed `blocks up` takes it down with the workers):
-                # uvloop refuses to write what was pending to the closed transport. Nothing can be
-                # sent any more; the process is stopping anyway (the traceback ended in the logs)
+                # uvloop refuses to write what was pending to the closed transport (RuntimeError),
+                # asyncio's streams raise ConnectionResetError('Connection lost') from the close's
+                # drain (a `blocks agent` stopped while its `blocks up` was down exited 1 with 'agent
+                # failed'). Nothing can be sent any more; the process is stopping anyway
                 pass
 
     # -- publishing ------------------------------------------------------------------------

@@ -257,6 +257,8 @@ def agent(
 
     try:
         _run(go(), quiet=False)  # its JSON log at AIOS_LOG_LEVEL, as configured above
+    except typer.Exit:  # _run's own one line and exit code (2: servers unreachable), not 'agent failed: 2', exit 1
+        raise
     except Exception as exc:  # e.g. no Docker engine
         err.print(f"[red]agent failed[/]: {escape(str(exc))}")
         raise typer.Exit(1)
