@@ -1,5 +1,9 @@
 """Node agents with real runtimes: the Docker engine (dockerd) and local processes, over real NATS
-JetStream and Redis, with the real worker processes. Each lifecycle test runs on both runtimes.
+JetStream and Redis, with the real worker processes. Each lifecycle test runs on both runtimes
+where the runtime is what it proves (start, labels, stages, cleanup, exit, re-adoption, restart
+in place); those whose point is the controller's and health checker's handling of what the agent
+reports (``PROCESS_ONLY``) run on the process runtime only, the runtime parts of their path
+being proven on both by the others.
 
 Docker cases need an engine: `.ci/run` starts one; without one they are skipped, loudly.
 """
@@ -59,6 +63,9 @@ def docker_image() -> Iterator[str]:
 
 
 RUNTIMES = ["process", "docker"]
+#: a test whose runtime part (start, exit, stop) the twin tests prove on both runtimes: it runs on
+#: the process runtime only (a docker twin proved nothing more and took its time)
+PROCESS_ONLY = pytest.mark.parametrize("runtime_setup", ["process"], indirect=True)
 
 
 @dataclass
@@ -309,7 +316,9 @@ async def test_sigkilled_agent_readopts_its_instance_and_reports_a_planted_one_d
     )
     rt = agents.runtime()
     if agents.runtime_name == "docker":
-        ghost.env["AIOS_PORT"] = "18555"
+        # not the image's httpd, which as PID 1 ignores SIGTERM: its removal (a dangling one's
+        # stop grace is the default 10 s) would wait that out; any labelled container will do
+        ghost.command = ["sh", "-c", "trap 'exit 0' TERM; sleep 3600 & wait"]
     planted = await rt.start(ghost)
     dangling: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
 
@@ -409,10 +418,13 @@ class Restarter:
 """
 
 
+@PROCESS_ONLY  # exit detection, restart and stop on docker: the twin tests above
 async def test_an_agent_reported_failure_goes_through_the_stability_checker_which_may_restart_in_place(agents: Agents) -> None:
     """Issue 16: the agent's ``failed`` report is judged by the block's stabilityChecker
     (docs/health.md, "Agent reports"); this one answers ``restart``, so the killed instance is
-    started again under its id on its node instead of being replaced."""
+    started again under its id on its node instead of being replaced. On the process runtime only:
+    what it proves is the controller's; an exit seen and a restart in place on docker are proven by
+    the docker twins of the exit and restart-verdict tests."""
     c, uri = await setup_block(agents, nodes=("frn1",))  # a node name of its own: processes are found host-wide
     await c.policy_put("restarter", RESTARTER, "python")
     spec = {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2,
@@ -454,9 +466,12 @@ class Raiser:
 """
 
 
+@PROCESS_ONLY  # exit detection, restart and stop on docker: the twin tests above
 async def test_a_stability_checker_that_fails_on_an_agent_report_leaves_the_old_rule(agents: Agents) -> None:
     """A broken stabilityChecker never leaves an exited instance dead: the framework replaces it (the
-    old rule) and records the failure, from the controller, as ``block.health.failed``."""
+    old rule) and records the failure, from the controller, as ``block.health.failed``. On the
+    process runtime only: the fallback is the controller's; a docker exit replaced is proven by the
+    exit test's docker twin."""
     c, uri = await setup_block(agents, nodes=("frn2",))
     await c.policy_put("raiser", RAISER, "python")
     spec = {"blockComponentURI": uri, "minInstances": 1, "maxInstances": 2,
@@ -492,7 +507,11 @@ async def _replaced(c: Client, bid: str, old: str) -> str | None:
     return fresh[0] if fresh and old not in insts else None
 
 
+@PROCESS_ONLY  # the node timeout is the controller's; the old copy's stop on docker: the delete tests
 async def test_node_that_stops_heartbeating_has_its_instances_moved(agents: Agents) -> None:
+    """A node whose agent is alive but silent (SIGSTOP) has its instance moved to another node; back,
+    it is healthy again and its old copy is stopped. On the process runtime only: the node timeout
+    and the move are the controller's; stopping a container is proven by the docker delete tests."""
     c, uri = await setup_block(agents, nodes=("n1", "n2"))
     bid, kind, env = await agents.system.submit_and_wait({"blockComponentURI": uri, "minInstances": 1, "maxInstances": 1}, timeout=150)
     assert kind == "ready", env
