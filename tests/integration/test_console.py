@@ -508,6 +508,37 @@ def test_a_killed_console_comes_back_on_the_same_url(fresh: Up, page: Any) -> No
     assert page.evaluate("window.__same_page") is True
 
 
+def test_a_page_says_when_its_console_is_gone_and_not_when_it_is_back(up: Up, page: Any) -> None:
+    # a `blocks console` that nothing starts again: the open page showed its last view as if live
+    # while nothing answered (a kill -9 of `blocks up`, or a restart under way), with no sign of it
+    def start(port: int) -> tuple[subprocess.Popen[str], str]:
+        proc = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "console", "--port", str(port),
+                                 "--data-dir", str(up.data_dir)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("console: http://127.0.0.1:"), line
+        return proc, line.split()[1]
+
+    proc, url = start(0)
+    try:
+        page.goto(url + "#/events")
+        page.wait_for_selector("#tail")
+        expect(page.locator("#live-banner")).to_be_hidden()
+        page.evaluate("window.__same_page = true")
+        proc.kill()
+        proc.wait(10)
+        expect(page.locator("#live-banner")).to_be_visible(timeout=30_000)
+        assert "does not answer" in page.inner_text("#live-banner")
+        port = int(url.rstrip("/").rsplit(":", 1)[1])
+        proc, again = start(port)
+        assert again == url
+        expect(page.locator("#live-banner")).to_be_hidden(timeout=30_000)
+        assert page.evaluate("window.__same_page") is True  # (reconnected by itself: no reload)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
 def test_the_live_gpu_map_takes_only_the_nodes_that_changed(up: Up, page: Any) -> None:
     page.goto(up.url + "#/map")
     page.wait_for_selector("#gpu-canvas")

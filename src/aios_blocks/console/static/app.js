@@ -595,7 +595,14 @@ async function start() {
     // (a console restarted by `blocks up` comes back on the same URL: the browser reconnects, and
     // the view is drawn again for what was stored meanwhile)
     let hellos = 0;
-    es.addEventListener("hello", () => { if (hellos++ > 0) render(); });
+    // (while it is away, the page says so: it showed the last view as if live, with no sign that
+    // `blocks up` had stopped or was restarting)
+    const lost = document.getElementById("live-banner");
+    es.addEventListener("hello", () => { lost.hidden = true; if (hellos++ > 0) render(); });
+    es.onerror = () => {
+      lost.hidden = false;
+      lost.textContent = "The console's server does not answer (`blocks up` stopped, or restarting): this view is as it was; it reconnects by itself and redraws.";
+    };
     es.onmessage = (m) => {
       const ev = JSON.parse(m.data);
       state.lastSeq = Math.max(state.lastSeq, ev.seq);
