@@ -539,6 +539,29 @@ def test_a_page_says_when_its_console_is_gone_and_not_when_it_is_back(up: Up, pa
         proc.wait(10)
 
 
+def test_a_refused_blocks_filter_is_said_under_the_filters_which_stay_to_be_corrected(up: Up, page: Any) -> None:
+    # a label that is no key=value replaced the whole Blocks page with 'could not load: ...', and
+    # the query kept it: the page stayed so (other views and back) until a reload
+    submit(up.data_dir, wait=True)
+    page.goto(up.url + "#/blocks")
+    page.wait_for_selector("#blocks-table tbody tr")
+    page.fill("#label-filter", "nokv")
+    page.keyboard.press("Enter")
+    expect(page.locator("#blocks-refused")).to_have_text("filter refused: label: expected key=value, got 'nokv' (correct it above)")
+    expect(page.locator("#label-filter")).to_have_value("nokv")
+    page.goto(up.url + "#/events")
+    page.wait_for_selector("#tail-filter")
+    page.goto(up.url + "#/blocks")
+    expect(page.locator("#blocks-refused")).to_be_visible()
+    page.fill("#label-filter", "no=such")
+    page.keyboard.press("Enter")
+    expect(page.locator("#blocks-empty")).to_have_text("No block matches these filters.")
+    expect(page.locator("#blocks-refused")).to_have_count(0)
+    page.fill("#label-filter", "")
+    page.keyboard.press("Enter")
+    expect(page.locator("#blocks-table tbody tr").first).to_be_visible()
+
+
 def test_the_live_gpu_map_takes_only_the_nodes_that_changed(up: Up, page: Any) -> None:
     page.goto(up.url + "#/map")
     page.wait_for_selector("#gpu-canvas")

@@ -258,7 +258,18 @@ const withCurrent = (values, current) => (current && !values.includes(current) ?
 async function viewBlocks(root) {
   const bq = state.blocksQuery;
   const qs = new URLSearchParams({ q: bq.q, status: bq.status, cluster: bq.cluster, tenant: bq.tenant, priority: bq.priority, label: bq.label, policy: bq.policy, page: bq.page, per: 50 });
-  const d = await api("/api/blocks?" + qs);
+  // a filter the server refuses (400: a label that is no key=value) is said under the filters,
+  // which stay to be corrected; it replaced the whole page, kept in the query, until a reload
+  let d, refused = "";
+  try {
+    d = await api("/api/blocks?" + qs);
+    state.blocksLists = d;
+  } catch (e) {
+    if (e.status !== 400) throw e;
+    refused = e.message;
+    const was = state.blocksLists || {};
+    d = { total: 0, per: 50, page: 0, rows: [], statuses: was.statuses || [], clusters: was.clusters || [], tenants: was.tenants || [], priorities: was.priorities || [] };
+  }
   const search = el("input", { id: "blocks-search", placeholder: "search id, name, component", value: bq.q });
   let timer = null;
   // (the query is kept at once: a live redraw meanwhile keeps what was typed)
@@ -281,7 +292,7 @@ async function viewBlocks(root) {
   const typing = document.activeElement && document.activeElement.id === "blocks-search";
   put(root, 
     el("h2", {}, "Blocks"),
-    el("div", { class: "toolbar" }, search, "status", select("status-filter", d.statuses, bq.status, "status"), "cluster", select("cluster-filter", d.clusters, bq.cluster, "cluster"),
+    el("div", { class: "toolbar" }, search, "status", select("status-filter", withCurrent(d.statuses, bq.status), bq.status, "status"), "cluster", select("cluster-filter", withCurrent(d.clusters, bq.cluster), bq.cluster, "cluster"),
       "tenant", select("tenant-filter", withCurrent(d.tenants, bq.tenant), bq.tenant, "tenant"),
       "priority", select("priority-filter", withCurrent(d.priorities, bq.priority), bq.priority, "priority"),
       field("label-filter", "label", "label key=value"), field("policy-filter", "policy", "policy URI")),
@@ -289,7 +300,8 @@ async function viewBlocks(root) {
       el("td", {}, blockLink(b.id)), el("td", { class: "name" }, b.name), el("td", {}, statusTag(b.status)), el("td", {}, b.cluster),
       el("td", { class: "tenant" }, b.tenant || ""), el("td", { class: "priority" }, b.priority || ""),
       el("td", {}, `${b.running}/${b.desired}`), el("td", {}, b.component), el("td", { class: "reason" }, b.short || b.reason))), "blocks-table"),
-    d.rows.length ? null : el("p", { class: "muted", id: "blocks-empty" }, [bq.q, bq.status, bq.cluster, bq.tenant, bq.priority, bq.label, bq.policy].some((v) => v)
+    refused ? el("p", { class: "reason", id: "blocks-refused" }, "filter refused: ", refused, " (correct it above)") : null,
+    d.rows.length || refused ? null : el("p", { class: "muted", id: "blocks-empty" }, [bq.q, bq.status, bq.cluster, bq.tenant, bq.priority, bq.label, bq.policy].some((v) => v)
       ? "No block matches these filters." : PAST === null ? "No block yet: `blocks submit SPEC` (examples/block.yaml) sends one." : "No block then."),
     pager,
   );
