@@ -12,6 +12,7 @@ import ssl
 import stat
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -467,14 +468,17 @@ def _cli_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("AIOS_")}
 
 
-async def _reply_prefix_of(admin: NC, subject: str, start: Any, timeout: float = 60) -> str:
+async def _reply_prefix_of(admin: NC, subject: str, start: Any, timeout: float = 60, answer: bytes | None = None) -> str:
     """The reply subject of the first request a process started by ``start()`` sends on ``subject``:
-    its inbox prefix is ``_INBOX.<the NATS user it logged in as>``."""
+    its inbox prefix is ``_INBOX.<the NATS user it logged in as>``. ``answer``: the reply sent
+    back to that request (as its responder would)."""
     got: asyncio.Future[str] = asyncio.get_running_loop().create_future()
 
     async def cb(msg: Any) -> None:
         if not got.done():
             got.set_result(msg.reply)
+            if answer is not None:
+                await msg.respond(answer)
 
     sub = await admin.subscribe(subject, cb=cb)
     await admin.flush()
@@ -516,7 +520,9 @@ async def test_blocks_agent_next_to_blocks_up_connects_as_its_node(tmp_path: Pat
 
     admin_bus = Bus(await nats_connect(s.nats_url, "test/admin", s.endpoints.nats_ca))
     try:
-        reply = await _reply_prefix_of(admin_bus.nc, subjects.node_expected("cli-n1"), start)
+        # answered as the controllers would (no instance expected there): unanswered, the agent sat in
+        # its start-up reconcile, deaf to the SIGTERM that ends it here, for its 15 s reconcile wait
+        reply = await _reply_prefix_of(admin_bus.nc, subjects.node_expected("cli-n1"), start, answer=b'{"instances": {}}')
         assert reply.startswith("_INBOX.agent-cli-n1."), (reply, log.read_text()[-2000:])
         assert "cli-n1" in auth.Secrets.load(s.data_dir, create=False).agents
         assert await stored(admin_bus, subjects.node_registered("cli-n1"))  # it published as that user
@@ -667,17 +673,25 @@ def _secrets(data_dir: Path) -> list[str]:
     return [v for group in ("nats", "redis", "agents") for v in s[group].values()]
 
 
-def _run_briefly(argv: list[str], env: dict[str, str], seconds: float = 6) -> str:
-    """Output of a process that keeps retrying (a worker whose login is refused retries forever)."""
+def _run_briefly(argv: list[str], env: dict[str, str], refusals: int = 3, seconds: float = 60) -> str:
+    """Output of a process that keeps retrying (a worker whose login is refused retries forever,
+    every 0.5 s, each time with the same lines): until its parser has said it was refused
+    ``refusals`` times (first attempts and retries), or ``seconds``. (It ran a fixed 6 s.)"""
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    timer = threading.Timer(seconds, proc.kill)
+    timer.start()
+    lines: list[str] = []
     try:
-        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=seconds)
-        return r.stdout + r.stderr
-    except subprocess.TimeoutExpired as exc:
-        return _text(exc.stdout) + _text(exc.stderr)
-
-
-def _text(b: bytes | str | None) -> str:
-    return b.decode(errors="replace") if isinstance(b, bytes) else (b or "")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if sum("authorization violation" in x.lower() and '"kind": "parser"' in x for x in lines) >= refusals:
+                break
+    finally:
+        timer.cancel()
+        proc.kill()
+        rest, _ = proc.communicate(timeout=10)
+    return "".join(lines) + (rest or "")
 
 
 def _cmdline(pid: int) -> str:
