@@ -75,7 +75,8 @@ def test_replay_and_explain_render_what_was_recorded(cli: CliRunner, tmp_path: P
     # clusterAllocator's asks none (workers/gateway.skip_reason)
     assert calls == [["clusterAllocator.selection", "builtin:cluster-rank"],
                      ["clusterAllocator.post_dry_run", "builtin:cluster-rank"], ["resourceAllocator.allocation", "builtin:binpack"]]
-    assert any(ln.strip() == "dry_run cluster=c1 score=1.0" for ln in lines)  # the answer post_dry_run decided on
+    # the answer post_dry_run decided on, which no dry_run gave: the replay says so (explain does)
+    assert any(ln.strip() == "dry_run cluster=c1 score=1.0 (dry run skipped: c1 is the only candidate)" for ln in lines)
 
     text = _ok(cli, "explain", "cli-r")
     assert "block cli-r: ready" in text

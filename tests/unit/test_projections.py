@@ -142,3 +142,19 @@ def test_a_run_of_alike_policy_calls_is_one_line_and_a_count() -> None:
     ]
     few = {**data, "decisions": [call(1), call(2), call(3)]}  # up to RUN alike calls: each on its line
     assert len(line("aios.block.b1.allocation.failed", {"data": few})[1].splitlines()) == 4
+
+
+def test_a_skipped_dry_run_says_so_in_the_replay() -> None:
+    # `blocks replay` showed the gateway's stand-in answer for a round's one candidate as
+    # "dry_run cluster=c1 score=1.0", as if the cluster had scored the block 1: a block of 30
+    # instances of which 22 fit read as a perfect fit, then failed its allocation (explain said
+    # "dry run skipped")
+    from aios_blocks.projections.lines import line
+
+    skipped = {"block_id": "b1", "cluster_id": "c1", "gen": 2, "score": 1.0,
+               "skipped": "dry run skipped: c1 is the only candidate"}
+    asked = {"block_id": "b1", "cluster_id": "c2", "gen": 2, "score": 0.5}
+    data = {"block_id": "b1", "gen": 2, "cluster_id": "c1", "scores": {"c1": 1.0, "c2": 0.5}, "answers": [skipped, asked]}
+    _, detail, _ = line("aios.block.b1.post_dry_run", {"data": data})
+    assert "    dry_run cluster=c1 score=1.0 (dry run skipped: c1 is the only candidate)" in detail.splitlines()
+    assert "    dry_run cluster=c2 score=0.5" in detail.splitlines()

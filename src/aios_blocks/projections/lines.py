@@ -76,8 +76,11 @@ def adapt_line(adapt: AdaptTable) -> str:
 
 
 def answer_line(a: ev.DryRunResult, indent: str) -> str:
-    """One cluster's dry_run answer: score, error, why nodes were rejected, affinity scores, its policy calls."""
-    detail = f"cluster={a.cluster_id} score={a.score}" + (f" error={a.error}" if a.error else "")
+    """One cluster's dry_run answer: score, error, why nodes were rejected, affinity scores, its policy calls.
+    An answer the gateway made up in the cluster's place (the round's one candidate: no dry_run asked,
+    ``DryRunResult.skipped``) says so: its score is no resourceAllocator's, it counted nothing."""
+    detail = f"cluster={a.cluster_id} score={a.score}" + (f" ({a.skipped})" if a.skipped else "")
+    detail += f" error={a.error}" if a.error else ""
     for node, why in a.rejected_nodes.items():
         detail += f"\n    {indent}{node}: {why}"
     if a.node_scores:
