@@ -562,6 +562,37 @@ def test_a_refused_blocks_filter_is_said_under_the_filters_which_stay_to_be_corr
     expect(page.locator("#blocks-table tbody tr").first).to_be_visible()
 
 
+def test_up_says_why_its_console_keeps_exiting_on_a_taken_port(tmp_path: Path) -> None:
+    # 'console exited with code 1; started again ...' at every restart, for ever: why (the port
+    # taken by another program) was in logs/console.log only
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = taken.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k not in ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_DATA_DIR")}
+    proc = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "up", "--data-dir", str(tmp_path / "data"),
+                             "--console-port", str(port)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        line = ""
+        while not line.startswith("console exited"):
+            assert proc.poll() is None and time.monotonic() < deadline, line
+            line = proc.stdout.readline()
+        assert "address already in use; its log: " in line and f"started again on http://127.0.0.1:{port}/" in line, line
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        taken.close()
+
+
 def test_the_live_gpu_map_takes_only_the_nodes_that_changed(up: Up, page: Any) -> None:
     page.goto(up.url + "#/map")
     page.wait_for_selector("#gpu-canvas")

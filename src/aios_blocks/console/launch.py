@@ -56,6 +56,26 @@ RESTART_MAX_S = 10.0
 STEADY_S = 30.0
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _last_line(path: Path, since: int) -> str:
+    """The last line the console wrote to its log after byte ``since`` (its last run's), cut to
+    200 characters; '' when it wrote none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(since, _size(path) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return ""
+    said = [line.strip() for line in lines if line.strip()]
+    return said[-1][:200] if said else ""
+
+
 class Kept:
     """`blocks up`'s console child, started again on the same host and port when it exits (a
     crash, a kill -9): the URL `blocks up` printed and ``endpoints.json`` names keeps working.
@@ -64,6 +84,8 @@ class Kept:
     def __init__(self, data_dir: Path, port: int, host: str = "127.0.0.1", embedded: bool = True,
                  preexec: Callable[[], None] | None = None):
         self._args = (data_dir, port, host, embedded, preexec)
+        self._log = Path(data_dir) / "logs" / "console.log"
+        self._log_at = _size(self._log)
         self.proc, self.url, self.token = start(*self._args)
         self.restarts = 0
         self._started = time.monotonic()
@@ -81,13 +103,18 @@ class Kept:
             code = self.proc.returncode
             how = f"signal {signal.Signals(-code).name}" if code < 0 and -code in signal.valid_signals() else f"code {code}"
             # (said, as the supervisor says a worker's restart: it was silent; its own log is logs/console.log)
-            print(f"console exited with {how}; started again on {self.url} in {delay:g} s (restart {self.restarts + 1})",
+            # (and why, when it said: a --console-port taken by another program was 'exited with code 1'
+            # at each restart, for ever, with the reason in logs/console.log only)
+            said = _last_line(self._log, self._log_at)
+            why = f" ({said}; its log: {self._log})" if said else ""
+            print(f"console exited with {how}{why}; started again on {self.url} in {delay:g} s (restart {self.restarts + 1})",
                   file=sys.stderr, flush=True)
             if self._stop.wait(delay):
                 return
             delay = min(RESTART_MAX_S, delay * 2)
             self.restarts += 1
             self._started = time.monotonic()
+            self._log_at = _size(self._log)
             self.proc = start(*self._args)[0]
 
     def stop(self) -> None:
