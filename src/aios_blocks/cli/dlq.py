@@ -100,7 +100,11 @@ def _since(text: str | None) -> float | None:
     try:
         at = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
-        return time.time() - _seconds(text, "--since")
+        try:
+            return time.time() - _seconds(text, "--since")
+        except typer.BadParameter:  # the duration's message alone hid the ISO form this option takes too
+            raise typer.BadParameter(f"expected a duration like 30m, 2h, 1d or an ISO time like 2026-12-01T08:00:00Z; got {text!r}",
+                                     param_hint="--since") from None
     return (at if at.tzinfo else at.astimezone()).timestamp()
 
 
