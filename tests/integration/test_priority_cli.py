@@ -142,3 +142,16 @@ async def test_a_preemption_dry_run_whose_policy_fails_exits_1_and_says_why_as_w
     await _ok(system, "policy", "add", "bad-preempt", str(bad))
     r = await run(system, "preempt", "--dry-run", str(spec), "--cluster", "c1", "--policy", "registry:bad-preempt")
     assert r.returncode == 1 and "needs [bold]more[/bold] room" in r.stderr, r.stdout + r.stderr
+
+
+async def test_a_preemption_dry_run_of_a_rejected_spec_exits_2_as_the_submit_dry_run(system: System, tmp_path: Path) -> None:
+    """`blocks preempt --dry-run` exited 4 on a spec the parser rejects, `blocks submit --dry-run` 2
+    (bad input): a script checking one code for both was told different things."""
+    await _ok(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "1")
+    spec = tmp_path / "b.json"
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "b", "minInstances": 1,
+                                "maxInstances": 1, "priorityClass": "no-such-class"}))
+    submit = await run(system, "submit", str(spec), "--dry-run")
+    preempt = await run(system, "preempt", "--dry-run", str(spec), "--cluster", "c1")
+    assert submit.returncode == preempt.returncode == 2, submit.stdout + submit.stderr + preempt.stdout + preempt.stderr
+    assert "unknown priority class 'no-such-class'" in preempt.stderr and "rejected" in preempt.stderr, preempt.stderr

@@ -276,7 +276,8 @@ def preempt(
     """Which blocks a spec would preempt in a cluster now (like `nomad job plan`): the victims per
     node, or why there are none, and what its tenant's quota says (admit, admit-borrowing,
     reclaim, wait). Changes nothing. Exit 0 planned, 1 an unknown cluster or the policy failed (with
-    --json too: the output's "error" says why), 2 bad input, 4 the spec is rejected.
+    --json too: the output's "error" says why), 2 bad input: options or a rejected spec (as `blocks
+    submit --dry-run`).
 
     Example: `blocks preempt --dry-run urgent.yaml --cluster c1`
     """
@@ -324,8 +325,8 @@ def preempt(
     result = _request(go, data_dir, store_only=True)
     if isinstance(result, list):
         for e in result:
-            err.print(f"[red]{escape(e.path)}[/]: {escape(e.message)}")
-        raise typer.Exit(4)
+            err.print(f"[red]rejected[/] {escape(e.path)}: {escape(e.message)}")
+        raise typer.Exit(2)  # bad input, as `submit --dry-run` says it
     data, output, quota = result
     if as_json:
         _print_json({"input": data, "output": output, "quota": quota})
