@@ -34,3 +34,21 @@ async def test_a_node_id_held_by_another_cluster_is_refused(system: System, tmp_
     assert (await cli("node", "add", "c1-n0", "--cluster", "c1", "--gpus", "1"))[0] == 0  # its own cluster: an update
     code, out = await cli("check")
     assert code == 0 and "invariants hold" in out, out
+
+
+async def test_a_node_added_to_a_cluster_that_does_not_exist_is_refused(system: System) -> None:
+    """`blocks node add n9 --cluster c11` (a typo of c1) registered a new cluster c11 with its one
+    node, unsaid: `blocks cluster add` is how a cluster is made; the node is refused (exit 1) with
+    the known clusters and that command, and nothing is registered."""
+    env = {**os.environ, "AIOS_NATS_URL": system.supervisor.nats_url, "AIOS_REDIS_URL": system.supervisor.redis_url}
+    run = [sys.executable, "-m", "aios_blocks.cli"]
+    r = await asyncio.to_thread(subprocess.run, [*run, "cluster", "add", "c1"], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = await asyncio.to_thread(subprocess.run, [*run, "node", "add", "n9", "--cluster", "c11", "--gpus", "1"], env=env,
+                                capture_output=True, text=True, timeout=60)
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 1 and "no cluster 'c11' (known: c1)" in said and "blocks cluster add c11" in said, said
+    assert set(await system.client.store.clusters()) == {"c1"} and await system.client.store.node_cluster("n9") is None
+    r = await asyncio.to_thread(subprocess.run, [*run, "node", "add", "n9", "--cluster", "c1", "--gpus", "1"], env=env,
+                                capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and await system.client.store.node_cluster("n9") == "c1", r.stdout + r.stderr

@@ -169,8 +169,15 @@ class Client:
         await self.store.put_cluster(cluster)
         await self.bus.emit(E.inventory_hint, InventoryHint(cluster.id))
 
-    async def add_node(self, node: Node) -> None:
+    async def add_node(self, node: Node, cluster_must_exist: bool = False) -> None:
+        """Register (or update) a node; ``cluster_must_exist`` (``blocks node add``): a cluster not
+        registered is refused (LookupError naming the known ones), not made by the node."""
         await self._unique([node])
+        if cluster_must_exist:
+            known = sorted(await self.store.clusters())
+            if node.cluster not in known:
+                raise LookupError(f"no cluster {node.cluster!r} (known: {', '.join(known) or 'none'}); "
+                                  f"create it first with `blocks cluster add {node.cluster}`")
         await self._publish_nodes([node])
         await self.store.put_node(node)
         await self.bus.emit(E.inventory_hint, InventoryHint(node.cluster, [node.id]))

@@ -191,7 +191,7 @@ def cluster_add(
 
 def node_add(
     node_id: str,
-    cluster: str = typer.Option(..., "--cluster", "-c"),
+    cluster: str = typer.Option(..., "--cluster", "-c", help="A registered cluster (`blocks cluster list`; `blocks cluster add` makes one)."),
     gpus: int | None = typer.Option(None, min=0, show_default=False, help="GPUs (default 8)."),
     gpu_memory: int = typer.Option(81920, min=1, help="MiB per GPU."),
     gpu_model: str = typer.Option("sim-gpu"),
@@ -204,7 +204,8 @@ def node_add(
                                           "Also read from a `gpu-topology` label."),
     data_dir: Path = DataDir,
 ) -> None:
-    """Register a (simulated) node in a cluster.
+    """Register a (simulated) node in a registered cluster: a cluster that does not exist is
+    refused (exit 1, naming the known ones): `blocks cluster add C` creates one (a typo made one).
 
     Example: `blocks node add n9 --cluster c1 --gpus 4 -l rack=2`;
     `blocks node add n10 --cluster c1 --gpu-topology hybrid-cube-mesh-8`
@@ -220,7 +221,7 @@ def node_add(
         id=node_id, cluster=cluster, cpu=cpu, memory=memory, labels=labels,
         gpus=[Gpu(id=f"{node_id}-g{i}", model=gpu_model, memory=gpu_memory) for i in range(count)], topology=topo,
     )
-    _run(_with_client(data_dir, lambda c: c.add_node(node)))
+    _request(lambda c: c.add_node(node, cluster_must_exist=True), data_dir)
     console.print(f"node [bold]{node_id}[/] registered in {cluster}")
 
 
