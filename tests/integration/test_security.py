@@ -647,7 +647,10 @@ async def test_a_dangling_report_acts_only_on_the_node_of_its_subject(system: Sy
     """An agent may publish only its own node's ``dangling`` subject; the controller takes the node
     from that subject, so a body naming another node cannot get that node's instance removed."""
     assert system.servers is not None
-    agent = await Bus.open(auth.ensure_agent(system.data_dir, "dn1"), "test/agent-dn1")
+    # as `blocks agent` is started (its event key given: without one its bus asks the shared key's
+    # bucket, which an agent may not read, and waits out that request before making its own)
+    env = system.servers.agent_env("dn1")
+    agent = await Bus.open(env["AIOS_NATS_URL"], "test/agent-dn1", event_key=env.get("AIOS_EVENT_KEY"))
     admin = system.client.bus
     try:
         lie = Dangling("dn2", "victim-0", "victim", 1, "process", "h-lie")
