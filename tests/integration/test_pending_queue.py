@@ -63,7 +63,8 @@ async def test_a_block_that_fits_nowhere_waits_and_is_placed_when_another_is_del
     assert await PendingQueue(c.store.r).position("b") == ("_", 1, 1)
     out = json.loads(await _ok(system, "list", "--pending", "--json"))
     assert [(r["id"], r["position"]) for r in out] == [("b", 1)] and "no healthy node" in out[0]["reason"]
-    assert "waits in the pending queue" in await _ok(system, "explain", "b")
+    said = await _ok(system, "explain", "b")
+    assert "block b: pending - no cluster passed the filter rule" in said and "waits in the pending queue at position 1 of 1" in said, said
     await c.delete("a")
     await status_of(system, "b", "ready")  # placed, never submitted again
     assert await PendingQueue(c.store.r).position("b") is None

@@ -80,3 +80,31 @@ async def test_get_of_a_rejected_block_lists_its_spec_errors_one_per_line_withou
     assert "  $.colour: unknown field" in lines
     assert lines[-1] == "no instances"
     assert not any(line.startswith(("┏", "┃", "└")) for line in lines)  # no empty table
+
+
+def test_explain_of_a_waiting_block_says_pending_with_its_reason_and_not_the_queue_s_key(capsys: pytest.CaptureFixture[str]) -> None:
+    # explain's header said "block bx: parsed" (no reason) for a block waiting in the pending queue
+    # (a tenant's explain has no pending-queue line: that was all it learnt), and its queue line
+    # "waits in the pending queue _ at position 1 of 1": the primary queue's Redis key suffix
+    from aios_blocks.cli.state import waiting_line
+
+    why = "no cluster can hold minInstances (30) at once: c1 fits 20"
+    waits = [_ev("submitted", "10", block_id="bx", gen=1, subject="aios.block.bx.create"),
+             _ev("parsed", "11", block_id="bx", gen=1, ir={}),
+             _ev("pending", "12", block_id="bx", gen=1, reason=why, reasons={"c1": why})]
+    x = explain(waits)
+    assert (x["status"], x["reason"]) == ("pending", why)
+    capsys.readouterr()
+    _render_explain(x)
+    assert capsys.readouterr().out.splitlines()[0] == f"block bx: pending - {why}"
+    # its next round, then its placement: the wait's reason goes with it
+    again = explain([*waits, _ev("parsed", "20", block_id="bx", gen=1, ir={})])
+    assert (again["status"], again["reason"]) == ("parsed", "")
+    placed = explain([*waits, _ev("ready", "30", block_id="bx", gen=1, status="ready", instances=["bx-0"])])
+    assert (placed["status"], placed["reason"]) == ("ready", "")
+
+    line = {"reason": why, "scope": "_", "position": 1, "length": 1, "ahead": [], "preempted_by": "", "preempting": "",
+            "since": 0.0, "deadline": 0.0}
+    assert waiting_line(line) == f"waits in the pending queue at position 1 of 1 (behind nobody): {why}"  # type: ignore[arg-type]
+    assert waiting_line({**line, "scope": "vc1", "position": 2, "length": 2, "ahead": ["b0"]}) == (  # type: ignore[arg-type]
+        f"waits in the pending queue of virtual cluster vc1 at position 2 of 2 (behind b0): {why}")

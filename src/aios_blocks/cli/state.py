@@ -20,6 +20,7 @@ from .tenants import Credentials
 if TYPE_CHECKING:
     from ..projections.base import EventDoc
     from .client import Client
+    from .pending import Waiting
 
 T = TypeVar("T")
 
@@ -167,15 +168,23 @@ def explain(
             return 0
         _render_explain(x)
         if waiting is not None:
-            ahead = ", ".join(waiting["ahead"]) or "nobody"
-            console.print(escape(
-                f"waits in the pending queue {waiting['scope']} at position {waiting['position']} of {waiting['length']} "
-                f"(behind {ahead}): {waiting['reason']}"
-                + preempted_note(waiting["reason"], waiting["preempted_by"], "(it never preempts in turn)")
-                + ("; its preemption is under way (victims draining)" if waiting["preempting"] else "")))
+            console.print(escape(waiting_line(waiting) + preempted_note(waiting["reason"], waiting["preempted_by"], "(it never preempts in turn)")
+                                 + ("; its preemption is under way (victims draining)" if waiting["preempting"] else "")))
         return 0
 
     raise typer.Exit(_run(_with_client(data_dir, go)))
+
+
+def waiting_line(waiting: Waiting) -> str:
+    """Where ``blocks explain``'s block waits: the primary queue (scope ``_``, which it printed as
+    "the pending queue _") is the pending queue; a virtual cluster's is named."""
+    from ..state.queue import PRIMARY
+
+    scope = waiting["scope"]
+    where = "" if scope in ("", PRIMARY) else f" of virtual cluster {scope}"
+    ahead = ", ".join(waiting["ahead"]) or "nobody"
+    return (f"waits in the pending queue{where} at position {waiting['position']} of {waiting['length']} "
+            f"(behind {ahead}): {waiting['reason']}")
 
 
 async def _tenant_explain(bid: str, credentials: Path, as_json: bool) -> int:

@@ -20,6 +20,7 @@ import msgspec
 from ..schemas import condition as cond
 from ..schemas import events as ev
 from ..schemas import moves as mvs
+from ..schemas import priority as pr
 from ..schemas.catalog import E, Event
 from .base import Fact, Projection, StoredDoc, on, parse
 
@@ -267,8 +268,18 @@ class Explain(Projection):
     # -- the block's steps ------------------------------------------------------------------------
     @on(E.block_submitted, E.block_create, E.block_parsed, E.block_ready, E.block_deleted)
     def on_status(self, m: Fact[Any]) -> None:
-        """``create``: stored in AIOS by versions before AIOS_INTAKE."""
+        """``create``: stored in AIOS by versions before AIOS_INTAKE. A waiting block's reason goes
+        with its wait (the next round's ``parsed``, or its placement)."""
+        if self.out["status"] == "pending":
+            self.out["reason"] = ""
         self.out["status"] = _STATUS[m.event]
+
+    @on(E.block_pending)
+    def on_pending(self, m: Fact[pr.Pending]) -> None:
+        """Fits nowhere now, or a whole victim of a preemption: it waits in the pending queue, with
+        the reason, as the recovery fold has it (its status was left at ``parsed``, or ``ready`` for
+        a victim, and no reason, which a tenant, who has no pending-queue line, could not learn)."""
+        self.out["status"], self.out["reason"] = "pending", m.data.reason
 
     @on(E.block_rejected)
     def on_rejected(self, m: Fact[ev.Rejected]) -> None:
