@@ -108,3 +108,19 @@ def test_explain_of_a_waiting_block_says_pending_with_its_reason_and_not_the_que
     assert waiting_line(line) == f"waits in the pending queue at position 1 of 1 (behind nobody): {why}"  # type: ignore[arg-type]
     assert waiting_line({**line, "scope": "vc1", "position": 2, "length": 2, "ahead": ["b0"]}) == (  # type: ignore[arg-type]
         f"waits in the pending queue of virtual cluster vc1 at position 2 of 2 (behind b0): {why}")
+
+
+def test_explain_counts_a_stored_policys_calls_under_its_uri_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    # explain's summary said "resourceAllocator:resourceAllocator@1" for registry:pol-raises@v1: the
+    # version alone, not which policy
+    def call(uri: str, version: int | None, action: str) -> dict[str, Any]:
+        return {"block_id": "bx", "kind": "resourceAllocator", "policy": "resourceAllocator", "uri": uri, "version": version,
+                "action": action, "input_digest": "d", "duration_us": 10, "error": ""}
+
+    x = explain([_ev("allocation.failed", "10", block_id="bx", gen=1, step="allocation", reason="no",
+                     decisions=[call("registry:packer", 2, "allocation"), call("builtin:binpack", None, "dry_run")])])
+    assert sorted(x["decisions"]["by_policy"]) == ["resourceAllocator:resourceAllocator@builtin:binpack",
+                                                   "resourceAllocator:resourceAllocator@registry:packer@v2"]
+    capsys.readouterr()
+    _render_explain(x)
+    assert "  resourceAllocator:resourceAllocator@registry:packer@v2: 1 calls {'allocation': 1} 0.01 ms" in capsys.readouterr().out.splitlines()

@@ -246,7 +246,9 @@ class Explain(Projection):
             d["count"] += 1
             d["total_us"] += call.duration_us
             d["errors"] += 1 if call.error else 0
-            per = d["by_policy"].setdefault(f"{call.kind}:{call.policy}@{call.version or call.uri}",
+            # a stored policy is named by its URI and version, as `blocks replay` names it
+            # (registry:packer@v2): the version alone ("@2") did not say which policy it was
+            per = d["by_policy"].setdefault(f"{call.kind}:{call.policy}@{call.uri}" + (f"@v{call.version}" if call.version else ""),
                                             {"calls": 0, "us": 0, "actions": {}})
             per["calls"] += 1
             per["us"] += call.duration_us
