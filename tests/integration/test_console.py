@@ -771,6 +771,35 @@ def test_a_past_moment_after_the_last_event_or_no_number_says_so(up: Up, page: A
     expect(page.locator("#past-banner")).to_contain_text(f"as it was at stream sequence {last} ")
 
 
+def test_a_past_moment_of_an_empty_stream_is_the_system_now(page: Any, tmp_path: Path) -> None:
+    # the last stored sequence 0 was taken for unknown: ?seq=5 of an empty system said 'The system as
+    # it was at stream sequence 5 (the stream folded up to it)'
+    data = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if k not in ("AIOS_NATS_URL", "AIOS_REDIS_URL", "AIOS_DATA_DIR")}
+    none = [a for k in ("parsers", "gateways", "controllers", "agents", "executors", "collectors", "autoscalers", "checkers")
+            for a in (f"--{k}", "0")]  # (no worker: nothing is stored)
+    up = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "up", "--no-console", *none, "--data-dir", str(data)],
+                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    console = None
+    try:
+        assert up.stdout is not None
+        assert up.stdout.readline().startswith("up:")
+        console = subprocess.Popen([sys.executable, "-m", "aios_blocks.cli", "console", "--port", "0", "--data-dir", str(data)],
+                                   env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert console.stdout is not None
+        url = console.stdout.readline().split()[1]
+        assert get_json(url + "api/whoami")["seq"] == 0
+        page.goto(url + "?seq=5#/")
+        page.wait_for_selector("#ov-nodes")
+        expect(page.locator("#past-banner")).to_contain_text("Sequence 5 is after the last stored event (0)")
+    finally:
+        if console is not None:
+            console.kill()
+            console.wait(10)
+        up.send_signal(signal.SIGTERM)
+        up.wait(30)
+
+
 def test_the_live_events_page_keeps_the_newest_300(up: Up, page: Any) -> None:
     page.goto(up.url + "#/events")
     page.wait_for_selector("#tail div")

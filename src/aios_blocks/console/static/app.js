@@ -584,7 +584,7 @@ function setupMoment() {
     banner.hidden = false;
     // (a sequence after the last stored event folds the whole stream: the system now, not 'as it was')
     banner.textContent = !/^\d+$/.test(PAST) ? `?seq=${PAST} is no stream sequence number: use the slider, or the live button.`
-      : state.lastSeq && Number(PAST) > state.lastSeq
+      : state.seqKnown && Number(PAST) > state.lastSeq  // (0 too: an empty stream was 'as it was at N')
         ? `Sequence ${PAST} is after the last stored event (${state.lastSeq}): this is the system as it is now, folded from the stream. Live updates are off.`
         : `The system as it was at stream sequence ${PAST} (the stream folded up to it). Live updates are off.`;
   }
@@ -593,7 +593,7 @@ function setupMoment() {
 async function start() {
   try {
     const who = await fetch("/api/whoami", { headers: token() ? { "X-Console-Token": token() } : {} }).then((r) => r.json());
-    state.admin = who.admin; state.actions = who.actions; state.lastSeq = who.seq;
+    state.admin = who.admin; state.actions = who.actions; state.lastSeq = who.seq; state.seqKnown = true;
   } catch (e) { /* the view says what failed */ }
   const role = document.getElementById("role");
   role.textContent = state.admin ? "admin" : token() ? "observer (admin token refused)" : "observer (read only)";
