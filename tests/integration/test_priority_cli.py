@@ -155,3 +155,31 @@ async def test_a_preemption_dry_run_of_a_rejected_spec_exits_2_as_the_submit_dry
     preempt = await run(system, "preempt", "--dry-run", str(spec), "--cluster", "c1")
     assert submit.returncode == preempt.returncode == 2, submit.stdout + submit.stderr + preempt.stdout + preempt.stderr
     assert "unknown priority class 'no-such-class'" in preempt.stderr and "rejected" in preempt.stderr, preempt.stderr
+
+
+async def test_a_dry_runs_preemption_forecast_asks_the_blocks_own_preemption_policy(system: System, tmp_path: Path) -> None:
+    """`submit --dry-run` said "would preempt lo" from builtin:preempt-min whatever preemption policy
+    the block names: the walker asks the block's own, which here never preempts."""
+    await _ok(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "1")
+    await _ok(system, "priority-class", "add", "high", "1000")
+    spec = tmp_path / "b.json"
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "lo", "minInstances": 1, "maxInstances": 1}))
+    assert "ready" in await _ok(system, "submit", str(spec), "--wait")
+    never = tmp_path / "never.star"
+    never.write_text('def eval(parameters, input_data, context):\n    return {"victims": {}, "reason": "this one never preempts"}\n')
+    await _ok(system, "policy", "add", "never-preempt", str(never))
+    urgent = {"blockComponentURI": "aios://test/model", "blockId": "urgent", "minInstances": 1, "maxInstances": 1,
+              "priorityClass": "high"}
+    spec.write_text(json.dumps(urgent))
+    r = await run(system, "submit", str(spec), "--dry-run")
+    assert r.returncode == 4 and "would preempt lo" in " ".join(r.stdout.split()), r.stdout + r.stderr  # the default's
+    from .conftest import COMPONENT
+
+    comp = tmp_path / "never.json"  # the same model, but its component names its preemption policy
+    comp.write_text(json.dumps({**COMPONENT, "componentURI": "aios://test/never", "policies": [
+        *COMPONENT["policies"], {"name": "preemption", "policyRuleURI": "registry:never-preempt", "parameters": {}, "settings": {}}]}))
+    await _ok(system, "component", "add", str(comp))
+    spec.write_text(json.dumps({**urgent, "blockComponentURI": "aios://test/never"}))
+    r = await run(system, "submit", str(spec), "--dry-run")
+    said = " ".join(r.stdout.split())
+    assert r.returncode == 4 and "would wait behind 0 block(s)" in said and "would preempt" not in said, r.stdout + r.stderr

@@ -91,20 +91,23 @@ async def forecast(store: Any, ir: BlockIR, cids: list[str], min_delta: int) -> 
     if not hq.waits(ir):
         return ["queue: false: it would fail at once (--no-queue)"]
     from ..policies.runtime import PolicyRuntime
+    from ..workers.queue import DEFAULT_POLICY as DEFAULT_PREEMPTION
 
     bid, priority = str(ir["blockId"]), int(ir.get("priority") or 0)
     notes = [f"would wait behind {await PendingQueue(store.r).ahead(scope_of(ir), priority)} block(s) in the pending queue"]
     if priority <= 0:
         return notes
     placed, _ = await PriorityStore(store.r).placed()
-    rule = {"name": "preemption", "policyRuleURI": "builtin:preempt-min"}
+    # the rule the queue walker would call: the block's own (its spec's or component's), else the
+    # default (workers/queue.py's with_rule); a registered one is read as the walker reads it
+    rule = (ir.get("policies") or {}).get("preemption") or {"name": "preemption", "policyRuleURI": DEFAULT_PREEMPTION}
     for cid in cids:
         views = await store.read_nodes(cid, await store.node_ids(cid))
         data = preempt_input(bid, ir, cid, views, placed, min_delta)
         if not data["candidates"]:
             continue
         try:
-            out = await PolicyRuntime().invoke(rule, "cli.preempt", data, {})
+            out = await PolicyRuntime(lookup=store.policy_get).invoke(rule, "cli.preempt", data, {})
         except PolicyFailed:
             continue
         if out.get("victims"):
