@@ -305,6 +305,21 @@ async def test_no_observer_squats_a_future_agents_consumer_name(servers: Embedde
     assert await ob.denied(f"$JS.API.CONSUMER.MSG.NEXT.{subjects.STREAM}.agent-n9")
 
 
+#: a subject no role may publish: its violation marks how far the server has answered
+SENTINEL = "sentinel.no-role-publishes-this"
+
+
+async def _allowed(conn: Conn, subject: str) -> bool:
+    """Whether the server took the publish to ``subject`` just sent without a violation: a publish
+    denied to every role is sent after it and its violation awaited (a connection's messages are
+    checked, and violations reported, in order), then none may name ``subject``. (It waited the
+    whole of ``denied``'s 5 s for a violation that never came.)"""
+    await conn.nc.publish(SENTINEL, b"{}")
+    assert await conn.denied(SENTINEL), f"{conn.user} may publish {SENTINEL}"
+    needle = f'permissions violation for publish to "{subject}"'.lower()
+    return not any(needle in e.lower() for e in conn.errors)
+
+
 async def test_worker_roles_are_confined_to_their_own_subjects(servers: EmbeddedServers, admin: Bus, connect: Any) -> None:
     ep = servers.endpoints
     parser = await connect(ep.nats_url("parser"))
@@ -330,7 +345,7 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
         await controller.nc.publish(subject, b"{}")
         assert await controller.denied(subject), subject
     await controller.nc.publish(f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.controller-c9", b"{}")
-    assert not await controller.denied(f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.controller-c9")
+    assert await _allowed(controller, f"$JS.API.CONSUMER.DURABLE.CREATE.{st}.controller-c9")
     autoscaler = await connect(ep.nats_url("autoscaler"))  # targets and its decisions only: never a placement
     for subject in ("aios.cluster.w1.scale", "aios.node.w1.instance.create", "aios.block.w-1.ready"):
         await autoscaler.nc.publish(subject, b"{}")
@@ -346,7 +361,7 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
         await checker.nc.publish(subject, b"{}")
         assert await checker.denied(subject), subject
     await checker.nc.publish("aios.block.w-1.instance.i.verdict", b"{}")
-    assert not await checker.denied("aios.block.w-1.instance.i.verdict")
+    assert await _allowed(checker, "aios.block.w-1.instance.i.verdict")
     for subject in ("aios.node.w1.instance.restart",):
         assert not await stored(admin, subject)
     # the executor's one event: the activator's request for a first instance of a block at zero
@@ -355,7 +370,7 @@ async def test_worker_roles_are_confined_to_their_own_subjects(servers: Embedded
         await executor.nc.publish(subject, b"{}")
         assert await executor.denied(subject), subject
     await executor.nc.publish("aios.block.w-2.scale.target", b"{}")
-    assert not await executor.denied("aios.block.w-2.scale.target")
+    assert await _allowed(executor, "aios.block.w-2.scale.target")
     kv_stream = f"KV_{subjects.INSTANCE_BUCKET}"  # the bucket: made and read, never deleted or purged
     for subject in (f"$JS.API.STREAM.DELETE.{kv_stream}", f"$JS.API.STREAM.PURGE.{kv_stream}", f"$JS.API.STREAM.UPDATE.{kv_stream}"):
         await executor.nc.publish(subject, b"{}")
