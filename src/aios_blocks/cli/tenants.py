@@ -118,7 +118,8 @@ def tenant_add(
     """Add a tenant (a NATS account of its own) and its first user, `NAME.main`; print where its
     credentials file is (0600: url, user, password). Again with limits: change them. The limits are
     the tenant's: split across its users' accounts (`blocks tenant get NAME` shows each share);
-    one that cannot give each user at least one is refused.
+    one that cannot give each user at least one is refused. A new name that differs from a
+    tenant's only in case (`Acme` beside `acme`) is refused (exit 2): it is taken for that one.
 
     Example: `blocks tenant add team-a --json`, `blocks tenant add team-a --max-connections 8`
     """
@@ -220,6 +221,8 @@ def tenant_user_add(
     tenant's limits are split anew, one more share: refused (exit 2, naming the flag to raise) when
     a limit cannot give each user at least one, or an account holds more than its new share (read
     through the server's system account: an account using every connection of its share is read too).
+    A new user name that differs from one of the tenant's only in case (`Dash` beside `dash`) is
+    refused (exit 2).
 
     Example: `blocks tenant user add team-a dashboard --json`
     """
