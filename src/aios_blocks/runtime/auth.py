@@ -24,7 +24,7 @@ import socket
 import ssl
 import subprocess
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +35,7 @@ from ..bus.catalog import EVENTS, E
 from ..schemas import roles
 from ..schemas.spec import ID_RE
 from ..urls import mask as mask  # re-exported: the CLI and tests use it from here
-from . import task_users, tenant_usage
+from . import task_users, tenant_names, tenant_usage
 from . import tenants as tn
 from .locate import REDIS_ROLE, redis_role_url, with_userinfo  # noqa: F401  (the light half the CLI uses; re-exported)
 
@@ -709,28 +709,15 @@ def tenant_user_url(data_dir: Path, tenant: str, user: str = tn.FIRST_USER) -> s
     return with_userinfo(ep.nats, tn.user_name(tenant, user), pw)
 
 
-def _same_but_case(what: str, name: str, held: Mapping[str, Any]) -> None:
-    """Refuse (ValueError: bad input) a new ``name`` that differs from one held only in case
-    (``acme`` and ``Acme``): two accounts, credentials folders and quota tenants a reader takes for
-    one, and one folder on a case-insensitive file system. Names stored so by an older version
-    stay as they are (this runs for a new name only)."""
-    other = next((h for h in sorted(held) if h != name and h.casefold() == name.casefold()), None)
-    if other is not None:
-        raise ValueError(f"{what} {name!r} differs from the existing {other!r} only in case (taken for one): "
-                         f"give {other!r} to mean that one, or another name")
-
-
 def add_tenant(data_dir: Path, tenant: str, limits: tn.Limits | None = None, timeout: float = 10.0) -> tuple[bool, Path]:
-    """Make ``tenant``'s account with its first user (``main``) on the running embedded server
-    (config rewrite + reload); (whether it is new, its credentials file). An existing tenant keeps
-    its users; given ``limits`` replace its limits."""
+    """Make ``tenant``'s account, first user ``main``, on the running embedded server (config rewrite
+    + reload): (whether new, its credentials file). An existing one keeps its users; ``limits`` replace its."""
     ep = secured_endpoints(data_dir, "tenants")
     tn.check_name(tenant)
     with locked(ep.data_dir):
         s = Secrets.load(ep.data_dir, create=False)
         new = tenant not in s.tenants
-        if new:
-            _same_but_case("tenant", tenant, s.tenants)
+        tenant_names.refuse_case_twin("tenant", tenant, s.tenants)
         t = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {}))
         old = tn.Tenant.from_dict(tenant, s.tenants.get(tenant, {}))
         t.users.setdefault(tn.FIRST_USER, _token())
@@ -776,8 +763,8 @@ def add_tenant_user(data_dir: Path, tenant: str, user: str, timeout: float = 10.
             raise LookupError(f"no tenant {tenant!r} (blocks tenant add {tenant})")
         t = tn.Tenant.from_dict(tenant, s.tenants[tenant])
         new = user not in t.users
+        tenant_names.refuse_case_twin(f"user of tenant {tenant!r}", user, t.users)
         if new:  # its limits split anew, one more share (ValueError: which to raise, or what holds too much)
-            _same_but_case(f"user of tenant {tenant!r}", user, t.users)
             t.users[user] = _token()
             s.tenants[tenant] = tenant_usage.check(t, tn.Tenant.from_dict(tenant, s.tenants[tenant]), ep.nats, ep.nats_ca,
                                                    s.nats.get(tn.MONITOR_USER)).to_dict()
