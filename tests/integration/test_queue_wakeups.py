@@ -11,15 +11,17 @@ periodic pass is 300 s: only the wake-up can place the waiting block within the 
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
+from aios_blocks.settings import Settings
 from aios_blocks.settings import current as settings_now
 from aios_blocks.state.queue import LEASE_KEY, PendingQueue
 from aios_blocks.workers.base import Worker
 from aios_blocks.workers.queue import QueueWalker
 
-from .conftest import System
+from .conftest import System, worker_rig
 from .test_pending_queue import spec, status_of
 
 pytestmark = pytest.mark.integration
@@ -62,3 +64,20 @@ async def test_a_capacity_event_seen_by_a_non_leader_wakes_the_leaders_walker(no
         walker.wake.set()
         await asyncio.wait_for(task, 10)
         await leader.close()
+
+
+async def test_a_stop_ends_the_walker_at_once_not_at_its_next_periodic_pass(tmp_path: Path) -> None:
+    """A controller's stop ended its queue walker only at the walker's next periodic pass
+    (``AIOS_QUEUE_RESYNC_S``, 2 s by default: every controller process stopped up to 2 s late).
+    Here that pass is an hour away: a walker that waited for it is still running at the guard."""
+    async with worker_rig(tmp_path, "controller", Settings(queue_resync_s=3600)) as (w, c):
+        walker = QueueWalker(w)
+        stop = asyncio.Event()
+        task = asyncio.create_task(walker.run(stop))
+        async with asyncio.timeout(10):  # listening: its loop is in the wait for its next pass
+            while dict(await c.store.r.pubsub_numsub("aios:meta:queue:wake")).get("aios:meta:queue:wake", 0) < 1:
+                await asyncio.sleep(0.05)
+        assert not task.done()
+        stop.set()
+        async with asyncio.timeout(60):
+            await task

@@ -227,10 +227,14 @@ class QueueWalker:
     async def run(self, stop: asyncio.Event) -> None:
         _running[id(self.w)] = self
         listener = asyncio.create_task(self._listen(stop))
+        stopped = asyncio.ensure_future(stop.wait())  # a stop ends the wait for the next pass at once
         try:
             while not stop.is_set():
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), self.s.queue_resync_s)
+                woken = asyncio.ensure_future(self.wake.wait())
+                await asyncio.wait((woken, stopped), timeout=self.s.queue_resync_s, return_when=asyncio.FIRST_COMPLETED)
+                woken.cancel()
+                if stop.is_set():
+                    break
                 await asyncio.sleep(DEBOUNCE_S)  # a burst of removals is one pass
                 self.wake.clear()
                 poked, self.poked = self.poked, False
@@ -242,6 +246,7 @@ class QueueWalker:
                     log.warning("queue.pass_failed", error=repr(exc))
         finally:
             _running.pop(id(self.w), None)
+            stopped.cancel()
             listener.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await listener
