@@ -65,6 +65,8 @@ class Settings(BaseSettings):
     nats_ca: str | None = Field(None, description="CA file to verify a tls:// NATS server (the embedded self-signed certificate)")
     nats_creds: str | None = Field(None, description="a NATS .creds file (JWT + nkey seed) for operator-mode servers")
     event_key: str | None = Field(None, repr=False, description="key of the keyed event ids (else the shared one in the KV bucket)")
+    instance_key: str | None = Field(None, repr=False, description="the system's instance key K (executors, the simulated fleet): each try at an instance carries its token Aios-Instance-Token, derived from K and the map's node and instance ids; blocks up gives its executors <data dir>/auth/instance-key when auth is on; unset: no token is sent (docs/security.md \"Instances' ports: a token per instance\")")
+    instance_node_key: str | None = Field(None, repr=False, description="a node agent's own instance key K_N = HMAC(K, node id) (blocks instance-key --node-id N prints it; an agent next to blocks up gets it from its data dir): it starts each instance with its token in AIOS_INSTANCE_TOKEN; unset: instances get no token and take any caller's tasks")
     atomic_batch_min: int = Field(
         24, ge=0, description="a fetched batch's stored events go as one atomic batch per stream from this many on (0: never; publish_async each)"
     )

@@ -48,6 +48,15 @@ class System:
     client: Client
     data_dir: Path
 
+    def instance_headers(self, node: str, iid: str) -> dict[str, str]:
+        """What an executor adds to a task for instance ``iid`` on ``node``: its token, when the
+        servers made an instance key (auth on; docs/security.md). A test that talks to an
+        instance's port directly sends it, as only the executors may."""
+        from aios_blocks.runtime import instance_key
+
+        key = instance_key.read(self.data_dir) if self.servers is not None and self.servers.auth else None
+        return {"Aios-Instance-Token": instance_key.token(key, node, iid)} if key else {}
+
     async def submit_and_wait(self, spec: dict[str, Any], timeout: float = 60) -> tuple[str, str, dict[str, Any]]:
         bid = await self.client.submit(spec)
         kind, env = await self.client.wait(bid, timeout)

@@ -239,6 +239,11 @@ async def test_instance_runs_labelled_is_added_and_delete_removes_it(agents: Age
     gpu_env = await agents.environment(insts[0])
     assert gpu_env["CUDA_VISIBLE_DEVICES"] == gpu_env["NVIDIA_VISIBLE_DEVICES"] == gpu_env["AIOS_GPUS"] == recorded[0]
     assert recorded[0].startswith("GPU-n1-") and gpu_env["AIOS_GPU_INDICES"] == recorded[0].rsplit("-", 1)[1]
+    servers = agents.system.servers  # its own token (docs/security.md), not in its stored start command
+    if servers is not None and servers.auth:
+        from aios_blocks.runtime import instance_key
+
+        assert gpu_env["AIOS_INSTANCE_TOKEN"] == instance_key.token(instance_key.read(servers.data_dir) or "", "n1", iid)
     workdir = Path(labels["aios.workdir"])
     assert (workdir / "blockInitData.json").exists()
     history = [s for s, _, _ in await c.history(bid)]

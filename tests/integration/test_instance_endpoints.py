@@ -38,7 +38,8 @@ async def test_sim_instances_have_endpoints_that_serve_health_tasks_and_metrics(
         for iid, endpoint in endpoints.items():
             async with http.get(f"{endpoint}/health") as r:
                 assert r.status == 200 and (await r.json())["instance_id"] == iid
-            async with http.post(f"{endpoint}/infer", json={"x": 1}) as r:  # the default input path
+            token = system.instance_headers(insts[iid]["node"], iid)  # as the executors send it
+            async with http.post(f"{endpoint}/infer", json={"x": 1}, headers=token) as r:  # the default input path
                 assert r.status == 200 and await r.json() == {"instance_id": iid, "output": {"x": 1}}
             async with http.get(f"{endpoint}/metrics") as r:
                 samples = parse_text(await r.text())
@@ -83,11 +84,12 @@ async def test_sim_instances_take_their_path_and_behaviour_from_the_block(system
         "parameters": {"sim": {"failureRate": 1.0}},
     })
     assert kind == "ready", env
-    (rec,) = (await system.client.store.instances(bid)).values()
+    ((iid, rec),) = (await system.client.store.instances(bid)).items()
+    token = system.instance_headers(rec["node"], iid)  # as the executors send it
     async with aiohttp.ClientSession() as http:
-        async with http.post(f"{rec['endpoint']}/v1/completions", json={"prompt": "x"}) as r:
+        async with http.post(f"{rec['endpoint']}/v1/completions", json={"prompt": "x"}, headers=token) as r:
             assert r.status == 500 and (await r.json())["error"] == "simulated failure"
-        async with http.post(f"{rec['endpoint']}/infer", json={}) as r:
+        async with http.post(f"{rec['endpoint']}/infer", json={}, headers=token) as r:
             assert r.status == 404  # only the block's own input path takes tasks
         async with http.get(f"{rec['endpoint']}/metrics") as r:
             m = parse_text(await r.text())

@@ -49,7 +49,8 @@ async def test_an_sdk_instance_under_the_process_runtime_serves_its_protocol_pat
     assert kind == "ready", env
     ((iid, rec),) = (await c.store.instances(bid)).items()
     endpoint = rec["endpoint"]
-    async with aiohttp.ClientSession() as http:
+    # straight to its port, as only the executors may: with its token (docs/security.md)
+    async with aiohttp.ClientSession(headers=process_agents.system.instance_headers("n1", iid)) as http:
         async with http.get(f"{endpoint}/health") as r:  # the agent's probe saw it ready before `added`
             assert r.status == 200 and (await r.json())["instance_id"] == iid
         async with http.post(f"{endpoint}/v1/echo", json={"q": "hi"}) as r:

@@ -26,6 +26,7 @@ import structlog
 from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..bus.router import Inbound
+from ..runtime.instance_key import node_key
 from ..schemas.events import InstanceCommand, SidecarCommand
 from ..schemas.records import JSONObject, NodeMeta
 from ..schemas.spec import Node
@@ -126,6 +127,8 @@ class Fleet:
         cfg = AgentConfig(
             node=node, runtime_name="sim", register=False, inventory=False, reconcile=False, heartbeat=False, workdirs=False,
             probes=False, drain_grace_s=self.w.settings.drain_grace_s,
+            # it plays every simulated node: it holds K and gives each node's agent only K_N
+            instance_node_key=node_key(key, node.id) if (key := self.w.settings.instance_key) else "",
         )
         return NodeAgent(self.w.bus, self.runtime, NoGpus(), cfg, boot=self.boot)
 

@@ -156,6 +156,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
         drain_grace_s=opts.drain_grace_s,
         sidecar_nats_url=sidecar_url, sidecar_nats_ca=bus.settings.nats_ca or "",
         sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=sidecar_users,
+        instance_node_key=bus.settings.instance_node_key or "",  # its instances' tokens (docs/security.md)
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)

@@ -35,6 +35,7 @@ from ..bus.catalog import E
 from ..bus.nats_bus import Bus
 from ..bus.router import Inbound, Router
 from ..bus.subjects import ConsumerSpec
+from ..runtime.instance_key import instance_token
 from ..schemas.events import (
     Dangling,
     Heartbeat,
@@ -46,7 +47,7 @@ from ..schemas.events import (
     SidecarCommand,
 )
 from ..schemas.policy_io import as_float, as_int
-from ..schemas.protocol import METRICS_PATH, endpoint_port, endpoint_url
+from ..schemas.protocol import INSTANCE_TOKEN_ENV, METRICS_PATH, endpoint_port, endpoint_url
 from ..schemas.records import InstanceRecord, JSONObject
 from ..schemas.sharing import GPU_MEMORY_LIMIT_ENV
 from ..schemas.spec import Launch, Node
@@ -116,6 +117,9 @@ class AgentConfig:
     #: a user per block for its side-cars (``runtime.sidecar_users.SidecarUsers``; ``None``: every
     #: side-car gets ``sidecar_nats_url``)
     sidecar_users: Any = None
+    #: this node's instance key ``K_N`` (``AIOS_INSTANCE_NODE_KEY``; ``runtime.instance_key``): each
+    #: instance starts with its token in ``AIOS_INSTANCE_TOKEN``; "" gives none (any caller's tasks)
+    instance_node_key: str = field(default="", repr=False)
 
 
 class Placed(TypedDict):
@@ -376,7 +380,8 @@ class NodeAgent:
         def launch_spec(gpu: GpuAssignment, ports: dict[str, int], workdir: Path | None = None) -> LaunchSpec:
             return LaunchSpec(
                 instance_id=iid, block_id=cmd.block_id, node_id=self.node_id, gen=cmd.gen, image=cmd.image,
-                command=list(launch.command), env=instance_env(cmd.env, gpu.env, ports, bind_host(self.cfg.advertise_host)),
+                command=list(launch.command),
+                env={**instance_env(cmd.env, gpu.env, ports, bind_host(self.cfg.advertise_host)), **self._token_env(iid)},
                 workdir=workdir,
                 ports=ports, gpus=list(cmd.gpus), gpu_devices=attach, resources=cmd.resources,
                 stop_grace_s=launch.stopGraceS,
@@ -401,6 +406,12 @@ class NodeAgent:
 
             stages.append((ProvisionStage(self._probe_provisioner(cmd.block_id, cmd.gen, iid, msg_key)), DerivedSpec(probe_spec, container, port_stage)))
         return Runner(iid, stages)
+
+    def _token_env(self, iid: str) -> dict[str, str]:
+        """``AIOS_INSTANCE_TOKEN`` of instance ``iid`` when this node has its instance key: only in
+        the instance's environment, never in its start command (stored, read by observers) or a log."""
+        key = self.cfg.instance_node_key
+        return {INSTANCE_TOKEN_ENV: instance_token(key, iid)} if key else {}
 
     def _probe_provisioner(self, bid: str, gen: int, iid: str, msg_key: str = "") -> ProbeProvisioner:
         """``msg_key``: that of the create (``restart:<seq>`` after an in-place restart), so a fault

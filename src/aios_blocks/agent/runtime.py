@@ -49,7 +49,7 @@ class LaunchSpec:
     gen: int
     image: str = ""
     command: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict, repr=False)  # may hold AIOS_INSTANCE_TOKEN: never in a log
     workdir: Path | None = None
     ports: dict[str, int] = field(default_factory=dict)
     gpus: list[str] = field(default_factory=list)

@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..schemas.protocol import endpoint_port, endpoint_url
+from ..schemas.protocol import INSTANCE_TOKEN_ENV, endpoint_port, endpoint_url
 from .runtime import LABEL_INSTANCE, LABEL_NODE, LABEL_PORTS, LaunchSpec, RuntimeError_, RuntimeInstance
 from .sim_serve import SimBehaviour, SimServer
 
@@ -84,7 +84,8 @@ class SimRuntime:
         inst = RuntimeInstance(handle, labels, True)
         if self.server is not None and spec.kind == "instance":  # a simulated side-car serves nothing
             behaviour = SimBehaviour.from_env(spec.env)
-            served = await self.server.add(spec.instance_id, behaviour, endpoint_port(spec.ports) or 0)
+            served = await self.server.add(spec.instance_id, behaviour, endpoint_port(spec.ports) or 0,
+                                           spec.env.get(INSTANCE_TOKEN_ENV, ""))
             if not spec.ports:  # a port of its own: recorded so a restored instance gets it back
                 labels[LABEL_PORTS] = json.dumps({"http": served.port})
             labels[LABEL_SIM] = _behaviour_label(behaviour)

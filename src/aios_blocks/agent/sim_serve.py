@@ -39,7 +39,17 @@ from typing import Any
 from aiohttp import web
 
 from ..instance.metrics import CONTENT_TYPE, SystemMetrics
-from ..schemas.protocol import HEALTH_PATH, INSTANCE_HEADER, METRICS_PATH, MISDIRECTED, misdirected, task_path
+from ..schemas.protocol import (
+    HEALTH_PATH,
+    INSTANCE_HEADER,
+    INSTANCE_TOKEN_HEADER,
+    METRICS_PATH,
+    MISDIRECTED,
+    UNAUTHORIZED,
+    misdirected,
+    task_path,
+    unauthorized,
+)
 from ..schemas.records import JSONObject
 
 #: the listen backlog of an instance's socket (aiohttp's default)
@@ -107,6 +117,8 @@ class SimInstance:
     #: the event loop's server on the instance's socket
     server: asyncio.AbstractServer | None = None
     slots: asyncio.Semaphore | None = None
+    #: what its tasks must carry (``Aios-Instance-Token``; its ``AIOS_INSTANCE_TOKEN``), "" none
+    token: str = field(default="", repr=False)
 
     def service_time(self) -> float:
         b = self.behaviour
@@ -136,8 +148,9 @@ class SimServer:
             self._runner = runner
         return self._runner
 
-    async def add(self, instance_id: str, behaviour: SimBehaviour, port: int = 0) -> SimInstance:
-        """Serve ``instance_id`` on ``port`` (0: any free port); idempotent per id."""
+    async def add(self, instance_id: str, behaviour: SimBehaviour, port: int = 0, token: str = "") -> SimInstance:
+        """Serve ``instance_id`` on ``port`` (0: any free port); idempotent per id. ``token``: what
+        its tasks must carry (as the instance SDK's, ``AIOS_INSTANCE_TOKEN``), "" any caller's."""
         async with self._lock:
             inst = self.by_id.get(instance_id)
             if inst is not None:
@@ -170,7 +183,7 @@ class SimServer:
                 sock.close()
                 raise
             actual = int(sock.getsockname()[1])
-            inst = SimInstance(instance_id, behaviour, actual, server=server)
+            inst = SimInstance(instance_id, behaviour, actual, server=server, token=token)
             if behaviour.max_concurrency:
                 inst.slots = asyncio.Semaphore(behaviour.max_concurrency)
                 inst.metrics.kv_cache_usage = 0.0
@@ -235,6 +248,9 @@ class SimServer:
         if (probe or scrape or task) and why:  # meant for the instance that left
             return web.json_response({"error": why, "instance_id": inst.instance_id}, status=MISDIRECTED,
                                      headers={INSTANCE_HEADER: inst.instance_id})
+        if inst.token and not (probe or scrape):  # only the executors, with its token (the SDK's rule)
+            if refused := unauthorized(inst.token, request.headers.get(INSTANCE_TOKEN_HEADER), "task" if task else "request"):
+                return web.json_response({"error": refused}, status=UNAUTHORIZED, headers={"WWW-Authenticate": INSTANCE_TOKEN_HEADER})
         if probe:
             return web.json_response({"status": "ready", "instance_id": inst.instance_id})
         if scrape:

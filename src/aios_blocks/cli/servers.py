@@ -144,12 +144,15 @@ def worker(
 
         protect_controller(data_dir, cluster)  # observers may not touch its durable controller-<cid>
     settings = load_settings()
-    if kind == "executor" and not settings.executor_http_users and not os.environ.get("AIOS_NATS_URL"):
-        from ..runtime import auth, task_users
+    if kind in ("executor", "agent-sim") and not os.environ.get("AIOS_NATS_URL"):
+        from ..runtime import auth, instance_key, task_users
 
         ep = auth.read_endpoints(data_dir)  # its HTTP port asks for the users' credentials, as blocks up's does
         if ep is not None and ep.auth:
-            settings = settings.model_copy(update={"executor_http_users": str(task_users.path(data_dir))})
+            if kind == "executor" and not settings.executor_http_users:
+                settings = settings.model_copy(update={"executor_http_users": str(task_users.path(data_dir))})
+            if not settings.instance_key:  # the instances' tokens (docs/security.md)
+                settings = settings.model_copy(update={"instance_key": instance_key.read(data_dir)})
     configure_logging(settings.log_level)
     tune_gc(settings.gc_gen0_threshold)
     _run(run_worker(kind, nats_url, redis_url, cluster, settings=settings), quiet=False)  # its log as configured
@@ -209,6 +212,10 @@ def agent(
     which may publish only this node's subjects; AIOS_AUTH=0 servers need none). GPUs come from NVML when a driver is
     present (`nvidia-ml-py`), else none, or `--sim-gpus N`.
 
+    Its instances take tasks only from the executors when it has its node's instance key: from a local
+    `blocks up` with auth on, else AIOS_INSTANCE_NODE_KEY (`blocks instance-key --node-id N` on the
+    servers' host prints it); without, they take any caller's (docs/security.md).
+
     Example (GPU host): `AIOS_NATS_URL=nats://10.0.0.5:4222 blocks agent --node-id gpu-7 --cluster eu-1 --runtime docker --rack 3 --zone eu-1a`
     """
     from ..agent.main import AgentOptions, run_agent
@@ -262,6 +269,32 @@ def agent(
     except Exception as exc:  # e.g. no Docker engine
         err.print(f"[red]agent failed[/]: {escape(str(exc))}")
         raise typer.Exit(1)
+
+
+def instance_key(
+    node_id: str = typer.Option(..., "--node-id", help="The node whose agent the key is for."),
+    data_dir: Path = DataDir,
+) -> None:
+    """Print the instance key of node N's agent (AIOS_INSTANCE_NODE_KEY=...), for an agent on another
+    host: derived from the system's key (AIOS_INSTANCE_KEY, else DATA_DIR/auth/instance-key, which
+    `blocks up` makes with auth on), so it gives that agent its own instances' tokens only.
+
+    Example: `blocks instance-key --node-id gpu-7`, then on gpu-7: `AIOS_INSTANCE_NODE_KEY=... blocks agent --node-id gpu-7 ...`
+    """
+    from ..runtime import instance_key as ik
+    from ..schemas.spec import Node
+    from ..settings import load as load_settings
+
+    try:
+        Node(id=node_id, cluster="c")
+    except Exception as exc:
+        err.print(f"[red]invalid node id[/]: {escape(_one_line(exc))}")
+        raise typer.Exit(2)
+    key = load_settings().instance_key or ik.read(data_dir)
+    if not key:
+        err.print(f"[red]No instance key[/]: set AIOS_INSTANCE_KEY, or run `blocks up` with auth on in {escape(str(data_dir))}")
+        raise typer.Exit(2)
+    print(f"{ik.NODE_KEY_ENV}={ik.node_key(key, node_id)}")
 
 
 def demo(

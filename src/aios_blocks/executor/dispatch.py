@@ -3,7 +3,9 @@ over one pooled aiohttp session. A task is tried on another instance (bounded, w
 when it never reached the first (connection refused, or ``421 Misdirected Request``: another
 instance now serves that endpoint and ran nothing), or when it is marked ``Aios-Idempotent:
 true``; otherwise the instance's failure is the answer, so a task is never sent twice without that
-mark. Each attempt names its instance (``Aios-Instance``, ``schemas.protocol``). The ingress
+mark. Each attempt names its instance (``Aios-Instance``, ``schemas.protocol``) and, with the
+system's instance key (``AIOS_INSTANCE_KEY``), carries its token (``Aios-Instance-Token``,
+``runtime.instance_key``: computed from the map's node and instance ids). The ingress
 (``executor/ingress.py``) turns tasks into calls of :meth:`Dispatcher.dispatch`; the routes are the
 executor's (``workers/executor.py``)."""
 
@@ -18,15 +20,17 @@ from typing import Any
 
 import aiohttp
 
-from ..schemas.protocol import INSTANCE_HEADER, MISDIRECTED
+from ..runtime.instance_key import token as instance_token
+from ..schemas.protocol import INSTANCE_HEADER, INSTANCE_TOKEN_HEADER, MISDIRECTED
 from ..schemas.records import RouteView, TaskInfo
 from ..settings import Settings
 from .engine import Refused, Route
 
 HOP_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "upgrade", "te", "trailer",
                "proxy-authorization", "proxy-authenticate"}
-#: a task's headers the executor does not pass on: hop-by-hop ones, and ``Aios-Instance``, which it sets
-DROP_HEADERS = HOP_HEADERS | {INSTANCE_HEADER.lower()}
+#: a task's headers the executor does not pass on: hop-by-hop ones, and ``Aios-Instance`` and
+#: ``Aios-Instance-Token``, which it sets (a caller's own token is never passed on)
+DROP_HEADERS = HOP_HEADERS | {INSTANCE_HEADER.lower(), INSTANCE_TOKEN_HEADER.lower()}
 RETRY_STATUSES = (502, 503, 504)
 #: the longest time limit a task may ask for (``Aios-Timeout-Ms``): one day
 MAX_TASK_TIMEOUT_MS = 86_400_000
@@ -187,6 +191,8 @@ class Dispatcher:
         ok, outcome, last = False, "", ""
         timeout = aiohttp.ClientTimeout(total=max(0.001, task.deadline - asyncio.get_running_loop().time()))
         task.headers[INSTANCE_HEADER] = iid  # the instance meant: another one at that endpoint refuses (421)
+        if self.s.instance_key:  # its own token, from the map's node and instance ids (runtime.instance_key)
+            task.headers[INSTANCE_TOKEN_HEADER] = instance_token(self.s.instance_key, v.get("node", ""), iid)
         try:
             async with self.session.request(task.method, v["endpoint"] + task.target, data=task.body, headers=task.headers,
                                             timeout=timeout) as resp:

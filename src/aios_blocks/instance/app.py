@@ -28,7 +28,17 @@ from typing import Any, TypedDict
 
 import structlog
 
-from ..schemas.protocol import INSTANCE_HEADER, MISDIRECTED, misdirected, task_method, task_path
+from ..schemas.protocol import (
+    INSTANCE_HEADER,
+    INSTANCE_TOKEN_ENV,
+    INSTANCE_TOKEN_HEADER,
+    MISDIRECTED,
+    UNAUTHORIZED,
+    misdirected,
+    task_method,
+    task_path,
+    unauthorized,
+)
 from ..schemas.records import JSONObject
 from .metrics import Metrics
 
@@ -72,12 +82,15 @@ class Context:
     metrics: Metrics = field(default_factory=Metrics)
     #: whatever the init wants to keep (a loaded model...)
     state: dict[str, Any] = field(default_factory=dict)
+    #: the token a task must carry (``Aios-Instance-Token``, from ``AIOS_INSTANCE_TOKEN``, which
+    #: the node agent sets when it has its node's instance key); "" takes any caller's task
+    token: str = field(default="", repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Context:
         """From the node agent's variables: ``AIOS_INSTANCE_ID``, ``AIOS_BLOCK_ID``,
-        ``AIOS_PORT_HTTP`` / ``AIOS_PORT``, ``AIOS_HOST``, ``AIOS_WORKDIR``, and the JSON of
-        ``blockInitData``, ``initSettings``, ``parameters``, ``inputProtocol``."""
+        ``AIOS_PORT_HTTP`` / ``AIOS_PORT``, ``AIOS_HOST``, ``AIOS_WORKDIR``, ``AIOS_INSTANCE_TOKEN``,
+        and the JSON of ``blockInitData``, ``initSettings``, ``parameters``, ``inputProtocol``."""
         port = env.get("AIOS_PORT_HTTP") or env.get("AIOS_PORT") or "8000"
         workdir = env.get("AIOS_WORKDIR")
         return cls(
@@ -85,6 +98,7 @@ class Context:
             init_data=_json_obj(env.get("blockInitData")), settings=_json_obj(env.get("initSettings")),
             parameters=_json_obj(env.get("parameters")), input_protocol=_json_obj(env.get("inputProtocol")),
             port=int(port), host=env.get("AIOS_HOST") or "127.0.0.1", workdir=Path(workdir) if workdir else None,
+            token=env.get(INSTANCE_TOKEN_ENV, "").strip(),
         )
 
     @property
@@ -227,6 +241,18 @@ class InstanceApp:
             return None
         reply = _error(MISDIRECTED, why)
         reply.headers[INSTANCE_HEADER] = self.ctx.instance_id
+        return reply
+
+    def unauthorized(self, headers: Mapping[str, str], what: str = "task") -> Reply | None:
+        """``401`` for a request without this instance's token (``Aios-Instance-Token``, which the
+        executors add; compared in constant time) when it has one (``AIOS_INSTANCE_TOKEN``). None:
+        let in (the right token, or an instance started without one). Nothing is run or counted.
+        The server asks it of every request but ``GET /health`` and ``GET /metrics``."""
+        why = unauthorized(self.ctx.token, headers.get(INSTANCE_TOKEN_HEADER), what)
+        if not why:
+            return None
+        reply = _error(UNAUTHORIZED, why)
+        reply.headers["WWW-Authenticate"] = INSTANCE_TOKEN_HEADER
         return reply
 
     async def call(self, task: Task | bytes | Any) -> Reply:

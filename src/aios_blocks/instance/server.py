@@ -17,6 +17,7 @@ import contextlib
 import os
 import signal
 from collections.abc import Mapping
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -32,12 +33,32 @@ APP_KEY = web.AppKey("instance", InstanceApp)
 
 def web_app(app: InstanceApp, client_max_size: int = 64 * 1024 * 1024) -> web.Application:
     """The aiohttp application of an :class:`InstanceApp` (tests may serve it on any port)."""
-    wa = web.Application(client_max_size=client_max_size)
+    wa = web.Application(client_max_size=client_max_size, middlewares=[_token_check])
     wa[APP_KEY] = app
     wa.router.add_get(HEALTH_PATH, _health)
     wa.router.add_get(METRICS_PATH, _metrics)
     wa.router.add_route(app.ctx.task_method, app.ctx.task_path, _task)
     return wa
+
+
+#: what anyone may read without the instance's token: the agent's probe and drain, the health
+#: checker, the metrics collector and ``builtin:least-queue`` read them, none holding a token
+OPEN = {(HEALTH_PATH, "GET"), (METRICS_PATH, "GET")}
+
+
+@web.middleware
+async def _token_check(request: web.Request, handler: Any) -> web.StreamResponse:
+    """Every request but ``GET /health`` and ``GET /metrics`` needs the instance's token when it
+    has one (``InstanceApp.unauthorized``: 401, unrun, uncounted; the body is not read). One
+    meant for another instance is told so first (421), as before: the executor tries another."""
+    if (request.path, request.method) not in OPEN and request.app[APP_KEY].ctx.token:
+        app = request.app[APP_KEY]
+        what = "task" if request.path == app.ctx.task_path else "request"
+        refused = app.misdirected(request.headers, what) or app.unauthorized(request.headers, what)
+        if refused is not None:
+            return web.Response(body=refused.body, status=refused.status, content_type="application/json", headers=refused.headers)
+    resp: web.StreamResponse = await handler(request)
+    return resp
 
 
 def _misdirected(request: web.Request) -> web.Response | None:

@@ -30,7 +30,7 @@ from typing import Any
 
 from ..settings import load as settings_load
 from . import auth as authn
-from . import lifetime, task_users
+from . import instance_key, lifetime, task_users
 from .locate import DEFAULT_DATA_DIR, find_data_dir, resolve_urls  # noqa: F401  (re-exported: the CLI and tests)
 
 
@@ -206,13 +206,18 @@ class EmbeddedServers:
 
     def worker_env(self, kind: str) -> dict[str, str]:
         """Environment of a worker process of ``kind`` (``Supervisor(role_env=...)``): its role's
-        URLs, and for an executor with auth on the users its HTTP port lets in (``task_users``)."""
-        return {**self.endpoints.env(kind), **(task_users.env(self.data_dir) if kind == "executor" and self.auth else {})}
+        URLs, and for an executor with auth on the users its HTTP port lets in (``task_users``) and
+        the instance key (``instance_key``: the instances' tokens), which the simulated fleet gets too."""
+        env = {**self.endpoints.env(kind), **(task_users.env(self.data_dir) if kind == "executor" and self.auth else {})}
+        if kind in ("executor", "agent-sim") and self.auth:
+            env.update(instance_key.executor_env(self.data_dir))
+        return env
 
     def agent_env(self, nid: str) -> dict[str, str]:
         """Environment of the real agent process of node ``nid``: a URL with ``agent-<nid>``'s
-        credentials (added to the running server on first use) and the TLS CA."""
-        return self.endpoints.agent_env(nid)
+        credentials (added to the running server on first use), the TLS CA, and its node's own
+        instance key (``AIOS_INSTANCE_NODE_KEY``, ``instance_key``) when auth is on."""
+        return {**self.endpoints.agent_env(nid), **(instance_key.agent_env(self.data_dir, nid) if self.auth else {})}
 
     def __post_init__(self) -> None:
         # absolute: redis-server chdirs into --dir, so relative paths after that would break
@@ -232,6 +237,7 @@ class EmbeddedServers:
                 # who may send tasks over the executors' HTTP port (hashes): written here for a data dir
                 # made before the file was, then by every change of the secrets (``Secrets.save``)
                 task_users.sync(self.data_dir)
+                instance_key.ensure(self.data_dir)  # the instances' tokens' key (0600, made once)
         except BaseException:
             self.stop()
             raise
@@ -391,14 +397,15 @@ def agent_nats_url(data_dir: Path, nid: str) -> str | None:
     user is added on first use; the secrets file must be writable). The rest of the agent's
     environment (``Endpoints.agent_env``, what an agent started with it gets) goes into this
     process's, where not set already: ``AIOS_NATS_CA`` when the embedded NATS serves TLS, the
-    node's own ``AIOS_EVENT_KEY`` and ``AIOS_SIDECAR_NATS_URL`` (the ``sidecar`` user's URL, which
-    the agent gives its side-cars). ``None``: neither."""
+    node's own ``AIOS_EVENT_KEY``, ``AIOS_INSTANCE_NODE_KEY`` (its instances' tokens) and
+    ``AIOS_SIDECAR_NATS_URL`` (the ``sidecar`` user's URL, which the agent gives its side-cars).
+    ``None``: neither."""
     if url := os.environ.get("AIOS_NATS_URL"):
         return url
     ep = authn.read_endpoints(data_dir)
     if ep is None:
         return None
-    env = ep.agent_env(nid)
+    env = {**ep.agent_env(nid), **(instance_key.agent_env(data_dir, nid) if ep.auth else {})}
     url = env.pop("AIOS_NATS_URL")
     for name, value in env.items():  # all of it: a variable left out here is one the agent lacks
         if value:

@@ -16,12 +16,19 @@ Every task the executor sends carries ``Aios-Instance: <instance id>``, the inst
 do): an endpoint whose port now serves another instance, while an executor's map is behind, never
 runs a task meant for the one that left. The executor takes 421 as "never reached".
 
+An instance started with ``AIOS_INSTANCE_TOKEN`` in its environment (by an agent given its node's
+instance key, ``runtime.instance_key``) takes tasks only with ``Aios-Instance-Token: <that
+token>``, which the executors add on each try; anything else but ``GET /health`` and ``GET
+/metrics`` is answered ``401`` unrun (the instance SDK and the simulated fleet do; a request meant
+for another instance is 421 first). Without the variable it takes any caller's task.
+
 The node agent picks the endpoint's port from the component's ``launch.ports``: the one named
 ``http`` if there is one, else the first; a simulated instance gets its own port.
 """
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Mapping
 
 DEFAULT_TASK_PATH = "/infer"
@@ -32,6 +39,12 @@ METRICS_PATH = "/metrics"
 INSTANCE_HEADER = "Aios-Instance"
 #: an instance's answer to a task meant for another instance id: nothing was run
 MISDIRECTED = 421
+#: request header: the instance's own token (``runtime.instance_key``), set by the executors
+INSTANCE_TOKEN_HEADER = "Aios-Instance-Token"
+#: the variable an instance finds its token in (none: it asks callers for none)
+INSTANCE_TOKEN_ENV = "AIOS_INSTANCE_TOKEN"
+#: an instance's answer to a request without its token (or with a wrong one): nothing was run
+UNAUTHORIZED = 401
 #: the launch port the endpoint prefers
 HTTP_PORT_NAME = "http"
 
@@ -57,6 +70,19 @@ def misdirected(own_id: str, meant: str | None, what: str = "task") -> str:
     if not meant or not own_id or meant == own_id:
         return ""
     return f"misdirected: this is instance {own_id}, not {meant} (the {what} was not run)"
+
+
+def unauthorized(own_token: str, got: str | None, what: str = "task") -> str:
+    """Why a ``what`` is refused unrun (401) for lacking the instance's token (``got``, its
+    ``Aios-Instance-Token``), "" when it is not: no own token (an instance started without one)
+    takes any caller's. Compared in constant time; the reason never holds either value."""
+    if not own_token:
+        return ""
+    if got is None:
+        return f"unauthorized: the {what} has no Aios-Instance-Token (only the executors may send this instance tasks)"
+    if not hmac.compare_digest(own_token.encode(), got.encode("utf-8", "replace")):
+        return f"unauthorized: the {what}'s Aios-Instance-Token is not this instance's"
+    return ""
 
 
 def endpoint_port(ports: dict[str, int]) -> int | None:

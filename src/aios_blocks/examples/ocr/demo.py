@@ -11,7 +11,8 @@ Standalone, against a running ``blocks up`` (same data dir)::
     python -m aios_blocks.examples.ocr.demo [--data-dir .aios-data]
 
 Tasks are JSON ``{"image_b64": ...}`` so any transport (HTTP or NATS) carries them; without
-``send`` they go straight to the instance's endpoint (``POST {endpoint}/ocr``).
+``send`` they go through the executors over NATS (``Client.task``): the instance's own endpoint
+(``POST {endpoint}/ocr``) takes tasks only from them when auth is on (its token, docs/security.md).
 """
 
 from __future__ import annotations
@@ -26,7 +27,6 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from ...schemas.protocol import task_path
 from . import COMPONENT_URI, available, component, sample_png
 
 Send = Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]]
@@ -65,6 +65,20 @@ async def direct_send(endpoint: str, path: str) -> Send:
     return send
 
 
+def executor_send(client: Any) -> Send:
+    """Tasks through the executors (``aios.block.B.task``), which add the instance's token."""
+    import json
+
+    async def send(bid: str, task: dict[str, Any]) -> dict[str, Any]:
+        status, raw, _ = await client.task(bid, json.dumps(task).encode(), {"Content-Type": "application/json"})
+        body: dict[str, Any] = json.loads(raw) if raw else {}
+        if status != 200:
+            raise RuntimeError(f"the block answered {status}: {body}")
+        return body
+
+    return send
+
+
 async def run(client: Any, data_dir: Path, send: Send | None = None, texts: tuple[str, ...] = TEXTS,
               timeout: float = 180.0, say: Callable[[str], None] = print, keep: bool = False,
               agent_env: dict[str, str] | None = None) -> list[dict[str, Any]]:
@@ -96,7 +110,7 @@ async def run(client: Any, data_dir: Path, send: Send | None = None, texts: tupl
         (inst,) = (await client.store.instances(bid)).values()
         say(f"OCR block {bid} ready in {time.perf_counter() - started:.1f}s; instance at {inst['endpoint']}")
         if send is None:
-            send = await direct_send(inst["endpoint"], task_path(component()["componentInputProtocol"]))
+            send = executor_send(client)
         results = []
         for text in texts:
             answer = await send(bid, {"image_b64": base64.b64encode(sample_png(text)).decode()})
