@@ -282,6 +282,23 @@ def test_mapper_walks_an_instance_through_its_states() -> None:
     assert mapper.on_added(ev(), m, BLOCK, 7.0) is None  # a late added does not bring it back
 
 
+def test_a_fact_of_a_deleted_block_after_its_map_was_deleted_makes_no_map_again() -> None:
+    # blocks delete: the instances' removed and the block's deleted were handled concurrently;
+    # a removal handled after the map's deletion made it anew ({"instances": {}, "gone": [...]}),
+    # and the deleted block stayed in the bucket (the collector sampled it, /blocks listed it)
+    deleted = {**BLOCK, "status": "deleted"}
+    assert mapper.on_removed(ev(), None, deleted, 1.0) is None
+    assert mapper.on_remove_command(ev(), None, deleted, 1.0) is None
+    assert mapper.on_added(ev(), None, deleted, 1.0) is None
+    # a write that lost its compare-and-set to the deletion decides again with the record it read
+    assert mapper.on_removed(ev(), None, {**BLOCK, "status": "deleting"}, 1.0) is None
+    # a live block's removal that comes before any map still remembers the instance as gone
+    m = mapper.on_removed(ev(), None, {**BLOCK, "status": "ready"}, 1.0)
+    assert m is not None and m["gone"] == ["i0"]
+    # a block made again under that id (a new generation) gets its map
+    assert mapper.on_added(ev(gen=2), None, {**deleted, "gen": 2, "status": "ready"}, 1.0) is not None
+
+
 def test_mapper_ignores_facts_of_older_generations_and_other_nodes() -> None:
     m = mapper.on_added(ev(gen=2), None, {**BLOCK, "gen": 2}, 1.0)
     assert m is not None and m["gen"] == 2

@@ -70,9 +70,21 @@ def block_fields(block: BlockRecord | None) -> BlockMap:
     return out
 
 
+#: a block on its way out or gone: a fact of it never makes its map anew
+_GOING = frozenset({"deleting", "deleted"})
+
+
 def _base(bid: str, gen: int, current: BlockMap | None, block: BlockRecord | None) -> BlockMap | None:
     """The map to change for a fact of generation ``gen`` (None: the fact is about an older one)."""
     if current is not None and int(current.get("gen", 0)) > gen:
+        return None
+    if current is None and block is not None and int(block.get("gen", -1)) == gen and block.get("status") in _GOING:
+        # a fact of a deleted block handled after ``block.deleted`` deleted its map (the mapper
+        # takes its facts concurrently: the instances' ``removed`` and the ``deleted`` a few ms
+        # apart; a write that lost its compare-and-set to the deletion decides again on no map,
+        # with the record it read, maybe still ``deleting``): it made the map anew, with no
+        # instance, and the deleted block stayed in the bucket (the metrics collector sampled it
+        # for ever, its /blocks listed it)
         return None
     if current is None or int(current.get("gen", 0)) < gen:
         current = {"block_id": bid, "gen": gen, "instances": {}, "gone": []}
