@@ -183,3 +183,27 @@ async def test_a_dry_runs_preemption_forecast_asks_the_blocks_own_preemption_pol
     r = await run(system, "submit", str(spec), "--dry-run")
     said = " ".join(r.stdout.split())
     assert r.returncode == 4 and "would wait behind 0 block(s)" in said and "would preempt" not in said, r.stdout + r.stderr
+
+
+async def test_a_nan_quota_an_older_version_stored_is_read_as_no_quota_not_a_failed_placement(system: System, tmp_path: Path) -> None:
+    """`blocks quota set t --nominal '*:gpus=nan'` stored the NaN (as null: msgspec's JSON) before
+    the schema refused it; every later read of the quotas failed: the placements' quota gate
+    (a block stayed 'selecting'), quota list/get. It reads as no quota for that tenant now, and
+    `--remove` still drops it."""
+    from aios_blocks.state.priority import PriorityStore
+
+    await _ok(system, "cluster", "add", "c1", "--nodes", "1", "--gpus", "2")
+    await _ok(system, "quota", "set", "fine", "--nominal", "*:gpus=1")
+    # written as the older version wrote it: the record as dumped, through the state's own store
+    await PriorityStore(system.client.store.r).put_quota({"tenant": "old", "cohort": None, "nominal": {"*": {"gpus": float("nan")}},
+                                                          "borrowingLimit": None}, "old")
+    assert "null" in str(await system.client.store.r.hget(keys.QUOTAS, "old"))
+    spec = tmp_path / "b.json"
+    spec.write_text(json.dumps({"blockComponentURI": "aios://test/model", "blockId": "b-old", "minInstances": 1,
+                                "maxInstances": 1, "labels": {"tenant": "old"}}))
+    r = await run(system, "submit", str(spec), "--wait", "--timeout", "60")
+    assert r.returncode == 0 and "ready" in r.stdout, r.stdout + r.stderr
+    rows = json.loads(await _ok(system, "quota", "list", "--json"))  # it failed on the record too
+    assert {row["tenant"] for row in rows} == {"fine", "old"} and all(not row["nominal"] for row in rows if row["tenant"] == "old"), rows
+    assert "removed" in await _ok(system, "quota", "set", "old", "--remove")
+    assert await system.client.store.r.hget(keys.QUOTAS, "old") is None

@@ -156,7 +156,7 @@ def quota_set(
             raise typer.Exit(2)
 
     async def go(c: Client) -> None:
-        if remove and tenant not in await PriorityStore(c.store.r).quotas():
+        if remove and tenant not in await PriorityStore(c.store.r).quota_tenants():  # an unreadable one too
             raise LookupError(f"no quota for tenant {tenant!r}")  # as quota get: exit 1, nothing stored
         await c.bus.emit(E.quota_set, QuotaSet(tenant, record), msg_id=f"quota:{_op_id()}")
         await PriorityStore(c.store.r).put_quota(record, tenant)

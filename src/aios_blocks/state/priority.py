@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import structlog
 
 from ..policies import quota as qp
 from .keys import (
@@ -29,6 +30,7 @@ from .keys import (
 from .scripts import QUOTA_MIGRATE
 
 _json = msgspec.json
+log = structlog.get_logger("aios.priority")
 
 
 def classes_of(raw: dict[str, str]) -> dict[str, dict[str, Any]]:
@@ -61,7 +63,29 @@ class PriorityStore:
 
     # -- quotas ----------------------------------------------------------------------------------
     async def quotas(self) -> dict[str, dict[str, Any]]:
-        return {k: _json.decode(v) for k, v in (await self.r.hgetall(QUOTAS)).items()}
+        """The tenants' quotas, each one ``Quota`` accepts: a record it refuses (a NaN amount an
+        older version stored, as null) is read as no quota for that tenant, with a warning logged,
+        never a failed step (the quota gate of every placement reads these)."""
+        from pydantic import ValidationError
+
+        from ..schemas.priority import Quota
+
+        out: dict[str, dict[str, Any]] = {}
+        for tenant, raw in (await self.r.hgetall(QUOTAS)).items():
+            record = _json.decode(raw)
+            try:
+                Quota.model_validate(record)
+            except ValidationError as exc:
+                log.warning("priority.quota_unreadable", tenant=tenant, record=raw[:300],
+                            error=" ".join(str(exc).split())[:300],
+                            action="read as no quota; `blocks quota set` replaces it, `--remove` drops it")
+                continue
+            out[tenant] = record
+        return out
+
+    async def quota_tenants(self) -> list[str]:
+        """Every tenant with a stored quota, one ``quotas`` skips included (it may be removed)."""
+        return sorted(await self.r.hkeys(QUOTAS))
 
     async def put_quota(self, record: dict[str, Any] | None, tenant: str) -> None:
         if record is None:
