@@ -146,10 +146,18 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
         log.warning("nats.error", error=str(exc))  # permission violations land here too
 
     async def reconnected_cb() -> None:
-        if said:  # (a command's connection only)
+        if said or first_wait_s is None:  # a command's connection that said it lost its server; a process's always
             said.clear()
-            log.warning("nats.reconnected", url=mask(url))
+            now = made[0].connected_url if made else None  # which of the servers it is back on
+            log.warning("nats.reconnected", url=mask(url), server=mask(now.geturl()) if now else "")
 
+    async def disconnected_cb() -> None:
+        # a process's connection lost its server (not its own close: nats-py calls this then too);
+        # a command's is said once by error_cb
+        if first_wait_s is None and made and made[0].is_reconnecting:
+            log.warning("nats.disconnected", url=mask(url), note="reconnecting until the server is back")
+
+    made: list[Client] = []
     connected = False
     attempts = -1 if first_wait_s is None else max(1, math.ceil(first_wait_s / RECONNECT_WAIT_S))
     try:
@@ -158,6 +166,7 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
             name=name,
             error_cb=error_cb,
             reconnected_cb=reconnected_cb,
+            disconnected_cb=disconnected_cb,
             max_reconnect_attempts=attempts,
             reconnect_time_wait=RECONNECT_WAIT_S,
             connect_timeout=5 if first_wait_s is None else max(0.5, min(5.0, first_wait_s)),
@@ -170,5 +179,6 @@ async def connect(url: str, name: str = "aios", ca: str | None = None, settings:
         why = why_not_connected(errors, exc)
         raise Unreachable(f"cannot connect to NATS at {mask(url)} (tried for {first_wait_s:g}s): {why}") from exc
     connected = True
+    made.append(nc)
     nc.options["max_reconnect_attempts"] = -1  # read at each reconnection: from now on, for ever
     return nc
