@@ -123,7 +123,7 @@ def down(
 
 def worker(
     kind: str = typer.Argument(..., help=" | ".join(KINDS)),
-    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks."),
+    cluster: str = typer.Option(None, help="controller: serve just this cluster (its own durable); executor: serve just its blocks' tasks; metrics: collect just its blocks; autoscaler: decide just its blocks. One not registered yet is a warning in its log (worker.unknown_cluster, with the known ones): it is served once registered."),
     data_dir: Path = DataDir,
 ) -> None:
     """Run one worker in the foreground: AIOS_NATS_URL and AIOS_REDIS_URL, else the servers of a

@@ -215,9 +215,25 @@ async def _first_failure(runs: dict[asyncio.Task[None], str], stop: asyncio.Even
     return failed
 
 
+async def _check_cluster(w: Worker, cluster: str) -> None:
+    """A warning, not a refusal, when ``--cluster`` names no registered cluster: a worker may start
+    before its cluster exists (an agent's ``--cluster`` registers it when new), but a typo served
+    nothing, unsaid."""
+    import structlog
+
+    known = sorted(await w.store.clusters())
+    if cluster not in known:
+        structlog.get_logger("aios.worker").warning(
+            "worker.unknown_cluster", cluster=cluster, known=known,
+            note="no such cluster yet: it is served once registered (`blocks cluster add`, or a node agent's "
+                 "--cluster); until then this worker serves nothing of it. A typo? `blocks cluster list`")
+
+
 async def _run_kind(w: Worker, kind: str, cluster: str | None, stop: asyncio.Event) -> None:
     from ..workers.base import EpochGuard, run_consumers
 
+    if cluster:
+        await _check_cluster(w, cluster)
     if kind == "executor":
         from ..workers.executor import run as run_executor
 

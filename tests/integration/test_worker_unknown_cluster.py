@@ -1,0 +1,38 @@
+"""A worker given ``--cluster`` that names no registered cluster says so (``worker.unknown_cluster``,
+a warning with the known clusters): `blocks worker autoscaler --cluster nope` served nothing,
+unsaid. A warning, not a refusal: a worker may start before its cluster exists (a node agent's
+``--cluster`` registers it when new). Real servers; the worker as `blocks worker` runs it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import structlog
+
+from aios_blocks.runtime.main import run_worker
+
+from .conftest import System
+
+
+async def _said(system: System, cluster: str) -> list[dict[str, object]]:
+    stop = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        run = asyncio.create_task(run_worker("autoscaler", system.supervisor.nats_url, system.supervisor.redis_url,
+                                             cluster, stop=stop))
+        try:
+            async with asyncio.timeout(30):  # until it is past its start (its consumers or its warning)
+                while not any(e["event"] in ("worker.unknown_cluster", "autoscaler.started") for e in logs) and not run.done():
+                    await asyncio.sleep(0.05)
+                await asyncio.sleep(0.5)
+        finally:
+            stop.set()
+            await asyncio.wait_for(run, 30)
+    return [e for e in logs if e["event"] == "worker.unknown_cluster"]
+
+
+async def test_a_worker_for_a_cluster_that_does_not_exist_warns_naming_the_known_ones(system: System) -> None:
+    await system.client.add_sim_cluster("c1", nodes=1, gpus=1)
+    said = await _said(system, "nope")
+    assert len(said) == 1 and said[0]["cluster"] == "nope" and said[0]["known"] == ["c1"], said
+    assert said[0]["log_level"] == "warning" and "blocks cluster list" in str(said[0]["note"])
+    assert await _said(system, "c1") == []  # a registered one: nothing said
