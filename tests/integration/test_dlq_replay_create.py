@@ -85,6 +85,11 @@ async def test_a_replayed_create_makes_its_block_once_at_its_own_gen_and_a_repla
     assert int(block["gen"]) == req.seq, (block["gen"], req.seq)
     kinds = await _kinds(system, "rc-new")
     assert kinds.count("parsed") == 1 and "rejected" not in kinds, kinds
+    # the block's replay shows its dead letter in its place, not a gap between submitted and parsed
+    rc, out, errs = await blocks(system.servers, "replay", "rc-new")
+    rows = [ln.split()[2:4] for ln in out.splitlines()[1:] if ln.split() and ln.split()[0].isdigit()]
+    assert rc == 0 and rows[:3] == [["rc-new", "submitted"], ["rc-new", "dlq.create"], ["rc-new", "parsed"]], (out, errs)
+    assert "dead letter: parser gave up after 5 deliveries: ResponseError" in " ".join(out.split()), out
 
     # a replay of it again (--force) once the block exists: nothing changes, nor once the stream's
     # duplicate window (2 minutes) no longer drops what the replay's events would repeat

@@ -111,7 +111,19 @@ def test_a_line_reads_the_payload_struct_and_says_when_it_does_not_decode() -> N
     assert line("aios.block.b1.failed", {"data": {"block_id": "b1", "gen": 2, "status": "failed", "reason": "no room"}}) == (
         "failed", "no room", "red")
     assert line("aios.block.b1.ready", {"data": {"gen": "two"}}) == ("ready", "(its data is not a BlockStatusReport)", "green")
-    assert line("aios.dlq.exec.aios.block.b1.ready", {"data": {}})[0] == "aios.block.b1.ready"
+    assert line("aios.dlq.exec.aios.block.b1.ready", {"data": {}}) == ("dlq.ready", "(its data is not a DeadLetter)", "green")
+
+
+def test_a_blocks_dead_letter_is_a_line_of_its_replay_saying_who_gave_up_and_why() -> None:
+    # `blocks replay B` left out the block's dead letters: a create the parser gave up on, then
+    # replayed once fixed, showed a gap between `submitted` and `parsed`; and their line said
+    # "aios.block.B.create" with no detail
+    from aios_blocks.projections.lines import line
+
+    letter = {"subject": "aios.block.b1.create", "consumer": "parser", "error": "ResponseError: WRONGTYPE", "deliveries": 5,
+              "stream_seq": 9, "data": "{}"}
+    assert line("aios.dlq.parser.aios.block.b1.create", {"data": letter}) == (
+        "dlq.create", "dead letter: parser gave up after 5 deliveries: ResponseError: WRONGTYPE", "cyan")
 
 
 def test_an_events_kind_is_its_subject_after_the_entity_from_the_catalog() -> None:

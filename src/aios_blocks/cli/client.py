@@ -467,9 +467,14 @@ class Client:
 
     async def timeline(self, bid: str = "*", idle: float = 0.5) -> list[tuple[str, EventDoc, int, str]]:
         """``history`` with the time the stream stored each message (ISO 8601, UTC): what an event
-        without a ``time`` of its own (a bare create, as any NATS client may publish it) is shown at."""
+        without a ``time`` of its own (a bare create, as any NATS client may publish it) is shown at.
+        The block's dead letters (a worker gave up on one of its messages: ``aios.dlq.{consumer}.``
+        + its subject) come in their place in the stream: without them a create dead-lettered, then
+        replayed once its cause was fixed, showed only a gap between its ``submitted`` and ``parsed``."""
         scanned = await self.scan(subjects.block_all(_block_or_all(bid)), idle)
-        return [(m.subject, _decode(m.data), m.metadata.sequence.stream, _stored_at(m)) for m in scanned]
+        letters = await self.scan(f"{subjects.ROOT}.dlq.*.{subjects.block_all(_block_or_all(bid))}", idle)
+        merged = sorted([*scanned, *letters], key=lambda m: m.metadata.sequence.stream)
+        return [(m.subject, _decode(m.data), m.metadata.sequence.stream, _stored_at(m)) for m in merged]
 
     async def dead_letters(self, idle: float = 0.5) -> list[tuple[str, int, str, str, EventDoc]]:
         """Every stored dead letter, oldest first in each stream: (stream, seq, stored at, subject,

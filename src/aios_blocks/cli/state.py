@@ -93,7 +93,9 @@ def replay(
     data_dir: Path = DataDir,
 ) -> None:
     """A block's whole story from JetStream, in order, as a timeline: sequence, time (the event's
-    own, else when the stream stored it), event. `--json` lines carry `stored` too.
+    own, else when the stream stored it), event; its dead letters too, in their place ("dead
+    letter: CONSUMER gave up after N deliveries: ERROR", `blocks dlq`). `--json` lines carry
+    `stored` too.
 
     Example: `blocks replay blk-1234`
     """
@@ -110,7 +112,8 @@ def replay(
         console.print(f"[bold]replay {bid}[/]: {len(events)} events")
         for subject, env, seq, stored in events:
             at = str(env.get("time") or stored)  # a bare create has no time of its own: when it was stored
-            console.print(f"{seq:>7} {at[11:23]} {subject.split('.')[2]:<20} {_line(subject, env)}")
+            parts = subject.split(".")  # a dead letter's block is in the subject it keeps: aios.dlq.C.aios.block.B...
+            console.print(f"{seq:>7} {at[11:23]} {parts[5 if parts[1] == 'dlq' else 2]:<20} {_line(subject, env)}")
         return 0
 
     raise typer.Exit(_request(go, data_dir))

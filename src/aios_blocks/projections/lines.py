@@ -26,7 +26,7 @@ PLAIN: frozenset[Event[Any]] = frozenset({
     E.block_task, E.node_expected, E.block_delete, E.inventory_hint, E.policy_updated, E.component_registered,
     E.cluster_registered, E.vcluster_create, E.vcluster_update, E.vcluster_remove, E.vcluster_changed,
     E.vcluster_flushed, E.vcluster_refused, E.node_drain, E.node_removed, E.cluster_removed, E.node_sidecar_start,
-    E.node_sidecar_stop, E.node_sidecar_grant, E.node_sidecar_release, E.block_output, E.sidecar_alert, E.dead_letter,
+    E.node_sidecar_stop, E.node_sidecar_grant, E.node_sidecar_release, E.block_output, E.sidecar_alert,
     E.output_dead_letter, E.dlq_replayed, E.priority_class_registered,
     E.priority_class_removed, E.quota_set, E.tenant_create_request, E.tenant_block_create, E.tenant_block_task,
     E.tenant_block_scale,
@@ -220,6 +220,13 @@ class Lines(Projection):
         d = m.data
         self.detail = f"{d.live} live ({d.running} running) of minInstances {d.min_instances}: {d.reason}"
 
+    @on(E.dead_letter)
+    def on_dead_letter(self, m: Fact[ev.DeadLetter]) -> None:
+        """A worker gave up on a message (its kind: the message's subject): who, after how many
+        deliveries, why (docs/dead-letters.md)."""
+        d = m.data
+        self.detail = f"dead letter: {d.consumer} gave up after {d.deliveries} deliveries: {d.error}"
+
     @on(E.block_decision)
     def on_decision(self, m: Fact[ev.Decision]) -> None:
         self.detail = call_line(m.data)
@@ -253,6 +260,8 @@ class Lines(Projection):
             return kind_of(subject), ""
         event, tokens = found
         kind = _KIND[event].format_map(tokens)
+        if event is E.dead_letter:  # the letter of a message: "dlq." and the message's own kind (dlq.create)
+            kind = "dlq." + kind_of(tokens["subject"])
         self.detail = ""
         if not self.feed_doc(subject, env):
             return kind, f"(its data is not a {getattr(event.payload, '__name__', 'payload')})"
