@@ -60,3 +60,47 @@ def test_the_pending_queue_folds_from_its_events() -> None:
     assert (f.blocks["b"]["status"], f.blocks["b"]["attempt"], f.blocks["b"]["preempting"]) == ("parsed", "1", "")
     assert f.blocks["c"]["status"] == "failed"
     assert queue.queue_key("_") not in f.image()
+
+
+def _wait_then_retry(wait_from: str, pending_first: bool) -> Fold:
+    """Block b waits (from ``wait_from``: the gateway's selecting, the controller's allocating)
+    and the walker retries it; ``pending_first``: its block.pending stored before the retry's
+    parsed (Redis's order), else after (the walker's retry published before the wait's pending
+    was acked: stream seq 910 parsed, 912 pending)."""
+    ir = {"blockId": "b", "minInstances": 1, "maxInstances": 1}
+    head: list[tuple[str, object]] = [
+        ("aios.block.b.parsed", {"block_id": "b", "gen": 1, "ir": ir, "attempt": 0}),
+        ("aios.block.b.selection", {"block_id": "b", "gen": 1, "candidates": ["c1"], "rule": "r", "deadline": 5.0}),
+    ]
+    if wait_from == "allocating":
+        head.append(("aios.block.b.post_dry_run", {"block_id": "b", "gen": 1, "cluster_id": "c1", "scores": {"c1": 1}}))
+    pending = ("aios.block.b.pending", {"block_id": "b", "gen": 1, "reason": "full", "reasons": {"c1": "full"},
+                                        "since": 12.5, "deadline": 72.5, "attempt": 0})
+    retry = ("aios.block.b.parsed", {"block_id": "b", "gen": 1, "ir": ir, "attempt": 1})
+    f = Fold()
+    run(f, [*head, *([pending, retry] if pending_first else [retry, pending])])
+    assert f.blocks["b"]["status"] == "parsed"
+    run(f, [("aios.block.b.selection", {"block_id": "b", "gen": 1, "candidates": ["c1"], "rule": "r", "attempt": 1,
+                                        "deadline": 9.0})])
+    return f
+
+
+def test_a_retry_stored_before_the_pending_it_ended_folds_as_redis_took_them() -> None:
+    """The walker's retry (parsed, attempt 1) stored before the block.pending of the wait it
+    ended: the fold ends where Redis did (WAIT then RETRY: pending_since/deadline kept, reason and
+    preempting cleared, selecting again at attempt 1), as with the events in Redis's order; a
+    duplicate of the late pending changes nothing. Was: from allocating the pending was refused
+    (no pending_since/deadline, reason, preempting: ``blocks check`` reported it for ever); from
+    selecting the retry was refused and the block stuck pending in the fold."""
+    from aios_blocks.recovery.image import digest
+
+    for wait_from in ("allocating", "selecting"):
+        ordered, late = _wait_then_retry(wait_from, True), _wait_then_retry(wait_from, False)
+        want = {f: v for f, v in ordered.blocks["b"].items() if f != "version"}
+        assert (want["status"], want["attempt"], want["pending_since"], want["pending_deadline"], want["reason"],
+                want["preempting"]) == ("selecting", "1", "12.500", "72.500", "", "")
+        assert {f: v for f, v in late.blocks["b"].items() if f != "version"} == want, wait_from
+        assert digest(late.image()) == digest(ordered.image()), wait_from
+        run(late, [("aios.block.b.pending", {"block_id": "b", "gen": 1, "reason": "full", "since": 12.5,
+                                             "deadline": 72.5, "attempt": 0})])
+        assert {f: v for f, v in late.blocks["b"].items() if f != "version"} == want, wait_from

@@ -62,6 +62,7 @@ _into = functools.cache(lc.into)
 _BLOCK = f"{ROOT}.block."
 #: each status's value (``Enum.value`` is a Python-level property: slow once per event)
 _VALUE = {s: s.value for s in lc.BlockStatus}
+_SELECTING, _SELECTING_ONLY = _VALUE[lc.BlockStatus.SELECTING], frozenset({lc.BlockStatus.SELECTING})
 _GONE = frozenset({_VALUE[lc.BlockStatus.DELETING], _VALUE[lc.BlockStatus.DELETED]})
 
 
@@ -216,6 +217,11 @@ class Fold(Projection):
             b["attempt"] = str(d.attempt)
         elif b is not None and b.get("status") == "pending":  # the queue walker's retry (workers/queue.py)
             self._step(bid, d.gen, lc.Step.RETRY, attempt=str(d.attempt), preempting="", reason="")
+        elif b is not None and b.get("status") == _SELECTING and d.attempt > int(b.get("attempt", "0")):
+            # the walker's retry stored before the block.pending of the WAIT it ended (the gateway's
+            # wait: nothing else takes a selecting block to a later attempt): WAIT then RETRY, as
+            # Redis took them; the late pending adds its own fields (``on_pending``)
+            self._move(bid, d.gen, _SELECTING_ONLY, lc.BlockStatus.PARSED, attempt=str(d.attempt), preempting="", reason="")
         else:
             self._step(bid, d.gen, lc.Step.RESELECT, attempt=str(d.attempt))
 
@@ -388,7 +394,22 @@ class Fold(Projection):
         fields = {"reason": d.reason[:2000], "pending_since": f"{d.since:.3f}", "pending_deadline": f"{d.deadline:.3f}"}
         if d.preempted_by:
             fields["preempted_by"] = d.preempted_by
+        b = self._block(m.tokens["bid"], d.gen)
+        if b is not None and int(b.get("attempt", "0")) > d.attempt:
+            self._late_wait(b, fields)
+            return
         self._reach(m.tokens["bid"], d.gen, lc.BlockStatus.PENDING, **fields)
+
+    @staticmethod
+    def _late_wait(b: dict[str, str], fields: dict[str, str]) -> None:
+        """A wait's ``block.pending`` stored after the walker's retry that ended it (its attempt
+        is older than the block's: only RETRY takes a pending block to the next one). Redis took
+        WAIT then RETRY, whatever the stream's order: the block keeps its status and takes what
+        the WAIT wrote and the RETRY left (``pending_since``, ``pending_deadline``, a victim's
+        ``preempted_by``), the RETRY's cleared ``reason`` and ``preempting`` unless a later step wrote them."""
+        b.update({f: v for f, v in fields.items() if f != "reason"})
+        b.setdefault("reason", "")
+        b.setdefault("preempting", "")
 
     @on(E.block_preempting)
     def on_preempting(self, m: Fact[pr.Preempting]) -> None:
