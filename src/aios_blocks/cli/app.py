@@ -12,6 +12,7 @@ NATS and Redis clients, pydantic models, policies, ...) is imported by the comma
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -176,11 +177,22 @@ def run() -> None:
     sys.exit(rv if isinstance(rv, int) else 0)
 
 
+#: commands people look for under another name: where that is (the unknown command's line says it)
+ELSEWHERE = {
+    "pending": "the pending queue is `blocks list --pending`; why one block waits: `blocks explain BID`",
+    "queue": "the pending queue is `blocks list --pending`; why one block waits: `blocks explain BID`",
+}
+
+
 def _usage_error(exc: typer.TyperException) -> NoReturn:
-    """A usage error (a bad option value, a missing argument): one line, the command's help named."""
+    """A usage error (a bad option value, a missing argument): one line, the command's help named
+    (an unknown command that is elsewhere: where, ``ELSEWHERE``)."""
     ctx = getattr(exc, "ctx", None)
     hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
     message = exc.format_message() if hasattr(exc, "format_message") else str(exc)
+    unknown = re.match(r"No such command '([^']*)'", message)
+    if unknown and unknown.group(1) in ELSEWHERE:
+        hint = f": {ELSEWHERE[unknown.group(1)]}"
     if message.strip():  # (no arguments at all: the help was printed, nothing to add)
         err.print(f"[red]error:[/] {escape(message)}{hint}")
     sys.exit(int(getattr(exc, "exit_code", 2)))

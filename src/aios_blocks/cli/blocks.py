@@ -180,7 +180,8 @@ def list_blocks(
                                  "position, priority, age, reason (docs/priority.md)."),
     data_dir: Path = DataDir,
 ) -> None:
-    """List blocks, newest first: status, cluster, instance count, reason. Reads Redis only.
+    """List blocks, newest first: status, cluster, instance count, reason; `--pending`: the blocks
+    waiting in the pending queue, in queue order. Reads Redis only.
 
     A ready block below its minInstances that the reconciler could not bring back shows as
     `ready (short 0/1 since 12:01:03)`, with why in its reason column (docs/reliability.md, "Short blocks").
