@@ -31,3 +31,19 @@ def test_jetstream_unavailable_is_exit_2_in_one_line(capsys: pytest.CaptureFixtu
 def test_other_jetstream_errors_are_not_hidden() -> None:
     with pytest.raises(APIError):
         _run(_refused())
+
+
+async def _wrong_type() -> None:
+    from redis.exceptions import ResponseError
+
+    raise ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value")
+
+
+def test_a_command_redis_refuses_is_one_line_not_a_traceback(capsys: pytest.CaptureFixture[str]) -> None:
+    # `blocks get B` / `blocks explain B` with B's record key of another type printed a rich
+    # traceback (`blocks list` said it in one line)
+    with pytest.raises(typer.Exit) as ex:
+        _run(_wrong_type())
+    assert ex.value.exit_code == 2
+    said = " ".join(capsys.readouterr().err.split())
+    assert "Redis refused a command: WRONGTYPE" in said and "blocks recover --force" in said and "Traceback" not in said

@@ -170,7 +170,12 @@ def _run(coro: Awaitable[T], quiet: bool = True) -> T:
         # JetStream answering 503 (a stream or meta leader election under way, a server away): the
         # servers cannot say now, which is not a refusal nor a failed check (exit 1)
         from nats.js.errors import ServiceUnavailableError
+        from redis.exceptions import ResponseError
 
+        if isinstance(exc, ResponseError):  # a key of the wrong kind (damaged state): one line, not a traceback
+            err.print(f"[red]Redis refused a command[/]: {escape(mask(str(exc)))} (`blocks check` says what is damaged; "
+                      "`blocks recover --force` rebuilds Redis from the stream)")
+            raise typer.Exit(2) from None
         if not isinstance(exc, ServiceUnavailableError):
             raise
         err.print(f"[red]Cannot reach the servers[/]: JetStream is unavailable for now ({escape(exc.description or '')}): "
