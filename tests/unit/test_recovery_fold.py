@@ -75,6 +75,18 @@ def test_check_names_a_block_holding_more_instances_than_its_max() -> None:
     assert "block b1: 3 instances > maxInstances 2" not in live.violations
 
 
+def test_check_names_a_record_whose_key_is_not_a_hash_instead_of_crashing() -> None:
+    # `blocks check` with a block's key holding a string (a damaged key) ended in a traceback
+    # ("'str' object has no attribute 'get'") and said no violation
+    img: Any = placed().image()
+    img["aios:block:b2"] = "x"
+    img["aios:block:b1:inst"] = ["b1-0"]
+    rep = check_image(img, {"b1", "b2"})
+    assert "block b2: its Redis key holds a string, not a hash (`blocks recover --force` rebuilds it)" in rep.violations
+    assert "instances of block b1: its Redis key holds a list, not a hash (`blocks recover --force` rebuilds it)" in rep.violations
+    assert not rep.ok
+
+
 def test_duplicates_change_nothing_and_delete_releases_everything() -> None:
     f = placed()
     before = im.digest(f.image())

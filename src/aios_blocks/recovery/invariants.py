@@ -96,6 +96,7 @@ def check_image(
     """Invariants 1-3 over one image (pure: used on Redis's image and on the fold's)."""
     rep = Report()
     blocks, insts, nodes, res = _split(img)
+    _not_hashes((("block", blocks), ("instances of block", insts), ("node", nodes), ("reservation", res)), rep)
     stuck = rep.violations if settled else rep.warnings
     # 1. blocks accounted for
     wanted = set(expected or set()) | {b for b in (submitted or set()) if ID_RE.match(b)}
@@ -114,6 +115,16 @@ def check_image(
     # every instance inside its block's virtual cluster
     _vclusters(img, nodes, res, blocks, rep.violations if settled else rep.warnings, rep)
     return rep
+
+
+def _not_hashes(groups: tuple[tuple[str, dict[str, Hash]], ...], rep: Report) -> None:
+    """A record whose key holds another kind than a hash (a damaged key: a string, a set) is a
+    violation, taken out of its group (the checks below read hashes: `blocks check` crashed on one
+    with a traceback, where the invariants' report should say which key)."""
+    for name, group in groups:
+        for k in sorted(k for k, v in group.items() if not isinstance(v, dict)):
+            kind = type(group.pop(k)).__name__.replace("str", "string")
+            rep.violations.append(f"{name} {k}: its Redis key holds a {kind}, not a hash (`blocks recover --force` rebuilds it)")
 
 
 def _split(img: im.Image) -> tuple[dict[str, Hash], dict[str, Hash], dict[str, Hash], dict[str, Hash]]:
