@@ -13,9 +13,13 @@ const cfg = JSON.parse(fs.readFileSync(configPath, "utf8"));
 const want = cfg.expected.length;
 const out = { gen, replays: {}, worker: {}, errors: [] };
 
-const within = (ms, p, what) => Promise.race([
-  p, new Promise((_, no) => setTimeout(() => no(new Error(`${what}: nothing after ${ms} ms`)), ms)),
-]);
+// its timer is cleared once p settles: a pending one kept node running for its whole ms
+// after the script's work was done (60 s of every run waited out)
+const within = (ms, p, what) => {
+  let timer;
+  const late = new Promise((_, no) => { timer = setTimeout(() => no(new Error(`${what}: nothing after ${ms} ms`)), ms); });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+};
 
 async function take(iterable, n, stop) {
   const got = [];

@@ -17,9 +17,13 @@ const td = new TextDecoder();
 const jc = { encode: (v) => te.encode(JSON.stringify(v)), decode: (b) => JSON.parse(td.decode(b)) };
 const out = { events: [], errors: [] };
 
-const within = (ms, p, what) => Promise.race([
-  p, new Promise((_, no) => setTimeout(() => no(new Error(`${what}: nothing after ${ms} ms`)), ms)),
-]);
+// its timer is cleared once p settles: a pending one kept node running for its whole ms
+// after the script's work was done (60 s of every run waited out)
+const within = (ms, p, what) => {
+  let timer;
+  const late = new Promise((_, no) => { timer = setTimeout(() => no(new Error(`${what}: nothing after ${ms} ms`)), ms); });
+  return Promise.race([p, late]).finally(() => clearTimeout(timer));
+};
 
 function statusOf(m) {
   return { status: Number(m.headers?.get("Aios-Status") || "200"), error: m.headers?.get("Aios-Error") || "" };
