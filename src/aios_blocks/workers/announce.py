@@ -64,6 +64,19 @@ async def settle(w: Worker, key: str, published: bool) -> None:
         await ann.done(key)
 
 
+async def say_first(w: Worker, bid: str, gen: int, step: Step) -> None:
+    """Publish now (outside a handler: acked on return) and unmark the announcements still marked
+    for ``bid``'s ``step`` in ``gen``: a step that follows it (the queue walker's retry of a wait)
+    is then stored after it, not before (docs/reliability.md, "A retry stored before the wait it
+    ended"). Raises when the stream does not take them (the caller's step waits)."""
+    ann = _store(w)
+    target = TRANSITIONS[step].target.value
+    mine = [p for p in await ann.pending() if p.block_id == bid and p.gen == gen and p.target == target]
+    for p in mine:
+        await w.bus.emit_all(p.events)  # the same message ids: the handler's own publish, later, is a duplicate
+    await ann.done(*(p.key for p in mine))
+
+
 async def republish(w: Worker, after_s: float) -> tuple[int, int]:
     """Publish again the announcements marked at least ``after_s`` ago whose block holds their
     step's target; drop the others (``handlers.reconcile.announcements``). Returns (published,

@@ -370,6 +370,11 @@ class QueueWalker:
         block = await self.w.store.get_block(bid)
         if block is None or block["gen"] != gen:
             return
+        try:  # its wait said on the stream first: a handler's outbox (or a crash) may still hold it
+            await announce.say_first(self.w, bid, gen, Step.WAIT)
+        except Exception as exc:  # the next pass tries again; the block keeps its place
+            log.warning("queue.retry_deferred", block=bid, gen=gen, error=repr(exc))
+            return
         n = int(block.get("attempt") or 0) + 1
         plan = await PreemptPlans(self.w.store.r).get(bid) if block.get("preempting") else None
         if plan is not None and int(plan.get("gen") or 0) == gen:
