@@ -16,9 +16,10 @@ from prometheus_client import start_http_server
 from ..bus import subjects
 from ..bus.nats_bus import Bus
 from ..bus.runner import ConsumerRunner, RunnerOptions
+from ..schemas.protocol import endpoint_url
 from ..schemas.spec import Gpu, Node
 from .gpus import GpuSource, detect
-from .node_agent import AgentConfig, NodeAgent, command_router
+from .node_agent import AgentConfig, NodeAgent, bind_host, command_router
 from .runtime import RUNTIMES, Runtime
 
 log = structlog.get_logger("aios.agent")
@@ -128,8 +129,10 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
     node = describe_node(opts, gpus)
     data_dir = opts.data_dir / opts.node_id
     runtime = make_runtime(opts.runtime, data_dir, opts.sim_start_delay_s, agent_dir=opts.data_dir)
-    if opts.metrics_port:
-        start_http_server(opts.metrics_port, addr="127.0.0.1")
+    metrics_url = ""
+    if opts.metrics_port:  # on the address it advertises (a Prometheus elsewhere scrapes it), found via its heartbeats
+        start_http_server(opts.metrics_port, addr=bind_host(opts.advertise_host))
+        metrics_url = f"{endpoint_url(opts.advertise_host, opts.metrics_port)}/metrics"
     bus = await _open_unless_stopped(nats_url, opts.node_id, stop)
     if bus is None:  # stopped (SIGTERM, Ctrl-C) before its NATS ever answered
         log.info("agent.stop", node=node.id, note="stopped before NATS answered")
@@ -157,6 +160,7 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
         sidecar_nats_url=sidecar_url, sidecar_nats_ca=bus.settings.nats_ca or "",
         sidecar_restart_s=bus.settings.sidecar_restart_s, sidecar_users=sidecar_users,
         instance_node_key=bus.settings.instance_node_key or "",  # its instances' tokens (docs/security.md)
+        metrics_url=metrics_url,
     )
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)

@@ -120,6 +120,8 @@ class AgentConfig:
     #: this node's instance key ``K_N`` (``AIOS_INSTANCE_NODE_KEY``; ``runtime.instance_key``): each
     #: instance starts with its token in ``AIOS_INSTANCE_TOKEN``; "" gives none (any caller's tasks)
     instance_node_key: str = field(default="", repr=False)
+    #: this agent's own ``/metrics`` URL (``--metrics-port``), sent in each heartbeat ("" none)
+    metrics_url: str = ""
 
 
 class Placed(TypedDict):
@@ -538,6 +540,7 @@ class NodeAgent:
         return Heartbeat(
             node.id, node.cluster, seq, round(node.cpu - cpu, 3), node.memory - mem,
             len([g for g in node.gpus if g.id not in used]), len(self.runners), load1, self.gpus.utilization(),
+            self.cfg.metrics_url,
         )
 
     async def _heartbeat_loop(self) -> None:

@@ -200,7 +200,7 @@ def agent(
     sim_gpus: int = typer.Option(None, "--sim-gpus", help="Offer N simulated GPUs instead of reading NVML."),
     gpu_topology: str = typer.Option("", "--gpu-topology", help="Simulated GPUs with this topology profile (docs/topology.md; its GPU count unless --sim-gpus)."),
     heartbeat_s: float = typer.Option(2.0, "--heartbeat-s", help="Seconds between heartbeats.", callback=_seconds_over()),
-    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on 127.0.0.1:PORT (0: off)."),
+    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on PORT at the --advertise-host address (0: off); `blocks prometheus-config` lists it."),
     agent_dir: Path = typer.Option(None, "--agent-dir", show_default="<data dir>/agent",
                                    help="Working directories of instances (and the process runtime's scope: docs/agents.md)."),
     advertise_host: str = typer.Option("127.0.0.1", "--advertise-host", help="Host part of instance endpoints (http://HOST:PORT): an address the executors reach this node at."),
@@ -412,7 +412,7 @@ def prometheus_config(
     data_dir: Path = DataDir,
 ) -> None:
     """Print a Prometheus scrape config (YAML) for the running system: the workers' /metrics
-    (job aios-workers) and every block instance's /metrics (job aios-instances; labels block,
+    (job aios-workers; node agents started with --metrics-port too, kind agent) and every block instance's /metrics (job aios-instances; labels block,
     instance, cluster, node). By default the targets come from the metrics collector's http_sd
     endpoints (`endpoints.json` "metrics"), so they follow the system; --static lists them as
     they are now (from the metrics store and the instance records).

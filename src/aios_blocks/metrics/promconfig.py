@@ -6,7 +6,8 @@ Two jobs:
 * ``aios-workers``: every worker's ``/metrics`` (parser, gateway, controller, executor, the
   collector...), label ``kind`` (and ``cluster`` for a pinned worker). ``honor_labels: true``: an
   executor's series carry their own ``instance`` label (the block's instance), which must not be
-  renamed ``exported_instance``.
+  renamed ``exported_instance``. A node agent's own ``/metrics`` (``--metrics-port``) is one of
+  them, kind ``agent`` (its heartbeats carry the URL; ``workers.health`` announces it).
 * ``aios-instances``: every block instance's own ``/metrics``, target labels ``block``,
   ``instance`` (the instance id, replacing host:port), ``cluster``, ``node``.
 

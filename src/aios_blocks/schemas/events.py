@@ -416,10 +416,9 @@ class NodeInventory(msgspec.Struct):
 
 class InstanceVerdict(msgspec.Struct):
     """The health checker's verdict on one instance (its block's stabilityChecker policy, after the
-    framework's startup grace and out-of-routing cap; docs/health.md). Only changes are published:
-    ``healthy`` (back to full routing), ``degrade`` (routing ``weight`` < 1), ``unready`` (no routing),
-    ``restart`` (its node agent restarts it, same id), ``replace`` (the resourceAllocator's
-    ``reassignment``)."""
+    framework's startup grace and out-of-routing cap; docs/health.md). Only changes are published: ``healthy``
+    (back to full routing), ``degrade`` (routing ``weight`` < 1), ``unready`` (no routing), ``restart`` (its
+    node agent restarts it, same id), ``replace`` (the resourceAllocator's ``reassignment``)."""
 
     block_id: str
     gen: int
@@ -457,7 +456,8 @@ class NodeHealth(msgspec.Struct):
 
 
 class Heartbeat(msgspec.Struct):
-    """Core NATS, every few seconds, from each node agent (not stored in the stream)."""
+    """Core NATS, every few seconds, from each node agent (not stored in the stream). ``metrics``: the
+    agent's own ``/metrics`` URL (``--metrics-port``; "" none), announced as a target (``workers.health``)."""
 
     node_id: str
     cluster_id: str
@@ -468,6 +468,7 @@ class Heartbeat(msgspec.Struct):
     instances: int
     load1: float = 0.0
     gpu_util: dict[str, float] = {}
+    metrics: str = ""
 
 
 class Dangling(msgspec.Struct):
@@ -652,15 +653,14 @@ def _plain_nodes_root(nodes: Mapping[str, object]) -> str:
 
 def input_digest_of(input_data: Mapping[str, object], nodes_digest: Callable[[dict[str, NodeView]], str] = _plain_nodes_root) -> str:
     """A policy input's digest (``Decision.input_digest``). An input with a node map
-    (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB
-    each) is hashed as a tree: the SHA-256 prefix of the input's compact JSON with the whole map
-    replaced by its root (``nodes_digest(nodes)``: :func:`chunked_root` of the reference map
-    ``{nid: "sha256:<SHA-256 of the view's JSON>"}``). A worker keeps each view's reference per
-    view and each chunk's digest per inventory version (``policies.node_digest.nodes_root``), so a
-    call hashes ~1 KB plus the chunks of the views that changed instead of ~100 KB (or ~110 KB of
-    reference map for the trace's 1,213 nodes). Every byte of the input is covered (in two parts:
-    :func:`input_digest_later`). Any other input: :func:`input_digest` of its JSON. Records made
-    before a form existed hold an older one (:func:`input_digests`)."""
+    (``payload.cluster_metrics.nodes``: a placement's, up to ``sampleNodes`` node views, ~1 KB each) is hashed
+    as a tree: the SHA-256 prefix of the input's compact JSON with the whole map replaced by its root
+    (``nodes_digest(nodes)``: :func:`chunked_root` of the reference map ``{nid: "sha256:<SHA-256 of the view's
+    JSON>"}``). A worker keeps each view's reference per view and each chunk's digest per inventory version
+    (``policies.node_digest.nodes_root``), so a call hashes ~1 KB plus the chunks of the views that changed
+    instead of ~100 KB (or ~110 KB of reference map for the trace's 1,213 nodes). Every byte of the input is
+    covered (in two parts: :func:`input_digest_later`). Any other input: :func:`input_digest` of its JSON.
+    Records made before a form existed hold an older one (:func:`input_digests`)."""
     return input_digest_later(input_data, nodes_digest)()
 
 

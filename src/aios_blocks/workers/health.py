@@ -31,7 +31,7 @@ from ..bus.catalog import E
 from ..bus.nats_bus import may_reply
 from ..runtime.ticker import Ticker
 from ..schemas.events import Heartbeat, NodeHealth, ReassignRequest
-from ..schemas.records import InstanceRecord
+from ..schemas.records import InstanceRecord, MetricsTarget
 from .base import Worker
 
 log = structlog.get_logger("aios.health")
@@ -52,6 +52,8 @@ class HealthMonitor:
         self.w = w
         self.timeout_s = w.settings.node_timeout_s if timeout_s is None else timeout_s
         self._seen: dict[str, tuple[str, float]] = {}
+        self._metrics: dict[str, MetricsTarget] = {}
+        self._registered: dict[str, tuple[str, float]] = {}  # node -> (its agent's metrics URL, when registered)
 
     async def run(self, stop: asyncio.Event) -> None:
         nc = self.w.bus.nc
@@ -92,6 +94,9 @@ class HealthMonitor:
         except msgspec.MsgspecError:
             return
         self._seen[hb.node_id] = (hb.cluster_id, time.time())
+        if hb.metrics:  # the agent's own /metrics: a target as the workers' (blocks prometheus-config, the collector's http_sd)
+            self._metrics[hb.node_id] = {"id": f"agent-{hb.node_id}", "kind": "agent", "kinds": ["agent"],
+                                         "cluster": hb.cluster_id, "url": hb.metrics}
 
     async def _on_expected(self, msg: Any) -> None:
         if not msg.reply or not may_reply(msg.reply):
@@ -113,6 +118,12 @@ class HealthMonitor:
             await msg.respond(msgspec.json.encode(body))
 
     async def flush(self) -> None:
+        targets, self._metrics = self._metrics, {}
+        ttl, now = self.w.settings.metrics_target_ttl_s, time.monotonic()
+        for nid, target in targets.items():  # refreshed every ttl/3; lapses once its agent falls silent
+            if self._registered.get(nid, ("", 0.0))[0] != target["url"] or now - self._registered[nid][1] >= ttl / 3:
+                await self.w.store.metrics.register_target(target, ttl)
+                self._registered[nid] = (target["url"], now)
         seen, self._seen = self._seen, {}
         if not seen:
             return
