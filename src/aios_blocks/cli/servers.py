@@ -305,7 +305,8 @@ def demo(
     """Start everything, register an example component and 3 simulated clusters x 8 nodes x 8 GPUs,
     submit an example block and show its lifecycle until it is ready.
 
-    On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready.
+    On a terminal it keeps running (Ctrl-C stops); otherwise it exits 0 once the block is ready. An
+    embedded server that dies is started again, as in `blocks up` (docs/reliability.md).
     Its servers stop with it, but its stream and state stay in its own data dir (`./.aios-demo`
     unless --data-dir says otherwise, apart from a `blocks up`'s `./.aios-data`): it prints the
     commands that start them again and replay the block.
@@ -316,13 +317,13 @@ def demo(
     from . import up as _up
 
     code, bid = 1, None
-    with _up.running(data_dir, process_per_kind=process_per_kind) as (_, sup):
-        code, bid = _run(_demo(sup, timeout, Path(data_dir)))
+    with _up.running(data_dir, process_per_kind=process_per_kind) as (servers, sup):
+        keeper = _up.ServerKeeper(servers) if servers else None  # a dead embedded server is started again, as in `blocks up`
+        code, bid = _run(_up.kept(keeper, _demo(sup, timeout, Path(data_dir))))
         if code == 0 and sys.stdout.isatty():
             where = "" if data_dir == DEMO_DATA_DIR else f" --data-dir {shlex.quote(str(data_dir))}"
             console.print(f"[dim]demo is up; Ctrl-C to stop (other terminals: blocks list{where} / watch / scale)[/]")
-            while True:
-                time.sleep(1)
+            _up.keep_servers(keeper)
     if bid is not None:
         dd = shlex.quote(str(data_dir))
         console.print(escape(f"the demo's servers stopped; its stream and state stay in {data_dir}. To look at block {bid} again:"))
@@ -349,9 +350,7 @@ async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> tuple[int, s
         bid = await client.submit(spec)
         console.print(f"submitted block [bold]{bid}[/]")
         try:
-            kind, _ = await client.wait(
-                bid, timeout, on_event=lambda s, e: console.print(f"{time.perf_counter() - started:7.3f}s  {_line(s, e)}")
-            )
+            kind = await _wait_through_restarts(client, bid, timeout, started)
         except TimeoutError:
             err.print(f"[red]block {bid} not ready after {timeout}s[/]")
             return 1, bid
@@ -362,6 +361,30 @@ async def _demo(sup: Supervisor, timeout: float, data_dir: Path) -> tuple[int, s
         return TERMINAL[kind], bid
     finally:
         await client.close()
+
+
+async def _wait_through_restarts(client: Client, bid: str, timeout: float, started: float) -> str:
+    """``client.wait`` for the block's end, followed again from its first event (those shown
+    skipped) when the follow ends early: its nats-server died and was started again (``up.kept``)."""
+    import asyncio
+
+    deadline, shown = time.monotonic() + timeout, 0
+    while True:
+        n = 0
+
+        def show(s: str, e: Any) -> None:
+            nonlocal n, shown
+            n += 1
+            if n > shown:
+                shown = n
+                console.print(f"{time.perf_counter() - started:7.3f}s  {_line(s, e)}")
+
+        try:
+            return (await client.wait(bid, max(0.1, deadline - time.monotonic()), on_event=show))[0]
+        except (TimeoutError, ConnectionError):
+            if time.monotonic() >= deadline:
+                raise TimeoutError(bid) from None
+            await asyncio.sleep(0.5)
 
 
 async def _demo_tasks(client: Client, bid: str, data_dir: Path) -> None:

@@ -18,9 +18,9 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import NoReturn, TypeVar
 from urllib.parse import urlsplit
 
 from rich.console import Console
@@ -31,6 +31,8 @@ from ..runtime.auth import mask
 from ..runtime.embedded import EmbeddedServers, port_again, redis_version, write_whole
 from ..runtime.server_keeper import ServerKeeper, ServersGiveUp
 from ..runtime.supervisor import DEFAULT_GROUPS, DEFAULT_LAYOUT, Supervisor
+
+T = TypeVar("T")
 
 console = Console(soft_wrap=True)
 err = Console(stderr=True, soft_wrap=True)
@@ -130,15 +132,41 @@ def serve(data_dir: Path, layout: dict[str, int], process_per_kind: bool, lock_f
                 if not answers(url, port):
                     err.print(f"[yellow]warning[/]: nothing answers at {escape(mask(url))} ({what}): the workers keep "
                               f"trying until it does (their logs: {sup.log_dir})")
-        keeper = ServerKeeper(servers) if servers else None  # a dead embedded server is started again
-        while True:
-            time.sleep(0.2)
-            if keeper:
-                try:
-                    keeper.check()
-                except ServersGiveUp as exc:
-                    err.print(f"[red]error[/]: {escape(str(exc))}")
-                    raise SystemExit(2) from None
+        keep_servers(ServerKeeper(servers) if servers else None)  # a dead embedded server is started again
+
+
+def keep_servers(keeper: ServerKeeper | None) -> NoReturn:
+    """Look after the embedded servers for ever, from this (the main) thread, which started them
+    (they die with it): one that died is started again; one that died too often ends it, exit 2."""
+    while True:
+        time.sleep(0.2)
+        check_servers(keeper)
+
+
+def check_servers(keeper: ServerKeeper | None) -> None:
+    """One look of ``keep_servers`` (``blocks demo`` takes one every 0.2 s while it runs too)."""
+    if keeper:
+        try:
+            keeper.check()
+        except ServersGiveUp as exc:
+            err.print(f"[red]error[/]: {escape(str(exc))}")
+            raise SystemExit(2) from None
+
+
+async def kept(keeper: ServerKeeper | None, work: Awaitable[T]) -> T:
+    """``work`` while the embedded servers are looked after (``check_servers``, every 0.2 s, on the
+    event loop: the main thread, as `blocks up`'s): `blocks demo` hung or spewed errors when one
+    died under it. One that died too often cancels ``work`` and exits 2."""
+    import asyncio
+
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait([task], timeout=0.2)
+            check_servers(keeper)
+    finally:
+        task.cancel()
+    return task.result()
 
 
 def answers(url: str, default_port: int, timeout: float = 2.0) -> bool:
