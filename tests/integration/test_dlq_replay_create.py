@@ -149,3 +149,25 @@ async def test_a_replayed_create_whose_original_left_the_intake_keeps_its_gen_by
     assert int(block["gen"]) == req.seq, (block["gen"], req.seq)  # not the copy's sequence
     kinds = await _kinds(system, "rc-gone")
     assert kinds.count("parsed") == 1 and "rejected" not in kinds, kinds
+
+
+async def test_submit_wait_of_a_create_the_parser_dead_letters_ends_at_the_letter_and_names_the_replay(
+        system: System, tmp_path: Any) -> None:
+    """`blocks submit --wait` of a create the parser gave up on waited out its timeout (120 s) and
+    said only "timed out" (exit 5): it now ends when the letter is stored, says who gave up after
+    how many deliveries and why, and the replay command (exit 3, failed with the reason)."""
+    assert system.servers is not None
+    c = system.client
+    await c.add_sim_cluster("c1", nodes=1, gpus=4)
+    await c.store.r.set(block_key("rc-wait"), "not a hash")
+    spec_file = tmp_path / "b.json"
+    spec_file.write_text(json.dumps(spec("rc-wait")))
+    rc, out, errs = await blocks(system.servers, "submit", str(spec_file), "--wait", "--timeout", "100")
+    said = " ".join(errs.split())
+    assert rc == 3 and "dead-lettered: parser gave up on this create after 5 deliveries" in said, (out, errs)
+    assert "WRONGTYPE" in said and "once the cause is fixed: blocks dlq replay AIOS:" in said, (out, errs)
+    letter = said.rsplit("blocks dlq replay ", 1)[1].split()[0]
+    await c.store.r.delete(block_key("rc-wait"))  # the fix, then the replay it named
+    rc, out, errs = await blocks(system.servers, "dlq", "replay", letter)
+    assert rc == 0, (out, errs)
+    await status_of(system, "rc-wait", "ready")

@@ -70,7 +70,8 @@ def submit(
                                           "`blocks tenant user add T NAME --json`: credentials)."),
     data_dir: Path = DataDir,
 ) -> None:
-    """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed, 4 rejected, 5 timeout;
+    """Submit a block spec (YAML or JSON). Exit code with --wait: 0 ready, 3 failed (or the create
+    dead-lettered: the letter's error and its `blocks dlq replay` are printed), 4 rejected, 5 timeout;
     1 when --if-index finds the state changed.
 
     As a tenant (--tenant T, or -c CREDS): logs in as the tenant's user and publishes the tenant's
@@ -114,7 +115,7 @@ def submit(
     if dry_run:
         raise typer.Exit(_dry_run(spec, file, as_json, data_dir))
 
-    from .client import TERMINAL
+    from .client import DEAD_LETTERED, TERMINAL
 
     async def go(c: Client) -> int:
         req = await c.create(spec, if_index=if_index)
@@ -126,6 +127,12 @@ def submit(
         except TimeoutError:
             err.print(f"[red]timed out after {timeout}s[/]")
             return 5
+        if kind.startswith(DEAD_LETTERED):  # it waited out its timeout, naming nothing (docs/dead-letters.md)
+            d = env.get("data") or {}
+            err.print(f"[red]dead-lettered[/]: {escape(str(d.get('consumer')))} gave up on this create after "
+                      f"{d.get('deliveries')} deliveries: {escape(str(d.get('error')))}; once the cause is fixed: "
+                      f"blocks dlq replay {kind.split()[-1]}")
+            return 3
         print_rejection(kind, env)
         return TERMINAL[kind]
 

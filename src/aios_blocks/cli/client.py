@@ -51,6 +51,8 @@ if TYPE_CHECKING:  # (imported where used: see the module's docstring)
     from ..schemas.topology import GpuTopology
 
 TERMINAL = {"ready": 0, "failed": 3, "rejected": 4}
+#: ``Client.outcome`` of a create the parser gave up on (a dead letter, docs/dead-letters.md): failed, exit 3
+DEAD_LETTERED = "dead-lettered"
 #: how often ``Client.plan`` re-reads a snapshot that changed while it was read
 SNAPSHOT_TRIES = 5
 
@@ -375,15 +377,55 @@ class Client:
         self, req: Request, timeout: float = 60.0, on_event: Callable[[str, EventDoc], None] | None = None
     ) -> tuple[bool, str, EventDoc]:
         """Follow the block's events from the request on (nothing older) until one ends it:
-        (succeeded, what happened, that event). ``TimeoutError`` after ``timeout`` seconds."""
+        (succeeded, what happened, that event). ``TimeoutError`` after ``timeout`` seconds. A create
+        the parser dead-lettered (``DEAD_LETTERED``) ends it too: no event of the block would."""
         async with asyncio.timeout(timeout):
-            async for subject, env in self.follow(req.bid, from_seq=req.seq):
-                data = event_data(env)
-                if on_event and (req.action != "create" or data.get("gen") in (None, req.seq)):
-                    on_event(subject, env)
-                ended = req.outcome(event_kind(subject), data)
-                if ended is not None:
-                    return ended[0], ended[1], env
+            if req.action != "create":
+                return await self._outcome(req, on_event)
+            stop = asyncio.Event()
+            follow, letter = (asyncio.ensure_future(self._outcome(req, on_event)),
+                              asyncio.ensure_future(self._create_letter(req, stop)))
+            try:
+                done, _ = await asyncio.wait((follow, letter), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                # the letter's watch is stopped between its reads, never cancelled inside one (a
+                # consumer cancelled while it is made left the command hanging at its exit)
+                stop.set()
+                follow.cancel()
+                await asyncio.gather(follow, letter, return_exceptions=True)
+            found = letter.result() if letter in done else None
+            return found if found is not None and follow not in done else follow.result()
+
+    async def _create_letter(self, req: Request, stop: asyncio.Event, every: float = 1.0) -> tuple[bool, str, EventDoc] | None:
+        """Until the parser's dead letter of this create (its ``stream_seq``: the create's sequence)
+        is stored: (False, ``DEAD_LETTERED`` and the letter's ``STREAM:SEQ``, the letter); None once
+        ``stop`` is set. It looks every ``every`` seconds, the first time after one (a create the
+        parser takes is answered sooner; its letter comes after 5 deliveries)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+            if stop.is_set():
+                return None
+            try:
+                letters = await self.scan(f"{subjects.ROOT}.dlq.*.{E.block_create.subject(bid=req.bid)}", 0.3)
+            except Exception:  # a read that failed (no right to it, a server away): the wait goes on without it
+                continue
+            for m in letters:
+                env = _decode(m.data)
+                if event_data(env).get("stream_seq") == req.seq:
+                    return False, f"{DEAD_LETTERED} {subjects.STREAM}:{m.metadata.sequence.stream}", env
+
+    async def _outcome(
+        self, req: Request, on_event: Callable[[str, EventDoc], None] | None
+    ) -> tuple[bool, str, EventDoc]:
+        """The block's events from the request on, until one ends it."""
+        async for subject, env in self.follow(req.bid, from_seq=req.seq):
+            data = event_data(env)
+            if on_event and (req.action != "create" or data.get("gen") in (None, req.seq)):
+                on_event(subject, env)
+            ended = req.outcome(event_kind(subject), data)
+            if ended is not None:
+                return ended[0], ended[1], env
         raise TimeoutError(req.bid)  # pragma: no cover - follow() only ends by cancellation
 
     async def wait(
