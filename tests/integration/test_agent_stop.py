@@ -71,3 +71,24 @@ def test_an_agent_whose_nats_went_away_stops_on_sigterm_with_exit_0(tmp_path: Pa
     assert "agent failed" not in err and "Cannot reach the servers" not in err, err
     assert code == 0, err
     assert '"agent.stop"' in seen + out
+
+
+def test_an_agent_stops_on_sigterm_during_its_start_up_reconcile(tmp_path: Path) -> None:
+    """No controller answers its start-up reconcile (it waits up to 15 s for one, then serves
+    without it): a SIGTERM meanwhile stops it there, and it never starts taking commands. It used
+    to wait the reconcile out, start its consumer, and only then see the signal."""
+    servers = EmbeddedServers(data_dir=tmp_path / "data").start()
+    try:
+        proc = _agent(tmp_path, servers.nats_url)
+        deadline = time.monotonic() + 60
+        seen = ""
+        assert proc.stdout is not None
+        while '"agent.start"' not in seen:  # connected, its reconcile under way (nobody answers it)
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            seen += proc.stdout.readline()
+        code, out, err = _stop(proc)
+    finally:
+        servers.stop()
+    assert code == 0, err
+    assert "consumer.start" not in seen + out, seen + out
+    assert "stopped during its start-up reconcile" in out + err

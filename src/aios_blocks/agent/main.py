@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import os
 import socket
+from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from prometheus_client import start_http_server
@@ -21,6 +22,8 @@ from ..schemas.spec import Gpu, Node
 from .gpus import GpuSource, detect
 from .node_agent import AgentConfig, NodeAgent, bind_host, command_router
 from .runtime import RUNTIMES, Runtime
+
+T = TypeVar("T")
 
 log = structlog.get_logger("aios.agent")
 
@@ -108,20 +111,26 @@ def describe_node(opts: AgentOptions, gpus: GpuSource) -> Node:
     )
 
 
+async def _unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> tuple[bool, T | None]:
+    """``(True, work's result)``, or ``(False, None)`` when ``stop`` comes first (``work`` is then
+    cancelled). A SIGTERM only sets ``stop``: an agent waiting on something else would not see it."""
+    doing = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    await asyncio.wait([doing, stopped], return_when=asyncio.FIRST_COMPLETED)
+    stopped.cancel()
+    if doing.done():
+        return True, doing.result()
+    doing.cancel()
+    with contextlib.suppress(BaseException):
+        await doing
+    return False, None
+
+
 async def _open_unless_stopped(nats_url: str, node_id: str, stop: asyncio.Event) -> Bus | None:
     """The agent's bus, or ``None`` when ``stop`` comes first. An agent started before its NATS
     waits for it for ever (``connect``), and a SIGTERM meanwhile only set ``stop``, which nothing
     looked at until NATS answered: ``kill PID`` left it running, ``kill -9`` was the only way."""
-    opening = asyncio.ensure_future(Bus.open(nats_url, source=f"aios-blocks/agent/{node_id}"))
-    stopped = asyncio.ensure_future(stop.wait())
-    await asyncio.wait([opening, stopped], return_when=asyncio.FIRST_COMPLETED)
-    stopped.cancel()
-    if opening.done():
-        return opening.result()
-    opening.cancel()
-    with contextlib.suppress(BaseException):
-        await opening
-    return None
+    return (await _unless_stopped(Bus.open(nats_url, source=f"aios-blocks/agent/{node_id}"), stop))[1]
 
 
 async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> None:
@@ -165,7 +174,12 @@ async def run_agent(opts: AgentOptions, nats_url: str, stop: asyncio.Event) -> N
     agent = NodeAgent(bus, runtime, gpus, cfg)
     log.info("agent.start", node=node.id, cluster=node.cluster, runtime=opts.runtime, gpus=len(node.gpus), gpu_source=gpus.kind)
     try:
-        await agent.start()
+        # its start-up reconcile waits up to reconcile_wait_s (15 s) for the controllers' answer:
+        # a SIGTERM then stops it at once, not after that wait (its instances keep running)
+        started, _ = await _unless_stopped(agent.start(), stop)
+        if not started:
+            log.info("agent.stop", node=node.id, note="stopped during its start-up reconcile")
+            return
         runner = ConsumerRunner(bus, spec, command_router(spec, agent.on_command, agent.on_sidecar), RunnerOptions(batch=16, concurrency=32, fetch_timeout_s=5.0))
         await runner.run(stop)
     finally:
