@@ -81,7 +81,9 @@ async function main() {
   await nc.drain();
 }
 
+// a failed step leaves its connection open: exit, or node would run until pytest's timeout
 main().then(() => console.log(JSON.stringify(out)), (err) => {
   out.fatal = String(err && err.message || err);
   console.log(JSON.stringify(out));
+  process.exit(1);
 });
