@@ -42,6 +42,17 @@ def _stop(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
     return proc.returncode, out, err
 
 
+def _read_until(proc: subprocess.Popen[str], text: str, timeout: float = 60) -> str:
+    """What the agent printed up to the line holding ``text`` (it must still run by then)."""
+    deadline = time.monotonic() + timeout
+    seen = ""
+    assert proc.stdout is not None
+    while text not in seen:
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        seen += proc.stdout.readline()
+    return seen
+
+
 def test_an_agent_that_never_reached_its_nats_stops_on_sigterm(tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -58,12 +69,7 @@ def test_an_agent_whose_nats_went_away_stops_on_sigterm_with_exit_0(tmp_path: Pa
     servers = EmbeddedServers(data_dir=tmp_path / "data").start()
     try:
         proc = _agent(tmp_path, servers.nats_url)
-        deadline = time.monotonic() + 60
-        seen = ""
-        assert proc.stdout is not None
-        while "consumer.start" not in seen:  # connected, taking commands
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            seen += proc.stdout.readline()
+        seen = _read_until(proc, "consumer.start")  # connected, taking commands
     finally:
         servers.stop()  # its NATS goes (a `blocks down`, a `blocks up` restarting)
     time.sleep(1.5)
@@ -80,12 +86,7 @@ def test_an_agent_stops_on_sigterm_during_its_start_up_reconcile(tmp_path: Path)
     servers = EmbeddedServers(data_dir=tmp_path / "data").start()
     try:
         proc = _agent(tmp_path, servers.nats_url)
-        deadline = time.monotonic() + 60
-        seen = ""
-        assert proc.stdout is not None
-        while '"agent.start"' not in seen:  # connected, its reconcile under way (nobody answers it)
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            seen += proc.stdout.readline()
+        seen = _read_until(proc, '"agent.start"')  # connected, its reconcile under way (nobody answers it)
         code, out, err = _stop(proc)
     finally:
         servers.stop()
