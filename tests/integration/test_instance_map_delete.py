@@ -12,11 +12,10 @@ tests/unit/test_executor_engine.py::test_a_fact_of_a_deleted_block_after_its_map
 from __future__ import annotations
 
 import asyncio
-from pathlib import Path
 
 from aios_blocks.bus.instance_map import InstanceMaps
 
-from .conftest import System, worker_rig
+from .conftest import System
 from .test_pending_queue import spec, status_of
 
 BLOCKS = [f"gone-{i}" for i in range(6)]
@@ -37,22 +36,3 @@ async def test_deleted_blocks_leave_no_instance_map(system: System) -> None:
     await asyncio.sleep(2)  # every fact of the deletes handled by the mapper (they are ms apart)
     left = {bid: (await maps.get(bid))[0] for bid in BLOCKS}
     assert {b: m for b, m in left.items() if m is not None} == {}
-
-
-async def test_the_mapper_sweeps_the_maps_of_deleted_blocks_an_older_version_left(tmp_path: Path) -> None:
-    """A data dir of a version before the fix keeps those maps: the mapper deletes them when it
-    starts (``workers.mapper.sweep``), and only them: a live block's, one Redis has no record of
-    (Redis lost, not yet recovered: its map still routes) and one of the id made again stay."""
-    from aios_blocks.state.keys import block_key
-    from aios_blocks.workers.mapper import Mapper, sweep
-
-    async with worker_rig(tmp_path, "mapper") as (w, c):
-        maps = InstanceMaps(c.bus)
-        records = {"old": ("deleted", 1), "live": ("ready", 1), "again": ("deleted", 1)}
-        for bid, (status, gen) in records.items():
-            await c.store.r.hset(block_key(bid), mapping={"status": status, "gen": str(gen)})
-        for bid, gen in (("old", 1), ("live", 1), ("norecord", 1), ("again", 2)):
-            await maps.update(bid, lambda _cur, bid=bid, gen=gen: {"block_id": bid, "gen": gen, "instances": {}, "gone": []})
-        assert await sweep(Mapper(w)) == 1
-        assert sorted(await maps.blocks()) == ["again", "live", "norecord"]
-        assert await sweep(Mapper(w)) == 0

@@ -22,7 +22,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
     NoStreamResponseError,
     NotFoundError,
 )
@@ -123,25 +122,13 @@ class InstanceMaps:
                 raise
         raise RuntimeError(f"instance map of {bid}: {attempts} conflicting writers in a row")
 
-    async def delete(self, bid: str, last: int | None = None) -> None:
-        """Delete the block's map (``last``: only while its revision is that one, else nothing)."""
+    async def delete(self, bid: str) -> None:
         kv = await self.kv()
         with contextlib.suppress(KeyNotFoundError, NotFoundError):
             try:
-                await kv.delete(bid, last=last)
+                await kv.delete(bid)
             except NoStreamResponseError:  # no bucket: nothing to delete; the next write makes one
                 self._lost()
-            except KeyWrongLastSequenceError:  # written since: that map is not the one to delete
-                if last is None:
-                    raise
-
-    async def blocks(self) -> list[str]:
-        """The blocks with a map in the bucket."""
-        kv = await self.kv()
-        try:
-            return list(await kv.keys())
-        except NoKeysError:
-            return []
 
     async def watch(self, on_change: OnChange, stop: asyncio.Event, ready: asyncio.Event | None = None) -> None:
         """Call ``on_change`` for every block's latest map, then for each change, until ``stop``.

@@ -162,36 +162,10 @@ async def on_deleted(mp: Mapper, m: Inbound[BlockStatusReport]) -> None:
         await mp.maps.delete(m.data.block_id)
 
 
-async def sweep(mp: Mapper) -> int:
-    """Delete the maps of deleted blocks left in the bucket:
-    before handlers.mapper made no map anew for a deleted block, a removal handled after the
-    block's ``deleted`` left an empty map there for ever (the metrics collector sampled it every
-    second). Each deleted only at the revision read, so a map written meanwhile (the id made again)
-    stays. Returns how many were deleted."""
-    n = 0
-    for bid in await mp.maps.blocks():
-        current, rev = await mp.maps.get(bid)
-        if current is None:
-            continue
-        block = await mp.w.store.get_block(bid)
-        # (no record is no proof: Redis may be lost, not yet recovered, while the maps still route)
-        if block is not None and block.get("status") == "deleted" and int(block.get("gen", 0)) >= int(current.get("gen", 0)):
-            await mp.maps.delete(bid, last=rev)
-            n += 1
-    if n:
-        log.info("instance_map.swept", deleted=n)
-    return n
-
-
 async def run(w: Worker, stop: asyncio.Event) -> None:
-    """The mapper's consumer until ``stop``; the bucket is looked up (or made, then refilled) first,
-    and the maps of deleted blocks an older version left in it are deleted (``sweep``)."""
+    """The mapper's consumer until ``stop``; the bucket is looked up (or made, then refilled) first."""
     from .base import run_consumers
 
     mp = Mapper(w)
     await mp.maps.kv()
-    try:
-        await sweep(mp)
-    except Exception as exc:  # a sweep is housekeeping: the mapper serves without it
-        log.warning("instance_map.sweep_failed", error=repr(exc))
     await run_consumers(w, bindings(w, mp), stop)
