@@ -26,6 +26,8 @@ from .conftest import System
 from .test_tenants import HEADERS, SPEC, create, login
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 
 
 @pytest.fixture

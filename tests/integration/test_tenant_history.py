@@ -26,6 +26,8 @@ from .conftest import System
 from .test_tenants import HEADERS, Seen, blocks, create, login, status
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 
 
 async def ask(nc: nats.NATS, bid: str, **body: Any) -> tuple[int, dict[str, Any], str]:

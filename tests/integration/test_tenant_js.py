@@ -21,6 +21,8 @@ from .conftest import System
 from .test_observer_replay_js import js_clients  # noqa: F401  (the fixture: node_modules under the venv)
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 SCRIPT = Path(__file__).with_name("observer_js") / "tenant.mjs"
 
 

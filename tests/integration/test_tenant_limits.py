@@ -25,6 +25,8 @@ from aios_blocks.runtime.locate import with_userinfo
 from .test_tenants import login
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 KIB = 1024
 
 

@@ -16,6 +16,8 @@ from .conftest import System
 from .test_tenants import HEADERS, Seen, create, login
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 
 
 async def _intake(system: System, bid: str) -> list[tuple[int, str, dict[str, str]]]:

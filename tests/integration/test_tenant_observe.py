@@ -28,6 +28,8 @@ from .conftest import System
 from .test_tenants import HEADERS, Seen, blocks, create, login, status
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 
 
 async def run(*args: str) -> tuple[int, str, str]:

@@ -20,6 +20,8 @@ from aios_blocks.runtime.embedded import EmbeddedServers
 from aios_blocks.state.tenants import TenantStore
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 
 
 async def _last_seq(url: str) -> int:

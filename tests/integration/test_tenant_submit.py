@@ -19,6 +19,8 @@ from aios_blocks.runtime import auth
 from .conftest import System
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 
 
 async def blocks(*args: str) -> tuple[int, str, str]:

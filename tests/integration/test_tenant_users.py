@@ -21,6 +21,8 @@ from .conftest import System
 from .test_tenants import HEADERS, Seen, create, login, status
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 SECRET = b'{"prompt": "the first user\'s secret"}'
 
 

@@ -30,6 +30,8 @@ from .test_create_cloudevents import stored
 from .test_pending_queue import status_of
 
 pytestmark = pytest.mark.integration
+#: the system fixture waits for the gateway's tenant desk (a tenant's create goes through it)
+NEEDS_DESK = True
 SPEC = {"blockComponentURI": "aios://test/model", "minInstances": 1, "maxInstances": 3}
 
 

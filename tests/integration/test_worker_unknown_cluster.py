@@ -14,25 +14,30 @@ from aios_blocks.runtime.main import run_worker
 from .conftest import System
 
 
-async def _said(system: System, cluster: str) -> list[dict[str, object]]:
+async def _said(system: System, cluster: str, logs: list[dict[str, object]]) -> list[dict[str, object]]:
+    """What the worker for ``cluster`` warned. ``logs``: one capture for all the test's runs (a
+    logger is bound to the capture open when it is first used, cached: a second capture of its
+    own would hear nothing of a logger the first run used, and wait in vain)."""
     stop = asyncio.Event()
-    with structlog.testing.capture_logs() as logs:
-        run = asyncio.create_task(run_worker("autoscaler", system.supervisor.nats_url, system.supervisor.redis_url,
-                                             cluster, stop=stop))
-        try:
-            async with asyncio.timeout(30):  # until it is past its start (its consumers or its warning)
-                while not any(e["event"] in ("worker.unknown_cluster", "autoscaler.started") for e in logs) and not run.done():
-                    await asyncio.sleep(0.05)
-                await asyncio.sleep(0.5)
-        finally:
-            stop.set()
-            await asyncio.wait_for(run, 30)
-    return [e for e in logs if e["event"] == "worker.unknown_cluster"]
+    start = len(logs)
+    run = asyncio.create_task(run_worker("autoscaler", system.supervisor.nats_url, system.supervisor.redis_url,
+                                         cluster, stop=stop))
+    try:
+        async with asyncio.timeout(30):  # until it is past its start (its consumers or its warning)
+            while not any(e["event"] in ("worker.unknown_cluster", "autoscaler.started") for e in logs[start:]) \
+                    and not run.done():
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.5)
+    finally:
+        stop.set()
+        await asyncio.wait_for(run, 30)
+    return [e for e in logs[start:] if e["event"] == "worker.unknown_cluster"]
 
 
 async def test_a_worker_for_a_cluster_that_does_not_exist_warns_naming_the_known_ones(system: System) -> None:
     await system.client.add_sim_cluster("c1", nodes=1, gpus=1)
-    said = await _said(system, "nope")
-    assert len(said) == 1 and said[0]["cluster"] == "nope" and said[0]["known"] == ["c1"], said
-    assert said[0]["log_level"] == "warning" and "blocks cluster list" in str(said[0]["note"])
-    assert await _said(system, "c1") == []  # a registered one: nothing said
+    with structlog.testing.capture_logs() as logs:
+        said = await _said(system, "nope", logs)
+        assert len(said) == 1 and said[0]["cluster"] == "nope" and said[0]["known"] == ["c1"], said
+        assert said[0]["log_level"] == "warning" and "blocks cluster list" in str(said[0]["note"])
+        assert await _said(system, "c1", logs) == []  # a registered one: nothing said
