@@ -8,8 +8,6 @@ no log line holds the token or a key it comes from."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -19,24 +17,17 @@ from aios_blocks.schemas.spec import Cluster, Gpu, Node
 
 from .conftest import COMPONENT, System
 from .test_agent import Agents
-from .test_instance_sdk import ECHO
+from .test_instance_sdk import ECHO, process_agents  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.integration
 
 
 @pytest.fixture
-async def process_agents(system: System, tmp_path: Path) -> AsyncIterator[Agents]:
-    if system.servers is None or not system.servers.auth:
+async def keyed_agents(process_agents: Agents) -> Agents:  # noqa: F811
+    """test_instance_sdk's process agents, on the embedded servers with auth on (they make the key)."""
+    if process_agents.system.servers is None or not process_agents.system.servers.auth:
         pytest.skip("the embedded servers with auth on: they make the instance key")
-    a = Agents(system, "process", tmp_path)
-    try:
-        yield a
-    finally:
-        a.stop_all()
-        rt = a.runtime()
-        for nid in list(a.procs):
-            for inst in await rt.list(nid):
-                await rt.stop(inst.handle, 0)
+    return process_agents
 
 
 async def _direct(endpoint: str, path: str, headers: dict[str, str], method: str = "POST") -> tuple[int, str]:
@@ -65,22 +56,22 @@ def _secrets_absent(secrets: list[str], texts: list[bytes], where: str) -> None:
             assert s.encode() not in t, f"a secret found in {where}"
 
 
-async def test_a_real_instance_answers_only_the_executor(process_agents: Agents) -> None:
-    system = process_agents.system
+async def test_a_real_instance_answers_only_the_executor(keyed_agents: Agents) -> None:
+    system = keyed_agents.system
     c = system.client
     key = instance_key.read(system.data_dir)
     assert key, "blocks up's servers make the key with auth on"
     assert (instance_key.path(system.data_dir).stat().st_mode & 0o777) == 0o600
-    process_agents.start("n1")
-    await process_agents.wait_registered("n1")
+    keyed_agents.start("n1")
+    await keyed_agents.wait_registered("n1")
     await c.add_component(ECHO)
     bid, kind, env = await system.submit_and_wait(
         {"blockComponentURI": "aios://test/echo-sdk", "minInstances": 1, "maxInstances": 1}, timeout=120)
     assert kind == "ready", env
     ((iid, rec),) = (await c.store.instances(bid)).items()
     endpoint, token = rec["endpoint"], instance_key.token(key, "n1", iid)
-    (inst,) = [i for i in await process_agents.runtime().list("n1") if i.instance_id == iid]
-    assert (await process_agents.environment(inst))["AIOS_INSTANCE_TOKEN"] == token  # what its agent gave it
+    (inst,) = [i for i in await keyed_agents.runtime().list("n1") if i.instance_id == iid]
+    assert (await keyed_agents.environment(inst))["AIOS_INSTANCE_TOKEN"] == token  # what its agent gave it
 
     # straight to its port: no token, another instance's, the node key or K itself -> 401, unrun
     for headers in ({}, {"Aios-Instance-Token": instance_key.token(key, "n1", iid + "x")},
@@ -110,8 +101,8 @@ async def test_a_real_instance_answers_only_the_executor(process_agents: Agents)
     assert any(f"instance.{iid}.added".encode() in t for t in stored)  # the scan reads the events (the start command too)
     assert any(iid.encode() in t and b'"launch"' in t for t in stored)  # its start command (what observers read)
     _secrets_absent(secrets, stored, "a stored event")
-    logs = [p.read_bytes() for p in [*(system.data_dir / "logs").glob("*.log"), *process_agents.base.glob("agent-*.log")]]
-    logs += [p.read_bytes() for p in (process_agents.base / "agent").rglob("*.log")]  # the instance's own output
+    logs = [p.read_bytes() for p in [*(system.data_dir / "logs").glob("*.log"), *keyed_agents.base.glob("agent-*.log")]]
+    logs += [p.read_bytes() for p in (keyed_agents.base / "agent").rglob("*.log")]  # the instance's own output
     assert logs
     _secrets_absent(secrets, logs, "a log")
 

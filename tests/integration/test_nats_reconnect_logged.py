@@ -6,28 +6,14 @@ connection's own close is not a disconnection said."""
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import time
 from typing import Any
 
 import structlog
 
 from aios_blocks.bus.connection import connect
-from aios_blocks.runtime.embedded import free_port, nats_binary
+from aios_blocks.runtime.embedded import free_port
 
-
-def _server(port: int) -> subprocess.Popen[bytes]:
-    server = subprocess.Popen([nats_binary(), "-a", "127.0.0.1", "-p", str(port)], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while True:  # until it accepts connections
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return server
-        except OSError:
-            assert time.monotonic() < deadline, "nats-server did not start"
-            time.sleep(0.05)
+from .test_cli_connection_lost import _start as _server  # a bare nats-server, once it accepts
 
 
 async def _until(logs: list[dict[str, Any]], event: str) -> dict[str, Any]:
